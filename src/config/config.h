@@ -1,0 +1,96 @@
+/* The run's configuration: a libconfig file (CONTRACT.md "Config") plus `--set`
+ * overrides, validated into a plain struct. Every problem is found here, before any
+ * collective, identically on every rank. */
+#ifndef TS_CONFIG_H
+#define TS_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+#define TS_PATH_MAX 1024
+#define TS_MAX_SHARDS 64
+#define TS_MAX_CHUNKS 1024
+
+typedef struct {
+    char arch[16];              /* "gpt2" */
+    int n_layer, n_head, n_embd;
+    int vocab_size, seq_len;
+    char init[TS_PATH_MAX];     /* "" = random init from train.seed; else safetensors */
+} ts_model_config;
+
+typedef struct {
+    int pp, dp, tp;
+    int virtual_stages;
+    char schedule[TS_PATH_MAX]; /* "gpipe" | "1f1b" | "interleaved-1f1b" | "zb-h1" | CSV path */
+    int micro_batch;            /* sequences per micro-batch per replica */
+    int n_partition;            /* 0 = "balanced"; else layer counts per chunk */
+    int partition[TS_MAX_CHUNKS];
+    char recompute[16];         /* "none" | "except_last" | "full" */
+    char order[16];             /* "tp-dp-pp", fastest-varying first */
+    bool overlap_grad_sync;
+    int zero;                   /* 0 or 1 */
+    int bucket_mb;              /* data-parallel gradient bucket size in MiB */
+} ts_parallel_config;
+
+typedef struct {
+    int global_batch, steps;
+    int64_t seed;
+    double lr, min_lr;
+    int warmup;
+    double weight_decay, beta1, beta2, eps, grad_clip;
+    int threads;                /* 0 = the cores this rank owns */
+} ts_train_config;
+
+typedef struct {
+    int n_train;
+    char train[TS_MAX_SHARDS][TS_PATH_MAX];
+    char val[TS_PATH_MAX];      /* "" = no validation */
+    int eval_every;             /* validation every N steps (0 = never) */
+    int val_windows;            /* validation windows averaged per evaluation */
+} ts_data_config;
+
+typedef struct {
+    char dir[TS_PATH_MAX];
+    int every, keep;
+    char load[TS_PATH_MAX];     /* "" | "latest" | a directory */
+} ts_checkpoint_config;
+
+typedef struct {
+    char metrics[TS_PATH_MAX];  /* JSON Lines; "" = none */
+    char trace[TS_PATH_MAX];    /* Chrome trace JSON; "" = none */
+    bool progress;              /* stderr progress lines */
+} ts_log_config;
+
+typedef struct {
+    ts_model_config model;
+    ts_parallel_config parallel;
+    ts_train_config train;
+    ts_data_config data;
+    ts_checkpoint_config checkpoint;
+    ts_log_config log;
+} ts_config;
+
+/* Fill every key with its default (CONTRACT.md). */
+void ts_config_defaults(ts_config *cfg);
+
+/* Read `path` (libconfig), apply `n_overrides` strings "dotted.key=value" (value parsed
+ * as libconfig parses one; a bare word is a string), validate every key, and fill
+ * `cfg`. On error returns TS_ERR with a message naming the key (and file:line where
+ * libconfig gives one) and how to fix it. `world_size` <= 0 skips the grid-size
+ * check (for `tessera plan`). */
+ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
+                         int n_overrides, int world_size);
+
+/* Validate relations between keys (batch rule, divisibility, grid); called by
+ * ts_config_load, exposed for tests and for programs that build a config in code. */
+ts_status ts_config_validate(const ts_config *cfg, int world_size);
+
+/* Number of micro-batches per replica per step: global_batch / (dp * micro_batch). */
+int ts_config_num_microbatches(const ts_config *cfg);
+
+/* Serialise the effective config as a JSON object string (malloc'd; caller frees). */
+char *ts_config_to_json(const ts_config *cfg);
+
+#endif

@@ -1,0 +1,36 @@
+/* Error reporting: recoverable errors return TS_ERR and leave a message that says
+ * what was wrong and how to fix it; the caller decides who prints it (rank 0). */
+#ifndef TS_ERROR_H
+#define TS_ERROR_H
+
+#include <stdarg.h>
+
+typedef int ts_status; /* TS_OK or TS_ERR */
+#define TS_OK 0
+#define TS_ERR (-1)
+
+/* Record an error message (printf-style) and return TS_ERR. A second call
+ * replaces the message; use ts_error_prefix() to add context while unwinding. */
+ts_status ts_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prepend context ("loading model.init: ") to the current message; returns TS_ERR. */
+ts_status ts_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The last recorded message ("" if none). */
+const char *ts_error_message(void);
+void ts_error_clear(void);
+
+/* Programming errors (broken invariants) abort with file:line. Not for user input. */
+#define TS_ASSERT(cond)                                                                \
+    do {                                                                               \
+        if (!(cond)) ts_panic(__FILE__, __LINE__, #cond);                              \
+    } while (0)
+_Noreturn void ts_panic(const char *file, int line, const char *what);
+
+/* Allocation that panics on out-of-memory: a training run cannot continue without it. */
+void *ts_malloc(size_t bytes);
+void *ts_calloc(size_t count, size_t size);
+/* 64-byte aligned, zeroed; free with free(). */
+float *ts_alloc_floats(size_t count);
+
+#endif

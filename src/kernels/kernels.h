@@ -1,0 +1,89 @@
+/* The compute kernels behind one small interface, so the model code never names a
+ * backend. The CPU backend is OpenBLAS + OpenMP (src/kernels/cpu); a CUDA backend
+ * fills the same table with device pointers (src/kernels/cuda, later).
+ *
+ * Conventions (llm.c style: every buffer passed, shapes in the signature):
+ * - Activations are row-major [N, C] with N = B*T rows.
+ * - Parameter gradients ACCUMULATE (+=): micro-batches add into one gradient buffer.
+ * - Input gradients are OVERWRITTEN (=) unless the comment says "+=".
+ * - Weights follow nanoGPT/PyTorch nn.Linear: weight[OC, C], out = inp @ weight^T + bias.
+ */
+#ifndef TS_KERNELS_H
+#define TS_KERNELS_H
+
+#include <stddef.h>
+
+typedef struct ts_kernels {
+    const char *name;
+
+    /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C]. */
+    void (*encoder_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    /* dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:]. */
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int B, int T, int C);
+
+    /* LayerNorm over the last axis (eps 1e-5). mean, rstd [N] are saved for backward. */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+    /* dinp += ..., dweight += ..., dbias += ...  (dinp ACCUMULATES: it is the residual
+     * stream's gradient). */
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+
+    /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL). */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
+    /* dinp[N,C] = dout @ weight (skipped when dinp is NULL);
+     * dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum over rows of dout (if dbias). */
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+
+    /* Causal multi-head attention. qkv [B,T,3*NH*HS] in nanoGPT order (all q heads, then
+     * all k heads, then all v heads, head h at columns h*HS..h*HS+HS of its third).
+     * out [B,T,NH*HS] (heads concatenated). att [B,NH,T,T] receives the softmax
+     * probabilities (zero above the diagonal), kept for backward. Scale 1/sqrt(HS). */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int NH,
+                              int HS);
+    /* dqkv [B,T,3*NH*HS] = gradient of the above; scratch holds B*NH*T*T floats. */
+    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int NH, int HS);
+
+    /* GELU, tanh approximation. */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    /* dinp = gelu'(inp) * dout; dinp may alias dout. */
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* out = a + b (out may alias a or b). */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+    /* Fused softmax + cross-entropy, in place, no second [N,V] buffer:
+     * on entry logits[N,V]; on exit the same memory holds
+     * dlogits = (softmax(logits) - onehot(target)) * dloss, and losses[n] =
+     * -log softmax(logits[n])[targets[n]]. dloss is the loss's weight per row
+     * (1 / (rows in the global batch) for a mean). */
+    void (*crossentropy_forward_backward)(float *losses, float *logits, const int *targets,
+                                          int N, int V, float dloss);
+
+    /* torch.optim.AdamW on n elements, step t >= 1 (bias correction):
+     * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps). */
+    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int t);
+
+    /* Sum of squares in double (for the global gradient norm). */
+    double (*sum_squares)(const float *x, size_t n);
+    /* x *= s. */
+    void (*scale)(float *x, float s, size_t n);
+} ts_kernels;
+
+/* The CPU backend. */
+extern const ts_kernels ts_kernels_cpu;
+
+/* One thread budget for OpenMP kernels and OpenBLAS (the same libgomp pool in
+ * Debian's openblas-openmp build): sets both, never more than asked. */
+void ts_cpu_set_threads(int n);
+int ts_cpu_get_threads(void);
+
+#endif
