@@ -24,7 +24,10 @@ ts_status ts_error_prefix(const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, g_message, sizeof old);
-    snprintf(g_message, sizeof g_message, "%s%s", prefix, old);
+    char joined[sizeof prefix + sizeof old];
+    snprintf(joined, sizeof joined, "%s%s", prefix, old);
+    memcpy(g_message, joined, sizeof g_message - 1);
+    g_message[sizeof g_message - 1] = '\0';
     return TS_ERR;
 }
 

@@ -4,6 +4,7 @@
 #define TS_ERROR_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 typedef int ts_status; /* TS_OK or TS_ERR */
 #define TS_OK 0

@@ -1,0 +1,99 @@
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "cli/cli.h"
+#include "config/config.h"
+#include "core/log.h"
+#include "kernels/kernels.h"
+#include "train/trainer.h"
+
+static const char *k_help =
+    "usage: tessera train CONFIG [--set KEY=VALUE ...]\n"
+    "\n"
+    "Train the model described by the libconfig file CONFIG. Run it under mpirun or srun\n"
+    "with parallel.pp * parallel.dp * parallel.tp ranks (one rank: run it directly).\n"
+    "\n"
+    "  --set KEY=VALUE   override a config key, e.g. --set train.steps=20\n"
+    "                    --set parallel.schedule=gpipe --set train.lr=1e-3\n"
+    "                    (values are read as libconfig reads one; a bare word is a string)\n"
+    "\n"
+    "Per-step metrics go to log.metrics (JSON Lines); progress goes to stderr.\n";
+
+/* Threads this rank may use: the cores it is allowed to run on, shared evenly with
+ * the other ranks of the job on this node. */
+static int default_threads(void)
+{
+    cpu_set_t set;
+    int cores = 1;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = getenv("SLURM_NTASKS_PER_NODE");
+    int ranks_here = local ? atoi(local) : 1;
+    if (ranks_here < 1) ranks_here = 1;
+    int n = cores / ranks_here;
+    return n < 1 ? 1 : n;
+}
+
+static int run(int argc, char **argv, int rank, int world_size)
+{
+    const char *path = NULL, *sets[256];
+    int n_sets = 0;
+    if (ts_cli_parse_config_args(argc, argv, 2, &path, sets, 256, &n_sets, rank == 0) != 0)
+        return 2;
+    if (!path) {
+        if (rank == 0) fprintf(stderr, "tessera: error: train needs a CONFIG file\n\n%s", k_help);
+        return 2;
+    }
+
+    /* Every rank reads and validates the same config, so every rank reaches the same
+     * verdict without a collective; rank 0 alone prints it. */
+    ts_config cfg;
+    if (ts_config_load(&cfg, path, sets, n_sets, world_size) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    ts_log_set_quiet(!cfg.log.progress);
+    int threads = cfg.train.threads > 0 ? cfg.train.threads : default_threads();
+    ts_cpu_set_threads(threads);
+
+    size_t n_params = ts_model_logical_params(&cfg.model);
+    ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
+                cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
+                cfg.model.seq_len, (double)n_params / 1e6);
+    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d ranks), global batch %d x %d tokens, "
+                "%d micro-batches of %d, %d threads per rank",
+                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size,
+                cfg.train.global_batch, cfg.model.seq_len, ts_config_num_microbatches(&cfg),
+                cfg.parallel.micro_batch, threads);
+
+    ts_trainer t;
+    if (ts_trainer_init(&t, &cfg, MPI_COMM_WORLD) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    ts_status st = ts_trainer_run(&t);
+    if (st != TS_OK) ts_log_error("%s", ts_error_message());
+    ts_trainer_free(&t);
+    return st == TS_OK ? 0 : 1;
+}
+
+int ts_cmd_train(int argc, char **argv)
+{
+    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+        fputs(k_help, stdout);
+        return 0;
+    }
+    MPI_Init(&argc, &argv);
+    int rank, world_size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    ts_log_set_rank(rank);
+    int code = run(argc, argv, rank, world_size);
+    MPI_Finalize();
+    return code;
+}

@@ -1,0 +1,29 @@
+/* tessera: a 3D-parallel (pipeline x data x tensor) GPT-2 trainer. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char *k_usage =
+    "usage: tessera <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train CONFIG [--set KEY=VALUE ...]  train a model (run under mpirun/srun;\n"
+    "                                      world size = parallel.pp * dp * tp)\n"
+    "  data TEXT_FILE OUT.bin              byte-level tokens (vocab 256) into an llm.c shard\n"
+    "\n"
+    "`tessera COMMAND --help` describes each command's options.\n"
+    "Configs are libconfig files; see configs/tiny.cfg for every key with its default.\n";
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        fputs(k_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "train")) return ts_cmd_train(argc, argv);
+    if (!strcmp(argv[1], "data")) return ts_cmd_data(argc, argv);
+    fprintf(stderr, "tessera: unknown command '%s'\n\n%s", argv[1], k_usage);
+    return 2;
+}

@@ -1,0 +1,225 @@
+/* Building the layer list, the parameter views and initialisation. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/safetensors.h"
+#include "core/rng.h"
+
+typedef struct {
+    ts_model *m;
+    int cap;
+    size_t offset;
+} builder;
+
+static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
+                     ts_init_kind init, float std)
+{
+    ts_model *m = b->m;
+    if (m->n_params == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        ts_param *grown = ts_malloc((size_t)b->cap * sizeof *grown);
+        if (m->n_params) memcpy(grown, m->params, (size_t)m->n_params * sizeof *grown);
+        free(m->params);
+        m->params = grown;
+    }
+    ts_param *p = &m->params[m->n_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = d1 > 0 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1 > 0 ? d1 : 0;
+    p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    /* 16-float alignment keeps every tensor on its own cache lines for the kernels. */
+    p->offset = b->offset;
+    b->offset += (p->numel + 15) / 16 * 16;
+    p->layer = layer;
+    p->decay = p->ndim >= 2;
+    p->init = init;
+    p->init_std = std;
+    return m->n_params++;
+}
+
+static void add_block_params(builder *b, int layer, int i, int C, int n_layer)
+{
+    char name[96];
+    const float std = 0.02f;
+    const float proj_std = 0.02f / sqrtf(2.0f * (float)n_layer);
+#define P(suffix, d0, d1, init, s)                                                      \
+    (snprintf(name, sizeof name, "transformer.h.%d.%s", i, suffix),                    \
+     add_param(b, layer, name, d0, d1, init, s))
+    P("ln_1.weight", C, 0, TS_INIT_ONES, 0);
+    P("ln_1.bias", C, 0, TS_INIT_ZEROS, 0);
+    P("attn.c_attn.weight", 3 * C, C, TS_INIT_NORMAL, std);
+    P("attn.c_attn.bias", 3 * C, 0, TS_INIT_ZEROS, 0);
+    P("attn.c_proj.weight", C, C, TS_INIT_NORMAL, proj_std);
+    P("attn.c_proj.bias", C, 0, TS_INIT_ZEROS, 0);
+    P("ln_2.weight", C, 0, TS_INIT_ONES, 0);
+    P("ln_2.bias", C, 0, TS_INIT_ZEROS, 0);
+    P("mlp.c_fc.weight", 4 * C, C, TS_INIT_NORMAL, std);
+    P("mlp.c_fc.bias", 4 * C, 0, TS_INIT_ZEROS, 0);
+    P("mlp.c_proj.weight", C, 4 * C, TS_INIT_NORMAL, proj_std);
+    P("mlp.c_proj.bias", C, 0, TS_INIT_ZEROS, 0);
+#undef P
+}
+
+void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                    const ts_kernels *k)
+{
+    memset(m, 0, sizeof *m);
+    m->n_layer = cfg->n_layer;
+    m->n_head = cfg->n_head;
+    m->n_embd = cfg->n_embd;
+    m->vocab_size = cfg->vocab_size;
+    m->max_seq_len = cfg->seq_len;
+    m->k = k;
+    m->n_layers = cfg->n_layer + 2;
+    m->layers = ts_calloc((size_t)m->n_layers, sizeof *m->layers);
+    m->wte_param = m->head_wte_param = -1;
+
+    const int C = cfg->n_embd, V = cfg->vocab_size, T = cfg->seq_len;
+    builder b = {.m = m};
+    for (int l = 0; l < m->n_layers; l++) {
+        ts_layer *L = &m->layers[l];
+        L->owned = owned ? owned[l] : true;
+        L->kind = l == 0 ? TS_LAYER_EMBED : l == m->n_layers - 1 ? TS_LAYER_HEAD : TS_LAYER_BLOCK;
+        L->block = L->kind == TS_LAYER_BLOCK ? l - 1 : -1;
+        L->first_param = m->n_params;
+        if (!L->owned) continue;
+        switch (L->kind) {
+        case TS_LAYER_EMBED:
+            m->wte_param = add_param(&b, l, "transformer.wte.weight", V, C, TS_INIT_NORMAL, 0.02f);
+            add_param(&b, l, "transformer.wpe.weight", T, C, TS_INIT_NORMAL, 0.02f);
+            break;
+        case TS_LAYER_BLOCK:
+            add_block_params(&b, l, L->block, C, cfg->n_layer);
+            break;
+        case TS_LAYER_HEAD:
+            add_param(&b, l, "transformer.ln_f.weight", C, 0, TS_INIT_ONES, 0);
+            add_param(&b, l, "transformer.ln_f.bias", C, 0, TS_INIT_ZEROS, 0);
+            if (m->wte_param >= 0) {
+                m->head_wte_param = m->wte_param; /* tied: one tensor */
+            } else {
+                /* The last pipeline stage keeps its own copy of the tied embedding,
+                 * initialised identically; gradients are summed over the embedding
+                 * group so both copies stay equal (ARCHITECTURE.md). */
+                m->head_wte_param = add_param(&b, l, "transformer.wte.weight", V, C,
+                                              TS_INIT_NORMAL, 0.02f);
+                m->params[m->head_wte_param].tied_copy = true;
+            }
+            break;
+        }
+        L->n_params = m->n_params - L->first_param;
+    }
+    m->num_floats = b.offset;
+    m->param_mem = ts_alloc_floats(m->num_floats);
+    m->grad_mem = ts_alloc_floats(m->num_floats);
+    m->m_mem = ts_alloc_floats(m->num_floats);
+    m->v_mem = ts_alloc_floats(m->num_floats);
+}
+
+void ts_model_free(ts_model *m)
+{
+    free(m->layers);
+    free(m->params);
+    free(m->param_mem);
+    free(m->grad_mem);
+    free(m->m_mem);
+    free(m->v_mem);
+    memset(m, 0, sizeof *m);
+}
+
+size_t ts_model_logical_params(const ts_model_config *c)
+{
+    size_t C = (size_t)c->n_embd;
+    size_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) +
+                       (4 * C * C + C);
+    return (size_t)c->vocab_size * C + (size_t)c->seq_len * C + (size_t)c->n_layer * per_block +
+           2 * C;
+}
+
+void ts_model_init_random(ts_model *m, uint64_t seed)
+{
+    for (int p = 0; p < m->n_params; p++) {
+        const ts_param *P = &m->params[p];
+        float *w = ts_param_data(m, p);
+        if (P->init == TS_INIT_ZEROS || P->init == TS_INIT_ONES) {
+            float v = P->init == TS_INIT_ONES ? 1.0f : 0.0f;
+            for (size_t i = 0; i < P->numel; i++) w[i] = v;
+            continue;
+        }
+        /* Element i of the logical tensor depends only on (seed, name, i). */
+        uint64_t key = ts_rng_name_key(P->name);
+        double std = P->init_std;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < P->numel; i++) w[i] = (float)(std * ts_rng_normal(seed, key, i));
+    }
+}
+
+ts_status ts_model_init_from_file(ts_model *m, const char *path)
+{
+    ts_st_file f;
+    if (ts_st_open(&f, path) != TS_OK) return ts_error_prefix("model.init: ");
+
+    /* Every tensor in the file must be one the model knows: a misspelt or foreign
+     * name means the file is not a checkpoint of this architecture. */
+    for (int t = 0; t < f.n_tensors; t++) {
+        const char *name = f.tensors[t].name;
+        if (strcmp(name, "lm_head.weight") == 0) continue; /* tied to wte; checked below */
+        bool known = false;
+        for (int p = 0; p < m->n_params && !known; p++) known = !strcmp(m->params[p].name, name);
+        if (!known) {
+            /* Names of layers this rank does not own are fine (pipeline stages). */
+            int blk = -1;
+            if (sscanf(name, "transformer.h.%d.", &blk) == 1 && blk >= 0 && blk < m->n_layer &&
+                !m->layers[blk + 1].owned)
+                continue;
+            if (!strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
+                !strcmp(name, "transformer.wte.weight"))
+                continue;
+            ts_st_close(&f);
+            return ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this "
+                           "gpt2 config (n_layer=%d); is the file for another model?",
+                           path, name, m->n_layer);
+        }
+    }
+    for (int p = 0; p < m->n_params; p++) {
+        const ts_param *P = &m->params[p];
+        const ts_st_tensor *t = ts_st_find(&f, P->name);
+        if (!t) {
+            ts_st_close(&f);
+            return ts_fail("model.init: %s has no tensor '%s' (expected shape [%lld%s%lld] F32 "
+                           "for this config)",
+                           path, P->name, (long long)P->shape[0], P->ndim > 1 ? "," : "",
+                           P->ndim > 1 ? (long long)P->shape[1] : 0LL);
+        }
+        if (ts_st_expect_f32(t, P->ndim, P->shape) != TS_OK ||
+            ts_st_read(&f, t, 0, ts_param_data(m, p), P->numel * sizeof(float)) != TS_OK) {
+            ts_st_close(&f);
+            return ts_error_prefix("model.init: %s: ", path);
+        }
+    }
+    const ts_st_tensor *head = ts_st_find(&f, "lm_head.weight");
+    if (head && m->head_wte_param >= 0) {
+        /* nanoGPT's state_dict carries the tied head too: accept it only if it is the
+         * same tensor, since our head is tied by construction. */
+        const ts_param *P = &m->params[m->head_wte_param];
+        float *tmp = ts_alloc_floats(P->numel);
+        ts_status st = ts_st_expect_f32(head, P->ndim, P->shape);
+        if (st == TS_OK) st = ts_st_read(&f, head, 0, tmp, P->numel * sizeof(float));
+        if (st == TS_OK && memcmp(tmp, ts_param_data(m, m->head_wte_param),
+                                  P->numel * sizeof(float)) != 0)
+            st = ts_fail("model.init: %s: lm_head.weight differs from transformer.wte.weight; "
+                         "Tessera's GPT-2 ties them (nanoGPT semantics)", path);
+        free(tmp);
+        if (st != TS_OK) {
+            ts_st_close(&f);
+            return ts_error_prefix("model.init: ");
+        }
+    }
+    ts_st_close(&f);
+    return TS_OK;
+}

@@ -1,0 +1,129 @@
+/* GPT-2 (nanoGPT semantics) as an ordered list of layers:
+ *   layer 0            embedding   (transformer.wte, transformer.wpe)
+ *   layers 1..n_layer  blocks      (transformer.h.{i}.*)
+ *   layer n_layer+1    head        (transformer.ln_f, LM head tied to wte, loss)
+ * A rank builds the model for the layers it owns (all of them on one rank; a range
+ * per pipeline chunk later). Parameters, gradients and AdamW moments live in four flat
+ * buffers laid out layer by layer; a ts_param is a view with its logical name and
+ * shape, which is all that initialisation, clipping and checkpoints need. */
+#ifndef TS_MODEL_H
+#define TS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+typedef enum { TS_LAYER_EMBED, TS_LAYER_BLOCK, TS_LAYER_HEAD } ts_layer_kind;
+
+typedef enum {
+    TS_INIT_NORMAL, /* normal(0, init_std) */
+    TS_INIT_ZEROS,
+    TS_INIT_ONES,
+} ts_init_kind;
+
+typedef struct {
+    char name[96];          /* logical nanoGPT name, e.g. "transformer.h.0.attn.c_attn.weight" */
+    int ndim;
+    int64_t shape[2];       /* logical shape */
+    size_t offset, numel;   /* view into the flat buffers */
+    int layer;              /* owning layer index */
+    bool decay;             /* weight decay applies (2-D tensors) */
+    bool tied_copy;         /* a second copy of a tied tensor (counted once in norms) */
+    ts_init_kind init;
+    float init_std;
+} ts_param;
+
+typedef struct {
+    ts_layer_kind kind;
+    int block;              /* block index for TS_LAYER_BLOCK, else -1 */
+    bool owned;             /* this rank holds the layer */
+    int first_param, n_params;
+} ts_layer;
+
+/* Indices of a block's parameters relative to its first_param, in nanoGPT order. */
+enum {
+    TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W, TS_B_ATTPROJ_B,
+    TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B, TS_B_FCPROJ_W, TS_B_FCPROJ_B,
+    TS_B_NPARAMS
+};
+
+typedef struct {
+    int n_layer, n_head, n_embd, vocab_size, max_seq_len;
+
+    int n_layers;           /* n_layer + 2 */
+    ts_layer *layers;
+    int n_params;
+    ts_param *params;
+    int wte_param;          /* index of the embedding layer's wte, or -1 */
+    int head_wte_param;     /* index of the wte the head uses (== wte_param when tied locally) */
+
+    size_t num_floats;      /* floats in each flat buffer */
+    float *param_mem, *grad_mem, *m_mem, *v_mem;
+
+    const ts_kernels *k;
+} ts_model;
+
+/* Build the layer and parameter lists for the owned layers (owned == NULL: all) and
+ * allocate the flat buffers (zeroed). */
+void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                    const ts_kernels *k);
+void ts_model_free(ts_model *m);
+
+static inline float *ts_param_data(const ts_model *m, int p) { return m->param_mem + m->params[p].offset; }
+static inline float *ts_param_grad(const ts_model *m, int p) { return m->grad_mem + m->params[p].offset; }
+
+/* Initialise every owned parameter by index from `seed` (CONTRACT.md "Model"). */
+void ts_model_init_random(ts_model *m, uint64_t seed);
+
+/* Initialise from a safetensors file of nanoGPT-named F32 weights; every name, shape and
+ * dtype is checked against the model, with a clear error. */
+ts_status ts_model_init_from_file(ts_model *m, const char *path);
+
+/* Total logical parameters of the model (tied wte counted once). */
+size_t ts_model_logical_params(const ts_model_config *cfg);
+
+/* ---- activations of one micro-batch through a contiguous range of layers ---- */
+typedef struct {
+    int l0, l1;             /* layers [l0, l1) */
+    int B, T;
+    int *tokens, *targets;  /* [B*T], owned */
+    const float *input;     /* [B*T, C] chunk input when l0 > 0 (not owned) */
+    float *mem;             /* all layers' saved activations, owned */
+    size_t *layer_off;      /* per layer in [l0,l1): offset into mem */
+    size_t floats;
+} ts_acts;
+
+void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
+void ts_acts_free(ts_acts *a);
+
+/* Output [B*T, C] of layer l (valid after forward; not for the head). */
+float *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
+
+/* Per-token losses [B*T] of the last forward (the range must end with the head). */
+const float *ts_acts_losses(const ts_model *m, const ts_acts *a);
+
+/* Scratch for the backward of one layer at a time (shared by all micro-batches). */
+typedef struct {
+    float *mem;
+    size_t floats;
+} ts_scratch;
+void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T);
+void ts_scratch_free(ts_scratch *s);
+
+/* Forward through layers [a->l0, a->l1). When the range contains the head, the loss
+ * is computed with weight `dloss` per target (1 / targets in the global batch), the
+ * head's input gradient is prepared, and the sum of per-token losses is returned in
+ * *loss_sum (in double). */
+void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_sum);
+
+/* Backward through layers [a->l1 - 1 .. a->l0]. `dx` [B*T, C]: on entry the gradient of
+ * the range's output (ignored when the range ends with the head), on exit the
+ * gradient of its input (unused when the range starts with the embedding).
+ * Parameter gradients accumulate into m->grad_mem. */
+void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s);
+
+#endif
