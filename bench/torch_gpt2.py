@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""PyTorch peer for Tessera's throughput benchmark: nanoGPT GPT-2 training on CPU.
+
+Float32, same model as CONTRACT.md "Model (gpt2)" (the nanoGPT definition is shared with
+tests/make_fixture.py), nanoGPT-style step: forward, mean cross-entropy, backward,
+clip_grad_norm_(1.0), AdamW (torch defaults for foreach/fused), zero_grad(set_to_none).
+The thread budget is set explicitly: torch.set_num_threads(--threads) and
+torch.set_num_interop_threads(1). Prints ONE JSON line.
+
+Example:
+  /usr/bin/python3 bench/torch_gpt2.py --n_layer 4 --n_head 4 --n_embd 128 \
+      --vocab_size 256 --seq_len 64 --batch 16 --threads 2 --steps 10 --warmup_steps 2
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.dont_write_bytecode = True  # keep tests/ free of __pycache__
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from make_fixture import GPT, param_names  # noqa: E402  (same nanoGPT model)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n_layer", type=int, default=4)
+    ap.add_argument("--n_head", type=int, default=4)
+    ap.add_argument("--n_embd", type=int, default=128)
+    ap.add_argument("--vocab_size", type=int, default=256)
+    ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup_steps", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--attn", choices=["manual"], default="manual",
+                    help="attention implementation (torch 1.13 has no SDPA: manual only)")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(a.seed)
+
+    model = GPT(a.n_layer, a.n_head, a.n_embd, a.vocab_size, a.seq_len)
+    names = param_names(a.n_layer)
+    pm = dict(model.named_parameters())  # tied lm_head.weight appears once
+    std_res = 0.02 / math.sqrt(2 * a.n_layer)
+    with torch.no_grad():  # CONTRACT init
+        for n in names:
+            p = pm[n]
+            if ".ln_" in n or n.startswith("transformer.ln_f"):
+                p.fill_(1.0 if n.endswith(".weight") else 0.0)
+            elif n.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std_res if n.endswith("c_proj.weight") else 0.02)
+    params = [pm[n] for n in names]
+    n_params = sum(p.numel() for p in params)
+    model.train()
+
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    g = torch.Generator().manual_seed(a.seed)
+    B, T, V = a.batch, a.seq_len, a.vocab_size
+
+    def step():
+        seq = torch.randint(0, V, (B, T + 1), generator=g)
+        x, y = seq[:, :T], seq[:, 1:]
+        loss = model(x, y)  # F.cross_entropy(logits.view(-1, V), y.view(-1)), mean
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    losses = []
+    for _ in range(a.warmup_steps):
+        losses.append(step())
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        losses.append(step())
+    dt = time.perf_counter() - t0
+
+    ms = 1000.0 * dt / max(a.steps, 1)
+    print(json.dumps({
+        "impl": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "attn": a.attn, "params": n_params, "tokens_per_step": B * T,
+        "ms_per_step": round(ms, 3),
+        "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
+        "losses": [round(l, 6) for l in losses],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what Tessera needs from Debian's packages. Idempotent: apt runs only when a
+# package is missing. Usage: scripts/setup.sh [extra-package ...]
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config     # compiler and build
+  openmpi-bin libopenmpi-dev           # MPI library and runtime (mpirun)
+  hwloc libhwloc-dev                   # hardware topology and binding
+  libconfig-dev                        # config files
+  libopenblas-openmp-dev               # BLAS built on OpenMP: one thread pool with our kernels
+  libjansson-dev                       # JSON (safetensors headers, metrics, plans)
+  fortunes fortunes-min                # the demo's English text corpus
+  "$@"
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

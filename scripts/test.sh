@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# README command 2: install what is missing, build with warnings as errors, run the
+# whole test suite; then build again with AddressSanitizer + UndefinedBehaviorSanitizer
+# and run the suite under them.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+scripts/setup.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+jobs="$(nproc)"
+
+echo "== release build (-Werror) =="
+scripts/build.sh "$root/build-test" -DTS_WERROR=ON -DCMAKE_BUILD_TYPE=Release
+ctest --test-dir "$root/build-test" --output-on-failure -j"$jobs"
+
+echo "== ASan + UBSan build =="
+scripts/build.sh "$root/build-asan" -DTS_WERROR=ON -DTS_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# MPI and OpenMP runtimes keep allocations until exit; only our own leaks matter.
+export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_odr_violation=0:abort_on_error=1"
+ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs"

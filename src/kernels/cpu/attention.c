@@ -1,0 +1,112 @@
+/* Causal multi-head attention on GEMMs, one (batch, head) pair per OpenMP iteration.
+ * OpenBLAS (OpenMP build) runs single-threaded inside a parallel region, so each pair
+ * is one thread's sequence of small sgemms; pairs are independent, so results do not
+ * depend on the thread count.
+ *
+ * Causality: query rows are processed in blocks of TS_ATT_BLOCK; block [i0, i1) only
+ * attends to keys [0, i1), so the GEMMs skip the upper-right blocks (5/8 of the full
+ * work at T = 256). Inside a diagonal block the entries above the diagonal are set
+ * to exactly 0 so they drop out of every product that reads them. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_internal.h"
+
+#define TS_ATT_BLOCK 64
+
+/* Row i of the causal softmax, in place: s[0..i] -> probabilities, s[i+1..T) -> 0. */
+static void causal_softmax_row(float *s, int i, int T)
+{
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= i; j++) {
+        float e = ts_cpu_expf(s[j] - mx);
+        s[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= i; j++) s[j] *= inv;
+    memset(s + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+}
+
+void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                              int HS)
+{
+    const int C = NH * HS, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+        const float *k = q + C, *v = q + 2 * C;
+        float *a = att + (size_t)bh * T * T;
+        float *o = out + (size_t)b * T * C + (size_t)h * HS;
+        for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
+            int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
+            /* S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, scale,
+                        q + (size_t)i0 * C3, C3, k, C3, 0.0f, a + (size_t)i0 * T, T);
+            for (int i = i0; i < i1; i++) causal_softmax_row(a + (size_t)i * T, i, T);
+            /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, 1.0f,
+                        a + (size_t)i0 * T, T, v, C3, 0.0f, o + (size_t)i0 * C, C);
+        }
+    }
+}
+
+/* With P the probabilities, dO the output gradient of one head:
+ *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
+ *   dQ = scale dS K,  dK = scale dS^T Q.
+ * dS lives in this pair's T*T slice of the scratch. */
+void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int NH, int HS)
+{
+    const int C = NH * HS, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t qoff = (size_t)b * T * C3 + (size_t)h * HS;
+        const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+        const float *p = att + (size_t)bh * T * T;
+        const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
+        float *ds = scratch + (size_t)bh * T * T;
+        for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
+            int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
+            /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, 1.0f,
+                        dO + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
+            /* Softmax backward, row by row; zero the rest of the block's columns. */
+            for (int i = i0; i < i1; i++) {
+                const float *pr = p + (size_t)i * T;
+                float *dr = ds + (size_t)i * T;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];
+#pragma omp simd
+                for (int j = 0; j <= i; j++) dr[j] = pr[j] * (dr[j] - dot);
+                memset(dr + i + 1, 0, (size_t)(i1 - i - 1) * sizeof(float));
+            }
+            /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, scale,
+                        ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
+        }
+        /* Key/value rows [j0, j1) receive from query rows i >= j0 only. */
+        for (int j0 = 0; j0 < T; j0 += TS_ATT_BLOCK) {
+            int j1 = j0 + TS_ATT_BLOCK < T ? j0 + TS_ATT_BLOCK : T, m = j1 - j0;
+            size_t corner = (size_t)j0 * T + j0;
+            /* dK[j0:j1] = scale dS[j0:T, j0:j1]^T Q[j0:T] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, scale,
+                        ds + corner, T, q + (size_t)j0 * C3, C3, 0.0f, dk + (size_t)j0 * C3, C3);
+            /* dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, 1.0f,
+                        p + corner, T, dO + (size_t)j0 * C, C, 0.0f, dv + (size_t)j0 * C3, C3);
+        }
+    }
+}

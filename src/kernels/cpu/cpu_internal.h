@@ -1,0 +1,73 @@
+/* Helpers shared by the CPU kernels (not part of the public interface). */
+#ifndef TS_KERNELS_CPU_INTERNAL_H
+#define TS_KERNELS_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* expf that gcc auto-vectorises (libm's expf is a call, which blocks vectorisation
+ * without -ffast-math). Cephes range reduction x = n ln2 + r, |r| <= ln2/2, and a
+ * degree-7 polynomial for e^r; max relative error ~1.5 ulp on [-87.3, 88.3].
+ * exp(x) = 0 below -87.34 (the smallest normal result), saturates at e^88.38. */
+static inline float ts_cpu_expf(float x)
+{
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (xc * 1.44269504088896341f + magic) - magic;
+    float r = xc - n * 0.693359375f; /* ln2 split in two for an exact product */
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, n in [-126, 127] */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < lo ? 0.0f : y * scale;
+}
+
+/* [begin, end) of part `i` of `parts` near-equal parts of `n` items. */
+static inline void ts_cpu_split(size_t n, int parts, int i, size_t *begin, size_t *end)
+{
+    *begin = n * (size_t)i / (size_t)parts;
+    *end = n * (size_t)(i + 1) / (size_t)parts;
+}
+
+/* One function per kernel, gathered into ts_kernels_cpu by table.c. */
+void ts_cpu_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
+void ts_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int B, int T, int C);
+void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+void ts_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+void ts_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC);
+void ts_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                              int HS);
+void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int NH, int HS);
+void ts_cpu_gelu_forward(float *out, const float *inp, size_t n);
+void ts_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
+                                          int N, int V, float dloss);
+void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int t);
+double ts_cpu_sum_squares(const float *x, size_t n);
+void ts_cpu_scale(float *x, float s, size_t n);
+
+#endif

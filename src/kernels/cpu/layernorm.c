@@ -1,0 +1,91 @@
+/* LayerNorm over the last axis, eps 1e-5 (as nn.LayerNorm). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
+
+void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += x[c];
+        float m = s / C;
+        /* Two passes: the variance of (x - m) does not cancel like E[x^2] - m^2. */
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        float rs = 1.0f / sqrtf(v / C + 1e-5f);
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = rs;
+    }
+}
+
+/* Rows per block for the dweight/dbias partial sums. Fixed (not per thread), so the
+ * reduction order, hence the result, is the same for any thread count. */
+#define TS_LN_BLOCK 32
+
+/* With xhat = (x - mean) * rstd and g = weight * dout:
+ *   dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+ *   dweight += sum over rows of dout * xhat,  dbias += sum over rows of dout. */
+void ts_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    int nblocks = (N + TS_LN_BLOCK - 1) / TS_LN_BLOCK;
+    /* Per block: C partial dweight, then C partial dbias. */
+    float *part = ts_alloc_floats((size_t)nblocks * 2 * C);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int k = 0; k < nblocks; k++) {
+            float *pw = part + (size_t)k * 2 * C;
+            float *pb = pw + C;
+            int n1 = (k + 1) * TS_LN_BLOCK < N ? (k + 1) * TS_LN_BLOCK : N;
+            for (int n = k * TS_LN_BLOCK; n < n1; n++) {
+                const float *x = inp + (size_t)n * C;
+                const float *d = dout + (size_t)n * C;
+                float *dx = dinp + (size_t)n * C;
+                float m = mean[n], rs = rstd[n];
+                float sg = 0.0f, sgx = 0.0f;
+#pragma omp simd reduction(+ : sg, sgx)
+                for (int c = 0; c < C; c++) {
+                    float xhat = (x[c] - m) * rs;
+                    float g = weight[c] * d[c];
+                    sg += g;
+                    sgx += g * xhat;
+                    pw[c] += d[c] * xhat;
+                    pb[c] += d[c];
+                }
+                float mg = sg / C, mgx = sgx / C;
+#pragma omp simd
+                for (int c = 0; c < C; c++) {
+                    float xhat = (x[c] - m) * rs;
+                    dx[c] += (weight[c] * d[c] - mg - xhat * mgx) * rs;
+                }
+            }
+        }
+        /* Reduce the blocks in order, each thread owning a range of channels. */
+#pragma omp for simd schedule(static)
+        for (int c = 0; c < C; c++) {
+            float sw = 0.0f, sb = 0.0f;
+            for (int k = 0; k < nblocks; k++) {
+                sw += part[(size_t)k * 2 * C + c];
+                sb += part[(size_t)k * 2 * C + C + c];
+            }
+            dweight[c] += sw;
+            dbias[c] += sb;
+        }
+    }
+    free(part);
+}

@@ -1,0 +1,63 @@
+# Shared helpers for the command-line tests (sourced). Each test is run by CTest as
+#   bash tests/test_X.sh TESSERA_BINARY SOURCE_DIR
+set -uo pipefail
+TESSERA="$1"
+SRC="$2"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+PASSED=0
+FAILED=0
+
+pass() { PASSED=$((PASSED + 1)); }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*" >&2; }
+
+# run_np N ARGS...: tessera under mpirun with N ranks (oversubscribed, one BLAS thread
+# per rank unless the test says otherwise). Output goes to $TMP/out, $TMP/err.
+run_np() {
+  local np="$1"; shift
+  timeout 120 mpirun --oversubscribe -np "$np" "$TESSERA" "$@" >"$TMP/out" 2>"$TMP/err"
+}
+
+# expect_error NP PATTERN ARGS...: the run fails on every rank (non-zero exit), prints
+# PATTERN (a grep -E regex) exactly once, and does not crash.
+expect_error() {
+  local np="$1" pattern="$2"; shift 2
+  if run_np "$np" "$@"; then
+    fail "expected failure ($pattern): tessera $*"
+    return
+  fi
+  local rc=$?
+  if [ "$rc" -eq 124 ]; then fail "timed out (hang?): tessera $*"; return; fi
+  local count
+  count=$(grep -cE -- "$pattern" "$TMP/err" || true)
+  if [ "$count" -ne 1 ]; then
+    fail "expected '$pattern' once in stderr, found $count times: tessera $*"
+    sed 's/^/    /' "$TMP/err" >&2
+    return
+  fi
+  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
+    fail "crashed: tessera $*"
+    sed 's/^/    /' "$TMP/err" >&2
+    return
+  fi
+  pass
+}
+
+# A small byte-level corpus for tests: Debian's fortunes texts (installed by setup).
+make_corpus() {
+  local out="$1"
+  cat /usr/share/games/fortunes/fortunes /usr/share/games/fortunes/literature > "$TMP/corpus.txt"
+  "$TESSERA" data "$TMP/corpus.txt" "$out" >/dev/null
+}
+
+# losses FILE: the "loss" of every step line of a metrics file, one per line.
+losses() {
+  grep -o '"loss":[^,]*' "$1" | cut -d: -f2
+}
+
+finish() {
+  echo "$PASSED passed, $FAILED failed"
+  [ "$FAILED" -eq 0 ]
+}

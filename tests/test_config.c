@@ -1,0 +1,435 @@
+/* Config loading: values, defaults, --set overrides, and one clear error per mistake. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "test_util.h"
+
+static char g_dir[256];
+static ts_config g_cfg; /* ~80 KB: keep it off the stack */
+
+static const char *write_cfg(const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* Load `text` (written to a file) with overrides; world size 0 skips the grid check. */
+static ts_status load_ov(const char *text, const char *const *ov, int n, int world)
+{
+    const char *path = write_cfg("t.cfg", text);
+    return ts_config_load(&g_cfg, path, ov, n, world);
+}
+
+static ts_status load(const char *text) { return load_ov(text, NULL, 0, 0); }
+
+static bool msg_has(const char *needle) { return strstr(ts_error_message(), needle) != NULL; }
+
+/* Expect `text` (+ one optional override) to fail with a message containing all of
+ * the given fragments. */
+#define EXPECT_ERR(text, ov, ...)                                                        \
+    do {                                                                               \
+        const char *ov_[1] = { ov };                                                   \
+        ts_error_clear();                                                              \
+        ts_status st_ = load_ov(text, ov_, ov_[0] ? 1 : 0, 0);                         \
+        CHECKF(st_ == TS_ERR, "expected an error for %s", #text);                      \
+        const char *frags_[] = { __VA_ARGS__ };                                        \
+        for (size_t i_ = 0; i_ < sizeof frags_ / sizeof frags_[0]; i_++)               \
+            CHECKF(msg_has(frags_[i_]), "message lacks '%s': %s", frags_[i_],          \
+                   ts_error_message());                                                \
+    } while (0)
+
+static const char *FULL =
+    "model = { arch = \"gpt2\"; n_layer = 6; n_head = 8; n_embd = 256;\n"
+    "          vocab_size = 512; seq_len = 32; init = \"w.safetensors\"; };\n"
+    "parallel = { pp = 2; dp = 2; tp = 2; virtual_stages = 2;\n"
+    "             schedule = \"interleaved-1f1b\"; micro_batch = 2;\n"
+    "             partition = [2, 2, 2, 2]; recompute = \"full\"; order = \"dp-tp-pp\";\n"
+    "             overlap_grad_sync = false; zero = 1; bucket_mb = 8; };\n"
+    "train = { global_batch = 32; steps = 50; seed = 7; lr = 1e-3; min_lr = 1e-4;\n"
+    "          warmup = 5; weight_decay = 0.05; beta1 = 0.8; beta2 = 0.99; eps = 1e-6;\n"
+    "          grad_clip = 0; threads = 3; };\n"
+    "data = { train = (\"a.bin\", \"b.bin\"); val = \"v.bin\"; eval_every = 10;\n"
+    "         val_windows = 4; };\n"
+    "checkpoint = { dir = \"ck\"; every = 5; keep = 3; load = \"latest\"; };\n"
+    "log = { metrics = \"m.jsonl\"; trace = \"t.json\"; progress = false; };\n";
+
+static void test_config_full(void)
+{
+    ts_status st = load_ov(FULL, NULL, 0, 8);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    const ts_config *c = &g_cfg;
+    CHECK(strcmp(c->model.arch, "gpt2") == 0);
+    CHECK(c->model.n_layer == 6 && c->model.n_head == 8 && c->model.n_embd == 256);
+    CHECK(c->model.vocab_size == 512 && c->model.seq_len == 32);
+    CHECK(strcmp(c->model.init, "w.safetensors") == 0);
+    CHECK(c->parallel.pp == 2 && c->parallel.dp == 2 && c->parallel.tp == 2);
+    CHECK(c->parallel.virtual_stages == 2);
+    CHECK(strcmp(c->parallel.schedule, "interleaved-1f1b") == 0);
+    CHECK(c->parallel.micro_batch == 2);
+    CHECK(c->parallel.n_partition == 4 && c->parallel.partition[3] == 2);
+    CHECK(strcmp(c->parallel.recompute, "full") == 0);
+    CHECK(strcmp(c->parallel.order, "dp-tp-pp") == 0);
+    CHECK(!c->parallel.overlap_grad_sync && c->parallel.zero == 1 && c->parallel.bucket_mb == 8);
+    CHECK(c->train.global_batch == 32 && c->train.steps == 50 && c->train.seed == 7);
+    CHECK(c->train.lr == 1e-3 && c->train.min_lr == 1e-4 && c->train.warmup == 5);
+    CHECK(c->train.weight_decay == 0.05 && c->train.beta1 == 0.8 && c->train.beta2 == 0.99);
+    CHECK(c->train.eps == 1e-6 && c->train.grad_clip == 0.0 && c->train.threads == 3);
+    CHECK(c->data.n_train == 2 && strcmp(c->data.train[1], "b.bin") == 0);
+    CHECK(strcmp(c->data.val, "v.bin") == 0 && c->data.eval_every == 10);
+    CHECK(c->data.val_windows == 4);
+    CHECK(strcmp(c->checkpoint.dir, "ck") == 0 && c->checkpoint.every == 5);
+    CHECK(c->checkpoint.keep == 3 && strcmp(c->checkpoint.load, "latest") == 0);
+    CHECK(strcmp(c->log.metrics, "m.jsonl") == 0 && strcmp(c->log.trace, "t.json") == 0);
+    CHECK(!c->log.progress);
+    CHECK(ts_config_num_microbatches(c) == 8);
+}
+
+static void test_config_defaults(void)
+{
+    ts_status st = load("model = { n_layer = 2; };\n");
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    const ts_config *c = &g_cfg;
+    CHECK(c->model.n_layer == 2 && c->model.n_head == 4 && c->model.n_embd == 128);
+    CHECK(c->model.vocab_size == 256 && c->model.seq_len == 64 && c->model.init[0] == '\0');
+    CHECK(c->parallel.pp == 1 && c->parallel.dp == 1 && c->parallel.tp == 1);
+    CHECK(c->parallel.virtual_stages == 1 && strcmp(c->parallel.schedule, "1f1b") == 0);
+    CHECK(c->parallel.micro_batch == 2 && c->parallel.n_partition == 0);
+    CHECK(strcmp(c->parallel.recompute, "none") == 0);
+    CHECK(strcmp(c->parallel.order, "tp-dp-pp") == 0);
+    CHECK(c->parallel.overlap_grad_sync && c->parallel.zero == 0 && c->parallel.bucket_mb == 4);
+    CHECK(c->train.global_batch == 16 && c->train.steps == 100 && c->train.seed == 1234);
+    CHECK(c->train.lr == 6e-4 && c->train.min_lr == 6e-5 && c->train.warmup == 10);
+    CHECK(c->train.weight_decay == 0.1 && c->train.beta1 == 0.9 && c->train.beta2 == 0.95);
+    CHECK(c->train.eps == 1e-8 && c->train.grad_clip == 1.0 && c->train.threads == 0);
+    CHECK(c->data.n_train == 1 && strcmp(c->data.train[0], "data/train.bin") == 0);
+    CHECK(c->data.val[0] == '\0' && c->data.eval_every == 0 && c->data.val_windows == 16);
+    CHECK(c->checkpoint.dir[0] == '\0' && c->checkpoint.every == 0 && c->checkpoint.keep == 2);
+    CHECK(c->checkpoint.load[0] == '\0');
+    CHECK(strcmp(c->log.metrics, "metrics.jsonl") == 0 && c->log.trace[0] == '\0');
+    CHECK(c->log.progress);
+    CHECK(ts_config_num_microbatches(c) == 8);
+
+    /* An empty file and the defaults struct both validate. */
+    CHECK(load("") == TS_OK);
+    ts_config_defaults(&g_cfg);
+    CHECK(ts_config_validate(&g_cfg, 1) == TS_OK);
+}
+
+static void test_config_overrides(void)
+{
+    const char *ov[] = {
+        "parallel.pp=4",                   /* int */
+        "train.lr=1e-3",                   /* float */
+        "train.min_lr=0",                  /* int into a float key */
+        "parallel.schedule=gpipe",         /* bare word */
+        "data.train=[\"a.bin\",\"b.bin\"]", /* array of strings */
+        "parallel.partition=[1,2,2,1]",    /* array of ints */
+        "parallel.overlap_grad_sync=false", /* bool */
+        "log.trace=\"tr.json\"",           /* quoted string */
+        "checkpoint.dir=runs/x",           /* bare path */
+        "parallel.order = dp-tp-pp",       /* spaces around '=' */
+        "train.seed=123456789012",         /* int64 */
+        "log.metrics=",                    /* empty */
+    };
+    int n = (int)(sizeof ov / sizeof ov[0]);
+    ts_status st = load_ov("parallel = { pp = 2; schedule = \"1f1b\"; };\n", ov, n, 4);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    const ts_config *c = &g_cfg;
+    CHECK(c->parallel.pp == 4);
+    CHECK(c->train.lr == 1e-3 && c->train.min_lr == 0.0);
+    CHECK(strcmp(c->parallel.schedule, "gpipe") == 0);
+    CHECK(c->data.n_train == 2 && strcmp(c->data.train[0], "a.bin") == 0);
+    CHECK(c->parallel.n_partition == 4 && c->parallel.partition[1] == 2);
+    CHECK(!c->parallel.overlap_grad_sync);
+    CHECK(strcmp(c->log.trace, "tr.json") == 0);
+    CHECK(strcmp(c->checkpoint.dir, "runs/x") == 0);
+    CHECK(strcmp(c->parallel.order, "dp-tp-pp") == 0);
+    CHECK(c->train.seed == 123456789012LL);
+    CHECK(c->log.metrics[0] == '\0');
+
+    /* Lists in parentheses, a later override wins, a new section group is created. */
+    const char *ov2[] = { "data.train=(\"x.bin\")", "train.steps=5", "train.steps=7",
+                          "checkpoint.load=latest", "checkpoint.dir=ck" };
+    st = ts_config_load(&g_cfg, NULL, ov2, 5, 0);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    CHECK(g_cfg.data.n_train == 1 && strcmp(g_cfg.data.train[0], "x.bin") == 0);
+    CHECK(g_cfg.train.steps == 7);
+    CHECK(strcmp(g_cfg.checkpoint.load, "latest") == 0);
+
+    /* Replacing a setting of another type: partition string -> list -> string. */
+    const char *ov3[] = { "parallel.partition=[3,3]", "parallel.partition=balanced" };
+    st = load_ov("parallel = { pp = 2; partition = [2, 4]; };\n", ov3, 1, 0);
+    CHECKF(st == TS_OK && g_cfg.parallel.partition[0] == 3, "%s", ts_error_message());
+    st = load_ov("parallel = { pp = 2; partition = [2, 4]; };\n", ov3, 2, 0);
+    CHECKF(st == TS_OK && g_cfg.parallel.n_partition == 0, "%s", ts_error_message());
+}
+
+static void test_config_key_errors(void)
+{
+    const char *ok = "train = { steps = 3; };\n";
+    EXPECT_ERR("train = { lr_max = 1.0; };\n", NULL, "unknown config key 'train.lr_max'",
+               "t.cfg:1", "known keys in 'train'", "min_lr");
+    EXPECT_ERR("train = {\n  stpes = 3; };\n", NULL, "'train.stpes'", "t.cfg:2",
+               "did you mean 'train.steps'");
+    EXPECT_ERR("train = { micro_batch = 3; };\n", NULL, "'train.micro_batch'",
+               "did you mean 'parallel.micro_batch'");
+    EXPECT_ERR("modle = { n_layer = 2; };\n", NULL, "unknown config section 'modle'",
+               "did you mean 'model'");
+    EXPECT_ERR("model = 3;\n", NULL, "section 'model'", "group");
+    EXPECT_ERR(ok, "train.lr_max=1", "unknown config key 'train.lr_max'", "--set");
+    EXPECT_ERR(ok, "foo.bar=1", "unknown config section 'foo'");
+    EXPECT_ERR(ok, "train.steps", "malformed override 'train.steps'");
+    EXPECT_ERR(ok, "=3", "malformed override");
+    EXPECT_ERR(ok, "train.steps.x=3", "train.steps.x=3", "not a group");
+    EXPECT_ERR(ok, "train.st eps=3", "invalid config key");
+}
+
+static void test_config_type_errors(void)
+{
+    EXPECT_ERR("model = { n_layer = \"four\"; };\n", NULL, "'model.n_layer'", "an integer",
+               "a string");
+    EXPECT_ERR("train = { steps = 1.5; };\n", NULL, "'train.steps'", "an integer", "a float");
+    EXPECT_ERR("train = { lr = \"fast\"; };\n", NULL, "'train.lr'", "a number");
+    EXPECT_ERR("parallel = { overlap_grad_sync = 1; };\n", NULL,
+               "'parallel.overlap_grad_sync'", "a boolean");
+    EXPECT_ERR("log = { metrics = 3; };\n", NULL, "'log.metrics'", "a string");
+    EXPECT_ERR("model = { n_layer = 4; }; parallel = { pp = 2; };\n", "parallel.pp=2.0",
+               "'parallel.pp'", "a float", "--set");
+    EXPECT_ERR("parallel = { partition = \"even\"; };\n", NULL, "'parallel.partition'",
+               "balanced");
+    EXPECT_ERR("parallel = { partition = [1.5, 2.5]; };\n", NULL, "'parallel.partition'");
+    EXPECT_ERR("parallel = { partition = []; };\n", NULL, "'parallel.partition'", "empty");
+    EXPECT_ERR("data = { train = [1, 2]; };\n", NULL, "'data.train'", "string");
+    EXPECT_ERR("data = { train = 5; };\n", NULL, "'data.train'");
+    EXPECT_ERR("train = { seed = 1.0; };\n", NULL, "'train.seed'");
+
+    /* Too-long strings. */
+    size_t n = TS_PATH_MAX + 64;
+    char *text = malloc(n + 64);
+    int k = snprintf(text, n + 64, "log = { trace = \"");
+    memset(text + k, 'x', TS_PATH_MAX + 10);
+    snprintf(text + k + TS_PATH_MAX + 10, 64, "\"; };\n");
+    EXPECT_ERR(text, NULL, "'log.trace'", "too long");
+    free(text);
+    EXPECT_ERR("parallel = { recompute = \"everything_please\"; };\n", NULL,
+               "'parallel.recompute'");
+}
+
+static void test_config_range_errors(void)
+{
+    struct { const char *text, *key; } cases[] = {
+        { "model = { n_layer = 0; };", "'model.n_layer'" },
+        { "model = { n_head = 0; };", "'model.n_head'" },
+        { "model = { n_embd = -1; };", "'model.n_embd'" },
+        { "model = { vocab_size = 1; };", "'model.vocab_size'" },
+        { "model = { vocab_size = 100000000; };", "'model.vocab_size'" },
+        { "model = { seq_len = 0; };", "'model.seq_len'" },
+        { "parallel = { pp = 0; };", "'parallel.pp'" },
+        { "parallel = { dp = -2; };", "'parallel.dp'" },
+        { "parallel = { tp = 0; };", "'parallel.tp'" },
+        { "parallel = { virtual_stages = 0; };", "'parallel.virtual_stages'" },
+        { "parallel = { micro_batch = 0; };", "'parallel.micro_batch'" },
+        { "parallel = { zero = 2; };", "'parallel.zero'" },
+        { "parallel = { bucket_mb = 0; };", "'parallel.bucket_mb'" },
+        { "train = { global_batch = 0; };", "'train.global_batch'" },
+        { "train = { steps = -1; };", "'train.steps'" },
+        { "train = { lr = 0; };", "'train.lr'" },
+        { "train = { min_lr = -1e-5; };", "'train.min_lr'" },
+        { "train = { warmup = -1; };", "'train.warmup'" },
+        { "train = { weight_decay = -0.1; };", "'train.weight_decay'" },
+        { "train = { beta1 = 1.0; };", "'train.beta1'" },
+        { "train = { beta2 = -0.5; };", "'train.beta2'" },
+        { "train = { eps = 0.0; };", "'train.eps'" },
+        { "train = { grad_clip = -1.0; };", "'train.grad_clip'" },
+        { "train = { threads = -1; };", "'train.threads'" },
+        { "train = { steps = 5000000000; };", "'train.steps'" },
+        { "data = { eval_every = -1; };", "'data.eval_every'" },
+        { "data = { val_windows = 0; };", "'data.val_windows'" },
+        { "checkpoint = { every = -1; };", "'checkpoint.every'" },
+        { "checkpoint = { keep = 0; };", "'checkpoint.keep'" },
+        { "parallel = { pp = 2; partition = [4, -2]; };", "'parallel.partition'" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ts_error_clear();
+        CHECKF(load(cases[i].text) == TS_ERR, "accepted %s", cases[i].text);
+        CHECKF(msg_has(cases[i].key), "%s -> %s", cases[i].text, ts_error_message());
+    }
+    EXPECT_ERR("parallel = { zero = 2; };\n", NULL, "0 or 1", "t.cfg:1");
+    EXPECT_ERR("train = { beta1 = 1.0; };\n", NULL, "in [0, 1)");
+}
+
+static void test_config_enum_errors(void)
+{
+    EXPECT_ERR("model = { arch = \"llama\"; };\n", NULL, "'model.arch'", "gpt2");
+    EXPECT_ERR("parallel = { schedule = \"zigzag\"; };\n", NULL, "'parallel.schedule'",
+               "interleaved-1f1b", ".csv");
+    EXPECT_ERR("parallel = { recompute = \"some\"; };\n", NULL, "'parallel.recompute'",
+               "except_last");
+    EXPECT_ERR("parallel = { order = \"tp-tp-pp\"; };\n", NULL, "'parallel.order'");
+    EXPECT_ERR("parallel = { order = \"tp-dp\"; };\n", NULL, "'parallel.order'");
+    CHECK(load("parallel = { order = \"pp-tp-dp\"; schedule = \"s/my.csv\"; "
+               "virtual_stages = 2; };\n") == TS_OK);
+    CHECK(load("parallel = { schedule = \"zb-h1\"; };\n") == TS_OK);
+    CHECK(load("parallel = { schedule = \"interleaved-1f1b\"; };\n") == TS_OK);
+}
+
+static void test_config_syntax_error(void)
+{
+    EXPECT_ERR("model = {\n  n_layer = 4;\n  n_head = ;\n};\n", NULL, "t.cfg:3");
+    EXPECT_ERR("model = { n_layer = 4 };\n", NULL, "t.cfg:1");
+    ts_error_clear();
+    CHECK(ts_config_load(&g_cfg, "/nonexistent/x.cfg", NULL, 0, 0) == TS_ERR);
+    CHECK(msg_has("/nonexistent/x.cfg"));
+}
+
+static void test_config_relations(void)
+{
+    const char *grid = "parallel = { pp = 2; dp = 2; tp = 2; };\n";
+    CHECK(load_ov(grid, NULL, 0, 8) == TS_OK);
+    ts_error_clear();
+    CHECK(load_ov(grid, NULL, 0, 4) == TS_ERR);
+    CHECKF(msg_has("pp*dp*tp = 2*2*2 = 8") && msg_has("4 ranks") && msg_has("-np 8"), "%s",
+           ts_error_message());
+
+    EXPECT_ERR("parallel = { dp = 2; micro_batch = 4; }; train = { global_batch = 20; };\n",
+               NULL, "train.global_batch = 20", "2 * 4", "16 or 24", "micro_batch");
+    EXPECT_ERR("parallel = { dp = 4; micro_batch = 8; }; train = { global_batch = 16; };\n",
+               NULL, "train.global_batch = 16", "32");
+    EXPECT_ERR("parallel = { dp = 3; micro_batch = 1; }; train = { global_batch = 16; };\n",
+               NULL, "train.global_batch", "15 or 18");
+    EXPECT_ERR("model = { n_head = 6; n_embd = 96; }; parallel = { tp = 4; };\n", NULL,
+               "model.n_head = 6", "parallel.tp = 4");
+    EXPECT_ERR("model = { vocab_size = 257; }; parallel = { tp = 2; };\n", NULL,
+               "model.vocab_size = 257", "258");
+    EXPECT_ERR("model = { n_head = 3; n_embd = 128; };\n", NULL, "model.n_embd = 128",
+               "model.n_head = 3");
+    EXPECT_ERR("model = { n_layer = 2; }; parallel = { pp = 3; virtual_stages = 2; "
+               "schedule = \"interleaved-1f1b\"; };\n",
+               NULL, "more pipeline chunks than layers", "6 chunks", "4 layers");
+    EXPECT_ERR("parallel = { pp = 2; partition = [2, 2, 2]; };\n", NULL,
+               "parallel.partition", "3 chunks", "= 2");
+    EXPECT_ERR("parallel = { pp = 2; partition = [2, 2]; };\n", NULL, "parallel.partition",
+               "sums to 4", "6");
+    CHECK(load("parallel = { pp = 2; partition = [0, 6]; };\n") == TS_OK);
+    EXPECT_ERR("parallel = { pp = 2; virtual_stages = 2; };\n", NULL,
+               "parallel.virtual_stages = 2", "interleaved-1f1b");
+    EXPECT_ERR("checkpoint = { load = \"latest\"; };\n", NULL, "checkpoint.load",
+               "checkpoint.dir");
+    CHECK(load("checkpoint = { load = \"some/dir\"; };\n") == TS_OK);
+    EXPECT_ERR("train = { lr = 1e-4; min_lr = 1e-3; };\n", NULL, "train.min_lr");
+    /* warmup past the end is fine. */
+    CHECK(load("train = { steps = 5; warmup = 50; };\n") == TS_OK);
+
+    /* validate on a config built in code checks ranges too. */
+    ts_config_defaults(&g_cfg);
+    g_cfg.train.beta2 = 1.5;
+    ts_error_clear();
+    CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.beta2"));
+}
+
+static void test_config_json(void)
+{
+    CHECK(load_ov(FULL, NULL, 0, 8) == TS_OK);
+    char *text = ts_config_to_json(&g_cfg);
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    CHECKF(j != NULL, "%s: %s", err.text, text);
+    if (j) {
+        json_t *model = json_object_get(j, "model"), *par = json_object_get(j, "parallel");
+        json_t *train = json_object_get(j, "train"), *data = json_object_get(j, "data");
+        CHECK(json_integer_value(json_object_get(model, "n_layer")) == 6);
+        CHECK(strcmp(json_string_value(json_object_get(model, "arch")), "gpt2") == 0);
+        CHECK(json_array_size(json_object_get(par, "partition")) == 4);
+        CHECK(json_is_false(json_object_get(par, "overlap_grad_sync")));
+        CHECK(json_real_value(json_object_get(train, "lr")) == 1e-3);
+        CHECK(json_integer_value(json_object_get(train, "seed")) == 7);
+        CHECK(json_array_size(json_object_get(data, "train")) == 2);
+        CHECK(json_is_object(json_object_get(j, "checkpoint")));
+        CHECK(json_is_false(json_object_get(json_object_get(j, "log"), "progress")));
+        json_decref(j);
+    }
+    free(text);
+
+    ts_config_defaults(&g_cfg);
+    text = ts_config_to_json(&g_cfg);
+    j = json_loads(text, 0, &err);
+    CHECK(j != NULL);
+    if (j) {
+        json_t *par = json_object_get(j, "parallel");
+        CHECK(strcmp(json_string_value(json_object_get(par, "partition")), "balanced") == 0);
+        CHECK(json_array_size(json_object_get(json_object_get(j, "data"), "train")) == 1);
+        CHECK(json_integer_value(json_object_get(json_object_get(j, "parallel"), "bucket_mb")) == 4);
+        json_decref(j);
+    }
+    free(text);
+}
+
+static void test_config_shipped_files(void)
+{
+    const char *src = getenv("TS_SOURCE_DIR");
+    if (!src) src = ".";
+    char path[1024];
+
+    snprintf(path, sizeof path, "%s/configs/tiny.cfg", src);
+    ts_status st = ts_config_load(&g_cfg, path, NULL, 0, 1);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    const ts_config *c = &g_cfg;
+    CHECK(c->model.n_layer == 4 && c->model.n_head == 4 && c->model.n_embd == 128);
+    CHECK(c->model.vocab_size == 256 && c->model.seq_len == 64);
+    CHECK(c->parallel.micro_batch == 4 && c->train.global_batch == 16);
+    CHECK(c->train.steps == 200 && c->train.lr == 1e-3 && c->train.min_lr == 1e-4);
+    CHECK(c->train.warmup == 20 && c->train.seed == 1234 && c->data.eval_every == 50);
+    CHECK(strcmp(c->data.train[0], "data/fortunes_train.bin") == 0);
+    CHECK(strcmp(c->data.val, "data/fortunes_val.bin") == 0);
+    CHECK(strcmp(c->log.metrics, "runs/tiny/metrics.jsonl") == 0);
+    CHECK(ts_config_num_microbatches(c) == 4);
+
+    /* The tiny model runs on the 8-rank grid of the contract's example. */
+    const char *ov[] = { "parallel.pp=2", "parallel.dp=2", "parallel.tp=2" };
+    st = ts_config_load(&g_cfg, path, ov, 3, 8);
+    CHECKF(st == TS_OK && ts_config_num_microbatches(&g_cfg) == 2, "%s", ts_error_message());
+
+    snprintf(path, sizeof path, "%s/configs/gpt2-124m.cfg", src);
+    st = ts_config_load(&g_cfg, path, NULL, 0, 1);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    CHECK(c->model.n_layer == 12 && c->model.n_embd == 768 && c->model.vocab_size == 50257);
+    CHECK(c->model.seq_len == 1024 && c->train.lr == 6e-4 && c->train.warmup == 700);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/ts_test_config_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    test_config_full();
+    test_config_defaults();
+    test_config_overrides();
+    test_config_key_errors();
+    test_config_type_errors();
+    test_config_range_errors();
+    test_config_enum_errors();
+    test_config_syntax_error();
+    test_config_relations();
+    test_config_json();
+    test_config_shipped_files();
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.cfg", g_dir);
+    unlink(path);
+    rmdir(g_dir);
+    return ts_test_report();
+}

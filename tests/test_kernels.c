@@ -1,0 +1,621 @@
+/* CPU kernels: every backward against central finite differences of a scalar
+ * objective L = sum(out * R) (R fixed and random, L accumulated in double), forwards
+ * against naive references, the accumulate/overwrite semantics, AdamW against a
+ * double-precision reference, and bitwise determinism at 1 and 2 threads. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+static const ts_kernels *K = &ts_kernels_cpu;
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* Uniform in [-1, 1). */
+static float frand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *rand_floats(size_t n, float scale)
+{
+    float *x = ts_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
+    return x;
+}
+
+static float *copy_floats(const float *x, size_t n)
+{
+    float *y = ts_alloc_floats(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double dot_d(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+    return s;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+typedef double (*objective_fn)(void *ctx);
+
+/* Central differences of f with respect to every element of x, compared with the
+ * analytic gradient: max |numeric - analytic| / max |numeric|. */
+static double fd_rel_err(float *x, size_t n, const float *grad, objective_fn f, void *ctx,
+                         float eps)
+{
+    double max_diff = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float saved = x[i];
+        float xp = saved + eps, xm = saved - eps;
+        x[i] = xp;
+        double lp = f(ctx);
+        x[i] = xm;
+        double lm = f(ctx);
+        x[i] = saved;
+        double num = (lp - lm) / ((double)xp - (double)xm);
+        double d = fabs(num - (double)grad[i]);
+        if (d > max_diff) max_diff = d;
+        if (fabs(num) > max_ref) max_ref = fabs(num);
+    }
+    return max_diff / (max_ref > 1e-6 ? max_ref : 1e-6);
+}
+
+#define FD_TOL 1e-2
+
+static void check_fd(const char *what, double err)
+{
+    printf("  %-34s fd rel err %.2e\n", what, err);
+    CHECKF(err < FD_TOL, "%s: %g", what, err);
+}
+
+/* ---- encoder ------------------------------------------------------------------ */
+
+typedef struct {
+    float *out, *wte, *wpe, *R;
+    int *tokens;
+    int B, T, C;
+} enc_ctx;
+
+static double enc_obj(void *p)
+{
+    enc_ctx *e = p;
+    K->encoder_forward(e->out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+    return dot_d(e->out, e->R, (size_t)e->B * e->T * e->C);
+}
+
+static void test_encoder(void)
+{
+    enc_ctx e = {.B = 2, .T = 5, .C = 8};
+    int V = 11, N = e.B * e.T, C = e.C;
+    int tokens[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 5}; /* repeats, within and across rows */
+    e.tokens = tokens;
+    e.wte = rand_floats((size_t)V * C, 1.0f);
+    e.wpe = rand_floats((size_t)(e.T + 2) * C, 1.0f); /* wpe may hold more positions */
+    e.out = ts_alloc_floats((size_t)N * C);
+    e.R = rand_floats((size_t)N * C, 1.0f);
+    float *dwte = ts_alloc_floats((size_t)V * C), *dwpe = ts_alloc_floats((size_t)(e.T + 2) * C);
+
+    enc_obj(&e);
+    double ferr = 0.0;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            float ref = e.wte[tokens[n] * C + c] + e.wpe[(n % e.T) * C + c];
+            ferr = fmax(ferr, fabs(ref - e.out[n * C + c]));
+        }
+    CHECKF(ferr == 0.0, "encoder forward %g", ferr);
+
+    K->encoder_backward(dwte, dwpe, e.R, tokens, e.B, e.T, C);
+    check_fd("encoder dwte", fd_rel_err(e.wte, (size_t)V * C, dwte, enc_obj, &e, 1e-2f));
+    check_fd("encoder dwpe", fd_rel_err(e.wpe, (size_t)(e.T + 2) * C, dwpe, enc_obj, &e, 1e-2f));
+
+    /* Accumulation: a second call doubles both gradients. */
+    float *dwte1 = copy_floats(dwte, (size_t)V * C), *dwpe1 = copy_floats(dwpe, (size_t)e.T * C);
+    K->encoder_backward(dwte, dwpe, e.R, tokens, e.B, e.T, C);
+    for (int i = 0; i < V * C; i++) dwte1[i] *= 2.0f;
+    for (int i = 0; i < e.T * C; i++) dwpe1[i] *= 2.0f;
+    CHECK(max_abs_diff(dwte, dwte1, (size_t)V * C) < 1e-5);
+    CHECK(max_abs_diff(dwpe, dwpe1, (size_t)e.T * C) < 1e-5);
+    free(dwte1), free(dwpe1), free(e.wte), free(e.wpe), free(e.out), free(e.R), free(dwte),
+        free(dwpe);
+}
+
+/* ---- layernorm ---------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *mean, *rstd, *inp, *w, *b, *R;
+    int N, C;
+} ln_ctx;
+
+static double ln_obj(void *p)
+{
+    ln_ctx *l = p;
+    K->layernorm_forward(l->out, l->mean, l->rstd, l->inp, l->w, l->b, l->N, l->C);
+    return dot_d(l->out, l->R, (size_t)l->N * l->C);
+}
+
+static void test_layernorm(int N, int C)
+{
+    ln_ctx l = {.N = N, .C = C};
+    size_t NC = (size_t)N * C;
+    l.inp = rand_floats(NC, 2.0f);
+    for (size_t i = 0; i < NC; i++) l.inp[i] += 0.5f; /* a non-zero mean */
+    l.w = rand_floats((size_t)C, 1.0f), l.b = rand_floats((size_t)C, 1.0f);
+    l.out = ts_alloc_floats(NC), l.mean = ts_alloc_floats((size_t)N);
+    l.rstd = ts_alloc_floats((size_t)N), l.R = rand_floats(NC, 1.0f);
+
+    ln_obj(&l);
+    /* Forward against a double reference. */
+    double ferr = 0.0;
+    for (int n = 0; n < N; n++) {
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += l.inp[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (l.inp[n * C + c] - m) * (l.inp[n * C + c] - m);
+        double rs = 1.0 / sqrt(v / C + 1e-5);
+        for (int c = 0; c < C; c++) {
+            double ref = (l.inp[n * C + c] - m) * rs * l.w[c] + l.b[c];
+            ferr = fmax(ferr, fabs(ref - l.out[n * C + c]));
+        }
+        ferr = fmax(ferr, fabs(m - l.mean[n]) + fabs(rs - l.rstd[n]) / rs);
+    }
+    CHECKF(ferr < 1e-5, "layernorm forward %g", ferr);
+
+    /* dinp accumulates: start it from random values and subtract them afterwards. */
+    float *dinp0 = rand_floats(NC, 1.0f), *dinp = copy_floats(dinp0, NC);
+    float *dw = ts_alloc_floats((size_t)C), *db = ts_alloc_floats((size_t)C);
+    K->layernorm_backward(dinp, dw, db, l.R, l.inp, l.w, l.mean, l.rstd, N, C);
+    for (size_t i = 0; i < NC; i++) dinp[i] -= dinp0[i];
+    if (NC <= 4096) {
+        check_fd("layernorm dinp (+=)", fd_rel_err(l.inp, NC, dinp, ln_obj, &l, 1e-3f));
+    }
+    check_fd("layernorm dweight", fd_rel_err(l.w, (size_t)C, dw, ln_obj, &l, 1e-2f));
+    check_fd("layernorm dbias", fd_rel_err(l.b, (size_t)C, db, ln_obj, &l, 1e-2f));
+
+    float *dw1 = copy_floats(dw, (size_t)C), *db1 = copy_floats(db, (size_t)C);
+    K->layernorm_backward(dinp, dw, db, l.R, l.inp, l.w, l.mean, l.rstd, N, C);
+    for (int c = 0; c < C; c++) dw1[c] *= 2.0f, db1[c] *= 2.0f;
+    CHECK(max_abs_diff(dw, dw1, (size_t)C) < 1e-4);
+    CHECK(max_abs_diff(db, db1, (size_t)C) < 1e-4);
+    free(dw1), free(db1), free(dinp0), free(dinp), free(dw), free(db);
+    free(l.inp), free(l.w), free(l.b), free(l.out), free(l.mean), free(l.rstd), free(l.R);
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *inp, *w, *b, *R;
+    int N, C, OC;
+} mm_ctx;
+
+static double mm_obj(void *p)
+{
+    mm_ctx *m = p;
+    K->matmul_forward(m->out, m->inp, m->w, m->b, m->N, m->C, m->OC);
+    return dot_d(m->out, m->R, (size_t)m->N * m->OC);
+}
+
+static void test_matmul(int with_bias)
+{
+    mm_ctx m = {.N = 10, .C = 8, .OC = 12};
+    int N = m.N, C = m.C, OC = m.OC;
+    m.inp = rand_floats((size_t)N * C, 1.0f), m.w = rand_floats((size_t)OC * C, 1.0f);
+    m.b = with_bias ? rand_floats((size_t)OC, 1.0f) : NULL;
+    m.out = rand_floats((size_t)N * OC, 1.0f); /* garbage: forward must overwrite */
+    m.R = rand_floats((size_t)N * OC, 1.0f);
+
+    mm_obj(&m);
+    double ferr = 0.0;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double ref = m.b ? m.b[o] : 0.0;
+            for (int c = 0; c < C; c++) ref += (double)m.inp[n * C + c] * m.w[o * C + c];
+            ferr = fmax(ferr, fabs(ref - m.out[n * OC + o]));
+        }
+    CHECKF(ferr < 1e-5, "matmul forward %g", ferr);
+
+    float *dinp = rand_floats((size_t)N * C, 1.0f); /* garbage: overwritten */
+    float *dw = ts_alloc_floats((size_t)OC * C), *db = ts_alloc_floats((size_t)OC);
+    K->matmul_backward(dinp, dw, m.b ? db : NULL, m.R, m.inp, m.w, N, C, OC);
+    check_fd(with_bias ? "matmul dinp (bias)" : "matmul dinp (no bias)",
+             fd_rel_err(m.inp, (size_t)N * C, dinp, mm_obj, &m, 1e-2f));
+    check_fd(with_bias ? "matmul dweight (bias)" : "matmul dweight (no bias)",
+             fd_rel_err(m.w, (size_t)OC * C, dw, mm_obj, &m, 1e-2f));
+    if (m.b) check_fd("matmul dbias", fd_rel_err(m.b, (size_t)OC, db, mm_obj, &m, 1e-2f));
+
+    /* Second call with dinp = NULL: dweight and dbias double, dinp untouched. */
+    float *dw1 = copy_floats(dw, (size_t)OC * C), *db1 = copy_floats(db, (size_t)OC);
+    K->matmul_backward(NULL, dw, m.b ? db : NULL, m.R, m.inp, m.w, N, C, OC);
+    for (int i = 0; i < OC * C; i++) dw1[i] *= 2.0f;
+    for (int i = 0; i < OC; i++) db1[i] *= 2.0f;
+    CHECK(max_abs_diff(dw, dw1, (size_t)OC * C) < 1e-5);
+    CHECK(max_abs_diff(db, db1, (size_t)OC) < 1e-5);
+    free(dw1), free(db1), free(dinp), free(dw), free(db);
+    free(m.inp), free(m.w), free(m.b), free(m.out), free(m.R);
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *att, *qkv, *R;
+    int B, T, NH, HS;
+} att_ctx;
+
+static double att_obj(void *p)
+{
+    att_ctx *a = p;
+    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->HS);
+    return dot_d(a->out, a->R, (size_t)a->B * a->T * a->NH * a->HS);
+}
+
+/* Naive causal attention in double: max |out - ref| and max |att - ref|. */
+static double att_reference_err(const att_ctx *a)
+{
+    int B = a->B, T = a->T, NH = a->NH, HS = a->HS, C = NH * HS;
+    double err = 0.0, *p = malloc((size_t)T * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = a->qkv + ((size_t)b * T + i) * 3 * C + h * HS;
+                double mx = -1e300, sum = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    const float *k = a->qkv + ((size_t)b * T + j) * 3 * C + C + h * HS;
+                    double s = 0.0;
+                    for (int d = 0; d < HS; d++) s += (double)q[d] * k[d];
+                    p[j] = s / sqrt((double)HS);
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
+                const float *arow = a->att + (((size_t)b * NH + h) * T + i) * T;
+                for (int j = 0; j < T; j++)
+                    err = fmax(err, fabs((j <= i ? p[j] / sum : 0.0) - arow[j]));
+                for (int d = 0; d < HS; d++) {
+                    double o = 0.0;
+                    for (int j = 0; j <= i; j++)
+                        o += p[j] / sum * a->qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HS + d];
+                    err = fmax(err, fabs(o - a->out[((size_t)b * T + i) * C + h * HS + d]));
+                }
+            }
+    free(p);
+    return err;
+}
+
+static void test_attention(int B, int T, int NH, int HS, const char *label)
+{
+    att_ctx a = {.B = B, .T = T, .NH = NH, .HS = HS};
+    int C = NH * HS;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    a.qkv = rand_floats(nqkv, 1.5f);
+    a.out = ts_alloc_floats(nout), a.R = rand_floats(nout, 1.0f);
+    a.att = rand_floats(natt, 1.0f); /* garbage: zeros above the diagonal must be written */
+
+    att_obj(&a);
+    double ferr = att_reference_err(&a);
+    printf("  attention forward %-16s max err vs naive %.2e\n", label, ferr);
+    CHECKF(ferr < 1e-5, "attention forward %s %g", label, ferr);
+    int causal_ok = 1;
+    double sum_err = 0.0;
+    for (size_t r = 0; r < (size_t)B * NH * T; r++) {
+        int i = (int)(r % T);
+        double s = 0.0;
+        for (int j = 0; j < T; j++) {
+            float v = a.att[r * T + j];
+            if (j > i && v != 0.0f) causal_ok = 0;
+            s += v;
+        }
+        sum_err = fmax(sum_err, fabs(s - 1.0));
+    }
+    CHECKF(causal_ok, "attention probabilities above the diagonal are not exactly 0");
+    CHECKF(sum_err < 1e-5, "attention rows sum to 1: err %g", sum_err);
+
+    float *dqkv = rand_floats(nqkv, 1.0f); /* garbage: overwritten */
+    float *scratch = rand_floats(natt, 1.0f);
+    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, HS);
+    char what[64];
+    snprintf(what, sizeof what, "attention dqkv %s", label);
+    check_fd(what, fd_rel_err(a.qkv, nqkv, dqkv, att_obj, &a, 1e-3f));
+    free(dqkv), free(scratch), free(a.qkv), free(a.out), free(a.R), free(a.att);
+}
+
+/* ---- gelu, residual, scale, sum_squares --------------------------------------- */
+
+typedef struct {
+    float *out, *inp, *R;
+    size_t n;
+} gelu_ctx;
+
+static double gelu_obj(void *p)
+{
+    gelu_ctx *g = p;
+    K->gelu_forward(g->out, g->inp, g->n);
+    return dot_d(g->out, g->R, g->n);
+}
+
+static void test_gelu(void)
+{
+    gelu_ctx g = {.n = 200};
+    g.inp = rand_floats(g.n, 5.0f), g.out = ts_alloc_floats(g.n), g.R = rand_floats(g.n, 1.0f);
+    g.inp[0] = 0.0f, g.inp[1] = -30.0f, g.inp[2] = 30.0f, g.inp[3] = -200.0f, g.inp[4] = 1e-3f;
+    gelu_obj(&g);
+    double ferr = 0.0;
+    for (size_t i = 0; i < g.n; i++) {
+        double x = g.inp[i];
+        double ref = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+        ferr = fmax(ferr, fabs(ref - g.out[i]) / fmax(fabs(ref), 1e-3));
+    }
+    printf("  gelu forward rel err vs tanh formula %.2e\n", ferr);
+    CHECKF(ferr < 1e-5, "gelu forward %g", ferr);
+    CHECK(g.out[3] == 0.0f || fabsf(g.out[3]) < 1e-30f);
+    CHECK(g.out[2] == 30.0f);
+
+    float *dinp = ts_alloc_floats(g.n);
+    K->gelu_backward(dinp, g.inp, g.R, g.n);
+    for (size_t i = 0; i < g.n; i++) CHECKF(isfinite(dinp[i]), "gelu dinp[%zu] not finite", i);
+    check_fd("gelu dinp", fd_rel_err(g.inp, g.n, dinp, gelu_obj, &g, 1e-3f));
+    /* dinp may alias dout. */
+    float *alias = copy_floats(g.R, g.n);
+    K->gelu_backward(alias, g.inp, alias, g.n);
+    CHECK(max_abs_diff(alias, dinp, g.n) == 0.0);
+    free(alias), free(dinp), free(g.inp), free(g.out), free(g.R);
+}
+
+static void test_elementwise(void)
+{
+    size_t n = 100003; /* several sum_squares blocks and a ragged tail */
+    float *a = rand_floats(n, 1.0f), *b = rand_floats(n, 1.0f), *out = ts_alloc_floats(n);
+    K->residual_forward(out, a, b, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= out[i] == a[i] + b[i];
+    CHECKF(ok, "residual_forward");
+    K->residual_forward(a, a, b, n); /* in place */
+    CHECK(max_abs_diff(a, out, n) == 0.0);
+
+    double ref = 0.0;
+    for (size_t i = 0; i < n; i++) ref += (double)b[i] * b[i];
+    double ss = K->sum_squares(b, n);
+    CHECKF(fabs(ss - ref) < 1e-10 * ref, "sum_squares %.17g vs %.17g", ss, ref);
+    CHECK(K->sum_squares(b, 0) == 0.0);
+
+    K->scale(out, 0.5f, n);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= out[i] == 0.5f * (a[i]);
+    CHECKF(ok, "scale");
+    free(a), free(b), free(out);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------ */
+
+typedef struct {
+    float *logits, *work, *losses;
+    int *targets;
+    int N, V;
+    float dloss;
+} xent_ctx;
+
+static double xent_obj(void *p)
+{
+    xent_ctx *x = p;
+    memcpy(x->work, x->logits, (size_t)x->N * x->V * sizeof(float));
+    K->crossentropy_forward_backward(x->losses, x->work, x->targets, x->N, x->V, x->dloss);
+    double s = 0.0;
+    for (int n = 0; n < x->N; n++) s += x->losses[n];
+    return s * x->dloss;
+}
+
+static void test_crossentropy(void)
+{
+    xent_ctx x = {.N = 10, .V = 11, .dloss = 0.1f};
+    int N = x.N, V = x.V, targets[10] = {0, 10, 5, 5, 3, 9, 1, 2, 7, 10};
+    x.targets = targets;
+    x.logits = rand_floats((size_t)N * V, 4.0f);
+    x.logits[3 * V + 4] = 60.0f; /* a dominant logit: max-subtraction must hold */
+    x.work = ts_alloc_floats((size_t)N * V), x.losses = ts_alloc_floats((size_t)N);
+
+    xent_obj(&x);
+    double lerr = 0.0;
+    for (int n = 0; n < N; n++) {
+        double mx = -1e300, s = 0.0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, x.logits[n * V + v]);
+        for (int v = 0; v < V; v++) s += exp(x.logits[n * V + v] - mx);
+        double ref = -(x.logits[n * V + targets[n]] - mx - log(s));
+        lerr = fmax(lerr, fabs(ref - x.losses[n]) / fmax(ref, 1e-3));
+    }
+    printf("  crossentropy loss rel err vs log-softmax %.2e\n", lerr);
+    CHECKF(lerr < 1e-5, "crossentropy losses %g", lerr);
+
+    float *dlogits = copy_floats(x.work, (size_t)N * V);
+    double row_sum = 0.0;
+    for (int n = 0; n < N; n++) {
+        double s = 0.0;
+        for (int v = 0; v < V; v++) s += dlogits[n * V + v];
+        row_sum = fmax(row_sum, fabs(s));
+    }
+    CHECKF(row_sum < 1e-7, "dlogits rows sum to 0: %g", row_sum);
+    check_fd("crossentropy dlogits", fd_rel_err(x.logits, (size_t)N * V, dlogits, xent_obj, &x,
+                                                1e-2f));
+    free(dlogits), free(x.logits), free(x.work), free(x.losses);
+}
+
+/* ---- AdamW -------------------------------------------------------------------- */
+
+static void test_adamw(void)
+{
+    size_t n = 1000;
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float *p = rand_floats(n, 1.0f), *m = ts_alloc_floats(n), *v = ts_alloc_floats(n);
+    float *g = ts_alloc_floats(n);
+    double *rp = malloc(n * sizeof(double)), *rm = calloc(n, sizeof(double));
+    double *rv = calloc(n, sizeof(double));
+    for (size_t i = 0; i < n; i++) rp[i] = p[i];
+    double err;
+    for (int t = 1; t <= 6; t++) {
+        for (size_t i = 0; i < n; i++) g[i] = frand() * (i % 7 == 0 ? 1e-4f : 1.0f);
+        K->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+        double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+        for (size_t i = 0; i < n; i++) {
+            rp[i] *= 1.0 - (double)lr * wd;
+            rm[i] = b1 * rm[i] + (1.0 - b1) * g[i];
+            rv[i] = b2 * rv[i] + (1.0 - b2) * (double)g[i] * g[i];
+            rp[i] -= (lr / bc1) * rm[i] / (sqrt(rv[i]) / sqrt(bc2) + eps);
+        }
+    }
+    /* Moments: max error relative to the largest moment (some cancel to ~0). */
+    double perr = 0.0, merr = 0.0, mmax = 0.0, verr = 0.0, vmax = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        perr = fmax(perr, fabs(rp[i] - p[i])); /* float rounding of |p| ~ 1: ~1e-7 a step */
+        merr = fmax(merr, fabs(rm[i] - m[i])), mmax = fmax(mmax, fabs(rm[i]));
+        verr = fmax(verr, fabs(rv[i] - v[i])), vmax = fmax(vmax, fabs(rv[i]));
+    }
+    err = fmax(merr / mmax, verr / vmax);
+    printf("  adamw 6 steps vs double reference: param abs err %.2e, moments rel err %.2e\n",
+           perr, err);
+    CHECKF(perr < 1e-6, "adamw param %g (steps are ~%g)", perr, (double)lr);
+    CHECKF(err < 1e-5, "adamw moments %g", err);
+    free(p), free(m), free(v), free(g), free(rp), free(rm), free(rv);
+}
+
+/* ---- determinism -------------------------------------------------------------- */
+
+/* Every kernel on a medium shape (several layernorm blocks, attention blocks, ...),
+ * all outputs appended to one buffer so runs can be compared bitwise. */
+typedef struct {
+    int B, T, C, NH, V, OC;
+    int *tokens;
+    float *wte, *wpe, *x, *lnw, *lnb, *w, *bias, *qkv, *dout, *logits, *p, *g;
+} det_inputs;
+
+static float *det_run(const det_inputs *in, size_t *count, double *ss)
+{
+    int B = in->B, T = in->T, C = in->C, NH = in->NH, V = in->V, OC = in->OC, N = B * T;
+    size_t NC = (size_t)N * C, total = 0;
+    size_t sizes[] = {NC, (size_t)V * C, (size_t)T * C, NC, (size_t)N, (size_t)N,
+                      NC, (size_t)C, (size_t)C, (size_t)N * OC, NC, (size_t)OC * C,
+                      (size_t)OC, NC, (size_t)B * NH * T * T, (size_t)N * 3 * C, NC, NC,
+                      (size_t)N, (size_t)N * V, NC, NC, NC};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+    float *buf = ts_alloc_floats(total), *q = buf;
+    float *enc = q; q += NC;
+    float *dwte = q; q += (size_t)V * C;
+    float *dwpe = q; q += (size_t)T * C;
+    float *ln = q; q += NC;
+    float *mean = q; q += N;
+    float *rstd = q; q += N;
+    float *dln = q; q += NC;
+    float *dlnw = q; q += C;
+    float *dlnb = q; q += C;
+    float *mm = q; q += (size_t)N * OC;
+    float *dmm = q; q += NC;
+    float *dw = q; q += (size_t)OC * C;
+    float *db = q; q += OC;
+    float *att_out = q; q += NC;
+    float *att = q; q += (size_t)B * NH * T * T;
+    float *dqkv = q; q += (size_t)N * 3 * C;
+    float *gel = q; q += NC;
+    float *dgel = q; q += NC;
+    float *losses = q; q += N;
+    float *lg = q; q += (size_t)N * V;
+    float *p = q; q += NC;
+    float *m = q; q += NC;
+    float *v = q;
+    float *scratch = ts_alloc_floats((size_t)B * NH * T * T);
+
+    K->encoder_forward(enc, in->tokens, in->wte, in->wpe, B, T, C);
+    K->encoder_backward(dwte, dwpe, in->dout, in->tokens, B, T, C);
+    K->layernorm_forward(ln, mean, rstd, in->x, in->lnw, in->lnb, N, C);
+    K->layernorm_backward(dln, dlnw, dlnb, in->dout, in->x, in->lnw, mean, rstd, N, C);
+    K->matmul_forward(mm, in->x, in->w, in->bias, N, C, OC);
+    K->matmul_backward(dmm, dw, db, in->logits, in->x, in->w, N, C, OC);
+    K->attention_forward(att_out, att, in->qkv, B, T, NH, C / NH);
+    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, C / NH);
+    K->gelu_forward(gel, in->x, NC);
+    K->gelu_backward(dgel, in->x, in->dout, NC);
+    memcpy(lg, in->logits, (size_t)N * V * sizeof(float));
+    K->crossentropy_forward_backward(losses, lg, in->tokens, N, V, 1.0f / N);
+    memcpy(p, in->p, NC * sizeof(float));
+    for (int t = 1; t <= 3; t++) K->adamw_update(p, in->g, m, v, NC, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                                                 0.1f, t);
+    *ss = K->sum_squares(in->logits, (size_t)N * V);
+    free(scratch);
+    *count = total;
+    return buf;
+}
+
+static void test_determinism(void)
+{
+    det_inputs in = {.B = 3, .T = 100, .C = 48, .NH = 4, .V = 300, .OC = 300};
+    int N = in.B * in.T;
+    size_t NC = (size_t)N * in.C;
+    in.tokens = malloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) in.tokens[i] = (int)((frand() + 1.0f) * 0.5f * 40); /* repeats */
+    in.wte = rand_floats((size_t)in.V * in.C, 1.0f), in.wpe = rand_floats((size_t)in.T * in.C, 1.0f);
+    in.x = rand_floats(NC, 2.0f), in.lnw = rand_floats(in.C, 1.0f), in.lnb = rand_floats(in.C, 1.0f);
+    in.w = rand_floats((size_t)in.OC * in.C, 1.0f), in.bias = rand_floats(in.OC, 1.0f);
+    in.qkv = rand_floats(NC * 3, 2.0f), in.dout = rand_floats(NC, 1.0f);
+    in.logits = rand_floats((size_t)N * in.V, 3.0f);
+    in.p = rand_floats(NC, 1.0f), in.g = rand_floats(NC, 1.0f);
+
+    size_t count = 0;
+    double ss[2][2];
+    float *runs[2][2];
+    for (int th = 1; th <= 2; th++) {
+        ts_cpu_set_threads(th);
+        CHECK(ts_cpu_get_threads() == th);
+        for (int r = 0; r < 2; r++) runs[th - 1][r] = det_run(&in, &count, &ss[th - 1][r]);
+        CHECKF(memcmp(runs[th - 1][0], runs[th - 1][1], count * sizeof(float)) == 0 &&
+                   ss[th - 1][0] == ss[th - 1][1],
+               "repeated runs differ at %d thread(s)", th);
+    }
+    /* Our kernels fix their reduction orders independently of the thread count, and the
+     * GEMMs split only over output tiles, so 1 and 2 threads agree bit for bit too. */
+    size_t first = count;
+    for (size_t i = 0; i < count && first == count; i++)
+        if (memcmp(&runs[0][0][i], &runs[1][0][i], sizeof(float)) != 0) first = i;
+    printf("  determinism: repeated runs identical; 1 vs 2 threads %s\n",
+           first == count ? "identical" : "differ");
+    CHECKF(first == count && ss[0][0] == ss[1][0], "1 vs 2 threads differ at float %zu", first);
+    for (int th = 0; th < 2; th++) free(runs[th][0]), free(runs[th][1]);
+    free(in.tokens), free(in.wte), free(in.wpe), free(in.x), free(in.lnw), free(in.lnb);
+    free(in.w), free(in.bias), free(in.qkv), free(in.dout), free(in.logits), free(in.p), free(in.g);
+}
+
+int main(void)
+{
+    for (int th = 1; th <= 2; th++) {
+        ts_cpu_set_threads(th);
+        printf("threads = %d\n", th);
+        test_encoder();
+        test_layernorm(10, 8);   /* B=2, T=5, C=8 */
+        test_layernorm(100, 24); /* several row blocks: dweight/dbias reduction */
+        test_matmul(1);
+        test_matmul(0);
+        test_attention(2, 5, 2, 4, "T=5");
+        test_attention(1, 70, 2, 4, "T=70 (2 blocks)");
+        test_gelu();
+        test_elementwise();
+        test_crossentropy();
+        test_adamw();
+    }
+    test_determinism();
+    return ts_test_report();
+}

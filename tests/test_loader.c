@@ -1,0 +1,370 @@
+/* Token data: shard and text files, windows across file boundaries, the batch rule
+ * (grid-independent), and every open-time error. */
+#include <dirent.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data/loader.h"
+#include "test_util.h"
+
+static char g_dir[256];
+
+static const char *path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", g_dir, name);
+    return buf;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    if (!fp) abort();
+    if (n && fwrite(p, 1, n, fp) != n) abort();
+    fclose(fp);
+}
+
+/* A raw shard with the given header fields and `ntok` tokens 0, 1, 2, ... */
+static void write_raw_shard(const char *path, int32_t magic, int32_t version, int32_t count,
+                            size_t ntok)
+{
+    size_t n = 1024 + 2 * ntok;
+    unsigned char *buf = calloc(1, n);
+    memcpy(buf, &magic, 4);
+    memcpy(buf + 4, &version, 4);
+    memcpy(buf + 8, &count, 4);
+    for (size_t i = 0; i < ntok; i++) {
+        uint16_t t = (uint16_t)i;
+        memcpy(buf + 1024 + 2 * i, &t, 2);
+    }
+    write_bytes(path, buf, n);
+    free(buf);
+}
+
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* Open one file expecting failure with a message containing the path and `what`. */
+static void expect_reject(const char *path, int vocab, const char *what)
+{
+    ts_dataset ds;
+    ts_error_clear();
+    ts_status s = ts_data_open(&ds, &path, 1, vocab);
+    const char *msg = ts_error_message();
+    CHECKF(s == TS_ERR, "%s: accepted", path);
+    CHECKF(contains(msg, path), "message lacks the path: %s", msg);
+    CHECKF(contains(msg, what), "message lacks '%s': %s", what, msg);
+    CHECK(ds.n_shards == 0 && ds.shards == NULL);
+    ts_data_close(&ds);
+}
+
+static void test_loader_write_and_read_shard(void)
+{
+    enum { N = 1000 };
+    uint16_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint16_t)((i * 7919) % 50257);
+    char path[512];
+    path_in(path, sizeof path, "a.bin");
+    CHECK(ts_data_write_shard(path, tok, N) == TS_OK);
+
+    /* Header and size exactly as llm.c writes them. */
+    FILE *fp = fopen(path, "rb");
+    int32_t hdr[256];
+    CHECK(fp && fread(hdr, 4, 256, fp) == 256);
+    CHECK(hdr[0] == 20240520 && hdr[1] == 1 && hdr[2] == N);
+    int zeros = 1;
+    for (int i = 3; i < 256; i++) zeros &= hdr[i] == 0;
+    CHECK(zeros);
+    fseek(fp, 0, SEEK_END);
+    CHECK(ftell(fp) == 1024 + 2 * N);
+    fclose(fp);
+
+    const char *paths[] = {path};
+    ts_dataset ds;
+    CHECKF(ts_data_open(&ds, paths, 1, 50257) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.n_shards == 1 && ds.n_tokens == N && !ds.shards[0].is_text);
+    int T = 16;
+    CHECK(ts_data_num_windows(&ds, T) == (N - 1) / 16);
+    int in[16], tg[16];
+    ts_data_window(&ds, 5, T, in, tg);
+    int good = 1;
+    for (int j = 0; j < T; j++) good &= in[j] == tok[5 * T + j] && tg[j] == tok[5 * T + j + 1];
+    CHECK(good);
+    /* The last window uses the last token as its last target. */
+    uint64_t S = ts_data_num_windows(&ds, T);
+    ts_data_window(&ds, S - 1, T, in, tg);
+    CHECK(tg[T - 1] == tok[(S - 1) * T + T]);
+    ts_data_close(&ds);
+    CHECK(ds.shards == NULL && ds.n_tokens == 0);
+
+    /* An empty shard is valid (it contributes no tokens). */
+    path_in(path, sizeof path, "zero.bin");
+    CHECK(ts_data_write_shard(path, NULL, 0) == TS_OK);
+    CHECK(ts_data_open(&ds, paths, 1, 256) == TS_OK && ds.n_tokens == 0);
+    CHECK(ts_data_num_windows(&ds, 1) == 0);
+    ts_data_close(&ds);
+
+    /* No temp files left behind. */
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    int tmp_left = 0;
+    while ((de = readdir(d))) tmp_left |= contains(de->d_name, ".tmp.");
+    closedir(d);
+    CHECK(!tmp_left);
+}
+
+static void test_loader_text(void)
+{
+    const char *text = "hello, tessera!\nbytes are tokens \xe2\x9c\x93\n";
+    size_t n = strlen(text);
+    char tpath[512], spath[512];
+    path_in(tpath, sizeof tpath, "t.txt");
+    path_in(spath, sizeof spath, "t.bin");
+    write_bytes(tpath, text, n);
+
+    /* The text file itself is a data file (vocab 256)... */
+    const char *p1[] = {tpath};
+    ts_dataset ds;
+    CHECKF(ts_data_open(&ds, p1, 1, 256) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.shards[0].is_text && ds.n_tokens == n);
+    int in[4], tg[4];
+    ts_data_window(&ds, 1, 4, in, tg);
+    CHECK(in[0] == 'o' && in[1] == ',' && in[3] == 't' && tg[3] == 'e');
+    ts_data_close(&ds);
+
+    /* ... and `tessera data` turns it into the same tokens as a shard. */
+    CHECK(ts_data_write_text_shard(tpath, spath) == TS_OK);
+    const char *p2[] = {spath};
+    CHECK(ts_data_open(&ds, p2, 1, 256) == TS_OK);
+    CHECK(!ds.shards[0].is_text && ds.n_tokens == n);
+    int T = 5, good = 1;
+    for (uint64_t k = 0; k < ts_data_num_windows(&ds, T); k++) {
+        int a[5], b[5];
+        ts_data_window(&ds, k, T, a, b);
+        for (int j = 0; j < T; j++)
+            good &= a[j] == (unsigned char)text[k * T + j] &&
+                    b[j] == (unsigned char)text[k * T + j + 1];
+    }
+    CHECK(good);
+    ts_data_close(&ds);
+
+    /* Text tokens above a small vocab are rejected with the position. */
+    expect_reject(tpath, 110, "token 111 at position 4 is >= vocab_size 110");
+
+    char e[512];
+    path_in(e, sizeof e, "empty.txt");
+    write_bytes(e, "", 0);
+    CHECK(ts_data_write_text_shard(e, spath) == TS_ERR && contains(ts_error_message(), "empty"));
+    path_in(e, sizeof e, "missing.txt");
+    CHECK(ts_data_write_text_shard(e, spath) == TS_ERR &&
+          contains(ts_error_message(), "No such file"));
+}
+
+/* Reference stream: A = 10 tokens, an empty shard, B = 13 tokens, C = a 5-byte text. */
+static void test_loader_multi_file_stream(void)
+{
+    uint16_t a[10], b[13];
+    int ref[28];
+    for (int i = 0; i < 10; i++) ref[i] = a[i] = (uint16_t)(100 + i);
+    for (int i = 0; i < 13; i++) ref[10 + i] = b[i] = (uint16_t)(200 + i);
+    const char *c = "vwxyz";
+    for (int i = 0; i < 5; i++) ref[23 + i] = c[i];
+    char pa[512], pe[512], pb[512], pc[512];
+    path_in(pa, sizeof pa, "m_a.bin");
+    path_in(pe, sizeof pe, "m_e.bin");
+    path_in(pb, sizeof pb, "m_b.bin");
+    path_in(pc, sizeof pc, "m_c.txt");
+    CHECK(ts_data_write_shard(pa, a, 10) == TS_OK);
+    CHECK(ts_data_write_shard(pe, NULL, 0) == TS_OK);
+    CHECK(ts_data_write_shard(pb, b, 13) == TS_OK);
+    write_bytes(pc, c, 5);
+    const char *paths[] = {pa, pe, pb, pc};
+    ts_dataset ds;
+    CHECKF(ts_data_open(&ds, paths, 4, 256) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.n_shards == 4 && ds.n_tokens == 28);
+    CHECK(ds.shards[0].first_token == 0 && ds.shards[1].first_token == 10 &&
+          ds.shards[2].first_token == 10 && ds.shards[3].first_token == 23);
+    for (int T = 1; T <= 27; T++) {
+        uint64_t S = ts_data_num_windows(&ds, T);
+        CHECK(S == (uint64_t)(27 / T));
+        int good = 1;
+        int in[32], tg[32];
+        for (uint64_t k = 0; k < S; k++) {
+            ts_data_window(&ds, k, T, in, tg);
+            for (int j = 0; j < T; j++)
+                good &= in[j] == ref[k * T + j] && tg[j] == ref[k * T + j + 1];
+        }
+        CHECKF(good, "T=%d", T);
+    }
+    CHECK(ts_data_num_windows(&ds, 28) == 0);
+    /* T = 4: window 2 is tokens 8..12, crossing from A (and the empty shard) into B. */
+    int in[4], tg[4];
+    ts_data_window(&ds, 2, 4, in, tg);
+    CHECK(in[0] == 108 && in[1] == 109 && in[2] == 200 && in[3] == 201 && tg[3] == 202);
+    ts_data_close(&ds);
+}
+
+/* The union over dp ranks and micro-batches of a step is the dp=1 batch, in order, and
+ * sequence g takes window g mod S. */
+static void test_loader_batch_rule(void)
+{
+    enum { N = 1000, T = 8, B = 12 };
+    uint16_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint16_t)i;
+    char path[512];
+    path_in(path, sizeof path, "batch.bin");
+    CHECK(ts_data_write_shard(path, tok, N) == TS_OK);
+    const char *paths[] = {path};
+    ts_dataset ds;
+    CHECK(ts_data_open(&ds, paths, 1, 1024) == TS_OK);
+    uint64_t S = ts_data_num_windows(&ds, T);
+    CHECK(S == (N - 1) / T); /* 124 windows: steps wrap after ~10 steps */
+
+    static int want_in[B * T], want_tg[B * T], got_in[B * T], got_tg[B * T];
+    const int dps[] = {1, 2, 3, 4, 6, 12};
+    int all_good = 1, ref_good = 1;
+    for (int64_t step = 0; step < 25; step++) {
+        ts_data_microbatch(&ds, step, B, 1, 0, B, 0, T, want_in, want_tg);
+        for (int i = 0; i < B; i++) {
+            uint64_t w = ((uint64_t)step * B + (uint64_t)i) % S;
+            for (int j = 0; j < T; j++)
+                ref_good &= want_in[i * T + j] == (int)(w * T + j) &&
+                            want_tg[i * T + j] == (int)(w * T + j + 1);
+        }
+        for (size_t di = 0; di < sizeof dps / sizeof dps[0]; di++) {
+            int dp = dps[di], per = B / dp;
+            for (int micro = 1; micro <= per; micro++) {
+                if (per % micro) continue;
+                int at = 0;
+                for (int r = 0; r < dp; r++)
+                    for (int mb = 0; mb < per / micro; mb++) {
+                        ts_data_microbatch(&ds, step, B, dp, r, micro, mb, T, got_in + at * T,
+                                           got_tg + at * T);
+                        at += micro;
+                    }
+                int same = at == B && memcmp(got_in, want_in, sizeof want_in) == 0 &&
+                           memcmp(got_tg, want_tg, sizeof want_tg) == 0;
+                if (!same) fprintf(stderr, "step %ld dp %d micro %d differs\n", (long)step, dp, micro);
+                all_good &= same;
+            }
+        }
+    }
+    CHECK(ref_good);
+    CHECK(all_good);
+    /* Wrap-around explicitly: step 10 sequence 4 is g = 124, window 0. */
+    int in[T], tg[T];
+    ts_data_microbatch(&ds, 10, B, 2, 0, 1, 4, T, in, tg);
+    CHECK(in[0] == 0 && tg[0] == 1);
+    ts_data_close(&ds);
+}
+
+static void test_loader_errors(void)
+{
+    char p[512];
+    ts_dataset ds;
+
+    /* Missing file: says how to fix it. */
+    path_in(p, sizeof p, "nope.bin");
+    expect_reject(p, 256, "No such file or directory (set data.train or create it with "
+                          "`tessera data TEXT OUT.bin`)");
+    /* A directory. */
+    expect_reject(g_dir, 256, "not a regular file");
+    /* Empty file. */
+    path_in(p, sizeof p, "empty.bin");
+    write_bytes(p, "", 0);
+    expect_reject(p, 256, "is empty");
+    /* Wrong version. */
+    path_in(p, sizeof p, "v2.bin");
+    write_raw_shard(p, 20240520, 2, 10, 10);
+    expect_reject(p, 256, "shard version 2, expected 1");
+    /* Magic in the wrong byte order; Llama-3 magic. */
+    path_in(p, sizeof p, "be.bin");
+    write_raw_shard(p, (int32_t)__builtin_bswap32(20240520), 1, 10, 10);
+    expect_reject(p, 256, "big-endian");
+    path_in(p, sizeof p, "llama3.bin");
+    write_raw_shard(p, 20240801, 7, 10, 10);
+    expect_reject(p, 256, "Llama-3");
+    /* Size mismatch both ways. */
+    path_in(p, sizeof p, "trunc.bin");
+    write_raw_shard(p, 20240520, 1, 100, 90);
+    expect_reject(p, 256, "is truncated: header says 100 tokens (1224 bytes) but the file has "
+                          "1204 bytes");
+    path_in(p, sizeof p, "long.bin");
+    write_raw_shard(p, 20240520, 1, 90, 100);
+    expect_reject(p, 256, "header says 90 tokens (1204 bytes) but the file has 1224 bytes");
+    path_in(p, sizeof p, "neg.bin");
+    write_raw_shard(p, 20240520, 1, -5, 0);
+    expect_reject(p, 256, "negative token count");
+    /* Magic, then less than a header. */
+    path_in(p, sizeof p, "short.bin");
+    int32_t h[3] = {20240520, 1, 0};
+    write_bytes(p, h, sizeof h);
+    expect_reject(p, 256, "less than the 1024-byte header");
+    /* Token >= vocab_size, with its position. */
+    path_in(p, sizeof p, "vocab.bin");
+    uint16_t tok[10] = {1, 2, 3, 4, 5, 6, 7, 600, 9, 10};
+    CHECK(ts_data_write_shard(p, tok, 10) == TS_OK);
+    expect_reject(p, 500, "token 600 at position 7 is >= vocab_size 500 (is model.vocab_size "
+                          "right for this data?)");
+    const char *one[] = {p};
+    CHECK(ts_data_open(&ds, one, 1, 601) == TS_OK);
+    ts_data_close(&ds);
+
+    /* A failure in the second file releases the first. */
+    char good[512], bad[512];
+    path_in(good, sizeof good, "good.bin");
+    path_in(bad, sizeof bad, "nope2.bin");
+    CHECK(ts_data_write_shard(good, tok, 10) == TS_OK);
+    const char *two[] = {good, bad};
+    CHECK(ts_data_open(&ds, two, 2, 1024) == TS_ERR && ds.shards == NULL);
+    CHECK(contains(ts_error_message(), bad));
+    CHECK(ts_data_open(&ds, two, 0, 1024) == TS_ERR);
+
+    /* Too short for one window: N = T gives none, N = T + 1 gives one. */
+    path_in(p, sizeof p, "short.txt");
+    write_bytes(p, "abcdefgh", 8);
+    const char *sp[] = {p};
+    CHECK(ts_data_open(&ds, sp, 1, 256) == TS_OK);
+    CHECK(ts_data_num_windows(&ds, 8) == 0);
+    CHECK(ts_data_num_windows(&ds, 7) == 1);
+    CHECK(ts_data_num_windows(&ds, 100) == 0);
+    ts_data_close(&ds);
+
+    /* Writer errors. */
+    CHECK(ts_data_write_shard("/nonexistent_dir_ts/x.bin", tok, 10) == TS_ERR);
+    CHECK(contains(ts_error_message(), "/nonexistent_dir_ts/x.bin"));
+}
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/ts_data_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_loader_write_and_read_shard();
+    test_loader_text();
+    test_loader_multi_file_stream();
+    test_loader_batch_rule();
+    test_loader_errors();
+    remove_dir(g_dir);
+    return ts_test_report();
+}

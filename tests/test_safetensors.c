@@ -1,0 +1,434 @@
+/* safetensors: round trip of every dtype (0-d and empty tensors, metadata), partial
+ * reads, rejection of broken files with a clear message, and a light fuzz. */
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/safetensors.h"
+#include "test_util.h"
+
+static char g_dir[256];
+
+static void path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", g_dir, name);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    if (!fp) abort();
+    if (n && fwrite(p, 1, n, fp) != n) abort();
+    fclose(fp);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) abort();
+    fseek(fp, 0, SEEK_END);
+    long sz = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *p = malloc((size_t)sz + 1);
+    if (fread(p, 1, (size_t)sz, fp) != (size_t)sz) abort();
+    fclose(fp);
+    *n = (size_t)sz;
+    return p;
+}
+
+/* A raw file: u64 header length `hlen` (or strlen(json) if hlen == UINT64_MAX), the json
+ * text, then `data_len` bytes of data. */
+static void write_raw(const char *path, const char *json, uint64_t hlen, size_t data_len)
+{
+    size_t jl = strlen(json);
+    if (hlen == UINT64_MAX) hlen = jl;
+    size_t n = 8 + jl + data_len;
+    unsigned char *buf = calloc(1, n);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(buf + 8, json, jl);
+    for (size_t i = 0; i < data_len; i++) buf[8 + jl + i] = (unsigned char)i;
+    write_bytes(path, buf, n);
+    free(buf);
+}
+
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+static int is_zeroed(const ts_st_file *f)
+{
+    return !f->path && !f->fp && !f->tensors && !f->meta_keys && f->n_tensors == 0;
+}
+
+/* Expect ts_st_open to fail with a message containing the path and `what`. */
+static void expect_reject(const char *name, const char *json, uint64_t hlen, size_t data_len,
+                          const char *what)
+{
+    char path[512];
+    path_in(path, sizeof path, name);
+    write_raw(path, json, hlen, data_len);
+    ts_st_file f;
+    ts_error_clear();
+    ts_status s = ts_st_open(&f, path);
+    const char *msg = ts_error_message();
+    CHECKF(s == TS_ERR, "%s: accepted", name);
+    CHECKF(contains(msg, path), "%s: message lacks the path: %s", name, msg);
+    CHECKF(contains(msg, what), "%s: message lacks '%s': %s", name, what, msg);
+    CHECK(is_zeroed(&f));
+    ts_st_close(&f); /* safe after a failed open */
+}
+
+static void test_safetensors_round_trip(void)
+{
+    float f32[6] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f, -7.0f};
+    double f64[4] = {1.0, -1e300, 3.14159, 0.0};
+    uint16_t f16[3] = {0x3c00, 0xc000, 0x7bff};
+    uint16_t bf16[4] = {0x3f80, 0x4000, 0xbf80, 0x0000};
+    int64_t i64[1] = {-1234567890123LL}; /* 0-d */
+    int32_t i32[5] = {1, -2, 3, -4, 5};
+    int16_t i16[2] = {-300, 300};
+    int8_t i8[3] = {-128, 0, 127};
+    uint8_t u8[7] = {0, 1, 2, 3, 4, 5, 255};
+    uint16_t u16[2] = {65535, 1};
+    uint8_t bools[3] = {1, 0, 1};
+    ts_st_entry e[] = {
+        {"transformer.wte.weight", TS_DT_F32, 2, {2, 3}, f32},
+        {"f64", TS_DT_F64, 1, {4}, f64},
+        {"empty", TS_DT_F32, 2, {0, 5}, NULL},
+        {"f16", TS_DT_F16, 2, {3, 1}, f16},
+        {"bf16", TS_DT_BF16, 3, {1, 2, 2}, bf16},
+        {"scalar", TS_DT_I64, 0, {0}, i64},
+        {"i32", TS_DT_I32, 1, {5}, i32},
+        {"i16", TS_DT_I16, 1, {2}, i16},
+        {"i8", TS_DT_I8, 1, {3}, i8},
+        {"u8", TS_DT_U8, 1, {7}, u8},
+        {"u16", TS_DT_U16, 1, {2}, u16},
+        {"empty2", TS_DT_BF16, 1, {0}, NULL},
+        {"bool", TS_DT_BOOL, 1, {3}, bools},
+    };
+    int n = (int)(sizeof e / sizeof e[0]);
+    const char *mk[] = {"format", "step", "note"};
+    const char *mv[] = {"pt", "12", "quotes \" and \\ and unicode \xc3\xa9"};
+    char path[512];
+    path_in(path, sizeof path, "rt.safetensors");
+    CHECK(ts_st_write(path, e, n, mk, mv, 3) == TS_OK);
+
+    ts_st_file f;
+    CHECKF(ts_st_open(&f, path) == TS_OK, "%s", ts_error_message());
+    CHECK(f.n_tensors == n);
+    CHECK(f.n_meta == 3);
+    CHECK((f.data_start - 8) % 8 == 0);
+    CHECK(ts_st_meta(&f, "step") && strcmp(ts_st_meta(&f, "step"), "12") == 0);
+    CHECK(ts_st_meta(&f, "note") && strcmp(ts_st_meta(&f, "note"), mv[2]) == 0);
+    CHECK(ts_st_meta(&f, "absent") == NULL);
+    CHECK(ts_st_find(&f, "absent") == NULL);
+    for (int i = 1; i < f.n_tensors; i++) CHECK(f.tensors[i - 1].begin <= f.tensors[i].begin);
+    for (int i = 0; i < n; i++) {
+        const ts_st_tensor *t = ts_st_find(&f, e[i].name);
+        CHECKF(t != NULL, "missing %s", e[i].name);
+        if (!t) continue;
+        CHECK(t->dtype == e[i].dtype && t->ndim == e[i].ndim);
+        size_t bytes = ts_dtype_size(e[i].dtype);
+        for (int d = 0; d < e[i].ndim; d++) {
+            CHECK(t->shape[d] == e[i].shape[d]);
+            bytes *= (size_t)e[i].shape[d];
+        }
+        CHECK(t->end - t->begin == bytes);
+        unsigned char buf[64];
+        CHECK(ts_st_read(&f, t, 0, buf, bytes) == TS_OK);
+        CHECKF(bytes == 0 || memcmp(buf, e[i].data, bytes) == 0, "data of %s", e[i].name);
+    }
+    /* Offsets follow the given order. */
+    const ts_st_tensor *a = ts_st_find(&f, "transformer.wte.weight");
+    const ts_st_tensor *b = ts_st_find(&f, "f64");
+    CHECK(a && b && a->begin == 0 && b->begin == a->end);
+    ts_st_close(&f);
+    CHECK(is_zeroed(&f));
+
+    /* Header keys in the given order, metadata first, padded with spaces. */
+    size_t len;
+    unsigned char *raw = read_bytes(path, &len);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | raw[i];
+    CHECK(hlen % 8 == 0 && 8 + hlen <= len);
+    char *hdr = calloc(1, hlen + 1);
+    memcpy(hdr, raw + 8, hlen);
+    CHECK(strncmp(hdr, "{\"__metadata__\":", 16) == 0);
+    const char *prev = hdr;
+    for (int i = 0; i < n; i++) {
+        char key[80];
+        snprintf(key, sizeof key, "\"%s\":{", e[i].name);
+        const char *at = strstr(hdr, key);
+        CHECKF(at && at > prev, "key %s out of order", e[i].name);
+        if (at) prev = at;
+    }
+    CHECK(strchr(hdr, '\n') == NULL);
+    free(hdr);
+    free(raw);
+
+    /* No tensors, no metadata: still a valid file. */
+    path_in(path, sizeof path, "empty.safetensors");
+    CHECK(ts_st_write(path, NULL, 0, NULL, NULL, 0) == TS_OK);
+    CHECK(ts_st_open(&f, path) == TS_OK && f.n_tensors == 0 && f.n_meta == 0);
+    ts_st_close(&f);
+}
+
+static void test_safetensors_partial_reads(void)
+{
+    float w[100];
+    for (int i = 0; i < 100; i++) w[i] = (float)i * 0.5f;
+    int32_t pad[3] = {7, 8, 9};
+    ts_st_entry e[] = {{"pad", TS_DT_I32, 1, {3}, pad}, {"w", TS_DT_F32, 2, {10, 10}, w}};
+    char path[512];
+    path_in(path, sizeof path, "partial.safetensors");
+    CHECK(ts_st_write(path, e, 2, NULL, NULL, 0) == TS_OK);
+    ts_st_file f;
+    CHECK(ts_st_open(&f, path) == TS_OK);
+    const ts_st_tensor *t = ts_st_find(&f, "w");
+    CHECK(t != NULL);
+    if (t) {
+        float row[10];
+        for (int r = 0; r < 10; r++) { /* each row at its byte offset */
+            CHECK(ts_st_read(&f, t, (uint64_t)r * 40, row, 40) == TS_OK);
+            CHECK(memcmp(row, w + r * 10, 40) == 0);
+        }
+        float x[7];
+        CHECK(ts_st_read(&f, t, 4 * 33, x, sizeof x) == TS_OK && memcmp(x, w + 33, sizeof x) == 0);
+        CHECK(ts_st_read(&f, t, 400, x, 0) == TS_OK);
+        ts_error_clear();
+        CHECK(ts_st_read(&f, t, 396, x, 8) == TS_ERR);
+        CHECK(contains(ts_error_message(), "outside tensor 'w'"));
+        CHECK(ts_st_read(&f, t, 401, x, 0) == TS_ERR);
+        CHECK(ts_st_read(&f, t, UINT64_MAX, x, 4) == TS_ERR);
+        CHECK(ts_st_read(&f, t, 4, x, UINT64_MAX) == TS_ERR);
+    }
+    ts_st_close(&f);
+}
+
+static void test_safetensors_expect_f32(void)
+{
+    ts_st_tensor t = {.name = "transformer.h.0.attn.c_attn.weight", .dtype = TS_DT_F32,
+                      .ndim = 2, .shape = {384, 128}};
+    int64_t want[2] = {96, 32};
+    int64_t same[2] = {384, 128};
+    CHECK(ts_st_expect_f32(&t, 2, same) == TS_OK);
+    CHECK(ts_st_expect_f32(&t, 2, want) == TS_ERR);
+    CHECKF(strcmp(ts_error_message(), "tensor 'transformer.h.0.attn.c_attn.weight' has shape "
+                                      "[384,128] F32, expected [96,32] F32") == 0,
+           "%s", ts_error_message());
+    CHECK(ts_st_expect_f32(&t, 1, same) == TS_ERR);
+    t.dtype = TS_DT_BF16;
+    CHECK(ts_st_expect_f32(&t, 2, same) == TS_ERR);
+    CHECK(contains(ts_error_message(), "[384,128] BF16, expected [384,128] F32"));
+    ts_st_tensor s = {.name = "s", .dtype = TS_DT_F32, .ndim = 0};
+    CHECK(ts_st_expect_f32(&s, 0, NULL) == TS_OK);
+}
+
+static void test_safetensors_rejects(void)
+{
+    const uint64_t L = UINT64_MAX; /* header length = the JSON's length */
+    const char *ok = "{\"a\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,48]}}";
+    char path[512];
+
+    /* A valid raw file first, so the cases below fail for the reason they name. */
+    path_in(path, sizeof path, "raw_ok.safetensors");
+    write_raw(path, ok, L, 48);
+    ts_st_file f;
+    CHECKF(ts_st_open(&f, path) == TS_OK, "%s", ts_error_message());
+    ts_st_close(&f);
+    /* Header padded with spaces (not a multiple of 8 here) is fine too. */
+    write_raw(path, "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}   ", L, 2);
+    CHECKF(ts_st_open(&f, path) == TS_OK, "%s", ts_error_message());
+    ts_st_close(&f);
+
+    expect_reject("truncated", ok, L, 40, "is truncated: header says 48 bytes of data, file has 40");
+    expect_reject("trailing", ok, L, 50, "2 bytes of trailing data");
+    expect_reject("hlen_big", ok, strlen(ok) + 100, 48, "header length says");
+    expect_reject("hlen_huge", ok, (uint64_t)1 << 62, 48, "exceeds");
+    expect_reject("hlen_zero", ok, 0, 48, "too short");
+    expect_reject("bad_json", "{\"a\":{\"dtype\":\"F32\",\"shape\":[3,4],", L, 48, "not valid JSON");
+    expect_reject("not_object", "[1,2,3]", L, 0, "does not start with '{'");
+    expect_reject("unknown_dtype",
+                  "{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[3,4],\"data_offsets\":[0,12]}}", L,
+                  12, "unknown dtype 'F8_E4M3'");
+    expect_reject("size_mismatch",
+                  "{\"a\":{\"dtype\":\"F32\",\"shape\":[3,4],\"data_offsets\":[0,40]}}", L, 40,
+                  "tensor 'a' has dtype F32 and shape [3,4] = 48 bytes but data_offsets span 40");
+    expect_reject("hole",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                  "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[6,10]}}",
+                  L, 10, "hole");
+    expect_reject("hole_at_start",
+                  "{\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}", L, 6, "hole");
+    expect_reject("overlap",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                  "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}",
+                  L, 6, "overlap");
+    expect_reject("same_range",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                  "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}",
+                  L, 4, "overlap");
+    expect_reject("duplicate",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                  "\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}",
+                  L, 8, "duplicate");
+    expect_reject("neg_shape", "{\"a\":{\"dtype\":\"U8\",\"shape\":[-4],\"data_offsets\":[0,4]}}",
+                  L, 4, "shape entry");
+    expect_reject("float_shape",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4.0],\"data_offsets\":[0,4]}}", L, 4,
+                  "shape entry");
+    expect_reject("no_shape", "{\"a\":{\"dtype\":\"U8\",\"data_offsets\":[0,4]}}", L, 4,
+                  "no shape");
+    expect_reject("no_dtype", "{\"a\":{\"shape\":[4],\"data_offsets\":[0,4]}}", L, 4, "no dtype");
+    expect_reject("offsets3",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4,8]}}", L, 4,
+                  "data_offsets");
+    expect_reject("end_before_begin",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[4,0]}}", L, 4,
+                  "end before begin");
+    expect_reject("too_many_dims",
+                  "{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                  "\"data_offsets\":[0,1]}}", L, 1, "9 dimensions");
+    expect_reject("overflow",
+                  "{\"a\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296],"
+                  "\"data_offsets\":[0,8]}}", L, 8, "overflows");
+    expect_reject("meta_not_string",
+                  "{\"__metadata__\":{\"k\":1},"
+                  "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+                  L, 1, "metadata value for 'k'");
+    expect_reject("entry_not_object", "{\"a\":[1]}", L, 0, "not a JSON object");
+
+    /* Shorter than the length field; missing file. */
+    path_in(path, sizeof path, "tiny");
+    write_bytes(path, "abc", 3);
+    ts_error_clear();
+    CHECK(ts_st_open(&f, path) == TS_ERR && contains(ts_error_message(), "truncated"));
+    path_in(path, sizeof path, "does_not_exist.safetensors");
+    CHECK(ts_st_open(&f, path) == TS_ERR && contains(ts_error_message(), "No such file"));
+    CHECK(ts_st_open(&f, g_dir) == TS_ERR && contains(ts_error_message(), "regular file"));
+}
+
+static void test_safetensors_writer_rejects(void)
+{
+    uint8_t d[4] = {0};
+    char path[512];
+    path_in(path, sizeof path, "w.safetensors");
+    ts_st_entry dup[] = {{"a", TS_DT_U8, 1, {4}, d}, {"a", TS_DT_U8, 1, {4}, d}};
+    CHECK(ts_st_write(path, dup, 2, NULL, NULL, 0) == TS_ERR);
+    CHECK(contains(ts_error_message(), "repeated"));
+    ts_st_entry meta[] = {{"__metadata__", TS_DT_U8, 1, {4}, d}};
+    CHECK(ts_st_write(path, meta, 1, NULL, NULL, 0) == TS_ERR);
+    ts_st_entry neg[] = {{"a", TS_DT_U8, 1, {-4}, d}};
+    CHECK(ts_st_write(path, neg, 1, NULL, NULL, 0) == TS_ERR);
+    ts_st_entry nodata[] = {{"a", TS_DT_U8, 1, {4}, NULL}};
+    CHECK(ts_st_write(path, nodata, 1, NULL, NULL, 0) == TS_ERR);
+    ts_st_entry badutf[] = {{"a\xff", TS_DT_U8, 1, {4}, d}};
+    CHECK(ts_st_write(path, badutf, 1, NULL, NULL, 0) == TS_ERR);
+    CHECK(ts_st_write("/nonexistent_dir_ts/x.safetensors", dup, 1, NULL, NULL, 0) == TS_ERR);
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
+static uint32_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+
+/* Random byte flips and truncations of a valid file: TS_OK or TS_ERR, never a crash. */
+static void test_safetensors_fuzz(void)
+{
+    float w[12];
+    for (int i = 0; i < 12; i++) w[i] = (float)i;
+    int64_t s = 42;
+    uint8_t e8[1];
+    ts_st_entry e[] = {{"w", TS_DT_F32, 2, {3, 4}, w},
+                       {"s", TS_DT_I64, 0, {0}, &s},
+                       {"e", TS_DT_U8, 1, {0}, e8},
+                       {"b", TS_DT_BF16, 1, {2}, w}};
+    const char *mk[] = {"format"}, *mv[] = {"pt"};
+    char path[512];
+    path_in(path, sizeof path, "fuzz_src.safetensors");
+    CHECK(ts_st_write(path, e, 4, mk, mv, 1) == TS_OK);
+    size_t len;
+    unsigned char *orig = read_bytes(path, &len);
+    unsigned char *buf = malloc(len);
+    path_in(path, sizeof path, "fuzz.safetensors");
+    int n_ok = 0, n_err = 0, n_bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        memcpy(buf, orig, len);
+        size_t n = len;
+        int flips = 1 + (int)(rnd() % 4);
+        for (int k = 0; k < flips; k++) {
+            /* Mostly the length field and the header, where the parsing is. */
+            size_t at = rnd() % 4 ? rnd() % (n < 200 ? n : 200) : rnd() % n;
+            switch (rnd() % 4) {
+            case 0: buf[at] ^= (unsigned char)(1u << (rnd() % 8)); break;
+            case 1: buf[at] = (unsigned char)rnd(); break;
+            case 2: buf[at] = "0123456789{}[],\":-"[rnd() % 18]; break;
+            default: buf[at] = ' '; break;
+            }
+        }
+        if (rnd() % 8 == 0) n = rnd() % (len + 1);
+        write_bytes(path, buf, n);
+        ts_st_file f;
+        ts_status st = ts_st_open(&f, path);
+        if (st == TS_OK) {
+            n_ok++;
+            for (int i = 0; i < f.n_tensors; i++) {
+                const ts_st_tensor *t = &f.tensors[i];
+                uint64_t sz = t->end - t->begin;
+                unsigned char *dst = malloc(sz ? sz : 1);
+                if (ts_st_read(&f, t, 0, dst, sz) != TS_OK) n_bad++;
+                free(dst);
+            }
+            ts_st_close(&f);
+        } else if (st == TS_ERR) {
+            n_err++;
+            if (ts_error_message()[0] == '\0') n_bad++;
+        } else {
+            n_bad++;
+        }
+        ts_error_clear();
+    }
+    printf("fuzz: %d accepted, %d rejected\n", n_ok, n_err);
+    CHECK(n_ok + n_err == 2000 && n_bad == 0);
+    CHECK(n_err > 0);
+    free(buf);
+    free(orig);
+}
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/ts_st_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_safetensors_round_trip();
+    test_safetensors_partial_reads();
+    test_safetensors_expect_f32();
+    test_safetensors_rejects();
+    test_safetensors_writer_rejects();
+    test_safetensors_fuzz();
+    remove_dir(g_dir);
+    return ts_test_report();
+}
