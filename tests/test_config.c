@@ -254,7 +254,7 @@ static void test_config_range_errors(void)
         { "train = { eps = 0.0; };", "'train.eps'" },
         { "train = { grad_clip = -1.0; };", "'train.grad_clip'" },
         { "train = { threads = -1; };", "'train.threads'" },
-        { "train = { steps = 5000000000; };", "'train.steps'" },
+        { "train = { steps = 5000000000L; };", "'train.steps'" },
         { "data = { eval_every = -1; };", "'data.eval_every'" },
         { "data = { val_windows = 0; };", "'data.val_windows'" },
         { "checkpoint = { every = -1; };", "'checkpoint.every'" },
@@ -288,7 +288,12 @@ static void test_config_enum_errors(void)
 static void test_config_syntax_error(void)
 {
     EXPECT_ERR("model = {\n  n_layer = 4;\n  n_head = ;\n};\n", NULL, "t.cfg:3");
-    EXPECT_ERR("model = { n_layer = 4 };\n", NULL, "t.cfg:1");
+    EXPECT_ERR("model = { n_layer = 4; }\ntrain = { steps 3; };\n", NULL, "t.cfg:2");
+    /* libconfig 1.5 would truncate 64-bit literals without an L suffix. */
+    EXPECT_ERR("train = {\n steps = 5000000000; };\n", NULL, "t.cfg:2", "5000000000L");
+    CHECK(load("train = { seed = 123456789012L; }; # 99999999999\n") == TS_OK &&
+          g_cfg.train.seed == 123456789012LL);
+    EXPECT_ERR(FULL, "data.train=[1, 99999999999]", "99999999999L");
     ts_error_clear();
     CHECK(ts_config_load(&g_cfg, "/nonexistent/x.cfg", NULL, 0, 0) == TS_ERR);
     CHECK(msg_has("/nonexistent/x.cfg"));
@@ -360,6 +365,19 @@ static void test_config_json(void)
         CHECK(json_is_false(json_object_get(json_object_get(j, "log"), "progress")));
         json_decref(j);
     }
+    free(text);
+
+    /* Floats read back exactly, printed short where that is exact. */
+    ts_config_defaults(&g_cfg);
+    text = ts_config_to_json(&g_cfg);
+    CHECKF(strstr(text, "\"lr\":0.0006,") != NULL, "%s", text);
+    free(text);
+    g_cfg.train.beta1 = 0.1 + 0.2; /* needs 17 digits */
+    text = ts_config_to_json(&g_cfg);
+    j = json_loads(text, 0, &err);
+    CHECK(j && json_real_value(json_object_get(json_object_get(j, "train"), "beta1")) ==
+                   0.1 + 0.2);
+    json_decref(j);
     free(text);
 
     ts_config_defaults(&g_cfg);

@@ -645,8 +645,8 @@ static ts_status unknown_section(const char *name, const config_setting_t *s)
     /* A known key written at the top level ("steps = 10;" outside train = {...}). */
     for (int i = 0; i < N_KEYS && !suggest[0]; i++)
         if (strcmp(KEYS[i].name, name) == 0)
-            snprintf(suggest, sizeof suggest, "; did you mean '%s.%s' (inside %s = { ... })?",
-                     KEYS[i].section, name, KEYS[i].section);
+            snprintf(suggest, sizeof suggest, "; did you mean '%s.%s'?", KEYS[i].section,
+                     name);
     return ts_fail("unknown config section '%s'%s%s; known sections are: model, parallel, "
                    "train, data, checkpoint, log",
                    name, where, suggest);
@@ -749,17 +749,16 @@ static ts_status set_path(config_t *lc, char *key, const char *value, const char
                                             "0123456789") ==
                                          strlen(value) - (value[0] == '-' || value[0] == '+');
     snprintf(text, len, wide && lone ? "v = %sL;" : "v = %s;", value);
-    if (wide && !lone) {
-        free(text);
-        config_destroy(&scratch);
-        return ts_fail("override '%s': the integer %s does not fit in 32 bits; write %sL",
-                       ov, tok, tok);
-    }
     if (config_read_string(&scratch, text) == CONFIG_TRUE) {
         const config_setting_t *root = config_root_setting(&scratch);
         if (config_setting_length(root) == 1) parsed = config_setting_get_member(root, "v");
     }
     free(text);
+    if (parsed && wide && !lone) {
+        config_destroy(&scratch);
+        return ts_fail("override '%s': the integer %s does not fit in 32 bits; write %sL",
+                       ov, tok, tok);
+    }
 
     ts_status st = TS_OK;
     config_setting_t *parent = config_root_setting(lc);
@@ -1102,6 +1101,21 @@ static json_t *key_json(const key_spec *k, const ts_config *cfg)
     return json_null();
 }
 
+/* Does every float key of `text` read back as exactly the value in cfg? */
+static bool reals_round_trip(const char *text, const ts_config *cfg)
+{
+    json_t *j = json_loads(text, 0, NULL);
+    if (!j) return false;
+    bool same = true;
+    for (int i = 0; i < N_KEYS && same; i++) {
+        if (KEYS[i].kind != K_FLOAT) continue;
+        json_t *v = json_object_get(json_object_get(j, KEYS[i].section), KEYS[i].name);
+        same = json_number_value(v) == *(const double *)cfield_ptr(cfg, &KEYS[i]);
+    }
+    json_decref(j);
+    return same;
+}
+
 char *ts_config_to_json(const ts_config *cfg)
 {
     json_t *root = json_object();
@@ -1112,8 +1126,15 @@ char *ts_config_to_json(const ts_config *cfg)
                 json_object_set_new(sec, KEYS[i].name, key_json(&KEYS[i], cfg));
         json_object_set_new(root, SECTIONS[s], sec);
     }
-    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
+    /* Floats with 15 significant digits ("lr":0.0006, not 0.00059999999999999995)
+     * unless that would not read back exactly; then 17, which always does. */
+    char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(15));
     TS_ASSERT(text != NULL);
+    if (!reals_round_trip(text, cfg)) {
+        free(text);
+        text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        TS_ASSERT(text != NULL);
+    }
+    json_decref(root);
     return text;
 }

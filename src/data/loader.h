@@ -1,0 +1,57 @@
+/* Token data: llm.c shards (256 x int32 header [20240520, 1, count], then count
+ * uint16 tokens, file size exactly 1024 + 2*count) or plain text files read as bytes
+ * (vocab 256). Several files are read in order as one token stream. The batch rule
+ * (CONTRACT.md) maps (step, dp rank, micro-batch) to windows of that stream, so the
+ * data a step sees does not depend on the grid. */
+#ifndef TS_LOADER_H
+#define TS_LOADER_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+
+#define TS_SHARD_MAGIC 20240520
+#define TS_SHARD_VERSION 1
+
+typedef struct {
+    char *path;
+    int is_text;
+    const unsigned char *map;  /* mmap of the whole file */
+    uint64_t map_bytes;
+    uint64_t first_token;      /* position of this file's first token in the stream */
+    uint64_t count;            /* tokens in this file */
+} ts_shard;
+
+typedef struct {
+    int n_shards;
+    ts_shard *shards;
+    uint64_t n_tokens;         /* N: the stream's length */
+    int vocab_size;
+} ts_dataset;
+
+/* Open and validate every file: present, readable, magic/version, size, and every token
+ * id < vocab_size (the message gives file, position and id). */
+ts_status ts_data_open(ts_dataset *ds, const char *const *paths, int n_paths, int vocab_size);
+void ts_data_close(ts_dataset *ds);
+
+/* S = (N - 1) / T windows of T+1 tokens; error if the stream is too short for one. */
+uint64_t ts_data_num_windows(const ts_dataset *ds, int T);
+
+/* Window k: inputs = tokens[k*T .. k*T+T), targets = tokens[k*T+1 .. k*T+T+1). */
+void ts_data_window(const ts_dataset *ds, uint64_t k, int T, int *inputs, int *targets);
+
+/* The batch rule: fill inputs/targets [micro_batch, T] for micro-batch `mb` of
+ * data-parallel rank `dp_rank` at optimizer step `step`:
+ * sequence i in [dp_rank*B/dp + mb*micro_batch, ... + micro_batch) is global sequence
+ * g = step*B + i, window g mod S. */
+void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, int dp,
+                        int dp_rank, int micro_batch, int mb, int T, int *inputs, int *targets);
+
+/* `tessera data`: a text file's bytes as tokens into an llm.c shard (atomic: temp file,
+ * fsync, rename). */
+ts_status ts_data_write_text_shard(const char *text_path, const char *out_path);
+
+/* Write tokens as an llm.c shard (atomic). Tokens must be < 65536. */
+ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count);
+
+#endif
