@@ -15,7 +15,7 @@ expect_error 1 "train.lr" "${base[@]}" --set train.lr=-1
 expect_error 1 "parallel.schedule" "${base[@]}" --set parallel.schedule=round-robin
 expect_error 1 "global_batch" "${base[@]}" --set train.global_batch=15
 printf 'model = { n_layer = 4 \n' > "$TMP/broken.cfg"
-expect_error 1 "broken.cfg.*line" train "$TMP/broken.cfg"
+expect_error 1 "broken.cfg:[0-9]+: syntax error" train "$TMP/broken.cfg"
 expect_error 1 "No such file|cannot read|not found" train "$TMP/absent.cfg"
 
 # The grid must match the ranks launched: message once, every rank exits non-zero.
@@ -27,7 +27,7 @@ head -c 3000 "$TMP/train.bin" > "$TMP/truncated.bin"
 expect_error 1 "truncated" train "$cfg" --set "data.train=\"$TMP/truncated.bin\"" --set 'data.val=""'
 expect_error 1 "vocab_size" "${base[@]}" --set model.vocab_size=64
 printf '\x01\x00\x00\x00' > "$TMP/tiny.txt"
-expect_error 1 "fewer than one window|too short|tokens" train "$cfg" --set "data.train=\"$TMP/tiny.txt\"" --set 'data.val=""'
+expect_error 1 "fewer than one window" train "$cfg" --set "data.train=\"$TMP/tiny.txt\"" --set 'data.val=""'
 
 # model.init: a missing file and a file for another model.
 expect_error 1 "model.init" "${base[@]}" --set "model.init=\"$TMP/none.safetensors\""

@@ -3,6 +3,8 @@
 
 #include "kernels/cpu/cpu_internal.h"
 
+#define TS_XENT_CHUNK 512
+
 void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
                                           int N, int V, float dloss)
 {
@@ -14,13 +16,20 @@ void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const in
 #pragma omp simd reduction(max : mx)
         for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
         float xt = x[target];
-        /* Overwrite the row with exp(x - max) while summing (in double). */
+        /* Overwrite the row with exp(x - max) while summing: float partial sums over
+         * chunks (gcc vectorises a float reduction, not a mixed float/double one), each
+         * chunk's sum added in double. */
         double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-        for (int i = 0; i < V; i++) {
-            float e = ts_cpu_expf(x[i] - mx);
-            x[i] = e;
-            sum += e;
+        for (int i0 = 0; i0 < V; i0 += TS_XENT_CHUNK) {
+            int i1 = i0 + TS_XENT_CHUNK < V ? i0 + TS_XENT_CHUNK : V;
+            float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+            for (int i = i0; i < i1; i++) {
+                float e = ts_cpu_expf(x[i] - mx);
+                x[i] = e;
+                part += e;
+            }
+            sum += part;
         }
         losses[n] = (float)(log(sum) + (double)mx - (double)xt);
         /* dlogits = (softmax - onehot) * dloss. */
