@@ -61,3 +61,13 @@ finish() {
   echo "$PASSED passed, $FAILED failed"
   [ "$FAILED" -eq 0 ]
 }
+
+# same_losses A B TOL: every step's loss in metrics file A is within relative TOL of
+# B's (and both have the same number of steps).
+same_losses() {
+  local a="$1" b="$2" tol="$3"
+  paste <(losses "$a") <(losses "$b") | awk -v tol="$tol" '
+    NF != 2 { bad = 1; next }
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r; n++ }
+    END { if (bad || n == 0 || worst > tol) { printf "worst relative difference %g over %d steps\n", worst, n; exit 1 } }'
+}

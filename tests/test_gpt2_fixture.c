@@ -69,7 +69,7 @@ static double loss_and_grads(ts_model *m, const int *tokens, const int *targets,
         memcpy(a.targets, targets + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
         double sum = 0.0;
         ts_model_forward(m, &a, 1.0f / (float)(B * T), &sum);
-        ts_model_backward(m, &a, dx, &s);
+        ts_model_backward(m, &a, dx, &s, NULL, NULL);
         total += sum;
     }
     free(dx);

@@ -251,7 +251,8 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const floa
                           ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
 }
 
-void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s)
+void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
+                       ts_layer_done_fn layer_done, void *ctx)
 {
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         const ts_layer *L = &m->layers[l];
@@ -268,5 +269,6 @@ void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s)
             head_backward(m, a, l, layer_input(m, a, l), dx, s);
             break;
         }
+        if (layer_done) layer_done(ctx, l);
     }
 }

@@ -123,7 +123,10 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
 /* Backward through layers [a->l1 - 1 .. a->l0]. `dx` [B*T, C]: on entry the gradient of
  * the range's output (ignored when the range ends with the head), on exit the
  * gradient of its input (unused when the range starts with the embedding).
- * Parameter gradients accumulate into m->grad_mem. */
-void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s);
+ * Parameter gradients accumulate into m->grad_mem. After each layer, layer_done(ctx,
+ * layer) is called when given (the data-parallel sync starts buckets from it). */
+typedef void (*ts_layer_done_fn)(void *ctx, int layer);
+void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
+                       ts_layer_done_fn layer_done, void *ctx);
 
 #endif

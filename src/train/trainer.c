@@ -64,6 +64,16 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, MPI_Comm world)
     MPI_Comm_rank(world, &t->rank);
     MPI_Comm_size(world, &t->world_size);
     t->num_microbatches = ts_config_num_microbatches(cfg);
+    if (cfg->parallel.pp != 1 || cfg->parallel.tp != 1) {
+        /* Pipeline (step 3) and tensor (step 4) parallelism are not built yet. */
+        return ts_fail("parallel.pp = %d and parallel.tp = %d: this build trains with data "
+                       "parallelism only (pp = tp = 1); set parallel.dp to the number of ranks",
+                       cfg->parallel.pp, cfg->parallel.tp);
+    }
+    ts_comm_wrap(&t->world_comm, world, "world");
+    /* With pp = tp = 1 every rank is one data-parallel replica. */
+    ts_comm_wrap(&t->dp_comm, world, "dp");
+    t->dp_rank = t->dp_comm.rank;
 
     ts_model_build(&t->model, &cfg->model, NULL, &ts_kernels_cpu);
     ts_status st = TS_OK;
@@ -79,12 +89,15 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, MPI_Comm world)
     ts_acts_init(&t->acts, &t->model, 0, t->model.n_layers, B, T);
     ts_scratch_init(&t->scratch, &t->model, B, T);
     t->dx = ts_alloc_floats((size_t)B * T * cfg->model.n_embd);
+    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp_comm,
+                      (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync);
     return TS_OK;
 }
 
 void ts_trainer_free(ts_trainer *t)
 {
     if (t->metrics) fclose(t->metrics);
+    ts_grad_sync_free(&t->grad_sync);
     free(t->dx);
     ts_scratch_free(&t->scratch);
     ts_acts_free(&t->acts);
@@ -93,47 +106,72 @@ void ts_trainer_free(ts_trainer *t)
     ts_model_free(&t->model);
 }
 
+static void on_layer_done(void *ctx, int layer)
+{
+    ts_grad_sync_layer_done((ts_grad_sync *)ctx, layer);
+}
+
+/* Sum of a double over the whole grid (losses, squared norms): deterministic, one
+ * all-reduce over the world. */
+static double grid_sum(const ts_trainer *t, double local)
+{
+    ts_allreduce_sum_f64(&t->world_comm, &local, 1);
+    return local;
+}
+
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 {
     const ts_config *c = &t->cfg;
     const int B = c->train.global_batch, T = c->model.seq_len, mb = c->parallel.micro_batch;
+    const int M = t->num_microbatches;
     double t0 = ts_now_ms();
 
     /* Gradients accumulate over micro-batches; every target of the global batch
-     * weighs 1/(B*T), so the sum is the gradient of the mean loss. */
+     * weighs 1/(B*T), so the sum over micro-batches and replicas is the gradient of
+     * the mean loss. */
     memset(t->model.grad_mem, 0, t->model.num_floats * sizeof(float));
+    ts_grad_sync_begin(&t->grad_sync);
     const float dloss = 1.0f / ((float)B * (float)T);
     double loss_sum = 0.0;
-    for (int i = 0; i < t->num_microbatches; i++) {
-        ts_data_microbatch(&t->train_data, step, B, c->parallel.dp, 0, mb, i, T, t->acts.tokens,
-                           t->acts.targets);
+    for (int i = 0; i < M; i++) {
+        ts_data_microbatch(&t->train_data, step, B, c->parallel.dp, t->dp_rank, mb, i, T,
+                           t->acts.tokens, t->acts.targets);
         double s = 0.0;
         ts_model_forward(&t->model, &t->acts, dloss, &s);
         loss_sum += s;
-        ts_model_backward(&t->model, &t->acts, t->dx, &t->scratch);
+        /* On the last micro-batch each layer's gradients become final as the backward
+         * passes it: that is when its buckets' all-reduce can start. */
+        bool last = i == M - 1;
+        ts_model_backward(&t->model, &t->acts, t->dx, &t->scratch, last ? on_layer_done : NULL,
+                          &t->grad_sync);
     }
+    ts_grad_sync_finish(&t->grad_sync);
 
-    double norm = sqrt(ts_grad_sum_squares(&t->model));
+    /* Every replica now holds the same gradients; count them once (dp rank 0). */
+    double sumsq = t->dp_rank == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
+    double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
     ts_adamw_step(&t->model, &c->train, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1);
 
-    out->loss = loss_sum / ((double)B * T);
+    out->loss = grid_sum(t, loss_sum) / ((double)B * T);
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
+    out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
 }
 
 double ts_trainer_eval(ts_trainer *t)
 {
     const ts_config *c = &t->cfg;
-    const int T = c->model.seq_len, mb = c->parallel.micro_batch;
+    const int T = c->model.seq_len, mb = c->parallel.micro_batch, dp = c->parallel.dp;
     const uint64_t S = ts_data_num_windows(&t->val_data, T);
     const int n = c->data.val_windows;
+    /* A fixed set of windows 0..n-1 (mod S), independent of the grid; replica d takes
+     * every dp-th group of micro_batch windows. */
     double loss_sum = 0.0;
-    /* A fixed set of windows 0..n-1 (mod S), independent of the grid. */
-    for (int w0 = 0; w0 < n; w0 += mb) {
+    for (int w0 = t->dp_rank * mb; w0 < n; w0 += dp * mb) {
         int rows = n - w0 < mb ? n - w0 : mb;
         for (int r = 0; r < mb; r++) {
             uint64_t k = (uint64_t)(w0 + (r < rows ? r : 0)) % S;
@@ -145,7 +183,7 @@ double ts_trainer_eval(ts_trainer *t)
         const float *losses = ts_acts_losses(&t->model, &t->acts);
         for (int i = 0; i < rows * T; i++) loss_sum += losses[i];
     }
-    return loss_sum / ((double)n * T);
+    return grid_sum(t, loss_sum) / ((double)n * T);
 }
 
 static void format_eta(char *buf, size_t n, double seconds)
@@ -179,8 +217,9 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (t->metrics) {
             fprintf(t->metrics,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
-                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":0,\"dp_overlap\":0}\n",
-                    step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s);
+                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":0,\"dp_overlap\":%.4f}\n",
+                    step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s,
+                    s.dp_overlap);
             fflush(t->metrics);
         }
         if (c->log.progress) {

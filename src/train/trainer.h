@@ -8,7 +8,9 @@
 
 #include <mpi.h>
 
+#include "comm/comm.h"
 #include "config/config.h"
+#include "data/grad_sync.h"
 #include "data/loader.h"
 #include "model/model.h"
 
@@ -19,12 +21,16 @@ typedef struct {
     double step_ms;
     double tokens_per_s;
     long long tokens;   /* tokens in the step (global) */
+    double dp_overlap;  /* fraction of the dp all-reduce hidden behind compute */
 } ts_step_stats;
 
 typedef struct {
     ts_config cfg;
     MPI_Comm world;
     int rank, world_size;
+    ts_comm world_comm, dp_comm;
+    int dp_rank;
+    ts_grad_sync grad_sync;
 
     ts_model model;
     ts_dataset train_data, val_data;

@@ -4,7 +4,7 @@
  * depend on the thread count.
  *
  * Causality: query rows are processed in blocks of TS_ATT_BLOCK; block [i0, i1) only
- * attends to keys [0, i1), so the GEMMs skip the upper-right blocks (5/8 of the full
+ * attends to keys [0, i1), so the GEMMs skip the upper-right blocks (9/16 of the full
  * work at T = 256). Inside a diagonal block the entries above the diagonal are set
  * to exactly 0 so they drop out of every product that reads them. */
 #include <cblas.h>
@@ -13,7 +13,7 @@
 
 #include "kernels/cpu/cpu_internal.h"
 
-#define TS_ATT_BLOCK 64
+#define TS_ATT_BLOCK 32
 
 /* Row i of the causal softmax, in place: s[0..i] -> probabilities, s[i+1..T) -> 0. */
 static void causal_softmax_row(float *s, int i, int T)

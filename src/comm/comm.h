@@ -1,0 +1,48 @@
+/* One interface for the collectives and point-to-point transfers the framework needs.
+ * Model, tensor-parallel, pipeline and optimizer code call only this; the MPI backend
+ * is comm/mpi.c, and an NCCL backend can fill the same calls for device buffers.
+ * Every call is checked: a failing transfer aborts the job with the rank and cause
+ * (there is no recovering from a broken collective mid-step). */
+#ifndef TS_COMM_H
+#define TS_COMM_H
+
+#include <stddef.h>
+
+#include <mpi.h>
+
+typedef struct {
+    MPI_Comm mpi;   /* MPI_COMM_NULL: this rank is not in the group */
+    int rank, size;
+    const char *name; /* "tp", "dp", "pp", "embed", "world": for error messages */
+} ts_comm;
+
+/* A pending non-blocking operation. */
+typedef struct {
+    MPI_Request req;
+    int active;
+} ts_request;
+
+/* Wrap an existing communicator (not owned: the topology frees it). */
+void ts_comm_wrap(ts_comm *c, MPI_Comm mpi, const char *name);
+static inline int ts_comm_member(const ts_comm *c) { return c->mpi != MPI_COMM_NULL; }
+
+/* In-place collectives over the group. */
+void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n);
+void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n);
+void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n);
+void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
+/* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). */
+void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count);
+/* recv[size*count] = every rank's send[count], in rank order. */
+void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count);
+void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
+void ts_barrier(const ts_comm *c);
+
+/* Non-blocking: start, make progress (returns 1 when complete), wait. */
+void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r);
+void ts_isend_f32(const ts_comm *c, const float *buf, size_t n, int peer, int tag, ts_request *r);
+void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_request *r);
+int ts_request_test(ts_request *r);
+void ts_request_wait(ts_request *r);
+
+#endif

@@ -1,0 +1,94 @@
+#include "data/grad_sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+
+void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, size_t bucket_bytes,
+                       bool overlap)
+{
+    memset(g, 0, sizeof *g);
+    g->dp = *dp;
+    g->grads = m->grad_mem;
+    g->overlap = overlap;
+    if (dp->size <= 1 || m->n_params == 0) return;
+
+    /* Walk the parameters from the last (final first) to the first, closing a bucket
+     * once it holds bucket_bytes. Boundaries fall between parameters, so a bucket's
+     * readiness is a single layer index. */
+    const size_t target = bucket_bytes / sizeof(float) > 0 ? bucket_bytes / sizeof(float) : 1;
+    g->buckets = ts_calloc((size_t)m->n_params, sizeof *g->buckets);
+    size_t end = m->num_floats;
+    int min_layer = m->params[m->n_params - 1].layer;
+    for (int p = m->n_params - 1; p >= 0; p--) {
+        const ts_param *P = &m->params[p];
+        if (P->layer < min_layer) min_layer = P->layer;
+        if (end - P->offset >= target || p == 0) {
+            ts_bucket *b = &g->buckets[g->n_buckets++];
+            b->begin = p == 0 ? 0 : P->offset;
+            b->end = end;
+            b->min_layer = min_layer;
+            end = b->begin;
+            if (p > 0) min_layer = m->params[p - 1].layer;
+        }
+    }
+}
+
+void ts_grad_sync_free(ts_grad_sync *g)
+{
+    free(g->buckets);
+    g->buckets = NULL;
+    g->n_buckets = 0;
+}
+
+void ts_grad_sync_begin(ts_grad_sync *g)
+{
+    for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = false;
+    g->wait_ms = 0.0;
+}
+
+static void launch(ts_grad_sync *g, ts_bucket *b)
+{
+    ts_iallreduce_sum_f32(&g->dp, g->grads + b->begin, b->end - b->begin, &b->req);
+    b->launched = true;
+}
+
+static void progress(ts_grad_sync *g)
+{
+    for (int i = 0; i < g->n_buckets; i++)
+        if (g->buckets[i].launched) ts_request_test(&g->buckets[i].req);
+}
+
+void ts_grad_sync_layer_done(ts_grad_sync *g, int layer)
+{
+    /* The first step runs without overlap: its wait is the reference all-reduce time. */
+    if (!g->overlap || g->n_buckets == 0 || g->reference_ms == 0.0) return;
+    /* Buckets are ordered from the end of the buffer; launch in that order on every
+     * rank (non-blocking collectives must start in the same order everywhere). */
+    for (int i = 0; i < g->n_buckets; i++) {
+        ts_bucket *b = &g->buckets[i];
+        if (b->launched) continue;
+        if (b->min_layer < layer) break;
+        launch(g, b);
+    }
+    progress(g);
+}
+
+void ts_grad_sync_finish(ts_grad_sync *g)
+{
+    if (g->n_buckets == 0) return;
+    double t0 = ts_now_ms();
+    for (int i = 0; i < g->n_buckets; i++)
+        if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
+    for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
+    g->wait_ms = ts_now_ms() - t0;
+    if (g->reference_ms == 0.0) g->reference_ms = g->wait_ms > 1e-6 ? g->wait_ms : 1e-6;
+}
+
+double ts_grad_sync_overlap(const ts_grad_sync *g)
+{
+    if (g->n_buckets == 0 || !g->overlap) return 0.0;
+    double hidden = 1.0 - g->wait_ms / g->reference_ms;
+    return hidden < 0.0 ? 0.0 : hidden > 1.0 ? 1.0 : hidden;
+}

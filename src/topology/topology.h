@@ -1,0 +1,144 @@
+/* The grid of ranks and where each rank runs (ARCHITECTURE.md "The grid").
+ *
+ * Three layers, each usable without the next:
+ *   ts_grid      pure rank arithmetic: world = pp * dp * tp, laid out in an order such as
+ *                "tp-dp-pp" (tp varies fastest: Megatron's global = tp + TP*(dp + DP*pp));
+ *                no MPI, unit-testable.
+ *   ts_topology  the communicators of one rank (tp, dp, pp, embedding, node) and the
+ *                node layout. ts_topo_init is the only place that calls MPI_Comm_split.
+ *   ts_topo_bind the hwloc binding of the rank to cores (and a GPU where present) and the
+ *                thread count of the CPU kernels.
+ *
+ * Environment (for tests and experiments):
+ *   TS_FAKE_NODES=K   consecutive world ranks in groups of K pretend to be separate nodes
+ *                     named "fakenode0", "fakenode1", ...
+ *   TS_NO_BIND=1      ts_topo_bind binds nothing (binding "none"). */
+#ifndef TS_TOPOLOGY_H
+#define TS_TOPOLOGY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <mpi.h>
+
+#include "config/config.h"
+#include "core/error.h"
+
+/* ------------------------------------------------------------------ grid -- */
+
+typedef enum { TS_AXIS_TP = 0, TS_AXIS_DP = 1, TS_AXIS_PP = 2 } ts_axis;
+#define TS_N_AXES 3
+
+typedef struct {
+    int pp, dp, tp;
+} ts_coords;
+
+typedef struct {
+    int size[TS_N_AXES];   /* indexed by ts_axis */
+    ts_axis order[TS_N_AXES]; /* order[0] is the fastest-varying axis */
+    int stride[TS_N_AXES]; /* global-rank distance between neighbours along each axis */
+    int world;             /* pp * dp * tp */
+} ts_grid;
+
+/* "tp", "dp" or "pp". */
+const char *ts_axis_name(ts_axis a);
+
+/* Parse an order string: the three names tp, dp, pp once each, joined by '-', fastest
+ * first ("tp-dp-pp", "dp-tp-pp", ...). Fills order[0..2]; TS_ERR with a message if the
+ * string is not such a permutation. */
+ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES]);
+
+/* A grid of pp x dp x tp ranks (each >= 1) laid out in `order`. */
+ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order);
+
+/* Coordinates of global rank `rank` (0 <= rank < world), and back. */
+ts_coords ts_grid_coords(const ts_grid *g, int rank);
+int ts_grid_rank(const ts_grid *g, ts_coords c);
+int ts_coords_get(ts_coords c, ts_axis a);
+
+/* The group along `axis` that contains `rank`: the global ranks that share the other two
+ * coordinates, written to members[] ordered by their coordinate on `axis` (so a rank's
+ * index in it is its coordinate). Returns the group size, g->size[axis]; members must
+ * hold that many. */
+int ts_grid_group(const ts_grid *g, int rank, ts_axis axis, int *members);
+
+/* The previous / next stage of `rank` in its pipeline group (global ranks), -1 at the
+ * first / last stage (no wrap). */
+int ts_grid_pp_prev(const ts_grid *g, int rank);
+int ts_grid_pp_next(const ts_grid *g, int rank);
+
+/* The embedding group of `rank`'s pipeline group: {first stage, last stage} (same dp
+ * and tp coordinates), just {first stage} when pp == 1. Returns its size (1 or 2). The
+ * rank itself need not be a member. */
+int ts_grid_embedding_group(const ts_grid *g, int rank, int members[2]);
+bool ts_grid_in_embedding_group(const ts_grid *g, int rank);
+
+/* Write sorted integers as a compact list, runs as ranges: {0,1,2,3,6} -> "0-3,6".
+ * Truncates with "..." if `cap` is too small. Returns buf. */
+char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
+
+/* -------------------------------------------------------------- topology -- */
+
+#define TS_HOST_MAX 256     /* >= what MPI_Get_processor_name writes on our MPIs */
+#define TS_CORES_STR_MAX 256
+
+typedef struct {
+    /* Filled by ts_topo_init. */
+    ts_grid grid;
+    MPI_Comm world;          /* not owned */
+    int rank, world_size;    /* in `world` */
+    ts_coords coords;
+
+    MPI_Comm tp_comm;        /* rank in it = coords.tp */
+    MPI_Comm dp_comm;        /* rank in it = coords.dp */
+    MPI_Comm pp_comm;        /* rank in it = coords.pp */
+    int pp_prev, pp_next;    /* world ranks, -1 at the ends (in pp_comm: pp -/+ 1) */
+    MPI_Comm embed_comm;     /* {first, last} stage; MPI_COMM_NULL outside it.
+                              * rank 0 in it is the first stage */
+    int embed_members[2], n_embed; /* the embedding group of this rank's pipeline */
+
+    MPI_Comm node_comm;      /* the ranks sharing this node (shared memory) */
+    int local_rank, local_size;
+    int node, n_nodes;       /* nodes numbered by their lowest world rank */
+    bool fake_nodes;         /* TS_FAKE_NODES was set */
+    char host[TS_HOST_MAX];  /* this rank's host name */
+    int *node_of_rank;       /* [world_size]: node index of every world rank */
+    char (*node_host)[TS_HOST_MAX]; /* [n_nodes]: host name of each node */
+    int tp_nodes;            /* nodes spanned by this rank's tp group (1 = good) */
+
+    /* Filled by ts_topo_bind. */
+    bool bound;              /* ts_topo_bind has run */
+    char cores[TS_CORES_STR_MAX]; /* logical core indices this rank runs on, "0-3" */
+    int n_cores;             /* how many cores that is */
+    int threads;             /* CPU threads (OpenMP + BLAS) this rank uses */
+    char binding[16];        /* "tessera" | "slurm" | "mpirun" | "inherited" | "none" */
+    int gpu;                 /* device index on this node (CUDA ordinal), -1 = none */
+    char gpu_name[64];       /* e.g. "cuda0 (NVIDIA H100)"; "none" */
+    /* The node's hardware as hwloc sees it. */
+    int hw_packages, hw_numa, hw_cores, hw_pus, hw_gpus;
+} ts_topology;
+
+/* Build the grid from cfg->parallel (pp, dp, tp, order) and create this rank's
+ * communicators and node layout. Collective over `world`, whose size must equal
+ * pp*dp*tp (checked first, identically on every rank, before any collective).
+ * Rank 0 warns (ts_log_warn) once when a tensor-parallel group spans nodes. On success
+ * the caller owns *t and must call ts_topo_free before MPI_Finalize. */
+ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world);
+
+/* Bind this rank with hwloc and set the CPU thread count (ts_cpu_set_threads):
+ *  - a binding narrower than the machine that the launcher already made (srun
+ *    --cpu-bind, mpirun --bind-to core) is kept, and attributed to "slurm"/"mpirun";
+ *  - otherwise local rank i of L gets cores [i*n/L, (i+1)*n/L) of the n cores (of the
+ *    GPU's locality when the node has GPUs), in hwloc's logical order; if L > n, rank i
+ *    gets core i mod n and rank 0 warns once that ranks outnumber cores;
+ *  - TS_NO_BIND=1 binds nothing.
+ * Threads = cfg->train.threads if > 0, else this rank's fair share of the cores it runs
+ * on (cores shared with other local ranks count fractionally), at least 1.
+ * Collective over t->world (call on every rank after ts_topo_init). A failed hwloc
+ * call is not fatal: the rank runs unbound and says so. */
+ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg);
+
+/* Free the communicators and arrays (not t->world). Safe on a zeroed struct. */
+void ts_topo_free(ts_topology *t);
+
+#endif
