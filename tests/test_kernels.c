@@ -396,6 +396,13 @@ static void test_elementwise(void)
     double ss = K->sum_squares(b, n);
     CHECKF(fabs(ss - ref) < 1e-10 * ref, "sum_squares %.17g vs %.17g", ss, ref);
     CHECK(K->sum_squares(b, 0) == 0.0);
+    size_t nbig = ((size_t)65 << 15) + 5; /* more block sums than the on-stack array holds */
+    float *big = rand_floats(nbig, 1.0f);
+    ref = 0.0;
+    for (size_t i = 0; i < nbig; i++) ref += (double)big[i] * big[i];
+    ss = K->sum_squares(big, nbig);
+    CHECKF(fabs(ss - ref) < 1e-10 * ref, "sum_squares (many blocks) %.17g vs %.17g", ss, ref);
+    free(big);
 
     K->scale(out, 0.5f, n);
     ok = 1;
@@ -423,13 +430,14 @@ static double xent_obj(void *p)
     return s * x->dloss;
 }
 
-static void test_crossentropy(void)
+static void test_crossentropy(int N, int V)
 {
-    xent_ctx x = {.N = 10, .V = 11, .dloss = 0.1f};
-    int N = x.N, V = x.V, targets[10] = {0, 10, 5, 5, 3, 9, 1, 2, 7, 10};
+    xent_ctx x = {.N = N, .V = V, .dloss = 0.1f};
+    int targets[10] = {0, 10, 5, 5, 3, 9, 1, 2, 7, 10};
+    for (int n = 0; n < N; n++) targets[n] = n == 1 ? V - 1 : targets[n] % V; /* both ends */
     x.targets = targets;
     x.logits = rand_floats((size_t)N * V, 4.0f);
-    x.logits[3 * V + 4] = 60.0f; /* a dominant logit: max-subtraction must hold */
+    x.logits[3 * V + V / 2] = 60.0f; /* a dominant logit: max-subtraction must hold */
     x.work = ts_alloc_floats((size_t)N * V), x.losses = ts_alloc_floats((size_t)N);
 
     xent_obj(&x);
@@ -438,10 +446,11 @@ static void test_crossentropy(void)
         double mx = -1e300, s = 0.0;
         for (int v = 0; v < V; v++) mx = fmax(mx, x.logits[n * V + v]);
         for (int v = 0; v < V; v++) s += exp(x.logits[n * V + v] - mx);
+        // cppcheck-suppress invalidFunctionArg ; s >= 1 (the max term is exp(0))
         double ref = -(x.logits[n * V + targets[n]] - mx - log(s));
         lerr = fmax(lerr, fabs(ref - x.losses[n]) / fmax(ref, 1e-3));
     }
-    printf("  crossentropy loss rel err vs log-softmax %.2e\n", lerr);
+    printf("  crossentropy V=%-5d loss rel err vs log-softmax %.2e\n", V, lerr);
     CHECKF(lerr < 1e-5, "crossentropy losses %g", lerr);
 
     float *dlogits = copy_floats(x.work, (size_t)N * V);
@@ -452,8 +461,8 @@ static void test_crossentropy(void)
         row_sum = fmax(row_sum, fabs(s));
     }
     CHECKF(row_sum < 1e-7, "dlogits rows sum to 0: %g", row_sum);
-    check_fd("crossentropy dlogits", fd_rel_err(x.logits, (size_t)N * V, dlogits, xent_obj, &x,
-                                                1e-2f));
+    check_fd(V < 100 ? "crossentropy dlogits V=11" : "crossentropy dlogits V=1500",
+             fd_rel_err(x.logits, (size_t)N * V, dlogits, xent_obj, &x, 1e-2f));
     free(dlogits), free(x.logits), free(x.work), free(x.losses);
 }
 
@@ -505,7 +514,9 @@ typedef struct {
     float *wte, *wpe, *x, *lnw, *lnb, *w, *bias, *qkv, *dout, *logits, *p, *g;
 } det_inputs;
 
-static float *det_run(const det_inputs *in, size_t *count, double *ss)
+/* [*gemm0, *gemm1) is the span of plain OpenBLAS GEMM outputs (matmul out, dinp, dweight). */
+static float *det_run(const det_inputs *in, size_t *count, double *ss, size_t *gemm0,
+                      size_t *gemm1)
 {
     int B = in->B, T = in->T, C = in->C, NH = in->NH, V = in->V, OC = in->OC, N = B * T;
     size_t NC = (size_t)N * C, total = 0;
@@ -558,6 +569,8 @@ static float *det_run(const det_inputs *in, size_t *count, double *ss)
     *ss = K->sum_squares(in->logits, (size_t)N * V);
     free(scratch);
     *count = total;
+    *gemm0 = (size_t)(mm - buf);
+    *gemm1 = (size_t)(db - buf);
     return buf;
 }
 
@@ -568,32 +581,43 @@ static void test_determinism(void)
     size_t NC = (size_t)N * in.C;
     in.tokens = malloc((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) in.tokens[i] = (int)((frand() + 1.0f) * 0.5f * 40); /* repeats */
-    in.wte = rand_floats((size_t)in.V * in.C, 1.0f), in.wpe = rand_floats((size_t)in.T * in.C, 1.0f);
-    in.x = rand_floats(NC, 2.0f), in.lnw = rand_floats(in.C, 1.0f), in.lnb = rand_floats(in.C, 1.0f);
+    in.wte = rand_floats((size_t)in.V * in.C, 1.0f);
+    in.wpe = rand_floats((size_t)in.T * in.C, 1.0f);
+    in.x = rand_floats(NC, 2.0f);
+    in.lnw = rand_floats(in.C, 1.0f), in.lnb = rand_floats(in.C, 1.0f);
     in.w = rand_floats((size_t)in.OC * in.C, 1.0f), in.bias = rand_floats(in.OC, 1.0f);
     in.qkv = rand_floats(NC * 3, 2.0f), in.dout = rand_floats(NC, 1.0f);
     in.logits = rand_floats((size_t)N * in.V, 3.0f);
     in.p = rand_floats(NC, 1.0f), in.g = rand_floats(NC, 1.0f);
 
-    size_t count = 0;
+    size_t count = 0, gemm0 = 0, gemm1 = 0;
     double ss[2][2];
     float *runs[2][2];
     for (int th = 1; th <= 2; th++) {
         ts_cpu_set_threads(th);
         CHECK(ts_cpu_get_threads() == th);
-        for (int r = 0; r < 2; r++) runs[th - 1][r] = det_run(&in, &count, &ss[th - 1][r]);
+        for (int r = 0; r < 2; r++)
+            runs[th - 1][r] = det_run(&in, &count, &ss[th - 1][r], &gemm0, &gemm1);
         CHECKF(memcmp(runs[th - 1][0], runs[th - 1][1], count * sizeof(float)) == 0 &&
                    ss[th - 1][0] == ss[th - 1][1],
                "repeated runs differ at %d thread(s)", th);
     }
-    /* Our kernels fix their reduction orders independently of the thread count, and the
-     * GEMMs split only over output tiles, so 1 and 2 threads agree bit for bit too. */
-    size_t first = count;
-    for (size_t i = 0; i < count && first == count; i++)
-        if (memcmp(&runs[0][0][i], &runs[1][0][i], sizeof(float)) != 0) first = i;
-    printf("  determinism: repeated runs identical; 1 vs 2 threads %s\n",
-           first == count ? "identical" : "differ");
-    CHECKF(first == count && ss[0][0] == ss[1][0], "1 vs 2 threads differ at float %zu", first);
+    /* Our kernels fix their reduction orders independently of the thread count (attention
+     * runs each head's GEMMs on one thread), so 1 and 2 threads agree bit for bit. Plain
+     * multi-threaded sgemm makes no such promise: reported, not required. */
+    size_t ours_differ = 0, gemm_differ = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (memcmp(&runs[0][0][i], &runs[1][0][i], sizeof(float)) == 0) continue;
+        if (i >= gemm0 && i < gemm1)
+            gemm_differ++;
+        else
+            ours_differ++;
+    }
+    printf("  determinism: repeated runs identical; 1 vs 2 threads: %zu of our outputs differ, "
+           "%zu of OpenBLAS sgemm outputs differ\n",
+           ours_differ, gemm_differ);
+    CHECKF(ours_differ == 0 && ss[0][0] == ss[1][0], "1 vs 2 threads: %zu floats differ",
+           ours_differ);
     for (int th = 0; th < 2; th++) free(runs[th][0]), free(runs[th][1]);
     free(in.tokens), free(in.wte), free(in.wpe), free(in.x), free(in.lnw), free(in.lnb);
     free(in.w), free(in.bias), free(in.qkv), free(in.dout), free(in.logits), free(in.p), free(in.g);
@@ -613,7 +637,8 @@ int main(void)
         test_attention(1, 70, 2, 4, "T=70 (3 blocks)");
         test_gelu();
         test_elementwise();
-        test_crossentropy();
+        test_crossentropy(10, 11);
+        test_crossentropy(4, 1500); /* several sum chunks, a ragged tail */
         test_adamw();
     }
     test_determinism();

@@ -10,17 +10,17 @@
 /* Elements per chunk: the three loops below share a stack buffer that stays in L1. */
 #define TS_ADAMW_CHUNK 512
 
-/* x = sqrt(x), correctly rounded. gcc does not vectorise sqrtf unless errno is
+/* y = sqrt(x), correctly rounded. gcc does not vectorise sqrtf unless errno is
  * disabled (-fno-math-errno), which is a build-wide flag, so use the instruction. */
-static void sqrt_inplace(float *x, int n)
+static void sqrt_into(float *y, const float *x, int n)
 {
     int i = 0;
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
 #elif defined(__AVX__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
 #endif
-    for (; i < n; i++) x[i] = sqrtf(x[i]);
+    for (; i < n; i++) y[i] = sqrtf(x[i]);
 }
 
 void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
@@ -46,11 +46,11 @@ void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, si
         for (int i = 0; i < len; i++) {
             mk[i] = beta1 * mk[i] + omb1 * g[i];
             vk[i] = beta2 * vk[i] + omb2 * g[i] * g[i];
-            denom[i] = vk[i];
         }
-        sqrt_inplace(denom, len);
+        sqrt_into(denom, vk, len); /* denom = sqrt(v), finished below */
         /* p *= 1 - lr*wd;  p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps) */
 #pragma omp simd
-        for (int i = 0; i < len; i++) p[i] = p[i] * decay - step_size * mk[i] / (denom[i] / bc2_sqrt + eps);
+        for (int i = 0; i < len; i++)
+            p[i] = p[i] * decay - step_size * mk[i] / (denom[i] / bc2_sqrt + eps);
     }
 }

@@ -34,6 +34,24 @@ static inline float ts_cpu_expf(float x)
     return x < lo ? 0.0f : y * scale;
 }
 
+/* max(x[0..n)), n >= 1. Written as 16 independent lanes rather than a max reduction,
+ * which clang does not vectorise without -ffast-math (gcc and clang both vectorise
+ * this form); exact either way. */
+static inline float ts_cpu_max(const float *x, int n)
+{
+    float lane[16];
+    int i = 0;
+    for (int l = 0; l < 16; l++) lane[l] = x[0];
+    for (; i + 16 <= n; i += 16) {
+#pragma omp simd
+        for (int l = 0; l < 16; l++) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+    }
+    float mx = x[0];
+    for (int l = 0; l < 16; l++) mx = lane[l] > mx ? lane[l] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 /* [begin, end) of part `i` of `parts` near-equal parts of `n` items. */
 static inline void ts_cpu_split(size_t n, int parts, int i, size_t *begin, size_t *end)
 {

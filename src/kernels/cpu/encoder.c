@@ -1,6 +1,8 @@
-/* Token + position embedding. */
+/* Token + position embedding. V is not passed, so token ids cannot be range-checked
+ * here: callers must pass ids in [0, V). */
 #include <omp.h>
 
+#include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 
 void ts_cpu_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,

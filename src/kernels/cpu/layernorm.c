@@ -1,5 +1,6 @@
 /* LayerNorm over the last axis, eps 1e-5 (as nn.LayerNorm). */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -75,16 +76,23 @@ void ts_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const 
                 }
             }
         }
-        /* Reduce the blocks in order, each thread owning a range of channels. */
-#pragma omp for simd schedule(static)
-        for (int c = 0; c < C; c++) {
-            float sw = 0.0f, sb = 0.0f;
-            for (int k = 0; k < nblocks; k++) {
-                sw += part[(size_t)k * 2 * C + c];
-                sb += part[(size_t)k * 2 * C + C + c];
+        /* Reduce the blocks in order into block 0, each thread owning a range of
+         * channels (whole cache lines), then add to the gradients. */
+        size_t lines = ((size_t)C + 15) / 16, l0, l1;
+        ts_cpu_split(lines, omp_get_num_threads(), omp_get_thread_num(), &l0, &l1);
+        size_t c0 = l0 * 16, c1 = l1 * 16 < (size_t)C ? l1 * 16 : (size_t)C;
+        for (int k = 1; k < nblocks; k++) {
+            const float *pk = part + (size_t)k * 2 * C;
+#pragma omp simd
+            for (size_t c = c0; c < c1; c++) {
+                part[c] += pk[c];
+                part[C + c] += pk[C + c];
             }
-            dweight[c] += sw;
-            dbias[c] += sb;
+        }
+#pragma omp simd
+        for (size_t c = c0; c < c1; c++) {
+            dweight[c] += part[c];
+            dbias[c] += part[C + c];
         }
     }
     free(part);
