@@ -180,10 +180,11 @@ ts_status ts_model_init_from_file(ts_model *m, const char *path)
             if (!strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
                 !strcmp(name, "transformer.wte.weight"))
                 continue;
+            ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this gpt2 "
+                    "config (n_layer=%d); is the file for another model?",
+                    path, name, m->n_layer);
             ts_st_close(&f);
-            return ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this "
-                           "gpt2 config (n_layer=%d); is the file for another model?",
-                           path, name, m->n_layer);
+            return TS_ERR;
         }
     }
     for (int p = 0; p < m->n_params; p++) {

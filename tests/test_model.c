@@ -1,0 +1,170 @@
+/* The model's layer list and initialisation: init by index is the same on any subset
+ * of layers (what pipeline stages rely on), the statistics follow CONTRACT.md, and
+ * model.init rejects files that do not fit the config with a clear message. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/safetensors.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "test_util.h"
+
+static ts_model_config tiny(void)
+{
+    ts_config c;
+    ts_config_defaults(&c);
+    c.model.n_layer = 3;
+    c.model.n_head = 2;
+    c.model.n_embd = 16;
+    c.model.vocab_size = 40;
+    c.model.seq_len = 8;
+    return c.model;
+}
+
+static int find(const ts_model *m, const char *name)
+{
+    for (int p = 0; p < m->n_params; p++)
+        if (!strcmp(m->params[p].name, name)) return p;
+    return -1;
+}
+
+static void test_layer_list(void)
+{
+    ts_model_config mc = tiny();
+    ts_model m;
+    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    CHECK(m.n_layers == mc.n_layer + 2);
+    CHECK(m.layers[0].kind == TS_LAYER_EMBED && m.layers[m.n_layers - 1].kind == TS_LAYER_HEAD);
+    CHECK(m.n_params == 2 + 12 * mc.n_layer + 2);
+    CHECK(m.head_wte_param == m.wte_param); /* tied on one rank */
+    size_t total = 0;
+    for (int p = 0; p < m.n_params; p++) total += m.params[p].numel;
+    CHECK(total == ts_model_logical_params(&mc));
+    CHECK(m.params[find(&m, "transformer.h.0.attn.c_attn.weight")].decay);
+    CHECK(!m.params[find(&m, "transformer.h.0.attn.c_attn.bias")].decay);
+    CHECK(!m.params[find(&m, "transformer.ln_f.weight")].decay);
+    ts_model_free(&m);
+}
+
+static void test_init_by_index(void)
+{
+    ts_model_config mc = tiny();
+    ts_model full, part;
+    ts_model_build(&full, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&full, 1234);
+    /* A last pipeline stage: block 2 and the head, no embedding (a tied wte copy). */
+    bool owned[5] = {false, false, false, true, true};
+    ts_model_build(&part, &mc, owned, &ts_kernels_cpu);
+    ts_model_init_random(&part, 1234);
+    CHECK(part.wte_param == -1 && part.head_wte_param >= 0 && part.params[part.head_wte_param].tied_copy);
+    int same = 1;
+    for (int p = 0; p < part.n_params; p++) {
+        int q = find(&full, part.params[p].name);
+        CHECKF(q >= 0, "%s missing from full model", part.params[p].name);
+        if (q < 0) continue;
+        same &= !memcmp(ts_param_data(&part, p), ts_param_data(&full, q),
+                        part.params[p].numel * sizeof(float));
+    }
+    CHECKF(same, "a stage's initial weights differ from the full model's");
+
+    /* Statistics: std 0.02, residual projections 0.02/sqrt(2L), LN ones, biases zero. */
+    int p = find(&full, "transformer.wte.weight");
+    double s = 0, s2 = 0;
+    size_t n = full.params[p].numel;
+    for (size_t i = 0; i < n; i++) s += ts_param_data(&full, p)[i], s2 += ts_param_data(&full, p)[i] * ts_param_data(&full, p)[i];
+    double sd = sqrt(s2 / n - (s / n) * (s / n));
+    CHECKF(fabs(sd - 0.02) < 0.002, "wte std %g", sd);
+    p = find(&full, "transformer.h.1.mlp.c_proj.weight");
+    s = s2 = 0;
+    n = full.params[p].numel;
+    for (size_t i = 0; i < n; i++) s2 += ts_param_data(&full, p)[i] * ts_param_data(&full, p)[i];
+    sd = sqrt(s2 / n);
+    CHECKF(fabs(sd - 0.02 / sqrt(6.0)) < 0.001, "c_proj std %g", sd);
+    CHECK(ts_param_data(&full, find(&full, "transformer.h.0.ln_1.weight"))[3] == 1.0f);
+    CHECK(ts_param_data(&full, find(&full, "transformer.h.0.attn.c_attn.bias"))[3] == 0.0f);
+    /* Another seed gives other values. */
+    ts_model other;
+    ts_model_build(&other, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&other, 1235);
+    p = find(&full, "transformer.wte.weight");
+    CHECK(memcmp(ts_param_data(&full, p), ts_param_data(&other, p), 64) != 0);
+    ts_model_free(&other);
+    ts_model_free(&part);
+    ts_model_free(&full);
+}
+
+/* Write the model's parameters to a safetensors file, optionally corrupting one entry. */
+static void write_weights(const ts_model *m, const char *path, const char *drop, const char *reshape,
+                          const char *extra)
+{
+    ts_st_entry e[64];
+    int n = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        if (drop && !strcmp(m->params[p].name, drop)) continue;
+        e[n].name = m->params[p].name;
+        e[n].dtype = TS_DT_F32;
+        e[n].ndim = m->params[p].ndim;
+        e[n].shape[0] = m->params[p].shape[0];
+        e[n].shape[1] = m->params[p].shape[1];
+        if (reshape && !strcmp(m->params[p].name, reshape)) { /* same bytes, other shape */
+            e[n].shape[0] = m->params[p].shape[1];
+            e[n].shape[1] = m->params[p].shape[0];
+        }
+        e[n].data = ts_param_data(m, p);
+        n++;
+    }
+    if (extra) {
+        e[n] = e[0];
+        e[n].name = extra;
+        n++;
+    }
+    CHECK(ts_st_write(path, e, n, NULL, NULL, 0) == TS_OK);
+}
+
+static void test_init_from_file(void)
+{
+    ts_model_config mc = tiny();
+    ts_model src, dst;
+    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&src, 7);
+    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    char dir[] = "/tmp/ts_model_XXXXXX", path[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+
+    write_weights(&src, path, NULL, NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_OK);
+    CHECK(!memcmp(src.param_mem, dst.param_mem, src.num_floats * sizeof(float)));
+
+    write_weights(&src, path, "transformer.h.1.mlp.c_fc.bias", NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(ts_error_message(), "transformer.h.1.mlp.c_fc.bias") != NULL, "%s", ts_error_message());
+
+    write_weights(&src, path, NULL, "transformer.h.0.attn.c_attn.weight", NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(ts_error_message(), "shape") && strstr(ts_error_message(), "c_attn.weight"), "%s",
+           ts_error_message());
+
+    write_weights(&src, path, NULL, NULL, "transformer.h.7.attn.c_attn.weight");
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(ts_error_message(), "transformer.h.7") != NULL, "%s", ts_error_message());
+
+    CHECK(ts_model_init_from_file(&dst, "/nonexistent/w.safetensors") == TS_ERR);
+    CHECKF(strstr(ts_error_message(), "model.init") != NULL, "%s", ts_error_message());
+
+    unlink(path);
+    rmdir(dir);
+    ts_model_free(&src);
+    ts_model_free(&dst);
+}
+
+int main(void)
+{
+    test_layer_list();
+    test_init_by_index();
+    test_init_from_file();
+    return ts_test_report();
+}
