@@ -1,0 +1,74 @@
+/* Pipeline schedules as data. A schedule is, for every pipeline rank, an ordered list
+ * of compute actions on (chunk, micro-batch). Three consumers read the same lists: the
+ * engine runs them (deriving the P2P transfers from chunk placement), the simulator
+ * times them on a cost model, and the tests check them.
+ *
+ * Chunks: the layer list (embedding, n_layer blocks, head) is cut into n_chunks =
+ * pp * v contiguous chunks; chunk c lives on pipeline rank c % pp (Megatron's
+ * interleaving: rank r holds chunks r, r + pp, r + 2pp, ...). Micro-batches 0..m-1.
+ *
+ * Dependencies (what the validator checks and the engine/simulator wait for):
+ *   F(c, i)  needs F(c-1, i)                (its input activation), c > 0
+ *   B(c, i)  needs F(c, i) on the same rank and B/I(c+1, i) (its output gradient),
+ *            c < n_chunks-1; the last chunk's backward needs only its own F
+ *   I(c, i)  like B(c, i): input gradient only, keeps what W needs
+ *   W(c, i)  needs I(c, i) on the same rank: weight gradient
+ * Every (c, i) gets exactly one F and either one B or one I and one W, all on the
+ * rank that holds chunk c. */
+#ifndef TS_SCHEDULE_H
+#define TS_SCHEDULE_H
+
+#include <stdbool.h>
+
+#include "core/error.h"
+
+typedef enum {
+    TS_ACT_F, /* forward */
+    TS_ACT_B, /* full backward: input and weight gradient */
+    TS_ACT_I, /* backward for the input gradient only */
+    TS_ACT_W, /* backward for the weight gradient only */
+} ts_action_kind;
+
+typedef struct {
+    ts_action_kind kind;
+    int chunk; /* global chunk index, 0 .. n_chunks-1 */
+    int mb;    /* micro-batch, 0 .. m-1 */
+} ts_action;
+
+typedef struct {
+    char name[64];       /* "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", or the CSV path */
+    int pp, v, m;        /* pipeline ranks, chunks per rank, micro-batches */
+    int n_chunks;        /* pp * v */
+    int *n_actions;      /* [pp] */
+    ts_action **actions; /* [pp][n_actions[r]] */
+} ts_schedule;
+
+static inline int ts_chunk_rank(int chunk, int pp) { return chunk % pp; }
+static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]; }
+
+/* Build the named schedule ("gpipe" | "1f1b" | "interleaved-1f1b" | "zb-h1") or read
+ * a CSV file in torch.distributed.pipelining's compute-only format (one row per
+ * pipeline rank, cells "<stage><F|B|I|W><micro-batch>", empty cells ignored). Errors
+ * (unsupported combinations of pp, v, m; a malformed CSV) name the problem and the fix. */
+ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int m);
+void ts_schedule_free(ts_schedule *s);
+
+typedef struct {
+    int pp;
+    int *peak_activations;  /* [pp]: most micro-batch activations held at once per rank
+                               (counted per chunk: F adds one, B or W frees it) */
+    int total_peak;         /* max over ranks */
+} ts_schedule_report;
+
+/* Complete (every chunk does F and B — or I and W — of every micro-batch exactly once,
+ * on the rank that holds it), dependency-ordered per rank, and deadlock-free (a
+ * round-robin replay where each rank runs its next action once its dependencies are
+ * done reaches the end). On success fills *rep (may be NULL); free with
+ * ts_schedule_report_free. */
+ts_status ts_schedule_validate(const ts_schedule *s, ts_schedule_report *rep);
+void ts_schedule_report_free(ts_schedule_report *rep);
+
+/* Write the schedule as CSV in the same format (round trip for tests and users). */
+ts_status ts_schedule_write_csv(const ts_schedule *s, const char *path);
+
+#endif
