@@ -11,6 +11,7 @@ packages=(
   libopenblas-openmp-dev               # BLAS built on OpenMP: one thread pool with our kernels
   libjansson-dev                       # JSON (safetensors headers, metrics, plans)
   fortunes fortunes-min                # the demo's English text corpus
+  slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so
   "$@"
 )
 

@@ -11,6 +11,7 @@ static const char *k_usage =
     "  train CONFIG [--set KEY=VALUE ...]  train a model (run under mpirun/srun;\n"
     "                                      world size = parallel.pp * dp * tp)\n"
     "  data TEXT_FILE OUT.bin              byte-level tokens (vocab 256) into an llm.c shard\n"
+    "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp,tp) map, hosts, binding\n"
     "\n"
     "`tessera COMMAND --help` describes each command's options.\n"
     "Configs are libconfig files; see configs/tiny.cfg for every key with its default.\n";
@@ -24,6 +25,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "train")) return ts_cmd_train(argc, argv);
     if (!strcmp(argv[1], "data")) return ts_cmd_data(argc, argv);
+    if (!strcmp(argv[1], "topo")) return ts_cmd_topo(argc, argv);
     fprintf(stderr, "tessera: unknown command '%s'\n\n%s", argv[1], k_usage);
     return 2;
 }

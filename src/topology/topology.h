@@ -131,7 +131,7 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world);
  *  - otherwise local rank i of L gets cores [i*n/L, (i+1)*n/L) of the n cores (of the
  *    GPU's locality when the node has GPUs), in hwloc's logical order; if L > n, rank i
  *    gets core i mod n and rank 0 warns once that ranks outnumber cores;
- *  - TS_NO_BIND=1 binds nothing.
+ *  - TS_NO_BIND=1 binds nothing ("none"; a launcher's binding is still kept and named).
  * Threads = cfg->train.threads if > 0, else this rank's fair share of the cores it runs
  * on (cores shared with other local ranks count fractionally), at least 1.
  * Collective over t->world (call on every rank after ts_topo_init). A failed hwloc

@@ -83,7 +83,10 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, MPI_Comm world)
         ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
     if (st == TS_OK) st = open_data(t);
     if (st == TS_OK) st = open_metrics(t);
-    if (agree(st, world, t->rank) != TS_OK) return TS_ERR;
+    if (agree(st, world, t->rank) != TS_OK) {
+        ts_trainer_free(t);
+        return TS_ERR;
+    }
 
     const int B = cfg->parallel.micro_batch, T = cfg->model.seq_len;
     ts_acts_init(&t->acts, &t->model, 0, t->model.n_layers, B, T);

@@ -1,0 +1,227 @@
+/* tessera topo: where every rank of the grid sits (host, coordinates, cores, threads,
+ * binding, GPU) and which groups it forms. Builds the same ts_topology the trainer does,
+ * so what it prints is what a training run with the same launch would get. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "cli/cli.h"
+#include "config/config.h"
+#include "core/log.h"
+#include "topology/topology.h"
+
+static const char *k_help =
+    "usage: tessera topo [CONFIG] [--set KEY=VALUE ...]\n"
+    "\n"
+    "Print the rank -> (pp, dp, tp) map of the grid, the host and node of every rank, the\n"
+    "cores it is bound to, its thread count, who made the binding and its GPU, then the\n"
+    "tensor-, data- and pipeline-parallel groups and the embedding groups. Run it under\n"
+    "mpirun or srun exactly like `tessera train` to check a launch before training.\n"
+    "\n"
+    "  CONFIG            a libconfig file; its parallel.pp/dp/tp/order and train.threads\n"
+    "                    are used and the whole config is validated as train would.\n"
+    "                    Without CONFIG the grid is pp=1, dp=<ranks launched>, tp=1.\n"
+    "  --set KEY=VALUE   override a config key, e.g. --set parallel.tp=2\n"
+    "                    --set parallel.order=dp-tp-pp\n"
+    "\n"
+    "Binding: a binding the launcher made (srun --cpu-bind, mpirun --bind-to core) is kept\n"
+    "and shown as \"slurm\" or \"mpirun\"; otherwise tessera gives each rank of a node its\n"
+    "own contiguous block of cores (\"tessera\"). Threads per rank = its cores, unless\n"
+    "train.threads > 0. Cores are hwloc logical core indices.\n"
+    "\n"
+    "Environment:\n"
+    "  TS_NO_BIND=1      do not bind (binding \"none\")\n"
+    "  TS_FAKE_NODES=K   pretend every K consecutive ranks are a separate node\n"
+    "                    (\"fakenode0\", ...), to try multi-node layouts on one machine\n"
+    "\n"
+    "Warnings (a tensor-parallel group spanning nodes, more ranks than cores) go to stderr.\n";
+
+/* One rank's line of the table, gathered to rank 0 as bytes (same binary everywhere). */
+typedef struct {
+    int rank, node, local_rank, local_size;
+    ts_coords coords;
+    int threads, gpu, n_cores;
+    int hw_packages, hw_numa, hw_cores, hw_pus, hw_gpus;
+    char host[TS_HOST_MAX];
+    char cores[TS_CORES_STR_MAX];
+    char binding[16];
+    char gpu_name[64];
+} rank_row;
+
+static rank_row make_row(const ts_topology *t)
+{
+    rank_row r;
+    memset(&r, 0, sizeof r);
+    r.rank = t->rank;
+    r.node = t->node;
+    r.local_rank = t->local_rank;
+    r.local_size = t->local_size;
+    r.coords = t->coords;
+    r.threads = t->threads;
+    r.gpu = t->gpu;
+    r.n_cores = t->n_cores;
+    r.hw_packages = t->hw_packages;
+    r.hw_numa = t->hw_numa;
+    r.hw_cores = t->hw_cores;
+    r.hw_pus = t->hw_pus;
+    r.hw_gpus = t->hw_gpus;
+    snprintf(r.host, sizeof r.host, "%s", t->host);
+    snprintf(r.cores, sizeof r.cores, "%s", t->cores);
+    snprintf(r.binding, sizeof r.binding, "%s", t->binding);
+    snprintf(r.gpu_name, sizeof r.gpu_name, "%s", t->gpu_name);
+    return r;
+}
+
+static int max_int(int a, int b) { return a > b ? a : b; }
+
+static void print_nodes(const ts_topology *t, const rank_row *rows)
+{
+    int n = t->world_size, wh = 4;
+    for (int i = 0; i < n; i++) wh = max_int(wh, (int)strlen(rows[i].host));
+    printf("\n%-4s  %-*s  %-12s  %8s  %4s  %5s  %4s  %4s\n", "node", wh, "host", "ranks",
+           "packages", "numa", "cores", "pus", "gpus");
+    int *ranks = ts_malloc(sizeof(int) * (size_t)n);
+    char list[64];
+    for (int node = 0; node < t->n_nodes; node++) {
+        int k = 0, first = -1;
+        for (int i = 0; i < n; i++)
+            if (rows[i].node == node) {
+                if (first < 0) first = i;
+                ranks[k++] = i;
+            }
+        const rank_row *r = &rows[first];
+        printf("%-4d  %-*s  %-12s  %8d  %4d  %5d  %4d  %4d\n", node, wh, r->host,
+               ts_format_int_list(ranks, k, list, sizeof list), r->hw_packages, r->hw_numa,
+               r->hw_cores, r->hw_pus, r->hw_gpus);
+    }
+    free(ranks);
+}
+
+static void print_ranks(const ts_topology *t, const rank_row *rows)
+{
+    int n = t->world_size, wh = 4, wc = 5;
+    for (int i = 0; i < n; i++) {
+        wh = max_int(wh, (int)strlen(rows[i].host));
+        wc = max_int(wc, (int)strlen(rows[i].cores));
+    }
+    printf("\n%-4s  %-*s  %-4s  %-5s  %-10s  %-*s  %7s  %-9s  %s\n", "rank", wh, "host", "node",
+           "local", "(pp,dp,tp)", wc, "cores", "threads", "binding", "gpu");
+    for (int i = 0; i < n; i++) {
+        const rank_row *r = &rows[i];
+        char coords[40], gpu[96];
+        snprintf(coords, sizeof coords, "(%d,%d,%d)", r->coords.pp, r->coords.dp, r->coords.tp);
+        if (r->gpu < 0)
+            snprintf(gpu, sizeof gpu, "none");
+        else
+            snprintf(gpu, sizeof gpu, "%d %s", r->gpu, r->gpu_name);
+        printf("%-4d  %-*s  %-4d  %-5d  %-10s  %-*s  %7d  %-9s  %s\n", r->rank, wh, r->host,
+               r->node, r->local_rank, coords, wc, r->cores, r->threads, r->binding, gpu);
+    }
+}
+
+/* Every group along `axis` once (from its first member), as {a,b,...}. */
+static void print_groups(const ts_grid *g, ts_axis axis, const char *what)
+{
+    int size = g->size[axis];
+    int *members = ts_malloc(sizeof(int) * (size_t)size);
+    char list[256];
+    printf("  %-16s (%s=%d):", what, ts_axis_name(axis), size);
+    for (int r = 0; r < g->world; r++) {
+        ts_grid_group(g, r, axis, members);
+        if (members[0] == r) printf(" {%s}", ts_format_int_list(members, size, list, sizeof list));
+    }
+    printf("\n");
+    free(members);
+}
+
+static void print_report(const ts_topology *t, const ts_config *cfg, const rank_row *rows)
+{
+    const ts_grid *g = &t->grid;
+    printf("tessera topo: %d rank%s on %d node%s%s, grid pp=%d dp=%d tp=%d, order %s\n",
+           t->world_size, t->world_size == 1 ? "" : "s", t->n_nodes, t->n_nodes == 1 ? "" : "s",
+           t->fake_nodes ? " (TS_FAKE_NODES)" : "", g->size[TS_AXIS_PP], g->size[TS_AXIS_DP],
+           g->size[TS_AXIS_TP], cfg->parallel.order);
+    print_nodes(t, rows);
+    print_ranks(t, rows);
+
+    printf("\ngroups (global ranks, ordered by the group's coordinate):\n");
+    print_groups(g, TS_AXIS_TP, "tensor-parallel");
+    print_groups(g, TS_AXIS_DP, "data-parallel");
+    print_groups(g, TS_AXIS_PP, "pipeline");
+    printf("  %-16s (first, last stage):", "embedding");
+    int members[2];
+    char list[64];
+    for (int r = 0; r < g->world; r++) {
+        int k = ts_grid_embedding_group(g, r, members);
+        if (members[0] == r) printf(" {%s}", ts_format_int_list(members, k, list, sizeof list));
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+static int run(int argc, char **argv, int rank, int world_size)
+{
+    const char *path = NULL, *sets[256];
+    int n_sets = 0;
+    /* Without CONFIG the grid is pp=1 x dp=world x tp=1, with a batch that fits it; the
+     * user's --set options come after, so they win. */
+    char dp_set[64], batch_set[64];
+    snprintf(dp_set, sizeof dp_set, "parallel.dp=%d", world_size);
+    snprintf(batch_set, sizeof batch_set, "train.global_batch=%d", world_size);
+    const int n_defaults = 3;
+    if (ts_cli_parse_config_args(argc, argv, 2, &path, sets + n_defaults, 256 - n_defaults,
+                                 &n_sets, rank == 0) != 0)
+        return 2;
+    const char *const *overrides = sets + n_defaults;
+    if (!path) {
+        sets[0] = dp_set;
+        sets[1] = "parallel.micro_batch=1";
+        sets[2] = batch_set;
+        overrides = sets;
+        n_sets += n_defaults;
+    }
+
+    ts_config cfg;
+    if (ts_config_load(&cfg, path, overrides, n_sets, world_size) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    ts_topology t;
+    if (ts_topo_init(&t, &cfg, MPI_COMM_WORLD) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        ts_topo_free(&t);
+        return 1;
+    }
+    if (ts_topo_bind(&t, &cfg) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        ts_topo_free(&t);
+        return 1;
+    }
+
+    rank_row mine = make_row(&t);
+    rank_row *rows = rank == 0 ? ts_malloc(sizeof(rank_row) * (size_t)world_size) : NULL;
+    MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE, 0,
+               MPI_COMM_WORLD);
+    if (rank == 0) print_report(&t, &cfg, rows);
+    free(rows);
+    ts_topo_free(&t);
+    return 0;
+}
+
+int ts_cmd_topo(int argc, char **argv)
+{
+    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+        fputs(k_help, stdout);
+        return 0;
+    }
+    MPI_Init(&argc, &argv);
+    int rank, world_size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    ts_log_set_rank(rank);
+    int code = run(argc, argv, rank, world_size);
+    MPI_Finalize();
+    return code;
+}

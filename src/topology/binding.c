@@ -1,0 +1,346 @@
+/* Binding ranks to cores (and GPUs) with hwloc, and sizing the CPU thread pool.
+ *
+ * The policy (see ts_topo_bind in topology.h): keep a binding the launcher made; else
+ * split the node's cores into disjoint contiguous blocks, one per local rank, in hwloc's
+ * logical order (which walks package by package, NUMA node by NUMA node, so a block
+ * stays inside one when it can). On a node with GPUs, local rank i drives GPU
+ * i mod n_gpus and its block is cut from the cores near that GPU. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hwloc.h>
+
+#include "core/log.h"
+#include "kernels/kernels.h"
+#include "topology/topology.h"
+
+#define MAX_GPUS 64
+
+typedef struct {
+    hwloc_obj_t obj;
+    char name[64];
+} gpu_dev;
+
+/* --------------------------------------------------------------- GPUs -- */
+
+static bool starts_with(const char *s, const char *prefix)
+{
+    return s && strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* OS devices named by one GPU software stack ("cuda0", "nvml0", ...), in hwloc order. */
+static int osdevs_named(hwloc_topology_t topo, const char *prefix, gpu_dev *out)
+{
+    int n = 0;
+    for (hwloc_obj_t o = hwloc_get_next_osdev(topo, NULL); o && n < MAX_GPUS;
+         o = hwloc_get_next_osdev(topo, o)) {
+        hwloc_obj_osdev_type_t type = o->attr->osdev.type;
+        if ((type != HWLOC_OBJ_OSDEV_GPU && type != HWLOC_OBJ_OSDEV_COPROC) ||
+            !starts_with(o->name, prefix))
+            continue;
+        const char *model = hwloc_obj_get_info_by_name(o, "GPUModel");
+        out[n].obj = o;
+        if (model)
+            snprintf(out[n].name, sizeof out[n].name, "%s (%s)", o->name, model);
+        else
+            snprintf(out[n].name, sizeof out[n].name, "%s", o->name);
+        n++;
+    }
+    return n;
+}
+
+/* Without CUDA/NVML/ROCm plugins (Debian's hwloc has none) a GPU is still a PCI device:
+ * NVIDIA or AMD display controllers, 3D controllers, processing accelerators. */
+static int gpu_pcidevs(hwloc_topology_t topo, gpu_dev *out)
+{
+    int n = 0;
+    for (hwloc_obj_t o = hwloc_get_next_pcidev(topo, NULL); o && n < MAX_GPUS;
+         o = hwloc_get_next_pcidev(topo, o)) {
+        const struct hwloc_pcidev_attr_s *pci = &o->attr->pcidev;
+        bool gpu_vendor = pci->vendor_id == 0x10de || pci->vendor_id == 0x1002;
+        bool display = (pci->class_id >> 8) == 0x03;
+        if (!(pci->class_id == 0x0302 || pci->class_id == 0x1200 || (display && gpu_vendor)))
+            continue;
+        out[n].obj = o;
+        snprintf(out[n].name, sizeof out[n].name, "pci %04x:%02x:%02x.%x", pci->domain,
+                 pci->bus, pci->dev, pci->func);
+        n++;
+    }
+    return n;
+}
+
+/* CUDA_VISIBLE_DEVICES=2,3 renumbers the devices a process sees as 0, 1. Apply it to a
+ * list found without the CUDA runtime when it is a list of indices (UUIDs and MIG names
+ * cannot be matched to hwloc objects: the list is kept whole). */
+static int apply_visible_devices(gpu_dev *gpus, int n)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) return n;
+    gpu_dev picked[MAX_GPUS];
+    int k = 0;
+    const char *s = env;
+    while (*s) {
+        char *end;
+        long idx = strtol(s, &end, 10);
+        if (end == s || (*end != ',' && *end != '\0')) return n; /* not an index list */
+        if (idx < 0 || idx >= n) break; /* CUDA stops at the first invalid index */
+        if (k < MAX_GPUS) picked[k++] = gpus[idx];
+        s = *end == ',' ? end + 1 : end;
+    }
+    if (k > 0) memcpy(gpus, picked, sizeof(gpu_dev) * (size_t)k);
+    return k;
+}
+
+/* The node's GPUs as a CUDA program would number them: CUDA devices if hwloc's CUDA
+ * plugin is there, else NVML / ROCm SMI / OpenCL devices, else GPU-like PCI devices. */
+static int find_gpus(hwloc_topology_t topo, gpu_dev *gpus)
+{
+    int n = osdevs_named(topo, "cuda", gpus);
+    if (n > 0) return n; /* the CUDA runtime applied CUDA_VISIBLE_DEVICES already */
+    static const char *const prefixes[] = { "nvml", "rsmi", "opencl" };
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0] && n == 0; i++)
+        n = osdevs_named(topo, prefixes[i], gpus);
+    if (n == 0) n = gpu_pcidevs(topo, gpus);
+    return apply_visible_devices(gpus, n);
+}
+
+/* The CPUs near a device: those of its closest non-I/O ancestor, within `allowed`. */
+static hwloc_bitmap_t gpu_locality(hwloc_topology_t topo, const gpu_dev *gpu,
+                                   hwloc_const_bitmap_t allowed)
+{
+    hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(topo, gpu->obj);
+    hwloc_bitmap_t set = hwloc_bitmap_dup(anc && anc->cpuset ? anc->cpuset : allowed);
+    hwloc_bitmap_and(set, set, allowed);
+    if (hwloc_bitmap_iszero(set)) hwloc_bitmap_copy(set, allowed);
+    return set;
+}
+
+/* --------------------------------------------------------------- cores -- */
+
+/* The unit we hand out: cores, or PUs on the rare machine where hwloc reports no cores. */
+static hwloc_obj_type_t core_type(hwloc_topology_t topo)
+{
+    return hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
+}
+
+/* Cores entirely inside `set`, in logical order; returns the count (out may be NULL). */
+static int cores_inside(hwloc_topology_t topo, hwloc_const_bitmap_t set, hwloc_obj_t *out)
+{
+    int n = 0;
+    hwloc_obj_type_t type = core_type(topo);
+    for (hwloc_obj_t o = hwloc_get_next_obj_inside_cpuset_by_type(topo, set, type, NULL); o;
+         o = hwloc_get_next_obj_inside_cpuset_by_type(topo, set, type, o)) {
+        if (out) out[n] = o;
+        n++;
+    }
+    return n;
+}
+
+/* Who made an existing binding, judged from the launcher's environment. */
+static const char *binding_launcher(void)
+{
+    if (getenv("SLURM_CPU_BIND") || getenv("SLURM_CPU_BIND_TYPE")) return "slurm";
+    if (getenv("OMPI_MCA_orte_bound_at_launch") || getenv("OMPI_MCA_orte_hnp_uri"))
+        return "mpirun";
+    if (getenv("SLURM_JOB_ID")) return "slurm";
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("OMPI_COMM_WORLD_RANK")) return "mpirun";
+    return "inherited"; /* taskset, numactl, a container's cpuset, ... */
+}
+
+typedef struct {
+    hwloc_bitmap_t set; /* the CPUs this rank will run on */
+    bool oversubscribed; /* more local ranks than cores to give them */
+} plan;
+
+/* Tessera's own choice for local rank `i`: a contiguous block of the cores near its
+ * GPU (or of the node), shared with the other local ranks that are near the same cores. */
+static plan plan_binding(hwloc_topology_t topo, const ts_topology *t, const gpu_dev *gpus,
+                         int n_gpus)
+{
+    hwloc_const_bitmap_t allowed = hwloc_topology_get_allowed_cpuset(topo);
+    hwloc_bitmap_t near = n_gpus > 0 ? gpu_locality(topo, &gpus[t->local_rank % n_gpus], allowed)
+                                     : hwloc_bitmap_dup(allowed);
+    /* My index among the local ranks whose cores come from the same `near` set. */
+    int index = 0, peers = 0;
+    for (int j = 0; j < t->local_size; j++) {
+        bool same = true;
+        if (n_gpus > 0) {
+            hwloc_bitmap_t other = gpu_locality(topo, &gpus[j % n_gpus], allowed);
+            same = hwloc_bitmap_isequal(other, near);
+            hwloc_bitmap_free(other);
+        }
+        if (!same) continue;
+        if (j < t->local_rank) index++;
+        peers++;
+    }
+
+    plan p = { hwloc_bitmap_alloc(), false };
+    int n = cores_inside(topo, near, NULL);
+    if (n == 0) { /* no whole core near: fall back to the node */
+        hwloc_bitmap_copy(near, allowed);
+        n = cores_inside(topo, near, NULL);
+    }
+    hwloc_obj_t *cores = ts_malloc(sizeof(hwloc_obj_t) * (size_t)(n > 0 ? n : 1));
+    cores_inside(topo, near, cores);
+    if (n == 0) {
+        hwloc_bitmap_copy(p.set, allowed);
+    } else if (peers <= n) {
+        long lo = (long)index * n / peers, hi = (long)(index + 1) * n / peers;
+        for (long c = lo; c < hi; c++) hwloc_bitmap_or(p.set, p.set, cores[c]->cpuset);
+    } else {
+        hwloc_bitmap_or(p.set, p.set, cores[index % n]->cpuset);
+        p.oversubscribed = true;
+    }
+    free(cores);
+    hwloc_bitmap_free(near);
+    return p;
+}
+
+/* The cores (logical indices) `set` touches, as a list string; returns their count.
+ * flags[i] = 1 for each touched core i (of n_all). */
+static int describe_cores(hwloc_topology_t topo, hwloc_const_bitmap_t set, int *flags,
+                          int n_all, char *buf, size_t cap)
+{
+    hwloc_obj_type_t type = core_type(topo);
+    int *idx = ts_malloc(sizeof(int) * (size_t)(n_all > 0 ? n_all : 1));
+    int n = 0;
+    for (int i = 0; i < n_all; i++) {
+        hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, (unsigned)i);
+        flags[i] = o && o->cpuset && hwloc_bitmap_intersects(o->cpuset, set);
+        if (flags[i]) idx[n++] = i;
+    }
+    if (n == 0)
+        snprintf(buf, cap, "none");
+    else
+        ts_format_int_list(idx, n, buf, cap);
+    free(idx);
+    return n;
+}
+
+/* This rank's fair share of the cores it runs on: a core shared by k local ranks
+ * counts 1/k. At least one thread. */
+static int fair_threads(const ts_topology *t, const int *flags, int n_all)
+{
+    int *count = ts_malloc(sizeof(int) * (size_t)(n_all > 0 ? n_all : 1));
+    MPI_Allreduce(flags, count, n_all, MPI_INT, MPI_SUM, t->node_comm);
+    double share = 0;
+    for (int i = 0; i < n_all; i++)
+        if (flags[i] && count[i] > 0) share += 1.0 / count[i];
+    free(count);
+    int threads = (int)(share + 1e-6);
+    return threads < 1 ? 1 : threads;
+}
+
+/* Rank 0 warns once if any node has more ranks than cores to give them. */
+static void warn_oversubscription(const ts_topology *t, bool oversubscribed, int node_cores)
+{
+    int node = oversubscribed ? t->node : INT_MAX, first;
+    MPI_Allreduce(&node, &first, 1, MPI_INT, MPI_MIN, t->world);
+    if (first == INT_MAX) return;
+    int mine[2] = { 0, 0 }, there[2];
+    if (t->node == first) {
+        mine[0] = t->local_size;
+        mine[1] = node_cores;
+    }
+    MPI_Allreduce(mine, there, 2, MPI_INT, MPI_MAX, t->world);
+    ts_log_warn("ranks outnumber cores: %d ranks run on the %d cores of node %d (%s), so "
+                "they share cores and run 1 thread each; launch at most %d ranks per node "
+                "for a core each",
+                there[0], there[1], first, t->node_host[first], there[1]);
+}
+
+/* What hwloc tells and does for this rank: fills the node summary, the GPU, the binding
+ * and its cores; flags[i] = 1 for each core (of *n_all) the rank runs on (malloc'd).
+ * Returns false if hwloc cannot discover the node. Not collective. */
+static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscribed)
+{
+    static bool bound_by_us = false; /* a second call must not mistake ours for mpirun's */
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0) return false;
+    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_load(topo) != 0) {
+        hwloc_topology_destroy(topo);
+        return false;
+    }
+    t->hw_packages = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
+    t->hw_numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+    t->hw_cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+    t->hw_pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
+    gpu_dev gpus[MAX_GPUS];
+    int n_gpus = find_gpus(topo, gpus);
+    t->hw_gpus = n_gpus;
+    t->gpu = n_gpus > 0 ? t->local_rank % n_gpus : -1;
+    snprintf(t->gpu_name, sizeof t->gpu_name, "%s", n_gpus > 0 ? gpus[t->gpu].name : "none");
+
+    hwloc_const_bitmap_t allowed = hwloc_topology_get_allowed_cpuset(topo);
+    hwloc_bitmap_t current = hwloc_bitmap_alloc();
+    if (hwloc_get_cpubind(topo, current, HWLOC_CPUBIND_PROCESS) != 0)
+        hwloc_bitmap_copy(current, allowed);
+    const char *no_bind = getenv("TS_NO_BIND");
+    hwloc_bitmap_t set;
+
+    if (!hwloc_bitmap_isincluded(allowed, current)) {
+        /* Bound to part of the machine already: by the launcher (keep it), or by us. */
+        set = hwloc_bitmap_dup(current);
+        snprintf(t->binding, sizeof t->binding, "%s",
+                 bound_by_us ? "tessera" : binding_launcher());
+    } else if (no_bind && *no_bind && strcmp(no_bind, "0") != 0) {
+        set = hwloc_bitmap_dup(current);
+        snprintf(t->binding, sizeof t->binding, "none");
+    } else {
+        plan p = plan_binding(topo, t, gpus, n_gpus);
+        set = p.set;
+        *oversubscribed = p.oversubscribed;
+        if (hwloc_set_cpubind(topo, set, HWLOC_CPUBIND_PROCESS) == 0) {
+            bound_by_us = !hwloc_bitmap_isincluded(allowed, set);
+            snprintf(t->binding, sizeof t->binding, "tessera");
+        } else {
+            char *want = NULL;
+            hwloc_bitmap_list_asprintf(&want, set);
+            ts_log_any("tessera: warning: could not bind to CPUs %s (hwloc_set_cpubind "
+                       "failed); running unbound",
+                       want ? want : "?");
+            free(want);
+            hwloc_bitmap_copy(set, current);
+            snprintf(t->binding, sizeof t->binding, "none");
+        }
+    }
+
+    *n_all = hwloc_get_nbobjs_by_type(topo, core_type(topo));
+    *flags = ts_calloc((size_t)(*n_all > 0 ? *n_all : 1), sizeof(int));
+    t->n_cores = describe_cores(topo, set, *flags, *n_all, t->cores, sizeof t->cores);
+    hwloc_bitmap_free(set);
+    hwloc_bitmap_free(current);
+    hwloc_topology_destroy(topo);
+    return true;
+}
+
+ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
+{
+    int *flags = NULL, n_all = 0;
+    bool oversubscribed = false;
+    if (!bind_here(t, &flags, &n_all, &oversubscribed)) {
+        ts_log_any("tessera: warning: hwloc cannot discover this node; running unbound "
+                   "with 1 thread unless train.threads says otherwise");
+        snprintf(t->binding, sizeof t->binding, "none");
+        snprintf(t->cores, sizeof t->cores, "unknown");
+    }
+
+    /* The collectives below run on every rank, whatever hwloc said, with sizes agreed
+     * over the node (a rank that saw no cores contributes zeros). */
+    int n_node;
+    MPI_Allreduce(&n_all, &n_node, 1, MPI_INT, MPI_MAX, t->node_comm);
+    int *node_flags = ts_calloc((size_t)(n_node > 0 ? n_node : 1), sizeof(int));
+    if (flags && n_all == n_node) memcpy(node_flags, flags, sizeof(int) * (size_t)n_all);
+    int fair = fair_threads(t, node_flags, n_node);
+    free(node_flags);
+    free(flags);
+    warn_oversubscription(t, oversubscribed, n_node);
+
+    t->threads = cfg->train.threads > 0 ? cfg->train.threads : fair;
+    ts_cpu_set_threads(t->threads);
+    t->bound = true;
+    return TS_OK;
+}

@@ -1,0 +1,191 @@
+/* The communicators of the grid and the node layout. This is the only file that calls
+ * MPI_Comm_split: every other module gets its groups from a ts_topology. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "topology/topology.h"
+
+/* TS_FAKE_NODES=K: ranks per pretend node; 0 when unset. */
+static ts_status fake_nodes_env(int *k)
+{
+    *k = 0;
+    const char *s = getenv("TS_FAKE_NODES");
+    if (!s || !*s) return TS_OK;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end != '\0' || v < 1 || v > INT_MAX)
+        return ts_fail("TS_FAKE_NODES = '%s' must be a positive integer (ranks per pretend "
+                       "node); unset it to use the real node layout",
+                       s);
+    *k = (int)v;
+    return TS_OK;
+}
+
+/* Split `world` into the group along `axis` containing this rank, ranked by the axis
+ * coordinate. The color is the group's first member, unique per group. */
+static void split_axis(ts_topology *t, ts_axis axis, MPI_Comm *out)
+{
+    int *members = ts_malloc(sizeof(int) * (size_t)t->grid.size[axis]);
+    ts_grid_group(&t->grid, t->rank, axis, members);
+    MPI_Comm_split(t->world, members[0], ts_coords_get(t->coords, axis), out);
+    free(members);
+}
+
+/* Which ranks share a node: MPI's shared-memory split, or the pretend layout. Numbers the
+ * nodes by their lowest world rank and learns every rank's node and every node's host. */
+static void discover_nodes(ts_topology *t, int fake_k)
+{
+    if (fake_k > 0) {
+        MPI_Comm_split(t->world, t->rank / fake_k, t->rank, &t->node_comm);
+        snprintf(t->host, sizeof t->host, "fakenode%d", t->rank / fake_k);
+    } else {
+        MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL,
+                            &t->node_comm);
+        char name[MPI_MAX_PROCESSOR_NAME];
+        int len = 0;
+        MPI_Get_processor_name(name, &len);
+        name[len < MPI_MAX_PROCESSOR_NAME ? len : MPI_MAX_PROCESSOR_NAME - 1] = '\0';
+        snprintf(t->host, sizeof t->host, "%s", name);
+    }
+    MPI_Comm_rank(t->node_comm, &t->local_rank);
+    MPI_Comm_size(t->node_comm, &t->local_size);
+
+    /* The node's leader is its lowest world rank (local rank 0: the key was the rank). */
+    int leader = t->rank;
+    MPI_Bcast(&leader, 1, MPI_INT, 0, t->node_comm);
+    int n = t->world_size;
+    int *leaders = ts_malloc(sizeof(int) * (size_t)n);
+    MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, t->world);
+    char(*hosts)[TS_HOST_MAX] = ts_malloc((size_t)n * TS_HOST_MAX);
+    MPI_Allgather(t->host, TS_HOST_MAX, MPI_CHAR, hosts, TS_HOST_MAX, MPI_CHAR, t->world);
+
+    /* Leaders in rank order get node indices 0, 1, ...; others take their leader's. */
+    int *index = ts_malloc(sizeof(int) * (size_t)n);
+    t->n_nodes = 0;
+    for (int r = 0; r < n; r++) index[r] = leaders[r] == r ? t->n_nodes++ : -1;
+    t->node_of_rank = ts_malloc(sizeof(int) * (size_t)n);
+    t->node_host = ts_malloc((size_t)t->n_nodes * TS_HOST_MAX);
+    for (int r = 0; r < n; r++) {
+        t->node_of_rank[r] = index[leaders[r]];
+        if (leaders[r] == r) memcpy(t->node_host[index[r]], hosts[r], TS_HOST_MAX);
+    }
+    t->node = t->node_of_rank[t->rank];
+    free(index);
+    free(hosts);
+    free(leaders);
+}
+
+/* Number of distinct nodes among `members`; their indices go to nodes[] in first-seen
+ * order. */
+static int distinct_nodes(const ts_topology *t, const int *members, int n, int *nodes)
+{
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        int node = t->node_of_rank[members[i]], seen = 0;
+        for (int j = 0; j < count && !seen; j++) seen = nodes[j] == node;
+        if (!seen) nodes[count++] = node;
+    }
+    return count;
+}
+
+/* A tensor-parallel group all-reduces every layer: it belongs inside one node. Every
+ * rank learns whether its own group spans nodes; rank 0 warns once for the job. */
+static void check_tp_locality(ts_topology *t)
+{
+    const ts_grid *g = &t->grid;
+    int tp = g->size[TS_AXIS_TP];
+    int *members = ts_malloc(sizeof(int) * (size_t)tp);
+    int *nodes = ts_malloc(sizeof(int) * (size_t)tp);
+    ts_grid_group(g, t->rank, TS_AXIS_TP, members);
+    t->tp_nodes = distinct_nodes(t, members, tp, nodes);
+
+    if (t->rank == 0) {
+        int first = -1, n_bad = 0, n_groups = 0;
+        for (int r = 0; r < g->world; r++) {
+            ts_grid_group(g, r, TS_AXIS_TP, members);
+            if (members[0] != r) continue; /* each group once, from its first member */
+            n_groups++;
+            if (distinct_nodes(t, members, tp, nodes) > 1 && n_bad++ == 0) first = r;
+        }
+        if (n_bad > 0) {
+            ts_grid_group(g, first, TS_AXIS_TP, members);
+            int n_nodes = distinct_nodes(t, members, tp, nodes);
+            char ranks[128], names[256] = "";
+            size_t len = 0;
+            for (int i = 0; i < n_nodes && len + 1 < sizeof names; i++) {
+                int w = snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                 t->node_host[nodes[i]]);
+                if (w < 0) break;
+                len += (size_t)w;
+            }
+            char more[96] = "";
+            if (n_bad > 1)
+                snprintf(more, sizeof more, " (%d of the %d tensor-parallel groups span nodes)",
+                         n_bad, n_groups);
+            ts_log_warn("tensor-parallel group {ranks %s} spans %d nodes (%s): tp all-reduces "
+                        "will cross the network; use parallel.order = \"tp-dp-pp\" and tp <= "
+                        "ranks per node%s",
+                        ts_format_int_list(members, tp, ranks, sizeof ranks), n_nodes, names,
+                        more);
+        }
+    }
+    free(nodes);
+    free(members);
+}
+
+ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
+{
+    memset(t, 0, sizeof *t);
+    t->tp_comm = t->dp_comm = t->pp_comm = MPI_COMM_NULL;
+    t->embed_comm = t->node_comm = MPI_COMM_NULL;
+    t->gpu = -1;
+    snprintf(t->binding, sizeof t->binding, "none");
+    snprintf(t->gpu_name, sizeof t->gpu_name, "none");
+    t->world = world;
+    MPI_Comm_rank(world, &t->rank);
+    MPI_Comm_size(world, &t->world_size);
+
+    /* Every check before the first collective, so all ranks fail alike. */
+    const ts_parallel_config *p = &cfg->parallel;
+    if (ts_grid_init(&t->grid, p->pp, p->dp, p->tp, p->order) != TS_OK) return TS_ERR;
+    if (t->grid.world != t->world_size)
+        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %d does not match the %d ranks "
+                       "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
+                       p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
+    int fake_k;
+    if (fake_nodes_env(&fake_k) != TS_OK) return TS_ERR;
+    t->fake_nodes = fake_k > 0;
+
+    t->coords = ts_grid_coords(&t->grid, t->rank);
+    split_axis(t, TS_AXIS_TP, &t->tp_comm);
+    split_axis(t, TS_AXIS_DP, &t->dp_comm);
+    split_axis(t, TS_AXIS_PP, &t->pp_comm);
+    t->pp_prev = ts_grid_pp_prev(&t->grid, t->rank);
+    t->pp_next = ts_grid_pp_next(&t->grid, t->rank);
+
+    /* Collective over world: ranks outside every embedding group pass MPI_UNDEFINED and
+     * get MPI_COMM_NULL. Color: the group's first stage; key: the pipeline coordinate. */
+    t->n_embed = ts_grid_embedding_group(&t->grid, t->rank, t->embed_members);
+    bool in_embed = ts_grid_in_embedding_group(&t->grid, t->rank);
+    MPI_Comm_split(world, in_embed ? t->embed_members[0] : MPI_UNDEFINED, t->coords.pp,
+                   &t->embed_comm);
+
+    discover_nodes(t, fake_k);
+    check_tp_locality(t);
+    return TS_OK;
+}
+
+void ts_topo_free(ts_topology *t)
+{
+    MPI_Comm *comms[] = { &t->tp_comm, &t->dp_comm, &t->pp_comm, &t->embed_comm,
+                          &t->node_comm };
+    for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++)
+        if (*comms[i] != MPI_COMM_NULL && *comms[i] != 0) MPI_Comm_free(comms[i]);
+    free(t->node_of_rank);
+    free(t->node_host);
+    t->node_of_rank = NULL;
+    t->node_host = NULL;
+}

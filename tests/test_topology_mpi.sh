@@ -1,0 +1,117 @@
+# tessera topo under mpirun: the rank -> (pp,dp,tp) map, core binding (ours and
+# mpirun's), node-layout warnings with TS_FAKE_NODES, and the grid-size error.
+source "$(dirname "$0")/lib.sh"
+
+cfg="$SRC/configs/tiny.cfg"
+
+# rows FILE: the rank table's lines (they alone carry "(pp,dp,tp)" coordinates).
+rows() { grep -E '^[0-9]+ +.*\([0-9]+,[0-9]+,[0-9]+\)' "$1"; }
+
+# expand LIST: "0-2,5" -> "0 1 2 5" (one per line).
+expand() {
+  tr ',' '\n' <<<"$1" | awk -F- '{ hi = NF > 1 ? $2 : $1; for (i = $1; i <= hi; i++) print i }'
+}
+
+# Columns of a rank row: rank host node local (pp,dp,tp) cores threads binding gpu...
+col() { awk -v c="$1" '{ print $c }'; }
+
+# 1. pp=2 dp=2 tp=2 on 8 ranks: tp varies fastest, then dp, then pp.
+if run_np 8 topo "$cfg" --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2; then
+  n=$(rows "$TMP/out" | wc -l)
+  [ "$n" -eq 8 ] && pass || fail "expected 8 rank rows, got $n"
+  bad=0
+  for r in 0 1 2 3 4 5 6 7; do
+    want="($((r / 4)),$((r / 2 % 2)),$((r % 2)))"
+    got=$(rows "$TMP/out" | awk -v r="$r" '$1 == r { print $5 }')
+    [ "$got" = "$want" ] || { bad=1; echo "rank $r: got '$got', want '$want'" >&2; }
+  done
+  [ "$bad" -eq 0 ] && pass || fail "wrong coordinates for pp=dp=tp=2"
+  grep -q "tensor-parallel.*{0-1} {2-3} {4-5} {6-7}" "$TMP/out" && pass || fail "tp groups"
+  grep -q "data-parallel.*{0,2} {1,3} {4,6} {5,7}" "$TMP/out" && pass || fail "dp groups"
+  grep -q "pipeline.*{0,4} {1,5} {2,6} {3,7}" "$TMP/out" && pass || fail "pp groups"
+  grep -q "embedding.*{0,4} {1,5} {2,6} {3,7}" "$TMP/out" && pass || fail "embedding groups"
+  # 8 ranks on this 2-core machine share cores: warned once.
+  c=$(grep -c "ranks outnumber cores" "$TMP/err" || true)
+  [ "$c" -eq 1 ] && pass || fail "expected the oversubscription warning once, got $c"
+else
+  fail "topo pp=dp=tp=2 on 8 ranks failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 2. Another order: dp-tp-pp puts data-parallel replicas on consecutive ranks.
+if run_np 4 topo "$cfg" --set parallel.dp=2 --set parallel.tp=2 --set parallel.order=dp-tp-pp; then
+  got=$(rows "$TMP/out" | col 5 | tr '\n' ' ')
+  [ "$got" = "(0,0,0) (0,1,0) (0,0,1) (0,1,1) " ] && pass || fail "dp-tp-pp coordinates: $got"
+  grep -q "tensor-parallel.*{0,2} {1,3}" "$TMP/out" && pass || fail "dp-tp-pp tp groups"
+else
+  fail "topo dp-tp-pp failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 3. No launcher binding, 2 ranks on 2 cores: tessera gives each its own core and thread.
+if timeout 120 mpirun --bind-to none -np 2 "$TESSERA" topo >"$TMP/out" 2>"$TMP/err"; then
+  c0=$(rows "$TMP/out" | awk '$1 == 0 { print $6 }')
+  c1=$(rows "$TMP/out" | awk '$1 == 1 { print $6 }')
+  shared=$(cat <(expand "$c0") <(expand "$c1") | sort | uniq -d | wc -l)
+  [ -n "$c0" ] && [ -n "$c1" ] && [ "$shared" -eq 0 ] && pass ||
+    fail "cores not disjoint: '$c0' '$c1'"
+  if [ "$(nproc)" -eq 2 ]; then # this 2-core machine: one core and one thread each
+    got=$(rows "$TMP/out" | awk '{ print $6, $7 }' | tr '\n' ' ')
+    [ "$got" = "0 1 1 1 " ] && pass || fail "expected cores 0 and 1, 1 thread each: '$got'"
+  fi
+  binding=$(rows "$TMP/out" | col 8 | sort -u | tr '\n' ' ')
+  [ "$binding" = "tessera " ] && pass || fail "expected binding tessera, got $binding"
+  grep -q "rank.*cores.*threads.*binding.*gpu" "$TMP/out" && pass || fail "table header"
+else
+  fail "topo --bind-to none failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 4. mpirun's own binding is kept and attributed to it.
+if timeout 120 mpirun --bind-to core -np 2 "$TESSERA" topo >"$TMP/out" 2>"$TMP/err"; then
+  binding=$(rows "$TMP/out" | col 8 | sort -u | tr '\n' ' ')
+  [ "$binding" = "mpirun " ] && pass || fail "expected binding mpirun, got '$binding'"
+  c0=$(rows "$TMP/out" | awk '$1 == 0 { print $6 }')
+  c1=$(rows "$TMP/out" | awk '$1 == 1 { print $6 }')
+  [ "$c0" != "$c1" ] && pass || fail "mpirun --bind-to core: cores '$c0' '$c1'"
+else
+  fail "topo --bind-to core failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 5. TS_NO_BIND=1: nothing bound, the 2 cores shared fairly (1 thread each).
+if TS_NO_BIND=1 timeout 120 mpirun --bind-to none -np 2 "$TESSERA" topo \
+    >"$TMP/out" 2>"$TMP/err"; then
+  got=$(rows "$TMP/out" | awk '{ print $6, $8 }' | sort -u | wc -l)
+  binding=$(rows "$TMP/out" | col 8 | sort -u | tr '\n' ' ')
+  [ "$got" -eq 1 ] && [ "$binding" = "none " ] && pass || fail "TS_NO_BIND: '$binding', $got"
+  if [ "$(nproc)" -eq 2 ]; then
+    got=$(rows "$TMP/out" | awk '{ print $6, $7 }' | sort -u | tr '\n' ' ')
+    [ "$got" = "0-1 1 " ] && pass || fail "TS_NO_BIND: expected both cores, 1 thread: '$got'"
+  fi
+else
+  fail "topo TS_NO_BIND failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 6. Pretend nodes of 2 ranks: a tp=4 group spans 2 of them (warned once); tp=2 in
+#    tp-dp-pp order stays inside one (no warning).
+if TS_FAKE_NODES=2 run_np 4 topo "$cfg" --set parallel.tp=4; then
+  warning="tensor-parallel group {ranks 0-3} spans 2 nodes (fakenode0, fakenode1)"
+  c=$(cat "$TMP/out" "$TMP/err" | grep -cF "$warning" || true)
+  [ "$c" -eq 1 ] && pass || fail "expected the cross-node tp warning once, got $c"
+  hosts=$(rows "$TMP/out" | col 2 | tr '\n' ' ')
+  [ "$hosts" = "fakenode0 fakenode0 fakenode1 fakenode1 " ] && pass || fail "fake hosts: $hosts"
+else
+  fail "topo TS_FAKE_NODES tp=4 failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+if TS_FAKE_NODES=2 run_np 4 topo "$cfg" --set parallel.tp=2 --set parallel.dp=2; then
+  grep -q "spans" "$TMP/err" && fail "tp=2 inside 2-rank nodes warned" || pass
+else
+  fail "topo TS_FAKE_NODES tp=2 failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 7. The grid must match the ranks launched: one message, non-zero exit everywhere.
+expect_error 3 "pp\*dp\*tp = 1\*1\*1 = 1 does not match the 3 ranks" topo "$cfg"
+expect_error 2 "parallel.order" topo "$cfg" --set parallel.order=tp-tp-pp
+TS_FAKE_NODES=zero expect_error 2 "TS_FAKE_NODES" topo
+
+# 8. Help.
+"$TESSERA" topo --help | grep -q "usage: tessera topo" && pass || fail "topo --help"
+"$TESSERA" --help | grep -q "topo" && pass || fail "tessera --help lists topo"
+finish
