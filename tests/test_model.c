@@ -161,8 +161,69 @@ static void test_init_from_file(void)
     ts_model_free(&dst);
 }
 
+/* Forward/backward of the whole layer list equals running it as two chunks (the
+ * second fed the first's output) and equals the split I + W backward, bit for bit. */
+static void test_chunks_and_split_backward(void)
+{
+    ts_model_config mc = tiny();
+    const int B = 2, T = 8, N = B * T, C = mc.n_embd;
+    ts_model m;
+    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&m, 99);
+    ts_scratch sc;
+    ts_scratch_init(&sc, &m, B, T);
+    float *dx = ts_alloc_floats((size_t)N * C);
+    float *ref = ts_alloc_floats(m.num_floats);
+    const float dloss = 1.0f / N;
+
+    ts_acts whole;
+    ts_acts_init(&whole, &m, 0, m.n_layers, B, T);
+    for (int i = 0; i < N; i++) whole.tokens[i] = (i * 7) % mc.vocab_size, whole.targets[i] = (i * 5 + 1) % mc.vocab_size;
+    double loss_whole = 0;
+    memset(m.grad_mem, 0, m.num_floats * sizeof(float));
+    ts_model_forward(&m, &whole, dloss, &loss_whole);
+    ts_model_backward(&m, &whole, dx, &sc, NULL, NULL);
+    memcpy(ref, m.grad_mem, m.num_floats * sizeof(float));
+
+    /* Two chunks: layers [0,2) and [2, L+2). */
+    ts_acts c0, c1;
+    ts_acts_init(&c0, &m, 0, 2, B, T);
+    ts_acts_init(&c1, &m, 2, m.n_layers, B, T);
+    memcpy(c0.tokens, whole.tokens, N * sizeof(int));
+    memcpy(c1.targets, whole.targets, N * sizeof(int));
+    double loss_chunks = 0;
+    memset(m.grad_mem, 0, m.num_floats * sizeof(float));
+    ts_model_forward(&m, &c0, dloss, NULL);
+    c1.input = ts_acts_output(&m, &c0, 1);
+    ts_model_forward(&m, &c1, dloss, &loss_chunks);
+    ts_model_backward(&m, &c1, dx, &sc, NULL, NULL);
+    ts_model_backward(&m, &c0, dx, &sc, NULL, NULL);
+    CHECK(loss_chunks == loss_whole);
+    CHECKF(!memcmp(ref, m.grad_mem, m.num_floats * sizeof(float)), "chunked gradients differ");
+
+    /* Split backward per chunk: I of both chunks, then W of both. */
+    memset(m.grad_mem, 0, m.num_floats * sizeof(float));
+    ts_model_forward(&m, &c0, dloss, NULL);
+    ts_model_forward(&m, &c1, dloss, NULL);
+    ts_model_backward_input(&m, &c1, dx, &sc);
+    ts_model_backward_input(&m, &c0, dx, &sc);
+    ts_model_backward_weight(&m, &c0);
+    ts_model_backward_weight(&m, &c1);
+    CHECKF(!memcmp(ref, m.grad_mem, m.num_floats * sizeof(float)), "I + W differs from B");
+    CHECK(c0.wstash == NULL && c1.wstash == NULL);
+
+    ts_acts_free(&c0);
+    ts_acts_free(&c1);
+    ts_acts_free(&whole);
+    ts_scratch_free(&sc);
+    free(dx);
+    free(ref);
+    ts_model_free(&m);
+}
+
 int main(void)
 {
+    test_chunks_and_split_backward();
     test_layer_list();
     test_init_by_index();
     test_init_from_file();

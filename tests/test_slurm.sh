@@ -30,7 +30,7 @@ if run_np 2 "${common[@]}" --set "log.metrics=\"$TMP/mpirun.jsonl\""; then pass;
 [ "$(losses "$TMP/mpirun.jsonl" | wc -l)" -eq 5 ] && pass || fail "mpirun run: expected 5 step lines"
 
 start=$SECONDS
-slurm_cluster_up "$D" || skip "cannot bring up a one-node Slurm cluster here: $SLURM_UP_ERROR"
+slurm_cluster_up "$D" || skip "cannot bring up a one-node Slurm cluster here: $SLURM_CLUSTER_ERROR"
 echo "cluster up in $((SECONDS - start)) s (SLURM_CONF=$SLURM_CONF)"
 
 timeout 10 srun --mpi=list >"$TMP/mpilist" 2>&1
@@ -44,11 +44,11 @@ if [ "$(sort "$TMP/ids" | tr '\n' ' ')" = "0/2/0 1/2/1 " ]; then pass; else
   cat "$TMP/ids.err" >&2
 fi
 
-# tessera train under srun: the same two ranks' world through PMIx, the same losses.
+# tessera train under srun: the same losses as mpirun's. (A rank that missed the
+# PMIx wire-up would be a singleton, and tessera refuses dp=2 on one rank.)
 if timeout 60 srun --mpi=pmix -N 1 -n 2 --export=ALL,OMP_NUM_THREADS=1 "$TESSERA" "${common[@]}" \
      --set "log.metrics=\"$TMP/srun.jsonl\"" >"$TMP/srun.out" 2>"$TMP/srun.err"; then
   pass
-  grep -q "dp=2 tp=1 (2 ranks)" "$TMP/srun.err" && pass || fail "srun: tessera did not see a 2-rank world"
   [ "$(losses "$TMP/srun.jsonl" | wc -l)" -eq 5 ] && pass || fail "srun run: expected 5 step lines"
   if cmp -s <(losses "$TMP/mpirun.jsonl") <(losses "$TMP/srun.jsonl"); then pass; else
     fail "srun and mpirun losses differ"; paste <(losses "$TMP/mpirun.jsonl") <(losses "$TMP/srun.jsonl") >&2
@@ -65,7 +65,6 @@ if TESSERA="$TESSERA" TESSERA_CONFIG="$SRC/configs/tiny.cfg" MICRO_BATCH=4 GRAD_
      --set train.steps=5 --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' \
      --set data.eval_every=0 --set "log.metrics=\"$TMP/sbatch.jsonl\"" >"$TMP/sbatch.err" 2>&1; then
   pass
-  grep -q "dp=2 tp=1 (2 ranks)" "$TMP/sbatch.out" && pass || fail "sbatch: tessera did not see a 2-rank world"
   if cmp -s <(losses "$TMP/mpirun.jsonl") <(losses "$TMP/sbatch.jsonl"); then pass; else
     fail "sbatch and mpirun losses differ"; paste <(losses "$TMP/mpirun.jsonl") <(losses "$TMP/sbatch.jsonl") >&2
   fi

@@ -36,7 +36,8 @@ typedef struct ts_kernels {
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC);
     /* dinp[N,C] = dout @ weight (skipped when dinp is NULL);
-     * dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum over rows of dout (if dbias). */
+     * dweight[OC,C] += dout^T @ inp (skipped when dweight is NULL);
+     * dbias[OC] += sum over rows of dout (if dbias). */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
 

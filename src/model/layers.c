@@ -95,6 +95,7 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
 
 void ts_acts_free(ts_acts *a)
 {
+    free(a->wstash);
     free(a->tokens);
     free(a->targets);
     free(a->layer_off);
@@ -271,4 +272,130 @@ void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
         }
         if (layer_done) layer_done(ctx, l);
     }
+}
+
+/* ------------------------------------------- zero-bubble split: I then W */
+
+/* Per block, the stash keeps: d_out (block output gradient, the c_proj of the MLP's
+ * dout) [N,C], d_fch (c_fc's dout) [N,4C], d_res2 (attn c_proj's dout) [N,C], d_qkv
+ * (c_attn's dout) [N,3C]: 9 N C floats. */
+enum { STASH_PER_BLOCK = 9 };
+
+static float *block_stash(const ts_model *m, const ts_acts *a, int l)
+{
+    int blocks_before = 0;
+    for (int j = a->l0; j < l; j++) blocks_before += m->layers[j].kind == TS_LAYER_BLOCK;
+    return a->wstash + (size_t)blocks_before * STASH_PER_BLOCK * a->B * a->T * m->n_embd;
+}
+
+static void block_backward_input(const ts_model *m, const ts_acts *a, int l, const float *x,
+                                 float *dx, ts_scratch *sc)
+{
+    const ts_kernels *k = m->k;
+    const int B = a->B, T = a->T, C = m->n_embd, NH = m->n_head, N = B * T;
+    const size_t NC = (size_t)N * C;
+    const int p0 = m->layers[l].first_param;
+#define W(i) ts_param_data(m, p0 + (i))
+#define G(i) ts_param_grad(m, p0 + (i))
+    block_acts s = block_views(m, a, l);
+    float *st = block_stash(m, a, l);
+    float *d_out = st, *d_fch = st + NC, *d_res2 = st + 5 * NC, *d_qkv = st + 6 * NC;
+    float *bufc = sc->mem + 4 * NC;
+    float *att_scratch = bufc + NC;
+
+    memcpy(d_out, dx, NC * sizeof(float));
+    k->matmul_backward(d_fch, NULL, G(TS_B_FCPROJ_B), d_out, s.fch_gelu, W(TS_B_FCPROJ_W), N,
+                       4 * C, C);
+    k->gelu_backward(d_fch, s.fch, d_fch, 4 * NC);
+    k->matmul_backward(bufc, NULL, G(TS_B_FC_B), d_fch, s.ln2, W(TS_B_FC_W), N, C, 4 * C);
+    k->layernorm_backward(dx, G(TS_B_LN2_W), G(TS_B_LN2_B), bufc, s.res2, W(TS_B_LN2_W),
+                          s.ln2_mean, s.ln2_rstd, N, C);
+    memcpy(d_res2, dx, NC * sizeof(float));
+    k->matmul_backward(bufc, NULL, G(TS_B_ATTPROJ_B), d_res2, s.atty, W(TS_B_ATTPROJ_W), N, C, C);
+    k->attention_backward(d_qkv, att_scratch, bufc, s.qkv, s.att, B, T, NH, C / NH);
+    k->matmul_backward(bufc, NULL, G(TS_B_QKV_B), d_qkv, s.ln1, W(TS_B_QKV_W), N, C, 3 * C);
+    k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, W(TS_B_LN1_W), s.ln1_mean,
+                          s.ln1_rstd, N, C);
+#undef W
+#undef G
+}
+
+static void block_backward_weight(const ts_model *m, const ts_acts *a, int l)
+{
+    const ts_kernels *k = m->k;
+    const int C = m->n_embd, N = a->B * a->T;
+    const size_t NC = (size_t)N * C;
+    const int p0 = m->layers[l].first_param;
+#define G(i) ts_param_grad(m, p0 + (i))
+    block_acts s = block_views(m, a, l);
+    float *st = block_stash(m, a, l);
+    k->matmul_backward(NULL, G(TS_B_FCPROJ_W), NULL, st, s.fch_gelu, NULL, N, 4 * C, C);
+    k->matmul_backward(NULL, G(TS_B_FC_W), NULL, st + NC, s.ln2, NULL, N, C, 4 * C);
+    k->matmul_backward(NULL, G(TS_B_ATTPROJ_W), NULL, st + 5 * NC, s.atty, NULL, N, C, C);
+    k->matmul_backward(NULL, G(TS_B_QKV_W), NULL, st + 6 * NC, s.ln1, NULL, N, C, 3 * C);
+#undef G
+}
+
+void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s)
+{
+    const size_t NC = (size_t)a->B * a->T * m->n_embd;
+    int blocks = 0;
+    for (int l = a->l0; l < a->l1; l++) blocks += m->layers[l].kind == TS_LAYER_BLOCK;
+    TS_ASSERT(a->wstash == NULL);
+    /* The blocks' stashes, then (for the first chunk) the embedding output's gradient. */
+    a->wstash = ts_alloc_floats((size_t)blocks * STASH_PER_BLOCK * NC + (a->l0 == 0 ? NC : 0));
+    for (int l = a->l1 - 1; l >= a->l0; l--) {
+        const ts_layer *L = &m->layers[l];
+        const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
+        switch (L->kind) {
+        case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
+            memcpy(a->wstash + (size_t)blocks * STASH_PER_BLOCK * NC, dx, NC * sizeof(float));
+            break;
+        case TS_LAYER_BLOCK:
+            block_backward_input(m, a, l, layer_input(m, a, l), dx, s);
+            break;
+        case TS_LAYER_HEAD: {
+            head_acts h = head_views(m, a, l);
+            const int p0 = L->first_param;
+            m->k->matmul_backward(s->mem, NULL, NULL, h.logits, h.lnf,
+                                  ts_param_data(m, m->head_wte_param), N, C, V);
+            memset(dx, 0, (size_t)N * C * sizeof *dx);
+            m->k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), s->mem,
+                                     layer_input(m, a, l), ts_param_data(m, p0), h.lnf_mean,
+                                     h.lnf_rstd, N, C);
+            break;
+        }
+        }
+    }
+}
+
+void ts_model_backward_weight(const ts_model *m, ts_acts *a)
+{
+    for (int l = a->l1 - 1; l >= a->l0; l--) {
+        const ts_layer *L = &m->layers[l];
+        const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
+        switch (L->kind) {
+        case TS_LAYER_EMBED:
+        {
+            int blocks = 0;
+            for (int j = a->l0; j < a->l1; j++) blocks += m->layers[j].kind == TS_LAYER_BLOCK;
+            const float *dout = a->wstash + (size_t)blocks * STASH_PER_BLOCK * N * C;
+            m->k->encoder_backward(ts_param_grad(m, L->first_param),
+                                   ts_param_grad(m, L->first_param + 1), dout, a->tokens, a->B,
+                                   a->T, C);
+        }
+            break;
+        case TS_LAYER_BLOCK:
+            block_backward_weight(m, a, l);
+            break;
+        case TS_LAYER_HEAD: {
+            head_acts h = head_views(m, a, l);
+            m->k->matmul_backward(NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits, h.lnf,
+                                  NULL, N, C, V);
+            break;
+        }
+        }
+    }
+    free(a->wstash);
+    a->wstash = NULL;
 }

@@ -95,6 +95,7 @@ typedef struct {
     float *mem;             /* all layers' saved activations, owned */
     size_t *layer_off;      /* per layer in [l0,l1): offset into mem */
     size_t floats;
+    float *wstash;          /* matmul output gradients between the I and W passes */
 } ts_acts;
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
@@ -125,6 +126,14 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
  * gradient of its input (unused when the range starts with the embedding).
  * Parameter gradients accumulate into m->grad_mem. After each layer, layer_done(ctx,
  * layer) is called when given (the data-parallel sync starts buckets from it). */
+/* Zero-bubble split of the backward (same contract for dx as ts_model_backward):
+ * the input-gradient pass computes dx and the cheap parameter gradients (biases,
+ * LayerNorm) and keeps the output gradients of the large matmuls in a stash owned by
+ * `a`; the weight-gradient pass then adds the matmul weight gradients (and the
+ * embedding's) and frees the stash. Together they equal ts_model_backward. */
+void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s);
+void ts_model_backward_weight(const ts_model *m, ts_acts *a);
+
 typedef void (*ts_layer_done_fn)(void *ctx, int layer);
 void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
                        ts_layer_done_fn layer_done, void *ctx);

@@ -5,13 +5,11 @@
 # task/affinity), no accounting, node localhost at 127.0.0.1.
 #
 #   slurm_cluster_up DIR    start it; 0 when the node is idle, else 1 with the reason
-#                           in SLURM_UP_ERROR (the daemons it started are stopped)
+#                           in SLURM_CLUSTER_ERROR (what it started is stopped again)
 #   slurm_cluster_down DIR  stop every process it started and remove DIR; idempotent
 #
 # Daemons run as children of the test (-D / -F) with their pids in DIR; a detached
 # watchdog also tears the cluster down if the test is killed without its traps.
-
-SLURM_UP_ERROR=""
 
 # _slurm_port_free PORT: nobody has PORT bound (TCP, IPv4 or IPv6, any state).
 _slurm_port_free() {
@@ -139,8 +137,9 @@ _slurm_log_tail() {
 # _slurm_try_up DIR: one attempt at the whole bring-up.
 _slurm_try_up() {
   local d="$1" ctld_port slurmd_port i state
+  SLURM_CLUSTER_ERROR=""
   ctld_port=$(_slurm_pick_port) && _slurm_taken=$ctld_port && slurmd_port=$(_slurm_pick_port) \
-    || { SLURM_UP_ERROR="no free TCP port found"; return 1; }
+    || { SLURM_CLUSTER_ERROR="no free TCP port found"; return 1; }
   _slurm_write_conf "$d" "$ctld_port" "$slurmd_port"
   export SLURM_CONF="$d/slurm.conf"
 
@@ -162,7 +161,7 @@ _slurm_try_up() {
   done
   if ! timeout 5 munge --socket="$d/munge.sock" --no-input 2>/dev/null \
        | timeout 5 unmunge --socket="$d/munge.sock" >/dev/null 2>&1; then
-    SLURM_UP_ERROR="munged did not start: $(_slurm_log_tail "$d/munged.out" "$d/munged.log")"
+    SLURM_CLUSTER_ERROR="munged did not start: $(_slurm_log_tail "$d/munged.out" "$d/munged.log")"
     return 1
   fi
 
@@ -182,7 +181,7 @@ _slurm_try_up() {
     [ -n "$why" ] && break
     sleep 0.5
   done
-  SLURM_UP_ERROR="${why:-the node did not become idle within 30 s (state '${state:-none}')}:
+  SLURM_CLUSTER_ERROR="${why:-the node did not become idle within 30 s (state '${state:-none}')}:
 $(_slurm_log_tail "$d/slurmctld.out" "$d/slurmd.out")"
   return 1
 }
@@ -191,7 +190,8 @@ slurm_cluster_up() {
   local d="$1" attempt
   # A job environment of the caller's own must not leak into this cluster's commands.
   unset $(compgen -v | grep -E '^(SLURM|SRUN|SALLOC|SBATCH|SQUEUE|SINFO|PMIX|PMI)_') 2>/dev/null
-  mkdir -p "$d" && chmod 0700 "$d" || { SLURM_UP_ERROR="cannot create $d"; return 1; }
+  SLURM_CLUSTER_ERROR=""
+  mkdir -p "$d" && chmod 0700 "$d" || { SLURM_CLUSTER_ERROR="cannot create $d"; return 1; }
   _slurm_start_watchdog "$d"
   for attempt in 1 2; do
     mkdir -p "$d/state" "$d/spool" "$d/tmp"

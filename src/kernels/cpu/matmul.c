@@ -27,9 +27,11 @@ void ts_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                     0.0f, dinp, C);
-    /* dweight[OC,C] += dout^T @ inp */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    /* dweight[OC,C] += dout^T @ inp (skipped when NULL: a zero-bubble schedule's
+     * input-gradient pass defers it to the weight-gradient pass) */
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                    1.0f, dweight, C);
     if (dbias) {
         /* Column sums: each thread owns a range of columns (in cache lines) and adds
          * the rows in order, so the result is independent of the thread count. */
