@@ -5,6 +5,7 @@
 int ts_cmd_train(int argc, char **argv);
 int ts_cmd_data(int argc, char **argv);
 int ts_cmd_topo(int argc, char **argv);
+int ts_cmd_plan(int argc, char **argv);
 
 /* Collect `--set KEY=VALUE` / `--set=KEY=VALUE` options from argv[first..argc) into
  * `sets` (pointers into argv) and the one positional argument into *positional.

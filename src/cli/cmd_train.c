@@ -1,5 +1,3 @@
-#define _GNU_SOURCE
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +8,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "kernels/kernels.h"
+#include "topology/topology.h"
 #include "train/trainer.h"
 
 static const char *k_help =
@@ -23,21 +22,6 @@ static const char *k_help =
     "                    (values are read as libconfig reads one; a bare word is a string)\n"
     "\n"
     "Per-step metrics go to log.metrics (JSON Lines); progress goes to stderr.\n";
-
-/* Threads this rank may use: the cores it is allowed to run on, shared evenly with
- * the other ranks of the job on this node. */
-static int default_threads(void)
-{
-    cpu_set_t set;
-    int cores = 1;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local) local = getenv("SLURM_NTASKS_PER_NODE");
-    int ranks_here = local ? atoi(local) : 1;
-    if (ranks_here < 1) ranks_here = 1;
-    int n = cores / ranks_here;
-    return n < 1 ? 1 : n;
-}
 
 static int run(int argc, char **argv, int rank, int world_size)
 {
@@ -58,27 +42,36 @@ static int run(int argc, char **argv, int rank, int world_size)
         return 1;
     }
     ts_log_set_quiet(!cfg.log.progress);
-    int threads = cfg.train.threads > 0 ? cfg.train.threads : default_threads();
-    ts_cpu_set_threads(threads);
+
+    /* The grid's communicators and this rank's cores (and thread count). */
+    ts_topology topo;
+    if (ts_topo_init(&topo, &cfg, MPI_COMM_WORLD) != TS_OK ||
+        ts_topo_bind(&topo, &cfg) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        ts_topo_free(&topo);
+        return 1;
+    }
 
     size_t n_params = ts_model_logical_params(&cfg.model);
     ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
                 cfg.model.seq_len, (double)n_params / 1e6);
-    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d ranks), global batch %d x %d tokens, "
-                "%d micro-batches of %d, %d threads per rank",
-                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size,
+    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d ranks, %s), global batch %d x %d tokens, "
+                "%d micro-batches of %d per replica, schedule %s, %d threads per rank (%s binding)",
+                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size, cfg.parallel.order,
                 cfg.train.global_batch, cfg.model.seq_len, ts_config_num_microbatches(&cfg),
-                cfg.parallel.micro_batch, threads);
+                cfg.parallel.micro_batch, cfg.parallel.schedule, topo.threads, topo.binding);
 
     ts_trainer t;
-    if (ts_trainer_init(&t, &cfg, MPI_COMM_WORLD) != TS_OK) {
+    if (ts_trainer_init(&t, &cfg, &topo) != TS_OK) {
         ts_log_error("%s", ts_error_message());
+        ts_topo_free(&topo);
         return 1;
     }
     ts_status st = ts_trainer_run(&t);
     if (st != TS_OK) ts_log_error("%s", ts_error_message());
     ts_trainer_free(&t);
+    ts_topo_free(&topo);
     return st == TS_OK ? 0 : 1;
 }
 

@@ -10,6 +10,8 @@ static const char *k_usage =
     "commands:\n"
     "  train CONFIG [--set KEY=VALUE ...]  train a model (run under mpirun/srun;\n"
     "                                      world size = parallel.pp * dp * tp)\n"
+    "  plan CONFIG [--set KEY=VALUE ...]   partition, schedule and simulate a step (one process;\n"
+    "                                      --json, --cost uniform, --trace F, --svg F)\n"
     "  data TEXT_FILE OUT.bin              byte-level tokens (vocab 256) into an llm.c shard\n"
     "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp,tp) map, hosts, binding\n"
     "\n"
@@ -26,6 +28,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "train")) return ts_cmd_train(argc, argv);
     if (!strcmp(argv[1], "data")) return ts_cmd_data(argc, argv);
     if (!strcmp(argv[1], "topo")) return ts_cmd_topo(argc, argv);
+    if (!strcmp(argv[1], "plan")) return ts_cmd_plan(argc, argv);
     fprintf(stderr, "tessera: unknown command '%s'\n\n%s", argv[1], k_usage);
     return 2;
 }

@@ -12,6 +12,8 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, si
     g->dp = *dp;
     g->grads = m->grad_mem;
     g->overlap = overlap;
+    g->n_layers = m->n_layers;
+    g->layer_final = ts_calloc((size_t)m->n_layers, sizeof(bool));
     if (dp->size <= 1 || m->n_params == 0) return;
 
     /* Walk the parameters from the last (final first) to the first, closing a bucket
@@ -20,17 +22,19 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, si
     const size_t target = bucket_bytes / sizeof(float) > 0 ? bucket_bytes / sizeof(float) : 1;
     g->buckets = ts_calloc((size_t)m->n_params, sizeof *g->buckets);
     size_t end = m->num_floats;
-    int min_layer = m->params[m->n_params - 1].layer;
+    int min_layer = m->params[m->n_params - 1].layer, max_layer = min_layer;
     for (int p = m->n_params - 1; p >= 0; p--) {
         const ts_param *P = &m->params[p];
         if (P->layer < min_layer) min_layer = P->layer;
+        if (P->layer > max_layer) max_layer = P->layer;
         if (end - P->offset >= target || p == 0) {
             ts_bucket *b = &g->buckets[g->n_buckets++];
             b->begin = p == 0 ? 0 : P->offset;
             b->end = end;
             b->min_layer = min_layer;
+            b->max_layer = max_layer;
             end = b->begin;
-            if (p > 0) min_layer = m->params[p - 1].layer;
+            if (p > 0) min_layer = max_layer = m->params[p - 1].layer;
         }
     }
 }
@@ -38,6 +42,8 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, si
 void ts_grad_sync_free(ts_grad_sync *g)
 {
     free(g->buckets);
+    free(g->layer_final);
+    g->layer_final = NULL;
     g->buckets = NULL;
     g->n_buckets = 0;
 }
@@ -45,6 +51,7 @@ void ts_grad_sync_free(ts_grad_sync *g)
 void ts_grad_sync_begin(ts_grad_sync *g)
 {
     for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = false;
+    for (int l = 0; l < g->n_layers; l++) g->layer_final[l] = false;
     g->wait_ms = 0.0;
 }
 
@@ -60,17 +67,23 @@ static void progress(ts_grad_sync *g)
         if (g->buckets[i].launched) ts_request_test(&g->buckets[i].req);
 }
 
-void ts_grad_sync_layer_done(ts_grad_sync *g, int layer)
+static bool bucket_ready(const ts_grad_sync *g, const ts_bucket *b)
 {
+    for (int l = b->min_layer; l <= b->max_layer; l++)
+        if (!g->layer_final[l]) return false;
+    return true;
+}
+
+void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
+{
+    for (int l = first; l < end; l++) g->layer_final[l] = true;
     /* The first step runs without overlap: its wait is the reference all-reduce time. */
     if (!g->overlap || g->n_buckets == 0 || g->reference_ms == 0.0) return;
-    /* Buckets are ordered from the end of the buffer; launch in that order on every
-     * rank (non-blocking collectives must start in the same order everywhere). */
+    /* Every dp replica runs the same schedule, so buckets become ready, and their
+     * non-blocking all-reduces start, in the same order on every rank. */
     for (int i = 0; i < g->n_buckets; i++) {
         ts_bucket *b = &g->buckets[i];
-        if (b->launched) continue;
-        if (b->min_layer < layer) break;
-        launch(g, b);
+        if (!b->launched && bucket_ready(g, b)) launch(g, b);
     }
     progress(g);
 }

@@ -71,4 +71,14 @@ void ts_schedule_report_free(ts_schedule_report *rep);
 /* Write the schedule as CSV in the same format (round trip for tests and users). */
 ts_status ts_schedule_write_csv(const ts_schedule *s, const char *path);
 
+/* Read a CSV schedule (the format of ts_schedule_build) for pp ranks, v chunks per
+ * rank and m micro-batches and validate it; ts_schedule_build calls this for names
+ * ending in ".csv". Errors say "path:line: cell 'X': ..." or what the file has
+ * against what the config gives. */
+ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, int m);
+
+/* Format an action as its CSV cell "<chunk><F|B|I|W><mb>" ("1B2") into buf; returns
+ * buf. 32 bytes are always enough. */
+char *ts_action_cell(char *buf, size_t size, ts_action a);
+
 #endif

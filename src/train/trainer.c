@@ -12,16 +12,15 @@
 
 /* Agree on success across ranks: a failure anywhere fails everywhere, and the message
  * of the lowest failing rank is the one rank 0 prints. */
-static ts_status agree(ts_status local, MPI_Comm comm, int rank)
+static ts_status agree(ts_status local, const ts_comm *world)
 {
-    int fail_rank = local == TS_OK ? INT32_MAX : rank, first = INT32_MAX;
-    MPI_Allreduce(&fail_rank, &first, 1, MPI_INT, MPI_MIN, comm);
+    int fail_rank = local == TS_OK ? INT32_MAX : world->rank, first = fail_rank;
+    MPI_Allreduce(&fail_rank, &first, 1, MPI_INT, MPI_MIN, world->mpi);
     if (first == INT32_MAX) return TS_OK;
     char msg[2048] = {0};
-    if (rank == first) snprintf(msg, sizeof msg, "%s", ts_error_message());
-    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm);
-    if (first != 0)
-        return ts_fail("on rank %d: %s", first, msg);
+    if (world->rank == first) snprintf(msg, sizeof msg, "%s", ts_error_message());
+    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, world->mpi);
+    if (first != 0) return ts_fail("on rank %d: %s", first, msg);
     return ts_fail("%s", msg);
 }
 
@@ -32,13 +31,14 @@ static ts_status open_data(ts_trainer *t)
     for (int i = 0; i < c->data.n_train; i++) paths[i] = c->data.train[i];
     if (ts_data_open(&t->train_data, paths, c->data.n_train, c->model.vocab_size) != TS_OK)
         return TS_ERR;
+    t->has_train = true;
     if (ts_data_num_windows(&t->train_data, c->model.seq_len) == 0)
         return ts_fail("data.train holds %llu tokens, fewer than one window of seq_len + 1 = %d",
                        (unsigned long long)t->train_data.n_tokens, c->model.seq_len + 1);
-    t->has_val = c->data.val[0] != '\0';
-    if (t->has_val) {
+    if (c->data.val[0] != '\0' && c->data.eval_every > 0) {
         const char *vp = c->data.val;
         if (ts_data_open(&t->val_data, &vp, 1, c->model.vocab_size) != TS_OK) return TS_ERR;
+        t->has_val = true;
         if (ts_data_num_windows(&t->val_data, c->model.seq_len) == 0)
             return ts_fail("data.val (%s) holds fewer than seq_len + 1 = %d tokens", vp,
                            c->model.seq_len + 1);
@@ -49,114 +49,183 @@ static ts_status open_data(ts_trainer *t)
 static ts_status open_metrics(ts_trainer *t)
 {
     const char *path = t->cfg.log.metrics;
-    if (t->rank != 0 || !path[0]) return TS_OK;
+    if (t->world.rank != 0 || !path[0]) return TS_OK;
     if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("log.metrics: ");
     t->metrics = fopen(path, "w");
     if (!t->metrics) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
     return TS_OK;
 }
 
-ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, MPI_Comm world)
+/* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
+ * and broadcasts (every rank must cut the model identically). */
+static ts_status build_partition(ts_trainer *t)
+{
+    const ts_config *c = &t->cfg;
+    const int n_chunks = c->parallel.pp * c->parallel.virtual_stages;
+    if (c->parallel.n_partition > 0 || n_chunks == 1) return ts_partition_build(c, false, &t->part);
+
+    ts_layer_costs costs;
+    ts_layer_costs_model(&costs, &c->model, c->parallel.micro_batch);
+    int ok = 1;
+    if (t->world.rank == 0) {
+        ts_layer_costs measured;
+        if (ts_layer_costs_measure(&measured, &c->model, c->parallel.micro_batch, NULL) == TS_OK) {
+            ts_layer_costs_free(&costs);
+            costs = measured;
+        } else {
+            ok = 0; /* keep the model's costs */
+        }
+    }
+    ts_broadcast(&t->world, &ok, sizeof ok, 0);
+    if (ok) {
+        size_t bytes = (size_t)costs.n_layers * sizeof(double);
+        ts_broadcast(&t->world, costs.fwd_ms, bytes, 0);
+        ts_broadcast(&t->world, costs.bwd_ms, bytes, 0);
+        ts_broadcast(&t->world, costs.act_bytes, bytes, 0);
+        costs.source = TS_COST_MEASURED;
+    }
+    ts_status st = ts_partition_from_costs(c, &costs, &t->part);
+    ts_layer_costs_free(&costs);
+    return st;
+}
+
+static void on_layers_done(void *ctx, int first, int end)
+{
+    ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
+}
+
+ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    t->world = world;
-    MPI_Comm_rank(world, &t->rank);
-    MPI_Comm_size(world, &t->world_size);
-    t->num_microbatches = ts_config_num_microbatches(cfg);
-    if (cfg->parallel.pp != 1 || cfg->parallel.tp != 1) {
-        /* Pipeline (step 3) and tensor (step 4) parallelism are not built yet. */
-        return ts_fail("parallel.pp = %d and parallel.tp = %d: this build trains with data "
-                       "parallelism only (pp = tp = 1); set parallel.dp to the number of ranks",
-                       cfg->parallel.pp, cfg->parallel.tp);
-    }
-    ts_comm_wrap(&t->world_comm, world, "world");
-    /* With pp = tp = 1 every rank is one data-parallel replica. */
-    ts_comm_wrap(&t->dp_comm, world, "dp");
-    t->dp_rank = t->dp_comm.rank;
+    t->topo = topo;
+    t->t0_ms = ts_now_ms();
+    ts_comm_wrap(&t->world, topo->world, "world");
+    ts_comm_wrap(&t->dp, topo->dp_comm, "dp");
+    ts_comm_wrap(&t->pp, topo->pp_comm, "pp");
+    ts_comm_wrap(&t->embed, topo->embed_comm, "embed");
 
-    ts_model_build(&t->model, &cfg->model, NULL, &ts_kernels_cpu);
     ts_status st = TS_OK;
+    if (cfg->parallel.tp != 1)
+        /* Tensor parallelism is step 4 of the plan; say so rather than run wrong. */
+        st = ts_fail("parallel.tp = %d: tensor parallelism is not available in this build yet; "
+                     "use parallel.pp and parallel.dp (tp = 1)",
+                     cfg->parallel.tp);
+    if (st == TS_OK) st = build_partition(t);
+    if (st == TS_OK)
+        st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
+                               cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
+    if (agree(st, &t->world) != TS_OK) {
+        ts_trainer_free(t);
+        return TS_ERR;
+    }
+
+    bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    ts_partition_owned(&t->part, topo->coords.pp, owned);
+    ts_model_build(&t->model, &cfg->model, owned, &ts_kernels_cpu);
+    free(owned);
     if (cfg->model.init[0])
         st = ts_model_init_from_file(&t->model, cfg->model.init);
     else
         ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
     if (st == TS_OK) st = open_data(t);
     if (st == TS_OK) st = open_metrics(t);
-    if (agree(st, world, t->rank) != TS_OK) {
+    if (st == TS_OK)
+        st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
+                            &t->pp, topo->coords.dp);
+    if (agree(st, &t->world) != TS_OK) {
         ts_trainer_free(t);
         return TS_ERR;
     }
+    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, (size_t)cfg->parallel.bucket_mb << 20,
+                      cfg->parallel.overlap_grad_sync);
+    t->engine.chunk_done = on_layers_done;
+    t->engine.chunk_done_ctx = &t->grad_sync;
+    t->tracing = cfg->log.trace[0] != '\0';
+    if (t->tracing) {
+        ts_trace_init(&t->trace);
+        t->engine.trace = &t->trace;
+        t->engine.trace_t0_ms = t->t0_ms;
+    }
 
-    const int B = cfg->parallel.micro_batch, T = cfg->model.seq_len;
-    ts_acts_init(&t->acts, &t->model, 0, t->model.n_layers, B, T);
-    ts_scratch_init(&t->scratch, &t->model, B, T);
-    t->dx = ts_alloc_floats((size_t)B * T * cfg->model.n_embd);
-    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp_comm,
-                      (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync);
+    if (t->world.rank == 0 && t->part.n_chunks > 1) {
+        char *d = ts_partition_describe(&t->part);
+        ts_log_info("%s", d);
+        free(d);
+    }
     return TS_OK;
 }
 
 void ts_trainer_free(ts_trainer *t)
 {
     if (t->metrics) fclose(t->metrics);
+    if (t->tracing) ts_trace_free(&t->trace);
     ts_grad_sync_free(&t->grad_sync);
-    free(t->dx);
-    ts_scratch_free(&t->scratch);
-    ts_acts_free(&t->acts);
-    ts_data_close(&t->train_data);
+    ts_engine_free(&t->engine);
+    if (t->has_train) ts_data_close(&t->train_data);
     if (t->has_val) ts_data_close(&t->val_data);
     ts_model_free(&t->model);
+    ts_schedule_free(&t->sched);
+    ts_partition_free(&t->part);
+    memset(t, 0, sizeof *t);
 }
 
-static void on_layer_done(void *ctx, int layer)
-{
-    ts_grad_sync_layer_done((ts_grad_sync *)ctx, layer);
-}
-
-/* Sum of a double over the whole grid (losses, squared norms): deterministic, one
- * all-reduce over the world. */
+/* Sum of a double over the whole grid (losses, squared norms, bubbles). */
 static double grid_sum(const ts_trainer *t, double local)
 {
-    ts_allreduce_sum_f64(&t->world_comm, &local, 1);
+    ts_allreduce_sum_f64(&t->world, &local, 1);
     return local;
+}
+
+static void trace_span(ts_trainer *t, const char *cat, double t0, double t1)
+{
+    if (!t->tracing) return;
+    ts_trace_event ev = ts_trace_event_make(cat, t->world.rank, -1, -1, (t0 - t->t0_ms) * 1e3,
+                                            (t1 - t0) * 1e3);
+    ts_trace_add(&t->trace, &ev);
+}
+
+/* The tied embedding lives on the first and the last pipeline stage: sum their
+ * gradients so both copies take the same step and stay equal (ARCHITECTURE.md). */
+static void sync_tied_embedding(ts_trainer *t)
+{
+    if (!ts_comm_member(&t->embed) || t->embed.size < 2) return;
+    const ts_model *m = &t->model;
+    int p = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
+    ts_allreduce_sum_f32(&t->embed, ts_param_grad(m, p), m->params[p].numel);
 }
 
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 {
     const ts_config *c = &t->cfg;
-    const int B = c->train.global_batch, T = c->model.seq_len, mb = c->parallel.micro_batch;
-    const int M = t->num_microbatches;
+    const int B = c->train.global_batch, T = c->model.seq_len;
     double t0 = ts_now_ms();
 
-    /* Gradients accumulate over micro-batches; every target of the global batch
-     * weighs 1/(B*T), so the sum over micro-batches and replicas is the gradient of
-     * the mean loss. */
+    /* Forward and backward of every micro-batch, as the schedule orders them. Every
+     * target of the global batch weighs 1/(B*T), so summing over micro-batches and
+     * replicas gives the gradient of the mean loss. */
     memset(t->model.grad_mem, 0, t->model.num_floats * sizeof(float));
     ts_grad_sync_begin(&t->grad_sync);
-    const float dloss = 1.0f / ((float)B * (float)T);
-    double loss_sum = 0.0;
-    for (int i = 0; i < M; i++) {
-        ts_data_microbatch(&t->train_data, step, B, c->parallel.dp, t->dp_rank, mb, i, T,
-                           t->acts.tokens, t->acts.targets);
-        double s = 0.0;
-        ts_model_forward(&t->model, &t->acts, dloss, &s);
-        loss_sum += s;
-        /* On the last micro-batch each layer's gradients become final as the backward
-         * passes it: that is when its buckets' all-reduce can start. */
-        bool last = i == M - 1;
-        ts_model_backward(&t->model, &t->acts, t->dx, &t->scratch, last ? on_layer_done : NULL,
-                          &t->grad_sync);
-    }
-    ts_grad_sync_finish(&t->grad_sync);
+    ts_engine_run(&t->engine, step);
 
-    /* Every replica now holds the same gradients; count them once (dp rank 0). */
-    double sumsq = t->dp_rank == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
+    double t1 = ts_now_ms();
+    ts_grad_sync_finish(&t->grad_sync);
+    sync_tied_embedding(t);
+    double t2 = ts_now_ms();
+    trace_span(t, "dpsync", t1, t2);
+
+    /* Replicas hold identical gradients: count them once (dp rank 0); the tied copy
+     * of the embedding is skipped inside. */
+    double sumsq = t->topo->coords.dp == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
     ts_adamw_step(&t->model, &c->train, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1);
+    double t3 = ts_now_ms();
+    trace_span(t, "optim", t2, t3);
 
-    out->loss = grid_sum(t, loss_sum) / ((double)B * T);
+    double busy = t->engine.span_ms > 0 ? t->engine.compute_ms / t->engine.span_ms : 1.0;
+    out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
+    out->loss = grid_sum(t, t->engine.loss_sum) / ((double)B * T);
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
@@ -167,26 +236,42 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 
 double ts_trainer_eval(ts_trainer *t)
 {
-    const ts_config *c = &t->cfg;
-    const int T = c->model.seq_len, mb = c->parallel.micro_batch, dp = c->parallel.dp;
-    const uint64_t S = ts_data_num_windows(&t->val_data, T);
-    const int n = c->data.val_windows;
-    /* A fixed set of windows 0..n-1 (mod S), independent of the grid; replica d takes
-     * every dp-th group of micro_batch windows. */
-    double loss_sum = 0.0;
-    for (int w0 = t->dp_rank * mb; w0 < n; w0 += dp * mb) {
-        int rows = n - w0 < mb ? n - w0 : mb;
-        for (int r = 0; r < mb; r++) {
-            uint64_t k = (uint64_t)(w0 + (r < rows ? r : 0)) % S;
-            ts_data_window(&t->val_data, k, T, t->acts.tokens + (size_t)r * T,
-                           t->acts.targets + (size_t)r * T);
+    const int n = t->cfg.data.val_windows;
+    double local = ts_engine_eval(&t->engine, &t->val_data, n);
+    return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
+}
+
+/* Gather every rank's events to rank 0 and write the Chrome trace. */
+static ts_status write_trace(ts_trainer *t)
+{
+    int n = t->trace.n, *counts = NULL, *displs = NULL, total = 0;
+    const int bytes = (int)sizeof(ts_trace_event);
+    if (t->world.rank == 0) counts = ts_calloc((size_t)t->world.size, sizeof(int));
+    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world.mpi);
+    ts_trace_event *all = NULL;
+    if (t->world.rank == 0) {
+        displs = ts_calloc((size_t)t->world.size, sizeof(int));
+        for (int r = 0; r < t->world.size; r++) {
+            displs[r] = total * bytes;
+            total += counts[r];
+            counts[r] *= bytes;
         }
-        ts_model_forward(&t->model, &t->acts, 0.0f, NULL);
-        /* Padding rows repeat window w0; only the real rows count. */
-        const float *losses = ts_acts_losses(&t->model, &t->acts);
-        for (int i = 0; i < rows * T; i++) loss_sum += losses[i];
+        all = ts_calloc((size_t)total + 1, sizeof *all);
     }
-    return grid_sum(t, loss_sum) / ((double)n * T);
+    MPI_Gatherv(t->trace.events, n * bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0,
+                t->world.mpi);
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        st = ts_mkdir_parent(t->cfg.log.trace);
+        if (st == TS_OK)
+            st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->world.size,
+                                       "tessera train (measured)");
+        if (st == TS_OK) ts_log_info("trace: wrote %d events to %s", total, t->cfg.log.trace);
+    }
+    free(all);
+    free(counts);
+    free(displs);
+    return agree(st, &t->world);
 }
 
 static void format_eta(char *buf, size_t n, double seconds)
@@ -220,8 +305,8 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (t->metrics) {
             fprintf(t->metrics,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
-                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":0,\"dp_overlap\":%.4f}\n",
-                    step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s,
+                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f}\n",
+                    step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s, s.bubble,
                     s.dp_overlap);
             fflush(t->metrics);
         }
@@ -230,11 +315,12 @@ ts_status ts_trainer_run(ts_trainer *t)
             double avg = timed ? total_ms / timed : s.step_ms;
             format_eta(eta, sizeof eta, avg * (steps - step - 1) * 1e-3);
             ts_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
-                        "ETA %s",
-                        step, steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.step_ms, eta);
+                        "bubble %.2f | ETA %s",
+                        step, steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.step_ms,
+                        s.bubble, eta);
         }
         bool last = step == steps - 1;
-        if (t->has_val && c->data.eval_every > 0 && ((step + 1) % c->data.eval_every == 0 || last)) {
+        if (t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
             double vl = ts_trainer_eval(t);
             if (t->metrics) {
                 fprintf(t->metrics, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
@@ -243,5 +329,6 @@ ts_status ts_trainer_run(ts_trainer *t)
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
     }
+    if (t->tracing) return write_trace(t);
     return TS_OK;
 }

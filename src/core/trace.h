@@ -1,0 +1,61 @@
+/* Timelines of what every pipeline rank did: recorded by the engine (measured) or made
+ * by the simulator, written as Chrome trace JSON (chrome://tracing, ui.perfetto.dev:
+ * one track per rank) and drawn as SVG the way the pipeline papers draw schedules. */
+#ifndef TS_TRACE_H
+#define TS_TRACE_H
+
+#include "core/error.h"
+
+/* One timed span. Plain data of fixed size, so ranks can gather events as bytes
+ * (MPI_BYTE, sizeof(ts_trace_event) each) to the rank that writes the file.
+ *   cat:   "F" "B" "I" "W" (compute on chunk/mb), "wait" (blocked on a send/recv),
+ *          "optim" (optimizer step), "dpsync" (data-parallel gradient all-reduce)
+ *   name:  "F3" for compute (kind + micro-batch), else usually the category
+ *   rank:  the track (pipeline rank; tid in the Chrome trace)
+ *   chunk, mb: -1 when not applicable */
+typedef struct {
+    char name[16];
+    char cat[12];
+    int rank;
+    int chunk;
+    int mb;
+    double start_us;
+    double dur_us;
+} ts_trace_event;
+
+/* A span with the usual name: cat + mb for F/B/I/W ("B7"), cat otherwise. */
+ts_trace_event ts_trace_event_make(const char *cat, int rank, int chunk, int mb,
+                                   double start_us, double dur_us);
+
+/* A growable event buffer (owner: whoever called ts_trace_init). */
+typedef struct {
+    ts_trace_event *events;
+    int n, cap;
+} ts_trace;
+
+void ts_trace_init(ts_trace *t);
+void ts_trace_add(ts_trace *t, const ts_trace_event *e);
+void ts_trace_free(ts_trace *t);
+
+/* Chrome trace JSON: {"traceEvents":[...], "displayTimeUnit":"ms",
+ * "otherData":{"title":...}}; every event a complete event ("ph":"X", pid 0, tid = rank,
+ * ts/dur in microseconds, args {chunk, mb}), plus a "thread_name" metadata event
+ * "pipeline rank r" (and sort index) for r = 0..n_ranks-1. */
+ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, int n,
+                                int n_ranks, const char *title);
+
+/* Read the complete ("X") events of a Chrome trace file (object or bare-array form)
+ * back; *n_ranks = 1 + the largest tid seen (or named by thread_name metadata).
+ * *events is malloc'd (caller frees; NULL when n = 0). */
+ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n,
+                               int *n_ranks);
+
+/* SVG: one row per rank, x = time; F blue, B green, I teal, W orange, optim grey,
+ * dpsync a thin purple strip at the bottom of its row, wait not drawn (idle is blank).
+ * Later virtual stages (chunk >= n_ranks) are drawn in a lighter shade. Every F/B/I/W/
+ * optim block is one <rect class="ev">, labelled with its micro-batch number when it
+ * is wide enough; a legend and a time axis. */
+ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int n,
+                             int n_ranks, const char *title);
+
+#endif

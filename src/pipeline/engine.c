@@ -1,0 +1,425 @@
+#include "pipeline/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/timer.h"
+
+/* Message tags: (receiving chunk, micro-batch, direction). */
+enum { DIR_ACT = 0, DIR_GRAD = 1 };
+static int tag_of(const ts_engine *e, int chunk, int mb, int dir)
+{
+    return (chunk * e->m + mb) * 2 + dir;
+}
+
+static int chunk_first(const ts_engine *e, int c) { return e->part->first_layer[c]; }
+static int chunk_end(const ts_engine *e, int c)
+{
+    return e->part->first_layer[c] + e->part->n_chunk_layers[c];
+}
+static bool is_local(const ts_engine *e, int c) { return ts_chunk_rank(c, e->pp.size) == e->pp_rank; }
+static ts_mb_slot *slot(ts_engine *e, int c, int mb)
+{
+    return &e->slots[(size_t)e->local_of_chunk[c] * e->m + mb];
+}
+
+static ts_recompute parse_recompute(const char *s)
+{
+    if (!strcmp(s, "full")) return TS_RECOMPUTE_FULL;
+    if (!strcmp(s, "except_last")) return TS_RECOMPUTE_EXCEPT_LAST;
+    return TS_RECOMPUTE_NONE;
+}
+
+ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
+                         const ts_schedule *sched, const ts_partition *part,
+                         const ts_dataset *data, const ts_comm *pp, int dp_rank)
+{
+    memset(e, 0, sizeof *e);
+    e->cfg = cfg;
+    e->model = model;
+    e->sched = sched;
+    e->part = part;
+    e->data = data;
+    e->pp = *pp;
+    e->pp_rank = pp->rank;
+    e->dp = cfg->parallel.dp;
+    e->dp_rank = dp_rank;
+    e->n_chunks = sched->n_chunks;
+    e->m = sched->m;
+    e->B = cfg->parallel.micro_batch;
+    e->T = cfg->model.seq_len;
+    e->N = e->B * e->T;
+    e->C = cfg->model.n_embd;
+    e->recompute = parse_recompute(cfg->parallel.recompute);
+
+    int tag_ub_flag = 0, *tag_ub = NULL;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &tag_ub_flag);
+    if (tag_ub_flag && (long long)e->n_chunks * e->m * 2 > *tag_ub)
+        return ts_fail("%d chunks x %d micro-batches need more message tags than this MPI "
+                       "offers (%d); use fewer micro-batches per step",
+                       e->n_chunks, e->m, *tag_ub);
+
+    e->local_of_chunk = ts_malloc((size_t)e->n_chunks * sizeof(int));
+    e->local_chunks = ts_malloc((size_t)e->n_chunks * sizeof(int));
+    for (int c = 0; c < e->n_chunks; c++) {
+        e->local_of_chunk[c] = -1;
+        if (is_local(e, c)) {
+            e->local_of_chunk[c] = e->n_local;
+            e->local_chunks[e->n_local++] = c;
+        }
+    }
+    const size_t NC = (size_t)e->N * e->C;
+    e->slots = ts_calloc((size_t)e->n_local * e->m, sizeof *e->slots);
+    for (int j = 0; j < e->n_local; j++) {
+        int c = e->local_chunks[j];
+        for (int mb = 0; mb < e->m; mb++) {
+            ts_mb_slot *s = &e->slots[(size_t)j * e->m + mb];
+            if (c > 0) s->in = ts_alloc_floats(NC);
+            s->dx = ts_alloc_floats(NC);
+            if (e->recompute != TS_RECOMPUTE_NONE) {
+                s->tokens = ts_calloc((size_t)e->N, sizeof(int));
+                s->targets = ts_calloc((size_t)e->N, sizeof(int));
+                if (c < e->n_chunks - 1) s->out = ts_alloc_floats(NC);
+            }
+        }
+    }
+    e->free_acts = ts_calloc((size_t)e->n_local, sizeof *e->free_acts);
+    e->n_free = ts_calloc((size_t)e->n_local, sizeof(int));
+    e->cap_free = ts_calloc((size_t)e->n_local, sizeof(int));
+    e->n_allocated = ts_calloc((size_t)e->n_local, sizeof(int));
+    e->bwd_done = ts_calloc((size_t)e->n_local, sizeof(int));
+    ts_scratch_init(&e->scratch, model, e->B, e->T);
+    return TS_OK;
+}
+
+void ts_engine_free(ts_engine *e)
+{
+    if (!e->slots) return;
+    for (size_t i = 0; i < (size_t)e->n_local * e->m; i++) {
+        ts_mb_slot *s = &e->slots[i];
+        if (s->acts) {
+            ts_acts_free(s->acts);
+            free(s->acts);
+        }
+        free(s->in);
+        free(s->dx);
+        free(s->out);
+        free(s->tokens);
+        free(s->targets);
+    }
+    for (int j = 0; j < e->n_local; j++) {
+        for (int k = 0; k < e->n_free[j]; k++) {
+            ts_acts_free(&e->free_acts[j][k]);
+        }
+        free(e->free_acts[j]);
+    }
+    free(e->free_acts);
+    free(e->n_free);
+    free(e->cap_free);
+    free(e->n_allocated);
+    free(e->bwd_done);
+    free(e->slots);
+    free(e->local_chunks);
+    free(e->local_of_chunk);
+    ts_scratch_free(&e->scratch);
+    memset(e, 0, sizeof *e);
+}
+
+/* ---- activation sets: a free list per chunk, grown on demand to the schedule's peak */
+
+static ts_acts *acquire_acts(ts_engine *e, int c)
+{
+    int j = e->local_of_chunk[c];
+    ts_acts *a = ts_malloc(sizeof *a);
+    if (e->n_free[j] > 0) {
+        *a = e->free_acts[j][--e->n_free[j]];
+    } else {
+        ts_acts_init(a, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
+        e->n_allocated[j]++;
+    }
+    return a;
+}
+
+static void release_acts(ts_engine *e, int c, ts_mb_slot *s)
+{
+    int j = e->local_of_chunk[c];
+    /* The output may still be in flight from these activations. */
+    if (!s->out) ts_request_wait(&s->send_out);
+    if (e->n_free[j] == e->cap_free[j]) {
+        e->cap_free[j] = e->cap_free[j] ? 2 * e->cap_free[j] : 4;
+        ts_acts *grown = ts_malloc((size_t)e->cap_free[j] * sizeof *grown);
+        if (e->n_free[j]) memcpy(grown, e->free_acts[j], (size_t)e->n_free[j] * sizeof *grown);
+        free(e->free_acts[j]);
+        e->free_acts[j] = grown;
+    }
+    e->free_acts[j][e->n_free[j]++] = *s->acts;
+    free(s->acts);
+    s->acts = NULL;
+}
+
+size_t ts_engine_activation_bytes(const ts_engine *e)
+{
+    size_t total = 0;
+    for (int j = 0; j < e->n_local; j++) {
+        int c = e->local_chunks[j];
+        ts_acts probe;
+        ts_acts_init(&probe, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
+        total += (size_t)e->n_allocated[j] * probe.floats * sizeof(float);
+        ts_acts_free(&probe);
+    }
+    return total;
+}
+
+/* ---------------------------------------------------------------- tracing */
+
+static void record(ts_engine *e, const char *cat, const char *name, int chunk, int mb, double t0,
+                   double t1)
+{
+    if (!e->trace) return;
+    ts_trace_event ev;
+    memset(&ev, 0, sizeof ev);
+    snprintf(ev.name, sizeof ev.name, "%s", name);
+    snprintf(ev.cat, sizeof ev.cat, "%s", cat);
+    ev.rank = ts_log_rank();
+    ev.chunk = chunk;
+    ev.mb = mb;
+    ev.start_us = (t0 - e->trace_t0_ms) * 1e3;
+    ev.dur_us = (t1 - t0) * 1e3;
+    ts_trace_add(e->trace, &ev);
+}
+
+/* Wait for a receive, accounting the time as idle (the bubble) and tracing it. */
+static void wait_recv(ts_engine *e, ts_request *r, int chunk, int mb)
+{
+    if (!r->active) return;
+    double t0 = ts_now_ms();
+    ts_request_wait(r);
+    double t1 = ts_now_ms();
+    if (t1 - t0 > 0.01) record(e, "wait", "wait", chunk, mb, t0, t1);
+}
+
+/* ---------------------------------------------------------------- actions */
+
+static bool recomputes(const ts_engine *e, int mb)
+{
+    return e->recompute == TS_RECOMPUTE_FULL ||
+           (e->recompute == TS_RECOMPUTE_EXCEPT_LAST && mb != e->m - 1);
+}
+
+/* Fill the micro-batch's tokens (first chunk) and targets (last chunk). */
+static void load_batch(ts_engine *e, int step, int mb, ts_acts *a)
+{
+    const ts_config *c = e->cfg;
+    ts_data_microbatch(e->data, step, c->train.global_batch, e->dp, e->dp_rank, e->B, mb, e->T,
+                       a->tokens, a->targets);
+}
+
+static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool replay)
+{
+    ts_acts *a = s->acts;
+    a->input = c > 0 ? s->in : NULL;
+    if (replay) {
+        memcpy(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
+        memcpy(a->targets, s->targets, (size_t)e->N * sizeof(int));
+    } else {
+        load_batch(e, step, mb, a);
+    }
+    const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->T);
+    double loss = 0.0;
+    ts_model_forward(e->model, a, dloss, replay ? NULL : &loss);
+    if (!replay && c == e->n_chunks - 1) e->loss_sum += loss;
+}
+
+static void do_forward(ts_engine *e, int step, int c, int mb)
+{
+    ts_mb_slot *s = slot(e, c, mb);
+    if (c > 0 && !is_local(e, c - 1)) wait_recv(e, &s->recv_in, c, mb);
+    double t0 = ts_now_ms();
+    s->acts = acquire_acts(e, c);
+    forward(e, step, c, mb, s, false);
+
+    if (c < e->n_chunks - 1) {
+        float *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
+        const size_t NC = (size_t)e->N * e->C;
+        if (is_local(e, c + 1)) {
+            memcpy(slot(e, c + 1, mb)->in, y, NC * sizeof(float));
+        } else {
+            if (s->out) { /* the activations are about to go: send a copy */
+                memcpy(s->out, y, NC * sizeof(float));
+                y = s->out;
+            }
+            ts_isend_f32(&e->pp, y, NC, ts_chunk_rank(c + 1, e->pp.size),
+                         tag_of(e, c + 1, mb, DIR_ACT), &s->send_out);
+        }
+    }
+    if (recomputes(e, mb)) {
+        /* Keep only the chunk's input (s->in) and the tokens; recompute before the
+         * backward. The last chunk's loss was counted now, not at the replay. */
+        memcpy(s->tokens, s->acts->tokens, (size_t)e->N * sizeof(int));
+        memcpy(s->targets, s->acts->targets, (size_t)e->N * sizeof(int));
+        release_acts(e, c, s);
+    }
+    double t1 = ts_now_ms();
+    e->compute_ms += t1 - t0;
+    char name[16];
+    snprintf(name, sizeof name, "F%d", mb);
+    record(e, "F", name, c, mb, t0, t1);
+}
+
+static void layer_done(void *ctx, int layer)
+{
+    ts_engine *e = ctx;
+    e->chunk_done(e->chunk_done_ctx, layer, layer + 1);
+}
+
+static void chunk_backward_done(ts_engine *e, int c)
+{
+    int j = e->local_of_chunk[c];
+    if (++e->bwd_done[j] == e->m && e->chunk_done)
+        e->chunk_done(e->chunk_done_ctx, chunk_first(e, c), chunk_end(e, c));
+}
+
+static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind kind)
+{
+    ts_mb_slot *s = slot(e, c, mb);
+    const size_t NC = (size_t)e->N * e->C;
+    if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
+        wait_recv(e, &s->recv_dy, c, mb);
+    double t0 = ts_now_ms();
+    if (kind != TS_ACT_W) {
+        if (!s->acts) { /* recomputation */
+            s->acts = acquire_acts(e, c);
+            forward(e, step, c, mb, s, true);
+        }
+        if (c < e->n_chunks - 1 && is_local(e, c + 1))
+            memcpy(s->dx, slot(e, c + 1, mb)->dx, NC * sizeof(float));
+        if (kind == TS_ACT_B) {
+            /* The chunk's last backward of the step: each layer's gradients are final
+             * as soon as the backward leaves it, so report per layer (the dp all-reduce
+             * of the first buckets starts while the rest of the backward runs). */
+            bool last = e->bwd_done[e->local_of_chunk[c]] == e->m - 1 && e->chunk_done;
+            ts_model_backward(e->model, s->acts, s->dx, &e->scratch, last ? layer_done : NULL, e);
+        }
+        else
+            ts_model_backward_input(e->model, s->acts, s->dx, &e->scratch);
+        if (c > 0 && !is_local(e, c - 1))
+            ts_isend_f32(&e->pp, s->dx, NC, ts_chunk_rank(c - 1, e->pp.size),
+                         tag_of(e, c - 1, mb, DIR_GRAD), &s->send_dx);
+    } else {
+        ts_model_backward_weight(e->model, s->acts);
+    }
+    if (kind != TS_ACT_I) {
+        release_acts(e, c, s);
+        chunk_backward_done(e, c);
+    }
+    double t1 = ts_now_ms();
+    e->compute_ms += t1 - t0;
+    char name[16];
+    snprintf(name, sizeof name, "%c%d", "FBIW"[kind], mb);
+    record(e, kind == TS_ACT_B ? "B" : kind == TS_ACT_I ? "I" : "W", name, c, mb, t0, t1);
+}
+
+/* Post every receive of the step before computing anything: whatever order the peers
+ * send in, each message has a buffer waiting. */
+static void post_receives(ts_engine *e)
+{
+    const size_t NC = (size_t)e->N * e->C;
+    for (int j = 0; j < e->n_local; j++) {
+        int c = e->local_chunks[j];
+        for (int mb = 0; mb < e->m; mb++) {
+            ts_mb_slot *s = slot(e, c, mb);
+            if (c > 0 && !is_local(e, c - 1))
+                ts_irecv_f32(&e->pp, s->in, NC, ts_chunk_rank(c - 1, e->pp.size),
+                             tag_of(e, c, mb, DIR_ACT), &s->recv_in);
+            if (c < e->n_chunks - 1 && !is_local(e, c + 1))
+                ts_irecv_f32(&e->pp, s->dx, NC, ts_chunk_rank(c + 1, e->pp.size),
+                             tag_of(e, c, mb, DIR_GRAD), &s->recv_dy);
+        }
+    }
+}
+
+void ts_engine_run(ts_engine *e, int step)
+{
+    double t0 = ts_now_ms();
+    e->loss_sum = 0.0;
+    e->compute_ms = 0.0;
+    for (int j = 0; j < e->n_local; j++) e->bwd_done[j] = 0;
+    post_receives(e);
+
+    const ts_action *acts = e->sched->actions[e->pp_rank];
+    const int n = e->sched->n_actions[e->pp_rank];
+    for (int i = 0; i < n; i++) {
+        const ts_action *a = &acts[i];
+        if (a->kind == TS_ACT_F)
+            do_forward(e, step, a->chunk, a->mb);
+        else
+            do_backward(e, step, a->chunk, a->mb, a->kind);
+    }
+    e->span_ms = ts_now_ms() - t0;
+    /* Sends of gradients (and outputs of recomputed micro-batches) may still be in
+     * flight: their buffers are reused next step. */
+    for (size_t i = 0; i < (size_t)e->n_local * e->m; i++) {
+        ts_request_wait(&e->slots[i].send_dx);
+        ts_request_wait(&e->slots[i].send_out);
+    }
+}
+
+/* Validation: forward only, one micro-batch at a time through the chunks in order
+ * (every rank walks the chunks in the same order, so each send meets its receive).
+ * Replica d takes every dp-th group of micro_batch windows of 0..n-1 (mod S). */
+double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
+{
+    const int T = e->T, mbs = e->B;
+    const uint64_t S = ts_data_num_windows(val, T);
+    const size_t NC = (size_t)e->N * e->C;
+    double loss_sum = 0.0;
+    for (int w0 = e->dp_rank * mbs; w0 < n_windows; w0 += e->dp * mbs) {
+        int rows = n_windows - w0 < mbs ? n_windows - w0 : mbs;
+        const float *prev_out = NULL;
+        for (int c = 0; c < e->n_chunks; c++) {
+            if (!is_local(e, c)) continue;
+            ts_mb_slot *s = slot(e, c, 0);
+            ts_acts *a = acquire_acts(e, c);
+            if (c > 0) {
+                if (is_local(e, c - 1)) {
+                    TS_ASSERT(prev_out == s->in); /* copied when chunk c-1 finished */
+                } else {
+                    ts_request r;
+                    ts_irecv_f32(&e->pp, s->in, NC, ts_chunk_rank(c - 1, e->pp.size),
+                                 tag_of(e, c, 0, DIR_ACT), &r);
+                    ts_request_wait(&r);
+                }
+            }
+            a->input = c > 0 ? s->in : NULL;
+            for (int r = 0; r < mbs; r++) {
+                uint64_t k = (uint64_t)(w0 + (r < rows ? r : 0)) % S;
+                ts_data_window(val, k, T, a->tokens + (size_t)r * T, a->targets + (size_t)r * T);
+            }
+            ts_model_forward(e->model, a, 0.0f, NULL);
+            if (c == e->n_chunks - 1) {
+                /* Padding rows repeat window w0; only the real rows count. */
+                const float *losses = ts_acts_losses(e->model, a);
+                for (int i = 0; i < rows * T; i++) loss_sum += losses[i];
+            } else {
+                float *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
+                if (!is_local(e, c + 1)) {
+                    ts_request r;
+                    ts_isend_f32(&e->pp, y, NC, ts_chunk_rank(c + 1, e->pp.size),
+                                 tag_of(e, c + 1, 0, DIR_ACT), &r);
+                    ts_request_wait(&r);
+                }
+                prev_out = y; /* valid until released below: copied by the next local chunk */
+            }
+            ts_mb_slot tmp = {.acts = a};
+            if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
+                /* The next chunk is ours: copy before releasing. */
+                memcpy(slot(e, c + 1, 0)->in, prev_out, NC * sizeof(float));
+                prev_out = slot(e, c + 1, 0)->in;
+            }
+            release_acts(e, c, &tmp);
+        }
+    }
+    return loss_sum;
+}

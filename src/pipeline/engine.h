@@ -1,0 +1,88 @@
+/* The pipeline engine: runs one rank's action list (schedule.h) for one training step.
+ * It derives the point-to-point transfers from the chunk placement (the input of
+ * F(c, i) comes from chunk c-1's rank, the output gradient of B(c, i) from chunk c+1's
+ * rank), posts every receive of the step up front and sends without blocking, so no
+ * schedule can hang on message order; it frees a micro-batch's activations as soon as
+ * its backward has run, and with activation recomputation keeps only chunk inputs. */
+#ifndef TS_ENGINE_H
+#define TS_ENGINE_H
+
+#include <stdbool.h>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/trace.h"
+#include "data/loader.h"
+#include "model/model.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+
+typedef enum { TS_RECOMPUTE_NONE, TS_RECOMPUTE_EXCEPT_LAST, TS_RECOMPUTE_FULL } ts_recompute;
+
+/* Called when the parameter gradients of layers [first_layer, end_layer) are final for
+ * the step (per layer during a chunk's last full backward, per chunk otherwise; a
+ * layer may be reported more than once). */
+typedef void (*ts_chunk_done_fn)(void *ctx, int first_layer, int end_layer);
+
+/* State of one (local chunk, micro-batch) during a step. */
+typedef struct {
+    ts_acts *acts;          /* live activations (NULL when released or not yet run) */
+    float *in;              /* [N*C] received input activation (chunks > 0) */
+    float *dx;              /* [N*C] the output gradient, then (in place) the input's */
+    float *out;             /* [N*C] a copy of the output to send when recomputing */
+    int *tokens, *targets;  /* [N] kept for recomputation */
+    ts_request recv_in, recv_dy, send_out, send_dx;
+} ts_mb_slot;
+
+typedef struct {
+    const ts_config *cfg;
+    ts_model *model;
+    const ts_schedule *sched;
+    const ts_partition *part;
+    const ts_dataset *data;
+    ts_comm pp;             /* rank in it = pipeline rank */
+    int pp_rank, dp, dp_rank;
+    int n_chunks, m, B, T, N, C;
+    ts_recompute recompute;
+
+    int n_local;            /* chunks on this rank */
+    int *local_chunks;      /* [n_local] global chunk index */
+    int *local_of_chunk;    /* [n_chunks] local index or -1 */
+    ts_mb_slot *slots;      /* [n_local * m] */
+    ts_acts **free_acts;    /* per local chunk: a free list of activation sets */
+    int *n_free, *cap_free;
+    int *n_allocated;       /* activation sets allocated per local chunk (the peak) */
+    int *bwd_done;          /* per local chunk: micro-batches whose weight grads are in */
+    ts_scratch scratch;
+
+    ts_chunk_done_fn chunk_done;
+    void *chunk_done_ctx;
+
+    ts_trace *trace;        /* NULL = no tracing */
+    double trace_t0_ms;
+
+    /* Per step. */
+    double loss_sum;        /* sum of per-token losses (last chunk's rank) */
+    double compute_ms;      /* time in F/B/I/W */
+    double span_ms;         /* from the step's start to its last action */
+} ts_engine;
+
+ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
+                         const ts_schedule *sched, const ts_partition *part,
+                         const ts_dataset *data, const ts_comm *pp, int dp_rank);
+void ts_engine_free(ts_engine *e);
+
+/* Run this rank's actions for optimizer step `step`. Parameter gradients accumulate
+ * into the model's gradient buffer (zero it before); chunk_done is called as chunks'
+ * gradients become final. */
+void ts_engine_run(ts_engine *e, int step);
+
+/* Validation: the sum of per-token losses over windows 0..n_windows-1 (mod the shard's
+ * window count) that fall to this rank (non-zero only on the last chunk's rank); the
+ * caller sums over the grid and divides by n_windows * T. */
+double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows);
+
+/* Bytes of activation memory allocated (the peak over the run so far). */
+size_t ts_engine_activation_bytes(const ts_engine *e);
+
+#endif

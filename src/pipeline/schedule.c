@@ -1,0 +1,231 @@
+/* The built-in pipeline schedules as pure generators of per-rank action lists, and
+ * ts_schedule_build, which picks a generator or reads a CSV file (schedule_csv.c) and
+ * validates whatever it is about to return (schedule_validate.c).
+ *
+ * Notation below: p = pp ranks, v chunks per rank, m micro-batches, r = pipeline rank.
+ *
+ * gpipe            every forward of the rank's chunk (mb 0..m-1), then every backward
+ *                  in the same order mb 0..m-1 (as torch.distributed.pipelining's
+ *                  ScheduleGPipe). Holds all m activations; bubble (p-1)/(m+p-1).
+ * 1f1b             warm-up min(p-r-1, m) forwards, then one forward / one backward,
+ *                  then the remaining backwards. At most p-r activations on rank r.
+ * interleaved-1f1b Megatron's interleaved 1F1B over v chunks per rank, with the
+ *                  micro-batch group size N lifted as in current Megatron (see
+ *                  interleaved_group_size). v = 1 is plain 1f1b.
+ * zb-h1            Zero Bubble H1 (Qi et al. 2023): 1F1B's order of forwards and
+ *                  input-gradient passes I, with the weight-gradient passes W of rank r
+ *                  deferred by r micro-batches so that they fill the bubbles; the last
+ *                  r W's run in the cool-down. See build_zb_h1 for the memory trade. */
+#include "pipeline/schedule.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Allocate pp empty lists with room for `cap` actions each. */
+static void alloc_lists(ts_schedule *s, const char *name, int pp, int v, int m, int cap)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n_chunks = pp * v;
+    s->n_actions = ts_calloc((size_t)pp, sizeof *s->n_actions);
+    s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
+    for (int r = 0; r < pp; r++) s->actions[r] = ts_calloc((size_t)cap, sizeof(ts_action));
+}
+
+static void push(ts_schedule *s, int r, ts_action_kind kind, int chunk, int mb)
+{
+    s->actions[r][s->n_actions[r]++] = (ts_action){ .kind = kind, .chunk = chunk, .mb = mb };
+}
+
+static void build_gpipe(ts_schedule *s)
+{
+    for (int r = 0; r < s->pp; r++) {
+        for (int i = 0; i < s->m; i++) push(s, r, TS_ACT_F, r, i);
+        for (int i = 0; i < s->m; i++) push(s, r, TS_ACT_B, r, i);
+    }
+}
+
+static void build_1f1b(ts_schedule *s)
+{
+    int pp = s->pp, m = s->m;
+    for (int r = 0; r < pp; r++) {
+        int warmup = min_int(pp - r - 1, m);
+        for (int i = 0; i < warmup; i++) push(s, r, TS_ACT_F, r, i);
+        for (int k = 0; k < m - warmup; k++) { /* steady state: 1F then 1B */
+            push(s, r, TS_ACT_F, r, warmup + k);
+            push(s, r, TS_ACT_B, r, k);
+        }
+        for (int k = m - warmup; k < m; k++) push(s, r, TS_ACT_B, r, k); /* cool-down */
+    }
+}
+
+/* Megatron's micro-batch group size N for the interleaved schedule: forwards go in
+ * groups of N micro-batches, all v local chunks of a group before the next group. The
+ * classic schedule has N = p and needs m % p == 0; current Megatron takes any N in
+ * [p, m] with m % N == 0 or m % N >= p (the last, shorter group still holds at least
+ * p micro-batches, so the steady state never waits on a chunk the pipeline has not
+ * reached). We take the smallest such N (the warm-up grows with N). Returns 0 when
+ * there is none, i.e. m < p. */
+static int interleaved_group_size(int pp, int m)
+{
+    for (int n = pp; n <= m; n++)
+        if (m % n == 0 || m % n >= pp) return n;
+    return 0;
+}
+
+/* Megatron's schedule table: virtual micro-batch k (0 .. v*m-1) -> (mb, local chunk)
+ * of the k-th forward. The k-th backward is the same entry with the local chunk
+ * mirrored (v-1 - chunk). */
+static void interleaved_table(int v, int m, int group, int *mb_of, int *local_of)
+{
+    int k = 0;
+    for (int first = 0; first < m; first += group) {
+        int last = first + group >= m ? m : first + group; /* the last group takes the rest */
+        for (int c = 0; c < v; c++)
+            for (int i = first; i < last; i++) {
+                mb_of[k] = i;
+                local_of[k] = c;
+                k++;
+            }
+        if (last == m) break;
+    }
+}
+
+static void build_interleaved(ts_schedule *s, int group)
+{
+    int pp = s->pp, v = s->v, m = s->m, total = v * m;
+    int *mb_of = ts_malloc((size_t)total * sizeof(int));
+    int *local_of = ts_malloc((size_t)total * sizeof(int));
+    interleaved_table(v, m, group, mb_of, local_of);
+    for (int r = 0; r < pp; r++) {
+        int warmup = min_int(total, (pp - r - 1) * 2 + (v - 1) * group);
+#define FWD(k) push(s, r, TS_ACT_F, local_of[k] * pp + r, mb_of[k])
+#define BWD(k) push(s, r, TS_ACT_B, (v - 1 - local_of[k]) * pp + r, mb_of[k])
+        for (int k = 0; k < warmup; k++) FWD(k);
+        for (int k = 0; k < total - warmup; k++) {
+            FWD(warmup + k);
+            BWD(k);
+        }
+        for (int k = total - warmup; k < total; k++) BWD(k);
+#undef FWD
+#undef BWD
+    }
+    free(mb_of);
+    free(local_of);
+}
+
+/* Zero Bubble H1. Rank r runs 1F1B's sequence of forwards and input-gradient passes
+ * (warm-up min(p-r-1, m) F, then F,I pairs, then the remaining I's), and after each I
+ * a W, except that rank r keeps r W's pending: the W of micro-batch k runs after the
+ * I of micro-batch k+r; the r pending W's run at the end. Later ranks, whose bubbles
+ * sit at the start and end of the step, thus start their I's (the critical path)
+ * earlier and fill the tail with W's. With F = I = W the bubble is (p-1) units per
+ * rank instead of 1F1B's 3(p-1).
+ *
+ * Memory, as in the paper: the full activation of a micro-batch lives from F to I,
+ * at most p-r on rank r as in 1F1B; after I only W's inputs remain, and counting
+ * them (F until W, as ts_schedule_report does) gives at most p on every rank, the peak of
+ * 1F1B's first rank. No schedule can keep F-until-W at p-r and cut the bubble much:
+ * the last rank would have to run F,I,W strictly in turn. */
+static void build_zb_h1(ts_schedule *s)
+{
+    int pp = s->pp, m = s->m;
+    for (int r = 0; r < pp; r++) {
+        int c = r, warmup = min_int(pp - r - 1, m), n_w = 0; /* W's done so far */
+        for (int i = 0; i < warmup; i++) push(s, r, TS_ACT_F, c, i);
+        for (int k = 0; k < m; k++) {
+            if (warmup + k < m) push(s, r, TS_ACT_F, c, warmup + k);
+            push(s, r, TS_ACT_I, c, k);
+            if (k - n_w >= r) push(s, r, TS_ACT_W, c, n_w++); /* more than r W's pending */
+        }
+        while (n_w < m) push(s, r, TS_ACT_W, c, n_w++);
+    }
+}
+
+static const char *const BUILTIN[] = { "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" };
+
+static ts_status build_builtin(ts_schedule *s, const char *name, int pp, int v, int m)
+{
+    bool interleaved = strcmp(name, "interleaved-1f1b") == 0;
+    if (v > 1 && !interleaved)
+        return ts_fail("schedule \"%s\" runs one chunk per pipeline rank but "
+                       "parallel.virtual_stages = %d: use schedule \"interleaved-1f1b\" "
+                       "(or a CSV schedule), or set virtual_stages = 1",
+                       name, v);
+    if (strcmp(name, "gpipe") == 0) {
+        alloc_lists(s, name, pp, v, m, 2 * m);
+        build_gpipe(s);
+    } else if (strcmp(name, "1f1b") == 0 || (interleaved && v == 1)) {
+        alloc_lists(s, name, pp, v, m, 2 * m);
+        build_1f1b(s);
+    } else if (interleaved) {
+        int group = interleaved_group_size(pp, m);
+        if (group == 0)
+            return ts_fail("schedule \"interleaved-1f1b\" with pp = %d needs at least %d "
+                           "micro-batches per step (got %d): raise train.global_batch to "
+                           "at least dp * micro_batch * %d, or use schedule \"1f1b\" with "
+                           "virtual_stages = 1",
+                           pp, pp, m, pp);
+        alloc_lists(s, name, pp, v, m, 2 * v * m);
+        build_interleaved(s, group);
+    } else {
+        alloc_lists(s, name, pp, v, m, 3 * m);
+        build_zb_h1(s);
+    }
+    return TS_OK;
+}
+
+ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int m)
+{
+    memset(s, 0, sizeof *s);
+    if (!name || !*name) return ts_fail("no pipeline schedule given (parallel.schedule)");
+    if (pp < 1 || v < 1 || m < 1)
+        return ts_fail("schedule \"%s\": pp = %d, virtual_stages = %d and the number of "
+                       "micro-batches %d must all be >= 1",
+                       name, pp, v, m);
+    bool builtin = false;
+    for (size_t i = 0; i < sizeof BUILTIN / sizeof BUILTIN[0]; i++)
+        builtin = builtin || strcmp(name, BUILTIN[i]) == 0;
+    if (builtin) {
+        if (build_builtin(s, name, pp, v, m) != TS_OK) {
+            ts_schedule_free(s);
+            return TS_ERR;
+        }
+    } else if (ends_with(name, ".csv")) {
+        return ts_schedule_read_csv(s, name, pp, v, m); /* validated there */
+    } else {
+        return ts_fail("unknown pipeline schedule \"%s\": choose \"gpipe\", \"1f1b\", "
+                       "\"interleaved-1f1b\", \"zb-h1\", or the path of a schedule CSV "
+                       "file (ending in .csv)",
+                       name);
+    }
+    /* Nothing invalid leaves this function, generated or not. */
+    if (ts_schedule_validate(s, NULL) != TS_OK) {
+        ts_error_prefix("schedule \"%s\" (pp = %d, v = %d, m = %d): ", name, pp, v, m);
+        ts_schedule_free(s);
+        return TS_ERR;
+    }
+    return TS_OK;
+}
+
+void ts_schedule_free(ts_schedule *s)
+{
+    if (!s) return;
+    if (s->actions)
+        for (int r = 0; r < s->pp; r++) free(s->actions[r]);
+    free(s->actions);
+    free(s->n_actions);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,203 @@
+/* Schedules as CSV, in torch.distributed.pipelining's compute-only format: one line per
+ * pipeline rank (rank 0 first), comma-separated cells "<stage><F|B|I|W><micro-batch>"
+ * ("0F1", "1B0", "0I2", "0W2"); empty cells and spaces around cells are ignored. A
+ * stage is our global chunk, so stage s must sit on the line of rank s % pp. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/schedule.h"
+
+ts_status ts_schedule_write_csv(const ts_schedule *s, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return ts_fail("cannot write schedule CSV '%s': %s", path, strerror(errno));
+    char cell[32];
+    for (int r = 0; r < s->pp; r++) {
+        for (int j = 0; j < s->n_actions[r]; j++)
+            fprintf(f, "%s%s", j ? "," : "", ts_action_cell(cell, sizeof cell, s->actions[r][j]));
+        fputc('\n', f);
+    }
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad)
+        return ts_fail("cannot write schedule CSV '%s': %s", path, strerror(errno));
+    return TS_OK;
+}
+
+/* A growing action list for one row. */
+typedef struct {
+    ts_action *a;
+    int n, cap;
+} row_list;
+
+static void row_push(row_list *row, ts_action a)
+{
+    if (row->n == row->cap) {
+        row->cap = row->cap ? 2 * row->cap : 64;
+        ts_action *grown = realloc(row->a, (size_t)row->cap * sizeof *grown);
+        if (!grown) ts_panic(__FILE__, __LINE__, "out of memory reading a schedule CSV");
+        row->a = grown;
+    }
+    row->a[row->n++] = a;
+}
+
+/* Parse a decimal number of at most 7 digits at *p; -1 if there is none or it is too long. */
+static int parse_num(const char **p)
+{
+    const char *q = *p;
+    long v = 0;
+    while (isdigit((unsigned char)*q) && q - *p < 8) v = v * 10 + (*q++ - '0');
+    if (q == *p || isdigit((unsigned char)*q) || q - *p > 7) return -1;
+    *p = q;
+    return (int)v;
+}
+
+/* One trimmed, non-empty cell of line `line` (rank `row`). */
+static ts_status parse_cell(const char *path, int line, int row, const char *cell, int pp,
+                            int m, ts_action *out)
+{
+    const char *p = cell;
+    int stage = parse_num(&p);
+    const char *kinds = "FBIW", *k = *p ? strchr(kinds, *p) : NULL;
+    if (stage < 0 || !k || !isdigit((unsigned char)p[1])) {
+        if (stage >= 0 && isupper((unsigned char)p[0]) && isupper((unsigned char)p[1]))
+            return ts_fail("%s:%d: cell '%s': only compute actions (F, B, I, W) are "
+                           "supported; write a compute-only schedule (the engine adds the "
+                           "sends and receives)",
+                           path, line, cell);
+        return ts_fail("%s:%d: cell '%s': expected <stage><F|B|I|W><micro-batch>, e.g. '0F1'",
+                       path, line, cell);
+    }
+    p++;
+    int mb = parse_num(&p);
+    if (mb < 0 || *p)
+        return ts_fail("%s:%d: cell '%s': expected <stage><F|B|I|W><micro-batch>, e.g. '0F1'",
+                       path, line, cell);
+    if (stage % pp != row)
+        return ts_fail("%s:%d: cell '%s': stage %d runs on pipeline rank %d (stage %% pp, "
+                       "pp = %d) but line %d lists the actions of rank %d",
+                       path, line, cell, stage, stage % pp, pp, line, row);
+    if (mb >= m)
+        return ts_fail("%s:%d: cell '%s': micro-batch %d, but the config gives %d "
+                       "micro-batches per step (0..%d; train.global_batch / (dp * "
+                       "micro_batch))",
+                       path, line, cell, mb, m, m - 1);
+    *out = (ts_action){ .kind = (ts_action_kind)(k - kinds), .chunk = stage, .mb = mb };
+    return TS_OK;
+}
+
+/* Split `text` (one line, no newline) at commas and append its cells to `row`. */
+static ts_status parse_line(const char *path, int line, int row, char *text, int pp, int m,
+                            row_list *list, int *max_stage)
+{
+    for (char *cell = text;;) {
+        char *comma = strchr(cell, ',');
+        if (comma) *comma = '\0';
+        while (isspace((unsigned char)*cell)) cell++;
+        char *end = cell + strlen(cell);
+        while (end > cell && isspace((unsigned char)end[-1])) *--end = '\0';
+        if (*cell) {
+            ts_action a = { TS_ACT_F, 0, 0 };
+            if (parse_cell(path, line, row, cell, pp, m, &a) != TS_OK) return TS_ERR;
+            row_push(list, a);
+            if (a.chunk > *max_stage) *max_stage = a.chunk;
+        }
+        if (!comma) return TS_OK;
+        cell = comma + 1;
+    }
+}
+
+static bool blank(const char *s)
+{
+    for (; *s; s++)
+        if (!isspace((unsigned char)*s) && *s != ',') return false;
+    return true;
+}
+
+/* Read the rows of `f` into lists[0..pp-1]; *n_rows = lines up to the last non-blank. */
+static ts_status read_rows(FILE *f, const char *path, int pp, int m, row_list *lists,
+                           int *n_rows, int *max_stage)
+{
+    char *text = NULL;
+    size_t cap = 0;
+    ts_status st = TS_OK;
+    *n_rows = 0;
+    for (int line = 1; getline(&text, &cap, f) >= 0; line++) {
+        text[strcspn(text, "\r\n")] = '\0';
+        if (blank(text)) continue; /* a blank row is an empty rank: validation says so */
+        if (line > pp) {
+            st = ts_fail("%s:%d: the file has more lines than pipeline ranks (pp = %d): one "
+                         "line per rank, rank 0 first",
+                         path, line, pp);
+            break;
+        }
+        *n_rows = line;
+        if ((st = parse_line(path, line, line - 1, text, pp, m, &lists[line - 1], max_stage)))
+            break;
+    }
+    free(text);
+    if (st == TS_OK && ferror(f)) st = ts_fail("cannot read schedule CSV '%s'", path);
+    return st;
+}
+
+ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, int m)
+{
+    memset(s, 0, sizeof *s);
+    if (pp < 1 || v < 1 || m < 1)
+        return ts_fail("schedule CSV '%s': pp = %d, virtual_stages = %d and the number of "
+                       "micro-batches %d must all be >= 1",
+                       path, pp, v, m);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return ts_fail("cannot open schedule CSV '%s' (parallel.schedule): %s", path,
+                       strerror(errno));
+    row_list *lists = ts_calloc((size_t)pp, sizeof *lists);
+    int n_rows = 0, max_stage = -1;
+    ts_status st = read_rows(f, path, pp, m, lists, &n_rows, &max_stage);
+    fclose(f);
+    if (st == TS_OK && n_rows < pp)
+        st = ts_fail("%s: %d line(s) of actions but pp = %d pipeline ranks: the CSV needs one "
+                     "line per rank, rank 0 first",
+                     path, n_rows, pp);
+    if (st == TS_OK && max_stage + 1 != pp * v) {
+        int n = max_stage + 1;
+        if (n % pp == 0)
+            st = ts_fail("%s: found %d stages (0..%d), i.e. %d per rank, but the config has "
+                         "pp = %d x virtual_stages = %d = %d chunks: set "
+                         "parallel.virtual_stages = %d or fix the CSV",
+                         path, n, n - 1, n / pp, pp, v, pp * v, n / pp);
+        else
+            st = ts_fail("%s: found %d stages (0..%d), but the config has pp = %d x "
+                         "virtual_stages = %d = %d chunks (and %d is not a multiple of pp)",
+                         path, n, n - 1, pp, v, pp * v, n);
+    }
+    if (st != TS_OK) {
+        for (int r = 0; r < pp; r++) free(lists[r].a);
+        free(lists);
+        return st;
+    }
+    size_t len = strlen(path), room = sizeof s->name - 1; /* a long path keeps its end */
+    if (len <= room)
+        snprintf(s->name, sizeof s->name, "%s", path);
+    else
+        snprintf(s->name, sizeof s->name, "...%s", path + len - (room - 3));
+    s->pp = pp;
+    s->v = v;
+    s->m = m;
+    s->n_chunks = pp * v;
+    s->n_actions = ts_calloc((size_t)pp, sizeof *s->n_actions);
+    s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
+    for (int r = 0; r < pp; r++) {
+        s->n_actions[r] = lists[r].n;
+        s->actions[r] = lists[r].a; /* ownership moves to s */
+    }
+    free(lists);
+    if (ts_schedule_validate(s, NULL) != TS_OK) {
+        ts_error_prefix("%s: ", path);
+        ts_schedule_free(s);
+        return TS_ERR;
+    }
+    return TS_OK;
+}

@@ -1,0 +1,65 @@
+/* The pipeline simulator: replays a schedule's action lists on a cost model.
+ *
+ * Each pipeline rank executes its actions strictly in list order. An action starts
+ * when its rank is free and all its inputs have arrived: a dependency on another rank
+ * arrives at its finish time + latency + msg_bytes / bandwidth; a dependency on the
+ * same rank costs nothing. Dependencies are schedule.h's: F(c,i) <- F(c-1,i);
+ * B/I(c,i) <- F(c,i), B/I(c+1,i); W(c,i) <- I(c,i). Costs: F takes f[c], I takes i[c],
+ * W takes w[c] and a full B takes i[c] + w[c].
+ *
+ * Units are the caller's (seconds in the docs below, with latency in seconds and
+ * bandwidth in bytes per second; any consistent time unit works). */
+#ifndef TS_SIM_H
+#define TS_SIM_H
+
+#include "core/error.h"
+#include "core/trace.h"
+#include "pipeline/schedule.h"
+
+typedef struct {
+    int n_chunks;
+    const double *f;         /* [n_chunks] forward time of one micro-batch */
+    const double *i;         /* [n_chunks] input-gradient time */
+    const double *w;         /* [n_chunks] weight-gradient time (B = i + w) */
+    const double *act_bytes; /* [n_chunks] activation bytes a micro-batch holds from its F
+                                until its B (or W); NULL = 0 */
+    double latency;          /* per P2P message (s) */
+    double bandwidth;        /* bytes/s; <= 0 means infinite (free transfers) */
+    double msg_bytes;        /* activation / gradient message per micro-batch (B*T*C*4) */
+    const double *optim;     /* [pp] optimizer time appended after a rank's last action
+                                (NULL = none) */
+} ts_sim_costs;
+
+enum { TS_SIM_OPTIM = 4 }; /* ts_sim_event.kind beyond ts_action_kind's F/B/I/W */
+
+typedef struct {
+    int rank;
+    int kind;        /* ts_action_kind, or TS_SIM_OPTIM (chunk = mb = -1) */
+    int chunk, mb;
+    double start, end;
+} ts_sim_event;
+
+typedef struct {
+    int pp;
+    double step_time;         /* makespan */
+    double *busy;             /* [pp] compute (and optimizer) time per rank */
+    double *bubble;           /* [pp] idle / step_time */
+    double bubble_mean;       /* mean of bubble[] over ranks */
+    double *peak_act_bytes;   /* [pp] most activation bytes held at once */
+    int *peak_act_mb;         /* [pp] most micro-batch activations held at once */
+    int n_events;
+    ts_sim_event *events;     /* every action (and optimizer step), in rank, list order */
+} ts_sim_result;
+
+/* Simulate. Errors: an action on the wrong rank, a duplicate or missing action, a
+ * dependency on an action the schedule never runs, or a deadlock (ranks each waiting
+ * for another), with the first blocked action of every rank named. */
+ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result *r);
+void ts_sim_result_free(ts_sim_result *r);
+
+/* Append the events to a trace with times scaled by `us_per_unit` (1e6 for seconds):
+ * compute spans as "F"/"B"/"I"/"W", optimizer as "optim", and the gaps in which a rank
+ * waited for an input as "wait". */
+void ts_sim_to_trace(const ts_sim_result *r, double us_per_unit, ts_trace *t);
+
+#endif

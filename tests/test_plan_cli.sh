@@ -1,0 +1,126 @@
+# tessera plan: textbook bubbles with --cost uniform, JSON shape, trace and SVG files,
+# drawing a trace file, and clear errors for impossible configs. No python: grep/awk.
+source "$(dirname "$0")/lib.sh"
+
+cfg="$SRC/configs/tiny.cfg"
+# pp=4, m = global_batch / (dp * micro_batch) = 32 / 4 = 8.
+p4=(--set parallel.pp=4 --set train.global_batch=32 --set parallel.micro_batch=4)
+
+plan() { timeout 120 "$TESSERA" plan "$@" >"$TMP/out" 2>"$TMP/err"; }
+
+# json_num KEY: the first numeric value of "KEY" in $TMP/out (the overall one for "bubble").
+json_num() { grep -o "\"$1\": *[-0-9.eE+]*" "$TMP/out" | head -1 | sed 's/.*: *//'; }
+
+# close A B: |A - B| < 1e-6
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d < 1e-6) }'; }
+
+check_bubble() { # NAME EXPECTED ARGS...
+  local name="$1" want="$2"; shift 2
+  if ! plan "$@"; then fail "$name: exit code $?: $(cat "$TMP/err")"; return; fi
+  local b; b=$(json_num bubble)
+  if close "$b" "$want"; then pass; else fail "$name: bubble $b, expected $want"; fi
+}
+
+# Textbook bubbles: (p-1)/(m+p-1) = 3/11, interleaved (p-1)/(v*m+p-1) = 3/19.
+check_bubble "gpipe" "$(awk 'BEGIN { print 3/11 }')" "$cfg" "${p4[@]}" --set parallel.schedule=gpipe --json --cost uniform
+check_bubble "1f1b" "$(awk 'BEGIN { print 3/11 }')" "$cfg" "${p4[@]}" --set parallel.schedule=1f1b --json --cost uniform
+check_bubble "interleaved v=2" "$(awk 'BEGIN { print 3/19 }')" "$cfg" "${p4[@]}" --set model.n_layer=6 \
+  --set parallel.schedule=interleaved-1f1b --set parallel.virtual_stages=2 --json --cost uniform
+# ZB-H1: (p-1)/(3m+p-1) = 3/27, below 1F1B's.
+check_bubble "zb-h1" "$(awk 'BEGIN { print 3/27 }')" "$cfg" "${p4[@]}" --set parallel.schedule=zb-h1 --json --cost uniform
+zb=$(json_num bubble)
+if awk -v z="$zb" 'BEGIN { exit !(z != "" && z < 3/11) }'; then pass; else fail "zb-h1 bubble $zb not below 1f1b's"; fi
+
+# The JSON object: one line, every contract key, one entry per pipeline rank.
+if plan "$cfg" "${p4[@]}" --json --cost uniform; then
+  lines=$(wc -l < "$TMP/out")
+  [ "$lines" -eq 1 ] && pass || fail "--json printed $lines lines"
+  for key in world pp dp tp v schedule microbatches partition step_ms bubble ranks pp_rank \
+             peak_activation_bytes; do
+    grep -q "\"$key\":" "$TMP/out" && pass || fail "--json lacks \"$key\": $(cat "$TMP/out")"
+  done
+  [ "$(grep -o '"pp_rank"' "$TMP/out" | wc -l)" -eq 4 ] && pass || fail "--json: not 4 ranks"
+  close "$(json_num microbatches)" 8 && pass || fail "microbatches != 8"
+  close "$(json_num step_ms)" 33 && pass || fail "uniform 1f1b step_ms != 33: $(cat "$TMP/out")"
+  grep -q '"partition": *\[[0-9]*, *[0-9]*, *[0-9]*, *[0-9]*\]' "$TMP/out" && pass ||
+    fail "partition is not 4 layer counts"
+else
+  fail "plan --json failed: $(cat "$TMP/err")"
+fi
+
+# An explicit partition is used as given.
+if plan "$cfg" "${p4[@]}" --set 'parallel.partition=[3,1,1,1]' --json --no-measure; then
+  grep -q '"partition": *\[3, *1, *1, *1\]' "$TMP/out" && pass || fail "explicit partition: $(cat "$TMP/out")"
+else
+  fail "explicit partition failed: $(cat "$TMP/err")"
+fi
+
+# The human-readable report (measured costs, the default).
+if plan "$cfg" --set parallel.pp=2; then
+  for what in "partition: balanced" "chunk 1" "simulated step:" "bubble:" "peak activations"; do
+    grep -q "$what" "$TMP/out" && pass || fail "report lacks '$what': $(cat "$TMP/out")"
+  done
+else
+  fail "plan (measured) failed: $(cat "$TMP/err")"
+fi
+
+# Communication makes the step slower than free communication would.
+plan "$cfg" "${p4[@]}" --json --no-measure --latency-us 0 --bandwidth-gbs 1e9 && fast=$(json_num step_ms)
+plan "$cfg" "${p4[@]}" --json --no-measure --latency-us 5000 && slow=$(json_num step_ms)
+awk -v f="${fast:-}" -v s="${slow:-}" 'BEGIN { exit !(f != "" && s != "" && s > f + 30) }' && pass ||
+  fail "latency does not slow the step: $fast vs $slow"
+
+# Trace and SVG files; then draw the trace file back.
+if plan "$cfg" "${p4[@]}" --cost uniform --trace "$TMP/t/plan.json" --svg "$TMP/t/plan.svg"; then
+  head -c 1 "$TMP/t/plan.json" | grep -q '{' && tail -c 2 "$TMP/t/plan.json" | grep -q '}' &&
+    grep -q '"traceEvents"' "$TMP/t/plan.json" && pass || fail "--trace is not a Chrome trace"
+  opens=$(tr -cd '{' < "$TMP/t/plan.json" | wc -c); closes=$(tr -cd '}' < "$TMP/t/plan.json" | wc -c)
+  [ "$opens" -eq "$closes" ] && pass || fail "--trace: unbalanced braces"
+  [ "$(grep -o '"ph":"X"' "$TMP/t/plan.json" | grep -c .)" -ge 64 ] && pass || fail "--trace: too few events"
+  head -c 4 "$TMP/t/plan.svg" | grep -q '<svg' && pass || fail "--svg does not start with <svg"
+  [ "$(grep -o 'class="ev"' "$TMP/t/plan.svg" | wc -l)" -eq 64 ] && pass ||
+    fail "--svg: expected 64 blocks (4 ranks x 8 micro-batches x F,B)"
+  if plan --from-trace "$TMP/t/plan.json" --svg "$TMP/t/again.svg"; then
+    cmp -s <(grep -c 'class="ev"' "$TMP/t/plan.svg") <(grep -c 'class="ev"' "$TMP/t/again.svg") &&
+      pass || fail "--from-trace drew a different number of blocks"
+  else
+    fail "--from-trace failed: $(cat "$TMP/err")"
+  fi
+else
+  fail "plan --trace/--svg failed: $(cat "$TMP/err")"
+fi
+
+# expect_plan_error PATTERN ARGS...: non-zero exit, PATTERN once on stderr, nothing on stdout.
+expect_plan_error() {
+  local pattern="$1"; shift
+  if plan "$@"; then fail "expected failure ($pattern): plan $*"; return; fi
+  local rc=$? count
+  count=$(grep -cE -- "$pattern" "$TMP/err" || true)
+  if [ "$rc" -ge 124 ] || [ "$count" -ne 1 ] || [ -s "$TMP/out" ]; then
+    fail "plan $*: rc $rc, '$pattern' found $count times; stderr: $(cat "$TMP/err")"
+    return
+  fi
+  pass
+}
+expect_plan_error "more pipeline chunks than layers" "$cfg" --set parallel.pp=7 --set train.global_batch=28
+expect_plan_error "partition sums to 7 layers" "$cfg" "${p4[@]}" --set 'parallel.partition=[2,2,2,1]'
+expect_plan_error "chunk 3 has 0 layers" "$cfg" "${p4[@]}" --set 'parallel.partition=[3,2,1,0]' --json
+expect_plan_error "interleaved-1f1b.*micro-batches" "$cfg" --set parallel.pp=2 --set model.n_layer=6 \
+  --set parallel.schedule=interleaved-1f1b --set parallel.virtual_stages=2 --set train.global_batch=4
+expect_plan_error "global_batch" "$cfg" --set train.global_batch=15
+expect_plan_error "No such file|cannot read|not found" "$TMP/absent.cfg"
+expect_plan_error "not a Chrome trace|traceEvents|not valid JSON" --from-trace "$cfg" --svg "$TMP/x.svg"
+expect_plan_error "--cost" "$cfg" --cost free
+expect_plan_error "needs a CONFIG" --json
+
+# --help documents every option.
+if "$TESSERA" plan --help >"$TMP/out"; then
+  for opt in --json --cost uniform --no-measure --trace --svg --from-trace --latency-us \
+             --bandwidth-gbs --set; do
+    grep -q -- "$opt" "$TMP/out" && pass || fail "--help does not mention $opt"
+  done
+else
+  fail "plan --help exit code"
+fi
+
+finish

@@ -1,0 +1,247 @@
+/* Simulator: textbook bubbles of the schedules with uniform costs and free
+ * communication, communication costs, activation memory, deadlock detection, traces. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/sim.h"
+#include "test_util.h"
+
+#define MAXC 64
+
+/* Uniform per-chunk costs: F = f, I = W = b / 2 (so B = b). */
+typedef struct {
+    double f[MAXC], i[MAXC], w[MAXC], act[MAXC];
+    ts_sim_costs c;
+} costs;
+
+static void uniform(costs *k, int n_chunks, double f, double b)
+{
+    for (int c = 0; c < n_chunks; c++) k->f[c] = f, k->i[c] = k->w[c] = b / 2, k->act[c] = 1000;
+    k->c = (ts_sim_costs){.n_chunks = n_chunks, .f = k->f, .i = k->i, .w = k->w,
+                          .act_bytes = k->act};
+}
+
+static int simulate(const char *name, int p, int v, int m, double f, double b, double latency,
+                    ts_sim_result *r)
+{
+    ts_schedule s;
+    if (ts_schedule_build(&s, name, p, v, m) != TS_OK) {
+        fprintf(stderr, "%s p=%d v=%d m=%d: %s\n", name, p, v, m, ts_error_message());
+        return -1;
+    }
+    costs k;
+    uniform(&k, p * v, f, b);
+    k.c.latency = latency;
+    k.c.bandwidth = 0;
+    int rc = ts_sim_run(&s, &k.c, r) == TS_OK ? 0 : -1;
+    if (rc) fprintf(stderr, "sim %s: %s\n", name, ts_error_message());
+    ts_schedule_free(&s);
+    return rc;
+}
+
+static void test_textbook_plain(void)
+{
+    const char *names[] = {"gpipe", "1f1b"};
+    const int ps[] = {1, 2, 4, 8}, ms[] = {1, 2, 4, 8, 13};
+    for (int n = 0; n < 2; n++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 5; b++) {
+                int p = ps[a], m = ms[b];
+                ts_sim_result r;
+                if (simulate(names[n], p, 1, m, 1.0, 2.0, 0.0, &r) != 0) {
+                    CHECK(0);
+                    continue;
+                }
+                double want = (double)(p - 1) / (m + p - 1);
+                CHECKF(fabs(r.bubble_mean - want) < 1e-9, "%s p=%d m=%d bubble %.12f want %.12f",
+                       names[n], p, m, r.bubble_mean, want);
+                CHECK(fabs(r.step_time - 3.0 * (m + p - 1)) < 1e-9);
+                for (int q = 0; q < p; q++) CHECK(fabs(r.bubble[q] - want) < 1e-9);
+                CHECK(r.n_events == 2 * m * p);
+                ts_sim_result_free(&r);
+            }
+}
+
+static void test_textbook_interleaved(void)
+{
+    const int ps[] = {2, 4}, vs[] = {2, 3}, ms[] = {4, 8, 16};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 3; c++) {
+                int p = ps[a], v = vs[b], m = ms[c];
+                ts_sim_result r;
+                if (simulate("interleaved-1f1b", p, v, m, 1.0 / v, 2.0 / v, 0.0, &r) != 0) {
+                    CHECK(0);
+                    continue;
+                }
+                double want = (double)(p - 1) / (v * m + p - 1);
+                CHECKF(fabs(r.bubble_mean - want) < 1e-9, "interleaved p=%d v=%d m=%d bubble %.12f "
+                       "want %.12f", p, v, m, r.bubble_mean, want);
+                ts_sim_result_free(&r);
+            }
+}
+
+static void test_zero_bubble(void)
+{
+    const int ps[] = {2, 4, 8};
+    for (int a = 0; a < 3; a++)
+        for (int mult = 2; mult <= 4; mult++) {
+            int p = ps[a], m = mult * p;
+            ts_sim_result zb, ref;
+            if (simulate("zb-h1", p, 1, m, 1.0, 2.0, 0.0, &zb) != 0 ||
+                simulate("1f1b", p, 1, m, 1.0, 2.0, 0.0, &ref) != 0) {
+                CHECK(0);
+                continue;
+            }
+            double ratio = zb.bubble_mean / ref.bubble_mean;
+            printf("zb-h1 p=%d m=%d: bubble %.4f vs 1f1b %.4f (ratio %.3f), peak %d vs %d mb\n",
+                   p, m, zb.bubble_mean, ref.bubble_mean, ratio, zb.peak_act_mb[0],
+                   ref.peak_act_mb[0]);
+            /* ZB-H1 leaves (p-1)(F+B-2W) = (p-1) units idle per rank: bubble (p-1)/(3m+p-1),
+             * a ratio (m+p-1)/(3m+p-1) to 1F1B's: 3/7 at most for m = 2p, under 0.4 from
+             * m = 3p, tending to 1/3. */
+            double want = (double)(p - 1) / (3 * m + p - 1);
+            CHECKF(fabs(zb.bubble_mean - want) < 1e-9, "zb-h1 p=%d m=%d bubble %.12f want %.12f",
+                   p, m, zb.bubble_mean, want);
+            CHECKF(ratio < (mult >= 3 ? 0.4 : 3.0 / 7.0), "zb-h1 p=%d m=%d ratio %.3f", p, m, ratio);
+            CHECK(zb.peak_act_mb[0] == ref.peak_act_mb[0]); /* at 1F1B's memory */
+            CHECK(zb.step_time < ref.step_time);
+            ts_sim_result_free(&zb);
+            ts_sim_result_free(&ref);
+        }
+}
+
+static void test_communication(void)
+{
+    ts_sim_result free_r, slow;
+    CHECK(simulate("1f1b", 4, 1, 8, 1.0, 2.0, 0.0, &free_r) == 0);
+    CHECK(simulate("1f1b", 4, 1, 8, 1.0, 2.0, 0.25, &slow) == 0);
+    CHECK(slow.step_time > free_r.step_time + 0.25);
+    CHECK(slow.bubble_mean > free_r.bubble_mean);
+    /* The critical path of the first forward and last backward crosses 2 * (p-1) links. */
+    CHECK(slow.step_time >= free_r.step_time + 2 * 3 * 0.25 - 1e-9);
+    ts_sim_result_free(&free_r);
+    ts_sim_result_free(&slow);
+
+    /* Bandwidth: message / bandwidth adds to every hop like latency does. */
+    ts_schedule s;
+    CHECK(ts_schedule_build(&s, "gpipe", 2, 1, 1) == TS_OK);
+    costs k;
+    uniform(&k, 2, 1.0, 2.0);
+    k.c.latency = 0.5;
+    k.c.bandwidth = 100.0;
+    k.c.msg_bytes = 50.0; /* 0.5 s */
+    ts_sim_result r;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    /* F0 [0,1], hop 1, F1 [2,3], B1 [3,5], hop 1, B0 [6,8]. */
+    CHECKF(fabs(r.step_time - 8.0) < 1e-12, "step %g", r.step_time);
+    ts_sim_result_free(&r);
+    /* One rank holding both chunks: no transfers. */
+    ts_schedule_free(&s);
+    CHECK(ts_schedule_build(&s, "interleaved-1f1b", 1, 2, 2) == TS_OK);
+    uniform(&k, 2, 1.0, 2.0);
+    k.c.latency = 10.0;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.step_time - 12.0) < 1e-12 && r.bubble_mean == 0.0);
+    ts_sim_result_free(&r);
+    ts_schedule_free(&s);
+}
+
+static void test_memory(void)
+{
+    const int ps[] = {2, 4}, ms[] = {1, 3, 8};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++) {
+            int p = ps[a], m = ms[b];
+            ts_sim_result one, gp;
+            CHECK(simulate("1f1b", p, 1, m, 1.0, 2.0, 0.0, &one) == 0);
+            CHECK(simulate("gpipe", p, 1, m, 1.0, 2.0, 0.0, &gp) == 0);
+            int want = p < m ? p : m;
+            CHECKF(one.peak_act_bytes[0] == want * 1000.0, "1f1b p=%d m=%d peak %g", p, m,
+                   one.peak_act_bytes[0]);
+            CHECK(one.peak_act_mb[0] == want);
+            for (int q = 0; q < p; q++) {
+                int wq = p - q < m ? p - q : m;
+                CHECK(one.peak_act_mb[q] == wq);
+                CHECK(gp.peak_act_bytes[q] == m * 1000.0);
+            }
+            ts_sim_result_free(&one);
+            ts_sim_result_free(&gp);
+        }
+}
+
+static void test_optimizer(void)
+{
+    ts_schedule s;
+    CHECK(ts_schedule_build(&s, "1f1b", 2, 1, 4) == TS_OK);
+    costs k;
+    uniform(&k, 2, 1.0, 2.0);
+    double optim[2] = {0.5, 0.5};
+    k.c.optim = optim;
+    ts_sim_result r;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.step_time - (3.0 * 5 + 0.5)) < 1e-12);
+    CHECK(r.n_events == 2 * 8 + 2 && r.events[8].kind == TS_SIM_OPTIM);
+    ts_trace t;
+    ts_trace_init(&t);
+    ts_sim_to_trace(&r, 1000.0, &t);
+    int compute = 0, waits = 0, optims = 0;
+    for (int i = 0; i < t.n; i++) {
+        compute += strlen(t.events[i].cat) == 1;
+        waits += !strcmp(t.events[i].cat, "wait");
+        optims += !strcmp(t.events[i].cat, "optim");
+    }
+    CHECK(compute == 16 && optims == 2 && waits >= 2);
+    /* Busy + waits + trailing idle = step on every rank. */
+    double rank1 = 0;
+    for (int i = 0; i < t.n; i++)
+        if (t.events[i].rank == 1) rank1 += t.events[i].dur_us;
+    CHECK(rank1 <= r.step_time * 1000.0 + 1e-6);
+    ts_trace_free(&t);
+    ts_sim_result_free(&r);
+    ts_schedule_free(&s);
+}
+
+/* A hand-made list: rank 0 runs B before its F. */
+static void test_errors(void)
+{
+    ts_action r0[] = {{TS_ACT_B, 0, 0}, {TS_ACT_F, 0, 0}};
+    ts_action r1[] = {{TS_ACT_F, 1, 0}, {TS_ACT_B, 1, 0}};
+    ts_action *lists[] = {r0, r1};
+    int counts[] = {2, 2};
+    ts_schedule s = {.name = "hand", .pp = 2, .v = 1, .m = 1, .n_chunks = 2,
+                     .n_actions = counts, .actions = lists};
+    costs k;
+    uniform(&k, 2, 1.0, 2.0);
+    ts_sim_result r;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR);
+    CHECKF(strstr(ts_error_message(), "deadlock") && strstr(ts_error_message(), "rank 0 waits at B"),
+           "%s", ts_error_message());
+
+    r0[0] = (ts_action){TS_ACT_F, 1, 0}; /* chunk 1 lives on rank 1 */
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR);
+    CHECK(strstr(ts_error_message(), "lives on rank 1") != NULL);
+    r0[0] = (ts_action){TS_ACT_F, 0, 0};
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR); /* F twice, no B */
+    CHECK(strstr(ts_error_message(), "twice") != NULL);
+    r0[1] = (ts_action){TS_ACT_I, 0, 0};
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR); /* I without W */
+    CHECK(strstr(ts_error_message(), "one I and one W") != NULL);
+    r0[1] = (ts_action){TS_ACT_B, 0, 0};
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.step_time - 6.0) < 1e-12);
+    ts_sim_result_free(&r);
+}
+
+int main(void)
+{
+    test_textbook_plain();
+    test_textbook_interleaved();
+    test_zero_bubble();
+    test_communication();
+    test_memory();
+    test_optimizer();
+    test_errors();
+    return ts_test_report();
+}
