@@ -117,10 +117,12 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
                 lx, col, lx + 18, k_styles[s].label);
         lx += 30 + 7.0 * (double)strlen(k_styles[s].label);
     }
+    bool virtual_stages = false;
+    for (int i = 0; i < n; i++) virtual_stages = virtual_stages || events[i].chunk >= n_ranks;
     fprintf(f,
             "<text x=\"%.1f\" y=\"45\" font-size=\"11\" fill=\"#666\">label = micro-batch; "
-            "lighter = later virtual stage; blank = idle</text>\n",
-            lx + 8);
+            "%sblank = idle</text>\n",
+            lx + 8, virtual_stages ? "lighter = later virtual stage; " : "");
 
     /* Rows. */
     for (int r = 0; r < n_ranks; r++) {
