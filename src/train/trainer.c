@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -232,6 +233,10 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
+    double wait = t->grad_sync.wait_ms;
+    MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    out->dp_wait_ms = wait;
+    out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
 }
 
 double ts_trainer_eval(ts_trainer *t)
@@ -274,6 +279,37 @@ static ts_status write_trace(ts_trainer *t)
     return agree(st, &t->world);
 }
 
+/* Peak resident memory and activation memory of every rank, gathered to rank 0: a
+ * line on stderr and one in the metrics ({"peak_rss_mb":[...],"activation_mb":[...]}). */
+static void report_memory(ts_trainer *t)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double mine[2] = {(double)ru.ru_maxrss / 1024.0,
+                      (double)ts_engine_activation_bytes(&t->engine) / (1024.0 * 1024.0)};
+    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 2, sizeof(double)) : NULL;
+    MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, t->world.mpi);
+    if (t->world.rank == 0) {
+        char line[4096];
+        size_t at = 0;
+        at += (size_t)snprintf(line + at, sizeof line - at, "{\"peak_rss_mb\":[");
+        for (int r = 0; r < t->world.size && at < sizeof line; r++)
+            at += (size_t)snprintf(line + at, sizeof line - at, "%s%.1f", r ? "," : "", all[2 * r]);
+        if (at < sizeof line) at += (size_t)snprintf(line + at, sizeof line - at, "],\"activation_mb\":[");
+        for (int r = 0; r < t->world.size && at < sizeof line; r++)
+            at += (size_t)snprintf(line + at, sizeof line - at, "%s%.1f", r ? "," : "", all[2 * r + 1]);
+        if (at < sizeof line) snprintf(line + at, sizeof line - at, "]}");
+        if (t->metrics) {
+            fprintf(t->metrics, "%s\n", line);
+            fflush(t->metrics);
+        }
+        ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB); per rank in "
+                    "the metrics file",
+                    all[0], all[1]);
+    }
+    free(all);
+}
+
 static void format_eta(char *buf, size_t n, double seconds)
 {
     if (seconds < 0 || !isfinite(seconds)) seconds = 0;
@@ -305,9 +341,10 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (t->metrics) {
             fprintf(t->metrics,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
-                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f}\n",
+                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
+                    "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f}\n",
                     step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s, s.bubble,
-                    s.dp_overlap);
+                    s.dp_overlap, s.dp_wait_ms, s.dp_bytes);
             fflush(t->metrics);
         }
         if (c->log.progress) {
@@ -329,6 +366,7 @@ ts_status ts_trainer_run(ts_trainer *t)
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
     }
+    report_memory(t);
     if (t->tracing) return write_trace(t);
     return TS_OK;
 }

@@ -27,6 +27,8 @@ typedef struct {
     long long tokens;   /* tokens in the step (global) */
     double bubble;      /* idle fraction of the pipeline ranks, averaged */
     double dp_overlap;  /* fraction of the dp all-reduce hidden behind compute */
+    double dp_wait_ms;  /* time blocked finishing the dp all-reduce (max over ranks) */
+    double dp_bytes;    /* gradient bytes each replica all-reduces per step */
 } ts_step_stats;
 
 typedef struct {
