@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README command 1: install what is missing, build, prepare the fortunes corpus and
-# train the default model (configs/tiny.cfg), showing progress.
+# train the default model (configs/tiny.cfg) on several ranks, showing progress.
+# The grid defaults to data parallelism over 2 ranks; set RANKS and pass --set options
+# for another (RANKS=4 scripts/train.sh --set parallel.pp=2 --set parallel.dp=2).
 # Extra arguments go to `tessera train` (e.g. --set train.steps=50).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -9,4 +11,9 @@ scripts/setup.sh
 scripts/build.sh "$root/build"
 scripts/prepare_data.sh "$root/build/tessera" data
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec mpirun -np 1 "$root/build/tessera" train configs/tiny.cfg "$@"
+ranks="${RANKS:-2}"
+grid=()
+if [ $# -eq 0 ] || ! printf '%s\n' "$@" | grep -q 'parallel\.\(pp\|dp\|tp\)='; then
+  grid=(--set "parallel.dp=$ranks")
+fi
+exec mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train configs/tiny.cfg "${grid[@]}" "$@"
