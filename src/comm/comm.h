@@ -10,7 +10,7 @@
 
 #include <mpi.h>
 
-typedef struct {
+typedef struct ts_comm_s {
     MPI_Comm mpi;   /* MPI_COMM_NULL: this rank is not in the group */
     int rank, size;
     const char *name; /* "tp", "dp", "pp", "embed", "world": for error messages */

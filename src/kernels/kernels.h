@@ -77,6 +77,27 @@ typedef struct ts_kernels {
     double (*sum_squares)(const float *x, size_t n);
     /* x *= s. */
     void (*scale)(float *x, float s, size_t n);
+
+    /* ---- vocab-parallel (tensor parallelism): this rank holds vocabulary rows
+     * [v0, v0 + nv) of wte; tokens outside contribute zeros, and the partial results
+     * are all-reduced by the caller. */
+    /* out[b,t,:] = (tokens[b,t] in range ? wte[tokens[b,t] - v0, :] : 0) + wpe[t, :]
+     * (wpe may be NULL: added on one rank only, so the all-reduce counts it once). */
+    void (*vocab_embed_forward)(float *out, const int *tokens, const float *wte,
+                                const float *wpe, int v0, int nv, int B, int T, int C);
+    /* dwte[tok - v0, :] += dout for tokens in range; dwpe[t, :] += sum_b dout (if dwpe). */
+    void (*vocab_embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                                 int v0, int nv, int B, int T, int C);
+    /* Cross-entropy over logits [N, nv] (this rank's vocabulary columns), in three passes
+     * around the caller's all-reduces: (1) row max and the target's logit (0 when the
+     * target is not in range), to be max- and sum-reduced; (2) sum of exp(x - max), to
+     * be sum-reduced; (3) losses and, in place, dlogits = (softmax - onehot) * dloss. */
+    void (*xent_vp_stats)(float *rowmax, float *target_logit, const float *logits,
+                          const int *targets, int v0, int nv, int N);
+    void (*xent_vp_sumexp)(float *sumexp, const float *logits, const float *rowmax, int N, int nv);
+    void (*xent_vp_finish)(float *losses, float *logits, const int *targets, int v0, int nv,
+                           const float *rowmax, const float *sumexp, const float *target_logit,
+                           int N, float dloss);
 } ts_kernels;
 
 /* The CPU backend. */

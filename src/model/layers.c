@@ -2,60 +2,80 @@
  * A block reads like nanoGPT's:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x)).
  * The backward runs the residual stream's gradient `dx` through in place: each
  * LayerNorm backward adds its input gradient to it (the residual branch's identity
- * path is the "+ dx" for free). */
+ * path is the "+ dx" for free).
+ *
+ * Tensor parallelism (Megatron) hides in four places, each next to the matmul it
+ * belongs to: c_attn and c_fc are column-parallel (this rank's heads / MLP columns;
+ * their input gradient is all-reduced), the two c_proj are row-parallel (their output
+ * is all-reduced, and their replicated bias is added by tp rank 0 only, so the sum
+ * counts it once); the embedding and the LM head are vocab-parallel. With tp == 1
+ * every collective is skipped and the code is the unsharded model's. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "model/model.h"
 
-/* Saved activations of one block, views into ts_acts.mem. */
+/* Saved activations of one block, views into ts_acts.mem. Cl = C/tp (local heads),
+ * F = 4C/tp (local MLP width). */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
-    float *qkv;                       /* [N,3C] */
-    float *atty;                      /* [N,C] attention output before c_proj */
-    float *att;                       /* [B,NH,T,T] softmax probabilities */
+    float *qkv;                       /* [N,3Cl] this rank's heads of q, k and v */
+    float *atty;                      /* [N,Cl] attention output before c_proj */
+    float *att;                       /* [B,NH/tp,T,T] softmax probabilities */
     float *res2;                      /* [N,C] x + attn(...) */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;            /* [N,4C] */
+    float *fch, *fch_gelu;            /* [N,F] */
     float *out;                       /* [N,C] block output (res3) */
 } block_acts;
 
 typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;                    /* [N,V]: logits, then dlogits in place */
     float *losses;                    /* [N] */
+    float *rowmax, *sumexp, *tlogit;  /* [N] vocab-parallel cross-entropy statistics */
+    float *logits;                    /* [N,V/tp]: logits, then dlogits in place */
 } head_acts;
+
+/* Local widths. */
+static size_t attn_width(const ts_model *m) { return (size_t)m->n_embd / m->tp; }
+static size_t mlp_width(const ts_model *m) { return 4 * (size_t)m->n_embd / m->tp; }
+static int head_size(const ts_model *m) { return m->n_embd / m->n_head; }
+
+static void tp_sum(const ts_model *m, float *buf, size_t n)
+{
+    if (m->tp > 1) ts_allreduce_sum_f32(m->tp_comm, buf, n);
+}
 
 static size_t layer_floats(const ts_model *m, ts_layer_kind kind, int B, int T)
 {
-    size_t N = (size_t)B * T, C = (size_t)m->n_embd;
+    size_t N = (size_t)B * T, C = (size_t)m->n_embd, Cl = attn_width(m), F = mlp_width(m);
     switch (kind) {
     case TS_LAYER_EMBED: return N * C;
     case TS_LAYER_BLOCK:
-        return N * C * (1 + 3 + 1 + 1 + 1 + 4 + 4 + 1) + 4 * N +
-               (size_t)B * m->n_head * T * T;
-    case TS_LAYER_HEAD: return N * C + 3 * N + N * (size_t)m->vocab_size;
+        return N * C * 5 + N * (3 * Cl + Cl + 2 * F) + 4 * N +
+               (size_t)B * m->local_heads * T * T;
+    case TS_LAYER_HEAD: return N * C + 6 * N + N * (size_t)m->local_vocab;
     }
     return 0;
 }
 
 static block_acts block_views(const ts_model *m, const ts_acts *a, int l)
 {
-    size_t N = (size_t)a->B * a->T, C = (size_t)m->n_embd;
+    size_t N = (size_t)a->B * a->T, C = (size_t)m->n_embd, Cl = attn_width(m), F = mlp_width(m);
     float *p = a->mem + a->layer_off[l - a->l0];
     block_acts b;
     b.ln1 = p, p += N * C;
     b.ln1_mean = p, p += N;
     b.ln1_rstd = p, p += N;
-    b.qkv = p, p += 3 * N * C;
-    b.atty = p, p += N * C;
-    b.att = p, p += (size_t)a->B * m->n_head * a->T * a->T;
+    b.qkv = p, p += 3 * N * Cl;
+    b.atty = p, p += N * Cl;
+    b.att = p, p += (size_t)a->B * m->local_heads * a->T * a->T;
     b.res2 = p, p += N * C;
     b.ln2 = p, p += N * C;
     b.ln2_mean = p, p += N;
     b.ln2_rstd = p, p += N;
-    b.fch = p, p += 4 * N * C;
-    b.fch_gelu = p, p += 4 * N * C;
+    b.fch = p, p += N * F;
+    b.fch_gelu = p, p += N * F;
     b.out = p;
     return b;
 }
@@ -69,6 +89,9 @@ static head_acts head_views(const ts_model *m, const ts_acts *a, int l)
     h.lnf_mean = p, p += N;
     h.lnf_rstd = p, p += N;
     h.losses = p, p += N;
+    h.rowmax = p, p += N;
+    h.sumexp = p, p += N;
+    h.tlogit = p, p += N;
     h.logits = p;
     return h;
 }
@@ -128,7 +151,7 @@ static const float *layer_input(const ts_model *m, const ts_acts *a, int l)
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
 {
     size_t N = (size_t)B * T, C = (size_t)m->n_embd;
-    s->floats = 4 * N * C + N * C + (size_t)B * m->n_head * T * T;
+    s->floats = N * mlp_width(m) + N * C + (size_t)B * m->local_heads * T * T;
     s->mem = ts_alloc_floats(s->floats);
 }
 
@@ -140,40 +163,83 @@ void ts_scratch_free(ts_scratch *s)
 
 /* ---------------------------------------------------------------- forward */
 
+static void embed_forward(const ts_model *m, const ts_acts *a, int l)
+{
+    const ts_layer *L = &m->layers[l];
+    float *out = ts_acts_output(m, a, l);
+    const float *wte = ts_param_data(m, L->first_param), *wpe = ts_param_data(m, L->first_param + 1);
+    if (m->tp == 1) {
+        m->k->encoder_forward(out, a->tokens, wte, wpe, a->B, a->T, m->n_embd);
+        return;
+    }
+    /* This rank's vocabulary rows, plus the positions on rank 0 only; the all-reduce
+     * assembles the full embedding on every rank. */
+    m->k->vocab_embed_forward(out, a->tokens, wte, m->tp_rank == 0 ? wpe : NULL, m->vocab_start,
+                              m->local_vocab, a->B, a->T, m->n_embd);
+    tp_sum(m, out, (size_t)a->B * a->T * m->n_embd);
+}
+
 static void block_forward(const ts_model *m, const ts_acts *a, int l, const float *x)
 {
     const ts_kernels *k = m->k;
-    const int B = a->B, T = a->T, C = m->n_embd, NH = m->n_head, N = B * T;
+    const int B = a->B, T = a->T, C = m->n_embd, N = B * T;
+    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
     const int p0 = m->layers[l].first_param;
+    const bool bias_here = m->tp_rank == 0; /* row-parallel biases: counted once */
 #define W(i) ts_param_data(m, p0 + (i))
     block_acts s = block_views(m, a, l);
 
     k->layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, W(TS_B_LN1_W), W(TS_B_LN1_B), N, C);
-    k->matmul_forward(s.qkv, s.ln1, W(TS_B_QKV_W), W(TS_B_QKV_B), N, C, 3 * C);
-    k->attention_forward(s.atty, s.att, s.qkv, B, T, NH, C / NH);
-    k->matmul_forward(s.res2, s.atty, W(TS_B_ATTPROJ_W), W(TS_B_ATTPROJ_B), N, C, C);
+    k->matmul_forward(s.qkv, s.ln1, W(TS_B_QKV_W), W(TS_B_QKV_B), N, C, 3 * Cl);
+    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, head_size(m));
+    k->matmul_forward(s.res2, s.atty, W(TS_B_ATTPROJ_W), bias_here ? W(TS_B_ATTPROJ_B) : NULL, N,
+                      Cl, C);
+    tp_sum(m, s.res2, (size_t)N * C);
     k->residual_forward(s.res2, s.res2, x, (size_t)N * C);
 
     k->layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, W(TS_B_LN2_W), W(TS_B_LN2_B), N, C);
-    k->matmul_forward(s.fch, s.ln2, W(TS_B_FC_W), W(TS_B_FC_B), N, C, 4 * C);
-    k->gelu_forward(s.fch_gelu, s.fch, (size_t)N * 4 * C);
-    k->matmul_forward(s.out, s.fch_gelu, W(TS_B_FCPROJ_W), W(TS_B_FCPROJ_B), N, 4 * C, C);
+    k->matmul_forward(s.fch, s.ln2, W(TS_B_FC_W), W(TS_B_FC_B), N, C, F);
+    k->gelu_forward(s.fch_gelu, s.fch, (size_t)N * F);
+    k->matmul_forward(s.out, s.fch_gelu, W(TS_B_FCPROJ_W), bias_here ? W(TS_B_FCPROJ_B) : NULL, N,
+                      F, C);
+    tp_sum(m, s.out, (size_t)N * C);
     k->residual_forward(s.out, s.out, s.res2, (size_t)N * C);
 #undef W
 }
 
-static double head_forward(const ts_model *m, const ts_acts *a, int l, const float *x, float dloss)
+/* The loss, with the softmax's gradient left in place of the logits. Vocab-parallel:
+ * reduce the row max and the target logit, then the sum of exponentials, across the
+ * tp ranks; the logits themselves never leave their rank. */
+static void cross_entropy(const ts_model *m, const ts_acts *a, const head_acts *h, float dloss)
 {
     const ts_kernels *k = m->k;
-    const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
+    const int N = a->B * a->T;
+    if (m->tp == 1) {
+        k->crossentropy_forward_backward(h->losses, h->logits, a->targets, N, m->vocab_size, dloss);
+        return;
+    }
+    k->xent_vp_stats(h->rowmax, h->tlogit, h->logits, a->targets, m->vocab_start, m->local_vocab,
+                     N);
+    ts_allreduce_max_f32(m->tp_comm, h->rowmax, (size_t)N);
+    tp_sum(m, h->tlogit, (size_t)N);
+    k->xent_vp_sumexp(h->sumexp, h->logits, h->rowmax, N, m->local_vocab);
+    tp_sum(m, h->sumexp, (size_t)N);
+    k->xent_vp_finish(h->losses, h->logits, a->targets, m->vocab_start, m->local_vocab, h->rowmax,
+                      h->sumexp, h->tlogit, N, dloss);
+}
+
+static double head_forward(const ts_model *m, const ts_acts *a, int l, const float *x, float dloss)
+{
+    const int N = a->B * a->T, C = m->n_embd;
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
 
-    k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, ts_param_data(m, p0),
-                         ts_param_data(m, p0 + 1), N, C);
-    /* LM head tied to the token embedding: logits = lnf @ wte^T. */
-    k->matmul_forward(h.logits, h.lnf, ts_param_data(m, m->head_wte_param), NULL, N, C, V);
-    k->crossentropy_forward_backward(h.losses, h.logits, a->targets, N, V, dloss);
+    m->k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, ts_param_data(m, p0),
+                            ts_param_data(m, p0 + 1), N, C);
+    /* LM head tied to the token embedding: logits = lnf @ wte^T (this rank's rows). */
+    m->k->matmul_forward(h.logits, h.lnf, ts_param_data(m, m->head_wte_param), NULL, N, C,
+                         m->local_vocab);
+    cross_entropy(m, a, &h, dloss);
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += h.losses[i];
     return sum;
@@ -181,14 +247,12 @@ static double head_forward(const ts_model *m, const ts_acts *a, int l, const flo
 
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_sum)
 {
-    const ts_kernels *k = m->k;
     for (int l = a->l0; l < a->l1; l++) {
         const ts_layer *L = &m->layers[l];
         TS_ASSERT(L->owned);
         switch (L->kind) {
         case TS_LAYER_EMBED:
-            k->encoder_forward(ts_acts_output(m, a, l), a->tokens, ts_param_data(m, L->first_param),
-                               ts_param_data(m, L->first_param + 1), a->B, a->T, m->n_embd);
+            embed_forward(m, a, l);
             break;
         case TS_LAYER_BLOCK:
             block_forward(m, a, l, layer_input(m, a, l));
@@ -204,49 +268,122 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
 
 /* ---------------------------------------------------------------- backward */
 
+static void embed_backward(const ts_model *m, const ts_acts *a, int l, const float *dout)
+{
+    const ts_layer *L = &m->layers[l];
+    float *dwte = ts_param_grad(m, L->first_param), *dwpe = ts_param_grad(m, L->first_param + 1);
+    if (m->tp == 1)
+        m->k->encoder_backward(dwte, dwpe, dout, a->tokens, a->B, a->T, m->n_embd);
+    else /* dout is the same on every tp rank, so the replicated wpe's gradient is too */
+        m->k->vocab_embed_backward(dwte, dwpe, dout, a->tokens, m->vocab_start, m->local_vocab,
+                                   a->B, a->T, m->n_embd);
+}
+
+/* The backward of a block. With `stash` (the zero-bubble input-gradient pass) the four
+ * matmul weight gradients are not computed: their output gradients are kept in the
+ * stash for block_backward_weight. */
+enum { STASH_D_OUT, STASH_D_FCH, STASH_D_RES2, STASH_D_QKV };
+static size_t stash_floats(const ts_model *m, int N)
+{
+    return (size_t)N * (2 * (size_t)m->n_embd + mlp_width(m) + 3 * attn_width(m));
+}
+static float *stash_part(const ts_model *m, float *st, int N, int part)
+{
+    size_t NC = (size_t)N * m->n_embd, NF = (size_t)N * mlp_width(m);
+    switch (part) {
+    case STASH_D_OUT: return st;
+    case STASH_D_FCH: return st + NC;
+    case STASH_D_RES2: return st + NC + NF;
+    default: return st + 2 * NC + NF;
+    }
+}
+
 static void block_backward(const ts_model *m, const ts_acts *a, int l, const float *x, float *dx,
-                          ts_scratch *sc)
+                           ts_scratch *sc, float *stash)
 {
     const ts_kernels *k = m->k;
-    const int B = a->B, T = a->T, C = m->n_embd, NH = m->n_head, N = B * T;
+    const int B = a->B, T = a->T, C = m->n_embd, N = B * T;
+    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
+    const size_t NC = (size_t)N * C;
     const int p0 = m->layers[l].first_param;
 #define W(i) ts_param_data(m, p0 + (i))
 #define G(i) ts_param_grad(m, p0 + (i))
+#define GW(i) (stash ? NULL : G(i)) /* matmul weight gradients: deferred with a stash */
     block_acts s = block_views(m, a, l);
-    float *buf4 = sc->mem;                        /* [N,4C] */
-    float *bufc = buf4 + (size_t)4 * N * C;       /* [N,C] */
-    float *att_scratch = bufc + (size_t)N * C;    /* [B,NH,T,T] */
+    float *dfch = stash ? stash_part(m, stash, N, STASH_D_FCH) : sc->mem;       /* [N,F] */
+    float *dqkv = stash ? stash_part(m, stash, N, STASH_D_QKV) : sc->mem;       /* [N,3Cl] */
+    float *bufc = sc->mem + (size_t)N * F;                                      /* [N,C] */
+    float *att_scratch = bufc + NC;
 
-    /* MLP: dx is the gradient of the block output. */
-    k->matmul_backward(buf4, G(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), dx, s.fch_gelu, W(TS_B_FCPROJ_W),
-                       N, 4 * C, C);
-    k->gelu_backward(buf4, s.fch, buf4, (size_t)N * 4 * C);
-    k->matmul_backward(bufc, G(TS_B_FC_W), G(TS_B_FC_B), buf4, s.ln2, W(TS_B_FC_W), N, C, 4 * C);
+    /* MLP: dx is the gradient of the block output (the same on every tp rank). */
+    const float *d_out = dx;
+    if (stash) {
+        memcpy(stash_part(m, stash, N, STASH_D_OUT), dx, NC * sizeof(float));
+        d_out = stash_part(m, stash, N, STASH_D_OUT);
+    }
+    k->matmul_backward(dfch, GW(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), d_out, s.fch_gelu,
+                       W(TS_B_FCPROJ_W), N, F, C);
+    k->gelu_backward(dfch, s.fch, dfch, (size_t)N * F);
+    k->matmul_backward(bufc, GW(TS_B_FC_W), G(TS_B_FC_B), dfch, s.ln2, W(TS_B_FC_W), N, C, F);
+    tp_sum(m, bufc, NC); /* column-parallel: the input gradient sums over the tp ranks */
     k->layernorm_backward(dx, G(TS_B_LN2_W), G(TS_B_LN2_B), bufc, s.res2, W(TS_B_LN2_W),
                           s.ln2_mean, s.ln2_rstd, N, C);
+
     /* Attention: dx is now the gradient of res2. */
-    k->matmul_backward(bufc, G(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), dx, s.atty, W(TS_B_ATTPROJ_W),
-                       N, C, C);
-    k->attention_backward(buf4, att_scratch, bufc, s.qkv, s.att, B, T, NH, C / NH);
-    k->matmul_backward(bufc, G(TS_B_QKV_W), G(TS_B_QKV_B), buf4, s.ln1, W(TS_B_QKV_W), N, C, 3 * C);
+    const float *d_res2 = dx;
+    if (stash) {
+        memcpy(stash_part(m, stash, N, STASH_D_RES2), dx, NC * sizeof(float));
+        d_res2 = stash_part(m, stash, N, STASH_D_RES2);
+    }
+    float *datty = bufc; /* [N,Cl] */
+    k->matmul_backward(datty, GW(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), d_res2, s.atty,
+                       W(TS_B_ATTPROJ_W), N, Cl, C);
+    k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, m->local_heads,
+                          head_size(m));
+    k->matmul_backward(bufc, GW(TS_B_QKV_W), G(TS_B_QKV_B), dqkv, s.ln1, W(TS_B_QKV_W), N, C,
+                       3 * Cl);
+    tp_sum(m, bufc, NC);
     k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, W(TS_B_LN1_W), s.ln1_mean,
                           s.ln1_rstd, N, C);
 #undef W
 #undef G
+#undef GW
 }
 
-static void head_backward(const ts_model *m, const ts_acts *a, int l, const float *x, float *dx,
-                          ts_scratch *sc)
+static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, const float *stash)
 {
     const ts_kernels *k = m->k;
-    const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
+    const int C = m->n_embd, N = a->B * a->T;
+    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
+    const int p0 = m->layers[l].first_param;
+    float *st = (float *)stash;
+#define G(i) ts_param_grad(m, p0 + (i))
+    block_acts s = block_views(m, a, l);
+    k->matmul_backward(NULL, G(TS_B_FCPROJ_W), NULL, stash_part(m, st, N, STASH_D_OUT), s.fch_gelu,
+                       NULL, N, F, C);
+    k->matmul_backward(NULL, G(TS_B_FC_W), NULL, stash_part(m, st, N, STASH_D_FCH), s.ln2, NULL, N,
+                       C, F);
+    k->matmul_backward(NULL, G(TS_B_ATTPROJ_W), NULL, stash_part(m, st, N, STASH_D_RES2), s.atty,
+                       NULL, N, Cl, C);
+    k->matmul_backward(NULL, G(TS_B_QKV_W), NULL, stash_part(m, st, N, STASH_D_QKV), s.ln1, NULL,
+                       N, C, 3 * Cl);
+#undef G
+}
+
+/* The head's backward: the forward left dlogits in place of the logits. With
+ * `defer_weight`, the LM head's (tied embedding's) weight gradient waits for the W pass. */
+static void head_backward(const ts_model *m, const ts_acts *a, int l, const float *x, float *dx,
+                          ts_scratch *sc, bool defer_weight)
+{
+    const ts_kernels *k = m->k;
+    const int N = a->B * a->T, C = m->n_embd;
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
     float *dlnf = sc->mem;
 
-    /* The forward left dlogits in place of the logits. */
-    k->matmul_backward(dlnf, ts_param_grad(m, m->head_wte_param), NULL, h.logits, h.lnf,
-                       ts_param_data(m, m->head_wte_param), N, C, V);
+    k->matmul_backward(dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param), NULL,
+                       h.logits, h.lnf, ts_param_data(m, m->head_wte_param), N, C, m->local_vocab);
+    tp_sum(m, dlnf, (size_t)N * C); /* vocab-parallel: each rank saw its columns only */
     memset(dx, 0, (size_t)N * C * sizeof *dx);
     k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dlnf, x,
                           ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
@@ -256,18 +393,15 @@ void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
                        ts_layer_done_fn layer_done, void *ctx)
 {
     for (int l = a->l1 - 1; l >= a->l0; l--) {
-        const ts_layer *L = &m->layers[l];
-        switch (L->kind) {
+        switch (m->layers[l].kind) {
         case TS_LAYER_EMBED:
-            m->k->encoder_backward(ts_param_grad(m, L->first_param),
-                                   ts_param_grad(m, L->first_param + 1), dx, a->tokens, a->B, a->T,
-                                   m->n_embd);
+            embed_backward(m, a, l, dx);
             break;
         case TS_LAYER_BLOCK:
-            block_backward(m, a, l, layer_input(m, a, l), dx, s);
+            block_backward(m, a, l, layer_input(m, a, l), dx, s, NULL);
             break;
         case TS_LAYER_HEAD:
-            head_backward(m, a, l, layer_input(m, a, l), dx, s);
+            head_backward(m, a, l, layer_input(m, a, l), dx, s, false);
             break;
         }
         if (layer_done) layer_done(ctx, l);
@@ -276,95 +410,32 @@ void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
 
 /* ------------------------------------------- zero-bubble split: I then W */
 
-/* Per block, the stash keeps: d_out (block output gradient, the c_proj of the MLP's
- * dout) [N,C], d_fch (c_fc's dout) [N,4C], d_res2 (attn c_proj's dout) [N,C], d_qkv
- * (c_attn's dout) [N,3C]: 9 N C floats. */
-enum { STASH_PER_BLOCK = 9 };
-
-static float *block_stash(const ts_model *m, const ts_acts *a, int l)
+/* The stash holds, per block, the output gradients of its four matmuls, then (for the
+ * first chunk) the embedding output's gradient. */
+static size_t stash_offset(const ts_model *m, const ts_acts *a, int l)
 {
     int blocks_before = 0;
     for (int j = a->l0; j < l; j++) blocks_before += m->layers[j].kind == TS_LAYER_BLOCK;
-    return a->wstash + (size_t)blocks_before * STASH_PER_BLOCK * a->B * a->T * m->n_embd;
-}
-
-static void block_backward_input(const ts_model *m, const ts_acts *a, int l, const float *x,
-                                 float *dx, ts_scratch *sc)
-{
-    const ts_kernels *k = m->k;
-    const int B = a->B, T = a->T, C = m->n_embd, NH = m->n_head, N = B * T;
-    const size_t NC = (size_t)N * C;
-    const int p0 = m->layers[l].first_param;
-#define W(i) ts_param_data(m, p0 + (i))
-#define G(i) ts_param_grad(m, p0 + (i))
-    block_acts s = block_views(m, a, l);
-    float *st = block_stash(m, a, l);
-    float *d_out = st, *d_fch = st + NC, *d_res2 = st + 5 * NC, *d_qkv = st + 6 * NC;
-    float *bufc = sc->mem + 4 * NC;
-    float *att_scratch = bufc + NC;
-
-    memcpy(d_out, dx, NC * sizeof(float));
-    k->matmul_backward(d_fch, NULL, G(TS_B_FCPROJ_B), d_out, s.fch_gelu, W(TS_B_FCPROJ_W), N,
-                       4 * C, C);
-    k->gelu_backward(d_fch, s.fch, d_fch, 4 * NC);
-    k->matmul_backward(bufc, NULL, G(TS_B_FC_B), d_fch, s.ln2, W(TS_B_FC_W), N, C, 4 * C);
-    k->layernorm_backward(dx, G(TS_B_LN2_W), G(TS_B_LN2_B), bufc, s.res2, W(TS_B_LN2_W),
-                          s.ln2_mean, s.ln2_rstd, N, C);
-    memcpy(d_res2, dx, NC * sizeof(float));
-    k->matmul_backward(bufc, NULL, G(TS_B_ATTPROJ_B), d_res2, s.atty, W(TS_B_ATTPROJ_W), N, C, C);
-    k->attention_backward(d_qkv, att_scratch, bufc, s.qkv, s.att, B, T, NH, C / NH);
-    k->matmul_backward(bufc, NULL, G(TS_B_QKV_B), d_qkv, s.ln1, W(TS_B_QKV_W), N, C, 3 * C);
-    k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, W(TS_B_LN1_W), s.ln1_mean,
-                          s.ln1_rstd, N, C);
-#undef W
-#undef G
-}
-
-static void block_backward_weight(const ts_model *m, const ts_acts *a, int l)
-{
-    const ts_kernels *k = m->k;
-    const int C = m->n_embd, N = a->B * a->T;
-    const size_t NC = (size_t)N * C;
-    const int p0 = m->layers[l].first_param;
-#define G(i) ts_param_grad(m, p0 + (i))
-    block_acts s = block_views(m, a, l);
-    float *st = block_stash(m, a, l);
-    k->matmul_backward(NULL, G(TS_B_FCPROJ_W), NULL, st, s.fch_gelu, NULL, N, 4 * C, C);
-    k->matmul_backward(NULL, G(TS_B_FC_W), NULL, st + NC, s.ln2, NULL, N, C, 4 * C);
-    k->matmul_backward(NULL, G(TS_B_ATTPROJ_W), NULL, st + 5 * NC, s.atty, NULL, N, C, C);
-    k->matmul_backward(NULL, G(TS_B_QKV_W), NULL, st + 6 * NC, s.ln1, NULL, N, C, 3 * C);
-#undef G
+    return (size_t)blocks_before * stash_floats(m, a->B * a->T);
 }
 
 void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s)
 {
     const size_t NC = (size_t)a->B * a->T * m->n_embd;
-    int blocks = 0;
-    for (int l = a->l0; l < a->l1; l++) blocks += m->layers[l].kind == TS_LAYER_BLOCK;
     TS_ASSERT(a->wstash == NULL);
-    /* The blocks' stashes, then (for the first chunk) the embedding output's gradient. */
-    a->wstash = ts_alloc_floats((size_t)blocks * STASH_PER_BLOCK * NC + (a->l0 == 0 ? NC : 0));
+    size_t embed_at = stash_offset(m, a, a->l1);
+    a->wstash = ts_alloc_floats(embed_at + (a->l0 == 0 ? NC : 0));
     for (int l = a->l1 - 1; l >= a->l0; l--) {
-        const ts_layer *L = &m->layers[l];
-        const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
-        switch (L->kind) {
+        switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
-            memcpy(a->wstash + (size_t)blocks * STASH_PER_BLOCK * NC, dx, NC * sizeof(float));
+            memcpy(a->wstash + embed_at, dx, NC * sizeof(float));
             break;
         case TS_LAYER_BLOCK:
-            block_backward_input(m, a, l, layer_input(m, a, l), dx, s);
+            block_backward(m, a, l, layer_input(m, a, l), dx, s, a->wstash + stash_offset(m, a, l));
             break;
-        case TS_LAYER_HEAD: {
-            head_acts h = head_views(m, a, l);
-            const int p0 = L->first_param;
-            m->k->matmul_backward(s->mem, NULL, NULL, h.logits, h.lnf,
-                                  ts_param_data(m, m->head_wte_param), N, C, V);
-            memset(dx, 0, (size_t)N * C * sizeof *dx);
-            m->k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), s->mem,
-                                     layer_input(m, a, l), ts_param_data(m, p0), h.lnf_mean,
-                                     h.lnf_rstd, N, C);
+        case TS_LAYER_HEAD:
+            head_backward(m, a, l, layer_input(m, a, l), dx, s, true);
             break;
-        }
         }
     }
 }
@@ -372,26 +443,17 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratc
 void ts_model_backward_weight(const ts_model *m, ts_acts *a)
 {
     for (int l = a->l1 - 1; l >= a->l0; l--) {
-        const ts_layer *L = &m->layers[l];
-        const int N = a->B * a->T, C = m->n_embd, V = m->vocab_size;
-        switch (L->kind) {
+        switch (m->layers[l].kind) {
         case TS_LAYER_EMBED:
-        {
-            int blocks = 0;
-            for (int j = a->l0; j < a->l1; j++) blocks += m->layers[j].kind == TS_LAYER_BLOCK;
-            const float *dout = a->wstash + (size_t)blocks * STASH_PER_BLOCK * N * C;
-            m->k->encoder_backward(ts_param_grad(m, L->first_param),
-                                   ts_param_grad(m, L->first_param + 1), dout, a->tokens, a->B,
-                                   a->T, C);
-        }
+            embed_backward(m, a, l, a->wstash + stash_offset(m, a, a->l1));
             break;
         case TS_LAYER_BLOCK:
-            block_backward_weight(m, a, l);
+            block_backward_weight(m, a, l, a->wstash + stash_offset(m, a, l));
             break;
         case TS_LAYER_HEAD: {
             head_acts h = head_views(m, a, l);
             m->k->matmul_backward(NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits, h.lnf,
-                                  NULL, N, C, V);
+                                  NULL, a->B * a->T, m->n_embd, m->local_vocab);
             break;
         }
         }

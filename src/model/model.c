@@ -15,8 +15,11 @@ typedef struct {
     size_t offset;
 } builder;
 
+/* Add a parameter with logical shape [d0] or [d0, d1] (d1 = 0 for 1-D), split over
+ * tensor-parallel ranks along `split_axis` (-1 = replicated) viewed as `groups`
+ * leading groups. */
 static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
-                     ts_init_kind init, float std)
+                     ts_init_kind init, float std, int split_axis, int groups)
 {
     ts_model *m = b->m;
     if (m->n_params == b->cap) {
@@ -30,9 +33,17 @@ static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = d1 > 0 ? 2 : 1;
-    p->shape[0] = d0;
-    p->shape[1] = d1 > 0 ? d1 : 0;
-    p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    p->shape[0] = p->local[0] = d0;
+    p->shape[1] = p->local[1] = d1 > 0 ? d1 : 0;
+    p->split_axis = m->tp > 1 ? split_axis : -1;
+    p->groups = groups;
+    p->parts = p->split_axis >= 0 ? m->tp : 1;
+    p->part = p->split_axis >= 0 ? m->tp_rank : 0;
+    if (p->split_axis >= 0) {
+        TS_ASSERT(p->shape[p->split_axis] % ((int64_t)groups * m->tp) == 0);
+        p->local[p->split_axis] = p->shape[p->split_axis] / m->tp;
+    }
+    p->numel = (size_t)p->local[0] * (size_t)(p->ndim > 1 ? p->local[1] : 1);
     /* 16-float alignment keeps every tensor on its own cache lines for the kernels. */
     p->offset = b->offset;
     b->offset += (p->numel + 15) / 16 * 16;
@@ -43,33 +54,66 @@ static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_
     return m->n_params++;
 }
 
+size_t ts_param_logical_index(const ts_param *p, size_t i)
+{
+    if (p->split_axis < 0) return i;
+    const int64_t cols_local = p->ndim > 1 ? p->local[1] : 1;
+    const int64_t cols = p->ndim > 1 ? p->shape[1] : 1;
+    int64_t r = (int64_t)i / cols_local, c = (int64_t)i % cols_local;
+    if (p->split_axis == 0) {
+        /* rows: group g's rows are [g*R, (g+1)*R); this part holds R/parts of each */
+        int64_t R = p->shape[0] / p->groups, r_local = R / p->parts;
+        int64_t g = r / r_local, j = r % r_local;
+        r = g * R + (int64_t)p->part * r_local + j;
+    } else {
+        c += (int64_t)p->part * cols_local;
+    }
+    return (size_t)(r * cols + c);
+}
+
 static void add_block_params(builder *b, int layer, int i, int C, int n_layer)
 {
     char name[96];
     const float std = 0.02f;
     const float proj_std = 0.02f / sqrtf(2.0f * (float)n_layer);
-#define P(suffix, d0, d1, init, s)                                                      \
+#define P(suffix, d0, d1, init, s, axis, groups)                                        \
     (snprintf(name, sizeof name, "transformer.h.%d.%s", i, suffix),                    \
-     add_param(b, layer, name, d0, d1, init, s))
-    P("ln_1.weight", C, 0, TS_INIT_ONES, 0);
-    P("ln_1.bias", C, 0, TS_INIT_ZEROS, 0);
-    P("attn.c_attn.weight", 3 * C, C, TS_INIT_NORMAL, std);
-    P("attn.c_attn.bias", 3 * C, 0, TS_INIT_ZEROS, 0);
-    P("attn.c_proj.weight", C, C, TS_INIT_NORMAL, proj_std);
-    P("attn.c_proj.bias", C, 0, TS_INIT_ZEROS, 0);
-    P("ln_2.weight", C, 0, TS_INIT_ONES, 0);
-    P("ln_2.bias", C, 0, TS_INIT_ZEROS, 0);
-    P("mlp.c_fc.weight", 4 * C, C, TS_INIT_NORMAL, std);
-    P("mlp.c_fc.bias", 4 * C, 0, TS_INIT_ZEROS, 0);
-    P("mlp.c_proj.weight", C, 4 * C, TS_INIT_NORMAL, proj_std);
-    P("mlp.c_proj.bias", C, 0, TS_INIT_ZEROS, 0);
+     add_param(b, layer, name, d0, d1, init, s, axis, groups))
+    /* Megatron's split: c_attn and c_fc are column-parallel (output rows split, q/k/v
+     * each by heads), the two c_proj row-parallel (input columns split); LayerNorms
+     * and the row-parallel biases are replicated. */
+    P("ln_1.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
+    P("ln_1.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
+    P("attn.c_attn.weight", 3 * C, C, TS_INIT_NORMAL, std, 0, 3);
+    P("attn.c_attn.bias", 3 * C, 0, TS_INIT_ZEROS, 0, 0, 3);
+    P("attn.c_proj.weight", C, C, TS_INIT_NORMAL, proj_std, 1, 1);
+    P("attn.c_proj.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
+    P("ln_2.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
+    P("ln_2.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
+    P("mlp.c_fc.weight", 4 * C, C, TS_INIT_NORMAL, std, 0, 1);
+    P("mlp.c_fc.bias", 4 * C, 0, TS_INIT_ZEROS, 0, 0, 1);
+    P("mlp.c_proj.weight", C, 4 * C, TS_INIT_NORMAL, proj_std, 1, 1);
+    P("mlp.c_proj.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
 #undef P
 }
 
 void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
                     const ts_kernels *k)
 {
+    ts_model_build_tp(m, cfg, owned, k, 1, 0, NULL);
+}
+
+void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                       const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm)
+{
     memset(m, 0, sizeof *m);
+    TS_ASSERT(tp >= 1 && cfg->n_head % tp == 0 && cfg->vocab_size % tp == 0);
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->tp_comm = tp > 1 ? tp_comm : NULL;
+    m->local_heads = cfg->n_head / tp;
+    m->local_vocab = cfg->vocab_size / tp;
+    m->vocab_start = tp_rank * m->local_vocab;
     m->n_layer = cfg->n_layer;
     m->n_head = cfg->n_head;
     m->n_embd = cfg->n_embd;
@@ -91,15 +135,17 @@ void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
         if (!L->owned) continue;
         switch (L->kind) {
         case TS_LAYER_EMBED:
-            m->wte_param = add_param(&b, l, "transformer.wte.weight", V, C, TS_INIT_NORMAL, 0.02f);
-            add_param(&b, l, "transformer.wpe.weight", T, C, TS_INIT_NORMAL, 0.02f);
+            /* Vocab-parallel: each tp rank holds a slice of the vocabulary rows. */
+            m->wte_param = add_param(&b, l, "transformer.wte.weight", V, C, TS_INIT_NORMAL, 0.02f,
+                                     0, 1);
+            add_param(&b, l, "transformer.wpe.weight", T, C, TS_INIT_NORMAL, 0.02f, -1, 1);
             break;
         case TS_LAYER_BLOCK:
             add_block_params(&b, l, L->block, C, cfg->n_layer);
             break;
         case TS_LAYER_HEAD:
-            add_param(&b, l, "transformer.ln_f.weight", C, 0, TS_INIT_ONES, 0);
-            add_param(&b, l, "transformer.ln_f.bias", C, 0, TS_INIT_ZEROS, 0);
+            add_param(&b, l, "transformer.ln_f.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
+            add_param(&b, l, "transformer.ln_f.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
             if (m->wte_param >= 0) {
                 m->head_wte_param = m->wte_param; /* tied: one tensor */
             } else {
@@ -107,7 +153,7 @@ void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
                  * initialised identically; gradients are summed over the embedding
                  * group so both copies stay equal (ARCHITECTURE.md). */
                 m->head_wte_param = add_param(&b, l, "transformer.wte.weight", V, C,
-                                              TS_INIT_NORMAL, 0.02f);
+                                              TS_INIT_NORMAL, 0.02f, 0, 1);
                 m->params[m->head_wte_param].tied_copy = true;
             }
             break;
@@ -155,8 +201,33 @@ void ts_model_init_random(ts_model *m, uint64_t seed)
         uint64_t key = ts_rng_name_key(P->name);
         double std = P->init_std;
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < P->numel; i++) w[i] = (float)(std * ts_rng_normal(seed, key, i));
+        for (size_t i = 0; i < P->numel; i++)
+            w[i] = (float)(std * ts_rng_normal(seed, key, ts_param_logical_index(P, i)));
     }
+}
+
+/* Read this rank's slice of parameter P from the logical tensor t (shard spec). */
+static ts_status read_param_slice(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
+                                  float *dst)
+{
+    const size_t F = sizeof(float);
+    if (P->split_axis < 0) return ts_st_read(f, t, 0, dst, P->numel * F);
+    const uint64_t cols = P->ndim > 1 ? (uint64_t)P->shape[1] : 1;
+    if (P->split_axis == 0) { /* each group's rows of this part are contiguous */
+        const uint64_t R = (uint64_t)P->shape[0] / P->groups, r_local = R / P->parts;
+        for (int g = 0; g < P->groups; g++) {
+            uint64_t row0 = g * R + (uint64_t)P->part * r_local;
+            if (ts_st_read(f, t, row0 * cols * F, dst + g * r_local * cols, r_local * cols * F) != TS_OK)
+                return TS_ERR;
+        }
+        return TS_OK;
+    }
+    const uint64_t c_local = (uint64_t)P->local[1];
+    for (int64_t r = 0; r < P->shape[0]; r++)
+        if (ts_st_read(f, t, ((uint64_t)r * cols + (uint64_t)P->part * c_local) * F,
+                       dst + (uint64_t)r * c_local, c_local * F) != TS_OK)
+            return TS_ERR;
+    return TS_OK;
 }
 
 ts_status ts_model_init_from_file(ts_model *m, const char *path)
@@ -198,7 +269,7 @@ ts_status ts_model_init_from_file(ts_model *m, const char *path)
                            P->ndim > 1 ? (long long)P->shape[1] : 0LL);
         }
         if (ts_st_expect_f32(t, P->ndim, P->shape) != TS_OK ||
-            ts_st_read(&f, t, 0, ts_param_data(m, p), P->numel * sizeof(float)) != TS_OK) {
+            read_param_slice(&f, t, P, ts_param_data(m, p)) != TS_OK) {
             ts_st_close(&f);
             return ts_error_prefix("model.init: %s: ", path);
         }
@@ -210,7 +281,7 @@ ts_status ts_model_init_from_file(ts_model *m, const char *path)
         const ts_param *P = &m->params[m->head_wte_param];
         float *tmp = ts_alloc_floats(P->numel);
         ts_status st = ts_st_expect_f32(head, P->ndim, P->shape);
-        if (st == TS_OK) st = ts_st_read(&f, head, 0, tmp, P->numel * sizeof(float));
+        if (st == TS_OK) st = read_param_slice(&f, head, P, tmp);
         if (st == TS_OK && memcmp(tmp, ts_param_data(m, m->head_wte_param),
                                   P->numel * sizeof(float)) != 0)
             st = ts_fail("model.init: %s: lm_head.weight differs from transformer.wte.weight; "

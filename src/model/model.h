@@ -25,11 +25,19 @@ typedef enum {
     TS_INIT_ONES,
 } ts_init_kind;
 
+/* A parameter is a view into the flat buffers plus its shard spec: which slice of
+ * which logical (unsharded, nanoGPT-named) tensor this rank holds. The logical tensor
+ * may be viewed with a leading group axis: c_attn's [3C, C] is [3, C, C] (q, k, v), and
+ * split on its middle axis, so a tensor-parallel rank holds whole heads of each. */
 typedef struct {
     char name[96];          /* logical nanoGPT name, e.g. "transformer.h.0.attn.c_attn.weight" */
     int ndim;
     int64_t shape[2];       /* logical shape */
-    size_t offset, numel;   /* view into the flat buffers */
+    int64_t local[2];       /* the shape this rank holds */
+    int split_axis;         /* -1: replicated over tp; 0: rows; 1: columns */
+    int groups;             /* leading view axis: 3 for c_attn (q, k, v), else 1 */
+    int parts, part;        /* split into `parts` slices (tp); this rank holds `part` */
+    size_t offset, numel;   /* view into the flat buffers; numel is the local count */
     int layer;              /* owning layer index */
     bool decay;             /* weight decay applies (2-D tensors) */
     bool tied_copy;         /* a second copy of a tied tensor (counted once in norms) */
@@ -54,6 +62,12 @@ enum {
 typedef struct {
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
 
+    /* Tensor parallelism: this rank holds n_head/tp heads, 4C/tp MLP columns and
+     * vocab_size/tp vocabulary rows (from vocab_start). tp == 1: the whole model. */
+    int tp, tp_rank;
+    const struct ts_comm_s *tp_comm; /* NULL when tp == 1 */
+    int local_heads, local_vocab, vocab_start;
+
     int n_layers;           /* n_layer + 2 */
     ts_layer *layers;
     int n_params;
@@ -71,6 +85,13 @@ typedef struct {
  * allocate the flat buffers (zeroed). */
 void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
                     const ts_kernels *k);
+/* The same for tensor-parallel rank tp_rank of tp (tp_comm: the tp group, used by the
+ * layers' collectives; may be NULL when tp == 1). */
+void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                       const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm);
+
+/* Logical flat index of local element i of parameter p (its shard spec). */
+size_t ts_param_logical_index(const ts_param *p, size_t i);
 void ts_model_free(ts_model *m);
 
 static inline float *ts_param_data(const ts_model *m, int p) { return m->param_mem + m->params[p].offset; }

@@ -16,6 +16,8 @@ double ts_grad_sum_squares(const ts_model *m)
     double sum = 0.0;
     for (int p = 0; p < m->n_params; p++) {
         if (m->params[p].tied_copy) continue;
+        /* A tensor-parallel replica of a replicated parameter counts once: on tp rank 0. */
+        if (m->params[p].split_axis < 0 && m->tp_rank != 0) continue;
         sum += m->k->sum_squares(ts_param_grad(m, p), m->params[p].numel);
     }
     return sum;

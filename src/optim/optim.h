@@ -11,7 +11,8 @@
 double ts_lr_at(const ts_train_config *tc, int step);
 
 /* Sum of squares of this rank's gradients over unique parameters (tied copies are
- * skipped: the tensor they copy is counted where it lives). */
+ * skipped: the tensor they copy is counted where it lives; tp-replicated parameters
+ * count on tp rank 0 only). */
 double ts_grad_sum_squares(const ts_model *m);
 
 /* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6));

@@ -104,15 +104,10 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_comm_wrap(&t->world, topo->world, "world");
     ts_comm_wrap(&t->dp, topo->dp_comm, "dp");
     ts_comm_wrap(&t->pp, topo->pp_comm, "pp");
+    ts_comm_wrap(&t->tp, topo->tp_comm, "tp");
     ts_comm_wrap(&t->embed, topo->embed_comm, "embed");
 
-    ts_status st = TS_OK;
-    if (cfg->parallel.tp != 1)
-        /* Tensor parallelism is step 4 of the plan; say so rather than run wrong. */
-        st = ts_fail("parallel.tp = %d: tensor parallelism is not available in this build yet; "
-                     "use parallel.pp and parallel.dp (tp = 1)",
-                     cfg->parallel.tp);
-    if (st == TS_OK) st = build_partition(t);
+    ts_status st = build_partition(t);
     if (st == TS_OK)
         st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
                                cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
@@ -123,7 +118,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
 
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, topo->coords.pp, owned);
-    ts_model_build(&t->model, &cfg->model, owned, &ts_kernels_cpu);
+    ts_model_build_tp(&t->model, &cfg->model, owned, &ts_kernels_cpu, cfg->parallel.tp,
+                      topo->coords.tp, &t->tp);
     free(owned);
     if (cfg->model.init[0])
         st = ts_model_init_from_file(&t->model, cfg->model.init);
@@ -216,7 +212,8 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     trace_span(t, "dpsync", t1, t2);
 
     /* Replicas hold identical gradients: count them once (dp rank 0); the tied copy
-     * of the embedding is skipped inside. */
+     * of the embedding and the tp-replicated parameters off tp rank 0 are skipped
+     * inside. */
     double sumsq = t->topo->coords.dp == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
@@ -226,7 +223,8 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 
     double busy = t->engine.span_ms > 0 ? t->engine.compute_ms / t->engine.span_ms : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
-    out->loss = grid_sum(t, t->engine.loss_sum) / ((double)B * T);
+    /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
+    out->loss = grid_sum(t, t->topo->coords.tp == 0 ? t->engine.loss_sum : 0.0) / ((double)B * T);
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
@@ -243,6 +241,7 @@ double ts_trainer_eval(ts_trainer *t)
 {
     const int n = t->cfg.data.val_windows;
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
+    if (t->topo->coords.tp != 0) local = 0.0; /* the tp ranks hold the same losses */
     return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
 }
 

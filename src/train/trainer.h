@@ -34,7 +34,7 @@ typedef struct {
 typedef struct {
     ts_config cfg;
     const ts_topology *topo;
-    ts_comm world, dp, pp, embed;
+    ts_comm world, dp, pp, tp, embed;
 
     ts_partition part;
     ts_schedule sched;

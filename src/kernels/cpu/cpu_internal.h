@@ -86,6 +86,16 @@ void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, si
                          float lr, float beta1, float beta2, float eps, float weight_decay,
                          int t);
 double ts_cpu_sum_squares(const float *x, size_t n);
+void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                                int v0, int nv, int B, int T, int C);
+void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                                 int v0, int nv, int B, int T, int C);
+void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const float *logits,
+                          const int *targets, int v0, int nv, int N);
+void ts_cpu_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowmax, int N, int nv);
+void ts_cpu_xent_vp_finish(float *losses, float *logits, const int *targets, int v0, int nv,
+                           const float *rowmax, const float *sumexp, const float *target_logit,
+                           int N, float dloss);
 void ts_cpu_scale(float *x, float s, size_t n);
 
 #endif

@@ -18,4 +18,9 @@ const ts_kernels ts_kernels_cpu = {
     .adamw_update = ts_cpu_adamw_update,
     .sum_squares = ts_cpu_sum_squares,
     .scale = ts_cpu_scale,
+    .vocab_embed_forward = ts_cpu_vocab_embed_forward,
+    .vocab_embed_backward = ts_cpu_vocab_embed_backward,
+    .xent_vp_stats = ts_cpu_xent_vp_stats,
+    .xent_vp_sumexp = ts_cpu_xent_vp_sumexp,
+    .xent_vp_finish = ts_cpu_xent_vp_finish,
 };
