@@ -21,7 +21,8 @@
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
     "                    [--no-measure] [--latency-us X] [--bandwidth-gbs X] [--optim-ms X]\n"
-    "                    [--trace FILE] [--svg FILE]\n"
+    "                    [--trace FILE] [--svg FILE] [--costs-from-trace TRACE.json\n"
+    "                    [--trace-skip-steps N]]\n"
     "       tessera plan --from-trace TRACE.json --svg FILE\n"
     "\n"
     "Plan a pipeline without training, in one process (no mpirun): cut the layers\n"
@@ -57,6 +58,22 @@ static const char *k_help =
     "                     B green, I teal, W orange, labelled with micro-batch numbers)\n"
     "  --from-trace T     with --svg: draw the trace file T instead (e.g. the one\n"
     "                     `tessera train` writes with log.trace = \"run/trace.json\")\n"
+    "  --costs-from-trace T\n"
+    "                     take every chunk's costs from a trace of a training run of this\n"
+    "                     config (log.trace; pass the run's --set options too): the mean\n"
+    "                     duration of its F, and B (or I and W) events over the steady steps,\n"
+    "                     then simulate the same schedule with them (communication per\n"
+    "                     --latency-us and --bandwidth-gbs). Also prints what the trace itself\n"
+    "                     measured (median over the steady steps), and both the simulated and\n"
+    "                     measured bubble two ways: idle over the step's makespan (the\n"
+    "                     textbook bubble), and idle until each rank's own last action (how\n"
+    "                     the train metric `bubble` counts: a rank's wait after its last\n"
+    "                     action falls outside its pipeline span). --json adds\n"
+    "                     \"bubble_rank_span\" and \"costs_from_trace\": {\"file\", \"steps\",\n"
+    "                     \"steps_used\", \"chunk_f_ms\", \"chunk_i_ms\", \"chunk_w_ms\",\n"
+    "                     \"measured_step_ms\", \"measured_bubble\", \"measured_bubble_rank_span\"}\n"
+    "  --trace-skip-steps N  with --costs-from-trace: steps dropped from the start of the\n"
+    "                     trace as warm-up (default 1; at least one step must remain)\n"
     "\n"
     "Cost model: one micro-batch of a chunk takes the sum of its layers' forward times (F);\n"
     "its backward the sum of their backward times, split evenly into input-gradient (I) and\n"
@@ -78,7 +95,9 @@ typedef struct {
     bool json;
     cost_mode cost;
     double latency_us, bandwidth_gbs, optim_ms;
-    const char *trace, *svg, *from_trace;
+    const char *trace, *svg, *from_trace, *costs_trace;
+    double trace_skip;
+    bool trace_skip_set;
 } plan_args;
 
 static int usage_error(const char *fmt, const char *what)
@@ -120,6 +139,7 @@ static int parse_args(int argc, char **argv, plan_args *a)
     memset(a, 0, sizeof *a);
     a->latency_us = 20.0;
     a->bandwidth_gbs = 5.0;
+    a->trace_skip = 1.0;
     char **rest = ts_malloc(sizeof(char *) * (size_t)(argc + 1));
     int n_rest = 0, rc = 0;
     rest[n_rest++] = argv[0];
@@ -154,6 +174,13 @@ static int parse_args(int argc, char **argv, plan_args *a)
             a->svg = v;
         } else if ((v = opt_value(argc, argv, &i, "--from-trace", &missing))) {
             a->from_trace = v;
+        } else if ((v = opt_value(argc, argv, &i, "--costs-from-trace", &missing))) {
+            a->costs_trace = v;
+        } else if ((v = opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
+            rc = parse_number(v, "--trace-skip-steps", 0, &a->trace_skip);
+            if (rc == 0 && a->trace_skip != floor(a->trace_skip))
+                rc = usage_error("%s needs a whole number", "--trace-skip-steps");
+            a->trace_skip_set = true;
         } else if (!missing) {
             rest[n_rest++] = argv[i]; /* CONFIG, --set, or an unknown option */
         }
@@ -166,13 +193,235 @@ static int parse_args(int argc, char **argv, plan_args *a)
     if (rc != 0) return rc;
     if (a->from_trace) {
         if (!a->svg) return usage_error("%s needs --svg FILE (what to draw it into)", "--from-trace");
-        if (a->config || a->trace || a->json)
-            return usage_error("%s takes only --svg FILE (no CONFIG, --trace or --json)",
+        if (a->config || a->trace || a->json || a->costs_trace)
+            return usage_error("%s takes only --svg FILE (no CONFIG, --trace, --json or "
+                               "--costs-from-trace)",
                                "--from-trace");
         return 0;
     }
+    if (a->costs_trace && a->cost == COST_UNIFORM)
+        return usage_error("%s replaces the cost model: drop --cost uniform", "--costs-from-trace");
+    if (a->trace_skip_set && !a->costs_trace)
+        return usage_error("%s goes with --costs-from-trace", "--trace-skip-steps");
     if (!a->config) return usage_error("%s needs a CONFIG file", "plan");
     return 0;
+}
+
+/* ------------------------------------------------------- costs from a trace -- */
+
+/* What --costs-from-trace takes from a measured trace: per-chunk mean costs, and the
+ * trace's own step time and bubbles (medians over the steady steps). */
+typedef struct {
+    int n_chunks;
+    double *f, *i, *w;        /* [n_chunks] ms; i = w = B / 2 when the run had full B */
+    int steps, skip;          /* whole steps in the trace, steps dropped as warm-up */
+    int n_tracks;             /* trace tracks (ranks) with compute events */
+    double step_ms;           /* makespan of a step's compute */
+    double bubble;            /* idle over the makespan, mean over tracks */
+    double bubble_rank_span;  /* idle until each track's last action, mean over tracks */
+} trace_costs;
+
+static void trace_costs_free(trace_costs *tc)
+{
+    free(tc->f);
+    free(tc->i);
+    free(tc->w);
+    memset(tc, 0, sizeof *tc);
+}
+
+static int kind_of_cat(const char *cat)
+{
+    if (!strcmp(cat, "F")) return TS_ACT_F;
+    if (!strcmp(cat, "B")) return TS_ACT_B;
+    if (!strcmp(cat, "I")) return TS_ACT_I;
+    if (!strcmp(cat, "W")) return TS_ACT_W;
+    return -1;
+}
+
+static int cmp_event_start(const void *pa, const void *pb)
+{
+    const ts_trace_event *a = pa, *b = pb;
+    if (a->rank != b->rank) return a->rank < b->rank ? -1 : 1;
+    if (a->start_us != b->start_us) return a->start_us < b->start_us ? -1 : 1;
+    return 0;
+}
+
+static int cmp_double(const void *pa, const void *pb)
+{
+    double a = *(const double *)pa, b = *(const double *)pb;
+    return a < b ? -1 : a > b;
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Read the compute events (cat F/B/I/W) of `path`, check them against the schedule
+ * (every track runs one pipeline rank's action list, whole steps of it, in order) and
+ * average every chunk's costs over the steps after `skip`. */
+static ts_status trace_costs_load(const char *path, const ts_schedule *s, int skip,
+                                  trace_costs *tc)
+{
+    memset(tc, 0, sizeof *tc);
+    ts_trace_event *all = NULL;
+    int n_all = 0, n_ranks = 0;
+    if (ts_trace_read_chrome(path, &all, &n_all, &n_ranks) != TS_OK)
+        return ts_error_prefix("--costs-from-trace: ");
+
+    /* Keep the compute events, grouped by track in time order. */
+    int n = 0;
+    for (int k = 0; k < n_all; k++)
+        if (kind_of_cat(all[k].cat) >= 0) all[n++] = all[k];
+    ts_status st = TS_OK;
+    if (n == 0) {
+        free(all);
+        return ts_fail("--costs-from-trace: %s has no F/B/I/W events (write one with "
+                       "tessera train --set log.trace=\"FILE\")", path);
+    }
+    qsort(all, (size_t)n, sizeof *all, cmp_event_start);
+
+    const int nc = s->n_chunks;
+    double *sum = ts_calloc((size_t)nc * 4, sizeof(double));
+    int *cnt = ts_calloc((size_t)nc * 4, sizeof(int));
+    double *step_start = NULL, *step_end = NULL, *b_make = NULL, *b_span = NULL;
+    int steps = -1, tracks = 0;
+    /* Pass 1: check every track, count steps. */
+    for (int k = 0; k < n && st == TS_OK;) {
+        int e = k;
+        while (e < n && all[e].rank == all[k].rank) e++;
+        const int q = all[k].chunk >= 0 ? ts_chunk_rank(all[k].chunk, s->pp) : -1;
+        const int na = q >= 0 ? s->n_actions[q] : 0;
+        if (q < 0 || all[k].chunk >= nc) {
+            st = ts_fail("--costs-from-trace: %s has an event on chunk %d, but this config has "
+                         "%d chunks (pass the training run's --set options to plan)",
+                         path, all[k].chunk, nc);
+        } else if ((e - k) % na != 0) {
+            st = ts_fail("--costs-from-trace: rank %d of %s has %d compute events, not whole "
+                         "steps of the %d actions schedule %s gives pipeline rank %d with "
+                         "%d micro-batches (pass the training run's --set options to plan)",
+                         all[k].rank, path, e - k, na, s->name, q, s->m);
+        } else if (steps >= 0 && (e - k) / na != steps) {
+            st = ts_fail("--costs-from-trace: rank %d of %s ran %d steps, another rank %d",
+                         all[k].rank, path, (e - k) / na, steps);
+        } else {
+            steps = (e - k) / na;
+            for (int j = k; j < e && st == TS_OK; j++) {
+                const ts_action *a = &s->actions[q][(j - k) % na];
+                const ts_trace_event *ev = &all[j];
+                if (kind_of_cat(ev->cat) != (int)a->kind || ev->chunk != a->chunk ||
+                    ev->mb != a->mb)
+                    st = ts_fail("--costs-from-trace: event %d of rank %d in %s is %s on chunk %d, "
+                                 "micro-batch %d; schedule %s has %c on chunk %d, micro-batch %d "
+                                 "there (pass the training run's --set options to plan)",
+                                 j - k, ev->rank, path, ev->cat, ev->chunk, ev->mb, s->name,
+                                 *ts_action_letter(a->kind), a->chunk, a->mb);
+            }
+            tracks++;
+        }
+        k = e;
+    }
+    if (st == TS_OK && steps <= skip)
+        st = ts_fail("--costs-from-trace: %s holds %d step%s; nothing is left after dropping "
+                     "%d (--trace-skip-steps)", path, steps, steps == 1 ? "" : "s", skip);
+    if (st == TS_OK) {
+        const int used = steps - skip;
+        step_start = ts_malloc(sizeof(double) * (size_t)used);
+        step_end = ts_malloc(sizeof(double) * (size_t)used);
+        b_make = ts_calloc((size_t)used, sizeof(double));
+        b_span = ts_calloc((size_t)used, sizeof(double));
+        for (int u = 0; u < used; u++) {
+            step_start[u] = INFINITY;
+            step_end[u] = -INFINITY;
+        }
+        /* Pass 2: sums per chunk and kind; each step's window over all tracks. */
+        for (int k = 0; k < n;) {
+            int e = k;
+            while (e < n && all[e].rank == all[k].rank) e++;
+            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
+            for (int j = k + skip * na; j < e; j++) {
+                const ts_trace_event *ev = &all[j];
+                const int u = (j - k) / na - skip, kind = kind_of_cat(ev->cat);
+                sum[ev->chunk * 4 + kind] += ev->dur_us * 1e-3;
+                cnt[ev->chunk * 4 + kind]++;
+                if (ev->start_us < step_start[u]) step_start[u] = ev->start_us;
+                if (ev->start_us + ev->dur_us > step_end[u]) step_end[u] = ev->start_us + ev->dur_us;
+            }
+            k = e;
+        }
+        /* Pass 3: per track and step, busy time and last end. */
+        for (int k = 0; k < n;) {
+            int e = k;
+            while (e < n && all[e].rank == all[k].rank) e++;
+            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
+            for (int u = 0; u < used; u++) {
+                double busy = 0.0, last = -INFINITY;
+                for (int j = k + (u + skip) * na; j < k + (u + skip + 1) * na; j++) {
+                    busy += all[j].dur_us;
+                    if (all[j].start_us + all[j].dur_us > last) last = all[j].start_us + all[j].dur_us;
+                }
+                const double span = step_end[u] - step_start[u], own = last - step_start[u];
+                b_make[u] += (span > 0 ? 1.0 - busy / span : 0.0) / tracks;
+                b_span[u] += (own > 0 ? 1.0 - busy / own : 0.0) / tracks;
+            }
+            k = e;
+        }
+        tc->n_chunks = nc;
+        tc->f = ts_malloc(sizeof(double) * (size_t)nc);
+        tc->i = ts_malloc(sizeof(double) * (size_t)nc);
+        tc->w = ts_malloc(sizeof(double) * (size_t)nc);
+        for (int c = 0; c < nc && st == TS_OK; c++) {
+            const double *sc = sum + c * 4;
+            const int *nk = cnt + c * 4;
+            if (!nk[TS_ACT_F])
+                st = ts_fail("--costs-from-trace: no forward of chunk %d in %s", c, path);
+            tc->f[c] = nk[TS_ACT_F] ? sc[TS_ACT_F] / nk[TS_ACT_F] : 0.0;
+            if (nk[TS_ACT_I] && nk[TS_ACT_W]) {
+                tc->i[c] = sc[TS_ACT_I] / nk[TS_ACT_I];
+                tc->w[c] = sc[TS_ACT_W] / nk[TS_ACT_W];
+            } else if (nk[TS_ACT_B]) {
+                tc->i[c] = tc->w[c] = 0.5 * sc[TS_ACT_B] / nk[TS_ACT_B];
+            } else if (st == TS_OK) {
+                st = ts_fail("--costs-from-trace: no backward (B, or I and W) of chunk %d in %s", c,
+                             path);
+            }
+        }
+        tc->steps = steps;
+        tc->skip = skip;
+        tc->n_tracks = tracks;
+        for (int u = 0; u < used; u++) step_end[u] = (step_end[u] - step_start[u]) * 1e-3;
+        tc->step_ms = median(step_end, used);
+        tc->bubble = median(b_make, used);
+        tc->bubble_rank_span = median(b_span, used);
+    }
+    free(step_start);
+    free(step_end);
+    free(b_make);
+    free(b_span);
+    free(sum);
+    free(cnt);
+    free(all);
+    if (st != TS_OK) trace_costs_free(tc);
+    return st;
+}
+
+/* The simulated bubble as the train metric counts it: each rank idle from the step's
+ * start until its own last compute action (optimizer excluded), mean over ranks. */
+static double sim_bubble_rank_span(const ts_sim_result *r)
+{
+    double total = 0.0;
+    for (int q = 0; q < r->pp; q++) {
+        double busy = 0.0, last = 0.0;
+        for (int k = 0; k < r->n_events; k++) {
+            const ts_sim_event *e = &r->events[k];
+            if (e->rank != q || e->kind == TS_SIM_OPTIM) continue;
+            busy += e->end - e->start;
+            if (e->end > last) last = e->end;
+        }
+        total += last > 0 ? 1.0 - busy / last : 0.0;
+    }
+    return r->pp > 0 ? total / r->pp : 0.0;
 }
 
 /* ------------------------------------------------------------------ output -- */
@@ -187,8 +436,15 @@ static void format_bytes(double b, char *buf, size_t size)
         snprintf(buf, size, "%.1f KiB", b / 1024.0);
 }
 
-static int print_json(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                      const ts_sim_result *r)
+static json_t *json_doubles(const double *x, int n)
+{
+    json_t *a = json_array();
+    for (int k = 0; k < n; k++) json_array_append_new(a, json_real(x[k]));
+    return a;
+}
+
+static int print_json(const plan_args *a, const ts_config *cfg, const ts_partition *part,
+                      const ts_schedule *s, const ts_sim_result *r, const trace_costs *tc)
 {
     const ts_parallel_config *p = &cfg->parallel;
     json_t *layers = json_array(), *ranks = json_array();
@@ -203,6 +459,18 @@ static int print_json(const ts_config *cfg, const ts_partition *part, const ts_s
                           p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
                           "partition", layers, "step_ms", r->step_time, "bubble",
                           r->bubble_mean, "ranks", ranks);
+    if (o && tc) {
+        json_object_set_new(o, "bubble_rank_span", json_real(sim_bubble_rank_span(r)));
+        json_object_set_new(
+            o, "costs_from_trace",
+            json_pack("{s:s, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f}", "file", a->costs_trace,
+                      "steps", tc->steps, "steps_used", tc->steps - tc->skip, "chunk_f_ms",
+                      json_doubles(tc->f, tc->n_chunks), "chunk_i_ms",
+                      json_doubles(tc->i, tc->n_chunks), "chunk_w_ms",
+                      json_doubles(tc->w, tc->n_chunks), "measured_step_ms", tc->step_ms,
+                      "measured_bubble", tc->bubble, "measured_bubble_rank_span",
+                      tc->bubble_rank_span));
+    }
     char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);
     if (!text) {
@@ -215,7 +483,8 @@ static int print_json(const ts_config *cfg, const ts_partition *part, const ts_s
 }
 
 static void print_text(const plan_args *a, const ts_config *cfg, const ts_partition *part,
-                       const ts_schedule *s, const ts_sim_result *r, double msg_bytes)
+                       const ts_schedule *s, const ts_sim_result *r, double msg_bytes,
+                       const trace_costs *tc)
 {
     const ts_parallel_config *p = &cfg->parallel;
     printf("tessera plan: %s\n", a->config);
@@ -228,9 +497,17 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     free(d);
     char msg[32];
     format_bytes(msg_bytes, msg, sizeof msg);
-    if (a->cost == COST_UNIFORM)
+    if (a->cost == COST_UNIFORM) {
         printf("costs: uniform (F = I = W = 1 ms per chunk and micro-batch, free communication)\n");
-    else
+    } else if (tc) {
+        printf("costs: chunk means from %s (steps %d..%d of %d, %d rank%s); P2P %g us latency, "
+               "%g GB/s, %s per message\n",
+               a->costs_trace, tc->skip, tc->steps - 1, tc->steps, tc->n_tracks,
+               tc->n_tracks == 1 ? "" : "s", a->latency_us, a->bandwidth_gbs, msg);
+        for (int c = 0; c < tc->n_chunks; c++)
+            printf("  chunk %d (pp rank %d): F %.3f ms, backward %.3f ms (I %.3f + W %.3f)\n", c,
+                   ts_chunk_rank(c, p->pp), tc->f[c], tc->i[c] + tc->w[c], tc->i[c], tc->w[c]);
+    } else
         printf("costs: %s layer times%s; P2P %g us latency, %g GB/s, %s per message\n",
                part->costs.source == TS_COST_MEASURED ? "measured" : "modelled",
                p->tp > 1 ? " / tp" : "", a->latency_us, a->bandwidth_gbs, msg);
@@ -242,6 +519,13 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
         format_bytes(r->peak_act_bytes[q], mem, sizeof mem);
         printf("  %-7d  %-7.4f  %10.3f  %s (%d micro-batch%s)\n", q, r->bubble[q], r->busy[q], mem,
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
+    }
+    if (tc) {
+        printf("bubble until each rank's last action (as the train metric counts it): %.4f\n",
+               sim_bubble_rank_span(r));
+        printf("measured in the trace (median over steps %d..%d): step %.3f ms, bubble %.4f, "
+               "until each rank's last action %.4f\n",
+               tc->skip, tc->steps - 1, tc->step_ms, tc->bubble, tc->bubble_rank_span);
     }
 }
 
@@ -278,7 +562,10 @@ static int write_outputs(const plan_args *a, const ts_config *cfg, const ts_sim_
     snprintf(title, sizeof title, "tessera plan: %s, pp=%d v=%d m=%d (%s costs)",
              cfg->parallel.schedule, cfg->parallel.pp, cfg->parallel.virtual_stages,
              ts_config_num_microbatches(cfg),
-             a->cost == COST_UNIFORM ? "uniform" : a->cost == COST_MODEL ? "modelled" : "measured");
+             a->costs_trace         ? "trace"
+             : a->cost == COST_UNIFORM ? "uniform"
+             : a->cost == COST_MODEL   ? "modelled"
+                                       : "measured");
     ts_status st = TS_OK;
     if (a->trace) st = ts_trace_write_chrome(a->trace, t.events, t.n, r->pp, title);
     if (st == TS_OK && a->svg) st = ts_trace_write_svg(a->svg, t.events, t.n, r->pp, title);
@@ -301,7 +588,7 @@ static int plan(const plan_args *a)
     const ts_parallel_config *p = &cfg.parallel;
 
     ts_partition part;
-    if (ts_partition_build(&cfg, a->cost == COST_MEASURED, &part) != TS_OK) {
+    if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK) {
         ts_log_error("%s", ts_error_message());
         return 1;
     }
@@ -313,6 +600,17 @@ static int plan(const plan_args *a)
         return 1;
     }
 
+    trace_costs tc_store, *tc = NULL;
+    if (a->costs_trace) {
+        if (trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, &tc_store) != TS_OK) {
+            ts_log_error("%s", ts_error_message());
+            ts_schedule_free(&s);
+            ts_partition_free(&part);
+            return 1;
+        }
+        tc = &tc_store;
+    }
+
     /* Chunk costs in ms; bandwidth in bytes per ms. */
     const int n = part.n_chunks;
     double *f = ts_malloc(sizeof(double) * (size_t)n), *ig = ts_malloc(sizeof(double) * (size_t)n);
@@ -320,6 +618,10 @@ static int plan(const plan_args *a)
     for (int c = 0; c < n; c++) {
         if (a->cost == COST_UNIFORM) {
             f[c] = ig[c] = wg[c] = 1.0;
+        } else if (tc) {
+            f[c] = tc->f[c];
+            ig[c] = tc->i[c];
+            wg[c] = tc->w[c];
         } else {
             f[c] = part.chunk_fwd_ms[c] / p->tp;
             ig[c] = wg[c] = 0.5 * part.chunk_bwd_ms[c] / p->tp;
@@ -345,9 +647,9 @@ static int plan(const plan_args *a)
         code = 1;
     } else {
         if (a->json)
-            code = print_json(&cfg, &part, &s, &r);
+            code = print_json(a, &cfg, &part, &s, &r, tc);
         else
-            print_text(a, &cfg, &part, &s, &r, msg_bytes);
+            print_text(a, &cfg, &part, &s, &r, msg_bytes, tc);
         if (code == 0) code = write_outputs(a, &cfg, &r);
         ts_sim_result_free(&r);
     }
@@ -355,6 +657,7 @@ static int plan(const plan_args *a)
     free(ig);
     free(wg);
     free(optim);
+    if (tc) trace_costs_free(tc);
     ts_schedule_free(&s);
     ts_partition_free(&part);
     return code;

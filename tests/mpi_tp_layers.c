@@ -1,0 +1,153 @@
+/* Tensor-parallel layers against the unsharded ones, on 2 or 4 ranks (run under
+ * mpirun by test_tp_layers.sh): for the embedding, a block and the head, the sharded
+ * forward output and the input and weight gradients equal the unsharded layer's on
+ * random data, and the sharded initial weights are the slices of the one-rank initial
+ * weights bit for bit. Every rank checks; the job fails if any rank fails. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "test_util.h"
+
+static void fill(float *x, size_t n, uint64_t key, float scale)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * ts_rng_normal(7, key, i));
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* The sharded parameter p's gradient against the full model's slice of it. */
+static double grad_err(const ts_model *shard, int p, const ts_model *full, int q)
+{
+    const ts_param *P = &shard->params[p];
+    float *slice = ts_alloc_floats(P->numel);
+    for (size_t i = 0; i < P->numel; i++) slice[i] = ts_param_grad(full, q)[ts_param_logical_index(P, i)];
+    double e = rel_err(ts_param_grad(shard, p), slice, P->numel);
+    free(slice);
+    return e;
+}
+
+static int find(const ts_model *m, const char *name)
+{
+    for (int p = 0; p < m->n_params; p++)
+        if (!strcmp(m->params[p].name, name)) return p;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ts_comm tp;
+    ts_comm_wrap(&tp, MPI_COMM_WORLD, "tp");
+    ts_cpu_set_threads(1);
+
+    ts_config cfg;
+    ts_config_defaults(&cfg);
+    cfg.model.n_layer = 2;
+    cfg.model.n_head = 4;
+    cfg.model.n_embd = 32;
+    cfg.model.vocab_size = 64;
+    cfg.model.seq_len = 8;
+    const int B = 2, T = 8, N = B * T, C = cfg.model.n_embd;
+
+    ts_model full, shard;
+    ts_model_build(&full, &cfg.model, NULL, &ts_kernels_cpu);
+    ts_model_build_tp(&shard, &cfg.model, NULL, &ts_kernels_cpu, size, rank, &tp);
+    ts_model_init_random(&full, 1234);
+    ts_model_init_random(&shard, 1234);
+
+    /* Initial weights: bit-identical slices. */
+    for (int p = 0; p < shard.n_params; p++) {
+        const ts_param *P = &shard.params[p];
+        int q = find(&full, P->name);
+        int same = q >= 0;
+        for (size_t i = 0; same && i < P->numel; i++)
+            same = ts_param_data(&shard, p)[i] == ts_param_data(&full, q)[ts_param_logical_index(P, i)];
+        CHECKF(same, "rank %d: initial %s is not the slice of the unsharded tensor", rank, P->name);
+        if (P->split_axis >= 0) CHECK(P->numel * size == full.params[q].numel);
+    }
+
+    ts_scratch sf, ss;
+    ts_scratch_init(&sf, &full, B, T);
+    ts_scratch_init(&ss, &shard, B, T);
+    float *x = ts_alloc_floats((size_t)N * C), *dxf = ts_alloc_floats((size_t)N * C),
+          *dxs = ts_alloc_floats((size_t)N * C);
+    fill(x, (size_t)N * C, 1, 1.0f);
+    const char *kinds[] = {"embedding", "block", "head"};
+    const int layers[] = {0, 1, full.n_layers - 1};
+    for (int li = 0; li < 3; li++) {
+        int l = layers[li];
+        ts_acts af, as;
+        ts_acts_init(&af, &full, l, l + 1, B, T);
+        ts_acts_init(&as, &shard, l, l + 1, B, T);
+        for (int i = 0; i < N; i++) {
+            af.tokens[i] = as.tokens[i] = (int)(ts_rng_mix64((uint64_t)i * 3 + 1) % 64);
+            af.targets[i] = as.targets[i] = (int)(ts_rng_mix64((uint64_t)i * 5 + 2) % 64);
+        }
+        af.input = as.input = x;
+        memset(full.grad_mem, 0, full.num_floats * sizeof(float));
+        memset(shard.grad_mem, 0, shard.num_floats * sizeof(float));
+        double lf = 0, ls = 0;
+        ts_model_forward(&full, &af, 1.0f / N, &lf);
+        ts_model_forward(&shard, &as, 1.0f / N, &ls);
+        if (l == full.n_layers - 1) {
+            CHECKF(fabs(lf - ls) <= 1e-5 * fabs(lf), "rank %d: head loss %.9g vs %.9g", rank, ls, lf);
+        } else {
+            double e = rel_err(ts_acts_output(&shard, &as, l), ts_acts_output(&full, &af, l), (size_t)N * C);
+            CHECKF(e < 1e-5, "rank %d: %s forward differs (%.3g)", rank, kinds[li], e);
+        }
+        fill(dxf, (size_t)N * C, 2, 0.1f);
+        memcpy(dxs, dxf, (size_t)N * C * sizeof(float));
+        ts_model_backward(&full, &af, dxf, &sf, NULL, NULL);
+        ts_model_backward(&shard, &as, dxs, &ss, NULL, NULL);
+        if (l > 0) {
+            double e = rel_err(dxs, dxf, (size_t)N * C);
+            CHECKF(e < 1e-5, "rank %d: %s input gradient differs (%.3g)", rank, kinds[li], e);
+        }
+        for (int p = shard.layers[l].first_param; p < shard.layers[l].first_param + shard.layers[l].n_params; p++) {
+            double e = grad_err(&shard, p, &full, find(&full, shard.params[p].name));
+            CHECKF(e < 1e-5, "rank %d: %s gradient of %s differs (%.3g)", rank, kinds[li],
+                   shard.params[p].name, e);
+        }
+        /* The head's tied wte gradient lives with the embedding on one rank. */
+        if (l == full.n_layers - 1) {
+            int p = shard.head_wte_param;
+            double e = grad_err(&shard, p, &full, find(&full, shard.params[p].name));
+            CHECKF(e < 1e-5, "rank %d: LM head weight gradient differs (%.3g)", rank, e);
+        }
+        ts_acts_free(&af);
+        ts_acts_free(&as);
+    }
+
+    int failed = ts_test_failed, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("tp=%d: ", size);
+    int code = rank == 0 ? ts_test_report() : (failed != 0);
+    free(x);
+    free(dxf);
+    free(dxs);
+    ts_scratch_free(&sf);
+    ts_scratch_free(&ss);
+    ts_model_free(&full);
+    ts_model_free(&shard);
+    MPI_Finalize();
+    return any ? 1 : code;
+}
