@@ -22,7 +22,7 @@ static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
     "                    [--no-measure] [--latency-us X] [--bandwidth-gbs X] [--optim-ms X]\n"
     "                    [--trace FILE] [--svg FILE] [--costs-from-trace TRACE.json\n"
-    "                    [--trace-skip-steps N]]\n"
+    "                    [--trace-skip-steps N] [--trace-stat mean|median]]\n"
     "       tessera plan --from-trace TRACE.json --svg FILE\n"
     "\n"
     "Plan a pipeline without training, in one process (no mpirun): cut the layers\n"
@@ -74,6 +74,8 @@ static const char *k_help =
     "                     \"measured_step_ms\", \"measured_bubble\", \"measured_bubble_rank_span\"}\n"
     "  --trace-skip-steps N  with --costs-from-trace: steps dropped from the start of the\n"
     "                     trace as warm-up (default 1; at least one step must remain)\n"
+    "  --trace-stat S     with --costs-from-trace: mean (default) or median of the durations\n"
+    "                     (the median ignores steps slowed by other processes on the machine)\n"
     "\n"
     "Cost model: one micro-batch of a chunk takes the sum of its layers' forward times (F);\n"
     "its backward the sum of their backward times, split evenly into input-gradient (I) and\n"
@@ -97,7 +99,7 @@ typedef struct {
     double latency_us, bandwidth_gbs, optim_ms;
     const char *trace, *svg, *from_trace, *costs_trace;
     double trace_skip;
-    bool trace_skip_set;
+    bool trace_skip_set, trace_median, trace_stat_set;
 } plan_args;
 
 static int usage_error(const char *fmt, const char *what)
@@ -176,6 +178,12 @@ static int parse_args(int argc, char **argv, plan_args *a)
             a->from_trace = v;
         } else if ((v = opt_value(argc, argv, &i, "--costs-from-trace", &missing))) {
             a->costs_trace = v;
+        } else if ((v = opt_value(argc, argv, &i, "--trace-stat", &missing))) {
+            if (!strcmp(v, "mean") || !strcmp(v, "median"))
+                a->trace_median = !strcmp(v, "median");
+            else
+                rc = usage_error("--trace-stat '%s' is not one of mean, median", v);
+            a->trace_stat_set = true;
         } else if ((v = opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
             rc = parse_number(v, "--trace-skip-steps", 0, &a->trace_skip);
             if (rc == 0 && a->trace_skip != floor(a->trace_skip))
@@ -203,6 +211,8 @@ static int parse_args(int argc, char **argv, plan_args *a)
         return usage_error("%s replaces the cost model: drop --cost uniform", "--costs-from-trace");
     if (a->trace_skip_set && !a->costs_trace)
         return usage_error("%s goes with --costs-from-trace", "--trace-skip-steps");
+    if (a->trace_stat_set && !a->costs_trace)
+        return usage_error("%s goes with --costs-from-trace", "--trace-stat");
     if (!a->config) return usage_error("%s needs a CONFIG file", "plan");
     return 0;
 }
@@ -262,7 +272,7 @@ static double median(double *x, int n)
  * (every track runs one pipeline rank's action list, whole steps of it, in order) and
  * average every chunk's costs over the steps after `skip`. */
 static ts_status trace_costs_load(const char *path, const ts_schedule *s, int skip,
-                                  trace_costs *tc)
+                                  bool use_median, trace_costs *tc)
 {
     memset(tc, 0, sizeof *tc);
     ts_trace_event *all = NULL;
@@ -283,7 +293,8 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
     qsort(all, (size_t)n, sizeof *all, cmp_event_start);
 
     const int nc = s->n_chunks;
-    double *sum = ts_calloc((size_t)nc * 4, sizeof(double));
+    /* durations (ms) per chunk and kind: dur[(c * 4 + kind) * n + j], j < cnt[c * 4 + kind] */
+    double *dur = ts_malloc(sizeof(double) * (size_t)nc * 4 * (size_t)n);
     int *cnt = ts_calloc((size_t)nc * 4, sizeof(int));
     double *step_start = NULL, *step_end = NULL, *b_make = NULL, *b_span = NULL;
     int steps = -1, tracks = 0;
@@ -343,8 +354,8 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
             for (int j = k + skip * na; j < e; j++) {
                 const ts_trace_event *ev = &all[j];
                 const int u = (j - k) / na - skip, kind = kind_of_cat(ev->cat);
-                sum[ev->chunk * 4 + kind] += ev->dur_us * 1e-3;
-                cnt[ev->chunk * 4 + kind]++;
+                const int g = ev->chunk * 4 + kind;
+                dur[(size_t)g * n + (size_t)cnt[g]++] = ev->dur_us * 1e-3;
                 if (ev->start_us < step_start[u]) step_start[u] = ev->start_us;
                 if (ev->start_us + ev->dur_us > step_end[u]) step_end[u] = ev->start_us + ev->dur_us;
             }
@@ -371,9 +382,18 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
         tc->f = ts_malloc(sizeof(double) * (size_t)nc);
         tc->i = ts_malloc(sizeof(double) * (size_t)nc);
         tc->w = ts_malloc(sizeof(double) * (size_t)nc);
+        double sc[4];
         for (int c = 0; c < nc && st == TS_OK; c++) {
-            const double *sc = sum + c * 4;
             const int *nk = cnt + c * 4;
+            for (int kind = 0; kind < 4; kind++) {
+                double *x = dur + (size_t)(c * 4 + kind) * n;
+                sc[kind] = 0.0;
+                if (nk[kind] && use_median) {
+                    sc[kind] = median(x, nk[kind]) * nk[kind]; /* divided by the count below */
+                } else {
+                    for (int j = 0; j < nk[kind]; j++) sc[kind] += x[j];
+                }
+            }
             if (!nk[TS_ACT_F])
                 st = ts_fail("--costs-from-trace: no forward of chunk %d in %s", c, path);
             tc->f[c] = nk[TS_ACT_F] ? sc[TS_ACT_F] / nk[TS_ACT_F] : 0.0;
@@ -399,7 +419,7 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
     free(step_end);
     free(b_make);
     free(b_span);
-    free(sum);
+    free(dur);
     free(cnt);
     free(all);
     if (st != TS_OK) trace_costs_free(tc);
@@ -463,7 +483,8 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(o, "bubble_rank_span", json_real(sim_bubble_rank_span(r)));
         json_object_set_new(
             o, "costs_from_trace",
-            json_pack("{s:s, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f}", "file", a->costs_trace,
+            json_pack("{s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f}", "file", a->costs_trace,
+                      "stat", a->trace_median ? "median" : "mean",
                       "steps", tc->steps, "steps_used", tc->steps - tc->skip, "chunk_f_ms",
                       json_doubles(tc->f, tc->n_chunks), "chunk_i_ms",
                       json_doubles(tc->i, tc->n_chunks), "chunk_w_ms",
@@ -500,9 +521,9 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     if (a->cost == COST_UNIFORM) {
         printf("costs: uniform (F = I = W = 1 ms per chunk and micro-batch, free communication)\n");
     } else if (tc) {
-        printf("costs: chunk means from %s (steps %d..%d of %d, %d rank%s); P2P %g us latency, "
+        printf("costs: chunk %ss from %s (steps %d..%d of %d, %d rank%s); P2P %g us latency, "
                "%g GB/s, %s per message\n",
-               a->costs_trace, tc->skip, tc->steps - 1, tc->steps, tc->n_tracks,
+               a->trace_median ? "median" : "mean", a->costs_trace, tc->skip, tc->steps - 1, tc->steps, tc->n_tracks,
                tc->n_tracks == 1 ? "" : "s", a->latency_us, a->bandwidth_gbs, msg);
         for (int c = 0; c < tc->n_chunks; c++)
             printf("  chunk %d (pp rank %d): F %.3f ms, backward %.3f ms (I %.3f + W %.3f)\n", c,
@@ -602,7 +623,8 @@ static int plan(const plan_args *a)
 
     trace_costs tc_store, *tc = NULL;
     if (a->costs_trace) {
-        if (trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, &tc_store) != TS_OK) {
+        if (trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, a->trace_median, &tc_store) !=
+            TS_OK) {
             ts_log_error("%s", ts_error_message());
             ts_schedule_free(&s);
             ts_partition_free(&part);

@@ -14,6 +14,7 @@ typedef struct ts_comm_s {
     MPI_Comm mpi;   /* MPI_COMM_NULL: this rank is not in the group */
     int rank, size;
     const char *name; /* "tp", "dp", "pp", "embed", "world": for error messages */
+    double *busy_ms;  /* when set, blocking collectives add their time here */
 } ts_comm;
 
 /* A pending non-blocking operation. */

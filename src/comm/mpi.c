@@ -6,6 +6,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/timer.h"
 
 #define SLICE ((size_t)1 << 30)
 
@@ -28,6 +29,7 @@ void ts_comm_wrap(ts_comm *c, MPI_Comm mpi, const char *name)
     c->name = name;
     c->rank = 0;
     c->size = 0;
+    c->busy_ms = NULL;
     if (mpi == MPI_COMM_NULL) return;
     MPI_Comm_rank(mpi, &c->rank);
     MPI_Comm_size(mpi, &c->size);
@@ -37,11 +39,13 @@ static void allreduce(const ts_comm *c, void *buf, size_t n, MPI_Datatype type, 
                       MPI_Op op)
 {
     if (c->size <= 1) return;
+    double t0 = c->busy_ms ? ts_now_ms() : 0.0;
     for (size_t off = 0; off < n; off += SLICE) {
         size_t cnt = n - off < SLICE ? n - off : SLICE;
         check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type, op, c->mpi), c,
               "all-reduce");
     }
+    if (c->busy_ms) *c->busy_ms += ts_now_ms() - t0;
 }
 
 void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n)

@@ -105,6 +105,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_comm_wrap(&t->dp, topo->dp_comm, "dp");
     ts_comm_wrap(&t->pp, topo->pp_comm, "pp");
     ts_comm_wrap(&t->tp, topo->tp_comm, "tp");
+    t->tp.busy_ms = &t->tp_busy_ms;
     ts_comm_wrap(&t->embed, topo->embed_comm, "embed");
 
     ts_status st = build_partition(t);
@@ -202,6 +203,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * target of the global batch weighs 1/(B*T), so summing over micro-batches and
      * replicas gives the gradient of the mean loss. */
     memset(t->model.grad_mem, 0, t->model.num_floats * sizeof(float));
+    t->tp_busy_ms = 0.0;
     ts_grad_sync_begin(&t->grad_sync);
     ts_engine_run(&t->engine, step);
 
@@ -235,6 +237,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
     out->dp_wait_ms = wait;
     out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
+    double tp_ms = t->tp_busy_ms;
+    MPI_Allreduce(MPI_IN_PLACE, &tp_ms, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    out->tp_comm_ms = tp_ms;
 }
 
 double ts_trainer_eval(ts_trainer *t)
@@ -341,9 +346,9 @@ ts_status ts_trainer_run(ts_trainer *t)
             fprintf(t->metrics,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
                     "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-                    "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f}\n",
+                    "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f}\n",
                     step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s, s.bubble,
-                    s.dp_overlap, s.dp_wait_ms, s.dp_bytes);
+                    s.dp_overlap, s.dp_wait_ms, s.dp_bytes, s.tp_comm_ms);
             fflush(t->metrics);
         }
         if (c->log.progress) {

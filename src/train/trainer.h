@@ -29,12 +29,14 @@ typedef struct {
     double dp_overlap;  /* fraction of the dp all-reduce hidden behind compute */
     double dp_wait_ms;  /* time blocked finishing the dp all-reduce (max over ranks) */
     double dp_bytes;    /* gradient bytes each replica all-reduces per step */
+    double tp_comm_ms;  /* time in tensor-parallel all-reduces (max over ranks) */
 } ts_step_stats;
 
 typedef struct {
     ts_config cfg;
     const ts_topology *topo;
     ts_comm world, dp, pp, tp, embed;
+    double tp_busy_ms;  /* this step's time in tp collectives (t->tp.busy_ms points here) */
 
     ts_partition part;
     ts_schedule sched;
