@@ -256,6 +256,18 @@ static int cmp_event_start(const void *pa, const void *pb)
     return 0;
 }
 
+typedef struct {
+    int group; /* chunk * 4 + kind */
+    double ms;
+} group_dur;
+
+static int cmp_group_dur(const void *pa, const void *pb)
+{
+    const group_dur *a = pa, *b = pb;
+    if (a->group != b->group) return a->group < b->group ? -1 : 1;
+    return a->ms < b->ms ? -1 : a->ms > b->ms;
+}
+
 static int cmp_double(const void *pa, const void *pb)
 {
     double a = *(const double *)pa, b = *(const double *)pb;
@@ -293,9 +305,8 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
     qsort(all, (size_t)n, sizeof *all, cmp_event_start);
 
     const int nc = s->n_chunks;
-    /* durations (ms) per chunk and kind: dur[(c * 4 + kind) * n + j], j < cnt[c * 4 + kind] */
-    double *dur = ts_malloc(sizeof(double) * (size_t)nc * 4 * (size_t)n);
-    int *cnt = ts_calloc((size_t)nc * 4, sizeof(int));
+    group_dur *dur = ts_malloc(sizeof *dur * (size_t)n); /* the steady steps' durations */
+    int n_dur = 0;
     double *step_start = NULL, *step_end = NULL, *b_make = NULL, *b_span = NULL;
     int steps = -1, tracks = 0;
     /* Pass 1: check every track, count steps. */
@@ -354,8 +365,7 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
             for (int j = k + skip * na; j < e; j++) {
                 const ts_trace_event *ev = &all[j];
                 const int u = (j - k) / na - skip, kind = kind_of_cat(ev->cat);
-                const int g = ev->chunk * 4 + kind;
-                dur[(size_t)g * n + (size_t)cnt[g]++] = ev->dur_us * 1e-3;
+                dur[n_dur++] = (group_dur){ev->chunk * 4 + kind, ev->dur_us * 1e-3};
                 if (ev->start_us < step_start[u]) step_start[u] = ev->start_us;
                 if (ev->start_us + ev->dur_us > step_end[u]) step_end[u] = ev->start_us + ev->dur_us;
             }
@@ -382,31 +392,39 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
         tc->f = ts_malloc(sizeof(double) * (size_t)nc);
         tc->i = ts_malloc(sizeof(double) * (size_t)nc);
         tc->w = ts_malloc(sizeof(double) * (size_t)nc);
-        double sc[4];
+        /* Sorted by chunk, kind and duration: each group is a sorted run. */
+        qsort(dur, (size_t)n_dur, sizeof *dur, cmp_group_dur);
+        double *stat = ts_calloc((size_t)nc * 4, sizeof(double));
+        int *cnt = ts_calloc((size_t)nc * 4, sizeof(int));
+        for (int k = 0; k < n_dur;) {
+            int e = k;
+            double sum = 0.0;
+            while (e < n_dur && dur[e].group == dur[k].group) sum += dur[e++].ms;
+            const int len = e - k, mid = k + len / 2;
+            cnt[dur[k].group] = len;
+            stat[dur[k].group] = !use_median ? sum / len
+                                 : len % 2  ? dur[mid].ms
+                                            : 0.5 * (dur[mid - 1].ms + dur[mid].ms);
+            k = e;
+        }
         for (int c = 0; c < nc && st == TS_OK; c++) {
             const int *nk = cnt + c * 4;
-            for (int kind = 0; kind < 4; kind++) {
-                double *x = dur + (size_t)(c * 4 + kind) * n;
-                sc[kind] = 0.0;
-                if (nk[kind] && use_median) {
-                    sc[kind] = median(x, nk[kind]) * nk[kind]; /* divided by the count below */
-                } else {
-                    for (int j = 0; j < nk[kind]; j++) sc[kind] += x[j];
-                }
-            }
+            const double *sc = stat + c * 4;
             if (!nk[TS_ACT_F])
                 st = ts_fail("--costs-from-trace: no forward of chunk %d in %s", c, path);
-            tc->f[c] = nk[TS_ACT_F] ? sc[TS_ACT_F] / nk[TS_ACT_F] : 0.0;
+            tc->f[c] = sc[TS_ACT_F];
             if (nk[TS_ACT_I] && nk[TS_ACT_W]) {
-                tc->i[c] = sc[TS_ACT_I] / nk[TS_ACT_I];
-                tc->w[c] = sc[TS_ACT_W] / nk[TS_ACT_W];
+                tc->i[c] = sc[TS_ACT_I];
+                tc->w[c] = sc[TS_ACT_W];
             } else if (nk[TS_ACT_B]) {
-                tc->i[c] = tc->w[c] = 0.5 * sc[TS_ACT_B] / nk[TS_ACT_B];
+                tc->i[c] = tc->w[c] = 0.5 * sc[TS_ACT_B];
             } else if (st == TS_OK) {
                 st = ts_fail("--costs-from-trace: no backward (B, or I and W) of chunk %d in %s", c,
                              path);
             }
         }
+        free(stat);
+        free(cnt);
         tc->steps = steps;
         tc->skip = skip;
         tc->n_tracks = tracks;
@@ -420,7 +438,6 @@ static ts_status trace_costs_load(const char *path, const ts_schedule *s, int sk
     free(b_make);
     free(b_span);
     free(dur);
-    free(cnt);
     free(all);
     if (st != TS_OK) trace_costs_free(tc);
     return st;
