@@ -21,6 +21,13 @@ expect_error 1 "No such file|cannot read|not found" train "$TMP/absent.cfg"
 # The grid must match the ranks launched: message once, every rank exits non-zero.
 expect_error 2 "pp\*dp\*tp" "${base[@]}"
 
+# An error on one rank only (rank 0 alone opens the metrics file): every rank still
+# exits non-zero, promptly (run_np has a timeout), with one message.
+expect_error 2 "log.metrics" "${base[@]}" --set parallel.dp=2 --set parallel.micro_batch=2 \
+  --set 'log.metrics="/proc/no-such-dir/metrics.jsonl"'
+expect_error 2 "log.metrics" "${base[@]}" --set parallel.pp=2 \
+  --set 'log.metrics="/proc/no-such-dir/metrics.jsonl"'
+
 # Data files.
 expect_error 1 "No such file" train "$cfg" --set "data.train=\"$TMP/missing.bin\"" --set 'data.val=""'
 head -c 3000 "$TMP/train.bin" > "$TMP/truncated.bin"
