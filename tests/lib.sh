@@ -71,3 +71,18 @@ same_losses() {
     { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r; n++ }
     END { if (bad || n == 0 || worst > tol) { printf "worst relative difference %g over %d steps\n", worst, n; exit 1 } }'
 }
+
+# check NAME NP SETS...: run "${common[@]}" (the caller's array) on NP ranks with
+# metrics to $TMP/NAME.jsonl; unless NAME is "ref", compare with $TMP/ref.jsonl
+# (the one-rank run) to relative 1e-4.
+check() {
+  local name="$1" np="$2"; shift 2
+  if run_np "$np" "${common[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+    pass
+    if [ "$name" != ref ]; then
+      if out=$(same_losses "$TMP/$name.jsonl" "$TMP/ref.jsonl" 1e-4); then pass; else fail "$name vs one rank: $out"; fi
+    fi
+  else
+    fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2
+  fi
+}

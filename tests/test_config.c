@@ -428,11 +428,7 @@ static void test_config_shipped_files(void)
 
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/ts_test_config_XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
     test_config_full();
     test_config_defaults();
     test_config_overrides();
@@ -445,9 +441,6 @@ int main(void)
     test_config_json();
     test_config_shipped_files();
 
-    char path[512];
-    snprintf(path, sizeof path, "%s/t.cfg", g_dir);
-    unlink(path);
-    rmdir(g_dir);
+    ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

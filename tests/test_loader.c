@@ -337,34 +337,14 @@ static void test_loader_errors(void)
     CHECK(contains(ts_error_message(), "/nonexistent_dir_ts/x.bin"));
 }
 
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(d))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(void)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/ts_data_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    ts_test_make_dir(g_dir, sizeof g_dir, "ts_data");
     test_loader_write_and_read_shard();
     test_loader_text();
     test_loader_multi_file_stream();
     test_loader_batch_rule();
     test_loader_errors();
-    remove_dir(g_dir);
+    ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

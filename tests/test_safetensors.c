@@ -400,35 +400,15 @@ static void test_safetensors_fuzz(void)
     free(orig);
 }
 
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(d))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(void)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/ts_st_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    ts_test_make_dir(g_dir, sizeof g_dir, "ts_st");
     test_safetensors_round_trip();
     test_safetensors_partial_reads();
     test_safetensors_expect_f32();
     test_safetensors_rejects();
     test_safetensors_writer_rejects();
     test_safetensors_fuzz();
-    remove_dir(g_dir);
+    ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

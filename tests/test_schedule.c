@@ -431,22 +431,12 @@ static void test_schedule_build_errors(void)
 
 int main(void)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/ts_test_schedule_XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_schedule");
     test_schedule_grid();
     test_schedule_interleaved_placement();
     test_schedule_bubbles();
     test_schedule_csv();
     test_schedule_build_errors();
-    const char *files[] = { "rt.csv", "bad.csv", "loose.csv", "split.csv" };
-    char path[512];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", g_dir, files[i]);
-        unlink(path);
-    }
-    rmdir(g_dir);
+    ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

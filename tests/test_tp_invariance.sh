@@ -8,17 +8,6 @@ make_corpus "$TMP/train.bin"
 common=(train "$SRC/configs/tiny.cfg" --set train.steps=20 --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 
-check() { # NAME NP SETS...
-  local name="$1" np="$2"; shift 2
-  if run_np "$np" "${common[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
-    pass
-    if [ "$name" != ref ]; then
-      if out=$(same_losses "$TMP/$name.jsonl" "$TMP/ref.jsonl" 1e-4); then pass; else fail "$name vs one rank: $out"; fi
-    fi
-  else
-    fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2
-  fi
-}
 
 check ref 1
 check tp2 2 --set parallel.tp=2

@@ -3,9 +3,12 @@
 #ifndef TS_TEST_UTIL_H
 #define TS_TEST_UTIL_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static int ts_test_passed = 0;
 static int ts_test_failed = 0;
@@ -43,6 +46,34 @@ static inline double ts_rel_err(double a, double b, double floor_)
 {
     double d = fabs(b) > floor_ ? fabs(b) : floor_;
     return fabs(a - b) / d;
+}
+
+/* A fresh scratch directory ($TMPDIR or /tmp) named PREFIX_XXXXXX, into buf; exits
+ * the test on failure. */
+static inline void ts_test_make_dir(char *buf, size_t size, const char *prefix)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(buf, size, "%s/%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
+    if (!mkdtemp(buf)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+/* Remove a scratch directory and the files in it (one level). */
+static inline void ts_test_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
 }
 
 #endif

@@ -1,7 +1,26 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "cli/cli.h"
+#include "core/log.h"
+
+int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn run)
+{
+    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+        fputs(help, stdout);
+        return 0;
+    }
+    MPI_Init(&argc, &argv);
+    int rank, world_size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    ts_log_set_rank(rank);
+    int code = run(argc, argv, rank, world_size);
+    MPI_Finalize();
+    return code;
+}
 
 int ts_cli_parse_config_args(int argc, char **argv, int first, const char **positional,
                              const char **sets, int max_sets, int *n_sets, int print_errors)

@@ -212,16 +212,5 @@ static int run(int argc, char **argv, int rank, int world_size)
 
 int ts_cmd_topo(int argc, char **argv)
 {
-    if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
-        fputs(k_help, stdout);
-        return 0;
-    }
-    MPI_Init(&argc, &argv);
-    int rank, world_size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    ts_log_set_rank(rank);
-    int code = run(argc, argv, rank, world_size);
-    MPI_Finalize();
-    return code;
+    return ts_cli_mpi_main(argc, argv, k_help, run);
 }
