@@ -62,14 +62,20 @@ finish() {
   [ "$FAILED" -eq 0 ]
 }
 
-# same_losses A B TOL: every step's loss in metrics file A is within relative TOL of
-# B's (and both have the same number of steps).
+# norms FILE: the "grad_norm" of every step line of a metrics file, one per line.
+norms() {
+  grep -o '"grad_norm":[^,]*' "$1" | cut -d: -f2
+}
+
+# same_losses A B TOL: every step's loss and gradient norm in metrics file A are within
+# relative TOL of B's (and both have the same number of steps).
 same_losses() {
   local a="$1" b="$2" tol="$3"
-  paste <(losses "$a") <(losses "$b") | awk -v tol="$tol" '
-    NF != 2 { bad = 1; next }
-    { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r; n++ }
-    END { if (bad || n == 0 || worst > tol) { printf "worst relative difference %g over %d steps\n", worst, n; exit 1 } }'
+  paste <(losses "$a") <(losses "$b") <(norms "$a") <(norms "$b") | awk -v tol="$tol" '
+    NF != 4 { bad = 1; next }
+    function rel(x, y,   d) { d = x - y; if (d < 0) d = -d; return d / (y < 0 ? -y : y) }
+    { r = rel($1, $2); if (r > worst) worst = r; r = rel($3, $4); if (r > worst) worst = r; n++ }
+    END { if (bad || n == 0 || worst > tol) { printf "worst relative difference (loss or grad_norm) %g over %d steps\n", worst, n; exit 1 } }'
 }
 
 # check NAME NP SETS...: run "${common[@]}" (the caller's array) on NP ranks with

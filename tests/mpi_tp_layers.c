@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "optim/optim.h"
 #include "test_util.h"
 
 static void fill(float *x, size_t n, uint64_t key, float scale)
@@ -135,6 +136,38 @@ int main(int argc, char **argv)
         }
         ts_acts_free(&af);
         ts_acts_free(&as);
+    }
+
+    /* Training steps on the whole sharded model: the replicated parameters (LayerNorms,
+     * row-parallel biases, wpe) must stay identical on every tp rank, bit for bit. */
+    {
+        ts_acts a;
+        ts_acts_init(&a, &shard, 0, shard.n_layers, B, T);
+        ts_train_config tc = cfg.train;
+        for (int step = 0; step < 3; step++) {
+            for (int i = 0; i < N; i++) {
+                a.tokens[i] = (int)(ts_rng_mix64((uint64_t)(step * N + i) * 3 + 1) % 64);
+                a.targets[i] = (int)(ts_rng_mix64((uint64_t)(step * N + i) * 5 + 2) % 64);
+            }
+            memset(shard.grad_mem, 0, shard.num_floats * sizeof(float));
+            ts_model_forward(&shard, &a, 1.0f / N, NULL);
+            ts_model_backward(&shard, &a, dxs, &ss, NULL, NULL);
+            ts_adamw_step(&shard, &tc, 1e-3, 1.0f, step + 1);
+        }
+        int replicated = 0;
+        for (int p = 0; p < shard.n_params; p++) {
+            const ts_param *P = &shard.params[p];
+            if (P->split_axis >= 0) continue;
+            replicated++;
+            float *mine = ts_param_data(&shard, p), *root = ts_alloc_floats(P->numel);
+            memcpy(root, mine, P->numel * sizeof(float));
+            MPI_Bcast(root, (int)P->numel, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            CHECKF(!memcmp(root, mine, P->numel * sizeof(float)),
+                   "rank %d: replicated %s drifted from rank 0's after 3 steps", rank, P->name);
+            free(root);
+        }
+        CHECK(replicated == 2 * cfg.model.n_layer * 3 + 1 + 2); /* ln x2 (w,b), proj biases x2; wpe; ln_f */
+        ts_acts_free(&a);
     }
 
     int failed = ts_test_failed, any = 0;
