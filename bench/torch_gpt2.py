@@ -4,6 +4,8 @@
 Float32, same model as CONTRACT.md "Model (gpt2)" (the nanoGPT definition is shared with
 tests/make_fixture.py), nanoGPT-style step: forward, mean cross-entropy, backward,
 clip_grad_norm_(1.0), AdamW (torch defaults for foreach/fused), zero_grad(set_to_none).
+Each timed step is timed on its own: ms_per_step is the mean, median_step_ms and
+min_step_ms summarise step_ms (the machine may be shared; the median resists outliers).
 The thread budget is set explicitly: torch.set_num_threads(--threads) and
 torch.set_num_interop_threads(1). Prints ONE JSON line.
 
@@ -86,16 +88,24 @@ def main():
     losses = []
     for _ in range(a.warmup_steps):
         losses.append(step())
+    step_ms = []
     t0 = time.perf_counter()
     for _ in range(a.steps):
-        losses.append(step())
+        t1 = time.perf_counter()
+        losses.append(step())  # loss.item() waits for the step: CPU ops are synchronous
+        step_ms.append(1000.0 * (time.perf_counter() - t1))
     dt = time.perf_counter() - t0
 
     ms = 1000.0 * dt / max(a.steps, 1)
+    srt = sorted(step_ms)
+    med = (srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])) if srt else None
     print(json.dumps({
         "impl": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
         "attn": a.attn, "params": n_params, "tokens_per_step": B * T,
         "ms_per_step": round(ms, 3),
+        "median_step_ms": round(med, 3) if med is not None else None,
+        "min_step_ms": round(srt[0], 3) if srt else None,
+        "step_ms": [round(t, 3) for t in step_ms],
         "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
         "losses": [round(l, 6) for l in losses],
     }))

@@ -1,0 +1,268 @@
+/* Where a single-rank training step spends its time: the model's forward and backward
+ * over the micro-batches and the optimizer, in one process (no MPI, no data loader),
+ * each kernel call timed through a wrapping kernel table.
+ *
+ *   bench_step tiny|124m [threads] [steps] [micro_batch]
+ *
+ * tiny: configs/tiny.cfg (4 layers, 128 wide, T 64, 4 micro-batches of 4);
+ * 124m: GPT-2 124M at T 256, one micro-batch of 4. Steps after the first are timed;
+ * per-step figures are medians, kernels are summed over the timed steps. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "optim/optim.h"
+
+/* ---- a kernel table that times every call, keyed by kernel and shape */
+
+typedef struct {
+    char key[64];
+    double ms;
+    long calls;
+} entry;
+
+static entry entries[64];
+static int n_entries;
+static int timing; /* off during the warm-up step */
+
+static void account(const char *key, double ms)
+{
+    if (!timing) return;
+    for (int i = 0; i < n_entries; i++) {
+        if (!strcmp(entries[i].key, key)) {
+            entries[i].ms += ms;
+            entries[i].calls++;
+            return;
+        }
+    }
+    if (n_entries == 64) return;
+    snprintf(entries[n_entries].key, sizeof entries[n_entries].key, "%s", key);
+    entries[n_entries].ms = ms;
+    entries[n_entries].calls = 1;
+    n_entries++;
+}
+
+static const ts_kernels *K = &ts_kernels_cpu;
+
+#define TIMED(key, call)                                                                         \
+    do {                                                                                         \
+        double t0_ = ts_now_ms();                                                                \
+        call;                                                                                    \
+        account(key, ts_now_ms() - t0_);                                                         \
+    } while (0)
+
+static void enc_f(float *out, const int *tok, const float *wte, const float *wpe, int B, int T,
+                  int C)
+{
+    TIMED("encoder_forward", K->encoder_forward(out, tok, wte, wpe, B, T, C));
+}
+static void enc_b(float *dwte, float *dwpe, const float *dout, const int *tok, int B, int T, int C)
+{
+    TIMED("encoder_backward", K->encoder_backward(dwte, dwpe, dout, tok, B, T, C));
+}
+static void ln_f(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                 const float *b, int N, int C)
+{
+    TIMED("layernorm_forward", K->layernorm_forward(out, mean, rstd, inp, w, b, N, C));
+}
+static void ln_b(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                 const float *w, const float *mean, const float *rstd, int N, int C)
+{
+    TIMED("layernorm_backward", K->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+}
+static void mm_f(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC)
+{
+    char key[64];
+    snprintf(key, sizeof key, "matmul_forward %dx%dx%d", N, OC, C);
+    TIMED(key, K->matmul_forward(out, inp, w, b, N, C, OC));
+}
+static void mm_b(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                 const float *w, int N, int C, int OC)
+{
+    char key[64];
+    snprintf(key, sizeof key, "matmul_backward %dx%dx%d", N, OC, C);
+    TIMED(key, K->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
+}
+static void att_f(float *out, float *att, const float *qkv, int B, int T, int NH, int HS)
+{
+    TIMED("attention_forward", K->attention_forward(out, att, qkv, B, T, NH, HS));
+}
+static void att_b(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                  const float *att, int B, int T, int NH, int HS)
+{
+    TIMED("attention_backward", K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS));
+}
+static void gelu_f(float *out, const float *inp, size_t n)
+{
+    TIMED("gelu_forward", K->gelu_forward(out, inp, n));
+}
+static void gelu_b(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    TIMED("gelu_backward", K->gelu_backward(dinp, inp, dout, n));
+}
+static void res_f(float *out, const float *a, const float *b, size_t n)
+{
+    TIMED("residual_forward", K->residual_forward(out, a, b, n));
+}
+static void xent(float *losses, float *logits, const int *targets, int N, int V, float dloss)
+{
+    TIMED("crossentropy_forward_backward",
+          K->crossentropy_forward_backward(losses, logits, targets, N, V, dloss));
+}
+static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                  float b2, float eps, float wd, int t)
+{
+    TIMED("adamw_update", K->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t));
+}
+static double sumsq(const float *x, size_t n)
+{
+    double r = 0.0;
+    TIMED("sum_squares", r = K->sum_squares(x, n));
+    return r;
+}
+static void scale(float *x, float s, size_t n)
+{
+    TIMED("scale", K->scale(x, s, n));
+}
+
+static const ts_kernels timed_kernels = {
+    .name = "cpu (timed)",
+    .encoder_forward = enc_f,
+    .encoder_backward = enc_b,
+    .layernorm_forward = ln_f,
+    .layernorm_backward = ln_b,
+    .matmul_forward = mm_f,
+    .matmul_backward = mm_b,
+    .attention_forward = att_f,
+    .attention_backward = att_b,
+    .gelu_forward = gelu_f,
+    .gelu_backward = gelu_b,
+    .residual_forward = res_f,
+    .crossentropy_forward_backward = xent,
+    .adamw_update = adamw,
+    .sum_squares = sumsq,
+    .scale = scale,
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    double x = ((const entry *)a)->ms, y = ((const entry *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = argc > 1 ? argv[1] : "tiny";
+    int threads = argc > 2 ? atoi(argv[2]) : 2;
+    int steps = argc > 3 ? atoi(argv[3]) : 0;
+    ts_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    snprintf(mc.arch, sizeof mc.arch, "gpt2");
+    int B, global;
+    if (!strcmp(which, "124m")) {
+        mc.n_layer = 12, mc.n_head = 12, mc.n_embd = 768, mc.vocab_size = 50257, mc.seq_len = 256;
+        B = 4, global = 4;
+        if (!steps) steps = 6;
+    } else if (!strcmp(which, "tiny")) {
+        mc.n_layer = 4, mc.n_head = 4, mc.n_embd = 128, mc.vocab_size = 256, mc.seq_len = 64;
+        B = 4, global = 16;
+        if (!steps) steps = 60;
+    } else {
+        fprintf(stderr, "usage: bench_step tiny|124m [threads] [steps] [micro_batch]\n");
+        return 2;
+    }
+    if (argc > 4) B = atoi(argv[4]);
+    if (B < 1 || global % B) {
+        fprintf(stderr, "bench_step: micro_batch must divide %d\n", global);
+        return 2;
+    }
+    const int T = mc.seq_len, N = B * T, micro = global / B;
+    ts_cpu_set_threads(threads);
+
+    ts_model model;
+    ts_model_build(&model, &mc, NULL, &timed_kernels);
+    ts_model_init_random(&model, 1234);
+    ts_acts acts;
+    ts_acts_init(&acts, &model, 0, model.n_layers, B, T);
+    ts_scratch scratch;
+    ts_scratch_init(&scratch, &model, B, T);
+    float *dx = ts_alloc_floats((size_t)N * mc.n_embd);
+    ts_train_config tc = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                          .weight_decay = 0.1, .grad_clip = 1.0};
+    unsigned seed = 1;
+    double *step_ms = malloc(sizeof(double) * (size_t)steps);
+    double *model_ms = malloc(sizeof(double) * (size_t)steps);
+    double loss = 0.0;
+    extern int ts_cpu_exp; /* EXPERIMENT */
+    int ab = getenv("BENCH_AB") ? atoi(getenv("BENCH_AB")) : 0; /* EXPERIMENT */
+    double ab_ms[2][1000]; int ab_n[2] = {0, 0};
+    for (int s = 0; s <= steps; s++) {
+        if (ab) ts_cpu_exp = (s & 1) ? ab : 0; /* EXPERIMENT */
+        timing = s > 0;
+        double t0 = ts_now_ms();
+        memset(model.grad_mem, 0, model.num_floats * sizeof(float));
+        for (int mb = 0; mb < micro; mb++) {
+            for (int i = 0; i < N; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                acts.tokens[i] = (int)(seed >> 8) % mc.vocab_size;
+                acts.targets[i] = (int)((seed >> 4) % (unsigned)mc.vocab_size);
+            }
+            ts_model_forward(&model, &acts, 1.0f / ((float)global * T), &loss);
+            ts_model_backward(&model, &acts, dx, &scratch, NULL, NULL);
+        }
+        double t1 = ts_now_ms();
+        double norm = sqrt(ts_grad_sum_squares(&model));
+        ts_adamw_step(&model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
+        double t2 = ts_now_ms();
+        if (s > 0 && ab && ab_n[s & 1] < 1000) ab_ms[s & 1][ab_n[s & 1]++] = t2 - t0;
+        if (s > 0) {
+            step_ms[s - 1] = t2 - t0;
+            model_ms[s - 1] = t1 - t0;
+        }
+    }
+    if (ab) {
+        for (int k = 0; k < 2; k++) {
+            double md = median(ab_ms[k], ab_n[k]);
+            printf("AB mode %d: median %.2f min %.2f (n %d)\n", k ? ab : 0, md, ab_ms[k][0], ab_n[k]);
+        }
+    }
+    double kernel_ms = 0.0;
+    for (int i = 0; i < n_entries; i++) kernel_ms += entries[i].ms;
+    double med = median(step_ms, steps), med_model = median(model_ms, steps);
+    printf("bench_step %s: %d threads, %d x %d tokens per step, %d timed steps (loss %.4f)\n",
+           which, threads, micro, N, steps, loss / N);
+    printf("step: median %.2f ms (min %.2f), forward+backward %.2f ms, optimizer %.2f ms\n", med,
+           step_ms[0], med_model, med - med_model);
+    qsort(entries, (size_t)n_entries, sizeof entries[0], cmp_entry);
+    printf("\n%-36s %8s %12s %10s %7s\n", "kernel (shape N x OC x C)", "calls", "ms/call",
+           "ms/step", "share");
+    for (int i = 0; i < n_entries; i++) {
+        const entry *e = &entries[i];
+        printf("%-36s %8ld %12.4f %10.2f %6.1f%%\n", e->key, e->calls / steps, e->ms / e->calls,
+               e->ms / steps, 100.0 * e->ms / kernel_ms);
+    }
+    printf("%-36s %8s %12s %10.2f\n", "sum of kernels", "", "", kernel_ms / steps);
+    free(step_ms);
+    free(model_ms);
+    free(dx);
+    ts_scratch_free(&scratch);
+    ts_acts_free(&acts);
+    ts_model_free(&model);
+    return 0;
+}
