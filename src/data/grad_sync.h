@@ -13,6 +13,9 @@
 #include "comm/comm.h"
 #include "model/model.h"
 
+/* Steps synchronised without overlap first; the last of them times the reference. */
+#define TS_GRAD_SYNC_REFERENCE_STEPS 2
+
 typedef struct {
     size_t begin, end;  /* float offsets into the gradient buffer */
     int min_layer, max_layer; /* final once every layer in [min, max] is final */
@@ -23,6 +26,7 @@ typedef struct {
 typedef struct {
     ts_comm dp;
     float *grads;
+    size_t n_floats;      /* the whole gradient buffer */
     int n_buckets;
     ts_bucket *buckets;
     bool *layer_final;    /* [n_layers]: the layer's gradients are final this step */
@@ -31,6 +35,7 @@ typedef struct {
     /* timing for the dp_overlap metric */
     double wait_ms;       /* time blocked in ts_grad_sync_finish this step */
     double reference_ms;  /* a step's all-reduce time with nothing to hide behind */
+    int steps;            /* steps finished */
 } ts_grad_sync;
 
 void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, size_t bucket_bytes,

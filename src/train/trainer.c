@@ -223,7 +223,11 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     double t3 = ts_now_ms();
     trace_span(t, "optim", t2, t3);
 
-    double busy = t->engine.span_ms > 0 ? t->engine.compute_ms / t->engine.span_ms : 1.0;
+    /* Idle fraction of the pipeline's makespan: the longest rank's span of actions
+     * (every rank starts the step together, released by the last step's collectives). */
+    double makespan = t->engine.span_ms;
+    MPI_Allreduce(MPI_IN_PLACE, &makespan, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
     /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
     out->loss = grid_sum(t, t->topo->coords.tp == 0 ? t->engine.loss_sum : 0.0) / ((double)B * T);
