@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tensor-parallel throughput on this machine: GPT-2 124M shape (seq 256, batch 4),
+# Tensor-parallel throughput on this machine: GPT-2 124M shape (seq 256, batch 4; the
+# vocabulary padded to 50304 as nanoGPT and Megatron do, so it splits over tp ranks),
 # tp = 1 with 2 threads against tp = 2 with 1 thread per rank, and the share of the step
 # spent in tensor-parallel all-reduces (metrics key tp_comm_ms). Prints a markdown table.
 # Usage: bench/tp.sh [STEPS]       (run from the repository root)
@@ -21,7 +22,7 @@ field() { grep '"step_ms"' "$2" | grep -v '"step":0,' | grep -o "\"$1\":[0-9.e+-
 run() { # NAME NP THREADS SETS...
   local name="$1" np="$2" threads="$3"; shift 3
   mpirun --bind-to none -np "$np" "$root/build/tessera" train configs/gpt2-124m.cfg \
-    --set model.seq_len=256 --set parallel.micro_batch=4 --set train.global_batch=4 \
+    --set model.seq_len=256 --set model.vocab_size=50304 --set parallel.micro_batch=4 --set train.global_batch=4 \
     --set 'data.train="data/fortunes_train.bin"' --set 'data.val=""' --set data.eval_every=0 \
     --set train.steps="$steps" --set train.threads="$threads" --set log.progress=false \
     --set "log.metrics=\"$tmp/$name.jsonl\"" "$@" >/dev/null
@@ -30,7 +31,7 @@ run() { # NAME NP THREADS SETS...
 run tp1 1 2
 run tp2 2 1 --set parallel.tp=2
 
-echo "GPT-2 124M shape, seq 256, global batch 4 (1024 tokens per step), $steps steps, median of steps 1..$((steps - 1))"
+echo "GPT-2 124M shape (vocab padded to 50304), seq 256, global batch 4 (1024 tokens per step), $steps steps, median of steps 1..$((steps - 1))"
 echo
 echo "| grid | threads per rank | ms/step | tokens/s | tp all-reduce ms/step | share of step in tp all-reduce |"
 echo "|---|---|---|---|---|---|"
