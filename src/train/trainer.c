@@ -223,10 +223,11 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     double t3 = ts_now_ms();
     trace_span(t, "optim", t2, t3);
 
-    /* Idle fraction of the pipeline's makespan: the longest rank's span of actions
-     * (every rank starts the step together, released by the last step's collectives). */
+    /* Idle fraction of the pipeline's makespan: the longest span of actions among this
+     * rank's pipeline group (every rank starts the step together, released by the last
+     * step's collectives); replicas in other pipelines do not count. */
     double makespan = t->engine.span_ms;
-    MPI_Allreduce(MPI_IN_PLACE, &makespan, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    MPI_Allreduce(MPI_IN_PLACE, &makespan, 1, MPI_DOUBLE, MPI_MAX, t->pp.mpi);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
     /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
