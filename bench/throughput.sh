@@ -6,7 +6,7 @@
 # Usage: bench/throughput.sh [THREADS] [ROUNDS]     (run from anywhere)
 #   THREADS  threads per run for both frameworks (default 2)
 #   ROUNDS   measurement rounds (default 3); a round runs Tessera and PyTorch back to
-#            back three times on the tiny model and once on 124M, so a ratio compares
+#            back five times on the tiny model and once on 124M, so a ratio compares
 #            runs that saw the same machine
 #
 # A run's step time is its median over steady-state steps (Tessera: steps 5..59 on tiny
@@ -14,7 +14,7 @@
 # steps); the table gives the median and the best of the runs, and the median of the
 # per-pair ratios. The machine may be shared: each run waits for a quiet machine and is
 # repeated once if other processes took more than 10% of the CPUs (bench/lib_parallel.sh).
-# Takes about 8 minutes with 3 rounds on a quiet 2-core machine.
+# Takes about 10 minutes with 3 rounds on a quiet 2-core machine.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -80,16 +80,16 @@ tiny16_tessera() { one tiny16 tessera_run 60 5 configs/tiny.cfg --set parallel.m
 big_tessera() { one big tessera_run 6 1 "${big_args[@]}"; }
 big_torch() { one big_torch torch_run 4 1 12 12 768 50257 256 4; }
 
-# The VM's speed drifts by up to ~1.5x for seconds at a time while nothing else runs in
-# it (other guests on the host, presumably), so runs alternate: 124M rounds of a Tessera
-# and a PyTorch run, each 124M round after three tiny rounds (short runs, so more of
-# them); the order inside a round alternates too.
+# The VM's speed drifts by up to 1.5x for tens of seconds at a time while nothing else
+# runs in it (both threads busy on their own vCPUs, each doing 2/3 of the work: the host,
+# presumably), so runs alternate and pair up: a round is five tiny pairs (Tessera and
+# PyTorch, short runs, so many) and one 124M pair; the order inside a pair alternates.
 sgemm0=$(sgemm_rate)
 for r in $(seq "$rounds"); do
   echo "round $r/$rounds ..." >&2
   wait_quiet 60 >/dev/null
   sgemm_rate >> "$tmp/sgemm.r"   # how fast the machine is this round
-  for k in 1 2 3; do
+  for k in 1 2 3 4 5; do
     if [ $(((r + k) % 2)) -eq 0 ]; then tiny_tessera; tiny_torch; tiny16_tessera
     else tiny_torch; tiny16_tessera; tiny_tessera; fi
   done
@@ -135,11 +135,12 @@ echo "model GFLOP/s = (6 x parameters + 12 x layers x T x C) x tokens / step tim
      "(124M) as one batch. A run's ms/step is its median over steady steps; the table gives" \
      "the median and the best of the runs."
 echo
-echo "runs, ms/step (Tessera / PyTorch):"
+echo "runs, ms/step Tessera / PyTorch [CPU share other processes took]:"
 for m in "tiny tiny_torch" "big big_torch"; do
   set -- $m
-  echo "- $1: $(paste "$tmp/$1.r" "$tmp/$2.r" | awk '{printf("%s%.1f / %.1f", (NR > 1 ? ", " : ""), $1, $2)}')"
+  echo "- $1: $(paste "$tmp/$1.r" "$tmp/$2.r" "$tmp/$1.o" "$tmp/$2.o" |
+    awk '{printf("%s%.1f / %.1f", (NR > 1 ? ", " : ""), $1, $2); if ($3 + $4 > 0) printf(" [%s%%, %s%%]", $3, $4)}')"
 done
-echo "- tiny, micro_batch=16: $(paste -sd' ' "$tmp/tiny16.r")"
+echo "- tiny, micro_batch=16: $(awk '{printf("%s%.1f", (NR > 1 ? ", " : ""), $1)}' "$tmp/tiny16.r")"
 echo
 echo "command: $command  (threads $threads, $rounds rounds)"
