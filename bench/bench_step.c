@@ -115,20 +115,16 @@ static void xent(float *losses, float *logits, const int *targets, int N, int V,
     TIMED("crossentropy_forward_backward",
           K->crossentropy_forward_backward(losses, logits, targets, N, V, dloss));
 }
-static void adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                  float b2, float eps, float wd, int t)
+static void adamw(float *p, const float *g, float gs, float *m, float *v, size_t n, float lr,
+                  float b1, float b2, float eps, float wd, int t)
 {
-    TIMED("adamw_update", K->adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t));
+    TIMED("adamw_update", K->adamw_update(p, g, gs, m, v, n, lr, b1, b2, eps, wd, t));
 }
 static double sumsq(const float *x, size_t n)
 {
     double r = 0.0;
     TIMED("sum_squares", r = K->sum_squares(x, n));
     return r;
-}
-static void scale(float *x, float s, size_t n)
-{
-    TIMED("scale", K->scale(x, s, n));
 }
 
 static const ts_kernels timed_kernels = {
@@ -147,7 +143,6 @@ static const ts_kernels timed_kernels = {
     .crossentropy_forward_backward = xent,
     .adamw_update = adamw,
     .sum_squares = sumsq,
-    .scale = scale,
 };
 
 static int cmp_double(const void *a, const void *b)

@@ -67,16 +67,17 @@ typedef struct ts_kernels {
     void (*crossentropy_forward_backward)(float *losses, float *logits, const int *targets,
                                           int N, int V, float dloss);
 
-    /* torch.optim.AdamW on n elements, step t >= 1 (bias correction):
+    /* torch.optim.AdamW on n elements, step t >= 1 (bias correction), on the gradient
+     * g = grad_scale * grad (the clipping coefficient, applied here rather than in a
+     * separate pass over the whole gradient buffer; grad itself is left unchanged):
      * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      * p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps). */
-    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                         float beta1, float beta2, float eps, float weight_decay, int t);
+    void (*adamw_update)(float *param, const float *grad, float grad_scale, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t);
 
     /* Sum of squares in double (for the global gradient norm). */
     double (*sum_squares)(const float *x, size_t n);
-    /* x *= s. */
-    void (*scale)(float *x, float s, size_t n);
 
     /* ---- vocab-parallel (tensor parallelism): this rank holds vocabulary rows
      * [v0, v0 + nv) of wte; tokens outside contribute zeros, and the partial results

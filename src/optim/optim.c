@@ -32,10 +32,9 @@ float ts_clip_coef(double norm, double max_norm)
 
 void ts_adamw_step(ts_model *m, const ts_train_config *tc, double lr, float grad_scale, int t)
 {
-    if (grad_scale != 1.0f) m->k->scale(m->grad_mem, grad_scale, m->num_floats);
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
-        m->k->adamw_update(ts_param_data(m, p), ts_param_grad(m, p), m->m_mem + P->offset,
+        m->k->adamw_update(ts_param_data(m, p), ts_param_grad(m, p), grad_scale, m->m_mem + P->offset,
                            m->v_mem + P->offset, P->numel, (float)lr, (float)tc->beta1,
                            (float)tc->beta2, (float)tc->eps,
                            P->decay ? (float)tc->weight_decay : 0.0f, t);

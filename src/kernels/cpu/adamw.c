@@ -23,9 +23,9 @@ static void sqrt_into(float *y, const float *x, int n)
     for (; i < n; i++) y[i] = sqrtf(x[i]);
 }
 
-void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                         float lr, float beta1, float beta2, float eps, float weight_decay,
-                         int t)
+void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t)
 {
     /* Bias corrections in double, as torch computes them on the host. */
     double bc1 = 1.0 - pow((double)beta1, (double)t);
@@ -44,8 +44,9 @@ void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, si
         float denom[TS_ADAMW_CHUNK];
 #pragma omp simd
         for (int i = 0; i < len; i++) {
-            mk[i] = beta1 * mk[i] + omb1 * g[i];
-            vk[i] = beta2 * vk[i] + omb2 * g[i] * g[i];
+            float gi = g[i] * grad_scale; /* the float product torch's clip_grad_norm_ makes */
+            mk[i] = beta1 * mk[i] + omb1 * gi;
+            vk[i] = beta2 * vk[i] + omb2 * gi * gi;
         }
         sqrt_into(denom, vk, len); /* denom = sqrt(v), finished below */
         /* p *= 1 - lr*wd;  p -= step_size * m / (sqrt(v) / sqrt(bc2) + eps) */

@@ -82,9 +82,9 @@ void ts_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
                                           int N, int V, float dloss);
-void ts_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                         float lr, float beta1, float beta2, float eps, float weight_decay,
-                         int t);
+void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t);
 double ts_cpu_sum_squares(const float *x, size_t n);
 void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                                 int v0, int nv, int B, int T, int C);
@@ -96,6 +96,5 @@ void ts_cpu_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowm
 void ts_cpu_xent_vp_finish(float *losses, float *logits, const int *targets, int v0, int nv,
                            const float *rowmax, const float *sumexp, const float *target_logit,
                            int N, float dloss);
-void ts_cpu_scale(float *x, float s, size_t n);
 
 #endif

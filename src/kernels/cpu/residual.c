@@ -1,4 +1,4 @@
-/* Elementwise kernels: residual add, scale, sum of squares. */
+/* Elementwise kernels: residual add, sum of squares. */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -8,12 +8,6 @@ void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t 
 {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
-}
-
-void ts_cpu_scale(float *x, float s, size_t n)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 /* Blocks of a fixed size, each summed in double, then the block sums added in order:

@@ -17,7 +17,6 @@ const ts_kernels ts_kernels_cpu = {
     .crossentropy_forward_backward = ts_cpu_crossentropy_forward_backward,
     .adamw_update = ts_cpu_adamw_update,
     .sum_squares = ts_cpu_sum_squares,
-    .scale = ts_cpu_scale,
     .vocab_embed_forward = ts_cpu_vocab_embed_forward,
     .vocab_embed_backward = ts_cpu_vocab_embed_backward,
     .xent_vp_stats = ts_cpu_xent_vp_stats,
