@@ -633,6 +633,7 @@ int main(void)
         test_matmul(0);
         test_attention(2, 5, 2, 4, "T=5");
         test_attention(1, 70, 2, 4, "T=70 (3 blocks)");
+        test_attention(1, 45, 2, 40, "T=45 HS=40");
         test_gelu();
         test_elementwise();
         test_crossentropy(10, 11);

@@ -16,21 +16,62 @@
 
 #define TS_ATT_BLOCK 32
 
+/* The softmax rows work in blocks of 16 lanes with no ragged tail: a row of i + 1 live
+ * entries is padded to a multiple of 16 (with -inf going in, exp(-inf) = 0 coming out),
+ * which fits inside the row's block of columns (blocks are multiples of 16 wide, or end
+ * at T). Per-row loop tails otherwise cost about as much as the arithmetic at T = 256. */
+#define TS_SM_LANES 16
+_Static_assert(TS_ATT_BLOCK % TS_SM_LANES == 0, "a padded row must stay inside its block");
+
 /* Row i of the causal softmax, in place: s[0..i] -> probabilities, s[i+1..T) -> 0. */
 static void causal_softmax_row(float *s, int i, int T)
 {
-    float mx = ts_cpu_max(s, i + 1);
+    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
+    if (padded > T) padded = n; /* the last rows of a T that is not a multiple of 16 */
+    for (int j = n; j < padded; j++) s[j] = -INFINITY;
+    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
+    float lane[TS_SM_LANES];
+    for (int l = 0; l < TS_SM_LANES; l++) lane[l] = s[0];
+    for (int j = 0; j < blocked; j += TS_SM_LANES)
+        for (int l = 0; l < TS_SM_LANES; l++) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
+    float mx = s[0];
+    for (int l = 0; l < TS_SM_LANES; l++) mx = lane[l] > mx ? lane[l] : mx;
+    for (int j = blocked; j < padded; j++) mx = s[j] > mx ? s[j] : mx;
+    for (int l = 0; l < TS_SM_LANES; l++) lane[l] = 0.0f;
+    for (int j = 0; j < blocked; j += TS_SM_LANES)
+        for (int l = 0; l < TS_SM_LANES; l++) {
+            float e = ts_cpu_expf(s[j + l] - mx);
+            s[j + l] = e;
+            lane[l] += e;
+        }
     float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= i; j++) {
+    for (int l = 0; l < TS_SM_LANES; l++) sum += lane[l];
+    for (int j = blocked; j < padded; j++) {
         float e = ts_cpu_expf(s[j] - mx);
         s[j] = e;
         sum += e;
     }
     float inv = 1.0f / sum;
-#pragma omp simd
-    for (int j = 0; j <= i; j++) s[j] *= inv;
-    memset(s + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+    for (int j = 0; j < padded; j++) s[j] *= inv;
+    memset(s + padded, 0, (size_t)(T - padded) * sizeof(float));
+}
+
+/* Row i of the softmax backward, in place: dr[j] = p[j] (dr[j] - sum_j p[j] dr[j]) for
+ * j <= i, 0 for i < j < end (the end of the row's block of columns). p is 0 above the
+ * diagonal and dr holds finite products up to end, so the padded lanes add exact zeros. */
+static void causal_softmax_backward_row(float *dr, const float *p, int i, int end)
+{
+    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
+    if (padded > end) padded = n;
+    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
+    float lane[TS_SM_LANES] = {0};
+    for (int j = 0; j < blocked; j += TS_SM_LANES)
+        for (int l = 0; l < TS_SM_LANES; l++) lane[l] += p[j + l] * dr[j + l];
+    float dot = 0.0f;
+    for (int l = 0; l < TS_SM_LANES; l++) dot += lane[l];
+    for (int j = blocked; j < padded; j++) dot += p[j] * dr[j];
+    for (int j = 0; j < padded; j++) dr[j] = p[j] * (dr[j] - dot);
+    memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
 }
 
 void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
@@ -82,16 +123,8 @@ void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, 1.0f,
                         dO + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
             /* Softmax backward, row by row; zero the rest of the block's columns. */
-            for (int i = i0; i < i1; i++) {
-                const float *pr = p + (size_t)i * T;
-                float *dr = ds + (size_t)i * T;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];
-#pragma omp simd
-                for (int j = 0; j <= i; j++) dr[j] = pr[j] * (dr[j] - dot);
-                memset(dr + i + 1, 0, (size_t)(i1 - i - 1) * sizeof(float));
-            }
+            for (int i = i0; i < i1; i++)
+                causal_softmax_backward_row(ds + (size_t)i * T, p + (size_t)i * T, i, i1);
             /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, scale,
                         ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
