@@ -30,14 +30,7 @@ static void causal_softmax_row(float *s, int i, int T)
     if (padded > T) padded = n; /* the last rows of a T that is not a multiple of 16 */
     for (int j = n; j < padded; j++) s[j] = -INFINITY;
     int blocked = padded / TS_SM_LANES * TS_SM_LANES;
-    float lane[TS_SM_LANES];
-    for (int l = 0; l < TS_SM_LANES; l++) lane[l] = s[0];
-    for (int j = 0; j < blocked; j += TS_SM_LANES)
-        for (int l = 0; l < TS_SM_LANES; l++) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
-    float mx = s[0];
-    for (int l = 0; l < TS_SM_LANES; l++) mx = lane[l] > mx ? lane[l] : mx;
-    for (int j = blocked; j < padded; j++) mx = s[j] > mx ? s[j] : mx;
-    for (int l = 0; l < TS_SM_LANES; l++) lane[l] = 0.0f;
+    float mx = ts_cpu_max(s, padded), lane[TS_SM_LANES] = {0};
     for (int j = 0; j < blocked; j += TS_SM_LANES)
         for (int l = 0; l < TS_SM_LANES; l++) {
             float e = ts_cpu_expf(s[j + l] - mx);
