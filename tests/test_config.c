@@ -13,16 +13,7 @@ static ts_config g_cfg; /* ~80 KB: keep it off the stack */
 
 static const char *write_cfg(const char *name, const char *text)
 {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    fputs(text, f);
-    fclose(f);
-    return path;
+    return ts_test_write_file(g_dir, name, text);
 }
 
 /* Load `text` (written to a file) with overrides; world size 0 skips the grid check. */

@@ -16,16 +16,7 @@ static bool msg_has(const char *needle) { return strstr(ts_error_message(), need
 
 static const char *write_file(const char *name, const char *text)
 {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    fputs(text, f);
-    fclose(f);
-    return path;
+    return ts_test_write_file(g_dir, name, text);
 }
 
 /* ---- Discrete-event replay ------------------------------------------------------ */

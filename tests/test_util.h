@@ -60,6 +60,22 @@ static inline void ts_test_make_dir(char *buf, size_t size, const char *prefix)
     }
 }
 
+/* Write `text` to DIR/NAME and return the path (in a static buffer: the next call
+ * reuses it); exits the test on failure. */
+static inline const char *ts_test_write_file(const char *dir, const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
 /* Remove a scratch directory and the files in it (one level). */
 static inline void ts_test_remove_dir(const char *dir)
 {
