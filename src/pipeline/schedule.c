@@ -30,8 +30,7 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Allocate pp empty lists with room for `cap` actions each. */
-static void alloc_lists(ts_schedule *s, const char *name, int pp, int v, int m, int cap)
+void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
@@ -41,6 +40,12 @@ static void alloc_lists(ts_schedule *s, const char *name, int pp, int v, int m, 
     s->n_chunks = pp * v;
     s->n_actions = ts_calloc((size_t)pp, sizeof *s->n_actions);
     s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
+}
+
+/* Allocate pp empty lists with room for `cap` actions each. */
+static void alloc_lists(ts_schedule *s, const char *name, int pp, int v, int m, int cap)
+{
+    ts_schedule_init(s, name, pp, v, m);
     for (int r = 0; r < pp; r++) s->actions[r] = ts_calloc((size_t)cap, sizeof(ts_action));
 }
 

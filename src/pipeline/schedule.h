@@ -52,6 +52,9 @@ static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]
  * (unsupported combinations of pp, v, m; a malformed CSV) name the problem and the fix. */
 ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int m);
 void ts_schedule_free(ts_schedule *s);
+/* Zero s and set its shape: name, pp, v, m, n_chunks, and empty [pp] action arrays
+ * (n_actions all 0, actions all NULL) for a builder to fill. */
+void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m);
 
 typedef struct {
     int pp;

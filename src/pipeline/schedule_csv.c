@@ -179,16 +179,8 @@ ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, 
         return st;
     }
     size_t len = strlen(path), room = sizeof s->name - 1; /* a long path keeps its end */
-    if (len <= room)
-        snprintf(s->name, sizeof s->name, "%s", path);
-    else
-        snprintf(s->name, sizeof s->name, "...%s", path + len - (room - 3));
-    s->pp = pp;
-    s->v = v;
-    s->m = m;
-    s->n_chunks = pp * v;
-    s->n_actions = ts_calloc((size_t)pp, sizeof *s->n_actions);
-    s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
+    ts_schedule_init(s, path, pp, v, m);
+    if (len > room) snprintf(s->name, sizeof s->name, "...%s", path + len - (room - 3));
     for (int r = 0; r < pp; r++) {
         s->n_actions[r] = lists[r].n;
         s->actions[r] = lists[r].a; /* ownership moves to s */
