@@ -17,15 +17,7 @@ cd "$root"
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 build="${BUILD:-$root/build}"
-scripts/setup.sh python3 >/dev/null
-scripts/build.sh "$build" >/dev/null
-scripts/prepare_data.sh "$build/tessera" data >/dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if [ -n "${KEEP:-}" ]; then
-  tmp="$KEEP"; mkdir -p "$tmp"
-else
-  tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-fi
+bench_setup
 cores=$(nproc)
 
 # train NAME NP STEPS ARGS...: NP = 1 runs one rank with every core as threads; NP > 1

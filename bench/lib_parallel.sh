@@ -1,5 +1,19 @@
 # Helpers shared by bench/dp.sh and bench/pipeline.sh (sourced, not run).
 
+# bench_setup: install, build into $build, prepare the corpus, allow mpirun as root,
+# and set $tmp to a scratch folder (removed at exit; KEEP=DIR keeps the runs' files there)
+bench_setup() {
+  scripts/setup.sh python3 >/dev/null
+  scripts/build.sh "$build" >/dev/null
+  scripts/prepare_data.sh "$build/tessera" data >/dev/null
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  if [ -n "${KEEP:-}" ]; then
+    tmp="$KEEP"; mkdir -p "$tmp"
+  else
+    tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+  fi
+}
+
 # median of the numbers on stdin (empty input: nothing)
 median() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 

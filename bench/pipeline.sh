@@ -21,15 +21,7 @@ cd "$root"
 build="${BUILD:-$root/build}"
 steps="${STEPS:-12}"
 skip=3
-scripts/setup.sh python3 >/dev/null
-scripts/build.sh "$build" >/dev/null
-scripts/prepare_data.sh "$build/tessera" data >/dev/null
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if [ -n "${KEEP:-}" ]; then
-  tmp="$KEEP"; mkdir -p "$tmp"
-else
-  tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-fi
+bench_setup
 
 # P2P model for the simulator: both ranks share one machine's memory (bench_allreduce
 # moves ~4 GB/s here); a message is one micro-batch's activations, 4 x 64 x 256 x 4 B.
