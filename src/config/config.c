@@ -66,6 +66,7 @@ void ts_config_defaults(ts_config *cfg)
     t->eps = 1e-8;
     t->grad_clip = 1.0;
     t->threads = 0;
+    t->timeout_s = 600;
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -150,6 +151,7 @@ static const key_spec KEYS[] = {
     FLOAT_KEY("train", "eps", train.eps, 0, true, INFINITY, false),
     FLOAT_KEY("train", "grad_clip", train.grad_clip, 0, false, INFINITY, false),
     INT_KEY("train", "threads", train.threads, 0, BIG),
+    INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),
@@ -972,25 +974,37 @@ static ts_status batch_error(const ts_config *cfg)
                             "it must equal parallel.dp * parallel.micro_batch * "
                             "num_microbatches = %lld * %lld * m for a whole m >= 1",
                             B, dp, mb);
+    /* Suggest the nearest valid values that the key's range (<= INT_MAX) allows. */
     long long lower = (B / unit) * unit, upper = lower + unit;
-    if (lower >= unit)
+    bool upper_ok = upper <= INT_MAX;
+    if (lower >= unit && upper_ok)
         len += (size_t)snprintf(msg + len, sizeof msg - len,
                                 "; use global_batch = %lld or %lld", lower, upper);
-    else
+    else if (lower >= unit)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "; use global_batch = %lld",
+                                lower);
+    else if (upper_ok)
         len += (size_t)snprintf(msg + len, sizeof msg - len, "; use global_batch = %lld",
                                 upper);
     if (B % dp == 0 && len < sizeof msg) {
-        /* Or keep global_batch and pick a micro_batch dividing B/dp. */
-        long long per = B / dp;
+        /* Or keep global_batch and pick a micro_batch dividing B/dp: the smallest
+         * divisors, found up to sqrt(B/dp) with their cofactors (B/dp may be ~2^31). */
+        long long per = B / dp, divs[16];
+        int n = 0;
+        for (long long d = 1; d * d <= per && n < 8; d++)
+            if (per % d == 0) divs[n++] = d;
+        for (int i = n - 1; i >= 0 && n < 16; i--) {
+            long long co = per / divs[i];
+            if (co != divs[i]) divs[n++] = co;
+        }
         len += (size_t)snprintf(msg + len, sizeof msg - len,
                                 ", or a parallel.micro_batch dividing global_batch/dp = %lld (",
                                 per);
         int shown = 0;
-        for (long long d = 1; d <= per && shown < 8 && len < sizeof msg; d++)
-            if (per % d == 0)
-                len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%lld",
-                                        shown++ ? ", " : "", d);
-        if (len < sizeof msg) snprintf(msg + len, sizeof msg - len, "%s)", shown == 8 ? ", ..." : "");
+        for (int i = 0; i < n && shown < 8 && len < sizeof msg; i++)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%lld", shown++ ? ", " : "",
+                                    divs[i]);
+        if (len < sizeof msg) snprintf(msg + len, sizeof msg - len, "%s)", n > 8 ? ", ..." : "");
     } else if (len < sizeof msg) {
         snprintf(msg + len, sizeof msg - len, " (global_batch must divide by dp = %lld)", dp);
     }

@@ -41,6 +41,7 @@ typedef struct {
     int warmup;
     double weight_decay, beta1, beta2, eps, grad_clip;
     int threads;                /* 0 = the cores this rank owns */
+    int timeout_s;              /* watchdog: abort after this long without progress; 0 = off */
 } ts_train_config;
 
 typedef struct {
