@@ -1,9 +1,11 @@
 #include "core/fsutil.h"
 
 #include <errno.h>
-#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 ts_status ts_mkdir_p(const char *dir)
 {
@@ -32,4 +34,116 @@ ts_status ts_mkdir_parent(const char *path)
     memcpy(buf, path, n);
     buf[n] = '\0';
     return ts_mkdir_p(buf);
+}
+
+static const char *node_kind(mode_t mode)
+{
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a pipe";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+ts_status ts_check_output_path(const char *path, const char *what)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return TS_OK; /* created fresh */
+        return ts_fail("%s: cannot write %s: %s", what, path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode))
+        return ts_fail("%s: %s exists and is %s, not a regular file; give the path of a "
+                       "file to write",
+                       what, path, node_kind(st.st_mode));
+    return TS_OK;
+}
+
+/* Best effort: make a rename durable by syncing the directory that holds `path`. */
+static void sync_parent_dir(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+ts_status ts_atomic_open(ts_atomic_file *af, const char *path, const char *what)
+{
+    memset(af, 0, sizeof *af);
+    af->what = what;
+    if (ts_check_output_path(path, what) != TS_OK) return TS_ERR;
+    if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("%s: ", what);
+    size_t n = strlen(path) + 32;
+    af->path = ts_malloc(n);
+    af->tmp = ts_malloc(n);
+    snprintf(af->path, n, "%s", path);
+    snprintf(af->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    af->f = fopen(af->tmp, "w");
+    if (!af->f) {
+        ts_status st = ts_fail("%s: cannot create %s: %s", what, af->tmp, strerror(errno));
+        free(af->path);
+        free(af->tmp);
+        memset(af, 0, sizeof *af);
+        return st;
+    }
+    return TS_OK;
+}
+
+void ts_atomic_abort(ts_atomic_file *af)
+{
+    if (af->f) fclose(af->f);
+    if (af->tmp) unlink(af->tmp);
+    free(af->path);
+    free(af->tmp);
+    memset(af, 0, sizeof *af);
+}
+
+ts_status ts_atomic_commit(ts_atomic_file *af)
+{
+    /* A full disk can show at any write, the flush, the fsync or the close. */
+    int err = 0;
+    if (fflush(af->f) != 0)
+        err = errno;
+    else if (ferror(af->f))
+        err = EIO; /* an earlier write failed and its errno is gone */
+    if (!err && fsync(fileno(af->f)) != 0 && errno != EINVAL) err = errno;
+    int rc = fclose(af->f);
+    af->f = NULL;
+    if (!err && rc != 0) err = errno;
+    if (!err && rename(af->tmp, af->path) != 0) err = errno;
+    if (err) {
+        ts_status st = ts_fail("%s: writing %s failed: %s (nothing was written there)",
+                               af->what, af->path, strerror(err));
+        ts_atomic_abort(af);
+        return st;
+    }
+    sync_parent_dir(af->path);
+    free(af->path);
+    free(af->tmp);
+    memset(af, 0, sizeof *af);
+    return TS_OK;
+}
+
+ts_status ts_stdout_check(void)
+{
+    int err = 0;
+    if (fflush(stdout) != 0)
+        err = errno;
+    else if (ferror(stdout))
+        err = EIO;
+    if (err) return ts_fail("writing standard output failed: %s", strerror(err));
+    return TS_OK;
 }
