@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---------------------------------------------------------------- defaults -- */
 
@@ -119,25 +120,25 @@ static ts_status check_order(const key_spec *k, const ts_config *cfg, const char
 
 static const key_spec KEYS[] = {
     STR_KEY("model", "arch", model.arch, check_arch),
-    INT_KEY("model", "n_layer", model.n_layer, 1, BIG),
-    INT_KEY("model", "n_head", model.n_head, 1, BIG),
-    INT_KEY("model", "n_embd", model.n_embd, 1, BIG),
+    INT_KEY("model", "n_layer", model.n_layer, 1, 1 << 16),
+    INT_KEY("model", "n_head", model.n_head, 1, 1 << 16),
+    INT_KEY("model", "n_embd", model.n_embd, 1, 1 << 20),
     INT_KEY("model", "vocab_size", model.vocab_size, 2, (double)(1 << 24)),
-    INT_KEY("model", "seq_len", model.seq_len, 1, BIG),
+    INT_KEY("model", "seq_len", model.seq_len, 1, 1 << 20),
     STR_KEY("model", "init", model.init, NULL),
 
-    INT_KEY("parallel", "pp", parallel.pp, 1, BIG),
-    INT_KEY("parallel", "dp", parallel.dp, 1, BIG),
-    INT_KEY("parallel", "tp", parallel.tp, 1, BIG),
-    INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, BIG),
+    INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
+    INT_KEY("parallel", "dp", parallel.dp, 1, 1 << 20),
+    INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
+    INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),
     STR_KEY("parallel", "schedule", parallel.schedule, check_schedule),
-    INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, BIG),
+    INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, 1 << 20),
     { "parallel", "partition", K_PARTITION, OFF(parallel), 0, 0, 0, false, false, NULL },
     STR_KEY("parallel", "recompute", parallel.recompute, check_recompute),
     STR_KEY("parallel", "order", parallel.order, check_order),
     BOOL_KEY("parallel", "overlap_grad_sync", parallel.overlap_grad_sync),
     INT_KEY("parallel", "zero", parallel.zero, 0, 1),
-    INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, BIG),
+    INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
 
     INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
     INT_KEY("train", "steps", train.steps, 0, BIG),
@@ -150,13 +151,13 @@ static const key_spec KEYS[] = {
     FLOAT_KEY("train", "beta2", train.beta2, 0, false, 1, true),
     FLOAT_KEY("train", "eps", train.eps, 0, true, INFINITY, false),
     FLOAT_KEY("train", "grad_clip", train.grad_clip, 0, false, INFINITY, false),
-    INT_KEY("train", "threads", train.threads, 0, BIG),
+    INT_KEY("train", "threads", train.threads, 0, 4096),
     INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),
     INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
-    INT_KEY("data", "val_windows", data.val_windows, 1, BIG),
+    INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 24),
 
     STR_KEY("checkpoint", "dir", checkpoint.dir, NULL),
     INT_KEY("checkpoint", "every", checkpoint.every, 0, BIG),
@@ -318,6 +319,9 @@ static ts_status check_value(const key_spec *k, const ts_config *cfg, const char
     case K_FLOAT: {
         double v = *(const double *)cfield_ptr(cfg, k);
         snprintf(value, sizeof value, "%g", v);
+        if (!isfinite(v)) /* 1e309 parses as inf */
+            return ts_fail("config key '%s.%s' = %s%s is not a finite number", k->section,
+                           k->name, value, where);
         if (!in_range(k, v)) return range_error(k, value, where);
         break;
     }
@@ -397,6 +401,10 @@ static void describe_found(const config_setting_t *s, char *buf, size_t cap)
 }
 
 /* " (file:line)" for a setting read from a file, " (from --set)" for an override. */
+/* The config file being read: libconfig names included files in a setting's source,
+ * but not the main text, which is parsed from memory (read_file). */
+static _Thread_local const char *g_main_path;
+
 static void where_of(const config_setting_t *s, char *buf, size_t cap)
 {
     unsigned line = config_setting_source_line(s);
@@ -404,7 +412,7 @@ static void where_of(const config_setting_t *s, char *buf, size_t cap)
     if (line == 0)
         snprintf(buf, cap, " (from --set)");
     else
-        snprintf(buf, cap, " (%s:%u)", file ? file : "config", line);
+        snprintf(buf, cap, " (%s:%u)", file ? file : g_main_path ? g_main_path : "config", line);
 }
 
 static ts_status type_error(const key_spec *k, const config_setting_t *s, const char *where,
@@ -685,7 +693,8 @@ static ts_status read_tree(const config_setting_t *root, ts_config *cfg)
 
 /* -------------------------------------------------------------- overrides -- */
 
-static int find_wide_int(const char *text, char *tok, size_t cap);
+static int find_wide_int(const char *text, char *tok, size_t cap, bool *beyond_64);
+static ts_status huge_int_error(const char *where, const char *tok);
 
 /* Deep-copy `src` into `parent` under `name` (NULL inside arrays and lists). */
 static config_setting_t *copy_setting(config_setting_t *parent, const char *name,
@@ -738,15 +747,21 @@ static void trim(char *s)
 static ts_status set_path(config_t *lc, char *key, const char *value, const char *ov)
 {
     /* Parse the value as libconfig parses one: "v = VALUE;". */
-    config_t scratch;
-    config_init(&scratch);
     const config_setting_t *parsed = NULL;
-    size_t len = strlen(value) + 8;
-    char *text = ts_malloc(len);
     /* A lone integer beyond 32 bits gets libconfig's 64-bit suffix; anywhere else
      * (in a list) it would be truncated, so it is an error. */
     char tok[64];
-    bool wide = find_wide_int(value, tok, sizeof tok) != 0;
+    bool beyond_64 = false;
+    bool wide = find_wide_int(value, tok, sizeof tok, &beyond_64) != 0;
+    if (wide && beyond_64) {
+        char where[600];
+        snprintf(where, sizeof where, "override '%.500s'", ov);
+        return huge_int_error(where, tok);
+    }
+    config_t scratch;
+    config_init(&scratch);
+    size_t len = strlen(value) + 8;
+    char *text = ts_malloc(len);
     bool lone = value[0] != '\0' && strspn(value + (value[0] == '-' || value[0] == '+'),
                                             "0123456789") ==
                                          strlen(value) - (value[0] == '-' || value[0] == '+');
@@ -830,10 +845,12 @@ static ts_status apply_override(config_t *lc, const char *ov)
 /* ---------------------------------------------------------------- loading -- */
 
 /* libconfig 1.5 reads a decimal integer literal that does not fit in 32 bits and has
- * no `L` suffix as its low 32 bits (5000000000 becomes 705032704), silently. Find such
- * a literal in libconfig text, outside strings and comments: returns its line (from 1)
- * and copies it to `tok`, or returns 0 when there is none. */
-static int find_wide_int(const char *text, char *tok, size_t cap)
+ * no `L` suffix as its low 32 bits (5000000000 becomes 705032704), and one beyond 64
+ * bits (with or without `L`) as INT64_MAX, both silently. Find the first such literal
+ * in libconfig text, outside strings and comments: returns its line (from 1), copies
+ * it to `tok` and sets *beyond_64 (else it is a 32-bit overflow without `L`), or
+ * returns 0 when there is none. */
+static int find_wide_int(const char *text, char *tok, size_t cap, bool *beyond_64)
 {
     int line = 1;
     const char *p = text;
@@ -856,18 +873,22 @@ static int find_wide_int(const char *text, char *tok, size_t cap)
         } else if (isdigit((unsigned char)*p) &&
                    (p == text || !(isalnum((unsigned char)p[-1]) || p[-1] == '_' || p[-1] == '.'))) {
             const char *start = p;
-            bool plain = true; /* only decimal digits: not hex, float or L-suffixed */
             while (isalnum((unsigned char)*p) || *p == '_' || *p == '.' ||
-                   ((*p == '+' || *p == '-') && (p[-1] == 'e' || p[-1] == 'E'))) {
-                if (!isdigit((unsigned char)*p)) plain = false;
+                   ((*p == '+' || *p == '-') && (p[-1] == 'e' || p[-1] == 'E')))
                 p++;
-            }
-            if (!plain) continue;
+            /* Decimal digits, optionally with libconfig's 64-bit suffix L or LL. */
+            size_t n = (size_t)(p - start), digits = strspn(start, "0123456789");
+            size_t suffix = n - digits;
+            if (digits == 0 || suffix > 2 || strspn(start + digits, "L") != suffix) continue;
             bool neg = start > text && start[-1] == '-';
             errno = 0;
             unsigned long long v = strtoull(start, NULL, 10);
-            if (errno == ERANGE || v > (neg ? 2147483648ULL : 2147483647ULL)) {
-                snprintf(tok, cap, "%.*s", (int)(p - start), start);
+            bool over64 = errno == ERANGE || v > (neg ? 9223372036854775808ULL
+                                                      : 9223372036854775807ULL);
+            bool over32 = v > (neg ? 2147483648ULL : 2147483647ULL);
+            if (over64 || (suffix == 0 && over32)) {
+                snprintf(tok, cap, "%.*s", (int)n, start);
+                *beyond_64 = over64;
                 return line;
             }
         } else {
@@ -877,34 +898,75 @@ static int find_wide_int(const char *text, char *tok, size_t cap)
     return 0;
 }
 
-/* The whole file as a string (malloc'd), or NULL. */
-static char *slurp(FILE *f)
+static ts_status huge_int_error(const char *where, const char *tok)
+{
+    return ts_fail("%s: the integer %s does not fit in 64 bits (-2^63 .. 2^63-1) and "
+                   "libconfig would silently clamp it; use a smaller number",
+                   where, tok);
+}
+
+/* The whole stream as a string (malloc'd), or NULL with errno set on a read error. */
+static char *slurp(FILE *f, size_t *out_len)
 {
     size_t cap = 4096, len = 0;
     char *buf = ts_malloc(cap);
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
         len += got;
+        if (got == 0) break;
         if (cap - len - 1 == 0) {
+            if (cap > ((size_t)1 << 30)) { /* no config is a gigabyte */
+                free(buf);
+                errno = EFBIG;
+                return NULL;
+            }
             cap *= 2;
             char *bigger = realloc(buf, cap);
             if (!bigger) {
                 free(buf);
+                errno = ENOMEM;
                 return NULL;
             }
             buf = bigger;
         }
     }
+    if (ferror(f)) {
+        int err = errno ? errno : EIO;
+        free(buf);
+        errno = err;
+        return NULL;
+    }
     buf[len] = '\0';
+    *out_len = len;
     return buf;
 }
 
+/* The file is read exactly once and parsed from memory, so a pipe or process
+ * substitution (`tessera train /dev/stdin`, `<(...)`) works like a regular file. */
 static ts_status read_file(config_t *lc, const char *path)
 {
     FILE *f = fopen(path, "r");
     if (!f) return ts_fail("cannot open config file '%s': %s", path, strerror(errno));
-    char *text = slurp(f);
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return ts_fail("config file '%s' is a directory; give the path of a libconfig file "
+                       "such as configs/tiny.cfg",
+                       path);
+    }
+    errno = 0;
+    size_t len = 0;
+    char *text = slurp(f, &len);
+    int err = errno;
     fclose(f);
+    if (!text) return ts_fail("cannot read config file '%s': %s", path, strerror(err));
+    if (strlen(text) != len) { /* libconfig would stop at the NUL and ignore the rest */
+        size_t at = strlen(text);
+        free(text);
+        return ts_fail("config file '%s' holds a NUL byte at offset %zu: it is not a text "
+                       "file; give a libconfig file such as configs/tiny.cfg",
+                       path, at);
+    }
 
     /* @include "x.cfg" is resolved next to the config file. */
     char *dir = ts_malloc(strlen(path) + 2);
@@ -917,10 +979,17 @@ static ts_status read_file(config_t *lc, const char *path)
     config_set_include_dir(lc, dir);
     free(dir);
 
-    if (config_read_file(lc, path) == CONFIG_TRUE) {
-        char tok[64];
-        int line = text ? find_wide_int(text, tok, sizeof tok) : 0;
-        free(text);
+    char tok[64];
+    bool beyond_64 = false;
+    int line = find_wide_int(text, tok, sizeof tok, &beyond_64);
+    int ok = config_read_string(lc, text);
+    free(text);
+    if (ok == CONFIG_TRUE) {
+        if (line && beyond_64) {
+            char where[TS_PATH_MAX + 32];
+            snprintf(where, sizeof where, "config file %s:%d", path, line);
+            return huge_int_error(where, tok);
+        }
         if (line)
             return ts_fail("config file %s:%d: the integer %s does not fit in 32 bits and "
                            "libconfig would silently truncate it; write %sL if the key "
@@ -928,10 +997,9 @@ static ts_status read_file(config_t *lc, const char *path)
                            path, line, tok, tok);
         return TS_OK;
     }
-    free(text);
     if (config_error_type(lc) == CONFIG_ERR_FILE_IO)
-        return ts_fail("cannot read config file '%s'%s%s", path,
-                       config_error_file(lc) ? " (including " : "",
+        return ts_fail("cannot read a file included by config file '%s'%s%s", path,
+                       config_error_file(lc) ? ": " : "",
                        config_error_file(lc) ? config_error_file(lc) : "");
     const char *file = config_error_file(lc) ? config_error_file(lc) : path;
     return ts_fail("config file %s:%d: %s (libconfig syntax: key = value; groups "
@@ -946,9 +1014,11 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
     config_t lc;
     config_init(&lc);
     ts_status st = TS_OK;
+    g_main_path = path;
     if (path) st = read_file(&lc, path);
     for (int i = 0; i < n_overrides && st == TS_OK; i++) st = apply_override(&lc, overrides[i]);
     if (st == TS_OK) st = read_tree(config_root_setting(&lc), cfg);
+    g_main_path = NULL;
     config_destroy(&lc);
     if (st != TS_OK) return st;
     return ts_config_validate(cfg, world_size);
@@ -1009,6 +1079,29 @@ static ts_status batch_error(const ts_config *cfg)
         snprintf(msg + len, sizeof msg - len, " (global_batch must divide by dp = %lld)", dp);
     }
     return ts_fail("%s", msg);
+}
+
+/* Keys that parse but whose feature is not built yet: an error, never ignored. */
+static ts_status check_implemented(const ts_config *cfg)
+{
+    if (cfg->parallel.zero != 0)
+        return ts_fail("parallel.zero = %d: the ZeRO-1 sharded optimizer state is not "
+                       "implemented yet (it comes with the parallel-state step, issue 10); "
+                       "set parallel.zero = 0",
+                       cfg->parallel.zero);
+    ts_config d;
+    ts_config_defaults(&d);
+    const ts_checkpoint_config *k = &cfg->checkpoint;
+    const char *key = k->dir[0] ? "dir" : k->load[0] ? "load" : k->every != d.checkpoint.every
+                                                                    ? "every"
+                      : k->keep != d.checkpoint.keep ? "keep"
+                                                     : NULL;
+    if (key)
+        return ts_fail("checkpoint.%s is set, but checkpoints are not implemented yet (they "
+                       "come with the distributed-checkpoint step, issue 11); remove the "
+                       "checkpoint keys from the config",
+                       key);
+    return TS_OK;
 }
 
 ts_status ts_config_validate(const ts_config *cfg, int world_size)
@@ -1081,10 +1174,17 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "pipeline rank (set virtual_stages = 1)",
                        p->virtual_stages, p->schedule);
 
-    if (strcmp(cfg->checkpoint.load, "latest") == 0 && cfg->checkpoint.dir[0] == '\0')
-        return ts_fail("checkpoint.load = \"latest\" needs checkpoint.dir (the directory "
-                       "whose newest checkpoint to resume from)");
-    return TS_OK;
+    /* Sizes whose products index buffers with int: one micro-batch's N = micro_batch *
+     * seq_len rows, and the whole grid's rank count. */
+    if ((long long)p->micro_batch * m->seq_len > (1LL << 30))
+        return ts_fail("parallel.micro_batch * model.seq_len = %d * %d = %lld rows per "
+                       "micro-batch; at most 2^30 are supported (lower micro_batch)",
+                       p->micro_batch, m->seq_len, (long long)p->micro_batch * m->seq_len);
+    if (grid > (1LL << 24))
+        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld ranks; at most 2^24 are "
+                       "supported",
+                       p->pp, p->dp, p->tp, grid);
+    return check_implemented(cfg);
 }
 
 /* ------------------------------------------------------------------- JSON -- */
