@@ -12,6 +12,7 @@ packages=(
   libjansson-dev                       # JSON (safetensors headers, metrics, plans)
   fortunes fortunes-min                # the demo's English text corpus
   slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so
+  clang-14 libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: clang, libFuzzer + sanitizer runtimes, clang's OpenMP
   "$@"
 )
 

@@ -19,3 +19,6 @@ scripts/build.sh "$root/build-asan" -DTS_WERROR=ON -DTS_SANITIZE=ON -DCMAKE_BUIL
 export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_odr_violation=0:abort_on_error=1"
 ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs"
+
+echo "== fuzzing (libFuzzer, ASan + UBSan; FUZZ_SECONDS per harness) =="
+scripts/fuzz.sh

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data/loader.h"
@@ -337,6 +338,159 @@ static void test_loader_errors(void)
     CHECK(contains(ts_error_message(), "/nonexistent_dir_ts/x.bin"));
 }
 
+/* Shard or text: a file without the shard magic is text only if it looks like text (no
+ * NUL byte in its first 4 KiB, not named *.bin); a damaged shard is an error that shows
+ * its header, never silently trained on as bytes. */
+static void test_loader_text_or_shard(void)
+{
+    char p[512];
+    ts_dataset ds;
+
+    /* The review's D_magic: one bit of the magic flipped (20240521). */
+    path_in(p, sizeof p, "magic.bin");
+    write_raw_shard(p, 20240521, 1, 600, 600);
+    expect_reject(p, 256, "magic 20240521 (expected 20240520), version 1, token count 600");
+    expect_reject(p, 256, "the file size fits that count");
+    expect_reject(p, 256, "tessera data TEXT OUT.bin");
+    /* The same bytes under another name: still not text (NUL bytes). */
+    path_in(p, sizeof p, "magic.dat");
+    write_raw_shard(p, 20240521, 1, 600, 600);
+    expect_reject(p, 256, "NUL byte at offset 5");
+    /* A damaged magic and a damaged count: the header is shown as it is. */
+    path_in(p, sizeof p, "garbled.bin");
+    write_raw_shard(p, 0x7fffffff, 3, -1, 600);
+    expect_reject(p, 256, "magic 2147483647 (expected 20240520), version 3, token count -1;");
+    /* UTF-16 text has NUL bytes too. */
+    path_in(p, sizeof p, "utf16.txt");
+    {
+        unsigned char u16[2048];
+        for (int i = 0; i < 1024; i++) u16[2 * i] = (unsigned char)('a' + i % 26), u16[2 * i + 1] = 0;
+        write_bytes(p, u16, sizeof u16);
+    }
+    expect_reject(p, 256, "NUL byte at offset 1");
+    /* Text named *.bin is not taken for text. */
+    path_in(p, sizeof p, "text.bin");
+    write_bytes(p, "plain text under a shard's name\n", 32);
+    expect_reject(p, 256, "is named *.bin");
+
+    /* Valid text keeps working: UTF-8 longer than the 4 KiB looked at, any name. */
+    static char text[10000];
+    const char *line = "caf\xc3\xa9 na\xc3\xafve \xe2\x9c\x93 \xf0\x9f\x98\x80 plain ASCII too\n";
+    size_t n = 0, len = strlen(line);
+    while (n + len < sizeof text) memcpy(text + n, line, len), n += len;
+    const char *names[] = {"utf8.txt", "utf8", "utf8.bin.txt", "UTF8.TXT"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        path_in(p, sizeof p, names[i]);
+        write_bytes(p, text, n);
+        const char *one[] = {p};
+        CHECKF(ts_data_open(&ds, one, 1, 256) == TS_OK, "%s", ts_error_message());
+        CHECK(ds.n_shards == 1 && ds.shards[0].is_text && ds.n_tokens == n);
+        ts_data_close(&ds);
+    }
+    /* A file shorter than a shard header cannot be a damaged shard: read as bytes. */
+    path_in(p, sizeof p, "tiny.txt");
+    write_bytes(p, "\x01\x00\x00\x00", 4);
+    const char *tiny[] = {p};
+    CHECKF(ts_data_open(&ds, tiny, 1, 256) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.n_tokens == 4 && ds.shards[0].is_text);
+    ts_data_close(&ds);
+
+    /* The hint for a missing file names the key it came from. */
+    path_in(p, sizeof p, "no_val.bin");
+    const char *val[] = {p};
+    CHECK(ts_data_open_key(&ds, "data.val", val, 1, 256) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "(set data.val or create it"), "%s", ts_error_message());
+    CHECK(!contains(ts_error_message(), "data.train"));
+}
+
+/* No temp file "NAME.tmp.PID" left in the scratch directory. */
+static int no_temp_files(void)
+{
+    DIR *d = opendir(g_dir);
+    struct dirent *de;
+    int left = 0;
+    while ((de = readdir(d))) left |= contains(de->d_name, ".tmp.");
+    closedir(d);
+    return !left;
+}
+
+/* `tessera data` refuses, before writing anything, outputs it would destroy and inputs
+ * that are not text (the review's T12, T13, T15, T16). */
+static void test_loader_write_refusals(void)
+{
+    char text[512], out[512], p[600], q[640];
+    path_in(text, sizeof text, "w.txt");
+    const char *body = "some text to tokenize\n";
+    write_bytes(text, body, strlen(body));
+    uint16_t tok[4] = {1, 2, 3, 4};
+
+    /* T15: an output that exists and is not a regular file stays what it is. */
+    path_in(p, sizeof p, "fifo");
+    CHECK(mkfifo(p, 0600) == 0);
+    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "is a pipe, not a regular file"), "%s", ts_error_message());
+    CHECK(ts_data_write_shard(p, tok, 4) == TS_ERR);
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    unlink(p);
+    path_in(p, sizeof p, "adir");
+    CHECK(mkdir(p, 0700) == 0);
+    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "is a directory, not a regular file"), "%s",
+           ts_error_message());
+
+    /* T16: a directory given with a trailing slash; a path through a file. */
+    snprintf(q, sizeof q, "%s/", p);
+    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "ends in '/'"), "%s", ts_error_message());
+    rmdir(p);
+    snprintf(q, sizeof q, "%s/x.bin", text);
+    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    snprintf(p, sizeof p, "%s is a file, not a directory", text);
+    CHECKF(contains(ts_error_message(), p), "%s", ts_error_message());
+    path_in(q, sizeof q, "no_such_dir/sub/x.bin");
+    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    path_in(p, sizeof p, "no_such_dir");
+    CHECKF(contains(ts_error_message(), p) && contains(ts_error_message(), "does not exist"),
+           "%s", ts_error_message());
+    CHECK(access(p, F_OK) != 0); /* nothing created */
+
+    /* T13: the output is the input (same path, or another name for the same inode). */
+    CHECK(ts_data_write_text_shard(text, text) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "same file"), "%s", ts_error_message());
+    path_in(p, sizeof p, "w_link.txt");
+    CHECK(link(text, p) == 0);
+    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "same file"), "%s", ts_error_message());
+    unlink(p);
+    path_in(p, sizeof p, "w_sym.txt");
+    CHECK(symlink(text, p) == 0);
+    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    unlink(p);
+    {
+        char back[64] = {0};
+        FILE *f = fopen(text, "rb");
+        CHECK(f && fread(back, 1, sizeof back - 1, f) == strlen(body));
+        if (f) fclose(f);
+        CHECK(strcmp(back, body) == 0); /* the text is untouched */
+    }
+
+    /* T12: a shard given as the text. */
+    path_in(p, sizeof p, "already.bin");
+    CHECK(ts_data_write_shard(p, tok, 4) == TS_OK);
+    path_in(out, sizeof out, "again.bin");
+    CHECK(ts_data_write_text_shard(p, out) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "already an llm.c token shard (magic 20240520, 4 tokens)"),
+           "%s", ts_error_message());
+    CHECK(access(out, F_OK) != 0);
+
+    /* A regular output is replaced whole, and every refusal left no temp file. */
+    write_bytes(out, "old", 3);
+    CHECKF(ts_data_write_text_shard(text, out) == TS_OK, "%s", ts_error_message());
+    CHECK(stat(out, &sb) == 0 && (size_t)sb.st_size == 1024 + 2 * strlen(body));
+    CHECK(no_temp_files());
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_data");
@@ -345,6 +499,8 @@ int main(void)
     test_loader_multi_file_stream();
     test_loader_batch_rule();
     test_loader_errors();
+    test_loader_text_or_shard();
+    test_loader_write_refusals();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

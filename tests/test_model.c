@@ -161,6 +161,97 @@ static void test_init_from_file(void)
     ts_model_free(&dst);
 }
 
+/* model.init's messages: the expected shape of a missing 1-D tensor, one "model.init:"
+ * prefix, and non-finite weights caught at load with the tensor and element named
+ * (the review's ST_missing, ST_lmhead_diff and ST_nan). */
+static void test_init_from_file_messages(void)
+{
+    ts_model_config mc = tiny(); /* C = 16 */
+    ts_model src, dst;
+    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&src, 7);
+    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    char dir[] = "/tmp/ts_model_XXXXXX", path[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    const char *msg = ts_error_message();
+
+    write_weights(&src, path, "transformer.h.2.mlp.c_proj.bias", NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "'transformer.h.2.mlp.c_proj.bias' (expected shape [16] F32"), "%s", msg);
+    write_weights(&src, path, "transformer.h.0.mlp.c_fc.bias", NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "(expected shape [64] F32"), "%s", msg);
+    write_weights(&src, path, "transformer.wpe.weight", NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "(expected shape [8,16] F32"), "%s", msg);
+
+    /* lm_head.weight: the same as wte is accepted; another tensor is refused once. */
+    int wte = find(&src, "transformer.wte.weight");
+    write_weights(&src, path, NULL, NULL, "lm_head.weight"); /* a copy of entry 0, wte */
+    CHECKF(ts_model_init_from_file(&dst, path) == TS_OK, "%s", msg);
+    ts_param_data(&src, wte)[5] += 1.0f;
+    {
+        ts_st_entry e[64];
+        int n = 0;
+        for (int p = 0; p < src.n_params; p++, n++)
+            e[n] = (ts_st_entry){src.params[p].name, TS_DT_F32, src.params[p].ndim,
+                                 {src.params[p].shape[0], src.params[p].shape[1]},
+                                 ts_param_data(&src, p)};
+        float *head = malloc(src.params[wte].numel * sizeof(float));
+        memcpy(head, ts_param_data(&src, wte), src.params[wte].numel * sizeof(float));
+        head[5] -= 1.0f;
+        e[n] = e[wte];
+        e[n].name = "lm_head.weight";
+        e[n++].data = head;
+        CHECK(ts_st_write(path, e, n, NULL, NULL, 0) == TS_OK);
+        free(head);
+    }
+    ts_param_data(&src, wte)[5] -= 1.0f;
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "lm_head.weight differs") && strncmp(msg, "model.init: ", 12) == 0 &&
+               !strstr(msg + 1, "model.init:"),
+           "%s", msg);
+
+    /* NaN and Inf: named at load, with the element's logical index. */
+    int attn = find(&src, "transformer.h.0.attn.c_attn.weight"); /* [48,16] */
+    ts_param_data(&src, attn)[100] = NAN;
+    write_weights(&src, path, NULL, NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "tensor 'transformer.h.0.attn.c_attn.weight' [48,16] holds NaN at "
+                       "element 100 (row 6, column 4)") &&
+               strstr(msg, path) && strncmp(msg, "model.init: ", 12) == 0,
+           "%s", msg);
+    ts_param_data(&src, attn)[100] = 0.0f;
+    int bias = find(&src, "transformer.h.1.ln_2.bias");
+    ts_param_data(&src, bias)[3] = -INFINITY;
+    write_weights(&src, path, NULL, NULL, NULL);
+    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECKF(strstr(msg, "tensor 'transformer.h.1.ln_2.bias' [16] holds -Inf at element 3;"), "%s",
+           msg);
+    ts_param_data(&src, bias)[3] = 0.0f;
+
+    /* Tensor parallel: each rank checks the slice it loads, and names the element by its
+     * logical index. c_proj.weight [16,16] is split by columns: rank 1 holds 8..15. */
+    int proj = find(&src, "transformer.h.2.attn.c_proj.weight");
+    ts_param_data(&src, proj)[2 * 16 + 12] = INFINITY;
+    write_weights(&src, path, NULL, NULL, NULL);
+    ts_model tp0, tp1;
+    ts_model_build_tp(&tp0, &mc, NULL, &ts_kernels_cpu, 2, 0, NULL);
+    ts_model_build_tp(&tp1, &mc, NULL, &ts_kernels_cpu, 2, 1, NULL);
+    CHECKF(ts_model_init_from_file(&tp0, path) == TS_OK, "%s", msg);
+    CHECK(ts_model_init_from_file(&tp1, path) == TS_ERR);
+    CHECKF(strstr(msg, "c_proj.weight' [16,16] holds +Inf at element 44 (row 2, column 12)"), "%s",
+           msg);
+    ts_model_free(&tp0);
+    ts_model_free(&tp1);
+
+    unlink(path);
+    rmdir(dir);
+    ts_model_free(&src);
+    ts_model_free(&dst);
+}
+
 /* Forward/backward of the whole layer list equals running it as two chunks (the
  * second fed the first's output) and equals the split I + W backward, bit for bit. */
 static void test_chunks_and_split_backward(void)
@@ -227,5 +318,6 @@ int main(void)
     test_layer_list();
     test_init_by_index();
     test_init_from_file();
+    test_init_from_file_messages();
     return ts_test_report();
 }

@@ -53,8 +53,7 @@ static char *xstrdup(const char *s)
     return p;
 }
 
-/* "[384,128]" into buf. */
-static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+const char *ts_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t len = 0;
     buf[0] = '\0';
@@ -182,11 +181,11 @@ static ts_status parse_tensor(ts_st_file *f, const char *name, json_t *info, ts_
     uint64_t want;
     if (!tensor_bytes(t->ndim, t->shape, ts_dtype_size(t->dtype), &want))
         return ts_fail("checkpoint file %s: tensor '%s' has shape %s whose size overflows", p,
-                       name, shape_str(sb, sizeof sb, t->ndim, t->shape));
+                       name, ts_st_shape_str(sb, sizeof sb, t->ndim, t->shape));
     if (want != t->end - t->begin)
         return ts_fail("checkpoint file %s: tensor '%s' has dtype %s and shape %s = %" PRIu64
                        " bytes but data_offsets span %" PRIu64, p, name,
-                       ts_dtype_name(t->dtype), shape_str(sb, sizeof sb, t->ndim, t->shape),
+                       ts_dtype_name(t->dtype), ts_st_shape_str(sb, sizeof sb, t->ndim, t->shape),
                        want, t->end - t->begin);
     return TS_OK;
 }
@@ -359,8 +358,8 @@ ts_status ts_st_expect_f32(const ts_st_tensor *t, int ndim, const int64_t *shape
     if (ok) return TS_OK;
     char got[256], want[256];
     return ts_fail("tensor '%s' has shape %s %s, expected %s F32", t->name,
-                   shape_str(got, sizeof got, t->ndim, t->shape), ts_dtype_name(t->dtype),
-                   shape_str(want, sizeof want, ndim, shape));
+                   ts_st_shape_str(got, sizeof got, t->ndim, t->shape), ts_dtype_name(t->dtype),
+                   ts_st_shape_str(want, sizeof want, ndim, shape));
 }
 
 /* ---------------------------------------------------------------------------------- */

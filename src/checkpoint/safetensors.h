@@ -21,6 +21,10 @@ typedef enum {
 const char *ts_dtype_name(ts_dtype dt);   /* "F32", ... */
 size_t ts_dtype_size(ts_dtype dt);        /* bytes per element */
 
+/* A shape as messages print it, "[384,128]" or "[128]" ("[]" for a scalar), into buf
+ * (truncated to cap); returns buf. */
+const char *ts_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
 typedef struct {
     char *name;
     ts_dtype dtype;

@@ -1,3 +1,4 @@
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -5,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "core/log.h"
+#include "core/watchdog.h"
 
 int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn run)
 {
@@ -12,14 +14,36 @@ int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn r
         fputs(help, stdout);
         return 0;
     }
-    MPI_Init(&argc, &argv);
+    /* FUNNELED: only this thread calls MPI, but `train` runs a watchdog thread beside it
+     * (core/watchdog.h), which MPI_THREAD_SINGLE would not allow; cmd_train checks the
+     * level it got (MPI_Query_thread) before starting it. */
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank, world_size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     ts_log_set_rank(rank);
     int code = run(argc, argv, rank, world_size);
+    /* MPI_Finalize synchronises with the other ranks, so a stopped one can hang it too:
+     * the watchdog (when run started one) keeps watching until it returns. */
+    ts_watchdog_wait_begin("MPI_Finalize", "world", -1);
     MPI_Finalize();
+    ts_watchdog_stop();
     return code;
+}
+
+/* Record a usage error (ts_error_message) and print it when asked; returns -1. */
+static int usage_error(int print, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(int print, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ts_fail("%s", msg);
+    if (print) fprintf(stderr, "tessera: error: %s\n", msg);
+    return -1;
 }
 
 int ts_cli_parse_config_args(int argc, char **argv, int first, const char **positional,
@@ -30,29 +54,24 @@ int ts_cli_parse_config_args(int argc, char **argv, int first, const char **posi
     for (int i = first; i < argc; i++) {
         const char *a = argv[i], *set = NULL;
         if (!strcmp(a, "--set")) {
-            if (i + 1 >= argc) {
-                if (print_errors) fprintf(stderr, "tessera: error: --set needs KEY=VALUE\n");
-                return -1;
-            }
+            if (i + 1 >= argc) return usage_error(print_errors, "--set needs KEY=VALUE");
             set = argv[++i];
         } else if (!strncmp(a, "--set=", 6)) {
             set = a + 6;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            /* Help is printed only when asked for alone (before MPI starts). */
+            return usage_error(print_errors,
+                               "%s takes no other arguments: run 'tessera %s %s' alone", a,
+                               first >= 2 ? argv[1] : "COMMAND", a);
         } else if (a[0] == '-' && a[1] == '-') {
-            if (print_errors)
-                fprintf(stderr, "tessera: error: unknown option '%s' (see --help)\n", a);
-            return -1;
+            return usage_error(print_errors, "unknown option '%s' (see --help)", a);
         } else if (!*positional) {
             *positional = a;
             continue;
         } else {
-            if (print_errors)
-                fprintf(stderr, "tessera: error: unexpected argument '%s' (one CONFIG only)\n", a);
-            return -1;
+            return usage_error(print_errors, "unexpected argument '%s' (one CONFIG only)", a);
         }
-        if (*n_sets == max_sets) {
-            if (print_errors) fprintf(stderr, "tessera: error: too many --set options\n");
-            return -1;
-        }
+        if (*n_sets == max_sets) return usage_error(print_errors, "too many --set options");
         sets[(*n_sets)++] = set;
     }
     return 0;

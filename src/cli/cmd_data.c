@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/fsutil.h"
 #include "data/loader.h"
 
 static const char *k_help =
@@ -9,7 +10,9 @@ static const char *k_help =
     "\n"
     "Write the bytes of TEXT_FILE as tokens (vocab 256) into an llm.c token shard:\n"
     "a 256 x int32 header [20240520, 1, count] followed by count uint16 tokens.\n"
-    "The shard is written to a temporary name and renamed when complete.\n";
+    "The shard is written to a temporary name and renamed when complete.\n"
+    "Refused before anything is written: an OUT.bin that exists and is not a regular\n"
+    "file, or is TEXT_FILE itself; a TEXT_FILE that already is a token shard.\n";
 
 int ts_cmd_data(int argc, char **argv)
 {
@@ -33,5 +36,9 @@ int ts_cmd_data(int argc, char **argv)
     }
     printf("wrote %s: %llu tokens\n", out, (unsigned long long)ds.n_tokens);
     ts_data_close(&ds);
+    if (ts_stdout_check() != TS_OK) { /* the report is part of the result */
+        fprintf(stderr, "tessera: error: %s\n", ts_error_message());
+        return 1;
+    }
     return 0;
 }

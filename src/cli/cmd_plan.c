@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "config/config.h"
+#include "core/fsutil.h"
 #include "core/log.h"
 #include "core/trace.h"
 #include "kernels/kernels.h"
@@ -48,16 +49,21 @@ static const char *k_help =
     "                     textbook bubbles appear: (p-1)/(m+p-1) for gpipe and 1f1b,\n"
     "                     (p-1)/(v*m+p-1) for interleaved-1f1b, (p-1)/(3m+p-1) for zb-h1.\n"
     "                     The partition is still printed (balanced on the FLOP model).\n"
-    "  --latency-us X     P2P latency per message (default 20)\n"
-    "  --bandwidth-gbs X  P2P bandwidth in GB/s (default 5); a message is one micro-batch's\n"
-    "                     activations or gradients, micro_batch * seq_len * n_embd * 4 bytes\n"
-    "  --optim-ms X       append an optimizer step of X ms to every rank (default 0)\n"
+    "  --latency-us X     P2P latency per message, 0 to 1000000 us (default 20)\n"
+    "  --bandwidth-gbs X  P2P bandwidth, 0.001 to 1000000000 GB/s (default 5); a message is\n"
+    "                     one micro-batch's activations or gradients,\n"
+    "                     micro_batch * seq_len * n_embd * 4 bytes\n"
+    "  --optim-ms X       append an optimizer step of X ms, 0 to 1000000, to every rank\n"
+    "                     (default 0)\n"
     "  --trace FILE       write the simulated timeline as Chrome trace JSON (open it in\n"
     "                     ui.perfetto.dev or chrome://tracing: one track per pipeline rank)\n"
     "  --svg FILE         draw the simulated timeline as SVG (one row per rank, F blue,\n"
     "                     B green, I teal, W orange, labelled with micro-batch numbers)\n"
     "  --from-trace T     with --svg: draw the trace file T instead (e.g. the one\n"
-    "                     `tessera train` writes with log.trace = \"run/trace.json\")\n"
+    "                     `tessera train` writes with log.trace = \"run/trace.json\"); its\n"
+    "                     events must have tid 0..65535, args.chunk -1..65535, args.mb\n"
+    "                     -1..2147483646 (whole numbers) and ts, dur in microseconds,\n"
+    "                     0 <= x < 2^53; an event outside is an error naming it\n"
     "  --costs-from-trace T\n"
     "                     take every chunk's costs from a trace of a training run of this\n"
     "                     config (log.trace; pass the run's --set options too): the mean\n"
@@ -73,7 +79,8 @@ static const char *k_help =
     "                     \"steps\", \"steps_used\", \"chunk_f_ms\", \"chunk_i_ms\", \"chunk_w_ms\",\n"
     "                     \"measured_step_ms\", \"measured_bubble\", \"measured_bubble_rank_span\"}\n"
     "  --trace-skip-steps N  with --costs-from-trace: steps dropped from the start of the\n"
-    "                     trace as warm-up (default 1; at least one step must remain)\n"
+    "                     trace as warm-up, 0 to 1000000000 (default 1; at least one step\n"
+    "                     must remain)\n"
     "  --trace-stat S     with --costs-from-trace: mean (default) or median of the durations\n"
     "                     (the median ignores steps slowed by other processes on the machine)\n"
     "\n"
@@ -85,8 +92,12 @@ static const char *k_help =
     "Activation memory counts each chunk's saved tensors per micro-batch (and its received\n"
     "input) from its forward until its backward (or weight-gradient pass).\n"
     "\n"
-    "Exit code 0 on success; on a bad config or an impossible schedule, one message on\n"
-    "stderr and exit code 1 (2 for a usage error).\n";
+    "Outputs (--trace, --svg) are written whole or not at all: to a temporary file in the\n"
+    "same directory, renamed into place when complete.\n"
+    "\n"
+    "Exit code 0 on success; on a bad config, an impossible schedule or an output that\n"
+    "cannot be written (standard output included), one message on stderr and exit code 1\n"
+    "(2 for a usage error).\n";
 
 typedef enum { COST_MEASURED, COST_MODEL, COST_UNIFORM } cost_mode;
 
@@ -125,13 +136,35 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
     return argv[++*i];
 }
 
-static int parse_number(const char *s, const char *flag, double lo, double *out)
+/* A numeric option and its range (inclusive), stated in the message when a value is
+ * not a number or outside it. The upper bounds keep the simulated times finite and
+ * readable (--latency-us 1e308 would print a 300-digit step time). */
+typedef struct {
+    const char *flag;
+    double lo, hi;
+    const char *unit;
+    bool whole;
+} number_opt;
+
+static const number_opt k_latency = {"--latency-us", 0, 1e6, "microseconds", false};
+static const number_opt k_bandwidth = {"--bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
+static const number_opt k_optim = {"--optim-ms", 0, 1e6, "milliseconds", false};
+static const number_opt k_skip = {"--trace-skip-steps", 0, 1e9, "steps", true};
+
+static int parse_number(const char *s, const number_opt *o, double *out)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo) || !isfinite(v))
-        return usage_error("%s needs a number >= 0", flag);
+    if (errno || end == s || *end || !isfinite(v) || v < o->lo || v > o->hi ||
+        (o->whole && v != floor(v))) {
+        fprintf(stderr,
+                "tessera: error: %s '%.40s%s' is not a %s from %.15g to %.15g (%s) (see tessera "
+                "plan --help)\n",
+                o->flag, s, strlen(s) > 40 ? "..." : "", o->whole ? "whole number" : "number",
+                o->lo, o->hi, o->unit);
+        return -1;
+    }
     *out = v;
     return 0;
 }
@@ -163,13 +196,11 @@ static int parse_args(int argc, char **argv, plan_args *a)
             else
                 rc = usage_error("--cost '%s' is not one of measured, model, uniform", v);
         } else if ((v = opt_value(argc, argv, &i, "--latency-us", &missing))) {
-            rc = parse_number(v, "--latency-us", 0, &a->latency_us);
+            rc = parse_number(v, &k_latency, &a->latency_us);
         } else if ((v = opt_value(argc, argv, &i, "--bandwidth-gbs", &missing))) {
-            rc = parse_number(v, "--bandwidth-gbs", 0, &a->bandwidth_gbs);
-            if (rc == 0 && a->bandwidth_gbs <= 0)
-                rc = usage_error("%s must be > 0", "--bandwidth-gbs");
+            rc = parse_number(v, &k_bandwidth, &a->bandwidth_gbs);
         } else if ((v = opt_value(argc, argv, &i, "--optim-ms", &missing))) {
-            rc = parse_number(v, "--optim-ms", 0, &a->optim_ms);
+            rc = parse_number(v, &k_optim, &a->optim_ms);
         } else if ((v = opt_value(argc, argv, &i, "--trace", &missing))) {
             a->trace = v;
         } else if ((v = opt_value(argc, argv, &i, "--svg", &missing))) {
@@ -185,9 +216,7 @@ static int parse_args(int argc, char **argv, plan_args *a)
                 rc = usage_error("--trace-stat '%s' is not one of mean, median", v);
             a->trace_stat_set = true;
         } else if ((v = opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
-            rc = parse_number(v, "--trace-skip-steps", 0, &a->trace_skip);
-            if (rc == 0 && a->trace_skip != floor(a->trace_skip))
-                rc = usage_error("%s needs a whole number", "--trace-skip-steps");
+            rc = parse_number(v, &k_skip, &a->trace_skip);
             a->trace_skip_set = true;
         } else if (!missing) {
             rest[n_rest++] = argv[i]; /* CONFIG, --set, or an unknown option */
@@ -702,14 +731,30 @@ static int plan(const plan_args *a)
     return code;
 }
 
+/* A command whose result is on stdout has not succeeded until stdout took it. */
+static int check_stdout(int code)
+{
+    if (code == 0 && ts_stdout_check() != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    return code;
+}
+
 int ts_cmd_plan(int argc, char **argv)
 {
+    /* Keep the whole report (or the help) in stdout's buffer until check_stdout flushes
+     * it: with the default 4 KiB, a full disk shows at an intermediate flush whose errno
+     * is lost, and the message could only say "Input/output error". */
+    static char out_buf[1 << 16];
+    setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);
+    /* --help anywhere (plan --help, plan CONFIG --json --help) is a request for help. */
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(k_help, stdout);
-            return 0;
+            return check_stdout(0);
         }
     plan_args a;
     if (parse_args(argc, argv, &a) != 0) return 2;
-    return a.from_trace ? draw_trace_file(&a) : plan(&a);
+    return check_stdout(a.from_trace ? draw_trace_file(&a) : plan(&a));
 }

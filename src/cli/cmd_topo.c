@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "config/config.h"
+#include "core/fsutil.h"
 #include "core/log.h"
 #include "topology/topology.h"
 
@@ -36,7 +37,9 @@ static const char *k_help =
     "  TS_FAKE_NODES=K   pretend every K consecutive ranks are a separate node\n"
     "                    (\"fakenode0\", ...), to try multi-node layouts on one machine\n"
     "\n"
-    "Warnings (a tensor-parallel group spanning nodes, more ranks than cores) go to stderr.\n";
+    "Warnings (a tensor-parallel group spanning nodes, more ranks than cores) go to stderr.\n"
+    "Exit code 0 on success, non-zero on every rank on an error (a failed write to\n"
+    "standard output included).\n";
 
 /* One rank's line of the table, gathered to rank 0 as bytes (same binary everywhere). */
 typedef struct {
@@ -158,7 +161,6 @@ static void print_report(const ts_topology *t, const ts_config *cfg, const rank_
         if (members[0] == r) printf(" {%s}", ts_format_int_list(members, k, list, sizeof list));
     }
     printf("\n");
-    fflush(stdout);
 }
 
 static int run(int argc, char **argv, int rank, int world_size)
@@ -204,10 +206,24 @@ static int run(int argc, char **argv, int rank, int world_size)
     rank_row *rows = rank == 0 ? ts_malloc(sizeof(rank_row) * (size_t)world_size) : NULL;
     MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE, 0,
                MPI_COMM_WORLD);
-    if (rank == 0) print_report(&t, &cfg, rows);
+    /* Only rank 0 prints, so only it can see stdout fail; its verdict is every rank's
+     * exit code. */
+    int code = 0;
+    if (rank == 0) {
+        /* The report stays in the buffer until ts_stdout_check flushes it, so a failed
+         * write is seen there with its errno (an intermediate flush's errno is lost). */
+        static char out_buf[1 << 16];
+        setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);
+        print_report(&t, &cfg, rows);
+        if (ts_stdout_check() != TS_OK) {
+            ts_log_error("%s", ts_error_message());
+            code = 1;
+        }
+    }
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(rows);
     ts_topo_free(&t);
-    return 0;
+    return code;
 }
 
 int ts_cmd_topo(int argc, char **argv)

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "config/config.h"
 #include "core/log.h"
+#include "core/watchdog.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
 #include "train/trainer.h"
@@ -25,23 +26,25 @@ static const char *k_help =
 
 static int run(int argc, char **argv, int rank, int world_size)
 {
-    const char *path = NULL, *sets[256];
-    int n_sets = 0;
-    if (ts_cli_parse_config_args(argc, argv, 2, &path, sets, 256, &n_sets, rank == 0) != 0)
-        return 2;
-    if (!path) {
-        if (rank == 0) fprintf(stderr, "tessera: error: train needs a CONFIG file\n\n%s", k_help);
-        return 2;
-    }
-
-    /* Every rank reads and validates the same config, so every rank reaches the same
-     * verdict without a collective; rank 0 alone prints it. */
     ts_config cfg;
-    if (ts_config_load(&cfg, path, sets, n_sets, world_size) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        return 1;
-    }
+    int code = ts_cli_load_config(argc, argv, world_size, NULL, 0, true, k_help, &cfg);
+    if (code != 0) return code;
     ts_log_set_quiet(!cfg.log.progress);
+
+    /* The watchdog ends the job when this rank makes no progress for train.timeout_s
+     * (a stopped or hung peer); ts_cli_mpi_main stops it after MPI_Finalize. */
+    if (cfg.train.timeout_s > 0) {
+        int level = MPI_THREAD_SINGLE, len = 0;
+        char host[MPI_MAX_PROCESSOR_NAME] = "?";
+        MPI_Query_thread(&level);
+        MPI_Get_processor_name(host, &len);
+        if (level < MPI_THREAD_FUNNELED)
+            ts_log_warn("tessera: warning: this MPI library offers no thread support "
+                        "(MPI_THREAD_FUNNELED), so the watchdog (train.timeout_s) is off");
+        else if (ts_watchdog_start(cfg.train.timeout_s, rank, host) != TS_OK)
+            ts_log_any("tessera: warning: %s", ts_error_message());
+    }
+    ts_watchdog_context("setup: the grid's communicators and core binding", 0, 0, 0);
 
     /* The grid's communicators and this rank's cores (and thread count). */
     ts_topology topo;

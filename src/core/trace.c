@@ -1,6 +1,8 @@
 /* Trace events and the Chrome trace JSON format (jansson). */
 #include "core/trace.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +11,15 @@
 
 #include "core/fsutil.h"
 
-/* Copy a string into a fixed-size field, truncated and always terminated. */
+/* Copy a string into a fixed-size field, truncated (never inside a UTF-8 sequence) and
+ * always terminated. */
 static void set_str(char *dst, size_t size, const char *src)
 {
     size_t n = strlen(src);
-    if (n >= size) n = size - 1;
+    if (n >= size) {
+        n = size - 1;
+        while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80) n--; /* a continuation byte */
+    }
     memcpy(dst, src, n);
     dst[n] = '\0';
 }
@@ -68,6 +74,40 @@ void ts_trace_free(ts_trace *t)
     ts_trace_init(t);
 }
 
+/* A number for messages: whole numbers in full, others as %g. */
+static void format_num(double v, char *buf, size_t size)
+{
+    if (isfinite(v) && v == floor(v) && fabs(v) < 1e17)
+        snprintf(buf, size, "%.0f", v);
+    else
+        snprintf(buf, size, "%g", v);
+}
+
+#define RANK_RANGE "a track is a rank, 0..65535"
+#define CHUNK_RANGE "a chunk is -1 (none) or 0..65535"
+#define MB_RANGE "a micro-batch is -1 (none) or 0..2147483646"
+#define TIME_RANGE "times are microseconds, 0 <= x < 2^53 = 9007199254740992"
+
+ts_status ts_trace_event_check(const ts_trace_event *e, long long index)
+{
+    char num[64];
+    if (e->rank < 0 || e->rank >= TS_TRACE_MAX_RANKS)
+        return ts_fail("event %lld: rank %d is out of range: " RANK_RANGE, index, e->rank);
+    if (e->chunk < -1 || e->chunk >= TS_TRACE_MAX_CHUNKS)
+        return ts_fail("event %lld: chunk %d is out of range: " CHUNK_RANGE, index, e->chunk);
+    if (e->mb < -1 || e->mb > TS_TRACE_MAX_MB)
+        return ts_fail("event %lld: micro-batch %d is out of range: " MB_RANGE, index, e->mb);
+    if (!(e->start_us >= 0.0 && e->start_us < TS_TRACE_MAX_US)) {
+        format_num(e->start_us, num, sizeof num);
+        return ts_fail("event %lld: start %s is out of range: " TIME_RANGE, index, num);
+    }
+    if (!(e->dur_us >= 0.0 && e->dur_us < TS_TRACE_MAX_US)) {
+        format_num(e->dur_us, num, sizeof num);
+        return ts_fail("event %lld: duration %s is out of range: " TIME_RANGE, index, num);
+    }
+    return TS_OK;
+}
+
 /* ------------------------------------------------------------------ write -- */
 
 static json_t *metadata(const char *what, int tid, json_t *args)
@@ -79,15 +119,24 @@ static json_t *metadata(const char *what, int tid, json_t *args)
 ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, int n,
                                 int n_ranks, const char *title)
 {
+    if (n < 0 || n > TS_TRACE_MAX_EVENTS || n_ranks < 0 || n_ranks > TS_TRACE_MAX_RANKS)
+        return ts_fail("trace %s: %d events on %d ranks; a trace holds at most %d events on "
+                       "%d ranks",
+                       path, n, n_ranks, TS_TRACE_MAX_EVENTS, TS_TRACE_MAX_RANKS);
+    for (int i = 0; i < n; i++)
+        if (ts_trace_event_check(&events[i], i) != TS_OK) return ts_error_prefix("trace %s: ", path);
+    /* json_array_append_new fails (returns -1) on a NULL element, e.g. a name that is
+     * not UTF-8: count failures instead of dropping events silently. */
+    int bad = 0;
     json_t *list = json_array();
-    json_array_append_new(list, metadata("process_name", 0,
-                                         json_pack("{s:s}", "name", title ? title : "tessera")));
+    bad |= json_array_append_new(list, metadata("process_name", 0,
+                                                json_pack("{s:s}", "name", title ? title : "tessera")));
     for (int r = 0; r < n_ranks; r++) {
         char name[48];
         snprintf(name, sizeof name, "pipeline rank %d", r);
-        json_array_append_new(list, metadata("thread_name", r, json_pack("{s:s}", "name", name)));
-        json_array_append_new(list,
-                              metadata("thread_sort_index", r, json_pack("{s:i}", "sort_index", r)));
+        bad |= json_array_append_new(list, metadata("thread_name", r, json_pack("{s:s}", "name", name)));
+        bad |= json_array_append_new(
+            list, metadata("thread_sort_index", r, json_pack("{s:i}", "sort_index", r)));
     }
     for (int i = 0; i < n; i++) {
         const ts_trace_event *e = &events[i];
@@ -97,22 +146,34 @@ ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, 
         name[sizeof e->name] = '\0';
         memcpy(cat, e->cat, sizeof e->cat);
         cat[sizeof e->cat] = '\0';
-        json_array_append_new(
+        bad |= json_array_append_new(
             list, json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:{s:i, s:i}}", "name", name,
                             "cat", cat, "ph", "X", "pid", 0, "tid", e->rank, "ts", e->start_us,
                             "dur", e->dur_us, "args", "chunk", e->chunk, "mb", e->mb));
     }
     json_t *root = json_pack("{s:o, s:s, s:{s:s}}", "traceEvents", list, "displayTimeUnit", "ms",
                              "otherData", "title", title ? title : "tessera");
-    if (!root) return ts_fail("trace %s: could not build the JSON document", path);
-    if (ts_mkdir_parent(path) != TS_OK) {
+    if (!root || bad) {
         json_decref(root);
-        return ts_error_prefix("trace %s: ", path);
+        return ts_fail("trace %s: could not build the JSON document (a name or the title that "
+                       "is not UTF-8?)",
+                       path);
     }
-    int rc = json_dump_file(root, path, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    ts_atomic_file af;
+    if (ts_atomic_open(&af, path, "trace") != TS_OK) {
+        json_decref(root);
+        return TS_ERR;
+    }
+    errno = 0;
+    int rc = json_dumpf(root, af.f, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    int err = errno;
     json_decref(root);
-    if (rc != 0) return ts_fail("trace %s: cannot write the file (check the directory)", path);
-    return TS_OK;
+    if (rc != 0) {
+        ts_atomic_abort(&af);
+        return ts_fail("trace: writing %s failed: %s (nothing was written there)", path,
+                       err ? strerror(err) : "the JSON writer failed");
+    }
+    return ts_atomic_commit(&af);
 }
 
 /* ------------------------------------------------------------------- read -- */
@@ -122,9 +183,86 @@ static void copy_str(char *dst, size_t size, json_t *s)
     set_str(dst, size, json_is_string(s) ? json_string_value(s) : "");
 }
 
-static int int_or(json_t *v, int dflt)
+static const char *json_kind(const json_t *v)
 {
-    return json_is_integer(v) ? (int)json_integer_value(v) : json_is_number(v) ? (int)json_number_value(v) : dflt;
+    switch (v ? json_typeof(v) : JSON_NULL) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return v ? "null" : "missing";
+    default: return "a number";
+    }
+}
+
+/* A whole-number field of event `index` in [lo, hi], checked before it is converted;
+ * absent (NULL) gives `dflt`. `range` says what the range means, for the message. */
+static ts_status whole_field(const json_t *v, const char *field, size_t index, long long lo,
+                             long long hi, const char *range, int dflt, int *out)
+{
+    char num[64];
+    if (!v) {
+        *out = dflt;
+        return TS_OK;
+    }
+    if (json_is_integer(v)) {
+        long long x = json_integer_value(v);
+        if (x >= lo && x <= hi) {
+            *out = (int)x;
+            return TS_OK;
+        }
+        snprintf(num, sizeof num, "%lld", x);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        format_num(d, num, sizeof num);
+        if (!isfinite(d) || d != floor(d))
+            return ts_fail("event %zu: \"%s\" %s is not a whole number", index, field, num);
+        if (d >= (double)lo && d <= (double)hi) {
+            *out = (int)d;
+            return TS_OK;
+        }
+    } else {
+        return ts_fail("event %zu: \"%s\" must be a whole number, but is %s", index, field,
+                       json_kind(v));
+    }
+    return ts_fail("event %zu: \"%s\" %s is out of range: %s", index, field, num, range);
+}
+
+/* A time field ("ts", "dur") of event `index`: a finite number in [0, 2^53) us. */
+static ts_status time_field(const json_t *v, const char *field, size_t index, double *out)
+{
+    if (!json_is_number(v))
+        return ts_fail("event %zu: \"%s\" must be a number of microseconds, but is %s", index,
+                       field, json_kind(v));
+    double d = json_number_value(v);
+    if (!(d >= 0.0 && d < TS_TRACE_MAX_US)) {
+        char num[64];
+        format_num(d, num, sizeof num);
+        return ts_fail("event %zu: \"%s\" %s is out of range: " TIME_RANGE, index, field, num);
+    }
+    *out = d;
+    return TS_OK;
+}
+
+/* One complete ("X") event, every number checked. */
+static ts_status read_event(const json_t *ev, size_t index, ts_trace_event *e)
+{
+    memset(e, 0, sizeof *e);
+    copy_str(e->name, sizeof e->name, json_object_get(ev, "name"));
+    copy_str(e->cat, sizeof e->cat, json_object_get(ev, "cat"));
+    if (!e->cat[0]) set_str(e->cat, sizeof e->cat, e->name);
+    const json_t *args = json_object_get(ev, "args");
+    if (whole_field(json_object_get(ev, "tid"), "tid", index, 0, TS_TRACE_MAX_RANKS - 1,
+                    RANK_RANGE, 0, &e->rank) != TS_OK ||
+        whole_field(json_object_get(args, "chunk"), "args.chunk", index, -1,
+                    TS_TRACE_MAX_CHUNKS - 1, CHUNK_RANGE, -1, &e->chunk) != TS_OK ||
+        whole_field(json_object_get(args, "mb"), "args.mb", index, -1, TS_TRACE_MAX_MB, MB_RANGE,
+                    -1, &e->mb) != TS_OK ||
+        time_field(json_object_get(ev, "ts"), "ts", index, &e->start_us) != TS_OK ||
+        time_field(json_object_get(ev, "dur"), "dur", index, &e->dur_us) != TS_OK)
+        return TS_ERR;
+    return TS_OK;
 }
 
 ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n, int *n_ranks)
@@ -140,48 +278,44 @@ ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n
         json_decref(root);
         return ts_fail("trace %s: no \"traceEvents\" array; is it a Chrome trace file?", path);
     }
+    if (json_array_size(list) > TS_TRACE_MAX_EVENTS) {
+        size_t total = json_array_size(list);
+        json_decref(root);
+        return ts_fail("trace %s: %zu events; at most %d are read", path, total,
+                       TS_TRACE_MAX_EVENTS);
+    }
     ts_trace t;
     ts_trace_init(&t);
     int ranks = 0;
+    ts_status st = TS_OK;
     size_t i;
     json_t *ev;
     json_array_foreach(list, i, ev)
     {
         const char *ph = json_string_value(json_object_get(ev, "ph"));
-        int tid = int_or(json_object_get(ev, "tid"), 0);
         if (!ph) continue;
         if (!strcmp(ph, "M")) {
+            /* thread_name metadata names a track, even one without events. */
             const char *what = json_string_value(json_object_get(ev, "name"));
-            if (what && !strcmp(what, "thread_name") && tid + 1 > ranks) ranks = tid + 1;
+            int tid = 0;
+            if (!what || strcmp(what, "thread_name") != 0) continue;
+            st = whole_field(json_object_get(ev, "tid"), "tid", i, 0, TS_TRACE_MAX_RANKS - 1,
+                             RANK_RANGE, 0, &tid);
+            if (st != TS_OK) break;
+            if (tid + 1 > ranks) ranks = tid + 1;
             continue;
         }
         if (strcmp(ph, "X") != 0) continue;
-        json_t *ts = json_object_get(ev, "ts"), *dur = json_object_get(ev, "dur");
-        if (!json_is_number(ts) || !json_is_number(dur)) {
-            ts_trace_free(&t);
-            json_decref(root);
-            return ts_fail("trace %s: event %zu has no numeric \"ts\"/\"dur\"", path, i);
-        }
         ts_trace_event e;
-        memset(&e, 0, sizeof e);
-        copy_str(e.name, sizeof e.name, json_object_get(ev, "name"));
-        copy_str(e.cat, sizeof e.cat, json_object_get(ev, "cat"));
-        if (!e.cat[0]) set_str(e.cat, sizeof e.cat, e.name);
-        e.rank = tid;
-        json_t *args = json_object_get(ev, "args");
-        e.chunk = int_or(json_object_get(args, "chunk"), -1);
-        e.mb = int_or(json_object_get(args, "mb"), -1);
-        e.start_us = json_number_value(ts);
-        e.dur_us = json_number_value(dur);
-        if (tid < 0) {
-            ts_trace_free(&t);
-            json_decref(root);
-            return ts_fail("trace %s: event %zu has a negative tid %d", path, i, tid);
-        }
-        if (tid + 1 > ranks) ranks = tid + 1;
+        if ((st = read_event(ev, i, &e)) != TS_OK) break;
+        if (e.rank + 1 > ranks) ranks = e.rank + 1;
         ts_trace_add(&t, &e);
     }
     json_decref(root);
+    if (st != TS_OK) {
+        ts_trace_free(&t);
+        return ts_error_prefix("trace %s: ", path);
+    }
     *events = t.events;
     *n = t.n;
     *n_ranks = ranks;

@@ -23,6 +23,25 @@ typedef struct {
     double dur_us;
 } ts_trace_event;
 
+/* What a trace may hold, checked when one is read, written or drawn (so no file can make
+ * the reader overflow or the SVG writer run away):
+ *   rank (tid):  0 .. TS_TRACE_MAX_RANKS-1 (a pipeline rank of `plan`, pp <= 65536, or a
+ *                global rank of `train`)
+ *   chunk:       -1 (none) .. TS_TRACE_MAX_CHUNKS-1 (configs allow pp * v <= 1024)
+ *   mb:          -1 (none) .. TS_TRACE_MAX_MB (micro-batches per step fit an int)
+ *   start, dur:  finite, 0 <= x < TS_TRACE_MAX_US microseconds (2^53 us, ~285 years: every
+ *                whole microsecond is exact, and epoch timestamps fit)
+ *   events:      at most TS_TRACE_MAX_EVENTS */
+#define TS_TRACE_MAX_RANKS 65536
+#define TS_TRACE_MAX_CHUNKS 65536
+#define TS_TRACE_MAX_MB 2147483646
+#define TS_TRACE_MAX_US 9007199254740992.0
+#define TS_TRACE_MAX_EVENTS (1 << 28)
+
+/* TS_OK when every field of `e` is in the ranges above; else a message "event INDEX:
+ * FIELD VALUE ..." that the caller prefixes with the file it was working on. */
+ts_status ts_trace_event_check(const ts_trace_event *e, long long index);
+
 /* A span with the usual name: cat + mb for F/B/I/W ("B7"), cat otherwise. */
 ts_trace_event ts_trace_event_make(const char *cat, int rank, int chunk, int mb,
                                    double start_us, double dur_us);
@@ -40,13 +59,18 @@ void ts_trace_free(ts_trace *t);
 /* Chrome trace JSON: {"traceEvents":[...], "displayTimeUnit":"ms",
  * "otherData":{"title":...}}; every event a complete event ("ph":"X", pid 0, tid = rank,
  * ts/dur in microseconds, args {chunk, mb}), plus a "thread_name" metadata event
- * "pipeline rank r" (and sort index) for r = 0..n_ranks-1. */
+ * "pipeline rank r" (and sort index) for r = 0..n_ranks-1. Written whole or not at all
+ * (ts_atomic_file: a failed write leaves no file, or the old one); events outside the
+ * ranges above and n_ranks > TS_TRACE_MAX_RANKS are refused. */
 ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, int n,
                                 int n_ranks, const char *title);
 
 /* Read the complete ("X") events of a Chrome trace file (object or bare-array form)
  * back; *n_ranks = 1 + the largest tid seen (or named by thread_name metadata).
- * *events is malloc'd (caller frees; NULL when n = 0). */
+ * *events is malloc'd (caller frees; NULL when n = 0). Every number is checked before it
+ * is converted: tid, args.chunk and args.mb must be whole numbers and ts, dur finite, all
+ * in the ranges above; an error names the event's index in the array, the field and its
+ * value ("trace F: event 3: \"tid\" 1e+30 is out of range: ..."). */
 ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n,
                                int *n_ranks);
 
@@ -54,7 +78,10 @@ ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n
  * dpsync a thin purple strip at the bottom of its row, wait not drawn (idle is blank).
  * Later virtual stages (chunk >= n_ranks) are drawn in a lighter shade. Every F/B/I/W/
  * optim block is one <rect class="ev">, labelled with its micro-batch number when it
- * is wide enough; a legend and a time axis. */
+ * is wide enough; a legend and a time axis. Bounded whatever the input: events are
+ * checked as above (so at most TS_TRACE_MAX_RANKS rows), the axis has at most a few
+ * dozen ticks, and the output grows linearly with n and n_ranks. Written whole or not
+ * at all (ts_atomic_file). */
 ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int n,
                              int n_ranks, const char *title);
 

@@ -48,6 +48,8 @@ static double luminance(unsigned rgb, double amount)
     return (0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2]) / 255.0;
 }
 
+/* Text as XML character data: markup escaped, control bytes (not allowed in XML 1.0,
+ * but possible in a trace's names) as '?'. */
 static void put_escaped(FILE *f, const char *s)
 {
     for (; *s; s++) {
@@ -56,7 +58,7 @@ static void put_escaped(FILE *f, const char *s)
         case '>': fputs("&gt;", f); break;
         case '&': fputs("&amp;", f); break;
         case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
+        default: fputc((unsigned char)*s < 0x20 && *s != '\t' ? '?' : *s, f);
         }
     }
 }
@@ -68,13 +70,22 @@ static double nice_step(double span, int want)
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
 }
 
+/* The most ticks the time axis draws (nice_step aims at about 10). */
+#define MAX_TICKS 40
+
 ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int n,
                              int n_ranks, const char *title)
 {
+    /* The checked ranges bound everything below: rows, coordinates and the axis. */
+    if (n < 0 || n > TS_TRACE_MAX_EVENTS || n_ranks > TS_TRACE_MAX_RANKS)
+        return ts_fail("svg %s: %d events on %d ranks; a drawing holds at most %d events on "
+                       "%d ranks",
+                       path, n, n_ranks, TS_TRACE_MAX_EVENTS, TS_TRACE_MAX_RANKS);
     if (n_ranks < 1) n_ranks = 1;
     double t0 = DBL_MAX, t1 = -DBL_MAX;
     bool used[N_STYLES] = {false};
     for (int i = 0; i < n; i++) {
+        if (ts_trace_event_check(&events[i], i) != TS_OK) return ts_error_prefix("svg %s: ", path);
         int s = style_of(events[i].cat);
         if (s < 0) continue;
         used[s] = true;
@@ -83,7 +94,8 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
         if (events[i].rank + 1 > n_ranks) n_ranks = events[i].rank + 1;
     }
     if (t0 > t1) t0 = 0, t1 = 1;
-    double span = t1 > t0 ? t1 - t0 : 1.0;
+    /* At least a nanosecond, so that the scale and the tick step stay finite. */
+    double span = t1 - t0 >= 1e-3 ? t1 - t0 : t1 > t0 ? 1e-3 : 1.0;
 
     const double width = 1200, left = 96, right = 24, plot_w = width - left - right;
     const double top = 64, row_h = 34, gap = 6;
@@ -91,9 +103,9 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
     const double height = top + rows_h + 46;
 #define X(t) (left + ((t) - t0) / span * plot_w)
 
-    if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("svg %s: ", path);
-    FILE *f = fopen(path, "w");
-    if (!f) return ts_fail("svg %s: cannot open for writing (check the directory)", path);
+    ts_atomic_file af;
+    if (ts_atomic_open(&af, path, "svg") != TS_OK) return TS_ERR;
+    FILE *f = af.f;
 
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
@@ -171,7 +183,7 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
     double ay = top + rows_h + 8, step = nice_step(span / unit, 10);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", left,
             ay, left + plot_w, ay);
-    for (int k = 0;; k++) {
+    for (int k = 0; k <= MAX_TICKS; k++) {
         double tv = k * step;
         if (tv * unit > span * (1 + 1e-9)) break;
         double x = X(t0 + tv * unit);
@@ -184,6 +196,5 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
             left + plot_w, ay + 34, ms ? "ms" : "us");
     fputs("</svg>\n", f);
 #undef X
-    if (fclose(f) != 0) return ts_fail("svg %s: write failed (disk full?)", path);
-    return TS_OK;
+    return ts_atomic_commit(&af);
 }

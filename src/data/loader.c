@@ -4,6 +4,8 @@
 
 #include "data/loader.h"
 
+#include "core/fsutil.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +24,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
 #define LLAMA3_MAGIC 20240801
+#define TEXT_SNIFF_BYTES 4096 /* how much of a file the text test looks at */
 
 static int32_t read_i32(const unsigned char *p)
 {
@@ -39,24 +43,25 @@ static char *xstrdup(const char *s)
     return p;
 }
 
-static ts_status open_error(const char *path, int err)
+/* `key` is the config key the path came from ("data.train", "data.val"). */
+static ts_status open_error(const char *key, const char *path, int err)
 {
     if (err == ENOENT)
-        return ts_fail("data file %s: %s (set data.train or create it with `tessera data "
-                       "TEXT OUT.bin`)", path, strerror(err));
+        return ts_fail("data file %s: %s (set %s or create it with `tessera data "
+                       "TEXT OUT.bin`)", path, strerror(err), key);
     return ts_fail("data file %s: %s", path, strerror(err));
 }
 
 /* Map the whole file read-only into s->map / s->map_bytes. */
-static ts_status map_file(ts_shard *s, const char *path)
+static ts_status map_file(ts_shard *s, const char *key, const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return open_error(path, errno);
+    if (fd < 0) return open_error(key, path, errno);
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
         close(fd);
-        return open_error(path, err);
+        return open_error(key, path, err);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -76,14 +81,60 @@ static ts_status map_file(ts_shard *s, const char *path)
     return TS_OK;
 }
 
-/* Decide shard or text and set is_text/count; checks the shard header and size. */
+static int ends_with_bin(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && strcasecmp(path + n - 4, ".bin") == 0;
+}
+
+/* Offset of the first NUL byte among the first TEXT_SNIFF_BYTES, or -1. ASCII and
+ * UTF-8 text has none; an llm.c header is mostly zero bytes, and so is the high byte
+ * of every uint16 token below 256. */
+static int64_t first_nul(const ts_shard *s)
+{
+    uint64_t n = s->map_bytes < TEXT_SNIFF_BYTES ? s->map_bytes : TEXT_SNIFF_BYTES;
+    const unsigned char *z = memchr(s->map, 0, (size_t)n);
+    return z ? (int64_t)(z - s->map) : -1;
+}
+
+/* A file without the shard magic that does not look like text: most likely a shard
+ * with a damaged header, so say what the header holds instead of training on it. */
+static ts_status not_text_error(const ts_shard *s, int named_bin, int64_t nul)
+{
+    char head[192], why[96];
+    uint64_t size = s->map_bytes;
+    if (size >= 12) {
+        int32_t count = read_i32(s->map + 8);
+        int fits = count >= 0 && size == SHARD_HEADER_BYTES + 2 * (uint64_t)count;
+        snprintf(head, sizeof head, "its header holds magic %d (expected %d), version %d, "
+                 "token count %d%s", read_i32(s->map), TS_SHARD_MAGIC, read_i32(s->map + 4),
+                 count, fits ? ", and the file size fits that count" : "");
+    } else {
+        snprintf(head, sizeof head, "its %" PRIu64 " bytes are too few for the shard header",
+                 size);
+    }
+    if (nul >= 0)
+        snprintf(why, sizeof why, "it has a NUL byte at offset %" PRId64 "%s", nul,
+                 named_bin ? " and is named *.bin" : "");
+    else
+        snprintf(why, sizeof why, "it is named *.bin");
+    return ts_fail("data file %s is neither an llm.c token shard nor text: %s; %s, so it is "
+                   "not read as text. Regenerate the shard if it is one; a text file must have "
+                   "no NUL bytes (UTF-8, not UTF-16) and a name not ending in .bin, or make a "
+                   "shard of it with `tessera data TEXT OUT.bin`", s->path, head, why);
+}
+
+/* Decide shard or text and set is_text/count; checks the shard header and size.
+ * A file that does not start with the shard magic is text only if it looks like text:
+ * no NUL byte in its first 4 KiB and not named *.bin (llm.c's name for shards). A file
+ * shorter than a shard header cannot be a damaged shard and is read as bytes (unless
+ * named *.bin). */
 static ts_status classify(ts_shard *s)
 {
     const char *path = s->path;
     uint64_t size = s->map_bytes;
     int32_t magic = size >= 4 ? read_i32(s->map) : 0;
     if (magic != TS_SHARD_MAGIC) {
-        /* Not a shard: read it as text, unless it looks like a shard gone wrong. */
         if (size >= 4 && bswap32((uint32_t)magic) == (uint32_t)TS_SHARD_MAGIC)
             return ts_fail("data file %s starts with the llm.c shard magic %d in big-endian "
                            "byte order; shards must be little-endian (rewrite it with "
@@ -93,6 +144,9 @@ static ts_status classify(ts_shard *s)
             return ts_fail("data file %s is a Llama-3 token shard (magic %d, uint32 tokens), "
                            "which tessera does not read; use a GPT-2 shard (magic %d) or a "
                            "text file", path, LLAMA3_MAGIC, TS_SHARD_MAGIC);
+        int named_bin = ends_with_bin(path);
+        int64_t nul = size >= SHARD_HEADER_BYTES || named_bin ? first_nul(s) : -1;
+        if (named_bin || nul >= 0) return not_text_error(s, named_bin, nul);
         s->is_text = 1;
         s->count = size;
         return TS_OK;
@@ -146,8 +200,15 @@ static ts_status check_tokens(const ts_shard *s, int vocab_size)
 
 ts_status ts_data_open(ts_dataset *ds, const char *const *paths, int n_paths, int vocab_size)
 {
+    return ts_data_open_key(ds, "data.train", paths, n_paths, vocab_size);
+}
+
+ts_status ts_data_open_key(ts_dataset *ds, const char *key, const char *const *paths,
+                           int n_paths, int vocab_size)
+{
     memset(ds, 0, sizeof *ds);
-    if (n_paths < 1) return ts_fail("no data files given (set data.train)");
+    TS_ASSERT(key != NULL);
+    if (n_paths < 1) return ts_fail("no data files given (set %s)", key);
     if (vocab_size < 1) return ts_fail("vocab_size %d must be positive", vocab_size);
     ds->shards = ts_calloc((size_t)n_paths, sizeof(ts_shard));
     ds->vocab_size = vocab_size;
@@ -155,7 +216,7 @@ ts_status ts_data_open(ts_dataset *ds, const char *const *paths, int n_paths, in
         ts_shard *s = &ds->shards[i];
         ds->n_shards = i + 1; /* so close() releases whatever this one got */
         s->path = xstrdup(paths[i]);
-        if (map_file(s, s->path) != TS_OK || classify(s) != TS_OK ||
+        if (map_file(s, key, s->path) != TS_OK || classify(s) != TS_OK ||
             check_tokens(s, vocab_size) != TS_OK) {
             ts_data_close(ds);
             return TS_ERR;
@@ -238,23 +299,42 @@ void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, in
 /* ---------------------------------------------------------------------------------- */
 /* Writing shards                                                                      */
 
-/* Best effort: make the rename durable by syncing the directory holding `path`. */
-static void sync_parent_dir(const char *path)
+#define OUT_WHAT "output shard" /* names the output in fsutil's messages */
+
+/* The output's directory must exist and be one: name the first component of the path
+ * that is missing or is not a directory ("a.txt/x.bin": a.txt is a file), rather than
+ * open()'s bare "Not a directory". Nothing is created. */
+static ts_status check_out_dir(const char *path)
 {
-    char *dir = xstrdup(path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir)
-        slash[1] = '\0';
-    else if (slash)
-        *slash = '\0';
-    else
-        strcpy(dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
+    size_t n = strlen(path);
+    if (n == 0) return ts_fail(OUT_WHAT ": the path is empty; give the path of a file to write");
+    if (path[n - 1] == '/')
+        return ts_fail(OUT_WHAT ": %s ends in '/', so it names a directory; give the path of "
+                       "a file to write (such as %strain.bin)", path, path);
+    char *buf = xstrdup(path);
+    ts_status st = TS_OK;
+    for (char *p = strchr(buf + 1, '/'); p && st == TS_OK; p = strchr(p + 1, '/')) {
+        *p = '\0';
+        struct stat sb;
+        if (stat(buf, &sb) != 0)
+            st = errno == ENOENT
+                     ? ts_fail(OUT_WHAT ": cannot write %s: directory %s does not exist "
+                               "(create it first)", path, buf)
+                     : ts_fail(OUT_WHAT ": cannot write %s: %s: %s", path, buf, strerror(errno));
+        else if (!S_ISDIR(sb.st_mode))
+            st = ts_fail(OUT_WHAT ": cannot write %s: %s is %snot a directory", path, buf,
+                         S_ISREG(sb.st_mode) ? "a file, " : "");
+        *p = '/';
     }
-    free(dir);
+    free(buf);
+    return st;
+}
+
+/* Everything that must hold before an output shard is written (see loader.h). */
+static ts_status check_out_path(const char *path)
+{
+    if (check_out_dir(path) != TS_OK) return TS_ERR;
+    return ts_check_output_path(path, OUT_WHAT);
 }
 
 ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count)
@@ -262,57 +342,54 @@ ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint
     if (count > (uint64_t)INT32_MAX)
         return ts_fail("cannot write %s: %" PRIu64 " tokens is more than a shard can hold "
                        "(%d); split the data into several shards", out_path, count, INT32_MAX);
+    if (check_out_path(out_path) != TS_OK) return TS_ERR;
     int32_t header[SHARD_HEADER_INTS] = {0};
     header[0] = TS_SHARD_MAGIC;
     header[1] = TS_SHARD_VERSION;
     header[2] = (int32_t)count;
+    ts_atomic_file af;
+    if (ts_atomic_open(&af, out_path, OUT_WHAT) != TS_OK) return TS_ERR;
+    /* A failed write sets the stream's error flag, which the commit reports. */
+    fwrite(header, 1, sizeof header, af.f);
+    if (count > 0) fwrite(tokens, 2, (size_t)count, af.f);
+    return ts_atomic_commit(&af);
+}
 
-    size_t tlen = strlen(out_path) + 32;
-    char *tmp = ts_malloc(tlen);
-    snprintf(tmp, tlen, "%s.tmp.%ld", out_path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        ts_status s = ts_fail("cannot create %s: %s", tmp, strerror(errno));
-        free(tmp);
-        return s;
-    }
-    int ok = fwrite(header, 1, sizeof header, fp) == sizeof header &&
-             (count == 0 || fwrite(tokens, 2, (size_t)count, fp) == (size_t)count) &&
-             fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-    int err = errno;
-    if (fclose(fp) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(tmp, out_path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        free(tmp);
-        return ts_fail("writing %s: %s", out_path, strerror(err));
-    }
-    free(tmp);
-    sync_parent_dir(out_path);
+/* Refuse to tokenize a file that already is a token shard: its header and uint16
+ * tokens would become byte tokens. */
+static ts_status check_not_shard(const char *text_path, const unsigned char *bytes,
+                                 uint64_t size)
+{
+    if (size < 4) return TS_OK;
+    uint32_t m = (uint32_t)read_i32(bytes);
+    if (m == (uint32_t)TS_SHARD_MAGIC && size >= 12)
+        return ts_fail("text file %s is already an llm.c token shard (magic %d, %d tokens): "
+                       "use it as data.train as it is, or give `tessera data` the text it was "
+                       "made from", text_path, TS_SHARD_MAGIC, read_i32(bytes + 8));
+    if (m == (uint32_t)TS_SHARD_MAGIC || bswap32(m) == (uint32_t)TS_SHARD_MAGIC ||
+        m == (uint32_t)LLAMA3_MAGIC || bswap32(m) == (uint32_t)LLAMA3_MAGIC)
+        return ts_fail("text file %s starts with a token-shard magic (%d or %d), so it is a "
+                       "shard, not text; give `tessera data` the text it was made from",
+                       text_path, TS_SHARD_MAGIC, LLAMA3_MAGIC);
     return TS_OK;
 }
 
-ts_status ts_data_write_text_shard(const char *text_path, const char *out_path)
+/* Read a whole regular file into *out (owned by the caller); `in_st` gets its stat. */
+static ts_status read_text(const char *text_path, unsigned char **out, uint64_t *out_size,
+                           struct stat *in_st)
 {
     int fd = open(text_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ts_fail("text file %s: %s", text_path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, in_st) != 0) {
         int err = errno;
         close(fd);
         return ts_fail("text file %s: %s", text_path, strerror(err));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(in_st->st_mode)) {
         close(fd);
         return ts_fail("text file %s is not a regular file", text_path);
     }
-    uint64_t size = (uint64_t)st.st_size;
+    uint64_t size = (uint64_t)in_st->st_size;
     if (size == 0) {
         close(fd);
         return ts_fail("text file %s is empty: nothing to tokenize", text_path);
@@ -337,10 +414,33 @@ ts_status ts_data_write_text_shard(const char *text_path, const char *out_path)
         got += (uint64_t)r;
     }
     close(fd);
+    *out = bytes;
+    *out_size = size;
+    return TS_OK;
+}
+
+ts_status ts_data_write_text_shard(const char *text_path, const char *out_path)
+{
+    /* Every refusal comes before anything is written. */
+    if (check_out_path(out_path) != TS_OK) return TS_ERR;
+    unsigned char *bytes = NULL;
+    uint64_t size = 0;
+    struct stat in_st, out_st;
+    if (read_text(text_path, &bytes, &size, &in_st) != TS_OK) return TS_ERR;
+    ts_status s = check_not_shard(text_path, bytes, size);
+    if (s == TS_OK && stat(out_path, &out_st) == 0 && out_st.st_dev == in_st.st_dev &&
+        out_st.st_ino == in_st.st_ino)
+        s = ts_fail(OUT_WHAT ": %s is the same file as the text file %s; writing the shard "
+                    "there would replace the text: give another output path",
+                    out_path, text_path);
+    if (s != TS_OK) {
+        free(bytes);
+        return s;
+    }
     uint16_t *tokens = ts_malloc((size_t)size * sizeof(uint16_t));
     for (uint64_t i = 0; i < size; i++) tokens[i] = bytes[i];
     free(bytes);
-    ts_status s = ts_data_write_shard(out_path, tokens, size);
+    s = ts_data_write_shard(out_path, tokens, size);
     free(tokens);
     return s;
 }

@@ -30,8 +30,15 @@ typedef struct {
 } ts_dataset;
 
 /* Open and validate every file: present, readable, magic/version, size, and every token
- * id < vocab_size (the message gives file, position and id). */
+ * id < vocab_size (the message gives file, position and id). A file that does not start
+ * with the shard magic is read as text (bytes) only if it looks like text: no NUL byte
+ * in its first 4 KiB (when it is at least a header long) and a name not ending in .bin;
+ * otherwise it is an error that shows what its header holds. */
 ts_status ts_data_open(ts_dataset *ds, const char *const *paths, int n_paths, int vocab_size);
+/* The same for paths from config key `key` ("data.val"), which the hint for a missing
+ * file names (ts_data_open says "data.train"). */
+ts_status ts_data_open_key(ts_dataset *ds, const char *key, const char *const *paths,
+                           int n_paths, int vocab_size);
 void ts_data_close(ts_dataset *ds);
 
 /* S = (N - 1) / T windows of T+1 tokens; error if the stream is too short for one. */
@@ -48,10 +55,13 @@ void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, in
                         int dp_rank, int micro_batch, int mb, int T, int *inputs, int *targets);
 
 /* `tessera data`: a text file's bytes as tokens into an llm.c shard (atomic: temp file,
- * fsync, rename). */
+ * fsync, rename). Refused before anything is written: an output that exists and is not
+ * a regular file, whose directory is missing or not a directory, or that is the input
+ * file itself (same device and inode); an input that is already a token shard. */
 ts_status ts_data_write_text_shard(const char *text_path, const char *out_path);
 
-/* Write tokens as an llm.c shard (atomic). Tokens must be < 65536. */
+/* Write tokens as an llm.c shard (atomic, via ts_atomic_file; the output path is
+ * checked as for ts_data_write_text_shard). Tokens must be < 65536. */
 ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count);
 
 #endif

@@ -112,8 +112,16 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
         a->layer_off[l - l0] = total;
         total += (layer_floats(m, m->layers[l].kind, B, T) + 15) / 16 * 16;
     }
+    TS_ASSERT(total == ts_acts_floats(m, l0, l1, B, T));
     a->floats = total;
     a->mem = ts_alloc_floats(total);
+}
+
+size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T)
+{
+    size_t total = 0;
+    for (int l = l0; l < l1; l++) total += (layer_floats(m, m->layers[l].kind, B, T) + 15) / 16 * 16;
+    return total;
 }
 
 void ts_acts_free(ts_acts *a)
@@ -148,10 +156,15 @@ static const float *layer_input(const ts_model *m, const ts_acts *a, int l)
     return l == a->l0 ? a->input : ts_acts_output(m, a, l - 1);
 }
 
-void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
+size_t ts_scratch_floats(const ts_model *m, int B, int T)
 {
     size_t N = (size_t)B * T, C = (size_t)m->n_embd;
-    s->floats = N * mlp_width(m) + N * C + (size_t)B * m->local_heads * T * T;
+    return N * mlp_width(m) + N * C + (size_t)B * m->local_heads * T * T;
+}
+
+void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
+{
+    s->floats = ts_scratch_floats(m, B, T);
     s->mem = ts_alloc_floats(s->floats);
 }
 
@@ -419,12 +432,20 @@ static size_t stash_offset(const ts_model *m, const ts_acts *a, int l)
     return (size_t)blocks_before * stash_floats(m, a->B * a->T);
 }
 
+size_t ts_acts_stash_floats(const ts_model *m, int l0, int l1, int B, int T)
+{
+    int blocks = 0;
+    for (int l = l0; l < l1; l++) blocks += m->layers[l].kind == TS_LAYER_BLOCK;
+    return (size_t)blocks * stash_floats(m, B * T) + (l0 == 0 ? (size_t)B * T * m->n_embd : 0);
+}
+
 void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s)
 {
     const size_t NC = (size_t)a->B * a->T * m->n_embd;
     TS_ASSERT(a->wstash == NULL);
     size_t embed_at = stash_offset(m, a, a->l1);
     a->wstash = ts_alloc_floats(embed_at + (a->l0 == 0 ? NC : 0));
+    TS_ASSERT(embed_at + (a->l0 == 0 ? NC : 0) == ts_acts_stash_floats(m, a->l0, a->l1, a->B, a->T));
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */

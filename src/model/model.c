@@ -103,8 +103,8 @@ void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
     ts_model_build_tp(m, cfg, owned, k, 1, 0, NULL);
 }
 
-void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                       const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm)
+void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                        const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm)
 {
     memset(m, 0, sizeof *m);
     TS_ASSERT(tp >= 1 && cfg->n_head % tp == 0 && cfg->vocab_size % tp == 0);
@@ -161,6 +161,12 @@ void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owne
         L->n_params = m->n_params - L->first_param;
     }
     m->num_floats = b.offset;
+}
+
+void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                       const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm)
+{
+    ts_model_layout_tp(m, cfg, owned, k, tp, tp_rank, tp_comm);
     m->param_mem = ts_alloc_floats(m->num_floats);
     m->grad_mem = ts_alloc_floats(m->num_floats);
     m->m_mem = ts_alloc_floats(m->num_floats);
@@ -230,6 +236,37 @@ static ts_status read_param_slice(const ts_st_file *f, const ts_st_tensor *t, co
     return TS_OK;
 }
 
+/* Non-finite weights would only show as a NaN loss at step 0, blamed on the learning
+ * rate: name the tensor and the first bad element (its index in the logical tensor). */
+static ts_status check_finite(const ts_param *P, const char *name, const float *w)
+{
+    for (size_t i = 0; i < P->numel; i++) {
+        if (isfinite(w[i])) continue;
+        size_t at = ts_param_logical_index(P, i);
+        char where[96] = "", shape[64];
+        if (P->ndim > 1)
+            snprintf(where, sizeof where, " (row %zu, column %zu)", at / (size_t)P->shape[1],
+                     at % (size_t)P->shape[1]);
+        return ts_fail("tensor '%s' %s holds %s at element %zu%s; the file is damaged or was "
+                       "saved from a run that diverged",
+                       name, ts_st_shape_str(shape, sizeof shape, P->ndim, P->shape),
+                       isnan(w[i]) ? "NaN" : w[i] > 0 ? "+Inf" : "-Inf", at, where);
+    }
+    return TS_OK;
+}
+
+/* Parameter P from tensor t: dtype and shape, this rank's slice into dst, finite values.
+ * The message names the file. */
+static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
+                            float *dst)
+{
+    if (ts_st_expect_f32(t, P->ndim, P->shape) != TS_OK)
+        return ts_error_prefix("%s: ", f->path);
+    if (read_param_slice(f, t, P, dst) != TS_OK) return TS_ERR; /* names the file */
+    if (check_finite(P, t->name, dst) != TS_OK) return ts_error_prefix("%s: ", f->path);
+    return TS_OK;
+}
+
 ts_status ts_model_init_from_file(ts_model *m, const char *path)
 {
     ts_st_file f;
@@ -262,16 +299,15 @@ ts_status ts_model_init_from_file(ts_model *m, const char *path)
         const ts_param *P = &m->params[p];
         const ts_st_tensor *t = ts_st_find(&f, P->name);
         if (!t) {
+            char shape[64];
             ts_st_close(&f);
-            return ts_fail("model.init: %s has no tensor '%s' (expected shape [%lld%s%lld] F32 "
-                           "for this config)",
-                           path, P->name, (long long)P->shape[0], P->ndim > 1 ? "," : "",
-                           P->ndim > 1 ? (long long)P->shape[1] : 0LL);
+            return ts_fail("model.init: %s has no tensor '%s' (expected shape %s F32 for this "
+                           "config)",
+                           path, P->name, ts_st_shape_str(shape, sizeof shape, P->ndim, P->shape));
         }
-        if (ts_st_expect_f32(t, P->ndim, P->shape) != TS_OK ||
-            read_param_slice(&f, t, P, ts_param_data(m, p)) != TS_OK) {
+        if (load_param(&f, t, P, ts_param_data(m, p)) != TS_OK) {
             ts_st_close(&f);
-            return ts_error_prefix("model.init: %s: ", path);
+            return ts_error_prefix("model.init: ");
         }
     }
     const ts_st_tensor *head = ts_st_find(&f, "lm_head.weight");
@@ -280,12 +316,11 @@ ts_status ts_model_init_from_file(ts_model *m, const char *path)
          * same tensor, since our head is tied by construction. */
         const ts_param *P = &m->params[m->head_wte_param];
         float *tmp = ts_alloc_floats(P->numel);
-        ts_status st = ts_st_expect_f32(head, P->ndim, P->shape);
-        if (st == TS_OK) st = read_param_slice(&f, head, P, tmp);
+        ts_status st = load_param(&f, head, P, tmp);
         if (st == TS_OK && memcmp(tmp, ts_param_data(m, m->head_wte_param),
                                   P->numel * sizeof(float)) != 0)
-            st = ts_fail("model.init: %s: lm_head.weight differs from transformer.wte.weight; "
-                         "Tessera's GPT-2 ties them (nanoGPT semantics)", path);
+            st = ts_fail("%s: lm_head.weight differs from transformer.wte.weight; Tessera's "
+                         "GPT-2 ties them (nanoGPT semantics)", path);
         free(tmp);
         if (st != TS_OK) {
             ts_st_close(&f);

@@ -90,6 +90,11 @@ void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
                        const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm);
 
+/* The same layout (layers, parameters, shard specs, num_floats) without allocating or
+ * initialising the flat buffers: what a rank would hold, for the memory estimate. */
+void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                        const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm);
+
 /* Logical flat index of local element i of parameter p (its shard spec). */
 size_t ts_param_logical_index(const ts_param *p, size_t i);
 void ts_model_free(ts_model *m);
@@ -120,6 +125,10 @@ typedef struct {
 } ts_acts;
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
+/* Floats ts_acts_init allocates for layers [l0, l1), and the zero-bubble stash that
+ * lives from a chunk's input-gradient pass to its weight-gradient pass. */
+size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T);
+size_t ts_acts_stash_floats(const ts_model *m, int l0, int l1, int B, int T);
 void ts_acts_free(ts_acts *a);
 
 /* Output [B*T, C] of layer l (valid after forward; not for the head). */
@@ -134,6 +143,7 @@ typedef struct {
     size_t floats;
 } ts_scratch;
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T);
+size_t ts_scratch_floats(const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss

@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/watchdog.h"
 
 /* Message tags: (receiving chunk, micro-batch, direction). */
 enum { DIR_ACT = 0, DIR_GRAD = 1 };
@@ -91,6 +92,20 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->n_allocated = ts_calloc((size_t)e->n_local, sizeof(int));
     e->bwd_done = ts_calloc((size_t)e->n_local, sizeof(int));
     ts_scratch_init(&e->scratch, model, e->B, e->T);
+
+    /* World ranks of the pipeline peers, so a watchdog message names the rank to look at. */
+    e->pp_world = ts_calloc((size_t)(e->pp.size > 0 ? e->pp.size : 1), sizeof(int));
+    if (e->pp.mpi != MPI_COMM_NULL) {
+        MPI_Group pp_group, world_group;
+        MPI_Comm_group(e->pp.mpi, &pp_group);
+        MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+        int *ranks = ts_malloc((size_t)e->pp.size * sizeof(int));
+        for (int r = 0; r < e->pp.size; r++) ranks[r] = r;
+        MPI_Group_translate_ranks(pp_group, e->pp.size, ranks, world_group, e->pp_world);
+        free(ranks);
+        MPI_Group_free(&pp_group);
+        MPI_Group_free(&world_group);
+    }
     return TS_OK;
 }
 
@@ -123,6 +138,7 @@ void ts_engine_free(ts_engine *e)
     free(e->slots);
     free(e->local_chunks);
     free(e->local_of_chunk);
+    free(e->pp_world);
     ts_scratch_free(&e->scratch);
     memset(e, 0, sizeof *e);
 }
@@ -190,10 +206,20 @@ static void record(ts_engine *e, const char *cat, const char *name, int chunk, i
     ts_trace_add(e->trace, &ev);
 }
 
-/* Wait for a receive, accounting the time as idle (the bubble) and tracing it. */
-static void wait_recv(ts_engine *e, ts_request *r, int chunk, int mb)
+/* What each action is, for the watchdog: running it, and waiting for its input. */
+static const char *const k_running[] = {"running F(chunk %d, mb %d)", "running B(chunk %d, mb %d)",
+                                        "running I(chunk %d, mb %d)", "running W(chunk %d, mb %d)"};
+static const char *const k_recv_input =
+    "pipeline receive of the input of F(chunk %d, mb %d) from world rank %d";
+static const char *const k_recv_grad =
+    "pipeline receive of the output gradient for the backward of chunk %d, mb %d, from world rank %d";
+
+/* Wait for a receive (context: a format of k_recv_* from world rank `peer`), accounting
+ * the time as idle (the bubble) and tracing it. */
+static void wait_recv(ts_engine *e, ts_request *r, int chunk, int mb, const char *context, int peer)
 {
     if (!r->active) return;
+    ts_watchdog_context(context, chunk, mb, e->pp_world[peer]);
     double t0 = ts_now_ms();
     ts_request_wait(r);
     double t1 = ts_now_ms();
@@ -235,7 +261,9 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
 static void do_forward(ts_engine *e, int step, int c, int mb)
 {
     ts_mb_slot *s = slot(e, c, mb);
-    if (c > 0 && !is_local(e, c - 1)) wait_recv(e, &s->recv_in, c, mb);
+    if (c > 0 && !is_local(e, c - 1))
+        wait_recv(e, &s->recv_in, c, mb, k_recv_input, ts_chunk_rank(c - 1, e->pp.size));
+    ts_watchdog_context(k_running[TS_ACT_F], c, mb, 0);
     double t0 = ts_now_ms();
     s->acts = acquire_acts(e, c);
     forward(e, step, c, mb, s, false);
@@ -286,7 +314,8 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
     ts_mb_slot *s = slot(e, c, mb);
     const size_t NC = (size_t)e->N * e->C;
     if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
-        wait_recv(e, &s->recv_dy, c, mb);
+        wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(c + 1, e->pp.size));
+    ts_watchdog_context(k_running[kind], c, mb, 0);
     double t0 = ts_now_ms();
     if (kind != TS_ACT_W) {
         if (!s->acts) { /* recomputation */
@@ -360,6 +389,7 @@ void ts_engine_run(ts_engine *e, int step)
     e->span_ms = ts_now_ms() - t0;
     /* Sends of gradients (and outputs of recomputed micro-batches) may still be in
      * flight: their buffers are reused next step. */
+    ts_watchdog_context("pipeline: completing the step's sends", 0, 0, 0);
     for (size_t i = 0; i < (size_t)e->n_local * e->m; i++) {
         ts_request_wait(&e->slots[i].send_dx);
         ts_request_wait(&e->slots[i].send_out);
@@ -382,14 +412,20 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             if (!is_local(e, c)) continue;
             ts_mb_slot *s = slot(e, c, 0);
             ts_acts *a = acquire_acts(e, c);
+            ts_watchdog_context("validation: forward of chunk %d, windows from %d", c, w0, 0);
             if (c > 0) {
                 if (is_local(e, c - 1)) {
                     TS_ASSERT(prev_out == s->in); /* copied when chunk c-1 finished */
                 } else {
                     ts_request r;
-                    ts_irecv_f32(&e->pp, s->in, NC, ts_chunk_rank(c - 1, e->pp.size),
-                                 tag_of(e, c, 0, DIR_ACT), &r);
+                    const int from = ts_chunk_rank(c - 1, e->pp.size);
+                    ts_irecv_f32(&e->pp, s->in, NC, from, tag_of(e, c, 0, DIR_ACT), &r);
+                    ts_watchdog_context("validation: receiving the input of chunk %d, windows "
+                                        "from %d, from world rank %d",
+                                        c, w0, e->pp_world[from]);
                     ts_request_wait(&r);
+                    ts_watchdog_context("validation: forward of chunk %d, windows from %d", c,
+                                        w0, 0);
                 }
             }
             a->input = c > 0 ? s->in : NULL;
@@ -406,8 +442,11 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 float *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
                     ts_request r;
-                    ts_isend_f32(&e->pp, y, NC, ts_chunk_rank(c + 1, e->pp.size),
-                                 tag_of(e, c + 1, 0, DIR_ACT), &r);
+                    const int to = ts_chunk_rank(c + 1, e->pp.size);
+                    ts_isend_f32(&e->pp, y, NC, to, tag_of(e, c + 1, 0, DIR_ACT), &r);
+                    ts_watchdog_context("validation: sending the output of chunk %d, windows "
+                                        "from %d, to world rank %d",
+                                        c, w0, e->pp_world[to]);
                     ts_request_wait(&r);
                 }
                 prev_out = y; /* valid until released below: copied by the next local chunk */

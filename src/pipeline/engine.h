@@ -41,6 +41,7 @@ typedef struct {
     const ts_partition *part;
     const ts_dataset *data;
     ts_comm pp;             /* rank in it = pipeline rank */
+    int *pp_world;          /* [pp.size] world rank of each pipeline rank (watchdog messages) */
     int pp_rank, dp, dp_rank;
     int n_chunks, m, B, T, N, C;
     ts_recompute recompute;

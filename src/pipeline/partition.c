@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
+#include "core/sysmem.h"
 #include "core/timer.h"
 #include "model/model.h"
 
@@ -159,6 +161,36 @@ static void time_layer(const ts_model *m, int l, int B, int T, const float *x, c
     ts_acts_free(&a);
 }
 
+/* Bytes the measurement below allocates for model `m` (built for the embedding, block 0
+ * and the head): its four flat buffers (ts_model_build allocates weights, gradients and
+ * both AdamW moments), the largest of the three layers' activations (the head's holds
+ * the B*T x vocab_size logits), the backward scratch and x, dy, dx. */
+static void measure_bytes(const ts_model *m, int B, int T, double *model_bytes,
+                          double *other_bytes)
+{
+    size_t acts = 0;
+    const int layers[3] = {0, m->n_layer > 0 ? 1 : 0, m->n_layers - 1};
+    for (int i = 0; i < 3; i++) {
+        size_t a = ts_acts_floats(m, layers[i], layers[i] + 1, B, T);
+        if (a > acts) acts = a;
+    }
+    *model_bytes = 4.0 * 4.0 * (double)m->num_floats;
+    *other_bytes = 4.0 * ((double)acts + (double)ts_scratch_floats(m, B, T) +
+                          3.0 * B * T * (double)m->n_embd);
+}
+
+/* Whether `bytes` more fit this process (physical memory or its cgroup, and RLIMIT_AS),
+ * keeping a tenth spare; *room gets what is left. */
+static bool fits_in_memory(double bytes, double *room)
+{
+    ts_mem_limits lim;
+    ts_memory_limits(&lim);
+    double left = lim.physical - lim.rss_now, as_left = lim.address_space - lim.vm_now;
+    if (as_left < left) left = as_left;
+    *room = left > 0 ? left : 0;
+    return bytes <= 0.9 * *room;
+}
+
 ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, int micro_batch,
                                  const ts_kernels *k)
 {
@@ -166,6 +198,29 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
     if (micro_batch < 1 || mc->n_layer < 0 || mc->seq_len < 1 || mc->n_embd < 1)
         return ts_fail("cannot profile layers: micro-batch %d, seq_len %d, n_embd %d",
                        micro_batch, mc->seq_len, mc->n_embd);
+    {
+        /* Allocation aborts (ts_alloc_floats), so refuse beforehand what cannot fit. */
+        const int nl = mc->n_layer + 2;
+        bool *own = ts_calloc((size_t)nl, sizeof(bool));
+        own[0] = own[nl - 1] = true;
+        if (mc->n_layer > 0) own[1] = true;
+        ts_model layout;
+        ts_model_layout_tp(&layout, mc, own, k, 1, 0, NULL);
+        double model_b, other_b, room;
+        measure_bytes(&layout, micro_batch, mc->seq_len, &model_b, &other_b);
+        ts_model_free(&layout);
+        free(own);
+        if (!fits_in_memory(model_b + other_b, &room)) {
+            const double gib = 1024.0 * 1024 * 1024;
+            return ts_fail("cannot measure layer costs: timing the embedding, one block and the "
+                           "head at micro-batch %d x %d tokens would allocate %.1f GiB (their "
+                           "weights, gradients and optimizer state %.1f GiB; activations, "
+                           "logits and buffers %.1f GiB), more than the %.1f GiB this process "
+                           "can use",
+                           micro_batch, mc->seq_len, (model_b + other_b) / gib, model_b / gib,
+                           other_b / gib, room / gib);
+        }
+    }
     /* Start from the model's activation sizes (and its numbers for any layer kind the
      * model lacks, e.g. n_layer = 0), then overwrite with measured times. */
     ts_layer_costs_model(c, mc, micro_batch);
@@ -387,9 +442,12 @@ ts_status ts_partition_build(const ts_config *cfg, bool measure, ts_partition *p
     memset(p, 0, sizeof *p);
     ts_layer_costs costs;
     if (measure) {
+        /* What cannot be measured (it would not fit in memory) is modelled, with a word. */
         if (ts_layer_costs_measure(&costs, &cfg->model, cfg->parallel.micro_batch, NULL) !=
-            TS_OK)
-            return ts_error_prefix("partition: ");
+            TS_OK) {
+            ts_log_warn("partition: %s; using modelled layer costs instead", ts_error_message());
+            ts_layer_costs_model(&costs, &cfg->model, cfg->parallel.micro_batch);
+        }
     } else {
         ts_layer_costs_model(&costs, &cfg->model, cfg->parallel.micro_batch);
     }

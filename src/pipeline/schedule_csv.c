@@ -7,23 +7,42 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "core/fsutil.h"
 #include "pipeline/schedule.h"
 
 ts_status ts_schedule_write_csv(const ts_schedule *s, const char *path)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return ts_fail("cannot write schedule CSV '%s': %s", path, strerror(errno));
+    /* Whole or not at all: a temporary file renamed into place once every write,
+     * the flush and the fsync succeeded (ts_atomic_commit checks them all). */
+    ts_atomic_file af;
+    if (ts_atomic_open(&af, path, "schedule CSV") != TS_OK) return TS_ERR;
     char cell[32];
     for (int r = 0; r < s->pp; r++) {
         for (int j = 0; j < s->n_actions[r]; j++)
-            fprintf(f, "%s%s", j ? "," : "", ts_action_cell(cell, sizeof cell, s->actions[r][j]));
-        fputc('\n', f);
+            fprintf(af.f, "%s%s", j ? "," : "", ts_action_cell(cell, sizeof cell, s->actions[r][j]));
+        fputc('\n', af.f);
     }
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad)
-        return ts_fail("cannot write schedule CSV '%s': %s", path, strerror(errno));
-    return TS_OK;
+    return ts_atomic_commit(&af);
+}
+
+/* A cell for a message: at most 40 bytes of it, non-printable bytes as \xNN (a binary
+ * file must not send raw bytes to the terminal). */
+static const char *printable(const char *cell, char *buf, size_t size)
+{
+    enum { MAX_SHOWN = 40 };
+    size_t o = 0, i = 0;
+    for (; cell[i] && i < MAX_SHOWN && o + 5 < size; i++) {
+        unsigned char c = (unsigned char)cell[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\')
+            buf[o++] = (char)c;
+        else
+            o += (size_t)snprintf(buf + o, size - o, "\\x%02x", c);
+    }
+    if (cell[i] && o + 4 < size) o += (size_t)snprintf(buf + o, size - o, "...");
+    buf[o] = '\0';
+    return buf;
 }
 
 /* A growing action list for one row. */
@@ -55,10 +74,12 @@ static int parse_num(const char **p)
 }
 
 /* One trimmed, non-empty cell of line `line` (rank `row`). */
-static ts_status parse_cell(const char *path, int line, int row, const char *cell, int pp,
+static ts_status parse_cell(const char *path, int line, int row, const char *raw, int pp,
                             int m, ts_action *out)
 {
-    const char *p = cell;
+    char cell[4 * 40 + 8]; /* the cell as messages show it */
+    printable(raw, cell, sizeof cell);
+    const char *p = raw;
     int stage = parse_num(&p);
     const char *kinds = "FBIW", *k = *p ? strchr(kinds, *p) : NULL;
     if (stage < 0 || !k || !isdigit((unsigned char)p[1])) {
@@ -138,7 +159,8 @@ static ts_status read_rows(FILE *f, const char *path, int pp, int m, row_list *l
             break;
     }
     free(text);
-    if (st == TS_OK && ferror(f)) st = ts_fail("cannot read schedule CSV '%s'", path);
+    if (st == TS_OK && ferror(f))
+        st = ts_fail("cannot read schedule CSV '%s': %s", path, strerror(errno));
     return st;
 }
 
@@ -153,6 +175,13 @@ ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, 
     if (!f)
         return ts_fail("cannot open schedule CSV '%s' (parallel.schedule): %s", path,
                        strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) { /* fopen opens directories */
+        fclose(f);
+        return ts_fail("schedule CSV '%s' (parallel.schedule) is a directory; give the CSV "
+                       "file",
+                       path);
+    }
     row_list *lists = ts_calloc((size_t)pp, sizeof *lists);
     int n_rows = 0, max_stage = -1;
     ts_status st = read_rows(f, path, pp, m, lists, &n_rows, &max_stage);

@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <hwloc.h>
 
+#include "comm/comm.h"
 #include "core/log.h"
+#include "core/sysmem.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
 
@@ -317,6 +320,27 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
     return true;
 }
 
+/* train.threads must fit the node's CPUs, and every BLAS thread's buffer the address
+ * space that RLIMIT_AS (ulimit -v) leaves. */
+static ts_status check_threads(const ts_topology *t, const ts_config *cfg)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cfg->train.threads > 0 && cpus > 0 && cfg->train.threads > cpus)
+        return ts_fail("train.threads = %d is more than the %ld CPUs of host %s; use at most "
+                       "%ld, or 0 for the cores this rank owns",
+                       cfg->train.threads, cpus, t->host, cpus);
+    ts_mem_limits lim;
+    ts_memory_limits(&lim);
+    double need = t->threads * TS_BLAS_THREAD_BYTES, left = lim.address_space - lim.vm_now;
+    if (need > left)
+        return ts_fail("%d BLAS threads need %.1f GiB of address space (%.0f MiB each), but "
+                       "the address-space limit (ulimit -v) leaves %.1f GiB of its %.1f GiB "
+                       "on host %s; set train.threads lower or raise the limit",
+                       t->threads, need / 1073741824.0, TS_BLAS_THREAD_BYTES / 1048576.0,
+                       left / 1073741824.0, lim.address_space / 1073741824.0, t->host);
+    return TS_OK;
+}
+
 ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
 {
     int *flags = NULL, n_all = 0;
@@ -340,6 +364,12 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     warn_oversubscription(t, oversubscribed, n_node);
 
     t->threads = cfg->train.threads > 0 ? cfg->train.threads : fair;
+    /* Checked before OpenBLAS starts the threads: under an address-space limit its
+     * buffer allocation retries forever instead of failing. Agreed, so a rank whose
+     * node is smaller fails the whole job at once. */
+    ts_comm world;
+    ts_comm_wrap(&world, t->world, "world");
+    if (ts_comm_agree(&world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
     ts_cpu_set_threads(t->threads);
     t->bound = true;
     return TS_OK;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "core/log.h"
 #include "topology/topology.h"
 
@@ -148,15 +149,19 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
     MPI_Comm_rank(world, &t->rank);
     MPI_Comm_size(world, &t->world_size);
 
-    /* Every check before the first collective, so all ranks fail alike. */
+    /* Every check before the first split, agreed: a rank that alone sees a problem
+     * (its environment differs) fails every rank instead of leaving them in a split. */
     const ts_parallel_config *p = &cfg->parallel;
-    if (ts_grid_init(&t->grid, p->pp, p->dp, p->tp, p->order) != TS_OK) return TS_ERR;
-    if (t->grid.world != t->world_size)
-        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %d does not match the %d ranks "
-                       "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
-                       p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
-    int fake_k;
-    if (fake_nodes_env(&fake_k) != TS_OK) return TS_ERR;
+    int fake_k = 0;
+    ts_status st = ts_grid_init(&t->grid, p->pp, p->dp, p->tp, p->order);
+    if (st == TS_OK && t->grid.world != t->world_size)
+        st = ts_fail("the grid pp*dp*tp = %d*%d*%d = %d does not match the %d ranks "
+                     "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
+                     p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
+    if (st == TS_OK) st = fake_nodes_env(&fake_k);
+    ts_comm w;
+    ts_comm_wrap(&w, world, "world");
+    if (ts_comm_agree(&w, st) != TS_OK) return TS_ERR;
     t->fake_nodes = fake_k > 0;
 
     t->coords = ts_grid_coords(&t->grid, t->rank);

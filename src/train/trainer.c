@@ -1,29 +1,20 @@
 #include "train/trainer.h"
 
 #include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/watchdog.h"
 #include "optim/optim.h"
-
-/* Agree on success across ranks: a failure anywhere fails everywhere, and the message
- * of the lowest failing rank is the one rank 0 prints. */
-static ts_status agree(ts_status local, const ts_comm *world)
-{
-    int fail_rank = local == TS_OK ? INT32_MAX : world->rank, first = fail_rank;
-    MPI_Allreduce(&fail_rank, &first, 1, MPI_INT, MPI_MIN, world->mpi);
-    if (first == INT32_MAX) return TS_OK;
-    char msg[2048] = {0};
-    if (world->rank == first) snprintf(msg, sizeof msg, "%s", ts_error_message());
-    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, world->mpi);
-    if (first != 0) return ts_fail("on rank %d: %s", first, msg);
-    return ts_fail("%s", msg);
-}
+#include "train/memory.h"
 
 static ts_status open_data(ts_trainer *t)
 {
@@ -38,23 +29,68 @@ static ts_status open_data(ts_trainer *t)
                        (unsigned long long)t->train_data.n_tokens, c->model.seq_len + 1);
     if (c->data.val[0] != '\0' && c->data.eval_every > 0) {
         const char *vp = c->data.val;
-        if (ts_data_open(&t->val_data, &vp, 1, c->model.vocab_size) != TS_OK) return TS_ERR;
+        if (ts_data_open_key(&t->val_data, "data.val", &vp, 1, c->model.vocab_size) != TS_OK)
+            return TS_ERR;
         t->has_val = true;
-        if (ts_data_num_windows(&t->val_data, c->model.seq_len) == 0)
+        const uint64_t S = ts_data_num_windows(&t->val_data, c->model.seq_len);
+        if (S == 0)
             return ts_fail("data.val (%s) holds fewer than seq_len + 1 = %d tokens", vp,
                            c->model.seq_len + 1);
+        /* By design (the batch rule) window k of an evaluation is window k mod S. */
+        if ((uint64_t)c->data.val_windows > S)
+            ts_log_warn("data.val_windows = %d but data.val (%s) holds only %llu distinct "
+                        "windows of seq_len + 1 = %d tokens: each evaluation repeats them",
+                        c->data.val_windows, vp, (unsigned long long)S, c->model.seq_len + 1);
     }
     return TS_OK;
 }
 
-static ts_status open_metrics(ts_trainer *t)
+/* Rank 0's outputs, checked before the first step: the metrics file is opened, and the
+ * trace (written whole at the end) is tried once, so a bad path fails now, not after
+ * the whole run. Neither may be a directory, a device or a pipe. */
+static ts_status open_outputs(ts_trainer *t)
 {
-    const char *path = t->cfg.log.metrics;
-    if (t->world.rank != 0 || !path[0]) return TS_OK;
+    const char *path = t->cfg.log.metrics, *trace = t->cfg.log.trace;
+    if (t->world.rank != 0) return TS_OK;
+    if (trace[0]) {
+        ts_atomic_file probe;
+        if (ts_atomic_open(&probe, trace, "log.trace") != TS_OK) return TS_ERR;
+        ts_atomic_abort(&probe);
+    }
+    if (!path[0]) return TS_OK;
+    if (ts_check_output_path(path, "log.metrics") != TS_OK) return TS_ERR;
     if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("log.metrics: ");
     t->metrics = fopen(path, "w");
     if (!t->metrics) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
     return TS_OK;
+}
+
+/* One JSON line into the metrics file (rank 0), flushed; a failed write (a full disk)
+ * is an error naming the file, and the file is closed so nothing more is written. */
+static ts_status metrics_line(ts_trainer *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static ts_status metrics_line(ts_trainer *t, const char *fmt, ...)
+{
+    if (!t->metrics) return TS_OK;
+    errno = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(t->metrics, fmt, ap);
+    va_end(ap);
+    int err = 0;
+    if (n < 0 || fputc('\n', t->metrics) == EOF || fflush(t->metrics) != 0) err = errno ? errno : EIO;
+    if (!err) {
+        t->metrics_end = ftell(t->metrics);
+        return TS_OK;
+    }
+    /* Cut a partly written line so the file stays valid JSON Lines. */
+    if (ftruncate(fileno(t->metrics), t->metrics_end) != 0) { /* best effort */
+    }
+    fclose(t->metrics);
+    t->metrics = NULL;
+    return ts_fail("log.metrics: writing %s failed: %s; the run stops here (the file ends at "
+                   "the last complete line)",
+                   t->cfg.log.metrics, strerror(err));
 }
 
 /* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
@@ -90,6 +126,45 @@ static ts_status build_partition(ts_trainer *t)
     return st;
 }
 
+/* Refuse a run that cannot fit, with the numbers, before allocating it: this rank's
+ * estimate against the address space left under RLIMIT_AS, and the sum over the node's
+ * ranks against its physical memory. Collective; agreed. */
+static ts_status check_memory(ts_trainer *t, bool log)
+{
+    const ts_topology *topo = t->topo;
+    ts_mem_estimate est;
+    ts_memory_estimate(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads, &est);
+    ts_mem_limits lim;
+    ts_memory_limits(&lim);
+    char what[256];
+    ts_memory_describe(&est, what, sizeof what);
+    /* The BLAS threads are running (binding started them): their buffers are in vm_now
+     * already, and they are address space, not resident memory. */
+    double new_bytes = est.total - est.blas, mine = new_bytes + lim.rss_now, node = mine;
+    MPI_Allreduce(&mine, &node, 1, MPI_DOUBLE, MPI_SUM, topo->node_comm);
+    int ranks_here = 1;
+    MPI_Comm_size(topo->node_comm, &ranks_here);
+    const double G = 1073741824.0;
+    ts_status st = TS_OK;
+    if (lim.vm_now + new_bytes > lim.address_space)
+        st = ts_fail("not enough memory: pipeline rank %d needs %s more, but the address-space "
+                     "limit (ulimit -v) leaves %.1f GiB of %.1f GiB on host %s; raise the limit, "
+                     "or shrink the model, parallel.micro_batch or the micro-batches in flight "
+                     "(parallel.recompute), or spread it over more pipeline/tensor ranks",
+                     topo->coords.pp, what, (lim.address_space - lim.vm_now) / G,
+                     lim.address_space / G, topo->host);
+    else if (node > lim.physical)
+        st = ts_fail("not enough memory: pipeline rank %d needs %s; the ranks on host %s (%d) "
+                     "need %.1f GiB together, but this machine has %.1f GiB; shrink the model, "
+                     "parallel.micro_batch or the micro-batches in flight (parallel.recompute), "
+                     "or spread it over more pipeline/tensor ranks or nodes",
+                     topo->coords.pp, what, topo->host, ranks_here, node / G, lim.physical / G);
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (log && t->world.rank == 0)
+        ts_log_info("memory: rank 0 will use about %s", what);
+    return TS_OK;
+}
+
 static void on_layers_done(void *ctx, int first, int end)
 {
     ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
@@ -101,6 +176,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->cfg = *cfg;
     t->topo = topo;
     t->t0_ms = ts_now_ms();
+    ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
     ts_comm_wrap(&t->world, topo->world, "world");
     ts_comm_wrap(&t->dp, topo->dp_comm, "dp");
     ts_comm_wrap(&t->pp, topo->pp_comm, "pp");
@@ -108,11 +184,19 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->tp.busy_ms = &t->tp_busy_ms;
     ts_comm_wrap(&t->embed, topo->embed_comm, "embed");
 
-    ts_status st = build_partition(t);
-    if (st == TS_OK)
-        st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
-                               cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
-    if (agree(st, &t->world) != TS_OK) {
+    /* The schedule, then the memory check on the modelled partition before anything
+     * large is allocated (measuring the layer costs allocates a layer of each kind),
+     * then the measured partition and the check again on the cut that will run. */
+    ts_status st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
+                                     cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
+    if (st == TS_OK) st = ts_partition_build(cfg, false, &t->part);
+    if (ts_comm_agree(&t->world, st) != TS_OK || check_memory(t, false) != TS_OK) {
+        ts_trainer_free(t);
+        return TS_ERR;
+    }
+    ts_partition_free(&t->part);
+    st = build_partition(t);
+    if (ts_comm_agree(&t->world, st) != TS_OK || check_memory(t, true) != TS_OK) {
         ts_trainer_free(t);
         return TS_ERR;
     }
@@ -127,11 +211,11 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     else
         ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
     if (st == TS_OK) st = open_data(t);
-    if (st == TS_OK) st = open_metrics(t);
+    if (st == TS_OK) st = open_outputs(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->pp, topo->coords.dp);
-    if (agree(st, &t->world) != TS_OK) {
+    if (ts_comm_agree(&t->world, st) != TS_OK) {
         ts_trainer_free(t);
         return TS_ERR;
     }
@@ -208,6 +292,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_engine_run(&t->engine, step);
 
     double t1 = ts_now_ms();
+    ts_watchdog_context("data-parallel gradient sync and tied-embedding sync", 0, 0, 0);
     ts_grad_sync_finish(&t->grad_sync);
     sync_tied_embedding(t);
     double t2 = ts_now_ms();
@@ -216,6 +301,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* Replicas hold identical gradients: count them once (dp rank 0); the tied copy
      * of the embedding and the tp-replicated parameters off tp rank 0 are skipped
      * inside. */
+    ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
     double sumsq = t->topo->coords.dp == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
@@ -226,8 +312,11 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* Idle fraction of the pipeline's makespan: the longest span of actions among this
      * rank's pipeline group (every rank starts the step together, released by the last
      * step's collectives); replicas in other pipelines do not count. */
+    ts_watchdog_context("step statistics", 0, 0, 0);
     double makespan = t->engine.span_ms;
+    ts_watchdog_wait_begin("all-reduce (pipeline makespan)", t->pp.name, -1);
     MPI_Allreduce(MPI_IN_PLACE, &makespan, 1, MPI_DOUBLE, MPI_MAX, t->pp.mpi);
+    ts_watchdog_wait_end();
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
     /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
@@ -239,11 +328,15 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
     double wait = t->grad_sync.wait_ms;
+    ts_watchdog_wait_begin("all-reduce (dp wait maximum)", t->world.name, -1);
     MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    ts_watchdog_wait_end();
     out->dp_wait_ms = wait;
     out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     double tp_ms = t->tp_busy_ms;
+    ts_watchdog_wait_begin("all-reduce (tp time maximum)", t->world.name, -1);
     MPI_Allreduce(MPI_IN_PLACE, &tp_ms, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
+    ts_watchdog_wait_end();
     out->tp_comm_ms = tp_ms;
 }
 
@@ -251,6 +344,7 @@ double ts_trainer_eval(ts_trainer *t)
 {
     const int n = t->cfg.data.val_windows;
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
+    ts_watchdog_context("validation: summing the loss", 0, 0, 0);
     if (t->topo->coords.tp != 0) local = 0.0; /* the tp ranks hold the same losses */
     return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
 }
@@ -261,7 +355,9 @@ static ts_status write_trace(ts_trainer *t)
     int n = t->trace.n, *counts = NULL, *displs = NULL, total = 0;
     const int bytes = (int)sizeof(ts_trace_event);
     if (t->world.rank == 0) counts = ts_calloc((size_t)t->world.size, sizeof(int));
+    ts_watchdog_wait_begin("gather (trace event counts)", t->world.name, -1);
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world.mpi);
+    ts_watchdog_wait_end();
     ts_trace_event *all = NULL;
     if (t->world.rank == 0) {
         displs = ts_calloc((size_t)t->world.size, sizeof(int));
@@ -272,8 +368,10 @@ static ts_status write_trace(ts_trainer *t)
         }
         all = ts_calloc((size_t)total + 1, sizeof *all);
     }
+    ts_watchdog_wait_begin("gather (trace events)", t->world.name, -1);
     MPI_Gatherv(t->trace.events, n * bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0,
                 t->world.mpi);
+    ts_watchdog_wait_end();
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
         st = ts_mkdir_parent(t->cfg.log.trace);
@@ -285,38 +383,44 @@ static ts_status write_trace(ts_trainer *t)
     free(all);
     free(counts);
     free(displs);
-    return agree(st, &t->world);
+    return ts_comm_agree(&t->world, st);
 }
 
-/* Peak resident memory and activation memory of every rank, gathered to rank 0: a
- * line on stderr and one in the metrics ({"peak_rss_mb":[...],"activation_mb":[...]}). */
-static void report_memory(ts_trainer *t)
+/* Peak resident, activation and optimizer memory of every rank, gathered to rank 0: a
+ * line on stderr and the metrics' last line {"peak_rss_mb":[...], "activation_mb":[...],
+ * "optimizer_mb":[...]} (one entry per rank). */
+static ts_status report_memory(ts_trainer *t)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double mine[2] = {(double)ru.ru_maxrss / 1024.0,
-                      (double)ts_engine_activation_bytes(&t->engine) / (1024.0 * 1024.0)};
-    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 2, sizeof(double)) : NULL;
-    MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, t->world.mpi);
+    const double MiB = 1024.0 * 1024.0;
+    double mine[3] = {(double)ru.ru_maxrss / 1024.0,
+                      (double)ts_engine_activation_bytes(&t->engine) / MiB,
+                      2.0 * (double)t->model.num_floats * sizeof(float) / MiB};
+    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 3, sizeof(double)) : NULL;
+    ts_watchdog_wait_begin("gather (memory report)", t->world.name, -1);
+    MPI_Gather(mine, 3, MPI_DOUBLE, all, 3, MPI_DOUBLE, 0, t->world.mpi);
+    ts_watchdog_wait_end();
+    ts_status st = TS_OK;
     if (t->world.rank == 0) {
-        char line[4096];
-        size_t at = 0;
-        at += (size_t)snprintf(line + at, sizeof line - at, "{\"peak_rss_mb\":[");
-        for (int r = 0; r < t->world.size && at < sizeof line; r++)
-            at += (size_t)snprintf(line + at, sizeof line - at, "%s%.1f", r ? "," : "", all[2 * r]);
-        if (at < sizeof line) at += (size_t)snprintf(line + at, sizeof line - at, "],\"activation_mb\":[");
-        for (int r = 0; r < t->world.size && at < sizeof line; r++)
-            at += (size_t)snprintf(line + at, sizeof line - at, "%s%.1f", r ? "," : "", all[2 * r + 1]);
-        if (at < sizeof line) snprintf(line + at, sizeof line - at, "]}");
-        if (t->metrics) {
-            fprintf(t->metrics, "%s\n", line);
-            fflush(t->metrics);
+        const char *keys[3] = {"peak_rss_mb", "activation_mb", "optimizer_mb"};
+        json_t *line = json_object();
+        for (int k = 0; k < 3; k++) {
+            json_t *list = json_array();
+            for (int r = 0; r < t->world.size; r++)
+                json_array_append_new(list, json_real(round(all[3 * r + k] * 10.0) / 10.0));
+            json_object_set_new(line, keys[k], list);
         }
-        ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB); per rank in "
-                    "the metrics file",
-                    all[0], all[1]);
+        char *text = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(10));
+        json_decref(line);
+        st = metrics_line(t, "%s", text ? text : "{}");
+        free(text);
+        ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB, optimizer "
+                    "state %.1f MiB); per rank in the metrics file",
+                    all[0], all[1], all[2]);
     }
     free(all);
+    return st;
 }
 
 static void format_eta(char *buf, size_t n, double seconds)
@@ -339,6 +443,7 @@ ts_status ts_trainer_run(ts_trainer *t)
     int timed = 0;
     for (int step = 0; step < steps; step++) {
         ts_step_stats s;
+        ts_watchdog_step(step);
         ts_trainer_step(t, step, &s);
         if (!isfinite(s.loss))
             return ts_fail("loss became %f at step %d; lower train.lr or check the data", s.loss,
@@ -347,15 +452,13 @@ ts_status ts_trainer_run(ts_trainer *t)
             total_ms += s.step_ms;
             timed++;
         }
-        if (t->metrics) {
-            fprintf(t->metrics,
-                    "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
-                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-                    "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f}\n",
-                    step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s, s.bubble,
-                    s.dp_overlap, s.dp_wait_ms, s.dp_bytes, s.tp_comm_ms);
-            fflush(t->metrics);
-        }
+        ts_status st = metrics_line(
+            t,
+            "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
+            "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
+            "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f}",
+            step, s.loss, s.lr, s.grad_norm, s.tokens, s.step_ms, s.tokens_per_s, s.bubble,
+            s.dp_overlap, s.dp_wait_ms, s.dp_bytes, s.tp_comm_ms);
         if (c->log.progress) {
             char eta[32];
             double avg = timed ? total_ms / timed : s.step_ms;
@@ -366,16 +469,16 @@ ts_status ts_trainer_run(ts_trainer *t)
                         s.bubble, eta);
         }
         bool last = step == steps - 1;
-        if (t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
+        if (st == TS_OK && t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
             double vl = ts_trainer_eval(t);
-            if (t->metrics) {
-                fprintf(t->metrics, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
-                fflush(t->metrics);
-            }
+            st = metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g}", step, vl);
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
+        /* Rank 0 alone writes: agree each step, so its failure stops every rank now. */
+        if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     }
-    report_memory(t);
+    ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
+    if (ts_comm_agree(&t->world, report_memory(t)) != TS_OK) return TS_ERR;
     if (t->tracing) return write_trace(t);
     return TS_OK;
 }

@@ -51,6 +51,7 @@ typedef struct {
     double t0_ms;       /* run start, the trace's time origin */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
+    long metrics_end;   /* bytes of complete lines written */
 } ts_trainer;
 
 /* Everything that can fail for a user reason (schedule, partition, data files,

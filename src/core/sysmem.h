@@ -1,0 +1,21 @@
+/* What memory this process may use and already uses (Linux /proc, cgroups, rlimits). */
+#ifndef TS_SYSMEM_H
+#define TS_SYSMEM_H
+
+/* Address space each BLAS thread adds: OpenBLAS 0.3 maps a 128 MiB GEMM buffer per
+ * thread (BUFFER_SIZE on x86-64) and the thread has a stack; measured 136 MiB per thread
+ * (VmSize with 8 and 32 threads, bench/RESULTS.md "Memory estimate"). Mostly untouched,
+ * so it counts against RLIMIT_AS, not physical memory. */
+#define TS_BLAS_THREAD_BYTES (136.0 * 1024 * 1024)
+
+/* What this process may use: physical memory (MemTotal, or the cgroup's memory.max
+ * when lower) and the address-space limit (RLIMIT_AS; +inf when unlimited), in bytes,
+ * plus what the process already uses (resident and virtual), so the check compares
+ * new allocations with what is left. */
+typedef struct {
+    double physical, address_space;
+    double rss_now, vm_now;
+} ts_mem_limits;
+void ts_memory_limits(ts_mem_limits *lim);
+
+#endif

@@ -1,0 +1,125 @@
+#include "train/memory.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+/* Most activation sets (and zero-bubble stashes) of each local chunk alive at once when
+ * the rank runs its actions in order, as the engine holds them: F takes a set (and
+ * gives it back at once when the micro-batch is recomputed), B or I of a recomputed
+ * micro-batch takes one again, B or W gives it back; I takes a stash, W frees it. */
+static void peak_sets(const ts_config *cfg, const ts_schedule *s, int pp_rank, int *peak_acts,
+                      int *peak_stash)
+{
+    const int n = s->n_chunks, m = s->m;
+    bool full = strcmp(cfg->parallel.recompute, "full") == 0;
+    bool except_last = strcmp(cfg->parallel.recompute, "except_last") == 0;
+    int *live = calloc((size_t)n, sizeof(int)), *stash = calloc((size_t)n, sizeof(int));
+    TS_ASSERT(live && stash);
+    for (int c = 0; c < n; c++) peak_acts[c] = peak_stash[c] = 0;
+    for (int i = 0; i < s->n_actions[pp_rank]; i++) {
+        const ts_action *a = &s->actions[pp_rank][i];
+        int c = a->chunk;
+        bool recompute = full || (except_last && a->mb != m - 1);
+        switch (a->kind) {
+        case TS_ACT_F:
+            live[c]++;
+            if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
+            if (recompute) live[c]--;
+            break;
+        case TS_ACT_B:
+        case TS_ACT_I:
+            if (recompute) live[c]++;
+            if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
+            if (a->kind == TS_ACT_B) {
+                live[c]--;
+            } else if (++stash[c] > peak_stash[c]) {
+                peak_stash[c] = stash[c];
+            }
+            break;
+        case TS_ACT_W:
+            live[c]--;
+            stash[c]--;
+            break;
+        }
+    }
+    free(live);
+    free(stash);
+}
+
+void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
+                        const ts_schedule *sched, int pp_rank, int threads,
+                        ts_mem_estimate *est)
+{
+    memset(est, 0, sizeof *est);
+    const ts_model_config *mc = &cfg->model;
+    const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len;
+    const double f = sizeof(float), NC = (double)B * T * mc->n_embd;
+
+    bool *owned = calloc((size_t)n_layers, sizeof(bool));
+    TS_ASSERT(owned);
+    ts_partition_owned(part, pp_rank, owned);
+    ts_model m; /* the layout only: nothing is allocated */
+    ts_model_layout_tp(&m, mc, owned, &ts_kernels_cpu, cfg->parallel.tp, 0, NULL);
+    free(owned);
+    est->params = est->grads = (double)m.num_floats * f;
+    est->optimizer = 2.0 * (double)m.num_floats * f;
+
+    int *peak_acts = calloc((size_t)sched->n_chunks, sizeof(int));
+    int *peak_stash = calloc((size_t)sched->n_chunks, sizeof(int));
+    TS_ASSERT(peak_acts && peak_stash);
+    peak_sets(cfg, sched, pp_rank, peak_acts, peak_stash);
+    bool recompute = strcmp(cfg->parallel.recompute, "none") != 0;
+    for (int c = pp_rank; c < sched->n_chunks; c += sched->pp) {
+        int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
+        if (l1 <= l0) continue;
+        double set = (double)ts_acts_floats(&m, l0, l1, B, T) * f + 2.0 * B * T * sizeof(int);
+        est->activations += peak_acts[c] * set;
+        est->activations += peak_stash[c] * (double)ts_acts_stash_floats(&m, l0, l1, B, T) * f;
+        /* Per micro-batch: the received input (not chunk 0), the gradient buffer, and
+         * with recomputation the kept output copy and token ids (engine.c). */
+        double slot = NC * f * ((c > 0) + 1);
+        if (recompute) slot += NC * f * (c < sched->n_chunks - 1) + 2.0 * B * T * sizeof(int);
+        est->buffers += slot * sched->m;
+    }
+    est->buffers += (double)ts_scratch_floats(&m, B, T) * f;
+    free(peak_acts);
+    free(peak_stash);
+    ts_model_free(&m);
+
+    est->blas = threads * TS_BLAS_THREAD_BYTES;
+    est->total = est->params + est->grads + est->optimizer + est->activations + est->buffers +
+                 est->blas;
+}
+
+static void gib(char *buf, size_t size, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, size, "%.0f MiB", ceil(bytes / (1024.0 * 1024)));
+}
+
+const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size)
+{
+    char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
+    gib(t, sizeof t, e->total);
+    gib(p, sizeof p, e->params);
+    gib(g, sizeof g, e->grads);
+    gib(o, sizeof o, e->optimizer);
+    gib(a, sizeof a, e->activations);
+    gib(b, sizeof b, e->buffers);
+    gib(l, sizeof l, e->blas);
+    snprintf(buf, size,
+             "%s (parameters %s, gradients %s, optimizer state %s, activations %s, "
+             "buffers %s, BLAS buffers %s)",
+             t, p, g, o, a, b, l);
+    return buf;
+}
+

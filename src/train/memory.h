@@ -1,0 +1,31 @@
+/* What one rank of a run will allocate, estimated from the config, the partition and
+ * the schedule before anything is allocated, and the check against what the machine
+ * offers (physical memory shared by the node's ranks, and this process's RLIMIT_AS).
+ * `tessera train` refuses a run that cannot fit with the numbers; `tessera plan`
+ * prints the same estimate per pipeline rank. */
+#ifndef TS_MEMORY_H
+#define TS_MEMORY_H
+
+#include "config/config.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+#include "core/sysmem.h"
+
+typedef struct {
+    double params, grads, optimizer; /* bytes: weights, gradients, the two AdamW moments */
+    double activations;  /* saved activations at the schedule's peak, zero-bubble stashes */
+    double buffers;      /* pipeline transfer buffers, backward scratch, token ids */
+    double blas;         /* OpenBLAS's per-thread GEMM buffers (address space) */
+    double total;
+} ts_mem_estimate;
+
+/* The estimate for pipeline rank `pp_rank` (every tensor-parallel and data-parallel
+ * rank of it holds the same), running `threads` BLAS threads. */
+void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
+                        const ts_schedule *sched, int pp_rank, int threads,
+                        ts_mem_estimate *est);
+
+/* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
+const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size);
+
+#endif
