@@ -56,3 +56,12 @@ void ts_memory_limits(ts_mem_limits *lim)
     lim->rss_now = proc_kb("/proc/self/status", "VmRSS");
     lim->vm_now = proc_kb("/proc/self/status", "VmSize");
 }
+
+const char *ts_format_bytes(double bytes, char *buf, size_t size)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, size, "%.0f MiB", ceil(bytes / (1024.0 * 1024)));
+    return buf;
+}

@@ -2,6 +2,8 @@
 #ifndef TS_SYSMEM_H
 #define TS_SYSMEM_H
 
+#include <stddef.h>
+
 /* Address space each BLAS thread adds: OpenBLAS 0.3 maps a 128 MiB GEMM buffer per
  * thread (BUFFER_SIZE on x86-64) and the thread has a stack; measured 136 MiB per thread
  * (VmSize with 8 and 32 threads, bench/RESULTS.md "Memory estimate"). Mostly untouched,
@@ -17,5 +19,8 @@ typedef struct {
     double rss_now, vm_now;
 } ts_mem_limits;
 void ts_memory_limits(ts_mem_limits *lim);
+
+/* "1.5 GiB" or "272 MiB" (below 1 GiB) into buf; returns buf. */
+const char *ts_format_bytes(double bytes, char *buf, size_t size);
 
 #endif

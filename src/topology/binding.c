@@ -332,12 +332,14 @@ static ts_status check_threads(const ts_topology *t, const ts_config *cfg)
     ts_mem_limits lim;
     ts_memory_limits(&lim);
     double need = t->threads * TS_BLAS_THREAD_BYTES, left = lim.address_space - lim.vm_now;
+    char n[32], l[32], a[32];
     if (need > left)
-        return ts_fail("%d BLAS threads need %.1f GiB of address space (%.0f MiB each), but "
-                       "the address-space limit (ulimit -v) leaves %.1f GiB of its %.1f GiB "
-                       "on host %s; set train.threads lower or raise the limit",
-                       t->threads, need / 1073741824.0, TS_BLAS_THREAD_BYTES / 1048576.0,
-                       left / 1073741824.0, lim.address_space / 1073741824.0, t->host);
+        return ts_fail("%d BLAS threads need %s of address space (%.0f MiB each), but the "
+                       "address-space limit (ulimit -v) leaves %s of its %s on host %s; set "
+                       "train.threads lower or raise the limit",
+                       t->threads, ts_format_bytes(need, n, sizeof n),
+                       TS_BLAS_THREAD_BYTES / 1048576.0, ts_format_bytes(left, l, sizeof l),
+                       ts_format_bytes(lim.address_space, a, sizeof a), t->host);
     return TS_OK;
 }
 

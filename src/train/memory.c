@@ -98,24 +98,16 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                  est->blas;
 }
 
-static void gib(char *buf, size_t size, double bytes)
-{
-    if (bytes >= 1024.0 * 1024 * 1024)
-        snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
-    else
-        snprintf(buf, size, "%.0f MiB", ceil(bytes / (1024.0 * 1024)));
-}
-
 const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size)
 {
     char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
-    gib(t, sizeof t, e->total);
-    gib(p, sizeof p, e->params);
-    gib(g, sizeof g, e->grads);
-    gib(o, sizeof o, e->optimizer);
-    gib(a, sizeof a, e->activations);
-    gib(b, sizeof b, e->buffers);
-    gib(l, sizeof l, e->blas);
+    ts_format_bytes(e->total, t, sizeof t);
+    ts_format_bytes(e->params, p, sizeof p);
+    ts_format_bytes(e->grads, g, sizeof g);
+    ts_format_bytes(e->optimizer, o, sizeof o);
+    ts_format_bytes(e->activations, a, sizeof a);
+    ts_format_bytes(e->buffers, b, sizeof b);
+    ts_format_bytes(e->blas, l, sizeof l);
     snprintf(buf, size,
              "%s (parameters %s, gradients %s, optimizer state %s, activations %s, "
              "buffers %s, BLAS buffers %s)",

@@ -39,8 +39,9 @@ static ts_status open_data(ts_trainer *t)
         /* By design (the batch rule) window k of an evaluation is window k mod S. */
         if ((uint64_t)c->data.val_windows > S)
             ts_log_warn("data.val_windows = %d but data.val (%s) holds only %llu distinct "
-                        "windows of seq_len + 1 = %d tokens: each evaluation repeats them",
-                        c->data.val_windows, vp, (unsigned long long)S, c->model.seq_len + 1);
+                        "window%s of seq_len + 1 = %d tokens: each evaluation repeats them",
+                        c->data.val_windows, vp, (unsigned long long)S, S == 1 ? "" : "s",
+                        c->model.seq_len + 1);
     }
     return TS_OK;
 }
@@ -144,21 +145,24 @@ static ts_status check_memory(ts_trainer *t, bool log)
     MPI_Allreduce(&mine, &node, 1, MPI_DOUBLE, MPI_SUM, topo->node_comm);
     int ranks_here = 1;
     MPI_Comm_size(topo->node_comm, &ranks_here);
-    const double G = 1073741824.0;
+    char left[32], limit[32], together[32], phys[32];
     ts_status st = TS_OK;
     if (lim.vm_now + new_bytes > lim.address_space)
         st = ts_fail("not enough memory: pipeline rank %d needs %s more, but the address-space "
-                     "limit (ulimit -v) leaves %.1f GiB of %.1f GiB on host %s; raise the limit, "
-                     "or shrink the model, parallel.micro_batch or the micro-batches in flight "
+                     "limit (ulimit -v) leaves %s of %s on host %s; raise the limit, or shrink "
+                     "the model, parallel.micro_batch or the micro-batches in flight "
                      "(parallel.recompute), or spread it over more pipeline/tensor ranks",
-                     topo->coords.pp, what, (lim.address_space - lim.vm_now) / G,
-                     lim.address_space / G, topo->host);
+                     topo->coords.pp, what,
+                     ts_format_bytes(lim.address_space - lim.vm_now, left, sizeof left),
+                     ts_format_bytes(lim.address_space, limit, sizeof limit), topo->host);
     else if (node > lim.physical)
         st = ts_fail("not enough memory: pipeline rank %d needs %s; the ranks on host %s (%d) "
-                     "need %.1f GiB together, but this machine has %.1f GiB; shrink the model, "
+                     "need %s together, but this machine has %s; shrink the model, "
                      "parallel.micro_batch or the micro-batches in flight (parallel.recompute), "
                      "or spread it over more pipeline/tensor ranks or nodes",
-                     topo->coords.pp, what, topo->host, ranks_here, node / G, lim.physical / G);
+                     topo->coords.pp, what, topo->host, ranks_here,
+                     ts_format_bytes(node, together, sizeof together),
+                     ts_format_bytes(lim.physical, phys, sizeof phys));
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     if (log && t->world.rank == 0)
         ts_log_info("memory: rank 0 will use about %s", what);
