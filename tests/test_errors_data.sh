@@ -21,6 +21,10 @@ expect_data_error() {
     sed 's/^/    /' "$TMP/err" >&2
     return
   fi
+  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
+    fail "crashed: tessera data $*"
+    return
+  fi
   pass
 }
 
@@ -54,7 +58,7 @@ head -c 65 "$TMP/corpus.txt" > "$TMP/val.txt"
 expect_ok 2 "${base[@]}" --set "data.train=\"$TMP/train.bin\"" --set data.eval_every=1 \
   --set "data.val=\"$TMP/val.bin\"" --set data.val_windows=8 --set parallel.dp=2 \
   --set parallel.micro_batch=2
-n=$(grep -c "warning: data.val_windows = 8 but data.val (.*val.bin) holds only 1 distinct windows" "$TMP/err")
+n=$(grep -c "warning: data.val_windows = 8 but data.val (.*val.bin) holds only 1 distinct window of" "$TMP/err")
 if [ "$n" -eq 1 ]; then pass; else fail "V5: expected one val_windows warning, found $n"; cat "$TMP/err" >&2; fi
 expect_ok 1 "${base[@]}" --set "data.train=\"$TMP/train.bin\"" --set data.eval_every=1 \
   --set "data.val=\"$TMP/train.bin\"" --set data.val_windows=8

@@ -364,7 +364,10 @@ static void test_loader_text_or_shard(void)
     path_in(p, sizeof p, "utf16.txt");
     {
         unsigned char u16[2048];
-        for (int i = 0; i < 1024; i++) u16[2 * i] = (unsigned char)('a' + i % 26), u16[2 * i + 1] = 0;
+        for (int i = 0; i < 1024; i++) {
+            u16[2 * i] = (unsigned char)('a' + i % 26);
+            u16[2 * i + 1] = 0;
+        }
         write_bytes(p, u16, sizeof u16);
     }
     expect_reject(p, 256, "NUL byte at offset 1");

@@ -223,6 +223,14 @@ static void test_safetensors_expect_f32(void)
     CHECK(contains(ts_error_message(), "[384,128] BF16, expected [384,128] F32"));
     ts_st_tensor s = {.name = "s", .dtype = TS_DT_F32, .ndim = 0};
     CHECK(ts_st_expect_f32(&s, 0, NULL) == TS_OK);
+
+    /* Shapes as messages print them (model.init's "expected shape" uses it too). */
+    char buf[32];
+    const int64_t one[1] = {128};
+    CHECK(strcmp(ts_st_shape_str(buf, sizeof buf, 1, one), "[128]") == 0);
+    CHECK(strcmp(ts_st_shape_str(buf, sizeof buf, 2, same), "[384,128]") == 0);
+    CHECK(strcmp(ts_st_shape_str(buf, sizeof buf, 0, NULL), "[]") == 0);
+    CHECK(strcmp(ts_st_shape_str(buf, 5, 2, same), "[384") == 0); /* truncated, terminated */
 }
 
 static void test_safetensors_rejects(void)
