@@ -102,6 +102,7 @@ expect_error 1 "log.trace: cannot create (directory )?/proc/no-such-dir" "${base
 # A disk that fills up: the run stops with an error, the metrics file keeps whole lines.
 mkdir -p "$TMP/small"
 if mount -t tmpfs -o size=8k tmpfs "$TMP/small" 2>/dev/null; then
+  trap 'umount "$TMP/small" 2>/dev/null; rm -rf "$TMP"' EXIT
   expect_error 1 "log.metrics: writing .*No space left on device" "${base[@]}" --set train.steps=60 \
     --set "log.metrics=\"$TMP/small/m.jsonl\""
   if python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' "$TMP/small/m.jsonl"; then
