@@ -18,6 +18,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/sim.h"
+#include "train/memory.h"
 
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
@@ -509,6 +510,15 @@ static json_t *json_doubles(const double *x, int n)
     return a;
 }
 
+/* The same per-rank memory estimate `tessera train` checks before it allocates, with
+ * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores). */
+static void rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
+                        int pp_rank, ts_mem_estimate *est)
+{
+    int threads = cfg->train.threads > 0 ? cfg->train.threads : 1;
+    ts_memory_estimate(cfg, part, s, pp_rank, threads, est);
+}
+
 static int print_json(const plan_args *a, const ts_config *cfg, const ts_partition *part,
                       const ts_schedule *s, const ts_sim_result *r, const trace_costs *tc)
 {
@@ -516,10 +526,21 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     json_t *layers = json_array(), *ranks = json_array();
     for (int c = 0; c < part->n_chunks; c++)
         json_array_append_new(layers, json_integer(part->n_chunk_layers[c]));
-    for (int q = 0; q < r->pp; q++)
-        json_array_append_new(ranks, json_pack("{s:i, s:f, s:I}", "pp_rank", q, "bubble",
-                                               r->bubble[q], "peak_activation_bytes",
-                                               (json_int_t)llround(r->peak_act_bytes[q])));
+    for (int q = 0; q < r->pp; q++) {
+        ts_mem_estimate est;
+        rank_memory(cfg, part, s, q, &est);
+        json_array_append_new(
+            ranks, json_pack("{s:i, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "pp_rank", q,
+                             "bubble", r->bubble[q], "peak_activation_bytes",
+                             (json_int_t)llround(r->peak_act_bytes[q]), "memory_bytes",
+                             (json_int_t)llround(est.total), "memory", "parameters",
+                             (json_int_t)llround(est.params), "gradients",
+                             (json_int_t)llround(est.grads), "optimizer",
+                             (json_int_t)llround(est.optimizer), "activations",
+                             (json_int_t)llround(est.activations), "buffers",
+                             (json_int_t)llround(est.buffers), "blas",
+                             (json_int_t)llround(est.blas)));
+    }
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}", "world",
                           p->pp * p->dp * p->tp, "pp", p->pp, "dp", p->dp, "tp", p->tp, "v",
                           p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
@@ -586,6 +607,14 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
         format_bytes(r->peak_act_bytes[q], mem, sizeof mem);
         printf("  %-7d  %-7.4f  %10.3f  %s (%d micro-batch%s)\n", q, r->bubble[q], r->busy[q], mem,
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
+    }
+    printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
+           cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
+    for (int q = 0; q < r->pp; q++) {
+        ts_mem_estimate est;
+        char what[256];
+        rank_memory(cfg, part, s, q, &est);
+        printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
     }
     if (tc) {
         printf("bubble until each rank's last action (as the train metric counts it): %.4f\n",

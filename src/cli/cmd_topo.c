@@ -165,31 +165,15 @@ static void print_report(const ts_topology *t, const ts_config *cfg, const rank_
 
 static int run(int argc, char **argv, int rank, int world_size)
 {
-    const char *path = NULL, *sets[256];
-    int n_sets = 0;
     /* Without CONFIG the grid is pp=1 x dp=world x tp=1, with a batch that fits it; the
      * user's --set options come after, so they win. */
     char dp_set[64], batch_set[64];
     snprintf(dp_set, sizeof dp_set, "parallel.dp=%d", world_size);
     snprintf(batch_set, sizeof batch_set, "train.global_batch=%d", world_size);
-    const int n_defaults = 3;
-    if (ts_cli_parse_config_args(argc, argv, 2, &path, sets + n_defaults, 256 - n_defaults,
-                                 &n_sets, rank == 0) != 0)
-        return 2;
-    const char *const *overrides = sets + n_defaults;
-    if (!path) {
-        sets[0] = dp_set;
-        sets[1] = "parallel.micro_batch=1";
-        sets[2] = batch_set;
-        overrides = sets;
-        n_sets += n_defaults;
-    }
-
+    const char *defaults[3] = { dp_set, "parallel.micro_batch=1", batch_set };
     ts_config cfg;
-    if (ts_config_load(&cfg, path, overrides, n_sets, world_size) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        return 1;
-    }
+    int code = ts_cli_load_config(argc, argv, world_size, defaults, 3, false, k_help, &cfg);
+    if (code != 0) return code;
     ts_topology t;
     if (ts_topo_init(&t, &cfg, MPI_COMM_WORLD) != TS_OK) {
         ts_log_error("%s", ts_error_message());
@@ -208,7 +192,6 @@ static int run(int argc, char **argv, int rank, int world_size)
                MPI_COMM_WORLD);
     /* Only rank 0 prints, so only it can see stdout fail; its verdict is every rank's
      * exit code. */
-    int code = 0;
     if (rank == 0) {
         /* The report stays in the buffer until ts_stdout_check flushes it, so a failed
          * write is seen there with its errno (an intermediate flush's errno is lost). */
