@@ -157,7 +157,7 @@ static const key_spec KEYS[] = {
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),
     INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
-    INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 24),
+    INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 20),
 
     STR_KEY("checkpoint", "dir", checkpoint.dir, NULL),
     INT_KEY("checkpoint", "every", checkpoint.every, 0, BIG),
@@ -280,13 +280,17 @@ static ts_status check_order(const key_spec *k, const ts_config *cfg, const char
 static void describe_range(const key_spec *k, char *buf, size_t cap)
 {
     bool has_hi = isfinite(k->hi) && !(k->kind == K_INT && k->hi >= BIG);
+    /* Integers print whole (16777216, not 1.67772e+07). */
+    const char *num = k->kind == K_INT ? "%.0f" : "%g";
+    char lo[32], hi[32];
+    snprintf(lo, sizeof lo, num, k->lo);
+    snprintf(hi, sizeof hi, num, k->hi);
     if (k->kind == K_INT && has_hi && k->hi - k->lo == 1)
-        snprintf(buf, cap, "%g or %g", k->lo, k->hi);
+        snprintf(buf, cap, "%s or %s", lo, hi);
     else if (!has_hi)
-        snprintf(buf, cap, "%s %g", k->lo_open ? ">" : ">=", k->lo);
+        snprintf(buf, cap, "%s %s", k->lo_open ? ">" : ">=", lo);
     else
-        snprintf(buf, cap, "in %c%g, %g%c", k->lo_open ? '(' : '[', k->lo, k->hi,
-                 k->hi_open ? ')' : ']');
+        snprintf(buf, cap, "in %c%s, %s%c", k->lo_open ? '(' : '[', lo, hi, k->hi_open ? ')' : ']');
 }
 
 static bool in_range(const key_spec *k, double v)
@@ -298,7 +302,7 @@ static bool in_range(const key_spec *k, double v)
 
 static ts_status range_error(const key_spec *k, const char *value, const char *where)
 {
-    char range[64];
+    char range[96];
     describe_range(k, range, sizeof range);
     return ts_fail("config key '%s.%s' = %s%s is out of range: it must be %s", k->section,
                    k->name, value, where, range);
