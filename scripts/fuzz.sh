@@ -2,9 +2,10 @@
 # Fuzz the input readers: build the libFuzzer harnesses of tests/fuzz with clang, ASan
 # and UBSan (TS_FUZZ=ON, into build-fuzz/), then run each for FUZZ_SECONDS from a
 # scratch copy of its seed corpus (tests/fuzz/corpus/<harness>/; what the run adds stays
-# out of the source tree), with a fixed seed. A crash, sanitizer report, leak, timeout
-# (10 s per input) or 2 GiB of memory fails the script, which prints the report and
-# keeps the reproducer; replay one with `build-fuzz/tests/fuzz/HARNESS FILE`.
+# out of the source tree) and its dictionary (tests/fuzz/<harness>.dict), with a fixed
+# seed. A crash, sanitizer report, leak, timeout (10 s per input) or 2 GiB of memory
+# fails the script, which prints the report and keeps the reproducer; replay one with
+# `build-fuzz/tests/fuzz/HARNESS FILE`.
 # Usage: scripts/fuzz.sh [HARNESS ...]        (default: every tests/fuzz/fuzz_*.c)
 # Environment: FUZZ_SECONDS per harness (default 20), FUZZ_SEED (default 1),
 #   FUZZ_JOBS harnesses run at once (default: the cores), FUZZ_CC (default clang-14),
@@ -30,20 +31,29 @@ CC="${FUZZ_CC:-clang-14}" cmake -S "$root" -B "$build" -DTS_FUZZ=ON -DTS_WERROR=
 cmake --build "$build" -j"$(nproc)" --target "${harnesses[@]}" >/dev/null
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/tessera-fuzz.XXXXXX")"
+# The harnesses rewrite their input file for every run: on tmpfs that is ~5x faster.
+files="$scratch/files"
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then files="$(mktemp -d /dev/shm/tessera-fuzz.XXXXXX)"; fi
+trap 'rm -rf "$files"' EXIT
 export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_leaks=1"
 export UBSAN_OPTIONS="print_stacktrace=1"
 
-# One harness: fuzz a copy of its seeds; its temp files (fuzz_util.h) go under $dir/tmp.
+# One harness: fuzz a copy of its seeds; its temp files (fuzz_util.h) go under $files/$h.
 run_one() {
   local h="$1" dir="$scratch/$1"
-  mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
+  mkdir -p "$dir/corpus" "$dir/artifacts" "$files/$h"
   cp tests/fuzz/corpus/"$h"/* "$dir/corpus/"
-  local rc=0
-  TMPDIR="$dir/tmp" "$build/tests/fuzz/$h" -seed="$seed" -max_total_time="$secs" \
+  local rc=0 dict=()
+  if [ -f "tests/fuzz/$h.dict" ]; then dict=(-dict="tests/fuzz/$h.dict"); fi
+  TMPDIR="$files/$h" "$build/tests/fuzz/$h" -seed="$seed" -max_total_time="$secs" \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/artifacts/" \
-    "$dir/corpus" >"$dir/log" 2>&1 || rc=$?
+    "${dict[@]}" "$dir/corpus" >"$dir/log" 2>&1 &
+  local pid=$!
+  wait "$pid" || rc=$?
   echo "$rc" >"$dir/rc"
+  # clang's OpenMP runtime registers every process in /dev/shm; a crash leaves the file.
+  rm -f /dev/shm/__KMP_REGISTERED_LIB_"$pid"_*
 }
 
 echo "fuzz: ${#harnesses[@]} harnesses, ${secs} s each, seed $seed, $jobs at a time"
@@ -82,7 +92,7 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo
     echo "==== $h: sanitizer / libFuzzer report (log: $dir/log) ===="
     # The report starts at the first sanitizer or libFuzzer error line.
-    awk '/^==[0-9]+==|runtime error:|^ALARM|ERROR: libFuzzer|^SUMMARY|out-of-memory/ {on=1} on' \
+    awk '/^==[0-9]+==|runtime error:|^tessera: |^ALARM|ERROR: libFuzzer|^SUMMARY/ {on=1} on' \
       "$dir/log" | head -120
     for a in "$dir"/artifacts/*; do
       [ -e "$a" ] || continue
@@ -94,4 +104,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   exit 1
 fi
 rm -rf "$scratch"
-echo "fuzz: all harnesses ran ${secs} s without a finding"
+echo "fuzz: all harnesses ran ${secs} s without a finding (${SECONDS} s in all, with the build)"
