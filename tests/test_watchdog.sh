@@ -66,7 +66,9 @@ expect_watchdog() {
   start "$name" "$@" || return
   local victim t0 rc elapsed
   victim=$(rank_pid 1)
-  if [ -z "$victim" ]; then fail "$name: rank 1 not found"; kill "$MPIRUN"; wait "$MPIRUN"; return; fi
+  if [ -z "$victim" ]; then
+    fail "$name: rank 1 not found"; kill "$MPIRUN"; wait "$MPIRUN"; reap; return
+  fi
   rank_pid 0 >/dev/null
   kill -STOP "$victim"
   t0=$(date +%s%N)
@@ -88,14 +90,15 @@ expect_watchdog() {
   sleep 0.5 # mpirun has reaped its ranks; give the kernel a moment to drop them
   local p left=""
   for p in "${RANK_PIDS[@]}"; do
-    if kill -0 "$p" 2>/dev/null && grep -q tessera "/proc/$p/cmdline" 2>/dev/null; then left+=" $p"; fi
+    kill -0 "$p" 2>/dev/null && grep -q tessera "/proc/$p/cmdline" 2>/dev/null && left+=" $p"
   done
   if [ -n "$left" ]; then fail "$name: ranks left running:$left"; else pass; fi
   reap
 }
 
 # Data parallel: rank 0 waits in the gradient all-reduce (or a statistics one).
-w='tessera: watchdog: rank 0 \(host [^,]+, pid [0-9]+\) made no progress for [0-9.]+ s at step [0-9]+: waiting in'
+w='tessera: watchdog: rank 0 \(host [^,]+, pid [0-9]+\) made no progress for [0-9.]+ s '
+w+='at step [0-9]+: waiting in'
 expect_watchdog dp "$w [a-z -]+(\([a-z ]+\))? on communicator \"(dp|world)\"" \
   --set parallel.dp=2 --set parallel.micro_batch=2 --set train.timeout_s=3 --set train.steps=100000
 # Pipeline: rank 0 waits for rank 1's gradients (or in a collective with it).

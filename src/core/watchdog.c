@@ -156,15 +156,16 @@ static _Noreturn void fire(const where *w, double stalled_ms)
         snprintf(ctx, sizeof ctx, w->ctx_fmt, w->ctx_a, w->ctx_b, w->ctx_c);
 #pragma GCC diagnostic pop
     }
-    at = append(buf, at, cap, "tessera: watchdog: rank %d (host %s, pid %ld) made no progress for %.1f s ",
+    at = append(buf, at, cap,
+                "tessera: watchdog: rank %d (host %s, pid %ld) made no progress for %.1f s ",
                 wd.rank, wd.host, (long)getpid(), stalled_ms * 1e-3);
     if (w->step >= 0)
         at = append(buf, at, cap, "at step %d", w->step);
     else
         at = append(buf, at, cap, "during setup (before step 0)");
     if (w->waiting) {
-        at = append(buf, at, cap, ": waiting in %s on communicator \"%s\"", w->action ? w->action : "?",
-                    w->comm ? w->comm : "?");
+        at = append(buf, at, cap, ": waiting in %s on communicator \"%s\"",
+                    w->action ? w->action : "?", w->comm ? w->comm : "?");
         if (w->peer >= 0) at = append(buf, at, cap, " with peer %d", w->peer);
         if (ctx[0]) at = append(buf, at, cap, " (%s)", ctx);
         at = append(buf, at, cap,

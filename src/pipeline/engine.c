@@ -211,11 +211,11 @@ static const char *const k_running[] = {"running F(chunk %d, mb %d)", "running B
                                         "running I(chunk %d, mb %d)", "running W(chunk %d, mb %d)"};
 static const char *const k_recv_input =
     "pipeline receive of the input of F(chunk %d, mb %d) from world rank %d";
-static const char *const k_recv_grad =
-    "pipeline receive of the output gradient for the backward of chunk %d, mb %d, from world rank %d";
+static const char *const k_recv_grad = "pipeline receive of the output gradient for the "
+                                       "backward of chunk %d, mb %d, from world rank %d";
 
-/* Wait for a receive (context: a format of k_recv_* from world rank `peer`), accounting
- * the time as idle (the bubble) and tracing it. */
+/* Wait for a receive (context: one of k_recv_*; peer: the sender's pipeline rank, named
+ * by its world rank), accounting the time as idle (the bubble) and tracing it. */
 static void wait_recv(ts_engine *e, ts_request *r, int chunk, int mb, const char *context, int peer)
 {
     if (!r->active) return;
