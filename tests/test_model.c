@@ -124,16 +124,24 @@ static void write_weights(const ts_model *m, const char *path, const char *drop,
     CHECK(ts_st_write(path, e, n, NULL, NULL, 0) == TS_OK);
 }
 
+/* A randomly initialised source model, an empty destination of the same config, and a
+ * scratch directory (dir: a mkdtemp template) with path = dir/w.safetensors. */
+static void init_pair(const ts_model_config *mc, ts_model *src, ts_model *dst, char *dir,
+                      char *path, size_t path_size)
+{
+    ts_model_build(src, mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(src, 7);
+    ts_model_build(dst, mc, NULL, &ts_kernels_cpu);
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, path_size, "%s/w.safetensors", dir);
+}
+
 static void test_init_from_file(void)
 {
     ts_model_config mc = tiny();
     ts_model src, dst;
-    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
-    ts_model_init_random(&src, 7);
-    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
     char dir[] = "/tmp/ts_model_XXXXXX", path[256];
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    init_pair(&mc, &src, &dst, dir, path, sizeof path);
 
     write_weights(&src, path, NULL, NULL, NULL);
     CHECK(ts_model_init_from_file(&dst, path) == TS_OK);
@@ -168,12 +176,8 @@ static void test_init_from_file_messages(void)
 {
     ts_model_config mc = tiny(); /* C = 16 */
     ts_model src, dst;
-    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
-    ts_model_init_random(&src, 7);
-    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
     char dir[] = "/tmp/ts_model_XXXXXX", path[256];
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    init_pair(&mc, &src, &dst, dir, path, sizeof path);
     const char *msg = ts_error_message();
 
     write_weights(&src, path, "transformer.h.2.mlp.c_proj.bias", NULL, NULL);
