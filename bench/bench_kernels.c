@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/blas_core.h"
 
 enum { B = 4, T = 256, C = 768, NH = 12, V = 50257, L = 12, N = B * T };
 #define NPARAMS 124475904ull /* GPT-2 124M with tied embeddings, wpe of 1024 rows */
@@ -54,6 +55,7 @@ static int nrows = 0;
 
 int main(int argc, char **argv)
 {
+    ts_blas_select_core(argc, argv); /* the OpenBLAS kernel tessera would run */
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     ts_cpu_set_threads(threads);
 

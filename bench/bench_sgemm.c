@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "kernels/cpu/blas_core.h"
 
 typedef struct {
     const char *what;
@@ -37,6 +38,7 @@ static double rate(int m, int n, int k)
 
 int main(int argc, char **argv)
 {
+    ts_blas_select_core(argc, argv); /* the OpenBLAS kernel tessera would run */
     int threads = argc > 1 ? atoi(argv[1]) : 1;
     int json = argc > 2 && !strcmp(argv[2], "--json");
     ts_cpu_set_threads(threads);

@@ -18,6 +18,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "kernels/cpu/blas_core.h"
 
 /* ---- a kernel table that times every call, keyed by kernel and shape */
 
@@ -165,6 +166,7 @@ static int cmp_entry(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    ts_blas_select_core(argc, argv); /* the OpenBLAS kernel tessera would run */
     const char *which = argc > 1 ? argv[1] : "tiny";
     int threads = argc > 2 ? atoi(argv[2]) : 2;
     int steps = argc > 3 ? atoi(argv[3]) : 0;

@@ -11,6 +11,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "test_blas_kernel.h"
 #include "test_util.h"
 
 static double *read_f64(ts_st_file *f, const char *name, size_t *n)
@@ -80,6 +81,7 @@ static double loss_and_grads(ts_model *m, const int *tokens, const int *targets,
 
 int main(void)
 {
+    ts_test_require_blas_core();
     const char *root = getenv("TS_SOURCE_DIR");
     char wpath[4096], epath[4096];
     snprintf(wpath, sizeof wpath, "%s/tests/fixtures/gpt2_tiny_weights.safetensors", root ? root : ".");

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "test_blas_kernel.h"
 #include "test_util.h"
 
 static const ts_kernels *K = &ts_kernels_cpu;
@@ -623,6 +624,7 @@ static void test_determinism(void)
 
 int main(void)
 {
+    ts_test_require_blas_core();
     for (int th = 1; th <= 2; th++) {
         ts_cpu_set_threads(th);
         printf("threads = %d\n", th);

@@ -14,6 +14,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/kernels.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
@@ -596,8 +597,10 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
             printf("  chunk %d (pp rank %d): F %.3f ms, backward %.3f ms (I %.3f + W %.3f)\n", c,
                    ts_chunk_rank(c, p->pp), tc->f[c], tc->i[c] + tc->w[c], tc->i[c], tc->w[c]);
     } else
-        printf("costs: %s layer times%s; P2P %g us latency, %g GB/s, %s per message\n",
+        printf("costs: %s layer times%s%s%s; P2P %g us latency, %g GB/s, %s per message\n",
                part->costs.source == TS_COST_MEASURED ? "measured" : "modelled",
+               part->costs.source == TS_COST_MEASURED ? " with OpenBLAS core " : "",
+               part->costs.source == TS_COST_MEASURED ? ts_blas_core() : "",
                p->tp > 1 ? " / tp" : "", a->latency_us, a->bandwidth_gbs, msg);
     printf("simulated step: %.3f ms\n", r->step_time);
     printf("bubble: %.4f (idle fraction of the step, mean over pipeline ranks)\n", r->bubble_mean);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "kernels/cpu/blas_core.h"
 
 static const char *k_usage =
     "usage: tessera <command> [options]\n"
@@ -20,6 +21,8 @@ static const char *k_usage =
 
 int main(int argc, char **argv)
 {
+    /* Before anything uses BLAS or MPI: may re-execute with a better OpenBLAS kernel. */
+    ts_blas_select_core(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         fputs(k_usage, argc < 2 ? stderr : stdout);

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/watchdog.h"
+#include "kernels/cpu/blas_core.h"
 #include "optim/optim.h"
 #include "train/memory.h"
 
@@ -169,6 +170,54 @@ static ts_status check_memory(ts_trainer *t, bool log)
     return TS_OK;
 }
 
+/* The OpenBLAS core every rank runs and a quick sgemm rate with its threads, gathered
+ * to rank 0: a start-up line and the metrics' first line {"cpu", "blas_core",
+ * "blas_core_note", "blas_gflops":[per rank]}, so a slow kernel is seen, not guessed. */
+static ts_status report_blas(ts_trainer *t)
+{
+    enum { NAME = 32 };
+    char core[NAME] = {0}, note[256], cpu[128];
+    snprintf(core, sizeof core, "%s", ts_blas_core());
+    double gflops = ts_blas_measure_gflops();
+    const int n = t->world.size;
+    char *cores = t->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
+    double *rates = t->world.rank == 0 ? ts_calloc((size_t)n, sizeof(double)) : NULL;
+    ts_watchdog_wait_begin("gather (BLAS report)", t->world.name, -1);
+    MPI_Gather(core, NAME, MPI_CHAR, cores, NAME, MPI_CHAR, 0, t->world.mpi);
+    MPI_Gather(&gflops, 1, MPI_DOUBLE, rates, 1, MPI_DOUBLE, 0, t->world.mpi);
+    ts_watchdog_wait_end();
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        double lo = rates[0], hi = rates[0];
+        int other = -1;
+        for (int r = 1; r < n; r++) {
+            lo = rates[r] < lo ? rates[r] : lo;
+            hi = rates[r] > hi ? rates[r] : hi;
+            if (other < 0 && strncmp(cores + (size_t)r * NAME, core, NAME) != 0) other = r;
+        }
+        ts_blas_core_note(note, sizeof note);
+        ts_cpu_model(cpu, sizeof cpu);
+        ts_log_info("blas: OpenBLAS core %s on %s; sgemm %.1f GFLOP/s per rank with %d thread%s "
+                    "(%.1f-%.1f over ranks)",
+                    note, cpu, gflops, t->topo->threads, t->topo->threads == 1 ? "" : "s", lo, hi);
+        if (other > 0)
+            ts_log_warn("ranks run different OpenBLAS cores: %s on rank 0, %.*s on rank %d",
+                        core, NAME, cores + (size_t)other * NAME, other);
+        json_t *line = json_pack("{s:s, s:s, s:s, s:o}", "cpu", cpu, "blas_core", core,
+                                 "blas_core_note", note, "blas_gflops", json_array());
+        for (int r = 0; r < n; r++)
+            json_array_append_new(json_object_get(line, "blas_gflops"),
+                                  json_real(round(rates[r] * 10.0) / 10.0));
+        char *text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        json_decref(line);
+        st = metrics_line(t, "%s", text ? text : "{}");
+        free(text);
+    }
+    free(cores);
+    free(rates);
+    return ts_comm_agree(&t->world, st);
+}
+
 static void on_layers_done(void *ctx, int first, int end)
 {
     ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
@@ -219,7 +268,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->pp, topo->coords.dp);
-    if (ts_comm_agree(&t->world, st) != TS_OK) {
+    if (ts_comm_agree(&t->world, st) != TS_OK || report_blas(t) != TS_OK) {
         ts_trainer_free(t);
         return TS_ERR;
     }

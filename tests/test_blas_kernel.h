@@ -1,0 +1,34 @@
+/* The kernel-correctness tests run once with OpenBLAS's own choice and once per core
+ * this CPU supports (tests/CMakeLists.txt sets OPENBLAS_CORETYPE and TS_TEST_BLAS_CORE),
+ * so a BLAS kernel that computes wrong results on some CPU is caught, not trusted. */
+#ifndef TS_TEST_BLAS_KERNEL_H
+#define TS_TEST_BLAS_KERNEL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "kernels/cpu/blas_core.h"
+
+/* Exit 77 (skipped) when this CPU cannot run the requested core; exit 1 when OpenBLAS
+ * does not run it (the variant would only repeat the default). Prints the core. */
+static inline void ts_test_require_blas_core(void)
+{
+    const char *want = getenv("TS_TEST_BLAS_CORE");
+    if (!want || !*want) {
+        printf("OpenBLAS core: %s\n", ts_blas_core());
+        return;
+    }
+    ts_isa need = ts_blas_core_isa(want);
+    if (need == TS_ISA_UNKNOWN || ts_cpu_isa() < need) {
+        printf("skipped: this CPU cannot run OpenBLAS's %s kernel\n", want);
+        exit(77);
+    }
+    if (strcasecmp(ts_blas_core(), want) != 0) {
+        fprintf(stderr, "FAIL: asked OpenBLAS for core %s, it runs %s\n", want, ts_blas_core());
+        exit(1);
+    }
+    printf("OpenBLAS core: %s (requested)\n", ts_blas_core());
+}
+
+#endif
