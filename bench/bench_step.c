@@ -208,6 +208,8 @@ int main(int argc, char **argv)
     double *step_ms = malloc(sizeof(double) * (size_t)steps);
     double *model_ms = malloc(sizeof(double) * (size_t)steps);
     double loss = 0.0;
+    ts_adamw opt;
+    ts_adamw_init(&opt, &model);
     for (int s = 0; s <= steps; s++) {
         timing = s > 0;
         double t0 = ts_now_ms();
@@ -223,7 +225,7 @@ int main(int argc, char **argv)
         }
         double t1 = ts_now_ms();
         double norm = sqrt(ts_grad_sum_squares(&model));
-        ts_adamw_step(&model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
+        ts_adamw_step(&opt, &model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
         double t2 = ts_now_ms();
         if (s > 0) {
             step_ms[s - 1] = t2 - t0;
@@ -251,6 +253,7 @@ int main(int argc, char **argv)
     free(dx);
     ts_scratch_free(&scratch);
     ts_acts_free(&acts);
+    ts_adamw_free(&opt);
     ts_model_free(&model);
     return 0;
 }

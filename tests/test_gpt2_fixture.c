@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/load.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "kernels/kernels.h"
@@ -108,7 +109,7 @@ int main(void)
     ts_cpu_set_threads(2);
     ts_model m;
     ts_model_build(&m, &cfg.model, NULL, &ts_kernels_cpu);
-    if (ts_model_init_from_file(&m, wpath) != TS_OK) {
+    if (ts_ckpt_load_model_init(&m, wpath) != TS_OK) {
         fprintf(stderr, "%s\n", ts_error_message());
         return 1;
     }
@@ -129,13 +130,13 @@ int main(void)
     double worst = 0;
     for (int p = 0; p < m.n_params; p++) {
         char name[160];
-        snprintf(name, sizeof name, "grad.%s", m.params[p].name);
+        snprintf(name, sizeof name, "grad.%s", m.params[p].shard.name);
         size_t n;
         double *g = read_f64(&ef, name, &n);
         CHECK(n == m.params[p].numel);
         double e = rel_norm_err(ts_param_grad(&m, p), g, m.params[p].numel);
         if (e > worst) worst = e;
-        CHECKF(e < 1e-4, "%s: relative gradient error %.3g", m.params[p].name, e);
+        CHECKF(e < 1e-4, "%s: relative gradient error %.3g", m.params[p].shard.name, e);
         free(g);
     }
     printf("worst relative gradient error %.3g\n", worst);
@@ -148,6 +149,8 @@ int main(void)
     double *ref_losses = read_f64(&ef, "adamw_losses", NULL);
     double *ref_lrs = read_f64(&ef, "adamw_lrs", NULL);
     double *ref_norms = read_f64(&ef, "adamw_grad_norms", NULL);
+    ts_adamw opt;
+    ts_adamw_init(&opt, &m);
     for (int step = 0; step < 5; step++) {
         double l = loss_and_grads(&m, tokens, targets, B, T, 2);
         double norm = sqrt(ts_grad_sum_squares(&m));
@@ -159,12 +162,13 @@ int main(void)
         CHECKF(ts_rel_err(lr, ref_lrs[step], 1e-12) < 1e-12, "step %d lr %.9g vs %.9g", step, lr,
                ref_lrs[step]);
         printf("step %d: loss %.9f (torch %.9f) norm %.6f lr %.5f\n", step, l, ref_losses[step], norm, lr);
-        ts_adamw_step(&m, &cfg.train, lr, ts_clip_coef(norm, cfg.train.grad_clip), step + 1);
+        ts_adamw_step(&opt, &m, &cfg.train, lr, ts_clip_coef(norm, cfg.train.grad_clip), step + 1);
     }
+    ts_adamw_free(&opt);
     worst = 0;
     for (int p = 0; p < m.n_params; p++) {
         char name[160];
-        snprintf(name, sizeof name, "final.%s", m.params[p].name);
+        snprintf(name, sizeof name, "final.%s", m.params[p].shard.name);
         double *w = read_f64(&ef, name, NULL);
         double e = rel_norm_err(ts_param_data(&m, p), w, m.params[p].numel);
         if (strstr(name, "attn.c_attn.bias")) {
@@ -179,7 +183,7 @@ int main(void)
                 CHECKF(fabs(b[i] - w[i]) < 5 * 1e-2, "key bias %d moved %g", i, fabs(b[i] - w[i]));
         }
         if (e > worst) worst = e;
-        CHECKF(e < 1e-4, "%s: relative error after 5 steps %.3g", m.params[p].name, e);
+        CHECKF(e < 1e-4, "%s: relative error after 5 steps %.3g", m.params[p].shard.name, e);
         free(w);
     }
     printf("worst relative parameter error after 5 steps %.3g\n", worst);

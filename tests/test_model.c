@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checkpoint/load.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "model/model.h"
@@ -27,7 +28,7 @@ static ts_model_config tiny(void)
 static int find(const ts_model *m, const char *name)
 {
     for (int p = 0; p < m->n_params; p++)
-        if (!strcmp(m->params[p].name, name)) return p;
+        if (!strcmp(m->params[p].shard.name, name)) return p;
     return -1;
 }
 
@@ -62,8 +63,8 @@ static void test_init_by_index(void)
     CHECK(part.wte_param == -1 && part.head_wte_param >= 0 && part.params[part.head_wte_param].tied_copy);
     int same = 1;
     for (int p = 0; p < part.n_params; p++) {
-        int q = find(&full, part.params[p].name);
-        CHECKF(q >= 0, "%s missing from full model", part.params[p].name);
+        int q = find(&full, part.params[p].shard.name);
+        CHECKF(q >= 0, "%s missing from full model", part.params[p].shard.name);
         if (q < 0) continue;
         same &= !memcmp(ts_param_data(&part, p), ts_param_data(&full, q),
                         part.params[p].numel * sizeof(float));
@@ -103,15 +104,15 @@ static void write_weights(const ts_model *m, const char *path, const char *drop,
     ts_st_entry e[64];
     int n = 0;
     for (int p = 0; p < m->n_params; p++) {
-        if (drop && !strcmp(m->params[p].name, drop)) continue;
-        e[n].name = m->params[p].name;
+        if (drop && !strcmp(m->params[p].shard.name, drop)) continue;
+        e[n].name = m->params[p].shard.name;
         e[n].dtype = TS_DT_F32;
-        e[n].ndim = m->params[p].ndim;
-        e[n].shape[0] = m->params[p].shape[0];
-        e[n].shape[1] = m->params[p].shape[1];
-        if (reshape && !strcmp(m->params[p].name, reshape)) { /* same bytes, other shape */
-            e[n].shape[0] = m->params[p].shape[1];
-            e[n].shape[1] = m->params[p].shape[0];
+        e[n].ndim = m->params[p].shard.ndim;
+        e[n].shape[0] = m->params[p].shard.shape[0];
+        e[n].shape[1] = m->params[p].shard.shape[1];
+        if (reshape && !strcmp(m->params[p].shard.name, reshape)) { /* same bytes, other shape */
+            e[n].shape[0] = m->params[p].shard.shape[1];
+            e[n].shape[1] = m->params[p].shard.shape[0];
         }
         e[n].data = ts_param_data(m, p);
         n++;
@@ -144,23 +145,23 @@ static void test_init_from_file(void)
     init_pair(&mc, &src, &dst, dir, path, sizeof path);
 
     write_weights(&src, path, NULL, NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_OK);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_OK);
     CHECK(!memcmp(src.param_mem, dst.param_mem, src.num_floats * sizeof(float)));
 
     write_weights(&src, path, "transformer.h.1.mlp.c_fc.bias", NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(ts_error_message(), "transformer.h.1.mlp.c_fc.bias") != NULL, "%s", ts_error_message());
 
     write_weights(&src, path, NULL, "transformer.h.0.attn.c_attn.weight", NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(ts_error_message(), "shape") && strstr(ts_error_message(), "c_attn.weight"), "%s",
            ts_error_message());
 
     write_weights(&src, path, NULL, NULL, "transformer.h.7.attn.c_attn.weight");
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(ts_error_message(), "transformer.h.7") != NULL, "%s", ts_error_message());
 
-    CHECK(ts_model_init_from_file(&dst, "/nonexistent/w.safetensors") == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, "/nonexistent/w.safetensors") == TS_ERR);
     CHECKF(strstr(ts_error_message(), "model.init") != NULL, "%s", ts_error_message());
 
     unlink(path);
@@ -181,26 +182,26 @@ static void test_init_from_file_messages(void)
     const char *msg = ts_error_message();
 
     write_weights(&src, path, "transformer.h.2.mlp.c_proj.bias", NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "'transformer.h.2.mlp.c_proj.bias' (expected shape [16] F32"), "%s", msg);
     write_weights(&src, path, "transformer.h.0.mlp.c_fc.bias", NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "(expected shape [64] F32"), "%s", msg);
     write_weights(&src, path, "transformer.wpe.weight", NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "(expected shape [8,16] F32"), "%s", msg);
 
     /* lm_head.weight: the same as wte is accepted; another tensor is refused once. */
     int wte = find(&src, "transformer.wte.weight");
     write_weights(&src, path, NULL, NULL, "lm_head.weight"); /* a copy of entry 0, wte */
-    CHECKF(ts_model_init_from_file(&dst, path) == TS_OK, "%s", msg);
+    CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "%s", msg);
     ts_param_data(&src, wte)[5] += 1.0f;
     {
         ts_st_entry e[64];
         int n = 0;
         for (int p = 0; p < src.n_params; p++, n++)
-            e[n] = (ts_st_entry){src.params[p].name, TS_DT_F32, src.params[p].ndim,
-                                 {src.params[p].shape[0], src.params[p].shape[1]},
+            e[n] = (ts_st_entry){src.params[p].shard.name, TS_DT_F32, src.params[p].shard.ndim,
+                                 {src.params[p].shard.shape[0], src.params[p].shard.shape[1]},
                                  ts_param_data(&src, p)};
         float *head = malloc(src.params[wte].numel * sizeof(float));
         memcpy(head, ts_param_data(&src, wte), src.params[wte].numel * sizeof(float));
@@ -212,7 +213,7 @@ static void test_init_from_file_messages(void)
         free(head);
     }
     ts_param_data(&src, wte)[5] -= 1.0f;
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "lm_head.weight differs") && strncmp(msg, "model.init: ", 12) == 0 &&
                !strstr(msg + 1, "model.init:"),
            "%s", msg);
@@ -221,7 +222,7 @@ static void test_init_from_file_messages(void)
     int attn = find(&src, "transformer.h.0.attn.c_attn.weight"); /* [48,16] */
     ts_param_data(&src, attn)[100] = NAN;
     write_weights(&src, path, NULL, NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "tensor 'transformer.h.0.attn.c_attn.weight' [48,16] holds NaN at "
                        "element 100 (row 6, column 4)") &&
                strstr(msg, path) && strncmp(msg, "model.init: ", 12) == 0,
@@ -230,7 +231,7 @@ static void test_init_from_file_messages(void)
     int bias = find(&src, "transformer.h.1.ln_2.bias");
     ts_param_data(&src, bias)[3] = -INFINITY;
     write_weights(&src, path, NULL, NULL, NULL);
-    CHECK(ts_model_init_from_file(&dst, path) == TS_ERR);
+    CHECK(ts_ckpt_load_model_init(&dst, path) == TS_ERR);
     CHECKF(strstr(msg, "tensor 'transformer.h.1.ln_2.bias' [16] holds -Inf at element 3;"), "%s",
            msg);
     ts_param_data(&src, bias)[3] = 0.0f;
@@ -241,10 +242,12 @@ static void test_init_from_file_messages(void)
     ts_param_data(&src, proj)[2 * 16 + 12] = INFINITY;
     write_weights(&src, path, NULL, NULL, NULL);
     ts_model tp0, tp1;
-    ts_model_build_tp(&tp0, &mc, NULL, &ts_kernels_cpu, 2, 0, NULL);
-    ts_model_build_tp(&tp1, &mc, NULL, &ts_kernels_cpu, 2, 1, NULL);
-    CHECKF(ts_model_init_from_file(&tp0, path) == TS_OK, "%s", msg);
-    CHECK(ts_model_init_from_file(&tp1, path) == TS_ERR);
+    const ts_tp ctx0 = ts_tp_make(2, 0, NULL, &ts_kernels_cpu);
+    const ts_tp ctx1 = ts_tp_make(2, 1, NULL, &ts_kernels_cpu);
+    ts_model_build_tp(&tp0, &mc, NULL, &ctx0);
+    ts_model_build_tp(&tp1, &mc, NULL, &ctx1);
+    CHECKF(ts_ckpt_load_model_init(&tp0, path) == TS_OK, "%s", msg);
+    CHECK(ts_ckpt_load_model_init(&tp1, path) == TS_ERR);
     CHECKF(strstr(msg, "c_proj.weight' [16,16] holds +Inf at element 44 (row 2, column 12)"), "%s",
            msg);
     ts_model_free(&tp0);
@@ -316,6 +319,102 @@ static void test_chunks_and_split_backward(void)
     ts_model_free(&m);
 }
 
+/* A model whose vocabulary (37, prime) splits unevenly over tp = 2, 3 and 4. */
+static ts_model_config prime_vocab(void)
+{
+    ts_model_config mc = tiny();
+    mc.n_head = 12;
+    mc.n_embd = 48;
+    mc.vocab_size = 37;
+    return mc;
+}
+
+/* Every tensor-parallel part, uneven vocabulary included, initialises (by index) and
+ * loads (model.init, run by run) to exactly the full model's slice, read back through
+ * the same shard runs; the owned parts add up to the logical parameters. */
+static void test_tp_parts_uneven_vocab(void)
+{
+    ts_model_config mc = prime_vocab();
+    ts_model full, src;
+    char dir[] = "/tmp/ts_model_XXXXXX", path[256];
+    init_pair(&mc, &src, &full, dir, path, sizeof path);
+    ts_model_init_random(&full, 1234);
+    write_weights(&src, path, NULL, NULL, NULL);
+    for (int tp = 2; tp <= 4; tp++) {
+        size_t owned = 0;
+        int vocab_next = 0;
+        for (int r = 0; r < tp; r++) {
+            const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
+            ts_model part, loaded;
+            ts_model_build_tp(&part, &mc, NULL, &ctx);
+            ts_model_build_tp(&loaded, &mc, NULL, &ctx);
+            ts_model_init_random(&part, 1234);
+            CHECKF(ts_ckpt_load_model_init(&loaded, path) == TS_OK, "%s", ts_error_message());
+            CHECKF(part.vocab_start == vocab_next && part.local_vocab == 37 / tp + (r < 37 % tp),
+                   "tp=%d rank %d: vocabulary rows [%d, +%d)", tp, r, part.vocab_start,
+                   part.local_vocab);
+            vocab_next = part.vocab_start + part.local_vocab;
+            int same_init = 1, same_load = 1;
+            for (int p = 0; p < part.n_params; p++) {
+                const ts_param *P = &part.params[p];
+                int q = find(&full, P->shard.name);
+                if (ts_tp_param_counts(&P->shard)) owned += P->numel;
+                ts_shard_run run;
+                for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, 0, P->numel);
+                     ts_shard_next(&it, &run);) {
+                    size_t bytes = run.len * sizeof(float);
+                    same_init &= !memcmp(ts_param_data(&part, p) + run.local,
+                                         ts_param_data(&full, q) + run.logical, bytes);
+                    same_load &= !memcmp(ts_param_data(&loaded, p) + run.local,
+                                         ts_param_data(&src, q) + run.logical, bytes);
+                }
+            }
+            CHECKF(same_init, "tp=%d rank %d: initial weights are not the full model's slices", tp,
+                   r);
+            CHECKF(same_load, "tp=%d rank %d: model.init did not load the file's slices", tp, r);
+            ts_model_free(&part);
+            ts_model_free(&loaded);
+        }
+        CHECKF(vocab_next == 37, "tp=%d: the parts cover %d of 37 vocabulary rows", tp, vocab_next);
+        CHECKF(owned == ts_model_logical_params(&mc), "tp=%d: owned %zu of %zu parameters", tp,
+               owned, ts_model_logical_params(&mc));
+    }
+    unlink(path);
+    rmdir(dir);
+    ts_model_free(&src);
+    ts_model_free(&full);
+}
+
+/* The activation layout is written once: each layer's allocation is the layout's size
+ * (ts_layer_act_floats, used by estimates without a model), and a block holds exactly
+ * its 16 [N,C]-sized buffers, 4 [N] statistics and the [B,H,T,T] probabilities. */
+static void test_activation_layout(void)
+{
+    ts_model_config mc = prime_vocab();
+    const int B = 2, T = 8;
+    const size_t N = (size_t)B * T, C = (size_t)mc.n_embd;
+    for (int tp = 1; tp <= 4; tp++) {
+        for (int r = 0; r < tp; r++) {
+            const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
+            ts_model m;
+            ts_model_layout_tp(&m, &mc, NULL, &ctx);
+            for (int l = 0; l < m.n_layers; l++) {
+                size_t want = ts_layer_act_floats(&mc, m.layers[l].kind, B, T, tp, r);
+                CHECKF(ts_acts_floats(&m, l, l + 1, B, T) == (want + 15) / 16 * 16,
+                       "tp=%d rank %d layer %d: %zu floats vs the layout's %zu", tp, r, l,
+                       ts_acts_floats(&m, l, l + 1, B, T), want);
+            }
+            ts_model_free(&m);
+        }
+    }
+    size_t block = ts_layer_act_floats(&mc, TS_LAYER_BLOCK, B, T, 1, 0);
+    CHECKF(block == 16 * N * C + 4 * N + (size_t)B * mc.n_head * T * T, "block %zu", block);
+    size_t head = ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 1, 0);
+    CHECKF(head == N * C + 6 * N + N * (size_t)mc.vocab_size, "head %zu", head);
+    CHECK(ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 4, 0) == N * C + 6 * N + N * 10);
+    CHECK(ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 4, 3) == N * C + 6 * N + N * 9);
+}
+
 int main(void)
 {
     test_chunks_and_split_backward();
@@ -323,5 +422,7 @@ int main(void)
     test_init_by_index();
     test_init_from_file();
     test_init_from_file_messages();
+    test_tp_parts_uneven_vocab();
+    test_activation_layout();
     return ts_test_report();
 }

@@ -90,6 +90,51 @@ else
   fail "plan --trace/--svg failed: $(cat "$TMP/err")"
 fi
 
+# The data-parallel reduction. pp=2 with m = 4 micro-batches: dp=1 (batch 16) against
+# dp=2 (batch 32), modelled costs. A reduction the step waits for lengthens it by
+# exactly dp_exposed_ms; dp=1 has none; a faster dp link exposes less.
+dp1=(--set parallel.pp=2 --set parallel.micro_batch=4 --set train.global_batch=16 --no-measure)
+dp2=(--set parallel.pp=2 --set parallel.micro_batch=4 --set parallel.dp=2 --set train.global_batch=32 --no-measure)
+last_num() { grep -o "\"$1\": *[-0-9.eE+]*" "$TMP/out" | tail -1 | sed 's/.*: *//'; }
+if plan "$cfg" "${dp1[@]}" --json; then
+  base=$(json_num step_ms)
+  close "$(json_num dp_exposed_ms)" 0 && close "$(last_num dp_reduction_ms)" 0 && pass ||
+    fail "dp=1 has a dp reduction: $(cat "$TMP/out")"
+else
+  fail "plan dp=1 failed: $(cat "$TMP/err")"
+fi
+if plan "$cfg" "${dp2[@]}" --json --dp-bandwidth-gbs 0.05 --dp-latency-us 100; then
+  slow=$(json_num step_ms); exposed=$(json_num dp_exposed_ms); reduction=$(last_num dp_reduction_ms)
+  for key in dp_exposed_ms dp_reduction_ms dp_wait_ms; do
+    grep -q "\"$key\":" "$TMP/out" && pass || fail "--json lacks \"$key\""
+  done
+  awk -v e="$exposed" -v r="$reduction" 'BEGIN { exit !(e > 0 && r >= e) }' && pass ||
+    fail "slow dp link: exposed $exposed, reduction $reduction"
+  close "$(awk -v s="$slow" -v b="$base" 'BEGIN { printf "%.10f", s - b }')" "$exposed" && pass ||
+    fail "step $slow - dp=1 step $base != dp_exposed_ms $exposed"
+  # Gradient bytes / bandwidth: the reduction costs about what the model's gradients need
+  # (tiny: 0.83M parameters = 3.3 MB over 2 ranks, at 0.05 GB/s about 33 ms per rank).
+  awk -v r="$reduction" 'BEGIN { exit !(r > 25 && r < 45) }' && pass ||
+    fail "dp_reduction_ms $reduction is not about 3.3 MB / 2 / 0.05 GB/s"
+  plan "$cfg" "${dp2[@]}" --json --dp-bandwidth-gbs 1000 --dp-latency-us 0 && fast=$(json_num dp_exposed_ms)
+  awk -v f="${fast:-}" -v e="$exposed" 'BEGIN { exit !(f != "" && f < e / 10) }' && pass ||
+    fail "a faster dp link exposes $fast ms, the slow one $exposed ms"
+else
+  fail "plan dp=2 failed: $(cat "$TMP/err")"
+fi
+if plan "$cfg" "${dp2[@]}" --dp-bandwidth-gbs 0.05 --trace "$TMP/t/dp.json"; then
+  grep -q "^dp reduction: 2 replicas" "$TMP/out" && grep -q "exposed [0-9.]* ms" "$TMP/out" &&
+    grep -q "dp_wait_ms" "$TMP/out" && pass || fail "report lacks the dp reduction: $(cat "$TMP/out")"
+  [ "$(grep -o '"cat":"dpreduce","ph":"X","pid":1' "$TMP/t/dp.json" | wc -l)" -eq 2 ] && pass ||
+    fail "--trace: expected 2 dp reductions (one per chunk) on the dp track (pid 1)"
+else
+  fail "plan dp=2 text failed: $(cat "$TMP/err")"
+fi
+plan "$cfg" "${dp2[@]}" --cost uniform && grep -q "not modelled with --cost uniform" "$TMP/out" && pass ||
+  fail "--cost uniform with dp=2: $(cat "$TMP/out" "$TMP/err")"
+plan "$cfg" "${dp1[@]}" && grep -q "dp reduction: none (dp = 1)" "$TMP/out" && pass ||
+  fail "dp=1 report: $(cat "$TMP/out")"
+
 # expect_plan_error PATTERN ARGS...: non-zero exit, PATTERN once on stderr, nothing on stdout.
 expect_plan_error() {
   local pattern="$1"; shift
@@ -112,11 +157,13 @@ expect_plan_error "No such file|cannot read|not found" "$TMP/absent.cfg"
 expect_plan_error "not a Chrome trace|traceEvents|not valid JSON" --from-trace "$cfg" --svg "$TMP/x.svg"
 expect_plan_error "--cost" "$cfg" --cost free
 expect_plan_error "needs a CONFIG" --json
+expect_plan_error "--dp-bandwidth-gbs '0' is not a number from 0.001" "$cfg" --dp-bandwidth-gbs 0
+expect_plan_error "--dp-latency-us 'x' is not a number" "$cfg" --dp-latency-us x
 
 # --help documents every option.
 if "$TESSERA" plan --help >"$TMP/out"; then
   for opt in --json --cost uniform --no-measure --trace --svg --from-trace --latency-us \
-             --bandwidth-gbs --set; do
+             --bandwidth-gbs --dp-latency-us --dp-bandwidth-gbs dp_exposed_ms --set; do
     grep -q -- "$opt" "$TMP/out" && pass || fail "--help does not mention $opt"
   done
 else

@@ -1,5 +1,6 @@
 /* Simulator: textbook bubbles of the schedules with uniform costs and free
- * communication, communication costs, activation memory, deadlock detection, traces. */
+ * communication, communication costs, activation memory, the data-parallel reduction,
+ * deadlock detection, traces. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,100 @@ static void test_optimizer(void)
     ts_schedule_free(&s);
 }
 
+/* One rank holding two chunks (a hand-made list), F = 1 and B = I + W = 1 + 1, dp link
+ * 0.5 + bytes / 2. Chunk 1's last backward ends at 4 and chunk 0's at 6 (the rank's
+ * last action): chunk 1's reduction (2 bytes: 1.5) runs 4..5.5 behind chunk 0's
+ * backward, hidden; chunk 0's (4 bytes: 2.5) runs 6..8.5, all of it exposed. */
+static void test_dp_reduction_hidden_and_exposed(void)
+{
+    ts_action list[] = {{TS_ACT_F, 0, 0}, {TS_ACT_F, 1, 0}, {TS_ACT_B, 1, 0}, {TS_ACT_B, 0, 0}};
+    ts_action *lists[] = {list};
+    int counts[] = {4};
+    ts_schedule s = {.name = "hand", .pp = 1, .v = 2, .m = 1, .n_chunks = 2,
+                     .n_actions = counts, .actions = lists};
+    costs k;
+    uniform(&k, 2, 1.0, 2.0);
+    double bytes[2] = {4.0, 2.0};
+    k.c.dp_bytes = bytes;
+    k.c.dp_latency = 0.5;
+    k.c.dp_bandwidth = 2.0;
+    ts_sim_result r;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(r.n_dp_events == 2);
+    const ts_sim_event *hidden = &r.dp_events[0], *exposed = &r.dp_events[1];
+    CHECK(hidden->chunk == 1 && hidden->kind == TS_SIM_DP && hidden->rank == 0);
+    CHECKF(fabs(hidden->start - 4.0) < 1e-12 && fabs(hidden->end - 5.5) < 1e-12, "%g..%g",
+           hidden->start, hidden->end);
+    CHECKF(exposed->chunk == 0 && fabs(exposed->start - 6.0) < 1e-12 &&
+               fabs(exposed->end - 8.5) < 1e-12,
+           "chunk %d %g..%g", exposed->chunk, exposed->start, exposed->end);
+    CHECKF(fabs(r.step_time - 8.5) < 1e-12, "step %g", r.step_time);
+    CHECK(fabs(r.dp_exposed - 2.5) < 1e-12 && fabs(r.dp_wait[0] - 2.5) < 1e-12);
+    CHECK(fabs(r.dp_busy[0] - 4.0) < 1e-12);
+    CHECK(fabs(r.busy[0] - 6.0) < 1e-12); /* the reduction is not compute */
+
+    /* The optimizer waits for it too: 8.5 .. 9. */
+    double optim[1] = {0.5};
+    k.c.optim = optim;
+    ts_sim_result_free(&r);
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.step_time - 9.0) < 1e-12 && fabs(r.dp_exposed - 2.5) < 1e-12);
+    CHECK(r.events[4].kind == TS_SIM_OPTIM && fabs(r.events[4].start - 8.5) < 1e-12);
+    /* The trace: the reductions on the dp track, the wait for them before the optimizer. */
+    ts_trace t;
+    ts_trace_init(&t);
+    ts_sim_to_trace(&r, 1.0, &t);
+    int dp = 0, waits = 0;
+    for (int i = 0; i < t.n; i++) {
+        const ts_trace_event *e = &t.events[i];
+        if (!strcmp(e->cat, "dpreduce")) dp += e->track == TS_TRACE_TRACK_DP;
+        if (!strcmp(e->cat, "wait")) waits += fabs(e->start_us - 6.0) < 1e-9 && fabs(e->dur_us - 2.5) < 1e-9;
+        if (strcmp(e->cat, "dpreduce") != 0) CHECK(e->track == TS_TRACE_TRACK_MAIN);
+    }
+    CHECK(dp == 2 && waits == 1);
+    ts_trace_free(&t);
+    k.c.optim = NULL;
+
+    /* A slower link: chunk 1's reduction (6 bytes: 3.5, 4..7.5) outlasts the compute and
+     * holds the lane, so chunk 0's starts at 7.5, not 6: the lane runs one at a time. */
+    bytes[1] = 6.0;
+    ts_sim_result_free(&r);
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.dp_events[1].start - 7.5) < 1e-12 && fabs(r.step_time - 10.0) < 1e-12);
+    CHECK(fabs(r.dp_exposed - 4.0) < 1e-12);
+
+    /* Split backward (zb-h1's I and W): a chunk's gradients are final after its W, not
+     * its I. F0 0-1, F1 1-2, I1 2-3, I0 3-4, W1 4-5, W0 5-6: chunk 1 reduces from 5. */
+    ts_action split[] = {{TS_ACT_F, 0, 0}, {TS_ACT_F, 1, 0}, {TS_ACT_I, 1, 0},
+                         {TS_ACT_I, 0, 0}, {TS_ACT_W, 1, 0}, {TS_ACT_W, 0, 0}};
+    lists[0] = split;
+    counts[0] = 6;
+    bytes[1] = 2.0;
+    ts_sim_result_free(&r);
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(r.dp_events[0].chunk == 1 && fabs(r.dp_events[0].start - 5.0) < 1e-12);
+    CHECK(fabs(r.dp_events[1].start - 6.5) < 1e-12 && fabs(r.step_time - 9.0) < 1e-12);
+    ts_sim_result_free(&r);
+
+    /* Two ranks (1f1b, m = 1): rank 1's reduction (4..5.5) hides behind rank 0's
+     * backward (4..6), so only rank 0's (6..7.5) lengthens the step. */
+    ts_schedule two;
+    CHECK(ts_schedule_build(&two, "1f1b", 2, 1, 1) == TS_OK);
+    double same[2] = {2.0, 2.0};
+    k.c.dp_bytes = same;
+    CHECK(ts_sim_run(&two, &k.c, &r) == TS_OK);
+    CHECK(fabs(r.dp_wait[1] - 1.5) < 1e-12 && fabs(r.dp_wait[0] - 1.5) < 1e-12);
+    CHECK(fabs(r.step_time - 7.5) < 1e-12 && fabs(r.dp_exposed - 1.5) < 1e-12);
+    ts_sim_result_free(&r);
+
+    /* No dp (dp_bytes NULL): nothing changes. */
+    k.c.dp_bytes = NULL;
+    CHECK(ts_sim_run(&two, &k.c, &r) == TS_OK);
+    CHECK(r.n_dp_events == 0 && r.dp_exposed == 0.0 && fabs(r.step_time - 6.0) < 1e-12);
+    ts_sim_result_free(&r);
+    ts_schedule_free(&two);
+}
+
 /* A hand-made list: rank 0 runs B before its F. */
 static void test_errors(void)
 {
@@ -242,6 +337,7 @@ int main(void)
     test_communication();
     test_memory();
     test_optimizer();
+    test_dp_reduction_hidden_and_exposed();
     test_errors();
     return ts_test_report();
 }

@@ -1,7 +1,8 @@
 # Grid invariance for tensor parallelism: tp = 2 and 4, alone and with dp = 2, and full
 # 3D grids (2x2x2 with interleaved-1f1b and v = 2; 2x1x4; 4x1x2 with recompute) give the
-# one-rank losses within relative 1e-4 for 20 steps. n_head or vocab_size not divisible
-# by tp is a clear error.
+# one-rank losses within relative 1e-4 for 20 steps. A prime vocabulary (257) splits
+# unevenly over tp = 2, 3 and 4 and still gives the one-rank losses (reruns bit for bit).
+# n_head not divisible by tp, or a vocabulary smaller than tp, is a clear error.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -24,6 +25,19 @@ check tp2_again 2 --set parallel.tp=2
 if cmp -s <(losses "$TMP/tp2.jsonl") <(losses "$TMP/tp2_again.jsonl"); then pass
 else fail "tp=2 run twice is not bit-identical"; fi
 
+# A prime vocabulary: the one-rank run of that model becomes the reference.
+prime=(--set model.vocab_size=257 --set model.n_head=12 --set model.n_embd=96)
+mv "$TMP/ref.jsonl" "$TMP/ref_bytes.jsonl"
+check ref 1 "${prime[@]}"
+check prime_tp2 2 "${prime[@]}" --set parallel.tp=2
+check prime_tp3 3 "${prime[@]}" --set parallel.tp=3
+check prime_tp4 4 "${prime[@]}" --set parallel.tp=4
+check prime_pp2_tp3 6 "${prime[@]}" --set parallel.pp=2 --set parallel.tp=3
+check prime_tp3_again 3 "${prime[@]}" --set parallel.tp=3
+if cmp -s <(losses "$TMP/prime_tp3.jsonl") <(losses "$TMP/prime_tp3_again.jsonl"); then pass
+else fail "tp=3 with a prime vocabulary run twice is not bit-identical"; fi
+
 expect_error 3 "n_head" "${common[@]}" --set parallel.tp=3
-expect_error 2 "vocab_size" "${common[@]}" --set parallel.tp=2 --set model.vocab_size=255
+expect_error 4 "model.vocab_size = 3 is smaller than parallel.tp = 4" "${common[@]}" \
+  --set parallel.tp=4 --set model.vocab_size=3
 finish

@@ -89,6 +89,29 @@ static void test_round_trip(const char *dir)
     free(back);
     ts_trace_free(&t);
 
+    /* The dp track: pid 1, named, read back as the dp track of its rank. */
+    ts_trace_init(&t);
+    ts_trace_event fwd = ts_trace_event_make("F", 2, 2, 0, 0, 10);
+    ts_trace_event red = ts_trace_event_make("dpreduce", 2, -1, -1, 5, 20);
+    snprintf(red.name, sizeof red.name, "all-reduce");
+    red.track = TS_TRACE_TRACK_DP;
+    ts_trace_add(&t, &fwd);
+    ts_trace_add(&t, &red);
+    snprintf(path, sizeof path, "%s/dp.json", dir);
+    CHECKF(ts_trace_write_chrome(path, t.events, t.n, 3, "dp") == TS_OK, "%s", ts_error_message());
+    text = slurp(path);
+    CHECK(text && strstr(text, "\"data-parallel reduction\"") && strstr(text, "\"rank 2 dp\"") &&
+          strstr(text, "\"name\":\"all-reduce\",\"cat\":\"dpreduce\",\"ph\":\"X\",\"pid\":1,\"tid\":2"));
+    free(text);
+    CHECKF(ts_trace_read_chrome(path, &back, &n, &ranks) == TS_OK, "%s", ts_error_message());
+    CHECK(n == 2 && ranks == 3 && back[0].track == TS_TRACE_TRACK_MAIN &&
+          back[1].track == TS_TRACE_TRACK_DP && back[1].rank == 2 && !strcmp(back[1].name, "all-reduce"));
+    free(back);
+    t.events[1].track = 7;
+    CHECK(ts_trace_write_chrome(path, t.events, t.n, 3, "dp") == TS_ERR &&
+          strstr(ts_error_message(), "track 7 is out of range"));
+    ts_trace_free(&t);
+
     /* Not a trace. */
     snprintf(path, sizeof path, "%s/bad.json", dir);
     FILE *f = fopen(path, "w");
@@ -126,6 +149,10 @@ static void test_svg(const char *dir)
         ts_trace_add(&t, &o);
         ts_trace_add(&t, &d);
         compute += 2; /* optim and dpsync are drawn; wait is not */
+        ts_trace_event red = ts_trace_event_make("dpreduce", r, -1, -1, at - 250, 240);
+        red.track = TS_TRACE_TRACK_DP; /* drawn in the rank's dp lane */
+        ts_trace_add(&t, &red);
+        compute++;
     }
     char path[1024];
     snprintf(path, sizeof path, "%s/pipe.svg", dir);
@@ -139,7 +166,8 @@ static void test_svg(const char *dir)
     CHECK(svg && count(svg, "<rect") == count(svg, "class=\"ev\"") + count(svg, "class=\"legend\"") +
                                               count(svg, "class=\"bg\""));
     CHECK(svg && strstr(svg, "&lt;test&gt; &amp; more") != NULL);
-    CHECK(svg && strstr(svg, "rank 1") && strstr(svg, "forward") && strstr(svg, "time ("));
+    CHECK(svg && strstr(svg, "rank 1") && strstr(svg, "forward") && strstr(svg, "time (") &&
+          strstr(svg, "dp reduction"));
     CHECK(svg && count(svg, "<svg") == 1 && count(svg, "<text") == count(svg, "</text>"));
     free(svg);
     ts_trace_free(&t);

@@ -23,7 +23,7 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' \
 if cmp -s <(losses "$TMP/run1.jsonl") <(losses "$TMP/run2.jsonl"); then pass; else fail "two identical runs differ"; fi
 grep -q '"val_loss"' "$TMP/run1.jsonl" && pass || fail "no validation loss line"
 for key in step loss lr grad_norm tokens step_ms tokens_per_s bubble dp_overlap; do
-  head -1 "$TMP/run1.jsonl" | grep -q "\"$key\":" && pass || fail "metrics line lacks $key"
+  grep -m1 '^{"step":' "$TMP/run1.jsonl" | grep -q "\"$key\":" && pass || fail "metrics line lacks $key"
 done
 grep -q "ETA" "$TMP/err" && pass || fail "no progress with ETA on stderr"
 

@@ -2,9 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <mpi.h>
-
 #include "cli/cli.h"
+#include "comm/comm.h"
 #include "core/log.h"
 #include "core/watchdog.h"
 
@@ -14,20 +13,17 @@ int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn r
         fputs(help, stdout);
         return 0;
     }
-    /* FUNNELED: only this thread calls MPI, but `train` runs a watchdog thread beside it
-     * (core/watchdog.h), which MPI_THREAD_SINGLE would not allow; cmd_train checks the
-     * level it got (MPI_Query_thread) before starting it. */
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    int rank, world_size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    ts_log_set_rank(rank);
-    int code = run(argc, argv, rank, world_size);
-    /* MPI_Finalize synchronises with the other ranks, so a stopped one can hang it too:
+    /* Only this thread communicates, but `train` runs a watchdog thread beside it
+     * (core/watchdog.h); cmd_train checks the thread level (ts_comm_threads_ok) before
+     * starting it. */
+    ts_comm_init(&argc, &argv);
+    ts_comm world;
+    ts_comm_world(&world);
+    ts_log_set_rank(world.rank);
+    int code = run(argc, argv, world.rank, world.size);
+    /* Finalizing synchronises with the other ranks, so a stopped one can hang it too:
      * the watchdog (when run started one) keeps watching until it returns. */
-    ts_watchdog_wait_begin("MPI_Finalize", "world", -1);
-    MPI_Finalize();
+    ts_comm_finalize();
     ts_watchdog_stop();
     return code;
 }

@@ -11,8 +11,8 @@ int ts_cmd_data(int argc, char **argv);
 int ts_cmd_topo(int argc, char **argv);
 int ts_cmd_plan(int argc, char **argv);
 
-/* The shape every MPI subcommand shares: `--help` without MPI, else MPI_Init, set the
- * log rank, run(argc, argv, rank, world_size), MPI_Finalize; returns run's code. */
+/* The shape every MPI subcommand shares: `--help` without MPI, else ts_comm_init, set
+ * the log rank, run(argc, argv, rank, world_size), ts_comm_finalize; returns run's code. */
 typedef int (*ts_cli_mpi_run_fn)(int argc, char **argv, int rank, int world_size);
 int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn run);
 
@@ -23,7 +23,7 @@ int ts_cli_parse_config_args(int argc, char **argv, int first, const char **posi
                              const char **sets, int max_sets, int *n_sets, int print_errors);
 
 /* Parse argv[2..] (CONFIG and --set options) and load the config on every rank of
- * MPI_COMM_WORLD, then agree: any rank's usage or config error fails every rank (the
+ * the world group, then agree: any rank's usage or config error fails every rank (the
  * lowest failing rank's message, naming it, printed once by rank 0, with `help` after
  * a usage error), and ranks whose resolved configs differ fail naming the first
  * differing key. Without CONFIG, `defaults` (n_defaults overrides) come before the

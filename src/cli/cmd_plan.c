@@ -24,6 +24,7 @@
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
     "                    [--no-measure] [--latency-us X] [--bandwidth-gbs X] [--optim-ms X]\n"
+    "                    [--dp-latency-us X] [--dp-bandwidth-gbs X]\n"
     "                    [--trace FILE] [--svg FILE] [--costs-from-trace TRACE.json\n"
     "                    [--trace-skip-steps N] [--trace-stat mean|median]]\n"
     "       tessera plan --from-trace TRACE.json --svg FILE\n"
@@ -32,8 +33,9 @@ static const char *k_help =
     "(embedding, n_layer blocks, head) into parallel.pp * virtual_stages chunks, build\n"
     "parallel.schedule for the step's micro-batches (train.global_batch / (dp * micro_batch)),\n"
     "replay it on a cost model, and print the partition, the simulated step time, the bubble\n"
-    "(idle fraction of the step) overall and per pipeline rank, and each rank's peak\n"
-    "activation memory. The world size is not checked: any grid can be planned anywhere.\n"
+    "(idle fraction of the step) overall and per pipeline rank, each rank's peak\n"
+    "activation memory, and with dp > 1 the data-parallel gradient reduction and how much of\n"
+    "it the step waits for. The world size is not checked: any grid can be planned anywhere.\n"
     "\n"
     "  CONFIG             a libconfig file (see configs/tiny.cfg)\n"
     "  --set KEY=VALUE    override a config key, e.g. --set parallel.pp=4\n"
@@ -41,7 +43,9 @@ static const char *k_help =
     "  --json             print only one JSON object on stdout:\n"
     "                     {\"world\", \"pp\", \"dp\", \"tp\", \"v\", \"schedule\", \"microbatches\",\n"
     "                      \"partition\": [layers per chunk], \"step_ms\", \"bubble\",\n"
-    "                      \"ranks\": [{\"pp_rank\", \"bubble\", \"peak_activation_bytes\"}]}\n"
+    "                      \"dp_reduction_ms\", \"dp_exposed_ms\",\n"
+    "                      \"ranks\": [{\"pp_rank\", \"bubble\", \"peak_activation_bytes\",\n"
+    "                                 \"dp_reduction_ms\", \"dp_wait_ms\", ...}]}\n"
     "  --cost measured    (default) time forward and backward of the embedding, one block and\n"
     "                     the head once with the real CPU kernels at the micro-batch shape\n"
     "                     (a few passes; seconds for GPT-2 124M) and use those per-layer costs\n"
@@ -57,6 +61,11 @@ static const char *k_help =
     "                     micro_batch * seq_len * n_embd * 4 bytes\n"
     "  --optim-ms X       append an optimizer step of X ms, 0 to 1000000, to every rank\n"
     "                     (default 0)\n"
+    "  --dp-latency-us X  latency of each chunk's data-parallel reduction, 0 to 1000000 us\n"
+    "                     (default: --latency-us)\n"
+    "  --dp-bandwidth-gbs X  its bandwidth, 0.001 to 1000000000 GB/s, as an all-reduce's\n"
+    "                     algorithm bandwidth: gradient bytes / time, what bench_allreduce\n"
+    "                     prints (default: --bandwidth-gbs)\n"
     "  --trace FILE       write the simulated timeline as Chrome trace JSON (open it in\n"
     "                     ui.perfetto.dev or chrome://tracing: one track per pipeline rank)\n"
     "  --svg FILE         draw the simulated timeline as SVG (one row per rank, F blue,\n"
@@ -89,8 +98,14 @@ static const char *k_help =
     "Cost model: one micro-batch of a chunk takes the sum of its layers' forward times (F);\n"
     "its backward the sum of their backward times, split evenly into input-gradient (I) and\n"
     "weight-gradient (W) halves for zb-h1. Times are divided by parallel.tp (ideal tensor\n"
-    "parallelism; its all-reduces are not modelled) and data parallelism is not modelled.\n"
-    "A cross-rank dependency arrives latency + message / bandwidth after it finishes.\n"
+    "parallelism; its all-reduces are not modelled). A cross-rank dependency arrives\n"
+    "latency + message / bandwidth after it finishes. With dp > 1, a chunk's gradients are\n"
+    "reduced across the replicas once final (after its last backward, or its last W with\n"
+    "zb-h1): dp latency + its gradient bytes / dp bandwidth, on the rank's own dp lane,\n"
+    "one chunk at a time, overlapping the rank's later compute; the optimizer (or the end\n"
+    "of the step) waits for the rank's last one. dp_exposed_ms is how much that lengthens\n"
+    "the step; dp_wait_ms is each rank's wait after its last action. --cost uniform keeps\n"
+    "communication free and leaves the reduction out.\n"
     "Activation memory counts each chunk's saved tensors per micro-batch (and its received\n"
     "input) from its forward until its backward (or weight-gradient pass).\n"
     "\n"
@@ -110,6 +125,7 @@ typedef struct {
     bool json;
     cost_mode cost;
     double latency_us, bandwidth_gbs, optim_ms;
+    double dp_latency_us, dp_bandwidth_gbs; /* < 0: the P2P values */
     const char *trace, *svg, *from_trace, *costs_trace;
     double trace_skip;
     bool trace_skip_set, trace_median, trace_stat_set;
@@ -151,6 +167,8 @@ typedef struct {
 static const number_opt k_latency = {"--latency-us", 0, 1e6, "microseconds", false};
 static const number_opt k_bandwidth = {"--bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
 static const number_opt k_optim = {"--optim-ms", 0, 1e6, "milliseconds", false};
+static const number_opt k_dp_latency = {"--dp-latency-us", 0, 1e6, "microseconds", false};
+static const number_opt k_dp_bandwidth = {"--dp-bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
 static const number_opt k_skip = {"--trace-skip-steps", 0, 1e9, "steps", true};
 
 static int parse_number(const char *s, const number_opt *o, double *out)
@@ -176,6 +194,7 @@ static int parse_args(int argc, char **argv, plan_args *a)
     memset(a, 0, sizeof *a);
     a->latency_us = 20.0;
     a->bandwidth_gbs = 5.0;
+    a->dp_latency_us = a->dp_bandwidth_gbs = -1.0;
     a->trace_skip = 1.0;
     char **rest = ts_malloc(sizeof(char *) * (size_t)(argc + 1));
     int n_rest = 0, rc = 0;
@@ -203,6 +222,10 @@ static int parse_args(int argc, char **argv, plan_args *a)
             rc = parse_number(v, &k_bandwidth, &a->bandwidth_gbs);
         } else if ((v = opt_value(argc, argv, &i, "--optim-ms", &missing))) {
             rc = parse_number(v, &k_optim, &a->optim_ms);
+        } else if ((v = opt_value(argc, argv, &i, "--dp-latency-us", &missing))) {
+            rc = parse_number(v, &k_dp_latency, &a->dp_latency_us);
+        } else if ((v = opt_value(argc, argv, &i, "--dp-bandwidth-gbs", &missing))) {
+            rc = parse_number(v, &k_dp_bandwidth, &a->dp_bandwidth_gbs);
         } else if ((v = opt_value(argc, argv, &i, "--trace", &missing))) {
             a->trace = v;
         } else if ((v = opt_value(argc, argv, &i, "--svg", &missing))) {
@@ -494,6 +517,24 @@ static double sim_bubble_rank_span(const ts_sim_result *r)
 
 /* ------------------------------------------------------------------ output -- */
 
+/* The dp reduction's cost options: the P2P ones unless given. */
+static double dp_latency_us(const plan_args *a)
+{
+    return a->dp_latency_us >= 0 ? a->dp_latency_us : a->latency_us;
+}
+static double dp_bandwidth_gbs(const plan_args *a)
+{
+    return a->dp_bandwidth_gbs >= 0 ? a->dp_bandwidth_gbs : a->bandwidth_gbs;
+}
+
+/* The longest dp lane over the ranks. */
+static double dp_reduction_max(const ts_sim_result *r)
+{
+    double most = 0.0;
+    for (int q = 0; q < r->pp; q++) most = r->dp_busy[q] > most ? r->dp_busy[q] : most;
+    return most;
+}
+
 static void format_bytes(double b, char *buf, size_t size)
 {
     if (b >= 1024.0 * 1024 * 1024)
@@ -541,12 +582,19 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
                              (json_int_t)llround(est.activations), "buffers",
                              (json_int_t)llround(est.buffers), "blas",
                              (json_int_t)llround(est.blas)));
+        json_t *rank = json_array_get(ranks, (size_t)q);
+        json_object_set_new(rank, "dp_reduction_ms", json_real(r->dp_busy[q]));
+        json_object_set_new(rank, "dp_wait_ms", json_real(r->dp_wait[q]));
     }
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}", "world",
                           p->pp * p->dp * p->tp, "pp", p->pp, "dp", p->dp, "tp", p->tp, "v",
                           p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
                           "partition", layers, "step_ms", r->step_time, "bubble",
                           r->bubble_mean, "ranks", ranks);
+    if (o) {
+        json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
+        json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
+    }
     if (o && tc) {
         json_object_set_new(o, "bubble_rank_span", json_real(sim_bubble_rank_span(r)));
         json_object_set_new(
@@ -571,9 +619,40 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     return 0;
 }
 
+/* The data-parallel reduction: none (dp = 1), left out (uniform costs), or its cost,
+ * what the step waits for, and per pipeline rank its gradients, lane time and wait. */
+static void print_dp(const plan_args *a, const ts_config *cfg, const ts_sim_result *r,
+                     const double *dp_bytes)
+{
+    const int dp = cfg->parallel.dp;
+    if (dp == 1) {
+        printf("dp reduction: none (dp = 1)\n");
+        return;
+    }
+    if (!dp_bytes) {
+        printf("dp reduction: not modelled with --cost uniform (dp = %d)\n", dp);
+        return;
+    }
+    printf("dp reduction: %d replicas; each chunk's gradients once final, %g us + bytes / %g "
+           "GB/s\n",
+           dp, dp_latency_us(a), dp_bandwidth_gbs(a));
+    printf("  %.3f ms on the busiest rank's dp lane; exposed %.3f ms (the step waits for it at "
+           "the end)\n",
+           dp_reduction_max(r), r->dp_exposed);
+    printf("  %-7s  %12s  %15s  %10s\n", "pp_rank", "gradients", "dp_reduction_ms", "dp_wait_ms");
+    for (int q = 0; q < r->pp; q++) {
+        double bytes = 0.0;
+        for (int c = q; c < cfg->parallel.pp * cfg->parallel.virtual_stages; c += r->pp)
+            bytes += dp_bytes[c];
+        char mem[32];
+        format_bytes(bytes, mem, sizeof mem);
+        printf("  %-7d  %12s  %15.3f  %10.3f\n", q, mem, r->dp_busy[q], r->dp_wait[q]);
+    }
+}
+
 static void print_text(const plan_args *a, const ts_config *cfg, const ts_partition *part,
                        const ts_schedule *s, const ts_sim_result *r, double msg_bytes,
-                       const trace_costs *tc)
+                       const trace_costs *tc, const double *dp_bytes)
 {
     const ts_parallel_config *p = &cfg->parallel;
     printf("tessera plan: %s\n", a->config);
@@ -611,6 +690,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
         printf("  %-7d  %-7.4f  %10.3f  %s (%d micro-batch%s)\n", q, r->bubble[q], r->busy[q], mem,
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
     }
+    print_dp(a, cfg, r, dp_bytes);
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
     for (int q = 0; q < r->pp; q++) {
@@ -739,6 +819,15 @@ static int plan(const plan_args *a)
         for (int q = 0; q < p->pp; q++) optim[q] = a->optim_ms;
         costs.optim = optim;
     }
+    /* The dp reduction: every chunk's gradient bytes, on the dp link's costs. */
+    double *dp_bytes = NULL;
+    if (p->dp > 1 && a->cost != COST_UNIFORM) {
+        dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
+        for (int c = 0; c < n; c++) dp_bytes[c] = ts_memory_chunk_grad_bytes(&cfg, &part, c);
+        costs.dp_bytes = dp_bytes;
+        costs.dp_latency = dp_latency_us(a) * 1e-3;
+        costs.dp_bandwidth = dp_bandwidth_gbs(a) * 1e6;
+    }
 
     ts_sim_result r;
     int code = 0;
@@ -749,7 +838,7 @@ static int plan(const plan_args *a)
         if (a->json)
             code = print_json(a, &cfg, &part, &s, &r, tc);
         else
-            print_text(a, &cfg, &part, &s, &r, msg_bytes, tc);
+            print_text(a, &cfg, &part, &s, &r, msg_bytes, tc, dp_bytes);
         if (code == 0) code = write_outputs(a, &cfg, &r);
         ts_sim_result_free(&r);
     }
@@ -757,6 +846,7 @@ static int plan(const plan_args *a)
     free(ig);
     free(wg);
     free(optim);
+    free(dp_bytes);
     if (tc) trace_costs_free(tc);
     ts_schedule_free(&s);
     ts_partition_free(&part);

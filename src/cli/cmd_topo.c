@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <mpi.h>
-
 #include "cli/cli.h"
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -175,7 +174,9 @@ static int run(int argc, char **argv, int rank, int world_size)
     int code = ts_cli_load_config(argc, argv, world_size, defaults, 3, false, k_help, &cfg);
     if (code != 0) return code;
     ts_topology t;
-    if (ts_topo_init(&t, &cfg, MPI_COMM_WORLD) != TS_OK) {
+    ts_comm world;
+    ts_comm_world(&world);
+    if (ts_topo_init(&t, &cfg, &world) != TS_OK) {
         ts_log_error("%s", ts_error_message());
         ts_topo_free(&t);
         return 1;
@@ -188,8 +189,7 @@ static int run(int argc, char **argv, int rank, int world_size)
 
     rank_row mine = make_row(&t);
     rank_row *rows = rank == 0 ? ts_malloc(sizeof(rank_row) * (size_t)world_size) : NULL;
-    MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, rows, (int)sizeof mine, MPI_BYTE, 0,
-               MPI_COMM_WORLD);
+    ts_gather_bytes(&world, &mine, sizeof mine, rows, 0);
     /* Only rank 0 prints, so only it can see stdout fail; its verdict is every rank's
      * exit code. */
     if (rank == 0) {
@@ -203,7 +203,7 @@ static int run(int argc, char **argv, int rank, int world_size)
             code = 1;
         }
     }
-    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    ts_broadcast(&world, &code, sizeof code, 0);
     free(rows);
     ts_topo_free(&t);
     return code;

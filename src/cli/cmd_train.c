@@ -2,9 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <mpi.h>
-
 #include "cli/cli.h"
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "core/watchdog.h"
@@ -32,15 +31,13 @@ static int run(int argc, char **argv, int rank, int world_size)
     ts_log_set_quiet(!cfg.log.progress);
 
     /* The watchdog ends the job when this rank makes no progress for train.timeout_s
-     * (a stopped or hung peer); ts_cli_mpi_main stops it after MPI_Finalize. */
+     * (a stopped or hung peer); ts_cli_mpi_main stops it after ts_comm_finalize. */
     if (cfg.train.timeout_s > 0) {
-        int level = MPI_THREAD_SINGLE, len = 0;
-        char host[MPI_MAX_PROCESSOR_NAME] = "?";
-        MPI_Query_thread(&level);
-        MPI_Get_processor_name(host, &len);
-        if (level < MPI_THREAD_FUNNELED)
+        char host[TS_HOST_MAX];
+        ts_comm_host_name(host, sizeof host);
+        if (!ts_comm_threads_ok())
             ts_log_warn("tessera: warning: this MPI library offers no thread support "
-                        "(MPI_THREAD_FUNNELED), so the watchdog (train.timeout_s) is off");
+                        "(thread level FUNNELED), so the watchdog (train.timeout_s) is off");
         else if (ts_watchdog_start(cfg.train.timeout_s, rank, host) != TS_OK)
             ts_log_any("tessera: warning: %s", ts_error_message());
     }
@@ -48,7 +45,9 @@ static int run(int argc, char **argv, int rank, int world_size)
 
     /* The grid's communicators and this rank's cores (and thread count). */
     ts_topology topo;
-    if (ts_topo_init(&topo, &cfg, MPI_COMM_WORLD) != TS_OK ||
+    ts_comm world;
+    ts_comm_world(&world);
+    if (ts_topo_init(&topo, &cfg, &world) != TS_OK ||
         ts_topo_bind(&topo, &cfg) != TS_OK) {
         ts_log_error("%s", ts_error_message());
         ts_topo_free(&topo);

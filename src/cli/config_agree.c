@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include <jansson.h>
-#include <mpi.h>
 
 #include "cli/cli.h"
 #include "comm/comm.h"
@@ -59,12 +58,12 @@ static ts_status compare_configs(const ts_config *cfg, const ts_comm *world)
 {
     char *json = ts_config_to_json(cfg);
     uint64_t h = fnv1a(json), lo = h, hi = h;
-    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, world->mpi);
-    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, world->mpi);
+    ts_allreduce_min_u64(world, &lo, 1);
+    ts_allreduce_max_u64(world, &hi, 1);
     ts_status st = TS_OK;
     if (lo != hi) { /* rare: send rank 0's text and name the first difference */
         unsigned long long len = world->rank == 0 ? strlen(json) + 1 : 0;
-        MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, world->mpi);
+        ts_broadcast(world, &len, sizeof len, 0);
         char *root = malloc(len);
         if (world->rank == 0) memcpy(root, json, len);
         ts_broadcast(world, root, len, 0);
@@ -105,8 +104,8 @@ int ts_cli_load_config(int argc, char **argv, int world_size, const char *const 
     }
 
     ts_comm world;
-    ts_comm_wrap(&world, MPI_COMM_WORLD, "world");
-    if (world.size > 1) MPI_Allreduce(MPI_IN_PLACE, &code, 1, MPI_INT, MPI_MAX, world.mpi);
+    ts_comm_world(&world);
+    ts_allreduce_max_i32(&world, &code, 1);
     if (ts_comm_agree(&world, st) != TS_OK) {
         if (world.rank == 0)
             fprintf(stderr, "tessera: error: %s\n%s%s", ts_error_message(), code == 2 ? "\n" : "",

@@ -8,40 +8,113 @@
 #ifndef TS_COMM_H
 #define TS_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
-
-#include <mpi.h>
+#include <stdint.h>
 
 #include "core/error.h"
 
+/* A backend's handle held by value without the backend's types: the MPI backend keeps
+ * an MPI_Comm or an MPI_Request here (comm/mpi.c checks at compile time that they fit),
+ * so this header, and everything that includes it, needs no <mpi.h>. */
+typedef union {
+    void *ptr;
+    int64_t i64;
+} ts_comm_handle;
+
+/* Told, when set on a group, the span of each of its collectives: a blocking one when
+ * it returns, a non-blocking one when a test or wait first sees it complete. `what` is
+ * short ("all-reduce", "reduce-scatter", ...), bytes is this rank's buffer, times are
+ * ts_now_ms() (core/timer.h). The trainer draws the dp group's on the trace. */
+typedef void (*ts_comm_span_fn)(void *ctx, const char *what, size_t bytes, double start_ms,
+                                double end_ms);
+
 typedef struct ts_comm_s {
-    MPI_Comm mpi;   /* MPI_COMM_NULL: this rank is not in the group */
-    int rank, size;
-    const char *name; /* "tp", "dp", "pp", "embed", "world": for error messages */
-    double *busy_ms;  /* when set, blocking collectives add their time here */
+    ts_comm_handle handle; /* the backend's communicator; unused when size == 0 */
+    int rank, size;        /* size 0: this rank is not in the group */
+    const char *name;      /* "tp", "dp", "pp", "embed", "node", "world": for messages */
+    bool owned;            /* made by ts_comm_split*: ts_comm_free releases it */
+    double *busy_ms;       /* when set, blocking collectives add their time here */
+    ts_comm_span_fn on_span; /* when set, see ts_comm_span_fn */
+    void *on_span_ctx;
 } ts_comm;
 
 /* A pending non-blocking operation (what, comm and peer name it in watchdog messages). */
 typedef struct {
-    MPI_Request req;
+    ts_comm_handle handle;
     int active;
     int peer;                 /* rank in the group, -1 for a collective */
     const char *what, *comm;  /* "receive", "send", "non-blocking all-reduce"; group name */
+    /* A collective's span, for the group's on_span when it completes. */
+    ts_comm_span_fn on_span;
+    void *on_span_ctx;
+    const char *op;
+    size_t bytes;
+    double start_ms;
 } ts_request;
 
-/* Wrap an existing communicator (not owned: the topology frees it). */
-void ts_comm_wrap(ts_comm *c, MPI_Comm mpi, const char *name);
-static inline int ts_comm_member(const ts_comm *c) { return c->mpi != MPI_COMM_NULL; }
+/* ------------------------------------------------------------ the process -- */
 
-/* In-place collectives over the group. */
+/* Start the backend, once per process before any other call: MPI with thread level
+ * FUNNELED (only the main thread communicates, but the watchdog thread runs beside it,
+ * which SINGLE would not allow). Returns whether that level was granted. */
+bool ts_comm_init(int *argc, char ***argv);
+/* Whether ts_comm_init got the thread level the watchdog needs. */
+bool ts_comm_threads_ok(void);
+/* Shut the backend down. It synchronises with the other ranks, so it is marked for the
+ * watchdog like any collective. */
+void ts_comm_finalize(void);
+/* This process's host name as the backend knows it, into buf (always terminated). */
+void ts_comm_host_name(char *buf, size_t cap);
+
+/* ------------------------------------------------------------ the groups -- */
+
+/* Every process of the job, named "world" (not owned). */
+void ts_comm_world(ts_comm *c);
+/* Split `parent` (collective over it): the ranks passing the same color >= 0 form one
+ * group, ranked by key (ties by their rank in parent); color < 0 joins none (out->size
+ * is 0). The caller owns *out (ts_comm_free). Only the topology makes groups. */
+void ts_comm_split(const ts_comm *parent, int color, int key, const char *name, ts_comm *out);
+/* The ranks of `parent` that share this node's memory, ranked by key; owned as above. */
+void ts_comm_split_node(const ts_comm *parent, int key, const char *name, ts_comm *out);
+/* Release a group made by a split; a no-op for others (world, a non-member, a zeroed
+ * struct). Call it on the owner's copy only. */
+void ts_comm_free(ts_comm *c);
+static inline int ts_comm_member(const ts_comm *c) { return c->size > 0; }
+/* The largest message tag the backend accepts. */
+int ts_comm_tag_max(const ts_comm *c);
+/* world_ranks[i] = the world rank of member i, for i < c->size (messages name ranks). */
+void ts_comm_world_ranks(const ts_comm *c, int *world_ranks);
+
+/* ------------------------------------------------------- the collectives -- */
+
+/* In-place reductions over the group: sum, min and max of every type the framework
+ * reduces (f32 gradients, f64 metrics, i32 codes and counts, u64 hashes). */
 void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n);
+void ts_allreduce_min_f32(const ts_comm *c, float *buf, size_t n);
 void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n);
 void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n);
+void ts_allreduce_min_f64(const ts_comm *c, double *buf, size_t n);
+void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n);
+void ts_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n);
+void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n);
 void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
+void ts_allreduce_sum_u64(const ts_comm *c, uint64_t *buf, size_t n);
+void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
+void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
 /* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). */
 void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count);
 /* recv[size*count] = every rank's send[count], in rank order. */
 void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count);
+/* recv[size*bytes] = every rank's send[bytes], in rank order (bytes <= INT_MAX). */
+void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv);
+/* The same on `root` only (recv is ignored elsewhere and may be NULL there). */
+void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv, int root);
+/* Gather n elements of elem_bytes each from every rank to `root`, packed in rank order
+ * into recv; counts[size] (root only) says how many each rank sends. The total must
+ * fit an int (elements). */
+void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, void *recv,
+                const int *counts, int root);
 void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
 void ts_barrier(const ts_comm *c);
 
@@ -55,6 +128,15 @@ ts_status ts_comm_agree(const ts_comm *c, ts_status local);
 void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r);
 void ts_isend_f32(const ts_comm *c, const float *buf, size_t n, int peer, int tag, ts_request *r);
 void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_request *r);
+/* Non-blocking reduce-scatter in place, in uneven pieces (ZeRO-1's buckets): on entry
+ * buf[0 .. sum(counts)) is this rank's input; on completion buf[0 .. counts[rank]) holds
+ * the sum over ranks of piece `rank` (MPI_IN_PLACE puts the result at the start; the
+ * rest of buf is undefined). counts[size] must stay valid until the request completes. */
+void ts_ireduce_scatter_sum_f32(const ts_comm *c, float *buf, const int *counts, ts_request *r);
+/* Non-blocking all-gather in place: rank k's piece buf[displs[k] .. displs[k] + counts[k])
+ * reaches every rank. counts and displs must stay valid until the request completes. */
+void ts_iallgather_f32(const ts_comm *c, float *buf, const int *counts, const int *displs,
+                       ts_request *r);
 int ts_request_test(ts_request *r);
 void ts_request_wait(ts_request *r);
 

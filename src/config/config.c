@@ -45,10 +45,10 @@ void ts_config_defaults(ts_config *cfg)
     ts_parallel_config *p = &cfg->parallel;
     p->pp = p->dp = p->tp = 1;
     p->virtual_stages = 1;
-    copy_str(p->schedule, sizeof p->schedule, "1f1b");
+    copy_str(p->schedule, sizeof p->schedule, ts_schedule_names[TS_SCHEDULE_1F1B]);
     p->micro_batch = 2;
     p->n_partition = 0; /* "balanced" */
-    copy_str(p->recompute, sizeof p->recompute, "none");
+    copy_str(p->recompute, sizeof p->recompute, ts_recompute_names[TS_RECOMPUTE_NONE]);
     copy_str(p->order, sizeof p->order, "tp-dp-pp");
     p->overlap_grad_sync = true;
     p->zero = 0;
@@ -173,8 +173,17 @@ static const key_spec KEYS[] = {
 static const char *const SECTIONS[] = { "model", "parallel", "train", "data", "checkpoint", "log" };
 #define N_SECTIONS ((int)(sizeof SECTIONS / sizeof SECTIONS[0]))
 
-static const char *const SCHEDULES[] = { "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" };
-static const char *const RECOMPUTES[] = { "none", "except_last", "full" };
+const char *const ts_schedule_names[TS_N_SCHEDULES] = {
+    [TS_SCHEDULE_GPIPE] = "gpipe",
+    [TS_SCHEDULE_1F1B] = "1f1b",
+    [TS_SCHEDULE_INTERLEAVED_1F1B] = "interleaved-1f1b",
+    [TS_SCHEDULE_ZB_H1] = "zb-h1",
+};
+const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
+    [TS_RECOMPUTE_NONE] = "none",
+    [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
+    [TS_RECOMPUTE_FULL] = "full",
+};
 
 static void *field_ptr(ts_config *cfg, const key_spec *k) { return (char *)cfg + k->offset; }
 static const void *cfield_ptr(const ts_config *cfg, const key_spec *k)
@@ -199,11 +208,21 @@ static bool is_section(const char *name)
 
 /* --------------------------------------------------------- per-key checks -- */
 
-static bool in_list(const char *s, const char *const *list, int n)
+static int index_of(const char *s, const char *const *list, int n)
 {
     for (int i = 0; i < n; i++)
-        if (strcmp(s, list[i]) == 0) return true;
-    return false;
+        if (strcmp(s, list[i]) == 0) return i;
+    return -1;
+}
+
+int ts_schedule_kind_from_name(const char *name)
+{
+    return index_of(name, ts_schedule_names, TS_N_SCHEDULES);
+}
+
+int ts_recompute_from_name(const char *name)
+{
+    return index_of(name, ts_recompute_names, TS_N_RECOMPUTES);
 }
 
 static void join_quoted(char *buf, size_t cap, const char *const *list, int n)
@@ -233,10 +252,9 @@ static ts_status check_schedule(const key_spec *k, const ts_config *cfg, const c
 {
     (void)k;
     const char *s = cfg->parallel.schedule;
-    int n = (int)(sizeof SCHEDULES / sizeof SCHEDULES[0]);
-    if (in_list(s, SCHEDULES, n) || ends_with(s, ".csv")) return TS_OK;
+    if (ts_schedule_kind_from_name(s) >= 0 || ends_with(s, ".csv")) return TS_OK;
     char choices[256];
-    join_quoted(choices, sizeof choices, SCHEDULES, n);
+    join_quoted(choices, sizeof choices, ts_schedule_names, TS_N_SCHEDULES);
     return ts_fail("config key 'parallel.schedule' = \"%s\"%s is not a schedule; choose "
                    "one of %s, or the path of a schedule CSV file (ending in .csv)",
                    s, where, choices);
@@ -245,10 +263,9 @@ static ts_status check_schedule(const key_spec *k, const ts_config *cfg, const c
 static ts_status check_recompute(const key_spec *k, const ts_config *cfg, const char *where)
 {
     (void)k;
-    int n = (int)(sizeof RECOMPUTES / sizeof RECOMPUTES[0]);
-    if (in_list(cfg->parallel.recompute, RECOMPUTES, n)) return TS_OK;
+    if (ts_recompute_from_name(cfg->parallel.recompute) >= 0) return TS_OK;
     char choices[128];
-    join_quoted(choices, sizeof choices, RECOMPUTES, n);
+    join_quoted(choices, sizeof choices, ts_recompute_names, TS_N_RECOMPUTES);
     return ts_fail("config key 'parallel.recompute' = \"%s\"%s is not valid; choose one "
                    "of %s",
                    cfg->parallel.recompute, where, choices);
@@ -1088,11 +1105,6 @@ static ts_status batch_error(const ts_config *cfg)
 /* Keys that parse but whose feature is not built yet: an error, never ignored. */
 static ts_status check_implemented(const ts_config *cfg)
 {
-    if (cfg->parallel.zero != 0)
-        return ts_fail("parallel.zero = %d: the ZeRO-1 sharded optimizer state is not "
-                       "implemented yet (it comes with the parallel-state step, issue 10); "
-                       "set parallel.zero = 0",
-                       cfg->parallel.zero);
     ts_config d;
     ts_config_defaults(&d);
     const ts_checkpoint_config *k = &cfg->checkpoint;
@@ -1139,12 +1151,12 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("model.n_head = %d must divide by parallel.tp = %d (each "
                        "tensor-parallel rank holds n_head/tp heads); change n_head or tp",
                        m->n_head, p->tp);
-    if (m->vocab_size % p->tp != 0) {
-        long long padded = ((long long)m->vocab_size + p->tp - 1) / p->tp * p->tp;
-        return ts_fail("model.vocab_size = %d must divide by parallel.tp = %d (the "
-                       "embedding is split by vocabulary rows); pad it to %lld or change tp",
-                       m->vocab_size, p->tp, padded);
-    }
+    /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
+     * as long as every tensor-parallel rank gets at least one row. */
+    if (m->vocab_size < p->tp)
+        return ts_fail("model.vocab_size = %d is smaller than parallel.tp = %d (each "
+                       "tensor-parallel rank holds at least one vocabulary row); lower tp",
+                       m->vocab_size, p->tp);
 
     long long chunks = (long long)p->pp * p->virtual_stages;
     long long layers = (long long)m->n_layer + 2;
@@ -1171,12 +1183,14 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                            "model.n_layer + 2 = %lld (embedding, %d blocks, head)",
                            sum, layers, m->n_layer);
     }
-    if (p->virtual_stages > 1 && strcmp(p->schedule, "interleaved-1f1b") != 0 &&
+    if (p->virtual_stages > 1 &&
+        ts_schedule_kind_from_name(p->schedule) != TS_SCHEDULE_INTERLEAVED_1F1B &&
         !ends_with(p->schedule, ".csv"))
         return ts_fail("parallel.virtual_stages = %d needs parallel.schedule = "
-                       "\"interleaved-1f1b\" or a CSV schedule; \"%s\" runs one chunk per "
+                       "\"%s\" or a CSV schedule; \"%s\" runs one chunk per "
                        "pipeline rank (set virtual_stages = 1)",
-                       p->virtual_stages, p->schedule);
+                       p->virtual_stages, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B],
+                       p->schedule);
 
     /* Sizes whose products index buffers with int: one micro-batch's N = micro_batch *
      * seq_len rows, and the whole grid's rank count. */

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,10 @@ ts_status ts_trace_event_check(const ts_trace_event *e, long long index)
     char num[64];
     if (e->rank < 0 || e->rank >= TS_TRACE_MAX_RANKS)
         return ts_fail("event %lld: rank %d is out of range: " RANK_RANGE, index, e->rank);
+    if (e->track != TS_TRACE_TRACK_MAIN && e->track != TS_TRACE_TRACK_DP)
+        return ts_fail("event %lld: track %d is out of range: a track is %d (main) or %d "
+                       "(data-parallel reduction)",
+                       index, e->track, TS_TRACE_TRACK_MAIN, TS_TRACE_TRACK_DP);
     if (e->chunk < -1 || e->chunk >= TS_TRACE_MAX_CHUNKS)
         return ts_fail("event %lld: chunk %d is out of range: " CHUNK_RANGE, index, e->chunk);
     if (e->mb < -1 || e->mb > TS_TRACE_MAX_MB)
@@ -110,10 +115,10 @@ ts_status ts_trace_event_check(const ts_trace_event *e, long long index)
 
 /* ------------------------------------------------------------------ write -- */
 
-static json_t *metadata(const char *what, int tid, json_t *args)
+static json_t *metadata(const char *what, int pid, int tid, json_t *args)
 {
-    return json_pack("{s:s, s:s, s:i, s:i, s:o}", "name", what, "ph", "M", "pid", 0, "tid", tid,
-                     "args", args);
+    return json_pack("{s:s, s:s, s:i, s:i, s:o}", "name", what, "ph", "M", "pid", pid, "tid",
+                     tid, "args", args);
 }
 
 ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, int n,
@@ -129,15 +134,39 @@ ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, 
      * not UTF-8: count failures instead of dropping events silently. */
     int bad = 0;
     json_t *list = json_array();
-    bad |= json_array_append_new(list, metadata("process_name", 0,
+    bad |= json_array_append_new(list, metadata("process_name", 0, 0,
                                                 json_pack("{s:s}", "name", title ? title : "tessera")));
     for (int r = 0; r < n_ranks; r++) {
         char name[48];
         snprintf(name, sizeof name, "pipeline rank %d", r);
-        bad |= json_array_append_new(list, metadata("thread_name", r, json_pack("{s:s}", "name", name)));
+        bad |= json_array_append_new(list, metadata("thread_name", 0, r, json_pack("{s:s}", "name", name)));
         bad |= json_array_append_new(
-            list, metadata("thread_sort_index", r, json_pack("{s:i}", "sort_index", r)));
+            list, metadata("thread_sort_index", 0, r, json_pack("{s:i}", "sort_index", r)));
     }
+    /* The dp tracks: process 1, a thread per rank that has dp events (each named once). */
+    bool *dp_named = NULL;
+    for (int i = 0; i < n; i++) {
+        const int r = events[i].rank;
+        if (events[i].track != TS_TRACE_TRACK_DP) continue;
+        if (!dp_named) {
+            dp_named = ts_calloc(TS_TRACE_MAX_RANKS, sizeof(bool));
+            bad |= json_array_append_new(
+                list, metadata("process_name", TS_TRACE_TRACK_DP, 0,
+                               json_pack("{s:s}", "name", "data-parallel reduction")));
+            bad |= json_array_append_new(
+                list, metadata("process_sort_index", TS_TRACE_TRACK_DP, 0,
+                               json_pack("{s:i}", "sort_index", 1)));
+        }
+        if (dp_named[r]) continue;
+        dp_named[r] = true;
+        char name[48];
+        snprintf(name, sizeof name, "rank %d dp", r);
+        bad |= json_array_append_new(
+            list, metadata("thread_name", TS_TRACE_TRACK_DP, r, json_pack("{s:s}", "name", name)));
+        bad |= json_array_append_new(list, metadata("thread_sort_index", TS_TRACE_TRACK_DP, r,
+                                                    json_pack("{s:i}", "sort_index", r)));
+    }
+    free(dp_named);
     for (int i = 0; i < n; i++) {
         const ts_trace_event *e = &events[i];
         char name[sizeof e->name + 1], cat[sizeof e->cat + 1];
@@ -148,7 +177,7 @@ ts_status ts_trace_write_chrome(const char *path, const ts_trace_event *events, 
         cat[sizeof e->cat] = '\0';
         bad |= json_array_append_new(
             list, json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:{s:i, s:i}}", "name", name,
-                            "cat", cat, "ph", "X", "pid", 0, "tid", e->rank, "ts", e->start_us,
+                            "cat", cat, "ph", "X", "pid", e->track, "tid", e->rank, "ts", e->start_us,
                             "dur", e->dur_us, "args", "chunk", e->chunk, "mb", e->mb));
     }
     json_t *root = json_pack("{s:o, s:s, s:{s:s}}", "traceEvents", list, "displayTimeUnit", "ms",
@@ -252,7 +281,11 @@ static ts_status read_event(const json_t *ev, size_t index, ts_trace_event *e)
     copy_str(e->name, sizeof e->name, json_object_get(ev, "name"));
     copy_str(e->cat, sizeof e->cat, json_object_get(ev, "cat"));
     if (!e->cat[0]) set_str(e->cat, sizeof e->cat, e->name);
-    const json_t *args = json_object_get(ev, "args");
+    const json_t *args = json_object_get(ev, "args"), *pid = json_object_get(ev, "pid");
+    /* Our dp tracks are process 1; any other process is read as the main track. */
+    e->track = json_is_integer(pid) && json_integer_value(pid) == TS_TRACE_TRACK_DP
+                   ? TS_TRACE_TRACK_DP
+                   : TS_TRACE_TRACK_MAIN;
     if (whole_field(json_object_get(ev, "tid"), "tid", index, 0, TS_TRACE_MAX_RANKS - 1,
                     RANK_RANGE, 0, &e->rank) != TS_OK ||
         whole_field(json_object_get(args, "chunk"), "args.chunk", index, -1,

@@ -22,7 +22,8 @@ static const style k_styles[] = {
     {"I", "input grad", 0x3fa7a0},
     {"W", "weight grad", 0xf28e2b},
     {"optim", "optimizer", 0x9d9d9d},
-    {"dpsync", "dp all-reduce", 0xb07aa1},
+    {"dpsync", "dp sync wait", 0xb07aa1},
+    {"dpreduce", "dp reduction", 0xff9da7},
 };
 #define N_STYLES ((int)(sizeof k_styles / sizeof k_styles[0]))
 
@@ -83,12 +84,13 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
                        path, n, n_ranks, TS_TRACE_MAX_EVENTS, TS_TRACE_MAX_RANKS);
     if (n_ranks < 1) n_ranks = 1;
     double t0 = DBL_MAX, t1 = -DBL_MAX;
-    bool used[N_STYLES] = {false};
+    bool used[N_STYLES] = {false}, has_dp = false;
     for (int i = 0; i < n; i++) {
         if (ts_trace_event_check(&events[i], i) != TS_OK) return ts_error_prefix("svg %s: ", path);
         int s = style_of(events[i].cat);
         if (s < 0) continue;
         used[s] = true;
+        has_dp = has_dp || events[i].track == TS_TRACE_TRACK_DP;
         if (events[i].start_us < t0) t0 = events[i].start_us;
         if (events[i].start_us + events[i].dur_us > t1) t1 = events[i].start_us + events[i].dur_us;
         if (events[i].rank + 1 > n_ranks) n_ranks = events[i].rank + 1;
@@ -98,8 +100,9 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
     double span = t1 - t0 >= 1e-3 ? t1 - t0 : t1 > t0 ? 1e-3 : 1.0;
 
     const double width = 1200, left = 96, right = 24, plot_w = width - left - right;
-    const double top = 64, row_h = 34, gap = 6;
-    const double rows_h = n_ranks * (row_h + gap) - gap;
+    /* A row per rank: its actions, then (with dp-track events) a thin dp lane. */
+    const double top = 64, row_h = 34, lane = has_dp ? 9 : 0, gap = 6, pitch = row_h + lane + gap;
+    const double rows_h = n_ranks * pitch - gap;
     const double height = top + rows_h + 46;
 #define X(t) (left + ((t) - t0) / span * plot_w)
 
@@ -138,11 +141,12 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
 
     /* Rows. */
     for (int r = 0; r < n_ranks; r++) {
-        double y = top + r * (row_h + gap);
+        double y = top + r * pitch;
         fprintf(f,
                 "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"end\">rank %d</text>\n"
                 "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                left - 8, y + row_h / 2 + 4, r, left, y + row_h, left + plot_w, y + row_h);
+                left - 8, y + row_h / 2 + 4, r, left, y + row_h + lane, left + plot_w,
+                y + row_h + lane);
     }
 
     /* Events. */
@@ -150,9 +154,12 @@ ts_status ts_trace_write_svg(const char *path, const ts_trace_event *events, int
         const ts_trace_event *e = &events[i];
         int s = style_of(e->cat);
         if (s < 0) continue;
-        double y = top + e->rank * (row_h + gap), h = row_h;
-        bool strip = !strcmp(e->cat, "dpsync");
-        if (strip) y += row_h - 5, h = 5;
+        double y = top + e->rank * pitch, h = row_h;
+        bool strip = !strcmp(e->cat, "dpsync") || e->track == TS_TRACE_TRACK_DP;
+        if (e->track == TS_TRACE_TRACK_DP)
+            y += row_h + 1, h = lane - 2;
+        else if (strip)
+            y += row_h - 5, h = 5;
         int vstage = e->chunk >= 0 ? e->chunk / n_ranks : 0;
         double amount = vstage > 0 ? fmin(0.6, 0.38 * vstage) : 0.0;
         char col[8];

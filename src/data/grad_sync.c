@@ -1,52 +1,131 @@
 #include "data/grad_sync.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/timer.h"
 
-void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, size_t bucket_bytes,
-                       bool overlap)
+/* ZeRO-1: cut bucket b into dp pieces on TS_ZERO_ALIGN boundaries, as evenly as they
+ * allow (the last piece takes any ragged end). */
+static void split_bucket(ts_bucket *b, int dp)
 {
-    memset(g, 0, sizeof *g);
-    g->dp = *dp;
-    g->grads = m->grad_mem;
-    g->overlap = overlap;
-    g->n_layers = m->n_layers;
-    g->n_floats = m->num_floats;
-    g->layer_final = ts_calloc((size_t)m->n_layers, sizeof(bool));
-    if (dp->size <= 1 || m->n_params == 0) return;
+    const size_t len = b->end - b->begin, units = len / TS_ZERO_ALIGN;
+    TS_ASSERT(len <= INT_MAX);
+    b->counts = ts_calloc((size_t)dp, sizeof(int));
+    b->displs = ts_calloc((size_t)dp, sizeof(int));
+    for (int r = 0; r < dp; r++) {
+        size_t lo = units * (size_t)r / (size_t)dp * TS_ZERO_ALIGN;
+        size_t hi = r == dp - 1 ? len : units * (size_t)(r + 1) / (size_t)dp * TS_ZERO_ALIGN;
+        b->displs[r] = (int)lo;
+        b->counts[r] = (int)(hi - lo);
+    }
+}
 
-    /* Walk the parameters from the last (final first) to the first, closing a bucket
-     * once it holds bucket_bytes. Boundaries fall between parameters, so a bucket's
-     * readiness is a single layer index. */
-    const size_t target = bucket_bytes / sizeof(float) > 0 ? bucket_bytes / sizeof(float) : 1;
-    g->buckets = ts_calloc((size_t)m->n_params, sizeof *g->buckets);
+static void add_bucket(ts_grad_sync *g, size_t begin, size_t end, int min_layer, int max_layer,
+                       bool tied)
+{
+    ts_bucket *b = &g->buckets[g->n_buckets++];
+    b->begin = begin;
+    b->end = end;
+    b->min_layer = min_layer;
+    b->max_layer = max_layer;
+    b->tied = tied;
+    if (g->sharded) split_bucket(b, g->dp.size);
+}
+
+/* Walk the parameters from the last (final first) to the first, closing a bucket once
+ * it holds `target` floats. Boundaries fall between parameters, so a bucket's
+ * readiness is a range of layers. With ZeRO-1 the tied embedding is a bucket alone. */
+static void build_buckets(ts_grad_sync *g, const ts_model *m, size_t target)
+{
+    g->buckets = ts_calloc((size_t)m->n_params, sizeof *g->buckets); /* >= 1 param each */
     size_t end = m->num_floats;
-    int min_layer = m->params[m->n_params - 1].layer, max_layer = min_layer;
+    int min_layer = INT_MAX, max_layer = -1; /* the open bucket's layers; empty: max < 0 */
     for (int p = m->n_params - 1; p >= 0; p--) {
         const ts_param *P = &m->params[p];
+        const size_t begin = p == 0 ? 0 : P->offset;
+        if (g->sharded && p == g->tied_param) {
+            if (max_layer >= 0) { /* close the open bucket above the tied tensor */
+                const size_t next = m->params[p + 1].offset;
+                add_bucket(g, next, end, min_layer, max_layer, false);
+                end = next;
+            }
+            add_bucket(g, begin, end, P->layer, P->layer, true);
+            end = begin;
+            min_layer = INT_MAX;
+            max_layer = -1;
+            continue;
+        }
         if (P->layer < min_layer) min_layer = P->layer;
         if (P->layer > max_layer) max_layer = P->layer;
         if (end - P->offset >= target || p == 0) {
-            ts_bucket *b = &g->buckets[g->n_buckets++];
-            b->begin = p == 0 ? 0 : P->offset;
-            b->end = end;
-            b->min_layer = min_layer;
-            b->max_layer = max_layer;
-            end = b->begin;
-            if (p > 0) min_layer = max_layer = m->params[p - 1].layer;
+            add_bucket(g, begin, end, min_layer, max_layer, false);
+            end = begin;
+            min_layer = INT_MAX;
+            max_layer = -1;
         }
     }
 }
 
+/* The ranges this rank's optimizer updates: its piece of every bucket (ascending: the
+ * buckets run from the end of the buffer), or everything. */
+static void build_shard(ts_grad_sync *g)
+{
+    g->shard = ts_calloc((size_t)g->n_buckets + 1, sizeof *g->shard);
+    if (!g->sharded) {
+        g->shard[g->n_shard++] = (ts_flat_range){0, g->n_floats};
+        return;
+    }
+    const int r = g->dp.rank;
+    for (int i = g->n_buckets - 1; i >= 0; i--) {
+        const ts_bucket *b = &g->buckets[i];
+        if (b->counts[r] == 0) continue;
+        size_t lo = b->begin + (size_t)b->displs[r];
+        g->shard[g->n_shard++] = (ts_flat_range){lo, lo + (size_t)b->counts[r]};
+    }
+}
+
+void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
+                       const ts_comm *embed, size_t bucket_bytes, bool overlap, bool zero)
+{
+    memset(g, 0, sizeof *g);
+    g->dp = *dp;
+    g->embed = *embed;
+    g->grads = m->grad_mem;
+    g->params = m->param_mem;
+    g->overlap = overlap;
+    g->n_layers = m->n_layers;
+    g->n_floats = m->num_floats;
+    g->layer_final = ts_calloc((size_t)m->n_layers, sizeof(bool));
+    /* pp > 1: this stage holds wte without the head, or the head's copy of wte; the
+     * two are summed over the embedding group. */
+    const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
+    const bool split_tie = tied >= 0 && (m->head_wte_param < 0 || m->params[tied].tied_copy);
+    g->tied_param = split_tie && ts_comm_member(embed) && embed->size >= 2 ? tied : -1;
+    if (g->tied_param >= 0) {
+        g->tied_offset = m->params[tied].offset;
+        g->tied_numel = m->params[tied].numel;
+    }
+    const bool dp_sync = dp->size > 1 && m->n_params > 0;
+    g->sharded = zero && dp_sync;
+    if (dp_sync) {
+        size_t target = bucket_bytes / sizeof(float);
+        build_buckets(g, m, target > 0 ? target : 1);
+    }
+    build_shard(g);
+}
+
 void ts_grad_sync_free(ts_grad_sync *g)
 {
+    for (int i = 0; i < g->n_buckets; i++) {
+        free(g->buckets[i].counts);
+        free(g->buckets[i].displs);
+    }
     free(g->buckets);
     free(g->layer_final);
-    g->layer_final = NULL;
-    g->buckets = NULL;
-    g->n_buckets = 0;
+    free(g->shard);
+    memset(g, 0, sizeof *g);
 }
 
 void ts_grad_sync_begin(ts_grad_sync *g)
@@ -54,11 +133,16 @@ void ts_grad_sync_begin(ts_grad_sync *g)
     for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = false;
     for (int l = 0; l < g->n_layers; l++) g->layer_final[l] = false;
     g->wait_ms = 0.0;
+    g->gather_ms = 0.0;
 }
 
 static void launch(ts_grad_sync *g, ts_bucket *b)
 {
-    ts_iallreduce_sum_f32(&g->dp, g->grads + b->begin, b->end - b->begin, &b->req);
+    float *buf = g->grads + b->begin;
+    if (g->sharded)
+        ts_ireduce_scatter_sum_f32(&g->dp, buf, b->counts, &b->req);
+    else
+        ts_iallreduce_sum_f32(&g->dp, buf, b->end - b->begin, &b->req);
     b->launched = true;
 }
 
@@ -70,6 +154,7 @@ static void progress(ts_grad_sync *g)
 
 static bool bucket_ready(const ts_grad_sync *g, const ts_bucket *b)
 {
+    if (b->tied) return false; /* launched by ts_grad_sync_finish, after the tied sum */
     for (int l = b->min_layer; l <= b->max_layer; l++)
         if (!g->layer_final[l]) return false;
     return true;
@@ -79,11 +164,11 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
 {
     for (int l = first; l < end; l++) g->layer_final[l] = true;
     /* The first steps run without overlap: the wait of the second (the first pays for
-     * page faults) is the reference all-reduce time the hidden fraction is measured
+     * page faults) is the reference reduction time the hidden fraction is measured
      * against. */
     if (!g->overlap || g->n_buckets == 0 || g->steps < TS_GRAD_SYNC_REFERENCE_STEPS) return;
     /* Every dp replica runs the same schedule, so buckets become ready, and their
-     * non-blocking all-reduces start, in the same order on every rank. */
+     * non-blocking reductions start, in the same order on every rank. */
     for (int i = 0; i < g->n_buckets; i++) {
         ts_bucket *b = &g->buckets[i];
         if (!b->launched && bucket_ready(g, b)) launch(g, b);
@@ -91,22 +176,72 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
     progress(g);
 }
 
+/* The tied embedding's gradient summed over the embedding group (blocking; running
+ * non-blocking reductions make progress meanwhile). Returns the time it took. */
+static double sum_tied(ts_grad_sync *g)
+{
+    if (g->tied_param < 0) return 0.0;
+    double t0 = ts_now_ms();
+    ts_allreduce_sum_f32(&g->embed, g->grads + g->tied_offset, g->tied_numel);
+    return ts_now_ms() - t0;
+}
+
+/* ZeRO-1: MPI_IN_PLACE leaves this rank's reduced piece at the bucket's start; move it
+ * to its own place (what was there is other ranks' pieces, no longer needed). */
+static void place_piece(ts_grad_sync *g, const ts_bucket *b)
+{
+    const int r = g->dp.rank;
+    if (b->displs[r] == 0 || b->counts[r] == 0) return;
+    memmove(g->grads + b->begin + b->displs[r], g->grads + b->begin,
+            (size_t)b->counts[r] * sizeof(float));
+}
+
 void ts_grad_sync_finish(ts_grad_sync *g)
 {
-    if (g->n_buckets == 0) return;
-    double t0 = ts_now_ms();
-    if (!g->overlap) {
-        /* Nothing to hide behind: one blocking all-reduce of the whole buffer, which
-         * MPI runs about twice as fast as the same bytes in non-blocking buckets. */
-        ts_allreduce_sum_f32(&g->dp, g->grads, g->n_floats);
+    double t0 = ts_now_ms(), tied_ms = 0.0;
+    if (!g->sharded) {
+        if (g->n_buckets > 0 && !g->overlap) {
+            /* Nothing to hide behind: one blocking all-reduce of the whole buffer, which
+             * MPI runs about twice as fast as the same bytes in non-blocking buckets. */
+            ts_allreduce_sum_f32(&g->dp, g->grads, g->n_floats);
+        } else {
+            for (int i = 0; i < g->n_buckets; i++)
+                if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
+            for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
+        }
+        tied_ms = sum_tied(g); /* after the dp sum: the two sums commute */
     } else {
+        /* The same calls whether overlapping or not (so both give the same bits), issued
+         * in bucket order on every dp rank; the tied embedding's bucket last, once its
+         * gradient holds both stages' sum. */
+        for (int i = 0; i < g->n_buckets; i++)
+            if (!g->buckets[i].launched && !g->buckets[i].tied) launch(g, &g->buckets[i]);
+        tied_ms = sum_tied(g);
         for (int i = 0; i < g->n_buckets; i++)
             if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
-        for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
+        for (int i = 0; i < g->n_buckets; i++) {
+            ts_request_wait(&g->buckets[i].req);
+            place_piece(g, &g->buckets[i]);
+        }
     }
-    g->wait_ms = ts_now_ms() - t0;
+    if (g->n_buckets == 0) return;
+    /* The tied sum waits for the other end of the pipeline, not for the dp reduction. */
+    g->wait_ms = ts_now_ms() - t0 - tied_ms;
     if (++g->steps == TS_GRAD_SYNC_REFERENCE_STEPS)
         g->reference_ms = g->wait_ms > 1e-6 ? g->wait_ms : 1e-6;
+}
+
+void ts_grad_sync_gather_params(ts_grad_sync *g)
+{
+    g->gather_ms = 0.0;
+    if (!g->sharded) return;
+    double t0 = ts_now_ms();
+    for (int i = 0; i < g->n_buckets; i++) {
+        ts_bucket *b = &g->buckets[i];
+        ts_iallgather_f32(&g->dp, g->params + b->begin, b->counts, b->displs, &b->req);
+    }
+    for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
+    g->gather_ms = ts_now_ms() - t0;
 }
 
 double ts_grad_sync_overlap(const ts_grad_sync *g)

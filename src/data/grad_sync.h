@@ -2,9 +2,25 @@
  * contiguous slices of about parallel.bucket_mb MiB, built from the end of the buffer
  * (the last layers' gradients are final first). As soon as every layer a bucket covers
  * has its final gradients (its chunk's last backward of the step), its non-blocking
- * all-reduce starts; later compute makes progress on it; the optimizer waits for all.
+ * reduction starts; later compute makes progress on it; the optimizer waits for all.
  * Every rank's micro-batches weigh 1/(global batch tokens), so the sum over the dp group
- * is the gradient of the global mean loss: the all-reduce sums, nothing divides. */
+ * is the gradient of the global mean loss: the reduction sums, nothing divides.
+ *
+ * Without ZeRO each bucket is all-reduced, and every dp replica updates every parameter.
+ * With ZeRO-1 (parallel.zero = 1, Megatron's distributed optimizer) each bucket is cut
+ * into dp pieces, as evenly as 16-float boundaries allow; dp rank r owns piece r of
+ * every bucket (`shard`): the bucket is reduce-scattered, so rank r gets the summed
+ * gradient of its pieces only, its optimizer keeps the AdamW moments of those pieces and
+ * updates only them, and ts_grad_sync_gather_params all-gathers the updated pieces into
+ * every replica's parameters. Each element is reduced and counted in the norm once.
+ *
+ * The tied embedding (pp > 1: wte on the first stage, its copy on the last) has its
+ * gradient summed over the embedding group here too. Without ZeRO that sum follows the
+ * dp all-reduce (the sums commute). With ZeRO-1 it must come first, because the two
+ * stages' buffers are laid out differently and their pieces of wte would not line up:
+ * wte gets a bucket of its own, reduce-scattered at the end of the step after the
+ * embedding-group sum; the other buckets overlap as usual. Identical tied gradients in
+ * identically cut buckets make the two stages' pieces, moments and updates identical. */
 #ifndef TS_GRAD_SYNC_H
 #define TS_GRAD_SYNC_H
 
@@ -12,34 +28,49 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "optim/optim.h"
 
 /* Steps synchronised without overlap first; the last of them times the reference. */
 #define TS_GRAD_SYNC_REFERENCE_STEPS 2
+/* ZeRO-1 pieces start on multiples of this many floats (64 bytes, as parameters do). */
+#define TS_ZERO_ALIGN 16
 
 typedef struct {
     size_t begin, end;  /* float offsets into the gradient buffer */
     int min_layer, max_layer; /* final once every layer in [min, max] is final */
+    bool tied;          /* ZeRO-1: the tied embedding alone, reduced after its embedding-group sum */
+    int *counts, *displs; /* ZeRO-1: [dp] each dp rank's piece, floats from begin */
     bool launched;
     ts_request req;
 } ts_bucket;
 
 typedef struct {
-    ts_comm dp;
-    float *grads;
+    ts_comm dp, embed;
+    float *grads, *params;
     size_t n_floats;      /* the whole gradient buffer */
+    bool sharded;         /* ZeRO-1 with dp > 1: reduce-scatter, update a shard, all-gather */
+    int tied_param;       /* the tied embedding (or its copy) summed over `embed`, or -1 */
+    size_t tied_offset, tied_numel; /* its floats in the gradient buffer */
     int n_buckets;
     ts_bucket *buckets;
     bool *layer_final;    /* [n_layers]: the layer's gradients are final this step */
     int n_layers;
     bool overlap;
-    /* timing for the dp_overlap metric */
-    double wait_ms;       /* time blocked in ts_grad_sync_finish this step */
-    double reference_ms;  /* a step's all-reduce time with nothing to hide behind */
+    /* The ranges of the flat buffers this rank's optimizer updates, ascending: all of
+     * [0, n_floats), or with ZeRO-1 its piece of every bucket. */
+    int n_shard;
+    ts_flat_range *shard;
+    /* timing for the dp_overlap and dp_wait_ms metrics */
+    double wait_ms;       /* time blocked in ts_grad_sync_finish this step (not the tied sum) */
+    double gather_ms;     /* time in ts_grad_sync_gather_params this step (ZeRO-1) */
+    double reference_ms;  /* a step's reduction time with nothing to hide behind */
     int steps;            /* steps finished */
 } ts_grad_sync;
 
-void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp, size_t bucket_bytes,
-                       bool overlap);
+/* dp: the data-parallel group; embed: the embedding group (a non-member or a group of one
+ * when pp == 1); zero: parallel.zero. */
+void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
+                       const ts_comm *embed, size_t bucket_bytes, bool overlap, bool zero);
 void ts_grad_sync_free(ts_grad_sync *g);
 
 /* Start of a step: no bucket launched. */
@@ -47,9 +78,13 @@ void ts_grad_sync_begin(ts_grad_sync *g);
 /* The gradients of layers [first, end) are final for this step: launch the buckets that
  * are now complete (when overlapping) and make progress on the running ones. */
 void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end);
-/* Launch what is left and wait for everything. */
+/* Launch what is left, sum the tied embedding over the embedding group, and wait for
+ * everything: then the gradients of `shard` are final (with ZeRO-1 only those). */
 void ts_grad_sync_finish(ts_grad_sync *g);
-/* Fraction of this step's all-reduce time hidden behind compute (0 when dp == 1). */
+/* ZeRO-1, after the optimizer updated `shard`: every replica gets every updated
+ * parameter. A no-op without ZeRO-1. */
+void ts_grad_sync_gather_params(ts_grad_sync *g);
+/* Fraction of this step's reduction time hidden behind compute (0 when dp == 1). */
 double ts_grad_sync_overlap(const ts_grad_sync *g);
 
 #endif

@@ -80,8 +80,8 @@ typedef struct ts_kernels {
     double (*sum_squares)(const float *x, size_t n);
 
     /* ---- vocab-parallel (tensor parallelism): this rank holds vocabulary rows
-     * [v0, v0 + nv) of wte; tokens outside contribute zeros, and the partial results
-     * are all-reduced by the caller. */
+     * [v0, v0 + nv) of wte (any nv: the split may be uneven); tokens outside contribute
+     * zeros, and the partial results are all-reduced by the caller (tensor/tp.c). */
     /* out[b,t,:] = (tokens[b,t] in range ? wte[tokens[b,t] - v0, :] : 0) + wpe[t, :]
      * (wpe may be NULL: added on one rank only, so the all-reduce counts it once). */
     void (*vocab_embed_forward)(float *out, const int *tokens, const float *wte,

@@ -4,96 +4,120 @@
  * LayerNorm backward adds its input gradient to it (the residual branch's identity
  * path is the "+ dx" for free).
  *
- * Tensor parallelism (Megatron) hides in four places, each next to the matmul it
- * belongs to: c_attn and c_fc are column-parallel (this rank's heads / MLP columns;
- * their input gradient is all-reduced), the two c_proj are row-parallel (their output
- * is all-reduced, and their replicated bias is added by tp rank 0 only, so the sum
- * counts it once); the embedding and the LM head are vocab-parallel. With tp == 1
- * every collective is skipped and the code is the unsharded model's. */
+ * Tensor parallelism (Megatron) is in the calls, not here: c_attn, c_fc and the LM head
+ * are column-parallel linears, the two c_proj row-parallel, the embedding and the
+ * cross-entropy vocab-parallel (tensor/tp.h holds their collectives). The same code
+ * runs the unsharded model when tp.size == 1. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "model/model.h"
+#include "tensor/tp.h"
 
-/* Saved activations of one block, views into ts_acts.mem. Cl = C/tp (local heads),
- * F = 4C/tp (local MLP width). */
+/* ---------------------------------------------------- the activation layout */
+
+/* Sizes of one micro-batch on one tensor-parallel rank: N = B*T rows, C channels, and
+ * this rank's Cl = C/tp attention channels (H = n_head/tp heads), F = 4C/tp MLP
+ * columns and Vl vocabulary rows. */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
-    float *qkv;                       /* [N,3Cl] this rank's heads of q, k and v */
-    float *atty;                      /* [N,Cl] attention output before c_proj */
-    float *att;                       /* [B,NH/tp,T,T] softmax probabilities */
-    float *res2;                      /* [N,C] x + attn(...) */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;            /* [N,F] */
-    float *out;                       /* [N,C] block output (res3) */
-} block_acts;
+    size_t B, T, N, C, Cl, F, H, Vl;
+} act_dims;
 
-typedef struct {
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *losses;                    /* [N] */
-    float *rowmax, *sumexp, *tlogit;  /* [N] vocab-parallel cross-entropy statistics */
-    float *logits;                    /* [N,V/tp]: logits, then dlogits in place */
-} head_acts;
-
-/* Local widths. */
-static size_t attn_width(const ts_model *m) { return (size_t)m->n_embd / m->tp; }
-static size_t mlp_width(const ts_model *m) { return 4 * (size_t)m->n_embd / m->tp; }
-static int head_size(const ts_model *m) { return m->n_embd / m->n_head; }
-
-static void tp_sum(const ts_model *m, float *buf, size_t n)
+static act_dims dims_of(int n_embd, int n_head, int vocab, int tp, int tp_rank, int B, int T)
 {
-    if (m->tp > 1) ts_allreduce_sum_f32(m->tp_comm, buf, n);
+    int64_t v0, nv;
+    ts_shard_range(vocab, tp, tp_rank, &v0, &nv);
+    act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)n_embd,
+                  .Cl = (size_t)n_embd / tp, .F = 4 * (size_t)n_embd / tp,
+                  .H = (size_t)n_head / tp, .Vl = (size_t)nv};
+    return d;
 }
 
-static size_t layer_floats(const ts_model *m, ts_layer_kind kind, int B, int T)
+static act_dims model_dims(const ts_model *m, int B, int T)
 {
-    size_t N = (size_t)B * T, C = (size_t)m->n_embd, Cl = attn_width(m), F = mlp_width(m);
+    return dims_of(m->n_embd, m->n_head, m->vocab_size, m->tp.size, m->tp.rank, B, T);
+}
+
+/* The saved activations of each layer kind, in memory order: X(name, floats) with the
+ * sizes in terms of `d` (an act_dims). These lists are the only place the layout is
+ * written: the views below, ts_acts_floats, the memory estimate and the partition's
+ * modelled activation bytes all expand them (llm.c's fill_in_activation_sizes). */
+#define EMBED_ACTS(X) X(out, d.N * d.C) /* [N,C] token + position embedding */
+
+#define BLOCK_ACTS(X)                                                                      \
+    X(ln1, d.N * d.C) X(ln1_mean, d.N) X(ln1_rstd, d.N) /* ln_1 output, statistics */       \
+    X(qkv, d.N * 3 * d.Cl)             /* [N,3Cl] this rank's heads of q, k and v */        \
+    X(atty, d.N * d.Cl)                /* [N,Cl] attention output before c_proj */          \
+    X(att, d.B * d.H * d.T * d.T)      /* [B,H,T,T] softmax probabilities */                \
+    X(res2, d.N * d.C)                 /* [N,C] x + attn(...) */                            \
+    X(ln2, d.N * d.C) X(ln2_mean, d.N) X(ln2_rstd, d.N)                                     \
+    X(fch, d.N * d.F) X(fch_gelu, d.N * d.F) /* [N,F] MLP hidden, before and after GELU */  \
+    X(out, d.N * d.C)                  /* [N,C] block output x + attn + mlp */
+
+#define HEAD_ACTS(X)                                                                       \
+    X(lnf, d.N * d.C) X(lnf_mean, d.N) X(lnf_rstd, d.N)                                     \
+    X(losses, d.N)                     /* [N] per-token cross-entropy */                    \
+    X(xent_stats, 3 * d.N)             /* vocab-parallel row statistics (tp.h) */           \
+    X(logits, d.N * d.Vl)              /* [N,Vl]: logits, then dlogits in place */
+
+#define ACT_FIELD(name, floats) float *name;
+#define ACT_FLOATS(name, floats) +(floats)
+#define ACT_VIEW(name, floats) v.name = p, p += (floats);
+
+typedef struct { EMBED_ACTS(ACT_FIELD) } embed_acts;
+typedef struct { BLOCK_ACTS(ACT_FIELD) } block_acts;
+typedef struct { HEAD_ACTS(ACT_FIELD) } head_acts;
+
+static size_t kind_floats(ts_layer_kind kind, act_dims d)
+{
     switch (kind) {
-    case TS_LAYER_EMBED: return N * C;
-    case TS_LAYER_BLOCK:
-        return N * C * 5 + N * (3 * Cl + Cl + 2 * F) + 4 * N +
-               (size_t)B * m->local_heads * T * T;
-    case TS_LAYER_HEAD: return N * C + 6 * N + N * (size_t)m->local_vocab;
+    case TS_LAYER_EMBED: return 0 EMBED_ACTS(ACT_FLOATS);
+    case TS_LAYER_BLOCK: return 0 BLOCK_ACTS(ACT_FLOATS);
+    case TS_LAYER_HEAD: return 0 HEAD_ACTS(ACT_FLOATS);
     }
     return 0;
 }
 
+size_t ts_layer_act_floats(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
+                           int tp_rank)
+{
+    return kind_floats(kind, dims_of(cfg->n_embd, cfg->n_head, cfg->vocab_size, tp, tp_rank, B, T));
+}
+
+static float *layer_mem(const ts_acts *a, int l) { return a->mem + a->layer_off[l - a->l0]; }
+
 static block_acts block_views(const ts_model *m, const ts_acts *a, int l)
 {
-    size_t N = (size_t)a->B * a->T, C = (size_t)m->n_embd, Cl = attn_width(m), F = mlp_width(m);
-    float *p = a->mem + a->layer_off[l - a->l0];
-    block_acts b;
-    b.ln1 = p, p += N * C;
-    b.ln1_mean = p, p += N;
-    b.ln1_rstd = p, p += N;
-    b.qkv = p, p += 3 * N * Cl;
-    b.atty = p, p += N * Cl;
-    b.att = p, p += (size_t)a->B * m->local_heads * a->T * a->T;
-    b.res2 = p, p += N * C;
-    b.ln2 = p, p += N * C;
-    b.ln2_mean = p, p += N;
-    b.ln2_rstd = p, p += N;
-    b.fch = p, p += N * F;
-    b.fch_gelu = p, p += N * F;
-    b.out = p;
-    return b;
+    const act_dims d = model_dims(m, a->B, a->T);
+    float *p = layer_mem(a, l);
+    block_acts v;
+    BLOCK_ACTS(ACT_VIEW)
+    return v;
 }
 
 static head_acts head_views(const ts_model *m, const ts_acts *a, int l)
 {
-    size_t N = (size_t)a->B * a->T, C = (size_t)m->n_embd;
-    float *p = a->mem + a->layer_off[l - a->l0];
-    head_acts h;
-    h.lnf = p, p += N * C;
-    h.lnf_mean = p, p += N;
-    h.lnf_rstd = p, p += N;
-    h.losses = p, p += N;
-    h.rowmax = p, p += N;
-    h.sumexp = p, p += N;
-    h.tlogit = p, p += N;
-    h.logits = p;
-    return h;
+    const act_dims d = model_dims(m, a->B, a->T);
+    float *p = layer_mem(a, l);
+    head_acts v;
+    HEAD_ACTS(ACT_VIEW)
+    return v;
+}
+
+static embed_acts embed_views(const ts_model *m, const ts_acts *a, int l)
+{
+    const act_dims d = model_dims(m, a->B, a->T);
+    float *p = layer_mem(a, l);
+    embed_acts v;
+    EMBED_ACTS(ACT_VIEW)
+    (void)p;
+    return v;
+}
+
+/* Each layer's activations start on a 16-float boundary. */
+static size_t layer_floats(const ts_model *m, int l, int B, int T)
+{
+    return (kind_floats(m->layers[l].kind, model_dims(m, B, T)) + 15) / 16 * 16;
 }
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
@@ -110,9 +134,8 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
     size_t total = 0;
     for (int l = l0; l < l1; l++) {
         a->layer_off[l - l0] = total;
-        total += (layer_floats(m, m->layers[l].kind, B, T) + 15) / 16 * 16;
+        total += layer_floats(m, l, B, T);
     }
-    TS_ASSERT(total == ts_acts_floats(m, l0, l1, B, T));
     a->floats = total;
     a->mem = ts_alloc_floats(total);
 }
@@ -120,7 +143,7 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
 size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T)
 {
     size_t total = 0;
-    for (int l = l0; l < l1; l++) total += (layer_floats(m, m->layers[l].kind, B, T) + 15) / 16 * 16;
+    for (int l = l0; l < l1; l++) total += layer_floats(m, l, B, T);
     return total;
 }
 
@@ -137,7 +160,7 @@ void ts_acts_free(ts_acts *a)
 float *ts_acts_output(const ts_model *m, const ts_acts *a, int l)
 {
     switch (m->layers[l].kind) {
-    case TS_LAYER_EMBED: return a->mem + a->layer_off[l - a->l0];
+    case TS_LAYER_EMBED: return embed_views(m, a, l).out;
     case TS_LAYER_BLOCK: return block_views(m, a, l).out;
     case TS_LAYER_HEAD: break;
     }
@@ -156,10 +179,13 @@ static const float *layer_input(const ts_model *m, const ts_acts *a, int l)
     return l == a->l0 ? a->input : ts_acts_output(m, a, l - 1);
 }
 
+/* The backward's scratch: a block's [N,F] hidden gradient (later its [N,3Cl] qkv
+ * gradient, 3Cl < F), an [N,C] input gradient and the attention backward's [B,H,T,T];
+ * the head's [N,C] input gradient. */
 size_t ts_scratch_floats(const ts_model *m, int B, int T)
 {
-    size_t N = (size_t)B * T, C = (size_t)m->n_embd;
-    return N * mlp_width(m) + N * C + (size_t)B * m->local_heads * T * T;
+    const act_dims d = model_dims(m, B, T);
+    return d.N * d.F + d.N * d.C + d.B * d.H * d.T * d.T;
 }
 
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
@@ -178,67 +204,34 @@ void ts_scratch_free(ts_scratch *s)
 
 static void embed_forward(const ts_model *m, const ts_acts *a, int l)
 {
-    const ts_layer *L = &m->layers[l];
-    float *out = ts_acts_output(m, a, l);
-    const float *wte = ts_param_data(m, L->first_param), *wpe = ts_param_data(m, L->first_param + 1);
-    if (m->tp == 1) {
-        m->k->encoder_forward(out, a->tokens, wte, wpe, a->B, a->T, m->n_embd);
-        return;
-    }
-    /* This rank's vocabulary rows, plus the positions on rank 0 only; the all-reduce
-     * assembles the full embedding on every rank. */
-    m->k->vocab_embed_forward(out, a->tokens, wte, m->tp_rank == 0 ? wpe : NULL, m->vocab_start,
-                              m->local_vocab, a->B, a->T, m->n_embd);
-    tp_sum(m, out, (size_t)a->B * a->T * m->n_embd);
+    const int p0 = m->layers[l].first_param;
+    ts_tp_embed_forward(&m->tp, embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
+                        m->vocab_start, m->local_vocab, ts_param_data(m, p0 + 1), a->B, a->T,
+                        m->n_embd);
 }
 
 static void block_forward(const ts_model *m, const ts_acts *a, int l, const float *x)
 {
     const ts_kernels *k = m->k;
-    const int B = a->B, T = a->T, C = m->n_embd, N = B * T;
-    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
+    const ts_tp *tp = &m->tp;
+    const act_dims d = model_dims(m, a->B, a->T);
+    const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
     const int p0 = m->layers[l].first_param;
-    const bool bias_here = m->tp_rank == 0; /* row-parallel biases: counted once */
 #define W(i) ts_param_data(m, p0 + (i))
     block_acts s = block_views(m, a, l);
 
     k->layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, W(TS_B_LN1_W), W(TS_B_LN1_B), N, C);
-    k->matmul_forward(s.qkv, s.ln1, W(TS_B_QKV_W), W(TS_B_QKV_B), N, C, 3 * Cl);
-    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, head_size(m));
-    k->matmul_forward(s.res2, s.atty, W(TS_B_ATTPROJ_W), bias_here ? W(TS_B_ATTPROJ_B) : NULL, N,
-                      Cl, C);
-    tp_sum(m, s.res2, (size_t)N * C);
+    ts_tp_col_forward(tp, s.qkv, s.ln1, W(TS_B_QKV_W), W(TS_B_QKV_B), N, C, 3 * Cl);
+    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, m->n_embd / m->n_head);
+    ts_tp_row_forward(tp, s.res2, s.atty, W(TS_B_ATTPROJ_W), W(TS_B_ATTPROJ_B), N, Cl, C);
     k->residual_forward(s.res2, s.res2, x, (size_t)N * C);
 
     k->layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, W(TS_B_LN2_W), W(TS_B_LN2_B), N, C);
-    k->matmul_forward(s.fch, s.ln2, W(TS_B_FC_W), W(TS_B_FC_B), N, C, F);
+    ts_tp_col_forward(tp, s.fch, s.ln2, W(TS_B_FC_W), W(TS_B_FC_B), N, C, F);
     k->gelu_forward(s.fch_gelu, s.fch, (size_t)N * F);
-    k->matmul_forward(s.out, s.fch_gelu, W(TS_B_FCPROJ_W), bias_here ? W(TS_B_FCPROJ_B) : NULL, N,
-                      F, C);
-    tp_sum(m, s.out, (size_t)N * C);
+    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(TS_B_FCPROJ_W), W(TS_B_FCPROJ_B), N, F, C);
     k->residual_forward(s.out, s.out, s.res2, (size_t)N * C);
 #undef W
-}
-
-/* The loss, with the softmax's gradient left in place of the logits. Vocab-parallel:
- * reduce the row max and the target logit, then the sum of exponentials, across the
- * tp ranks; the logits themselves never leave their rank. */
-static void cross_entropy(const ts_model *m, const ts_acts *a, const head_acts *h, float dloss)
-{
-    const ts_kernels *k = m->k;
-    const int N = a->B * a->T;
-    if (m->tp == 1) {
-        k->crossentropy_forward_backward(h->losses, h->logits, a->targets, N, m->vocab_size, dloss);
-        return;
-    }
-    k->xent_vp_stats(h->rowmax, h->tlogit, h->logits, a->targets, m->vocab_start, m->local_vocab,
-                     N);
-    ts_allreduce_max_f32(m->tp_comm, h->rowmax, (size_t)N);
-    tp_sum(m, h->tlogit, (size_t)N);
-    k->xent_vp_sumexp(h->sumexp, h->logits, h->rowmax, N, m->local_vocab);
-    tp_sum(m, h->sumexp, (size_t)N);
-    k->xent_vp_finish(h->losses, h->logits, a->targets, m->vocab_start, m->local_vocab, h->rowmax,
-                      h->sumexp, h->tlogit, N, dloss);
 }
 
 static double head_forward(const ts_model *m, const ts_acts *a, int l, const float *x, float dloss)
@@ -249,10 +242,12 @@ static double head_forward(const ts_model *m, const ts_acts *a, int l, const flo
 
     m->k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, ts_param_data(m, p0),
                             ts_param_data(m, p0 + 1), N, C);
-    /* LM head tied to the token embedding: logits = lnf @ wte^T (this rank's rows). */
-    m->k->matmul_forward(h.logits, h.lnf, ts_param_data(m, m->head_wte_param), NULL, N, C,
-                         m->local_vocab);
-    cross_entropy(m, a, &h, dloss);
+    /* LM head tied to the token embedding: logits = lnf @ wte^T, this rank's vocabulary
+     * columns; then the loss, leaving the softmax's gradient in place of the logits. */
+    ts_tp_col_forward(&m->tp, h.logits, h.lnf, ts_param_data(m, m->head_wte_param), NULL, N, C,
+                      m->local_vocab);
+    ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
+                        m->local_vocab, N, dloss);
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += h.losses[i];
     return sum;
@@ -283,13 +278,9 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
 
 static void embed_backward(const ts_model *m, const ts_acts *a, int l, const float *dout)
 {
-    const ts_layer *L = &m->layers[l];
-    float *dwte = ts_param_grad(m, L->first_param), *dwpe = ts_param_grad(m, L->first_param + 1);
-    if (m->tp == 1)
-        m->k->encoder_backward(dwte, dwpe, dout, a->tokens, a->B, a->T, m->n_embd);
-    else /* dout is the same on every tp rank, so the replicated wpe's gradient is too */
-        m->k->vocab_embed_backward(dwte, dwpe, dout, a->tokens, m->vocab_start, m->local_vocab,
-                                   a->B, a->T, m->n_embd);
+    const int p0 = m->layers[l].first_param;
+    ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dout, a->tokens,
+                         m->vocab_start, m->local_vocab, a->B, a->T, m->n_embd);
 }
 
 /* The backward of a block. With `stash` (the zero-bubble input-gradient pass) the four
@@ -298,11 +289,13 @@ static void embed_backward(const ts_model *m, const ts_acts *a, int l, const flo
 enum { STASH_D_OUT, STASH_D_FCH, STASH_D_RES2, STASH_D_QKV };
 static size_t stash_floats(const ts_model *m, int N)
 {
-    return (size_t)N * (2 * (size_t)m->n_embd + mlp_width(m) + 3 * attn_width(m));
+    const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
+    return d.N * (2 * d.C + d.F + 3 * d.Cl);
 }
 static float *stash_part(const ts_model *m, float *st, int N, int part)
 {
-    size_t NC = (size_t)N * m->n_embd, NF = (size_t)N * mlp_width(m);
+    const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
+    const size_t NC = d.N * d.C, NF = d.N * d.F;
     switch (part) {
     case STASH_D_OUT: return st;
     case STASH_D_FCH: return st + NC;
@@ -315,8 +308,9 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
                            ts_scratch *sc, float *stash)
 {
     const ts_kernels *k = m->k;
-    const int B = a->B, T = a->T, C = m->n_embd, N = B * T;
-    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
+    const ts_tp *tp = &m->tp;
+    const act_dims d = model_dims(m, a->B, a->T);
+    const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
     const size_t NC = (size_t)N * C;
     const int p0 = m->layers[l].first_param;
 #define W(i) ts_param_data(m, p0 + (i))
@@ -334,11 +328,10 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
         memcpy(stash_part(m, stash, N, STASH_D_OUT), dx, NC * sizeof(float));
         d_out = stash_part(m, stash, N, STASH_D_OUT);
     }
-    k->matmul_backward(dfch, GW(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), d_out, s.fch_gelu,
+    ts_tp_row_backward(tp, dfch, GW(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), d_out, s.fch_gelu,
                        W(TS_B_FCPROJ_W), N, F, C);
     k->gelu_backward(dfch, s.fch, dfch, (size_t)N * F);
-    k->matmul_backward(bufc, GW(TS_B_FC_W), G(TS_B_FC_B), dfch, s.ln2, W(TS_B_FC_W), N, C, F);
-    tp_sum(m, bufc, NC); /* column-parallel: the input gradient sums over the tp ranks */
+    ts_tp_col_backward(tp, bufc, GW(TS_B_FC_W), G(TS_B_FC_B), dfch, s.ln2, W(TS_B_FC_W), N, C, F);
     k->layernorm_backward(dx, G(TS_B_LN2_W), G(TS_B_LN2_B), bufc, s.res2, W(TS_B_LN2_W),
                           s.ln2_mean, s.ln2_rstd, N, C);
 
@@ -349,13 +342,12 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
         d_res2 = stash_part(m, stash, N, STASH_D_RES2);
     }
     float *datty = bufc; /* [N,Cl] */
-    k->matmul_backward(datty, GW(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), d_res2, s.atty,
+    ts_tp_row_backward(tp, datty, GW(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), d_res2, s.atty,
                        W(TS_B_ATTPROJ_W), N, Cl, C);
     k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, m->local_heads,
-                          head_size(m));
-    k->matmul_backward(bufc, GW(TS_B_QKV_W), G(TS_B_QKV_B), dqkv, s.ln1, W(TS_B_QKV_W), N, C,
+                          m->n_embd / m->n_head);
+    ts_tp_col_backward(tp, bufc, GW(TS_B_QKV_W), G(TS_B_QKV_B), dqkv, s.ln1, W(TS_B_QKV_W), N, C,
                        3 * Cl);
-    tp_sum(m, bufc, NC);
     k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, W(TS_B_LN1_W), s.ln1_mean,
                           s.ln1_rstd, N, C);
 #undef W
@@ -365,21 +357,21 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
 
 static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, const float *stash)
 {
-    const ts_kernels *k = m->k;
-    const int C = m->n_embd, N = a->B * a->T;
-    const int Cl = (int)attn_width(m), F = (int)mlp_width(m);
+    const ts_tp *tp = &m->tp;
+    const act_dims d = model_dims(m, a->B, a->T);
+    const int C = m->n_embd, N = a->B * a->T, Cl = (int)d.Cl, F = (int)d.F;
     const int p0 = m->layers[l].first_param;
     float *st = (float *)stash;
 #define G(i) ts_param_grad(m, p0 + (i))
     block_acts s = block_views(m, a, l);
-    k->matmul_backward(NULL, G(TS_B_FCPROJ_W), NULL, stash_part(m, st, N, STASH_D_OUT), s.fch_gelu,
-                       NULL, N, F, C);
-    k->matmul_backward(NULL, G(TS_B_FC_W), NULL, stash_part(m, st, N, STASH_D_FCH), s.ln2, NULL, N,
-                       C, F);
-    k->matmul_backward(NULL, G(TS_B_ATTPROJ_W), NULL, stash_part(m, st, N, STASH_D_RES2), s.atty,
-                       NULL, N, Cl, C);
-    k->matmul_backward(NULL, G(TS_B_QKV_W), NULL, stash_part(m, st, N, STASH_D_QKV), s.ln1, NULL,
-                       N, C, 3 * Cl);
+    ts_tp_row_backward(tp, NULL, G(TS_B_FCPROJ_W), NULL, stash_part(m, st, N, STASH_D_OUT),
+                       s.fch_gelu, NULL, N, F, C);
+    ts_tp_col_backward(tp, NULL, G(TS_B_FC_W), NULL, stash_part(m, st, N, STASH_D_FCH), s.ln2,
+                       NULL, N, C, F);
+    ts_tp_row_backward(tp, NULL, G(TS_B_ATTPROJ_W), NULL, stash_part(m, st, N, STASH_D_RES2),
+                       s.atty, NULL, N, Cl, C);
+    ts_tp_col_backward(tp, NULL, G(TS_B_QKV_W), NULL, stash_part(m, st, N, STASH_D_QKV), s.ln1,
+                       NULL, N, C, 3 * Cl);
 #undef G
 }
 
@@ -388,18 +380,17 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, co
 static void head_backward(const ts_model *m, const ts_acts *a, int l, const float *x, float *dx,
                           ts_scratch *sc, bool defer_weight)
 {
-    const ts_kernels *k = m->k;
     const int N = a->B * a->T, C = m->n_embd;
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
     float *dlnf = sc->mem;
 
-    k->matmul_backward(dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param), NULL,
-                       h.logits, h.lnf, ts_param_data(m, m->head_wte_param), N, C, m->local_vocab);
-    tp_sum(m, dlnf, (size_t)N * C); /* vocab-parallel: each rank saw its columns only */
+    ts_tp_col_backward(&m->tp, dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param),
+                       NULL, h.logits, h.lnf, ts_param_data(m, m->head_wte_param), N, C,
+                       m->local_vocab);
     memset(dx, 0, (size_t)N * C * sizeof *dx);
-    k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dlnf, x,
-                          ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
+    m->k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dlnf, x,
+                             ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
 }
 
 void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
@@ -473,8 +464,8 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a)
             break;
         case TS_LAYER_HEAD: {
             head_acts h = head_views(m, a, l);
-            m->k->matmul_backward(NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits, h.lnf,
-                                  NULL, a->B * a->T, m->n_embd, m->local_vocab);
+            ts_tp_col_backward(&m->tp, NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits,
+                               h.lnf, NULL, a->B * a->T, m->n_embd, m->local_vocab);
             break;
         }
         }

@@ -3,9 +3,10 @@
  *   layers 1..n_layer  blocks      (transformer.h.{i}.*)
  *   layer n_layer+1    head        (transformer.ln_f, LM head tied to wte, loss)
  * A rank builds the model for the layers it owns (all of them on one rank; a range
- * per pipeline chunk later). Parameters, gradients and AdamW moments live in four flat
- * buffers laid out layer by layer; a ts_param is a view with its logical name and
- * shape, which is all that initialisation, clipping and checkpoints need. */
+ * per pipeline chunk later). Parameters and gradients live in two flat buffers laid out
+ * layer by layer (the AdamW moments belong to the optimizer, optim/optim.h); a ts_param
+ * is a view with its logical name and shape, which is all that initialisation,
+ * clipping and checkpoints need. */
 #ifndef TS_MODEL_H
 #define TS_MODEL_H
 
@@ -16,6 +17,8 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "tensor/shard.h"
+#include "tensor/tp.h"
 
 typedef enum { TS_LAYER_EMBED, TS_LAYER_BLOCK, TS_LAYER_HEAD } ts_layer_kind;
 
@@ -25,22 +28,14 @@ typedef enum {
     TS_INIT_ONES,
 } ts_init_kind;
 
-/* A parameter is a view into the flat buffers plus its shard spec: which slice of
- * which logical (unsharded, nanoGPT-named) tensor this rank holds. The logical tensor
- * may be viewed with a leading group axis: c_attn's [3C, C] is [3, C, C] (q, k, v), and
- * split on its middle axis, so a tensor-parallel rank holds whole heads of each. */
+/* A parameter is a view into the flat buffers plus its shard spec (tensor/shard.h):
+ * which part of which logical (unsharded, nanoGPT-named) tensor this rank holds. */
 typedef struct {
-    char name[96];          /* logical nanoGPT name, e.g. "transformer.h.0.attn.c_attn.weight" */
-    int ndim;
-    int64_t shape[2];       /* logical shape */
-    int64_t local[2];       /* the shape this rank holds */
-    int split_axis;         /* -1: replicated over tp; 0: rows; 1: columns */
-    int groups;             /* leading view axis: 3 for c_attn (q, k, v), else 1 */
-    int parts, part;        /* split into `parts` slices (tp); this rank holds `part` */
+    ts_shard_spec shard;    /* logical name and shape, split, this rank's part, replica */
     size_t offset, numel;   /* view into the flat buffers; numel is the local count */
     int layer;              /* owning layer index */
     bool decay;             /* weight decay applies (2-D tensors) */
-    bool tied_copy;         /* a second copy of a tied tensor (counted once in norms) */
+    bool tied_copy;         /* the last stage's copy of the tied embedding (replica 1) */
     ts_init_kind init;
     float init_std;
 } ts_param;
@@ -62,10 +57,10 @@ enum {
 typedef struct {
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
 
-    /* Tensor parallelism: this rank holds n_head/tp heads, 4C/tp MLP columns and
-     * vocab_size/tp vocabulary rows (from vocab_start). tp == 1: the whole model. */
-    int tp, tp_rank;
-    const struct ts_comm_s *tp_comm; /* NULL when tp == 1 */
+    /* Tensor parallelism (tensor/tp.h): this rank holds n_head/tp heads, 4C/tp MLP
+     * columns and the vocabulary rows [vocab_start, vocab_start + local_vocab) (a
+     * balanced split: vocab_size need not divide by tp). tp.size == 1: the whole model. */
+    ts_tp tp;
     int local_heads, local_vocab, vocab_start;
 
     int n_layers;           /* n_layer + 2 */
@@ -76,43 +71,48 @@ typedef struct {
     int head_wte_param;     /* index of the wte the head uses (== wte_param when tied locally) */
 
     size_t num_floats;      /* floats in each flat buffer */
-    float *param_mem, *grad_mem, *m_mem, *v_mem;
+    float *param_mem, *grad_mem;
 
     const ts_kernels *k;
 } ts_model;
 
 /* Build the layer and parameter lists for the owned layers (owned == NULL: all) and
- * allocate the flat buffers (zeroed). */
+ * allocate the flat buffers (zeroed): the whole model on one rank (tp = 1). */
 void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
                     const ts_kernels *k);
-/* The same for tensor-parallel rank tp_rank of tp (tp_comm: the tp group, used by the
- * layers' collectives; may be NULL when tp == 1). */
+/* The same for tensor-parallel rank tp->rank of tp->size (the layers run their
+ * collectives through tp; tensor/tp.h). */
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                       const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm);
+                       const ts_tp *tp);
 
 /* The same layout (layers, parameters, shard specs, num_floats) without allocating or
- * initialising the flat buffers: what a rank would hold, for the memory estimate. */
+ * initialising the flat buffers: what a rank would hold, for the memory estimate (tp
+ * may be a layout-only context, without a communicator). */
 void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                        const ts_kernels *k, int tp, int tp_rank, const struct ts_comm_s *tp_comm);
-
-/* Logical flat index of local element i of parameter p (its shard spec). */
-size_t ts_param_logical_index(const ts_param *p, size_t i);
+                        const ts_tp *tp);
 void ts_model_free(ts_model *m);
 
 static inline float *ts_param_data(const ts_model *m, int p) { return m->param_mem + m->params[p].offset; }
 static inline float *ts_param_grad(const ts_model *m, int p) { return m->grad_mem + m->params[p].offset; }
+static inline const char *ts_param_name(const ts_model *m, int p)
+{
+    return m->params[p].shard.name;
+}
 
-/* Initialise every owned parameter by index from `seed` (CONTRACT.md "Model"). */
+/* Initialise every owned parameter by index from `seed` (CONTRACT.md "Model"): element
+ * i of logical tensor t is drawn from (seed, t, i), so any grid matches one rank. Loading
+ * model.init from a file is checkpoint code (checkpoint/load.h). */
 void ts_model_init_random(ts_model *m, uint64_t seed);
-
-/* Initialise from a safetensors file of nanoGPT-named F32 weights; every name, shape and
- * dtype is checked against the model, with a clear error. */
-ts_status ts_model_init_from_file(ts_model *m, const char *path);
 
 /* Total logical parameters of the model (tied wte counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
 
-/* ---- activations of one micro-batch through a contiguous range of layers ---- */
+/* ---- activations of one micro-batch through a contiguous range of layers ----
+ * Their layout (every saved buffer of a layer and its size) is written once, in
+ * layers.c; ts_layer_act_floats gives it without a model, for estimates. */
+size_t ts_layer_act_floats(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
+                           int tp_rank);
+
 typedef struct {
     int l0, l1;             /* layers [l0, l1) */
     int B, T;

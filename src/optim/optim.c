@@ -1,6 +1,8 @@
 #include "optim/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 double ts_lr_at(const ts_train_config *tc, int step)
 {
@@ -13,12 +15,21 @@ double ts_lr_at(const ts_train_config *tc, int step)
 
 double ts_grad_sum_squares(const ts_model *m)
 {
+    return ts_grad_sum_squares_range(m, 0, m->num_floats);
+}
+
+double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
+{
     double sum = 0.0;
     for (int p = 0; p < m->n_params; p++) {
-        if (m->params[p].tied_copy) continue;
-        /* A tensor-parallel replica of a replicated parameter counts once: on tp rank 0. */
-        if (m->params[p].split_axis < 0 && m->tp_rank != 0) continue;
-        sum += m->k->sum_squares(ts_param_grad(m, p), m->params[p].numel);
+        const ts_param *P = &m->params[p];
+        size_t lo = P->offset > begin ? P->offset : begin;
+        size_t hi = P->offset + P->numel < end ? P->offset + P->numel : end;
+        if (lo >= hi) continue;
+        /* Count once (tensor/tp.h): not the tied copy, nor tp ranks 1.. of a replicated
+         * tensor. */
+        if (!ts_tp_param_counts(&P->shard)) continue;
+        sum += m->k->sum_squares(m->grad_mem + lo, hi - lo);
     }
     return sum;
 }
@@ -30,13 +41,67 @@ float ts_clip_coef(double norm, double max_norm)
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-void ts_adamw_step(ts_model *m, const ts_train_config *tc, double lr, float grad_scale, int t)
+void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded)
 {
-    for (int p = 0; p < m->n_params; p++) {
-        const ts_param *P = &m->params[p];
-        m->k->adamw_update(ts_param_data(m, p), ts_param_grad(m, p), grad_scale, m->m_mem + P->offset,
-                           m->v_mem + P->offset, P->numel, (float)lr, (float)tc->beta1,
-                           (float)tc->beta2, (float)tc->eps,
-                           P->decay ? (float)tc->weight_decay : 0.0f, t);
+    memset(o, 0, sizeof *o);
+    o->n_ranges = n_ranges;
+    o->sharded = sharded;
+    o->ranges = ts_calloc((size_t)n_ranges, sizeof *o->ranges);
+    for (int r = 0; r < n_ranges; r++) {
+        TS_ASSERT(ranges[r].begin <= ranges[r].end);
+        TS_ASSERT(r == 0 || ranges[r - 1].end <= ranges[r].begin);
+        o->ranges[r] = ranges[r];
+        o->n_floats += ranges[r].end - ranges[r].begin;
+    }
+    o->m = ts_alloc_floats(o->n_floats);
+    o->v = ts_alloc_floats(o->n_floats);
+}
+
+void ts_adamw_init(ts_adamw *o, const ts_model *m)
+{
+    ts_flat_range all = {0, m->num_floats};
+    ts_adamw_init_ranges(o, &all, 1, false);
+}
+
+void ts_adamw_free(ts_adamw *o)
+{
+    free(o->ranges);
+    free(o->m);
+    free(o->v);
+    memset(o, 0, sizeof *o);
+}
+
+size_t ts_adamw_state_bytes(const ts_adamw *o)
+{
+    return 2 * o->n_floats * sizeof(float);
+}
+
+double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
+{
+    double sum = 0.0;
+    for (int r = 0; r < o->n_ranges; r++)
+        sum += ts_grad_sum_squares_range(m, o->ranges[r].begin, o->ranges[r].end);
+    return sum;
+}
+
+void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
+                   float grad_scale, int t)
+{
+    size_t base = 0; /* the moments of range r start at base */
+    for (int r = 0; r < o->n_ranges; r++) {
+        const size_t begin = o->ranges[r].begin, end = o->ranges[r].end;
+        /* Each parameter's part inside the range (the alignment gaps between
+         * parameters are left alone). */
+        for (int p = 0; p < m->n_params; p++) {
+            const ts_param *P = &m->params[p];
+            size_t lo = P->offset > begin ? P->offset : begin;
+            size_t hi = P->offset + P->numel < end ? P->offset + P->numel : end;
+            if (lo >= hi) continue;
+            size_t k = base + (lo - begin);
+            m->k->adamw_update(m->param_mem + lo, m->grad_mem + lo, grad_scale, o->m + k, o->v + k,
+                               hi - lo, (float)lr, (float)tc->beta1, (float)tc->beta2,
+                               (float)tc->eps, P->decay ? (float)tc->weight_decay : 0.0f, t);
+        }
+        base += end - begin;
     }
 }

@@ -1,8 +1,13 @@
 /* AdamW over a model's flat buffers, global-norm clipping and the LR schedule
- * (CONTRACT.md "Optimizer"). The norm is a sum of squares that callers reduce across
- * ranks before taking the root, so clipping is grid-wide. */
+ * (CONTRACT.md "Optimizer"). The optimizer owns the AdamW moments of the ranges of the
+ * flat buffers this rank updates: all of them, or with ZeRO-1 its piece of every
+ * data-parallel bucket (data/grad_sync.h). The norm is a sum of squares that callers
+ * reduce across ranks before taking the root, so clipping is grid-wide. */
 #ifndef TS_OPTIM_H
 #define TS_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
 
 #include "config/config.h"
 #include "model/model.h"
@@ -14,13 +19,46 @@ double ts_lr_at(const ts_train_config *tc, int step);
  * skipped: the tensor they copy is counted where it lives; tp-replicated parameters
  * count on tp rank 0 only). */
 double ts_grad_sum_squares(const ts_model *m);
+/* The same over the floats [begin, end) of the gradient buffer only: the parts of the
+ * parameters that fall inside (a ZeRO-1 shard), with the same count-once rules. */
+double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end);
 
 /* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6));
  * 1 when max_norm <= 0 (clipping off). */
 float ts_clip_coef(double norm, double max_norm);
 
-/* One AdamW step (t = 1-based step count) on every parameter: gradients are first
- * multiplied by grad_scale; weight decay only on tensors marked `decay`. */
-void ts_adamw_step(ts_model *m, const ts_train_config *tc, double lr, float grad_scale, int t);
+/* [begin, end): floats of the flat parameter/gradient buffers. */
+typedef struct {
+    size_t begin, end;
+} ts_flat_range;
+
+/* AdamW's state: the ranges this rank updates, in ascending order, and their first and
+ * second moments, range after range (moment k of range r at m[base_r + k]). */
+typedef struct {
+    int n_ranges;
+    ts_flat_range *ranges;
+    size_t n_floats;      /* the floats of every range: the size of m and of v */
+    float *m, *v;         /* zero at the start */
+    bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
+                           * replica, so every dp rank counts its own in the norm */
+} ts_adamw;
+
+/* Moments for the whole model (every float of the flat buffers). */
+void ts_adamw_init(ts_adamw *o, const ts_model *m);
+/* Moments for the given ranges only (copied; ascending and disjoint); `sharded` as above. */
+void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded);
+void ts_adamw_free(ts_adamw *o);
+/* Bytes of the two moment buffers (the optimizer state this rank holds). */
+size_t ts_adamw_state_bytes(const ts_adamw *o);
+
+/* Sum of squares of the gradients in the optimizer's ranges (ts_grad_sum_squares_range's
+ * count-once rules). With a replicated state (not sharded) only one dp rank should count. */
+double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m);
+
+/* One AdamW step (t = 1-based step count) on the parameters inside the optimizer's
+ * ranges: gradients are first multiplied by grad_scale; weight decay only on tensors
+ * marked `decay`. Parameters outside the ranges are left alone (ZeRO-1 all-gathers them). */
+void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
+                   float grad_scale, int t);
 
 #endif

@@ -26,13 +26,6 @@ static ts_mb_slot *slot(ts_engine *e, int c, int mb)
     return &e->slots[(size_t)e->local_of_chunk[c] * e->m + mb];
 }
 
-static ts_recompute parse_recompute(const char *s)
-{
-    if (!strcmp(s, "full")) return TS_RECOMPUTE_FULL;
-    if (!strcmp(s, "except_last")) return TS_RECOMPUTE_EXCEPT_LAST;
-    return TS_RECOMPUTE_NONE;
-}
-
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
                          const ts_dataset *data, const ts_comm *pp, int dp_rank)
@@ -53,14 +46,14 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->T = cfg->model.seq_len;
     e->N = e->B * e->T;
     e->C = cfg->model.n_embd;
-    e->recompute = parse_recompute(cfg->parallel.recompute);
+    int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
+    e->recompute = recompute >= 0 ? (ts_recompute)recompute : TS_RECOMPUTE_NONE;
 
-    int tag_ub_flag = 0, *tag_ub = NULL;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &tag_ub_flag);
-    if (tag_ub_flag && (long long)e->n_chunks * e->m * 2 > *tag_ub)
+    const int tag_max = ts_comm_tag_max(pp);
+    if ((long long)e->n_chunks * e->m * 2 > tag_max)
         return ts_fail("%d chunks x %d micro-batches need more message tags than this MPI "
                        "offers (%d); use fewer micro-batches per step",
-                       e->n_chunks, e->m, *tag_ub);
+                       e->n_chunks, e->m, tag_max);
 
     e->local_of_chunk = ts_malloc((size_t)e->n_chunks * sizeof(int));
     e->local_chunks = ts_malloc((size_t)e->n_chunks * sizeof(int));
@@ -95,17 +88,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
 
     /* World ranks of the pipeline peers, so a watchdog message names the rank to look at. */
     e->pp_world = ts_calloc((size_t)(e->pp.size > 0 ? e->pp.size : 1), sizeof(int));
-    if (e->pp.mpi != MPI_COMM_NULL) {
-        MPI_Group pp_group, world_group;
-        MPI_Comm_group(e->pp.mpi, &pp_group);
-        MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-        int *ranks = ts_malloc((size_t)e->pp.size * sizeof(int));
-        for (int r = 0; r < e->pp.size; r++) ranks[r] = r;
-        MPI_Group_translate_ranks(pp_group, e->pp.size, ranks, world_group, e->pp_world);
-        free(ranks);
-        MPI_Group_free(&pp_group);
-        MPI_Group_free(&world_group);
-    }
+    ts_comm_world_ranks(&e->pp, e->pp_world);
     return TS_OK;
 }
 

@@ -17,8 +17,6 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 
-typedef enum { TS_RECOMPUTE_NONE, TS_RECOMPUTE_EXCEPT_LAST, TS_RECOMPUTE_FULL } ts_recompute;
-
 /* Called when the parameter gradients of layers [first_layer, end_layer) are final for
  * the step (per layer during a chunk's last full backward, per chunk otherwise; a
  * layer may be reported more than once). */

@@ -41,16 +41,10 @@ void ts_layer_costs_copy(ts_layer_costs *dst, const ts_layer_costs *src)
     memcpy(dst->act_bytes, src->act_bytes, bytes);
 }
 
-/* Saved activation floats of one micro-batch, as layers.c lays them out. */
-static double act_floats(ts_layer_kind kind, double B, double T, double C, double NH, double V)
+/* Saved activation floats of one micro-batch on one rank (the layout is layers.c's). */
+static double act_floats(const ts_model_config *mc, ts_layer_kind kind, int micro_batch)
 {
-    double N = B * T;
-    switch (kind) {
-    case TS_LAYER_EMBED: return N * C;
-    case TS_LAYER_BLOCK: return N * C * 16 + 4 * N + B * NH * T * T;
-    case TS_LAYER_HEAD: return N * C + 3 * N + N * V;
-    }
-    return 0;
+    return (double)ts_layer_act_floats(mc, kind, micro_batch, mc->seq_len, 1, 0);
 }
 
 static ts_layer_kind kind_of(int layer, int n_layers)
@@ -70,7 +64,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
     const int n_layers = mc->n_layer + 2;
     costs_alloc(c, n_layers, TS_COST_MODELLED);
     const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, V = mc->vocab_size;
-    const double NH = mc->n_head, N = B * T, F = 4.0; /* bytes per float */
+    const double N = B * T, F = 4.0; /* bytes per float */
 
     /* Embedding: gather N rows of wte plus wpe, write [N,C]; backward reads the output
      * gradient and scatter-adds it into dwte rows (read-modify-write) and dwpe. */
@@ -82,7 +76,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
      * are written once and read back in backward (and their gradients streamed), the
      * weights read in both passes and their gradients read and written. */
     double blk_flops = 24.0 * N * C * C + 4.0 * N * T * C;
-    double blk_act = F * act_floats(TS_LAYER_BLOCK, B, T, C, NH, V);
+    double blk_act = F * act_floats(mc, TS_LAYER_BLOCK, micro_batch);
     double blk_par = F * 12.0 * C * C;
     double blk_f = model_ms(blk_flops, blk_act + blk_par);
     double blk_b = model_ms(2.0 * blk_flops, 2.0 * blk_act + 3.0 * blk_par);
@@ -97,7 +91,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
 
     for (int l = 0; l < n_layers; l++) {
         ts_layer_kind k = kind_of(l, n_layers);
-        c->act_bytes[l] = F * act_floats(k, B, T, C, NH, V);
+        c->act_bytes[l] = F * act_floats(mc, k, micro_batch);
         switch (k) {
         case TS_LAYER_EMBED:
             c->fwd_ms[l] = model_ms(N * C, emb_f);
@@ -205,7 +199,8 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
         own[0] = own[nl - 1] = true;
         if (mc->n_layer > 0) own[1] = true;
         ts_model layout;
-        ts_model_layout_tp(&layout, mc, own, k, 1, 0, NULL);
+        ts_tp one = ts_tp_make(1, 0, NULL, k);
+        ts_model_layout_tp(&layout, mc, own, &one);
         double model_b, other_b, room;
         measure_bytes(&layout, micro_batch, mc->seq_len, &model_b, &other_b);
         ts_model_free(&layout);

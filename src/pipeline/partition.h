@@ -28,7 +28,7 @@ typedef enum {
 } ts_cost_source;
 
 /* Per-layer costs of one micro-batch. Plain arrays of doubles, so a multi-rank job
- * can measure on one rank and broadcast them (MPI_DOUBLE) before partitioning. */
+ * can measure on one rank and broadcast them (as bytes) before partitioning. */
 typedef struct {
     int n_layers;       /* n_layer + 2 */
     double *fwd_ms;     /* [n_layers] forward */

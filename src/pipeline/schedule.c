@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/config.h"
+
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -159,37 +161,56 @@ static void build_zb_h1(ts_schedule *s)
     }
 }
 
-static const char *const BUILTIN[] = { "gpipe", "1f1b", "interleaved-1f1b", "zb-h1" };
-
-static ts_status build_builtin(ts_schedule *s, const char *name, int pp, int v, int m)
+static ts_status build_builtin(ts_schedule *s, ts_schedule_kind kind, int pp, int v, int m)
 {
-    bool interleaved = strcmp(name, "interleaved-1f1b") == 0;
+    const char *name = ts_schedule_names[kind];
+    const bool interleaved = kind == TS_SCHEDULE_INTERLEAVED_1F1B;
     if (v > 1 && !interleaved)
         return ts_fail("schedule \"%s\" runs one chunk per pipeline rank but "
-                       "parallel.virtual_stages = %d: use schedule \"interleaved-1f1b\" "
+                       "parallel.virtual_stages = %d: use schedule \"%s\" "
                        "(or a CSV schedule), or set virtual_stages = 1",
-                       name, v);
-    if (strcmp(name, "gpipe") == 0) {
+                       name, v, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B]);
+    switch (kind) {
+    case TS_SCHEDULE_GPIPE:
         alloc_lists(s, name, pp, v, m, 2 * m);
         build_gpipe(s);
-    } else if (strcmp(name, "1f1b") == 0 || (interleaved && v == 1)) {
+        break;
+    case TS_SCHEDULE_INTERLEAVED_1F1B:
+        if (v > 1) {
+            int group = interleaved_group_size(pp, m);
+            if (group == 0)
+                return ts_fail("schedule \"%s\" with pp = %d needs at least %d micro-batches "
+                               "per step (got %d): raise train.global_batch to at least dp * "
+                               "micro_batch * %d, or use schedule \"%s\" with "
+                               "virtual_stages = 1",
+                               name, pp, pp, m, pp, ts_schedule_names[TS_SCHEDULE_1F1B]);
+            alloc_lists(s, name, pp, v, m, 2 * v * m);
+            build_interleaved(s, group);
+            break;
+        }
+        /* v = 1 is plain 1F1B */
+        /* fall through */
+    case TS_SCHEDULE_1F1B:
         alloc_lists(s, name, pp, v, m, 2 * m);
         build_1f1b(s);
-    } else if (interleaved) {
-        int group = interleaved_group_size(pp, m);
-        if (group == 0)
-            return ts_fail("schedule \"interleaved-1f1b\" with pp = %d needs at least %d "
-                           "micro-batches per step (got %d): raise train.global_batch to "
-                           "at least dp * micro_batch * %d, or use schedule \"1f1b\" with "
-                           "virtual_stages = 1",
-                           pp, pp, m, pp);
-        alloc_lists(s, name, pp, v, m, 2 * v * m);
-        build_interleaved(s, group);
-    } else {
+        break;
+    case TS_SCHEDULE_ZB_H1:
+    case TS_N_SCHEDULES:
         alloc_lists(s, name, pp, v, m, 3 * m);
         build_zb_h1(s);
+        break;
     }
     return TS_OK;
+}
+
+/* "\"gpipe\", \"1f1b\", ..." into buf: the built-in names for messages. */
+static const char *builtin_list(char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < TS_N_SCHEDULES && len < cap; k++)
+        len += (size_t)snprintf(buf + len, cap - len, "\"%s\", ", ts_schedule_names[k]);
+    return buf;
 }
 
 ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int m)
@@ -200,21 +221,19 @@ ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int
         return ts_fail("schedule \"%s\": pp = %d, virtual_stages = %d and the number of "
                        "micro-batches %d must all be >= 1",
                        name, pp, v, m);
-    bool builtin = false;
-    for (size_t i = 0; i < sizeof BUILTIN / sizeof BUILTIN[0]; i++)
-        builtin = builtin || strcmp(name, BUILTIN[i]) == 0;
-    if (builtin) {
-        if (build_builtin(s, name, pp, v, m) != TS_OK) {
+    const int kind = ts_schedule_kind_from_name(name);
+    if (kind >= 0) {
+        if (build_builtin(s, (ts_schedule_kind)kind, pp, v, m) != TS_OK) {
             ts_schedule_free(s);
             return TS_ERR;
         }
     } else if (ends_with(name, ".csv")) {
         return ts_schedule_read_csv(s, name, pp, v, m); /* validated there */
     } else {
-        return ts_fail("unknown pipeline schedule \"%s\": choose \"gpipe\", \"1f1b\", "
-                       "\"interleaved-1f1b\", \"zb-h1\", or the path of a schedule CSV "
-                       "file (ending in .csv)",
-                       name);
+        char names[128];
+        return ts_fail("unknown pipeline schedule \"%s\": choose %sor the path of a schedule "
+                       "CSV file (ending in .csv)",
+                       name, builtin_list(names, sizeof names));
     }
     /* Nothing invalid leaves this function, generated or not. */
     if (ts_schedule_validate(s, NULL) != TS_OK) {

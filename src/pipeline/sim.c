@@ -146,8 +146,55 @@ static ts_status deadlock(const sim *S, const int *pos)
     return st;
 }
 
+/* The dp lanes: each rank reduces its chunks one at a time, in the order their weight
+ * gradients become final (the end of their last B or W; ties: the later chunk first,
+ * as the gradient buckets run from the end of the buffer). dp_done[q] = when rank q's
+ * last reduction ends (0 when it has none). */
+static void dp_lanes(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result *r,
+                     double *dp_done)
+{
+    const int n = s->n_chunks;
+    double *ready = ts_malloc(sizeof(double) * (size_t)n);
+    int *order = ts_malloc(sizeof(int) * (size_t)n);
+    for (int k = 0; k < n; k++) ready[k] = 0.0;
+    for (int k = 0; k < r->n_events; k++) {
+        const ts_sim_event *e = &r->events[k];
+        if ((e->kind == TS_ACT_B || e->kind == TS_ACT_W) && e->end > ready[e->chunk])
+            ready[e->chunk] = e->end;
+    }
+    r->dp_events = ts_calloc((size_t)n, sizeof(ts_sim_event));
+    for (int q = 0; q < s->pp; q++) {
+        int m = 0;
+        for (int k = q; k < n; k += s->pp) { /* insertion sort by (ready, -chunk) */
+            int j = m++;
+            while (j > 0 && (ready[order[j - 1]] > ready[k] ||
+                             (ready[order[j - 1]] == ready[k] && order[j - 1] < k))) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = k;
+        }
+        double lane = 0.0;
+        for (int j = 0; j < m; j++) {
+            const int k = order[j];
+            double start = ready[k] > lane ? ready[k] : lane;
+            double cost = c->dp_latency + (c->dp_bandwidth > 0 ? c->dp_bytes[k] / c->dp_bandwidth : 0.0);
+            lane = start + cost;
+            r->dp_busy[q] += cost;
+            r->dp_events[r->n_dp_events++] = (ts_sim_event){
+                .rank = q, .kind = TS_SIM_DP, .chunk = k, .mb = -1, .start = start, .end = lane};
+        }
+        dp_done[q] = lane;
+    }
+    free(order);
+    free(ready);
+}
+
 void ts_sim_result_free(ts_sim_result *r)
 {
+    free(r->dp_busy);
+    free(r->dp_wait);
+    free(r->dp_events);
     free(r->busy);
     free(r->bubble);
     free(r->peak_act_bytes);
@@ -182,6 +229,8 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
     r->bubble = ts_calloc((size_t)pp, sizeof(double));
     r->peak_act_bytes = ts_calloc((size_t)pp, sizeof(double));
     r->peak_act_mb = ts_calloc((size_t)pp, sizeof(int));
+    r->dp_busy = ts_calloc((size_t)pp, sizeof(double));
+    r->dp_wait = ts_calloc((size_t)pp, sizeof(double));
     int total = 0;
     for (int q = 0; q < pp; q++) {
         first_event[q] = total;
@@ -244,9 +293,18 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
     }
 
     if (st == TS_OK) {
+        /* The optimizer (or the step's end) waits for the rank's dp reductions. */
+        double *dp_done = ts_calloc((size_t)pp, sizeof(double)), without_dp = 0.0;
+        if (c->dp_bytes) dp_lanes(s, c, r, dp_done);
         for (int q = 0; q < pp; q++) {
+            double optim = c->optim ? c->optim[q] : 0.0;
+            if (free_at[q] + optim > without_dp) without_dp = free_at[q] + optim;
+            if (dp_done[q] > free_at[q]) {
+                r->dp_wait[q] = dp_done[q] - free_at[q];
+                free_at[q] = dp_done[q];
+            }
             if (c->optim) {
-                double start = free_at[q], end = start + c->optim[q];
+                double start = free_at[q], end = start + optim;
                 r->events[first_event[q] + s->n_actions[q]] =
                     (ts_sim_event){.rank = q, .kind = TS_SIM_OPTIM, .chunk = -1, .mb = -1,
                                    .start = start, .end = end};
@@ -255,6 +313,8 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
             }
             if (free_at[q] > r->step_time) r->step_time = free_at[q];
         }
+        r->dp_exposed = r->step_time - without_dp;
+        free(dp_done);
         double sum = 0.0;
         for (int q = 0; q < pp; q++) {
             r->bubble[q] = r->step_time > 0 ? (r->step_time - r->busy[q]) / r->step_time : 0.0;
@@ -295,5 +355,13 @@ void ts_sim_to_trace(const ts_sim_result *r, double us_per_unit, ts_trace *t)
                                                 (e->end - e->start) * us_per_unit);
         ts_trace_add(t, &ev);
         prev_end = e->end;
+    }
+    for (int k = 0; k < r->n_dp_events; k++) {
+        const ts_sim_event *e = &r->dp_events[k];
+        ts_trace_event ev = ts_trace_event_make("dpreduce", e->rank, e->chunk, -1,
+                                                e->start * us_per_unit,
+                                                (e->end - e->start) * us_per_unit);
+        ev.track = TS_TRACE_TRACK_DP;
+        ts_trace_add(t, &ev);
     }
 }

@@ -7,6 +7,13 @@
  * B/I(c,i) <- F(c,i), B/I(c+1,i); W(c,i) <- I(c,i). Costs: F takes f[c], I takes i[c],
  * W takes w[c] and a full B takes i[c] + w[c].
  *
+ * The data-parallel gradient reduction (when dp_bytes is given): chunk c's weight
+ * gradients are final after its last B (or, with split backward, its last W); its
+ * reduction then costs dp_latency + dp_bytes[c] / dp_bandwidth on its rank's separate
+ * "dp" lane, one reduction at a time in the order the chunks become ready, overlapping
+ * the rank's later compute. The rank's optimizer step (or, without one, the rank's end
+ * of the step) waits for its last reduction; what it waits is the exposed part.
+ *
  * Units are the caller's (seconds in the docs below, with latency in seconds and
  * bandwidth in bytes per second; any consistent time unit works). */
 #ifndef TS_SIM_H
@@ -28,20 +35,26 @@ typedef struct {
     double msg_bytes;        /* activation / gradient message per micro-batch (B*T*C*4) */
     const double *optim;     /* [pp] optimizer time appended after a rank's last action
                                 (NULL = none) */
+    const double *dp_bytes;  /* [n_chunks] bytes each chunk's dp reduction moves; NULL = no
+                                data parallelism (dp = 1) */
+    double dp_latency;       /* per chunk reduction (s) */
+    double dp_bandwidth;     /* bytes/s; <= 0 means infinite */
 } ts_sim_costs;
 
-enum { TS_SIM_OPTIM = 4 }; /* ts_sim_event.kind beyond ts_action_kind's F/B/I/W */
+/* ts_sim_event.kind beyond ts_action_kind's F/B/I/W: the optimizer step (chunk = mb =
+ * -1) and a chunk's dp reduction (mb = -1). */
+enum { TS_SIM_OPTIM = 4, TS_SIM_DP = 5 };
 
 typedef struct {
     int rank;
-    int kind;        /* ts_action_kind, or TS_SIM_OPTIM (chunk = mb = -1) */
+    int kind;        /* ts_action_kind, TS_SIM_OPTIM or TS_SIM_DP */
     int chunk, mb;
     double start, end;
 } ts_sim_event;
 
 typedef struct {
     int pp;
-    double step_time;         /* makespan */
+    double step_time;         /* makespan (exposed dp reductions included) */
     double *busy;             /* [pp] compute (and optimizer) time per rank */
     double *bubble;           /* [pp] idle / step_time */
     double bubble_mean;       /* mean of bubble[] over ranks */
@@ -49,6 +62,15 @@ typedef struct {
     int *peak_act_mb;         /* [pp] most micro-batch activations held at once */
     int n_events;
     ts_sim_event *events;     /* every action (and optimizer step), in rank, list order */
+
+    /* The data-parallel reduction (all zero without costs.dp_bytes). */
+    double *dp_busy;          /* [pp] time on the rank's dp lane (its reductions' sum) */
+    double *dp_wait;          /* [pp] how long the rank waits for its reductions after
+                                 its last action */
+    double dp_exposed;        /* how much the reductions lengthen the step: step_time less
+                                 the makespan the same run would have without them */
+    int n_dp_events;
+    ts_sim_event *dp_events;  /* [n_dp_events] TS_SIM_DP, per rank in lane order */
 } ts_sim_result;
 
 /* Simulate. Errors: an action on the wrong rank, a duplicate or missing action, a
@@ -58,8 +80,9 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
 void ts_sim_result_free(ts_sim_result *r);
 
 /* Append the events to a trace with times scaled by `us_per_unit` (1e6 for seconds):
- * compute spans as "F"/"B"/"I"/"W", optimizer as "optim", and the gaps in which a rank
- * waited for an input as "wait". */
+ * compute spans as "F"/"B"/"I"/"W", optimizer as "optim", the gaps in which a rank
+ * waited for an input (or for its dp reductions) as "wait", and the dp reductions as
+ * "dpreduce" on the rank's dp track (TS_TRACE_TRACK_DP). */
 void ts_sim_to_trace(const ts_sim_result *r, double us_per_unit, ts_trace *t);
 
 #endif

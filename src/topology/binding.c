@@ -227,7 +227,8 @@ static int describe_cores(hwloc_topology_t topo, hwloc_const_bitmap_t set, int *
 static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 {
     int *count = ts_malloc(sizeof(int) * (size_t)(n_all > 0 ? n_all : 1));
-    MPI_Allreduce(flags, count, n_all, MPI_INT, MPI_SUM, t->node_comm);
+    if (n_all > 0) memcpy(count, flags, sizeof(int) * (size_t)n_all);
+    ts_allreduce_sum_i32(&t->node_comm, count, (size_t)n_all);
     double share = 0;
     for (int i = 0; i < n_all; i++)
         if (flags[i] && count[i] > 0) share += 1.0 / count[i];
@@ -239,15 +240,15 @@ static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 /* Rank 0 warns once if any node has more ranks than cores to give them. */
 static void warn_oversubscription(const ts_topology *t, bool oversubscribed, int node_cores)
 {
-    int node = oversubscribed ? t->node : INT_MAX, first;
-    MPI_Allreduce(&node, &first, 1, MPI_INT, MPI_MIN, t->world);
+    int first = oversubscribed ? t->node : INT_MAX;
+    ts_allreduce_min_i32(&t->world, &first, 1);
     if (first == INT_MAX) return;
-    int mine[2] = { 0, 0 }, there[2];
+    int there[2] = { 0, 0 };
     if (t->node == first) {
-        mine[0] = t->local_size;
-        mine[1] = node_cores;
+        there[0] = t->local_size;
+        there[1] = node_cores;
     }
-    MPI_Allreduce(mine, there, 2, MPI_INT, MPI_MAX, t->world);
+    ts_allreduce_max_i32(&t->world, there, 2);
     ts_log_warn("ranks outnumber cores: %d ranks run on the %d cores of node %d (%s), so "
                 "they share cores and run 1 thread each; launch at most %d ranks per node "
                 "for a core each",
@@ -356,8 +357,8 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
 
     /* The collectives below run on every rank, whatever hwloc said, with sizes agreed
      * over the node (a rank that saw no cores contributes zeros). */
-    int n_node;
-    MPI_Allreduce(&n_all, &n_node, 1, MPI_INT, MPI_MAX, t->node_comm);
+    int n_node = n_all;
+    ts_allreduce_max_i32(&t->node_comm, &n_node, 1);
     int *node_flags = ts_calloc((size_t)(n_node > 0 ? n_node : 1), sizeof(int));
     if (flags && n_all == n_node) memcpy(node_flags, flags, sizeof(int) * (size_t)n_all);
     int fair = fair_threads(t, node_flags, n_node);
@@ -369,9 +370,7 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     /* Checked before OpenBLAS starts the threads: under an address-space limit its
      * buffer allocation retries forever instead of failing. Agreed, so a rank whose
      * node is smaller fails the whole job at once. */
-    ts_comm world;
-    ts_comm_wrap(&world, t->world, "world");
-    if (ts_comm_agree(&world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
     ts_cpu_set_threads(t->threads);
     t->bound = true;
     return TS_OK;

@@ -1,5 +1,6 @@
-/* The communicators of the grid and the node layout. This is the only file that calls
- * MPI_Comm_split: every other module gets its groups from a ts_topology. */
+/* The communicators of the grid and the node layout. This is the only file that makes
+ * groups (ts_comm_split): every other module gets its ts_comm values from a
+ * ts_topology. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +28,11 @@ static ts_status fake_nodes_env(int *k)
 
 /* Split `world` into the group along `axis` containing this rank, ranked by the axis
  * coordinate. The color is the group's first member, unique per group. */
-static void split_axis(ts_topology *t, ts_axis axis, MPI_Comm *out)
+static void split_axis(ts_topology *t, ts_axis axis, ts_comm *out)
 {
     int *members = ts_malloc(sizeof(int) * (size_t)t->grid.size[axis]);
     ts_grid_group(&t->grid, t->rank, axis, members);
-    MPI_Comm_split(t->world, members[0], ts_coords_get(t->coords, axis), out);
+    ts_comm_split(&t->world, members[0], ts_coords_get(t->coords, axis), ts_axis_name(axis), out);
     free(members);
 }
 
@@ -40,28 +41,23 @@ static void split_axis(ts_topology *t, ts_axis axis, MPI_Comm *out)
 static void discover_nodes(ts_topology *t, int fake_k)
 {
     if (fake_k > 0) {
-        MPI_Comm_split(t->world, t->rank / fake_k, t->rank, &t->node_comm);
+        ts_comm_split(&t->world, t->rank / fake_k, t->rank, "node", &t->node_comm);
         snprintf(t->host, sizeof t->host, "fakenode%d", t->rank / fake_k);
     } else {
-        MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL,
-                            &t->node_comm);
-        char name[MPI_MAX_PROCESSOR_NAME];
-        int len = 0;
-        MPI_Get_processor_name(name, &len);
-        name[len < MPI_MAX_PROCESSOR_NAME ? len : MPI_MAX_PROCESSOR_NAME - 1] = '\0';
-        snprintf(t->host, sizeof t->host, "%s", name);
+        ts_comm_split_node(&t->world, t->rank, "node", &t->node_comm);
+        ts_comm_host_name(t->host, sizeof t->host);
     }
-    MPI_Comm_rank(t->node_comm, &t->local_rank);
-    MPI_Comm_size(t->node_comm, &t->local_size);
+    t->local_rank = t->node_comm.rank;
+    t->local_size = t->node_comm.size;
 
     /* The node's leader is its lowest world rank (local rank 0: the key was the rank). */
     int leader = t->rank;
-    MPI_Bcast(&leader, 1, MPI_INT, 0, t->node_comm);
+    ts_broadcast(&t->node_comm, &leader, sizeof leader, 0);
     int n = t->world_size;
     int *leaders = ts_malloc(sizeof(int) * (size_t)n);
-    MPI_Allgather(&leader, 1, MPI_INT, leaders, 1, MPI_INT, t->world);
+    ts_allgather_bytes(&t->world, &leader, sizeof leader, leaders);
     char(*hosts)[TS_HOST_MAX] = ts_malloc((size_t)n * TS_HOST_MAX);
-    MPI_Allgather(t->host, TS_HOST_MAX, MPI_CHAR, hosts, TS_HOST_MAX, MPI_CHAR, t->world);
+    ts_allgather_bytes(&t->world, t->host, TS_HOST_MAX, hosts);
 
     /* Leaders in rank order get node indices 0, 1, ...; others take their leader's. */
     int *index = ts_malloc(sizeof(int) * (size_t)n);
@@ -137,17 +133,16 @@ static void check_tp_locality(ts_topology *t)
     free(members);
 }
 
-ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
+ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *world)
 {
-    memset(t, 0, sizeof *t);
-    t->tp_comm = t->dp_comm = t->pp_comm = MPI_COMM_NULL;
-    t->embed_comm = t->node_comm = MPI_COMM_NULL;
+    memset(t, 0, sizeof *t); /* every group not a member (size 0) until split */
     t->gpu = -1;
     snprintf(t->binding, sizeof t->binding, "none");
     snprintf(t->gpu_name, sizeof t->gpu_name, "none");
-    t->world = world;
-    MPI_Comm_rank(world, &t->rank);
-    MPI_Comm_size(world, &t->world_size);
+    t->world = *world;
+    t->world.owned = false;
+    t->rank = world->rank;
+    t->world_size = world->size;
 
     /* Every check before the first split, agreed: a rank that alone sees a problem
      * (its environment differs) fails every rank instead of leaving them in a split. */
@@ -159,9 +154,7 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
                      "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
                      p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
     if (st == TS_OK) st = fake_nodes_env(&fake_k);
-    ts_comm w;
-    ts_comm_wrap(&w, world, "world");
-    if (ts_comm_agree(&w, st) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     t->fake_nodes = fake_k > 0;
 
     t->coords = ts_grid_coords(&t->grid, t->rank);
@@ -171,12 +164,12 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
     t->pp_prev = ts_grid_pp_prev(&t->grid, t->rank);
     t->pp_next = ts_grid_pp_next(&t->grid, t->rank);
 
-    /* Collective over world: ranks outside every embedding group pass MPI_UNDEFINED and
-     * get MPI_COMM_NULL. Color: the group's first stage; key: the pipeline coordinate. */
+    /* Collective over world: ranks outside every embedding group pass color -1 and are
+     * in none. Color: the group's first stage; key: the pipeline coordinate. */
     t->n_embed = ts_grid_embedding_group(&t->grid, t->rank, t->embed_members);
     bool in_embed = ts_grid_in_embedding_group(&t->grid, t->rank);
-    MPI_Comm_split(world, in_embed ? t->embed_members[0] : MPI_UNDEFINED, t->coords.pp,
-                   &t->embed_comm);
+    ts_comm_split(&t->world, in_embed ? t->embed_members[0] : -1, t->coords.pp, "embed",
+                  &t->embed_comm);
 
     discover_nodes(t, fake_k);
     check_tp_locality(t);
@@ -185,10 +178,9 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world)
 
 void ts_topo_free(ts_topology *t)
 {
-    MPI_Comm *comms[] = { &t->tp_comm, &t->dp_comm, &t->pp_comm, &t->embed_comm,
-                          &t->node_comm };
-    for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++)
-        if (*comms[i] != MPI_COMM_NULL && *comms[i] != 0) MPI_Comm_free(comms[i]);
+    ts_comm *comms[] = { &t->tp_comm, &t->dp_comm, &t->pp_comm, &t->embed_comm,
+                         &t->node_comm };
+    for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++) ts_comm_free(comms[i]);
     free(t->node_of_rank);
     free(t->node_host);
     t->node_of_rank = NULL;

@@ -5,7 +5,8 @@
  *                "tp-dp-pp" (tp varies fastest: Megatron's global = tp + TP*(dp + DP*pp));
  *                no MPI, unit-testable.
  *   ts_topology  the communicators of one rank (tp, dp, pp, embedding, node) and the
- *                node layout. ts_topo_init is the only place that calls MPI_Comm_split.
+ *                node layout. ts_topo_init is the only place that makes groups
+ *                (ts_comm_split); everyone else takes its ts_comm values.
  *   ts_topo_bind the hwloc binding of the rank to cores (and a GPU where present) and the
  *                thread count of the CPU kernels.
  *
@@ -19,8 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include <mpi.h>
-
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
 
@@ -79,25 +79,28 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
 
 /* -------------------------------------------------------------- topology -- */
 
-#define TS_HOST_MAX 256     /* >= what MPI_Get_processor_name writes on our MPIs */
+#define TS_HOST_MAX 256     /* >= the host names our MPIs report */
 #define TS_CORES_STR_MAX 256
 
 typedef struct {
     /* Filled by ts_topo_init. */
     ts_grid grid;
-    MPI_Comm world;          /* not owned */
+    /* The groups, named "world", "tp", "dp", "pp", "embed", "node". The topology owns
+     * them (ts_topo_free); callers copy the values (e.g. to set busy_ms or on_span on
+     * their copy) and never free them. */
+    ts_comm world;           /* a copy of the caller's (not owned) */
     int rank, world_size;    /* in `world` */
     ts_coords coords;
 
-    MPI_Comm tp_comm;        /* rank in it = coords.tp */
-    MPI_Comm dp_comm;        /* rank in it = coords.dp */
-    MPI_Comm pp_comm;        /* rank in it = coords.pp */
+    ts_comm tp_comm;         /* rank in it = coords.tp */
+    ts_comm dp_comm;         /* rank in it = coords.dp */
+    ts_comm pp_comm;         /* rank in it = coords.pp */
     int pp_prev, pp_next;    /* world ranks, -1 at the ends (in pp_comm: pp -/+ 1) */
-    MPI_Comm embed_comm;     /* {first, last} stage; MPI_COMM_NULL outside it.
+    ts_comm embed_comm;      /* {first, last} stage; size 0 (not a member) outside it.
                               * rank 0 in it is the first stage */
     int embed_members[2], n_embed; /* the embedding group of this rank's pipeline */
 
-    MPI_Comm node_comm;      /* the ranks sharing this node (shared memory) */
+    ts_comm node_comm;       /* the ranks sharing this node (shared memory) */
     int local_rank, local_size;
     int node, n_nodes;       /* nodes numbered by their lowest world rank */
     bool fake_nodes;         /* TS_FAKE_NODES was set */
@@ -122,8 +125,8 @@ typedef struct {
  * communicators and node layout. Collective over `world`, whose size must equal
  * pp*dp*tp (checked first, identically on every rank, before any collective).
  * Rank 0 warns (ts_log_warn) once when a tensor-parallel group spans nodes. On success
- * the caller owns *t and must call ts_topo_free before MPI_Finalize. */
-ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, MPI_Comm world);
+ * the caller owns *t and must call ts_topo_free before ts_comm_finalize. */
+ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *world);
 
 /* Bind this rank with hwloc and set the CPU thread count (ts_cpu_set_threads):
  *  - a binding narrower than the machine that the launcher already made (srun

@@ -18,8 +18,8 @@ static void peak_sets(const ts_config *cfg, const ts_schedule *s, int pp_rank, i
                       int *peak_stash)
 {
     const int n = s->n_chunks, m = s->m;
-    bool full = strcmp(cfg->parallel.recompute, "full") == 0;
-    bool except_last = strcmp(cfg->parallel.recompute, "except_last") == 0;
+    const int mode = ts_recompute_from_name(cfg->parallel.recompute);
+    bool full = mode == TS_RECOMPUTE_FULL, except_last = mode == TS_RECOMPUTE_EXCEPT_LAST;
     int *live = calloc((size_t)n, sizeof(int)), *stash = calloc((size_t)n, sizeof(int));
     TS_ASSERT(live && stash);
     for (int c = 0; c < n; c++) peak_acts[c] = peak_stash[c] = 0;
@@ -66,16 +66,19 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     TS_ASSERT(owned);
     ts_partition_owned(part, pp_rank, owned);
     ts_model m; /* the layout only: nothing is allocated */
-    ts_model_layout_tp(&m, mc, owned, &ts_kernels_cpu, cfg->parallel.tp, 0, NULL);
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, &ts_kernels_cpu); /* rank 0: most vocab */
+    ts_model_layout_tp(&m, mc, owned, &tp);
     free(owned);
     est->params = est->grads = (double)m.num_floats * f;
-    est->optimizer = 2.0 * (double)m.num_floats * f;
+    /* The two AdamW moments; ZeRO-1 keeps this rank's 1/dp of them (grad_sync.h). */
+    est->optimizer = 2.0 * (double)m.num_floats * f /
+                     (cfg->parallel.zero == 1 ? (double)cfg->parallel.dp : 1.0);
 
     int *peak_acts = calloc((size_t)sched->n_chunks, sizeof(int));
     int *peak_stash = calloc((size_t)sched->n_chunks, sizeof(int));
     TS_ASSERT(peak_acts && peak_stash);
     peak_sets(cfg, sched, pp_rank, peak_acts, peak_stash);
-    bool recompute = strcmp(cfg->parallel.recompute, "none") != 0;
+    bool recompute = ts_recompute_from_name(cfg->parallel.recompute) != TS_RECOMPUTE_NONE;
     for (int c = pp_rank; c < sched->n_chunks; c += sched->pp) {
         int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
         if (l1 <= l0) continue;
@@ -115,3 +118,18 @@ const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size)
     return buf;
 }
 
+double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part, int chunk)
+{
+    const ts_model_config *mc = &cfg->model;
+    bool *owned = calloc((size_t)mc->n_layer + 2, sizeof(bool));
+    TS_ASSERT(owned);
+    const int l0 = part->first_layer[chunk], l1 = l0 + part->n_chunk_layers[chunk];
+    for (int l = l0; l < l1; l++) owned[l] = true;
+    ts_model m; /* the layout only, as in ts_memory_estimate */
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, &ts_kernels_cpu);
+    ts_model_layout_tp(&m, mc, owned, &tp);
+    free(owned);
+    double bytes = (double)m.num_floats * sizeof(float);
+    ts_model_free(&m);
+    return bytes;
+}

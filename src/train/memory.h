@@ -28,4 +28,8 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size);
 
+/* The gradient bytes of chunk `chunk` alone (its layers' parameters on tensor-parallel
+ * rank 0): what its data-parallel reduction moves (plan's dp cost). */
+double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part, int chunk);
+
 #endif

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "checkpoint/load.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -142,10 +143,9 @@ static ts_status check_memory(ts_trainer *t, bool log)
     ts_memory_describe(&est, what, sizeof what);
     /* The BLAS threads are running (binding started them): their buffers are in vm_now
      * already, and they are address space, not resident memory. */
-    double new_bytes = est.total - est.blas, mine = new_bytes + lim.rss_now, node = mine;
-    MPI_Allreduce(&mine, &node, 1, MPI_DOUBLE, MPI_SUM, topo->node_comm);
-    int ranks_here = 1;
-    MPI_Comm_size(topo->node_comm, &ranks_here);
+    double new_bytes = est.total - est.blas, node = new_bytes + lim.rss_now;
+    ts_allreduce_sum_f64(&topo->node_comm, &node, 1);
+    const int ranks_here = topo->node_comm.size;
     char left[32], limit[32], together[32], phys[32];
     ts_status st = TS_OK;
     if (lim.vm_now + new_bytes > lim.address_space)
@@ -182,10 +182,9 @@ static ts_status report_blas(ts_trainer *t)
     const int n = t->world.size;
     char *cores = t->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
     double *rates = t->world.rank == 0 ? ts_calloc((size_t)n, sizeof(double)) : NULL;
-    ts_watchdog_wait_begin("gather (BLAS report)", t->world.name, -1);
-    MPI_Gather(core, NAME, MPI_CHAR, cores, NAME, MPI_CHAR, 0, t->world.mpi);
-    MPI_Gather(&gflops, 1, MPI_DOUBLE, rates, 1, MPI_DOUBLE, 0, t->world.mpi);
-    ts_watchdog_wait_end();
+    ts_watchdog_context("setup: gathering the BLAS report", 0, 0, 0);
+    ts_gather_bytes(&t->world, core, NAME, cores, 0);
+    ts_gather_bytes(&t->world, &gflops, sizeof gflops, rates, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
         double lo = rates[0], hi = rates[0];
@@ -223,6 +222,21 @@ static void on_layers_done(void *ctx, int first, int end)
     ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
 }
 
+/* The dp group's span hook (comm.h ts_comm_span_fn), set when tracing: each dp
+ * collective (a gradient bucket's reduction, from its start until a test or wait saw
+ * it complete) becomes a span on this rank's dp track. */
+static void on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+{
+    (void)bytes;
+    ts_trainer *t = ctx;
+    if (!t->tracing) return;
+    ts_trace_event ev = ts_trace_event_make("dpreduce", t->world.rank, -1, -1,
+                                            (t0 - t->t0_ms) * 1e3, (t1 - t0) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "%s", what);
+    ev.track = TS_TRACE_TRACK_DP;
+    ts_trace_add(&t->trace, &ev);
+}
+
 ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
@@ -230,12 +244,12 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->topo = topo;
     t->t0_ms = ts_now_ms();
     ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
-    ts_comm_wrap(&t->world, topo->world, "world");
-    ts_comm_wrap(&t->dp, topo->dp_comm, "dp");
-    ts_comm_wrap(&t->pp, topo->pp_comm, "pp");
-    ts_comm_wrap(&t->tp, topo->tp_comm, "tp");
+    t->world = topo->world;
+    t->dp = topo->dp_comm;
+    t->pp = topo->pp_comm;
+    t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
-    ts_comm_wrap(&t->embed, topo->embed_comm, "embed");
+    t->embed = topo->embed_comm;
 
     /* The schedule, then the memory check on the modelled partition before anything
      * large is allocated (measuring the layer costs allocates a layer of each kind),
@@ -256,11 +270,11 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
 
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, topo->coords.pp, owned);
-    ts_model_build_tp(&t->model, &cfg->model, owned, &ts_kernels_cpu, cfg->parallel.tp,
-                      topo->coords.tp, &t->tp);
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, &ts_kernels_cpu);
+    ts_model_build_tp(&t->model, &cfg->model, owned, &tp);
     free(owned);
     if (cfg->model.init[0])
-        st = ts_model_init_from_file(&t->model, cfg->model.init);
+        st = ts_ckpt_load_model_init(&t->model, cfg->model.init);
     else
         ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
     if (st == TS_OK) st = open_data(t);
@@ -272,8 +286,16 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         ts_trainer_free(t);
         return TS_ERR;
     }
-    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, (size_t)cfg->parallel.bucket_mb << 20,
-                      cfg->parallel.overlap_grad_sync);
+    if (cfg->log.trace[0]) { /* before grad_sync takes the group: its reductions' spans */
+        t->dp.on_span = on_dp_span;
+        t->dp.on_span_ctx = t;
+    }
+    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed,
+                      (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
+                      cfg->parallel.zero == 1);
+    /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
+    ts_adamw_init_ranges(&t->optim, t->grad_sync.shard, t->grad_sync.n_shard,
+                         t->grad_sync.sharded);
     t->engine.chunk_done = on_layers_done;
     t->engine.chunk_done_ctx = &t->grad_sync;
     t->tracing = cfg->log.trace[0] != '\0';
@@ -296,6 +318,7 @@ void ts_trainer_free(ts_trainer *t)
     if (t->metrics) fclose(t->metrics);
     if (t->tracing) ts_trace_free(&t->trace);
     ts_grad_sync_free(&t->grad_sync);
+    ts_adamw_free(&t->optim);
     ts_engine_free(&t->engine);
     if (t->has_train) ts_data_close(&t->train_data);
     if (t->has_val) ts_data_close(&t->val_data);
@@ -320,16 +343,6 @@ static void trace_span(ts_trainer *t, const char *cat, double t0, double t1)
     ts_trace_add(&t->trace, &ev);
 }
 
-/* The tied embedding lives on the first and the last pipeline stage: sum their
- * gradients so both copies take the same step and stay equal (ARCHITECTURE.md). */
-static void sync_tied_embedding(ts_trainer *t)
-{
-    if (!ts_comm_member(&t->embed) || t->embed.size < 2) return;
-    const ts_model *m = &t->model;
-    int p = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
-    ts_allreduce_sum_f32(&t->embed, ts_param_grad(m, p), m->params[p].numel);
-}
-
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 {
     const ts_config *c = &t->cfg;
@@ -345,20 +358,27 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_engine_run(&t->engine, step);
 
     double t1 = ts_now_ms();
+    /* The dp reduction and the tied embedding's sum over the embedding group (with
+     * ZeRO-1 the tied sum first, then the reduce-scatter: data/grad_sync.h). */
     ts_watchdog_context("data-parallel gradient sync and tied-embedding sync", 0, 0, 0);
     ts_grad_sync_finish(&t->grad_sync);
-    sync_tied_embedding(t);
     double t2 = ts_now_ms();
     trace_span(t, "dpsync", t1, t2);
 
-    /* Replicas hold identical gradients: count them once (dp rank 0); the tied copy
-     * of the embedding and the tp-replicated parameters off tp rank 0 are skipped
-     * inside. */
+    /* Each logical gradient element once over the grid: dp replicas hold identical
+     * gradients, so dp rank 0 counts them, or with ZeRO-1 every dp rank its own shard;
+     * the tied copy of the embedding and the tp-replicated parameters off tp rank 0 are
+     * skipped inside. Then AdamW on this rank's ranges, and with ZeRO-1 the all-gather
+     * of the updated parameters. */
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
-    double sumsq = t->topo->coords.dp == 0 ? ts_grad_sum_squares(&t->model) : 0.0;
+    bool counts = t->optim.sharded || t->topo->coords.dp == 0;
+    double sumsq = counts ? ts_adamw_grad_sum_squares(&t->optim, &t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
-    ts_adamw_step(&t->model, &c->train, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1);
+    ts_adamw_step(&t->optim, &t->model, &c->train, lr, ts_clip_coef(norm, c->train.grad_clip),
+                  step + 1);
+    if (t->grad_sync.sharded) ts_watchdog_context("ZeRO-1 parameter all-gather", 0, 0, 0);
+    ts_grad_sync_gather_params(&t->grad_sync);
     double t3 = ts_now_ms();
     trace_span(t, "optim", t2, t3);
 
@@ -367,29 +387,23 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * step's collectives); replicas in other pipelines do not count. */
     ts_watchdog_context("step statistics", 0, 0, 0);
     double makespan = t->engine.span_ms;
-    ts_watchdog_wait_begin("all-reduce (pipeline makespan)", t->pp.name, -1);
-    MPI_Allreduce(MPI_IN_PLACE, &makespan, 1, MPI_DOUBLE, MPI_MAX, t->pp.mpi);
-    ts_watchdog_wait_end();
+    ts_allreduce_max_f64(&t->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
     /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
-    out->loss = grid_sum(t, t->topo->coords.tp == 0 ? t->engine.loss_sum : 0.0) / ((double)B * T);
+    out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
-    double wait = t->grad_sync.wait_ms;
-    ts_watchdog_wait_begin("all-reduce (dp wait maximum)", t->world.name, -1);
-    MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
-    ts_watchdog_wait_end();
+    double wait = t->grad_sync.wait_ms + t->grad_sync.gather_ms; /* ZeRO-1's all-gather too */
+    ts_allreduce_max_f64(&t->world, &wait, 1);
     out->dp_wait_ms = wait;
     out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     double tp_ms = t->tp_busy_ms;
-    ts_watchdog_wait_begin("all-reduce (tp time maximum)", t->world.name, -1);
-    MPI_Allreduce(MPI_IN_PLACE, &tp_ms, 1, MPI_DOUBLE, MPI_MAX, t->world.mpi);
-    ts_watchdog_wait_end();
+    ts_allreduce_max_f64(&t->world, &tp_ms, 1);
     out->tp_comm_ms = tp_ms;
 }
 
@@ -398,33 +412,23 @@ double ts_trainer_eval(ts_trainer *t)
     const int n = t->cfg.data.val_windows;
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
     ts_watchdog_context("validation: summing the loss", 0, 0, 0);
-    if (t->topo->coords.tp != 0) local = 0.0; /* the tp ranks hold the same losses */
+    local = ts_tp_once(&t->model.tp, local); /* the tp ranks hold the same losses */
     return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
 }
 
 /* Gather every rank's events to rank 0 and write the Chrome trace. */
 static ts_status write_trace(ts_trainer *t)
 {
-    int n = t->trace.n, *counts = NULL, *displs = NULL, total = 0;
-    const int bytes = (int)sizeof(ts_trace_event);
+    int n = t->trace.n, *counts = NULL, total = 0;
     if (t->world.rank == 0) counts = ts_calloc((size_t)t->world.size, sizeof(int));
-    ts_watchdog_wait_begin("gather (trace event counts)", t->world.name, -1);
-    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world.mpi);
-    ts_watchdog_wait_end();
+    ts_watchdog_context("finishing: gathering the trace", 0, 0, 0);
+    ts_gather_bytes(&t->world, &n, sizeof n, counts, 0);
     ts_trace_event *all = NULL;
     if (t->world.rank == 0) {
-        displs = ts_calloc((size_t)t->world.size, sizeof(int));
-        for (int r = 0; r < t->world.size; r++) {
-            displs[r] = total * bytes;
-            total += counts[r];
-            counts[r] *= bytes;
-        }
+        for (int r = 0; r < t->world.size; r++) total += counts[r];
         all = ts_calloc((size_t)total + 1, sizeof *all);
     }
-    ts_watchdog_wait_begin("gather (trace events)", t->world.name, -1);
-    MPI_Gatherv(t->trace.events, n * bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0,
-                t->world.mpi);
-    ts_watchdog_wait_end();
+    ts_gatherv(&t->world, t->trace.events, n, sizeof(ts_trace_event), all, counts, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
         st = ts_mkdir_parent(t->cfg.log.trace);
@@ -435,7 +439,6 @@ static ts_status write_trace(ts_trainer *t)
     }
     free(all);
     free(counts);
-    free(displs);
     return ts_comm_agree(&t->world, st);
 }
 
@@ -449,11 +452,10 @@ static ts_status report_memory(ts_trainer *t)
     const double MiB = 1024.0 * 1024.0;
     double mine[3] = {(double)ru.ru_maxrss / 1024.0,
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
-                      2.0 * (double)t->model.num_floats * sizeof(float) / MiB};
+                      (double)ts_adamw_state_bytes(&t->optim) / MiB};
     double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 3, sizeof(double)) : NULL;
-    ts_watchdog_wait_begin("gather (memory report)", t->world.name, -1);
-    MPI_Gather(mine, 3, MPI_DOUBLE, all, 3, MPI_DOUBLE, 0, t->world.mpi);
-    ts_watchdog_wait_end();
+    ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);
+    ts_gather_bytes(&t->world, mine, sizeof mine, all, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
         const char *keys[3] = {"peak_rss_mb", "activation_mb", "optimizer_mb"};

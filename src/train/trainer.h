@@ -13,6 +13,7 @@
 #include "data/grad_sync.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "optim/optim.h"
 #include "pipeline/engine.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
@@ -43,6 +44,7 @@ typedef struct {
     ts_model model;
     ts_engine engine;
     ts_grad_sync grad_sync;
+    ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
     ts_dataset train_data, val_data;
     bool has_train, has_val;
 

@@ -1,0 +1,100 @@
+/* Tensor-parallel layers (tp.h): each is the plain kernel plus the one collective that
+ * makes the sharded result equal the unsharded one. */
+#include "tensor/tp.h"
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+ts_tp ts_tp_make(int size, int rank, const struct ts_comm_s *comm, const ts_kernels *k)
+{
+    TS_ASSERT(size >= 1 && rank >= 0 && rank < size && k != NULL);
+    TS_ASSERT(comm == NULL || (comm->size == size && comm->rank == rank));
+    return (ts_tp){.size = size, .rank = rank, .comm = size > 1 ? comm : NULL, .k = k};
+}
+
+/* The sum over the tp ranks of a buffer every rank holds a part of (Megatron's g in
+ * forward, f's conjugate in backward). Nothing to do on one rank. */
+static void tp_sum(const ts_tp *tp, float *buf, size_t n)
+{
+    if (tp->size == 1) return;
+    TS_ASSERT(tp->comm != NULL); /* a layout-only context cannot run */
+    ts_allreduce_sum_f32(tp->comm, buf, n);
+}
+
+static void tp_max(const ts_tp *tp, float *buf, size_t n)
+{
+    if (tp->size == 1) return;
+    TS_ASSERT(tp->comm != NULL);
+    ts_allreduce_max_f32(tp->comm, buf, n);
+}
+
+/* ------------------------------------------------------------------ linears */
+
+void ts_tp_col_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+                       const float *b, int N, int C, int OCl)
+{
+    tp->k->matmul_forward(out, inp, w, b, N, C, OCl);
+}
+
+void ts_tp_col_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, int N, int C, int OCl)
+{
+    tp->k->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OCl);
+    if (dinp) tp_sum(tp, dinp, (size_t)N * C);
+}
+
+void ts_tp_row_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+                       const float *b, int N, int Cl, int OC)
+{
+    tp->k->matmul_forward(out, inp, w, tp->rank == 0 ? b : NULL, N, Cl, OC);
+    tp_sum(tp, out, (size_t)N * OC);
+}
+
+void ts_tp_row_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, int N, int Cl, int OC)
+{
+    tp->k->matmul_backward(dinp, dw, db, dout, inp, w, N, Cl, OC);
+}
+
+/* ---------------------------------------------------- vocab-parallel layers */
+
+void ts_tp_embed_forward(const ts_tp *tp, float *out, const int *tokens, const float *wte,
+                         int v0, int nv, const float *wpe, int B, int T, int C)
+{
+    if (tp->size == 1) {
+        tp->k->encoder_forward(out, tokens, wte, wpe, B, T, C);
+        return;
+    }
+    /* This rank's vocabulary rows (zeros for other tokens), the positions on rank 0
+     * only; the sum assembles the full embedding on every rank. */
+    tp->k->vocab_embed_forward(out, tokens, wte, tp->rank == 0 ? wpe : NULL, v0, nv, B, T, C);
+    tp_sum(tp, out, (size_t)B * T * C);
+}
+
+void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const float *dout,
+                          const int *tokens, int v0, int nv, int B, int T, int C)
+{
+    if (tp->size == 1)
+        tp->k->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    else
+        tp->k->vocab_embed_backward(dwte, dwpe, dout, tokens, v0, nv, B, T, C);
+}
+
+void ts_tp_cross_entropy(const ts_tp *tp, float *losses, float *logits, float *stats,
+                         const int *targets, int v0, int nv, int N, float dloss)
+{
+    const ts_kernels *k = tp->k;
+    if (tp->size == 1) { /* the fused kernel: one pass fewer over the logits */
+        k->crossentropy_forward_backward(losses, logits, targets, N, nv, dloss);
+        return;
+    }
+    /* Three passes around the reductions: the row max and the target logit (0 off the
+     * rank that holds it), then the sum of exp(x - max), then the losses and dlogits. */
+    float *rowmax = stats, *sumexp = stats + N, *tlogit = stats + 2 * (size_t)N;
+    k->xent_vp_stats(rowmax, tlogit, logits, targets, v0, nv, N);
+    tp_max(tp, rowmax, (size_t)N);
+    tp_sum(tp, tlogit, (size_t)N);
+    k->xent_vp_sumexp(sumexp, logits, rowmax, N, nv);
+    tp_sum(tp, sumexp, (size_t)N);
+    k->xent_vp_finish(losses, logits, targets, v0, nv, rowmax, sumexp, tlogit, N, dloss);
+}
