@@ -4,7 +4,7 @@
 # norms within relative 1e-4 for 20 steps of the tiny config; zero = 1 on one replica is
 # the plain run bit for bit; overlap on and off, and the same run twice, are
 # bit-identical; the optimizer state per rank at dp = 4 is a quarter of dp = 1's (within
-# 5%); zero = 2 is an error naming the key.
+# 5%); dp = 3 with pieces of unequal size works too; zero = 2 is an error naming the key.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -37,6 +37,18 @@ check zero_3d_nooverlap 8 "${grid3d[@]}" "${zero[@]}" "${nooverlap[@]}"
 check zero_pp2_dp2_zb_recompute 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.micro_batch=2 \
   --set parallel.schedule=zb-h1 --set parallel.recompute=full "${zero[@]}" "${small[@]}"
 check zero_dp2_again 2 --set parallel.dp=2 "${zero[@]}" "${small[@]}"
+
+# dp = 3 with n_embd = 64: the bucket's 16-float units do not divide by 3, so the dp
+# ranks' pieces differ in size (its own one-rank reference: global_batch 12).
+odd=(--set model.n_embd=64 --set train.global_batch=12 --set parallel.micro_batch=2)
+if run_np 1 "${common[@]}" "${odd[@]}" --set "log.metrics=\"$TMP/odd_ref.jsonl\"" \
+   && run_np 3 "${common[@]}" "${odd[@]}" --set parallel.dp=3 "${zero[@]}" \
+        --set "log.metrics=\"$TMP/odd_dp3.jsonl\""; then
+  if out=$(same_losses "$TMP/odd_dp3.jsonl" "$TMP/odd_ref.jsonl" 1e-4); then pass
+  else fail "dp = 3 (uneven pieces) vs one rank: $out"; fi
+else
+  fail "run with dp = 3 (uneven pieces)"; sed 's/^/    /' "$TMP/err" >&2
+fi
 
 bit_same ref zero_dp1 "zero = 1 with dp = 1 is not the plain run"
 bit_same zero_dp2 zero_dp2_nooverlap "overlap on and off (dp = 2)"

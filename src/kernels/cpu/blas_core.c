@@ -119,7 +119,8 @@ void ts_blas_select_core(int argc, char **argv)
         fprintf(stderr,
                 "tessera: warning: OPENBLAS_CORETYPE=%s runs OpenBLAS's %s kernel, but this CPU "
                 "runs %s kernels (%s); unset OPENBLAS_CORETYPE to let Tessera choose\n",
-                user, chosen, cpu >= TS_ISA_AVX512 ? "AVX-512" : "AVX2", best_core(cpu));
+                user ? user : "?", chosen, cpu >= TS_ISA_AVX512 ? "AVX-512" : "AVX2",
+                best_core(cpu) ? best_core(cpu) : "?");
     }
     if (!pick) {
         snprintf(g_note, sizeof g_note, "%s", user ? "set by OPENBLAS_CORETYPE" : "OpenBLAS's choice");

@@ -1,0 +1,209 @@
+/* The data-parallel buckets and the ZeRO-1 shard layout, without MPI (grad_sync_init
+ * only reads the group's size and rank): buckets tile the gradient buffer on parameter
+ * boundaries; with ZeRO-1 every bucket is cut into dp pieces on 16-float boundaries, the
+ * dp ranks' shards cover each float exactly once and hold 1/dp of it each; a pipeline
+ * stage's tied embedding is a bucket alone. AdamW on the dp shards, rank by rank, gives
+ * the whole-model step bit for bit, and the shards' sums of squares add up to the
+ * whole model's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "core/rng.h"
+#include "data/grad_sync.h"
+#include "model/model.h"
+#include "optim/optim.h"
+#include "test_util.h"
+
+static ts_config g_cfg;
+
+/* n_embd = 24: 16-float units that 3 does not divide, so pieces come out uneven. */
+static ts_model_config small_model(void)
+{
+    ts_config_defaults(&g_cfg);
+    g_cfg.model.n_layer = 3;
+    g_cfg.model.n_head = 2;
+    g_cfg.model.n_embd = 24;
+    g_cfg.model.vocab_size = 40;
+    g_cfg.model.seq_len = 8;
+    return g_cfg.model;
+}
+
+static ts_comm fake_comm(int size, int rank, const char *name)
+{
+    ts_comm c;
+    memset(&c, 0, sizeof c);
+    c.size = size;
+    c.rank = rank;
+    c.name = name;
+    return c;
+}
+
+/* Build the model for layers [l0, l1) (the whole model when l0 = 0, l1 = n_layers). */
+static void build_range(ts_model *m, const ts_model_config *mc, int l0, int l1)
+{
+    bool owned[16] = {false};
+    for (int l = l0; l < l1; l++) owned[l] = true;
+    ts_model_build(m, mc, owned, &ts_kernels_cpu);
+}
+
+static bool is_param_boundary(const ts_model *m, size_t x)
+{
+    if (x == 0 || x == m->num_floats) return true;
+    for (int p = 0; p < m->n_params; p++)
+        if (m->params[p].offset == x) return true;
+    return false;
+}
+
+/* One layout (a model, dp, ZeRO on or off, bucket size, embedding group size): every
+ * rank's buckets and shard. */
+static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_bytes, int embed)
+{
+    int *covered = calloc(m->num_floats + 1, sizeof(int));
+    const bool tied_here = embed >= 2 && (m->head_wte_param < 0 ||
+                                          m->params[m->head_wte_param].tied_copy);
+    for (int r = 0; r < dp; r++) {
+        ts_comm dpc = fake_comm(dp, r, "dp"), emb = fake_comm(embed, 0, "embed");
+        ts_grad_sync g;
+        ts_grad_sync_init(&g, m, &dpc, &emb, bucket_bytes, true, zero);
+        CHECK(g.sharded == (zero && dp > 1));
+        CHECK((g.tied_param >= 0) == tied_here);
+        /* Buckets tile [0, n) from the end, on parameter boundaries. */
+        size_t end = m->num_floats;
+        int n_tied = 0;
+        for (int i = 0; i < g.n_buckets; i++) {
+            const ts_bucket *b = &g.buckets[i];
+            CHECKF(b->end == end && b->begin < b->end, "dp %d bucket %d [%zu, %zu)", dp, i,
+                   b->begin, b->end);
+            CHECK(is_param_boundary(m, b->begin));
+            end = b->begin;
+            n_tied += b->tied;
+            if (b->tied) { /* the tied tensor alone */
+                const ts_param *P = &m->params[g.tied_param];
+                CHECK(b->begin == P->offset);
+                for (int p = 0; p < m->n_params; p++)
+                    if (p != g.tied_param)
+                        CHECK(m->params[p].offset < b->begin || m->params[p].offset >= b->end);
+            }
+            if (!g.sharded) continue;
+            /* Pieces: contiguous, aligned, as even as the alignment allows. */
+            int lo = b->counts[0], hi = b->counts[0];
+            size_t at = 0;
+            for (int k = 0; k < dp; k++) {
+                CHECK((size_t)b->displs[k] == at && b->displs[k] % TS_ZERO_ALIGN == 0);
+                at += (size_t)b->counts[k];
+                lo = b->counts[k] < lo ? b->counts[k] : lo;
+                hi = b->counts[k] > hi ? b->counts[k] : hi;
+            }
+            CHECK(at == b->end - b->begin);
+            CHECKF(hi - lo <= TS_ZERO_ALIGN, "dp %d bucket %d pieces %d..%d", dp, i, lo, hi);
+        }
+        CHECK(g.n_buckets == 0 ? dp == 1 : end == 0);
+        CHECK(n_tied == (g.sharded && tied_here ? 1 : 0));
+        /* The shard: ascending, disjoint, about 1/dp of the buffer. */
+        size_t mine = 0;
+        for (int s = 0; s < g.n_shard; s++) {
+            const ts_flat_range *x = &g.shard[s];
+            CHECK(x->begin < x->end && (s == 0 || g.shard[s - 1].end <= x->begin));
+            for (size_t i = x->begin; i < x->end; i++) covered[i]++;
+            mine += x->end - x->begin;
+        }
+        if (g.sharded) {
+            double ideal = (double)m->num_floats / dp, slack = TS_ZERO_ALIGN * g.n_buckets;
+            CHECKF(fabs((double)mine - ideal) <= slack, "dp %d rank %d holds %zu of %zu", dp, r,
+                   mine, m->num_floats);
+        } else {
+            CHECK(g.n_shard == 1 && mine == m->num_floats);
+        }
+        ts_grad_sync_free(&g);
+    }
+    /* With ZeRO-1 the ranks' shards cover every float once; without, each rank all. */
+    int want = zero && dp > 1 ? 1 : dp, bad = 0;
+    for (size_t i = 0; i < m->num_floats; i++) bad += covered[i] != want;
+    CHECKF(bad == 0, "dp %d zero %d: %d floats not covered %d times", dp, zero, bad, want);
+    free(covered);
+}
+
+static void test_layouts(void)
+{
+    ts_model_config mc = small_model();
+    const int n_layers = mc.n_layer + 2;
+    ts_model whole, first, last;
+    build_range(&whole, &mc, 0, n_layers);
+    build_range(&first, &mc, 0, 2);        /* embed + block 0: wte without the head */
+    build_range(&last, &mc, 2, n_layers);  /* blocks 1.. + head: the tied copy */
+    const size_t buckets[] = {256, 4096, (size_t)4 << 20};
+    for (int dp = 1; dp <= 5; dp++)
+        for (int z = 0; z <= 1; z++)
+            for (size_t b = 0; b < sizeof buckets / sizeof buckets[0]; b++) {
+                check_layout(&whole, dp, z, buckets[b], 1);
+                check_layout(&first, dp, z, buckets[b], 2);
+                check_layout(&last, dp, z, buckets[b], 2);
+            }
+    ts_model_free(&whole);
+    ts_model_free(&first);
+    ts_model_free(&last);
+}
+
+static void fill(float *x, size_t n, uint64_t key, float scale)
+{
+    for (size_t i = 0; i < n; i++) x[i] = scale * (float)ts_rng_normal(7, key, i);
+}
+
+/* AdamW on each dp rank's shard (its own moments) gives the whole-model step exactly,
+ * and the shards' sums of squares add up to the whole model's. */
+static void test_sharded_adamw(void)
+{
+    ts_model_config mc = small_model();
+    ts_train_config tc = g_cfg.train;
+    for (int dp = 2; dp <= 4; dp++) {
+        ts_model full, shard;
+        ts_model_build(&full, &mc, NULL, &ts_kernels_cpu);
+        ts_model_build(&shard, &mc, NULL, &ts_kernels_cpu);
+        fill(full.param_mem, full.num_floats, 1, 0.02f);
+        memcpy(shard.param_mem, full.param_mem, full.num_floats * sizeof(float));
+        ts_adamw whole;
+        ts_adamw_init(&whole, &full);
+        CHECK(ts_adamw_state_bytes(&whole) == 2 * full.num_floats * sizeof(float));
+        ts_grad_sync g[4];
+        ts_adamw opt[4];
+        size_t bytes = 0;
+        ts_comm emb = fake_comm(1, 0, "embed");
+        for (int r = 0; r < dp; r++) {
+            ts_comm dpc = fake_comm(dp, r, "dp");
+            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, 1024, true, true);
+            ts_adamw_init_ranges(&opt[r], g[r].shard, g[r].n_shard, g[r].sharded);
+            CHECK(opt[r].sharded);
+            bytes += ts_adamw_state_bytes(&opt[r]);
+        }
+        CHECK(bytes == ts_adamw_state_bytes(&whole)); /* together: the whole state once */
+        for (int t = 1; t <= 3; t++) {
+            fill(full.grad_mem, full.num_floats, 100 + (uint64_t)t, 1e-2f);
+            memcpy(shard.grad_mem, full.grad_mem, full.num_floats * sizeof(float));
+            double ss = ts_adamw_grad_sum_squares(&whole, &full), parts = 0.0;
+            for (int r = 0; r < dp; r++) parts += ts_adamw_grad_sum_squares(&opt[r], &shard);
+            CHECKF(fabs(parts - ss) <= 1e-12 * ss, "dp %d: shard sums %.17g vs %.17g", dp, parts,
+                   ss);
+            ts_adamw_step(&whole, &full, &tc, 1e-3, 0.5f, t);
+            for (int r = 0; r < dp; r++) ts_adamw_step(&opt[r], &shard, &tc, 1e-3, 0.5f, t);
+        }
+        CHECKF(!memcmp(full.param_mem, shard.param_mem, full.num_floats * sizeof(float)),
+               "dp %d: the sharded AdamW steps differ from the whole-model step", dp);
+        for (int r = 0; r < dp; r++) {
+            ts_adamw_free(&opt[r]);
+            ts_grad_sync_free(&g[r]);
+        }
+        ts_adamw_free(&whole);
+        ts_model_free(&full);
+        ts_model_free(&shard);
+    }
+}
+
+int main(void)
+{
+    test_layouts();
+    test_sharded_adamw();
+    return ts_test_report();
+}
