@@ -21,6 +21,20 @@ check dp2_bucket1 2 --set parallel.dp=2 --set parallel.bucket_mb=1
 check dp2_mb4_again 2 --set parallel.dp=2 --set parallel.micro_batch=4
 if cmp -s <(losses "$TMP/dp2_mb4.jsonl") <(losses "$TMP/dp2_mb4_again.jsonl"); then pass
 else fail "dp=2 run twice is not bit-identical"; fi
+# The reduction driven by a communication thread instead of polling: the same calls in
+# the same order, so the same bits, with and without ZeRO-1, and under pp x dp with a
+# trace (the thread's spans reach the trace through the main thread).
+check dp2_mb4_thread 2 --set parallel.dp=2 --set parallel.micro_batch=4 \
+  --set parallel.grad_sync_progress=thread
+if cmp -s <(losses "$TMP/dp2_mb4.jsonl") <(losses "$TMP/dp2_mb4_thread.jsonl"); then pass
+else fail "dp=2: the communication thread changed the losses"; fi
+check dp2_zero_poll 2 --set parallel.dp=2 --set parallel.zero=1
+check dp2_zero_thread 2 --set parallel.dp=2 --set parallel.zero=1 --set parallel.grad_sync_progress=thread
+if cmp -s <(losses "$TMP/dp2_zero_poll.jsonl") <(losses "$TMP/dp2_zero_thread.jsonl"); then pass
+else fail "dp=2 ZeRO-1: the communication thread changed the losses"; fi
+check pp2dp2_thread 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.micro_batch=2 \
+  --set parallel.grad_sync_progress=thread --set "log.trace=\"$TMP/thread_trace.json\""
+grep -q '"all-reduce"' "$TMP/thread_trace.json" && pass || fail "no dp reduction spans in the thread-mode trace"
 # dp_overlap depends on timing: check only that it is reported as a fraction.
 grep -o '"dp_overlap":[^,]*' "$TMP/dp2_mb4.jsonl" | cut -d: -f2 \
   | awk '{ if ($1 < 0 || $1 > 1) bad = 1; n++ } END { exit !(n == 20 && !bad) }' \

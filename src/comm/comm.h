@@ -55,12 +55,15 @@ typedef struct {
 
 /* ------------------------------------------------------------ the process -- */
 
-/* Start the backend, once per process before any other call: MPI with thread level
- * FUNNELED (only the main thread communicates, but the watchdog thread runs beside it,
- * which SINGLE would not allow). Returns whether that level was granted. */
+/* Start the backend, once per process before any other call: MPI asked for thread
+ * level MULTIPLE (the data-parallel reduction may run on a communication thread,
+ * parallel.grad_sync_progress = "thread"); FUNNELED is enough for everything else (the
+ * watchdog thread never communicates). Returns whether FUNNELED was granted. */
 bool ts_comm_init(int *argc, char ***argv);
-/* Whether ts_comm_init got the thread level the watchdog needs. */
+/* Whether ts_comm_init got the thread level the watchdog needs (FUNNELED). */
 bool ts_comm_threads_ok(void);
+/* Whether several threads may communicate at once (MPI_THREAD_MULTIPLE granted). */
+bool ts_comm_thread_multiple(void);
 /* Shut the backend down. It synchronises with the other ranks, so it is marked for the
  * watchdog like any collective. */
 void ts_comm_finalize(void);
@@ -75,6 +78,9 @@ void ts_comm_world(ts_comm *c);
  * group, ranked by key (ties by their rank in parent); color < 0 joins none (out->size
  * is 0). The caller owns *out (ts_comm_free). Only the topology makes groups. */
 void ts_comm_split(const ts_comm *parent, int color, int key, const char *name, ts_comm *out);
+/* A duplicate of `c` (collective over it): the same ranks, its own message space, so a
+ * communication thread's collectives never interleave with the main thread's. Owned. */
+void ts_comm_dup(const ts_comm *c, const char *name, ts_comm *out);
 /* The ranks of `parent` that share this node's memory, ranked by key; owned as above. */
 void ts_comm_split_node(const ts_comm *parent, int key, const char *name, ts_comm *out);
 /* Release a group made by a split; a no-op for others (world, a non-member, a zeroed

@@ -72,7 +72,7 @@ static void wrap(ts_comm *c, MPI_Comm m, const char *name, bool owned)
 bool ts_comm_init(int *argc, char ***argv)
 {
     int provided = MPI_THREAD_SINGLE;
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) { /* nothing else may be called: say so and leave */
         char msg[MPI_MAX_ERROR_STRING] = "?";
         int len = 0;
@@ -81,6 +81,13 @@ bool ts_comm_init(int *argc, char ***argv)
         exit(3);
     }
     return provided >= MPI_THREAD_FUNNELED;
+}
+
+bool ts_comm_thread_multiple(void)
+{
+    int level = MPI_THREAD_SINGLE;
+    check(MPI_Query_thread(&level), NULL, "thread level query");
+    return level >= MPI_THREAD_MULTIPLE;
 }
 
 bool ts_comm_threads_ok(void)
@@ -121,6 +128,16 @@ void ts_comm_split(const ts_comm *parent, int color, int key, const char *name, 
     ts_watchdog_wait_begin("communicator split", parent->name, -1);
     check(MPI_Comm_split(comm_of(parent), color < 0 ? MPI_UNDEFINED : color, key, &m), parent,
           "communicator split");
+    ts_watchdog_wait_end();
+    wrap(out, m, name, true);
+}
+
+void ts_comm_dup(const ts_comm *c, const char *name, ts_comm *out)
+{
+    TS_ASSERT(ts_comm_member(c));
+    MPI_Comm m = MPI_COMM_NULL;
+    ts_watchdog_wait_begin("communicator duplicate", c->name, -1);
+    check(MPI_Comm_dup(comm_of(c), &m), c, "communicator duplicate");
     ts_watchdog_wait_end();
     wrap(out, m, name, true);
 }

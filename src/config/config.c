@@ -51,6 +51,7 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(p->recompute, sizeof p->recompute, ts_recompute_names[TS_RECOMPUTE_NONE]);
     copy_str(p->order, sizeof p->order, "tp-dp-pp");
     p->overlap_grad_sync = true;
+    copy_str(p->grad_sync_progress, sizeof p->grad_sync_progress, "poll");
     p->zero = 0;
     p->bucket_mb = 4;
 
@@ -105,6 +106,7 @@ static ts_status check_arch(const key_spec *k, const ts_config *cfg, const char 
 static ts_status check_schedule(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_recompute(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_order(const key_spec *k, const ts_config *cfg, const char *where);
+static ts_status check_progress(const key_spec *k, const ts_config *cfg, const char *where);
 
 #define OFF(field) offsetof(ts_config, field)
 #define FIELD_SIZE(field) sizeof(((ts_config *)0)->field)
@@ -137,6 +139,7 @@ static const key_spec KEYS[] = {
     STR_KEY("parallel", "recompute", parallel.recompute, check_recompute),
     STR_KEY("parallel", "order", parallel.order, check_order),
     BOOL_KEY("parallel", "overlap_grad_sync", parallel.overlap_grad_sync),
+    STR_KEY("parallel", "grad_sync_progress", parallel.grad_sync_progress, check_progress),
     INT_KEY("parallel", "zero", parallel.zero, 0, 1),
     INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
 
@@ -294,6 +297,18 @@ static ts_status check_order(const key_spec *k, const ts_config *cfg, const char
 }
 
 /* Human-readable range, e.g. ">= 1", "> 0", "in [0, 1)", "0 or 1". */
+static const char *const PROGRESS_MODES[] = { "poll", "thread" };
+
+static ts_status check_progress(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, PROGRESS_MODES, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'parallel.grad_sync_progress' = \"%s\"%s is not a progress mode; "
+                   "choose \"poll\" (test the pending reductions between layers) or \"thread\" "
+                   "(a communication thread drives them)",
+                   v, where);
+}
+
 static void describe_range(const key_spec *k, char *buf, size_t cap)
 {
     bool has_hi = isfinite(k->hi) && !(k->kind == K_INT && k->hi >= BIG);

@@ -54,6 +54,7 @@ typedef struct {
     char recompute[16];         /* ts_recompute_names[k] (validated) */
     char order[16];             /* "tp-dp-pp", fastest-varying first */
     bool overlap_grad_sync;
+    char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
     int zero;                   /* 0 or 1 */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
 } ts_parallel_config;

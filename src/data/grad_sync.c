@@ -1,10 +1,13 @@
 #include "data/grad_sync.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/timer.h"
+#include "core/watchdog.h"
 
 /* ZeRO-1: cut bucket b into dp pieces on TS_ZERO_ALIGN boundaries, as evenly as they
  * allow (the last piece takes any ragged end). */
@@ -116,8 +119,115 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
     build_shard(g);
 }
 
+/* ------------------------------------------------------ communication thread -- */
+
+static void thread_start_op(ts_grad_sync *g, ts_bucket *b)
+{
+    float *buf = g->grads + b->begin;
+    b->start_ms = ts_now_ms();
+    if (g->sharded)
+        ts_ireduce_scatter_sum_f32(&g->dp_thread, buf, b->counts, &b->req);
+    else
+        ts_iallreduce_sum_f32(&g->dp_thread, buf, b->end - b->begin, &b->req);
+}
+
+/* Start what is queued, in queue order (the same on every dp rank, so the collectives
+ * match), and test what runs; sleep between rounds (20 us) rather than spin in
+ * MPI_Wait, which would take a core from the compute threads. */
+static void *thread_main(void *arg)
+{
+    ts_grad_sync *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->stop && g->n_started == g->n_queued && g->n_done == g->n_started)
+            pthread_cond_wait(&g->cv, &g->mu);
+        if (g->stop && g->n_done == g->n_started) break;
+        /* Work on a snapshot; the main thread only appends to the queue meanwhile (and
+         * resets it in ts_grad_sync_begin only once everything is done). */
+        const int from = g->n_started, queued = g->n_queued;
+        g->n_started = queued;
+        pthread_mutex_unlock(&g->mu);
+        for (int i = from; i < queued; i++) thread_start_op(g, &g->buckets[g->queue[i]]);
+        int finished = 0;
+        for (int i = 0; i < queued; i++) {
+            ts_bucket *b = &g->buckets[g->queue[i]];
+            if (!b->done && ts_request_test(&b->req)) {
+                b->end_ms = ts_now_ms();
+                b->done = true; /* published by the mutex below */
+                finished++;
+            }
+        }
+        pthread_mutex_lock(&g->mu);
+        g->n_done += finished;
+        if (finished) pthread_cond_broadcast(&g->cv);
+        if (g->n_done < g->n_started) {
+            pthread_mutex_unlock(&g->mu);
+            nanosleep(&(struct timespec){0, 20000}, NULL);
+            pthread_mutex_lock(&g->mu);
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+ts_status ts_grad_sync_use_thread(ts_grad_sync *g)
+{
+    if (g->n_buckets == 0 || !g->overlap) return TS_OK;
+    if (!ts_comm_thread_multiple())
+        return ts_fail("parallel.grad_sync_progress = \"thread\" needs an MPI library with "
+                       "MPI_THREAD_MULTIPLE, and this one does not provide it; use \"poll\"");
+    ts_comm_dup(&g->dp, "dp (communication thread)", &g->dp_thread);
+    g->queue = ts_calloc((size_t)g->n_buckets, sizeof(int));
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    if (pthread_create(&g->thread, NULL, thread_main, g) != 0) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->cv);
+        ts_comm_free(&g->dp_thread);
+        return ts_fail("cannot start the data-parallel communication thread");
+    }
+    g->threaded = true;
+    return TS_OK;
+}
+
+static void stop_thread(ts_grad_sync *g)
+{
+    if (!g->threaded) return;
+    pthread_mutex_lock(&g->mu);
+    g->stop = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->thread, NULL);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    ts_comm_free(&g->dp_thread);
+    free(g->queue);
+    g->threaded = false;
+}
+
+/* Thread mode: wait until the thread completed every queued bucket, then report their
+ * spans to the trace (the thread's group has no span hook: it must not touch the
+ * trace). */
+static void wait_thread(ts_grad_sync *g)
+{
+    pthread_mutex_lock(&g->mu);
+    if (g->n_done < g->n_queued) {
+        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->dp.name, -1);
+        while (g->n_done < g->n_queued) pthread_cond_wait(&g->cv, &g->mu);
+        ts_watchdog_wait_end();
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (!g->dp.on_span) return;
+    for (int i = 0; i < g->n_queued; i++) {
+        const ts_bucket *b = &g->buckets[g->queue[i]];
+        g->dp.on_span(g->dp.on_span_ctx, g->sharded ? "reduce-scatter" : "all-reduce",
+                      (b->end - b->begin) * sizeof(float), b->start_ms, b->end_ms);
+    }
+}
+
 void ts_grad_sync_free(ts_grad_sync *g)
 {
+    stop_thread(g);
     for (int i = 0; i < g->n_buckets; i++) {
         free(g->buckets[i].counts);
         free(g->buckets[i].displs);
@@ -130,7 +240,12 @@ void ts_grad_sync_free(ts_grad_sync *g)
 
 void ts_grad_sync_begin(ts_grad_sync *g)
 {
-    for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = false;
+    for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = g->buckets[i].done = false;
+    if (g->threaded) { /* the thread is idle: the last step waited for all it started */
+        pthread_mutex_lock(&g->mu);
+        g->n_queued = g->n_started = g->n_done = 0;
+        pthread_mutex_unlock(&g->mu);
+    }
     for (int l = 0; l < g->n_layers; l++) g->layer_final[l] = false;
     g->wait_ms = 0.0;
     g->gather_ms = 0.0;
@@ -138,6 +253,14 @@ void ts_grad_sync_begin(ts_grad_sync *g)
 
 static void launch(ts_grad_sync *g, ts_bucket *b)
 {
+    if (g->threaded) {
+        pthread_mutex_lock(&g->mu);
+        g->queue[g->n_queued++] = (int)(b - g->buckets);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        b->launched = true;
+        return;
+    }
     float *buf = g->grads + b->begin;
     if (g->sharded)
         ts_ireduce_scatter_sum_f32(&g->dp, buf, b->counts, &b->req);
@@ -148,9 +271,12 @@ static void launch(ts_grad_sync *g, ts_bucket *b)
 
 static void progress(ts_grad_sync *g)
 {
+    if (g->threaded) return; /* the thread tests them */
     for (int i = 0; i < g->n_buckets; i++)
         if (g->buckets[i].launched) ts_request_test(&g->buckets[i].req);
 }
+
+void ts_grad_sync_poll(void *ctx) { progress((ts_grad_sync *)ctx); }
 
 static bool bucket_ready(const ts_grad_sync *g, const ts_bucket *b)
 {
@@ -207,7 +333,10 @@ void ts_grad_sync_finish(ts_grad_sync *g)
         } else {
             for (int i = 0; i < g->n_buckets; i++)
                 if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
-            for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
+            if (g->threaded)
+                wait_thread(g);
+            else
+                for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
         }
         tied_ms = sum_tied(g); /* after the dp sum: the two sums commute */
     } else {
@@ -219,8 +348,9 @@ void ts_grad_sync_finish(ts_grad_sync *g)
         tied_ms = sum_tied(g);
         for (int i = 0; i < g->n_buckets; i++)
             if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
+        if (g->threaded) wait_thread(g);
         for (int i = 0; i < g->n_buckets; i++) {
-            ts_request_wait(&g->buckets[i].req);
+            if (!g->threaded) ts_request_wait(&g->buckets[i].req);
             place_piece(g, &g->buckets[i]);
         }
     }

@@ -24,6 +24,7 @@
 #ifndef TS_GRAD_SYNC_H
 #define TS_GRAD_SYNC_H
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "comm/comm.h"
@@ -42,6 +43,8 @@ typedef struct {
     int *counts, *displs; /* ZeRO-1: [dp] each dp rank's piece, floats from begin */
     bool launched;
     ts_request req;
+    bool done;          /* thread mode: the communication thread completed it */
+    double start_ms, end_ms; /* thread mode: its span, for the trace */
 } ts_bucket;
 
 typedef struct {
@@ -60,6 +63,19 @@ typedef struct {
      * [0, n_floats), or with ZeRO-1 its piece of every bucket. */
     int n_shard;
     ts_flat_range *shard;
+    /* parallel.grad_sync_progress = "thread": a communication thread starts the
+     * queued buckets' reductions on its own duplicate of the dp group and tests them
+     * every few tens of microseconds, so they advance while this thread computes (Open
+     * MPI has no asynchronous progress). "poll": the main thread tests them between
+     * layers (ts_grad_sync_poll) and inside its pipeline waits. */
+    bool threaded;
+    ts_comm dp_thread;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int *queue;           /* bucket indices in launch order */
+    int n_queued, n_started, n_done; /* guarded by mu */
+    bool stop;
     /* timing for the dp_overlap and dp_wait_ms metrics */
     double wait_ms;       /* time blocked in ts_grad_sync_finish this step (not the tied sum) */
     double gather_ms;     /* time in ts_grad_sync_gather_params this step (ZeRO-1) */
@@ -72,6 +88,11 @@ typedef struct {
 void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
                        const ts_comm *embed, size_t bucket_bytes, bool overlap, bool zero);
 void ts_grad_sync_free(ts_grad_sync *g);
+/* Drive the overlapped reductions from a communication thread (needs MPI's
+ * THREAD_MULTIPLE; collective over the dp group). A no-op when nothing overlaps. */
+ts_status ts_grad_sync_use_thread(ts_grad_sync *g);
+/* Poll mode: test the running reductions (the model calls this between layers). */
+void ts_grad_sync_poll(void *g);
 
 /* Start of a step: no bucket launched. */
 void ts_grad_sync_begin(ts_grad_sync *g);

@@ -253,6 +253,11 @@ static double head_forward(const ts_model *m, const ts_acts *a, int l, const flo
     return sum;
 }
 
+static void between_layers(const ts_model *m)
+{
+    if (m->between_layers) m->between_layers(m->between_layers_ctx);
+}
+
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_sum)
 {
     for (int l = a->l0; l < a->l1; l++) {
@@ -271,6 +276,7 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
             break;
         }
         }
+        between_layers(m);
     }
 }
 
@@ -409,6 +415,7 @@ void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
             break;
         }
         if (layer_done) layer_done(ctx, l);
+        between_layers(m);
     }
 }
 
@@ -449,6 +456,7 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratc
             head_backward(m, a, l, layer_input(m, a, l), dx, s, true);
             break;
         }
+        between_layers(m);
     }
 }
 
@@ -469,6 +477,7 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a)
             break;
         }
         }
+        between_layers(m);
     }
     free(a->wstash);
     a->wstash = NULL;

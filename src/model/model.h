@@ -74,6 +74,11 @@ typedef struct {
     float *param_mem, *grad_mem;
 
     const ts_kernels *k;
+    /* Called after every layer of every forward and backward pass (NULL: none): the
+     * data-parallel reduction polls its requests here, so it advances during compute
+     * (MPI without asynchronous progress moves only inside MPI calls). */
+    void (*between_layers)(void *ctx);
+    void *between_layers_ctx;
 } ts_model;
 
 /* Build the layer and parameter lists for the owned layers (owned == NULL: all) and

@@ -293,6 +293,17 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed,
                       (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
                       cfg->parallel.zero == 1);
+    /* How the overlapped reduction advances while this rank computes: its own thread,
+     * or tests between layers (inside pipeline waits MPI advances it anyway). */
+    if (strcmp(cfg->parallel.grad_sync_progress, "thread") == 0) {
+        if (ts_comm_agree(&t->world, ts_grad_sync_use_thread(&t->grad_sync)) != TS_OK) {
+            ts_trainer_free(t);
+            return TS_ERR;
+        }
+    } else if (t->grad_sync.n_buckets > 0 && cfg->parallel.overlap_grad_sync) {
+        t->model.between_layers = ts_grad_sync_poll;
+        t->model.between_layers_ctx = &t->grad_sync;
+    }
     /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
     ts_adamw_init_ranges(&t->optim, t->grad_sync.shard, t->grad_sync.n_shard,
                          t->grad_sync.sharded);
