@@ -41,24 +41,6 @@ train_once() {
     --set "log.trace=\"$tmp/$name.trace.json\"" >"$tmp/$name.log" 2>&1
 }
 
-# dpsync_min TRACE SKIP: median over steps >= SKIP of the shortest per-rank "dpsync" span,
-# i.e. the wait of the rank that arrived last, which is the all-reduce alone (the metric
-# dp_wait_ms is the longest, which also holds the other ranks' wait for that one)
-dpsync_min() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"]
-      if e.get("ph") == "X" and e.get("cat") == "dpsync"]
-ranks = {}
-for e in sorted(ev, key=lambda e: e["ts"]):
-    ranks.setdefault(e["tid"], []).append(e["dur"] / 1e3)
-steps = min(len(v) for v in ranks.values())
-mins = sorted(min(v[s] for v in ranks.values()) for s in range(int(sys.argv[2]), steps))
-n = len(mins)
-print(mins[n // 2] if n % 2 else 0.5 * (mins[n // 2 - 1] + mins[n // 2]))
-EOF
-}
-
 busy=$(wait_quiet "${QUIET_WAIT:-120}")
 echo "machine: $cores cores, $busy% busy when the runs started, load $(cut -d' ' -f1-3 /proc/loadavg)"
 

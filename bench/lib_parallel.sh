@@ -1,4 +1,4 @@
-# Helpers shared by bench/dp.sh and bench/pipeline.sh (sourced, not run).
+# Helpers shared by the bench/*.sh scripts (sourced, not run).
 
 # bench_setup: install, build into $build, prepare the corpus, allow mpirun as root,
 # and set $tmp to a scratch folder (removed at exit; KEEP=DIR keeps the runs' files there)
@@ -94,4 +94,22 @@ measured() {
     echo "  (others used $OTHERS% of the CPUs during the run: waiting for quiet, then again)" >&2
     wait_quiet 30 >/dev/null
   done
+}
+
+# dpsync_min TRACE SKIP: median over steps >= SKIP of the shortest per-rank wait for
+# the reduction ("dpsync" spans): the rank that arrived last waits for the reduction
+# alone; dp_wait_ms (the longest) also holds the others' wait for that rank.
+dpsync_min() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"]
+      if e.get("ph") == "X" and e.get("cat") == "dpsync" and e.get("pid", 0) == 0]
+ranks = {}
+for e in sorted(ev, key=lambda e: e["ts"]):
+    ranks.setdefault(e["tid"], []).append(e["dur"] / 1e3)
+steps = min(len(v) for v in ranks.values())
+mins = sorted(min(v[s] for v in ranks.values()) for s in range(int(sys.argv[2]), steps))
+n = len(mins)
+print("%.2f" % (mins[n // 2] if n % 2 else 0.5 * (mins[n // 2 - 1] + mins[n // 2])))
+PY
 }

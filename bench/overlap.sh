@@ -32,24 +32,6 @@ run_once() {
     >"$tmp/$name.log" 2>&1
 }
 
-# dpsync_min TRACE SKIP: median over steps >= SKIP of the shortest per-rank wait for
-# the reduction ("dpsync" spans): the rank that arrived last waits for the reduction
-# alone; dp_wait_ms (the longest) also holds the others' wait for that rank.
-dpsync_min() {
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"]
-      if e.get("ph") == "X" and e.get("cat") == "dpsync" and e.get("pid", 0) == 0]
-ranks = {}
-for e in sorted(ev, key=lambda e: e["ts"]):
-    ranks.setdefault(e["tid"], []).append(e["dur"] / 1e3)
-steps = min(len(v) for v in ranks.values())
-mins = sorted(min(v[s] for v in ranks.values()) for s in range(int(sys.argv[2]), steps))
-n = len(mins)
-print("%.2f" % (mins[n // 2] if n % 2 else 0.5 * (mins[n // 2 - 1] + mins[n // 2])))
-PY
-}
-
 # The dp link: bench_allreduce on the gradient bytes of a replica (dp_bytes), 2 ranks.
 run ref_pp1 2 --set parallel.dp=2
 grad_floats=$(($(med dp_bytes "$tmp/ref_pp1.jsonl" 0 | cut -d. -f1) / 4))
