@@ -174,8 +174,9 @@ ts_status ts_grad_sync_use_thread(ts_grad_sync *g)
 {
     if (g->n_buckets == 0 || !g->overlap) return TS_OK;
     if (!ts_comm_thread_multiple())
-        return ts_fail("parallel.grad_sync_progress = \"thread\" needs an MPI library with "
-                       "MPI_THREAD_MULTIPLE, and this one does not provide it; use \"poll\"");
+        return ts_fail("parallel.grad_sync_progress = \"thread\" needs an MPI library that "
+                       "lets several threads communicate at once (thread level MULTIPLE), and "
+                       "this one does not; use \"poll\"");
     ts_comm_dup(&g->dp, "dp (communication thread)", &g->dp_thread);
     g->queue = ts_calloc((size_t)g->n_buckets, sizeof(int));
     pthread_mutex_init(&g->mu, NULL);
