@@ -204,6 +204,40 @@ static void test_optimizer(void)
     ts_schedule_free(&s);
 }
 
+/* The same chunk's reduction in pieces, as the trainer's buckets start while the last
+ * backward finishes their layers: one chunk, F = 1, B = 2 + 2 (1..5), 4 bytes at 1 byte
+ * per unit, no latency. Whole: ready at 5, 5..9, exposed 4. In 2 pieces: ready at 3 and
+ * 5, 3..5 and 5..7, exposed 2. */
+static void test_dp_reduction_in_pieces(void)
+{
+    ts_action list[] = {{TS_ACT_F, 0, 0}, {TS_ACT_B, 0, 0}};
+    ts_action *lists[] = {list};
+    int counts[] = {2};
+    ts_schedule s = {.name = "hand", .pp = 1, .v = 1, .m = 1, .n_chunks = 1,
+                     .n_actions = counts, .actions = lists};
+    costs k;
+    uniform(&k, 1, 1.0, 4.0);
+    double bytes[1] = {4.0};
+    k.c.dp_bytes = bytes;
+    k.c.dp_bandwidth = 1.0;
+    ts_sim_result r;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECKF(r.n_dp_events == 1 && fabs(r.dp_exposed - 4.0) < 1e-12, "whole: exposed %g",
+           r.dp_exposed);
+    ts_sim_result_free(&r);
+    int pieces[1] = {2};
+    k.c.dp_pieces = pieces;
+    CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
+    CHECK(r.n_dp_events == 2);
+    CHECKF(fabs(r.dp_events[0].start - 3.0) < 1e-12 && fabs(r.dp_events[0].end - 5.0) < 1e-12 &&
+               fabs(r.dp_events[1].start - 5.0) < 1e-12 && fabs(r.dp_events[1].end - 7.0) < 1e-12,
+           "%g..%g, %g..%g", r.dp_events[0].start, r.dp_events[0].end, r.dp_events[1].start,
+           r.dp_events[1].end);
+    CHECKF(fabs(r.dp_exposed - 2.0) < 1e-12 && fabs(r.dp_busy[0] - 4.0) < 1e-12,
+           "pieces: exposed %g busy %g", r.dp_exposed, r.dp_busy[0]);
+    ts_sim_result_free(&r);
+}
+
 /* One rank holding two chunks (a hand-made list), F = 1 and B = I + W = 1 + 1, dp link
  * 0.5 + bytes / 2. Chunk 1's last backward ends at 4 and chunk 0's at 6 (the rank's
  * last action): chunk 1's reduction (2 bytes: 1.5) runs 4..5.5 behind chunk 0's
@@ -338,6 +372,7 @@ int main(void)
     test_memory();
     test_optimizer();
     test_dp_reduction_hidden_and_exposed();
+    test_dp_reduction_in_pieces();
     test_errors();
     return ts_test_report();
 }

@@ -819,12 +819,23 @@ static int plan(const plan_args *a)
         for (int q = 0; q < p->pp; q++) optim[q] = a->optim_ms;
         costs.optim = optim;
     }
-    /* The dp reduction: every chunk's gradient bytes, on the dp link's costs. */
+    /* The dp reduction: every chunk's gradient bytes, on the dp link's costs, in the
+     * trainer's buckets (parallel.bucket_mb; at most one per layer): each starts as the
+     * chunk's last backward finishes its layers, not after the whole chunk. */
     double *dp_bytes = NULL;
+    int *dp_pieces = NULL;
     if (p->dp > 1 && a->cost != COST_UNIFORM) {
         dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
-        for (int c = 0; c < n; c++) dp_bytes[c] = ts_memory_chunk_grad_bytes(&cfg, &part, c);
+        dp_pieces = ts_malloc(sizeof(int) * (size_t)n);
+        const double bucket = (double)p->bucket_mb * 1048576.0;
+        for (int c = 0; c < n; c++) {
+            dp_bytes[c] = ts_memory_chunk_grad_bytes(&cfg, &part, c);
+            double k = ceil(dp_bytes[c] / bucket);
+            int layers = part.n_chunk_layers[c] > 0 ? part.n_chunk_layers[c] : 1;
+            dp_pieces[c] = k < 1 ? 1 : k > layers ? layers : (int)k;
+        }
         costs.dp_bytes = dp_bytes;
+        costs.dp_pieces = p->overlap_grad_sync ? dp_pieces : NULL;
         costs.dp_latency = dp_latency_us(a) * 1e-3;
         costs.dp_bandwidth = dp_bandwidth_gbs(a) * 1e6;
     }
@@ -847,6 +858,7 @@ static int plan(const plan_args *a)
     free(wg);
     free(optim);
     free(dp_bytes);
+    free(dp_pieces);
     if (tc) trace_costs_free(tc);
     ts_schedule_free(&s);
     ts_partition_free(&part);

@@ -146,48 +146,67 @@ static ts_status deadlock(const sim *S, const int *pos)
     return st;
 }
 
-/* The dp lanes: each rank reduces its chunks one at a time, in the order their weight
- * gradients become final (the end of their last B or W; ties: the later chunk first,
- * as the gradient buckets run from the end of the buffer). dp_done[q] = when rank q's
- * last reduction ends (0 when it has none). */
+/* The dp lanes: each rank runs its reductions one at a time, in the order they become
+ * ready (ties: the later chunk first, as the gradient buckets run from the end of the
+ * buffer). A chunk's P pieces are ready at (j+1)/P of its last B or W. dp_done[q] = when
+ * rank q's last reduction ends (0 when it has none). */
+typedef struct {
+    double ready;
+    int chunk, piece;
+} dp_piece;
+
+static int cmp_piece(const void *pa, const void *pb)
+{
+    const dp_piece *a = pa, *b = pb;
+    if (a->ready != b->ready) return a->ready < b->ready ? -1 : 1;
+    if (a->chunk != b->chunk) return a->chunk > b->chunk ? -1 : 1;
+    return a->piece - b->piece;
+}
+
 static void dp_lanes(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result *r,
                      double *dp_done)
 {
     const int n = s->n_chunks;
-    double *ready = ts_malloc(sizeof(double) * (size_t)n);
-    int *order = ts_malloc(sizeof(int) * (size_t)n);
-    for (int k = 0; k < n; k++) ready[k] = 0.0;
-    for (int k = 0; k < r->n_events; k++) {
-        const ts_sim_event *e = &r->events[k];
-        if ((e->kind == TS_ACT_B || e->kind == TS_ACT_W) && e->end > ready[e->chunk])
-            ready[e->chunk] = e->end;
+    double *start = ts_malloc(sizeof(double) * (size_t)n), *end = ts_malloc(sizeof(double) * (size_t)n);
+    int total = 0;
+    for (int k = 0; k < n; k++) {
+        start[k] = end[k] = 0.0;
+        total += c->dp_pieces && c->dp_pieces[k] > 1 ? c->dp_pieces[k] : 1;
     }
-    r->dp_events = ts_calloc((size_t)n, sizeof(ts_sim_event));
+    for (int k = 0; k < r->n_events; k++) { /* the chunk's last B/W pass */
+        const ts_sim_event *e = &r->events[k];
+        if ((e->kind == TS_ACT_B || e->kind == TS_ACT_W) && e->end > end[e->chunk]) {
+            start[e->chunk] = e->start;
+            end[e->chunk] = e->end;
+        }
+    }
+    dp_piece *items = ts_malloc(sizeof(dp_piece) * (size_t)total);
+    r->dp_events = ts_calloc((size_t)total, sizeof(ts_sim_event));
     for (int q = 0; q < s->pp; q++) {
         int m = 0;
-        for (int k = q; k < n; k += s->pp) { /* insertion sort by (ready, -chunk) */
-            int j = m++;
-            while (j > 0 && (ready[order[j - 1]] > ready[k] ||
-                             (ready[order[j - 1]] == ready[k] && order[j - 1] < k))) {
-                order[j] = order[j - 1];
-                j--;
-            }
-            order[j] = k;
+        for (int k = q; k < n; k += s->pp) {
+            const int P = c->dp_pieces && c->dp_pieces[k] > 1 ? c->dp_pieces[k] : 1;
+            for (int j = 0; j < P; j++)
+                items[m++] = (dp_piece){start[k] + (end[k] - start[k]) * (j + 1) / P, k, j};
         }
+        qsort(items, (size_t)m, sizeof *items, cmp_piece);
         double lane = 0.0;
         for (int j = 0; j < m; j++) {
-            const int k = order[j];
-            double start = ready[k] > lane ? ready[k] : lane;
-            double cost = c->dp_latency + (c->dp_bandwidth > 0 ? c->dp_bytes[k] / c->dp_bandwidth : 0.0);
-            lane = start + cost;
+            const int k = items[j].chunk;
+            const int P = c->dp_pieces && c->dp_pieces[k] > 1 ? c->dp_pieces[k] : 1;
+            double begin = items[j].ready > lane ? items[j].ready : lane;
+            double cost = c->dp_latency +
+                          (c->dp_bandwidth > 0 ? c->dp_bytes[k] / P / c->dp_bandwidth : 0.0);
+            lane = begin + cost;
             r->dp_busy[q] += cost;
             r->dp_events[r->n_dp_events++] = (ts_sim_event){
-                .rank = q, .kind = TS_SIM_DP, .chunk = k, .mb = -1, .start = start, .end = lane};
+                .rank = q, .kind = TS_SIM_DP, .chunk = k, .mb = -1, .start = begin, .end = lane};
         }
         dp_done[q] = lane;
     }
-    free(order);
-    free(ready);
+    free(items);
+    free(start);
+    free(end);
 }
 
 void ts_sim_result_free(ts_sim_result *r)

@@ -11,7 +11,9 @@
  * gradients are final after its last B (or, with split backward, its last W); its
  * reduction then costs dp_latency + dp_bytes[c] / dp_bandwidth on its rank's separate
  * "dp" lane, one reduction at a time in the order the chunks become ready, overlapping
- * the rank's later compute. The rank's optimizer step (or, without one, the rank's end
+ * the rank's later compute. With dp_pieces, a chunk's bytes are cut into that many equal
+ * reductions, piece j of P ready at (j+1)/P of its last B/W (the backward finishes the
+ * chunk's layers one by one, and the trainer starts each bucket when its layers are). The rank's optimizer step (or, without one, the rank's end
  * of the step) waits for its last reduction; what it waits is the exposed part.
  *
  * Units are the caller's (seconds in the docs below, with latency in seconds and
@@ -37,8 +39,12 @@ typedef struct {
                                 (NULL = none) */
     const double *dp_bytes;  /* [n_chunks] bytes each chunk's dp reduction moves; NULL = no
                                 data parallelism (dp = 1) */
-    double dp_latency;       /* per chunk reduction (s) */
+    double dp_latency;       /* per reduction (s) */
     double dp_bandwidth;     /* bytes/s; <= 0 means infinite */
+    const int *dp_pieces;    /* [n_chunks] reductions a chunk's bytes are cut into, ready
+                                one after another during its last B/W (the trainer's
+                                buckets start as their layers' gradients become final);
+                                NULL = one per chunk, ready at the end of that pass */
 } ts_sim_costs;
 
 /* ts_sim_event.kind beyond ts_action_kind's F/B/I/W: the optimizer step (chunk = mb =
