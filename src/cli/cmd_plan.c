@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/sysmem.h"
 #include "core/trace.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/kernels.h"
@@ -535,16 +536,6 @@ static double dp_reduction_max(const ts_sim_result *r)
     return most;
 }
 
-static void format_bytes(double b, char *buf, size_t size)
-{
-    if (b >= 1024.0 * 1024 * 1024)
-        snprintf(buf, size, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-    else if (b >= 1024.0 * 1024)
-        snprintf(buf, size, "%.2f MiB", b / (1024.0 * 1024));
-    else
-        snprintf(buf, size, "%.1f KiB", b / 1024.0);
-}
-
 static json_t *json_doubles(const double *x, int n)
 {
     json_t *a = json_array();
@@ -645,7 +636,7 @@ static void print_dp(const plan_args *a, const ts_config *cfg, const ts_sim_resu
         for (int c = q; c < cfg->parallel.pp * cfg->parallel.virtual_stages; c += r->pp)
             bytes += dp_bytes[c];
         char mem[32];
-        format_bytes(bytes, mem, sizeof mem);
+        ts_format_bytes(bytes, mem, sizeof mem);
         printf("  %-7d  %12s  %15.3f  %10.3f\n", q, mem, r->dp_busy[q], r->dp_wait[q]);
     }
 }
@@ -664,7 +655,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     fputs(d, stdout);
     free(d);
     char msg[32];
-    format_bytes(msg_bytes, msg, sizeof msg);
+    ts_format_bytes(msg_bytes, msg, sizeof msg);
     if (a->cost == COST_UNIFORM) {
         printf("costs: uniform (F = I = W = 1 ms per chunk and micro-batch, free communication)\n");
     } else if (tc) {
@@ -686,7 +677,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     printf("  %-7s  %-7s  %10s  %s\n", "pp_rank", "bubble", "busy_ms", "peak activations");
     for (int q = 0; q < r->pp; q++) {
         char mem[32];
-        format_bytes(r->peak_act_bytes[q], mem, sizeof mem);
+        ts_format_bytes(r->peak_act_bytes[q], mem, sizeof mem);
         printf("  %-7d  %-7.4f  %10.3f  %s (%d micro-batch%s)\n", q, r->bubble[q], r->busy[q], mem,
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
     }

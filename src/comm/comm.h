@@ -97,15 +97,12 @@ void ts_comm_world_ranks(const ts_comm *c, int *world_ranks);
 /* In-place reductions over the group: sum, min and max of every type the framework
  * reduces (f32 gradients, f64 metrics, i32 codes and counts, u64 hashes). */
 void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n);
-void ts_allreduce_min_f32(const ts_comm *c, float *buf, size_t n);
 void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n);
 void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n);
-void ts_allreduce_min_f64(const ts_comm *c, double *buf, size_t n);
 void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n);
 void ts_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n);
 void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n);
 void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
-void ts_allreduce_sum_u64(const ts_comm *c, uint64_t *buf, size_t n);
 void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
 void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
 /* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). */

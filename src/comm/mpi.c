@@ -223,10 +223,6 @@ void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n)
 {
     allreduce(c, buf, n, MPI_FLOAT, sizeof(float), MPI_SUM);
 }
-void ts_allreduce_min_f32(const ts_comm *c, float *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_FLOAT, sizeof(float), MPI_MIN);
-}
 void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n)
 {
     allreduce(c, buf, n, MPI_FLOAT, sizeof(float), MPI_MAX);
@@ -234,10 +230,6 @@ void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n)
 void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n)
 {
     allreduce(c, buf, n, MPI_DOUBLE, sizeof(double), MPI_SUM);
-}
-void ts_allreduce_min_f64(const ts_comm *c, double *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_DOUBLE, sizeof(double), MPI_MIN);
 }
 void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n)
 {
@@ -254,10 +246,6 @@ void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n)
 void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n)
 {
     allreduce(c, buf, n, MPI_INT, sizeof(int), MPI_MAX);
-}
-void ts_allreduce_sum_u64(const ts_comm *c, uint64_t *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_UINT64_T, sizeof(uint64_t), MPI_SUM);
 }
 void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n)
 {

@@ -60,8 +60,10 @@ void ts_memory_limits(ts_mem_limits *lim)
 const char *ts_format_bytes(double bytes, char *buf, size_t size)
 {
     if (bytes >= 1024.0 * 1024 * 1024)
-        snprintf(buf, size, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+        snprintf(buf, size, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024)
+        snprintf(buf, size, "%.2f MiB", bytes / (1024.0 * 1024));
     else
-        snprintf(buf, size, "%.0f MiB", ceil(bytes / (1024.0 * 1024)));
+        snprintf(buf, size, "%.1f KiB", bytes / 1024.0);
     return buf;
 }

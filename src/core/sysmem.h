@@ -20,7 +20,7 @@ typedef struct {
 } ts_mem_limits;
 void ts_memory_limits(ts_mem_limits *lim);
 
-/* "1.5 GiB" or "272 MiB" (below 1 GiB) into buf; returns buf. */
+/* "1.50 GiB", "272.00 MiB" or "12.5 KiB" into buf; returns buf. */
 const char *ts_format_bytes(double bytes, char *buf, size_t size);
 
 #endif

@@ -14,6 +14,8 @@
  * `scontrol suspend`, would fire at once on time it never had to make progress. */
 #include "core/watchdog.h"
 
+#include "core/timer.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -87,8 +89,9 @@ void ts_watchdog_wait_end(void)
 
 void ts_watchdog_progress(void)
 {
-    unsigned s = atomic_load_explicit(&rec.seq, RLX);
-    atomic_store_explicit(&rec.seq, s + 2, memory_order_release);
+    /* One atomic add: the data-parallel communication thread marks progress too, and a
+     * load-then-store racing a main-thread mark could leave the sequence odd. */
+    atomic_fetch_add_explicit(&rec.seq, 2, memory_order_release);
 }
 
 /* Read the record; the writer is blocked (or gone) when this matters, so a few
@@ -124,13 +127,6 @@ static struct {
     int timeout_s, rank;
     char host[256];
 } wd = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 static size_t append(char *buf, size_t at, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -197,7 +193,7 @@ static void *watch(void *arg)
     (void)arg;
     where w;
     unsigned seen = atomic_load_explicit(&rec.seq, memory_order_acquire);
-    double last = now_ms(), stalled = 0.0; /* running time without a mark */
+    double last = ts_now_ms(), stalled = 0.0; /* running time without a mark */
     pthread_mutex_lock(&wd.mu);
     while (!wd.stop) {
         struct timespec dl;
@@ -208,7 +204,7 @@ static void *watch(void *arg)
         pthread_cond_timedwait(&wd.cv, &wd.mu, &dl);
         if (wd.stop) break;
         unsigned s = atomic_load_explicit(&rec.seq, memory_order_acquire);
-        double t = now_ms(), dt = t - last;
+        double t = ts_now_ms(), dt = t - last;
         last = t;
         if (s != seen) {
             seen = s;

@@ -206,14 +206,16 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
         ts_model_free(&layout);
         free(own);
         if (!fits_in_memory(model_b + other_b, &room)) {
-            const double gib = 1024.0 * 1024 * 1024;
+            char all[32], model[32], other[32], left[32];
             return ts_fail("cannot measure layer costs: timing the embedding, one block and the "
-                           "head at micro-batch %d x %d tokens would allocate %.1f GiB (their "
-                           "weights, gradients and optimizer state %.1f GiB; activations, "
-                           "logits and buffers %.1f GiB), more than the %.1f GiB this process "
-                           "can use",
-                           micro_batch, mc->seq_len, (model_b + other_b) / gib, model_b / gib,
-                           other_b / gib, room / gib);
+                           "head at micro-batch %d x %d tokens would allocate %s (their "
+                           "weights, gradients and optimizer state %s; activations, "
+                           "logits and buffers %s), more than the %s this process can use",
+                           micro_batch, mc->seq_len,
+                           ts_format_bytes(model_b + other_b, all, sizeof all),
+                           ts_format_bytes(model_b, model, sizeof model),
+                           ts_format_bytes(other_b, other, sizeof other),
+                           ts_format_bytes(room, left, sizeof left));
         }
     }
     /* Start from the model's activation sizes (and its numbers for any layer kind the

@@ -442,10 +442,9 @@ static ts_status write_trace(ts_trainer *t)
     ts_gatherv(&t->world, t->trace.events, n, sizeof(ts_trace_event), all, counts, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
-        st = ts_mkdir_parent(t->cfg.log.trace);
-        if (st == TS_OK)
-            st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->world.size,
-                                       "tessera train (measured)");
+        /* The writer makes the directory and writes atomically (core/fsutil.h). */
+        st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->world.size,
+                                   "tessera train (measured)");
         if (st == TS_OK) ts_log_info("trace: wrote %d events to %s", total, t->cfg.log.trace);
     }
     free(all);
@@ -535,13 +534,14 @@ ts_status ts_trainer_run(ts_trainer *t)
                         s.bubble, eta);
         }
         bool last = step == steps - 1;
-        if (st == TS_OK && t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
-            double vl = ts_trainer_eval(t);
-            st = metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g}", step, vl);
+        if (t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
+            double vl = ts_trainer_eval(t); /* collective: every rank, whatever st is */
+            if (st == TS_OK) st = metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g}", step, vl);
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
-        /* Rank 0 alone writes: agree each step, so its failure stops every rank now. */
-        if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+        /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only
+         * when there is a file), so its failure stops every rank now. */
+        if (c->log.metrics[0] && ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     }
     ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
     if (ts_comm_agree(&t->world, report_memory(t)) != TS_OK) return TS_ERR;
