@@ -365,6 +365,8 @@ static void test_config_relations(void)
     CHECK(load("checkpoint = { keep = 2; every = 0; dir = \"\"; load = \"\"; };\n") == TS_OK);
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
+    EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",
+               NULL, "grad_sync_progress", "overlap_grad_sync = false");
     EXPECT_ERR("train = { seed = 99999999999999999999L; };\n", NULL, "t.cfg:1", "64 bits");
     EXPECT_ERR("train = { seed = 18446744073709551615; };\n", NULL, "64 bits");
     CHECK(load("train = { seed = 9223372036854775807L; };\n") == TS_OK &&

@@ -36,8 +36,8 @@ static int run(int argc, char **argv, int rank, int world_size)
         char host[TS_HOST_MAX];
         ts_comm_host_name(host, sizeof host);
         if (!ts_comm_threads_ok())
-            ts_log_warn("tessera: warning: this MPI library offers no thread support "
-                        "(thread level FUNNELED), so the watchdog (train.timeout_s) is off");
+            ts_log_warn("this MPI library offers no thread support (thread level below "
+                        "FUNNELED), so the watchdog (train.timeout_s) is off");
         else if (ts_watchdog_start(cfg.train.timeout_s, rank, host) != TS_OK)
             ts_log_any("tessera: warning: %s", ts_error_message());
     }

@@ -64,7 +64,7 @@ static ts_status compare_configs(const ts_config *cfg, const ts_comm *world)
     if (lo != hi) { /* rare: send rank 0's text and name the first difference */
         unsigned long long len = world->rank == 0 ? strlen(json) + 1 : 0;
         ts_broadcast(world, &len, sizeof len, 0);
-        char *root = malloc(len);
+        char *root = ts_malloc(len);
         if (world->rank == 0) memcpy(root, json, len);
         ts_broadcast(world, root, len, 0);
         if (strcmp(json, root) != 0) st = describe_difference(json, root);

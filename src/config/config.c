@@ -1207,6 +1207,11 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        p->virtual_stages, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B],
                        p->schedule);
 
+    if (strcmp(p->grad_sync_progress, "thread") == 0 && !p->overlap_grad_sync)
+        return ts_fail("parallel.grad_sync_progress = \"thread\" drives the overlapped "
+                       "reduction, but parallel.overlap_grad_sync = false runs one blocking "
+                       "all-reduce after the step; set overlap_grad_sync = true or remove the "
+                       "progress mode");
     /* Sizes whose products index buffers with int: one micro-batch's N = micro_batch *
      * seq_len rows, and the whole grid's rank count. */
     if ((long long)p->micro_batch * m->seq_len > (1LL << 30))

@@ -195,10 +195,11 @@ static ts_status build_builtin(ts_schedule *s, ts_schedule_kind kind, int pp, in
         build_1f1b(s);
         break;
     case TS_SCHEDULE_ZB_H1:
-    case TS_N_SCHEDULES:
         alloc_lists(s, name, pp, v, m, 3 * m);
         build_zb_h1(s);
         break;
+    case TS_N_SCHEDULES:
+        TS_ASSERT(!"not a schedule kind");
     }
     return TS_OK;
 }
