@@ -182,6 +182,8 @@ ts_status ts_grad_sync_use_thread(ts_grad_sync *g)
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     if (pthread_create(&g->thread, NULL, thread_main, g) != 0) {
+        free(g->queue);
+        g->queue = NULL;
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
         ts_comm_free(&g->dp_thread);
@@ -300,7 +302,8 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
         ts_bucket *b = &g->buckets[i];
         if (!b->launched && bucket_ready(g, b)) launch(g, b);
     }
-    progress(g);
+    /* No test here: right after this the model's between-layers hook tests them (poll
+     * mode), or the communication thread does. */
 }
 
 /* The tied embedding's gradient summed over the embedding group (blocking; running

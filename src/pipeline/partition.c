@@ -156,8 +156,8 @@ static void time_layer(const ts_model *m, int l, int B, int T, const float *x, c
 }
 
 /* Bytes the measurement below allocates for model `m` (built for the embedding, block 0
- * and the head): its four flat buffers (ts_model_build allocates weights, gradients and
- * both AdamW moments), the largest of the three layers' activations (the head's holds
+ * and the head): its two flat buffers (ts_model_build allocates weights and gradients;
+ * the AdamW moments belong to the optimizer, which the measurement does not run), the largest of the three layers' activations (the head's holds
  * the B*T x vocab_size logits), the backward scratch and x, dy, dx. */
 static void measure_bytes(const ts_model *m, int B, int T, double *model_bytes,
                           double *other_bytes)
@@ -168,7 +168,7 @@ static void measure_bytes(const ts_model *m, int B, int T, double *model_bytes,
         size_t a = ts_acts_floats(m, layers[i], layers[i] + 1, B, T);
         if (a > acts) acts = a;
     }
-    *model_bytes = 4.0 * 4.0 * (double)m->num_floats;
+    *model_bytes = 2.0 * 4.0 * (double)m->num_floats;
     *other_bytes = 4.0 * ((double)acts + (double)ts_scratch_floats(m, B, T) +
                           3.0 * B * T * (double)m->n_embd);
 }
