@@ -58,11 +58,13 @@ for grid in "pp1 2 --set parallel.dp=2" "pp2 4 --set parallel.pp=2 --set paralle
       run "$name" "$np" "${gargs[@]}" "${margs[@]}"
       pred="n/a"
       if [ "$mode" != off ]; then
+        # A failed plan is shown as n/a with its message kept in $tmp/NAME.plan.err.
         plan=$("$build/tessera" plan configs/tiny.cfg "${model[@]}" "${gargs[@]}" \
           --set parallel.zero="$zero" --json --costs-from-trace "$tmp/$name.trace.json" \
-          --trace-skip-steps "$skip" --trace-stat median --dp-bandwidth-gbs "$gbs" 2>/dev/null) || true
-        pred=$(echo "$plan" | grep -o '"dp_exposed_ms": *[0-9.e+-]*' | grep -o '[0-9.e+-]*$' || echo "n/a")
-        [ -n "$pred" ] && pred=$(printf '%.2f' "$pred")
+          --trace-skip-steps "$skip" --trace-stat median --dp-bandwidth-gbs "$gbs" \
+          2>"$tmp/$name.plan.err") || true
+        pred=$(echo "$plan" | grep -o '"dp_exposed_ms": *[0-9.e+-]*' | grep -o '[0-9.e+-]*$' || true)
+        if [[ "$pred" =~ ^[0-9.eE+-]+$ ]]; then pred=$(printf '%.2f' "$pred"); else pred="n/a"; fi
       fi
       printf '| %s | %s | %s | %.1f | %.2f | %s | %s | %.2f |\n' "$g x dp2" "$mode" "$zero" \
         "$(med step_ms "$tmp/$name.jsonl" $skip)" "$(med dp_wait_ms "$tmp/$name.jsonl" $skip)" \

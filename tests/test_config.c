@@ -312,7 +312,7 @@ static void test_config_read_once(void)
     CHECK(ts_config_load(&g_cfg, g_dir, NULL, 0, 0) == TS_ERR && msg_has("is a directory"));
     const char *bin = write_cfg("bin.cfg", "model = { n_layer = 2; };\n");
     FILE *f = fopen(bin, "ab");
-    CHECK(f && fwrite("\0train = { steps = 3; };", 1, 25, f) == 25 && fclose(f) == 0);
+    CHECK(f && fwrite("\0train = { steps = 3; };", 1, 24, f) == 24 && fclose(f) == 0);
     ts_error_clear();
     CHECK(ts_config_load(&g_cfg, bin, NULL, 0, 0) == TS_ERR && msg_has("NUL byte"));
 }
