@@ -10,6 +10,7 @@ packages=(
   libconfig-dev                        # config files
   libopenblas-openmp-dev               # BLAS built on OpenMP: one thread pool with our kernels
   libjansson-dev                       # JSON (safetensors headers, metrics, plans)
+  zlib1g-dev                           # crc32 checksums of checkpoints
   fortunes fortunes-min                # the demo's English text corpus
   slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so
   clang-14 libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: clang, libFuzzer + sanitizer runtimes, clang's OpenMP

@@ -355,13 +355,15 @@ static void test_config_relations(void)
     /* ZeRO-1 is built: zero = 1 loads, with any grid. */
     CHECK(load("parallel = { zero = 1; };\n") == TS_OK && g_cfg.parallel.zero == 1);
     CHECK(load("parallel = { zero = 1; dp = 2; };\n") == TS_OK);
-    /* Keys whose feature is not built yet are errors that say so, never ignored. */
-    EXPECT_ERR("checkpoint = { load = \"some/dir\"; };\n", NULL, "checkpoint.load",
-               "not implemented yet");
-    EXPECT_ERR("checkpoint = { dir = \"ck\"; every = 5; };\n", NULL, "checkpoint.dir",
-               "not implemented yet");
-    EXPECT_ERR("checkpoint = { every = 5; };\n", NULL, "checkpoint.every", "not implemented");
-    EXPECT_ERR("checkpoint = { keep = 3; };\n", NULL, "checkpoint.keep", "not implemented");
+    /* Checkpoint keys: every and load = "latest" need a directory; file_gb is positive. */
+    CHECK(load("checkpoint = { load = \"some/dir\"; };\n") == TS_OK);
+    CHECK(load("checkpoint = { dir = \"ck\"; every = 5; keep = 3; load = \"latest\"; "
+               "file_gb = 0.5; };\n") == TS_OK && g_cfg.checkpoint.file_gb == 0.5);
+    EXPECT_ERR("checkpoint = { every = 5; };\n", NULL, "checkpoint.every = 5",
+               "needs checkpoint.dir");
+    EXPECT_ERR("checkpoint = { load = \"latest\"; };\n", NULL, "checkpoint.load",
+               "checkpoint.dir");
+    EXPECT_ERR("checkpoint = { file_gb = 0; };\n", NULL, "checkpoint.file_gb");
     CHECK(load("checkpoint = { keep = 2; every = 0; dir = \"\"; load = \"\"; };\n") == TS_OK);
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");

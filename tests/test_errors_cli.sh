@@ -42,10 +42,9 @@ expect_error 1 "transformer\.wte\.weight.*shape|shape.*transformer\.wte\.weight"
   --set "model.init=\"$SRC/tests/fixtures/gpt2_tiny_weights.safetensors\"" --set model.n_layer=2
 # parallel.zero takes 0 or 1 (ZeRO-1); 2 and 3 are not offered.
 expect_error 1 "parallel.zero.*0 or 1" "${base[@]}" --set parallel.zero=2
-# Keys whose feature is not built yet, and commands of CONTRACT.md not built yet.
-expect_error 1 "checkpoint.dir is set.*not implemented yet" "${base[@]}" --set "checkpoint.dir=\"$TMP/ck\""
-expect_error 1 "checkpoint.load is set.*not implemented yet" "${base[@]}" \
-  --set "checkpoint.load=\"$TMP/no-such-dir\""
+# Checkpoint keys that need each other, and a checkpoint that is not there.
+expect_error 1 "checkpoint.every = 2 needs checkpoint.dir" "${base[@]}" --set checkpoint.every=2
+expect_error 1 "checkpoint.load.*no-such-dir" "${base[@]}" --set "checkpoint.load=\"$TMP/no-such-dir\""
 expect_error 1 "'tessera ckpt' is not implemented yet" ckpt info "$TMP/ck"
 expect_error 1 "'tessera sample' is not implemented yet" sample "$TMP/ck" --prompt hi
 

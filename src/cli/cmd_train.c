@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "comm/comm.h"
+#include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "core/watchdog.h"
@@ -72,9 +73,11 @@ static int run(int argc, char **argv, int rank, int world_size)
     }
     ts_status st = ts_trainer_run(&t);
     if (st != TS_OK) ts_log_error("%s", ts_error_message());
+    const bool preempted = st == TS_OK && t.preempted;
     ts_trainer_free(&t);
     ts_topo_free(&topo);
-    return st == TS_OK ? 0 : 1;
+    /* Stopped by SIGTERM/SIGUSR1 after saving: a distinct code a job script requeues on. */
+    return st != TS_OK ? 1 : preempted ? TS_EXIT_PREEMPTED : 0;
 }
 
 int ts_cmd_train(int argc, char **argv)

@@ -78,6 +78,7 @@ void ts_config_defaults(ts_config *cfg)
 
     cfg->checkpoint.every = 0;
     cfg->checkpoint.keep = 2;
+    cfg->checkpoint.file_gb = 5.0;
 
     copy_str(cfg->log.metrics, sizeof cfg->log.metrics, "metrics.jsonl");
     cfg->log.progress = true;
@@ -166,6 +167,7 @@ static const key_spec KEYS[] = {
     INT_KEY("checkpoint", "every", checkpoint.every, 0, BIG),
     INT_KEY("checkpoint", "keep", checkpoint.keep, 1, BIG),
     STR_KEY("checkpoint", "load", checkpoint.load, NULL),
+    FLOAT_KEY("checkpoint", "file_gb", checkpoint.file_gb, 0, true, 1e6, false),
 
     STR_KEY("log", "metrics", log.metrics, NULL),
     STR_KEY("log", "trace", log.trace, NULL),
@@ -1117,21 +1119,19 @@ static ts_status batch_error(const ts_config *cfg)
     return ts_fail("%s", msg);
 }
 
-/* Keys that parse but whose feature is not built yet: an error, never ignored. */
-static ts_status check_implemented(const ts_config *cfg)
+/* Checkpoint keys that only make sense together. */
+static ts_status check_checkpoint(const ts_config *cfg)
 {
-    ts_config d;
-    ts_config_defaults(&d);
     const ts_checkpoint_config *k = &cfg->checkpoint;
-    const char *key = k->dir[0] ? "dir" : k->load[0] ? "load" : k->every != d.checkpoint.every
-                                                                    ? "every"
-                      : k->keep != d.checkpoint.keep ? "keep"
-                                                     : NULL;
-    if (key)
-        return ts_fail("checkpoint.%s is set, but checkpoints are not implemented yet (they "
-                       "come with the distributed-checkpoint step, issue 11); remove the "
-                       "checkpoint keys from the config",
-                       key);
+    if (k->dir[0]) return TS_OK;
+    if (k->every > 0)
+        return ts_fail("checkpoint.every = %d needs checkpoint.dir (where to save); set "
+                       "checkpoint.dir or remove checkpoint.every",
+                       k->every);
+    if (!strcmp(k->load, "latest"))
+        return ts_fail("checkpoint.load = \"latest\" means the newest checkpoint in "
+                       "checkpoint.dir, which is not set; set checkpoint.dir or give "
+                       "checkpoint.load a checkpoint directory");
     return TS_OK;
 }
 
@@ -1222,7 +1222,7 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld ranks; at most 2^24 are "
                        "supported",
                        p->pp, p->dp, p->tp, grid);
-    return check_implemented(cfg);
+    return check_checkpoint(cfg);
 }
 
 /* ------------------------------------------------------------------- JSON -- */

@@ -81,6 +81,7 @@ typedef struct {
     char dir[TS_PATH_MAX];
     int every, keep;
     char load[TS_PATH_MAX];     /* "" | "latest" | a directory */
+    double file_gb;             /* model weights split into files of at most this (10^9 bytes) */
 } ts_checkpoint_config;
 
 typedef struct {

@@ -4,11 +4,13 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/load.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -63,7 +65,8 @@ static ts_status open_outputs(ts_trainer *t)
     if (!path[0]) return TS_OK;
     if (ts_check_output_path(path, "log.metrics") != TS_OK) return TS_ERR;
     if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("log.metrics: ");
-    t->metrics = fopen(path, "w");
+    /* A resumed run continues the file of the run it continues. */
+    t->metrics = fopen(path, t->start_step > 0 ? "a" : "w");
     if (!t->metrics) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
     return TS_OK;
 }
@@ -237,6 +240,41 @@ static void on_dp_span(void *ctx, const char *what, size_t bytes, double t0, dou
     ts_trace_add(&t->trace, &ev);
 }
 
+/* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
+ * so a requeued job script can always pass it) or a checkpoint directory. Collective. */
+static ts_status load_checkpoint(ts_trainer *t)
+{
+    const ts_checkpoint_config *k = &t->cfg.checkpoint;
+    if (!k->load[0]) return TS_OK;
+    ts_status st = TS_OK;
+    if (!strcmp(k->load, "latest")) {
+        char latest[TS_PATH_MAX + 16];
+        snprintf(latest, sizeof latest, "%s/latest", k->dir);
+        if (access(latest, F_OK) != 0) {
+            if (t->world.rank == 0)
+                ts_log_info("checkpoint: none in %s yet (no %s); starting at step 0", k->dir, latest);
+            return TS_OK;
+        }
+        st = ts_ckpt_resolve(k->dir, t->loaded_from, sizeof t->loaded_from);
+    } else {
+        st = ts_ckpt_resolve(k->load, t->loaded_from, sizeof t->loaded_from);
+    }
+    if (ts_comm_agree(&t->world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
+        return TS_ERR;
+    const double t0 = ts_now_ms();
+    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
+    if (ts_ckpt_load(&a, t->loaded_from, &t->start_step) != TS_OK) return TS_ERR;
+    if (t->start_step > t->cfg.train.steps)
+        return ts_comm_agree(&t->world,
+                             ts_fail("checkpoint.load: %s has already run %d steps, more than "
+                                     "train.steps = %d; raise train.steps to train on",
+                                     t->loaded_from, t->start_step, t->cfg.train.steps));
+    if (t->world.rank == 0)
+        ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
+                    t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
+    return TS_OK;
+}
+
 ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
@@ -278,11 +316,10 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     else
         ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
     if (st == TS_OK) st = open_data(t);
-    if (st == TS_OK) st = open_outputs(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->pp, topo->coords.dp);
-    if (ts_comm_agree(&t->world, st) != TS_OK || report_blas(t) != TS_OK) {
+    if (ts_comm_agree(&t->world, st) != TS_OK) {
         ts_trainer_free(t);
         return TS_ERR;
     }
@@ -307,6 +344,13 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
     ts_adamw_init_ranges(&t->optim, t->grad_sync.shard, t->grad_sync.n_shard,
                          t->grad_sync.sharded);
+    /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
+     * run appends to its metrics file) and the BLAS report, the metrics' first line. */
+    if (load_checkpoint(t) != TS_OK ||
+        ts_comm_agree(&t->world, open_outputs(t)) != TS_OK || report_blas(t) != TS_OK) {
+        ts_trainer_free(t);
+        return TS_ERR;
+    }
     t->engine.chunk_done = on_layers_done;
     t->engine.chunk_done_ctx = &t->grad_sync;
     t->tracing = cfg->log.trace[0] != '\0';
@@ -500,20 +544,58 @@ static void format_eta(char *buf, size_t n, double seconds)
         snprintf(buf, n, "%ds", s);
 }
 
+/* SIGTERM and SIGUSR1 (what Slurm sends before it preempts or times out a job) ask the
+ * run to save and stop after the current step; the ranks agree on it each step. */
+static volatile sig_atomic_t g_stop_signal;
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+static void install_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* blocking calls (MPI, I/O) carry on; the step ends normally */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* Save the state after `step` completed steps into checkpoint.dir (collective). */
+static ts_status save_checkpoint(ts_trainer *t, int step)
+{
+    const ts_topology *topo = t->topo;
+    ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
+                           .world = &t->world, .dp_rank = topo->coords.dp,
+                           .dp_size = t->cfg.parallel.dp, .step = step, .pp = t->cfg.parallel.pp,
+                           .dp = t->cfg.parallel.dp, .tp = t->cfg.parallel.tp};
+    double ms = 0.0;
+    if (ts_ckpt_save(&a, &ms) != TS_OK) return TS_ERR;
+    ts_allreduce_max_f64(&t->world, &ms, 1);
+    const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
+    if (t->world.rank == 0)
+        ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s); training "
+                    "was blocked for that long",
+                    t->cfg.checkpoint.dir, step, bytes / 1e6, ms * 1e-3, bytes / (ms * 1e6));
+    return metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,\"save_bytes\":%.0f}", step, ms,
+                        bytes);
+}
+
 ts_status ts_trainer_run(ts_trainer *t)
 {
     const ts_config *c = &t->cfg;
     const int steps = c->train.steps;
+    const bool saving = c->checkpoint.dir[0] != '\0';
     double total_ms = 0.0;
     int timed = 0;
-    for (int step = 0; step < steps; step++) {
+    install_stop_signals();
+    for (int step = t->start_step; step < steps; step++) {
         ts_step_stats s;
         ts_watchdog_step(step);
         ts_trainer_step(t, step, &s);
         if (!isfinite(s.loss))
             return ts_fail("loss became %f at step %d; lower train.lr or check the data", s.loss,
                            step);
-        if (step > 0) { /* the first step pays for page faults; keep it out of the ETA */
+        if (step > t->start_step) { /* the first step pays for page faults; keep it out of the ETA */
             total_ms += s.step_ms;
             timed++;
         }
@@ -542,6 +624,28 @@ ts_status ts_trainer_run(ts_trainer *t)
         /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only
          * when there is a file), so its failure stops every rank now. */
         if (c->log.metrics[0] && ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+
+        /* A stop signal on any rank stops every rank after this step, with a save. */
+        int stop = g_stop_signal;
+        ts_allreduce_max_i32(&t->world, &stop, 1);
+        if (stop) {
+            if (t->world.rank == 0)
+                ts_log_info("received %s after step %d: %s and stopping", stop == SIGTERM ? "SIGTERM" : stop == SIGUSR1 ? "SIGUSR1" : "a stop signal",
+                            step, saving ? "saving a checkpoint" : "no checkpoint.dir to save to;");
+            if (saving && save_checkpoint(t, step + 1) != TS_OK) return TS_ERR;
+            t->preempted = true;
+            return TS_OK;
+        }
+        if (saving && c->checkpoint.every > 0 && (step + 1) % c->checkpoint.every == 0 && !last &&
+            save_checkpoint(t, step + 1) != TS_OK)
+            return TS_ERR;
+    }
+    /* The end of every run is saved, unless it is the very checkpoint just loaded. */
+    if (saving) {
+        char final[TS_PATH_MAX + 64];
+        snprintf(final, sizeof final, "%s/step_%08d", c->checkpoint.dir, steps);
+        bool same = t->start_step == steps && t->loaded_from[0] && !strcmp(final, t->loaded_from);
+        if (!same && save_checkpoint(t, steps) != TS_OK) return TS_ERR;
     }
     ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
     if (ts_comm_agree(&t->world, report_memory(t)) != TS_OK) return TS_ERR;

@@ -52,6 +52,13 @@ typedef struct {
     bool tracing;
     double t0_ms;       /* run start, the trace's time origin */
 
+    /* Checkpoints (checkpoint/checkpoint.h): the first step to run (the loaded
+     * checkpoint's step, or 0), the step directory it came from, and whether the run
+     * stopped early on SIGTERM/SIGUSR1 after saving (exit TS_EXIT_PREEMPTED). */
+    int start_step;
+    char loaded_from[TS_PATH_MAX + 64];
+    bool preempted;
+
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
 } ts_trainer;
@@ -68,7 +75,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
 /* Mean validation loss over data.val_windows windows of the validation data. */
 double ts_trainer_eval(ts_trainer *t);
 
-/* Run train.steps steps with metrics, progress, validation and the trace. */
+/* Run steps start_step .. train.steps - 1 with metrics, progress, validation, the
+ * trace and checkpoints (every checkpoint.every steps, at the end, and on SIGTERM or
+ * SIGUSR1, after which t->preempted is set and the run returns TS_OK early). */
 ts_status ts_trainer_run(ts_trainer *t);
 
 #endif

@@ -1,0 +1,96 @@
+/* Distributed checkpoints (CONTRACT.md "Checkpoints"): DIR/step_NNNNNNNN/ holds
+ *   model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
+ *   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in each parameter's shape
+ *   state.json             step, config, data position, grid, checksums
+ * and DIR/latest names the newest complete one.
+ *
+ * Every tensor is stored LOGICAL (unsharded, nanoGPT's names), so a checkpoint does not
+ * depend on the grid that wrote it. The file layout (which tensor lies at which offset of
+ * which file) is a function of the model config and checkpoint.file_gb alone: every rank
+ * computes it, rank 0 creates the files at their full size with their headers, and each
+ * rank writes, with positioned writes, the bytes of the logical slices it owns (one
+ * replica per byte: the shard specs' replica 0, split over the data-parallel ranks).
+ * Nothing is gathered but checksums. Loading walks the same shard runs the other way, for
+ * whatever grid, partition and ZeRO split the loading job has.
+ *
+ * Crash safety: a save goes to DIR/.tmp-step_NNNNNNNN, every file and the directory are
+ * fsynced, the directory is renamed into place, and only then is DIR/latest replaced
+ * (written to a temporary name, fsynced, renamed). A crash at any moment leaves the
+ * previous checkpoint and `latest` as they were.
+ *
+ * Integrity: each tensor's bytes are checksummed (zlib's crc32) in chunks of
+ * TS_CKPT_CHUNK_BYTES, combined from the pieces every rank wrote (crc32_combine), and
+ * each file's header too; state.json holds them all, so any flipped byte is found. */
+#ifndef TS_CHECKPOINT_H
+#define TS_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "optim/optim.h"
+
+#define TS_CKPT_FORMAT_VERSION 1
+#define TS_CKPT_CHUNK_BYTES ((uint64_t)64 << 20)
+/* The exit code of a run stopped by SIGTERM or SIGUSR1 after saving a checkpoint: a
+ * job script requeues on it (EX_TEMPFAIL: try again). */
+#define TS_EXIT_PREEMPTED 75
+
+/* What a save needs from the training run. */
+typedef struct {
+    const ts_config *cfg;     /* the run's resolved config (state.json keeps it) */
+    const ts_model *model;    /* this rank's parameters and their shard specs */
+    const ts_adamw *optim;    /* this rank's AdamW moments (all, or its ZeRO-1 ranges) */
+    const ts_comm *world;     /* every rank takes part */
+    int dp_rank, dp_size;     /* without ZeRO-1 the dp replicas split the writing */
+    int step;                 /* completed optimizer steps: the next step to run */
+    int pp, dp, tp;           /* the grid, recorded in state.json */
+} ts_ckpt_save_args;
+
+/* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest
+ * checkpoint.keep checkpoints. Collective over world; agreed (every rank gets the same
+ * status). *blocked_ms: how long the call took on this rank. */
+ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms);
+
+/* A checkpoint to load: a step directory, or a root directory holding `latest`, into
+ * step_dir. */
+ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap);
+
+/* The model config and step a checkpoint was saved with (from its state.json). */
+ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, int *step);
+
+/* Weights only, on one process (tessera sample): every parameter m holds, read from the
+ * checkpoint's model files, with the checksums of every chunk read checked. */
+ts_status ts_ckpt_load_weights(ts_model *m, const char *step_dir);
+
+/* Load into a training run of any grid: checks the checkpoint against the config (the
+ * model's keys and the global batch must match: they define the tensors and the data
+ * position), verifies every checksum (the chunks are spread over the ranks), then each
+ * rank reads its own parameters and the moments of its optimizer ranges. *step: the
+ * step to run next. Collective over world; agreed. */
+typedef struct {
+    const ts_config *cfg;
+    ts_model *model;
+    ts_adamw *optim;
+    const ts_comm *world;
+} ts_ckpt_load_args;
+ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *step);
+
+/* tessera ckpt verify: every header and chunk checksum, the tensor list against the
+ * checkpoint's own config, file sizes. */
+typedef enum {
+    TS_CKPT_OK = 0,
+    TS_CKPT_BAD_STATE = 3,     /* state.json missing, unreadable or malformed */
+    TS_CKPT_INCOMPLETE = 4,    /* a file or tensor missing, a file truncated or resized */
+    TS_CKPT_CORRUPT = 5,       /* a checksum does not match */
+} ts_ckpt_verdict;
+ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose);
+
+/* tessera ckpt info: a summary on stdout. */
+ts_status ts_ckpt_print_info(const char *step_dir);
+
+#endif

@@ -1,0 +1,144 @@
+/* The checkpoint layout (layout.h): tensors from the model's own parameter list (one
+ * rank, tp = 1, every layer: the logical tensors in nanoGPT's order), files filled in
+ * that order, headers as safetensors writes them. */
+#include "checkpoint/layout.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "tensor/tp.h"
+
+static const char *const KIND_PREFIX[TS_CK_KINDS] = {"", "exp_avg.", "exp_avg_sq."};
+
+/* The safetensors header of file f: 8-byte little-endian length, then the JSON (offsets
+ * relative to the data start), padded with spaces to a multiple of 8 as the reference
+ * writer does, so the data stays aligned. */
+static void build_header(ts_ckpt_layout *L, int f, uint64_t data_bytes)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    for (int e = 0; e < L->n_entries; e++) {
+        const ts_ckpt_entry *E = &L->entries[e];
+        if (E->file != f) continue;
+        const ts_shard_spec *s = &L->logical[E->logical];
+        json_t *shape = json_array();
+        for (int d = 0; d < s->ndim; d++) json_array_append_new(shape, json_integer(s->shape[d]));
+        /* E->offset is relative to the data start until the header is known. */
+        json_object_set_new(root, E->name,
+                            json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
+                                      "data_offsets", (json_int_t)E->offset,
+                                      (json_int_t)(E->offset + E->bytes)));
+    }
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    TS_ASSERT(text != NULL);
+    json_decref(root);
+    size_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    ts_ckpt_fileinfo *F = &L->files[f];
+    F->header_bytes = 8 + padded;
+    F->header = ts_malloc(F->header_bytes);
+    for (int i = 0; i < 8; i++) F->header[i] = (char)((padded >> (8 * i)) & 0xff);
+    memcpy(F->header + 8, text, n);
+    memset(F->header + 8 + n, ' ', padded - n);
+    F->size = F->header_bytes + data_bytes;
+    free(text);
+}
+
+void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb)
+{
+    memset(L, 0, sizeof *L);
+    ts_model m;
+    ts_tp tp = ts_tp_make(1, 0, NULL, &ts_kernels_cpu);
+    ts_model_layout_tp(&m, mc, NULL, &tp);
+    L->n_logical = m.n_params;
+    L->logical = ts_calloc((size_t)m.n_params, sizeof *L->logical);
+    for (int p = 0; p < m.n_params; p++) L->logical[p] = m.params[p].shard;
+    ts_model_free(&m);
+
+    L->n_entries = TS_CK_KINDS * L->n_logical;
+    L->entries = ts_calloc((size_t)L->n_entries, sizeof *L->entries);
+    /* Weights fill model files of at most file_gb * 10^9 data bytes (Hugging Face's
+     * "5GB" is 5 * 10^9), a tensor never split; the moments go to one optimizer file. */
+    const double limit = file_gb * 1e9;
+    int n_model = 1;
+    uint64_t used = 0;
+    uint64_t *data_bytes = ts_calloc((size_t)L->n_logical + 2, sizeof *data_bytes);
+    for (int k = 0; k < TS_CK_KINDS; k++) {
+        if (k == TS_CK_EXP_AVG) used = 0;
+        for (int p = 0; p < L->n_logical; p++) {
+            ts_ckpt_entry *E = &L->entries[k * L->n_logical + p];
+            snprintf(E->name, sizeof E->name, "%s%s", KIND_PREFIX[k], L->logical[p].name);
+            E->logical = p;
+            E->kind = (ts_ckpt_kind)k;
+            E->bytes = ts_shard_logical_numel(&L->logical[p]) * sizeof(float);
+            if (k == TS_CK_WEIGHT) {
+                if (used > 0 && (double)(used + E->bytes) > limit) {
+                    data_bytes[n_model - 1] = used;
+                    n_model++;
+                    used = 0;
+                }
+                E->file = n_model - 1;
+            } else {
+                E->file = n_model; /* the optimizer file, after the model files */
+            }
+            E->offset = used;
+            used += E->bytes;
+        }
+        if (k == TS_CK_WEIGHT) data_bytes[n_model - 1] = used;
+    }
+    data_bytes[n_model] = used;
+
+    L->n_model_files = n_model;
+    L->n_files = n_model + 1;
+    L->files = ts_calloc((size_t)L->n_files, sizeof *L->files);
+    for (int f = 0; f < L->n_files; f++) {
+        ts_ckpt_fileinfo *F = &L->files[f];
+        if (f == n_model)
+            snprintf(F->name, sizeof F->name, "optimizer.safetensors");
+        else if (n_model == 1)
+            snprintf(F->name, sizeof F->name, "model.safetensors");
+        else
+            snprintf(F->name, sizeof F->name, "model-%05d-of-%05d.safetensors", f + 1, n_model);
+        build_header(L, f, data_bytes[f]);
+    }
+    /* Offsets become absolute once each file's header length is known. */
+    for (int e = 0; e < L->n_entries; e++) L->entries[e].offset += L->files[L->entries[e].file].header_bytes;
+    free(data_bytes);
+}
+
+void ts_ckpt_layout_free(ts_ckpt_layout *L)
+{
+    for (int f = 0; f < L->n_files; f++) free(L->files[f].header);
+    free(L->files);
+    free(L->entries);
+    free(L->logical);
+    memset(L, 0, sizeof *L);
+}
+
+int ts_ckpt_layout_find(const ts_ckpt_layout *L, const char *name)
+{
+    for (int p = 0; p < L->n_logical; p++)
+        if (strcmp(L->logical[p].name, name) == 0) return p;
+    return -1;
+}
+
+char *ts_ckpt_index_json(const ts_ckpt_layout *L)
+{
+    uint64_t total = 0;
+    json_t *map = json_object();
+    for (int p = 0; p < L->n_logical; p++) {
+        const ts_ckpt_entry *E = ts_ckpt_entry_of(L, TS_CK_WEIGHT, p);
+        total += E->bytes;
+        json_object_set_new(map, E->name, json_string(L->files[E->file].name));
+    }
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", map);
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    TS_ASSERT(text != NULL);
+    json_decref(root);
+    return text;
+}

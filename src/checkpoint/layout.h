@@ -1,0 +1,58 @@
+/* A checkpoint's file layout, a function of the model config and checkpoint.file_gb
+ * only: the logical tensors in nanoGPT's order, which file each lies in and at which
+ * byte offset, and each file's header. Every rank computes the same layout, so each can
+ * write its own slices into files it did not create (checkpoint.h). */
+#ifndef TS_CKPT_LAYOUT_H
+#define TS_CKPT_LAYOUT_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+#include "tensor/shard.h"
+
+typedef enum { TS_CK_WEIGHT, TS_CK_EXP_AVG, TS_CK_EXP_AVG_SQ, TS_CK_KINDS } ts_ckpt_kind;
+
+#define TS_CKPT_NAME_MAX (TS_SHARD_NAME_MAX + 16)
+
+/* One stored tensor: a parameter's weights or one of its AdamW moments. */
+typedef struct {
+    char name[TS_CKPT_NAME_MAX]; /* "transformer.h.0.ln_1.weight", "exp_avg.transformer..." */
+    int logical;                 /* index into ts_ckpt_layout.logical */
+    ts_ckpt_kind kind;
+    int file;                    /* index into ts_ckpt_layout.files */
+    uint64_t offset;             /* absolute byte offset of its data in the file */
+    uint64_t bytes;
+} ts_ckpt_entry;
+
+typedef struct {
+    char name[64];               /* "model.safetensors", "model-00001-of-00003.safetensors" */
+    uint64_t header_bytes;       /* 8 + the JSON header: where the data starts */
+    uint64_t size;               /* the whole file */
+    char *header;                /* the header_bytes bytes, owned */
+} ts_ckpt_fileinfo;
+
+typedef struct {
+    int n_logical;
+    ts_shard_spec *logical;      /* whole tensors (name, shape), nanoGPT's order */
+    int n_entries;               /* TS_CK_KINDS * n_logical: entry kind*n_logical + logical */
+    ts_ckpt_entry *entries;
+    int n_files, n_model_files;  /* the model files first, then optimizer.safetensors */
+    ts_ckpt_fileinfo *files;
+} ts_ckpt_layout;
+
+void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb);
+void ts_ckpt_layout_free(ts_ckpt_layout *L);
+
+/* The logical index of tensor `name`, or -1. */
+int ts_ckpt_layout_find(const ts_ckpt_layout *L, const char *name);
+static inline const ts_ckpt_entry *ts_ckpt_entry_of(const ts_ckpt_layout *L, ts_ckpt_kind kind,
+                                                    int logical)
+{
+    return &L->entries[(int)kind * L->n_logical + logical];
+}
+
+/* model.safetensors.index.json (Hugging Face's sharded-checkpoint index) when the
+ * weights span several files; malloc'ed text. */
+char *ts_ckpt_index_json(const ts_ckpt_layout *L);
+
+#endif

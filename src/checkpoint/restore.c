@@ -1,0 +1,227 @@
+/* Loading a checkpoint into any grid (checkpoint.h): each rank reads, run by run through
+ * its parameters' shard specs, exactly the logical slices its place in the new grid
+ * holds: its parameters, and the moments of its optimizer ranges. The checksums are
+ * verified first, each chunk by one rank. */
+#include "checkpoint/checkpoint.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/reader.h"
+#include "core/log.h"
+#include "core/watchdog.h"
+
+ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
+{
+    char latest[TS_PATH_MAX + 16], state[TS_PATH_MAX + 16];
+    snprintf(state, sizeof state, "%s/state.json", path);
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return ts_fail("checkpoint %s: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return ts_fail("checkpoint %s is not a directory", path);
+    if (stat(state, &sb) == 0) { /* a step directory */
+        if (strlen(path) >= cap) return ts_fail("checkpoint path %s is too long", path);
+        snprintf(step_dir, cap, "%s", path);
+        return TS_OK;
+    }
+    snprintf(latest, sizeof latest, "%s/latest", path);
+    FILE *f = fopen(latest, "r");
+    if (!f)
+        return ts_fail("%s holds neither a checkpoint (state.json) nor a 'latest' file naming "
+                       "one; give a step directory (%s/step_NNNNNNNN) or a checkpoint.dir "
+                       "that has been saved to",
+                       path, path);
+    char name[64] = {0};
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    size_t n = strlen(name);
+    while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r')) name[--n] = '\0';
+    if (!ok || n == 0 || strchr(name, '/') || name[0] == '.')
+        return ts_fail("%s does not name a checkpoint directory (it holds '%s')", latest, name);
+    if ((size_t)snprintf(step_dir, cap, "%s/%s", path, name) >= cap)
+        return ts_fail("checkpoint path %s/%s is too long", path, name);
+    return TS_OK;
+}
+
+ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, int *step)
+{
+    ts_ckpt_reader r;
+    if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return TS_ERR;
+    *mc = r.model;
+    if (step) *step = r.step;
+    ts_ckpt_reader_close(&r);
+    return TS_OK;
+}
+
+/* Read this rank's part of parameter P (local elements [lo, hi)) from tensor t into dst
+ * (dst[0] is local element lo). */
+static ts_status read_part(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
+                           size_t lo, size_t hi, float *dst)
+{
+    ts_shard_run r;
+    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);)
+        if (ts_st_read(f, t, r.logical * sizeof(float), dst + (r.local - lo), r.len * sizeof(float)) !=
+            TS_OK)
+            return TS_ERR;
+    return TS_OK;
+}
+
+/* The model's keys must match: they define the tensors. */
+static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
+{
+    const struct {
+        const char *key;
+        int saved, now;
+    } keys[] = {{"n_layer", r->model.n_layer, mc->n_layer}, {"n_head", r->model.n_head, mc->n_head},
+                {"n_embd", r->model.n_embd, mc->n_embd},
+                {"vocab_size", r->model.vocab_size, mc->vocab_size},
+                {"seq_len", r->model.seq_len, mc->seq_len}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (keys[i].saved != keys[i].now)
+            return ts_fail("checkpoint %s was saved with model.%s = %d, but the config says %d; "
+                           "a checkpoint loads only into the model it was saved from (set "
+                           "model.%s = %d)",
+                           r->dir, keys[i].key, keys[i].saved, keys[i].now, keys[i].key,
+                           keys[i].saved);
+    return TS_OK;
+}
+
+/* Every parameter m holds, from the reader (every kind checked present first). */
+static ts_status read_weights(ts_ckpt_reader *r, ts_model *m)
+{
+    for (int p = 0; p < m->n_params; p++) {
+        const ts_param *P = &m->params[p];
+        const ts_st_tensor *t;
+        int f;
+        if (ts_ckpt_reader_expect(r, P->shard.name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
+            read_part(&r->files[f].st, t, P, 0, P->numel, ts_param_data(m, p)) != TS_OK)
+            return TS_ERR;
+    }
+    return TS_OK;
+}
+
+ts_status ts_ckpt_load_weights(ts_model *m, const char *step_dir)
+{
+    ts_ckpt_reader r;
+    if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return TS_ERR;
+    ts_model_config mc = r.model;
+    mc.n_layer = m->n_layer;
+    mc.n_head = m->n_head;
+    mc.n_embd = m->n_embd;
+    mc.vocab_size = m->vocab_size;
+    mc.seq_len = m->max_seq_len;
+    ts_status st = check_model(&r, &mc);
+    /* The model files' tensors, checked whole (one process reads them all anyway). */
+    if (st == TS_OK) st = ts_ckpt_reader_check_files(&r);
+    void *buf = ts_malloc((size_t)r.chunk_bytes);
+    for (int p = 0; st == TS_OK && p < m->n_params; p++) {
+        const ts_param *P = &m->params[p];
+        const ts_st_tensor *t;
+        st = ts_ckpt_reader_expect(&r, P->shard.name, P->shard.ndim, P->shard.shape, &t, NULL);
+        if (st == TS_OK) st = ts_ckpt_reader_verify(&r, P->shard.name, 0, SIZE_MAX, buf);
+    }
+    free(buf);
+    if (st == TS_OK) st = read_weights(&r, m);
+    ts_ckpt_reader_close(&r);
+    return st;
+}
+
+/* Every chunk of every tensor is checked by one rank: the chunks in layout order, cut
+ * into world-size runs of about equal bytes. */
+static ts_status verify_share(ts_ckpt_reader *r, const ts_ckpt_layout *L, const ts_comm *world)
+{
+    uint64_t total = 0;
+    for (int e = 0; e < L->n_entries; e++) total += L->entries[e].bytes;
+    void *buf = ts_malloc((size_t)r->chunk_bytes);
+    uint64_t at = 0;
+    ts_status st = TS_OK;
+    for (int e = 0; e < L->n_entries && st == TS_OK; e++) {
+        const uint64_t bytes = L->entries[e].bytes;
+        const size_t n_chunks = (size_t)((bytes + r->chunk_bytes - 1) / r->chunk_bytes);
+        for (size_t c = 0; c < n_chunks && st == TS_OK; c++) {
+            const uint64_t len = bytes - c * r->chunk_bytes < r->chunk_bytes ? bytes - c * r->chunk_bytes
+                                                                          : r->chunk_bytes;
+            const int owner = (int)((long double)(at + len / 2) * world->size / total);
+            at += len;
+            if (owner == world->rank) st = ts_ckpt_reader_verify(r, L->entries[e].name, c, c + 1, buf);
+        }
+    }
+    free(buf);
+    return st;
+}
+
+/* The moments of the optimizer's ranges: for every parameter part inside a range, its
+ * exp_avg and exp_avg_sq runs. */
+static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
+{
+    char name[TS_CKPT_NAME_MAX];
+    size_t base = 0;
+    for (int k = 0; k < o->n_ranges; k++) {
+        const ts_flat_range R = o->ranges[k];
+        for (int p = 0; p < m->n_params; p++) {
+            const ts_param *P = &m->params[p];
+            if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
+            const size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
+            const size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
+            const size_t mom = base + (P->offset + lo - R.begin);
+            for (int kind = 0; kind < 2; kind++) {
+                snprintf(name, sizeof name, "%s%s", kind ? "exp_avg_sq." : "exp_avg.", P->shard.name);
+                const ts_st_tensor *t;
+                int f;
+                if (ts_ckpt_reader_expect(r, name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
+                    read_part(&r->files[f].st, t, P, lo, hi, (kind ? o->v : o->m) + mom) != TS_OK)
+                    return TS_ERR;
+            }
+        }
+        base += R.end - R.begin;
+    }
+    return TS_OK;
+}
+
+ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *step)
+{
+    const ts_comm *world = a->world;
+    ts_watchdog_context("checkpoint: opening the checkpoint to load", 0, 0, 0);
+    ts_ckpt_reader r;
+    ts_status st = ts_ckpt_reader_open(&r, step_dir);
+    bool opened = st == TS_OK;
+    ts_ckpt_layout L;
+    if (opened) {
+        st = check_model(&r, &a->cfg->model);
+        if (st == TS_OK && r.global_batch != a->cfg->train.global_batch)
+            st = ts_fail("checkpoint %s was saved with train.global_batch = %lld, but the config "
+                         "says %d; the data position is counted in global batches (the batch "
+                         "rule), so resuming needs the same global_batch (parallel.micro_batch "
+                         "and the grid may change)",
+                         step_dir, r.global_batch, a->cfg->train.global_batch);
+        ts_ckpt_layout_build(&L, &a->cfg->model, a->cfg->checkpoint.file_gb);
+        /* Every tensor present with its shape, then the files' sizes and headers: the
+         * same verdict on every rank (each reads the headers itself). */
+        for (int e = 0; st == TS_OK && e < L.n_entries; e++) {
+            const ts_shard_spec *s = &L.logical[L.entries[e].logical];
+            const ts_st_tensor *t;
+            st = ts_ckpt_reader_expect(&r, L.entries[e].name, s->ndim, s->shape, &t, NULL);
+        }
+        if (st == TS_OK) st = ts_ckpt_reader_check_files(&r);
+    }
+    if ((st = ts_comm_agree(world, st)) != TS_OK) goto done;
+
+    ts_watchdog_context("checkpoint: verifying this rank's share of the checksums", 0, 0, 0);
+    if ((st = ts_comm_agree(world, verify_share(&r, &L, world))) != TS_OK) goto done;
+
+    ts_watchdog_context("checkpoint: reading this rank's parameters and moments", 0, 0, 0);
+    st = read_weights(&r, a->model);
+    if (st == TS_OK) st = read_moments(&r, a->model, a->optim);
+    if ((st = ts_comm_agree(world, st)) == TS_OK) *step = r.step;
+done:
+    if (st != TS_OK) ts_error_prefix("checkpoint.load: ");
+    if (opened) {
+        ts_ckpt_layout_free(&L);
+        ts_ckpt_reader_close(&r);
+    }
+    return st;
+}

@@ -1,0 +1,513 @@
+/* Saving a checkpoint from every rank in parallel (checkpoint.h): rank 0 creates the
+ * files at their final size with their headers in a temporary directory; every rank
+ * pwrites the logical slices it owns and checksums them piece by piece; rank 0 combines
+ * the pieces into per-chunk checksums (checking that they tile every tensor exactly
+ * once), writes state.json, and renames the directory into place before moving
+ * `latest`. */
+#include "checkpoint/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "checkpoint/layout.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "core/watchdog.h"
+
+/* Bytes [off, off + len) of entry `entry`'s data (off from the tensor's first byte),
+ * written by one rank, with their crc32. A piece never crosses a checksum chunk. */
+typedef struct {
+    uint32_t entry, crc;
+    uint64_t off, len;
+} piece;
+
+typedef struct {
+    piece *v;
+    size_t n, cap;
+} piece_list;
+
+static void piece_add(piece_list *l, piece p)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 1024;
+        piece *v = realloc(l->v, l->cap * sizeof *v);
+        TS_ASSERT(v != NULL);
+        l->v = v;
+    }
+    l->v[l->n++] = p;
+}
+
+static ts_status pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *path)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = pwrite(fd, p, len, (off_t)off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return ts_fail("writing %s failed: %s", path, n < 0 ? strerror(errno) : "no progress");
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return TS_OK;
+}
+
+/* ------------------------------------------------------------ directories -- */
+
+static void join(char *out, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    TS_ASSERT(n > 0 && (size_t)n < cap);
+}
+
+/* Remove a directory of plain files (a checkpoint); missing is fine. */
+static ts_status remove_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? TS_OK : ts_fail("cannot open %s: %s", path, strerror(errno));
+    struct dirent *e;
+    char file[TS_PATH_MAX + 300];
+    ts_status st = TS_OK;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        join(file, sizeof file, path, e->d_name);
+        if (unlink(file) != 0 && st == TS_OK)
+            st = ts_fail("cannot remove %s: %s", file, strerror(errno));
+    }
+    closedir(d);
+    if (st == TS_OK && rmdir(path) != 0) st = ts_fail("cannot remove %s: %s", path, strerror(errno));
+    return st;
+}
+
+static ts_status fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ts_fail("cannot open directory %s: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* Some file systems cannot sync a directory (EINVAL): nothing more to do there. */
+    if (rc != 0 && err != EINVAL) return ts_fail("fsync of %s failed: %s", path, strerror(err));
+    return TS_OK;
+}
+
+/* Step number of a "step_NNNNNNNN" name, or -1. */
+static long step_of(const char *name)
+{
+    if (strncmp(name, "step_", 5) != 0 || strlen(name) != 13) return -1;
+    long v = 0;
+    for (int i = 5; i < 13; i++) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+/* Rank 0, before writing: the root exists and leftovers of interrupted saves
+ * (.tmp-step_*, .old-step_*) are removed. */
+static ts_status prepare_root(const char *root)
+{
+    if (ts_mkdir_p(root) != TS_OK) return ts_error_prefix("checkpoint.dir: ");
+    DIR *d = opendir(root);
+    if (!d) return ts_fail("checkpoint.dir: cannot open %s: %s", root, strerror(errno));
+    struct dirent *e;
+    char path[TS_PATH_MAX + 300];
+    ts_status st = TS_OK;
+    while (st == TS_OK && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, ".tmp-step_", 10) && strncmp(e->d_name, ".old-step_", 10)) continue;
+        join(path, sizeof path, root, e->d_name);
+        st = remove_dir(path);
+    }
+    closedir(d);
+    return st;
+}
+
+/* Rank 0: create every file of the layout at its full size with its header. */
+static ts_status create_files(const ts_ckpt_layout *L, const char *tmp)
+{
+    if (mkdir(tmp, 0777) != 0) return ts_fail("cannot create %s: %s", tmp, strerror(errno));
+    char path[TS_PATH_MAX + 300];
+    for (int f = 0; f < L->n_files; f++) {
+        const ts_ckpt_fileinfo *F = &L->files[f];
+        join(path, sizeof path, tmp, F->name);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        if (fd < 0) return ts_fail("cannot create %s: %s", path, strerror(errno));
+        ts_status st = pwrite_all(fd, F->header, F->header_bytes, 0, path);
+        if (st == TS_OK && ftruncate(fd, (off_t)F->size) != 0)
+            st = ts_fail("cannot size %s to %llu bytes: %s", path, (unsigned long long)F->size,
+                         strerror(errno));
+        /* Reserve the blocks now where the file system can, so a full disk shows here
+         * and not as a hole that cannot be filled later. */
+        if (st == TS_OK) {
+            int rc = posix_fallocate(fd, 0, (off_t)F->size);
+            if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
+                st = ts_fail("cannot reserve %llu bytes for %s: %s", (unsigned long long)F->size,
+                             path, strerror(rc));
+        }
+        close(fd);
+        if (st != TS_OK) return st;
+    }
+    if (L->n_model_files > 1) {
+        char *index = ts_ckpt_index_json(L);
+        join(path, sizeof path, tmp, "model.safetensors.index.json");
+        ts_atomic_file af;
+        ts_status st = ts_atomic_open(&af, path, "checkpoint index");
+        if (st == TS_OK) {
+            fputs(index, af.f);
+            fputc('\n', af.f);
+            st = ts_atomic_commit(&af);
+        }
+        free(index);
+        if (st != TS_OK) return st;
+    }
+    return TS_OK;
+}
+
+/* ------------------------------------------------------ this rank's slices -- */
+
+typedef struct {
+    const ts_ckpt_layout *L;
+    const char *tmp;
+    int *fds;                 /* [n_files], -1 until opened */
+    piece_list pieces;
+} writer;
+
+static ts_status writer_fd(writer *w, int file, int *fd)
+{
+    if (w->fds[file] < 0) {
+        char path[TS_PATH_MAX + 300];
+        join(path, sizeof path, w->tmp, w->L->files[file].name);
+        w->fds[file] = open(path, O_WRONLY);
+        if (w->fds[file] < 0) return ts_fail("cannot open %s: %s", path, strerror(errno));
+    }
+    *fd = w->fds[file];
+    return TS_OK;
+}
+
+/* Write `len` floats at logical element `logical` of entry E, checksummed per chunk. */
+static ts_status write_run(writer *w, const ts_ckpt_entry *E, uint32_t entry, size_t logical,
+                           const float *src, size_t len)
+{
+    int fd = -1;
+    if (writer_fd(w, E->file, &fd) != TS_OK) return TS_ERR;
+    const uint64_t off = (uint64_t)logical * sizeof(float), bytes = (uint64_t)len * sizeof(float);
+    if (pwrite_all(fd, src, bytes, E->offset + off, w->L->files[E->file].name) != TS_OK)
+        return TS_ERR;
+    const unsigned char *p = (const unsigned char *)src;
+    for (uint64_t at = off, end = off + bytes; at < end;) {
+        uint64_t chunk_end = (at / TS_CKPT_CHUNK_BYTES + 1) * TS_CKPT_CHUNK_BYTES;
+        uint64_t n = (chunk_end < end ? chunk_end : end) - at;
+        piece_add(&w->pieces, (piece){entry, (uint32_t)crc32(0L, p + (at - off), (uInt)n), at, n});
+        at += n;
+    }
+    return TS_OK;
+}
+
+/* This rank's share of parameter p's local elements [lo, hi): its weights and, from
+ * the optimizer's range that holds them, their moments (`moments` points at the moment
+ * of local element lo). */
+static ts_status write_slice(writer *w, const ts_model *m, int p, int logical, size_t lo,
+                             size_t hi, const float *exp_avg, const float *exp_avg_sq)
+{
+    const ts_param *P = &m->params[p];
+    const float *weights = ts_param_data(m, p);
+    const float *src[TS_CK_KINDS] = {weights, exp_avg, exp_avg_sq};
+    ts_shard_run r;
+    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);) {
+        for (int k = 0; k < TS_CK_KINDS; k++) {
+            const size_t at = k == TS_CK_WEIGHT ? r.local : r.local - lo;
+            const int entry = k * w->L->n_logical + logical;
+            if (write_run(w, &w->L->entries[entry], (uint32_t)entry, r.logical, src[k] + at, r.len) !=
+                TS_OK)
+                return TS_ERR;
+        }
+    }
+    return TS_OK;
+}
+
+/* Every slice this rank owns: of the parameters it holds as replica 0 (not a tied copy
+ * or a tp-replicated copy), the elements of its optimizer ranges; without ZeRO-1 every
+ * dp replica holds all of them, so replica d writes its d-th of each parameter. */
+static ts_status write_own(writer *w, const ts_ckpt_save_args *a)
+{
+    const ts_model *m = a->model;
+    const ts_adamw *o = a->optim;
+    size_t base = 0;
+    for (int r = 0; r < o->n_ranges; r++) {
+        const ts_flat_range R = o->ranges[r];
+        for (int p = 0; p < m->n_params; p++) {
+            const ts_param *P = &m->params[p];
+            if (P->shard.replica != 0 || P->tied_copy) continue;
+            size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
+            size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
+            if (R.end <= P->offset || R.begin >= P->offset + P->numel || lo >= hi) continue;
+            if (!o->sharded && a->dp_size > 1) {
+                int64_t s, n;
+                ts_shard_range((int64_t)P->numel, a->dp_size, a->dp_rank, &s, &n);
+                lo = lo > (size_t)s ? lo : (size_t)s;
+                hi = hi < (size_t)(s + n) ? hi : (size_t)(s + n);
+                if (lo >= hi) continue;
+            }
+            const int logical = ts_ckpt_layout_find(w->L, P->shard.name);
+            if (logical < 0)
+                return ts_fail("internal: parameter '%s' is not in the checkpoint layout",
+                               P->shard.name);
+            const size_t mom = base + (P->offset + lo - R.begin);
+            if (write_slice(w, m, p, logical, lo, hi, o->m + mom, o->v + mom) != TS_OK)
+                return TS_ERR;
+        }
+        base += R.end - R.begin;
+    }
+    return TS_OK;
+}
+
+static ts_status close_files(writer *w)
+{
+    ts_status st = TS_OK;
+    for (int f = 0; f < w->L->n_files; f++) {
+        if (w->fds[f] < 0) continue;
+        if (fsync(w->fds[f]) != 0 && st == TS_OK)
+            st = ts_fail("fsync of %s/%s failed: %s", w->tmp, w->L->files[f].name, strerror(errno));
+        if (close(w->fds[f]) != 0 && st == TS_OK)
+            st = ts_fail("closing %s/%s failed: %s", w->tmp, w->L->files[f].name, strerror(errno));
+        w->fds[f] = -1;
+    }
+    return st;
+}
+
+/* --------------------------------------------------------- rank 0: state -- */
+
+static int piece_cmp(const void *x, const void *y)
+{
+    const piece *a = x, *b = y;
+    if (a->entry != b->entry) return a->entry < b->entry ? -1 : 1;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* Per-chunk checksums of every entry from all ranks' pieces, which must tile each
+ * tensor exactly once (the owner rule: one replica per byte). */
+static ts_status combine_checksums(const ts_ckpt_layout *L, piece *all, size_t n, json_t *sums)
+{
+    qsort(all, n, sizeof *all, piece_cmp);
+    size_t i = 0;
+    for (int e = 0; e < L->n_entries; e++) {
+        const ts_ckpt_entry *E = &L->entries[e];
+        json_t *list = json_array();
+        uint64_t next = 0;
+        uLong crc = 0;
+        for (; i < n && all[i].entry == (uint32_t)e; i++) {
+            if (all[i].off != next) {
+                json_decref(list);
+                return ts_fail("internal: the ranks' writes of '%s' %s at byte %llu (expected "
+                               "%llu): the shard owners do not tile the tensor",
+                               E->name, all[i].off < next ? "overlap" : "leave a gap",
+                               (unsigned long long)all[i].off, (unsigned long long)next);
+            }
+            crc = crc32_combine(crc, all[i].crc, (z_off_t)all[i].len);
+            next += all[i].len;
+            if (next % TS_CKPT_CHUNK_BYTES == 0 || next == E->bytes) {
+                json_array_append_new(list, json_integer((json_int_t)crc));
+                crc = 0;
+            }
+        }
+        if (next != E->bytes) {
+            json_decref(list);
+            return ts_fail("internal: the ranks wrote %llu of the %llu bytes of '%s'",
+                           (unsigned long long)next, (unsigned long long)E->bytes, E->name);
+        }
+        json_object_set_new(sums, E->name, list);
+    }
+    return TS_OK;
+}
+
+static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, json_t *sums)
+{
+    const ts_config *c = a->cfg;
+    char *cfg_text = ts_config_to_json(c);
+    json_t *cfg = json_loads(cfg_text, 0, NULL);
+    free(cfg_text);
+    TS_ASSERT(cfg != NULL);
+    json_t *files = json_object();
+    for (int f = 0; f < L->n_files; f++) {
+        const ts_ckpt_fileinfo *F = &L->files[f];
+        json_object_set_new(files, F->name,
+                            json_pack("{s:I, s:I, s:I}", "bytes", (json_int_t)F->size,
+                                      "header_bytes", (json_int_t)F->header_bytes, "header_crc32",
+                                      (json_int_t)crc32(0L, (const Bytef *)F->header,
+                                                        (uInt)F->header_bytes)));
+    }
+    json_t *train = json_array();
+    for (int i = 0; i < c->data.n_train; i++) json_array_append_new(train, json_string(c->data.train[i]));
+    const long long B = c->train.global_batch;
+    return json_pack(
+        "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o}, "
+        "s:{s:I, s:s}, s:I, s:o, s:o, s:o}",
+        "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
+        "grid", "pp", a->pp, "dp", a->dp, "tp", a->tp, "virtual_stages",
+        c->parallel.virtual_stages, "zero", c->parallel.zero, "world", a->world->size,
+        "data", "sequences_consumed", (json_int_t)(B * a->step), "global_batch", (json_int_t)B,
+        "seq_len", c->model.seq_len, "train", train,
+        "rng", "seed", (json_int_t)c->train.seed, "note",
+        "initialisation draws element i of tensor t from (seed, t, i); training draws no "
+        "random numbers, so the step is the whole random state",
+        "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
+        "config", cfg);
+}
+
+/* Rank 0 after every rank's data is on disk: checksums, state.json, the rename, `latest`
+ * and pruning. */
+static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, piece *all, size_t n,
+                        const char *root, const char *tmp, const char *name)
+{
+    json_t *sums = json_object();
+    if (combine_checksums(L, all, n, sums) != TS_OK) {
+        json_decref(sums);
+        return TS_ERR;
+    }
+    json_t *state = state_json(a, L, sums);
+    TS_ASSERT(state != NULL);
+    char path[TS_PATH_MAX + 300], final[TS_PATH_MAX + 300], old[TS_PATH_MAX + 300];
+    join(path, sizeof path, tmp, "state.json");
+    ts_atomic_file af;
+    ts_status st = ts_atomic_open(&af, path, "checkpoint state");
+    if (st == TS_OK) {
+        if (json_dumpf(state, af.f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 || fputc('\n', af.f) == EOF)
+            ts_log_warn("writing %s: the commit will report the failure", path);
+        st = ts_atomic_commit(&af);
+    }
+    json_decref(state);
+    if (st == TS_OK) st = fsync_dir(tmp);
+    if (st != TS_OK) return st;
+
+    /* Into place. A checkpoint of the same step already there (a rerun) is moved aside
+     * first and removed after; `latest` still names a complete directory meanwhile
+     * unless it named this very step. */
+    join(final, sizeof final, root, name);
+    snprintf(old, sizeof old, "%s/.old-%s", root, name);
+    struct stat sb;
+    bool replaced = stat(final, &sb) == 0;
+    if (replaced && rename(final, old) != 0)
+        return ts_fail("cannot move the old %s aside: %s", final, strerror(errno));
+    if (rename(tmp, final) != 0) return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
+    if (fsync_dir(root) != TS_OK) return TS_ERR;
+    if (replaced && remove_dir(old) != TS_OK) return TS_ERR;
+
+    join(path, sizeof path, root, "latest");
+    if ((st = ts_atomic_open(&af, path, "checkpoint latest")) != TS_OK) return st;
+    fprintf(af.f, "%s\n", name);
+    if ((st = ts_atomic_commit(&af)) != TS_OK) return st;
+    return fsync_dir(root);
+}
+
+/* Keep the newest `keep` checkpoints by step (always the one just written). */
+static ts_status prune(const char *root, int keep, long just_written)
+{
+    DIR *d = opendir(root);
+    if (!d) return ts_fail("cannot open %s: %s", root, strerror(errno));
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long s = step_of(e->d_name);
+        if (s < 0 || s == just_written) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *v = realloc(steps, cap * sizeof *v);
+            TS_ASSERT(v != NULL);
+            steps = v;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    /* Descending: the first keep - 1 others stay. */
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && steps[j - 1] < steps[j]; j--) {
+            long t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    ts_status st = TS_OK;
+    char path[TS_PATH_MAX + 300];
+    for (size_t i = keep > 0 ? (size_t)keep - 1 : 0; i < n && st == TS_OK; i++) {
+        snprintf(path, sizeof path, "%s/step_%08ld", root, steps[i]);
+        st = remove_dir(path);
+    }
+    free(steps);
+    return st;
+}
+
+ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
+{
+    const double t0 = ts_now_ms();
+    const ts_comm *world = a->world;
+    const char *root = a->cfg->checkpoint.dir;
+    char name[32], tmp[TS_PATH_MAX + 64];
+    snprintf(name, sizeof name, "step_%08d", a->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", root, name);
+
+    ts_ckpt_layout L;
+    ts_ckpt_layout_build(&L, &a->cfg->model, a->cfg->checkpoint.file_gb);
+    writer w = {.L = &L, .tmp = tmp, .fds = ts_malloc((size_t)L.n_files * sizeof(int))};
+    for (int f = 0; f < L.n_files; f++) w.fds[f] = -1;
+    int *counts = NULL;
+    piece *all = NULL;
+
+    ts_watchdog_context("checkpoint: creating the files of step %d", a->step, 0, 0);
+    ts_status st = TS_OK;
+    if (world->rank == 0) {
+        st = prepare_root(root);
+        if (st == TS_OK) st = create_files(&L, tmp);
+    }
+    if (ts_comm_agree(world, st) != TS_OK) goto fail;
+
+    ts_watchdog_context("checkpoint: writing this rank's slices of step %d", a->step, 0, 0);
+    st = write_own(&w, a);
+    ts_status cst = close_files(&w);
+    if (st == TS_OK) st = cst;
+    if (ts_comm_agree(world, st) != TS_OK) goto fail;
+
+    /* The checksums of every piece, to rank 0. */
+    ts_watchdog_context("checkpoint: gathering the checksums of step %d", a->step, 0, 0);
+    TS_ASSERT(w.pieces.n < (size_t)1 << 30);
+    const int n = (int)w.pieces.n;
+    size_t total = 0;
+    if (world->rank == 0) counts = ts_calloc((size_t)world->size, sizeof(int));
+    ts_gather_bytes(world, &n, sizeof n, counts, 0);
+    if (world->rank == 0) {
+        for (int r = 0; r < world->size; r++) total += (size_t)counts[r];
+        TS_ASSERT(total < (size_t)1 << 31);
+        all = ts_malloc((total + 1) * sizeof *all);
+    }
+    ts_gatherv(world, w.pieces.v, n, sizeof(piece), all, counts, 0);
+
+    ts_watchdog_context("checkpoint: committing step %d", a->step, 0, 0);
+    if (world->rank == 0) {
+        st = commit(a, &L, all, total, root, tmp, name);
+        if (st == TS_OK) st = prune(root, a->cfg->checkpoint.keep, a->step);
+    }
+    if (ts_comm_agree(world, st) != TS_OK) goto fail;
+    st = TS_OK;
+    goto done;
+
+fail:
+    if (world->rank == 0) (void)remove_dir(tmp); /* a failed save leaves nothing behind */
+    st = ts_error_prefix("saving checkpoint %s/%s: ", root, name);
+done:
+    close_files(&w);
+    free(w.fds);
+    free(w.pieces.v);
+    free(counts);
+    free(all);
+    ts_ckpt_layout_free(&L);
+    *blocked_ms = ts_now_ms() - t0;
+    return st;
+}

@@ -1,0 +1,97 @@
+/* tessera ckpt verify / info (checkpoint.h): one process reads the whole checkpoint. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/reader.h"
+#include "core/sysmem.h"
+
+ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose)
+{
+    ts_ckpt_reader r;
+    if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return r.verdict;
+    ts_status st = ts_ckpt_reader_check_complete(&r);
+    if (st == TS_OK) st = ts_ckpt_reader_check_files(&r);
+    ts_ckpt_layout L;
+    ts_ckpt_layout_build(&L, &r.model, 1e6);
+    void *buf = ts_malloc((size_t)r.chunk_bytes);
+    uint64_t bytes = 0;
+    for (int e = 0; st == TS_OK && e < L.n_entries; e++) {
+        st = ts_ckpt_reader_verify(&r, L.entries[e].name, 0, SIZE_MAX, buf);
+        bytes += L.entries[e].bytes;
+    }
+    free(buf);
+    /* Nothing in the files that the model does not define. */
+    for (int f = 0; st == TS_OK && f < r.n_files; f++) {
+        const ts_st_file *F = &r.files[f].st;
+        for (int t = 0; st == TS_OK && t < F->n_tensors; t++) {
+            const char *name = F->tensors[t].name;
+            const char *base = !strncmp(name, "exp_avg_sq.", 11) ? name + 11
+                               : !strncmp(name, "exp_avg.", 8)   ? name + 8
+                                                                 : name;
+            if (ts_ckpt_layout_find(&L, base) < 0) {
+                ts_fail("%s holds tensor '%s', which the checkpoint's model does not define",
+                        F->path, name);
+                r.verdict = TS_CKPT_CORRUPT;
+                st = TS_ERR;
+            }
+        }
+    }
+    const int n_entries = L.n_entries;
+    ts_ckpt_layout_free(&L);
+    ts_ckpt_verdict v = st == TS_OK ? TS_CKPT_OK : r.verdict;
+    if (v == TS_CKPT_OK && verbose) {
+        char b[32];
+        printf("%s: OK: step %d, %d tensors in %d files, %s of tensor data, every checksum "
+               "matches\n",
+               step_dir, r.step, n_entries, r.n_files, ts_format_bytes((double)bytes, b, sizeof b));
+    }
+    ts_ckpt_reader_close(&r);
+    return v;
+}
+
+ts_status ts_ckpt_print_info(const char *step_dir)
+{
+    ts_ckpt_reader r;
+    if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return TS_ERR;
+    const ts_model_config *m = &r.model;
+    json_t *grid = json_object_get(r.state, "grid");
+    char b[32];
+    printf("checkpoint  %s\n", step_dir);
+    printf("step        %d (the next step to run)\n", r.step);
+    printf("model       %s: n_layer %d, n_head %d, n_embd %d, vocab_size %d, seq_len %d (%.2fM "
+           "parameters)\n",
+           m->arch, m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->seq_len,
+           (double)ts_model_logical_params(m) / 1e6);
+    printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)\n", r.grid[0],
+           r.grid[1], r.grid[2], (int)json_integer_value(json_object_get(grid, "virtual_stages")),
+           (int)json_integer_value(json_object_get(grid, "zero")),
+           (int)json_integer_value(json_object_get(grid, "world")));
+    printf("data        %lld sequences consumed (global_batch %lld)\n",
+           (long long)json_integer_value(
+               json_object_get(json_object_get(r.state, "data"), "sequences_consumed")),
+           r.global_batch);
+    uint64_t total = 0;
+    printf("files\n");
+    for (int f = 0; f < r.n_files; f++) {
+        printf("  %-36s %12llu bytes  %4d tensors\n", r.files[f].name,
+               (unsigned long long)r.files[f].bytes, r.files[f].st.n_tensors);
+        total += r.files[f].bytes;
+    }
+    printf("total       %s\n", ts_format_bytes((double)total, b, sizeof b));
+    printf("tensors\n");
+    for (int f = 0; f < r.n_files; f++) {
+        const ts_st_file *F = &r.files[f].st;
+        for (int t = 0; t < F->n_tensors; t++) {
+            const ts_st_tensor *T = &F->tensors[t];
+            char shape[64];
+            printf("  %-48s %s %-14s %12llu bytes\n", T->name, ts_dtype_name(T->dtype),
+                   ts_st_shape_str(shape, sizeof shape, T->ndim, T->shape),
+                   (unsigned long long)(T->end - T->begin));
+        }
+    }
+    ts_ckpt_reader_close(&r);
+    return TS_OK;
+}
