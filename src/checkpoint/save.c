@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -445,6 +446,18 @@ static ts_status prune(const char *root, int keep, long just_written)
     return st;
 }
 
+/* Test hook: TS_TEST_SAVE_STALL_S=seconds makes every rank wait that long after writing
+ * its slices, before the commit, so a test can kill a job in the middle of a save. */
+static void stall_for_test(int rank)
+{
+    const char *env = getenv("TS_TEST_SAVE_STALL_S");
+    if (!env || !env[0]) return;
+    if (rank == 0) ts_log_info("checkpoint: TS_TEST_SAVE_STALL_S=%s: stalling mid-save", env);
+    struct timespec ts = {.tv_sec = atoi(env)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
 {
     const double t0 = ts_now_ms();
@@ -473,6 +486,7 @@ ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
     st = write_own(&w, a);
     ts_status cst = close_files(&w);
     if (st == TS_OK) st = cst;
+    stall_for_test(world->rank);
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
 
     /* The checksums of every piece, to rank 0. */
