@@ -1,0 +1,89 @@
+# Checkpoints reshard between grids (the trusted test): save on grid A, load on grid B,
+# save again, and both checkpoints hold the same logical tensors, model and optimizer,
+# bit for bit (the files are compared byte for byte: the layout depends on the config
+# only). A = pp2 x dp2 x tp2 interleaved (v = 2) with ZeRO-1; B = 1x1x1, 4x1x2, 1x4x2
+# (ZeRO off), 2x1x4, and a prime vocabulary (257) over tp = 3 -> tp = 2. Also split model
+# files (checkpoint.file_gb) read back into one file, and resuming: 3 + 3 steps equal 6
+# uninterrupted steps bit for bit on the same grid, and within 1e-4 on other grids.
+source "$(dirname "$0")/lib.sh"
+
+make_corpus "$TMP/train.bin"
+base=(train "$SRC/configs/tiny.cfg" --set model.n_layer=3 --set model.n_embd=96
+      --set model.n_head=12 --set model.seq_len=32 --set train.global_batch=8
+      --set parallel.micro_batch=2 --set train.warmup=2 --set "data.train=\"$TMP/train.bin\""
+      --set 'data.val=""' --set train.threads=1 --set log.progress=false)
+grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
+interleaved=(--set parallel.virtual_stages=2 --set parallel.schedule=interleaved-1f1b)
+
+# run NAME NP ARGS...: a training run with metrics in $TMP/NAME.jsonl; fails the test
+# (with its stderr) when the run fails.
+run() {
+  local name="$1" np="$2"; shift 2
+  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
+  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
+}
+
+# same_ckpt A B WHAT: model and optimizer files of step directories A and B are identical.
+same_ckpt() {
+  local f ok=1
+  for f in model.safetensors optimizer.safetensors; do
+    cmp -s "$1/$f" "$2/$f" || { ok=0; fail "$3: $f differs ($1 vs $2)"; }
+  done
+  [ "$ok" = 1 ] && pass
+}
+
+# A: 3 steps on pp2 x dp2 x tp2 interleaved with ZeRO-1.
+A="$TMP/a/step_00000003"
+run a 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
+  --set "checkpoint.dir=\"$TMP/a\""
+[ "$(cat "$TMP/a/latest")" = step_00000003 ] && pass || fail "latest does not name step_00000003"
+
+# B: load A on another grid with train.steps = 3 (nothing to train), save again, compare.
+for g in "1 1 1 0" "4 1 2 0" "1 4 2 0" "2 1 4 0" "1 2 2 1"; do
+  set -- $g
+  d="$TMP/b_$1x$2x$3_z$4"
+  run "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" \
+    --set train.steps=3 --set "checkpoint.load=\"$A\"" --set "checkpoint.dir=\"$d\"" &&
+    same_ckpt "$A" "$d/step_00000003" "A -> $1x$2x$3 (zero $4)"
+done
+
+# Split model files (about 100 KB each, with the Hugging Face index) read back whole.
+run split 4 $(grid 2 1 2) --set train.steps=3 --set "checkpoint.load=\"$A\"" \
+  --set "checkpoint.dir=\"$TMP/split\"" --set checkpoint.file_gb=0.0001
+n=$(ls "$TMP/split/step_00000003"/model-*-of-*.safetensors 2>/dev/null | wc -l)
+[ "$n" -gt 2 ] && [ -f "$TMP/split/step_00000003/model.safetensors.index.json" ] && pass ||
+  fail "file_gb = 0.0001 gave $n model files (and an index?)"
+grep -q '"transformer.h.2.mlp.c_proj.weight": "model-' "$TMP/split/step_00000003/model.safetensors.index.json" &&
+  pass || fail "the index does not map the weights to their files"
+run unsplit 1 --set train.steps=3 --set "checkpoint.load=\"$TMP/split\"" --set "checkpoint.dir=\"$TMP/unsplit\"" &&
+  same_ckpt "$A" "$TMP/unsplit/step_00000003" "split -> one file"
+
+# A prime vocabulary over tp = 3, resharded to tp = 2 (uneven rows both ways).
+run p3 3 $(grid 1 1 3) --set model.vocab_size=257 --set train.steps=2 --set "checkpoint.dir=\"$TMP/p3\""
+run p2 2 $(grid 1 1 2) --set model.vocab_size=257 --set train.steps=2 \
+  --set "checkpoint.load=\"$TMP/p3/step_00000002\"" --set "checkpoint.dir=\"$TMP/p2\"" &&
+  same_ckpt "$TMP/p3/step_00000002" "$TMP/p2/step_00000002" "vocab 257: tp3 -> tp2"
+
+# Resume: 3 + 3 steps equal 6 uninterrupted ones (bit for bit on A's grid, which also
+# continues A's metrics file), and within 1e-4 when continued on other grids.
+run full 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6
+cp "$TMP/a.jsonl" "$TMP/resumed.jsonl"
+run resumed 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6 \
+  --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.load=latest
+if cmp -s <(losses "$TMP/full.jsonl") <(losses "$TMP/resumed.jsonl") &&
+   cmp -s <(norms "$TMP/full.jsonl") <(norms "$TMP/resumed.jsonl"); then pass
+else fail "3 + 3 resumed steps differ from 6 uninterrupted steps"; paste <(losses "$TMP/full.jsonl") <(losses "$TMP/resumed.jsonl") >&2; fi
+[ "$(cat "$TMP/a/latest")" = step_00000006 ] && pass || fail "latest does not name step_00000006"
+for g in "1 1 1" "1 2 2" "2 1 1"; do
+  set -- $g
+  grep -v '"step":[345],' "$TMP/full.jsonl" | grep '"loss"' > "$TMP/other_$1$2$3.jsonl"
+  run "other_$1$2$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=6 \
+    --set "checkpoint.load=\"$A\"" --set log.progress=false &&
+    { out=$(same_losses "$TMP/other_$1$2$3.jsonl" "$TMP/full.jsonl" 1e-4) && pass ||
+        fail "resumed on $1x$2x$3: $out"; }
+done
+# A finished run's checkpoint loaded with train.steps below its step is refused.
+expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \
+  --set "checkpoint.load=\"$A\""
+
+finish
