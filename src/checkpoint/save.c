@@ -4,6 +4,7 @@
  * the pieces into per-chunk checksums (checking that they tile every tensor exactly
  * once), writes state.json, and renames the directory into place before moving
  * `latest`. */
+#define _GNU_SOURCE /* sync_file_range */
 #include "checkpoint/checkpoint.h"
 
 #include <dirent.h>
@@ -203,6 +204,10 @@ static ts_status write_run(writer *w, const ts_ckpt_entry *E, uint32_t entry, si
     const uint64_t off = (uint64_t)logical * sizeof(float), bytes = (uint64_t)len * sizeof(float);
     if (pwrite_all(fd, src, bytes, E->offset + off, w->L->files[E->file].name) != TS_OK)
         return TS_ERR;
+    /* Start the disk on a large run now (without waiting), so writeback overlaps the
+     * checksums and the next writes instead of all waiting for the final fsync. */
+    if (bytes >= ((uint64_t)4 << 20))
+        (void)sync_file_range(fd, (off64_t)(E->offset + off), (off64_t)bytes, SYNC_FILE_RANGE_WRITE);
     const unsigned char *p = (const unsigned char *)src;
     for (uint64_t at = off, end = off + bytes; at < end;) {
         uint64_t chunk_end = (at / TS_CKPT_CHUNK_BYTES + 1) * TS_CKPT_CHUNK_BYTES;
