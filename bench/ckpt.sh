@@ -83,3 +83,35 @@ for n in 1 2 4; do
 done
 echo
 echo "Checkpoint size: $(awk -v b="$bytes" 'BEGIN { printf "%.2f GB", b / 1e9 }') (3 x 124.4M F32 values) plus headers and state.json."
+
+# Training blocked by a save: 4 steps with a save after each of the first three (the
+# end-of-run save is always synchronous), synchronous against checkpoint.async = true
+# (a copy of this rank's slices, then a thread writes them while the next step runs).
+echo
+echo "Training blocked by a save (saves after steps 1-3 of 4; median over them):"
+echo
+echo "| ranks | saving | blocked ms per save | save ms (start to commit) | step ms while a save is in flight | step ms, no save in flight |"
+echo "|---|---|---|---|---|---|"
+for n in 1 2; do
+  for mode in false true; do
+    ck="$work/blk$n"
+    rm -rf "$ck"
+    mpirun --oversubscribe -np "$n" build/tessera "${cfg[@]}" $(grid_for "$n") --set train.steps=4 \
+      --set checkpoint.every=1 --set checkpoint.keep=1 --set checkpoint.async=$mode \
+      --set "checkpoint.dir=\"$ck\"" --set "log.metrics=\"$work/blk.jsonl\"" 2>"$work/blk.err" ||
+      { cat "$work/blk.err" >&2; exit 1; }
+    awk -v n="$n" -v mode="$mode" '
+      function med(a, k,   i, j, t) { for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+                                      return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
+      /"checkpoint_step":[123],/ { match($0, /"blocked_ms":[0-9.]+/); b[++nb] = substr($0, RSTART + 13, RLENGTH - 13)
+                                   match($0, /"save_ms":[0-9.]+/); s[++ns] = substr($0, RSTART + 10, RLENGTH - 10) }
+      /"step":[0-9]+,"loss"/ { match($0, /"step":[0-9]+/); st = substr($0, RSTART + 7, RLENGTH - 7) + 0
+                               match($0, /"step_ms":[0-9.]+/); ms = substr($0, RSTART + 10, RLENGTH - 10)
+                               if (st >= 1 && st <= 3) busy[++nbusy] = ms; else if (st == 0) idle[++nidle] = ms }
+      END { printf "| %d | %s | %.0f | %.0f | %.0f | %.0f |\n", n, mode == "true" ? "async" : "sync",
+                   med(b, nb), med(s, ns), med(busy, nbusy), med(idle, nidle) }' "$work/blk.jsonl"
+    rm -rf "$ck"
+  done
+done
+echo
+echo "Step 0 (no save in flight) includes first-touch page faults; the sync rows' steps 1-3 follow a finished save."

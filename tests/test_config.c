@@ -358,7 +358,8 @@ static void test_config_relations(void)
     /* Checkpoint keys: every and load = "latest" need a directory; file_gb is positive. */
     CHECK(load("checkpoint = { load = \"some/dir\"; };\n") == TS_OK);
     CHECK(load("checkpoint = { dir = \"ck\"; every = 5; keep = 3; load = \"latest\"; "
-               "file_gb = 0.5; };\n") == TS_OK && g_cfg.checkpoint.file_gb == 0.5);
+               "file_gb = 0.5; async = true; };\n") == TS_OK && g_cfg.checkpoint.file_gb == 0.5 &&
+          g_cfg.checkpoint.async);
     EXPECT_ERR("checkpoint = { every = 5; };\n", NULL, "checkpoint.every = 5",
                "needs checkpoint.dir");
     EXPECT_ERR("checkpoint = { load = \"latest\"; };\n", NULL, "checkpoint.load",

@@ -56,6 +56,23 @@ typedef struct {
  * status). *blocked_ms: how long the call took on this rank. */
 ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms);
 
+/* The same in two halves, so the writing can overlap training (checkpoint.async):
+ * ts_ckpt_save_start creates the files and, with `async`, copies this rank's slices to a
+ * host buffer and returns while a thread writes them (without, it writes them before
+ * returning); ts_ckpt_save_written says whether this rank's writes are done; and
+ * ts_ckpt_save_finish waits for them, then gathers the checksums and commits (state.json,
+ * rename, latest, pruning) and frees the saver. Both are collective and agreed; the
+ * model and optimizer may change between them only with `async`. *blocked_ms: each
+ * call's time on this rank. */
+typedef struct ts_ckpt_saver ts_ckpt_saver;
+ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_saver **saver,
+                             double *blocked_ms);
+bool ts_ckpt_save_written(const ts_ckpt_saver *saver);
+ts_status ts_ckpt_save_finish(ts_ckpt_saver *saver, double *blocked_ms);
+/* A failing run's save in flight: wait for this rank's writes and free it, committing
+ * nothing (not collective; the next save removes the temporary directory). */
+void ts_ckpt_save_abandon(ts_ckpt_saver *saver);
+
 /* A checkpoint to load: a step directory, or a root directory holding `latest`, into
  * step_dir. */
 ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap);

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -218,32 +220,52 @@ static ts_status write_run(writer *w, const ts_ckpt_entry *E, uint32_t entry, si
     return TS_OK;
 }
 
+/* A run to write: `len` floats from `src` at logical element `logical` of an entry. */
+typedef struct {
+    uint32_t entry;
+    size_t logical, len;
+    const float *src;
+} item;
+
+typedef struct {
+    item *v;
+    size_t n, cap;
+    size_t floats;            /* sum of len */
+} item_list;
+
+static void item_add(item_list *l, item it)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 1024;
+        item *v = realloc(l->v, l->cap * sizeof *v);
+        TS_ASSERT(v != NULL);
+        l->v = v;
+    }
+    l->v[l->n++] = it;
+    l->floats += it.len;
+}
+
 /* This rank's share of parameter p's local elements [lo, hi): its weights and, from
- * the optimizer's range that holds them, their moments (`moments` points at the moment
- * of local element lo). */
-static ts_status write_slice(writer *w, const ts_model *m, int p, int logical, size_t lo,
-                             size_t hi, const float *exp_avg, const float *exp_avg_sq)
+ * the optimizer's range that holds them, their moments (exp_avg/exp_avg_sq point at the
+ * moments of local element lo), run by run. */
+static void collect_slice(item_list *l, const ts_ckpt_layout *L, const ts_model *m, int p,
+                          int logical, size_t lo, size_t hi, const float *exp_avg,
+                          const float *exp_avg_sq)
 {
     const ts_param *P = &m->params[p];
-    const float *weights = ts_param_data(m, p);
-    const float *src[TS_CK_KINDS] = {weights, exp_avg, exp_avg_sq};
+    const float *src[TS_CK_KINDS] = {ts_param_data(m, p), exp_avg, exp_avg_sq};
     ts_shard_run r;
-    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);) {
+    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);)
         for (int k = 0; k < TS_CK_KINDS; k++) {
             const size_t at = k == TS_CK_WEIGHT ? r.local : r.local - lo;
-            const int entry = k * w->L->n_logical + logical;
-            if (write_run(w, &w->L->entries[entry], (uint32_t)entry, r.logical, src[k] + at, r.len) !=
-                TS_OK)
-                return TS_ERR;
+            item_add(l, (item){(uint32_t)(k * L->n_logical + logical), r.logical, r.len, src[k] + at});
         }
-    }
-    return TS_OK;
 }
 
 /* Every slice this rank owns: of the parameters it holds as replica 0 (not a tied copy
  * or a tp-replicated copy), the elements of its optimizer ranges; without ZeRO-1 every
  * dp replica holds all of them, so replica d writes its d-th of each parameter. */
-static ts_status write_own(writer *w, const ts_ckpt_save_args *a)
+static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckpt_save_args *a)
 {
     const ts_model *m = a->model;
     const ts_adamw *o = a->optim;
@@ -253,9 +275,9 @@ static ts_status write_own(writer *w, const ts_ckpt_save_args *a)
         for (int p = 0; p < m->n_params; p++) {
             const ts_param *P = &m->params[p];
             if (P->shard.replica != 0 || P->tied_copy) continue;
+            if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            if (R.end <= P->offset || R.begin >= P->offset + P->numel || lo >= hi) continue;
             if (!o->sharded && a->dp_size > 1) {
                 int64_t s, n;
                 ts_shard_range((int64_t)P->numel, a->dp_size, a->dp_rank, &s, &n);
@@ -263,13 +285,12 @@ static ts_status write_own(writer *w, const ts_ckpt_save_args *a)
                 hi = hi < (size_t)(s + n) ? hi : (size_t)(s + n);
                 if (lo >= hi) continue;
             }
-            const int logical = ts_ckpt_layout_find(w->L, P->shard.name);
+            const int logical = ts_ckpt_layout_find(L, P->shard.name);
             if (logical < 0)
                 return ts_fail("internal: parameter '%s' is not in the checkpoint layout",
                                P->shard.name);
             const size_t mom = base + (P->offset + lo - R.begin);
-            if (write_slice(w, m, p, logical, lo, hi, o->m + mom, o->v + mom) != TS_OK)
-                return TS_ERR;
+            collect_slice(l, L, m, p, logical, lo, hi, o->m + mom, o->v + mom);
         }
         base += R.end - R.begin;
     }
@@ -463,41 +484,131 @@ static void stall_for_test(int rank)
     }
 }
 
-ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
+/* A save in flight (checkpoint.h): the layout, the open files, this rank's runs (in
+ * the model's buffers, or copied to `staging` for an asynchronous save) and the pieces
+ * written so far. */
+struct ts_ckpt_saver {
+    ts_ckpt_save_args a;
+    ts_ckpt_layout L;
+    writer w;
+    item_list items;
+    float *staging;            /* asynchronous: this rank's runs, copied */
+    char tmp[TS_PATH_MAX + 64], name[32];
+    bool threaded;
+    pthread_t thread;
+    atomic_int written;        /* this rank's writes are done (or failed) */
+    ts_status write_status;
+    char write_error[1024];    /* the writer thread's message (error messages are per thread) */
+};
+
+/* This rank's runs into the files, checksummed; then fsync and close. */
+static void write_items(ts_ckpt_saver *s)
+{
+    ts_status st = TS_OK;
+    for (size_t i = 0; i < s->items.n && st == TS_OK; i++) {
+        const item *it = &s->items.v[i];
+        st = write_run(&s->w, &s->L.entries[it->entry], it->entry, it->logical, it->src, it->len);
+    }
+    ts_status cst = close_files(&s->w);
+    if (st == TS_OK) st = cst;
+    stall_for_test(s->a.world->rank);
+    s->write_status = st;
+    if (st != TS_OK) snprintf(s->write_error, sizeof s->write_error, "%s", ts_error_message());
+    atomic_store(&s->written, 1);
+}
+
+static void *writer_thread(void *arg)
+{
+    write_items(arg);
+    return NULL;
+}
+
+static void saver_free(ts_ckpt_saver *s)
+{
+    close_files(&s->w);
+    free(s->w.fds);
+    free(s->w.pieces.v);
+    free(s->items.v);
+    free(s->staging);
+    ts_ckpt_layout_free(&s->L);
+    free(s);
+}
+
+ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_saver **out,
+                             double *blocked_ms)
 {
     const double t0 = ts_now_ms();
+    ts_ckpt_saver *s = ts_calloc(1, sizeof *s);
+    s->a = *a;
     const ts_comm *world = a->world;
     const char *root = a->cfg->checkpoint.dir;
-    char name[32], tmp[TS_PATH_MAX + 64];
-    snprintf(name, sizeof name, "step_%08d", a->step);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", root, name);
-
-    ts_ckpt_layout L;
-    ts_ckpt_layout_build(&L, &a->cfg->model, a->cfg->checkpoint.file_gb);
-    writer w = {.L = &L, .tmp = tmp, .fds = ts_malloc((size_t)L.n_files * sizeof(int))};
-    for (int f = 0; f < L.n_files; f++) w.fds[f] = -1;
-    int *counts = NULL;
-    piece *all = NULL;
+    snprintf(s->name, sizeof s->name, "step_%08d", a->step);
+    snprintf(s->tmp, sizeof s->tmp, "%s/.tmp-%s", root, s->name);
+    ts_ckpt_layout_build(&s->L, &a->cfg->model, a->cfg->checkpoint.file_gb);
+    s->w = (writer){.L = &s->L, .tmp = s->tmp, .fds = ts_malloc((size_t)s->L.n_files * sizeof(int))};
+    for (int f = 0; f < s->L.n_files; f++) s->w.fds[f] = -1;
+    atomic_init(&s->written, 0);
+    *out = NULL;
 
     ts_watchdog_context("checkpoint: creating the files of step %d", a->step, 0, 0);
     ts_status st = TS_OK;
     if (world->rank == 0) {
         st = prepare_root(root);
-        if (st == TS_OK) st = create_files(&L, tmp);
+        if (st == TS_OK) st = create_files(&s->L, s->tmp);
     }
-    if (ts_comm_agree(world, st) != TS_OK) goto fail;
+    if (st == TS_OK) st = collect_own(&s->items, &s->L, a);
+    if (ts_comm_agree(world, st) != TS_OK) {
+        if (world->rank == 0) (void)remove_dir(s->tmp);
+        ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
+        saver_free(s);
+        *blocked_ms = ts_now_ms() - t0;
+        return TS_ERR;
+    }
+    if (async) {
+        /* Copy this rank's runs now (training may change the buffers next step); a
+         * thread writes them while training goes on. */
+        s->staging = ts_alloc_floats(s->items.floats ? s->items.floats : 1);
+        size_t at = 0;
+        for (size_t i = 0; i < s->items.n; i++) {
+            item *it = &s->items.v[i];
+            memcpy(s->staging + at, it->src, it->len * sizeof(float));
+            it->src = s->staging + at;
+            at += it->len;
+        }
+        s->threaded = pthread_create(&s->thread, NULL, writer_thread, s) == 0;
+        if (!s->threaded) write_items(s); /* no thread to be had: write now */
+    } else {
+        ts_watchdog_context("checkpoint: writing this rank's slices of step %d", a->step, 0, 0);
+        write_items(s);
+    }
+    *out = s;
+    *blocked_ms = ts_now_ms() - t0;
+    return TS_OK;
+}
 
-    ts_watchdog_context("checkpoint: writing this rank's slices of step %d", a->step, 0, 0);
-    st = write_own(&w, a);
-    ts_status cst = close_files(&w);
-    if (st == TS_OK) st = cst;
-    stall_for_test(world->rank);
+bool ts_ckpt_save_written(const ts_ckpt_saver *s)
+{
+    return atomic_load(&((ts_ckpt_saver *)s)->written) != 0;
+}
+
+ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
+{
+    const double t0 = ts_now_ms();
+    const ts_ckpt_save_args *a = &s->a;
+    const ts_comm *world = a->world;
+    const char *root = a->cfg->checkpoint.dir;
+    ts_watchdog_context("checkpoint: waiting for this rank's writes of step %d", a->step, 0, 0);
+    if (s->threaded) pthread_join(s->thread, NULL);
+    ts_status st = s->write_status;
+    if (st != TS_OK) ts_fail("%s", s->write_error);
+    int *counts = NULL;
+    piece *all = NULL;
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
 
     /* The checksums of every piece, to rank 0. */
     ts_watchdog_context("checkpoint: gathering the checksums of step %d", a->step, 0, 0);
-    TS_ASSERT(w.pieces.n < (size_t)1 << 30);
-    const int n = (int)w.pieces.n;
+    TS_ASSERT(s->w.pieces.n < (size_t)1 << 30);
+    const int n = (int)s->w.pieces.n;
     size_t total = 0;
     if (world->rank == 0) counts = ts_calloc((size_t)world->size, sizeof(int));
     ts_gather_bytes(world, &n, sizeof n, counts, 0);
@@ -506,11 +617,11 @@ ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
         TS_ASSERT(total < (size_t)1 << 31);
         all = ts_malloc((total + 1) * sizeof *all);
     }
-    ts_gatherv(world, w.pieces.v, n, sizeof(piece), all, counts, 0);
+    ts_gatherv(world, s->w.pieces.v, n, sizeof(piece), all, counts, 0);
 
     ts_watchdog_context("checkpoint: committing step %d", a->step, 0, 0);
     if (world->rank == 0) {
-        st = commit(a, &L, all, total, root, tmp, name);
+        st = commit(a, &s->L, all, total, root, s->tmp, s->name);
         if (st == TS_OK) st = prune(root, a->cfg->checkpoint.keep, a->step);
     }
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
@@ -518,15 +629,31 @@ ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
     goto done;
 
 fail:
-    if (world->rank == 0) (void)remove_dir(tmp); /* a failed save leaves nothing behind */
-    st = ts_error_prefix("saving checkpoint %s/%s: ", root, name);
+    if (world->rank == 0) (void)remove_dir(s->tmp); /* a failed save leaves nothing behind */
+    st = ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
 done:
-    close_files(&w);
-    free(w.fds);
-    free(w.pieces.v);
     free(counts);
     free(all);
-    ts_ckpt_layout_free(&L);
+    saver_free(s);
     *blocked_ms = ts_now_ms() - t0;
+    return st;
+}
+
+void ts_ckpt_save_abandon(ts_ckpt_saver *s)
+{
+    if (s->threaded) pthread_join(s->thread, NULL);
+    saver_free(s);
+}
+
+ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
+{
+    ts_ckpt_saver *s;
+    double start_ms, finish_ms;
+    if (ts_ckpt_save_start(a, false, &s, &start_ms) != TS_OK) {
+        *blocked_ms = start_ms;
+        return TS_ERR;
+    }
+    ts_status st = ts_ckpt_save_finish(s, &finish_ms);
+    *blocked_ms = start_ms + finish_ms;
     return st;
 }

@@ -168,6 +168,7 @@ static const key_spec KEYS[] = {
     INT_KEY("checkpoint", "keep", checkpoint.keep, 1, BIG),
     STR_KEY("checkpoint", "load", checkpoint.load, NULL),
     FLOAT_KEY("checkpoint", "file_gb", checkpoint.file_gb, 0, true, 1e6, false),
+    BOOL_KEY("checkpoint", "async", checkpoint.async),
 
     STR_KEY("log", "metrics", log.metrics, NULL),
     STR_KEY("log", "trace", log.trace, NULL),

@@ -82,6 +82,7 @@ typedef struct {
     int every, keep;
     char load[TS_PATH_MAX];     /* "" | "latest" | a directory */
     double file_gb;             /* model weights split into files of at most this (10^9 bytes) */
+    bool async;                 /* write in a thread while training goes on */
 } ts_checkpoint_config;
 
 typedef struct {

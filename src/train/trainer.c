@@ -370,6 +370,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
 
 void ts_trainer_free(ts_trainer *t)
 {
+    if (t->saving) ts_ckpt_save_abandon(t->saving); /* the run failed mid-save */
     if (t->metrics) fclose(t->metrics);
     if (t->tracing) ts_trace_free(&t->trace);
     ts_grad_sync_free(&t->grad_sync);
@@ -560,24 +561,45 @@ static void install_stop_signals(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-/* Save the state after `step` completed steps into checkpoint.dir (collective). */
-static ts_status save_checkpoint(ts_trainer *t, int step)
+/* Commit the asynchronous save in flight (waiting for its writes) and report it. */
+static ts_status finish_save(ts_trainer *t)
 {
+    if (!t->saving) return TS_OK;
+    double ms = 0.0;
+    ts_status st = ts_ckpt_save_finish(t->saving, &ms);
+    t->saving = NULL;
+    if (st != TS_OK) return TS_ERR;
+    double blocked = t->saving_blocked_ms + ms, total = ts_now_ms() - t->saving_t0_ms;
+    ts_allreduce_max_f64(&t->world, &blocked, 1);
+    const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
+    if (t->world.rank == 0)
+        ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s)%s; training "
+                    "was blocked for %.2f s",
+                    t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
+                    bytes / (total * 1e6), t->saving_async ? " in the background" : "",
+                    blocked * 1e-3);
+    return metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,\"blocked_ms\":%.1f,"
+                        "\"save_bytes\":%.0f}",
+                        t->saving_step, total, blocked, bytes);
+}
+
+/* Save the state after `step` completed steps into checkpoint.dir (collective): at
+ * once, or with checkpoint.async (and `may_defer`) start it and commit it at a later
+ * step once every rank has written its part. */
+static ts_status save_checkpoint(ts_trainer *t, int step, bool may_defer)
+{
+    if (finish_save(t) != TS_OK) return TS_ERR; /* one save at a time */
     const ts_topology *topo = t->topo;
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .dp_rank = topo->coords.dp,
                            .dp_size = t->cfg.parallel.dp, .step = step, .pp = t->cfg.parallel.pp,
                            .dp = t->cfg.parallel.dp, .tp = t->cfg.parallel.tp};
-    double ms = 0.0;
-    if (ts_ckpt_save(&a, &ms) != TS_OK) return TS_ERR;
-    ts_allreduce_max_f64(&t->world, &ms, 1);
-    const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
-    if (t->world.rank == 0)
-        ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s); training "
-                    "was blocked for that long",
-                    t->cfg.checkpoint.dir, step, bytes / 1e6, ms * 1e-3, bytes / (ms * 1e6));
-    return metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,\"save_bytes\":%.0f}", step, ms,
-                        bytes);
+    const bool async = t->cfg.checkpoint.async && may_defer;
+    t->saving_async = async;
+    t->saving_t0_ms = ts_now_ms();
+    t->saving_step = step;
+    if (ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms) != TS_OK) return TS_ERR;
+    return async ? TS_OK : finish_save(t);
 }
 
 ts_status ts_trainer_run(ts_trainer *t)
@@ -625,19 +647,22 @@ ts_status ts_trainer_run(ts_trainer *t)
          * when there is a file), so its failure stops every rank now. */
         if (c->log.metrics[0] && ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
 
-        /* A stop signal on any rank stops every rank after this step, with a save. */
-        int stop = g_stop_signal;
-        ts_allreduce_max_i32(&t->world, &stop, 1);
+        /* A stop signal on any rank stops every rank after this step, with a save; an
+         * asynchronous save is committed once every rank has written its part. */
+        int flags[2] = {g_stop_signal, t->saving && !ts_ckpt_save_written(t->saving)};
+        ts_allreduce_max_i32(&t->world, flags, 2);
+        if (t->saving && !flags[1] && finish_save(t) != TS_OK) return TS_ERR;
+        const int stop = flags[0];
         if (stop) {
             if (t->world.rank == 0)
                 ts_log_info("received %s after step %d: %s and stopping", stop == SIGTERM ? "SIGTERM" : stop == SIGUSR1 ? "SIGUSR1" : "a stop signal",
                             step, saving ? "saving a checkpoint" : "no checkpoint.dir to save to;");
-            if (saving && save_checkpoint(t, step + 1) != TS_OK) return TS_ERR;
+            if (saving && save_checkpoint(t, step + 1, false) != TS_OK) return TS_ERR;
             t->preempted = true;
             return TS_OK;
         }
         if (saving && c->checkpoint.every > 0 && (step + 1) % c->checkpoint.every == 0 && !last &&
-            save_checkpoint(t, step + 1) != TS_OK)
+            save_checkpoint(t, step + 1, true) != TS_OK)
             return TS_ERR;
     }
     /* The end of every run is saved, unless it is the very checkpoint just loaded. */
@@ -645,7 +670,7 @@ ts_status ts_trainer_run(ts_trainer *t)
         char final[TS_PATH_MAX + 64];
         snprintf(final, sizeof final, "%s/step_%08d", c->checkpoint.dir, steps);
         bool same = t->start_step == steps && t->loaded_from[0] && !strcmp(final, t->loaded_from);
-        if (!same && save_checkpoint(t, steps) != TS_OK) return TS_ERR;
+        if (!same && save_checkpoint(t, steps, false) != TS_OK) return TS_ERR;
     }
     ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
     if (ts_comm_agree(&t->world, report_memory(t)) != TS_OK) return TS_ERR;

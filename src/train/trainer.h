@@ -58,6 +58,10 @@ typedef struct {
     int start_step;
     char loaded_from[TS_PATH_MAX + 64];
     bool preempted;
+    struct ts_ckpt_saver *saving;  /* checkpoint.async: a save still being written */
+    int saving_step;
+    bool saving_async;
+    double saving_blocked_ms, saving_t0_ms;
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
