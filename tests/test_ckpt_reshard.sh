@@ -4,7 +4,8 @@
 # only). A = pp2 x dp2 x tp2 interleaved (v = 2) with ZeRO-1; B = 1x1x1, 4x1x2, 1x4x2
 # (ZeRO off), 2x1x4, and a prime vocabulary (257) over tp = 3 -> tp = 2. Also split model
 # files (checkpoint.file_gb) read back into one file, and resuming: 3 + 3 steps equal 6
-# uninterrupted steps bit for bit on the same grid, and within 1e-4 on other grids.
+# uninterrupted steps bit for bit on the same grid, and within 1e-4 on other grids;
+# asynchronous saves write the same bytes.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -82,6 +83,18 @@ for g in "1 1 1" "1 2 2" "2 1 1"; do
     { out=$(same_losses "$TMP/other_$1$2$3.jsonl" "$TMP/full.jsonl" 1e-4) && pass ||
         fail "resumed on $1x$2x$3: $out"; }
 done
+# checkpoint.async (a thread writes while training goes on) saves the same bytes and
+# leaves the losses alone: every step saved, against the synchronous saves.
+for mode in false true; do
+  run "every_$mode" 4 $(grid 2 2 1) --set parallel.zero=1 --set train.steps=4 --set checkpoint.every=1 \
+    --set checkpoint.keep=4 --set checkpoint.async=$mode --set "checkpoint.dir=\"$TMP/every_$mode\""
+done
+for s in 1 2 3 4; do
+  same_ckpt "$TMP/every_false/step_0000000$s" "$TMP/every_true/step_0000000$s" "async save of step $s"
+done
+cmp -s <(losses "$TMP/every_false.jsonl") <(losses "$TMP/every_true.jsonl") && pass ||
+  fail "checkpoint.async changed the losses"
+
 # A finished run's checkpoint loaded with train.steps below its step is refused.
 expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \
   --set "checkpoint.load=\"$A\""
