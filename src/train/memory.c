@@ -92,6 +92,10 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
         est->buffers += slot * sched->m;
     }
     est->buffers += (double)ts_scratch_floats(&m, B, T) * f;
+    /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
+     * of what the pipeline rank holds) while a thread writes them. */
+    if (cfg->checkpoint.async && cfg->checkpoint.dir[0])
+        est->buffers += 3.0 * (double)m.num_floats * f / (double)cfg->parallel.dp;
     free(peak_acts);
     free(peak_stash);
     ts_model_free(&m);
