@@ -3,7 +3,9 @@
 # train the default model (configs/tiny.cfg) on several ranks, showing progress.
 # The grid defaults to data parallelism over 2 ranks; set RANKS and pass --set options
 # for another (RANKS=4 scripts/train.sh --set parallel.pp=2 --set parallel.dp=2).
-# Extra arguments go to `tessera train` (e.g. --set train.steps=50).
+# Extra arguments go to `tessera train` (e.g. --set train.steps=50). The run saves a
+# checkpoint into runs/tiny (or the checkpoint.dir given) and ends by printing a short
+# sample of text from it (`tessera sample`).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -16,4 +18,25 @@ grid=()
 if [ $# -eq 0 ] || ! printf '%s\n' "$@" | grep -q 'parallel\.\(pp\|dp\|tp\)='; then
   grid=(--set "parallel.dp=$ranks")
 fi
-exec mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train configs/tiny.cfg "${grid[@]}" "$@"
+# Checkpoints go to runs/tiny (step_NNNNNNNN/ and latest, beside metrics.jsonl) unless
+# the arguments name another checkpoint.dir; the model is sampled from there at the end.
+ckpt=(--set 'checkpoint.dir="runs/tiny"')
+dir=runs/tiny
+for a in "$@"; do
+  case "$a" in
+    checkpoint.dir=* | --set=checkpoint.dir=*)
+      ckpt=()
+      dir="${a#*checkpoint.dir=}"
+      dir="${dir#\"}"
+      dir="${dir%\"}"
+      ;;
+  esac
+done
+mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train configs/tiny.cfg "${grid[@]}" \
+  "${ckpt[@]}" "$@"
+if [ -z "$dir" ]; then exit 0; fi # checkpoint.dir="": nothing saved to sample from
+prompt="The "
+echo
+echo "--- a sample from the trained model: build/tessera sample $dir --prompt \"$prompt\" --tokens 200 ---"
+"$root/build/tessera" sample "$dir" --prompt "$prompt" --tokens 200
+echo

@@ -45,8 +45,6 @@ expect_error 1 "parallel.zero.*0 or 1" "${base[@]}" --set parallel.zero=2
 # Checkpoint keys that need each other, and a checkpoint that is not there.
 expect_error 1 "checkpoint.every = 2 needs checkpoint.dir" "${base[@]}" --set checkpoint.every=2
 expect_error 1 "checkpoint.load.*no-such-dir" "${base[@]}" --set "checkpoint.load=\"$TMP/no-such-dir\""
-expect_error 1 "'tessera ckpt' is not implemented yet" ckpt info "$TMP/ck"
-expect_error 1 "'tessera sample' is not implemented yet" sample "$TMP/ck" --prompt hi
 
 # Values: not finite, beyond 64 bits (was clamped), bounded sizes, and the batch
 # message suggests only values in the key's range.

@@ -280,6 +280,36 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
     }
 }
 
+/* ------------------------------------------------ forward for generation */
+
+/* The head without the loss: ln_f and the tied LM head on each sequence's last position
+ * only (a LayerNorm row needs no other row), logits [B, V]. The rest of the head's
+ * buffers (losses, the other positions) are left untouched. */
+static void head_forward_logits(const ts_model *m, const ts_acts *a, int l, const float *x,
+                                float *logits)
+{
+    const int C = m->n_embd, V = m->local_vocab;
+    const int p0 = m->layers[l].first_param;
+    head_acts h = head_views(m, a, l);
+    for (int b = 0; b < a->B; b++) {
+        const size_t row = (size_t)b * a->T + (size_t)(a->T - 1);
+        m->k->layernorm_forward(h.lnf + row * C, h.lnf_mean + row, h.lnf_rstd + row,
+                                x + row * C, ts_param_data(m, p0), ts_param_data(m, p0 + 1), 1, C);
+        ts_tp_col_forward(&m->tp, logits + (size_t)b * V, h.lnf + row * C,
+                          ts_param_data(m, m->head_wte_param), NULL, 1, C, V);
+    }
+}
+
+void ts_model_forward_logits(const ts_model *m, ts_acts *a, float *logits)
+{
+    const int head = m->n_layers - 1;
+    TS_ASSERT(a->l0 == 0 && a->l1 == m->n_layers && m->tp.size == 1);
+    for (int l = 0; l < m->n_layers; l++) TS_ASSERT(m->layers[l].owned);
+    embed_forward(m, a, 0);
+    for (int l = 1; l < head; l++) block_forward(m, a, l, ts_acts_output(m, a, l - 1));
+    head_forward_logits(m, a, head, ts_acts_output(m, a, head - 1), logits);
+}
+
 /* ---------------------------------------------------------------- backward */
 
 static void embed_backward(const ts_model *m, const ts_acts *a, int l, const float *dout)

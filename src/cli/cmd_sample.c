@@ -1,0 +1,338 @@
+/* tessera sample: generate text from a checkpoint on one process (no MPI), as nanoGPT's
+ * sample.py does: the whole forward over the last seq_len tokens for every new token,
+ * the last position's logits / temperature, optional top-k, softmax, one draw. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/cli.h"
+#include "config/config.h"
+#include "core/fsutil.h"
+#include "core/timer.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "model/sample.h"
+
+static const char *k_help =
+    "usage: tessera sample DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
+    "                      [--seed S]\n"
+    "\n"
+    "Generate text from a checkpoint, in one process (no mpirun): the prompt, then N new\n"
+    "tokens, each drawn from the model's distribution for the next token given the last\n"
+    "model.seq_len tokens (a longer context is cropped to them, as nanoGPT's generate does).\n"
+    "\n"
+    "  DIR               a checkpoint: a step directory (DIR/step_NNNNNNNN) or the\n"
+    "                    checkpoint.dir of a run, whose `latest` names the newest step\n"
+    "  --prompt TEXT     what the text starts with (not empty). A byte-level model\n"
+    "                    (vocab_size 256) reads TEXT's bytes as its tokens; any other\n"
+    "                    model reads a list of token ids separated by spaces or commas\n"
+    "                    (\"464 3290, 318\"), each below vocab_size\n"
+    "  --tokens N        new tokens to generate, 1 to 1000000 (default 200)\n"
+    "  --temperature X   divide the logits by X before the softmax, a number >= 0\n"
+    "                    (default 1): below 1 sharper, above 1 flatter; 0 = greedy\n"
+    "  --top-k K         draw only among the K largest logits, 0 to 2147483647\n"
+    "                    (default 0 = all; 1 = greedy; K >= vocab_size = all)\n"
+    "  --seed S          seed of the draws, 0 to 18446744073709551615 (default 1): the\n"
+    "                    same checkpoint, prompt, options and seed give the same text\n"
+    "\n"
+    "Output on stdout: for a byte-level model the prompt's bytes and then the new bytes,\n"
+    "raw (a newline is added at the end only when stdout is a terminal); otherwise the\n"
+    "prompt's ids and the new ids separated by spaces, and a newline. Greedy decoding takes\n"
+    "the first of the largest logits. A summary line (tokens, time) goes to stderr.\n"
+    "It runs on every core; OMP_NUM_THREADS=N sets the threads.\n"
+    "\n"
+    "Exit code 0 on success; 2 for a usage error (an unknown option, a bad value, an\n"
+    "empty prompt, a token id out of range); 1 when the checkpoint cannot be read (a\n"
+    "missing directory, a bad state.json, a missing or corrupt weight file), the model's\n"
+    "logits are not finite, or stdout cannot be written. One message on stderr.\n";
+
+typedef struct {
+    const char *dir, *prompt;
+    int tokens, top_k;
+    double temperature;
+    uint64_t seed;
+} sample_args;
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tessera: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (see tessera sample --help)\n", stderr);
+    return -1;
+}
+
+/* "--name VALUE" or "--name=VALUE": the value, advancing *i; NULL if argv[*i] is not
+ * --name. *missing is set when --name is last. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, int *missing)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+/* A whole number of decimal digits (no sign, no spaces) into *out, at most `hi`;
+ * -1 when it is not one (errno-free: ERANGE is "too large"). */
+static int parse_u64(const char *s, uint64_t hi, uint64_t *out)
+{
+    if (!isdigit((unsigned char)s[0])) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > hi) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int parse_whole(const char *flag, const char *s, int lo, int hi, int *out)
+{
+    uint64_t v;
+    if (parse_u64(s, (uint64_t)hi, &v) != 0 || v < (uint64_t)lo)
+        return usage_error("%s '%.40s%s' is not a whole number from %d to %d", flag, s,
+                           strlen(s) > 40 ? "..." : "", lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, sample_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->tokens = 200;
+    a->temperature = 1.0;
+    a->top_k = 0;
+    a->seed = 1;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        int missing = 0, rc = 0;
+        if ((v = opt_value(argc, argv, &i, "--prompt", &missing))) {
+            a->prompt = v;
+        } else if ((v = opt_value(argc, argv, &i, "--tokens", &missing))) {
+            rc = parse_whole("--tokens", v, 1, 1000000, &a->tokens);
+        } else if ((v = opt_value(argc, argv, &i, "--top-k", &missing))) {
+            rc = parse_whole("--top-k", v, 0, 2147483647, &a->top_k);
+        } else if ((v = opt_value(argc, argv, &i, "--temperature", &missing))) {
+            char *end;
+            errno = 0;
+            a->temperature = strtod(v, &end);
+            if (errno || end == v || *end || !isfinite(a->temperature) || a->temperature < 0)
+                rc = usage_error("--temperature '%.40s%s' is not a number >= 0 (0 = greedy)", v,
+                                 strlen(v) > 40 ? "..." : "");
+        } else if ((v = opt_value(argc, argv, &i, "--seed", &missing))) {
+            if (parse_u64(v, UINT64_MAX, &a->seed) != 0)
+                rc = usage_error("--seed '%.40s%s' is not a whole number from 0 to "
+                                 "18446744073709551615",
+                                 v, strlen(v) > 40 ? "..." : "");
+        } else if (missing) {
+            rc = usage_error("%s needs a value", argv[i]);
+        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            rc = usage_error("unknown option '%s'", argv[i]);
+        } else if (a->dir) {
+            rc = usage_error("one checkpoint directory, not '%s' and '%s'", a->dir, argv[i]);
+        } else {
+            a->dir = argv[i];
+        }
+        if (rc) return rc;
+    }
+    if (!a->dir) return usage_error("sample needs a checkpoint directory DIR");
+    if (!a->prompt) return usage_error("sample needs --prompt TEXT (what the text starts with)");
+    if (!a->prompt[0]) return usage_error("--prompt is empty: give the text to start from");
+    return 0;
+}
+
+/* --help anywhere but as an option's value is a request for help. */
+static int wants_help(int argc, char **argv)
+{
+    static const char *const k_valued[] = {"--prompt", "--tokens", "--temperature", "--top-k",
+                                           "--seed"};
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+        for (size_t j = 0; j < sizeof k_valued / sizeof *k_valued; j++)
+            if (!strcmp(argv[i], k_valued[j])) {
+                i++; /* skip its value */
+                break;
+            }
+    }
+    return 0;
+}
+
+/* The prompt as tokens into *out (allocated, *n of them): its bytes for a byte-level
+ * model, else ids separated by spaces or commas, each below vocab. */
+static int prompt_tokens(const char *prompt, int vocab, int **out, int *n)
+{
+    const size_t len = strlen(prompt);
+    int *t = ts_malloc((len + 1) * sizeof *t);
+    int count = 0;
+    if (vocab == 256) {
+        for (size_t i = 0; i < len; i++) t[count++] = (unsigned char)prompt[i];
+    } else {
+        const char *p = prompt;
+        for (;;) {
+            while (*p == ',' || isspace((unsigned char)*p)) p++;
+            if (!*p) break;
+            size_t w = 0;
+            while (p[w] && p[w] != ',' && !isspace((unsigned char)p[w])) w++;
+            char word[32];
+            uint64_t id = 0;
+            int ok = w < sizeof word;
+            if (ok) {
+                memcpy(word, p, w);
+                word[w] = '\0';
+                ok = parse_u64(word, UINT64_MAX, &id) == 0;
+            }
+            if (!ok || id >= (uint64_t)vocab) {
+                usage_error("--prompt: '%.*s%s' is not a token id from 0 to %d (this model's "
+                            "vocab_size is %d, so the prompt is a list of ids separated by "
+                            "spaces or commas)",
+                            (int)(w > 40 ? 40 : w), p, w > 40 ? "..." : "", vocab - 1, vocab);
+                free(t);
+                return -1;
+            }
+            t[count++] = (int)id;
+            p += w;
+        }
+        if (count == 0) {
+            usage_error("--prompt holds no token ids: give ids below %d separated by spaces or "
+                        "commas",
+                        vocab);
+            free(t);
+            return -1;
+        }
+    }
+    *out = t;
+    *n = count;
+    return 0;
+}
+
+static void emit_token(int token, int vocab, int first)
+{
+    if (vocab == 256)
+        putchar(token);
+    else
+        printf(first ? "%d" : " %d", token);
+}
+
+/* Generate sa->tokens tokens after the prompt's n_prompt in tokens[] (room for both),
+ * printing each as it comes. Returns 0, or 1 (with its message) when the logits are not
+ * finite or stdout cannot be written. */
+static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n_prompt)
+{
+    const int V = m->vocab_size;
+    ts_sampler s;
+    ts_sampler_init(&s, V, sa->temperature, sa->top_k, sa->seed);
+    float *logits = ts_alloc_floats((size_t)V);
+    ts_acts a;
+    int cur_T = 0, rc = 0;
+    for (int i = 0; i < sa->tokens; i++) {
+        /* The context: the last seq_len tokens (nanoGPT's idx[:, -block_size:]). */
+        const int len = n_prompt + i;
+        const int T = len < m->max_seq_len ? len : m->max_seq_len;
+        if (T != cur_T) { /* the activations' layout depends on T: grows to seq_len */
+            if (cur_T) ts_acts_free(&a);
+            ts_acts_init(&a, m, 0, m->n_layers, 1, T);
+            cur_T = T;
+        }
+        memcpy(a.tokens, tokens + (len - T), (size_t)T * sizeof *tokens);
+        ts_model_forward_logits(m, &a, logits);
+        const int next = ts_sampler_next(&s, logits);
+        if (next < 0) {
+            fflush(stdout);
+            fprintf(stderr,
+                    "tessera: error: the model's logits are not finite after %d tokens (a "
+                    "diverged checkpoint?): nothing can be drawn\n",
+                    len);
+            rc = 1;
+            break;
+        }
+        tokens[len] = next;
+        emit_token(next, V, 0);
+        if (fflush(stdout) != 0) { /* a full disk or a closed pipe: stop here */
+            fprintf(stderr, "tessera: error: writing standard output failed: %s\n",
+                    strerror(errno));
+            rc = 1;
+            break;
+        }
+    }
+    if (cur_T) ts_acts_free(&a);
+    free(logits);
+    ts_sampler_free(&s);
+    return rc;
+}
+
+int ts_cmd_sample(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(k_help, stdout);
+        return 0;
+    }
+    sample_args sa;
+    if (parse_args(argc, argv, &sa) != 0) return 2;
+
+    char step_dir[TS_PATH_MAX];
+    ts_model_config mc;
+    int step = 0;
+    if (ts_ckpt_resolve(sa.dir, step_dir, sizeof step_dir) != TS_OK ||
+        ts_ckpt_read_model_config(step_dir, &mc, &step) != TS_OK) {
+        fprintf(stderr, "tessera: error: %s\n", ts_error_message());
+        return 1;
+    }
+    /* The model keys' ranges and relations (n_embd divisible by n_head), as a config file's
+     * would be checked: a hand-edited state.json must not reach the model builder. */
+    ts_config cfg;
+    ts_config_defaults(&cfg);
+    cfg.model = mc;
+    if (ts_config_validate(&cfg, 0) != TS_OK) {
+        fprintf(stderr, "tessera: error: checkpoint %s: %s\n", step_dir, ts_error_message());
+        return 1;
+    }
+    int *tokens = NULL, n_prompt = 0;
+    if (prompt_tokens(sa.prompt, mc.vocab_size, &tokens, &n_prompt) != 0) return 2;
+    /* Room for the prompt and every new token (n_prompt is bounded by the argument size). */
+    int *all = ts_malloc(((size_t)n_prompt + (size_t)sa.tokens) * sizeof *all);
+    memcpy(all, tokens, (size_t)n_prompt * sizeof *all);
+    free(tokens);
+
+    ts_model m;
+    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    if (ts_ckpt_load_weights(&m, step_dir) != TS_OK) {
+        fprintf(stderr, "tessera: error: %s\n", ts_error_message());
+        ts_model_free(&m);
+        free(all);
+        return 1;
+    }
+
+    const double t0 = ts_now_ms();
+    if (mc.vocab_size == 256)
+        fwrite(sa.prompt, 1, strlen(sa.prompt), stdout);
+    else
+        for (int i = 0; i < n_prompt; i++) emit_token(all[i], mc.vocab_size, i == 0);
+    int rc = generate(&m, &sa, all, n_prompt);
+    if (mc.vocab_size != 256 || isatty(STDOUT_FILENO)) putchar('\n');
+    if (rc == 0 && ts_stdout_check() != TS_OK) {
+        fprintf(stderr, "tessera: error: %s\n", ts_error_message());
+        rc = 1;
+    }
+    if (rc == 0) {
+        const double s = (ts_now_ms() - t0) / 1e3;
+        fprintf(stderr, "sampled %d tokens from %s (step %d) in %.2f s (%.0f tokens/s)\n",
+                sa.tokens, step_dir, step, s, s > 0 ? sa.tokens / s : 0.0);
+    }
+    ts_model_free(&m);
+    free(all);
+    return rc;
+}
