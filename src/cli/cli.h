@@ -10,6 +10,8 @@ int ts_cmd_train(int argc, char **argv);
 int ts_cmd_data(int argc, char **argv);
 int ts_cmd_topo(int argc, char **argv);
 int ts_cmd_plan(int argc, char **argv);
+int ts_cmd_ckpt(int argc, char **argv);   /* one process, no MPI */
+int ts_cmd_sample(int argc, char **argv); /* one process, no MPI */
 
 /* The shape every MPI subcommand shares: `--help` without MPI, else ts_comm_init, set
  * the log rank, run(argc, argv, rank, world_size), ts_comm_finalize; returns run's code. */

@@ -13,6 +13,10 @@ static const char *k_usage =
     "                                      world size = parallel.pp * dp * tp)\n"
     "  plan CONFIG [--set KEY=VALUE ...]   partition, schedule and simulate a step (one process;\n"
     "                                      --json, --cost uniform, --trace F, --svg F)\n"
+    "  ckpt info|verify DIR                inspect a checkpoint, or check every byte of it\n"
+    "                                      (one process; DIR: a step dir or a checkpoint.dir)\n"
+    "  sample DIR --prompt TEXT [--tokens N --temperature X --top-k K --seed S]\n"
+    "                                      generate text from a checkpoint (one process)\n"
     "  data TEXT_FILE OUT.bin              byte-level tokens (vocab 256) into an llm.c shard\n"
     "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp,tp) map, hosts, binding\n"
     "\n"
@@ -32,14 +36,8 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "data")) return ts_cmd_data(argc, argv);
     if (!strcmp(argv[1], "topo")) return ts_cmd_topo(argc, argv);
     if (!strcmp(argv[1], "plan")) return ts_cmd_plan(argc, argv);
-    /* In CONTRACT.md but not built yet: say so, never "unknown command". */
-    if (!strcmp(argv[1], "ckpt") || !strcmp(argv[1], "sample")) {
-        fprintf(stderr,
-                "tessera: error: 'tessera %s' is not implemented yet: it comes with "
-                "distributed checkpoints (issue 11); nothing was done\n",
-                argv[1]);
-        return 1;
-    }
+    if (!strcmp(argv[1], "ckpt")) return ts_cmd_ckpt(argc, argv);
+    if (!strcmp(argv[1], "sample")) return ts_cmd_sample(argc, argv);
     fprintf(stderr, "tessera: error: unknown command '%s'\n\n%s", argv[1], k_usage);
     return 2;
 }
