@@ -193,6 +193,12 @@ expect_ckpt 3 "$p" verify "$TMP/badstate"
 expect_ckpt 3 "$p" info "$TMP/badstate"
 refused badstate "checkpoint.load: .*$p"
 
+# state.json edited (its step moved on): its own checksum no longer matches.
+damaged editstate; sed -i 's/"step": 2,/"step": 3,/' "$TMP/editstate/$STEP/state.json"
+p="$STEP/state.json does not match its own checksum"
+expect_ckpt 3 "$p" verify "$TMP/editstate"
+refused editstate "checkpoint.load: .*$p"
+
 # (e) a header byte changed that keeps the header valid JSON of the same length.
 damaged header; damage meta "$TMP/header/$STEP/$M"
 p="$STEP/$M: the header's checksum does not match state.json"
@@ -203,7 +209,7 @@ refused header "checkpoint.load: .*$p"
 damaged nolatest; echo step_00000099 >"$TMP/nolatest/latest"
 expect_ckpt 3 "nolatest/latest names .*/step_00000099, which does not exist" verify "$TMP/nolatest"
 expect_ckpt 3 "nolatest/latest names .*/step_00000099, which does not exist" info "$TMP/nolatest"
-refused nolatest "checkpoint.load: .*step_00000099 is not a checkpoint directory"
+refused nolatest "checkpoint.load: .*latest names .*step_00000099, which does not exist"
 
 # (g, h) an intact checkpoint (verify says OK) into another model or global batch.
 damaged other; ckpt verify "$TMP/other"

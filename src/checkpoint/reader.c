@@ -26,10 +26,45 @@ static bool get_int(json_t *obj, const char *key, long long lo, long long hi, lo
     return true;
 }
 
+uint32_t ts_ckpt_state_crc(const json_t *state)
+{
+    json_t *copy = json_deep_copy(state);
+    TS_ASSERT(copy != NULL);
+    json_object_del(copy, "state_crc32");
+    char *text = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    TS_ASSERT(text != NULL);
+    uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)text, (uInt)strlen(text));
+    free(text);
+    json_decref(copy);
+    return crc;
+}
+
+/* Step number of a "step_NNNNNNNN" directory name (the last path component), or -1. */
+static long dir_step(const char *dir)
+{
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    if (strncmp(base, "step_", 5) != 0 || strlen(base) != 13) return -1;
+    long v = 0;
+    for (int i = 5; i < 13; i++) {
+        if (base[i] < '0' || base[i] > '9') return -1;
+        v = v * 10 + (base[i] - '0');
+    }
+    return v;
+}
+
 /* The config's model keys and the rest of the state the reader needs. */
 static ts_status parse_state(ts_ckpt_reader *r, const char *path)
 {
     json_t *s = r->state;
+    long long want;
+    if (!get_int(s, "state_crc32", 0, 0xffffffffLL, &want))
+        return ts_fail("%s has no \"state_crc32\": not a complete Tessera checkpoint state", path);
+    const uint32_t got = ts_ckpt_state_crc(s);
+    if (got != (uint32_t)want)
+        return ts_fail("%s does not match its own checksum (crc32 %08x, it says %08llx): the "
+                       "state was edited or damaged; restore it or use another checkpoint",
+                       path, got, want);
     const char *format = json_string_value(json_object_get(s, "format"));
     if (!format || strcmp(format, "tessera-checkpoint") != 0)
         return ts_fail("%s is not a Tessera checkpoint state (its \"format\" is not "
@@ -46,6 +81,11 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     if (!get_int(s, "step", 0, 2147483647LL, &step))
         return ts_fail("%s: \"step\" is missing or not a step number", path);
     r->step = (int)step;
+    const long named = dir_step(r->dir);
+    if (named >= 0 && named != step)
+        return ts_fail("%s says step %lld, but its directory is named for step %ld: the "
+                       "directory was renamed or the state belongs elsewhere",
+                       path, step, named);
     json_t *model = json_object_get(json_object_get(s, "config"), "model");
     long long mv[5];
     const char *keys[5] = {"n_layer", "n_head", "n_embd", "vocab_size", "seq_len"};
@@ -63,6 +103,11 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);
     r->global_batch = B;
+    long long consumed;
+    if (!get_int(json_object_get(s, "data"), "sequences_consumed", 0, 1LL << 62, &consumed) ||
+        consumed != B * step)
+        return ts_fail("%s: data.sequences_consumed is not step x global_batch = %lld", path,
+                       B * step);
     json_t *grid = json_object_get(s, "grid");
     const char *gk[3] = {"pp", "dp", "tp"};
     for (int i = 0; i < 3; i++) {

@@ -34,6 +34,11 @@ typedef struct {
     ts_ckpt_verdict verdict; /* what kind of failure the last error was */
 } ts_ckpt_reader;
 
+/* crc32 of a state object's canonical JSON (sorted keys, compact, reals that read back
+ * exactly) without its "state_crc32" key: state.json carries it, so an edited step or
+ * checksum list is caught like a flipped tensor byte. */
+uint32_t ts_ckpt_state_crc(const json_t *state);
+
 /* Read state.json and open every file it lists (each file's safetensors structure is
  * checked; a truncated file is found here). On failure r->verdict says which kind and r
  * is freed. */

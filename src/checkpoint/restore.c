@@ -17,33 +17,43 @@
 
 ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
 {
-    char latest[TS_PATH_MAX + 16], state[TS_PATH_MAX + 16];
-    snprintf(state, sizeof state, "%s/state.json", path);
+    char file[TS_PATH_MAX + 32];
     struct stat sb;
-    if (stat(path, &sb) != 0)
-        return ts_fail("checkpoint %s: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return ts_fail("checkpoint %s: %s", path, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) return ts_fail("checkpoint %s is not a directory", path);
-    if (stat(state, &sb) == 0) { /* a step directory */
+    /* A step directory: it has state.json, or at least the model files of one (whose
+     * missing state the reader reports as such). */
+    bool step = false;
+    const char *marks[] = {"state.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0] && !step; i++) {
+        snprintf(file, sizeof file, "%s/%s", path, marks[i]);
+        step = stat(file, &sb) == 0;
+    }
+    if (step) {
         if (strlen(path) >= cap) return ts_fail("checkpoint path %s is too long", path);
         snprintf(step_dir, cap, "%s", path);
         return TS_OK;
     }
-    snprintf(latest, sizeof latest, "%s/latest", path);
-    FILE *f = fopen(latest, "r");
+    snprintf(file, sizeof file, "%s/latest", path);
+    FILE *f = fopen(file, "r");
     if (!f)
         return ts_fail("%s holds neither a checkpoint (state.json) nor a 'latest' file naming "
-                       "one; give a step directory (%s/step_NNNNNNNN) or a checkpoint.dir "
-                       "that has been saved to",
-                       path, path);
-    char name[64] = {0};
+                       "one; give a step directory (step_NNNNNNNN) or a checkpoint.dir that has "
+                       "been saved to",
+                       path);
+    char name[TS_PATH_MAX] = {0};
     bool ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
     size_t n = strlen(name);
     while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r')) name[--n] = '\0';
     if (!ok || n == 0 || strchr(name, '/') || name[0] == '.')
-        return ts_fail("%s does not name a checkpoint directory (it holds '%s')", latest, name);
+        return ts_fail("%s does not name a checkpoint directory (it holds '%s')", file, name);
     if ((size_t)snprintf(step_dir, cap, "%s/%s", path, name) >= cap)
         return ts_fail("checkpoint path %s/%s is too long", path, name);
+    if (stat(step_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ts_fail("%s names %s, which does not exist: the checkpoint was removed; point "
+                       "checkpoint.load at another step directory",
+                       file, step_dir);
     return TS_OK;
 }
 

@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "checkpoint/layout.h"
+#include "checkpoint/reader.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -402,6 +403,8 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
     }
     json_t *state = state_json(a, L, sums);
     TS_ASSERT(state != NULL);
+    /* state.json's own checksum, over its canonical form without this key (reader.c). */
+    json_object_set_new(state, "state_crc32", json_integer((json_int_t)ts_ckpt_state_crc(state)));
     char path[TS_PATH_MAX + 300], final[TS_PATH_MAX + 300], old[TS_PATH_MAX + 300];
     join(path, sizeof path, tmp, "state.json");
     ts_atomic_file af;
