@@ -1,7 +1,8 @@
 # Slurm for real: bring up a private one-node cluster (munged, slurmctld, slurmd from
 # Debian's packages; tests/slurm/cluster.sh), launch a two-rank data-parallel
 # `tessera train` with srun --mpi=pmix, and through configs/sbatch/gpt2-124m.sbatch
-# (with the tiny config), and check both give the mpirun run's losses bit for bit.
+# (with the tiny config), and check both give the mpirun run's losses bit for bit;
+# sbatch --test-only accepts configs/sbatch/train_requeue.sbatch.
 # Skips (exit 77) with the reason where the machine cannot run the daemons; fails when
 # the cluster came up but a launch or a comparison is wrong. Stops what it started.
 source "$(dirname "$0")/lib.sh"
@@ -71,6 +72,14 @@ if TESSERA="$TESSERA" TESSERA_CONFIG="$SRC/configs/tiny.cfg" MICRO_BATCH=4 GRAD_
 else
   fail "sbatch --wait configs/sbatch/gpt2-124m.sbatch (exit $?)"
   cat "$TMP/sbatch.err" >&2; tail -20 "$TMP/sbatch.out" >&2 2>/dev/null
+fi
+
+# The requeueing job script: bash parses it, and sbatch accepts its #SBATCH lines
+# (--signal, --requeue, --open-mode) on this node (--test-only submits nothing).
+rq="$SRC/configs/sbatch/train_requeue.sbatch"
+if bash -n "$rq" && timeout 20 sbatch --test-only -N 1 --ntasks-per-node=2 --cpus-per-task=1 \
+     "$rq" >"$TMP/test-only.out" 2>&1; then pass; else
+  fail "sbatch --test-only configs/sbatch/train_requeue.sbatch"; cat "$TMP/test-only.out" >&2
 fi
 
 finish

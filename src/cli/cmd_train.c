@@ -26,6 +26,8 @@ static const char *k_help =
 
 static int run(int argc, char **argv, int rank, int world_size)
 {
+    /* From the start: a preemption notice during set-up must not kill the rank. */
+    ts_trainer_catch_stop_signals();
     ts_config cfg;
     int code = ts_cli_load_config(argc, argv, world_size, NULL, 0, true, k_help, &cfg);
     if (code != 0) return code;
@@ -73,11 +75,15 @@ static int run(int argc, char **argv, int rank, int world_size)
     }
     ts_status st = ts_trainer_run(&t);
     if (st != TS_OK) ts_log_error("%s", ts_error_message());
-    const bool preempted = st == TS_OK && t.preempted;
+    const bool preempted = t.preempted;
+    const int stop_signal = t.stop_signal;
     ts_trainer_free(&t);
     ts_topo_free(&topo);
-    /* Stopped by SIGTERM/SIGUSR1 after saving: a distinct code a job script requeues on. */
-    return st != TS_OK ? 1 : preempted ? TS_EXIT_PREEMPTED : 0;
+    /* Stopped by SIGTERM/SIGUSR1 with the state in checkpoint.dir: a distinct code a job
+     * script requeues on. Without checkpoint.dir nothing was saved: 128 + the signal, as
+     * a shell reports a process the signal ended, so nothing requeues a lost run. */
+    if (st != TS_OK) return 1;
+    return preempted ? TS_EXIT_PREEMPTED : stop_signal ? 128 + stop_signal : 0;
 }
 
 int ts_cmd_train(int argc, char **argv)

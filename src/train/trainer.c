@@ -550,7 +550,7 @@ static void format_eta(char *buf, size_t n, double seconds)
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-static void install_stop_signals(void)
+void ts_trainer_catch_stop_signals(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -559,6 +559,11 @@ static void install_stop_signals(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a stop signal";
 }
 
 /* Commit the asynchronous save in flight (waiting for its writes) and report it. */
@@ -609,7 +614,18 @@ ts_status ts_trainer_run(ts_trainer *t)
     const bool saving = c->checkpoint.dir[0] != '\0';
     double total_ms = 0.0;
     int timed = 0;
-    install_stop_signals();
+    /* A stop signal during the set-up (caught since the start: ts_cmd_train): stop
+     * before the first step; the checkpoint loaded, if any, is still the newest. */
+    int early = g_stop_signal;
+    ts_allreduce_max_i32(&t->world, &early, 1);
+    if (early) {
+        if (t->world.rank == 0)
+            ts_log_info("received %s during set-up: stopping before step %d", signal_name(early),
+                        t->start_step);
+        t->stop_signal = early;
+        t->preempted = saving;
+        return TS_OK;
+    }
     for (int step = t->start_step; step < steps; step++) {
         ts_step_stats s;
         ts_watchdog_step(step);
@@ -654,11 +670,16 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (t->saving && !flags[1] && finish_save(t) != TS_OK) return TS_ERR;
         const int stop = flags[0];
         if (stop) {
-            if (t->world.rank == 0)
-                ts_log_info("received %s after step %d: %s and stopping", stop == SIGTERM ? "SIGTERM" : stop == SIGUSR1 ? "SIGUSR1" : "a stop signal",
-                            step, saving ? "saving a checkpoint" : "no checkpoint.dir to save to;");
+            if (t->world.rank == 0 && saving)
+                ts_log_info("received %s after step %d: saving a checkpoint and stopping",
+                            signal_name(stop), step);
+            else if (t->world.rank == 0)
+                ts_log_warn("received %s after step %d: stopping (nothing saved: no "
+                            "checkpoint.dir)",
+                            signal_name(stop), step);
             if (saving && save_checkpoint(t, step + 1, false) != TS_OK) return TS_ERR;
-            t->preempted = true;
+            t->stop_signal = stop;
+            t->preempted = saving;
             return TS_OK;
         }
         if (saving && c->checkpoint.every > 0 && (step + 1) % c->checkpoint.every == 0 && !last &&

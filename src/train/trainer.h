@@ -57,7 +57,8 @@ typedef struct {
      * stopped early on SIGTERM/SIGUSR1 after saving (exit TS_EXIT_PREEMPTED). */
     int start_step;
     char loaded_from[TS_PATH_MAX + 64];
-    bool preempted;
+    bool preempted;     /* stopped by a signal with the state saved in checkpoint.dir */
+    int stop_signal;    /* the signal that stopped the run early, or 0 */
     struct ts_ckpt_saver *saving;  /* checkpoint.async: a save still being written */
     int saving_step;
     bool saving_async;
@@ -79,9 +80,14 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
 /* Mean validation loss over data.val_windows windows of the validation data. */
 double ts_trainer_eval(ts_trainer *t);
 
+/* Catch SIGTERM and SIGUSR1 from now on (call it first thing): the run stops at the next
+ * step boundary (see ts_trainer_run) instead of dying. */
+void ts_trainer_catch_stop_signals(void);
+
 /* Run steps start_step .. train.steps - 1 with metrics, progress, validation, the
  * trace and checkpoints (every checkpoint.every steps, at the end, and on SIGTERM or
- * SIGUSR1, after which t->preempted is set and the run returns TS_OK early). */
+ * SIGUSR1, after which t->stop_signal is set (and t->preempted when it saved) and the
+ * run returns TS_OK early). */
 ts_status ts_trainer_run(ts_trainer *t);
 
 #endif
