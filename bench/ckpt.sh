@@ -2,7 +2,8 @@
 # Checkpoint save and load bandwidth for GPT-2 124M with its AdamW state (1.49 GB per
 # checkpoint: weights + exp_avg + exp_avg_sq, F32) on 1, 2 and 4 ranks, next to the
 # disk's sequential write bandwidth measured in the same run (dd with conv=fdatasync,
-# the same bytes). Saves are synchronous: the save time is the time training is blocked.
+# the same bytes, right before and right after each save, the page cache dropped first:
+# a virtual disk's rate swings, so the save is compared with the mean of the two). Saves are synchronous: the save time is the time training is blocked.
 # Prints a markdown table.
 #
 # Usage: bench/ckpt.sh [ROUNDS] [DIR]    (run from anywhere)
@@ -57,16 +58,19 @@ echo "## Checkpoint save and load, GPT-2 124M with AdamW state"
 echo
 echo "\`$command\` on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $cpu, $(nproc) cores; files under $work ($(df -T "$work" | awk 'NR == 2 { print $2 }'))."
 echo
-echo "| ranks | round | disk write (dd, GB/s) | save s (training blocked) | save GB/s | save / disk | load s | load GB/s | page cache dropped |"
+echo "| ranks | round | disk write before / after (dd, GB/s) | save s (training blocked) | save GB/s | save / disk (mean of dd) | load s | load GB/s | page cache dropped |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for n in 1 2 4; do
   for r in $(seq 1 "$rounds"); do
+    drop_caches >/dev/null
     disk=$(disk_write)
+    drop_caches >/dev/null
     ck="$work/ck$n"
     rm -rf "$ck"
     mpirun --oversubscribe -np "$n" build/tessera "${cfg[@]}" $(grid_for "$n") \
       --set "checkpoint.dir=\"$ck\"" --set "log.metrics=\"$work/save.jsonl\"" 2>"$work/save.err" ||
       { cat "$work/save.err" >&2; exit 1; }
+    disk2=$(disk_write)
     line=$(grep '"checkpoint_step"' "$work/save.jsonl")
     save_ms=$(echo "$line" | sed 's/.*"save_ms":\([0-9.]*\).*/\1/')
     bytes=$(echo "$line" | sed 's/.*"save_bytes":\([0-9.]*\).*/\1/')
@@ -75,9 +79,9 @@ for n in 1 2 4; do
       --set "checkpoint.load=\"$ck/step_00000000\"" --set 'log.metrics=""' 2>"$work/load.err" ||
       { cat "$work/load.err" >&2; exit 1; }
     load_s=$(sed -n 's/.*checkpoint: loaded .* in \([0-9.]*\) s.*/\1/p' "$work/load.err" | head -1)
-    awk -v n="$n" -v r="$r" -v disk="$disk" -v ms="$save_ms" -v b="$bytes" -v ls="$load_s" -v d="$dropped" 'BEGIN {
+    awk -v n="$n" -v r="$r" -v disk="$disk" -v disk2="$disk2" -v ms="$save_ms" -v b="$bytes" -v ls="$load_s" -v d="$dropped" 'BEGIN {
       s = ms / 1000; sg = b / s / 1e9; lg = b / ls / 1e9
-      printf "| %d | %d | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %s |\n", n, r, disk, s, sg, 100 * sg / disk, ls, lg, d }'
+      printf "| %d | %d | %.2f / %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %s |\n", n, r, disk, disk2, s, sg, 200 * sg / (disk + disk2), ls, lg, d }'
     rm -rf "$ck"
   done
 done

@@ -40,6 +40,13 @@
  * job script requeues on it (EX_TEMPFAIL: try again). */
 #define TS_EXIT_PREEMPTED 75
 
+/* A host buffer an asynchronous save copies into, kept by the caller between saves so
+ * that only the first save pays for touching its pages. Free mem with free(). */
+typedef struct {
+    float *mem;
+    size_t floats;
+} ts_ckpt_staging;
+
 /* What a save needs from the training run. */
 typedef struct {
     const ts_config *cfg;     /* the run's resolved config (state.json keeps it) */
@@ -49,6 +56,7 @@ typedef struct {
     int dp_rank, dp_size;     /* without ZeRO-1 the dp replicas split the writing */
     int step;                 /* completed optimizer steps: the next step to run */
     int pp, dp, tp;           /* the grid, recorded in state.json */
+    ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

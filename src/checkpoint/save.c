@@ -495,7 +495,8 @@ struct ts_ckpt_saver {
     ts_ckpt_layout L;
     writer w;
     item_list items;
-    float *staging;            /* asynchronous: this rank's runs, copied */
+    ts_ckpt_staging own;       /* the staging buffer when the caller keeps none */
+    float *staging;            /* asynchronous: this rank's runs, copied (not owned) */
     char tmp[TS_PATH_MAX + 64], name[32];
     bool threaded;
     pthread_t thread;
@@ -532,7 +533,7 @@ static void saver_free(ts_ckpt_saver *s)
     free(s->w.fds);
     free(s->w.pieces.v);
     free(s->items.v);
-    free(s->staging);
+    free(s->own.mem);
     ts_ckpt_layout_free(&s->L);
     free(s);
 }
@@ -570,7 +571,13 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     if (async) {
         /* Copy this rank's runs now (training may change the buffers next step); a
          * thread writes them while training goes on. */
-        s->staging = ts_alloc_floats(s->items.floats ? s->items.floats : 1);
+        ts_ckpt_staging *buf = a->staging ? a->staging : &s->own;
+        if (buf->floats < s->items.floats || !buf->mem) {
+            free(buf->mem);
+            buf->floats = s->items.floats ? s->items.floats : 1;
+            buf->mem = ts_alloc_floats(buf->floats);
+        }
+        s->staging = buf->mem;
         size_t at = 0;
         for (size_t i = 0; i < s->items.n; i++) {
             item *it = &s->items.v[i];

@@ -371,6 +371,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
 void ts_trainer_free(ts_trainer *t)
 {
     if (t->saving) ts_ckpt_save_abandon(t->saving); /* the run failed mid-save */
+    free(t->staging.mem);
     if (t->metrics) fclose(t->metrics);
     if (t->tracing) ts_trace_free(&t->trace);
     ts_grad_sync_free(&t->grad_sync);
@@ -598,7 +599,8 @@ static ts_status save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .dp_rank = topo->coords.dp,
                            .dp_size = t->cfg.parallel.dp, .step = step, .pp = t->cfg.parallel.pp,
-                           .dp = t->cfg.parallel.dp, .tp = t->cfg.parallel.tp};
+                           .dp = t->cfg.parallel.dp, .tp = t->cfg.parallel.tp,
+                           .staging = &t->staging};
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
@@ -63,6 +64,7 @@ typedef struct {
     int saving_step;
     bool saving_async;
     double saving_blocked_ms, saving_t0_ms;
+    ts_ckpt_staging staging;   /* checkpoint.async's host copy, kept between saves */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
