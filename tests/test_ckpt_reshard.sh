@@ -95,6 +95,16 @@ done
 cmp -s <(losses "$TMP/every_false.jsonl") <(losses "$TMP/every_true.jsonl") && pass ||
   fail "checkpoint.async changed the losses"
 
+# Saving a step that exists replaces it whole (an atomic exchange of the directories):
+# the run again from scratch into A's directory leaves a checkpoint that verifies, no
+# temporary or old directory, and the same bytes (the same run).
+cp "$A/model.safetensors" "$TMP/a_model_before"
+run again 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
+  --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.keep=5
+cmp -s "$TMP/a_model_before" "$A/model.safetensors" && "$TESSERA" ckpt verify "$A" >/dev/null && pass ||
+  fail "re-saving step 3 over itself"
+[ -z "$(ls -A "$TMP/a" | grep '^\.')" ] && pass || fail "left behind: $(ls -A "$TMP/a")"
+
 # A finished run's checkpoint loaded with train.steps below its step is refused.
 expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \
   --set "checkpoint.load=\"$A\""

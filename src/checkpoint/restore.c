@@ -50,6 +50,16 @@ ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
         return ts_fail("%s does not name a checkpoint directory (it holds '%s')", file, name);
     if ((size_t)snprintf(step_dir, cap, "%s/%s", path, name) >= cap)
         return ts_fail("checkpoint path %s/%s is too long", path, name);
+    if (stat(step_dir, &sb) != 0) {
+        /* A save that replaced this very step and stopped between its two renames (on a
+         * file system without an atomic exchange) left the complete old one aside. */
+        char old[TS_PATH_MAX + 80];
+        snprintf(old, sizeof old, "%s/.old-%s", path, name);
+        if (stat(old, &sb) == 0 && S_ISDIR(sb.st_mode) && strlen(old) < cap) {
+            snprintf(step_dir, cap, "%s", old);
+            return TS_OK;
+        }
+    }
     if (stat(step_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return ts_fail("%s names %s, which does not exist: the checkpoint was removed; point "
                        "checkpoint.load at another step directory",

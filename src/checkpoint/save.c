@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h> /* renameat2 */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,19 +118,24 @@ static long step_of(const char *name)
     return v;
 }
 
-/* Rank 0, before writing: the root exists and leftovers of interrupted saves
- * (.tmp-step_*, .old-step_*) are removed. */
+/* Rank 0, before writing: the root exists and leftovers of interrupted saves are
+ * cleared: .tmp-step_* (never committed) are removed; an .old-step_N (a checkpoint being
+ * replaced when the save stopped) goes back to step_N if that is missing, else away. */
 static ts_status prepare_root(const char *root)
 {
     if (ts_mkdir_p(root) != TS_OK) return ts_error_prefix("checkpoint.dir: ");
     DIR *d = opendir(root);
     if (!d) return ts_fail("checkpoint.dir: cannot open %s: %s", root, strerror(errno));
     struct dirent *e;
-    char path[TS_PATH_MAX + 300];
+    char path[TS_PATH_MAX + 300], orig[TS_PATH_MAX + 300];
+    struct stat sb;
     ts_status st = TS_OK;
     while (st == TS_OK && (e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, ".tmp-step_", 10) && strncmp(e->d_name, ".old-step_", 10)) continue;
+        const bool tmp = !strncmp(e->d_name, ".tmp-step_", 10), old = !strncmp(e->d_name, ".old-step_", 10);
+        if (!tmp && !old) continue;
         join(path, sizeof path, root, e->d_name);
+        join(orig, sizeof orig, root, e->d_name + 5);
+        if (old && stat(orig, &sb) != 0 && rename(path, orig) == 0) continue;
         st = remove_dir(path);
     }
     closedir(d);
@@ -418,18 +424,28 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
     if (st == TS_OK) st = fsync_dir(tmp);
     if (st != TS_OK) return st;
 
-    /* Into place. A checkpoint of the same step already there (a rerun) is moved aside
-     * first and removed after; `latest` still names a complete directory meanwhile
-     * unless it named this very step. */
+    /* Into place. A checkpoint of the same step already there (a rerun) is replaced. */
     join(final, sizeof final, root, name);
     snprintf(old, sizeof old, "%s/.old-%s", root, name);
     struct stat sb;
-    bool replaced = stat(final, &sb) == 0;
-    if (replaced && rename(final, old) != 0)
-        return ts_fail("cannot move the old %s aside: %s", final, strerror(errno));
-    if (rename(tmp, final) != 0) return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
-    if (fsync_dir(root) != TS_OK) return TS_ERR;
-    if (replaced && remove_dir(old) != TS_OK) return TS_ERR;
+    if (stat(final, &sb) == 0) {
+        /* Swap the two directories in one step where the file system can, so the step
+         * name never points at nothing; else move the old one aside first (prepare_root
+         * puts it back if the save stops in between). */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+            if (fsync_dir(root) != TS_OK || remove_dir(tmp) != TS_OK) return TS_ERR;
+        } else {
+            if (rename(final, old) != 0)
+                return ts_fail("cannot move the old %s aside: %s", final, strerror(errno));
+            if (rename(tmp, final) != 0)
+                return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
+            if (fsync_dir(root) != TS_OK || remove_dir(old) != TS_OK) return TS_ERR;
+        }
+    } else {
+        if (rename(tmp, final) != 0)
+            return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        if (fsync_dir(root) != TS_OK) return TS_ERR;
+    }
 
     join(path, sizeof path, root, "latest");
     if ((st = ts_atomic_open(&af, path, "checkpoint latest")) != TS_OK) return st;

@@ -584,9 +584,11 @@ static ts_status finish_save(ts_trainer *t)
                     t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
                     bytes / (total * 1e6), t->saving_async ? " in the background" : "",
                     blocked * 1e-3);
-    return metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,\"blocked_ms\":%.1f,"
-                        "\"save_bytes\":%.0f}",
-                        t->saving_step, total, blocked, bytes);
+    /* Rank 0 writes the line: agreed, so its failure stops every rank. */
+    return ts_comm_agree(&t->world,
+                         metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,"
+                                         "\"blocked_ms\":%.1f,\"save_bytes\":%.0f}",
+                                      t->saving_step, total, blocked, bytes));
 }
 
 /* Save the state after `step` completed steps into checkpoint.dir (collective): at
