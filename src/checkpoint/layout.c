@@ -142,3 +142,16 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L)
     json_decref(root);
     return text;
 }
+
+long ts_ckpt_step_of_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (strncmp(base, "step_", 5) != 0 || strlen(base) != 13) return -1;
+    long v = 0;
+    for (int i = 5; i < 13; i++) {
+        if (base[i] < '0' || base[i] > '9') return -1;
+        v = v * 10 + (base[i] - '0');
+    }
+    return v;
+}

@@ -51,6 +51,10 @@ static inline const ts_ckpt_entry *ts_ckpt_entry_of(const ts_ckpt_layout *L, ts_
     return &L->entries[(int)kind * L->n_logical + logical];
 }
 
+/* The step of a checkpoint directory's name "step_NNNNNNNN" (the last component of
+ * `path`), or -1 when it is not one. */
+long ts_ckpt_step_of_name(const char *path);
+
 /* model.safetensors.index.json (Hugging Face's sharded-checkpoint index) when the
  * weights span several files; malloc'ed text. */
 char *ts_ckpt_index_json(const ts_ckpt_layout *L);

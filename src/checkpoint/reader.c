@@ -39,20 +39,6 @@ uint32_t ts_ckpt_state_crc(const json_t *state)
     return crc;
 }
 
-/* Step number of a "step_NNNNNNNN" directory name (the last path component), or -1. */
-static long dir_step(const char *dir)
-{
-    const char *base = strrchr(dir, '/');
-    base = base ? base + 1 : dir;
-    if (strncmp(base, "step_", 5) != 0 || strlen(base) != 13) return -1;
-    long v = 0;
-    for (int i = 5; i < 13; i++) {
-        if (base[i] < '0' || base[i] > '9') return -1;
-        v = v * 10 + (base[i] - '0');
-    }
-    return v;
-}
-
 /* The config's model keys and the rest of the state the reader needs. */
 static ts_status parse_state(ts_ckpt_reader *r, const char *path)
 {
@@ -81,7 +67,7 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     if (!get_int(s, "step", 0, 2147483647LL, &step))
         return ts_fail("%s: \"step\" is missing or not a step number", path);
     r->step = (int)step;
-    const long named = dir_step(r->dir);
+    const long named = ts_ckpt_step_of_name(r->dir);
     if (named >= 0 && named != step)
         return ts_fail("%s says step %lld, but its directory is named for step %ld: the "
                        "directory was renamed or the state belongs elsewhere",

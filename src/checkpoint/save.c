@@ -106,18 +106,6 @@ static ts_status fsync_dir(const char *path)
     return TS_OK;
 }
 
-/* Step number of a "step_NNNNNNNN" name, or -1. */
-static long step_of(const char *name)
-{
-    if (strncmp(name, "step_", 5) != 0 || strlen(name) != 13) return -1;
-    long v = 0;
-    for (int i = 5; i < 13; i++) {
-        if (name[i] < '0' || name[i] > '9') return -1;
-        v = v * 10 + (name[i] - '0');
-    }
-    return v;
-}
-
 /* Rank 0, before writing: the root exists and leftovers of interrupted saves are
  * cleared: .tmp-step_* (never committed) are removed; an .old-step_N (a checkpoint being
  * replaced when the save stopped) goes back to step_N if that is missing, else away. */
@@ -463,7 +451,7 @@ static ts_status prune(const char *root, int keep, long just_written)
     size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        long s = step_of(e->d_name);
+        long s = ts_ckpt_step_of_name(e->d_name);
         if (s < 0 || s == just_written) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;

@@ -15,6 +15,10 @@ int ts_cmd_sample(int argc, char **argv); /* one process, no MPI */
 
 /* The shape every MPI subcommand shares: `--help` without MPI, else ts_comm_init, set
  * the log rank, run(argc, argv, rank, world_size), ts_comm_finalize; returns run's code. */
+/* "--name VALUE" or "--name=VALUE" at argv[*i]: the value, advancing *i past it; NULL
+ * when argv[*i] is not --name. *missing is set when --name is the last argument. */
+const char *ts_cli_opt_value(int argc, char **argv, int *i, const char *name, int *missing);
+
 typedef int (*ts_cli_mpi_run_fn)(int argc, char **argv, int rank, int world_size);
 int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn run);
 

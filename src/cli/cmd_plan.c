@@ -141,21 +141,6 @@ static int usage_error(const char *fmt, const char *what)
     return -1;
 }
 
-/* "--name VALUE" or "--name=VALUE": the value, advancing *i; NULL if `a` is not --name. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != '\0') return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 /* A numeric option and its range (inclusive), stated in the message when a value is
  * not a number or outside it. The upper bounds keep the simulated times finite and
  * readable (--latency-us 1e308 would print a 300-digit step time). */
@@ -209,7 +194,7 @@ static int parse_args(int argc, char **argv, plan_args *a)
             a->json = true;
         } else if (!strcmp(argv[i], "--no-measure")) {
             a->cost = COST_MODEL;
-        } else if ((v = opt_value(argc, argv, &i, "--cost", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--cost", &missing))) {
             if (!strcmp(v, "measured"))
                 a->cost = COST_MEASURED;
             else if (!strcmp(v, "model"))
@@ -218,31 +203,31 @@ static int parse_args(int argc, char **argv, plan_args *a)
                 a->cost = COST_UNIFORM;
             else
                 rc = usage_error("--cost '%s' is not one of measured, model, uniform", v);
-        } else if ((v = opt_value(argc, argv, &i, "--latency-us", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--latency-us", &missing))) {
             rc = parse_number(v, &k_latency, &a->latency_us);
-        } else if ((v = opt_value(argc, argv, &i, "--bandwidth-gbs", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--bandwidth-gbs", &missing))) {
             rc = parse_number(v, &k_bandwidth, &a->bandwidth_gbs);
-        } else if ((v = opt_value(argc, argv, &i, "--optim-ms", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--optim-ms", &missing))) {
             rc = parse_number(v, &k_optim, &a->optim_ms);
-        } else if ((v = opt_value(argc, argv, &i, "--dp-latency-us", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--dp-latency-us", &missing))) {
             rc = parse_number(v, &k_dp_latency, &a->dp_latency_us);
-        } else if ((v = opt_value(argc, argv, &i, "--dp-bandwidth-gbs", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--dp-bandwidth-gbs", &missing))) {
             rc = parse_number(v, &k_dp_bandwidth, &a->dp_bandwidth_gbs);
-        } else if ((v = opt_value(argc, argv, &i, "--trace", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace", &missing))) {
             a->trace = v;
-        } else if ((v = opt_value(argc, argv, &i, "--svg", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--svg", &missing))) {
             a->svg = v;
-        } else if ((v = opt_value(argc, argv, &i, "--from-trace", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--from-trace", &missing))) {
             a->from_trace = v;
-        } else if ((v = opt_value(argc, argv, &i, "--costs-from-trace", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--costs-from-trace", &missing))) {
             a->costs_trace = v;
-        } else if ((v = opt_value(argc, argv, &i, "--trace-stat", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace-stat", &missing))) {
             if (!strcmp(v, "mean") || !strcmp(v, "median"))
                 a->trace_median = !strcmp(v, "median");
             else
                 rc = usage_error("--trace-stat '%s' is not one of mean, median", v);
             a->trace_stat_set = true;
-        } else if ((v = opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
             rc = parse_number(v, &k_skip, &a->trace_skip);
             a->trace_skip_set = true;
         } else if (!missing) {

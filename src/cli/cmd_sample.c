@@ -71,22 +71,6 @@ static int usage_error(const char *fmt, ...)
     return -1;
 }
 
-/* "--name VALUE" or "--name=VALUE": the value, advancing *i; NULL if argv[*i] is not
- * --name. *missing is set when --name is last. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != '\0') return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 /* A whole number of decimal digits (no sign, no spaces) into *out, at most `hi`;
  * -1 when it is not one (errno-free: ERANGE is "too large"). */
 static int parse_u64(const char *s, uint64_t hi, uint64_t *out)
@@ -120,20 +104,20 @@ static int parse_args(int argc, char **argv, sample_args *a)
     for (int i = 2; i < argc; i++) {
         const char *v;
         int missing = 0, rc = 0;
-        if ((v = opt_value(argc, argv, &i, "--prompt", &missing))) {
+        if ((v = ts_cli_opt_value(argc, argv, &i, "--prompt", &missing))) {
             a->prompt = v;
-        } else if ((v = opt_value(argc, argv, &i, "--tokens", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--tokens", &missing))) {
             rc = parse_whole("--tokens", v, 1, 1000000, &a->tokens);
-        } else if ((v = opt_value(argc, argv, &i, "--top-k", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--top-k", &missing))) {
             rc = parse_whole("--top-k", v, 0, 2147483647, &a->top_k);
-        } else if ((v = opt_value(argc, argv, &i, "--temperature", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--temperature", &missing))) {
             char *end;
             errno = 0;
             a->temperature = strtod(v, &end);
             if (errno || end == v || *end || !isfinite(a->temperature) || a->temperature < 0)
                 rc = usage_error("--temperature '%.40s%s' is not a number >= 0 (0 = greedy)", v,
                                  strlen(v) > 40 ? "..." : "");
-        } else if ((v = opt_value(argc, argv, &i, "--seed", &missing))) {
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--seed", &missing))) {
             if (parse_u64(v, UINT64_MAX, &a->seed) != 0)
                 rc = usage_error("--seed '%.40s%s' is not a whole number from 0 to "
                                  "18446744073709551615",
