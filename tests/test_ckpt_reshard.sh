@@ -105,8 +105,21 @@ cmp -s "$TMP/a_model_before" "$A/model.safetensors" && "$TESSERA" ckpt verify "$
   fail "re-saving step 3 over itself"
 [ -z "$(ls -A "$TMP/a" | grep '^\.')" ] && pass || fail "left behind: $(ls -A "$TMP/a")"
 
+# No `latest` (a save stopped between its rename and `latest`): load = "latest" takes
+# the newest complete step directory.
+cp -r "$TMP/a" "$TMP/nolatest" && rm "$TMP/nolatest/latest"
+run nolatest 1 --set train.steps=7 --set "checkpoint.dir=\"$TMP/nolatest\"" --set checkpoint.load=latest &&
+  { [ "$(losses "$TMP/nolatest.jsonl" | wc -l)" = 1 ] && grep -q '"step":6,' "$TMP/nolatest.jsonl" && pass ||
+      fail "without latest, load = latest did not continue from step 6"; }
+# Rolled back to step 3 with step 6 present: pruning (keep = 2) removes the run's own
+# older checkpoints, never the later step 6 of the run it rolled back from.
+run rollback 1 --set train.steps=5 --set checkpoint.every=1 --set checkpoint.keep=2 \
+  --set "checkpoint.dir=\"$TMP/a\"" --set "checkpoint.load=\"$A\""
+[ "$(cd "$TMP/a" && ls -d step_* | tr '\n' ' ')" = "step_00000004 step_00000005 step_00000006 " ] && pass ||
+  fail "after the rollback: $(ls "$TMP/a" | tr '\n' ' ')"
+
 # A finished run's checkpoint loaded with train.steps below its step is refused.
 expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \
-  --set "checkpoint.load=\"$A\""
+  --set "checkpoint.load=\"$TMP/unsplit/step_00000003\""
 
 finish

@@ -81,9 +81,11 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *saver, double *blocked_ms);
  * nothing (not collective; the next save removes the temporary directory). */
 void ts_ckpt_save_abandon(ts_ckpt_saver *saver);
 
-/* A checkpoint to load: a step directory, or a root directory holding `latest`, into
- * step_dir. */
+/* A checkpoint to load: a step directory, or a root directory holding `latest` (or,
+ * without `latest`, its newest complete step directory), into step_dir. */
 ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap);
+/* The newest complete (state.json) step_NNNNNNNN directory under root, or -1. */
+long ts_ckpt_newest_step(const char *root);
 
 /* The model config and step a checkpoint was saved with (from its state.json). */
 ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, int *step);

@@ -91,16 +91,16 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     r->global_batch = B;
     long long consumed;
     if (!get_int(json_object_get(s, "data"), "sequences_consumed", 0, 1LL << 62, &consumed) ||
-        consumed != B * step)
-        return ts_fail("%s: data.sequences_consumed is not step x global_batch = %lld", path,
-                       B * step);
+        consumed % B != 0 || consumed / B != step)
+        return ts_fail("%s: data.sequences_consumed is not step x global_batch (%lld x %lld)",
+                       path, step, B);
     json_t *grid = json_object_get(s, "grid");
     const char *gk[3] = {"pp", "dp", "tp"};
     for (int i = 0; i < 3; i++) {
         long long g;
         r->grid[i] = get_int(grid, gk[i], 1, 1 << 24, &g) ? (int)g : 0;
     }
-    if (!get_int(s, "chunk_bytes", 1, 1LL << 40, &chunk))
+    if (!get_int(s, "chunk_bytes", 4096, 1LL << 30, &chunk))
         return ts_fail("%s: \"chunk_bytes\" is missing or invalid", path);
     r->chunk_bytes = (uint64_t)chunk;
     r->checksums = json_object_get(s, "checksums");
@@ -238,7 +238,8 @@ ts_status ts_ckpt_reader_check_files(ts_ckpt_reader *r)
         uint32_t crc = rc ? (uint32_t)crc32(0L, h, (uInt)F->header_bytes) : 0;
         free(h);
         if (!rc) {
-            ts_fail("%s: cannot read its header: %s", F->st.path, strerror(errno));
+            ts_fail("%s: cannot read its header: %s", F->st.path,
+                    ferror(F->st.fp) ? strerror(errno) : "the file ends early");
             return fail_as(r, TS_CKPT_INCOMPLETE);
         }
         if (crc != F->header_crc) {

@@ -4,6 +4,7 @@
  * verified first, each chunk by one rank. */
 #include "checkpoint/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,23 @@
 #include "checkpoint/reader.h"
 #include "core/log.h"
 #include "core/watchdog.h"
+
+long ts_ckpt_newest_step(const char *root)
+{
+    DIR *d = opendir(root);
+    if (!d) return -1;
+    long best = -1;
+    struct dirent *e;
+    char state[TS_PATH_MAX + 300];
+    struct stat sb;
+    while ((e = readdir(d)) != NULL) {
+        const long s = ts_ckpt_step_of_name(e->d_name);
+        snprintf(state, sizeof state, "%s/%s/state.json", root, e->d_name);
+        if (s > best && stat(state, &sb) == 0) best = s;
+    }
+    closedir(d);
+    return best;
+}
 
 ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
 {
@@ -36,11 +54,19 @@ ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
     }
     snprintf(file, sizeof file, "%s/latest", path);
     FILE *f = fopen(file, "r");
-    if (!f)
-        return ts_fail("%s holds neither a checkpoint (state.json) nor a 'latest' file naming "
-                       "one; give a step directory (step_NNNNNNNN) or a checkpoint.dir that has "
-                       "been saved to",
-                       path);
+    if (!f) {
+        /* No `latest` (a save stopped between its rename and `latest`, or it was deleted):
+         * the newest complete step directory (only complete ones have state.json). */
+        long best = ts_ckpt_newest_step(path);
+        if (best < 0)
+            return ts_fail("%s holds neither a checkpoint (state.json) nor a 'latest' file "
+                           "naming one; give a step directory (step_NNNNNNNN) or a "
+                           "checkpoint.dir that has been saved to",
+                           path);
+        if ((size_t)snprintf(step_dir, cap, "%s/step_%08ld", path, best) >= cap)
+            return ts_fail("checkpoint path %s is too long", path);
+        return TS_OK;
+    }
     char name[TS_PATH_MAX] = {0};
     bool ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
@@ -120,6 +146,7 @@ static ts_status read_weights(ts_ckpt_reader *r, ts_model *m)
         if (ts_ckpt_reader_expect(r, P->shard.name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
             read_part(&r->files[f].st, t, P, 0, P->numel, ts_param_data(m, p)) != TS_OK)
             return TS_ERR;
+        ts_watchdog_progress();
     }
     return TS_OK;
 }
@@ -167,7 +194,10 @@ static ts_status verify_share(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
                                                                           : r->chunk_bytes;
             const int owner = (int)((long double)(at + len / 2) * world->size / total);
             at += len;
-            if (owner == world->rank) st = ts_ckpt_reader_verify(r, L->entries[e].name, c, c + 1, buf);
+            if (owner == world->rank) {
+                st = ts_ckpt_reader_verify(r, L->entries[e].name, c, c + 1, buf);
+                ts_watchdog_progress(); /* a long verification is progress, not a hang */
+            }
         }
     }
     free(buf);

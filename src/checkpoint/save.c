@@ -9,14 +9,13 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <stdio.h> /* renameat2 */
+#include <fcntl.h> /* fallocate */
 #include <jansson.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h> /* renameat2 */
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,7 +122,13 @@ static ts_status prepare_root(const char *root)
         if (!tmp && !old) continue;
         join(path, sizeof path, root, e->d_name);
         join(orig, sizeof orig, root, e->d_name + 5);
-        if (old && stat(orig, &sb) != 0 && rename(path, orig) == 0) continue;
+        if (old && stat(orig, &sb) != 0) {
+            /* Never delete what may be the only complete copy of that step. */
+            if (errno != ENOENT || rename(path, orig) != 0)
+                st = ts_fail("checkpoint.dir: cannot restore %s to %s: %s; move it back by hand",
+                             path, orig, strerror(errno));
+            continue;
+        }
         st = remove_dir(path);
     }
     closedir(d);
@@ -145,13 +150,17 @@ static ts_status create_files(const ts_ckpt_layout *L, const char *tmp)
             st = ts_fail("cannot size %s to %llu bytes: %s", path, (unsigned long long)F->size,
                          strerror(errno));
         /* Reserve the blocks now where the file system can, so a full disk shows here
-         * and not as a hole that cannot be filled later. */
-        if (st == TS_OK) {
-            int rc = posix_fallocate(fd, 0, (off_t)F->size);
-            if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
-                st = ts_fail("cannot reserve %llu bytes for %s: %s", (unsigned long long)F->size,
-                             path, strerror(rc));
-        }
+         * and not as a hole that cannot be filled later (fallocate(2) itself: glibc's
+         * posix_fallocate emulation writes every block where it is not supported). */
+        if (st == TS_OK && fallocate(fd, 0, 0, (off_t)F->size) != 0 && errno != EOPNOTSUPP &&
+            errno != ENOSYS && errno != EINVAL)
+            st = ts_fail("cannot reserve %llu bytes for %s: %s", (unsigned long long)F->size, path,
+                         strerror(errno));
+        /* The header is durable from its writer, whichever ranks write the data (on a
+         * multi-node file system another node's fsync does not cover it). */
+        if (st == TS_OK && fsync(fd) != 0)
+            st = ts_fail("fsync of %s failed: %s", path, strerror(errno));
+        ts_watchdog_progress();
         close(fd);
         if (st != TS_OK) return st;
     }
@@ -420,15 +429,17 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
         /* Swap the two directories in one step where the file system can, so the step
          * name never points at nothing; else move the old one aside first (prepare_root
          * puts it back if the save stops in between). */
-        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-            if (fsync_dir(root) != TS_OK || remove_dir(tmp) != TS_OK) return TS_ERR;
-        } else {
+        const char *leftover = tmp;
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
             if (rename(final, old) != 0)
                 return ts_fail("cannot move the old %s aside: %s", final, strerror(errno));
             if (rename(tmp, final) != 0)
                 return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
-            if (fsync_dir(root) != TS_OK || remove_dir(old) != TS_OK) return TS_ERR;
+            leftover = old;
         }
+        if (fsync_dir(root) != TS_OK) return TS_ERR;
+        /* The new checkpoint is in place: failing to remove the old one is not fatal. */
+        if (remove_dir(leftover) != TS_OK) ts_log_warn("checkpoint: %s", ts_error_message());
     } else {
         if (rename(tmp, final) != 0)
             return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
@@ -442,7 +453,7 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
     return fsync_dir(root);
 }
 
-/* Keep the newest `keep` checkpoints by step (always the one just written). */
+/* Keep the one just written and the keep - 1 newest before it. */
 static ts_status prune(const char *root, int keep, long just_written)
 {
     DIR *d = opendir(root);
@@ -451,8 +462,10 @@ static ts_status prune(const char *root, int keep, long just_written)
     size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
+        /* Checkpoints after the one just written belong to a run this one rolled back
+         * from (it loaded an earlier step): they are left for the user to judge. */
         long s = ts_ckpt_step_of_name(e->d_name);
-        if (s < 0 || s == just_written) continue;
+        if (s < 0 || s >= just_written) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             long *v = realloc(steps, cap * sizeof *v);
@@ -516,6 +529,7 @@ static void write_items(ts_ckpt_saver *s)
     for (size_t i = 0; i < s->items.n && st == TS_OK; i++) {
         const item *it = &s->items.v[i];
         st = write_run(&s->w, &s->L.entries[it->entry], it->entry, it->logical, it->src, it->len);
+        ts_watchdog_progress(); /* a long save is progress, not a hang */
     }
     ts_status cst = close_files(&s->w);
     if (st == TS_OK) st = cst;
@@ -621,22 +635,29 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
 
     /* The checksums of every piece, to rank 0. */
     ts_watchdog_context("checkpoint: gathering the checksums of step %d", a->step, 0, 0);
-    TS_ASSERT(s->w.pieces.n < (size_t)1 << 30);
-    const int n = (int)s->w.pieces.n;
+    const int n = s->w.pieces.n < (size_t)1 << 30 ? (int)s->w.pieces.n : -1;
     size_t total = 0;
     if (world->rank == 0) counts = ts_calloc((size_t)world->size, sizeof(int));
     ts_gather_bytes(world, &n, sizeof n, counts, 0);
     if (world->rank == 0) {
-        for (int r = 0; r < world->size; r++) total += (size_t)counts[r];
-        TS_ASSERT(total < (size_t)1 << 31);
-        all = ts_malloc((total + 1) * sizeof *all);
+        for (int r = 0; r < world->size && st == TS_OK; r++) {
+            total += counts[r] < 0 ? ((size_t)1 << 31) : (size_t)counts[r];
+            if (total >= (size_t)1 << 31)
+                st = ts_fail("more than 2^31 written pieces to checksum: the shards' runs are "
+                             "too fine for one gather (use fewer tensor-parallel ranks per "
+                             "row-parallel weight, or report this)");
+        }
+        if (st == TS_OK) all = ts_malloc((total + 1) * sizeof *all);
     }
+    if (ts_comm_agree(world, st) != TS_OK) goto fail;
     ts_gatherv(world, s->w.pieces.v, n, sizeof(piece), all, counts, 0);
 
     ts_watchdog_context("checkpoint: committing step %d", a->step, 0, 0);
     if (world->rank == 0) {
         st = commit(a, &s->L, all, total, root, s->tmp, s->name);
-        if (st == TS_OK) st = prune(root, a->cfg->checkpoint.keep, a->step);
+        /* Committed: a checkpoint that cannot be pruned is a warning, not a failed save. */
+        if (st == TS_OK && prune(root, a->cfg->checkpoint.keep, a->step) != TS_OK)
+            ts_log_warn("checkpoint: keeping old checkpoints: %s", ts_error_message());
     }
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
     st = TS_OK;

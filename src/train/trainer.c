@@ -241,34 +241,51 @@ static void on_dp_span(void *ctx, const char *what, size_t bytes, double t0, dou
 }
 
 /* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
- * so a requeued job script can always pass it) or a checkpoint directory. Collective. */
+ * so a requeued job script can always pass it) or a checkpoint directory. Rank 0 looks
+ * and every rank loads what it found (ranks that looked each for themselves could see
+ * different directories, on an unshared or caching file system, and part ways).
+ * Collective. */
 static ts_status load_checkpoint(ts_trainer *t)
 {
     const ts_checkpoint_config *k = &t->cfg.checkpoint;
     if (!k->load[0]) return TS_OK;
+    int found = 1;
     ts_status st = TS_OK;
-    if (!strcmp(k->load, "latest")) {
-        char latest[TS_PATH_MAX + 16];
-        snprintf(latest, sizeof latest, "%s/latest", k->dir);
-        if (access(latest, F_OK) != 0) {
-            if (t->world.rank == 0)
-                ts_log_info("checkpoint: none in %s yet (no %s); starting at step 0", k->dir, latest);
-            return TS_OK;
+    if (t->world.rank == 0) {
+        if (!strcmp(k->load, "latest")) {
+            char latest[TS_PATH_MAX + 16];
+            snprintf(latest, sizeof latest, "%s/latest", k->dir);
+            found = access(latest, F_OK) == 0 || ts_ckpt_newest_step(k->dir) >= 0;
+            if (!found)
+                ts_log_info("checkpoint: none in %s yet; starting at step 0", k->dir);
+            else
+                st = ts_ckpt_resolve(k->dir, t->loaded_from, sizeof t->loaded_from);
+        } else {
+            st = ts_ckpt_resolve(k->load, t->loaded_from, sizeof t->loaded_from);
         }
-        st = ts_ckpt_resolve(k->dir, t->loaded_from, sizeof t->loaded_from);
-    } else {
-        st = ts_ckpt_resolve(k->load, t->loaded_from, sizeof t->loaded_from);
     }
     if (ts_comm_agree(&t->world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
         return TS_ERR;
+    ts_broadcast(&t->world, &found, sizeof found, 0);
+    if (!found) return TS_OK;
+    ts_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
     const double t0 = ts_now_ms();
     ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
     if (ts_ckpt_load(&a, t->loaded_from, &t->start_step) != TS_OK) return TS_ERR;
-    if (t->start_step > t->cfg.train.steps)
-        return ts_comm_agree(&t->world,
-                             ts_fail("checkpoint.load: %s has already run %d steps, more than "
-                                     "train.steps = %d; raise train.steps to train on",
-                                     t->loaded_from, t->start_step, t->cfg.train.steps));
+    /* Every rank read the same state.json: the same step (checked, not assumed). */
+    int lo = t->start_step, hi = t->start_step;
+    ts_allreduce_min_i32(&t->world, &lo, 1);
+    ts_allreduce_max_i32(&t->world, &hi, 1);
+    st = TS_OK;
+    if (lo != hi)
+        st = ts_fail("checkpoint.load: the ranks read different steps (%d to %d) from %s: is "
+                     "the file system shared and coherent on every node?",
+                     lo, hi, t->loaded_from);
+    else if (t->start_step > t->cfg.train.steps)
+        st = ts_fail("checkpoint.load: %s has already run %d steps, more than train.steps = %d; "
+                     "raise train.steps to train on",
+                     t->loaded_from, t->start_step, t->cfg.train.steps);
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     if (t->world.rank == 0)
         ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
                     t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
@@ -549,6 +566,8 @@ static void format_eta(char *buf, size_t n, double seconds)
 /* SIGTERM and SIGUSR1 (what Slurm sends before it preempts or times out a job) ask the
  * run to save and stop after the current step; the ranks agree on it each step. */
 static volatile sig_atomic_t g_stop_signal;
+/* A second notice changes nothing: Slurm may follow its USR1 with a TERM while the save
+ * is running, and that save must finish. (SIGINT and SIGKILL still end a run at once.) */
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 void ts_trainer_catch_stop_signals(void)
@@ -579,11 +598,18 @@ static ts_status finish_save(ts_trainer *t)
     ts_allreduce_max_f64(&t->world, &blocked, 1);
     const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
     if (t->world.rank == 0)
-        ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s)%s; training "
-                    "was blocked for %.2f s",
-                    t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
-                    bytes / (total * 1e6), t->saving_async ? " in the background" : "",
-                    blocked * 1e-3);
+    {
+        if (t->saving_async)
+            ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in the background, committed "
+                        "%.2f s after it started; training was blocked for %.2f s",
+                        t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
+                        blocked * 1e-3);
+        else
+            ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s); "
+                        "training was blocked for that long",
+                        t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
+                        bytes / (total * 1e6));
+    }
     /* Rank 0 writes the line: agreed, so its failure stops every rank. */
     return ts_comm_agree(&t->world,
                          metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,"
