@@ -11,10 +11,49 @@
 #ifndef TS_KERNELS_H
 #define TS_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
+
+/* A backend's stream (an ordered queue of kernels and copies; a CUDA stream) and event
+ * (a point in a stream that can be waited for). Opaque; the CPU backend runs everything
+ * in order on the calling thread, so its streams and events are NULL and its calls
+ * no-ops. */
+typedef struct ts_stream_s *ts_stream;
+typedef struct ts_event_s *ts_event;
 
 typedef struct ts_kernels {
     const char *name;
+
+    /* ---- memory and ordering. Device buffers (parameters, gradients, moments,
+     * activations, scratch, pipeline buffers) come from dev_alloc and are read or written
+     * by host code only through these copies; every kernel below takes device pointers.
+     * host_accessible: device pointers are ordinary host memory (the CPU backend), so a
+     * caller may skip a staging copy as an optimisation, never for correctness. */
+    bool host_accessible;
+    /* `bytes` of zeroed device memory, 64-byte aligned; aborts when out of memory (a run
+     * cannot continue without it). NULL for 0 bytes. */
+    void *(*dev_alloc)(size_t bytes);
+    void (*dev_free)(void *p);
+    void (*memcpy_h2d)(void *dst, const void *src, size_t bytes);
+    void (*memcpy_d2h)(void *dst, const void *src, size_t bytes);
+    void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
+    void (*memset_zero)(void *dst, size_t bytes);
+    /* acc[0] += sum of x[0..n), and of its squares, in double; acc is device memory, so a
+     * step's loss and norm partial sums stay on the device until one copy reads them. */
+    void (*sum_into)(double *acc, const float *x, size_t n);
+    void (*sum_squares_into)(double *acc, const float *x, size_t n);
+    ts_stream (*stream_create)(void);
+    void (*stream_destroy)(ts_stream s);
+    void (*stream_sync)(ts_stream s);  /* wait until everything queued on s is done */
+    ts_event (*event_record)(ts_stream s);
+    void (*event_wait)(ts_event e);    /* the host waits for it, then it is released */
+
+    /* ---- what the kernels keep: the saved state attention_forward leaves for its
+     * backward (`att`) and attention_backward's workspace, in floats. The backend
+     * chooses (the CPU keeps the probabilities [B,NH,T,T]; a flash-style kernel would
+     * keep row statistics [B,NH,T]); the model sizes its buffers from these. */
+    size_t (*attention_saved_floats)(int B, int T, int NH, int HS);
+    size_t (*attention_scratch_floats)(int B, int T, int NH, int HS);
 
     /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C]. */
     void (*encoder_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
@@ -103,6 +142,10 @@ typedef struct ts_kernels {
 
 /* The CPU backend. */
 extern const ts_kernels ts_kernels_cpu;
+
+/* Every slot of a table is filled (a backend that leaves one NULL would crash mid-run):
+ * the first missing slot's name, or NULL when complete. */
+const char *ts_kernels_missing(const ts_kernels *k);
 
 /* One thread budget for OpenMP kernels and OpenBLAS (the same libgomp pool in
  * Debian's openblas-openmp build): sets both, never more than asked. */

@@ -18,24 +18,29 @@
 
 /* Sizes of one micro-batch on one tensor-parallel rank: N = B*T rows, C channels, and
  * this rank's Cl = C/tp attention channels (H = n_head/tp heads), F = 4C/tp MLP
- * columns and Vl vocabulary rows. */
+ * columns and Vl vocabulary rows; att and att_scratch: what the backend's attention
+ * keeps for its backward and the workspace that needs (kernels.h). */
 typedef struct {
-    size_t B, T, N, C, Cl, F, H, Vl;
+    size_t B, T, N, C, Cl, F, H, Vl, att, att_scratch;
 } act_dims;
 
-static act_dims dims_of(int n_embd, int n_head, int vocab, int tp, int tp_rank, int B, int T)
+static act_dims dims_of(const ts_kernels *k, int n_embd, int n_head, int vocab, int tp,
+                        int tp_rank, int B, int T)
 {
     int64_t v0, nv;
     ts_shard_range(vocab, tp, tp_rank, &v0, &nv);
+    const int H = n_head / tp, HS = n_embd / n_head;
     act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)n_embd,
                   .Cl = (size_t)n_embd / tp, .F = 4 * (size_t)n_embd / tp,
-                  .H = (size_t)n_head / tp, .Vl = (size_t)nv};
+                  .H = (size_t)H, .Vl = (size_t)nv,
+                  .att = k->attention_saved_floats(B, T, H, HS),
+                  .att_scratch = k->attention_scratch_floats(B, T, H, HS)};
     return d;
 }
 
 static act_dims model_dims(const ts_model *m, int B, int T)
 {
-    return dims_of(m->n_embd, m->n_head, m->vocab_size, m->tp.size, m->tp.rank, B, T);
+    return dims_of(m->k, m->n_embd, m->n_head, m->vocab_size, m->tp.size, m->tp.rank, B, T);
 }
 
 /* The saved activations of each layer kind, in memory order: X(name, floats) with the
@@ -48,7 +53,7 @@ static act_dims model_dims(const ts_model *m, int B, int T)
     X(ln1, d.N * d.C) X(ln1_mean, d.N) X(ln1_rstd, d.N) /* ln_1 output, statistics */       \
     X(qkv, d.N * 3 * d.Cl)             /* [N,3Cl] this rank's heads of q, k and v */        \
     X(atty, d.N * d.Cl)                /* [N,Cl] attention output before c_proj */          \
-    X(att, d.B * d.H * d.T * d.T)      /* [B,H,T,T] softmax probabilities */                \
+    X(att, d.att)                      /* attention's saved state (CPU: [B,H,T,T] softmax) */ \
     X(res2, d.N * d.C)                 /* [N,C] x + attn(...) */                            \
     X(ln2, d.N * d.C) X(ln2_mean, d.N) X(ln2_rstd, d.N)                                     \
     X(fch, d.N * d.F) X(fch_gelu, d.N * d.F) /* [N,F] MLP hidden, before and after GELU */  \
@@ -81,7 +86,9 @@ static size_t kind_floats(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_floats(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                            int tp_rank)
 {
-    return kind_floats(kind, dims_of(cfg->n_embd, cfg->n_head, cfg->vocab_size, tp, tp_rank, B, T));
+    /* Estimates are for the CPU backend, the only one today. */
+    return kind_floats(kind, dims_of(&ts_kernels_cpu, cfg->n_embd, cfg->n_head, cfg->vocab_size,
+                                     tp, tp_rank, B, T));
 }
 
 static float *layer_mem(const ts_acts *a, int l) { return a->mem + a->layer_off[l - a->l0]; }
@@ -128,8 +135,9 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
     a->l1 = l1;
     a->B = B;
     a->T = T;
-    a->tokens = ts_calloc((size_t)B * T, sizeof(int));
-    a->targets = ts_calloc((size_t)B * T, sizeof(int));
+    a->k = m->k;
+    a->tokens = m->k->dev_alloc((size_t)B * T * sizeof(int));
+    a->targets = m->k->dev_alloc((size_t)B * T * sizeof(int));
     a->layer_off = ts_calloc((size_t)(l1 - l0), sizeof(size_t));
     size_t total = 0;
     for (int l = l0; l < l1; l++) {
@@ -137,7 +145,7 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
         total += layer_floats(m, l, B, T);
     }
     a->floats = total;
-    a->mem = ts_alloc_floats(total);
+    a->mem = m->k->dev_alloc(total * sizeof(float));
 }
 
 size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T)
@@ -149,11 +157,13 @@ size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T)
 
 void ts_acts_free(ts_acts *a)
 {
-    free(a->wstash);
-    free(a->tokens);
-    free(a->targets);
+    if (a->k) {
+        a->k->dev_free(a->wstash);
+        a->k->dev_free(a->tokens);
+        a->k->dev_free(a->targets);
+        a->k->dev_free(a->mem);
+    }
     free(a->layer_off);
-    free(a->mem);
     memset(a, 0, sizeof *a);
 }
 
@@ -180,23 +190,24 @@ static const float *layer_input(const ts_model *m, const ts_acts *a, int l)
 }
 
 /* The backward's scratch: a block's [N,F] hidden gradient (later its [N,3Cl] qkv
- * gradient, 3Cl < F), an [N,C] input gradient and the attention backward's [B,H,T,T];
+ * gradient, 3Cl < F), an [N,C] input gradient and the attention backward's workspace;
  * the head's [N,C] input gradient. */
 size_t ts_scratch_floats(const ts_model *m, int B, int T)
 {
     const act_dims d = model_dims(m, B, T);
-    return d.N * d.F + d.N * d.C + d.B * d.H * d.T * d.T;
+    return d.N * d.F + d.N * d.C + d.att_scratch;
 }
 
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
 {
     s->floats = ts_scratch_floats(m, B, T);
-    s->mem = ts_alloc_floats(s->floats);
+    s->k = m->k;
+    s->mem = m->k->dev_alloc(s->floats * sizeof(float));
 }
 
 void ts_scratch_free(ts_scratch *s)
 {
-    free(s->mem);
+    if (s->k) s->k->dev_free(s->mem);
     s->mem = NULL;
 }
 
@@ -234,7 +245,8 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const floa
 #undef W
 }
 
-static double head_forward(const ts_model *m, const ts_acts *a, int l, const float *x, float dloss)
+static void head_forward(const ts_model *m, const ts_acts *a, int l, const float *x, float dloss,
+                         double *loss_acc)
 {
     const int N = a->B * a->T, C = m->n_embd;
     const int p0 = m->layers[l].first_param;
@@ -248,9 +260,7 @@ static double head_forward(const ts_model *m, const ts_acts *a, int l, const flo
                       m->local_vocab);
     ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
                         m->local_vocab, N, dloss);
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += h.losses[i];
-    return sum;
+    if (loss_acc) m->k->sum_into(loss_acc, h.losses, (size_t)N);
 }
 
 static void between_layers(const ts_model *m)
@@ -258,7 +268,7 @@ static void between_layers(const ts_model *m)
     if (m->between_layers) m->between_layers(m->between_layers_ctx);
 }
 
-void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_sum)
+void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc)
 {
     for (int l = a->l0; l < a->l1; l++) {
         const ts_layer *L = &m->layers[l];
@@ -270,11 +280,9 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_s
         case TS_LAYER_BLOCK:
             block_forward(m, a, l, layer_input(m, a, l));
             break;
-        case TS_LAYER_HEAD: {
-            double s = head_forward(m, a, l, layer_input(m, a, l), dloss);
-            if (loss_sum) *loss_sum = s;
+        case TS_LAYER_HEAD:
+            head_forward(m, a, l, layer_input(m, a, l), dloss, loss_acc);
             break;
-        }
         }
         between_layers(m);
     }
@@ -361,7 +369,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
     /* MLP: dx is the gradient of the block output (the same on every tp rank). */
     const float *d_out = dx;
     if (stash) {
-        memcpy(stash_part(m, stash, N, STASH_D_OUT), dx, NC * sizeof(float));
+        m->k->memcpy_d2d(stash_part(m, stash, N, STASH_D_OUT), dx, NC * sizeof(float));
         d_out = stash_part(m, stash, N, STASH_D_OUT);
     }
     ts_tp_row_backward(tp, dfch, GW(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), d_out, s.fch_gelu,
@@ -374,7 +382,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const flo
     /* Attention: dx is now the gradient of res2. */
     const float *d_res2 = dx;
     if (stash) {
-        memcpy(stash_part(m, stash, N, STASH_D_RES2), dx, NC * sizeof(float));
+        m->k->memcpy_d2d(stash_part(m, stash, N, STASH_D_RES2), dx, NC * sizeof(float));
         d_res2 = stash_part(m, stash, N, STASH_D_RES2);
     }
     float *datty = bufc; /* [N,Cl] */
@@ -424,7 +432,7 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const floa
     ts_tp_col_backward(&m->tp, dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param),
                        NULL, h.logits, h.lnf, ts_param_data(m, m->head_wte_param), N, C,
                        m->local_vocab);
-    memset(dx, 0, (size_t)N * C * sizeof *dx);
+    m->k->memset_zero(dx, (size_t)N * C * sizeof *dx);
     m->k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dlnf, x,
                              ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
 }
@@ -472,12 +480,12 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratc
     const size_t NC = (size_t)a->B * a->T * m->n_embd;
     TS_ASSERT(a->wstash == NULL);
     size_t embed_at = stash_offset(m, a, a->l1);
-    a->wstash = ts_alloc_floats(embed_at + (a->l0 == 0 ? NC : 0));
+    a->wstash = m->k->dev_alloc((embed_at + (a->l0 == 0 ? NC : 0)) * sizeof(float));
     TS_ASSERT(embed_at + (a->l0 == 0 ? NC : 0) == ts_acts_stash_floats(m, a->l0, a->l1, a->B, a->T));
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
-            memcpy(a->wstash + embed_at, dx, NC * sizeof(float));
+            m->k->memcpy_d2d(a->wstash + embed_at, dx, NC * sizeof(float));
             break;
         case TS_LAYER_BLOCK:
             block_backward(m, a, l, layer_input(m, a, l), dx, s, a->wstash + stash_offset(m, a, l));
@@ -509,6 +517,6 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a)
         }
         between_layers(m);
     }
-    free(a->wstash);
+    m->k->dev_free(a->wstash);
     a->wstash = NULL;
 }

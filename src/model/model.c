@@ -146,16 +146,18 @@ void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owne
                        const ts_tp *tp)
 {
     ts_model_layout_tp(m, cfg, owned, tp);
-    m->param_mem = ts_alloc_floats(m->num_floats);
-    m->grad_mem = ts_alloc_floats(m->num_floats);
+    m->param_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
+    m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
 }
 
 void ts_model_free(ts_model *m)
 {
     free(m->layers);
     free(m->params);
-    free(m->param_mem);
-    free(m->grad_mem);
+    if (m->k) {
+        m->k->dev_free(m->param_mem);
+        m->k->dev_free(m->grad_mem);
+    }
     memset(m, 0, sizeof *m);
 }
 

@@ -127,6 +127,8 @@ typedef struct {
     size_t *layer_off;      /* per layer in [l0,l1): offset into mem */
     size_t floats;
     float *wstash;          /* matmul output gradients between the I and W passes */
+    const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
+                             * wstash are */
 } ts_acts;
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
@@ -144,8 +146,9 @@ const float *ts_acts_losses(const ts_model *m, const ts_acts *a);
 
 /* Scratch for the backward of one layer at a time (shared by all micro-batches). */
 typedef struct {
-    float *mem;
+    float *mem;             /* device memory of k */
     size_t floats;
+    const ts_kernels *k;
 } ts_scratch;
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T);
 size_t ts_scratch_floats(const ts_model *m, int B, int T);
@@ -153,9 +156,10 @@ void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss
  * is computed with weight `dloss` per target (1 / targets in the global batch), the
- * head's input gradient is prepared, and the sum of per-token losses is returned in
- * *loss_sum (in double). */
-void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_sum);
+ * head's input gradient is prepared, and the sum of per-token losses is ADDED to
+ * *loss_acc (a double in device memory, so a step's losses are read back once; NULL:
+ * not wanted). */
+void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc);
 
 /* Forward for generation, without a loss: every layer of the whole model on one rank
  * (tp = 1, a->l0 = 0, a->l1 = n_layers) over a->tokens, then the tied LM head on each

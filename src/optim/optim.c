@@ -41,9 +41,11 @@ float ts_clip_coef(double norm, double max_norm)
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded)
+void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded,
+                          const ts_kernels *k)
 {
     memset(o, 0, sizeof *o);
+    o->k = k;
     o->n_ranges = n_ranges;
     o->sharded = sharded;
     o->ranges = ts_calloc((size_t)n_ranges, sizeof *o->ranges);
@@ -53,21 +55,23 @@ void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges
         o->ranges[r] = ranges[r];
         o->n_floats += ranges[r].end - ranges[r].begin;
     }
-    o->m = ts_alloc_floats(o->n_floats);
-    o->v = ts_alloc_floats(o->n_floats);
+    o->m = k->dev_alloc(o->n_floats * sizeof(float));
+    o->v = k->dev_alloc(o->n_floats * sizeof(float));
 }
 
 void ts_adamw_init(ts_adamw *o, const ts_model *m)
 {
     ts_flat_range all = {0, m->num_floats};
-    ts_adamw_init_ranges(o, &all, 1, false);
+    ts_adamw_init_ranges(o, &all, 1, false, m->k);
 }
 
 void ts_adamw_free(ts_adamw *o)
 {
     free(o->ranges);
-    free(o->m);
-    free(o->v);
+    if (o->k) {
+        o->k->dev_free(o->m);
+        o->k->dev_free(o->v);
+    }
     memset(o, 0, sizeof *o);
 }
 

@@ -38,15 +38,18 @@ typedef struct {
     int n_ranges;
     ts_flat_range *ranges;
     size_t n_floats;      /* the floats of every range: the size of m and of v */
-    float *m, *v;         /* zero at the start */
+    float *m, *v;         /* zero at the start; device memory of k */
+    const ts_kernels *k;
     bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
                            * replica, so every dp rank counts its own in the norm */
 } ts_adamw;
 
 /* Moments for the whole model (every float of the flat buffers). */
 void ts_adamw_init(ts_adamw *o, const ts_model *m);
-/* Moments for the given ranges only (copied; ascending and disjoint); `sharded` as above. */
-void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded);
+/* Moments for the given ranges only (copied; ascending and disjoint); `sharded` as above;
+ * the moments are device memory of backend k. */
+void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded,
+                          const ts_kernels *k);
 void ts_adamw_free(ts_adamw *o);
 /* Bytes of the two moment buffers (the optimizer state this rank holds). */
 size_t ts_adamw_state_bytes(const ts_adamw *o);

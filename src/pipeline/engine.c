@@ -65,17 +65,22 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
         }
     }
     const size_t NC = (size_t)e->N * e->C;
+    const ts_kernels *k = model->k;
+    const size_t NCB = NC * sizeof(float), NI = (size_t)e->N * sizeof(int);
+    e->loss_acc = k->dev_alloc(2 * sizeof(double));
+    e->tokens_host = ts_calloc((size_t)e->N, sizeof(int));
+    e->targets_host = ts_calloc((size_t)e->N, sizeof(int));
     e->slots = ts_calloc((size_t)e->n_local * e->m, sizeof *e->slots);
     for (int j = 0; j < e->n_local; j++) {
         int c = e->local_chunks[j];
         for (int mb = 0; mb < e->m; mb++) {
             ts_mb_slot *s = &e->slots[(size_t)j * e->m + mb];
-            if (c > 0) s->in = ts_alloc_floats(NC);
-            s->dx = ts_alloc_floats(NC);
+            if (c > 0) s->in = k->dev_alloc(NCB);
+            s->dx = k->dev_alloc(NCB);
             if (e->recompute != TS_RECOMPUTE_NONE) {
-                s->tokens = ts_calloc((size_t)e->N, sizeof(int));
-                s->targets = ts_calloc((size_t)e->N, sizeof(int));
-                if (c < e->n_chunks - 1) s->out = ts_alloc_floats(NC);
+                s->tokens = k->dev_alloc(NI);
+                s->targets = k->dev_alloc(NI);
+                if (c < e->n_chunks - 1) s->out = k->dev_alloc(NCB);
             }
         }
     }
@@ -95,18 +100,22 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
 void ts_engine_free(ts_engine *e)
 {
     if (!e->slots) return;
+    const ts_kernels *k = e->model->k;
     for (size_t i = 0; i < (size_t)e->n_local * e->m; i++) {
         ts_mb_slot *s = &e->slots[i];
         if (s->acts) {
             ts_acts_free(s->acts);
             free(s->acts);
         }
-        free(s->in);
-        free(s->dx);
-        free(s->out);
-        free(s->tokens);
-        free(s->targets);
+        k->dev_free(s->in);
+        k->dev_free(s->dx);
+        k->dev_free(s->out);
+        k->dev_free(s->tokens);
+        k->dev_free(s->targets);
     }
+    k->dev_free(e->loss_acc);
+    free(e->tokens_host);
+    free(e->targets_host);
     for (int j = 0; j < e->n_local; j++) {
         for (int k = 0; k < e->n_free[j]; k++) {
             ts_acts_free(&e->free_acts[j][k]);
@@ -217,12 +226,16 @@ static bool recomputes(const ts_engine *e, int mb)
            (e->recompute == TS_RECOMPUTE_EXCEPT_LAST && mb != e->m - 1);
 }
 
-/* Fill the micro-batch's tokens (first chunk) and targets (last chunk). */
+/* Fill the micro-batch's tokens (first chunk) and targets (last chunk): read on the
+ * host, then one copy each to the device. */
 static void load_batch(ts_engine *e, int step, int mb, ts_acts *a)
 {
     const ts_config *c = e->cfg;
     ts_data_microbatch(e->data, step, c->train.global_batch, e->dp, e->dp_rank, e->B, mb, e->T,
-                       a->tokens, a->targets);
+                       e->tokens_host, e->targets_host);
+    const size_t NI = (size_t)e->N * sizeof(int);
+    e->model->k->memcpy_h2d(a->tokens, e->tokens_host, NI);
+    e->model->k->memcpy_h2d(a->targets, e->targets_host, NI);
 }
 
 static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool replay)
@@ -230,15 +243,14 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     ts_acts *a = s->acts;
     a->input = c > 0 ? s->in : NULL;
     if (replay) {
-        memcpy(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
-        memcpy(a->targets, s->targets, (size_t)e->N * sizeof(int));
+        e->model->k->memcpy_d2d(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
+        e->model->k->memcpy_d2d(a->targets, s->targets, (size_t)e->N * sizeof(int));
     } else {
         load_batch(e, step, mb, a);
     }
     const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->T);
-    double loss = 0.0;
-    ts_model_forward(e->model, a, dloss, replay ? NULL : &loss);
-    if (!replay && c == e->n_chunks - 1) e->loss_sum += loss;
+    /* The loss of a replayed forward was counted the first time. */
+    ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);
 }
 
 static void do_forward(ts_engine *e, int step, int c, int mb)
@@ -255,10 +267,10 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
         float *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
         const size_t NC = (size_t)e->N * e->C;
         if (is_local(e, c + 1)) {
-            memcpy(slot(e, c + 1, mb)->in, y, NC * sizeof(float));
+            e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, NC * sizeof(float));
         } else {
             if (s->out) { /* the activations are about to go: send a copy */
-                memcpy(s->out, y, NC * sizeof(float));
+                e->model->k->memcpy_d2d(s->out, y, NC * sizeof(float));
                 y = s->out;
             }
             ts_isend_f32(&e->pp, y, NC, ts_chunk_rank(c + 1, e->pp.size),
@@ -268,8 +280,8 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     if (recomputes(e, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
          * backward. The last chunk's loss was counted now, not at the replay. */
-        memcpy(s->tokens, s->acts->tokens, (size_t)e->N * sizeof(int));
-        memcpy(s->targets, s->acts->targets, (size_t)e->N * sizeof(int));
+        e->model->k->memcpy_d2d(s->tokens, s->acts->tokens, (size_t)e->N * sizeof(int));
+        e->model->k->memcpy_d2d(s->targets, s->acts->targets, (size_t)e->N * sizeof(int));
         release_acts(e, c, s);
     }
     double t1 = ts_now_ms();
@@ -306,7 +318,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
             forward(e, step, c, mb, s, true);
         }
         if (c < e->n_chunks - 1 && is_local(e, c + 1))
-            memcpy(s->dx, slot(e, c + 1, mb)->dx, NC * sizeof(float));
+            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, NC * sizeof(float));
         if (kind == TS_ACT_B) {
             /* The chunk's last backward of the step: each layer's gradients are final
              * as soon as the backward leaves it, so report per layer (the dp all-reduce
@@ -356,6 +368,7 @@ void ts_engine_run(ts_engine *e, int step)
 {
     double t0 = ts_now_ms();
     e->loss_sum = 0.0;
+    e->model->k->memset_zero(e->loss_acc, sizeof(double));
     e->compute_ms = 0.0;
     for (int j = 0; j < e->n_local; j++) e->bwd_done[j] = 0;
     post_receives(e);
@@ -370,6 +383,7 @@ void ts_engine_run(ts_engine *e, int step)
             do_backward(e, step, a->chunk, a->mb, a->kind);
     }
     e->span_ms = ts_now_ms() - t0;
+    e->model->k->memcpy_d2h(&e->loss_sum, e->loss_acc, sizeof(double)); /* once per step */
     /* Sends of gradients (and outputs of recomputed micro-batches) may still be in
      * flight: their buffers are reused next step. */
     ts_watchdog_context("pipeline: completing the step's sends", 0, 0, 0);
@@ -387,7 +401,9 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
     const int T = e->T, mbs = e->B;
     const uint64_t S = ts_data_num_windows(val, T);
     const size_t NC = (size_t)e->N * e->C;
-    double loss_sum = 0.0;
+    const ts_kernels *kern = e->model->k;
+    double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
+    kern->memset_zero(acc, sizeof(double));
     for (int w0 = e->dp_rank * mbs; w0 < n_windows; w0 += e->dp * mbs) {
         int rows = n_windows - w0 < mbs ? n_windows - w0 : mbs;
         const float *prev_out = NULL;
@@ -414,13 +430,15 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             a->input = c > 0 ? s->in : NULL;
             for (int r = 0; r < mbs; r++) {
                 uint64_t k = (uint64_t)(w0 + (r < rows ? r : 0)) % S;
-                ts_data_window(val, k, T, a->tokens + (size_t)r * T, a->targets + (size_t)r * T);
+                ts_data_window(val, k, T, e->tokens_host + (size_t)r * T,
+                               e->targets_host + (size_t)r * T);
             }
+            kern->memcpy_h2d(a->tokens, e->tokens_host, (size_t)mbs * T * sizeof(int));
+            kern->memcpy_h2d(a->targets, e->targets_host, (size_t)mbs * T * sizeof(int));
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 /* Padding rows repeat window w0; only the real rows count. */
-                const float *losses = ts_acts_losses(e->model, a);
-                for (int i = 0; i < rows * T; i++) loss_sum += losses[i];
+                kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * T);
             } else {
                 float *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
@@ -437,11 +455,13 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             ts_mb_slot tmp = {.acts = a};
             if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
                 /* The next chunk is ours: copy before releasing. */
-                memcpy(slot(e, c + 1, 0)->in, prev_out, NC * sizeof(float));
+                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, NC * sizeof(float));
                 prev_out = slot(e, c + 1, 0)->in;
             }
             release_acts(e, c, &tmp);
         }
     }
+    double loss_sum = 0.0;
+    kern->memcpy_d2h(&loss_sum, acc, sizeof(double));
     return loss_sum;
 }

@@ -61,7 +61,10 @@ typedef struct {
     double trace_t0_ms;
 
     /* Per step. */
-    double loss_sum;        /* sum of per-token losses (last chunk's rank) */
+    double loss_sum;        /* sum of per-token losses (last chunk's rank), read back from
+                             * loss_acc once at the end of the step */
+    double *loss_acc;       /* device: the step's losses accumulate here */
+    int *tokens_host, *targets_host; /* [N] host staging of a micro-batch's token ids */
     double compute_ms;      /* time in F/B/I/W */
     double span_ms;         /* from the step's start to its last action */
 } ts_engine;

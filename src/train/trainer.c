@@ -360,7 +360,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     }
     /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
     ts_adamw_init_ranges(&t->optim, t->grad_sync.shard, t->grad_sync.n_shard,
-                         t->grad_sync.sharded);
+                         t->grad_sync.sharded, t->model.k);
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
     if (load_checkpoint(t) != TS_OK ||
@@ -426,7 +426,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* Forward and backward of every micro-batch, as the schedule orders them. Every
      * target of the global batch weighs 1/(B*T), so summing over micro-batches and
      * replicas gives the gradient of the mean loss. */
-    memset(t->model.grad_mem, 0, t->model.num_floats * sizeof(float));
+    t->model.k->memset_zero(t->model.grad_mem, t->model.num_floats * sizeof(float));
     t->tp_busy_ms = 0.0;
     ts_grad_sync_begin(&t->grad_sync);
     ts_engine_run(&t->engine, step);

@@ -73,6 +73,21 @@ void ts_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
                            int N, int C, int OC);
 void ts_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int C, int OC);
+/* memory.c: memory, ordering and size queries */
+void *ts_cpu_dev_alloc(size_t bytes);
+void ts_cpu_dev_free(void *p);
+void ts_cpu_memcpy(void *dst, const void *src, size_t bytes);
+void ts_cpu_memset_zero(void *dst, size_t bytes);
+void ts_cpu_sum_into(double *acc, const float *x, size_t n);
+void ts_cpu_sum_squares_into(double *acc, const float *x, size_t n);
+ts_stream ts_cpu_stream_create(void);
+void ts_cpu_stream_destroy(ts_stream s);
+void ts_cpu_stream_sync(ts_stream s);
+ts_event ts_cpu_event_record(ts_stream s);
+void ts_cpu_event_wait(ts_event e);
+size_t ts_cpu_attention_saved_floats(int B, int T, int NH, int HS);
+size_t ts_cpu_attention_scratch_floats(int B, int T, int NH, int HS);
+
 void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
                               int HS);
 void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -1,0 +1,67 @@
+/* The CPU backend's memory, ordering and size queries: device memory is host memory,
+ * copies are memcpy, streams and events are no-ops (every call completes before it
+ * returns). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_internal.h"
+
+void *ts_cpu_dev_alloc(size_t bytes)
+{
+    if (bytes == 0) return NULL;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, rounded) != 0 || !p)
+        ts_panic(__FILE__, __LINE__, "out of memory allocating a device buffer");
+    memset(p, 0, rounded);
+    return p;
+}
+
+void ts_cpu_dev_free(void *p) { free(p); }
+
+void ts_cpu_memcpy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+}
+
+void ts_cpu_memset_zero(void *dst, size_t bytes)
+{
+    if (bytes) memset(dst, 0, bytes);
+}
+
+void ts_cpu_sum_into(double *acc, const float *x, size_t n)
+{
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) s += x[i];
+    *acc += s;
+}
+
+void ts_cpu_sum_squares_into(double *acc, const float *x, size_t n)
+{
+    *acc += ts_cpu_sum_squares(x, n);
+}
+
+ts_stream ts_cpu_stream_create(void) { return NULL; }
+void ts_cpu_stream_destroy(ts_stream s) { (void)s; }
+void ts_cpu_stream_sync(ts_stream s) { (void)s; }
+ts_event ts_cpu_event_record(ts_stream s)
+{
+    (void)s;
+    return NULL;
+}
+void ts_cpu_event_wait(ts_event e) { (void)e; }
+
+/* attention_forward keeps the softmax probabilities; its backward needs as much again. */
+size_t ts_cpu_attention_saved_floats(int B, int T, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * T * T;
+}
+
+size_t ts_cpu_attention_scratch_floats(int B, int T, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * T * T;
+}

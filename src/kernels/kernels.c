@@ -1,0 +1,22 @@
+/* Backend-neutral helpers of the kernel interface. */
+#include "kernels/kernels.h"
+
+/* Every function slot of ts_kernels, by name. */
+#define TS_KERNEL_SLOTS(X)                                                                   \
+    X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero)       \
+    X(sum_into) X(sum_squares_into) X(stream_create) X(stream_destroy) X(stream_sync)       \
+    X(event_record) X(event_wait) X(attention_saved_floats) X(attention_scratch_floats)    \
+    X(encoder_forward) X(encoder_backward) X(layernorm_forward) X(layernorm_backward)       \
+    X(matmul_forward) X(matmul_backward) X(attention_forward) X(attention_backward)         \
+    X(gelu_forward) X(gelu_backward) X(residual_forward) X(crossentropy_forward_backward)  \
+    X(adamw_update) X(sum_squares) X(vocab_embed_forward) X(vocab_embed_backward)          \
+    X(xent_vp_stats) X(xent_vp_sumexp) X(xent_vp_finish)
+
+const char *ts_kernels_missing(const ts_kernels *k)
+{
+#define TS_CHECK_SLOT(slot) \
+    if (!k->slot) return #slot;
+    TS_KERNEL_SLOTS(TS_CHECK_SLOT)
+#undef TS_CHECK_SLOT
+    return NULL;
+}
