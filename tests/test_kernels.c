@@ -622,9 +622,48 @@ static void test_determinism(void)
     free(in.w), free(in.bias), free(in.qkv), free(in.dout), free(in.logits), free(in.p), free(in.g);
 }
 
+/* The table is complete; a missing slot is named; the memory calls copy, zero and sum. */
+static void test_table_and_memory(void)
+{
+    const ts_kernels *k = &ts_kernels_cpu;
+    CHECK(ts_kernels_missing(k) == NULL);
+    ts_kernels broken = *k;
+    broken.memcpy_d2h = NULL;
+    CHECK(ts_kernels_missing(&broken) && strcmp(ts_kernels_missing(&broken), "memcpy_d2h") == 0);
+    float host[100], back[100];
+    for (int i = 0; i < 100; i++) host[i] = (float)i - 49.5f;
+    float *dev = k->dev_alloc(sizeof host), *dev2 = k->dev_alloc(sizeof host);
+    CHECK(((uintptr_t)dev & 63) == 0);
+    k->memcpy_h2d(dev, host, sizeof host);
+    k->memcpy_d2d(dev2, dev, sizeof host);
+    k->memcpy_d2h(back, dev2, sizeof back);
+    CHECK(memcmp(host, back, sizeof host) == 0);
+    double *acc = k->dev_alloc(2 * sizeof(double)), got[2];
+    k->sum_into(acc, dev, 100);
+    k->sum_into(acc, dev, 10);
+    k->sum_squares_into(acc + 1, dev, 100);
+    k->memcpy_d2h(got, acc, sizeof got);
+    double want = 0.0, want_sq = 0.0;
+    for (int i = 0; i < 100; i++) want_sq += (double)host[i] * host[i];
+    for (int i = 0; i < 10; i++) want += host[i];
+    CHECK(fabs(got[0] - want) < 1e-9 && fabs(got[1] - want_sq) < 1e-6 * want_sq);
+    k->memset_zero(dev2, sizeof host);
+    k->memcpy_d2h(back, dev2, sizeof back);
+    for (int i = 0; i < 100; i++) CHECK(back[i] == 0.0f);
+    ts_stream st = k->stream_create();
+    k->event_wait(k->event_record(st));
+    k->stream_sync(st);
+    k->stream_destroy(st);
+    CHECK(k->attention_saved_floats(2, 5, 3, 4) == 2 * 3 * 5 * 5);
+    k->dev_free(dev);
+    k->dev_free(dev2);
+    k->dev_free(acc);
+}
+
 int main(void)
 {
     ts_test_require_blas_core();
+    test_table_and_memory();
     for (int th = 1; th <= 2; th++) {
         ts_cpu_set_threads(th);
         printf("threads = %d\n", th);

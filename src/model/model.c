@@ -86,6 +86,8 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     /* Whole heads per rank and at least one vocabulary row (ts_config_validate says so
      * to the user first). */
     TS_ASSERT(tp->size >= 1 && cfg->n_head % tp->size == 0 && cfg->vocab_size >= tp->size);
+    /* A backend with an empty slot would crash mid-run: refuse it here. */
+    TS_ASSERT(tp->k && ts_kernels_missing(tp->k) == NULL);
     m->tp = *tp;
     m->local_heads = cfg->n_head / tp->size;
     int64_t v0, nv;
