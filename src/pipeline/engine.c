@@ -8,12 +8,9 @@
 #include "core/timer.h"
 #include "core/watchdog.h"
 
-/* Message tags: (receiving chunk, micro-batch, direction). */
-enum { DIR_ACT = 0, DIR_GRAD = 1 };
-static int tag_of(const ts_engine *e, int chunk, int mb, int dir)
-{
-    return (chunk * e->m + mb) * 2 + dir;
-}
+/* One message tag for every pipeline transfer: messages are matched by their order
+ * (exchange.h), which MPI keeps between two ranks, as NCCL does without tags. */
+enum { PP_TAG = 0 };
 
 static int chunk_first(const ts_engine *e, int c) { return e->part->first_layer[c]; }
 static int chunk_end(const ts_engine *e, int c)
@@ -49,11 +46,19 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
     e->recompute = recompute >= 0 ? (ts_recompute)recompute : TS_RECOMPUTE_NONE;
 
-    const int tag_max = ts_comm_tag_max(pp);
-    if ((long long)e->n_chunks * e->m * 2 > tag_max)
-        return ts_fail("%d chunks x %d micro-batches need more message tags than this MPI "
-                       "offers (%d); use fewer micro-batches per step",
-                       e->n_chunks, e->m, tag_max);
+    /* The order of the step's sends and receives, derived from the schedule. */
+    if (ts_xchg_build(&e->xchg, sched) != TS_OK) return ts_error_prefix("pipeline exchange: ");
+    const char *mode = getenv("TS_PP_EXCHANGE");
+    e->grouped = mode && !strcmp(mode, "grouped");
+    if (pp->size > 1) {
+        const int r = e->pp_rank;
+        e->sends = ts_calloc((size_t)e->xchg.n_ops[r] + 1, sizeof *e->sends);
+        for (int k = 0; k < e->xchg.n_ops[r]; k++)
+            if (e->xchg.ops[r][k].kind == TS_XCHG_SEND) e->sends[e->n_sends++] = &e->xchg.ops[r][k];
+        e->send_issued = ts_calloc((size_t)e->n_sends + 1, sizeof(bool));
+        e->peer_blocked = ts_malloc((size_t)pp->size * sizeof(int));
+        for (int p = 0; p < pp->size; p++) e->peer_blocked[p] = -1;
+    }
 
     e->local_of_chunk = ts_malloc((size_t)e->n_chunks * sizeof(int));
     e->local_chunks = ts_malloc((size_t)e->n_chunks * sizeof(int));
@@ -89,6 +94,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->cap_free = ts_calloc((size_t)e->n_local, sizeof(int));
     e->n_allocated = ts_calloc((size_t)e->n_local, sizeof(int));
     e->bwd_done = ts_calloc((size_t)e->n_local, sizeof(int));
+    e->produced = ts_calloc((size_t)e->n_local * e->m * 2, sizeof(bool));
     ts_scratch_init(&e->scratch, model, e->B, e->T);
 
     /* World ranks of the pipeline peers, so a watchdog message names the rank to look at. */
@@ -131,6 +137,11 @@ void ts_engine_free(ts_engine *e)
     free(e->local_chunks);
     free(e->local_of_chunk);
     free(e->pp_world);
+    free(e->sends);
+    free(e->send_issued);
+    free(e->produced);
+    free(e->peer_blocked);
+    ts_xchg_free(&e->xchg);
     ts_scratch_free(&e->scratch);
     memset(e, 0, sizeof *e);
 }
@@ -266,16 +277,10 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     if (c < e->n_chunks - 1) {
         float *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
         const size_t NC = (size_t)e->N * e->C;
-        if (is_local(e, c + 1)) {
+        if (is_local(e, c + 1))
             e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, NC * sizeof(float));
-        } else {
-            if (s->out) { /* the activations are about to go: send a copy */
-                e->model->k->memcpy_d2d(s->out, y, NC * sizeof(float));
-                y = s->out;
-            }
-            ts_isend_f32(&e->pp, y, NC, ts_chunk_rank(c + 1, e->pp.size),
-                         tag_of(e, c + 1, mb, DIR_ACT), &s->send_out);
-        }
+        else if (s->out) /* the activations may go before the exchange sends them: a copy */
+            e->model->k->memcpy_d2d(s->out, y, NC * sizeof(float));
     }
     if (recomputes(e, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
@@ -328,9 +333,6 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
         }
         else
             ts_model_backward_input(e->model, s->acts, s->dx, &e->scratch);
-        if (c > 0 && !is_local(e, c - 1))
-            ts_isend_f32(&e->pp, s->dx, NC, ts_chunk_rank(c - 1, e->pp.size),
-                         tag_of(e, c - 1, mb, DIR_GRAD), &s->send_dx);
     } else {
         ts_model_backward_weight(e->model, s->acts);
     }
@@ -345,23 +347,61 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
     record(e, kind == TS_ACT_B ? "B" : kind == TS_ACT_I ? "I" : "W", name, c, mb, t0, t1);
 }
 
-/* Post every receive of the step before computing anything: whatever order the peers
- * send in, each message has a buffer waiting. */
-static void post_receives(ts_engine *e)
+/* One op of the exchange program (exchange.h): a receive into the slot of the consuming
+ * chunk; a send of the producing chunk's output (or its copy) or its input gradient.
+ * Receives are waited for by the action that needs them; sends before their buffer is
+ * reused (release_acts) and at the end of the step. */
+static void issue_op(ts_engine *e, const ts_xchg_op *op)
 {
     const size_t NC = (size_t)e->N * e->C;
-    for (int j = 0; j < e->n_local; j++) {
-        int c = e->local_chunks[j];
-        for (int mb = 0; mb < e->m; mb++) {
-            ts_mb_slot *s = slot(e, c, mb);
-            if (c > 0 && !is_local(e, c - 1))
-                ts_irecv_f32(&e->pp, s->in, NC, ts_chunk_rank(c - 1, e->pp.size),
-                             tag_of(e, c, mb, DIR_ACT), &s->recv_in);
-            if (c < e->n_chunks - 1 && !is_local(e, c + 1))
-                ts_irecv_f32(&e->pp, s->dx, NC, ts_chunk_rank(c + 1, e->pp.size),
-                             tag_of(e, c, mb, DIR_GRAD), &s->recv_dy);
-        }
+    if (op->kind == TS_XCHG_RECV) {
+        ts_mb_slot *s = slot(e, op->chunk, op->mb);
+        if (op->dir == TS_XCHG_ACT)
+            ts_irecv_f32(&e->pp, s->in, NC, op->peer, PP_TAG, &s->recv_in);
+        else
+            ts_irecv_f32(&e->pp, s->dx, NC, op->peer, PP_TAG, &s->recv_dy);
+    } else if (op->dir == TS_XCHG_ACT) { /* F(chunk - 1)'s output */
+        const int c = op->chunk - 1;
+        ts_mb_slot *s = slot(e, c, op->mb);
+        const float *y = s->out ? s->out : ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
+        ts_isend_f32(&e->pp, y, NC, op->peer, PP_TAG, &s->send_out);
+    } else { /* B/I(chunk + 1)'s input gradient */
+        ts_mb_slot *s = slot(e, op->chunk + 1, op->mb);
+        ts_isend_f32(&e->pp, s->dx, NC, op->peer, PP_TAG, &s->send_dx);
     }
+}
+
+/* Has this rank produced what send `op` carries (F(chunk - 1) ran, or B/I(chunk + 1))? */
+static bool send_ready(const ts_engine *e, const ts_xchg_op *op)
+{
+    const int c = op->dir == TS_XCHG_ACT ? op->chunk - 1 : op->chunk + 1;
+    return e->produced[(size_t)(e->local_of_chunk[c] * e->m + op->mb) * 2 + op->dir];
+}
+
+/* Eager mode: issue, for every peer, the program's sends in program order as far as
+ * their data exists. The order of each pair's messages is the program's (exchange.h),
+ * so they still match with no tags; they just leave as early as a non-blocking send
+ * allows. */
+static void issue_ready_sends(ts_engine *e)
+{
+    for (int i = e->next_send; i < e->n_sends; i++) {
+        const ts_xchg_op *op = e->sends[i];
+        if (e->send_issued[i]) continue;
+        /* A pair's sends go in program order: stop at this peer's first unready one. */
+        if (e->peer_blocked[op->peer] == e->scan || !send_ready(e, op)) {
+            e->peer_blocked[op->peer] = e->scan;
+            continue;
+        }
+        issue_op(e, op);
+        e->send_issued[i] = true;
+        while (e->next_send < e->n_sends && e->send_issued[e->next_send]) e->next_send++;
+    }
+    e->scan++; /* the next scan starts with no peer blocked */
+}
+
+static void mark_produced(ts_engine *e, int c, int mb, ts_xchg_dir dir)
+{
+    e->produced[(size_t)(e->local_of_chunk[c] * e->m + mb) * 2 + dir] = true;
 }
 
 void ts_engine_run(ts_engine *e, int step)
@@ -371,17 +411,39 @@ void ts_engine_run(ts_engine *e, int step)
     e->model->k->memset_zero(e->loss_acc, sizeof(double));
     e->compute_ms = 0.0;
     for (int j = 0; j < e->n_local; j++) e->bwd_done[j] = 0;
-    post_receives(e);
 
     const ts_action *acts = e->sched->actions[e->pp_rank];
     const int n = e->sched->n_actions[e->pp_rank];
-    for (int i = 0; i < n; i++) {
+    const ts_xchg_step *prog = e->pp.size > 1 ? e->xchg.steps[e->pp_rank] : NULL;
+    if (prog && !e->grouped) {
+        /* Eager (MPI: non-blocking sends, posted receives): every receive of the step
+         * posted now, in program order; sends as soon as their data exists. */
+        for (int k = 0; k < e->xchg.n_ops[e->pp_rank]; k++)
+            if (e->xchg.ops[e->pp_rank][k].kind == TS_XCHG_RECV) issue_op(e, &e->xchg.ops[e->pp_rank][k]);
+        memset(e->produced, 0, (size_t)e->n_local * e->m * 2 * sizeof(bool));
+        memset(e->send_issued, 0, (size_t)e->n_sends * sizeof(bool));
+        e->next_send = 0;
+    }
+    for (int i = 0; i <= n; i++) {
+        /* Grouped (a backend that matches by order and completes a send only when the
+         * peer receives: NCCL): the program's group before each action, as it is. */
+        if (prog && e->grouped) {
+            for (int k = 0; k < prog[i].n_ops; k++) issue_op(e, &prog[i].ops[k]);
+        }
+        if (i == n) break;
         const ts_action *a = &acts[i];
         if (a->kind == TS_ACT_F)
             do_forward(e, step, a->chunk, a->mb);
         else
             do_backward(e, step, a->chunk, a->mb, a->kind);
+        if (prog && !e->grouped) {
+            if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1) mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
+            if ((a->kind == TS_ACT_B || a->kind == TS_ACT_I) && a->chunk > 0)
+                mark_produced(e, a->chunk, a->mb, TS_XCHG_GRAD);
+            issue_ready_sends(e);
+        }
     }
+    if (prog && !e->grouped) TS_ASSERT(e->next_send == e->n_sends); /* every send issued */
     e->span_ms = ts_now_ms() - t0;
     e->model->k->memcpy_d2h(&e->loss_sum, e->loss_acc, sizeof(double)); /* once per step */
     /* Sends of gradients (and outputs of recomputed micro-batches) may still be in
@@ -418,7 +480,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 } else {
                     ts_request r;
                     const int from = ts_chunk_rank(c - 1, e->pp.size);
-                    ts_irecv_f32(&e->pp, s->in, NC, from, tag_of(e, c, 0, DIR_ACT), &r);
+                    ts_irecv_f32(&e->pp, s->in, NC, from, PP_TAG, &r);
                     ts_watchdog_context("validation: receiving the input of chunk %d, windows "
                                         "from %d, from world rank %d",
                                         c, w0, e->pp_world[from]);
@@ -444,7 +506,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 if (!is_local(e, c + 1)) {
                     ts_request r;
                     const int to = ts_chunk_rank(c + 1, e->pp.size);
-                    ts_isend_f32(&e->pp, y, NC, to, tag_of(e, c + 1, 0, DIR_ACT), &r);
+                    ts_isend_f32(&e->pp, y, NC, to, PP_TAG, &r);
                     ts_watchdog_context("validation: sending the output of chunk %d, windows "
                                         "from %d, to world rank %d",
                                         c, w0, e->pp_world[to]);

@@ -1,9 +1,10 @@
 /* The pipeline engine: runs one rank's action list (schedule.h) for one training step.
- * It derives the point-to-point transfers from the chunk placement (the input of
- * F(c, i) comes from chunk c-1's rank, the output gradient of B(c, i) from chunk c+1's
- * rank), posts every receive of the step up front and sends without blocking, so no
- * schedule can hang on message order; it frees a micro-batch's activations as soon as
- * its backward has run, and with activation recomputation keeps only chunk inputs. */
+ * The point-to-point transfers (the input of F(c, i) from chunk c-1's rank, the output
+ * gradient of B(c, i) from chunk c+1's rank) follow the exchange program derived from
+ * the schedule (exchange.h): before each action its group of sends and receives is
+ * issued, matched by order with no message tags, so the same engine runs on a backend
+ * without tags (NCCL). It frees a micro-batch's activations as soon as its backward has
+ * run, and with activation recomputation keeps only chunk inputs. */
 #ifndef TS_ENGINE_H
 #define TS_ENGINE_H
 
@@ -14,6 +15,7 @@
 #include "core/trace.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "pipeline/exchange.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 
@@ -44,6 +46,19 @@ typedef struct {
     int n_chunks, m, B, T, N, C;
     ts_recompute recompute;
 
+    ts_xchg xchg;           /* the step's transfers, in order (exchange.h) */
+    /* How the program runs: grouped = each group before its action, as a backend that
+     * matches by order and completes a send only when the peer receives needs (NCCL);
+     * eager (MPI, default) = every receive posted at the start of the step and each
+     * send issued as soon as its data exists, in the program's order per peer (fewer
+     * waits; the same message order, still no tags). TS_PP_EXCHANGE=grouped selects
+     * the grouped run on MPI, so tests cover it before a backend needs it. */
+    bool grouped;
+    const ts_xchg_op **sends; /* eager: this rank's sends in program order */
+    int n_sends, next_send;
+    bool *send_issued;        /* [n_sends] */
+    bool *produced;           /* [n_local * m * 2]: output (0) / input gradient (1) made */
+    int *peer_blocked, scan;  /* [pp]: the scan in which the peer's next send was unready */
     int n_local;            /* chunks on this rank */
     int *local_chunks;      /* [n_local] global chunk index */
     int *local_of_chunk;    /* [n_chunks] local index or -1 */
