@@ -1,6 +1,22 @@
 /* One interface for the collectives and point-to-point transfers the framework needs.
- * Model, tensor-parallel, pipeline and optimizer code call only this; the MPI backend
- * is comm/mpi.c, and an NCCL backend can fill the same calls for device buffers.
+ * Model, tensor-parallel, pipeline and optimizer code call only this; nothing outside
+ * src/comm names a backend.
+ *
+ * Two planes:
+ * - The CONTROL PLANE is always MPI, on host memory: starting and stopping the process
+ *   (ts_comm_init ...), making and freeing groups (ts_comm_split/dup/split_node/free),
+ *   rank bookkeeping (ts_comm_world_ranks, ts_comm_tag_max), agreement
+ *   (ts_comm_agree) and the gathers of host records (ts_allgather_bytes,
+ *   ts_gather_bytes, ts_gatherv). comm/mpi.c implements it directly.
+ * - The DATA PLANE goes through the group's backend table (ts_comm_backend, c->ops):
+ *   the all-reduces, reduce-scatter, all-gather, broadcast and barrier, their
+ *   non-blocking forms, point-to-point sends and receives, request test and wait, and
+ *   point-to-point groups (ts_comm_group_begin/end). comm/comm.c holds what every
+ *   backend shares (the watchdog marks, busy_ms and on_span, the one-rank shortcuts)
+ *   and makes one indirect call per operation; comm/mpi.c fills the table for host
+ *   buffers (ts_comm_mpi), an NCCL backend fills it for device buffers, ordered on the
+ *   group's stream.
+ *
  * Every call is checked: a failing transfer aborts the job with the rank and cause
  * (there is no recovering from a broken collective mid-step). Every blocking call and
  * wait is marked for the watchdog (core/watchdog.h), so one that never returns ends
@@ -29,19 +45,33 @@ typedef union {
 typedef void (*ts_comm_span_fn)(void *ctx, const char *what, size_t bytes, double start_ms,
                                 double end_ms);
 
+typedef struct ts_comm_s ts_comm;
+typedef struct ts_comm_backend ts_comm_backend;
+
 typedef struct ts_comm_s {
-    ts_comm_handle handle; /* the backend's communicator; unused when size == 0 */
+    ts_comm_handle handle; /* the control plane's (MPI) communicator; unused when size == 0 */
     int rank, size;        /* size 0: this rank is not in the group */
     const char *name;      /* "tp", "dp", "pp", "embed", "node", "world": for messages */
     bool owned;            /* made by ts_comm_split*: ts_comm_free releases it */
     double *busy_ms;       /* when set, blocking collectives add their time here */
     ts_comm_span_fn on_span; /* when set, see ts_comm_span_fn */
     void *on_span_ctx;
+    /* The data plane: the backend's table (ts_comm_mpi unless ts_comm_set_backend
+     * changed it; groups split or duplicated from this one get the same), the
+     * backend's own communicator when it needs one (NCCL: an ncclComm_t; NULL for MPI,
+     * which uses `handle`), and the stream every data-plane call on this group is
+     * ordered on (a CUDA stream for NCCL; NULL on the CPU, where MPI ignores it).
+     * Set the stream directly; split and dup copy it, so give a communication thread's
+     * duplicate its own. */
+    const ts_comm_backend *ops;
+    void *backend_comm;
+    void *stream;
 } ts_comm;
 
 /* A pending non-blocking operation (what, comm and peer name it in watchdog messages). */
 typedef struct {
-    ts_comm_handle handle;
+    ts_comm_handle handle;    /* the backend's request (MPI_Request; an event for NCCL) */
+    const ts_comm_backend *ops; /* the backend that started it: tests and waits it */
     int active;
     int peer;                 /* rank in the group, -1 for a collective */
     const char *what, *comm;  /* "receive", "send", "non-blocking all-reduce"; group name */
@@ -52,6 +82,74 @@ typedef struct {
     size_t bytes;
     double start_ms;
 } ts_request;
+
+/* ------------------------------------------------------- the data plane -- */
+
+/* Element types and reductions of the data plane (the types the framework reduces: f32
+ * gradients and activations, f64 metrics, i32 codes and counts, u64 hashes). */
+typedef enum { TS_COMM_F32, TS_COMM_F64, TS_COMM_I32, TS_COMM_U64 } ts_comm_dtype;
+typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
+
+/* A data-plane backend. comm.c calls the collectives only on groups of two or more
+ * ranks (on one rank they return at once), except reduce_scatter and allgather, which
+ * it also calls on one rank when send and recv differ (a copy, for the backend since
+ * the buffers are its memory). comm.c marks the watchdog, times busy_ms and on_span and
+ * fills every field of a ts_request but its handle; the backend only transfers and
+ * checks (aborting with the rank and cause on failure). `stream` is c->stream. Counts
+ * are elements; buffers are the backend's memory (host for MPI, device for NCCL). */
+struct ts_comm_backend {
+    const char *name; /* "mpi", "nccl" */
+    /* Optional (NULL: nothing to do). attach runs after the control plane made `c`
+     * (split, dup, or ts_comm_set_backend; c->ops is this table), collectively over
+     * c's members, and may make the backend's own communicator in c->backend_comm;
+     * detach releases that (called when it is set) before ts_comm_free releases the
+     * group or ts_comm_set_backend moves it. */
+    void (*attach)(ts_comm *c, const ts_comm *parent);
+    void (*detach)(ts_comm *c);
+
+    /* In place, over the group. */
+    void (*allreduce)(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, ts_comm_op op,
+                      void *stream);
+    /* recv[count] = op over ranks of send[rank*count ..][count]; with size <= 1: a copy. */
+    void (*reduce_scatter)(const ts_comm *c, const void *send, void *recv, size_t count,
+                           ts_comm_dtype type, ts_comm_op op, void *stream);
+    /* recv[size*count] = every rank's send[count] in rank order; size <= 1: a copy. */
+    void (*allgather)(const ts_comm *c, const void *send, void *recv, size_t count,
+                      ts_comm_dtype type, void *stream);
+    void (*broadcast)(const ts_comm *c, void *buf, size_t bytes, int root, void *stream);
+    void (*barrier)(const ts_comm *c, void *stream);
+
+    /* Non-blocking, with the semantics of the public calls below. */
+    void (*iallreduce)(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, ts_comm_op op,
+                       void *stream, ts_request *r);
+    void (*ireduce_scatter)(const ts_comm *c, void *buf, const int *counts, ts_comm_dtype type,
+                            ts_comm_op op, void *stream, ts_request *r);
+    void (*iallgather)(const ts_comm *c, void *buf, const int *counts, const int *displs,
+                       ts_comm_dtype type, void *stream, ts_request *r);
+    void (*isend)(const ts_comm *c, const void *buf, size_t n, ts_comm_dtype type, int peer,
+                  int tag, void *stream, ts_request *r);
+    void (*irecv)(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, int peer, int tag,
+                  void *stream, ts_request *r);
+    /* 1 when r (active) completed; wait until it has. comm.c does the rest. */
+    int (*test)(ts_request *r);
+    void (*wait)(ts_request *r);
+
+    /* Point-to-point groups (ts_comm_group_begin/end): no-ops for MPI. */
+    void (*group_begin)(const ts_comm *c, void *stream);
+    void (*group_end)(const ts_comm *c, void *stream);
+};
+
+/* The MPI backend (comm/mpi.c): host buffers; ignores streams. */
+extern const ts_comm_backend ts_comm_mpi;
+
+/* The backend named `name` ("mpi"; "nccl" where built), or NULL. */
+const ts_comm_backend *ts_comm_backend_find(const char *name);
+/* The first required slot of a table left NULL (a backend missing one would crash
+ * mid-run), or NULL when complete. attach and detach are optional. */
+const char *ts_comm_backend_missing(const ts_comm_backend *b);
+/* Move the group `c` (and the groups later split or duplicated from it) to the
+ * backend `ops`: collective over c; detaches the old backend, attaches the new. */
+void ts_comm_set_backend(ts_comm *c, const ts_comm_backend *ops);
 
 /* ------------------------------------------------------------ the process -- */
 
@@ -70,21 +168,24 @@ void ts_comm_finalize(void);
 /* This process's host name as the backend knows it, into buf (always terminated). */
 void ts_comm_host_name(char *buf, size_t cap);
 
-/* ------------------------------------------------------------ the groups -- */
+/* ---------------------------------------------- the groups (control plane) -- */
 
-/* Every process of the job, named "world" (not owned). */
+/* Every process of the job, named "world" (not owned), on the MPI backend. */
 void ts_comm_world(ts_comm *c);
 /* Split `parent` (collective over it): the ranks passing the same color >= 0 form one
  * group, ranked by key (ties by their rank in parent); color < 0 joins none (out->size
- * is 0). The caller owns *out (ts_comm_free). Only the topology makes groups. */
+ * is 0). The caller owns *out (ts_comm_free). Only the topology makes groups. The new
+ * group has the parent's backend and stream. */
 void ts_comm_split(const ts_comm *parent, int color, int key, const char *name, ts_comm *out);
 /* A duplicate of `c` (collective over it): the same ranks, its own message space, so a
- * communication thread's collectives never interleave with the main thread's. Owned. */
+ * communication thread's collectives never interleave with the main thread's. Owned;
+ * the parent's backend and stream. */
 void ts_comm_dup(const ts_comm *c, const char *name, ts_comm *out);
 /* The ranks of `parent` that share this node's memory, ranked by key; owned as above. */
 void ts_comm_split_node(const ts_comm *parent, int key, const char *name, ts_comm *out);
-/* Release a group made by a split; a no-op for others (world, a non-member, a zeroed
- * struct). Call it on the owner's copy only. */
+/* Release a group made by a split (and a backend communicator attached to any group);
+ * a no-op for others (world, a non-member, a zeroed struct). Call it on the owner's
+ * copy only. */
 void ts_comm_free(ts_comm *c);
 static inline int ts_comm_member(const ts_comm *c) { return c->size > 0; }
 /* The largest message tag the backend accepts. */
@@ -92,7 +193,25 @@ int ts_comm_tag_max(const ts_comm *c);
 /* world_ranks[i] = the world rank of member i, for i < c->size (messages name ranks). */
 void ts_comm_world_ranks(const ts_comm *c, int *world_ranks);
 
-/* ------------------------------------------------------- the collectives -- */
+/* ------------------------------------ host records (control plane, MPI) -- */
+
+/* recv[size*bytes] = every rank's send[bytes], in rank order (bytes <= INT_MAX). */
+void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv);
+/* The same on `root` only (recv is ignored elsewhere and may be NULL there). */
+void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv, int root);
+/* Gather n elements of elem_bytes each from every rank to `root`, packed in rank order
+ * into recv; counts[size] (root only) says how many each rank sends. The total must
+ * fit an int (elements). */
+void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, void *recv,
+                const int *counts, int root);
+
+/* Agree on an outcome across the group before anything can hang: every rank passes its
+ * own status; a failure on any rank fails on every rank, and the message recorded on
+ * each is the lowest failing rank's, prefixed "on rank R (host H): " when R is not
+ * rank 0 (so rank 0, which prints, names where it happened). Collective. */
+ts_status ts_comm_agree(const ts_comm *c, ts_status local);
+
+/* ------------------------------------ the collectives (data plane, c->ops) -- */
 
 /* In-place reductions over the group: sum, min and max of every type the framework
  * reduces (f32 gradients, f64 metrics, i32 codes and counts, u64 hashes). */
@@ -105,27 +224,13 @@ void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n);
 void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
 void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
 void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
-/* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). */
+/* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). send and
+ * recv do not overlap. */
 void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count);
-/* recv[size*count] = every rank's send[count], in rank order. */
+/* recv[size*count] = every rank's send[count], in rank order (no overlap). */
 void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count);
-/* recv[size*bytes] = every rank's send[bytes], in rank order (bytes <= INT_MAX). */
-void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv);
-/* The same on `root` only (recv is ignored elsewhere and may be NULL there). */
-void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv, int root);
-/* Gather n elements of elem_bytes each from every rank to `root`, packed in rank order
- * into recv; counts[size] (root only) says how many each rank sends. The total must
- * fit an int (elements). */
-void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, void *recv,
-                const int *counts, int root);
 void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
 void ts_barrier(const ts_comm *c);
-
-/* Agree on an outcome across the group before anything can hang: every rank passes its
- * own status; a failure on any rank fails on every rank, and the message recorded on
- * each is the lowest failing rank's, prefixed "on rank R (host H): " when R is not
- * rank 0 (so rank 0, which prints, names where it happened). Collective. */
-ts_status ts_comm_agree(const ts_comm *c, ts_status local);
 
 /* Non-blocking: start, make progress (returns 1 when complete), wait. */
 void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r);
@@ -142,5 +247,14 @@ void ts_iallgather_f32(const ts_comm *c, float *buf, const int *counts, const in
                        ts_request *r);
 int ts_request_test(ts_request *r);
 void ts_request_wait(ts_request *r);
+
+/* Point-to-point groups: the sends and receives started between begin and end on one
+ * group are issued together, so matched pairs in any order cannot deadlock (NCCL's
+ * ncclGroupStart/End; MPI's isend/irecv already never block, so no-ops there). Groups
+ * may nest; a request started inside one may be tested or waited only after the
+ * outermost end. Transfers between two ranks match in the order they are started
+ * (tags are not enough: NCCL has none), so both sides start them in the same order. */
+void ts_comm_group_begin(const ts_comm *c);
+void ts_comm_group_end(const ts_comm *c);
 
 #endif

@@ -1,7 +1,9 @@
-/* The MPI backend of the comm interface. Counts are size_t; MPI takes int, so large
- * buffers go in slices of at most 1 GiB elements (a blocking collective per slice; the
- * non-blocking ones must fit one call, which the bucketed callers guarantee). This is
- * the only file that calls MPI (tests/test_boundaries.sh checks it). */
+/* MPI: the control plane (the process, the groups, agreement, gathers of host records)
+ * and the data-plane backend for host buffers (ts_comm_mpi, called through comm.c).
+ * Counts are size_t; MPI takes int, so large buffers go in slices of at most 1 GiB
+ * elements (a blocking collective per slice; the non-blocking ones must fit one call,
+ * which the bucketed callers guarantee). This is the only file that calls MPI
+ * (tests/test_boundaries.sh checks it). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +12,8 @@
 #include <mpi.h>
 
 #include "comm/comm.h"
+#include "comm/internal.h"
 #include "core/error.h"
-#include "core/timer.h"
 #include "core/watchdog.h"
 
 #define SLICE ((size_t)1 << 30)
@@ -55,16 +57,46 @@ static void set_request(ts_request *r, MPI_Request q)
     memcpy(&r->handle, &q, sizeof q);
 }
 
-/* Fill *c for the communicator m (MPI_COMM_NULL: not a member). */
+/* Fill *c for the communicator m (MPI_COMM_NULL: not a member), on the MPI backend. */
 static void wrap(ts_comm *c, MPI_Comm m, const char *name, bool owned)
 {
     memset(c, 0, sizeof *c);
     memcpy(&c->handle, &m, sizeof m);
     c->name = name;
+    c->ops = &ts_comm_mpi;
     if (m == MPI_COMM_NULL) return;
     c->owned = owned;
     check(MPI_Comm_rank(m, &c->rank), c, "rank query");
     check(MPI_Comm_size(m, &c->size), c, "size query");
+}
+
+/* The data plane's types and reductions. */
+static MPI_Datatype type_of(ts_comm_dtype t)
+{
+    switch (t) {
+    case TS_COMM_F32: return MPI_FLOAT;
+    case TS_COMM_F64: return MPI_DOUBLE;
+    case TS_COMM_I32: return MPI_INT;
+    case TS_COMM_U64: return MPI_UINT64_T;
+    }
+    TS_ASSERT(!"a ts_comm_dtype");
+    return MPI_DATATYPE_NULL;
+}
+
+static size_t size_of(ts_comm_dtype t)
+{
+    return t == TS_COMM_F32 || t == TS_COMM_I32 ? 4 : 8;
+}
+
+static MPI_Op op_of(ts_comm_op op)
+{
+    switch (op) {
+    case TS_COMM_SUM: return MPI_SUM;
+    case TS_COMM_MIN: return MPI_MIN;
+    case TS_COMM_MAX: return MPI_MAX;
+    }
+    TS_ASSERT(!"a ts_comm_op");
+    return MPI_OP_NULL;
 }
 
 /* ----------------------------------------------------------- the process -- */
@@ -130,6 +162,7 @@ void ts_comm_split(const ts_comm *parent, int color, int key, const char *name, 
           "communicator split");
     ts_watchdog_wait_end();
     wrap(out, m, name, true);
+    ts_comm_inherit(out, parent);
 }
 
 void ts_comm_dup(const ts_comm *c, const char *name, ts_comm *out)
@@ -140,6 +173,7 @@ void ts_comm_dup(const ts_comm *c, const char *name, ts_comm *out)
     check(MPI_Comm_dup(comm_of(c), &m), c, "communicator duplicate");
     ts_watchdog_wait_end();
     wrap(out, m, name, true);
+    ts_comm_inherit(out, c);
 }
 
 void ts_comm_split_node(const ts_comm *parent, int key, const char *name, ts_comm *out)
@@ -151,10 +185,12 @@ void ts_comm_split_node(const ts_comm *parent, int key, const char *name, ts_com
           parent, "communicator split (shared memory)");
     ts_watchdog_wait_end();
     wrap(out, m, name, true);
+    ts_comm_inherit(out, parent);
 }
 
 void ts_comm_free(ts_comm *c)
 {
+    ts_comm_detach(c);
     if (c->owned && c->size > 0) {
         MPI_Comm m = comm_of(c);
         check(MPI_Comm_free(&m), c, "communicator free");
@@ -186,103 +222,7 @@ void ts_comm_world_ranks(const ts_comm *c, int *world_ranks)
     MPI_Group_free(&world);
 }
 
-/* ------------------------------------------------------- the collectives -- */
-
-/* Around every blocking collective: the watchdog mark, and the time for busy_ms and
- * on_span when the group has them. */
-static double begin(const ts_comm *c, const char *what)
-{
-    ts_watchdog_wait_begin(what, c->name, -1);
-    return c->busy_ms || c->on_span ? ts_now_ms() : 0.0;
-}
-
-static void end(const ts_comm *c, const char *what, size_t bytes, double t0)
-{
-    ts_watchdog_wait_end();
-    if (!c->busy_ms && !c->on_span) return;
-    double t1 = ts_now_ms();
-    if (c->busy_ms) *c->busy_ms += t1 - t0;
-    if (c->on_span) c->on_span(c->on_span_ctx, what, bytes, t0, t1);
-}
-
-static void allreduce(const ts_comm *c, void *buf, size_t n, MPI_Datatype type, size_t elem,
-                      MPI_Op op)
-{
-    if (c->size <= 1) return;
-    double t0 = begin(c, "all-reduce");
-    for (size_t off = 0; off < n; off += SLICE) {
-        size_t cnt = n - off < SLICE ? n - off : SLICE;
-        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type, op,
-                            comm_of(c)),
-              c, "all-reduce");
-    }
-    end(c, "all-reduce", n * elem, t0);
-}
-
-void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_FLOAT, sizeof(float), MPI_SUM);
-}
-void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_FLOAT, sizeof(float), MPI_MAX);
-}
-void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_DOUBLE, sizeof(double), MPI_SUM);
-}
-void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_DOUBLE, sizeof(double), MPI_MAX);
-}
-void ts_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_INT, sizeof(int), MPI_SUM);
-}
-void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_INT, sizeof(int), MPI_MIN);
-}
-void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_INT, sizeof(int), MPI_MAX);
-}
-void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_UINT64_T, sizeof(uint64_t), MPI_MIN);
-}
-void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n)
-{
-    allreduce(c, buf, n, MPI_UINT64_T, sizeof(uint64_t), MPI_MAX);
-}
-
-void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count)
-{
-    TS_ASSERT(count <= INT_MAX);
-    if (c->size <= 1) {
-        if (send != recv)
-            for (size_t i = 0; i < count; i++) recv[i] = send[i];
-        return;
-    }
-    double t0 = begin(c, "reduce-scatter");
-    check(MPI_Reduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, comm_of(c)), c,
-          "reduce-scatter");
-    end(c, "reduce-scatter", count * (size_t)c->size * sizeof(float), t0);
-}
-
-void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count)
-{
-    TS_ASSERT(count <= INT_MAX);
-    if (c->size <= 1) {
-        if (send != recv)
-            for (size_t i = 0; i < count; i++) recv[i] = send[i];
-        return;
-    }
-    double t0 = begin(c, "all-gather");
-    check(MPI_Allgather(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, comm_of(c)), c,
-          "all-gather");
-    end(c, "all-gather", count * (size_t)c->size * sizeof(float), t0);
-}
+/* ------------------------------------------ host records (control plane) -- */
 
 void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv)
 {
@@ -291,10 +231,10 @@ void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *
         if (bytes > 0 && send != recv) memmove(recv, send, bytes);
         return;
     }
-    double t0 = begin(c, "all-gather");
+    double t0 = ts_comm_begin(c, "all-gather");
     check(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm_of(c)), c,
           "all-gather");
-    end(c, "all-gather", bytes * (size_t)c->size, t0);
+    ts_comm_end(c, "all-gather", bytes * (size_t)c->size, t0);
 }
 
 void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv, int root)
@@ -304,10 +244,10 @@ void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *rec
         if (bytes > 0 && send != recv) memmove(recv, send, bytes);
         return;
     }
-    double t0 = begin(c, "gather");
+    double t0 = ts_comm_begin(c, "gather");
     check(MPI_Gather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, root, comm_of(c)), c,
           "gather");
-    end(c, "gather", bytes, t0);
+    ts_comm_end(c, "gather", bytes, t0);
 }
 
 void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, void *recv,
@@ -332,30 +272,11 @@ void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, vo
     MPI_Datatype type;
     check(MPI_Type_contiguous((int)elem_bytes, MPI_BYTE, &type), c, "gather (type)");
     check(MPI_Type_commit(&type), c, "gather (type)");
-    double t0 = begin(c, "gather");
+    double t0 = ts_comm_begin(c, "gather");
     check(MPI_Gatherv(send, n, type, recv, counts, displs, type, root, comm_of(c)), c, "gather");
-    end(c, "gather", (size_t)n * elem_bytes, t0);
+    ts_comm_end(c, "gather", (size_t)n * elem_bytes, t0);
     check(MPI_Type_free(&type), c, "gather (type)");
     free(displs);
-}
-
-void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root)
-{
-    if (c->size <= 1) return;
-    double t0 = begin(c, "broadcast");
-    for (size_t off = 0; off < bytes; off += SLICE)
-        check(MPI_Bcast((char *)buf + off, (int)(bytes - off < SLICE ? bytes - off : SLICE),
-                        MPI_BYTE, root, comm_of(c)),
-              c, "broadcast");
-    end(c, "broadcast", bytes, t0);
-}
-
-void ts_barrier(const ts_comm *c)
-{
-    if (c->size <= 1) return;
-    double t0 = begin(c, "barrier");
-    check(MPI_Barrier(comm_of(c)), c, "barrier");
-    end(c, "barrier", 0, t0);
 }
 
 ts_status ts_comm_agree(const ts_comm *c, ts_status local)
@@ -382,139 +303,157 @@ ts_status ts_comm_agree(const ts_comm *c, ts_status local)
     return ts_fail("%s", msg);
 }
 
-/* ------------------------------------------------------ non-blocking -- */
+/* ------------------------------------- the data plane (host buffers) -- */
 
-/* A request that is not a collective reports no span. */
-static void no_span(ts_request *r)
+/* comm.c calls these on groups of two or more ranks (reduce_scatter and allgather also
+ * on one rank, for a copy); it marks the watchdog and reports the time. */
+
+static void mpi_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
+                          ts_comm_op op, void *stream)
 {
-    r->on_span = NULL;
-    r->on_span_ctx = NULL;
-    r->op = NULL;
-    r->bytes = 0;
-    r->start_ms = 0.0;
+    (void)stream;
+    const size_t elem = size_of(type);
+    for (size_t off = 0; off < n; off += SLICE) {
+        size_t cnt = n - off < SLICE ? n - off : SLICE;
+        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type_of(type),
+                            op_of(op), comm_of(c)),
+              c, "all-reduce");
+    }
 }
 
-/* A collective's request reports its span to the group's on_span when complete. */
-static void start_span(const ts_comm *c, ts_request *r, const char *op, size_t bytes)
+static void mpi_reduce_scatter(const ts_comm *c, const void *send, void *recv, size_t count,
+                               ts_comm_dtype type, ts_comm_op op, void *stream)
 {
-    r->on_span = c->on_span;
-    r->on_span_ctx = c->on_span_ctx;
-    r->op = op;
-    r->bytes = bytes;
-    r->start_ms = c->on_span ? ts_now_ms() : 0.0;
+    (void)stream;
+    TS_ASSERT(count <= INT_MAX);
+    if (c->size <= 1) {
+        memmove(recv, send, count * size_of(type));
+        return;
+    }
+    check(MPI_Reduce_scatter_block(send, recv, (int)count, type_of(type), op_of(op),
+                                   comm_of(c)),
+          c, "reduce-scatter");
 }
 
-static void completed(ts_request *r)
+static void mpi_allgather(const ts_comm *c, const void *send, void *recv, size_t count,
+                          ts_comm_dtype type, void *stream)
 {
-    r->active = 0;
-    if (!r->on_span) return;
-    ts_comm_span_fn fn = r->on_span;
-    r->on_span = NULL;
-    fn(r->on_span_ctx, r->op, r->bytes, r->start_ms, ts_now_ms());
+    (void)stream;
+    TS_ASSERT(count <= INT_MAX);
+    if (c->size <= 1) {
+        memmove(recv, send, count * size_of(type));
+        return;
+    }
+    check(MPI_Allgather(send, (int)count, type_of(type), recv, (int)count, type_of(type),
+                        comm_of(c)),
+          c, "all-gather");
 }
 
-void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r)
+static void mpi_broadcast(const ts_comm *c, void *buf, size_t bytes, int root, void *stream)
 {
+    (void)stream;
+    for (size_t off = 0; off < bytes; off += SLICE)
+        check(MPI_Bcast((char *)buf + off, (int)(bytes - off < SLICE ? bytes - off : SLICE),
+                        MPI_BYTE, root, comm_of(c)),
+              c, "broadcast");
+}
+
+static void mpi_barrier(const ts_comm *c, void *stream)
+{
+    (void)stream;
+    check(MPI_Barrier(comm_of(c)), c, "barrier");
+}
+
+static void mpi_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
+                           ts_comm_op op, void *stream, ts_request *r)
+{
+    (void)stream;
     TS_ASSERT(n <= INT_MAX);
-    r->active = 0;
-    r->what = "non-blocking all-reduce";
-    r->comm = c->name;
-    r->peer = -1;
-    no_span(r);
-    if (c->size <= 1) return;
-    start_span(c, r, "all-reduce", n * sizeof(float));
     MPI_Request q;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm_of(c), &q), c,
-          "non-blocking all-reduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type_of(type), op_of(op), comm_of(c), &q),
+          c, "non-blocking all-reduce");
     set_request(r, q);
-    r->active = 1;
 }
 
-void ts_ireduce_scatter_sum_f32(const ts_comm *c, float *buf, const int *counts, ts_request *r)
+static void mpi_ireduce_scatter(const ts_comm *c, void *buf, const int *counts,
+                                ts_comm_dtype type, ts_comm_op op, void *stream, ts_request *r)
 {
-    r->active = 0;
-    r->what = "non-blocking reduce-scatter";
-    r->comm = c->name;
-    r->peer = -1;
-    no_span(r);
-    if (c->size <= 1) return; /* piece 0 is the whole input, already in place */
-    size_t total = 0;
-    for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
-    start_span(c, r, "reduce-scatter", total * sizeof(float));
+    (void)stream;
     MPI_Request q;
-    check(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, comm_of(c), &q), c,
-          "non-blocking reduce-scatter");
+    check(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, type_of(type), op_of(op), comm_of(c),
+                              &q),
+          c, "non-blocking reduce-scatter");
     set_request(r, q);
-    r->active = 1;
 }
 
-void ts_iallgather_f32(const ts_comm *c, float *buf, const int *counts, const int *displs,
-                       ts_request *r)
+static void mpi_iallgather(const ts_comm *c, void *buf, const int *counts, const int *displs,
+                           ts_comm_dtype type, void *stream, ts_request *r)
 {
-    r->active = 0;
-    r->what = "non-blocking all-gather";
-    r->comm = c->name;
-    r->peer = -1;
-    no_span(r);
-    if (c->size <= 1) return;
-    size_t total = 0;
-    for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
-    start_span(c, r, "all-gather", total * sizeof(float));
+    (void)stream;
     MPI_Request q;
-    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
-                          comm_of(c), &q),
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs,
+                          type_of(type), comm_of(c), &q),
           c, "non-blocking all-gather");
     set_request(r, q);
-    r->active = 1;
 }
 
-void ts_isend_f32(const ts_comm *c, const float *buf, size_t n, int peer, int tag, ts_request *r)
+static void mpi_isend(const ts_comm *c, const void *buf, size_t n, ts_comm_dtype type, int peer,
+                      int tag, void *stream, ts_request *r)
 {
+    (void)stream;
     TS_ASSERT(n <= INT_MAX);
     MPI_Request q;
-    check(MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, comm_of(c), &q), c, "send");
+    check(MPI_Isend(buf, (int)n, type_of(type), peer, tag, comm_of(c), &q), c, "send");
     set_request(r, q);
-    no_span(r);
-    r->active = 1;
-    r->what = "send";
-    r->comm = c->name;
-    r->peer = peer;
 }
 
-void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_request *r)
+static void mpi_irecv(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, int peer,
+                      int tag, void *stream, ts_request *r)
 {
+    (void)stream;
     TS_ASSERT(n <= INT_MAX);
     MPI_Request q;
-    check(MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, comm_of(c), &q), c, "receive");
+    check(MPI_Irecv(buf, (int)n, type_of(type), peer, tag, comm_of(c), &q), c, "receive");
     set_request(r, q);
-    no_span(r);
-    r->active = 1;
-    r->what = "receive";
-    r->comm = c->name;
-    r->peer = peer;
 }
 
-int ts_request_test(ts_request *r)
+static int mpi_test(ts_request *r)
 {
-    if (!r->active) return 1;
     int done = 0;
     MPI_Request q = request_of(r);
     check(MPI_Test(&q, &done, MPI_STATUS_IGNORE), NULL, "progress");
     set_request(r, q);
-    if (done) {
-        completed(r);
-        ts_watchdog_progress();
-    }
     return done;
 }
 
-void ts_request_wait(ts_request *r)
+static void mpi_wait(ts_request *r)
 {
-    if (!r->active) return;
     MPI_Request q = request_of(r);
-    ts_watchdog_wait_begin(r->what, r->comm, r->peer);
     check(MPI_Wait(&q, MPI_STATUS_IGNORE), NULL, "wait");
-    ts_watchdog_wait_end();
     set_request(r, q);
-    completed(r);
 }
+
+/* isend and irecv never block, so matched pairs need no grouping. */
+static void mpi_group(const ts_comm *c, void *stream)
+{
+    (void)c;
+    (void)stream;
+}
+
+const ts_comm_backend ts_comm_mpi = {
+    .name = "mpi",
+    .allreduce = mpi_allreduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .allgather = mpi_allgather,
+    .broadcast = mpi_broadcast,
+    .barrier = mpi_barrier,
+    .iallreduce = mpi_iallreduce,
+    .ireduce_scatter = mpi_ireduce_scatter,
+    .iallgather = mpi_iallgather,
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .test = mpi_test,
+    .wait = mpi_wait,
+    .group_begin = mpi_group,
+    .group_end = mpi_group,
+};

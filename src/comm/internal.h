@@ -1,0 +1,33 @@
+/* What comm.c (the data plane's front end) and the backends share, private to src/comm:
+ * the marks and timing around every blocking call. */
+#ifndef TS_COMM_INTERNAL_H
+#define TS_COMM_INTERNAL_H
+
+#include "comm/comm.h"
+#include "core/timer.h"
+#include "core/watchdog.h"
+
+/* Around every blocking collective: the watchdog mark, and the time for busy_ms and
+ * on_span when the group has them. */
+static inline double ts_comm_begin(const ts_comm *c, const char *what)
+{
+    ts_watchdog_wait_begin(what, c->name, -1);
+    return c->busy_ms || c->on_span ? ts_now_ms() : 0.0;
+}
+
+static inline void ts_comm_end(const ts_comm *c, const char *what, size_t bytes, double t0)
+{
+    ts_watchdog_wait_end();
+    if (!c->busy_ms && !c->on_span) return;
+    double t1 = ts_now_ms();
+    if (c->busy_ms) *c->busy_ms += t1 - t0;
+    if (c->on_span) c->on_span(c->on_span_ctx, what, bytes, t0, t1);
+}
+
+/* The group `out` the control plane just made from `parent` (or a non-member's empty
+ * one) takes the parent's backend and stream; the backend attaches to a member. */
+void ts_comm_inherit(ts_comm *out, const ts_comm *parent);
+/* Before the control plane releases c: the backend lets go of it. */
+void ts_comm_detach(ts_comm *c);
+
+#endif
