@@ -427,8 +427,10 @@ void ts_engine_run(ts_engine *e, int step)
     for (int i = 0; i <= n; i++) {
         /* Grouped (a backend that matches by order and completes a send only when the
          * peer receives: NCCL): the program's group before each action, as it is. */
-        if (prog && e->grouped) {
+        if (prog && e->grouped && prog[i].n_ops > 0) {
+            ts_comm_group_begin(&e->pp);
             for (int k = 0; k < prog[i].n_ops; k++) issue_op(e, &prog[i].ops[k]);
+            ts_comm_group_end(&e->pp);
         }
         if (i == n) break;
         const ts_action *a = &acts[i];
