@@ -45,15 +45,15 @@ static ts_status check_finite(const ts_param *P, const char *name, const float *
     return TS_OK;
 }
 
-/* Parameter P from tensor t: dtype and shape, this rank's part into dst, finite values.
- * The message names the file. */
+/* Parameter P from tensor t: dtype and shape, this rank's part into host memory
+ * `host`, finite values. The message names the file. */
 static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
-                            float *dst)
+                            float *host)
 {
     if (ts_st_expect_f32(t, P->shard.ndim, P->shard.shape) != TS_OK)
         return ts_error_prefix("%s: ", f->path);
-    if (read_param_part(f, t, P, dst) != TS_OK) return TS_ERR; /* names the file */
-    if (check_finite(P, t->name, dst) != TS_OK) return ts_error_prefix("%s: ", f->path);
+    if (read_param_part(f, t, P, host) != TS_OK) return TS_ERR; /* names the file */
+    if (check_finite(P, t->name, host) != TS_OK) return ts_error_prefix("%s: ", f->path);
     return TS_OK;
 }
 
@@ -96,7 +96,12 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
                            path, P->shard.name,
                            ts_st_shape_str(shape, sizeof shape, P->shard.ndim, P->shard.shape));
         }
-        if (load_param(&f, t, P, ts_param_data(m, p)) != TS_OK) {
+        /* Read and checked on the host, then one copy to the device. */
+        float *host = ts_alloc_floats(P->numel);
+        ts_status st = load_param(&f, t, P, host);
+        if (st == TS_OK) m->k->memcpy_h2d(ts_param_data(m, p), host, P->numel * sizeof(float));
+        free(host);
+        if (st != TS_OK) {
             ts_st_close(&f);
             return ts_error_prefix("model.init: ");
         }
@@ -106,13 +111,15 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
         /* nanoGPT's state_dict carries the tied head too: accept it only if it is the
          * same tensor, since our head is tied by construction. */
         const ts_param *P = &m->params[m->head_wte_param];
-        float *tmp = ts_alloc_floats(P->numel);
+        float *tmp = ts_alloc_floats(P->numel), *have = ts_alloc_floats(P->numel);
         ts_status st = load_param(&f, head, P, tmp);
-        if (st == TS_OK && memcmp(tmp, ts_param_data(m, m->head_wte_param),
-                                  P->numel * sizeof(float)) != 0)
+        if (st == TS_OK)
+            m->k->memcpy_d2h(have, ts_param_data(m, m->head_wte_param), P->numel * sizeof(float));
+        if (st == TS_OK && memcmp(tmp, have, P->numel * sizeof(float)) != 0)
             st = ts_fail("%s: lm_head.weight differs from transformer.wte.weight; Tessera's "
                          "GPT-2 ties them (nanoGPT semantics)", path);
         free(tmp);
+        free(have);
         if (st != TS_OK) {
             ts_st_close(&f);
             return ts_error_prefix("model.init: ");

@@ -103,17 +103,19 @@ ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, i
     return TS_OK;
 }
 
-/* Read this rank's part of parameter P (local elements [lo, hi)) from tensor t into dst
- * (dst[0] is local element lo). */
+/* Read this rank's part of parameter P (local elements [lo, hi)) from tensor t into
+ * device memory dst of backend k (dst[0] is local element lo), through a host buffer. */
 static ts_status read_part(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
-                           size_t lo, size_t hi, float *dst)
+                           size_t lo, size_t hi, float *dst, const ts_kernels *k)
 {
+    float *host = ts_alloc_floats(hi - lo ? hi - lo : 1);
+    ts_status st = TS_OK;
     ts_shard_run r;
-    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);)
-        if (ts_st_read(f, t, r.logical * sizeof(float), dst + (r.local - lo), r.len * sizeof(float)) !=
-            TS_OK)
-            return TS_ERR;
-    return TS_OK;
+    for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); st == TS_OK && ts_shard_next(&it, &r);)
+        st = ts_st_read(f, t, r.logical * sizeof(float), host + (r.local - lo), r.len * sizeof(float));
+    if (st == TS_OK) k->memcpy_h2d(dst, host, (hi - lo) * sizeof(float));
+    free(host);
+    return st;
 }
 
 /* The model's keys must match: they define the tensors. */
@@ -144,7 +146,7 @@ static ts_status read_weights(ts_ckpt_reader *r, ts_model *m)
         const ts_st_tensor *t;
         int f;
         if (ts_ckpt_reader_expect(r, P->shard.name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
-            read_part(&r->files[f].st, t, P, 0, P->numel, ts_param_data(m, p)) != TS_OK)
+            read_part(&r->files[f].st, t, P, 0, P->numel, ts_param_data(m, p), m->k) != TS_OK)
             return TS_ERR;
         ts_watchdog_progress();
     }
@@ -223,7 +225,7 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
                 const ts_st_tensor *t;
                 int f;
                 if (ts_ckpt_reader_expect(r, name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
-                    read_part(&r->files[f].st, t, P, lo, hi, (kind ? o->v : o->m) + mom) != TS_OK)
+                    read_part(&r->files[f].st, t, P, lo, hi, (kind ? o->v : o->m) + mom, m->k) != TS_OK)
                     return TS_ERR;
             }
         }

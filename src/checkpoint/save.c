@@ -586,8 +586,9 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
         *blocked_ms = ts_now_ms() - t0;
         return TS_ERR;
     }
-    if (async) {
-        /* Copy this rank's runs now (training may change the buffers next step); a
+    if (async || !a->model->k->host_accessible) {
+        /* Copy this rank's runs to the host now (training may change the buffers next
+         * step; device memory cannot be written to a file directly); with `async` a
          * thread writes them while training goes on. */
         ts_ckpt_staging *buf = a->staging ? a->staging : &s->own;
         if (buf->floats < s->items.floats || !buf->mem) {
@@ -599,12 +600,12 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
         size_t at = 0;
         for (size_t i = 0; i < s->items.n; i++) {
             item *it = &s->items.v[i];
-            memcpy(s->staging + at, it->src, it->len * sizeof(float));
+            a->model->k->memcpy_d2h(s->staging + at, it->src, it->len * sizeof(float));
             it->src = s->staging + at;
             at += it->len;
         }
-        s->threaded = pthread_create(&s->thread, NULL, writer_thread, s) == 0;
-        if (!s->threaded) write_items(s); /* no thread to be had: write now */
+        s->threaded = async && pthread_create(&s->thread, NULL, writer_thread, s) == 0;
+        if (!s->threaded) write_items(s); /* synchronous, or no thread to be had */
     } else {
         ts_watchdog_context("checkpoint: writing this rank's slices of step %d", a->step, 0, 0);
         write_items(s);

@@ -174,27 +174,33 @@ size_t ts_model_logical_params(const ts_model_config *c)
 
 void ts_model_init_random(ts_model *m, uint64_t seed)
 {
+    /* Drawn on the host into a staging buffer, then one copy per parameter to the
+     * device (parameters are device memory: kernels.h). */
+    size_t most = 0;
+    for (int p = 0; p < m->n_params; p++) most = m->params[p].numel > most ? m->params[p].numel : most;
+    float *w = ts_alloc_floats(most ? most : 1);
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
-        float *w = ts_param_data(m, p);
         if (P->init == TS_INIT_ZEROS || P->init == TS_INIT_ONES) {
             float v = P->init == TS_INIT_ONES ? 1.0f : 0.0f;
             for (size_t i = 0; i < P->numel; i++) w[i] = v;
-            continue;
-        }
-        /* Element i of the logical tensor depends only on (seed, name, i); each thread
-         * walks the runs of its own range of local elements. */
-        const uint64_t key = ts_rng_name_key(P->shard.name);
-        const double std = P->init_std;
+        } else {
+            /* Element i of the logical tensor depends only on (seed, name, i); each
+             * thread walks the runs of its own range of local elements. */
+            const uint64_t key = ts_rng_name_key(P->shard.name);
+            const double std = P->init_std;
 #pragma omp parallel
-        {
-            const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-            ts_shard_run r;
-            for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, P->numel * t / nt,
-                                                        P->numel * (t + 1) / nt);
-                 ts_shard_next(&it, &r);)
-                for (size_t j = 0; j < r.len; j++)
-                    w[r.local + j] = (float)(std * ts_rng_normal(seed, key, r.logical + j));
+            {
+                const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+                ts_shard_run r;
+                for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, P->numel * t / nt,
+                                                            P->numel * (t + 1) / nt);
+                     ts_shard_next(&it, &r);)
+                    for (size_t j = 0; j < r.len; j++)
+                        w[r.local + j] = (float)(std * ts_rng_normal(seed, key, r.logical + j));
+            }
         }
+        m->k->memcpy_h2d(ts_param_data(m, p), w, P->numel * sizeof(float));
     }
+    free(w);
 }

@@ -18,9 +18,9 @@ double ts_grad_sum_squares(const ts_model *m)
     return ts_grad_sum_squares_range(m, 0, m->num_floats);
 }
 
-double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
+/* acc[0] += the squares of the counted gradients in floats [begin, end), on the device. */
+static void sum_squares_into(const ts_model *m, size_t begin, size_t end, double *acc)
 {
-    double sum = 0.0;
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
         size_t lo = P->offset > begin ? P->offset : begin;
@@ -29,9 +29,31 @@ double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
         /* Count once (tensor/tp.h): not the tied copy, nor tp ranks 1.. of a replicated
          * tensor. */
         if (!ts_tp_param_counts(&P->shard)) continue;
-        sum += m->k->sum_squares(m->grad_mem + lo, hi - lo);
+        m->k->sum_squares_into(acc, m->grad_mem + lo, hi - lo);
     }
-    return sum;
+}
+
+/* A device double for the partial sums, zeroed, and reading it back (one copy). */
+static double *device_acc(const ts_kernels *k)
+{
+    double *acc = k->dev_alloc(sizeof(double));
+    k->memset_zero(acc, sizeof(double));
+    return acc;
+}
+
+static double read_acc(const ts_kernels *k, double *acc)
+{
+    double v = 0.0;
+    k->memcpy_d2h(&v, acc, sizeof v);
+    k->dev_free(acc);
+    return v;
+}
+
+double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
+{
+    double *acc = device_acc(m->k);
+    sum_squares_into(m, begin, end, acc);
+    return read_acc(m->k, acc);
 }
 
 float ts_clip_coef(double norm, double max_norm)
@@ -82,10 +104,10 @@ size_t ts_adamw_state_bytes(const ts_adamw *o)
 
 double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
 {
-    double sum = 0.0;
-    for (int r = 0; r < o->n_ranges; r++)
-        sum += ts_grad_sum_squares_range(m, o->ranges[r].begin, o->ranges[r].end);
-    return sum;
+    /* Every part's squares accumulate on the device; one copy reads the total. */
+    double *acc = device_acc(m->k);
+    for (int r = 0; r < o->n_ranges; r++) sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, acc);
+    return read_acc(m->k, acc);
 }
 
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
