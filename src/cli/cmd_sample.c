@@ -219,7 +219,9 @@ static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n
     const int V = m->vocab_size;
     ts_sampler s;
     ts_sampler_init(&s, V, sa->temperature, sa->top_k, sa->seed);
+    /* The kernels write the logits on the device; the sampler reads a host copy. */
     float *logits = ts_alloc_floats((size_t)V);
+    float *logits_dev = m->k->dev_alloc((size_t)V * sizeof(float));
     ts_acts a;
     int cur_T = 0, rc = 0;
     for (int i = 0; i < sa->tokens; i++) {
@@ -231,8 +233,9 @@ static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n
             ts_acts_init(&a, m, 0, m->n_layers, 1, T);
             cur_T = T;
         }
-        memcpy(a.tokens, tokens + (len - T), (size_t)T * sizeof *tokens);
-        ts_model_forward_logits(m, &a, logits);
+        m->k->memcpy_h2d(a.tokens, tokens + (len - T), (size_t)T * sizeof *tokens);
+        ts_model_forward_logits(m, &a, logits_dev);
+        m->k->memcpy_d2h(logits, logits_dev, (size_t)V * sizeof(float));
         const int next = ts_sampler_next(&s, logits);
         if (next < 0) {
             fflush(stdout);
@@ -253,6 +256,7 @@ static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n
         }
     }
     if (cur_T) ts_acts_free(&a);
+    m->k->dev_free(logits_dev);
     free(logits);
     ts_sampler_free(&s);
     return rc;

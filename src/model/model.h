@@ -164,7 +164,8 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
 /* Forward for generation, without a loss: every layer of the whole model on one rank
  * (tp = 1, a->l0 = 0, a->l1 = n_layers) over a->tokens, then the tied LM head on each
  * sequence's last position only: logits [B, vocab_size] (row b = position T-1 of
- * sequence b). a->targets is not read; the head's losses are not computed. */
+ * sequence b), device memory like every kernel output. a->targets is not read; the
+ * head's losses are not computed. */
 void ts_model_forward_logits(const ts_model *m, ts_acts *a, float *logits);
 
 /* Backward through layers [a->l1 - 1 .. a->l0]. `dx` [B*T, C]: on entry the gradient of

@@ -133,15 +133,16 @@ static void time_layer(const ts_model *m, int l, int B, int T, const float *x, c
     const size_t N = (size_t)B * T, C = (size_t)m->n_embd;
     ts_acts a;
     ts_acts_init(&a, m, l, l + 1, B, T);
-    for (size_t i = 0; i < N; i++) {
-        a.tokens[i] = (int)(mix(seed) % (uint64_t)m->vocab_size);
-        a.targets[i] = (int)(mix(seed) % (uint64_t)m->vocab_size);
-    }
+    int *ids = ts_malloc(2 * N * sizeof(int)); /* tokens then targets, made on the host */
+    for (size_t i = 0; i < 2 * N; i++) ids[i] = (int)(mix(seed) % (uint64_t)m->vocab_size);
+    m->k->memcpy_h2d(a.tokens, ids, N * sizeof(int));
+    m->k->memcpy_h2d(a.targets, ids + N, N * sizeof(int));
+    free(ids);
     a.input = x;
     *f_ms = *b_ms = INFINITY;
     double total = 0.0;
     for (int rep = 0; rep < 4; rep++) {
-        memcpy(dx, dy, N * C * sizeof *dx);
+        m->k->memcpy_d2d(dx, dy, N * C * sizeof *dx);
         double t0 = ts_now_ms();
         ts_model_forward(m, &a, 1.0f / (float)N, NULL);
         double t1 = ts_now_ms();
@@ -233,10 +234,16 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
 
     const size_t NC = (size_t)B * T * (size_t)mc->n_embd;
     uint64_t seed = 42;
-    float *x = ts_alloc_floats(NC), *dy = ts_alloc_floats(NC), *dx = ts_alloc_floats(NC);
-    fill_uniform(x, NC, &seed);
-    fill_uniform(dy, NC, &seed);
-    for (size_t i = 0; i < NC; i++) dy[i] *= 1e-3f;
+    /* The layer inputs and output gradients: drawn on the host, copied to the device. */
+    float *host = ts_alloc_floats(NC);
+    float *x = k->dev_alloc(NC * sizeof(float)), *dy = k->dev_alloc(NC * sizeof(float));
+    float *dx = k->dev_alloc(NC * sizeof(float));
+    fill_uniform(host, NC, &seed);
+    k->memcpy_h2d(x, host, NC * sizeof(float));
+    fill_uniform(host, NC, &seed);
+    for (size_t i = 0; i < NC; i++) host[i] *= 1e-3f;
+    k->memcpy_h2d(dy, host, NC * sizeof(float));
+    free(host);
     ts_scratch sc;
     ts_scratch_init(&sc, &m, B, T);
 
@@ -256,9 +263,9 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
     c->bwd_ms[n_layers - 1] = b;
 
     ts_scratch_free(&sc);
-    free(x);
-    free(dy);
-    free(dx);
+    k->dev_free(x);
+    k->dev_free(dy);
+    k->dev_free(dx);
     ts_model_free(&m);
     free(owned);
     return TS_OK;
