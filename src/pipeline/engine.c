@@ -51,13 +51,17 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     const char *mode = getenv("TS_PP_EXCHANGE");
     e->grouped = mode && !strcmp(mode, "grouped");
     if (pp->size > 1) {
-        const int r = e->pp_rank;
-        e->sends = ts_calloc((size_t)e->xchg.n_ops[r] + 1, sizeof *e->sends);
-        for (int k = 0; k < e->xchg.n_ops[r]; k++)
-            if (e->xchg.ops[r][k].kind == TS_XCHG_SEND) e->sends[e->n_sends++] = &e->xchg.ops[r][k];
-        e->send_issued = ts_calloc((size_t)e->n_sends + 1, sizeof(bool));
-        e->peer_blocked = ts_malloc((size_t)pp->size * sizeof(int));
-        for (int p = 0; p < pp->size; p++) e->peer_blocked[p] = -1;
+        const int r = e->pp_rank, n_ops = e->xchg.n_ops[r];
+        const ts_xchg_op *ops = e->xchg.ops[r];
+        e->sends = ts_calloc((size_t)n_ops + 1, sizeof *e->sends);
+        e->first = ts_calloc((size_t)pp->size + 1, sizeof(int));
+        e->next = ts_calloc((size_t)pp->size, sizeof(int));
+        for (int k = 0; k < n_ops; k++)
+            if (ops[k].kind == TS_XCHG_SEND) e->first[ops[k].peer + 1]++;
+        for (int p = 0; p < pp->size; p++) e->first[p + 1] += e->first[p];
+        for (int p = 0; p < pp->size; p++) e->next[p] = e->first[p];
+        for (int k = 0; k < n_ops; k++)
+            if (ops[k].kind == TS_XCHG_SEND) e->sends[e->next[ops[k].peer]++] = &ops[k];
     }
 
     e->local_of_chunk = ts_malloc((size_t)e->n_chunks * sizeof(int));
@@ -138,9 +142,9 @@ void ts_engine_free(ts_engine *e)
     free(e->local_of_chunk);
     free(e->pp_world);
     free(e->sends);
-    free(e->send_issued);
+    free(e->first);
+    free(e->next);
     free(e->produced);
-    free(e->peer_blocked);
     ts_xchg_free(&e->xchg);
     ts_scratch_free(&e->scratch);
     memset(e, 0, sizeof *e);
@@ -378,25 +382,14 @@ static bool send_ready(const ts_engine *e, const ts_xchg_op *op)
     return e->produced[(size_t)(e->local_of_chunk[c] * e->m + op->mb) * 2 + op->dir];
 }
 
-/* Eager mode: issue, for every peer, the program's sends in program order as far as
- * their data exists. The order of each pair's messages is the program's (exchange.h),
- * so they still match with no tags; they just leave as early as a non-blocking send
- * allows. */
+/* Eager mode: issue each peer's sends in program order as far as their data exists.
+ * Each pair's messages keep the program's order (exchange.h), so they still match with
+ * no tags; they just leave as early as a non-blocking send allows. */
 static void issue_ready_sends(ts_engine *e)
 {
-    for (int i = e->next_send; i < e->n_sends; i++) {
-        const ts_xchg_op *op = e->sends[i];
-        if (e->send_issued[i]) continue;
-        /* A pair's sends go in program order: stop at this peer's first unready one. */
-        if (e->peer_blocked[op->peer] == e->scan || !send_ready(e, op)) {
-            e->peer_blocked[op->peer] = e->scan;
-            continue;
-        }
-        issue_op(e, op);
-        e->send_issued[i] = true;
-        while (e->next_send < e->n_sends && e->send_issued[e->next_send]) e->next_send++;
-    }
-    e->scan++; /* the next scan starts with no peer blocked */
+    for (int p = 0; p < e->pp.size; p++)
+        while (e->next[p] < e->first[p + 1] && send_ready(e, e->sends[e->next[p]]))
+            issue_op(e, e->sends[e->next[p]++]);
 }
 
 static void mark_produced(ts_engine *e, int c, int mb, ts_xchg_dir dir)
@@ -421,8 +414,7 @@ void ts_engine_run(ts_engine *e, int step)
         for (int k = 0; k < e->xchg.n_ops[e->pp_rank]; k++)
             if (e->xchg.ops[e->pp_rank][k].kind == TS_XCHG_RECV) issue_op(e, &e->xchg.ops[e->pp_rank][k]);
         memset(e->produced, 0, (size_t)e->n_local * e->m * 2 * sizeof(bool));
-        memset(e->send_issued, 0, (size_t)e->n_sends * sizeof(bool));
-        e->next_send = 0;
+        for (int p = 0; p < e->pp.size; p++) e->next[p] = e->first[p];
     }
     for (int i = 0; i <= n; i++) {
         /* Grouped (a backend that matches by order and completes a send only when the
@@ -445,7 +437,8 @@ void ts_engine_run(ts_engine *e, int step)
             issue_ready_sends(e);
         }
     }
-    if (prog && !e->grouped) TS_ASSERT(e->next_send == e->n_sends); /* every send issued */
+    for (int p = 0; prog && !e->grouped && p < e->pp.size; p++)
+        TS_ASSERT(e->next[p] == e->first[p + 1]); /* every send issued */
     e->span_ms = ts_now_ms() - t0;
     e->model->k->memcpy_d2h(&e->loss_sum, e->loss_acc, sizeof(double)); /* once per step */
     /* Sends of gradients (and outputs of recomputed micro-batches) may still be in

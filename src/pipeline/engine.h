@@ -54,11 +54,12 @@ typedef struct {
      * waits; the same message order, still no tags). TS_PP_EXCHANGE=grouped selects
      * the grouped run on MPI, so tests cover it before a backend needs it. */
     bool grouped;
-    const ts_xchg_op **sends; /* eager: this rank's sends in program order */
-    int n_sends, next_send;
-    bool *send_issued;        /* [n_sends] */
+    /* Eager: this rank's sends grouped by peer, each peer's in program order (the order
+     * its receives expect): peer p's are sends[first[p] .. first[p + 1]), the next to
+     * issue sends[next[p]]. */
+    const ts_xchg_op **sends;
+    int *first, *next;        /* [pp + 1], [pp] */
     bool *produced;           /* [n_local * m * 2]: output (0) / input gradient (1) made */
-    int *peer_blocked, scan;  /* [pp]: the scan in which the peer's next send was unready */
     int n_local;            /* chunks on this rank */
     int *local_chunks;      /* [n_local] global chunk index */
     int *local_of_chunk;    /* [n_chunks] local index or -1 */
