@@ -3,10 +3,12 @@
  * that order, headers as safetensors writes them. */
 #include "checkpoint/layout.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -154,4 +156,32 @@ long ts_ckpt_step_of_name(const char *path)
         v = v * 10 + (base[i] - '0');
     }
     return v;
+}
+
+static int newest_first(const void *a, const void *b)
+{
+    const long x = *(const long *)a, y = *(const long *)b;
+    return (x < y) - (x > y);
+}
+
+long ts_ckpt_list_steps(const char *root, bool complete, long **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(root);
+    if (!d) return -1;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    char state[TS_PATH_MAX + 300];
+    struct stat sb;
+    while ((e = readdir(d)) != NULL) {
+        const long s = ts_ckpt_step_of_name(e->d_name);
+        if (s < 0) continue;
+        snprintf(state, sizeof state, "%s/%s/state.json", root, e->d_name);
+        if (complete && stat(state, &sb) != 0) continue;
+        *steps = ts_grow(*steps, &cap, n, sizeof **steps);
+        (*steps)[n++] = s;
+    }
+    closedir(d);
+    if (n > 1) qsort(*steps, n, sizeof **steps, newest_first);
+    return (long)n;
 }

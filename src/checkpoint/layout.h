@@ -5,6 +5,7 @@
 #ifndef TS_CKPT_LAYOUT_H
 #define TS_CKPT_LAYOUT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "config/config.h"
@@ -54,6 +55,11 @@ static inline const ts_ckpt_entry *ts_ckpt_entry_of(const ts_ckpt_layout *L, ts_
 /* The step of a checkpoint directory's name "step_NNNNNNNN" (the last component of
  * `path`), or -1 when it is not one. */
 long ts_ckpt_step_of_name(const char *path);
+
+/* The steps of root's step_NNNNNNNN directories, newest first, into *steps (malloc'ed;
+ * free it); with `complete`, only those holding state.json (a finished save). Returns
+ * their count, or -1 when root cannot be read. */
+long ts_ckpt_list_steps(const char *root, bool complete, long **steps);
 
 /* model.safetensors.index.json (Hugging Face's sharded-checkpoint index) when the
  * weights span several files; malloc'ed text. */

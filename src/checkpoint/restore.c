@@ -18,19 +18,11 @@
 
 long ts_ckpt_newest_step(const char *root)
 {
-    DIR *d = opendir(root);
-    if (!d) return -1;
-    long best = -1;
-    struct dirent *e;
-    char state[TS_PATH_MAX + 300];
-    struct stat sb;
-    while ((e = readdir(d)) != NULL) {
-        const long s = ts_ckpt_step_of_name(e->d_name);
-        snprintf(state, sizeof state, "%s/%s/state.json", root, e->d_name);
-        if (s > best && stat(state, &sb) == 0) best = s;
-    }
-    closedir(d);
-    return best;
+    long *steps;
+    const long n = ts_ckpt_list_steps(root, true, &steps);
+    const long newest = n > 0 ? steps[0] : -1;
+    free(steps);
+    return newest;
 }
 
 ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)

@@ -42,12 +42,7 @@ typedef struct {
 
 static void piece_add(piece_list *l, piece p)
 {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 1024;
-        piece *v = realloc(l->v, l->cap * sizeof *v);
-        TS_ASSERT(v != NULL);
-        l->v = v;
-    }
+    l->v = ts_grow(l->v, &l->cap, l->n, sizeof *l->v);
     l->v[l->n++] = p;
 }
 
@@ -239,12 +234,7 @@ typedef struct {
 
 static void item_add(item_list *l, item it)
 {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 1024;
-        item *v = realloc(l->v, l->cap * sizeof *v);
-        TS_ASSERT(v != NULL);
-        l->v = v;
-    }
+    l->v = ts_grow(l->v, &l->cap, l->n, sizeof *l->v);
     l->v[l->n++] = it;
     l->floats += it.len;
 }
@@ -456,35 +446,17 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
 /* Keep the one just written and the keep - 1 newest before it. */
 static ts_status prune(const char *root, int keep, long just_written)
 {
-    DIR *d = opendir(root);
-    if (!d) return ts_fail("cannot open %s: %s", root, strerror(errno));
-    long *steps = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        /* Checkpoints after the one just written belong to a run this one rolled back
-         * from (it loaded an earlier step): they are left for the user to judge. */
-        long s = ts_ckpt_step_of_name(e->d_name);
-        if (s < 0 || s >= just_written) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            long *v = realloc(steps, cap * sizeof *v);
-            TS_ASSERT(v != NULL);
-            steps = v;
-        }
-        steps[n++] = s;
-    }
-    closedir(d);
-    /* Descending: the first keep - 1 others stay. */
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && steps[j - 1] < steps[j]; j--) {
-            long t = steps[j];
-            steps[j] = steps[j - 1];
-            steps[j - 1] = t;
-        }
+    long *steps;
+    const long n = ts_ckpt_list_steps(root, false, &steps);
+    if (n < 0) return ts_fail("cannot open %s: %s", root, strerror(errno));
+    /* Newest first. Checkpoints after the one just written belong to a run this one
+     * rolled back from (it loaded an earlier step): they are left for the user to judge.
+     * Of the older ones, keep - 1 stay beside the new one. */
     ts_status st = TS_OK;
+    long kept = 1;
     char path[TS_PATH_MAX + 300];
-    for (size_t i = keep > 0 ? (size_t)keep - 1 : 0; i < n && st == TS_OK; i++) {
+    for (long i = 0; i < n && st == TS_OK; i++) {
+        if (steps[i] >= just_written || kept++ < keep) continue;
         snprintf(path, sizeof path, "%s/step_%08ld", root, steps[i]);
         st = remove_dir(path);
     }

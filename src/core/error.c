@@ -62,6 +62,20 @@ void *ts_calloc(size_t count, size_t size)
     return p;
 }
 
+void *ts_grow(void *v, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap) return v;
+    size_t want = *cap ? 2 * *cap : 16;
+    while (want <= n) want *= 2;
+    void *grown = realloc(v, want * elem);
+    if (!grown) {
+        fprintf(stderr, "tessera: out of memory growing an array to %zu elements\n", want);
+        abort();
+    }
+    *cap = want;
+    return grown;
+}
+
 float *ts_alloc_floats(size_t count)
 {
     size_t bytes = (count * sizeof(float) + 63) / 64 * 64;

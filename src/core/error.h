@@ -33,5 +33,9 @@ void *ts_malloc(size_t bytes);
 void *ts_calloc(size_t count, size_t size);
 /* 64-byte aligned, zeroed; free with free(). */
 float *ts_alloc_floats(size_t count);
+/* Room for element n of a growing array v of *cap elements of elem bytes: v itself, or
+ * v reallocated to twice the capacity (at least 16), *cap updated. Panics when out of
+ * memory, as ts_malloc does. */
+void *ts_grow(void *v, size_t *cap, size_t n, size_t elem);
 
 #endif
