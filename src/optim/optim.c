@@ -79,6 +79,7 @@ void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges
     }
     o->m = k->dev_alloc(o->n_floats * sizeof(float));
     o->v = k->dev_alloc(o->n_floats * sizeof(float));
+    o->norm_acc = k->dev_alloc(sizeof(double));
 }
 
 void ts_adamw_init(ts_adamw *o, const ts_model *m)
@@ -93,6 +94,7 @@ void ts_adamw_free(ts_adamw *o)
     if (o->k) {
         o->k->dev_free(o->m);
         o->k->dev_free(o->v);
+        o->k->dev_free(o->norm_acc);
     }
     memset(o, 0, sizeof *o);
 }
@@ -105,9 +107,12 @@ size_t ts_adamw_state_bytes(const ts_adamw *o)
 double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
 {
     /* Every part's squares accumulate on the device; one copy reads the total. */
-    double *acc = device_acc(m->k);
-    for (int r = 0; r < o->n_ranges; r++) sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, acc);
-    return read_acc(m->k, acc);
+    m->k->memset_zero(o->norm_acc, sizeof(double));
+    for (int r = 0; r < o->n_ranges; r++)
+        sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, o->norm_acc);
+    double sum = 0.0;
+    m->k->memcpy_d2h(&sum, o->norm_acc, sizeof sum);
+    return sum;
 }
 
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,

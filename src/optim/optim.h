@@ -39,6 +39,7 @@ typedef struct {
     ts_flat_range *ranges;
     size_t n_floats;      /* the floats of every range: the size of m and of v */
     float *m, *v;         /* zero at the start; device memory of k */
+    double *norm_acc;     /* device: the step's sum of squares, read back once */
     const ts_kernels *k;
     bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
                            * replica, so every dp rank counts its own in the norm */
