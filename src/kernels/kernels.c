@@ -1,6 +1,8 @@
 /* Backend-neutral helpers of the kernel interface. */
 #include "kernels/kernels.h"
 
+#include <string.h>
+
 /* Every function slot of ts_kernels, by name. */
 #define TS_KERNEL_SLOTS(X)                                                                   \
     X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero)       \
@@ -18,5 +20,13 @@ const char *ts_kernels_missing(const ts_kernels *k)
     if (!k->slot) return #slot;
     TS_KERNEL_SLOTS(TS_CHECK_SLOT)
 #undef TS_CHECK_SLOT
+    return NULL;
+}
+
+const ts_kernels *ts_kernels_find(const char *name)
+{
+    static const ts_kernels *const all[] = { &ts_kernels_cpu, &ts_kernels_cpu_strict };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(all[i]->name, name)) return all[i];
     return NULL;
 }

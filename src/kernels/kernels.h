@@ -142,6 +142,14 @@ typedef struct ts_kernels {
 
 /* The CPU backend. */
 extern const ts_kernels ts_kernels_cpu;
+/* The CPU kernels on device memory the host cannot touch (kernels/strict): its pages
+ * are PROT_NONE except inside this table's calls, so a host access to a device buffer
+ * faults at once with a message naming the buffer. For tests (train.device =
+ * "cpu-strict"): it proves the core does on the CPU what a GPU will require. */
+extern const ts_kernels ts_kernels_cpu_strict;
+
+/* The backend named `name` ("cpu", "cpu-strict"; "cuda" where built), or NULL. */
+const ts_kernels *ts_kernels_find(const char *name);
 
 /* Every slot of a table is filled (a backend that leaves one NULL would crash mid-run):
  * the first missing slot's name, or NULL when complete. */
