@@ -13,11 +13,20 @@ FAILED=0
 pass() { PASSED=$((PASSED + 1)); }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*" >&2; }
 
+# The strict device mode (CTest label "strict"): TS_TEST_DEVICE names the compute
+# backend every training run of the test uses (train.device), e.g. "cpu-strict", whose
+# device memory faults when host code touches it. Empty: the config's own ("cpu").
+DEVICE_SETS=()
+if [ -n "${TS_TEST_DEVICE:-}" ]; then DEVICE_SETS=(--set "train.device=\"$TS_TEST_DEVICE\""); fi
+
 # run_np N ARGS...: tessera under mpirun with N ranks (oversubscribed, one BLAS thread
-# per rank unless the test says otherwise). Output goes to $TMP/out, $TMP/err.
+# per rank unless the test says otherwise). Output goes to $TMP/out, $TMP/err. A
+# training run (ARGS start with "train") gets DEVICE_SETS last.
 run_np() {
   local np="$1"; shift
-  timeout 120 mpirun --oversubscribe -np "$np" "$TESSERA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local extra=()
+  if [ "${1:-}" = train ]; then extra=("${DEVICE_SETS[@]}"); fi
+  timeout 120 mpirun --oversubscribe -np "$np" "$TESSERA" "$@" "${extra[@]}" >"$TMP/out" 2>"$TMP/err"
 }
 
 # expect_error NP PATTERN ARGS...: the run fails on every rank (non-zero exit), prints

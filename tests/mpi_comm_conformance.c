@@ -1,18 +1,21 @@
 /* Conformance of a comm backend (comm/comm.h), run under mpirun on 2, 3 and 4 ranks by
- * test_comm_conformance.sh: every data-plane call the framework makes, in every type
- * and reduction it uses, on the world, on split and duplicated sub-groups (the tp and
- * dp groups of a 2 x (size/2) grid, a reversed order, a group leaving a rank out, one
- * rank alone) with counts of zero, odd and large (> 2^20 floats); the non-blocking
- * collectives completed by test loops and by waits; the point-to-point patterns of the
- * pipeline engine; the group hooks (busy_ms, on_span); the control plane's gathers and
- * ts_comm_agree. Every expected value is computed on each rank from the same formula,
- * exactly (integers and binary fractions, so sums are exact in any order).
+ * test_comm_conformance.sh: every data-plane call the framework makes, on the world, on
+ * split and duplicated sub-groups (the tp and dp groups of a 2 x (size/2) grid, a
+ * reversed order, a group leaving a rank out, one rank alone) with counts of zero, odd
+ * and large (> 2^20 floats); the non-blocking collectives completed by test loops and
+ * by waits; the point-to-point patterns of the pipeline engine; the group hooks
+ * (busy_ms, on_span); the control plane's reductions and broadcast of host values in
+ * every type and reduction the framework uses, its gathers and ts_comm_agree. Every
+ * expected value is computed on each rank from the same formula, exactly (integers and
+ * binary fractions, so sums are exact in any order).
  *
  * Usage: mpi_comm_conformance [BACKEND]   (default "mpi"; ts_comm_backend_find's names)
- * The data plane's buffers are the backend's memory (device memory for NCCL): the
- * tests touch them only through dbuf_* below, the one place a device backend's run
- * points at its compute backend's allocation and copies. Every rank checks; a rank
- * that finds a failure prints it and exits non-zero, so mpirun fails. */
+ *        mpi_comm_conformance --no-copies (mpi-staged without its copies: must abort)
+ * The data plane's buffers are the backend's memory (device memory for NCCL and
+ * mpi-staged): the tests touch them only through dbuf_* below, the one place a device
+ * backend's run points at its compute backend's allocation and copies. Host values go
+ * to the control plane only. Every rank checks; a rank that finds a failure prints it
+ * and exits non-zero, so mpirun fails. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
 
 #define LARGE (((size_t)1 << 20) + 5) /* floats: > 2^20, odd */
 
@@ -48,27 +52,51 @@ __attribute__((format(printf, 2, 3))) static void failed(int line, const char *f
 
 /* ------------------------------------------------- the backend's memory -- */
 
+/* The compute backend whose device memory the data plane's buffers are, NULL for host
+ * memory (the mpi backend). mpi-staged runs on the strict CPU backend's, which faults
+ * on any access outside its own calls: so a transfer that let MPI (or comm.c) touch a
+ * device buffer, instead of the staged copies, fails here at that instruction. */
+static const ts_kernels *dev_k;
+
 static void *dbuf_alloc(size_t bytes)
 {
-    void *p = malloc(bytes > 0 ? bytes : 1);
-    TS_ASSERT(p);
-    memset(p, 0xA5, bytes); /* not zero: a transfer that writes nothing shows */
+    void *fill = malloc(bytes > 0 ? bytes : 1);
+    TS_ASSERT(fill);
+    memset(fill, 0xA5, bytes); /* not zero: a transfer that writes nothing shows */
+    if (!dev_k) return fill;
+    void *p = dev_k->dev_alloc(bytes); /* NULL for 0 bytes */
+    if (bytes) dev_k->memcpy_h2d(p, fill, bytes);
+    free(fill);
     return p;
 }
 
-static void dbuf_free(void *p) { free(p); }
+static void dbuf_free(void *p)
+{
+    if (!dev_k)
+        free(p);
+    else if (p)
+        dev_k->dev_free(p);
+}
 
 static void dbuf_put(const ts_comm *c, void *dev, const void *host, size_t bytes)
 {
     (void)c;
-    if (bytes) memcpy(dev, host, bytes);
+    if (!bytes) return;
+    if (dev_k)
+        dev_k->memcpy_h2d(dev, host, bytes);
+    else
+        memcpy(dev, host, bytes);
 }
 
 /* After everything queued on c's stream. */
 static void dbuf_get(const ts_comm *c, void *host, const void *dev, size_t bytes)
 {
     (void)c;
-    if (bytes) memcpy(host, dev, bytes);
+    if (!bytes) return;
+    if (dev_k)
+        dev_k->memcpy_d2h(host, dev, bytes);
+    else
+        memcpy(host, dev, bytes);
 }
 
 /* --------------------------------------------------------------- values -- */
@@ -172,10 +200,10 @@ static void allreduce_f32(ts_comm *c, size_t n, red op, int salt)
     free(want);
 }
 
+/* The control plane's reductions: host values, whatever the group's backend. */
 static void allreduce_f64(ts_comm *c, size_t n, red op, int salt)
 {
     double *host = malloc((n + 1) * sizeof(double)), *want = malloc((n + 1) * sizeof(double));
-    double *dev = dbuf_alloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
         host[i] = vd(c->rank, i, salt);
         want[i] = vd(0, i, salt);
@@ -184,14 +212,11 @@ static void allreduce_f64(ts_comm *c, size_t n, red op, int salt)
             want[i] = op == SUM ? want[i] + v : v > want[i] ? v : want[i];
         }
     }
-    dbuf_put(c, dev, host, n * sizeof(double));
     if (op == SUM)
-        ts_allreduce_sum_f64(c, dev, n);
+        ts_host_allreduce_sum_f64(c, host, n);
     else
-        ts_allreduce_max_f64(c, dev, n);
-    dbuf_get(c, host, dev, n * sizeof(double));
+        ts_host_allreduce_max_f64(c, host, n);
     EXPECT_SAME(host, want, n, op == SUM ? "all-reduce sum f64" : "all-reduce max f64");
-    dbuf_free(dev);
     free(host);
     free(want);
 }
@@ -199,7 +224,6 @@ static void allreduce_f64(ts_comm *c, size_t n, red op, int salt)
 static void allreduce_i32(ts_comm *c, size_t n, red op, int salt)
 {
     int *host = malloc((n + 1) * sizeof(int)), *want = malloc((n + 1) * sizeof(int));
-    int *dev = dbuf_alloc(n * sizeof(int));
     for (size_t i = 0; i < n; i++) {
         host[i] = vi(c->rank, i, salt);
         want[i] = vi(0, i, salt);
@@ -210,18 +234,15 @@ static void allreduce_i32(ts_comm *c, size_t n, red op, int salt)
                                   : (v > want[i] ? v : want[i]);
         }
     }
-    dbuf_put(c, dev, host, n * sizeof(int));
     const char *what = op == SUM ? "all-reduce sum i32" : op == MIN ? "all-reduce min i32"
                                                                     : "all-reduce max i32";
     if (op == SUM)
-        ts_allreduce_sum_i32(c, dev, n);
+        ts_host_allreduce_sum_i32(c, host, n);
     else if (op == MIN)
-        ts_allreduce_min_i32(c, dev, n);
+        ts_host_allreduce_min_i32(c, host, n);
     else
-        ts_allreduce_max_i32(c, dev, n);
-    dbuf_get(c, host, dev, n * sizeof(int));
+        ts_host_allreduce_max_i32(c, host, n);
     EXPECT_SAME(host, want, n, what);
-    dbuf_free(dev);
     free(host);
     free(want);
 }
@@ -230,7 +251,6 @@ static void allreduce_u64(ts_comm *c, size_t n, red op, int salt)
 {
     uint64_t *host = malloc((n + 1) * sizeof(uint64_t));
     uint64_t *want = malloc((n + 1) * sizeof(uint64_t));
-    uint64_t *dev = dbuf_alloc(n * sizeof(uint64_t));
     for (size_t i = 0; i < n; i++) {
         host[i] = vu(c->rank, i, salt);
         want[i] = vu(0, i, salt);
@@ -239,14 +259,11 @@ static void allreduce_u64(ts_comm *c, size_t n, red op, int salt)
             want[i] = op == MIN ? (v < want[i] ? v : want[i]) : (v > want[i] ? v : want[i]);
         }
     }
-    dbuf_put(c, dev, host, n * sizeof(uint64_t));
     if (op == MIN)
-        ts_allreduce_min_u64(c, dev, n);
+        ts_host_allreduce_min_u64(c, host, n);
     else
-        ts_allreduce_max_u64(c, dev, n);
-    dbuf_get(c, host, dev, n * sizeof(uint64_t));
+        ts_host_allreduce_max_u64(c, host, n);
     EXPECT_SAME(host, want, n, op == MIN ? "all-reduce min u64" : "all-reduce max u64");
-    dbuf_free(dev);
     free(host);
     free(want);
 }
@@ -316,12 +333,12 @@ static void test_allgather(ts_comm *c, size_t count, int salt)
 }
 
 /* From every root (a large one from the first and last); others start from other
- * bytes. */
-static void test_broadcast(ts_comm *c, size_t bytes, int salt)
+ * bytes. The data plane's (a device buffer) or the control plane's (host memory). */
+static void test_broadcast(ts_comm *c, size_t bytes, int salt, bool on_host)
 {
-    context = "broadcast";
+    context = on_host ? "broadcast (host)" : "broadcast (device)";
     unsigned char *host = malloc(bytes + 1), *want = malloc(bytes + 1);
-    unsigned char *dev = dbuf_alloc(bytes);
+    unsigned char *dev = on_host ? NULL : dbuf_alloc(bytes);
     const int step = bytes > 100000 && c->size > 2 ? c->size - 1 : 1;
     for (int root = 0; root < c->size; root += step) {
         for (size_t i = 0; i < bytes; i++) {
@@ -329,13 +346,17 @@ static void test_broadcast(ts_comm *c, size_t bytes, int salt)
             host[i] = vb(c->rank, i, salt + 1);
         }
         if (c->rank == root) memcpy(host, want, bytes);
-        dbuf_put(c, dev, host, bytes);
-        ts_broadcast(c, dev, bytes, root);
-        dbuf_get(c, host, dev, bytes);
+        if (on_host) {
+            ts_host_broadcast(c, host, bytes, root);
+        } else {
+            dbuf_put(c, dev, host, bytes);
+            ts_broadcast_dev(c, dev, bytes, root);
+            dbuf_get(c, host, dev, bytes);
+        }
         EXPECT(first_diff(host, want, bytes, 1) < 0, "broadcast of %zu bytes from root %d", bytes,
                root);
     }
-    dbuf_free(dev);
+    if (!on_host) dbuf_free(dev);
     free(host);
     free(want);
 }
@@ -347,12 +368,14 @@ static void test_collectives(ts_comm *c, bool large)
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         test_reduce_scatter(c, counts[k], 20 + (int)k);
         test_allgather(c, counts[k], 30 + (int)k);
-        test_broadcast(c, counts[k] * 3, 40 + (int)k);
+        test_broadcast(c, counts[k] * 3, 40 + (int)k, false);
+        test_broadcast(c, counts[k] * 3, 40 + (int)k, true);
     }
     if (large) {
         test_reduce_scatter(c, LARGE / (size_t)c->size + 1, 25);
         test_allgather(c, LARGE / (size_t)c->size + 1, 35);
-        test_broadcast(c, LARGE * sizeof(float), 45);
+        test_broadcast(c, LARGE * sizeof(float), 45, false);
+        test_broadcast(c, LARGE * sizeof(float), 46, true);
     }
     context = "barrier";
     for (int i = 0; i < 3; i++) ts_barrier(c);
@@ -659,6 +682,8 @@ static void test_hooks(ts_comm *c)
     const bool spans = c->size > 1;
     float *dev = dbuf_alloc(n * S * sizeof(float)), *dev2 = dbuf_alloc(n * S * sizeof(float));
     char host[64 * 8] = { 0 };
+    double hd[96] = { 0 }; /* host values for the control plane's reductions */
+    uint64_t hu[3] = { 0 };
 
 #define EXPECT_SPAN(name, nbytes)                                                          \
     do {                                                                                   \
@@ -677,15 +702,17 @@ static void test_hooks(ts_comm *c)
 
     ts_allreduce_sum_f32(c, dev, n);
     EXPECT_SPAN("all-reduce", n * sizeof(float));
-    ts_allreduce_max_f64(c, (double *)dev, n / 2);
+    ts_host_allreduce_max_f64(c, hd, n / 2);
     EXPECT_SPAN("all-reduce", n / 2 * sizeof(double));
-    ts_allreduce_min_u64(c, (uint64_t *)dev, 3);
+    ts_host_allreduce_min_u64(c, hu, 3);
     EXPECT_SPAN("all-reduce", 3 * sizeof(uint64_t));
     ts_reduce_scatter_sum_f32(c, dev, dev2, n);
     EXPECT_SPAN("reduce-scatter", n * S * sizeof(float));
     ts_allgather_f32(c, dev, dev2, n);
     EXPECT_SPAN("all-gather", n * S * sizeof(float));
-    ts_broadcast(c, dev, 100, 0);
+    ts_broadcast_dev(c, dev, 100, 0);
+    EXPECT_SPAN("broadcast", 100);
+    ts_host_broadcast(c, host, 100, 0);
     EXPECT_SPAN("broadcast", 100);
     ts_barrier(c);
     EXPECT_SPAN("barrier", 0);
@@ -845,10 +872,44 @@ static void check_group(const ts_comm *g, const ts_comm *parent, const char *nam
     EXPECT(ts_comm_tag_max(g) >= 32767, "tag limit %d", ts_comm_tag_max(g));
 }
 
+/* The control plane's reductions and broadcast never go through the group's backend:
+ * on a copy of c whose table is empty (a call through it would crash), they still
+ * work. */
+static void test_host_plane(const ts_comm *c)
+{
+    context = "host values beside an empty backend table";
+    static const ts_comm_backend none = { .name = "none" };
+    ts_comm h = *c;
+    h.ops = &none;
+    double d[2] = { 0.5, (double)c->rank };
+    int i[3] = { 1, c->rank, -c->rank };
+    uint64_t u[2] = { (uint64_t)c->rank + 1, UINT64_MAX - (uint64_t)c->rank };
+    char path[32] = { 0 };
+    if (c->rank == 0) snprintf(path, sizeof path, "from rank 0 of %d", c->size);
+    ts_host_allreduce_sum_f64(&h, d, 1);
+    ts_host_allreduce_max_f64(&h, d + 1, 1);
+    ts_host_allreduce_sum_i32(&h, i, 1);
+    ts_host_allreduce_min_i32(&h, i + 2, 1);
+    ts_host_allreduce_max_i32(&h, i + 1, 1);
+    ts_host_allreduce_min_u64(&h, u, 1);
+    ts_host_allreduce_max_u64(&h, u + 1, 1);
+    ts_host_broadcast(&h, path, sizeof path, 0);
+    const int S = c->size;
+    EXPECT(d[0] == 0.5 * S && d[1] == S - 1, "f64 sum %g, max %g", d[0], d[1]);
+    EXPECT(i[0] == S && i[1] == S - 1 && i[2] == 1 - S, "i32 sum %d, max %d, min %d", i[0], i[1],
+           i[2]);
+    EXPECT(u[0] == 1 && u[1] == UINT64_MAX, "u64 min %llu, max %llu", (unsigned long long)u[0],
+           (unsigned long long)u[1]);
+    char want[32];
+    snprintf(want, sizeof want, "from rank 0 of %d", S);
+    EXPECT(!strcmp(path, want), "broadcast \"%s\"", path);
+}
+
 /* Everything on one group; the large counts on the world and the tp and dp groups. */
 static void test_all(ts_comm *c, bool large)
 {
     group = c->name;
+    test_host_plane(c);
     test_collectives(c, large);
     test_nonblocking(c, large);
     test_p2p(c, large);
@@ -866,6 +927,17 @@ int main(int argc, char **argv)
     const int W = world.size;
     TS_ASSERT(W >= 1 && W <= 8);
 
+    /* mpi-staged before its copies are registered: a programming error, which must
+     * abort with a message saying so (test_comm_conformance.sh checks both), not run. */
+    if (argc > 1 && !strcmp(argv[1], "--no-copies")) {
+        ts_comm_set_backend(&world, &ts_comm_mpi_staged);
+        float a[4] = { 0 }, b[4 * 8];
+        ts_allgather_f32(&world, a, b, 4); /* reaches the backend on one rank too */
+        fprintf(stderr, "rank %d: mpi-staged ran without its copies\n", world.rank);
+        ts_comm_finalize();
+        return 1;
+    }
+
     const char *name = argc > 1 ? argv[1] : "mpi";
     const ts_comm_backend *ops = ts_comm_backend_find(name);
     if (!ops) {
@@ -878,9 +950,20 @@ int main(int argc, char **argv)
     EXPECT(ts_comm_backend_find("no such backend") == NULL, "an unknown name");
     EXPECT(!ts_comm_backend_missing(&ts_comm_mpi), "mpi lacks %s",
            ts_comm_backend_missing(&ts_comm_mpi));
+    EXPECT(ts_comm_backend_find("mpi-staged") == &ts_comm_mpi_staged,
+           "mpi-staged is ts_comm_mpi_staged");
+    EXPECT(!ts_comm_backend_missing(&ts_comm_mpi_staged), "mpi-staged lacks %s",
+           ts_comm_backend_missing(&ts_comm_mpi_staged));
+    EXPECT(!strcmp(ts_comm_mpi_staged.name, "mpi-staged"), "named %s", ts_comm_mpi_staged.name);
     EXPECT(!ts_comm_backend_missing(ops), "%s lacks %s", name, ts_comm_backend_missing(ops));
     EXPECT(world.ops == &ts_comm_mpi && !strcmp(world.name, "world") && !world.owned,
            "the world starts on MPI, not owned");
+    if (ops == &ts_comm_mpi_staged) { /* device memory MPI may not touch: see dev_k */
+        dev_k = &ts_kernels_cpu_strict;
+        EXPECT(!ts_kernels_missing(dev_k), "%s lacks %s", dev_k->name,
+               ts_kernels_missing(dev_k));
+        ts_comm_staged_set_copies(dev_k->memcpy_d2h, dev_k->memcpy_h2d);
+    }
     if (ops != world.ops) ts_comm_set_backend(&world, ops);
     EXPECT(world.ops == ops, "the world is on %s", name);
 

@@ -20,7 +20,9 @@ CK="$TMP/ck"
 # sample NAME ARGS...: tessera sample ARGS into $TMP/NAME (stdout), $TMP/NAME.err.
 sample() {
   local name="$1"; shift
-  OMP_NUM_THREADS=1 timeout 60 "$TESSERA" sample "$@" >"$TMP/$name" 2>"$TMP/$name.err"
+  local device=()
+  if [ -n "${TS_TEST_DEVICE:-}" ]; then device=(--device "$TS_TEST_DEVICE"); fi
+  OMP_NUM_THREADS=1 timeout 60 "$TESSERA" sample "${device[@]}" "$@" >"$TMP/$name" 2>"$TMP/$name.err"
 }
 # ok NAME ARGS...: the run succeeds.
 ok() {
@@ -128,6 +130,7 @@ expect_sample_error 2 "--temperature 'hot'" "$CK" --prompt hi --temperature hot
 expect_sample_error 2 "--top-k '-3'" "$CK" --prompt hi --top-k -3
 expect_sample_error 2 "--seed '1.5'" "$CK" --prompt hi --seed 1.5
 expect_sample_error 2 "unknown option '--bogus'" "$CK" --prompt hi --bogus
+expect_sample_error 2 "--device 'tpu' is not a device" "$CK" --prompt hi --device tpu
 expect_sample_error 2 "one checkpoint directory" "$CK" "$CK" --prompt hi
 # A checkpoint with a flipped weight byte fails its checksum (exit 1).
 cp -r "$step_dir" "$TMP/flipped"

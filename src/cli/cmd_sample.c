@@ -21,7 +21,7 @@
 
 static const char *k_help =
     "usage: tessera sample DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
-    "                      [--seed S]\n"
+    "                      [--seed S] [--device D]\n"
     "\n"
     "Generate text from a checkpoint, in one process (no mpirun): the prompt, then N new\n"
     "tokens, each drawn from the model's distribution for the next token given the last\n"
@@ -40,6 +40,7 @@ static const char *k_help =
     "                    (default 0 = all; 1 = greedy; K >= vocab_size = all)\n"
     "  --seed S          seed of the draws, 0 to 18446744073709551615 (default 1): the\n"
     "                    same checkpoint, prompt, options and seed give the same text\n"
+    "  --device D        the compute backend, as train.device (default \"cpu\")\n"
     "\n"
     "Output on stdout: for a byte-level model the prompt's bytes and then the new bytes,\n"
     "raw (a newline is added at the end only when stdout is a terminal); otherwise the\n"
@@ -54,6 +55,7 @@ static const char *k_help =
 
 typedef struct {
     const char *dir, *prompt;
+    const ts_kernels *k; /* --device */
     int tokens, top_k;
     double temperature;
     uint64_t seed;
@@ -101,6 +103,7 @@ static int parse_args(int argc, char **argv, sample_args *a)
     a->temperature = 1.0;
     a->top_k = 0;
     a->seed = 1;
+    a->k = &ts_kernels_cpu;
     for (int i = 2; i < argc; i++) {
         const char *v;
         int missing = 0, rc = 0;
@@ -121,6 +124,11 @@ static int parse_args(int argc, char **argv, sample_args *a)
             if (parse_u64(v, UINT64_MAX, &a->seed) != 0)
                 rc = usage_error("--seed '%.40s%s' is not a whole number from 0 to "
                                  "18446744073709551615",
+                                 v, strlen(v) > 40 ? "..." : "");
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--device", &missing))) {
+            if (!(a->k = ts_kernels_find(v)))
+                rc = usage_error("--device '%.40s%s' is not a device of this build; choose "
+                                 "\"cpu\" (or \"cpu-strict\", the test mode)",
                                  v, strlen(v) > 40 ? "..." : "");
         } else if (missing) {
             rc = usage_error("%s needs a value", argv[i]);
@@ -143,7 +151,7 @@ static int parse_args(int argc, char **argv, sample_args *a)
 static int wants_help(int argc, char **argv)
 {
     static const char *const k_valued[] = {"--prompt", "--tokens", "--temperature", "--top-k",
-                                           "--seed"};
+                                           "--seed", "--device"};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
         for (size_t j = 0; j < sizeof k_valued / sizeof *k_valued; j++)
@@ -296,7 +304,7 @@ int ts_cmd_sample(int argc, char **argv)
     free(tokens);
 
     ts_model m;
-    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &mc, NULL, sa.k);
     if (ts_ckpt_load_weights(&m, step_dir) != TS_OK) {
         fprintf(stderr, "tessera: error: %s\n", ts_error_message());
         ts_model_free(&m);

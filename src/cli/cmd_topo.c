@@ -203,7 +203,7 @@ static int run(int argc, char **argv, int rank, int world_size)
             code = 1;
         }
     }
-    ts_broadcast(&world, &code, sizeof code, 0);
+    ts_host_broadcast(&world, &code, sizeof code, 0);
     free(rows);
     ts_topo_free(&t);
     return code;

@@ -58,15 +58,15 @@ static ts_status compare_configs(const ts_config *cfg, const ts_comm *world)
 {
     char *json = ts_config_to_json(cfg);
     uint64_t h = fnv1a(json), lo = h, hi = h;
-    ts_allreduce_min_u64(world, &lo, 1);
-    ts_allreduce_max_u64(world, &hi, 1);
+    ts_host_allreduce_min_u64(world, &lo, 1);
+    ts_host_allreduce_max_u64(world, &hi, 1);
     ts_status st = TS_OK;
     if (lo != hi) { /* rare: send rank 0's text and name the first difference */
         unsigned long long len = world->rank == 0 ? strlen(json) + 1 : 0;
-        ts_broadcast(world, &len, sizeof len, 0);
+        ts_host_broadcast(world, &len, sizeof len, 0);
         char *root = ts_malloc(len);
         if (world->rank == 0) memcpy(root, json, len);
-        ts_broadcast(world, root, len, 0);
+        ts_host_broadcast(world, root, len, 0);
         if (strcmp(json, root) != 0) st = describe_difference(json, root);
         free(root);
     }
@@ -105,7 +105,7 @@ int ts_cli_load_config(int argc, char **argv, int world_size, const char *const 
 
     ts_comm world;
     ts_comm_world(&world);
-    ts_allreduce_max_i32(&world, &code, 1);
+    ts_host_allreduce_max_i32(&world, &code, 1);
     if (ts_comm_agree(&world, st) != TS_OK) {
         if (world.rank == 0)
             fprintf(stderr, "tessera: error: %s\n%s%s", ts_error_message(), code == 2 ? "\n" : "",

@@ -13,7 +13,7 @@
 
 const ts_comm_backend *ts_comm_backend_find(const char *name)
 {
-    static const ts_comm_backend *const all[] = { &ts_comm_mpi };
+    static const ts_comm_backend *const all[] = { &ts_comm_mpi, &ts_comm_mpi_staged };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(all[i]->name, name)) return all[i];
     return NULL;
@@ -83,34 +83,6 @@ void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n)
 {
     allreduce(c, buf, n, TS_COMM_F32, sizeof(float), TS_COMM_MAX);
 }
-void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_F64, sizeof(double), TS_COMM_SUM);
-}
-void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_F64, sizeof(double), TS_COMM_MAX);
-}
-void ts_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_I32, sizeof(int), TS_COMM_SUM);
-}
-void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_I32, sizeof(int), TS_COMM_MIN);
-}
-void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_I32, sizeof(int), TS_COMM_MAX);
-}
-void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_U64, sizeof(uint64_t), TS_COMM_MIN);
-}
-void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n)
-{
-    allreduce(c, buf, n, TS_COMM_U64, sizeof(uint64_t), TS_COMM_MAX);
-}
 
 void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count)
 {
@@ -136,7 +108,7 @@ void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t c
     ts_comm_end(c, "all-gather", count * (size_t)c->size * sizeof(float), t0);
 }
 
-void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root)
+void ts_broadcast_dev(const ts_comm *c, void *buf, size_t bytes, int root)
 {
     if (c->size <= 1) return;
     double t0 = ts_comm_begin(c, "broadcast");
@@ -167,6 +139,7 @@ static void request_start(const ts_comm *c, ts_request *r, const char *what, int
     r->op = NULL;
     r->bytes = 0;
     r->start_ms = 0.0;
+    r->stage = NULL;
 }
 
 /* A collective's request reports its span to the group's on_span when complete. */

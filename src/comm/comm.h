@@ -2,20 +2,28 @@
  * Model, tensor-parallel, pipeline and optimizer code call only this; nothing outside
  * src/comm names a backend.
  *
- * Two planes:
+ * Two planes, told apart by whose memory they move:
  * - The CONTROL PLANE is always MPI, on host memory: starting and stopping the process
  *   (ts_comm_init ...), making and freeing groups (ts_comm_split/dup/split_node/free),
  *   rank bookkeeping (ts_comm_world_ranks, ts_comm_tag_max), agreement
- *   (ts_comm_agree) and the gathers of host records (ts_allgather_bytes,
- *   ts_gather_bytes, ts_gatherv). comm/mpi.c implements it directly.
- * - The DATA PLANE goes through the group's backend table (ts_comm_backend, c->ops):
- *   the all-reduces, reduce-scatter, all-gather, broadcast and barrier, their
- *   non-blocking forms, point-to-point sends and receives, request test and wait, and
- *   point-to-point groups (ts_comm_group_begin/end). comm/comm.c holds what every
- *   backend shares (the watchdog marks, busy_ms and on_span, the one-rank shortcuts)
- *   and makes one indirect call per operation; comm/mpi.c fills the table for host
- *   buffers (ts_comm_mpi), an NCCL backend fills it for device buffers, ordered on the
- *   group's stream.
+ *   (ts_comm_agree), the gathers of host records (ts_allgather_bytes,
+ *   ts_gather_bytes, ts_gatherv) and the reductions and broadcast of host scalars and
+ *   records (ts_host_allreduce_*, ts_host_broadcast: metrics, codes, hashes, flags,
+ *   paths). comm/mpi.c implements it directly.
+ * - The DATA PLANE goes through the group's backend table (ts_comm_backend, c->ops) and
+ *   carries only the backend's memory, which is device memory on a GPU (dev_alloc of
+ *   the compute backend, kernels/kernels.h): the f32 all-reduces, reduce-scatter,
+ *   all-gather, ts_broadcast_dev and barrier, their non-blocking forms, point-to-point
+ *   sends and receives, request test and wait, and point-to-point groups
+ *   (ts_comm_group_begin/end). comm/comm.c holds what every backend shares (the
+ *   watchdog marks, busy_ms and on_span, the one-rank shortcuts) and makes one
+ *   indirect call per operation; comm/mpi.c fills the table for memory MPI may touch
+ *   (ts_comm_mpi: host memory, or device memory under a CUDA-aware MPI), comm/staged.c
+ *   for device memory it may not (ts_comm_mpi_staged: host bounce buffers), an NCCL
+ *   backend for device buffers ordered on the group's stream.
+ *   Never pass a host variable to the data plane (on NCCL it would be a bad device
+ *   pointer), nor a device buffer to the control plane (MPI would read it as host
+ *   memory).
  *
  * Every call is checked: a failing transfer aborts the job with the rank and cause
  * (there is no recovering from a broken collective mid-step). Every blocking call and
@@ -81,12 +89,15 @@ typedef struct {
     const char *op;
     size_t bytes;
     double start_ms;
+    void *stage; /* the staged backend's bounce buffer and copy-back record, NULL otherwise */
 } ts_request;
 
 /* ------------------------------------------------------- the data plane -- */
 
-/* Element types and reductions of the data plane (the types the framework reduces: f32
- * gradients and activations, f64 metrics, i32 codes and counts, u64 hashes). */
+/* Element types and reductions of a backend's table. The public data plane moves f32
+ * (gradients, activations, parameters); the table keeps the type so a backend serves
+ * more (bf16 on NCCL later). f64, i32 and u64 host values go through the control plane
+ * (ts_host_allreduce_*), not through here. */
 typedef enum { TS_COMM_F32, TS_COMM_F64, TS_COMM_I32, TS_COMM_U64 } ts_comm_dtype;
 typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
 
@@ -94,11 +105,13 @@ typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
  * ranks (on one rank they return at once), except reduce_scatter and allgather, which
  * it also calls on one rank when send and recv differ (a copy, for the backend since
  * the buffers are its memory). comm.c marks the watchdog, times busy_ms and on_span and
- * fills every field of a ts_request but its handle; the backend only transfers and
- * checks (aborting with the rank and cause on failure). `stream` is c->stream. Counts
- * are elements; buffers are the backend's memory (host for MPI, device for NCCL). */
+ * fills every field of a ts_request but its handle (and stage, which it starts NULL for
+ * a backend that stages to set); the backend only transfers and checks (aborting with
+ * the rank and cause on failure). `stream` is c->stream. Counts are elements;
+ * buffers are the backend's memory (what MPI may touch for ts_comm_mpi, device memory
+ * for the staged backend and NCCL). */
 struct ts_comm_backend {
-    const char *name; /* "mpi", "nccl" */
+    const char *name; /* "mpi", "mpi-staged", "nccl" */
     /* Optional (NULL: nothing to do). attach runs after the control plane made `c`
      * (split, dup, or ts_comm_set_backend; c->ops is this table), collectively over
      * c's members, and may make the backend's own communicator in c->backend_comm;
@@ -139,10 +152,27 @@ struct ts_comm_backend {
     void (*group_end)(const ts_comm *c, void *stream);
 };
 
-/* The MPI backend (comm/mpi.c): host buffers; ignores streams. */
+/* The MPI backend (comm/mpi.c): buffers MPI may touch directly (host memory, the CPU
+ * compute backend's device memory); ignores streams. */
 extern const ts_comm_backend ts_comm_mpi;
+/* The staged MPI backend (comm/staged.c): device buffers MPI may not touch (a GPU's
+ * memory under an MPI that is not CUDA-aware; the strict test backend's, which is
+ * inaccessible outside its own calls). Each operation copies what it reads into a host
+ * bounce buffer, runs ts_comm_mpi's operation there and copies what it wrote back, all
+ * on the calling thread: a blocking one before it returns, a non-blocking one when it
+ * starts and when a test first sees it complete or a wait returns. MPI never sees the
+ * device buffer. The copies are the compute backend's, registered once per process
+ * with ts_comm_staged_set_copies before any group uses this backend (it aborts
+ * otherwise). */
+extern const ts_comm_backend ts_comm_mpi_staged;
+/* The copies ts_comm_mpi_staged uses (device to host, host to device), e.g. a
+ * ts_kernels table's memcpy_d2h and memcpy_h2d. Set before any group uses the staged
+ * backend and not changed while a staged operation is in flight (they are read on
+ * every thread that communicates). */
+void ts_comm_staged_set_copies(void (*d2h)(void *dst, const void *src, size_t bytes),
+                               void (*h2d)(void *dst, const void *src, size_t bytes));
 
-/* The backend named `name` ("mpi"; "nccl" where built), or NULL. */
+/* The backend named `name` ("mpi", "mpi-staged"; "nccl" where built), or NULL. */
 const ts_comm_backend *ts_comm_backend_find(const char *name);
 /* The first required slot of a table left NULL (a backend missing one would crash
  * mid-run), or NULL when complete. attach and detach are optional. */
@@ -193,7 +223,7 @@ int ts_comm_tag_max(const ts_comm *c);
 /* world_ranks[i] = the world rank of member i, for i < c->size (messages name ranks). */
 void ts_comm_world_ranks(const ts_comm *c, int *world_ranks);
 
-/* ------------------------------------ host records (control plane, MPI) -- */
+/* ------------------------- host records and values (control plane, MPI) -- */
 
 /* recv[size*bytes] = every rank's send[bytes], in rank order (bytes <= INT_MAX). */
 void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv);
@@ -205,6 +235,18 @@ void ts_gather_bytes(const ts_comm *c, const void *send, size_t bytes, void *rec
 void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, void *recv,
                 const int *counts, int root);
 
+/* In-place reductions of host values over the group (metrics, codes and counts,
+ * hashes, flags): always MPI, whatever the group's data-plane backend. */
+void ts_host_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n);
+void ts_host_allreduce_max_f64(const ts_comm *c, double *buf, size_t n);
+void ts_host_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n);
+void ts_host_allreduce_min_i32(const ts_comm *c, int *buf, size_t n);
+void ts_host_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
+void ts_host_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
+void ts_host_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
+/* `root`'s buf[bytes] (host memory) to every rank of the group. */
+void ts_host_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
+
 /* Agree on an outcome across the group before anything can hang: every rank passes its
  * own status; a failure on any rank fails on every rank, and the message recorded on
  * each is the lowest failing rank's, prefixed "on rank R (host H): " when R is not
@@ -213,23 +255,19 @@ ts_status ts_comm_agree(const ts_comm *c, ts_status local);
 
 /* ------------------------------------ the collectives (data plane, c->ops) -- */
 
-/* In-place reductions over the group: sum, min and max of every type the framework
- * reduces (f32 gradients, f64 metrics, i32 codes and counts, u64 hashes). */
+/* Every buffer here is the backend's (device) memory: host values take the control
+ * plane above. */
+
+/* In-place reductions over the group (gradients, tensor-parallel activations). */
 void ts_allreduce_sum_f32(const ts_comm *c, float *buf, size_t n);
 void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n);
-void ts_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n);
-void ts_allreduce_max_f64(const ts_comm *c, double *buf, size_t n);
-void ts_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n);
-void ts_allreduce_min_i32(const ts_comm *c, int *buf, size_t n);
-void ts_allreduce_max_i32(const ts_comm *c, int *buf, size_t n);
-void ts_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
-void ts_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
 /* recv[count] = the sum over ranks of send[rank*count .. rank*count + count). send and
  * recv do not overlap. */
 void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count);
 /* recv[size*count] = every rank's send[count], in rank order (no overlap). */
 void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count);
-void ts_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
+/* `root`'s buf[bytes] (device memory) to every rank of the group. */
+void ts_broadcast_dev(const ts_comm *c, void *buf, size_t bytes, int root);
 void ts_barrier(const ts_comm *c);
 
 /* Non-blocking: start, make progress (returns 1 when complete), wait. */

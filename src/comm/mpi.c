@@ -1,5 +1,6 @@
-/* MPI: the control plane (the process, the groups, agreement, gathers of host records)
- * and the data-plane backend for host buffers (ts_comm_mpi, called through comm.c).
+/* MPI: the control plane (the process, the groups, agreement, gathers, reductions and
+ * broadcasts of host values) and the data-plane backend for buffers MPI may touch
+ * (ts_comm_mpi, called through comm.c; comm/staged.c wraps it for those it may not).
  * Counts are size_t; MPI takes int, so large buffers go in slices of at most 1 GiB
  * elements (a blocking collective per slice; the non-blocking ones must fit one call,
  * which the bucketed callers guarantee). This is the only file that calls MPI
@@ -97,6 +98,29 @@ static MPI_Op op_of(ts_comm_op op)
     }
     TS_ASSERT(!"a ts_comm_op");
     return MPI_OP_NULL;
+}
+
+/* The in-place all-reduce and the broadcast both planes run (the data plane's on the
+ * backend's buffers, the control plane's on host values), in slices of at most SLICE
+ * elements or bytes, since MPI counts are int. */
+static void allreduce_sliced(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
+                             ts_comm_op op)
+{
+    const size_t elem = size_of(type);
+    for (size_t off = 0; off < n; off += SLICE) {
+        size_t cnt = n - off < SLICE ? n - off : SLICE;
+        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type_of(type),
+                            op_of(op), comm_of(c)),
+              c, "all-reduce");
+    }
+}
+
+static void broadcast_sliced(const ts_comm *c, void *buf, size_t bytes, int root)
+{
+    for (size_t off = 0; off < bytes; off += SLICE)
+        check(MPI_Bcast((char *)buf + off, (int)(bytes - off < SLICE ? bytes - off : SLICE),
+                        MPI_BYTE, root, comm_of(c)),
+              c, "broadcast");
 }
 
 /* ----------------------------------------------------------- the process -- */
@@ -222,7 +246,7 @@ void ts_comm_world_ranks(const ts_comm *c, int *world_ranks)
     MPI_Group_free(&world);
 }
 
-/* ------------------------------------------ host records (control plane) -- */
+/* ------------------------------- host records and values (control plane) -- */
 
 void ts_allgather_bytes(const ts_comm *c, const void *send, size_t bytes, void *recv)
 {
@@ -279,6 +303,54 @@ void ts_gatherv(const ts_comm *c, const void *send, int n, size_t elem_bytes, vo
     free(displs);
 }
 
+/* Host values: the data plane's front end's marks and timing (comm.c), but always MPI,
+ * whatever backend the group's data plane has. */
+static void host_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
+                           ts_comm_op op)
+{
+    if (c->size <= 1) return;
+    double t0 = ts_comm_begin(c, "all-reduce");
+    allreduce_sliced(c, buf, n, type, op);
+    ts_comm_end(c, "all-reduce", n * size_of(type), t0);
+}
+
+void ts_host_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_F64, TS_COMM_SUM);
+}
+void ts_host_allreduce_max_f64(const ts_comm *c, double *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_F64, TS_COMM_MAX);
+}
+void ts_host_allreduce_sum_i32(const ts_comm *c, int *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_I32, TS_COMM_SUM);
+}
+void ts_host_allreduce_min_i32(const ts_comm *c, int *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_I32, TS_COMM_MIN);
+}
+void ts_host_allreduce_max_i32(const ts_comm *c, int *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_I32, TS_COMM_MAX);
+}
+void ts_host_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_U64, TS_COMM_MIN);
+}
+void ts_host_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n)
+{
+    host_allreduce(c, buf, n, TS_COMM_U64, TS_COMM_MAX);
+}
+
+void ts_host_broadcast(const ts_comm *c, void *buf, size_t bytes, int root)
+{
+    if (c->size <= 1) return;
+    double t0 = ts_comm_begin(c, "broadcast");
+    broadcast_sliced(c, buf, bytes, root);
+    ts_comm_end(c, "broadcast", bytes, t0);
+}
+
 ts_status ts_comm_agree(const ts_comm *c, ts_status local)
 {
     if (c->size <= 1) return local;
@@ -303,7 +375,7 @@ ts_status ts_comm_agree(const ts_comm *c, ts_status local)
     return ts_fail("%s", msg);
 }
 
-/* ------------------------------------- the data plane (host buffers) -- */
+/* --------------------------- the data plane (buffers MPI may touch) -- */
 
 /* comm.c calls these on groups of two or more ranks (reduce_scatter and allgather also
  * on one rank, for a copy); it marks the watchdog and reports the time. */
@@ -312,13 +384,7 @@ static void mpi_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype t
                           ts_comm_op op, void *stream)
 {
     (void)stream;
-    const size_t elem = size_of(type);
-    for (size_t off = 0; off < n; off += SLICE) {
-        size_t cnt = n - off < SLICE ? n - off : SLICE;
-        check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type_of(type),
-                            op_of(op), comm_of(c)),
-              c, "all-reduce");
-    }
+    allreduce_sliced(c, buf, n, type, op);
 }
 
 static void mpi_reduce_scatter(const ts_comm *c, const void *send, void *recv, size_t count,
@@ -352,10 +418,7 @@ static void mpi_allgather(const ts_comm *c, const void *send, void *recv, size_t
 static void mpi_broadcast(const ts_comm *c, void *buf, size_t bytes, int root, void *stream)
 {
     (void)stream;
-    for (size_t off = 0; off < bytes; off += SLICE)
-        check(MPI_Bcast((char *)buf + off, (int)(bytes - off < SLICE ? bytes - off : SLICE),
-                        MPI_BYTE, root, comm_of(c)),
-              c, "broadcast");
+    broadcast_sliced(c, buf, bytes, root);
 }
 
 static void mpi_barrier(const ts_comm *c, void *stream)

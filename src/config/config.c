@@ -10,6 +10,7 @@
  * checked too) and the relations between keys. Nothing here prints or exits: every
  * problem is a ts_fail message naming the key and how to fix it. */
 #include "config/config.h"
+#include "kernels/kernels.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -69,6 +70,7 @@ void ts_config_defaults(ts_config *cfg)
     t->grad_clip = 1.0;
     t->threads = 0;
     t->timeout_s = 600;
+    copy_str(t->device, sizeof t->device, "cpu");
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -108,6 +110,7 @@ static ts_status check_schedule(const key_spec *k, const ts_config *cfg, const c
 static ts_status check_recompute(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_order(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_progress(const key_spec *k, const ts_config *cfg, const char *where);
+static ts_status check_device(const key_spec *k, const ts_config *cfg, const char *where);
 
 #define OFF(field) offsetof(ts_config, field)
 #define FIELD_SIZE(field) sizeof(((ts_config *)0)->field)
@@ -157,6 +160,7 @@ static const key_spec KEYS[] = {
     FLOAT_KEY("train", "grad_clip", train.grad_clip, 0, false, INFINITY, false),
     INT_KEY("train", "threads", train.threads, 0, 4096),
     INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
+    STR_KEY("train", "device", train.device, check_device),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),
@@ -297,6 +301,22 @@ static ts_status check_order(const key_spec *k, const ts_config *cfg, const char
                    "pp once each joined by '-', fastest-varying first (e.g. \"tp-dp-pp\" "
                    "or \"dp-tp-pp\")",
                    s, where);
+}
+
+/* The compute backends this build has (kernels/kernels.h). "cuda" is a real backend
+ * name whose build is not there yet: say so rather than "not a device". */
+static ts_status check_device(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (ts_kernels_find(v)) return TS_OK;
+    if (strcmp(v, "cuda") == 0)
+        return ts_fail("config key 'train.device' = \"cuda\"%s: this tessera was built "
+                       "without the CUDA backend; use \"cpu\"",
+                       where);
+    return ts_fail("config key 'train.device' = \"%s\"%s is not a device; choose \"cpu\" "
+                   "(or \"cpu-strict\", the test mode whose device memory the host cannot "
+                   "touch)",
+                   v, where);
 }
 
 /* Human-readable range, e.g. ">= 1", "> 0", "in [0, 1)", "0 or 1". */

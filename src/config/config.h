@@ -67,6 +67,8 @@ typedef struct {
     double weight_decay, beta1, beta2, eps, grad_clip;
     int threads;                /* 0 = the cores this rank owns */
     int timeout_s;              /* watchdog: abort after this long without progress; 0 = off */
+    char device[16];            /* the compute backend: ts_kernels_find's names ("cpu",
+                                 * "cpu-strict" for tests; "cuda" where built) */
 } ts_train_config;
 
 typedef struct {

@@ -97,6 +97,7 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
     g->embed = *embed;
     g->grads = m->grad_mem;
     g->params = m->param_mem;
+    g->k = m->k;
     g->overlap = overlap;
     g->n_layers = m->n_layers;
     g->n_floats = m->num_floats;
@@ -317,13 +318,16 @@ static double sum_tied(ts_grad_sync *g)
 }
 
 /* ZeRO-1: MPI_IN_PLACE leaves this rank's reduced piece at the bucket's start; move it
- * to its own place (what was there is other ranks' pieces, no longer needed). */
+ * to its own place (what was there is other ranks' pieces, no longer needed). The
+ * gradients are device memory: the backend's copy, not the host's memmove. The two
+ * ranges overlap when the piece is longer than its offset; the CPU backends' copies
+ * are memmove, a GPU's d2d copy must allow that too. */
 static void place_piece(ts_grad_sync *g, const ts_bucket *b)
 {
     const int r = g->dp.rank;
     if (b->displs[r] == 0 || b->counts[r] == 0) return;
-    memmove(g->grads + b->begin + b->displs[r], g->grads + b->begin,
-            (size_t)b->counts[r] * sizeof(float));
+    g->k->memcpy_d2d(g->grads + b->begin + b->displs[r], g->grads + b->begin,
+                     (size_t)b->counts[r] * sizeof(float));
 }
 
 void ts_grad_sync_finish(ts_grad_sync *g)

@@ -49,7 +49,8 @@ typedef struct {
 
 typedef struct {
     ts_comm dp, embed;
-    float *grads, *params;
+    float *grads, *params; /* device memory of k */
+    const ts_kernels *k;
     size_t n_floats;      /* the whole gradient buffer */
     bool sharded;         /* ZeRO-1 with dp > 1: reduce-scatter, update a shard, all-gather */
     int tied_param;       /* the tied embedding (or its copy) summed over `embed`, or -1 */

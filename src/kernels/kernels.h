@@ -36,6 +36,8 @@ typedef struct ts_kernels {
     void (*dev_free)(void *p);
     void (*memcpy_h2d)(void *dst, const void *src, size_t bytes);
     void (*memcpy_d2h)(void *dst, const void *src, size_t bytes);
+    /* dst and src may overlap (memmove's rule): ZeRO-1 moves a rank's reduced piece
+     * within the gradient buffer. */
     void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     void (*memset_zero)(void *dst, size_t bytes);
     /* acc[0] += sum of x[0..n), and of its squares, in double; acc is device memory, so a

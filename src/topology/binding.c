@@ -228,7 +228,7 @@ static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 {
     int *count = ts_malloc(sizeof(int) * (size_t)(n_all > 0 ? n_all : 1));
     if (n_all > 0) memcpy(count, flags, sizeof(int) * (size_t)n_all);
-    ts_allreduce_sum_i32(&t->node_comm, count, (size_t)n_all);
+    ts_host_allreduce_sum_i32(&t->node_comm, count, (size_t)n_all);
     double share = 0;
     for (int i = 0; i < n_all; i++)
         if (flags[i] && count[i] > 0) share += 1.0 / count[i];
@@ -241,14 +241,14 @@ static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 static void warn_oversubscription(const ts_topology *t, bool oversubscribed, int node_cores)
 {
     int first = oversubscribed ? t->node : INT_MAX;
-    ts_allreduce_min_i32(&t->world, &first, 1);
+    ts_host_allreduce_min_i32(&t->world, &first, 1);
     if (first == INT_MAX) return;
     int there[2] = { 0, 0 };
     if (t->node == first) {
         there[0] = t->local_size;
         there[1] = node_cores;
     }
-    ts_allreduce_max_i32(&t->world, there, 2);
+    ts_host_allreduce_max_i32(&t->world, there, 2);
     ts_log_warn("ranks outnumber cores: %d ranks run on the %d cores of node %d (%s), so "
                 "they share cores and run 1 thread each; launch at most %d ranks per node "
                 "for a core each",
@@ -358,7 +358,7 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     /* The collectives below run on every rank, whatever hwloc said, with sizes agreed
      * over the node (a rank that saw no cores contributes zeros). */
     int n_node = n_all;
-    ts_allreduce_max_i32(&t->node_comm, &n_node, 1);
+    ts_host_allreduce_max_i32(&t->node_comm, &n_node, 1);
     int *node_flags = ts_calloc((size_t)(n_node > 0 ? n_node : 1), sizeof(int));
     if (flags && n_all == n_node) memcpy(node_flags, flags, sizeof(int) * (size_t)n_all);
     int fair = fair_threads(t, node_flags, n_node);

@@ -52,7 +52,7 @@ static void discover_nodes(ts_topology *t, int fake_k)
 
     /* The node's leader is its lowest world rank (local rank 0: the key was the rank). */
     int leader = t->rank;
-    ts_broadcast(&t->node_comm, &leader, sizeof leader, 0);
+    ts_host_broadcast(&t->node_comm, &leader, sizeof leader, 0);
     int n = t->world_size;
     int *leaders = ts_malloc(sizeof(int) * (size_t)n);
     ts_allgather_bytes(&t->world, &leader, sizeof leader, leaders);

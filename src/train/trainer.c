@@ -99,6 +99,24 @@ static ts_status metrics_line(ts_trainer *t, const char *fmt, ...)
                    t->cfg.log.metrics, strerror(err));
 }
 
+/* The compute backend train.device names (the config checked it), and the data plane
+ * that moves its memory: MPI reads and writes the CPU backend's buffers in place; memory
+ * the host may not touch ("cpu-strict" here, a GPU's without NCCL or a CUDA-aware MPI)
+ * travels through host bounce buffers and the backend's copies. The world group keeps
+ * MPI: it carries host records only. */
+static void select_device(ts_trainer *t)
+{
+    t->k = ts_kernels_find(t->cfg.train.device);
+    TS_ASSERT(t->k);
+    if (t->k->host_accessible) return;
+    ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
+    const ts_comm_backend *staged = ts_comm_backend_find("mpi-staged");
+    TS_ASSERT(staged);
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        ts_comm_set_backend(groups[i], staged);
+}
+
 /* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
  * and broadcasts (every rank must cut the model identically). */
 static ts_status build_partition(ts_trainer *t)
@@ -112,19 +130,19 @@ static ts_status build_partition(ts_trainer *t)
     int ok = 1;
     if (t->world.rank == 0) {
         ts_layer_costs measured;
-        if (ts_layer_costs_measure(&measured, &c->model, c->parallel.micro_batch, NULL) == TS_OK) {
+        if (ts_layer_costs_measure(&measured, &c->model, c->parallel.micro_batch, t->k) == TS_OK) {
             ts_layer_costs_free(&costs);
             costs = measured;
         } else {
             ok = 0; /* keep the model's costs */
         }
     }
-    ts_broadcast(&t->world, &ok, sizeof ok, 0);
+    ts_host_broadcast(&t->world, &ok, sizeof ok, 0);
     if (ok) {
         size_t bytes = (size_t)costs.n_layers * sizeof(double);
-        ts_broadcast(&t->world, costs.fwd_ms, bytes, 0);
-        ts_broadcast(&t->world, costs.bwd_ms, bytes, 0);
-        ts_broadcast(&t->world, costs.act_bytes, bytes, 0);
+        ts_host_broadcast(&t->world, costs.fwd_ms, bytes, 0);
+        ts_host_broadcast(&t->world, costs.bwd_ms, bytes, 0);
+        ts_host_broadcast(&t->world, costs.act_bytes, bytes, 0);
         costs.source = TS_COST_MEASURED;
     }
     ts_status st = ts_partition_from_costs(c, &costs, &t->part);
@@ -147,7 +165,7 @@ static ts_status check_memory(ts_trainer *t, bool log)
     /* The BLAS threads are running (binding started them): their buffers are in vm_now
      * already, and they are address space, not resident memory. */
     double new_bytes = est.total - est.blas, node = new_bytes + lim.rss_now;
-    ts_allreduce_sum_f64(&topo->node_comm, &node, 1);
+    ts_host_allreduce_sum_f64(&topo->node_comm, &node, 1);
     const int ranks_here = topo->node_comm.size;
     char left[32], limit[32], together[32], phys[32];
     ts_status st = TS_OK;
@@ -266,16 +284,16 @@ static ts_status load_checkpoint(ts_trainer *t)
     }
     if (ts_comm_agree(&t->world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
         return TS_ERR;
-    ts_broadcast(&t->world, &found, sizeof found, 0);
+    ts_host_broadcast(&t->world, &found, sizeof found, 0);
     if (!found) return TS_OK;
-    ts_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
+    ts_host_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
     const double t0 = ts_now_ms();
     ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
     if (ts_ckpt_load(&a, t->loaded_from, &t->start_step) != TS_OK) return TS_ERR;
     /* Every rank read the same state.json: the same step (checked, not assumed). */
     int lo = t->start_step, hi = t->start_step;
-    ts_allreduce_min_i32(&t->world, &lo, 1);
-    ts_allreduce_max_i32(&t->world, &hi, 1);
+    ts_host_allreduce_min_i32(&t->world, &lo, 1);
+    ts_host_allreduce_max_i32(&t->world, &hi, 1);
     st = TS_OK;
     if (lo != hi)
         st = ts_fail("checkpoint.load: the ranks read different steps (%d to %d) from %s: is "
@@ -305,6 +323,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
     t->embed = topo->embed_comm;
+    select_device(t);
 
     /* The schedule, then the memory check on the modelled partition before anything
      * large is allocated (measuring the layer costs allocates a layer of each kind),
@@ -325,7 +344,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
 
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, topo->coords.pp, owned);
-    ts_tp tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, &ts_kernels_cpu);
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
     ts_model_build_tp(&t->model, &cfg->model, owned, &tp);
     free(owned);
     if (cfg->model.init[0])
@@ -405,7 +424,7 @@ void ts_trainer_free(ts_trainer *t)
 /* Sum of a double over the whole grid (losses, squared norms, bubbles). */
 static double grid_sum(const ts_trainer *t, double local)
 {
-    ts_allreduce_sum_f64(&t->world, &local, 1);
+    ts_host_allreduce_sum_f64(&t->world, &local, 1);
     return local;
 }
 
@@ -461,7 +480,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * step's collectives); replicas in other pipelines do not count. */
     ts_watchdog_context("step statistics", 0, 0, 0);
     double makespan = t->engine.span_ms;
-    ts_allreduce_max_f64(&t->pp, &makespan, 1);
+    ts_host_allreduce_max_f64(&t->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
     /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
@@ -473,11 +492,11 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
     double wait = t->grad_sync.wait_ms + t->grad_sync.gather_ms; /* ZeRO-1's all-gather too */
-    ts_allreduce_max_f64(&t->world, &wait, 1);
+    ts_host_allreduce_max_f64(&t->world, &wait, 1);
     out->dp_wait_ms = wait;
     out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     double tp_ms = t->tp_busy_ms;
-    ts_allreduce_max_f64(&t->world, &tp_ms, 1);
+    ts_host_allreduce_max_f64(&t->world, &tp_ms, 1);
     out->tp_comm_ms = tp_ms;
 }
 
@@ -595,7 +614,7 @@ static ts_status finish_save(ts_trainer *t)
     t->saving = NULL;
     if (st != TS_OK) return TS_ERR;
     double blocked = t->saving_blocked_ms + ms, total = ts_now_ms() - t->saving_t0_ms;
-    ts_allreduce_max_f64(&t->world, &blocked, 1);
+    ts_host_allreduce_max_f64(&t->world, &blocked, 1);
     const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
     if (t->world.rank == 0)
     {
@@ -647,7 +666,7 @@ ts_status ts_trainer_run(ts_trainer *t)
     /* A stop signal during the set-up (caught since the start: ts_cmd_train): stop
      * before the first step; the checkpoint loaded, if any, is still the newest. */
     int early = g_stop_signal;
-    ts_allreduce_max_i32(&t->world, &early, 1);
+    ts_host_allreduce_max_i32(&t->world, &early, 1);
     if (early) {
         if (t->world.rank == 0)
             ts_log_info("received %s during set-up: stopping before step %d", signal_name(early),
@@ -696,7 +715,7 @@ ts_status ts_trainer_run(ts_trainer *t)
         /* A stop signal on any rank stops every rank after this step, with a save; an
          * asynchronous save is committed once every rank has written its part. */
         int flags[2] = {g_stop_signal, t->saving && !ts_ckpt_save_written(t->saving)};
-        ts_allreduce_max_i32(&t->world, flags, 2);
+        ts_host_allreduce_max_i32(&t->world, flags, 2);
         if (t->saving && !flags[1] && finish_save(t) != TS_OK) return TS_ERR;
         const int stop = flags[0];
         if (stop) {

@@ -38,6 +38,10 @@ typedef struct {
     ts_config cfg;
     const ts_topology *topo;
     ts_comm world, dp, pp, tp, embed;
+    /* The compute backend (train.device); dp, pp, tp and embed carry its memory on the
+     * comm backend that can (MPI for the CPU; staged through host buffers for memory
+     * the host may not touch). */
+    const ts_kernels *k;
     double tp_busy_ms;  /* this step's time in tp collectives (t->tp.busy_ms points here) */
 
     ts_partition part;

@@ -96,11 +96,16 @@ static void on_segv(int sig, siginfo_t *info, void *uctx)
 static void reserve(void)
 {
     arena.page = (size_t)sysconf(_SC_PAGESIZE);
-    void *p = mmap(NULL, TS_STRICT_RESERVE, PROT_NONE,
+    /* 2 MiB-aligned and backed by transparent huge pages where the kernel allows: each
+     * open and close rewrites one page-table entry per 2 MiB instead of one per 4 KiB,
+     * which is most of the cost of a backend call in this mode. */
+    const size_t huge = (size_t)2 << 20;
+    void *p = mmap(NULL, TS_STRICT_RESERVE + huge, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         ts_panic(__FILE__, __LINE__, "cannot reserve address space for the strict device arena");
-    arena.base = p;
+    arena.base = (unsigned char *)(((uintptr_t)p + huge - 1) / huge * huge);
+    (void)madvise(arena.base, TS_STRICT_RESERVE, MADV_HUGEPAGE); /* a hint: may be refused */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;
