@@ -366,6 +366,13 @@ static void test_config_relations(void)
                "checkpoint.dir");
     EXPECT_ERR("checkpoint = { file_gb = 0; };\n", NULL, "checkpoint.file_gb");
     CHECK(load("checkpoint = { keep = 2; every = 0; dir = \"\"; load = \"\"; };\n") == TS_OK);
+    /* train.device: the backends this build has; "cuda" says the build lacks it. */
+    CHECK(load("train = { device = \"cpu-strict\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.device, "cpu-strict"));
+    CHECK(load("train = { threads = 1; };\n") == TS_OK && !strcmp(g_cfg.train.device, "cpu"));
+    EXPECT_ERR("train = { device = \"cuda\"; };\n", NULL, "train.device", "without the CUDA");
+    EXPECT_ERR("train = { device = \"gpu\"; };\n", NULL, "train.device", "\"gpu\"",
+               "not a device");
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
     EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",
