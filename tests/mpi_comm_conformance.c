@@ -518,7 +518,7 @@ static void test_ring(ts_comm *c, size_t n, int salt)
 {
     context = "ring shifts";
     const int right = (c->rank + 1) % c->size, left = (c->rank + c->size - 1) % c->size;
-    float *host = malloc((n + 1) * sizeof(float)), *want = malloc((n + 1) * sizeof(float));
+    float *host = calloc(n + 1, sizeof(float)), *want = calloc(n + 1, sizeof(float));
     float *to_right = dbuf_alloc(n * sizeof(float)), *to_left = dbuf_alloc(n * sizeof(float));
     float *from_left = dbuf_alloc(n * sizeof(float)), *from_right = dbuf_alloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) host[i] = vf(c->rank, i, salt);
