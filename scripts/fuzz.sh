@@ -26,7 +26,7 @@ else
 fi
 
 echo "fuzz: building ${harnesses[*]} (clang, ASan + UBSan) in $build"
-CC="${FUZZ_CC:-clang-14}" cmake -S "$root" -B "$build" -DTS_FUZZ=ON -DTS_WERROR=ON \
+CC="${FUZZ_CC:-clang-14}" cmake -S "$root" -B "$build" -DTS_FUZZ=ON -DTS_CUDA=OFF -DTS_WERROR=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${harnesses[@]}" >/dev/null
 

@@ -304,7 +304,9 @@ static ts_status check_order(const key_spec *k, const ts_config *cfg, const char
 }
 
 /* The compute backends this build has (kernels/kernels.h). "cuda" is a real backend
- * name whose build is not there yet: say so rather than "not a device". */
+ * name that a CPU-only build lacks: say so rather than "not a device". Where the build
+ * has it, "cuda" is accepted without looking for a GPU: configs are validated on
+ * machines without one too (the launcher, CI); the run itself checks for a device. */
 static ts_status check_device(const key_spec *k, const ts_config *cfg, const char *where)
 {
     const char *v = (const char *)cfield_ptr(cfg, k);

@@ -6,6 +6,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 
+/* C11's _Noreturn, spelled so the CUDA backend's C++ (nvcc) can include this header. */
+#ifdef __cplusplus
+#define TS_NORETURN [[noreturn]]
+extern "C" {
+#else
+#define TS_NORETURN _Noreturn
+#endif
+
 typedef int ts_status; /* TS_OK or TS_ERR */
 #define TS_OK 0
 #define TS_ERR (-1)
@@ -26,7 +34,7 @@ void ts_error_clear(void);
     do {                                                                               \
         if (!(cond)) ts_panic(__FILE__, __LINE__, #cond);                              \
     } while (0)
-_Noreturn void ts_panic(const char *file, int line, const char *what);
+TS_NORETURN void ts_panic(const char *file, int line, const char *what);
 
 /* Allocation that panics on out-of-memory: a training run cannot continue without it. */
 void *ts_malloc(size_t bytes);
@@ -37,5 +45,9 @@ float *ts_alloc_floats(size_t count);
  * v reallocated to twice the capacity (at least 16), *cap updated. Panics when out of
  * memory, as ts_malloc does. */
 void *ts_grow(void *v, size_t *cap, size_t n, size_t elem);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

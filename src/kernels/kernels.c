@@ -25,7 +25,13 @@ const char *ts_kernels_missing(const ts_kernels *k)
 
 const ts_kernels *ts_kernels_find(const char *name)
 {
-    static const ts_kernels *const all[] = { &ts_kernels_cpu, &ts_kernels_cpu_strict };
+    static const ts_kernels *const all[] = {
+        &ts_kernels_cpu,
+        &ts_kernels_cpu_strict,
+#ifdef TS_HAVE_CUDA
+        &ts_kernels_cuda,
+#endif
+    };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(all[i]->name, name)) return all[i];
     return NULL;

@@ -14,6 +14,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#ifdef __cplusplus /* the CUDA backend's files are C++ (nvcc) */
+extern "C" {
+#endif
+
 /* A backend's stream (an ordered queue of kernels and copies; a CUDA stream) and event
  * (a point in a stream that can be waited for). Opaque; the CPU backend runs everything
  * in order on the calling thread, so its streams and events are NULL and its calls
@@ -150,6 +154,16 @@ extern const ts_kernels ts_kernels_cpu;
  * "cpu-strict"): it proves the core does on the CPU what a GPU will require. */
 extern const ts_kernels ts_kernels_cpu_strict;
 
+#ifdef TS_HAVE_CUDA
+/* The CUDA backend (kernels/cuda; built when CMake finds the CUDA toolkit, TS_CUDA):
+ * device memory from cudaMalloc, kernels queued on one compute stream, fp32 throughout
+ * for now. */
+extern const ts_kernels ts_kernels_cuda;
+/* The CUDA devices this process can use: 0 when there is no driver or no device (never
+ * aborts), so a caller can refuse "cuda" with a clear message before training. */
+int ts_cuda_device_count(void);
+#endif
+
 /* The backend named `name` ("cpu", "cpu-strict"; "cuda" where built), or NULL. */
 const ts_kernels *ts_kernels_find(const char *name);
 
@@ -161,5 +175,9 @@ const char *ts_kernels_missing(const ts_kernels *k);
  * Debian's openblas-openmp build): sets both, never more than asked. */
 void ts_cpu_set_threads(int n);
 int ts_cpu_get_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

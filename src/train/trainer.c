@@ -104,17 +104,25 @@ static ts_status metrics_line(ts_trainer *t, const char *fmt, ...)
  * the host may not touch ("cpu-strict" here, a GPU's without NCCL or a CUDA-aware MPI)
  * travels through host bounce buffers and the backend's copies. The world group keeps
  * MPI: it carries host records only. */
-static void select_device(ts_trainer *t)
+static ts_status select_device(ts_trainer *t)
 {
     t->k = ts_kernels_find(t->cfg.train.device);
     TS_ASSERT(t->k);
-    if (t->k->host_accessible) return;
+#ifdef TS_HAVE_CUDA
+    /* Configs are checked on machines without GPUs too; the device must be here. */
+    if (t->k == &ts_kernels_cuda && ts_cuda_device_count() == 0)
+        return ts_fail("train.device = \"cuda\", but this rank sees no CUDA device (check "
+                       "the driver, CUDA_VISIBLE_DEVICES and the job's GPU allocation), or "
+                       "use train.device = \"cpu\"");
+#endif
+    if (t->k->host_accessible) return TS_OK;
     ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
     const ts_comm_backend *staged = ts_comm_backend_find("mpi-staged");
     TS_ASSERT(staged);
     ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         ts_comm_set_backend(groups[i], staged);
+    return TS_OK;
 }
 
 /* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
@@ -323,7 +331,10 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
     t->embed = topo->embed_comm;
-    select_device(t);
+    if (ts_comm_agree(&t->world, select_device(t)) != TS_OK) {
+        ts_trainer_free(t);
+        return TS_ERR;
+    }
 
     /* The schedule, then the memory check on the modelled partition before anything
      * large is allocated (measuring the layer costs allocates a layer of each kind),

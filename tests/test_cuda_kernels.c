@@ -1,0 +1,503 @@
+/* The CUDA backend (kernels/cuda) against the CPU backend, slot by slot: the same random
+ * inputs on both, every device output first poisoned with NaN (so a value the kernel
+ * fails to write shows), gradients that accumulate pre-filled with non-zero values (so
+ * `=` where `+=` is due shows), and each result within a relative 1e-5 of the CPU's
+ * (the floor of the relative error is a tenth of the largest |value| of that output, so
+ * values near zero are judged on the output's own scale). Also: copies, overlapping
+ * device-to-device moves in both directions, the double sums and their bitwise
+ * determinism, streams and events.
+ *
+ * Built in CUDA builds only (tests/CMakeLists.txt, label "gpu"); exits 77 (skipped)
+ * where there is no CUDA device. Each comparison prints one line (slot, output, worst
+ * error), and a failure names the slot, the output, the index and both values. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+static const ts_kernels *G = &ts_kernels_cuda; /* under test */
+static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
+
+#define TOL 1e-5
+
+/* ---- random inputs ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint64_t next_u64(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Uniform in [-1, 1). */
+static float frand(void) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+static int irand(int n) { return (int)(next_u64() % (uint64_t)n); }
+
+/* ---- a host reference buffer and its device twin ----------------------------------- */
+
+typedef struct {
+    float *h; /* the CPU backend's buffer (host memory) */
+    float *d; /* the CUDA backend's buffer */
+    size_t n;
+} pair;
+
+static float *d_from(const float *h, size_t n)
+{
+    float *d = G->dev_alloc(n * sizeof(float));
+    G->memcpy_h2d(d, h, n * sizeof(float));
+    return d;
+}
+
+/* An input, or a gradient that accumulates: the same random values on both sides. */
+static pair p_in(size_t n, float scale)
+{
+    pair p = { ts_alloc_floats(n), NULL, n };
+    for (size_t i = 0; i < n; i++) p.h[i] = scale * frand();
+    p.d = d_from(p.h, n);
+    return p;
+}
+
+/* An output: zero on the host (the CPU kernel writes it), NaN on the device. */
+static pair p_out(size_t n)
+{
+    pair p = { ts_alloc_floats(n), NULL, n };
+    float *nan = ts_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    p.d = d_from(nan, n);
+    free(nan);
+    return p;
+}
+
+static void p_free(pair *p)
+{
+    free(p->h);
+    G->dev_free(p->d);
+    p->h = p->d = NULL;
+}
+
+/* Integers (tokens, targets) on the device. */
+static int *d_ints(const int *h, size_t n)
+{
+    int *d = G->dev_alloc(n * sizeof(int));
+    G->memcpy_h2d(d, h, n * sizeof(int));
+    return d;
+}
+
+/* The device buffer against the host one. */
+static void expect_close(const char *slot, const char *what, const pair *p)
+{
+    float *got = ts_alloc_floats(p->n);
+    G->memcpy_d2h(got, p->d, p->n * sizeof(float));
+    double maxw = 0.0;
+    for (size_t i = 0; i < p->n; i++)
+        if (fabs((double)p->h[i]) > maxw) maxw = fabs((double)p->h[i]);
+    double floor_ = maxw > 0.0 ? 0.1 * maxw : 1e-30;
+    double worst = 0.0;
+    size_t wi = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        double e = ts_rel_err((double)got[i], (double)p->h[i], floor_);
+        if (isnan(e) || isinf(e)) e = INFINITY; /* unwritten (NaN) or blown up */
+        if (e > worst) {
+            worst = e;
+            wi = i;
+        }
+    }
+    printf("  %-30s %-12s %7zu values  worst rel err %.2e\n", slot, what, p->n, worst);
+    CHECKF(worst < TOL,
+           "%s: output '%s': worst relative error %.3g at [%zu]: cuda %.9g, cpu %.9g "
+           "(floor %.3g, %zu values)",
+           slot, what, worst, wi, (double)got[wi], (double)p->h[wi], floor_, p->n);
+    free(got);
+}
+
+/* ---- the table and memory ---------------------------------------------------------- */
+
+static void test_table(void)
+{
+    const char *missing = ts_kernels_missing(G);
+    CHECKF(!missing, "ts_kernels_cuda leaves slot '%s' empty", missing);
+    CHECK(!strcmp(G->name, "cuda"));
+    CHECK(!G->host_accessible);
+    CHECK(ts_kernels_find("cuda") == G);
+}
+
+static void test_memory(void)
+{
+    enum { N = 1000 };
+    float host[N], back[N], want[N];
+    CHECK(G->dev_alloc(0) == NULL);
+    float *d = G->dev_alloc(N * sizeof(float));
+    CHECK(d != NULL && (uintptr_t)d % 64 == 0);
+    G->memcpy_d2h(back, d, sizeof back);
+    int zero = 1;
+    for (int i = 0; i < N; i++) zero &= back[i] == 0.0f;
+    CHECKF(zero, "dev_alloc: memory not zeroed");
+
+    for (int i = 0; i < N; i++) host[i] = (float)i + 0.25f;
+    G->memcpy_h2d(d, host, sizeof host);
+    G->memcpy_d2h(back, d, sizeof back);
+    CHECKF(!memcmp(back, host, sizeof host), "memcpy_h2d/memcpy_d2h round trip differs");
+
+    float *e = G->dev_alloc(N * sizeof(float));
+    G->memcpy_d2d(e, d, sizeof host);
+    G->memcpy_d2h(back, e, sizeof back);
+    CHECKF(!memcmp(back, host, sizeof host), "memcpy_d2d (disjoint) differs");
+
+    /* Overlapping moves, memmove's rule, both directions, near and far shifts. */
+    static const struct { int dst, src, count; } moves[] = {
+        { 0, 100, 800 }, { 100, 0, 800 }, { 0, 1, 999 }, { 1, 0, 999 }, { 7, 7, 500 },
+        { 3, 500, 497 }, { 500, 3, 497 },
+    };
+    for (size_t m = 0; m < sizeof moves / sizeof moves[0]; m++) {
+        for (int i = 0; i < N; i++) host[i] = (float)i * 0.5f - 3.0f;
+        memcpy(want, host, sizeof host);
+        memmove(want + moves[m].dst, want + moves[m].src, (size_t)moves[m].count * sizeof(float));
+        G->memcpy_h2d(d, host, sizeof host);
+        G->memcpy_d2d(d + moves[m].dst, d + moves[m].src, (size_t)moves[m].count * sizeof(float));
+        G->memcpy_d2h(back, d, sizeof back);
+        CHECKF(!memcmp(back, want, sizeof want),
+               "memcpy_d2d(dst = +%d, src = +%d, %d floats): differs from memmove", moves[m].dst,
+               moves[m].src, moves[m].count);
+    }
+
+    G->memcpy_h2d(d, host, sizeof host);
+    G->memset_zero(d + 10, 20 * sizeof(float));
+    G->memcpy_d2h(back, d, sizeof back);
+    int ok = back[9] == host[9] && back[30] == host[30];
+    for (int i = 10; i < 30; i++) ok &= back[i] == 0.0f;
+    CHECKF(ok, "memset_zero: wrong range zeroed");
+    G->dev_free(d);
+    G->dev_free(e);
+    G->dev_free(NULL);
+    printf("  %-30s ok\n", "memory and copies");
+}
+
+/* sum_into / sum_squares_into / sum_squares: the CPU's sums (in double, another order)
+ * to 1e-9, and the same bits on every run. */
+static void test_sums(void)
+{
+    static const size_t sizes[] = { 0, 1, 1000, 65537, 3000001 };
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        pair x = p_in(n ? n : 1, 1.0f);
+        double acc0[2] = { 1.5, -2.0 }, want[2], got[2], again[2];
+        memcpy(want, acc0, sizeof acc0);
+        H->sum_into(&want[0], x.h, n);
+        H->sum_squares_into(&want[1], x.h, n);
+        double *dacc = G->dev_alloc(sizeof acc0);
+        for (int rep = 0; rep < 3; rep++) {
+            G->memcpy_h2d(dacc, acc0, sizeof acc0);
+            G->sum_into(&dacc[0], x.d, n);
+            G->sum_squares_into(&dacc[1], x.d, n);
+            G->memcpy_d2h(rep ? again : got, dacc, sizeof got);
+            if (rep)
+                CHECKF(!memcmp(again, got, sizeof got),
+                       "sum_into/sum_squares_into (n = %zu) not deterministic: %.17g %.17g then "
+                       "%.17g %.17g",
+                       n, got[0], got[1], again[0], again[1]);
+        }
+        double e0 = ts_rel_err(got[0], want[0], 1.0), e1 = ts_rel_err(got[1], want[1], 1.0);
+        CHECKF(e0 < 1e-9, "sum_into (n = %zu): cuda %.17g, cpu %.17g", n, got[0], want[0]);
+        CHECKF(e1 < 1e-9, "sum_squares_into (n = %zu): cuda %.17g, cpu %.17g", n, got[1],
+               want[1]);
+        double ss = G->sum_squares(x.d, n), ss_want = H->sum_squares(x.h, n);
+        CHECKF(ts_rel_err(ss, ss_want, 1e-300) < 1e-9 || (n == 0 && ss == 0.0),
+               "sum_squares (n = %zu): cuda %.17g, cpu %.17g", n, ss, ss_want);
+        CHECKF(G->sum_squares(x.d, n) == ss, "sum_squares (n = %zu) not deterministic", n);
+        printf("  %-30s n = %-8zu rel err %.2e %.2e\n", "sum_into / sum_squares*", n, e0, e1);
+        G->dev_free(dacc);
+        p_free(&x);
+    }
+}
+
+static void test_streams(void)
+{
+    ts_stream s = G->stream_create();
+    CHECK(s != NULL);
+    ts_event e = G->event_record(s);
+    G->event_wait(e);
+    e = G->event_record(NULL); /* the compute stream */
+    G->event_wait(e);
+    G->stream_sync(s);
+    G->stream_sync(NULL);
+    G->stream_destroy(s);
+    printf("  %-30s ok\n", "streams and events");
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+enum { B = 2, T = 7, C = 12, NH = 3, V = 37, N = B * T };
+
+static void test_encoder(void)
+{
+    int tok[N];
+    for (int i = 0; i < N; i++) tok[i] = irand(V);
+    tok[5] = tok[0]; /* repeated tokens: their gradient rows accumulate */
+    tok[11] = tok[0];
+    int *dtok = d_ints(tok, N);
+    pair wte = p_in((size_t)V * C, 1.0f), wpe = p_in((size_t)(T + 3) * C, 1.0f); /* wpe [>=T,C] */
+    pair out = p_out((size_t)N * C);
+    H->encoder_forward(out.h, tok, wte.h, wpe.h, B, T, C);
+    G->encoder_forward(out.d, dtok, wte.d, wpe.d, B, T, C);
+    expect_close("encoder_forward", "out", &out);
+
+    pair dout = p_in((size_t)N * C, 1.0f);
+    pair dwte = p_in((size_t)V * C, 0.5f), dwpe = p_in((size_t)(T + 3) * C, 0.5f);
+    H->encoder_backward(dwte.h, dwpe.h, dout.h, tok, B, T, C);
+    G->encoder_backward(dwte.d, dwpe.d, dout.d, dtok, B, T, C);
+    expect_close("encoder_backward", "dwte (+=)", &dwte);
+    expect_close("encoder_backward", "dwpe (+=)", &dwpe);
+    p_free(&wte), p_free(&wpe), p_free(&out), p_free(&dout), p_free(&dwte), p_free(&dwpe);
+    G->dev_free(dtok);
+}
+
+static void test_layernorm(int Nr, int Cc)
+{
+    pair inp = p_in((size_t)Nr * Cc, 2.0f), w = p_in((size_t)Cc, 1.0f), b = p_in((size_t)Cc, 1.0f);
+    for (size_t i = 0; i < inp.n; i++) inp.h[i] += 0.5f; /* a non-zero mean */
+    G->memcpy_h2d(inp.d, inp.h, inp.n * sizeof(float));
+    pair out = p_out((size_t)Nr * Cc), mean = p_out((size_t)Nr), rstd = p_out((size_t)Nr);
+    H->layernorm_forward(out.h, mean.h, rstd.h, inp.h, w.h, b.h, Nr, Cc);
+    G->layernorm_forward(out.d, mean.d, rstd.d, inp.d, w.d, b.d, Nr, Cc);
+    char slot[64];
+    snprintf(slot, sizeof slot, "layernorm_forward %dx%d", Nr, Cc);
+    expect_close(slot, "out", &out);
+    expect_close(slot, "mean", &mean);
+    expect_close(slot, "rstd", &rstd);
+
+    pair dout = p_in((size_t)Nr * Cc, 1.0f);
+    pair dinp = p_in((size_t)Nr * Cc, 0.5f), dw = p_in((size_t)Cc, 0.5f), db = p_in((size_t)Cc, 0.5f);
+    H->layernorm_backward(dinp.h, dw.h, db.h, dout.h, inp.h, w.h, mean.h, rstd.h, Nr, Cc);
+    G->layernorm_backward(dinp.d, dw.d, db.d, dout.d, inp.d, w.d, mean.d, rstd.d, Nr, Cc);
+    snprintf(slot, sizeof slot, "layernorm_backward %dx%d", Nr, Cc);
+    expect_close(slot, "dinp (+=)", &dinp);
+    expect_close(slot, "dweight (+=)", &dw);
+    expect_close(slot, "dbias (+=)", &db);
+    p_free(&inp), p_free(&w), p_free(&b), p_free(&out), p_free(&mean), p_free(&rstd);
+    p_free(&dout), p_free(&dinp), p_free(&dw), p_free(&db);
+}
+
+static void test_matmul(int Nr, int Cc, int OC)
+{
+    char slot[80];
+    pair inp = p_in((size_t)Nr * Cc, 1.0f), w = p_in((size_t)OC * Cc, 1.0f), b = p_in((size_t)OC, 1.0f);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        pair out = p_out((size_t)Nr * OC);
+        H->matmul_forward(out.h, inp.h, w.h, with_bias ? b.h : NULL, Nr, Cc, OC);
+        G->matmul_forward(out.d, inp.d, w.d, with_bias ? b.d : NULL, Nr, Cc, OC);
+        snprintf(slot, sizeof slot, "matmul_forward %dx%dx%d%s", Nr, Cc, OC,
+                 with_bias ? "" : " nobias");
+        expect_close(slot, "out", &out);
+        p_free(&out);
+    }
+    /* Every combination of the three gradients (bit 0 dinp, 1 dweight, 2 dbias). */
+    pair dout = p_in((size_t)Nr * OC, 1.0f);
+    for (int mask = 1; mask < 8; mask++) {
+        pair dinp = p_out((size_t)Nr * Cc);
+        pair dw = p_in((size_t)OC * Cc, 0.5f), db = p_in((size_t)OC, 0.5f);
+        H->matmul_backward(mask & 1 ? dinp.h : NULL, mask & 2 ? dw.h : NULL, mask & 4 ? db.h : NULL,
+                           dout.h, inp.h, w.h, Nr, Cc, OC);
+        G->matmul_backward(mask & 1 ? dinp.d : NULL, mask & 2 ? dw.d : NULL, mask & 4 ? db.d : NULL,
+                           dout.d, inp.d, w.d, Nr, Cc, OC);
+        snprintf(slot, sizeof slot, "matmul_backward %dx%dx%d [%s%s%s]", Nr, Cc, OC,
+                 mask & 1 ? "i" : "-", mask & 2 ? "w" : "-", mask & 4 ? "b" : "-");
+        if (mask & 1) expect_close(slot, "dinp", &dinp);
+        /* A skipped gradient is left alone: both sides still hold the same pre-fill. */
+        expect_close(slot, mask & 2 ? "dweight (+=)" : "dweight (untouched)", &dw);
+        expect_close(slot, mask & 4 ? "dbias (+=)" : "dbias (untouched)", &db);
+        p_free(&dinp), p_free(&dw), p_free(&db);
+    }
+    p_free(&inp), p_free(&w), p_free(&b), p_free(&dout);
+}
+
+/* att's layout is the backend's own (attention_saved_floats): only `out` and `dqkv` are
+ * compared; each backend's backward reads its own forward's att. */
+static void test_attention(int Bb, int Tt, int nh, int HS)
+{
+    char slot[80];
+    int Cc = nh * HS;
+    size_t nqkv = (size_t)Bb * Tt * 3 * Cc, nout = (size_t)Bb * Tt * Cc;
+    pair qkv = p_in(nqkv, 1.0f);
+    pair out = p_out(nout);
+    size_t hs = H->attention_saved_floats(Bb, Tt, nh, HS), gs = G->attention_saved_floats(Bb, Tt, nh, HS);
+    size_t hsc = H->attention_scratch_floats(Bb, Tt, nh, HS);
+    size_t gsc = G->attention_scratch_floats(Bb, Tt, nh, HS);
+    pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
+    pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1); /* workspace: NaN too */
+    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, nh, HS);
+    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, nh, HS);
+    snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    expect_close(slot, "out", &out);
+
+    pair dout = p_in(nout, 1.0f), dqkv = p_out(nqkv);
+    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt, nh, HS);
+    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt, nh, HS);
+    snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    expect_close(slot, "dqkv", &dqkv);
+    p_free(&qkv), p_free(&out), p_free(&hatt), p_free(&gatt), p_free(&hscr), p_free(&gscr);
+    p_free(&dout), p_free(&dqkv);
+}
+
+static void test_elementwise(size_t n)
+{
+    char slot[80];
+    pair inp = p_in(n, 3.0f), out = p_out(n);
+    H->gelu_forward(out.h, inp.h, n);
+    G->gelu_forward(out.d, inp.d, n);
+    snprintf(slot, sizeof slot, "gelu_forward n%zu", n);
+    expect_close(slot, "out", &out);
+
+    pair dout = p_in(n, 1.0f), dinp = p_out(n);
+    H->gelu_backward(dinp.h, inp.h, dout.h, n);
+    G->gelu_backward(dinp.d, inp.d, dout.d, n);
+    snprintf(slot, sizeof slot, "gelu_backward n%zu", n);
+    expect_close(slot, "dinp", &dinp);
+    /* dinp aliasing dout: the CPU's result above, in place on the device. */
+    G->gelu_backward(dout.d, inp.d, dout.d, n);
+    pair alias = { dinp.h, dout.d, n };
+    snprintf(slot, sizeof slot, "gelu_backward n%zu in place", n);
+    expect_close(slot, "dinp=dout", &alias);
+
+    pair a = p_in(n, 1.0f), b = p_in(n, 1.0f), r = p_out(n);
+    H->residual_forward(r.h, a.h, b.h, n);
+    G->residual_forward(r.d, a.d, b.d, n);
+    snprintf(slot, sizeof slot, "residual_forward n%zu", n);
+    expect_close(slot, "out", &r);
+    G->residual_forward(a.d, a.d, b.d, n); /* out aliasing a */
+    pair alias2 = { r.h, a.d, n };
+    snprintf(slot, sizeof slot, "residual_forward n%zu in place", n);
+    expect_close(slot, "out=a", &alias2);
+    p_free(&inp), p_free(&out), p_free(&dout), p_free(&dinp), p_free(&a), p_free(&b), p_free(&r);
+}
+
+static void test_crossentropy(int Nr, int Vv)
+{
+    char slot[80];
+    int *tgt = ts_malloc((size_t)Nr * sizeof(int));
+    for (int i = 0; i < Nr; i++) tgt[i] = irand(Vv);
+    tgt[Nr - 1] = Vv - 1; /* the last column */
+    int *dtgt = d_ints(tgt, (size_t)Nr);
+    pair logits = p_in((size_t)Nr * Vv, 4.0f), losses = p_out((size_t)Nr);
+    float dloss = 1.0f / (float)Nr;
+    H->crossentropy_forward_backward(losses.h, logits.h, tgt, Nr, Vv, dloss);
+    G->crossentropy_forward_backward(losses.d, logits.d, dtgt, Nr, Vv, dloss);
+    snprintf(slot, sizeof slot, "crossentropy_fwd_bwd N%d V%d", Nr, Vv);
+    expect_close(slot, "losses", &losses);
+    expect_close(slot, "dlogits", &logits);
+    p_free(&logits), p_free(&losses);
+    G->dev_free(dtgt);
+    free(tgt);
+}
+
+static void test_adamw(size_t n)
+{
+    char slot[80];
+    pair p = p_in(n, 1.0f), g = p_in(n, 0.1f), m = p_in(n, 0.01f), v = p_in(n, 0.001f);
+    for (size_t i = 0; i < n; i++) v.h[i] = fabsf(v.h[i]);
+    G->memcpy_h2d(v.d, v.h, n * sizeof(float));
+    for (int t = 1; t <= 3; t++) {
+        float scale = t == 2 ? 0.7f : 1.0f, wd = t == 3 ? 0.0f : 0.1f;
+        H->adamw_update(p.h, g.h, scale, m.h, v.h, n, 1e-2f, 0.9f, 0.95f, 1e-8f, wd, t);
+        G->adamw_update(p.d, g.d, scale, m.d, v.d, n, 1e-2f, 0.9f, 0.95f, 1e-8f, wd, t);
+        snprintf(slot, sizeof slot, "adamw_update n%zu t%d", n, t);
+        expect_close(slot, "param", &p);
+        expect_close(slot, "m", &m);
+        expect_close(slot, "v", &v);
+    }
+    expect_close("adamw_update", "grad (unchanged)", &g);
+    p_free(&p), p_free(&g), p_free(&m), p_free(&v);
+}
+
+static void test_vocab_parallel(void)
+{
+    const int v0 = 10, nv = 15; /* rows [10, 25) of V = 37 */
+    int tok[N];
+    for (int i = 0; i < N; i++) tok[i] = irand(V);
+    tok[0] = v0, tok[1] = v0 + nv - 1, tok[2] = v0 - 1, tok[3] = v0 + nv, tok[4] = v0;
+    int *dtok = d_ints(tok, N);
+    pair wte = p_in((size_t)nv * C, 1.0f), wpe = p_in((size_t)T * C, 1.0f);
+    for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+        pair out = p_out((size_t)N * C);
+        H->vocab_embed_forward(out.h, tok, wte.h, with_wpe ? wpe.h : NULL, v0, nv, B, T, C);
+        G->vocab_embed_forward(out.d, dtok, wte.d, with_wpe ? wpe.d : NULL, v0, nv, B, T, C);
+        expect_close(with_wpe ? "vocab_embed_forward" : "vocab_embed_forward nowpe", "out", &out);
+        p_free(&out);
+
+        pair dout = p_in((size_t)N * C, 1.0f);
+        pair dwte = p_in((size_t)nv * C, 0.5f), dwpe = p_in((size_t)T * C, 0.5f);
+        H->vocab_embed_backward(dwte.h, with_wpe ? dwpe.h : NULL, dout.h, tok, v0, nv, B, T, C);
+        G->vocab_embed_backward(dwte.d, with_wpe ? dwpe.d : NULL, dout.d, dtok, v0, nv, B, T, C);
+        const char *slot = with_wpe ? "vocab_embed_backward" : "vocab_embed_backward nowpe";
+        expect_close(slot, "dwte (+=)", &dwte);
+        expect_close(slot, with_wpe ? "dwpe (+=)" : "dwpe (untouched)", &dwpe);
+        p_free(&dout), p_free(&dwte), p_free(&dwpe);
+    }
+    p_free(&wte), p_free(&wpe);
+    G->dev_free(dtok);
+
+    /* Cross-entropy over this rank's columns; one rank, so the caller's all-reduces are
+     * identities. Each backend's later pass reads its own earlier results. */
+    int tgt[N];
+    for (int i = 0; i < N; i++) tgt[i] = irand(V);
+    tgt[0] = v0, tgt[1] = v0 + nv - 1, tgt[2] = v0 - 1, tgt[3] = v0 + nv;
+    int *dtgt = d_ints(tgt, N);
+    pair logits = p_in((size_t)N * nv, 4.0f);
+    pair rowmax = p_out(N), tlogit = p_out(N), sumexp = p_out(N), losses = p_out(N);
+    H->xent_vp_stats(rowmax.h, tlogit.h, logits.h, tgt, v0, nv, N);
+    G->xent_vp_stats(rowmax.d, tlogit.d, logits.d, dtgt, v0, nv, N);
+    expect_close("xent_vp_stats", "rowmax", &rowmax);
+    expect_close("xent_vp_stats", "target_logit", &tlogit);
+    H->xent_vp_sumexp(sumexp.h, logits.h, rowmax.h, N, nv);
+    G->xent_vp_sumexp(sumexp.d, logits.d, rowmax.d, N, nv);
+    expect_close("xent_vp_sumexp", "sumexp", &sumexp);
+    float dloss = 1.0f / N;
+    H->xent_vp_finish(losses.h, logits.h, tgt, v0, nv, rowmax.h, sumexp.h, tlogit.h, N, dloss);
+    G->xent_vp_finish(losses.d, logits.d, dtgt, v0, nv, rowmax.d, sumexp.d, tlogit.d, N, dloss);
+    expect_close("xent_vp_finish", "losses", &losses);
+    expect_close("xent_vp_finish", "dlogits", &logits);
+    p_free(&logits), p_free(&rowmax), p_free(&tlogit), p_free(&sumexp), p_free(&losses);
+    G->dev_free(dtgt);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_table(); /* needs no device */
+    int devices = ts_cuda_device_count();
+    if (devices == 0) {
+        printf("test_cuda_kernels: no CUDA device here (ts_cuda_device_count() == 0): "
+               "skipped; the table is complete\n");
+        return ts_test_failed ? ts_test_report() : 77;
+    }
+    printf("test_cuda_kernels: %d CUDA device(s); cuda vs cpu, relative tolerance %.0e\n",
+           devices, TOL);
+    test_memory();
+    test_sums();
+    test_streams();
+    test_encoder();
+    test_layernorm(N, C);
+    test_layernorm(5, 200);
+    test_layernorm(3, 1031);
+    test_matmul(N, C, 3 * C);
+    test_matmul(N, C, V);
+    test_matmul(67, 96, 130);
+    test_attention(B, T, NH, C / NH);
+    test_attention(1, 67, 2, 16);
+    test_attention(2, 40, 2, 64);
+    test_elementwise((size_t)N * 4 * C + 1);
+    test_elementwise(100003);
+    test_crossentropy(N, V);
+    test_crossentropy(5, 1000);
+    test_adamw(1001);
+    test_vocab_parallel();
+    return ts_test_report();
+}
