@@ -26,20 +26,9 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/reduce.cuh"
 
 #define TS_ATT_WARPS 8 /* rows (warps) per block */
-
-static __device__ __forceinline__ float warp_sum(float x)
-{
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
-static __device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
 
 /* Row r (query i = r % T) of the scaled scores, in place: s[0..i] -> probabilities,
  * s[i+1..T) -> 0. */

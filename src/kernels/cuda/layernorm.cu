@@ -14,15 +14,10 @@
  * in a fixed order. Every sum's order depends only on N and C: bitwise repeatable.
  * Warp reductions use butterfly shuffles, also a fixed order. */
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/reduce.cuh"
 
 #define TS_LN_WARPS 8  /* rows (warps) per block in the row kernels */
 #define TS_LN_GROUPS 16 /* row groups per block in the parameter-gradient kernel */
-
-static __device__ __forceinline__ float warp_sum(float x)
-{
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
 
 static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
                                                 const float *inp, const float *weight,

@@ -9,47 +9,9 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/reduce.cuh"
 
 #define TS_VP_THREADS 512
-
-template <typename T> static __device__ __forceinline__ T warp_sum(T x)
-{
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
-static __device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-/* Sum over the block, the same value in every thread (blockDim.x a multiple of 32). */
-static __device__ double block_sum(double x)
-{
-    __shared__ double part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    x = warp_sum(x);
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < nwarps; w++) s += part[w];
-    __syncthreads();
-    return s;
-}
-
-static __device__ float block_max(float x)
-{
-    __shared__ float part[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    x = warp_max(x);
-    if (lane == 0) part[warp] = x;
-    __syncthreads();
-    float m = part[0];
-    for (int w = 1; w < nwarps; w++) m = fmaxf(m, part[w]);
-    __syncthreads();
-    return m;
-}
 
 static __global__ void xent_vp_stats_kernel(float *rowmax, float *target_logit,
                                             const float *logits, const int *targets, int v0,
