@@ -493,6 +493,9 @@ int main(void)
     test_attention(B, T, NH, C / NH);
     test_attention(1, 67, 2, 16);
     test_attention(2, 40, 2, 64);
+    /* B > NH: the GEMMs loop over heads and batch over sequences (the other branch). */
+    test_attention(4, 33, 2, 16);
+    test_attention(3, 5, 1, 8);
     test_elementwise((size_t)N * 4 * C + 1);
     test_elementwise(100003);
     test_crossentropy(N, V);

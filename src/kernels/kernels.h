@@ -162,6 +162,11 @@ extern const ts_kernels ts_kernels_cuda;
 /* The CUDA devices this process can use: 0 when there is no driver or no device (never
  * aborts), so a caller can refuse "cuda" with a clear message before training. */
 int ts_cuda_device_count(void);
+/* Bind this process to device local_rank % ts_cuda_device_count(), before any other
+ * call of the table (the stream and handle are made on the current device): the ranks
+ * of a node spread over its GPUs in local-rank order, several ranks sharing one when
+ * there are more ranks than GPUs (tests; NCCL will refuse that). Returns the device. */
+int ts_cuda_select_device(int local_rank);
 #endif
 
 /* The backend named `name` ("cpu", "cpu-strict"; "cuda" where built), or NULL. */

@@ -114,6 +114,7 @@ static ts_status select_device(ts_trainer *t)
         return ts_fail("train.device = \"cuda\", but this rank sees no CUDA device (check "
                        "the driver, CUDA_VISIBLE_DEVICES and the job's GPU allocation), or "
                        "use train.device = \"cpu\"");
+    if (t->k == &ts_kernels_cuda) ts_cuda_select_device(t->topo->node_comm.rank);
 #endif
     if (t->k->host_accessible) return TS_OK;
     ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);

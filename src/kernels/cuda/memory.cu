@@ -59,6 +59,14 @@ int ts_cuda_device_count(void)
     return n;
 }
 
+int ts_cuda_select_device(int local_rank)
+{
+    int n = ts_cuda_device_count();
+    TS_ASSERT(n > 0 && local_rank >= 0);
+    TS_CUDA_CHECK(cudaSetDevice(local_rank % n));
+    return local_rank % n;
+}
+
 /* ---- device memory */
 
 void *ts_cuda_dev_alloc(size_t bytes)
