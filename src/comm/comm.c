@@ -161,13 +161,6 @@ static void completed(ts_request *r)
     fn(r->on_span_ctx, r->op, r->bytes, r->start_ms, ts_now_ms());
 }
 
-static size_t total_of(const ts_comm *c, const int *counts)
-{
-    size_t total = 0;
-    for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
-    return total;
-}
-
 void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r)
 {
     request_start(c, r, "non-blocking all-reduce", -1);
@@ -181,7 +174,7 @@ void ts_ireduce_scatter_sum_f32(const ts_comm *c, float *buf, const int *counts,
 {
     request_start(c, r, "non-blocking reduce-scatter", -1);
     if (c->size <= 1) return; /* piece 0 is the whole input, already in place */
-    start_span(c, r, "reduce-scatter", total_of(c, counts) * sizeof(float));
+    start_span(c, r, "reduce-scatter", ts_comm_counts_total(c, counts) * sizeof(float));
     c->ops->ireduce_scatter(c, buf, counts, TS_COMM_F32, TS_COMM_SUM, c->stream, r);
     r->active = 1;
 }
@@ -191,7 +184,7 @@ void ts_iallgather_f32(const ts_comm *c, float *buf, const int *counts, const in
 {
     request_start(c, r, "non-blocking all-gather", -1);
     if (c->size <= 1) return;
-    start_span(c, r, "all-gather", total_of(c, counts) * sizeof(float));
+    start_span(c, r, "all-gather", ts_comm_counts_total(c, counts) * sizeof(float));
     c->ops->iallgather(c, buf, counts, displs, TS_COMM_F32, c->stream, r);
     r->active = 1;
 }

@@ -24,6 +24,20 @@ static inline void ts_comm_end(const ts_comm *c, const char *what, size_t bytes,
     if (c->on_span) c->on_span(c->on_span_ctx, what, bytes, t0, t1);
 }
 
+/* Bytes per element of a data-plane type. */
+static inline size_t ts_comm_dtype_size(ts_comm_dtype t)
+{
+    return t == TS_COMM_F32 || t == TS_COMM_I32 ? 4 : 8;
+}
+
+/* Elements over all of c's ranks of an uneven collective's counts[c->size]. */
+static inline size_t ts_comm_counts_total(const ts_comm *c, const int *counts)
+{
+    size_t total = 0;
+    for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
+    return total;
+}
+
 /* The group `out` the control plane just made from `parent` (or a non-member's empty
  * one) takes the parent's backend and stream; the backend attaches to a member. */
 void ts_comm_inherit(ts_comm *out, const ts_comm *parent);

@@ -84,11 +84,6 @@ static MPI_Datatype type_of(ts_comm_dtype t)
     return MPI_DATATYPE_NULL;
 }
 
-static size_t size_of(ts_comm_dtype t)
-{
-    return t == TS_COMM_F32 || t == TS_COMM_I32 ? 4 : 8;
-}
-
 static MPI_Op op_of(ts_comm_op op)
 {
     switch (op) {
@@ -106,7 +101,7 @@ static MPI_Op op_of(ts_comm_op op)
 static void allreduce_sliced(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
                              ts_comm_op op)
 {
-    const size_t elem = size_of(type);
+    const size_t elem = ts_comm_dtype_size(type);
     for (size_t off = 0; off < n; off += SLICE) {
         size_t cnt = n - off < SLICE ? n - off : SLICE;
         check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type_of(type),
@@ -311,7 +306,7 @@ static void host_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype 
     if (c->size <= 1) return;
     double t0 = ts_comm_begin(c, "all-reduce");
     allreduce_sliced(c, buf, n, type, op);
-    ts_comm_end(c, "all-reduce", n * size_of(type), t0);
+    ts_comm_end(c, "all-reduce", n * ts_comm_dtype_size(type), t0);
 }
 
 void ts_host_allreduce_sum_f64(const ts_comm *c, double *buf, size_t n)
@@ -393,7 +388,7 @@ static void mpi_reduce_scatter(const ts_comm *c, const void *send, void *recv, s
     (void)stream;
     TS_ASSERT(count <= INT_MAX);
     if (c->size <= 1) {
-        memmove(recv, send, count * size_of(type));
+        memmove(recv, send, count * ts_comm_dtype_size(type));
         return;
     }
     check(MPI_Reduce_scatter_block(send, recv, (int)count, type_of(type), op_of(op),
@@ -407,7 +402,7 @@ static void mpi_allgather(const ts_comm *c, const void *send, void *recv, size_t
     (void)stream;
     TS_ASSERT(count <= INT_MAX);
     if (c->size <= 1) {
-        memmove(recv, send, count * size_of(type));
+        memmove(recv, send, count * ts_comm_dtype_size(type));
         return;
     }
     check(MPI_Allgather(send, (int)count, type_of(type), recv, (int)count, type_of(type),

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "comm/comm.h"
+#include "comm/internal.h"
 #include "core/error.h"
 
 typedef void (*copy_fn)(void *dst, const void *src, size_t bytes);
@@ -38,18 +39,6 @@ static void need_copies(void)
                  "registered the compute backend's copies");
 }
 
-static size_t size_of(ts_comm_dtype t)
-{
-    switch (t) {
-    case TS_COMM_F32:
-    case TS_COMM_I32: return 4;
-    case TS_COMM_F64:
-    case TS_COMM_U64: return 8;
-    }
-    TS_ASSERT(!"a ts_comm_dtype");
-    return 0;
-}
-
 /* A host bounce buffer of `bytes`, holding a copy of dev's first `in` bytes (in <= bytes;
  * 0: nothing to read, MPI only writes it). Empty buffers may be NULL on the device, so
  * nothing is copied for them. */
@@ -71,7 +60,7 @@ static void copy_back(void *dev, const void *host, size_t bytes)
 static void staged_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
                              ts_comm_op op, void *stream)
 {
-    const size_t bytes = n * size_of(type);
+    const size_t bytes = n * ts_comm_dtype_size(type);
     void *host = bounce(buf, bytes, bytes);
     ts_comm_mpi.allreduce(c, host, n, type, op, stream);
     copy_back(buf, host, bytes);
@@ -83,7 +72,7 @@ static void staged_allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtyp
 static void staged_reduce_scatter(const ts_comm *c, const void *send, void *recv, size_t count,
                                   ts_comm_dtype type, ts_comm_op op, void *stream)
 {
-    const size_t piece = count * size_of(type), ranks = c->size > 1 ? (size_t)c->size : 1;
+    const size_t piece = count * ts_comm_dtype_size(type), ranks = c->size > 1 ? (size_t)c->size : 1;
     void *hsend = bounce(send, piece * ranks, piece * ranks), *hrecv = ts_malloc(piece);
     ts_comm_mpi.reduce_scatter(c, hsend, hrecv, count, type, op, stream);
     copy_back(recv, hrecv, piece);
@@ -94,7 +83,7 @@ static void staged_reduce_scatter(const ts_comm *c, const void *send, void *recv
 static void staged_allgather(const ts_comm *c, const void *send, void *recv, size_t count,
                              ts_comm_dtype type, void *stream)
 {
-    const size_t piece = count * size_of(type), ranks = c->size > 1 ? (size_t)c->size : 1;
+    const size_t piece = count * ts_comm_dtype_size(type), ranks = c->size > 1 ? (size_t)c->size : 1;
     void *hsend = bounce(send, piece, piece), *hrecv = ts_malloc(piece * ranks);
     ts_comm_mpi.allgather(c, hsend, hrecv, count, type, stream);
     copy_back(recv, hrecv, piece * ranks);
@@ -150,7 +139,7 @@ static void stage_finish(ts_request *r)
 static void staged_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
                               ts_comm_op op, void *stream, ts_request *r)
 {
-    const size_t bytes = n * size_of(type);
+    const size_t bytes = n * ts_comm_dtype_size(type);
     void *host = stage_start(r, buf, bytes, bytes, bytes);
     ts_comm_mpi.iallreduce(c, host, n, type, op, stream, r);
 }
@@ -160,9 +149,8 @@ static void staged_ireduce_scatter(const ts_comm *c, void *buf, const int *count
                                    ts_comm_dtype type, ts_comm_op op, void *stream,
                                    ts_request *r)
 {
-    size_t total = 0;
-    for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
-    const size_t elem = size_of(type), bytes = total * elem;
+    const size_t total = ts_comm_counts_total(c, counts);
+    const size_t elem = ts_comm_dtype_size(type), bytes = total * elem;
     void *host = stage_start(r, buf, bytes, bytes, (size_t)counts[c->rank] * elem);
     ts_comm_mpi.ireduce_scatter(c, host, counts, type, op, stream, r);
 }
@@ -177,7 +165,7 @@ static void staged_iallgather(const ts_comm *c, void *buf, const int *counts, co
         size_t end = (size_t)displs[k] + (size_t)counts[k];
         if (counts[k] > 0 && end > extent) extent = end;
     }
-    const size_t bytes = extent * size_of(type);
+    const size_t bytes = extent * ts_comm_dtype_size(type);
     void *host = stage_start(r, buf, bytes, bytes, bytes);
     ts_comm_mpi.iallgather(c, host, counts, displs, type, stream, r);
 }
@@ -185,7 +173,7 @@ static void staged_iallgather(const ts_comm *c, void *buf, const int *counts, co
 static void staged_isend(const ts_comm *c, const void *buf, size_t n, ts_comm_dtype type,
                          int peer, int tag, void *stream, ts_request *r)
 {
-    const size_t bytes = n * size_of(type);
+    const size_t bytes = n * ts_comm_dtype_size(type);
     /* Nothing comes back to a send's buffer, so dev is never written through. */
     void *host = stage_start(r, (void *)buf, bytes, bytes, 0);
     ts_comm_mpi.isend(c, host, n, type, peer, tag, stream, r);
@@ -194,7 +182,7 @@ static void staged_isend(const ts_comm *c, const void *buf, size_t n, ts_comm_dt
 static void staged_irecv(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, int peer,
                          int tag, void *stream, ts_request *r)
 {
-    const size_t bytes = n * size_of(type);
+    const size_t bytes = n * ts_comm_dtype_size(type);
     void *host = stage_start(r, buf, 0, bytes, bytes);
     ts_comm_mpi.irecv(c, host, n, type, peer, tag, stream, r);
 }
