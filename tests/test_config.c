@@ -379,6 +379,27 @@ static void test_config_relations(void)
 #endif
     EXPECT_ERR("train = { device = \"gpu\"; };\n", NULL, "train.device", "\"gpu\"",
                "not a device");
+    /* train.precision and parallel.comm: bf16 and NCCL need the GPU backend. */
+    CHECK(load("train = { threads = 1; };\n") == TS_OK && !strcmp(g_cfg.train.precision, "fp32") &&
+          !strcmp(g_cfg.parallel.comm, "auto"));
+    CHECK(load("parallel = { comm = \"mpi\"; };\ntrain = { precision = \"fp32\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.parallel.comm, "mpi"));
+    EXPECT_ERR("train = { precision = \"fp16\"; };\n", NULL, "train.precision", "\"fp16\"",
+               "not a precision");
+    EXPECT_ERR("train = { precision = \"bf16\"; };\n", NULL, "train.precision = \"bf16\"",
+               "train.device = \"cpu\"");
+    EXPECT_ERR("parallel = { comm = \"gloo\"; };\n", NULL, "parallel.comm", "\"gloo\"",
+               "not a communication backend");
+#ifdef TS_HAVE_NCCL
+    EXPECT_ERR("parallel = { comm = \"nccl\"; };\n", NULL, "parallel.comm = \"nccl\"",
+               "train.device = \"cpu\"");
+#else
+    EXPECT_ERR("parallel = { comm = \"nccl\"; };\n", NULL, "parallel.comm", "without NCCL");
+#endif
+#ifdef TS_HAVE_CUDA
+    CHECK(load("train = { device = \"cuda\"; precision = \"bf16\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.precision, "bf16"));
+#endif
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
     EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",

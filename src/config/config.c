@@ -55,6 +55,7 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(p->grad_sync_progress, sizeof p->grad_sync_progress, "poll");
     p->zero = 0;
     p->bucket_mb = 4;
+    copy_str(p->comm, sizeof p->comm, "auto");
 
     ts_train_config *t = &cfg->train;
     t->global_batch = 16;
@@ -71,6 +72,7 @@ void ts_config_defaults(ts_config *cfg)
     t->threads = 0;
     t->timeout_s = 600;
     copy_str(t->device, sizeof t->device, "cpu");
+    copy_str(t->precision, sizeof t->precision, "fp32");
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -111,6 +113,8 @@ static ts_status check_recompute(const key_spec *k, const ts_config *cfg, const 
 static ts_status check_order(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_progress(const key_spec *k, const ts_config *cfg, const char *where);
 static ts_status check_device(const key_spec *k, const ts_config *cfg, const char *where);
+static ts_status check_precision(const key_spec *k, const ts_config *cfg, const char *where);
+static ts_status check_comm(const key_spec *k, const ts_config *cfg, const char *where);
 
 #define OFF(field) offsetof(ts_config, field)
 #define FIELD_SIZE(field) sizeof(((ts_config *)0)->field)
@@ -146,6 +150,7 @@ static const key_spec KEYS[] = {
     STR_KEY("parallel", "grad_sync_progress", parallel.grad_sync_progress, check_progress),
     INT_KEY("parallel", "zero", parallel.zero, 0, 1),
     INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
+    STR_KEY("parallel", "comm", parallel.comm, check_comm),
 
     INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
     INT_KEY("train", "steps", train.steps, 0, BIG),
@@ -161,6 +166,7 @@ static const key_spec KEYS[] = {
     INT_KEY("train", "threads", train.threads, 0, 4096),
     INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
     STR_KEY("train", "device", train.device, check_device),
+    STR_KEY("train", "precision", train.precision, check_precision),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),
@@ -318,6 +324,39 @@ static ts_status check_device(const key_spec *k, const ts_config *cfg, const cha
     return ts_fail("config key 'train.device' = \"%s\"%s is not a device; choose \"cpu\" "
                    "(or \"cpu-strict\", the test mode whose device memory the host cannot "
                    "touch)",
+                   v, where);
+}
+
+static const char *const PRECISIONS[] = { "fp32", "bf16" };
+
+static ts_status check_precision(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, PRECISIONS, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'train.precision' = \"%s\"%s is not a precision; choose "
+                   "\"fp32\" (every kernel in float32) or \"bf16\" (GEMMs in bfloat16 with "
+                   "float32 accumulation and float32 master weights; train.device = \"cuda\")",
+                   v, where);
+}
+
+/* The data plane of the dp/pp/tp groups (comm/comm.h). "nccl" is a real backend name
+ * that a build without NCCL lacks: say so rather than "not a backend". */
+static const char *const COMM_BACKENDS[] = { "auto", "mpi", "nccl" };
+
+static ts_status check_comm(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+#ifndef TS_HAVE_NCCL
+    if (strcmp(v, "nccl") == 0)
+        return ts_fail("config key 'parallel.comm' = \"nccl\"%s: this tessera was built "
+                       "without NCCL; use \"auto\" or \"mpi\"",
+                       where);
+#endif
+    if (index_of(v, COMM_BACKENDS, 3) >= 0) return TS_OK;
+    return ts_fail("config key 'parallel.comm' = \"%s\"%s is not a communication backend; "
+                   "choose \"auto\" (NCCL for train.device = \"cuda\" where built, else MPI), "
+                   "\"mpi\" (device memory staged through the host when the host cannot "
+                   "touch it) or \"nccl\"",
                    v, where);
 }
 
@@ -1230,6 +1269,15 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        p->virtual_stages, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B],
                        p->schedule);
 
+    if (strcmp(cfg->train.precision, "bf16") == 0 && strcmp(cfg->train.device, "cuda") != 0)
+        return ts_fail("train.precision = \"bf16\" runs the GEMMs on a GPU's bfloat16 tensor "
+                       "cores, but train.device = \"%s\"; set train.device = \"cuda\" or "
+                       "train.precision = \"fp32\"",
+                       cfg->train.device);
+    if (strcmp(p->comm, "nccl") == 0 && strcmp(cfg->train.device, "cuda") != 0)
+        return ts_fail("parallel.comm = \"nccl\" moves GPU memory, but train.device = \"%s\"; "
+                       "set train.device = \"cuda\" or parallel.comm = \"auto\"",
+                       cfg->train.device);
     if (strcmp(p->grad_sync_progress, "thread") == 0 && !p->overlap_grad_sync)
         return ts_fail("parallel.grad_sync_progress = \"thread\" drives the overlapped "
                        "reduction, but parallel.overlap_grad_sync = false runs one blocking "

@@ -57,6 +57,7 @@ typedef struct {
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
     int zero;                   /* 0 or 1 */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
+    char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
 } ts_parallel_config;
 
 typedef struct {
@@ -69,6 +70,7 @@ typedef struct {
     int timeout_s;              /* watchdog: abort after this long without progress; 0 = off */
     char device[16];            /* the compute backend: ts_kernels_find's names ("cpu",
                                  * "cpu-strict" for tests; "cuda" where built) */
+    char precision[8];          /* "fp32" | "bf16" (GEMMs in bf16; train.device "cuda") */
 } ts_train_config;
 
 typedef struct {
