@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/cmd_plan_search.h"
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -863,8 +864,11 @@ int ts_cmd_plan(int argc, char **argv)
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(k_help, stdout);
+            fputs(ts_plan_cluster_help, stdout);
             return check_stdout(0);
         }
+    /* --cluster: predictions on a described cluster (cmd_plan_search.c). */
+    if (ts_plan_has_cluster(argc, argv)) return check_stdout(ts_cmd_plan_cluster(argc, argv));
     plan_args a;
     if (parse_args(argc, argv, &a) != 0) return 2;
     return check_stdout(a.from_trace ? draw_trace_file(&a) : plan(&a));

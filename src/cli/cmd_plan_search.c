@@ -1,0 +1,398 @@
+/* tessera plan --cluster: predict a config's grid on a described cluster, or search
+ * every grid for N devices (src/plan/). */
+#include "cli/cmd_plan_search.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "config/config.h"
+#include "core/log.h"
+#include "core/sysmem.h"
+#include "plan/cluster.h"
+#include "plan/predict.h"
+#include "plan/search.h"
+
+const char ts_plan_cluster_help[] =
+    "\n"
+    "usage: tessera plan CONFIG --cluster FILE [--set KEY=VALUE ...] [--json]\n"
+    "       tessera plan CONFIG --cluster FILE --gpus N --search [--top K] [--exhaustive]\n"
+    "                    [--set KEY=VALUE ...] [--json]\n"
+    "\n"
+    "Predict on a described cluster (configs/clusters/NAME.cfg: devices per node, peak FLOP/s,\n"
+    "GEMM efficiency by size, memory and its bandwidth, intra- and inter-node links) instead\n"
+    "of this machine. Without --search: the config's own grid (world = pp * dp * tp devices,\n"
+    "ranks in tp-dp-pp order, devices_per_node consecutive ranks per node): memory per\n"
+    "device, step time, tokens/s, MFU and bubble. With --gpus N --search: every valid grid\n"
+    "for N devices (pp * dp * tp = N; tp dividing model.n_head; dp dividing\n"
+    "train.global_batch; pp * virtual_stages <= n_layer + 2; micro_batch dividing\n"
+    "global_batch / dp; gpipe, 1f1b, zb-h1, interleaved-1f1b with v >= 2; recompute none or\n"
+    "full; zero 0 or 1), ranked by step time among those that fit in memory; the top K\n"
+    "(default 10) and, for the rest, why they lose: out of memory (how many, and the\n"
+    "smallest excess) or the term of their step that exceeds the best's most (bubble,\n"
+    "communication, recompute, compute, optimizer).\n"
+    "\n"
+    "  --cluster FILE     the cluster description (libconfig; every key required)\n"
+    "  --gpus N           devices to plan for, 1 to 100000000 (with --search)\n"
+    "  --search           search the grids instead of predicting the config's own\n"
+    "  --top K            grids listed, 1 to 1000 (default 10)\n"
+    "  --exhaustive       simulate every grid that fits (default: simulate in order of a\n"
+    "                     lower bound and stop once no other grid can enter the top K; the\n"
+    "                     top K are the same, only slower to find)\n"
+    "  --json             one JSON object on stdout. Prediction: {\"cluster\", \"world\",\n"
+    "                     \"pp\", \"dp\", \"tp\", \"v\", \"schedule\", \"micro_batch\",\n"
+    "                     \"microbatches\", \"recompute\", \"zero\", \"partition\", \"step_ms\",\n"
+    "                     \"bubble\", \"tokens_per_s\", \"mfu\", \"fits\", \"memory_bytes\",\n"
+    "                     \"memory_rank\", \"memory\": {\"parameters\", \"gradients\", \"optimizer\",\n"
+    "                     \"activations\", \"activation_sets\", \"buffers\", \"workspace\"},\n"
+    "                     \"terms_ms\": {\"compute\", \"recompute\", \"tp_comm\", \"optimizer\",\n"
+    "                     \"bubble\", \"dp_exposed\", \"dp_reduction\", \"pp_message\"}}.\n"
+    "                     Search: {\"gpus\", \"cluster\", \"grids\", \"candidates\", \"fit\",\n"
+    "                     \"simulated\", \"seconds\", \"best\": <prediction>, \"top\": [...],\n"
+    "                     \"rejected\": {\"out_of_memory\": {\"count\", \"min_over_bytes\"},\n"
+    "                     \"bubble\", \"communication\", \"recompute\", \"compute\", \"optimizer\"}}\n"
+    "\n"
+    "The model (what Tessera does today, not an ideal framework): a GEMM (m, n, k) takes\n"
+    "2mnk / (peak of compute_dtype * efficiency(cbrt(mnk))); elementwise work its fp32 bytes\n"
+    "/ memory bandwidth; each block 2 tp all-reduces forward and 2 backward (ring: 2(t-1)/t\n"
+    "* bytes / bandwidth + 2(t-1) latencies) on the intra-node link when the tp group lies\n"
+    "in a node, else inter-node; pipeline messages and the dp reduction (a ring all-reduce\n"
+    "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1: reduce-scatter, then the\n"
+    "parameter all-gather after the optimizer) through the simulator, which hides what\n"
+    "the bubbles and later compute can; AdamW at memory bandwidth. Memory follows the\n"
+    "trainer's own accounting (train/memory.c): fp32 parameters, gradients and AdamW\n"
+    "moments (1/dp with ZeRO-1), a bf16 weight copy when compute_dtype is bf16, and fp32\n"
+    "activations: Tessera keeps activations in fp32 on every backend, bf16 included, so\n"
+    "activation memory does not halve with bf16. Workspace is the BLAS threads' buffers\n"
+    "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
+    "tokens / (step * peak * devices).\n";
+
+bool ts_plan_has_cluster(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--cluster") || !strncmp(argv[i], "--cluster=", 10)) return true;
+    return false;
+}
+
+typedef struct {
+    const char *config, *cluster;
+    const char *sets[256];
+    int n_sets;
+    bool json, search, exhaustive;
+    long gpus, top;
+} cluster_args;
+
+static int usage(const char *fmt, const char *what)
+{
+    fputs("tessera: error: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputs(" (see tessera plan --help)\n", stderr);
+    return -1;
+}
+
+static int whole(const char *flag, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr,
+                "tessera: error: %s '%.40s' is not a whole number from %ld to %ld (see tessera "
+                "plan --help)\n",
+                flag, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse(int argc, char **argv, cluster_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->top = 10;
+    char **rest = ts_malloc(sizeof(char *) * (size_t)(argc + 1));
+    int n_rest = 0, rc = 0;
+    bool top_set = false, gpus_set = false;
+    rest[n_rest++] = argv[0];
+    rest[n_rest++] = argv[1];
+    for (int i = 2; i < argc && rc == 0; i++) {
+        const char *v;
+        int missing = 0;
+        if (!strcmp(argv[i], "--json")) {
+            a->json = true;
+        } else if (!strcmp(argv[i], "--search")) {
+            a->search = true;
+        } else if (!strcmp(argv[i], "--exhaustive")) {
+            a->exhaustive = true;
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--cluster", &missing))) {
+            a->cluster = v;
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--gpus", &missing))) {
+            rc = whole("--gpus", v, 1, 100000000, &a->gpus);
+            gpus_set = true;
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--top", &missing))) {
+            rc = whole("--top", v, 1, 1000, &a->top);
+            top_set = true;
+        } else if (!missing && !strncmp(argv[i], "--", 2) && strcmp(argv[i], "--set") &&
+                   strncmp(argv[i], "--set=", 6)) {
+            rc = usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
+                       "--search, --top, --exhaustive)",
+                       argv[i]);
+        } else if (!missing) {
+            rest[n_rest++] = argv[i];
+        }
+        if (missing) rc = usage("%s needs a value", argv[i]);
+    }
+    if (rc == 0 && ts_cli_parse_config_args(n_rest, rest, 2, &a->config, a->sets, 256,
+                                            &a->n_sets, 1) != 0)
+        rc = -1;
+    free(rest);
+    if (rc != 0) return rc;
+    if (!a->config) return usage("%s needs a CONFIG file", "plan --cluster");
+    if (a->search && !gpus_set) return usage("%s needs --gpus N", "--search");
+    if (!a->search && (gpus_set || top_set || a->exhaustive))
+        return usage("%s", "--gpus, --top and --exhaustive go with --search");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ output -- */
+
+static const char *link_name(const ts_cluster *cl, ts_link l)
+{
+    return l.bandwidth == cl->intra.bandwidth && l.latency == cl->intra.latency ? "intra-node"
+                                                                                 : "inter-node";
+}
+
+static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
+{
+    const ts_plan_grid *g = &r->g;
+    const ts_plan_memory *mm = &r->mem;
+    const int *sizes = ts_plan_partition(x, g);
+    json_t *part = json_array();
+    for (int c = 0; sizes && c < g->pp * g->v; c++) json_array_append_new(part, json_integer(sizes[c]));
+    json_t *o = json_object();
+    json_object_set_new(o, "world", json_integer((json_int_t)g->pp * g->dp * g->tp));
+    json_object_set_new(o, "pp", json_integer(g->pp));
+    json_object_set_new(o, "dp", json_integer(g->dp));
+    json_object_set_new(o, "tp", json_integer(g->tp));
+    json_object_set_new(o, "v", json_integer(g->v));
+    json_object_set_new(o, "schedule", json_string(ts_plan_schedule_name(x, g->schedule)));
+    json_object_set_new(o, "micro_batch", json_integer(g->micro_batch));
+    json_object_set_new(o, "microbatches", json_integer(g->m));
+    json_object_set_new(o, "recompute", json_string(ts_recompute_names[g->recompute]));
+    json_object_set_new(o, "zero", json_integer(g->zero));
+    json_object_set_new(o, "partition", part);
+    json_object_set_new(o, "step_ms", json_real(r->step_ms));
+    json_object_set_new(o, "bubble", json_real(r->bubble));
+    json_object_set_new(o, "tokens_per_s", json_real(r->tokens_per_s));
+    json_object_set_new(o, "mfu", json_real(r->mfu));
+    json_object_set_new(o, "fits", json_boolean(r->fits));
+    json_object_set_new(o, "memory_bytes", json_integer((json_int_t)llround(mm->total)));
+    json_object_set_new(o, "memory_rank", json_integer(r->mem_rank));
+    json_object_set_new(
+        o, "memory",
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "parameters",
+                  (json_int_t)llround(mm->params), "gradients", (json_int_t)llround(mm->grads),
+                  "optimizer", (json_int_t)llround(mm->optimizer), "activations",
+                  (json_int_t)llround(mm->activations), "activation_sets",
+                  (json_int_t)llround(mm->act_sets), "buffers", (json_int_t)llround(mm->buffers),
+                  "workspace", (json_int_t)llround(mm->workspace)));
+    const ts_plan_terms *t = &r->terms;
+    json_object_set_new(o, "terms_ms",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute", t->compute,
+                                  "recompute", t->recompute, "tp_comm", t->tp_comm, "optimizer",
+                                  t->optimizer, "bubble", t->bubble, "dp_exposed", t->dp_exposed,
+                                  "dp_reduction", t->dp_reduction, "pp_message", t->pp_comm));
+    return o;
+}
+
+static int print_json(json_t *o)
+{
+    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
+    json_decref(o);
+    if (!text) {
+        ts_log_error("plan: could not build the JSON output");
+        return 1;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+static const char *gb(double bytes, char *buf, size_t n)
+{
+    snprintf(buf, n, "%.2f GB", bytes / 1e9);
+    return buf;
+}
+
+static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_plan_result *r)
+{
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const ts_plan_grid *g = &r->g;
+    const long long world = (long long)g->pp * g->dp * g->tp;
+    char b[7][32];
+    printf("tessera plan: %s on %s (%s)\n", a->config, cl->name, a->cluster);
+    printf("grid: world %lld = pp %d x dp %d x tp %d (%lld node%s of %d); schedule %s, virtual "
+           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d\n",
+           world, g->pp, g->dp, g->tp, (world + cl->devices_per_node - 1) / cl->devices_per_node,
+           world > cl->devices_per_node ? "s" : "", cl->devices_per_node,
+           ts_plan_schedule_name(x, g->schedule), g->v, g->m, g->micro_batch,
+           cfg->model.seq_len, ts_recompute_names[g->recompute], g->zero);
+    printf("links: tp %s, dp %s, pp %s; GEMMs in %s (peak %.1f TFLOP/s per device)\n",
+           link_name(cl, ts_plan_tp_link(cl, g)), link_name(cl, ts_plan_dp_link(cl, g)),
+           link_name(cl, ts_plan_pp_link(cl, g)), cl->bf16 ? "bf16" : "fp32",
+           ts_cluster_peak(cl) * 1e-12);
+    const int *sizes = ts_plan_partition(x, g);
+    printf("partition: layers per chunk");
+    for (int c = 0; sizes && c < g->pp * g->v; c++) printf(" %d", sizes[c]);
+    printf("\n");
+    const ts_plan_memory *m = &r->mem;
+    printf("memory per device: %s on pipeline rank %d (%s): parameters %s, gradients %s, "
+           "optimizer state %s, activations %s, buffers %s, workspace %s\n",
+           gb(m->total, b[0], 32), r->mem_rank,
+           r->fits ? "fits" : "DOES NOT FIT", gb(m->params, b[1], 32), gb(m->grads, b[2], 32),
+           gb(m->optimizer, b[3], 32), gb(m->activations, b[4], 32), gb(m->buffers, b[5], 32),
+           gb(m->workspace, b[6], 32));
+    printf("  device memory %.2f GB%s\n", cl->memory / 1e9,
+           r->fits ? "" : ": lower micro_batch, add recompute, zero = 1, or raise pp / tp");
+    const ts_plan_terms *t = &r->terms;
+    printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp all-reduces %.3f, "
+           "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
+           r->step_ms, t->compute, t->recompute, t->tp_comm, t->optimizer, t->bubble,
+           t->dp_reduction, t->dp_exposed);
+    printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,
+           100.0 * r->mfu);
+}
+
+static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
+{
+    const ts_plan_grid *g = &r->g;
+    printf("%4d  %4d %5d %3d  %-16s %3d %4d %-4s %4d  %9.2f  %11.3f  %11.4g  %5.1f%%  %6.4f\n",
+           k, g->pp, g->dp, g->tp, ts_plan_schedule_name(x, g->schedule), g->v, g->micro_batch,
+           g->recompute == TS_RECOMPUTE_FULL ? "full" : "none", g->zero, r->mem.total / 1e9,
+           r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
+}
+
+static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
+                         double seconds)
+{
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    printf("tessera plan: %s on %ld devices of %s (%s)\n", a->config, a->gpus, cl->name,
+           a->cluster);
+    printf("searched %d grids (pp x dp x tp), %lld candidates with schedule, v, micro_batch, "
+           "recompute, zero: %lld fit in %.2f GB, %lld simulated, %.2f s\n",
+           s->n_grids, s->candidates, s->fit, cl->memory / 1e9, s->simulated, seconds);
+    printf("%4s  %4s %5s %3s  %-16s %3s %4s %-4s %4s  %9s  %11s  %11s  %6s  %6s\n", "rank", "pp",
+           "dp", "tp", "schedule", "v", "mb", "rc", "zero", "mem_GB", "step_ms", "tokens/s",
+           "MFU", "bubble");
+    for (int k = 0; k < s->n_top; k++) print_row(x, k + 1, &s->top[k]);
+    printf("the rest:\n");
+    if (s->oom) {
+        char over[32];
+        gb(s->oom_closest.mem.total - cl->memory, over, sizeof over);
+        printf("  out of memory: %lld (the closest over by %s)\n", s->oom, over);
+    }
+    for (int k = 0; k < TS_N_LOSSES; k++)
+        if (s->lost[k])
+            printf("  slower, mostly by %s: %lld\n", ts_loss_names[k], s->lost[k]);
+    if (!s->oom && s->fit == s->n_top) printf("  none\n");
+}
+
+static json_t *search_json(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
+                           double seconds)
+{
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    json_t *o = json_object(), *top = json_array(), *rej = json_object();
+    json_object_set_new(o, "gpus", json_integer(a->gpus));
+    json_object_set_new(o, "cluster", json_string(cl->name));
+    json_object_set_new(o, "grids", json_integer(s->n_grids));
+    json_object_set_new(o, "candidates", json_integer(s->candidates));
+    json_object_set_new(o, "fit", json_integer(s->fit));
+    json_object_set_new(o, "simulated", json_integer(s->simulated));
+    json_object_set_new(o, "seconds", json_real(seconds));
+    json_object_set_new(o, "best", result_json(x, &s->top[0]));
+    for (int k = 0; k < s->n_top; k++) json_array_append_new(top, result_json(x, &s->top[k]));
+    json_object_set_new(o, "top", top);
+    json_object_set_new(
+        rej, "out_of_memory",
+        json_pack("{s:I, s:I}", "count", (json_int_t)s->oom, "min_over_bytes",
+                  (json_int_t)(s->oom ? llround(s->oom_closest.mem.total - cl->memory) : 0)));
+    for (int k = 0; k < TS_N_LOSSES; k++)
+        json_object_set_new(rej, ts_loss_names[k], json_integer(s->lost[k]));
+    json_object_set_new(o, "rejected", rej);
+    return o;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int ts_cmd_plan_cluster(int argc, char **argv)
+{
+    cluster_args a;
+    if (parse(argc, argv, &a) != 0) return 2;
+    ts_cluster cl;
+    if (ts_cluster_load(a.cluster, &cl) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    ts_config cfg;
+    if (ts_config_load(&cfg, a.config, a.sets, a.n_sets, 0) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    int code = 0;
+    if (!a.search) {
+        ts_plan_grid g;
+        ts_plan_grid_of(&cfg, &g);
+        ts_plan_result r;
+        if (ts_plan_predict(x, &g, &r, NULL) != TS_OK) {
+            ts_log_error("%s", ts_error_message());
+            code = 1;
+        } else if (a.json) {
+            json_t *o = result_json(x, &r), *ranks = json_array();
+            json_object_set_new(o, "cluster", json_string(cl.name));
+            for (int q = 0; q < g.pp; q++) {
+                ts_plan_memory m;
+                ts_plan_rank_memory_of(x, &g, q, &m);
+                json_array_append_new(
+                    ranks, json_pack("{s:i, s:I, s:I, s:I, s:I}", "pp_rank", q, "memory_bytes",
+                                     (json_int_t)llround(m.total), "optimizer",
+                                     (json_int_t)llround(m.optimizer), "activation_sets",
+                                     (json_int_t)llround(m.act_sets), "activations",
+                                     (json_int_t)llround(m.activations)));
+            }
+            json_object_set_new(o, "ranks", ranks);
+            code = print_json(o);
+        } else {
+            print_prediction(x, &a, &r);
+        }
+    } else {
+        const double t0 = now_s();
+        ts_search_opts o = {.gpus = (int)a.gpus, .top = (int)a.top, .exhaustive = a.exhaustive};
+        ts_search_result s;
+        if (ts_plan_search(x, &o, &s) != TS_OK) {
+            ts_log_error("%s", ts_error_message());
+            code = 1;
+        } else {
+            const double secs = now_s() - t0;
+            if (a.json)
+                code = print_json(search_json(x, &a, &s, secs));
+            else
+                print_search(x, &a, &s, secs);
+        }
+        ts_search_result_free(&s);
+    }
+    ts_plan_ctx_free(x);
+    return code;
+}

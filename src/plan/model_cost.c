@@ -1,0 +1,201 @@
+/* The planner's per-layer cost and memory model (model_cost.h). */
+#include "plan/model_cost.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/sysmem.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "tensor/tp.h"
+
+double ts_plan_allreduce_time(double bytes, int ranks, ts_link link)
+{
+    if (ranks <= 1) return 0.0;
+    const double k = (double)(ranks - 1);
+    return 2.0 * k / ranks * bytes / link.bandwidth + 2.0 * k * link.latency;
+}
+
+/* One (m, n, k) GEMM at the efficiency its size reaches. */
+static double gemm(const ts_cluster *cl, double m, double n, double k)
+{
+    const double work = m * n * k;
+    return 2.0 * work / (ts_cluster_peak(cl) * ts_cluster_efficiency(cl, cbrt(work)));
+}
+
+static double mem_time(const ts_cluster *cl, double bytes) { return bytes / cl->memory_bandwidth; }
+
+void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                          int tp, int micro_batch, ts_link tp_link)
+{
+    memset(L, 0, sizeof *L);
+    const int n = mc->n_layer + 2;
+    L->n_layers = n;
+    L->tp = tp;
+    L->B = micro_batch;
+    L->T = mc->seq_len;
+    L->C = mc->n_embd;
+    double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->f_gemm, &L->b_gemm,
+                         &L->param_floats, &L->act_floats, &L->stash_floats};
+    for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
+        *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+
+    /* Sizes: the model's own layout (tp rank 0), nothing allocated. */
+    ts_model m;
+    ts_tp t = ts_tp_make(tp, 0, NULL, &ts_kernels_cpu);
+    ts_model_layout_tp(&m, mc, NULL, &t);
+    for (int l = 0; l < n; l++) {
+        const ts_layer *ly = &m.layers[l];
+        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++)
+            L->param_floats[l] += (double)((m.params[p].numel + 15) / 16 * 16);
+        L->act_floats[l] = (double)ts_acts_floats(&m, l, l + 1, micro_batch, mc->seq_len);
+        L->stash_floats[l] = (double)ts_acts_stash_floats(&m, l, l + 1, micro_batch, mc->seq_len);
+    }
+    L->wte_floats = (double)(((size_t)m.local_vocab * (size_t)mc->n_embd + 15) / 16 * 16);
+    L->scratch_floats = (double)ts_scratch_floats(&m, micro_batch, mc->seq_len);
+    const double Vl = (double)m.local_vocab;
+    ts_model_free(&m);
+
+    const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, N = B * T;
+    const double hl = (double)(mc->n_head / tp), hs = C / mc->n_head, tpd = tp;
+    const double F = 4.0 * C / tpd, f32 = 4.0;
+    L->msg_bytes = N * C * f32;
+    const double ar_act = ts_plan_allreduce_time(N * C * f32, tp, tp_link);
+
+    /* Block: qkv (column-parallel), attention over the local heads, attention projection
+     * (row-parallel), fc (column), fc projection (row). */
+    const double lin = gemm(cl, N, 3.0 * C / tpd, C) + gemm(cl, N, C, C / tpd) +
+                       gemm(cl, N, F, C) + gemm(cl, N, C, F);
+    const double att = B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
+    /* LayerNorm x2 (read + write), residual adds x2 (2 reads + 1 write), GELU (read +
+     * write of the local 4C/tp columns), softmax (read scores, write probabilities, the
+     * scale/mask pass) over the local heads. */
+    const double elem = f32 * (4.0 * N * C + 6.0 * N * C + 2.0 * N * F + 3.0 * B * hl * T * T);
+    for (int l = 1; l <= mc->n_layer; l++) {
+        L->f_gemm[l] = lin + att;
+        L->b_gemm[l] = 2.0 * lin + 2.0 * att;
+        L->f_tp[l] = 2.0 * ar_act;
+        L->i_tp[l] = 2.0 * ar_act;
+        L->f[l] = lin + att + mem_time(cl, elem) + L->f_tp[l];
+        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + L->i_tp[l];
+        L->w[l] = lin;
+    }
+    /* Embedding: a gather of the local vocabulary rows + wpe (write N*C), the tp sum;
+     * backward: the scatter-add into wte and wpe (a weight gradient: no input). */
+    L->f_tp[0] = ar_act;
+    L->f[0] = mem_time(cl, f32 * 3.0 * N * C) + ar_act;
+    L->i[0] = 0.0;
+    L->w[0] = mem_time(cl, f32 * 4.0 * N * C);
+    /* Head: ln_f, the LM-head GEMM over the local vocabulary, vocab-parallel
+     * cross-entropy (3 passes over the logits; 3 all-reduces of N floats); backward:
+     * the logits' gradient (write + read), dX (summed over tp) and dW of the GEMM,
+     * ln_f's backward. */
+    const int h = n - 1;
+    const double head_gemm = gemm(cl, N, Vl, C);
+    L->f_gemm[h] = head_gemm;
+    L->b_gemm[h] = 2.0 * head_gemm;
+    L->f_tp[h] = 3.0 * ts_plan_allreduce_time(N * f32, tp, tp_link);
+    L->i_tp[h] = ar_act;
+    L->f[h] = head_gemm + mem_time(cl, f32 * (2.0 * N * C + 3.0 * N * Vl)) + L->f_tp[h];
+    L->i[h] = head_gemm + mem_time(cl, f32 * (2.0 * N * Vl + 3.0 * N * C)) + L->i_tp[h];
+    L->w[h] = head_gemm;
+}
+
+void ts_plan_layers_free(ts_plan_layers *L)
+{
+    double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->f_gemm, L->b_gemm,
+                        L->param_floats, L->act_floats, L->stash_floats};
+    for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
+    memset(L, 0, sizeof *L);
+}
+
+/* The same walk as train/memory.c: F takes a set (given back at once when the
+ * micro-batch is recomputed), B or I of a recomputed micro-batch takes one again, B or W
+ * gives it back; I takes a stash, W frees it. */
+void ts_plan_peak_sets(const ts_schedule *s, int recompute, int q, int *peak_acts,
+                       int *peak_stash)
+{
+    const int n = s->n_chunks, m = s->m;
+    const bool full = recompute == TS_RECOMPUTE_FULL;
+    const bool except_last = recompute == TS_RECOMPUTE_EXCEPT_LAST;
+    int *live = ts_calloc((size_t)n, sizeof(int)), *stash = ts_calloc((size_t)n, sizeof(int));
+    for (int c = q; c < n; c += s->pp) peak_acts[c] = peak_stash[c] = 0;
+    for (int k = 0; k < s->n_actions[q]; k++) {
+        const ts_action *a = &s->actions[q][k];
+        const int c = a->chunk;
+        const bool rc = full || (except_last && a->mb != m - 1);
+        switch (a->kind) {
+        case TS_ACT_F:
+            if (++live[c] > peak_acts[c]) peak_acts[c] = live[c];
+            if (rc) live[c]--;
+            break;
+        case TS_ACT_B:
+        case TS_ACT_I:
+            if (rc) live[c]++;
+            if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
+            if (a->kind == TS_ACT_B)
+                live[c]--;
+            else if (++stash[c] > peak_stash[c])
+                peak_stash[c] = stash[c];
+            break;
+        case TS_ACT_W:
+            live[c]--;
+            stash[c]--;
+            break;
+        }
+    }
+    free(live);
+    free(stash);
+}
+
+double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)
+{
+    double p = 0.0;
+    for (int l = l0; l < l1; l++) p += L->param_floats[l];
+    if (l1 == L->n_layers && l0 > 0) p += L->wte_floats; /* the head's tied copy */
+    return p;
+}
+
+void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
+                         const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
+                         const int *peak_stash, int q, ts_plan_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    const double f32 = 4.0, NC = (double)L->B * L->T * L->C, ids = 2.0 * L->B * L->T * sizeof(int);
+    const int n = g->pp * g->v;
+    bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
+    double floats = 0.0;
+    for (int c = q; c < n; c += g->pp) {
+        const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
+        double acts = 0.0, stash = 0.0;
+        for (int l = l0; l < l1; l++) {
+            owned[l] = true;
+            floats += L->param_floats[l];
+            acts += L->act_floats[l];
+            stash += L->stash_floats[l];
+        }
+        out->act_sets += peak_acts[c] * acts * f32;
+        out->activations += peak_acts[c] * (acts * f32 + ids) + peak_stash[c] * stash * f32;
+        double slot = NC * f32 * ((c > 0) + 1);
+        if (g->recompute != TS_RECOMPUTE_NONE) slot += NC * f32 * (c < n - 1) + ids;
+        out->buffers += slot * g->m;
+    }
+    if (owned[L->n_layers - 1] && !owned[0]) floats += L->wte_floats;
+    free(owned);
+    out->params = out->grads = floats * f32;
+    if (g->bf16) out->params += floats * 2.0;
+    out->optimizer = 2.0 * floats * f32 / (g->zero == 1 ? (double)g->dp : 1.0);
+    out->buffers += L->scratch_floats * f32;
+    if (g->async_checkpoint) out->buffers += 3.0 * floats * f32 / (double)g->dp;
+    out->workspace = g->threads * TS_BLAS_THREAD_BYTES;
+    out->total = out->params + out->grads + out->optimizer + out->activations + out->buffers +
+                 out->workspace;
+}
+
+double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
+{
+    const double tokens = (double)global_batch * mc->seq_len;
+    return 6.0 * (double)ts_model_logical_params(mc) * tokens +
+           12.0 * mc->n_layer * (double)mc->seq_len * mc->n_embd * tokens;
+}

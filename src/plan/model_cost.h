@@ -1,0 +1,96 @@
+/* The planner's cost model of one layer (embedding, block, head) for one micro-batch on
+ * one tensor-parallel rank of a described cluster, and the memory one pipeline rank
+ * holds. No process runs the model: everything follows from the config's shapes.
+ *
+ * Time. A GEMM of shape (m, n, k) takes 2mnk / (peak * efficiency(cbrt(mnk))), peak of
+ * the cluster's compute_dtype; elementwise work (LayerNorm, residual adds, GELU,
+ * softmax, embedding gather/scatter, cross-entropy) takes its bytes / memory
+ * bandwidth, in fp32 (Tessera keeps activations in fp32 on every backend today). A
+ * block's backward is its GEMMs twice (input gradient I: dX of the four linears and
+ * attention's backward; weight gradient W: dW of the four linears) plus twice the
+ * forward's elementwise bytes in I. Tensor parallelism (Megatron): each rank does 1/tp
+ * of the GEMMs; a block does 2 all-reduces of micro_batch*seq_len*n_embd fp32 values
+ * forward and 2 backward, the embedding 1 forward, the head 3 small ones (N floats:
+ * vocab-parallel max, sum, target logit) forward and 1 backward; a ring all-reduce of
+ * S bytes over t ranks costs 2(t-1)/t * S / bandwidth + 2(t-1) * latency on the link
+ * the tp group uses, and it is not overlapped with compute.
+ *
+ * Memory, per pipeline rank (the trainer's own accounting, train/memory.c, which the
+ * tests hold these numbers to): parameters and gradients as the model lays them out
+ * (tp rank 0, which holds the most vocabulary rows; the head's rank keeps a copy of the
+ * tied embedding when the embedding is elsewhere), fp32; with compute_dtype bf16 the
+ * parameters add a bf16 copy (2 bytes each: the CUDA backend keeps fp32 master weights,
+ * fp32 gradients and fp32 AdamW moments); the two AdamW moments, fp32, 1/dp of them
+ * with ZeRO-1; activations = for every chunk, the schedule's peak live micro-batch sets
+ * (recompute-aware, as the engine holds them) times the chunk's saved tensors (+ token
+ * ids), plus zero-bubble stashes; buffers = per micro-batch pipeline slots, the
+ * backward scratch, checkpoint.async copies; workspace = the BLAS threads' buffers. */
+#ifndef TS_PLAN_MODEL_COST_H
+#define TS_PLAN_MODEL_COST_H
+
+#include <stdbool.h>
+
+#include "config/config.h"
+#include "pipeline/schedule.h"
+#include "plan/cluster.h"
+
+/* Per-layer costs and sizes for one (tp, micro_batch). Times in seconds. */
+typedef struct {
+    int n_layers;             /* n_layer + 2 */
+    int tp, B, T, C;
+    double *f, *i, *w;        /* [n_layers] forward, input-gradient, weight-gradient time,
+                                 tp all-reduces included */
+    double *f_tp, *i_tp;      /* [n_layers] the tp all-reduce part of f and i */
+    double *f_gemm, *b_gemm;  /* [n_layers] GEMM part of forward, backward (I + W) */
+    double *param_floats;     /* [n_layers] floats of the layer's parameters (as laid out) */
+    double *act_floats;       /* [n_layers] saved activation floats of one micro-batch */
+    double *stash_floats;     /* [n_layers] zero-bubble stash floats (I to W) */
+    double wte_floats;        /* the tied copy the head keeps without the embedding */
+    double scratch_floats;    /* the backward scratch a rank allocates once */
+    double msg_bytes;         /* one micro-batch's activations between pipeline stages */
+} ts_plan_layers;
+
+/* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */
+double ts_plan_allreduce_time(double bytes, int ranks, ts_link link);
+
+/* Fill L for model `mc`, tensor-parallel size tp (its group on link tp_link) and
+ * micro_batch sequences. */
+void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                          int tp, int micro_batch, ts_link tp_link);
+void ts_plan_layers_free(ts_plan_layers *L);
+
+/* Most activation sets and zero-bubble stashes of each chunk alive at once on pipeline
+ * rank q (train/memory.c's rule): peak_acts[n_chunks], peak_stash[n_chunks]; only the
+ * rank's own chunks are written. */
+void ts_plan_peak_sets(const ts_schedule *s, int recompute, int q, int *peak_acts,
+                       int *peak_stash);
+
+typedef struct {
+    double params, grads, optimizer, activations, buffers, workspace, total; /* bytes */
+    double act_sets;  /* the saved activation sets alone at the peak (what the trainer's
+                         activation_mb reports) */
+} ts_plan_memory;
+
+/* What the parts of a memory estimate need beyond the layers. */
+typedef struct {
+    int pp, dp, v, m, recompute, zero;
+    bool bf16;                 /* compute_dtype bf16: the extra bf16 weight copy */
+    bool async_checkpoint;     /* checkpoint.async with a checkpoint dir */
+    int threads;               /* BLAS threads (workspace) */
+} ts_plan_mem_shape;
+
+/* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[pp*v], the peaks
+ * from ts_plan_peak_sets. */
+void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
+                         const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
+                         const int *peak_stash, int q, ts_plan_memory *out);
+
+/* Parameter floats of a chunk [l0, l1) (with the tied copy when it holds the head but
+ * not the embedding): its gradient floats, what its dp reduction moves. */
+double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
+
+/* Model FLOPs of one step (no recompute): 6 * parameters * tokens + attention
+ * 12 * n_layer * seq_len * n_embd * tokens, tokens = global_batch * seq_len. */
+double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
+
+#endif

@@ -1,0 +1,423 @@
+/* Predicting one grid (predict.h). */
+#include "plan/predict.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/sysmem.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+
+typedef struct {
+    int tp, B;
+    ts_plan_layers L;
+} layers_entry;
+
+typedef struct {
+    int tp, B, n_chunks;
+    int *sizes, *first;
+} part_entry;
+
+typedef struct {
+    int kind, pp, v, m;
+    ts_status st;
+    char error[512];
+    ts_schedule s;
+    int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES]; /* lazily, [n_chunks] */
+} sched_entry;
+
+struct ts_plan_ctx {
+    ts_config cfg;
+    ts_cluster cl;
+    layers_entry *layers;
+    size_t n_layers, cap_layers;
+    part_entry *parts;
+    size_t n_parts, cap_parts;
+    sched_entry *scheds;
+    size_t n_scheds, cap_scheds;
+};
+
+ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl)
+{
+    ts_plan_ctx *x = ts_calloc(1, sizeof *x);
+    x->cfg = *cfg;
+    x->cl = *cl;
+    return x;
+}
+
+void ts_plan_ctx_free(ts_plan_ctx *x)
+{
+    if (!x) return;
+    for (size_t k = 0; k < x->n_layers; k++) ts_plan_layers_free(&x->layers[k].L);
+    for (size_t k = 0; k < x->n_parts; k++) {
+        free(x->parts[k].sizes);
+        free(x->parts[k].first);
+    }
+    for (size_t k = 0; k < x->n_scheds; k++) {
+        sched_entry *e = &x->scheds[k];
+        if (e->st == TS_OK) ts_schedule_free(&e->s);
+        for (int r = 0; r < TS_N_RECOMPUTES; r++) {
+            free(e->peak_acts[r]);
+            free(e->peak_stash[r]);
+        }
+    }
+    free(x->layers);
+    free(x->parts);
+    free(x->scheds);
+    free(x);
+}
+
+const ts_cluster *ts_plan_ctx_cluster(const ts_plan_ctx *x) { return &x->cl; }
+const ts_config *ts_plan_ctx_config(const ts_plan_ctx *x) { return &x->cfg; }
+
+/* ------------------------------------------------------------------- links -- */
+
+static bool inside_node(const ts_cluster *cl, long long span)
+{
+    return span <= cl->devices_per_node && cl->devices_per_node % span == 0;
+}
+
+ts_link ts_plan_tp_link(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return inside_node(cl, g->tp) ? cl->intra : cl->inter;
+}
+
+ts_link ts_plan_dp_link(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return inside_node(cl, (long long)g->tp * g->dp) ? cl->intra : cl->inter;
+}
+
+ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return (long long)g->tp * g->dp * g->pp <= cl->devices_per_node ? cl->intra : cl->inter;
+}
+
+/* ------------------------------------------------------------------ caches -- */
+
+static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    for (size_t k = 0; k < x->n_layers; k++)
+        if (x->layers[k].tp == g->tp && x->layers[k].B == g->micro_batch) return &x->layers[k].L;
+    x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
+    layers_entry *e = &x->layers[x->n_layers++];
+    e->tp = g->tp;
+    e->B = g->micro_batch;
+    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, g->tp, g->micro_batch,
+                         ts_plan_tp_link(&x->cl, g));
+    return &e->L;
+}
+
+static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const int n = g->pp * g->v;
+    for (size_t k = 0; k < x->n_parts; k++) {
+        const part_entry *e = &x->parts[k];
+        if (e->tp == g->tp && e->B == g->micro_batch && e->n_chunks == n) return e;
+    }
+    const ts_plan_layers *L = layers_for(x, g);
+    if (n > L->n_layers)
+        return ts_fail("pp * virtual_stages = %d chunks, but the model has %d layers", n,
+                       L->n_layers),
+               NULL;
+    int *sizes = ts_malloc(sizeof(int) * (size_t)n), *first = ts_malloc(sizeof(int) * (size_t)n);
+    if (x->cfg.parallel.n_partition == n) {
+        memcpy(sizes, x->cfg.parallel.partition, sizeof(int) * (size_t)n);
+    } else {
+        /* Balanced on forward + backward time without recompute, as the trainer cuts. */
+        double *cost = ts_malloc(sizeof(double) * (size_t)L->n_layers);
+        for (int l = 0; l < L->n_layers; l++) cost[l] = L->f[l] + L->i[l] + L->w[l];
+        ts_status st = ts_partition_balance(cost, L->n_layers, n, sizes);
+        free(cost);
+        TS_ASSERT(st == TS_OK);
+    }
+    for (int c = 0, at = 0; c < n; c++) {
+        first[c] = at;
+        at += sizes[c];
+    }
+    x->parts = ts_grow(x->parts, &x->cap_parts, x->n_parts, sizeof *x->parts);
+    part_entry *e = &x->parts[x->n_parts++];
+    *e = (part_entry){.tp = g->tp, .B = g->micro_batch, .n_chunks = n, .sizes = sizes,
+                      .first = first};
+    return e;
+}
+
+const char *ts_plan_schedule_name(const ts_plan_ctx *x, int schedule)
+{
+    return schedule >= 0 ? ts_schedule_names[schedule] : x->cfg.parallel.schedule;
+}
+
+static sched_entry *sched_for(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    for (size_t k = 0; k < x->n_scheds; k++) {
+        sched_entry *e = &x->scheds[k];
+        if (e->kind == g->schedule && e->pp == g->pp && e->v == g->v && e->m == g->m) return e;
+    }
+    x->scheds = ts_grow(x->scheds, &x->cap_scheds, x->n_scheds, sizeof *x->scheds);
+    sched_entry *e = &x->scheds[x->n_scheds++];
+    memset(e, 0, sizeof *e);
+    e->kind = g->schedule;
+    e->pp = g->pp;
+    e->v = g->v;
+    e->m = g->m;
+    e->st = ts_schedule_build(&e->s, ts_plan_schedule_name(x, g->schedule), g->pp, g->v, g->m);
+    if (e->st != TS_OK) snprintf(e->error, sizeof e->error, "%s", ts_error_message());
+    return e;
+}
+
+static void peaks_for(sched_entry *e, int recompute, const int **acts, const int **stash)
+{
+    if (!e->peak_acts[recompute]) {
+        e->peak_acts[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
+        e->peak_stash[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
+        for (int q = 0; q < e->pp; q++)
+            ts_plan_peak_sets(&e->s, recompute, q, e->peak_acts[recompute],
+                              e->peak_stash[recompute]);
+    }
+    *acts = e->peak_acts[recompute];
+    *stash = e->peak_stash[recompute];
+}
+
+const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const part_entry *p = part_for(x, g);
+    return p ? p->sizes : NULL;
+}
+
+void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
+{
+    const ts_parallel_config *p = &cfg->parallel;
+    *g = (ts_plan_grid){.pp = p->pp, .dp = p->dp, .tp = p->tp, .v = p->virtual_stages,
+                        .micro_batch = p->micro_batch, .m = ts_config_num_microbatches(cfg),
+                        .schedule = ts_schedule_kind_from_name(p->schedule),
+                        .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero};
+}
+
+/* -------------------------------------------------------------- the model -- */
+
+/* Chunk costs in ms: f, i (with recompute), w, and the parts the terms need. */
+typedef struct {
+    double *f, *i, *w, *tp, *rc, *dp_floats;
+} chunk_costs;
+
+static double recompute_share(int recompute, int m)
+{
+    return recompute == TS_RECOMPUTE_FULL          ? 1.0
+           : recompute == TS_RECOMPUTE_EXCEPT_LAST ? (double)(m - 1) / m
+                                                   : 0.0;
+}
+
+static void chunk_costs_make(const ts_plan_layers *L, const part_entry *p, const ts_plan_grid *g,
+                             chunk_costs *cc)
+{
+    const int n = p->n_chunks;
+    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
+    for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
+        *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+    const double share = recompute_share(g->recompute, g->m);
+    for (int c = 0; c < n; c++) {
+        const int l0 = p->first[c], l1 = l0 + p->sizes[c];
+        double f = 0, i = 0, w = 0, tp = 0;
+        for (int l = l0; l < l1; l++) {
+            f += L->f[l];
+            i += L->i[l];
+            w += L->w[l];
+            tp += L->f_tp[l] + L->i_tp[l];
+        }
+        cc->f[c] = f * 1e3;
+        cc->rc[c] = share * f * 1e3;
+        cc->i[c] = i * 1e3 + cc->rc[c];
+        cc->w[c] = w * 1e3;
+        cc->tp[c] = tp * 1e3;
+        cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
+    }
+}
+
+static void chunk_costs_free(chunk_costs *cc)
+{
+    free(cc->f);
+    free(cc->i);
+    free(cc->w);
+    free(cc->tp);
+    free(cc->rc);
+    free(cc->dp_floats);
+}
+
+/* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1's all-gather. */
+static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats)
+{
+    const double shard = g->zero == 1 ? floats / g->dp : floats;
+    double t = shard * (x->cl.bf16 ? 38.0 : 36.0) / x->cl.memory_bandwidth;
+    if (g->zero == 1 && g->dp > 1) {
+        const ts_link l = ts_plan_dp_link(&x->cl, g);
+        const double k = g->dp - 1.0;
+        t += k / g->dp * floats * 4.0 / l.bandwidth + k * l.latency;
+    }
+    return t * 1e3;
+}
+
+static ts_plan_mem_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    return (ts_plan_mem_shape){
+        .pp = g->pp, .dp = g->dp, .v = g->v, .m = g->m, .recompute = g->recompute,
+        .zero = g->zero, .bf16 = x->cl.bf16,
+        .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
+        .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
+}
+
+void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_plan_memory *m)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(p && se->st == TS_OK);
+    const int *pa, *ps;
+    peaks_for(se, g->recompute, &pa, &ps);
+    const ts_plan_mem_shape ms = mem_shape(x, g);
+    ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, m);
+}
+
+ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->g = *g;
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    if (!p) return TS_ERR;
+    sched_entry *se = sched_for(x, g);
+    if (se->st != TS_OK) return ts_fail("%s", se->error);
+    const int *pa, *ps;
+    peaks_for(se, g->recompute, &pa, &ps);
+
+    const ts_plan_mem_shape ms = mem_shape(x, g);
+    for (int q = 0; q < g->pp; q++) {
+        ts_plan_memory mem;
+        ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, &mem);
+        if (q == 0 || mem.total > r->mem.total) {
+            r->mem = mem;
+            r->mem_rank = q;
+        }
+    }
+    r->fits = r->mem.total <= x->cl.memory;
+
+    /* The bound: rank q cannot start before micro-batch 0 has passed chunks 0..q-1, and
+     * then has all its own work and its optimizer to do. */
+    chunk_costs cc;
+    chunk_costs_make(L, p, g, &cc);
+    const ts_link pl = ts_plan_pp_link(&x->cl, g);
+    const double hop = (pl.latency + L->msg_bytes / pl.bandwidth) * 1e3;
+    double head = 0.0, busiest = -1.0;
+    for (int q = 0; q < g->pp; q++) {
+        double busy = 0.0, tp = 0.0, rc = 0.0, floats = 0.0;
+        for (int c = q; c < p->n_chunks; c += g->pp) {
+            busy += g->m * (cc.f[c] + cc.i[c] + cc.w[c]);
+            tp += g->m * cc.tp[c];
+            rc += g->m * cc.rc[c];
+            floats += cc.dp_floats[c];
+        }
+        const double opt = optimizer_ms(x, g, floats);
+        if (head + busy + opt > r->lower_ms) r->lower_ms = head + busy + opt;
+        if (busy + opt > busiest) {
+            busiest = busy + opt;
+            r->terms = (ts_plan_terms){.compute = busy - tp - rc, .recompute = rc,
+                                       .tp_comm = tp, .optimizer = opt,
+                                       .pp_comm = hop};
+        }
+        head += cc.f[q] + (q + 1 < g->pp ? hop : 0.0);
+    }
+    chunk_costs_free(&cc);
+    return TS_OK;
+}
+
+double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    double floats = 0.0, acts = 0.0;
+    for (int l = 0; l < L->n_layers; l++) {
+        floats += L->param_floats[l];
+        acts += L->act_floats[l];
+    }
+    const double per_param = 4.0 + (x->cl.bf16 ? 2.0 : 0.0) + 4.0 +
+                             8.0 / (g->zero == 1 ? (double)g->dp : 1.0);
+    const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
+    return (floats * per_param + acts * 4.0) / g->pp + threads * TS_BLAS_THREAD_BYTES;
+}
+
+static void finish(const ts_plan_ctx *x, ts_plan_result *r)
+{
+    const ts_plan_grid *g = &r->g;
+    const double tokens = (double)x->cfg.train.global_batch * x->cfg.model.seq_len;
+    const double world = (double)g->pp * g->dp * g->tp;
+    r->tokens_per_s = tokens / (r->step_ms * 1e-3);
+    r->mfu = ts_plan_model_flops(&x->cfg.model, x->cfg.train.global_batch) /
+             (r->step_ms * 1e-3 * ts_cluster_peak(&x->cl) * world);
+}
+
+ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
+                          ts_sim_result *keep)
+{
+    if (ts_plan_estimate(x, g, r) != TS_OK) return TS_ERR;
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    sched_entry *se = sched_for(x, g);
+    chunk_costs cc;
+    chunk_costs_make(L, p, g, &cc);
+    const int n = p->n_chunks;
+    const ts_link pl = ts_plan_pp_link(&x->cl, g);
+    double *optim = ts_malloc(sizeof(double) * (size_t)g->pp);
+    for (int q = 0; q < g->pp; q++) {
+        double floats = 0.0;
+        for (int c = q; c < n; c += g->pp) floats += cc.dp_floats[c];
+        optim[q] = optimizer_ms(x, g, floats);
+    }
+    ts_sim_costs costs = {.n_chunks = n, .f = cc.f, .i = cc.i, .w = cc.w,
+                          .latency = pl.latency * 1e3, .bandwidth = pl.bandwidth * 1e-3,
+                          .msg_bytes = L->msg_bytes, .optim = optim};
+    double *dp_bytes = NULL;
+    int *pieces = NULL;
+    if (g->dp > 1) {
+        dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
+        pieces = ts_malloc(sizeof(int) * (size_t)n);
+        const double bucket = (double)x->cfg.parallel.bucket_mb * 1048576.0;
+        for (int c = 0; c < n; c++) {
+            dp_bytes[c] = cc.dp_floats[c] * 4.0;
+            const double k = ceil(dp_bytes[c] / bucket);
+            pieces[c] = k < 1 ? 1 : k > p->sizes[c] ? p->sizes[c] : (int)k;
+        }
+        /* A ring over dp ranks: all-reduce 2(dp-1)/dp of the bytes and 2(dp-1) steps;
+         * ZeRO-1's reduce-scatter half of that. Per bucket, as the trainer issues them. */
+        const ts_link dl = ts_plan_dp_link(&x->cl, g);
+        const double k = g->dp - 1.0, halves = g->zero == 1 ? 1.0 : 2.0;
+        costs.dp_bytes = dp_bytes;
+        costs.dp_pieces = x->cfg.parallel.overlap_grad_sync ? pieces : NULL;
+        costs.dp_latency = halves * k * dl.latency * 1e3;
+        costs.dp_bandwidth = dl.bandwidth * g->dp / (halves * k) * 1e-3;
+    }
+    ts_sim_result sr;
+    ts_status st = ts_sim_run(&se->s, &costs, &sr);
+    if (st == TS_OK) {
+        r->simulated = true;
+        r->step_ms = sr.step_time;
+        r->bubble = sr.bubble_mean;
+        double busy = 0.0, lane = 0.0;
+        for (int q = 0; q < g->pp; q++) {
+            busy = sr.busy[q] > busy ? sr.busy[q] : busy;
+            lane = sr.dp_busy[q] > lane ? sr.dp_busy[q] : lane;
+        }
+        r->terms.dp_exposed = sr.dp_exposed;
+        r->terms.dp_reduction = lane;
+        const double idle = sr.step_time - busy - sr.dp_exposed;
+        r->terms.bubble = idle > 0 ? idle : 0.0;
+        finish(x, r);
+        if (keep)
+            *keep = sr;
+        else
+            ts_sim_result_free(&sr);
+    }
+    free(optim);
+    free(dp_bytes);
+    free(pieces);
+    chunk_costs_free(&cc);
+    return st;
+}

@@ -1,0 +1,102 @@
+/* Predicting one grid on a cluster: partition, schedule, memory per device, and the step
+ * through the pipeline simulator (pipeline/sim.h) with the cluster's costs.
+ *
+ * Links (rank order tp-dp-pp, tp fastest, devices_per_node consecutive ranks per node):
+ * the tp group uses the intra-node link when it lies inside a node (tp divides
+ * devices_per_node), else the inter-node one; likewise the dp group (tp*dp divides
+ * devices_per_node) and the pipeline neighbours (the whole grid inside one node).
+ *
+ * Step: each chunk's F, I, W costs are its layers' (model_cost.h), I plus the chunk's
+ * forward again with recompute = full ((m-1)/m of it with except_last). Pipeline
+ * messages: one micro-batch's fp32 activations, link latency + bytes / bandwidth. The
+ * dp reduction runs on the simulator's dp lane in parallel.bucket_mb buckets: a ring
+ * all-reduce of the chunk's fp32 gradients over dp ranks (ZeRO-1: the reduce-scatter
+ * half), the ring's 2(dp-1)/dp (ZeRO-1: (dp-1)/dp) byte factor and 2(dp-1) (dp-1)
+ * latencies folded into the lane's bandwidth and latency. The optimizer (AdamW over the
+ * rank's parameters, 1/dp of them with ZeRO-1) reads and writes 36 bytes per parameter
+ * (38 with the bf16 copy) at memory bandwidth; ZeRO-1's parameter all-gather follows
+ * it. */
+#ifndef TS_PLAN_PREDICT_H
+#define TS_PLAN_PREDICT_H
+
+#include <stdbool.h>
+
+#include "config/config.h"
+#include "pipeline/sim.h"
+#include "plan/cluster.h"
+#include "plan/model_cost.h"
+
+typedef struct {
+    int pp, dp, tp, v, micro_batch, m;
+    int schedule;   /* ts_schedule_kind, or -1: the config's CSV schedule */
+    int recompute;  /* ts_recompute */
+    int zero;
+} ts_plan_grid;
+
+/* Where the time of the busiest pipeline rank goes (ms per step). */
+typedef struct {
+    double compute;     /* GEMMs and elementwise work, forward and backward */
+    double recompute;   /* the forwards rerun by activation recompute */
+    double tp_comm;     /* tensor-parallel all-reduces */
+    double optimizer;   /* AdamW (and ZeRO-1's parameter all-gather) */
+    double bubble;      /* idle: step less the busiest rank's work */
+    double dp_exposed;  /* the dp reduction the step waits for */
+    double dp_reduction;/* the dp lane's busy time (mostly hidden) */
+    double pp_comm;     /* one pipeline message's transfer time */
+} ts_plan_terms;
+
+typedef struct {
+    ts_plan_grid g;
+    ts_plan_memory mem;      /* the fullest pipeline rank */
+    int mem_rank;
+    bool fits;
+    bool simulated;          /* step from the simulator (else only the bound below) */
+    double lower_ms;         /* a lower bound of the step: max over ranks of (the first
+                                micro-batch's arrival + the rank's work + optimizer) */
+    double step_ms, bubble, tokens_per_s, mfu;
+    ts_plan_terms terms;
+} ts_plan_result;
+
+/* A planning context: model and run config, cluster, and caches of layer costs,
+ * partitions and schedules shared by the grids one search predicts. */
+typedef struct ts_plan_ctx ts_plan_ctx;
+
+/* cfg: the model, train.global_batch, parallel.bucket_mb / overlap_grad_sync /
+ * partition (an explicit list applies to its own pp * v), train.threads (0 = 1),
+ * checkpoint.async. The cluster is copied. */
+ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl);
+void ts_plan_ctx_free(ts_plan_ctx *x);
+const ts_cluster *ts_plan_ctx_cluster(const ts_plan_ctx *x);
+const ts_config *ts_plan_ctx_config(const ts_plan_ctx *x);
+
+/* Memory and the step's lower bound; fails (with a message) when the schedule cannot
+ * run this shape. */
+ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r);
+
+/* A lower bound of the fullest pipeline rank's memory (bytes) without cutting the
+ * model: 1/pp of all parameter, gradient and optimizer bytes and of one micro-batch's
+ * activation sets of the whole model, plus the workspace. The search skips grids whose
+ * bound does not fit before it partitions them. */
+double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g);
+
+/* ts_plan_estimate, then the simulated step. With `keep` the simulator's result is
+ * returned too (caller frees with ts_sim_result_free). */
+ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
+                          ts_sim_result *keep);
+
+/* The memory of pipeline rank q (0 <= q < pp) of a grid ts_plan_estimate accepted. */
+void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_plan_memory *m);
+
+/* The cut the prediction uses: layers per chunk [pp*v] (valid until ctx is freed). */
+const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g);
+
+/* The grid of a config (its own schedule may be a CSV: schedule = -1). */
+void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g);
+const char *ts_plan_schedule_name(const ts_plan_ctx *x, int schedule);
+
+/* The three links of a grid. */
+ts_link ts_plan_tp_link(const ts_cluster *cl, const ts_plan_grid *g);
+ts_link ts_plan_dp_link(const ts_cluster *cl, const ts_plan_grid *g);
+ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g);
+
+#endif

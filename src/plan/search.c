@@ -1,0 +1,323 @@
+/* The grid search (search.h). */
+#include "plan/search.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+const char *const ts_loss_names[TS_N_LOSSES] = {"bubble", "communication", "recompute",
+                                                "compute", "optimizer"};
+
+/* Whether some (pp, dp, tp) grid of n devices is valid for the model and batch. */
+static int grids_for(const ts_config *cfg, int n, int *out, int cap)
+{
+    const int layers = cfg->model.n_layer + 2;
+    int count = 0;
+    for (int tp = 1; tp <= n && tp <= cfg->model.n_head; tp++) {
+        if (n % tp || cfg->model.n_head % tp || cfg->model.vocab_size < tp) continue;
+        for (int dp = 1; dp <= n / tp; dp++) {
+            if ((n / tp) % dp || cfg->train.global_batch % dp) continue;
+            const int pp = n / tp / dp;
+            if (pp > layers) continue;
+            if (out && count < cap) {
+                out[3 * count] = pp;
+                out[3 * count + 1] = dp;
+                out[3 * count + 2] = tp;
+            }
+            count++;
+        }
+    }
+    return count;
+}
+
+double ts_plan_textbook_bubble(const ts_plan_grid *g)
+{
+    const double p = g->pp, m = g->m;
+    if (g->pp == 1) return 0.0;
+    switch (g->schedule) {
+    case TS_SCHEDULE_INTERLEAVED_1F1B: return (p - 1) / (g->v * m + p - 1);
+    case TS_SCHEDULE_ZB_H1: return (p - 1) / (3 * m + p - 1);
+    default: return (p - 1) / (m + p - 1);
+    }
+}
+
+/* The terms of a grid never simulated: its work, and the textbook bubble. */
+static void estimate_terms(ts_plan_result *r)
+{
+    const ts_plan_terms *t = &r->terms;
+    const double busy = t->compute + t->recompute + t->tp_comm + t->optimizer;
+    const double b = ts_plan_textbook_bubble(&r->g);
+    r->terms.bubble = busy / (1.0 - b) - busy;
+    r->step_ms = busy + r->terms.bubble;
+}
+
+ts_loss_reason ts_plan_loss_reason(const ts_plan_result *r, const ts_plan_result *best)
+{
+    const ts_plan_terms *a = &r->terms, *b = &best->terms;
+    const double d[TS_N_LOSSES] = {
+        [TS_LOSS_BUBBLE] = a->bubble - b->bubble,
+        [TS_LOSS_COMMUNICATION] = (a->tp_comm + a->dp_exposed) - (b->tp_comm + b->dp_exposed),
+        [TS_LOSS_RECOMPUTE] = a->recompute - b->recompute,
+        [TS_LOSS_COMPUTE] = a->compute - b->compute,
+        [TS_LOSS_OPTIMIZER] = a->optimizer - b->optimizer,
+    };
+    int k = 0;
+    for (int j = 1; j < TS_N_LOSSES; j++)
+        if (d[j] > d[k]) k = j;
+    return (ts_loss_reason)k;
+}
+
+typedef struct {
+    ts_plan_grid g;
+    double floor;
+} floored;
+
+static int cmp_floor(const void *pa, const void *pb)
+{
+    const floored *a = pa, *b = pb;
+    return a->floor < b->floor ? -1 : a->floor > b->floor;
+}
+
+static int cmp_lower(const void *pa, const void *pb)
+{
+    const ts_plan_result *a = pa, *b = pb;
+    return a->lower_ms < b->lower_ms ? -1 : a->lower_ms > b->lower_ms;
+}
+
+/* Best first: step time, then fewer devices per replica stage... then memory. */
+static int better(const ts_plan_result *a, const ts_plan_result *b)
+{
+    if (a->step_ms != b->step_ms) return a->step_ms < b->step_ms;
+    return a->mem.total < b->mem.total;
+}
+
+/* Insert into the top list (kept sorted, at most k). */
+static void top_insert(ts_search_result *r, int k, const ts_plan_result *c)
+{
+    int at = r->n_top;
+    while (at > 0 && better(c, &r->top[at - 1])) at--;
+    if (at >= k) return;
+    int n = r->n_top < k ? r->n_top + 1 : k;
+    memmove(&r->top[at + 1], &r->top[at], sizeof *r->top * (size_t)(n - 1 - at));
+    r->top[at] = *c;
+    r->n_top = n;
+}
+
+typedef struct {
+    int pp, dp, tp;
+} triple;
+
+static int cmp_triple(const void *pa, const void *pb)
+{
+    const triple *a = pa, *b = pb;
+    const long long x = (long long)a->pp * a->dp * a->tp, y = (long long)b->pp * b->dp * b->tp;
+    return x < y ? -1 : x > y;
+}
+
+/* The fewest devices any grid fits on, in its lightest setting (micro_batch 1, recompute
+ * full, 1f1b, ZeRO-1 when dp > 1): the grids in increasing size until one fits; 0 when
+ * none does. (dp counts: the trainer keeps pipeline buffers for every micro-batch of
+ * the step, global_batch / (dp * micro_batch) of them.) */
+static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    const int layers = cfg->model.n_layer + 2, gb = cfg->train.global_batch;
+    triple *t = NULL;
+    size_t n = 0, cap = 0;
+    for (int tp = 1; tp <= cfg->model.n_head; tp++) {
+        if (cfg->model.n_head % tp || cfg->model.vocab_size < tp) continue;
+        for (int dp = 1; dp <= gb; dp++) {
+            if (gb % dp) continue;
+            for (int pp = 1; pp <= layers; pp++) {
+                t = ts_grow(t, &cap, n, sizeof *t);
+                t[n++] = (triple){pp, dp, tp};
+            }
+        }
+    }
+    qsort(t, n, sizeof *t, cmp_triple);
+    long long best = 0;
+    for (size_t k = 0; k < n && !best; k++) {
+        ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .v = 1, .micro_batch = 1,
+                          .m = gb / t[k].dp, .schedule = TS_SCHEDULE_1F1B,
+                          .recompute = TS_RECOMPUTE_FULL, .zero = t[k].dp > 1};
+        if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
+        ts_plan_result e;
+        if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
+            best = (long long)g.pp * g.dp * g.tp;
+            *found = g;
+        }
+    }
+    free(t);
+    ts_error_clear();
+    return best;
+}
+
+static ts_status no_grid(const ts_config *cfg, int n)
+{
+    int below = 0, above = 0;
+    for (int k = n - 1; k >= 1 && !below; k--)
+        if (grids_for(cfg, k, NULL, 0)) below = k;
+    const int layers = cfg->model.n_layer + 2;
+    const long long most = (long long)layers * cfg->model.n_head * cfg->train.global_batch;
+    for (long long k = n + 1; k <= most && k <= 100000000 && !above; k++)
+        if (grids_for(cfg, (int)k, NULL, 0)) above = (int)k;
+    char near[128] = "";
+    if (below && above)
+        snprintf(near, sizeof near, "; the nearest device counts with one are %d and %d", below,
+                 above);
+    else if (below || above)
+        snprintf(near, sizeof near, "; the nearest device count with one is %d",
+                 below ? below : above);
+    return ts_fail("no grid uses exactly %d devices: pp * dp * tp = %d needs tp dividing "
+                   "model.n_head = %d, dp dividing train.global_batch = %d and pp at most the "
+                   "%d layers (embedding, %d blocks, head)%s (change --gpus or "
+                   "train.global_batch)",
+                   n, n, cfg->model.n_head, cfg->train.global_batch, layers, cfg->model.n_layer,
+                   near);
+}
+
+ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_result *r)
+{
+    memset(r, 0, sizeof *r);
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    const int layers = cfg->model.n_layer + 2, gb = cfg->train.global_batch;
+    const int n_grids = grids_for(cfg, o->gpus, NULL, 0);
+    if (n_grids == 0) return no_grid(cfg, o->gpus);
+    int *grids = ts_malloc(sizeof(int) * 3 * (size_t)n_grids);
+    grids_for(cfg, o->gpus, grids, n_grids);
+    r->n_grids = n_grids;
+
+    ts_plan_result *fits = NULL;
+    size_t n_fits = 0, cap = 0;
+    floored *pruned = NULL;
+    size_t n_pruned = 0, cap_pruned = 0;
+    bool have_smallest = false;
+    for (int k = 0; k < n_grids; k++) {
+        const int pp = grids[3 * k], dp = grids[3 * k + 1], tp = grids[3 * k + 2];
+        for (int mb = 1; mb <= gb / dp; mb++) {
+            if ((gb / dp) % mb) continue;
+            const int m = gb / dp / mb;
+            for (int s = 0; s < TS_N_SCHEDULES; s++) {
+                if (pp == 1 && s != TS_SCHEDULE_1F1B) continue;
+                const bool inter = s == TS_SCHEDULE_INTERLEAVED_1F1B;
+                if (inter && m < pp) continue;
+                for (int v = inter ? 2 : 1; inter ? pp * v <= layers : v == 1; v++) {
+                    for (int rc = 0; rc < TS_N_RECOMPUTES; rc++) {
+                        if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
+                        for (int z = 0; z <= (dp > 1); z++) {
+                            ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .v = v,
+                                              .micro_batch = mb, .m = m, .schedule = s,
+                                              .recompute = rc, .zero = z};
+                            const double floor = ts_plan_memory_floor(x, &g);
+                            if (floor > cl->memory) {
+                                /* Out of memory whatever the cut: estimated exactly
+                                 * only if it may be the closest or the lightest. */
+                                pruned = ts_grow(pruned, &cap_pruned, n_pruned, sizeof *pruned);
+                                pruned[n_pruned++] = (floored){g, floor};
+                                continue;
+                            }
+                            ts_plan_result e;
+                            if (ts_plan_estimate(x, &g, &e) != TS_OK) continue;
+                            r->candidates++;
+                            if (!have_smallest || e.mem.total < r->smallest.mem.total) {
+                                r->smallest = e;
+                                have_smallest = true;
+                            }
+                            if (!e.fits) {
+                                if (!r->oom || e.mem.total < r->oom_closest.mem.total)
+                                    r->oom_closest = e;
+                                r->oom++;
+                                continue;
+                            }
+                            fits = ts_grow(fits, &cap, n_fits, sizeof *fits);
+                            fits[n_fits++] = e;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    free(grids);
+    /* The grids skipped on their memory floor: the closest and the lightest among them
+     * are found in order of the floor, stopping once the floor alone is heavier. */
+    qsort(pruned, n_pruned, sizeof *pruned, cmp_floor);
+    for (size_t j = 0; j < n_pruned; j++) {
+        if (have_smallest && r->oom && pruned[j].floor >= r->smallest.mem.total &&
+            pruned[j].floor >= r->oom_closest.mem.total) {
+            r->candidates++;
+            r->oom++;
+            continue;
+        }
+        ts_plan_result e;
+        if (ts_plan_estimate(x, &pruned[j].g, &e) != TS_OK) continue;
+        r->candidates++;
+        if (!have_smallest || e.mem.total < r->smallest.mem.total) {
+            r->smallest = e;
+            have_smallest = true;
+        }
+        if (!r->oom || e.mem.total < r->oom_closest.mem.total) r->oom_closest = e;
+        r->oom++;
+    }
+    free(pruned);
+    ts_error_clear();
+    r->fit = (long long)n_fits;
+    if (n_fits == 0) {
+        const ts_plan_grid *g = &r->smallest.g;
+        ts_plan_grid fg = {0};
+        const long long least = fewest_devices(x, &fg);
+        if (least > o->gpus)
+            return ts_fail("%d devices are fewer than one replica of this model needs: at "
+                           "least %lld (pp %d x dp %d x tp %d, micro_batch 1, recompute full%s) "
+                           "to fit in %.2f GB per device; give --gpus %lld or more",
+                           o->gpus, least, fg.pp, fg.dp, fg.tp, fg.zero ? ", zero 1" : "",
+                           cl->memory / 1e9, least);
+        if (!have_smallest)
+            return ts_fail("no schedule can run any grid of %d devices for this batch", o->gpus);
+        return ts_fail("the model fits nowhere on %d devices of %s: the lightest grid (pp %d, dp "
+                       "%d, tp %d, %s, v %d, micro_batch %d, recompute %s, zero %d) needs %.2f GB "
+                       "per device, the device has %.2f GB%s",
+                       o->gpus, cl->name, g->pp, g->dp, g->tp, ts_schedule_names[g->schedule], g->v,
+                       g->micro_batch, ts_recompute_names[g->recompute], g->zero,
+                       r->smallest.mem.total / 1e9, cl->memory / 1e9,
+                       least ? "" : " (no number of devices holds this model with this batch: "
+                                    "a device with more memory is needed)");
+    }
+
+    /* Branch and bound over the lower bounds (search.h). */
+    const int k = o->top > 0 ? o->top : 10;
+    r->top = ts_calloc((size_t)k, sizeof *r->top);
+    qsort(fits, n_fits, sizeof *fits, cmp_lower);
+    for (size_t j = 0; j < n_fits; j++) {
+        ts_plan_result *c = &fits[j];
+        if (!o->exhaustive && r->n_top == k && c->lower_ms >= r->top[k - 1].step_ms) {
+            estimate_terms(c);
+            continue;
+        }
+        const ts_plan_grid g = c->g;
+        if (ts_plan_predict(x, &g, c, NULL) != TS_OK) {
+            free(fits);
+            return TS_ERR;
+        }
+        r->simulated++;
+        top_insert(r, k, c);
+    }
+    /* Why the rest lose: everything that fits but is not in the top list. */
+    for (size_t j = 0; j < n_fits; j++) {
+        bool in_top = false;
+        for (int t = 0; t < r->n_top && !in_top; t++)
+            in_top = !memcmp(&r->top[t].g, &fits[j].g, sizeof fits[j].g);
+        if (!in_top) r->lost[ts_plan_loss_reason(&fits[j], &r->top[0])]++;
+    }
+    free(fits);
+    return TS_OK;
+}
+
+void ts_search_result_free(ts_search_result *r)
+{
+    free(r->top);
+    memset(r, 0, sizeof *r);
+}

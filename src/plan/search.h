@@ -1,0 +1,68 @@
+/* The grid search: every valid grid for N devices, predicted and ranked by step time
+ * among those that fit in memory.
+ *
+ * Valid grids: pp * dp * tp = N; tp divides n_head (a tp group larger than a node, or
+ * not dividing devices_per_node, is allowed and pays the inter-node link); dp divides
+ * train.global_batch; pp * v chunks of at least one layer (embedding, n_layer blocks,
+ * head); micro_batch divides global_batch / dp; schedules gpipe, 1f1b, zb-h1 (v = 1)
+ * and interleaved-1f1b (v >= 2, at least pp micro-batches); pp = 1 runs 1f1b only (the
+ * schedules coincide); recompute none or full; ZeRO 0 or 1 (1 only with dp > 1).
+ *
+ * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
+ * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the
+ * first micro-batch's arrival) and grids are simulated in increasing bound order until
+ * the next bound exceeds the K-th best simulated step: the top K are exactly those an
+ * exhaustive search finds (`exhaustive` simulates every grid that fits, for tests).
+ * Grids never simulated are classified by their work and the textbook bubble of their
+ * schedule: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) interleaved,
+ * (p-1)/(3m+p-1) zb-h1. */
+#ifndef TS_PLAN_SEARCH_H
+#define TS_PLAN_SEARCH_H
+
+#include <stdbool.h>
+
+#include "plan/predict.h"
+
+/* Why a grid that fits loses to the best: the term of its step that exceeds the best's
+ * the most. */
+typedef enum {
+    TS_LOSS_BUBBLE,
+    TS_LOSS_COMMUNICATION, /* tp all-reduces, exposed dp reduction */
+    TS_LOSS_RECOMPUTE,
+    TS_LOSS_COMPUTE,       /* slower GEMMs (small shapes), more work per device */
+    TS_LOSS_OPTIMIZER,     /* optimizer and ZeRO-1 all-gather */
+    TS_N_LOSSES
+} ts_loss_reason;
+extern const char *const ts_loss_names[TS_N_LOSSES];
+
+typedef struct {
+    int gpus, top;
+    bool exhaustive;
+} ts_search_opts;
+
+typedef struct {
+    int n_grids;                 /* (pp, dp, tp) triples */
+    long long candidates;        /* with schedule, v, micro_batch, recompute, zero */
+    long long fit, simulated;
+    ts_plan_result *top;         /* [n_top] best first */
+    int n_top;
+    long long oom;               /* candidates over the device memory */
+    ts_plan_result oom_closest;  /* the one over by the least */
+    long long lost[TS_N_LOSSES]; /* fitting candidates outside the top, by reason */
+    ts_plan_result smallest;     /* the candidate needing the least memory */
+} ts_search_result;
+
+/* Search. Errors (clear, naming what to change): no valid grid for N devices (with the
+ * nearest device counts that have one), N smaller than one model replica needs (with
+ * the minimum), a model that fits nowhere (with the smallest memory per device it
+ * would need). */
+ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_result *r);
+void ts_search_result_free(ts_search_result *r);
+
+/* The textbook bubble of a grid's schedule (uniform chunks, free communication). */
+double ts_plan_textbook_bubble(const ts_plan_grid *g);
+
+/* Why `r` loses to `best`. */
+ts_loss_reason ts_plan_loss_reason(const ts_plan_result *r, const ts_plan_result *best);
+
+#endif

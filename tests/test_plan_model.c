@@ -1,0 +1,225 @@
+/* The planner (src/plan/): textbook bubbles of the formula the search uses for grids it
+ * does not simulate; the step's lower bound never above the simulated step (so the
+ * pruned search is exact) and the pruned search's top list equal to the exhaustive
+ * one's; doubling the link bandwidths never predicts a slower step; and the memory
+ * prediction equal to the trainer's own estimate (train/memory.c) for every grid of up
+ * to 4 ranks of the tiny and a 12-layer config. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+#include "pipeline/sim.h"
+#include "plan/cluster.h"
+#include "plan/predict.h"
+#include "plan/search.h"
+#include "test_util.h"
+#include "train/memory.h"
+
+static char g_src[1024];
+
+static const char *path(const char *rel, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/%s", g_src, rel);
+    return buf;
+}
+
+static void load_cluster(const char *rel, ts_cluster *c)
+{
+    char p[1200];
+    if (ts_cluster_load(path(rel, p, sizeof p), c) != TS_OK) {
+        fprintf(stderr, "%s\n", ts_error_message());
+        exit(2);
+    }
+}
+
+static void load_config(const char *rel, const char *const *sets, int n, ts_config *cfg)
+{
+    char p[1200];
+    if (ts_config_load(cfg, path(rel, p, sizeof p), sets, n, 0) != TS_OK) {
+        fprintf(stderr, "%s\n", ts_error_message());
+        exit(2);
+    }
+}
+
+/* 1. The textbook formula against the simulator with uniform costs, free links. */
+static void test_textbook(void)
+{
+    for (int s = 0; s < TS_N_SCHEDULES; s++)
+        for (int p = 2; p <= 4; p += 2)
+            for (int m = p; m <= 4 * p; m *= 2)
+                for (int v = 1; v <= (s == TS_SCHEDULE_INTERLEAVED_1F1B ? 3 : 1); v++) {
+                    ts_schedule sc;
+                    CHECK(ts_schedule_build(&sc, ts_schedule_names[s], p, v, m) == TS_OK);
+                    double f[16], iw[16];
+                    for (int c = 0; c < p * v; c++) f[c] = iw[c] = 1.0;
+                    ts_sim_costs k = {.n_chunks = p * v, .f = f, .i = iw, .w = iw};
+                    ts_sim_result r;
+                    CHECK(ts_sim_run(&sc, &k, &r) == TS_OK);
+                    ts_plan_grid g = {.pp = p, .dp = 1, .tp = 1, .v = v, .m = m, .schedule = s};
+                    const double want = ts_plan_textbook_bubble(&g);
+                    CHECKF(ts_rel_err(r.bubble_mean, want, 1e-9) < 0.01,
+                           "%s p %d v %d m %d: simulated %.5f, formula %.5f",
+                           ts_schedule_names[s], p, v, m, r.bubble_mean, want);
+                    ts_sim_result_free(&r);
+                    ts_schedule_free(&sc);
+                }
+}
+
+static int same_grid(const ts_plan_grid *a, const ts_plan_grid *b)
+{
+    return !memcmp(a, b, sizeof *a);
+}
+
+/* 2 and 3: bound below the simulation, pruned = exhaustive, faster links never
+ * slower, on every grid that fits for a few device counts. */
+static void test_search(const char *cfg_rel, const char *cluster_rel, int gpus)
+{
+    const char *sets[] = {"train.global_batch=32"};
+    ts_config cfg;
+    load_config(cfg_rel, sets, 1, &cfg);
+    ts_cluster cl, fast;
+    load_cluster(cluster_rel, &cl);
+    fast = cl;
+    ts_cluster_scale_links(&fast, 2.0);
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_search_opts all = {.gpus = gpus, .top = 1000, .exhaustive = true};
+    ts_search_opts pruned = {.gpus = gpus, .top = 10};
+    ts_search_result ra, rp;
+    CHECK(ts_plan_search(x, &all, &ra) == TS_OK);
+    CHECK(ts_plan_search(x, &pruned, &rp) == TS_OK);
+    CHECKF(ra.n_top > 10, "%s on %d: %d grids fit", cfg_rel, gpus, ra.n_top);
+    for (int k = 0; k < rp.n_top && k < ra.n_top; k++)
+        CHECKF(same_grid(&rp.top[k].g, &ra.top[k].g) && rp.top[k].step_ms == ra.top[k].step_ms,
+               "%s on %d: pruned #%d (%.4f ms) differs from exhaustive (%.4f ms)", cfg_rel, gpus,
+               k, rp.top[k].step_ms, ra.top[k].step_ms);
+    CHECK(rp.simulated <= ra.simulated);
+    int slower = 0, above = 0;
+    for (int k = 0; k < ra.n_top; k++) {
+        const ts_plan_result *r = &ra.top[k];
+        if (r->lower_ms > r->step_ms * (1 + 1e-12)) above++;
+        /* The same cut: faster tp links change the layer costs and so may move the
+         * balanced cut, which is a different plan, not the same one on faster links. */
+        ts_config same = cfg;
+        const int *cut = ts_plan_partition(x, &r->g);
+        same.parallel.n_partition = r->g.pp * r->g.v;
+        memcpy(same.parallel.partition, cut, sizeof(int) * (size_t)(r->g.pp * r->g.v));
+        ts_plan_ctx *xs = ts_plan_ctx_new(&same, &fast);
+        ts_plan_result f;
+        CHECK(ts_plan_predict(xs, &r->g, &f, NULL) == TS_OK);
+        ts_plan_ctx_free(xs);
+        if (f.step_ms > r->step_ms * (1 + 1e-12)) {
+            if (!slower)
+                fprintf(stderr, "pp %d dp %d tp %d %s v %d mb %d: %.6f ms at 2x bandwidth, %.6f "
+                                "at 1x\n",
+                        r->g.pp, r->g.dp, r->g.tp, ts_schedule_names[r->g.schedule], r->g.v,
+                        r->g.micro_batch, f.step_ms, r->step_ms);
+            slower++;
+        }
+    }
+    CHECKF(above == 0, "%s on %d: %d grids' lower bound above their simulated step", cfg_rel,
+           gpus, above);
+    CHECKF(slower == 0, "%s on %d: %d of %d grids slower with 2x link bandwidth", cfg_rel, gpus,
+           slower, ra.n_top);
+    printf("%s on %d devices: %d grids fit, %lld simulated exhaustively, %lld pruned\n", cfg_rel,
+           gpus, ra.n_top, ra.simulated, rp.simulated);
+    ts_search_result_free(&ra);
+    ts_search_result_free(&rp);
+    ts_plan_ctx_free(x);
+}
+
+/* 4. The planner's memory against train/memory.c's for every grid of <= 4 ranks. */
+static int g_mem_grids;
+static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
+                           const ts_cluster *cl)
+{
+    for (int pp = 1; pp <= 4; pp++)
+        for (int dp = 1; pp * dp <= 4; dp++)
+            for (int tp = 1; pp * dp * tp <= 4; tp++)
+                for (int s = 0; s < TS_N_SCHEDULES; s++)
+                    for (int v = 1; v <= (s == TS_SCHEDULE_INTERLEAVED_1F1B && pp > 1 ? 2 : 1);
+                         v++)
+                        for (int rc = 0; rc < TS_N_RECOMPUTES; rc++)
+                            for (int z = 0; z <= (dp > 1); z++) {
+                                char set[8][96];
+                                const char *sets[16];
+                                int n = 0;
+                                snprintf(set[0], 96, "parallel.pp=%d", pp);
+                                snprintf(set[1], 96, "parallel.dp=%d", dp);
+                                snprintf(set[2], 96, "parallel.tp=%d", tp);
+                                snprintf(set[3], 96, "parallel.schedule=%s", ts_schedule_names[s]);
+                                snprintf(set[4], 96, "parallel.virtual_stages=%d", v);
+                                snprintf(set[5], 96, "parallel.recompute=%s", ts_recompute_names[rc]);
+                                snprintf(set[6], 96, "parallel.zero=%d", z);
+                                snprintf(set[7], 96, "parallel.micro_batch=%d", 2);
+                                for (int k = 0; k < 8; k++) sets[n++] = set[k];
+                                for (int k = 0; k < n_extra; k++) sets[n++] = extra[k];
+                                ts_config cfg;
+                                char p[1200];
+                                if (ts_config_load(&cfg, path(cfg_rel, p, sizeof p), sets, n, 0) !=
+                                    TS_OK)
+                                    continue; /* e.g. fewer micro-batches than interleaving needs */
+                                ts_plan_ctx *x = ts_plan_ctx_new(&cfg, cl);
+                                ts_plan_grid g;
+                                ts_plan_grid_of(&cfg, &g);
+                                ts_plan_result r;
+                                if (ts_plan_estimate(x, &g, &r) != TS_OK) {
+                                    ts_plan_ctx_free(x);
+                                    continue;
+                                }
+                                /* The trainer's estimate on the planner's cut. */
+                                const int *sizes = ts_plan_partition(x, &g);
+                                cfg.parallel.n_partition = pp * v;
+                                memcpy(cfg.parallel.partition, sizes, sizeof(int) * (size_t)(pp * v));
+                                ts_partition part;
+                                ts_schedule sc;
+                                CHECK(ts_partition_build(&cfg, false, &part) == TS_OK);
+                                CHECK(ts_schedule_build(&sc, cfg.parallel.schedule, pp, v,
+                                                        ts_config_num_microbatches(&cfg)) == TS_OK);
+                                ts_mem_estimate e;
+                                ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1, &e);
+                                const ts_plan_memory *mm = &r.mem;
+                                const bool ok = ts_rel_err(mm->params, e.params, 1) < 1e-12 &&
+                                                ts_rel_err(mm->grads, e.grads, 1) < 1e-12 &&
+                                                ts_rel_err(mm->optimizer, e.optimizer, 1) < 1e-12 &&
+                                                ts_rel_err(mm->activations, e.activations, 1) < 1e-12 &&
+                                                ts_rel_err(mm->buffers, e.buffers, 1) < 1e-12 &&
+                                                ts_rel_err(mm->workspace, e.blas, 1) < 1e-12 &&
+                                                ts_rel_err(mm->total, e.total, 1) < 1e-12;
+                                CHECKF(ok,
+                                       "%s pp %d dp %d tp %d %s v %d %s zero %d rank %d: planner "
+                                       "%.0f/%.0f/%.0f/%.0f/%.0f, trainer %.0f/%.0f/%.0f/%.0f/%.0f "
+                                       "(params/grads/optimizer/activations/buffers)",
+                                       cfg_rel, pp, dp, tp, ts_schedule_names[s], v,
+                                       ts_recompute_names[rc], z, r.mem_rank, mm->params, mm->grads,
+                                       mm->optimizer, mm->activations, mm->buffers, e.params,
+                                       e.grads, e.optimizer, e.activations, e.buffers);
+                                g_mem_grids++;
+                                ts_schedule_free(&sc);
+                                ts_partition_free(&part);
+                                ts_plan_ctx_free(x);
+                            }
+}
+
+int main(void)
+{
+    const char *src = getenv("TS_SOURCE_DIR");
+    snprintf(g_src, sizeof g_src, "%s", src && *src ? src : ".");
+
+    test_textbook();
+
+    test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu.cfg", 4);
+    test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 8);
+    test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 16);
+
+    ts_cluster cpu;
+    load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &cpu);
+    const char *twelve[] = {"model.n_layer=12"};
+    compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
+    compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
+    printf("memory compared with train/memory.c on %d grids\n", g_mem_grids);
+    CHECK(g_mem_grids > 100);
+    return ts_test_report();
+}

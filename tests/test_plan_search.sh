@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tessera plan --cluster: the config's own grid, the grid search, the textbook limits
+# the command line shows (infinite memory: the fewest pipeline stages win), --json for
+# scripts, every bad-input message, and the 175B search near 10,000 devices in seconds.
+# Usage: test_plan_search.sh TESSERA SOURCE_DIR
+set -u
+T=$1; SRC=$2
+cd "$SRC" || exit 2
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+FX=tests/fixtures
+CPU=$FX/plan_cluster_cpu.cfg; H100=$FX/plan_cluster_h100.cfg
+FAILS=0
+fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+# expect_error WHAT PATTERN -- ARGS...: exit 1 and stderr matching PATTERN.
+expect_error() {
+  local what=$1 pat=$2; shift 3
+  "$T" plan "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  if [ $rc -eq 0 ] || ! grep -qE "$pat" "$TMP/err"; then
+    fail "$what: rc $rc, stderr:"; sed 's/^/    /' "$TMP/err" >&2
+  fi
+}
+json_num() { sed -E "s/.*\"$1\": ?([-0-9.e+]+).*/\1/" "$2"; }
+
+# The config's own grid: text and JSON.
+"$T" plan configs/tiny.cfg --cluster $CPU >"$TMP/own.txt" 2>&1 || fail "own grid: $(cat "$TMP/own.txt")"
+for k in "memory per device" "step:" "MFU"; do grep -q "$k" "$TMP/own.txt" || fail "own grid lacks '$k'"; done
+"$T" plan configs/tiny.cfg --cluster $CPU --set parallel.pp=2 --set parallel.dp=2 --json >"$TMP/own.json" ||
+  fail "own grid --json"
+for k in '"step_ms"' '"memory_bytes"' '"mfu"' '"tokens_per_s"' '"terms_ms"' '"partition": \[' '"world": 4'; do
+  grep -q "$k" "$TMP/own.json" || fail "own --json lacks $k"
+done
+"$T" plan configs/tiny.cfg --cluster $CPU --help | grep -q "activations in fp32" || fail "--help lacks the dtype note"
+
+# The search: text, JSON, and the textbook limit with infinite memory.
+"$T" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --top 5 >"$TMP/s.txt" 2>&1 ||
+  fail "search: $(cat "$TMP/s.txt")"
+[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ' "$TMP/s.txt")" -eq 5 ] || fail "search: not 5 rows"
+grep -q "slower, mostly by" "$TMP/s.txt" || fail "search: no reasons for the rest"
+"$T" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --json >"$TMP/s.json" || fail "search --json"
+for k in '"best": {' '"top": \[' '"rejected": {' '"out_of_memory": {' '"bubble": [0-9]'; do
+  grep -q "$k" "$TMP/s.json" || fail "search --json lacks $k"
+done
+# A device with (nearly) infinite memory: every grid fits, and the fewest stages win.
+sed -e 's/memory_gb = [0-9.]*/memory_gb = 1e9/' $H100 >"$TMP/huge.cfg"
+for n in 8 16 32; do
+  "$T" plan configs/gpt3-1.3b.cfg --cluster "$TMP/huge.cfg" --gpus $n --search --top 1 --json >"$TMP/h.json" ||
+    fail "huge memory search on $n"
+  pp=$(sed -E 's/.*"best": \{"world": [0-9]+, "pp": ([0-9]+).*/\1/' "$TMP/h.json")
+  grep -q '"out_of_memory": {"count": 0' "$TMP/h.json" || fail "huge memory: some grid out of memory"
+  [ "$pp" = 1 ] || fail "huge memory on $n devices: best has pp $pp, not 1"
+done
+
+# Bad input, each a clear message.
+sed '/memory_gb/d' $H100 >"$TMP/nomem.cfg"
+expect_error "missing key" "nomem.cfg: cluster.device.memory_gb is missing" -- configs/tiny.cfg --cluster "$TMP/nomem.cfg"
+sed 's/bandwidth_gbs = 450.0/bandwidth_gbs = -1/' $H100 >"$TMP/neg.cfg"
+expect_error "negative bandwidth" "cluster.intra_node.bandwidth_gbs = -1 is impossible" -- configs/tiny.cfg --cluster "$TMP/neg.cfg"
+sed 's/(1024, 0.65)/(1024, 1.5)/' $H100 >"$TMP/eff.cfg"
+expect_error "efficiency > 1" "gemm_efficiency entry 2 has efficiency 1.5" -- configs/tiny.cfg --cluster "$TMP/eff.cfg"
+sed 's/(1024, 0.65)/(300, 0.65)/' $H100 >"$TMP/sort.cfg"
+expect_error "unsorted table" "not sorted by n" -- configs/tiny.cfg --cluster "$TMP/sort.cfg"
+sed 's/compute_dtype = "bf16"/compute_dtype = "fp8"/' $H100 >"$TMP/dt.cfg"
+expect_error "bad dtype" 'compute_dtype = "fp8" is not' -- configs/tiny.cfg --cluster "$TMP/dt.cfg"
+sed 's/devices_per_node = 8/devices_per_nodes = 8/' $H100 >"$TMP/typo.cfg"
+expect_error "unknown key" "devices_per_nodes is not a key" -- configs/tiny.cfg --cluster "$TMP/typo.cfg"
+expect_error "missing file" "cannot be read" -- configs/tiny.cfg --cluster "$TMP/none.cfg"
+expect_error "too few devices" "8 devices are fewer than one replica of this model needs: at least [0-9]+" -- \
+  configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search
+sed 's/memory_gb = 80.0/memory_gb = 0.001/' $H100 >"$TMP/tinymem.cfg"
+expect_error "fits nowhere" "fits nowhere.*needs [0-9.]+ [KMG]i?B per device" -- \
+  configs/tiny.cfg --cluster "$TMP/tinymem.cfg" --gpus 4 --search
+expect_error "no grid" "no grid uses exactly 7 devices.*nearest device counts with one are 6 and 8" -- \
+  configs/tiny.cfg --cluster $CPU --gpus 7 --search
+expect_error "usage" "does not go with --cluster" -- configs/tiny.cfg --cluster $CPU --cost uniform
+
+# 175B near 10,000 devices: 10,000 itself has no grid (5^4 divides neither the heads nor
+# the batch: the message names 9,984 and 10,080); both it and 9,984 finish in seconds.
+for n in 10000 9984; do
+  t0=$(date +%s.%N)
+  "$T" plan configs/gpt3-175b.cfg --cluster $H100 --gpus $n --search --top 3 >"$TMP/big.txt" 2>&1; rc=$?
+  t1=$(date +%s.%N)
+  echo "175B search on $n devices: exit $rc, $(echo "$t1 - $t0" | bc) s"
+  head -3 "$TMP/big.txt"
+  if [ $n = 10000 ]; then grep -q "9984 and 10080" "$TMP/big.txt" || fail "10000: no nearest counts"
+  else [ $rc = 0 ] || fail "9984: $(cat "$TMP/big.txt")"; fi
+done
+
+[ $FAILS -eq 0 ] && echo "test_plan_search: ok" || { echo "test_plan_search: $FAILS failures"; exit 1; }
