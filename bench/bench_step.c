@@ -121,6 +121,17 @@ static void adamw(float *p, const float *g, float gs, float *m, float *v, size_t
 {
     TIMED("adamw_update", K->adamw_update(p, g, gs, m, v, n, lr, b1, b2, eps, wd, t));
 }
+static void adamw_spans(float *p, const float *g, float gs, float *m, float *v,
+                        const ts_adamw_span *sp, int ns, float lr, float b1, float b2, float eps,
+                        float wd, int t)
+{
+    TIMED("adamw_update_spans", K->adamw_update_spans(p, g, gs, m, v, sp, ns, lr, b1, b2, eps, wd, t));
+}
+static void res_ln_f(float *r, float *o, float *mu, float *rs, const float *a, const float *b,
+                     const float *w, const float *bi, int N, int C)
+{
+    TIMED("residual_layernorm_forward", K->residual_layernorm_forward(r, o, mu, rs, a, b, w, bi, N, C));
+}
 static double sumsq(const float *x, size_t n)
 {
     double r = 0.0;
@@ -148,6 +159,8 @@ static void init_timed_kernels(void)
     timed_kernels.residual_forward = res_f;
     timed_kernels.crossentropy_forward_backward = xent;
     timed_kernels.adamw_update = adamw;
+    timed_kernels.adamw_update_spans = adamw_spans;
+    timed_kernels.residual_layernorm_forward = res_ln_f;
     timed_kernels.sum_squares = sumsq;
 }
 

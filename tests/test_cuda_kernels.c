@@ -7,6 +7,17 @@
  * device-to-device moves in both directions, the double sums and their bitwise
  * determinism, streams and events.
  *
+ * Then the bf16 table ("cuda-bf16"), through the same helpers with every device buffer
+ * going through its slots (as a trainer's would): its memory and AdamW slots (wrapped
+ * for its weight cache) to 1e-5; its matmuls, whose GEMMs round their operands to bf16,
+ * against the CPU on the same operands rounded to bf16 on the host (the products are then
+ * exact in fp32 on both sides, so 1e-4 catches a layout, a rounding mode or a stale
+ * weight), and against the CPU on the fp32 operands (1e-2 of the output's largest value:
+ * bf16's 8-bit significand); the bias gradient, summed from the fp32 dout, to 1e-5. And
+ * its cache of bf16 weight copies: used while the weight is unchanged, refreshed after an
+ * adamw_update, a memcpy_h2d, a memcpy_d2d or a memset_zero over the weight, and never
+ * met again after the buffer's dev_free (a new buffer at the same address).
+ *
  * Built in CUDA builds only (tests/CMakeLists.txt, label "gpu"); exits 77 (skipped)
  * where there is no CUDA device. Each comparison prints one line (slot, output, worst
  * error), and a failure names the slot, the output, the index and both values. */
@@ -20,10 +31,16 @@
 #include "kernels/kernels.h"
 #include "test_util.h"
 
-static const ts_kernels *G = &ts_kernels_cuda; /* under test */
+static const ts_kernels *G = &ts_kernels_cuda; /* under test (the bf16 table, later) */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
 
 #define TOL 1e-5
+/* The bf16 table's matmuls against the CPU on bf16-rounded operands (floor 0.1, as
+ * TOL), and against the CPU on the fp32 operands (floor 1.0: a normwise bound; the
+ * rounding error of a near-zero output is a fraction of the output's scale, not of its
+ * own value). */
+#define TOL_BF16 1e-4
+#define TOL_BF16_FP32 1e-2
 
 /* ---- random inputs ---------------------------------------------------------------- */
 
@@ -48,6 +65,7 @@ typedef struct {
     float *h; /* the CPU backend's buffer (host memory) */
     float *d; /* the CUDA backend's buffer */
     size_t n;
+    float *base; /* what dev_alloc returned, when d is an offset into it (else NULL) */
 } pair;
 
 static float *d_from(const float *h, size_t n)
@@ -60,7 +78,7 @@ static float *d_from(const float *h, size_t n)
 /* An input, or a gradient that accumulates: the same random values on both sides. */
 static pair p_in(size_t n, float scale)
 {
-    pair p = { ts_alloc_floats(n), NULL, n };
+    pair p = { ts_alloc_floats(n), NULL, n, NULL };
     for (size_t i = 0; i < n; i++) p.h[i] = scale * frand();
     p.d = d_from(p.h, n);
     return p;
@@ -69,7 +87,7 @@ static pair p_in(size_t n, float scale)
 /* An output: zero on the host (the CPU kernel writes it), NaN on the device. */
 static pair p_out(size_t n)
 {
-    pair p = { ts_alloc_floats(n), NULL, n };
+    pair p = { ts_alloc_floats(n), NULL, n, NULL };
     float *nan = ts_alloc_floats(n);
     for (size_t i = 0; i < n; i++) nan[i] = NAN;
     p.d = d_from(nan, n);
@@ -77,11 +95,36 @@ static pair p_out(size_t n)
     return p;
 }
 
+/* p_in's values at device address base + off (off floats): a pointer only 4-byte
+ * aligned, as a weight inside the flat parameter buffer may be. */
+static pair p_in_at(size_t n, float scale, size_t off)
+{
+    pair p = { ts_alloc_floats(n), NULL, n, NULL };
+    for (size_t i = 0; i < n; i++) p.h[i] = scale * frand();
+    p.base = G->dev_alloc((n + off) * sizeof(float));
+    p.d = p.base + off;
+    G->memcpy_h2d(p.d, p.h, n * sizeof(float));
+    return p;
+}
+
+/* p_out's at device address base + off. */
+static pair p_out_at(size_t n, size_t off)
+{
+    pair p = { ts_alloc_floats(n), NULL, n, NULL };
+    float *nan = ts_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    p.base = G->dev_alloc((n + off) * sizeof(float));
+    p.d = p.base + off;
+    G->memcpy_h2d(p.d, nan, n * sizeof(float));
+    free(nan);
+    return p;
+}
+
 static void p_free(pair *p)
 {
     free(p->h);
-    G->dev_free(p->d);
-    p->h = p->d = NULL;
+    G->dev_free(p->base ? p->base : p->d);
+    p->h = p->d = p->base = NULL;
 }
 
 /* Integers (tokens, targets) on the device. */
@@ -92,31 +135,57 @@ static int *d_ints(const int *h, size_t n)
     return d;
 }
 
-/* The device buffer against the host one. */
-static void expect_close(const char *slot, const char *what, const pair *p)
+/* Device values dev[0..n) against host values want[0..n): relative error under tol,
+ * with a floor of floor_frac x the largest |want|. */
+static void expect_close_to(const char *slot, const char *what, const float *want,
+                            const float *dev, size_t n, double tol, double floor_frac)
 {
-    float *got = ts_alloc_floats(p->n);
-    G->memcpy_d2h(got, p->d, p->n * sizeof(float));
+    float *got = ts_alloc_floats(n);
+    G->memcpy_d2h(got, dev, n * sizeof(float));
     double maxw = 0.0;
-    for (size_t i = 0; i < p->n; i++)
-        if (fabs((double)p->h[i]) > maxw) maxw = fabs((double)p->h[i]);
-    double floor_ = maxw > 0.0 ? 0.1 * maxw : 1e-30;
+    for (size_t i = 0; i < n; i++)
+        if (fabs((double)want[i]) > maxw) maxw = fabs((double)want[i]);
+    double floor_ = maxw > 0.0 ? floor_frac * maxw : 1e-30;
     double worst = 0.0;
     size_t wi = 0;
-    for (size_t i = 0; i < p->n; i++) {
-        double e = ts_rel_err((double)got[i], (double)p->h[i], floor_);
+    for (size_t i = 0; i < n; i++) {
+        double e = ts_rel_err((double)got[i], (double)want[i], floor_);
         if (isnan(e) || isinf(e)) e = INFINITY; /* unwritten (NaN) or blown up */
         if (e > worst) {
             worst = e;
             wi = i;
         }
     }
-    printf("  %-30s %-12s %7zu values  worst rel err %.2e\n", slot, what, p->n, worst);
-    CHECKF(worst < TOL,
-           "%s: output '%s': worst relative error %.3g at [%zu]: cuda %.9g, cpu %.9g "
-           "(floor %.3g, %zu values)",
-           slot, what, worst, wi, (double)got[wi], (double)p->h[wi], floor_, p->n);
+    printf("  %-30s %-12s %7zu values  worst rel err %.2e\n", slot, what, n, worst);
+    CHECKF(worst < tol,
+           "%s: output '%s': worst relative error %.3g (tolerance %.0e) at [%zu]: %s %.9g, "
+           "cpu %.9g (floor %.3g, %zu values)",
+           slot, what, worst, tol, wi, G->name, (double)got[wi], (double)want[wi], floor_, n);
     free(got);
+}
+
+/* The device buffer against the host one. */
+static void expect_close(const char *slot, const char *what, const pair *p)
+{
+    expect_close_to(slot, what, p->h, p->d, p->n, TOL, 0.1);
+}
+
+/* The device buffer holds the same bits as host copy `before`. */
+static void expect_same_bits(const char *slot, const char *what, const float *before,
+                             const float *dev, size_t n)
+{
+    float *got = ts_alloc_floats(n);
+    G->memcpy_d2h(got, dev, n * sizeof(float));
+    CHECKF(!memcmp(got, before, n * sizeof(float)), "%s: output '%s' differs between two runs",
+           slot, what);
+    free(got);
+}
+
+static float *d2h_copy(const float *dev, size_t n)
+{
+    float *h = ts_alloc_floats(n);
+    G->memcpy_d2h(h, dev, n * sizeof(float));
+    return h;
 }
 
 /* ---- the table and memory ---------------------------------------------------------- */
@@ -128,6 +197,12 @@ static void test_table(void)
     CHECK(!strcmp(G->name, "cuda"));
     CHECK(!G->host_accessible);
     CHECK(ts_kernels_find("cuda") == G);
+
+    const ts_kernels *b = &ts_kernels_cuda_bf16;
+    missing = ts_kernels_missing(b);
+    CHECKF(!missing, "ts_kernels_cuda_bf16 leaves slot '%s' empty", missing);
+    CHECK(!strcmp(b->name, "cuda-bf16"));
+    CHECK(!b->host_accessible);
 }
 
 static void test_memory(void)
@@ -286,37 +361,233 @@ static void test_layernorm(int Nr, int Cc)
     p_free(&dout), p_free(&dinp), p_free(&dw), p_free(&db);
 }
 
-static void test_matmul(int Nr, int Cc, int OC)
+/* The same bits on a second run: forward, then backward with all three gradients
+ * (dweight and dbias accumulating from the same pre-fill both times). */
+static void matmul_determinism(const char *slot, const pair *inp, const pair *w, const pair *b,
+                               const pair *dout, int Nr, int Cc, int OC, size_t off)
 {
-    char slot[80];
-    pair inp = p_in((size_t)Nr * Cc, 1.0f), w = p_in((size_t)OC * Cc, 1.0f), b = p_in((size_t)OC, 1.0f);
+    pair out = p_in_at((size_t)Nr * OC, 1.0f, off);
+    G->matmul_forward(out.d, inp->d, w->d, b->d, Nr, Cc, OC);
+    float *out1 = d2h_copy(out.d, out.n);
+    G->matmul_forward(out.d, inp->d, w->d, b->d, Nr, Cc, OC);
+    expect_same_bits(slot, "out", out1, out.d, out.n);
+
+    pair dinp = p_in_at((size_t)Nr * Cc, 1.0f, off);
+    pair dw = p_in_at((size_t)OC * Cc, 0.5f, off), db = p_in_at((size_t)OC, 0.5f, off);
+    G->matmul_backward(dinp.d, dw.d, db.d, dout->d, inp->d, w->d, Nr, Cc, OC);
+    float *dinp1 = d2h_copy(dinp.d, dinp.n), *dw1 = d2h_copy(dw.d, dw.n);
+    float *db1 = d2h_copy(db.d, db.n);
+    G->memcpy_h2d(dw.d, dw.h, dw.n * sizeof(float)); /* the pre-fill again */
+    G->memcpy_h2d(db.d, db.h, db.n * sizeof(float));
+    G->matmul_backward(dinp.d, dw.d, db.d, dout->d, inp->d, w->d, Nr, Cc, OC);
+    expect_same_bits(slot, "dinp", dinp1, dinp.d, dinp.n);
+    expect_same_bits(slot, "dweight (+=)", dw1, dw.d, dw.n);
+    expect_same_bits(slot, "dbias (+=)", db1, db.d, db.n);
+    printf("  %-30s same bits on a second run\n", slot);
+    free(out1), free(dinp1), free(dw1), free(db1);
+    p_free(&out), p_free(&dinp), p_free(&dw), p_free(&db);
+}
+
+/* Every device operand at `off` floats past its buffer's start (off 1: 4-byte aligned
+ * pointers, which cuBLASLt's fastest algorithms refuse). */
+static void test_matmul(int Nr, int Cc, int OC, size_t off)
+{
+    char slot[96];
+    pair inp = p_in_at((size_t)Nr * Cc, 1.0f, off), w = p_in_at((size_t)OC * Cc, 1.0f, off);
+    pair b = p_in_at((size_t)OC, 1.0f, off);
     for (int with_bias = 0; with_bias < 2; with_bias++) {
-        pair out = p_out((size_t)Nr * OC);
+        pair out = p_out_at((size_t)Nr * OC, off);
         H->matmul_forward(out.h, inp.h, w.h, with_bias ? b.h : NULL, Nr, Cc, OC);
         G->matmul_forward(out.d, inp.d, w.d, with_bias ? b.d : NULL, Nr, Cc, OC);
-        snprintf(slot, sizeof slot, "matmul_forward %dx%dx%d%s", Nr, Cc, OC,
-                 with_bias ? "" : " nobias");
+        snprintf(slot, sizeof slot, "matmul_forward %dx%dx%d%s%s", Nr, Cc, OC,
+                 with_bias ? "" : " nobias", off ? " +1" : "");
         expect_close(slot, "out", &out);
         p_free(&out);
     }
     /* Every combination of the three gradients (bit 0 dinp, 1 dweight, 2 dbias). */
-    pair dout = p_in((size_t)Nr * OC, 1.0f);
+    pair dout = p_in_at((size_t)Nr * OC, 1.0f, off);
     for (int mask = 1; mask < 8; mask++) {
-        pair dinp = p_out((size_t)Nr * Cc);
-        pair dw = p_in((size_t)OC * Cc, 0.5f), db = p_in((size_t)OC, 0.5f);
+        pair dinp = p_out_at((size_t)Nr * Cc, off);
+        pair dw = p_in_at((size_t)OC * Cc, 0.5f, off), db = p_in_at((size_t)OC, 0.5f, off);
         H->matmul_backward(mask & 1 ? dinp.h : NULL, mask & 2 ? dw.h : NULL, mask & 4 ? db.h : NULL,
                            dout.h, inp.h, w.h, Nr, Cc, OC);
         G->matmul_backward(mask & 1 ? dinp.d : NULL, mask & 2 ? dw.d : NULL, mask & 4 ? db.d : NULL,
                            dout.d, inp.d, w.d, Nr, Cc, OC);
-        snprintf(slot, sizeof slot, "matmul_backward %dx%dx%d [%s%s%s]", Nr, Cc, OC,
-                 mask & 1 ? "i" : "-", mask & 2 ? "w" : "-", mask & 4 ? "b" : "-");
+        snprintf(slot, sizeof slot, "matmul_backward %dx%dx%d [%s%s%s]%s", Nr, Cc, OC,
+                 mask & 1 ? "i" : "-", mask & 2 ? "w" : "-", mask & 4 ? "b" : "-",
+                 off ? " +1" : "");
         if (mask & 1) expect_close(slot, "dinp", &dinp);
         /* A skipped gradient is left alone: both sides still hold the same pre-fill. */
         expect_close(slot, mask & 2 ? "dweight (+=)" : "dweight (untouched)", &dw);
         expect_close(slot, mask & 4 ? "dbias (+=)" : "dbias (untouched)", &db);
         p_free(&dinp), p_free(&dw), p_free(&db);
     }
+    snprintf(slot, sizeof slot, "matmul %dx%dx%d%s", Nr, Cc, OC, off ? " +1" : "");
+    matmul_determinism(slot, &inp, &w, &b, &dout, Nr, Cc, OC, off);
     p_free(&inp), p_free(&w), p_free(&b), p_free(&dout);
+}
+
+/* ---- the bf16 table's matmuls --------------------------------------------------- */
+
+/* x rounded to bf16, to nearest even (what __float2bfloat16 does on the device). */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x; /* inf, NaN: not in these tests */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static float *bf16_rounded(const float *x, size_t n)
+{
+    float *r = ts_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) r[i] = bf16_round(x[i]);
+    return r;
+}
+
+/* G is the bf16 table. Each output against two CPU references: on the bf16-rounded
+ * operands (TOL_BF16) and on the fp32 ones (TOL_BF16_FP32). The bias gradient sums the
+ * fp32 dout: TOL. */
+static void test_matmul_bf16(int Nr, int Cc, int OC, size_t off)
+{
+    char slot[96];
+    size_t ni = (size_t)Nr * Cc, nw = (size_t)OC * Cc, no = (size_t)Nr * OC;
+    pair inp = p_in_at(ni, 1.0f, off), w = p_in_at(nw, 1.0f, off);
+    pair b = p_in_at((size_t)OC, 1.0f, off);
+    float *inp_r = bf16_rounded(inp.h, ni), *w_r = bf16_rounded(w.h, nw);
+    float *ref32 = ts_alloc_floats(no > ni ? (no > nw ? no : nw) : (ni > nw ? ni : nw));
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        pair out = p_out_at(no, off);
+        const float *bh = with_bias ? b.h : NULL;
+        H->matmul_forward(out.h, inp_r, w_r, bh, Nr, Cc, OC);
+        H->matmul_forward(ref32, inp.h, w.h, bh, Nr, Cc, OC);
+        G->matmul_forward(out.d, inp.d, w.d, with_bias ? b.d : NULL, Nr, Cc, OC);
+        snprintf(slot, sizeof slot, "bf16 matmul_forward %dx%dx%d%s%s", Nr, Cc, OC,
+                 with_bias ? "" : " nobias", off ? " +1" : "");
+        expect_close_to(slot, "out", out.h, out.d, no, TOL_BF16, 0.1);
+        expect_close_to(slot, "out vs fp32", ref32, out.d, no, TOL_BF16_FP32, 1.0);
+        p_free(&out);
+    }
+    pair dout = p_in_at(no, 1.0f, off);
+    float *dout_r = bf16_rounded(dout.h, no);
+    for (int mask = 1; mask < 8; mask++) {
+        pair dinp = p_out_at(ni, off);
+        pair dw = p_in_at(nw, 0.5f, off), db = p_in_at((size_t)OC, 0.5f, off);
+        float *dw32 = ts_alloc_floats(nw);
+        memcpy(dw32, dw.h, nw * sizeof(float)); /* the same pre-fill */
+        float *di = mask & 1 ? dinp.h : NULL, *dwh = mask & 2 ? dw.h : NULL;
+        H->matmul_backward(di, dwh, NULL, dout_r, inp_r, w_r, Nr, Cc, OC);
+        H->matmul_backward(NULL, NULL, mask & 4 ? db.h : NULL, dout.h, inp.h, w.h, Nr, Cc, OC);
+        G->matmul_backward(mask & 1 ? dinp.d : NULL, mask & 2 ? dw.d : NULL, mask & 4 ? db.d : NULL,
+                           dout.d, inp.d, w.d, Nr, Cc, OC);
+        snprintf(slot, sizeof slot, "bf16 matmul_backward %dx%dx%d [%s%s%s]%s", Nr, Cc, OC,
+                 mask & 1 ? "i" : "-", mask & 2 ? "w" : "-", mask & 4 ? "b" : "-",
+                 off ? " +1" : "");
+        if (mask & 1) {
+            expect_close_to(slot, "dinp", dinp.h, dinp.d, ni, TOL_BF16, 0.1);
+            H->matmul_backward(ref32, NULL, NULL, dout.h, inp.h, w.h, Nr, Cc, OC);
+            expect_close_to(slot, "dinp vs fp32", ref32, dinp.d, ni, TOL_BF16_FP32, 1.0);
+        }
+        expect_close_to(slot, mask & 2 ? "dweight (+=)" : "dweight (untouched)", dw.h, dw.d, nw,
+                        mask & 2 ? TOL_BF16 : TOL, 0.1);
+        if (mask & 2) {
+            H->matmul_backward(NULL, dw32, NULL, dout.h, inp.h, w.h, Nr, Cc, OC);
+            expect_close_to(slot, "dweight vs fp32", dw32, dw.d, nw, TOL_BF16_FP32, 1.0);
+        }
+        expect_close(slot, mask & 4 ? "dbias (+=)" : "dbias (untouched)", &db);
+        free(dw32);
+        p_free(&dinp), p_free(&dw), p_free(&db);
+    }
+    snprintf(slot, sizeof slot, "bf16 matmul %dx%dx%d%s", Nr, Cc, OC, off ? " +1" : "");
+    matmul_determinism(slot, &inp, &w, &b, &dout, Nr, Cc, OC, off);
+    free(inp_r), free(w_r), free(ref32), free(dout_r);
+    p_free(&inp), p_free(&w), p_free(&b), p_free(&dout);
+}
+
+/* G is the bf16 table. Its matmul's output for weight w against the CPU's on the
+ * bf16-rounded operands, for the weight values the host holds now. */
+static void cache_check(const char *when, const pair *inp, const pair *w, const pair *out, int Nr,
+                        int Cc, int OC)
+{
+    float *inp_r = bf16_rounded(inp->h, inp->n), *w_r = bf16_rounded(w->h, w->n);
+    H->matmul_forward(out->h, inp_r, w_r, NULL, Nr, Cc, OC);
+    G->matmul_forward(out->d, inp->d, w->d, NULL, Nr, Cc, OC);
+    expect_close_to("bf16 weight cache", when, out->h, out->d, out->n, TOL_BF16, 0.1);
+    free(inp_r), free(w_r);
+}
+
+/* G is the bf16 table. The weight's bf16 copy is reused while the weight is unchanged,
+ * and refreshed after every kind of write this table makes to it. */
+static void test_bf16_weight_cache(void)
+{
+    enum { NR = 9, CC = 24, OCC = 20, NW = OCC * CC };
+    const ts_kernels *fp32 = &ts_kernels_cuda; /* the same device memory; the cache not told */
+    pair inp = p_in((size_t)NR * CC, 1.0f), w = p_in(NW, 1.0f), out = p_out((size_t)NR * OCC);
+    cache_check("first use", &inp, &w, &out, NR, CC, OCC);
+
+    /* Cached: a write the table does not see is not seen (the contract: parameters are
+     * written through this table's slots). Without this the checks below prove
+     * nothing. */
+    float *w_old = ts_alloc_floats(NW), *w_new = ts_alloc_floats(NW);
+    memcpy(w_old, w.h, sizeof(float) * NW);
+    for (int i = 0; i < NW; i++) w_new[i] = frand();
+    fp32->memcpy_h2d(w.d, w_new, sizeof(float) * NW);
+    cache_check("copy reused", &inp, &w, &out, NR, CC, OCC); /* w.h: the old values */
+    fp32->memcpy_h2d(w.d, w_old, sizeof(float) * NW);        /* as the copy says again */
+
+    /* adamw_update (lr 0.05: every weight moves by about 0.05, far beyond TOL_BF16). */
+    pair g = p_in(NW, 0.1f), m = p_in(NW, 0.0f), v = p_in(NW, 0.0f);
+    H->adamw_update(w.h, g.h, 1.0f, m.h, v.h, NW, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    G->adamw_update(w.d, g.d, 1.0f, m.d, v.d, NW, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    expect_close("bf16 adamw_update", "param", &w);
+    cache_check("after adamw", &inp, &w, &out, NR, CC, OCC);
+    /* The backward's dinp reads the same copy. */
+    pair dout = p_in((size_t)NR * OCC, 1.0f), dinp = p_out((size_t)NR * CC);
+    {
+        float *inp_r = bf16_rounded(inp.h, inp.n), *w_r = bf16_rounded(w.h, NW);
+        float *dout_r = bf16_rounded(dout.h, dout.n);
+        H->matmul_backward(dinp.h, NULL, NULL, dout_r, inp_r, w_r, NR, CC, OCC);
+        G->matmul_backward(dinp.d, NULL, NULL, dout.d, inp.d, w.d, NR, CC, OCC);
+        expect_close_to("bf16 weight cache", "dinp after adamw", dinp.h, dinp.d, dinp.n,
+                        TOL_BF16, 0.1);
+        free(inp_r), free(w_r), free(dout_r);
+    }
+
+    /* memcpy_h2d of a piece in the middle (a ZeRO-1 gather writes pieces). */
+    const int lo = NW / 3, cnt = NW / 4;
+    for (int i = lo; i < lo + cnt; i++) w.h[i] = frand();
+    G->memcpy_h2d(w.d + lo, w.h + lo, sizeof(float) * cnt);
+    cache_check("after memcpy_h2d", &inp, &w, &out, NR, CC, OCC);
+
+    /* memcpy_d2d into the weight from another buffer. */
+    pair src = p_in((size_t)cnt, 1.0f);
+    memcpy(w.h + 5, src.h, sizeof(float) * cnt);
+    G->memcpy_d2d(w.d + 5, src.d, sizeof(float) * cnt);
+    cache_check("after memcpy_d2d", &inp, &w, &out, NR, CC, OCC);
+
+    /* memset_zero of the last rows. */
+    memset(w.h + NW - 2 * CC, 0, sizeof(float) * 2 * CC);
+    G->memset_zero(w.d + NW - 2 * CC, sizeof(float) * 2 * CC);
+    cache_check("after memset_zero", &inp, &w, &out, NR, CC, OCC);
+
+    /* dev_free, then a new buffer (cudaMalloc usually hands the same address back)
+     * filled behind the cache's back: no copy of the old buffer may be used. */
+    float *old_d = w.d;
+    G->dev_free(w.d);
+    w.d = G->dev_alloc(sizeof(float) * NW);
+    for (int i = 0; i < NW; i++) w.h[i] = frand();
+    fp32->memcpy_h2d(w.d, w.h, sizeof(float) * NW);
+    cache_check(w.d == old_d ? "after free, same address" : "after free, new address", &inp, &w,
+                &out, NR, CC, OCC);
+    printf("  %-30s dev_free then dev_alloc: %s address\n", "bf16 weight cache",
+           w.d == old_d ? "the same" : "a different");
+
+    free(w_old), free(w_new);
+    p_free(&inp), p_free(&w), p_free(&out), p_free(&g), p_free(&m), p_free(&v);
+    p_free(&dout), p_free(&dinp), p_free(&src);
 }
 
 /* att's layout is the backend's own (attention_saved_floats): only `out` and `dqkv` are
@@ -363,7 +634,7 @@ static void test_elementwise(size_t n)
     expect_close(slot, "dinp", &dinp);
     /* dinp aliasing dout: the CPU's result above, in place on the device. */
     G->gelu_backward(dout.d, inp.d, dout.d, n);
-    pair alias = { dinp.h, dout.d, n };
+    pair alias = { dinp.h, dout.d, n, NULL };
     snprintf(slot, sizeof slot, "gelu_backward n%zu in place", n);
     expect_close(slot, "dinp=dout", &alias);
 
@@ -373,7 +644,7 @@ static void test_elementwise(size_t n)
     snprintf(slot, sizeof slot, "residual_forward n%zu", n);
     expect_close(slot, "out", &r);
     G->residual_forward(a.d, a.d, b.d, n); /* out aliasing a */
-    pair alias2 = { r.h, a.d, n };
+    pair alias2 = { r.h, a.d, n, NULL };
     snprintf(slot, sizeof slot, "residual_forward n%zu in place", n);
     expect_close(slot, "out=a", &alias2);
     p_free(&inp), p_free(&out), p_free(&dout), p_free(&dinp), p_free(&a), p_free(&b), p_free(&r);
@@ -487,9 +758,11 @@ int main(void)
     test_layernorm(N, C);
     test_layernorm(5, 200);
     test_layernorm(3, 1031);
-    test_matmul(N, C, 3 * C);
-    test_matmul(N, C, V);
-    test_matmul(67, 96, 130);
+    test_matmul(N, C, 3 * C, 0);
+    test_matmul(N, C, V, 0);
+    test_matmul(67, 96, 130, 0);
+    test_matmul(128, 256, 768, 0);
+    test_matmul(67, 96, 130, 1);
     test_attention(B, T, NH, C / NH);
     test_attention(1, 67, 2, 16);
     test_attention(2, 40, 2, 64);
@@ -502,5 +775,20 @@ int main(void)
     test_crossentropy(5, 1000);
     test_adamw(1001);
     test_vocab_parallel();
+
+    /* The bf16 table, every device buffer through its own slots. */
+    G = &ts_kernels_cuda_bf16;
+    printf("test_cuda_kernels: the bf16 table (%s): matmuls %.0e vs bf16-rounded operands, "
+           "%.0e of the largest value vs fp32\n",
+           G->name, TOL_BF16, TOL_BF16_FP32);
+    test_memory();
+    test_adamw(1001);
+    test_matmul_bf16(N, C, 3 * C, 0);
+    test_matmul_bf16(N, C, V, 0);
+    test_matmul_bf16(67, 96, 130, 0);
+    test_matmul_bf16(128, 256, 768, 0);
+    test_matmul_bf16(67, 96, 130, 1);
+    test_bf16_weight_cache();
+    G = &ts_kernels_cuda;
     return ts_test_report();
 }

@@ -1,7 +1,8 @@
 /* CPU kernels: every backward against central finite differences of a scalar
  * objective L = sum(out * R) (R fixed and random, L accumulated in double), forwards
  * against naive references, the accumulate/overwrite semantics, AdamW against a
- * double-precision reference, and bitwise determinism at 1 and 2 threads. */
+ * double-precision reference, the fused kernels against the unfused calls bit for bit
+ * (CPU and strict tables), and bitwise determinism at 1 and 2 threads. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -503,6 +504,129 @@ static void test_adamw(void)
     free(p), free(m), free(v), free(g), free(rp), free(rm), free(rv);
 }
 
+/* ---- fused kernels ------------------------------------------------------------- */
+
+/* A device copy of n host floats on backend k (the strict backend's memory is not host
+ * accessible, so every table goes through its copies). */
+static float *to_dev(const ts_kernels *k, const float *x, size_t n)
+{
+    float *d = k->dev_alloc(n * sizeof(float));
+    k->memcpy_h2d(d, x, n * sizeof(float));
+    return d;
+}
+
+static float *from_dev(const ts_kernels *k, const float *d, size_t n)
+{
+    float *x = ts_alloc_floats(n);
+    k->memcpy_d2h(x, d, n * sizeof(float));
+    return x;
+}
+
+static int same_bits(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* residual_layernorm_forward gives residual_forward then layernorm_forward's bits, into
+ * a separate sum buffer or in place over either input, on the CPU and strict tables. */
+static void test_residual_layernorm(int N, int C)
+{
+    const size_t NC = (size_t)N * C;
+    float *a = rand_floats(NC, 2.0f), *b = rand_floats(NC, 1.0f);
+    float *w = rand_floats((size_t)C, 1.0f), *bias = rand_floats((size_t)C, 1.0f);
+    /* the unfused reference */
+    float *res = ts_alloc_floats(NC), *ln = ts_alloc_floats(NC);
+    float *mean = ts_alloc_floats((size_t)N), *rstd = ts_alloc_floats((size_t)N);
+    ts_kernels_cpu.residual_forward(res, a, b, NC);
+    ts_kernels_cpu.layernorm_forward(ln, mean, rstd, res, w, bias, N, C);
+
+    const ts_kernels *tables[] = {&ts_kernels_cpu, &ts_kernels_cpu_strict};
+    for (int ti = 0; ti < 2; ti++) {
+        const ts_kernels *k = tables[ti];
+        for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
+            float *da = to_dev(k, a, NC), *db = to_dev(k, b, NC);
+            float *dw = to_dev(k, w, (size_t)C), *dbias = to_dev(k, bias, (size_t)C);
+            float *dres = alias == 1 ? da : alias == 2 ? db : k->dev_alloc(NC * sizeof(float));
+            float *dln = k->dev_alloc(NC * sizeof(float));
+            float *dmean = k->dev_alloc((size_t)N * sizeof(float));
+            float *drstd = k->dev_alloc((size_t)N * sizeof(float));
+            k->residual_layernorm_forward(dres, dln, dmean, drstd, da, db, dw, dbias, N, C);
+            float *hres = from_dev(k, dres, NC), *hln = from_dev(k, dln, NC);
+            float *hmean = from_dev(k, dmean, (size_t)N), *hrstd = from_dev(k, drstd, (size_t)N);
+            CHECKF(same_bits(hres, res, NC) && same_bits(hln, ln, NC) &&
+                       same_bits(hmean, mean, (size_t)N) && same_bits(hrstd, rstd, (size_t)N),
+                   "residual_layernorm_forward N=%d C=%d on %s (res_out %s) differs from "
+                   "residual_forward + layernorm_forward",
+                   N, C, k->name, alias == 1 ? "= a" : alias == 2 ? "= b" : "separate");
+            free(hres), free(hln), free(hmean), free(hrstd);
+            if (alias == 0) k->dev_free(dres);
+            k->dev_free(da), k->dev_free(db), k->dev_free(dw), k->dev_free(dbias);
+            k->dev_free(dln), k->dev_free(dmean), k->dev_free(drstd);
+        }
+    }
+    free(a), free(b), free(w), free(bias), free(res), free(ln), free(mean), free(rstd);
+}
+
+/* adamw_update_spans gives one adamw_update per span bit for bit: spans shorter than,
+ * equal to and longer than the CPU's 512-float chunks, ragged, with gaps between them
+ * (left alone) and moments packed apart from the parameters' offsets, decay on and off;
+ * the spans in device memory (the strict table reads them inside its call). */
+static void test_adamw_spans(void)
+{
+    enum { S = 7 };
+    const size_t counts[S] = {1, 511, 512, 513, 1500, 3000, 17};
+    const int decays[S] = {1, 0, 1, 1, 0, 1, 0};
+    ts_adamw_span spans[S];
+    size_t off = 3, moff = 0;
+    for (int i = 0; i < S; i++) {
+        spans[i] = (ts_adamw_span){.offset = off, .moment_offset = moff, .count = counts[i],
+                                   .decay = decays[i]};
+        off += counts[i] + (size_t)(i % 3) * 5; /* gaps of 0, 5, 10 floats */
+        moff += counts[i];
+    }
+    const size_t np = off + 4, nm = moff;
+    float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float *p0 = rand_floats(np, 1.0f);
+    /* the reference: one adamw_update per span on the CPU */
+    float *rp = copy_floats(p0, np), *rm = ts_alloc_floats(nm), *rv = ts_alloc_floats(nm);
+    float *g[4];
+    for (int t = 1; t <= 4; t++) {
+        g[t - 1] = rand_floats(np, 1.0f);
+        float gs = t > 2 ? 0.37f : 1.0f;
+        for (int i = 0; i < S; i++)
+            ts_kernels_cpu.adamw_update(rp + spans[i].offset, g[t - 1] + spans[i].offset, gs,
+                                        rm + spans[i].moment_offset, rv + spans[i].moment_offset,
+                                        spans[i].count, lr, b1, b2, eps,
+                                        spans[i].decay ? wd : 0.0f, t);
+    }
+    const ts_kernels *tables[] = {&ts_kernels_cpu, &ts_kernels_cpu_strict};
+    for (int ti = 0; ti < 2; ti++) {
+        const ts_kernels *k = tables[ti];
+        float *dp = to_dev(k, p0, np);
+        float *dm = k->dev_alloc(nm * sizeof(float)), *dv = k->dev_alloc(nm * sizeof(float));
+        ts_adamw_span *dspans = k->dev_alloc(sizeof spans);
+        k->memcpy_h2d(dspans, spans, sizeof spans);
+        for (int t = 1; t <= 4; t++) {
+            float *dg = to_dev(k, g[t - 1], np);
+            float gs = t > 2 ? 0.37f : 1.0f;
+            k->adamw_update_spans(dp, dg, gs, dm, dv, dspans, S, lr, b1, b2, eps, wd, t);
+            k->adamw_update_spans(dp, dg, gs, dm, dv, dspans, 0, lr, b1, b2, eps, wd, t); /* no-op */
+            float *hg = from_dev(k, dg, np);
+            CHECKF(same_bits(hg, g[t - 1], np), "adamw_update_spans on %s changed grad", k->name);
+            free(hg);
+            k->dev_free(dg);
+        }
+        float *hp = from_dev(k, dp, np), *hm = from_dev(k, dm, nm), *hv = from_dev(k, dv, nm);
+        CHECKF(same_bits(hp, rp, np) && same_bits(hm, rm, nm) && same_bits(hv, rv, nm),
+               "adamw_update_spans on %s differs from one adamw_update per span", k->name);
+        free(hp), free(hm), free(hv);
+        k->dev_free(dp), k->dev_free(dm), k->dev_free(dv), k->dev_free(dspans);
+    }
+    /* the gaps are the reference's untouched floats, so same_bits above covers them too */
+    for (int i = 0; i < 4; i++) free(g[i]);
+    free(p0), free(rp), free(rm), free(rv);
+}
+
 /* ---- determinism -------------------------------------------------------------- */
 
 /* Every kernel on a medium shape (several layernorm blocks, attention blocks, ...),
@@ -680,6 +804,9 @@ int main(void)
         test_crossentropy(10, 11);
         test_crossentropy(4, 1500); /* several sum chunks, a ragged tail */
         test_adamw();
+        test_residual_layernorm(10, 8);
+        test_residual_layernorm(67, 771); /* ragged vector tails, rows split over threads */
+        test_adamw_spans();
     }
     test_determinism();
     return ts_test_report();

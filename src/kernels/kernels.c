@@ -10,9 +10,10 @@
     X(event_record) X(event_wait) X(attention_saved_floats) X(attention_scratch_floats)    \
     X(encoder_forward) X(encoder_backward) X(layernorm_forward) X(layernorm_backward)       \
     X(matmul_forward) X(matmul_backward) X(attention_forward) X(attention_backward)         \
-    X(gelu_forward) X(gelu_backward) X(residual_forward) X(crossentropy_forward_backward)  \
-    X(adamw_update) X(sum_squares) X(vocab_embed_forward) X(vocab_embed_backward)          \
-    X(xent_vp_stats) X(xent_vp_sumexp) X(xent_vp_finish)
+    X(gelu_forward) X(gelu_backward) X(residual_forward) X(residual_layernorm_forward)     \
+    X(crossentropy_forward_backward) X(adamw_update) X(adamw_update_spans) X(sum_squares)  \
+    X(vocab_embed_forward) X(vocab_embed_backward) X(xent_vp_stats) X(xent_vp_sumexp)      \
+    X(xent_vp_finish)
 
 const char *ts_kernels_missing(const ts_kernels *k)
 {

@@ -25,6 +25,18 @@ extern "C" {
 typedef struct ts_stream_s *ts_stream;
 typedef struct ts_event_s *ts_event;
 
+/* One piece of the flat buffers for adamw_update_spans: `count` floats of param and
+ * grad from `offset`, whose moments are m and v from `moment_offset`; weight decay
+ * applies when `decay` is 1 (matrices), not when 0 (biases, LayerNorm). The optimizer
+ * makes one per parameter inside each of its ranges (ZeRO-1 shard pieces included).
+ * Plain fields: the same layout in C and in CUDA C++ (nvcc keeps the host's sizes). */
+typedef struct {
+    size_t offset;
+    size_t moment_offset;
+    size_t count;
+    int decay;
+} ts_adamw_span;
+
 typedef struct ts_kernels {
     const char *name;
 
@@ -103,6 +115,13 @@ typedef struct ts_kernels {
 
     /* out = a + b (out may alias a or b). */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    /* residual_forward then layernorm_forward, one pass over the rows:
+     * res_out[N,C] = a + b (res_out may alias a or b), ln_out = LayerNorm(res_out) with
+     * mean, rstd [N] saved. The same bits as the two calls (a block's x + attn(...) and
+     * its ln_2, without reading the sum back from memory). */
+    void (*residual_layernorm_forward)(float *res_out, float *ln_out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
 
     /* Fused softmax + cross-entropy, in place, no second [N,V] buffer:
      * on entry logits[N,V]; on exit the same memory holds
@@ -120,6 +139,15 @@ typedef struct ts_kernels {
     void (*adamw_update)(float *param, const float *grad, float grad_scale, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int t);
+    /* adamw_update on every span of `spans` in one call (an optimizer step launches
+     * one kernel, not one per parameter): span s updates param[offset + i] from
+     * grad[offset + i] and m, v[moment_offset + i], i < count, with weight_decay when
+     * its decay flag is set and 0 otherwise. `spans` [n_spans] is DEVICE memory (built
+     * once and copied with memcpy_h2d), so the host never reads it at step time; spans
+     * are disjoint. The same bits as one adamw_update per span. */
+    void (*adamw_update_spans)(float *param, const float *grad, float grad_scale, float *m,
+                               float *v, const ts_adamw_span *spans, int n_spans, float lr,
+                               float beta1, float beta2, float eps, float weight_decay, int t);
 
     /* Sum of squares in double (for the global gradient norm). */
     double (*sum_squares)(const float *x, size_t n);
@@ -159,6 +187,12 @@ extern const ts_kernels ts_kernels_cpu_strict;
  * device memory from cudaMalloc, kernels queued on one compute stream, fp32 throughout
  * for now. */
 extern const ts_kernels ts_kernels_cuda;
+/* "cuda-bf16": ts_kernels_cuda with the matmuls' GEMMs on bf16 operands (fp32
+ * accumulation; parameters, gradients and activations stay fp32 in memory, so the
+ * parameters are the fp32 master weights). It keeps a bf16 copy of each weight, told of
+ * changes by its own write slots (adamw_update, memcpy_h2d/_d2d, memset_zero, dev_free):
+ * a run with it allocates, writes and frees its parameters through it alone. */
+extern const ts_kernels ts_kernels_cuda_bf16;
 /* The CUDA devices this process can use: 0 when there is no driver or no device (never
  * aborts), so a caller can refuse "cuda" with a clear message before training. */
 int ts_cuda_device_count(void);

@@ -235,9 +235,10 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const floa
     ts_tp_col_forward(tp, s.qkv, s.ln1, W(TS_B_QKV_W), W(TS_B_QKV_B), N, C, 3 * Cl);
     k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, m->n_embd / m->n_head);
     ts_tp_row_forward(tp, s.res2, s.atty, W(TS_B_ATTPROJ_W), W(TS_B_ATTPROJ_B), N, Cl, C);
-    k->residual_forward(s.res2, s.res2, x, (size_t)N * C);
+    /* res2 = x + attn(...) and ln_2 of it in one pass over the rows. */
+    k->residual_layernorm_forward(s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x,
+                                  W(TS_B_LN2_W), W(TS_B_LN2_B), N, C);
 
-    k->layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, W(TS_B_LN2_W), W(TS_B_LN2_B), N, C);
     ts_tp_col_forward(tp, s.fch, s.ln2, W(TS_B_FC_W), W(TS_B_FC_B), N, C, F);
     k->gelu_forward(s.fch_gelu, s.fch, (size_t)N * F);
     ts_tp_row_forward(tp, s.out, s.fch_gelu, W(TS_B_FCPROJ_W), W(TS_B_FCPROJ_B), N, F, C);

@@ -91,7 +91,9 @@ void ts_adamw_init(ts_adamw *o, const ts_model *m)
 void ts_adamw_free(ts_adamw *o)
 {
     free(o->ranges);
+    free(o->host_spans);
     if (o->k) {
+        o->k->dev_free(o->spans);
         o->k->dev_free(o->m);
         o->k->dev_free(o->v);
         o->k->dev_free(o->norm_acc);
@@ -115,24 +117,70 @@ double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
     return sum;
 }
 
-void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
-                   float grad_scale, int t)
+/* The spans of model m in the optimizer's ranges into `out` (NULL: count only): each
+ * parameter's part inside each range (the alignment gaps between parameters are left
+ * alone), range after range, its moments at the range's base plus its distance from
+ * the range's start. Returns how many. */
+static int build_spans(const ts_adamw *o, const ts_model *m, ts_adamw_span *out)
 {
+    int n = 0;
     size_t base = 0; /* the moments of range r start at base */
     for (int r = 0; r < o->n_ranges; r++) {
         const size_t begin = o->ranges[r].begin, end = o->ranges[r].end;
-        /* Each parameter's part inside the range (the alignment gaps between
-         * parameters are left alone). */
         for (int p = 0; p < m->n_params; p++) {
             const ts_param *P = &m->params[p];
             size_t lo = P->offset > begin ? P->offset : begin;
             size_t hi = P->offset + P->numel < end ? P->offset + P->numel : end;
             if (lo >= hi) continue;
-            size_t k = base + (lo - begin);
-            m->k->adamw_update(m->param_mem + lo, m->grad_mem + lo, grad_scale, o->m + k, o->v + k,
-                               hi - lo, (float)lr, (float)tc->beta1, (float)tc->beta2,
-                               (float)tc->eps, P->decay ? (float)tc->weight_decay : 0.0f, t);
+            if (out)
+                out[n] = (ts_adamw_span){.offset = lo, .moment_offset = base + (lo - begin),
+                                         .count = hi - lo, .decay = P->decay ? 1 : 0};
+            n++;
         }
         base += end - begin;
     }
+    return n;
+}
+
+/* Field by field (memcmp would compare the padding after `decay`). */
+static bool same_spans(const ts_adamw_span *a, const ts_adamw_span *b, int na, int nb)
+{
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++)
+        if (a[i].offset != b[i].offset || a[i].moment_offset != b[i].moment_offset ||
+            a[i].count != b[i].count || a[i].decay != b[i].decay)
+            return false;
+    return true;
+}
+
+/* The device spans for model m: built on the first step, copied again only if the
+ * model's layout differs from the last step's (another model stepped with the same
+ * state). */
+static void sync_spans(ts_adamw *o, const ts_model *m)
+{
+    const int n = build_spans(o, m, NULL);
+    ts_adamw_span *fresh = ts_calloc(n > 0 ? (size_t)n : 1, sizeof *fresh);
+    build_spans(o, m, fresh);
+    const size_t bytes = (size_t)n * sizeof *fresh;
+    if (o->spans_built && same_spans(fresh, o->host_spans, n, o->n_spans)) {
+        free(fresh);
+        return;
+    }
+    o->k->dev_free(o->spans);
+    free(o->host_spans);
+    o->spans = o->k->dev_alloc(bytes);
+    if (n > 0) o->k->memcpy_h2d(o->spans, fresh, bytes);
+    o->host_spans = fresh;
+    o->n_spans = n;
+    o->spans_built = true;
+}
+
+void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
+                   float grad_scale, int t)
+{
+    sync_spans(o, m);
+    if (o->n_spans == 0) return; /* nothing of this model in the ranges */
+    m->k->adamw_update_spans(m->param_mem, m->grad_mem, grad_scale, o->m, o->v, o->spans,
+                             o->n_spans, (float)lr, (float)tc->beta1, (float)tc->beta2,
+                             (float)tc->eps, (float)tc->weight_decay, t);
 }

@@ -40,6 +40,14 @@ typedef struct {
     size_t n_floats;      /* the floats of every range: the size of m and of v */
     float *m, *v;         /* zero at the start; device memory of k */
     double *norm_acc;     /* device: the step's sum of squares, read back once */
+    /* One span per parameter part inside each range (kernels.h), for one
+     * adamw_update_spans call per step. They depend on the model's layout, which
+     * init_ranges does not see, so the first step builds them; each step rebuilds the
+     * host list (a few hundred entries) and copies it to the device only if it changed. */
+    ts_adamw_span *spans;      /* device memory of k, n_spans of them */
+    ts_adamw_span *host_spans; /* what `spans` holds */
+    int n_spans;
+    bool spans_built;
     const ts_kernels *k;
     bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
                            * replica, so every dp rank counts its own in the norm */
@@ -61,7 +69,8 @@ double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m);
 
 /* One AdamW step (t = 1-based step count) on the parameters inside the optimizer's
  * ranges: gradients are first multiplied by grad_scale; weight decay only on tensors
- * marked `decay`. Parameters outside the ranges are left alone (ZeRO-1 all-gathers them). */
+ * marked `decay`. Parameters outside the ranges are left alone (ZeRO-1 all-gathers them).
+ * One adamw_update_spans call for all of it. */
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
                    float grad_scale, int t);
 

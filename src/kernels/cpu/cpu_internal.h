@@ -95,11 +95,17 @@ void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
 void ts_cpu_gelu_forward(float *out, const float *inp, size_t n);
 void ts_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+void ts_cpu_residual_layernorm_forward(float *res_out, float *ln_out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
 void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
                                           int N, int V, float dloss);
 void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int t);
+void ts_cpu_adamw_update_spans(float *param, const float *grad, float grad_scale, float *m,
+                               float *v, const ts_adamw_span *spans, int n_spans, float lr,
+                               float beta1, float beta2, float eps, float weight_decay, int t);
 double ts_cpu_sum_squares(const float *x, size_t n);
 void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                                 int v0, int nv, int B, int T, int C);

@@ -6,29 +6,53 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 
+/* One row: o = LayerNorm(x), its mean and rstd returned. Not inlined: the fused
+ * residual_layernorm_forward runs this same machine code, so the two paths vectorise
+ * the row sums alike and give the same bits. */
+static __attribute__((noinline)) void layernorm_row(float *o, float *mean, float *rstd,
+                                                    const float *x, const float *weight,
+                                                    const float *bias, int C)
+{
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++) s += x[c];
+    float m = s / C;
+    /* Two passes: the variance of (x - m) does not cancel like E[x^2] - m^2. */
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+        float d = x[c] - m;
+        v += d * d;
+    }
+    float rs = 1.0f / sqrtf(v / C + 1e-5f);
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+    *mean = m;
+    *rstd = rs;
+}
+
 void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C)
 {
 #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias,
+                      C);
+}
+
+/* The sum is one rounding per element, as residual_forward's; the row is still in cache
+ * when its LayerNorm reads it back. */
+void ts_cpu_residual_layernorm_forward(float *res_out, float *ln_out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < C; c++) s += x[c];
-        float m = s / C;
-        /* Two passes: the variance of (x - m) does not cancel like E[x^2] - m^2. */
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            v += d * d;
-        }
-        float rs = 1.0f / sqrtf(v / C + 1e-5f);
+        const size_t r = (size_t)n * C;
+        float *x = res_out + r;
 #pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
-        mean[n] = m;
-        rstd[n] = rs;
+        for (int c = 0; c < C; c++) x[c] = a[r + c] + b[r + c];
+        layernorm_row(ln_out + r, mean + n, rstd + n, x, weight, bias, C);
     }
 }
 

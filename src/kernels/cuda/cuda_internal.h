@@ -1,8 +1,10 @@
 /* What the CUDA backend's files share (not part of the public interface): the checks,
  * the one compute stream and cuBLAS handle, launch helpers, and every slot's function.
  *
- * First version (issue 13, part 1): fp32 throughout, so every kernel can be compared
- * with the CPU backend to 1e-5; bf16 compute with fp32 master weights comes next. All
+ * Two tables (table.cu): "cuda", fp32 throughout, so every kernel can be compared with
+ * the CPU backend to 1e-5; and "cuda-bf16", the same but for the matmuls, whose GEMMs
+ * take bf16 operands with fp32 accumulation (bf16.cu; fp32 master weights, fp32
+ * activations and gradients in memory). GEMMs go through cuBLASLt (gemm_lt.h). All
  * work is queued on one compute stream (ts_cuda_stream); copies to the host wait for
  * it, so the table keeps the CPU backend's "done when it returns" semantics for
  * anything the host reads. */
@@ -107,7 +109,31 @@ void ts_cuda_xent_vp_finish(float *losses, float *logits, const int *targets, in
                             const float *rowmax, const float *sumexp, const float *target_logit,
                             int N, float dloss);
 
+/* ---- the bf16 table's own slots (bf16.cu): its matmuls, and the fp32 slots that write
+ * or free device memory, wrapped to keep its cache of bf16 weight copies current */
+void ts_cuda_bf16_matmul_forward(float *out, const float *inp, const float *weight,
+                                 const float *bias, int N, int C, int OC);
+void ts_cuda_bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *weight, int N, int C, int OC);
+void ts_cuda_bf16_adamw_update(float *param, const float *grad, float grad_scale, float *m,
+                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int t);
+void ts_cuda_bf16_adamw_update_spans(float *param, const float *grad, float grad_scale,
+                                     float *m, float *v, const ts_adamw_span *spans, int n_spans,
+                                     float lr, float beta1, float beta2, float eps,
+                                     float weight_decay, int t);
+void *ts_cuda_bf16_dev_alloc(size_t bytes);
+void ts_cuda_bf16_dev_free(void *p);
+void ts_cuda_bf16_memcpy_h2d(void *dst, const void *src, size_t bytes);
+void ts_cuda_bf16_memcpy_d2d(void *dst, const void *src, size_t bytes);
+void ts_cuda_bf16_memset_zero(void *dst, size_t bytes);
+
 /* ---- shared between kernel files */
+/* matmul.cu: dbias[OC] += column sums of dout[N,OC], deterministic (a fixed order, the
+ * same bits every run); nothing when dbias is NULL. And out[N,OC] = bias (or 0) on every
+ * row: the forward of an empty inner dimension (C = 0). */
+void ts_cuda_dbias_accumulate(float *dbias, const float *dout, int N, int OC);
+void ts_cuda_matmul_empty_forward(float *out, const float *bias, int N, int OC);
 /* encoder.cu: the embedding for vocabulary rows [v0, v0 + nv) (wpe, dwpe may be NULL),
  * behind both encoder_* (v0 = 0, every row) and vocab_embed_*. */
 void ts_cuda_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,

@@ -1,26 +1,16 @@
-/* nn.Linear on cuBLAS, fp32: out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias.
+/* nn.Linear in fp32 on the GEMM layer (gemm_lt.h, cuBLASLt):
+ * out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias.
  *
  * cuBLAS is column-major: a row-major [R,K] matrix is a column-major [K,R] one with
  * leading dimension K, so each row-major product is computed transposed:
- *   out^T [OC,N]     = weight [OC,C]-as-(C x OC)^T * inp^T      (OP_T, OP_N)
- *   dinp^T [C,N]     = weight^T (C x OC) * dout^T (OC x N)       (OP_N, OP_N)
- *   dweight^T [C,OC] += inp^T (C x N) * dout (N x OC)            (OP_N, OP_T), beta = 1
- * The math mode is CUBLAS_DEFAULT_MATH (memory.cu): no TF32, so results match the CPU
- * backend to fp32 rounding.
- *
- * Next step (issue 13, bf16): cuBLASLt matmuls in bf16 with fp32 accumulation, the bias
- * (and GELU) fused as epilogues (CUBLASLT_EPILOGUE_BIAS / _GELU_AUX_BIAS, and BGRADB for
- * dbias in the dweight product), replacing the separate bias kernels below. */
+ *   out^T [OC,N]     = weight [OC,C]-as-(C x OC)^T * inp^T + bias  (OP_T, OP_N), bias epilogue
+ *   dinp^T [C,N]     = weight^T (C x OC) * dout^T (OC x N)          (OP_N, OP_N)
+ *   dweight^T [C,OC] += inp^T (C x N) * dout (N x OC)               (OP_N, OP_T), beta = 1
+ * The compute type is CUBLAS_COMPUTE_32F (no TF32), so results match the CPU backend to
+ * fp32 rounding. The bf16 table's matmuls (bf16.cu) are the same products on bf16
+ * copies of the operands, and share the bias gradient below. */
 #include "kernels/cuda/cuda_internal.h"
-
-/* out[n, o] += bias[o] over N rows of OC. */
-__global__ void add_bias_kernel(float *out, const float *bias, size_t rows, int OC)
-{
-    size_t total = rows * (size_t)OC;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
-        out[i] += bias[i % (size_t)OC];
-}
+#include "kernels/cuda/gemm_lt.h"
 
 /* dbias[o] += sum over rows of dout[:, o]. A block owns DB_COLS columns; its DB_ROWS
  * thread rows each sum a fixed strided set of rows (coalesced: a warp reads 32
@@ -44,45 +34,83 @@ __global__ void dbias_kernel(float *dbias, const float *dout, int N, int OC)
     }
 }
 
+void ts_cuda_dbias_accumulate(float *dbias, const float *dout, int N, int OC)
+{
+    if (!dbias || N <= 0 || OC <= 0) return;
+    dim3 block(DB_COLS, DB_ROWS);
+    dbias_kernel<<<ts_cuda_blocks((size_t)OC, DB_COLS), block, 0, ts_cuda_stream()>>>(dbias, dout,
+                                                                                      N, OC);
+    TS_CUDA_LAUNCHED();
+}
+
+/* out = bias on every row (or 0): the product of an empty inner dimension. */
+__global__ void fill_bias_kernel(float *out, const float *bias, size_t rows, int OC)
+{
+    size_t total = rows * (size_t)OC;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        out[i] = bias ? bias[i % (size_t)OC] : 0.0f;
+}
+
+void ts_cuda_matmul_empty_forward(float *out, const float *bias, int N, int OC)
+{
+    size_t total = (size_t)N * OC;
+    if (total == 0) return;
+    size_t threads_needed = total < ((size_t)1 << 24) ? total : ((size_t)1 << 24);
+    fill_bias_kernel<<<ts_cuda_blocks(threads_needed, 256), 256, 0, ts_cuda_stream()>>>(
+        out, bias, (size_t)N, OC);
+    TS_CUDA_LAUNCHED();
+}
+
 void ts_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC)
 {
     if (N <= 0 || OC <= 0) return;
-    cudaStream_t s = ts_cuda_stream();
-    if (C <= 0) { /* an empty product: out = bias (or 0) */
-        TS_CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), s));
-    } else {
-        const float one = 1.0f, zero = 0.0f;
-        TS_CUBLAS_CHECK(cublasSgemm(ts_cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one,
-                                    weight, C, inp, C, &zero, out, OC));
+    if (C <= 0) {
+        ts_cuda_matmul_empty_forward(out, bias, N, OC);
+        return;
     }
-    if (bias) {
-        size_t total = (size_t)N * OC;
-        add_bias_kernel<<<ts_cuda_blocks(total < ((size_t)1 << 24) ? total : ((size_t)1 << 24), 256),
-                          256, 0, s>>>(out, bias, (size_t)N, OC);
-        TS_CUDA_LAUNCHED();
-    }
+    ts_gemm g = {};
+    g.mode = TS_GEMM_FP32;
+    g.transa = true, g.transb = false;
+    g.m = OC, g.n = N, g.k = C;
+    g.A = weight, g.lda = C;
+    g.B = inp, g.ldb = C;
+    g.D = out, g.ldd = OC;
+    g.beta = 0.0f;
+    g.bias = bias;
+    ts_cuda_gemm(&g);
 }
 
 void ts_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC)
 {
-    cublasHandle_t h = ts_cuda_cublas();
-    const float one = 1.0f, zero = 0.0f;
     if (dinp && N > 0 && C > 0) {
-        if (OC > 0)
-            TS_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
-                                        dout, OC, &zero, dinp, C));
-        else
-            TS_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)N * C * sizeof(float), ts_cuda_stream()));
+        if (OC > 0) {
+            ts_gemm g = {};
+            g.mode = TS_GEMM_FP32;
+            g.transa = false, g.transb = false;
+            g.m = C, g.n = N, g.k = OC;
+            g.A = weight, g.lda = C;
+            g.B = dout, g.ldb = OC;
+            g.D = dinp, g.ldd = C;
+            g.beta = 0.0f;
+            ts_cuda_gemm(&g);
+        } else {
+            TS_CUDA_CHECK(
+                cudaMemsetAsync(dinp, 0, (size_t)N * C * sizeof(float), ts_cuda_stream()));
+        }
     }
-    if (dweight && N > 0 && C > 0 && OC > 0)
-        TS_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC,
-                                    &one, dweight, C));
-    if (dbias && N > 0 && OC > 0) {
-        dim3 block(DB_COLS, DB_ROWS);
-        dbias_kernel<<<ts_cuda_blocks((size_t)OC, DB_COLS), block, 0, ts_cuda_stream()>>>(
-            dbias, dout, N, OC);
-        TS_CUDA_LAUNCHED();
+    if (dweight && N > 0 && C > 0 && OC > 0) {
+        ts_gemm g = {};
+        g.mode = TS_GEMM_FP32;
+        g.transa = false, g.transb = true;
+        g.m = C, g.n = OC, g.k = N;
+        g.A = inp, g.lda = C;
+        g.B = dout, g.ldb = OC;
+        g.D = dweight, g.ldd = C;
+        g.beta = 1.0f; /* dweight accumulates */
+        ts_cuda_gemm(&g);
     }
+    ts_cuda_dbias_accumulate(dbias, dout, N, OC);
 }

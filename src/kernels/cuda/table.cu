@@ -1,7 +1,10 @@
-/* The CUDA backend's kernel table (fp32; issue 13, part 1). Device pointers throughout:
- * host code reaches this memory only through the copies, so host_accessible is false
- * and the trainer takes the staging paths (kernels/kernels.h). */
+/* The CUDA backend's kernel tables: "cuda" (fp32) and "cuda-bf16" (bf16 GEMM operands,
+ * fp32 accumulation, fp32 in memory; bf16.cu). Device pointers throughout: host code
+ * reaches this memory only through the copies, so host_accessible is false and the
+ * trainer takes the staging paths (kernels/kernels.h). */
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/attention_flash.h"
+#include "kernels/cuda/fused.h"
 
 /* C++ has no designated initializers before C++20 (nvcc -std=c++17 accepts them as an
  * extension, in declaration order): the slots below follow ts_kernels' order. */
@@ -34,8 +37,55 @@ extern "C" const ts_kernels ts_kernels_cuda = {
     .gelu_forward = ts_cuda_gelu_forward,
     .gelu_backward = ts_cuda_gelu_backward,
     .residual_forward = ts_cuda_residual_forward,
+    .residual_layernorm_forward = ts_cuda_residual_layernorm_forward,
     .crossentropy_forward_backward = ts_cuda_crossentropy_forward_backward,
     .adamw_update = ts_cuda_adamw_update,
+    .adamw_update_spans = ts_cuda_adamw_update_spans,
+    .sum_squares = ts_cuda_sum_squares,
+    .vocab_embed_forward = ts_cuda_vocab_embed_forward,
+    .vocab_embed_backward = ts_cuda_vocab_embed_backward,
+    .xent_vp_stats = ts_cuda_xent_vp_stats,
+    .xent_vp_sumexp = ts_cuda_xent_vp_sumexp,
+    .xent_vp_finish = ts_cuda_xent_vp_finish,
+};
+
+/* ts_kernels_cuda's slots but for the matmuls (bf16 GEMM operands) and the slots that
+ * write or free device memory (the fp32 ones, then the cache of bf16 weight copies is
+ * told: bf16.cu) and attention (bf16 batched GEMMs, or the fp32 flash kernel when
+ * TS_CUDA_ATTENTION = "flash": attention.cu). */
+extern "C" const ts_kernels ts_kernels_cuda_bf16 = {
+    .name = "cuda-bf16",
+    .host_accessible = false,
+    .dev_alloc = ts_cuda_bf16_dev_alloc,
+    .dev_free = ts_cuda_bf16_dev_free,
+    .memcpy_h2d = ts_cuda_bf16_memcpy_h2d,
+    .memcpy_d2h = ts_cuda_memcpy_d2h,
+    .memcpy_d2d = ts_cuda_bf16_memcpy_d2d,
+    .memset_zero = ts_cuda_bf16_memset_zero,
+    .sum_into = ts_cuda_sum_into,
+    .sum_squares_into = ts_cuda_sum_squares_into,
+    .stream_create = ts_cuda_stream_create,
+    .stream_destroy = ts_cuda_stream_destroy,
+    .stream_sync = ts_cuda_stream_sync,
+    .event_record = ts_cuda_event_record,
+    .event_wait = ts_cuda_event_wait,
+    .attention_saved_floats = ts_cuda_attention_saved_floats_bf16,
+    .attention_scratch_floats = ts_cuda_attention_scratch_floats_bf16,
+    .encoder_forward = ts_cuda_encoder_forward,
+    .encoder_backward = ts_cuda_encoder_backward,
+    .layernorm_forward = ts_cuda_layernorm_forward,
+    .layernorm_backward = ts_cuda_layernorm_backward,
+    .matmul_forward = ts_cuda_bf16_matmul_forward,
+    .matmul_backward = ts_cuda_bf16_matmul_backward,
+    .attention_forward = ts_cuda_attention_forward_bf16,
+    .attention_backward = ts_cuda_attention_backward_bf16,
+    .gelu_forward = ts_cuda_gelu_forward,
+    .gelu_backward = ts_cuda_gelu_backward,
+    .residual_forward = ts_cuda_residual_forward,
+    .residual_layernorm_forward = ts_cuda_residual_layernorm_forward,
+    .crossentropy_forward_backward = ts_cuda_crossentropy_forward_backward,
+    .adamw_update = ts_cuda_bf16_adamw_update,
+    .adamw_update_spans = ts_cuda_bf16_adamw_update_spans,
     .sum_squares = ts_cuda_sum_squares,
     .vocab_embed_forward = ts_cuda_vocab_embed_forward,
     .vocab_embed_backward = ts_cuda_vocab_embed_backward,

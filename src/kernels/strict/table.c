@@ -52,6 +52,10 @@ STRICT(gelu_forward, (float *out, const float *inp, size_t n), (out, inp, n))
 STRICT(gelu_backward, (float *dinp, const float *inp, const float *dout, size_t n),
        (dinp, inp, dout, n))
 STRICT(residual_forward, (float *out, const float *a, const float *b, size_t n), (out, a, b, n))
+STRICT(residual_layernorm_forward,
+       (float *res_out, float *ln_out, float *mean, float *rstd, const float *a, const float *b,
+        const float *weight, const float *bias, int N, int C),
+       (res_out, ln_out, mean, rstd, a, b, weight, bias, N, C))
 STRICT(crossentropy_forward_backward,
        (float *losses, float *logits, const int *targets, int N, int V, float dloss),
        (losses, logits, targets, N, V, dloss))
@@ -59,6 +63,12 @@ STRICT(adamw_update,
        (float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
         float beta1, float beta2, float eps, float weight_decay, int t),
        (param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t))
+/* The spans are device memory too: the CPU kernel reads them inside the open window. */
+STRICT(adamw_update_spans,
+       (float *param, const float *grad, float grad_scale, float *m, float *v,
+        const ts_adamw_span *spans, int n_spans, float lr, float beta1, float beta2, float eps,
+        float weight_decay, int t),
+       (param, grad, grad_scale, m, v, spans, n_spans, lr, beta1, beta2, eps, weight_decay, t))
 STRICT(vocab_embed_forward,
        (float *out, const int *tokens, const float *wte, const float *wpe, int v0, int nv, int B,
         int T, int C),
@@ -116,8 +126,10 @@ const ts_kernels ts_kernels_cpu_strict = {
     .gelu_forward = strict_gelu_forward,
     .gelu_backward = strict_gelu_backward,
     .residual_forward = strict_residual_forward,
+    .residual_layernorm_forward = strict_residual_layernorm_forward,
     .crossentropy_forward_backward = strict_crossentropy_forward_backward,
     .adamw_update = strict_adamw_update,
+    .adamw_update_spans = strict_adamw_update_spans,
     .sum_squares = strict_sum_squares,
     .vocab_embed_forward = strict_vocab_embed_forward,
     .vocab_embed_backward = strict_vocab_embed_backward,

@@ -1,0 +1,150 @@
+/* Flash-style causal attention, fp32 (the kernels: attention_flash_kernels.cuh).
+ *
+ * Memory: the forward keeps only each row's log-sum-exp of the scaled scores, [B, NH, T]
+ * floats, instead of the probabilities [B, NH, T, T]; the backward recomputes the
+ * probabilities tile by tile from it. Its workspace is D = rowsum(dO * O) [B, NH, T]:
+ * the slot is not given the forward's output O, so a first pass recomputes O per query
+ * tile (the forward kernel again, writing only D).
+ *
+ * The backward is deterministic without atomics: dK and dV per key tile, looping over
+ * the query tiles at or below the diagonal; dQ in a separate pass per query tile,
+ * looping over the key tiles up to the diagonal. Each pass recomputes the scores (the
+ * price of writing every gradient element from one block).
+ *
+ * Tiles: 32 queries x 32 keys for heads up to 128 (GPT-2's 64), 16 x 16 above that, up
+ * to 256, so the largest backward tile set (~105 KB at HS 128, ~99 KB at HS 256) fits
+ * the shared memory of an A100 (164 KB) as well as an H100/H200 (228 KB). Plain fp32
+ * FMAs, no tensor cores: a memory-light reference and the choice for long sequences,
+ * not a speed record (attention.cu's TS_CUDA_ATTENTION picks by measurement). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "kernels/cuda/attention_flash.h"
+#include "kernels/cuda/attention_flash_kernels.cuh"
+#include "kernels/cuda/cuda_internal.h"
+
+static_assert(TS_FLASH_MAX_HS == TS_CUDA_FLASH_MAX_HS, "one head-size limit");
+
+/* The tile for a head size: 32 up to HS 128, 16 above (shared memory). */
+static int flash_tile(int HS) { return HS <= 128 ? 32 : 16; }
+
+/* A shape this kernel does not take is a caller's bug (attention.cu never sends one):
+ * stop with what and why. */
+static void flash_check(const char *fn, int B, int T, int NH, int HS)
+{
+    char why[200];
+    if (HS > TS_FLASH_MAX_HS) {
+        snprintf(why, sizeof why,
+                 "head size %d exceeds the flash attention's limit of %d (use the batched-GEMM "
+                 "attention: TS_CUDA_ATTENTION=gemm)",
+                 HS, TS_FLASH_MAX_HS);
+        ts_cuda_fail(__FILE__, __LINE__, fn, why);
+    }
+    int tile = flash_tile(HS);
+    long long blocks = (long long)B * NH * ((T + tile - 1) / tile);
+    if (blocks > INT_MAX) {
+        snprintf(why, sizeof why, "B=%d x NH=%d x %d tiles is more blocks than one launch takes",
+                 B, NH, (T + tile - 1) / tile);
+        ts_cuda_fail(__FILE__, __LINE__, fn, why);
+    }
+}
+
+/* The most dynamic shared memory a block may opt in to on the current device (one
+ * device per process: ts_cuda_select_device binds it before the first call). */
+static int flash_smem_limit(void)
+{
+    static const int limit = [] {
+        int dev = 0, v = 0;
+        TS_CUDA_CHECK(cudaGetDevice(&dev));
+        TS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        return v;
+    }();
+    return limit;
+}
+
+/* Launch `kernel` over ntiles x BH blocks with `floats` of dynamic shared memory on the
+ * compute stream, opting in above the 48 KB default. */
+template <typename... P, typename... A>
+static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, int BH,
+                         int ntiles, A... args)
+{
+    size_t bytes = floats * sizeof(float);
+    if (bytes > (size_t)flash_smem_limit()) {
+        char why[200];
+        snprintf(why, sizeof why,
+                 "needs %zu bytes of shared memory per block, this GPU allows %d "
+                 "(use TS_CUDA_ATTENTION=gemm)",
+                 bytes, flash_smem_limit());
+        ts_cuda_fail(__FILE__, __LINE__, name, why);
+    }
+    if (bytes > 48 * 1024)
+        TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+    unsigned blocks = (unsigned)ntiles * (unsigned)BH; /* flash_check bounds it */
+    kernel<<<blocks, TS_FLASH_THREADS, bytes, ts_cuda_stream()>>>(args...);
+    TS_CUDA_LAUNCHED();
+}
+
+template <int TILE>
+static void flash_forward_tiles(float *out, float *lse, const float *qkv, int BH, int T, int NH,
+                                int HS, float scale)
+{
+    flash_launch(flash_forward_kernel<TILE, false>, "flash_forward_kernel",
+                 flash_fwd_smem_floats(TILE, HS), BH, (T + TILE - 1) / TILE, out, lse,
+                 (const float *)NULL, (float *)NULL, qkv, BH, T, NH, HS, scale);
+}
+
+template <int TILE>
+static void flash_backward_tiles(float *dqkv, float *delta, const float *dout, const float *qkv,
+                                 const float *lse, int BH, int T, int NH, int HS, float scale)
+{
+    const int ntiles = (T + TILE - 1) / TILE;
+    /* D = rowsum(dO * O), O recomputed */
+    flash_launch(flash_forward_kernel<TILE, true>, "flash_forward_kernel (D)",
+                 flash_fwd_smem_floats(TILE, HS), BH, ntiles, (float *)NULL, (float *)NULL, dout,
+                 delta, qkv, BH, T, NH, HS, scale);
+    flash_launch(flash_backward_dkv_kernel<TILE>, "flash_backward_dkv_kernel",
+                 flash_dkv_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, BH, T, NH, HS, scale);
+    flash_launch(flash_backward_dq_kernel<TILE>, "flash_backward_dq_kernel",
+                 flash_dq_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, BH, T, NH, HS, scale);
+}
+
+extern "C" size_t ts_cuda_flash_attention_saved_floats(int B, int T, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * T; /* the row log-sum-exp */
+}
+
+extern "C" size_t ts_cuda_flash_attention_scratch_floats(int B, int T, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * T; /* D = rowsum(dO * O) */
+}
+
+extern "C" void ts_cuda_flash_attention_forward(float *out, float *att, const float *qkv, int B,
+                                                int T, int NH, int HS)
+{
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    flash_check("ts_cuda_flash_attention_forward", B, T, NH, HS);
+    const float scale = 1.0f / sqrtf((float)HS);
+    if (flash_tile(HS) == 32)
+        flash_forward_tiles<32>(out, att, qkv, B * NH, T, NH, HS, scale);
+    else
+        flash_forward_tiles<16>(out, att, qkv, B * NH, T, NH, HS, scale);
+}
+
+extern "C" void ts_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                                 const float *qkv, const float *att, int B,
+                                                 int T, int NH, int HS)
+{
+    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    flash_check("ts_cuda_flash_attention_backward", B, T, NH, HS);
+    const float scale = 1.0f / sqrtf((float)HS);
+    if (flash_tile(HS) == 32)
+        flash_backward_tiles<32>(dqkv, scratch, dout, qkv, att, B * NH, T, NH, HS, scale);
+    else
+        flash_backward_tiles<16>(dqkv, scratch, dout, qkv, att, B * NH, T, NH, HS, scale);
+}

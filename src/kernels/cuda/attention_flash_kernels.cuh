@@ -1,0 +1,319 @@
+/* The device side of the flash-style attention (attention_flash.cu launches it): causal
+ * attention over tiles of TILE queries x TILE keys in shared memory, fp32 storage and
+ * math, never a [T, T] matrix in global memory.
+ *
+ * One block of TS_FLASH_THREADS threads per (tile, sequence b, head h). A head's q, k,
+ * v, out, dout, dq, dk, dv rows are read and written in place in the [B, T, 3C] and
+ * [B, T, C] layouts (C = NH * HS). Every tile load checks the row against T and zero
+ * fills the rest, so T need not be a multiple of TILE; HS is a runtime value (any
+ * 1..TS_FLASH_MAX_HS: loops over d < HS, no vector loads, so no alignment assumption).
+ *
+ * Deterministic: every output element is written by exactly one thread of one block,
+ * each sum runs in a fixed order (no atomics), so repeated runs give the same bits.
+ *
+ * Kept apart from the launches so the same source can be checked off the GPU. */
+#ifndef TS_KERNELS_CUDA_ATTENTION_FLASH_KERNELS_CUH
+#define TS_KERNELS_CUDA_ATTENTION_FLASH_KERNELS_CUH
+
+#include <math.h>
+#include <stddef.h>
+
+#include "kernels/cuda/reduce.cuh"
+
+#define TS_FLASH_THREADS 128 /* 4 warps per block */
+#define TS_FLASH_MAX_HS 256  /* larger heads: the batched-GEMM attention */
+
+/* Row stride of a [TILE, HS] tile in shared memory: odd, so the 32 lanes of a warp
+ * reading one column of 32 different rows hit 32 different banks. */
+static __host__ __device__ __forceinline__ int flash_ld(int HS) { return HS % 2 ? HS : HS + 1; }
+
+/* Shared memory of each kernel, in floats (the launches and the kernels' carving below
+ * must agree: both use these). */
+static __host__ __device__ __forceinline__ size_t flash_fwd_smem_floats(int tile, int HS)
+{
+    /* Q, K, V tiles; scores [tile, tile+1]; O accumulator [tile, HS]; m, l, alpha */
+    return (size_t)3 * tile * flash_ld(HS) + (size_t)tile * (tile + 1) + (size_t)tile * HS +
+           3 * (size_t)tile;
+}
+static __host__ __device__ __forceinline__ size_t flash_dkv_smem_floats(int tile, int HS)
+{
+    /* K, V, Q, dO tiles; dK, dV accumulators; P and dS [tile, tile+1]; lse, D */
+    return (size_t)4 * tile * flash_ld(HS) + (size_t)2 * tile * HS +
+           (size_t)2 * tile * (tile + 1) + 2 * (size_t)tile;
+}
+static __host__ __device__ __forceinline__ size_t flash_dq_smem_floats(int tile, int HS)
+{
+    /* Q, dO, K, V tiles; dQ accumulator; dS [tile, tile+1]; lse, D */
+    return (size_t)4 * tile * flash_ld(HS) + (size_t)tile * HS + (size_t)tile * (tile + 1) +
+           2 * (size_t)tile;
+}
+
+/* Where block `blk` works: its (b, h) pair and tile index. The tiles of the most work
+ * (the last query tiles, which see the most keys; the first key tiles, which see the
+ * most queries) go first, so the short ones fill in at the end. `heavy_last`: tile
+ * index n-1 is the heaviest (query tiles), else tile 0 is. */
+struct flash_where {
+    int bh, tile;
+};
+static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, int ntiles,
+                                                          bool heavy_last)
+{
+    flash_where w;
+    int rank = (int)(blk / (unsigned)BH); /* 0 = heaviest */
+    w.bh = (int)(blk % (unsigned)BH);
+    w.tile = heavy_last ? ntiles - 1 - rank : rank;
+    return w;
+}
+
+/* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) into a
+ * shared tile with row stride LD; rows at or past T read as zeros. */
+template <int TILE>
+static __device__ __forceinline__ void flash_load(float *tile, int LD, const float *base,
+                                                  size_t ld, int r0, int T, int HS)
+{
+    for (int idx = threadIdx.x; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+        int i = idx / HS, d = idx % HS, t = r0 + i;
+        tile[i * LD + d] = t < T ? base[(size_t)t * ld + d] : 0.0f;
+    }
+}
+
+/* Forward for one query tile: O = softmax(scale Q K^T + causal mask) V, online over the
+ * key tiles 0..diagonal, keeping each row's running max m and sum l (the rescaling by
+ * alpha = exp(m_old - m_new) of FlashAttention). Writes out and lse = m + log l, or,
+ * with DELTA, only delta[t] = dout[t] . out[t] (the backward's D, recomputed from
+ * q, k, v since the backward is not given `out`). */
+template <int TILE, bool DELTA>
+static __global__ void __launch_bounds__(TS_FLASH_THREADS)
+    flash_forward_kernel(float *out, float *lse, const float *dout, float *delta,
+                         const float *qkv, int BH, int T, int NH, int HS, float scale)
+{
+    static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
+    const int ntiles = (T + TILE - 1) / TILE;
+    const flash_where w = flash_block(blockIdx.x, BH, ntiles, true);
+    const int b = w.bh / NH, h = w.bh % NH, q0 = w.tile * TILE;
+    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
+    const size_t C3 = 3 * (size_t)C;
+    const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS, *k = q + C, *v = q + 2 * C;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+    extern __shared__ float ts_flash_smem[];
+    float *sQ = ts_flash_smem, *sK = sQ + TILE * LD, *sV = sK + TILE * LD;
+    float *sS = sV + TILE * LD, *sO = sS + TILE * LS, *sM = sO + TILE * HS;
+    float *sL = sM + TILE, *sA = sL + TILE;
+
+    flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sO[idx] = 0.0f;
+    for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
+        sM[i] = -INFINITY;
+        sL[i] = 0.0f;
+    }
+    /* Query rows q0..q0+TILE-1 see keys 0..q0+TILE-1 (and < T). */
+    const int kend = min(T, q0 + TILE);
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        __syncthreads(); /* the last tile's readers of sK, sV, sS are done */
+        flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
+        flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+        __syncthreads();
+        /* Scaled scores; -inf where masked (key after the query, or past T). */
+        for (int idx = tid; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
+            int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
+            float s = -INFINITY;
+            if (tk <= tq && tk < T) {
+                float dot = 0.0f;
+                for (int d = 0; d < HS; d++) dot += sQ[i * LD + d] * sK[j * LD + d];
+                s = dot * scale;
+            }
+            sS[i * LS + j] = s;
+        }
+        __syncthreads();
+        /* One warp per row: the tile's max, the new running max, p = exp(s - m_new). */
+        for (int i = warp; i < TILE; i += TS_FLASH_THREADS / 32) {
+            float s = lane < TILE ? sS[i * LS + lane] : -INFINITY;
+            float m_old = sM[i], l_old = sL[i];
+            float m_new = fmaxf(m_old, warp_max(s));
+            /* m_new is finite once a row has seen key 0 (every row does, in tile 0);
+             * the guard keeps an all-masked row at p = 0, alpha = 1 regardless. */
+            bool none = m_new == -INFINITY;
+            float p = none ? 0.0f : expf(s - m_new);
+            float alpha = none ? 1.0f : expf(m_old - m_new);
+            float psum = warp_sum(p);
+            if (lane < TILE) sS[i * LS + lane] = p;
+            if (lane == 0) {
+                sM[i] = m_new;
+                sL[i] = l_old * alpha + psum;
+                sA[i] = alpha;
+            }
+        }
+        __syncthreads();
+        /* O = alpha O + P V (masked keys have p = 0 and zero-filled v rows). */
+        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+            int i = idx / HS, d = idx % HS;
+            float acc = 0.0f;
+            for (int j = 0; j < TILE; j++) acc += sS[i * LS + j] * sV[j * LD + d];
+            sO[idx] = sO[idx] * sA[i] + acc;
+        }
+    }
+    __syncthreads();
+    if (!DELTA) {
+        float *o = out + (size_t)b * T * C + (size_t)h * HS;
+        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+            int i = idx / HS, d = idx % HS, t = q0 + i;
+            if (t < T) o[(size_t)t * C + d] = sO[idx] / sL[i];
+        }
+        for (int i = tid; i < TILE; i += TS_FLASH_THREADS)
+            if (q0 + i < T) lse[(size_t)w.bh * T + q0 + i] = sM[i] + logf(sL[i]);
+    } else {
+        const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
+        for (int i = warp; i < TILE; i += TS_FLASH_THREADS / 32) {
+            int t = q0 + i;
+            if (t >= T) continue; /* the whole warp skips the row together */
+            float inv = 1.0f / sL[i], acc = 0.0f;
+            for (int d = lane; d < HS; d += 32) acc += g[(size_t)t * C + d] * (sO[i * HS + d] * inv);
+            acc = warp_sum(acc);
+            if (lane == 0) delta[(size_t)w.bh * T + t] = acc;
+        }
+    }
+}
+
+/* The probabilities and dS of one (query tile, key tile) pair into sP / sdS (either may
+ * be NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal,
+ * dS = p (dO.v - D); zero where masked or past T. */
+template <int TILE>
+static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const float *sQ,
+                                                  const float *sdO, const float *sK,
+                                                  const float *sV, const float *sLse,
+                                                  const float *sD, int q0, int k0, int T,
+                                                  int HS, int LD, float scale)
+{
+    const int LS = TILE + 1;
+    for (int idx = threadIdx.x; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
+        int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
+        float p = 0.0f, ds = 0.0f;
+        if (tq < T && tk <= tq) {
+            float s = 0.0f, dp = 0.0f;
+            for (int d = 0; d < HS; d++) {
+                s += sQ[i * LD + d] * sK[j * LD + d];
+                dp += sdO[i * LD + d] * sV[j * LD + d];
+            }
+            p = expf(s * scale - sLse[i]);
+            ds = p * (dp - sD[i]);
+        }
+        if (sP) sP[i * LS + j] = p;
+        sdS[i * LS + j] = ds;
+    }
+}
+
+/* dK and dV of one key tile, over the query tiles from the diagonal to the end:
+ * dV = P^T dO, dK = scale dS^T Q. */
+template <int TILE>
+static __global__ void __launch_bounds__(TS_FLASH_THREADS)
+    flash_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                              const float *delta, int BH, int T, int NH, int HS, float scale)
+{
+    static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
+    const int ntiles = (T + TILE - 1) / TILE;
+    const flash_where w = flash_block(blockIdx.x, BH, ntiles, false);
+    const int b = w.bh / NH, h = w.bh % NH, k0 = w.tile * TILE;
+    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
+    const size_t C3 = 3 * (size_t)C;
+    const size_t off3 = (size_t)b * T * C3 + (size_t)h * HS;
+    const float *q = qkv + off3, *k = q + C, *v = q + 2 * C;
+    const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float *rl = lse + (size_t)w.bh * T, *rd = delta + (size_t)w.bh * T;
+    const int tid = threadIdx.x;
+
+    extern __shared__ float ts_flash_smem[];
+    float *sK = ts_flash_smem, *sV = sK + TILE * LD, *sQ = sV + TILE * LD, *sdO = sQ + TILE * LD;
+    float *sdK = sdO + TILE * LD, *sdV = sdK + TILE * HS, *sP = sdV + TILE * HS;
+    float *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
+
+    flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
+    flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdK[idx] = sdV[idx] = 0.0f;
+    /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
+    for (int q0 = k0; q0 < T; q0 += TILE) {
+        __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
+        flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
+        flash_load<TILE>(sdO, LD, g, (size_t)C, q0, T, HS);
+        for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
+            sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
+            sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
+        }
+        __syncthreads();
+        flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
+        __syncthreads();
+        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+            int j = idx / HS, d = idx % HS;
+            float av = 0.0f, ak = 0.0f;
+            for (int i = 0; i < TILE; i++) {
+                av += sP[i * LS + j] * sdO[i * LD + d];
+                ak += sdS[i * LS + j] * sQ[i * LD + d];
+            }
+            sdV[idx] += av;
+            sdK[idx] += ak;
+        }
+    }
+    __syncthreads();
+    float *dk = dqkv + off3 + C, *dv = dqkv + off3 + 2 * C;
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+        int j = idx / HS, d = idx % HS, t = k0 + j;
+        if (t < T) {
+            dk[(size_t)t * C3 + d] = sdK[idx] * scale;
+            dv[(size_t)t * C3 + d] = sdV[idx];
+        }
+    }
+}
+
+/* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
+template <int TILE>
+static __global__ void __launch_bounds__(TS_FLASH_THREADS)
+    flash_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                             const float *delta, int BH, int T, int NH, int HS, float scale)
+{
+    static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
+    const int ntiles = (T + TILE - 1) / TILE;
+    const flash_where w = flash_block(blockIdx.x, BH, ntiles, true);
+    const int b = w.bh / NH, h = w.bh % NH, q0 = w.tile * TILE;
+    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
+    const size_t C3 = 3 * (size_t)C;
+    const size_t off3 = (size_t)b * T * C3 + (size_t)h * HS;
+    const float *q = qkv + off3, *k = q + C, *v = q + 2 * C;
+    const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float *rl = lse + (size_t)w.bh * T, *rd = delta + (size_t)w.bh * T;
+    const int tid = threadIdx.x;
+
+    extern __shared__ float ts_flash_smem[];
+    float *sQ = ts_flash_smem, *sdO = sQ + TILE * LD, *sK = sdO + TILE * LD, *sV = sK + TILE * LD;
+    float *sdQ = sV + TILE * LD, *sdS = sdQ + TILE * HS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
+
+    flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
+    flash_load<TILE>(sdO, LD, g, (size_t)C, q0, T, HS);
+    for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
+        sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
+        sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
+    }
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdQ[idx] = 0.0f;
+    const int kend = min(T, q0 + TILE);
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        __syncthreads(); /* the last tile's readers of sK, sdS are done */
+        flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
+        flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+        __syncthreads();
+        flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
+        __syncthreads();
+        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+            int i = idx / HS, d = idx % HS;
+            float acc = 0.0f;
+            for (int j = 0; j < TILE; j++) acc += sdS[i * LS + j] * sK[j * LD + d];
+            sdQ[idx] += acc;
+        }
+    }
+    __syncthreads();
+    float *dq = dqkv + off3;
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+        int i = idx / HS, d = idx % HS, t = q0 + i;
+        if (t < T) dq[(size_t)t * C3 + d] = sdQ[idx] * scale;
+    }
+}
+
+#endif

@@ -1,0 +1,124 @@
+/* Fused kernels (fused.h).
+ *
+ * residual_layernorm_forward: one warp per row, as layernorm.cu's forward, with the
+ * residual add in its first pass: each lane writes its channels of a + b and sums them,
+ * then reads back only what it wrote itself (its own stores, from L1/L2) for the
+ * variance and the output. Each row's sums are a fixed per-lane order and a butterfly,
+ * so the result is bitwise repeatable, and the same arithmetic as residual_forward
+ * followed by layernorm_forward on this backend.
+ *
+ * adamw_update_spans: the spans live in device memory and the host never reads them, so
+ * the grid cannot be sized by the total element count. A persistent grid (the blocks
+ * the device holds at once) walks every span in order, all of its threads striding over
+ * each span together: every span is spread evenly over the whole device, a span smaller
+ * than the grid costs the idle threads one bounds check, and no prefix array or sorting
+ * is needed. Elementwise, hence deterministic; each element is adamw.cu's arithmetic
+ * (the CPU's order of operations, step constants computed on the host as the CPU does). */
+#include <math.h>
+
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/reduce.cuh"
+
+#define TS_RLN_WARPS 8      /* rows (warps) per block */
+#define TS_SPANS_THREADS 256
+
+/* res_out may alias a or b: every element is read and then written by one thread. */
+static __global__ void residual_layernorm_kernel(float *res_out, float *ln_out, float *mean,
+                                                 float *rstd, const float *a, const float *b,
+                                                 const float *weight, const float *bias, int N,
+                                                 int C)
+{
+    int n = blockIdx.x * TS_RLN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return; /* whole warps leave together */
+    const size_t row = (size_t)n * C;
+    float *x = res_out + row;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float xc = a[row + c] + b[row + c];
+        x[c] = xc;
+        s += xc;
+    }
+    float m = warp_sum(s) / C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = x[c] - m;
+        v += d * d;
+    }
+    float rs = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
+    float *o = ln_out + row;
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = rs;
+    }
+}
+
+extern "C" void ts_cuda_residual_layernorm_forward(float *res_out, float *ln_out, float *mean,
+                                                   float *rstd, const float *a, const float *b,
+                                                   const float *weight, const float *bias, int N,
+                                                   int C)
+{
+    if (N <= 0 || C <= 0) return;
+    residual_layernorm_kernel<<<ts_cuda_blocks((size_t)N, TS_RLN_WARPS), TS_RLN_WARPS * 32, 0,
+                                ts_cuda_stream()>>>(res_out, ln_out, mean, rstd, a, b, weight,
+                                                    bias, N, C);
+    TS_CUDA_LAUNCHED();
+}
+
+/* decay_on = 1 - lr*wd for spans with weight decay, decay_off = 1 - lr*0 without (the
+ * factors adamw_update computes from its weight_decay argument). */
+static __global__ void adamw_spans_kernel(float *param, const float *grad, float grad_scale,
+                                          float *m, float *v, const ts_adamw_span *spans,
+                                          int n_spans, float beta1, float beta2, float omb1,
+                                          float omb2, float eps, float step_size, float bc2_sqrt,
+                                          float decay_on, float decay_off)
+{
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (int s = 0; s < n_spans; s++) {
+        const ts_adamw_span sp = spans[s]; /* the same address in every thread: a broadcast */
+        const float decay = sp.decay ? decay_on : decay_off;
+        float *p = param + sp.offset, *mk = m + sp.moment_offset, *vk = v + sp.moment_offset;
+        const float *g = grad + sp.offset;
+        for (size_t i = tid; i < sp.count; i += stride) {
+            float gi = g[i] * grad_scale;
+            float mi = beta1 * mk[i] + omb1 * gi;
+            float vi = beta2 * vk[i] + omb2 * gi * gi;
+            mk[i] = mi;
+            vk[i] = vi;
+            p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        }
+    }
+}
+
+/* The blocks of TS_SPANS_THREADS the current device runs at once: one wave, no tail. */
+static unsigned resident_blocks(void)
+{
+    int dev = 0, sms = 0, per_sm = 0;
+    TS_CUDA_CHECK(cudaGetDevice(&dev));
+    TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_spans_kernel,
+                                                                TS_SPANS_THREADS, 0));
+    int blocks = sms * per_sm;
+    return blocks > 0 ? (unsigned)blocks : 1u;
+}
+
+extern "C" void ts_cuda_adamw_update_spans(float *param, const float *grad, float grad_scale,
+                                           float *m, float *v, const ts_adamw_span *spans,
+                                           int n_spans, float lr, float beta1, float beta2,
+                                           float eps, float weight_decay, int t)
+{
+    if (n_spans <= 0) return;
+    /* The step constants exactly as ts_cuda_adamw_update and the CPU compute them. */
+    double bc1 = 1.0 - pow((double)beta1, (double)t);
+    double bc2 = 1.0 - pow((double)beta2, (double)t);
+    float step_size = (float)((double)lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay_on = 1.0f - lr * weight_decay, decay_off = 1.0f - lr * 0.0f;
+    float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
+    adamw_spans_kernel<<<resident_blocks(), TS_SPANS_THREADS, 0, ts_cuda_stream()>>>(
+        param, grad, grad_scale, m, v, spans, n_spans, beta1, beta2, omb1, omb2, eps, step_size,
+        bc2_sqrt, decay_on, decay_off);
+    TS_CUDA_LAUNCHED();
+}
