@@ -11,6 +11,10 @@
  *
  * Usage: mpi_comm_conformance [BACKEND]   (default "mpi"; ts_comm_backend_find's names)
  *        mpi_comm_conformance --no-copies (mpi-staged without its copies: must abort)
+ * "nccl" runs on the CUDA backend's device memory, each rank on GPU (node-local rank mod
+ * GPUs); it exits 77 on every rank where the build has no NCCL or no GPU is visible,
+ * and 1 with the backend's message (rank 0 prints it) when moving the world to NCCL
+ * fails, as it must when ranks share a GPU (test_nccl.sh).
  * The data plane's buffers are the backend's memory (device memory for NCCL and
  * mpi-staged): the tests touch them only through dbuf_* below, the one place a device
  * backend's run points at its compute backend's allocation and copies. Host values go
@@ -940,6 +944,20 @@ int main(int argc, char **argv)
 
     const char *name = argc > 1 ? argv[1] : "mpi";
     const ts_comm_backend *ops = ts_comm_backend_find(name);
+    const bool nccl = !strcmp(name, "nccl");
+#ifdef TS_HAVE_NCCL
+    if (nccl && ts_cuda_device_count() == 0) {
+        if (world.rank == 0) printf("nccl: no CUDA device visible here: skipped\n");
+        ts_comm_finalize();
+        return 77;
+    }
+#else
+    if (nccl) {
+        if (world.rank == 0) printf("nccl: this build has no NCCL backend: skipped\n");
+        ts_comm_finalize();
+        return 77;
+    }
+#endif
     if (!ops) {
         if (world.rank == 0) fprintf(stderr, "no comm backend named %s\n", name);
         ts_comm_finalize();
@@ -964,7 +982,21 @@ int main(int argc, char **argv)
                ts_kernels_missing(dev_k));
         ts_comm_staged_set_copies(dev_k->memcpy_d2h, dev_k->memcpy_h2d);
     }
-    if (ops != world.ops) ts_comm_set_backend(&world, ops);
+#ifdef TS_HAVE_NCCL
+    if (ops == &ts_comm_nccl) { /* the CUDA backend's memory, a GPU per node-local rank */
+        dev_k = &ts_kernels_cuda;
+        ts_comm node;
+        ts_comm_split_node(&world, world.rank, "node", &node);
+        ts_cuda_select_device(node.rank);
+        ts_comm_free(&node);
+    }
+#endif
+    if (ops != world.ops && ts_comm_set_backend(&world, ops) != TS_OK) {
+        if (world.rank == 0) fprintf(stderr, "error: %s\n", ts_error_message());
+        EXPECT(world.ops == &ts_comm_mpi, "a failed move leaves the world on MPI");
+        ts_comm_finalize();
+        return 1;
+    }
     EXPECT(world.ops == ops, "the world is on %s", name);
 
     /* The groups: tp and dp of a 2 x ceil(W/2) grid (tp fastest: consecutive pairs;
@@ -1056,6 +1088,9 @@ int main(int argc, char **argv)
         EXPECT(!ts_comm_member(groups[i]) && !groups[i]->owned, "freed");
     }
     ts_barrier(&world);
+    /* Back to MPI: releases the world's backend communicator before MPI stops. */
+    EXPECT(ts_comm_set_backend(&world, &ts_comm_mpi) == TS_OK && world.backend_comm == NULL,
+           "the world back on mpi");
 
     printf("rank %d: %d checks, %d failed (%s backend, %d ranks)\n", world.rank, n_checks,
            n_failed, name, W);

@@ -31,6 +31,10 @@ static const char *k_help =
     "own contiguous block of cores (\"tessera\"). Threads per rank = its cores, unless\n"
     "train.threads > 0. Cores are hwloc logical core indices.\n"
     "\n"
+    "GPU: the CUDA device the rank drives with train.device = \"cuda\" (index, PCI bus id,\n"
+    "name): the one nearest its cores, the node's devices shared out evenly. \"no CUDA\n"
+    "devices\" when the rank sees none (or the build has no CUDA backend).\n"
+    "\n"
     "Environment:\n"
     "  TS_NO_BIND=1      do not bind (binding \"none\")\n"
     "  TS_FAKE_NODES=K   pretend every K consecutive ranks are a separate node\n"
@@ -50,6 +54,8 @@ typedef struct {
     char cores[TS_CORES_STR_MAX];
     char binding[16];
     char gpu_name[64];
+    char gpu_pci[TS_GPU_PCI_MAX];
+    int gpu_cuda, cuda_devices;
 } rank_row;
 
 static rank_row make_row(const ts_topology *t)
@@ -73,6 +79,9 @@ static rank_row make_row(const ts_topology *t)
     snprintf(r.cores, sizeof r.cores, "%s", t->cores);
     snprintf(r.binding, sizeof r.binding, "%s", t->binding);
     snprintf(r.gpu_name, sizeof r.gpu_name, "%s", t->gpu_name);
+    snprintf(r.gpu_pci, sizeof r.gpu_pci, "%s", t->gpu_pci);
+    r.gpu_cuda = t->gpu_cuda;
+    r.cuda_devices = t->cuda_devices;
     return r;
 }
 
@@ -112,12 +121,14 @@ static void print_ranks(const ts_topology *t, const rank_row *rows)
            "local", "(pp,dp,tp)", wc, "cores", "threads", "binding", "gpu");
     for (int i = 0; i < n; i++) {
         const rank_row *r = &rows[i];
-        char coords[40], gpu[96];
+        char coords[40], gpu[160];
         snprintf(coords, sizeof coords, "(%d,%d,%d)", r->coords.pp, r->coords.dp, r->coords.tp);
-        if (r->gpu < 0)
-            snprintf(gpu, sizeof gpu, "none");
+        if (r->gpu_cuda)
+            snprintf(gpu, sizeof gpu, "%d %s %s", r->gpu, r->gpu_pci, r->gpu_name);
+        else if (r->cuda_devices < 0)
+            snprintf(gpu, sizeof gpu, "no CUDA devices (built without CUDA)");
         else
-            snprintf(gpu, sizeof gpu, "%d %s", r->gpu, r->gpu_name);
+            snprintf(gpu, sizeof gpu, "no CUDA devices");
         printf("%-4d  %-*s  %-4d  %-5d  %-10s  %-*s  %7d  %-9s  %s\n", r->rank, wh, r->host,
                r->node, r->local_rank, coords, wc, r->cores, r->threads, r->binding, gpu);
     }

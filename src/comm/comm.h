@@ -66,11 +66,12 @@ typedef struct ts_comm_s {
     void *on_span_ctx;
     /* The data plane: the backend's table (ts_comm_mpi unless ts_comm_set_backend
      * changed it; groups split or duplicated from this one get the same), the
-     * backend's own communicator when it needs one (NCCL: an ncclComm_t; NULL for MPI,
-     * which uses `handle`), and the stream every data-plane call on this group is
-     * ordered on (a CUDA stream for NCCL; NULL on the CPU, where MPI ignores it).
-     * Set the stream directly; split and dup copy it, so give a communication thread's
-     * duplicate its own. */
+     * backend's own state when it needs one (NCCL: the communicator and the group's
+     * comm stream; NULL for MPI, which uses `handle`), and the stream every data-plane
+     * call on this group is ordered with: the caller's stream, whose queued work a
+     * transfer waits for and which waits for the transfer (a CUDA stream for NCCL, NULL
+     * meaning the CUDA backend's compute stream; NULL on the CPU, where MPI ignores it).
+     * Set the stream directly; split and dup copy it. */
     const ts_comm_backend *ops;
     void *backend_comm;
     void *stream;
@@ -113,11 +114,13 @@ typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
 struct ts_comm_backend {
     const char *name; /* "mpi", "mpi-staged", "nccl" */
     /* Optional (NULL: nothing to do). attach runs after the control plane made `c`
-     * (split, dup, or ts_comm_set_backend; c->ops is this table), collectively over
-     * c's members, and may make the backend's own communicator in c->backend_comm;
-     * detach releases that (called when it is set) before ts_comm_free releases the
-     * group or ts_comm_set_backend moves it. */
-    void (*attach)(ts_comm *c, const ts_comm *parent);
+     * (split, dup, or ts_comm_set_backend, where parent == c; c->ops is this table),
+     * collectively over c's members, and may make the backend's own communicator in
+     * c->backend_comm. It returns the same status on every member (a failure recorded
+     * with ts_fail, nothing left to detach), never hanging one member on another's
+     * failure. detach releases c->backend_comm (called when it is set) before
+     * ts_comm_free releases the group or ts_comm_set_backend moves it. */
+    ts_status (*attach)(ts_comm *c, const ts_comm *parent);
     void (*detach)(ts_comm *c);
 
     /* In place, over the group. */
@@ -171,6 +174,20 @@ extern const ts_comm_backend ts_comm_mpi_staged;
  * every thread that communicates). */
 void ts_comm_staged_set_copies(void (*d2h)(void *dst, const void *src, size_t bytes),
                                void (*h2d)(void *dst, const void *src, size_t bytes));
+#ifdef TS_HAVE_NCCL
+/* The NCCL backend (comm/nccl.c; built where CMake finds NCCL beside CUDA): buffers of
+ * the CUDA compute backend, on the CUDA device current when the group moves to it
+ * (ts_cuda_select_device first). Each group gets its own NCCL communicator and comm
+ * stream; every operation waits for the work queued on c->stream (NULL: the compute
+ * stream), and c->stream waits for a blocking one at once (no host wait) and for a
+ * non-blocking one when a test or wait sees it complete. Ranks sharing a GPU cannot
+ * use it: ts_comm_set_backend fails on every member, naming them and the GPU.
+ * Point-to-point transfers that must progress together go in one
+ * ts_comm_group_begin/end (a send completes only when the peer receives); a request
+ * started inside one stays at its address until the outermost end (its completion
+ * event is recorded then). */
+extern const ts_comm_backend ts_comm_nccl;
+#endif
 
 /* The backend named `name` ("mpi", "mpi-staged"; "nccl" where built), or NULL. */
 const ts_comm_backend *ts_comm_backend_find(const char *name);
@@ -178,8 +195,12 @@ const ts_comm_backend *ts_comm_backend_find(const char *name);
  * mid-run), or NULL when complete. attach and detach are optional. */
 const char *ts_comm_backend_missing(const ts_comm_backend *b);
 /* Move the group `c` (and the groups later split or duplicated from it) to the
- * backend `ops`: collective over c; detaches the old backend, attaches the new. */
-void ts_comm_set_backend(ts_comm *c, const ts_comm_backend *ops);
+ * backend `ops`: collective over c's members (a non-member's just records ops);
+ * detaches the old backend, attaches the new. The status is agreed over c: a failure
+ * (ts_fail's message, the lowest failing rank's) leaves c on ts_comm_mpi on every
+ * member. ts_comm_set_backend(c, &ts_comm_mpi) releases a backend's communicator, e.g.
+ * on a copy of a topology group before the topology frees the original. */
+ts_status ts_comm_set_backend(ts_comm *c, const ts_comm_backend *ops);
 
 /* ------------------------------------------------------------ the process -- */
 

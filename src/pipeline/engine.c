@@ -49,7 +49,9 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     /* The order of the step's sends and receives, derived from the schedule. */
     if (ts_xchg_build(&e->xchg, sched) != TS_OK) return ts_error_prefix("pipeline exchange: ");
     const char *mode = getenv("TS_PP_EXCHANGE");
-    e->grouped = mode && !strcmp(mode, "grouped");
+    /* NCCL point-to-point must be issued as groups (a send posted alone blocks until
+     * its receive is posted), so its transfers always take the grouped path. */
+    e->grouped = (mode && !strcmp(mode, "grouped")) || !strcmp(pp->ops->name, "nccl");
     if (pp->size > 1) {
         const int r = e->pp_rank, n_ops = e->xchg.n_ops[r];
         const ts_xchg_op *ops = e->xchg.ops[r];

@@ -3,8 +3,15 @@
  * The policy (see ts_topo_bind in topology.h): keep a binding the launcher made; else
  * split the node's cores into disjoint contiguous blocks, one per local rank, in hwloc's
  * logical order (which walks package by package, NUMA node by NUMA node, so a block
- * stays inside one when it can). On a node with GPUs, local rank i drives GPU
- * i mod n_gpus and its block is cut from the cores near that GPU. */
+ * stays inside one when it can). On a node with GPUs, local rank i's block is cut from
+ * the cores near GPU i mod n_gpus (CUDA's devices in CUDA's order when CUDA sees any,
+ * else the GPUs hwloc finds).
+ *
+ * Then, with CUDA devices, which one each rank drives: whatever made the binding (us or
+ * the launcher), the node's ranks gather their CPU sets and ts_gpu_assign gives each
+ * rank the device nearest its cores, evenly (gpu_assign.c). A device's nearby CPUs are
+ * its hwloc PCI object's nearest non-I/O ancestor's, found by the bus id CUDA reports,
+ * or sysfs's local_cpulist when hwloc did not keep the device. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,13 +25,26 @@
 #include "core/sysmem.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
+#ifdef TS_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 #define MAX_GPUS 64
 
 typedef struct {
-    hwloc_obj_t obj;
+    hwloc_obj_t obj;     /* NULL when only `near` is known */
+    hwloc_bitmap_t near; /* the CPUs near it when known apart from obj (owned), or NULL */
     char name[64];
 } gpu_dev;
+
+/* The CUDA devices this process sees, in CUDA's order, for the node-wide choice: bus
+ * ids, names and the CPUs near each as a list ("" when unknown; malloc'd). */
+typedef struct {
+    int n; /* 0: none (or a build without CUDA) */
+    char busid[MAX_GPUS][TS_GPU_PCI_MAX];
+    char name[MAX_GPUS][64];
+    char *near[MAX_GPUS];
+} cuda_devs;
 
 /* --------------------------------------------------------------- GPUs -- */
 
@@ -109,12 +129,69 @@ static int find_gpus(hwloc_topology_t topo, gpu_dev *gpus)
     return apply_visible_devices(gpus, n);
 }
 
-/* The CPUs near a device: those of its closest non-I/O ancestor, within `allowed`. */
+#ifdef TS_HAVE_CUDA
+/* sysfs's CPUs near PCI device `busid` (Linux), or NULL. */
+static hwloc_bitmap_t sysfs_locality(const char *busid)
+{
+    char path[128], list[4096];
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", busid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    bool ok = fgets(list, sizeof list, f) != NULL;
+    fclose(f);
+    if (!ok) return NULL;
+    list[strcspn(list, "\n")] = '\0';
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (!*list || hwloc_bitmap_list_sscanf(set, list) != 0 || hwloc_bitmap_iszero(set)) {
+        hwloc_bitmap_free(set);
+        return NULL;
+    }
+    return set;
+}
+
+/* The CUDA devices, as gpus[] for the binding and as *out for the choice of device.
+ * Returns how many (0 when CUDA sees none). */
+static int find_cuda_gpus(hwloc_topology_t topo, gpu_dev *gpus, cuda_devs *out)
+{
+    int n = ts_cuda_device_count();
+    if (n > MAX_GPUS) n = MAX_GPUS;
+    out->n = n;
+    for (int i = 0; i < n; i++) {
+        gpu_dev *g = &gpus[i];
+        memset(g, 0, sizeof *g);
+        ts_cuda_device_name(i, out->name[i], sizeof out->name[i]);
+        snprintf(g->name, sizeof g->name, "cuda%d (%s)", i, out->name[i]);
+        unsigned dom = 0, bus = 0, dev = 0, fn = 0;
+        char busid[TS_PCI_BUSID_MAX];
+        if (ts_cuda_device_pci(i, busid) &&
+            sscanf(busid, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4) {
+            snprintf(out->busid[i], sizeof out->busid[i], "%s", busid);
+            g->obj = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, fn);
+            if (!g->obj) g->near = sysfs_locality(busid);
+        } else {
+            snprintf(out->busid[i], sizeof out->busid[i], "?");
+        }
+        hwloc_obj_t anc = g->obj ? hwloc_get_non_io_ancestor_obj(topo, g->obj) : NULL;
+        char *list = NULL;
+        if (anc && anc->cpuset)
+            hwloc_bitmap_list_asprintf(&list, anc->cpuset);
+        else if (g->near)
+            hwloc_bitmap_list_asprintf(&list, g->near);
+        out->near[i] = list ? list : strdup("");
+        TS_ASSERT(out->near[i]);
+    }
+    return n;
+}
+#endif
+
+/* The CPUs near a device: those of its closest non-I/O ancestor (or the ones known
+ * apart from hwloc's objects), within `allowed`; all of `allowed` when unknown. */
 static hwloc_bitmap_t gpu_locality(hwloc_topology_t topo, const gpu_dev *gpu,
                                    hwloc_const_bitmap_t allowed)
 {
-    hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(topo, gpu->obj);
-    hwloc_bitmap_t set = hwloc_bitmap_dup(anc && anc->cpuset ? anc->cpuset : allowed);
+    hwloc_obj_t anc = gpu->obj ? hwloc_get_non_io_ancestor_obj(topo, gpu->obj) : NULL;
+    hwloc_const_bitmap_t near = gpu->near ? gpu->near : anc ? anc->cpuset : NULL;
+    hwloc_bitmap_t set = hwloc_bitmap_dup(near ? near : allowed);
     hwloc_bitmap_and(set, set, allowed);
     if (hwloc_bitmap_iszero(set)) hwloc_bitmap_copy(set, allowed);
     return set;
@@ -255,10 +332,12 @@ static void warn_oversubscription(const ts_topology *t, bool oversubscribed, int
                 there[0], there[1], first, t->node_host[first], there[1]);
 }
 
-/* What hwloc tells and does for this rank: fills the node summary, the GPU, the binding
- * and its cores; flags[i] = 1 for each core (of *n_all) the rank runs on (malloc'd).
- * Returns false if hwloc cannot discover the node. Not collective. */
-static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscribed)
+/* What hwloc tells and does for this rank: fills the node summary, the GPU (provisional
+ * until assign_gpu), the binding and its cores; flags[i] = 1 for each core (of *n_all)
+ * the rank runs on (malloc'd); *cpus the CPUs it runs on as a list (malloc'd); *cuda the
+ * CUDA devices. Returns false if hwloc cannot discover the node. Not collective. */
+static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscribed,
+                      char **cpus, cuda_devs *cuda)
 {
     static bool bound_by_us = false; /* a second call must not mistake ours for mpirun's */
     hwloc_topology_t topo;
@@ -273,7 +352,13 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
     t->hw_cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
     t->hw_pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
     gpu_dev gpus[MAX_GPUS];
-    int n_gpus = find_gpus(topo, gpus);
+    int n_gpus = 0;
+#ifdef TS_HAVE_CUDA
+    n_gpus = find_cuda_gpus(topo, gpus, cuda);
+#else
+    (void)cuda;
+#endif
+    if (n_gpus == 0) n_gpus = find_gpus(topo, gpus);
     t->hw_gpus = n_gpus;
     t->gpu = n_gpus > 0 ? t->local_rank % n_gpus : -1;
     snprintf(t->gpu_name, sizeof t->gpu_name, "%s", n_gpus > 0 ? gpus[t->gpu].name : "none");
@@ -315,6 +400,9 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
     *n_all = hwloc_get_nbobjs_by_type(topo, core_type(topo));
     *flags = ts_calloc((size_t)(*n_all > 0 ? *n_all : 1), sizeof(int));
     t->n_cores = describe_cores(topo, set, *flags, *n_all, t->cores, sizeof t->cores);
+    if (hwloc_bitmap_list_asprintf(cpus, set) < 0) *cpus = NULL;
+    for (int i = 0; i < n_gpus; i++)
+        if (gpus[i].near) hwloc_bitmap_free(gpus[i].near);
     hwloc_bitmap_free(set);
     hwloc_bitmap_free(current);
     hwloc_topology_destroy(topo);
@@ -344,11 +432,76 @@ static ts_status check_threads(const ts_topology *t, const ts_config *cfg)
     return TS_OK;
 }
 
+/* Which CUDA device this rank drives (see the file comment). Collective over the node:
+ * every rank takes part, with or without devices. The ranks that see the same devices
+ * in the same order (CUDA_VISIBLE_DEVICES may differ per rank, e.g. one device each)
+ * share them, in local-rank order; each rank's record is its CPU list and its devices'
+ * bus ids, gathered at the node's longest record. */
+static ts_status assign_gpu(ts_topology *t, const char *cpus, const cuda_devs *cuda)
+{
+    size_t key_len = 1;
+    for (int i = 0; i < cuda->n; i++) key_len += strlen(cuda->busid[i]) + 1;
+    char *key = ts_calloc(key_len, 1);
+    for (int i = 0; i < cuda->n; i++) {
+        if (i) strcat(key, ",");
+        strcat(key, cuda->busid[i]);
+    }
+    const char *mine = cpus ? cpus : "";
+    int len = (int)(strlen(mine) + 1 + strlen(key) + 1);
+    ts_host_allreduce_max_i32(&t->node_comm, &len, 1);
+    char *rec = ts_calloc((size_t)len, 1);
+    memcpy(rec, mine, strlen(mine));
+    memcpy(rec + strlen(mine) + 1, key, strlen(key));
+    const int L = t->node_comm.size;
+    char *all = ts_malloc((size_t)len * (size_t)L);
+    ts_allgather_bytes(&t->node_comm, rec, (size_t)len, all);
+
+    ts_status st = TS_OK;
+    if (cuda->n > 0) {
+        const char **rank_cpus = ts_malloc(sizeof(char *) * (size_t)L);
+        int n = 0, me = -1;
+        for (int j = 0; j < L; j++) {
+            const char *r = all + (size_t)j * len;
+            if (strcmp(r + strlen(r) + 1, key)) continue; /* sees other devices */
+            if (j == t->local_rank) me = n;
+            rank_cpus[n++] = r;
+        }
+        TS_ASSERT(me >= 0);
+        int *gpu = ts_malloc(sizeof(int) * (size_t)n);
+        st = ts_gpu_assign(rank_cpus, n, (const char *const *)cuda->near, cuda->n, gpu);
+        if (st == TS_OK) {
+            t->gpu = gpu[me];
+            t->gpu_cuda = true;
+            snprintf(t->gpu_name, sizeof t->gpu_name, "%s", cuda->name[t->gpu]);
+            snprintf(t->gpu_pci, sizeof t->gpu_pci, "%s", cuda->busid[t->gpu]);
+        } else {
+            ts_error_prefix("choosing the GPU of local rank %d on host %s: ", t->local_rank,
+                            t->host);
+        }
+        free(gpu);
+        free(rank_cpus);
+    }
+    free(all);
+    free(rec);
+    free(key);
+    return st;
+}
+
 ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
 {
     int *flags = NULL, n_all = 0;
     bool oversubscribed = false;
-    if (!bind_here(t, &flags, &n_all, &oversubscribed)) {
+    char *cpus = NULL;
+    cuda_devs cuda;
+    memset(&cuda, 0, sizeof cuda);
+#ifdef TS_HAVE_CUDA
+    t->cuda_devices = 0;
+#else
+    t->cuda_devices = -1;
+#endif
+    t->gpu_cuda = false;
+    t->gpu_pci[0] = '\0';
+    if (!bind_here(t, &flags, &n_all, &oversubscribed, &cpus, &cuda)) {
         ts_log_any("tessera: warning: hwloc cannot discover this node; running unbound "
                    "with 1 thread unless train.threads says otherwise");
         snprintf(t->binding, sizeof t->binding, "none");
@@ -365,6 +518,14 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     free(node_flags);
     free(flags);
     warn_oversubscription(t, oversubscribed, n_node);
+
+#ifdef TS_HAVE_CUDA
+    t->cuda_devices = cuda.n;
+#endif
+    ts_status gst = assign_gpu(t, cpus, &cuda);
+    free(cpus);
+    for (int i = 0; i < cuda.n; i++) free(cuda.near[i]);
+    if (ts_comm_agree(&t->world, gst) != TS_OK) return TS_ERR;
 
     t->threads = cfg->train.threads > 0 ? cfg->train.threads : fair;
     /* Checked before OpenBLAS starts the threads: under an address-space limit its

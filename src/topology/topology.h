@@ -7,8 +7,9 @@
  *   ts_topology  the communicators of one rank (tp, dp, pp, embedding, node) and the
  *                node layout. ts_topo_init is the only place that makes groups
  *                (ts_comm_split); everyone else takes its ts_comm values.
- *   ts_topo_bind the hwloc binding of the rank to cores (and a GPU where present) and the
- *                thread count of the CPU kernels.
+ *   ts_topo_bind the hwloc binding of the rank to cores, the GPU it drives (the CUDA
+ *                device nearest its cores, when CUDA sees devices) and the thread count
+ *                of the CPU kernels.
  *
  * Environment (for tests and experiments):
  *   TS_FAKE_NODES=K   consecutive world ranks in groups of K pretend to be separate nodes
@@ -81,6 +82,7 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
 
 #define TS_HOST_MAX 256     /* >= the host names our MPIs report */
 #define TS_CORES_STR_MAX 256
+#define TS_GPU_PCI_MAX 20   /* a PCI bus id "0000:3b:00.0" and its terminator */
 
 typedef struct {
     /* Filled by ts_topo_init. */
@@ -115,8 +117,16 @@ typedef struct {
     int n_cores;             /* how many cores that is */
     int threads;             /* CPU threads (OpenMP + BLAS) this rank uses */
     char binding[16];        /* "tessera" | "slurm" | "mpirun" | "inherited" | "none" */
-    int gpu;                 /* device index on this node (CUDA ordinal), -1 = none */
-    char gpu_name[64];       /* e.g. "cuda0 (NVIDIA H100)"; "none" */
+    /* The GPU. With CUDA devices visible (gpu_cuda): the CUDA ordinal this rank drives,
+     * chosen over the node by ts_gpu_assign (nearest the rank's cores, spread evenly;
+     * pass it to ts_cuda_select_device), its PCI bus id and name ("NVIDIA H200").
+     * Otherwise the GPU hwloc sees that the binding placed the cores near (local rank
+     * mod GPUs, e.g. "cuda0 (NVIDIA H100)" or "pci 0000:3b:00.0"), or -1 and "none". */
+    int gpu;
+    bool gpu_cuda;
+    char gpu_name[64];
+    char gpu_pci[TS_GPU_PCI_MAX]; /* "" unless gpu_cuda */
+    int cuda_devices;        /* CUDA devices this rank sees; -1: built without CUDA */
     /* The node's hardware as hwloc sees it. */
     int hw_packages, hw_numa, hw_cores, hw_pus, hw_gpus;
 } ts_topology;
@@ -137,9 +147,24 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
  *  - TS_NO_BIND=1 binds nothing ("none"; a launcher's binding is still kept and named).
  * Threads = cfg->train.threads if > 0, else this rank's fair share of the cores it runs
  * on (cores shared with other local ranks count fractionally), at least 1.
+ * Then the GPU (t->gpu, in a CUDA build that sees devices): the node's ranks gather
+ * their bindings and the ranks that see the same CUDA devices share them out with
+ * ts_gpu_assign, each GPU's nearby CPUs from hwloc's PCI device by bus id (or sysfs's
+ * local_cpulist). It selects no device: the caller passes t->gpu to
+ * ts_cuda_select_device.
  * Collective over t->world (call on every rank after ts_topo_init). A failed hwloc
  * call is not fatal: the rank runs unbound and says so. */
 ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg);
+
+/* The GPU each of a node's ranks drives, from CPU sets alone (pure; gpu_assign.c):
+ * rank_cpus[r] is the CPUs local rank r is bound to and gpu_cpus[g] the CPUs near GPU g
+ * (its NUMA node's), as CPU lists ("0-3,8"; NULL or "" for unknown). Each GPU gets
+ * floor or ceil of n_ranks / n_gpus ranks; within that a rank goes to the GPU whose CPUs
+ * cover the largest share of its own, ties to the less-loaded GPU, then in rank and GPU
+ * order, so without locality local rank r gets GPU r mod n_gpus. gpu_of_rank[n_ranks]
+ * receives the choice. TS_ERR (and nothing written) for a list that does not parse. */
+ts_status ts_gpu_assign(const char *const *rank_cpus, int n_ranks, const char *const *gpu_cpus,
+                        int n_gpus, int *gpu_of_rank);
 
 /* Free the communicators and arrays (not t->world). Safe on a zeroed struct. */
 void ts_topo_free(ts_topology *t);

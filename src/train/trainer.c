@@ -99,31 +99,54 @@ static ts_status metrics_line(ts_trainer *t, const char *fmt, ...)
                    t->cfg.log.metrics, strerror(err));
 }
 
-/* The compute backend train.device names (the config checked it), and the data plane
- * that moves its memory: MPI reads and writes the CPU backend's buffers in place; memory
- * the host may not touch ("cpu-strict" here, a GPU's without NCCL or a CUDA-aware MPI)
- * travels through host bounce buffers and the backend's copies. The world group keeps
- * MPI: it carries host records only. */
+/* The compute backend train.device (and train.precision) name (the config checked
+ * them), and the data plane that moves its memory (parallel.comm): MPI reads and writes
+ * the CPU backend's buffers in place; NCCL moves a GPU's on the GPU ("auto" picks it for
+ * "cuda" where built); memory the host may not touch under "mpi" ("cpu-strict" here, a
+ * GPU's without NCCL) travels through host bounce buffers and the backend's copies. The
+ * world group keeps MPI: it carries host records only. */
 static ts_status select_device(ts_trainer *t)
 {
     t->k = ts_kernels_find(t->cfg.train.device);
     TS_ASSERT(t->k);
+    const ts_comm_backend *data = NULL;
 #ifdef TS_HAVE_CUDA
-    /* Configs are checked on machines without GPUs too; the device must be here. */
-    if (t->k == &ts_kernels_cuda && ts_cuda_device_count() == 0)
-        return ts_fail("train.device = \"cuda\", but this rank sees no CUDA device (check "
-                       "the driver, CUDA_VISIBLE_DEVICES and the job's GPU allocation), or "
-                       "use train.device = \"cpu\"");
-    if (t->k == &ts_kernels_cuda) ts_cuda_select_device(t->topo->node_comm.rank);
+    if (t->k == &ts_kernels_cuda) {
+        /* Configs are checked on machines without GPUs too; the device must be here. */
+        if (ts_cuda_device_count() == 0)
+            return ts_fail("train.device = \"cuda\", but this rank sees no CUDA device "
+                           "(check the driver, CUDA_VISIBLE_DEVICES and the job's GPU "
+                           "allocation), or use train.device = \"cpu\"");
+        /* The GPU nearest this rank's cores, as the topology shared them out. */
+        ts_cuda_select_device(t->topo->gpu_cuda ? t->topo->gpu : t->topo->local_rank);
+#ifdef TS_HAVE_NCCL
+        if (strcmp(t->cfg.parallel.comm, "mpi") != 0) data = &ts_comm_nccl; /* auto, nccl */
 #endif
-    if (t->k->host_accessible) return TS_OK;
-    ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
-    const ts_comm_backend *staged = ts_comm_backend_find("mpi-staged");
-    TS_ASSERT(staged);
+        /* bf16: the same backend with its GEMMs on bf16 copies of the operands (fp32
+         * accumulation; parameters, gradients and moments stay fp32). One table for the
+         * whole run: it caches the weights' bf16 copies and sees every write to them. */
+        if (strcmp(t->cfg.train.precision, "bf16") == 0) t->k = &ts_kernels_cuda_bf16;
+    }
+#endif
+    if (data && strcmp(t->cfg.parallel.grad_sync_progress, "thread") == 0)
+        return ts_fail("parallel.grad_sync_progress = \"thread\" drives MPI reductions from "
+                       "a host thread; NCCL's run on the GPU by themselves, and a second "
+                       "thread issuing NCCL calls could order them differently on different "
+                       "ranks; use \"poll\" (or parallel.comm = \"mpi\")");
+    if (!data && t->k->host_accessible) return TS_OK;
+    if (!data) {
+        ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
+        data = ts_comm_backend_find("mpi-staged");
+        TS_ASSERT(data);
+    }
+    /* Every group, even after one failed: each move is collective over its group, so
+     * stopping early would leave the other groups' members waiting. */
+    char first[1024] = "";
     ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-        ts_comm_set_backend(groups[i], staged);
-    return TS_OK;
+        if (ts_comm_set_backend(groups[i], data) != TS_OK && !first[0])
+            snprintf(first, sizeof first, "%s", ts_error_message());
+    return first[0] ? ts_fail("%s", first) : TS_OK;
 }
 
 /* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
@@ -425,6 +448,11 @@ void ts_trainer_free(ts_trainer *t)
     ts_grad_sync_free(&t->grad_sync);
     ts_adamw_free(&t->optim);
     ts_engine_free(&t->engine);
+    /* Release the data planes' per-group state (NCCL communicators, comm streams) on
+     * the trainer's copies of the groups; the topology frees the MPI groups. */
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
     if (t->has_train) ts_data_close(&t->train_data);
     if (t->has_val) ts_data_close(&t->val_data);
     ts_model_free(&t->model);
