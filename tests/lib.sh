@@ -101,3 +101,131 @@ check() {
     fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2
   fi
 }
+
+# ---- The GPU tests (tests/test_gpu_*.sh, CTest label "gpu") ----------------------------
+# gpu_setup: the device those tests train on, in GPU_DEVICE. "cuda" where
+# tests/gpu_present (built next to tessera) finds a CUDA device; with TS_GPU_TEST_DEVICE
+# set, that device instead, a dry run on the CPU (e.g. "cpu-strict", whose memory the
+# host cannot touch: the same staging paths a GPU takes), where GPU_DRY = 1 and the parts
+# that need a real GPU (bf16, NCCL) are skipped, each with a line saying so (gpu_skip).
+# Neither: exit 77, skipped. Each run names its own device, so TS_TEST_DEVICE is ignored.
+gpu_setup() {
+  DEVICE_SETS=()
+  GPU_SKIPPED=0
+  if [ -n "${TS_GPU_TEST_DEVICE:-}" ]; then
+    GPU_DEVICE="$TS_GPU_TEST_DEVICE"
+    GPU_DRY=1
+    [ "$GPU_DEVICE" = cuda ] && GPU_DRY=0
+    echo "TS_GPU_TEST_DEVICE: training on train.device = \"$GPU_DEVICE\"$([ "$GPU_DRY" = 1 ] && echo ' (a dry run)')"
+    return 0
+  fi
+  local probe rc
+  probe="$(dirname "$TESSERA")/tests/gpu_present"
+  if [ ! -x "$probe" ]; then
+    echo "FAIL: $probe is not built (tests/CMakeLists.txt builds it next to tessera)" >&2
+    exit 1
+  fi
+  "$probe"
+  rc=$?
+  case "$rc" in
+    0) GPU_DEVICE=cuda; GPU_DRY=0 ;;
+    77) echo "SKIP: no CUDA device (set TS_GPU_TEST_DEVICE=cpu-strict for a dry run on the CPU)"; exit 77 ;;
+    *) echo "FAIL: $probe exited $rc" >&2; exit 1 ;;
+  esac
+}
+
+# gpu_skip WHAT: a part of a GPU test that this dry run cannot check, said on stdout.
+gpu_skip() {
+  GPU_SKIPPED=$((GPU_SKIPPED + 1))
+  echo "SKIPPED (dry run on train.device = \"$GPU_DEVICE\"): $*"
+}
+
+# train_on NAME NP DEVICE SETS...: "${common[@]}" (the caller's array) on NP ranks with
+# train.device = DEVICE and metrics in $TMP/NAME.jsonl; passes, or fails the test with
+# its stderr (and returns 1).
+train_on() {
+  local name="$1" np="$2" dev="$3"; shift 3
+  if run_np "$np" "${common[@]}" --set "train.device=\"$dev\"" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+    pass; return 0
+  fi
+  fail "run $name ($np ranks, train.device = \"$dev\"): $*"; sed 's/^/    /' "$TMP/err" >&2
+  return 1
+}
+
+# close_runs A B LOSS_TOL NORM_TOL: metrics files A and B have the same steps (the same
+# number of step lines, and the same step numbers), every step's loss within relative
+# LOSS_TOL and grad_norm within relative NORM_TOL ("-": not compared). Prints the worst
+# differences (on success too: a GPU log shows how close it came).
+close_runs() {
+  local a="$1" b="$2" lt="$3" nt="$4"
+  paste <(grep -o '"step":[0-9]*,"loss"' "$a" | tr -dc '0-9\n') <(grep -o '"step":[0-9]*,"loss"' "$b" | tr -dc '0-9\n') \
+        <(losses "$a") <(losses "$b") <(norms "$a") <(norms "$b") | awk -v lt="$lt" -v nt="$nt" '
+    NF != 6 || $1 != $2 { bad = 1; next }
+    function rel(x, y,   d) { d = x - y; if (d < 0) d = -d; if (y < 0) y = -y; return d / (y > 1e-30 ? y : 1e-30) }
+    { r = rel($3, $4); if (r > wl) { wl = r; sl = $1 } r = rel($5, $6); if (r > wn) { wn = r; sn = $1 } n++ }
+    END {
+      printf "%d steps: worst relative loss difference %.3g (step %d), grad_norm %.3g (step %d)%s\n", n, wl, sl, wn, sn, bad ? "; the step lines differ" : ""
+      exit !(!bad && n > 0 && wl <= lt && (nt == "-" || wn <= nt))
+    }'
+}
+
+# compare_runs NAME A B LOSS_TOL NORM_TOL: close_runs as one pass or fail, named NAME.
+compare_runs() {
+  local name="$1" out; shift
+  if out=$(close_runs "$@"); then pass; echo "$name: $out"; else fail "$name: $out"; fi
+}
+
+# expect_fail_every_rank NP PATTERN ARGS...: tessera ARGS on NP ranks fails on every
+# rank by itself (each rank's own exit status is non-zero: mpirun is told not to kill the
+# others when one fails), within 90 s (no hang), printing PATTERN (grep -iE) at least once
+# and at most once per rank, without a crash.
+expect_fail_every_rank() {
+  local np="$1" pattern="$2"; shift 2
+  rm -f "$TMP"/rank_rc.*
+  # shellcheck disable=SC2016 # expanded by each rank's shell
+  TS_RC_DIR="$TMP" OMPI_MCA_orte_abort_on_non_zero_status=0 timeout 90 mpirun --oversubscribe -np "$np" \
+    bash -c '"$@"; r=$?; echo "$r" > "$TS_RC_DIR/rank_rc.${OMPI_COMM_WORLD_RANK:-x}"; exit "$r"' \
+    rank "$TESSERA" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$? r bad=0 count
+  if [ "$rc" -eq 124 ]; then fail "timed out after 90 s (hang?): tessera $*"; return; fi
+  for ((r = 0; r < np; r++)); do
+    if [ ! -f "$TMP/rank_rc.$r" ]; then bad=1; echo "    rank $r: no exit status (killed?)" >&2
+    elif [ "$(cat "$TMP/rank_rc.$r")" = 0 ]; then bad=1; echo "    rank $r: exit 0" >&2; fi
+  done
+  count=$(grep -ciE -- "$pattern" "$TMP/err" || true)
+  if [ "$bad" = 1 ]; then fail "not every rank failed: tessera $*"; sed 's/^/    /' "$TMP/err" >&2; return; fi
+  if [ "$count" -lt 1 ] || [ "$count" -gt "$np" ]; then
+    fail "expected '$pattern' 1 to $np times in stderr, found $count: tessera $*"
+    sed 's/^/    /' "$TMP/err" >&2; return
+  fi
+  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
+    fail "crashed: tessera $*"; sed 's/^/    /' "$TMP/err" >&2; return
+  fi
+  pass
+}
+
+# gpu_has_nccl: this tessera takes parallel.comm = "nccl" (a CUDA build with NCCL);
+# otherwise says so on stdout and returns 1 (the NCCL parts are then skipped: a build
+# without NCCL is a valid build, and its refusal is test_config's to check).
+gpu_has_nccl() {
+  if "$TESSERA" plan "$SRC/configs/tiny.cfg" --cost uniform --set 'train.device="cuda"' \
+       --set 'parallel.comm="nccl"' >/dev/null 2>"$TMP/nccl_probe"; then return 0; fi
+  if grep -q "built without NCCL" "$TMP/nccl_probe"; then
+    echo "SKIPPED: this tessera was built without NCCL"; return 1
+  fi
+  fail "tessera plan with parallel.comm = \"nccl\" failed"; sed 's/^/    /' "$TMP/nccl_probe" >&2
+  return 1
+}
+
+# gpu_common: the corpus and the run every GPU test trains (in "${common[@]}"): the tiny
+# config, 20 steps, one thread, no validation, at train.lr = 3e-4. Its 1e-3 spikes at
+# step 16 (grad norm 7 -> 68), where a 1% change of lr moves that step's loss by 3.4% and
+# its norm by 30%: comparisons there would measure the spike's amplification, not the
+# device's arithmetic. At 3e-4 the 20 steps are smooth (the same 1% moves no loss by
+# more than 0.1% and no norm by more than 0.7%) and the loss still falls by 1.0.
+gpu_common() {
+  make_corpus "$TMP/train.bin"
+  common=(train "$SRC/configs/tiny.cfg" --set train.steps=20 --set train.lr=3e-4
+          --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
+          --set log.progress=false)
+}

@@ -1,0 +1,40 @@
+# Several ranks on one GPU (CTest label "gpu"; skipped, 77, without a CUDA device),
+# 20 steps of the tiny config each (tests/lib.sh gpu_common), all ranks on the first GPU:
+# - through the MPI backend (parallel.comm = "mpi": device memory staged through host
+#   buffers), pp = 2 x dp = 2 (4 ranks) and tp = 2 (2 ranks) match the one-rank CPU run:
+#   loss within relative 1e-4 and gradient norm within 1e-3 every step (the GPU's bound
+#   against the CPU, test_gpu_train);
+# - the pp = 2 x dp = 2 grid with parallel.comm = "nccl" fails: NCCL cannot put two ranks
+#   of a communicator on one GPU, so every rank must stop by itself with a non-zero exit
+#   and a message saying so (src/comm/nccl.c: "the nccl comm backend needs one GPU per
+#   rank, but world ranks ... all run on GPU 0"), within 90 s (no hang in NCCL's set-up).
+# TS_GPU_TEST_DEVICE=cpu-strict: a dry run on the CPU that skips the NCCL grid, saying
+# so, and checks the same failure mechanics on the refusal of "nccl" off the GPU.
+source "$(dirname "$0")/lib.sh"
+gpu_setup
+
+# One GPU for every rank, even on a machine with more: the first one this job may use.
+first="${CUDA_VISIBLE_DEVICES:-0}"
+export CUDA_VISIBLE_DEVICES="${first%%,*}"
+
+gpu_common
+common+=(--set 'train.precision="fp32"')
+MPI=(--set 'parallel.comm="mpi"')
+PP2DP2=(--set parallel.pp=2 --set parallel.dp=2)
+
+train_on cpu 1 cpu
+train_on pp2dp2 4 "$GPU_DEVICE" "${MPI[@]}" "${PP2DP2[@]}" &&
+  compare_runs "pp2 x dp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/pp2dp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+train_on tp2 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 &&
+  compare_runs "tp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/tp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+
+if [ "$GPU_DRY" = 1 ]; then
+  gpu_skip "pp2 x dp2 with parallel.comm = \"nccl\" on one GPU must fail (NCCL needs train.device = \"cuda\");" \
+    "checked the same failure mechanics on \"nccl\" refused for train.device = \"$GPU_DEVICE\""
+  expect_fail_every_rank 4 'parallel\.comm.*nccl' "${common[@]}" --set "train.device=\"$GPU_DEVICE\"" \
+    --set 'parallel.comm="nccl"' "${PP2DP2[@]}"
+elif gpu_has_nccl; then
+  expect_fail_every_rank 4 'nccl.*one GPU per rank' "${common[@]}" --set 'train.device="cuda"' \
+    --set 'parallel.comm="nccl"' "${PP2DP2[@]}"
+fi
+finish

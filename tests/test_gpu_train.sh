@@ -1,0 +1,58 @@
+# One-rank training on the GPU (CTest label "gpu"; skipped, 77, without a CUDA device),
+# 20 steps of the tiny config each (tests/lib.sh gpu_common):
+# 1. fp32 on the GPU matches the CPU: every step's loss within relative 1e-4 and its
+#    gradient norm within 1e-3 (cuBLAS runs without TF32; only the order of sums differs).
+# 2. bf16 (GEMMs in bfloat16, fp32 accumulation and master weights) tracks the fp32 GPU
+#    run within 2% per step, every step from step 0: step 0 runs the same weights and
+#    data, so it is the closest of all (the logits' bf16 rounding only), and the gap grows
+#    from there; skipping it would hide nothing and check less. bf16 must also differ
+#    from fp32 somewhere (the key is not ignored), and on a device other than "cuda" it
+#    is refused with a message saying why.
+# 3. parallel.comm = "nccl" with a one-rank communicator gives the losses of "mpi"
+#    within 1e-6 (one rank: no collective moves data, but the NCCL communicator is made
+#    and every group call goes through it; test_nccl checks every call of the backend).
+#    The "mpi" run also repeats the fp32 run of 1 bit for bit (the backend's sums are
+#    deterministic).
+# TS_GPU_TEST_DEVICE=cpu-strict: a dry run on the CPU (tests/lib.sh gpu_setup) that
+# skips the bf16 and NCCL runs, saying so.
+source "$(dirname "$0")/lib.sh"
+gpu_setup
+
+gpu_common
+FP32=(--set 'train.precision="fp32"')
+
+# 1. fp32: the GPU against the CPU.
+train_on cpu 1 cpu
+train_on fp32 1 "$GPU_DEVICE" "${FP32[@]}" &&
+  compare_runs "fp32 on $GPU_DEVICE vs cpu" "$TMP/fp32.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+
+# 2. bf16: needs train.device = "cuda", everywhere else a clear error.
+for dev in cpu cpu-strict; do
+  expect_error 1 "train\.precision = \"bf16\".*train\.device = \"$dev\"" "${common[@]}" \
+    --set "train.device=\"$dev\"" --set 'train.precision="bf16"'
+done
+if [ "$GPU_DRY" = 1 ]; then
+  gpu_skip "bf16 against fp32 within 2% (bf16 needs train.device = \"cuda\")"
+elif train_on bf16 1 cuda --set 'train.precision="bf16"'; then
+  compare_runs "bf16 vs fp32" "$TMP/bf16.jsonl" "$TMP/fp32.jsonl" 0.02 -
+  if cmp -s <(losses "$TMP/bf16.jsonl") <(losses "$TMP/fp32.jsonl"); then
+    fail "bf16 gave the fp32 losses bit for bit: train.precision = \"bf16\" changed nothing"
+  else pass; fi
+  awk -v a="$(losses "$TMP/bf16.jsonl" | head -1)" -v b="$(losses "$TMP/bf16.jsonl" | tail -1)" \
+    'BEGIN { exit !(b < a - 0.5) }' && pass || fail "bf16 did not train: the loss did not fall by 0.5 in 20 steps"
+fi
+
+# 3. NCCL on one rank against MPI on one rank.
+# The fp32 run again (on one rank "mpi" moves nothing "auto" would not): the same bits.
+train_on mpi 1 "$GPU_DEVICE" "${FP32[@]}" --set 'parallel.comm="mpi"' &&
+  if cmp -s <(losses "$TMP/mpi.jsonl") <(losses "$TMP/fp32.jsonl") &&
+     cmp -s <(norms "$TMP/mpi.jsonl") <(norms "$TMP/fp32.jsonl"); then pass
+  else fail "two one-rank fp32 runs on $GPU_DEVICE differ (non-deterministic kernels?)"; fi
+if [ "$GPU_DRY" = 1 ]; then
+  gpu_skip "parallel.comm = \"nccl\" on one rank (NCCL needs train.device = \"cuda\")"
+elif gpu_has_nccl &&
+     train_on nccl 1 cuda "${FP32[@]}" --set 'parallel.comm="nccl"'; then
+  compare_runs "comm nccl vs mpi (one rank)" "$TMP/nccl.jsonl" "$TMP/mpi.jsonl" 1e-6 1e-6
+fi
+
+finish
