@@ -179,7 +179,10 @@ void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double l
                    float grad_scale, int t)
 {
     sync_spans(o, m);
-    if (o->n_spans == 0) return; /* nothing of this model in the ranges */
+    /* Called even with no spans (a ZeRO-1 shard holding none of this model's
+     * parameters): the call is also the backend's word that the parameters change now
+     * (the bf16 table drops its cached weight copies, which the all-gather after the
+     * step overwrites behind its back). */
     m->k->adamw_update_spans(m->param_mem, m->grad_mem, grad_scale, o->m, o->v, o->spans,
                              o->n_spans, (float)lr, (float)tc->beta1, (float)tc->beta2,
                              (float)tc->eps, (float)tc->weight_decay, t);

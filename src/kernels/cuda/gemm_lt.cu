@@ -247,9 +247,14 @@ static bool try_lt(const ts_gemm *g, const plan_key &key, bool fuse_bias, plan *
 static plan make_plan(const ts_gemm *g, const plan_key &key)
 {
     plan p = {};
-    if (try_lt(g, key, g->bias != nullptr, &p)) return p;
+    /* cuBLASLt's bias epilogue wants a 16-byte-aligned bias, and the heuristic has no
+     * preference to say otherwise: a less aligned one (a bias inside a buffer at an odd
+     * float) gets the plain product and the separate bias kernel, silently (it is the
+     * caller's layout, not a missing algorithm). */
+    const bool bias_fusable = g->bias != nullptr && key[K_ALBIAS] >= 16;
+    if (try_lt(g, key, bias_fusable, &p)) return p;
     const char *mode = g->mode == TS_GEMM_BF16 ? "bf16" : "fp32";
-    if (g->bias && try_lt(g, key, false, &p)) {
+    if (bias_fusable && try_lt(g, key, false, &p)) {
         fprintf(stderr,
                 "tessera: note: cuBLASLt fuses no bias for the %s GEMM m=%d n=%d k=%d: the bias "
                 "is a separate kernel for this shape\n",
