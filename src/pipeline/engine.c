@@ -477,7 +477,11 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 } else {
                     ts_request r;
                     const int from = ts_chunk_rank(c - 1, e->pp.size);
+                    /* One-call groups: NCCL point-to-point is posted inside a group
+                     * (no-ops for MPI). */
+                    ts_comm_group_begin(&e->pp);
                     ts_irecv_f32(&e->pp, s->in, NC, from, PP_TAG, &r);
+                    ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: receiving the input of chunk %d, windows "
                                         "from %d, from world rank %d",
                                         c, w0, e->pp_world[from]);
@@ -503,7 +507,9 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 if (!is_local(e, c + 1)) {
                     ts_request r;
                     const int to = ts_chunk_rank(c + 1, e->pp.size);
+                    ts_comm_group_begin(&e->pp);
                     ts_isend_f32(&e->pp, y, NC, to, PP_TAG, &r);
+                    ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: sending the output of chunk %d, windows "
                                         "from %d, to world rank %d",
                                         c, w0, e->pp_world[to]);
