@@ -189,17 +189,20 @@ static void host_wait(const nccl_group *g, cudaEvent_t e)
     }
 }
 
-/* A scratch buffer of at least `bytes` on the device. Growing it waits for the comm
- * stream, whose queued operations may still use the old one; collectives are never
- * started inside a point-to-point group, so nothing queued later uses it either. */
+/* A scratch buffer of at least `bytes` on the device. Growing it is ordered on the
+ * comm stream (stream-ordered free and allocation), whose queued operations may still
+ * use the old one: cudaFree would synchronise the whole device, and with another
+ * group's NCCL kernel waiting for a peer that waits for this rank's host, that is a
+ * deadlock. Collectives are never started inside a point-to-point group, so nothing
+ * queued later uses the old buffer either. */
 static void *scratch(nccl_group *g, size_t bytes)
 {
     if (bytes <= g->scratch_bytes) return g->scratch;
-    check_cuda(g, cudaStreamSynchronize(g->stream), "cudaStreamSynchronize");
-    check_cuda(g, cudaFree(g->scratch), "cudaFree");
+    if (g->scratch) check_cuda(g, cudaFreeAsync(g->scratch, g->stream), "cudaFreeAsync");
     g->scratch = NULL;
     g->scratch_bytes = 0;
-    check_cuda(g, cudaMalloc(&g->scratch, bytes), "cudaMalloc (the group's scratch)");
+    check_cuda(g, cudaMallocAsync(&g->scratch, bytes, g->stream),
+               "cudaMallocAsync (the group's scratch)");
     g->scratch_bytes = bytes;
     return g->scratch;
 }
@@ -311,7 +314,7 @@ static ts_status init_rank(const ts_comm *c, nccl_group *g)
 static void release(nccl_group *g)
 {
     if (g->comm) check_nccl(g, ncclCommDestroy(g->comm), "ncclCommDestroy");
-    if (g->scratch) check_cuda(g, cudaFree(g->scratch), "cudaFree");
+    if (g->scratch) check_cuda(g, cudaFreeAsync(g->scratch, g->stream), "cudaFreeAsync");
     if (g->ready) check_cuda(g, cudaEventDestroy(g->ready), "cudaEventDestroy");
     if (g->done) check_cuda(g, cudaEventDestroy(g->done), "cudaEventDestroy");
     if (g->stream) check_cuda(g, cudaStreamDestroy(g->stream), "cudaStreamDestroy");
