@@ -12,7 +12,6 @@
  * an unknown value stops the process with a message naming the variable and the
  * choices), each in a child process since the variable is read once per process. */
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +21,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/kernels.h"
-#include "test_util.h"
+#include "test_device_util.h"
 
 static const ts_kernels *G = &ts_kernels_cuda; /* device memory and the table's slots */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
@@ -41,73 +40,11 @@ typedef struct {
     int max_hs; /* the largest head the variant takes */
 } variant;
 
-/* ---- random inputs ---------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-static uint64_t next_u64(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-/* Uniform in [-1, 1). */
-static float frand(void) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
-
-/* ---- device buffers --------------------------------------------------------------- */
-
-static float *d_from(const float *h, size_t n)
-{
-    float *d = G->dev_alloc(n * sizeof(float));
-    G->memcpy_h2d(d, h, n * sizeof(float));
-    return d;
-}
-
-/* n floats of NaN on the device (at least one, so a zero size still has a pointer). */
-static float *d_nan(size_t n)
-{
-    if (n == 0) n = 1;
-    float *nan = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) nan[i] = NAN;
-    float *d = d_from(nan, n);
-    free(nan);
-    return d;
-}
-
-static float *h_back(const float *d, size_t n)
-{
-    float *h = ts_alloc_floats(n);
-    G->memcpy_d2h(h, d, n * sizeof(float));
-    return h;
-}
-
 /* The device result `d` against the CPU's `want`. */
 static void expect_close(const char *who, const char *what, const float *d, const float *want,
                          size_t n, double tol)
 {
-    float *got = h_back(d, n);
-    double maxw = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs((double)want[i]) > maxw) maxw = fabs((double)want[i]);
-    double floor_ = maxw > 0.0 ? 0.1 * maxw : 1e-30;
-    double worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = ts_rel_err((double)got[i], (double)want[i], floor_);
-        if (isnan(e) || isinf(e)) e = INFINITY; /* unwritten (NaN) or blown up */
-        if (e > worst) {
-            worst = e;
-            wi = i;
-        }
-    }
-    printf("  %-44s %-5s %8zu values  worst rel err %.2e\n", who, what, n, worst);
-    CHECKF(worst < tol,
-           "%s: output '%s': worst relative error %.3g (tolerance %.0e) at [%zu]: cuda %.9g, "
-           "cpu %.9g (floor %.3g, %zu values)",
-           who, what, worst, tol, wi, (double)got[wi], (double)want[wi], floor_, n);
-    free(got);
+    ts_test_expect_close_dev(G, who, what, d, want, n, tol, 0.1);
 }
 
 /* ---- one shape, every variant ------------------------------------------------------ */
@@ -117,8 +54,8 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
     const int C = NH * HS;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout);
-    for (size_t i = 0; i < nqkv; i++) qkv[i] = frand();
-    for (size_t i = 0; i < nout; i++) dout[i] = frand();
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_test_frand();
+    for (size_t i = 0; i < nout; i++) dout[i] = ts_test_frand();
 
     /* The CPU reference. */
     float *out = ts_alloc_floats(nout), *dqkv = ts_alloc_floats(nqkv);
@@ -129,14 +66,14 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
     H->attention_backward(dqkv, scr, dout, qkv, att, B, T, NH, HS);
     free(att), free(scr);
 
-    float *d_qkv = d_from(qkv, nqkv), *d_dout = d_from(dout, nout);
+    float *d_qkv = ts_test_to_dev(G, qkv, nqkv), *d_dout = ts_test_to_dev(G, dout, nout);
     for (int v = 0; v < nv; v++) {
         if (HS > vs[v].max_hs) continue;
         char who[120];
         snprintf(who, sizeof who, "%s B%d T%d NH%d HS%d", vs[v].name, B, T, NH, HS);
         size_t ns = vs[v].saved(B, T, NH, HS), nsc = vs[v].scratch(B, T, NH, HS);
-        float *d_out = d_nan(nout), *d_att = d_nan(ns), *d_scr = d_nan(nsc);
-        float *d_dqkv = d_nan(nqkv);
+        float *d_out = ts_test_dev_nan(G, nout), *d_att = ts_test_dev_nan(G, ns);
+        float *d_scr = ts_test_dev_nan(G, nsc), *d_dqkv = ts_test_dev_nan(G, nqkv);
         vs[v].forward(d_out, d_att, d_qkv, B, T, NH, HS);
         expect_close(who, "out", d_out, out, nout, vs[v].tol);
         vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, NH, HS);
@@ -144,9 +81,9 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
 
         /* The same again on fresh NaN buffers must give the same bits (no atomics, no
          * reads of what was not written). */
-        float *d_dqkv2 = d_nan(nqkv), *d_scr2 = d_nan(nsc);
+        float *d_dqkv2 = ts_test_dev_nan(G, nqkv), *d_scr2 = ts_test_dev_nan(G, nsc);
         vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, NH, HS);
-        float *a = h_back(d_dqkv, nqkv), *b = h_back(d_dqkv2, nqkv);
+        float *a = ts_test_from_dev(G, d_dqkv, nqkv), *b = ts_test_from_dev(G, d_dqkv2, nqkv);
         CHECKF(!memcmp(a, b, nqkv * sizeof(float)), "%s: a second backward differs in its bits",
                who);
         free(a), free(b);

@@ -10,88 +10,24 @@
  *
  * Built in CUDA builds only; exits 77 (skipped) where there is no CUDA device. */
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
-#include "test_util.h"
+#include "test_device_util.h"
 
 static const ts_kernels *G = &ts_kernels_cuda; /* under test */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
 
 #define TOL 1e-5
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-/* Uniform in [-1, 1). */
-static float frand(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static float *h_rand(size_t n, float scale)
-{
-    float *x = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
-    return x;
-}
-
-static float *d_from(const float *h, size_t n)
-{
-    float *d = G->dev_alloc(n * sizeof(float));
-    G->memcpy_h2d(d, h, n * sizeof(float));
-    return d;
-}
-
-/* n NaNs on the device: an output the kernel must overwrite. */
-static float *d_nan(size_t n)
-{
-    float *h = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = d_from(h, n);
-    free(h);
-    return d;
-}
-
-static float *h_from(const float *d, size_t n)
-{
-    float *h = ts_alloc_floats(n);
-    G->memcpy_d2h(h, d, n * sizeof(float));
-    return h;
-}
-
 /* The device buffer `d` against the CPU's `want`. */
 static void expect_close(const char *slot, const char *what, const float *d, const float *want,
                          size_t n)
 {
-    float *got = h_from(d, n);
-    double maxw = 0.0;
-    for (size_t i = 0; i < n; i++) maxw = fmax(maxw, fabs((double)want[i]));
-    double floor_ = maxw > 0.0 ? 0.1 * maxw : 1e-30, worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = ts_rel_err((double)got[i], (double)want[i], floor_);
-        if (isnan(e) || isinf(e)) e = INFINITY; /* unwritten (NaN) or blown up */
-        if (e > worst) worst = e, wi = i;
-    }
-    printf("  %-28s %-10s %8zu values  worst rel err %.2e\n", slot, what, n, worst);
-    CHECKF(worst < TOL, "%s: '%s': worst relative error %.3g at [%zu]: cuda %.9g, cpu %.9g",
-           slot, what, worst, wi, (double)got[wi], (double)want[wi]);
-    free(got);
-}
-
-static int same_bits_dev(const float *d, const float *h, size_t n)
-{
-    float *got = h_from(d, n);
-    int same = memcmp(got, h, n * sizeof(float)) == 0;
-    free(got);
-    return same;
+    ts_test_expect_close_dev(G, slot, what, d, want, n, TOL, 0.1);
 }
 
 static void test_table(void)
@@ -104,27 +40,31 @@ static void test_table(void)
 static void test_residual_layernorm(int N, int C)
 {
     const size_t NC = (size_t)N * C;
-    float *a = h_rand(NC, 2.0f), *b = h_rand(NC, 1.0f);
-    float *w = h_rand((size_t)C, 1.0f), *bias = h_rand((size_t)C, 1.0f);
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f);
+    float *bias = ts_test_rand_floats((size_t)C, 1.0f);
     float *res = ts_alloc_floats(NC), *ln = ts_alloc_floats(NC);
     float *mean = ts_alloc_floats((size_t)N), *rstd = ts_alloc_floats((size_t)N);
     H->residual_layernorm_forward(res, ln, mean, rstd, a, b, w, bias, N, C);
     char slot[64];
     snprintf(slot, sizeof slot, "residual_layernorm N%d C%d", N, C);
 
-    float *dw = d_from(w, (size_t)C), *dbias = d_from(bias, (size_t)C);
+    float *dw = ts_test_to_dev(G, w, (size_t)C), *dbias = ts_test_to_dev(G, bias, (size_t)C);
     /* this backend's unfused pair, for the bitwise comparison */
-    float *ua = d_from(a, NC), *ub = d_from(b, NC), *ures = d_nan(NC), *uln = d_nan(NC);
-    float *umean = d_nan((size_t)N), *urstd = d_nan((size_t)N);
+    float *ua = ts_test_to_dev(G, a, NC), *ub = ts_test_to_dev(G, b, NC);
+    float *ures = ts_test_dev_nan(G, NC), *uln = ts_test_dev_nan(G, NC);
+    float *umean = ts_test_dev_nan(G, (size_t)N), *urstd = ts_test_dev_nan(G, (size_t)N);
     G->residual_forward(ures, ua, ub, NC);
     G->layernorm_forward(uln, umean, urstd, ures, dw, dbias, N, C);
-    float *uln_h = h_from(uln, NC), *umean_h = h_from(umean, (size_t)N);
-    float *urstd_h = h_from(urstd, (size_t)N);
+    float *uln_h = ts_test_from_dev(G, uln, NC);
+    float *umean_h = ts_test_from_dev(G, umean, (size_t)N);
+    float *urstd_h = ts_test_from_dev(G, urstd, (size_t)N);
 
     for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
-        float *da = d_from(a, NC), *db = d_from(b, NC);
-        float *dres = alias == 1 ? da : alias == 2 ? db : d_nan(NC);
-        float *dln = d_nan(NC), *dmean = d_nan((size_t)N), *drstd = d_nan((size_t)N);
+        float *da = ts_test_to_dev(G, a, NC), *db = ts_test_to_dev(G, b, NC);
+        float *dres = alias == 1 ? da : alias == 2 ? db : ts_test_dev_nan(G, NC);
+        float *dln = ts_test_dev_nan(G, NC), *dmean = ts_test_dev_nan(G, (size_t)N);
+        float *drstd = ts_test_dev_nan(G, (size_t)N);
         G->residual_layernorm_forward(dres, dln, dmean, drstd, da, db, dw, dbias, N, C);
         if (alias == 0) {
             expect_close(slot, "res_out", dres, res, NC);
@@ -132,10 +72,11 @@ static void test_residual_layernorm(int N, int C)
             expect_close(slot, "mean", dmean, mean, (size_t)N);
             expect_close(slot, "rstd", drstd, rstd, (size_t)N);
         }
-        CHECKF(same_bits_dev(dres, res, NC), "%s: res_out (alias %d) is not a + b exactly", slot,
-               alias);
-        CHECKF(same_bits_dev(dln, uln_h, NC) && same_bits_dev(dmean, umean_h, (size_t)N) &&
-                   same_bits_dev(drstd, urstd_h, (size_t)N),
+        CHECKF(ts_test_dev_same_bits(G, dres, res, NC),
+               "%s: res_out (alias %d) is not a + b exactly", slot, alias);
+        CHECKF(ts_test_dev_same_bits(G, dln, uln_h, NC) &&
+                   ts_test_dev_same_bits(G, dmean, umean_h, (size_t)N) &&
+                   ts_test_dev_same_bits(G, drstd, urstd_h, (size_t)N),
                "%s (alias %d): differs from this backend's residual_forward + layernorm_forward",
                slot, alias);
         if (alias == 0) G->dev_free(dres);
@@ -165,8 +106,8 @@ static void test_adamw_spans(void)
     }
     const size_t np = off + 5, nm = moff;
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    float *p0 = h_rand(np, 1.0f), *g[4];
-    for (int t = 0; t < 4; t++) g[t] = h_rand(np, 1.0f);
+    float *p0 = ts_test_rand_floats(np, 1.0f), *g[4];
+    for (int t = 0; t < 4; t++) g[t] = ts_test_rand_floats(np, 1.0f);
     float *hp = ts_alloc_floats(np), *hm = ts_alloc_floats(nm), *hv = ts_alloc_floats(nm);
     memcpy(hp, p0, np * sizeof(float));
     for (int t = 1; t <= 4; t++)
@@ -177,14 +118,14 @@ static void test_adamw_spans(void)
     G->memcpy_h2d(dspans, spans, sizeof spans);
     float *first = NULL;
     for (int run = 0; run < 2; run++) {
-        float *dp = d_from(p0, np);
+        float *dp = ts_test_to_dev(G, p0, np);
         float *dm = G->dev_alloc(nm * sizeof(float)), *dv = G->dev_alloc(nm * sizeof(float));
         for (int t = 1; t <= 4; t++) {
-            float *dg = d_from(g[t - 1], np);
+            float *dg = ts_test_to_dev(G, g[t - 1], np);
             G->adamw_update_spans(dp, dg, t > 2 ? 0.37f : 1.0f, dm, dv, dspans, S, lr, b1, b2,
                                   eps, wd, t);
             G->adamw_update_spans(dp, dg, 1.0f, dm, dv, dspans, 0, lr, b1, b2, eps, wd, t);
-            CHECKF(same_bits_dev(dg, g[t - 1], np), "adamw_update_spans changed grad");
+            CHECKF(ts_test_dev_same_bits(G, dg, g[t - 1], np), "adamw_update_spans changed grad");
             G->dev_free(dg);
         }
         if (run == 0) {
@@ -192,7 +133,7 @@ static void test_adamw_spans(void)
             expect_close("adamw_update_spans", "m", dm, hm, nm);
             expect_close("adamw_update_spans", "v", dv, hv, nm);
             /* the floats outside every span are the initial ones, bit for bit */
-            float *got = h_from(dp, np);
+            float *got = ts_test_from_dev(G, dp, np);
             size_t at = 0, bad = 0;
             for (int i = 0; i < S; i++) {
                 for (; at < spans[i].offset; at++) bad += memcmp(&got[at], &p0[at], 4) != 0;
@@ -202,7 +143,7 @@ static void test_adamw_spans(void)
             CHECKF(bad == 0, "adamw_update_spans wrote %zu floats outside its spans", bad);
             first = got;
         } else {
-            CHECKF(same_bits_dev(dp, first, np), "adamw_update_spans: reruns differ");
+            CHECKF(ts_test_dev_same_bits(G, dp, first, np), "adamw_update_spans: reruns differ");
         }
         G->dev_free(dp), G->dev_free(dm), G->dev_free(dv);
     }

@@ -29,7 +29,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
-#include "test_util.h"
+#include "test_device_util.h"
 
 static const ts_kernels *G = &ts_kernels_cuda; /* under test (the bf16 table, later) */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
@@ -42,22 +42,9 @@ static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory 
 #define TOL_BF16 1e-4
 #define TOL_BF16_FP32 1e-2
 
-/* ---- random inputs ---------------------------------------------------------------- */
+/* ---- random inputs (test_util.h's generator, this file's seed: main) --------------- */
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-
-static uint64_t next_u64(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-/* Uniform in [-1, 1). */
-static float frand(void) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
-
-static int irand(int n) { return (int)(next_u64() % (uint64_t)n); }
+static int irand(int n) { return (int)(ts_test_next_u64() % (uint64_t)n); }
 
 /* ---- a host reference buffer and its device twin ----------------------------------- */
 
@@ -68,19 +55,11 @@ typedef struct {
     float *base; /* what dev_alloc returned, when d is an offset into it (else NULL) */
 } pair;
 
-static float *d_from(const float *h, size_t n)
-{
-    float *d = G->dev_alloc(n * sizeof(float));
-    G->memcpy_h2d(d, h, n * sizeof(float));
-    return d;
-}
-
 /* An input, or a gradient that accumulates: the same random values on both sides. */
 static pair p_in(size_t n, float scale)
 {
-    pair p = { ts_alloc_floats(n), NULL, n, NULL };
-    for (size_t i = 0; i < n; i++) p.h[i] = scale * frand();
-    p.d = d_from(p.h, n);
+    pair p = { ts_test_rand_floats(n, scale), NULL, n, NULL };
+    p.d = ts_test_to_dev(G, p.h, n);
     return p;
 }
 
@@ -88,22 +67,24 @@ static pair p_in(size_t n, float scale)
 static pair p_out(size_t n)
 {
     pair p = { ts_alloc_floats(n), NULL, n, NULL };
-    float *nan = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) nan[i] = NAN;
-    p.d = d_from(nan, n);
-    free(nan);
+    p.d = ts_test_dev_nan(G, n);
     return p;
 }
 
-/* p_in's values at device address base + off (off floats): a pointer only 4-byte
- * aligned, as a weight inside the flat parameter buffer may be. */
+/* A device copy of values[0..p->n) at address base + off (off floats), base kept in p:
+ * a pointer only 4-byte aligned, as a weight inside the flat parameter buffer may be. */
+static float *d_at(pair *p, const float *values, size_t off)
+{
+    p->base = G->dev_alloc((p->n + off) * sizeof(float));
+    G->memcpy_h2d(p->base + off, values, p->n * sizeof(float));
+    return p->base + off;
+}
+
+/* p_in's values at device address base + off. */
 static pair p_in_at(size_t n, float scale, size_t off)
 {
-    pair p = { ts_alloc_floats(n), NULL, n, NULL };
-    for (size_t i = 0; i < n; i++) p.h[i] = scale * frand();
-    p.base = G->dev_alloc((n + off) * sizeof(float));
-    p.d = p.base + off;
-    G->memcpy_h2d(p.d, p.h, n * sizeof(float));
+    pair p = { ts_test_rand_floats(n, scale), NULL, n, NULL };
+    p.d = d_at(&p, p.h, off);
     return p;
 }
 
@@ -111,11 +92,8 @@ static pair p_in_at(size_t n, float scale, size_t off)
 static pair p_out_at(size_t n, size_t off)
 {
     pair p = { ts_alloc_floats(n), NULL, n, NULL };
-    float *nan = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) nan[i] = NAN;
-    p.base = G->dev_alloc((n + off) * sizeof(float));
-    p.d = p.base + off;
-    G->memcpy_h2d(p.d, nan, n * sizeof(float));
+    float *nan = ts_test_nan_floats(n);
+    p.d = d_at(&p, nan, off);
     free(nan);
     return p;
 }
@@ -140,28 +118,7 @@ static int *d_ints(const int *h, size_t n)
 static void expect_close_to(const char *slot, const char *what, const float *want,
                             const float *dev, size_t n, double tol, double floor_frac)
 {
-    float *got = ts_alloc_floats(n);
-    G->memcpy_d2h(got, dev, n * sizeof(float));
-    double maxw = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs((double)want[i]) > maxw) maxw = fabs((double)want[i]);
-    double floor_ = maxw > 0.0 ? floor_frac * maxw : 1e-30;
-    double worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = ts_rel_err((double)got[i], (double)want[i], floor_);
-        if (isnan(e) || isinf(e)) e = INFINITY; /* unwritten (NaN) or blown up */
-        if (e > worst) {
-            worst = e;
-            wi = i;
-        }
-    }
-    printf("  %-30s %-12s %7zu values  worst rel err %.2e\n", slot, what, n, worst);
-    CHECKF(worst < tol,
-           "%s: output '%s': worst relative error %.3g (tolerance %.0e) at [%zu]: %s %.9g, "
-           "cpu %.9g (floor %.3g, %zu values)",
-           slot, what, worst, tol, wi, G->name, (double)got[wi], (double)want[wi], floor_, n);
-    free(got);
+    ts_test_expect_close_dev(G, slot, what, dev, want, n, tol, floor_frac);
 }
 
 /* The device buffer against the host one. */
@@ -174,18 +131,8 @@ static void expect_close(const char *slot, const char *what, const pair *p)
 static void expect_same_bits(const char *slot, const char *what, const float *before,
                              const float *dev, size_t n)
 {
-    float *got = ts_alloc_floats(n);
-    G->memcpy_d2h(got, dev, n * sizeof(float));
-    CHECKF(!memcmp(got, before, n * sizeof(float)), "%s: output '%s' differs between two runs",
+    CHECKF(ts_test_dev_same_bits(G, dev, before, n), "%s: output '%s' differs between two runs",
            slot, what);
-    free(got);
-}
-
-static float *d2h_copy(const float *dev, size_t n)
-{
-    float *h = ts_alloc_floats(n);
-    G->memcpy_d2h(h, dev, n * sizeof(float));
-    return h;
 }
 
 /* ---- the table and memory ---------------------------------------------------------- */
@@ -368,15 +315,15 @@ static void matmul_determinism(const char *slot, const pair *inp, const pair *w,
 {
     pair out = p_in_at((size_t)Nr * OC, 1.0f, off);
     G->matmul_forward(out.d, inp->d, w->d, b->d, Nr, Cc, OC);
-    float *out1 = d2h_copy(out.d, out.n);
+    float *out1 = ts_test_from_dev(G, out.d, out.n);
     G->matmul_forward(out.d, inp->d, w->d, b->d, Nr, Cc, OC);
     expect_same_bits(slot, "out", out1, out.d, out.n);
 
     pair dinp = p_in_at((size_t)Nr * Cc, 1.0f, off);
     pair dw = p_in_at((size_t)OC * Cc, 0.5f, off), db = p_in_at((size_t)OC, 0.5f, off);
     G->matmul_backward(dinp.d, dw.d, db.d, dout->d, inp->d, w->d, Nr, Cc, OC);
-    float *dinp1 = d2h_copy(dinp.d, dinp.n), *dw1 = d2h_copy(dw.d, dw.n);
-    float *db1 = d2h_copy(db.d, db.n);
+    float *dinp1 = ts_test_from_dev(G, dinp.d, dinp.n), *dw1 = ts_test_from_dev(G, dw.d, dw.n);
+    float *db1 = ts_test_from_dev(G, db.d, db.n);
     G->memcpy_h2d(dw.d, dw.h, dw.n * sizeof(float)); /* the pre-fill again */
     G->memcpy_h2d(db.d, db.h, db.n * sizeof(float));
     G->matmul_backward(dinp.d, dw.d, db.d, dout->d, inp->d, w->d, Nr, Cc, OC);
@@ -533,7 +480,7 @@ static void test_bf16_weight_cache(void)
      * nothing. */
     float *w_old = ts_alloc_floats(NW), *w_new = ts_alloc_floats(NW);
     memcpy(w_old, w.h, sizeof(float) * NW);
-    for (int i = 0; i < NW; i++) w_new[i] = frand();
+    for (int i = 0; i < NW; i++) w_new[i] = ts_test_frand();
     fp32->memcpy_h2d(w.d, w_new, sizeof(float) * NW);
     cache_check("copy reused", &inp, &w, &out, NR, CC, OCC); /* w.h: the old values */
     fp32->memcpy_h2d(w.d, w_old, sizeof(float) * NW);        /* as the copy says again */
@@ -558,7 +505,7 @@ static void test_bf16_weight_cache(void)
 
     /* memcpy_h2d of a piece in the middle (a ZeRO-1 gather writes pieces). */
     const int lo = NW / 3, cnt = NW / 4;
-    for (int i = lo; i < lo + cnt; i++) w.h[i] = frand();
+    for (int i = lo; i < lo + cnt; i++) w.h[i] = ts_test_frand();
     G->memcpy_h2d(w.d + lo, w.h + lo, sizeof(float) * cnt);
     cache_check("after memcpy_h2d", &inp, &w, &out, NR, CC, OCC);
 
@@ -578,7 +525,7 @@ static void test_bf16_weight_cache(void)
     float *old_d = w.d;
     G->dev_free(w.d);
     w.d = G->dev_alloc(sizeof(float) * NW);
-    for (int i = 0; i < NW; i++) w.h[i] = frand();
+    for (int i = 0; i < NW; i++) w.h[i] = ts_test_frand();
     fp32->memcpy_h2d(w.d, w.h, sizeof(float) * NW);
     cache_check(w.d == old_d ? "after free, same address" : "after free, new address", &inp, &w,
                 &out, NR, CC, OCC);
@@ -741,6 +688,7 @@ static void test_vocab_parallel(void)
 
 int main(void)
 {
+    ts_test_rng = 0x2545F4914F6CDD1Dull; /* this file's inputs, as they always were */
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_table(); /* needs no device */
     int devices = ts_cuda_device_count();

@@ -12,29 +12,11 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "test_blas_kernel.h"
-#include "test_util.h"
+#include "test_device_util.h"
 
 static const ts_kernels *K = &ts_kernels_cpu;
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-/* Uniform in [-1, 1). */
-static float frand(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static float *rand_floats(size_t n, float scale)
-{
-    float *x = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) x[i] = scale * frand();
-    return x;
-}
 
 static float *copy_floats(const float *x, size_t n)
 {
@@ -113,10 +95,10 @@ static void test_encoder(void)
     int V = 11, N = e.B * e.T, C = e.C;
     int tokens[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 5}; /* repeats, within and across rows */
     e.tokens = tokens;
-    e.wte = rand_floats((size_t)V * C, 1.0f);
-    e.wpe = rand_floats((size_t)(e.T + 2) * C, 1.0f); /* wpe may hold more positions */
+    e.wte = ts_test_rand_floats((size_t)V * C, 1.0f);
+    e.wpe = ts_test_rand_floats((size_t)(e.T + 2) * C, 1.0f); /* wpe may hold more positions */
     e.out = ts_alloc_floats((size_t)N * C);
-    e.R = rand_floats((size_t)N * C, 1.0f);
+    e.R = ts_test_rand_floats((size_t)N * C, 1.0f);
     float *dwte = ts_alloc_floats((size_t)V * C), *dwpe = ts_alloc_floats((size_t)(e.T + 2) * C);
 
     enc_obj(&e);
@@ -161,11 +143,11 @@ static void test_layernorm(int N, int C)
 {
     ln_ctx l = {.N = N, .C = C};
     size_t NC = (size_t)N * C;
-    l.inp = rand_floats(NC, 2.0f);
+    l.inp = ts_test_rand_floats(NC, 2.0f);
     for (size_t i = 0; i < NC; i++) l.inp[i] += 0.5f; /* a non-zero mean */
-    l.w = rand_floats((size_t)C, 1.0f), l.b = rand_floats((size_t)C, 1.0f);
+    l.w = ts_test_rand_floats((size_t)C, 1.0f), l.b = ts_test_rand_floats((size_t)C, 1.0f);
     l.out = ts_alloc_floats(NC), l.mean = ts_alloc_floats((size_t)N);
-    l.rstd = ts_alloc_floats((size_t)N), l.R = rand_floats(NC, 1.0f);
+    l.rstd = ts_alloc_floats((size_t)N), l.R = ts_test_rand_floats(NC, 1.0f);
 
     ln_obj(&l);
     /* Forward against a double reference. */
@@ -185,7 +167,7 @@ static void test_layernorm(int N, int C)
     CHECKF(ferr < 1e-5, "layernorm forward %g", ferr);
 
     /* dinp accumulates: start it from random values and subtract them afterwards. */
-    float *dinp0 = rand_floats(NC, 1.0f), *dinp = copy_floats(dinp0, NC);
+    float *dinp0 = ts_test_rand_floats(NC, 1.0f), *dinp = copy_floats(dinp0, NC);
     float *dw = ts_alloc_floats((size_t)C), *db = ts_alloc_floats((size_t)C);
     K->layernorm_backward(dinp, dw, db, l.R, l.inp, l.w, l.mean, l.rstd, N, C);
     for (size_t i = 0; i < NC; i++) dinp[i] -= dinp0[i];
@@ -222,10 +204,11 @@ static void test_matmul(int with_bias)
 {
     mm_ctx m = {.N = 10, .C = 8, .OC = 12};
     int N = m.N, C = m.C, OC = m.OC;
-    m.inp = rand_floats((size_t)N * C, 1.0f), m.w = rand_floats((size_t)OC * C, 1.0f);
-    m.b = with_bias ? rand_floats((size_t)OC, 1.0f) : NULL;
-    m.out = rand_floats((size_t)N * OC, 1.0f); /* garbage: forward must overwrite */
-    m.R = rand_floats((size_t)N * OC, 1.0f);
+    m.inp = ts_test_rand_floats((size_t)N * C, 1.0f);
+    m.w = ts_test_rand_floats((size_t)OC * C, 1.0f);
+    m.b = with_bias ? ts_test_rand_floats((size_t)OC, 1.0f) : NULL;
+    m.out = ts_test_rand_floats((size_t)N * OC, 1.0f); /* garbage: forward must overwrite */
+    m.R = ts_test_rand_floats((size_t)N * OC, 1.0f);
 
     mm_obj(&m);
     double ferr = 0.0;
@@ -237,7 +220,7 @@ static void test_matmul(int with_bias)
         }
     CHECKF(ferr < 1e-5, "matmul forward %g", ferr);
 
-    float *dinp = rand_floats((size_t)N * C, 1.0f); /* garbage: overwritten */
+    float *dinp = ts_test_rand_floats((size_t)N * C, 1.0f); /* garbage: overwritten */
     float *dw = ts_alloc_floats((size_t)OC * C), *db = ts_alloc_floats((size_t)OC);
     K->matmul_backward(dinp, dw, m.b ? db : NULL, m.R, m.inp, m.w, N, C, OC);
     check_fd(with_bias ? "matmul dinp (bias)" : "matmul dinp (no bias)",
@@ -308,9 +291,9 @@ static void test_attention(int B, int T, int NH, int HS, const char *label)
     att_ctx a = {.B = B, .T = T, .NH = NH, .HS = HS};
     int C = NH * HS;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
-    a.qkv = rand_floats(nqkv, 1.5f);
-    a.out = ts_alloc_floats(nout), a.R = rand_floats(nout, 1.0f);
-    a.att = rand_floats(natt, 1.0f); /* garbage: zeros above the diagonal must be written */
+    a.qkv = ts_test_rand_floats(nqkv, 1.5f);
+    a.out = ts_alloc_floats(nout), a.R = ts_test_rand_floats(nout, 1.0f);
+    a.att = ts_test_rand_floats(natt, 1.0f); /* garbage: zeros above the diagonal must be written */
 
     att_obj(&a);
     double ferr = att_reference_err(&a);
@@ -331,8 +314,8 @@ static void test_attention(int B, int T, int NH, int HS, const char *label)
     CHECKF(causal_ok, "attention probabilities above the diagonal are not exactly 0");
     CHECKF(sum_err < 1e-5, "attention rows sum to 1: err %g", sum_err);
 
-    float *dqkv = rand_floats(nqkv, 1.0f); /* garbage: overwritten */
-    float *scratch = rand_floats(natt, 1.0f);
+    float *dqkv = ts_test_rand_floats(nqkv, 1.0f); /* garbage: overwritten */
+    float *scratch = ts_test_rand_floats(natt, 1.0f);
     K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, HS);
     char what[64];
     snprintf(what, sizeof what, "attention dqkv %s", label);
@@ -357,7 +340,8 @@ static double gelu_obj(void *p)
 static void test_gelu(void)
 {
     gelu_ctx g = {.n = 200};
-    g.inp = rand_floats(g.n, 5.0f), g.out = ts_alloc_floats(g.n), g.R = rand_floats(g.n, 1.0f);
+    g.inp = ts_test_rand_floats(g.n, 5.0f), g.out = ts_alloc_floats(g.n);
+    g.R = ts_test_rand_floats(g.n, 1.0f);
     g.inp[0] = 0.0f, g.inp[1] = -30.0f, g.inp[2] = 30.0f, g.inp[3] = -200.0f, g.inp[4] = 1e-3f;
     gelu_obj(&g);
     double ferr = 0.0;
@@ -385,7 +369,8 @@ static void test_gelu(void)
 static void test_elementwise(void)
 {
     size_t n = 100003; /* several sum_squares blocks and a ragged tail */
-    float *a = rand_floats(n, 1.0f), *b = rand_floats(n, 1.0f), *out = ts_alloc_floats(n);
+    float *a = ts_test_rand_floats(n, 1.0f), *b = ts_test_rand_floats(n, 1.0f);
+    float *out = ts_alloc_floats(n);
     K->residual_forward(out, a, b, n);
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= out[i] == a[i] + b[i];
@@ -399,7 +384,7 @@ static void test_elementwise(void)
     CHECKF(fabs(ss - ref) < 1e-10 * ref, "sum_squares %.17g vs %.17g", ss, ref);
     CHECK(K->sum_squares(b, 0) == 0.0);
     size_t nbig = ((size_t)65 << 15) + 5; /* more block sums than the on-stack array holds */
-    float *big = rand_floats(nbig, 1.0f);
+    float *big = ts_test_rand_floats(nbig, 1.0f);
     ref = 0.0;
     for (size_t i = 0; i < nbig; i++) ref += (double)big[i] * big[i];
     ss = K->sum_squares(big, nbig);
@@ -433,7 +418,7 @@ static void test_crossentropy(int N, int V)
     int targets[10] = {0, 10, 5, 5, 3, 9, 1, 2, 7, 10};
     for (int n = 0; n < N; n++) targets[n] = n == 1 ? V - 1 : targets[n] % V; /* both ends */
     x.targets = targets;
-    x.logits = rand_floats((size_t)N * V, 4.0f);
+    x.logits = ts_test_rand_floats((size_t)N * V, 4.0f);
     x.logits[3 * V + V / 2] = 60.0f; /* a dominant logit: max-subtraction must hold */
     x.work = ts_alloc_floats((size_t)N * V), x.losses = ts_alloc_floats((size_t)N);
 
@@ -469,7 +454,7 @@ static void test_adamw(void)
 {
     size_t n = 1000;
     float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    float *p = rand_floats(n, 1.0f), *m = ts_alloc_floats(n), *v = ts_alloc_floats(n);
+    float *p = ts_test_rand_floats(n, 1.0f), *m = ts_alloc_floats(n), *v = ts_alloc_floats(n);
     float *g = ts_alloc_floats(n);
     double *rp = malloc(n * sizeof(double)), *rm = calloc(n, sizeof(double));
     double *rv = calloc(n, sizeof(double));
@@ -478,7 +463,7 @@ static void test_adamw(void)
     for (int t = 1; t <= 6; t++) {
         /* Steps 4..6 clip: the kernel applies the coefficient to the gradient it reads. */
         float gs = t > 3 ? 0.37f : 1.0f;
-        for (size_t i = 0; i < n; i++) g[i] = frand() * (i % 7 == 0 ? 1e-4f : 1.0f);
+        for (size_t i = 0; i < n; i++) g[i] = ts_test_frand() * (i % 7 == 0 ? 1e-4f : 1.0f);
         K->adamw_update(p, g, gs, m, v, n, lr, b1, b2, eps, wd, t);
         for (size_t i = 0; i < n; i++) g[i] *= gs; /* the reference sees the clipped gradient */
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
@@ -506,34 +491,13 @@ static void test_adamw(void)
 
 /* ---- fused kernels ------------------------------------------------------------- */
 
-/* A device copy of n host floats on backend k (the strict backend's memory is not host
- * accessible, so every table goes through its copies). */
-static float *to_dev(const ts_kernels *k, const float *x, size_t n)
-{
-    float *d = k->dev_alloc(n * sizeof(float));
-    k->memcpy_h2d(d, x, n * sizeof(float));
-    return d;
-}
-
-static float *from_dev(const ts_kernels *k, const float *d, size_t n)
-{
-    float *x = ts_alloc_floats(n);
-    k->memcpy_d2h(x, d, n * sizeof(float));
-    return x;
-}
-
-static int same_bits(const float *a, const float *b, size_t n)
-{
-    return memcmp(a, b, n * sizeof(float)) == 0;
-}
-
 /* residual_layernorm_forward gives residual_forward then layernorm_forward's bits, into
  * a separate sum buffer or in place over either input, on the CPU and strict tables. */
 static void test_residual_layernorm(int N, int C)
 {
     const size_t NC = (size_t)N * C;
-    float *a = rand_floats(NC, 2.0f), *b = rand_floats(NC, 1.0f);
-    float *w = rand_floats((size_t)C, 1.0f), *bias = rand_floats((size_t)C, 1.0f);
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f), *bias = ts_test_rand_floats((size_t)C, 1.0f);
     /* the unfused reference */
     float *res = ts_alloc_floats(NC), *ln = ts_alloc_floats(NC);
     float *mean = ts_alloc_floats((size_t)N), *rstd = ts_alloc_floats((size_t)N);
@@ -544,17 +508,20 @@ static void test_residual_layernorm(int N, int C)
     for (int ti = 0; ti < 2; ti++) {
         const ts_kernels *k = tables[ti];
         for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
-            float *da = to_dev(k, a, NC), *db = to_dev(k, b, NC);
-            float *dw = to_dev(k, w, (size_t)C), *dbias = to_dev(k, bias, (size_t)C);
+            float *da = ts_test_to_dev(k, a, NC), *db = ts_test_to_dev(k, b, NC);
+            float *dw = ts_test_to_dev(k, w, (size_t)C);
+            float *dbias = ts_test_to_dev(k, bias, (size_t)C);
             float *dres = alias == 1 ? da : alias == 2 ? db : k->dev_alloc(NC * sizeof(float));
             float *dln = k->dev_alloc(NC * sizeof(float));
             float *dmean = k->dev_alloc((size_t)N * sizeof(float));
             float *drstd = k->dev_alloc((size_t)N * sizeof(float));
             k->residual_layernorm_forward(dres, dln, dmean, drstd, da, db, dw, dbias, N, C);
-            float *hres = from_dev(k, dres, NC), *hln = from_dev(k, dln, NC);
-            float *hmean = from_dev(k, dmean, (size_t)N), *hrstd = from_dev(k, drstd, (size_t)N);
-            CHECKF(same_bits(hres, res, NC) && same_bits(hln, ln, NC) &&
-                       same_bits(hmean, mean, (size_t)N) && same_bits(hrstd, rstd, (size_t)N),
+            float *hres = ts_test_from_dev(k, dres, NC), *hln = ts_test_from_dev(k, dln, NC);
+            float *hmean = ts_test_from_dev(k, dmean, (size_t)N);
+            float *hrstd = ts_test_from_dev(k, drstd, (size_t)N);
+            CHECKF(ts_test_same_bits(hres, res, NC) && ts_test_same_bits(hln, ln, NC) &&
+                       ts_test_same_bits(hmean, mean, (size_t)N) &&
+                       ts_test_same_bits(hrstd, rstd, (size_t)N),
                    "residual_layernorm_forward N=%d C=%d on %s (res_out %s) differs from "
                    "residual_forward + layernorm_forward",
                    N, C, k->name, alias == 1 ? "= a" : alias == 2 ? "= b" : "separate");
@@ -586,12 +553,12 @@ static void test_adamw_spans(void)
     }
     const size_t np = off + 4, nm = moff;
     float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    float *p0 = rand_floats(np, 1.0f);
+    float *p0 = ts_test_rand_floats(np, 1.0f);
     /* the reference: one adamw_update per span on the CPU */
     float *rp = copy_floats(p0, np), *rm = ts_alloc_floats(nm), *rv = ts_alloc_floats(nm);
     float *g[4];
     for (int t = 1; t <= 4; t++) {
-        g[t - 1] = rand_floats(np, 1.0f);
+        g[t - 1] = ts_test_rand_floats(np, 1.0f);
         float gs = t > 2 ? 0.37f : 1.0f;
         for (int i = 0; i < S; i++)
             ts_kernels_cpu.adamw_update(rp + spans[i].offset, g[t - 1] + spans[i].offset, gs,
@@ -602,22 +569,25 @@ static void test_adamw_spans(void)
     const ts_kernels *tables[] = {&ts_kernels_cpu, &ts_kernels_cpu_strict};
     for (int ti = 0; ti < 2; ti++) {
         const ts_kernels *k = tables[ti];
-        float *dp = to_dev(k, p0, np);
+        float *dp = ts_test_to_dev(k, p0, np);
         float *dm = k->dev_alloc(nm * sizeof(float)), *dv = k->dev_alloc(nm * sizeof(float));
         ts_adamw_span *dspans = k->dev_alloc(sizeof spans);
         k->memcpy_h2d(dspans, spans, sizeof spans);
         for (int t = 1; t <= 4; t++) {
-            float *dg = to_dev(k, g[t - 1], np);
+            float *dg = ts_test_to_dev(k, g[t - 1], np);
             float gs = t > 2 ? 0.37f : 1.0f;
             k->adamw_update_spans(dp, dg, gs, dm, dv, dspans, S, lr, b1, b2, eps, wd, t);
             k->adamw_update_spans(dp, dg, gs, dm, dv, dspans, 0, lr, b1, b2, eps, wd, t); /* no-op */
-            float *hg = from_dev(k, dg, np);
-            CHECKF(same_bits(hg, g[t - 1], np), "adamw_update_spans on %s changed grad", k->name);
+            float *hg = ts_test_from_dev(k, dg, np);
+            CHECKF(ts_test_same_bits(hg, g[t - 1], np), "adamw_update_spans on %s changed grad",
+                   k->name);
             free(hg);
             k->dev_free(dg);
         }
-        float *hp = from_dev(k, dp, np), *hm = from_dev(k, dm, nm), *hv = from_dev(k, dv, nm);
-        CHECKF(same_bits(hp, rp, np) && same_bits(hm, rm, nm) && same_bits(hv, rv, nm),
+        float *hp = ts_test_from_dev(k, dp, np), *hm = ts_test_from_dev(k, dm, nm);
+        float *hv = ts_test_from_dev(k, dv, nm);
+        CHECKF(ts_test_same_bits(hp, rp, np) && ts_test_same_bits(hm, rm, nm) &&
+                   ts_test_same_bits(hv, rv, nm),
                "adamw_update_spans on %s differs from one adamw_update per span", k->name);
         free(hp), free(hm), free(hv);
         k->dev_free(dp), k->dev_free(dm), k->dev_free(dv), k->dev_free(dspans);
@@ -703,15 +673,17 @@ static void test_determinism(void)
     int N = in.B * in.T;
     size_t NC = (size_t)N * in.C;
     in.tokens = malloc((size_t)N * sizeof(int));
-    for (int i = 0; i < N; i++) in.tokens[i] = (int)((frand() + 1.0f) * 0.5f * 40); /* repeats */
-    in.wte = rand_floats((size_t)in.V * in.C, 1.0f);
-    in.wpe = rand_floats((size_t)in.T * in.C, 1.0f);
-    in.x = rand_floats(NC, 2.0f);
-    in.lnw = rand_floats(in.C, 1.0f), in.lnb = rand_floats(in.C, 1.0f);
-    in.w = rand_floats((size_t)in.OC * in.C, 1.0f), in.bias = rand_floats(in.OC, 1.0f);
-    in.qkv = rand_floats(NC * 3, 2.0f), in.dout = rand_floats(NC, 1.0f);
-    in.logits = rand_floats((size_t)N * in.V, 3.0f);
-    in.p = rand_floats(NC, 1.0f), in.g = rand_floats(NC, 1.0f);
+    for (int i = 0; i < N; i++)
+        in.tokens[i] = (int)((ts_test_frand() + 1.0f) * 0.5f * 40); /* repeats */
+    in.wte = ts_test_rand_floats((size_t)in.V * in.C, 1.0f);
+    in.wpe = ts_test_rand_floats((size_t)in.T * in.C, 1.0f);
+    in.x = ts_test_rand_floats(NC, 2.0f);
+    in.lnw = ts_test_rand_floats(in.C, 1.0f), in.lnb = ts_test_rand_floats(in.C, 1.0f);
+    in.w = ts_test_rand_floats((size_t)in.OC * in.C, 1.0f);
+    in.bias = ts_test_rand_floats(in.OC, 1.0f);
+    in.qkv = ts_test_rand_floats(NC * 3, 2.0f), in.dout = ts_test_rand_floats(NC, 1.0f);
+    in.logits = ts_test_rand_floats((size_t)N * in.V, 3.0f);
+    in.p = ts_test_rand_floats(NC, 1.0f), in.g = ts_test_rand_floats(NC, 1.0f);
 
     size_t count = 0, gemm0 = 0, gemm1 = 0;
     double ss[2][2];

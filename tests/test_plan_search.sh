@@ -51,18 +51,19 @@ for n in 8 16 32; do
 done
 
 # Bad input, each a clear message.
-sed '/memory_gb/d' $H100 >"$TMP/nomem.cfg"
-expect_error "missing key" "nomem.cfg: cluster.device.memory_gb is missing" -- configs/tiny.cfg --cluster "$TMP/nomem.cfg"
-sed 's/bandwidth_gbs = 450.0/bandwidth_gbs = -1/' $H100 >"$TMP/neg.cfg"
-expect_error "negative bandwidth" "cluster.intra_node.bandwidth_gbs = -1 is impossible" -- configs/tiny.cfg --cluster "$TMP/neg.cfg"
-sed 's/(1024, 0.65)/(1024, 1.5)/' $H100 >"$TMP/eff.cfg"
-expect_error "efficiency > 1" "gemm_efficiency entry 2 has efficiency 1.5" -- configs/tiny.cfg --cluster "$TMP/eff.cfg"
-sed 's/(1024, 0.65)/(300, 0.65)/' $H100 >"$TMP/sort.cfg"
-expect_error "unsorted table" "not sorted by n" -- configs/tiny.cfg --cluster "$TMP/sort.cfg"
-sed 's/compute_dtype = "bf16"/compute_dtype = "fp8"/' $H100 >"$TMP/dt.cfg"
-expect_error "bad dtype" 'compute_dtype = "fp8" is not' -- configs/tiny.cfg --cluster "$TMP/dt.cfg"
-sed 's/devices_per_node = 8/devices_per_nodes = 8/' $H100 >"$TMP/typo.cfg"
-expect_error "unknown key" "devices_per_nodes is not a key" -- configs/tiny.cfg --cluster "$TMP/typo.cfg"
+# bad_cluster NAME WHAT PATTERN SED: the H100 cluster edited by `sed SED` (into NAME.cfg,
+# as the message names the file) is refused with PATTERN.
+bad_cluster() {
+  sed "$4" $H100 >"$TMP/$1.cfg"
+  expect_error "$2" "$3" -- configs/tiny.cfg --cluster "$TMP/$1.cfg"
+}
+bad_cluster nomem "missing key" "nomem.cfg: cluster.device.memory_gb is missing" '/memory_gb/d'
+bad_cluster neg "negative bandwidth" "cluster.intra_node.bandwidth_gbs = -1 is impossible" \
+  's/bandwidth_gbs = 450.0/bandwidth_gbs = -1/'
+bad_cluster eff "efficiency > 1" "gemm_efficiency entry 2 has efficiency 1.5" 's/(1024, 0.65)/(1024, 1.5)/'
+bad_cluster sort "unsorted table" "not sorted by n" 's/(1024, 0.65)/(300, 0.65)/'
+bad_cluster dt "bad dtype" 'compute_dtype = "fp8" is not' 's/compute_dtype = "bf16"/compute_dtype = "fp8"/'
+bad_cluster typo "unknown key" "devices_per_nodes is not a key" 's/devices_per_node = 8/devices_per_nodes = 8/'
 expect_error "missing file" "cannot be read" -- configs/tiny.cfg --cluster "$TMP/none.cfg"
 expect_error "too few devices" "8 devices are fewer than one replica of this model needs: at least [0-9]+" -- \
   configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search

@@ -1,14 +1,18 @@
 /* A minimal test harness: CHECK records a failure and goes on; main returns
- * ts_test_report(), which prints "N passed, N failed" and the exit code. */
+ * ts_test_report(), which prints "N passed, N failed" and the exit code. Also random
+ * inputs that repeat from run to run, and scratch directories. */
 #ifndef TS_TEST_UTIL_H
 #define TS_TEST_UTIL_H
 
 #include <dirent.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "core/error.h"
 
 static int ts_test_passed = 0;
 static int ts_test_failed = 0;
@@ -46,6 +50,38 @@ static inline double ts_rel_err(double a, double b, double floor_)
 {
     double d = fabs(b) > floor_ ? fabs(b) : floor_;
     return fabs(a - b) / d;
+}
+
+/* Random inputs: xorshift64, so every run (and machine) draws the same values. One
+ * state per test program; a test may seed it (assign ts_test_rng) before its first draw. */
+static uint64_t ts_test_rng = 0x9E3779B97F4A7C15ull;
+
+static inline uint64_t ts_test_next_u64(void)
+{
+    ts_test_rng ^= ts_test_rng << 13;
+    ts_test_rng ^= ts_test_rng >> 7;
+    ts_test_rng ^= ts_test_rng << 17;
+    return ts_test_rng;
+}
+
+/* Uniform in [-1, 1). */
+static inline float ts_test_frand(void)
+{
+    return (float)((double)(ts_test_next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* n floats uniform in [-scale, scale) (ts_alloc_floats: free them with free). */
+static inline float *ts_test_rand_floats(size_t n, float scale)
+{
+    float *x = ts_alloc_floats(n);
+    for (size_t i = 0; i < n; i++) x[i] = scale * ts_test_frand();
+    return x;
+}
+
+/* Whether a[0..n) and b[0..n) are the same bits. */
+static inline int ts_test_same_bits(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
 /* A fresh scratch directory ($TMPDIR or /tmp) named PREFIX_XXXXXX, into buf; exits

@@ -1,7 +1,6 @@
 /* tessera plan: partition the model, build the schedule and simulate one training
  * step on a cost model, in one process (no MPI), before spending a cluster on it. Also
  * draws Chrome traces (simulated or measured by `tessera train` with log.trace) as SVG. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_plan_search.h"
+#include "cli/plan_cli.h"
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -134,47 +134,66 @@ typedef struct {
     bool trace_skip_set, trace_median, trace_stat_set;
 } plan_args;
 
-static int usage_error(const char *fmt, const char *what)
-{
-    fputs("tessera: error: ", stderr);
-    fprintf(stderr, fmt, what);
-    fputs(" (see tessera plan --help)\n", stderr);
-    return -1;
-}
-
-/* A numeric option and its range (inclusive), stated in the message when a value is
- * not a number or outside it. The upper bounds keep the simulated times finite and
+/* The numeric options' ranges. The upper bounds keep the simulated times finite and
  * readable (--latency-us 1e308 would print a 300-digit step time). */
-typedef struct {
-    const char *flag;
-    double lo, hi;
-    const char *unit;
-    bool whole;
-} number_opt;
+static const ts_plan_number_opt k_latency = {"--latency-us", 0, 1e6, "microseconds", false};
+static const ts_plan_number_opt k_bandwidth = {"--bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
+static const ts_plan_number_opt k_optim = {"--optim-ms", 0, 1e6, "milliseconds", false};
+static const ts_plan_number_opt k_dp_latency = {"--dp-latency-us", 0, 1e6, "microseconds",
+                                                false};
+static const ts_plan_number_opt k_dp_bandwidth = {"--dp-bandwidth-gbs", 1e-3, 1e9, "GB/s",
+                                                  false};
+static const ts_plan_number_opt k_skip = {"--trace-skip-steps", 0, 1e9, "steps", true};
 
-static const number_opt k_latency = {"--latency-us", 0, 1e6, "microseconds", false};
-static const number_opt k_bandwidth = {"--bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
-static const number_opt k_optim = {"--optim-ms", 0, 1e6, "milliseconds", false};
-static const number_opt k_dp_latency = {"--dp-latency-us", 0, 1e6, "microseconds", false};
-static const number_opt k_dp_bandwidth = {"--dp-bandwidth-gbs", 1e-3, 1e9, "GB/s", false};
-static const number_opt k_skip = {"--trace-skip-steps", 0, 1e9, "steps", true};
-
-static int parse_number(const char *s, const number_opt *o, double *out)
+/* plan's own options (ts_plan_opt_fn). */
+static bool plan_opt(void *args, int argc, char **argv, int *i, int *missing, int *rc)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < o->lo || v > o->hi ||
-        (o->whole && v != floor(v))) {
-        fprintf(stderr,
-                "tessera: error: %s '%.40s%s' is not a %s from %.15g to %.15g (%s) (see tessera "
-                "plan --help)\n",
-                o->flag, s, strlen(s) > 40 ? "..." : "", o->whole ? "whole number" : "number",
-                o->lo, o->hi, o->unit);
-        return -1;
+    plan_args *a = args;
+    const char *v;
+    if (!strcmp(argv[*i], "--json")) {
+        a->json = true;
+    } else if (!strcmp(argv[*i], "--no-measure")) {
+        a->cost = COST_MODEL;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--cost", missing))) {
+        if (!strcmp(v, "measured"))
+            a->cost = COST_MEASURED;
+        else if (!strcmp(v, "model"))
+            a->cost = COST_MODEL;
+        else if (!strcmp(v, "uniform"))
+            a->cost = COST_UNIFORM;
+        else
+            *rc = ts_plan_usage("--cost '%s' is not one of measured, model, uniform", v);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--latency-us", missing))) {
+        *rc = ts_plan_parse_number(v, &k_latency, &a->latency_us);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--bandwidth-gbs", missing))) {
+        *rc = ts_plan_parse_number(v, &k_bandwidth, &a->bandwidth_gbs);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--optim-ms", missing))) {
+        *rc = ts_plan_parse_number(v, &k_optim, &a->optim_ms);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--dp-latency-us", missing))) {
+        *rc = ts_plan_parse_number(v, &k_dp_latency, &a->dp_latency_us);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--dp-bandwidth-gbs", missing))) {
+        *rc = ts_plan_parse_number(v, &k_dp_bandwidth, &a->dp_bandwidth_gbs);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--trace", missing))) {
+        a->trace = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--svg", missing))) {
+        a->svg = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--from-trace", missing))) {
+        a->from_trace = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--costs-from-trace", missing))) {
+        a->costs_trace = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--trace-stat", missing))) {
+        if (!strcmp(v, "mean") || !strcmp(v, "median"))
+            a->trace_median = !strcmp(v, "median");
+        else
+            *rc = ts_plan_usage("--trace-stat '%s' is not one of mean, median", v);
+        a->trace_stat_set = true;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--trace-skip-steps", missing))) {
+        *rc = ts_plan_parse_number(v, &k_skip, &a->trace_skip);
+        a->trace_skip_set = true;
+    } else {
+        return false; /* CONFIG, --set, or an unknown option */
     }
-    *out = v;
-    return 0;
+    return true;
 }
 
 static int parse_args(int argc, char **argv, plan_args *a)
@@ -184,78 +203,25 @@ static int parse_args(int argc, char **argv, plan_args *a)
     a->bandwidth_gbs = 5.0;
     a->dp_latency_us = a->dp_bandwidth_gbs = -1.0;
     a->trace_skip = 1.0;
-    char **rest = ts_malloc(sizeof(char *) * (size_t)(argc + 1));
-    int n_rest = 0, rc = 0;
-    rest[n_rest++] = argv[0];
-    rest[n_rest++] = argv[1];
-    for (int i = 2; i < argc && rc == 0; i++) {
-        const char *v;
-        int missing = 0;
-        if (!strcmp(argv[i], "--json")) {
-            a->json = true;
-        } else if (!strcmp(argv[i], "--no-measure")) {
-            a->cost = COST_MODEL;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--cost", &missing))) {
-            if (!strcmp(v, "measured"))
-                a->cost = COST_MEASURED;
-            else if (!strcmp(v, "model"))
-                a->cost = COST_MODEL;
-            else if (!strcmp(v, "uniform"))
-                a->cost = COST_UNIFORM;
-            else
-                rc = usage_error("--cost '%s' is not one of measured, model, uniform", v);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--latency-us", &missing))) {
-            rc = parse_number(v, &k_latency, &a->latency_us);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--bandwidth-gbs", &missing))) {
-            rc = parse_number(v, &k_bandwidth, &a->bandwidth_gbs);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--optim-ms", &missing))) {
-            rc = parse_number(v, &k_optim, &a->optim_ms);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--dp-latency-us", &missing))) {
-            rc = parse_number(v, &k_dp_latency, &a->dp_latency_us);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--dp-bandwidth-gbs", &missing))) {
-            rc = parse_number(v, &k_dp_bandwidth, &a->dp_bandwidth_gbs);
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace", &missing))) {
-            a->trace = v;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--svg", &missing))) {
-            a->svg = v;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--from-trace", &missing))) {
-            a->from_trace = v;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--costs-from-trace", &missing))) {
-            a->costs_trace = v;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace-stat", &missing))) {
-            if (!strcmp(v, "mean") || !strcmp(v, "median"))
-                a->trace_median = !strcmp(v, "median");
-            else
-                rc = usage_error("--trace-stat '%s' is not one of mean, median", v);
-            a->trace_stat_set = true;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--trace-skip-steps", &missing))) {
-            rc = parse_number(v, &k_skip, &a->trace_skip);
-            a->trace_skip_set = true;
-        } else if (!missing) {
-            rest[n_rest++] = argv[i]; /* CONFIG, --set, or an unknown option */
-        }
-        if (missing) rc = usage_error("%s needs a value", argv[i]);
-    }
-    if (rc == 0 && ts_cli_parse_config_args(n_rest, rest, 2, &a->config, a->sets, 256,
-                                            &a->n_sets, 1) != 0)
-        rc = -1;
-    free(rest);
-    if (rc != 0) return rc;
+    if (ts_plan_parse_argv(argc, argv, plan_opt, a, &a->config, a->sets, 256, &a->n_sets) != 0)
+        return -1;
     if (a->from_trace) {
-        if (!a->svg) return usage_error("%s needs --svg FILE (what to draw it into)", "--from-trace");
+        if (!a->svg)
+            return ts_plan_usage("%s needs --svg FILE (what to draw it into)", "--from-trace");
         if (a->config || a->trace || a->json || a->costs_trace)
-            return usage_error("%s takes only --svg FILE (no CONFIG, --trace, --json or "
-                               "--costs-from-trace)",
-                               "--from-trace");
+            return ts_plan_usage("%s takes only --svg FILE (no CONFIG, --trace, --json or "
+                                 "--costs-from-trace)",
+                                 "--from-trace");
         return 0;
     }
     if (a->costs_trace && a->cost == COST_UNIFORM)
-        return usage_error("%s replaces the cost model: drop --cost uniform", "--costs-from-trace");
+        return ts_plan_usage("%s replaces the cost model: drop --cost uniform",
+                             "--costs-from-trace");
     if (a->trace_skip_set && !a->costs_trace)
-        return usage_error("%s goes with --costs-from-trace", "--trace-skip-steps");
+        return ts_plan_usage("%s goes with --costs-from-trace", "--trace-skip-steps");
     if (a->trace_stat_set && !a->costs_trace)
-        return usage_error("%s goes with --costs-from-trace", "--trace-stat");
-    if (!a->config) return usage_error("%s needs a CONFIG file", "plan");
+        return ts_plan_usage("%s goes with --costs-from-trace", "--trace-stat");
+    if (!a->config) return ts_plan_usage("%s needs a CONFIG file", "plan");
     return 0;
 }
 
@@ -586,15 +552,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
                       "measured_bubble", tc->bubble, "measured_bubble_rank_span",
                       tc->bubble_rank_span));
     }
-    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
-    json_decref(o);
-    if (!text) {
-        ts_log_error("plan: could not build the JSON output");
-        return 1;
-    }
-    printf("%s\n", text);
-    free(text);
-    return 0;
+    return ts_plan_print_json(o);
 }
 
 /* The data-parallel reduction: none (dp = 1), left out (uniform costs), or its cost,

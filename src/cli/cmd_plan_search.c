@@ -2,7 +2,6 @@
  * every grid for N devices (src/plan/). */
 #include "cli/cmd_plan_search.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/plan_cli.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "core/sysmem.h"
@@ -86,77 +86,63 @@ typedef struct {
     int n_sets;
     bool json, search, exhaustive;
     long gpus, top;
+    bool gpus_set, top_set;
 } cluster_args;
 
-static int usage(const char *fmt, const char *what)
+static const ts_plan_number_opt k_gpus = {"--gpus", 1, 100000000, "devices", true};
+static const ts_plan_number_opt k_top = {"--top", 1, 1000, "grids", true};
+
+/* A whole-number option into a long (the ranges above are exact in a double). */
+static int parse_whole(const char *v, const ts_plan_number_opt *o, long *out)
 {
-    fputs("tessera: error: ", stderr);
-    fprintf(stderr, fmt, what);
-    fputs(" (see tessera plan --help)\n", stderr);
-    return -1;
+    double x = 0.0;
+    if (ts_plan_parse_number(v, o, &x) != 0) return -1;
+    *out = (long)x;
+    return 0;
 }
 
-static int whole(const char *flag, const char *v, long lo, long hi, long *out)
+/* plan --cluster's own options (ts_plan_opt_fn); any other option but --set is refused
+ * here, not passed on as plan's. */
+static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing, int *rc)
 {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr,
-                "tessera: error: %s '%.40s' is not a whole number from %ld to %ld (see tessera "
-                "plan --help)\n",
-                flag, v, lo, hi);
-        return -1;
+    cluster_args *a = args;
+    const char *v;
+    if (!strcmp(argv[*i], "--json")) {
+        a->json = true;
+    } else if (!strcmp(argv[*i], "--search")) {
+        a->search = true;
+    } else if (!strcmp(argv[*i], "--exhaustive")) {
+        a->exhaustive = true;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--cluster", missing))) {
+        a->cluster = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--gpus", missing))) {
+        *rc = parse_whole(v, &k_gpus, &a->gpus);
+        a->gpus_set = true;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--top", missing))) {
+        *rc = parse_whole(v, &k_top, &a->top);
+        a->top_set = true;
+    } else if (!*missing && !strncmp(argv[*i], "--", 2) && strcmp(argv[*i], "--set") &&
+               strncmp(argv[*i], "--set=", 6)) {
+        *rc = ts_plan_usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
+                            "--search, --top, --exhaustive)",
+                            argv[*i]);
+    } else {
+        return false; /* CONFIG or --set */
     }
-    *out = x;
-    return 0;
+    return true;
 }
 
 static int parse(int argc, char **argv, cluster_args *a)
 {
     memset(a, 0, sizeof *a);
     a->top = 10;
-    char **rest = ts_malloc(sizeof(char *) * (size_t)(argc + 1));
-    int n_rest = 0, rc = 0;
-    bool top_set = false, gpus_set = false;
-    rest[n_rest++] = argv[0];
-    rest[n_rest++] = argv[1];
-    for (int i = 2; i < argc && rc == 0; i++) {
-        const char *v;
-        int missing = 0;
-        if (!strcmp(argv[i], "--json")) {
-            a->json = true;
-        } else if (!strcmp(argv[i], "--search")) {
-            a->search = true;
-        } else if (!strcmp(argv[i], "--exhaustive")) {
-            a->exhaustive = true;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--cluster", &missing))) {
-            a->cluster = v;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--gpus", &missing))) {
-            rc = whole("--gpus", v, 1, 100000000, &a->gpus);
-            gpus_set = true;
-        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--top", &missing))) {
-            rc = whole("--top", v, 1, 1000, &a->top);
-            top_set = true;
-        } else if (!missing && !strncmp(argv[i], "--", 2) && strcmp(argv[i], "--set") &&
-                   strncmp(argv[i], "--set=", 6)) {
-            rc = usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
-                       "--search, --top, --exhaustive)",
-                       argv[i]);
-        } else if (!missing) {
-            rest[n_rest++] = argv[i];
-        }
-        if (missing) rc = usage("%s needs a value", argv[i]);
-    }
-    if (rc == 0 && ts_cli_parse_config_args(n_rest, rest, 2, &a->config, a->sets, 256,
-                                            &a->n_sets, 1) != 0)
-        rc = -1;
-    free(rest);
-    if (rc != 0) return rc;
-    if (!a->config) return usage("%s needs a CONFIG file", "plan --cluster");
-    if (a->search && !gpus_set) return usage("%s needs --gpus N", "--search");
-    if (!a->search && (gpus_set || top_set || a->exhaustive))
-        return usage("%s", "--gpus, --top and --exhaustive go with --search");
+    if (ts_plan_parse_argv(argc, argv, cluster_opt, a, &a->config, a->sets, 256, &a->n_sets) !=
+        0)
+        return -1;
+    if (!a->config) return ts_plan_usage("%s needs a CONFIG file", "plan --cluster");
+    if (a->search && !a->gpus_set) return ts_plan_usage("%s needs --gpus N", "--search");
+    if (!a->search && (a->gpus_set || a->top_set || a->exhaustive))
+        return ts_plan_usage("%s", "--gpus, --top and --exhaustive go with --search");
     return 0;
 }
 
@@ -209,19 +195,6 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                                   t->optimizer, "bubble", t->bubble, "dp_exposed", t->dp_exposed,
                                   "dp_reduction", t->dp_reduction, "pp_message", t->pp_comm));
     return o;
-}
-
-static int print_json(json_t *o)
-{
-    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
-    json_decref(o);
-    if (!text) {
-        ts_log_error("plan: could not build the JSON output");
-        return 1;
-    }
-    printf("%s\n", text);
-    free(text);
-    return 0;
 }
 
 static const char *gb(double bytes, char *buf, size_t n)
@@ -373,7 +346,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
                                      (json_int_t)llround(m.activations)));
             }
             json_object_set_new(o, "ranks", ranks);
-            code = print_json(o);
+            code = ts_plan_print_json(o);
         } else {
             print_prediction(x, &a, &r);
         }
@@ -387,7 +360,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
         } else {
             const double secs = now_s() - t0;
             if (a.json)
-                code = print_json(search_json(x, &a, &s, secs));
+                code = ts_plan_print_json(search_json(x, &a, &s, secs));
             else
                 print_search(x, &a, &s, secs);
         }

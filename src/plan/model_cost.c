@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tensor/tp.h"
+#include "train/memory.h"
 
 double ts_plan_allreduce_time(double bytes, int ranks, ts_link link)
 {
@@ -108,45 +109,6 @@ void ts_plan_layers_free(ts_plan_layers *L)
                         L->param_floats, L->act_floats, L->stash_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     memset(L, 0, sizeof *L);
-}
-
-/* The same walk as train/memory.c: F takes a set (given back at once when the
- * micro-batch is recomputed), B or I of a recomputed micro-batch takes one again, B or W
- * gives it back; I takes a stash, W frees it. */
-void ts_plan_peak_sets(const ts_schedule *s, int recompute, int q, int *peak_acts,
-                       int *peak_stash)
-{
-    const int n = s->n_chunks, m = s->m;
-    const bool full = recompute == TS_RECOMPUTE_FULL;
-    const bool except_last = recompute == TS_RECOMPUTE_EXCEPT_LAST;
-    int *live = ts_calloc((size_t)n, sizeof(int)), *stash = ts_calloc((size_t)n, sizeof(int));
-    for (int c = q; c < n; c += s->pp) peak_acts[c] = peak_stash[c] = 0;
-    for (int k = 0; k < s->n_actions[q]; k++) {
-        const ts_action *a = &s->actions[q][k];
-        const int c = a->chunk;
-        const bool rc = full || (except_last && a->mb != m - 1);
-        switch (a->kind) {
-        case TS_ACT_F:
-            if (++live[c] > peak_acts[c]) peak_acts[c] = live[c];
-            if (rc) live[c]--;
-            break;
-        case TS_ACT_B:
-        case TS_ACT_I:
-            if (rc) live[c]++;
-            if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
-            if (a->kind == TS_ACT_B)
-                live[c]--;
-            else if (++stash[c] > peak_stash[c])
-                peak_stash[c] = stash[c];
-            break;
-        case TS_ACT_W:
-            live[c]--;
-            stash[c]--;
-            break;
-        }
-    }
-    free(live);
-    free(stash);
 }
 
 double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)

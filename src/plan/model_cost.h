@@ -59,12 +59,6 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
                           int tp, int micro_batch, ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 
-/* Most activation sets and zero-bubble stashes of each chunk alive at once on pipeline
- * rank q (train/memory.c's rule): peak_acts[n_chunks], peak_stash[n_chunks]; only the
- * rank's own chunks are written. */
-void ts_plan_peak_sets(const ts_schedule *s, int recompute, int q, int *peak_acts,
-                       int *peak_stash);
-
 typedef struct {
     double params, grads, optimizer, activations, buffers, workspace, total; /* bytes */
     double act_sets;  /* the saved activation sets alone at the peak (what the trainer's
@@ -80,7 +74,7 @@ typedef struct {
 } ts_plan_mem_shape;
 
 /* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[pp*v], the peaks
- * from ts_plan_peak_sets. */
+ * from ts_memory_peak_sets (train/memory.h: the trainer's own rule). */
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
                          const int *peak_stash, int q, ts_plan_memory *out);

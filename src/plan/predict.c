@@ -9,6 +9,7 @@
 #include "core/sysmem.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "train/memory.h"
 
 typedef struct {
     int tp, B;
@@ -172,7 +173,7 @@ static void peaks_for(sched_entry *e, int recompute, const int **acts, const int
         e->peak_acts[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
         e->peak_stash[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
         for (int q = 0; q < e->pp; q++)
-            ts_plan_peak_sets(&e->s, recompute, q, e->peak_acts[recompute],
+            ts_memory_peak_sets(&e->s, recompute, q, e->peak_acts[recompute],
                               e->peak_stash[recompute]);
     }
     *acts = e->peak_acts[recompute];

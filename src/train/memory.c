@@ -10,38 +10,32 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 
-/* Most activation sets (and zero-bubble stashes) of each local chunk alive at once when
- * the rank runs its actions in order, as the engine holds them: F takes a set (and
- * gives it back at once when the micro-batch is recomputed), B or I of a recomputed
- * micro-batch takes one again, B or W gives it back; I takes a stash, W frees it. */
-static void peak_sets(const ts_config *cfg, const ts_schedule *s, int pp_rank, int *peak_acts,
-                      int *peak_stash)
+void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *peak_acts,
+                         int *peak_stash)
 {
     const int n = s->n_chunks, m = s->m;
-    const int mode = ts_recompute_from_name(cfg->parallel.recompute);
-    bool full = mode == TS_RECOMPUTE_FULL, except_last = mode == TS_RECOMPUTE_EXCEPT_LAST;
+    const bool full = recompute == TS_RECOMPUTE_FULL;
+    const bool except_last = recompute == TS_RECOMPUTE_EXCEPT_LAST;
     int *live = calloc((size_t)n, sizeof(int)), *stash = calloc((size_t)n, sizeof(int));
     TS_ASSERT(live && stash);
-    for (int c = 0; c < n; c++) peak_acts[c] = peak_stash[c] = 0;
+    for (int c = pp_rank; c < n; c += s->pp) peak_acts[c] = peak_stash[c] = 0;
     for (int i = 0; i < s->n_actions[pp_rank]; i++) {
         const ts_action *a = &s->actions[pp_rank][i];
-        int c = a->chunk;
-        bool recompute = full || (except_last && a->mb != m - 1);
+        const int c = a->chunk;
+        const bool recomputed = full || (except_last && a->mb != m - 1);
         switch (a->kind) {
         case TS_ACT_F:
-            live[c]++;
-            if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
-            if (recompute) live[c]--;
+            if (++live[c] > peak_acts[c]) peak_acts[c] = live[c];
+            if (recomputed) live[c]--;
             break;
         case TS_ACT_B:
         case TS_ACT_I:
-            if (recompute) live[c]++;
+            if (recomputed) live[c]++;
             if (live[c] > peak_acts[c]) peak_acts[c] = live[c];
-            if (a->kind == TS_ACT_B) {
+            if (a->kind == TS_ACT_B)
                 live[c]--;
-            } else if (++stash[c] > peak_stash[c]) {
+            else if (++stash[c] > peak_stash[c])
                 peak_stash[c] = stash[c];
-            }
             break;
         case TS_ACT_W:
             live[c]--;
@@ -77,8 +71,9 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     int *peak_acts = calloc((size_t)sched->n_chunks, sizeof(int));
     int *peak_stash = calloc((size_t)sched->n_chunks, sizeof(int));
     TS_ASSERT(peak_acts && peak_stash);
-    peak_sets(cfg, sched, pp_rank, peak_acts, peak_stash);
-    bool recompute = ts_recompute_from_name(cfg->parallel.recompute) != TS_RECOMPUTE_NONE;
+    const int mode = ts_recompute_from_name(cfg->parallel.recompute);
+    ts_memory_peak_sets(sched, mode, pp_rank, peak_acts, peak_stash);
+    bool recompute = mode != TS_RECOMPUTE_NONE;
     for (int c = pp_rank; c < sched->n_chunks; c += sched->pp) {
         int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
         if (l1 <= l0) continue;

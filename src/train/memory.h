@@ -25,6 +25,17 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads,
                         ts_mem_estimate *est);
 
+/* Most activation sets (and zero-bubble stashes) of each chunk of pipeline rank pp_rank
+ * alive at once when the rank runs its actions in order, as the engine holds them, with
+ * recompute mode `recompute` (ts_recompute): F takes a set (and gives it back at once
+ * when the micro-batch is recomputed), B or I of a recomputed micro-batch takes one
+ * again, B or W gives it back; I takes a stash, W frees it. Writes peak_acts[c] and
+ * peak_stash[c] (arrays of s->n_chunks) for the rank's own chunks c = pp_rank,
+ * pp_rank + pp, ... only, so one pair of arrays can gather every rank's. The planner
+ * (plan/model_cost.c) uses the same rule. */
+void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *peak_acts,
+                         int *peak_stash);
+
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size);
 

@@ -260,26 +260,25 @@ struct bf16_layout {
     size_t total;
 };
 
-static bf16_layout saved_layout(int B, int T, int NH, int HS)
+/* ntt fp32 values, their bf16 copy, then nx bf16 values. */
+static bf16_layout layout_of(size_t ntt, size_t nx)
 {
-    size_t ntt = (size_t)B * NH * T * T, nqkv = (size_t)B * T * 3 * NH * HS;
     bf16_layout l;
     l.tt = lines(ntt);
     l.p16 = l.tt;
     l.x16 = l.p16 + bf16_floats(ntt);
-    l.total = l.x16 + bf16_floats(nqkv);
+    l.total = l.x16 + bf16_floats(nx);
     return l;
+}
+
+static bf16_layout saved_layout(int B, int T, int NH, int HS)
+{
+    return layout_of((size_t)B * NH * T * T, (size_t)B * T * 3 * NH * HS); /* P; qkv */
 }
 
 static bf16_layout scratch_layout(int B, int T, int NH, int HS)
 {
-    size_t ntt = (size_t)B * NH * T * T, nout = (size_t)B * T * NH * HS;
-    bf16_layout l;
-    l.tt = lines(ntt);
-    l.p16 = l.tt;
-    l.x16 = l.p16 + bf16_floats(ntt);
-    l.total = l.x16 + bf16_floats(nout);
-    return l;
+    return layout_of((size_t)B * NH * T * T, (size_t)B * T * NH * HS); /* dP/dS; dout */
 }
 
 extern "C" size_t ts_cuda_gemm_bf16_attention_saved_floats(int B, int T, int NH, int HS)
@@ -349,64 +348,92 @@ static bool use_flash(int HS)
     return kind == ATT_FLASH && HS <= TS_CUDA_FLASH_MAX_HS;
 }
 
-extern "C" size_t ts_cuda_attention_saved_floats(int B, int T, int NH, int HS)
+/* The batched-GEMM attention of one precision: what the slots below run when flash is
+ * not chosen (or cannot take the head). */
+struct gemm_attention {
+    size_t (*saved_floats)(int B, int T, int NH, int HS);
+    size_t (*scratch_floats)(int B, int T, int NH, int HS);
+    void (*forward)(float *out, float *att, const float *qkv, int B, int T, int NH, int HS);
+    void (*backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                     const float *att, int B, int T, int NH, int HS);
+};
+
+static const gemm_attention gemm_fp32 = {
+    ts_cuda_gemm_attention_saved_floats, ts_cuda_gemm_attention_scratch_floats,
+    ts_cuda_gemm_attention_forward, ts_cuda_gemm_attention_backward};
+static const gemm_attention gemm_bf16 = {
+    ts_cuda_gemm_bf16_attention_saved_floats, ts_cuda_gemm_bf16_attention_scratch_floats,
+    ts_cuda_gemm_bf16_attention_forward, ts_cuda_gemm_bf16_attention_backward};
+
+/* The chosen attention: flash (one fp32 kernel for both tables) or g, per use_flash. */
+static size_t chosen_saved_floats(const gemm_attention &g, int B, int T, int NH, int HS)
 {
     return use_flash(HS) ? ts_cuda_flash_attention_saved_floats(B, T, NH, HS)
-                         : ts_cuda_gemm_attention_saved_floats(B, T, NH, HS);
+                         : g.saved_floats(B, T, NH, HS);
 }
 
-extern "C" size_t ts_cuda_attention_scratch_floats(int B, int T, int NH, int HS)
+static size_t chosen_scratch_floats(const gemm_attention &g, int B, int T, int NH, int HS)
 {
     return use_flash(HS) ? ts_cuda_flash_attention_scratch_floats(B, T, NH, HS)
-                         : ts_cuda_gemm_attention_scratch_floats(B, T, NH, HS);
+                         : g.scratch_floats(B, T, NH, HS);
 }
 
-extern "C" void ts_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int NH, int HS)
+static void chosen_forward(const gemm_attention &g, float *out, float *att, const float *qkv,
+                           int B, int T, int NH, int HS)
 {
     if (use_flash(HS))
         ts_cuda_flash_attention_forward(out, att, qkv, B, T, NH, HS);
     else
-        ts_cuda_gemm_attention_forward(out, att, qkv, B, T, NH, HS);
+        g.forward(out, att, qkv, B, T, NH, HS);
 }
 
+static void chosen_backward(const gemm_attention &g, float *dqkv, float *scratch,
+                            const float *dout, const float *qkv, const float *att, int B, int T,
+                            int NH, int HS)
+{
+    if (use_flash(HS))
+        ts_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
+    else
+        g.backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
+}
+
+/* The table's slots: ts_kernels_cuda's, then ts_kernels_cuda_bf16's. */
+extern "C" size_t ts_cuda_attention_saved_floats(int B, int T, int NH, int HS)
+{
+    return chosen_saved_floats(gemm_fp32, B, T, NH, HS);
+}
+extern "C" size_t ts_cuda_attention_scratch_floats(int B, int T, int NH, int HS)
+{
+    return chosen_scratch_floats(gemm_fp32, B, T, NH, HS);
+}
+extern "C" void ts_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                          int NH, int HS)
+{
+    chosen_forward(gemm_fp32, out, att, qkv, B, T, NH, HS);
+}
 extern "C" void ts_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                                            const float *qkv, const float *att, int B, int T,
                                            int NH, int HS)
 {
-    if (use_flash(HS))
-        ts_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
-    else
-        ts_cuda_gemm_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
+    chosen_backward(gemm_fp32, dqkv, scratch, dout, qkv, att, B, T, NH, HS);
 }
 
 extern "C" size_t ts_cuda_attention_saved_floats_bf16(int B, int T, int NH, int HS)
 {
-    return use_flash(HS) ? ts_cuda_flash_attention_saved_floats(B, T, NH, HS)
-                         : ts_cuda_gemm_bf16_attention_saved_floats(B, T, NH, HS);
+    return chosen_saved_floats(gemm_bf16, B, T, NH, HS);
 }
-
 extern "C" size_t ts_cuda_attention_scratch_floats_bf16(int B, int T, int NH, int HS)
 {
-    return use_flash(HS) ? ts_cuda_flash_attention_scratch_floats(B, T, NH, HS)
-                         : ts_cuda_gemm_bf16_attention_scratch_floats(B, T, NH, HS);
+    return chosen_scratch_floats(gemm_bf16, B, T, NH, HS);
 }
-
 extern "C" void ts_cuda_attention_forward_bf16(float *out, float *att, const float *qkv, int B,
                                                int T, int NH, int HS)
 {
-    if (use_flash(HS))
-        ts_cuda_flash_attention_forward(out, att, qkv, B, T, NH, HS);
-    else
-        ts_cuda_gemm_bf16_attention_forward(out, att, qkv, B, T, NH, HS);
+    chosen_forward(gemm_bf16, out, att, qkv, B, T, NH, HS);
 }
-
 extern "C" void ts_cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
                                                 const float *qkv, const float *att, int B, int T,
                                                 int NH, int HS)
 {
-    if (use_flash(HS))
-        ts_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
-    else
-        ts_cuda_gemm_bf16_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
+    chosen_backward(gemm_bf16, dqkv, scratch, dout, qkv, att, B, T, NH, HS);
 }

@@ -65,6 +65,35 @@ static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, 
     return w;
 }
 
+/* A block's head and tile (flash_block), and where the head starts in each layout: its
+ * q, k, v rows (row t at q + t * C3, C3 = 3C; dq, dk, dv at off3 (+ C, 2C) in dqkv), its
+ * dout rows (g + t * C; out at off1), its lse and delta values at offr. */
+struct flash_head {
+    int r0;    /* the first row of the block's tile */
+    int C, LD; /* NH * HS; flash_ld(HS) */
+    size_t C3, off3, off1, offr;
+    const float *q, *k, *v, *g; /* g: NULL without dout */
+};
+template <int TILE>
+static __device__ __forceinline__ flash_head flash_head_of(const float *qkv, const float *dout,
+                                                           int BH, int T, int NH, int HS,
+                                                           bool heavy_last)
+{
+    const flash_where w = flash_block(blockIdx.x, BH, (T + TILE - 1) / TILE, heavy_last);
+    const int b = w.bh / NH, h = w.bh % NH;
+    flash_head f;
+    f.r0 = w.tile * TILE;
+    f.C = NH * HS;
+    f.LD = flash_ld(HS);
+    f.C3 = 3 * (size_t)f.C;
+    f.off3 = (size_t)b * T * f.C3 + (size_t)h * HS;
+    f.off1 = (size_t)b * T * f.C + (size_t)h * HS;
+    f.offr = (size_t)w.bh * T;
+    f.q = qkv + f.off3, f.k = f.q + f.C, f.v = f.q + 2 * f.C;
+    f.g = dout ? dout + f.off1 : NULL;
+    return f;
+}
+
 /* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) into a
  * shared tile with row stride LD; rows at or past T read as zeros. */
 template <int TILE>
@@ -75,6 +104,44 @@ static __device__ __forceinline__ void flash_load(float *tile, int LD, const flo
         int i = idx / HS, d = idx % HS, t = r0 + i;
         tile[i * LD + d] = t < T ? base[(size_t)t * ld + d] : 0.0f;
     }
+}
+
+/* The lse and D values of query rows [q0, q0 + TILE) (rl, rd: the head's rows of lse
+ * and delta) into shared memory; rows at or past T read as zeros. */
+template <int TILE>
+static __device__ __forceinline__ void flash_load_row_stats(float *sLse, float *sD,
+                                                            const float *rl, const float *rd,
+                                                            int q0, int T)
+{
+    for (int i = threadIdx.x; i < TILE; i += TS_FLASH_THREADS) {
+        sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
+        sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
+    }
+}
+
+/* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) from a
+ * [TILE, HS] accumulator times `scale`; rows at or past T are not written. */
+template <int TILE>
+static __device__ __forceinline__ void flash_store(float *base, size_t ld, const float *acc,
+                                                   float scale, int r0, int T, int HS)
+{
+    for (int idx = threadIdx.x; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+        int i = idx / HS, d = idx % HS, t = r0 + i;
+        if (t < T) base[(size_t)t * ld + d] = acc[idx] * scale;
+    }
+}
+
+/* sum over r < n of a[r * sa] * b[r * sb], in r order: every product of two shared
+ * tiles here, one element at a time. A score q.k: two rows (strides 1, n = HS); an
+ * element (i, d) of S X (S a [TILE, TILE] score tile, row stride TILE + 1; X a
+ * [TILE, HS] tile, row stride LD): row i of S down column d of X (n = TILE); of S^T X:
+ * column j of S (stride TILE + 1) down column d of X. */
+static __device__ __forceinline__ float flash_dot(const float *a, int sa, const float *b, int sb,
+                                                  int n)
+{
+    float s = 0.0f;
+    for (int r = 0; r < n; r++) s += a[r * sa] * b[r * sb];
+    return s;
 }
 
 /* Forward for one query tile: O = softmax(scale Q K^T + causal mask) V, online over the
@@ -88,12 +155,10 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
                          const float *qkv, int BH, int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
-    const int ntiles = (T + TILE - 1) / TILE;
-    const flash_where w = flash_block(blockIdx.x, BH, ntiles, true);
-    const int b = w.bh / NH, h = w.bh % NH, q0 = w.tile * TILE;
-    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
-    const size_t C3 = 3 * (size_t)C;
-    const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS, *k = q + C, *v = q + 2 * C;
+    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1;
+    const size_t C3 = f.C3;
+    const float *q = f.q, *k = f.k, *v = f.v;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
     extern __shared__ float ts_flash_smem[];
@@ -118,11 +183,7 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
         for (int idx = tid; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
             int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
             float s = -INFINITY;
-            if (tk <= tq && tk < T) {
-                float dot = 0.0f;
-                for (int d = 0; d < HS; d++) dot += sQ[i * LD + d] * sK[j * LD + d];
-                s = dot * scale;
-            }
+            if (tk <= tq && tk < T) s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS) * scale;
             sS[i * LS + j] = s;
         }
         __syncthreads();
@@ -148,29 +209,27 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
         /* O = alpha O + P V (masked keys have p = 0 and zero-filled v rows). */
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int i = idx / HS, d = idx % HS;
-            float acc = 0.0f;
-            for (int j = 0; j < TILE; j++) acc += sS[i * LS + j] * sV[j * LD + d];
-            sO[idx] = sO[idx] * sA[i] + acc;
+            sO[idx] = sO[idx] * sA[i] + flash_dot(sS + i * LS, 1, sV + d, LD, TILE);
         }
     }
     __syncthreads();
     if (!DELTA) {
-        float *o = out + (size_t)b * T * C + (size_t)h * HS;
+        float *o = out + f.off1;
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int i = idx / HS, d = idx % HS, t = q0 + i;
             if (t < T) o[(size_t)t * C + d] = sO[idx] / sL[i];
         }
         for (int i = tid; i < TILE; i += TS_FLASH_THREADS)
-            if (q0 + i < T) lse[(size_t)w.bh * T + q0 + i] = sM[i] + logf(sL[i]);
+            if (q0 + i < T) lse[f.offr + q0 + i] = sM[i] + logf(sL[i]);
     } else {
-        const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
+        const float *g = f.g;
         for (int i = warp; i < TILE; i += TS_FLASH_THREADS / 32) {
             int t = q0 + i;
             if (t >= T) continue; /* the whole warp skips the row together */
             float inv = 1.0f / sL[i], acc = 0.0f;
             for (int d = lane; d < HS; d += 32) acc += g[(size_t)t * C + d] * (sO[i * HS + d] * inv);
             acc = warp_sum(acc);
-            if (lane == 0) delta[(size_t)w.bh * T + t] = acc;
+            if (lane == 0) delta[f.offr + t] = acc;
         }
     }
 }
@@ -190,11 +249,8 @@ static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const f
         int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
         float p = 0.0f, ds = 0.0f;
         if (tq < T && tk <= tq) {
-            float s = 0.0f, dp = 0.0f;
-            for (int d = 0; d < HS; d++) {
-                s += sQ[i * LD + d] * sK[j * LD + d];
-                dp += sdO[i * LD + d] * sV[j * LD + d];
-            }
+            float s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS);
+            float dp = flash_dot(sdO + i * LD, 1, sV + j * LD, 1, HS);
             p = expf(s * scale - sLse[i]);
             ds = p * (dp - sD[i]);
         }
@@ -211,57 +267,35 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
                               const float *delta, int BH, int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const int ntiles = (T + TILE - 1) / TILE;
-    const flash_where w = flash_block(blockIdx.x, BH, ntiles, false);
-    const int b = w.bh / NH, h = w.bh % NH, k0 = w.tile * TILE;
-    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
-    const size_t C3 = 3 * (size_t)C;
-    const size_t off3 = (size_t)b * T * C3 + (size_t)h * HS;
-    const float *q = qkv + off3, *k = q + C, *v = q + 2 * C;
-    const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
-    const float *rl = lse + (size_t)w.bh * T, *rd = delta + (size_t)w.bh * T;
-    const int tid = threadIdx.x;
+    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, false);
+    const int k0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
     float *sK = ts_flash_smem, *sV = sK + TILE * LD, *sQ = sV + TILE * LD, *sdO = sQ + TILE * LD;
     float *sdK = sdO + TILE * LD, *sdV = sdK + TILE * HS, *sP = sdV + TILE * HS;
     float *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
 
-    flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
-    flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+    flash_load<TILE>(sK, LD, f.k, f.C3, k0, T, HS);
+    flash_load<TILE>(sV, LD, f.v, f.C3, k0, T, HS);
     for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdK[idx] = sdV[idx] = 0.0f;
     /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
     for (int q0 = k0; q0 < T; q0 += TILE) {
         __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
-        flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
-        flash_load<TILE>(sdO, LD, g, (size_t)C, q0, T, HS);
-        for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
-            sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
-            sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
-        }
+        flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
+        flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
+        flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
         __syncthreads();
         flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
         __syncthreads();
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int j = idx / HS, d = idx % HS;
-            float av = 0.0f, ak = 0.0f;
-            for (int i = 0; i < TILE; i++) {
-                av += sP[i * LS + j] * sdO[i * LD + d];
-                ak += sdS[i * LS + j] * sQ[i * LD + d];
-            }
-            sdV[idx] += av;
-            sdK[idx] += ak;
+            sdV[idx] += flash_dot(sP + j, LS, sdO + d, LD, TILE);
+            sdK[idx] += flash_dot(sdS + j, LS, sQ + d, LD, TILE);
         }
     }
     __syncthreads();
-    float *dk = dqkv + off3 + C, *dv = dqkv + off3 + 2 * C;
-    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
-        int j = idx / HS, d = idx % HS, t = k0 + j;
-        if (t < T) {
-            dk[(size_t)t * C3 + d] = sdK[idx] * scale;
-            dv[(size_t)t * C3 + d] = sdV[idx];
-        }
-    }
+    flash_store<TILE>(dqkv + f.off3 + C, f.C3, sdK, scale, k0, T, HS);
+    flash_store<TILE>(dqkv + f.off3 + 2 * C, f.C3, sdV, 1.0f, k0, T, HS); /* x 1: exact */
 }
 
 /* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
@@ -271,49 +305,32 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
                              const float *delta, int BH, int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const int ntiles = (T + TILE - 1) / TILE;
-    const flash_where w = flash_block(blockIdx.x, BH, ntiles, true);
-    const int b = w.bh / NH, h = w.bh % NH, q0 = w.tile * TILE;
-    const int C = NH * HS, LD = flash_ld(HS), LS = TILE + 1;
-    const size_t C3 = 3 * (size_t)C;
-    const size_t off3 = (size_t)b * T * C3 + (size_t)h * HS;
-    const float *q = qkv + off3, *k = q + C, *v = q + 2 * C;
-    const float *g = dout + (size_t)b * T * C + (size_t)h * HS;
-    const float *rl = lse + (size_t)w.bh * T, *rd = delta + (size_t)w.bh * T;
-    const int tid = threadIdx.x;
+    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
     float *sQ = ts_flash_smem, *sdO = sQ + TILE * LD, *sK = sdO + TILE * LD, *sV = sK + TILE * LD;
     float *sdQ = sV + TILE * LD, *sdS = sdQ + TILE * HS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
 
-    flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
-    flash_load<TILE>(sdO, LD, g, (size_t)C, q0, T, HS);
-    for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
-        sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
-        sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
-    }
+    flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
+    flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
+    flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
     for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdQ[idx] = 0.0f;
     const int kend = min(T, q0 + TILE);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads(); /* the last tile's readers of sK, sdS are done */
-        flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
-        flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+        flash_load<TILE>(sK, LD, f.k, f.C3, k0, T, HS);
+        flash_load<TILE>(sV, LD, f.v, f.C3, k0, T, HS);
         __syncthreads();
         flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
         __syncthreads();
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int i = idx / HS, d = idx % HS;
-            float acc = 0.0f;
-            for (int j = 0; j < TILE; j++) acc += sdS[i * LS + j] * sK[j * LD + d];
-            sdQ[idx] += acc;
+            sdQ[idx] += flash_dot(sdS + i * LS, 1, sK + d, LD, TILE);
         }
     }
     __syncthreads();
-    float *dq = dqkv + off3;
-    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
-        int i = idx / HS, d = idx % HS, t = q0 + i;
-        if (t < T) dq[(size_t)t * C3 + d] = sdQ[idx] * scale;
-    }
+    flash_store<TILE>(dqkv + f.off3, f.C3, sdQ, scale, q0, T, HS);
 }
 
 #endif

@@ -31,6 +31,7 @@
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/linear_gemm.h"
 
 namespace {
 
@@ -78,7 +79,9 @@ static const __nv_bfloat16 *weight_bf16(bf16_state &st, const float *weight, siz
             return w.bf;
         }
     weight_copy w = { weight, n, nullptr, st.version };
-    TS_CUDA_CHECK(cudaMalloc(&w.bf, n * sizeof(__nv_bfloat16)));
+    /* Stream-ordered (see scratch_bf16): the first step makes the copies while other
+     * streams' NCCL kernels may be waiting on peers. */
+    TS_CUDA_CHECK(cudaMallocAsync(&w.bf, n * sizeof(__nv_bfloat16), ts_cuda_stream()));
     ts_cuda_cast_bf16(w.bf, weight, n);
     st.weights.push_back(w);
     return w.bf;
@@ -88,13 +91,15 @@ static const __nv_bfloat16 *weight_bf16(bf16_state &st, const float *weight, siz
 static const __nv_bfloat16 *scratch_bf16(bf16_state &st, int slot, const float *x, size_t n)
 {
     if (st.scratch_elems[slot] < n) {
-        if (st.scratch[slot]) {
-            /* Queued GEMMs may still read the old buffer. */
-            TS_CUDA_CHECK(cudaStreamSynchronize(ts_cuda_stream()));
-            TS_CUDA_CHECK(cudaFree(st.scratch[slot]));
-            st.scratch[slot] = nullptr;
-        }
-        TS_CUDA_CHECK(cudaMalloc(&st.scratch[slot], n * sizeof(__nv_bfloat16)));
+        /* Grown in stream order on the compute stream (queued GEMMs may still read the
+         * old buffer): cudaFree and cudaMalloc may synchronise the whole device, which
+         * deadlocks when another stream's NCCL kernel waits for a peer that waits for
+         * this rank's host (a pipeline receive). Every device Tessera builds for
+         * (sm_80, sm_90) has stream-ordered allocation. */
+        if (st.scratch[slot]) TS_CUDA_CHECK(cudaFreeAsync(st.scratch[slot], ts_cuda_stream()));
+        st.scratch[slot] = nullptr;
+        TS_CUDA_CHECK(cudaMallocAsync(&st.scratch[slot], n * sizeof(__nv_bfloat16),
+                                      ts_cuda_stream()));
         st.scratch_elems[slot] = n;
     }
     ts_cuda_cast_bf16(st.scratch[slot], x, n);
@@ -111,16 +116,9 @@ void ts_cuda_bf16_matmul_forward(float *out, const float *inp, const float *weig
     }
     bf16_state &st = state();
     std::lock_guard<std::mutex> lock(st.mu);
-    ts_gemm g = {};
-    g.mode = TS_GEMM_BF16;
-    g.transa = true, g.transb = false; /* out^T = weight^T-as-stored * inp^T (matmul.cu) */
-    g.m = OC, g.n = N, g.k = C;
-    g.A = weight_bf16(st, weight, (size_t)OC * C), g.lda = C;
-    g.B = scratch_bf16(st, 0, inp, (size_t)N * C), g.ldb = C;
-    g.D = out, g.ldd = OC;
-    g.beta = 0.0f;
-    g.bias = bias;
-    ts_cuda_gemm(&g);
+    const __nv_bfloat16 *w_bf = weight_bf16(st, weight, (size_t)OC * C);
+    const __nv_bfloat16 *inp_bf = scratch_bf16(st, 0, inp, (size_t)N * C);
+    ts_linear_forward_gemm(TS_GEMM_BF16, out, inp_bf, w_bf, bias, N, C, OC);
 }
 
 void ts_cuda_bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -133,28 +131,12 @@ void ts_cuda_bf16_matmul_backward(float *dinp, float *dweight, float *dbias, con
         bf16_state &st = state();
         std::lock_guard<std::mutex> lock(st.mu);
         const __nv_bfloat16 *dout_bf = scratch_bf16(st, 1, dout, (size_t)N * OC);
-        if (want_dinp) { /* dinp^T [C,N] = weight (C x OC) * dout^T (OC x N) */
-            ts_gemm g = {};
-            g.mode = TS_GEMM_BF16;
-            g.transa = false, g.transb = false;
-            g.m = C, g.n = N, g.k = OC;
-            g.A = weight_bf16(st, weight, (size_t)OC * C), g.lda = C;
-            g.B = dout_bf, g.ldb = OC;
-            g.D = dinp, g.ldd = C;
-            g.beta = 0.0f;
-            ts_cuda_gemm(&g);
-        }
-        if (want_dweight) { /* dweight^T [C,OC] += inp^T (C x N) * dout (N x OC) */
-            ts_gemm g = {};
-            g.mode = TS_GEMM_BF16;
-            g.transa = false, g.transb = true;
-            g.m = C, g.n = OC, g.k = N;
-            g.A = scratch_bf16(st, 0, inp, (size_t)N * C), g.lda = C;
-            g.B = dout_bf, g.ldb = OC;
-            g.D = dweight, g.ldd = C;
-            g.beta = 1.0f; /* dweight accumulates, in fp32 */
-            ts_cuda_gemm(&g);
-        }
+        if (want_dinp)
+            ts_linear_dinp_gemm(TS_GEMM_BF16, dinp, dout_bf,
+                                weight_bf16(st, weight, (size_t)OC * C), N, C, OC);
+        if (want_dweight) /* accumulates in fp32 */
+            ts_linear_dweight_gemm(TS_GEMM_BF16, dweight, scratch_bf16(st, 0, inp, (size_t)N * C),
+                                   dout_bf, N, C, OC);
     }
     ts_cuda_dbias_accumulate(dbias, dout, N, OC); /* from the fp32 dout */
 }
@@ -239,7 +221,7 @@ void ts_cuda_bf16_dev_free(void *p)
     size_t kept = 0;
     for (weight_copy &w : st.weights) {
         if (!known || overlaps(w, p, bytes)) /* unknown extent: drop every copy */
-            TS_CUDA_CHECK(cudaFree(w.bf));
+            TS_CUDA_CHECK(cudaFreeAsync(w.bf, ts_cuda_stream()));
         else
             st.weights[kept++] = w;
     }

@@ -5,7 +5,8 @@
  * then reads back only what it wrote itself (its own stores, from L1/L2) for the
  * variance and the output. Each row's sums are a fixed per-lane order and a butterfly,
  * so the result is bitwise repeatable, and the same arithmetic as residual_forward
- * followed by layernorm_forward on this backend.
+ * followed by layernorm_forward on this backend (the row math is one function,
+ * layernorm_row.cuh).
  *
  * adamw_update_spans: the spans live in device memory and the host never reads them, so
  * the grid cannot be sized by the total element count. A persistent grid (the blocks
@@ -13,12 +14,12 @@
  * each span together: every span is spread evenly over the whole device, a span smaller
  * than the grid costs the idle threads one bounds check, and no prefix array or sorting
  * is needed. Elementwise, hence deterministic; each element is adamw.cu's arithmetic
- * (the CPU's order of operations, step constants computed on the host as the CPU does). */
-#include <math.h>
-
+ * (adamw_step.cuh: the CPU's order of operations, step constants computed on the host as
+ * the CPU does). */
+#include "kernels/cuda/adamw_step.cuh"
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/fused.h"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/layernorm_row.cuh"
 
 #define TS_RLN_WARPS 8      /* rows (warps) per block */
 #define TS_SPANS_THREADS 256
@@ -39,19 +40,7 @@ static __global__ void residual_layernorm_kernel(float *res_out, float *ln_out, 
         x[c] = xc;
         s += xc;
     }
-    float m = warp_sum(s) / C;
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = x[c] - m;
-        v += d * d;
-    }
-    float rs = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-    float *o = ln_out + row;
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
-    if (lane == 0) {
-        mean[n] = m;
-        rstd[n] = rs;
-    }
+    layernorm_row(ln_out + row, &mean[n], &rstd[n], x, s, weight, bias, C, lane);
 }
 
 extern "C" void ts_cuda_residual_layernorm_forward(float *res_out, float *ln_out, float *mean,
@@ -70,9 +59,8 @@ extern "C" void ts_cuda_residual_layernorm_forward(float *res_out, float *ln_out
  * factors adamw_update computes from its weight_decay argument). */
 static __global__ void adamw_spans_kernel(float *param, const float *grad, float grad_scale,
                                           float *m, float *v, const ts_adamw_span *spans,
-                                          int n_spans, float beta1, float beta2, float omb1,
-                                          float omb2, float eps, float step_size, float bc2_sqrt,
-                                          float decay_on, float decay_off)
+                                          int n_spans, adamw_consts k, float decay_on,
+                                          float decay_off)
 {
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -81,14 +69,8 @@ static __global__ void adamw_spans_kernel(float *param, const float *grad, float
         const float decay = sp.decay ? decay_on : decay_off;
         float *p = param + sp.offset, *mk = m + sp.moment_offset, *vk = v + sp.moment_offset;
         const float *g = grad + sp.offset;
-        for (size_t i = tid; i < sp.count; i += stride) {
-            float gi = g[i] * grad_scale;
-            float mi = beta1 * mk[i] + omb1 * gi;
-            float vi = beta2 * vk[i] + omb2 * gi * gi;
-            mk[i] = mi;
-            vk[i] = vi;
-            p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        }
+        for (size_t i = tid; i < sp.count; i += stride)
+            adamw_element(&p[i], &mk[i], &vk[i], g[i], grad_scale, decay, k);
     }
 }
 
@@ -111,14 +93,9 @@ extern "C" void ts_cuda_adamw_update_spans(float *param, const float *grad, floa
 {
     if (n_spans <= 0) return;
     /* The step constants exactly as ts_cuda_adamw_update and the CPU compute them. */
-    double bc1 = 1.0 - pow((double)beta1, (double)t);
-    double bc2 = 1.0 - pow((double)beta2, (double)t);
-    float step_size = (float)((double)lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
+    const adamw_consts k = adamw_consts_of(lr, beta1, beta2, eps, t);
     float decay_on = 1.0f - lr * weight_decay, decay_off = 1.0f - lr * 0.0f;
-    float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
     adamw_spans_kernel<<<resident_blocks(), TS_SPANS_THREADS, 0, ts_cuda_stream()>>>(
-        param, grad, grad_scale, m, v, spans, n_spans, beta1, beta2, omb1, omb2, eps, step_size,
-        bc2_sqrt, decay_on, decay_off);
+        param, grad, grad_scale, m, v, spans, n_spans, k, decay_on, decay_off);
     TS_CUDA_LAUNCHED();
 }

@@ -14,6 +14,7 @@
  * in a fixed order. Every sum's order depends only on N and C: bitwise repeatable.
  * Warp reductions use butterfly shuffles, also a fixed order. */
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/layernorm_row.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 #define TS_LN_WARPS 8  /* rows (warps) per block in the row kernels */
@@ -26,21 +27,9 @@ static __global__ void layernorm_forward_kernel(float *out, float *mean, float *
     int n = blockIdx.x * TS_LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return; /* whole warps leave together */
     const float *x = inp + (size_t)n * C;
-    float *o = out + (size_t)n * C;
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += x[c];
-    float m = warp_sum(s) / C;
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = x[c] - m;
-        v += d * d;
-    }
-    float rs = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
-    if (lane == 0) {
-        mean[n] = m;
-        rstd[n] = rs;
-    }
+    layernorm_row(out + (size_t)n * C, &mean[n], &rstd[n], x, s, weight, bias, C, lane);
 }
 
 static __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout,

@@ -11,6 +11,7 @@
  * copies of the operands, and share the bias gradient below. */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/linear_gemm.h"
 
 /* dbias[o] += sum over rows of dout[:, o]. A block owns DB_COLS columns; its DB_ROWS
  * thread rows each sum a fixed strided set of rows (coalesced: a warp reads 32
@@ -70,16 +71,7 @@ void ts_cuda_matmul_forward(float *out, const float *inp, const float *weight, c
         ts_cuda_matmul_empty_forward(out, bias, N, OC);
         return;
     }
-    ts_gemm g = {};
-    g.mode = TS_GEMM_FP32;
-    g.transa = true, g.transb = false;
-    g.m = OC, g.n = N, g.k = C;
-    g.A = weight, g.lda = C;
-    g.B = inp, g.ldb = C;
-    g.D = out, g.ldd = OC;
-    g.beta = 0.0f;
-    g.bias = bias;
-    ts_cuda_gemm(&g);
+    ts_linear_forward_gemm(TS_GEMM_FP32, out, inp, weight, bias, N, C, OC);
 }
 
 void ts_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -87,30 +79,13 @@ void ts_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
 {
     if (dinp && N > 0 && C > 0) {
         if (OC > 0) {
-            ts_gemm g = {};
-            g.mode = TS_GEMM_FP32;
-            g.transa = false, g.transb = false;
-            g.m = C, g.n = N, g.k = OC;
-            g.A = weight, g.lda = C;
-            g.B = dout, g.ldb = OC;
-            g.D = dinp, g.ldd = C;
-            g.beta = 0.0f;
-            ts_cuda_gemm(&g);
+            ts_linear_dinp_gemm(TS_GEMM_FP32, dinp, dout, weight, N, C, OC);
         } else {
             TS_CUDA_CHECK(
                 cudaMemsetAsync(dinp, 0, (size_t)N * C * sizeof(float), ts_cuda_stream()));
         }
     }
-    if (dweight && N > 0 && C > 0 && OC > 0) {
-        ts_gemm g = {};
-        g.mode = TS_GEMM_FP32;
-        g.transa = false, g.transb = true;
-        g.m = C, g.n = OC, g.k = N;
-        g.A = inp, g.lda = C;
-        g.B = dout, g.ldb = OC;
-        g.D = dweight, g.ldd = C;
-        g.beta = 1.0f; /* dweight accumulates */
-        ts_cuda_gemm(&g);
-    }
+    if (dweight && N > 0 && C > 0 && OC > 0)
+        ts_linear_dweight_gemm(TS_GEMM_FP32, dweight, inp, dout, N, C, OC);
     ts_cuda_dbias_accumulate(dbias, dout, N, OC);
 }

@@ -7,8 +7,10 @@
 #include "kernels/cuda/fused.h"
 
 /* C++ has no designated initializers before C++20 (nvcc -std=c++17 accepts them as an
- * extension, in declaration order): the slots below follow ts_kernels' order. */
-extern "C" const ts_kernels ts_kernels_cuda = {
+ * extension, in declaration order): the slots below follow ts_kernels' order. constexpr,
+ * so both tables are constant-initialized (no static-initialization order to mind) and
+ * the bf16 one can be built from it below. */
+static constexpr ts_kernels fp32_table = {
     .name = "cuda",
     .host_accessible = false,
     .dev_alloc = ts_cuda_dev_alloc,
@@ -49,47 +51,29 @@ extern "C" const ts_kernels ts_kernels_cuda = {
     .xent_vp_finish = ts_cuda_xent_vp_finish,
 };
 
-/* ts_kernels_cuda's slots but for the matmuls (bf16 GEMM operands) and the slots that
- * write or free device memory (the fp32 ones, then the cache of bf16 weight copies is
- * told: bf16.cu) and attention (bf16 batched GEMMs, or the fp32 flash kernel when
- * TS_CUDA_ATTENTION = "flash": attention.cu). */
-extern "C" const ts_kernels ts_kernels_cuda_bf16 = {
-    .name = "cuda-bf16",
-    .host_accessible = false,
-    .dev_alloc = ts_cuda_bf16_dev_alloc,
-    .dev_free = ts_cuda_bf16_dev_free,
-    .memcpy_h2d = ts_cuda_bf16_memcpy_h2d,
-    .memcpy_d2h = ts_cuda_memcpy_d2h,
-    .memcpy_d2d = ts_cuda_bf16_memcpy_d2d,
-    .memset_zero = ts_cuda_bf16_memset_zero,
-    .sum_into = ts_cuda_sum_into,
-    .sum_squares_into = ts_cuda_sum_squares_into,
-    .stream_create = ts_cuda_stream_create,
-    .stream_destroy = ts_cuda_stream_destroy,
-    .stream_sync = ts_cuda_stream_sync,
-    .event_record = ts_cuda_event_record,
-    .event_wait = ts_cuda_event_wait,
-    .attention_saved_floats = ts_cuda_attention_saved_floats_bf16,
-    .attention_scratch_floats = ts_cuda_attention_scratch_floats_bf16,
-    .encoder_forward = ts_cuda_encoder_forward,
-    .encoder_backward = ts_cuda_encoder_backward,
-    .layernorm_forward = ts_cuda_layernorm_forward,
-    .layernorm_backward = ts_cuda_layernorm_backward,
-    .matmul_forward = ts_cuda_bf16_matmul_forward,
-    .matmul_backward = ts_cuda_bf16_matmul_backward,
-    .attention_forward = ts_cuda_attention_forward_bf16,
-    .attention_backward = ts_cuda_attention_backward_bf16,
-    .gelu_forward = ts_cuda_gelu_forward,
-    .gelu_backward = ts_cuda_gelu_backward,
-    .residual_forward = ts_cuda_residual_forward,
-    .residual_layernorm_forward = ts_cuda_residual_layernorm_forward,
-    .crossentropy_forward_backward = ts_cuda_crossentropy_forward_backward,
-    .adamw_update = ts_cuda_bf16_adamw_update,
-    .adamw_update_spans = ts_cuda_bf16_adamw_update_spans,
-    .sum_squares = ts_cuda_sum_squares,
-    .vocab_embed_forward = ts_cuda_vocab_embed_forward,
-    .vocab_embed_backward = ts_cuda_vocab_embed_backward,
-    .xent_vp_stats = ts_cuda_xent_vp_stats,
-    .xent_vp_sumexp = ts_cuda_xent_vp_sumexp,
-    .xent_vp_finish = ts_cuda_xent_vp_finish,
-};
+/* The fp32 table but for the matmuls (bf16 GEMM operands) and the slots that write or
+ * free device memory (the fp32 ones, then the cache of bf16 weight copies is told:
+ * bf16.cu) and attention (bf16 batched GEMMs, or the fp32 flash kernel when
+ * TS_CUDA_ATTENTION = "flash": attention.cu). Every other slot is the fp32 table's, a
+ * slot added there included. */
+static constexpr ts_kernels with_bf16_slots(ts_kernels k)
+{
+    k.name = "cuda-bf16";
+    k.dev_alloc = ts_cuda_bf16_dev_alloc;
+    k.dev_free = ts_cuda_bf16_dev_free;
+    k.memcpy_h2d = ts_cuda_bf16_memcpy_h2d;
+    k.memcpy_d2d = ts_cuda_bf16_memcpy_d2d;
+    k.memset_zero = ts_cuda_bf16_memset_zero;
+    k.attention_saved_floats = ts_cuda_attention_saved_floats_bf16;
+    k.attention_scratch_floats = ts_cuda_attention_scratch_floats_bf16;
+    k.matmul_forward = ts_cuda_bf16_matmul_forward;
+    k.matmul_backward = ts_cuda_bf16_matmul_backward;
+    k.attention_forward = ts_cuda_attention_forward_bf16;
+    k.attention_backward = ts_cuda_attention_backward_bf16;
+    k.adamw_update = ts_cuda_bf16_adamw_update;
+    k.adamw_update_spans = ts_cuda_bf16_adamw_update_spans;
+    return k;
+}
+
+extern "C" const ts_kernels ts_kernels_cuda = fp32_table;
+extern "C" const ts_kernels ts_kernels_cuda_bf16 = with_bf16_slots(fp32_table);
