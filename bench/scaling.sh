@@ -11,7 +11,7 @@
 #     oversubscribed (mpirun --oversubscribe, unbound), which this-machine.cfg does not
 #     describe, so those runs are also predicted on a time-shared variant of it
 #     (bench/scaling/scaling.py timeshare: 4 devices per node, each with half a core's
-#     FLOP/s, memory bandwidth and memory).
+#     FLOP/s, memory bandwidth and memory, and twice its elementwise times per element).
 #  2. On paper: `tessera plan --gpus N --search` for the GPT-3 configs from 8 to 8,192
 #     GPUs (powers of 2) at the paper's global batch (strong scaling in devices): the best
 #     grid's step time, MFU, bubble, memory per device and the grid itself. A count with

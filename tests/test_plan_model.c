@@ -3,7 +3,9 @@
  * pruned search is exact) and the pruned search's top list equal to the exhaustive
  * one's; doubling the link bandwidths never predicts a slower step; and the memory
  * prediction equal to the trainer's own estimate (train/memory.c) for every grid of up
- * to 4 ranks of the tiny and a 12-layer config. */
+ * to 4 ranks of the tiny and a 12-layer config; the optional cluster keys (GELU's time
+ * per element, overlap_comm = false) change nothing when absent, add what they say when
+ * present, and no overlap never predicts a faster step. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +132,96 @@ static void test_search(const char *cfg_rel, const char *cluster_rel, int gpus)
     ts_plan_ctx_free(x);
 }
 
+/* 5. The optional cluster keys (cluster.h): absent = the old model; a GELU time per
+ * element adds exactly its excess over the memory pass; overlap_comm = false never
+ * predicts a faster step than overlapping, and exposes the whole dp reduction. */
+static void test_optional_keys(void)
+{
+    ts_cluster base, keys;
+    load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &base);
+    load_cluster("tests/fixtures/plan_cluster_cpu_measured.cfg", &keys);
+    CHECK(!base.comm_on_compute && base.elem_time[TS_ELEM_GELU][0] == 0.0 &&
+          base.elem_time[TS_ELEM_LAYERNORM][1] == 0.0);
+    CHECK(keys.comm_on_compute && ts_rel_err(keys.elem_time[TS_ELEM_GELU][0], 6e-9, 0) < 1e-12 &&
+          ts_rel_err(keys.elem_time[TS_ELEM_GELU][1], 8e-9, 0) < 1e-12 &&
+          keys.elem_time[TS_ELEM_LAYERNORM][0] == 0.0);
+    ts_cluster gelu = keys, serial = keys, none = keys;
+    gelu.comm_on_compute = false;
+    memset(serial.elem_time, 0, sizeof serial.elem_time);
+    none.comm_on_compute = false;
+    memset(none.elem_time, 0, sizeof none.elem_time);
+
+    int grids = 0;
+    for (int pp = 1; pp <= 2; pp++)
+        for (int dp = 1; dp <= 2; dp++)
+            for (int tp = 1; tp <= 2; tp++)
+                for (int z = 0; z <= (dp > 1); z++)
+                    for (int ov = 0; ov <= 1; ov++) {
+                        char set[6][64];
+                        const char *sets[6];
+                        snprintf(set[0], 64, "parallel.pp=%d", pp);
+                        snprintf(set[1], 64, "parallel.dp=%d", dp);
+                        snprintf(set[2], 64, "parallel.tp=%d", tp);
+                        snprintf(set[3], 64, "parallel.zero=%d", z);
+                        snprintf(set[4], 64, "parallel.overlap_grad_sync=%s", ov ? "true" : "false");
+                        snprintf(set[5], 64, "train.global_batch=%d", 16 * dp);
+                        for (int k = 0; k < 6; k++) sets[k] = set[k];
+                        ts_config cfg;
+                        load_config("configs/tiny.cfg", sets, 6, &cfg);
+                        ts_plan_grid g;
+                        ts_plan_grid_of(&cfg, &g);
+                        /* the same cut on every cluster: GELU's cost may move the balanced one */
+                        ts_plan_ctx *x0 = ts_plan_ctx_new(&cfg, &base);
+                        ts_plan_result r0, rn, rg, rs, rk;
+                        CHECK(ts_plan_predict(x0, &g, &r0, NULL) == TS_OK);
+                        const int *cut = ts_plan_partition(x0, &g);
+                        cfg.parallel.n_partition = pp;
+                        memcpy(cfg.parallel.partition, cut, sizeof(int) * (size_t)pp);
+                        const ts_cluster *cls[] = {&none, &gelu, &serial, &keys};
+                        ts_plan_result *rs_[] = {&rn, &rg, &rs, &rk};
+                        for (int c = 0; c < 4; c++) {
+                            ts_plan_ctx *x = ts_plan_ctx_new(&cfg, cls[c]);
+                            CHECK(ts_plan_predict(x, &g, rs_[c], NULL) == TS_OK);
+                            CHECK(rs_[c]->lower_ms <= rs_[c]->step_ms * (1 + 1e-12));
+                            ts_plan_ctx_free(x);
+                        }
+                        ts_plan_ctx_free(x0);
+                        /* absent keys: the same prediction, to the bit */
+                        CHECKF(rn.step_ms == r0.step_ms, "pp %d dp %d tp %d: %.9f vs %.9f ms",
+                               pp, dp, tp, rn.step_ms, r0.step_ms);
+                        /* GELU: each of a rank's layers' m micro-batches adds N x 4C/tp
+                         * elements forward and backward at their time, less the memory
+                         * pass (8 and 16 bytes per element); with pp = 1 the step is the
+                         * rank's work, so the step grows by exactly that */
+                        if (pp == 1) {
+                            const double el = (double)g.micro_batch * cfg.model.seq_len * 4.0 *
+                                              cfg.model.n_embd / tp;
+                            const double per = 6e-9 + 8e-9 - 24.0 / base.memory_bandwidth;
+                            const double want = g.m * cfg.model.n_layer * el * per * 1e3;
+                            CHECKF(ts_rel_err(rg.step_ms - r0.step_ms, want, 1e-9) < 1e-6,
+                                   "dp %d tp %d: GELU added %.4f ms, expected %.4f", dp, tp,
+                                   rg.step_ms - r0.step_ms, want);
+                        }
+                        CHECK(rg.step_ms > r0.step_ms);
+                        /* no overlap: never faster; with dp, the reduction fully exposed */
+                        CHECKF(rs.step_ms >= r0.step_ms * (1 - 1e-12) &&
+                                   rk.step_ms >= rg.step_ms * (1 - 1e-12),
+                               "pp %d dp %d tp %d zero %d: no overlap %.4f / %.4f ms, overlap "
+                               "%.4f / %.4f",
+                               pp, dp, tp, z, rs.step_ms, rk.step_ms, r0.step_ms, rg.step_ms);
+                        /* (with pp > 1 the busiest rank need not reduce the most) */
+                        if (dp > 1)
+                            CHECKF(rs.terms.dp_exposed > 0 &&
+                                       rs.terms.dp_exposed <= rs.terms.dp_reduction &&
+                                       (pp > 1 || ts_rel_err(rs.terms.dp_exposed,
+                                                             rs.terms.dp_reduction, 1e-12) < 1e-12),
+                                   "dp %d: exposed %.4f of %.4f ms", dp, rs.terms.dp_exposed,
+                                   rs.terms.dp_reduction);
+                        grids++;
+                    }
+    printf("optional cluster keys checked on %d grids\n", grids);
+}
+
 /* 4. The planner's memory against train/memory.c's for every grid of <= 4 ranks. */
 static int g_mem_grids;
 static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
@@ -213,6 +305,9 @@ int main(void)
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu.cfg", 4);
     test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 8);
     test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 16);
+    /* the bound and the pruning hold without overlap too */
+    test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu_measured.cfg", 4);
+    test_optional_keys();
 
     ts_cluster cpu;
     load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &cpu);

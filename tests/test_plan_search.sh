@@ -64,6 +64,30 @@ bad_cluster eff "efficiency > 1" "gemm_efficiency entry 2 has efficiency 1.5" 's
 bad_cluster sort "unsorted table" "not sorted by n" 's/(1024, 0.65)/(300, 0.65)/'
 bad_cluster dt "bad dtype" 'compute_dtype = "fp8" is not' 's/compute_dtype = "bf16"/compute_dtype = "fp8"/'
 bad_cluster typo "unknown key" "devices_per_nodes is not a key" 's/devices_per_node = 8/devices_per_nodes = 8/'
+# The optional keys: device.elementwise_ns and overlap_comm.
+ew='s/compute_dtype = "bf16";/compute_dtype = "bf16"; elementwise_ns = EW;/'
+bad_cluster ewneg "negative GELU time" "elementwise_ns.gelu has forward = -1 ns; it must be positive" \
+  "${ew/EW/{ gelu = [-1.0, 2.0]; \}}"
+bad_cluster ewone "GELU time not a pair" "elementwise_ns.gelu must be \[forward, backward\]" \
+  "${ew/EW/{ gelu = 2.0; \}}"
+bad_cluster ewkey "unknown elementwise kernel" "elementwise_ns.softmax is not a key.*gelu, layernorm" \
+  "${ew/EW/{ softmax = [1.0, 2.0]; \}}"
+bad_cluster ovl "overlap_comm not a boolean" "cluster.overlap_comm must be true or false" \
+  's/devices_per_node = 8;/devices_per_node = 8; overlap_comm = 1;/'
+# ... and accepted: no overlap never predicts a faster step than the same file with it
+sed -e 's/devices_per_node = 8;/devices_per_node = 8; overlap_comm = false;/' \
+    -e 's/compute_dtype = "bf16";/compute_dtype = "bf16"; elementwise_ns = { gelu = [0.01, 0.02]; };/' \
+    $H100 >"$TMP/serial.cfg"
+for grid in "1 4 1" "2 2 2" "4 1 2"; do
+  set -- $grid
+  args=(configs/gpt2-124m.cfg --set parallel.pp=$1 --set parallel.dp=$2 --set parallel.tp=$3 --json)
+  "$T" plan "${args[@]}" --cluster $H100 >"$TMP/o.json" || fail "plan $grid on H100"
+  "$T" plan "${args[@]}" --cluster "$TMP/serial.cfg" >"$TMP/s.json" || fail "plan $grid, no overlap"
+  a=$(json_num step_ms "$TMP/o.json"); b=$(json_num step_ms "$TMP/s.json")
+  awk -v a="$a" -v b="$b" 'BEGIN {exit !(b >= a)}' || fail "grid $grid: no overlap $b ms < overlap $a ms"
+done
+"$T" plan configs/tiny.cfg --cluster configs/clusters/this-machine.cfg >/dev/null 2>&1 ||
+  fail "configs/clusters/this-machine.cfg does not load"
 expect_error "missing file" "cannot be read" -- configs/tiny.cfg --cluster "$TMP/none.cfg"
 expect_error "too few devices" "8 devices are fewer than one replica of this model needs: at least [0-9]+" -- \
   configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search

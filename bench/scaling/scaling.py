@@ -4,8 +4,9 @@ tables and the gnuplot data files. Subcommands:
 
   timeshare CLUSTER.cfg CORES RANKS OUT.cfg
       write a variant of a measured cluster file for RANKS ranks time-sharing CORES
-      cores: devices_per_node = RANKS, and each device's peak FLOP/s, memory bandwidth
-      and memory scaled by CORES / RANKS (each rank gets that share of a core)
+      cores: devices_per_node = RANKS, each device's peak FLOP/s, memory bandwidth and
+      memory scaled by CORES / RANKS (each rank gets that share of a core), its
+      elementwise times per element by RANKS / CORES
   measured MANIFEST.tsv OUTDIR
       one row per run (label, config, kind, mode, ranks, grid, metrics file, plan JSON
       files, CPU share of other processes): OUTDIR/measured.csv, measured.md and one
@@ -43,20 +44,29 @@ def timeshare(src, cores, ranks, out):
             die("%s: no %s = NUMBER to scale" % (src, key))
         return pat.sub(lambda m: m.group(1) + fmt % (float(m.group(2)) * factor), text, count=1)
 
-    m = re.search(r"\bdevices_per_node\s*=\s*([0-9]+)", text)
+    # keys at the start of a line: `source` quotes some of them ("devices_per_node = 2.")
+    m = re.search(r"^\s*devices_per_node\s*=\s*([0-9]+)", text, re.M)
     if not m:
         die("%s: no devices_per_node" % src)
     if int(m.group(1)) != cores:
         die("%s has devices_per_node = %s, expected one device per core (%d)"
             % (src, m.group(1), cores))
-    text = re.sub(r"(\bdevices_per_node\s*=\s*)[0-9]+", r"\g<1>%d" % ranks, text, count=1)
+    text = re.sub(r"^(\s*devices_per_node\s*=\s*)[0-9]+", r"\g<1>%d" % ranks, text, count=1,
+                  flags=re.M)
     text = scale("memory_gb", text, share, "%.3f")
     text = scale("memory_bandwidth_gbs", text, share, "%.3f")
     text = scale("fp32", text, share, "%.6f")
+    # elementwise kernels' times per element (if any) grow as the core's share shrinks
+    em = re.search(r"\belementwise_ns\s*=\s*\{[^}]*\}", text)
+    if em:
+        block = re.sub(r"[0-9][0-9.eE+-]*",
+                       lambda m: "%.4f" % (float(m.group(0)) / share), em.group(0))
+        text = text[:em.start()] + block + text[em.end():]
     note = ("%d ranks time-sharing %d cores: a variant of %s written by "
-            "bench/scaling/scaling.py timeshare, with devices_per_node = %d and each "
-            "device's fp32 peak, memory bandwidth and memory scaled by %d/%d. " %
-            (ranks, cores, src, ranks, cores, ranks))
+            "bench/scaling/scaling.py timeshare, with devices_per_node = %d, each "
+            "device's fp32 peak, memory bandwidth and memory scaled by %d/%d and its "
+            "elementwise times per element by %d/%d. " %
+            (ranks, cores, src, ranks, cores, ranks, ranks, cores))
     text = re.sub(r'(\bsource\s*=\s*)"', lambda m: m.group(1) + '"' + note, text, count=1)
     text = re.sub(r'(\bname\s*=\s*")', r"\g<1>%d ranks on %d cores: " % (ranks, cores), text,
                   count=1)

@@ -8,11 +8,14 @@
 
 /* Keys each group may hold: any other key is an error (a misspelt key must not be
  * silently replaced by nothing). */
-static const char *const k_cluster_keys[] = {"name", "source", "devices_per_node", "device",
-                                             "intra_node", "inter_node", NULL};
+static const char *const k_cluster_keys[] = {"name",       "source",     "devices_per_node",
+                                             "device",     "intra_node", "inter_node",
+                                             "overlap_comm", NULL};
 static const char *const k_device_keys[] = {"name", "memory_gb", "memory_bandwidth_gbs",
                                             "peak_tflops", "compute_dtype", "gemm_efficiency",
-                                            NULL};
+                                            "elementwise_ns", NULL};
+
+const char *const ts_elem_names[TS_N_ELEM] = {"gelu", "layernorm"};
 static const char *const k_peak_keys[] = {"fp32", "bf16", NULL};
 static const char *const k_link_keys[] = {"bandwidth_gbs", "latency_us", NULL};
 
@@ -147,6 +150,54 @@ static ts_status efficiency_table(const char *path, const config_setting_t *dev,
     return TS_OK;
 }
 
+/* device.elementwise_ns (optional): { KERNEL = [forward_ns, backward_ns]; ... }. */
+static ts_status elementwise(const char *path, const config_setting_t *dev, ts_cluster *c)
+{
+    const char *w = "cluster.device.elementwise_ns";
+    config_setting_t *g = config_setting_get_member(dev, "elementwise_ns");
+    if (!g) return TS_OK;
+    if (!config_setting_is_group(g))
+        return ts_fail("cluster file %s: %s must be a group of kernels, e.g. { gelu = [0.8, "
+                       "1.1]; } (nanoseconds per element, forward and backward)",
+                       path, w);
+    const char *known[TS_N_ELEM + 1];
+    for (int k = 0; k < TS_N_ELEM; k++) known[k] = ts_elem_names[k];
+    known[TS_N_ELEM] = NULL;
+    if (unknown_keys(path, g, w, known) != TS_OK) return TS_ERR;
+    for (int k = 0; k < TS_N_ELEM; k++) {
+        config_setting_t *s = config_setting_get_member(g, ts_elem_names[k]);
+        if (!s) continue;
+        double v[2];
+        if (!config_setting_is_aggregate(s) || config_setting_length(s) != 2 ||
+            !number_of(config_setting_get_elem(s, 0), &v[0]) ||
+            !number_of(config_setting_get_elem(s, 1), &v[1]))
+            return ts_fail("cluster file %s: %s.%s must be [forward, backward], two numbers "
+                           "(nanoseconds per element), e.g. [0.8, 1.1]",
+                           path, w, ts_elem_names[k]);
+        for (int d = 0; d < 2; d++) {
+            if (!isfinite(v[d]) || v[d] <= 0)
+                return ts_fail("cluster file %s: %s.%s has %s = %g ns; it must be positive "
+                               "and finite (leave the kernel out to cost it as a memory pass)",
+                               path, w, ts_elem_names[k], d ? "backward" : "forward", v[d]);
+            c->elem_time[k][d] = v[d] * 1e-9;
+        }
+    }
+    return TS_OK;
+}
+
+/* overlap_comm (optional, default true). */
+static ts_status overlap(const char *path, const config_setting_t *cl, ts_cluster *c)
+{
+    config_setting_t *s = config_setting_get_member(cl, "overlap_comm");
+    if (!s) return TS_OK;
+    if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+        return ts_fail("cluster file %s: cluster.overlap_comm must be true or false (false: "
+                       "communication runs on the compute cores and hides behind nothing)",
+                       path);
+    c->comm_on_compute = !config_setting_get_bool(s);
+    return TS_OK;
+}
+
 static ts_status parse(const char *path, const config_t *lc, ts_cluster *c)
 {
     config_setting_t *root = config_root_setting(lc), *cl = NULL, *dev = NULL, *peak = NULL;
@@ -216,7 +267,8 @@ static ts_status parse(const char *path, const config_t *lc, ts_cluster *c)
         return ts_fail("cluster file %s: cluster.device.compute_dtype = \"bf16\" needs "
                        "cluster.device.peak_tflops.bf16 (or set compute_dtype = \"fp32\")",
                        path);
-    if (efficiency_table(path, dev, c) != TS_OK ||
+    if (efficiency_table(path, dev, c) != TS_OK || elementwise(path, dev, c) != TS_OK ||
+        overlap(path, cl, c) != TS_OK ||
         link_of(path, cl, "intra_node", "one device's link inside a node", &c->intra) != TS_OK ||
         link_of(path, cl, "inter_node", "one device's share of the network", &c->inter) != TS_OK)
         return TS_ERR;

@@ -1,7 +1,24 @@
 /* A cluster description (a libconfig file, configs/clusters/NAME.cfg): what the planner
- * knows about the machines a run would use. Every key is required; numbers must be
- * positive and finite; GEMM efficiencies in (0, 1], the table sorted by problem size.
- * Units in the struct are SI: bytes, bytes/s, FLOP/s, seconds. */
+ * knows about the machines a run would use. Every key is required except the two below;
+ * numbers must be positive and finite; GEMM efficiencies in (0, 1], the table sorted by
+ * problem size. Units in the struct are SI: bytes, bytes/s, FLOP/s, seconds.
+ *
+ * Optional keys, for devices the default model misdescribes (CPUs); without them a GPU
+ * file's predictions are what they were:
+ *   device.elementwise_ns = { gelu = [FWD, BWD]; ... };
+ *       elementwise kernels that are compute-bound on this device: nanoseconds per
+ *       element of the forward and the backward kernel, measured (scripts/
+ *       measure_cluster.sh, bench/bench_elementwise.c). The planner charges a pass
+ *       max(its memory time, elements x this); a kernel not listed stays a memory pass
+ *       (right where exp and tanh are cheap next to memory traffic, as on GPUs). Kernels
+ *       and what an element is: gelu (one activation of the MLP's N x 4C/tp hidden
+ *       layer), layernorm (one of the N x C values normalised). Attention's softmax and
+ *       the cross-entropy are not separate kernels on every backend (fused into
+ *       attention and into the loss's backward on the CPU), so they have no key.
+ *   overlap_comm = false;   (cluster level; default true)
+ *       communication does not overlap compute: the library progresses it on the cores
+ *       that compute (MPI on a CPU). The dp reduction is then charged after each rank's
+ *       last backward, fully exposed, and pipeline messages to the sending rank. */
 #ifndef TS_PLAN_CLUSTER_H
 #define TS_PLAN_CLUSTER_H
 
@@ -16,6 +33,10 @@ typedef struct {
     double latency;   /* seconds per message */
 } ts_link;
 
+/* device.elementwise_ns's kernels (TS_ELEM_* index ts_cluster.elem_time). */
+enum { TS_ELEM_GELU, TS_ELEM_LAYERNORM, TS_N_ELEM };
+extern const char *const ts_elem_names[TS_N_ELEM];
+
 typedef struct {
     char name[256];
     char device_name[256];
@@ -28,6 +49,10 @@ typedef struct {
     int n_eff;                /* points in the efficiency table */
     double eff_n[TS_CLUSTER_MAX_EFF], eff[TS_CLUSTER_MAX_EFF];
     ts_link intra, inter;
+    double elem_time[TS_N_ELEM][2]; /* seconds per element, forward and backward; 0 =
+                                       not given: a memory pass */
+    bool comm_on_compute;         /* overlap_comm = false: communication runs on the
+                                     compute cores (zero-initialised: it overlaps) */
 } ts_cluster;
 
 /* Read and check `path`. Errors name the file and the key, e.g.

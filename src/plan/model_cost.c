@@ -27,6 +27,26 @@ static double gemm(const ts_cluster *cl, double m, double n, double k)
 
 static double mem_time(const ts_cluster *cl, double bytes) { return bytes / cl->memory_bandwidth; }
 
+/* Elementwise kernels. Without a time per element in the cluster file a kernel is a
+ * memory pass and its bytes join the layer's one sum of them (so a file without
+ * device.elementwise_ns predicts to the bit what it did before the key existed: the
+ * balanced cut compares layer costs, and a rounding difference could move it); with one,
+ * its bytes leave that sum and it costs the larger of its memory time and elements x the
+ * measured time per element (memory traffic included in the measurement). The parser
+ * sets a kernel's forward and backward together. */
+static double shared_bytes(const ts_cluster *cl, int kernel, double bytes)
+{
+    return cl->elem_time[kernel][0] > 0 ? 0.0 : bytes;
+}
+
+static double own_time(const ts_cluster *cl, int kernel, int dir, double bytes, double elements)
+{
+    const double per = cl->elem_time[kernel][dir];
+    if (per <= 0) return 0.0;
+    const double t = mem_time(cl, bytes);
+    return elements * per > t ? elements * per : t;
+}
+
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           int tp, int micro_batch, ts_link tp_link)
 {
@@ -69,17 +89,23 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const double lin = gemm(cl, N, 3.0 * C / tpd, C) + gemm(cl, N, C, C / tpd) +
                        gemm(cl, N, F, C) + gemm(cl, N, C, F);
     const double att = B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
-    /* LayerNorm x2 (read + write), residual adds x2 (2 reads + 1 write), GELU (read +
-     * write of the local 4C/tp columns), softmax (read scores, write probabilities, the
-     * scale/mask pass) over the local heads. */
-    const double elem = f32 * (4.0 * N * C + 6.0 * N * C + 2.0 * N * F + 3.0 * B * hl * T * T);
+    /* Elementwise passes, forward: LayerNorm x2 (read + write), residual adds x2 (2 reads
+     * + 1 write), GELU (read + write of the local 4C/tp columns), softmax (read scores,
+     * write probabilities, the scale/mask pass) over the local heads; the backward moves
+     * twice the bytes. GELU and LayerNorm may have their own time (above). */
+    const double elem = f32 * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * N * C) + 6.0 * N * C +
+                               shared_bytes(cl, TS_ELEM_GELU, 2.0 * N * F) + 3.0 * B * hl * T * T);
+    const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, f32 * 4.0 * N * C, 2.0 * N * C) +
+                         own_time(cl, TS_ELEM_GELU, 0, f32 * 2.0 * N * F, N * F);
+    const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, f32 * 8.0 * N * C, 2.0 * N * C) +
+                         own_time(cl, TS_ELEM_GELU, 1, f32 * 4.0 * N * F, N * F);
     for (int l = 1; l <= mc->n_layer; l++) {
         L->f_gemm[l] = lin + att;
         L->b_gemm[l] = 2.0 * lin + 2.0 * att;
         L->f_tp[l] = 2.0 * ar_act;
         L->i_tp[l] = 2.0 * ar_act;
-        L->f[l] = lin + att + mem_time(cl, elem) + L->f_tp[l];
-        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + L->i_tp[l];
+        L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l];
+        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];
         L->w[l] = lin;
     }
     /* Embedding: a gather of the local vocabulary rows + wpe (write N*C), the tp sum;
@@ -98,8 +124,12 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     L->b_gemm[h] = 2.0 * head_gemm;
     L->f_tp[h] = 3.0 * ts_plan_allreduce_time(N * f32, tp, tp_link);
     L->i_tp[h] = ar_act;
-    L->f[h] = head_gemm + mem_time(cl, f32 * (2.0 * N * C + 3.0 * N * Vl)) + L->f_tp[h];
-    L->i[h] = head_gemm + mem_time(cl, f32 * (2.0 * N * Vl + 3.0 * N * C)) + L->i_tp[h];
+    L->f[h] = head_gemm +
+              mem_time(cl, f32 * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * N * C) + 3.0 * N * Vl)) +
+              own_time(cl, TS_ELEM_LAYERNORM, 0, f32 * 2.0 * N * C, N * C) + L->f_tp[h];
+    L->i[h] = head_gemm +
+              mem_time(cl, f32 * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * N * C))) +
+              own_time(cl, TS_ELEM_LAYERNORM, 1, f32 * 3.0 * N * C, N * C) + L->i_tp[h];
     L->w[h] = head_gemm;
 }
 

@@ -5,7 +5,9 @@
  * Time. A GEMM of shape (m, n, k) takes 2mnk / (peak * efficiency(cbrt(mnk))), peak of
  * the cluster's compute_dtype; elementwise work (LayerNorm, residual adds, GELU,
  * softmax, embedding gather/scatter, cross-entropy) takes its bytes / memory
- * bandwidth, in fp32 (Tessera keeps activations in fp32 on every backend today). A
+ * bandwidth, in fp32 (Tessera keeps activations in fp32 on every backend today), or
+ * for a kernel the cluster's device.elementwise_ns lists, the larger of that and its
+ * elements x the measured time per element (compute-bound exp/tanh on CPUs). A
  * block's backward is its GEMMs twice (input gradient I: dX of the four linears and
  * attention's backward; weight gradient W: dW of the four linears) plus twice the
  * forward's elementwise bytes in I. Tensor parallelism (Megatron): each rank does 1/tp

@@ -209,9 +209,20 @@ static double recompute_share(int recompute, int m)
                                                    : 0.0;
 }
 
-static void chunk_costs_make(const ts_plan_layers *L, const part_entry *p, const ts_plan_grid *g,
-                             chunk_costs *cc)
+/* One pipeline message (ms): latency + one micro-batch's activations / bandwidth. */
+static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_plan_grid *g)
 {
+    const ts_link pl = ts_plan_pp_link(&x->cl, g);
+    return (pl.latency + L->msg_bytes / pl.bandwidth) * 1e3;
+}
+
+/* With comm_on_compute (overlap_comm = false) a pipeline message is the sending rank's
+ * work: chunk c's forward sends its activations on (c < n-1), its input gradient sends
+ * the gradient back (c > 0), and the link itself is free. */
+static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+                             const ts_plan_grid *g, chunk_costs *cc)
+{
+    const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
     double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
@@ -226,9 +237,9 @@ static void chunk_costs_make(const ts_plan_layers *L, const part_entry *p, const
             w += L->w[l];
             tp += L->f_tp[l] + L->i_tp[l];
         }
-        cc->f[c] = f * 1e3;
+        cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
         cc->rc[c] = share * f * 1e3;
-        cc->i[c] = i * 1e3 + cc->rc[c];
+        cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
         cc->w[c] = w * 1e3;
         cc->tp[c] = tp * 1e3;
         cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
@@ -243,6 +254,41 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->tp);
     free(cc->rc);
     free(cc->dp_floats);
+}
+
+/* The dp reduction's lane (dp > 1): a ring over dp ranks all-reduces 2(dp-1)/dp of the
+ * bytes in 2(dp-1) steps, ZeRO-1's reduce-scatter half of that; per latency (ms) and
+ * bytes per ms, as the simulator's dp lane takes them. */
+static void dp_lane(const ts_plan_ctx *x, const ts_plan_grid *g, double *latency_ms,
+                    double *bytes_per_ms)
+{
+    const ts_link dl = ts_plan_dp_link(&x->cl, g);
+    const double k = g->dp - 1.0, halves = g->zero == 1 ? 1.0 : 2.0;
+    *latency_ms = halves * k * dl.latency * 1e3;
+    *bytes_per_ms = dl.bandwidth * g->dp / (halves * k) * 1e-3;
+}
+
+/* The reductions chunk c issues: one per parallel.bucket_mb of its gradients (at most one
+ * per layer) when they overlap the backward, else one. */
+static int dp_pieces(const ts_plan_ctx *x, const part_entry *p, const chunk_costs *cc, int c)
+{
+    if (!x->cfg.parallel.overlap_grad_sync) return 1;
+    const double bucket = (double)x->cfg.parallel.bucket_mb * 1048576.0;
+    const double k = ceil(cc->dp_floats[c] * 4.0 / bucket);
+    return k < 1 ? 1 : k > p->sizes[c] ? p->sizes[c] : (int)k;
+}
+
+/* Rank q's dp reduction time when it cannot overlap (comm_on_compute): every chunk's
+ * reductions back to back after the rank's last backward (ms); 0 otherwise. */
+static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const part_entry *p,
+                           const chunk_costs *cc, int q)
+{
+    if (!x->cl.comm_on_compute || g->dp <= 1) return 0.0;
+    double lat, bw, t = 0.0;
+    dp_lane(x, g, &lat, &bw);
+    for (int c = q; c < p->n_chunks; c += g->pp)
+        t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
+    return t;
 }
 
 /* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1's all-gather. */
@@ -305,9 +351,9 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     /* The bound: rank q cannot start before micro-batch 0 has passed chunks 0..q-1, and
      * then has all its own work and its optimizer to do. */
     chunk_costs cc;
-    chunk_costs_make(L, p, g, &cc);
-    const ts_link pl = ts_plan_pp_link(&x->cl, g);
-    const double hop = (pl.latency + L->msg_bytes / pl.bandwidth) * 1e3;
+    chunk_costs_make(x, L, p, g, &cc);
+    /* with comm_on_compute the message is in the sender's f, the link free */
+    const double hop = hop_ms(x, L, g), wire = x->cl.comm_on_compute ? 0.0 : hop;
     double head = 0.0, busiest = -1.0;
     for (int q = 0; q < g->pp; q++) {
         double busy = 0.0, tp = 0.0, rc = 0.0, floats = 0.0;
@@ -317,15 +363,15 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
             rc += g->m * cc.rc[c];
             floats += cc.dp_floats[c];
         }
-        const double opt = optimizer_ms(x, g, floats);
-        if (head + busy + opt > r->lower_ms) r->lower_ms = head + busy + opt;
-        if (busy + opt > busiest) {
-            busiest = busy + opt;
+        const double opt = optimizer_ms(x, g, floats), dp = dp_serial_ms(x, g, p, &cc, q);
+        if (head + busy + opt + dp > r->lower_ms) r->lower_ms = head + busy + opt + dp;
+        if (busy + opt + dp > busiest) {
+            busiest = busy + opt + dp;
             r->terms = (ts_plan_terms){.compute = busy - tp - rc, .recompute = rc,
                                        .tp_comm = tp, .optimizer = opt,
                                        .pp_comm = hop};
         }
-        head += cc.f[q] + (q + 1 < g->pp ? hop : 0.0);
+        head += cc.f[q] + (q + 1 < g->pp ? wire : 0.0);
     }
     chunk_costs_free(&cc);
     return TS_OK;
@@ -363,37 +409,36 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     const part_entry *p = part_for(x, g);
     sched_entry *se = sched_for(x, g);
     chunk_costs cc;
-    chunk_costs_make(L, p, g, &cc);
+    chunk_costs_make(x, L, p, g, &cc);
     const int n = p->n_chunks;
     const ts_link pl = ts_plan_pp_link(&x->cl, g);
+    const bool serial = x->cl.comm_on_compute;
+    /* The optimizer, after (serial) the rank's whole dp reduction. */
     double *optim = ts_malloc(sizeof(double) * (size_t)g->pp);
+    double *dp_serial = ts_calloc((size_t)g->pp, sizeof(double));
     for (int q = 0; q < g->pp; q++) {
         double floats = 0.0;
         for (int c = q; c < n; c += g->pp) floats += cc.dp_floats[c];
-        optim[q] = optimizer_ms(x, g, floats);
+        dp_serial[q] = dp_serial_ms(x, g, p, &cc, q);
+        optim[q] = optimizer_ms(x, g, floats) + dp_serial[q];
     }
     ts_sim_costs costs = {.n_chunks = n, .f = cc.f, .i = cc.i, .w = cc.w,
-                          .latency = pl.latency * 1e3, .bandwidth = pl.bandwidth * 1e-3,
+                          .latency = serial ? 0.0 : pl.latency * 1e3,
+                          .bandwidth = serial ? 0.0 : pl.bandwidth * 1e-3,
                           .msg_bytes = L->msg_bytes, .optim = optim};
     double *dp_bytes = NULL;
     int *pieces = NULL;
-    if (g->dp > 1) {
+    if (g->dp > 1 && !serial) {
+        /* Overlapped: the simulator's dp lane, per bucket as the trainer issues them. */
         dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
         pieces = ts_malloc(sizeof(int) * (size_t)n);
-        const double bucket = (double)x->cfg.parallel.bucket_mb * 1048576.0;
         for (int c = 0; c < n; c++) {
             dp_bytes[c] = cc.dp_floats[c] * 4.0;
-            const double k = ceil(dp_bytes[c] / bucket);
-            pieces[c] = k < 1 ? 1 : k > p->sizes[c] ? p->sizes[c] : (int)k;
+            pieces[c] = dp_pieces(x, p, &cc, c);
         }
-        /* A ring over dp ranks: all-reduce 2(dp-1)/dp of the bytes and 2(dp-1) steps;
-         * ZeRO-1's reduce-scatter half of that. Per bucket, as the trainer issues them. */
-        const ts_link dl = ts_plan_dp_link(&x->cl, g);
-        const double k = g->dp - 1.0, halves = g->zero == 1 ? 1.0 : 2.0;
         costs.dp_bytes = dp_bytes;
         costs.dp_pieces = x->cfg.parallel.overlap_grad_sync ? pieces : NULL;
-        costs.dp_latency = halves * k * dl.latency * 1e3;
-        costs.dp_bandwidth = dl.bandwidth * g->dp / (halves * k) * 1e-3;
+        dp_lane(x, g, &costs.dp_latency, &costs.dp_bandwidth);
     }
     ts_sim_result sr;
     ts_status st = ts_sim_run(&se->s, &costs, &sr);
@@ -401,14 +446,21 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
         r->simulated = true;
         r->step_ms = sr.step_time;
         r->bubble = sr.bubble_mean;
-        double busy = 0.0, lane = 0.0;
+        /* The busiest rank's compute and optimizer; a serial dp reduction (in its optim)
+         * is the exposed term, not busy time. */
+        double most = -1.0, busy = 0.0, lane = 0.0, exposed = serial ? 0.0 : sr.dp_exposed;
         for (int q = 0; q < g->pp; q++) {
-            busy = sr.busy[q] > busy ? sr.busy[q] : busy;
-            lane = sr.dp_busy[q] > lane ? sr.dp_busy[q] : lane;
+            if (sr.busy[q] > most) {
+                most = sr.busy[q];
+                busy = sr.busy[q] - dp_serial[q];
+                if (serial) exposed = dp_serial[q];
+            }
+            const double d = serial ? dp_serial[q] : sr.dp_busy[q];
+            lane = d > lane ? d : lane;
         }
-        r->terms.dp_exposed = sr.dp_exposed;
+        r->terms.dp_exposed = exposed;
         r->terms.dp_reduction = lane;
-        const double idle = sr.step_time - busy - sr.dp_exposed;
+        const double idle = sr.step_time - busy - exposed;
         r->terms.bubble = idle > 0 ? idle : 0.0;
         finish(x, r);
         if (keep)
@@ -417,6 +469,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
             ts_sim_result_free(&sr);
     }
     free(optim);
+    free(dp_serial);
     free(dp_bytes);
     free(pieces);
     chunk_costs_free(&cc);

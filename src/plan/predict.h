@@ -15,7 +15,14 @@
  * latencies folded into the lane's bandwidth and latency. The optimizer (AdamW over the
  * rank's parameters, 1/dp of them with ZeRO-1) reads and writes 36 bytes per parameter
  * (38 with the bf16 copy) at memory bandwidth; ZeRO-1's parameter all-gather follows
- * it. */
+ * it.
+ *
+ * A cluster with overlap_comm = false (communication progresses on the compute cores:
+ * MPI on a CPU) overlaps nothing: each rank's dp reductions (the same buckets and ring
+ * costs) run back to back after its last backward, before its optimizer, all of it
+ * exposed; a pipeline message is charged to the sending chunk's F (activations on) or I
+ * (gradient back) and arrives when that ends. No simulator change: the reduction goes
+ * into the rank's optimizer time, the message into the chunk costs. */
 #ifndef TS_PLAN_PREDICT_H
 #define TS_PLAN_PREDICT_H
 
