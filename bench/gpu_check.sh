@@ -128,7 +128,7 @@ if [ "$dry" != 1 ] && ! compgen -G '/usr/local/cuda/lib*/libnccl.so*' >/dev/null
     if [ -n "$hdr" ] && [ -n "$lib" ]; then
       nccl_args=(-DNCCL_INCLUDE_DIR="$(dirname "$hdr")" -DNCCL_LIBRARY="$lib")
       libdir=$(dirname "$lib")
-      export LD_LIBRARY_PATH="$libdir:$LD_LIBRARY_PATH"
+      export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
   fi
   echo "NCCL: ${nccl_args[*]:-none found (the build goes on without the NCCL backend)}" >>"$out/env.txt"
@@ -151,7 +151,14 @@ if [ -d "$build" ]; then
   phase ctest 180 "$out/ctest_gpu.log" ctest --test-dir "$build" -L gpu --output-on-failure \
     --timeout 150
   note=$(grep -h -E 'tests passed|No tests were found' "$out/ctest_gpu.log" 2>/dev/null | tail -1)
-  phases[${#phases[@]} - 1]+=" ${note}"
+  # On the GPU machine a skipped gpu test means the build could not use the GPU (driver
+  # or runtime mismatch): CTest counts it as passed, this check must not.
+  if [ "$dry" != 1 ] && grep -q -E 'Skipped|Not Run|No tests were found' "$out/ctest_gpu.log"; then
+    note+=" SKIPPED OR NOT RUN: the check failed"
+    phases[${#phases[@]} - 1]=$(printf '%-10s %6s %6s  %s' ctest skipped - "$note")
+  else
+    phases[${#phases[@]} - 1]+=" ${note}"
+  fi
 fi
 
 # ---- the benchmark
@@ -186,5 +193,12 @@ for f in "$out"/*; do
   fi
 done
 cat "$out/summary.txt"
-bad=$(printf '%s\n' "${phases[@]}" | awk '$2 != "0" && $2 != "skip" && $2 != "-" {n++} END {print n + 0}')
+# A phase that did not succeed fails the check, skipped ones included (out of time, no
+# binary, skipped tests): a run that tested nothing must not look like a pass. In a dry
+# run skips are expected.
+if [ "$dry" = 1 ]; then
+  bad=$(printf '%s\n' "${phases[@]}" | awk '$2 != "0" && $2 != "skip" && $2 != "-" {n++} END {print n + 0}')
+else
+  bad=$(printf '%s\n' "${phases[@]}" | awk '$2 != "0" {n++} END {print n + 0}')
+fi
 exit $((bad > 0))

@@ -55,7 +55,8 @@ scripts/setup.sh python3 gnuplot-nox >/dev/null
 cmake --build "$build" -j"$cores" --target tessera >/dev/null
 scripts/prepare_data.sh "$build/tessera" data >/dev/null
 if [ ! -f "$here_cluster" ]; then
-  cmake --build "$build" -j"$cores" --target bench_stream bench_gemm_curve bench_pingpong >/dev/null
+  cmake --build "$build" -j"$cores" --target bench_stream bench_gemm_curve bench_pingpong \
+    bench_allreduce bench_elementwise >/dev/null
   scripts/measure_cluster.sh "$build" "$here_cluster"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

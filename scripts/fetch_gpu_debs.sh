@@ -113,12 +113,14 @@ fi
 printf '%s\n' "${carry[@]}" | sort >"$dest/PACKAGES.txt"
 
 # The newest glibc symbol version any carried ELF file needs must be one the image has.
+command -v objdump >/dev/null || { echo "fetch_gpu_debs: objdump (binutils) is needed to check the carried libraries' glibc" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for f in "$dest"/*.deb; do dpkg -x "$f" "$tmp"; done
 need=$(find "$tmp" -type f \( -name '*.so*' -o -perm -u+x \) -print0 |
   { xargs -0 objdump -T 2>/dev/null || true; } | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' |
   sort -uV | tail -1)
+[ -n "$need" ] || { echo "fetch_gpu_debs: found no glibc symbol versions in the carried files (objdump failed?)" >&2; exit 1; }
 if [ "$(printf '%s\n%s\n' "$need" "$image_glibc" | sort -V | tail -1)" != "$image_glibc" ]; then
   echo "fetch_gpu_debs: the carried libraries need glibc $need, newer than the GPU image's" \
     "$image_glibc" >&2

@@ -29,7 +29,7 @@ run() {
   local name=$1; shift
   "$T" plan configs/tiny.cfg "$@" --cluster $CL --json >"$TMP/plan.json" 2>"$TMP/err" || {
     echo "  $name: not a valid grid ($(head -c 120 "$TMP/err"))"; return; }
-  python3 - "$TMP/plan.json" >"$TMP/grid" <<'PY' || return
+  python3 - "$TMP/plan.json" >"$TMP/grid" <<'PY' || { fail "$name: the plan's JSON lacks the grid"; return; }
 import json, sys
 p = json.load(open(sys.argv[1]))
 print(p["world"], p["pp"], p["dp"], p["tp"], "[" + ",".join(map(str, p["partition"])) + "]")

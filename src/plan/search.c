@@ -17,7 +17,7 @@ static int grids_for(const ts_config *cfg, int n, int *out, int cap)
     int count = 0;
     for (int tp = 1; tp <= n && tp <= cfg->model.n_head; tp++) {
         if (n % tp || cfg->model.n_head % tp || cfg->model.vocab_size < tp) continue;
-        for (int dp = 1; dp <= n / tp; dp++) {
+        for (int dp = 1; dp <= n / tp && dp <= cfg->train.global_batch; dp++) {
             if ((n / tp) % dp || cfg->train.global_batch % dp) continue;
             const int pp = n / tp / dp;
             if (pp > layers) continue;
@@ -158,10 +158,12 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
 static ts_status no_grid(const ts_config *cfg, int n)
 {
     int below = 0, above = 0;
-    for (int k = n - 1; k >= 1 && !below; k--)
-        if (grids_for(cfg, k, NULL, 0)) below = k;
+    /* No grid has more devices than pp * dp * tp at their largest: start the downward
+     * scan there (a count of 10^8 would otherwise take O(n) scans of O(n) each). */
     const int layers = cfg->model.n_layer + 2;
     const long long most = (long long)layers * cfg->model.n_head * cfg->train.global_batch;
+    for (long long k = n - 1 < most ? n - 1 : most; k >= 1 && !below; k--)
+        if (grids_for(cfg, (int)k, NULL, 0)) below = (int)k;
     for (long long k = n + 1; k <= most && k <= 100000000 && !above; k++)
         if (grids_for(cfg, (int)k, NULL, 0)) above = (int)k;
     char near[128] = "";

@@ -351,7 +351,7 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
     t->hw_numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
     t->hw_cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
     t->hw_pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
-    gpu_dev gpus[MAX_GPUS];
+    gpu_dev gpus[MAX_GPUS] = {0}; /* the hwloc fallbacks fill only obj and name */
     int n_gpus = 0;
 #ifdef TS_HAVE_CUDA
     n_gpus = find_cuda_gpus(topo, gpus, cuda);

@@ -19,6 +19,9 @@
 #include "kernels/cpu/blas_core.h"
 #include "optim/optim.h"
 #include "train/memory.h"
+#ifdef TS_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 static ts_status open_data(ts_trainer *t)
 {
@@ -196,12 +199,34 @@ static ts_status check_memory(ts_trainer *t, bool log)
     ts_memory_describe(&est, what, sizeof what);
     /* The BLAS threads are running (binding started them): their buffers are in vm_now
      * already, and they are address space, not resident memory. */
-    double new_bytes = est.total - est.blas, node = new_bytes + lim.rss_now;
-    ts_host_allreduce_sum_f64(&topo->node_comm, &node, 1);
-    const int ranks_here = topo->node_comm.size;
+    double new_bytes = est.total - est.blas;
     char left[32], limit[32], together[32], phys[32];
     ts_status st = TS_OK;
-    if (lim.vm_now + new_bytes > lim.address_space)
+#ifdef TS_HAVE_CUDA
+    /* On a GPU the estimate lives in device memory (plus the bf16 table's weight
+     * copies, 2 bytes per parameter): check it against the device's free memory, and
+     * leave the host with only what it holds itself. */
+    const bool on_gpu = t->k == &ts_kernels_cuda || t->k == &ts_kernels_cuda_bf16;
+    if (on_gpu) {
+        double dev_bytes = new_bytes + (t->k == &ts_kernels_cuda_bf16 ? est.params / 2 : 0);
+        size_t dev_free = 0, dev_total = 0;
+        if (ts_cuda_memory_info(&dev_free, &dev_total) && dev_bytes > (double)dev_free)
+            st = ts_fail("not enough GPU memory: pipeline rank %d needs %s%s, but GPU %d has %s "
+                         "free of %s; shrink the model, parallel.micro_batch or the "
+                         "micro-batches in flight (parallel.recompute), or spread it over "
+                         "more pipeline/tensor ranks",
+                         topo->coords.pp, what,
+                         t->k == &ts_kernels_cuda_bf16 ? " and its bf16 weight copies" : "",
+                         ts_cuda_current_device(),
+                         ts_format_bytes((double)dev_free, left, sizeof left),
+                         ts_format_bytes((double)dev_total, limit, sizeof limit));
+        new_bytes = 0;
+    }
+#endif
+    double node = new_bytes + lim.rss_now;
+    ts_host_allreduce_sum_f64(&topo->node_comm, &node, 1);
+    const int ranks_here = topo->node_comm.size;
+    if (st == TS_OK && lim.vm_now + new_bytes > lim.address_space)
         st = ts_fail("not enough memory: pipeline rank %d needs %s more, but the address-space "
                      "limit (ulimit -v) leaves %s of %s on host %s; raise the limit, or shrink "
                      "the model, parallel.micro_batch or the micro-batches in flight "
@@ -209,7 +234,7 @@ static ts_status check_memory(ts_trainer *t, bool log)
                      topo->coords.pp, what,
                      ts_format_bytes(lim.address_space - lim.vm_now, left, sizeof left),
                      ts_format_bytes(lim.address_space, limit, sizeof limit), topo->host);
-    else if (node > lim.physical)
+    else if (st == TS_OK && node > lim.physical)
         st = ts_fail("not enough memory: pipeline rank %d needs %s; the ranks on host %s (%d) "
                      "need %s together, but this machine has %s; shrink the model, "
                      "parallel.micro_batch or the micro-batches in flight (parallel.recompute), "

@@ -44,3 +44,13 @@ int ts_cuda_current_device(void)
 }
 
 void *ts_cuda_compute_stream(void) { return (void *)ts_cuda_stream(); }
+
+bool ts_cuda_memory_info(size_t *free_bytes, size_t *total_bytes)
+{
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *free_bytes = *total_bytes = 0;
+        return false;
+    }
+    return true;
+}

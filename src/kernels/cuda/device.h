@@ -28,6 +28,9 @@ int ts_cuda_current_device(void);
 /* The compute backend's stream (a cudaStream_t), made on first use on the current
  * device: what other streams order themselves after and before. */
 void *ts_cuda_compute_stream(void);
+/* The current device's free and total memory (cudaMemGetInfo); false (both 0) when
+ * CUDA cannot say. */
+bool ts_cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }
