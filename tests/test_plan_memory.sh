@@ -21,8 +21,12 @@ TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 CL=tests/fixtures/plan_cluster_cpu.cfg
 FAILS=0; RUNS=0
 fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
+# The corpus: Debian's fortunes as byte tokens (installed by setup), as tests/lib.sh does;
+# the config's data/train.bin exists only where scripts/prepare_data.sh has run.
+cat /usr/share/games/fortunes/fortunes /usr/share/games/fortunes/literature >"$TMP/corpus.txt"
+"$T" data "$TMP/corpus.txt" "$TMP/train.bin" >/dev/null || { echo "FAIL: tessera data"; exit 1; }
 COMMON=(--set train.steps=2 --set data.eval_every=0 --set log.progress=false --set train.threads=1
-        --set checkpoint.dir='""')
+        --set checkpoint.dir='""' --set "data.train=\"$TMP/train.bin\"")
 
 # run NAME SETS...: plan, train with the plan's cut, compare; prints one line per rank.
 run() {
