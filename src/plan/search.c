@@ -137,7 +137,7 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
             }
         }
     }
-    qsort(t, n, sizeof *t, cmp_triple);
+    if (n > 0) qsort(t, n, sizeof *t, cmp_triple); /* NULL when none */
     long long best = 0;
     for (size_t k = 0; k < n && !best; k++) {
         ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .v = 1, .micro_batch = 1,
@@ -246,7 +246,7 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     free(grids);
     /* The grids skipped on their memory floor: the closest and the lightest among them
      * are found in order of the floor, stopping once the floor alone is heavier. */
-    qsort(pruned, n_pruned, sizeof *pruned, cmp_floor);
+    if (n_pruned > 0) qsort(pruned, n_pruned, sizeof *pruned, cmp_floor); /* NULL when none */
     for (size_t j = 0; j < n_pruned; j++) {
         if (have_smallest && r->oom && pruned[j].floor >= r->smallest.mem.total &&
             pruned[j].floor >= r->oom_closest.mem.total) {
@@ -292,7 +292,7 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     /* Branch and bound over the lower bounds (search.h). */
     const int k = o->top > 0 ? o->top : 10;
     r->top = ts_calloc((size_t)k, sizeof *r->top);
-    qsort(fits, n_fits, sizeof *fits, cmp_lower);
+    if (n_fits > 0) qsort(fits, n_fits, sizeof *fits, cmp_lower); /* NULL when none */
     for (size_t j = 0; j < n_fits; j++) {
         ts_plan_result *c = &fits[j];
         if (!o->exhaustive && r->n_top == k && c->lower_ms >= r->top[k - 1].step_ms) {
