@@ -17,7 +17,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-$root/build-bare}
 debs=$root/.gpu-debs
-work=$(mktemp -d /tmp/ts-bare.XXXXXX)
+work=$(mktemp -d) # a private scratch folder under $TMPDIR or /tmp
 trap 'rm -rf "$work"' EXIT
 
 if [ "$(id -u)" -ne 0 ]; then

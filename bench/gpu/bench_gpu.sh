@@ -35,7 +35,7 @@ if [ -z "$build" ] || [ ! -x "$build/tessera" ]; then
 fi
 [ -n "$out" ] || { echo "bench_gpu: --out DIR is required" >&2; exit 2; }
 mkdir -p "$out"
-work=$(mktemp -d /tmp/ts-bench-gpu.XXXXXX)
+work=$(mktemp -d) # a private scratch folder under $TMPDIR or /tmp
 deadline=${TS_GPU_DEADLINE:-$(($(date +%s) + 3600))}
 
 # Seconds a step may take: what it wants, capped by the time left before the deadline
