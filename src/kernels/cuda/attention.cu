@@ -40,6 +40,7 @@
 
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/reduce.cuh"
 
 #define TS_ATT_WARPS 8 /* rows (warps) per block */
@@ -95,22 +96,6 @@ static __global__ void causal_softmax_backward_kernel(float *dp, bf16 *dsb, cons
         bf16 *b = dsb + r * T;
         for (int j = lane; j < T; j += 32) b[j] = __float2bfloat16(j < n ? d[j] : 0.0f);
     }
-}
-
-/* dst[0..n) = src rounded to bf16 (round to nearest even). */
-static __global__ void cast_bf16_kernel(bf16 *dst, const float *src, size_t n)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(src[i]);
-}
-
-static void cast_bf16(bf16 *dst, const float *src, size_t n)
-{
-    unsigned blocks = ts_cuda_blocks(n, 256);
-    if (blocks > 65536u) blocks = 65536u; /* grid-stride beyond */
-    cast_bf16_kernel<<<blocks, 256, 0, ts_cuda_stream()>>>(dst, src, n);
-    TS_CUDA_LAUNCHED();
 }
 
 /* An operand's place in its buffer: (b, h)'s matrix starts at b * per_b + h * per_h. */
@@ -298,7 +283,7 @@ extern "C" void ts_cuda_gemm_bf16_attention_forward(float *out, float *att, cons
     const att_shape s = shape_of(B, T, NH, HS);
     const bf16_layout l = saved_layout(B, T, NH, HS);
     bf16 *pb = (bf16 *)(att + l.p16), *xb = (bf16 *)(att + l.x16);
-    cast_bf16(xb, qkv, (size_t)B * T * s.C3);
+    ts_cuda_cast_bf16(xb, qkv, (size_t)B * T * s.C3);
     forward_core<bf16>(s, out, att, pb, xb, xb + s.C, xb + 2 * s.C, pb);
 }
 
@@ -313,7 +298,7 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(float *dqkv, float *scratch
     const bf16_layout la = saved_layout(B, T, NH, HS), ls = scratch_layout(B, T, NH, HS);
     const bf16 *pb = (const bf16 *)(att + la.p16), *xb = (const bf16 *)(att + la.x16);
     bf16 *dsb = (bf16 *)(scratch + ls.p16), *gb = (bf16 *)(scratch + ls.x16);
-    cast_bf16(gb, dout, (size_t)B * T * s.C);
+    ts_cuda_cast_bf16(gb, dout, (size_t)B * T * s.C);
     backward_core<bf16>(s, dqkv, scratch, dsb, dsb, gb, xb, xb + s.C, xb + 2 * s.C, att, pb);
 }
 

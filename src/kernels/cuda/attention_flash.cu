@@ -63,6 +63,22 @@ static int flash_smem_limit(void)
     return limit;
 }
 
+/* The dynamic shared memory `kernel` has opted in to (the attribute persists per
+ * kernel, so each is set once, not before every launch); with `set`, records it. The
+ * flash kernels are a handful of instantiations, all launched from the host thread. */
+static size_t opted_in(const void *kernel, size_t set = 0)
+{
+    static struct { const void *kernel; size_t bytes; } seen[32];
+    static int n_seen = 0;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i].kernel == kernel) {
+            if (set) seen[i].bytes = set;
+            return seen[i].bytes;
+        }
+    if (set && n_seen < 32) seen[n_seen++] = { kernel, set };
+    return set;
+}
+
 /* Launch `kernel` over ntiles x BH blocks with `floats` of dynamic shared memory on the
  * compute stream, opting in above the 48 KB default. */
 template <typename... P, typename... A>
@@ -78,9 +94,11 @@ static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, 
                  bytes, flash_smem_limit());
         ts_cuda_fail(__FILE__, __LINE__, name, why);
     }
-    if (bytes > 48 * 1024)
+    if (bytes > 48 * 1024 && opted_in((const void *)kernel) < bytes) {
         TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)bytes));
+        opted_in((const void *)kernel, bytes);
+    }
     unsigned blocks = (unsigned)ntiles * (unsigned)BH; /* flash_check bounds it */
     kernel<<<blocks, TS_FLASH_THREADS, bytes, ts_cuda_stream()>>>(args...);
     TS_CUDA_LAUNCHED();

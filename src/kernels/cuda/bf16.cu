@@ -143,15 +143,19 @@ void ts_cuda_bf16_matmul_backward(float *dinp, float *dweight, float *dbias, con
 
 /* ---- the write slots: the fp32 ones, then the cache told */
 
+/* Every weight may change (an optimizer step): each copy is cast again on its next use. */
+static void weights_changed(void)
+{
+    bf16_state &st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.version++;
+}
+
 void ts_cuda_bf16_adamw_update(float *param, const float *grad, float grad_scale, float *m,
                                float *v, size_t n, float lr, float beta1, float beta2, float eps,
                                float weight_decay, int t)
 {
-    {
-        bf16_state &st = state();
-        std::lock_guard<std::mutex> lock(st.mu);
-        st.version++;
-    }
+    weights_changed();
     ts_cuda_adamw_update(param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
@@ -160,11 +164,7 @@ void ts_cuda_bf16_adamw_update_spans(float *param, const float *grad, float grad
                                      float lr, float beta1, float beta2, float eps,
                                      float weight_decay, int t)
 {
-    {
-        bf16_state &st = state();
-        std::lock_guard<std::mutex> lock(st.mu);
-        st.version++;
-    }
+    weights_changed();
     ts_cuda_adamw_update_spans(param, grad, grad_scale, m, v, spans, n_spans, lr, beta1, beta2,
                                eps, weight_decay, t);
 }

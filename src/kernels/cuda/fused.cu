@@ -74,16 +74,19 @@ static __global__ void adamw_spans_kernel(float *param, const float *grad, float
     }
 }
 
-/* The blocks of TS_SPANS_THREADS the current device runs at once: one wave, no tail. */
+/* The blocks of TS_SPANS_THREADS the current device runs at once: one wave, no tail.
+ * Asked once (one device per process: ts_cuda_select_device binds it first). */
 static unsigned resident_blocks(void)
 {
-    int dev = 0, sms = 0, per_sm = 0;
-    TS_CUDA_CHECK(cudaGetDevice(&dev));
-    TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_spans_kernel,
-                                                                TS_SPANS_THREADS, 0));
-    int blocks = sms * per_sm;
-    return blocks > 0 ? (unsigned)blocks : 1u;
+    static const unsigned blocks = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        TS_CUDA_CHECK(cudaGetDevice(&dev));
+        TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_spans_kernel,
+                                                                    TS_SPANS_THREADS, 0));
+        return sms * per_sm > 0 ? (unsigned)(sms * per_sm) : 1u;
+    }();
+    return blocks;
 }
 
 extern "C" void ts_cuda_adamw_update_spans(float *param, const float *grad, float grad_scale,
