@@ -174,7 +174,7 @@ static void test_sharded_adamw(void)
         for (int r = 0; r < dp; r++) {
             ts_comm dpc = fake_comm(dp, r, "dp");
             ts_grad_sync_init(&g[r], &shard, &dpc, &emb, 1024, true, true);
-            ts_adamw_init_ranges(&opt[r], g[r].shard, g[r].n_shard, g[r].sharded, full.k);
+            ts_adamw_init_ranges(&opt[r], &shard, g[r].shard, g[r].n_shard, g[r].sharded);
             CHECK(opt[r].sharded);
             bytes += ts_adamw_state_bytes(&opt[r]);
         }

@@ -63,60 +63,6 @@ float ts_clip_coef(double norm, double max_norm)
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded,
-                          const ts_kernels *k)
-{
-    memset(o, 0, sizeof *o);
-    o->k = k;
-    o->n_ranges = n_ranges;
-    o->sharded = sharded;
-    o->ranges = ts_calloc((size_t)n_ranges, sizeof *o->ranges);
-    for (int r = 0; r < n_ranges; r++) {
-        TS_ASSERT(ranges[r].begin <= ranges[r].end);
-        TS_ASSERT(r == 0 || ranges[r - 1].end <= ranges[r].begin);
-        o->ranges[r] = ranges[r];
-        o->n_floats += ranges[r].end - ranges[r].begin;
-    }
-    o->m = k->dev_alloc(o->n_floats * sizeof(float));
-    o->v = k->dev_alloc(o->n_floats * sizeof(float));
-    o->norm_acc = k->dev_alloc(sizeof(double));
-}
-
-void ts_adamw_init(ts_adamw *o, const ts_model *m)
-{
-    ts_flat_range all = {0, m->num_floats};
-    ts_adamw_init_ranges(o, &all, 1, false, m->k);
-}
-
-void ts_adamw_free(ts_adamw *o)
-{
-    free(o->ranges);
-    free(o->host_spans);
-    if (o->k) {
-        o->k->dev_free(o->spans);
-        o->k->dev_free(o->m);
-        o->k->dev_free(o->v);
-        o->k->dev_free(o->norm_acc);
-    }
-    memset(o, 0, sizeof *o);
-}
-
-size_t ts_adamw_state_bytes(const ts_adamw *o)
-{
-    return 2 * o->n_floats * sizeof(float);
-}
-
-double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
-{
-    /* Every part's squares accumulate on the device; one copy reads the total. */
-    m->k->memset_zero(o->norm_acc, sizeof(double));
-    for (int r = 0; r < o->n_ranges; r++)
-        sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, o->norm_acc);
-    double sum = 0.0;
-    m->k->memcpy_d2h(&sum, o->norm_acc, sizeof sum);
-    return sum;
-}
-
 /* The spans of model m in the optimizer's ranges into `out` (NULL: count only): each
  * parameter's part inside each range (the alignment gaps between parameters are left
  * alone), range after range, its moments at the range's base plus its distance from
@@ -142,43 +88,70 @@ static int build_spans(const ts_adamw *o, const ts_model *m, ts_adamw_span *out)
     return n;
 }
 
-/* Field by field (memcmp would compare the padding after `decay`). */
-static bool same_spans(const ts_adamw_span *a, const ts_adamw_span *b, int na, int nb)
+void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *ranges,
+                          int n_ranges, bool sharded)
 {
-    if (na != nb) return false;
-    for (int i = 0; i < na; i++)
-        if (a[i].offset != b[i].offset || a[i].moment_offset != b[i].moment_offset ||
-            a[i].count != b[i].count || a[i].decay != b[i].decay)
-            return false;
-    return true;
+    const ts_kernels *k = m->k;
+    memset(o, 0, sizeof *o);
+    o->k = k;
+    o->n_ranges = n_ranges;
+    o->sharded = sharded;
+    o->ranges = ts_calloc((size_t)n_ranges, sizeof *o->ranges);
+    for (int r = 0; r < n_ranges; r++) {
+        TS_ASSERT(ranges[r].begin <= ranges[r].end);
+        TS_ASSERT(r == 0 || ranges[r - 1].end <= ranges[r].begin);
+        o->ranges[r] = ranges[r];
+        o->n_floats += ranges[r].end - ranges[r].begin;
+    }
+    o->m = k->dev_alloc(o->n_floats * sizeof(float));
+    o->v = k->dev_alloc(o->n_floats * sizeof(float));
+    o->norm_acc = k->dev_alloc(sizeof(double));
+    o->n_spans = build_spans(o, m, NULL);
+    const size_t bytes = (size_t)o->n_spans * sizeof(ts_adamw_span);
+    ts_adamw_span *host = ts_calloc(o->n_spans > 0 ? (size_t)o->n_spans : 1, sizeof *host);
+    build_spans(o, m, host);
+    o->spans = k->dev_alloc(bytes);
+    if (bytes) k->memcpy_h2d(o->spans, host, bytes);
+    free(host);
 }
 
-/* The device spans for model m: built on the first step, copied again only if the
- * model's layout differs from the last step's (another model stepped with the same
- * state). */
-static void sync_spans(ts_adamw *o, const ts_model *m)
+void ts_adamw_init(ts_adamw *o, const ts_model *m)
 {
-    const int n = build_spans(o, m, NULL);
-    ts_adamw_span *fresh = ts_calloc(n > 0 ? (size_t)n : 1, sizeof *fresh);
-    build_spans(o, m, fresh);
-    const size_t bytes = (size_t)n * sizeof *fresh;
-    if (o->spans_built && same_spans(fresh, o->host_spans, n, o->n_spans)) {
-        free(fresh);
-        return;
+    ts_flat_range all = {0, m->num_floats};
+    ts_adamw_init_ranges(o, m, &all, 1, false);
+}
+
+void ts_adamw_free(ts_adamw *o)
+{
+    free(o->ranges);
+    if (o->k) {
+        o->k->dev_free(o->spans);
+        o->k->dev_free(o->m);
+        o->k->dev_free(o->v);
+        o->k->dev_free(o->norm_acc);
     }
-    o->k->dev_free(o->spans);
-    free(o->host_spans);
-    o->spans = o->k->dev_alloc(bytes);
-    if (n > 0) o->k->memcpy_h2d(o->spans, fresh, bytes);
-    o->host_spans = fresh;
-    o->n_spans = n;
-    o->spans_built = true;
+    memset(o, 0, sizeof *o);
+}
+
+size_t ts_adamw_state_bytes(const ts_adamw *o)
+{
+    return 2 * o->n_floats * sizeof(float);
+}
+
+double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
+{
+    /* Every part's squares accumulate on the device; one copy reads the total. */
+    m->k->memset_zero(o->norm_acc, sizeof(double));
+    for (int r = 0; r < o->n_ranges; r++)
+        sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, o->norm_acc);
+    double sum = 0.0;
+    m->k->memcpy_d2h(&sum, o->norm_acc, sizeof sum);
+    return sum;
 }
 
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
                    float grad_scale, int t)
 {
-    sync_spans(o, m);
     /* Called even with no spans (a ZeRO-1 shard holding none of this model's
      * parameters): the call is also the backend's word that the parameters change now
      * (the bf16 table drops its cached weight copies, which the all-gather after the

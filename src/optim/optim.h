@@ -41,13 +41,9 @@ typedef struct {
     float *m, *v;         /* zero at the start; device memory of k */
     double *norm_acc;     /* device: the step's sum of squares, read back once */
     /* One span per parameter part inside each range (kernels.h), for one
-     * adamw_update_spans call per step. They depend on the model's layout, which
-     * init_ranges does not see, so the first step builds them; each step rebuilds the
-     * host list (a few hundred entries) and copies it to the device only if it changed. */
+     * adamw_update_spans call per step: built once from the model's layout. */
     ts_adamw_span *spans;      /* device memory of k, n_spans of them */
-    ts_adamw_span *host_spans; /* what `spans` holds */
     int n_spans;
-    bool spans_built;
     const ts_kernels *k;
     bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
                            * replica, so every dp rank counts its own in the norm */
@@ -55,10 +51,11 @@ typedef struct {
 
 /* Moments for the whole model (every float of the flat buffers). */
 void ts_adamw_init(ts_adamw *o, const ts_model *m);
-/* Moments for the given ranges only (copied; ascending and disjoint); `sharded` as above;
- * the moments are device memory of backend k. */
-void ts_adamw_init_ranges(ts_adamw *o, const ts_flat_range *ranges, int n_ranges, bool sharded,
-                          const ts_kernels *k);
+/* Moments for the given ranges of model m only (copied; ascending and disjoint);
+ * `sharded` as above; the moments are device memory of m's backend. The state steps m
+ * (or a model of the same layout) from then on. */
+void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *ranges,
+                          int n_ranges, bool sharded);
 void ts_adamw_free(ts_adamw *o);
 /* Bytes of the two moment buffers (the optimizer state this rank holds). */
 size_t ts_adamw_state_bytes(const ts_adamw *o);

@@ -438,8 +438,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->model.between_layers_ctx = &t->grad_sync;
     }
     /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
-    ts_adamw_init_ranges(&t->optim, t->grad_sync.shard, t->grad_sync.n_shard,
-                         t->grad_sync.sharded, t->model.k);
+    ts_adamw_init_ranges(&t->optim, &t->model, t->grad_sync.shard, t->grad_sync.n_shard,
+                         t->grad_sync.sharded);
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
     if (load_checkpoint(t) != TS_OK ||
