@@ -393,6 +393,10 @@ static void test_config_relations(void)
 #ifdef TS_HAVE_NCCL
     EXPECT_ERR("parallel = { comm = \"nccl\"; };\n", NULL, "parallel.comm = \"nccl\"",
                "train.device = \"cpu\"");
+    EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; };\ntrain = { device = \"cuda\"; };\n",
+               NULL, "grad_sync_progress = \"thread\"", "NCCL");
+    CHECK(load("parallel = { grad_sync_progress = \"thread\"; comm = \"mpi\"; };\n"
+               "train = { device = \"cuda\"; };\n") == TS_OK);
 #else
     EXPECT_ERR("parallel = { comm = \"nccl\"; };\n", NULL, "parallel.comm", "without NCCL");
 #endif

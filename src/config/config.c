@@ -1278,6 +1278,17 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("parallel.comm = \"nccl\" moves GPU memory, but train.device = \"%s\"; "
                        "set train.device = \"cuda\" or parallel.comm = \"auto\"",
                        cfg->train.device);
+#ifdef TS_HAVE_NCCL
+    /* "auto" and "nccl" both mean NCCL for cuda in a build that has it (trainer.c). */
+    if (strcmp(cfg->train.device, "cuda") == 0 && strcmp(p->comm, "mpi") != 0 &&
+        strcmp(p->grad_sync_progress, "thread") == 0)
+        return ts_fail("parallel.grad_sync_progress = \"thread\" drives MPI reductions from "
+                       "a host thread; with train.device = \"cuda\" the reductions are NCCL's "
+                       "(parallel.comm = \"%s\"), which run on the GPU by themselves, and a "
+                       "second thread issuing NCCL calls could order them differently on "
+                       "different ranks; use \"poll\" (or parallel.comm = \"mpi\")",
+                       p->comm);
+#endif
     if (strcmp(p->grad_sync_progress, "thread") == 0 && !p->overlap_grad_sync)
         return ts_fail("parallel.grad_sync_progress = \"thread\" drives the overlapped "
                        "reduction, but parallel.overlap_grad_sync = false runs one blocking "

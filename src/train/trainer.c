@@ -131,11 +131,6 @@ static ts_status select_device(ts_trainer *t)
         if (strcmp(t->cfg.train.precision, "bf16") == 0) t->k = &ts_kernels_cuda_bf16;
     }
 #endif
-    if (data && strcmp(t->cfg.parallel.grad_sync_progress, "thread") == 0)
-        return ts_fail("parallel.grad_sync_progress = \"thread\" drives MPI reductions from "
-                       "a host thread; NCCL's run on the GPU by themselves, and a second "
-                       "thread issuing NCCL calls could order them differently on different "
-                       "ranks; use \"poll\" (or parallel.comm = \"mpi\")");
     if (!data && t->k->host_accessible) return TS_OK;
     if (!data) {
         ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
