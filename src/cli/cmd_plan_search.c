@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <jansson.h>
 
@@ -15,6 +14,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "core/sysmem.h"
+#include "core/timer.h"
 #include "plan/cluster.h"
 #include "plan/predict.h"
 #include "plan/search.h"
@@ -311,13 +311,6 @@ static json_t *search_json(ts_plan_ctx *x, const cluster_args *a, const ts_searc
     return o;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int ts_cmd_plan_cluster(int argc, char **argv)
 {
     cluster_args a;
@@ -360,14 +353,14 @@ int ts_cmd_plan_cluster(int argc, char **argv)
             print_prediction(x, &a, &r);
         }
     } else {
-        const double t0 = now_s();
+        const double t0 = ts_now_ms();
         ts_search_opts o = {.gpus = (int)a.gpus, .top = (int)a.top, .exhaustive = a.exhaustive};
         ts_search_result s;
         if (ts_plan_search(x, &o, &s) != TS_OK) {
             ts_log_error("%s", ts_error_message());
             code = 1;
         } else {
-            const double secs = now_s() - t0;
+            const double secs = (ts_now_ms() - t0) * 1e-3;
             if (a.json)
                 code = ts_plan_print_json(search_json(x, &a, &s, secs));
             else

@@ -118,21 +118,22 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
         if (e->tp == g->tp && e->B == g->micro_batch && e->n_chunks == n) return e;
     }
     const ts_plan_layers *L = layers_for(x, g);
-    if (n > L->n_layers)
-        return ts_fail("pp * virtual_stages = %d chunks, but the model has %d layers", n,
-                       L->n_layers),
-               NULL;
-    int *sizes = ts_malloc(sizeof(int) * (size_t)n), *first = ts_malloc(sizeof(int) * (size_t)n);
+    int *sizes = ts_malloc(sizeof(int) * (size_t)n);
     if (x->cfg.parallel.n_partition == n) {
         memcpy(sizes, x->cfg.parallel.partition, sizeof(int) * (size_t)n);
     } else {
-        /* Balanced on forward + backward time without recompute, as the trainer cuts. */
+        /* Balanced on forward + backward time without recompute, as the trainer cuts;
+         * it refuses (with a message) more chunks than layers. */
         double *cost = ts_malloc(sizeof(double) * (size_t)L->n_layers);
         for (int l = 0; l < L->n_layers; l++) cost[l] = L->f[l] + L->i[l] + L->w[l];
         ts_status st = ts_partition_balance(cost, L->n_layers, n, sizes);
         free(cost);
-        TS_ASSERT(st == TS_OK);
+        if (st != TS_OK) {
+            free(sizes);
+            return NULL;
+        }
     }
+    int *first = ts_malloc(sizeof(int) * (size_t)n);
     for (int c = 0, at = 0; c < n; c++) {
         first[c] = at;
         at += sizes[c];
@@ -197,9 +198,12 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
 
 /* -------------------------------------------------------------- the model -- */
 
-/* Chunk costs in ms: f, i (with recompute), w, and the parts the terms need. */
+/* Chunk costs in ms: f, i (with recompute), w, and the parts the terms need; per
+ * pipeline rank [pp], its optimizer and its serial dp reduction (dp_serial_ms). Built
+ * once per estimate or prediction, shared by the bound and the simulation. */
 typedef struct {
     double *f, *i, *w, *tp, *rc, *dp_floats;
+    double *opt, *dp_serial;
 } chunk_costs;
 
 static double recompute_share(int recompute, int m)
@@ -214,46 +218,6 @@ static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_pla
 {
     const ts_link pl = ts_plan_pp_link(&x->cl, g);
     return (pl.latency + L->msg_bytes / pl.bandwidth) * 1e3;
-}
-
-/* With comm_on_compute (overlap_comm = false) a pipeline message is the sending rank's
- * work: chunk c's forward sends its activations on (c < n-1), its input gradient sends
- * the gradient back (c > 0), and the link itself is free. */
-static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
-                             const ts_plan_grid *g, chunk_costs *cc)
-{
-    const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
-    const int n = p->n_chunks;
-    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
-    for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
-        *arrays[a] = ts_calloc((size_t)n, sizeof(double));
-    const double share = recompute_share(g->recompute, g->m);
-    for (int c = 0; c < n; c++) {
-        const int l0 = p->first[c], l1 = l0 + p->sizes[c];
-        double f = 0, i = 0, w = 0, tp = 0;
-        for (int l = l0; l < l1; l++) {
-            f += L->f[l];
-            i += L->i[l];
-            w += L->w[l];
-            tp += L->f_tp[l] + L->i_tp[l];
-        }
-        cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
-        cc->rc[c] = share * f * 1e3;
-        cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
-        cc->w[c] = w * 1e3;
-        cc->tp[c] = tp * 1e3;
-        cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
-    }
-}
-
-static void chunk_costs_free(chunk_costs *cc)
-{
-    free(cc->f);
-    free(cc->i);
-    free(cc->w);
-    free(cc->tp);
-    free(cc->rc);
-    free(cc->dp_floats);
 }
 
 /* The dp reduction's lane (dp > 1): a ring over dp ranks all-reduces 2(dp-1)/dp of the
@@ -304,6 +268,57 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
     return t * 1e3;
 }
 
+/* The chunk and rank costs of a grid. With comm_on_compute (overlap_comm = false) a
+ * pipeline message is the sending rank's work: chunk c's forward sends its activations
+ * on (c < n-1), its input gradient sends the gradient back (c > 0), and the link itself
+ * is free. */
+static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+                             const ts_plan_grid *g, chunk_costs *cc)
+{
+    const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
+    const int n = p->n_chunks;
+    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
+    for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
+        *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+    const double share = recompute_share(g->recompute, g->m);
+    for (int c = 0; c < n; c++) {
+        const int l0 = p->first[c], l1 = l0 + p->sizes[c];
+        double f = 0, i = 0, w = 0, tp = 0;
+        for (int l = l0; l < l1; l++) {
+            f += L->f[l];
+            i += L->i[l];
+            w += L->w[l];
+            tp += L->f_tp[l] + L->i_tp[l];
+        }
+        cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
+        cc->rc[c] = share * f * 1e3;
+        cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
+        cc->w[c] = w * 1e3;
+        cc->tp[c] = tp * 1e3;
+        cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
+    }
+    cc->opt = ts_malloc(sizeof(double) * (size_t)g->pp);
+    cc->dp_serial = ts_malloc(sizeof(double) * (size_t)g->pp);
+    for (int q = 0; q < g->pp; q++) {
+        double floats = 0.0;
+        for (int c = q; c < n; c += g->pp) floats += cc->dp_floats[c];
+        cc->opt[q] = optimizer_ms(x, g, floats);
+        cc->dp_serial[q] = dp_serial_ms(x, g, p, cc, q);
+    }
+}
+
+static void chunk_costs_free(chunk_costs *cc)
+{
+    free(cc->f);
+    free(cc->i);
+    free(cc->w);
+    free(cc->tp);
+    free(cc->rc);
+    free(cc->dp_floats);
+    free(cc->opt);
+    free(cc->dp_serial);
+}
+
 static ts_plan_mem_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
 {
     return (ts_plan_mem_shape){
@@ -325,15 +340,24 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_pla
     ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, m);
 }
 
-ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r)
+/* The layers, cut and schedule of a grid; fails (with a message) when the grid cannot
+ * be cut or the schedule cannot run it. */
+static ts_status grid_parts(ts_plan_ctx *x, const ts_plan_grid *g, const ts_plan_layers **L,
+                            const part_entry **p, sched_entry **se)
 {
-    memset(r, 0, sizeof *r);
-    r->g = *g;
-    const ts_plan_layers *L = layers_for(x, g);
-    const part_entry *p = part_for(x, g);
-    if (!p) return TS_ERR;
-    sched_entry *se = sched_for(x, g);
-    if (se->st != TS_OK) return ts_fail("%s", se->error);
+    *L = layers_for(x, g);
+    *p = part_for(x, g);
+    if (!*p) return TS_ERR;
+    *se = sched_for(x, g);
+    if ((*se)->st != TS_OK) return ts_fail("%s", (*se)->error);
+    return TS_OK;
+}
+
+/* ts_plan_estimate on the grid's parts and costs. */
+static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+                          sched_entry *se, const chunk_costs *cc, ts_plan_result *r)
+{
+    const ts_plan_grid *g = &r->g;
     const int *pa, *ps;
     peaks_for(se, g->recompute, &pa, &ps);
 
@@ -350,20 +374,17 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
 
     /* The bound: rank q cannot start before micro-batch 0 has passed chunks 0..q-1, and
      * then has all its own work and its optimizer to do. */
-    chunk_costs cc;
-    chunk_costs_make(x, L, p, g, &cc);
     /* with comm_on_compute the message is in the sender's f, the link free */
     const double hop = hop_ms(x, L, g), wire = x->cl.comm_on_compute ? 0.0 : hop;
     double head = 0.0, busiest = -1.0;
     for (int q = 0; q < g->pp; q++) {
-        double busy = 0.0, tp = 0.0, rc = 0.0, floats = 0.0;
+        double busy = 0.0, tp = 0.0, rc = 0.0;
         for (int c = q; c < p->n_chunks; c += g->pp) {
-            busy += g->m * (cc.f[c] + cc.i[c] + cc.w[c]);
-            tp += g->m * cc.tp[c];
-            rc += g->m * cc.rc[c];
-            floats += cc.dp_floats[c];
+            busy += g->m * (cc->f[c] + cc->i[c] + cc->w[c]);
+            tp += g->m * cc->tp[c];
+            rc += g->m * cc->rc[c];
         }
-        const double opt = optimizer_ms(x, g, floats), dp = dp_serial_ms(x, g, p, &cc, q);
+        const double opt = cc->opt[q], dp = cc->dp_serial[q];
         if (head + busy + opt + dp > r->lower_ms) r->lower_ms = head + busy + opt + dp;
         if (busy + opt + dp > busiest) {
             busiest = busy + opt + dp;
@@ -371,8 +392,21 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
                                        .tp_comm = tp, .optimizer = opt,
                                        .pp_comm = hop};
         }
-        head += cc.f[q] + (q + 1 < g->pp ? wire : 0.0);
+        head += cc->f[q] + (q + 1 < g->pp ? wire : 0.0);
     }
+}
+
+ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->g = *g;
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
+    if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
+    chunk_costs cc;
+    chunk_costs_make(x, L, p, g, &cc);
+    estimate_with(x, L, p, se, &cc, r);
     chunk_costs_free(&cc);
     return TS_OK;
 }
@@ -401,28 +435,20 @@ static void finish(const ts_plan_ctx *x, ts_plan_result *r)
              (r->step_ms * 1e-3 * ts_cluster_peak(&x->cl) * world);
 }
 
-ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
-                          ts_sim_result *keep)
+/* ts_plan_simulate on the grid's parts and costs. */
+static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+                               sched_entry *se, const chunk_costs *cc, ts_plan_result *r,
+                               ts_sim_result *keep)
 {
-    if (ts_plan_estimate(x, g, r) != TS_OK) return TS_ERR;
-    const ts_plan_layers *L = layers_for(x, g);
-    const part_entry *p = part_for(x, g);
-    sched_entry *se = sched_for(x, g);
-    chunk_costs cc;
-    chunk_costs_make(x, L, p, g, &cc);
+    const ts_plan_grid *g = &r->g;
     const int n = p->n_chunks;
     const ts_link pl = ts_plan_pp_link(&x->cl, g);
     const bool serial = x->cl.comm_on_compute;
+    const double *dp_serial = cc->dp_serial;
     /* The optimizer, after (serial) the rank's whole dp reduction. */
     double *optim = ts_malloc(sizeof(double) * (size_t)g->pp);
-    double *dp_serial = ts_calloc((size_t)g->pp, sizeof(double));
-    for (int q = 0; q < g->pp; q++) {
-        double floats = 0.0;
-        for (int c = q; c < n; c += g->pp) floats += cc.dp_floats[c];
-        dp_serial[q] = dp_serial_ms(x, g, p, &cc, q);
-        optim[q] = optimizer_ms(x, g, floats) + dp_serial[q];
-    }
-    ts_sim_costs costs = {.n_chunks = n, .f = cc.f, .i = cc.i, .w = cc.w,
+    for (int q = 0; q < g->pp; q++) optim[q] = cc->opt[q] + dp_serial[q];
+    ts_sim_costs costs = {.n_chunks = n, .f = cc->f, .i = cc->i, .w = cc->w,
                           .latency = serial ? 0.0 : pl.latency * 1e3,
                           .bandwidth = serial ? 0.0 : pl.bandwidth * 1e-3,
                           .msg_bytes = L->msg_bytes, .optim = optim};
@@ -433,8 +459,8 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
         dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
         pieces = ts_malloc(sizeof(int) * (size_t)n);
         for (int c = 0; c < n; c++) {
-            dp_bytes[c] = cc.dp_floats[c] * 4.0;
-            pieces[c] = dp_pieces(x, p, &cc, c);
+            dp_bytes[c] = cc->dp_floats[c] * 4.0;
+            pieces[c] = dp_pieces(x, p, cc, c);
         }
         costs.dp_bytes = dp_bytes;
         costs.dp_pieces = x->cfg.parallel.overlap_grad_sync ? pieces : NULL;
@@ -469,9 +495,40 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
             ts_sim_result_free(&sr);
     }
     free(optim);
-    free(dp_serial);
     free(dp_bytes);
     free(pieces);
+    return st;
+}
+
+ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *keep)
+{
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
+    /* Cached since the estimate, which succeeded: this cannot fail. */
+    ts_status st = grid_parts(x, &r->g, &L, &p, &se);
+    TS_ASSERT(st == TS_OK);
+    chunk_costs cc;
+    chunk_costs_make(x, L, p, &r->g, &cc);
+    st = simulate_with(x, L, p, se, &cc, r, keep);
+    chunk_costs_free(&cc);
+    return st;
+}
+
+ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
+                          ts_sim_result *keep)
+{
+    memset(r, 0, sizeof *r);
+    r->g = *g;
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
+    if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
+    /* One build of the costs for both the estimate and the simulation. */
+    chunk_costs cc;
+    chunk_costs_make(x, L, p, g, &cc);
+    estimate_with(x, L, p, se, &cc, r);
+    const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
     return st;
 }

@@ -91,6 +91,11 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g);
 ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
                           ts_sim_result *keep);
 
+/* The simulated step of r->g, into r, a result ts_plan_estimate filled (and returned
+ * TS_OK for) with this context; keep as for ts_plan_predict. The search estimates every
+ * grid and simulates only the promising ones, without estimating them again. */
+ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *keep);
+
 /* The memory of pipeline rank q (0 <= q < pp) of a grid ts_plan_estimate accepted. */
 void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_plan_memory *m);
 

@@ -10,17 +10,24 @@
 const char *const ts_loss_names[TS_N_LOSSES] = {"bubble", "communication", "recompute",
                                                 "compute", "optimizer"};
 
-/* Whether some (pp, dp, tp) grid of n devices is valid for the model and batch. */
+/* Whether a (pp, dp, tp) grid is valid for the model and batch: tp splits the heads and
+ * gives every rank a vocabulary row, dp splits the batch, every stage has a layer. */
+static bool grid_ok(const ts_config *cfg, int pp, int dp, int tp)
+{
+    return cfg->model.n_head % tp == 0 && cfg->model.vocab_size >= tp &&
+           cfg->train.global_batch % dp == 0 && pp <= cfg->model.n_layer + 2;
+}
+
+/* The valid (pp, dp, tp) grids of n devices: their count, the first `cap` into out. */
 static int grids_for(const ts_config *cfg, int n, int *out, int cap)
 {
-    const int layers = cfg->model.n_layer + 2;
     int count = 0;
     for (int tp = 1; tp <= n && tp <= cfg->model.n_head; tp++) {
-        if (n % tp || cfg->model.n_head % tp || cfg->model.vocab_size < tp) continue;
+        if (n % tp) continue;
         for (int dp = 1; dp <= n / tp && dp <= cfg->train.global_batch; dp++) {
-            if ((n / tp) % dp || cfg->train.global_batch % dp) continue;
+            if ((n / tp) % dp) continue;
             const int pp = n / tp / dp;
-            if (pp > layers) continue;
+            if (!grid_ok(cfg, pp, dp, tp)) continue;
             if (out && count < cap) {
                 out[3 * count] = pp;
                 out[3 * count + 1] = dp;
@@ -86,7 +93,7 @@ static int cmp_lower(const void *pa, const void *pb)
     return a->lower_ms < b->lower_ms ? -1 : a->lower_ms > b->lower_ms;
 }
 
-/* Best first: step time, then fewer devices per replica stage... then memory. */
+/* Best first: the shorter step, then (on a tie) the less memory. */
 static int better(const ts_plan_result *a, const ts_plan_result *b)
 {
     if (a->step_ms != b->step_ms) return a->step_ms < b->step_ms;
@@ -128,10 +135,9 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
     triple *t = NULL;
     size_t n = 0, cap = 0;
     for (int tp = 1; tp <= cfg->model.n_head; tp++) {
-        if (cfg->model.n_head % tp || cfg->model.vocab_size < tp) continue;
         for (int dp = 1; dp <= gb; dp++) {
-            if (gb % dp) continue;
             for (int pp = 1; pp <= layers; pp++) {
+                if (!grid_ok(cfg, pp, dp, tp)) continue;
                 t = ts_grow(t, &cap, n, sizeof *t);
                 t[n++] = (triple){pp, dp, tp};
             }
@@ -299,8 +305,7 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
             estimate_terms(c);
             continue;
         }
-        const ts_plan_grid g = c->g;
-        if (ts_plan_predict(x, &g, c, NULL) != TS_OK) {
+        if (ts_plan_simulate(x, c, NULL) != TS_OK) {
             free(fits);
             return TS_ERR;
         }
