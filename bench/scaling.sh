@@ -25,9 +25,10 @@
 #   BUILD=DIR    build directory (default build/)
 #   OUT=DIR      tables and data (default runs/scaling)
 #   STEPS=N      steps per run (default 10; the first 3 are dropped)
-#   LOAD_MAX=X   wait until the 1-minute load average is below X (default 1.5) ...
-#   QUIET_WAIT=S ... for at most S seconds (default 600), then measure anyway (the load
-#                and each run's share of CPU taken by others go into the table)
+#   QUIET_WAIT=S wait until the machine is idle (under 15% of the CPUs busy, twice in a
+#                row: bench/lib_parallel.sh's wait_quiet) for at most S seconds (default
+#                600), then measure anyway (the load and each run's share of CPU taken
+#                by others go into the table)
 #   MAX_OTHERS=P run again (up to RETRIES=N times, default 3) when other processes took
 #                more than P% of the CPUs during a run (default 10)
 #   REUSE=1      keep the runs already in $OUT whose others' share was at most MAX_OTHERS
@@ -65,15 +66,6 @@ mkdir -p "$out" docs
 py=(python3 bench/scaling/scaling.py)
 
 # --- 1. measured here against the planner
-# wait_load: until the 1-minute load average drops below LOAD_MAX, at most QUIET_WAIT s
-wait_load() {
-  local t=0
-  while awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v m="${LOAD_MAX:-1.5}" 'BEGIN {exit !(l >= m)}' \
-        && [ "$t" -lt "${QUIET_WAIT:-600}" ]; do
-    sleep 10; t=$((t + 10))
-  done
-}
-
 # train_once NAME NP ARGS...: NP ranks of one thread each; bound one per core when they
 # fit, oversubscribed and unbound when not
 train_once() {
@@ -107,9 +99,9 @@ predict() {
 # measure LABEL ARGS...: the 1-rank run and dp, pp, tp at 2 and 4 ranks, strong and weak
 measure() {
   local label="$1"; shift
-  local r kind mode batch name grid p2
-  wait_load
-  echo "$label: load $(cut -d' ' -f1-3 /proc/loadavg) before the runs" | tee -a "$out/load.txt"
+  local r kind mode batch name grid p2 busy
+  busy=$(wait_quiet "${QUIET_WAIT:-600}")
+  echo "$label: load $(cut -d' ' -f1-3 /proc/loadavg), CPUs $busy% busy before the runs" | tee -a "$out/load.txt"
   train "$label-1" 1 "$@" --set train.global_batch=16
   predict "$out/$label-1.plan.json" "$here_cluster" "$@" --set train.global_batch=16
   for mode in strong weak; do

@@ -123,7 +123,6 @@ rate = {n: max(dict(r["points"])[n] for r in gemm) for n in sizes}
 peak = max(rate.values())                       # GFLOP/s
 eff = [(n, max(0.001, round(rate[n] / peak, 3))) for n in sizes]
 bw_rank = min(max(s1), max(sn) / ranks)
-link = max(r["bandwidth_gbs"] for r in pp)
 link_at = max(pp, key=lambda r: r["bandwidth_gbs"])["at_bytes"]
 mem_gb = mem_kb * 1024 / 1e9 / ranks
 

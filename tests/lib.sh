@@ -66,8 +66,10 @@ losses() {
   grep -o '"loss":[^,]*' "$1" | cut -d: -f2
 }
 
+# finish: the counts (and, in a GPU test, how many parts were skipped: gpu_skip,
+# gpu_has_nccl); the test's exit status, 0 when nothing failed.
 finish() {
-  echo "$PASSED passed, $FAILED failed"
+  echo "$PASSED passed, $FAILED failed$([ "${GPU_SKIPPED:-0}" -gt 0 ] && echo ", parts skipped: $GPU_SKIPPED")"
   [ "$FAILED" -eq 0 ]
 }
 
@@ -76,15 +78,14 @@ norms() {
   grep -o '"grad_norm":[^,]*' "$1" | cut -d: -f2
 }
 
-# same_losses A B TOL: every step's loss and gradient norm in metrics file A are within
-# relative TOL of B's (and both have the same number of steps).
+# same_losses A B TOL: close_runs with TOL for both the loss and the gradient norm (the
+# same steps in both files, every one within relative TOL). Silent on success; on failure
+# prints close_runs' worst differences (callers put them in their fail message).
 same_losses() {
-  local a="$1" b="$2" tol="$3"
-  paste <(losses "$a") <(losses "$b") <(norms "$a") <(norms "$b") | awk -v tol="$tol" '
-    NF != 4 { bad = 1; next }
-    function rel(x, y,   d) { d = x - y; if (d < 0) d = -d; return d / (y < 0 ? -y : y) }
-    { r = rel($1, $2); if (r > worst) worst = r; r = rel($3, $4); if (r > worst) worst = r; n++ }
-    END { if (bad || n == 0 || worst > tol) { printf "worst relative difference (loss or grad_norm) %g over %d steps\n", worst, n; exit 1 } }'
+  local out
+  if out=$(close_runs "$1" "$2" "$3" "$3"); then return 0; fi
+  echo "$out"
+  return 1
 }
 
 # check NAME NP SETS...: run "${common[@]}" (the caller's array) on NP ranks with
@@ -211,6 +212,7 @@ gpu_has_nccl() {
   if "$TESSERA" plan "$SRC/configs/tiny.cfg" --cost uniform --set 'train.device="cuda"' \
        --set 'parallel.comm="nccl"' >/dev/null 2>"$TMP/nccl_probe"; then return 0; fi
   if grep -q "built without NCCL" "$TMP/nccl_probe"; then
+    GPU_SKIPPED=$((${GPU_SKIPPED:-0} + 1))
     echo "SKIPPED: this tessera was built without NCCL"; return 1
   fi
   fail "tessera plan with parallel.comm = \"nccl\" failed"; sed 's/^/    /' "$TMP/nccl_probe" >&2

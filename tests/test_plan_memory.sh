@@ -13,25 +13,20 @@
 #                  resident memory train/memory.c does not count (up to ~13% here);
 #                  at least 5 MiB (the baseline moves that much with the rank count)
 # Usage: test_plan_memory.sh TESSERA SOURCE_DIR
-set -u
-T=$1; SRC=$2
+source "$(dirname "$0")/lib.sh" # TESSERA, SRC, TMP, make_corpus, fail, finish
 cd "$SRC" || exit 2
 command -v mpirun >/dev/null || { echo "no mpirun"; exit 1; }
-TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 CL=tests/fixtures/plan_cluster_cpu.cfg
-FAILS=0; RUNS=0
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
-# The corpus: Debian's fortunes as byte tokens (installed by setup), as tests/lib.sh does;
-# the config's data/train.bin exists only where scripts/prepare_data.sh has run.
-cat /usr/share/games/fortunes/fortunes /usr/share/games/fortunes/literature >"$TMP/corpus.txt"
-"$T" data "$TMP/corpus.txt" "$TMP/train.bin" >/dev/null || { echo "FAIL: tessera data"; exit 1; }
+RUNS=0
+# The corpus (the config's data/train.bin exists only where scripts/prepare_data.sh has run).
+make_corpus "$TMP/train.bin" || { echo "FAIL: tessera data" >&2; exit 1; }
 COMMON=(--set train.steps=2 --set data.eval_every=0 --set log.progress=false --set train.threads=1
         --set checkpoint.dir='""' --set "data.train=\"$TMP/train.bin\"")
 
 # run NAME SETS...: plan, train with the plan's cut, compare; prints one line per rank.
 run() {
   local name=$1; shift
-  "$T" plan configs/tiny.cfg "$@" --cluster $CL --json >"$TMP/plan.json" 2>"$TMP/err" || {
+  "$TESSERA" plan configs/tiny.cfg "$@" --cluster $CL --json >"$TMP/plan.json" 2>"$TMP/err" || {
     echo "  $name: not a valid grid ($(head -c 120 "$TMP/err"))"; return; }
   python3 - "$TMP/plan.json" >"$TMP/grid" <<'PY' || { fail "$name: the plan's JSON lacks the grid"; return; }
 import json, sys
@@ -40,11 +35,11 @@ print(p["world"], p["pp"], p["dp"], p["tp"], "[" + ",".join(map(str, p["partitio
 PY
   read -r world pp dp tp part <"$TMP/grid"
   mpirun --oversubscribe -np "$world" -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 \
-    "$T" train configs/tiny.cfg "$@" "${COMMON[@]}" --set "parallel.partition=$part" \
+    "$TESSERA" train configs/tiny.cfg "$@" "${COMMON[@]}" --set "parallel.partition=$part" \
     --set log.metrics="$TMP/m.jsonl" >"$TMP/train.log" 2>&1 || {
     fail "$name: training failed"; tail -5 "$TMP/train.log" >&2; return; }
   RUNS=$((RUNS + 1))
-  python3 - "$TMP/plan.json" "$TMP/m.jsonl" "$name" "${BASE:-}" <<'PY' || FAILS=$((FAILS + 1))
+  python3 - "$TMP/plan.json" "$TMP/m.jsonl" "$name" "${BASE:-}" <<'PY' && pass || fail "$name: a prediction missed (<-- MISS above)"
 import json, sys
 plan = json.load(open(sys.argv[1]))
 last = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
@@ -84,6 +79,7 @@ for layers in 4 12; do
   L=(--set model.n_layer=$layers)
   BASE=""; rm -f "$TMP/m.jsonl.base"
   run "n_layer $layers 1 rank (baseline)" "${L[@]}"
+  [ -n "$BASE" ] || fail "n_layer $layers: no baseline RSS (the 1-rank run failed), so no peak RSS would be checked"
   for pp in 1 2 3 4; do for dp in 1 2 3 4; do for tp in 1 2 3 4; do
     w=$((pp * dp * tp)); [ $w -le 4 ] || continue
     run "n_layer $layers pp $pp dp $dp tp $tp" "${L[@]}" --set parallel.pp=$pp --set parallel.dp=$dp --set parallel.tp=$tp
@@ -98,4 +94,4 @@ for layers in 4 12; do
 done
 echo "$RUNS runs compared"
 [ $RUNS -ge 20 ] || fail "only $RUNS runs"
-[ $FAILS -eq 0 ] && echo "test_plan_memory: ok" || { echo "test_plan_memory: $FAILS failures"; exit 1; }
+finish

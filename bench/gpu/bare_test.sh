@@ -96,14 +96,26 @@ strace -f -qq -e trace=openat,execve -o "$W/trace2" \
   mpirun --oversubscribe -np 2 "$BUILD/tessera" "${args[@]}" --set parallel.dp=2 \
   --set log.metrics=\"$W/m2.jsonl\"
 echo "bare_test: 1 rank: $(grep -c '"step"' m1.jsonl) steps; 2 ranks under the prefix's mpirun: $(grep -c '"step"' m2.jsonl) steps"
+check_rc=0
 if [ "${TS_BARE_GPU_CHECK:-0}" = 1 ]; then # the GPU machine's script, dry, in here too
+  # A failure is remembered, not fatal here: the opened-files list below still gets written.
   TS_GPU_CHECK_BUILD=$W/check-build TS_GPU_CHECK_PREFIX=$W/check-prefix \
-    bash "$ROOT/bench/gpu_check.sh" "$W/check" --dry-run || echo "bare_test: gpu_check --dry-run failed"
+    bash "$ROOT/bench/gpu_check.sh" "$W/check" --dry-run || check_rc=$?
+  [ "$check_rc" -eq 0 ] || echo "bare_test: gpu_check --dry-run failed (exit $check_rc)" >&2
 fi
 grep -h -v ENOENT trace1 trace2 | grep -o '"/[^"]*"' | tr -d '"' | sort -u |
   grep -E '^/(usr|lib|lib64|bin|sbin|etc)/' | grep -v -e /locale -e /gconv -e '^/etc/' >"$W/outside"
+exit "$check_rc"
 EOF
-W=$work ROOT=$root BUILD=$build unshare -m bash "$work/inner.sh"
+# The inner script's exit status crosses the namespace boundary: a failure there (the
+# build, the runs, or gpu_check --dry-run) fails this script, after the files check
+# below where the inner script got as far as writing its list.
+inner_rc=0
+W=$work ROOT=$root BUILD=$build unshare -m bash "$work/inner.sh" || inner_rc=$?
+if [ ! -f "$work/outside" ]; then
+  echo "bare_test: the namespaced part failed (exit $inner_rc) before listing the opened files" >&2
+  exit 1
+fi
 
 # Each file opened outside the prefix must be a base package's (or no package's: the
 # dynamic loader's cache, /usr/bin/env and the like are checked by name below).
@@ -119,4 +131,5 @@ while IFS= read -r f; do
 done <"$work/outside"
 [ $bad -eq 0 ] && echo "bare_test: every file opened outside the prefix belongs to a BASE package:" \
   "$(tr '\n' ' ' <"$work/outside")"
+[ "$inner_rc" -eq 0 ] || { echo "bare_test: the namespaced part failed (exit $inner_rc)" >&2; bad=1; }
 exit $bad
