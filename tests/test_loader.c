@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data/loader.h"
+#include "dataset/loader.h"
 #include "test_util.h"
 
 static char g_dir[256];

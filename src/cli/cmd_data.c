@@ -3,7 +3,7 @@
 
 #include "cli/cli.h"
 #include "core/fsutil.h"
-#include "data/loader.h"
+#include "dataset/loader.h"
 
 static const char *k_help =
     "usage: tessera data TEXT_FILE OUT.bin\n"

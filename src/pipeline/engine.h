@@ -13,7 +13,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
-#include "data/loader.h"
+#include "dataset/loader.h"
 #include "model/model.h"
 #include "pipeline/exchange.h"
 #include "pipeline/partition.h"

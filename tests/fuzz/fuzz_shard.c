@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data/loader.h"
+#include "dataset/loader.h"
 #include "fuzz_util.h"
 
 #define MAX_FILES 3

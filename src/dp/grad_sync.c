@@ -1,4 +1,4 @@
-#include "data/grad_sync.h"
+#include "dp/grad_sync.h"
 
 #include <limits.h>
 #include <pthread.h>

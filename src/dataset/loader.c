@@ -2,7 +2,7 @@
  * every token id), so the training loop reads windows without further checks. */
 #include <stddef.h> /* core/error.h uses size_t without including it */
 
-#include "data/loader.h"
+#include "dataset/loader.h"
 
 #include "core/fsutil.h"
 
