@@ -10,7 +10,7 @@
 #                  RSS less the prediction of a 1-rank run; BLAS buffers are address
 #                  space the trainer reserves, not resident); within 15% when dp > 1,
 #                  where MPI's shared-memory buffers and the gradient buckets add
-#                  resident memory train/memory.c does not count (up to ~13% here);
+#                  resident memory pipeline/memory.c does not count (up to ~13% here);
 #                  at least 5 MiB (the baseline moves that much with the rank count)
 # Usage: test_plan_memory.sh TESSERA SOURCE_DIR
 source "$(dirname "$0")/lib.sh" # TESSERA, SRC, TMP, make_corpus, fail, finish
@@ -59,7 +59,7 @@ for r in range(plan["world"]):
         want = res + float(base)
         rss = " rss %.1f/%.1f" % (want, last["peak_rss_mb"][r])
         # dp > 1: MPI's per-peer shared-memory buffers and the gradient-sync bucket
-        # copies are resident but outside train/memory.c's accounting: 15% there.
+        # copies are resident but outside pipeline/memory.c's accounting: 15% there.
         tol = 0.1 if plan["dp"] == 1 else 0.15
         # and 5 MiB at least: the baseline itself moves by a few MiB with the number of
         # ranks (MPI's transports), which decides small runs of the 4-layer model.

@@ -2,7 +2,7 @@
  * does not simulate; the step's lower bound never above the simulated step (so the
  * pruned search is exact) and the pruned search's top list equal to the exhaustive
  * one's; doubling the link bandwidths never predicts a slower step; and the memory
- * prediction equal to the trainer's own estimate (train/memory.c) for every grid of up
+ * prediction equal to the trainer's own estimate (pipeline/memory.c) for every grid of up
  * to 4 ranks of the tiny and a 12-layer config; the optional cluster keys (GELU's time
  * per element, overlap_comm = false) change nothing when absent, add what they say when
  * present, and no overlap never predicts a faster step. */
@@ -18,7 +18,7 @@
 #include "plan/predict.h"
 #include "plan/search.h"
 #include "test_util.h"
-#include "train/memory.h"
+#include "pipeline/memory.h"
 
 static char g_src[1024];
 
@@ -222,7 +222,7 @@ static void test_optional_keys(void)
     printf("optional cluster keys checked on %d grids\n", grids);
 }
 
-/* 4. The planner's memory against train/memory.c's for every grid of <= 4 ranks. */
+/* 4. The planner's memory against pipeline/memory.c's for every grid of <= 4 ranks. */
 static int g_mem_grids;
 static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
                            const ts_cluster *cl)
@@ -270,7 +270,7 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 CHECK(ts_partition_build(&cfg, false, &part) == TS_OK);
                                 CHECK(ts_schedule_build(&sc, cfg.parallel.schedule, pp, v,
                                                         ts_config_num_microbatches(&cfg)) == TS_OK);
-                                ts_mem_estimate e;
+                                ts_rank_memory e;
                                 ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1, &e);
                                 const ts_plan_memory *mm = &r.mem;
                                 const bool ok = ts_rel_err(mm->params, e.params, 1) < 1e-12 &&
@@ -314,7 +314,7 @@ int main(void)
     const char *twelve[] = {"model.n_layer=12"};
     compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
     compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
-    printf("memory compared with train/memory.c on %d grids\n", g_mem_grids);
+    printf("memory compared with pipeline/memory.c on %d grids\n", g_mem_grids);
     CHECK(g_mem_grids > 100);
     return ts_test_report();
 }

@@ -21,7 +21,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/sim.h"
-#include "train/memory.h"
+#include "pipeline/memory.h"
 
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
@@ -499,7 +499,7 @@ static json_t *json_doubles(const double *x, int n)
 /* The same per-rank memory estimate `tessera train` checks before it allocates, with
  * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores). */
 static void rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                        int pp_rank, ts_mem_estimate *est)
+                        int pp_rank, ts_rank_memory *est)
 {
     int threads = cfg->train.threads > 0 ? cfg->train.threads : 1;
     ts_memory_estimate(cfg, part, s, pp_rank, threads, est);
@@ -513,7 +513,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     for (int c = 0; c < part->n_chunks; c++)
         json_array_append_new(layers, json_integer(part->n_chunk_layers[c]));
     for (int q = 0; q < r->pp; q++) {
-        ts_mem_estimate est;
+        ts_rank_memory est;
         rank_memory(cfg, part, s, q, &est);
         json_array_append_new(
             ranks, json_pack("{s:i, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "pp_rank", q,
@@ -630,7 +630,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
     for (int q = 0; q < r->pp; q++) {
-        ts_mem_estimate est;
+        ts_rank_memory est;
         char what[256];
         rank_memory(cfg, part, s, q, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));

@@ -74,7 +74,7 @@ const char ts_plan_cluster_help[] =
     "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1: reduce-scatter, then the\n"
     "parameter all-gather after the optimizer) through the simulator, which hides what\n"
     "the bubbles and later compute can (none with overlap_comm = false); AdamW at memory\n"
-    "bandwidth. Memory follows the trainer's own accounting (train/memory.c): fp32\n"
+    "bandwidth. Memory follows the trainer's own accounting (pipeline/memory.c): fp32\n"
     "parameters, gradients and AdamW\n"
     "moments (1/dp with ZeRO-1), a bf16 weight copy when compute_dtype is bf16, and fp32\n"
     "activations: Tessera keeps activations in fp32 on every backend, bf16 included, so\n"

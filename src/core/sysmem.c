@@ -43,7 +43,7 @@ static double cgroup_limit(void)
     return INFINITY;
 }
 
-void ts_memory_limits(ts_mem_limits *lim)
+void ts_sysmem_read(ts_sysmem *lim)
 {
     double total = proc_kb("/proc/meminfo", "MemTotal");
     if (total <= 0) total = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);

@@ -17,8 +17,8 @@
 typedef struct {
     double physical, address_space;
     double rss_now, vm_now;
-} ts_mem_limits;
-void ts_memory_limits(ts_mem_limits *lim);
+} ts_sysmem;
+void ts_sysmem_read(ts_sysmem *lim);
 
 /* "1.50 GiB", "272.00 MiB" or "12.5 KiB" into buf; returns buf. */
 const char *ts_format_bytes(double bytes, char *buf, size_t size);

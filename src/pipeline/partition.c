@@ -178,8 +178,8 @@ static void measure_bytes(const ts_model *m, int B, int T, double *model_bytes,
  * keeping a tenth spare; *room gets what is left. */
 static bool fits_in_memory(double bytes, double *room)
 {
-    ts_mem_limits lim;
-    ts_memory_limits(&lim);
+    ts_sysmem lim;
+    ts_sysmem_read(&lim);
     double left = lim.physical - lim.rss_now, as_left = lim.address_space - lim.vm_now;
     if (as_left < left) left = as_left;
     *room = left > 0 ? left : 0;

@@ -9,7 +9,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tensor/tp.h"
-#include "train/memory.h"
+#include "pipeline/memory.h"
 
 double ts_plan_allreduce_time(double bytes, int ranks, ts_link link)
 {

@@ -17,7 +17,7 @@
  * S bytes over t ranks costs 2(t-1)/t * S / bandwidth + 2(t-1) * latency on the link
  * the tp group uses, and it is not overlapped with compute.
  *
- * Memory, per pipeline rank (the trainer's own accounting, train/memory.c, which the
+ * Memory, per pipeline rank (the trainer's own accounting, pipeline/memory.c, which the
  * tests hold these numbers to): parameters and gradients as the model lays them out
  * (tp rank 0, which holds the most vocabulary rows; the head's rank keeps a copy of the
  * tied embedding when the embedding is elsewhere), fp32; with compute_dtype bf16 the
@@ -76,7 +76,7 @@ typedef struct {
 } ts_plan_mem_shape;
 
 /* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[pp*v], the peaks
- * from ts_memory_peak_sets (train/memory.h: the trainer's own rule). */
+ * from ts_memory_peak_sets (pipeline/memory.h: the trainer's own rule). */
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
                          const int *peak_stash, int q, ts_plan_memory *out);

@@ -9,7 +9,7 @@
 #include "core/sysmem.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
-#include "train/memory.h"
+#include "pipeline/memory.h"
 
 typedef struct {
     int tp, B;

@@ -418,8 +418,8 @@ static ts_status check_threads(const ts_topology *t, const ts_config *cfg)
         return ts_fail("train.threads = %d is more than the %ld CPUs of host %s; use at most "
                        "%ld, or 0 for the cores this rank owns",
                        cfg->train.threads, cpus, t->host, cpus);
-    ts_mem_limits lim;
-    ts_memory_limits(&lim);
+    ts_sysmem lim;
+    ts_sysmem_read(&lim);
     double need = t->threads * TS_BLAS_THREAD_BYTES, left = lim.address_space - lim.vm_now;
     char n[32], l[32], a[32];
     if (need > left)

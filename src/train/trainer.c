@@ -18,7 +18,7 @@
 #include "core/watchdog.h"
 #include "kernels/cpu/blas_core.h"
 #include "optim/optim.h"
-#include "train/memory.h"
+#include "pipeline/memory.h"
 #ifdef TS_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #endif
@@ -186,10 +186,10 @@ static ts_status build_partition(ts_trainer *t)
 static ts_status check_memory(ts_trainer *t, bool log)
 {
     const ts_topology *topo = t->topo;
-    ts_mem_estimate est;
+    ts_rank_memory est;
     ts_memory_estimate(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads, &est);
-    ts_mem_limits lim;
-    ts_memory_limits(&lim);
+    ts_sysmem lim;
+    ts_sysmem_read(&lim);
     char what[256];
     ts_memory_describe(&est, what, sizeof what);
     /* The BLAS threads are running (binding started them): their buffers are in vm_now
@@ -512,7 +512,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 
     double t1 = ts_now_ms();
     /* The dp reduction and the tied embedding's sum over the embedding group (with
-     * ZeRO-1 the tied sum first, then the reduce-scatter: data/grad_sync.h). */
+     * ZeRO-1 the tied sum first, then the reduce-scatter: dp/grad_sync.h). */
     ts_watchdog_context("data-parallel gradient sync and tied-embedding sync", 0, 0, 0);
     ts_grad_sync_finish(&t->grad_sync);
     double t2 = ts_now_ms();

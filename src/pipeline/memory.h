@@ -3,8 +3,8 @@
  * offers (physical memory shared by the node's ranks, and this process's RLIMIT_AS).
  * `tessera train` refuses a run that cannot fit with the numbers; `tessera plan`
  * prints the same estimate per pipeline rank. */
-#ifndef TS_MEMORY_H
-#define TS_MEMORY_H
+#ifndef TS_PIPELINE_MEMORY_H
+#define TS_PIPELINE_MEMORY_H
 
 #include "config/config.h"
 #include "pipeline/partition.h"
@@ -17,13 +17,13 @@ typedef struct {
     double buffers;      /* pipeline transfer buffers, backward scratch, token ids */
     double blas;         /* OpenBLAS's per-thread GEMM buffers (address space) */
     double total;
-} ts_mem_estimate;
+} ts_rank_memory;
 
 /* The estimate for pipeline rank `pp_rank` (every tensor-parallel and data-parallel
  * rank of it holds the same), running `threads` BLAS threads. */
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads,
-                        ts_mem_estimate *est);
+                        ts_rank_memory *est);
 
 /* Most activation sets (and zero-bubble stashes) of each chunk of pipeline rank pp_rank
  * alive at once when the rank runs its actions in order, as the engine holds them, with
@@ -37,7 +37,7 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
                          int *peak_stash);
 
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
-const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size);
+const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);
 
 /* The gradient bytes of chunk `chunk` alone (its layers' parameters on tensor-parallel
  * rank 0): what its data-parallel reduction moves (plan's dp cost). */

@@ -1,4 +1,4 @@
-#include "train/memory.h"
+#include "pipeline/memory.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -49,7 +49,7 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
 
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads,
-                        ts_mem_estimate *est)
+                        ts_rank_memory *est)
 {
     memset(est, 0, sizeof *est);
     const ts_model_config *mc = &cfg->model;
@@ -100,7 +100,7 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                  est->blas;
 }
 
-const char *ts_memory_describe(const ts_mem_estimate *e, char *buf, size_t size)
+const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
 {
     char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
     ts_format_bytes(e->total, t, sizeof t);
