@@ -11,6 +11,7 @@
  * problem is a ts_fail message naming the key and how to fix it. */
 #include "config/config.h"
 #include "kernels/kernels.h"
+#include "pipeline/schedule.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -189,18 +190,6 @@ static const key_spec KEYS[] = {
 static const char *const SECTIONS[] = { "model", "parallel", "train", "data", "checkpoint", "log" };
 #define N_SECTIONS ((int)(sizeof SECTIONS / sizeof SECTIONS[0]))
 
-const char *const ts_schedule_names[TS_N_SCHEDULES] = {
-    [TS_SCHEDULE_GPIPE] = "gpipe",
-    [TS_SCHEDULE_1F1B] = "1f1b",
-    [TS_SCHEDULE_INTERLEAVED_1F1B] = "interleaved-1f1b",
-    [TS_SCHEDULE_ZB_H1] = "zb-h1",
-};
-const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
-    [TS_RECOMPUTE_NONE] = "none",
-    [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
-    [TS_RECOMPUTE_FULL] = "full",
-};
-
 static void *field_ptr(ts_config *cfg, const key_spec *k) { return (char *)cfg + k->offset; }
 static const void *cfield_ptr(const ts_config *cfg, const key_spec *k)
 {
@@ -229,16 +218,6 @@ static int index_of(const char *s, const char *const *list, int n)
     for (int i = 0; i < n; i++)
         if (strcmp(s, list[i]) == 0) return i;
     return -1;
-}
-
-int ts_schedule_kind_from_name(const char *name)
-{
-    return index_of(name, ts_schedule_names, TS_N_SCHEDULES);
-}
-
-int ts_recompute_from_name(const char *name)
-{
-    return index_of(name, ts_recompute_names, TS_N_RECOMPUTES);
 }
 
 static void join_quoted(char *buf, size_t cap, const char *const *list, int n)

@@ -20,38 +20,14 @@ typedef struct {
     char init[TS_PATH_MAX];     /* "" = random init from train.seed; else safetensors */
 } ts_model_config;
 
-/* The built-in pipeline schedules and the recompute modes: one name table each
- * (config.c), read by the config checks, the schedule builders, the engine, the memory
- * estimate and plan. */
-typedef enum {
-    TS_SCHEDULE_GPIPE,
-    TS_SCHEDULE_1F1B,
-    TS_SCHEDULE_INTERLEAVED_1F1B,
-    TS_SCHEDULE_ZB_H1,
-    TS_N_SCHEDULES
-} ts_schedule_kind;
-extern const char *const ts_schedule_names[TS_N_SCHEDULES]; /* "gpipe", "1f1b", ... */
-/* The built-in schedule `name` names, or -1 (a CSV path, or not a schedule). */
-int ts_schedule_kind_from_name(const char *name);
-
-typedef enum {
-    TS_RECOMPUTE_NONE,
-    TS_RECOMPUTE_EXCEPT_LAST,
-    TS_RECOMPUTE_FULL,
-    TS_N_RECOMPUTES
-} ts_recompute;
-extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full" */
-/* The mode `name` names, or -1. */
-int ts_recompute_from_name(const char *name);
-
 typedef struct {
     int pp, dp, tp;
     int virtual_stages;
-    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] or a CSV path */
+    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (pipeline/schedule.h) or a CSV path */
     int micro_batch;            /* sequences per micro-batch per replica */
     int n_partition;            /* 0 = "balanced"; else layer counts per chunk */
     int partition[TS_MAX_CHUNKS];
-    char recompute[16];         /* ts_recompute_names[k] (validated) */
+    char recompute[16];         /* ts_recompute_names[k] (pipeline/schedule.h; validated) */
     char order[16];             /* "tp-dp-pp", fastest-varying first */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */

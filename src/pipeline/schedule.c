@@ -22,7 +22,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config/config.h"
+const char *const ts_schedule_names[TS_N_SCHEDULES] = {
+    [TS_SCHEDULE_GPIPE] = "gpipe",
+    [TS_SCHEDULE_1F1B] = "1f1b",
+    [TS_SCHEDULE_INTERLEAVED_1F1B] = "interleaved-1f1b",
+    [TS_SCHEDULE_ZB_H1] = "zb-h1",
+};
+const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
+    [TS_RECOMPUTE_NONE] = "none",
+    [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
+    [TS_RECOMPUTE_FULL] = "full",
+};
+
+static int name_index(const char *s, const char *const *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, list[i]) == 0) return i;
+    return -1;
+}
+
+int ts_schedule_kind_from_name(const char *name)
+{
+    return name_index(name, ts_schedule_names, TS_N_SCHEDULES);
+}
+
+int ts_recompute_from_name(const char *name)
+{
+    return name_index(name, ts_recompute_names, TS_N_RECOMPUTES);
+}
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 

@@ -22,6 +22,31 @@
 
 #include "core/error.h"
 
+/* The built-in pipeline schedules and the recompute modes: one name table each
+ * (schedule.c), read by the config checks, the schedule builders, the engine, the memory
+ * estimate and plan. This header stays a leaf below config/ (it includes only core/), so
+ * config/ can read the tables without an include pointing up. */
+typedef enum {
+    TS_SCHEDULE_GPIPE,
+    TS_SCHEDULE_1F1B,
+    TS_SCHEDULE_INTERLEAVED_1F1B,
+    TS_SCHEDULE_ZB_H1,
+    TS_N_SCHEDULES
+} ts_schedule_kind;
+extern const char *const ts_schedule_names[TS_N_SCHEDULES]; /* "gpipe", "1f1b", ... */
+/* The built-in schedule `name` names, or -1 (a CSV path, or not a schedule). */
+int ts_schedule_kind_from_name(const char *name);
+
+typedef enum {
+    TS_RECOMPUTE_NONE,
+    TS_RECOMPUTE_EXCEPT_LAST,
+    TS_RECOMPUTE_FULL,
+    TS_N_RECOMPUTES
+} ts_recompute;
+extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full" */
+/* The mode `name` names, or -1. */
+int ts_recompute_from_name(const char *name);
+
 typedef enum {
     TS_ACT_F, /* forward */
     TS_ACT_B, /* full backward: input and weight gradient */
