@@ -1,0 +1,68 @@
+/* What the three config files share, private to src/config: the table of known keys
+ * (config_keys.c) and the per-key checks (config_validate.c), which reading a setting
+ * (config_load.c) and ts_config_validate both run. Not for use outside config/. */
+#ifndef TS_CONFIG_INTERNAL_H
+#define TS_CONFIG_INTERNAL_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config/config.h"
+
+typedef enum { K_INT, K_INT64, K_FLOAT, K_BOOL, K_STR, K_PARTITION, K_SHARDS } key_kind;
+
+typedef struct key_spec key_spec;
+/* Extra per-key check on the value already stored in cfg; `where` is "" or
+ * " (file:line)". */
+typedef ts_status (*key_check)(const key_spec *k, const ts_config *cfg, const char *where);
+
+struct key_spec {
+    const char *section, *name;
+    key_kind kind;
+    size_t offset;   /* of the field in ts_config */
+    size_t size;     /* K_STR: capacity of the char array */
+    double lo, hi;   /* numeric range */
+    bool lo_open, hi_open;
+    key_check check; /* enumerations and other per-key rules; NULL = none */
+};
+
+/* An integer key's upper bound meaning "any int" (not printed in range messages). */
+#define BIG ((double)INT_MAX)
+
+/* ---- config_keys.c: every known key (in the order of the JSON output and of the
+ * "known keys" lists) and the sections, in order. */
+extern const key_spec ts_config_keys[];
+extern const int ts_config_n_keys;
+extern const char *const ts_config_sections[];
+extern const int ts_config_n_sections;
+
+static inline void *field_ptr(ts_config *cfg, const key_spec *k)
+{
+    return (char *)cfg + k->offset;
+}
+static inline const void *cfield_ptr(const ts_config *cfg, const key_spec *k)
+{
+    return (const char *)cfg + k->offset;
+}
+
+/* ---- config_validate.c: the per-key checks of the table's enumerations and other
+ * rules, and the range and contents checks every key gets. */
+ts_status ts_config_check_arch(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_schedule(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_recompute(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const char *where);
+
+/* Is v inside k's numeric range? */
+bool ts_config_in_range(const key_spec *k, double v);
+/* "config key 's.k' = VALUE (where) is out of range: it must be RANGE". */
+ts_status ts_config_range_error(const key_spec *k, const char *value, const char *where);
+/* Check one key's stored value: range, allowed values, list contents. Used when a key
+ * is read (where = its file:line) and by ts_config_validate for every key. */
+ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const char *where);
+
+#endif

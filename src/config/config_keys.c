@@ -1,0 +1,221 @@
+/* The configuration's keys: every key's default (ts_config_defaults), the one table
+ * of known keys (section, name, type, field, range, per-key check) that loading and
+ * validation walk, and the effective config as JSON (ts_config_to_json). */
+#include "config/config_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/schedule.h"
+
+/* ---------------------------------------------------------------- defaults -- */
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src);
+}
+
+void ts_config_defaults(ts_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+
+    ts_model_config *m = &cfg->model;
+    copy_str(m->arch, sizeof m->arch, "gpt2");
+    m->n_layer = 4;
+    m->n_head = 4;
+    m->n_embd = 128;
+    m->vocab_size = 256;
+    m->seq_len = 64;
+
+    ts_parallel_config *p = &cfg->parallel;
+    p->pp = p->dp = p->tp = 1;
+    p->virtual_stages = 1;
+    copy_str(p->schedule, sizeof p->schedule, ts_schedule_names[TS_SCHEDULE_1F1B]);
+    p->micro_batch = 2;
+    p->n_partition = 0; /* "balanced" */
+    copy_str(p->recompute, sizeof p->recompute, ts_recompute_names[TS_RECOMPUTE_NONE]);
+    copy_str(p->order, sizeof p->order, "tp-dp-pp");
+    p->overlap_grad_sync = true;
+    copy_str(p->grad_sync_progress, sizeof p->grad_sync_progress, "poll");
+    p->zero = 0;
+    p->bucket_mb = 4;
+    copy_str(p->comm, sizeof p->comm, "auto");
+
+    ts_train_config *t = &cfg->train;
+    t->global_batch = 16;
+    t->steps = 100;
+    t->seed = 1234;
+    t->lr = 6e-4;
+    t->min_lr = 6e-5;
+    t->warmup = 10;
+    t->weight_decay = 0.1;
+    t->beta1 = 0.9;
+    t->beta2 = 0.95;
+    t->eps = 1e-8;
+    t->grad_clip = 1.0;
+    t->threads = 0;
+    t->timeout_s = 600;
+    copy_str(t->device, sizeof t->device, "cpu");
+    copy_str(t->precision, sizeof t->precision, "fp32");
+
+    ts_data_config *d = &cfg->data;
+    d->n_train = 1;
+    copy_str(d->train[0], sizeof d->train[0], "data/train.bin");
+    d->eval_every = 0;
+    d->val_windows = 16;
+
+    cfg->checkpoint.every = 0;
+    cfg->checkpoint.keep = 2;
+    cfg->checkpoint.file_gb = 5.0;
+
+    copy_str(cfg->log.metrics, sizeof cfg->log.metrics, "metrics.jsonl");
+    cfg->log.progress = true;
+}
+
+/* ------------------------------------------------------------ the key table -- */
+
+#define OFF(field) offsetof(ts_config, field)
+#define FIELD_SIZE(field) sizeof(((ts_config *)0)->field)
+#define INT_KEY(sec, key, field, lo, hi)                                               \
+    { sec, key, K_INT, OFF(field), 0, lo, hi, false, false, NULL }
+#define FLOAT_KEY(sec, key, field, lo, lo_open, hi, hi_open)                           \
+    { sec, key, K_FLOAT, OFF(field), 0, lo, hi, lo_open, hi_open, NULL }
+#define STR_KEY(sec, key, field, check)                                                \
+    { sec, key, K_STR, OFF(field), FIELD_SIZE(field), 0, 0, false, false, check }
+#define BOOL_KEY(sec, key, field) { sec, key, K_BOOL, OFF(field), 0, 0, 0, false, false, NULL }
+
+const key_spec ts_config_keys[] = {
+    STR_KEY("model", "arch", model.arch, ts_config_check_arch),
+    INT_KEY("model", "n_layer", model.n_layer, 1, 1 << 16),
+    INT_KEY("model", "n_head", model.n_head, 1, 1 << 16),
+    INT_KEY("model", "n_embd", model.n_embd, 1, 1 << 20),
+    INT_KEY("model", "vocab_size", model.vocab_size, 2, (double)(1 << 24)),
+    INT_KEY("model", "seq_len", model.seq_len, 1, 1 << 20),
+    STR_KEY("model", "init", model.init, NULL),
+
+    INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
+    INT_KEY("parallel", "dp", parallel.dp, 1, 1 << 20),
+    INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
+    INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),
+    STR_KEY("parallel", "schedule", parallel.schedule, ts_config_check_schedule),
+    INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, 1 << 20),
+    { "parallel", "partition", K_PARTITION, OFF(parallel), 0, 0, 0, false, false, NULL },
+    STR_KEY("parallel", "recompute", parallel.recompute, ts_config_check_recompute),
+    STR_KEY("parallel", "order", parallel.order, ts_config_check_order),
+    BOOL_KEY("parallel", "overlap_grad_sync", parallel.overlap_grad_sync),
+    STR_KEY("parallel", "grad_sync_progress", parallel.grad_sync_progress,
+            ts_config_check_progress),
+    INT_KEY("parallel", "zero", parallel.zero, 0, 1),
+    INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
+    STR_KEY("parallel", "comm", parallel.comm, ts_config_check_comm),
+
+    INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
+    INT_KEY("train", "steps", train.steps, 0, BIG),
+    { "train", "seed", K_INT64, OFF(train.seed), 0, 0, 0, false, false, NULL },
+    FLOAT_KEY("train", "lr", train.lr, 0, true, INFINITY, false),
+    FLOAT_KEY("train", "min_lr", train.min_lr, 0, false, INFINITY, false),
+    INT_KEY("train", "warmup", train.warmup, 0, BIG),
+    FLOAT_KEY("train", "weight_decay", train.weight_decay, 0, false, INFINITY, false),
+    FLOAT_KEY("train", "beta1", train.beta1, 0, false, 1, true),
+    FLOAT_KEY("train", "beta2", train.beta2, 0, false, 1, true),
+    FLOAT_KEY("train", "eps", train.eps, 0, true, INFINITY, false),
+    FLOAT_KEY("train", "grad_clip", train.grad_clip, 0, false, INFINITY, false),
+    INT_KEY("train", "threads", train.threads, 0, 4096),
+    INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
+    STR_KEY("train", "device", train.device, ts_config_check_device),
+    STR_KEY("train", "precision", train.precision, ts_config_check_precision),
+
+    { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
+    STR_KEY("data", "val", data.val, NULL),
+    INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
+    INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 20),
+
+    STR_KEY("checkpoint", "dir", checkpoint.dir, NULL),
+    INT_KEY("checkpoint", "every", checkpoint.every, 0, BIG),
+    INT_KEY("checkpoint", "keep", checkpoint.keep, 1, BIG),
+    STR_KEY("checkpoint", "load", checkpoint.load, NULL),
+    FLOAT_KEY("checkpoint", "file_gb", checkpoint.file_gb, 0, true, 1e6, false),
+    BOOL_KEY("checkpoint", "async", checkpoint.async),
+
+    STR_KEY("log", "metrics", log.metrics, NULL),
+    STR_KEY("log", "trace", log.trace, NULL),
+    BOOL_KEY("log", "progress", log.progress),
+};
+const int ts_config_n_keys = (int)(sizeof ts_config_keys / sizeof ts_config_keys[0]);
+
+const char *const ts_config_sections[] = {
+    "model", "parallel", "train", "data", "checkpoint", "log",
+};
+const int ts_config_n_sections =
+    (int)(sizeof ts_config_sections / sizeof ts_config_sections[0]);
+
+/* ------------------------------------------------------------------- JSON -- */
+
+static json_t *key_json(const key_spec *k, const ts_config *cfg)
+{
+    const void *v = cfield_ptr(cfg, k);
+    switch (k->kind) {
+    case K_INT: return json_integer(*(const int *)v);
+    case K_INT64: return json_integer((json_int_t) * (const int64_t *)v);
+    case K_FLOAT: return json_real(*(const double *)v);
+    case K_BOOL: return json_boolean(*(const bool *)v);
+    case K_STR: return json_string((const char *)v);
+    case K_PARTITION: {
+        const ts_parallel_config *p = &cfg->parallel;
+        if (p->n_partition == 0) return json_string("balanced");
+        json_t *a = json_array();
+        for (int i = 0; i < p->n_partition; i++) json_array_append_new(a, json_integer(p->partition[i]));
+        return a;
+    }
+    case K_SHARDS: {
+        const ts_data_config *d = &cfg->data;
+        json_t *a = json_array();
+        for (int i = 0; i < d->n_train; i++) json_array_append_new(a, json_string(d->train[i]));
+        return a;
+    }
+    }
+    return json_null();
+}
+
+/* Does every float key of `text` read back as exactly the value in cfg? */
+static bool reals_round_trip(const char *text, const ts_config *cfg)
+{
+    json_t *j = json_loads(text, 0, NULL);
+    if (!j) return false;
+    bool same = true;
+    for (int i = 0; i < ts_config_n_keys && same; i++) {
+        const key_spec *k = &ts_config_keys[i];
+        if (k->kind != K_FLOAT) continue;
+        json_t *v = json_object_get(json_object_get(j, k->section), k->name);
+        same = json_number_value(v) == *(const double *)cfield_ptr(cfg, k);
+    }
+    json_decref(j);
+    return same;
+}
+
+char *ts_config_to_json(const ts_config *cfg)
+{
+    json_t *root = json_object();
+    for (int s = 0; s < ts_config_n_sections; s++) {
+        json_t *sec = json_object();
+        for (int i = 0; i < ts_config_n_keys; i++)
+            if (strcmp(ts_config_keys[i].section, ts_config_sections[s]) == 0)
+                json_object_set_new(sec, ts_config_keys[i].name,
+                                    key_json(&ts_config_keys[i], cfg));
+        json_object_set_new(root, ts_config_sections[s], sec);
+    }
+    /* Floats with 15 significant digits ("lr":0.0006, not 0.00059999999999999995)
+     * unless that would not read back exactly; then 17, which always does. */
+    char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(15));
+    TS_ASSERT(text != NULL);
+    if (!reals_round_trip(text, cfg)) {
+        free(text);
+        text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        TS_ASSERT(text != NULL);
+    }
+    json_decref(root);
+    return text;
+}

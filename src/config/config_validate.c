@@ -1,0 +1,424 @@
+/* Validation: the per-key checks (ranges, allowed values, list contents) that run as
+ * each setting is read (config_load.c) and again in ts_config_validate, so a config
+ * built in code is checked too, and the relations between keys (batch rule,
+ * divisibility, grid, device and precision). Nothing here prints or exits: every
+ * problem is a ts_fail message naming the key and how to fix it. */
+#include "config/config_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "pipeline/schedule.h"
+
+/* --------------------------------------------------------- per-key checks -- */
+
+static int index_of(const char *s, const char *const *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, list[i]) == 0) return i;
+    return -1;
+}
+
+static void join_quoted(char *buf, size_t cap, const char *const *list, int n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s\"%s\"", i ? ", " : "", list[i]);
+}
+
+ts_status ts_config_check_arch(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k;
+    if (strcmp(cfg->model.arch, "gpt2") == 0) return TS_OK;
+    return ts_fail("config key 'model.arch' = \"%s\"%s is not supported; the only "
+                   "architecture is \"gpt2\"",
+                   cfg->model.arch, where);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n > m && strcmp(s + n - m, suffix) == 0;
+}
+
+ts_status ts_config_check_schedule(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k;
+    const char *s = cfg->parallel.schedule;
+    if (ts_schedule_kind_from_name(s) >= 0 || ends_with(s, ".csv")) return TS_OK;
+    char choices[256];
+    join_quoted(choices, sizeof choices, ts_schedule_names, TS_N_SCHEDULES);
+    return ts_fail("config key 'parallel.schedule' = \"%s\"%s is not a schedule; choose "
+                   "one of %s, or the path of a schedule CSV file (ending in .csv)",
+                   s, where, choices);
+}
+
+ts_status ts_config_check_recompute(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k;
+    if (ts_recompute_from_name(cfg->parallel.recompute) >= 0) return TS_OK;
+    char choices[128];
+    join_quoted(choices, sizeof choices, ts_recompute_names, TS_N_RECOMPUTES);
+    return ts_fail("config key 'parallel.recompute' = \"%s\"%s is not valid; choose one "
+                   "of %s",
+                   cfg->parallel.recompute, where, choices);
+}
+
+ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k;
+    const char *s = cfg->parallel.order;
+    /* Exactly three two-letter names separated by '-', each of tp/dp/pp once. */
+    bool ok = strlen(s) == 8 && s[2] == '-' && s[5] == '-';
+    if (ok) {
+        const char *names[3] = { "tp", "dp", "pp" };
+        for (int i = 0; i < 3 && ok; i++) {
+            int seen = 0;
+            for (int j = 0; j < 3; j++)
+                if (strncmp(s + 3 * j, names[i], 2) == 0) seen++;
+            ok = seen == 1;
+        }
+    }
+    if (ok) return TS_OK;
+    return ts_fail("config key 'parallel.order' = \"%s\"%s is not valid; give tp, dp and "
+                   "pp once each joined by '-', fastest-varying first (e.g. \"tp-dp-pp\" "
+                   "or \"dp-tp-pp\")",
+                   s, where);
+}
+
+/* The compute backends this build has (kernels/kernels.h). "cuda" is a real backend
+ * name that a CPU-only build lacks: say so rather than "not a device". Where the build
+ * has it, "cuda" is accepted without looking for a GPU: configs are validated on
+ * machines without one too (the launcher, CI); the run itself checks for a device. */
+ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (ts_kernels_find(v)) return TS_OK;
+    if (strcmp(v, "cuda") == 0)
+        return ts_fail("config key 'train.device' = \"cuda\"%s: this tessera was built "
+                       "without the CUDA backend; use \"cpu\"",
+                       where);
+    return ts_fail("config key 'train.device' = \"%s\"%s is not a device; choose \"cpu\" "
+                   "(or \"cpu-strict\", the test mode whose device memory the host cannot "
+                   "touch)",
+                   v, where);
+}
+
+static const char *const PRECISIONS[] = { "fp32", "bf16" };
+
+ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, PRECISIONS, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'train.precision' = \"%s\"%s is not a precision; choose "
+                   "\"fp32\" (every kernel in float32) or \"bf16\" (GEMMs in bfloat16 with "
+                   "float32 accumulation and float32 master weights; train.device = \"cuda\")",
+                   v, where);
+}
+
+/* The data plane of the dp/pp/tp groups (comm/comm.h). "nccl" is a real backend name
+ * that a build without NCCL lacks: say so rather than "not a backend". */
+static const char *const COMM_BACKENDS[] = { "auto", "mpi", "nccl" };
+
+ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+#ifndef TS_HAVE_NCCL
+    if (strcmp(v, "nccl") == 0)
+        return ts_fail("config key 'parallel.comm' = \"nccl\"%s: this tessera was built "
+                       "without NCCL; use \"auto\" or \"mpi\"",
+                       where);
+#endif
+    if (index_of(v, COMM_BACKENDS, 3) >= 0) return TS_OK;
+    return ts_fail("config key 'parallel.comm' = \"%s\"%s is not a communication backend; "
+                   "choose \"auto\" (NCCL for train.device = \"cuda\" where built, else MPI), "
+                   "\"mpi\" (device memory staged through the host when the host cannot "
+                   "touch it) or \"nccl\"",
+                   v, where);
+}
+
+static const char *const PROGRESS_MODES[] = { "poll", "thread" };
+
+ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, PROGRESS_MODES, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'parallel.grad_sync_progress' = \"%s\"%s is not a progress mode; "
+                   "choose \"poll\" (test the pending reductions between layers) or \"thread\" "
+                   "(a communication thread drives them)",
+                   v, where);
+}
+
+/* Human-readable range, e.g. ">= 1", "> 0", "in [0, 1)", "0 or 1". */
+static void describe_range(const key_spec *k, char *buf, size_t cap)
+{
+    bool has_hi = isfinite(k->hi) && !(k->kind == K_INT && k->hi >= BIG);
+    /* Integers print whole (16777216, not 1.67772e+07). */
+    const char *num = k->kind == K_INT ? "%.0f" : "%g";
+    char lo[32], hi[32];
+    snprintf(lo, sizeof lo, num, k->lo);
+    snprintf(hi, sizeof hi, num, k->hi);
+    if (k->kind == K_INT && has_hi && k->hi - k->lo == 1)
+        snprintf(buf, cap, "%s or %s", lo, hi);
+    else if (!has_hi)
+        snprintf(buf, cap, "%s %s", k->lo_open ? ">" : ">=", lo);
+    else
+        snprintf(buf, cap, "in %c%s, %s%c", k->lo_open ? '(' : '[', lo, hi, k->hi_open ? ')' : ']');
+}
+
+bool ts_config_in_range(const key_spec *k, double v)
+{
+    if (k->lo_open ? !(v > k->lo) : !(v >= k->lo)) return false;
+    if (k->hi_open ? !(v < k->hi) : !(v <= k->hi)) return false;
+    return true;
+}
+
+ts_status ts_config_range_error(const key_spec *k, const char *value, const char *where)
+{
+    char range[96];
+    describe_range(k, range, sizeof range);
+    return ts_fail("config key '%s.%s' = %s%s is out of range: it must be %s", k->section,
+                   k->name, value, where, range);
+}
+
+/* Check one key's stored value (config_internal.h). */
+ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    char value[64];
+    switch (k->kind) {
+    case K_INT: {
+        int v = *(const int *)cfield_ptr(cfg, k);
+        snprintf(value, sizeof value, "%d", v);
+        if (!ts_config_in_range(k, v)) return ts_config_range_error(k, value, where);
+        break;
+    }
+    case K_FLOAT: {
+        double v = *(const double *)cfield_ptr(cfg, k);
+        snprintf(value, sizeof value, "%g", v);
+        if (!isfinite(v)) /* 1e309 parses as inf */
+            return ts_fail("config key '%s.%s' = %s%s is not a finite number", k->section,
+                           k->name, value, where);
+        if (!ts_config_in_range(k, v)) return ts_config_range_error(k, value, where);
+        break;
+    }
+    case K_PARTITION: {
+        const ts_parallel_config *p = &cfg->parallel;
+        if (p->n_partition < 0 || p->n_partition > TS_MAX_CHUNKS)
+            return ts_fail("config key 'parallel.partition'%s lists %d chunks; at most %d "
+                           "are supported",
+                           where, p->n_partition, TS_MAX_CHUNKS);
+        for (int i = 0; i < p->n_partition; i++)
+            if (p->partition[i] < 0)
+                return ts_fail("config key 'parallel.partition'%s: chunk %d has %d layers; "
+                               "each layer count must be >= 0",
+                               where, i, p->partition[i]);
+        break;
+    }
+    case K_SHARDS: {
+        const ts_data_config *d = &cfg->data;
+        if (d->n_train < 1)
+            return ts_fail("config key 'data.train'%s names no files; give a shard path "
+                           "or a list of them, e.g. train = [\"a.bin\", \"b.bin\"];",
+                           where);
+        if (d->n_train > TS_MAX_SHARDS)
+            return ts_fail("config key 'data.train'%s lists %d files; at most %d are "
+                           "supported (concatenate shards)",
+                           where, d->n_train, TS_MAX_SHARDS);
+        for (int i = 0; i < d->n_train; i++)
+            if (d->train[i][0] == '\0')
+                return ts_fail("config key 'data.train'%s: entry %d is an empty path", where,
+                               i);
+        break;
+    }
+    default:
+        break;
+    }
+    if (k->check) return k->check(k, cfg, where);
+    return TS_OK;
+}
+
+/* ------------------------------------------------------------- relations -- */
+
+int ts_config_num_microbatches(const ts_config *cfg)
+{
+    long long per = (long long)cfg->parallel.dp * cfg->parallel.micro_batch;
+    if (per <= 0) return 0;
+    return (int)(cfg->train.global_batch / per);
+}
+
+static ts_status batch_error(const ts_config *cfg)
+{
+    long long B = cfg->train.global_batch, dp = cfg->parallel.dp, mb = cfg->parallel.micro_batch;
+    long long unit = dp * mb;
+    char msg[512];
+    size_t len = 0;
+    len += (size_t)snprintf(msg + len, sizeof msg - len,
+                            "train.global_batch = %lld is not a whole number of micro-batches: "
+                            "it must equal parallel.dp * parallel.micro_batch * "
+                            "num_microbatches = %lld * %lld * m for a whole m >= 1",
+                            B, dp, mb);
+    /* Suggest the nearest valid values that the key's range (<= INT_MAX) allows. */
+    long long lower = (B / unit) * unit, upper = lower + unit;
+    bool upper_ok = upper <= INT_MAX;
+    if (lower >= unit && upper_ok)
+        len += (size_t)snprintf(msg + len, sizeof msg - len,
+                                "; use global_batch = %lld or %lld", lower, upper);
+    else if (lower >= unit)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "; use global_batch = %lld",
+                                lower);
+    else if (upper_ok)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "; use global_batch = %lld",
+                                upper);
+    if (B % dp == 0 && len < sizeof msg) {
+        /* Or keep global_batch and pick a micro_batch dividing B/dp: the smallest
+         * divisors, found up to sqrt(B/dp) with their cofactors (B/dp may be ~2^31). */
+        long long per = B / dp, divs[16];
+        int n = 0;
+        for (long long d = 1; d * d <= per && n < 8; d++)
+            if (per % d == 0) divs[n++] = d;
+        for (int i = n - 1; i >= 0 && n < 16; i--) {
+            long long co = per / divs[i];
+            if (co != divs[i]) divs[n++] = co;
+        }
+        len += (size_t)snprintf(msg + len, sizeof msg - len,
+                                ", or a parallel.micro_batch dividing global_batch/dp = %lld (",
+                                per);
+        int shown = 0;
+        for (int i = 0; i < n && shown < 8 && len < sizeof msg; i++)
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%lld", shown++ ? ", " : "",
+                                    divs[i]);
+        if (len < sizeof msg) snprintf(msg + len, sizeof msg - len, "%s)", n > 8 ? ", ..." : "");
+    } else if (len < sizeof msg) {
+        snprintf(msg + len, sizeof msg - len, " (global_batch must divide by dp = %lld)", dp);
+    }
+    return ts_fail("%s", msg);
+}
+
+/* Checkpoint keys that only make sense together. */
+static ts_status check_checkpoint(const ts_config *cfg)
+{
+    const ts_checkpoint_config *k = &cfg->checkpoint;
+    if (k->dir[0]) return TS_OK;
+    if (k->every > 0)
+        return ts_fail("checkpoint.every = %d needs checkpoint.dir (where to save); set "
+                       "checkpoint.dir or remove checkpoint.every",
+                       k->every);
+    if (!strcmp(k->load, "latest"))
+        return ts_fail("checkpoint.load = \"latest\" means the newest checkpoint in "
+                       "checkpoint.dir, which is not set; set checkpoint.dir or give "
+                       "checkpoint.load a checkpoint directory");
+    return TS_OK;
+}
+
+ts_status ts_config_validate(const ts_config *cfg, int world_size)
+{
+    for (int i = 0; i < ts_config_n_keys; i++)
+        if (ts_config_check_value(&ts_config_keys[i], cfg, "") != TS_OK) return TS_ERR;
+
+    const ts_model_config *m = &cfg->model;
+    const ts_parallel_config *p = &cfg->parallel;
+    const ts_train_config *t = &cfg->train;
+
+    if (t->min_lr > t->lr)
+        return ts_fail("train.min_lr = %g must be <= train.lr = %g (the cosine schedule "
+                       "decays from lr down to min_lr)",
+                       t->min_lr, t->lr);
+
+    long long grid = (long long)p->pp * p->dp * p->tp;
+    if (world_size > 0 && grid != world_size)
+        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld does not match the %d ranks "
+                       "launched; launch with mpirun -np %lld or change parallel.pp/dp/tp",
+                       p->pp, p->dp, p->tp, grid, world_size, grid);
+
+    long long unit = (long long)p->dp * p->micro_batch;
+    if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
+
+    if (m->n_embd % m->n_head != 0)
+        return ts_fail("model.n_embd = %d must divide by model.n_head = %d (each head has "
+                       "n_embd/n_head channels); change n_embd or n_head",
+                       m->n_embd, m->n_head);
+    if (m->n_head % p->tp != 0)
+        return ts_fail("model.n_head = %d must divide by parallel.tp = %d (each "
+                       "tensor-parallel rank holds n_head/tp heads); change n_head or tp",
+                       m->n_head, p->tp);
+    /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
+     * as long as every tensor-parallel rank gets at least one row. */
+    if (m->vocab_size < p->tp)
+        return ts_fail("model.vocab_size = %d is smaller than parallel.tp = %d (each "
+                       "tensor-parallel rank holds at least one vocabulary row); lower tp",
+                       m->vocab_size, p->tp);
+
+    long long chunks = (long long)p->pp * p->virtual_stages;
+    long long layers = (long long)m->n_layer + 2;
+    if (chunks > layers)
+        return ts_fail("more pipeline chunks than layers: parallel.pp * "
+                       "parallel.virtual_stages = %d * %d = %lld chunks, but the model has "
+                       "only model.n_layer + 2 = %lld layers (embedding, %d blocks, head); "
+                       "lower pp or virtual_stages",
+                       p->pp, p->virtual_stages, chunks, layers, m->n_layer);
+    if (chunks > TS_MAX_CHUNKS)
+        return ts_fail("parallel.pp * parallel.virtual_stages = %lld chunks; at most %d are "
+                       "supported",
+                       chunks, TS_MAX_CHUNKS);
+    if (p->n_partition > 0) {
+        if (p->n_partition != chunks)
+            return ts_fail("parallel.partition lists %d chunks but parallel.pp * "
+                           "parallel.virtual_stages = %d * %d = %lld; give one layer count "
+                           "per chunk",
+                           p->n_partition, p->pp, p->virtual_stages, chunks);
+        long long sum = 0;
+        for (int i = 0; i < p->n_partition; i++) sum += p->partition[i];
+        if (sum != layers)
+            return ts_fail("parallel.partition sums to %lld layers but the model has "
+                           "model.n_layer + 2 = %lld (embedding, %d blocks, head)",
+                           sum, layers, m->n_layer);
+    }
+    if (p->virtual_stages > 1 &&
+        ts_schedule_kind_from_name(p->schedule) != TS_SCHEDULE_INTERLEAVED_1F1B &&
+        !ends_with(p->schedule, ".csv"))
+        return ts_fail("parallel.virtual_stages = %d needs parallel.schedule = "
+                       "\"%s\" or a CSV schedule; \"%s\" runs one chunk per "
+                       "pipeline rank (set virtual_stages = 1)",
+                       p->virtual_stages, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B],
+                       p->schedule);
+
+    if (strcmp(cfg->train.precision, "bf16") == 0 && strcmp(cfg->train.device, "cuda") != 0)
+        return ts_fail("train.precision = \"bf16\" runs the GEMMs on a GPU's bfloat16 tensor "
+                       "cores, but train.device = \"%s\"; set train.device = \"cuda\" or "
+                       "train.precision = \"fp32\"",
+                       cfg->train.device);
+    if (strcmp(p->comm, "nccl") == 0 && strcmp(cfg->train.device, "cuda") != 0)
+        return ts_fail("parallel.comm = \"nccl\" moves GPU memory, but train.device = \"%s\"; "
+                       "set train.device = \"cuda\" or parallel.comm = \"auto\"",
+                       cfg->train.device);
+#ifdef TS_HAVE_NCCL
+    /* "auto" and "nccl" both mean NCCL for cuda in a build that has it (trainer.c). */
+    if (strcmp(cfg->train.device, "cuda") == 0 && strcmp(p->comm, "mpi") != 0 &&
+        strcmp(p->grad_sync_progress, "thread") == 0)
+        return ts_fail("parallel.grad_sync_progress = \"thread\" drives MPI reductions from "
+                       "a host thread; with train.device = \"cuda\" the reductions are NCCL's "
+                       "(parallel.comm = \"%s\"), which run on the GPU by themselves, and a "
+                       "second thread issuing NCCL calls could order them differently on "
+                       "different ranks; use \"poll\" (or parallel.comm = \"mpi\")",
+                       p->comm);
+#endif
+    if (strcmp(p->grad_sync_progress, "thread") == 0 && !p->overlap_grad_sync)
+        return ts_fail("parallel.grad_sync_progress = \"thread\" drives the overlapped "
+                       "reduction, but parallel.overlap_grad_sync = false runs one blocking "
+                       "all-reduce after the step; set overlap_grad_sync = true or remove the "
+                       "progress mode");
+    /* Sizes whose products index buffers with int: one micro-batch's N = micro_batch *
+     * seq_len rows, and the whole grid's rank count. */
+    if ((long long)p->micro_batch * m->seq_len > (1LL << 30))
+        return ts_fail("parallel.micro_batch * model.seq_len = %d * %d = %lld rows per "
+                       "micro-batch; at most 2^30 are supported (lower micro_batch)",
+                       p->micro_batch, m->seq_len, (long long)p->micro_batch * m->seq_len);
+    if (grid > (1LL << 24))
+        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld ranks; at most 2^24 are "
+                       "supported",
+                       p->pp, p->dp, p->tp, grid);
+    return check_checkpoint(cfg);
+}
