@@ -1,22 +1,20 @@
 /* The CUDA attention variants (kernels/cuda/attention.cu, attention_flash.cu) against the
  * CPU backend's attention, each called directly: the batched-GEMM attention in fp32 and
- * with bf16 products, the flash-style attention, and the table's slots (which follow
- * TS_CUDA_ATTENTION), on random inputs with every device output, saved state and
+ * with bf16 products, the flash-style attention, and the four tables' slots
+ * (train.attention = "gemm" | "flash" in fp32 and bf16), on random inputs with every device output, saved state and
  * workspace first poisoned with NaN (a value a kernel fails to write, or reads before
  * writing, shows). fp32 variants within a relative 1e-5 of the CPU, bf16 products
  * within 1e-2; as in test_cuda_kernels, the floor of the relative error is a tenth of
  * the largest |value| of that output. The flash backward must repeat bit for bit.
  *
  * Without a GPU (exit 77, skipped) it still checks what needs none: the sizes each
- * variant asks for, and that TS_CUDA_ATTENTION picks the variant behind the table (and
- * an unknown value stops the process with a message naming the variable and the
- * choices), each in a child process since the variable is read once per process. */
+ * variant asks for, and that ts_kernels_for(device, precision, attention) gives the
+ * table whose slots run that variant (a wrong train.attention is the config's error:
+ * test_config). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "kernels/cuda/attention_flash.h"
@@ -115,71 +113,38 @@ static void test_sizes(void)
            "bf16 scratch floats %zu", c16);
 }
 
-/* In a child with TS_CUDA_ATTENTION = value (NULL: unset): the table's saved size for
- * (B, T, NH, HS), and the bf16 entry's, as exit codes 10 (flash's), 11 (gemm's), 12
- * (neither); or the child's own failure. Returns the wait status. */
-static int child_choice(const char *value, int HS, int bf16)
+/* What the table of (precision, attention) keeps for (B, T, NH, HS): 10 flash's saved
+ * size, 11 the batched-GEMM's of that precision, 12 neither. */
+static int table_choice(const char *precision, const char *attention, int HS)
 {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (value)
-            setenv("TS_CUDA_ATTENTION", value, 1);
-        else
-            unsetenv("TS_CUDA_ATTENTION");
-        if (!freopen("/dev/null", "w", stderr)) _exit(13); /* the expected failure's message */
-        const int B = 1, T = 9, NH = 2;
-        size_t got = bf16 ? ts_cuda_attention_saved_floats_bf16(B, T, NH, HS)
-                          : G->attention_saved_floats(B, T, NH, HS);
-        size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_floats(B, T, NH, HS)
-                           : ts_cuda_gemm_attention_saved_floats(B, T, NH, HS);
-        _exit(got == ts_cuda_flash_attention_saved_floats(B, T, NH, HS) ? 10
-              : got == gemm                                              ? 11
-                                                                         : 12);
-    }
-    int status = 0;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    return status;
+    const ts_kernels *k = ts_kernels_for("cuda", precision, attention);
+    CHECKF(k != NULL, "no cuda table for %s, %s", precision, attention);
+    if (!k) return -1;
+    const bool bf16 = !strcmp(precision, "bf16");
+    const int B = 1, T = 9, NH = 2;
+    size_t got = k->attention_saved_floats(B, T, NH, HS);
+    size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_floats(B, T, NH, HS)
+                       : ts_cuda_gemm_attention_saved_floats(B, T, NH, HS);
+    return got == ts_cuda_flash_attention_saved_floats(B, T, NH, HS) ? 10 : got == gemm ? 11 : 12;
 }
 
-static int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
-
+/* train.attention picks the table (ts_kernels_for), and the table the variant. */
 static void test_choice(void)
 {
-    for (int bf16 = 0; bf16 <= 1; bf16++) {
-        CHECKF(exit_code(child_choice(NULL, 64, bf16)) == 11, "unset: gemm (bf16 %d)", bf16);
-        CHECKF(exit_code(child_choice("gemm", 64, bf16)) == 11, "gemm (bf16 %d)", bf16);
-        CHECKF(exit_code(child_choice("flash", 64, bf16)) == 10, "flash (bf16 %d)", bf16);
+    const char *precisions[] = {"fp32", "bf16"};
+    for (int p = 0; p < 2; p++) {
+        const char *pr = precisions[p];
+        CHECKF(table_choice(pr, "gemm", 64) == 11, "gemm (%s)", pr);
+        CHECKF(table_choice(pr, "flash", 64) == 10, "flash (%s)", pr);
         /* heads wider than the flash kernels take stay on the GEMMs */
-        CHECKF(exit_code(child_choice("flash", TS_CUDA_FLASH_MAX_HS + 1, bf16)) == 11,
-               "flash, HS %d (bf16 %d)", TS_CUDA_FLASH_MAX_HS + 1, bf16);
-        CHECKF(exit_code(child_choice("Flash", 64, bf16)) == EXIT_FAILURE,
-               "an unknown value stops the process (bf16 %d)", bf16);
+        CHECKF(table_choice(pr, "flash", TS_CUDA_FLASH_MAX_HS + 1) == 11, "flash, HS %d (%s)",
+               TS_CUDA_FLASH_MAX_HS + 1, pr);
+        CHECKF(ts_kernels_for("cuda", pr, "Flash") == NULL, "no table for \"Flash\" (%s)", pr);
     }
-    /* The message names the variable and the choices. */
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        close(fds[0]);
-        setenv("TS_CUDA_ATTENTION", "fast", 1);
-        (void)G->attention_saved_floats(1, 1, 1, 1);
-        _exit(0);
-    }
-    close(fds[1]);
-    char msg[512] = {0};
-    size_t len = 0;
-    ssize_t r;
-    while (len + 1 < sizeof msg && (r = read(fds[0], msg + len, sizeof msg - 1 - len)) > 0)
-        len += (size_t)r;
-    close(fds[0]);
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECKF(exit_code(status) == EXIT_FAILURE && strstr(msg, "TS_CUDA_ATTENTION") &&
-               strstr(msg, "\"fast\"") && strstr(msg, "\"gemm\"") && strstr(msg, "\"flash\""),
-           "unknown value: exit %d, message: %s", exit_code(status), msg);
+    CHECK(ts_kernels_for("cuda", "fp32", "gemm") == &ts_kernels_cuda);
+    CHECK(ts_kernels_for("cuda", "bf16", "gemm") == &ts_kernels_cuda_bf16);
+    CHECK(ts_kernels_for("cuda", "fp32", "flash") == &ts_kernels_cuda_flash);
+    CHECK(ts_kernels_for("cuda", "bf16", "flash") == &ts_kernels_cuda_bf16_flash);
 }
 
 int main(void)
@@ -190,12 +155,10 @@ int main(void)
     int devices = ts_cuda_device_count();
     if (devices == 0) {
         printf("test_cuda_attention: no CUDA device here (ts_cuda_device_count() == 0): "
-               "skipped; sizes and the TS_CUDA_ATTENTION choice checked\n");
+               "skipped; sizes and the tables' attention choice checked\n");
         return ts_test_failed ? ts_test_report() : 77;
     }
-    const char *env = getenv("TS_CUDA_ATTENTION");
-    printf("test_cuda_attention: %d CUDA device(s); TS_CUDA_ATTENTION=%s\n", devices,
-           env ? env : "(unset)");
+    printf("test_cuda_attention: %d CUDA device(s)\n", devices);
     const variant vs[] = {
         {"gemm fp32", ts_cuda_gemm_attention_saved_floats, ts_cuda_gemm_attention_scratch_floats,
          ts_cuda_gemm_attention_forward, ts_cuda_gemm_attention_backward, 1e-5, 1 << 20},
@@ -207,9 +170,15 @@ int main(void)
          ts_cuda_gemm_bf16_attention_backward, 1e-2, 1 << 20},
         {"table (fp32)", G->attention_saved_floats, G->attention_scratch_floats,
          G->attention_forward, G->attention_backward, 1e-5, 1 << 20},
-        {"bf16 entries", ts_cuda_attention_saved_floats_bf16,
+        {"table (fp32, flash)", ts_kernels_cuda_flash.attention_saved_floats,
+         ts_kernels_cuda_flash.attention_scratch_floats, ts_kernels_cuda_flash.attention_forward,
+         ts_kernels_cuda_flash.attention_backward, 1e-5, 1 << 20},
+        {"table (bf16)", ts_cuda_attention_saved_floats_bf16,
          ts_cuda_attention_scratch_floats_bf16, ts_cuda_attention_forward_bf16,
          ts_cuda_attention_backward_bf16, 1e-2, 1 << 20},
+        {"table (bf16, flash)", ts_cuda_attention_saved_floats_bf16_flash,
+         ts_cuda_attention_scratch_floats_bf16_flash, ts_cuda_attention_forward_bf16_flash,
+         ts_cuda_attention_backward_bf16_flash, 1e-2, 1 << 20},
     };
     const int nv = (int)(sizeof vs / sizeof vs[0]);
     /* Every T with every HS; B and NH cycle through 1..4 and {1, 3, 12}, so both GEMM

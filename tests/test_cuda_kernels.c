@@ -137,19 +137,27 @@ static void expect_same_bits(const char *slot, const char *what, const float *be
 
 /* ---- the table and memory ---------------------------------------------------------- */
 
+/* Every CUDA table is complete, says what it is and needs, and is the one
+ * ts_kernels_for gives for its (device, precision, attention). */
 static void test_table(void)
 {
-    const char *missing = ts_kernels_missing(G);
-    CHECKF(!missing, "ts_kernels_cuda leaves slot '%s' empty", missing);
-    CHECK(!strcmp(G->name, "cuda"));
-    CHECK(!G->host_accessible);
-    CHECK(ts_kernels_find("cuda") == G);
-
-    const ts_kernels *b = &ts_kernels_cuda_bf16;
-    missing = ts_kernels_missing(b);
-    CHECKF(!missing, "ts_kernels_cuda_bf16 leaves slot '%s' empty", missing);
-    CHECK(!strcmp(b->name, "cuda-bf16"));
-    CHECK(!b->host_accessible);
+    const ts_kernels *all[] = {&ts_kernels_cuda, &ts_kernels_cuda_flash, &ts_kernels_cuda_bf16,
+                               &ts_kernels_cuda_bf16_flash};
+    const char *names[] = {"cuda", "cuda-flash", "cuda-bf16", "cuda-bf16-flash"};
+    for (int i = 0; i < 4; i++) {
+        const ts_kernels *k = all[i];
+        const char *missing = ts_kernels_missing(k);
+        CHECKF(!missing, "%s leaves slot '%s' empty", names[i], missing);
+        CHECK(!strcmp(k->name, names[i]));
+        CHECK(!k->host_accessible && k->device_memory);
+        CHECK(ts_kernels_find(names[i]) == k);
+        CHECK(ts_kernels_for(k->device, k->precision, k->attention) == k);
+        CHECK(!strcmp(k->device, "cuda") && !strcmp(k->native_comm, "nccl"));
+        CHECK(!strcmp(k->precision, i < 2 ? "fp32" : "bf16"));
+        CHECK(!strcmp(k->attention, i % 2 ? "flash" : "gemm"));
+        CHECK(k->weight_copy_bytes == (i < 2 ? 0 : 2));
+        CHECK(k->device_count && k->select_device && k->current_device && k->memory_info);
+    }
 }
 
 static void test_memory(void)
@@ -686,10 +694,21 @@ static void test_vocab_parallel(void)
     G->dev_free(dtgt);
 }
 
-int main(void)
+/* Usage: test_cuda_kernels [gemm|flash]: the attention of the fp32 and bf16 tables under
+ * test (train.attention; default gemm). */
+int main(int argc, char **argv)
 {
     ts_test_rng = 0x2545F4914F6CDD1Dull; /* this file's inputs, as they always were */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *attention = argc > 1 ? argv[1] : "gemm";
+    const ts_kernels *fp32 = ts_kernels_for("cuda", "fp32", attention);
+    const ts_kernels *bf16 = ts_kernels_for("cuda", "bf16", attention);
+    if (!fp32 || !bf16) {
+        fprintf(stderr, "test_cuda_kernels: no CUDA tables for attention '%s' (gemm, flash)\n",
+                attention);
+        return 2;
+    }
+    G = fp32;
     test_table(); /* needs no device */
     int devices = ts_cuda_device_count();
     if (devices == 0) {
@@ -697,8 +716,8 @@ int main(void)
                "skipped; the table is complete\n");
         return ts_test_failed ? ts_test_report() : 77;
     }
-    printf("test_cuda_kernels: %d CUDA device(s); cuda vs cpu, relative tolerance %.0e\n",
-           devices, TOL);
+    printf("test_cuda_kernels: %d CUDA device(s); %s vs cpu, relative tolerance %.0e\n",
+           devices, G->name, TOL);
     test_memory();
     test_sums();
     test_streams();
@@ -725,7 +744,7 @@ int main(void)
     test_vocab_parallel();
 
     /* The bf16 table, every device buffer through its own slots. */
-    G = &ts_kernels_cuda_bf16;
+    G = bf16;
     printf("test_cuda_kernels: the bf16 table (%s): matmuls %.0e vs bf16-rounded operands, "
            "%.0e of the largest value vs fp32\n",
            G->name, TOL_BF16, TOL_BF16_FP32);
@@ -737,6 +756,6 @@ int main(void)
     test_matmul_bf16(128, 256, 768, 0);
     test_matmul_bf16(67, 96, 130, 1);
     test_bf16_weight_cache();
-    G = &ts_kernels_cuda;
+    G = fp32;
     return ts_test_report();
 }

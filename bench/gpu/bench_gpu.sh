@@ -4,7 +4,7 @@
 #      shapes) and device memory bandwidth -> OUT/gemm_curve.txt, with the
 #      `gemm_efficiency = (...)` line for configs/clusters/h200-node.cfg
 #   2. Tessera training, train.device = "cuda", micro_batch = global_batch = BATCH,
-#      STEPS steps on random tokens: bf16 with TS_CUDA_ATTENTION=gemm, bf16 with flash,
+#      STEPS steps on random tokens: bf16 with train.attention = "gemm", bf16 with "flash",
 #      then fp32
 #   3. PyTorch the nanoGPT way (bench/gpu/torch_gpt2_gpu.py): eager, then torch.compile
 #   4. the table (bench/gpu/summarize.py): tokens/s, ms/step, MFU, ratio to PyTorch
@@ -66,6 +66,7 @@ if [ "$dry" = 1 ]; then
   cfg=$root/configs/tiny.cfg model=4,4,128,256,64 vocab=256 seq=64
   batch=4 steps=2 tsteps=2 twarm=1 device=cpu
   precisions=(fp32 fp32 fp32)
+  attn=(gemm gemm gemm) # train.attention = "flash" is for train.device = "cuda" only
   torch_args=(--device cpu --n_layer 4 --n_head 4 --n_embd 128 --vocab_size 256
     --seq_len 64 --threads 1)
   export OMP_NUM_THREADS=1
@@ -105,13 +106,14 @@ with open(path, "wb") as f:
     f.write(struct.pack(f"<{n}H", *toks))
 EOF
 labels=("Tessera bf16-gemm" "Tessera bf16-flash" "Tessera fp32")
-attn=(gemm flash gemm)
+[ "$dry" = 1 ] || attn=(gemm flash gemm)
 specs=()
 for i in 0 1 2; do
   m=$work/metrics_$i.jsonl
   specs+=(--tessera "${labels[$i]}=$m")
-  TS_CUDA_ATTENTION=${attn[$i]} run_step "${labels[$i]}" 90 \
+  run_step "${labels[$i]}" 90 \
     "$build/tessera" train "$cfg" --set train.device=\""$device"\" \
+    --set train.attention=\""${attn[$i]}"\" \
     --set train.precision=\""${precisions[$i]}"\" --set parallel.micro_batch="$batch" \
     --set train.global_batch="$batch" --set train.steps="$steps" \
     --set data.train=\""$work/train.bin"\" --set data.val=\"\" \

@@ -24,16 +24,34 @@ const char *ts_kernels_missing(const ts_kernels *k)
     return NULL;
 }
 
+/* Every table this build has. */
+static const ts_kernels *const all_tables[] = {
+    &ts_kernels_cpu,
+    &ts_kernels_cpu_strict,
+#ifdef TS_HAVE_CUDA
+    &ts_kernels_cuda,
+    &ts_kernels_cuda_flash,
+    &ts_kernels_cuda_bf16,
+    &ts_kernels_cuda_bf16_flash,
+#endif
+};
+enum { N_TABLES = sizeof all_tables / sizeof all_tables[0] };
+
 const ts_kernels *ts_kernels_find(const char *name)
 {
-    static const ts_kernels *const all[] = {
-        &ts_kernels_cpu,
-        &ts_kernels_cpu_strict,
-#ifdef TS_HAVE_CUDA
-        &ts_kernels_cuda,
-#endif
-    };
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(all[i]->name, name)) return all[i];
+    for (size_t i = 0; i < N_TABLES; i++)
+        if (!strcmp(all_tables[i]->name, name)) return all_tables[i];
+    return NULL;
+}
+
+const ts_kernels *ts_kernels_for(const char *device, const char *precision,
+                                 const char *attention)
+{
+    for (size_t i = 0; i < N_TABLES; i++) {
+        const ts_kernels *k = all_tables[i];
+        if (!strcmp(k->device, device) && !strcmp(k->precision, precision) &&
+            !strcmp(k->attention, attention))
+            return k;
+    }
     return NULL;
 }

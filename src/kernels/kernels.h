@@ -1,6 +1,9 @@
 /* The compute kernels behind one small interface, so the model code never names a
- * backend. The CPU backend is OpenBLAS + OpenMP (src/kernels/cpu); a CUDA backend
- * fills the same table with device pointers (src/kernels/cuda, later).
+ * backend. The CPU backend is OpenBLAS + OpenMP (src/kernels/cpu); the CUDA backend
+ * fills the same table with device pointers (src/kernels/cuda). A table also says what
+ * it is and what it needs (its device and precision, where its memory lives, the extra
+ * weight copies it keeps, the device it binds to), so callers choose and size a backend
+ * by asking the table (ts_kernels_for), never by naming one.
  *
  * Conventions (llm.c style: every buffer passed, shapes in the signature):
  * - Activations are row-major [N, C] with N = B*T rows.
@@ -40,6 +43,29 @@ typedef struct {
 typedef struct ts_kernels {
     const char *name;
 
+    /* ---- what the table is and needs. train.device, train.precision and
+     * train.attention select it (ts_kernels_for). */
+    const char *device;    /* "cpu", "cpu-strict", "cuda" */
+    const char *precision; /* "fp32", or "bf16": bf16 GEMM operands, fp32 in memory */
+    const char *attention; /* "gemm" (the backend's default attention) or "flash" */
+    /* The run's buffers live in an accelerator's memory (checked against its free
+     * memory), not in the host's (checked against the node's RAM and ulimit -v). */
+    bool device_memory;
+    /* Bytes per parameter the table keeps beside the fp32 parameters on the device
+     * (cuda-bf16's bf16 weight copies: 2). */
+    int weight_copy_bytes;
+    /* The comm backend that moves this memory on the device where it is built ("nccl"
+     * for CUDA, comm/comm.h), or NULL: MPI, in place or through host bounce copies. */
+    const char *native_comm;
+    /* The devices this process sees (0: no driver or no device; never aborts), binding
+     * this process to device `ordinal` (before any other slot: streams and handles are
+     * made on the current device), the bound device, and its free and total memory
+     * (false when the backend cannot say). All NULL on host backends. */
+    int (*device_count)(void);
+    int (*select_device)(int ordinal);
+    int (*current_device)(void);
+    bool (*memory_info)(size_t *free_bytes, size_t *total_bytes);
+
     /* ---- memory and ordering. Device buffers (parameters, gradients, moments,
      * activations, scratch, pipeline buffers) come from dev_alloc and are read or written
      * by host code only through these copies; every kernel below takes device pointers.
@@ -68,8 +94,9 @@ typedef struct ts_kernels {
 
     /* ---- what the kernels keep: the saved state attention_forward leaves for its
      * backward (`att`) and attention_backward's workspace, in floats. The backend
-     * chooses (the CPU keeps the probabilities [B,NH,T,T]; a flash-style kernel would
-     * keep row statistics [B,NH,T]); the model sizes its buffers from these. */
+     * chooses (the CPU and CUDA's batched-GEMM attention keep the probabilities
+     * [B,NH,T,T]; CUDA's flash-style kernel keeps one log-sum-exp per row [B,NH,T]); the
+     * model sizes its buffers from these. */
     size_t (*attention_saved_floats)(int B, int T, int NH, int HS);
     size_t (*attention_scratch_floats)(int B, int T, int NH, int HS);
 
@@ -131,7 +158,9 @@ typedef struct ts_kernels {
     void (*crossentropy_forward_backward)(float *losses, float *logits, const int *targets,
                                           int N, int V, float dloss);
 
-    /* torch.optim.AdamW on n elements, step t >= 1 (bias correction), on the gradient
+    /* Reference slot (tests and benchmarks compare adamw_update_spans and the device
+     * backends against it; the optimizer calls adamw_update_spans).
+     * torch.optim.AdamW on n elements, step t >= 1 (bias correction), on the gradient
      * g = grad_scale * grad (the clipping coefficient, applied here rather than in a
      * separate pass over the whole gradient buffer; grad itself is left unchanged):
      * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -149,7 +178,8 @@ typedef struct ts_kernels {
                                float *v, const ts_adamw_span *spans, int n_spans, float lr,
                                float beta1, float beta2, float eps, float weight_decay, int t);
 
-    /* Sum of squares in double (for the global gradient norm). */
+    /* Reference slot (tests and benchmarks; the optimizer's norm uses sum_squares_into).
+     * Sum of squares in double. */
     double (*sum_squares)(const float *x, size_t n);
 
     /* ---- vocab-parallel (tensor parallelism): this rank holds vocabulary rows
@@ -184,15 +214,18 @@ extern const ts_kernels ts_kernels_cpu_strict;
 
 #ifdef TS_HAVE_CUDA
 /* The CUDA backend (kernels/cuda; built when CMake finds the CUDA toolkit, TS_CUDA):
- * device memory from cudaMalloc, kernels queued on one compute stream, fp32 throughout
- * for now. */
+ * device memory from cudaMalloc, kernels queued on one compute stream, fp32 GEMMs
+ * (no TF32) and the batched-GEMM attention. "cuda-flash": the same with the flash-style
+ * attention (train.attention = "flash"). */
 extern const ts_kernels ts_kernels_cuda;
+extern const ts_kernels ts_kernels_cuda_flash;
 /* "cuda-bf16": ts_kernels_cuda with the matmuls' GEMMs on bf16 operands (fp32
  * accumulation; parameters, gradients and activations stay fp32 in memory, so the
  * parameters are the fp32 master weights). It keeps a bf16 copy of each weight, told of
  * changes by its own write slots (adamw_update, memcpy_h2d/_d2d, memset_zero, dev_free):
  * a run with it allocates, writes and frees its parameters through it alone. */
 extern const ts_kernels ts_kernels_cuda_bf16;
+extern const ts_kernels ts_kernels_cuda_bf16_flash; /* "cuda-bf16-flash" */
 /* The CUDA devices this process can use: 0 when there is no driver or no device (never
  * aborts), so a caller can refuse "cuda" with a clear message before training. */
 int ts_cuda_device_count(void);
@@ -203,8 +236,14 @@ int ts_cuda_device_count(void);
 int ts_cuda_select_device(int local_rank);
 #endif
 
-/* The backend named `name` ("cpu", "cpu-strict"; "cuda" where built), or NULL. */
+/* The backend named `name` ("cpu", "cpu-strict"; "cuda", "cuda-flash", "cuda-bf16",
+ * "cuda-bf16-flash" where built), or NULL. */
 const ts_kernels *ts_kernels_find(const char *name);
+
+/* The table a run uses: the one whose device, precision and attention are these
+ * (train.device, train.precision, train.attention), or NULL when this build has none. */
+const ts_kernels *ts_kernels_for(const char *device, const char *precision,
+                                 const char *attention);
 
 /* Every slot of a table is filled (a backend that leaves one NULL would crash mid-run):
  * the first missing slot's name, or NULL when complete. */
@@ -214,6 +253,16 @@ const char *ts_kernels_missing(const ts_kernels *k);
  * Debian's openblas-openmp build): sets both, never more than asked. */
 void ts_cpu_set_threads(int n);
 int ts_cpu_get_threads(void);
+
+/* The host's BLAS, as a run reports it at start-up (kernels/cpu/blas_core.c: Tessera
+ * makes OpenBLAS run the right core for the CPU). The core OpenBLAS runs and how it
+ * came to: "Haswell (chosen by Tessera: OpenBLAS picked Prescott on an AVX2 CPU)". */
+const char *ts_blas_core(void);
+const char *ts_blas_core_note(char *buf, size_t size);
+/* A quick sgemm rate in GFLOP/s with the current thread count (about 0.1 s). */
+double ts_blas_measure_gflops(void);
+/* The CPU's model name ("AMD EPYC 9454 48-Core Processor"), or "unknown". */
+const char *ts_cpu_model(char *buf, size_t size);
 
 #ifdef __cplusplus
 }

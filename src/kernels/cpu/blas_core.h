@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kernels/kernels.h"
+
 /* Vector level of a CPU or of an OpenBLAS core: what its sgemm kernel uses. */
 typedef enum {
     TS_ISA_UNKNOWN = -1,
@@ -39,15 +41,8 @@ const char *ts_blas_pick_core(ts_isa cpu, const char *chosen, bool user_set, boo
  * only when no re-execution is needed (or it failed: then a warning is printed). */
 void ts_blas_select_core(int argc, char **argv);
 
-/* The core OpenBLAS runs and how it came to (one line for the start-up log):
- * "Haswell (chosen by Tessera: OpenBLAS picked Prescott on an AVX2 CPU)". */
-const char *ts_blas_core(void);
-const char *ts_blas_core_note(char *buf, size_t size);
-
-/* A quick sgemm rate in GFLOP/s with the current thread count (about 0.1 s). */
-double ts_blas_measure_gflops(void);
-
-/* The CPU's model name ("AMD EPYC 9454 48-Core Processor"), or "unknown". */
-const char *ts_cpu_model(char *buf, size_t size);
+/* What the start-up report shows of the host's BLAS (ts_blas_core, ts_blas_core_note,
+ * ts_blas_measure_gflops, ts_cpu_model) is declared in kernels/kernels.h: callers
+ * outside the backend need no private header. */
 
 #endif

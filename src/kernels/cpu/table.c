@@ -3,6 +3,12 @@
 
 const ts_kernels ts_kernels_cpu = {
     .name = "cpu",
+    .device = "cpu",
+    .precision = "fp32",
+    .attention = "gemm",
+    .device_memory = false,
+    .weight_copy_bytes = 0,
+    .native_comm = NULL,
     .host_accessible = true,
     .dev_alloc = ts_cpu_dev_alloc,
     .dev_free = ts_cpu_dev_free,

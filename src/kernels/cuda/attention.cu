@@ -302,36 +302,18 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(float *dqkv, float *scratch
     backward_core<bf16>(s, dqkv, scratch, dsb, dsb, gb, xb, xb + s.C, xb + 2 * s.C, att, pb);
 }
 
-/* ---- the choice behind the table's slots.
+/* ---- the choice behind the tables' slots.
  *
- * TS_CUDA_ATTENTION = "gemm" (the default) or "flash", read once per process. The
- * default is the batched-GEMM attention until a GPU measurement says otherwise: its
+ * train.attention = "gemm" (the default) or "flash" picks the table (table.cu): its
+ * slots below run the batched-GEMM attention of their precision, or the flash kernels.
+ * The default is the batched-GEMM attention until a GPU measurement says otherwise: its
  * products run on cuBLAS (tensor cores in bf16) where the flash kernels are plain fp32
  * FMAs, so it should be faster at GPT-2's T = 1024, at the price of B*NH*T*T floats of
  * probabilities kept per layer, which flash avoids. The GPU benchmark runs both.
  * Heads wider than the flash kernels take (TS_CUDA_FLASH_MAX_HS) use the batched-GEMM
  * attention either way; the saved/scratch sizes follow the same choice, as they must. */
 
-enum att_kind { ATT_GEMM, ATT_FLASH };
-
-static att_kind read_kind(void)
-{
-    const char *v = getenv("TS_CUDA_ATTENTION");
-    if (!v || !*v || !strcmp(v, "gemm")) return ATT_GEMM;
-    if (!strcmp(v, "flash")) return ATT_FLASH;
-    fprintf(stderr,
-            "tessera: TS_CUDA_ATTENTION=\"%s\" is not an attention kernel: set it to \"gemm\" "
-            "(batched GEMMs, the default) or \"flash\" (memory-light tiles), or unset it\n",
-            v);
-    fflush(stderr);
-    exit(EXIT_FAILURE);
-}
-
-static bool use_flash(int HS)
-{
-    static const att_kind kind = read_kind(); /* once, thread-safely (C++ static) */
-    return kind == ATT_FLASH && HS <= TS_CUDA_FLASH_MAX_HS;
-}
+static bool use_flash(bool flash, int HS) { return flash && HS <= TS_CUDA_FLASH_MAX_HS; }
 
 /* The batched-GEMM attention of one precision: what the slots below run when flash is
  * not chosen (or cannot take the head). */
@@ -350,75 +332,65 @@ static const gemm_attention gemm_bf16 = {
     ts_cuda_gemm_bf16_attention_saved_floats, ts_cuda_gemm_bf16_attention_scratch_floats,
     ts_cuda_gemm_bf16_attention_forward, ts_cuda_gemm_bf16_attention_backward};
 
-/* The chosen attention: flash (one fp32 kernel for both tables) or g, per use_flash. */
-static size_t chosen_saved_floats(const gemm_attention &g, int B, int T, int NH, int HS)
+/* The chosen attention: flash (one fp32 kernel for both precisions) or g. */
+static size_t chosen_saved_floats(const gemm_attention &g, bool flash, int B, int T, int NH, int HS)
 {
-    return use_flash(HS) ? ts_cuda_flash_attention_saved_floats(B, T, NH, HS)
-                         : g.saved_floats(B, T, NH, HS);
+    return use_flash(flash, HS) ? ts_cuda_flash_attention_saved_floats(B, T, NH, HS)
+                                : g.saved_floats(B, T, NH, HS);
 }
 
-static size_t chosen_scratch_floats(const gemm_attention &g, int B, int T, int NH, int HS)
+static size_t chosen_scratch_floats(const gemm_attention &g, bool flash, int B, int T, int NH,
+                                    int HS)
 {
-    return use_flash(HS) ? ts_cuda_flash_attention_scratch_floats(B, T, NH, HS)
-                         : g.scratch_floats(B, T, NH, HS);
+    return use_flash(flash, HS) ? ts_cuda_flash_attention_scratch_floats(B, T, NH, HS)
+                                : g.scratch_floats(B, T, NH, HS);
 }
 
-static void chosen_forward(const gemm_attention &g, float *out, float *att, const float *qkv,
-                           int B, int T, int NH, int HS)
+static void chosen_forward(const gemm_attention &g, bool flash, float *out, float *att,
+                           const float *qkv, int B, int T, int NH, int HS)
 {
-    if (use_flash(HS))
+    if (use_flash(flash, HS))
         ts_cuda_flash_attention_forward(out, att, qkv, B, T, NH, HS);
     else
         g.forward(out, att, qkv, B, T, NH, HS);
 }
 
-static void chosen_backward(const gemm_attention &g, float *dqkv, float *scratch,
+static void chosen_backward(const gemm_attention &g, bool flash, float *dqkv, float *scratch,
                             const float *dout, const float *qkv, const float *att, int B, int T,
                             int NH, int HS)
 {
-    if (use_flash(HS))
+    if (use_flash(flash, HS))
         ts_cuda_flash_attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
     else
         g.backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
 }
 
-/* The table's slots: ts_kernels_cuda's, then ts_kernels_cuda_bf16's. */
-extern "C" size_t ts_cuda_attention_saved_floats(int B, int T, int NH, int HS)
-{
-    return chosen_saved_floats(gemm_fp32, B, T, NH, HS);
-}
-extern "C" size_t ts_cuda_attention_scratch_floats(int B, int T, int NH, int HS)
-{
-    return chosen_scratch_floats(gemm_fp32, B, T, NH, HS);
-}
-extern "C" void ts_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int NH, int HS)
-{
-    chosen_forward(gemm_fp32, out, att, qkv, B, T, NH, HS);
-}
-extern "C" void ts_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                           const float *qkv, const float *att, int B, int T,
-                                           int NH, int HS)
-{
-    chosen_backward(gemm_fp32, dqkv, scratch, dout, qkv, att, B, T, NH, HS);
-}
+/* The four tables' attention slots (ts_kernels_cuda, _cuda_flash, _cuda_bf16,
+ * _cuda_bf16_flash): one set of four per precision and choice. */
+#define TS_ATTENTION_SLOTS(suffix, g, flash)                                                      \
+    extern "C" size_t ts_cuda_attention_saved_floats##suffix(int B, int T, int NH, int HS)       \
+    {                                                                                            \
+        return chosen_saved_floats(g, flash, B, T, NH, HS);                                      \
+    }                                                                                            \
+    extern "C" size_t ts_cuda_attention_scratch_floats##suffix(int B, int T, int NH, int HS)     \
+    {                                                                                            \
+        return chosen_scratch_floats(g, flash, B, T, NH, HS);                                    \
+    }                                                                                            \
+    extern "C" void ts_cuda_attention_forward##suffix(float *out, float *att, const float *qkv,  \
+                                                      int B, int T, int NH, int HS)              \
+    {                                                                                            \
+        chosen_forward(g, flash, out, att, qkv, B, T, NH, HS);                                   \
+    }                                                                                            \
+    extern "C" void ts_cuda_attention_backward##suffix(float *dqkv, float *scratch,              \
+                                                       const float *dout, const float *qkv,      \
+                                                       const float *att, int B, int T, int NH,   \
+                                                       int HS)                                   \
+    {                                                                                            \
+        chosen_backward(g, flash, dqkv, scratch, dout, qkv, att, B, T, NH, HS);                  \
+    }
 
-extern "C" size_t ts_cuda_attention_saved_floats_bf16(int B, int T, int NH, int HS)
-{
-    return chosen_saved_floats(gemm_bf16, B, T, NH, HS);
-}
-extern "C" size_t ts_cuda_attention_scratch_floats_bf16(int B, int T, int NH, int HS)
-{
-    return chosen_scratch_floats(gemm_bf16, B, T, NH, HS);
-}
-extern "C" void ts_cuda_attention_forward_bf16(float *out, float *att, const float *qkv, int B,
-                                               int T, int NH, int HS)
-{
-    chosen_forward(gemm_bf16, out, att, qkv, B, T, NH, HS);
-}
-extern "C" void ts_cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
-                                                const float *qkv, const float *att, int B, int T,
-                                                int NH, int HS)
-{
-    chosen_backward(gemm_bf16, dqkv, scratch, dout, qkv, att, B, T, NH, HS);
-}
+TS_ATTENTION_SLOTS(, gemm_fp32, false)
+TS_ATTENTION_SLOTS(_flash, gemm_fp32, true)
+TS_ATTENTION_SLOTS(_bf16, gemm_bf16, false)
+TS_ATTENTION_SLOTS(_bf16_flash, gemm_bf16, true)
+#undef TS_ATTENTION_SLOTS

@@ -1,8 +1,9 @@
 /* The CUDA attention variants by name, each with the signatures of the attention slots
  * of kernels.h (same arguments, same rules: dqkv overwritten, `att` the variant's own
  * saved state sized by its *_saved_floats, the backward's workspace by its
- * *_scratch_floats). The table's ts_cuda_attention_* entries choose among them
- * (attention.cu, TS_CUDA_ATTENTION); tests call them directly. C-callable. */
+ * *_scratch_floats). The tables' ts_cuda_attention_* entries run one of them
+ * (attention.cu; the table is chosen by train.attention); tests call them directly.
+ * C-callable. */
 #ifndef TS_KERNELS_CUDA_ATTENTION_FLASH_H
 #define TS_KERNELS_CUDA_ATTENTION_FLASH_H
 
@@ -49,16 +50,22 @@ void ts_cuda_gemm_bf16_attention_backward(float *dqkv, float *scratch, const flo
                                           const float *qkv, const float *att, int B, int T,
                                           int NH, int HS);
 
-/* The bf16 table's attention slots (ts_kernels_cuda_bf16): the bf16 batched-GEMM
- * attention, or the (fp32) flash one, as TS_CUDA_ATTENTION says; the fp32 table's
- * ts_cuda_attention_* (cuda_internal.h) choose between the fp32 two the same way. */
-size_t ts_cuda_attention_saved_floats_bf16(int B, int T, int NH, int HS);
-size_t ts_cuda_attention_scratch_floats_bf16(int B, int T, int NH, int HS);
-void ts_cuda_attention_forward_bf16(float *out, float *att, const float *qkv, int B, int T,
-                                    int NH, int HS);
-void ts_cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
-                                     const float *qkv, const float *att, int B, int T, int NH,
-                                     int HS);
+/* The other tables' attention slots (table.cu): ts_kernels_cuda_bf16's (the bf16
+ * batched-GEMM attention), and the flash tables' of either precision (the fp32 flash
+ * kernels, heads wider than they take on the table's batched-GEMM attention). The fp32
+ * table's own are ts_cuda_attention_* in cuda_internal.h. */
+#define TS_CUDA_ATTENTION_SLOT_DECLS(suffix)                                                \
+    size_t ts_cuda_attention_saved_floats##suffix(int B, int T, int NH, int HS);           \
+    size_t ts_cuda_attention_scratch_floats##suffix(int B, int T, int NH, int HS);         \
+    void ts_cuda_attention_forward##suffix(float *out, float *att, const float *qkv, int B, \
+                                           int T, int NH, int HS);                          \
+    void ts_cuda_attention_backward##suffix(float *dqkv, float *scratch, const float *dout, \
+                                            const float *qkv, const float *att, int B,      \
+                                            int T, int NH, int HS);
+TS_CUDA_ATTENTION_SLOT_DECLS(_bf16)
+TS_CUDA_ATTENTION_SLOT_DECLS(_flash)
+TS_CUDA_ATTENTION_SLOT_DECLS(_bf16_flash)
+#undef TS_CUDA_ATTENTION_SLOT_DECLS
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
  * trainer takes the staging paths (kernels/kernels.h). */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/attention_flash.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/fused.h"
 
 /* C++ has no designated initializers before C++20 (nvcc -std=c++17 accepts them as an
@@ -12,6 +13,16 @@
  * the bf16 one can be built from it below. */
 static constexpr ts_kernels fp32_table = {
     .name = "cuda",
+    .device = "cuda",
+    .precision = "fp32",
+    .attention = "gemm",
+    .device_memory = true,
+    .weight_copy_bytes = 0,
+    .native_comm = "nccl",
+    .device_count = ts_cuda_device_count,
+    .select_device = ts_cuda_select_device,
+    .current_device = ts_cuda_current_device,
+    .memory_info = ts_cuda_memory_info,
     .host_accessible = false,
     .dev_alloc = ts_cuda_dev_alloc,
     .dev_free = ts_cuda_dev_free,
@@ -51,14 +62,15 @@ static constexpr ts_kernels fp32_table = {
     .xent_vp_finish = ts_cuda_xent_vp_finish,
 };
 
-/* The fp32 table but for the matmuls (bf16 GEMM operands) and the slots that write or
+/* The fp32 table but for the matmuls (bf16 GEMM operands), the slots that write or
  * free device memory (the fp32 ones, then the cache of bf16 weight copies is told:
- * bf16.cu) and attention (bf16 batched GEMMs, or the fp32 flash kernel when
- * TS_CUDA_ATTENTION = "flash": attention.cu). Every other slot is the fp32 table's, a
- * slot added there included. */
+ * bf16.cu) and attention (bf16 batched GEMMs: attention.cu). Every other slot is the
+ * fp32 table's, a slot added there included. */
 static constexpr ts_kernels with_bf16_slots(ts_kernels k)
 {
     k.name = "cuda-bf16";
+    k.precision = "bf16";
+    k.weight_copy_bytes = 2; /* one bf16 copy of every weight, cast once per update */
     k.dev_alloc = ts_cuda_bf16_dev_alloc;
     k.dev_free = ts_cuda_bf16_dev_free;
     k.memcpy_h2d = ts_cuda_bf16_memcpy_h2d;
@@ -75,5 +87,26 @@ static constexpr ts_kernels with_bf16_slots(ts_kernels k)
     return k;
 }
 
+/* A table with the flash-style attention (train.attention = "flash"; fp32 tiles for
+ * either precision, heads wider than it takes falling back to the table's batched-GEMM
+ * attention: attention.cu). */
+static constexpr ts_kernels with_flash_slots(ts_kernels k, const char *name, bool bf16)
+{
+    k.name = name;
+    k.attention = "flash";
+    k.attention_saved_floats =
+        bf16 ? ts_cuda_attention_saved_floats_bf16_flash : ts_cuda_attention_saved_floats_flash;
+    k.attention_scratch_floats = bf16 ? ts_cuda_attention_scratch_floats_bf16_flash
+                                      : ts_cuda_attention_scratch_floats_flash;
+    k.attention_forward =
+        bf16 ? ts_cuda_attention_forward_bf16_flash : ts_cuda_attention_forward_flash;
+    k.attention_backward =
+        bf16 ? ts_cuda_attention_backward_bf16_flash : ts_cuda_attention_backward_flash;
+    return k;
+}
+
 extern "C" const ts_kernels ts_kernels_cuda = fp32_table;
+extern "C" const ts_kernels ts_kernels_cuda_flash = with_flash_slots(fp32_table, "cuda-flash", false);
 extern "C" const ts_kernels ts_kernels_cuda_bf16 = with_bf16_slots(fp32_table);
+extern "C" const ts_kernels ts_kernels_cuda_bf16_flash =
+    with_flash_slots(with_bf16_slots(fp32_table), "cuda-bf16-flash", true);

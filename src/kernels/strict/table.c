@@ -99,6 +99,13 @@ static double strict_sum_squares(const float *x, size_t n)
 
 const ts_kernels ts_kernels_cpu_strict = {
     .name = "cpu-strict",
+    /* Host memory under the hood: checked against the host's limits like "cpu". */
+    .device = "cpu-strict",
+    .precision = "fp32",
+    .attention = "gemm",
+    .device_memory = false,
+    .weight_copy_bytes = 0,
+    .native_comm = NULL,
     .host_accessible = false,
     .dev_alloc = ts_strict_alloc,
     .dev_free = ts_strict_free,
