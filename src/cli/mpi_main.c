@@ -1,3 +1,5 @@
+/* The MPI driver every rank-parallel subcommand (train, topo, ckpt, sample) runs under:
+ * --help without MPI, then MPI up, the world group, the command, and MPI down. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
