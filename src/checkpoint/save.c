@@ -23,6 +23,7 @@
 
 #include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
+#include "core/env.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -468,8 +469,8 @@ static ts_status prune(const char *root, int keep, long just_written)
  * its slices, before the commit, so a test can kill a job in the middle of a save. */
 static void stall_for_test(int rank)
 {
-    const char *env = getenv("TS_TEST_SAVE_STALL_S");
-    if (!env || !env[0]) return;
+    const char *env = ts_env(TS_ENV_TEST_SAVE_STALL_S);
+    if (!env) return;
     if (rank == 0) ts_log_info("checkpoint: TS_TEST_SAVE_STALL_S=%s: stalling mid-save", env);
     struct timespec ts = {.tv_sec = atoi(env)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/watchdog.h"
@@ -48,7 +49,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
 
     /* The order of the step's sends and receives, derived from the schedule. */
     if (ts_xchg_build(&e->xchg, sched) != TS_OK) return ts_error_prefix("pipeline exchange: ");
-    const char *mode = getenv("TS_PP_EXCHANGE");
+    const char *mode = ts_env(TS_ENV_PP_EXCHANGE); /* a test switch: core/env.h */
     /* NCCL point-to-point must be issued as groups (a send posted alone blocks until
      * its receive is posted), so its transfers always take the grouped path. */
     e->grouped = (mode && !strcmp(mode, "grouped")) || !strcmp(pp->ops->name, "nccl");

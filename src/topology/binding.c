@@ -21,6 +21,7 @@
 #include <hwloc.h>
 
 #include "comm/comm.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/sysmem.h"
 #include "kernels/kernels.h"
@@ -367,7 +368,7 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
     hwloc_bitmap_t current = hwloc_bitmap_alloc();
     if (hwloc_get_cpubind(topo, current, HWLOC_CPUBIND_PROCESS) != 0)
         hwloc_bitmap_copy(current, allowed);
-    const char *no_bind = getenv("TS_NO_BIND");
+    const char *no_bind = ts_env(TS_ENV_NO_BIND);
     hwloc_bitmap_t set;
 
     if (!hwloc_bitmap_isincluded(allowed, current)) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "topology/topology.h"
 
@@ -14,8 +15,8 @@
 static ts_status fake_nodes_env(int *k)
 {
     *k = 0;
-    const char *s = getenv("TS_FAKE_NODES");
-    if (!s || !*s) return TS_OK;
+    const char *s = ts_env(TS_ENV_FAKE_NODES);
+    if (!s) return TS_OK;
     char *end;
     long v = strtol(s, &end, 10);
     if (*end != '\0' || v < 1 || v > INT_MAX)

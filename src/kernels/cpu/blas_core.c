@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -98,8 +99,8 @@ void ts_blas_select_core(int argc, char **argv)
     const char *original = getenv(ENV_ORIGINAL);
     /* TS_FAKE_BLAS_CORE pretends OpenBLAS chose that core (as TS_FAKE_NODES pretends a
      * node layout): it lets the tests drive the re-execution on a CPU OpenBLAS knows. */
-    const char *fake = getenv("TS_FAKE_BLAS_CORE");
-    const char *chosen = fake && *fake && !original ? fake : openblas_get_corename();
+    const char *fake = ts_env(TS_ENV_FAKE_BLAS_CORE);
+    const char *chosen = fake && !original ? fake : openblas_get_corename();
     ts_isa cpu = ts_cpu_isa();
     if (original) { /* we are the re-executed process */
         snprintf(g_note, sizeof g_note, "chosen by Tessera: OpenBLAS picked %s on an %s CPU",
