@@ -57,14 +57,14 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
         const int r = e->pp_rank, n_ops = e->xchg.n_ops[r];
         const ts_xchg_op *ops = e->xchg.ops[r];
         e->sends = ts_calloc((size_t)n_ops + 1, sizeof *e->sends);
-        e->first = ts_calloc((size_t)pp->size + 1, sizeof(int));
-        e->next = ts_calloc((size_t)pp->size, sizeof(int));
+        e->send_first = ts_calloc((size_t)pp->size + 1, sizeof(int));
+        e->send_next = ts_calloc((size_t)pp->size, sizeof(int));
         for (int k = 0; k < n_ops; k++)
-            if (ops[k].kind == TS_XCHG_SEND) e->first[ops[k].peer + 1]++;
-        for (int p = 0; p < pp->size; p++) e->first[p + 1] += e->first[p];
-        for (int p = 0; p < pp->size; p++) e->next[p] = e->first[p];
+            if (ops[k].kind == TS_XCHG_SEND) e->send_first[ops[k].peer + 1]++;
+        for (int p = 0; p < pp->size; p++) e->send_first[p + 1] += e->send_first[p];
+        for (int p = 0; p < pp->size; p++) e->send_next[p] = e->send_first[p];
         for (int k = 0; k < n_ops; k++)
-            if (ops[k].kind == TS_XCHG_SEND) e->sends[e->next[ops[k].peer]++] = &ops[k];
+            if (ops[k].kind == TS_XCHG_SEND) e->sends[e->send_next[ops[k].peer]++] = &ops[k];
     }
 
     e->local_of_chunk = ts_malloc((size_t)e->n_chunks * sizeof(int));
@@ -145,8 +145,8 @@ void ts_engine_free(ts_engine *e)
     free(e->local_of_chunk);
     free(e->pp_world);
     free(e->sends);
-    free(e->first);
-    free(e->next);
+    free(e->send_first);
+    free(e->send_next);
     free(e->produced);
     ts_xchg_free(&e->xchg);
     ts_scratch_free(&e->scratch);
@@ -204,15 +204,9 @@ static void record(ts_engine *e, const char *cat, const char *name, int chunk, i
                    double t1)
 {
     if (!e->trace) return;
-    ts_trace_event ev;
-    memset(&ev, 0, sizeof ev);
-    snprintf(ev.name, sizeof ev.name, "%s", name);
-    snprintf(ev.cat, sizeof ev.cat, "%s", cat);
-    ev.rank = ts_log_rank();
-    ev.chunk = chunk;
-    ev.mb = mb;
-    ev.start_us = (t0 - e->trace_t0_ms) * 1e3;
-    ev.dur_us = (t1 - t0) * 1e3;
+    ts_trace_event ev = ts_trace_event_make(cat, ts_log_rank(), chunk, mb,
+                                            (t0 - e->trace_t0_ms) * 1e3, (t1 - t0) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "%s", name); /* the action's own name */
     ts_trace_add(e->trace, &ev);
 }
 
@@ -391,8 +385,8 @@ static bool send_ready(const ts_engine *e, const ts_xchg_op *op)
 static void issue_ready_sends(ts_engine *e)
 {
     for (int p = 0; p < e->pp.size; p++)
-        while (e->next[p] < e->first[p + 1] && send_ready(e, e->sends[e->next[p]]))
-            issue_op(e, e->sends[e->next[p]++]);
+        while (e->send_next[p] < e->send_first[p + 1] && send_ready(e, e->sends[e->send_next[p]]))
+            issue_op(e, e->sends[e->send_next[p]++]);
 }
 
 static void mark_produced(ts_engine *e, int c, int mb, ts_xchg_dir dir)
@@ -417,7 +411,7 @@ void ts_engine_run(ts_engine *e, int step)
         for (int k = 0; k < e->xchg.n_ops[e->pp_rank]; k++)
             if (e->xchg.ops[e->pp_rank][k].kind == TS_XCHG_RECV) issue_op(e, &e->xchg.ops[e->pp_rank][k]);
         memset(e->produced, 0, (size_t)e->n_local * e->m * 2 * sizeof(bool));
-        for (int p = 0; p < e->pp.size; p++) e->next[p] = e->first[p];
+        for (int p = 0; p < e->pp.size; p++) e->send_next[p] = e->send_first[p];
     }
     for (int i = 0; i <= n; i++) {
         /* Grouped (a backend that matches by order and completes a send only when the
@@ -441,7 +435,7 @@ void ts_engine_run(ts_engine *e, int step)
         }
     }
     for (int p = 0; prog && !e->grouped && p < e->pp.size; p++)
-        TS_ASSERT(e->next[p] == e->first[p + 1]); /* every send issued */
+        TS_ASSERT(e->send_next[p] == e->send_first[p + 1]); /* every send issued */
     e->span_ms = ts_now_ms() - t0;
     e->model->k->memcpy_d2h(&e->loss_sum, e->loss_acc, sizeof(double)); /* once per step */
     /* Sends of gradients (and outputs of recomputed micro-batches) may still be in

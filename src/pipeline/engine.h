@@ -55,10 +55,10 @@ typedef struct {
      * the grouped run on MPI, so tests cover it before a backend needs it. */
     bool grouped;
     /* Eager: this rank's sends grouped by peer, each peer's in program order (the order
-     * its receives expect): peer p's are sends[first[p] .. first[p + 1]), the next to
-     * issue sends[next[p]]. */
+     * its receives expect): peer p's are sends[send_first[p] .. send_first[p + 1]), the
+     * next to issue sends[send_next[p]]. */
     const ts_xchg_op **sends;
-    int *first, *next;        /* [pp + 1], [pp] */
+    int *send_first, *send_next; /* [pp + 1], [pp] */
     bool *produced;           /* [n_local * m * 2]: output (0) / input gradient (1) made */
     int n_local;            /* chunks on this rank */
     int *local_chunks;      /* [n_local] global chunk index */
