@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "kernels/kernels.h"
 #include "topology/topology.h"
 
 static const char *k_help =
@@ -197,6 +198,7 @@ static int run(int argc, char **argv, int rank, int world_size)
         ts_topo_free(&t);
         return 1;
     }
+    ts_cpu_set_threads(t.threads); /* as tessera train runs them */
 
     rank_row mine = make_row(&t);
     rank_row *rows = rank == 0 ? ts_malloc(sizeof(rank_row) * (size_t)world_size) : NULL;

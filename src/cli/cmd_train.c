@@ -57,6 +57,7 @@ static int run(int argc, char **argv, int rank, int world_size)
         return 1;
     }
 
+    ts_cpu_set_threads(topo.threads); /* the kernels' and OpenBLAS's one thread budget */
     size_t n_params = ts_model_logical_params(&cfg.model);
     ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,

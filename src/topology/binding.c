@@ -376,7 +376,7 @@ static bool bind_here(ts_topology *t, int **flags, int *n_all, bool *oversubscri
         set = hwloc_bitmap_dup(current);
         snprintf(t->binding, sizeof t->binding, "%s",
                  bound_by_us ? "tessera" : binding_launcher());
-    } else if (no_bind && *no_bind && strcmp(no_bind, "0") != 0) {
+    } else if (no_bind && strcmp(no_bind, "0") != 0) {
         set = hwloc_bitmap_dup(current);
         snprintf(t->binding, sizeof t->binding, "none");
     } else {
@@ -533,7 +533,6 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
      * buffer allocation retries forever instead of failing. Agreed, so a rank whose
      * node is smaller fails the whole job at once. */
     if (ts_comm_agree(&t->world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
-    ts_cpu_set_threads(t->threads);
     t->bound = true;
     return TS_OK;
 }

@@ -138,7 +138,9 @@ typedef struct {
  * the caller owns *t and must call ts_topo_free before ts_comm_finalize. */
 ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *world);
 
-/* Bind this rank with hwloc and set the CPU thread count (ts_cpu_set_threads):
+/* Bind this rank with hwloc and work out its CPU thread count (t->threads; the caller
+ * starts them with ts_cpu_set_threads: the topology reports cores, it sets no kernel
+ * state):
  *  - a binding narrower than the machine that the launcher already made (srun
  *    --cpu-bind, mpirun --bind-to core) is kept, and attributed to "slurm"/"mpirun";
  *  - otherwise local rank i of L gets cores [i*n/L, (i+1)*n/L) of the n cores (of the
