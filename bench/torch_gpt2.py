@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch peer for Tessera's throughput benchmark: nanoGPT GPT-2 training on CPU.
 
-Float32, same model as CONTRACT.md "Model (gpt2)" (the nanoGPT definition is shared with
+Float32, same model as docs/CONTRACT.md "Model (gpt2)" (the nanoGPT definition is shared with
 tests/make_fixture.py), nanoGPT-style step: forward, mean cross-entropy, backward,
 clip_grad_norm_(1.0), AdamW (torch defaults for foreach/fused), zero_grad(set_to_none).
 Each timed step is timed on its own: ms_per_step is the mean, median_step_ms and

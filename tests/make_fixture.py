@@ -7,7 +7,7 @@ Writes (deterministically; rerunning gives byte-identical files):
                                                 5 AdamW steps (losses, lrs, grad norms,
                                                 final parameters)
 
-Model, init and optimizer follow /work/shared/CONTRACT.md ("Model (gpt2)",
+Model, init and optimizer follow docs/CONTRACT.md ("Model (gpt2)",
 "Optimizer", "Checkpoints"). After the contract's init (torch.manual_seed(42)) every
 bias and LayerNorm weight/bias gets + normal(0, 0.02) noise so that the fixture
 exercises them (with zero biases / unit LN weights a bug there could go unnoticed).

@@ -1,4 +1,4 @@
-# Module boundaries (ARCHITECTURE.md "Backends"): only src/comm calls MPI. Outside it,
+# Module boundaries (docs/ARCHITECTURE.md "Backends"): only src/comm calls MPI. Outside it,
 # no MPI_ name and no <mpi.h> may appear in the code of src/ (comments do not count),
 # except communicator creation in src/topology (MPI_Comm_split, MPI_Comm_split_type,
 # MPI_Comm_free and the constants they take), which the issue allows there even though

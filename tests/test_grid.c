@@ -153,7 +153,7 @@ static void test_grid_all_shapes(void)
     printf("checked %d grids\n", grids);
 }
 
-/* A worked example: pp=2 dp=2 tp=2 in tp-dp-pp, as in ARCHITECTURE.md. */
+/* A worked example: pp=2 dp=2 tp=2 in tp-dp-pp, as in docs/ARCHITECTURE.md "The grid". */
 static void test_grid_example_2x2x2(void)
 {
     ts_grid g;

@@ -1,5 +1,5 @@
 /* The model's layer list and initialisation: init by index is the same on any subset
- * of layers (what pipeline stages rely on), the statistics follow CONTRACT.md, and
+ * of layers (what pipeline stages rely on), the statistics follow docs/CONTRACT.md, and
  * model.init rejects files that do not fit the config with a clear message. */
 #include <math.h>
 #include <stdio.h>

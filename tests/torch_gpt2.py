@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch reference for Tessera's checkpoints: nanoGPT's GPT-2, safetensors by hand, and
-the batch rule (CONTRACT.md "Model (gpt2)", "The batch rule", "Data shards",
+the batch rule (docs/CONTRACT.md "Model (gpt2)", "The batch rule", "Data shards",
 "Checkpoints").
 
 The model classes come from tests/make_fixture.py (importing it only defines classes,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer for the GPU benchmark: GPT-2 trained the nanoGPT way on one GPU.
 
-The model of CONTRACT.md "Model (gpt2)" (nanoGPT's GPT-2: learned position embeddings,
+The model of docs/CONTRACT.md "Model (gpt2)" (nanoGPT's GPT-2: learned position embeddings,
 pre-LayerNorm blocks, tanh GELU, LM head tied to the token embedding, CONTRACT's init),
 with nanoGPT's speed settings: bf16 autocast around forward and loss (parameters,
 gradients and AdamW state stay fp32), F.scaled_dot_product_attention(is_causal=True)

@@ -1,4 +1,4 @@
-/* Distributed checkpoints (CONTRACT.md "Checkpoints"): DIR/step_NNNNNNNN/ holds
+/* Distributed checkpoints (docs/CONTRACT.md "Checkpoints"): DIR/step_NNNNNNNN/ holds
  *   model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
  *   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in each parameter's shape
  *   state.json             step, config, data position, grid, checksums

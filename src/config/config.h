@@ -1,4 +1,4 @@
-/* The run's configuration: a libconfig file (CONTRACT.md "Config") plus `--set`
+/* The run's configuration: a libconfig file (docs/CONTRACT.md "Config") plus `--set`
  * overrides, validated into a plain struct. Every problem is found here, before any
  * collective, identically on every rank. */
 #ifndef TS_CONFIG_H
@@ -80,7 +80,7 @@ typedef struct {
     ts_log_config log;
 } ts_config;
 
-/* Fill every key with its default (CONTRACT.md). */
+/* Fill every key with its default (docs/CONTRACT.md "Config"). */
 void ts_config_defaults(ts_config *cfg);
 
 /* Read `path` (libconfig), apply `n_overrides` strings "dotted.key=value" (value parsed

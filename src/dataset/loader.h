@@ -1,7 +1,7 @@
 /* Token data: llm.c shards (256 x int32 header [20240520, 1, count], then count
  * uint16 tokens, file size exactly 1024 + 2*count) or plain text files read as bytes
  * (vocab 256). Several files are read in order as one token stream. The batch rule
- * (CONTRACT.md) maps (step, dp rank, micro-batch) to windows of that stream, so the
+ * (docs/CONTRACT.md) maps (step, dp rank, micro-batch) to windows of that stream, so the
  * data a step sees does not depend on the grid. */
 #ifndef TS_LOADER_H
 #define TS_LOADER_H

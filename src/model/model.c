@@ -131,7 +131,7 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
             } else {
                 /* The last pipeline stage keeps its own copy of the tied embedding,
                  * initialised identically; gradients are summed over the embedding
-                 * group so both copies stay equal (ARCHITECTURE.md). */
+                 * group so both copies stay equal (docs/ARCHITECTURE.md). */
                 m->head_wte_param = add_param(&b, l, "transformer.wte.weight", V, C,
                                               TS_INIT_NORMAL, 0.02f, 0, 1);
                 m->params[m->head_wte_param].tied_copy = true;

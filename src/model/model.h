@@ -104,7 +104,7 @@ static inline const char *ts_param_name(const ts_model *m, int p)
     return m->params[p].shard.name;
 }
 
-/* Initialise every owned parameter by index from `seed` (CONTRACT.md "Model"): element
+/* Initialise every owned parameter by index from `seed` (docs/CONTRACT.md "Model"): element
  * i of logical tensor t is drawn from (seed, t, i), so any grid matches one rank. Loading
  * model.init from a file is checkpoint code (checkpoint/load.h). */
 void ts_model_init_random(ts_model *m, uint64_t seed);

@@ -1,4 +1,4 @@
-/* The grid of ranks and where each rank runs (ARCHITECTURE.md "The grid").
+/* The grid of ranks and where each rank runs (docs/ARCHITECTURE.md "The grid").
  *
  * Three layers, each usable without the next:
  *   ts_grid      pure rank arithmetic: world = pp * dp * tp, laid out in an order such as
