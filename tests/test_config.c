@@ -50,7 +50,7 @@ static const char *FULL =
     "             overlap_grad_sync = false; zero = 0; bucket_mb = 8; };\n"
     "train = { global_batch = 32; steps = 50; seed = 7; lr = 1e-3; min_lr = 1e-4;\n"
     "          warmup = 5; weight_decay = 0.05; beta1 = 0.8; beta2 = 0.99; eps = 1e-6;\n"
-    "          grad_clip = 0; threads = 3; };\n"
+    "          grad_clip = 0; threads = 3; attention = \"gemm\"; };\n"
     "data = { train = (\"a.bin\", \"b.bin\"); val = \"v.bin\"; eval_every = 10;\n"
     "         val_windows = 4; };\n"
     "checkpoint = { dir = \"\"; every = 0; keep = 2; load = \"\"; };\n"
@@ -77,6 +77,7 @@ static void test_config_full(void)
     CHECK(c->train.lr == 1e-3 && c->train.min_lr == 1e-4 && c->train.warmup == 5);
     CHECK(c->train.weight_decay == 0.05 && c->train.beta1 == 0.8 && c->train.beta2 == 0.99);
     CHECK(c->train.eps == 1e-6 && c->train.grad_clip == 0.0 && c->train.threads == 3);
+    CHECK(strcmp(c->train.attention, "gemm") == 0);
     CHECK(c->data.n_train == 2 && strcmp(c->data.train[1], "b.bin") == 0);
     CHECK(strcmp(c->data.val, "v.bin") == 0 && c->data.eval_every == 10);
     CHECK(c->data.val_windows == 4);
@@ -404,6 +405,37 @@ static void test_config_relations(void)
     CHECK(load("train = { device = \"cuda\"; precision = \"bf16\"; };\n") == TS_OK &&
           !strcmp(g_cfg.train.precision, "bf16"));
 #endif
+    /* train.attention: "gemm" (default, every device) or "flash" (the CUDA kernel). */
+    CHECK(load("train = { threads = 1; };\n") == TS_OK && !strcmp(g_cfg.train.attention, "gemm"));
+    CHECK(load("train = { attention = \"gemm\"; device = \"cpu-strict\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.attention, "gemm"));
+    EXPECT_ERR("train = { attention = \"sdpa\"; };\n", NULL, "train.attention", "\"sdpa\"",
+               "not an attention kernel", "\"gemm\"", "\"flash\"", "t.cfg:1");
+    EXPECT_ERR("", "train.attention=Flash", "train.attention", "\"Flash\"", "from --set");
+    EXPECT_ERR("train = { attention = 1; };\n", NULL, "train.attention", "must be a string");
+    EXPECT_ERR("train = { attention = \"flash\"; };\n", NULL, "train.attention = \"flash\"",
+               "train.device = \"cpu\"", "train.device = \"cuda\"");
+    EXPECT_ERR("", "train.attention=flash", "train.attention = \"flash\"",
+               "train.device = \"cpu\"");
+    EXPECT_ERR("train = { attention = \"flash\"; device = \"cpu-strict\"; };\n", NULL,
+               "train.attention = \"flash\"", "train.device = \"cpu-strict\"");
+    EXPECT_ERR("train = { attentoin = \"flash\"; };\n", NULL, "did you mean 'train.attention'");
+#ifdef TS_HAVE_CUDA
+    CHECK(load("train = { device = \"cuda\"; attention = \"flash\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.attention, "flash"));
+    CHECK(load("train = { device = \"cuda\"; precision = \"bf16\";\n"
+               "          attention = \"flash\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.attention, "flash"));
+#endif
+    /* A config built in code is checked too. */
+    ts_config_defaults(&g_cfg);
+    snprintf(g_cfg.train.attention, sizeof g_cfg.train.attention, "%s", "fast");
+    ts_error_clear();
+    CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.attention") &&
+          msg_has("\"fast\""));
+    snprintf(g_cfg.train.attention, sizeof g_cfg.train.attention, "%s", "flash");
+    ts_error_clear();
+    CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.attention = \"flash\""));
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
     EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",
@@ -447,6 +479,7 @@ static void test_config_json(void)
         CHECK(json_is_false(json_object_get(par, "overlap_grad_sync")));
         CHECK(json_real_value(json_object_get(train, "lr")) == 1e-3);
         CHECK(json_integer_value(json_object_get(train, "seed")) == 7);
+        CHECK(strcmp(json_string_value(json_object_get(train, "attention")), "gemm") == 0);
         CHECK(json_array_size(json_object_get(data, "train")) == 2);
         CHECK(json_is_object(json_object_get(j, "checkpoint")));
         CHECK(json_is_false(json_object_get(json_object_get(j, "log"), "progress")));

@@ -47,6 +47,9 @@ typedef struct {
     char device[16];            /* the compute backend: ts_kernels_find's names ("cpu",
                                  * "cpu-strict" for tests; "cuda" where built) */
     char precision[8];          /* "fp32" | "bf16" (GEMMs in bf16; train.device "cuda") */
+    char attention[16];         /* the CUDA attention kernel: "gemm" (batched GEMMs, a
+                                 * [B,NH,T,T] score buffer) | "flash" (the flash-style
+                                 * kernel, one log-sum-exp per row; train.device "cuda") */
 } ts_train_config;
 
 typedef struct {

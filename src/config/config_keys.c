@@ -60,6 +60,7 @@ void ts_config_defaults(ts_config *cfg)
     t->timeout_s = 600;
     copy_str(t->device, sizeof t->device, "cpu");
     copy_str(t->precision, sizeof t->precision, "fp32");
+    copy_str(t->attention, sizeof t->attention, "gemm");
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -127,6 +128,7 @@ const key_spec ts_config_keys[] = {
     INT_KEY("train", "timeout_s", train.timeout_s, 0, 7 * 24 * 3600),
     STR_KEY("train", "device", train.device, ts_config_check_device),
     STR_KEY("train", "precision", train.precision, ts_config_check_precision),
+    STR_KEY("train", "attention", train.attention, ts_config_check_attention),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),

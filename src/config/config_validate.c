@@ -119,6 +119,22 @@ ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, con
                    v, where);
 }
 
+/* The CUDA attention kernels (kernels/cuda/attention.cu; the backend table is picked by
+ * ts_kernels_for): "gemm" is every backend's default, "flash" needs train.device =
+ * "cuda" (ts_config_validate). */
+static const char *const ATTENTIONS[] = { "gemm", "flash" };
+
+ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, ATTENTIONS, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'train.attention' = \"%s\"%s is not an attention kernel; "
+                   "choose \"gemm\" (batched GEMMs with a [B, NH, T, T] score buffer, the "
+                   "default) or \"flash\" (the flash-style kernel, one log-sum-exp per row; "
+                   "train.device = \"cuda\")",
+                   v, where);
+}
+
 /* The data plane of the dp/pp/tp groups (comm/comm.h). "nccl" is a real backend name
  * that a build without NCCL lacks: say so rather than "not a backend". */
 static const char *const COMM_BACKENDS[] = { "auto", "mpi", "nccl" };
@@ -389,6 +405,11 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("train.precision = \"bf16\" runs the GEMMs on a GPU's bfloat16 tensor "
                        "cores, but train.device = \"%s\"; set train.device = \"cuda\" or "
                        "train.precision = \"fp32\"",
+                       cfg->train.device);
+    if (strcmp(cfg->train.attention, "flash") == 0 && strcmp(cfg->train.device, "cuda") != 0)
+        return ts_fail("train.attention = \"flash\" runs the CUDA backend's flash-style "
+                       "attention kernel, but train.device = \"%s\"; set train.device = "
+                       "\"cuda\" or train.attention = \"gemm\"",
                        cfg->train.device);
     if (strcmp(p->comm, "nccl") == 0 && strcmp(cfg->train.device, "cuda") != 0)
         return ts_fail("parallel.comm = \"nccl\" moves GPU memory, but train.device = \"%s\"; "
