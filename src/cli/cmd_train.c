@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "core/log.h"
+#include "core/signals.h"
 #include "core/watchdog.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
@@ -27,7 +28,7 @@ static const char *k_help =
 static int run(int argc, char **argv, int rank, int world_size)
 {
     /* From the start: a preemption notice during set-up must not kill the rank. */
-    ts_trainer_catch_stop_signals();
+    ts_stop_signals_catch();
     ts_config cfg;
     int code = ts_cli_load_config(argc, argv, world_size, NULL, 0, true, k_help, &cfg);
     if (code != 0) return code;
@@ -56,8 +57,8 @@ static int run(int argc, char **argv, int rank, int world_size)
         ts_topo_free(&topo);
         return 1;
     }
-
     ts_cpu_set_threads(topo.threads); /* the kernels' and OpenBLAS's one thread budget */
+
     size_t n_params = ts_model_logical_params(&cfg.model);
     ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,

@@ -86,10 +86,6 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
 /* Mean validation loss over data.val_windows windows of the validation data. */
 double ts_trainer_eval(ts_trainer *t);
 
-/* Catch SIGTERM and SIGUSR1 from now on (call it first thing): the run stops at the next
- * step boundary (see ts_trainer_run) instead of dying. */
-void ts_trainer_catch_stop_signals(void);
-
 /* Run steps start_step .. train.steps - 1 with metrics, progress, validation, the
  * trace and checkpoints (every checkpoint.every steps, at the end, and on SIGTERM or
  * SIGUSR1, after which t->stop_signal is set (and t->preempted when it saved) and the

@@ -1,0 +1,112 @@
+/* The trainer's checkpoint glue (checkpoint/checkpoint.h does the work): what
+ * checkpoint.load names, loaded before the first step; saves started at once or in the
+ * background (checkpoint.async), and their commit with its report. */
+#include "train/internal.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/checkpoint.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+/* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
+ * so a requeued job script can always pass it) or a checkpoint directory. Rank 0 looks
+ * and every rank loads what it found (ranks that looked each for themselves could see
+ * different directories, on an unshared or caching file system, and part ways).
+ * Collective. */
+ts_status ts_trainer_load_checkpoint(ts_trainer *t)
+{
+    const ts_checkpoint_config *k = &t->cfg.checkpoint;
+    if (!k->load[0]) return TS_OK;
+    int found = 1;
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        if (!strcmp(k->load, "latest")) {
+            char latest[TS_PATH_MAX + 16];
+            snprintf(latest, sizeof latest, "%s/latest", k->dir);
+            found = access(latest, F_OK) == 0 || ts_ckpt_newest_step(k->dir) >= 0;
+            if (!found)
+                ts_log_info("checkpoint: none in %s yet; starting at step 0", k->dir);
+            else
+                st = ts_ckpt_resolve(k->dir, t->loaded_from, sizeof t->loaded_from);
+        } else {
+            st = ts_ckpt_resolve(k->load, t->loaded_from, sizeof t->loaded_from);
+        }
+    }
+    if (ts_comm_agree(&t->world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
+        return TS_ERR;
+    ts_host_broadcast(&t->world, &found, sizeof found, 0);
+    if (!found) return TS_OK;
+    ts_host_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
+    const double t0 = ts_now_ms();
+    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
+    if (ts_ckpt_load(&a, t->loaded_from, &t->start_step) != TS_OK) return TS_ERR;
+    /* Every rank read the same state.json: the same step (checked, not assumed). */
+    int lo = t->start_step, hi = t->start_step;
+    ts_host_allreduce_min_i32(&t->world, &lo, 1);
+    ts_host_allreduce_max_i32(&t->world, &hi, 1);
+    st = TS_OK;
+    if (lo != hi)
+        st = ts_fail("checkpoint.load: the ranks read different steps (%d to %d) from %s: is "
+                     "the file system shared and coherent on every node?",
+                     lo, hi, t->loaded_from);
+    else if (t->start_step > t->cfg.train.steps)
+        st = ts_fail("checkpoint.load: %s has already run %d steps, more than train.steps = %d; "
+                     "raise train.steps to train on",
+                     t->loaded_from, t->start_step, t->cfg.train.steps);
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (t->world.rank == 0)
+        ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
+                    t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
+    return TS_OK;
+}
+
+/* Commit the asynchronous save in flight (waiting for its writes) and report it. */
+ts_status ts_trainer_finish_save(ts_trainer *t)
+{
+    if (!t->saving) return TS_OK;
+    double ms = 0.0;
+    ts_status st = ts_ckpt_save_finish(t->saving, &ms);
+    t->saving = NULL;
+    if (st != TS_OK) return TS_ERR;
+    double blocked = t->saving_blocked_ms + ms, total = ts_now_ms() - t->saving_t0_ms;
+    ts_host_allreduce_max_f64(&t->world, &blocked, 1);
+    const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
+    if (t->world.rank == 0)
+    {
+        if (t->saving_async)
+            ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in the background, committed "
+                        "%.2f s after it started; training was blocked for %.2f s",
+                        t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
+                        blocked * 1e-3);
+        else
+            ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in %.2f s (%.2f GB/s); "
+                        "training was blocked for that long",
+                        t->cfg.checkpoint.dir, t->saving_step, bytes / 1e6, total * 1e-3,
+                        bytes / (total * 1e6));
+    }
+    /* Rank 0 writes the line: agreed, so its failure stops every rank. */
+    return ts_comm_agree(&t->world,
+                         ts_trainer_metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,"
+                                         "\"blocked_ms\":%.1f,\"save_bytes\":%.0f}",
+                                      t->saving_step, total, blocked, bytes));
+}
+
+/* Save the state after `step` completed steps into checkpoint.dir (collective): at
+ * once, or with checkpoint.async (and `may_defer`) start it and commit it at a later
+ * step once every rank has written its part. */
+ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
+{
+    if (ts_trainer_finish_save(t) != TS_OK) return TS_ERR; /* one save at a time */
+    const ts_topology *topo = t->topo;
+    ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
+                           .world = &t->world, .dp_rank = topo->coords.dp, .step = step,
+                           .staging = &t->staging};
+    const bool async = t->cfg.checkpoint.async && may_defer;
+    t->saving_async = async;
+    t->saving_t0_ms = ts_now_ms();
+    t->saving_step = step;
+    if (ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms) != TS_OK) return TS_ERR;
+    return async ? TS_OK : ts_trainer_finish_save(t);
+}

@@ -1,0 +1,34 @@
+/* What the trainer's files share (src/train/): trainer.c (init, step, run, free)
+ * calls these; each lives in the file named for its job. Not for use outside train/. */
+#ifndef TS_TRAIN_INTERNAL_H
+#define TS_TRAIN_INTERNAL_H
+
+#include "train/trainer.h"
+
+/* ---- setup.c: device, data, partition, memory check */
+ts_status ts_trainer_select_device(ts_trainer *t);
+ts_status ts_trainer_open_data(ts_trainer *t);
+ts_status ts_trainer_build_partition(ts_trainer *t);
+ts_status ts_trainer_check_memory(ts_trainer *t, bool log);
+
+/* ---- report.c: the metrics file, start-up and end-of-run reports, progress, trace */
+ts_status ts_trainer_open_outputs(ts_trainer *t);
+ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+ts_status ts_trainer_report_blas(ts_trainer *t);
+/* The step's metrics line and, with log.progress, its progress line (avg_ms: the mean
+ * step time so far, for the ETA). */
+ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms);
+ts_status ts_trainer_report_memory(ts_trainer *t);
+/* Tracing (log.trace): the dp group's span hook (comm.h ts_comm_span_fn), one span of
+ * category `cat` on this rank's track, and the Chrome trace written at the end. */
+void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
+void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1);
+ts_status ts_trainer_write_trace(ts_trainer *t);
+
+/* ---- checkpointing.c: checkpoint.load, saves and their commit */
+ts_status ts_trainer_load_checkpoint(ts_trainer *t);
+ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer);
+ts_status ts_trainer_finish_save(ts_trainer *t);
+
+#endif

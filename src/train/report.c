@@ -1,0 +1,229 @@
+/* What a run reports: the metrics file (JSON Lines, rank 0; docs/CONTRACT.md), the
+ * start-up BLAS report, each step's metrics and progress lines, the end-of-run memory
+ * report, and the Chrome trace (log.trace). */
+#include "train/internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "core/watchdog.h"
+#include "kernels/kernels.h"
+
+/* Rank 0's outputs, checked before the first step: the metrics file is opened, and the
+ * trace (written whole at the end) is tried once, so a bad path fails now, not after
+ * the whole run. Neither may be a directory, a device or a pipe. */
+ts_status ts_trainer_open_outputs(ts_trainer *t)
+{
+    const char *path = t->cfg.log.metrics, *trace = t->cfg.log.trace;
+    if (t->world.rank != 0) return TS_OK;
+    if (trace[0]) {
+        ts_atomic_file probe;
+        if (ts_atomic_open(&probe, trace, "log.trace") != TS_OK) return TS_ERR;
+        ts_atomic_abort(&probe);
+    }
+    if (!path[0]) return TS_OK;
+    if (ts_check_output_path(path, "log.metrics") != TS_OK) return TS_ERR;
+    if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("log.metrics: ");
+    /* A resumed run continues the file of the run it continues. */
+    t->metrics = fopen(path, t->start_step > 0 ? "a" : "w");
+    if (!t->metrics) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
+    return TS_OK;
+}
+
+/* One JSON line into the metrics file (rank 0), flushed; a failed write (a full disk)
+ * is an error naming the file, and the file is closed so nothing more is written. */
+ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
+{
+    if (!t->metrics) return TS_OK;
+    errno = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(t->metrics, fmt, ap);
+    va_end(ap);
+    int err = 0;
+    if (n < 0 || fputc('\n', t->metrics) == EOF || fflush(t->metrics) != 0) err = errno ? errno : EIO;
+    if (!err) {
+        t->metrics_end = ftell(t->metrics);
+        return TS_OK;
+    }
+    /* Cut a partly written line so the file stays valid JSON Lines. */
+    if (ftruncate(fileno(t->metrics), t->metrics_end) != 0) { /* best effort */
+    }
+    fclose(t->metrics);
+    t->metrics = NULL;
+    return ts_fail("log.metrics: writing %s failed: %s; the run stops here (the file ends at "
+                   "the last complete line)",
+                   t->cfg.log.metrics, strerror(err));
+}
+
+/* The OpenBLAS core every rank runs and a quick sgemm rate with its threads, gathered
+ * to rank 0: a start-up line and the metrics' first line {"cpu", "blas_core",
+ * "blas_core_note", "blas_gflops":[per rank]}, so a slow kernel is seen, not guessed. */
+ts_status ts_trainer_report_blas(ts_trainer *t)
+{
+    enum { NAME = 32 };
+    char core[NAME] = {0}, note[256], cpu[128];
+    snprintf(core, sizeof core, "%s", ts_blas_core());
+    double gflops = ts_blas_measure_gflops();
+    const int n = t->world.size;
+    char *cores = t->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
+    double *rates = t->world.rank == 0 ? ts_calloc((size_t)n, sizeof(double)) : NULL;
+    ts_watchdog_context("setup: gathering the BLAS report", 0, 0, 0);
+    ts_gather_bytes(&t->world, core, NAME, cores, 0);
+    ts_gather_bytes(&t->world, &gflops, sizeof gflops, rates, 0);
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        double lo = rates[0], hi = rates[0];
+        int other = -1;
+        for (int r = 1; r < n; r++) {
+            lo = rates[r] < lo ? rates[r] : lo;
+            hi = rates[r] > hi ? rates[r] : hi;
+            if (other < 0 && strncmp(cores + (size_t)r * NAME, core, NAME) != 0) other = r;
+        }
+        ts_blas_core_note(note, sizeof note);
+        ts_cpu_model(cpu, sizeof cpu);
+        ts_log_info("blas: OpenBLAS core %s on %s; sgemm %.1f GFLOP/s per rank with %d thread%s "
+                    "(%.1f-%.1f over ranks)",
+                    note, cpu, gflops, t->topo->threads, t->topo->threads == 1 ? "" : "s", lo, hi);
+        if (other > 0)
+            ts_log_warn("ranks run different OpenBLAS cores: %s on rank 0, %.*s on rank %d",
+                        core, NAME, cores + (size_t)other * NAME, other);
+        json_t *line = json_pack("{s:s, s:s, s:s, s:o}", "cpu", cpu, "blas_core", core,
+                                 "blas_core_note", note, "blas_gflops", json_array());
+        for (int r = 0; r < n; r++)
+            json_array_append_new(json_object_get(line, "blas_gflops"),
+                                  json_real(round(rates[r] * 10.0) / 10.0));
+        char *text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        json_decref(line);
+        st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
+        free(text);
+    }
+    free(cores);
+    free(rates);
+    return ts_comm_agree(&t->world, st);
+}
+
+static void format_eta(char *buf, size_t n, double seconds)
+{
+    if (seconds < 0 || !isfinite(seconds)) seconds = 0;
+    int s = (int)(seconds + 0.5);
+    if (s >= 3600)
+        snprintf(buf, n, "%dh%02dm", s / 3600, (s / 60) % 60);
+    else if (s >= 60)
+        snprintf(buf, n, "%dm%02ds", s / 60, s % 60);
+    else
+        snprintf(buf, n, "%ds", s);
+}
+
+ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms)
+{
+    const int steps = t->cfg.train.steps;
+    ts_status st = ts_trainer_metrics_line(
+        t,
+        "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
+        "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f}",
+        step, s->loss, s->lr, s->grad_norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms);
+    if (t->cfg.log.progress) {
+        char eta[32];
+        format_eta(eta, sizeof eta, avg_ms * (steps - step - 1) * 1e-3);
+        ts_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
+                    "bubble %.2f | ETA %s",
+                    step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->step_ms,
+                    s->bubble, eta);
+    }
+    return st;
+}
+
+/* Peak resident, activation and optimizer memory of every rank, gathered to rank 0: a
+ * line on stderr and the metrics' last line {"peak_rss_mb":[...], "activation_mb":[...],
+ * "optimizer_mb":[...]} (one entry per rank). */
+ts_status ts_trainer_report_memory(ts_trainer *t)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const double MiB = 1024.0 * 1024.0;
+    double mine[3] = {(double)ru.ru_maxrss / 1024.0,
+                      (double)ts_engine_activation_bytes(&t->engine) / MiB,
+                      (double)ts_adamw_state_bytes(&t->optim) / MiB};
+    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 3, sizeof(double)) : NULL;
+    ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);
+    ts_gather_bytes(&t->world, mine, sizeof mine, all, 0);
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        const char *keys[3] = {"peak_rss_mb", "activation_mb", "optimizer_mb"};
+        json_t *line = json_object();
+        for (int k = 0; k < 3; k++) {
+            json_t *list = json_array();
+            for (int r = 0; r < t->world.size; r++)
+                json_array_append_new(list, json_real(round(all[3 * r + k] * 10.0) / 10.0));
+            json_object_set_new(line, keys[k], list);
+        }
+        char *text = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(10));
+        json_decref(line);
+        st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
+        free(text);
+        ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB, optimizer "
+                    "state %.1f MiB); per rank in the metrics file",
+                    all[0], all[1], all[2]);
+    }
+    free(all);
+    return st;
+}
+
+/* The dp group's span hook (comm.h ts_comm_span_fn), set when tracing: each dp
+ * collective (a gradient bucket's reduction, from its start until a test or wait saw
+ * it complete) becomes a span on this rank's dp track. */
+void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+{
+    (void)bytes;
+    ts_trainer *t = ctx;
+    if (!t->tracing) return;
+    ts_trace_event ev = ts_trace_event_make("dpreduce", t->world.rank, -1, -1,
+                                            (t0 - t->t0_ms) * 1e3, (t1 - t0) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "%s", what);
+    ev.track = TS_TRACE_TRACK_DP;
+    ts_trace_add(&t->trace, &ev);
+}
+
+void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
+{
+    if (!t->tracing) return;
+    ts_trace_event ev = ts_trace_event_make(cat, t->world.rank, -1, -1, (t0 - t->t0_ms) * 1e3,
+                                            (t1 - t0) * 1e3);
+    ts_trace_add(&t->trace, &ev);
+}
+
+/* Gather every rank's events to rank 0 and write the Chrome trace. */
+ts_status ts_trainer_write_trace(ts_trainer *t)
+{
+    int n = t->trace.n, *counts = NULL, total = 0;
+    if (t->world.rank == 0) counts = ts_calloc((size_t)t->world.size, sizeof(int));
+    ts_watchdog_context("finishing: gathering the trace", 0, 0, 0);
+    ts_gather_bytes(&t->world, &n, sizeof n, counts, 0);
+    ts_trace_event *all = NULL;
+    if (t->world.rank == 0) {
+        for (int r = 0; r < t->world.size; r++) total += counts[r];
+        all = ts_calloc((size_t)total + 1, sizeof *all);
+    }
+    ts_gatherv(&t->world, t->trace.events, n, sizeof(ts_trace_event), all, counts, 0);
+    ts_status st = TS_OK;
+    if (t->world.rank == 0) {
+        /* The writer makes the directory and writes atomically (core/fsutil.h). */
+        st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->world.size,
+                                   "tessera train (measured)");
+        if (st == TS_OK) ts_log_info("trace: wrote %d events to %s", total, t->cfg.log.trace);
+    }
+    free(all);
+    free(counts);
+    return ts_comm_agree(&t->world, st);
+}

@@ -1,0 +1,175 @@
+/* The trainer's set-up: the compute backend and its data plane, the data files, the
+ * partition, and the memory check, each collective where it says so. */
+#include "train/internal.h"
+
+#include <string.h>
+
+#include "core/log.h"
+#include "pipeline/memory.h"
+
+/* The compute backend train.device, train.precision and train.attention name (the
+ * config checked them): the table ts_kernels_for gives, which says what it needs. A
+ * table with a device binds this rank to the GPU nearest its cores (as the topology
+ * shared them out), and its memory moves on the device's own comm backend where built
+ * (parallel.comm "auto" or "nccl": NCCL for CUDA). Otherwise MPI reads and writes
+ * host-accessible buffers in place, and memory the host may not touch ("cpu-strict"
+ * here, a GPU's without NCCL) travels through host bounce buffers and the backend's
+ * copies. The world group keeps MPI: it carries host records only. */
+ts_status ts_trainer_select_device(ts_trainer *t)
+{
+    const ts_train_config *tc = &t->cfg.train;
+    t->k = ts_kernels_for(tc->device, tc->precision, tc->attention);
+    TS_ASSERT(t->k);
+    const ts_comm_backend *data = NULL;
+    if (t->k->device_count) {
+        /* Configs are checked on machines without GPUs too; the device must be here. */
+        if (t->k->device_count() == 0)
+            return ts_fail("train.device = \"%s\", but this rank sees no CUDA device "
+                           "(check the driver, CUDA_VISIBLE_DEVICES and the job's GPU "
+                           "allocation), or use train.device = \"cpu\"",
+                           tc->device);
+        t->k->select_device(t->topo->gpu_cuda ? t->topo->gpu : t->topo->local_rank);
+        if (t->k->native_comm && strcmp(t->cfg.parallel.comm, "mpi") != 0)
+            data = ts_comm_backend_find(t->k->native_comm); /* NULL where not built */
+    }
+    if (!data && t->k->host_accessible) return TS_OK;
+    if (!data) {
+        ts_comm_staged_set_copies(t->k->memcpy_d2h, t->k->memcpy_h2d);
+        data = ts_comm_backend_find("mpi-staged");
+        TS_ASSERT(data);
+    }
+    /* Every group, even after one failed: each move is collective over its group, so
+     * stopping early would leave the other groups' members waiting. */
+    char first[1024] = "";
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
+        if (ts_comm_set_backend(groups[i], data) != TS_OK && !first[0])
+            snprintf(first, sizeof first, "%s", ts_error_message());
+    return first[0] ? ts_fail("%s", first) : TS_OK;
+}
+
+/* data.train and, when evaluating, data.val: opened and checked against seq_len. */
+ts_status ts_trainer_open_data(ts_trainer *t)
+{
+    const ts_config *c = &t->cfg;
+    const char *paths[TS_MAX_SHARDS];
+    for (int i = 0; i < c->data.n_train; i++) paths[i] = c->data.train[i];
+    if (ts_data_open(&t->train_data, paths, c->data.n_train, c->model.vocab_size) != TS_OK)
+        return TS_ERR;
+    t->has_train = true;
+    if (ts_data_num_windows(&t->train_data, c->model.seq_len) == 0)
+        return ts_fail("data.train holds %llu tokens, fewer than one window of seq_len + 1 = %d",
+                       (unsigned long long)t->train_data.n_tokens, c->model.seq_len + 1);
+    if (c->data.val[0] != '\0' && c->data.eval_every > 0) {
+        const char *vp = c->data.val;
+        if (ts_data_open_key(&t->val_data, "data.val", &vp, 1, c->model.vocab_size) != TS_OK)
+            return TS_ERR;
+        t->has_val = true;
+        const uint64_t S = ts_data_num_windows(&t->val_data, c->model.seq_len);
+        if (S == 0)
+            return ts_fail("data.val (%s) holds fewer than seq_len + 1 = %d tokens", vp,
+                           c->model.seq_len + 1);
+        /* By design (the batch rule) window k of an evaluation is window k mod S. */
+        if ((uint64_t)c->data.val_windows > S)
+            ts_log_warn("data.val_windows = %d but data.val (%s) holds only %llu distinct "
+                        "window%s of seq_len + 1 = %d tokens: each evaluation repeats them",
+                        c->data.val_windows, vp, (unsigned long long)S, S == 1 ? "" : "s",
+                        c->model.seq_len + 1);
+    }
+    return TS_OK;
+}
+
+/* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures
+ * and broadcasts (every rank must cut the model identically). */
+ts_status ts_trainer_build_partition(ts_trainer *t)
+{
+    const ts_config *c = &t->cfg;
+    const int n_chunks = c->parallel.pp * c->parallel.virtual_stages;
+    if (c->parallel.n_partition > 0 || n_chunks == 1) return ts_partition_build(c, false, &t->part);
+
+    ts_layer_costs costs;
+    ts_layer_costs_model(&costs, &c->model, c->parallel.micro_batch);
+    int ok = 1;
+    if (t->world.rank == 0) {
+        ts_layer_costs measured;
+        if (ts_layer_costs_measure(&measured, &c->model, c->parallel.micro_batch, t->k) == TS_OK) {
+            ts_layer_costs_free(&costs);
+            costs = measured;
+        } else {
+            ok = 0; /* keep the model's costs */
+        }
+    }
+    ts_host_broadcast(&t->world, &ok, sizeof ok, 0);
+    if (ok) {
+        size_t bytes = (size_t)costs.n_layers * sizeof(double);
+        ts_host_broadcast(&t->world, costs.fwd_ms, bytes, 0);
+        ts_host_broadcast(&t->world, costs.bwd_ms, bytes, 0);
+        ts_host_broadcast(&t->world, costs.act_bytes, bytes, 0);
+        costs.source = TS_COST_MEASURED;
+    }
+    ts_status st = ts_partition_from_costs(c, &costs, &t->part);
+    ts_layer_costs_free(&costs);
+    return st;
+}
+
+/* The advice every "not enough memory" message ends with. */
+#define SHRINK_ADVICE                                                                      \
+    "shrink the model, parallel.micro_batch or the micro-batches in flight "               \
+    "(parallel.recompute), or spread it over more pipeline/tensor ranks"
+
+/* Refuse a run that cannot fit, with the numbers, before allocating it: this rank's
+ * estimate against the address space left under RLIMIT_AS, and the sum over the node's
+ * ranks against its physical memory; on a backend with device memory, against the
+ * device's free memory instead, the table's extra weight copies included, leaving the
+ * host with only what it holds itself. Collective; agreed. */
+ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
+{
+    const ts_topology *topo = t->topo;
+    const ts_kernels *k = t->k;
+    ts_rank_memory est;
+    ts_memory_estimate(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads, &est);
+    ts_sysmem lim;
+    ts_sysmem_read(&lim);
+    char what[256];
+    ts_memory_describe(&est, what, sizeof what);
+    /* The BLAS threads are running (binding started them): their buffers are in vm_now
+     * already, and they are address space, not resident memory. */
+    double new_bytes = est.total - est.blas;
+    char left[32], limit[32], together[32], phys[32];
+    ts_status st = TS_OK;
+    if (k->device_memory) {
+        const double copies = est.params / sizeof(float) * k->weight_copy_bytes;
+        double dev_bytes = new_bytes + copies;
+        size_t dev_free = 0, dev_total = 0;
+        char copies_note[64] = "";
+        if (copies > 0)
+            snprintf(copies_note, sizeof copies_note, " and its %s weight copies", k->precision);
+        if (k->memory_info(&dev_free, &dev_total) && dev_bytes > (double)dev_free)
+            st = ts_fail("not enough GPU memory: pipeline rank %d needs %s%s, but GPU %d has %s "
+                         "free of %s; " SHRINK_ADVICE,
+                         topo->coords.pp, what, copies_note, k->current_device(),
+                         ts_format_bytes((double)dev_free, left, sizeof left),
+                         ts_format_bytes((double)dev_total, limit, sizeof limit));
+        new_bytes = 0;
+    }
+    double node = new_bytes + lim.rss_now;
+    ts_host_allreduce_sum_f64(&topo->node_comm, &node, 1);
+    const int ranks_here = topo->node_comm.size;
+    if (st == TS_OK && lim.vm_now + new_bytes > lim.address_space)
+        st = ts_fail("not enough memory: pipeline rank %d needs %s more, but the address-space "
+                     "limit (ulimit -v) leaves %s of %s on host %s; raise the limit, or "
+                     SHRINK_ADVICE,
+                     topo->coords.pp, what,
+                     ts_format_bytes(lim.address_space - lim.vm_now, left, sizeof left),
+                     ts_format_bytes(lim.address_space, limit, sizeof limit), topo->host);
+    else if (st == TS_OK && node > lim.physical)
+        st = ts_fail("not enough memory: pipeline rank %d needs %s; the ranks on host %s (%d) "
+                     "need %s together, but this machine has %s; " SHRINK_ADVICE " or nodes",
+                     topo->coords.pp, what, topo->host, ranks_here,
+                     ts_format_bytes(node, together, sizeof together),
+                     ts_format_bytes(lim.physical, phys, sizeof phys));
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (log && t->world.rank == 0)
+        ts_log_info("memory: rank 0 will use about %s", what);
+    return TS_OK;
+}
