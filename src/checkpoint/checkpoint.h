@@ -53,21 +53,17 @@ typedef struct {
     const ts_model *model;    /* this rank's parameters and their shard specs */
     const ts_adamw *optim;    /* this rank's AdamW moments (all, or its ZeRO-1 ranges) */
     const ts_comm *world;     /* every rank takes part */
-    int dp_rank, dp_size;     /* without ZeRO-1 the dp replicas split the writing */
+    int dp_rank;              /* without ZeRO-1 the dp replicas split the writing (the
+                               * grid itself is cfg->parallel's, recorded in state.json) */
     int step;                 /* completed optimizer steps: the next step to run */
-    int pp, dp, tp;           /* the grid, recorded in state.json */
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest
- * checkpoint.keep checkpoints. Collective over world; agreed (every rank gets the same
- * status). *blocked_ms: how long the call took on this rank. */
-ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms);
-
-/* The same in two halves, so the writing can overlap training (checkpoint.async):
- * ts_ckpt_save_start creates the files and, with `async`, copies this rank's slices to a
- * host buffer and returns while a thread writes them (without, it writes them before
- * returning); ts_ckpt_save_written says whether this rank's writes are done; and
+ * checkpoint.keep checkpoints, in two halves, so the writing can overlap training
+ * (checkpoint.async): ts_ckpt_save_start creates the files and, with `async`, copies
+ * this rank's slices to a host buffer and returns while a thread writes them (without,
+ * it writes them before returning); ts_ckpt_save_written says whether this rank's writes are done; and
  * ts_ckpt_save_finish waits for them, then gathers the checksums and commits (state.json,
  * rename, latest, pruning) and frees the saver. Both are collective and agreed; the
  * model and optimizer may change between them only with `async`. *blocked_ms: each

@@ -273,9 +273,9 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            if (!o->sharded && a->dp_size > 1) {
+            if (!o->sharded && a->cfg->parallel.dp > 1) {
                 int64_t s, n;
-                ts_shard_range((int64_t)P->numel, a->dp_size, a->dp_rank, &s, &n);
+                ts_shard_range((int64_t)P->numel, a->cfg->parallel.dp, a->dp_rank, &s, &n);
                 lo = lo > (size_t)s ? lo : (size_t)s;
                 hi = hi < (size_t)(s + n) ? hi : (size_t)(s + n);
                 if (lo >= hi) continue;
@@ -374,7 +374,7 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o}, "
         "s:{s:I, s:s}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
-        "grid", "pp", a->pp, "dp", a->dp, "tp", a->tp, "virtual_stages",
+        "grid", "pp", c->parallel.pp, "dp", c->parallel.dp, "tp", c->parallel.tp, "virtual_stages",
         c->parallel.virtual_stages, "zero", c->parallel.zero, "world", a->world->size,
         "data", "sequences_consumed", (json_int_t)(B * a->step), "global_batch", (json_int_t)B,
         "seq_len", c->model.seq_len, "train", train,
@@ -652,17 +652,4 @@ void ts_ckpt_save_abandon(ts_ckpt_saver *s)
 {
     if (s->threaded) pthread_join(s->thread, NULL);
     saver_free(s);
-}
-
-ts_status ts_ckpt_save(const ts_ckpt_save_args *a, double *blocked_ms)
-{
-    ts_ckpt_saver *s;
-    double start_ms, finish_ms;
-    if (ts_ckpt_save_start(a, false, &s, &start_ms) != TS_OK) {
-        *blocked_ms = start_ms;
-        return TS_ERR;
-    }
-    ts_status st = ts_ckpt_save_finish(s, &finish_ms);
-    *blocked_ms = start_ms + finish_ms;
-    return st;
 }
