@@ -2,8 +2,8 @@
  *   layer 0            embedding   (transformer.wte, transformer.wpe)
  *   layers 1..n_layer  blocks      (transformer.h.{i}.*)
  *   layer n_layer+1    head        (transformer.ln_f, LM head tied to wte, loss)
- * A rank builds the model for the layers it owns (all of them on one rank; a range
- * per pipeline chunk later). Parameters and gradients live in two flat buffers laid out
+ * A rank builds the model for the layers it owns (all of them on one rank; its pipeline
+ * chunks' ranges otherwise: pipeline/partition.h). Parameters and gradients live in two flat buffers laid out
  * layer by layer (the AdamW moments belong to the optimizer, optim/optim.h); a ts_param
  * is a view with its logical name and shape, which is all that initialisation,
  * clipping and checkpoints need. */
