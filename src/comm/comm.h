@@ -97,8 +97,8 @@ typedef struct {
 
 /* Element types and reductions of a backend's table. The public data plane moves f32
  * (gradients, activations, parameters); the table keeps the type so a backend can serve
- * more (no backend moves bf16 yet: activations are fp32 in memory). f64, i32 and u64 host values go through the control plane
- * (ts_host_allreduce_*), not through here. */
+ * more (no backend moves bf16 yet: activations are fp32 in memory). f64, i32 and u64
+ * host values go through the control plane (ts_host_allreduce_*), not through here. */
 typedef enum { TS_COMM_F32, TS_COMM_F64, TS_COMM_I32, TS_COMM_U64 } ts_comm_dtype;
 typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
 
