@@ -369,6 +369,13 @@ void ts_grad_sync_finish(ts_grad_sync *g)
         g->reference_ms = g->wait_ms > 1e-6 ? g->wait_ms : 1e-6;
 }
 
+void ts_grad_sync_init_optimizer(const ts_grad_sync *g, const ts_model *m, ts_adamw *o)
+{
+    ts_adamw_init_ranges(o, m, g->shard, g->n_shard, g->sharded);
+}
+
+bool ts_grad_sync_counts_norm(const ts_grad_sync *g) { return g->sharded || g->dp.rank == 0; }
+
 void ts_grad_sync_gather_params(ts_grad_sync *g)
 {
     g->gather_ms = 0.0;

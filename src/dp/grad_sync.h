@@ -103,6 +103,13 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end);
 /* Launch what is left, sum the tied embedding over the embedding group, and wait for
  * everything: then the gradients of `shard` are final (with ZeRO-1 only those). */
 void ts_grad_sync_finish(ts_grad_sync *g);
+/* The optimizer state for what this rank updates: AdamW moments for the whole model, or
+ * with ZeRO-1 for its `shard` only (the optimizer is told it is sharded). */
+void ts_grad_sync_init_optimizer(const ts_grad_sync *g, const ts_model *m, ts_adamw *o);
+/* Whether this rank's gradient sum of squares counts in the global norm: with ZeRO-1
+ * every dp rank counts its own shard; otherwise the dp replicas hold identical
+ * gradients and dp rank 0 alone counts them. */
+bool ts_grad_sync_counts_norm(const ts_grad_sync *g);
 /* ZeRO-1, after the optimizer updated `shard`: every replica gets every updated
  * parameter. A no-op without ZeRO-1. */
 void ts_grad_sync_gather_params(ts_grad_sync *g);

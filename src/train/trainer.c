@@ -87,8 +87,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->model.between_layers_ctx = &t->grad_sync;
     }
     /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
-    ts_adamw_init_ranges(&t->optim, &t->model, t->grad_sync.shard, t->grad_sync.n_shard,
-                         t->grad_sync.sharded);
+    ts_grad_sync_init_optimizer(&t->grad_sync, &t->model, &t->optim);
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
     if (ts_trainer_load_checkpoint(t) != TS_OK ||
@@ -173,7 +172,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * skipped inside. Then AdamW on this rank's ranges, and with ZeRO-1 the all-gather
      * of the updated parameters. */
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
-    bool counts = t->optim.sharded || t->topo->coords.dp == 0;
+    const bool counts = ts_grad_sync_counts_norm(&t->grad_sync);
     double sumsq = counts ? ts_adamw_grad_sum_squares(&t->optim, &t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     double lr = ts_lr_at(&c->train, step);
