@@ -126,7 +126,7 @@ static int parse_args(int argc, char **argv, sample_args *a)
                                  "18446744073709551615",
                                  v, strlen(v) > 40 ? "..." : "");
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--device", &missing))) {
-            if (!(a->k = ts_kernels_find(v)))
+            if (!(a->k = ts_kernels_for(v, "fp32", "gemm"))) /* a device, not a table name */
                 rc = usage_error("--device '%.40s%s' is not a device of this build; choose "
                                  "\"cpu\" (or \"cpu-strict\", the test mode)",
                                  v, strlen(v) > 40 ? "..." : "");
