@@ -380,6 +380,10 @@ static void test_config_relations(void)
 #endif
     EXPECT_ERR("train = { device = \"gpu\"; };\n", NULL, "train.device", "\"gpu\"",
                "not a device");
+    /* A kernel table's name is not a device: precision and attention choose among them. */
+    EXPECT_ERR("train = { device = \"cuda-bf16\"; };\n", NULL, "train.device", "\"cuda-bf16\"",
+               "not a device");
+    EXPECT_ERR("train = { device = \"cuda-flash\"; };\n", NULL, "train.device", "not a device");
     /* train.precision and parallel.comm: bf16 and NCCL need the GPU backend. */
     CHECK(load("train = { threads = 1; };\n") == TS_OK && !strcmp(g_cfg.train.precision, "fp32") &&
           !strcmp(g_cfg.parallel.comm, "auto"));

@@ -89,14 +89,16 @@ ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const c
                    s, where);
 }
 
-/* The compute backends this build has (kernels/kernels.h). "cuda" is a real backend
+/* The devices this build has (kernels/kernels.h: a device is one with an fp32 table
+ * of the default attention; the other tables, "cuda-bf16" and so on, are chosen by
+ * train.precision and train.attention, never named here). "cuda" is a real backend
  * name that a CPU-only build lacks: say so rather than "not a device". Where the build
  * has it, "cuda" is accepted without looking for a GPU: configs are validated on
  * machines without one too (the launcher, CI); the run itself checks for a device. */
 ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where)
 {
     const char *v = (const char *)cfield_ptr(cfg, k);
-    if (ts_kernels_find(v)) return TS_OK;
+    if (ts_kernels_for(v, "fp32", "gemm")) return TS_OK;
     if (strcmp(v, "cuda") == 0)
         return ts_fail("config key 'train.device' = \"cuda\"%s: this tessera was built "
                        "without the CUDA backend; use \"cpu\"",
