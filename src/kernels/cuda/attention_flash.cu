@@ -15,7 +15,7 @@
  * to 256, so the largest backward tile set (~105 KB at HS 128, ~99 KB at HS 256) fits
  * the shared memory of an A100 (164 KB) as well as an H100/H200 (228 KB). Plain fp32
  * FMAs, no tensor cores: a memory-light reference and the choice for long sequences,
- * not a speed record (attention.cu's TS_CUDA_ATTENTION picks by measurement). */
+ * not a speed record (train.attention picks; gemm is the default until measured). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +37,7 @@ static void flash_check(const char *fn, int B, int T, int NH, int HS)
     if (HS > TS_FLASH_MAX_HS) {
         snprintf(why, sizeof why,
                  "head size %d exceeds the flash attention's limit of %d (use the batched-GEMM "
-                 "attention: TS_CUDA_ATTENTION=gemm)",
+                 "attention: train.attention = \"gemm\")",
                  HS, TS_FLASH_MAX_HS);
         ts_cuda_fail(__FILE__, __LINE__, fn, why);
     }
@@ -90,7 +90,7 @@ static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, 
         char why[200];
         snprintf(why, sizeof why,
                  "needs %zu bytes of shared memory per block, this GPU allows %d "
-                 "(use TS_CUDA_ATTENTION=gemm)",
+                 "(use train.attention = \"gemm\")",
                  bytes, flash_smem_limit());
         ts_cuda_fail(__FILE__, __LINE__, name, why);
     }
