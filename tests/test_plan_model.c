@@ -3,9 +3,11 @@
  * pruned search is exact) and the pruned search's top list equal to the exhaustive
  * one's; doubling the link bandwidths never predicts a slower step; and the memory
  * prediction equal to the trainer's own estimate (pipeline/memory.c) for every grid of up
- * to 4 ranks of the tiny and a 12-layer config; the optional cluster keys (GELU's time
+ * to 4 ranks of the tiny and a 12-layer config (both count a rank with ts_memory_rank:
+ * this holds the planner's per-layer tables to the model's layout of each rank's
+ * chunks); the optional cluster keys (GELU's time
  * per element, overlap_comm = false) change nothing when absent, add what they say when
- * present, and no overlap never predicts a faster step. */
+ * present, and no overlap never predicts a faster step; the dp bucket rule. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "plan/cluster.h"
 #include "plan/predict.h"
 #include "plan/search.h"
+#include "plan/sim_costs.h"
 #include "test_util.h"
 #include "pipeline/memory.h"
 
@@ -68,6 +71,19 @@ static void test_textbook(void)
                     ts_sim_result_free(&r);
                     ts_schedule_free(&sc);
                 }
+}
+
+/* The dp bucket rule both planners use (plan/sim_costs.h): ceil(bytes / bucket), at
+ * least one, at most one per layer. */
+static void test_dp_buckets(void)
+{
+    const double mib = 1048576.0;
+    CHECK(ts_plan_dp_buckets(0.0, 3, 4) == 1);
+    CHECK(ts_plan_dp_buckets(4 * mib, 3, 4) == 1);
+    CHECK(ts_plan_dp_buckets(4 * mib + 1, 3, 4) == 2);
+    CHECK(ts_plan_dp_buckets(9 * mib, 5, 4) == 3);
+    CHECK(ts_plan_dp_buckets(100 * mib, 5, 4) == 5);
+    CHECK(ts_plan_dp_buckets(100 * mib, 0, 4) == 1);
 }
 
 static int same_grid(const ts_plan_grid *a, const ts_plan_grid *b)
@@ -222,7 +238,9 @@ static void test_optional_keys(void)
     printf("optional cluster keys checked on %d grids\n", grids);
 }
 
-/* 4. The planner's memory against pipeline/memory.c's for every grid of <= 4 ranks. */
+/* 4. The planner's memory against pipeline/memory.c's for every grid of <= 4 ranks: one
+ * rule (ts_memory_rank) fed from two sources, the planner's per-layer tables summed per
+ * chunk and the trainer's layout of the rank's layers, which must give the same floats. */
 static int g_mem_grids;
 static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
                            const ts_cluster *cl)
@@ -272,13 +290,14 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                                         ts_config_num_microbatches(&cfg)) == TS_OK);
                                 ts_rank_memory e;
                                 ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1, &e);
-                                const ts_plan_memory *mm = &r.mem;
+                                const ts_rank_memory *mm = &r.mem;
                                 const bool ok = ts_rel_err(mm->params, e.params, 1) < 1e-12 &&
                                                 ts_rel_err(mm->grads, e.grads, 1) < 1e-12 &&
                                                 ts_rel_err(mm->optimizer, e.optimizer, 1) < 1e-12 &&
                                                 ts_rel_err(mm->activations, e.activations, 1) < 1e-12 &&
                                                 ts_rel_err(mm->buffers, e.buffers, 1) < 1e-12 &&
-                                                ts_rel_err(mm->workspace, e.blas, 1) < 1e-12 &&
+                                                ts_rel_err(mm->act_sets, e.act_sets, 1) < 1e-12 &&
+                                                ts_rel_err(mm->blas, e.blas, 1) < 1e-12 &&
                                                 ts_rel_err(mm->total, e.total, 1) < 1e-12;
                                 CHECKF(ok,
                                        "%s pp %d dp %d tp %d %s v %d %s zero %d rank %d: planner "
@@ -301,6 +320,7 @@ int main(void)
     snprintf(g_src, sizeof g_src, "%s", src && *src ? src : ".");
 
     test_textbook();
+    test_dp_buckets();
 
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu.cfg", 4);
     test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 8);

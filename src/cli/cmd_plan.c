@@ -22,6 +22,8 @@
 #include "pipeline/schedule.h"
 #include "pipeline/sim.h"
 #include "pipeline/memory.h"
+#include "plan/sim_costs.h"
+#include "plan/trace_costs.h"
 
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
@@ -225,250 +227,6 @@ static int parse_args(int argc, char **argv, plan_args *a)
     return 0;
 }
 
-/* ------------------------------------------------------- costs from a trace -- */
-
-/* What --costs-from-trace takes from a measured trace: per-chunk mean costs, and the
- * trace's own step time and bubbles (medians over the steady steps). */
-typedef struct {
-    int n_chunks;
-    double *f, *i, *w;        /* [n_chunks] ms; i = w = B / 2 when the run had full B */
-    int steps, skip;          /* whole steps in the trace, steps dropped as warm-up */
-    int n_tracks;             /* trace tracks (ranks) with compute events */
-    double step_ms;           /* makespan of a step's compute */
-    double bubble;            /* idle over the makespan, mean over tracks */
-    double bubble_rank_span;  /* idle until each track's last action, mean over tracks */
-} trace_costs;
-
-static void trace_costs_free(trace_costs *tc)
-{
-    free(tc->f);
-    free(tc->i);
-    free(tc->w);
-    memset(tc, 0, sizeof *tc);
-}
-
-static int kind_of_cat(const char *cat)
-{
-    if (!strcmp(cat, "F")) return TS_ACT_F;
-    if (!strcmp(cat, "B")) return TS_ACT_B;
-    if (!strcmp(cat, "I")) return TS_ACT_I;
-    if (!strcmp(cat, "W")) return TS_ACT_W;
-    return -1;
-}
-
-static int cmp_event_start(const void *pa, const void *pb)
-{
-    const ts_trace_event *a = pa, *b = pb;
-    if (a->rank != b->rank) return a->rank < b->rank ? -1 : 1;
-    if (a->start_us != b->start_us) return a->start_us < b->start_us ? -1 : 1;
-    return 0;
-}
-
-typedef struct {
-    int group; /* chunk * 4 + kind */
-    double ms;
-} group_dur;
-
-static int cmp_group_dur(const void *pa, const void *pb)
-{
-    const group_dur *a = pa, *b = pb;
-    if (a->group != b->group) return a->group < b->group ? -1 : 1;
-    return a->ms < b->ms ? -1 : a->ms > b->ms;
-}
-
-static int cmp_double(const void *pa, const void *pb)
-{
-    double a = *(const double *)pa, b = *(const double *)pb;
-    return a < b ? -1 : a > b;
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-/* Read the compute events (cat F/B/I/W) of `path`, check them against the schedule
- * (every track runs one pipeline rank's action list, whole steps of it, in order) and
- * average every chunk's costs over the steps after `skip`. */
-static ts_status trace_costs_load(const char *path, const ts_schedule *s, int skip,
-                                  bool use_median, trace_costs *tc)
-{
-    memset(tc, 0, sizeof *tc);
-    ts_trace_event *all = NULL;
-    int n_all = 0, n_ranks = 0;
-    if (ts_trace_read_chrome(path, &all, &n_all, &n_ranks) != TS_OK)
-        return ts_error_prefix("--costs-from-trace: ");
-
-    /* Keep the compute events, grouped by track in time order. */
-    int n = 0;
-    for (int k = 0; k < n_all; k++)
-        if (kind_of_cat(all[k].cat) >= 0) all[n++] = all[k];
-    ts_status st = TS_OK;
-    if (n == 0) {
-        free(all);
-        return ts_fail("--costs-from-trace: %s has no F/B/I/W events (write one with "
-                       "tessera train --set log.trace=\"FILE\")", path);
-    }
-    qsort(all, (size_t)n, sizeof *all, cmp_event_start);
-
-    const int nc = s->n_chunks;
-    group_dur *dur = ts_malloc(sizeof *dur * (size_t)n); /* the steady steps' durations */
-    int n_dur = 0;
-    double *step_start = NULL, *step_end = NULL, *b_make = NULL, *b_span = NULL;
-    int steps = -1, tracks = 0;
-    /* Pass 1: check every track, count steps. */
-    for (int k = 0; k < n && st == TS_OK;) {
-        int e = k;
-        while (e < n && all[e].rank == all[k].rank) e++;
-        const int q = all[k].chunk >= 0 ? ts_chunk_rank(all[k].chunk, s->pp) : -1;
-        const int na = q >= 0 ? s->n_actions[q] : 0;
-        if (q < 0 || all[k].chunk >= nc) {
-            st = ts_fail("--costs-from-trace: %s has an event on chunk %d, but this config has "
-                         "%d chunks (pass the training run's --set options to plan)",
-                         path, all[k].chunk, nc);
-        } else if ((e - k) % na != 0) {
-            st = ts_fail("--costs-from-trace: rank %d of %s has %d compute events, not whole "
-                         "steps of the %d actions schedule %s gives pipeline rank %d with "
-                         "%d micro-batches (pass the training run's --set options to plan)",
-                         all[k].rank, path, e - k, na, s->name, q, s->m);
-        } else if (steps >= 0 && (e - k) / na != steps) {
-            st = ts_fail("--costs-from-trace: rank %d of %s ran %d steps, another rank %d",
-                         all[k].rank, path, (e - k) / na, steps);
-        } else {
-            steps = (e - k) / na;
-            for (int j = k; j < e && st == TS_OK; j++) {
-                const ts_action *a = &s->actions[q][(j - k) % na];
-                const ts_trace_event *ev = &all[j];
-                if (kind_of_cat(ev->cat) != (int)a->kind || ev->chunk != a->chunk ||
-                    ev->mb != a->mb)
-                    st = ts_fail("--costs-from-trace: event %d of rank %d in %s is %s on chunk %d, "
-                                 "micro-batch %d; schedule %s has %c on chunk %d, micro-batch %d "
-                                 "there (pass the training run's --set options to plan)",
-                                 j - k, ev->rank, path, ev->cat, ev->chunk, ev->mb, s->name,
-                                 *ts_action_letter(a->kind), a->chunk, a->mb);
-            }
-            tracks++;
-        }
-        k = e;
-    }
-    if (st == TS_OK && steps <= skip)
-        st = ts_fail("--costs-from-trace: %s holds %d step%s; nothing is left after dropping "
-                     "%d (--trace-skip-steps)", path, steps, steps == 1 ? "" : "s", skip);
-    if (st == TS_OK) {
-        const int used = steps - skip;
-        step_start = ts_malloc(sizeof(double) * (size_t)used);
-        step_end = ts_malloc(sizeof(double) * (size_t)used);
-        b_make = ts_calloc((size_t)used, sizeof(double));
-        b_span = ts_calloc((size_t)used, sizeof(double));
-        for (int u = 0; u < used; u++) {
-            step_start[u] = INFINITY;
-            step_end[u] = -INFINITY;
-        }
-        /* Pass 2: sums per chunk and kind; each step's window over all tracks. */
-        for (int k = 0; k < n;) {
-            int e = k;
-            while (e < n && all[e].rank == all[k].rank) e++;
-            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
-            for (int j = k + skip * na; j < e; j++) {
-                const ts_trace_event *ev = &all[j];
-                const int u = (j - k) / na - skip, kind = kind_of_cat(ev->cat);
-                dur[n_dur++] = (group_dur){ev->chunk * 4 + kind, ev->dur_us * 1e-3};
-                if (ev->start_us < step_start[u]) step_start[u] = ev->start_us;
-                if (ev->start_us + ev->dur_us > step_end[u]) step_end[u] = ev->start_us + ev->dur_us;
-            }
-            k = e;
-        }
-        /* Pass 3: per track and step, busy time and last end. */
-        for (int k = 0; k < n;) {
-            int e = k;
-            while (e < n && all[e].rank == all[k].rank) e++;
-            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
-            for (int u = 0; u < used; u++) {
-                double busy = 0.0, last = -INFINITY;
-                for (int j = k + (u + skip) * na; j < k + (u + skip + 1) * na; j++) {
-                    busy += all[j].dur_us;
-                    if (all[j].start_us + all[j].dur_us > last) last = all[j].start_us + all[j].dur_us;
-                }
-                const double span = step_end[u] - step_start[u], own = last - step_start[u];
-                b_make[u] += (span > 0 ? 1.0 - busy / span : 0.0) / tracks;
-                b_span[u] += (own > 0 ? 1.0 - busy / own : 0.0) / tracks;
-            }
-            k = e;
-        }
-        tc->n_chunks = nc;
-        tc->f = ts_malloc(sizeof(double) * (size_t)nc);
-        tc->i = ts_malloc(sizeof(double) * (size_t)nc);
-        tc->w = ts_malloc(sizeof(double) * (size_t)nc);
-        /* Sorted by chunk, kind and duration: each group is a sorted run. */
-        qsort(dur, (size_t)n_dur, sizeof *dur, cmp_group_dur);
-        double *stat = ts_calloc((size_t)nc * 4, sizeof(double));
-        int *cnt = ts_calloc((size_t)nc * 4, sizeof(int));
-        for (int k = 0; k < n_dur;) {
-            int e = k;
-            double sum = 0.0;
-            while (e < n_dur && dur[e].group == dur[k].group) sum += dur[e++].ms;
-            const int len = e - k, mid = k + len / 2;
-            cnt[dur[k].group] = len;
-            stat[dur[k].group] = !use_median ? sum / len
-                                 : len % 2  ? dur[mid].ms
-                                            : 0.5 * (dur[mid - 1].ms + dur[mid].ms);
-            k = e;
-        }
-        for (int c = 0; c < nc && st == TS_OK; c++) {
-            const int *nk = cnt + c * 4;
-            const double *sc = stat + c * 4;
-            if (!nk[TS_ACT_F])
-                st = ts_fail("--costs-from-trace: no forward of chunk %d in %s", c, path);
-            tc->f[c] = sc[TS_ACT_F];
-            if (nk[TS_ACT_I] && nk[TS_ACT_W]) {
-                tc->i[c] = sc[TS_ACT_I];
-                tc->w[c] = sc[TS_ACT_W];
-            } else if (nk[TS_ACT_B]) {
-                tc->i[c] = tc->w[c] = 0.5 * sc[TS_ACT_B];
-            } else if (st == TS_OK) {
-                st = ts_fail("--costs-from-trace: no backward (B, or I and W) of chunk %d in %s", c,
-                             path);
-            }
-        }
-        free(stat);
-        free(cnt);
-        tc->steps = steps;
-        tc->skip = skip;
-        tc->n_tracks = tracks;
-        for (int u = 0; u < used; u++) step_end[u] = (step_end[u] - step_start[u]) * 1e-3;
-        tc->step_ms = median(step_end, used);
-        tc->bubble = median(b_make, used);
-        tc->bubble_rank_span = median(b_span, used);
-    }
-    free(step_start);
-    free(step_end);
-    free(b_make);
-    free(b_span);
-    free(dur);
-    free(all);
-    if (st != TS_OK) trace_costs_free(tc);
-    return st;
-}
-
-/* The simulated bubble as the train metric counts it: each rank idle from the step's
- * start until its own last compute action (optimizer excluded), mean over ranks. */
-static double sim_bubble_rank_span(const ts_sim_result *r)
-{
-    double total = 0.0;
-    for (int q = 0; q < r->pp; q++) {
-        double busy = 0.0, last = 0.0;
-        for (int k = 0; k < r->n_events; k++) {
-            const ts_sim_event *e = &r->events[k];
-            if (e->rank != q || e->kind == TS_SIM_OPTIM) continue;
-            busy += e->end - e->start;
-            if (e->end > last) last = e->end;
-        }
-        total += last > 0 ? 1.0 - busy / last : 0.0;
-    }
-    return r->pp > 0 ? total / r->pp : 0.0;
-}
-
 /* ------------------------------------------------------------------ output -- */
 
 /* The dp reduction's cost options: the P2P ones unless given. */
@@ -506,7 +264,7 @@ static void rank_memory(const ts_config *cfg, const ts_partition *part, const ts
 }
 
 static int print_json(const plan_args *a, const ts_config *cfg, const ts_partition *part,
-                      const ts_schedule *s, const ts_sim_result *r, const trace_costs *tc)
+                      const ts_schedule *s, const ts_sim_result *r, const ts_trace_costs *tc)
 {
     const ts_parallel_config *p = &cfg->parallel;
     json_t *layers = json_array(), *ranks = json_array();
@@ -540,7 +298,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
     }
     if (o && tc) {
-        json_object_set_new(o, "bubble_rank_span", json_real(sim_bubble_rank_span(r)));
+        json_object_set_new(o, "bubble_rank_span", json_real(ts_plan_sim_bubble_rank_span(r)));
         json_object_set_new(
             o, "costs_from_trace",
             json_pack("{s:s, s:s, s:i, s:i, s:o, s:o, s:o, s:f, s:f, s:f}", "file", a->costs_trace,
@@ -588,7 +346,7 @@ static void print_dp(const plan_args *a, const ts_config *cfg, const ts_sim_resu
 
 static void print_text(const plan_args *a, const ts_config *cfg, const ts_partition *part,
                        const ts_schedule *s, const ts_sim_result *r, double msg_bytes,
-                       const trace_costs *tc, const double *dp_bytes)
+                       const ts_trace_costs *tc, const double *dp_bytes)
 {
     const ts_parallel_config *p = &cfg->parallel;
     printf("tessera plan: %s\n", a->config);
@@ -637,7 +395,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     }
     if (tc) {
         printf("bubble until each rank's last action (as the train metric counts it): %.4f\n",
-               sim_bubble_rank_span(r));
+               ts_plan_sim_bubble_rank_span(r));
         printf("measured in the trace (median over steps %d..%d): step %.3f ms, bubble %.4f, "
                "until each rank's last action %.4f\n",
                tc->skip, tc->steps - 1, tc->step_ms, tc->bubble, tc->bubble_rank_span);
@@ -648,15 +406,14 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
 
 static int draw_trace_file(const plan_args *a)
 {
-    ts_trace_event *ev = NULL;
+    ts_trace_event *ev = NULL; /* NULL still when the read fails */
     int n = 0, ranks = 0;
-    if (ts_trace_read_chrome(a->from_trace, &ev, &n, &ranks) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        return 1;
+    ts_status st = ts_trace_read_chrome(a->from_trace, &ev, &n, &ranks);
+    if (st == TS_OK) {
+        char title[1200];
+        snprintf(title, sizeof title, "trace %s", a->from_trace);
+        st = ts_trace_write_svg(a->svg, ev, n, ranks, title);
     }
-    char title[1200];
-    snprintf(title, sizeof title, "trace %s", a->from_trace);
-    ts_status st = ts_trace_write_svg(a->svg, ev, n, ranks, title);
     free(ev);
     if (st != TS_OK) {
         ts_log_error("%s", ts_error_message());
@@ -694,108 +451,51 @@ static int write_outputs(const plan_args *a, const ts_config *cfg, const ts_sim_
 
 static int plan(const plan_args *a)
 {
+    /* Everything empty first, so the one cleanup path below frees what was built. */
+    ts_partition part = {0};
+    ts_schedule s = {0};
+    ts_trace_costs tc_store = {0}, *tc = NULL;
+    ts_plan_sim_costs sc = {0};
+    ts_sim_result r = {0};
+    int code = 1;
+
     ts_config cfg;
-    if (ts_config_load(&cfg, a->config, a->sets, a->n_sets, 0) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        return 1;
-    }
-    if (cfg.train.threads > 0) ts_cpu_set_threads(cfg.train.threads);
     const ts_parallel_config *p = &cfg.parallel;
-
-    ts_partition part;
-    if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        return 1;
-    }
-    ts_schedule s;
+    if (ts_config_load(&cfg, a->config, a->sets, a->n_sets, 0) != TS_OK) goto fail;
+    if (cfg.train.threads > 0) ts_cpu_set_threads(cfg.train.threads);
+    if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK)
+        goto fail;
     if (ts_schedule_build(&s, p->schedule, p->pp, p->virtual_stages,
-                          ts_config_num_microbatches(&cfg)) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        ts_partition_free(&part);
-        return 1;
-    }
-
-    trace_costs tc_store, *tc = NULL;
+                          ts_config_num_microbatches(&cfg)) != TS_OK)
+        goto fail;
     if (a->costs_trace) {
-        if (trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, a->trace_median, &tc_store) !=
-            TS_OK) {
-            ts_log_error("%s", ts_error_message());
-            ts_schedule_free(&s);
-            ts_partition_free(&part);
-            return 1;
-        }
+        if (ts_trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, a->trace_median,
+                                &tc_store) != TS_OK)
+            goto fail;
         tc = &tc_store;
     }
 
-    /* Chunk costs in ms; bandwidth in bytes per ms. */
-    const int n = part.n_chunks;
-    double *f = ts_malloc(sizeof(double) * (size_t)n), *ig = ts_malloc(sizeof(double) * (size_t)n);
-    double *wg = ts_malloc(sizeof(double) * (size_t)n), *optim = NULL;
-    for (int c = 0; c < n; c++) {
-        if (a->cost == COST_UNIFORM) {
-            f[c] = ig[c] = wg[c] = 1.0;
-        } else if (tc) {
-            f[c] = tc->f[c];
-            ig[c] = tc->i[c];
-            wg[c] = tc->w[c];
-        } else {
-            f[c] = part.chunk_fwd_ms[c] / p->tp;
-            ig[c] = wg[c] = 0.5 * part.chunk_bwd_ms[c] / p->tp;
-        }
-    }
-    const double msg_bytes = 4.0 * p->micro_batch * cfg.model.seq_len * cfg.model.n_embd;
-    ts_sim_costs costs = {.n_chunks = n, .f = f, .i = ig, .w = wg,
-                          .act_bytes = part.chunk_act_bytes, .msg_bytes = msg_bytes};
-    if (a->cost != COST_UNIFORM) {
-        costs.latency = a->latency_us * 1e-3;
-        costs.bandwidth = a->bandwidth_gbs * 1e6;
-    }
-    if (a->optim_ms > 0) {
-        optim = ts_malloc(sizeof(double) * (size_t)p->pp);
-        for (int q = 0; q < p->pp; q++) optim[q] = a->optim_ms;
-        costs.optim = optim;
-    }
-    /* The dp reduction: every chunk's gradient bytes, on the dp link's costs, in the
-     * trainer's buckets (parallel.bucket_mb; at most one per layer): each starts as the
-     * chunk's last backward finishes its layers, not after the whole chunk. */
-    double *dp_bytes = NULL;
-    int *dp_pieces = NULL;
-    if (p->dp > 1 && a->cost != COST_UNIFORM) {
-        dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
-        dp_pieces = ts_malloc(sizeof(int) * (size_t)n);
-        const double bucket = (double)p->bucket_mb * 1048576.0;
-        for (int c = 0; c < n; c++) {
-            dp_bytes[c] = ts_memory_chunk_grad_bytes(&cfg, &part, c);
-            double k = ceil(dp_bytes[c] / bucket);
-            int layers = part.n_chunk_layers[c] > 0 ? part.n_chunk_layers[c] : 1;
-            dp_pieces[c] = k < 1 ? 1 : k > layers ? layers : (int)k;
-        }
-        costs.dp_bytes = dp_bytes;
-        costs.dp_pieces = p->overlap_grad_sync ? dp_pieces : NULL;
-        costs.dp_latency = dp_latency_us(a) * 1e-3;
-        costs.dp_bandwidth = dp_bandwidth_gbs(a) * 1e6;
-    }
-
-    ts_sim_result r;
-    int code = 0;
-    if (ts_sim_run(&s, &costs, &r) != TS_OK) {
-        ts_log_error("%s", ts_error_message());
-        code = 1;
+    const ts_plan_cost_opts co = {
+        .uniform = a->cost == COST_UNIFORM, .traced = tc, .latency_us = a->latency_us,
+        .bandwidth_gbs = a->bandwidth_gbs, .optim_ms = a->optim_ms,
+        .dp_latency_us = dp_latency_us(a), .dp_bandwidth_gbs = dp_bandwidth_gbs(a)};
+    ts_plan_sim_costs_of_config(&sc, &cfg, &part, &co);
+    if (ts_sim_run(&s, &sc.costs, &r) != TS_OK) goto fail;
+    if (a->json) {
+        code = print_json(a, &cfg, &part, &s, &r, tc);
     } else {
-        if (a->json)
-            code = print_json(a, &cfg, &part, &s, &r, tc);
-        else
-            print_text(a, &cfg, &part, &s, &r, msg_bytes, tc, dp_bytes);
-        if (code == 0) code = write_outputs(a, &cfg, &r);
-        ts_sim_result_free(&r);
+        print_text(a, &cfg, &part, &s, &r, sc.costs.msg_bytes, tc, sc.dp_bytes);
+        code = 0;
     }
-    free(f);
-    free(ig);
-    free(wg);
-    free(optim);
-    free(dp_bytes);
-    free(dp_pieces);
-    if (tc) trace_costs_free(tc);
+    if (code == 0) code = write_outputs(a, &cfg, &r);
+    goto done;
+
+fail:
+    ts_log_error("%s", ts_error_message());
+done:
+    ts_sim_result_free(&r);
+    ts_plan_sim_costs_free(&sc);
+    ts_trace_costs_free(&tc_store);
     ts_schedule_free(&s);
     ts_partition_free(&part);
     return code;

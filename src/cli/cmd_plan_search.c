@@ -166,7 +166,7 @@ static const char *link_name(const ts_cluster *cl, ts_link l)
 static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    const ts_plan_memory *mm = &r->mem;
+    const ts_rank_memory *mm = &r->mem;
     const int *sizes = ts_plan_partition(x, g);
     json_t *part = json_array();
     for (int c = 0; sizes && c < g->pp * g->v; c++) json_array_append_new(part, json_integer(sizes[c]));
@@ -196,7 +196,7 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                   "optimizer", (json_int_t)llround(mm->optimizer), "activations",
                   (json_int_t)llround(mm->activations), "activation_sets",
                   (json_int_t)llround(mm->act_sets), "buffers", (json_int_t)llround(mm->buffers),
-                  "workspace", (json_int_t)llround(mm->workspace)));
+                  "workspace", (json_int_t)llround(mm->blas)));
     const ts_plan_terms *t = &r->terms;
     json_object_set_new(o, "terms_ms",
                         json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute", t->compute,
@@ -234,13 +234,13 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     printf("partition: layers per chunk");
     for (int c = 0; sizes && c < g->pp * g->v; c++) printf(" %d", sizes[c]);
     printf("\n");
-    const ts_plan_memory *m = &r->mem;
+    const ts_rank_memory *m = &r->mem;
     printf("memory per device: %s on pipeline rank %d (%s): parameters %s, gradients %s, "
            "optimizer state %s, activations %s, buffers %s, workspace %s\n",
            gb(m->total, b[0], 32), r->mem_rank,
            r->fits ? "fits" : "DOES NOT FIT", gb(m->params, b[1], 32), gb(m->grads, b[2], 32),
            gb(m->optimizer, b[3], 32), gb(m->activations, b[4], 32), gb(m->buffers, b[5], 32),
-           gb(m->workspace, b[6], 32));
+           gb(m->blas, b[6], 32));
     printf("  device memory %.2f GB%s\n", cl->memory / 1e9,
            r->fits ? "" : ": lower micro_batch, add recompute, zero = 1, or raise pp / tp");
     const ts_plan_terms *t = &r->terms;
@@ -338,7 +338,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
             json_t *o = result_json(x, &r), *ranks = json_array();
             json_object_set_new(o, "cluster", json_string(cl.name));
             for (int q = 0; q < g.pp; q++) {
-                ts_plan_memory m;
+                ts_rank_memory m;
                 ts_plan_rank_memory_of(x, &g, q, &m);
                 json_array_append_new(
                     ranks, json_pack("{s:i, s:I, s:I, s:I, s:I}", "pp_rank", q, "memory_bytes",

@@ -47,57 +47,86 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
     free(stash);
 }
 
+void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_floats,
+                     double stash_floats, ts_chunk_memory *out)
+{
+    const double f = sizeof(float), NC = (double)sh->micro_batch * sh->seq_len * sh->n_embd;
+    const double ids = 2.0 * sh->micro_batch * sh->seq_len * sizeof(int); /* tokens, targets */
+    out->tensors = act_floats * f;
+    out->set = out->tensors + ids;
+    out->stash = stash_floats * f;
+    out->slot = NC * f * ((chunk > 0) + 1);
+    if (sh->recompute != TS_RECOMPUTE_NONE)
+        out->slot += NC * f * (chunk < sh->n_chunks - 1) + ids;
+}
+
+void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
+                    ts_rank_memory *est)
+{
+    memset(est, 0, sizeof *est);
+    const double f = sizeof(float), floats = h->param_floats;
+    for (int c = pp_rank; c < sh->n_chunks; c += sh->pp) {
+        ts_chunk_memory cm;
+        ts_memory_chunk(sh, c, h->act_floats[c], h->stash_floats[c], &cm);
+        est->act_sets += h->peak_acts[c] * cm.tensors;
+        est->activations += h->peak_acts[c] * cm.set + h->peak_stash[c] * cm.stash;
+        est->buffers += cm.slot * sh->m;
+    }
+    est->params = est->grads = floats * f;
+    if (sh->weight_copy_bytes > 0) est->params += floats * sh->weight_copy_bytes;
+    /* The two AdamW moments; ZeRO-1 keeps this rank's 1/dp of them (grad_sync.h). */
+    est->optimizer = 2.0 * floats * f / (sh->zero == 1 ? (double)sh->dp : 1.0);
+    est->buffers += h->scratch_floats * f;
+    /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
+     * of what the pipeline rank holds) while a thread writes them. */
+    if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
+    est->blas = sh->threads * TS_BLAS_THREAD_BYTES;
+    est->total = est->params + est->grads + est->optimizer + est->activations + est->buffers +
+                 est->blas;
+}
+
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads,
                         ts_rank_memory *est)
 {
-    memset(est, 0, sizeof *est);
     const ts_model_config *mc = &cfg->model;
     const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len;
-    const double f = sizeof(float), NC = (double)B * T * mc->n_embd;
+    const int n = sched->n_chunks;
 
-    bool *owned = calloc((size_t)n_layers, sizeof(bool));
-    TS_ASSERT(owned);
+    bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
     ts_partition_owned(part, pp_rank, owned);
     ts_model m; /* the layout only: nothing is allocated */
     ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, &ts_kernels_cpu); /* rank 0: most vocab */
     ts_model_layout_tp(&m, mc, owned, &tp);
     free(owned);
-    est->params = est->grads = (double)m.num_floats * f;
-    /* The two AdamW moments; ZeRO-1 keeps this rank's 1/dp of them (grad_sync.h). */
-    est->optimizer = 2.0 * (double)m.num_floats * f /
-                     (cfg->parallel.zero == 1 ? (double)cfg->parallel.dp : 1.0);
 
-    int *peak_acts = calloc((size_t)sched->n_chunks, sizeof(int));
-    int *peak_stash = calloc((size_t)sched->n_chunks, sizeof(int));
-    TS_ASSERT(peak_acts && peak_stash);
     const int mode = ts_recompute_from_name(cfg->parallel.recompute);
+    int *peak_acts = ts_calloc((size_t)n, sizeof(int));
+    int *peak_stash = ts_calloc((size_t)n, sizeof(int));
     ts_memory_peak_sets(sched, mode, pp_rank, peak_acts, peak_stash);
-    bool recompute = mode != TS_RECOMPUTE_NONE;
-    for (int c = pp_rank; c < sched->n_chunks; c += sched->pp) {
-        int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
-        if (l1 <= l0) continue;
-        double set = (double)ts_acts_floats(&m, l0, l1, B, T) * f + 2.0 * B * T * sizeof(int);
-        est->activations += peak_acts[c] * set;
-        est->activations += peak_stash[c] * (double)ts_acts_stash_floats(&m, l0, l1, B, T) * f;
-        /* Per micro-batch: the received input (not chunk 0), the gradient buffer, and
-         * with recomputation the kept output copy and token ids (engine.c). */
-        double slot = NC * f * ((c > 0) + 1);
-        if (recompute) slot += NC * f * (c < sched->n_chunks - 1) + 2.0 * B * T * sizeof(int);
-        est->buffers += slot * sched->m;
+    /* Every chunk holds at least one layer (ts_partition_build refuses an empty one). */
+    double *acts = ts_calloc((size_t)n, sizeof(double));
+    double *stash = ts_calloc((size_t)n, sizeof(double));
+    for (int c = pp_rank; c < n; c += sched->pp) {
+        const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
+        acts[c] = (double)ts_acts_floats(&m, l0, l1, B, T);
+        stash[c] = (double)ts_acts_stash_floats(&m, l0, l1, B, T);
     }
-    est->buffers += (double)ts_scratch_floats(&m, B, T) * f;
-    /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
-     * of what the pipeline rank holds) while a thread writes them. */
-    if (cfg->checkpoint.async && cfg->checkpoint.dir[0])
-        est->buffers += 3.0 * (double)m.num_floats * f / (double)cfg->parallel.dp;
+    const ts_memory_shape sh = {
+        .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
+        .m = sched->m, .recompute = mode, .dp = cfg->parallel.dp, .zero = cfg->parallel.zero,
+        .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
+        .threads = threads};
+    const ts_memory_holdings h = {.param_floats = (double)m.num_floats,
+                                  .scratch_floats = (double)ts_scratch_floats(&m, B, T),
+                                  .act_floats = acts, .stash_floats = stash,
+                                  .peak_acts = peak_acts, .peak_stash = peak_stash};
+    ts_memory_rank(&sh, &h, pp_rank, est);
+    free(acts);
+    free(stash);
     free(peak_acts);
     free(peak_stash);
     ts_model_free(&m);
-
-    est->blas = threads * TS_BLAS_THREAD_BYTES;
-    est->total = est->params + est->grads + est->optimizer + est->activations + est->buffers +
-                 est->blas;
 }
 
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)

@@ -149,40 +149,32 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)
     return p;
 }
 
-void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
+void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, int q, ts_plan_memory *out)
+                         const int *peak_stash, int q, ts_rank_memory *out)
 {
-    memset(out, 0, sizeof *out);
-    const double f32 = 4.0, NC = (double)L->B * L->T * L->C, ids = 2.0 * L->B * L->T * sizeof(int);
-    const int n = g->pp * g->v;
+    const int n = sh->n_chunks;
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
+    double *acts = ts_calloc((size_t)n, sizeof(double));
+    double *stash = ts_calloc((size_t)n, sizeof(double));
     double floats = 0.0;
-    for (int c = q; c < n; c += g->pp) {
+    for (int c = q; c < n; c += sh->pp) {
         const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
-        double acts = 0.0, stash = 0.0;
         for (int l = l0; l < l1; l++) {
             owned[l] = true;
             floats += L->param_floats[l];
-            acts += L->act_floats[l];
-            stash += L->stash_floats[l];
+            acts[c] += L->act_floats[l];
+            stash[c] += L->stash_floats[l];
         }
-        out->act_sets += peak_acts[c] * acts * f32;
-        out->activations += peak_acts[c] * (acts * f32 + ids) + peak_stash[c] * stash * f32;
-        double slot = NC * f32 * ((c > 0) + 1);
-        if (g->recompute != TS_RECOMPUTE_NONE) slot += NC * f32 * (c < n - 1) + ids;
-        out->buffers += slot * g->m;
     }
     if (owned[L->n_layers - 1] && !owned[0]) floats += L->wte_floats;
     free(owned);
-    out->params = out->grads = floats * f32;
-    if (g->bf16) out->params += floats * 2.0;
-    out->optimizer = 2.0 * floats * f32 / (g->zero == 1 ? (double)g->dp : 1.0);
-    out->buffers += L->scratch_floats * f32;
-    if (g->async_checkpoint) out->buffers += 3.0 * floats * f32 / (double)g->dp;
-    out->workspace = g->threads * TS_BLAS_THREAD_BYTES;
-    out->total = out->params + out->grads + out->optimizer + out->activations + out->buffers +
-                 out->workspace;
+    const ts_memory_holdings h = {.param_floats = floats, .scratch_floats = L->scratch_floats,
+                                  .act_floats = acts, .stash_floats = stash,
+                                  .peak_acts = peak_acts, .peak_stash = peak_stash};
+    ts_memory_rank(sh, &h, q, out);
+    free(acts);
+    free(stash);
 }
 
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)

@@ -17,22 +17,24 @@
  * S bytes over t ranks costs 2(t-1)/t * S / bandwidth + 2(t-1) * latency on the link
  * the tp group uses, and it is not overlapped with compute.
  *
- * Memory, per pipeline rank (the trainer's own accounting, pipeline/memory.c, which the
- * tests hold these numbers to): parameters and gradients as the model lays them out
- * (tp rank 0, which holds the most vocabulary rows; the head's rank keeps a copy of the
- * tied embedding when the embedding is elsewhere), fp32; with compute_dtype bf16 the
- * parameters add a bf16 copy (2 bytes each: the CUDA backend keeps fp32 master weights,
- * fp32 gradients and fp32 AdamW moments); the two AdamW moments, fp32, 1/dp of them
- * with ZeRO-1; activations = for every chunk, the schedule's peak live micro-batch sets
- * (recompute-aware, as the engine holds them) times the chunk's saved tensors (+ token
- * ids), plus zero-bubble stashes; buffers = per micro-batch pipeline slots, the
- * backward scratch, checkpoint.async copies; workspace = the BLAS threads' buffers. */
+ * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)
+ * on sizes from the layer tables here, which the tests hold to the trainer's layout:
+ * parameters and gradients as the model lays them out (tp rank 0, which holds the most
+ * vocabulary rows; the head's rank keeps a copy of the tied embedding when the
+ * embedding is elsewhere), fp32; with compute_dtype bf16 the parameters add a bf16 copy
+ * (2 bytes each: the CUDA backend keeps fp32 master weights, fp32 gradients and fp32
+ * AdamW moments); the two AdamW moments, fp32, 1/dp of them with ZeRO-1; activations =
+ * for every chunk, the schedule's peak live micro-batch sets (recompute-aware, as the
+ * engine holds them) times the chunk's saved tensors (+ token ids), plus zero-bubble
+ * stashes; buffers = per micro-batch pipeline slots, the backward scratch,
+ * checkpoint.async copies; blas = the BLAS threads' buffers (the workspace). */
 #ifndef TS_PLAN_MODEL_COST_H
 #define TS_PLAN_MODEL_COST_H
 
 #include <stdbool.h>
 
 #include "config/config.h"
+#include "pipeline/memory.h"
 #include "pipeline/schedule.h"
 #include "plan/cluster.h"
 
@@ -61,25 +63,12 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
                           int tp, int micro_batch, ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 
-typedef struct {
-    double params, grads, optimizer, activations, buffers, workspace, total; /* bytes */
-    double act_sets;  /* the saved activation sets alone at the peak (what the trainer's
-                         activation_mb reports) */
-} ts_plan_memory;
-
-/* What the parts of a memory estimate need beyond the layers. */
-typedef struct {
-    int pp, dp, v, m, recompute, zero;
-    bool bf16;                 /* compute_dtype bf16: the extra bf16 weight copy */
-    bool async_checkpoint;     /* checkpoint.async with a checkpoint dir */
-    int threads;               /* BLAS threads (workspace) */
-} ts_plan_mem_shape;
-
-/* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[pp*v], the peaks
- * from ts_memory_peak_sets (pipeline/memory.h: the trainer's own rule). */
-void ts_plan_rank_memory(const ts_plan_layers *L, const ts_plan_mem_shape *g,
+/* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the
+ * peaks from ts_memory_peak_sets: the layers' sizes summed per chunk and rank into
+ * ts_memory_rank (pipeline/memory.h), the rule the trainer's own estimate calls. */
+void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, int q, ts_plan_memory *out);
+                         const int *peak_stash, int q, ts_rank_memory *out);
 
 /* Parameter floats of a chunk [l0, l1) (with the tied copy when it holds the head but
  * not the embedding): its gradient floats, what its dp reduction moves. */

@@ -1,7 +1,6 @@
 /* Predicting one grid (predict.h). */
 #include "plan/predict.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/memory.h"
+#include "plan/sim_costs.h"
 
 typedef struct {
     int tp, B;
@@ -232,14 +232,12 @@ static void dp_lane(const ts_plan_ctx *x, const ts_plan_grid *g, double *latency
     *bytes_per_ms = dl.bandwidth * g->dp / (halves * k) * 1e-3;
 }
 
-/* The reductions chunk c issues: one per parallel.bucket_mb of its gradients (at most one
- * per layer) when they overlap the backward, else one. */
+/* The reductions chunk c issues: the trainer's buckets (ts_plan_dp_buckets) when they
+ * overlap the backward, else one. */
 static int dp_pieces(const ts_plan_ctx *x, const part_entry *p, const chunk_costs *cc, int c)
 {
     if (!x->cfg.parallel.overlap_grad_sync) return 1;
-    const double bucket = (double)x->cfg.parallel.bucket_mb * 1048576.0;
-    const double k = ceil(cc->dp_floats[c] * 4.0 / bucket);
-    return k < 1 ? 1 : k > p->sizes[c] ? p->sizes[c] : (int)k;
+    return ts_plan_dp_buckets(cc->dp_floats[c] * 4.0, p->sizes[c], x->cfg.parallel.bucket_mb);
 }
 
 /* Rank q's dp reduction time when it cannot overlap (comm_on_compute): every chunk's
@@ -319,16 +317,19 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->dp_serial);
 }
 
-static ts_plan_mem_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
+static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
 {
-    return (ts_plan_mem_shape){
-        .pp = g->pp, .dp = g->dp, .v = g->v, .m = g->m, .recompute = g->recompute,
-        .zero = g->zero, .bf16 = x->cl.bf16,
+    const ts_model_config *mc = &x->cfg.model;
+    return (ts_memory_shape){
+        .micro_batch = g->micro_batch, .seq_len = mc->seq_len, .n_embd = mc->n_embd,
+        .pp = g->pp, .n_chunks = g->pp * g->v, .m = g->m, .recompute = g->recompute,
+        .dp = g->dp, .zero = g->zero,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
+        .weight_copy_bytes = x->cl.bf16 ? 2 : 0,
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
 }
 
-void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_plan_memory *m)
+void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m)
 {
     const ts_plan_layers *L = layers_for(x, g);
     const part_entry *p = part_for(x, g);
@@ -336,7 +337,7 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_pla
     TS_ASSERT(p && se->st == TS_OK);
     const int *pa, *ps;
     peaks_for(se, g->recompute, &pa, &ps);
-    const ts_plan_mem_shape ms = mem_shape(x, g);
+    const ts_memory_shape ms = mem_shape(x, g);
     ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, m);
 }
 
@@ -361,9 +362,9 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     const int *pa, *ps;
     peaks_for(se, g->recompute, &pa, &ps);
 
-    const ts_plan_mem_shape ms = mem_shape(x, g);
+    const ts_memory_shape ms = mem_shape(x, g);
     for (int q = 0; q < g->pp; q++) {
-        ts_plan_memory mem;
+        ts_rank_memory mem;
         ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, &mem);
         if (q == 0 || mem.total > r->mem.total) {
             r->mem = mem;
@@ -445,29 +446,27 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     const ts_link pl = ts_plan_pp_link(&x->cl, g);
     const bool serial = x->cl.comm_on_compute;
     const double *dp_serial = cc->dp_serial;
+    ts_plan_sim_costs sc;
+    ts_plan_sim_costs_init(&sc, n, L->msg_bytes);
+    memcpy(sc.f, cc->f, sizeof(double) * (size_t)n);
+    memcpy(sc.i, cc->i, sizeof(double) * (size_t)n);
+    memcpy(sc.w, cc->w, sizeof(double) * (size_t)n);
+    sc.costs.latency = serial ? 0.0 : pl.latency * 1e3;
+    sc.costs.bandwidth = serial ? 0.0 : pl.bandwidth * 1e-3;
     /* The optimizer, after (serial) the rank's whole dp reduction. */
-    double *optim = ts_malloc(sizeof(double) * (size_t)g->pp);
+    double *optim = ts_plan_sim_costs_optim(&sc, g->pp);
     for (int q = 0; q < g->pp; q++) optim[q] = cc->opt[q] + dp_serial[q];
-    ts_sim_costs costs = {.n_chunks = n, .f = cc->f, .i = cc->i, .w = cc->w,
-                          .latency = serial ? 0.0 : pl.latency * 1e3,
-                          .bandwidth = serial ? 0.0 : pl.bandwidth * 1e-3,
-                          .msg_bytes = L->msg_bytes, .optim = optim};
-    double *dp_bytes = NULL;
-    int *pieces = NULL;
     if (g->dp > 1 && !serial) {
         /* Overlapped: the simulator's dp lane, per bucket as the trainer issues them. */
-        dp_bytes = ts_malloc(sizeof(double) * (size_t)n);
-        pieces = ts_malloc(sizeof(int) * (size_t)n);
-        for (int c = 0; c < n; c++) {
-            dp_bytes[c] = cc->dp_floats[c] * 4.0;
-            pieces[c] = dp_pieces(x, p, cc, c);
-        }
-        costs.dp_bytes = dp_bytes;
-        costs.dp_pieces = x->cfg.parallel.overlap_grad_sync ? pieces : NULL;
-        dp_lane(x, g, &costs.dp_latency, &costs.dp_bandwidth);
+        double *bytes = ts_malloc(sizeof(double) * (size_t)n), lat, bw;
+        for (int c = 0; c < n; c++) bytes[c] = cc->dp_floats[c] * 4.0;
+        dp_lane(x, g, &lat, &bw);
+        ts_plan_sim_costs_dp(&sc, bytes, p->sizes, x->cfg.parallel.bucket_mb,
+                             x->cfg.parallel.overlap_grad_sync, lat, bw);
+        free(bytes);
     }
     ts_sim_result sr;
-    ts_status st = ts_sim_run(&se->s, &costs, &sr);
+    ts_status st = ts_sim_run(&se->s, &sc.costs, &sr);
     if (st == TS_OK) {
         r->simulated = true;
         r->step_ms = sr.step_time;
@@ -494,9 +493,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
         else
             ts_sim_result_free(&sr);
     }
-    free(optim);
-    free(dp_bytes);
-    free(pieces);
+    ts_plan_sim_costs_free(&sc);
     return st;
 }
 

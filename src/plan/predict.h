@@ -54,7 +54,7 @@ typedef struct {
 
 typedef struct {
     ts_plan_grid g;
-    ts_plan_memory mem;      /* the fullest pipeline rank */
+    ts_rank_memory mem;      /* the fullest pipeline rank */
     int mem_rank;
     bool fits;
     bool simulated;          /* step from the simulator (else only the bound below) */
@@ -97,7 +97,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
 ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *keep);
 
 /* The memory of pipeline rank q (0 <= q < pp) of a grid ts_plan_estimate accepted. */
-void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_plan_memory *m);
+void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m);
 
 /* The cut the prediction uses: layers per chunk [pp*v] (valid until ctx is freed). */
 const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g);
