@@ -442,6 +442,20 @@ static void test_config_relations(void)
     CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.attention = \"flash\""));
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
+    /* Past FLT_MAX a value becomes inf in the kernels' single precision (probe D1:
+     * train.lr = 1e39 trained on non-finite weights). */
+    EXPECT_ERR("train = { lr = 1e39; };\n", NULL, "train.lr", "1e+39", "overflows single precision",
+               "t.cfg:1");
+    EXPECT_ERR("", "train.eps=3.5e38", "train.eps", "overflows single precision", "from --set");
+    EXPECT_ERR("", "train.weight_decay=1e300", "train.weight_decay", "overflows");
+    CHECK(load("train = { lr = 3e38; };\n") == TS_OK && g_cfg.train.lr == 3e38);
+    /* train.on_nonfinite: "stop" (default) or "skip". */
+    CHECK(load("train = { threads = 1; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.on_nonfinite, "stop"));
+    CHECK(load("train = { on_nonfinite = \"skip\"; };\n") == TS_OK &&
+          !strcmp(g_cfg.train.on_nonfinite, "skip"));
+    EXPECT_ERR("train = { on_nonfinite = \"ignore\"; };\n", NULL, "train.on_nonfinite",
+               "\"ignore\"", "\"stop\"", "\"skip\"", "t.cfg:1");
     EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",
                NULL, "grad_sync_progress", "overlap_grad_sync = false");
     EXPECT_ERR("train = { seed = 99999999999999999999L; };\n", NULL, "t.cfg:1", "64 bits");

@@ -44,12 +44,15 @@ typedef struct {
     double weight_decay, beta1, beta2, eps, grad_clip;
     int threads;                /* 0 = the cores this rank owns */
     int timeout_s;              /* watchdog: abort after this long without progress; 0 = off */
-    char device[16];            /* the compute backend: ts_kernels_find's names ("cpu",
-                                 * "cpu-strict" for tests; "cuda" where built) */
+    char device[16];            /* the compute device: "cpu", "cpu-strict" (tests), "cuda"
+                                 * where built (kernels.h ts_kernels_for) */
     char precision[8];          /* "fp32" | "bf16" (GEMMs in bf16; train.device "cuda") */
     char attention[16];         /* the CUDA attention kernel: "gemm" (batched GEMMs, a
                                  * [B,NH,T,T] score buffer) | "flash" (the flash-style
                                  * kernel, one log-sum-exp per row; train.device "cuda") */
+    char on_nonfinite[8];       /* a step whose loss or gradient norm is not finite:
+                                 * "stop" the run (default) or "skip" its update; either
+                                 * way the update is not applied */
 } ts_train_config;
 
 typedef struct {

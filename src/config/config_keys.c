@@ -58,6 +58,7 @@ void ts_config_defaults(ts_config *cfg)
     t->grad_clip = 1.0;
     t->threads = 0;
     t->timeout_s = 600;
+    copy_str(t->on_nonfinite, sizeof t->on_nonfinite, "stop");
     copy_str(t->device, sizeof t->device, "cpu");
     copy_str(t->precision, sizeof t->precision, "fp32");
     copy_str(t->attention, sizeof t->attention, "gemm");
@@ -129,6 +130,7 @@ const key_spec ts_config_keys[] = {
     STR_KEY("train", "device", train.device, ts_config_check_device),
     STR_KEY("train", "precision", train.precision, ts_config_check_precision),
     STR_KEY("train", "attention", train.attention, ts_config_check_attention),
+    STR_KEY("train", "on_nonfinite", train.on_nonfinite, ts_config_check_on_nonfinite),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     STR_KEY("data", "val", data.val, NULL),

@@ -5,6 +5,7 @@
  * problem is a ts_fail message naming the key and how to fix it. */
 #include "config/config_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -137,6 +138,21 @@ ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, con
                    v, where);
 }
 
+/* What a step with a non-finite loss or gradient norm does (trainer.c): its update is
+ * never applied; "stop" ends the run with an error, "skip" goes on to the next step. */
+static const char *const ON_NONFINITE[] = { "stop", "skip" };
+
+ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,
+                                        const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, ON_NONFINITE, 2) >= 0) return TS_OK;
+    return ts_fail("config key 'train.on_nonfinite' = \"%s\"%s is not a choice; use \"stop\" "
+                   "(end the run at a step whose loss or gradient norm is not finite, the "
+                   "default) or \"skip\" (drop that step's update and go on)",
+                   v, where);
+}
+
 /* The data plane of the dp/pp/tp groups (comm/comm.h). "nccl" is a real backend name
  * that a build without NCCL lacks: say so rather than "not a backend". */
 static const char *const COMM_BACKENDS[] = { "auto", "mpi", "nccl" };
@@ -219,6 +235,12 @@ ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const c
         if (!isfinite(v)) /* 1e309 parses as inf */
             return ts_fail("config key '%s.%s' = %s%s is not a finite number", k->section,
                            k->name, value, where);
+        /* The kernels take these in single precision (AdamW's lr, eps, betas, decay): a
+         * value past FLT_MAX would become inf there and train on non-finite weights. */
+        if (fabs(v) > FLT_MAX)
+            return ts_fail("config key '%s.%s' = %s%s overflows single precision (the "
+                           "kernels' float): it must be at most %g",
+                           k->section, k->name, value, where, (double)FLT_MAX);
         if (!ts_config_in_range(k, v)) return ts_config_range_error(k, value, where);
         break;
     }

@@ -3,12 +3,14 @@
  * background (checkpoint.async), and their commit with its report. */
 #include "train/internal.h"
 
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/watchdog.h"
 
 /* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
  * so a requeued job script can always pass it) or a checkpoint directory. Rank 0 looks
@@ -96,9 +98,37 @@ ts_status ts_trainer_finish_save(ts_trainer *t)
 /* Save the state after `step` completed steps into checkpoint.dir (collective): at
  * once, or with checkpoint.async (and `may_defer`) start it and commit it at a later
  * step once every rank has written its part. */
+/* Whether every rank's weights and AdamW moments are finite (collective). Their sums in
+ * double: a float input cannot overflow them, so only an inf or a NaN makes one
+ * non-finite. */
+static bool state_finite(ts_trainer *t)
+{
+    const ts_kernels *k = t->k;
+    double *acc = k->dev_alloc(sizeof(double)), sum = 0.0;
+    k->memset_zero(acc, sizeof(double));
+    if (t->model.num_floats > 0) k->sum_into(acc, t->model.param_mem, t->model.num_floats);
+    if (t->optim.n_floats > 0) { /* a ZeRO-1 shard may hold none */
+        k->sum_into(acc, t->optim.m, t->optim.n_floats);
+        k->sum_into(acc, t->optim.v, t->optim.n_floats);
+    }
+    k->memcpy_d2h(&sum, acc, sizeof sum);
+    k->dev_free(acc);
+    int bad = !isfinite(sum);
+    ts_host_allreduce_max_i32(&t->world, &bad, 1);
+    return !bad;
+}
+
 ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
 {
     if (ts_trainer_finish_save(t) != TS_OK) return TS_ERR; /* one save at a time */
+    /* A diverged state is never committed: it would become `latest` and prune the good
+     * checkpoints before it. */
+    ts_watchdog_context("checkpoint: checking the state is finite", 0, 0, 0);
+    if (!state_finite(t))
+        return ts_fail("checkpoint: the weights or optimizer moments after step %d are not "
+                       "finite; nothing was saved and %s keeps its checkpoints; lower "
+                       "train.lr or check the data",
+                       step, t->cfg.checkpoint.dir);
     const ts_topology *topo = t->topo;
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .dp_rank = topo->coords.dp, .step = step,

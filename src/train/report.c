@@ -123,16 +123,30 @@ static void format_eta(char *buf, size_t n, double seconds)
         snprintf(buf, n, "%ds", s);
 }
 
+/* A metrics number: "%.9g", or null when it is not finite. */
+static void json_number(char *buf, size_t n, double v)
+{
+    if (isfinite(v))
+        snprintf(buf, n, "%.9g", v);
+    else
+        snprintf(buf, n, "null");
+}
+
 ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms)
 {
     const int steps = t->cfg.train.steps;
+    /* JSON has no NaN or infinity: a skipped step's non-finite values are null. */
+    char loss[32], norm[32];
+    json_number(loss, sizeof loss, s->loss);
+    json_number(norm, sizeof norm, s->grad_norm);
     ts_status st = ts_trainer_metrics_line(
         t,
-        "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
+        "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f}",
-        step, s->loss, s->lr, s->grad_norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms);
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f%s}",
+        step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms,
+        s->skipped ? ",\"skipped\":true" : "");
     if (t->cfg.log.progress) {
         char eta[32];
         format_eta(eta, sizeof eta, avg_ms * (steps - step - 1) * 1e-3);
@@ -140,6 +154,10 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
                     "bubble %.2f | ETA %s",
                     step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->step_ms,
                     s->bubble, eta);
+    if (s->skipped)
+        ts_log_warn("step %d: the loss or gradient norm is not finite; its update was dropped "
+                    "(train.on_nonfinite = \"skip\")",
+                    step);
     }
     return st;
 }

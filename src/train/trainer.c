@@ -169,17 +169,25 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* Each logical gradient element once over the grid: dp replicas hold identical
      * gradients, so dp rank 0 counts them, or with ZeRO-1 every dp rank its own shard;
      * the tied copy of the embedding and the tp-replicated parameters off tp rank 0 are
-     * skipped inside. Then AdamW on this rank's ranges, and with ZeRO-1 the all-gather
-     * of the updated parameters. */
+     * skipped inside. The loss too: every tp rank of the last stage holds the same
+     * losses, so tp rank 0's count. */
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
     const bool counts = ts_grad_sync_counts_norm(&t->grad_sync);
     double sumsq = counts ? ts_adamw_grad_sum_squares(&t->optim, &t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
+    out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
+    /* A non-finite loss or norm (every rank sees the same sums) never reaches the
+     * weights: the update is dropped, and train.on_nonfinite says whether the run stops
+     * (ts_trainer_run) or goes on with the next step. Otherwise AdamW on this rank's
+     * ranges, and with ZeRO-1 the all-gather of the updated parameters. */
+    out->skipped = !isfinite(norm) || !isfinite(out->loss);
     double lr = ts_lr_at(&c->train, step);
-    ts_adamw_step(&t->optim, &t->model, &c->train, lr, ts_clip_coef(norm, c->train.grad_clip),
-                  step + 1);
-    if (t->grad_sync.sharded) ts_watchdog_context("ZeRO-1 parameter all-gather", 0, 0, 0);
-    ts_grad_sync_gather_params(&t->grad_sync);
+    if (!out->skipped) {
+        ts_adamw_step(&t->optim, &t->model, &c->train, lr,
+                      ts_clip_coef(norm, c->train.grad_clip), step + 1);
+        if (t->grad_sync.sharded) ts_watchdog_context("ZeRO-1 parameter all-gather", 0, 0, 0);
+        ts_grad_sync_gather_params(&t->grad_sync);
+    }
     double t3 = ts_now_ms();
     ts_trainer_trace_span(t, "optim", t2, t3);
 
@@ -191,8 +199,6 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_host_allreduce_max_f64(&t->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
     out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
-    /* Every tp rank of the last stage holds the same losses: count tp rank 0's. */
-    out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
@@ -240,9 +246,12 @@ ts_status ts_trainer_run(ts_trainer *t)
         ts_step_stats s;
         ts_watchdog_step(step);
         ts_trainer_step(t, step, &s);
-        if (!isfinite(s.loss))
-            return ts_fail("loss became %f at step %d; lower train.lr or check the data", s.loss,
-                           step);
+        if (s.skipped && strcmp(c->train.on_nonfinite, "skip") != 0)
+            return ts_fail("%s became %g at step %d: its update was not applied and nothing "
+                           "of it is saved; lower train.lr or check the data (train.on_nonfinite "
+                           "= \"skip\" drops such steps and goes on)",
+                           isfinite(s.loss) ? "the gradient norm" : "the loss",
+                           isfinite(s.loss) ? s.grad_norm : s.loss, step);
         if (step > t->start_step) { /* the first step pays for page faults; keep it out of the ETA */
             total_ms += s.step_ms;
             timed++;

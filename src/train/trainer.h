@@ -32,6 +32,7 @@ typedef struct {
     double dp_wait_ms;  /* time blocked finishing the dp all-reduce (max over ranks) */
     double dp_bytes;    /* gradient bytes each replica all-reduces per step */
     double tp_comm_ms;  /* time in tensor-parallel all-reduces (max over ranks) */
+    bool skipped;       /* the loss or gradient norm was not finite: no update applied */
 } ts_step_stats;
 
 typedef struct {
