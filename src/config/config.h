@@ -69,6 +69,8 @@ typedef struct {
     char load[TS_PATH_MAX];     /* "" | "latest" | a directory */
     double file_gb;             /* model weights split into files of at most this (10^9 bytes) */
     bool async;                 /* write in a thread while training goes on */
+    bool overwrite;             /* a fresh run may save (and prune) where another run's
+                                 * checkpoints are (checkpoint/claim.h) */
 } ts_checkpoint_config;
 
 typedef struct {

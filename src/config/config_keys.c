@@ -143,6 +143,7 @@ const key_spec ts_config_keys[] = {
     STR_KEY("checkpoint", "load", checkpoint.load, NULL),
     FLOAT_KEY("checkpoint", "file_gb", checkpoint.file_gb, 0, true, 1e6, false),
     BOOL_KEY("checkpoint", "async", checkpoint.async),
+    BOOL_KEY("checkpoint", "overwrite", checkpoint.overwrite),
 
     STR_KEY("log", "metrics", log.metrics, NULL),
     STR_KEY("log", "trace", log.trace, NULL),

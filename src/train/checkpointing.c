@@ -98,6 +98,18 @@ ts_status ts_trainer_finish_save(ts_trainer *t)
 /* Save the state after `step` completed steps into checkpoint.dir (collective): at
  * once, or with checkpoint.async (and `may_defer`) start it and commit it at a later
  * step once every rank has written its part. */
+/* Rank 0 claims checkpoint.dir (checkpoint/claim.h) before anything is loaded or
+ * trained, so an unusable or busy directory fails the run now, not at its first save.
+ * Collective; agreed. */
+ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t)
+{
+    const ts_checkpoint_config *k = &t->cfg.checkpoint;
+    ts_status st = TS_OK;
+    if (k->dir[0] && t->world.rank == 0)
+        st = ts_ckpt_claim_dir(&t->claim, k->dir, t->topo->host, !k->load[0], k->overwrite);
+    return ts_comm_agree(&t->world, st);
+}
+
 /* Whether every rank's weights and AdamW moments are finite (collective). Their sums in
  * double: a float input cannot overflow them, so only an inf or a NaN makes one
  * non-finite. */

@@ -26,7 +26,8 @@ void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0,
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1);
 ts_status ts_trainer_write_trace(ts_trainer *t);
 
-/* ---- checkpointing.c: checkpoint.load, saves and their commit */
+/* ---- checkpointing.c: checkpoint.dir's claim, checkpoint.load, saves and their commit */
+ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t);
 ts_status ts_trainer_load_checkpoint(ts_trainer *t);
 ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer);
 ts_status ts_trainer_finish_save(ts_trainer *t);

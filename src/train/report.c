@@ -4,14 +4,17 @@
 #include "train/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "checkpoint/claim.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/watchdog.h"
@@ -23,7 +26,11 @@
 ts_status ts_trainer_open_outputs(ts_trainer *t)
 {
     const char *path = t->cfg.log.metrics, *trace = t->cfg.log.trace;
+    const ts_checkpoint_config *k = &t->cfg.checkpoint;
     if (t->world.rank != 0) return TS_OK;
+    if (ts_ckpt_check_output(trace, "log.trace", k->dir, t->loaded_from) != TS_OK ||
+        ts_ckpt_check_output(path, "log.metrics", k->dir, t->loaded_from) != TS_OK)
+        return TS_ERR;
     if (trace[0]) {
         ts_atomic_file probe;
         if (ts_atomic_open(&probe, trace, "log.trace") != TS_OK) return TS_ERR;
@@ -32,9 +39,32 @@ ts_status ts_trainer_open_outputs(ts_trainer *t)
     if (!path[0]) return TS_OK;
     if (ts_check_output_path(path, "log.metrics") != TS_OK) return TS_ERR;
     if (ts_mkdir_parent(path) != TS_OK) return ts_error_prefix("log.metrics: ");
-    /* A resumed run continues the file of the run it continues. */
-    t->metrics = fopen(path, t->start_step > 0 ? "a" : "w");
-    if (!t->metrics) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
+    /* Locked for the run (released when the process ends, however it ends), so a
+     * second run cannot interleave its lines; opened without truncating, since only
+     * the lock holder may cut it. A resumed run continues the file of the run it
+     * continues; a fresh one starts it anew. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ts_fail("log.metrics: cannot open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        close(fd);
+        if (err == EWOULDBLOCK)
+            return ts_fail("log.metrics: %s is being written by another run (it holds the "
+                           "file's lock): two runs writing one file lose lines; wait for it to "
+                           "end, or choose another log.metrics",
+                           path);
+        return ts_fail("log.metrics: cannot lock %s: %s", path, strerror(err));
+    }
+    const off_t end = t->start_step > 0 ? lseek(fd, 0, SEEK_END) : 0;
+    if (end < 0 || (t->start_step == 0 && ftruncate(fd, 0) != 0) ||
+        !(t->metrics = fdopen(fd, "a"))) {
+        const int err = errno;
+        close(fd);
+        return ts_fail("log.metrics: cannot open %s: %s", path, strerror(err));
+    }
+    /* A failed write cuts the file back to here at most: never into the lines of the
+     * run this one continues. */
+    t->metrics_end = (long)end;
     return TS_OK;
 }
 

@@ -90,7 +90,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_grad_sync_init_optimizer(&t->grad_sync, &t->model, &t->optim);
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
-    if (ts_trainer_load_checkpoint(t) != TS_OK ||
+    if (ts_trainer_claim_checkpoint_dir(t) != TS_OK || ts_trainer_load_checkpoint(t) != TS_OK ||
         ts_comm_agree(&t->world, ts_trainer_open_outputs(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
@@ -118,6 +118,7 @@ fail:
 void ts_trainer_free(ts_trainer *t)
 {
     if (t->saving) ts_ckpt_save_abandon(t->saving); /* the run failed mid-save */
+    ts_ckpt_claim_release(&t->claim);
     free(t->staging.mem);
     if (t->metrics) fclose(t->metrics);
     if (t->tracing) ts_trace_free(&t->trace);

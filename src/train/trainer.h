@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/claim.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
@@ -70,6 +71,7 @@ typedef struct {
     bool saving_async;
     double saving_blocked_ms, saving_t0_ms;
     ts_ckpt_staging staging;   /* checkpoint.async's host copy, kept between saves */
+    ts_ckpt_claim claim;       /* rank 0: the lock on checkpoint.dir, held for the run */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
