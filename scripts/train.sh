@@ -20,7 +20,9 @@ if [ $# -eq 0 ] || ! printf '%s\n' "$@" | grep -q 'parallel\.\(pp\|dp\|tp\)='; t
 fi
 # Checkpoints go to runs/tiny (step_NNNNNNNN/ and latest, beside metrics.jsonl) unless
 # the arguments name another checkpoint.dir; the model is sampled from there at the end.
-ckpt=(--set 'checkpoint.dir="runs/tiny"')
+# The demo starts over each time it runs: checkpoint.overwrite lets a fresh run save
+# where the last one's checkpoints are (without it, Tessera refuses, to protect them).
+ckpt=(--set 'checkpoint.dir="runs/tiny"' --set checkpoint.overwrite=true)
 dir=runs/tiny
 for a in "$@"; do
   case "$a" in
