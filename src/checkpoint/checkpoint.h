@@ -107,6 +107,8 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
  * checkpoint's own config, file sizes. */
 typedef enum {
     TS_CKPT_OK = 0,
+    TS_CKPT_ERROR = 1,         /* the check itself failed (a system error: too many open
+                                * files, EIO): no verdict on the data */
     TS_CKPT_BAD_STATE = 3,     /* state.json missing, unreadable or malformed */
     TS_CKPT_INCOMPLETE = 4,    /* a file or tensor missing, a file truncated or resized */
     TS_CKPT_CORRUPT = 5,       /* a checksum does not match */

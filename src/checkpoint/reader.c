@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "checkpoint/layout.h"
+#include "core/fsutil.h"
 
 static ts_status fail_as(ts_ckpt_reader *r, ts_ckpt_verdict v)
 {
@@ -135,7 +137,25 @@ ts_status ts_ckpt_reader_open(ts_ckpt_reader *r, const char *step_dir)
     char path[TS_PATH_MAX + 100];
     snprintf(path, sizeof path, "%s/state.json", step_dir);
     json_error_t jerr;
-    r->state = json_load_file(path, 0, &jerr);
+    /* Opened so it cannot block, and only a regular file of sane size is parsed. */
+    FILE *sf = ts_fopen_input(path);
+    if (sf && ts_check_input(fileno(sf), path, "checkpoint state", "the checkpoint's "
+                             "state.json", 1ull << 30) != TS_OK) {
+        fclose(sf);
+        return TS_ERR;
+    }
+    if (sf) {
+        r->state = json_loadf(sf, 0, &jerr);
+        fclose(sf);
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+        /* Not a verdict on the checkpoint: the system would not let us look. */
+        r->verdict = TS_CKPT_ERROR;
+        return ts_fail("cannot open %s: %s", path, strerror(errno));
+    } else {
+        r->state = NULL;
+        snprintf(jerr.text, sizeof jerr.text, "no such file");
+        jerr.line = -1;
+    }
     ts_status st = TS_OK;
     if (!r->state) {
         struct stat sb;
@@ -157,10 +177,16 @@ ts_status ts_ckpt_reader_open(ts_ckpt_reader *r, const char *step_dir)
         ts_ckpt_rfile *F = &r->files[f];
         snprintf(path, sizeof path, "%s/%s", step_dir, F->name);
         struct stat sb;
+        int probe;
         if (stat(path, &sb) != 0) {
             st = ts_fail("%s is missing (state.json lists it): the checkpoint is incomplete", path);
             r->verdict = TS_CKPT_INCOMPLETE;
-        } else if (ts_st_open(&F->st, path) != TS_OK) {
+        } else if ((probe = ts_open_input(path)) < 0) {
+            /* The file exists (stat above): failing to open it is the system's doing
+             * (too many open files, permissions), not the checkpoint's. */
+            st = ts_fail("cannot open %s: %s", path, strerror(errno));
+            r->verdict = errno == EACCES ? TS_CKPT_INCOMPLETE : TS_CKPT_ERROR;
+        } else if (close(probe), ts_st_open(&F->st, path) != TS_OK) {
             r->verdict = (uint64_t)sb.st_size < F->bytes ? TS_CKPT_INCOMPLETE : TS_CKPT_CORRUPT;
             st = TS_ERR;
         } else {

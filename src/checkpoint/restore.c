@@ -4,6 +4,7 @@
  * verified first, each chunk by one rank. */
 #include "checkpoint/checkpoint.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
+#include "core/fsutil.h"
 #include "core/log.h"
 #include "core/watchdog.h"
 
@@ -45,7 +47,14 @@ ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
         return TS_OK;
     }
     snprintf(file, sizeof file, "%s/latest", path);
-    FILE *f = fopen(file, "r");
+    FILE *f = ts_fopen_input(file); /* cannot block: core/fsutil.h */
+    if (f && ts_check_input(fileno(f), file, "checkpoint.load: its", "a 'latest' file of "
+                            "one line naming a step directory (or remove it: the newest "
+                            "complete step is then used)",
+                            4096) != TS_OK) {
+        fclose(f);
+        return TS_ERR;
+    }
     if (!f) {
         /* No `latest` (a save stopped between its rename and `latest`, or it was deleted):
          * the newest complete step directory (only complete ones have state.json). */
@@ -64,8 +73,12 @@ ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
     fclose(f);
     size_t n = strlen(name);
     while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r')) name[--n] = '\0';
-    if (!ok || n == 0 || strchr(name, '/') || name[0] == '.')
-        return ts_fail("%s does not name a checkpoint directory (it holds '%s')", file, name);
+    bool text = true; /* a binary `latest` is shown as such, not as its bytes */
+    for (size_t i = 0; i < n; i++) text = text && isprint((unsigned char)name[i]);
+    if (!ok || n == 0 || strchr(name, '/') || name[0] == '.' || !text)
+        return ts_fail("%s does not name a checkpoint directory (it holds %s%s%s); it should "
+                       "hold one line such as step_00000100",
+                       file, text ? "'" : "", text ? name : "binary data", text ? "'" : "");
     if ((size_t)snprintf(step_dir, cap, "%s/%s", path, name) >= cap)
         return ts_fail("checkpoint path %s/%s is too long", path, name);
     if (stat(step_dir, &sb) != 0) {

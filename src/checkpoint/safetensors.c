@@ -2,6 +2,7 @@
  * offset and shape is checked before it is used, so a truncated or hostile file gives
  * an error that names the file and the problem, never a crash. */
 #include "checkpoint/safetensors.h"
+#include "core/fsutil.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -240,7 +241,7 @@ static ts_status parse_header(ts_st_file *f, json_t *root)
 static ts_status open_impl(ts_st_file *f, const char *path)
 {
     f->path = xstrdup(path);
-    f->fp = fopen(path, "rb");
+    f->fp = ts_fopen_input(path); /* cannot block: core/fsutil.h (regular file checked below) */
     if (!f->fp) return ts_fail("checkpoint file %s: %s", path, strerror(errno));
     int fd = fileno(f->fp);
     struct stat st;

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/fsutil.h"
+
 /* ------------------------------------------------------------ key look-up -- */
 
 static const key_spec *find_key(const char *section, const char *name)
@@ -621,7 +623,7 @@ static char *slurp(FILE *f, size_t *out_len)
  * substitution (`tessera train /dev/stdin`, `<(...)`) works like a regular file. */
 static ts_status read_file(config_t *lc, const char *path)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = ts_fopen_input(path); /* cannot block: core/fsutil.h */
     if (!f) return ts_fail("cannot open config file '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -629,6 +631,18 @@ static ts_status read_file(config_t *lc, const char *path)
         return ts_fail("config file '%s' is a directory; give the path of a libconfig file "
                        "such as configs/tiny.cfg",
                        path);
+    }
+    /* A regular file, or a pipe that has its writer (a shell's | or <(...)); a named
+     * FIFO would wait for a writer that may never come. */
+    if (!ts_is_anonymous_pipe(fileno(f))) {
+        ts_status st_in = ts_check_input(fileno(f), path, "config file",
+                                         "a libconfig file such as configs/tiny.cfg, or pipe "
+                                         "one in (tessera train /dev/stdin < FILE)",
+                                         0);
+        if (st_in != TS_OK) {
+            fclose(f);
+            return st_in;
+        }
     }
     errno = 0;
     size_t len = 0;

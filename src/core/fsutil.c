@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 ts_status ts_mkdir_p(const char *dir)
@@ -146,4 +147,64 @@ ts_status ts_stdout_check(void)
         err = EIO;
     if (err) return ts_fail("writing standard output failed: %s", strerror(err));
     return TS_OK;
+}
+
+int ts_open_input(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+FILE *ts_fopen_input(const char *path)
+{
+    int fd = ts_open_input(path);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        errno = err;
+    }
+    return f;
+}
+
+static const char *kind_of(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a named pipe (FIFO)"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a file";
+}
+
+ts_status ts_check_input(int fd, const char *path, const char *what, const char *give,
+                         unsigned long long max_bytes)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) return ts_fail("%s %s: %s", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return ts_fail("%s %s is not a regular file (it is %s); give %s", what, path,
+                       kind_of(st.st_mode), give);
+    if (max_bytes > 0 && (unsigned long long)st.st_size > max_bytes)
+        return ts_fail("%s %s is %llu bytes, more than the %llu this input may be; give %s",
+                       what, path, (unsigned long long)st.st_size, max_bytes, give);
+    return TS_OK;
+}
+
+int ts_is_anonymous_pipe(int fd)
+{
+    struct stat st;
+    struct statfs fs;
+    /* Anonymous pipes live on pipefs; named FIFOs on the file system that holds them. */
+    return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && fstatfs(fd, &fs) == 0 &&
+           fs.f_type == 0x50495045 /* PIPEFS_MAGIC */;
 }

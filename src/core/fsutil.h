@@ -17,6 +17,23 @@ ts_status ts_mkdir_p(const char *dir);
  * `what` names the output in the message ("log.metrics", "svg"). */
 ts_status ts_check_output_path(const char *path, const char *what);
 
+/* ---- inputs. Every input is opened so that the open cannot block (O_NONBLOCK, cleared
+ * again at once, so reads are unchanged): a FIFO with no writer, or a device that waits,
+ * would otherwise hang the set-up where no signal ends it. Then it must be a regular
+ * file of at most `max_bytes` (0: any size), or the caller's own rule for what else it
+ * accepts. -1 / NULL with errno set when the open fails. */
+int ts_open_input(const char *path);
+FILE *ts_fopen_input(const char *path);
+/* "WHAT PATH is not a regular file (it is a directory | a named pipe (FIFO) | a
+ * character device | ...); give ..." for an fd that is not one, or a file above
+ * max_bytes; TS_OK for a regular file within the bound. `give` ends the message ("the
+ * CSV file"). */
+ts_status ts_check_input(int fd, const char *path, const char *what, const char *give,
+                         unsigned long long max_bytes);
+/* Whether fd is an anonymous pipe (a shell's `|` or `<(...)`, /dev/stdin): it has a
+ * writer already, unlike a named FIFO, so reading it cannot wait for one forever. */
+int ts_is_anonymous_pipe(int fd);
+
 /* An output written whole or not at all: the bytes go to "PATH.tmp.PID" in the same
  * directory; ts_atomic_commit checks every write, flushes, fsyncs, closes and renames
  * it over PATH; ts_atomic_abort (or a failed commit) removes the temporary file, so

@@ -303,7 +303,15 @@ ts_status ts_trace_read_chrome(const char *path, ts_trace_event **events, int *n
     *events = NULL;
     *n = *n_ranks = 0;
     json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
+    FILE *f = ts_fopen_input(path); /* cannot block */
+    if (!f) return ts_fail("trace %s: %s", path, strerror(errno));
+    if (ts_check_input(fileno(f), path, "trace", "a Chrome trace JSON file", 4ull << 30) !=
+        TS_OK) {
+        fclose(f);
+        return TS_ERR;
+    }
+    json_t *root = json_loadf(f, 0, &err);
+    fclose(f);
     if (!root)
         return ts_fail("trace %s: not valid JSON (line %d: %s)", path, err.line, err.text);
     json_t *list = json_is_array(root) ? root : json_object_get(root, "traceEvents");

@@ -55,7 +55,7 @@ static ts_status open_error(const char *key, const char *path, int err)
 /* Map the whole file read-only into s->map / s->map_bytes. */
 static ts_status map_file(ts_shard *s, const char *key, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = ts_open_input(path); /* cannot block: core/fsutil.h */
     if (fd < 0) return open_error(key, path, errno);
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -378,7 +378,7 @@ static ts_status check_not_shard(const char *text_path, const unsigned char *byt
 static ts_status read_text(const char *text_path, unsigned char **out, uint64_t *out_size,
                            struct stat *in_st)
 {
-    int fd = open(text_path, O_RDONLY | O_CLOEXEC);
+    int fd = ts_open_input(text_path); /* cannot block: core/fsutil.h */
     if (fd < 0) return ts_fail("text file %s: %s", text_path, strerror(errno));
     if (fstat(fd, in_st) != 0) {
         int err = errno;

@@ -12,6 +12,10 @@
 #include "core/fsutil.h"
 #include "pipeline/schedule.h"
 
+/* The largest schedule CSV read: a few bytes per action, so 64 MiB is millions of
+ * micro-batches; it bounds the file (and so every line) read into memory. */
+#define TS_SCHEDULE_CSV_MAX_BYTES (64ull << 20)
+
 ts_status ts_schedule_write_csv(const ts_schedule *s, const char *path)
 {
     /* Whole or not at all: a temporary file renamed into place once every write,
@@ -171,7 +175,7 @@ ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, 
         return ts_fail("schedule CSV '%s': pp = %d, virtual_stages = %d and the number of "
                        "micro-batches %d must all be >= 1",
                        path, pp, v, m);
-    FILE *f = fopen(path, "r");
+    FILE *f = ts_fopen_input(path); /* cannot block: core/fsutil.h */
     if (!f)
         return ts_fail("cannot open schedule CSV '%s' (parallel.schedule): %s", path,
                        strerror(errno));
@@ -181,6 +185,12 @@ ts_status ts_schedule_read_csv(ts_schedule *s, const char *path, int pp, int v, 
         return ts_fail("schedule CSV '%s' (parallel.schedule) is a directory; give the CSV "
                        "file",
                        path);
+    }
+    /* A regular file of a bounded size: a symlink to /dev/zero would grow without end. */
+    if (ts_check_input(fileno(f), path, "schedule CSV (parallel.schedule)", "the CSV file",
+                       TS_SCHEDULE_CSV_MAX_BYTES) != TS_OK) {
+        fclose(f);
+        return TS_ERR;
     }
     row_list *lists = ts_calloc((size_t)pp, sizeof *lists);
     int n_rows = 0, max_stage = -1;

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/fsutil.h"
+
 /* Keys each group may hold: any other key is an error (a misspelt key must not be
  * silently replaced by nothing). */
 static const char *const k_cluster_keys[] = {"name",       "source",     "devices_per_node",
@@ -281,7 +283,16 @@ ts_status ts_cluster_load(const char *path, ts_cluster *c)
     config_t lc;
     config_init(&lc);
     ts_status st = TS_OK;
-    if (!config_read_file(&lc, path)) {
+    /* Opened so it cannot block; only a regular file of sane size is parsed. */
+    FILE *f = ts_fopen_input(path);
+    if (!f) {
+        st = ts_fail("cluster file %s cannot be read (does it exist? see configs/clusters/)",
+                     path);
+    } else if (ts_check_input(fileno(f), path, "cluster file", "a cluster description such "
+                              "as configs/clusters/dgx-h100.cfg",
+                              16ull << 20) != TS_OK) {
+        st = TS_ERR;
+    } else if (!config_read(&lc, f)) {
         if (config_error_type(&lc) == CONFIG_ERR_FILE_IO)
             st = ts_fail("cluster file %s cannot be read (does it exist? see configs/clusters/)",
                          path);
@@ -291,6 +302,7 @@ ts_status ts_cluster_load(const char *path, ts_cluster *c)
     } else {
         st = parse(path, &lc, c);
     }
+    if (f) fclose(f);
     config_destroy(&lc);
     return st;
 }
