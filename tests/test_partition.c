@@ -1,6 +1,7 @@
 /* Partition: the exact balancer, explicit lists and their errors, the cost model's
  * proportions, the measured profile, names and ownership masks. */
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,8 +202,26 @@ static void test_measured_tiny(void)
     ts_partition_free(&p);
 }
 
+/* Costs the arithmetic cannot balance still give a cut (probe D5: a cluster file with
+ * a bandwidth of 1e-300 GB/s made every cost infinite, and the partitioner aborted). */
+static void test_balance_total(void)
+{
+    int s[4];
+    const double inf[6] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    CHECK(ts_partition_balance(inf, 6, 3, s) == TS_OK && s[0] == 2 && s[1] == 2 && s[2] == 2);
+    const double nan_mixed[5] = {1, NAN, 1, INFINITY, 1};
+    CHECK(ts_partition_balance(nan_mixed, 5, 2, s) == TS_OK && s[0] + s[1] == 5 && s[0] >= 1 &&
+          s[1] >= 1);
+    /* Finite costs whose squares overflow: balanced as their relative sizes say. */
+    const double huge[4] = {1e300, 1e300, 3e300, 1e300};
+    CHECK(ts_partition_balance(huge, 4, 2, s) == TS_OK && s[0] == 2 && s[1] == 2);
+    const double big[4] = {1e200, 1e200, 1e200, 1e200};
+    CHECK(ts_partition_balance(big, 4, 4, s) == TS_OK && s[0] == 1 && s[3] == 1);
+}
+
 int main(void)
 {
+    test_balance_total();
     test_balance_exact();
     test_balance_ties_even();
     test_balance_errors();

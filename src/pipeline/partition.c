@@ -284,7 +284,19 @@ ts_status ts_partition_balance(const double *cost, int n_layers, int n_chunks, i
     const int L = n_layers, K = n_chunks;
     double *S = ts_malloc((size_t)(L + 1) * sizeof *S);
     S[0] = 0.0;
-    for (int l = 0; l < L; l++) S[l + 1] = S[l] + (cost[l] > 0 ? cost[l] : 0.0);
+    /* Costs that are not finite numbers (or whose sum overflows) leave nothing to
+     * balance: then the layers are cut as evenly by count as they go (every cost 1), so
+     * the function is total. Callers validate their inputs; this keeps a bad one from
+     * reaching the assertion below. */
+    bool finite = true;
+    for (int l = 0; l < L; l++) {
+        S[l + 1] = S[l] + (cost[l] > 0 ? cost[l] : 0.0);
+        finite = finite && isfinite(S[l + 1]);
+    }
+    if (!finite)
+        for (int l = 0; l < L; l++) S[l + 1] = (double)(l + 1);
+    else if (S[L] > 1e150) /* squares of such sums overflow below: relative costs instead */
+        for (int l = 0; l < L; l++) S[l + 1] /= S[L];
 
     /* best[k][j]: the smallest possible largest chunk when the first j layers form k
      * chunks. Row k only reads row k-1, so two rows suffice for phase 1. */

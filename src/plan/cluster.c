@@ -62,7 +62,23 @@ static bool number_of(const config_setting_t *s, double *v)
     }
 }
 
-/* A required positive, finite number; `hint` says what it is and gives an example. */
+/* The range a cluster figure may take: wide enough for any real machine (a slow link
+ * of 1 KB/s to a petabyte per second, a nanosecond to ten seconds per message), narrow
+ * enough that the planner's arithmetic stays finite (1e-300 GB/s or 1e300 us made
+ * costs of infinity, which the partitioner could not cut). */
+typedef struct {
+    const char *key;
+    double lo, hi;
+} figure_range;
+static const figure_range k_ranges[] = {
+    {"bandwidth_gbs", 1e-6, 1e7},        {"latency_us", 1e-3, 1e7},
+    {"devices_per_node", 1, 1 << 20},    {"memory_gb", 1e-6, 1e9},
+    {"memory_bandwidth_gbs", 1e-6, 1e9}, {"fp32", 1e-9, 1e9},
+    {"bf16", 1e-9, 1e9},
+};
+
+/* A required positive, finite number within its key's range (k_ranges); `hint` says
+ * what it is and gives an example. */
 static ts_status positive(const char *path, const config_setting_t *g, const char *where,
                           const char *key, const char *hint, double *out)
 {
@@ -75,6 +91,11 @@ static ts_status positive(const char *path, const config_setting_t *g, const cha
         return ts_fail("cluster file %s: %s.%s = %g is impossible: it must be positive and "
                        "finite (%s)",
                        path, where, key, v, hint);
+    for (size_t i = 0; i < sizeof k_ranges / sizeof k_ranges[0]; i++)
+        if (!strcmp(k_ranges[i].key, key) && (v < k_ranges[i].lo || v > k_ranges[i].hi))
+            return ts_fail("cluster file %s: %s.%s = %g is out of range: it must be from %g to "
+                           "%g (%s)",
+                           path, where, key, v, k_ranges[i].lo, k_ranges[i].hi, hint);
     *out = v;
     return TS_OK;
 }
@@ -134,12 +155,12 @@ static ts_status efficiency_table(const char *path, const config_setting_t *dev,
             return ts_fail("cluster file %s: %s entry %d must be a pair (n, efficiency) of "
                            "numbers, e.g. (1024, 0.65)",
                            path, w, k);
-        if (!isfinite(size) || size <= 0)
-            return ts_fail("cluster file %s: %s entry %d has n = %g; it must be positive", path,
-                           w, k, size);
-        if (!isfinite(eff) || eff <= 0 || eff > 1)
-            return ts_fail("cluster file %s: %s entry %d has efficiency %g; it must be in (0, 1] "
-                           "(achieved / peak FLOP/s)",
+        if (!isfinite(size) || size < 1 || size > 1e12)
+            return ts_fail("cluster file %s: %s entry %d has n = %g; it must be from 1 to 1e12",
+                           path, w, k, size);
+        if (!isfinite(eff) || eff < 1e-6 || eff > 1)
+            return ts_fail("cluster file %s: %s entry %d has efficiency %g; it must be in [1e-6, "
+                           "1] (achieved / peak FLOP/s)",
                            path, w, k, eff);
         if (k > 0 && size <= c->eff_n[k - 1])
             return ts_fail("cluster file %s: %s is not sorted by n: entry %d has n = %g after "
@@ -177,9 +198,9 @@ static ts_status elementwise(const char *path, const config_setting_t *dev, ts_c
                            "(nanoseconds per element), e.g. [0.8, 1.1]",
                            path, w, ts_elem_names[k]);
         for (int d = 0; d < 2; d++) {
-            if (!isfinite(v[d]) || v[d] <= 0)
-                return ts_fail("cluster file %s: %s.%s has %s = %g ns; it must be positive "
-                               "and finite (leave the kernel out to cost it as a memory pass)",
+            if (!isfinite(v[d]) || v[d] < 1e-6 || v[d] > 1e9)
+                return ts_fail("cluster file %s: %s.%s has %s = %g ns; it must be from 1e-6 "
+                               "to 1e9 (leave the kernel out to cost it as a memory pass)",
                                path, w, ts_elem_names[k], d ? "backward" : "forward", v[d]);
             c->elem_time[k][d] = v[d] * 1e-9;
         }
