@@ -156,6 +156,17 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
                      p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
     if (st == TS_OK) st = fake_nodes_env(&fake_k);
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    /* Every rank must pretend the same layout: set on some ranks only (an environment
+     * that did not reach them all), the node splits would disagree and hang. */
+    int lo = fake_k, hi = fake_k;
+    ts_host_allreduce_min_i32(&t->world, &lo, 1);
+    ts_host_allreduce_max_i32(&t->world, &hi, 1);
+    if (lo != hi)
+        return ts_comm_agree(&t->world,
+                             ts_fail("TS_FAKE_NODES differs between ranks (from %d to %d; 0 = "
+                                     "unset): set it for every rank (mpirun -x TS_FAKE_NODES) "
+                                     "or for none",
+                                     lo, hi));
     t->fake_nodes = fake_k > 0;
 
     t->coords = ts_grid_coords(&t->grid, t->rank);
