@@ -88,6 +88,13 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     r->model.n_embd = (int)mv[2];
     r->model.vocab_size = (int)mv[3];
     r->model.seq_len = (int)mv[4];
+    /* The model keys' ranges and relations, as a config file's are checked (probe D10:
+     * n_layer = 2^30 in a hand-edited state.json made info and verify allocate without
+     * end, n_embd = vocab = 2^30 overflowed the shard arithmetic). */
+    ts_config vc;
+    ts_config_defaults(&vc);
+    vc.model = r->model;
+    if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);
     r->global_batch = B;

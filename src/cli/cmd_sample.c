@@ -287,15 +287,8 @@ int ts_cmd_sample(int argc, char **argv)
         fprintf(stderr, "tessera: error: %s\n", ts_error_message());
         return 1;
     }
-    /* The model keys' ranges and relations (n_embd divisible by n_head), as a config file's
-     * would be checked: a hand-edited state.json must not reach the model builder. */
-    ts_config cfg;
-    ts_config_defaults(&cfg);
-    cfg.model = mc;
-    if (ts_config_validate(&cfg, 0) != TS_OK) {
-        fprintf(stderr, "tessera: error: checkpoint %s: %s\n", step_dir, ts_error_message());
-        return 1;
-    }
+    /* The model keys' ranges and relations were checked when state.json was read
+     * (checkpoint/reader.c), as a config file's are. */
     int *tokens = NULL, n_prompt = 0;
     if (prompt_tokens(sa.prompt, mc.vocab_size, &tokens, &n_prompt) != 0) return 2;
     /* Room for the prompt and every new token (n_prompt is bounded by the argument size). */
