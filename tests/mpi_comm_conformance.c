@@ -1095,5 +1095,9 @@ int main(int argc, char **argv)
     printf("rank %d: %d checks, %d failed (%s backend, %d ranks)\n", world.rank, n_checks,
            n_failed, name, W);
     ts_comm_finalize();
+    if (n_checks == 0) {
+        fprintf(stderr, "rank %d: FAIL: no checks ran\n", world.rank);
+        return 1;
+    }
     return n_failed ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 /* A minimal test harness: CHECK records a failure and goes on; main returns
- * ts_test_report(), which prints "N passed, N failed" and the exit code. Also random
- * inputs that repeat from run to run, and scratch directories. */
+ * ts_test_report(), which prints "N passed, N failed" and the exit code (a failure when
+ * no check ran at all). Also random inputs that repeat from run to run, and scratch
+ * directories. */
 #ifndef TS_TEST_UTIL_H
 #define TS_TEST_UTIL_H
 
@@ -39,9 +40,15 @@ static int ts_test_failed = 0;
         }                                                                             \
     } while (0)
 
+/* A test in which no CHECK ran fails: it would pass having tested nothing. (A test
+ * that cannot run here returns 77 instead, which CTest reports as skipped.) */
 static inline int ts_test_report(void)
 {
     printf("%d passed, %d failed\n", ts_test_passed, ts_test_failed);
+    if (ts_test_passed + ts_test_failed == 0) {
+        fprintf(stderr, "FAIL: no checks ran\n");
+        return 1;
+    }
     return ts_test_failed == 0 ? 0 : 1;
 }
 
