@@ -6,17 +6,14 @@
 #   foundation-model configs): the file exists, NODES * its devices_per_node is the
 #   config's world size, and tessera's own memory estimate of every pipeline rank fits
 #   the device's memory_gb;
-# - where this tessera has `plan --cluster`: those configs fit on their cluster in the
-#   planner's prediction, and each cluster file plans the tiny config's grid search on
-#   one node (--gpus devices_per_node --search).
+# - those configs fit on their cluster in the planner's prediction (`plan --cluster`),
+#   and each cluster file plans the tiny config's grid search on one node (--gpus
+#   devices_per_node --search).
 # Usage (CTest): bash tests/test_configs.sh TESSERA_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh"
 
 # key FILE NAME: the first number given to NAME in a libconfig file ("NAME = 8;").
 key() { sed -nE "s/^[[:space:]]*$2[[:space:]]*=[[:space:]]*([0-9.eE+-]+)[[:space:]]*;.*/\1/p" "$1" | head -1; }
-
-has_cluster=0
-"$TESSERA" plan --help 2>&1 | grep -q -- '--cluster' && has_cluster=1
 
 shopt -s nullglob
 configs=("$SRC"/configs/*.cfg)
@@ -53,31 +50,25 @@ print(p["world"])' "$TMP/plan.json" 2>"$TMP/err")" && pass ||
   awk -v p="$peak_gib" -v g="$mem_gb" 'BEGIN {exit !(p > 0 && p * 1073741824 <= g * 1e9)}' && pass ||
     fail "$name: memory estimate $peak_gib GiB per rank does not fit $mem_gb GB ($cluster_rel)"
 
-  if [ "$has_cluster" -eq 1 ]; then
-    if timeout 60 "$TESSERA" plan "$cfg" --cluster "$cluster" --json >"$TMP/pred.json" 2>"$TMP/err"; then
-      python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); sys.exit(0 if p["fits"] else 1)' \
-        "$TMP/pred.json" && pass || fail "$name: does not fit on $cluster_rel in the planner's prediction"
-    else
-      fail "$name: tessera plan --cluster $cluster_rel failed"; sed 's/^/    /' "$TMP/err" >&2
-    fi
+  if timeout 60 "$TESSERA" plan "$cfg" --cluster "$cluster" --json >"$TMP/pred.json" 2>"$TMP/err"; then
+    python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); sys.exit(0 if p["fits"] else 1)' \
+      "$TMP/pred.json" && pass || fail "$name: does not fit on $cluster_rel in the planner's prediction"
+  else
+    fail "$name: tessera plan --cluster $cluster_rel failed"; sed 's/^/    /' "$TMP/err" >&2
   fi
 done
 
-if [ "$has_cluster" -eq 1 ]; then
-  for cluster in "${clusters[@]}"; do
-    name="$(basename "$cluster")"
-    per_node="$(key "$cluster" devices_per_node)"
-    if timeout 60 "$TESSERA" plan "$SRC/configs/tiny.cfg" --cluster "$cluster" --gpus "$per_node" \
-         --search --json >"$TMP/search.json" 2>"$TMP/err"; then
-      python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["best"]["world"] == int(sys.argv[2])' \
-        "$TMP/search.json" "$per_node" && pass || fail "$name: search JSON has no best grid of $per_node devices"
-    else
-      fail "$name: tessera plan configs/tiny.cfg --cluster $name --gpus $per_node --search failed"
-      sed 's/^/    /' "$TMP/err" >&2
-    fi
-  done
-else
-  echo "note: this tessera has no 'plan --cluster'; cluster files checked by the planner only once it has"
-fi
+for cluster in "${clusters[@]}"; do
+  name="$(basename "$cluster")"
+  per_node="$(key "$cluster" devices_per_node)"
+  if timeout 60 "$TESSERA" plan "$SRC/configs/tiny.cfg" --cluster "$cluster" --gpus "$per_node" \
+       --search --json >"$TMP/search.json" 2>"$TMP/err"; then
+    python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["best"]["world"] == int(sys.argv[2])' \
+      "$TMP/search.json" "$per_node" && pass || fail "$name: search JSON has no best grid of $per_node devices"
+  else
+    fail "$name: tessera plan configs/tiny.cfg --cluster $name --gpus $per_node --search failed"
+    sed 's/^/    /' "$TMP/err" >&2
+  fi
+done
 
 finish
