@@ -4,14 +4,42 @@ set -uo pipefail
 TESSERA="$1"
 SRC="$2"
 TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+
+# Cases. Every check is one case that passes (pass) or fails (fail); the helpers below
+# (expect_error, check, train_on, compare_runs, ...) each count theirs. A case this
+# machine cannot run is skipped, saying why (skip_case); a test that can run none of its
+# cases exits 77 (skip_test), which CTest reports as skipped (SKIP_RETURN_CODE), never as
+# passed. finish ends every test: it fails a test in which no case ran.
 PASSED=0
 FAILED=0
+SKIPPED=0
+FINISHED=0
 
 pass() { PASSED=$((PASSED + 1)); }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*" >&2; }
+# skip_case WHAT: a case that cannot run here (no tmpfs mount, one GPU), said on stdout.
+skip_case() { SKIPPED=$((SKIPPED + 1)); echo "SKIPPED: $*"; }
+# skip_test WHY: nothing of this test can run here: exit 77 (skipped) now.
+skip_test() { echo "SKIP: $*"; FINISHED=1; exit 77; }
+
+# at_exit COMMAND: run COMMAND (eval'd) when the test exits, before $TMP is removed (a
+# test's own EXIT trap would replace lib.sh's). A test that exits 0 without finish
+# (an early `exit 0`) fails: its cases were never counted.
+AT_EXIT=()
+at_exit() { AT_EXIT+=("$1"); }
+lib_exit() {
+  local rc=$? c
+  for c in "${AT_EXIT[@]}"; do eval "$c"; done
+  rm -rf "$TMP"
+  if [ "$rc" -eq 0 ] && [ "$FINISHED" -ne 1 ]; then
+    echo "FAIL: the test exited 0 without finish (no case was counted)" >&2
+    exit 1
+  fi
+  exit "$rc"
+}
+trap lib_exit EXIT
 
 # The strict device mode (CTest label "strict"): TS_TEST_DEVICE names the compute
 # backend every training run of the test uses (train.device), e.g. "cpu-strict", whose
@@ -29,29 +57,93 @@ run_np() {
   timeout 120 mpirun --oversubscribe -np "$np" "$TESSERA" "$@" "${extra[@]}" >"$TMP/out" 2>"$TMP/err"
 }
 
-# expect_error NP PATTERN ARGS...: the run fails on every rank (non-zero exit), prints
-# PATTERN (a grep -E regex) exactly once, and does not crash.
-expect_error() {
-  local np="$1" pattern="$2"; shift 2
-  if run_np "$np" "$@"; then
-    fail "expected failure ($pattern): tessera $*"
-    return
+# run_one ARGS...: tessera as one process, without mpirun (its exit status is tessera's
+# own), killed after 120 s; output and DEVICE_SETS as run_np.
+run_one() {
+  local extra=()
+  if [ "${1:-}" = train ]; then extra=("${DEVICE_SETS[@]}"); fi
+  timeout 120 "$TESSERA" "$@" "${extra[@]}" >"$TMP/out" 2>"$TMP/err"
+}
+
+# The signs of a crash where an error was due: a signal, an abort, a sanitizer's report,
+# a failed internal check ("tessera: internal error at FILE:LINE").
+CRASH_RE='Segmentation|Aborted|core dumped|AddressSanitizer|runtime error|internal error'
+
+# judge_error [OPTIONS] WHAT RC PATTERN: one case, a run that must fail (named WHAT in
+# the messages), judged from its exit status RC and its stderr ($TMP/err): it exited
+# non-zero, not by a timeout (124, or 137 when killed) or a signal (125 and up: timeout
+# itself, a command that could not run, 128 + a signal), printed PATTERN (a grep -E
+# regex) exactly once, and did not crash (CRASH_RE). For runs a test launches itself
+# (through a wrapper, in the background, with stdout elsewhere); expect_error runs
+# tessera and calls it. Returns 0 when the case passed, 1 when it failed. OPTIONS:
+#   --rc N        the exit status is exactly N
+#   --quiet       nothing on stdout ($TMP/out)
+#   --one-error   stderr holds exactly one "tessera: error:" line
+#   --only-line   the message is stderr's only line
+#   --stderr FILE judge FILE instead of $TMP/err
+judge_error() {
+  local want_rc="" quiet=0 one_error=0 only_line=0 err="$TMP/err"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --rc) want_rc="$2"; shift 2 ;;
+      --quiet) quiet=1; shift ;;
+      --one-error) one_error=1; shift ;;
+      --only-line) only_line=1; shift ;;
+      --stderr) err="$2"; shift 2 ;;
+      --*) echo "lib.sh: judge_error: unknown option '$1'" >&2; exit 2 ;;
+      *) break ;;
+    esac
+  done
+  local what="$1" rc="$2" pattern="$3" count
+  if [ "$rc" -eq 0 ]; then fail "expected failure ($pattern): $what"; return 1; fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    fail "timed out (hang?), exit status $rc: $what"; sed 's/^/    /' "$err" >&2; return 1
   fi
-  local rc=$?
-  if [ "$rc" -eq 124 ]; then fail "timed out (hang?): tessera $*"; return; fi
-  local count
-  count=$(grep -cE -- "$pattern" "$TMP/err" || true)
+  if [ "$rc" -ge 125 ]; then
+    fail "exit status $rc (a signal, or it could not run), not an error exit: $what"
+    sed 's/^/    /' "$err" >&2; return 1
+  fi
+  if grep -qE -- "$CRASH_RE" "$err"; then
+    fail "crashed: $what"; sed 's/^/    /' "$err" >&2; return 1
+  fi
+  count=$(grep -cE -- "$pattern" "$err" || true)
   if [ "$count" -ne 1 ]; then
-    fail "expected '$pattern' once in stderr, found $count times: tessera $*"
-    sed 's/^/    /' "$TMP/err" >&2
-    return
+    fail "expected '$pattern' once in stderr, found $count times: $what"
+    sed 's/^/    /' "$err" >&2; return 1
   fi
-  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
-    fail "crashed: tessera $*"
-    sed 's/^/    /' "$TMP/err" >&2
-    return
+  if [ -n "$want_rc" ] && [ "$rc" -ne "$want_rc" ]; then
+    fail "exit status $rc, expected $want_rc: $what"; sed 's/^/    /' "$err" >&2; return 1
+  fi
+  if [ "$quiet" = 1 ] && [ -s "$TMP/out" ]; then
+    fail "printed on stdout: $what"; sed 's/^/    /' "$TMP/out" >&2; return 1
+  fi
+  if [ "$one_error" = 1 ] && [ "$(grep -c 'tessera: error:' "$err")" -ne 1 ]; then
+    fail "expected one 'tessera: error:' line in stderr: $what"; sed 's/^/    /' "$err" >&2; return 1
+  fi
+  if [ "$only_line" = 1 ] && [ "$(wc -l < "$err")" -ne 1 ]; then
+    fail "expected the message alone in stderr: $what"; sed 's/^/    /' "$err" >&2; return 1
   fi
   pass
+}
+
+# expect_error [OPTIONS] NP PATTERN ARGS...: tessera ARGS fails on NP ranks (under
+# mpirun, every rank exiting non-zero), or with NP = 0 as one process without mpirun
+# (run_one: its exit status is tessera's own, its stdout its own), as judge_error decides
+# with OPTIONS (--rc N, --quiet, --one-error, --only-line): non-zero, within run_np's
+# time limit, PATTERN (grep -E) printed exactly once, no crash. Returns 0 when it passed.
+expect_error() {
+  local opts=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --rc) opts+=("$1" "$2"); shift 2 ;;
+      --*) opts+=("$1"); shift ;;
+      *) break ;;
+    esac
+  done
+  local np="$1" pattern="$2" rc; shift 2
+  if [ "$np" -eq 0 ]; then run_one "$@"; else run_np "$np" "$@"; fi
+  rc=$?
+  judge_error "${opts[@]}" "tessera $*" "$rc" "$pattern"
 }
 
 # A small byte-level corpus for tests: Debian's fortunes texts (installed by setup).
@@ -66,11 +158,19 @@ losses() {
   grep -o '"loss":[^,]*' "$1" | cut -d: -f2
 }
 
-# finish: the counts (and, in a GPU test, how many parts were skipped: gpu_skip,
-# gpu_has_nccl); the test's exit status, 0 when nothing failed.
+# finish: the counts (and how many cases were skipped: skip_case, gpu_skip,
+# gpu_has_nccl); the test's exit status: 1 when a case failed or none ran, 77 (skipped)
+# when every case was skipped, else 0.
 finish() {
-  echo "$PASSED passed, $FAILED failed$([ "${GPU_SKIPPED:-0}" -gt 0 ] && echo ", parts skipped: $GPU_SKIPPED")"
-  [ "$FAILED" -eq 0 ]
+  FINISHED=1
+  echo "$PASSED passed, $FAILED failed$([ "$SKIPPED" -gt 0 ] && echo ", $SKIPPED skipped")"
+  [ "$FAILED" -eq 0 ] || return 1
+  if [ "$PASSED" -eq 0 ]; then
+    if [ "$SKIPPED" -gt 0 ]; then echo "SKIP: every case of this test was skipped"; return 77; fi
+    echo "FAIL: no checks ran: the test counted no case (pass, fail or a helper)" >&2
+    return 1
+  fi
+  return 0
 }
 
 # norms FILE: the "grad_norm" of every step line of a metrics file, one per line.
@@ -112,7 +212,6 @@ check() {
 # Neither: exit 77, skipped. Each run names its own device, so TS_TEST_DEVICE is ignored.
 gpu_setup() {
   DEVICE_SETS=()
-  GPU_SKIPPED=0
   if [ -n "${TS_GPU_TEST_DEVICE:-}" ]; then
     GPU_DEVICE="$TS_GPU_TEST_DEVICE"
     GPU_DRY=1
@@ -130,15 +229,14 @@ gpu_setup() {
   rc=$?
   case "$rc" in
     0) GPU_DEVICE=cuda; GPU_DRY=0 ;;
-    77) echo "SKIP: no CUDA device (set TS_GPU_TEST_DEVICE=cpu-strict for a dry run on the CPU)"; exit 77 ;;
+    77) skip_test "no CUDA device (set TS_GPU_TEST_DEVICE=cpu-strict for a dry run on the CPU)" ;;
     *) echo "FAIL: $probe exited $rc" >&2; exit 1 ;;
   esac
 }
 
 # gpu_skip WHAT: a part of a GPU test that this dry run cannot check, said on stdout.
 gpu_skip() {
-  GPU_SKIPPED=$((GPU_SKIPPED + 1))
-  echo "SKIPPED (dry run on train.device = \"$GPU_DEVICE\"): $*"
+  skip_case "(dry run on train.device = \"$GPU_DEVICE\"): $*"
 }
 
 # train_on NAME NP DEVICE SETS...: "${common[@]}" (the caller's array) on NP ranks with
@@ -199,7 +297,7 @@ expect_fail_every_rank() {
     fail "expected '$pattern' 1 to $np times in stderr, found $count: tessera $*"
     sed 's/^/    /' "$TMP/err" >&2; return
   fi
-  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
+  if grep -qE -- "$CRASH_RE" "$TMP/err"; then
     fail "crashed: tessera $*"; sed 's/^/    /' "$TMP/err" >&2; return
   fi
   pass
@@ -212,8 +310,7 @@ gpu_has_nccl() {
   if "$TESSERA" plan "$SRC/configs/tiny.cfg" --cost uniform --set 'train.device="cuda"' \
        --set 'parallel.comm="nccl"' >/dev/null 2>"$TMP/nccl_probe"; then return 0; fi
   if grep -q "built without NCCL" "$TMP/nccl_probe"; then
-    GPU_SKIPPED=$((${GPU_SKIPPED:-0} + 1))
-    echo "SKIPPED: this tessera was built without NCCL"; return 1
+    skip_case "this tessera was built without NCCL"; return 1
   fi
   fail "tessera plan with parallel.comm = \"nccl\" failed"; sed 's/^/    /' "$TMP/nccl_probe" >&2
   return 1

@@ -6,8 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 
 if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
-  echo "skipped: this CPU has no AVX2/FMA, so no OpenBLAS core beats the generic one"
-  exit 0
+  skip_test "this CPU has no AVX2/FMA, so no OpenBLAS core beats the generic one"
 fi
 want=Haswell
 grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&

@@ -48,20 +48,11 @@ fi
 ckpt --help
 if [ "$rc" -eq 0 ] && grep -q "tessera ckpt verify DIR" "$TMP/out" &&
    grep -qE "^  5  corrupt" "$TMP/out"; then pass; else fail "ckpt --help"; fi
-# expect_ckpt CODE PATTERN ARGS...: tessera ckpt exits CODE and prints PATTERN once on
-# stderr, as one "tessera: error:" line.
+# expect_ckpt CODE PATTERN ARGS...: tessera ckpt ARGS (one process) exits CODE and prints
+# PATTERN once on stderr, as its one "tessera: error:" line (lib.sh's expect_error).
 expect_ckpt() {
   local code="$1" pattern="$2"; shift 2
-  ckpt "$@"
-  local n e
-  n=$(grep -cE -- "$pattern" "$TMP/err" || true)
-  e=$(grep -c "tessera: error:" "$TMP/err" || true)
-  if [ "$rc" -eq "$code" ] && [ "$n" -eq 1 ] && [ "$e" -eq 1 ]; then
-    pass
-  else
-    fail "tessera ckpt $*: exit $rc (want $code), '$pattern' $n times, $e errors"
-    sed 's/^/    /' "$TMP/err" >&2
-  fi
+  expect_error --rc "$code" --one-error 0 "$pattern" ckpt "$@"
 }
 expect_ckpt 2 "ckpt: needs a command" 
 expect_ckpt 2 "unknown command \(info or verify\) 'check'" check "$TMP/good"

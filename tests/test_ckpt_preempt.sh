@@ -33,7 +33,7 @@ reap() {
     [ "$p" != "$$" ] && kill -KILL "$p" 2>/dev/null
   done
 }
-trap 'reap; rm -rf "$TMP"' EXIT
+at_exit reap
 trap 'exit 143' TERM
 trap 'exit 130' INT
 

@@ -17,8 +17,7 @@ source "$(dirname "$0")/lib.sh"
 
 PY=/usr/bin/python3
 if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  echo "skipped: $PY cannot import torch"
-  exit 77
+  skip_test "$PY cannot import torch"
 fi
 REF="$SRC/tests/torch_gpt2.py"
 TOL=1e-5

@@ -81,10 +81,16 @@ if [ "$(nproc)" -ge 2 ] && ! ldd "$TESSERA" | grep -q libasan; then
     (ulimit -v "$kb"; timeout 60 "$TESSERA" "${base[@]}" --set train.threads=2 >/dev/null 2>"$TMP/err")
     rc=$?
     if [ "$rc" -eq 124 ]; then fail "hang under ulimit -v $kb"; break; fi
-    if grep -qE "Segmentation|Aborted|core dumped" "$TMP/err"; then fail "crash under ulimit -v $kb"; break; fi
-    if grep -q "BLAS threads need .* of address space" "$TMP/err"; then seen=1; pass; break; fi
+    if [ "$rc" -ge 125 ] || grep -qE -- "$CRASH_RE" "$TMP/err"; then
+      fail "crash under ulimit -v $kb (exit status $rc)"; sed 's/^/    /' "$TMP/err" >&2; break
+    fi
+    if grep -q "BLAS threads need .* of address space" "$TMP/err"; then
+      seen=1; judge_error "tessera under ulimit -v $kb" "$rc" "BLAS threads need .* of address space"; break
+    fi
   done
   [ "$seen" -eq 1 ] || fail "no address-space message for 2 BLAS threads under ulimit -v"
+else
+  skip_case "the address-space limit (ulimit -v) case: it needs 2 CPUs and a build without AddressSanitizer"
 fi
 
 # Outputs: a path that is not a regular file is refused up front (a write to /dev/full
@@ -101,7 +107,7 @@ expect_error 1 "log.trace: cannot create (directory )?/proc/no-such-dir" "${base
 # A disk that fills up: the run stops with an error, the metrics file keeps whole lines.
 mkdir -p "$TMP/small"
 if mount -t tmpfs -o size=8k tmpfs "$TMP/small" 2>/dev/null; then
-  trap 'umount "$TMP/small" 2>/dev/null; rm -rf "$TMP"' EXIT
+  at_exit 'umount "$TMP/small" 2>/dev/null'
   expect_error 1 "log.metrics: writing .*No space left on device" "${base[@]}" --set train.steps=60 \
     --set "log.metrics=\"$TMP/small/m.jsonl\""
   # Whole lines: each one a complete object, and the file ends with a newline.
@@ -113,6 +119,6 @@ if mount -t tmpfs -o size=8k tmpfs "$TMP/small" 2>/dev/null; then
   fi
   umount "$TMP/small"
 else
-  echo "skipped: the full-disk case (mount not permitted)"
+  skip_case "the full-disk case (mounting a tmpfs is not permitted here)"
 fi
 finish

@@ -9,25 +9,6 @@ cfg="$SRC/configs/tiny.cfg"
 base=(train "$cfg" --set 'data.val=""' --set train.steps=1 --set train.threads=1
       --set log.progress=false --set "log.metrics=\"$TMP/m.jsonl\"")
 
-# expect_data_error PATTERN ARGS...: `tessera data ARGS` fails and prints PATTERN once.
-expect_data_error() {
-  local pattern="$1"; shift
-  if timeout 60 "$TESSERA" data "$@" >"$TMP/out" 2>"$TMP/err"; then
-    fail "expected failure ($pattern): tessera data $*"
-    return
-  fi
-  if [ "$(grep -cE -- "$pattern" "$TMP/err")" -ne 1 ]; then
-    fail "expected '$pattern' once in stderr: tessera data $*"
-    sed 's/^/    /' "$TMP/err" >&2
-    return
-  fi
-  if grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer|runtime error" "$TMP/err"; then
-    fail "crashed: tessera data $*"
-    return
-  fi
-  pass
-}
-
 # expect_ok NP ARGS...: the run succeeds.
 expect_ok() {
   local np="$1"; shift
@@ -64,25 +45,26 @@ expect_ok 1 "${base[@]}" --set "data.train=\"$TMP/train.bin\"" --set data.eval_e
   --set "data.val=\"$TMP/train.bin\"" --set data.val_windows=8
 if grep -q "val_windows" "$TMP/err"; then fail "V5: warning with enough windows"; else pass; fi
 
+# `tessera data` refusals run as one process (expect_error with NP 0).
 # T15: an output that exists and is not a regular file is refused and left as it is.
 mkfifo "$TMP/fifo"
-expect_data_error "output shard: .*/fifo exists and is a pipe, not a regular file" "$TMP/val.txt" "$TMP/fifo"
+expect_error 0 "output shard: .*/fifo exists and is a pipe, not a regular file" data "$TMP/val.txt" "$TMP/fifo"
 if [ -p "$TMP/fifo" ]; then pass; else fail "T15: the FIFO was replaced"; fi
 mkdir "$TMP/outdir"
-expect_data_error "outdir exists and is a directory" "$TMP/val.txt" "$TMP/outdir"
+expect_error 0 "outdir exists and is a directory" data "$TMP/val.txt" "$TMP/outdir"
 # T16: a directory with a trailing slash; a path through a file; a missing directory.
-expect_data_error "outdir/ ends in '/', so it names a directory" "$TMP/val.txt" "$TMP/outdir/"
-expect_data_error "val.txt is a file, not a directory" "$TMP/val.txt" "$TMP/val.txt/x.bin"
-expect_data_error "directory .*/nodir does not exist" "$TMP/val.txt" "$TMP/nodir/x.bin"
+expect_error 0 "outdir/ ends in '/', so it names a directory" data "$TMP/val.txt" "$TMP/outdir/"
+expect_error 0 "val.txt is a file, not a directory" data "$TMP/val.txt" "$TMP/val.txt/x.bin"
+expect_error 0 "directory .*/nodir does not exist" data "$TMP/val.txt" "$TMP/nodir/x.bin"
 if [ ! -e "$TMP/nodir" ]; then pass; else fail "T16: a directory was created"; fi
 # T13: the output is the input, by name or by another link to the same inode.
 cp "$TMP/val.txt" "$TMP/keep.txt"
 ln "$TMP/val.txt" "$TMP/val_link.txt"
-expect_data_error "is the same file as the text file" "$TMP/val.txt" "$TMP/val.txt"
-expect_data_error "is the same file as the text file" "$TMP/val.txt" "$TMP/val_link.txt"
+expect_error 0 "is the same file as the text file" data "$TMP/val.txt" "$TMP/val.txt"
+expect_error 0 "is the same file as the text file" data "$TMP/val.txt" "$TMP/val_link.txt"
 if cmp -s "$TMP/val.txt" "$TMP/keep.txt"; then pass; else fail "T13: the text file changed"; fi
 # T12: a shard given as the text.
-expect_data_error "train.bin is already an llm.c token shard \(magic 20240520, [0-9]+ tokens\)" \
+expect_error 0 "train.bin is already an llm.c token shard \(magic 20240520, [0-9]+ tokens\)" data \
   "$TMP/train.bin" "$TMP/again.bin"
 if [ ! -e "$TMP/again.bin" ]; then pass; else fail "T12: an output was written"; fi
 # No refusal left a temporary file; a good run still writes the shard.

@@ -27,21 +27,14 @@ exec "$@"
 WRAP
 chmod +x "$TMP/rank1.sh"
 
-# rank1_error PATTERN EXTRA [CONFIG_ON_RANK1]: run 2 ranks through the launcher.
+# rank1_error PATTERN EXTRA [CONFIG_ON_RANK1]: run 2 ranks through the launcher; they
+# fail as lib.sh's judge_error wants (non-zero, no hang, PATTERN once, no crash).
 rank1_error() {
   local pattern="$1"
   export CONFIG="$cfg" RANK1_EXTRA="$2" RANK1_CONFIG="${3:-}"
   timeout 120 mpirun --oversubscribe -np 2 -x CONFIG -x RANK1_EXTRA -x RANK1_CONFIG \
     "$TMP/rank1.sh" "$TESSERA" "${base[@]}" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  if [ "$rc" -eq 0 ]; then fail "expected failure ($pattern)"; return; fi
-  if [ "$rc" -eq 124 ]; then fail "hang ($pattern)"; return; fi
-  local count
-  count=$(grep -cE -- "$pattern" "$TMP/err" || true)
-  if [ "$count" -ne 1 ]; then
-    fail "expected '$pattern' once, found $count"; sed 's/^/    /' "$TMP/err" >&2; return
-  fi
-  pass
+  judge_error "2 ranks, rank 1 with '$2'${3:+ and config $3}" $? "$pattern"
 }
 
 rank1_error "on rank 1 \(host [^)]+\): cannot open config file '$TMP/absent.cfg'" "" "$TMP/absent.cfg"

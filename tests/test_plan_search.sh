@@ -3,57 +3,50 @@
 # the command line shows (infinite memory: the fewest pipeline stages win), --json for
 # scripts, every bad-input message, and the 175B search near 10,000 devices in seconds.
 # Usage: test_plan_search.sh TESSERA SOURCE_DIR
-source "$(dirname "$0")/lib.sh" # TESSERA, SRC, TMP, fail, finish
+source "$(dirname "$0")/lib.sh" # TESSERA, SRC, TMP, pass, fail, expect_error, finish
 cd "$SRC" || exit 2
 FX=tests/fixtures
 CPU=$FX/plan_cluster_cpu.cfg; H100=$FX/plan_cluster_h100.cfg
-# expect_plan_error WHAT PATTERN -- ARGS...: tessera plan ARGS fails, stderr matching PATTERN.
-expect_plan_error() {
-  local what=$1 pat=$2; shift 3
-  "$TESSERA" plan "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
-  if [ $rc -eq 0 ] || ! grep -qE "$pat" "$TMP/err"; then
-    fail "$what: rc $rc, stderr:"; sed 's/^/    /' "$TMP/err" >&2
-  else pass; fi
-}
 json_num() { sed -E "s/.*\"$1\": ?([-0-9.e+]+).*/\1/" "$2"; }
 
 # The config's own grid: text and JSON.
-"$TESSERA" plan configs/tiny.cfg --cluster $CPU >"$TMP/own.txt" 2>&1 || fail "own grid: $(cat "$TMP/own.txt")"
-for k in "memory per device" "step:" "MFU"; do grep -q "$k" "$TMP/own.txt" || fail "own grid lacks '$k'"; done
-"$TESSERA" plan configs/tiny.cfg --cluster $CPU --set parallel.pp=2 --set parallel.dp=2 --json >"$TMP/own.json" ||
-  fail "own grid --json"
+"$TESSERA" plan configs/tiny.cfg --cluster $CPU >"$TMP/own.txt" 2>&1 && pass || fail "own grid: $(cat "$TMP/own.txt")"
+for k in "memory per device" "step:" "MFU"; do grep -q "$k" "$TMP/own.txt" && pass || fail "own grid lacks '$k'"; done
+"$TESSERA" plan configs/tiny.cfg --cluster $CPU --set parallel.pp=2 --set parallel.dp=2 --json >"$TMP/own.json" &&
+  pass || fail "own grid --json"
 for k in '"step_ms"' '"memory_bytes"' '"mfu"' '"tokens_per_s"' '"terms_ms"' '"partition": \[' '"world": 4'; do
-  grep -q "$k" "$TMP/own.json" || fail "own --json lacks $k"
+  grep -q "$k" "$TMP/own.json" && pass || fail "own --json lacks $k"
 done
 # (a file, not a pipe: lib.sh sets pipefail, and grep -q may close the pipe early)
 "$TESSERA" plan configs/tiny.cfg --cluster $CPU --help >"$TMP/help.txt"
-grep -q "activations in fp32" "$TMP/help.txt" || fail "--help lacks the dtype note"
+grep -q "activations in fp32" "$TMP/help.txt" && pass || fail "--help lacks the dtype note"
 
 # The search: text, JSON, and the textbook limit with infinite memory.
-"$TESSERA" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --top 5 >"$TMP/s.txt" 2>&1 ||
-  fail "search: $(cat "$TMP/s.txt")"
-[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ' "$TMP/s.txt")" -eq 5 ] || fail "search: not 5 rows"
-grep -q "slower, mostly by" "$TMP/s.txt" || fail "search: no reasons for the rest"
-"$TESSERA" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --json >"$TMP/s.json" || fail "search --json"
+"$TESSERA" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --top 5 >"$TMP/s.txt" 2>&1 &&
+  pass || fail "search: $(cat "$TMP/s.txt")"
+[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ' "$TMP/s.txt")" -eq 5 ] && pass || fail "search: not 5 rows"
+grep -q "slower, mostly by" "$TMP/s.txt" && pass || fail "search: no reasons for the rest"
+"$TESSERA" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --json >"$TMP/s.json" && pass ||
+  fail "search --json"
 for k in '"best": {' '"top": \[' '"rejected": {' '"out_of_memory": {' '"bubble": [0-9]'; do
-  grep -q "$k" "$TMP/s.json" || fail "search --json lacks $k"
+  grep -q "$k" "$TMP/s.json" && pass || fail "search --json lacks $k"
 done
 # A device with (nearly) infinite memory: every grid fits, and the fewest stages win.
 sed -e 's/memory_gb = [0-9.]*/memory_gb = 1e9/' $H100 >"$TMP/huge.cfg"
 for n in 8 16 32; do
-  "$TESSERA" plan configs/gpt3-1.3b.cfg --cluster "$TMP/huge.cfg" --gpus $n --search --top 1 --json >"$TMP/h.json" ||
-    fail "huge memory search on $n"
+  "$TESSERA" plan configs/gpt3-1.3b.cfg --cluster "$TMP/huge.cfg" --gpus $n --search --top 1 --json >"$TMP/h.json" &&
+    pass || fail "huge memory search on $n"
   pp=$(sed -E 's/.*"best": \{"world": [0-9]+, "pp": ([0-9]+).*/\1/' "$TMP/h.json")
-  grep -q '"out_of_memory": {"count": 0' "$TMP/h.json" || fail "huge memory: some grid out of memory"
-  [ "$pp" = 1 ] || fail "huge memory on $n devices: best has pp $pp, not 1"
+  grep -q '"out_of_memory": {"count": 0' "$TMP/h.json" && pass || fail "huge memory: some grid out of memory"
+  [ "$pp" = 1 ] && pass || fail "huge memory on $n devices: best has pp $pp, not 1"
 done
 
-# Bad input, each a clear message.
+# Bad input, each a clear message: lib.sh's expect_error, tessera plan as one process.
 # bad_cluster NAME WHAT PATTERN SED: the H100 cluster edited by `sed SED` (into NAME.cfg,
-# as the message names the file) is refused with PATTERN.
+# as the message names the file; WHAT says what is wrong with it) is refused with PATTERN.
 bad_cluster() {
   sed "$4" $H100 >"$TMP/$1.cfg"
-  expect_plan_error "$2" "$3" -- configs/tiny.cfg --cluster "$TMP/$1.cfg"
+  expect_error 0 "$3" plan configs/tiny.cfg --cluster "$TMP/$1.cfg" || echo "    ($1.cfg: $2)" >&2
 }
 bad_cluster nomem "missing key" "nomem.cfg: cluster.device.memory_gb is missing" '/memory_gb/d'
 bad_cluster neg "negative bandwidth" "cluster.intra_node.bandwidth_gbs = -1 is impossible" \
@@ -79,22 +72,24 @@ sed -e 's/devices_per_node = 8;/devices_per_node = 8; overlap_comm = false;/' \
 for grid in "1 4 1" "2 2 2" "4 1 2"; do
   set -- $grid
   args=(configs/gpt2-124m.cfg --set parallel.pp=$1 --set parallel.dp=$2 --set parallel.tp=$3 --json)
-  "$TESSERA" plan "${args[@]}" --cluster $H100 >"$TMP/o.json" || fail "plan $grid on H100"
-  "$TESSERA" plan "${args[@]}" --cluster "$TMP/serial.cfg" >"$TMP/s.json" || fail "plan $grid, no overlap"
+  "$TESSERA" plan "${args[@]}" --cluster $H100 >"$TMP/o.json" && pass || fail "plan $grid on H100"
+  "$TESSERA" plan "${args[@]}" --cluster "$TMP/serial.cfg" >"$TMP/s.json" && pass || fail "plan $grid, no overlap"
   a=$(json_num step_ms "$TMP/o.json"); b=$(json_num step_ms "$TMP/s.json")
-  awk -v a="$a" -v b="$b" 'BEGIN {exit !(b >= a)}' || fail "grid $grid: no overlap $b ms < overlap $a ms"
+  awk -v a="$a" -v b="$b" 'BEGIN {exit !(b >= a)}' && pass || fail "grid $grid: no overlap $b ms < overlap $a ms"
 done
-"$TESSERA" plan configs/tiny.cfg --cluster configs/clusters/this-machine.cfg >/dev/null 2>&1 ||
+"$TESSERA" plan configs/tiny.cfg --cluster configs/clusters/this-machine.cfg >/dev/null 2>&1 && pass ||
   fail "configs/clusters/this-machine.cfg does not load"
-expect_plan_error "missing file" "cannot be read" -- configs/tiny.cfg --cluster "$TMP/none.cfg"
-expect_plan_error "too few devices" "8 devices are fewer than one replica of this model needs: at least [0-9]+" -- \
-  configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search
+# A missing file, too few devices, a cluster where nothing fits, a device count no grid
+# uses, an option that does not go with --cluster.
+expect_error 0 "cannot be read" plan configs/tiny.cfg --cluster "$TMP/none.cfg"
+expect_error 0 "8 devices are fewer than one replica of this model needs: at least [0-9]+" \
+  plan configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search
 sed 's/memory_gb = 80.0/memory_gb = 0.001/' $H100 >"$TMP/tinymem.cfg"
-expect_plan_error "fits nowhere" "fits nowhere.*needs [0-9.]+ [KMG]i?B per device" -- \
-  configs/tiny.cfg --cluster "$TMP/tinymem.cfg" --gpus 4 --search
-expect_plan_error "no grid" "no grid uses exactly 7 devices.*nearest device counts with one are 6 and 8" -- \
-  configs/tiny.cfg --cluster $CPU --gpus 7 --search
-expect_plan_error "usage" "does not go with --cluster" -- configs/tiny.cfg --cluster $CPU --cost uniform
+expect_error 0 "fits nowhere.*needs [0-9.]+ [KMG]i?B per device" \
+  plan configs/tiny.cfg --cluster "$TMP/tinymem.cfg" --gpus 4 --search
+expect_error 0 "no grid uses exactly 7 devices.*nearest device counts with one are 6 and 8" \
+  plan configs/tiny.cfg --cluster $CPU --gpus 7 --search
+expect_error 0 "does not go with --cluster" plan configs/tiny.cfg --cluster $CPU --cost uniform
 
 # 175B near 10,000 devices: 10,000 itself has no grid (5^4 divides neither the heads nor
 # the batch: the message names 9,984 and 10,080); both it and 9,984 finish in seconds.
@@ -102,14 +97,13 @@ for n in 10000 9984; do
   t0=$(date +%s.%N)
   # No timed assertion (CI machines vary): the timeout only turns a runaway into a failure.
   timeout 120 "$TESSERA" plan configs/gpt3-175b.cfg --cluster $H100 --gpus $n --search --top 3 >"$TMP/big.txt" 2>&1; rc=$?
-  [ $rc = 124 ] && fail "175B search on $n devices ran over 120 s"
   t1=$(date +%s.%N)
   echo "175B search on $n devices: exit $rc, $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
   head -3 "$TMP/big.txt"
-  if [ $n = 10000 ]; then
-    [ $rc != 0 ] || fail "10000: exit 0 for a device count with no grid"
-    grep -q "9984 and 10080" "$TMP/big.txt" || fail "10000: no nearest counts"
-  else [ $rc = 0 ] || fail "9984: $(cat "$TMP/big.txt")"; fi
+  if [ $n = 10000 ]; then # an error (lib.sh's judge_error: no hang, no crash) naming the nearest counts
+    judge_error --stderr "$TMP/big.txt" "175B search on 10000 devices (no grid)" "$rc" "9984 and 10080"
+  elif [ $rc = 124 ]; then fail "175B search on $n devices ran over 120 s"
+  else [ $rc = 0 ] && pass || fail "9984: $(cat "$TMP/big.txt")"; fi
 done
 
 finish

@@ -97,22 +97,15 @@ ok ids2 "$TMP/ck96" --prompt "5 17 95 0" --tokens 25 --seed 4
 same ids ids2 "comma and space separated prompts differ"
 
 # Bad input: one message, the exit code, no crash.
-# expect_sample_error CODE PATTERN ARGS...
+# expect_sample_error CODE PATTERN ARGS...: tessera sample ARGS (one process, the
+# device as sample's) exits CODE with "tessera: error: ...PATTERN" as the only line on
+# stderr (lib.sh's expect_error).
 expect_sample_error() {
   local code="$1" pattern="$2"; shift 2
-  sample bad "$@"
-  local rc=$?
-  if [ "$rc" -ne "$code" ]; then
-    fail "expected exit $code, got $rc ($pattern): tessera sample $*"; sed 's/^/    /' "$TMP/bad.err" >&2
-    return
-  fi
-  local count
-  count=$(grep -cE -- "tessera: error: .*($pattern)" "$TMP/bad.err" || true)
-  if [ "$count" -ne 1 ] || [ "$(wc -l < "$TMP/bad.err")" -ne 1 ]; then
-    fail "expected one line matching '$pattern': tessera sample $*"; sed 's/^/    /' "$TMP/bad.err" >&2
-    return
-  fi
-  pass
+  local device=()
+  if [ -n "${TS_TEST_DEVICE:-}" ]; then device=(--device "$TS_TEST_DEVICE"); fi
+  OMP_NUM_THREADS=1 expect_error --rc "$code" --only-line 0 "tessera: error: .*($pattern)" \
+    sample "${device[@]}" "$@"
 }
 expect_sample_error 2 "checkpoint directory" --prompt hi
 expect_sample_error 1 "no-such-dir" "$TMP/no-such-dir" --prompt hi

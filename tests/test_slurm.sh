@@ -8,16 +8,14 @@
 source "$(dirname "$0")/lib.sh"
 source "$SRC/tests/slurm/cluster.sh"
 
-skip() { echo "SKIP: $*"; exit 77; }
-
 for cmd in slurmctld slurmd srun sbatch sinfo scancel munged munge unmunge; do
-  command -v "$cmd" >/dev/null || skip "$cmd not installed (scripts/setup.sh installs Slurm and munge)"
+  command -v "$cmd" >/dev/null || skip_test "$cmd not installed (scripts/setup.sh installs Slurm and munge)"
 done
-[ "$(id -u)" -eq 0 ] || skip "slurmd has to run as root to launch job steps"
+[ "$(id -u)" -eq 0 ] || skip_test "slurmd has to run as root to launch job steps"
 
 TESSERA="$(readlink -f "$TESSERA")"   # jobs run in $TMP
 D="$TMP/slurm"
-trap 'slurm_cluster_down "$D"; rm -rf "$TMP"' EXIT
+at_exit 'slurm_cluster_down "$D"'
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
@@ -31,7 +29,7 @@ if run_np 2 "${common[@]}" --set "log.metrics=\"$TMP/mpirun.jsonl\""; then pass;
 [ "$(losses "$TMP/mpirun.jsonl" | wc -l)" -eq 5 ] && pass || fail "mpirun run: expected 5 step lines"
 
 start=$SECONDS
-slurm_cluster_up "$D" || skip "cannot bring up a one-node Slurm cluster here: $SLURM_CLUSTER_ERROR"
+slurm_cluster_up "$D" || skip_test "cannot bring up a one-node Slurm cluster here: $SLURM_CLUSTER_ERROR"
 echo "cluster up in $((SECONDS - start)) s (SLURM_CONF=$SLURM_CONF)"
 
 timeout 10 srun --mpi=list >"$TMP/mpilist" 2>&1
