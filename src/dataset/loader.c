@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "token shards are little-endian; the loader assumes a little-endian host");
@@ -225,6 +226,19 @@ ts_status ts_data_open_key(ts_dataset *ds, const char *key, const char *const *p
         ds->n_tokens += s->count;
     }
     return TS_OK;
+}
+
+void ts_data_shard_identity(const ts_dataset *ds, int i, uint64_t *count, uint32_t *crc)
+{
+    const ts_shard *sh = &ds->shards[i];
+    *count = sh->count;
+    uLong c = crc32(0L, Z_NULL, 0);
+    for (uint64_t at = 0; at < sh->map_bytes;) { /* crc32 takes at most 4 GiB a call */
+        const uint64_t n = sh->map_bytes - at < (1u << 30) ? sh->map_bytes - at : (1u << 30);
+        c = crc32(c, sh->map + at, (uInt)n);
+        at += n;
+    }
+    *crc = (uint32_t)c;
 }
 
 void ts_data_close(ts_dataset *ds)

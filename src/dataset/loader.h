@@ -41,6 +41,10 @@ ts_status ts_data_open_key(ts_dataset *ds, const char *key, const char *const *p
                            int n_paths, int vocab_size);
 void ts_data_close(ts_dataset *ds);
 
+/* Shard i's identity: its token count and the zlib crc32 of its bytes, for ranks to
+ * agree that one path holds the same data everywhere (a node-local copy can differ). */
+void ts_data_shard_identity(const ts_dataset *ds, int i, uint64_t *count, uint32_t *crc);
+
 /* S = (N - 1) / T windows of T+1 tokens; error if the stream is too short for one. */
 uint64_t ts_data_num_windows(const ts_dataset *ds, int T);
 

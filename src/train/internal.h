@@ -8,6 +8,9 @@
 /* ---- setup.c: device, data, partition, memory check */
 ts_status ts_trainer_select_device(ts_trainer *t);
 ts_status ts_trainer_open_data(ts_trainer *t);
+/* Every rank reads the same data under each path (token counts and crc32s). Collective;
+ * call on every rank once ts_trainer_open_data succeeded everywhere. */
+ts_status ts_trainer_agree_data(ts_trainer *t);
 ts_status ts_trainer_build_partition(ts_trainer *t);
 ts_status ts_trainer_check_memory(ts_trainer *t, bool log);
 

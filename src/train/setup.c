@@ -2,9 +2,11 @@
  * partition, and the memory check, each collective where it says so. */
 #include "train/internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
+#include "core/watchdog.h"
 #include "pipeline/memory.h"
 
 /* The compute backend train.device, train.precision and train.attention name (the
@@ -77,6 +79,44 @@ ts_status ts_trainer_open_data(ts_trainer *t)
                         c->model.seq_len + 1);
     }
     return TS_OK;
+}
+
+/* One dataset's shards agreed across the ranks: the same token count and crc32 for
+ * each path on every rank (probe D7: node-local copies that differed trained silently
+ * on a mixture). Collective. */
+static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *key)
+{
+    const int n = ds->n_shards;
+    uint64_t *lo = ts_calloc((size_t)n * 2, sizeof *lo), *hi = ts_calloc((size_t)n * 2, sizeof *hi);
+    for (int i = 0; i < n; i++) {
+        uint32_t crc;
+        ts_data_shard_identity(ds, i, &lo[2 * i], &crc);
+        lo[2 * i + 1] = crc;
+    }
+    memcpy(hi, lo, (size_t)n * 2 * sizeof *lo);
+    ts_host_allreduce_min_u64(&t->world, lo, (size_t)n * 2);
+    ts_host_allreduce_max_u64(&t->world, hi, (size_t)n * 2);
+    ts_status st = TS_OK;
+    for (int i = 0; i < n && st == TS_OK; i++)
+        if (lo[2 * i] != hi[2 * i] || lo[2 * i + 1] != hi[2 * i + 1])
+            st = ts_fail("%s: the ranks read different data at %s (%s): each node must see "
+                         "the same file (copy it identically, or put it on a shared file "
+                         "system)",
+                         key, ds->shards[i].path,
+                         lo[2 * i] != hi[2 * i] ? "its token count differs between ranks"
+                                                : "its contents differ between ranks");
+    free(lo);
+    free(hi);
+    return st;
+}
+
+ts_status ts_trainer_agree_data(ts_trainer *t)
+{
+    ts_watchdog_context("setup: checking every rank reads the same data", 0, 0, 0);
+    ts_status st = agree_dataset(t, &t->train_data, "data.train");
+    int val = t->has_val; /* the same on every rank: the config decides */
+    if (st == TS_OK && val) st = agree_dataset(t, &t->val_data, "data.val");
+    return st;
 }
 
 /* The partition: an explicit list, or balanced on per-layer costs that rank 0 measures

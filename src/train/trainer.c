@@ -66,7 +66,9 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->pp, topo->coords.dp);
-    if (ts_comm_agree(&t->world, st) != TS_OK) goto fail;
+    if (ts_comm_agree(&t->world, st) != TS_OK ||
+        ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
+        goto fail;
 
     /* Data parallelism: the gradient buckets over the dp group (and the tied
      * embedding's sum over the embedding group), each started as soon as the chunk
