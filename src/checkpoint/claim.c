@@ -62,9 +62,13 @@ ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host,
                            dir, holder);
         return ts_fail("checkpoint.dir: cannot lock %s: %s", path, strerror(err));
     }
-    char line[128];
-    const int n = snprintf(line, sizeof line, "%s %ld\n", host, (long)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n) { /* informational */
+    snprintf(c->token, sizeof c->token, "%s %ld", host, (long)getpid());
+    char line[160];
+    const int n = snprintf(line, sizeof line, "%s\n", c->token);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n || fsync(fd) != 0) {
+        close(fd);
+        return ts_fail("checkpoint.dir: cannot write its lock file %s: %s", path,
+                       strerror(errno));
     }
     c->fd = fd;
     if (fresh && !overwrite) {
@@ -80,6 +84,22 @@ ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host,
         }
     }
     return TS_OK;
+}
+
+ts_status ts_ckpt_claim_check_shared(const char *dir, const char *token, int rank)
+{
+    char path[TS_PATH_MAX + 16], seen[160] = "";
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = ts_open_input(path);
+    if (fd >= 0) {
+        read_holder(fd, seen, sizeof seen);
+        close(fd);
+    }
+    if (fd >= 0 && !strcmp(seen, token)) return TS_OK;
+    return ts_fail("checkpoint.dir %s is not the same directory on every rank: rank %d %s "
+                   "rank 0's lock file (%s); every rank writes its part of each checkpoint "
+                   "there, so it must be on a file system all nodes share",
+                   dir, rank, fd < 0 ? "cannot open" : "sees another lock file than", path);
 }
 
 void ts_ckpt_claim_release(ts_ckpt_claim *c)

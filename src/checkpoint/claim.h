@@ -13,13 +13,18 @@
 #include "core/error.h"
 
 typedef struct {
-    int fd; /* the lock file, held open; -1 when none */
+    int fd;          /* the lock file, held open; -1 when none */
+    char token[128]; /* what this claim wrote into it: "host pid" */
 } ts_ckpt_claim;
 
 /* Claim `dir` for this process (host `host`, for the holder's line in the lock file).
  * `fresh`: the run loads no checkpoint; `overwrite`: checkpoint.overwrite. */
 ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host, bool fresh,
                             bool overwrite);
+/* Whether `dir` is the directory the claim with `token` locked: its lock file holds the
+ * token (a rank on another node checks that it sees the same checkpoint.dir as the rank
+ * that claimed it, not a node-local directory of the same name). */
+ts_status ts_ckpt_claim_check_shared(const char *dir, const char *token, int rank);
 /* Release the lock (safe on a zeroed or failed claim: fd 0 is never a lock here). */
 void ts_ckpt_claim_release(ts_ckpt_claim *c);
 

@@ -105,8 +105,16 @@ ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t)
 {
     const ts_checkpoint_config *k = &t->cfg.checkpoint;
     ts_status st = TS_OK;
-    if (k->dir[0] && t->world.rank == 0)
+    if (!k->dir[0]) return TS_OK;
+    if (t->world.rank == 0)
         st = ts_ckpt_claim_dir(&t->claim, k->dir, t->topo->host, !k->load[0], k->overwrite);
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    /* Every rank must see the directory rank 0 locked (probe D11: on node-local disks a
+     * stale .tmp-step_N on another node let a corrupt checkpoint commit as a success). */
+    char token[sizeof t->claim.token];
+    memcpy(token, t->claim.token, sizeof token);
+    ts_host_broadcast(&t->world, token, sizeof token, 0);
+    st = t->world.rank == 0 ? TS_OK : ts_ckpt_claim_check_shared(k->dir, token, t->world.rank);
     return ts_comm_agree(&t->world, st);
 }
 
