@@ -149,6 +149,7 @@ ts_status ts_ckpt_reader_open(ts_ckpt_reader *r, const char *step_dir)
     if (sf && ts_check_input(fileno(sf), path, "checkpoint state", "the checkpoint's "
                              "state.json", 1ull << 30) != TS_OK) {
         fclose(sf);
+        r->verdict = TS_CKPT_BAD_STATE;
         return TS_ERR;
     }
     if (sf) {

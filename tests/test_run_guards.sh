@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# What a careless user or a hostile probe did to a run (docs/CONTRACT.md "Checkpoints",
+# "Exit codes"; ../shared/reviews/2026-12-01-reliability.md D1-D13), each refused with a
+# clear message, once, on every rank, quickly, and nothing good lost:
+#   non-finite steps (D1): never applied; "stop" ends the run, "skip" goes on; a float
+#     key past FLT_MAX refused; no save of a non-finite state;
+#   checkpoint.dir (D2, D6, D8, D9, D11): locked for the run (a second run refused
+#     naming the holder; a killed run leaves no stale lock), checked at start-up, a
+#     fresh run refused where checkpoints are (checkpoint.overwrite allows it), outputs
+#     refused inside checkpoints, the same directory on every rank; log.metrics locked;
+#   inputs that are not regular files (D3, D4): FIFOs, /dev/zero, directories refused
+#     at once, none blocking;
+#   ranks that disagree (D7, D13): different data under one path, TS_FAKE_NODES on one
+#     rank only;
+#   a system error while verifying (D12) is exit 1, not "corrupt".
+# Usage: test_run_guards.sh TESSERA SOURCE_DIR
+source "$(dirname "$0")/lib.sh"
+CFG="$SRC/configs/tiny.cfg"
+make_corpus "$TMP/train.bin"
+small=(--set model.n_layer=2 --set model.n_embd=64 --set model.seq_len=32 --set train.threads=1
+       --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set log.progress=false
+       --set 'log.metrics=""' --set train.global_batch=8)
+
+# ---- D1: non-finite steps
+expect_error 0 "overflows single precision" train "$CFG" "${small[@]}" --set train.lr=1e39
+D="$TMP/nf"
+# lr 1e30 diverges after the first update: the step whose loss is not finite stops the
+# run before its update, and nothing of it is saved.
+expect_error --rc 1 0 "the loss became .* at step 1: its update was not applied" \
+  train "$CFG" "${small[@]}" --set train.lr=1e30 --set train.steps=6 \
+  --set "checkpoint.dir=\"$D\"" --set checkpoint.every=1 --set checkpoint.keep=1
+[ "$(cat "$D/latest")" = step_00000001 ] && "$TESSERA" ckpt verify "$D" >/dev/null && pass ||
+  fail "D1 stop: latest is $(cat "$D/latest" 2>&1), not the last finite step"
+# skip: every step runs, the non-finite ones carry "skipped" and null values, and the
+# file stays JSON.
+if run_one train "$CFG" "${small[@]}" --set train.lr=1e30 --set train.steps=4 \
+  --set train.on_nonfinite=skip --set "log.metrics=\"$TMP/skip.jsonl\""; then pass; else
+  fail "D1 skip: the run failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+python3 - "$TMP/skip.jsonl" <<'EOF' && pass || fail "D1 skip: metrics"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = [l for l in lines if "step" in l and "loss" in l]
+assert len(steps) == 4, steps
+assert any(l.get("skipped") for l in steps), steps
+assert all((l["loss"] is None) == bool(l.get("skipped")) or l["loss"] is None for l in steps)
+EOF
+# A non-finite model.init never starts a run (it would reach the weights unchecked).
+D="$TMP/inf"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" &&
+  python3 - "$D/step_00000001/model.safetensors" <<'EOF' && pass || fail "D1: could not make an infinite model"
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+lo, _ = h["transformer.wte.weight"]["data_offsets"]
+b[8 + n + lo:8 + n + lo + 4] = struct.pack("<f", float("inf"))
+open(sys.argv[1] + ".inf", "wb").write(b)
+EOF
+expect_error --rc 1 0 "holds \+Inf at element 0" train "$CFG" "${small[@]}" --set train.steps=2 \
+  --set "model.init=\"$D/step_00000001/model.safetensors.inf\""
+
+# ---- D2, D6, D8, D9, D11: checkpoint.dir
+D="$TMP/ck"
+run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" && pass ||
+  fail "D9: the first run"
+# A fresh run where checkpoints are: refused (its saves would prune them) ...
+expect_error 2 "already holds checkpoints \(the newest is step_00000002\)" \
+  train "$CFG" "${small[@]}" --set parallel.dp=2 --set train.steps=2 --set "checkpoint.dir=\"$D\""
+# ... unless it resumes, or says overwrite.
+run_one train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.load=latest && pass || fail "D9: resuming"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.overwrite=true && pass || fail "D9: checkpoint.overwrite"
+# A second run on a directory in use: refused on every rank, naming the holder.
+"$TESSERA" train "$CFG" "${small[@]}" --set train.steps=1000000 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.load=latest --set "log.metrics=\"$TMP/holder.jsonl\"" \
+  >"$TMP/holder.out" 2>"$TMP/holder.err" &
+holder=$! # tessera itself (no mpirun, no timeout): the lock's holder
+at_exit 'kill -KILL "$holder" 2>/dev/null'
+for _ in $(seq 100); do [ -s "$TMP/holder.jsonl" ] && break; sleep 0.1; done
+expect_error 2 "is in use by another run \(host and pid: [^ ]+ $holder\)" \
+  train "$CFG" "${small[@]}" --set parallel.dp=2 --set train.steps=4 \
+  --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest
+# log.metrics is locked the same way.
+expect_error 0 "is being written by another run" train "$CFG" "${small[@]}" --set train.steps=1 \
+  --set "log.metrics=\"$TMP/holder.jsonl\""
+# A killed holder leaves no stale lock.
+kill -KILL "$holder"
+wait "$holder" 2>/dev/null
+[ -s "$TMP/holder.jsonl" ] && pass || fail "D2: the holder never wrote its metrics"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.overwrite=true && pass || fail "D2: a killed run left its lock"
+# An unusable directory fails at start-up, before any training.
+printf x >"$TMP/afile"
+expect_error 0 "checkpoint.dir $TMP/afile is not a directory" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "checkpoint.dir=\"$TMP/afile\""
+expect_error 0 "checkpoint.dir: cannot create directory" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "checkpoint.dir=\"$TMP/afile/sub\""
+grep -q 'step ' "$TMP/err" && fail "D6: trained before refusing" || pass
+# Outputs inside a checkpoint: refused.
+run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.overwrite=true || fail "D8: the save"
+expect_error 0 "inside the checkpoint being loaded" train "$CFG" "${small[@]}" --set train.steps=3 \
+  --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest \
+  --set "log.metrics=\"$D/step_00000002/model.safetensors\""
+expect_error 0 "inside checkpoint.dir's checkpoints \(latest\)" train "$CFG" "${small[@]}" \
+  --set train.steps=3 --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest \
+  --set "log.trace=\"$D/latest\""
+"$TESSERA" ckpt verify "$D" >/dev/null && pass || fail "D8: the checkpoint was damaged"
+# Not the same directory on every rank (each rank in its own working directory, a
+# relative checkpoint.dir): refused before the first step.
+mkdir -p "$TMP/w0" "$TMP/w1"
+timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
+  --set parallel.dp=2 --set train.steps=2 --set 'checkpoint.dir="ck"' : \
+  -np 1 -wdir "$TMP/w1" "$TESSERA" train "$CFG" "${small[@]}" --set parallel.dp=2 \
+  --set train.steps=2 --set 'checkpoint.dir="ck"' >"$TMP/out" 2>"$TMP/err"
+judge_error "D11: a checkpoint.dir per node" $? "is not the same directory on every rank"
+[ ! -e "$TMP/w0/ck/latest" ] && pass || fail "D11: saved into a directory not every rank sees"
+
+# ---- D3, D4: inputs that are not regular files, refused at once
+mkfifo "$TMP/fifo" "$TMP/fifo.csv"
+ln -s /dev/zero "$TMP/zero.csv"
+expect_error 0 "checkpoint file $TMP/fifo is not a regular file" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "model.init=\"$TMP/fifo\""
+expect_error 0 "data file $TMP/fifo is not a regular file" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "data.train=\"$TMP/fifo\""
+expect_error 0 "is not a regular file \(it is a named pipe \(FIFO\)\)" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "parallel.schedule=\"$TMP/fifo.csv\"" --set parallel.pp=1
+expect_error 0 "is not a regular file \(it is a character device\)" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "parallel.schedule=\"$TMP/zero.csv\""
+expect_error 0 "config file $TMP/fifo is not a regular file" train "$TMP/fifo"
+expect_error 0 "cluster file $TMP/fifo is not a regular file" plan "$CFG" --cluster "$TMP/fifo"
+# A checkpoint whose `latest` or state.json is a FIFO.
+D="$TMP/ckfifo"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" || fail "D3: save"
+rm "$D/latest" && mkfifo "$D/latest"
+expect_error 0 "latest is not a regular file" train "$CFG" "${small[@]}" --set train.steps=2 \
+  --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest
+rm "$D/latest" && echo step_00000001 >"$D/latest"
+mv "$D/step_00000001/state.json" "$TMP/state.json" && mkfifo "$D/step_00000001/state.json"
+expect_error --rc 3 0 "state.json is not a regular file" ckpt verify "$D"
+# The config may still come through a pipe.
+run_one train /dev/stdin "${small[@]}" --set train.steps=1 <"$CFG" && pass ||
+  fail "D3: a config on /dev/stdin"
+
+# ---- D7, D13: ranks that disagree
+make_corpus "$TMP/w0/d.bin"
+cp "$TMP/w0/d.bin" "$TMP/w1/d.bin"
+printf '\001' | dd of="$TMP/w1/d.bin" bs=1 seek=2000 conv=notrunc 2>/dev/null
+timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
+  --set parallel.dp=2 --set train.steps=2 --set 'data.train="d.bin"' : \
+  -np 1 -wdir "$TMP/w1" "$TESSERA" train "$CFG" "${small[@]}" --set parallel.dp=2 \
+  --set train.steps=2 --set 'data.train="d.bin"' >"$TMP/out" 2>"$TMP/err"
+judge_error "D7: different data under one path" $? "the ranks read different data at d.bin"
+timeout 120 mpirun --oversubscribe -np 1 -x TS_FAKE_NODES=1 "$TESSERA" topo "$CFG" \
+  --set parallel.dp=2 : -np 1 "$TESSERA" topo "$CFG" --set parallel.dp=2 >"$TMP/out" 2>"$TMP/err"
+judge_error "D13: TS_FAKE_NODES on one rank" $? "TS_FAKE_NODES differs between ranks"
+
+# ---- D12: a system error is not a verdict on the data
+D="$TMP/ckfd"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.file_gb=0.00001 || fail "D12: save"
+(ulimit -n 8 && exec "$TESSERA" ckpt verify "$D") >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q 'Too many open files' "$TMP/err" && pass ||
+  fail "D12: verify under ulimit -n 8 exited $rc: $(cat "$TMP/err")"
+
+finish
