@@ -42,6 +42,51 @@ uint32_t ts_ckpt_state_crc(const json_t *state)
 }
 
 /* The config's model keys and the rest of the state the reader needs. */
+/* The learning-rate schedule state.json records ("lr_schedule"); a checkpoint older
+ * than the record ran the cosine over its config's train.steps, which its config's
+ * train keys give. */
+static ts_status parse_lr_schedule(ts_ckpt_reader *r, json_t *s, const char *path)
+{
+    json_t *o = json_object_get(s, "lr_schedule");
+    ts_lr_schedule *q = &r->lr_schedule;
+    if (!o) {
+        json_t *t = json_object_get(json_object_get(s, "config"), "train");
+        ts_config d;
+        ts_config_defaults(&d);
+        long long steps, warmup;
+        json_t *lr = json_object_get(t, "lr"), *min_lr = json_object_get(t, "min_lr");
+        if (!get_int(t, "steps", 0, 2147483647LL, &steps) ||
+            !get_int(t, "warmup", 0, 2147483647LL, &warmup) || !json_is_number(lr) ||
+            !json_is_number(min_lr))
+            return ts_fail("%s: config.train's lr, min_lr, warmup or steps is missing or "
+                           "invalid",
+                           path);
+        d.train.steps = (int)steps;
+        d.train.warmup = (int)warmup;
+        d.train.lr = json_number_value(lr);
+        d.train.min_lr = json_number_value(min_lr);
+        ts_lr_schedule_of(&d.train, q);
+        return TS_OK;
+    }
+    const char *name = json_string_value(json_object_get(o, "name"));
+    json_t *lr = json_object_get(o, "lr"), *min_lr = json_object_get(o, "min_lr");
+    long long warmup, length, decay;
+    if (!name || strlen(name) >= sizeof q->name || !json_is_number(lr) ||
+        !json_is_number(min_lr) || !get_int(o, "warmup", 0, 2147483647LL, &warmup) ||
+        !get_int(o, "length", 0, 2147483647LL, &length) ||
+        !get_int(o, "decay", 0, 2147483647LL, &decay))
+        return ts_fail("%s: lr_schedule is malformed (name, lr, min_lr, warmup, length, decay)",
+                       path);
+    memset(q, 0, sizeof *q);
+    snprintf(q->name, sizeof q->name, "%s", name);
+    q->lr = json_number_value(lr);
+    q->min_lr = json_number_value(min_lr);
+    q->warmup = (int)warmup;
+    q->length = (int)length;
+    q->decay = (int)decay;
+    return TS_OK;
+}
+
 static ts_status parse_state(ts_ckpt_reader *r, const char *path)
 {
     json_t *s = r->state;
@@ -95,6 +140,7 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     ts_config_defaults(&vc);
     vc.model = r->model;
     if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
+    if (parse_lr_schedule(r, s, path) != TS_OK) return TS_ERR;
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);
     r->global_batch = B;

@@ -27,6 +27,8 @@ typedef struct {
     ts_model_config model;  /* the config's model keys */
     long long global_batch; /* data.global_batch (the data position's unit) */
     int grid[3];            /* pp, dp, tp it was written from */
+    ts_lr_schedule lr_schedule; /* the run's learning-rate schedule (older checkpoints:
+                                 * derived from their config's train keys) */
     uint64_t chunk_bytes;
     int n_files;
     ts_ckpt_rfile *files;

@@ -370,9 +370,11 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     json_t *train = json_array();
     for (int i = 0; i < c->data.n_train; i++) json_array_append_new(train, json_string(c->data.train[i]));
     const long long B = c->train.global_batch;
+    ts_lr_schedule lrs; /* the schedule a resumed run is held to (checkpointing.c) */
+    ts_lr_schedule_of(&c->train, &lrs);
     return json_pack(
         "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o}, "
-        "s:{s:I, s:s}, s:I, s:o, s:o, s:o}",
+        "s:{s:I, s:s}, s:{s:s, s:f, s:f, s:i, s:i, s:i}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
         "grid", "pp", c->parallel.pp, "dp", c->parallel.dp, "tp", c->parallel.tp, "virtual_stages",
         c->parallel.virtual_stages, "zero", c->parallel.zero, "world", a->world->size,
@@ -381,6 +383,8 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "rng", "seed", (json_int_t)c->train.seed, "note",
         "initialisation draws element i of tensor t from (seed, t, i); training draws no "
         "random numbers, so the step is the whole random state",
+        "lr_schedule", "name", lrs.name, "lr", lrs.lr, "min_lr", lrs.min_lr, "warmup", lrs.warmup,
+        "length", lrs.length, "decay", lrs.decay,
         "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
         "config", cfg);
 }

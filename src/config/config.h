@@ -41,6 +41,12 @@ typedef struct {
     int64_t seed;
     double lr, min_lr;
     int warmup;
+    char lr_schedule[16];       /* after the warm-up: "cosine" | "linear" | "constant" |
+                                 * "wsd" (warmup-stable-decay); optim.h ts_lr_at */
+    int lr_decay_steps;         /* the schedule's length in steps; 0 = train.steps */
+    int decay_steps;            /* wsd: steps of the final (linear) decay to min_lr, or */
+    double decay_fraction;      /* wsd: that as a fraction of the schedule's length */
+    bool allow_schedule_change; /* a resumed run may change the checkpoint's schedule */
     double weight_decay, beta1, beta2, eps, grad_clip;
     int threads;                /* 0 = the cores this rank owns */
     int timeout_s;              /* watchdog: abort after this long without progress; 0 = off */
@@ -105,6 +111,21 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size);
 
 /* Number of micro-batches per replica per step: global_batch / (dp * micro_batch). */
 int ts_config_num_microbatches(const ts_config *cfg);
+
+/* The learning-rate schedule the train keys describe, resolved (config/lr_schedule.c):
+ * after `warmup` steps of a linear ramp to lr, `name` ("cosine", "linear", "constant",
+ * "wsd") from lr to min_lr over the schedule's `length` steps (train.lr_decay_steps,
+ * or train.steps), wsd holding lr until its last `decay` steps. optim.h's ts_lr_at
+ * computes it; a checkpoint records it, so a resumed run can be held to it. */
+typedef struct {
+    char name[16];
+    double lr, min_lr;
+    int warmup, length, decay;
+} ts_lr_schedule;
+void ts_lr_schedule_of(const ts_train_config *t, ts_lr_schedule *s);
+bool ts_lr_schedule_same(const ts_lr_schedule *a, const ts_lr_schedule *b);
+/* "cosine from 0.0006 to 6e-05 over 200 steps (10 of warm-up)" into buf. */
+const char *ts_lr_schedule_describe(const ts_lr_schedule *s, char *buf, size_t size);
 
 /* Serialise the effective config as a JSON object string (malloc'd; caller frees). */
 char *ts_config_to_json(const ts_config *cfg);

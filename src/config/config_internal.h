@@ -56,6 +56,8 @@ ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, cons
 ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_lr_schedule(const key_spec *k, const ts_config *cfg,
+                                       const char *where);
 ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,
                                         const char *where);
 ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const char *where);

@@ -51,6 +51,11 @@ void ts_config_defaults(ts_config *cfg)
     t->lr = 6e-4;
     t->min_lr = 6e-5;
     t->warmup = 10;
+    copy_str(t->lr_schedule, sizeof t->lr_schedule, "cosine");
+    t->lr_decay_steps = 0;
+    t->decay_steps = 0;
+    t->decay_fraction = 0.0;
+    t->allow_schedule_change = false;
     t->weight_decay = 0.1;
     t->beta1 = 0.9;
     t->beta2 = 0.95;
@@ -120,6 +125,11 @@ const key_spec ts_config_keys[] = {
     FLOAT_KEY("train", "lr", train.lr, 0, true, INFINITY, false),
     FLOAT_KEY("train", "min_lr", train.min_lr, 0, false, INFINITY, false),
     INT_KEY("train", "warmup", train.warmup, 0, BIG),
+    STR_KEY("train", "lr_schedule", train.lr_schedule, ts_config_check_lr_schedule),
+    INT_KEY("train", "lr_decay_steps", train.lr_decay_steps, 0, BIG),
+    INT_KEY("train", "decay_steps", train.decay_steps, 0, BIG),
+    FLOAT_KEY("train", "decay_fraction", train.decay_fraction, 0, false, 1, false),
+    BOOL_KEY("train", "allow_schedule_change", train.allow_schedule_change),
     FLOAT_KEY("train", "weight_decay", train.weight_decay, 0, false, INFINITY, false),
     FLOAT_KEY("train", "beta1", train.beta1, 0, false, 1, true),
     FLOAT_KEY("train", "beta2", train.beta2, 0, false, 1, true),

@@ -138,6 +138,20 @@ ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, con
                    v, where);
 }
 
+/* The learning-rate schedules after the warm-up (optim/optim.h). */
+static const char *const LR_SCHEDULES[] = { "cosine", "linear", "constant", "wsd" };
+
+ts_status ts_config_check_lr_schedule(const key_spec *k, const ts_config *cfg,
+                                       const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, LR_SCHEDULES, 4) >= 0) return TS_OK;
+    return ts_fail("config key 'train.lr_schedule' = \"%s\"%s is not a schedule; choose "
+                   "\"cosine\" (the default), \"linear\", \"constant\" or \"wsd\" "
+                   "(warmup-stable-decay, with train.decay_steps or train.decay_fraction)",
+                   v, where);
+}
+
 /* What a step with a non-finite loss or gradient norm does (trainer.c): its update is
  * never applied; "stop" ends the run with an error, "skip" goes on to the next step. */
 static const char *const ON_NONFINITE[] = { "stop", "skip" };
@@ -366,6 +380,28 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("train.min_lr = %g must be <= train.lr = %g (the cosine schedule "
                        "decays from lr down to min_lr)",
                        t->min_lr, t->lr);
+    /* The wsd keys belong to wsd alone (no key is accepted and ignored), and wsd needs
+     * exactly one of them; its decay fits after the warm-up. */
+    const bool wsd = strcmp(t->lr_schedule, "wsd") == 0;
+    const bool by_steps = t->decay_steps > 0, by_fraction = t->decay_fraction > 0;
+    if (!wsd && (by_steps || by_fraction))
+        return ts_fail("train.%s is set, but only train.lr_schedule = \"wsd\" has a final "
+                       "decay phase (train.lr_schedule = \"%s\"); remove it or use \"wsd\"",
+                       by_steps ? "decay_steps" : "decay_fraction", t->lr_schedule);
+    if (wsd && by_steps == by_fraction)
+        return ts_fail("train.lr_schedule = \"wsd\" needs %s: train.decay_steps (steps of "
+                       "the final decay) or train.decay_fraction (that as a fraction of the "
+                       "schedule's length)",
+                       by_steps ? "one of its decay keys, not both" : "the length of its decay");
+    if (wsd) {
+        ts_lr_schedule s;
+        ts_lr_schedule_of(t, &s);
+        if (s.decay > s.length - t->warmup || s.decay < 1)
+            return ts_fail("train.lr_schedule = \"wsd\": a final decay of %d steps does not "
+                           "fit in the schedule's %d steps after the %d warm-up steps; "
+                           "shorten the decay or lengthen train.lr_decay_steps",
+                           s.decay, s.length, t->warmup);
+    }
 
     long long grid = (long long)p->pp * p->dp * p->tp;
     if (world_size > 0 && grid != world_size)

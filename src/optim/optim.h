@@ -12,7 +12,9 @@
 #include "config/config.h"
 #include "model/model.h"
 
-/* Learning rate at 0-based step s: linear warm-up, then cosine to min_lr. */
+/* Learning rate at 0-based step s: linear warm-up, then train.lr_schedule to min_lr
+ * (config.h ts_lr_schedule): cosine, linear, constant, or wsd (lr held, then a linear
+ * decay over its last steps). */
 double ts_lr_at(const ts_train_config *tc, int step);
 
 /* Sum of squares of this rank's gradients over unique parameters (tied copies are

@@ -58,6 +58,28 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                      "raise train.steps to train on",
                      t->loaded_from, t->start_step, t->cfg.train.steps);
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    /* The learning rate continues the checkpoint's schedule: a resumed run whose
+     * schedule differs (a longer train.steps stretches the cosine and re-warms the
+     * rate) is refused with both, unless train.allow_schedule_change says it is meant. */
+    ts_lr_schedule was, now;
+    st = ts_ckpt_read_lr_schedule(t->loaded_from, &was);
+    ts_lr_schedule_of(&t->cfg.train, &now);
+    if (st == TS_OK && !ts_lr_schedule_same(&was, &now) && !t->cfg.train.allow_schedule_change) {
+        char a[160], b[160];
+        st = ts_fail("checkpoint.load: %s ran the learning-rate schedule \"%s\", but this run "
+                     "has \"%s\": resuming would change the learning rate from step %d on; "
+                     "keep the schedule (train.lr_decay_steps = %d keeps its length when "
+                     "train.steps grows), or set train.allow_schedule_change = true",
+                     t->loaded_from, ts_lr_schedule_describe(&was, a, sizeof a),
+                     ts_lr_schedule_describe(&now, b, sizeof b), t->start_step, was.length);
+    } else if (st == TS_OK && !ts_lr_schedule_same(&was, &now) && t->world.rank == 0) {
+        char a[160], b[160];
+        ts_log_warn("checkpoint: the learning-rate schedule changes on resuming (train."
+                    "allow_schedule_change): was %s, now %s",
+                    ts_lr_schedule_describe(&was, a, sizeof a),
+                    ts_lr_schedule_describe(&now, b, sizeof b));
+    }
+    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     if (t->world.rank == 0)
         ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
                     t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
