@@ -63,11 +63,14 @@ static int run(int argc, char **argv, int rank, int world_size)
     ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
                 cfg.model.seq_len, (double)n_params / 1e6);
-    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d ranks, %s), global batch %d x %d tokens, "
-                "%d micro-batches of %d per replica, schedule %s, %d threads per rank (%s binding)",
-                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size, cfg.parallel.order,
-                cfg.train.global_batch, cfg.model.seq_len, ts_config_num_microbatches(&cfg),
-                cfg.parallel.micro_batch, cfg.parallel.schedule, topo.threads, topo.binding);
+    const int n_mb = ts_config_num_microbatches(&cfg);
+    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d rank%s, %s), global batch %d x %d tokens, "
+                "%d micro-batch%s of %d per replica, schedule %s, %d thread%s per rank (%s "
+                "binding)",
+                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size,
+                world_size == 1 ? "" : "s", cfg.parallel.order, cfg.train.global_batch,
+                cfg.model.seq_len, n_mb, n_mb == 1 ? "" : "es", cfg.parallel.micro_batch,
+                cfg.parallel.schedule, topo.threads, topo.threads == 1 ? "" : "s", topo.binding);
 
     ts_trainer t;
     if (ts_trainer_init(&t, &cfg, &topo) != TS_OK) {

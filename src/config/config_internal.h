@@ -56,6 +56,9 @@ ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, cons
 ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where);
+/* The marker of an integer key that also takes "auto" (stored as 0 until ts_config_load
+ * resolves it): parallel.dp. Always TS_OK. */
+ts_status ts_config_allow_auto(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_lr_schedule(const key_spec *k, const ts_config *cfg,
                                        const char *where);
 ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,

@@ -104,7 +104,9 @@ const key_spec ts_config_keys[] = {
     STR_KEY("model", "init", model.init, NULL),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
-    INT_KEY("parallel", "dp", parallel.dp, 1, 1 << 20),
+    /* "auto": what pp * tp leave of the ranks launched (ts_config_load resolves it). */
+    { "parallel", "dp", K_INT, OFF(parallel.dp), 0, 1, 1 << 20, false, false,
+      ts_config_allow_auto },
     INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
     INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),
     STR_KEY("parallel", "schedule", parallel.schedule, ts_config_check_schedule),

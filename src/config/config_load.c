@@ -208,6 +208,14 @@ static ts_status read_key(const key_spec *k, const config_setting_t *s, ts_confi
 
     switch (k->kind) {
     case K_INT: {
+        if (type == CONFIG_TYPE_STRING && k->check == ts_config_allow_auto) {
+            const char *v = config_setting_get_string(s);
+            if (strcmp(v, "auto") != 0)
+                return type_error(k, s, where, "a whole number or \"auto\"",
+                                  "\"auto\" takes what pp * tp leave of the ranks launched");
+            *(int *)dst = 0;
+            break;
+        }
         if (type == CONFIG_TYPE_FLOAT)
             return type_error(k, s, where, "an integer",
                               "write a whole number without a decimal point or exponent");
@@ -697,6 +705,27 @@ static ts_status read_file(config_t *lc, const char *path)
                    file, config_error_line(lc), config_error_text(lc));
 }
 
+/* parallel.dp = "auto": the ranks launched over pp * tp, as Megatron infers its
+ * data-parallel size. A command that launches no ranks (tessera plan: world_size <= 0)
+ * plans one replica. */
+static ts_status resolve_auto_dp(ts_config *cfg, int world_size)
+{
+    const ts_parallel_config *p = &cfg->parallel;
+    const long long model_ranks = (long long)p->pp * p->tp;
+    if (world_size <= 0) {
+        cfg->parallel.dp = 1;
+        return TS_OK;
+    }
+    if (world_size % model_ranks != 0)
+        return ts_fail("parallel.dp = \"auto\" takes what pp * tp = %d * %d = %lld leave of "
+                       "the %d ranks launched, but %d is not a multiple of %lld; launch a "
+                       "multiple of %lld ranks or set parallel.dp",
+                       p->pp, p->tp, model_ranks, world_size, world_size, model_ranks,
+                       model_ranks);
+    cfg->parallel.dp = (int)(world_size / model_ranks);
+    return TS_OK;
+}
+
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size)
 {
@@ -711,5 +740,6 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
     g_main_path = NULL;
     config_destroy(&lc);
     if (st != TS_OK) return st;
+    if (cfg->parallel.dp == 0 && (st = resolve_auto_dp(cfg, world_size)) != TS_OK) return st;
     return ts_config_validate(cfg, world_size);
 }

@@ -138,6 +138,12 @@ ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, con
                    v, where);
 }
 
+ts_status ts_config_allow_auto(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k, (void)cfg, (void)where;
+    return TS_OK;
+}
+
 /* The learning-rate schedules after the warm-up (optim/optim.h). */
 static const char *const LR_SCHEDULES[] = { "cosine", "linear", "constant", "wsd" };
 
@@ -240,6 +246,7 @@ ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const c
     case K_INT: {
         int v = *(const int *)cfield_ptr(cfg, k);
         snprintf(value, sizeof value, "%d", v);
+        if (v == 0 && k->check == ts_config_allow_auto) break; /* "auto", resolved at load */
         if (!ts_config_in_range(k, v)) return ts_config_range_error(k, value, where);
         break;
     }

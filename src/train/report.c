@@ -221,8 +221,9 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
         st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
         free(text);
         ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB, optimizer "
-                    "state %.1f MiB); per rank in the metrics file",
-                    all[0], all[1], all[2]);
+                    "state %.1f MiB)%s",
+                    all[0], all[1], all[2],
+                    t->metrics && t->world.size > 1 ? "; per rank in the metrics file" : "");
     }
     free(all);
     return st;
