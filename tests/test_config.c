@@ -449,6 +449,24 @@ static void test_config_relations(void)
     EXPECT_ERR("", "train.eps=3.5e38", "train.eps", "overflows single precision", "from --set");
     EXPECT_ERR("", "train.weight_decay=1e300", "train.weight_decay", "overflows");
     CHECK(load("train = { lr = 3e38; };\n") == TS_OK && g_cfg.train.lr == 3e38);
+    /* parallel.dp = "auto": what pp * tp leave of the ranks launched. */
+    CHECK(load_ov("parallel = { dp = \"auto\"; };\ntrain = { global_batch = 16; };\n", NULL, 0,
+                  4) == TS_OK &&
+          g_cfg.parallel.dp == 4);
+    CHECK(load_ov("parallel = { dp = \"auto\"; pp = 2; };\ntrain = { global_batch = 16; };\n",
+                  NULL, 0, 8) == TS_OK &&
+          g_cfg.parallel.dp == 4);
+    CHECK(load_ov("parallel = { dp = \"auto\"; };\n", NULL, 0, 0) == TS_OK && g_cfg.parallel.dp == 1);
+    {
+        const char *ov[1] = {"parallel.dp=auto"};
+        CHECK(load_ov("", ov, 1, 2) == TS_OK && g_cfg.parallel.dp == 2);
+        ts_error_clear();
+        CHECK(load_ov("parallel = { dp = \"auto\"; tp = 2; };\n", NULL, 0, 3) == TS_ERR &&
+              msg_has("parallel.dp = \"auto\"") && msg_has("3 is not a multiple of 2"));
+    }
+    EXPECT_ERR("parallel = { dp = \"all\"; };\n", NULL, "parallel.dp", "a whole number or \"auto\"",
+               "t.cfg:1");
+    EXPECT_ERR("parallel = { dp = 0; };\n", NULL, "parallel.dp", "out of range");
     /* train.on_nonfinite: "stop" (default) or "skip". */
     CHECK(load("train = { threads = 1; };\n") == TS_OK &&
           !strcmp(g_cfg.train.on_nonfinite, "stop"));
