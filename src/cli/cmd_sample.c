@@ -3,6 +3,7 @@
  * the last position's logits / temperature, optional top-k, softmax, one draw. */
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@
 
 static const char *k_help =
     "usage: tessera sample DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
-    "                      [--seed S] [--device D]\n"
+    "                      [--seed S] [--device D] [--threads N]\n"
     "\n"
     "Generate text from a checkpoint, in one process (no mpirun): the prompt, then N new\n"
     "tokens, each drawn from the model's distribution for the next token given the last\n"
@@ -41,12 +42,15 @@ static const char *k_help =
     "  --seed S          seed of the draws, 0 to 18446744073709551615 (default 1): the\n"
     "                    same checkpoint, prompt, options and seed give the same text\n"
     "  --device D        the compute backend, as train.device (default \"cpu\")\n"
+    "  --threads N       CPU threads, 1 to 4096 (default 1, or OMP_NUM_THREADS): each new\n"
+    "                    token is a short chain of small kernels, where more threads\n"
+    "                    mostly wait for each other (and spin, 15-40x slower, on a\n"
+    "                    busy machine); raise it for a large model on idle cores\n"
     "\n"
     "Output on stdout: for a byte-level model the prompt's bytes and then the new bytes,\n"
     "raw (a newline is added at the end only when stdout is a terminal); otherwise the\n"
     "prompt's ids and the new ids separated by spaces, and a newline. Greedy decoding takes\n"
     "the first of the largest logits. A summary line (tokens, time) goes to stderr.\n"
-    "It runs on every core; OMP_NUM_THREADS=N sets the threads.\n"
     "\n"
     "Exit code 0 on success; 2 for a usage error (an unknown option, a bad value, an\n"
     "empty prompt, a token id out of range); 1 when the checkpoint cannot be read (a\n"
@@ -57,6 +61,7 @@ typedef struct {
     const char *dir, *prompt;
     const ts_kernels *k; /* --device */
     int tokens, top_k;
+    int threads;         /* --threads; 0 = OMP_NUM_THREADS or 1 */
     double temperature;
     uint64_t seed;
 } sample_args;
@@ -113,11 +118,17 @@ static int parse_args(int argc, char **argv, sample_args *a)
             rc = parse_whole("--tokens", v, 1, 1000000, &a->tokens);
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--top-k", &missing))) {
             rc = parse_whole("--top-k", v, 0, 2147483647, &a->top_k);
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--threads", &missing))) {
+            rc = parse_whole("--threads", v, 1, 4096, &a->threads);
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--temperature", &missing))) {
             char *end;
             errno = 0;
             a->temperature = strtod(v, &end);
-            if (errno || end == v || *end || !isfinite(a->temperature) || a->temperature < 0)
+            /* A subnormal (4.9e-324) is a number too: strtod's ERANGE there is underflow,
+             * not an error (the sampler divides by it safely: effectively greedy). */
+            const bool underflow = errno == ERANGE && fabs(a->temperature) <= DBL_MIN;
+            if ((errno && !underflow) || end == v || *end || !isfinite(a->temperature) ||
+                a->temperature < 0)
                 rc = usage_error("--temperature '%.40s%s' is not a number >= 0 (0 = greedy)", v,
                                  strlen(v) > 40 ? "..." : "");
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--seed", &missing))) {
@@ -151,7 +162,7 @@ static int parse_args(int argc, char **argv, sample_args *a)
 static int wants_help(int argc, char **argv)
 {
     static const char *const k_valued[] = {"--prompt", "--tokens", "--temperature", "--top-k",
-                                           "--seed", "--device"};
+                                           "--seed", "--device", "--threads"};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
         for (size_t j = 0; j < sizeof k_valued / sizeof *k_valued; j++)
@@ -278,6 +289,9 @@ int ts_cmd_sample(int argc, char **argv)
     }
     sample_args sa;
     if (parse_args(argc, argv, &sa) != 0) return 2;
+    /* One thread unless asked (--threads, OMP_NUM_THREADS): see --help. */
+    const char *omp = getenv("OMP_NUM_THREADS");
+    ts_cpu_set_threads(sa.threads > 0 ? sa.threads : omp && atoi(omp) > 0 ? atoi(omp) : 1);
 
     char step_dir[TS_PATH_MAX];
     ts_model_config mc;
