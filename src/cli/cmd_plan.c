@@ -192,6 +192,13 @@ static bool plan_opt(void *args, int argc, char **argv, int *i, int *missing, in
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--trace-skip-steps", missing))) {
         *rc = ts_plan_parse_number(v, &k_skip, &a->trace_skip);
         a->trace_skip_set = true;
+    } else if (!strcmp(argv[*i], "--gpus") || !strcmp(argv[*i], "--search") ||
+               !strcmp(argv[*i], "--top") || !strcmp(argv[*i], "--exhaustive")) {
+        /* The cluster planner's options, given without its cluster. */
+        *rc = ts_plan_usage("%s plans on a cluster: give it with --cluster FILE (e.g. "
+                            "configs/clusters/dgx-h100.cfg), as in tessera plan CONFIG "
+                            "--cluster FILE --gpus N --search",
+                            argv[*i]);
     } else {
         return false; /* CONFIG, --set, or an unknown option */
     }

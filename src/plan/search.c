@@ -93,11 +93,32 @@ static int cmp_lower(const void *pa, const void *pb)
     return a->lower_ms < b->lower_ms ? -1 : a->lower_ms > b->lower_ms;
 }
 
-/* Best first: the shorter step, then (on a tie) the less memory. */
+/* How much machinery a grid asks for, least first, to break ties between grids equal
+ * in time and memory: one virtual stage, the plain 1F1B before GPipe (which holds every
+ * micro-batch) and then the interleaved and zero-bubble schedules, no recompute, no
+ * ZeRO. */
+static int complexity(const ts_plan_grid *g)
+{
+    static const int schedule_rank[] = {
+        [TS_SCHEDULE_1F1B] = 0, [TS_SCHEDULE_GPIPE] = 1, [TS_SCHEDULE_INTERLEAVED_1F1B] = 2,
+        [TS_SCHEDULE_ZB_H1] = 3};
+    const int sched = g->schedule >= 0 && g->schedule <= TS_SCHEDULE_ZB_H1
+                          ? schedule_rank[g->schedule]
+                          : 4; /* a CSV schedule */
+    return ((g->v - 1) * 8 + sched) * 16 + g->recompute * 2 + g->zero;
+}
+
+/* Best first: the shorter step, then (on a tie) the less memory, then the simpler grid
+ * (new user: GPipe ranked above 1F1B at equal times although it holds more). */
+static bool differ(double a, double b) { return fabs(a - b) > 1e-9 * fmax(fabs(a), fabs(b)); }
+
+/* Times within a part in 10^9 are a tie: the simulator sums the same terms in another
+ * order for another schedule. */
 static int better(const ts_plan_result *a, const ts_plan_result *b)
 {
-    if (a->step_ms != b->step_ms) return a->step_ms < b->step_ms;
-    return a->mem.total < b->mem.total;
+    if (differ(a->step_ms, b->step_ms)) return a->step_ms < b->step_ms;
+    if (differ(a->mem.total, b->mem.total)) return a->mem.total < b->mem.total;
+    return complexity(&a->g) < complexity(&b->g);
 }
 
 /* Insert into the top list (kept sorted, at most k). */
@@ -301,7 +322,9 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     if (n_fits > 0) qsort(fits, n_fits, sizeof *fits, cmp_lower); /* NULL when none */
     for (size_t j = 0; j < n_fits; j++) {
         ts_plan_result *c = &fits[j];
-        if (!o->exhaustive && r->n_top == k && c->lower_ms >= r->top[k - 1].step_ms) {
+        /* '>': a candidate whose bound equals the last kept time may still tie it and
+         * win on memory or simplicity, so it is simulated. */
+        if (!o->exhaustive && r->n_top == k && c->lower_ms > r->top[k - 1].step_ms) {
             estimate_terms(c);
             continue;
         }
