@@ -12,7 +12,11 @@ make_corpus "$TMP/train.bin"
 base=(train "$SRC/configs/tiny.cfg" --set model.n_layer=3 --set model.n_embd=96
       --set model.n_head=12 --set model.seq_len=32 --set train.global_batch=8
       --set parallel.micro_batch=2 --set train.warmup=2 --set "data.train=\"$TMP/train.bin\""
-      --set 'data.val=""' --set train.threads=1 --set log.progress=false)
+      --set 'data.val=""' --set train.threads=1 --set log.progress=false
+      --set train.lr_decay_steps=6)
+# Every run here follows one 6-step schedule (train.lr_decay_steps), whatever its
+# train.steps: a resumed run must continue its checkpoint's schedule, and "3 saved + 3
+# resumed" is compared with 6 uninterrupted steps.
 grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
 interleaved=(--set parallel.virtual_stages=2 --set parallel.schedule=interleaved-1f1b)
 

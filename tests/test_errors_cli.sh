@@ -18,8 +18,9 @@ printf 'model = { n_layer = 4 \n' > "$TMP/broken.cfg"
 expect_error 1 "broken.cfg:[0-9]+: syntax error" train "$TMP/broken.cfg"
 expect_error 1 "No such file|cannot read|not found" train "$TMP/absent.cfg"
 
-# The grid must match the ranks launched: message once, every rank exits non-zero.
-expect_error 2 "pp\*dp\*tp" "${base[@]}"
+# The grid must match the ranks launched: message once, every rank exits non-zero (an
+# explicit dp: tiny.cfg's "auto" would take both ranks).
+expect_error 2 "pp\*dp\*tp" "${base[@]}" --set parallel.dp=1
 
 # An error on one rank only (rank 0 alone opens the metrics file): every rank still
 # exits non-zero, promptly (run_np has a timeout), with one message.

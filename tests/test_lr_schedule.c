@@ -85,11 +85,22 @@ static void test_same_and_describe(void)
     ts_lr_schedule_of(&a, &sa);
     b.steps = 220; /* stretched: a different schedule */
     ts_lr_schedule_of(&b, &sb);
-    CHECK(!ts_lr_schedule_same(&sa, &sb));
+    CHECK(ts_lr_schedule_diverges(&sa, &sb, 0, 220) == 11); /* the first decayed step */
+    CHECK(ts_lr_schedule_diverges(&sa, &sb, 0, 11) == -1);  /* the warm-up agrees */
     b.lr_decay_steps = 110; /* the old length kept */
     ts_lr_schedule_of(&b, &sb);
-    CHECK(ts_lr_schedule_same(&sa, &sb));
+    CHECK(ts_lr_schedule_diverges(&sa, &sb, 0, 220) == -1);
+    /* A constant rate (min_lr = lr) is the same rate over any length. */
+    a.min_lr = a.lr;
+    b.min_lr = b.lr;
+    b.lr_decay_steps = 0;
+    ts_lr_schedule_of(&a, &sa);
+    ts_lr_schedule_of(&b, &sb);
+    CHECK(ts_lr_schedule_diverges(&sa, &sb, 0, 220) == -1);
+    CHECK(ts_lr_schedule_at(&sa, 50) == 1e-3 && ts_lr_schedule_at(&sb, 219) == 1e-3);
     char text[160];
+    a = base("cosine");
+    ts_lr_schedule_of(&a, &sa);
     ts_lr_schedule_describe(&sa, text, sizeof text);
     CHECKF(!strcmp(text, "cosine from 0.001 to 0.0001 over 110 steps (10 of warm-up)"), "%s", text);
     ts_train_config w = base("wsd");

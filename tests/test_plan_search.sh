@@ -52,6 +52,13 @@ bad_cluster nomem "missing key" "nomem.cfg: cluster.device.memory_gb is missing"
 bad_cluster neg "negative bandwidth" "cluster.intra_node.bandwidth_gbs = -1 is impossible" \
   's/bandwidth_gbs = 450.0/bandwidth_gbs = -1/'
 bad_cluster eff "efficiency > 1" "gemm_efficiency entry 2 has efficiency 1.5" 's/(1024, 0.65)/(1024, 1.5)/'
+# Values the old validation accepted and the planner then aborted on (probe D5).
+bad_cluster tinybw "1e-300 GB/s" "intra_node.bandwidth_gbs = 1e-300 is out of range" \
+  's/bandwidth_gbs = 450.0/bandwidth_gbs = 1e-300/'
+bad_cluster hugelat "1e300 us" "inter_node.latency_us = 1e\+300 is out of range" \
+  's/latency_us = 10.0/latency_us = 1e300/'
+bad_cluster tinyeff "efficiency 1e-300" "gemm_efficiency entry 2 has efficiency 1e-300" \
+  's/(1024, 0.65)/(1024, 1e-300)/'
 bad_cluster sort "unsorted table" "not sorted by n" 's/(1024, 0.65)/(300, 0.65)/'
 bad_cluster dt "bad dtype" 'compute_dtype = "fp8" is not' 's/compute_dtype = "bf16"/compute_dtype = "fp8"/'
 bad_cluster typo "unknown key" "devices_per_nodes is not a key" 's/devices_per_node = 8/devices_per_nodes = 8/'

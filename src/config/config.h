@@ -123,7 +123,12 @@ typedef struct {
     int warmup, length, decay;
 } ts_lr_schedule;
 void ts_lr_schedule_of(const ts_train_config *t, ts_lr_schedule *s);
-bool ts_lr_schedule_same(const ts_lr_schedule *a, const ts_lr_schedule *b);
+/* The learning rate at 0-based step `step`. */
+double ts_lr_schedule_at(const ts_lr_schedule *s, int step);
+/* The first step in [from, to) at which a and b give different learning rates, or -1:
+ * two schedules that agree on every step a run will take are the same to it (a
+ * constant rate stretched over another length, say). */
+int ts_lr_schedule_diverges(const ts_lr_schedule *a, const ts_lr_schedule *b, int from, int to);
 /* "cosine from 0.0006 to 6e-05 over 200 steps (10 of warm-up)" into buf. */
 const char *ts_lr_schedule_describe(const ts_lr_schedule *s, char *buf, size_t size);
 

@@ -20,10 +20,30 @@ void ts_lr_schedule_of(const ts_train_config *t, ts_lr_schedule *s)
                                       : (int)llround(t->decay_fraction * (double)s->length);
 }
 
-bool ts_lr_schedule_same(const ts_lr_schedule *a, const ts_lr_schedule *b)
+double ts_lr_schedule_at(const ts_lr_schedule *s, int step)
 {
-    return !strcmp(a->name, b->name) && a->lr == b->lr && a->min_lr == b->min_lr &&
-           a->warmup == b->warmup && a->length == b->length && a->decay == b->decay;
+    if (step < s->warmup) return s->lr * (double)(step + 1) / (double)s->warmup;
+    if (!strcmp(s->name, "constant")) return s->lr;
+    /* r: how far the decay has gone, 0 at its first step, 1 from one step past its end
+     * (held there past the schedule's length). */
+    int start = s->warmup, span = s->length - s->warmup;
+    if (!strcmp(s->name, "wsd")) {
+        start = s->length - s->decay;
+        span = s->decay;
+        if (step < start) return s->lr;
+    }
+    double r = span > 0 ? (double)(step - start) / (double)span : 1.0;
+    if (r > 1.0) r = 1.0;
+    if (!strcmp(s->name, "cosine"))
+        return s->min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (s->lr - s->min_lr);
+    return s->lr - r * (s->lr - s->min_lr); /* linear, and wsd's decay */
+}
+
+int ts_lr_schedule_diverges(const ts_lr_schedule *a, const ts_lr_schedule *b, int from, int to)
+{
+    for (int s = from; s < to; s++)
+        if (ts_lr_schedule_at(a, s) != ts_lr_schedule_at(b, s)) return s;
+    return -1;
 }
 
 const char *ts_lr_schedule_describe(const ts_lr_schedule *s, char *buf, size_t size)

@@ -6,22 +6,9 @@
 
 double ts_lr_at(const ts_train_config *tc, int step)
 {
-    if (step < tc->warmup) return tc->lr * (double)(step + 1) / (double)tc->warmup;
     ts_lr_schedule s;
     ts_lr_schedule_of(tc, &s);
-    if (!strcmp(s.name, "constant")) return s.lr;
-    /* r: how far the decay has gone, 0 at its first step, 1 from one step past its end
-     * (held there past the schedule's length). */
-    int start = s.warmup, span = s.length - s.warmup;
-    if (!strcmp(s.name, "wsd")) {
-        start = s.length - s.decay;
-        span = s.decay;
-        if (step < start) return s.lr;
-    }
-    double r = span > 0 ? (double)(step - start) / (double)span : 1.0;
-    if (r > 1.0) r = 1.0;
-    if (!strcmp(s.name, "cosine")) return s.min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (s.lr - s.min_lr);
-    return s.lr - r * (s.lr - s.min_lr); /* linear, and wsd's decay */
+    return ts_lr_schedule_at(&s, step);
 }
 
 double ts_grad_sum_squares(const ts_model *m)

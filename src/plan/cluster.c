@@ -199,8 +199,9 @@ static ts_status elementwise(const char *path, const config_setting_t *dev, ts_c
                            path, w, ts_elem_names[k]);
         for (int d = 0; d < 2; d++) {
             if (!isfinite(v[d]) || v[d] < 1e-6 || v[d] > 1e9)
-                return ts_fail("cluster file %s: %s.%s has %s = %g ns; it must be from 1e-6 "
-                               "to 1e9 (leave the kernel out to cost it as a memory pass)",
+                return ts_fail("cluster file %s: %s.%s has %s = %g ns; it must be positive, "
+                               "from 1e-6 to 1e9 (leave the kernel out to cost it as a memory "
+                               "pass)",
                                path, w, ts_elem_names[k], d ? "backward" : "forward", v[d]);
             c->elem_time[k][d] = v[d] * 1e-9;
         }

@@ -64,15 +64,21 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     ts_lr_schedule was, now;
     st = ts_ckpt_read_lr_schedule(t->loaded_from, &was);
     ts_lr_schedule_of(&t->cfg.train, &now);
-    if (st == TS_OK && !ts_lr_schedule_same(&was, &now) && !t->cfg.train.allow_schedule_change) {
+    /* Compared on the steps this run takes (a constant rate stretched over another
+     * length is the same rate). */
+    const int at = st == TS_OK ? ts_lr_schedule_diverges(&was, &now, t->start_step,
+                                                         t->cfg.train.steps)
+                               : -1;
+    if (at >= 0 && !t->cfg.train.allow_schedule_change) {
         char a[160], b[160];
         st = ts_fail("checkpoint.load: %s ran the learning-rate schedule \"%s\", but this run "
-                     "has \"%s\": resuming would change the learning rate from step %d on; "
-                     "keep the schedule (train.lr_decay_steps = %d keeps its length when "
-                     "train.steps grows), or set train.allow_schedule_change = true",
+                     "has \"%s\": resuming would change the learning rate from step %d on "
+                     "(%g instead of %g); keep the schedule (train.lr_decay_steps = %d keeps its "
+                     "length when train.steps grows), or set train.allow_schedule_change = true",
                      t->loaded_from, ts_lr_schedule_describe(&was, a, sizeof a),
-                     ts_lr_schedule_describe(&now, b, sizeof b), t->start_step, was.length);
-    } else if (st == TS_OK && !ts_lr_schedule_same(&was, &now) && t->world.rank == 0) {
+                     ts_lr_schedule_describe(&now, b, sizeof b), at, ts_lr_schedule_at(&now, at),
+                     ts_lr_schedule_at(&was, at), was.length);
+    } else if (at >= 0 && t->world.rank == 0) {
         char a[160], b[160];
         ts_log_warn("checkpoint: the learning-rate schedule changes on resuming (train."
                     "allow_schedule_change): was %s, now %s",
