@@ -119,6 +119,23 @@ timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG"
 judge_error "D11: a checkpoint.dir per node" $? "is not the same directory on every rank"
 [ ! -e "$TMP/w0/ck/latest" ] && pass || fail "D11: saved into a directory not every rank sees"
 
+# A latest that is not a file (a symlink loop) fails at start-up, not at the end (Q3).
+D="$TMP/ckloop"
+mkdir -p "$D" && ln -s latest "$D/latest"
+expect_error 0 "latest is not a regular file \(it is a symbolic link\)" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "checkpoint.dir=\"$D\""
+# Pruning renames a step out of the step names before deleting it, and finishes what an
+# interrupted prune left (Q1).
+D="$TMP/ckprune"
+run_one train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.every=1 --set checkpoint.keep=1 || fail "Q1: the run"
+mkdir "$D/.del-step_00000009" && touch "$D/.del-step_00000009/model.safetensors"
+run_one train "$CFG" "${small[@]}" --set train.steps=5 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.every=1 --set checkpoint.keep=1 --set checkpoint.load=latest \
+  --set train.lr_decay_steps=3 || fail "Q1: the resumed run: $(cat "$TMP/err")"
+[ "$(ls -A "$D" | tr '\n' ' ')" = ".lock latest step_00000005 " ] && pass ||
+  fail "Q1: left behind: $(ls -A "$D")"
+
 # ---- D3, D4: inputs that are not regular files, refused at once
 mkfifo "$TMP/fifo" "$TMP/fifo.csv"
 ln -s /dev/zero "$TMP/zero.csv"
@@ -141,6 +158,14 @@ expect_error 0 "latest is not a regular file" train "$CFG" "${small[@]}" --set t
 rm "$D/latest" && echo step_00000001 >"$D/latest"
 mv "$D/step_00000001/state.json" "$TMP/state.json" && mkfifo "$D/step_00000001/state.json"
 expect_error --rc 3 0 "state.json is not a regular file" ckpt verify "$D"
+# A schedule CSV with CR-only line ends has one row per rank, as with \n or \r\n (Q4).
+tr '\n' '\r' <"$SRC/tests/schedules/example_1f1b_pp2.csv" >"$TMP/cr.csv"
+run_one plan "$CFG" --set parallel.pp=2 --set parallel.micro_batch=4 --cost uniform \
+  --set "parallel.schedule=\"$SRC/tests/schedules/example_1f1b_pp2.csv\"" && cp "$TMP/out" "$TMP/lf.plan"
+run_one plan "$CFG" --set parallel.pp=2 --set parallel.micro_batch=4 --cost uniform \
+  --set "parallel.schedule=\"$TMP/cr.csv\"" &&
+  diff <(grep -v '^grid\|schedule' "$TMP/lf.plan") <(grep -v '^grid\|schedule' "$TMP/out") >/dev/null &&
+  pass || fail "Q4: a CR-only CSV: $(cat "$TMP/err")"
 # The config may still come through a pipe.
 run_one train /dev/stdin "${small[@]}" --set train.steps=1 <"$CFG" && pass ||
   fail "D3: a config on /dev/stdin"

@@ -71,6 +71,18 @@ ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host,
                        strerror(errno));
     }
     c->fd = fd;
+    /* `latest` is ours to replace at every save: a directory, link or device there would
+     * fail only after training (probe Q3: a symlink loop failed the end-of-run save). */
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        ts_ckpt_claim_release(c);
+        return ts_fail("checkpoint.dir: %s is not a regular file (it is %s); remove it (a "
+                       "run that loads \"latest\" then takes the newest complete step)",
+                       path,
+                       S_ISLNK(sb.st_mode)   ? "a symbolic link"
+                       : S_ISDIR(sb.st_mode) ? "a directory"
+                                             : "not a file");
+    }
     if (fresh && !overwrite) {
         const long newest = ts_ckpt_newest_step(dir);
         if (newest >= 0) {

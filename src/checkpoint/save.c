@@ -408,9 +408,18 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
     ts_atomic_file af;
     ts_status st = ts_atomic_open(&af, path, "checkpoint state");
     if (st == TS_OK) {
-        if (json_dumpf(state, af.f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 || fputc('\n', af.f) == EOF)
-            ts_log_warn("writing %s: the commit will report the failure", path);
-        st = ts_atomic_commit(&af);
+        /* Flushed here, so a full disk is reported as such (the stream's own error
+         * would leave only EIO for the commit to report). */
+        errno = 0;
+        if (json_dumpf(state, af.f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 ||
+            fputc('\n', af.f) == EOF || fflush(af.f) != 0) {
+            const int err = errno ? errno : EIO;
+            ts_atomic_abort(&af);
+            st = ts_fail("writing %s failed: %s (the checkpoint was not committed)", path,
+                         strerror(err));
+        } else {
+            st = ts_atomic_commit(&af);
+        }
     }
     json_decref(state);
     if (st == TS_OK) st = fsync_dir(tmp);
@@ -441,10 +450,17 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
         if (fsync_dir(root) != TS_OK) return TS_ERR;
     }
 
+    /* The checkpoint is committed and complete from here: a failure now must not read
+     * as a failed save (probe Q2: a full disk at `latest` said "nothing was written"). */
     join(path, sizeof path, root, "latest");
-    if ((st = ts_atomic_open(&af, path, "checkpoint latest")) != TS_OK) return st;
-    fprintf(af.f, "%s\n", name);
-    if ((st = ts_atomic_commit(&af)) != TS_OK) return st;
+    if ((st = ts_atomic_open(&af, path, "checkpoint latest")) == TS_OK) {
+        fprintf(af.f, "%s\n", name);
+        st = ts_atomic_commit(&af);
+    }
+    if (st != TS_OK)
+        return ts_fail("%s is committed and complete, but `latest` could not be updated (%s): "
+                       "it still names the checkpoint before; load %s by its directory",
+                       final, ts_error_message(), final);
     return fsync_dir(root);
 }
 
@@ -459,13 +475,30 @@ static ts_status prune(const char *root, int keep, long just_written)
      * Of the older ones, keep - 1 stay beside the new one. */
     ts_status st = TS_OK;
     long kept = 1;
-    char path[TS_PATH_MAX + 300];
+    char path[TS_PATH_MAX + 300], doomed[TS_PATH_MAX + 300];
     for (long i = 0; i < n && st == TS_OK; i++) {
         if (steps[i] >= just_written || kept++ < keep) continue;
+        /* Renamed out of the step names first (probe Q1): a kill while its files are
+         * removed leaves a .del- directory that nothing mistakes for a checkpoint, and
+         * that the next prune finishes. */
         snprintf(path, sizeof path, "%s/step_%08ld", root, steps[i]);
-        st = remove_dir(path);
+        snprintf(doomed, sizeof doomed, "%s/.del-step_%08ld", root, steps[i]);
+        if (rename(path, doomed) != 0) {
+            st = ts_fail("cannot move %s aside to delete it: %s", path, strerror(errno));
+            break;
+        }
+        st = remove_dir(doomed);
     }
     free(steps);
+    /* What an earlier, interrupted prune left. */
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while (st == TS_OK && d && (e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, ".del-step_", 10)) {
+            join(doomed, sizeof doomed, root, e->d_name);
+            st = remove_dir(doomed);
+        }
+    if (d) closedir(d);
     return st;
 }
 

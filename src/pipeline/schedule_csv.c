@@ -149,18 +149,28 @@ static ts_status read_rows(FILE *f, const char *path, int pp, int m, row_list *l
     size_t cap = 0;
     ts_status st = TS_OK;
     *n_rows = 0;
-    for (int line = 1; getline(&text, &cap, f) >= 0; line++) {
-        text[strcspn(text, "\r\n")] = '\0';
-        if (blank(text)) continue; /* a blank row is an empty rank: validation says so */
-        if (line > pp) {
-            st = ts_fail("%s:%d: the file has more lines than pipeline ranks (pp = %d): one "
-                         "line per rank, rank 0 first",
-                         path, line, pp);
-            break;
+    int line = 0;
+    /* Lines end in \n, \r\n or a lone \r (old Mac files): each \n-terminated read is
+     * split at its \r's, a \r just before the \n ending nothing (probe Q4: a CR-only
+     * file read as one line). */
+    while (st == TS_OK && getline(&text, &cap, f) >= 0) {
+        text[strcspn(text, "\n")] = '\0';
+        const size_t len = strlen(text);
+        if (len > 0 && text[len - 1] == '\r') text[len - 1] = '\0';
+        for (char *row = text, *next; row && st == TS_OK; row = next) {
+            next = strchr(row, '\r');
+            if (next) *next++ = '\0';
+            line++;
+            if (blank(row)) continue; /* a blank row is an empty rank: validation says so */
+            if (line > pp) {
+                st = ts_fail("%s:%d: the file has more lines than pipeline ranks (pp = %d): "
+                             "one line per rank, rank 0 first",
+                             path, line, pp);
+                break;
+            }
+            *n_rows = line;
+            st = parse_line(path, line, line - 1, row, pp, m, &lists[line - 1], max_stage);
         }
-        *n_rows = line;
-        if ((st = parse_line(path, line, line - 1, text, pp, m, &lists[line - 1], max_stage)))
-            break;
     }
     free(text);
     if (st == TS_OK && ferror(f))
