@@ -88,6 +88,13 @@ static int run(int argc, char **argv, int rank, int world_size)
      * script requeues on. Without checkpoint.dir nothing was saved: 128 + the signal, as
      * a shell reports a process the signal ended, so nothing requeues a lost run. */
     if (st != TS_OK) return 1;
+    /* Under mpirun a rank's non-zero exit makes mpirun print that the job was aborted:
+     * say first that the state is safe, and how to go on. */
+    if (preempted)
+        ts_log_info("stopped by a signal with the state saved in %s: exit %d; resume with "
+                    "checkpoint.load = \"latest\" (an \"aborted\" banner from mpirun "
+                    "after this line is mpirun reporting that exit code)",
+                    cfg.checkpoint.dir, TS_EXIT_PREEMPTED);
     return preempted ? TS_EXIT_PREEMPTED : stop_signal ? 128 + stop_signal : 0;
 }
 
