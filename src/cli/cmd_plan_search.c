@@ -241,8 +241,20 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
            r->fits ? "fits" : "DOES NOT FIT", gb(m->params, b[1], 32), gb(m->grads, b[2], 32),
            gb(m->optimizer, b[3], 32), gb(m->activations, b[4], 32), gb(m->buffers, b[5], 32),
            gb(m->blas, b[6], 32));
-    printf("  device memory %.2f GB%s\n", cl->memory / 1e9,
-           r->fits ? "" : ": lower micro_batch, add recompute, zero = 1, or raise pp / tp");
+    /* Only the remedies this grid has not taken yet (new user: the hint suggested ZeRO-1
+     * and micro-batch 1 to a config that had both). */
+    char hint[160] = "";
+    if (!r->fits) {
+        size_t n = 0;
+        if (g->micro_batch > 1)
+            n += (size_t)snprintf(hint + n, sizeof hint - n, "lower micro_batch, ");
+        if (g->recompute != TS_RECOMPUTE_FULL)
+            n += (size_t)snprintf(hint + n, sizeof hint - n, "recompute = \"full\", ");
+        if (g->zero == 0 && g->dp > 1)
+            n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = 1, ");
+        snprintf(hint + n, sizeof hint - n, "raise pp or tp (more devices per replica)");
+    }
+    printf("  device memory %.2f GB%s%s\n", cl->memory / 1e9, r->fits ? "" : ": ", hint);
     const ts_plan_terms *t = &r->terms;
     printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp all-reduces %.3f, "
            "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
