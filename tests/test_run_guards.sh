@@ -183,6 +183,21 @@ timeout 120 mpirun --oversubscribe -np 1 -x TS_FAKE_NODES=1 "$TESSERA" topo "$CF
   --set parallel.dp=2 : -np 1 "$TESSERA" topo "$CFG" --set parallel.dp=2 >"$TMP/out" 2>"$TMP/err"
 judge_error "D13: TS_FAKE_NODES on one rank" $? "TS_FAKE_NODES differs between ranks"
 
+# ---- Q5: resuming on other data is said, not silent
+D="$TMP/ckdata"
+cp "$TMP/train.bin" "$TMP/other.bin"
+run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" \
+  --set train.lr_decay_steps=10 || fail "Q5: save"
+run_one train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$D\"" \
+  --set train.lr_decay_steps=10 --set checkpoint.load=latest --set "data.train=\"$TMP/other.bin\"" &&
+  grep -q 'names other files than the run .* did (their contents are the same)' "$TMP/err" && pass ||
+  fail "Q5: a moved copy: $(cat "$TMP/err")"
+printf '\001' | dd of="$TMP/other.bin" bs=1 seek=2000 conv=notrunc 2>/dev/null
+run_one train "$CFG" "${small[@]}" --set train.steps=4 --set "checkpoint.dir=\"$D\"" \
+  --set train.lr_decay_steps=10 --set checkpoint.load=latest --set "data.train=\"$TMP/other.bin\"" &&
+  grep -q 'holds other data than the run .* read (shard .*other.bin differs' "$TMP/err" && pass ||
+  fail "Q5: changed data: $(cat "$TMP/err")"
+
 # ---- D12: a system error is not a verdict on the data
 D="$TMP/ckfd"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \

@@ -57,6 +57,11 @@ typedef struct {
                                * grid itself is cfg->parallel's, recorded in state.json) */
     int step;                 /* completed optimizer steps: the next step to run */
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
+    /* The identity of each data.train shard (token count, crc32), recorded in state.json
+     * so a resume can tell when it reads other data; n_data 0: none recorded. */
+    int n_data;
+    const uint64_t *data_tokens;
+    const uint32_t *data_crc;
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

@@ -372,14 +372,19 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     const long long B = c->train.global_batch;
     ts_lr_schedule lrs; /* the schedule a resumed run is held to (checkpointing.c) */
     ts_lr_schedule_of(&c->train, &lrs);
+    json_t *identity = json_array();
+    for (int i = 0; i < a->n_data; i++)
+        json_array_append_new(identity, json_pack("{s:I, s:I}", "tokens",
+                                                  (json_int_t)a->data_tokens[i], "crc32",
+                                                  (json_int_t)a->data_crc[i]));
     return json_pack(
-        "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o}, "
+        "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o, s:o}, "
         "s:{s:I, s:s}, s:{s:s, s:f, s:f, s:i, s:i, s:i}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
         "grid", "pp", c->parallel.pp, "dp", c->parallel.dp, "tp", c->parallel.tp, "virtual_stages",
         c->parallel.virtual_stages, "zero", c->parallel.zero, "world", a->world->size,
         "data", "sequences_consumed", (json_int_t)(B * a->step), "global_batch", (json_int_t)B,
-        "seq_len", c->model.seq_len, "train", train,
+        "seq_len", c->model.seq_len, "train", train, "identity", identity,
         "rng", "seed", (json_int_t)c->train.seed, "note",
         "initialisation draws element i of tensor t from (seed, t, i); training draws no "
         "random numbers, so the step is the whole random state",

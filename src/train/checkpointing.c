@@ -3,14 +3,62 @@
  * background (checkpoint.async), and their commit with its report. */
 #include "train/internal.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/reader.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/watchdog.h"
+
+/* Whether the checkpoint's run read the data this one reads (state.json's data.train and
+ * the shards' identity, when recorded): the batch rule continues at step x global_batch
+ * sequences into whatever data.train now holds, so a changed file is said, not silently
+ * trained on (probe Q5). Rank 0 warns; nothing is refused (a corpus may be fixed or
+ * moved on purpose). */
+static void compare_data(ts_trainer *t)
+{
+    if (t->world.rank != 0) return;
+    ts_ckpt_reader r;
+    if (ts_ckpt_reader_open(&r, t->loaded_from) != TS_OK) return; /* load checked it */
+    json_t *data = json_object_get(r.state, "data");
+    json_t *paths = json_object_get(data, "train"), *ids = json_object_get(data, "identity");
+    const ts_data_config *d = &t->cfg.data;
+    bool same_paths = json_is_array(paths) && (int)json_array_size(paths) == d->n_train;
+    for (int i = 0; same_paths && i < d->n_train; i++) {
+        const char *p = json_string_value(json_array_get(paths, (size_t)i));
+        same_paths = p && !strcmp(p, d->train[i]);
+    }
+    int differ = -1; /* the first shard whose identity differs */
+    const int n = t->train_data.n_shards;
+    if (json_is_array(ids) && json_array_size(ids) > 0) {
+        if ((int)json_array_size(ids) != n) differ = 0;
+        for (int i = 0; differ < 0 && i < n; i++) {
+            json_t *e = json_array_get(ids, (size_t)i);
+            json_t *tok = json_object_get(e, "tokens"), *crc = json_object_get(e, "crc32");
+            if (!json_is_integer(tok) || !json_is_integer(crc) ||
+                (uint64_t)json_integer_value(tok) != t->data_tokens[i] ||
+                (uint32_t)json_integer_value(crc) != t->data_crc[i])
+                differ = i;
+        }
+    }
+    if (differ >= 0)
+        ts_log_warn("checkpoint: data.train holds other data than the run of %s read (shard %s "
+                    "differs in its tokens or crc32): training continues at sequence %lld of "
+                    "the new data",
+                    t->loaded_from, t->train_data.shards[differ].path,
+                    (long long)t->start_step * t->cfg.train.global_batch);
+    else if (!same_paths)
+        ts_log_warn("checkpoint: data.train names other files than the run of %s did%s",
+                    t->loaded_from,
+                    json_is_array(ids) && json_array_size(ids) > 0
+                        ? " (their contents are the same)"
+                        : "; their contents were not recorded, so they may differ");
+    ts_ckpt_reader_close(&r);
+}
 
 /* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
  * so a requeued job script can always pass it) or a checkpoint directory. Rank 0 looks
@@ -86,6 +134,7 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                     ts_lr_schedule_describe(&now, b, sizeof b));
     }
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    compare_data(t);
     if (t->world.rank == 0)
         ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
                     t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
@@ -180,7 +229,8 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     const ts_topology *topo = t->topo;
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .dp_rank = topo->coords.dp, .step = step,
-                           .staging = &t->staging};
+                           .staging = &t->staging, .n_data = t->train_data.n_shards,
+                           .data_tokens = t->data_tokens, .data_crc = t->data_crc};
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();

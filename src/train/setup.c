@@ -84,7 +84,8 @@ ts_status ts_trainer_open_data(ts_trainer *t)
 /* One dataset's shards agreed across the ranks: the same token count and crc32 for
  * each path on every rank (probe D7: node-local copies that differed trained silently
  * on a mixture). Collective. */
-static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *key)
+static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *key,
+                               uint64_t *tokens, uint32_t *crcs)
 {
     const int n = ds->n_shards;
     uint64_t *lo = ts_calloc((size_t)n * 2, sizeof *lo), *hi = ts_calloc((size_t)n * 2, sizeof *hi);
@@ -105,6 +106,10 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
                          key, ds->shards[i].path,
                          lo[2 * i] != hi[2 * i] ? "its token count differs between ranks"
                                                 : "its contents differ between ranks");
+    for (int i = 0; tokens && i < n; i++) {
+        tokens[i] = lo[2 * i];
+        crcs[i] = (uint32_t)lo[2 * i + 1];
+    }
     free(lo);
     free(hi);
     return st;
@@ -113,9 +118,9 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
 ts_status ts_trainer_agree_data(ts_trainer *t)
 {
     ts_watchdog_context("setup: checking every rank reads the same data", 0, 0, 0);
-    ts_status st = agree_dataset(t, &t->train_data, "data.train");
+    ts_status st = agree_dataset(t, &t->train_data, "data.train", t->data_tokens, t->data_crc);
     int val = t->has_val; /* the same on every rank: the config decides */
-    if (st == TS_OK && val) st = agree_dataset(t, &t->val_data, "data.val");
+    if (st == TS_OK && val) st = agree_dataset(t, &t->val_data, "data.val", NULL, NULL);
     return st;
 }
 

@@ -53,6 +53,10 @@ typedef struct {
     ts_grad_sync grad_sync;
     ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
     ts_dataset train_data, val_data;
+    /* data.train's shards as every rank agreed on them (token count, crc32), for the
+     * checkpoints to record. */
+    uint64_t data_tokens[TS_MAX_SHARDS];
+    uint32_t data_crc[TS_MAX_SHARDS];
     bool has_train, has_val;
 
     ts_trace trace;     /* this rank's events when log.trace is set */
