@@ -73,6 +73,10 @@ run_one train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$
   --set checkpoint.load=latest && pass || fail "D9: resuming"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
   --set checkpoint.overwrite=true && pass || fail "D9: checkpoint.overwrite"
+# Starting over replaces the old run's checkpoints, the later ones too, once its own
+# first one is committed.
+[ "$(ls "$D" | tr '\n' ' ')" = "latest step_00000001 " ] && pass ||
+  fail "D9: after starting over: $(ls "$D")"
 # A second run on a directory in use: refused on every rank, naming the holder.
 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=1000000 --set "checkpoint.dir=\"$D\"" \
   --set checkpoint.overwrite=true --set "log.metrics=\"$TMP/holder.jsonl\"" \

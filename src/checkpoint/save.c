@@ -470,19 +470,24 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
 }
 
 /* Keep the one just written and the keep - 1 newest before it. */
-static ts_status prune(const char *root, int keep, long just_written)
+static ts_status prune(const char *root, int keep, long just_written, bool replace_later)
 {
     long *steps;
     const long n = ts_ckpt_list_steps(root, false, &steps);
     if (n < 0) return ts_fail("cannot open %s: %s", root, strerror(errno));
     /* Newest first. Checkpoints after the one just written belong to a run this one
-     * rolled back from (it loaded an earlier step): they are left for the user to judge.
-     * Of the older ones, keep - 1 stay beside the new one. */
+     * rolled back from (it loaded an earlier step): they are left for the user to judge,
+     * unless this run started over there (checkpoint.overwrite without checkpoint.load:
+     * `replace_later`), whose first save thus replaces the old run's later ones (a rerun
+     * of a 200-step demo with 20 steps left step_200 beside step_20). Of the older
+     * ones, keep - 1 stay beside the new one. */
     ts_status st = TS_OK;
     long kept = 1;
     char path[TS_PATH_MAX + 300], doomed[TS_PATH_MAX + 300];
     for (long i = 0; i < n && st == TS_OK; i++) {
-        if (steps[i] >= just_written || kept++ < keep) continue;
+        if (steps[i] == just_written || (steps[i] > just_written && !replace_later) ||
+            (steps[i] < just_written && kept++ < keep))
+            continue;
         /* Renamed out of the step names first (probe Q1): a kill while its files are
          * removed leaves a .del- directory that nothing mistakes for a checkpoint, and
          * that the next prune finishes. */
@@ -672,7 +677,8 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
     if (world->rank == 0) {
         st = commit(a, &s->L, all, total, root, s->tmp, s->name);
         /* Committed: a checkpoint that cannot be pruned is a warning, not a failed save. */
-        if (st == TS_OK && prune(root, a->cfg->checkpoint.keep, a->step) != TS_OK)
+        const ts_checkpoint_config *k = &a->cfg->checkpoint;
+        if (st == TS_OK && prune(root, k->keep, a->step, k->overwrite && !k->load[0]) != TS_OK)
             ts_log_warn("checkpoint: keeping old checkpoints: %s", ts_error_message());
     }
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
