@@ -113,4 +113,14 @@ for n in 10000 9984; do
   else [ $rc = 0 ] && pass || fail "9984: $(cat "$TMP/big.txt")"; fi
 done
 
+# Ties: at equal time and memory the simpler grid ranks first (1F1B before GPipe: with
+# full recompute they hold the same; new user: GPipe ranked first).
+if run_one plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 \
+  --search --top 2 && awk '$1 == 1 {print $5}' "$TMP/out" | grep -qx 1f1b &&
+  awk '$1 == 2 {print $5}' "$TMP/out" | grep -qx gpipe; then
+  pass
+else
+  fail "tie-break: $(cat "$TMP/out" "$TMP/err")"
+fi
+
 finish

@@ -202,6 +202,30 @@ run_one train "$CFG" "${small[@]}" --set train.steps=4 --set "checkpoint.dir=\"$
   grep -q 'holds other data than the run .* read (shard .*other.bin differs' "$TMP/err" && pass ||
   fail "Q5: changed data: $(cat "$TMP/err")"
 
+# ---- a resume follows the checkpoint's learning rates (new user: a longer train.steps
+# re-warmed the rate)
+D="$TMP/cklr"
+run_one train "$CFG" "${small[@]}" --set train.steps=4 --set train.warmup=1 \
+  --set "checkpoint.dir=\"$D\"" || fail "lr: save"
+expect_error --rc 1 0 "would change the learning rate from step 4 on" train "$CFG" "${small[@]}" \
+  --set train.steps=8 --set train.warmup=1 --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest
+grep -q 'train.lr_decay_steps = 4 keeps its length' "$TMP/err" && pass || fail "lr: the remedy"
+run_one train "$CFG" "${small[@]}" --set train.steps=8 --set train.warmup=1 \
+  --set train.lr_decay_steps=4 --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest &&
+  pass || fail "lr: keeping the length: $(cat "$TMP/err")"
+run_one train "$CFG" "${small[@]}" --set train.steps=12 --set train.warmup=1 \
+  --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest --set train.allow_schedule_change=true &&
+  grep -q 'schedule changes on resuming' "$TMP/err" && pass || fail "lr: allowed: $(cat "$TMP/err")"
+
+# ---- small things a new user hit
+run_one sample "$D" --prompt "ab" --tokens 3 --temperature 4.9e-324 && pass ||
+  fail "Q10: a subnormal temperature: $(cat "$TMP/err")"
+run_one train "$CFG" "${small[@]}" --set train.steps=1 --set log.progress=true &&
+  grep -q '(1 rank, ' "$TMP/err" &&
+  grep -q '1 thread per rank' "$TMP/err" && ! grep -q 'per rank in the metrics file' "$TMP/err" &&
+  pass || fail "the start-up line's numbers: $(grep 'grid\|memory: peak' "$TMP/err")"
+expect_error 0 "--gpus plans on a cluster: give it with --cluster FILE" plan "$CFG" --gpus 8 --search
+
 # ---- D12: a system error is not a verdict on the data
 D="$TMP/ckfd"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
