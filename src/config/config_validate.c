@@ -110,16 +110,26 @@ ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const 
                    v, where);
 }
 
+/* An enumeration key: TS_OK when its value is one of `values`, else "config key 'S.K' =
+ * "V"(where) is not WHAT; CHOICES" (what every enumeration's message says). */
+static ts_status check_choice(const key_spec *k, const ts_config *cfg, const char *where,
+                              const char *const *values, int n, const char *what,
+                              const char *choices)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    if (index_of(v, values, n) >= 0) return TS_OK;
+    return ts_fail("config key '%s.%s' = \"%s\"%s is not %s; %s", k->section, k->name, v, where,
+                   what, choices);
+}
+
 static const char *const PRECISIONS[] = { "fp32", "bf16" };
 
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where)
 {
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (index_of(v, PRECISIONS, 2) >= 0) return TS_OK;
-    return ts_fail("config key 'train.precision' = \"%s\"%s is not a precision; choose "
-                   "\"fp32\" (every kernel in float32) or \"bf16\" (GEMMs in bfloat16 with "
-                   "float32 accumulation and float32 master weights; train.device = \"cuda\")",
-                   v, where);
+    return check_choice(k, cfg, where, PRECISIONS, 2, "a precision",
+                        "choose \"fp32\" (every kernel in float32) or \"bf16\" (GEMMs in bfloat16 "
+                        "with float32 accumulation and float32 master weights; train.device = "
+                        "\"cuda\")");
 }
 
 /* The CUDA attention kernels (kernels/cuda/attention.cu; the backend table is picked by
@@ -129,13 +139,10 @@ static const char *const ATTENTIONS[] = { "gemm", "flash" };
 
 ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where)
 {
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (index_of(v, ATTENTIONS, 2) >= 0) return TS_OK;
-    return ts_fail("config key 'train.attention' = \"%s\"%s is not an attention kernel; "
-                   "choose \"gemm\" (batched GEMMs with a [B, NH, T, T] score buffer, the "
-                   "default) or \"flash\" (the flash-style kernel, one log-sum-exp per row; "
-                   "train.device = \"cuda\")",
-                   v, where);
+    return check_choice(k, cfg, where, ATTENTIONS, 2, "an attention kernel",
+                        "choose \"gemm\" (batched GEMMs with a [B, NH, T, T] score buffer, the "
+                        "default) or \"flash\" (the flash-style kernel, one log-sum-exp per "
+                        "row; train.device = \"cuda\")");
 }
 
 ts_status ts_config_allow_auto(const key_spec *k, const ts_config *cfg, const char *where)
@@ -150,12 +157,9 @@ static const char *const LR_SCHEDULES[] = { "cosine", "linear", "constant", "wsd
 ts_status ts_config_check_lr_schedule(const key_spec *k, const ts_config *cfg,
                                        const char *where)
 {
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (index_of(v, LR_SCHEDULES, 4) >= 0) return TS_OK;
-    return ts_fail("config key 'train.lr_schedule' = \"%s\"%s is not a schedule; choose "
-                   "\"cosine\" (the default), \"linear\", \"constant\" or \"wsd\" "
-                   "(warmup-stable-decay, with train.decay_steps or train.decay_fraction)",
-                   v, where);
+    return check_choice(k, cfg, where, LR_SCHEDULES, 4, "a schedule",
+                        "choose \"cosine\" (the default), \"linear\", \"constant\" or \"wsd\" "
+                        "(warmup-stable-decay, with train.decay_steps or train.decay_fraction)");
 }
 
 /* What a step with a non-finite loss or gradient norm does (trainer.c): its update is
@@ -165,12 +169,9 @@ static const char *const ON_NONFINITE[] = { "stop", "skip" };
 ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,
                                         const char *where)
 {
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (index_of(v, ON_NONFINITE, 2) >= 0) return TS_OK;
-    return ts_fail("config key 'train.on_nonfinite' = \"%s\"%s is not a choice; use \"stop\" "
-                   "(end the run at a step whose loss or gradient norm is not finite, the "
-                   "default) or \"skip\" (drop that step's update and go on)",
-                   v, where);
+    return check_choice(k, cfg, where, ON_NONFINITE, 2, "a choice",
+                        "use \"stop\" (end the run at a step whose loss or gradient norm is not "
+                        "finite, the default) or \"skip\" (drop that step's update and go on)");
 }
 
 /* The data plane of the dp/pp/tp groups (comm/comm.h). "nccl" is a real backend name
@@ -198,12 +199,9 @@ static const char *const PROGRESS_MODES[] = { "poll", "thread" };
 
 ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, const char *where)
 {
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (index_of(v, PROGRESS_MODES, 2) >= 0) return TS_OK;
-    return ts_fail("config key 'parallel.grad_sync_progress' = \"%s\"%s is not a progress mode; "
-                   "choose \"poll\" (test the pending reductions between layers) or \"thread\" "
-                   "(a communication thread drives them)",
-                   v, where);
+    return check_choice(k, cfg, where, PROGRESS_MODES, 2, "a progress mode",
+                        "choose \"poll\" (test the pending reductions between layers) or "
+                        "\"thread\" (a communication thread drives them)");
 }
 
 /* Human-readable range, e.g. ">= 1", "> 0", "in [0, 1)", "0 or 1". */
