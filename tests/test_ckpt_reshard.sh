@@ -100,17 +100,20 @@ cmp -s <(losses "$TMP/every_false.jsonl") <(losses "$TMP/every_true.jsonl") && p
   fail "checkpoint.async changed the losses"
 
 # Saving a step that exists replaces it whole (an atomic exchange of the directories):
-# the run again from scratch into A's directory (checkpoint.overwrite: a fresh run is
-# refused where checkpoints are without it) leaves a checkpoint that verifies, no
-# temporary or old directory, and the same bytes (the same run).
-cp "$A/model.safetensors" "$TMP/a_model_before"
+# the run again from scratch into a copy of A's directory (checkpoint.overwrite: a fresh
+# run is refused where checkpoints are without it, and starting over removes the old
+# run's later steps, which the cases below still need in A's) leaves a checkpoint that
+# verifies, no temporary or old directory, the same bytes (the same run), and only it.
+cp -r "$TMP/a" "$TMP/again" && rm -f "$TMP/again/.lock"
 run again 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
-  --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.keep=5 --set checkpoint.overwrite=true
-cmp -s "$TMP/a_model_before" "$A/model.safetensors" && "$TESSERA" ckpt verify "$A" >/dev/null && pass ||
+  --set "checkpoint.dir=\"$TMP/again\"" --set checkpoint.keep=5 --set checkpoint.overwrite=true
+cmp -s "$A/model.safetensors" "$TMP/again/step_00000003/model.safetensors" &&
+  "$TESSERA" ckpt verify "$TMP/again/step_00000003" >/dev/null && pass ||
   fail "re-saving step 3 over itself"
-# Nothing hidden but the directory's lock file (checkpoint/claim.h).
-[ -z "$(ls -A "$TMP/a" | grep '^\.' | grep -vx '\.lock')" ] && pass ||
-  fail "left behind: $(ls -A "$TMP/a")"
+# Nothing hidden but the directory's lock file (checkpoint/claim.h), and no later step.
+[ -z "$(ls -A "$TMP/again" | grep '^\.' | grep -vx '\.lock')" ] &&
+  [ "$(cd "$TMP/again" && ls -d step_* | tr '\n' ' ')" = "step_00000003 " ] && pass ||
+  fail "left behind: $(ls -A "$TMP/again")"
 
 # No `latest` (a save stopped between its rename and `latest`): load = "latest" takes
 # the newest complete step directory.
