@@ -140,6 +140,20 @@ run_one train "$CFG" "${small[@]}" --set train.steps=5 --set "checkpoint.dir=\"$
 [ "$(ls -A "$D" | tr '\n' ' ')" = ".lock latest step_00000005 " ] && pass ||
   fail "Q1: left behind: $(ls -A "$D")"
 
+# A failure after the commit says the checkpoint is committed (Q2: a full disk at
+# `latest` said "nothing was written"): `latest` made a directory while the save stalls
+# before its commit (TS_TEST_SAVE_STALL_S), so replacing it fails.
+D="$TMP/ckq2"
+TS_TEST_SAVE_STALL_S=3 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=1 \
+  --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/q2.out" 2>"$TMP/q2.err" &
+q2=$!
+for _ in $(seq 300); do grep -q 'stalling mid-save' "$TMP/q2.err" 2>/dev/null && break; sleep 0.1; done
+mkdir -p "$D/latest/in-the-way"
+wait "$q2"
+judge_error --stderr "$TMP/q2.err" "Q2: latest cannot be replaced" $? \
+  "step_00000001 is committed and complete, but .latest. could not be updated"
+"$TESSERA" ckpt verify "$D/step_00000001" >/dev/null && pass || fail "Q2: the committed step"
+
 # ---- D3, D4: inputs that are not regular files, refused at once
 mkfifo "$TMP/fifo" "$TMP/fifo.csv"
 ln -s /dev/zero "$TMP/zero.csv"

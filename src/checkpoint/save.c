@@ -462,10 +462,13 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
         fprintf(af.f, "%s\n", name);
         st = ts_atomic_commit(&af);
     }
-    if (st != TS_OK)
+    if (st != TS_OK) {
+        char why[512]; /* ts_fail writes where ts_error_message reads */
+        snprintf(why, sizeof why, "%s", ts_error_message());
         return ts_fail("%s is committed and complete, but `latest` could not be updated (%s): "
                        "it still names the checkpoint before; load %s by its directory",
-                       final, ts_error_message(), final);
+                       final, why, final);
+    }
     return fsync_dir(root);
 }
 
