@@ -152,6 +152,8 @@ mkdir -p "$D/latest/in-the-way"
 wait "$q2"
 judge_error --stderr "$TMP/q2.err" "Q2: latest cannot be replaced" $? \
   "step_00000001 is committed and complete, but .latest. could not be updated"
+grep -q 'could not be updated (checkpoint latest: .*latest exists and is a directory' "$TMP/q2.err" &&
+  pass || fail "Q2: the reason: $(cat "$TMP/q2.err")"
 "$TESSERA" ckpt verify "$D/step_00000001" >/dev/null && pass || fail "Q2: the committed step"
 
 # ---- D3, D4: inputs that are not regular files, refused at once
