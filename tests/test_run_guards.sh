@@ -156,6 +156,21 @@ grep -q 'could not be updated (checkpoint latest: .*latest exists and is a direc
   pass || fail "Q2: the reason: $(cat "$TMP/q2.err")"
 "$TESSERA" ckpt verify "$D/step_00000001" >/dev/null && pass || fail "Q2: the committed step"
 
+# The commit checks the size of every file it commits (D11: writes that went to another
+# node's disk): a file cut short during the stall before the commit is refused, and
+# nothing is committed.
+D="$TMP/ckd11"
+TS_TEST_SAVE_STALL_S=3 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=1 \
+  --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/d11.out" 2>"$TMP/d11.err" &
+d11=$!
+for _ in $(seq 300); do grep -q 'stalling mid-save' "$TMP/d11.err" 2>/dev/null && break; sleep 0.1; done
+truncate -s 100 "$D/.tmp-step_00000001/model.safetensors"
+wait "$d11"
+judge_error --stderr "$TMP/d11.err" "D11: a file cut short before the commit" $? \
+  "model.safetensors is 100 bytes, not the [0-9]+ its layout gives.*nothing was committed"
+[ ! -e "$D/latest" ] && [ ! -e "$D/step_00000001" ] && pass ||
+  fail "D11: committed anyway: $(ls -A "$D")"
+
 # ---- D3, D4: inputs that are not regular files, refused at once
 mkfifo "$TMP/fifo" "$TMP/fifo.csv"
 ln -s /dev/zero "$TMP/zero.csv"

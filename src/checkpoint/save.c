@@ -399,6 +399,20 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
 static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, piece *all, size_t n,
                         const char *root, const char *tmp, const char *name)
 {
+    /* Every file rank 0 is about to commit has the size the layout gives it: a rank
+     * whose writes went elsewhere (another node's disk under the same path) or were cut
+     * short shows here, before anything is committed (probe D11). */
+    for (int f = 0; f < L->n_files; f++) {
+        char file[TS_PATH_MAX + 300];
+        struct stat fs;
+        join(file, sizeof file, tmp, L->files[f].name);
+        if (stat(file, &fs) != 0 || (uint64_t)fs.st_size != L->files[f].size)
+            return ts_fail("%s is %lld bytes, not the %llu its layout gives: not every rank's "
+                           "writes reached it (is checkpoint.dir on a file system every node "
+                           "shares?); nothing was committed",
+                           file, stat(file, &fs) == 0 ? (long long)fs.st_size : -1LL,
+                           (unsigned long long)L->files[f].size);
+    }
     json_t *sums = json_object();
     if (combine_checksums(L, all, n, sums) != TS_OK) {
         json_decref(sums);
