@@ -12,19 +12,8 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "core/timer.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 int main(int argc, char **argv)
 {
@@ -88,7 +77,7 @@ int main(int argc, char **argv)
                 times[rep - 1] = dt;
             }
         }
-        med[mode] = median(times, reps);
+        med[mode] = ts_median(times, reps);
     }
     if (rank == 0) {
         const double bytes = (double)n * sizeof(float);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/stats.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -164,18 +165,6 @@ static void init_timed_kernels(void)
     timed_kernels.sum_squares = sumsq;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 static int cmp_entry(const void *a, const void *b)
 {
     double x = ((const entry *)a)->ms, y = ((const entry *)b)->ms;
@@ -253,7 +242,7 @@ int main(int argc, char **argv)
     }
     double kernel_ms = 0.0;
     for (int i = 0; i < n_entries; i++) kernel_ms += entries[i].ms;
-    double med = median(step_ms, steps), med_model = median(model_ms, steps);
+    double med = ts_median(step_ms, steps), med_model = ts_median(model_ms, steps);
     printf("bench_step %s: %d threads, %d x %d tokens per step, %d timed steps (loss %.4f)\n",
            which, threads, micro, N, steps, loss / N);
     printf("step: median %.2f ms (min %.2f), forward+backward %.2f ms, optimizer %.2f ms\n", med,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/stats.h"
 #include "core/trace.h"
 
 void ts_trace_costs_free(ts_trace_costs *tc)
@@ -42,18 +43,6 @@ static int cmp_group_dur(const void *pa, const void *pb)
     const group_dur *a = pa, *b = pb;
     if (a->group != b->group) return a->group < b->group ? -1 : 1;
     return a->ms < b->ms ? -1 : a->ms > b->ms;
-}
-
-static int cmp_double(const void *pa, const void *pb)
-{
-    double a = *(const double *)pa, b = *(const double *)pb;
-    return a < b ? -1 : a > b;
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
@@ -202,9 +191,9 @@ ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
         tc->skip = skip;
         tc->n_tracks = tracks;
         for (int u = 0; u < used; u++) step_end[u] = (step_end[u] - step_start[u]) * 1e-3;
-        tc->step_ms = median(step_end, used);
-        tc->bubble = median(b_make, used);
-        tc->bubble_rank_span = median(b_span, used);
+        tc->step_ms = ts_median(step_end, used);
+        tc->bubble = ts_median(b_make, used);
+        tc->bubble_rank_span = ts_median(b_span, used);
     }
     free(step_start);
     free(step_end);
