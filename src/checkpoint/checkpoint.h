@@ -90,9 +90,6 @@ long ts_ckpt_newest_step(const char *root);
 
 /* The model config and step a checkpoint was saved with (from its state.json). */
 ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, int *step);
-/* The learning-rate schedule the checkpoint's run followed (state.json "lr_schedule";
- * an older checkpoint's from its config). */
-ts_status ts_ckpt_read_lr_schedule(const char *step_dir, ts_lr_schedule *s);
 
 /* Weights only, on one process (tessera sample): every parameter m holds, read from the
  * checkpoint's model files, with the checksums of every chunk read checked. */

@@ -108,15 +108,6 @@ ts_status ts_ckpt_read_model_config(const char *step_dir, ts_model_config *mc, i
     return TS_OK;
 }
 
-ts_status ts_ckpt_read_lr_schedule(const char *step_dir, ts_lr_schedule *s)
-{
-    ts_ckpt_reader r;
-    if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return TS_ERR;
-    *s = r.lr_schedule;
-    ts_ckpt_reader_close(&r);
-    return TS_OK;
-}
-
 /* Read this rank's part of parameter P (local elements [lo, hi)) from tensor t into
  * device memory dst of backend k (dst[0] is local element lo), through a host buffer. */
 static ts_status read_part(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,

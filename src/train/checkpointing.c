@@ -19,12 +19,9 @@
  * sequences into whatever data.train now holds, so a changed file is said, not silently
  * trained on (probe Q5). Rank 0 warns; nothing is refused (a corpus may be fixed or
  * moved on purpose). */
-static void compare_data(ts_trainer *t)
+static void compare_data(ts_trainer *t, const json_t *state)
 {
-    if (t->world.rank != 0) return;
-    ts_ckpt_reader r;
-    if (ts_ckpt_reader_open(&r, t->loaded_from) != TS_OK) return; /* load checked it */
-    json_t *data = json_object_get(r.state, "data");
+    json_t *data = json_object_get(state, "data");
     json_t *paths = json_object_get(data, "train"), *ids = json_object_get(data, "identity");
     const ts_data_config *d = &t->cfg.data;
     bool same_paths = json_is_array(paths) && (int)json_array_size(paths) == d->n_train;
@@ -57,7 +54,6 @@ static void compare_data(ts_trainer *t)
                     json_is_array(ids) && json_array_size(ids) > 0
                         ? " (their contents are the same)"
                         : "; their contents were not recorded, so they may differ");
-    ts_ckpt_reader_close(&r);
 }
 
 /* checkpoint.load: "latest" (the newest in checkpoint.dir; none yet means a fresh start,
@@ -109,14 +105,18 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     /* The learning rate continues the checkpoint's schedule: a resumed run whose
      * schedule differs (a longer train.steps stretches the cosine and re-warms the
      * rate) is refused with both, unless train.allow_schedule_change says it is meant. */
+    /* What the checkpoint records of its run, read once for both checks below. */
+    ts_ckpt_reader r;
+    st = ts_ckpt_reader_open(&r, t->loaded_from);
+    const bool opened = st == TS_OK;
     ts_lr_schedule was, now;
-    st = ts_ckpt_read_lr_schedule(t->loaded_from, &was);
+    memset(&was, 0, sizeof was);
+    if (opened) was = r.lr_schedule;
     ts_lr_schedule_of(&t->cfg.train, &now);
     /* Compared on the steps this run takes (a constant rate stretched over another
      * length is the same rate). */
-    const int at = st == TS_OK ? ts_lr_schedule_diverges(&was, &now, t->start_step,
-                                                         t->cfg.train.steps)
-                               : -1;
+    const int at =
+        opened ? ts_lr_schedule_diverges(&was, &now, t->start_step, t->cfg.train.steps) : -1;
     if (at >= 0 && !t->cfg.train.allow_schedule_change) {
         char a[160], b[160];
         st = ts_fail("checkpoint.load: %s ran the learning-rate schedule \"%s\", but this run "
@@ -133,8 +133,9 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                     ts_lr_schedule_describe(&was, a, sizeof a),
                     ts_lr_schedule_describe(&now, b, sizeof b));
     }
+    if (st == TS_OK && t->world.rank == 0) compare_data(t, r.state);
+    if (opened) ts_ckpt_reader_close(&r);
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
-    compare_data(t);
     if (t->world.rank == 0)
         ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
                     t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
