@@ -1,11 +1,8 @@
 #include "pipeline/memory.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -16,8 +13,7 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
     const int n = s->n_chunks, m = s->m;
     const bool full = recompute == TS_RECOMPUTE_FULL;
     const bool except_last = recompute == TS_RECOMPUTE_EXCEPT_LAST;
-    int *live = calloc((size_t)n, sizeof(int)), *stash = calloc((size_t)n, sizeof(int));
-    TS_ASSERT(live && stash);
+    int *live = ts_calloc((size_t)n, sizeof(int)), *stash = ts_calloc((size_t)n, sizeof(int));
     for (int c = pp_rank; c < n; c += s->pp) peak_acts[c] = peak_stash[c] = 0;
     for (int i = 0; i < s->n_actions[pp_rank]; i++) {
         const ts_action *a = &s->actions[pp_rank][i];
@@ -112,11 +108,15 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
         acts[c] = (double)ts_acts_floats(&m, l0, l1, B, T);
         stash[c] = (double)ts_acts_stash_floats(&m, l0, l1, B, T);
     }
+    /* The compute copies of the weights the run's kernel table keeps (cuda-bf16's bf16
+     * copies; none on the CPU, or where this build lacks the table). */
+    const ts_kernels *k =
+        ts_kernels_for(cfg->train.device, cfg->train.precision, cfg->train.attention);
     const ts_memory_shape sh = {
         .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
         .m = sched->m, .recompute = mode, .dp = cfg->parallel.dp, .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
-        .threads = threads};
+        .threads = threads, .weight_copy_bytes = k ? k->weight_copy_bytes : 0};
     const ts_memory_holdings h = {.param_floats = (double)m.num_floats,
                                   .scratch_floats = (double)ts_scratch_floats(&m, B, T),
                                   .act_floats = acts, .stash_floats = stash,
@@ -149,8 +149,7 @@ const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
 double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part, int chunk)
 {
     const ts_model_config *mc = &cfg->model;
-    bool *owned = calloc((size_t)mc->n_layer + 2, sizeof(bool));
-    TS_ASSERT(owned);
+    bool *owned = ts_calloc((size_t)mc->n_layer + 2, sizeof(bool));
     const int l0 = part->first_layer[chunk], l1 = l0 + part->n_chunk_layers[chunk];
     for (int l = l0; l < l1; l++) owned[l] = true;
     ts_model m; /* the layout only, as in ts_memory_estimate */

@@ -183,13 +183,13 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
     char left[32], limit[32], together[32], phys[32];
     ts_status st = TS_OK;
     if (k->device_memory) {
-        const double copies = est.params / sizeof(float) * k->weight_copy_bytes;
-        double dev_bytes = new_bytes + copies;
+        /* The estimate counts the table's weight copies with the parameters. */
         size_t dev_free = 0, dev_total = 0;
         char copies_note[64] = "";
-        if (copies > 0)
-            snprintf(copies_note, sizeof copies_note, " and its %s weight copies", k->precision);
-        if (k->memory_info(&dev_free, &dev_total) && dev_bytes > (double)dev_free)
+        if (k->weight_copy_bytes > 0)
+            snprintf(copies_note, sizeof copies_note, " (its %s weight copies included)",
+                     k->precision);
+        if (k->memory_info(&dev_free, &dev_total) && new_bytes > (double)dev_free)
             st = ts_fail("not enough GPU memory: pipeline rank %d needs %s%s, but GPU %d has %s "
                          "free of %s; " SHRINK_ADVICE,
                          topo->coords.pp, what, copies_note, k->current_device(),
