@@ -440,6 +440,12 @@ static void test_config_relations(void)
     snprintf(g_cfg.train.attention, sizeof g_cfg.train.attention, "%s", "flash");
     ts_error_clear();
     CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.attention = \"flash\""));
+    /* dp's "auto" (0) is resolved by ts_config_load alone: a config built in code with
+     * dp = 0 is refused, not divided by. */
+    ts_config_defaults(&g_cfg);
+    g_cfg.parallel.dp = 0;
+    ts_error_clear();
+    CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("parallel.dp = 0"));
     /* Non-finite floats, 64-bit overflow, upper bounds that keep the arithmetic in range. */
     EXPECT_ERR("train = { lr = 1e309; };\n", NULL, "train.lr", "not a finite number");
     /* Past FLT_MAX a value becomes inf in the kernels' single precision (probe D1:

@@ -34,7 +34,8 @@ expect_error --rc 1 0 "the loss became .* at step 1: its update was not applied"
 # skip: every step runs, the non-finite ones carry "skipped" and null values, and the
 # file stays JSON.
 if run_one train "$CFG" "${small[@]}" --set train.lr=1e30 --set train.steps=4 \
-  --set train.on_nonfinite=skip --set "log.metrics=\"$TMP/skip.jsonl\""; then pass; else
+  --set train.on_nonfinite=skip --set "log.metrics=\"$TMP/skip.jsonl\"" &&
+  grep -q 'its update was dropped' "$TMP/err"; then pass; else
   fail "D1 skip: the run failed"; sed 's/^/    /' "$TMP/err" >&2
 fi
 python3 - "$TMP/skip.jsonl" <<'EOF' && pass || fail "D1 skip: metrics"
@@ -43,7 +44,7 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = [l for l in lines if "step" in l and "loss" in l]
 assert len(steps) == 4, steps
 assert any(l.get("skipped") for l in steps), steps
-assert all((l["loss"] is None) == bool(l.get("skipped")) or l["loss"] is None for l in steps)
+assert all((l["loss"] is None) == bool(l.get("skipped")) for l in steps), steps
 EOF
 # A non-finite model.init never starts a run (it would reach the weights unchecked).
 D="$TMP/inf"
@@ -155,21 +156,6 @@ judge_error --stderr "$TMP/q2.err" "Q2: latest cannot be replaced" $? \
 grep -q 'could not be updated (checkpoint latest: .*latest exists and is a directory' "$TMP/q2.err" &&
   pass || fail "Q2: the reason: $(cat "$TMP/q2.err")"
 "$TESSERA" ckpt verify "$D/step_00000001" >/dev/null && pass || fail "Q2: the committed step"
-
-# The commit checks the size of every file it commits (D11: writes that went to another
-# node's disk): a file cut short during the stall before the commit is refused, and
-# nothing is committed.
-D="$TMP/ckd11"
-TS_TEST_SAVE_STALL_S=3 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=1 \
-  --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/d11.out" 2>"$TMP/d11.err" &
-d11=$!
-for _ in $(seq 300); do grep -q 'stalling mid-save' "$TMP/d11.err" 2>/dev/null && break; sleep 0.1; done
-truncate -s 100 "$D/.tmp-step_00000001/model.safetensors"
-wait "$d11"
-judge_error --stderr "$TMP/d11.err" "D11: a file cut short before the commit" $? \
-  "model.safetensors is 100 bytes, not the [0-9]+ its layout gives.*nothing was committed"
-[ ! -e "$D/latest" ] && [ ! -e "$D/step_00000001" ] && pass ||
-  fail "D11: committed anyway: $(ls -A "$D")"
 
 # ---- D3, D4: inputs that are not regular files, refused at once
 mkfifo "$TMP/fifo" "$TMP/fifo.csv"

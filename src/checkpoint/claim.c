@@ -66,9 +66,9 @@ ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host,
     char line[160];
     const int n = snprintf(line, sizeof line, "%s\n", c->token);
     if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n || fsync(fd) != 0) {
+        const int err = errno; /* before close may change it */
         close(fd);
-        return ts_fail("checkpoint.dir: cannot write its lock file %s: %s", path,
-                       strerror(errno));
+        return ts_fail("checkpoint.dir: cannot write its lock file %s: %s", path, strerror(err));
     }
     c->fd = fd;
     /* `latest` is ours to replace at every save: a directory, link or device there would

@@ -238,8 +238,9 @@ ts_status ts_ckpt_reader_open(ts_ckpt_reader *r, const char *step_dir)
         } else if ((probe = ts_open_input(path)) < 0) {
             /* The file exists (stat above): failing to open it is the system's doing
              * (too many open files, permissions), not the checkpoint's. */
-            st = ts_fail("cannot open %s: %s", path, strerror(errno));
-            r->verdict = errno == EACCES ? TS_CKPT_INCOMPLETE : TS_CKPT_ERROR;
+            const int err = errno; /* before ts_fail may change it */
+            st = ts_fail("cannot open %s: %s", path, strerror(err));
+            r->verdict = err == EACCES ? TS_CKPT_INCOMPLETE : TS_CKPT_ERROR;
         } else if (close(probe), ts_st_open(&F->st, path) != TS_OK) {
             r->verdict = (uint64_t)sb.st_size < F->bytes ? TS_CKPT_INCOMPLETE : TS_CKPT_CORRUPT;
             st = TS_ERR;

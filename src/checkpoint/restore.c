@@ -48,7 +48,7 @@ ts_status ts_ckpt_resolve(const char *path, char *step_dir, size_t cap)
     }
     snprintf(file, sizeof file, "%s/latest", path);
     FILE *f = ts_fopen_input(file); /* cannot block: core/fsutil.h */
-    if (f && ts_check_input(fileno(f), file, "checkpoint.load: its", "a 'latest' file of "
+    if (f && ts_check_input(fileno(f), file, "checkpoint's", "a 'latest' file of "
                             "one line naming a step directory (or remove it: the newest "
                             "complete step is then used)",
                             4096) != TS_OK) {

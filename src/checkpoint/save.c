@@ -114,8 +114,11 @@ static ts_status prepare_root(const char *root)
     struct stat sb;
     ts_status st = TS_OK;
     while (st == TS_OK && (e = readdir(d)) != NULL) {
-        const bool tmp = !strncmp(e->d_name, ".tmp-step_", 10), old = !strncmp(e->d_name, ".old-step_", 10);
-        if (!tmp && !old) continue;
+        /* .del-: a prune interrupted after moving a step out of the step names. */
+        const bool tmp = !strncmp(e->d_name, ".tmp-step_", 10),
+                   old = !strncmp(e->d_name, ".old-step_", 10),
+                   del = !strncmp(e->d_name, ".del-step_", 10);
+        if (!tmp && !old && !del) continue;
         join(path, sizeof path, root, e->d_name);
         join(orig, sizeof orig, root, e->d_name + 5);
         if (old && stat(orig, &sb) != 0) {
@@ -399,20 +402,6 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
 static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, piece *all, size_t n,
                         const char *root, const char *tmp, const char *name)
 {
-    /* Every file rank 0 is about to commit has the size the layout gives it: a rank
-     * whose writes went elsewhere (another node's disk under the same path) or were cut
-     * short shows here, before anything is committed (probe D11). */
-    for (int f = 0; f < L->n_files; f++) {
-        char file[TS_PATH_MAX + 300];
-        struct stat fs;
-        join(file, sizeof file, tmp, L->files[f].name);
-        if (stat(file, &fs) != 0 || (uint64_t)fs.st_size != L->files[f].size)
-            return ts_fail("%s is %lld bytes, not the %llu its layout gives: not every rank's "
-                           "writes reached it (is checkpoint.dir on a file system every node "
-                           "shares?); nothing was committed",
-                           file, stat(file, &fs) == 0 ? (long long)fs.st_size : -1LL,
-                           (unsigned long long)L->files[f].size);
-    }
     json_t *sums = json_object();
     if (combine_checksums(L, all, n, sums) != TS_OK) {
         json_decref(sums);
@@ -507,7 +496,7 @@ static ts_status prune(const char *root, int keep, long just_written, bool repla
             continue;
         /* Renamed out of the step names first (probe Q1): a kill while its files are
          * removed leaves a .del- directory that nothing mistakes for a checkpoint, and
-         * that the next prune finishes. */
+         * that the next save's prepare_root finishes. */
         snprintf(path, sizeof path, "%s/step_%08ld", root, steps[i]);
         snprintf(doomed, sizeof doomed, "%s/.del-step_%08ld", root, steps[i]);
         if (rename(path, doomed) != 0) {
@@ -517,15 +506,6 @@ static ts_status prune(const char *root, int keep, long just_written, bool repla
         st = remove_dir(doomed);
     }
     free(steps);
-    /* What an earlier, interrupted prune left. */
-    DIR *d = opendir(root);
-    struct dirent *e;
-    while (st == TS_OK && d && (e = readdir(d)) != NULL)
-        if (!strncmp(e->d_name, ".del-step_", 10)) {
-            join(doomed, sizeof doomed, root, e->d_name);
-            st = remove_dir(doomed);
-        }
-    if (d) closedir(d);
     return st;
 }
 

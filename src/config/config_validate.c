@@ -380,6 +380,12 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
     const ts_model_config *m = &cfg->model;
     const ts_parallel_config *p = &cfg->parallel;
     const ts_train_config *t = &cfg->train;
+    /* "auto" is stored as 0 until ts_config_load resolves it from the ranks launched; a
+     * config built in code must give the number. */
+    if (p->dp < 1)
+        return ts_fail("parallel.dp = %d: give the number of data-parallel replicas (\"auto\" is "
+                       "resolved only when a config is loaded for a launch)",
+                       p->dp);
 
     if (t->min_lr > t->lr)
         return ts_fail("train.min_lr = %g must be <= train.lr = %g (the cosine schedule "

@@ -184,11 +184,11 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
                     "bubble %.2f | ETA %s",
                     step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->step_ms,
                     s->bubble, eta);
-    if (s->skipped)
+    }
+    if (s->skipped) /* with or without progress lines: a dropped update is news */
         ts_log_warn("step %d: the loss or gradient norm is not finite; its update was dropped "
                     "(train.on_nonfinite = \"skip\")",
                     step);
-    }
     return st;
 }
 

@@ -37,6 +37,9 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->embed = topo->embed_comm;
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
     if (ts_comm_agree(&t->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
+    /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
+     * set-up below (layer-cost measurement, model init, the data's checksums). */
+    if (ts_trainer_claim_checkpoint_dir(t) != TS_OK) goto fail;
 
     /* The schedule, then the memory check on the modelled partition before anything
      * large is allocated (measuring the layer costs allocates a layer of each kind),
@@ -92,7 +95,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_grad_sync_init_optimizer(&t->grad_sync, &t->model, &t->optim);
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
-    if (ts_trainer_claim_checkpoint_dir(t) != TS_OK || ts_trainer_load_checkpoint(t) != TS_OK ||
+    if (ts_trainer_load_checkpoint(t) != TS_OK ||
         ts_comm_agree(&t->world, ts_trainer_open_outputs(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
