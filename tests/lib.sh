@@ -136,6 +136,7 @@ expect_error() {
   while [ $# -gt 0 ]; do
     case "$1" in
       --rc) opts+=("$1" "$2"); shift 2 ;;
+      --stderr) opts+=("$1" "$2"); shift 2 ;;
       --*) opts+=("$1"); shift ;;
       *) break ;;
     esac

@@ -1,6 +1,7 @@
 /* Reading and checking a cluster description (cluster.h). */
 #include "plan/cluster.h"
 
+#include <errno.h>
 #include <libconfig.h>
 #include <math.h>
 #include <stdio.h>
@@ -308,16 +309,15 @@ ts_status ts_cluster_load(const char *path, ts_cluster *c)
     /* Opened so it cannot block; only a regular file of sane size is parsed. */
     FILE *f = ts_fopen_input(path);
     if (!f) {
-        st = ts_fail("cluster file %s cannot be read (does it exist? see configs/clusters/)",
-                     path);
+        st = ts_fail("cluster file %s cannot be read: %s (see configs/clusters/)", path,
+                     strerror(errno));
     } else if (ts_check_input(fileno(f), path, "cluster file", "a cluster description such "
                               "as configs/clusters/dgx-h100.cfg",
                               16ull << 20) != TS_OK) {
         st = TS_ERR;
     } else if (!config_read(&lc, f)) {
-        if (config_error_type(&lc) == CONFIG_ERR_FILE_IO)
-            st = ts_fail("cluster file %s cannot be read (does it exist? see configs/clusters/)",
-                         path);
+        if (config_error_type(&lc) == CONFIG_ERR_FILE_IO) /* an @include it names */
+            st = ts_fail("cluster file %s: a file it includes cannot be read", path);
         else
             st = ts_fail("cluster file %s:%d: %s", config_error_file(&lc) ? config_error_file(&lc) : path,
                          config_error_line(&lc), config_error_text(&lc));

@@ -322,9 +322,10 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     if (n_fits > 0) qsort(fits, n_fits, sizeof *fits, cmp_lower); /* NULL when none */
     for (size_t j = 0; j < n_fits; j++) {
         ts_plan_result *c = &fits[j];
-        /* '>': a candidate whose bound equals the last kept time may still tie it and
-         * win on memory or simplicity, so it is simulated. */
-        if (!o->exhaustive && r->n_top == k && c->lower_ms > r->top[k - 1].step_ms) {
+        /* Only a bound clearly above the last kept time prunes: one within better()'s tie
+         * band may still tie it and win on memory or simplicity, so it is simulated. */
+        const double last = r->n_top == k ? r->top[k - 1].step_ms : 0.0;
+        if (!o->exhaustive && r->n_top == k && c->lower_ms > last && differ(c->lower_ms, last)) {
             estimate_terms(c);
             continue;
         }
