@@ -109,10 +109,10 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     ts_ckpt_reader r;
     st = ts_ckpt_reader_open(&r, t->loaded_from);
     const bool opened = st == TS_OK;
-    ts_lr_schedule was, now;
+    ts_lr_schedule was;
+    const ts_lr_schedule now = t->lr_schedule;
     memset(&was, 0, sizeof was);
     if (opened) was = r.lr_schedule;
-    ts_lr_schedule_of(&t->cfg.train, &now);
     /* Compared on the steps this run takes (a constant rate stretched over another
      * length is the same rate). */
     const int at =

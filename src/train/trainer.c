@@ -35,6 +35,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
     t->embed = topo->embed_comm;
+    ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
     if (ts_comm_agree(&t->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
     /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
@@ -187,7 +188,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * (ts_trainer_run) or goes on with the next step. Otherwise AdamW on this rank's
      * ranges, and with ZeRO-1 the all-gather of the updated parameters. */
     out->skipped = !isfinite(norm) || !isfinite(out->loss);
-    double lr = ts_lr_at(&c->train, step);
+    double lr = ts_lr_schedule_at(&t->lr_schedule, step);
     if (!out->skipped) {
         ts_adamw_step(&t->optim, &t->model, &c->train, lr,
                       ts_clip_coef(norm, c->train.grad_clip), step + 1);

@@ -52,6 +52,7 @@ typedef struct {
     ts_engine engine;
     ts_grad_sync grad_sync;
     ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
+    ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_dataset train_data, val_data;
     /* data.train's shards as every rank agreed on them (token count, crc32), for the
      * checkpoints to record. */
