@@ -59,60 +59,60 @@ static const ts_kernels *K = &ts_kernels_cpu;
         account(key, ts_now_ms() - t0_);                                                         \
     } while (0)
 
-static void enc_f(float *out, const int *tok, const float *wte, const float *wpe, int B, int T,
+static void enc_f(void *out, const int *tok, const float *wte, const float *wpe, int B, int T,
                   int C)
 {
     TIMED("encoder_forward", K->encoder_forward(out, tok, wte, wpe, B, T, C));
 }
-static void enc_b(float *dwte, float *dwpe, const float *dout, const int *tok, int B, int T, int C)
+static void enc_b(float *dwte, float *dwpe, const void *dout, const int *tok, int B, int T, int C)
 {
     TIMED("encoder_backward", K->encoder_backward(dwte, dwpe, dout, tok, B, T, C));
 }
-static void ln_f(float *out, float *mean, float *rstd, const float *inp, const float *w,
+static void ln_f(void *out, float *mean, float *rstd, const void *inp, const float *w,
                  const float *b, int N, int C)
 {
     TIMED("layernorm_forward", K->layernorm_forward(out, mean, rstd, inp, w, b, N, C));
 }
-static void ln_b(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+static void ln_b(void *dinp, float *dw, float *db, const void *dout, const void *inp,
                  const float *w, const float *mean, const float *rstd, int N, int C)
 {
     TIMED("layernorm_backward", K->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
 }
-static void mm_f(float *out, const float *inp, const float *w, const float *b, int N, int C, int OC)
+static void mm_f(void *out, const void *inp, const void *w, const float *b, int N, int C, int OC)
 {
     char key[64];
     snprintf(key, sizeof key, "matmul_forward %dx%dx%d", N, OC, C);
     TIMED(key, K->matmul_forward(out, inp, w, b, N, C, OC));
 }
-static void mm_b(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                 const float *w, int N, int C, int OC)
+static void mm_b(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                 const void *w, int N, int C, int OC)
 {
     char key[64];
     snprintf(key, sizeof key, "matmul_backward %dx%dx%d", N, OC, C);
     TIMED(key, K->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
 }
-static void att_f(float *out, float *att, const float *qkv, int B, int T, int NH, int HS)
+static void att_f(void *out, void *att, const void *qkv, int B, int T, int NH, int HS)
 {
     TIMED("attention_forward", K->attention_forward(out, att, qkv, B, T, NH, HS));
 }
-static void att_b(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                  const float *att, int B, int T, int NH, int HS)
+static void att_b(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                  const void *att, int B, int T, int NH, int HS)
 {
     TIMED("attention_backward", K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS));
 }
-static void gelu_f(float *out, const float *inp, size_t n)
+static void gelu_f(void *out, const void *inp, size_t n)
 {
     TIMED("gelu_forward", K->gelu_forward(out, inp, n));
 }
-static void gelu_b(float *dinp, const float *inp, const float *dout, size_t n)
+static void gelu_b(void *dinp, const void *inp, const void *dout, size_t n)
 {
     TIMED("gelu_backward", K->gelu_backward(dinp, inp, dout, n));
 }
-static void res_f(float *out, const float *a, const float *b, size_t n)
+static void res_f(void *out, const void *a, const void *b, size_t n)
 {
     TIMED("residual_forward", K->residual_forward(out, a, b, n));
 }
-static void xent(float *losses, float *logits, const int *targets, int N, int V, float dloss)
+static void xent(float *losses, void *logits, const int *targets, int N, int V, float dloss)
 {
     TIMED("crossentropy_forward_backward",
           K->crossentropy_forward_backward(losses, logits, targets, N, V, dloss));
@@ -128,7 +128,7 @@ static void adamw_spans(float *p, const float *g, float gs, float *m, float *v,
 {
     TIMED("adamw_update_spans", K->adamw_update_spans(p, g, gs, m, v, sp, ns, lr, b1, b2, eps, wd, t));
 }
-static void res_ln_f(float *r, float *o, float *mu, float *rs, const float *a, const float *b,
+static void res_ln_f(void *r, void *o, float *mu, float *rs, const void *a, const void *b,
                      const float *w, const float *bi, int N, int C)
 {
     TIMED("residual_layernorm_forward", K->residual_layernorm_forward(r, o, mu, rs, a, b, w, bi, N, C));

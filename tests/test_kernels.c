@@ -750,7 +750,7 @@ static void test_table_and_memory(void)
     k->event_wait(k->event_record(st));
     k->stream_sync(st);
     k->stream_destroy(st);
-    CHECK(k->attention_saved_floats(2, 5, 3, 4) == 2 * 3 * 5 * 5);
+    CHECK(k->attention_saved_bytes(2, 5, 3, 4) == 2 * 3 * 5 * 5 * sizeof(float));
     k->dev_free(dev);
     k->dev_free(dev2);
     k->dev_free(acc);

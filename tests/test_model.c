@@ -386,33 +386,43 @@ static void test_tp_parts_uneven_vocab(void)
 }
 
 /* The activation layout is written once: each layer's allocation is the layout's size
- * (ts_layer_act_floats, used by estimates without a model), and a block holds exactly
- * its 16 [N,C]-sized buffers, 4 [N] statistics and the [B,H,T,T] probabilities. */
+ * (ts_layer_act_bytes, used by estimates without a model), and a block holds exactly
+ * its 16 [N,C]-sized buffers, 4 [N] statistics and the [B,H,T,T] probabilities, each
+ * buffer on a 64-byte boundary. */
+static size_t al64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 static void test_activation_layout(void)
 {
     ts_model_config mc = prime_vocab();
     const int B = 2, T = 8;
-    const size_t N = (size_t)B * T, C = (size_t)mc.n_embd;
+    const size_t N = (size_t)B * T, C = (size_t)mc.n_embd, f = sizeof(float);
+    const ts_kernels *k = &ts_kernels_cpu;
     for (int tp = 1; tp <= 4; tp++) {
         for (int r = 0; r < tp; r++) {
-            const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
+            const ts_tp ctx = ts_tp_make(tp, r, NULL, k);
             ts_model m;
             ts_model_layout_tp(&m, &mc, NULL, &ctx);
             for (int l = 0; l < m.n_layers; l++) {
-                size_t want = ts_layer_act_floats(&mc, m.layers[l].kind, B, T, tp, r);
-                CHECKF(ts_acts_floats(&m, l, l + 1, B, T) == (want + 15) / 16 * 16,
-                       "tp=%d rank %d layer %d: %zu floats vs the layout's %zu", tp, r, l,
-                       ts_acts_floats(&m, l, l + 1, B, T), want);
+                size_t want = ts_layer_act_bytes(&mc, m.layers[l].kind, B, T, tp, r, k);
+                CHECKF(ts_acts_bytes(&m, l, l + 1, B, T) == want,
+                       "tp=%d rank %d layer %d: %zu bytes vs the layout's %zu", tp, r, l,
+                       ts_acts_bytes(&m, l, l + 1, B, T), want);
             }
             ts_model_free(&m);
         }
     }
-    size_t block = ts_layer_act_floats(&mc, TS_LAYER_BLOCK, B, T, 1, 0);
-    CHECKF(block == 16 * N * C + 4 * N + (size_t)B * mc.n_head * T * T, "block %zu", block);
-    size_t head = ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 1, 0);
-    CHECKF(head == N * C + 6 * N + N * (size_t)mc.vocab_size, "head %zu", head);
-    CHECK(ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 4, 0) == N * C + 6 * N + N * 10);
-    CHECK(ts_layer_act_floats(&mc, TS_LAYER_HEAD, B, T, 4, 3) == N * C + 6 * N + N * 9);
+    const size_t NC = al64(N * C * f), stat = al64(N * f);
+    size_t block = ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, k);
+    size_t want_block = NC /* ln1 */ + al64(3 * N * C * f) /* qkv */ + NC /* atty */ +
+                        al64((size_t)B * mc.n_head * T * T * f) /* att */ + NC /* res2 */ +
+                        NC /* ln2 */ + 2 * al64(4 * N * C * f) /* fch, fch_gelu */ + NC /* out */ +
+                        4 * stat;
+    CHECKF(block == want_block, "block %zu, want %zu", block, want_block);
+    size_t head = ts_layer_act_bytes(&mc, TS_LAYER_HEAD, B, T, 1, 0, k);
+    const size_t head_fixed = NC + 3 * stat + al64(3 * N * f);
+    CHECKF(head == head_fixed + al64(N * (size_t)mc.vocab_size * f), "head %zu", head);
+    CHECK(ts_layer_act_bytes(&mc, TS_LAYER_HEAD, B, T, 4, 0, k) == head_fixed + al64(N * 10 * f));
+    CHECK(ts_layer_act_bytes(&mc, TS_LAYER_HEAD, B, T, 4, 3, k) == head_fixed + al64(N * 9 * f));
 }
 
 int main(void)

@@ -129,7 +129,7 @@ static void test_safetensors_round_trip(void)
         CHECKF(t != NULL, "missing %s", e[i].name);
         if (!t) continue;
         CHECK(t->dtype == e[i].dtype && t->ndim == e[i].ndim);
-        size_t bytes = ts_dtype_size(e[i].dtype);
+        size_t bytes = ts_st_dtype_size(e[i].dtype);
         for (int d = 0; d < e[i].ndim; d++) {
             CHECK(t->shape[d] == e[i].shape[d]);
             bytes *= (size_t)e[i].shape[d];

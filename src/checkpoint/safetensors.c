@@ -29,17 +29,17 @@ static const size_t k_dtype_sizes[] = {
 };
 #define N_DTYPES ((int)(sizeof k_dtype_names / sizeof k_dtype_names[0]))
 
-static int dtype_valid(ts_dtype dt) { return (int)dt >= 0 && (int)dt < N_DTYPES; }
+static int dtype_valid(ts_st_dtype dt) { return (int)dt >= 0 && (int)dt < N_DTYPES; }
 
-const char *ts_dtype_name(ts_dtype dt) { return dtype_valid(dt) ? k_dtype_names[dt] : "?"; }
+const char *ts_st_dtype_name(ts_st_dtype dt) { return dtype_valid(dt) ? k_dtype_names[dt] : "?"; }
 
-size_t ts_dtype_size(ts_dtype dt) { return dtype_valid(dt) ? k_dtype_sizes[dt] : 0; }
+size_t ts_st_dtype_size(ts_st_dtype dt) { return dtype_valid(dt) ? k_dtype_sizes[dt] : 0; }
 
-static int dtype_parse(const char *s, ts_dtype *out)
+static int dtype_parse(const char *s, ts_st_dtype *out)
 {
     for (int i = 0; i < N_DTYPES; i++) {
         if (strcmp(s, k_dtype_names[i]) == 0) {
-            *out = (ts_dtype)i;
+            *out = (ts_st_dtype)i;
             return 1;
         }
     }
@@ -180,13 +180,13 @@ static ts_status parse_tensor(ts_st_file *f, const char *name, json_t *info, ts_
     t->end = (uint64_t)e;
     char sb[256];
     uint64_t want;
-    if (!tensor_bytes(t->ndim, t->shape, ts_dtype_size(t->dtype), &want))
+    if (!tensor_bytes(t->ndim, t->shape, ts_st_dtype_size(t->dtype), &want))
         return ts_fail("checkpoint file %s: tensor '%s' has shape %s whose size overflows", p,
                        name, ts_st_shape_str(sb, sizeof sb, t->ndim, t->shape));
     if (want != t->end - t->begin)
         return ts_fail("checkpoint file %s: tensor '%s' has dtype %s and shape %s = %" PRIu64
                        " bytes but data_offsets span %" PRIu64, p, name,
-                       ts_dtype_name(t->dtype), ts_st_shape_str(sb, sizeof sb, t->ndim, t->shape),
+                       ts_st_dtype_name(t->dtype), ts_st_shape_str(sb, sizeof sb, t->ndim, t->shape),
                        want, t->end - t->begin);
     return TS_OK;
 }
@@ -359,7 +359,7 @@ ts_status ts_st_expect_f32(const ts_st_tensor *t, int ndim, const int64_t *shape
     if (ok) return TS_OK;
     char got[256], want[256];
     return ts_fail("tensor '%s' has shape %s %s, expected %s F32", t->name,
-                   ts_st_shape_str(got, sizeof got, t->ndim, t->shape), ts_dtype_name(t->dtype),
+                   ts_st_shape_str(got, sizeof got, t->ndim, t->shape), ts_st_dtype_name(t->dtype),
                    ts_st_shape_str(want, sizeof want, ndim, shape));
 }
 
@@ -403,7 +403,7 @@ static char *build_header(const char *path, const ts_st_entry *entries, int n,
             why = "has an invalid dtype";
         else if (e->ndim < 0 || e->ndim > TS_ST_MAX_DIMS)
             why = "has an invalid number of dimensions";
-        else if (!tensor_bytes(e->ndim, e->shape, ts_dtype_size(e->dtype), &bytes))
+        else if (!tensor_bytes(e->ndim, e->shape, ts_st_dtype_size(e->dtype), &bytes))
             why = "has a negative or overflowing shape";
         else if (bytes > 0 && !e->data)
             why = "has no data";
@@ -414,7 +414,7 @@ static char *build_header(const char *path, const ts_st_entry *entries, int n,
             return NULL;
         }
         json_t *info = json_object();
-        json_object_set_new(info, "dtype", json_string(ts_dtype_name(e->dtype)));
+        json_object_set_new(info, "dtype", json_string(ts_st_dtype_name(e->dtype)));
         json_t *shape = json_array();
         for (int d = 0; d < e->ndim; d++)
             json_array_append_new(shape, json_integer((json_int_t)e->shape[d]));
@@ -464,7 +464,7 @@ ts_status ts_st_write(const char *path, const ts_st_entry *entries, int n,
     free(hdr);
     for (int i = 0; ok && i < n; i++) {
         uint64_t bytes = 0;
-        tensor_bytes(entries[i].ndim, entries[i].shape, ts_dtype_size(entries[i].dtype),
+        tensor_bytes(entries[i].ndim, entries[i].shape, ts_st_dtype_size(entries[i].dtype),
                      &bytes);
         ok = write_all(fp, entries[i].data, bytes);
     }

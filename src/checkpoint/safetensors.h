@@ -16,10 +16,10 @@
 typedef enum {
     TS_DT_F64, TS_DT_F32, TS_DT_F16, TS_DT_BF16,
     TS_DT_I64, TS_DT_I32, TS_DT_I16, TS_DT_I8, TS_DT_U8, TS_DT_U16, TS_DT_BOOL,
-} ts_dtype;
+} ts_st_dtype;
 
-const char *ts_dtype_name(ts_dtype dt);   /* "F32", ... */
-size_t ts_dtype_size(ts_dtype dt);        /* bytes per element */
+const char *ts_st_dtype_name(ts_st_dtype dt);   /* "F32", ... */
+size_t ts_st_dtype_size(ts_st_dtype dt);        /* bytes per element */
 
 /* A shape as messages print it, "[384,128]" or "[128]" ("[]" for a scalar), into buf
  * (truncated to cap); returns buf. */
@@ -27,7 +27,7 @@ const char *ts_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shap
 
 typedef struct {
     char *name;
-    ts_dtype dtype;
+    ts_st_dtype dtype;
     int ndim;
     int64_t shape[TS_ST_MAX_DIMS];
     uint64_t begin, end;                  /* byte offsets relative to the data start */
@@ -66,7 +66,7 @@ ts_status ts_st_expect_f32(const ts_st_tensor *t, int ndim, const int64_t *shape
 
 typedef struct {
     const char *name;
-    ts_dtype dtype;
+    ts_st_dtype dtype;
     int ndim;
     int64_t shape[TS_ST_MAX_DIMS];
     const void *data;                     /* numel * dtype size bytes */

@@ -87,7 +87,7 @@ ts_status ts_ckpt_print_info(const char *step_dir)
         for (int t = 0; t < F->n_tensors; t++) {
             const ts_st_tensor *T = &F->tensors[t];
             char shape[64];
-            printf("  %-48s %s %-14s %12llu bytes\n", T->name, ts_dtype_name(T->dtype),
+            printf("  %-48s %s %-14s %12llu bytes\n", T->name, ts_st_dtype_name(T->dtype),
                    ts_st_shape_str(shape, sizeof shape, T->ndim, T->shape),
                    (unsigned long long)(T->end - T->begin));
         }

@@ -220,6 +220,29 @@ void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_
     r->active = 1;
 }
 
+static ts_comm_dtype comm_type(ts_dtype t) { return t == TS_DTYPE_BF16 ? TS_COMM_BF16 : TS_COMM_F32; }
+
+void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type)
+{
+    allreduce(c, buf, n, comm_type(type), ts_dtype_bytes(type), TS_COMM_SUM);
+}
+
+void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
+                  ts_request *r)
+{
+    request_start(c, r, "send", peer);
+    c->ops->isend(c, buf, n, comm_type(type), peer, tag, c->stream, r);
+    r->active = 1;
+}
+
+void ts_irecv_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, int peer, int tag,
+                  ts_request *r)
+{
+    request_start(c, r, "receive", peer);
+    c->ops->irecv(c, buf, n, comm_type(type), peer, tag, c->stream, r);
+    r->active = 1;
+}
+
 int ts_request_test(ts_request *r)
 {
     if (!r->active) return 1;

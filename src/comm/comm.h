@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "kernels/kernels.h" /* ts_dtype: activations move in their element type */
 
 /* A backend's handle held by value without the backend's types: the MPI backend keeps
  * an MPI_Comm or an MPI_Request here (comm/mpi.c checks at compile time that they fit),
@@ -96,10 +97,10 @@ typedef struct {
 /* ------------------------------------------------------- the data plane -- */
 
 /* Element types and reductions of a backend's table. The public data plane moves f32
- * (gradients, activations, parameters); the table keeps the type so a backend can serve
- * more (no backend moves bf16 yet: activations are fp32 in memory). f64, i32 and u64
- * host values go through the control plane (ts_host_allreduce_*), not through here. */
-typedef enum { TS_COMM_F32, TS_COMM_F64, TS_COMM_I32, TS_COMM_U64 } ts_comm_dtype;
+ * (gradients, parameters) and activations in their dtype (fp32 or bf16: a bf16 sum adds
+ * pairs in fp32 and rounds, as NCCL's does). f64, i32 and u64 host values go through
+ * the control plane (ts_host_allreduce_*), not through here. */
+typedef enum { TS_COMM_F32, TS_COMM_F64, TS_COMM_I32, TS_COMM_U64, TS_COMM_BF16 } ts_comm_dtype;
 typedef enum { TS_COMM_SUM, TS_COMM_MIN, TS_COMM_MAX } ts_comm_op;
 
 /* A data-plane backend. comm.c calls the collectives only on groups of two or more
@@ -295,6 +296,13 @@ void ts_barrier(const ts_comm *c);
 void ts_iallreduce_sum_f32(const ts_comm *c, float *buf, size_t n, ts_request *r);
 void ts_isend_f32(const ts_comm *c, const float *buf, size_t n, int peer, int tag, ts_request *r);
 void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_request *r);
+/* The same on activations of the kernels' dtype (kernels/kernels.h ts_dtype): the
+ * pipeline's messages and tensor parallelism's sums move bf16 in a bf16 run. */
+void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type);
+void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
+                  ts_request *r);
+void ts_irecv_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, int peer, int tag,
+                  ts_request *r);
 /* Non-blocking reduce-scatter in place, in uneven pieces (ZeRO-1's buckets): on entry
  * buf[0 .. sum(counts)) is this rank's input; on completion buf[0 .. counts[rank]) holds
  * the sum over ranks of piece `rank` (MPI_IN_PLACE puts the result at the start; the

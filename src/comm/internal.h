@@ -27,7 +27,7 @@ static inline void ts_comm_end(const ts_comm *c, const char *what, size_t bytes,
 /* Bytes per element of a data-plane type. */
 static inline size_t ts_comm_dtype_size(ts_comm_dtype t)
 {
-    return t == TS_COMM_F32 || t == TS_COMM_I32 ? 4 : 8;
+    return t == TS_COMM_BF16 ? 2 : t == TS_COMM_F32 || t == TS_COMM_I32 ? 4 : 8;
 }
 
 /* Elements over all of c's ranks of an uneven collective's counts[c->size]. */

@@ -6,6 +6,7 @@
  * which the bucketed callers guarantee). This is the only file that calls MPI
  * (tests/test_boundaries.sh checks it). */
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,8 @@ static void wrap(ts_comm *c, MPI_Comm m, const char *name, bool owned)
     check(MPI_Comm_size(m, &c->size), c, "size query");
 }
 
-/* The data plane's types and reductions. */
+/* The data plane's types and reductions. MPI has no bf16: its elements travel as
+ * 16-bit integers and sum through a user operation (fp32 adds, one rounding each). */
 static MPI_Datatype type_of(ts_comm_dtype t)
 {
     switch (t) {
@@ -79,13 +81,46 @@ static MPI_Datatype type_of(ts_comm_dtype t)
     case TS_COMM_F64: return MPI_DOUBLE;
     case TS_COMM_I32: return MPI_INT;
     case TS_COMM_U64: return MPI_UINT64_T;
+    case TS_COMM_BF16: return MPI_UINT16_T;
     }
     TS_ASSERT(!"a ts_comm_dtype");
     return MPI_DATATYPE_NULL;
 }
 
-static MPI_Op op_of(ts_comm_op op)
+static float bf16_value(uint16_t h)
 {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_value(a[i]) + bf16_value(b[i]));
+}
+
+static MPI_Op op_of(ts_comm_op op, ts_comm_dtype t)
+{
+    if (t == TS_COMM_BF16) {
+        /* Made once, on first use, by whichever thread runs the data plane first; MPI
+         * frees it at MPI_Finalize. Only the sum is needed (tensor parallelism). */
+        static MPI_Op sum = MPI_OP_NULL;
+        TS_ASSERT(op == TS_COMM_SUM);
+        if (sum == MPI_OP_NULL) TS_ASSERT(MPI_Op_create(bf16_sum, 1, &sum) == MPI_SUCCESS);
+        return sum;
+    }
     switch (op) {
     case TS_COMM_SUM: return MPI_SUM;
     case TS_COMM_MIN: return MPI_MIN;
@@ -105,7 +140,7 @@ static void allreduce_sliced(const ts_comm *c, void *buf, size_t n, ts_comm_dtyp
     for (size_t off = 0; off < n; off += SLICE) {
         size_t cnt = n - off < SLICE ? n - off : SLICE;
         check(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)cnt, type_of(type),
-                            op_of(op), comm_of(c)),
+                            op_of(op, type), comm_of(c)),
               c, "all-reduce");
     }
 }
@@ -391,7 +426,7 @@ static void mpi_reduce_scatter(const ts_comm *c, const void *send, void *recv, s
         memmove(recv, send, count * ts_comm_dtype_size(type));
         return;
     }
-    check(MPI_Reduce_scatter_block(send, recv, (int)count, type_of(type), op_of(op),
+    check(MPI_Reduce_scatter_block(send, recv, (int)count, type_of(type), op_of(op, type),
                                    comm_of(c)),
           c, "reduce-scatter");
 }
@@ -428,7 +463,7 @@ static void mpi_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype 
     (void)stream;
     TS_ASSERT(n <= INT_MAX);
     MPI_Request q;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type_of(type), op_of(op), comm_of(c), &q),
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type_of(type), op_of(op, type), comm_of(c), &q),
           c, "non-blocking all-reduce");
     set_request(r, q);
 }
@@ -438,7 +473,7 @@ static void mpi_ireduce_scatter(const ts_comm *c, void *buf, const int *counts,
 {
     (void)stream;
     MPI_Request q;
-    check(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, type_of(type), op_of(op), comm_of(c),
+    check(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, type_of(type), op_of(op, type), comm_of(c),
                               &q),
           c, "non-blocking reduce-scatter");
     set_request(r, q);

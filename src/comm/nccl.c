@@ -146,6 +146,7 @@ static ncclDataType_t type_of(ts_comm_dtype t)
     case TS_COMM_F64: return ncclFloat64;
     case TS_COMM_I32: return ncclInt32;
     case TS_COMM_U64: return ncclUint64;
+    case TS_COMM_BF16: return ncclBfloat16;
     }
     TS_ASSERT(!"a ts_comm_dtype");
     return ncclFloat32;

@@ -5,9 +5,9 @@
 
 /* Every function slot of ts_kernels, by name. */
 #define TS_KERNEL_SLOTS(X)                                                                   \
-    X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero)       \
+    X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero) X(convert) \
     X(sum_into) X(sum_squares_into) X(stream_create) X(stream_destroy) X(stream_sync)       \
-    X(event_record) X(event_wait) X(attention_saved_floats) X(attention_scratch_floats)    \
+    X(event_record) X(event_wait) X(attention_saved_bytes) X(attention_scratch_bytes)    \
     X(encoder_forward) X(encoder_backward) X(layernorm_forward) X(layernorm_backward)       \
     X(matmul_forward) X(matmul_backward) X(attention_forward) X(attention_backward)         \
     X(gelu_forward) X(gelu_backward) X(residual_forward) X(residual_layernorm_forward)     \
@@ -42,6 +42,14 @@ const ts_kernels *ts_kernels_find(const char *name)
     for (size_t i = 0; i < N_TABLES; i++)
         if (!strcmp(all_tables[i]->name, name)) return all_tables[i];
     return NULL;
+}
+
+const ts_kernels *ts_kernels_layout_for(const char *device, const char *precision,
+                                        const char *attention)
+{
+    const ts_kernels *k = ts_kernels_for(device, precision, attention);
+    if (!k) k = ts_kernels_for("cpu", precision, "gemm");
+    return k ? k : &ts_kernels_cpu;
 }
 
 const ts_kernels *ts_kernels_for(const char *device, const char *precision,

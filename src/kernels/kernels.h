@@ -6,7 +6,16 @@
  * by asking the table (ts_kernels_for), never by naming one.
  *
  * Conventions (llm.c style: every buffer passed, shapes in the signature):
- * - Activations are row-major [N, C] with N = B*T rows.
+ * - Activations are row-major [N, C] with N = B*T rows, in the table's act_dtype: the
+ *   `void *` arguments below (layer inputs and outputs, attention's saved state, the
+ *   logits, activation gradients). A bf16 table loads them as bf16, computes in fp32
+ *   (GEMMs accumulate in fp32; norms, softmax and cross-entropy run in fp32) and
+ *   stores bf16. `float *` arguments are fp32 whatever the table: parameters' master
+ *   copies (LayerNorm weights, biases, the embedding tables), parameter gradients,
+ *   LayerNorm statistics, losses and the optimizer's buffers.
+ * - A matmul's `weight` is the model's compute copy of that weight, in act_dtype (the
+ *   master weights themselves for fp32; a bf16 copy cast once per optimizer step for
+ *   bf16, model/model.h ts_model_refresh_compute).
  * - Parameter gradients ACCUMULATE (+=): micro-batches add into one gradient buffer.
  * - Input gradients are OVERWRITTEN (=) unless the comment says "+=".
  * - Weights follow nanoGPT/PyTorch nn.Linear: weight[OC, C], out = inp @ weight^T + bias.
@@ -28,6 +37,13 @@ extern "C" {
 typedef struct ts_stream_s *ts_stream;
 typedef struct ts_event_s *ts_event;
 
+/* The element type of activation memory. bf16: the upper half of an IEEE fp32 (8
+ * exponent bits, 7 mantissa bits), rounded to nearest even from fp32. */
+typedef enum { TS_DTYPE_F32, TS_DTYPE_BF16 } ts_dtype;
+
+static inline size_t ts_dtype_bytes(ts_dtype t) { return t == TS_DTYPE_BF16 ? 2 : 4; }
+static inline const char *ts_dtype_name(ts_dtype t) { return t == TS_DTYPE_BF16 ? "bf16" : "fp32"; }
+
 /* One piece of the flat buffers for adamw_update_spans: `count` floats of param and
  * grad from `offset`, whose moments are m and v from `moment_offset`; weight decay
  * applies when `decay` is 1 (matrices), not when 0 (biases, LayerNorm). The optimizer
@@ -46,13 +62,14 @@ typedef struct ts_kernels {
     /* ---- what the table is and needs. train.device, train.precision and
      * train.attention select it (ts_kernels_for). */
     const char *device;    /* "cpu", "cpu-strict", "cuda" */
-    const char *precision; /* "fp32", or "bf16": bf16 GEMM operands, fp32 in memory */
+    const char *precision; /* "fp32", or "bf16": bf16 activations and compute weights */
+    ts_dtype act_dtype;    /* the element type of every `void *` argument below */
     const char *attention; /* "gemm" (the backend's default attention) or "flash" */
     /* The run's buffers live in an accelerator's memory (checked against its free
      * memory), not in the host's (checked against the node's RAM and ulimit -v). */
     bool device_memory;
-    /* Bytes per parameter the table keeps beside the fp32 parameters on the device
-     * (cuda-bf16's bf16 weight copies: 2). */
+    /* Bytes per parameter of the compute weights kept beside the fp32 master weights
+     * (the model's bf16 copy: 2; fp32 computes on the master weights: 0). */
     int weight_copy_bytes;
     /* The comm backend that moves this memory on the device where it is built ("nccl"
      * for CUDA, comm/comm.h), or NULL: MPI, in place or through host bounce copies. */
@@ -82,6 +99,10 @@ typedef struct ts_kernels {
      * within the gradient buffer. */
     void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     void (*memset_zero)(void *dst, size_t bytes);
+    /* dst[i] = src[i] converted, i < n (fp32 -> bf16 rounds to nearest even, NaN stays
+     * NaN; bf16 -> fp32 is exact; equal types copy). The compute weights' refresh and
+     * the fp32 staging of collectives on bf16 activations. */
+    void (*convert)(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
     /* acc[0] += sum of x[0..n), and of its squares, in double; acc is device memory, so a
      * step's loss and norm partial sums stay on the device until one copy reads them. */
     void (*sum_into)(double *acc, const float *x, size_t n);
@@ -93,61 +114,63 @@ typedef struct ts_kernels {
     void (*event_wait)(ts_event e);    /* the host waits for it, then it is released */
 
     /* ---- what the kernels keep: the saved state attention_forward leaves for its
-     * backward (`att`) and attention_backward's workspace, in floats. The backend
+     * backward (`att`) and attention_backward's workspace, in bytes. The backend
      * chooses (the CPU and CUDA's batched-GEMM attention keep the probabilities
-     * [B,NH,T,T]; CUDA's flash-style kernel keeps one log-sum-exp per row [B,NH,T]); the
-     * model sizes its buffers from these. */
-    size_t (*attention_saved_floats)(int B, int T, int NH, int HS);
-    size_t (*attention_scratch_floats)(int B, int T, int NH, int HS);
+     * [B,NH,T,T] in act_dtype; CUDA's flash-style kernel keeps one fp32 log-sum-exp per
+     * row [B,NH,T]); the model sizes its buffers from these. */
+    size_t (*attention_saved_bytes)(int B, int T, int NH, int HS);
+    size_t (*attention_scratch_bytes)(int B, int T, int NH, int HS);
 
     /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C]. */
-    void (*encoder_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+    void (*encoder_forward)(void *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);
     /* dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:]. */
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+    void (*encoder_backward)(float *dwte, float *dwpe, const void *dout, const int *tokens,
                              int B, int T, int C);
 
     /* LayerNorm over the last axis (eps 1e-5). mean, rstd [N] are saved for backward. */
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+    void (*layernorm_forward)(void *out, float *mean, float *rstd, const void *inp,
                               const float *weight, const float *bias, int N, int C);
     /* dinp += ..., dweight += ..., dbias += ...  (dinp ACCUMULATES: it is the residual
      * stream's gradient). */
-    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
+    void (*layernorm_backward)(void *dinp, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);
 
-    /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL). */
-    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+    /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL; fp32, added
+     * before the one rounding to act_dtype). */
+    void (*matmul_forward)(void *out, const void *inp, const void *weight, const float *bias,
                            int N, int C, int OC);
     /* dinp[N,C] = dout @ weight (skipped when dinp is NULL);
      * dweight[OC,C] += dout^T @ inp (skipped when dweight is NULL);
      * dbias[OC] += sum over rows of dout (if dbias). */
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC);
+    void (*matmul_backward)(void *dinp, float *dweight, float *dbias, const void *dout,
+                            const void *inp, const void *weight, int N, int C, int OC);
 
     /* Causal multi-head attention. qkv [B,T,3*NH*HS] in nanoGPT order (all q heads, then
      * all k heads, then all v heads, head h at columns h*HS..h*HS+HS of its third).
      * out [B,T,NH*HS] (heads concatenated). att [B,NH,T,T] receives the softmax
      * probabilities (zero above the diagonal), kept for backward. Scale 1/sqrt(HS). */
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int NH,
+    void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH,
                               int HS);
-    /* dqkv [B,T,3*NH*HS] = gradient of the above; scratch holds B*NH*T*T floats. */
-    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int NH, int HS);
+    /* dqkv [B,T,3*NH*HS] = gradient of the above; scratch: attention_scratch_bytes. */
+    void (*attention_backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                               const void *att, int B, int T, int NH, int HS);
 
     /* GELU, tanh approximation. */
-    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_forward)(void *out, const void *inp, size_t n);
     /* dinp = gelu'(inp) * dout; dinp may alias dout. */
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    void (*gelu_backward)(void *dinp, const void *inp, const void *dout, size_t n);
 
     /* out = a + b (out may alias a or b). */
-    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    void (*residual_forward)(void *out, const void *a, const void *b, size_t n);
     /* residual_forward then layernorm_forward, one pass over the rows:
      * res_out[N,C] = a + b (res_out may alias a or b), ln_out = LayerNorm(res_out) with
      * mean, rstd [N] saved. The same bits as the two calls (a block's x + attn(...) and
-     * its ln_2, without reading the sum back from memory). */
-    void (*residual_layernorm_forward)(float *res_out, float *ln_out, float *mean, float *rstd,
-                                       const float *a, const float *b, const float *weight,
+     * its ln_2, without reading the sum back from memory; in bf16 the LayerNorm reads
+     * the rounded sum, as the two calls would). */
+    void (*residual_layernorm_forward)(void *res_out, void *ln_out, float *mean, float *rstd,
+                                       const void *a, const void *b, const float *weight,
                                        const float *bias, int N, int C);
 
     /* Fused softmax + cross-entropy, in place, no second [N,V] buffer:
@@ -155,7 +178,7 @@ typedef struct ts_kernels {
      * dlogits = (softmax(logits) - onehot(target)) * dloss, and losses[n] =
      * -log softmax(logits[n])[targets[n]]. dloss is the loss's weight per row
      * (1 / (rows in the global batch) for a mean). */
-    void (*crossentropy_forward_backward)(float *losses, float *logits, const int *targets,
+    void (*crossentropy_forward_backward)(float *losses, void *logits, const int *targets,
                                           int N, int V, float dloss);
 
     /* Reference slot (tests and benchmarks compare adamw_update_spans and the device
@@ -187,19 +210,19 @@ typedef struct ts_kernels {
      * zeros, and the partial results are all-reduced by the caller (tensor/tp.c). */
     /* out[b,t,:] = (tokens[b,t] in range ? wte[tokens[b,t] - v0, :] : 0) + wpe[t, :]
      * (wpe may be NULL: added on one rank only, so the all-reduce counts it once). */
-    void (*vocab_embed_forward)(float *out, const int *tokens, const float *wte,
+    void (*vocab_embed_forward)(void *out, const int *tokens, const float *wte,
                                 const float *wpe, int v0, int nv, int B, int T, int C);
     /* dwte[tok - v0, :] += dout for tokens in range; dwpe[t, :] += sum_b dout (if dwpe). */
-    void (*vocab_embed_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+    void (*vocab_embed_backward)(float *dwte, float *dwpe, const void *dout, const int *tokens,
                                  int v0, int nv, int B, int T, int C);
     /* Cross-entropy over logits [N, nv] (this rank's vocabulary columns), in three passes
      * around the caller's all-reduces: (1) row max and the target's logit (0 when the
      * target is not in range), to be max- and sum-reduced; (2) sum of exp(x - max), to
      * be sum-reduced; (3) losses and, in place, dlogits = (softmax - onehot) * dloss. */
-    void (*xent_vp_stats)(float *rowmax, float *target_logit, const float *logits,
+    void (*xent_vp_stats)(float *rowmax, float *target_logit, const void *logits,
                           const int *targets, int v0, int nv, int N);
-    void (*xent_vp_sumexp)(float *sumexp, const float *logits, const float *rowmax, int N, int nv);
-    void (*xent_vp_finish)(float *losses, float *logits, const int *targets, int v0, int nv,
+    void (*xent_vp_sumexp)(float *sumexp, const void *logits, const float *rowmax, int N, int nv);
+    void (*xent_vp_finish)(float *losses, void *logits, const int *targets, int v0, int nv,
                            const float *rowmax, const float *sumexp, const float *target_logit,
                            int N, float dloss);
 } ts_kernels;
@@ -211,6 +234,18 @@ extern const ts_kernels ts_kernels_cpu;
  * faults at once with a message naming the buffer. For tests (train.device =
  * "cpu-strict"): it proves the core does on the CPU what a GPU will require. */
 extern const ts_kernels ts_kernels_cpu_strict;
+/* The CPU backend in bf16 (the _bf16 files of kernels/cpu): bf16 activations, GEMMs through
+ * oneDNN (AVX-512 BF16 / AMX where the CPU has them, fp32 accumulation), the
+ * elementwise kernels loading and storing bf16 around fp32 arithmetic. Its strict
+ * twin for tests. ts_cpu_bf16_supported says whether this CPU runs it natively. */
+extern const ts_kernels ts_kernels_cpu_bf16;
+extern const ts_kernels ts_kernels_cpu_strict_bf16;
+/* Whether the CPU has the BF16 instructions (AVX512_BF16 or AMX-BF16) oneDNN's bf16
+ * kernels need (without them oneDNN emulates bf16 many times slower or refuses). */
+bool ts_cpu_bf16_supported(void);
+/* The ISA oneDNN dispatches to ("avx512_core_bf16", "avx512_core_amx", ...), for the
+ * start-up log and the metrics' first line; "none" when oneDNN is not used. */
+const char *ts_dnnl_isa(void);
 
 #ifdef TS_HAVE_CUDA
 /* The CUDA backend (kernels/cuda; built when CMake finds the CUDA toolkit, TS_CUDA):
@@ -219,11 +254,9 @@ extern const ts_kernels ts_kernels_cpu_strict;
  * attention (train.attention = "flash"). */
 extern const ts_kernels ts_kernels_cuda;
 extern const ts_kernels ts_kernels_cuda_flash;
-/* "cuda-bf16": ts_kernels_cuda with the matmuls' GEMMs on bf16 operands (fp32
- * accumulation; parameters, gradients and activations stay fp32 in memory, so the
- * parameters are the fp32 master weights). It keeps a bf16 copy of each weight, told of
- * changes by its own write slots (adamw_update, memcpy_h2d/_d2d, memset_zero, dev_free):
- * a run with it allocates, writes and frees its parameters through it alone. */
+/* "cuda-bf16": the CUDA backend with bf16 activations in device memory, the model's
+ * bf16 compute weights, cuBLASLt GEMMs with bf16 A/B/D and fp32 compute; fp32 master
+ * weights, gradients and moments. */
 extern const ts_kernels ts_kernels_cuda_bf16;
 extern const ts_kernels ts_kernels_cuda_bf16_flash; /* "cuda-bf16-flash" */
 /* The CUDA devices this process can use: 0 when there is no driver or no device (never
@@ -244,6 +277,12 @@ const ts_kernels *ts_kernels_find(const char *name);
  * (train.device, train.precision, train.attention), or NULL when this build has none. */
 const ts_kernels *ts_kernels_for(const char *device, const char *precision,
                                  const char *attention);
+
+/* The table whose sizes (activation dtype, what attention keeps, weight copies) an
+ * estimate uses for such a run: ts_kernels_for's, or where this build lacks it (a CUDA
+ * config planned on a CPU-only build) the CPU table of the same precision. Never NULL. */
+const ts_kernels *ts_kernels_layout_for(const char *device, const char *precision,
+                                        const char *attention);
 
 /* Every slot of a table is filled (a backend that leaves one NULL would crash mid-run):
  * the first missing slot's name, or NULL when complete. */

@@ -150,6 +150,16 @@ void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owne
     ts_model_layout_tp(m, cfg, owned, tp);
     m->param_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
     m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
+    /* fp32 computes on the master weights; a narrower act_dtype gets its own copy. */
+    m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
+                         ? (void *)m->param_mem
+                         : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
+}
+
+void ts_model_refresh_compute(const ts_model *m)
+{
+    if (m->compute_mem != (void *)m->param_mem)
+        m->k->convert(m->compute_mem, m->k->act_dtype, m->param_mem, TS_DTYPE_F32, m->num_floats);
 }
 
 void ts_model_free(ts_model *m)
@@ -157,6 +167,7 @@ void ts_model_free(ts_model *m)
     free(m->layers);
     free(m->params);
     if (m->k) {
+        if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
         m->k->dev_free(m->param_mem);
         m->k->dev_free(m->grad_mem);
     }
@@ -203,4 +214,5 @@ void ts_model_init_random(ts_model *m, uint64_t seed)
         m->k->memcpy_h2d(ts_param_data(m, p), w, P->numel * sizeof(float));
     }
     free(w);
+    ts_model_refresh_compute(m);
 }

@@ -72,6 +72,10 @@ typedef struct {
 
     size_t num_floats;      /* floats in each flat buffer */
     float *param_mem, *grad_mem;
+    /* The weights the matmuls read, in k->act_dtype, laid out as param_mem: param_mem
+     * itself for fp32; a bf16 copy, owned, made from it by ts_model_refresh_compute once
+     * per optimizer step (llm.c's and Megatron's bf16 weights beside fp32 masters). */
+    void *compute_mem;
 
     const ts_kernels *k;
     /* Called after every layer of every forward and backward pass (NULL: none): the
@@ -99,6 +103,16 @@ void ts_model_free(ts_model *m);
 
 static inline float *ts_param_data(const ts_model *m, int p) { return m->param_mem + m->params[p].offset; }
 static inline float *ts_param_grad(const ts_model *m, int p) { return m->grad_mem + m->params[p].offset; }
+/* Parameter p's compute copy (act_dtype elements; the matmuls' `weight`). */
+static inline const void *ts_param_compute(const ts_model *m, int p)
+{
+    return (const unsigned char *)m->compute_mem +
+           m->params[p].offset * ts_dtype_bytes(m->k->act_dtype);
+}
+/* Make the compute copy equal the master weights (rounded): after every change of
+ * param_mem (initialisation, load, the optimizer step) and before the next forward.
+ * Nothing to do for fp32. */
+void ts_model_refresh_compute(const ts_model *m);
 static inline const char *ts_param_name(const ts_model *m, int p)
 {
     return m->params[p].shard.name;
@@ -113,45 +127,47 @@ void ts_model_init_random(ts_model *m, uint64_t seed);
 size_t ts_model_logical_params(const ts_model_config *cfg);
 
 /* ---- activations of one micro-batch through a contiguous range of layers ----
- * Their layout (every saved buffer of a layer and its size) is written once, in
- * layers.c; ts_layer_act_floats gives it without a model, for estimates. */
-size_t ts_layer_act_floats(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
-                           int tp_rank);
+ * Their layout (every saved buffer of a layer, its size and element type) is written
+ * once, in layers.c; ts_layer_act_bytes gives it without a model, for estimates, for
+ * the activation dtype and attention of table k. Activation buffers (`void *`) hold
+ * k->act_dtype elements (kernels/kernels.h). */
+size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
+                          int tp_rank, const ts_kernels *k);
 
 typedef struct {
     int l0, l1;             /* layers [l0, l1) */
     int B, T;
     int *tokens, *targets;  /* [B*T], owned */
-    const float *input;     /* [B*T, C] chunk input when l0 > 0 (not owned) */
-    float *mem;             /* all layers' saved activations, owned */
-    size_t *layer_off;      /* per layer in [l0,l1): offset into mem */
-    size_t floats;
-    float *wstash;          /* matmul output gradients between the I and W passes */
+    const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
+    unsigned char *mem;     /* all layers' saved activations, owned */
+    size_t *layer_off;      /* per layer in [l0,l1): byte offset into mem */
+    size_t bytes;
+    void *wstash;           /* matmul output gradients between the I and W passes */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
 } ts_acts;
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
-/* Floats ts_acts_init allocates for layers [l0, l1), and the zero-bubble stash that
+/* Bytes ts_acts_init allocates for layers [l0, l1), and the zero-bubble stash that
  * lives from a chunk's input-gradient pass to its weight-gradient pass. */
-size_t ts_acts_floats(const ts_model *m, int l0, int l1, int B, int T);
-size_t ts_acts_stash_floats(const ts_model *m, int l0, int l1, int B, int T);
+size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T);
+size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T);
 void ts_acts_free(ts_acts *a);
 
 /* Output [B*T, C] of layer l (valid after forward; not for the head). */
-float *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
+void *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
 
 /* Per-token losses [B*T] of the last forward (the range must end with the head). */
 const float *ts_acts_losses(const ts_model *m, const ts_acts *a);
 
 /* Scratch for the backward of one layer at a time (shared by all micro-batches). */
 typedef struct {
-    float *mem;             /* device memory of k */
-    size_t floats;
+    void *mem;              /* device memory of k */
+    size_t bytes;
     const ts_kernels *k;
 } ts_scratch;
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T);
-size_t ts_scratch_floats(const ts_model *m, int B, int T);
+size_t ts_scratch_bytes(const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss
@@ -166,7 +182,7 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
  * sequence's last position only: logits [B, vocab_size] (row b = position T-1 of
  * sequence b), device memory like every kernel output. a->targets is not read; the
  * head's losses are not computed. */
-void ts_model_forward_logits(const ts_model *m, ts_acts *a, float *logits);
+void ts_model_forward_logits(const ts_model *m, ts_acts *a, void *logits);
 
 /* Backward through layers [a->l1 - 1 .. a->l0]. `dx` [B*T, C]: on entry the gradient of
  * the range's output (ignored when the range ends with the head), on exit the
@@ -178,11 +194,11 @@ void ts_model_forward_logits(const ts_model *m, ts_acts *a, float *logits);
  * LayerNorm) and keeps the output gradients of the large matmuls in a stash owned by
  * `a`; the weight-gradient pass then adds the matmul weight gradients (and the
  * embedding's) and frees the stash. Together they equal ts_model_backward. */
-void ts_model_backward_input(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s);
+void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s);
 void ts_model_backward_weight(const ts_model *m, ts_acts *a);
 
 typedef void (*ts_layer_done_fn)(void *ctx, int layer);
-void ts_model_backward(const ts_model *m, ts_acts *a, float *dx, ts_scratch *s,
+void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
                        ts_layer_done_fn layer_done, void *ctx);
 
 #endif

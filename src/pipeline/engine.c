@@ -78,7 +78,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     }
     const size_t NC = (size_t)e->N * e->C;
     const ts_kernels *k = model->k;
-    const size_t NCB = NC * sizeof(float), NI = (size_t)e->N * sizeof(int);
+    const size_t NCB = NC * ts_dtype_bytes(k->act_dtype), NI = (size_t)e->N * sizeof(int);
     e->loss_acc = k->dev_alloc(2 * sizeof(double));
     e->tokens_host = ts_calloc((size_t)e->N, sizeof(int));
     e->targets_host = ts_calloc((size_t)e->N, sizeof(int));
@@ -192,7 +192,7 @@ size_t ts_engine_activation_bytes(const ts_engine *e)
         int c = e->local_chunks[j];
         ts_acts probe;
         ts_acts_init(&probe, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
-        total += (size_t)e->n_allocated[j] * probe.floats * sizeof(float);
+        total += (size_t)e->n_allocated[j] * probe.bytes;
         ts_acts_free(&probe);
     }
     return total;
@@ -276,12 +276,12 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     forward(e, step, c, mb, s, false);
 
     if (c < e->n_chunks - 1) {
-        float *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
+        void *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
         const size_t NC = (size_t)e->N * e->C;
         if (is_local(e, c + 1))
-            e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, NC * sizeof(float));
+            e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, NC * ts_dtype_bytes(e->model->k->act_dtype));
         else if (s->out) /* the activations may go before the exchange sends them: a copy */
-            e->model->k->memcpy_d2d(s->out, y, NC * sizeof(float));
+            e->model->k->memcpy_d2d(s->out, y, NC * ts_dtype_bytes(e->model->k->act_dtype));
     }
     if (recomputes(e, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
@@ -324,7 +324,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
             forward(e, step, c, mb, s, true);
         }
         if (c < e->n_chunks - 1 && is_local(e, c + 1))
-            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, NC * sizeof(float));
+            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, NC * ts_dtype_bytes(e->model->k->act_dtype));
         if (kind == TS_ACT_B) {
             /* The chunk's last backward of the step: each layer's gradients are final
              * as soon as the backward leaves it, so report per layer (the dp all-reduce
@@ -358,17 +358,17 @@ static void issue_op(ts_engine *e, const ts_xchg_op *op)
     if (op->kind == TS_XCHG_RECV) {
         ts_mb_slot *s = slot(e, op->chunk, op->mb);
         if (op->dir == TS_XCHG_ACT)
-            ts_irecv_f32(&e->pp, s->in, NC, op->peer, PP_TAG, &s->recv_in);
+            ts_irecv_act(&e->pp, s->in, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->recv_in);
         else
-            ts_irecv_f32(&e->pp, s->dx, NC, op->peer, PP_TAG, &s->recv_dy);
+            ts_irecv_act(&e->pp, s->dx, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->recv_dy);
     } else if (op->dir == TS_XCHG_ACT) { /* F(chunk - 1)'s output */
         const int c = op->chunk - 1;
         ts_mb_slot *s = slot(e, c, op->mb);
-        const float *y = s->out ? s->out : ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
-        ts_isend_f32(&e->pp, y, NC, op->peer, PP_TAG, &s->send_out);
+        const void *y = s->out ? s->out : ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
+        ts_isend_act(&e->pp, y, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->send_out);
     } else { /* B/I(chunk + 1)'s input gradient */
         ts_mb_slot *s = slot(e, op->chunk + 1, op->mb);
-        ts_isend_f32(&e->pp, s->dx, NC, op->peer, PP_TAG, &s->send_dx);
+        ts_isend_act(&e->pp, s->dx, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->send_dx);
     }
 }
 
@@ -460,7 +460,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
     kern->memset_zero(acc, sizeof(double));
     for (int w0 = e->dp_rank * mbs; w0 < n_windows; w0 += e->dp * mbs) {
         int rows = n_windows - w0 < mbs ? n_windows - w0 : mbs;
-        const float *prev_out = NULL;
+        const void *prev_out = NULL;
         for (int c = 0; c < e->n_chunks; c++) {
             if (!is_local(e, c)) continue;
             ts_mb_slot *s = slot(e, c, 0);
@@ -475,7 +475,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                     /* One-call groups: NCCL point-to-point is posted inside a group
                      * (no-ops for MPI). */
                     ts_comm_group_begin(&e->pp);
-                    ts_irecv_f32(&e->pp, s->in, NC, from, PP_TAG, &r);
+                    ts_irecv_act(&e->pp, s->in, NC, e->model->k->act_dtype, from, PP_TAG, &r);
                     ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: receiving the input of chunk %d, windows "
                                         "from %d, from world rank %d",
@@ -498,12 +498,12 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 /* Padding rows repeat window w0; only the real rows count. */
                 kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * T);
             } else {
-                float *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
+                void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
                     ts_request r;
                     const int to = ts_chunk_rank(c + 1, e->pp.size);
                     ts_comm_group_begin(&e->pp);
-                    ts_isend_f32(&e->pp, y, NC, to, PP_TAG, &r);
+                    ts_isend_act(&e->pp, y, NC, e->model->k->act_dtype, to, PP_TAG, &r);
                     ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: sending the output of chunk %d, windows "
                                         "from %d, to world rank %d",
@@ -515,7 +515,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             ts_mb_slot tmp = {.acts = a};
             if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
                 /* The next chunk is ours: copy before releasing. */
-                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, NC * sizeof(float));
+                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, NC * ts_dtype_bytes(e->model->k->act_dtype));
                 prev_out = slot(e, c + 1, 0)->in;
             }
             release_acts(e, c, &tmp);

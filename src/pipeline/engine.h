@@ -27,9 +27,9 @@ typedef void (*ts_chunk_done_fn)(void *ctx, int first_layer, int end_layer);
 /* State of one (local chunk, micro-batch) during a step. */
 typedef struct {
     ts_acts *acts;          /* live activations (NULL when released or not yet run) */
-    float *in;              /* [N*C] received input activation (chunks > 0) */
-    float *dx;              /* [N*C] the output gradient, then (in place) the input's */
-    float *out;             /* [N*C] a copy of the output to send when recomputing */
+    void *in;               /* [N*C] received input activation (chunks > 0), act_dtype */
+    void *dx;               /* [N*C] the output gradient, then (in place) the input's */
+    void *out;              /* [N*C] a copy of the output to send when recomputing */
     int *tokens, *targets;  /* [N] kept for recomputation */
     ts_request recv_in, recv_dy, send_out, send_dx;
 } ts_mb_slot;

@@ -43,14 +43,14 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
     free(stash);
 }
 
-void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_floats,
-                     double stash_floats, ts_chunk_memory *out)
+void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
+                     double stash_bytes, ts_chunk_memory *out)
 {
-    const double f = sizeof(float), NC = (double)sh->micro_batch * sh->seq_len * sh->n_embd;
+    const double f = sh->act_bytes, NC = (double)sh->micro_batch * sh->seq_len * sh->n_embd;
     const double ids = 2.0 * sh->micro_batch * sh->seq_len * sizeof(int); /* tokens, targets */
-    out->tensors = act_floats * f;
+    out->tensors = act_bytes;
     out->set = out->tensors + ids;
-    out->stash = stash_floats * f;
+    out->stash = stash_bytes;
     out->slot = NC * f * ((chunk > 0) + 1);
     if (sh->recompute != TS_RECOMPUTE_NONE)
         out->slot += NC * f * (chunk < sh->n_chunks - 1) + ids;
@@ -63,7 +63,7 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     const double f = sizeof(float), floats = h->param_floats;
     for (int c = pp_rank; c < sh->n_chunks; c += sh->pp) {
         ts_chunk_memory cm;
-        ts_memory_chunk(sh, c, h->act_floats[c], h->stash_floats[c], &cm);
+        ts_memory_chunk(sh, c, h->act_bytes[c], h->stash_bytes[c], &cm);
         est->act_sets += h->peak_acts[c] * cm.tensors;
         est->activations += h->peak_acts[c] * cm.set + h->peak_stash[c] * cm.stash;
         est->buffers += cm.slot * sh->m;
@@ -72,7 +72,7 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     if (sh->weight_copy_bytes > 0) est->params += floats * sh->weight_copy_bytes;
     /* The two AdamW moments; ZeRO-1 keeps this rank's 1/dp of them (grad_sync.h). */
     est->optimizer = 2.0 * floats * f / (sh->zero == 1 ? (double)sh->dp : 1.0);
-    est->buffers += h->scratch_floats * f;
+    est->buffers += h->scratch_bytes;
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
@@ -91,8 +91,12 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
     ts_partition_owned(part, pp_rank, owned);
+    /* The run's kernel table lays the activations out (their dtype, what attention
+     * keeps); where this build lacks it, the CPU table of the same precision. */
+    const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
+                                                cfg->train.attention);
     ts_model m; /* the layout only: nothing is allocated */
-    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, &ts_kernels_cpu); /* rank 0: most vocab */
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
     ts_model_layout_tp(&m, mc, owned, &tp);
     free(owned);
 
@@ -105,21 +109,18 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     double *stash = ts_calloc((size_t)n, sizeof(double));
     for (int c = pp_rank; c < n; c += sched->pp) {
         const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
-        acts[c] = (double)ts_acts_floats(&m, l0, l1, B, T);
-        stash[c] = (double)ts_acts_stash_floats(&m, l0, l1, B, T);
+        acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
+        stash[c] = (double)ts_acts_stash_bytes(&m, l0, l1, B, T);
     }
-    /* The compute copies of the weights the run's kernel table keeps (cuda-bf16's bf16
-     * copies; none on the CPU, or where this build lacks the table). */
-    const ts_kernels *k =
-        ts_kernels_for(cfg->train.device, cfg->train.precision, cfg->train.attention);
     const ts_memory_shape sh = {
         .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
         .m = sched->m, .recompute = mode, .dp = cfg->parallel.dp, .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
-        .threads = threads, .weight_copy_bytes = k ? k->weight_copy_bytes : 0};
+        .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,
+        .act_bytes = (int)ts_dtype_bytes(k->act_dtype)};
     const ts_memory_holdings h = {.param_floats = (double)m.num_floats,
-                                  .scratch_floats = (double)ts_scratch_floats(&m, B, T),
-                                  .act_floats = acts, .stash_floats = stash,
+                                  .scratch_bytes = (double)ts_scratch_bytes(&m, B, T),
+                                  .act_bytes = acts, .stash_bytes = stash,
                                   .peak_acts = peak_acts, .peak_stash = peak_stash};
     ts_memory_rank(&sh, &h, pp_rank, est);
     free(acts);

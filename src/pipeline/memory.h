@@ -41,11 +41,12 @@ typedef struct {
     bool async_checkpoint;    /* checkpoint.async with a checkpoint dir */
     int weight_copy_bytes;    /* per parameter, a compute copy beside the fp32 weights
                                  (kernels.h's weight_copy_bytes; the planner's bf16
-                                 clusters: 2; ts_memory_estimate counts none) */
+                                 clusters: 2) */
+    int act_bytes;            /* bytes of one activation element (4 fp32, 2 bf16) */
     int threads;              /* BLAS threads */
 } ts_memory_shape;
 
-/* Bytes one chunk holds, from its layers' floats of one micro-batch: the rule the
+/* Bytes one chunk holds, from its layers' bytes of one micro-batch: the rule the
  * engine allocates by (engine.c), kept here once for the trainer and the planner. */
 typedef struct {
     double set;      /* one live activation set: the saved tensors, tokens and targets */
@@ -56,8 +57,8 @@ typedef struct {
                         last chunk) and tokens and targets again */
 } ts_chunk_memory;
 
-void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_floats,
-                     double stash_floats, ts_chunk_memory *out);
+void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
+                     double stash_bytes, ts_chunk_memory *out);
 
 /* What a rank holds, counted where it is known: the trainer from the model's layout of
  * its layers, the planner from per-layer tables. Arrays are [n_chunks]; only the
@@ -65,9 +66,9 @@ void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_floats,
 typedef struct {
     double param_floats;       /* the rank's parameters as laid out (padded; the head's
                                   copy of the tied embedding included) */
-    double scratch_floats;     /* the backward scratch, allocated once */
-    const double *act_floats;  /* one micro-batch's saved activations, per chunk */
-    const double *stash_floats;/* one micro-batch's zero-bubble stash, per chunk */
+    double scratch_bytes;      /* the backward scratch, allocated once */
+    const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
+    const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash; /* ts_memory_peak_sets */
 } ts_memory_holdings;
 

@@ -41,10 +41,12 @@ void ts_layer_costs_copy(ts_layer_costs *dst, const ts_layer_costs *src)
     memcpy(dst->act_bytes, src->act_bytes, bytes);
 }
 
-/* Saved activation floats of one micro-batch on one rank (the layout is layers.c's). */
-static double act_floats(const ts_model_config *mc, ts_layer_kind kind, int micro_batch)
+/* Saved activation bytes of one micro-batch on one rank (the layout is layers.c's), as
+ * the fp32 CPU backend holds them: the partition balances relative costs, which the
+ * precision scales alike. */
+static double act_bytes(const ts_model_config *mc, ts_layer_kind kind, int micro_batch)
 {
-    return (double)ts_layer_act_floats(mc, kind, micro_batch, mc->seq_len, 1, 0);
+    return (double)ts_layer_act_bytes(mc, kind, micro_batch, mc->seq_len, 1, 0, &ts_kernels_cpu);
 }
 
 static ts_layer_kind kind_of(int layer, int n_layers)
@@ -76,7 +78,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
      * are written once and read back in backward (and their gradients streamed), the
      * weights read in both passes and their gradients read and written. */
     double blk_flops = 24.0 * N * C * C + 4.0 * N * T * C;
-    double blk_act = F * act_floats(mc, TS_LAYER_BLOCK, micro_batch);
+    double blk_act = act_bytes(mc, TS_LAYER_BLOCK, micro_batch);
     double blk_par = F * 12.0 * C * C;
     double blk_f = model_ms(blk_flops, blk_act + blk_par);
     double blk_b = model_ms(2.0 * blk_flops, 2.0 * blk_act + 3.0 * blk_par);
@@ -91,7 +93,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
 
     for (int l = 0; l < n_layers; l++) {
         ts_layer_kind k = kind_of(l, n_layers);
-        c->act_bytes[l] = F * act_floats(mc, k, micro_batch);
+        c->act_bytes[l] = act_bytes(mc, k, micro_batch);
         switch (k) {
         case TS_LAYER_EMBED:
             c->fwd_ms[l] = model_ms(N * C, emb_f);
@@ -127,8 +129,8 @@ static void fill_uniform(float *x, size_t n, uint64_t *s)
 /* Time forward and backward of layers [l0, l1) of `m`: the fastest of a few runs. The
  * first run warms caches and thread pools; it still counts in the minimum, which is
  * what makes a slow first run harmless. Big layers stop early (about 1-2 s each). */
-static void time_layer(const ts_model *m, int l, int B, int T, const float *x, const float *dy,
-                       float *dx, ts_scratch *sc, uint64_t *seed, double *f_ms, double *b_ms)
+static void time_layer(const ts_model *m, int l, int B, int T, const void *x, const void *dy,
+                       void *dx, ts_scratch *sc, uint64_t *seed, double *f_ms, double *b_ms)
 {
     const size_t N = (size_t)B * T, C = (size_t)m->n_embd;
     ts_acts a;
@@ -142,7 +144,7 @@ static void time_layer(const ts_model *m, int l, int B, int T, const float *x, c
     *f_ms = *b_ms = INFINITY;
     double total = 0.0;
     for (int rep = 0; rep < 4; rep++) {
-        m->k->memcpy_d2d(dx, dy, N * C * sizeof *dx);
+        m->k->memcpy_d2d(dx, dy, N * C * ts_dtype_bytes(m->k->act_dtype));
         double t0 = ts_now_ms();
         ts_model_forward(m, &a, 1.0f / (float)N, NULL);
         double t1 = ts_now_ms();
@@ -166,12 +168,12 @@ static void measure_bytes(const ts_model *m, int B, int T, double *model_bytes,
     size_t acts = 0;
     const int layers[3] = {0, m->n_layer > 0 ? 1 : 0, m->n_layers - 1};
     for (int i = 0; i < 3; i++) {
-        size_t a = ts_acts_floats(m, layers[i], layers[i] + 1, B, T);
+        size_t a = ts_acts_bytes(m, layers[i], layers[i] + 1, B, T);
         if (a > acts) acts = a;
     }
-    *model_bytes = 2.0 * 4.0 * (double)m->num_floats;
-    *other_bytes = 4.0 * ((double)acts + (double)ts_scratch_floats(m, B, T) +
-                          3.0 * B * T * (double)m->n_embd);
+    *model_bytes = (8.0 + m->k->weight_copy_bytes) * (double)m->num_floats;
+    *other_bytes = (double)acts + (double)ts_scratch_bytes(m, B, T) +
+                   3.0 * B * T * (double)m->n_embd * (double)ts_dtype_bytes(m->k->act_dtype);
 }
 
 /* Whether `bytes` more fit this process (physical memory or its cgroup, and RLIMIT_AS),
@@ -234,15 +236,20 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
 
     const size_t NC = (size_t)B * T * (size_t)mc->n_embd;
     uint64_t seed = 42;
-    /* The layer inputs and output gradients: drawn on the host, copied to the device. */
+    /* The layer inputs and output gradients: drawn on the host, copied to the device
+     * (fp32) and converted there to the activation dtype. */
+    const size_t AB = ts_dtype_bytes(k->act_dtype);
     float *host = ts_alloc_floats(NC);
-    float *x = k->dev_alloc(NC * sizeof(float)), *dy = k->dev_alloc(NC * sizeof(float));
-    float *dx = k->dev_alloc(NC * sizeof(float));
+    float *staged = k->dev_alloc(NC * sizeof(float));
+    void *x = k->dev_alloc(NC * AB), *dy = k->dev_alloc(NC * AB), *dx = k->dev_alloc(NC * AB);
     fill_uniform(host, NC, &seed);
-    k->memcpy_h2d(x, host, NC * sizeof(float));
+    k->memcpy_h2d(staged, host, NC * sizeof(float));
+    k->convert(x, k->act_dtype, staged, TS_DTYPE_F32, NC);
     fill_uniform(host, NC, &seed);
     for (size_t i = 0; i < NC; i++) host[i] *= 1e-3f;
-    k->memcpy_h2d(dy, host, NC * sizeof(float));
+    k->memcpy_h2d(staged, host, NC * sizeof(float));
+    k->convert(dy, k->act_dtype, staged, TS_DTYPE_F32, NC);
+    k->dev_free(staged);
     free(host);
     ts_scratch sc;
     ts_scratch_init(&sc, &m, B, T);

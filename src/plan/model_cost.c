@@ -58,23 +58,26 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     L->T = mc->seq_len;
     L->C = mc->n_embd;
     double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->f_gemm, &L->b_gemm,
-                         &L->param_floats, &L->act_floats, &L->stash_floats};
+                         &L->param_floats, &L->act_bytes, &L->stash_bytes};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
 
     /* Sizes: the model's own layout (tp rank 0), nothing allocated. */
     ts_model m;
-    ts_tp t = ts_tp_make(tp, 0, NULL, &ts_kernels_cpu);
+    /* A bf16 cluster's runs hold bf16 activations: the CPU table of that precision
+     * lays them out (the planner models a GPU's flash attention as the GEMM one). */
+    ts_tp t = ts_tp_make(tp, 0, NULL, ts_kernels_layout_for("cpu", cl->bf16 ? "bf16" : "fp32",
+                                                            "gemm"));
     ts_model_layout_tp(&m, mc, NULL, &t);
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
         for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++)
             L->param_floats[l] += (double)((m.params[p].numel + 15) / 16 * 16);
-        L->act_floats[l] = (double)ts_acts_floats(&m, l, l + 1, micro_batch, mc->seq_len);
-        L->stash_floats[l] = (double)ts_acts_stash_floats(&m, l, l + 1, micro_batch, mc->seq_len);
+        L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
+        L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
     }
     L->wte_floats = (double)(((size_t)m.local_vocab * (size_t)mc->n_embd + 15) / 16 * 16);
-    L->scratch_floats = (double)ts_scratch_floats(&m, micro_batch, mc->seq_len);
+    L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len);
     const double Vl = (double)m.local_vocab;
     ts_model_free(&m);
 
@@ -136,7 +139,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
 void ts_plan_layers_free(ts_plan_layers *L)
 {
     double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->f_gemm, L->b_gemm,
-                        L->param_floats, L->act_floats, L->stash_floats};
+                        L->param_floats, L->act_bytes, L->stash_bytes};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     memset(L, 0, sizeof *L);
 }
@@ -163,14 +166,14 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
         for (int l = l0; l < l1; l++) {
             owned[l] = true;
             floats += L->param_floats[l];
-            acts[c] += L->act_floats[l];
-            stash[c] += L->stash_floats[l];
+            acts[c] += L->act_bytes[l];
+            stash[c] += L->stash_bytes[l];
         }
     }
     if (owned[L->n_layers - 1] && !owned[0]) floats += L->wte_floats;
     free(owned);
-    const ts_memory_holdings h = {.param_floats = floats, .scratch_floats = L->scratch_floats,
-                                  .act_floats = acts, .stash_floats = stash,
+    const ts_memory_holdings h = {.param_floats = floats, .scratch_bytes = L->scratch_bytes,
+                                  .act_bytes = acts, .stash_bytes = stash,
                                   .peak_acts = peak_acts, .peak_stash = peak_stash};
     ts_memory_rank(sh, &h, q, out);
     free(acts);

@@ -47,10 +47,10 @@ typedef struct {
     double *f_tp, *i_tp;      /* [n_layers] the tp all-reduce part of f and i */
     double *f_gemm, *b_gemm;  /* [n_layers] GEMM part of forward, backward (I + W) */
     double *param_floats;     /* [n_layers] floats of the layer's parameters (as laid out) */
-    double *act_floats;       /* [n_layers] saved activation floats of one micro-batch */
-    double *stash_floats;     /* [n_layers] zero-bubble stash floats (I to W) */
+    double *act_bytes;        /* [n_layers] saved activation bytes of one micro-batch */
+    double *stash_bytes;      /* [n_layers] zero-bubble stash bytes (I to W) */
     double wte_floats;        /* the tied copy the head keeps without the embedding */
-    double scratch_floats;    /* the backward scratch a rank allocates once */
+    double scratch_bytes;     /* the backward scratch a rank allocates once */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages */
 } ts_plan_layers;
 

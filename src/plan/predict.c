@@ -325,7 +325,7 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
         .pp = g->pp, .n_chunks = g->pp * g->v, .m = g->m, .recompute = g->recompute,
         .dp = g->dp, .zero = g->zero,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
-        .weight_copy_bytes = x->cl.bf16 ? 2 : 0,
+        .weight_copy_bytes = x->cl.bf16 ? 2 : 0, .act_bytes = x->cl.bf16 ? 2 : 4,
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
 }
 
@@ -418,12 +418,12 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     double floats = 0.0, acts = 0.0;
     for (int l = 0; l < L->n_layers; l++) {
         floats += L->param_floats[l];
-        acts += L->act_floats[l];
+        acts += L->act_bytes[l];
     }
     const double per_param = 4.0 + (x->cl.bf16 ? 2.0 : 0.0) + 4.0 +
                              8.0 / (g->zero == 1 ? (double)g->dp : 1.0);
     const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
-    return (floats * per_param + acts * 4.0) / g->pp + threads * TS_BLAS_THREAD_BYTES;
+    return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
 }
 
 static void finish(const ts_plan_ctx *x, ts_plan_result *r)

@@ -21,6 +21,14 @@ static void tp_sum(const ts_tp *tp, float *buf, size_t n)
     ts_allreduce_sum_f32(tp->comm, buf, n);
 }
 
+/* tp_sum on activations, in their element type (bf16 sums round once per pair). */
+static void tp_sum_act(const ts_tp *tp, void *buf, size_t n)
+{
+    if (tp->size == 1) return;
+    TS_ASSERT(tp->comm != NULL);
+    ts_allreduce_sum_act(tp->comm, buf, n, tp->k->act_dtype);
+}
+
 static void tp_max(const ts_tp *tp, float *buf, size_t n)
 {
     if (tp->size == 1) return;
@@ -30,35 +38,35 @@ static void tp_max(const ts_tp *tp, float *buf, size_t n)
 
 /* ------------------------------------------------------------------ linears */
 
-void ts_tp_col_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
                        const float *b, int N, int C, int OCl)
 {
     tp->k->matmul_forward(out, inp, w, b, N, C, OCl);
 }
 
-void ts_tp_col_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, const float *w, int N, int C, int OCl)
+void ts_tp_col_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
+                        const void *inp, const void *w, int N, int C, int OCl)
 {
     tp->k->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OCl);
-    if (dinp) tp_sum(tp, dinp, (size_t)N * C);
+    if (dinp) tp_sum_act(tp, dinp, (size_t)N * C);
 }
 
-void ts_tp_row_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+void ts_tp_row_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
                        const float *b, int N, int Cl, int OC)
 {
     tp->k->matmul_forward(out, inp, w, tp->rank == 0 ? b : NULL, N, Cl, OC);
-    tp_sum(tp, out, (size_t)N * OC);
+    tp_sum_act(tp, out, (size_t)N * OC);
 }
 
-void ts_tp_row_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, const float *w, int N, int Cl, int OC)
+void ts_tp_row_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
+                        const void *inp, const void *w, int N, int Cl, int OC)
 {
     tp->k->matmul_backward(dinp, dw, db, dout, inp, w, N, Cl, OC);
 }
 
 /* ---------------------------------------------------- vocab-parallel layers */
 
-void ts_tp_embed_forward(const ts_tp *tp, float *out, const int *tokens, const float *wte,
+void ts_tp_embed_forward(const ts_tp *tp, void *out, const int *tokens, const float *wte,
                          int v0, int nv, const float *wpe, int B, int T, int C)
 {
     if (tp->size == 1) {
@@ -68,10 +76,10 @@ void ts_tp_embed_forward(const ts_tp *tp, float *out, const int *tokens, const f
     /* This rank's vocabulary rows (zeros for other tokens), the positions on rank 0
      * only; the sum assembles the full embedding on every rank. */
     tp->k->vocab_embed_forward(out, tokens, wte, tp->rank == 0 ? wpe : NULL, v0, nv, B, T, C);
-    tp_sum(tp, out, (size_t)B * T * C);
+    tp_sum_act(tp, out, (size_t)B * T * C);
 }
 
-void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const float *dout,
+void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const void *dout,
                           const int *tokens, int v0, int nv, int B, int T, int C)
 {
     if (tp->size == 1)
@@ -80,7 +88,7 @@ void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const float
         tp->k->vocab_embed_backward(dwte, dwpe, dout, tokens, v0, nv, B, T, C);
 }
 
-void ts_tp_cross_entropy(const ts_tp *tp, float *losses, float *logits, float *stats,
+void ts_tp_cross_entropy(const ts_tp *tp, float *losses, void *logits, float *stats,
                          const int *targets, int v0, int nv, int N, float dloss)
 {
     const ts_kernels *k = tp->k;

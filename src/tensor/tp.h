@@ -41,33 +41,36 @@ typedef struct {
  * otherwise its size and rank must be these. */
 ts_tp ts_tp_make(int size, int rank, const struct ts_comm_s *comm, const ts_kernels *k);
 
+/* Activations (`void *`) and weights `w` are in tp->k's act_dtype; biases and weight
+ * gradients are fp32 (kernels/kernels.h). */
+
 /* out[N, OCl] = inp[N, C] @ w[OCl, C]^T + b[OCl]: this rank's output columns. */
-void ts_tp_col_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
                        const float *b, int N, int C, int OCl);
 /* matmul_backward, then dinp (when given) summed over the tp ranks. dw or db may be NULL
  * (the zero-bubble split computes them in another pass, with dinp NULL). */
-void ts_tp_col_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, const float *w, int N, int C, int OCl);
+void ts_tp_col_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
+                        const void *inp, const void *w, int N, int C, int OCl);
 
 /* out[N, OC] = sum over ranks of inp[N, Cl] @ w[OC, Cl]^T, plus b[OC] (replicated) once. */
-void ts_tp_row_forward(const ts_tp *tp, float *out, const float *inp, const float *w,
+void ts_tp_row_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
                        const float *b, int N, int Cl, int OC);
 /* The plain matmul_backward: dout is replicated, so the replicated bias' gradient is the
  * same on every rank. */
-void ts_tp_row_backward(const ts_tp *tp, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, const float *w, int N, int Cl, int OC);
+void ts_tp_row_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
+                        const void *inp, const void *w, int N, int Cl, int OC);
 
 /* out[B*T, C] = wte[tokens] + wpe[t], wte holding vocabulary rows [v0, v0 + nv). */
-void ts_tp_embed_forward(const ts_tp *tp, float *out, const int *tokens, const float *wte,
+void ts_tp_embed_forward(const ts_tp *tp, void *out, const int *tokens, const float *wte,
                          int v0, int nv, const float *wpe, int B, int T, int C);
 /* dwte (this rank's rows) and dwpe (replicated: dout is the same on every rank) += . */
-void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const float *dout,
+void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const void *dout,
                           const int *tokens, int v0, int nv, int B, int T, int C);
 
 /* Cross-entropy of logits [N, nv] (this rank's vocabulary columns [v0, v0 + nv)) against
  * targets: losses[N] (the same on every rank) and, in place of the logits,
  * dlogits = (softmax - onehot) * dloss. stats: 3*N floats of workspace. */
-void ts_tp_cross_entropy(const ts_tp *tp, float *losses, float *logits, float *stats,
+void ts_tp_cross_entropy(const ts_tp *tp, float *losses, void *logits, float *stats,
                          const int *targets, int v0, int nv, int N, float dloss);
 
 /* ---- count once: what every rank of the group holds alike enters a sum once ---- */

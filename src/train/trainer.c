@@ -100,6 +100,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         ts_comm_agree(&t->world, ts_trainer_open_outputs(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
+    ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
     t->engine.chunk_done = on_layers_done;
     t->engine.chunk_done_ctx = &t->grad_sync;
     t->tracing = cfg->log.trace[0] != '\0';
@@ -194,6 +195,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
                       ts_clip_coef(norm, c->train.grad_clip), step + 1);
         if (t->grad_sync.sharded) ts_watchdog_context("ZeRO-1 parameter all-gather", 0, 0, 0);
         ts_grad_sync_gather_params(&t->grad_sync);
+        ts_model_refresh_compute(&t->model); /* bf16: the next step's compute weights */
     }
     double t3 = ts_now_ms();
     ts_trainer_trace_span(t, "optim", t2, t3);

@@ -67,9 +67,12 @@ static void causal_softmax_backward_row(float *dr, const float *p, int i, int en
     memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
 }
 
-void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+void ts_cpu_attention_forward(void *out_, void *att_, const void *qkv_, int B, int T, int NH,
                               int HS)
 {
+    float *out = out_;
+    float *att = att_;
+    const float *qkv = qkv_;
     const int C = NH * HS, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
@@ -96,9 +99,14 @@ void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, i
  *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
  *   dQ = scale dS K,  dK = scale dS^T Q.
  * dS lives in this pair's T*T slice of the scratch. */
-void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int NH, int HS)
+void ts_cpu_attention_backward(void *dqkv_, void *scratch_, const void *dout_, const void *qkv_,
+                               const void *att_, int B, int T, int NH, int HS)
 {
+    float *dqkv = dqkv_;
+    float *scratch = scratch_;
+    const float *dout = dout_;
+    const float *qkv = qkv_;
+    const float *att = att_;
     const int C = NH * HS, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)

@@ -60,19 +60,19 @@ static inline void ts_cpu_split(size_t n, int parts, int i, size_t *begin, size_
 }
 
 /* One function per kernel, gathered into ts_kernels_cpu by table.c. */
-void ts_cpu_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void ts_cpu_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);
-void ts_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void ts_cpu_encoder_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,
                              int B, int T, int C);
-void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void ts_cpu_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
                               const float *weight, const float *bias, int N, int C);
-void ts_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
+void ts_cpu_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);
-void ts_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+void ts_cpu_matmul_forward(void *out, const void *inp, const void *weight, const float *bias,
                            int N, int C, int OC);
-void ts_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC);
+void ts_cpu_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                            const void *inp, const void *weight, int N, int C, int OC);
 /* memory.c: memory, ordering and size queries */
 void *ts_cpu_dev_alloc(size_t bytes);
 void ts_cpu_dev_free(void *p);
@@ -85,20 +85,21 @@ void ts_cpu_stream_destroy(ts_stream s);
 void ts_cpu_stream_sync(ts_stream s);
 ts_event ts_cpu_event_record(ts_stream s);
 void ts_cpu_event_wait(ts_event e);
-size_t ts_cpu_attention_saved_floats(int B, int T, int NH, int HS);
-size_t ts_cpu_attention_scratch_floats(int B, int T, int NH, int HS);
+size_t ts_cpu_attention_saved_bytes(int B, int T, int NH, int HS);
+size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS);
+void ts_cpu_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
 
-void ts_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
                               int HS);
-void ts_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int NH, int HS);
-void ts_cpu_gelu_forward(float *out, const float *inp, size_t n);
-void ts_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
-void ts_cpu_residual_layernorm_forward(float *res_out, float *ln_out, float *mean, float *rstd,
-                                       const float *a, const float *b, const float *weight,
+void ts_cpu_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                               const void *att, int B, int T, int NH, int HS);
+void ts_cpu_gelu_forward(void *out, const void *inp, size_t n);
+void ts_cpu_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);
+void ts_cpu_residual_forward(void *out, const void *a, const void *b, size_t n);
+void ts_cpu_residual_layernorm_forward(void *res_out, void *ln_out, float *mean, float *rstd,
+                                       const void *a, const void *b, const float *weight,
                                        const float *bias, int N, int C);
-void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
+void ts_cpu_crossentropy_forward_backward(float *losses, void *logits, const int *targets,
                                           int N, int V, float dloss);
 void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
@@ -107,14 +108,14 @@ void ts_cpu_adamw_update_spans(float *param, const float *grad, float grad_scale
                                float *v, const ts_adamw_span *spans, int n_spans, float lr,
                                float beta1, float beta2, float eps, float weight_decay, int t);
 double ts_cpu_sum_squares(const float *x, size_t n);
-void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void ts_cpu_vocab_embed_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                                 int v0, int nv, int B, int T, int C);
-void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,
                                  int v0, int nv, int B, int T, int C);
-void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const float *logits,
+void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const void *logits,
                           const int *targets, int v0, int nv, int N);
-void ts_cpu_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowmax, int N, int nv);
-void ts_cpu_xent_vp_finish(float *losses, float *logits, const int *targets, int v0, int nv,
+void ts_cpu_xent_vp_sumexp(float *sumexp, const void *logits, const float *rowmax, int N, int nv);
+void ts_cpu_xent_vp_finish(float *losses, void *logits, const int *targets, int v0, int nv,
                            const float *rowmax, const float *sumexp, const float *target_logit,
                            int N, float dloss);
 

@@ -6,9 +6,10 @@
 
 #define TS_XENT_CHUNK 512
 
-void ts_cpu_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
+void ts_cpu_crossentropy_forward_backward(float *losses, void *logits_, const int *targets,
                                           int N, int V, float dloss)
 {
+    float *logits = logits_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * V;

@@ -5,9 +5,10 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 
-void ts_cpu_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void ts_cpu_encoder_forward(void *out_, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C)
 {
+    float *out = out_;
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
@@ -21,9 +22,10 @@ void ts_cpu_encoder_forward(float *out, const int *tokens, const float *wte, con
 /* A token can repeat within the batch, so rows of dwte cannot be split among threads.
  * Each thread owns a range of channels instead and walks all rows in order: no races,
  * and every element is summed in the same order whatever the thread count. */
-void ts_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void ts_cpu_encoder_backward(float *dwte, float *dwpe, const void *dout_, const int *tokens,
                              int B, int T, int C)
 {
+    const float *dout = dout_;
 #pragma omp parallel
     {
         /* Channel ranges rounded to 16 floats (one cache line) to avoid false sharing. */

@@ -7,8 +7,10 @@
 #define TS_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define TS_GELU_A 0.044715f
 
-void ts_cpu_gelu_forward(float *out, const float *inp, size_t n)
+void ts_cpu_gelu_forward(void *out_, const void *inp_, size_t n)
 {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -19,8 +21,11 @@ void ts_cpu_gelu_forward(float *out, const float *inp, size_t n)
 
 /* gelu'(x) = s + 2 x s (1 - s) u'(x),  s = sigmoid(2u),  u' = sqrt(2/pi) (1 + 3a x^2)
  * (since sech^2(u) = 4 s (1 - s)). */
-void ts_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+void ts_cpu_gelu_backward(void *dinp_, const void *inp_, const void *dout_, size_t n)
 {
+    float *dinp = dinp_;
+    const float *inp = inp_;
+    const float *dout = dout_;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];

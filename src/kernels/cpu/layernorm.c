@@ -31,9 +31,11 @@ static __attribute__((noinline)) void layernorm_row(float *o, float *mean, float
     *rstd = rs;
 }
 
-void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void ts_cpu_layernorm_forward(void *out_, float *mean, float *rstd, const void *inp_,
                               const float *weight, const float *bias, int N, int C)
 {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias,
@@ -42,10 +44,14 @@ void ts_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
 
 /* The sum is one rounding per element, as residual_forward's; the row is still in cache
  * when its LayerNorm reads it back. */
-void ts_cpu_residual_layernorm_forward(float *res_out, float *ln_out, float *mean, float *rstd,
-                                       const float *a, const float *b, const float *weight,
+void ts_cpu_residual_layernorm_forward(void *res_out_, void *ln_out_, float *mean, float *rstd,
+                                       const void *a_, const void *b_, const float *weight,
                                        const float *bias, int N, int C)
 {
+    float *res_out = res_out_;
+    float *ln_out = ln_out_;
+    const float *a = a_;
+    const float *b = b_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const size_t r = (size_t)n * C;
@@ -63,10 +69,13 @@ void ts_cpu_residual_layernorm_forward(float *res_out, float *ln_out, float *mea
 /* With xhat = (x - mean) * rstd and g = weight * dout:
  *   dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)),
  *   dweight += sum over rows of dout * xhat,  dbias += sum over rows of dout. */
-void ts_cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
+void ts_cpu_layernorm_backward(void *dinp_, float *dweight, float *dbias, const void *dout_,
+                               const void *inp_, const float *weight, const float *mean,
                                const float *rstd, int N, int C)
 {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
     int nblocks = (N + TS_LN_BLOCK - 1) / TS_LN_BLOCK;
     /* Per block: C partial dweight, then C partial dbias. */
     float *part = ts_alloc_floats((size_t)nblocks * 2 * C);

@@ -7,9 +7,12 @@
 
 /* The bias is fused by starting `out` from it and letting sgemm accumulate (beta = 1):
  * sgemm with beta = 0 would spend the same pass zeroing `out`. */
-void ts_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+void ts_cpu_matmul_forward(void *out_, const void *inp_, const void *weight_, const float *bias,
                            int N, int C, int OC)
 {
+    float *out = out_;
+    const float *inp = inp_;
+    const float *weight = weight_;
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static)
@@ -85,9 +88,13 @@ static void backward_side_by_side(float *dinp, float *dweight, float *dbias, con
     }
 }
 
-void ts_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC)
+void ts_cpu_matmul_backward(void *dinp_, float *dweight, float *dbias, const void *dout_,
+                            const void *inp_, const void *weight_, int N, int C, int OC)
 {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
+    const float *weight = weight_;
     if (dinp && dweight && omp_get_max_threads() >= 2) {
         backward_side_by_side(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
         return;

@@ -4,8 +4,11 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 
-void ts_cpu_residual_forward(float *out, const float *a, const float *b, size_t n)
+void ts_cpu_residual_forward(void *out_, const void *a_, const void *b_, size_t n)
 {
+    float *out = out_;
+    const float *a = a_;
+    const float *b = b_;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }

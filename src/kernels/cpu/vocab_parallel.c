@@ -12,9 +12,10 @@
 /* Float partial sums over chunks of this many logits, added in double (as crossentropy.c). */
 #define VP_CHUNK 512
 
-void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void ts_cpu_vocab_embed_forward(void *out_, const int *tokens, const float *wte, const float *wpe,
                                 int v0, int nv, int B, int T, int C)
 {
+    float *out = out_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < B * T; n++) {
         float *o = out + (size_t)n * C;
@@ -25,9 +26,10 @@ void ts_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte,
     }
 }
 
-void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const void *dout_, const int *tokens,
                                  int v0, int nv, int B, int T, int C)
 {
+    const float *dout = dout_;
     /* Each thread owns a range of channels and walks the rows in order: deterministic
      * for any thread count, and no two threads touch the same gradient element. */
 #pragma omp parallel
@@ -49,9 +51,10 @@ void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, co
     }
 }
 
-void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const float *logits,
+void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const void *logits_,
                           const int *targets, int v0, int nv, int N)
 {
+    const float *logits = logits_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * nv;
@@ -61,8 +64,9 @@ void ts_cpu_xent_vp_stats(float *rowmax, float *target_logit, const float *logit
     }
 }
 
-void ts_cpu_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowmax, int N, int nv)
+void ts_cpu_xent_vp_sumexp(float *sumexp, const void *logits_, const float *rowmax, int N, int nv)
 {
+    const float *logits = logits_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * nv;
@@ -79,10 +83,11 @@ void ts_cpu_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowm
     }
 }
 
-void ts_cpu_xent_vp_finish(float *losses, float *logits, const int *targets, int v0, int nv,
+void ts_cpu_xent_vp_finish(float *losses, void *logits_, const int *targets, int v0, int nv,
                            const float *rowmax, const float *sumexp, const float *target_logit,
                            int N, float dloss)
 {
+    float *logits = logits_;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * nv;

@@ -2,145 +2,141 @@
  * code cannot touch (kernels/strict/arena.h). Every call that reads or writes device
  * memory opens the arena around the CPU kernel; the size queries and the stream and
  * event no-ops touch none and are the CPU's own. host_accessible is false, so callers
- * take the staging paths a GPU needs. */
+ * take the staging paths a GPU needs. One strict table per CPU table (fp32, bf16): the
+ * wrappers below are written once and instantiated for each. */
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/strict/arena.h"
 
-/* strict_NAME(PARAMS) runs ts_cpu_NAME(ARGS) with the arena open. */
-#define STRICT(name, params, args)                                                         \
-    static void strict_##name params                                                       \
+/* PFX##NAME(PARAMS) runs INNER.NAME(ARGS) with the arena open. */
+#define STRICT(pfx, inner, name, params, args)                                            \
+    static void pfx##name params                                                           \
     {                                                                                      \
         ts_strict_enter();                                                                 \
-        ts_cpu_##name args;                                                                \
+        (inner).name args;                                                                 \
         ts_strict_leave();                                                                 \
     }
 
-STRICT(memcpy, (void *dst, const void *src, size_t bytes), (dst, src, bytes))
-STRICT(memset_zero, (void *dst, size_t bytes), (dst, bytes))
-STRICT(sum_into, (double *acc, const float *x, size_t n), (acc, x, n))
-STRICT(sum_squares_into, (double *acc, const float *x, size_t n), (acc, x, n))
-STRICT(encoder_forward,
-       (float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C),
-       (out, tokens, wte, wpe, B, T, C))
-STRICT(encoder_backward,
-       (float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C),
-       (dwte, dwpe, dout, tokens, B, T, C))
-STRICT(layernorm_forward,
-       (float *out, float *mean, float *rstd, const float *inp, const float *weight,
-        const float *bias, int N, int C),
-       (out, mean, rstd, inp, weight, bias, N, C))
-STRICT(layernorm_backward,
-       (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-        const float *weight, const float *mean, const float *rstd, int N, int C),
-       (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C))
-STRICT(matmul_forward,
-       (float *out, const float *inp, const float *weight, const float *bias, int N, int C,
-        int OC),
-       (out, inp, weight, bias, N, C, OC))
-STRICT(matmul_backward,
-       (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-        const float *weight, int N, int C, int OC),
-       (dinp, dweight, dbias, dout, inp, weight, N, C, OC))
-STRICT(attention_forward,
-       (float *out, float *att, const float *qkv, int B, int T, int NH, int HS),
-       (out, att, qkv, B, T, NH, HS))
-STRICT(attention_backward,
-       (float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B,
-        int T, int NH, int HS),
-       (dqkv, scratch, dout, qkv, att, B, T, NH, HS))
-STRICT(gelu_forward, (float *out, const float *inp, size_t n), (out, inp, n))
-STRICT(gelu_backward, (float *dinp, const float *inp, const float *dout, size_t n),
-       (dinp, inp, dout, n))
-STRICT(residual_forward, (float *out, const float *a, const float *b, size_t n), (out, a, b, n))
-STRICT(residual_layernorm_forward,
-       (float *res_out, float *ln_out, float *mean, float *rstd, const float *a, const float *b,
-        const float *weight, const float *bias, int N, int C),
-       (res_out, ln_out, mean, rstd, a, b, weight, bias, N, C))
-STRICT(crossentropy_forward_backward,
-       (float *losses, float *logits, const int *targets, int N, int V, float dloss),
-       (losses, logits, targets, N, V, dloss))
-STRICT(adamw_update,
-       (float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, float lr,
-        float beta1, float beta2, float eps, float weight_decay, int t),
-       (param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t))
-/* The spans are device memory too: the CPU kernel reads them inside the open window. */
-STRICT(adamw_update_spans,
-       (float *param, const float *grad, float grad_scale, float *m, float *v,
-        const ts_adamw_span *spans, int n_spans, float lr, float beta1, float beta2, float eps,
-        float weight_decay, int t),
-       (param, grad, grad_scale, m, v, spans, n_spans, lr, beta1, beta2, eps, weight_decay, t))
-STRICT(vocab_embed_forward,
-       (float *out, const int *tokens, const float *wte, const float *wpe, int v0, int nv, int B,
-        int T, int C),
-       (out, tokens, wte, wpe, v0, nv, B, T, C))
-STRICT(vocab_embed_backward,
-       (float *dwte, float *dwpe, const float *dout, const int *tokens, int v0, int nv, int B,
-        int T, int C),
-       (dwte, dwpe, dout, tokens, v0, nv, B, T, C))
-STRICT(xent_vp_stats,
-       (float *rowmax, float *target_logit, const float *logits, const int *targets, int v0,
-        int nv, int N),
-       (rowmax, target_logit, logits, targets, v0, nv, N))
-STRICT(xent_vp_sumexp, (float *sumexp, const float *logits, const float *rowmax, int N, int nv),
-       (sumexp, logits, rowmax, N, nv))
-STRICT(xent_vp_finish,
-       (float *losses, float *logits, const int *targets, int v0, int nv, const float *rowmax,
-        const float *sumexp, const float *target_logit, int N, float dloss),
-       (losses, logits, targets, v0, nv, rowmax, sumexp, target_logit, N, dloss))
-#undef STRICT
+#define STRICT_WRAPPERS(P, K)                                                              \
+    STRICT(P, K, memcpy_d2d, (void *dst, const void *src, size_t bytes), (dst, src, bytes)) \
+    STRICT(P, K, memset_zero, (void *dst, size_t bytes), (dst, bytes))                     \
+    STRICT(P, K, convert, (void *dst, ts_dtype dt, const void *src, ts_dtype st, size_t n), \
+           (dst, dt, src, st, n))                                                          \
+    STRICT(P, K, sum_into, (double *acc, const float *x, size_t n), (acc, x, n))           \
+    STRICT(P, K, sum_squares_into, (double *acc, const float *x, size_t n), (acc, x, n))   \
+    STRICT(P, K, encoder_forward,                                                          \
+           (void *out, const int *tokens, const float *wte, const float *wpe, int B, int T,  \
+            int C),                                                                        \
+           (out, tokens, wte, wpe, B, T, C))                                               \
+    STRICT(P, K, encoder_backward,                                                         \
+           (float *dwte, float *dwpe, const void *dout, const int *tokens, int B, int T,     \
+            int C),                                                                        \
+           (dwte, dwpe, dout, tokens, B, T, C))                                            \
+    STRICT(P, K, layernorm_forward,                                                        \
+           (void *out, float *mean, float *rstd, const void *inp, const float *weight,      \
+            const float *bias, int N, int C),                                              \
+           (out, mean, rstd, inp, weight, bias, N, C))                                     \
+    STRICT(P, K, layernorm_backward,                                                       \
+           (void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,    \
+            const float *weight, const float *mean, const float *rstd, int N, int C),       \
+           (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C))                    \
+    STRICT(P, K, matmul_forward,                                                           \
+           (void *out, const void *inp, const void *weight, const float *bias, int N, int C, \
+            int OC),                                                                       \
+           (out, inp, weight, bias, N, C, OC))                                             \
+    STRICT(P, K, matmul_backward,                                                          \
+           (void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,    \
+            const void *weight, int N, int C, int OC),                                     \
+           (dinp, dweight, dbias, dout, inp, weight, N, C, OC))                            \
+    STRICT(P, K, attention_forward,                                                        \
+           (void *out, void *att, const void *qkv, int B, int T, int NH, int HS),           \
+           (out, att, qkv, B, T, NH, HS))                                                  \
+    STRICT(P, K, attention_backward,                                                       \
+           (void *dqkv, void *scratch, const void *dout, const void *qkv, const void *att,   \
+            int B, int T, int NH, int HS),                                                 \
+           (dqkv, scratch, dout, qkv, att, B, T, NH, HS))                                  \
+    STRICT(P, K, gelu_forward, (void *out, const void *inp, size_t n), (out, inp, n))      \
+    STRICT(P, K, gelu_backward, (void *dinp, const void *inp, const void *dout, size_t n), \
+           (dinp, inp, dout, n))                                                           \
+    STRICT(P, K, residual_forward, (void *out, const void *a, const void *b, size_t n),    \
+           (out, a, b, n))                                                                 \
+    STRICT(P, K, residual_layernorm_forward,                                               \
+           (void *res_out, void *ln_out, float *mean, float *rstd, const void *a,            \
+            const void *b, const float *weight, const float *bias, int N, int C),           \
+           (res_out, ln_out, mean, rstd, a, b, weight, bias, N, C))                        \
+    STRICT(P, K, crossentropy_forward_backward,                                            \
+           (float *losses, void *logits, const int *targets, int N, int V, float dloss),    \
+           (losses, logits, targets, N, V, dloss))                                         \
+    STRICT(P, K, adamw_update,                                                             \
+           (float *param, const float *grad, float grad_scale, float *m, float *v, size_t n, \
+            float lr, float beta1, float beta2, float eps, float weight_decay, int t),      \
+           (param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, t))     \
+    /* The spans are device memory too: the CPU kernel reads them inside the window. */   \
+    STRICT(P, K, adamw_update_spans,                                                       \
+           (float *param, const float *grad, float grad_scale, float *m, float *v,          \
+            const ts_adamw_span *spans, int n_spans, float lr, float beta1, float beta2,    \
+            float eps, float weight_decay, int t),                                         \
+           (param, grad, grad_scale, m, v, spans, n_spans, lr, beta1, beta2, eps,          \
+            weight_decay, t))                                                              \
+    STRICT(P, K, vocab_embed_forward,                                                      \
+           (void *out, const int *tokens, const float *wte, const float *wpe, int v0, int nv, \
+            int B, int T, int C),                                                          \
+           (out, tokens, wte, wpe, v0, nv, B, T, C))                                       \
+    STRICT(P, K, vocab_embed_backward,                                                     \
+           (float *dwte, float *dwpe, const void *dout, const int *tokens, int v0, int nv,   \
+            int B, int T, int C),                                                          \
+           (dwte, dwpe, dout, tokens, v0, nv, B, T, C))                                    \
+    STRICT(P, K, xent_vp_stats,                                                            \
+           (float *rowmax, float *target_logit, const void *logits, const int *targets,     \
+            int v0, int nv, int N),                                                        \
+           (rowmax, target_logit, logits, targets, v0, nv, N))                             \
+    STRICT(P, K, xent_vp_sumexp,                                                           \
+           (float *sumexp, const void *logits, const float *rowmax, int N, int nv),         \
+           (sumexp, logits, rowmax, N, nv))                                                \
+    STRICT(P, K, xent_vp_finish,                                                           \
+           (float *losses, void *logits, const int *targets, int v0, int nv,                \
+            const float *rowmax, const float *sumexp, const float *target_logit, int N,     \
+            float dloss),                                                                  \
+           (losses, logits, targets, v0, nv, rowmax, sumexp, target_logit, N, dloss))      \
+    static double P##sum_squares(const float *x, size_t n)                                 \
+    {                                                                                      \
+        ts_strict_enter();                                                                 \
+        double s = (K).sum_squares(x, n);                                                  \
+        ts_strict_leave();                                                                 \
+        return s;                                                                          \
+    }
 
-static double strict_sum_squares(const float *x, size_t n)
-{
-    ts_strict_enter();
-    double s = ts_cpu_sum_squares(x, n);
-    ts_strict_leave();
-    return s;
-}
+/* The table of strict wrappers P##* around a CPU table of this precision, dtype,
+ * weight copies and attention sizes (static initialisers cannot read K's fields). */
+#define STRICT_TABLE(P, table_name, prec, dtype, copy_bytes, saved_bytes, scratch_bytes)  \
+    {                                                                                      \
+        .name = table_name,                                                                \
+        /* Host memory under the hood: checked against the host's limits like "cpu". */   \
+        .device = "cpu-strict", .precision = prec, .act_dtype = dtype,                    \
+        .attention = "gemm", .device_memory = false,                                       \
+        .weight_copy_bytes = copy_bytes, .native_comm = NULL,                              \
+        .host_accessible = false, .dev_alloc = ts_strict_alloc, .dev_free = ts_strict_free, \
+        .memcpy_h2d = P##memcpy_d2d, .memcpy_d2h = P##memcpy_d2d,                          \
+        .memcpy_d2d = P##memcpy_d2d, .memset_zero = P##memset_zero, .convert = P##convert, \
+        .sum_into = P##sum_into, .sum_squares_into = P##sum_squares_into,                  \
+        .stream_create = ts_cpu_stream_create, .stream_destroy = ts_cpu_stream_destroy,    \
+        .stream_sync = ts_cpu_stream_sync, .event_record = ts_cpu_event_record,            \
+        .event_wait = ts_cpu_event_wait, .attention_saved_bytes = saved_bytes,            \
+        .attention_scratch_bytes = scratch_bytes,                                          \
+        .encoder_forward = P##encoder_forward, .encoder_backward = P##encoder_backward,    \
+        .layernorm_forward = P##layernorm_forward,                                         \
+        .layernorm_backward = P##layernorm_backward, .matmul_forward = P##matmul_forward,  \
+        .matmul_backward = P##matmul_backward, .attention_forward = P##attention_forward,  \
+        .attention_backward = P##attention_backward, .gelu_forward = P##gelu_forward,      \
+        .gelu_backward = P##gelu_backward, .residual_forward = P##residual_forward,        \
+        .residual_layernorm_forward = P##residual_layernorm_forward,                       \
+        .crossentropy_forward_backward = P##crossentropy_forward_backward,                 \
+        .adamw_update = P##adamw_update, .adamw_update_spans = P##adamw_update_spans,      \
+        .sum_squares = P##sum_squares, .vocab_embed_forward = P##vocab_embed_forward,      \
+        .vocab_embed_backward = P##vocab_embed_backward, .xent_vp_stats = P##xent_vp_stats, \
+        .xent_vp_sumexp = P##xent_vp_sumexp, .xent_vp_finish = P##xent_vp_finish,          \
+    }
 
-const ts_kernels ts_kernels_cpu_strict = {
-    .name = "cpu-strict",
-    /* Host memory under the hood: checked against the host's limits like "cpu". */
-    .device = "cpu-strict",
-    .precision = "fp32",
-    .attention = "gemm",
-    .device_memory = false,
-    .weight_copy_bytes = 0,
-    .native_comm = NULL,
-    .host_accessible = false,
-    .dev_alloc = ts_strict_alloc,
-    .dev_free = ts_strict_free,
-    .memcpy_h2d = strict_memcpy,
-    .memcpy_d2h = strict_memcpy,
-    .memcpy_d2d = strict_memcpy,
-    .memset_zero = strict_memset_zero,
-    .sum_into = strict_sum_into,
-    .sum_squares_into = strict_sum_squares_into,
-    .stream_create = ts_cpu_stream_create,
-    .stream_destroy = ts_cpu_stream_destroy,
-    .stream_sync = ts_cpu_stream_sync,
-    .event_record = ts_cpu_event_record,
-    .event_wait = ts_cpu_event_wait,
-    .attention_saved_floats = ts_cpu_attention_saved_floats,
-    .attention_scratch_floats = ts_cpu_attention_scratch_floats,
-    .encoder_forward = strict_encoder_forward,
-    .encoder_backward = strict_encoder_backward,
-    .layernorm_forward = strict_layernorm_forward,
-    .layernorm_backward = strict_layernorm_backward,
-    .matmul_forward = strict_matmul_forward,
-    .matmul_backward = strict_matmul_backward,
-    .attention_forward = strict_attention_forward,
-    .attention_backward = strict_attention_backward,
-    .gelu_forward = strict_gelu_forward,
-    .gelu_backward = strict_gelu_backward,
-    .residual_forward = strict_residual_forward,
-    .residual_layernorm_forward = strict_residual_layernorm_forward,
-    .crossentropy_forward_backward = strict_crossentropy_forward_backward,
-    .adamw_update = strict_adamw_update,
-    .adamw_update_spans = strict_adamw_update_spans,
-    .sum_squares = strict_sum_squares,
-    .vocab_embed_forward = strict_vocab_embed_forward,
-    .vocab_embed_backward = strict_vocab_embed_backward,
-    .xent_vp_stats = strict_xent_vp_stats,
-    .xent_vp_sumexp = strict_xent_vp_sumexp,
-    .xent_vp_finish = strict_xent_vp_finish,
-};
+STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
+const ts_kernels ts_kernels_cpu_strict =
+    STRICT_TABLE(strict_f32_, "cpu-strict", "fp32", TS_DTYPE_F32, 0, ts_cpu_attention_saved_bytes,
+                 ts_cpu_attention_scratch_bytes);
