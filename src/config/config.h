@@ -31,6 +31,7 @@ typedef struct {
     char order[16];             /* "tp-dp-pp", fastest-varying first */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
+    char grad_reduce_dtype[8];   /* "fp32": the data-parallel reduction's element type */
     int zero;                   /* 0 or 1 */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */

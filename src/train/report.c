@@ -96,7 +96,8 @@ ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
 
 /* The OpenBLAS core every rank runs and a quick sgemm rate with its threads, gathered
  * to rank 0: a start-up line and the metrics' first line {"cpu", "blas_core",
- * "blas_core_note", "blas_gflops":[per rank]}, so a slow kernel is seen, not guessed. */
+ * "blas_core_note", "blas_gflops":[per rank]}, so a slow kernel is seen, not guessed;
+ * a bf16 CPU run adds the ISA oneDNN dispatches its GEMMs to ("dnnl_isa"). */
 ts_status ts_trainer_report_blas(ts_trainer *t)
 {
     enum { NAME = 32 };
@@ -126,8 +127,12 @@ ts_status ts_trainer_report_blas(ts_trainer *t)
         if (other > 0)
             ts_log_warn("ranks run different OpenBLAS cores: %s on rank 0, %.*s on rank %d",
                         core, NAME, cores + (size_t)other * NAME, other);
+        const bool dnnl = !t->k->device_count && t->k->act_dtype == TS_DTYPE_BF16;
+        if (dnnl)
+            ts_log_info("dnnl: oneDNN runs the bf16 GEMMs with its %s kernels", ts_dnnl_isa());
         json_t *line = json_pack("{s:s, s:s, s:s, s:o}", "cpu", cpu, "blas_core", core,
                                  "blas_core_note", note, "blas_gflops", json_array());
+        if (dnnl) json_object_set_new(line, "dnnl_isa", json_string(ts_dnnl_isa()));
         for (int r = 0; r < n; r++)
             json_array_append_new(json_object_get(line, "blas_gflops"),
                                   json_real(round(rates[r] * 10.0) / 10.0));

@@ -22,6 +22,15 @@ ts_status ts_trainer_select_device(ts_trainer *t)
     const ts_train_config *tc = &t->cfg.train;
     t->k = ts_kernels_for(tc->device, tc->precision, tc->attention);
     TS_ASSERT(t->k);
+    /* Without BF16 instructions oneDNN emulates bf16 at a fraction of fp32's speed (or
+     * refuses): a bf16 run there would only be slower, so it is refused here, on the
+     * rank that sees the CPU (every rank agrees on the verdict). */
+    char cpu[128];
+    if (!t->k->device_count && t->k->act_dtype == TS_DTYPE_BF16 && !ts_cpu_bf16_supported())
+        return ts_fail("train.precision = \"bf16\" on the CPU needs the AVX512_BF16 or AMX-BF16 "
+                       "instructions, which this CPU (%s) lacks: oneDNN would emulate bf16 "
+                       "slower than fp32; use train.precision = \"fp32\"",
+                       ts_cpu_model(cpu, sizeof cpu));
     const ts_comm_backend *data = NULL;
     if (t->k->device_count) {
         /* Configs are checked on machines without GPUs too; the device must be here. */
