@@ -1,11 +1,14 @@
 /* The CUDA attention variants (kernels/cuda/attention.cu, attention_flash.cu) against the
- * CPU backend's attention, each called directly: the batched-GEMM attention in fp32 and
- * with bf16 products, the flash-style attention, and the four tables' slots
- * (train.attention = "gemm" | "flash" in fp32 and bf16), on random inputs with every device output, saved state and
- * workspace first poisoned with NaN (a value a kernel fails to write, or reads before
- * writing, shows). fp32 variants within a relative 1e-5 of the CPU, bf16 products
- * within 1e-2; as in test_cuda_kernels, the floor of the relative error is a tenth of
- * the largest |value| of that output. The flash backward must repeat bit for bit.
+ * CPU backend's attention, each called directly: the batched-GEMM and the flash-style
+ * attention, each on fp32 and on bf16 activations, and the four tables' slots
+ * (train.attention = "gemm" | "flash" in fp32 and bf16), on random inputs rounded to
+ * bf16 (so the bf16 variants start from exactly the reference's values), with every
+ * device output, saved state and workspace first poisoned (all bytes 0xff: NaN in
+ * either type), so a value a kernel fails to write, or reads before writing, shows.
+ * fp32 variants within a relative 1e-5 of the CPU, bf16 ones within 5e-2 (their scores,
+ * probabilities, dS and outputs are rounded to bf16); as in test_cuda_kernels, the floor
+ * of the relative error is a tenth of the largest |value| of that output. Every
+ * variant's backward must repeat bit for bit.
  *
  * Without a GPU (exit 77, skipped) it still checks what needs none: the sizes each
  * variant asks for, and that ts_kernels_for(device, precision, attention) gives the
@@ -20,29 +23,39 @@
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/kernels.h"
 #include "test_device_util.h"
+#include "test_gpu_bf16.h"
 
 static const ts_kernels *G = &ts_kernels_cuda; /* device memory and the table's slots */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
 
 typedef size_t (*size_fn)(int B, int T, int NH, int HS);
-typedef void (*fwd_fn)(float *out, float *att, const float *qkv, int B, int T, int NH, int HS);
-typedef void (*bwd_fn)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                       const float *att, int B, int T, int NH, int HS);
+typedef void (*fwd_fn)(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);
+typedef void (*bwd_fn)(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                       const void *att, int B, int T, int NH, int HS);
 
 typedef struct {
     const char *name;
-    size_fn saved, scratch;
+    size_fn saved, scratch; /* bytes */
     fwd_fn forward;
     bwd_fn backward;
     double tol;
-    int max_hs; /* the largest head the variant takes */
+    int max_hs;   /* the largest head the variant takes */
+    ts_dtype act; /* its activations' type */
 } variant;
 
-/* The device result `d` against the CPU's `want`. */
-static void expect_close(const char *who, const char *what, const float *d, const float *want,
-                         size_t n, double tol)
+/* Host values x[0..n) in device memory of type t. */
+static void *to_dev_as(ts_dtype t, const float *x, size_t n)
 {
-    ts_test_expect_close_dev(G, who, what, d, want, n, tol, 0.1);
+    return t == TS_DTYPE_BF16 ? ts_bf16_to_dev(G, x, n) : (void *)ts_test_to_dev(G, x, n);
+}
+
+/* The device result `d` (type t) against the CPU's `want`. */
+static void expect_close(const char *who, const char *what, ts_dtype t, const void *d,
+                         const float *want, size_t n, double tol)
+{
+    float *got = t == TS_DTYPE_BF16 ? ts_bf16_from_dev(G, d, n) : ts_test_from_dev(G, d, n);
+    ts_gpu_expect_close(who, what, got, want, n, tol, 0.1);
+    free(got);
 }
 
 /* ---- one shape, every variant ------------------------------------------------------ */
@@ -52,43 +65,42 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
     const int C = NH * HS;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout);
-    for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_test_frand();
-    for (size_t i = 0; i < nout; i++) dout[i] = ts_test_frand();
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_bf16_round(ts_test_frand());
+    for (size_t i = 0; i < nout; i++) dout[i] = ts_bf16_round(ts_test_frand());
 
     /* The CPU reference. */
     float *out = ts_alloc_floats(nout), *dqkv = ts_alloc_floats(nqkv);
-    size_t hs = H->attention_saved_floats(B, T, NH, HS);
-    size_t hsc = H->attention_scratch_floats(B, T, NH, HS);
-    float *att = ts_alloc_floats(hs ? hs : 1), *scr = ts_alloc_floats(hsc ? hsc : 1);
+    size_t hs = H->attention_saved_bytes(B, T, NH, HS) / sizeof(float) + 1;
+    size_t hsc = H->attention_scratch_bytes(B, T, NH, HS) / sizeof(float) + 1;
+    float *att = ts_alloc_floats(hs), *scr = ts_alloc_floats(hsc);
     H->attention_forward(out, att, qkv, B, T, NH, HS);
     H->attention_backward(dqkv, scr, dout, qkv, att, B, T, NH, HS);
     free(att), free(scr);
 
-    float *d_qkv = ts_test_to_dev(G, qkv, nqkv), *d_dout = ts_test_to_dev(G, dout, nout);
     for (int v = 0; v < nv; v++) {
         if (HS > vs[v].max_hs) continue;
+        const ts_dtype t = vs[v].act;
+        const size_t eb = ts_dtype_bytes(t);
         char who[120];
         snprintf(who, sizeof who, "%s B%d T%d NH%d HS%d", vs[v].name, B, T, NH, HS);
+        void *d_qkv = to_dev_as(t, qkv, nqkv), *d_dout = to_dev_as(t, dout, nout);
         size_t ns = vs[v].saved(B, T, NH, HS), nsc = vs[v].scratch(B, T, NH, HS);
-        float *d_out = ts_test_dev_nan(G, nout), *d_att = ts_test_dev_nan(G, ns);
-        float *d_scr = ts_test_dev_nan(G, nsc), *d_dqkv = ts_test_dev_nan(G, nqkv);
+        void *d_out = ts_gpu_dev_poison(G, nout * eb), *d_att = ts_gpu_dev_poison(G, ns);
+        void *d_scr = ts_gpu_dev_poison(G, nsc), *d_dqkv = ts_gpu_dev_poison(G, nqkv * eb);
         vs[v].forward(d_out, d_att, d_qkv, B, T, NH, HS);
-        expect_close(who, "out", d_out, out, nout, vs[v].tol);
+        expect_close(who, "out", t, d_out, out, nout, vs[v].tol);
         vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, NH, HS);
-        expect_close(who, "dqkv", d_dqkv, dqkv, nqkv, vs[v].tol);
+        expect_close(who, "dqkv", t, d_dqkv, dqkv, nqkv, vs[v].tol);
 
-        /* The same again on fresh NaN buffers must give the same bits (no atomics, no
-         * reads of what was not written). */
-        float *d_dqkv2 = ts_test_dev_nan(G, nqkv), *d_scr2 = ts_test_dev_nan(G, nsc);
+        /* The same again on fresh poisoned buffers must give the same bits (no atomics,
+         * no reads of what was not written). */
+        void *d_dqkv2 = ts_gpu_dev_poison(G, nqkv * eb), *d_scr2 = ts_gpu_dev_poison(G, nsc);
         vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, NH, HS);
-        float *a = ts_test_from_dev(G, d_dqkv, nqkv), *b = ts_test_from_dev(G, d_dqkv2, nqkv);
-        CHECKF(!memcmp(a, b, nqkv * sizeof(float)), "%s: a second backward differs in its bits",
-               who);
-        free(a), free(b);
+        CHECKF(ts_gpu_dev_same_bytes(G, d_dqkv, d_dqkv2, nqkv * eb),
+               "%s: a second backward differs in its bits", who);
         G->dev_free(d_out), G->dev_free(d_att), G->dev_free(d_scr), G->dev_free(d_dqkv);
-        G->dev_free(d_dqkv2), G->dev_free(d_scr2);
+        G->dev_free(d_dqkv2), G->dev_free(d_scr2), G->dev_free(d_qkv), G->dev_free(d_dout);
     }
-    G->dev_free(d_qkv), G->dev_free(d_dout);
     free(qkv), free(dout), free(out), free(dqkv);
 }
 
@@ -98,19 +110,18 @@ static void test_sizes(void)
 {
     const int B = 2, T = 129, NH = 3, HS = 100;
     const size_t rows = (size_t)B * NH * T, tt = rows * T;
-    CHECK(ts_cuda_flash_attention_saved_floats(B, T, NH, HS) == rows);
-    CHECK(ts_cuda_flash_attention_scratch_floats(B, T, NH, HS) == rows);
-    CHECK(ts_cuda_gemm_attention_saved_floats(B, T, NH, HS) == tt);
-    CHECK(ts_cuda_gemm_attention_scratch_floats(B, T, NH, HS) == tt);
-    /* bf16: fp32 probabilities, their bf16 copy and a bf16 qkv (64-byte pieces);
-     * scratch: dS fp32, dS bf16 and a bf16 dout */
-    size_t nqkv = (size_t)B * T * 3 * NH * HS, nout = (size_t)B * T * NH * HS;
-    size_t s16 = ts_cuda_gemm_bf16_attention_saved_floats(B, T, NH, HS);
-    size_t c16 = ts_cuda_gemm_bf16_attention_scratch_floats(B, T, NH, HS);
-    CHECKF(s16 >= tt + tt / 2 + nqkv / 2 && s16 <= tt + tt / 2 + nqkv / 2 + 48,
-           "bf16 saved floats %zu", s16);
-    CHECKF(c16 >= tt + tt / 2 + nout / 2 && c16 <= tt + tt / 2 + nout / 2 + 48,
-           "bf16 scratch floats %zu", c16);
+    /* flash: one fp32 per row, in either precision */
+    CHECK(ts_cuda_flash_attention_saved_bytes(B, T, NH, HS) == rows * 4);
+    CHECK(ts_cuda_flash_attention_scratch_bytes(B, T, NH, HS) == rows * 4);
+    CHECK(ts_cuda_flash_bf16_attention_saved_bytes(B, T, NH, HS) == rows * 4);
+    CHECK(ts_cuda_flash_bf16_attention_scratch_bytes(B, T, NH, HS) == rows * 4);
+    /* batched GEMMs: the probabilities in the activation type; the scratch dS fp32, or
+     * dP fp32 (to a 64-byte boundary) then dS bf16 */
+    CHECK(ts_cuda_gemm_attention_saved_bytes(B, T, NH, HS) == tt * 4);
+    CHECK(ts_cuda_gemm_attention_scratch_bytes(B, T, NH, HS) == tt * 4);
+    CHECK(ts_cuda_gemm_bf16_attention_saved_bytes(B, T, NH, HS) == tt * 2);
+    size_t c16 = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T, NH, HS);
+    CHECKF(c16 >= tt * 6 && c16 < tt * 6 + 64, "bf16 scratch bytes %zu", c16);
 }
 
 /* What the table of (precision, attention) keeps for (B, T, NH, HS): 10 flash's saved
@@ -122,10 +133,12 @@ static int table_choice(const char *precision, const char *attention, int HS)
     if (!k) return -1;
     const bool bf16 = !strcmp(precision, "bf16");
     const int B = 1, T = 9, NH = 2;
-    size_t got = k->attention_saved_floats(B, T, NH, HS);
-    size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_floats(B, T, NH, HS)
-                       : ts_cuda_gemm_attention_saved_floats(B, T, NH, HS);
-    return got == ts_cuda_flash_attention_saved_floats(B, T, NH, HS) ? 10 : got == gemm ? 11 : 12;
+    size_t got = k->attention_saved_bytes(B, T, NH, HS);
+    size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_bytes(B, T, NH, HS)
+                       : ts_cuda_gemm_attention_saved_bytes(B, T, NH, HS);
+    size_t flash = bf16 ? ts_cuda_flash_bf16_attention_saved_bytes(B, T, NH, HS)
+                        : ts_cuda_flash_attention_saved_bytes(B, T, NH, HS);
+    return got == flash ? 10 : got == gemm ? 11 : 12;
 }
 
 /* train.attention picks the table (ts_kernels_for), and the table the variant. */
@@ -159,27 +172,29 @@ int main(void)
         return ts_test_failed ? ts_test_report() : 77;
     }
     printf("test_cuda_attention: %d CUDA device(s)\n", devices);
+    const ts_dtype F32 = TS_DTYPE_F32, BF = TS_DTYPE_BF16;
+    const int ANY = 1 << 20;
+#define TS_V(name, p, tol, max_hs, act)                                                        \
+    {name, p##saved_bytes, p##scratch_bytes, p##forward, p##backward, tol, max_hs, act}
     const variant vs[] = {
-        {"gemm fp32", ts_cuda_gemm_attention_saved_floats, ts_cuda_gemm_attention_scratch_floats,
-         ts_cuda_gemm_attention_forward, ts_cuda_gemm_attention_backward, 1e-5, 1 << 20},
-        {"flash fp32", ts_cuda_flash_attention_saved_floats,
-         ts_cuda_flash_attention_scratch_floats, ts_cuda_flash_attention_forward,
-         ts_cuda_flash_attention_backward, 1e-5, TS_CUDA_FLASH_MAX_HS},
-        {"gemm bf16", ts_cuda_gemm_bf16_attention_saved_floats,
-         ts_cuda_gemm_bf16_attention_scratch_floats, ts_cuda_gemm_bf16_attention_forward,
-         ts_cuda_gemm_bf16_attention_backward, 1e-2, 1 << 20},
-        {"table (fp32)", G->attention_saved_floats, G->attention_scratch_floats,
-         G->attention_forward, G->attention_backward, 1e-5, 1 << 20},
-        {"table (fp32, flash)", ts_kernels_cuda_flash.attention_saved_floats,
-         ts_kernels_cuda_flash.attention_scratch_floats, ts_kernels_cuda_flash.attention_forward,
-         ts_kernels_cuda_flash.attention_backward, 1e-5, 1 << 20},
-        {"table (bf16)", ts_cuda_attention_saved_floats_bf16,
-         ts_cuda_attention_scratch_floats_bf16, ts_cuda_attention_forward_bf16,
-         ts_cuda_attention_backward_bf16, 1e-2, 1 << 20},
-        {"table (bf16, flash)", ts_cuda_attention_saved_floats_bf16_flash,
-         ts_cuda_attention_scratch_floats_bf16_flash, ts_cuda_attention_forward_bf16_flash,
-         ts_cuda_attention_backward_bf16_flash, 1e-2, 1 << 20},
+        TS_V("gemm fp32", ts_cuda_gemm_attention_, 1e-5, ANY, F32),
+        TS_V("flash fp32", ts_cuda_flash_attention_, 1e-5, TS_CUDA_FLASH_MAX_HS, F32),
+        TS_V("gemm bf16", ts_cuda_gemm_bf16_attention_, 5e-2, ANY, BF),
+        TS_V("flash bf16", ts_cuda_flash_bf16_attention_, 5e-2, TS_CUDA_FLASH_MAX_HS, BF),
+        {"table (fp32)", G->attention_saved_bytes, G->attention_scratch_bytes,
+         G->attention_forward, G->attention_backward, 1e-5, ANY, F32},
+        {"table (fp32, flash)", ts_kernels_cuda_flash.attention_saved_bytes,
+         ts_kernels_cuda_flash.attention_scratch_bytes, ts_kernels_cuda_flash.attention_forward,
+         ts_kernels_cuda_flash.attention_backward, 1e-5, ANY, F32},
+        {"table (bf16)", ts_kernels_cuda_bf16.attention_saved_bytes,
+         ts_kernels_cuda_bf16.attention_scratch_bytes, ts_kernels_cuda_bf16.attention_forward,
+         ts_kernels_cuda_bf16.attention_backward, 5e-2, ANY, BF},
+        {"table (bf16, flash)", ts_kernels_cuda_bf16_flash.attention_saved_bytes,
+         ts_kernels_cuda_bf16_flash.attention_scratch_bytes,
+         ts_kernels_cuda_bf16_flash.attention_forward,
+         ts_kernels_cuda_bf16_flash.attention_backward, 5e-2, ANY, BF},
     };
+#undef TS_V
     const int nv = (int)(sizeof vs / sizeof vs[0]);
     /* Every T with every HS; B and NH cycle through 1..4 and {1, 3, 12}, so both GEMM
      * batching branches (B <= NH and B > NH) and ragged last tiles are covered. */

@@ -6,7 +6,10 @@
  * each result is within a relative 1e-5 of the CPU's (floor: a tenth of the output's
  * largest |value|), and the gaps and the gradient must come back bit for bit. Also:
  * the fused kernel equals this backend's unfused residual_forward + layernorm_forward,
- * and reruns are bitwise identical.
+ * and reruns are bitwise identical. And the bf16 tables' residual_layernorm_forward:
+ * bit for bit the bf16 table's unfused pair (the LayerNorm reads the rounded sum, as
+ * kernels.h promises), in place over either input too, and within bf16 tolerance of the
+ * fp32 table on the same bf16-valued inputs, its outputs first poisoned.
  *
  * Built in CUDA builds only; exits 77 (skipped) where there is no CUDA device. */
 #include <math.h>
@@ -17,6 +20,7 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "test_device_util.h"
+#include "test_gpu_bf16.h"
 
 static const ts_kernels *G = &ts_kernels_cuda; /* under test */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
@@ -35,6 +39,8 @@ static void test_table(void)
     CHECKF(G->residual_layernorm_forward != NULL,
            "ts_kernels_cuda lacks residual_layernorm_forward");
     CHECKF(G->adamw_update_spans != NULL, "ts_kernels_cuda lacks adamw_update_spans");
+    CHECKF(ts_kernels_cuda_bf16.residual_layernorm_forward != G->residual_layernorm_forward,
+           "ts_kernels_cuda_bf16 runs the fp32 residual_layernorm_forward");
 }
 
 static void test_residual_layernorm(int N, int C)
@@ -87,6 +93,68 @@ static void test_residual_layernorm(int N, int C)
     G->dev_free(uln), G->dev_free(umean), G->dev_free(urstd);
     free(uln_h), free(umean_h), free(urstd_h);
     free(a), free(b), free(w), free(bias), free(res), free(ln), free(mean), free(rstd);
+}
+
+/* The bf16 table's fused kernel: its unfused pair's bits (res_out its own buffer, or a
+ * or b), and the fp32 table's results to bf16 rounding (ln_out, res_out) or to fp32
+ * rounding (mean, rstd: the same fp32 arithmetic, but on the rounded sum). */
+static void test_residual_layernorm_bf16(int N, int C)
+{
+    const ts_kernels *Q = &ts_kernels_cuda_bf16;
+    const size_t NC = (size_t)N * C, bytes = NC * sizeof(uint16_t);
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    ts_bf16_round_all(a, NC), ts_bf16_round_all(b, NC);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f), *bias = ts_test_rand_floats((size_t)C, 1.0f);
+    float *dw = ts_test_to_dev(G, w, (size_t)C), *dbias = ts_test_to_dev(G, bias, (size_t)C);
+    char slot[64];
+    snprintf(slot, sizeof slot, "bf16 residual_layernorm N%d C%d", N, C);
+
+    /* the fp32 table on the same values */
+    float *fa = ts_test_to_dev(G, a, NC), *fb = ts_test_to_dev(G, b, NC);
+    float *fres = ts_test_dev_nan(G, NC), *fln = ts_test_dev_nan(G, NC);
+    float *fmean = ts_test_dev_nan(G, (size_t)N), *frstd = ts_test_dev_nan(G, (size_t)N);
+    G->residual_layernorm_forward(fres, fln, fmean, frstd, fa, fb, dw, dbias, N, C);
+    float *res_h = ts_test_from_dev(G, fres, NC), *ln_h = ts_test_from_dev(G, fln, NC);
+    float *mean_h = ts_test_from_dev(G, fmean, (size_t)N);
+    float *rstd_h = ts_test_from_dev(G, frstd, (size_t)N);
+
+    /* the bf16 table's unfused pair */
+    void *ua = ts_bf16_to_dev(Q, a, NC), *ub = ts_bf16_to_dev(Q, b, NC);
+    void *ures = ts_gpu_dev_poison(Q, bytes), *uln = ts_gpu_dev_poison(Q, bytes);
+    float *umean = ts_test_dev_nan(Q, (size_t)N), *urstd = ts_test_dev_nan(Q, (size_t)N);
+    Q->residual_forward(ures, ua, ub, NC);
+    Q->layernorm_forward(uln, umean, urstd, ures, dw, dbias, N, C);
+
+    for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
+        void *da = ts_bf16_to_dev(Q, a, NC), *db = ts_bf16_to_dev(Q, b, NC);
+        void *dres = alias == 1 ? da : alias == 2 ? db : ts_gpu_dev_poison(Q, bytes);
+        void *dln = ts_gpu_dev_poison(Q, bytes);
+        float *dmean = ts_test_dev_nan(Q, (size_t)N), *drstd = ts_test_dev_nan(Q, (size_t)N);
+        Q->residual_layernorm_forward(dres, dln, dmean, drstd, da, db, dw, dbias, N, C);
+        if (alias == 0) {
+            ts_bf16_expect_close(Q, slot, "res_out", dres, res_h, NC, 1e-2, 0.1);
+            ts_bf16_expect_close(Q, slot, "ln_out", dln, ln_h, NC, 2e-2, 0.1);
+            float *m = ts_test_from_dev(Q, dmean, (size_t)N);
+            float *r = ts_test_from_dev(Q, drstd, (size_t)N);
+            /* the rounded sum moves the statistics by about bf16's 2^-9 */
+            ts_gpu_expect_close(slot, "mean", m, mean_h, (size_t)N, 1e-2, 0.1);
+            ts_gpu_expect_close(slot, "rstd", r, rstd_h, (size_t)N, 1e-2, 0.1);
+            free(m), free(r);
+        }
+        CHECKF(ts_gpu_dev_same_bytes(Q, dres, ures, bytes) &&
+                   ts_gpu_dev_same_bytes(Q, dln, uln, bytes) &&
+                   ts_gpu_dev_same_bytes(Q, dmean, umean, (size_t)N * sizeof(float)) &&
+                   ts_gpu_dev_same_bytes(Q, drstd, urstd, (size_t)N * sizeof(float)),
+               "%s (alias %d): differs from the bf16 residual_forward + layernorm_forward", slot,
+               alias);
+        if (alias == 0) Q->dev_free(dres);
+        Q->dev_free(da), Q->dev_free(db), Q->dev_free(dln), Q->dev_free(dmean), Q->dev_free(drstd);
+    }
+    G->dev_free(fa), G->dev_free(fb), G->dev_free(fres), G->dev_free(fln), G->dev_free(fmean);
+    G->dev_free(frstd), G->dev_free(dw), G->dev_free(dbias);
+    Q->dev_free(ua), Q->dev_free(ub), Q->dev_free(ures), Q->dev_free(uln), Q->dev_free(umean);
+    Q->dev_free(urstd);
+    free(a), free(b), free(w), free(bias), free(res_h), free(ln_h), free(mean_h), free(rstd_h);
 }
 
 /* Spans of every size class, with gaps, run 4 steps on both backends; then the same on
@@ -169,6 +237,9 @@ int main(void)
     test_residual_layernorm(67, 771);
     test_residual_layernorm(3, 1031);
     test_residual_layernorm(256, 768);
+    test_residual_layernorm_bf16(10, 8);
+    test_residual_layernorm_bf16(67, 771);
+    test_residual_layernorm_bf16(256, 768);
     test_adamw_spans();
     return ts_test_report();
 }

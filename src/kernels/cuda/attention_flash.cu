@@ -1,4 +1,8 @@
-/* Flash-style causal attention, fp32 (the kernels: attention_flash_kernels.cuh).
+/* Flash-style causal attention for both activation types (the kernels:
+ * attention_flash_kernels.cuh): fp32 tables read and write fp32 q, k, v, out, dout and
+ * dqkv; bf16 tables the same in bf16, widened into fp32 tiles, every sum in fp32 and
+ * each output rounded once to bf16. The saved state and the workspace are fp32 rows in
+ * either precision.
  *
  * Memory: the forward keeps only each row's log-sum-exp of the scaled scores, [B, NH, T]
  * floats, instead of the probabilities [B, NH, T, T]; the backward recomputes the
@@ -104,65 +108,88 @@ static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, 
     TS_CUDA_LAUNCHED();
 }
 
-template <int TILE>
-static void flash_forward_tiles(float *out, float *lse, const float *qkv, int BH, int T, int NH,
-                                int HS, float scale)
+template <int TILE, typename A>
+static void flash_forward_tiles(A *out, float *lse, const A *qkv, int BH, int T, int NH, int HS,
+                                float scale)
 {
-    flash_launch(flash_forward_kernel<TILE, false>, "flash_forward_kernel",
+    flash_launch(flash_forward_kernel<TILE, false, A>, "flash_forward_kernel",
                  flash_fwd_smem_floats(TILE, HS), BH, (T + TILE - 1) / TILE, out, lse,
-                 (const float *)NULL, (float *)NULL, qkv, BH, T, NH, HS, scale);
+                 (const A *)NULL, (float *)NULL, qkv, BH, T, NH, HS, scale);
 }
 
-template <int TILE>
-static void flash_backward_tiles(float *dqkv, float *delta, const float *dout, const float *qkv,
+template <int TILE, typename A>
+static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *qkv,
                                  const float *lse, int BH, int T, int NH, int HS, float scale)
 {
     const int ntiles = (T + TILE - 1) / TILE;
     /* D = rowsum(dO * O), O recomputed */
-    flash_launch(flash_forward_kernel<TILE, true>, "flash_forward_kernel (D)",
-                 flash_fwd_smem_floats(TILE, HS), BH, ntiles, (float *)NULL, (float *)NULL, dout,
+    flash_launch(flash_forward_kernel<TILE, true, A>, "flash_forward_kernel (D)",
+                 flash_fwd_smem_floats(TILE, HS), BH, ntiles, (A *)NULL, (float *)NULL, dout,
                  delta, qkv, BH, T, NH, HS, scale);
-    flash_launch(flash_backward_dkv_kernel<TILE>, "flash_backward_dkv_kernel",
+    flash_launch(flash_backward_dkv_kernel<TILE, A>, "flash_backward_dkv_kernel",
                  flash_dkv_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
                  (const float *)delta, BH, T, NH, HS, scale);
-    flash_launch(flash_backward_dq_kernel<TILE>, "flash_backward_dq_kernel",
+    flash_launch(flash_backward_dq_kernel<TILE, A>, "flash_backward_dq_kernel",
                  flash_dq_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
                  (const float *)delta, BH, T, NH, HS, scale);
 }
 
-extern "C" size_t ts_cuda_flash_attention_saved_floats(int B, int T, int NH, int HS)
-{
-    (void)HS;
-    return (size_t)B * NH * T; /* the row log-sum-exp */
-}
+/* att: the row log-sum-exp, fp32 [B, NH, T]; scratch: D = rowsum(dO * O), the same. */
+static size_t flash_rows_bytes(int B, int T, int NH) { return (size_t)B * NH * T * sizeof(float); }
 
-extern "C" size_t ts_cuda_flash_attention_scratch_floats(int B, int T, int NH, int HS)
-{
-    (void)HS;
-    return (size_t)B * NH * T; /* D = rowsum(dO * O) */
-}
-
-extern "C" void ts_cuda_flash_attention_forward(float *out, float *att, const float *qkv, int B,
-                                                int T, int NH, int HS)
+template <typename A>
+static void flash_forward(const char *fn, void *out, void *att, const void *qkv, int B, int T,
+                          int NH, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check("ts_cuda_flash_attention_forward", B, T, NH, HS);
+    flash_check(fn, B, T, NH, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     if (flash_tile(HS) == 32)
-        flash_forward_tiles<32>(out, att, qkv, B * NH, T, NH, HS, scale);
+        flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B * NH, T, NH, HS,
+                                   scale);
     else
-        flash_forward_tiles<16>(out, att, qkv, B * NH, T, NH, HS, scale);
+        flash_forward_tiles<16, A>((A *)out, (float *)att, (const A *)qkv, B * NH, T, NH, HS,
+                                   scale);
 }
 
-extern "C" void ts_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                                 const float *qkv, const float *att, int B,
-                                                 int T, int NH, int HS)
+template <typename A>
+static void flash_backward(const char *fn, void *dqkv, void *scratch, const void *dout,
+                           const void *qkv, const void *att, int B, int T, int NH, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check("ts_cuda_flash_attention_backward", B, T, NH, HS);
+    flash_check(fn, B, T, NH, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     if (flash_tile(HS) == 32)
-        flash_backward_tiles<32>(dqkv, scratch, dout, qkv, att, B * NH, T, NH, HS, scale);
+        flash_backward_tiles<32, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
+                                    (const float *)att, B * NH, T, NH, HS, scale);
     else
-        flash_backward_tiles<16>(dqkv, scratch, dout, qkv, att, B * NH, T, NH, HS, scale);
+        flash_backward_tiles<16, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
+                                    (const float *)att, B * NH, T, NH, HS, scale);
 }
+
+/* The fp32 and the bf16 variant (attention_flash.h): the same sizes, their own types. */
+#define TS_FLASH_VARIANT(p, A)                                                                  \
+    extern "C" size_t p##saved_bytes(int B, int T, int NH, int HS)                             \
+    {                                                                                           \
+        (void)HS;                                                                               \
+        return flash_rows_bytes(B, T, NH);                                                      \
+    }                                                                                           \
+    extern "C" size_t p##scratch_bytes(int B, int T, int NH, int HS)                           \
+    {                                                                                           \
+        (void)HS;                                                                               \
+        return flash_rows_bytes(B, T, NH);                                                      \
+    }                                                                                           \
+    extern "C" void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH,    \
+                               int HS)                                                          \
+    {                                                                                           \
+        flash_forward<A>(#p "forward", out, att, qkv, B, T, NH, HS);                            \
+    }                                                                                           \
+    extern "C" void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,  \
+                                const void *att, int B, int T, int NH, int HS)                 \
+    {                                                                                           \
+        flash_backward<A>(#p "backward", dqkv, scratch, dout, qkv, att, B, T, NH, HS);          \
+    }
+
+TS_FLASH_VARIANT(ts_cuda_flash_attention_, float)
+TS_FLASH_VARIANT(ts_cuda_flash_bf16_attention_, bf16)
+#undef TS_FLASH_VARIANT

@@ -1,9 +1,9 @@
 /* The CUDA attention variants by name, each with the signatures of the attention slots
  * of kernels.h (same arguments, same rules: dqkv overwritten, `att` the variant's own
- * saved state sized by its *_saved_floats, the backward's workspace by its
- * *_scratch_floats). The tables' ts_cuda_attention_* entries run one of them
- * (attention.cu; the table is chosen by train.attention); tests call them directly.
- * C-callable. */
+ * saved state sized by its *_saved_bytes, the backward's workspace by its
+ * *_scratch_bytes; activations in the variant's type). The tables' ts_cuda_attention_*
+ * entries run one of them (attention.cu; the table is chosen by train.attention); tests
+ * call them directly. C-callable. */
 #ifndef TS_KERNELS_CUDA_ATTENTION_FLASH_H
 #define TS_KERNELS_CUDA_ATTENTION_FLASH_H
 
@@ -13,59 +13,52 @@
 extern "C" {
 #endif
 
-/* Flash-style (attention_flash.cu): fp32 storage and math, tiles in shared memory, no
- * [T, T] matrix in memory. att keeps the row log-sum-exp of the scaled scores
- * [B, NH, T]; the backward's scratch holds D = rowsum(dO * O) [B, NH, T]. Any head size
- * 1..TS_CUDA_FLASH_MAX_HS (a larger one is a fatal error naming it: the dispatch in
- * attention.cu sends those to the batched-GEMM attention). Deterministic. */
+/* The four functions of one variant, named prefix##saved_bytes ... prefix##backward. */
+#define TS_CUDA_ATTENTION_DECLS(p)                                                          \
+    size_t p##saved_bytes(int B, int T, int NH, int HS);                                    \
+    size_t p##scratch_bytes(int B, int T, int NH, int HS);                                  \
+    void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);   \
+    void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,          \
+                     const void *att, int B, int T, int NH, int HS);
+
+/* Flash-style (attention_flash.cu): tiles in shared memory, fp32 math, no [T, T] matrix
+ * in memory. att keeps the row log-sum-exp of the scaled scores, fp32 [B, NH, T]; the
+ * backward's scratch holds D = rowsum(dO * O), fp32 [B, NH, T]. fp32 activations
+ * (ts_cuda_flash_attention_*) or bf16 ones (ts_cuda_flash_bf16_attention_*: loads
+ * widened to fp32, outputs rounded once to bf16). Any head size 1..TS_CUDA_FLASH_MAX_HS
+ * (a larger one is a fatal error naming it: the dispatch in attention.cu sends those to
+ * the batched-GEMM attention). Deterministic. */
 #define TS_CUDA_FLASH_MAX_HS 256
-size_t ts_cuda_flash_attention_saved_floats(int B, int T, int NH, int HS);
-size_t ts_cuda_flash_attention_scratch_floats(int B, int T, int NH, int HS);
-void ts_cuda_flash_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                     int NH, int HS);
-void ts_cuda_flash_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *att, int B, int T, int NH,
-                                      int HS);
+TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_attention_)
+TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_bf16_attention_)
 
 /* Batched-GEMM, fp32 (attention.cu): cuBLAS SGEMMs and softmax kernels; att keeps the
- * probabilities [B, NH, T, T] as the CPU does; scratch holds dS [B, NH, T, T]. */
-size_t ts_cuda_gemm_attention_saved_floats(int B, int T, int NH, int HS);
-size_t ts_cuda_gemm_attention_scratch_floats(int B, int T, int NH, int HS);
-void ts_cuda_gemm_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                    int NH, int HS);
-void ts_cuda_gemm_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                     const float *qkv, const float *att, int B, int T, int NH,
-                                     int HS);
+ * probabilities fp32 [B, NH, T, T] as the CPU does; scratch holds dS fp32 [B, NH, T, T]. */
+TS_CUDA_ATTENTION_DECLS(ts_cuda_gemm_attention_)
 
-/* Batched-GEMM with bf16 products (attention.cu): the same algorithm, the four products
- * as bf16 x bf16 GEMMs accumulating in fp32 into fp32 outputs; softmax, probabilities and
- * dS in fp32. att keeps the fp32 probabilities, their bf16 copy and a bf16 copy of qkv
- * (the backward reuses both); scratch holds dP/dS fp32, dS bf16 and a bf16 copy of dout.
- * Outputs within about 1e-2 (relative) of the fp32 ones. */
-size_t ts_cuda_gemm_bf16_attention_saved_floats(int B, int T, int NH, int HS);
-size_t ts_cuda_gemm_bf16_attention_scratch_floats(int B, int T, int NH, int HS);
-void ts_cuda_gemm_bf16_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                         int NH, int HS);
-void ts_cuda_gemm_bf16_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                          const float *qkv, const float *att, int B, int T,
-                                          int NH, int HS);
+/* Batched-GEMM, bf16 (attention.cu): the same algorithm on bf16 q, k, v and dout, the
+ * products bf16 x bf16 GEMMs accumulating in fp32; the scores and the outputs rounded to
+ * bf16 by the GEMMs, the softmax and its backward in fp32. att keeps the probabilities
+ * bf16 [B, NH, T, T]; scratch holds dP fp32 [B, NH, T, T] and dS bf16 [B, NH, T, T]. */
+TS_CUDA_ATTENTION_DECLS(ts_cuda_gemm_bf16_attention_)
 
-/* The other tables' attention slots (table.cu): ts_kernels_cuda_bf16's (the bf16
- * batched-GEMM attention), and the flash tables' of either precision (the fp32 flash
- * kernels, heads wider than they take on the table's batched-GEMM attention). The fp32
- * table's own are ts_cuda_attention_* in cuda_internal.h. */
-#define TS_CUDA_ATTENTION_SLOT_DECLS(suffix)                                                \
-    size_t ts_cuda_attention_saved_floats##suffix(int B, int T, int NH, int HS);           \
-    size_t ts_cuda_attention_scratch_floats##suffix(int B, int T, int NH, int HS);         \
-    void ts_cuda_attention_forward##suffix(float *out, float *att, const float *qkv, int B, \
-                                           int T, int NH, int HS);                          \
-    void ts_cuda_attention_backward##suffix(float *dqkv, float *scratch, const float *dout, \
-                                            const float *qkv, const float *att, int B,      \
-                                            int T, int NH, int HS);
-TS_CUDA_ATTENTION_SLOT_DECLS(_bf16)
+/* The tables' attention slots (table.cu): ts_kernels_cuda's (suffix none), the fp32 flash
+ * table's (_flash), the bf16 tables' (_bf16, _bf16_flash). A flash table sends heads
+ * wider than the flash kernels take to its precision's batched-GEMM attention. */
+#define TS_CUDA_ATTENTION_SLOT_DECLS(suffix)                                                  \
+    size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, int NH, int HS);              \
+    size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, int NH, int HS);            \
+    void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv, int B,     \
+                                           int T, int NH, int HS);                           \
+    void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch, const void *dout,     \
+                                            const void *qkv, const void *att, int B, int T,  \
+                                            int NH, int HS);
+TS_CUDA_ATTENTION_SLOT_DECLS()
 TS_CUDA_ATTENTION_SLOT_DECLS(_flash)
+TS_CUDA_ATTENTION_SLOT_DECLS(_bf16)
 TS_CUDA_ATTENTION_SLOT_DECLS(_bf16_flash)
 #undef TS_CUDA_ATTENTION_SLOT_DECLS
+#undef TS_CUDA_ATTENTION_DECLS
 
 #ifdef __cplusplus
 }

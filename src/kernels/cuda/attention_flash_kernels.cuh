@@ -1,6 +1,9 @@
 /* The device side of the flash-style attention (attention_flash.cu launches it): causal
- * attention over tiles of TILE queries x TILE keys in shared memory, fp32 storage and
- * math, never a [T, T] matrix in global memory.
+ * attention over tiles of TILE queries x TILE keys in shared memory, fp32 tiles and
+ * math, never a [T, T] matrix in global memory. Templates on the activation type A of
+ * q, k, v, out, dout and dqkv in global memory (act.cuh): a tile load widens to fp32
+ * (exact), every sum runs in fp32, and each output element is rounded once when it is
+ * stored; the log-sum-exp and D rows are fp32 for either type.
  *
  * One block of TS_FLASH_THREADS threads per (tile, sequence b, head h). A head's q, k,
  * v, out, dout, dq, dk, dv rows are read and written in place in the [B, T, 3C] and
@@ -18,6 +21,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/cuda/act.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 #define TS_FLASH_THREADS 128 /* 4 warps per block */
@@ -68,20 +72,20 @@ static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, 
 /* A block's head and tile (flash_block), and where the head starts in each layout: its
  * q, k, v rows (row t at q + t * C3, C3 = 3C; dq, dk, dv at off3 (+ C, 2C) in dqkv), its
  * dout rows (g + t * C; out at off1), its lse and delta values at offr. */
-struct flash_head {
+template <typename A> struct flash_head {
     int r0;    /* the first row of the block's tile */
     int C, LD; /* NH * HS; flash_ld(HS) */
     size_t C3, off3, off1, offr;
-    const float *q, *k, *v, *g; /* g: NULL without dout */
+    const A *q, *k, *v, *g; /* g: NULL without dout */
 };
-template <int TILE>
-static __device__ __forceinline__ flash_head flash_head_of(const float *qkv, const float *dout,
-                                                           int BH, int T, int NH, int HS,
-                                                           bool heavy_last)
+template <int TILE, typename A>
+static __device__ __forceinline__ flash_head<A> flash_head_of(const A *qkv, const A *dout, int BH,
+                                                              int T, int NH, int HS,
+                                                              bool heavy_last)
 {
     const flash_where w = flash_block(blockIdx.x, BH, (T + TILE - 1) / TILE, heavy_last);
     const int b = w.bh / NH, h = w.bh % NH;
-    flash_head f;
+    flash_head<A> f;
     f.r0 = w.tile * TILE;
     f.C = NH * HS;
     f.LD = flash_ld(HS);
@@ -96,13 +100,13 @@ static __device__ __forceinline__ flash_head flash_head_of(const float *qkv, con
 
 /* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) into a
  * shared tile with row stride LD; rows at or past T read as zeros. */
-template <int TILE>
-static __device__ __forceinline__ void flash_load(float *tile, int LD, const float *base,
-                                                  size_t ld, int r0, int T, int HS)
+template <int TILE, typename A>
+static __device__ __forceinline__ void flash_load(float *tile, int LD, const A *base, size_t ld,
+                                                  int r0, int T, int HS)
 {
     for (int idx = threadIdx.x; idx < TILE * HS; idx += TS_FLASH_THREADS) {
         int i = idx / HS, d = idx % HS, t = r0 + i;
-        tile[i * LD + d] = t < T ? base[(size_t)t * ld + d] : 0.0f;
+        tile[i * LD + d] = t < T ? ts_act_load(base, (size_t)t * ld + d) : 0.0f;
     }
 }
 
@@ -121,13 +125,13 @@ static __device__ __forceinline__ void flash_load_row_stats(float *sLse, float *
 
 /* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) from a
  * [TILE, HS] accumulator times `scale`; rows at or past T are not written. */
-template <int TILE>
-static __device__ __forceinline__ void flash_store(float *base, size_t ld, const float *acc,
+template <int TILE, typename A>
+static __device__ __forceinline__ void flash_store(A *base, size_t ld, const float *acc,
                                                    float scale, int r0, int T, int HS)
 {
     for (int idx = threadIdx.x; idx < TILE * HS; idx += TS_FLASH_THREADS) {
         int i = idx / HS, d = idx % HS, t = r0 + i;
-        if (t < T) base[(size_t)t * ld + d] = acc[idx] * scale;
+        if (t < T) ts_act_store(base, (size_t)t * ld + d, acc[idx] * scale);
     }
 }
 
@@ -149,16 +153,16 @@ static __device__ __forceinline__ float flash_dot(const float *a, int sa, const 
  * alpha = exp(m_old - m_new) of FlashAttention). Writes out and lse = m + log l, or,
  * with DELTA, only delta[t] = dout[t] . out[t] (the backward's D, recomputed from
  * q, k, v since the backward is not given `out`). */
-template <int TILE, bool DELTA>
+template <int TILE, bool DELTA, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
-    flash_forward_kernel(float *out, float *lse, const float *dout, float *delta,
-                         const float *qkv, int BH, int T, int NH, int HS, float scale)
+    flash_forward_kernel(A *out, float *lse, const A *dout, float *delta, const A *qkv, int BH,
+                         int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
-    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
     const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1;
     const size_t C3 = f.C3;
-    const float *q = f.q, *k = f.k, *v = f.v;
+    const A *q = f.q, *k = f.k, *v = f.v;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
     extern __shared__ float ts_flash_smem[];
@@ -214,20 +218,21 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     }
     __syncthreads();
     if (!DELTA) {
-        float *o = out + f.off1;
+        A *o = out + f.off1;
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int i = idx / HS, d = idx % HS, t = q0 + i;
-            if (t < T) o[(size_t)t * C + d] = sO[idx] / sL[i];
+            if (t < T) ts_act_store(o, (size_t)t * C + d, sO[idx] / sL[i]);
         }
         for (int i = tid; i < TILE; i += TS_FLASH_THREADS)
             if (q0 + i < T) lse[f.offr + q0 + i] = sM[i] + logf(sL[i]);
     } else {
-        const float *g = f.g;
+        const A *g = f.g; /* D from the fp32 O recomputed here, not a rounded out */
         for (int i = warp; i < TILE; i += TS_FLASH_THREADS / 32) {
             int t = q0 + i;
             if (t >= T) continue; /* the whole warp skips the row together */
             float inv = 1.0f / sL[i], acc = 0.0f;
-            for (int d = lane; d < HS; d += 32) acc += g[(size_t)t * C + d] * (sO[i * HS + d] * inv);
+            for (int d = lane; d < HS; d += 32)
+                acc += ts_act_load(g, (size_t)t * C + d) * (sO[i * HS + d] * inv);
             acc = warp_sum(acc);
             if (lane == 0) delta[f.offr + t] = acc;
         }
@@ -261,13 +266,13 @@ static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const f
 
 /* dK and dV of one key tile, over the query tiles from the diagonal to the end:
  * dV = P^T dO, dK = scale dS^T Q. */
-template <int TILE>
+template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
-    flash_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+    flash_backward_dkv_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
                               const float *delta, int BH, int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, false);
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, false);
     const int k0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
@@ -299,13 +304,13 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
 }
 
 /* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
-template <int TILE>
+template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
-    flash_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+    flash_backward_dq_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
                              const float *delta, int BH, int T, int NH, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const flash_head f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
     const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];

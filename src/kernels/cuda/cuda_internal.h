@@ -1,13 +1,15 @@
 /* What the CUDA backend's files share (not part of the public interface): the checks,
  * the one compute stream and cuBLAS handle, launch helpers, and every slot's function.
  *
- * Two tables (table.cu): "cuda", fp32 throughout, so every kernel can be compared with
- * the CPU backend to 1e-5; and "cuda-bf16", the same but for the matmuls, whose GEMMs
- * take bf16 operands with fp32 accumulation (bf16.cu; fp32 master weights, fp32
- * activations and gradients in memory). GEMMs go through cuBLASLt (gemm_lt.h). All
- * work is queued on one compute stream (ts_cuda_stream); copies to the host wait for
- * it, so the table keeps the CPU backend's "done when it returns" semantics for
- * anything the host reads. */
+ * Four tables (table.cu): "cuda" and "cuda-flash", fp32 activations, so every kernel can
+ * be compared with the CPU backend to 1e-5; "cuda-bf16" and "cuda-bf16-flash", bf16
+ * activations in device memory (kernels.h's act_dtype), each kernel loading bf16,
+ * computing in fp32 and storing bf16 (act.cuh), GEMMs on bf16 operands with fp32
+ * accumulation. Parameters' master copies, gradients and the optimizer's state are fp32
+ * in every table; the bf16 matmuls' weights are the model's bf16 compute copy. GEMMs go
+ * through cuBLASLt (gemm_lt.h). All work is queued on one compute stream
+ * (ts_cuda_stream); copies to the host wait for it, so the table keeps the CPU backend's
+ * "done when it returns" semantics for anything the host reads. */
 #ifndef TS_KERNELS_CUDA_INTERNAL_H
 #define TS_KERNELS_CUDA_INTERNAL_H
 
@@ -53,13 +55,14 @@ static inline unsigned ts_cuda_blocks(size_t n, unsigned threads)
     return b ? (unsigned)(b < 2147483647u ? b : 2147483647u) : 1u;
 }
 
-/* ---- memory and ordering (memory.cu) */
+/* ---- memory and ordering (memory.cu); convert.cu: the convert slot */
 void *ts_cuda_dev_alloc(size_t bytes);
 void ts_cuda_dev_free(void *p);
 void ts_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 void ts_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 void ts_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes);
 void ts_cuda_memset_zero(void *dst, size_t bytes);
+void ts_cuda_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
 void ts_cuda_sum_into(double *acc, const float *x, size_t n);
 void ts_cuda_sum_squares_into(double *acc, const float *x, size_t n);
 double ts_cuda_sum_squares(const float *x, size_t n);
@@ -68,78 +71,51 @@ void ts_cuda_stream_destroy(ts_stream s);
 void ts_cuda_stream_sync(ts_stream s);
 ts_event ts_cuda_event_record(ts_stream s);
 void ts_cuda_event_wait(ts_event e);
-size_t ts_cuda_attention_saved_floats(int B, int T, int NH, int HS);
-size_t ts_cuda_attention_scratch_floats(int B, int T, int NH, int HS);
 
-/* ---- kernels: the slots of kernels.h, same arguments and rules */
-void ts_cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                             int B, int T, int C);
-void ts_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                              int B, int T, int C);
-void ts_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int N, int C);
-void ts_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, const float *mean,
-                                const float *rstd, int N, int C);
-void ts_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                            int N, int C, int OC);
-void ts_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, int N, int C, int OC);
-void ts_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
-                               int HS);
-void ts_cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int NH, int HS);
-void ts_cuda_gelu_forward(float *out, const float *inp, size_t n);
-void ts_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void ts_cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
-void ts_cuda_crossentropy_forward_backward(float *losses, float *logits, const int *targets,
-                                           int N, int V, float dloss);
+/* ---- the slots on fp32 parameters and optimizer state: one function for both
+ * precisions */
 void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
                           size_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int t);
-void ts_cuda_vocab_embed_forward(float *out, const int *tokens, const float *wte,
-                                 const float *wpe, int v0, int nv, int B, int T, int C);
-void ts_cuda_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                                  int v0, int nv, int B, int T, int C);
-void ts_cuda_xent_vp_stats(float *rowmax, float *target_logit, const float *logits,
-                           const int *targets, int v0, int nv, int N);
-void ts_cuda_xent_vp_sumexp(float *sumexp, const float *logits, const float *rowmax, int N,
-                            int nv);
-void ts_cuda_xent_vp_finish(float *losses, float *logits, const int *targets, int v0, int nv,
-                            const float *rowmax, const float *sumexp, const float *target_logit,
-                            int N, float dloss);
 
-/* ---- the bf16 table's own slots (bf16.cu): its matmuls, and the fp32 slots that write
- * or free device memory, wrapped to keep its cache of bf16 weight copies current */
-void ts_cuda_bf16_matmul_forward(float *out, const float *inp, const float *weight,
-                                 const float *bias, int N, int C, int OC);
-void ts_cuda_bf16_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                  const float *inp, const float *weight, int N, int C, int OC);
-void ts_cuda_bf16_adamw_update(float *param, const float *grad, float grad_scale, float *m,
-                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                               float weight_decay, int t);
-void ts_cuda_bf16_adamw_update_spans(float *param, const float *grad, float grad_scale,
-                                     float *m, float *v, const ts_adamw_span *spans, int n_spans,
-                                     float lr, float beta1, float beta2, float eps,
-                                     float weight_decay, int t);
-void *ts_cuda_bf16_dev_alloc(size_t bytes);
-void ts_cuda_bf16_dev_free(void *p);
-void ts_cuda_bf16_memcpy_h2d(void *dst, const void *src, size_t bytes);
-void ts_cuda_bf16_memcpy_d2d(void *dst, const void *src, size_t bytes);
-void ts_cuda_bf16_memset_zero(void *dst, size_t bytes);
-
-/* ---- shared between kernel files */
-/* matmul.cu: dbias[OC] += column sums of dout[N,OC], deterministic (a fixed order, the
- * same bits every run); nothing when dbias is NULL. And out[N,OC] = bias (or 0) on every
- * row: the forward of an empty inner dimension (C = 0). */
-void ts_cuda_dbias_accumulate(float *dbias, const float *dout, int N, int OC);
-void ts_cuda_matmul_empty_forward(float *out, const float *bias, int N, int OC);
-/* encoder.cu: the embedding for vocabulary rows [v0, v0 + nv) (wpe, dwpe may be NULL),
- * behind both encoder_* (v0 = 0, every row) and vocab_embed_*. */
-void ts_cuda_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                           int v0, int nv, int B, int T, int C);
-void ts_cuda_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                            int v0, int nv, int B, int T, int C);
+/* ---- the slots on activations, kernels.h's arguments and rules: once per activation
+ * type, the fp32 tables' ts_cuda_<slot> (float activations) and the bf16 tables'
+ * ts_cuda_bf16_<slot> (__nv_bfloat16 activations), from one template each (encoder.cu,
+ * layernorm.cu, matmul.cu, elementwise.cu, crossentropy.cu, vocab_parallel.cu; fused.h
+ * has residual_layernorm_forward, attention_flash.h the attention slots). */
+#define TS_CUDA_ACT_SLOT_DECLS(p)                                                                \
+    void p##encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,     \
+                            int B, int T, int C);                                                \
+    void p##encoder_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,      \
+                             int B, int T, int C);                                               \
+    void p##layernorm_forward(void *out, float *mean, float *rstd, const void *inp,              \
+                              const float *weight, const float *bias, int N, int C);             \
+    void p##layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,       \
+                               const void *inp, const float *weight, const float *mean,          \
+                               const float *rstd, int N, int C);                                 \
+    void p##matmul_forward(void *out, const void *inp, const void *weight, const float *bias,    \
+                           int N, int C, int OC);                                                \
+    void p##matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,          \
+                            const void *inp, const void *weight, int N, int C, int OC);          \
+    void p##gelu_forward(void *out, const void *inp, size_t n);                                  \
+    void p##gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);              \
+    void p##residual_forward(void *out, const void *a, const void *b, size_t n);                 \
+    void p##crossentropy_forward_backward(float *losses, void *logits, const int *targets,       \
+                                          int N, int V, float dloss);                            \
+    void p##vocab_embed_forward(void *out, const int *tokens, const float *wte,                  \
+                                const float *wpe, int v0, int nv, int B, int T, int C);          \
+    void p##vocab_embed_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,  \
+                                 int v0, int nv, int B, int T, int C);                           \
+    void p##xent_vp_stats(float *rowmax, float *target_logit, const void *logits,                \
+                          const int *targets, int v0, int nv, int N);                            \
+    void p##xent_vp_sumexp(float *sumexp, const void *logits, const float *rowmax, int N,        \
+                           int nv);                                                              \
+    void p##xent_vp_finish(float *losses, void *logits, const int *targets, int v0, int nv,      \
+                           const float *rowmax, const float *sumexp, const float *target_logit,  \
+                           int N, float dloss);
+TS_CUDA_ACT_SLOT_DECLS(ts_cuda_)
+TS_CUDA_ACT_SLOT_DECLS(ts_cuda_bf16_)
+#undef TS_CUDA_ACT_SLOT_DECLS
 
 #ifdef __cplusplus
 }

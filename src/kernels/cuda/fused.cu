@@ -6,7 +6,8 @@
  * variance and the output. Each row's sums are a fixed per-lane order and a butterfly,
  * so the result is bitwise repeatable, and the same arithmetic as residual_forward
  * followed by layernorm_forward on this backend (the row math is one function,
- * layernorm_row.cuh).
+ * layernorm_row.cuh). In bf16 the sum is rounded when it is stored and the LayerNorm reads
+ * the rounded value back (its own stores), as the two unfused calls would.
  *
  * adamw_update_spans: the spans live in device memory and the host never reads them, so
  * the grid cannot be sized by the total element count. A persistent grid (the blocks
@@ -16,6 +17,7 @@
  * is needed. Elementwise, hence deterministic; each element is adamw.cu's arithmetic
  * (adamw_step.cuh: the CPU's order of operations, step constants computed on the host as
  * the CPU does). */
+#include "kernels/cuda/act.cuh"
 #include "kernels/cuda/adamw_step.cuh"
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/fused.h"
@@ -25,34 +27,50 @@
 #define TS_SPANS_THREADS 256
 
 /* res_out may alias a or b: every element is read and then written by one thread. */
-static __global__ void residual_layernorm_kernel(float *res_out, float *ln_out, float *mean,
-                                                 float *rstd, const float *a, const float *b,
-                                                 const float *weight, const float *bias, int N,
-                                                 int C)
+template <typename A>
+static __global__ void residual_layernorm_kernel(A *res_out, A *ln_out, float *mean, float *rstd,
+                                                 const A *a, const A *b, const float *weight,
+                                                 const float *bias, int N, int C)
 {
     int n = blockIdx.x * TS_RLN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return; /* whole warps leave together */
     const size_t row = (size_t)n * C;
-    float *x = res_out + row;
+    A *x = res_out + row;
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float xc = a[row + c] + b[row + c];
-        x[c] = xc;
-        s += xc;
+        ts_act_store(x, c, ts_act_load(a, row + c) + ts_act_load(b, row + c));
+        s += ts_act_load(x, c); /* the stored (rounded) sum, as layernorm_forward reads it */
     }
-    layernorm_row(ln_out + row, &mean[n], &rstd[n], x, s, weight, bias, C, lane);
+    layernorm_row(ln_out + row, &mean[n], &rstd[n], (const A *)x, s, weight, bias, C, lane);
 }
 
-extern "C" void ts_cuda_residual_layernorm_forward(float *res_out, float *ln_out, float *mean,
-                                                   float *rstd, const float *a, const float *b,
+template <typename A>
+static void residual_layernorm_forward(void *res_out, void *ln_out, float *mean, float *rstd,
+                                       const void *a, const void *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+    if (N <= 0 || C <= 0) return;
+    residual_layernorm_kernel<A><<<ts_cuda_blocks((size_t)N, TS_RLN_WARPS), TS_RLN_WARPS * 32, 0,
+                                   ts_cuda_stream()>>>((A *)res_out, (A *)ln_out, mean, rstd,
+                                                       (const A *)a, (const A *)b, weight, bias,
+                                                       N, C);
+    TS_CUDA_LAUNCHED();
+}
+
+extern "C" void ts_cuda_residual_layernorm_forward(void *res_out, void *ln_out, float *mean,
+                                                   float *rstd, const void *a, const void *b,
                                                    const float *weight, const float *bias, int N,
                                                    int C)
 {
-    if (N <= 0 || C <= 0) return;
-    residual_layernorm_kernel<<<ts_cuda_blocks((size_t)N, TS_RLN_WARPS), TS_RLN_WARPS * 32, 0,
-                                ts_cuda_stream()>>>(res_out, ln_out, mean, rstd, a, b, weight,
-                                                    bias, N, C);
-    TS_CUDA_LAUNCHED();
+    residual_layernorm_forward<float>(res_out, ln_out, mean, rstd, a, b, weight, bias, N, C);
+}
+
+extern "C" void ts_cuda_bf16_residual_layernorm_forward(void *res_out, void *ln_out, float *mean,
+                                                        float *rstd, const void *a, const void *b,
+                                                        const float *weight, const float *bias,
+                                                        int N, int C)
+{
+    residual_layernorm_forward<bf16>(res_out, ln_out, mean, rstd, a, b, weight, bias, N, C);
 }
 
 /* decay_on = 1 - lr*wd for spans with weight decay, decay_off = 1 - lr*0 without (the

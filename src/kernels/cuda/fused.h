@@ -1,6 +1,7 @@
 /* Fused CUDA kernels that save passes over memory (fused.cu): the block's residual add
- * with the LayerNorm that reads it, and AdamW over every span of an optimizer step in one
- * launch. Slots residual_layernorm_forward and adamw_update_spans of ts_kernels_cuda. */
+ * with the LayerNorm that reads it (per activation type: the fp32 tables' and the bf16
+ * tables'), and AdamW over every span of an optimizer step in one launch (fp32 state,
+ * every table). */
 #ifndef TS_KERNELS_CUDA_FUSED_H
 #define TS_KERNELS_CUDA_FUSED_H
 
@@ -10,9 +11,13 @@
 extern "C" {
 #endif
 
-void ts_cuda_residual_layernorm_forward(float *res_out, float *ln_out, float *mean, float *rstd,
-                                        const float *a, const float *b, const float *weight,
+void ts_cuda_residual_layernorm_forward(void *res_out, void *ln_out, float *mean, float *rstd,
+                                        const void *a, const void *b, const float *weight,
                                         const float *bias, int N, int C);
+void ts_cuda_bf16_residual_layernorm_forward(void *res_out, void *ln_out, float *mean,
+                                             float *rstd, const void *a, const void *b,
+                                             const float *weight, const float *bias, int N,
+                                             int C);
 void ts_cuda_adamw_update_spans(float *param, const float *grad, float grad_scale, float *m,
                                 float *v, const ts_adamw_span *spans, int n_spans, float lr,
                                 float beta1, float beta2, float eps, float weight_decay, int t);

@@ -28,7 +28,7 @@
 /* cuBLAS's recommendation for Hopper (4 MiB is enough elsewhere; llm.c uses 32 for all). */
 static constexpr size_t WORKSPACE_BYTES = (size_t)32 << 20;
 
-/* ---- bias kernel (the fallbacks): D[b][col*ldd + row] += bias[row] */
+/* ---- bias kernel (the fallbacks; fp32 D): D[b][col*ldd + row] += bias[row] */
 
 __global__ void add_bias_kernel(float *D, const float *bias, int m, int n, int ldd, int batch,
                                 int64_t strideD)
@@ -47,25 +47,7 @@ static void add_bias(const ts_gemm *g, int batch)
     size_t total = (size_t)batch * g->n * g->m;
     size_t threads_needed = total < ((size_t)1 << 24) ? total : ((size_t)1 << 24);
     add_bias_kernel<<<ts_cuda_blocks(threads_needed, 256), 256, 0, ts_cuda_stream()>>>(
-        g->D, g->bias, g->m, g->n, g->ldd, batch, g->strideD);
-    TS_CUDA_LAUNCHED();
-}
-
-/* ---- float -> bf16 */
-
-__global__ void cast_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
-{
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = __float2bfloat16(src[i]); /* round to nearest even */
-}
-
-void ts_cuda_cast_bf16(__nv_bfloat16 *dst, const float *src, size_t n)
-{
-    if (n == 0) return;
-    size_t threads_needed = n < ((size_t)1 << 24) ? n : ((size_t)1 << 24);
-    cast_bf16_kernel<<<ts_cuda_blocks(threads_needed, 256), 256, 0, ts_cuda_stream()>>>(dst, src,
-                                                                                        n);
+        (float *)g->D, g->bias, g->m, g->n, g->ldd, batch, g->strideD);
     TS_CUDA_LAUNCHED();
 }
 
@@ -73,7 +55,7 @@ void ts_cuda_cast_bf16(__nv_bfloat16 *dst, const float *src, size_t n)
 
 namespace {
 
-enum { K_MODE, K_TA, K_TB, K_M, K_N, K_K, K_LDA, K_LDB, K_LDD, K_BATCH, K_SA, K_SB, K_SD,
+enum { K_AB, K_D, K_TA, K_TB, K_M, K_N, K_K, K_LDA, K_LDB, K_LDD, K_BATCH, K_SA, K_SB, K_SD,
        K_BIAS, K_ALA, K_ALB, K_ALD, K_ALBIAS, K_COUNT };
 typedef std::array<int64_t, K_COUNT> plan_key;
 
@@ -120,17 +102,25 @@ static int64_t alignment(const void *p, int64_t stride_bytes)
     return low >= 256 ? 256 : (int64_t)low;
 }
 
-static size_t elem_bytes(ts_gemm_mode mode)
+static cudaDataType_t cuda_type(ts_dtype t)
 {
-    return mode == TS_GEMM_BF16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    return t == TS_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* "bf16 x bf16 -> fp32", for messages. */
+static const char *types_of(const ts_gemm *g, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s x %s -> %s", ts_dtype_name(g->ab), ts_dtype_name(g->ab),
+             ts_dtype_name(g->d));
+    return buf;
 }
 
 static plan_key key_of(const ts_gemm *g)
 {
     int batch = batch_of(g);
-    int64_t eb = (int64_t)elem_bytes(g->mode);
+    int64_t eb = (int64_t)ts_dtype_bytes(g->ab), ed = (int64_t)ts_dtype_bytes(g->d);
     plan_key k;
-    k[K_MODE] = g->mode, k[K_TA] = g->transa, k[K_TB] = g->transb;
+    k[K_AB] = g->ab, k[K_D] = g->d, k[K_TA] = g->transa, k[K_TB] = g->transb;
     k[K_M] = g->m, k[K_N] = g->n, k[K_K] = g->k;
     k[K_LDA] = g->lda, k[K_LDB] = g->ldb, k[K_LDD] = g->ldd, k[K_BATCH] = batch;
     k[K_SA] = batch > 1 ? g->strideA : 0;
@@ -139,7 +129,7 @@ static plan_key key_of(const ts_gemm *g)
     k[K_BIAS] = g->bias != nullptr;
     k[K_ALA] = alignment(g->A, k[K_SA] * eb);
     k[K_ALB] = alignment(g->B, k[K_SB] * eb);
-    k[K_ALD] = alignment(g->D, k[K_SD] * (int64_t)sizeof(float));
+    k[K_ALD] = alignment(g->D, k[K_SD] * ed);
     k[K_ALBIAS] = g->bias ? alignment(g->bias, 0) : 0;
     return k;
 }
@@ -148,10 +138,10 @@ static plan_key key_of(const ts_gemm *g)
 TS_NORETURN static void gemm_fail(const ts_gemm *g, int line, const char *call,
                                   cublasStatus_t st)
 {
-    char what[320];
+    char what[320], types[40];
     snprintf(what, sizeof what,
              "%s, for a %s GEMM m=%d n=%d k=%d op(A)=%s op(B)=%s lda=%d ldb=%d ldd=%d batch=%d",
-             call, g->mode == TS_GEMM_BF16 ? "bf16" : "fp32", g->m, g->n, g->k,
+             call, types_of(g, types, sizeof types), g->m, g->n, g->k,
              g->transa ? "T" : "N", g->transb ? "T" : "N", g->lda, g->ldb, g->ldd, batch_of(g));
     ts_cuda_fail(__FILE__, line, what, cublasGetStatusString(st));
 }
@@ -191,15 +181,16 @@ static void destroy_lt(plan *p)
 static bool try_lt(const ts_gemm *g, const plan_key &key, bool fuse_bias, plan *p)
 {
     lt_state *st = state();
-    cudaDataType_t ab = g->mode == TS_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ab = cuda_type(g->ab);
     p->fused_bias = fuse_bias;
     LT_CHECK(g, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT_CHECK(g, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_CHECK(g, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (fuse_bias) {
-        /* The bias has D's type (fp32), the default for these types. Its pointer is set
-         * here for the heuristic (which reads its alignment) and again on every call. */
+        /* The bias has D's type (fp32: ts_cuda_gemm asserts it), cuBLASLt's default. Its
+         * pointer is set here for the heuristic (which reads its alignment) and again on
+         * every call. */
         uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
         LT_CHECK(g, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                    sizeof epi));
@@ -210,7 +201,7 @@ static bool try_lt(const ts_gemm *g, const plan_key &key, bool fuse_bias, plan *
                      : make_layout(g, ab, g->m, g->k, g->lda, key[K_SA]);
     p->b = g->transb ? make_layout(g, ab, g->n, g->k, g->ldb, key[K_SB])
                      : make_layout(g, ab, g->k, g->n, g->ldb, key[K_SB]);
-    p->d = make_layout(g, CUDA_R_32F, g->m, g->n, g->ldd, key[K_SD]);
+    p->d = make_layout(g, cuda_type(g->d), g->m, g->n, g->ldd, key[K_SD]);
 
     cublasLtMatmulPreference_t pref = nullptr;
     LT_CHECK(g, cublasLtMatmulPreferenceCreate(&pref));
@@ -253,7 +244,8 @@ static plan make_plan(const ts_gemm *g, const plan_key &key)
      * caller's layout, not a missing algorithm). */
     const bool bias_fusable = g->bias != nullptr && key[K_ALBIAS] >= 16;
     if (try_lt(g, key, bias_fusable, &p)) return p;
-    const char *mode = g->mode == TS_GEMM_BF16 ? "bf16" : "fp32";
+    char mode[40];
+    types_of(g, mode, sizeof mode);
     if (bias_fusable && try_lt(g, key, false, &p)) {
         fprintf(stderr,
                 "tessera: note: cuBLASLt fuses no bias for the %s GEMM m=%d n=%d k=%d: the bias "
@@ -276,25 +268,28 @@ static plan make_plan(const ts_gemm *g, const plan_key &key)
  * compute stream, default math mode: no TF32). */
 static void gemm_ex(const ts_gemm *g)
 {
-    cudaDataType_t ab = g->mode == TS_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ab = cuda_type(g->ab), dt = cuda_type(g->d);
     cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const float one = 1.0f;
     if (batch_of(g) > 1)
         LT_CHECK(g, cublasGemmStridedBatchedEx(ts_cuda_cublas(), ta, tb, g->m, g->n, g->k, &one,
                                                g->A, ab, g->lda, g->strideA, g->B, ab, g->ldb,
-                                               g->strideB, &g->beta, g->D, CUDA_R_32F, g->ldd,
+                                               g->strideB, &g->beta, g->D, dt, g->ldd,
                                                g->strideD, g->batch, CUBLAS_COMPUTE_32F,
                                                CUBLAS_GEMM_DEFAULT));
     else
         LT_CHECK(g, cublasGemmEx(ts_cuda_cublas(), ta, tb, g->m, g->n, g->k, &one, g->A, ab,
-                                 g->lda, g->B, ab, g->ldb, &g->beta, g->D, CUDA_R_32F, g->ldd,
+                                 g->lda, g->B, ab, g->ldb, &g->beta, g->D, dt, g->ldd,
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void ts_cuda_gemm(const ts_gemm *g)
 {
     TS_ASSERT(g && g->m >= 1 && g->n >= 1 && g->k >= 1 && g->A && g->B && g->D);
+    /* The modes gemm_lt.h lists: a bf16 D from bf16 operands, and its bias elsewhere. */
+    TS_ASSERT(g->d == TS_DTYPE_F32 || g->ab == TS_DTYPE_BF16);
+    TS_ASSERT(!g->bias || g->d == TS_DTYPE_F32);
     TS_ASSERT(g->lda >= (g->transa ? g->k : g->m) && g->ldb >= (g->transb ? g->n : g->k) &&
               g->ldd >= g->m);
     lt_state *st = state();

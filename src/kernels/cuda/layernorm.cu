@@ -12,7 +12,13 @@
  * run). So one block owns 32 channels: its 32 x TS_LN_GROUPS threads each sum every
  * TS_LN_GROUPS-th row of one channel in order, then the groups' partial sums are added
  * in a fixed order. Every sum's order depends only on N and C: bitwise repeatable.
- * Warp reductions use butterfly shuffles, also a fixed order. */
+ * Warp reductions use butterfly shuffles, also a fixed order.
+ *
+ * Templates on the activation type (act.cuh): inp, out, dout and dinp are activations,
+ * the weights, statistics and parameter gradients fp32. In bf16 every value is widened
+ * on load, the arithmetic is the fp32 one, and dinp's accumulation reads the bf16 dinp,
+ * adds in fp32 and rounds once. */
+#include "kernels/cuda/act.cuh"
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/layernorm_row.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -20,46 +26,50 @@
 #define TS_LN_WARPS 8  /* rows (warps) per block in the row kernels */
 #define TS_LN_GROUPS 16 /* row groups per block in the parameter-gradient kernel */
 
-static __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                const float *inp, const float *weight,
+template <typename A>
+static __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, const A *inp,
+                                                const float *weight,
                                                 const float *bias, int N, int C)
 {
     int n = blockIdx.x * TS_LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return; /* whole warps leave together */
-    const float *x = inp + (size_t)n * C;
+    const A *x = inp + (size_t)n * C;
     float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += x[c];
+    for (int c = lane; c < C; c += 32) s += ts_act_load(x, c);
     layernorm_row(out + (size_t)n * C, &mean[n], &rstd[n], x, s, weight, bias, C, lane);
 }
 
-static __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                                      const float *inp, const float *weight,
+template <typename A>
+static __global__ void layernorm_backward_dinp_kernel(A *dinp, const A *dout, const A *inp,
+                                                      const float *weight,
                                                       const float *mean, const float *rstd,
                                                       int N, int C)
 {
     int n = blockIdx.x * TS_LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
-    const float *x = inp + (size_t)n * C;
-    const float *d = dout + (size_t)n * C;
-    float *dx = dinp + (size_t)n * C;
+    const A *x = inp + (size_t)n * C;
+    const A *d = dout + (size_t)n * C;
+    A *dx = dinp + (size_t)n * C;
     float m = mean[n], rs = rstd[n];
     float sg = 0.0f, sgx = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float xhat = (x[c] - m) * rs;
-        float g = weight[c] * d[c];
+        float xhat = (ts_act_load(x, c) - m) * rs;
+        float g = weight[c] * ts_act_load(d, c);
         sg += g;
         sgx += g * xhat;
     }
     float mg = warp_sum(sg) / C, mgx = warp_sum(sgx) / C;
     for (int c = lane; c < C; c += 32) {
-        float xhat = (x[c] - m) * rs;
-        dx[c] += (weight[c] * d[c] - mg - xhat * mgx) * rs;
+        float xhat = (ts_act_load(x, c) - m) * rs;
+        float g = weight[c] * ts_act_load(d, c);
+        ts_act_store(dx, c, ts_act_load(dx, c) + (g - mg - xhat * mgx) * rs);
     }
 }
 
 /* Block (32, TS_LN_GROUPS) owns channels [32 * blockIdx.x, +32). */
+template <typename A>
 static __global__ void layernorm_backward_params_kernel(float *dweight, float *dbias,
-                                                        const float *dout, const float *inp,
+                                                        const A *dout, const A *inp,
                                                         const float *mean, const float *rstd,
                                                         int N, int C)
 {
@@ -69,8 +79,8 @@ static __global__ void layernorm_backward_params_kernel(float *dweight, float *d
     float sw = 0.0f, sb = 0.0f;
     if (c < C) {
         for (int n = ty; n < N; n += TS_LN_GROUPS) {
-            float d = dout[(size_t)n * C + c];
-            float xhat = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            float d = ts_act_load(dout, (size_t)n * C + c);
+            float xhat = (ts_act_load(inp, (size_t)n * C + c) - mean[n]) * rstd[n];
             sw += d * xhat;
             sb += d;
         }
@@ -89,29 +99,48 @@ static __global__ void layernorm_backward_params_kernel(float *dweight, float *d
     }
 }
 
-extern "C" void ts_cuda_layernorm_forward(float *out, float *mean, float *rstd,
-                                          const float *inp, const float *weight,
-                                          const float *bias, int N, int C)
+template <typename A>
+static void layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                              const float *weight, const float *bias, int N, int C)
 {
     if (N <= 0 || C <= 0) return;
-    layernorm_forward_kernel<<<ts_cuda_blocks((size_t)N, TS_LN_WARPS), TS_LN_WARPS * 32, 0,
-                               ts_cuda_stream()>>>(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_kernel<A><<<ts_cuda_blocks((size_t)N, TS_LN_WARPS), TS_LN_WARPS * 32, 0,
+                                  ts_cuda_stream()>>>((A *)out, mean, rstd, (const A *)inp, weight,
+                                                      bias, N, C);
     TS_CUDA_LAUNCHED();
 }
 
-extern "C" void ts_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                                           const float *dout, const float *inp,
-                                           const float *weight, const float *mean,
-                                           const float *rstd, int N, int C)
+template <typename A>
+static void layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
 {
     if (N <= 0 || C <= 0) return;
-    layernorm_backward_dinp_kernel<<<ts_cuda_blocks((size_t)N, TS_LN_WARPS), TS_LN_WARPS * 32,
-                                     0, ts_cuda_stream()>>>(dinp, dout, inp, weight, mean, rstd,
-                                                            N, C);
+    layernorm_backward_dinp_kernel<A><<<ts_cuda_blocks((size_t)N, TS_LN_WARPS), TS_LN_WARPS * 32,
+                                        0, ts_cuda_stream()>>>(
+        (A *)dinp, (const A *)dout, (const A *)inp, weight, mean, rstd, N, C);
     TS_CUDA_LAUNCHED();
     dim3 block(32, TS_LN_GROUPS);
-    layernorm_backward_params_kernel<<<ts_cuda_blocks((size_t)C, 32), block, 0,
-                                       ts_cuda_stream()>>>(dweight, dbias, dout, inp, mean, rstd,
-                                                           N, C);
+    layernorm_backward_params_kernel<A><<<ts_cuda_blocks((size_t)C, 32), block, 0,
+                                          ts_cuda_stream()>>>(dweight, dbias, (const A *)dout,
+                                                              (const A *)inp, mean, rstd, N, C);
     TS_CUDA_LAUNCHED();
 }
+
+#define TS_LAYERNORM_SLOTS(p, A)                                                                \
+    extern "C" void p##layernorm_forward(void *out, float *mean, float *rstd, const void *inp,  \
+                                         const float *weight, const float *bias, int N, int C)  \
+    {                                                                                           \
+        layernorm_forward<A>(out, mean, rstd, inp, weight, bias, N, C);                         \
+    }                                                                                           \
+    extern "C" void p##layernorm_backward(void *dinp, float *dweight, float *dbias,             \
+                                          const void *dout, const void *inp,                    \
+                                          const float *weight, const float *mean,               \
+                                          const float *rstd, int N, int C)                      \
+    {                                                                                           \
+        layernorm_backward<A>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);       \
+    }
+
+TS_LAYERNORM_SLOTS(ts_cuda_, float)
+TS_LAYERNORM_SLOTS(ts_cuda_bf16_, bf16)
+#undef TS_LAYERNORM_SLOTS

@@ -126,7 +126,9 @@ void ts_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes)
         return;
     }
     /* Stream-ordered, as every device Tessera builds for (sm_80, sm_90) allows: a
-     * cudaFree here would synchronise the whole device (bf16.cu says why that is bad). */
+     * cudaFree here would synchronise the whole device, which deadlocks when another
+     * stream's NCCL kernel waits for a peer that waits for this rank's host (a pipeline
+     * receive). */
     void *tmp = NULL;
     TS_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, s));
     TS_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s));

@@ -1,7 +1,8 @@
-/* The CUDA backend's kernel tables: "cuda" (fp32) and "cuda-bf16" (bf16 GEMM operands,
- * fp32 accumulation, fp32 in memory; bf16.cu). Device pointers throughout: host code
- * reaches this memory only through the copies, so host_accessible is false and the
- * trainer takes the staging paths (kernels/kernels.h). */
+/* The CUDA backend's kernel tables: "cuda" and "cuda-flash" (fp32 activations),
+ * "cuda-bf16" and "cuda-bf16-flash" (bf16 activations: every activation slot's
+ * ts_cuda_bf16_* twin, cuda_internal.h). Device pointers throughout: host code reaches
+ * this memory only through the copies, so host_accessible is false and the trainer takes
+ * the staging paths (kernels/kernels.h). */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/device.h"
@@ -9,12 +10,13 @@
 
 /* C++ has no designated initializers before C++20 (nvcc -std=c++17 accepts them as an
  * extension, in declaration order): the slots below follow ts_kernels' order. constexpr,
- * so both tables are constant-initialized (no static-initialization order to mind) and
- * the bf16 one can be built from it below. */
+ * so every table is constant-initialized (no static-initialization order to mind) and
+ * the others can be built from it below. */
 static constexpr ts_kernels fp32_table = {
     .name = "cuda",
     .device = "cuda",
     .precision = "fp32",
+    .act_dtype = TS_DTYPE_F32,
     .attention = "gemm",
     .device_memory = true,
     .weight_copy_bytes = 0,
@@ -30,6 +32,7 @@ static constexpr ts_kernels fp32_table = {
     .memcpy_d2h = ts_cuda_memcpy_d2h,
     .memcpy_d2d = ts_cuda_memcpy_d2d,
     .memset_zero = ts_cuda_memset_zero,
+    .convert = ts_cuda_convert,
     .sum_into = ts_cuda_sum_into,
     .sum_squares_into = ts_cuda_sum_squares_into,
     .stream_create = ts_cuda_stream_create,
@@ -37,8 +40,8 @@ static constexpr ts_kernels fp32_table = {
     .stream_sync = ts_cuda_stream_sync,
     .event_record = ts_cuda_event_record,
     .event_wait = ts_cuda_event_wait,
-    .attention_saved_floats = ts_cuda_attention_saved_floats,
-    .attention_scratch_floats = ts_cuda_attention_scratch_floats,
+    .attention_saved_bytes = ts_cuda_attention_saved_bytes,
+    .attention_scratch_bytes = ts_cuda_attention_scratch_bytes,
     .encoder_forward = ts_cuda_encoder_forward,
     .encoder_backward = ts_cuda_encoder_backward,
     .layernorm_forward = ts_cuda_layernorm_forward,
@@ -62,42 +65,50 @@ static constexpr ts_kernels fp32_table = {
     .xent_vp_finish = ts_cuda_xent_vp_finish,
 };
 
-/* The fp32 table but for the matmuls (bf16 GEMM operands), the slots that write or
- * free device memory (the fp32 ones, then the cache of bf16 weight copies is told:
- * bf16.cu) and attention (bf16 batched GEMMs: attention.cu). Every other slot is the
- * fp32 table's, a slot added there included. */
+/* The fp32 table with bf16 activations: every slot that takes an activation is its
+ * bf16 twin. The slots on fp32 memory alone (copies, convert, sums, AdamW, streams) are
+ * the fp32 table's: the model's bf16 compute weights are its own buffer, refreshed
+ * through convert, so no slot here needs to know when a weight changes. */
 static constexpr ts_kernels with_bf16_slots(ts_kernels k)
 {
     k.name = "cuda-bf16";
     k.precision = "bf16";
-    k.weight_copy_bytes = 2; /* one bf16 copy of every weight, cast once per update */
-    k.dev_alloc = ts_cuda_bf16_dev_alloc;
-    k.dev_free = ts_cuda_bf16_dev_free;
-    k.memcpy_h2d = ts_cuda_bf16_memcpy_h2d;
-    k.memcpy_d2d = ts_cuda_bf16_memcpy_d2d;
-    k.memset_zero = ts_cuda_bf16_memset_zero;
-    k.attention_saved_floats = ts_cuda_attention_saved_floats_bf16;
-    k.attention_scratch_floats = ts_cuda_attention_scratch_floats_bf16;
+    k.act_dtype = TS_DTYPE_BF16;
+    k.weight_copy_bytes = 2; /* the model's bf16 compute copy of every weight */
+    k.attention_saved_bytes = ts_cuda_attention_saved_bytes_bf16;
+    k.attention_scratch_bytes = ts_cuda_attention_scratch_bytes_bf16;
+    k.encoder_forward = ts_cuda_bf16_encoder_forward;
+    k.encoder_backward = ts_cuda_bf16_encoder_backward;
+    k.layernorm_forward = ts_cuda_bf16_layernorm_forward;
+    k.layernorm_backward = ts_cuda_bf16_layernorm_backward;
     k.matmul_forward = ts_cuda_bf16_matmul_forward;
     k.matmul_backward = ts_cuda_bf16_matmul_backward;
     k.attention_forward = ts_cuda_attention_forward_bf16;
     k.attention_backward = ts_cuda_attention_backward_bf16;
-    k.adamw_update = ts_cuda_bf16_adamw_update;
-    k.adamw_update_spans = ts_cuda_bf16_adamw_update_spans;
+    k.gelu_forward = ts_cuda_bf16_gelu_forward;
+    k.gelu_backward = ts_cuda_bf16_gelu_backward;
+    k.residual_forward = ts_cuda_bf16_residual_forward;
+    k.residual_layernorm_forward = ts_cuda_bf16_residual_layernorm_forward;
+    k.crossentropy_forward_backward = ts_cuda_bf16_crossentropy_forward_backward;
+    k.vocab_embed_forward = ts_cuda_bf16_vocab_embed_forward;
+    k.vocab_embed_backward = ts_cuda_bf16_vocab_embed_backward;
+    k.xent_vp_stats = ts_cuda_bf16_xent_vp_stats;
+    k.xent_vp_sumexp = ts_cuda_bf16_xent_vp_sumexp;
+    k.xent_vp_finish = ts_cuda_bf16_xent_vp_finish;
     return k;
 }
 
-/* A table with the flash-style attention (train.attention = "flash"; fp32 tiles for
- * either precision, heads wider than it takes falling back to the table's batched-GEMM
- * attention: attention.cu). */
+/* A table with the flash-style attention (train.attention = "flash"), of the table's
+ * precision; heads wider than it takes fall back to the table's batched-GEMM attention
+ * (attention.cu). */
 static constexpr ts_kernels with_flash_slots(ts_kernels k, const char *name, bool bf16)
 {
     k.name = name;
     k.attention = "flash";
-    k.attention_saved_floats =
-        bf16 ? ts_cuda_attention_saved_floats_bf16_flash : ts_cuda_attention_saved_floats_flash;
-    k.attention_scratch_floats = bf16 ? ts_cuda_attention_scratch_floats_bf16_flash
-                                      : ts_cuda_attention_scratch_floats_flash;
+    k.attention_saved_bytes =
+        bf16 ? ts_cuda_attention_saved_bytes_bf16_flash : ts_cuda_attention_saved_bytes_flash;
+    k.attention_scratch_bytes = bf16 ? ts_cuda_attention_scratch_bytes_bf16_flash
+                                     : ts_cuda_attention_scratch_bytes_flash;
     k.attention_forward =
         bf16 ? ts_cuda_attention_forward_bf16_flash : ts_cuda_attention_forward_flash;
     k.attention_backward =
