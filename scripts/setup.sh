@@ -9,6 +9,7 @@ packages=(
   hwloc libhwloc-dev                   # hardware topology and binding
   libconfig-dev                        # config files
   libopenblas-openmp-dev               # BLAS built on OpenMP: one thread pool with our kernels
+  libdnnl-dev                          # oneDNN: the bf16 CPU backend's GEMMs (AVX-512 BF16 / AMX), on OpenMP too
   libjansson-dev                       # JSON (safetensors headers, metrics, plans)
   zlib1g-dev                           # crc32 checksums of checkpoints
   fortunes fortunes-min                # the demo's English text corpus

@@ -1,0 +1,63 @@
+/* The bf16 CPU kernels (kernels/cpu/..._bf16.c), gathered into ts_kernels_cpu_bf16 by
+ * table_bf16.c. Each has the fp32 kernel's semantics (kernels/cpu/<name>.c, the
+ * reference), with the `void *` activations bf16: loaded into fp32, computed in fp32,
+ * stored with one rounding to nearest even (kernels/cpu/bf16.h). */
+#ifndef TS_KERNELS_CPU_BF16_INTERNAL_H
+#define TS_KERNELS_CPU_BF16_INTERNAL_H
+
+#include <stddef.h>
+
+#include "kernels/cpu/bf16.h"
+#include "kernels/kernels.h"
+
+/* Elementwise kernels work through fp32 buffers of this many elements on the stack:
+ * load (widen) a chunk, compute as the fp32 kernel does, store (round) it. */
+#define TS_BF16_CHUNK 512
+
+void ts_cpu_bf16_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type,
+                         size_t n);
+size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, int NH, int HS);
+size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, int NH, int HS);
+
+void ts_cpu_bf16_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
+                                 int B, int T, int C);
+void ts_cpu_bf16_encoder_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,
+                                  int B, int T, int C);
+void ts_cpu_bf16_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                   const float *weight, const float *bias, int N, int C);
+void ts_cpu_bf16_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                                    const void *inp, const float *weight, const float *mean,
+                                    const float *rstd, int N, int C);
+/* One row of LayerNorm from fp32 x[C] into bf16 o[C], mean and rstd returned: the one
+ * machine code behind layernorm_forward and residual_layernorm_forward (same bits). */
+void ts_cpu_bf16_layernorm_row(ts_bf16 *o, float *mean, float *rstd, const float *x,
+                               const float *weight, const float *bias, int C);
+void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, const float *bias,
+                                int N, int C, int OC);
+void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                                 const void *inp, const void *weight, int N, int C, int OC);
+void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
+                                   int HS);
+void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                                    const void *att, int B, int T, int NH, int HS);
+void ts_cpu_bf16_gelu_forward(void *out, const void *inp, size_t n);
+void ts_cpu_bf16_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);
+void ts_cpu_bf16_residual_forward(void *out, const void *a, const void *b, size_t n);
+void ts_cpu_bf16_residual_layernorm_forward(void *res_out, void *ln_out, float *mean, float *rstd,
+                                            const void *a, const void *b, const float *weight,
+                                            const float *bias, int N, int C);
+void ts_cpu_bf16_crossentropy_forward_backward(float *losses, void *logits, const int *targets,
+                                               int N, int V, float dloss);
+void ts_cpu_bf16_vocab_embed_forward(void *out, const int *tokens, const float *wte,
+                                     const float *wpe, int v0, int nv, int B, int T, int C);
+void ts_cpu_bf16_vocab_embed_backward(float *dwte, float *dwpe, const void *dout,
+                                      const int *tokens, int v0, int nv, int B, int T, int C);
+void ts_cpu_bf16_xent_vp_stats(float *rowmax, float *target_logit, const void *logits,
+                               const int *targets, int v0, int nv, int N);
+void ts_cpu_bf16_xent_vp_sumexp(float *sumexp, const void *logits, const float *rowmax, int N,
+                                int nv);
+void ts_cpu_bf16_xent_vp_finish(float *losses, void *logits, const int *targets, int v0, int nv,
+                                const float *rowmax, const float *sumexp,
+                                const float *target_logit, int N, float dloss);
+
+#endif
