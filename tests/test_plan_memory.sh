@@ -92,6 +92,22 @@ for layers in 4 12; do
   run "n_layer $layers dp2 zero 1" "${L[@]}" --set parallel.dp=2 --set parallel.zero=1
   run "n_layer $layers pp2 dp2 zero 1" "${L[@]}" --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1
 done
+# bf16 (where the CPU has BF16 instructions): bf16 activations and compute weights
+# beside fp32 master weights, by a bf16 cluster file, against the bf16 trainer.
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  CL=tests/fixtures/plan_cluster_cpu_bf16.cfg
+  L=(--set model.n_layer=4 --set 'train.precision="bf16"')
+  BASE=""; rm -f "$TMP/m.jsonl.base"
+  run "bf16 1 rank (baseline)" "${L[@]}"
+  [ -n "$BASE" ] || fail "bf16: no baseline RSS (the 1-rank run failed)"
+  run "bf16 pp 2" "${L[@]}" --set parallel.pp=2
+  run "bf16 dp 2 zero 1" "${L[@]}" --set parallel.dp=2 --set parallel.zero=1
+  run "bf16 tp 2" "${L[@]}" --set parallel.tp=2
+  run "bf16 pp2 zb-h1" "${L[@]}" --set parallel.pp=2 --set parallel.schedule=zb-h1
+  run "bf16 pp2 recompute full" "${L[@]}" --set parallel.pp=2 --set parallel.recompute=full
+else
+  skip_case "bf16 memory: this CPU has no BF16 instructions"
+fi
 echo "$RUNS runs compared"
 [ $RUNS -ge 20 ] || fail "only $RUNS runs"
 finish

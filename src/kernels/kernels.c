@@ -28,6 +28,8 @@ const char *ts_kernels_missing(const ts_kernels *k)
 static const ts_kernels *const all_tables[] = {
     &ts_kernels_cpu,
     &ts_kernels_cpu_strict,
+    &ts_kernels_cpu_bf16,
+    &ts_kernels_cpu_strict_bf16,
 #ifdef TS_HAVE_CUDA
     &ts_kernels_cuda,
     &ts_kernels_cuda_flash,

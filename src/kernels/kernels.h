@@ -61,7 +61,8 @@ typedef struct ts_kernels {
 
     /* ---- what the table is and needs. train.device, train.precision and
      * train.attention select it (ts_kernels_for). */
-    const char *device;    /* "cpu", "cpu-strict", "cuda" */
+    const char *device;    /* "cpu", "cpu-strict", "cuda" (each with an fp32 and a bf16
+                              table: "cpu-bf16" is device "cpu", precision "bf16") */
     const char *precision; /* "fp32", or "bf16": bf16 activations and compute weights */
     ts_dtype act_dtype;    /* the element type of every `void *` argument below */
     const char *attention; /* "gemm" (the backend's default attention) or "flash" */
@@ -100,8 +101,10 @@ typedef struct ts_kernels {
     void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
     void (*memset_zero)(void *dst, size_t bytes);
     /* dst[i] = src[i] converted, i < n (fp32 -> bf16 rounds to nearest even, NaN stays
-     * NaN; bf16 -> fp32 is exact; equal types copy). The compute weights' refresh and
-     * the fp32 staging of collectives on bf16 activations. */
+     * NaN, fp32 subnormals become signed zero as AVX512_BF16's VCVTNEPS2BF16 makes them;
+     * bf16 -> fp32 is exact; equal types copy). dst and src do not overlap unless the
+     * types are equal. Queued like a kernel (CUDA: on the compute stream). The compute
+     * weights' refresh and staging between fp32 and activation buffers. */
     void (*convert)(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
     /* acc[0] += sum of x[0..n), and of its squares, in double; acc is device memory, so a
      * step's loss and norm partial sums stay on the device until one copy reads them. */
@@ -117,7 +120,8 @@ typedef struct ts_kernels {
      * backward (`att`) and attention_backward's workspace, in bytes. The backend
      * chooses (the CPU and CUDA's batched-GEMM attention keep the probabilities
      * [B,NH,T,T] in act_dtype; CUDA's flash-style kernel keeps one fp32 log-sum-exp per
-     * row [B,NH,T]); the model sizes its buffers from these. */
+     * row [B,NH,T]); the model sizes its buffers from these and starts both on a
+     * 64-byte boundary (a bf16 table may keep fp32 pieces in them). */
     size_t (*attention_saved_bytes)(int B, int T, int NH, int HS);
     size_t (*attention_scratch_bytes)(int B, int T, int NH, int HS);
 
@@ -149,8 +153,10 @@ typedef struct ts_kernels {
 
     /* Causal multi-head attention. qkv [B,T,3*NH*HS] in nanoGPT order (all q heads, then
      * all k heads, then all v heads, head h at columns h*HS..h*HS+HS of its third).
-     * out [B,T,NH*HS] (heads concatenated). att [B,NH,T,T] receives the softmax
-     * probabilities (zero above the diagonal), kept for backward. Scale 1/sqrt(HS). */
+     * out [B,T,NH*HS] (heads concatenated). att receives the backend's saved state
+     * (attention_saved_bytes: the softmax probabilities [B,NH,T,T], zero above the
+     * diagonal, or a flash kernel's log-sum-exp), kept for backward. Scale 1/sqrt(HS).
+     * Per-call fp32 workspace (a few rows of scores per thread) is the backend's own. */
     void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH,
                               int HS);
     /* dqkv [B,T,3*NH*HS] = gradient of the above; scratch: attention_scratch_bytes. */
@@ -244,7 +250,7 @@ extern const ts_kernels ts_kernels_cpu_strict_bf16;
  * kernels need (without them oneDNN emulates bf16 many times slower or refuses). */
 bool ts_cpu_bf16_supported(void);
 /* The ISA oneDNN dispatches to ("avx512_core_bf16", "avx512_core_amx", ...), for the
- * start-up log and the metrics' first line; "none" when oneDNN is not used. */
+ * start-up log and the metrics' first line of a bf16 CPU run. */
 const char *ts_dnnl_isa(void);
 
 #ifdef TS_HAVE_CUDA

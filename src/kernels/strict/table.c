@@ -4,6 +4,7 @@
  * event no-ops touch none and are the CPU's own. host_accessible is false, so callers
  * take the staging paths a GPU needs. One strict table per CPU table (fp32, bf16): the
  * wrappers below are written once and instantiated for each. */
+#include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/strict/arena.h"
 
@@ -140,3 +141,8 @@ STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
 const ts_kernels ts_kernels_cpu_strict =
     STRICT_TABLE(strict_f32_, "cpu-strict", "fp32", TS_DTYPE_F32, 0, ts_cpu_attention_saved_bytes,
                  ts_cpu_attention_scratch_bytes);
+
+STRICT_WRAPPERS(strict_bf16_, ts_kernels_cpu_bf16)
+const ts_kernels ts_kernels_cpu_strict_bf16 =
+    STRICT_TABLE(strict_bf16_, "cpu-strict-bf16", "bf16", TS_DTYPE_BF16, 2,
+                 ts_cpu_bf16_attention_saved_bytes, ts_cpu_bf16_attention_scratch_bytes);
