@@ -2,11 +2,12 @@
  * over the micro-batches and the optimizer, in one process (no MPI, no data loader),
  * each kernel call timed through a wrapping kernel table.
  *
- *   bench_step tiny|124m [threads] [steps] [micro_batch]
+ *   bench_step tiny|124m|124m-1024 [threads] [steps] [micro_batch] [fp32|bf16]
  *
  * tiny: configs/tiny.cfg (4 layers, 128 wide, T 64, 4 micro-batches of 4);
- * 124m: GPT-2 124M at T 256, one micro-batch of 4 (micro_batch overrides, dividing the
- * global batch of 16 or 4). Each micro-batch runs forward then backward, as the 1F1B
+ * 124m: GPT-2 124M at T 256, one micro-batch of 4; 124m-1024: at T 1024, one of 2
+ * (micro_batch overrides, dividing the global batch of 16, 4 or 2). The precision picks
+ * the CPU table (fp32: OpenBLAS; bf16: oneDNN, bf16 activations and compute weights). Each micro-batch runs forward then backward, as the 1F1B
  * engine does on one rank. Steps after the first (page faults) are timed: the step
  * line gives the median and minimum, the kernel table the mean per step. */
 #include <math.h>
@@ -145,7 +146,7 @@ static double sumsq(const float *x, size_t n)
 static ts_kernels timed_kernels;
 static void init_timed_kernels(void)
 {
-    timed_kernels = ts_kernels_cpu;
+    timed_kernels = *K;
     timed_kernels.name = "cpu (timed)";
     timed_kernels.encoder_forward = enc_f;
     timed_kernels.encoder_backward = enc_b;
@@ -173,6 +174,10 @@ static int cmp_entry(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    if (argc > 5 && !(K = ts_kernels_for("cpu", argv[5], "gemm"))) {
+        fprintf(stderr, "bench_step: precision '%s' is not fp32 or bf16\n", argv[5]);
+        return 2;
+    }
     init_timed_kernels();
     ts_blas_select_core(argc, argv); /* the OpenBLAS kernel tessera would run */
     const char *which = argc > 1 ? argv[1] : "tiny";
@@ -186,12 +191,17 @@ int main(int argc, char **argv)
         mc.n_layer = 12, mc.n_head = 12, mc.n_embd = 768, mc.vocab_size = 50257, mc.seq_len = 256;
         B = 4, global = 4;
         if (!steps) steps = 6;
+    } else if (!strcmp(which, "124m-1024")) {
+        mc.n_layer = 12, mc.n_head = 12, mc.n_embd = 768, mc.vocab_size = 50257, mc.seq_len = 1024;
+        B = 2, global = 2;
+        if (!steps) steps = 3;
     } else if (!strcmp(which, "tiny")) {
         mc.n_layer = 4, mc.n_head = 4, mc.n_embd = 128, mc.vocab_size = 256, mc.seq_len = 64;
         B = 4, global = 16;
         if (!steps) steps = 60;
     } else {
-        fprintf(stderr, "usage: bench_step tiny|124m [threads] [steps] [micro_batch]\n");
+        fprintf(stderr, "usage: bench_step tiny|124m|124m-1024 [threads] [steps] [micro_batch] "
+                        "[fp32|bf16]\n");
         return 2;
     }
     if (argc > 4) B = atoi(argv[4]);
@@ -209,7 +219,7 @@ int main(int argc, char **argv)
     ts_acts_init(&acts, &model, 0, model.n_layers, B, T);
     ts_scratch scratch;
     ts_scratch_init(&scratch, &model, B, T);
-    float *dx = ts_alloc_floats((size_t)N * mc.n_embd);
+    void *dx = K->dev_alloc((size_t)N * mc.n_embd * ts_dtype_bytes(K->act_dtype));
     ts_train_config tc = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                           .weight_decay = 0.1, .grad_clip = 1.0};
     unsigned seed = 1;
@@ -234,6 +244,7 @@ int main(int argc, char **argv)
         double t1 = ts_now_ms();
         double norm = sqrt(ts_grad_sum_squares(&model));
         ts_adamw_step(&opt, &model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
+        ts_model_refresh_compute(&model);
         double t2 = ts_now_ms();
         if (s > 0) {
             step_ms[s - 1] = t2 - t0;
@@ -243,8 +254,8 @@ int main(int argc, char **argv)
     double kernel_ms = 0.0;
     for (int i = 0; i < n_entries; i++) kernel_ms += entries[i].ms;
     double med = ts_median(step_ms, steps), med_model = ts_median(model_ms, steps);
-    printf("bench_step %s: %d threads, %d x %d tokens per step, %d timed steps (loss %.4f)\n",
-           which, threads, micro, N, steps, loss / N);
+    printf("bench_step %s (%s): %d threads, %d x %d tokens per step, %d timed steps (loss %.4f)\n",
+           which, K->name, threads, micro, N, steps, loss / N);
     printf("step: median %.2f ms (min %.2f), forward+backward %.2f ms, optimizer %.2f ms\n", med,
            step_ms[0], med_model, med - med_model);
     qsort(entries, (size_t)n_entries, sizeof entries[0], cmp_entry);
@@ -258,7 +269,7 @@ int main(int argc, char **argv)
     printf("%-36s %8s %12s %10.2f\n", "sum of kernels", "", "", kernel_ms / steps);
     free(step_ms);
     free(model_ms);
-    free(dx);
+    K->dev_free(dx);
     ts_scratch_free(&scratch);
     ts_acts_free(&acts);
     ts_adamw_free(&opt);
