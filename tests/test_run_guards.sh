@@ -174,7 +174,7 @@ expect_error 0 "cluster file $TMP/fifo is not a regular file" plan "$CFG" --clus
 D="$TMP/ckfifo"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" || fail "D3: save"
 rm "$D/latest" && mkfifo "$D/latest"
-expect_error 0 "latest is not a regular file" train "$CFG" "${small[@]}" --set train.steps=2 \
+expect_error 0 "latest is not a regular file \(it is a named pipe \(FIFO\)\)" train "$CFG" "${small[@]}" --set train.steps=2 \
   --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest
 rm "$D/latest" && echo step_00000001 >"$D/latest"
 mv "$D/step_00000001/state.json" "$TMP/state.json" && mkfifo "$D/step_00000001/state.json"
