@@ -243,6 +243,19 @@ run_one train "$CFG" "${small[@]}" --set train.steps=1 --set log.progress=true &
   pass || fail "the start-up line's numbers: $(grep 'grid\|memory: peak' "$TMP/err")"
 expect_error 0 "--gpus plans on a cluster: give it with --cluster FILE" plan "$CFG" --gpus 8 --search
 
+# ---- a stop signal before MPI_Init is a stop during set-up (probe T19: SIGUSR1 that
+# mpirun forwarded while the ranks were starting killed them with 128 + 10)
+D="$TMP/ckinit"
+TS_TEST_INIT_STALL_S=2 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=2 \
+  --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/init.out" 2>"$TMP/init.err" &
+init=$!
+for _ in $(seq 300); do grep -q 'stalling before MPI_Init' "$TMP/init.err" 2>/dev/null && break; sleep 0.05; done
+kill -USR1 "$init"
+wait "$init"
+rc=$?
+[ "$rc" -eq 75 ] && grep -q 'received SIGUSR1 during set-up' "$TMP/init.err" && pass ||
+  fail "T19: SIGUSR1 before MPI_Init: exit $rc: $(cat "$TMP/init.err")"
+
 # ---- D12: a system error is not a verdict on the data
 D="$TMP/ckfd"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
