@@ -136,7 +136,8 @@ class Probe:
             shutil.rmtree(rcdir, ignore_errors=True)
             os.makedirs(rcdir)
             e["TS_RC_DIR"] = rcdir
-            e["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
+            if wrap:  # each rank's own exit status (mpirun then says 0: see below)
+                e["OMPI_MCA_orte_abort_on_non_zero_status"] = "0"
             wrapper = ["bash", "-c",
                        '"$@"; r=$?; echo "$r" > "$TS_RC_DIR/rc.${OMPI_COMM_WORLD_RANK:-x}"; exit "$r"',
                        "rank"] if wrap else []
