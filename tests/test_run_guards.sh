@@ -174,7 +174,7 @@ expect_error 0 "cluster file $TMP/fifo is not a regular file" plan "$CFG" --clus
 D="$TMP/ckfifo"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" || fail "D3: save"
 rm "$D/latest" && mkfifo "$D/latest"
-expect_error 0 "latest is not a regular file" train "$CFG" "${small[@]}" --set train.steps=2 \
+expect_error 0 "latest is not a regular file \(it is a named pipe \(FIFO\)\)" train "$CFG" "${small[@]}" --set train.steps=2 \
   --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest
 rm "$D/latest" && echo step_00000001 >"$D/latest"
 mv "$D/step_00000001/state.json" "$TMP/state.json" && mkfifo "$D/step_00000001/state.json"
@@ -242,6 +242,19 @@ run_one train "$CFG" "${small[@]}" --set train.steps=1 --set log.progress=true &
   grep -q '1 thread per rank' "$TMP/err" && ! grep -q 'per rank in the metrics file' "$TMP/err" &&
   pass || fail "the start-up line's numbers: $(grep 'grid\|memory: peak' "$TMP/err")"
 expect_error 0 "--gpus plans on a cluster: give it with --cluster FILE" plan "$CFG" --gpus 8 --search
+
+# ---- a stop signal before MPI_Init is a stop during set-up (probe T19: SIGUSR1 that
+# mpirun forwarded while the ranks were starting killed them with 128 + 10)
+D="$TMP/ckinit"
+TS_TEST_INIT_STALL_S=2 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=2 \
+  --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/init.out" 2>"$TMP/init.err" &
+init=$!
+for _ in $(seq 300); do grep -q 'stalling before MPI_Init' "$TMP/init.err" 2>/dev/null && break; sleep 0.05; done
+kill -USR1 "$init"
+wait "$init"
+rc=$?
+[ "$rc" -eq 75 ] && grep -q 'received SIGUSR1 during set-up' "$TMP/init.err" && pass ||
+  fail "T19: SIGUSR1 before MPI_Init: exit $rc: $(cat "$TMP/init.err")"
 
 # ---- D12: a system error is not a verdict on the data
 D="$TMP/ckfd"

@@ -78,10 +78,7 @@ ts_status ts_ckpt_claim_dir(ts_ckpt_claim *c, const char *dir, const char *host,
         ts_ckpt_claim_release(c);
         return ts_fail("checkpoint.dir: %s is not a regular file (it is %s); remove it (a "
                        "run that loads \"latest\" then takes the newest complete step)",
-                       path,
-                       S_ISLNK(sb.st_mode)   ? "a symbolic link"
-                       : S_ISDIR(sb.st_mode) ? "a directory"
-                                             : "not a file");
+                       path, ts_file_kind(sb.st_mode));
     }
     if (fresh && !overwrite) {
         const long newest = ts_ckpt_newest_step(dir);

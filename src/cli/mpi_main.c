@@ -1,13 +1,29 @@
 /* The MPI driver every rank-parallel subcommand (train, topo, ckpt, sample) runs under:
  * --help without MPI, then MPI up, the world group, the command, and MPI down. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "comm/comm.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/watchdog.h"
+
+/* Test hook: TS_TEST_INIT_STALL_S=seconds makes every rank wait that long before
+ * MPI_Init, so a test can signal a rank that has not finished starting. */
+static void init_stall_for_test(void)
+{
+    const char *env = ts_env(TS_ENV_TEST_INIT_STALL_S);
+    if (!env) return;
+    fprintf(stderr, "tessera: TS_TEST_INIT_STALL_S=%s: stalling before MPI_Init\n", env);
+    struct timespec ts = {.tv_sec = atoi(env)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
 
 int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn run)
 {
@@ -18,6 +34,7 @@ int ts_cli_mpi_main(int argc, char **argv, const char *help, ts_cli_mpi_run_fn r
     /* Only this thread communicates, but `train` runs a watchdog thread beside it
      * (core/watchdog.h); cmd_train checks the thread level (ts_comm_threads_ok) before
      * starting it. */
+    init_stall_for_test();
     ts_comm_init(&argc, &argv);
     ts_comm world;
     ts_comm_world(&world);

@@ -6,7 +6,8 @@
  *   TS_FAKE_BLAS_CORE=NAME  pretend OpenBLAS chose core NAME (drives the re-execution)
  *   TS_PP_EXCHANGE=grouped  issue the pipeline's sends and receives as groups, as NCCL
  *                           needs, on any comm backend
- *   TS_TEST_SAVE_STALL_S=S  every rank waits S seconds mid-save, before the commit */
+ *   TS_TEST_SAVE_STALL_S=S  every rank waits S seconds mid-save, before the commit
+ *   TS_TEST_INIT_STALL_S=S  every rank of an MPI command waits S seconds before MPI_Init */
 #ifndef TS_CORE_ENV_H
 #define TS_CORE_ENV_H
 
@@ -16,6 +17,7 @@ typedef enum {
     TS_ENV_FAKE_BLAS_CORE,
     TS_ENV_PP_EXCHANGE,
     TS_ENV_TEST_SAVE_STALL_S,
+    TS_ENV_TEST_INIT_STALL_S,
     TS_ENV_COUNT
 } ts_env_switch;
 

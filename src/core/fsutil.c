@@ -176,13 +176,15 @@ FILE *ts_fopen_input(const char *path)
     return f;
 }
 
-static const char *kind_of(mode_t m)
+const char *ts_file_kind(unsigned int mode)
 {
+    const mode_t m = (mode_t)mode;
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a named pipe (FIFO)"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
            : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symbolic link"
                          : "not a file";
 }
 
@@ -193,7 +195,7 @@ ts_status ts_check_input(int fd, const char *path, const char *what, const char 
     if (fstat(fd, &st) != 0) return ts_fail("%s %s: %s", what, path, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return ts_fail("%s %s is not a regular file (it is %s); give %s", what, path,
-                       kind_of(st.st_mode), give);
+                       ts_file_kind(st.st_mode), give);
     if (max_bytes > 0 && (unsigned long long)st.st_size > max_bytes)
         return ts_fail("%s %s is %llu bytes, more than the %llu this input may be; give %s",
                        what, path, (unsigned long long)st.st_size, max_bytes, give);

@@ -33,6 +33,10 @@ ts_status ts_check_input(int fd, const char *path, const char *what, const char 
 /* Whether fd is an anonymous pipe (a shell's `|` or `<(...)`, /dev/stdin): it has a
  * writer already, unlike a named FIFO, so reading it cannot wait for one forever. */
 int ts_is_anonymous_pipe(int fd);
+/* What a mode that is not a regular file is, for messages: "a directory", "a named pipe
+ * (FIFO)", "a character device", "a block device", "a socket", "a symbolic link" (an
+ * lstat's), else "not a file". */
+const char *ts_file_kind(unsigned int mode);
 
 /* An output written whole or not at all: the bytes go to "PATH.tmp.PID" in the same
  * directory; ts_atomic_commit checks every write, flushes, fsyncs, closes and renames
