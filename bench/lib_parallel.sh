@@ -14,6 +14,15 @@ bench_setup() {
   fi
 }
 
+# model FLOPs per token: 6 per parameter in a matmul (wte counts once: the tied head's
+# GEMM; wpe is a lookup) plus attention's QK^T and PV, forward and backward, counted
+# over the full T x T as PaLM/nanoGPT do: 12 * L * T * C.
+flops_per_token() { # L C V T: the model FLOPs of one token of a GPT-2 step
+  awk -v L="$1" -v C="$2" -v V="$3" -v T="$4" 'BEGIN {
+    p = V * C + L * (12 * C * C + 13 * C) + 2 * C;   # every parameter but wpe
+    printf "%.0f", 6 * p + 12 * L * T * C }'
+}
+
 # median of the numbers on stdin (empty input: nothing)
 median() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 

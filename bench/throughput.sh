@@ -30,15 +30,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# model FLOPs per token: 6 per parameter in a matmul (wte counts once: the tied head's
-# GEMM; wpe is a lookup) plus attention's QK^T and PV, forward and backward, counted
-# over the full T x T as PaLM/nanoGPT do: 12 * L * T * C.
-flops_per_token() { # L C V T
-  awk -v L="$1" -v C="$2" -v V="$3" -v T="$4" 'BEGIN {
-    p = V * C + L * (12 * C * C + 13 * C) + 2 * C;   # every parameter but wpe
-    printf "%.0f", 6 * p + 12 * L * T * C }'
-}
-
 sgemm_rate() {
   "$root/build/bench/bench_sgemm" "$threads" --json | grep -o '"sgemm_gflops":[0-9.]*' | cut -d: -f2
 }
