@@ -8,7 +8,9 @@
  * DNNL_VERBOSE=1 names the kernel oneDNN picks; DNNL_MAX_CPU_ISA=AVX512_CORE measures
  * it without the BF16 instructions. */
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -88,10 +90,17 @@ static ts_bf16 *to_bf16(const float *x, size_t n)
 
 int main(int argc, char **argv)
 {
-    int threads = argc > 1 ? atoi(argv[1]) : 2;
-    int N = argc > 2 ? atoi(argv[2]) : 2048;
+    /* Positional THREADS and TOKENS; --json anywhere adds a last line for scripts
+     * (bench/bf16.sh reads the time-weighted rates from it). */
+    int threads = 2, N = 2048, pos = 0;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (pos++ == 0) threads = atoi(argv[i]);
+        else N = atoi(argv[i]);
+    }
     if (threads < 1 || N < 1) {
-        fprintf(stderr, "usage: bench_gemm_bf16 [threads >= 1] [tokens >= 1]\n");
+        fprintf(stderr, "usage: bench_gemm_bf16 [threads >= 1] [tokens >= 1] [--json]\n");
         return 2;
     }
     ts_cpu_set_threads(threads);
@@ -135,5 +144,9 @@ int main(int argc, char **argv)
     printf("%-9s %-8s %6s %6s %6s %12.1f %12.1f %6.2fx  (time-weighted)\n", "all", "", "", "",
            "", flops / t32, flops / t16, t32 / t16);
     printf("reproduce: env -u OPENBLAS_CORETYPE %s %d %d\n", argv[0], threads, N);
+    if (json)
+        printf("{\"threads\": %d, \"tokens\": %d, \"dnnl_isa\": \"%s\", \"sgemm_gflops\": %.1f, "
+               "\"bf16_gflops\": %.1f}\n",
+               threads, N, ts_dnnl_isa(), flops / t32, flops / t16);
     return 0;
 }
