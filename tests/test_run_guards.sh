@@ -249,7 +249,7 @@ D="$TMP/ckinit"
 TS_TEST_INIT_STALL_S=2 "$TESSERA" train "$CFG" "${small[@]}" --set train.steps=2 \
   --set "checkpoint.dir=\"$D\"" --set log.progress=true >"$TMP/init.out" 2>"$TMP/init.err" &
 init=$!
-for _ in $(seq 300); do grep -q 'stalling before MPI_Init' "$TMP/init.err" 2>/dev/null && break; sleep 0.05; done
+for _ in $(seq 300); do grep -q 'stalling before the communication layer starts' "$TMP/init.err" 2>/dev/null && break; sleep 0.05; done
 kill -USR1 "$init"
 wait "$init"
 rc=$?

@@ -14,12 +14,14 @@
 #include "core/watchdog.h"
 
 /* Test hook: TS_TEST_INIT_STALL_S=seconds makes every rank wait that long before
- * MPI_Init, so a test can signal a rank that has not finished starting. */
+ * the communication layer starts, so a test can signal a rank still starting. */
 static void init_stall_for_test(void)
 {
     const char *env = ts_env(TS_ENV_TEST_INIT_STALL_S);
     if (!env) return;
-    fprintf(stderr, "tessera: TS_TEST_INIT_STALL_S=%s: stalling before MPI_Init\n", env);
+    fprintf(stderr, "tessera: TS_TEST_INIT_STALL_S=%s: stalling before the communication "
+                    "layer starts\n",
+            env);
     struct timespec ts = {.tv_sec = atoi(env)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
