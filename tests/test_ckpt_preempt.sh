@@ -164,11 +164,21 @@ stalled() { [ -d "$D/.tmp-step_00000004" ] && grep -q 'stalling mid-save' "$TMP/
 if poll 30 stalled; then
   pass
   pids=$(rank_pids)
-  n_env=0
+  # The ranks are mpirun's tessera children (it may have others); each rank's environment
+  # is read until it answers (a busy machine can leave /proc/PID/environ briefly empty).
+  n_env=0 n_ranks=0
   for p in $pids; do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'TS_TEST_SAVE_STALL_S=30' && n_env=$((n_env + 1))
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tessera ] || continue
+    n_ranks=$((n_ranks + 1))
+    for _ in 1 2 3 4 5; do
+      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'TS_TEST_SAVE_STALL_S=30'; then
+        n_env=$((n_env + 1)); break
+      fi
+      sleep 0.2
+    done
   done
-  [ "$n_env" -eq 4 ] && pass || fail "a: TS_TEST_SAVE_STALL_S reached $n_env of 4 ranks"
+  [ "$n_env" -eq 4 ] && [ "$n_ranks" -eq 4 ] && pass ||
+    fail "a: TS_TEST_SAVE_STALL_S reached $n_env of $n_ranks ranks (4 expected); mpirun's children: $(for p in $pids; do printf '%s:%s ' "$p" "$(cat /proc/$p/comm 2>/dev/null)"; done)"
   victim=$(rank_pid 1)
   if [ -n "$victim" ]; then kill -KILL "$victim"; else fail "a: rank 1 not found"; fi
   # mpirun ends the other ranks (they ignore its SIGTERM mid-save: SIGKILL follows).
