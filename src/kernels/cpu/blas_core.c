@@ -16,7 +16,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
-static uint64_t xgetbv0(void)
+uint64_t ts_cpu_xcr0(void)
 {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -30,7 +30,7 @@ ts_isa ts_cpu_isa(void)
     bool osxsave = c & (1u << 27), avx = c & (1u << 28), fma = c & (1u << 12);
     if (!osxsave || !avx) return TS_ISA_SSE;
     /* The OS must save the YMM (bits 1-2) and, for AVX-512, opmask/ZMM (5-7) state. */
-    uint64_t xcr0 = xgetbv0();
+    uint64_t xcr0 = ts_cpu_xcr0();
     if ((xcr0 & 0x6) != 0x6) return TS_ISA_SSE;
     unsigned b7 = 0, c7 = 0, d7 = 0, a7 = 0;
     if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) return TS_ISA_AVX;

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/kernels.h"
 
@@ -26,6 +27,11 @@ typedef enum {
 
 /* What this CPU runs: cpuid features and the OS's saved register state (XGETBV). */
 ts_isa ts_cpu_isa(void);
+#if defined(__x86_64__) || defined(__i386__)
+/* XCR0 through XGETBV: the register state the OS saves; callers check OSXSAVE first
+ * (ts_cpu_isa, ts_cpu_bf16_supported). */
+uint64_t ts_cpu_xcr0(void);
+#endif
 /* The level of an OpenBLAS core name (case-insensitive); TS_ISA_UNKNOWN if unknown. */
 ts_isa ts_blas_core_isa(const char *core);
 

@@ -1,31 +1,27 @@
 /* The bf16 CPU backend's kernel table, and what the CPU and oneDNN can do for it. The
  * dtype-free slots (memory, ordering, reductions over fp32, the optimizer) are the fp32
  * CPU backend's functions. */
+#if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
 
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
-
-/* XCR0 through XGETBV (the OS's saved register state); the caller checked OSXSAVE. */
-static uint64_t xcr0(void)
-{
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((uint64_t)hi << 32) | lo;
-}
 
 /* AVX512_BF16 (CPUID.(7,1):EAX[5], with AVX512F: Zen 4, Cooper Lake, Sapphire Rapids)
  * or AMX-BF16 (CPUID.(7,0):EDX[22]: Sapphire Rapids and later), and the OS saving the
  * state they need: the ZMM and opmask registers (XCR0 bits 1, 2, 5-7), and for AMX the
  * tile registers (bits 17, 18; Linux then grants them per process on request, which
  * oneDNN makes). */
+#if defined(__x86_64__) || defined(__i386__)
 bool ts_cpu_bf16_supported(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false; /* OSXSAVE */
-    uint64_t x = xcr0();
+    uint64_t x = ts_cpu_xcr0();
     bool zmm_saved = (x & 0xe6) == 0xe6;
     bool tiles_saved = (x & (3u << 17)) == (3u << 17);
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
@@ -34,6 +30,9 @@ bool ts_cpu_bf16_supported(void)
     bool avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
     return (avx512f && avx512_bf16 && zmm_saved) || (amx_bf16 && tiles_saved && zmm_saved);
 }
+#else
+bool ts_cpu_bf16_supported(void) { return false; }
+#endif
 
 /* What oneDNN dispatches to (DNNL_MAX_CPU_ISA may lower it). */
 const char *ts_dnnl_isa(void)
