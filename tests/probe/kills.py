@@ -238,9 +238,19 @@ def two_runs(P):
 
 
 # ---- 1d: SIGKILL at an exact system call (strace -e inject=SYSCALL:signal=KILL:when=N)
+def strace(P, *opts):
+    """strace OPTS as a command prefix. Under --asan without LeakSanitizer, which cannot
+    run in a traced process (it stops with "LeakSanitizer has encountered a fatal
+    error"); AddressSanitizer itself stays on."""
+    pre = []
+    if P.asan:
+        pre = ["env", "ASAN_OPTIONS=" + P.env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"]
+    return pre + ["strace"] + list(opts)
+
+
 def count_syscalls(P, args, calls, out):
-    r = P.run(None, timeout=120, argv=["strace", "-f", "-c", "-o", out, "-e", "trace=" + ",".join(calls),
-                                      P.T] + args)
+    r = P.run(None, timeout=120, argv=strace(P, "-f", "-c", "-o", out, "-e", "trace=" + ",".join(calls))
+              + [P.T] + args)
     counts = {}
     for line in read(out).splitlines():
         f = line.split()
@@ -285,7 +295,7 @@ def injected(P):
         if pre:
             pre()
         p = launch(P, args, 0, out=f"{m}.run",
-                   prefix=["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"inject={sc}:signal=KILL:when={k}"])
+                   prefix=strace(P, "-f", "-qq", "-o", "/dev/null", "-e", f"inject={sc}:signal=KILL:when={k}"))
         rc, secs, to = finish(p, 120)
         fired = rc != 0
         why = [f"{sc} #{k}: {'killed' if fired else 'not reached, run completed'} (rc {rc})"]
@@ -328,7 +338,7 @@ def injected(P):
         a += ["--set", f'checkpoint.load="{ck}/step_00000002"']
         a_resume = kill_model(P, ck, f"{w}/m0.jsonl", steps=4, extra=["checkpoint.keep=4"])
         p = launch(P, a, 0, out=f"{w}/run",
-                   prefix=["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"inject={sc}:signal=KILL:when={k}"])
+                   prefix=strace(P, "-f", "-qq", "-o", "/dev/null", "-e", f"inject={sc}:signal=KILL:when={k}"))
         rc, secs, to = finish(p, 120)
         why = [f"re-save, {sc} #{k}: rc {rc}"]
         ok = not to
