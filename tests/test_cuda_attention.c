@@ -54,7 +54,7 @@ static void expect_close(const char *who, const char *what, ts_dtype t, const vo
                          const float *want, size_t n, double tol)
 {
     float *got = t == TS_DTYPE_BF16 ? ts_bf16_from_dev(G, d, n) : ts_test_from_dev(G, d, n);
-    ts_gpu_expect_close(who, what, got, want, n, tol, 0.1);
+    ts_test_expect_close(who, what, G->name, got, want, n, tol, 0.1);
     free(got);
 }
 

@@ -137,8 +137,8 @@ static void test_residual_layernorm_bf16(int N, int C)
             float *m = ts_test_from_dev(Q, dmean, (size_t)N);
             float *r = ts_test_from_dev(Q, drstd, (size_t)N);
             /* the rounded sum moves the statistics by about bf16's 2^-9 */
-            ts_gpu_expect_close(slot, "mean", m, mean_h, (size_t)N, 1e-2, 0.1);
-            ts_gpu_expect_close(slot, "rstd", r, rstd_h, (size_t)N, 1e-2, 0.1);
+            ts_test_expect_close(slot, "mean", Q->name, m, mean_h, (size_t)N, 1e-2, 0.1);
+            ts_test_expect_close(slot, "rstd", Q->name, r, rstd_h, (size_t)N, 1e-2, 0.1);
             free(m), free(r);
         }
         CHECKF(ts_gpu_dev_same_bytes(Q, dres, ures, bytes) &&

@@ -644,7 +644,7 @@ static void g_free(f32_pair *p)
 static void g_expect(const char *slot, const char *what, const f32_pair *p, double tol)
 {
     float *want = ts_test_from_dev(F, p->ref, p->n), *got = ts_test_from_dev(Q, p->got, p->n);
-    ts_gpu_expect_close(slot, what, got, want, p->n, tol, 0.1);
+    ts_test_expect_close(slot, what, Q->name, got, want, p->n, tol, 0.1);
     free(want), free(got);
 }
 

@@ -54,17 +54,15 @@ static inline int ts_test_dev_same_bits(const ts_kernels *k, const float *d, con
     return same;
 }
 
-/* k's d[0..n) against the host reference want[0..n): the worst relative error must be
- * under tol, with a floor of floor_frac x the largest |want| (values near zero are
- * judged on the output's own scale); an unwritten (NaN) or infinite value is the worst.
- * Prints one line (who, what, the worst error); a failure names the index and both
- * values. */
-static inline void ts_test_expect_close_dev(const ts_kernels *k, const char *who,
-                                            const char *what, const float *d,
-                                            const float *want, size_t n, double tol,
-                                            double floor_frac)
+/* got[0..n) (host floats, from `source`) against the host reference want[0..n): the
+ * worst relative error must be under tol, with a floor of floor_frac x the largest
+ * |want| (values near zero are judged on the output's own scale); an unwritten (NaN) or
+ * infinite value is the worst. Prints one line (who, what, the worst error); a failure
+ * names the index and both values. */
+static inline void ts_test_expect_close(const char *who, const char *what, const char *source,
+                                        const float *got, const float *want, size_t n,
+                                        double tol, double floor_frac)
 {
-    float *got = ts_test_from_dev(k, d, n);
     double maxw = 0.0;
     for (size_t i = 0; i < n; i++)
         if (fabs((double)want[i]) > maxw) maxw = fabs((double)want[i]);
@@ -79,11 +77,22 @@ static inline void ts_test_expect_close_dev(const ts_kernels *k, const char *who
             wi = i;
         }
     }
-    printf("  %-36s %-12s %8zu values  worst rel err %.2e\n", who, what, n, worst);
+    printf("  %-40s %-14s %8zu values  worst rel err %.2e\n", who, what, n, worst);
     CHECKF(worst < tol,
            "%s: output '%s': worst relative error %.3g (tolerance %.0e) at [%zu]: %s %.9g, "
-           "cpu %.9g (floor %.3g, %zu values)",
-           who, what, worst, tol, wi, k->name, (double)got[wi], (double)want[wi], floor_, n);
+           "reference %.9g (floor %.3g, %zu values)",
+           who, what, worst, tol, wi, source, n ? (double)got[wi] : 0.0,
+           n ? (double)want[wi] : 0.0, floor_, n);
+}
+
+/* k's d[0..n) against the host reference want[0..n), as ts_test_expect_close judges. */
+static inline void ts_test_expect_close_dev(const ts_kernels *k, const char *who,
+                                            const char *what, const float *d,
+                                            const float *want, size_t n, double tol,
+                                            double floor_frac)
+{
+    float *got = ts_test_from_dev(k, d, n);
+    ts_test_expect_close(who, what, k->name, got, want, n, tol, floor_frac);
     free(got);
 }
 

@@ -78,42 +78,13 @@ static inline float *ts_bf16_from_dev(const ts_kernels *k, const void *d, size_t
     return x;
 }
 
-/* got[0..n) (host floats) against want[0..n): the worst relative error under tol, with a
- * floor of floor_frac x the largest |want|; NaN or inf is the worst. One line printed;
- * a failure names the index and both values. */
-static inline void ts_gpu_expect_close(const char *who, const char *what, const float *got,
-                                       const float *want, size_t n, double tol,
-                                       double floor_frac)
-{
-    double maxw = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs((double)want[i]) > maxw) maxw = fabs((double)want[i]);
-    double floor_ = maxw > 0.0 ? floor_frac * maxw : 1e-30;
-    double worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = ts_rel_err((double)got[i], (double)want[i], floor_);
-        if (isnan(e) || isinf(e)) e = INFINITY;
-        if (e > worst) {
-            worst = e;
-            wi = i;
-        }
-    }
-    printf("  %-40s %-14s %8zu values  worst rel err %.2e\n", who, what, n, worst);
-    CHECKF(worst < tol,
-           "%s: output '%s': worst relative error %.3g (tolerance %.0e) at [%zu]: got %.9g, "
-           "want %.9g (floor %.3g, %zu values)",
-           who, what, worst, tol, wi, n ? (double)got[wi] : 0.0, n ? (double)want[wi] : 0.0,
-           floor_, n);
-}
-
 /* k's bf16 d[0..n) against the fp32 reference want[0..n). */
 static inline void ts_bf16_expect_close(const ts_kernels *k, const char *who, const char *what,
                                         const void *d, const float *want, size_t n, double tol,
                                         double floor_frac)
 {
     float *got = ts_bf16_from_dev(k, d, n);
-    ts_gpu_expect_close(who, what, got, want, n, tol, floor_frac);
+    ts_test_expect_close(who, what, k->name, got, want, n, tol, floor_frac);
     free(got);
 }
 
