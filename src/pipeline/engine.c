@@ -44,6 +44,8 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->T = cfg->model.seq_len;
     e->N = e->B * e->T;
     e->C = cfg->model.n_embd;
+    e->act = model->k->act_dtype;
+    e->nc_bytes = (size_t)e->N * e->C * ts_dtype_bytes(e->act);
     int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
     e->recompute = recompute >= 0 ? (ts_recompute)recompute : TS_RECOMPUTE_NONE;
 
@@ -76,9 +78,8 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
             e->local_chunks[e->n_local++] = c;
         }
     }
-    const size_t NC = (size_t)e->N * e->C;
     const ts_kernels *k = model->k;
-    const size_t NCB = NC * ts_dtype_bytes(k->act_dtype), NI = (size_t)e->N * sizeof(int);
+    const size_t NCB = e->nc_bytes, NI = (size_t)e->N * sizeof(int);
     e->loss_acc = k->dev_alloc(2 * sizeof(double));
     e->tokens_host = ts_calloc((size_t)e->N, sizeof(int));
     e->targets_host = ts_calloc((size_t)e->N, sizeof(int));
@@ -277,11 +278,10 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
 
     if (c < e->n_chunks - 1) {
         void *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
-        const size_t NC = (size_t)e->N * e->C;
         if (is_local(e, c + 1))
-            e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, NC * ts_dtype_bytes(e->model->k->act_dtype));
+            e->model->k->memcpy_d2d(slot(e, c + 1, mb)->in, y, e->nc_bytes);
         else if (s->out) /* the activations may go before the exchange sends them: a copy */
-            e->model->k->memcpy_d2d(s->out, y, NC * ts_dtype_bytes(e->model->k->act_dtype));
+            e->model->k->memcpy_d2d(s->out, y, e->nc_bytes);
     }
     if (recomputes(e, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
@@ -313,7 +313,6 @@ static void chunk_backward_done(ts_engine *e, int c)
 static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind kind)
 {
     ts_mb_slot *s = slot(e, c, mb);
-    const size_t NC = (size_t)e->N * e->C;
     if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
         wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(c + 1, e->pp.size));
     ts_watchdog_context(k_running[kind], c, mb, 0);
@@ -324,7 +323,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
             forward(e, step, c, mb, s, true);
         }
         if (c < e->n_chunks - 1 && is_local(e, c + 1))
-            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, NC * ts_dtype_bytes(e->model->k->act_dtype));
+            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, e->nc_bytes);
         if (kind == TS_ACT_B) {
             /* The chunk's last backward of the step: each layer's gradients are final
              * as soon as the backward leaves it, so report per layer (the dp all-reduce
@@ -358,17 +357,17 @@ static void issue_op(ts_engine *e, const ts_xchg_op *op)
     if (op->kind == TS_XCHG_RECV) {
         ts_mb_slot *s = slot(e, op->chunk, op->mb);
         if (op->dir == TS_XCHG_ACT)
-            ts_irecv_act(&e->pp, s->in, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->recv_in);
+            ts_irecv_act(&e->pp, s->in, NC, e->act, op->peer, PP_TAG, &s->recv_in);
         else
-            ts_irecv_act(&e->pp, s->dx, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->recv_dy);
+            ts_irecv_act(&e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->recv_dy);
     } else if (op->dir == TS_XCHG_ACT) { /* F(chunk - 1)'s output */
         const int c = op->chunk - 1;
         ts_mb_slot *s = slot(e, c, op->mb);
         const void *y = s->out ? s->out : ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
-        ts_isend_act(&e->pp, y, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->send_out);
+        ts_isend_act(&e->pp, y, NC, e->act, op->peer, PP_TAG, &s->send_out);
     } else { /* B/I(chunk + 1)'s input gradient */
         ts_mb_slot *s = slot(e, op->chunk + 1, op->mb);
-        ts_isend_act(&e->pp, s->dx, NC, e->model->k->act_dtype, op->peer, PP_TAG, &s->send_dx);
+        ts_isend_act(&e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->send_dx);
     }
 }
 
@@ -475,7 +474,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                     /* One-call groups: NCCL point-to-point is posted inside a group
                      * (no-ops for MPI). */
                     ts_comm_group_begin(&e->pp);
-                    ts_irecv_act(&e->pp, s->in, NC, e->model->k->act_dtype, from, PP_TAG, &r);
+                    ts_irecv_act(&e->pp, s->in, NC, e->act, from, PP_TAG, &r);
                     ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: receiving the input of chunk %d, windows "
                                         "from %d, from world rank %d",
@@ -503,7 +502,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                     ts_request r;
                     const int to = ts_chunk_rank(c + 1, e->pp.size);
                     ts_comm_group_begin(&e->pp);
-                    ts_isend_act(&e->pp, y, NC, e->model->k->act_dtype, to, PP_TAG, &r);
+                    ts_isend_act(&e->pp, y, NC, e->act, to, PP_TAG, &r);
                     ts_comm_group_end(&e->pp);
                     ts_watchdog_context("validation: sending the output of chunk %d, windows "
                                         "from %d, to world rank %d",
@@ -515,7 +514,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             ts_mb_slot tmp = {.acts = a};
             if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
                 /* The next chunk is ours: copy before releasing. */
-                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, NC * ts_dtype_bytes(e->model->k->act_dtype));
+                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, e->nc_bytes);
                 prev_out = slot(e, c + 1, 0)->in;
             }
             release_acts(e, c, &tmp);

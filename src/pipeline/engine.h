@@ -44,6 +44,8 @@ typedef struct {
     int *pp_world;          /* [pp.size] world rank of each pipeline rank (watchdog messages) */
     int pp_rank, dp, dp_rank;
     int n_chunks, m, B, T, N, C;
+    ts_dtype act;           /* the activations' element type (the model's kernels) */
+    size_t nc_bytes;        /* bytes of one [N, C] message: a chunk's input or its gradient */
     ts_recompute recompute;
 
     ts_xchg xchg;           /* the step's transfers, in order (exchange.h) */

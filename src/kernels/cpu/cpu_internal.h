@@ -87,7 +87,6 @@ ts_event ts_cpu_event_record(ts_stream s);
 void ts_cpu_event_wait(ts_event e);
 size_t ts_cpu_attention_saved_bytes(int B, int T, int NH, int HS);
 size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS);
-void ts_cpu_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
 
 void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
                               int HS);

@@ -1,7 +1,6 @@
 /* The CPU backend's memory, ordering and size queries: device memory is host memory,
  * copies are memcpy, streams and events are no-ops (every call completes before it
  * returns). */
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,39 +65,4 @@ size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS)
 {
     (void)HS;
     return (size_t)B * NH * T * T * sizeof(float);
-}
-
-/* Round to nearest even on the 16 bits dropped; a NaN keeps its sign and stays a
- * (quiet) NaN, where the rounding carry could have turned a small payload into Inf. */
-static inline uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-void ts_cpu_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n)
-{
-    if (dst_type == src_type) {
-        memmove(dst, src, n * ts_dtype_bytes(dst_type));
-    } else if (dst_type == TS_DTYPE_BF16) {
-        uint16_t *d = dst;
-        const float *s = src;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(s[i]);
-    } else {
-        float *d = dst;
-        const uint16_t *s = src;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
-    }
 }

@@ -1,4 +1,5 @@
 /* The CPU backend's kernel table. */
+#include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
 
 const ts_kernels ts_kernels_cpu = {
@@ -17,7 +18,7 @@ const ts_kernels ts_kernels_cpu = {
     .memcpy_d2h = ts_cpu_memcpy,
     .memcpy_d2d = ts_cpu_memcpy,
     .memset_zero = ts_cpu_memset_zero,
-    .convert = ts_cpu_convert,
+    .convert = ts_cpu_bf16_convert, /* the one fp32 <-> bf16 rounding (bf16.h) */
     .sum_into = ts_cpu_sum_into,
     .sum_squares_into = ts_cpu_sum_squares_into,
     .stream_create = ts_cpu_stream_create,
