@@ -14,11 +14,51 @@
 #define TS_MAX_CHUNKS 1024
 
 typedef struct {
-    char arch[16];              /* "gpt2" */
+    char arch[16];              /* "gpt2" | "llama" (docs/CONTRACT.md "Model") */
     int n_layer, n_head, n_embd;
     int vocab_size, seq_len;
+    int n_kv_head;              /* key/value heads (GQA); n_head for gpt2 and multi-head */
+    int ffn_hidden;             /* MLP hidden width: 4*n_embd (gpt2), SwiGLU's (llama) */
+    double norm_eps;            /* LayerNorm (gpt2, fixed 1e-5) / RMSNorm (llama) epsilon */
+    bool tie_embeddings;        /* LM head = token embedding (gpt2: true; llama: false) */
+    /* Rotary embeddings (llama; 0 for gpt2): base, and Llama 3.1's frequency scaling
+     * (rope_scaling = factor, 0 = none; the low/high frequency factors and the original
+     * context it was trained on). */
+    double rope_theta;
+    double rope_scaling, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_context;
     char init[TS_PATH_MAX];     /* "" = random init from train.seed; else safetensors */
 } ts_model_config;
+
+/* The architecture of a model config: the layer list is the same (embedding, blocks,
+ * head); the blocks and the head differ (model/model.h). */
+typedef enum { TS_ARCH_GPT2, TS_ARCH_LLAMA } ts_arch;
+static inline ts_arch ts_model_arch(const ts_model_config *m)
+{
+    return m->arch[0] == 'l' ? TS_ARCH_LLAMA : TS_ARCH_GPT2;
+}
+/* The defaults an architecture brings (applied after ts_config_defaults when model.arch
+ * names it, before the file's and --set's keys are read): llama unties the LM head and
+ * sets rope_theta 500000 (Llama 3), RMSNorm eps 1e-5. */
+void ts_config_arch_defaults(ts_model_config *m, const char *arch);
+/* After loading: n_kv_head 0 -> n_head; ffn_hidden 0 -> the architecture's default
+ * (gpt2: 4*n_embd; llama: Meta's 2/3 of 4*n_embd rounded up to a multiple of 256). */
+void ts_config_resolve_model(ts_model_config *m);
+/* n_kv_head and ffn_hidden as resolved (also for a config built in code, which may
+ * leave them 0). */
+static inline int ts_model_kv_heads(const ts_model_config *m)
+{
+    return m->n_kv_head > 0 ? m->n_kv_head : m->n_head;
+}
+static inline int ts_model_ffn(const ts_model_config *m)
+{
+    if (m->ffn_hidden > 0) return m->ffn_hidden;
+    if (ts_model_arch(m) == TS_ARCH_LLAMA) {
+        long long h = 2LL * 4 * m->n_embd / 3;
+        return (int)((h + 255) / 256 * 256);
+    }
+    return 4 * m->n_embd;
+}
 
 typedef struct {
     int pp, dp, tp;

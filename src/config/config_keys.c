@@ -29,6 +29,15 @@ void ts_config_defaults(ts_config *cfg)
     m->n_embd = 128;
     m->vocab_size = 256;
     m->seq_len = 64;
+    m->n_kv_head = 0; /* = n_head */
+    m->ffn_hidden = 0; /* the architecture's */
+    m->norm_eps = 1e-5;
+    m->tie_embeddings = true;
+    m->rope_theta = 0.0; /* gpt2: no rotary embedding */
+    m->rope_scaling = 0.0;
+    m->rope_low_freq_factor = 1.0;
+    m->rope_high_freq_factor = 4.0;
+    m->rope_original_context = 8192;
 
     ts_parallel_config *p = &cfg->parallel;
     p->pp = p->dp = p->tp = 1;
@@ -83,6 +92,20 @@ void ts_config_defaults(ts_config *cfg)
     cfg->log.progress = true;
 }
 
+void ts_config_arch_defaults(ts_model_config *m, const char *arch)
+{
+    if (strcmp(arch, "llama") != 0) return;
+    m->tie_embeddings = false;
+    m->rope_theta = 500000.0;
+    m->norm_eps = 1e-5;
+}
+
+void ts_config_resolve_model(ts_model_config *m)
+{
+    m->n_kv_head = ts_model_kv_heads(m);
+    m->ffn_hidden = ts_model_ffn(m);
+}
+
 /* ------------------------------------------------------------ the key table -- */
 
 #define OFF(field) offsetof(ts_config, field)
@@ -102,6 +125,16 @@ const key_spec ts_config_keys[] = {
     INT_KEY("model", "n_embd", model.n_embd, 1, 1 << 20),
     INT_KEY("model", "vocab_size", model.vocab_size, 2, (double)(1 << 24)),
     INT_KEY("model", "seq_len", model.seq_len, 1, 1 << 20),
+    INT_KEY("model", "n_kv_head", model.n_kv_head, 0, 1 << 16),
+    INT_KEY("model", "ffn_hidden", model.ffn_hidden, 0, 1 << 24),
+    FLOAT_KEY("model", "norm_eps", model.norm_eps, 0, true, 1, false),
+    BOOL_KEY("model", "tie_embeddings", model.tie_embeddings),
+    FLOAT_KEY("model", "rope_theta", model.rope_theta, 0, false, 1e12, false),
+    FLOAT_KEY("model", "rope_scaling", model.rope_scaling, 0, false, 1e6, false),
+    FLOAT_KEY("model", "rope_low_freq_factor", model.rope_low_freq_factor, 0, true, 1e6, false),
+    FLOAT_KEY("model", "rope_high_freq_factor", model.rope_high_freq_factor, 0, true, 1e6,
+              false),
+    INT_KEY("model", "rope_original_context", model.rope_original_context, 1, 1 << 24),
     STR_KEY("model", "init", model.init, NULL),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),

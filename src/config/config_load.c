@@ -736,10 +736,17 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
     g_main_path = path;
     if (path) st = read_file(&lc, path);
     for (int i = 0; i < n_overrides && st == TS_OK; i++) st = apply_override(&lc, overrides[i]);
-    if (st == TS_OK) st = read_tree(config_root_setting(&lc), cfg);
+    if (st == TS_OK) {
+        /* The architecture's defaults first, so the file's keys override them. */
+        const char *arch = NULL;
+        if (config_lookup_string(&lc, "model.arch", &arch) == CONFIG_TRUE)
+            ts_config_arch_defaults(&cfg->model, arch);
+        st = read_tree(config_root_setting(&lc), cfg);
+    }
     g_main_path = NULL;
     config_destroy(&lc);
     if (st != TS_OK) return st;
     if (cfg->parallel.dp == 0 && (st = resolve_auto_dp(cfg, world_size)) != TS_OK) return st;
+    ts_config_resolve_model(&cfg->model);
     return ts_config_validate(cfg, world_size);
 }

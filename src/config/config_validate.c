@@ -33,9 +33,10 @@ static void join_quoted(char *buf, size_t cap, const char *const *list, int n)
 ts_status ts_config_check_arch(const key_spec *k, const ts_config *cfg, const char *where)
 {
     (void)k;
-    if (strcmp(cfg->model.arch, "gpt2") == 0) return TS_OK;
-    return ts_fail("config key 'model.arch' = \"%s\"%s is not supported; the only "
-                   "architecture is \"gpt2\"",
+    if (strcmp(cfg->model.arch, "gpt2") == 0 || strcmp(cfg->model.arch, "llama") == 0)
+        return TS_OK;
+    return ts_fail("config key 'model.arch' = \"%s\"%s is not supported; the "
+                   "architectures are \"gpt2\" and \"llama\"",
                    cfg->model.arch, where);
 }
 
@@ -449,6 +450,55 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("model.n_head = %d must divide by parallel.tp = %d (each "
                        "tensor-parallel rank holds n_head/tp heads); change n_head or tp",
                        m->n_head, p->tp);
+    if (m->n_kv_head < 0 || m->n_kv_head > m->n_head)
+        return ts_fail("model.n_kv_head = %d must be between 1 and model.n_head = %d", m->n_kv_head,
+                       m->n_head);
+    const int kv = ts_model_kv_heads(m), ffn = ts_model_ffn(m);
+    if (ts_model_arch(m) == TS_ARCH_GPT2) {
+        /* The keys of the other architecture are refused, never ignored. */
+        if (kv != m->n_head)
+            return ts_fail("model.n_kv_head = %d: grouped-query attention is a llama feature; "
+                           "gpt2 has n_kv_head = n_head = %d (remove the key or set "
+                           "model.arch = \"llama\")",
+                           m->n_kv_head, m->n_head);
+        if (m->norm_eps != 1e-5)
+            return ts_fail("model.norm_eps = %g: gpt2's LayerNorm uses eps 1e-5 (GPT-2 and "
+                           "nanoGPT); remove the key or set model.arch = \"llama\"",
+                           m->norm_eps);
+        if (m->rope_theta != 0.0 || m->rope_scaling != 0.0)
+            return ts_fail("model.%s is set, but gpt2 has learned position embeddings, not "
+                           "rotary ones; remove it or set model.arch = \"llama\"",
+                           m->rope_theta != 0.0 ? "rope_theta" : "rope_scaling");
+    } else {
+        if (m->rope_theta <= 0.0)
+            return ts_fail("model.rope_theta = %g: llama's rotary embeddings need a base > 0 "
+                           "(500000 for Llama 3, 10000 for Llama 2)",
+                           m->rope_theta);
+        if ((m->n_embd / m->n_head) % 2 != 0)
+            return ts_fail("model.n_embd / model.n_head = %d: rotary embeddings rotate pairs "
+                           "of channels, so the head dimension must be even",
+                           m->n_embd / m->n_head);
+        if (m->n_head % kv != 0)
+            return ts_fail("model.n_head = %d must divide by model.n_kv_head = %d (each "
+                           "key/value head serves n_head/n_kv_head query heads)",
+                           m->n_head, kv);
+        if (kv % p->tp != 0 && p->tp % kv != 0)
+            return ts_fail("model.n_kv_head = %d and parallel.tp = %d: the key/value heads "
+                           "split over the tensor-parallel ranks (n_kv_head %% tp == 0) or each "
+                           "is replicated on tp/n_kv_head ranks (tp %% n_kv_head == 0); "
+                           "change n_kv_head or tp",
+                           kv, p->tp);
+        if (m->rope_scaling != 0.0 &&
+            (m->rope_scaling < 1.0 || m->rope_high_freq_factor <= m->rope_low_freq_factor))
+            return ts_fail("model.rope_scaling = %g with rope_low_freq_factor = %g and "
+                           "rope_high_freq_factor = %g: Llama 3.1's scaling needs a factor "
+                           ">= 1 and high_freq_factor > low_freq_factor (Llama 3.1: 8, 1, 4)",
+                           m->rope_scaling, m->rope_low_freq_factor, m->rope_high_freq_factor);
+    }
+    if (ffn % p->tp != 0)
+        return ts_fail("model.ffn_hidden = %d must divide by parallel.tp = %d (each "
+                       "tensor-parallel rank holds ffn_hidden/tp MLP columns)",
+                       ffn, p->tp);
     /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
      * as long as every tensor-parallel rank gets at least one row. */
     if (m->vocab_size < p->tp)

@@ -13,7 +13,8 @@
     X(gelu_forward) X(gelu_backward) X(residual_forward) X(residual_layernorm_forward)     \
     X(crossentropy_forward_backward) X(adamw_update) X(adamw_update_spans) X(sum_squares)  \
     X(vocab_embed_forward) X(vocab_embed_backward) X(xent_vp_stats) X(xent_vp_sumexp)      \
-    X(xent_vp_finish)
+    X(xent_vp_finish) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_rmsnorm_forward)    \
+    X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)
 
 const char *ts_kernels_missing(const ts_kernels *k)
 {

@@ -125,10 +125,12 @@ typedef struct ts_kernels {
     size_t (*attention_saved_bytes)(int B, int T, int NH, int HS);
     size_t (*attention_scratch_bytes)(int B, int T, int NH, int HS);
 
-    /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C]. */
+    /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C];
+     * wpe NULL: no position embedding (llama: rotary embeddings instead). */
     void (*encoder_forward)(void *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);
-    /* dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:]. */
+    /* dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:] (dwpe NULL:
+     * none). */
     void (*encoder_backward)(float *dwte, float *dwpe, const void *dout, const int *tokens,
                              int B, int T, int C);
 
@@ -141,6 +143,41 @@ typedef struct ts_kernels {
                                const void *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C);
 
+    /* RMSNorm over the last axis (llama; Zhang & Sennrich 2019, Hugging Face's
+     * LlamaRMSNorm): out = inp * rstd * weight with rstd[n] = 1/sqrt(mean_c(inp[n,c]^2) +
+     * eps), in fp32; rstd [N] is saved for backward. No bias, no mean. */
+    void (*rmsnorm_forward)(void *out, float *rstd, const void *inp, const float *weight, int N,
+                            int C, float eps);
+    /* dinp += ..., dweight += ... (dinp ACCUMULATES, as layernorm_backward's). */
+    void (*rmsnorm_backward)(void *dinp, float *dweight, const void *dout, const void *inp,
+                             const float *weight, const float *rstd, int N, int C);
+    /* residual_forward then rmsnorm_forward in one pass over the rows (res_out may alias
+     * a or b); the same bits as the two calls. */
+    void (*residual_rmsnorm_forward)(void *res_out, void *norm_out, float *rstd, const void *a,
+                                     const void *b, const float *weight, int N, int C,
+                                     float eps);
+
+    /* Rotary position embeddings (RoPE) in Hugging Face's form, in place on the NH query
+     * and NKV key heads of qkv [B,T,(NH+2*NKV)*HS] (the value heads are untouched): for
+     * channel i < HS/2 of a head at position t, with c = cos[t*HS/2 + i] and
+     * s = sin[t*HS/2 + i] (tables [T, HS/2] in fp32, the model's),
+     *   x[i]' = x[i] c - x[i+HS/2] s,   x[i+HS/2]' = x[i+HS/2] c + x[i] s
+     * (x*cos + rotate_half(x)*sin, rotate_half(x) = cat(-x[HS/2:], x[:HS/2])). */
+    void (*rope_forward)(void *qkv, const float *cos, const float *sin, int B, int T, int NH,
+                         int NKV, int HS);
+    /* The backward, in place on the q and k heads of dqkv: the inverse rotation
+     * (dx[i] = d[i] c + d[i+HS/2] s, dx[i+HS/2] = d[i+HS/2] c - d[i] s). */
+    void (*rope_backward)(void *dqkv, const float *cos, const float *sin, int B, int T, int NH,
+                          int NKV, int HS);
+
+    /* SwiGLU (llama's MLP between its gate/up and down projections): inp [N, 2F] holds
+     * each row's gate columns then its up columns; out[N,F] = silu(gate) * up with
+     * silu(x) = x * sigmoid(x), in fp32. */
+    void (*swiglu_forward)(void *out, const void *inp, int N, int F);
+    /* dinp [N, 2F] = the gradients of gate and up (overwritten; dinp does not alias
+     * inp or dout). */
+    void (*swiglu_backward)(void *dinp, const void *inp, const void *dout, int N, int F);
+
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL; fp32, added
      * before the one rounding to act_dtype). */
     void (*matmul_forward)(void *out, const void *inp, const void *weight, const float *bias,
@@ -151,17 +188,21 @@ typedef struct ts_kernels {
     void (*matmul_backward)(void *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *weight, int N, int C, int OC);
 
-    /* Causal multi-head attention. qkv [B,T,3*NH*HS] in nanoGPT order (all q heads, then
-     * all k heads, then all v heads, head h at columns h*HS..h*HS+HS of its third).
-     * out [B,T,NH*HS] (heads concatenated). att receives the backend's saved state
+    /* Causal multi-head attention with NKV key/value heads (grouped-query attention:
+     * NH % NKV == 0, query head h reads key/value head h / (NH/NKV); NKV == NH is
+     * multi-head, 1 multi-query). qkv [B,T,(NH+2*NKV)*HS]: each row holds the NH q heads,
+     * then the NKV k heads, then the NKV v heads, head h of a part at columns
+     * h*HS..h*HS+HS of it (nanoGPT's order when NKV == NH). out [B,T,NH*HS] (heads
+     * concatenated). att receives the backend's saved state
      * (attention_saved_bytes: the softmax probabilities [B,NH,T,T], zero above the
      * diagonal, or a flash kernel's log-sum-exp), kept for backward. Scale 1/sqrt(HS).
      * Per-call fp32 workspace (a few rows of scores per thread) is the backend's own. */
     void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH,
-                              int HS);
-    /* dqkv [B,T,3*NH*HS] = gradient of the above; scratch: attention_scratch_bytes. */
+                              int NKV, int HS);
+    /* dqkv [B,T,(NH+2*NKV)*HS] = gradient of the above (a key/value head's gradient sums
+     * over its query heads); scratch: attention_scratch_bytes. */
     void (*attention_backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                               const void *att, int B, int T, int NH, int HS);
+                               const void *att, int B, int T, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation. */
     void (*gelu_forward)(void *out, const void *inp, size_t n);

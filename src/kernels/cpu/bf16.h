@@ -69,8 +69,9 @@ static inline void ts_f32_to_bf16_array(ts_bf16 *dst, const float *src, size_t n
         _mm256_mask_storeu_epi16((void *)(dst + i), m, (__m256i)h);
     }
 #else
+    /* An OpenMP simd loop must declare its own index. */
 #pragma omp simd
-    for (; i < n; i++) dst[i] = ts_f32_to_bf16(src[i]);
+    for (size_t j = i; j < n; j++) dst[j] = ts_f32_to_bf16(src[j]);
 #endif
 }
 

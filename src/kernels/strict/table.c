@@ -49,12 +49,37 @@
             const void *weight, int N, int C, int OC),                                     \
            (dinp, dweight, dbias, dout, inp, weight, N, C, OC))                            \
     STRICT(P, K, attention_forward,                                                        \
-           (void *out, void *att, const void *qkv, int B, int T, int NH, int HS),           \
-           (out, att, qkv, B, T, NH, HS))                                                  \
+           (void *out, void *att, const void *qkv, int B, int T, int NH, int NKV, int HS),  \
+           (out, att, qkv, B, T, NH, NKV, HS))                                             \
     STRICT(P, K, attention_backward,                                                       \
            (void *dqkv, void *scratch, const void *dout, const void *qkv, const void *att,   \
-            int B, int T, int NH, int HS),                                                 \
-           (dqkv, scratch, dout, qkv, att, B, T, NH, HS))                                  \
+            int B, int T, int NH, int NKV, int HS),                                        \
+           (dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS))                             \
+    STRICT(P, K, rmsnorm_forward,                                                          \
+           (void *out, float *rstd, const void *inp, const float *weight, int N, int C,     \
+            float eps),                                                                    \
+           (out, rstd, inp, weight, N, C, eps))                                            \
+    STRICT(P, K, rmsnorm_backward,                                                         \
+           (void *dinp, float *dweight, const void *dout, const void *inp,                  \
+            const float *weight, const float *rstd, int N, int C),                         \
+           (dinp, dweight, dout, inp, weight, rstd, N, C))                                 \
+    STRICT(P, K, residual_rmsnorm_forward,                                                 \
+           (void *res_out, void *norm_out, float *rstd, const void *a, const void *b,       \
+            const float *weight, int N, int C, float eps),                                 \
+           (res_out, norm_out, rstd, a, b, weight, N, C, eps))                             \
+    STRICT(P, K, rope_forward,                                                             \
+           (void *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,   \
+            int HS),                                                                       \
+           (qkv, cos, sin, B, T, NH, NKV, HS))                                             \
+    STRICT(P, K, rope_backward,                                                            \
+           (void *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,  \
+            int HS),                                                                       \
+           (dqkv, cos, sin, B, T, NH, NKV, HS))                                            \
+    STRICT(P, K, swiglu_forward, (void *out, const void *inp, int N, int F),               \
+           (out, inp, N, F))                                                               \
+    STRICT(P, K, swiglu_backward,                                                          \
+           (void *dinp, const void *inp, const void *dout, int N, int F),                  \
+           (dinp, inp, dout, N, F))                                                        \
     STRICT(P, K, gelu_forward, (void *out, const void *inp, size_t n), (out, inp, n))      \
     STRICT(P, K, gelu_backward, (void *dinp, const void *inp, const void *dout, size_t n), \
            (dinp, inp, dout, n))                                                           \
@@ -135,6 +160,10 @@
         .sum_squares = P##sum_squares, .vocab_embed_forward = P##vocab_embed_forward,      \
         .vocab_embed_backward = P##vocab_embed_backward, .xent_vp_stats = P##xent_vp_stats, \
         .xent_vp_sumexp = P##xent_vp_sumexp, .xent_vp_finish = P##xent_vp_finish,          \
+        .rmsnorm_forward = P##rmsnorm_forward, .rmsnorm_backward = P##rmsnorm_backward,    \
+        .residual_rmsnorm_forward = P##residual_rmsnorm_forward,                           \
+        .rope_forward = P##rope_forward, .rope_backward = P##rope_backward,                \
+        .swiglu_forward = P##swiglu_forward, .swiglu_backward = P##swiglu_backward,        \
     }
 
 STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
