@@ -70,4 +70,15 @@ if [ ! -e "$TMP/again.bin" ]; then pass; else fail "T12: an output was written";
 # No refusal left a temporary file; a good run still writes the shard.
 if ls "$TMP" | grep -q '\.tmp\.'; then fail "temporary files left: $(ls "$TMP")"; else pass; fi
 if "$TESSERA" data "$TMP/val.txt" "$TMP/val2.bin" | grep -q "wrote .*val2.bin: 65 tokens"; then pass; else fail "data"; fi
+# Llama 3's shard format (--format llama3): magic 20240801, version 7, uint32 ids, and
+# it trains as the GPT-2 shard of the same bytes does; a format that is none is a usage
+# error, and nothing is written.
+if "$TESSERA" data "$TMP/val.txt" "$TMP/val32.bin" --format llama3 | grep -q "wrote .*val32.bin: 65 tokens"; then pass; else fail "data --format llama3"; fi
+size=$(stat -c %s "$TMP/val32.bin")
+hdr=$(od -An -t d4 -N 12 "$TMP/val32.bin" | tr -s ' ')
+if [ "$size" -eq $((1024 + 4 * 65)) ] && [ "$hdr" = " 20240801 7 65" ]; then pass; else fail "llama3 shard: $size bytes, header '$hdr'"; fi
+"$TESSERA" data "$TMP/corpus.txt" "$TMP/train32.bin" --format=llama3 >/dev/null
+expect_ok 1 "${base[@]}" --set "data.train=\"$TMP/train32.bin\""
+expect_error 0 --rc 2 "--format must be gpt2 or llama3, not 'uint32'" data "$TMP/val.txt" "$TMP/bad.bin" --format uint32
+if [ ! -e "$TMP/bad.bin" ]; then pass; else fail "--format uint32: an output was written"; fi
 finish

@@ -136,7 +136,7 @@ static void test_loader_text(void)
     ts_data_close(&ds);
 
     /* ... and `tessera data` turns it into the same tokens as a shard. */
-    CHECK(ts_data_write_text_shard(tpath, spath) == TS_OK);
+    CHECK(ts_data_write_text_shard(tpath, spath, TS_SHARD_AUTO) == TS_OK);
     const char *p2[] = {spath};
     CHECK(ts_data_open(&ds, p2, 1, 256) == TS_OK);
     CHECK(!ds.shards[0].is_text && ds.n_tokens == n);
@@ -157,9 +157,9 @@ static void test_loader_text(void)
     char e[512];
     path_in(e, sizeof e, "empty.txt");
     write_bytes(e, "", 0);
-    CHECK(ts_data_write_text_shard(e, spath) == TS_ERR && contains(ts_error_message(), "empty"));
+    CHECK(ts_data_write_text_shard(e, spath, TS_SHARD_AUTO) == TS_ERR && contains(ts_error_message(), "empty"));
     path_in(e, sizeof e, "missing.txt");
-    CHECK(ts_data_write_text_shard(e, spath) == TS_ERR &&
+    CHECK(ts_data_write_text_shard(e, spath, TS_SHARD_AUTO) == TS_ERR &&
           contains(ts_error_message(), "No such file"));
 }
 
@@ -284,9 +284,17 @@ static void test_loader_errors(void)
     path_in(p, sizeof p, "be.bin");
     write_raw_shard(p, (int32_t)__builtin_bswap32(20240520), 1, 10, 10);
     expect_reject(p, 256, "big-endian");
+    path_in(p, sizeof p, "llama3be.bin");
+    write_raw_shard(p, (int32_t)__builtin_bswap32(20240801), 7, 10, 10);
+    expect_reject(p, 256, "magic 20240801 in big-endian");
+    /* A Llama-3 header over uint16 tokens is the wrong size; a GPT-2 version is wrong. */
     path_in(p, sizeof p, "llama3.bin");
     write_raw_shard(p, 20240801, 7, 10, 10);
-    expect_reject(p, 256, "Llama-3");
+    expect_reject(p, 256, "is truncated: header says 10 tokens (1064 bytes) but the file has "
+                          "1044 bytes");
+    write_raw_shard(p, 20240801, 1, 10, 20);
+    expect_reject(p, 256, "shard version 1, expected 7 (an llm.c Llama-3 shard with uint32 "
+                          "tokens");
     /* Size mismatch both ways. */
     path_in(p, sizeof p, "trunc.bin");
     write_raw_shard(p, 20240520, 1, 100, 90);
@@ -430,7 +438,7 @@ static void test_loader_write_refusals(void)
     /* T15: an output that exists and is not a regular file stays what it is. */
     path_in(p, sizeof p, "fifo");
     CHECK(mkfifo(p, 0600) == 0);
-    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, p, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "is a pipe, not a regular file"), "%s", ts_error_message());
     CHECK(ts_data_write_shard(p, tok, 4) == TS_ERR);
     struct stat sb;
@@ -438,37 +446,37 @@ static void test_loader_write_refusals(void)
     unlink(p);
     path_in(p, sizeof p, "adir");
     CHECK(mkdir(p, 0700) == 0);
-    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, p, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "is a directory, not a regular file"), "%s",
            ts_error_message());
 
     /* T16: a directory given with a trailing slash; a path through a file. */
     snprintf(q, sizeof q, "%s/", p);
-    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, q, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "ends in '/'"), "%s", ts_error_message());
     rmdir(p);
     snprintf(q, sizeof q, "%s/x.bin", text);
-    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, q, TS_SHARD_AUTO) == TS_ERR);
     snprintf(p, sizeof p, "%s is a file, not a directory", text);
     CHECKF(contains(ts_error_message(), p), "%s", ts_error_message());
     path_in(q, sizeof q, "no_such_dir/sub/x.bin");
-    CHECK(ts_data_write_text_shard(text, q) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, q, TS_SHARD_AUTO) == TS_ERR);
     path_in(p, sizeof p, "no_such_dir");
     CHECKF(contains(ts_error_message(), p) && contains(ts_error_message(), "does not exist"),
            "%s", ts_error_message());
     CHECK(access(p, F_OK) != 0); /* nothing created */
 
     /* T13: the output is the input (same path, or another name for the same inode). */
-    CHECK(ts_data_write_text_shard(text, text) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, text, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "same file"), "%s", ts_error_message());
     path_in(p, sizeof p, "w_link.txt");
     CHECK(link(text, p) == 0);
-    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, p, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "same file"), "%s", ts_error_message());
     unlink(p);
     path_in(p, sizeof p, "w_sym.txt");
     CHECK(symlink(text, p) == 0);
-    CHECK(ts_data_write_text_shard(text, p) == TS_ERR);
+    CHECK(ts_data_write_text_shard(text, p, TS_SHARD_AUTO) == TS_ERR);
     unlink(p);
     {
         char back[64] = {0};
@@ -482,16 +490,144 @@ static void test_loader_write_refusals(void)
     path_in(p, sizeof p, "already.bin");
     CHECK(ts_data_write_shard(p, tok, 4) == TS_OK);
     path_in(out, sizeof out, "again.bin");
-    CHECK(ts_data_write_text_shard(p, out) == TS_ERR);
+    CHECK(ts_data_write_text_shard(p, out, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "already an llm.c token shard (magic 20240520, 4 tokens)"),
            "%s", ts_error_message());
     CHECK(access(out, F_OK) != 0);
 
     /* A regular output is replaced whole, and every refusal left no temp file. */
     write_bytes(out, "old", 3);
-    CHECKF(ts_data_write_text_shard(text, out) == TS_OK, "%s", ts_error_message());
+    CHECKF(ts_data_write_text_shard(text, out, TS_SHARD_AUTO) == TS_OK, "%s", ts_error_message());
     CHECK(stat(out, &sb) == 0 && (size_t)sb.st_size == 1024 + 2 * strlen(body));
     CHECK(no_temp_files());
+}
+
+/* A raw Llama-3 shard: header [20240801, 7, count], then the given uint32 ids. */
+static void write_raw_shard32(const char *path, const uint32_t *tok, size_t ntok)
+{
+    size_t n = 1024 + 4 * ntok;
+    unsigned char *buf = calloc(1, n);
+    const int32_t hdr[3] = {20240801, 7, (int32_t)ntok};
+    memcpy(buf, hdr, sizeof hdr);
+    if (ntok) memcpy(buf + 1024, tok, 4 * ntok);
+    write_bytes(path, buf, n);
+    free(buf);
+}
+
+/* Llama 3's shards: uint32 ids beyond 65535 written (automatic above a 65536-token
+ * vocabulary, or asked for) and read back exactly, also in one stream with a GPT-2
+ * shard; every id is held to the vocabulary on writing and on reading. */
+static void test_loader_uint32_shards(void)
+{
+    enum { N = 1000, V = 128256 };
+    uint32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint32_t)(((uint64_t)i * 104729u + 65530u) % V);
+    tok[3] = V - 1;
+    tok[4] = 65536;
+    char path[512], g2[512];
+    path_in(path, sizeof path, "l3.bin");
+    CHECKF(ts_data_write_tokens(path, tok, N, V, TS_SHARD_AUTO) == TS_OK, "%s", ts_error_message());
+
+    /* Header and size as llm.c's Llama 3 writer makes them. */
+    FILE *fp = fopen(path, "rb");
+    int32_t hdr[256];
+    CHECK(fp && fread(hdr, 4, 256, fp) == 256);
+    CHECK(hdr[0] == 20240801 && hdr[1] == 7 && hdr[2] == N);
+    uint32_t first[5];
+    CHECK(fread(first, 4, 5, fp) == 5 && first[3] == V - 1 && first[4] == 65536);
+    fseek(fp, 0, SEEK_END);
+    CHECK(ftell(fp) == 1024 + 4 * N);
+    fclose(fp);
+
+    ts_dataset ds;
+    const char *one[] = {path};
+    CHECKF(ts_data_open(&ds, one, 1, V) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.n_tokens == N && ds.shards[0].token_bytes == 4 && !ds.shards[0].is_text);
+    int in[16], tg[16], good = 1, wide = 0;
+    for (uint64_t k = 0; k < ts_data_num_windows(&ds, 16); k++) {
+        ts_data_window(&ds, k, 16, in, tg);
+        for (int j = 0; j < 16; j++) {
+            good &= in[j] == (int)tok[k * 16 + j] && tg[j] == (int)tok[k * 16 + j + 1];
+            wide += in[j] >= 65536;
+        }
+    }
+    CHECK(good);
+    CHECKF(wide > 100, "only %d ids >= 65536 read", wide); /* the test reads wide ids */
+    ts_data_close(&ds);
+
+    /* A GPT-2 shard then the Llama-3 one: one stream across the two widths. */
+    uint16_t small[10];
+    for (int i = 0; i < 10; i++) small[i] = (uint16_t)(60000 + i);
+    path_in(g2, sizeof g2, "g2.bin");
+    CHECK(ts_data_write_shard(g2, small, 10) == TS_OK);
+    const char *two[] = {g2, path};
+    CHECKF(ts_data_open(&ds, two, 2, V) == TS_OK, "%s", ts_error_message());
+    CHECK(ds.n_tokens == 10 + N);
+    ts_data_window(&ds, 0, 16, in, tg);
+    CHECK(in[9] == 60009 && in[10] == (int)tok[0] && tg[9] == (int)tok[0] && in[13] == V - 1);
+    ts_data_close(&ds);
+
+    /* Reading with a smaller vocabulary: the first id too large, by file and position. */
+    expect_reject(path, 100000, "token 128255 at position 3 is >= vocab_size 100000");
+    /* An id no vocabulary has (the top bit set: no int holds it). */
+    uint32_t bad[4] = {1, 2, 0xffffffffu, 3};
+    path_in(path, sizeof path, "l3bad.bin");
+    write_raw_shard32(path, bad, 4);
+    expect_reject(path, V, "token 4294967295 at position 2 is >= vocab_size 128256");
+    /* A Llama-3 header over too few bytes. */
+    {
+        unsigned char buf[1024 + 8] = {0};
+        const int32_t h[3] = {20240801, 7, 4};
+        memcpy(buf, h, sizeof h);
+        write_bytes(path, buf, sizeof buf);
+        expect_reject(path, V, "is truncated: header says 4 tokens (1040 bytes) but the file "
+                               "has 1032 bytes");
+    }
+
+    /* Writing: an id >= vocab_size is refused by position, nothing is written. */
+    path_in(path, sizeof path, "l3refused.bin");
+    tok[7] = V;
+    ts_error_clear();
+    CHECK(ts_data_write_tokens(path, tok, N, V, TS_SHARD_AUTO) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "token 128256 at position 7 is >= vocab_size 128256"),
+           "%s", ts_error_message());
+    tok[7] = 5;
+    /* GPT-2's format cannot hold an id >= 65536. */
+    ts_error_clear();
+    CHECK(ts_data_write_tokens(path, tok, N, V, TS_SHARD_GPT2) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "token 128255 at position 3 does not fit a GPT-2 "
+                                        "shard's uint16 ids"),
+           "%s", ts_error_message());
+    CHECK(access(path, F_OK) != 0);
+    /* AUTO with a vocabulary that fits 16 bits writes GPT-2's format. */
+    uint32_t few[3] = {1, 65535, 7};
+    CHECK(ts_data_write_tokens(path, few, 3, 65536, TS_SHARD_AUTO) == TS_OK);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0 && sb.st_size == 1024 + 2 * 3);
+    CHECK(ts_data_write_tokens(path, few, 3, 65536, TS_SHARD_LLAMA3) == TS_OK);
+    CHECK(stat(path, &sb) == 0 && sb.st_size == 1024 + 4 * 3);
+
+    /* `tessera data --format llama3`: a text's bytes as uint32 ids. */
+    char text[512];
+    path_in(text, sizeof text, "l3.txt");
+    write_bytes(text, "hello, llama", 12);
+    path_in(path, sizeof path, "l3text.bin");
+    CHECKF(ts_data_write_text_shard(text, path, TS_SHARD_LLAMA3) == TS_OK, "%s", ts_error_message());
+    CHECK(stat(path, &sb) == 0 && sb.st_size == 1024 + 4 * 12);
+    one[0] = path;
+    CHECKF(ts_data_open(&ds, one, 1, 256) == TS_OK, "%s", ts_error_message());
+    ts_data_window(&ds, 0, 11, in, tg);
+    CHECK(in[0] == 'h' && in[7] == 'l' && tg[10] == 'a');
+    ts_data_close(&ds);
+    /* ... and such a shard is no text to tokenize again. */
+    path_in(g2, sizeof g2, "l3again.bin");
+    CHECK(ts_data_write_text_shard(path, g2, TS_SHARD_AUTO) == TS_ERR);
+    CHECKF(contains(ts_error_message(), "already an llm.c token shard (magic 20240801, 12 tokens)"),
+           "%s", ts_error_message());
+    ts_shard_format f;
+    CHECK(ts_shard_format_parse("llama3", &f) && f == TS_SHARD_LLAMA3);
+    CHECK(ts_shard_format_parse("gpt2", &f) && f == TS_SHARD_GPT2);
+    CHECK(!ts_shard_format_parse("uint32", &f));
 }
 
 int main(void)
@@ -504,6 +640,7 @@ int main(void)
     test_loader_errors();
     test_loader_text_or_shard();
     test_loader_write_refusals();
+    test_loader_uint32_shards();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

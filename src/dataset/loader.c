@@ -24,7 +24,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
-#define LLAMA3_MAGIC 20240801
 #define TEXT_SNIFF_BYTES 4096 /* how much of a file the text test looks at */
 
 static int32_t read_i32(const unsigned char *p)
@@ -125,45 +124,49 @@ static ts_status not_text_error(const ts_shard *s, int named_bin, int64_t nul)
                    "shard of it with `tessera data TEXT OUT.bin`", s->path, head, why);
 }
 
-/* Decide shard or text and set is_text/count; checks the shard header and size.
- * A file that does not start with the shard magic is text only if it looks like text:
- * no NUL byte in its first 4 KiB and not named *.bin (llm.c's name for shards). A file
- * shorter than a shard header cannot be a damaged shard and is read as bytes (unless
- * named *.bin). */
+/* Decide shard or text and set is_text/token_bytes/count; checks the shard header and
+ * size. A file that does not start with a shard magic (GPT-2's or Llama 3's) is text
+ * only if it looks like text: no NUL byte in its first 4 KiB and not named *.bin
+ * (llm.c's name for shards). A file shorter than a shard header cannot be a damaged
+ * shard and is read as bytes (unless named *.bin). */
 static ts_status classify(ts_shard *s)
 {
     const char *path = s->path;
     uint64_t size = s->map_bytes;
     int32_t magic = size >= 4 ? read_i32(s->map) : 0;
-    if (magic != TS_SHARD_MAGIC) {
-        if (size >= 4 && bswap32((uint32_t)magic) == (uint32_t)TS_SHARD_MAGIC)
+    const int wide = magic == TS_SHARD32_MAGIC;
+    if (magic != TS_SHARD_MAGIC && !wide) {
+        const uint32_t swapped = bswap32((uint32_t)magic);
+        if (size >= 4 && (swapped == (uint32_t)TS_SHARD_MAGIC ||
+                          swapped == (uint32_t)TS_SHARD32_MAGIC))
             return ts_fail("data file %s starts with the llm.c shard magic %d in big-endian "
                            "byte order; shards must be little-endian (rewrite it with "
-                           "`tessera data` or llm.c's writer)", path, TS_SHARD_MAGIC);
-        if (size >= 4 && (magic == LLAMA3_MAGIC ||
-                          bswap32((uint32_t)magic) == (uint32_t)LLAMA3_MAGIC))
-            return ts_fail("data file %s is a Llama-3 token shard (magic %d, uint32 tokens), "
-                           "which tessera does not read; use a GPT-2 shard (magic %d) or a "
-                           "text file", path, LLAMA3_MAGIC, TS_SHARD_MAGIC);
+                           "`tessera data` or llm.c's writer)", path, (int32_t)swapped);
         int named_bin = ends_with_bin(path);
         int64_t nul = size >= SHARD_HEADER_BYTES || named_bin ? first_nul(s) : -1;
         if (named_bin || nul >= 0) return not_text_error(s, named_bin, nul);
         s->is_text = 1;
+        s->token_bytes = 1;
         s->count = size;
         return TS_OK;
     }
+    /* GPT-2's uint16 shard or Llama 3's uint32 one: the same header, another width. */
+    const char *kind = wide ? "Llama-3" : "GPT-2";
+    const int32_t want_version = wide ? TS_SHARD32_VERSION : TS_SHARD_VERSION;
+    const uint64_t width = wide ? 4 : 2;
     if (size < SHARD_HEADER_BYTES)
-        return ts_fail("data file %s is truncated: it starts with the shard magic %d but has "
+        return ts_fail("data file %s is truncated: it starts with the %s shard magic %d but has "
                        "only %" PRIu64 " bytes, less than the %d-byte header",
-                       path, TS_SHARD_MAGIC, size, SHARD_HEADER_BYTES);
+                       path, kind, magic, size, SHARD_HEADER_BYTES);
     int32_t version = read_i32(s->map + 4);
     int32_t count = read_i32(s->map + 8);
-    if (version != TS_SHARD_VERSION)
-        return ts_fail("data file %s: shard version %d, expected %d (an llm.c GPT-2 shard "
-                       "with uint16 tokens)", path, version, TS_SHARD_VERSION);
+    if (version != want_version)
+        return ts_fail("data file %s: shard version %d, expected %d (an llm.c %s shard with "
+                       "%s tokens, magic %d)", path, version, want_version, kind,
+                       wide ? "uint32" : "uint16", magic);
     if (count < 0)
         return ts_fail("data file %s: shard header has a negative token count %d", path, count);
-    uint64_t want = SHARD_HEADER_BYTES + 2 * (uint64_t)count;
+    uint64_t want = SHARD_HEADER_BYTES + width * (uint64_t)count;
     if (size < want)
         return ts_fail("data file %s is truncated: header says %d tokens (%" PRIu64
                        " bytes) but the file has %" PRIu64 " bytes", path, count, want, size);
@@ -172,26 +175,39 @@ static ts_status classify(ts_shard *s)
                        "tokens (%" PRIu64 " bytes) but the file has %" PRIu64 " bytes",
                        path, size - want, count, want, size);
     s->is_text = 0;
+    s->token_bytes = (int)width;
     s->count = (uint64_t)count;
     return TS_OK;
 }
 
-static inline int shard_token(const ts_shard *s, uint64_t i)
+/* Token i of a file as stored (a uint32 shard may hold ids no int can: check_tokens
+ * compares them as they are). */
+static inline uint32_t shard_token_raw(const ts_shard *s, uint64_t i)
 {
-    if (s->is_text) return s->map[i];
-    uint16_t v;
-    memcpy(&v, s->map + SHARD_HEADER_BYTES + 2 * i, 2);
+    if (s->token_bytes == 1) return s->map[i];
+    if (s->token_bytes == 2) {
+        uint16_t v;
+        memcpy(&v, s->map + SHARD_HEADER_BYTES + 2 * i, 2);
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, s->map + SHARD_HEADER_BYTES + 4 * i, 4);
     return v;
 }
+
+/* Token i once check_tokens has passed: below vocab_size, so an int. */
+static inline int shard_token(const ts_shard *s, uint64_t i) { return (int)shard_token_raw(s, i); }
 
 /* One pass over the tokens: every id must be < vocab_size. */
 static ts_status check_tokens(const ts_shard *s, int vocab_size)
 {
-    if (vocab_size >= 65536 || (s->is_text && vocab_size >= 256)) return TS_OK;
+    /* Nothing to check where no id the file can hold reaches vocab_size. */
+    if ((s->token_bytes == 2 && vocab_size >= 65536) || (s->is_text && vocab_size >= 256))
+        return TS_OK;
     for (uint64_t i = 0; i < s->count; i++) {
-        int tok = shard_token(s, i);
-        if (tok >= vocab_size)
-            return ts_fail("data file %s: token %d at position %" PRIu64 " is >= vocab_size "
+        uint32_t tok = shard_token_raw(s, i);
+        if (tok >= (uint32_t)vocab_size)
+            return ts_fail("data file %s: token %" PRIu32 " at position %" PRIu64 " is >= vocab_size "
                            "%d (is model.vocab_size right for this data?)%s",
                            s->path, tok, i, vocab_size,
                            s->is_text ? " (a text file's tokens are its bytes, 0..255)" : "");
@@ -351,22 +367,59 @@ static ts_status check_out_path(const char *path)
     return ts_check_output_path(path, OUT_WHAT);
 }
 
-ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count)
+/* The shard's header and `count` tokens of `width` bytes each, written whole or not at
+ * all. */
+static ts_status write_shard(const char *out_path, const void *tokens, uint64_t count, int width)
 {
     if (count > (uint64_t)INT32_MAX)
         return ts_fail("cannot write %s: %" PRIu64 " tokens is more than a shard can hold "
                        "(%d); split the data into several shards", out_path, count, INT32_MAX);
     if (check_out_path(out_path) != TS_OK) return TS_ERR;
     int32_t header[SHARD_HEADER_INTS] = {0};
-    header[0] = TS_SHARD_MAGIC;
-    header[1] = TS_SHARD_VERSION;
+    header[0] = width == 4 ? TS_SHARD32_MAGIC : TS_SHARD_MAGIC;
+    header[1] = width == 4 ? TS_SHARD32_VERSION : TS_SHARD_VERSION;
     header[2] = (int32_t)count;
     ts_atomic_file af;
     if (ts_atomic_open(&af, out_path, OUT_WHAT) != TS_OK) return TS_ERR;
     /* A failed write sets the stream's error flag, which the commit reports. */
     fwrite(header, 1, sizeof header, af.f);
-    if (count > 0) fwrite(tokens, 2, (size_t)count, af.f);
+    if (count > 0) fwrite(tokens, (size_t)width, (size_t)count, af.f);
     return ts_atomic_commit(&af);
+}
+
+ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count)
+{
+    return write_shard(out_path, tokens, count, 2);
+}
+
+int ts_shard_format_parse(const char *name, ts_shard_format *fmt)
+{
+    if (strcmp(name, "gpt2") == 0) *fmt = TS_SHARD_GPT2;
+    else if (strcmp(name, "llama3") == 0) *fmt = TS_SHARD_LLAMA3;
+    else return 0;
+    return 1;
+}
+
+ts_status ts_data_write_tokens(const char *out_path, const uint32_t *tokens, uint64_t count,
+                               int vocab_size, ts_shard_format fmt)
+{
+    if (vocab_size < 1) return ts_fail("cannot write %s: vocab_size %d must be positive", out_path, vocab_size);
+    if (fmt == TS_SHARD_AUTO) fmt = vocab_size > 65536 ? TS_SHARD_LLAMA3 : TS_SHARD_GPT2;
+    for (uint64_t i = 0; i < count; i++) {
+        if (tokens[i] >= (uint32_t)vocab_size)
+            return ts_fail("cannot write %s: token %" PRIu32 " at position %" PRIu64
+                           " is >= vocab_size %d", out_path, tokens[i], i, vocab_size);
+        if (fmt == TS_SHARD_GPT2 && tokens[i] > 65535)
+            return ts_fail("cannot write %s: token %" PRIu32 " at position %" PRIu64
+                           " does not fit a GPT-2 shard's uint16 ids; write the Llama-3 format "
+                           "(uint32 ids, `--format llama3`)", out_path, tokens[i], i);
+    }
+    if (fmt == TS_SHARD_LLAMA3) return write_shard(out_path, tokens, count, 4);
+    uint16_t *narrow = ts_malloc((size_t)(count ? count : 1) * sizeof *narrow);
+    for (uint64_t i = 0; i < count; i++) narrow[i] = (uint16_t)tokens[i];
+    ts_status st = write_shard(out_path, narrow, count, 2);
+    free(narrow);
+    return st;
 }
 
 /* Refuse to tokenize a file that already is a token shard: its header and uint16
@@ -376,15 +429,15 @@ static ts_status check_not_shard(const char *text_path, const unsigned char *byt
 {
     if (size < 4) return TS_OK;
     uint32_t m = (uint32_t)read_i32(bytes);
-    if (m == (uint32_t)TS_SHARD_MAGIC && size >= 12)
+    if ((m == (uint32_t)TS_SHARD_MAGIC || m == (uint32_t)TS_SHARD32_MAGIC) && size >= 12)
         return ts_fail("text file %s is already an llm.c token shard (magic %d, %d tokens): "
                        "use it as data.train as it is, or give `tessera data` the text it was "
-                       "made from", text_path, TS_SHARD_MAGIC, read_i32(bytes + 8));
+                       "made from", text_path, (int32_t)m, read_i32(bytes + 8));
     if (m == (uint32_t)TS_SHARD_MAGIC || bswap32(m) == (uint32_t)TS_SHARD_MAGIC ||
-        m == (uint32_t)LLAMA3_MAGIC || bswap32(m) == (uint32_t)LLAMA3_MAGIC)
+        m == (uint32_t)TS_SHARD32_MAGIC || bswap32(m) == (uint32_t)TS_SHARD32_MAGIC)
         return ts_fail("text file %s starts with a token-shard magic (%d or %d), so it is a "
                        "shard, not text; give `tessera data` the text it was made from",
-                       text_path, TS_SHARD_MAGIC, LLAMA3_MAGIC);
+                       text_path, TS_SHARD_MAGIC, TS_SHARD32_MAGIC);
     return TS_OK;
 }
 
@@ -433,7 +486,8 @@ static ts_status read_text(const char *text_path, unsigned char **out, uint64_t 
     return TS_OK;
 }
 
-ts_status ts_data_write_text_shard(const char *text_path, const char *out_path)
+ts_status ts_data_write_text_shard(const char *text_path, const char *out_path,
+                                   ts_shard_format fmt)
 {
     /* Every refusal comes before anything is written. */
     if (check_out_path(out_path) != TS_OK) return TS_ERR;
@@ -451,10 +505,10 @@ ts_status ts_data_write_text_shard(const char *text_path, const char *out_path)
         free(bytes);
         return s;
     }
-    uint16_t *tokens = ts_malloc((size_t)size * sizeof(uint16_t));
+    uint32_t *tokens = ts_malloc((size_t)size * sizeof(uint32_t));
     for (uint64_t i = 0; i < size; i++) tokens[i] = bytes[i];
     free(bytes);
-    s = ts_data_write_shard(out_path, tokens, size);
+    s = ts_data_write_tokens(out_path, tokens, size, 256, fmt);
     free(tokens);
     return s;
 }

@@ -1,5 +1,6 @@
-/* Token data: llm.c shards (256 x int32 header [20240520, 1, count], then count
- * uint16 tokens, file size exactly 1024 + 2*count) or plain text files read as bytes
+/* Token data: llm.c shards, GPT-2's (256 x int32 header [20240520, 1, count], then
+ * count uint16 tokens, file size exactly 1024 + 2*count) or Llama 3's ([20240801, 7,
+ * count], uint32 tokens, 1024 + 4*count bytes), or plain text files read as bytes
  * (vocab 256). Several files are read in order as one token stream. The batch rule
  * (docs/CONTRACT.md) maps (step, dp rank, micro-batch) to windows of that stream, so the
  * data a step sees does not depend on the grid. */
@@ -10,12 +11,19 @@
 
 #include "core/error.h"
 
-#define TS_SHARD_MAGIC 20240520
+#define TS_SHARD_MAGIC 20240520   /* GPT-2: uint16 tokens */
 #define TS_SHARD_VERSION 1
+#define TS_SHARD32_MAGIC 20240801 /* Llama 3: uint32 tokens */
+#define TS_SHARD32_VERSION 7
+
+/* The token format of a shard to write: GPT-2's uint16 or Llama 3's uint32; AUTO picks
+ * uint32 when the vocabulary does not fit in 16 bits (vocab_size > 65536). */
+typedef enum { TS_SHARD_AUTO, TS_SHARD_GPT2, TS_SHARD_LLAMA3 } ts_shard_format;
 
 typedef struct {
     char *path;
     int is_text;
+    int token_bytes;           /* 1 (text), 2 (GPT-2 shard) or 4 (Llama 3 shard) */
     const unsigned char *map;  /* mmap of the whole file */
     uint64_t map_bytes;
     uint64_t first_token;      /* position of this file's first token in the stream */
@@ -58,14 +66,25 @@ void ts_data_window(const ts_dataset *ds, uint64_t k, int T, int *inputs, int *t
 void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, int dp,
                         int dp_rank, int micro_batch, int mb, int T, int *inputs, int *targets);
 
-/* `tessera data`: a text file's bytes as tokens into an llm.c shard (atomic: temp file,
- * fsync, rename). Refused before anything is written: an output that exists and is not
- * a regular file, whose directory is missing or not a directory, or that is the input
- * file itself (same device and inode); an input that is already a token shard. */
-ts_status ts_data_write_text_shard(const char *text_path, const char *out_path);
+/* `tessera data`: a text file's bytes as tokens (vocab 256) into an llm.c shard of
+ * format `fmt` (AUTO: GPT-2's) (atomic: temp file, fsync, rename). Refused before
+ * anything is written: an output that exists and is not a regular file, whose directory
+ * is missing or not a directory, or that is the input file itself (same device and
+ * inode); an input that is already a token shard. */
+ts_status ts_data_write_text_shard(const char *text_path, const char *out_path,
+                                   ts_shard_format fmt);
 
-/* Write tokens as an llm.c shard (atomic, via ts_atomic_file; the output path is
- * checked as for ts_data_write_text_shard). Tokens must be < 65536. */
+/* Write tokens as a GPT-2 llm.c shard (atomic, via ts_atomic_file; the output path is
+ * checked as for ts_data_write_text_shard). */
 ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count);
+
+/* Write token ids of a vocabulary of vocab_size as an llm.c shard of format `fmt` (AUTO:
+ * Llama 3's uint32 when vocab_size > 65536, else GPT-2's uint16), atomic and checked as
+ * ts_data_write_shard. Every id must be < vocab_size, and < 65536 for GPT-2's format;
+ * the message names the first that is not and its position. */
+ts_status ts_data_write_tokens(const char *out_path, const uint32_t *tokens, uint64_t count,
+                               int vocab_size, ts_shard_format fmt);
+/* The format of a name, "gpt2" or "llama3" (0: not one). */
+int ts_shard_format_parse(const char *name, ts_shard_format *fmt);
 
 #endif
