@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
 #include "test_util.h"
 
@@ -66,6 +67,162 @@ static void test_model_keys(void)
            "%s", ts_error_message());
 }
 
+/* A llama state's own keys: read with their types and held to llama's relations; a
+ * gpt2 state without them (every checkpoint older than llama) takes gpt2's defaults. */
+static json_t *llama_state(void)
+{
+    json_t *s = state_with(2, 4, 128, 256, 64);
+    json_t *m = json_object_get(json_object_get(s, "config"), "model");
+    json_object_set_new(m, "arch", json_string("llama"));
+    json_object_set_new(m, "n_kv_head", json_integer(2));
+    json_object_set_new(m, "ffn_hidden", json_integer(320));
+    json_object_set_new(m, "norm_eps", json_real(1e-6));
+    json_object_set_new(m, "tie_embeddings", json_true());
+    json_object_set_new(m, "rope_theta", json_real(500000.0));
+    json_object_set_new(m, "rope_scaling", json_real(8.0));
+    return s;
+}
+
+static void set_model_key(json_t *s, const char *key, json_t *v)
+{
+    json_object_set_new(json_object_get(json_object_get(s, "config"), "model"), key, v);
+}
+
+static void test_llama_model_keys(void)
+{
+    ts_ckpt_reader r;
+    const char *step = write_state(llama_state());
+    ts_error_clear();
+    CHECKF(ts_ckpt_reader_open(&r, step) == TS_ERR && strstr(ts_error_message(), "\"files\""),
+           "%s", ts_error_message());
+    json_t *s = llama_state();
+    set_model_key(s, "n_kv_head", json_integer(3));
+    expect_model_refused(s, "n_kv_head");
+    s = llama_state();
+    set_model_key(s, "rope_theta", json_real(0.0));
+    expect_model_refused(s, "rope_theta");
+    s = llama_state();
+    set_model_key(s, "tie_embeddings", json_string("yes"));
+    step = write_state(s);
+    ts_error_clear();
+    CHECKF(ts_ckpt_reader_open(&r, step) == TS_ERR &&
+               strstr(ts_error_message(), "config.model.tie_embeddings is not true or false") &&
+               r.verdict == TS_CKPT_BAD_STATE,
+           "%s", ts_error_message());
+    s = llama_state();
+    set_model_key(s, "arch", json_string("bert"));
+    step = write_state(s);
+    ts_error_clear();
+    CHECKF(ts_ckpt_reader_open(&r, step) == TS_ERR &&
+               strstr(ts_error_message(), "config.model.arch is not"),
+           "%s", ts_error_message());
+    /* gpt2 refuses llama's keys as a config file does. */
+    s = state_with(2, 4, 128, 256, 64);
+    set_model_key(s, "rope_theta", json_real(10000.0));
+    expect_model_refused(s, "rope_theta");
+}
+
+/* A llama model as a config file would give it. */
+static ts_model_config llama_config(void)
+{
+    ts_config c;
+    ts_config_defaults(&c);
+    snprintf(c.model.arch, sizeof c.model.arch, "llama");
+    ts_config_arch_defaults(&c.model, "llama");
+    c.model.n_layer = 3;
+    c.model.n_head = 8;
+    c.model.n_kv_head = 2;
+    c.model.n_embd = 256;
+    c.model.vocab_size = 128256;
+    c.model.seq_len = 512;
+    c.model.norm_eps = 1e-5;
+    ts_config_resolve_model(&c.model);
+    return c.model;
+}
+
+static void expect_int(json_t *o, const char *key, long long want)
+{
+    json_t *v = json_object_get(o, key);
+    CHECKF(json_is_integer(v) && json_integer_value(v) == want, "%s: want %lld", key, want);
+}
+
+static void expect_real(json_t *o, const char *key, double want)
+{
+    json_t *v = json_object_get(o, key);
+    CHECKF(json_is_real(v) && json_real_value(v) == want, "%s: want %.17g", key, want);
+}
+
+static void expect_str(json_t *o, const char *key, const char *want)
+{
+    const char *v = json_string_value(json_object_get(o, key));
+    CHECKF(v && !strcmp(v, want), "%s: want \"%s\", got %s", key, want, v ? v : "(none)");
+}
+
+/* config.json: what transformers.LlamaConfig.from_pretrained reads, parsed back. */
+static void test_hf_config_json(void)
+{
+    ts_model_config mc = llama_config();
+    char *text = ts_ckpt_hf_config_json(&mc);
+    CHECK(text != NULL);
+    json_error_t err;
+    json_t *o = text ? json_loads(text, 0, &err) : NULL;
+    CHECKF(json_is_object(o), "%s", text ? text : "(null)");
+    json_t *archs = json_object_get(o, "architectures");
+    CHECK(json_is_array(archs) && json_array_size(archs) == 1 &&
+          !strcmp(json_string_value(json_array_get(archs, 0)), "LlamaForCausalLM"));
+    expect_str(o, "model_type", "llama");
+    expect_int(o, "hidden_size", 256);
+    expect_int(o, "intermediate_size", 768); /* 2/3 of 4C, rounded up to 256 */
+    expect_int(o, "num_hidden_layers", 3);
+    expect_int(o, "num_attention_heads", 8);
+    expect_int(o, "num_key_value_heads", 2);
+    expect_int(o, "head_dim", 32);
+    expect_int(o, "vocab_size", 128256);
+    expect_int(o, "max_position_embeddings", 512);
+    expect_real(o, "rms_norm_eps", 1e-5);
+    expect_real(o, "rope_theta", 500000.0);
+    CHECK(json_is_null(json_object_get(o, "rope_scaling")));
+    CHECK(json_is_false(json_object_get(o, "tie_word_embeddings")));
+    expect_str(o, "hidden_act", "silu");
+    CHECK(json_is_false(json_object_get(o, "attention_bias")));
+    CHECK(json_is_false(json_object_get(o, "mlp_bias")));
+    expect_str(o, "torch_dtype", "float32");
+    /* Written as people write them, and exact. */
+    CHECKF(text && strstr(text, "\"rms_norm_eps\": 1e-5,") &&
+               strstr(text, "\"rope_theta\": 500000.0"),
+           "%s", text ? text : "");
+    json_decref(o);
+    free(text);
+
+    /* Llama 3.1's scaling, a tied head and explicit sizes. */
+    mc.rope_scaling = 8.0;
+    mc.rope_low_freq_factor = 1.0;
+    mc.rope_high_freq_factor = 4.0;
+    mc.rope_original_context = 8192;
+    mc.tie_embeddings = true;
+    mc.ffn_hidden = 1000;
+    mc.norm_eps = 1e-6;
+    text = ts_ckpt_hf_config_json(&mc);
+    o = json_loads(text, 0, &err);
+    json_t *rs = json_object_get(o, "rope_scaling");
+    CHECK(json_is_object(rs));
+    expect_str(rs, "rope_type", "llama3");
+    expect_real(rs, "factor", 8.0);
+    expect_real(rs, "low_freq_factor", 1.0);
+    expect_real(rs, "high_freq_factor", 4.0);
+    expect_int(rs, "original_max_position_embeddings", 8192);
+    CHECK(json_is_true(json_object_get(o, "tie_word_embeddings")));
+    expect_int(o, "intermediate_size", 1000);
+    expect_real(o, "rms_norm_eps", 1e-6);
+    json_decref(o);
+    free(text);
+
+    /* gpt2 has none: its tensors are nanoGPT's, not transformers' GPT-2 layout. */
+    ts_config c;
+    ts_config_defaults(&c);
+    CHECK(ts_ckpt_hf_config_json(&c.model) == NULL);
+}
+
 /* A recorded schedule must be whole (the reader gets past it to the file list); the
  * values it holds are checked where a resume compares them (test_run_guards.sh). */
 static void test_lr_schedule(void)
@@ -93,6 +250,8 @@ int main(void)
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_ckpt_state");
     test_model_keys();
     test_lr_schedule();
+    test_llama_model_keys();
+    test_hf_config_json();
     char step[256];
     snprintf(step, sizeof step, "%s/step_00000000", g_dir);
     ts_test_remove_dir(step);

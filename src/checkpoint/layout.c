@@ -145,6 +145,50 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L)
     return text;
 }
 
+json_t *ts_ckpt_hf_config(const ts_model_config *mc)
+{
+    if (ts_model_arch(mc) != TS_ARCH_LLAMA) return NULL;
+    json_t *scaling = json_null();
+    if (mc->rope_scaling != 0.0)
+        scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
+                            mc->rope_scaling, "low_freq_factor", mc->rope_low_freq_factor,
+                            "high_freq_factor", mc->rope_high_freq_factor,
+                            "original_max_position_embeddings", mc->rope_original_context);
+    json_t *root = json_pack(
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:o, s:b, s:s, s:b, "
+        "s:b, s:f, s:s}",
+        "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size", mc->n_embd,
+        "intermediate_size", ts_model_ffn(mc), "num_hidden_layers", mc->n_layer,
+        "num_attention_heads", mc->n_head, "num_key_value_heads", ts_model_kv_heads(mc),
+        "head_dim", mc->n_embd / mc->n_head, "vocab_size", mc->vocab_size,
+        "max_position_embeddings", mc->seq_len, "rms_norm_eps", mc->norm_eps, "rope_theta",
+        mc->rope_theta, "rope_scaling", scaling, "tie_word_embeddings", (int)mc->tie_embeddings,
+        "hidden_act", "silu", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,
+        "torch_dtype", "float32");
+    TS_ASSERT(root != NULL);
+    return root;
+}
+
+char *ts_ckpt_hf_config_json(const ts_model_config *mc)
+{
+    json_t *root = ts_ckpt_hf_config(mc);
+    if (!root) return NULL;
+    /* Reals as people write them (1e-05, not 1.0000000000000001e-05) where 15 digits
+     * read back exactly, else 17, which always do. */
+    const size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER;
+    char *text = json_dumps(root, flags | JSON_REAL_PRECISION(15));
+    TS_ASSERT(text != NULL);
+    json_t *back = json_loads(text, 0, NULL);
+    if (!json_equal(back, root)) {
+        free(text);
+        text = json_dumps(root, flags | JSON_REAL_PRECISION(17));
+        TS_ASSERT(text != NULL);
+    }
+    json_decref(back);
+    json_decref(root);
+    return text;
+}
+
 long ts_ckpt_step_of_name(const char *path)
 {
     const char *base = strrchr(path, '/');

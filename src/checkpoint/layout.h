@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "config/config.h"
 #include "tensor/shard.h"
 
@@ -64,5 +66,16 @@ long ts_ckpt_list_steps(const char *root, bool complete, long **steps);
 /* model.safetensors.index.json (Hugging Face's sharded-checkpoint index) when the
  * weights span several files; malloc'ed text. */
 char *ts_ckpt_index_json(const ts_ckpt_layout *L);
+
+/* config.json of a llama checkpoint, the Hugging Face config that
+ * transformers.LlamaConfig.from_pretrained reads (so LlamaForCausalLM.from_pretrained
+ * loads the step directory: its tensors already have Hugging Face's names and layout):
+ * architectures, model_type, the sizes, rms_norm_eps, rope_theta, rope_scaling (Llama
+ * 3.1's "llama3" scaling or null), tie_word_embeddings, torch_dtype "float32". NULL for
+ * gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
+ * ts_ckpt_hf_config gives the object (a new reference), ts_ckpt_hf_config_json the text
+ * (malloc'ed). */
+json_t *ts_ckpt_hf_config(const ts_model_config *mc);
+char *ts_ckpt_hf_config_json(const ts_model_config *mc);
 
 #endif

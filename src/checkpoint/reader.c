@@ -2,6 +2,7 @@
 #include "checkpoint/reader.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,74 @@ static ts_status parse_lr_schedule(ts_ckpt_reader *r, json_t *s, const char *pat
     return TS_OK;
 }
 
+/* config.model: the keys that define the tensors (n_layer, n_head, n_embd, vocab_size,
+ * seq_len) must be there; the architecture's other keys (n_kv_head, ffn_hidden,
+ * norm_eps, tie_embeddings, rope_*) take their defaults where a checkpoint older than
+ * them lacks them (every such checkpoint is a gpt2 one, for which the defaults are what
+ * it ran), and must have their type where present. Then the keys' ranges and relations,
+ * as a config file's are checked (probe D10: n_layer = 2^30 in a hand-edited state.json
+ * made info and verify allocate without end, n_embd = vocab = 2^30 overflowed the shard
+ * arithmetic). */
+static ts_status parse_model(json_t *model, ts_model_config *out, const char *path)
+{
+    long long mv[5];
+    const char *keys[5] = {"n_layer", "n_head", "n_embd", "vocab_size", "seq_len"};
+    for (int i = 0; i < 5; i++)
+        if (!get_int(model, keys[i], 1, 1LL << 30, &mv[i]))
+            return ts_fail("%s: config.model.%s is missing or invalid", path, keys[i]);
+    json_t *a = json_object_get(model, "arch");
+    const char *arch = a ? json_string_value(a) : "gpt2";
+    if (!arch || (strcmp(arch, "gpt2") != 0 && strcmp(arch, "llama") != 0))
+        return ts_fail("%s: config.model.arch is not \"gpt2\" or \"llama\"", path);
+    ts_config vc;
+    ts_config_defaults(&vc);
+    ts_model_config *m = &vc.model;
+    snprintf(m->arch, sizeof m->arch, "%s", arch);
+    ts_config_arch_defaults(m, arch);
+    m->n_layer = (int)mv[0];
+    m->n_head = (int)mv[1];
+    m->n_embd = (int)mv[2];
+    m->vocab_size = (int)mv[3];
+    m->seq_len = (int)mv[4];
+    const struct {
+        const char *key;
+        int *v;
+        long long lo;
+    } ints[] = {{"n_kv_head", &m->n_kv_head, 0}, {"ffn_hidden", &m->ffn_hidden, 0},
+                {"rope_original_context", &m->rope_original_context, 1}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        long long v;
+        if (!json_object_get(model, ints[i].key)) continue;
+        if (!get_int(model, ints[i].key, ints[i].lo, 1LL << 30, &v))
+            return ts_fail("%s: config.model.%s is not an integer in range", path, ints[i].key);
+        *ints[i].v = (int)v;
+    }
+    const struct {
+        const char *key;
+        double *v;
+    } reals[] = {{"norm_eps", &m->norm_eps},
+                 {"rope_theta", &m->rope_theta},
+                 {"rope_scaling", &m->rope_scaling},
+                 {"rope_low_freq_factor", &m->rope_low_freq_factor},
+                 {"rope_high_freq_factor", &m->rope_high_freq_factor}};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        json_t *v = json_object_get(model, reals[i].key);
+        if (!v) continue;
+        if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0)
+            return ts_fail("%s: config.model.%s is not a finite number >= 0", path, reals[i].key);
+        *reals[i].v = json_number_value(v);
+    }
+    json_t *tie = json_object_get(model, "tie_embeddings");
+    if (tie && !json_is_boolean(tie))
+        return ts_fail("%s: config.model.tie_embeddings is not true or false", path);
+    if (tie) m->tie_embeddings = json_is_true(tie);
+    ts_config_resolve_model(m);
+    if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
+    *out = vc.model;
+    out->init[0] = '\0'; /* where it came from is no part of the checkpoint's model */
+    return TS_OK;
+}
+
 static ts_status parse_state(ts_ckpt_reader *r, const char *path)
 {
     json_t *s = r->state;
@@ -119,27 +188,9 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
         return ts_fail("%s says step %lld, but its directory is named for step %ld: the "
                        "directory was renamed or the state belongs elsewhere",
                        path, step, named);
-    json_t *model = json_object_get(json_object_get(s, "config"), "model");
-    long long mv[5];
-    const char *keys[5] = {"n_layer", "n_head", "n_embd", "vocab_size", "seq_len"};
-    for (int i = 0; i < 5; i++)
-        if (!get_int(model, keys[i], 1, 1LL << 30, &mv[i]))
-            return ts_fail("%s: config.model.%s is missing or invalid", path, keys[i]);
-    memset(&r->model, 0, sizeof r->model);
-    const char *arch = json_string_value(json_object_get(model, "arch"));
-    snprintf(r->model.arch, sizeof r->model.arch, "%s", arch ? arch : "gpt2");
-    r->model.n_layer = (int)mv[0];
-    r->model.n_head = (int)mv[1];
-    r->model.n_embd = (int)mv[2];
-    r->model.vocab_size = (int)mv[3];
-    r->model.seq_len = (int)mv[4];
-    /* The model keys' ranges and relations, as a config file's are checked (probe D10:
-     * n_layer = 2^30 in a hand-edited state.json made info and verify allocate without
-     * end, n_embd = vocab = 2^30 overflowed the shard arithmetic). */
-    ts_config vc;
-    ts_config_defaults(&vc);
-    vc.model = r->model;
-    if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
+    if (parse_model(json_object_get(json_object_get(s, "config"), "model"), &r->model, path) !=
+        TS_OK)
+        return TS_ERR;
     if (parse_lr_schedule(r, s, path) != TS_OK) return TS_ERR;
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);
@@ -369,6 +420,53 @@ ts_status ts_ckpt_reader_verify(ts_ckpt_reader *r, const char *name, size_t c0, 
         }
     }
     return TS_OK;
+}
+
+ts_status ts_ckpt_reader_check_hf_config(ts_ckpt_reader *r)
+{
+    json_t *want = ts_ckpt_hf_config(&r->model);
+    if (!want) return TS_OK;
+    char path[TS_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", r->dir);
+    ts_status st = TS_OK;
+    json_t *have = NULL;
+    FILE *f = ts_fopen_input(path);
+    if (!f) {
+        const int err = errno;
+        st = ts_fail("%s: %s; a llama checkpoint holds its Hugging Face config there (the "
+                     "checkpoint is incomplete)",
+                     path, strerror(err));
+        r->verdict = err == ENOENT ? TS_CKPT_INCOMPLETE : TS_CKPT_ERROR;
+    } else if (ts_check_input(fileno(f), path, "checkpoint config.json", "the checkpoint's "
+                              "Hugging Face config.json", 1u << 24) != TS_OK) {
+        r->verdict = TS_CKPT_CORRUPT;
+        st = TS_ERR;
+    } else {
+        json_error_t jerr;
+        have = json_loadf(f, 0, &jerr);
+        if (!json_is_object(have)) {
+            st = ts_fail("%s is not a JSON object (%s, line %d): damaged", path,
+                         have ? "another JSON value" : jerr.text, have ? 0 : jerr.line);
+            r->verdict = TS_CKPT_CORRUPT;
+        }
+    }
+    if (f) fclose(f);
+    const char *key;
+    json_t *v;
+    json_object_foreach(want, key, v) {
+        if (st != TS_OK) break;
+        json_t *got = json_object_get(have, key);
+        if (got && json_equal(got, v)) continue;
+        char *w = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        st = ts_fail("%s: \"%s\" is %s, but the checkpoint's model (state.json) gives %s: the "
+                     "file was edited or belongs to another checkpoint",
+                     path, key, got ? "another value" : "missing", w ? w : "?");
+        free(w);
+        r->verdict = TS_CKPT_CORRUPT;
+    }
+    json_decref(have);
+    json_decref(want);
+    return st;
 }
 
 ts_status ts_ckpt_reader_check_complete(ts_ckpt_reader *r)

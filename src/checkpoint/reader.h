@@ -64,6 +64,12 @@ ts_status ts_ckpt_reader_verify(ts_ckpt_reader *r, const char *name, size_t c0, 
  * a missing tensor is named as such). */
 ts_status ts_ckpt_reader_check_files(ts_ckpt_reader *r);
 
+/* A llama checkpoint's config.json (Hugging Face's, layout.h): present (verdict
+ * INCOMPLETE otherwise), JSON, and holding every key Tessera writes with the value its
+ * model gives (CORRUPT otherwise); other keys a user added are left alone. Nothing to
+ * check for gpt2. */
+ts_status ts_ckpt_reader_check_hf_config(ts_ckpt_reader *r);
+
 /* Every tensor the checkpoint's own model config defines, in every kind, present with
  * its shape: the completeness check. */
 ts_status ts_ckpt_reader_check_complete(ts_ckpt_reader *r);

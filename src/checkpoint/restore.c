@@ -123,23 +123,58 @@ static ts_status read_part(const ts_st_file *f, const ts_st_tensor *t, const ts_
     return st;
 }
 
-/* The model's keys must match: they define the tensors. */
+/* A model key's value as a config would give it. */
+static void key_value(char *buf, size_t cap, bool flag, double v)
+{
+    if (flag)
+        snprintf(buf, cap, "%s", v != 0 ? "true" : "false");
+    else
+        snprintf(buf, cap, "%.15g", v);
+}
+
+/* The model's keys must match: they define the tensors (the architecture, the sizes,
+ * whether the head is tied) and what the model computes with them (the norm's epsilon,
+ * the rotary embedding's base and scaling). */
 static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
 {
+    const ts_model_config *m = &r->model;
+    if (strcmp(m->arch, mc->arch) != 0)
+        return ts_fail("checkpoint %s is of a model.arch = \"%s\" model, but the config says "
+                       "\"%s\"; a checkpoint loads only into the model it was saved from (set "
+                       "model.arch = \"%s\")",
+                       r->dir, m->arch, mc->arch, m->arch);
+    const bool scaled = m->rope_scaling != 0.0 || mc->rope_scaling != 0.0;
     const struct {
         const char *key;
-        int saved, now;
-    } keys[] = {{"n_layer", r->model.n_layer, mc->n_layer}, {"n_head", r->model.n_head, mc->n_head},
-                {"n_embd", r->model.n_embd, mc->n_embd},
-                {"vocab_size", r->model.vocab_size, mc->vocab_size},
-                {"seq_len", r->model.seq_len, mc->seq_len}};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (keys[i].saved != keys[i].now)
-            return ts_fail("checkpoint %s was saved with model.%s = %d, but the config says %d; "
-                           "a checkpoint loads only into the model it was saved from (set "
-                           "model.%s = %d)",
-                           r->dir, keys[i].key, keys[i].saved, keys[i].now, keys[i].key,
-                           keys[i].saved);
+        double saved, now;
+        bool check;
+    } keys[] = {
+        {"n_layer", m->n_layer, mc->n_layer, true},
+        {"n_head", m->n_head, mc->n_head, true},
+        {"n_kv_head", ts_model_kv_heads(m), ts_model_kv_heads(mc), true},
+        {"n_embd", m->n_embd, mc->n_embd, true},
+        {"ffn_hidden", ts_model_ffn(m), ts_model_ffn(mc), true},
+        {"vocab_size", m->vocab_size, mc->vocab_size, true},
+        {"seq_len", m->seq_len, mc->seq_len, true},
+        {"tie_embeddings", m->tie_embeddings, mc->tie_embeddings, true},
+        {"norm_eps", m->norm_eps, mc->norm_eps, true},
+        {"rope_theta", m->rope_theta, mc->rope_theta, true},
+        {"rope_scaling", m->rope_scaling, mc->rope_scaling, true},
+        {"rope_low_freq_factor", m->rope_low_freq_factor, mc->rope_low_freq_factor, scaled},
+        {"rope_high_freq_factor", m->rope_high_freq_factor, mc->rope_high_freq_factor, scaled},
+        {"rope_original_context", m->rope_original_context, mc->rope_original_context, scaled},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (!keys[i].check || keys[i].saved == keys[i].now) continue;
+        const bool flag = !strcmp(keys[i].key, "tie_embeddings");
+        char saved[40], now[40];
+        key_value(saved, sizeof saved, flag, keys[i].saved);
+        key_value(now, sizeof now, flag, keys[i].now);
+        return ts_fail("checkpoint %s was saved with model.%s = %s, but the config says %s; "
+                       "a checkpoint loads only into the model it was saved from (set "
+                       "model.%s = %s)",
+                       r->dir, keys[i].key, saved, now, keys[i].key, saved);
+    }
     return TS_OK;
 }
 

@@ -134,8 +134,24 @@ static ts_status prepare_root(const char *root)
     return st;
 }
 
-/* Rank 0: create every file of the layout at its full size with its header. */
-static ts_status create_files(const ts_ckpt_layout *L, const char *tmp)
+/* Text into tmp/name, whole or not at all (fsynced; the directory is at the commit). */
+static ts_status write_text(const char *tmp, const char *name, const char *text, const char *what)
+{
+    char path[TS_PATH_MAX + 300];
+    join(path, sizeof path, tmp, name);
+    ts_atomic_file af;
+    ts_status st = ts_atomic_open(&af, path, what);
+    if (st == TS_OK) {
+        fputs(text, af.f);
+        fputc('\n', af.f);
+        st = ts_atomic_commit(&af);
+    }
+    return st;
+}
+
+/* Rank 0: create every file of the layout at its full size with its header, the index
+ * of split weights, and a llama's config.json (Hugging Face's). */
+static ts_status create_files(const ts_ckpt_layout *L, const ts_model_config *mc, const char *tmp)
 {
     if (mkdir(tmp, 0777) != 0) return ts_fail("cannot create %s: %s", tmp, strerror(errno));
     char path[TS_PATH_MAX + 300];
@@ -165,15 +181,14 @@ static ts_status create_files(const ts_ckpt_layout *L, const char *tmp)
     }
     if (L->n_model_files > 1) {
         char *index = ts_ckpt_index_json(L);
-        join(path, sizeof path, tmp, "model.safetensors.index.json");
-        ts_atomic_file af;
-        ts_status st = ts_atomic_open(&af, path, "checkpoint index");
-        if (st == TS_OK) {
-            fputs(index, af.f);
-            fputc('\n', af.f);
-            st = ts_atomic_commit(&af);
-        }
+        ts_status st = write_text(tmp, "model.safetensors.index.json", index, "checkpoint index");
         free(index);
+        if (st != TS_OK) return st;
+    }
+    char *hf = ts_ckpt_hf_config_json(mc);
+    if (hf) {
+        ts_status st = write_text(tmp, "config.json", hf, "checkpoint config.json");
+        free(hf);
         if (st != TS_OK) return st;
     }
     return TS_OK;
@@ -593,7 +608,7 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     ts_status st = TS_OK;
     if (world->rank == 0) {
         st = prepare_root(root);
-        if (st == TS_OK) st = create_files(&s->L, s->tmp);
+        if (st == TS_OK) st = create_files(&s->L, &a->cfg->model, s->tmp);
     }
     if (st == TS_OK) st = collect_own(&s->items, &s->L, a);
     if (ts_comm_agree(world, st) != TS_OK) {

@@ -14,6 +14,7 @@ ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose)
     if (ts_ckpt_reader_open(&r, step_dir) != TS_OK) return r.verdict;
     ts_status st = ts_ckpt_reader_check_complete(&r);
     if (st == TS_OK) st = ts_ckpt_reader_check_files(&r);
+    if (st == TS_OK) st = ts_ckpt_reader_check_hf_config(&r);
     ts_ckpt_layout L;
     ts_ckpt_layout_build(&L, &r.model, 1e6);
     void *buf = ts_malloc((size_t)r.chunk_bytes);
@@ -65,6 +66,17 @@ ts_status ts_ckpt_print_info(const char *step_dir)
            "parameters)\n",
            m->arch, m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->seq_len,
            (double)ts_model_logical_params(m) / 1e6);
+    if (ts_model_arch(m) == TS_ARCH_LLAMA) {
+        printf("            n_kv_head %d, ffn_hidden %d, norm_eps %g, rope_theta %g, %s head",
+               ts_model_kv_heads(m), ts_model_ffn(m), m->norm_eps, m->rope_theta,
+               m->tie_embeddings ? "tied" : "untied");
+        if (m->rope_scaling != 0.0)
+            printf(", rope_scaling %g (low %g, high %g, original context %d)", m->rope_scaling,
+                   m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_original_context);
+        printf("\n");
+    } else if (!m->tie_embeddings) {
+        printf("            untied head (lm_head.weight)\n");
+    }
     printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)\n", r.grid[0],
            r.grid[1], r.grid[2], (int)json_integer_value(json_object_get(grid, "virtual_stages")),
            (int)json_integer_value(json_object_get(grid, "zero")),
