@@ -1,23 +1,246 @@
-/* model.init: a rank's parameters from a safetensors file of logical tensors, read run
- * by run through the parameters' shard specs (load.h). */
+/* model.init: a rank's parameters from logical tensors in safetensors files (one file,
+ * or a Hugging Face save_pretrained directory, sharded or not), read run by run through
+ * the parameters' shard specs (load.h). */
 #include "checkpoint/load.h"
 
+#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "checkpoint/safetensors.h"
+#include "core/fsutil.h"
 #include "tensor/shard.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+
+/* ------------------------------------------------------------ the files -- */
+
+/* The safetensors files of a model.init, and where each tensor lies. */
+typedef struct {
+    int n;
+    ts_st_file *f;
+} init_files;
+
+static void files_close(init_files *s)
+{
+    for (int i = 0; i < s->n; i++) ts_st_close(&s->f[i]);
+    free(s->f);
+    memset(s, 0, sizeof *s);
+}
+
+static ts_status files_add(init_files *s, const char *path)
+{
+    s->f = realloc(s->f, (size_t)(s->n + 1) * sizeof *s->f);
+    TS_ASSERT(s->f != NULL);
+    if (ts_st_open(&s->f[s->n], path) != TS_OK) return TS_ERR;
+    s->n++;
+    return TS_OK;
+}
+
+static const ts_st_tensor *files_find(const init_files *s, const char *name, int *file)
+{
+    for (int i = 0; i < s->n; i++) {
+        const ts_st_tensor *t = ts_st_find(&s->f[i], name);
+        if (t) {
+            *file = i;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Hugging Face's sharded weights: the index's weight_map names, for every tensor, the
+ * file (beside the index) that holds it. Every file it names is opened, and the index
+ * and the files must agree exactly: each mapped tensor in its file, each file's tensor
+ * mapped to that file (so no tensor is in two files). */
+static ts_status open_index(init_files *s, const char *index)
+{
+    FILE *fp = ts_fopen_input(index);
+    if (!fp) return ts_fail("cannot open %s: %s", index, strerror(errno));
+    if (ts_check_input(fileno(fp), index, "weight index", "a Hugging Face " INDEX_NAME,
+                       1ull << 28) != TS_OK) {
+        fclose(fp);
+        return TS_ERR;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadf(fp, 0, &jerr);
+    fclose(fp);
+    if (!root) return ts_fail("%s is not valid JSON: %s (line %d)", index, jerr.text, jerr.line);
+    json_t *map = json_object_get(root, "weight_map");
+    ts_status st = TS_OK;
+    if (!json_is_object(map) || json_object_size(map) == 0)
+        st = ts_fail("%s has no \"weight_map\" object naming each tensor's file", index);
+    char dir[TS_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", index);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    const char *name;
+    json_t *v;
+    json_object_foreach(map, name, v) {
+        if (st != TS_OK) break;
+        const char *file = json_string_value(v);
+        if (!file || !file[0] || strchr(file, '/') || file[0] == '.') {
+            st = ts_fail("%s: the weight_map entry of '%s' is not the name of a file beside "
+                         "the index",
+                         index, name);
+            break;
+        }
+        bool have = false;
+        for (int i = 0; i < s->n && !have; i++) {
+            const char *b = strrchr(s->f[i].path, '/');
+            have = strcmp(b ? b + 1 : s->f[i].path, file) == 0;
+        }
+        char path[TS_PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s%s", dir, file);
+        if (!have) st = files_add(s, path);
+        int at = -1;
+        const ts_st_tensor *t = st == TS_OK ? files_find(s, name, &at) : NULL;
+        const char *b = t ? strrchr(s->f[at].path, '/') : NULL;
+        if (st == TS_OK && (!t || strcmp(b ? b + 1 : s->f[at].path, file) != 0))
+            st = ts_fail("%s maps tensor '%s' to %s, which does not hold it; the index and "
+                         "its files do not belong together",
+                         index, name, file);
+    }
+    for (int i = 0; st == TS_OK && i < s->n; i++)
+        for (int t = 0; st == TS_OK && t < s->f[i].n_tensors; t++) {
+            const char *tn = s->f[i].tensors[t].name;
+            const char *file = json_string_value(json_object_get(map, tn));
+            const char *b = strrchr(s->f[i].path, '/');
+            if (!file || strcmp(file, b ? b + 1 : s->f[i].path) != 0)
+                st = ts_fail("%s holds tensor '%s', which %s maps %s%s; the index and its "
+                             "files do not belong together",
+                             s->f[i].path, tn, index, file ? "to " : "to no file",
+                             file ? file : "");
+        }
+    json_decref(root);
+    return st;
+}
+
+/* A safetensors file, a directory holding model.safetensors or the index of sharded
+ * weights (what save_pretrained writes, and a Tessera step directory), or an index. */
+static ts_status files_open(init_files *s, const char *path)
+{
+    memset(s, 0, sizeof *s);
+    struct stat sb;
+    ts_status st;
+    char file[TS_PATH_MAX + 64];
+    const size_t n = strlen(path);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(file, sizeof file, "%s/" INDEX_NAME, path);
+        if (stat(file, &sb) == 0) {
+            st = open_index(s, file);
+        } else {
+            snprintf(file, sizeof file, "%s/model.safetensors", path);
+            if (stat(file, &sb) == 0)
+                st = files_add(s, file);
+            else
+                st = ts_fail("%s is a directory with neither model.safetensors nor " INDEX_NAME
+                             " (what Hugging Face's save_pretrained writes); give the "
+                             "weights' file or such a directory",
+                             path);
+        }
+    } else if (n >= 5 && strcmp(path + n - 5, ".json") == 0) {
+        st = open_index(s, path);
+    } else {
+        st = files_add(s, path);
+    }
+    if (st != TS_OK) files_close(s);
+    return st;
+}
+
+/* ------------------------------------------------------------- the names -- */
+
+/* The layer a tensor name belongs to, in either architecture's names (gpt2's nanoGPT
+ * ones, llama's Hugging Face ones): 0 the embedding, 1 + i block i, n_layer + 1 the
+ * head; -1 for none. */
+static int layer_of_name(const char *name, int n_layer)
+{
+    int blk = -1, used = 0;
+    if ((sscanf(name, "transformer.h.%d.%n", &blk, &used) == 1 && used > 0) ||
+        (sscanf(name, "model.layers.%d.%n", &blk, &used) == 1 && used > 0))
+        return blk >= 0 && blk < n_layer ? blk + 1 : -1;
+    if (!strcmp(name, "transformer.wte.weight") || !strcmp(name, "transformer.wpe.weight") ||
+        !strcmp(name, "model.embed_tokens.weight"))
+        return 0;
+    if (!strncmp(name, "transformer.ln_f.", 17) || !strcmp(name, "model.norm.weight") ||
+        !strcmp(name, "lm_head.weight"))
+        return n_layer + 1;
+    return -1;
+}
+
+static int param_index(const ts_model *m, const char *name)
+{
+    for (int p = 0; p < m->n_params; p++)
+        if (!strcmp(ts_param_name(m, p), name)) return p;
+    return -1;
+}
+
+/* The architecture, by its parameters' names (every rank holds some). */
+static const char *arch_name(const ts_model *m)
+{
+    return m->n_params > 0 && !strncmp(ts_param_name(m, 0), "transformer.", 12) ? "gpt2" : "llama";
+}
+
+/* ------------------------------------------------------------ the values -- */
+
+/* IEEE half to float: exact (every half is a float). */
+static float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13); /* Inf, NaN */
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13); /* rebias 15 -> 127 */
+    } else {
+        float v = (float)man * 0x1p-24f; /* zero or subnormal: man * 2^-24, exact */
+        memcpy(&u, &v, sizeof u);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Elements [logical, logical + len) of tensor t as fp32 into dst: F32 as it is, BF16
+ * widened (its bits are a float's top half: exact), F16 converted (exact). */
+static ts_status read_floats(const ts_st_file *f, const ts_st_tensor *t, size_t logical,
+                             float *dst, size_t len)
+{
+    if (t->dtype == TS_DT_F32) return ts_st_read(f, t, logical * sizeof(float), dst, len * sizeof(float));
+    enum { PIECE = 1 << 20 };
+    uint16_t *buf = ts_malloc((len < PIECE ? (len ? len : 1) : PIECE) * sizeof *buf);
+    ts_status st = TS_OK;
+    for (size_t at = 0; at < len && st == TS_OK; at += PIECE) {
+        const size_t n = len - at < PIECE ? len - at : PIECE;
+        st = ts_st_read(f, t, (logical + at) * 2, buf, n * 2);
+        for (size_t i = 0; st == TS_OK && i < n; i++) {
+            if (t->dtype == TS_DT_BF16) {
+                const uint32_t u = (uint32_t)buf[i] << 16;
+                memcpy(&dst[at + i], &u, sizeof u);
+            } else {
+                dst[at + i] = half_to_float(buf[i]);
+            }
+        }
+    }
+    free(buf);
+    return st;
+}
 
 /* Read this rank's part of parameter P from the logical tensor t: one read per run. */
 static ts_status read_param_part(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
                                  float *dst)
 {
-    const uint64_t F = sizeof(float);
     ts_shard_run r;
     for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, 0, P->numel); ts_shard_next(&it, &r);)
-        if (ts_st_read(f, t, r.logical * F, dst + r.local, r.len * F) != TS_OK) return TS_ERR;
+        if (read_floats(f, t, r.logical, dst + r.local, r.len) != TS_OK) return TS_ERR;
     return TS_OK;
 }
 
@@ -45,86 +268,109 @@ static ts_status check_finite(const ts_param *P, const char *name, const float *
     return TS_OK;
 }
 
+/* Tensor t must have P's logical shape and a floating-point dtype fp32 holds exactly. */
+static ts_status check_tensor(const ts_st_tensor *t, const ts_param *P)
+{
+    const ts_shard_spec *s = &P->shard;
+    bool shape = t->ndim == s->ndim;
+    for (int d = 0; shape && d < s->ndim; d++) shape = t->shape[d] == s->shape[d];
+    const bool dtype = t->dtype == TS_DT_F32 || t->dtype == TS_DT_BF16 || t->dtype == TS_DT_F16;
+    if (shape && dtype) return TS_OK;
+    char got[256], want[256];
+    ts_st_shape_str(got, sizeof got, t->ndim, t->shape);
+    ts_st_shape_str(want, sizeof want, s->ndim, s->shape);
+    if (!shape)
+        return ts_fail("tensor '%s' has shape %s %s, expected %s (F32, or BF16 or F16 widened "
+                       "to F32) for this config",
+                       t->name, got, ts_st_dtype_name(t->dtype), want);
+    return ts_fail("tensor '%s' %s is %s, expected F32 (or BF16 or F16, widened to F32 on "
+                   "load)",
+                   t->name, got, ts_st_dtype_name(t->dtype));
+}
+
 /* Parameter P from tensor t: dtype and shape, this rank's part into host memory
- * `host`, finite values. The message names the file. */
+ * `host` as fp32, finite values. The message names the file. */
 static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts_param *P,
                             float *host)
 {
-    if (ts_st_expect_f32(t, P->shard.ndim, P->shard.shape) != TS_OK)
-        return ts_error_prefix("%s: ", f->path);
+    if (check_tensor(t, P) != TS_OK) return ts_error_prefix("%s: ", f->path);
     if (read_param_part(f, t, P, host) != TS_OK) return TS_ERR; /* names the file */
     if (check_finite(P, t->name, host) != TS_OK) return ts_error_prefix("%s: ", f->path);
     return TS_OK;
 }
 
+/* ------------------------------------------------------------ model.init -- */
+
+/* Every tensor of the files must be one the model knows: a misspelt or foreign name
+ * means the files are not of this architecture. A name of a layer this rank does not
+ * own (pipeline stages) is the owning rank's to check; lm_head.weight beside a tied
+ * head is compared with the embedding after loading. */
+static ts_status check_names(const ts_model *m, const init_files *s, const char *path)
+{
+    for (int i = 0; i < s->n; i++)
+        for (int t = 0; t < s->f[i].n_tensors; t++) {
+            const char *name = s->f[i].tensors[t].name;
+            if (param_index(m, name) >= 0 || !strcmp(name, "lm_head.weight")) continue;
+            const int layer = layer_of_name(name, m->n_layer);
+            if (layer >= 0 && !m->layers[layer].owned) continue;
+            return ts_fail("%s holds tensor '%s', which is not a parameter of this %s config "
+                           "(n_layer=%d); is the file for another model?",
+                           s->n > 1 ? s->f[i].path : path, name, arch_name(m), m->n_layer);
+        }
+    return TS_OK;
+}
+
+/* A file's lm_head.weight where the head is tied to the embedding (nanoGPT's state_dict
+ * carries it; a Hugging Face file of a tied model has none): accepted only if it is the
+ * same tensor, since the model has no head of its own to load it into. */
+static ts_status check_tied_head(const ts_model *m, const init_files *s)
+{
+    int f = -1;
+    const ts_st_tensor *head = files_find(s, "lm_head.weight", &f);
+    if (!head || m->head_wte_param < 0 || param_index(m, "lm_head.weight") >= 0) return TS_OK;
+    const ts_param *P = &m->params[m->head_wte_param];
+    float *tmp = ts_alloc_floats(P->numel), *have = ts_alloc_floats(P->numel);
+    ts_status st = load_param(&s->f[f], head, P, tmp);
+    if (st == TS_OK)
+        m->k->memcpy_d2h(have, ts_param_data(m, m->head_wte_param), P->numel * sizeof(float));
+    if (st == TS_OK && memcmp(tmp, have, P->numel * sizeof(float)) != 0)
+        st = ts_fail("%s: lm_head.weight differs from %s, but this model ties its head to the "
+                     "embedding (model.tie_embeddings = true; nanoGPT's GPT-2 does); set "
+                     "model.tie_embeddings = false to load a head of its own",
+                     s->f[f].path, P->shard.name);
+    free(tmp);
+    free(have);
+    return st;
+}
+
 ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
 {
-    ts_st_file f;
-    if (ts_st_open(&f, path) != TS_OK) return ts_error_prefix("model.init: ");
-
-    /* Every tensor in the file must be one the model knows: a misspelt or foreign
-     * name means the file is not a checkpoint of this architecture. */
-    for (int t = 0; t < f.n_tensors; t++) {
-        const char *name = f.tensors[t].name;
-        if (strcmp(name, "lm_head.weight") == 0) continue; /* tied to wte; checked below */
-        bool known = false;
-        for (int p = 0; p < m->n_params && !known; p++) known = !strcmp(ts_param_name(m, p), name);
-        if (!known) {
-            /* Names of layers this rank does not own are fine (pipeline stages). */
-            int blk = -1;
-            if (sscanf(name, "transformer.h.%d.", &blk) == 1 && blk >= 0 && blk < m->n_layer &&
-                !m->layers[blk + 1].owned)
-                continue;
-            if (!strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
-                !strcmp(name, "transformer.wte.weight"))
-                continue;
-            ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this gpt2 "
-                    "config (n_layer=%d); is the file for another model?",
-                    path, name, m->n_layer);
-            ts_st_close(&f);
-            return TS_ERR;
-        }
-    }
-    for (int p = 0; p < m->n_params; p++) {
+    init_files s;
+    if (files_open(&s, path) != TS_OK) return ts_error_prefix("model.init: ");
+    ts_status st = check_names(m, &s, path);
+    for (int p = 0; st == TS_OK && p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
-        const ts_st_tensor *t = ts_st_find(&f, P->shard.name);
+        int f = -1;
+        const ts_st_tensor *t = files_find(&s, P->shard.name, &f);
         if (!t) {
             char shape[64];
-            ts_st_close(&f);
-            return ts_fail("model.init: %s has no tensor '%s' (expected shape %s F32 for this "
-                           "config)",
-                           path, P->shard.name,
-                           ts_st_shape_str(shape, sizeof shape, P->shard.ndim, P->shard.shape));
+            const bool head = !strcmp(P->shard.name, "lm_head.weight");
+            st = ts_fail("%s has no tensor '%s' (expected shape %s F32, or BF16 or F16, for "
+                         "this config)%s",
+                         path, P->shard.name,
+                         ts_st_shape_str(shape, sizeof shape, P->shard.ndim, P->shard.shape),
+                         head ? "; the weights of a model whose head is tied to the embedding "
+                                "have none: set model.tie_embeddings = true"
+                              : "");
+            break;
         }
         /* Read and checked on the host, then one copy to the device. */
         float *host = ts_alloc_floats(P->numel);
-        ts_status st = load_param(&f, t, P, host);
+        st = load_param(&s.f[f], t, P, host);
         if (st == TS_OK) m->k->memcpy_h2d(ts_param_data(m, p), host, P->numel * sizeof(float));
         free(host);
-        if (st != TS_OK) {
-            ts_st_close(&f);
-            return ts_error_prefix("model.init: ");
-        }
     }
-    const ts_st_tensor *head = ts_st_find(&f, "lm_head.weight");
-    if (head && m->head_wte_param >= 0) {
-        /* nanoGPT's state_dict carries the tied head too: accept it only if it is the
-         * same tensor, since our head is tied by construction. */
-        const ts_param *P = &m->params[m->head_wte_param];
-        float *tmp = ts_alloc_floats(P->numel), *have = ts_alloc_floats(P->numel);
-        ts_status st = load_param(&f, head, P, tmp);
-        if (st == TS_OK)
-            m->k->memcpy_d2h(have, ts_param_data(m, m->head_wte_param), P->numel * sizeof(float));
-        if (st == TS_OK && memcmp(tmp, have, P->numel * sizeof(float)) != 0)
-            st = ts_fail("%s: lm_head.weight differs from transformer.wte.weight; Tessera's "
-                         "GPT-2 ties them (nanoGPT semantics)", path);
-        free(tmp);
-        free(have);
-        if (st != TS_OK) {
-            ts_st_close(&f);
-            return ts_error_prefix("model.init: ");
-        }
-    }
-    ts_st_close(&f);
-    return TS_OK;
+    if (st == TS_OK) st = check_tied_head(m, &s);
+    files_close(&s);
+    return st == TS_OK ? TS_OK : ts_error_prefix("model.init: ");
 }

@@ -7,10 +7,16 @@
 #include "core/error.h"
 #include "model/model.h"
 
-/* model.init: initialise every parameter of m from a safetensors file of nanoGPT-named
- * F32 weights. Every name, shape and dtype is checked against the model and every value
- * loaded must be finite, with a clear error prefixed "model.init: " that names the file
- * (and, for a bad value, the tensor and the element's logical index). */
+/* model.init: initialise every parameter of m from logical weights under the model's
+ * names (gpt2: nanoGPT's; llama: Hugging Face's): `path` is a safetensors file, a
+ * directory holding model.safetensors or Hugging Face's sharded
+ * model.safetensors.index.json (what save_pretrained writes; a Tessera step directory
+ * too), or such an index. Every name, shape and dtype is checked against the model: a
+ * missing tensor, one the model does not define and a wrong shape are refused; F32 is
+ * loaded as it is, BF16 and F16 are widened to fp32 (exactly). A tied head accepts an
+ * lm_head.weight only equal to the embedding. Every value loaded must be finite. Errors
+ * are prefixed "model.init: " and name the file (and, for a bad value, the tensor and
+ * the element's logical index). */
 ts_status ts_ckpt_load_model_init(ts_model *m, const char *path);
 
 #endif
