@@ -199,7 +199,7 @@ static void test_hf_config_json(void)
     mc.rope_low_freq_factor = 1.0;
     mc.rope_high_freq_factor = 4.0;
     mc.rope_original_context = 8192;
-    mc.tie_embeddings = true;
+    mc.tie_embeddings = 1;
     mc.ffn_hidden = 1000;
     mc.norm_eps = 1e-6;
     text = ts_ckpt_hf_config_json(&mc);

@@ -162,7 +162,7 @@ json_t *ts_ckpt_hf_config(const ts_model_config *mc)
         "num_attention_heads", mc->n_head, "num_key_value_heads", ts_model_kv_heads(mc),
         "head_dim", mc->n_embd / mc->n_head, "vocab_size", mc->vocab_size,
         "max_position_embeddings", mc->seq_len, "rms_norm_eps", mc->norm_eps, "rope_theta",
-        mc->rope_theta, "rope_scaling", scaling, "tie_word_embeddings", (int)mc->tie_embeddings,
+        mc->rope_theta, "rope_scaling", scaling, "tie_word_embeddings", (int)ts_model_tied(mc),
         "hidden_act", "silu", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,
         "torch_dtype", "float32");
     TS_ASSERT(root != NULL);

@@ -182,10 +182,9 @@ static int param_index(const ts_model *m, const char *name)
     return -1;
 }
 
-/* The architecture, by its parameters' names (every rank holds some). */
 static const char *arch_name(const ts_model *m)
 {
-    return m->n_params > 0 && !strncmp(ts_param_name(m, 0), "transformer.", 12) ? "gpt2" : "llama";
+    return m->arch == TS_ARCH_LLAMA ? "llama" : "gpt2";
 }
 
 /* ------------------------------------------------------------ the values -- */
@@ -327,7 +326,7 @@ static ts_status check_tied_head(const ts_model *m, const init_files *s)
 {
     int f = -1;
     const ts_st_tensor *head = files_find(s, "lm_head.weight", &f);
-    if (!head || m->head_wte_param < 0 || param_index(m, "lm_head.weight") >= 0) return TS_OK;
+    if (!head || m->head_wte_param < 0 || !m->tied) return TS_OK;
     const ts_param *P = &m->params[m->head_wte_param];
     float *tmp = ts_alloc_floats(P->numel), *have = ts_alloc_floats(P->numel);
     ts_status st = load_param(&s->f[f], head, P, tmp);

@@ -148,7 +148,7 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
     json_t *tie = json_object_get(model, "tie_embeddings");
     if (tie && !json_is_boolean(tie))
         return ts_fail("%s: config.model.tie_embeddings is not true or false", path);
-    if (tie) m->tie_embeddings = json_is_true(tie);
+    if (tie) m->tie_embeddings = json_is_true(tie) ? 1 : -1;
     ts_config_resolve_model(m);
     if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
     *out = vc.model;

@@ -156,7 +156,7 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"ffn_hidden", ts_model_ffn(m), ts_model_ffn(mc), true},
         {"vocab_size", m->vocab_size, mc->vocab_size, true},
         {"seq_len", m->seq_len, mc->seq_len, true},
-        {"tie_embeddings", m->tie_embeddings, mc->tie_embeddings, true},
+        {"tie_embeddings", ts_model_tied(m), ts_model_tied(mc), true},
         {"norm_eps", m->norm_eps, mc->norm_eps, true},
         {"rope_theta", m->rope_theta, mc->rope_theta, true},
         {"rope_scaling", m->rope_scaling, mc->rope_scaling, true},

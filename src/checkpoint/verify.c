@@ -69,12 +69,12 @@ ts_status ts_ckpt_print_info(const char *step_dir)
     if (ts_model_arch(m) == TS_ARCH_LLAMA) {
         printf("            n_kv_head %d, ffn_hidden %d, norm_eps %g, rope_theta %g, %s head",
                ts_model_kv_heads(m), ts_model_ffn(m), m->norm_eps, m->rope_theta,
-               m->tie_embeddings ? "tied" : "untied");
+               ts_model_tied(m) ? "tied" : "untied");
         if (m->rope_scaling != 0.0)
             printf(", rope_scaling %g (low %g, high %g, original context %d)", m->rope_scaling,
                    m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_original_context);
         printf("\n");
-    } else if (!m->tie_embeddings) {
+    } else if (!ts_model_tied(m)) {
         printf("            untied head (lm_head.weight)\n");
     }
     printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)\n", r.grid[0],
