@@ -1,5 +1,7 @@
 /* safetensors: round trip of every dtype (0-d and empty tensors, metadata), partial
- * reads, rejection of broken files with a clear message, and a light fuzz. */
+ * reads, rejection of broken files with a clear message, and a light fuzz; model.init
+ * from Hugging Face llama weights (BF16 and F16 widened exactly, every name, shape and
+ * dtype checked, tied and untied heads, save_pretrained directories, sharded or not). */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -7,7 +9,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+#include <math.h>
+#include <sys/stat.h>
+
+#include "checkpoint/load.h"
 #include "checkpoint/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
 #include "test_util.h"
 
 static char g_dir[256];
@@ -408,6 +417,334 @@ static void test_safetensors_fuzz(void)
     free(orig);
 }
 
+/* ------------------------------------------------------------ model.init -- */
+
+/* A small llama: grouped-query attention (4 query, 2 key/value heads), untied head
+ * unless `tie`. */
+static ts_model_config llama_tiny(int tie)
+{
+    ts_config c;
+    ts_config_defaults(&c);
+    snprintf(c.model.arch, sizeof c.model.arch, "llama");
+    ts_config_arch_defaults(&c.model, "llama");
+    c.model.n_layer = 2;
+    c.model.n_head = 4;
+    c.model.n_kv_head = 2;
+    c.model.n_embd = 32;
+    c.model.ffn_hidden = 48;
+    c.model.vocab_size = 70;
+    c.model.seq_len = 8;
+    c.model.tie_embeddings = tie;
+    ts_config_resolve_model(&c.model);
+    CHECKF(ts_config_validate(&c, 0) == TS_OK, "%s", ts_error_message());
+    return c.model;
+}
+
+static int param_of(const ts_model *m, const char *name)
+{
+    for (int p = 0; p < m->n_params; p++)
+        if (!strcmp(m->params[p].shard.name, name)) return p;
+    return -1;
+}
+
+/* m's tensors as file entries of dtype dt into e (the data in bufs[p], malloc'ed): F32
+ * as they are, BF16 their top halves, F16 random finite halves. `drop` is left out;
+ * `rename` (old=new) renames one. Returns the count. */
+static int entries_of(const ts_model *m, ts_st_dtype dt, ts_st_entry *e, void **bufs,
+                      const char *drop)
+{
+    int n = 0;
+    uint32_t seed = 12345;
+    for (int p = 0; p < m->n_params; p++) {
+        const ts_param *P = &m->params[p];
+        bufs[p] = NULL;
+        if (drop && !strcmp(P->shard.name, drop)) continue;
+        const float *w = ts_param_data(m, p);
+        ts_st_entry *x = &e[n++];
+        *x = (ts_st_entry){P->shard.name, dt, P->shard.ndim, {0}, w};
+        for (int d = 0; d < P->shard.ndim; d++) x->shape[d] = P->shard.shape[d];
+        if (dt == TS_DT_F32) continue;
+        uint16_t *h = malloc(P->numel * 2);
+        for (size_t i = 0; i < P->numel; i++) {
+            uint32_t u;
+            memcpy(&u, &w[i], 4);
+            if (dt == TS_DT_BF16) {
+                h[i] = (uint16_t)(u >> 16);
+            } else {
+                seed = seed * 1664525u + 1013904223u;
+                h[i] = (uint16_t)(seed >> 16);
+                if (((h[i] >> 10) & 0x1f) == 0x1f) h[i] &= 0xbfff; /* no Inf or NaN */
+            }
+        }
+        bufs[p] = h;
+        x->data = h;
+    }
+    return n;
+}
+
+static void free_bufs(const ts_model *m, void **bufs)
+{
+    for (int p = 0; p < m->n_params; p++) free(bufs[p]);
+}
+
+/* What half h is, computed another way than the loader does. */
+static float half_value(uint16_t h)
+{
+    const int e = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    const double v = e ? ldexp(1.0 + mant / 1024.0, e - 15) : ldexp(mant, -24);
+    return (float)((h & 0x8000) ? -v : v);
+}
+
+static ts_status write_entries(const char *path, const ts_st_entry *e, int n)
+{
+    const char *k[] = {"format"}, *v[] = {"pt"};
+    return ts_st_write(path, e, n, k, v, 1);
+}
+
+static const char *expect_init_error(ts_model *m, const char *path, const char *what)
+{
+    ts_error_clear();
+    ts_status st = ts_ckpt_load_model_init(m, path);
+    const char *msg = ts_error_message();
+    CHECKF(st == TS_ERR && contains(msg, what) && !strncmp(msg, "model.init: ", 12),
+           "want '%s': %s", what, st == TS_OK ? "(loaded)" : msg);
+    return msg;
+}
+
+/* BF16 and F16 weights are widened to fp32 exactly: every element equals the fp32
+ * whose top half the BF16 is, or the half's value. */
+static void test_model_init_bf16_f16(void)
+{
+    ts_model_config mc = llama_tiny(0);
+    ts_model src, dst;
+    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&src, 7);
+    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    ts_st_entry e[64];
+    void *bufs[64];
+    char path[512];
+    path_in(path, sizeof path, "llama_bf16.safetensors");
+    CHECK(src.n_params == 2 + 2 * TS_L_NPARAMS + 1 && src.n_params <= 64);
+    int n = entries_of(&src, TS_DT_BF16, e, bufs, NULL);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "%s", ts_error_message());
+    size_t bad = 0, nonzero_low = 0;
+    for (int p = 0; p < src.n_params; p++) {
+        const float *got = ts_param_data(&dst, p), *orig = ts_param_data(&src, p);
+        const uint16_t *h = bufs[p];
+        for (size_t i = 0; i < src.params[p].numel; i++) {
+            uint32_t u = (uint32_t)h[i] << 16, g, o;
+            memcpy(&g, &got[i], 4);
+            memcpy(&o, &orig[i], 4);
+            bad += g != u;
+            nonzero_low += (o & 0xffffu) != 0; /* the file really lost bits */
+        }
+    }
+    CHECKF(bad == 0, "%zu elements not the BF16's exact widening", bad);
+    CHECK(nonzero_low > 1000);
+    free_bufs(&src, bufs);
+
+    path_in(path, sizeof path, "llama_f16.safetensors");
+    n = entries_of(&src, TS_DT_F16, e, bufs, NULL);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "%s", ts_error_message());
+    bad = 0;
+    size_t subnormal = 0;
+    for (int p = 0; p < src.n_params; p++) {
+        const float *got = ts_param_data(&dst, p);
+        const uint16_t *h = bufs[p];
+        for (size_t i = 0; i < src.params[p].numel; i++) {
+            bad += got[i] != half_value(h[i]);
+            subnormal += ((h[i] >> 10) & 0x1f) == 0;
+        }
+    }
+    CHECKF(bad == 0, "%zu elements not the F16's value", bad);
+    CHECK(subnormal > 0);
+    free_bufs(&src, bufs);
+    ts_model_free(&src);
+    ts_model_free(&dst);
+}
+
+/* Every name, shape and dtype against the llama model, with the tensor and what was
+ * expected named; missing and unexpected tensors refused; tied and untied heads. */
+static void test_model_init_llama_checks(void)
+{
+    ts_model_config mc = llama_tiny(0);
+    ts_model src, dst;
+    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&src, 7);
+    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    CHECK(!dst.tied && param_of(&dst, "lm_head.weight") >= 0 &&
+          param_of(&dst, "model.layers.1.self_attn.k_proj.weight") >= 0);
+    ts_st_entry e[66];
+    void *bufs[64];
+    char path[512];
+    path_in(path, sizeof path, "llama.safetensors");
+    int n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "%s", ts_error_message());
+    CHECK(!memcmp(src.param_mem, dst.param_mem, src.num_floats * sizeof(float)));
+
+    /* A missing tensor: named, with its shape. */
+    n = entries_of(&src, TS_DT_F32, e, bufs, "model.layers.1.mlp.up_proj.weight");
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&dst, path, "has no tensor 'model.layers.1.mlp.up_proj.weight' (expected "
+                                  "shape [48,32] F32");
+    /* k_proj of multi-head attention ([NH*HS, C]) where the model has 2 key/value heads. */
+    n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+    const int q = param_of(&src, "model.layers.0.self_attn.q_proj.weight");
+    const int k = param_of(&src, "model.layers.0.self_attn.k_proj.weight");
+    CHECK(src.params[k].shard.shape[0] == 16 && src.params[q].shard.shape[0] == 32);
+    e[k].shape[0] = 32;
+    e[k].data = ts_param_data(&src, q);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&dst, path, "tensor 'model.layers.0.self_attn.k_proj.weight' has shape "
+                                  "[32,32] F32, expected [16,32]");
+    /* A dtype fp32 does not hold exactly (F64), and one that is no float (I32). */
+    n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+    const int norm = param_of(&src, "model.norm.weight");
+    double wide[32] = {0};
+    e[norm].dtype = TS_DT_F64;
+    e[norm].data = wide;
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&dst, path, "tensor 'model.norm.weight' [32] is F64, expected F32 (or "
+                                  "BF16 or F16");
+    e[norm].dtype = TS_DT_I32;
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&dst, path, "tensor 'model.norm.weight' [32] is I32, expected F32");
+    /* Unexpected tensors: a block the model lacks, a gpt2 name, a bias llama has none of. */
+    const char *foreign[] = {"model.layers.2.self_attn.q_proj.weight", "transformer.wte.weight",
+                             "model.layers.0.self_attn.q_proj.bias"};
+    for (int i = 0; i < 3; i++) {
+        n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+        e[n] = e[norm];
+        e[n++].name = foreign[i];
+        CHECK(write_entries(path, e, n) == TS_OK);
+        char want[160];
+        snprintf(want, sizeof want, "holds tensor '%s', which is not a parameter of this llama "
+                 "config (n_layer=2)", foreign[i]);
+        expect_init_error(&dst, path, want);
+    }
+
+    /* A tied Hugging Face file has no lm_head.weight: the untied model says how to load
+     * it, the tied model loads it (its embedding serves as the head). */
+    n = entries_of(&src, TS_DT_F32, e, bufs, "lm_head.weight");
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&dst, path, "has no tensor 'lm_head.weight' (expected shape [70,32] F32, "
+                                  "or BF16 or F16, for this config); the weights of a model "
+                                  "whose head is tied to the embedding have none: set "
+                                  "model.tie_embeddings = true");
+    ts_model_config tc = llama_tiny(1);
+    ts_model tied;
+    ts_model_build(&tied, &tc, NULL, &ts_kernels_cpu);
+    CHECK(tied.tied && param_of(&tied, "lm_head.weight") < 0);
+    CHECKF(ts_ckpt_load_model_init(&tied, path) == TS_OK, "%s", ts_error_message());
+    const int emb = param_of(&src, "model.embed_tokens.weight");
+    CHECK(!memcmp(ts_param_data(&tied, param_of(&tied, "model.embed_tokens.weight")),
+                  ts_param_data(&src, emb), src.params[emb].numel * sizeof(float)));
+    /* ... and an lm_head.weight beside a tied head must be the embedding. */
+    n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&tied, path, "lm_head.weight differs from model.embed_tokens.weight, but "
+                                   "this model ties its head to the embedding");
+    const int head = param_of(&src, "lm_head.weight");
+    e[head].data = ts_param_data(&src, emb);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&tied, path) == TS_OK, "%s", ts_error_message());
+    ts_model_free(&tied);
+
+    /* A pipeline stage without the head and block 1 skips their names, and checks its
+     * own: a bad k_proj of block 0 is still refused there. */
+    bool owned[4] = {true, true, false, false};
+    ts_model stage;
+    ts_model_build(&stage, &mc, owned, &ts_kernels_cpu);
+    n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&stage, path) == TS_OK, "%s", ts_error_message());
+    e[k].shape[0] = 32;
+    e[k].data = ts_param_data(&src, q);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    expect_init_error(&stage, path, "k_proj.weight' has shape [32,32] F32, expected [16,32]");
+    ts_model_free(&stage);
+    ts_model_free(&src);
+    ts_model_free(&dst);
+}
+
+/* save_pretrained's directories: model.safetensors, or shards with an index that must
+ * agree with them exactly. */
+static void test_model_init_hf_dirs(void)
+{
+    ts_model_config mc = llama_tiny(0);
+    ts_model src, dst;
+    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_init_random(&src, 9);
+    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    ts_st_entry e[64];
+    void *bufs[64];
+    char dir[512], path[600], index[600];
+    path_in(dir, sizeof dir, "hf");
+    CHECK(mkdir(dir, 0777) == 0);
+    expect_init_error(&dst, dir, "is a directory with neither model.safetensors nor "
+                                 "model.safetensors.index.json");
+    const int n = entries_of(&src, TS_DT_BF16, e, bufs, NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(write_entries(path, e, n) == TS_OK);
+    CHECKF(ts_ckpt_load_model_init(&dst, dir) == TS_OK, "%s", ts_error_message());
+    const int emb = param_of(&src, "model.embed_tokens.weight");
+    CHECK(ts_param_data(&dst, emb)[3] != 0 &&
+          fabsf(ts_param_data(&dst, emb)[3] - ts_param_data(&src, emb)[3]) < 1e-3f);
+    unlink(path);
+
+    /* Two shards: the first half of the tensors, then the rest. */
+    const int half = n / 2;
+    char shard[2][600];
+    for (int i = 0; i < 2; i++) {
+        snprintf(shard[i], sizeof shard[i], "%s/model-%05d-of-00002.safetensors", dir, i + 1);
+        CHECK(write_entries(shard[i], e + (i ? half : 0), i ? n - half : half) == TS_OK);
+    }
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    json_t *map = json_object();
+    for (int t = 0; t < n; t++)
+        json_object_set_new(map, e[t].name,
+                            json_string(t < half ? "model-00001-of-00002.safetensors"
+                                                 : "model-00002-of-00002.safetensors"));
+    json_t *root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)0,
+                             "weight_map", map);
+    CHECK(json_dump_file(root, index, 0) == 0);
+    memset(dst.param_mem, 0, dst.num_floats * sizeof(float));
+    CHECKF(ts_ckpt_load_model_init(&dst, dir) == TS_OK, "%s", ts_error_message());
+    size_t bad = 0;
+    for (int p = 0; p < src.n_params; p++) {
+        const uint16_t *h = bufs[p];
+        for (size_t i = 0; i < src.params[p].numel; i++) {
+            uint32_t u = (uint32_t)h[i] << 16, g;
+            memcpy(&g, &ts_param_data(&dst, p)[i], 4);
+            bad += g != u;
+        }
+    }
+    CHECKF(bad == 0, "%zu elements differ after the sharded load", bad);
+    CHECKF(ts_ckpt_load_model_init(&dst, index) == TS_OK, "%s", ts_error_message());
+    /* The index naming the wrong file for a tensor, and a shard's tensor it omits. */
+    json_object_set_new(map, e[0].name, json_string("model-00002-of-00002.safetensors"));
+    CHECK(json_dump_file(root, index, 0) == 0);
+    char want[200];
+    snprintf(want, sizeof want, "maps tensor '%s' to model-00002-of-00002.safetensors, which "
+             "does not hold it", e[0].name);
+    expect_init_error(&dst, dir, want);
+    json_object_del(map, e[0].name);
+    CHECK(json_dump_file(root, index, 0) == 0);
+    snprintf(want, sizeof want, "holds tensor '%s', which", e[0].name);
+    expect_init_error(&dst, dir, want);
+    json_object_set_new(map, e[0].name, json_string("../model-00001-of-00002.safetensors"));
+    CHECK(json_dump_file(root, index, 0) == 0);
+    expect_init_error(&dst, dir, "is not the name of a file beside the index");
+    json_decref(root);
+    json_decref(map);
+    free_bufs(&src, bufs);
+    ts_model_free(&src);
+    ts_model_free(&dst);
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_st");
@@ -417,6 +754,9 @@ int main(void)
     test_safetensors_rejects();
     test_safetensors_writer_rejects();
     test_safetensors_fuzz();
+    test_model_init_bf16_f16();
+    test_model_init_llama_checks();
+    test_model_init_hf_dirs();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }
