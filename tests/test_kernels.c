@@ -250,7 +250,7 @@ typedef struct {
 static double att_obj(void *p)
 {
     att_ctx *a = p;
-    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->HS);
+    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->NH, a->HS);
     return dot_d(a->out, a->R, (size_t)a->B * a->T * a->NH * a->HS);
 }
 
@@ -316,7 +316,7 @@ static void test_attention(int B, int T, int NH, int HS, const char *label)
 
     float *dqkv = ts_test_rand_floats(nqkv, 1.0f); /* garbage: overwritten */
     float *scratch = ts_test_rand_floats(natt, 1.0f);
-    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, HS);
+    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, NH, HS);
     char what[64];
     snprintf(what, sizeof what, "attention dqkv %s", label);
     check_fd(what, fd_rel_err(a.qkv, nqkv, dqkv, att_obj, &a, 1e-3f));
@@ -650,8 +650,8 @@ static float *det_run(const det_inputs *in, size_t *count, double *ss, size_t *g
     K->layernorm_backward(dln, dlnw, dlnb, in->dout, in->x, in->lnw, mean, rstd, N, C);
     K->matmul_forward(mm, in->x, in->w, in->bias, N, C, OC);
     K->matmul_backward(dmm, dw, db, in->logits, in->x, in->w, N, C, OC);
-    K->attention_forward(att_out, att, in->qkv, B, T, NH, C / NH);
-    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, C / NH);
+    K->attention_forward(att_out, att, in->qkv, B, T, NH, NH, C / NH);
+    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, NH, C / NH);
     K->gelu_forward(gel, in->x, NC);
     K->gelu_backward(dgel, in->x, in->dout, NC);
     memcpy(lg, in->logits, (size_t)N * V * sizeof(float));

@@ -255,7 +255,8 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
 
     k->layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, P(TS_B_LN1_W), P(TS_B_LN1_B), N, C);
     ts_tp_col_forward(tp, s.qkv, s.ln1, W(TS_B_QKV_W), P(TS_B_QKV_B), N, C, 3 * Cl);
-    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, m->n_embd / m->n_head);
+    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, m->local_heads,
+                         m->n_embd / m->n_head);
     ts_tp_row_forward(tp, s.res2, s.atty, W(TS_B_ATTPROJ_W), P(TS_B_ATTPROJ_B), N, Cl, C);
     /* res2 = x + attn(...) and ln_2 of it in one pass over the rows. */
     k->residual_layernorm_forward(s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x,
@@ -417,7 +418,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     ts_tp_row_backward(tp, datty, GW(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), d_res2, s.atty,
                        W(TS_B_ATTPROJ_W), N, Cl, C);
     k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, m->local_heads,
-                          m->n_embd / m->n_head);
+                          m->local_heads, m->n_embd / m->n_head);
     ts_tp_col_backward(tp, bufc, GW(TS_B_QKV_W), G(TS_B_QKV_B), dqkv, s.ln1, W(TS_B_QKV_W), N, C,
                        3 * Cl);
     k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, P(TS_B_LN1_W), s.ln1_mean,
