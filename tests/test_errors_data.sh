@@ -79,6 +79,6 @@ hdr=$(od -An -t d4 -N 12 "$TMP/val32.bin" | tr -s ' ')
 if [ "$size" -eq $((1024 + 4 * 65)) ] && [ "$hdr" = " 20240801 7 65" ]; then pass; else fail "llama3 shard: $size bytes, header '$hdr'"; fi
 "$TESSERA" data "$TMP/corpus.txt" "$TMP/train32.bin" --format=llama3 >/dev/null
 expect_ok 1 "${base[@]}" --set "data.train=\"$TMP/train32.bin\""
-expect_error 0 --rc 2 "--format must be gpt2 or llama3, not 'uint32'" data "$TMP/val.txt" "$TMP/bad.bin" --format uint32
+expect_error --rc 2 0 "--format must be gpt2 or llama3, not 'uint32'" data "$TMP/val.txt" "$TMP/bad.bin" --format uint32
 if [ ! -e "$TMP/bad.bin" ]; then pass; else fail "--format uint32: an output was written"; fi
 finish
