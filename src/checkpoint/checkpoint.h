@@ -2,11 +2,12 @@
  *   model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
  *   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in each parameter's shape
  *   state.json             step, config, data position, grid, checksums
+ *   config.json            (llama) Hugging Face's config: LlamaForCausalLM loads the directory
  * and DIR/latest names the newest complete one.
  *
- * Every tensor is stored LOGICAL (unsharded, nanoGPT's names), so a checkpoint does not
- * depend on the grid that wrote it. The file layout (which tensor lies at which offset of
- * which file) is a function of the model config and checkpoint.file_gb alone: every rank
+ * Every tensor is stored LOGICAL (unsharded, under the model's names: nanoGPT's for gpt2,
+ * Hugging Face's for llama), so a checkpoint does not depend on the grid that wrote it.
+ * The file layout (which tensor lies at which offset of which file) is a function of the model config and checkpoint.file_gb alone: every rank
  * computes it, rank 0 creates the files at their full size with their headers, and each
  * rank writes, with positioned writes, the bytes of the logical slices it owns (one
  * replica per byte: the shard specs' replica 0, split over the data-parallel ranks).

@@ -1,5 +1,5 @@
 /* The checkpoint layout (layout.h): tensors from the model's own parameter list (one
- * rank, tp = 1, every layer: the logical tensors in nanoGPT's order), files filled in
+ * rank, tp = 1, every layer: the logical tensors in the model's order), files filled in
  * that order, headers as safetensors writes them. */
 #include "checkpoint/layout.h"
 

@@ -1,5 +1,5 @@
 /* A checkpoint's file layout, a function of the model config and checkpoint.file_gb
- * only: the logical tensors in nanoGPT's order, which file each lies in and at which
+ * only: the logical tensors in the model's order, which file each lies in and at which
  * byte offset, and each file's header. Every rank computes the same layout, so each can
  * write its own slices into files it did not create (checkpoint.h). */
 #ifndef TS_CKPT_LAYOUT_H
@@ -36,7 +36,7 @@ typedef struct {
 
 typedef struct {
     int n_logical;
-    ts_shard_spec *logical;      /* whole tensors (name, shape), nanoGPT's order */
+    ts_shard_spec *logical;      /* whole tensors (name, shape), the model's order */
     int n_entries;               /* TS_CK_KINDS * n_logical: entry kind*n_logical + logical */
     ts_ckpt_entry *entries;
     int n_files, n_model_files;  /* the model files first, then optimizer.safetensors */
