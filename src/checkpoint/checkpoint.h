@@ -7,10 +7,11 @@
  *
  * Every tensor is stored LOGICAL (unsharded, under the model's names: nanoGPT's for gpt2,
  * Hugging Face's for llama), so a checkpoint does not depend on the grid that wrote it.
- * The file layout (which tensor lies at which offset of which file) is a function of the model config and checkpoint.file_gb alone: every rank
- * computes it, rank 0 creates the files at their full size with their headers, and each
- * rank writes, with positioned writes, the bytes of the logical slices it owns (one
- * replica per byte: the shard specs' replica 0, split over the data-parallel ranks).
+ * The file layout (which tensor lies at which offset of which file) is a function of the
+ * model config and checkpoint.file_gb alone: every rank computes it, rank 0 creates the
+ * files at their full size with their headers, and each rank writes, with positioned
+ * writes, the bytes of the logical slices it owns (one replica per byte: the shard
+ * specs' replica 0, split over the data-parallel ranks).
  * Nothing is gathered but checksums. Loading walks the same shard runs the other way, for
  * whatever grid, partition and ZeRO split the loading job has.
  *
