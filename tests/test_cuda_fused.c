@@ -170,7 +170,8 @@ static void test_residual_rmsnorm(int N, int C, float eps)
     const size_t NC = (size_t)N * C;
     float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
     float *w = ts_test_rand_floats((size_t)C, 1.0f);
-    float *res = ts_alloc_floats(NC), *nrm = ts_alloc_floats(NC), *rstd = ts_alloc_floats((size_t)N);
+    float *res = ts_alloc_floats(NC), *nrm = ts_alloc_floats(NC);
+    float *rstd = ts_alloc_floats((size_t)N);
     H->residual_rmsnorm_forward(res, nrm, rstd, a, b, w, N, C, eps);
     char slot[64];
     snprintf(slot, sizeof slot, "residual_rmsnorm N%d C%d", N, C);

@@ -38,7 +38,10 @@ static __device__ __forceinline__ void layernorm_row(A *o, float *mean, float *r
 
 /* A lane's running sum of squares for rmsnorm_row: s + v*v as one explicit fma, so the
  * unfused and the fused RMSNorm form the same sum whatever the compiler contracts. */
-static __device__ __forceinline__ float rms_lane_add(float s, float v) { return __fmaf_rn(v, v, s); }
+static __device__ __forceinline__ float rms_lane_add(float s, float v)
+{
+    return __fmaf_rn(v, v, s);
+}
 
 /* o[0..C) = RMSNorm of row x[0..C): x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps), on
  * the warp's 32 lanes; lane 0 stores rstd at *rstd. `lane_sq` is this lane's
