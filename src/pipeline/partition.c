@@ -67,25 +67,26 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
     costs_alloc(c, n_layers, TS_COST_MODELLED);
     const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, V = mc->vocab_size;
     const double N = B * T, F = 4.0; /* bytes per float */
-    const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
 
     /* Embedding: gather N rows of wte plus wpe, write [N,C]; backward reads the output
      * gradient and scatter-adds it into dwte rows (read-modify-write) and dwpe. */
-    const double wpe = llama ? 0.0 : T * C; /* llama: no position embedding */
-    double emb_f = F * (N * C + wpe + N * C) + 4.0 * N;
-    double emb_b = F * (N * C + 2 * N * C + 2 * wpe) + 4.0 * N;
+    double emb_f = F * (N * C + T * C + N * C) + 4.0 * N;
+    double emb_b = F * (N * C + 2 * N * C + 2 * T * C) + 4.0 * N;
 
-    /* Block: GEMMs 2*N per weight (gpt2: 12 C^2 weights, QKV 3, projection 1, MLP 8;
-     * llama: q and o C^2 each, k and v n_kv_head*head_dim*C each, gate, up and down
-     * ffn_hidden*C each) and attention 4*N*T*C forward; the backward computes two GEMMs
-     * per forward GEMM. Traffic: the saved activations are written once and read back
-     * in backward (and their gradients streamed), the weights read in both passes and
-     * their gradients read and written. */
-    const double kv = (double)ts_model_kv_heads(mc) * (C / mc->n_head), Fh = ts_model_ffn(mc);
-    const double weights = llama ? 2.0 * C * C + 2.0 * kv * C + 3.0 * Fh * C : 12.0 * C * C;
-    double blk_flops = (llama ? 2.0 * N * weights : 24.0 * N * C * C) + 4.0 * N * T * C;
+    /* Block: GEMMs 2*N per weight element (gpt2: QKV 3C^2, projection C^2, MLP 2CF =
+     * 24*N*C^2 at F = 4C; llama: q and o C*Q each, k and v C*KV each, SwiGLU 3CF) and
+     * attention 4*N*T*Q forward (per query head); the backward computes two GEMMs per
+     * forward GEMM. Traffic: the saved activations are written once and read back in
+     * backward (and their gradients streamed), the weights read in both passes and their
+     * gradients read and written. */
+    const double HS = C / mc->n_head, Q = mc->n_head * HS, KV = ts_model_kv_heads(mc) * HS,
+                 FF = ts_model_ffn(mc);
+    const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
+    const double blk_weights = llama ? 2.0 * C * Q + 2.0 * C * KV + 3.0 * C * FF
+                                     : 4.0 * C * C + 2.0 * C * FF;
+    double blk_flops = 2.0 * N * blk_weights + 4.0 * N * T * Q;
     double blk_act = act_bytes(mc, TS_LAYER_BLOCK, micro_batch);
-    double blk_par = F * weights;
+    double blk_par = F * blk_weights;
     double blk_f = model_ms(blk_flops, blk_act + blk_par);
     double blk_b = model_ms(2.0 * blk_flops, 2.0 * blk_act + 3.0 * blk_par);
 
