@@ -78,9 +78,8 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     }
     /* The head's copy of a tied embedding when it sits on another stage (an untied head
      * has its own lm_head among its parameters). */
-    const bool tied = ts_model_arch(mc) == TS_ARCH_GPT2 || mc->tie_embeddings;
-    L->wte_floats = tied ? (double)(((size_t)m.local_vocab * (size_t)mc->n_embd + 15) / 16 * 16)
-                        : 0.0;
+    const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
+    L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len);
     const double Vl = (double)m.local_vocab;
     ts_model_free(&m);
