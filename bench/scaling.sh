@@ -13,14 +13,18 @@
 #     (bench/scaling/scaling.py timeshare: 4 devices per node, each with half a core's
 #     FLOP/s, memory bandwidth and memory, and twice its elementwise times per element).
 #  2. On paper: `tessera plan --gpus N --search` for the GPT-3 configs from 8 to 8,192
-#     GPUs (powers of 2) at the paper's global batch (strong scaling in devices): the best
-#     grid's step time, MFU, bubble, memory per device and the grid itself. A count with
-#     no valid grid is skipped and the planner's reason recorded.
+#     GPUs and the Llama 3 configs (configs/llama3-*.cfg) from 8 to 16,384 (powers of 2;
+#     405B fits nowhere below 16,384 at seq 8192) at the configs' global batch (strong
+#     scaling in devices): the best grid's step time, MFU, bubble, memory per device and
+#     the grid itself. A count with no valid grid is skipped and the planner's reason
+#     recorded.
 # Writes $OUT (default runs/scaling/): measured.csv/.md, curves.csv/.md, gnuplot data;
 # and plots, SVG and PNG, into docs/: scaling_here.*, scaling_gpt3_{step,mfu,memory,bubble}.*
+# (GPT-3 solid, Llama 3 dashed, on the DGX H100)
 # Usage: bench/scaling.sh [--quick]   (from anywhere)
-#   --quick      only configs/tiny.cfg here; GPT-3 1.3B, 13B, 175B on the DGX H100 only
-#                (default: also an 8-layer 256-wide config here, and every GPT-3 config
+#   --quick      only configs/tiny.cfg here; GPT-3 1.3B, 13B, 175B and Llama 3 8B, 405B
+#                on the DGX H100 only
+#                (default: also an 8-layer 256-wide config here, and every GPT-3 and Llama 3 config
 #                on the DGX H100, the DGX A100 and the H200 node)
 #   BUILD=DIR    build directory (default build/)
 #   OUT=DIR      tables and data (default runs/scaling)
@@ -153,26 +157,40 @@ if [ "${MEASURE:-1}" != 0 ]; then
   "${py[@]}" measured "$out/measured.tsv" "$out"
 fi
 
-# --- 2. GPT-3 on paper
+# --- 2. GPT-3 and Llama 3 on paper
 if [ "$quick" = 1 ]; then
-  models=(1.3b 13b 175b); clusters=(dgx-h100)
+  models=(1.3b 13b 175b); lmodels=(8b 405b); clusters=(dgx-h100)
 else
-  models=(125m 350m 760m 1.3b 2.7b 6.7b 13b 175b); clusters=(dgx-h100 dgx-a100 h200-node)
+  models=(125m 350m 760m 1.3b 2.7b 6.7b 13b 175b); lmodels=(8b 70b 405b)
+  clusters=(dgx-h100 dgx-a100 h200-node)
 fi
 t0=$SECONDS
 rm -f "$out/curves.tsv"
+# search FAMILY SIZE CLUSTER MOST: the best grid for 8, 16, ... MOST GPUs. Below the
+# fewest devices a replica needs (the planner's "at least K", which takes it seconds to
+# find for 405B) the same answer is recorded without asking again.
+search() {
+  local fam="$1" m="$2" c="$3" most="$4" n f least=0 prev=""
+  for ((n = 8; n <= most; n *= 2)); do
+    f="$out/$fam-$m-$c-$n"
+    rm -f "$f.json"
+    if [ "$n" -lt "$least" ]; then
+      sed "s/^tessera: error: [0-9]* devices/tessera: error: $n devices/" "$prev" >"$f.err"
+    else
+      # a count with no valid grid exits 1 with the reason on stderr: recorded, not fatal
+      "$build/tessera" plan "configs/$fam-$m.cfg" --cluster "configs/clusters/$c.cfg" \
+        --gpus "$n" --search --top 1 --json >"$f.json" 2>"$f.err" || rm -f "$f.json"
+      least=$(grep -oE 'needs: at least [0-9]+' "$f.err" | grep -oE '[0-9]+$' || echo 0)
+      prev="$f.err"
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$(echo "$m" | tr a-z A-Z)" "$n" \
+      "$f.json" "$f.err" "$fam" >>"$out/curves.tsv"
+  done
+}
 for c in "${clusters[@]}"; do
   name="$(grep -m1 -o 'name = "[^"]*"' "configs/clusters/$c.cfg" | cut -d'"' -f2)"
-  for m in "${models[@]}"; do
-    for ((n = 8; n <= 8192; n *= 2)); do
-      f="$out/gpt3-$m-$c-$n"
-      # a count with no valid grid exits 1 with the reason on stderr: recorded, not fatal
-      "$build/tessera" plan "configs/gpt3-$m.cfg" --cluster "configs/clusters/$c.cfg" \
-        --gpus "$n" --search --top 1 --json >"$f.json" 2>"$f.err" || rm -f "$f.json"
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$name" "$(echo "$m" | tr a-z A-Z)" "$n" "$f.json" \
-        "$f.err" >>"$out/curves.tsv"
-    done
-  done
+  for m in "${models[@]}"; do search gpt3 "$m" "$c" 8192; done
+  for m in "${lmodels[@]}"; do search llama3 "$m" "$c" 16384; done
 done
 echo "planner searches: $((SECONDS - t0)) s" | tee "$out/curves_time.txt"
 "${py[@]}" curves "$out/curves.tsv" "$out"
@@ -191,8 +209,9 @@ if [ -f "$out/measured.csv" ]; then
   plot here.gp scaling_here "dir='$out'; configs='$(awk -F, 'NR > 1 {print $1}' "$out/measured.csv" | uniq | tr '\n' ' ')'"
 fi
 mlist="$(for m in "${models[@]}"; do echo "$m" | tr a-z A-Z; done | tr '\n' ' ')"
+llist="$(for m in "${lmodels[@]}"; do echo "$m" | tr a-z A-Z; done | tr '\n' ' ')"
 for what in step mfu memory bubble; do
-  plot gpt3.gp "scaling_gpt3_$what" "dat='$out/gpt3_dgx-h100.dat'; what='$what'; models='$mlist'; cluster='$(grep -m1 -o 'name = "[^"]*"' configs/clusters/dgx-h100.cfg | cut -d'"' -f2)'"
+  plot gpt3.gp "scaling_gpt3_$what" "dat='$out/gpt3_dgx-h100.dat'; dat2='$out/llama3_dgx-h100.dat'; what='$what'; models='$mlist'; models2='$llist'; cluster='$(grep -m1 -o 'name = "[^"]*"' configs/clusters/dgx-h100.cfg | cut -d'"' -f2)'"
 done
 
 echo
@@ -200,7 +219,7 @@ echo "## Here: measured vs predicted (configs/clusters/this-machine.cfg; $steps 
 echo
 [ -f "$out/measured.md" ] && cat "$out/measured.md"
 echo
-echo "## GPT-3 on paper (paper global batch, best grid per GPU count)"
+echo "## GPT-3 and Llama 3 on paper (the configs' global batch, best grid per GPU count)"
 cat "$out/curves.md"
 echo
 echo "tables and data in $out; plots in docs/scaling_*.svg and .png"

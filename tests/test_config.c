@@ -266,7 +266,7 @@ static void test_config_range_errors(void)
 
 static void test_config_enum_errors(void)
 {
-    EXPECT_ERR("model = { arch = \"llama\"; };\n", NULL, "'model.arch'", "gpt2");
+    EXPECT_ERR("model = { arch = \"mamba\"; };\n", NULL, "'model.arch'", "\"gpt2\" and \"llama\"");
     EXPECT_ERR("parallel = { schedule = \"zigzag\"; };\n", NULL, "'parallel.schedule'",
                "interleaved-1f1b", ".csv");
     EXPECT_ERR("parallel = { recompute = \"some\"; };\n", NULL, "'parallel.recompute'",
@@ -277,6 +277,45 @@ static void test_config_enum_errors(void)
                "virtual_stages = 2; };\n") == TS_OK);
     CHECK(load("parallel = { schedule = \"zb-h1\"; };\n") == TS_OK);
     CHECK(load("parallel = { schedule = \"interleaved-1f1b\"; };\n") == TS_OK);
+}
+
+/* model.arch = "llama" brings its defaults (untied head, rope_theta 500000) before the
+ * file's keys; the resolved n_kv_head, ffn_hidden and tie_embeddings are in the JSON;
+ * the keys of one architecture are refused on the other, and the tp rules for key/value
+ * heads hold. */
+static void test_config_llama(void)
+{
+    static ts_config c; /* ~80 KB: off the stack */
+    CHECK(load("model = { arch = \"llama\"; n_embd = 96; n_head = 4; };\n") == TS_OK);
+    c = g_cfg;
+    CHECK(c.model.rope_theta == 500000.0 && c.model.norm_eps == 1e-5);
+    CHECK(!ts_model_tied(&c.model) && c.model.tie_embeddings == -1);
+    CHECK(c.model.n_kv_head == 4 && c.model.ffn_hidden == 256); /* 2/3 of 384 -> 256 */
+    char *json = ts_config_to_json(&c);
+    CHECKF(strstr(json, "\"tie_embeddings\":false") && strstr(json, "\"n_kv_head\":4") &&
+               strstr(json, "\"ffn_hidden\":256"),
+           "%s", json);
+    free(json);
+    CHECK(load("model = { arch = \"llama\"; rope_theta = 10000.0; tie_embeddings = true; };\n") == TS_OK);
+    CHECK(g_cfg.model.rope_theta == 10000.0 && ts_model_tied(&g_cfg.model));
+    CHECK(load("model = { n_embd = 96; n_head = 4; };\n") == TS_OK); /* gpt2's defaults */
+    CHECK(ts_model_tied(&g_cfg.model) && g_cfg.model.ffn_hidden == 384 &&
+          g_cfg.model.rope_theta == 0.0);
+    EXPECT_ERR("model = { n_kv_head = 2; };\n", NULL, "grouped-query attention is a llama feature");
+    EXPECT_ERR("model = { norm_eps = 1e-6; };\n", NULL, "gpt2's LayerNorm uses eps 1e-5");
+    EXPECT_ERR("model = { rope_theta = 10000.0; };\n", NULL, "rope_theta", "learned position");
+    EXPECT_ERR("model = { arch = \"llama\"; n_head = 4; n_kv_head = 3; };\n", NULL,
+               "must divide by model.n_kv_head = 3");
+    EXPECT_ERR("model = { arch = \"llama\"; n_embd = 72; n_head = 8; };\n", NULL,
+               "head dimension must be even");
+    EXPECT_ERR("model = { arch = \"llama\"; rope_scaling = 8.0; rope_high_freq_factor = 1.0; };\n",
+               NULL, "high_freq_factor > low_freq_factor");
+    EXPECT_ERR("model = { arch = \"llama\"; n_head = 4; n_kv_head = 4; ffn_hidden = 100; };\n"
+               "parallel = { tp = 8; };\n",
+               NULL, "n_head = 4 must divide by parallel.tp = 8");
+    EXPECT_ERR("model = { arch = \"llama\"; n_head = 8; n_embd = 128; n_kv_head = 4; ffn_hidden = 100; };\n"
+               "parallel = { tp = 8; };\n",
+               NULL, "ffn_hidden = 100 must divide by parallel.tp = 8");
 }
 
 static void test_config_syntax_error(void)
@@ -599,6 +638,7 @@ int main(void)
     test_config_type_errors();
     test_config_range_errors();
     test_config_enum_errors();
+    test_config_llama();
     test_config_syntax_error();
     test_config_read_once();
     test_config_relations();

@@ -324,7 +324,8 @@ static void test_rope(int B, int T, int NH, int NKV, int HS)
     for (size_t bt = 0; bt < (size_t)B * T; bt++) {
         const int t = (int)(bt % T);
         for (int h = 0; h < NH + 2 * NKV; h++) {
-            const float *x = r.x + bt * row + (size_t)h * HS, *y = r.work + bt * row + (size_t)h * HS;
+            const size_t off = bt * row + (size_t)h * HS;
+            const float *x = r.x + off, *y = r.work + off;
             if (h >= NH + NKV) {
                 v_same &= ts_test_same_bits(x, y, (size_t)HS);
                 continue;
@@ -1087,7 +1088,8 @@ static void test_llama_determinism(void)
     const size_t NC = (size_t)N * C, nqkv = (size_t)N * (NH + 2 * NKV) * HS;
     float *x = ts_test_rand_floats(NC, 2.0f), *w = ts_test_rand_floats((size_t)C, 1.0f);
     float *qkv = ts_test_rand_floats(nqkv, 1.5f), *dout = ts_test_rand_floats(NC, 1.0f);
-    float *cos_t = ts_alloc_floats((size_t)T * HS / 2), *sin_t = ts_alloc_floats((size_t)T * HS / 2);
+    float *cos_t = ts_alloc_floats((size_t)T * HS / 2);
+    float *sin_t = ts_alloc_floats((size_t)T * HS / 2);
     rope_tables(cos_t, sin_t, T, HS);
     float *runs[4];
     size_t count = 0;
@@ -1099,7 +1101,8 @@ static void test_llama_determinism(void)
                memcmp(runs[2], runs[3], count * sizeof(float)) == 0,
            "llama kernels: repeated runs differ");
     size_t differ = 0;
-    for (size_t i = 0; i < count; i++) differ += memcmp(&runs[0][i], &runs[2][i], sizeof(float)) != 0;
+    for (size_t i = 0; i < count; i++)
+        differ += memcmp(&runs[0][i], &runs[2][i], sizeof(float)) != 0;
     printf("  llama kernels (GQA NH=%d NKV=%d): repeated runs identical; 1 vs 2 threads: %zu of "
            "%zu floats differ\n",
            NH, NKV, differ, count);

@@ -7,7 +7,9 @@
  * this holds the planner's per-layer tables to the model's layout of each rank's
  * chunks); the optional cluster keys (GELU's time
  * per element, overlap_comm = false) change nothing when absent, add what they say when
- * present, and no overlap never predicts a faster step; the dp bucket rule. */
+ * present, and no overlap never predicts a faster step; the dp bucket rule; the memory
+ * comparison for llama-tiny too; Llama 3's parameter counts, FLOPs per token and the
+ * planner's per-block GEMM work and parameters (test_llama3). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +18,9 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/sim.h"
+#include "model/model.h"
 #include "plan/cluster.h"
+#include "plan/model_cost.h"
 #include "plan/predict.h"
 #include "plan/search.h"
 #include "plan/sim_costs.h"
@@ -314,6 +318,82 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                             }
 }
 
+/* 6. Llama 3 on paper (configs/llama3-*.cfg): the parameter counts of the paper's Table 3
+ * shapes (8.03B, 70.6B, 405.9B; from the shapes here, not from the model's formula), the
+ * model FLOPs per token 6N + 12 * n_layer * seq_len * n_head * head_dim, and the
+ * planner's GEMM work per block and head on an ideal device (efficiency 1): q, k and v of
+ * the rank's query and key/value heads (split over tp = 8, one replicated key/value head
+ * per rank at tp = 16), o_proj, gate+up and down, attention per query head; one
+ * micro-batch's bf16 message; the head's parameters untied (no copy of the embedding). */
+static void test_llama3(void)
+{
+    static const struct {
+        const char *cfg, *published;
+        int L, C, F, NH;
+    } m[] = {{"configs/llama3-8b.cfg", "8.03B", 32, 4096, 14336, 32},
+             {"configs/llama3-70b.cfg", "70.6B", 80, 8192, 28672, 64},
+             {"configs/llama3-405b.cfg", "405.9B", 126, 16384, 53248, 128}};
+    ts_cluster ideal;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &ideal);
+    ideal.n_eff = 1;
+    ideal.eff_n[0] = 1.0;
+    ideal.eff[0] = 1.0;
+    for (size_t k = 0; k < sizeof m / sizeof *m; k++) {
+        ts_config cfg;
+        load_config(m[k].cfg, NULL, 0, &cfg);
+        const ts_model_config *mc = &cfg.model;
+        const double V = 128256, C = m[k].C, F = m[k].F, HS = 128, Q = m[k].NH * HS, KV = 8 * HS;
+        const double block = 2 * C + Q * C + 2 * KV * C + C * Q + 3 * F * C;
+        const double N = 2 * V * C + m[k].L * block + C; /* embedding, blocks, norm, lm_head */
+        const size_t got = ts_model_logical_params(mc);
+        char shown[32];
+        snprintf(shown, sizeof shown, N < 1e10 ? "%.2fB" : "%.1fB", (double)got / 1e9);
+        CHECKF((double)got == N && !strcmp(shown, m[k].published),
+               "%s: %zu parameters (%s), want %.0f (%s)", m[k].cfg, got, shown, N,
+               m[k].published);
+        CHECKF(mc->n_layer == m[k].L && mc->n_head == m[k].NH && ts_model_kv_heads(mc) == 8 &&
+                   ts_model_ffn(mc) == m[k].F && mc->vocab_size == 128256 &&
+                   mc->seq_len == 8192 && !ts_model_tied(mc),
+               "%s: not the paper's shape", m[k].cfg);
+        const double T = mc->seq_len, tokens = cfg.train.global_batch * T;
+        const double per_token = 6.0 * N + 12.0 * m[k].L * T * Q;
+        CHECKF(ts_rel_err(ts_plan_model_flops(mc, cfg.train.global_batch), per_token * tokens,
+                          1) < 1e-12,
+               "%s: model FLOPs %.6g per step, want (6N + 12 L T C) x tokens = %.6g", m[k].cfg,
+               ts_plan_model_flops(mc, cfg.train.global_batch), per_token * tokens);
+        if (k != 2) continue;
+        for (int tp = 8; tp <= 16; tp *= 2) {
+            ts_plan_layers L;
+            ts_plan_layers_build(&L, mc, &ideal, tp, 1, ideal.intra);
+            const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
+            const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
+                                4 * hl * Tk * Tk * HS;
+            const double peak = ts_cluster_peak(&ideal);
+            CHECKF(ts_rel_err(L.f_gemm[1] * peak, gemm, 1) < 1e-9,
+                   "405B tp %d: block forward GEMMs %.6g FLOP, want %.6g", tp, L.f_gemm[1] * peak,
+                   gemm);
+            double vl = ceil(V / tp);
+            CHECKF(ts_rel_err(L.f_gemm[L.n_layers - 1] * peak, 2 * T * vl * C, 1) < 1e-9,
+                   "405B tp %d: head GEMM %.6g FLOP, want %.6g", tp,
+                   L.f_gemm[L.n_layers - 1] * peak, 2 * T * vl * C);
+            CHECKF(L.msg_bytes == T * C * 2 && L.wte_floats == 0.0,
+                   "405B tp %d: message %.0f bytes (want bf16 %.0f), tied copy %.0f floats", tp,
+                   L.msg_bytes, T * C * 2, L.wte_floats);
+            /* Parameters as laid out: the rank's share of the block (k/v split or one
+             * replicated head each) and of the vocabulary, padded to 16 floats. */
+            const double blk = 2 * C + (hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C;
+            CHECKF(L.param_floats[1] >= blk && L.param_floats[1] < blk + 16 * 16,
+                   "405B tp %d: block parameters %.0f floats, want %.0f", tp, L.param_floats[1],
+                   blk);
+            CHECKF(L.param_floats[L.n_layers - 1] >= vl * C + C &&
+                       L.param_floats[L.n_layers - 1] < vl * C + C + 64,
+                   "405B tp %d: head parameters %.0f floats, want %.0f", tp,
+                   L.param_floats[L.n_layers - 1], vl * C + C);
+            ts_plan_layers_free(&L);
+        }
+    }
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -334,6 +414,8 @@ int main(void)
     const char *twelve[] = {"model.n_layer=12"};
     compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
     compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
+    compare_memory("configs/llama-tiny.cfg", NULL, 0, &cpu);
+    test_llama3();
     printf("memory compared with pipeline/memory.c on %d grids\n", g_mem_grids);
     CHECK(g_mem_grids > 100);
     return ts_test_report();

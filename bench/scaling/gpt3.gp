@@ -1,8 +1,9 @@
-# The planner's best grid for the GPT-3 configs against the number of GPUs
-# (bench/scaling.sh writes the data: one block per model; columns gpus step_s mfu_pct
-# bubble mem_gb pp dp tp). Variables (gnuplot -e): dat, what (step | mfu | memory |
-# bubble), models (labels of the blocks, space-separated), cluster (its name), term
-# (svg | pngcairo | png), out.
+# The planner's best grid for the GPT-3 configs (solid) and the Llama 3 configs (dashed)
+# against the number of GPUs (bench/scaling.sh writes the data: one block per model;
+# columns gpus step_s mfu_pct bubble mem_gb pp dp tp). Variables (gnuplot -e): dat,
+# models (GPT-3: the file and the labels of its blocks, space-separated), dat2, models2
+# (Llama 3; models2 = '' draws none), what (step | mfu | memory | bubble), cluster (its
+# name), term (svg | pngcairo | png), out.
 if (term eq 'svg') {
   set terminal svg size 720, 440 font 'Helvetica,12' background rgb 'white'
 } else {
@@ -14,12 +15,15 @@ if (term eq 'svg') {
 }
 set output out
 set logscale x 2
-set xrange [6:11000]
-set xtics (8, 32, 128, 512, 2048, 8192)
+set xrange [6:22000]
+set xtics (8, 32, 128, 512, 2048, 8192, 16384)
 set xlabel 'GPUs'
 set grid xtics ytics lc rgb '#dddddd'
-set key outside right top font ',10' title 'GPT-3'
+if (!exists("models2")) models2 = ''
+if (!exists("dat2")) dat2 = ''
+set key outside right top font ',10'
 n = words(models)
+n2 = words(models2)
 set style line 1 lc rgb '#1f77b4' lw 2 pt 7 ps 0.6
 set style line 2 lc rgb '#ff7f0e' lw 2 pt 5 ps 0.6
 set style line 3 lc rgb '#2ca02c' lw 2 pt 9 ps 0.7
@@ -52,4 +56,13 @@ if (what eq 'bubble') {
   set title sprintf('Predicted pipeline bubble of the best grid, %s', cluster)
   col = 4
 }
-plot for [i = 0:n - 1] dat index i using 1:col with linespoints ls (i % 8 + 1) title word(models, i + 1)
+# Llama 3: dashed, filled points, in the colours after GPT-3's
+do for [j = 1:8] {
+  set style line 10 + j lc rgb word('#17becf #bcbd22 #7f7f7f #1f77b4 #ff7f0e #2ca02c #d62728 #9467bd', j) lw 2 dt 2 pt 5 + 2 * (j % 4) ps 0.8
+}
+if (n2 > 0) {
+  plot for [i = 0:n - 1] dat index i using 1:col with linespoints ls (i % 8 + 1) title 'GPT-3 '.word(models, i + 1), \
+       for [i = 0:n2 - 1] dat2 index i using 1:col with linespoints ls (11 + i % 8) title 'Llama 3 '.word(models2, i + 1)
+} else {
+  plot for [i = 0:n - 1] dat index i using 1:col with linespoints ls (i % 8 + 1) title 'GPT-3 '.word(models, i + 1)
+}

@@ -13,8 +13,8 @@ tables and the gnuplot data files. Subcommands:
       gnuplot data file per (config, mode): here_<config>_<mode>.dat
   curves MANIFEST.tsv OUTDIR
       one row per (cluster file's tag, cluster name, model, gpus, search JSON file,
-      error file): OUTDIR/curves.csv, curves.md and gpt3_<tag>.dat (one gnuplot block
-      per model)
+      error file, family: gpt3 or llama3; gpt3 when absent): OUTDIR/curves.csv,
+      curves.md and <family>_<tag>.dat (one gnuplot block per model of the family)
 """
 import csv
 import json
@@ -194,12 +194,16 @@ def measured(manifest, outdir):
 
 def curves(manifest, outdir):
     rows, order, clusters = [], [], {}
+    names = {"gpt3": "GPT-3", "llama3": "Llama 3"}
     with open(manifest) as f:
-        for tag, cluster, model, gpus, path, errpath in csv.reader(f, delimiter="\t"):
-            if model not in order:
-                order.append(model)
+        for fields in csv.reader(f, delimiter="\t"):
+            tag, cluster, model, gpus, path, errpath = fields[:6]
+            family = fields[6] if len(fields) > 6 else "gpt3"
+            if (family, model) not in order:
+                order.append((family, model))
             clusters[cluster] = tag
-            row = dict(cluster=cluster, model=model, gpus=int(gpus))
+            row = dict(cluster=cluster, family=family, model=model, gpus=int(gpus),
+                       label="%s %s" % (names.get(family, family), model))
             try:
                 s = json.load(open(path))
                 b = s["best"]
@@ -213,7 +217,7 @@ def curves(manifest, outdir):
                 msg = open(errpath).read().strip().replace("tessera: error: ", "")
                 row.update(note=msg or "no result")
             rows.append(row)
-    keys = ["cluster", "model", "gpus", "step_ms", "mfu", "bubble", "mem_gb",
+    keys = ["cluster", "family", "model", "gpus", "step_ms", "mfu", "bubble", "mem_gb",
             "tokens_per_s", "pp", "dp", "tp", "v", "schedule", "micro_batch", "recompute",
             "zero", "search_s", "note"]
     with open(outdir + "/curves.csv", "w", newline="") as f:
@@ -233,24 +237,29 @@ def curves(manifest, outdir):
                     continue
                 if "step_ms" not in r:
                     f.write("| %s | %d | - | - | - | - | %s | | | | |\n"
-                            % (r["model"], r["gpus"], short(r["note"])))
+                            % (r["label"], r["gpus"], short(r["note"])))
                     continue
                 f.write("| %s | %d | %.3g | %.1f%% | %.3f | %.1f | %d x %d x %d | %s (%d) | "
                         "%d | %s | %d |\n" % (
-                            r["model"], r["gpus"], r["step_ms"] / 1e3, 100 * r["mfu"],
+                            r["label"], r["gpus"], r["step_ms"] / 1e3, 100 * r["mfu"],
                             r["bubble"], r["mem_gb"], r["pp"], r["dp"], r["tp"],
                             r["schedule"], r["v"], r["micro_batch"], r["recompute"],
                             r["zero"]))
     for cl, tag in clusters.items():
-        with open("%s/gpt3_%s.dat" % (outdir, tag), "w") as f:
-            for m in order:
-                f.write("# %s on %s: gpus step_s mfu_pct bubble mem_gb pp dp tp\n" % (m, cl))
-                for r in rows:
-                    if r["cluster"] == cl and r["model"] == m and "step_ms" in r:
-                        f.write("%d %.4f %.2f %.4f %.2f %d %d %d\n" % (
-                            r["gpus"], r["step_ms"] / 1e3, 100 * r["mfu"], r["bubble"],
-                            r["mem_gb"], r["pp"], r["dp"], r["tp"]))
-                f.write("\n\n")
+        for family in sorted({fam for fam, _ in order}):
+            with open("%s/%s_%s.dat" % (outdir, family, tag), "w") as f:
+                for fam, m in order:
+                    if fam != family:
+                        continue
+                    f.write("# %s %s on %s: gpus step_s mfu_pct bubble mem_gb pp dp tp\n"
+                            % (names.get(fam, fam), m, cl))
+                    for r in rows:
+                        if (r["cluster"] == cl and r["family"] == fam and r["model"] == m
+                                and "step_ms" in r):
+                            f.write("%d %.4f %.2f %.4f %.2f %d %d %d\n" % (
+                                r["gpus"], r["step_ms"] / 1e3, 100 * r["mfu"], r["bubble"],
+                                r["mem_gb"], r["pp"], r["dp"], r["tp"]))
+                    f.write("\n\n")
 
 
 def short(note):

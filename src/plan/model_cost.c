@@ -76,32 +76,52 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
         L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
         L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
     }
-    L->wte_floats = (double)(((size_t)m.local_vocab * (size_t)mc->n_embd + 15) / 16 * 16);
+    /* The head's copy of a tied embedding when it sits on another stage (an untied head
+     * has its own lm_head among its parameters). */
+    const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
+    L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len);
     const double Vl = (double)m.local_vocab;
     ts_model_free(&m);
 
-    const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, N = B * T;
-    const double hl = (double)(mc->n_head / tp), hs = C / mc->n_head, tpd = tp;
-    const double F = 4.0 * C / tpd, f32 = 4.0;
-    L->msg_bytes = N * C * f32;
-    const double ar_act = ts_plan_allreduce_time(N * C * f32, tp, tp_link);
+    const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, N = B * T, tpd = tp;
+    const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
+    /* This rank's heads: hl query heads; kvl key/value heads (gpt2: hl; llama: its
+     * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns. */
+    const int nkv = ts_model_kv_heads(mc);
+    const double hl = (double)(mc->n_head / tp), hs = C / mc->n_head;
+    const double kvl = !llama ? hl : nkv % tp == 0 ? (double)(nkv / tp) : 1.0;
+    const double F = (double)ts_model_ffn(mc) / tpd;
+    /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
+     * and the elementwise kernels move act_dtype), and of an fp32 statistic. */
+    const double ab = cl->bf16 ? 2.0 : 4.0, f32 = 4.0;
+    L->msg_bytes = N * C * ab;
+    const double ar_act = ts_plan_allreduce_time(N * C * ab, tp, tp_link);
 
-    /* Block: qkv (column-parallel), attention over the local heads, attention projection
-     * (row-parallel), fc (column), fc projection (row). */
-    const double lin = gemm(cl, N, 3.0 * C / tpd, C) + gemm(cl, N, C, C / tpd) +
-                       gemm(cl, N, F, C) + gemm(cl, N, C, F);
+    /* Block: q, k, v (column-parallel by heads; one GEMM of the rank's (hl + 2 kvl) heads),
+     * attention over the local query heads, its output projection (row-parallel); the
+     * MLP's column-parallel input (gpt2: c_fc [4C, C]; llama: gate and up [2F, C] as one
+     * GEMM) and row-parallel output (c_proj / down [C, F]). */
+    const double mlp_in = llama ? 2.0 * F : F;
+    const double lin = gemm(cl, N, (hl + 2.0 * kvl) * hs, C) + gemm(cl, N, C, hl * hs) +
+                       gemm(cl, N, mlp_in, C) + gemm(cl, N, C, F);
     const double att = B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
-    /* Elementwise passes, forward: LayerNorm x2 (read + write), residual adds x2 (2 reads
-     * + 1 write), GELU (read + write of the local 4C/tp columns), softmax (read scores,
-     * write probabilities, the scale/mask pass) over the local heads; the backward moves
-     * twice the bytes. GELU and LayerNorm may have their own time (above). */
-    const double elem = f32 * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * N * C) + 6.0 * N * C +
-                               shared_bytes(cl, TS_ELEM_GELU, 2.0 * N * F) + 3.0 * B * hl * T * T);
-    const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, f32 * 4.0 * N * C, 2.0 * N * C) +
-                         own_time(cl, TS_ELEM_GELU, 0, f32 * 2.0 * N * F, N * F);
-    const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, f32 * 8.0 * N * C, 2.0 * N * C) +
-                         own_time(cl, TS_ELEM_GELU, 1, f32 * 4.0 * N * F, N * F);
+    /* Elementwise passes, forward: the two norms (LayerNorm, or llama's RMSNorm: read +
+     * write), residual adds x2 (2 reads + 1 write), the MLP activation (GELU: read and
+     * write the local columns; SwiGLU: read gate and up, write their product), llama's
+     * RoPE (in place on the local q and k heads), softmax (read scores, write
+     * probabilities, the scale/mask pass) over the local heads; the backward moves twice
+     * the bytes. The activation and the norm may have their own time (above: gelu's for
+     * SwiGLU, layernorm's for RMSNorm). */
+    const double act_rw = llama ? 3.0 * N * F : 2.0 * N * F;
+    const double rope = llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
+    const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * N * C) + 6.0 * N * C +
+                              shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope +
+                              3.0 * B * hl * T * T);
+    const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * N * C, 2.0 * N * C) +
+                         own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
+    const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * N * C, 2.0 * N * C) +
+                         own_time(cl, TS_ELEM_GELU, 1, ab * 2.0 * act_rw, N * F);
     for (int l = 1; l <= mc->n_layer; l++) {
         L->f_gemm[l] = lin + att;
         L->b_gemm[l] = 2.0 * lin + 2.0 * att;
@@ -111,16 +131,18 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
         L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];
         L->w[l] = lin;
     }
-    /* Embedding: a gather of the local vocabulary rows + wpe (write N*C), the tp sum;
-     * backward: the scatter-add into wte and wpe (a weight gradient: no input). */
+    /* Embedding: a gather of the local vocabulary rows (+ wpe for gpt2; llama has none),
+     * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
+     * gradient, no input. */
+    const double wpe = llama ? 0.0 : 1.0;
     L->f_tp[0] = ar_act;
-    L->f[0] = mem_time(cl, f32 * 3.0 * N * C) + ar_act;
+    L->f[0] = mem_time(cl, ab * (2.0 + wpe) * N * C) + ar_act;
     L->i[0] = 0.0;
-    L->w[0] = mem_time(cl, f32 * 4.0 * N * C);
-    /* Head: ln_f, the LM-head GEMM over the local vocabulary, vocab-parallel
-     * cross-entropy (3 passes over the logits; 3 all-reduces of N floats); backward:
-     * the logits' gradient (write + read), dX (summed over tp) and dW of the GEMM,
-     * ln_f's backward. */
+    L->w[0] = mem_time(cl, ab * (3.0 + wpe) * N * C);
+    /* Head: the final norm, the LM-head GEMM over the local vocabulary (gpt2: wte; llama:
+     * its own lm_head, the same shape), vocab-parallel cross-entropy (3 passes over the
+     * logits; 3 all-reduces of N fp32 row statistics); backward: the logits' gradient
+     * (write + read), dX (summed over tp) and dW of the GEMM, the norm's backward. */
     const int h = n - 1;
     const double head_gemm = gemm(cl, N, Vl, C);
     L->f_gemm[h] = head_gemm;
@@ -128,11 +150,11 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     L->f_tp[h] = 3.0 * ts_plan_allreduce_time(N * f32, tp, tp_link);
     L->i_tp[h] = ar_act;
     L->f[h] = head_gemm +
-              mem_time(cl, f32 * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * N * C) + 3.0 * N * Vl)) +
-              own_time(cl, TS_ELEM_LAYERNORM, 0, f32 * 2.0 * N * C, N * C) + L->f_tp[h];
+              mem_time(cl, ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * N * C) + 3.0 * N * Vl)) +
+              own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 2.0 * N * C, N * C) + L->f_tp[h];
     L->i[h] = head_gemm +
-              mem_time(cl, f32 * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * N * C))) +
-              own_time(cl, TS_ELEM_LAYERNORM, 1, f32 * 3.0 * N * C, N * C) + L->i_tp[h];
+              mem_time(cl, ab * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * N * C))) +
+              own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 3.0 * N * C, N * C) + L->i_tp[h];
     L->w[h] = head_gemm;
 }
 
@@ -182,7 +204,12 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
 
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
+    /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
+     * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
+     * (n_head * head_dim = n_embd; grouped-query attention shares k and v between query
+     * heads but computes as many scores). */
     const double tokens = (double)global_batch * mc->seq_len;
+    const double head_dim = (double)(mc->n_embd / mc->n_head);
     return 6.0 * (double)ts_model_logical_params(mc) * tokens +
-           12.0 * mc->n_layer * (double)mc->seq_len * mc->n_embd * tokens;
+           12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
 }

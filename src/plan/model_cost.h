@@ -3,26 +3,37 @@
  * holds. No process runs the model: everything follows from the config's shapes.
  *
  * Time. A GEMM of shape (m, n, k) takes 2mnk / (peak * efficiency(cbrt(mnk))), peak of
- * the cluster's compute_dtype; elementwise work (LayerNorm, residual adds, GELU,
- * softmax, embedding gather/scatter, cross-entropy) takes its bytes / memory
- * bandwidth, in fp32 (Tessera keeps activations in fp32 on every backend today), or
- * for a kernel the cluster's device.elementwise_ns lists, the larger of that and its
- * elements x the measured time per element (compute-bound exp/tanh on CPUs). A
- * block's backward is its GEMMs twice (input gradient I: dX of the four linears and
- * attention's backward; weight gradient W: dW of the four linears) plus twice the
- * forward's elementwise bytes in I. Tensor parallelism (Megatron): each rank does 1/tp
- * of the GEMMs; a block does 2 all-reduces of micro_batch*seq_len*n_embd fp32 values
- * forward and 2 backward, the embedding 1 forward, the head 3 small ones (N floats:
- * vocab-parallel max, sum, target logit) forward and 1 backward; a ring all-reduce of
- * S bytes over t ranks costs 2(t-1)/t * S / bandwidth + 2(t-1) * latency on the link
- * the tp group uses, and it is not overlapped with compute.
+ * the cluster's compute_dtype; elementwise work (the norms, residual adds, the MLP's
+ * activation, RoPE, softmax, embedding gather/scatter, cross-entropy) takes its bytes /
+ * memory bandwidth, in the activation dtype (bf16 on a bf16 cluster, as the trainer
+ * holds activations there; fp32 otherwise), or for a kernel the cluster's
+ * device.elementwise_ns lists, the larger of that and its elements x the measured time
+ * per element (compute-bound exp/tanh on CPUs; llama's RMSNorm and SwiGLU take
+ * layernorm's and gelu's). A block's backward is its GEMMs twice (input gradient I: dX
+ * of the linears and attention's backward; weight gradient W: dW of the linears) plus
+ * twice the forward's elementwise bytes in I.
+ *
+ * The block's GEMMs by architecture: gpt2: c_attn [3C, C], attn.c_proj [C, C], c_fc
+ * [4C, C], mlp.c_proj [C, 4C]; llama: q [NH*HS, C] with k and v [NKV*HS, C] (one GEMM
+ * of the rank's heads), o_proj [C, NH*HS], gate and up [F, C] (one GEMM of 2F/tp
+ * columns), down [C, F]; attention's two batched GEMMs per query head. The embedding
+ * has no position table for llama; the head's GEMM is the same shape tied or not.
+ *
+ * Tensor parallelism (Megatron): each rank does 1/tp of the GEMMs (llama's key/value
+ * heads split over tp when n_kv_head % tp == 0, else each rank computes its one
+ * replicated head); a block does 2 all-reduces of micro_batch*seq_len*n_embd
+ * activation-dtype values forward and 2 backward, the embedding 1 forward, the head 3
+ * small ones (N fp32 row statistics: vocab-parallel max, sum, target logit) forward and
+ * 1 backward; a ring all-reduce of S bytes over t ranks costs 2(t-1)/t * S / bandwidth +
+ * 2(t-1) * latency on the link the tp group uses, and it is not overlapped with
+ * compute. A pipeline message is one micro-batch's [B*T, C] activations in their dtype.
  *
  * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)
  * on sizes from the layer tables here, which the tests hold to the trainer's layout:
  * parameters and gradients as the model lays them out (tp rank 0, which holds the most
- * vocabulary rows; the head's rank keeps a copy of the tied embedding when the
- * embedding is elsewhere), fp32; with compute_dtype bf16 the parameters add a bf16 copy
- * (2 bytes each: the CUDA backend keeps fp32 master weights, fp32 gradients and fp32
+ * vocabulary rows; the head's rank keeps a copy of a tied embedding when the embedding
+ * is elsewhere; an untied head holds its own lm_head), fp32; with compute_dtype bf16 the
+ * parameters add a bf16 copy (2 bytes each: the CUDA backend keeps fp32 master weights, fp32 gradients and fp32
  * AdamW moments); the two AdamW moments, fp32, 1/dp of them with ZeRO-1; activations =
  * for every chunk, the schedule's peak live micro-batch sets (recompute-aware, as the
  * engine holds them) times the chunk's saved tensors (+ token ids), plus zero-bubble
@@ -75,7 +86,9 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
 double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
 
 /* Model FLOPs of one step (no recompute): 6 * parameters * tokens + attention
- * 12 * n_layer * seq_len * n_embd * tokens, tokens = global_batch * seq_len. */
+ * 12 * n_layer * seq_len * n_head * head_dim * tokens (per query head, the full T x T
+ * square; n_head * head_dim = n_embd), tokens = global_batch * seq_len; parameters =
+ * ts_model_logical_params (llama: untied head counted, no position embedding). */
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
 
 #endif

@@ -8,7 +8,8 @@
  *
  * Step: each chunk's F, I, W costs are its layers' (model_cost.h), I plus the chunk's
  * forward again with recompute = full ((m-1)/m of it with except_last). Pipeline
- * messages: one micro-batch's fp32 activations, link latency + bytes / bandwidth. The
+ * messages: one micro-batch's activations (bf16 on a bf16 cluster), link latency + bytes
+ * / bandwidth. The
  * dp reduction runs on the simulator's dp lane in parallel.bucket_mb buckets: a ring
  * all-reduce of the chunk's fp32 gradients over dp ranks (ZeRO-1: the reduce-scatter
  * half), the ring's 2(dp-1)/dp (ZeRO-1: (dp-1)/dp) byte factor and 2(dp-1) (dp-1)

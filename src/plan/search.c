@@ -10,12 +10,22 @@
 const char *const ts_loss_names[TS_N_LOSSES] = {"bubble", "communication", "recompute",
                                                 "compute", "optimizer"};
 
-/* Whether a (pp, dp, tp) grid is valid for the model and batch: tp splits the heads and
- * gives every rank a vocabulary row, dp splits the batch, every stage has a layer. */
+/* Whether tp splits the model as ts_config_validate requires: whole query heads per
+ * rank, the MLP's columns evenly, a vocabulary row each; llama's key/value heads split
+ * (n_kv_head % tp == 0) or each replicated on tp / n_kv_head ranks. */
+static bool tp_ok(const ts_model_config *m, int tp)
+{
+    const int kv = ts_model_kv_heads(m);
+    if (m->n_head % tp != 0 || ts_model_ffn(m) % tp != 0 || m->vocab_size < tp) return false;
+    return ts_model_arch(m) != TS_ARCH_LLAMA || kv % tp == 0 || tp % kv == 0;
+}
+
+/* Whether a (pp, dp, tp) grid is valid for the model and batch: tp splits the model
+ * (tp_ok), dp splits the batch, every stage has a layer. */
 static bool grid_ok(const ts_config *cfg, int pp, int dp, int tp)
 {
-    return cfg->model.n_head % tp == 0 && cfg->model.vocab_size >= tp &&
-           cfg->train.global_batch % dp == 0 && pp <= cfg->model.n_layer + 2;
+    return tp_ok(&cfg->model, tp) && cfg->train.global_batch % dp == 0 &&
+           pp <= cfg->model.n_layer + 2;
 }
 
 /* The valid (pp, dp, tp) grids of n devices: their count, the first `cap` into out. */
@@ -201,7 +211,8 @@ static ts_status no_grid(const ts_config *cfg, int n)
         snprintf(near, sizeof near, "; the nearest device count with one is %d",
                  below ? below : above);
     return ts_fail("no grid uses exactly %d devices: pp * dp * tp = %d needs tp dividing "
-                   "model.n_head = %d, dp dividing train.global_batch = %d and pp at most the "
+                   "model.n_head = %d (and the MLP width; llama: n_kv_head or a multiple of "
+                   "it), dp dividing train.global_batch = %d and pp at most the "
                    "%d layers (embedding, %d blocks, head)%s (change --gpus or "
                    "train.global_batch)",
                    n, n, cfg->model.n_head, cfg->train.global_batch, layers, cfg->model.n_layer,

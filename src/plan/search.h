@@ -1,7 +1,8 @@
 /* The grid search: every valid grid for N devices, predicted and ranked by step time
  * among those that fit in memory.
  *
- * Valid grids: pp * dp * tp = N; tp divides n_head (a tp group larger than a node, or
+ * Valid grids: pp * dp * tp = N; tp divides n_head and the MLP width (ts_model_ffn), and
+ * for llama n_kv_head or a multiple of it (a tp group larger than a node, or
  * not dividing devices_per_node, is allowed and pays the inter-node link); dp divides
  * train.global_batch; pp * v chunks of at least one layer (embedding, n_layer blocks,
  * head); micro_batch divides global_batch / dp; schedules gpipe, 1f1b, zb-h1 (v = 1)
