@@ -65,11 +65,13 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
     const bool tied_here = embed >= 2 && (m->head_wte_param < 0 ||
                                           m->params[m->head_wte_param].tied_copy);
     for (int r = 0; r < dp; r++) {
-        ts_comm dpc = fake_comm(dp, r, "dp"), emb = fake_comm(embed, 0, "embed");
+        ts_comm dpc = fake_comm(dp, r, "dp"), emb = fake_comm(embed, 0, "embed"),
+                kv = fake_comm(1, 0, "kv");
         ts_grad_sync g;
-        ts_grad_sync_init(&g, m, &dpc, &emb, bucket_bytes, true, zero);
+        ts_grad_sync_init(&g, m, &dpc, &emb, &kv, bucket_bytes, true, zero);
         CHECK(g.sharded == (zero && dp > 1));
-        CHECK((g.tied_param >= 0) == tied_here);
+        CHECK((g.n_sums == 1) == tied_here && g.n_sums <= 1);
+        const int tied_param = g.n_sums ? g.sums[0].param : -1;
         /* Buckets tile [0, n) from the end, on parameter boundaries. */
         size_t end = m->num_floats;
         int n_tied = 0;
@@ -81,10 +83,10 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
             end = b->begin;
             n_tied += b->tied;
             if (b->tied) { /* the tied tensor alone */
-                const ts_param *P = &m->params[g.tied_param];
+                const ts_param *P = &m->params[tied_param];
                 CHECK(b->begin == P->offset);
                 for (int p = 0; p < m->n_params; p++)
-                    if (p != g.tied_param)
+                    if (p != tied_param)
                         CHECK(m->params[p].offset < b->begin || m->params[p].offset >= b->end);
             }
             if (!g.sharded) continue;
@@ -170,10 +172,10 @@ static void test_sharded_adamw(void)
         ts_grad_sync g[4];
         ts_adamw opt[4];
         size_t bytes = 0;
-        ts_comm emb = fake_comm(1, 0, "embed");
+        ts_comm emb = fake_comm(1, 0, "embed"), kv = fake_comm(1, 0, "kv");
         for (int r = 0; r < dp; r++) {
             ts_comm dpc = fake_comm(dp, r, "dp");
-            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, 1024, true, true);
+            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, &kv, 1024, true, true);
             ts_adamw_init_ranges(&opt[r], &shard, g[r].shard, g[r].n_shard, g[r].sharded);
             CHECK(opt[r].sharded);
             bytes += ts_adamw_state_bytes(&opt[r]);

@@ -20,7 +20,8 @@ typedef struct {
     int n_kv_head;              /* key/value heads (GQA); n_head for gpt2 and multi-head */
     int ffn_hidden;             /* MLP hidden width: 4*n_embd (gpt2), SwiGLU's (llama) */
     double norm_eps;            /* LayerNorm (gpt2, fixed 1e-5) / RMSNorm (llama) epsilon */
-    bool tie_embeddings;        /* LM head = token embedding (gpt2: true; llama: false) */
+    int tie_embeddings;         /* LM head = token embedding: 1 yes, -1 no, 0 the
+                                 * architecture's (gpt2: tied; llama: untied); ts_model_tied */
     /* Rotary embeddings (llama; 0 for gpt2): base, and Llama 3.1's frequency scaling
      * (rope_scaling = factor, 0 = none; the low/high frequency factors and the original
      * context it was trained on). */
@@ -39,7 +40,8 @@ static inline ts_arch ts_model_arch(const ts_model_config *m)
 }
 /* The defaults an architecture brings (applied after ts_config_defaults when model.arch
  * names it, before the file's and --set's keys are read): llama unties the LM head and
- * sets rope_theta 500000 (Llama 3), RMSNorm eps 1e-5. */
+ * sets rope_theta 500000 (Llama 3), RMSNorm eps 1e-5 (its LM head is untied by
+ * ts_model_tied's default). */
 void ts_config_arch_defaults(ts_model_config *m, const char *arch);
 /* After loading: n_kv_head 0 -> n_head; ffn_hidden 0 -> the architecture's default
  * (gpt2: 4*n_embd; llama: Meta's 2/3 of 4*n_embd rounded up to a multiple of 256). */
@@ -49,6 +51,10 @@ void ts_config_resolve_model(ts_model_config *m);
 static inline int ts_model_kv_heads(const ts_model_config *m)
 {
     return m->n_kv_head > 0 ? m->n_kv_head : m->n_head;
+}
+static inline bool ts_model_tied(const ts_model_config *m)
+{
+    return m->tie_embeddings > 0 || (m->tie_embeddings == 0 && ts_model_arch(m) == TS_ARCH_GPT2);
 }
 static inline int ts_model_ffn(const ts_model_config *m)
 {

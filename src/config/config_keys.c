@@ -32,7 +32,7 @@ void ts_config_defaults(ts_config *cfg)
     m->n_kv_head = 0; /* = n_head */
     m->ffn_hidden = 0; /* the architecture's */
     m->norm_eps = 1e-5;
-    m->tie_embeddings = true;
+    m->tie_embeddings = 0; /* the architecture's: ts_model_tied */
     m->rope_theta = 0.0; /* gpt2: no rotary embedding */
     m->rope_scaling = 0.0;
     m->rope_low_freq_factor = 1.0;
@@ -95,7 +95,6 @@ void ts_config_defaults(ts_config *cfg)
 void ts_config_arch_defaults(ts_model_config *m, const char *arch)
 {
     if (strcmp(arch, "llama") != 0) return;
-    m->tie_embeddings = false;
     m->rope_theta = 500000.0;
     m->norm_eps = 1e-5;
 }
@@ -104,6 +103,7 @@ void ts_config_resolve_model(ts_model_config *m)
 {
     m->n_kv_head = ts_model_kv_heads(m);
     m->ffn_hidden = ts_model_ffn(m);
+    m->tie_embeddings = ts_model_tied(m) ? 1 : -1;
 }
 
 /* ------------------------------------------------------------ the key table -- */
@@ -128,7 +128,8 @@ const key_spec ts_config_keys[] = {
     INT_KEY("model", "n_kv_head", model.n_kv_head, 0, 1 << 16),
     INT_KEY("model", "ffn_hidden", model.ffn_hidden, 0, 1 << 24),
     FLOAT_KEY("model", "norm_eps", model.norm_eps, 0, true, 1, false),
-    BOOL_KEY("model", "tie_embeddings", model.tie_embeddings),
+    { "model", "tie_embeddings", K_TRIBOOL, OFF(model.tie_embeddings), 0, 0, 0, false, false,
+      NULL },
     FLOAT_KEY("model", "rope_theta", model.rope_theta, 0, false, 1e12, false),
     FLOAT_KEY("model", "rope_scaling", model.rope_scaling, 0, false, 1e6, false),
     FLOAT_KEY("model", "rope_low_freq_factor", model.rope_low_freq_factor, 0, true, 1e6, false),
@@ -215,6 +216,7 @@ static json_t *key_json(const key_spec *k, const ts_config *cfg)
     case K_INT64: return json_integer((json_int_t) * (const int64_t *)v);
     case K_FLOAT: return json_real(*(const double *)v);
     case K_BOOL: return json_boolean(*(const bool *)v);
+    case K_TRIBOOL: return json_boolean(ts_model_tied(&cfg->model)); /* its one key */
     case K_STR: return json_string((const char *)v);
     case K_PARTITION: {
         const ts_parallel_config *p = &cfg->parallel;

@@ -249,6 +249,11 @@ static ts_status read_key(const key_spec *k, const config_setting_t *s, ts_confi
             return type_error(k, s, where, "a boolean", "write true or false");
         *(bool *)dst = config_setting_get_bool(s) != 0;
         break;
+    case K_TRIBOOL:
+        if (type != CONFIG_TYPE_BOOL)
+            return type_error(k, s, where, "a boolean", "write true or false");
+        *(int *)dst = config_setting_get_bool(s) != 0 ? 1 : -1;
+        break;
     case K_STR:
         if (type != CONFIG_TYPE_STRING)
             return type_error(k, s, where, "a string", "put the value in double quotes");

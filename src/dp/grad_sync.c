@@ -37,6 +37,13 @@ static void add_bucket(ts_grad_sync *g, size_t begin, size_t end, int min_layer,
     if (g->sharded) split_bucket(b, g->dp.size);
 }
 
+static bool is_group_summed(const ts_grad_sync *g, int p)
+{
+    for (int i = 0; i < g->n_sums; i++)
+        if (g->sums[i].param == p) return true;
+    return false;
+}
+
 /* Walk the parameters from the last (final first) to the first, closing a bucket once
  * it holds `target` floats. Boundaries fall between parameters, so a bucket's
  * readiness is a range of layers. With ZeRO-1 the tied embedding is a bucket alone. */
@@ -48,7 +55,7 @@ static void build_buckets(ts_grad_sync *g, const ts_model *m, size_t target)
     for (int p = m->n_params - 1; p >= 0; p--) {
         const ts_param *P = &m->params[p];
         const size_t begin = p == 0 ? 0 : P->offset;
-        if (g->sharded && p == g->tied_param) {
+        if (g->sharded && is_group_summed(g, p)) {
             if (max_layer >= 0) { /* close the open bucket above the tied tensor */
                 const size_t next = m->params[p + 1].offset;
                 add_bucket(g, next, end, min_layer, max_layer, false);
@@ -89,12 +96,19 @@ static void build_shard(ts_grad_sync *g)
     }
 }
 
+static void add_group_sum(ts_grad_sync *g, const ts_model *m, int p, const ts_comm *group)
+{
+    g->sums[g->n_sums++] = (struct ts_group_sum){p, m->params[p].offset, m->params[p].numel, group};
+}
+
 void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
-                       const ts_comm *embed, size_t bucket_bytes, bool overlap, bool zero)
+                       const ts_comm *embed, const ts_comm *kv, size_t bucket_bytes,
+                       bool overlap, bool zero)
 {
     memset(g, 0, sizeof *g);
     g->dp = *dp;
     g->embed = *embed;
+    g->kv = *kv;
     g->grads = m->grad_mem;
     g->params = m->param_mem;
     g->k = m->k;
@@ -104,13 +118,19 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
     g->layer_final = ts_calloc((size_t)m->n_layers, sizeof(bool));
     /* pp > 1: this stage holds wte without the head, or the head's copy of wte; the
      * two are summed over the embedding group. */
+    g->sums = ts_calloc((size_t)m->n_params + 1, sizeof *g->sums);
     const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
-    const bool split_tie = tied >= 0 && (m->head_wte_param < 0 || m->params[tied].tied_copy);
-    g->tied_param = split_tie && ts_comm_member(embed) && embed->size >= 2 ? tied : -1;
-    if (g->tied_param >= 0) {
-        g->tied_offset = m->params[tied].offset;
-        g->tied_numel = m->params[tied].numel;
-    }
+    const bool split_tie = m->tied && tied >= 0 &&
+                           (m->head_wte_param < 0 || m->params[tied].tied_copy);
+    if (split_tie && ts_comm_member(embed) && embed->size >= 2) add_group_sum(g, m, tied, &g->embed);
+    /* Replicated key/value heads: k_proj and v_proj of every block this rank holds. */
+    if (m->kv_replicas > 1 && kv->size > 1)
+        for (int l = 0; l < m->n_layers; l++) {
+            const ts_layer *L = &m->layers[l];
+            if (!L->owned || L->kind != TS_LAYER_BLOCK) continue;
+            add_group_sum(g, m, L->first_param + TS_L_K_W, &g->kv);
+            add_group_sum(g, m, L->first_param + TS_L_V_W, &g->kv);
+        }
     const bool dp_sync = dp->size > 1 && m->n_params > 0;
     g->sharded = zero && dp_sync;
     if (dp_sync) {
@@ -239,6 +259,7 @@ void ts_grad_sync_free(ts_grad_sync *g)
     free(g->buckets);
     free(g->layer_final);
     free(g->shard);
+    free(g->sums);
     memset(g, 0, sizeof *g);
 }
 
@@ -307,13 +328,17 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
      * mode), or the communication thread does. */
 }
 
-/* The tied embedding's gradient summed over the embedding group (blocking; running
- * non-blocking reductions make progress meanwhile). Returns the time it took. */
+/* The group sums (the tied embedding over the embedding group, replicated key/value
+ * weights over the kv group), blocking; running non-blocking reductions make progress
+ * meanwhile. Returns the time they took. */
 static double sum_tied(ts_grad_sync *g)
 {
-    if (g->tied_param < 0) return 0.0;
+    if (g->n_sums == 0) return 0.0;
     double t0 = ts_now_ms();
-    ts_allreduce_sum_f32(&g->embed, g->grads + g->tied_offset, g->tied_numel);
+    for (int i = 0; i < g->n_sums; i++) {
+        const struct ts_group_sum *s = &g->sums[i];
+        ts_allreduce_sum_f32(s->group, g->grads + s->offset, s->numel);
+    }
     return ts_now_ms() - t0;
 }
 

@@ -20,7 +20,12 @@
  * stages' buffers are laid out differently and their pieces of wte would not line up:
  * wte gets a bucket of its own, reduce-scattered at the end of the step after the
  * embedding-group sum; the other buckets overlap as usual. Identical tied gradients in
- * identically cut buckets make the two stages' pieces, moments and updates identical. */
+ * identically cut buckets make the two stages' pieces, moments and updates identical.
+ *
+ * Llama's key/value projections replicated on kv_replicas tensor-parallel ranks (tp >
+ * n_kv_head) are summed the same way over the `kv` group (the tp ranks holding the same
+ * key/value head): each replica computed its query heads' part of the gradient. Every
+ * such sum (the tied embedding's, the key/value weights') is a `group sum`. */
 #ifndef TS_GRAD_SYNC_H
 #define TS_GRAD_SYNC_H
 
@@ -39,7 +44,7 @@
 typedef struct {
     size_t begin, end;  /* float offsets into the gradient buffer */
     int min_layer, max_layer; /* final once every layer in [min, max] is final */
-    bool tied;          /* ZeRO-1: the tied embedding alone, reduced after its embedding-group sum */
+    bool tied;          /* ZeRO-1: a group-summed tensor alone, reduced after its group sum */
     int *counts, *displs; /* ZeRO-1: [dp] each dp rank's piece, floats from begin */
     bool launched;
     ts_request req;
@@ -48,13 +53,19 @@ typedef struct {
 } ts_bucket;
 
 typedef struct {
-    ts_comm dp, embed;
+    ts_comm dp, embed, kv;
     float *grads, *params; /* device memory of k */
     const ts_kernels *k;
     size_t n_floats;      /* the whole gradient buffer */
     bool sharded;         /* ZeRO-1 with dp > 1: reduce-scatter, update a shard, all-gather */
-    int tied_param;       /* the tied embedding (or its copy) summed over `embed`, or -1 */
-    size_t tied_offset, tied_numel; /* its floats in the gradient buffer */
+    /* The gradients summed over a group before the optimizer: the tied embedding (or its
+     * copy) over `embed`, replicated key/value weights over `kv`. */
+    int n_sums;
+    struct ts_group_sum {
+        int param;
+        size_t offset, numel;  /* its floats in the gradient buffer */
+        const ts_comm *group;  /* &g->embed or &g->kv */
+    } *sums;
     int n_buckets;
     ts_bucket *buckets;
     bool *layer_final;    /* [n_layers]: the layer's gradients are final this step */
@@ -87,7 +98,8 @@ typedef struct {
 /* dp: the data-parallel group; embed: the embedding group (a non-member or a group of one
  * when pp == 1); zero: parallel.zero. */
 void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
-                       const ts_comm *embed, size_t bucket_bytes, bool overlap, bool zero);
+                       const ts_comm *embed, const ts_comm *kv, size_t bucket_bytes,
+                       bool overlap, bool zero);
 void ts_grad_sync_free(ts_grad_sync *g);
 /* Drive the overlapped reductions from a communication thread (needs MPI's
  * THREAD_MULTIPLE; collective over the dp group). A no-op when nothing overlaps. */

@@ -1,13 +1,17 @@
-/* Forward and backward of the three layer kinds, one micro-batch at a time.
- * A block reads like nanoGPT's:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x)).
- * The backward runs the residual stream's gradient `dx` through in place: each
- * LayerNorm backward adds its input gradient to it (the residual branch's identity
- * path is the "+ dx" for free).
+/* Forward and backward of the three layer kinds, one micro-batch at a time, for both
+ * architectures. A block reads like nanoGPT's:
+ *     x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
+ * where gpt2 has LayerNorms, biases and GELU, and llama RMSNorms, rotary embeddings on
+ * q and k, grouped-query attention, no biases and SwiGLU (the few calls that differ are
+ * the helpers under "what differs"). The backward runs the residual stream's gradient
+ * `dx` through in place: each norm's backward adds its input gradient to it (the
+ * residual branch's identity path is the "+ dx" for free).
  *
- * Tensor parallelism (Megatron) is in the calls, not here: c_attn, c_fc and the LM head
- * are column-parallel linears, the two c_proj row-parallel, the embedding and the
- * cross-entropy vocab-parallel (tensor/tp.h holds their collectives). The same code
- * runs the unsharded model when tp.size == 1. */
+ * Tensor parallelism (Megatron) is in the calls, not here: the q|k|v and MLP input
+ * projections and the LM head are column-parallel linears, the attention and MLP output
+ * projections row-parallel, the embedding and the cross-entropy vocab-parallel
+ * (tensor/tp.h holds their collectives). The same code runs the unsharded model when
+ * tp.size == 1. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,55 +20,73 @@
 
 /* ---------------------------------------------------- the activation layout */
 
-/* Sizes of one micro-batch on one tensor-parallel rank: N = B*T rows, C channels, and
- * this rank's Cl = C/tp attention channels (H = n_head/tp heads), F = 4C/tp MLP
- * columns and Vl vocabulary rows; att and att_scratch: the bytes the backend's
- * attention keeps for its backward and the workspace that needs (kernels.h); ab: the
- * bytes of one activation element (the table's act_dtype). */
+/* Sizes of one micro-batch on one tensor-parallel rank: N = B*T rows, C channels, this
+ * rank's H query heads and KV key/value heads of HS channels, Cl = H*HS attention
+ * channels, QKV = (H + 2 KV) HS columns of the q|k|v projection, F MLP columns of the
+ * activation (GELU's, SwiGLU's output) and FI of the projection before it (F for
+ * gpt2's c_fc, 2F for llama's gate|up), Vl vocabulary rows; NM: rows of a norm's
+ * mean (N for LayerNorm, 0 for RMSNorm, which keeps only rstd); att and att_scratch:
+ * the bytes the backend's attention keeps for its backward and the workspace that
+ * needs (kernels.h); ab: the bytes of one activation element (the table's act_dtype). */
 typedef struct {
-    size_t B, T, N, C, Cl, F, H, Vl, att, att_scratch, ab;
+    size_t B, T, N, C, Cl, H, KV, HS, QKV, F, FI, NM, Vl, att, att_scratch, ab;
+    bool llama;
 } act_dims;
 
-static act_dims dims_of(const ts_kernels *k, int n_embd, int n_head, int vocab, int tp,
-                        int tp_rank, int B, int T)
+/* The shape a model (or a config, for estimates) gives the layout. */
+typedef struct {
+    bool llama;
+    int n_embd, n_head, n_kv_head, ffn, vocab;
+} act_shape;
+
+static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, int B, int T)
 {
     int64_t v0, nv;
-    ts_shard_range(vocab, tp, tp_rank, &v0, &nv);
-    const int H = n_head / tp, HS = n_embd / n_head;
-    act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)n_embd,
-                  .Cl = (size_t)n_embd / tp, .F = 4 * (size_t)n_embd / tp,
-                  .H = (size_t)H, .Vl = (size_t)nv,
+    ts_shard_range(sh.vocab, tp, tp_rank, &v0, &nv);
+    const int H = sh.n_head / tp, HS = sh.n_embd / sh.n_head;
+    const int KV = tp > sh.n_kv_head ? 1 : sh.n_kv_head / tp;
+    const size_t F = (size_t)sh.ffn / tp;
+    act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)sh.n_embd,
+                  .Cl = (size_t)H * HS, .H = (size_t)H, .KV = (size_t)KV, .HS = (size_t)HS,
+                  .QKV = (size_t)(H + 2 * KV) * HS, .F = F, .FI = sh.llama ? 2 * F : F,
+                  .NM = sh.llama ? 0 : (size_t)B * T, .Vl = (size_t)nv,
                   .att = k->attention_saved_bytes(B, T, H, HS),
                   .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
-                  .ab = ts_dtype_bytes(k->act_dtype)};
+                  .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama};
     return d;
 }
 
 static act_dims model_dims(const ts_model *m, int B, int T)
 {
-    return dims_of(m->k, m->n_embd, m->n_head, m->vocab_size, m->tp.size, m->tp.rank, B, T);
+    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->n_embd, m->n_head, m->n_kv_head,
+                          m->ffn_hidden, m->vocab_size};
+    return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
 }
 
 /* The saved activations of each layer kind, in memory order: X(name, count, type) with
  * the count in terms of `d` (an act_dims) and the type A (activation elements, the
  * table's act_dtype), F (fp32: statistics and losses, whatever the precision) or BYTES
- * (a size the backend gives in bytes). These lists are the only place the layout is
- * written: the views below, ts_acts_bytes, the memory estimate and the partition's
- * modelled activation bytes all expand them (llm.c's fill_in_activation_sizes). */
-#define EMBED_ACTS(X) X(out, d.N * d.C, A) /* [N,C] token + position embedding */
+ * (a size the backend gives in bytes). One list serves both architectures (a count of
+ * 0 is an empty buffer: RMSNorm has no mean). These lists are the only place the
+ * layout is written: the views below, ts_acts_bytes, the memory estimate and the
+ * partition's modelled activation bytes all expand them (llm.c's
+ * fill_in_activation_sizes). */
+#define EMBED_ACTS(X) X(out, d.N * d.C, A) /* [N,C] token (+ position) embedding */
 
 #define BLOCK_ACTS(X)                                                                      \
-    X(ln1, d.N * d.C, A) X(ln1_mean, d.N, F) X(ln1_rstd, d.N, F) /* ln_1 output, stats */  \
-    X(qkv, d.N * 3 * d.Cl, A)          /* [N,3Cl] this rank's heads of q, k and v */        \
-    X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before c_proj */          \
+    X(ln1, d.N * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.N, F) /* first norm, stats */  \
+    X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
+                                          RoPE) */                                          \
+    X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
     X(att, d.att, BYTES)               /* attention's saved state (CPU: [B,H,T,T] softmax) */ \
     X(res2, d.N * d.C, A)              /* [N,C] x + attn(...) */                            \
-    X(ln2, d.N * d.C, A) X(ln2_mean, d.N, F) X(ln2_rstd, d.N, F)                            \
-    X(fch, d.N * d.F, A) X(fch_gelu, d.N * d.F, A) /* [N,F] MLP hidden, before/after GELU */ \
+    X(ln2, d.N * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.N, F)                           \
+    X(fch, d.N * d.FI, A)              /* [N,FI] c_fc's / gate|up's output */               \
+    X(fch_gelu, d.N * d.F, A)          /* [N,F] after GELU / SwiGLU */                      \
     X(out, d.N * d.C, A)               /* [N,C] block output x + attn + mlp */
 
 #define HEAD_ACTS(X)                                                                       \
-    X(lnf, d.N * d.C, A) X(lnf_mean, d.N, F) X(lnf_rstd, d.N, F)                            \
+    X(lnf, d.N * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.N, F)                           \
     X(losses, d.N, F)                  /* [N] per-token cross-entropy */                    \
     X(xent_stats, 3 * d.N, F)          /* vocab-parallel row statistics (tp.h) */           \
     X(logits, d.N * d.Vl, A)           /* [N,Vl]: logits, then dlogits in place */
@@ -98,8 +120,9 @@ static size_t kind_bytes(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                           int tp_rank, const ts_kernels *k)
 {
-    return kind_bytes(kind, dims_of(k, cfg->n_embd, cfg->n_head, cfg->vocab_size, tp, tp_rank,
-                                    B, T));
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, cfg->n_embd, cfg->n_head,
+                          ts_model_kv_heads(cfg), ts_model_ffn(cfg), cfg->vocab_size};
+    return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
 static unsigned char *layer_mem(const ts_acts *a, int l)
@@ -202,10 +225,17 @@ static const void *layer_input(const ts_model *m, const ts_acts *a, int l)
     return l == a->l0 ? a->input : ts_acts_output(m, a, l - 1);
 }
 
-/* The backward's scratch, in activation elements: a block's [N,F] hidden gradient
- * (later its [N,3Cl] qkv gradient, 3Cl < F), an [N,C] input gradient, then the attention
- * backward's workspace (bytes, 64-aligned); the head's [N,C] input gradient. */
-static size_t scratch_att_offset(act_dims d) { return ACT_ALIGN((d.N * d.F + d.N * d.C) * d.ab); }
+/* The backward's scratch, in activation elements: a block's [N,max(FI,QKV)] (the MLP
+ * projection's output gradient, later the qkv gradient), then [N,max(C,Fa)] (the
+ * input gradient of a matmul; with SwiGLU first its output gradient [N,F], as GELU's
+ * runs in place), then the attention backward's workspace (bytes, 64-aligned); the
+ * head's [N,C] input gradient. */
+static size_t scratch_wide(act_dims d) { return d.FI > d.QKV ? d.FI : d.QKV; }
+static size_t scratch_narrow(act_dims d) { return d.llama && d.F > d.C ? d.F : d.C; }
+static size_t scratch_att_offset(act_dims d)
+{
+    return ACT_ALIGN(d.N * (scratch_wide(d) + scratch_narrow(d)) * d.ab);
+}
 
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
@@ -232,14 +262,82 @@ static void *act_at(const act_dims *d, const void *p, size_t n)
     return (unsigned char *)p + n * d->ab;
 }
 
+/* ------------------------------------------- what differs between the architectures */
+
+/* A block's parameters by role, as indices relative to its first_param (-1: the
+ * architecture has none, e.g. llama's biases): one block code for both. */
+typedef struct {
+    int norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
+        fcproj_w, fcproj_b;
+} block_roles;
+
+static block_roles roles_of(const ts_model *m)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        return (block_roles){TS_L_ATTN_NORM_W, -1, TS_L_Q_W, -1, TS_L_O_W, -1,
+                             TS_L_MLP_NORM_W, -1, TS_L_GATE_W, -1, TS_L_DOWN_W, -1};
+    return (block_roles){TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W,
+                         TS_B_ATTPROJ_B, TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B,
+                         TS_B_FCPROJ_W, TS_B_FCPROJ_B};
+}
+
+/* LayerNorm (gpt2) or RMSNorm (llama; no mean, no bias). */
+static void norm_forward(const ts_model *m, void *out, float *mean, float *rstd, const void *inp,
+                         const float *w, const float *b, int N)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        m->k->rmsnorm_forward(out, rstd, inp, w, N, m->n_embd, m->norm_eps);
+    else
+        m->k->layernorm_forward(out, mean, rstd, inp, w, b, N, m->n_embd);
+}
+
+static void residual_norm_forward(const ts_model *m, void *res, void *out, float *mean,
+                                  float *rstd, const void *a, const void *b, const float *w,
+                                  const float *bias, int N)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        m->k->residual_rmsnorm_forward(res, out, rstd, a, b, w, N, m->n_embd, m->norm_eps);
+    else
+        m->k->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, m->n_embd);
+}
+
+/* dinp += (the residual stream's gradient). */
+static void norm_backward(const ts_model *m, void *dinp, float *dw, float *db, const void *dout,
+                          const void *inp, const float *w, const float *mean, const float *rstd,
+                          int N)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        m->k->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->n_embd);
+    else
+        m->k->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->n_embd);
+}
+
+/* The MLP's activation: GELU over [N,F], or SwiGLU from [N,2F] (gate|up) to [N,F]. */
+static void mlp_act_forward(const ts_model *m, void *out, const void *inp, int N)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        m->k->swiglu_forward(out, inp, N, m->local_ffn);
+    else
+        m->k->gelu_forward(out, inp, (size_t)N * m->local_ffn);
+}
+
+static void mlp_act_backward(const ts_model *m, void *dinp, const void *inp, const void *dout,
+                             int N)
+{
+    if (m->arch == TS_ARCH_LLAMA)
+        m->k->swiglu_backward(dinp, inp, dout, N, m->local_ffn);
+    else
+        m->k->gelu_backward(dinp, inp, dout, (size_t)N * m->local_ffn);
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static void embed_forward(const ts_model *m, const ts_acts *a, int l)
 {
     const int p0 = m->layers[l].first_param;
+    const float *wpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_data(m, p0 + 1);
     ts_tp_embed_forward(&m->tp, embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
-                        m->vocab_start, m->local_vocab, ts_param_data(m, p0 + 1), a->B, a->T,
-                        m->n_embd);
+                        m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd);
 }
 
 static void block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
@@ -248,38 +346,50 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
     const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
     const int p0 = m->layers[l].first_param;
-#define P(i) ts_param_data(m, p0 + (i))    /* fp32 master: LayerNorm weights, biases */
-#define W(i) ts_param_compute(m, p0 + (i)) /* the matmuls' compute copy */
+    const block_roles r = roles_of(m);
+#define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i))) /* fp32 master: norms, biases */
+#define W(i) ts_param_compute(m, p0 + (i))                  /* the matmuls' compute copy */
     block_acts s = block_views(m, a, l);
 
-    k->layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, x, P(TS_B_LN1_W), P(TS_B_LN1_B), N, C);
-    ts_tp_col_forward(tp, s.qkv, s.ln1, W(TS_B_QKV_W), P(TS_B_QKV_B), N, C, 3 * Cl);
-    k->attention_forward(s.atty, s.att, s.qkv, B, T, m->local_heads, m->n_embd / m->n_head);
-    ts_tp_row_forward(tp, s.res2, s.atty, W(TS_B_ATTPROJ_W), P(TS_B_ATTPROJ_B), N, Cl, C);
-    /* res2 = x + attn(...) and ln_2 of it in one pass over the rows. */
-    k->residual_layernorm_forward(s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x,
-                                  P(TS_B_LN2_W), P(TS_B_LN2_B), N, C);
+    norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, P(r.norm1_w), P(r.norm1_b), N);
+    ts_tp_col_forward(tp, s.qkv, s.ln1, W(r.qkv_w), P(r.qkv_b), N, C, (int)d.QKV);
+    if (m->rope_cos) k->rope_forward(s.qkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
+    k->attention_forward(s.atty, s.att, s.qkv, B, T, H, KV, HS);
+    ts_tp_row_forward(tp, s.res2, s.atty, W(r.proj_w), P(r.proj_b), N, Cl, C);
+    /* res2 = x + attn(...) and the second norm of it in one pass over the rows. */
+    residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x, P(r.norm2_w),
+                          P(r.norm2_b), N);
 
-    ts_tp_col_forward(tp, s.fch, s.ln2, W(TS_B_FC_W), P(TS_B_FC_B), N, C, F);
-    k->gelu_forward(s.fch_gelu, s.fch, (size_t)N * F);
-    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(TS_B_FCPROJ_W), P(TS_B_FCPROJ_B), N, F, C);
+    ts_tp_col_forward(tp, s.fch, s.ln2, W(r.fc_w), P(r.fc_b), N, C, (int)d.FI);
+    mlp_act_forward(m, s.fch_gelu, s.fch, N);
+    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), N, F, C);
     k->residual_forward(s.out, s.out, s.res2, (size_t)N * C);
 #undef P
 #undef W
+}
+
+/* The head's norm parameters (weight; bias for gpt2's LayerNorm, NULL for llama). */
+static const float *head_norm_w(const ts_model *m, int l)
+{
+    return ts_param_data(m, m->layers[l].first_param);
+}
+static const float *head_norm_b(const ts_model *m, int l)
+{
+    return m->arch == TS_ARCH_LLAMA ? NULL : ts_param_data(m, m->layers[l].first_param + 1);
 }
 
 static void head_forward(const ts_model *m, const ts_acts *a, int l, const void *x, float dloss,
                          double *loss_acc)
 {
     const int N = a->B * a->T, C = m->n_embd;
-    const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
 
-    m->k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, ts_param_data(m, p0),
-                            ts_param_data(m, p0 + 1), N, C);
-    /* LM head tied to the token embedding: logits = lnf @ wte^T, this rank's vocabulary
-     * columns; then the loss, leaving the softmax's gradient in place of the logits. */
+    norm_forward(m, h.lnf, h.lnf_mean, h.lnf_rstd, x, head_norm_w(m, l), head_norm_b(m, l), N);
+    /* The LM head (the tied token embedding, or lm_head): logits = lnf @ W^T, this
+     * rank's vocabulary columns; then the loss, leaving the softmax's gradient in place
+     * of the logits. */
     ts_tp_col_forward(&m->tp, h.logits, h.lnf, ts_param_compute(m, m->head_wte_param), NULL, N,
                       C, m->local_vocab);
     ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
@@ -314,21 +424,21 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
 
 /* ------------------------------------------------ forward for generation */
 
-/* The head without the loss: ln_f and the tied LM head on each sequence's last position
- * only (a LayerNorm row needs no other row), logits [B, V] in activation elements. The
- * rest of the head's buffers (losses, the other positions) are left untouched. */
+/* The head without the loss: the final norm and the LM head on each sequence's last
+ * position only (a norm's row needs no other row), logits [B, V] in activation
+ * elements. The rest of the head's buffers (losses, the other positions) are left
+ * untouched. */
 static void head_forward_logits(const ts_model *m, const ts_acts *a, int l, const void *x,
                                 void *logits)
 {
     const act_dims d = model_dims(m, a->B, a->T);
     const int C = m->n_embd, V = m->local_vocab;
-    const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
     for (int b = 0; b < a->B; b++) {
         const size_t row = (size_t)b * a->T + (size_t)(a->T - 1);
-        m->k->layernorm_forward(act_at(&d, h.lnf, row * C), h.lnf_mean + row, h.lnf_rstd + row,
-                                act_at(&d, x, row * C), ts_param_data(m, p0),
-                                ts_param_data(m, p0 + 1), 1, C);
+        norm_forward(m, act_at(&d, h.lnf, row * C), h.lnf_mean ? h.lnf_mean + row : NULL,
+                     h.lnf_rstd + row, act_at(&d, x, row * C), head_norm_w(m, l),
+                     head_norm_b(m, l), 1);
         ts_tp_col_forward(&m->tp, act_at(&d, logits, (size_t)b * V), act_at(&d, h.lnf, row * C),
                           ts_param_compute(m, m->head_wte_param), NULL, 1, C, V);
     }
@@ -349,8 +459,9 @@ void ts_model_forward_logits(const ts_model *m, ts_acts *a, void *logits)
 static void embed_backward(const ts_model *m, const ts_acts *a, int l, const void *dout)
 {
     const int p0 = m->layers[l].first_param;
-    ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dout, a->tokens,
-                         m->vocab_start, m->local_vocab, a->B, a->T, m->n_embd);
+    float *dwpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1);
+    ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), dwpe, dout, a->tokens, m->vocab_start,
+                         m->local_vocab, a->B, a->T, m->n_embd);
 }
 
 /* The backward of a block. With `stash` (the zero-bubble input-gradient pass) the four
@@ -361,12 +472,12 @@ enum { STASH_D_OUT, STASH_D_FCH, STASH_D_RES2, STASH_D_QKV };
 static size_t stash_elems(const ts_model *m, int N)
 {
     const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
-    return d.N * (2 * d.C + d.F + 3 * d.Cl);
+    return d.N * (2 * d.C + d.FI + d.QKV);
 }
 static void *stash_part(const ts_model *m, void *st, int N, int part)
 {
     const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
-    const size_t NC = d.N * d.C, NF = d.N * d.F;
+    const size_t NC = d.N * d.C, NF = d.N * d.FI;
     switch (part) {
     case STASH_D_OUT: return st;
     case STASH_D_FCH: return act_at(&d, st, NC);
@@ -382,17 +493,22 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
     const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
     const size_t NC = (size_t)N * C;
     const int p0 = m->layers[l].first_param;
-#define P(i) ts_param_data(m, p0 + (i))
+    const block_roles r = roles_of(m);
+#define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i)))
 #define W(i) ts_param_compute(m, p0 + (i))
-#define G(i) ts_param_grad(m, p0 + (i))
+#define G(i) ((i) < 0 ? NULL : ts_param_grad(m, p0 + (i)))
 #define GW(i) (stash ? NULL : G(i)) /* matmul weight gradients: deferred with a stash */
     block_acts s = block_views(m, a, l);
-    void *dfch = stash ? stash_part(m, stash, N, STASH_D_FCH) : sc->mem;       /* [N,F] */
-    void *dqkv = stash ? stash_part(m, stash, N, STASH_D_QKV) : sc->mem;       /* [N,3Cl] */
-    void *bufc = act_at(&d, sc->mem, (size_t)N * F);                           /* [N,C] */
+    void *dfch = stash ? stash_part(m, stash, N, STASH_D_FCH) : sc->mem;       /* [N,FI] */
+    void *dqkv = stash ? stash_part(m, stash, N, STASH_D_QKV) : sc->mem;       /* [N,QKV] */
+    void *bufc = act_at(&d, sc->mem, d.N * scratch_wide(d));                   /* [N,C] */
     void *att_scratch = (unsigned char *)sc->mem + scratch_att_offset(d);
+    /* The activation's output gradient [N,F]: GELU's backward runs in place in dfch;
+     * SwiGLU's reads it from the second scratch buffer while writing dfch. */
+    void *dact = m->arch == TS_ARCH_LLAMA ? bufc : dfch;
 
     /* MLP: dx is the gradient of the block output (the same on every tp rank). */
     const void *d_out = dx;
@@ -400,12 +516,12 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
         m->k->memcpy_d2d(stash_part(m, stash, N, STASH_D_OUT), dx, NC * d.ab);
         d_out = stash_part(m, stash, N, STASH_D_OUT);
     }
-    ts_tp_row_backward(tp, dfch, GW(TS_B_FCPROJ_W), G(TS_B_FCPROJ_B), d_out, s.fch_gelu,
-                       W(TS_B_FCPROJ_W), N, F, C);
-    k->gelu_backward(dfch, s.fch, dfch, (size_t)N * F);
-    ts_tp_col_backward(tp, bufc, GW(TS_B_FC_W), G(TS_B_FC_B), dfch, s.ln2, W(TS_B_FC_W), N, C, F);
-    k->layernorm_backward(dx, G(TS_B_LN2_W), G(TS_B_LN2_B), bufc, s.res2, P(TS_B_LN2_W),
-                          s.ln2_mean, s.ln2_rstd, N, C);
+    ts_tp_row_backward(tp, dact, GW(r.fcproj_w), G(r.fcproj_b), d_out, s.fch_gelu,
+                       W(r.fcproj_w), N, F, C);
+    mlp_act_backward(m, dfch, s.fch, dact, N);
+    ts_tp_col_backward(tp, bufc, GW(r.fc_w), G(r.fc_b), dfch, s.ln2, W(r.fc_w), N, C, (int)d.FI);
+    norm_backward(m, dx, G(r.norm2_w), G(r.norm2_b), bufc, s.res2, P(r.norm2_w), s.ln2_mean,
+                  s.ln2_rstd, N);
 
     /* Attention: dx is now the gradient of res2. */
     const void *d_res2 = dx;
@@ -414,14 +530,15 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
         d_res2 = stash_part(m, stash, N, STASH_D_RES2);
     }
     void *datty = bufc; /* [N,Cl] */
-    ts_tp_row_backward(tp, datty, GW(TS_B_ATTPROJ_W), G(TS_B_ATTPROJ_B), d_res2, s.atty,
-                       W(TS_B_ATTPROJ_W), N, Cl, C);
-    k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, m->local_heads,
-                          m->n_embd / m->n_head);
-    ts_tp_col_backward(tp, bufc, GW(TS_B_QKV_W), G(TS_B_QKV_B), dqkv, s.ln1, W(TS_B_QKV_W), N, C,
-                       3 * Cl);
-    k->layernorm_backward(dx, G(TS_B_LN1_W), G(TS_B_LN1_B), bufc, x, P(TS_B_LN1_W), s.ln1_mean,
-                          s.ln1_rstd, N, C);
+    ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), d_res2, s.atty, W(r.proj_w), N, Cl,
+                       C);
+    k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, H, KV, HS);
+    /* The gradient of q and k before their rotation (RoPE is linear). */
+    if (m->rope_cos) k->rope_backward(dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
+    ts_tp_col_backward(tp, bufc, GW(r.qkv_w), G(r.qkv_b), dqkv, s.ln1, W(r.qkv_w), N, C,
+                       (int)d.QKV);
+    norm_backward(m, dx, G(r.norm1_w), G(r.norm1_b), bufc, x, P(r.norm1_w), s.ln1_mean,
+                  s.ln1_rstd, N);
 #undef P
 #undef W
 #undef G
@@ -434,21 +551,22 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, vo
     const act_dims d = model_dims(m, a->B, a->T);
     const int C = m->n_embd, N = a->B * a->T, Cl = (int)d.Cl, F = (int)d.F;
     const int p0 = m->layers[l].first_param;
+    const block_roles r = roles_of(m);
 #define G(i) ts_param_grad(m, p0 + (i))
     block_acts s = block_views(m, a, l);
-    ts_tp_row_backward(tp, NULL, G(TS_B_FCPROJ_W), NULL, stash_part(m, stash, N, STASH_D_OUT),
+    ts_tp_row_backward(tp, NULL, G(r.fcproj_w), NULL, stash_part(m, stash, N, STASH_D_OUT),
                        s.fch_gelu, NULL, N, F, C);
-    ts_tp_col_backward(tp, NULL, G(TS_B_FC_W), NULL, stash_part(m, stash, N, STASH_D_FCH), s.ln2,
-                       NULL, N, C, F);
-    ts_tp_row_backward(tp, NULL, G(TS_B_ATTPROJ_W), NULL, stash_part(m, stash, N, STASH_D_RES2),
+    ts_tp_col_backward(tp, NULL, G(r.fc_w), NULL, stash_part(m, stash, N, STASH_D_FCH), s.ln2,
+                       NULL, N, C, (int)d.FI);
+    ts_tp_row_backward(tp, NULL, G(r.proj_w), NULL, stash_part(m, stash, N, STASH_D_RES2),
                        s.atty, NULL, N, Cl, C);
-    ts_tp_col_backward(tp, NULL, G(TS_B_QKV_W), NULL, stash_part(m, stash, N, STASH_D_QKV), s.ln1,
-                       NULL, N, C, 3 * Cl);
+    ts_tp_col_backward(tp, NULL, G(r.qkv_w), NULL, stash_part(m, stash, N, STASH_D_QKV), s.ln1,
+                       NULL, N, C, (int)d.QKV);
 #undef G
 }
 
 /* The head's backward: the forward left dlogits in place of the logits. With
- * `defer_weight`, the LM head's (tied embedding's) weight gradient waits for the W pass. */
+ * `defer_weight`, the LM head's weight gradient waits for the W pass. */
 static void head_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
                           ts_scratch *sc, bool defer_weight)
 {
@@ -462,8 +580,9 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const void
                        NULL, h.logits, h.lnf, ts_param_compute(m, m->head_wte_param), N, C,
                        m->local_vocab);
     m->k->memset_zero(dx, (size_t)N * C * d.ab);
-    m->k->layernorm_backward(dx, ts_param_grad(m, p0), ts_param_grad(m, p0 + 1), dlnf, x,
-                             ts_param_data(m, p0), h.lnf_mean, h.lnf_rstd, N, C);
+    norm_backward(m, dx, ts_param_grad(m, p0),
+                  m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1), dlnf, x,
+                  head_norm_w(m, l), h.lnf_mean, h.lnf_rstd, N);
 }
 
 void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,

@@ -18,9 +18,10 @@ typedef struct {
 
 /* Add a parameter with logical shape [d0] or [d0, d1] (d1 = 0 for 1-D), split over the
  * tensor-parallel ranks along `split_axis` (-1 = replicated) viewed as `groups` leading
- * groups. */
-static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
-                     ts_init_kind init, float std, int split_axis, int groups)
+ * groups, into `parts` parts (the tp size, or fewer: each part then shared by tp/parts
+ * ranks, tensor/shard.h). */
+static int add_param_parts(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
+                           ts_init_kind init, float std, int split_axis, int groups, int parts)
 {
     ts_model *m = b->m;
     if (m->n_params == b->cap) {
@@ -33,8 +34,12 @@ static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_
     ts_param *p = &m->params[m->n_params];
     memset(p, 0, sizeof *p);
     const int64_t shape[2] = {d0, d1};
-    ts_shard_init(&p->shard, name, d1 > 0 ? 2 : 1, shape, split_axis, groups, m->tp.size,
-                  m->tp.rank);
+    if (split_axis >= 0 && parts < m->tp.size)
+        ts_shard_init_shared(&p->shard, name, d1 > 0 ? 2 : 1, shape, split_axis, groups, parts,
+                             m->tp.size, m->tp.rank);
+    else
+        ts_shard_init(&p->shard, name, d1 > 0 ? 2 : 1, shape, split_axis, groups, m->tp.size,
+                      m->tp.rank);
     p->numel = ts_shard_numel(&p->shard);
     /* 16-float alignment keeps every tensor on its own cache lines for the kernels. */
     p->offset = b->offset;
@@ -46,7 +51,20 @@ static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_
     return m->n_params++;
 }
 
-static void add_block_params(builder *b, int layer, int i, int C, int n_layer)
+static int add_param(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
+                     ts_init_kind init, float std, int split_axis, int groups)
+{
+    return add_param_parts(b, layer, name, d0, d1, init, std, split_axis, groups, b->m->tp.size);
+}
+
+/* The next parameter starts right after parameter p, without the alignment gap, so
+ * that the two are one contiguous weight (llama's q|k|v and gate|up). */
+static void pack_after(builder *b, int p)
+{
+    b->offset = b->m->params[p].offset + b->m->params[p].numel;
+}
+
+static void add_block_params(builder *b, int layer, int i, int C, int F, int n_layer)
 {
     char name[96];
     const float std = 0.02f;
@@ -65,11 +83,41 @@ static void add_block_params(builder *b, int layer, int i, int C, int n_layer)
     P("attn.c_proj.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
     P("ln_2.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
     P("ln_2.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
-    P("mlp.c_fc.weight", 4 * C, C, TS_INIT_NORMAL, std, 0, 1);
-    P("mlp.c_fc.bias", 4 * C, 0, TS_INIT_ZEROS, 0, 0, 1);
-    P("mlp.c_proj.weight", C, 4 * C, TS_INIT_NORMAL, proj_std, 1, 1);
+    P("mlp.c_fc.weight", F, C, TS_INIT_NORMAL, std, 0, 1);
+    P("mlp.c_fc.bias", F, 0, TS_INIT_ZEROS, 0, 0, 1);
+    P("mlp.c_proj.weight", C, F, TS_INIT_NORMAL, proj_std, 1, 1);
     P("mlp.c_proj.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
 #undef P
+}
+
+/* Hugging Face's LlamaDecoderLayer, Megatron's split: q, k, v and gate, up
+ * column-parallel (by heads; a key/value head on kv_replicas ranks when tp >
+ * n_kv_head), o_proj and down_proj row-parallel, the RMSNorm weights replicated. Every
+ * matrix is normal(0, 0.02) (HF's initializer_range), the norms ones. */
+static void add_llama_block_params(builder *b, int layer, int i, const ts_model_config *cfg)
+{
+    const ts_model *m = b->m;
+    char name[96];
+    const float std = 0.02f;
+    const int64_t C = cfg->n_embd, HS = C / cfg->n_head, F = ts_model_ffn(cfg);
+    const int64_t Q = cfg->n_head * HS, KV = (int64_t)ts_model_kv_heads(cfg) * HS;
+    const int kv_parts = m->tp.size / m->kv_replicas;
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
+    add_param(b, layer, NAME("input_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+    const int q = add_param(b, layer, NAME("self_attn.q_proj.weight"), Q, C, TS_INIT_NORMAL, std, 0, 1);
+    pack_after(b, q);
+    const int k = add_param_parts(b, layer, NAME("self_attn.k_proj.weight"), KV, C, TS_INIT_NORMAL,
+                                  std, 0, 1, kv_parts);
+    pack_after(b, k);
+    add_param_parts(b, layer, NAME("self_attn.v_proj.weight"), KV, C, TS_INIT_NORMAL, std, 0, 1,
+                    kv_parts);
+    add_param(b, layer, NAME("self_attn.o_proj.weight"), C, Q, TS_INIT_NORMAL, std, 1, 1);
+    add_param(b, layer, NAME("post_attention_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+    const int g = add_param(b, layer, NAME("mlp.gate_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
+    pack_after(b, g);
+    add_param(b, layer, NAME("mlp.up_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
+    add_param(b, layer, NAME("mlp.down_proj.weight"), C, F, TS_INIT_NORMAL, std, 1, 1);
+#undef NAME
 }
 
 void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
@@ -85,11 +133,22 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     memset(m, 0, sizeof *m);
     /* Whole heads per rank and at least one vocabulary row (ts_config_validate says so
      * to the user first). */
+    const int kv = ts_model_kv_heads(cfg), F = ts_model_ffn(cfg);
     TS_ASSERT(tp->size >= 1 && cfg->n_head % tp->size == 0 && cfg->vocab_size >= tp->size);
+    TS_ASSERT(cfg->n_head % kv == 0 && (kv % tp->size == 0 || tp->size % kv == 0));
+    TS_ASSERT(F % tp->size == 0);
     /* A backend with an empty slot would crash mid-run: refuse it here. */
     TS_ASSERT(tp->k && ts_kernels_missing(tp->k) == NULL);
     m->tp = *tp;
+    m->arch = ts_model_arch(cfg);
+    m->n_kv_head = kv;
+    m->ffn_hidden = F;
+    m->norm_eps = (float)cfg->norm_eps;
+    m->tied = ts_model_tied(cfg);
     m->local_heads = cfg->n_head / tp->size;
+    m->kv_replicas = tp->size > kv ? tp->size / kv : 1;
+    m->local_kv_heads = tp->size > kv ? 1 : kv / tp->size;
+    m->local_ffn = F / tp->size;
     int64_t v0, nv;
     ts_shard_range(cfg->vocab_size, tp->size, tp->rank, &v0, &nv);
     m->vocab_start = (int)v0;
@@ -105,6 +164,8 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     m->wte_param = m->head_wte_param = -1;
 
     const int C = cfg->n_embd, V = cfg->vocab_size, T = cfg->seq_len;
+    const bool llama = m->arch == TS_ARCH_LLAMA;
+    const char *wte_name = llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
     builder b = {.m = m};
     for (int l = 0; l < m->n_layers; l++) {
         ts_layer *L = &m->layers[l];
@@ -116,24 +177,34 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
         switch (L->kind) {
         case TS_LAYER_EMBED:
             /* Vocab-parallel: each tp rank holds a slice of the vocabulary rows. */
-            m->wte_param = add_param(&b, l, "transformer.wte.weight", V, C, TS_INIT_NORMAL, 0.02f,
-                                     0, 1);
+            m->wte_param = add_param(&b, l, wte_name, V, C, TS_INIT_NORMAL, 0.02f, 0, 1);
+            if (llama) break; /* rotary embeddings instead of learned positions */
             add_param(&b, l, "transformer.wpe.weight", T, C, TS_INIT_NORMAL, 0.02f, -1, 1);
             break;
         case TS_LAYER_BLOCK:
-            add_block_params(&b, l, L->block, C, cfg->n_layer);
+            if (llama)
+                add_llama_block_params(&b, l, L->block, cfg);
+            else
+                add_block_params(&b, l, L->block, C, F, cfg->n_layer);
             break;
         case TS_LAYER_HEAD:
-            add_param(&b, l, "transformer.ln_f.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
-            add_param(&b, l, "transformer.ln_f.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
-            if (m->wte_param >= 0) {
+            if (llama) {
+                add_param(&b, l, "model.norm.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
+            } else {
+                add_param(&b, l, "transformer.ln_f.weight", C, 0, TS_INIT_ONES, 0, -1, 1);
+                add_param(&b, l, "transformer.ln_f.bias", C, 0, TS_INIT_ZEROS, 0, -1, 1);
+            }
+            if (!m->tied) {
+                /* Its own vocab-parallel matrix (Llama's default). */
+                m->head_wte_param = add_param(&b, l, "lm_head.weight", V, C, TS_INIT_NORMAL,
+                                              0.02f, 0, 1);
+            } else if (m->wte_param >= 0) {
                 m->head_wte_param = m->wte_param; /* tied: one tensor */
             } else {
                 /* The last pipeline stage keeps its own copy of the tied embedding,
                  * initialised identically; gradients are summed over the embedding
                  * group so both copies stay equal (docs/ARCHITECTURE.md). */
-                m->head_wte_param = add_param(&b, l, "transformer.wte.weight", V, C,
-                                              TS_INIT_NORMAL, 0.02f, 0, 1);
+                m->head_wte_param = add_param(&b, l, wte_name, V, C, TS_INIT_NORMAL, 0.02f, 0, 1);
                 m->params[m->head_wte_param].tied_copy = true;
                 m->params[m->head_wte_param].shard.replica = 1; /* counted and saved once */
             }
@@ -142,6 +213,53 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
         L->n_params = m->n_params - L->first_param;
     }
     m->num_floats = b.offset;
+}
+
+void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim)
+{
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < head_dim / 2; i++) {
+        double f = pow(cfg->rope_theta, -2.0 * i / head_dim);
+        if (cfg->rope_scaling > 0) {
+            /* Llama 3.1 (HF's _compute_llama3_parameters): wavelengths longer than the
+             * original context / low_freq_factor are slowed by `factor`, shorter than
+             * original / high_freq_factor kept, and the band between interpolated. */
+            const double ctx = cfg->rope_original_context, lo = cfg->rope_low_freq_factor,
+                         hi = cfg->rope_high_freq_factor, factor = cfg->rope_scaling;
+            const double wavelen = 2.0 * pi / f;
+            if (wavelen > ctx / lo) {
+                f /= factor;
+            } else if (wavelen >= ctx / hi) {
+                const double smooth = (ctx / wavelen - lo) / (hi - lo);
+                f = (1.0 - smooth) * f / factor + smooth * f;
+            }
+        }
+        inv[i] = f;
+    }
+}
+
+/* cos and sin of t * inv[i] for every position the model may see, computed in double
+ * and rounded once (Hugging Face computes them in fp32; the two agree to an ulp). */
+static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
+{
+    const int HS = m->n_embd / m->n_head, half = HS / 2;
+    const size_t n = (size_t)m->max_seq_len * half;
+    double *inv = ts_malloc((size_t)half * sizeof *inv);
+    float *c = ts_alloc_floats(n), *s = ts_alloc_floats(n);
+    ts_rope_inv_freq(cfg, inv, HS);
+    for (int t = 0; t < m->max_seq_len; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)t * inv[i];
+            c[(size_t)t * half + i] = (float)cos(a);
+            s[(size_t)t * half + i] = (float)sin(a);
+        }
+    m->rope_cos = m->k->dev_alloc(n * sizeof(float));
+    m->rope_sin = m->k->dev_alloc(n * sizeof(float));
+    m->k->memcpy_h2d(m->rope_cos, c, n * sizeof(float));
+    m->k->memcpy_h2d(m->rope_sin, s, n * sizeof(float));
+    free(inv);
+    free(c);
+    free(s);
 }
 
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
@@ -154,6 +272,7 @@ void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owne
     m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
                          ? (void *)m->param_mem
                          : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
+    if (m->arch == TS_ARCH_LLAMA) build_rope_tables(m, cfg);
 }
 
 void ts_model_refresh_compute(const ts_model *m)
@@ -170,17 +289,25 @@ void ts_model_free(ts_model *m)
         if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
         m->k->dev_free(m->param_mem);
         m->k->dev_free(m->grad_mem);
+        m->k->dev_free(m->rope_cos);
+        m->k->dev_free(m->rope_sin);
     }
     memset(m, 0, sizeof *m);
 }
 
 size_t ts_model_logical_params(const ts_model_config *c)
 {
-    size_t C = (size_t)c->n_embd;
-    size_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) +
-                       (4 * C * C + C);
-    return (size_t)c->vocab_size * C + (size_t)c->seq_len * C + (size_t)c->n_layer * per_block +
-           2 * C;
+    const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
+    const size_t head = ts_model_tied(c) ? 0 : V * C;
+    if (ts_model_arch(c) == TS_ARCH_LLAMA) {
+        const size_t HS = C / (size_t)c->n_head, Q = (size_t)c->n_head * HS,
+                     KV = (size_t)ts_model_kv_heads(c) * HS;
+        const size_t per_block = 2 * C + Q * C + 2 * KV * C + C * Q + 3 * F * C;
+        return V * C + (size_t)c->n_layer * per_block + C + head;
+    }
+    size_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) +
+                       (F * C + C);
+    return V * C + (size_t)c->seq_len * C + (size_t)c->n_layer * per_block + 2 * C + head;
 }
 
 void ts_model_init_random(ts_model *m, uint64_t seed)

@@ -1,7 +1,13 @@
-/* GPT-2 (nanoGPT semantics) as an ordered list of layers:
- *   layer 0            embedding   (transformer.wte, transformer.wpe)
- *   layers 1..n_layer  blocks      (transformer.h.{i}.*)
- *   layer n_layer+1    head        (transformer.ln_f, LM head tied to wte, loss)
+/* A transformer language model as an ordered list of layers, in two architectures that
+ * share the list, the kernels, the parallelism and the files (model.arch):
+ *   gpt2 (nanoGPT semantics)                  llama (Hugging Face's LlamaForCausalLM)
+ *   layer 0            embedding   transformer.wte, .wpe      model.embed_tokens
+ *   layers 1..n_layer  blocks      transformer.h.{i}.*        model.layers.{i}.*
+ *   layer n_layer+1    head        transformer.ln_f, LM head  model.norm, lm_head, loss
+ *                                  tied to wte by default     (untied by default)
+ * A gpt2 block is LayerNorm, attention with biases, GELU MLP; a llama block is RMSNorm,
+ * grouped-query attention with rotary embeddings and no biases, SwiGLU MLP. Each
+ * parameter carries its logical (checkpoint) name.
  * A rank builds the model for the layers it owns (all of them on one rank; its pipeline
  * chunks' ranges otherwise: pipeline/partition.h). Parameters and gradients live in two flat buffers laid out
  * layer by layer (the AdamW moments belong to the optimizer, optim/optim.h); a ts_param
@@ -47,28 +53,49 @@ typedef struct {
     int first_param, n_params;
 } ts_layer;
 
-/* Indices of a block's parameters relative to its first_param, in nanoGPT order. */
+/* Indices of a gpt2 block's parameters relative to its first_param, in nanoGPT order. */
 enum {
     TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W, TS_B_ATTPROJ_B,
     TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B, TS_B_FCPROJ_W, TS_B_FCPROJ_B,
     TS_B_NPARAMS
 };
+/* A llama block's, in Hugging Face's order. q, k and v lie back to back in the flat
+ * buffers (no padding between them), and so do gate and up: each group is one
+ * [rows, C] weight for one GEMM, whose output row is [q | k | v] (the attention's
+ * layout) or [gate | up] (SwiGLU's). */
+enum {
+    TS_L_ATTN_NORM_W, TS_L_Q_W, TS_L_K_W, TS_L_V_W, TS_L_O_W, TS_L_MLP_NORM_W, TS_L_GATE_W,
+    TS_L_UP_W, TS_L_DOWN_W, TS_L_NPARAMS
+};
 
 typedef struct {
+    ts_arch arch;
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
+    int n_kv_head;          /* key/value heads (n_head for gpt2) */
+    int ffn_hidden;         /* MLP hidden width F */
+    float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
+    bool tied;              /* the LM head is the token embedding */
 
-    /* Tensor parallelism (tensor/tp.h): this rank holds n_head/tp heads, 4C/tp MLP
-     * columns and the vocabulary rows [vocab_start, vocab_start + local_vocab) (a
-     * balanced split: vocab_size need not divide by tp). tp.size == 1: the whole model. */
+    /* Tensor parallelism (tensor/tp.h): this rank holds n_head/tp query heads,
+     * local_kv_heads key/value heads (n_kv_head/tp, or 1 replicated on kv_replicas =
+     * tp/n_kv_head ranks when tp > n_kv_head), F/tp MLP columns and the vocabulary rows
+     * [vocab_start, vocab_start + local_vocab) (a balanced split: vocab_size need not
+     * divide by tp). tp.size == 1: the whole model. */
     ts_tp tp;
-    int local_heads, local_vocab, vocab_start;
+    int local_heads, local_kv_heads, kv_replicas, local_ffn, local_vocab, vocab_start;
+
+    /* Rotary embeddings (llama; NULL for gpt2): cos and sin of position t times inverse
+     * frequency i, [max_seq_len, head_dim/2] fp32 in device memory, computed once. */
+    float *rope_cos, *rope_sin;
 
     int n_layers;           /* n_layer + 2 */
     ts_layer *layers;
     int n_params;
     ts_param *params;
-    int wte_param;          /* index of the embedding layer's wte, or -1 */
-    int head_wte_param;     /* index of the wte the head uses (== wte_param when tied locally) */
+    int wte_param;          /* index of the embedding layer's token embedding, or -1 */
+    int head_wte_param;     /* index of the LM head's weight: the token embedding (== wte_param
+                             * when tied on one stage, its copy on the last stage) or, untied,
+                             * lm_head.weight; -1 without the head */
 
     size_t num_floats;      /* floats in each flat buffer */
     float *param_mem, *grad_mem;
@@ -122,6 +149,11 @@ static inline const char *ts_param_name(const ts_model *m, int p)
  * i of logical tensor t is drawn from (seed, t, i), so any grid matches one rank. Loading
  * model.init from a file is checkpoint code (checkpoint/load.h). */
 void ts_model_init_random(ts_model *m, uint64_t seed);
+
+/* Rotary embeddings' inverse frequencies inv[i], i < head_dim/2, as Hugging Face
+ * computes them: rope_theta^(-2i/head_dim), with Llama 3.1's scaling when
+ * cfg->rope_scaling > 0 (in double). */
+void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim);
 
 /* Total logical parameters of the model (tied wte counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);

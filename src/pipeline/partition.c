@@ -73,13 +73,20 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
     double emb_f = F * (N * C + T * C + N * C) + 4.0 * N;
     double emb_b = F * (N * C + 2 * N * C + 2 * T * C) + 4.0 * N;
 
-    /* Block: GEMMs 24*N*C^2 (QKV 6, projection 2, MLP 16) and attention 4*N*T*C forward;
-     * the backward computes two GEMMs per forward GEMM. Traffic: the saved activations
-     * are written once and read back in backward (and their gradients streamed), the
-     * weights read in both passes and their gradients read and written. */
-    double blk_flops = 24.0 * N * C * C + 4.0 * N * T * C;
+    /* Block: GEMMs 2*N per weight element (gpt2: QKV 3C^2, projection C^2, MLP 2CF =
+     * 24*N*C^2 at F = 4C; llama: q and o C*Q each, k and v C*KV each, SwiGLU 3CF) and
+     * attention 4*N*T*Q forward (per query head); the backward computes two GEMMs per
+     * forward GEMM. Traffic: the saved activations are written once and read back in
+     * backward (and their gradients streamed), the weights read in both passes and their
+     * gradients read and written. */
+    const double HS = C / mc->n_head, Q = mc->n_head * HS, KV = ts_model_kv_heads(mc) * HS,
+                 FF = ts_model_ffn(mc);
+    const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
+    const double blk_weights = llama ? 2.0 * C * Q + 2.0 * C * KV + 3.0 * C * FF
+                                     : 4.0 * C * C + 2.0 * C * FF;
+    double blk_flops = 2.0 * N * blk_weights + 4.0 * N * T * Q;
     double blk_act = act_bytes(mc, TS_LAYER_BLOCK, micro_batch);
-    double blk_par = F * 12.0 * C * C;
+    double blk_par = F * blk_weights;
     double blk_f = model_ms(blk_flops, blk_act + blk_par);
     double blk_b = model_ms(2.0 * blk_flops, 2.0 * blk_act + 3.0 * blk_par);
 

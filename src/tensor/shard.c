@@ -43,6 +43,15 @@ void ts_shard_init(ts_shard_spec *s, const char *name, int ndim, const int64_t *
     s->local[split_axis] = groups * len;
 }
 
+void ts_shard_init_shared(ts_shard_spec *s, const char *name, int ndim, const int64_t *shape,
+                          int split_axis, int groups, int parts, int ranks, int rank)
+{
+    TS_ASSERT(split_axis >= 0 && parts >= 1 && ranks % parts == 0 && rank >= 0 && rank < ranks);
+    const int per_part = ranks / parts;
+    ts_shard_init(s, name, ndim, shape, split_axis, groups, parts, rank / per_part);
+    s->replica = rank % per_part;
+}
+
 static size_t product(const int64_t *dims, int from, int to)
 {
     size_t n = 1;

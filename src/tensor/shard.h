@@ -53,6 +53,13 @@ void ts_shard_range(int64_t n, int parts, int part, int64_t *start, int64_t *len
 void ts_shard_init(ts_shard_spec *s, const char *name, int ndim, const int64_t *shape,
                    int split_axis, int groups, int ranks, int rank);
 
+/* A split over fewer parts than ranks: `parts` (dividing `ranks`) parts, each held by
+ * ranks/parts consecutive ranks, so rank r holds part r / (ranks/parts) as replica
+ * r % (ranks/parts). Llama's key/value heads when parallel.tp > n_kv_head: each head is
+ * replicated on tp/n_kv_head ranks (the replicas' gradients are summed over them). */
+void ts_shard_init_shared(ts_shard_spec *s, const char *name, int ndim, const int64_t *shape,
+                          int split_axis, int groups, int parts, int ranks, int rank);
+
 /* Elements of the logical tensor, and of this rank's part. */
 size_t ts_shard_logical_numel(const ts_shard_spec *s);
 size_t ts_shard_numel(const ts_shard_spec *s);

@@ -183,6 +183,11 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
     ts_comm_split(&t->world, in_embed ? t->embed_members[0] : -1, t->coords.pp, "embed",
                   &t->embed_comm);
 
+    /* Within the tp group: color = which key/value head part the rank holds. */
+    const int kv_heads = ts_model_kv_heads(&cfg->model);
+    const int kv_replicas = cfg->parallel.tp > kv_heads ? cfg->parallel.tp / kv_heads : 1;
+    ts_comm_split(&t->tp_comm, t->coords.tp / kv_replicas, t->coords.tp, "kv", &t->kv_comm);
+
     discover_nodes(t, fake_k);
     check_tp_locality(t);
     return TS_OK;
@@ -191,7 +196,7 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
 void ts_topo_free(ts_topology *t)
 {
     ts_comm *comms[] = { &t->tp_comm, &t->dp_comm, &t->pp_comm, &t->embed_comm,
-                         &t->node_comm };
+                         &t->kv_comm, &t->node_comm };
     for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++) ts_comm_free(comms[i]);
     free(t->node_of_rank);
     free(t->node_host);

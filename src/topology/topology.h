@@ -87,7 +87,7 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
 typedef struct {
     /* Filled by ts_topo_init. */
     ts_grid grid;
-    /* The groups, named "world", "tp", "dp", "pp", "embed", "node". The topology owns
+    /* The groups, named "world", "tp", "dp", "pp", "embed", "kv", "node". The topology owns
      * them (ts_topo_free); callers copy the values (e.g. to set busy_ms or on_span on
      * their copy) and never free them. */
     ts_comm world;           /* a copy of the caller's (not owned) */
@@ -101,6 +101,9 @@ typedef struct {
     ts_comm embed_comm;      /* {first, last} stage; size 0 (not a member) outside it.
                               * rank 0 in it is the first stage */
     int embed_members[2], n_embed; /* the embedding group of this rank's pipeline */
+    /* The ranks of this tp group that hold the same key/value heads (llama with tp >
+     * n_kv_head: tp/n_kv_head consecutive tp ranks; otherwise this rank alone). */
+    ts_comm kv_comm;
 
     ts_comm node_comm;       /* the ranks sharing this node (shared memory) */
     int local_rank, local_size;

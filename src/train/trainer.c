@@ -35,6 +35,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
     t->embed = topo->embed_comm;
+    t->kv = topo->kv_comm;
     ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
     if (ts_comm_agree(&t->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
@@ -81,7 +82,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->dp.on_span = ts_trainer_on_dp_span;
         t->dp.on_span_ctx = t;
     }
-    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed,
+    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed, &t->kv,
                       (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
                       cfg->parallel.zero == 1);
     /* How the overlapped reduction advances while this rank computes: its own thread,
@@ -134,7 +135,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_engine_free(&t->engine);
     /* Release the data planes' per-group state (NCCL communicators, comm streams) on
      * the trainer's copies of the groups; the topology frees the MPI groups. */
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed };
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
     if (t->has_train) ts_data_close(&t->train_data);

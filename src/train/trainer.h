@@ -39,7 +39,7 @@ typedef struct {
 typedef struct {
     ts_config cfg;
     const ts_topology *topo;
-    ts_comm world, dp, pp, tp, embed;
+    ts_comm world, dp, pp, tp, embed, kv;
     /* The compute backend (train.device); dp, pp, tp and embed carry its memory on the
      * comm backend that can (MPI for the CPU; staged through host buffers for memory
      * the host may not touch). */
