@@ -3,12 +3,22 @@
 # train the default model (configs/tiny.cfg) on several ranks, showing progress.
 # The grid defaults to data parallelism over 2 ranks; set RANKS and pass --set options
 # for another (RANKS=4 scripts/train.sh --set parallel.pp=2: dp = 4 / 2 = 2).
-# Extra arguments go to `tessera train` (e.g. --set train.steps=50). The run saves a
-# checkpoint into runs/tiny (or the checkpoint.dir given) and ends by printing a short
-# sample of text from it (`tessera sample`).
+# `--config FILE` (first) trains another config, e.g. configs/llama-tiny.cfg; its runs
+# go to runs/NAME (the file's name without .cfg). Extra arguments go to `tessera train`
+# (e.g. --set train.steps=50). The run saves a checkpoint into runs/NAME (or the
+# checkpoint.dir given) and ends by printing a short sample of text from it (`tessera
+# sample`).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+config=configs/tiny.cfg
+if [ "${1:-}" = --config ]; then
+  [ $# -ge 2 ] || { echo "train.sh: --config needs a config file" >&2; exit 2; }
+  config="$2"
+  shift 2
+  [ -f "$config" ] || { echo "train.sh: no config file '$config'" >&2; exit 2; }
+fi
+name="$(basename "$config" .cfg)"
 scripts/setup.sh
 # The build's output goes to a log, shown only when it fails (a demo need not scroll
 # past 150 lines of make).
@@ -23,12 +33,13 @@ scripts/prepare_data.sh "$root/build/tessera" data
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ranks="${RANKS:-2}"
 # tiny.cfg's parallel.dp = "auto": the ranks left over by pp * tp are data parallel.
-# Checkpoints go to runs/tiny (step_NNNNNNNN/ and latest, beside metrics.jsonl) unless
+# Checkpoints go to runs/NAME (step_NNNNNNNN/ and latest, beside metrics.jsonl) unless
 # the arguments name another checkpoint.dir; the model is sampled from there at the end.
 # The demo starts over each time it runs: checkpoint.overwrite lets a fresh run save
 # where the last one's checkpoints are (without it, Tessera refuses, to protect them).
-ckpt=(--set 'checkpoint.dir="runs/tiny"' --set checkpoint.overwrite=true)
-dir=runs/tiny
+ckpt=(--set "checkpoint.dir=\"runs/$name\"" --set "log.metrics=\"runs/$name/metrics.jsonl\""
+      --set checkpoint.overwrite=true)
+dir="runs/$name"
 for a in "$@"; do
   case "$a" in
     checkpoint.dir=* | --set=checkpoint.dir=*)
@@ -39,7 +50,7 @@ for a in "$@"; do
       ;;
   esac
 done
-mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train configs/tiny.cfg "${ckpt[@]}" "$@"
+mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train "$config" "${ckpt[@]}" "$@"
 if [ -z "$dir" ]; then exit 0; fi # checkpoint.dir="": nothing saved to sample from
 prompt="The "
 echo

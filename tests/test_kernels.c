@@ -2,7 +2,10 @@
  * objective L = sum(out * R) (R fixed and random, L accumulated in double), forwards
  * against naive references, the accumulate/overwrite semantics, AdamW against a
  * double-precision reference, the fused kernels against the unfused calls bit for bit
- * (CPU and strict tables), and bitwise determinism at 1 and 2 threads. */
+ * (CPU and strict tables), and bitwise determinism at 1 and 2 threads. The llama
+ * kernels likewise: RMSNorm (and its fused residual form), RoPE (also against its
+ * formula and as its own transpose), SwiGLU, grouped-query attention (also against
+ * multi-head attention on the key/value heads repeated), the encoder without wpe. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,6 +128,33 @@ static void test_encoder(void)
         free(dwpe);
 }
 
+/* wpe NULL (llama: no position embedding): out is the token's row of wte exactly, and
+ * dwpe NULL: dwte is what it is with a dwpe, bit for bit. */
+static void test_encoder_no_wpe(void)
+{
+    enc_ctx e = {.B = 2, .T = 5, .C = 40}; /* C: more than one 16-float line per thread */
+    int V = 11, N = e.B * e.T, C = e.C;
+    int tokens[10] = {3, 7, 3, 0, 10, 7, 7, 1, 3, 5};
+    e.tokens = tokens;
+    e.wte = ts_test_rand_floats((size_t)V * C, 1.0f);
+    e.wpe = NULL;
+    e.out = ts_test_nan_floats((size_t)N * C);
+    e.R = ts_test_rand_floats((size_t)N * C, 1.0f);
+    enc_obj(&e);
+    int same = 1;
+    for (int n = 0; n < N; n++) same &= ts_test_same_bits(e.out + n * C, e.wte + tokens[n] * C, C);
+    CHECKF(same, "encoder_forward with wpe NULL is not the token embedding");
+
+    float *dwte = ts_alloc_floats((size_t)V * C), *dwte_ref = ts_alloc_floats((size_t)V * C);
+    float *dwpe = ts_alloc_floats((size_t)e.T * C);
+    K->encoder_backward(dwte, NULL, e.R, tokens, e.B, e.T, C);
+    K->encoder_backward(dwte_ref, dwpe, e.R, tokens, e.B, e.T, C);
+    CHECKF(ts_test_same_bits(dwte, dwte_ref, (size_t)V * C),
+           "encoder_backward with dwpe NULL changes dwte");
+    check_fd("encoder dwte (no wpe)", fd_rel_err(e.wte, (size_t)V * C, dwte, enc_obj, &e, 1e-2f));
+    free(dwte), free(dwte_ref), free(dwpe), free(e.wte), free(e.out), free(e.R);
+}
+
 /* ---- layernorm ---------------------------------------------------------------- */
 
 typedef struct {
@@ -186,6 +216,196 @@ static void test_layernorm(int N, int C)
     free(l.inp), free(l.w), free(l.b), free(l.out), free(l.mean), free(l.rstd), free(l.R);
 }
 
+/* ---- rmsnorm ------------------------------------------------------------------ */
+
+typedef struct {
+    float *out, *rstd, *inp, *w, *R;
+    int N, C;
+    float eps;
+} rms_ctx;
+
+static double rms_obj(void *p)
+{
+    rms_ctx *r = p;
+    K->rmsnorm_forward(r->out, r->rstd, r->inp, r->w, r->N, r->C, r->eps);
+    return dot_d(r->out, r->R, (size_t)r->N * r->C);
+}
+
+static void test_rmsnorm(int N, int C, float eps)
+{
+    rms_ctx r = {.N = N, .C = C, .eps = eps};
+    size_t NC = (size_t)N * C;
+    r.inp = ts_test_rand_floats(NC, 2.0f);
+    for (size_t i = 0; i < NC; i++) r.inp[i] += 0.5f; /* a non-zero mean: RMSNorm keeps it */
+    r.w = ts_test_rand_floats((size_t)C, 1.0f);
+    r.out = ts_test_nan_floats(NC), r.rstd = ts_test_nan_floats((size_t)N);
+    r.R = ts_test_rand_floats(NC, 1.0f);
+
+    rms_obj(&r);
+    /* Forward against a double reference. */
+    double ferr = 0.0;
+    for (int n = 0; n < N; n++) {
+        double ms = 0.0;
+        for (int c = 0; c < C; c++) ms += (double)r.inp[n * C + c] * r.inp[n * C + c];
+        double rs = 1.0 / sqrt(ms / C + eps);
+        for (int c = 0; c < C; c++)
+            ferr = fmax(ferr, fabs(r.inp[n * C + c] * rs * r.w[c] - r.out[n * C + c]));
+        ferr = fmax(ferr, fabs(rs - r.rstd[n]) / rs);
+    }
+    printf("  rmsnorm N=%-3d C=%-3d forward max err vs double %.2e\n", N, C, ferr);
+    CHECKF(ferr < 1e-5, "rmsnorm forward %g", ferr);
+
+    /* dinp accumulates: start it from random values and subtract them afterwards. */
+    float *dinp0 = ts_test_rand_floats(NC, 1.0f), *dinp = copy_floats(dinp0, NC);
+    float *dw0 = ts_test_rand_floats((size_t)C, 1.0f), *dw = copy_floats(dw0, (size_t)C);
+    K->rmsnorm_backward(dinp, dw, r.R, r.inp, r.w, r.rstd, N, C);
+    for (size_t i = 0; i < NC; i++) dinp[i] -= dinp0[i];
+    float *dw1 = copy_floats(dw, (size_t)C); /* dw0 + g */
+    for (int c = 0; c < C; c++) dw[c] -= dw0[c];
+    if (NC <= 4096) check_fd("rmsnorm dinp (+=)", fd_rel_err(r.inp, NC, dinp, rms_obj, &r, 1e-3f));
+    check_fd("rmsnorm dweight (+=)", fd_rel_err(r.w, (size_t)C, dw, rms_obj, &r, 1e-2f));
+
+    /* A second call adds g again: dw0 + 2 g. */
+    float *dinp2 = copy_floats(dinp0, NC);
+    K->rmsnorm_backward(dinp2, dw1, r.R, r.inp, r.w, r.rstd, N, C);
+    for (int c = 0; c < C; c++) dw1[c] -= dw0[c] + 2.0f * dw[c];
+    float *zero = ts_alloc_floats((size_t)C);
+    CHECK(max_abs_diff(dw1, zero, (size_t)C) < 1e-4);
+    free(zero), free(dinp0), free(dinp), free(dinp2), free(dw0), free(dw), free(dw1);
+    free(r.inp), free(r.w), free(r.out), free(r.rstd), free(r.R);
+}
+
+/* ---- rope --------------------------------------------------------------------- */
+
+/* Llama's tables: angle t * theta^(-2i/HS) for position t, channel pair i < HS/2. */
+static void rope_tables(float *cos_t, float *sin_t, int T, int HS)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < HS / 2; i++) {
+            double ang = t * pow(10000.0, -2.0 * i / HS);
+            cos_t[t * HS / 2 + i] = (float)cos(ang);
+            sin_t[t * HS / 2 + i] = (float)sin(ang);
+        }
+}
+
+typedef struct {
+    float *x, *work, *cos, *sin, *R;
+    int B, T, NH, NKV, HS;
+} rope_ctx;
+
+static size_t rope_n(const rope_ctx *r)
+{
+    return (size_t)r->B * r->T * (r->NH + 2 * r->NKV) * r->HS;
+}
+
+static double rope_obj(void *p)
+{
+    rope_ctx *r = p;
+    memcpy(r->work, r->x, rope_n(r) * sizeof(float));
+    K->rope_forward(r->work, r->cos, r->sin, r->B, r->T, r->NH, r->NKV, r->HS);
+    return dot_d(r->work, r->R, rope_n(r));
+}
+
+static void test_rope(int B, int T, int NH, int NKV, int HS)
+{
+    rope_ctx r = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS};
+    const size_t n = rope_n(&r), row = (size_t)(NH + 2 * NKV) * HS;
+    const int half = HS / 2;
+    r.x = ts_test_rand_floats(n, 1.0f), r.work = ts_alloc_floats(n);
+    r.R = ts_test_rand_floats(n, 1.0f);
+    r.cos = ts_alloc_floats((size_t)T * half), r.sin = ts_alloc_floats((size_t)T * half);
+    rope_tables(r.cos, r.sin, T, HS);
+
+    /* Forward against x cos + rotate_half(x) sin, rotate_half(x) = cat(-x[HS/2:], x[:HS/2]),
+     * on the q and k heads; the v heads are left exactly as they were. */
+    rope_obj(&r);
+    double ferr = 0.0;
+    int v_same = 1;
+    for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+        const int t = (int)(bt % T);
+        for (int h = 0; h < NH + 2 * NKV; h++) {
+            const float *x = r.x + bt * row + (size_t)h * HS, *y = r.work + bt * row + (size_t)h * HS;
+            if (h >= NH + NKV) {
+                v_same &= ts_test_same_bits(x, y, (size_t)HS);
+                continue;
+            }
+            for (int i = 0; i < HS; i++) {
+                double rot = i < half ? -(double)x[i + half] : (double)x[i - half];
+                double c = r.cos[t * half + i % half], sn = r.sin[t * half + i % half];
+                ferr = fmax(ferr, fabs(x[i] * c + rot * sn - y[i]));
+            }
+        }
+    }
+    printf("  rope NH=%d NKV=%d HS=%d forward max err vs x cos + rotate_half(x) sin %.2e\n", NH,
+           NKV, HS, ferr);
+    CHECKF(ferr < 1e-6, "rope forward %g", ferr);
+    CHECKF(v_same, "rope_forward changed a value head");
+
+    /* Backward: the gradient of L = sum(rope(x) R) is rope_backward(R), which is the
+     * transpose: <rope(x), R> = <x, rope_backward(R)> (rope is linear). */
+    float *dx = copy_floats(r.R, n);
+    K->rope_backward(dx, r.cos, r.sin, B, T, NH, NKV, HS);
+    int dv_same = 1;
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)
+        dv_same &= ts_test_same_bits(dx + bt * row + (size_t)(NH + NKV) * HS,
+                                     r.R + bt * row + (size_t)(NH + NKV) * HS,
+                                     (size_t)NKV * HS);
+    CHECKF(dv_same, "rope_backward changed a value head's gradient");
+    double lhs = rope_obj(&r), rhs = dot_d(r.x, dx, n);
+    printf("  rope transpose: <rope(x), R> - <x, rope_backward(R)> = %.2e (of %.2f)\n", lhs - rhs,
+           lhs);
+    CHECKF(fabs(lhs - rhs) < 1e-5 * fmax(1.0, fabs(lhs)), "rope backward is not the transpose");
+    check_fd("rope dqkv", fd_rel_err(r.x, n, dx, rope_obj, &r, 1e-2f));
+    /* and the inverse: backward after forward gives x back (a rotation) */
+    memcpy(r.work, r.x, n * sizeof(float));
+    K->rope_forward(r.work, r.cos, r.sin, B, T, NH, NKV, HS);
+    K->rope_backward(r.work, r.cos, r.sin, B, T, NH, NKV, HS);
+    CHECKF(max_abs_diff(r.work, r.x, n) < 1e-6, "rope backward does not undo the forward");
+    free(dx), free(r.x), free(r.work), free(r.R), free(r.cos), free(r.sin);
+}
+
+/* ---- swiglu ------------------------------------------------------------------- */
+
+typedef struct {
+    float *out, *inp, *R;
+    int N, F;
+} swiglu_ctx;
+
+static double swiglu_obj(void *p)
+{
+    swiglu_ctx *g = p;
+    K->swiglu_forward(g->out, g->inp, g->N, g->F);
+    return dot_d(g->out, g->R, (size_t)g->N * g->F);
+}
+
+static void test_swiglu(int N, int F)
+{
+    swiglu_ctx g = {.N = N, .F = F};
+    const size_t n2 = (size_t)N * 2 * F, n = (size_t)N * F;
+    g.inp = ts_test_rand_floats(n2, 4.0f), g.out = ts_test_nan_floats(n);
+    g.R = ts_test_rand_floats(n, 1.0f);
+    /* gates at the ends of the exp range and at 0 */
+    g.inp[0] = 0.0f, g.inp[1] = -30.0f, g.inp[2] = 30.0f, g.inp[3] = -200.0f, g.inp[4] = 200.0f;
+    swiglu_obj(&g);
+    double ferr = 0.0;
+    for (int r = 0; r < N; r++)
+        for (int f = 0; f < F; f++) {
+            double x = g.inp[(size_t)r * 2 * F + f], u = g.inp[(size_t)r * 2 * F + F + f];
+            double ref = x / (1.0 + exp(-x)) * u;
+            ferr = fmax(ferr, fabs(ref - g.out[(size_t)r * F + f]) / fmax(fabs(ref), 1e-3));
+        }
+    printf("  swiglu N=%d F=%d forward rel err vs silu(gate) * up %.2e\n", N, F, ferr);
+    CHECKF(ferr < 1e-5, "swiglu forward %g", ferr);
+
+    float *dinp = ts_test_nan_floats(n2);
+    K->swiglu_backward(dinp, g.inp, g.R, N, F);
+    int finite = 1;
+    for (size_t i = 0; i < n2; i++) finite &= isfinite(dinp[i]) != 0;
+    CHECKF(finite, "swiglu dinp not finite (or not written)");
+    check_fd("swiglu dinp (gate, up)", fd_rel_err(g.inp, n2, dinp, swiglu_obj, &g, 1e-3f));
+    free(dinp), free(g.inp), free(g.out), free(g.R);
+}
+
 /* ---- matmul ------------------------------------------------------------------- */
 
 typedef struct {
@@ -244,28 +464,31 @@ static void test_matmul(int with_bias)
 
 typedef struct {
     float *out, *att, *qkv, *R;
-    int B, T, NH, HS;
+    int B, T, NH, NKV, HS;
 } att_ctx;
 
 static double att_obj(void *p)
 {
     att_ctx *a = p;
-    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->HS);
+    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS);
     return dot_d(a->out, a->R, (size_t)a->B * a->T * a->NH * a->HS);
 }
 
-/* Naive causal attention in double: max |out - ref| and max |att - ref|. */
+/* Naive causal grouped-query attention in double (query head h reads key/value head
+ * h / (NH/NKV)): max |out - ref| and max |att - ref|. */
 static double att_reference_err(const att_ctx *a)
 {
-    int B = a->B, T = a->T, NH = a->NH, HS = a->HS, C = NH * HS;
+    int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, HS = a->HS, C = NH * HS;
+    int C3 = (NH + 2 * NKV) * HS, group = NH / NKV;
     double err = 0.0, *p = malloc((size_t)T * sizeof(double));
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < T; i++) {
-                const float *q = a->qkv + ((size_t)b * T + i) * 3 * C + h * HS;
+                const float *q = a->qkv + ((size_t)b * T + i) * C3 + h * HS;
+                const int koff = C + (h / group) * HS, voff = C + NKV * HS + (h / group) * HS;
                 double mx = -1e300, sum = 0.0;
                 for (int j = 0; j <= i; j++) {
-                    const float *k = a->qkv + ((size_t)b * T + j) * 3 * C + C + h * HS;
+                    const float *k = a->qkv + ((size_t)b * T + j) * C3 + koff;
                     double s = 0.0;
                     for (int d = 0; d < HS; d++) s += (double)q[d] * k[d];
                     p[j] = s / sqrt((double)HS);
@@ -278,7 +501,7 @@ static double att_reference_err(const att_ctx *a)
                 for (int d = 0; d < HS; d++) {
                     double o = 0.0;
                     for (int j = 0; j <= i; j++)
-                        o += p[j] / sum * a->qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HS + d];
+                        o += p[j] / sum * a->qkv[((size_t)b * T + j) * C3 + voff + d];
                     err = fmax(err, fabs(o - a->out[((size_t)b * T + i) * C + h * HS + d]));
                 }
             }
@@ -286,18 +509,21 @@ static double att_reference_err(const att_ctx *a)
     return err;
 }
 
-static void test_attention(int B, int T, int NH, int HS, const char *label)
+static void test_attention(int B, int T, int NH, int NKV, int HS, const char *label)
 {
-    att_ctx a = {.B = B, .T = T, .NH = NH, .HS = HS};
+    att_ctx a = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS};
     int C = NH * HS;
-    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * C;
+    size_t natt = (size_t)B * NH * T * T;
+    CHECK(K->attention_saved_bytes(B, T, NH, HS) >= natt * sizeof(float));
+    CHECK(K->attention_scratch_bytes(B, T, NH, HS) >= natt * sizeof(float));
     a.qkv = ts_test_rand_floats(nqkv, 1.5f);
     a.out = ts_alloc_floats(nout), a.R = ts_test_rand_floats(nout, 1.0f);
     a.att = ts_test_rand_floats(natt, 1.0f); /* garbage: zeros above the diagonal must be written */
 
     att_obj(&a);
     double ferr = att_reference_err(&a);
-    printf("  attention forward %-16s max err vs naive %.2e\n", label, ferr);
+    printf("  attention forward %-22s max err vs naive %.2e\n", label, ferr);
     CHECKF(ferr < 1e-5, "attention forward %s %g", label, ferr);
     int causal_ok = 1;
     double sum_err = 0.0;
@@ -314,13 +540,73 @@ static void test_attention(int B, int T, int NH, int HS, const char *label)
     CHECKF(causal_ok, "attention probabilities above the diagonal are not exactly 0");
     CHECKF(sum_err < 1e-5, "attention rows sum to 1: err %g", sum_err);
 
-    float *dqkv = ts_test_rand_floats(nqkv, 1.0f); /* garbage: overwritten */
-    float *scratch = ts_test_rand_floats(natt, 1.0f);
-    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, HS);
+    float *dqkv = ts_test_nan_floats(nqkv); /* NaN: every element must be overwritten */
+    float *scratch = ts_test_nan_floats(natt);
+    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, NKV, HS);
     char what[64];
     snprintf(what, sizeof what, "attention dqkv %s", label);
     check_fd(what, fd_rel_err(a.qkv, nqkv, dqkv, att_obj, &a, 1e-3f));
     free(dqkv), free(scratch), free(a.qkv), free(a.out), free(a.R), free(a.att);
+}
+
+/* Grouped-query attention is multi-head attention on the key/value heads repeated
+ * (query head h gets a copy of kv head h / (NH/NKV)): the same output and
+ * probabilities, the same dQ, and each kv head's dK, dV the sum of its copies'. */
+static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, int HS)
+{
+    const int C = NH * HS, group = NH / NKV, Cg = (NH + 2 * NKV) * HS, Cm = 3 * C;
+    const size_t N = (size_t)B * T, nout = N * C, natt = (size_t)B * NH * T * T;
+    float *qg = ts_test_rand_floats(N * Cg, 1.5f), *qm = ts_alloc_floats(N * Cm);
+    for (size_t n = 0; n < N; n++) {
+        const float *g = qg + n * Cg;
+        float *m = qm + n * Cm;
+        memcpy(m, g, (size_t)C * sizeof(float)); /* the q heads */
+        for (int h = 0; h < NH; h++) {
+            memcpy(m + C + h * HS, g + C + (h / group) * HS, (size_t)HS * sizeof(float));
+            memcpy(m + 2 * C + h * HS, g + C + NKV * HS + (h / group) * HS,
+                   (size_t)HS * sizeof(float));
+        }
+    }
+    float *og = ts_alloc_floats(nout), *om = ts_alloc_floats(nout);
+    float *ag = ts_alloc_floats(natt), *am = ts_alloc_floats(natt);
+    K->attention_forward(og, ag, qg, B, T, NH, NKV, HS);
+    K->attention_forward(om, am, qm, B, T, NH, NH, HS);
+    double fdiff = fmax(max_abs_diff(og, om, nout), max_abs_diff(ag, am, natt));
+    printf("  attention NH=%d NKV=%d vs MHA with kv repeated: forward max diff %.2e%s\n", NH,
+           NKV, fdiff,
+           ts_test_same_bits(og, om, nout) && ts_test_same_bits(ag, am, natt) ? " (same bits)"
+                                                                               : "");
+    CHECKF(fdiff < 1e-6, "GQA forward differs from MHA on repeated kv heads: %g", fdiff);
+
+    float *dout = ts_test_rand_floats(nout, 1.0f);
+    float *dg = ts_test_nan_floats(N * Cg), *dm = ts_test_nan_floats(N * Cm);
+    float *scratch = ts_test_nan_floats(natt);
+    K->attention_backward(dg, scratch, dout, qg, ag, B, T, NH, NKV, HS);
+    K->attention_backward(dm, scratch, dout, qm, am, B, T, NH, NH, HS);
+    /* dQ alike; dK, dV of kv head g = sum over its group of the MHA heads' (in double) */
+    double qerr = 0.0, kverr = 0.0, kvmax = 0.0;
+    for (size_t n = 0; n < N; n++) {
+        const float *g = dg + n * Cg, *m = dm + n * Cm;
+        for (int c = 0; c < C; c++) qerr = fmax(qerr, fabs((double)g[c] - m[c]));
+        for (int part = 0; part < 2; part++) /* k, then v */
+            for (int kv = 0; kv < NKV; kv++)
+                for (int d = 0; d < HS; d++) {
+                    double sum = 0.0;
+                    for (int h = kv * group; h < (kv + 1) * group; h++)
+                        sum += m[(1 + part) * C + h * HS + d];
+                    double got = g[C + part * NKV * HS + kv * HS + d];
+                    kverr = fmax(kverr, fabs(got - sum));
+                    kvmax = fmax(kvmax, fabs(sum));
+                    if (isnan(got)) kverr = INFINITY;
+                }
+    }
+    printf("  attention NH=%d NKV=%d vs MHA backward: dq max diff %.2e, dk/dv vs sums of the "
+           "copies %.2e (of max %.2f)\n",
+           NH, NKV, qerr, kverr, kvmax);
+    CHECKF(qerr < 1e-6, "GQA dq differs from MHA's: %g", qerr);
+    CHECKF(kverr < 1e-5 * fmax(kvmax, 1.0), "GQA dk/dv differ from the sums of MHA's: %g", kverr);
+    free(qg), free(qm), free(og), free(om), free(ag), free(am), free(dout), free(dg), free(dm);
+    free(scratch);
 }
 
 /* ---- gelu, residual, sum_squares ---------------------------------------------- */
@@ -534,6 +820,42 @@ static void test_residual_layernorm(int N, int C)
     free(a), free(b), free(w), free(bias), free(res), free(ln), free(mean), free(rstd);
 }
 
+/* residual_rmsnorm_forward gives residual_forward then rmsnorm_forward's bits, as
+ * test_residual_layernorm. */
+static void test_residual_rmsnorm(int N, int C)
+{
+    const size_t NC = (size_t)N * C;
+    const float eps = 1e-6f;
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f);
+    float *res = ts_alloc_floats(NC), *nrm = ts_alloc_floats(NC);
+    float *rstd = ts_alloc_floats((size_t)N);
+    ts_kernels_cpu.residual_forward(res, a, b, NC);
+    ts_kernels_cpu.rmsnorm_forward(nrm, rstd, res, w, N, C, eps);
+
+    const ts_kernels *tables[] = {&ts_kernels_cpu, &ts_kernels_cpu_strict};
+    for (int ti = 0; ti < 2; ti++) {
+        const ts_kernels *k = tables[ti];
+        for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
+            float *da = ts_test_to_dev(k, a, NC), *db = ts_test_to_dev(k, b, NC);
+            float *dw = ts_test_to_dev(k, w, (size_t)C);
+            float *dres = alias == 1 ? da : alias == 2 ? db : ts_test_dev_nan(k, NC);
+            float *dnrm = ts_test_dev_nan(k, NC), *drstd = ts_test_dev_nan(k, (size_t)N);
+            k->residual_rmsnorm_forward(dres, dnrm, drstd, da, db, dw, N, C, eps);
+            CHECKF(ts_test_dev_same_bits(k, dres, res, NC) &&
+                       ts_test_dev_same_bits(k, dnrm, nrm, NC) &&
+                       ts_test_dev_same_bits(k, drstd, rstd, (size_t)N),
+                   "residual_rmsnorm_forward N=%d C=%d on %s (res_out %s) differs from "
+                   "residual_forward + rmsnorm_forward",
+                   N, C, k->name, alias == 1 ? "= a" : alias == 2 ? "= b" : "separate");
+            if (alias == 0) k->dev_free(dres);
+            k->dev_free(da), k->dev_free(db), k->dev_free(dw), k->dev_free(dnrm);
+            k->dev_free(drstd);
+        }
+    }
+    free(a), free(b), free(w), free(res), free(nrm), free(rstd);
+}
+
 /* adamw_update_spans gives one adamw_update per span bit for bit: spans shorter than,
  * equal to and longer than the CPU's 512-float chunks, ragged, with gaps between them
  * (left alone) and moments packed apart from the parameters' offsets, decay on and off;
@@ -650,8 +972,8 @@ static float *det_run(const det_inputs *in, size_t *count, double *ss, size_t *g
     K->layernorm_backward(dln, dlnw, dlnb, in->dout, in->x, in->lnw, mean, rstd, N, C);
     K->matmul_forward(mm, in->x, in->w, in->bias, N, C, OC);
     K->matmul_backward(dmm, dw, db, in->logits, in->x, in->w, N, C, OC);
-    K->attention_forward(att_out, att, in->qkv, B, T, NH, C / NH);
-    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, C / NH);
+    K->attention_forward(att_out, att, in->qkv, B, T, NH, NH, C / NH);
+    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, NH, C / NH);
     K->gelu_forward(gel, in->x, NC);
     K->gelu_backward(dgel, in->x, in->dout, NC);
     memcpy(lg, in->logits, (size_t)N * V * sizeof(float));
@@ -718,11 +1040,83 @@ static void test_determinism(void)
     free(in.w), free(in.bias), free(in.qkv), free(in.dout), free(in.logits), free(in.p), free(in.g);
 }
 
+/* The llama kernels at 1 and 2 threads, twice each: bit for bit the same (the GQA
+ * backward's kv-head sums have one owner and one order; rmsnorm's dweight reduces
+ * fixed row blocks). Shapes with several row blocks and attention blocks. */
+static float *llama_det_run(int B, int T, int NH, int NKV, int HS, int F, const float *x,
+                            const float *w, const float *qkv_in, const float *cos_t,
+                            const float *sin_t, const float *dout, size_t *count)
+{
+    const int C = NH * HS, N = B * T;
+    const size_t NC = (size_t)N * C, nqkv = (size_t)N * (NH + 2 * NKV) * HS;
+    const size_t natt = (size_t)B * NH * T * T, NF = (size_t)N * F;
+    size_t total = NC + N + NC + C + NC + N + nqkv + NC + natt + nqkv + NF + 2 * NF;
+    float *buf = ts_alloc_floats(total), *q = buf;
+    float *nrm = q; q += NC;
+    float *rstd = q; q += N;
+    float *dx = q; q += NC;
+    float *dw = q; q += C;
+    float *res = q; q += NC;
+    float *rstd2 = q; q += N;
+    float *qkv = q; q += nqkv;
+    float *att_out = q; q += NC;
+    float *att = q; q += natt;
+    float *dqkv = q; q += nqkv;
+    float *sw = q; q += NF;
+    float *dsw = q;
+    float *scratch = ts_alloc_floats(natt), *nrm2 = ts_alloc_floats(NC);
+    K->rmsnorm_forward(nrm, rstd, x, w, N, C, 1e-5f);
+    K->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    K->residual_rmsnorm_forward(res, nrm2, rstd2, x, dout, w, N, C, 1e-5f);
+    memcpy(qkv, qkv_in, nqkv * sizeof(float));
+    K->rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, HS);
+    K->attention_forward(att_out, att, qkv, B, T, NH, NKV, HS);
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+    K->rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, HS);
+    K->swiglu_forward(sw, qkv_in, N, F); /* any [N, 2F] input will do */
+    K->swiglu_backward(dsw, qkv_in, att_out, N, F);
+    free(scratch), free(nrm2);
+    *count = total;
+    return buf;
+}
+
+static void test_llama_determinism(void)
+{
+    const int B = 2, T = 70, NH = 4, NKV = 2, HS = 16, C = NH * HS, N = B * T;
+    const int F = C / 2; /* 2F <= the qkv row, NC >= N F: the inputs above fit */
+    const size_t NC = (size_t)N * C, nqkv = (size_t)N * (NH + 2 * NKV) * HS;
+    float *x = ts_test_rand_floats(NC, 2.0f), *w = ts_test_rand_floats((size_t)C, 1.0f);
+    float *qkv = ts_test_rand_floats(nqkv, 1.5f), *dout = ts_test_rand_floats(NC, 1.0f);
+    float *cos_t = ts_alloc_floats((size_t)T * HS / 2), *sin_t = ts_alloc_floats((size_t)T * HS / 2);
+    rope_tables(cos_t, sin_t, T, HS);
+    float *runs[4];
+    size_t count = 0;
+    for (int r = 0; r < 4; r++) {
+        ts_cpu_set_threads(1 + r / 2);
+        runs[r] = llama_det_run(B, T, NH, NKV, HS, F, x, w, qkv, cos_t, sin_t, dout, &count);
+    }
+    CHECKF(memcmp(runs[0], runs[1], count * sizeof(float)) == 0 &&
+               memcmp(runs[2], runs[3], count * sizeof(float)) == 0,
+           "llama kernels: repeated runs differ");
+    size_t differ = 0;
+    for (size_t i = 0; i < count; i++) differ += memcmp(&runs[0][i], &runs[2][i], sizeof(float)) != 0;
+    printf("  llama kernels (GQA NH=%d NKV=%d): repeated runs identical; 1 vs 2 threads: %zu of "
+           "%zu floats differ\n",
+           NH, NKV, differ, count);
+    CHECKF(differ == 0, "llama kernels, 1 vs 2 threads: %zu floats differ", differ);
+    for (int r = 0; r < 4; r++) free(runs[r]);
+    free(x), free(w), free(qkv), free(dout), free(cos_t), free(sin_t);
+}
+
 /* The table is complete; a missing slot is named; the memory calls copy, zero and sum. */
 static void test_table_and_memory(void)
 {
     const ts_kernels *k = &ts_kernels_cpu;
     CHECK(ts_kernels_missing(k) == NULL);
+    /* every CPU table fills the llama slots too */
+    CHECK(ts_kernels_missing(&ts_kernels_cpu_bf16) == NULL);
+    CHECK(ts_kernels_missing(&ts_kernels_cpu_strict) == NULL);
+    CHECK(ts_kernels_missing(&ts_kernels_cpu_strict_bf16) == NULL);
     ts_kernels broken = *k;
     broken.memcpy_d2h = NULL;
     CHECK(ts_kernels_missing(&broken) && strcmp(ts_kernels_missing(&broken), "memcpy_d2h") == 0);
@@ -768,9 +1162,22 @@ int main(void)
         test_layernorm(100, 24); /* several row blocks: dweight/dbias reduction */
         test_matmul(1);
         test_matmul(0);
-        test_attention(2, 5, 2, 4, "T=5");
-        test_attention(1, 70, 2, 4, "T=70 (3 blocks)");
-        test_attention(1, 45, 2, 40, "T=45 HS=40");
+        test_attention(2, 5, 2, 2, 4, "T=5");
+        test_attention(1, 70, 2, 2, 4, "T=70 (3 blocks)");
+        test_attention(1, 45, 2, 2, 40, "T=45 HS=40");
+        test_attention(2, 5, 4, 2, 4, "T=5 GQA NH=4 NKV=2");
+        test_attention(2, 5, 4, 1, 4, "T=5 MQA NH=4 NKV=1");
+        test_attention(1, 40, 4, 2, 8, "T=40 GQA (2 blocks)");
+        test_attention_gqa_is_repeated_mha(2, 70, 4, 2, 8);
+        test_attention_gqa_is_repeated_mha(1, 45, 6, 1, 16);
+        test_encoder_no_wpe();
+        test_rmsnorm(10, 8, 1e-5f);
+        test_rmsnorm(100, 24, 1e-6f); /* several row blocks: the dweight reduction */
+        test_rope(2, 5, 4, 2, 8);
+        test_rope(1, 7, 2, 1, 6); /* HS/2 odd */
+        test_swiglu(6, 11);
+        test_residual_rmsnorm(10, 8);
+        test_residual_rmsnorm(67, 771);
         test_gelu();
         test_elementwise();
         test_crossentropy(10, 11);
@@ -781,5 +1188,6 @@ int main(void)
         test_adamw_spans();
     }
     test_determinism();
+    test_llama_determinism();
     return ts_test_report();
 }

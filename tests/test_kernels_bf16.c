@@ -348,8 +348,8 @@ static void test_attention(const shape *s)
     ts_bf16 *out = nan_bf16(nout), *att = nan_bf16(natt);
     float *out32 = ts_alloc_floats(nout);
     float *att32 = ts_alloc_floats(K32->attention_saved_bytes(B, T, NH, HS) / sizeof(float));
-    K16->attention_forward(out, att, qkv, B, T, NH, HS);
-    K32->attention_forward(out32, att32, qkv32, B, T, NH, HS);
+    K16->attention_forward(out, att, qkv, B, T, NH, NH, HS);
+    K32->attention_forward(out32, att32, qkv32, B, T, NH, NH, HS);
     check_bf16("attention_forward att", att, att32, natt, ROUND_REL, ELEM_FLOOR);
     check_bf16("attention_forward out", out, out32, nout, ROUND_REL, 1.0 / 256);
 
@@ -358,16 +358,16 @@ static void test_attention(const shape *s)
     ts_bf16 *scratch = nan_bf16(nscratch), *dqkv = nan_bf16(nqkv);
     float *p32 = widen(att, natt), *dqkv32 = ts_alloc_floats(nqkv);
     float *scratch32 = ts_alloc_floats(K32->attention_scratch_bytes(B, T, NH, HS) / sizeof(float));
-    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
-    K32->attention_backward(dqkv32, scratch32, dout32, qkv32, p32, B, T, NH, HS);
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NH, HS);
+    K32->attention_backward(dqkv32, scratch32, dout32, qkv32, p32, B, T, NH, NH, HS);
     check_bf16("attention_backward dqkv", dqkv, dqkv32, nqkv, ROUND_REL, 1.0 / 128);
 
     /* the same bits at one thread (each pair is one thread's work) */
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     ts_bf16 *out1 = nan_bf16(nout), *att1 = nan_bf16(natt), *dqkv1 = nan_bf16(nqkv);
-    K16->attention_forward(out1, att1, qkv, B, T, NH, HS);
-    K16->attention_backward(dqkv1, scratch, dout, qkv, att1, B, T, NH, HS);
+    K16->attention_forward(out1, att1, qkv, B, T, NH, NH, HS);
+    K16->attention_backward(dqkv1, scratch, dout, qkv, att1, B, T, NH, NH, HS);
     omp_set_num_threads(threads);
     CHECK(memcmp(out1, out, nout * 2) == 0 && memcmp(att1, att, natt * 2) == 0 &&
           memcmp(dqkv1, dqkv, nqkv * 2) == 0);

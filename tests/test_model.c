@@ -425,8 +425,138 @@ static void test_activation_layout(void)
     CHECK(ts_layer_act_bytes(&mc, TS_LAYER_HEAD, B, T, 4, 3, k) == head_fixed + al64(N * 9 * f));
 }
 
+static ts_model_config tiny_llama(void)
+{
+    ts_config c;
+    ts_config_defaults(&c);
+    snprintf(c.model.arch, sizeof c.model.arch, "llama");
+    ts_config_arch_defaults(&c.model, "llama");
+    c.model.n_layer = 2;
+    c.model.n_head = 4;
+    c.model.n_kv_head = 2;
+    c.model.n_embd = 32;
+    c.model.ffn_hidden = 48;
+    c.model.vocab_size = 40;
+    c.model.seq_len = 8;
+    return c.model;
+}
+
+/* The llama layer list: Hugging Face's names and shapes, q|k|v and gate|up packed into
+ * one weight each, an untied head, the key/value heads split over tp = 2 and shared by
+ * two ranks each at tp = 4, and the activation layout's sizes. */
+static void test_llama_layout(void)
+{
+    ts_model_config mc = tiny_llama();
+    const int C = 32, HS = 8, F = 48, V = 40, L = 2;
+    ts_model m;
+    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    CHECK(m.arch == TS_ARCH_LLAMA && !m.tied && m.rope_cos && m.rope_sin);
+    CHECK(m.n_params == 1 + 9 * L + 2);
+    CHECK(m.head_wte_param != m.wte_param && !strcmp(ts_param_name(&m, m.head_wte_param), "lm_head.weight"));
+    CHECK(!strcmp(ts_param_name(&m, m.wte_param), "model.embed_tokens.weight"));
+    size_t total = 0;
+    for (int p = 0; p < m.n_params; p++) total += m.params[p].numel;
+    CHECK(total == ts_model_logical_params(&mc));
+    CHECK(total == (size_t)(2 * V * C + C + L * (2 * C + C * 4 * HS * 2 + 2 * C * 2 * HS + 3 * C * F)));
+    const int b = m.layers[1].first_param;
+    static const char *const names[TS_L_NPARAMS] = {
+        "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight"};
+    for (int i = 0; i < TS_L_NPARAMS; i++)
+        CHECKF(!strcmp(ts_param_name(&m, b + i), names[i]), "param %d is %s", i, ts_param_name(&m, b + i));
+    const ts_param *P = &m.params[b];
+    CHECK(P[TS_L_Q_W].shard.shape[0] == 4 * HS && P[TS_L_K_W].shard.shape[0] == 2 * HS &&
+          P[TS_L_O_W].shard.shape[1] == 4 * HS && P[TS_L_DOWN_W].shard.shape[1] == F);
+    CHECK(P[TS_L_Q_W].offset + P[TS_L_Q_W].numel == P[TS_L_K_W].offset);
+    CHECK(P[TS_L_K_W].offset + P[TS_L_K_W].numel == P[TS_L_V_W].offset);
+    CHECK(P[TS_L_GATE_W].offset + P[TS_L_GATE_W].numel == P[TS_L_UP_W].offset);
+    CHECK(P[TS_L_Q_W].decay && !P[TS_L_ATTN_NORM_W].decay && m.params[m.wte_param].decay);
+    CHECK(!m.params[find(&m, "model.norm.weight")].decay);
+    CHECK(ts_param_data(&m, b + TS_L_MLP_NORM_W)[0] == 0.0f); /* zeroed until init */
+    ts_model_init_random(&m, 7);
+    CHECK(ts_param_data(&m, b + TS_L_MLP_NORM_W)[5] == 1.0f);
+    /* RoPE at position 0 is the identity; at t = 1, channel 0 turns by 1 radian. */
+    CHECK(m.rope_cos[0] == 1.0f && m.rope_sin[0] == 0.0f);
+    CHECK(fabsf(m.rope_cos[HS / 2] - cosf(1.0f)) < 1e-7f);
+    ts_model_free(&m);
+
+    for (int tp = 2; tp <= 4; tp += 2)
+        for (int r = 0; r < tp; r++) {
+            const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
+            ts_model_layout_tp(&m, &mc, NULL, &ctx);
+            const ts_param *Q = &m.params[m.layers[1].first_param];
+            CHECK(m.local_heads == 4 / tp && m.local_kv_heads == 1 && m.kv_replicas == tp / 2);
+            CHECK(Q[TS_L_K_W].numel == (size_t)HS * C && Q[TS_L_V_W].numel == (size_t)HS * C);
+            /* tp = 4: ranks 0,1 hold key/value head 0 (replicas 0, 1), ranks 2,3 head 1. */
+            CHECKF(Q[TS_L_K_W].shard.part == r / (tp / 2) && Q[TS_L_K_W].shard.parts == 2 &&
+                       Q[TS_L_K_W].shard.replica == r % (tp / 2),
+                   "tp %d rank %d: k_proj part %d/%d replica %d", tp, r, Q[TS_L_K_W].shard.part,
+                   Q[TS_L_K_W].shard.parts, Q[TS_L_K_W].shard.replica);
+            CHECK(Q[TS_L_Q_W].shard.part == r && Q[TS_L_Q_W].shard.replica == 0);
+            CHECK(Q[TS_L_GATE_W].numel == (size_t)(F / tp) * C);
+            ts_model_free(&m);
+        }
+
+    /* The activation layout of a block: no norm means, the q|k|v of 4 + 2*2 heads, the
+     * gate|up output [N,2F] and SwiGLU's [N,F]. */
+    const ts_kernels *k = &ts_kernels_cpu;
+    const int B = 2, T = 8;
+    const size_t N = (size_t)B * T, f = sizeof(float);
+#define AL(x) (((x) + 63) / 64 * 64)
+    const size_t NC = AL(N * C * f), stat = AL(N * f);
+    const size_t want = NC + stat + AL(N * 8 * HS * f) + AL(N * 4 * HS * f) +
+                        k->attention_saved_bytes(B, T, 4, HS) + NC + NC + stat +
+                        AL(N * 2 * F * f) + AL(N * F * f) + NC;
+    CHECKF(ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, k) == want, "llama block %zu, want %zu",
+           ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, k), want);
+    CHECK(ts_layer_act_bytes(&mc, TS_LAYER_EMBED, B, T, 1, 0, k) == NC);
+#undef AL
+
+    /* A pipeline stage of a tied llama holds the head's copy of model.embed_tokens.weight. */
+    mc.tie_embeddings = 1;
+    bool owned[4] = {false, false, true, true};
+    ts_model_build(&m, &mc, owned, &ts_kernels_cpu);
+    CHECK(m.tied && m.wte_param < 0 && m.params[m.head_wte_param].tied_copy &&
+          !strcmp(ts_param_name(&m, m.head_wte_param), "model.embed_tokens.weight"));
+    ts_model_free(&m);
+}
+
+/* Hugging Face's inverse frequencies, with Llama 3.1's scaling (factor 8, low 1, high 4,
+ * original context 8192; head dim 128): low frequencies divided by 8, high ones kept. */
+static void test_rope_frequencies(void)
+{
+    ts_model_config mc = tiny_llama();
+    double inv[64];
+    mc.rope_theta = 500000.0;
+    ts_rope_inv_freq(&mc, inv, 128);
+    CHECK(inv[0] == 1.0 && fabs(inv[1] - pow(500000.0, -2.0 / 128)) < 1e-18);
+    mc.rope_scaling = 8.0;
+    mc.rope_low_freq_factor = 1.0;
+    mc.rope_high_freq_factor = 4.0;
+    mc.rope_original_context = 8192;
+    double scaled[64];
+    ts_rope_inv_freq(&mc, scaled, 128);
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < 64; i++) {
+        const double wavelen = 2 * pi / inv[i];
+        double want = inv[i];
+        if (wavelen > 8192.0) want = inv[i] / 8.0;
+        else if (wavelen >= 2048.0) {
+            const double s = (8192.0 / wavelen - 1.0) / 3.0;
+            want = (1 - s) * inv[i] / 8.0 + s * inv[i];
+        }
+        CHECKF(fabs(scaled[i] - want) <= 1e-15 * want, "inv_freq[%d] %g, want %g", i, scaled[i], want);
+    }
+    CHECK(scaled[0] == inv[0] && fabs(scaled[63] - inv[63] / 8.0) < 1e-20);
+}
+
 int main(void)
 {
+    test_llama_layout();
+    test_rope_frequencies();
     test_chunks_and_split_backward();
     test_layer_list();
     test_init_by_index();

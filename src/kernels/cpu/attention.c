@@ -1,7 +1,10 @@
-/* Causal multi-head attention on GEMMs, one (batch, head) pair per OpenMP iteration.
- * OpenBLAS (OpenMP build) runs single-threaded inside a parallel region, so each pair
- * is one thread's sequence of small sgemms; pairs are independent, so results do not
- * depend on the thread count.
+/* Causal attention on GEMMs with NKV key/value heads (grouped-query attention: query
+ * head h reads key/value head h / (NH/NKV); NKV == NH is multi-head). The forward runs
+ * one (batch, query head) pair per OpenMP iteration, the backward one (batch, key/value
+ * head) pair, whose query heads it walks in order so their dK and dV sums have one
+ * owner (no races, a fixed order). OpenBLAS (OpenMP build) runs single-threaded inside
+ * a parallel region, so each pair is one thread's sequence of small sgemms; pairs are
+ * independent, so results do not depend on the thread count.
  *
  * Causality: query rows are processed in blocks of TS_ATT_BLOCK; block [i0, i1) only
  * attends to keys [0, i1), so the GEMMs skip the blocks above the diagonal (at T = 256
@@ -12,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
 
 #define TS_ATT_BLOCK 32
@@ -68,18 +72,21 @@ static void causal_softmax_backward_row(float *dr, const float *p, int i, int en
 }
 
 void ts_cpu_attention_forward(void *out_, void *att_, const void *qkv_, int B, int T, int NH,
-                              int HS)
+                              int NKV, int HS)
 {
+    TS_ASSERT(NKV > 0 && NH % NKV == 0);
     float *out = out_;
     float *att = att_;
     const float *qkv = qkv_;
-    const int C = NH * HS, C3 = 3 * C;
+    /* C3: a row of qkv, [NH q heads | NKV k heads | NKV v heads] */
+    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-        const float *k = q + C, *v = q + 2 * C;
+        const float *row = qkv + (size_t)b * T * C3;
+        const float *q = row + (size_t)h * HS;
+        const float *k = row + C + (size_t)(h / group) * HS, *v = k + CKV;
         float *a = att + (size_t)bh * T * T;
         float *o = out + (size_t)b * T * C + (size_t)h * HS;
         for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
@@ -95,51 +102,62 @@ void ts_cpu_attention_forward(void *out_, void *att_, const void *qkv_, int B, i
     }
 }
 
-/* With P the probabilities, dO the output gradient of one head:
+/* With P the probabilities, dO the output gradient of one query head:
  *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
- *   dQ = scale dS K,  dK = scale dS^T Q.
- * dS lives in this pair's T*T slice of the scratch. */
+ *   dQ = scale dS K,  dK = scale dS^T Q,
+ * and a key/value head's dK, dV the sums over its group's query heads: the first
+ * query head's GEMMs overwrite them (beta 0), the others add (beta 1), in head order.
+ * dS lives in the query head's T*T slice of the scratch. */
 void ts_cpu_attention_backward(void *dqkv_, void *scratch_, const void *dout_, const void *qkv_,
-                               const void *att_, int B, int T, int NH, int HS)
+                               const void *att_, int B, int T, int NH, int NKV, int HS)
 {
+    TS_ASSERT(NKV > 0 && NH % NKV == 0);
     float *dqkv = dqkv_;
     float *scratch = scratch_;
     const float *dout = dout_;
     const float *qkv = qkv_;
     const float *att = att_;
-    const int C = NH * HS, C3 = 3 * C;
+    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        size_t qoff = (size_t)b * T * C3 + (size_t)h * HS;
-        const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-        const float *p = att + (size_t)bh * T * T;
-        const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
-        float *ds = scratch + (size_t)bh * T * T;
-        for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
-            int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
-            /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, 1.0f,
-                        dO + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
-            /* Softmax backward, row by row; zero the rest of the block's columns. */
-            for (int i = i0; i < i1; i++)
-                causal_softmax_backward_row(ds + (size_t)i * T, p + (size_t)i * T, i, i1);
-            /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, scale,
-                        ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
-        }
-        /* Key/value rows [j0, j1) receive from query rows i >= j0 only. */
-        for (int j0 = 0; j0 < T; j0 += TS_ATT_BLOCK) {
-            int j1 = j0 + TS_ATT_BLOCK < T ? j0 + TS_ATT_BLOCK : T, m = j1 - j0;
-            size_t corner = (size_t)j0 * T + j0;
-            /* dK[j0:j1] = scale dS[j0:T, j0:j1]^T Q[j0:T] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, scale,
-                        ds + corner, T, q + (size_t)j0 * C3, C3, 0.0f, dk + (size_t)j0 * C3, C3);
-            /* dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, 1.0f,
-                        p + corner, T, dO + (size_t)j0 * C, C, 0.0f, dv + (size_t)j0 * C3, C3);
+    for (int bg = 0; bg < B * NKV; bg++) {
+        int b = bg / NKV, g = bg % NKV;
+        size_t row = (size_t)b * T * C3, kvoff = row + C + (size_t)g * HS;
+        const float *k = qkv + kvoff, *v = k + CKV;
+        float *dk = dqkv + kvoff, *dv = dk + CKV;
+        for (int h = g * group; h < (g + 1) * group; h++) {
+            const int bh = b * NH + h;
+            const float beta = h == g * group ? 0.0f : 1.0f; /* the group's first overwrites */
+            const float *q = qkv + row + (size_t)h * HS;
+            float *dq = dqkv + row + (size_t)h * HS;
+            const float *p = att + (size_t)bh * T * T;
+            const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
+            float *ds = scratch + (size_t)bh * T * T;
+            for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
+                int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
+                /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, 1.0f,
+                            dO + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
+                /* Softmax backward, row by row; zero the rest of the block's columns. */
+                for (int i = i0; i < i1; i++)
+                    causal_softmax_backward_row(ds + (size_t)i * T, p + (size_t)i * T, i, i1);
+                /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, scale,
+                            ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
+            }
+            /* Key/value rows [j0, j1) receive from query rows i >= j0 only. */
+            for (int j0 = 0; j0 < T; j0 += TS_ATT_BLOCK) {
+                int j1 = j0 + TS_ATT_BLOCK < T ? j0 + TS_ATT_BLOCK : T, m = j1 - j0;
+                size_t corner = (size_t)j0 * T + j0;
+                /* dK[j0:j1] (+)= scale dS[j0:T, j0:j1]^T Q[j0:T] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, scale,
+                            ds + corner, T, q + (size_t)j0 * C3, C3, beta, dk + (size_t)j0 * C3,
+                            C3);
+                /* dV[j0:j1] (+)= P[j0:T, j0:j1]^T dO[j0:T] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, 1.0f,
+                            p + corner, T, dO + (size_t)j0 * C, C, beta, dv + (size_t)j0 * C3,
+                            C3);
+            }
         }
     }
 }

@@ -37,9 +37,22 @@ void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, 
 void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                                  const void *inp, const void *weight, int N, int C, int OC);
 void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                                   int HS);
+                                   int NKV, int HS);
 void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                                    const void *att, int B, int T, int NH, int HS);
+                                    const void *att, int B, int T, int NH, int NKV, int HS);
+void ts_cpu_bf16_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight,
+                                 int N, int C, float eps);
+void ts_cpu_bf16_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,
+                                  const float *weight, const float *rstd, int N, int C);
+void ts_cpu_bf16_residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd,
+                                          const void *a, const void *b, const float *weight,
+                                          int N, int C, float eps);
+void ts_cpu_bf16_rope_forward(void *qkv, const float *cos, const float *sin, int B, int T, int NH,
+                              int NKV, int HS);
+void ts_cpu_bf16_rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T,
+                               int NH, int NKV, int HS);
+void ts_cpu_bf16_swiglu_forward(void *out, const void *inp, int N, int F);
+void ts_cpu_bf16_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);
 void ts_cpu_bf16_gelu_forward(void *out, const void *inp, size_t n);
 void ts_cpu_bf16_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);
 void ts_cpu_bf16_residual_forward(void *out, const void *a, const void *b, size_t n);

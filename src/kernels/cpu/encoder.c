@@ -1,6 +1,8 @@
-/* Token + position embedding. V is not passed, so token ids cannot be range-checked
- * here: callers must pass ids in [0, V). */
+/* Token + position embedding (wpe NULL: token embedding only, llama's rotary
+ * positions are applied to q and k instead). V is not passed, so token ids cannot be
+ * range-checked here: callers must pass ids in [0, V). */
 #include <omp.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_internal.h"
@@ -13,6 +15,10 @@ void ts_cpu_encoder_forward(void *out_, const int *tokens, const float *wte, con
     for (int bt = 0; bt < B * T; bt++) {
         float *o = out + (size_t)bt * C;
         const float *e = wte + (size_t)tokens[bt] * C;
+        if (!wpe) {
+            memcpy(o, e, (size_t)C * sizeof(float));
+            continue;
+        }
         const float *p = wpe + (size_t)(bt % T) * C;
 #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
@@ -36,12 +42,12 @@ void ts_cpu_encoder_backward(float *dwte, float *dwpe, const void *dout_, const 
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tokens[b * T + t] * C;
+#pragma omp simd
+                for (size_t c = c0; c < c1; c++) we[c] += d[c];
+                if (!dwpe) continue;
                 float *pe = dwpe + (size_t)t * C;
 #pragma omp simd
-                for (size_t c = c0; c < c1; c++) {
-                    we[c] += d[c];
-                    pe[c] += d[c];
-                }
+                for (size_t c = c0; c < c1; c++) pe[c] += d[c];
             }
         }
     }

@@ -1,5 +1,6 @@
 /* Token + position embedding into bf16 activations, and its backward from bf16
- * gradients into the fp32 tables (encoder.c's semantics and order of sums). */
+ * gradients into the fp32 tables (encoder.c's semantics and order of sums; wpe and
+ * dwpe NULL: no position embedding). */
 #include <omp.h>
 
 #include "kernels/cpu/cpu_bf16_internal.h"
@@ -12,6 +13,10 @@ void ts_cpu_bf16_encoder_forward(void *out, const int *tokens, const float *wte,
     for (int bt = 0; bt < B * T; bt++) {
         ts_bf16 *o = (ts_bf16 *)out + (size_t)bt * C;
         const float *e = wte + (size_t)tokens[bt] * C;
+        if (!wpe) { /* the token embedding alone, rounded straight from the table */
+            ts_f32_to_bf16_array(o, e, (size_t)C);
+            continue;
+        }
         const float *p = wpe + (size_t)(bt % T) * C;
         float sum[TS_BF16_CHUNK];
         for (int c0 = 0; c0 < C; c0 += TS_BF16_CHUNK) {
@@ -38,15 +43,15 @@ void ts_cpu_bf16_encoder_backward(float *dwte, float *dwpe, const void *dout, co
         for (int bt = 0; bt < B * T; bt++) {
             const ts_bf16 *drow = (const ts_bf16 *)dout + (size_t)bt * C;
             float *we = dwte + (size_t)tokens[bt] * C;
-            float *pe = dwpe + (size_t)(bt % T) * C;
+            float *pe = dwpe ? dwpe + (size_t)(bt % T) * C : NULL;
             for (size_t k0 = c0; k0 < c1; k0 += TS_BF16_CHUNK) {
                 size_t n = c1 - k0 < TS_BF16_CHUNK ? c1 - k0 : TS_BF16_CHUNK;
                 ts_bf16_to_f32_array(d, drow + k0, n);
 #pragma omp simd
-                for (size_t c = 0; c < n; c++) {
-                    we[k0 + c] += d[c];
-                    pe[k0 + c] += d[c];
-                }
+                for (size_t c = 0; c < n; c++) we[k0 + c] += d[c];
+                if (!pe) continue;
+#pragma omp simd
+                for (size_t c = 0; c < n; c++) pe[k0 + c] += d[c];
             }
         }
     }
