@@ -57,6 +57,21 @@ static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts
     return TS_OK;
 }
 
+/* A name of the model's architecture for a layer this rank does not own (pipeline
+ * stages): a block's, or the embedding's and the final norm's (the tied or untied head's
+ * lm_head.weight is handled by the caller). */
+static bool other_stage_name(const ts_model *m, const char *name)
+{
+    const bool llama = m->arch == TS_ARCH_LLAMA;
+    int blk = -1;
+    if (sscanf(name, llama ? "model.layers.%d." : "transformer.h.%d.", &blk) == 1 && blk >= 0 &&
+        blk < m->n_layer && !m->layers[blk + 1].owned)
+        return true;
+    if (llama) return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight");
+    return !strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
+           !strcmp(name, "transformer.wte.weight");
+}
+
 ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
 {
     ts_st_file f;
@@ -69,18 +84,10 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
         if (strcmp(name, "lm_head.weight") == 0) continue; /* tied to wte; checked below */
         bool known = false;
         for (int p = 0; p < m->n_params && !known; p++) known = !strcmp(ts_param_name(m, p), name);
-        if (!known) {
-            /* Names of layers this rank does not own are fine (pipeline stages). */
-            int blk = -1;
-            if (sscanf(name, "transformer.h.%d.", &blk) == 1 && blk >= 0 && blk < m->n_layer &&
-                !m->layers[blk + 1].owned)
-                continue;
-            if (!strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
-                !strcmp(name, "transformer.wte.weight"))
-                continue;
-            ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this gpt2 "
+        if (!known && !other_stage_name(m, name)) {
+            ts_fail("model.init: %s holds tensor '%s', which is not a parameter of this %s "
                     "config (n_layer=%d); is the file for another model?",
-                    path, name, m->n_layer);
+                    path, name, m->arch == TS_ARCH_LLAMA ? "llama" : "gpt2", m->n_layer);
             ts_st_close(&f);
             return TS_ERR;
         }
@@ -107,7 +114,7 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
         }
     }
     const ts_st_tensor *head = ts_st_find(&f, "lm_head.weight");
-    if (head && m->head_wte_param >= 0) {
+    if (head && m->head_wte_param >= 0 && m->tied) {
         /* nanoGPT's state_dict carries the tied head too: accept it only if it is the
          * same tensor, since our head is tied by construction. */
         const ts_param *P = &m->params[m->head_wte_param];
@@ -116,8 +123,9 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
         if (st == TS_OK)
             m->k->memcpy_d2h(have, ts_param_data(m, m->head_wte_param), P->numel * sizeof(float));
         if (st == TS_OK && memcmp(tmp, have, P->numel * sizeof(float)) != 0)
-            st = ts_fail("%s: lm_head.weight differs from transformer.wte.weight; Tessera's "
-                         "GPT-2 ties them (nanoGPT semantics)", path);
+            st = ts_fail("%s: lm_head.weight differs from %s; the model ties them (gpt2, or "
+                         "tie_embeddings)",
+                         path, P->shard.name);
         free(tmp);
         free(have);
         if (st != TS_OK) {
