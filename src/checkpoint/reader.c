@@ -28,6 +28,36 @@ static bool get_int(json_t *obj, const char *key, long long lo, long long hi, lo
     return true;
 }
 
+/* The model keys beyond the five every checkpoint has (llama's, and gpt2's resolved
+ * ones), where state.json holds them; a missing or mistyped one keeps its default and a
+ * value out of range is left to ts_config_validate. */
+static void read_arch_keys(json_t *model, ts_model_config *mc)
+{
+    const struct {
+        const char *key;
+        int *dst;
+    } ints[] = {{"n_kv_head", &mc->n_kv_head},
+                {"ffn_hidden", &mc->ffn_hidden},
+                {"rope_original_context", &mc->rope_original_context}};
+    const struct {
+        const char *key;
+        double *dst;
+    } reals[] = {{"norm_eps", &mc->norm_eps},
+                 {"rope_theta", &mc->rope_theta},
+                 {"rope_scaling", &mc->rope_scaling},
+                 {"rope_low_freq_factor", &mc->rope_low_freq_factor},
+                 {"rope_high_freq_factor", &mc->rope_high_freq_factor}};
+    long long v;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (get_int(model, ints[i].key, 0, 1LL << 30, &v)) *ints[i].dst = (int)v;
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        json_t *x = json_object_get(model, reals[i].key);
+        if (json_is_number(x)) *reals[i].dst = json_number_value(x);
+    }
+    json_t *tie = json_object_get(model, "tie_embeddings");
+    if (json_is_boolean(tie)) mc->tie_embeddings = json_is_true(tie);
+}
+
 uint32_t ts_ckpt_state_crc(const json_t *state)
 {
     json_t *copy = json_deep_copy(state);
@@ -125,20 +155,26 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     for (int i = 0; i < 5; i++)
         if (!get_int(model, keys[i], 1, 1LL << 30, &mv[i]))
             return ts_fail("%s: config.model.%s is missing or invalid", path, keys[i]);
-    memset(&r->model, 0, sizeof r->model);
+    /* The other model keys start from their defaults (and the architecture's), as a
+     * config file's do, so that an older checkpoint without them reads as what it was. */
+    ts_config vc;
+    ts_config_defaults(&vc);
+    ts_model_config *mc = &vc.model;
     const char *arch = json_string_value(json_object_get(model, "arch"));
-    snprintf(r->model.arch, sizeof r->model.arch, "%s", arch ? arch : "gpt2");
-    r->model.n_layer = (int)mv[0];
-    r->model.n_head = (int)mv[1];
-    r->model.n_embd = (int)mv[2];
-    r->model.vocab_size = (int)mv[3];
-    r->model.seq_len = (int)mv[4];
+    snprintf(mc->arch, sizeof mc->arch, "%s", arch ? arch : "gpt2");
+    ts_config_arch_defaults(mc, mc->arch);
+    mc->n_layer = (int)mv[0];
+    mc->n_head = (int)mv[1];
+    mc->n_embd = (int)mv[2];
+    mc->vocab_size = (int)mv[3];
+    mc->seq_len = (int)mv[4];
+    mc->init[0] = '\0';
+    read_arch_keys(model, mc);
+    ts_config_resolve_model(mc);
+    r->model = *mc;
     /* The model keys' ranges and relations, as a config file's are checked (probe D10:
      * n_layer = 2^30 in a hand-edited state.json made info and verify allocate without
      * end, n_embd = vocab = 2^30 overflowed the shard arithmetic). */
-    ts_config vc;
-    ts_config_defaults(&vc);
-    vc.model = r->model;
     if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
     if (parse_lr_schedule(r, s, path) != TS_OK) return TS_ERR;
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
