@@ -88,8 +88,9 @@ int main(void)
     ts_test_require_blas_core();
     const char *root = getenv("TS_SOURCE_DIR");
     char wpath[4096], epath[4096];
-    snprintf(wpath, sizeof wpath, "%s/tests/fixtures/llama_tiny_weights.safetensors", root ? root : ".");
-    snprintf(epath, sizeof epath, "%s/tests/fixtures/llama_tiny_expect.safetensors", root ? root : ".");
+    if (!root) root = ".";
+    snprintf(wpath, sizeof wpath, "%s/tests/fixtures/llama_tiny_weights.safetensors", root);
+    snprintf(epath, sizeof epath, "%s/tests/fixtures/llama_tiny_expect.safetensors", root);
 
     ts_config cfg;
     ts_config_defaults(&cfg);
@@ -136,7 +137,8 @@ int main(void)
     /* Loss and gradients, with the batch split into 2 micro-batches (accumulation). */
     double *ref_loss = read_f64(&ef, "loss", NULL);
     double loss = loss_and_grads(&m, tokens, targets, B, T, 2);
-    CHECKF(ts_rel_err(loss, ref_loss[0], 1e-12) < 1e-5, "loss %.9f vs torch %.9f", loss, ref_loss[0]);
+    CHECKF(ts_rel_err(loss, ref_loss[0], 1e-12) < 1e-5, "loss %.9f vs torch %.9f", loss,
+           ref_loss[0]);
     printf("loss %.9f, torch %.9f\n", loss, ref_loss[0]);
     /* Every parameter of the fixture is one of the model's (and the other way round:
      * each of the model's is looked up below): embedding, 9 per block, final norm, head. */
@@ -178,7 +180,8 @@ int main(void)
                norm, ref_norms[step]);
         CHECKF(ts_rel_err(lr, ref_lrs[step], 1e-12) < 1e-12, "step %d lr %.9g vs %.9g", step, lr,
                ref_lrs[step]);
-        printf("step %d: loss %.9f (torch %.9f) norm %.6f lr %.5f\n", step, l, ref_losses[step], norm, lr);
+        printf("step %d: loss %.9f (torch %.9f) norm %.6f lr %.5f\n", step, l, ref_losses[step],
+               norm, lr);
         ts_adamw_step(&opt, &m, &cfg.train, lr, ts_clip_coef(norm, cfg.train.grad_clip), step + 1);
     }
     ts_adamw_free(&opt);

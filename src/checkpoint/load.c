@@ -67,7 +67,8 @@ static bool other_stage_name(const ts_model *m, const char *name)
     if (sscanf(name, llama ? "model.layers.%d." : "transformer.h.%d.", &blk) == 1 && blk >= 0 &&
         blk < m->n_layer && !m->layers[blk + 1].owned)
         return true;
-    if (llama) return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight");
+    if (llama)
+        return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight");
     return !strcmp(name, "transformer.wpe.weight") || !strncmp(name, "transformer.ln_f.", 17) ||
            !strcmp(name, "transformer.wte.weight");
 }
