@@ -1,7 +1,8 @@
 /* The CUDA attention variants (kernels/cuda/attention.cu, attention_flash.cu) against the
  * CPU backend's attention, each called directly: the batched-GEMM and the flash-style
  * attention, each on fp32 and on bf16 activations, and the four tables' slots
- * (train.attention = "gemm" | "flash" in fp32 and bf16), on random inputs rounded to
+ * (train.attention = "gemm" | "flash" in fp32 and bf16), multi-head (NKV = NH) and
+ * grouped-query (NKV < NH key/value heads, down to one), on random inputs rounded to
  * bf16 (so the bf16 variants start from exactly the reference's values), with every
  * device output, saved state and workspace first poisoned (all bytes 0xff: NaN in
  * either type), so a value a kernel fails to write, or reads before writing, shows.
@@ -29,9 +30,10 @@ static const ts_kernels *G = &ts_kernels_cuda; /* device memory and the table's 
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
 
 typedef size_t (*size_fn)(int B, int T, int NH, int HS);
-typedef void (*fwd_fn)(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);
+typedef void (*fwd_fn)(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,
+                       int HS);
 typedef void (*bwd_fn)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                       const void *att, int B, int T, int NH, int HS);
+                       const void *att, int B, int T, int NH, int NKV, int HS);
 
 typedef struct {
     const char *name;
@@ -60,10 +62,10 @@ static void expect_close(const char *who, const char *what, ts_dtype t, const vo
 
 /* ---- one shape, every variant ------------------------------------------------------ */
 
-static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
+static void test_shape(const variant *vs, int nv, int B, int T, int NH, int NKV, int HS)
 {
     const int C = NH * HS;
-    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    const size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * C;
     float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout);
     for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_bf16_round(ts_test_frand());
     for (size_t i = 0; i < nout; i++) dout[i] = ts_bf16_round(ts_test_frand());
@@ -73,8 +75,8 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
     size_t hs = H->attention_saved_bytes(B, T, NH, HS) / sizeof(float) + 1;
     size_t hsc = H->attention_scratch_bytes(B, T, NH, HS) / sizeof(float) + 1;
     float *att = ts_alloc_floats(hs), *scr = ts_alloc_floats(hsc);
-    H->attention_forward(out, att, qkv, B, T, NH, HS);
-    H->attention_backward(dqkv, scr, dout, qkv, att, B, T, NH, HS);
+    H->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
+    H->attention_backward(dqkv, scr, dout, qkv, att, B, T, NH, NKV, HS);
     free(att), free(scr);
 
     for (int v = 0; v < nv; v++) {
@@ -82,20 +84,20 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int HS)
         const ts_dtype t = vs[v].act;
         const size_t eb = ts_dtype_bytes(t);
         char who[120];
-        snprintf(who, sizeof who, "%s B%d T%d NH%d HS%d", vs[v].name, B, T, NH, HS);
+        snprintf(who, sizeof who, "%s B%d T%d NH%d NKV%d HS%d", vs[v].name, B, T, NH, NKV, HS);
         void *d_qkv = to_dev_as(t, qkv, nqkv), *d_dout = to_dev_as(t, dout, nout);
         size_t ns = vs[v].saved(B, T, NH, HS), nsc = vs[v].scratch(B, T, NH, HS);
         void *d_out = ts_gpu_dev_poison(G, nout * eb), *d_att = ts_gpu_dev_poison(G, ns);
         void *d_scr = ts_gpu_dev_poison(G, nsc), *d_dqkv = ts_gpu_dev_poison(G, nqkv * eb);
-        vs[v].forward(d_out, d_att, d_qkv, B, T, NH, HS);
+        vs[v].forward(d_out, d_att, d_qkv, B, T, NH, NKV, HS);
         expect_close(who, "out", t, d_out, out, nout, vs[v].tol);
-        vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, NH, HS);
+        vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, NH, NKV, HS);
         expect_close(who, "dqkv", t, d_dqkv, dqkv, nqkv, vs[v].tol);
 
         /* The same again on fresh poisoned buffers must give the same bits (no atomics,
          * no reads of what was not written). */
         void *d_dqkv2 = ts_gpu_dev_poison(G, nqkv * eb), *d_scr2 = ts_gpu_dev_poison(G, nsc);
-        vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, NH, HS);
+        vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, NH, NKV, HS);
         CHECKF(ts_gpu_dev_same_bytes(G, d_dqkv, d_dqkv2, nqkv * eb),
                "%s: a second backward differs in its bits", who);
         G->dev_free(d_out), G->dev_free(d_att), G->dev_free(d_scr), G->dev_free(d_dqkv);
@@ -122,6 +124,13 @@ static void test_sizes(void)
     CHECK(ts_cuda_gemm_bf16_attention_saved_bytes(B, T, NH, HS) == tt * 2);
     size_t c16 = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T, NH, HS);
     CHECKF(c16 >= tt * 6 && c16 < tt * 6 + 64, "bf16 scratch bytes %zu", c16);
+    /* heads wider than T: dP's piece holds the fp32 dK, dV sums of grouped-query heads,
+     * [B, T, 2 NKV HS] floats with 2 NKV <= NH, so B T NH HS floats */
+    const int T2 = 4, HS2 = 64;
+    const size_t tt2 = (size_t)B * NH * T2 * T2, acc2 = (size_t)B * T2 * NH * HS2;
+    size_t c16w = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T2, NH, HS2);
+    CHECKF(c16w >= acc2 * 4 + tt2 * 2 && c16w < acc2 * 4 + tt2 * 2 + 64,
+           "bf16 scratch bytes %zu (T %d, HS %d)", c16w, T2, HS2);
 }
 
 /* What the table of (precision, attention) keeps for (B, T, NH, HS): 10 flash's saved
@@ -201,13 +210,24 @@ int main(void)
     static const int Ts[] = {1, 7, 64, 129, 256}, HSs[] = {8, 64, 100}, NHs[] = {1, 3, 12};
     int k = 0;
     for (int t = 0; t < 5; t++)
-        for (int h = 0; h < 3; h++, k++) test_shape(vs, nv, 1 + k % 4, Ts[t], NHs[k % 3], HSs[h]);
+        for (int h = 0; h < 3; h++, k++)
+            test_shape(vs, nv, 1 + k % 4, Ts[t], NHs[k % 3], NHs[k % 3], HSs[h]);
     /* Odd heads (no multiple of 4 or 8), the 16-wide tiles above HS 128, the widest
      * flash head, and one past it (GEMMs only). */
-    test_shape(vs, nv, 2, 33, 2, 1);
-    test_shape(vs, nv, 3, 50, 1, 3);
-    test_shape(vs, nv, 1, 97, 2, 129);
-    test_shape(vs, nv, 2, 70, 1, TS_CUDA_FLASH_MAX_HS);
-    test_shape(vs, nv, 1, 40, 1, TS_CUDA_FLASH_MAX_HS + 1);
+    test_shape(vs, nv, 2, 33, 2, 2, 1);
+    test_shape(vs, nv, 3, 50, 1, 1, 3);
+    test_shape(vs, nv, 1, 97, 2, 2, 129);
+    test_shape(vs, nv, 2, 70, 1, 1, TS_CUDA_FLASH_MAX_HS);
+    test_shape(vs, nv, 1, 40, 1, 1, TS_CUDA_FLASH_MAX_HS + 1);
+    /* Grouped-query attention: groups of 2, 3, 4 and 12 query heads, one kv head
+     * (multi-query) included; B below and above NKV (both batching branches); ragged
+     * tiles; the 16-wide tiles; a head past the flash limit (GEMMs only). */
+    static const struct { int B, T, NH, NKV, HS; } gqa[] = {
+        {1, 7, 2, 1, 8},    {2, 64, 4, 2, 16},   {3, 129, 6, 2, 64},  {1, 33, 12, 1, 8},
+        {4, 40, 8, 2, 32},  {2, 97, 12, 4, 100}, {1, 1, 4, 1, 64},    {5, 17, 3, 1, 8},
+        {2, 50, 4, 1, 160}, {1, 300, 8, 4, 64},  {2, 33, 4, 2, 3},    {1, 40, 2, 1, 300},
+    };
+    for (size_t i = 0; i < sizeof gqa / sizeof gqa[0]; i++)
+        test_shape(vs, nv, gqa[i].B, gqa[i].T, gqa[i].NH, gqa[i].NKV, gqa[i].HS);
     return ts_test_report();
 }

@@ -9,7 +9,9 @@
  * and reruns are bitwise identical. And the bf16 tables' residual_layernorm_forward:
  * bit for bit the bf16 table's unfused pair (the LayerNorm reads the rounded sum, as
  * kernels.h promises), in place over either input too, and within bf16 tolerance of the
- * fp32 table on the same bf16-valued inputs, its outputs first poisoned.
+ * fp32 table on the same bf16-valued inputs, its outputs first poisoned. The same for
+ * llama's residual_rmsnorm_forward (against the CPU, against residual_forward +
+ * rmsnorm_forward bit for bit, in fp32 and bf16).
  *
  * Built in CUDA builds only; exits 77 (skipped) where there is no CUDA device. */
 #include <math.h>
@@ -41,6 +43,9 @@ static void test_table(void)
     CHECKF(G->adamw_update_spans != NULL, "ts_kernels_cuda lacks adamw_update_spans");
     CHECKF(ts_kernels_cuda_bf16.residual_layernorm_forward != G->residual_layernorm_forward,
            "ts_kernels_cuda_bf16 runs the fp32 residual_layernorm_forward");
+    CHECKF(G->residual_rmsnorm_forward != NULL, "ts_kernels_cuda lacks residual_rmsnorm_forward");
+    CHECKF(ts_kernels_cuda_bf16.residual_rmsnorm_forward != G->residual_rmsnorm_forward,
+           "ts_kernels_cuda_bf16 runs the fp32 residual_rmsnorm_forward");
 }
 
 static void test_residual_layernorm(int N, int C)
@@ -157,6 +162,108 @@ static void test_residual_layernorm_bf16(int N, int C)
     free(a), free(b), free(w), free(bias), free(res_h), free(ln_h), free(mean_h), free(rstd_h);
 }
 
+/* residual_rmsnorm_forward against the CPU (res_out its own buffer), and bit for bit
+ * against this backend's residual_forward + rmsnorm_forward with res_out its own buffer,
+ * a, or b. */
+static void test_residual_rmsnorm(int N, int C, float eps)
+{
+    const size_t NC = (size_t)N * C;
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f);
+    float *res = ts_alloc_floats(NC), *nrm = ts_alloc_floats(NC);
+    float *rstd = ts_alloc_floats((size_t)N);
+    H->residual_rmsnorm_forward(res, nrm, rstd, a, b, w, N, C, eps);
+    char slot[64];
+    snprintf(slot, sizeof slot, "residual_rmsnorm N%d C%d", N, C);
+
+    float *dw = ts_test_to_dev(G, w, (size_t)C);
+    float *ua = ts_test_to_dev(G, a, NC), *ub = ts_test_to_dev(G, b, NC);
+    float *ures = ts_test_dev_nan(G, NC), *unrm = ts_test_dev_nan(G, NC);
+    float *urstd = ts_test_dev_nan(G, (size_t)N);
+    G->residual_forward(ures, ua, ub, NC);
+    G->rmsnorm_forward(unrm, urstd, ures, dw, N, C, eps);
+    float *ures_h = ts_test_from_dev(G, ures, NC), *unrm_h = ts_test_from_dev(G, unrm, NC);
+    float *urstd_h = ts_test_from_dev(G, urstd, (size_t)N);
+
+    for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
+        float *da = ts_test_to_dev(G, a, NC), *db = ts_test_to_dev(G, b, NC);
+        float *dres = alias == 1 ? da : alias == 2 ? db : ts_test_dev_nan(G, NC);
+        float *dnrm = ts_test_dev_nan(G, NC), *drstd = ts_test_dev_nan(G, (size_t)N);
+        G->residual_rmsnorm_forward(dres, dnrm, drstd, da, db, dw, N, C, eps);
+        if (alias == 0) {
+            expect_close(slot, "res_out", dres, res, NC);
+            expect_close(slot, "norm_out", dnrm, nrm, NC);
+            expect_close(slot, "rstd", drstd, rstd, (size_t)N);
+        }
+        CHECKF(ts_test_dev_same_bits(G, dres, ures_h, NC) &&
+                   ts_test_dev_same_bits(G, dnrm, unrm_h, NC) &&
+                   ts_test_dev_same_bits(G, drstd, urstd_h, (size_t)N),
+               "%s (alias %d): differs from this backend's residual_forward + rmsnorm_forward",
+               slot, alias);
+        if (alias == 0) G->dev_free(dres);
+        G->dev_free(da), G->dev_free(db), G->dev_free(dnrm), G->dev_free(drstd);
+    }
+    G->dev_free(dw), G->dev_free(ua), G->dev_free(ub), G->dev_free(ures), G->dev_free(unrm);
+    G->dev_free(urstd);
+    free(ures_h), free(unrm_h), free(urstd_h);
+    free(a), free(b), free(w), free(res), free(nrm), free(rstd);
+}
+
+/* The bf16 table's residual_rmsnorm_forward: its unfused pair's bits (res_out its own
+ * buffer, a or b), and the fp32 table's results to bf16 rounding. */
+static void test_residual_rmsnorm_bf16(int N, int C, float eps)
+{
+    const ts_kernels *Q = &ts_kernels_cuda_bf16;
+    const size_t NC = (size_t)N * C, bytes = NC * sizeof(uint16_t);
+    float *a = ts_test_rand_floats(NC, 2.0f), *b = ts_test_rand_floats(NC, 1.0f);
+    ts_bf16_round_all(a, NC), ts_bf16_round_all(b, NC);
+    float *w = ts_test_rand_floats((size_t)C, 1.0f);
+    float *dw = ts_test_to_dev(G, w, (size_t)C);
+    char slot[64];
+    snprintf(slot, sizeof slot, "bf16 residual_rmsnorm N%d C%d", N, C);
+
+    /* the fp32 table on the same values */
+    float *fa = ts_test_to_dev(G, a, NC), *fb = ts_test_to_dev(G, b, NC);
+    float *fres = ts_test_dev_nan(G, NC), *fnrm = ts_test_dev_nan(G, NC);
+    float *frstd = ts_test_dev_nan(G, (size_t)N);
+    G->residual_rmsnorm_forward(fres, fnrm, frstd, fa, fb, dw, N, C, eps);
+    float *res_h = ts_test_from_dev(G, fres, NC), *nrm_h = ts_test_from_dev(G, fnrm, NC);
+    float *rstd_h = ts_test_from_dev(G, frstd, (size_t)N);
+
+    /* the bf16 table's unfused pair */
+    void *ua = ts_bf16_to_dev(Q, a, NC), *ub = ts_bf16_to_dev(Q, b, NC);
+    void *ures = ts_gpu_dev_poison(Q, bytes), *unrm = ts_gpu_dev_poison(Q, bytes);
+    float *urstd = ts_test_dev_nan(Q, (size_t)N);
+    Q->residual_forward(ures, ua, ub, NC);
+    Q->rmsnorm_forward(unrm, urstd, ures, dw, N, C, eps);
+
+    for (int alias = 0; alias < 3; alias++) { /* res_out: its own buffer, a, b */
+        void *da = ts_bf16_to_dev(Q, a, NC), *db = ts_bf16_to_dev(Q, b, NC);
+        void *dres = alias == 1 ? da : alias == 2 ? db : ts_gpu_dev_poison(Q, bytes);
+        void *dnrm = ts_gpu_dev_poison(Q, bytes);
+        float *drstd = ts_test_dev_nan(Q, (size_t)N);
+        Q->residual_rmsnorm_forward(dres, dnrm, drstd, da, db, dw, N, C, eps);
+        if (alias == 0) {
+            ts_bf16_expect_close(Q, slot, "res_out", dres, res_h, NC, 1e-2, 0.1);
+            ts_bf16_expect_close(Q, slot, "norm_out", dnrm, nrm_h, NC, 2e-2, 0.1);
+            float *r = ts_test_from_dev(Q, drstd, (size_t)N);
+            ts_test_expect_close(slot, "rstd", Q->name, r, rstd_h, (size_t)N, 1e-2, 0.1);
+            free(r);
+        }
+        CHECKF(ts_gpu_dev_same_bytes(Q, dres, ures, bytes) &&
+                   ts_gpu_dev_same_bytes(Q, dnrm, unrm, bytes) &&
+                   ts_gpu_dev_same_bytes(Q, drstd, urstd, (size_t)N * sizeof(float)),
+               "%s (alias %d): differs from the bf16 residual_forward + rmsnorm_forward", slot,
+               alias);
+        if (alias == 0) Q->dev_free(dres);
+        Q->dev_free(da), Q->dev_free(db), Q->dev_free(dnrm), Q->dev_free(drstd);
+    }
+    G->dev_free(fa), G->dev_free(fb), G->dev_free(fres), G->dev_free(fnrm), G->dev_free(frstd);
+    G->dev_free(dw);
+    Q->dev_free(ua), Q->dev_free(ub), Q->dev_free(ures), Q->dev_free(unrm), Q->dev_free(urstd);
+    free(a), free(b), free(w), free(res_h), free(nrm_h), free(rstd_h);
+}
+
 /* Spans of every size class, with gaps, run 4 steps on both backends; then the same on
  * the device again, for bitwise repeatability. */
 static void test_adamw_spans(void)
@@ -240,6 +347,13 @@ int main(void)
     test_residual_layernorm_bf16(10, 8);
     test_residual_layernorm_bf16(67, 771);
     test_residual_layernorm_bf16(256, 768);
+    test_residual_rmsnorm(10, 8, 1e-5f);
+    test_residual_rmsnorm(67, 771, 1e-6f);
+    test_residual_rmsnorm(3, 1031, 1e-5f);
+    test_residual_rmsnorm(256, 4096, 1e-5f);
+    test_residual_rmsnorm_bf16(10, 8, 1e-5f);
+    test_residual_rmsnorm_bf16(67, 771, 1e-6f);
+    test_residual_rmsnorm_bf16(256, 4096, 1e-5f);
     test_adamw_spans();
     return ts_test_report();
 }

@@ -7,6 +7,10 @@
  * device-to-device moves in both directions, the double sums and their bitwise
  * determinism, streams and events.
  *
+ * The llama kernels too: RMSNorm (and its backward's bits on a rerun), RoPE in place (the
+ * v heads untouched, the backward undoing the forward), SwiGLU, grouped-query attention
+ * (NKV < NH key/value heads, down to one), the encoder without a position embedding.
+ *
  * Then the bf16 tables ("cuda-bf16", or "cuda-bf16-flash" with the flash argument)
  * against the fp32 CUDA table of the same attention, kernel by kernel (test_bf16_*): the
  * same inputs on both, rounded to bf16 first so both start from the same values; every
@@ -306,7 +310,17 @@ static void test_encoder(void)
     G->encoder_backward(dwte.d, dwpe.d, dout.d, dtok, B, T, C);
     expect_close("encoder_backward", "dwte (+=)", &dwte);
     expect_close("encoder_backward", "dwpe (+=)", &dwpe);
+
+    /* No position embedding (llama: wpe and dwpe NULL). */
+    pair out0 = p_out((size_t)N * C), dwte0 = p_in((size_t)V * C, 0.5f);
+    H->encoder_forward(out0.h, tok, wte.h, NULL, B, T, C);
+    G->encoder_forward(out0.d, dtok, wte.d, NULL, B, T, C);
+    expect_close("encoder_forward nowpe", "out", &out0);
+    H->encoder_backward(dwte0.h, NULL, dout.h, tok, B, T, C);
+    G->encoder_backward(dwte0.d, NULL, dout.d, dtok, B, T, C);
+    expect_close("encoder_backward nowpe", "dwte (+=)", &dwte0);
     p_free(&wte), p_free(&wpe), p_free(&out), p_free(&dout), p_free(&dwte), p_free(&dwpe);
+    p_free(&out0), p_free(&dwte0);
     G->dev_free(dtok);
 }
 
@@ -334,6 +348,111 @@ static void test_layernorm(int Nr, int Cc)
     expect_close(slot, "dbias (+=)", &db);
     p_free(&inp), p_free(&w), p_free(&b), p_free(&out), p_free(&mean), p_free(&rstd);
     p_free(&dout), p_free(&dinp), p_free(&dw), p_free(&db);
+}
+
+/* RMSNorm: the forward's out and rstd, the backward's accumulating dinp and dweight, and
+ * the backward's bits again from the same pre-fill (dweight's block sums: no atomics). */
+static void test_rmsnorm(int Nr, int Cc, float eps)
+{
+    char slot[64];
+    const size_t n = (size_t)Nr * Cc;
+    pair inp = p_in(n, 2.0f), w = p_in((size_t)Cc, 1.0f);
+    pair out = p_out(n), rstd = p_out((size_t)Nr);
+    H->rmsnorm_forward(out.h, rstd.h, inp.h, w.h, Nr, Cc, eps);
+    G->rmsnorm_forward(out.d, rstd.d, inp.d, w.d, Nr, Cc, eps);
+    snprintf(slot, sizeof slot, "rmsnorm_forward %dx%d eps %.0e", Nr, Cc, (double)eps);
+    expect_close(slot, "out", &out);
+    expect_close(slot, "rstd", &rstd);
+
+    pair dout = p_in(n, 1.0f), dinp = p_in(n, 0.5f), dw = p_in((size_t)Cc, 0.5f);
+    float *dinp0 = ts_alloc_floats(n), *dw0 = ts_alloc_floats((size_t)Cc); /* the pre-fill */
+    memcpy(dinp0, dinp.h, n * sizeof(float));
+    memcpy(dw0, dw.h, (size_t)Cc * sizeof(float));
+    H->rmsnorm_backward(dinp.h, dw.h, dout.h, inp.h, w.h, rstd.h, Nr, Cc);
+    G->rmsnorm_backward(dinp.d, dw.d, dout.d, inp.d, w.d, rstd.d, Nr, Cc);
+    snprintf(slot, sizeof slot, "rmsnorm_backward %dx%d", Nr, Cc);
+    expect_close(slot, "dinp (+=)", &dinp);
+    expect_close(slot, "dweight (+=)", &dw);
+    float *dinp1 = ts_test_from_dev(G, dinp.d, n), *dw1 = ts_test_from_dev(G, dw.d, (size_t)Cc);
+    G->memcpy_h2d(dinp.d, dinp0, n * sizeof(float));
+    G->memcpy_h2d(dw.d, dw0, (size_t)Cc * sizeof(float));
+    G->rmsnorm_backward(dinp.d, dw.d, dout.d, inp.d, w.d, rstd.d, Nr, Cc);
+    expect_same_bits(slot, "dinp (+=)", dinp1, dinp.d, n);
+    expect_same_bits(slot, "dweight (+=)", dw1, dw.d, (size_t)Cc);
+    free(dinp0), free(dw0), free(dinp1), free(dw1);
+    p_free(&inp), p_free(&w), p_free(&out), p_free(&rstd), p_free(&dout), p_free(&dinp);
+    p_free(&dw);
+}
+
+/* RoPE tables for T positions of heads of HS (Hugging Face's inverse frequencies,
+ * theta 10000): cos and sin [T, HS/2], host memory. */
+static void rope_tables(float **cosb, float **sinb, int Tt, int HS)
+{
+    const int half = HS / 2;
+    *cosb = ts_alloc_floats((size_t)Tt * half + 1);
+    *sinb = ts_alloc_floats((size_t)Tt * half + 1);
+    for (int t = 0; t < Tt; t++)
+        for (int i = 0; i < half; i++) {
+            double a = t * pow(10000.0, -2.0 * i / HS);
+            (*cosb)[(size_t)t * half + i] = (float)cos(a);
+            (*sinb)[(size_t)t * half + i] = (float)sin(a);
+        }
+}
+
+/* RoPE in place on the q and k heads of qkv [B, T, (NH + 2 NKV) HS]: the forward and the
+ * backward against the CPU, the v heads left alone bit for bit, and the backward undoing
+ * the forward (a rotation) to fp32 rounding. */
+static void test_rope(int Bb, int Tt, int nh, int nkv, int HS)
+{
+    char slot[80];
+    const size_t row = (size_t)(nh + 2 * nkv) * HS, n = (size_t)Bb * Tt * row;
+    const size_t ntab = (size_t)Tt * (HS / 2);
+    float *cs, *sn;
+    rope_tables(&cs, &sn, Tt, HS);
+    float *dcs = ts_test_to_dev(G, cs, ntab + 1), *dsn = ts_test_to_dev(G, sn, ntab + 1);
+    pair x = p_in(n, 1.0f);
+    float *x0 = ts_alloc_floats(n);
+    memcpy(x0, x.h, n * sizeof(float));
+    H->rope_forward(x.h, cs, sn, Bb, Tt, nh, nkv, HS);
+    G->rope_forward(x.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "rope_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
+    expect_close(slot, "qkv (in place)", &x);
+    float *got = ts_test_from_dev(G, x.d, n);
+    size_t moved = 0;
+    for (size_t r = 0; r < (size_t)Bb * Tt; r++)
+        for (size_t c = (size_t)(nh + nkv) * HS; c < row; c++)
+            moved += memcmp(&got[r * row + c], &x0[r * row + c], sizeof(float)) != 0;
+    CHECKF(moved == 0, "%s: %zu values of the v heads changed", slot, moved);
+    /* the inverse rotation brings the input back */
+    G->rope_backward(x.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    expect_close_to(slot, "backward(forward(x)) = x", x0, x.d, n, TOL, 0.1);
+
+    pair d = p_in(n, 1.0f);
+    H->rope_backward(d.h, cs, sn, Bb, Tt, nh, nkv, HS);
+    G->rope_backward(d.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "rope_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
+    expect_close(slot, "dqkv (in place)", &d);
+    p_free(&x), p_free(&d);
+    G->dev_free(dcs), G->dev_free(dsn);
+    free(cs), free(sn), free(x0), free(got);
+}
+
+/* SwiGLU: out [N, F] from the gate and up halves of inp [N, 2F]; the backward's dinp
+ * [N, 2F] overwritten (NaN first). */
+static void test_swiglu(int Nr, int F)
+{
+    char slot[64];
+    pair inp = p_in((size_t)Nr * 2 * F, 4.0f), out = p_out((size_t)Nr * F);
+    H->swiglu_forward(out.h, inp.h, Nr, F);
+    G->swiglu_forward(out.d, inp.d, Nr, F);
+    snprintf(slot, sizeof slot, "swiglu_forward N%d F%d", Nr, F);
+    expect_close(slot, "out", &out);
+    pair dout = p_in((size_t)Nr * F, 1.0f), dinp = p_out((size_t)Nr * 2 * F);
+    H->swiglu_backward(dinp.h, inp.h, dout.h, Nr, F);
+    G->swiglu_backward(dinp.d, inp.d, dout.d, Nr, F);
+    snprintf(slot, sizeof slot, "swiglu_backward N%d F%d", Nr, F);
+    expect_close(slot, "dinp", &dinp);
+    p_free(&inp), p_free(&out), p_free(&dout), p_free(&dinp);
 }
 
 /* The same bits on a second run: forward, then backward with all three gradients
@@ -405,11 +524,11 @@ static void test_matmul(int Nr, int Cc, int OC, size_t off)
 /* att's layout is the backend's own (attention_saved_bytes): only `out` and `dqkv` are
  * compared; each backend's backward reads its own forward's att. Sizes in bytes: fp32
  * buffers of that many bytes, rounded up to whole floats. */
-static void test_attention(int Bb, int Tt, int nh, int HS)
+static void test_attention(int Bb, int Tt, int nh, int nkv, int HS)
 {
     char slot[80];
     int Cc = nh * HS;
-    size_t nqkv = (size_t)Bb * Tt * 3 * Cc, nout = (size_t)Bb * Tt * Cc;
+    size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
     pair qkv = p_in(nqkv, 1.0f);
     pair out = p_out(nout);
     size_t hs = floats_for(H->attention_saved_bytes(Bb, Tt, nh, HS));
@@ -418,15 +537,17 @@ static void test_attention(int Bb, int Tt, int nh, int HS)
     size_t gsc = floats_for(G->attention_scratch_bytes(Bb, Tt, nh, HS));
     pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
     pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1); /* workspace: NaN too */
-    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, nh, HS);
-    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, nh, HS);
-    snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, nh, nkv, HS);
+    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
+             HS);
     expect_close(slot, "out", &out);
 
     pair dout = p_in(nout, 1.0f), dqkv = p_out(nqkv);
-    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt, nh, HS);
-    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt, nh, HS);
-    snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt, nh, nkv, HS);
+    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
+             HS);
     expect_close(slot, "dqkv", &dqkv);
     p_free(&qkv), p_free(&out), p_free(&hatt), p_free(&gatt), p_free(&hscr), p_free(&gscr);
     p_free(&dout), p_free(&dqkv);
@@ -756,6 +877,16 @@ static void test_bf16_encoder(void)
                  TOL);
         a_free(&o), g_free(&dw), g_free(&dp);
     }
+    /* no position embedding (wpe, dwpe NULL) */
+    act_pair out0 = a_out((size_t)N * C, 0);
+    F->encoder_forward(out0.f, dtok, wte, NULL, B, T, C);
+    Q->encoder_forward(out0.b, dtok, wte, NULL, B, T, C);
+    a_expect("bf16 encoder_forward nowpe", "out", &out0, TOL_BF16);
+    f32_pair dwte0 = g_acc((size_t)V * C, 0.5f);
+    F->encoder_backward(dwte0.ref, NULL, dout.f, dtok, B, T, C);
+    Q->encoder_backward(dwte0.got, NULL, dout.b, dtok, B, T, C);
+    g_expect("bf16 encoder_backward nowpe", "dwte (+=)", &dwte0, TOL);
+    a_free(&out0), g_free(&dwte0);
     a_free(&out), a_free(&dout), g_free(&dwte), g_free(&dwpe);
     F->dev_free(wte), F->dev_free(wpe), F->dev_free(dtok);
     free(wte_h), free(wpe_h);
@@ -791,6 +922,84 @@ static void test_bf16_layernorm(int Nr, int Cc)
     g_free(&mean), g_free(&rstd), g_free(&dw), g_free(&db);
     F->dev_free(w), F->dev_free(b);
     free(w_h), free(b_h);
+}
+
+static void test_bf16_rmsnorm(int Nr, int Cc, float eps)
+{
+    char slot[64];
+    const size_t n = (size_t)Nr * Cc;
+    act_pair inp = a_in(n, 2.0f, 0), out = a_out(n, 0);
+    float *w_h = ts_test_rand_floats((size_t)Cc, 1.0f);
+    float *w = ts_test_to_dev(F, w_h, (size_t)Cc);
+    f32_pair rstd = g_out((size_t)Nr);
+    F->rmsnorm_forward(out.f, rstd.ref, inp.f, w, Nr, Cc, eps);
+    Q->rmsnorm_forward(out.b, rstd.got, inp.b, w, Nr, Cc, eps);
+    snprintf(slot, sizeof slot, "bf16 rmsnorm_forward %dx%d", Nr, Cc);
+    a_expect(slot, "out", &out, TOL_BF16);
+    g_expect(slot, "rstd", &rstd, TOL);
+
+    act_pair dout = a_in(n, 1.0f, 0), dinp = a_in(n, 0.5f, 0);
+    f32_pair dw = g_acc((size_t)Cc, 0.5f);
+    F->rmsnorm_backward(dinp.f, dw.ref, dout.f, inp.f, w, rstd.ref, Nr, Cc);
+    Q->rmsnorm_backward(dinp.b, dw.got, dout.b, inp.b, w, rstd.got, Nr, Cc);
+    snprintf(slot, sizeof slot, "bf16 rmsnorm_backward %dx%d", Nr, Cc);
+    a_expect(slot, "dinp (+=)", &dinp, TOL_BF16);
+    g_expect(slot, "dweight (+=)", &dw, TOL_BF16_GRAD);
+    a_free(&inp), a_free(&out), a_free(&dout), a_free(&dinp);
+    g_free(&rstd), g_free(&dw);
+    F->dev_free(w);
+    free(w_h);
+}
+
+/* The bf16 RoPE against the fp32 one on the same values, in place; the v heads keep
+ * their bits. */
+static void test_bf16_rope(int Bb, int Tt, int nh, int nkv, int HS)
+{
+    char slot[96];
+    const size_t row = (size_t)(nh + 2 * nkv) * HS, n = (size_t)Bb * Tt * row;
+    const size_t ntab = (size_t)Tt * (HS / 2);
+    float *cs, *sn;
+    rope_tables(&cs, &sn, Tt, HS);
+    float *dcs = ts_test_to_dev(F, cs, ntab + 1), *dsn = ts_test_to_dev(F, sn, ntab + 1);
+    act_pair x = a_in(n, 1.0f, 0);
+    uint16_t *before = ts_malloc(n * sizeof(uint16_t)), *after = ts_malloc(n * sizeof(uint16_t));
+    Q->memcpy_d2h(before, x.b, n * sizeof(uint16_t));
+    F->rope_forward(x.f, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    Q->rope_forward(x.b, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "bf16 rope_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
+    a_expect(slot, "qkv (in place)", &x, TOL_BF16);
+    Q->memcpy_d2h(after, x.b, n * sizeof(uint16_t));
+    size_t moved = 0;
+    for (size_t r = 0; r < (size_t)Bb * Tt; r++)
+        for (size_t c = (size_t)(nh + nkv) * HS; c < row; c++)
+            moved += before[r * row + c] != after[r * row + c];
+    CHECKF(moved == 0, "%s: %zu values of the v heads changed", slot, moved);
+
+    act_pair d = a_in(n, 1.0f, 0);
+    F->rope_backward(d.f, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    Q->rope_backward(d.b, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "bf16 rope_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
+             HS);
+    a_expect(slot, "dqkv (in place)", &d, TOL_BF16);
+    a_free(&x), a_free(&d);
+    F->dev_free(dcs), F->dev_free(dsn);
+    free(cs), free(sn), free(before), free(after);
+}
+
+static void test_bf16_swiglu(int Nr, int Ff)
+{
+    char slot[64];
+    act_pair inp = a_in((size_t)Nr * 2 * Ff, 4.0f, 0), out = a_out((size_t)Nr * Ff, 0);
+    F->swiglu_forward(out.f, inp.f, Nr, Ff);
+    Q->swiglu_forward(out.b, inp.b, Nr, Ff);
+    snprintf(slot, sizeof slot, "bf16 swiglu_forward N%d F%d", Nr, Ff);
+    a_expect(slot, "out", &out, TOL_BF16);
+    act_pair dout = a_in((size_t)Nr * Ff, 1.0f, 0), dinp = a_out((size_t)Nr * 2 * Ff, 0);
+    F->swiglu_backward(dinp.f, inp.f, dout.f, Nr, Ff);
+    Q->swiglu_backward(dinp.b, inp.b, dout.b, Nr, Ff);
+    snprintf(slot, sizeof slot, "bf16 swiglu_backward N%d F%d", Nr, Ff);
+    a_expect(slot, "dinp", &dinp, TOL_BF16);
+    a_free(&inp), a_free(&out), a_free(&dout), a_free(&dinp);
 }
 
 /* Operands at `off` elements past their buffers' starts (off 1: bf16 operands only
@@ -841,26 +1050,35 @@ static void test_bf16_matmul(int Nr, int Cc, int OC, size_t off)
 
 /* The bf16 table's attention (its own saved state and scratch, poisoned) against the
  * fp32 table's of the same choice (gemm or flash). */
-static void test_bf16_attention(int Bb, int Tt, int nh, int HS)
+static void test_bf16_attention(int Bb, int Tt, int nh, int nkv, int HS)
 {
     char slot[96];
     int Cc = nh * HS;
-    size_t nqkv = (size_t)Bb * Tt * 3 * Cc, nout = (size_t)Bb * Tt * Cc;
+    size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
     act_pair qkv = a_in(nqkv, 1.0f, 0), out = a_out(nout, 0);
     float *fatt = ts_test_dev_nan(F, floats_for(F->attention_saved_bytes(Bb, Tt, nh, HS)));
     float *fscr = ts_test_dev_nan(F, floats_for(F->attention_scratch_bytes(Bb, Tt, nh, HS)));
     void *qatt = ts_gpu_dev_poison(Q, Q->attention_saved_bytes(Bb, Tt, nh, HS));
     void *qscr = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, nh, HS));
-    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, nh, HS);
-    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, nh, HS);
-    snprintf(slot, sizeof slot, "bf16 attention_forward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, nh, nkv, HS);
+    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "bf16 attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
+             HS);
     a_expect(slot, "out", &out, TOL_BF16_ATT);
 
     act_pair dout = a_in(nout, 1.0f, 0), dqkv = a_out(nqkv, 0);
-    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, nh, HS);
-    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, nh, HS);
-    snprintf(slot, sizeof slot, "bf16 attention_backward B%d T%d NH%d HS%d", Bb, Tt, nh, HS);
+    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, nh, nkv, HS);
+    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "bf16 attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh,
+             nkv, HS);
     a_expect(slot, "dqkv", &dqkv, TOL_BF16_ATT);
+    /* the same bits again, on fresh poisoned buffers (a kv head's sums in a fixed order) */
+    void *again = ts_gpu_dev_poison(Q, nqkv * sizeof(uint16_t));
+    void *qscr2 = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, nh, HS));
+    Q->attention_backward(again, qscr2, dout.b, qkv.b, qatt, Bb, Tt, nh, nkv, HS);
+    CHECKF(ts_gpu_dev_same_bytes(Q, again, dqkv.b, nqkv * sizeof(uint16_t)),
+           "%s: a second backward differs in its bits", slot);
+    Q->dev_free(again), Q->dev_free(qscr2);
     a_free(&qkv), a_free(&out), a_free(&dout), a_free(&dqkv);
     F->dev_free(fatt), F->dev_free(fscr), Q->dev_free(qatt), Q->dev_free(qscr);
 }
@@ -959,12 +1177,26 @@ static void test_bf16_table(const ts_kernels *fp32, const ts_kernels *bf16)
     test_bf16_matmul(128, 256, 768, 0);
     test_bf16_matmul(67, 96, 130, 1);
     test_bf16_matmul(2100, 64, 4096, 0); /* 8.6 Mi outputs: two chunks of the bias scratch */
-    test_bf16_attention(B, T, NH, C / NH);
-    test_bf16_attention(1, 67, 2, 16);
-    test_bf16_attention(2, 40, 2, 64);
-    test_bf16_attention(4, 33, 2, 16); /* B > NH: the other batching branch */
-    test_bf16_attention(3, 5, 1, 8);
-    test_bf16_attention(1, 40, 1, 300); /* wider than flash takes: the GEMMs either way */
+    test_bf16_rmsnorm(N, C, 1e-5f);
+    test_bf16_rmsnorm(5, 200, 1e-6f);
+    test_bf16_rmsnorm(3, 1031, 1e-5f);
+    test_bf16_attention(B, T, NH, NH, C / NH);
+    test_bf16_attention(1, 67, 2, 2, 16);
+    test_bf16_attention(2, 40, 2, 2, 64);
+    test_bf16_attention(4, 33, 2, 2, 16); /* B > NH: the other batching branch */
+    test_bf16_attention(3, 5, 1, 1, 8);
+    test_bf16_attention(1, 40, 1, 1, 300); /* wider than flash takes: the GEMMs either way */
+    /* grouped-query: groups of 2, 3 and 4, one kv head, B below and above NKV */
+    test_bf16_attention(2, 40, 4, 2, 16);
+    test_bf16_attention(1, 67, 6, 1, 64);
+    test_bf16_attention(4, 33, 8, 2, 32);
+    test_bf16_attention(3, 5, 3, 1, 8);
+    test_bf16_attention(1, 40, 2, 1, 300);
+    test_bf16_rope(B, T, NH, NH, C / NH);
+    test_bf16_rope(2, 33, 8, 2, 64);
+    test_bf16_rope(1, 17, 4, 1, 128);
+    test_bf16_swiglu(N, 4 * C);
+    test_bf16_swiglu(67, 1001);
     test_bf16_elementwise((size_t)N * 4 * C + 1);
     test_bf16_elementwise(100003);
     test_bf16_crossentropy(N, V);
@@ -1008,12 +1240,30 @@ int main(int argc, char **argv)
     test_matmul(67, 96, 130, 0);
     test_matmul(128, 256, 768, 0);
     test_matmul(67, 96, 130, 1);
-    test_attention(B, T, NH, C / NH);
-    test_attention(1, 67, 2, 16);
-    test_attention(2, 40, 2, 64);
+    test_rmsnorm(N, C, 1e-5f);
+    test_rmsnorm(5, 200, 1e-6f);
+    test_rmsnorm(3, 1031, 1e-5f);
+    test_rmsnorm(67, 4096, 1e-5f);
+    test_attention(B, T, NH, NH, C / NH);
+    test_attention(1, 67, 2, 2, 16);
+    test_attention(2, 40, 2, 2, 64);
     /* B > NH: the GEMMs loop over heads and batch over sequences (the other branch). */
-    test_attention(4, 33, 2, 16);
-    test_attention(3, 5, 1, 8);
+    test_attention(4, 33, 2, 2, 16);
+    test_attention(3, 5, 1, 1, 8);
+    /* Grouped-query attention: groups of 2, 3 and 4 query heads, one kv head
+     * (multi-query), B below and above NKV; a head wider than flash takes. */
+    test_attention(2, 40, 4, 2, 16);
+    test_attention(1, 67, 6, 1, 64);
+    test_attention(4, 33, 8, 2, 32);
+    test_attention(3, 5, 3, 1, 8);
+    test_attention(1, 40, 2, 1, 300);
+    test_rope(B, T, NH, NH, C / NH);
+    test_rope(2, 33, 8, 2, 64);
+    test_rope(1, 17, 4, 1, 128);
+    test_rope(3, 5, 2, 1, 6);
+    test_swiglu(N, 4 * C);
+    test_swiglu(67, 1001);
+    test_swiglu(3, 1);
     test_elementwise((size_t)N * 4 * C + 1);
     test_elementwise(100003);
     test_crossentropy(N, V);

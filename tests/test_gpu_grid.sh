@@ -8,6 +8,8 @@
 #   of a communicator on one GPU, so every rank must stop by itself with a non-zero exit
 #   and a message saying so (src/comm/nccl.c: "the nccl comm backend needs one GPU per
 #   rank, but world ranks ... all run on GPU 0"), within 90 s (no hang in NCCL's set-up).
+# - llama-tiny on tp = 4 (its key/value heads replicated on two ranks each) matches its
+#   one-rank CPU run the same way;
 # TS_GPU_TEST_DEVICE=cpu-strict: a dry run on the CPU that skips the NCCL grid, saying
 # so, and checks the same failure mechanics on the refusal of "nccl" off the GPU.
 source "$(dirname "$0")/lib.sh"
@@ -27,6 +29,16 @@ train_on pp2dp2 4 "$GPU_DEVICE" "${MPI[@]}" "${PP2DP2[@]}" &&
   compare_runs "pp2 x dp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/pp2dp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 train_on tp2 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 &&
   compare_runs "tp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/tp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+# Llama with tp = 4 > n_kv_head = 2 (each key/value head on two ranks, their gradients
+# summed over the kv group) against its one-rank CPU run.
+llama=(train "$SRC/configs/llama-tiny.cfg" "${common[@]:2}")
+saved=("${common[@]}")
+common=("${llama[@]}")
+train_on llama_cpu 1 cpu
+train_on llama_tp4 4 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=4 &&
+  compare_runs "llama tp4 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/llama_tp4.jsonl" \
+    "$TMP/llama_cpu.jsonl" 1e-4 1e-3
+common=("${saved[@]}")
 
 if [ "$GPU_DRY" = 1 ]; then
   gpu_skip "pp2 x dp2 with parallel.comm = \"nccl\" on one GPU must fail (NCCL needs train.device = \"cuda\");" \

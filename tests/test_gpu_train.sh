@@ -14,6 +14,9 @@
 #    and every group call goes through it; test_nccl checks every call of the backend).
 #    The "mpi" run also repeats the fp32 run of 1 bit for bit (the backend's sums are
 #    deterministic).
+# 4. Llama (configs/llama-tiny.cfg: RMSNorm, RoPE, grouped-query attention, SwiGLU, an
+#    untied head): fp32 on the device matches the CPU as in 1, and bf16 tracks it within
+#    2% as in 2.
 # TS_GPU_TEST_DEVICE=cpu-strict: a dry run on the CPU (tests/lib.sh gpu_setup) that
 # skips the NCCL runs (and bf16 on a CPU without BF16 instructions), saying so.
 source "$(dirname "$0")/lib.sh"
@@ -50,6 +53,17 @@ if [ "$GPU_DRY" = 1 ]; then
 elif gpu_has_nccl &&
      train_on nccl 1 cuda "${FP32[@]}" --set 'parallel.comm="nccl"'; then
   compare_runs "comm nccl vs mpi (one rank)" "$TMP/nccl.jsonl" "$TMP/mpi.jsonl" 1e-6 1e-6
+fi
+
+# 4. Llama: the same comparisons on the other architecture's kernels.
+common=(train "$SRC/configs/llama-tiny.cfg" "${common[@]:2}")
+train_on llama_cpu 1 cpu
+train_on llama_fp32 1 "$GPU_DEVICE" "${FP32[@]}" &&
+  compare_runs "llama fp32 on $GPU_DEVICE vs cpu" "$TMP/llama_fp32.jsonl" "$TMP/llama_cpu.jsonl" 1e-4 1e-3
+if [ "$GPU_DRY" = 1 ] && ! grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  gpu_skip "llama bf16 against fp32 within 2% (this CPU has no BF16 instructions)"
+elif train_on llama_bf16 1 "$GPU_DEVICE" --set 'train.precision="bf16"'; then
+  compare_runs "llama bf16 vs fp32" "$TMP/llama_bf16.jsonl" "$TMP/llama_fp32.jsonl" 0.02 -
 fi
 
 finish

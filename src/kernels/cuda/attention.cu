@@ -4,14 +4,23 @@
  * flash-style attention (attention_flash.cu) behind the tables' attention slots.
  *
  * No permuted copies. A head's q, k, v (and out, dout, dq, dk, dv) are [T, HS] matrices
- * read in place from the [B, T, 3*NH*HS] and [B, T, NH*HS] layouts with leading
- * dimension 3C (or C), one head HS elements from the next and one sequence T*3C (T*C)
- * elements from the next. Those two strides differ, so one strided-batched call cannot
- * cover all B*NH pairs; instead the shorter of the two axes is looped on the host and
- * the other is the batch (B or NH calls per product, each batched over NH or B). The
- * saved state is the CPU backend's, the probabilities [B, NH, T, T] (zero above the
- * diagonal) in the activation type, with no [B, NH, T, HS] copies of q, k, v kept per
- * layer; the forward needs no workspace (it has no scratch argument).
+ * read in place from the [B, T, (NH + 2 NKV) HS] and [B, T, NH HS] layouts with leading
+ * dimension C3 = (NH + 2 NKV) HS (or C = NH HS), one head HS elements from the next and
+ * one sequence T*C3 (T*C) elements from the next. Those two strides differ, so one
+ * strided-batched call cannot cover all (b, head) pairs; instead the shorter of the two
+ * axes is looped on the host and the other is the batch. The saved state is the CPU
+ * backend's, the probabilities [B, NH, T, T] (zero above the diagonal) in the activation
+ * type, with no [B, NH, T, HS] copies of q, k, v kept per layer; the forward needs no
+ * workspace (it has no scratch argument).
+ *
+ * Grouped-query attention (NKV key/value heads, G = NH / NKV query heads each; G = 1 is
+ * multi-head): query head h = j G + g reads kv head j. Each product runs in G rounds;
+ * round g takes query head j G + g of every kv head j, which is a strided batch again
+ * (query-side operands step G heads per j and start g heads in, kv-side ones step one),
+ * batched over (b, j) as above: G min(B, NKV) calls per product. A kv head's gradients
+ * sum over its G query heads: the rounds of dK and dV add to the previous ones (beta 1)
+ * in g order, a fixed order, so reruns give the same bits (no atomics). With G = 1 every
+ * call is the multi-head one.
  *
  * The GEMMs compute the full T x T products (the entries above the diagonal are
  * computed and then masked to exact zeros by the softmax kernels, so they drop out of
@@ -30,11 +39,13 @@
  * the probabilities over them in bf16, and P V is rounded once into out. The backward
  * keeps dP = dO V^T in fp32 (scratch), forms dS = P (dP - rowsum(P dP)) in fp32 and
  * stores it bf16 (scratch, second piece) for the dQ and dK products; dQ, dK, dV are
- * rounded once into dqkv.
+ * rounded once into dqkv (with G > 1, dK and dV sum the rounds in an fp32 accumulator,
+ * in the first piece of scratch once dP is dead, and are rounded once from it).
  *
  * Softmax rows: one warp per row, reductions by butterfly shuffles (a fixed order:
  * deterministic). */
 #include <math.h>
+#include <stdio.h>
 
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/attention_flash.h"
@@ -127,22 +138,45 @@ static void gemm_bh(cublasOperation_t opa, cublasOperation_t opb, int m, int n, 
     }
 }
 
-/* One attention's shape and operand places. */
+/* One attention's shape and operand places. Query head h = j G + g reads kv head j
+ * (G = NH / NKV query heads per kv head): every product runs as G rounds, round g
+ * covering the query heads j G + g of every kv head j, batched over (b, j) by gemm_bh
+ * (its "heads" are the NKV kv heads, a query-side operand stepping G heads per j and
+ * starting g heads in). */
 struct att_shape {
-    int B, T, NH, HS, C, C3;
+    int B, T, NH, NKV, G, HS, C, C3;
     float scale;
-    operand x3, x1, tt; /* q, k or v in qkv; a head in out/dout; a head's [T, T] */
+    /* per (b, j): a q head in qkv; a k or v head in qkv; a head in out/dout; a q head's
+     * [T, T]; a k or v head in the bf16 backward's fp32 accumulator [B, T, 2 NKV HS] */
+    operand xq, xkv, x1, tt, acc;
 };
 
-static att_shape shape_of(int B, int T, int NH, int HS)
+static att_shape shape_of(int B, int T, int NH, int NKV, int HS)
 {
     att_shape s;
-    s.B = B, s.T = T, s.NH = NH, s.HS = HS, s.C = NH * HS, s.C3 = 3 * NH * HS;
+    s.B = B, s.T = T, s.NH = NH, s.NKV = NKV, s.G = NH / NKV, s.HS = HS;
+    s.C = NH * HS, s.C3 = (NH + 2 * NKV) * HS;
     s.scale = 1.0f / sqrtf((float)HS);
-    s.x3 = {(long long)T * s.C3, HS};
-    s.x1 = {(long long)T * s.C, HS};
-    s.tt = {(long long)NH * T * T, (long long)T * T};
+    s.xq = {(long long)T * s.C3, (long long)s.G * HS};
+    s.xkv = {(long long)T * s.C3, HS};
+    s.x1 = {(long long)T * s.C, (long long)s.G * HS};
+    s.tt = {(long long)NH * T * T, (long long)s.G * T * T};
+    s.acc = {(long long)T * 2 * NKV * HS, HS};
     return s;
+}
+
+/* Round g's query-side offsets: its first head in qkv or out (elements), in [T, T]s. */
+static long long q_off(const att_shape &s, int g) { return (long long)g * s.HS; }
+static long long tt_off(const att_shape &s, int g) { return (long long)g * s.T * s.T; }
+
+/* A shape the kernels do not take is a caller's bug: stop with what and why. */
+static void check_heads(const char *fn, int NH, int NKV)
+{
+    if (NKV >= 1 && NKV <= NH && NH % NKV == 0) return;
+    char why[160];
+    snprintf(why, sizeof why, "%d query heads cannot share %d key/value heads (NH %% NKV != 0)",
+             NH, NKV);
+    ts_cuda_fail(__FILE__, __LINE__, fn, why);
 }
 
 /* out = softmax(scale Q K^T, causal) V, the probabilities left in att; A the activation
@@ -150,56 +184,111 @@ static att_shape shape_of(int B, int T, int NH, int HS)
 template <typename A>
 static void forward_core(const att_shape &s, A *out, A *att, const A *qkv)
 {
-    const A *q = qkv, *k = qkv + s.C, *v = qkv + 2 * s.C;
+    const A *q = qkv, *k = qkv + s.C, *v = qkv + s.C + s.NKV * s.HS;
     /* S = scale Q K^T  (S^T = scale K Q^T) into att */
-    gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, s.scale, k, s.C3, s.x3, q, s.C3, s.x3,
-                  0.0f, att, s.T, s.tt, s.B, s.NH);
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, s.scale, k, s.C3, s.xkv,
+                      q + q_off(s, g), s.C3, s.xq, 0.0f, att + tt_off(s, g), s.T, s.tt, s.B,
+                      s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.T;
     causal_softmax_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
                                ts_cuda_stream()>>>(att, rows, s.T);
     TS_CUDA_LAUNCHED();
     /* O = P V  (O^T = V^T P^T) */
-    gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, 1.0f, v, s.C3, s.x3, att, s.T, s.tt,
-                  0.0f, out, s.C, s.x1, s.B, s.NH);
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, 1.0f, v, s.C3, s.xkv,
+                      att + tt_off(s, g), s.T, s.tt, 0.0f, out + q_off(s, g), s.C, s.x1, s.B,
+                      s.NKV);
 }
 
-/* With P the probabilities and dO the output gradient of one head:
- *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
- *   dQ = scale dS K,  dK = scale dS^T Q.
- * dp (fp32) holds dP; ds (type A) receives dS (fp32: ds == dp). Every element of dqkv is
- * written (beta = 0): overwritten. */
+/* dqkv's k and v columns [B, T, 2 NKV HS] (from column C of each row) from the fp32
+ * accumulator of the same shape, rounded once. */
 template <typename A>
-static void backward_core(const att_shape &s, A *dqkv, float *dp, A *ds, const A *g, const A *qkv,
-                          const A *p)
+static __global__ void store_kv_kernel(A *dqkv, const float *acc, size_t n, int kvw, int C3,
+                                       int C)
 {
-    const A *q = qkv, *k = qkv + s.C, *v = qkv + 2 * s.C;
-    A *dq = dqkv, *dk = dqkv + s.C, *dv = dqkv + 2 * s.C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = i / kvw, c = i % kvw;
+        ts_act_store(dqkv, bt * C3 + C + c, acc[i]);
+    }
+}
+
+/* dV = P^T dO  (dV^T = dO^T P) and dK = scale dS^T Q  (dK^T = scale Q^T dS), each summed
+ * over a kv head's G query heads in g order (beta 0, then 1), into Out (the activation
+ * type, or fp32) at dk, dv with leading dimension ld and places o. */
+template <typename A, typename Out>
+static void kv_products(const att_shape &s, Out *dk, Out *dv, int ld, operand o, const A *g_,
+                        const A *q, const A *p, const A *ds)
+{
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, 1.0f, g_ + q_off(s, g), s.C,
+                        s.x1, p + tt_off(s, g), s.T, s.tt, g ? 1.0f : 0.0f, dv, ld, o, s.B,
+                        s.NKV);
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, s.scale, q + q_off(s, g), s.C3,
+                        s.xq, ds + tt_off(s, g), s.T, s.tt, g ? 1.0f : 0.0f, dk, ld, o, s.B,
+                        s.NKV);
+}
+
+/* With P the probabilities and dO the output gradient of query head h (kv head j):
+ *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV_j = sum_h P^T dO,
+ *   dQ = scale dS K,  dK_j = sum_h scale dS^T Q.
+ * dp (fp32) holds dP; ds (type A) receives dS (fp32: ds == dp). A kv head's sums over
+ * its G query heads run round by round in g order, each GEMM after the first adding to
+ * the last (beta = 1): deterministic. fp32 adds in dqkv itself; bf16 with G > 1 adds in
+ * fp32 (`acc`, [B, T, 2 NKV HS], the dead dP's memory once dS is formed) and rounds once
+ * into dqkv (bf16 with G = 1 writes dqkv directly, as before). Every element of dqkv is
+ * written (the first round has beta = 0): overwritten. */
+template <typename A>
+static void backward_core(const att_shape &s, A *dqkv, float *dp, A *ds, const A *g_,
+                          const A *qkv, const A *p)
+{
+    const int kv_off = s.NKV * s.HS;
+    const A *q = qkv, *k = qkv + s.C, *v = qkv + s.C + kv_off;
+    A *dq = dqkv;
     /* dP = dO V^T  (dP^T = V dO^T), fp32 */
-    gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, 1.0f, v, s.C3, s.x3, g, s.C, s.x1,
-                      0.0f, dp, s.T, s.tt, s.B, s.NH);
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, 1.0f, v, s.C3, s.xkv,
+                          g_ + q_off(s, g), s.C, s.x1, 0.0f, dp + tt_off(s, g), s.T, s.tt, s.B,
+                          s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.T;
     causal_softmax_backward_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
                                         ts_cuda_stream()>>>(ds, dp, p, rows, s.T);
     TS_CUDA_LAUNCHED();
-    /* dV = P^T dO  (dV^T = dO^T P) */
-    gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, 1.0f, g, s.C, s.x1, p, s.T, s.tt, 0.0f,
-                  dv, s.C3, s.x3, s.B, s.NH);
     /* dQ = scale dS K  (dQ^T = scale K^T dS^T) */
-    gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, s.scale, k, s.C3, s.x3, ds, s.T, s.tt,
-                  0.0f, dq, s.C3, s.x3, s.B, s.NH);
-    /* dK = scale dS^T Q  (dK^T = scale Q^T dS) */
-    gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, s.scale, q, s.C3, s.x3, ds, s.T, s.tt,
-                  0.0f, dk, s.C3, s.x3, s.B, s.NH);
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, s.scale, k, s.C3, s.xkv,
+                      ds + tt_off(s, g), s.T, s.tt, 0.0f, dq + q_off(s, g), s.C3, s.xq, s.B,
+                      s.NKV);
+    if (sizeof(A) == sizeof(float) || s.G == 1) {
+        kv_products<A, A>(s, dqkv + s.C, dqkv + s.C + kv_off, s.C3, s.xkv, g_, q, p, ds);
+    } else {
+        float *acc = dp; /* dP is dead: the softmax backward has read it */
+        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, q, p, ds);
+        size_t n = (size_t)s.B * s.T * 2 * kv_off;
+        store_kv_kernel<A><<<ts_cuda_blocks(n, 256), 256, 0, ts_cuda_stream()>>>(
+            dqkv, acc, n, 2 * kv_off, s.C3, s.C);
+        TS_CUDA_LAUNCHED();
+    }
 }
 
 /* ---- the two variants' sizes and entry points */
 
 static size_t tt_elems(int B, int T, int NH) { return (size_t)B * NH * T * T; }
 
-/* bf16 scratch: [dP fp32 | dS bf16], the second piece from a 64-byte boundary. */
-static size_t bf16_ds_offset(int B, int T, int NH)
+/* bf16 scratch: [dP fp32 | dS bf16], the second piece from a 64-byte boundary. The first
+ * also holds the fp32 dK, dV accumulator [B, T, 2 NKV HS] when NKV < NH (then
+ * 2 NKV <= NH: at most B T NH HS floats). */
+static size_t bf16_dp_floats(int B, int T, int NH, int HS)
 {
-    return (tt_elems(B, T, NH) * sizeof(float) + 63) / 64 * 64;
+    size_t tt = tt_elems(B, T, NH), acc = (size_t)B * T * NH * HS;
+    return tt > acc ? tt : acc;
+}
+
+static size_t bf16_ds_offset(int B, int T, int NH, int HS)
+{
+    return (bf16_dp_floats(B, T, NH, HS) * sizeof(float) + 63) / 64 * 64;
 }
 
 extern "C" size_t ts_cuda_gemm_attention_saved_bytes(int B, int T, int NH, int HS)
@@ -215,19 +304,22 @@ extern "C" size_t ts_cuda_gemm_attention_scratch_bytes(int B, int T, int NH, int
 }
 
 extern "C" void ts_cuda_gemm_attention_forward(void *out, void *att, const void *qkv, int B, int T,
-                                               int NH, int HS)
+                                               int NH, int NKV, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    forward_core<float>(shape_of(B, T, NH, HS), (float *)out, (float *)att, (const float *)qkv);
+    check_heads("ts_cuda_gemm_attention_forward", NH, NKV);
+    forward_core<float>(shape_of(B, T, NH, NKV, HS), (float *)out, (float *)att,
+                        (const float *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_attention_backward(void *dqkv, void *scratch, const void *dout,
                                                 const void *qkv, const void *att, int B, int T,
-                                                int NH, int HS)
+                                                int NH, int NKV, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    check_heads("ts_cuda_gemm_attention_backward", NH, NKV);
     float *dp = (float *)scratch;
-    backward_core<float>(shape_of(B, T, NH, HS), (float *)dqkv, dp, dp, (const float *)dout,
+    backward_core<float>(shape_of(B, T, NH, NKV, HS), (float *)dqkv, dp, dp, (const float *)dout,
                          (const float *)qkv, (const float *)att);
 }
 
@@ -239,25 +331,27 @@ extern "C" size_t ts_cuda_gemm_bf16_attention_saved_bytes(int B, int T, int NH, 
 
 extern "C" size_t ts_cuda_gemm_bf16_attention_scratch_bytes(int B, int T, int NH, int HS)
 {
-    (void)HS;
-    return bf16_ds_offset(B, T, NH) + tt_elems(B, T, NH) * sizeof(bf16); /* dP fp32, dS bf16 */
+    /* dP fp32 (or the dK, dV accumulator), dS bf16 */
+    return bf16_ds_offset(B, T, NH, HS) + tt_elems(B, T, NH) * sizeof(bf16);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_forward(void *out, void *att, const void *qkv, int B,
-                                                    int T, int NH, int HS)
+                                                    int T, int NH, int NKV, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    forward_core<bf16>(shape_of(B, T, NH, HS), (bf16 *)out, (bf16 *)att, (const bf16 *)qkv);
+    check_heads("ts_cuda_gemm_bf16_attention_forward", NH, NKV);
+    forward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)out, (bf16 *)att, (const bf16 *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, const void *dout,
                                                      const void *qkv, const void *att, int B,
-                                                     int T, int NH, int HS)
+                                                     int T, int NH, int NKV, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    check_heads("ts_cuda_gemm_bf16_attention_backward", NH, NKV);
     float *dp = (float *)scratch;
-    bf16 *ds = (bf16 *)((char *)scratch + bf16_ds_offset(B, T, NH));
-    backward_core<bf16>(shape_of(B, T, NH, HS), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
+    bf16 *ds = (bf16 *)((char *)scratch + bf16_ds_offset(B, T, NH, HS));
+    backward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
                         (const bf16 *)qkv, (const bf16 *)att);
 }
 
@@ -276,9 +370,10 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, 
 struct attention_variant {
     size_t (*saved_bytes)(int B, int T, int NH, int HS);
     size_t (*scratch_bytes)(int B, int T, int NH, int HS);
-    void (*forward)(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);
+    void (*forward)(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,
+                    int HS);
     void (*backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                     const void *att, int B, int T, int NH, int HS);
+                     const void *att, int B, int T, int NH, int NKV, int HS);
 };
 
 #define TS_VARIANT(p) {p##saved_bytes, p##scratch_bytes, p##forward, p##backward}
@@ -308,16 +403,16 @@ static const attention_variant &chosen(const attention_variant &g, const attenti
         return chosen(g, f, HS).scratch_bytes(B, T, NH, HS);                                     \
     }                                                                                            \
     extern "C" void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv,     \
-                                                      int B, int T, int NH, int HS)              \
+                                                      int B, int T, int NH, int NKV, int HS)     \
     {                                                                                            \
-        chosen(g, f, HS).forward(out, att, qkv, B, T, NH, HS);                                   \
+        chosen(g, f, HS).forward(out, att, qkv, B, T, NH, NKV, HS);                              \
     }                                                                                            \
     extern "C" void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch,                \
                                                        const void *dout, const void *qkv,        \
                                                        const void *att, int B, int T, int NH,    \
-                                                       int HS)                                   \
+                                                       int NKV, int HS)                          \
     {                                                                                            \
-        chosen(g, f, HS).backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);                  \
+        chosen(g, f, HS).backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);             \
     }
 
 TS_ATTENTION_SLOTS(, gemm_fp32, (const attention_variant *)NULL)

@@ -10,9 +10,10 @@
  * the slot is not given the forward's output O, so a first pass recomputes O per query
  * tile (the forward kernel again, writing only D).
  *
- * The backward is deterministic without atomics: dK and dV per key tile, looping over
- * the query tiles at or below the diagonal; dQ in a separate pass per query tile,
- * looping over the key tiles up to the diagonal. Each pass recomputes the scores (the
+ * The backward is deterministic without atomics: dK and dV per key tile of each kv head,
+ * looping over its query heads (NH / NKV of them; one when NKV = NH) and, for each, the
+ * query tiles at or below the diagonal; dQ in a separate pass per query tile, looping
+ * over the key tiles up to the diagonal. Each pass recomputes the scores (the
  * price of writing every gradient element from one block).
  *
  * Tiles: 32 queries x 32 keys for heads up to 128 (GPT-2's 64), 16 x 16 above that, up
@@ -35,9 +36,14 @@ static int flash_tile(int HS) { return HS <= 128 ? 32 : 16; }
 
 /* A shape this kernel does not take is a caller's bug (attention.cu never sends one):
  * stop with what and why. */
-static void flash_check(const char *fn, int B, int T, int NH, int HS)
+static void flash_check(const char *fn, int B, int T, int NH, int NKV, int HS)
 {
     char why[200];
+    if (NKV < 1 || NKV > NH || NH % NKV != 0) {
+        snprintf(why, sizeof why,
+                 "%d query heads cannot share %d key/value heads (NH %% NKV != 0)", NH, NKV);
+        ts_cuda_fail(__FILE__, __LINE__, fn, why);
+    }
     if (HS > TS_FLASH_MAX_HS) {
         snprintf(why, sizeof why,
                  "head size %d exceeds the flash attention's limit of %d (use the batched-GEMM "
@@ -109,29 +115,31 @@ static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, 
 }
 
 template <int TILE, typename A>
-static void flash_forward_tiles(A *out, float *lse, const A *qkv, int BH, int T, int NH, int HS,
-                                float scale)
+static void flash_forward_tiles(A *out, float *lse, const A *qkv, int B, int T, int NH, int NKV,
+                                int HS, float scale)
 {
     flash_launch(flash_forward_kernel<TILE, false, A>, "flash_forward_kernel",
-                 flash_fwd_smem_floats(TILE, HS), BH, (T + TILE - 1) / TILE, out, lse,
-                 (const A *)NULL, (float *)NULL, qkv, BH, T, NH, HS, scale);
+                 flash_fwd_smem_floats(TILE, HS), B * NH, (T + TILE - 1) / TILE, out, lse,
+                 (const A *)NULL, (float *)NULL, qkv, B, T, NH, NKV, HS, scale);
 }
 
+/* dK, dV: one block per (key tile, b, kv head), B * NKV pairs; the others per query head. */
 template <int TILE, typename A>
 static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *qkv,
-                                 const float *lse, int BH, int T, int NH, int HS, float scale)
+                                 const float *lse, int B, int T, int NH, int NKV, int HS,
+                                 float scale)
 {
     const int ntiles = (T + TILE - 1) / TILE;
     /* D = rowsum(dO * O), O recomputed */
     flash_launch(flash_forward_kernel<TILE, true, A>, "flash_forward_kernel (D)",
-                 flash_fwd_smem_floats(TILE, HS), BH, ntiles, (A *)NULL, (float *)NULL, dout,
-                 delta, qkv, BH, T, NH, HS, scale);
+                 flash_fwd_smem_floats(TILE, HS), B * NH, ntiles, (A *)NULL, (float *)NULL, dout,
+                 delta, qkv, B, T, NH, NKV, HS, scale);
     flash_launch(flash_backward_dkv_kernel<TILE, A>, "flash_backward_dkv_kernel",
-                 flash_dkv_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, BH, T, NH, HS, scale);
+                 flash_dkv_smem_floats(TILE, HS), B * NKV, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, B, T, NH, NKV, HS, scale);
     flash_launch(flash_backward_dq_kernel<TILE, A>, "flash_backward_dq_kernel",
-                 flash_dq_smem_floats(TILE, HS), BH, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, BH, T, NH, HS, scale);
+                 flash_dq_smem_floats(TILE, HS), B * NH, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, B, T, NH, NKV, HS, scale);
 }
 
 /* att: the row log-sum-exp, fp32 [B, NH, T]; scratch: D = rowsum(dO * O), the same. */
@@ -139,32 +147,33 @@ static size_t flash_rows_bytes(int B, int T, int NH) { return (size_t)B * NH * T
 
 template <typename A>
 static void flash_forward(const char *fn, void *out, void *att, const void *qkv, int B, int T,
-                          int NH, int HS)
+                          int NH, int NKV, int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check(fn, B, T, NH, HS);
+    flash_check(fn, B, T, NH, NKV, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     if (flash_tile(HS) == 32)
-        flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B * NH, T, NH, HS,
+        flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B, T, NH, NKV, HS,
                                    scale);
     else
-        flash_forward_tiles<16, A>((A *)out, (float *)att, (const A *)qkv, B * NH, T, NH, HS,
+        flash_forward_tiles<16, A>((A *)out, (float *)att, (const A *)qkv, B, T, NH, NKV, HS,
                                    scale);
 }
 
 template <typename A>
 static void flash_backward(const char *fn, void *dqkv, void *scratch, const void *dout,
-                           const void *qkv, const void *att, int B, int T, int NH, int HS)
+                           const void *qkv, const void *att, int B, int T, int NH, int NKV,
+                           int HS)
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check(fn, B, T, NH, HS);
+    flash_check(fn, B, T, NH, NKV, HS);
     const float scale = 1.0f / sqrtf((float)HS);
     if (flash_tile(HS) == 32)
         flash_backward_tiles<32, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
-                                    (const float *)att, B * NH, T, NH, HS, scale);
+                                    (const float *)att, B, T, NH, NKV, HS, scale);
     else
         flash_backward_tiles<16, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
-                                    (const float *)att, B * NH, T, NH, HS, scale);
+                                    (const float *)att, B, T, NH, NKV, HS, scale);
 }
 
 /* The fp32 and the bf16 variant (attention_flash.h): the same sizes, their own types. */
@@ -180,14 +189,14 @@ static void flash_backward(const char *fn, void *dqkv, void *scratch, const void
         return flash_rows_bytes(B, T, NH);                                                      \
     }                                                                                           \
     extern "C" void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH,    \
-                               int HS)                                                          \
+                               int NKV, int HS)                                                 \
     {                                                                                           \
-        flash_forward<A>(#p "forward", out, att, qkv, B, T, NH, HS);                            \
+        flash_forward<A>(#p "forward", out, att, qkv, B, T, NH, NKV, HS);                       \
     }                                                                                           \
     extern "C" void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,  \
-                                const void *att, int B, int T, int NH, int HS)                 \
+                                const void *att, int B, int T, int NH, int NKV, int HS)        \
     {                                                                                           \
-        flash_backward<A>(#p "backward", dqkv, scratch, dout, qkv, att, B, T, NH, HS);          \
+        flash_backward<A>(#p "backward", dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);     \
     }
 
 TS_FLASH_VARIANT(ts_cuda_flash_attention_, float)

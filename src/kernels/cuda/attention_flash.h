@@ -1,5 +1,6 @@
 /* The CUDA attention variants by name, each with the signatures of the attention slots
- * of kernels.h (same arguments, same rules: dqkv overwritten, `att` the variant's own
+ * of kernels.h (same arguments, same rules: NKV key/value heads (NH % NKV == 0, a shape
+ * that breaks it is a fatal error), dqkv overwritten, `att` the variant's own
  * saved state sized by its *_saved_bytes, the backward's workspace by its
  * *_scratch_bytes; activations in the variant's type). The tables' ts_cuda_attention_*
  * entries run one of them (attention.cu; the table is chosen by train.attention); tests
@@ -17,9 +18,10 @@ extern "C" {
 #define TS_CUDA_ATTENTION_DECLS(p)                                                          \
     size_t p##saved_bytes(int B, int T, int NH, int HS);                                    \
     size_t p##scratch_bytes(int B, int T, int NH, int HS);                                  \
-    void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH, int HS);   \
+    void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,   \
+                    int HS);                                                                \
     void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,          \
-                     const void *att, int B, int T, int NH, int HS);
+                     const void *att, int B, int T, int NH, int NKV, int HS);
 
 /* Flash-style (attention_flash.cu): tiles in shared memory, fp32 math, no [T, T] matrix
  * in memory. att keeps the row log-sum-exp of the scaled scores, fp32 [B, NH, T]; the
@@ -27,7 +29,8 @@ extern "C" {
  * (ts_cuda_flash_attention_*) or bf16 ones (ts_cuda_flash_bf16_attention_*: loads
  * widened to fp32, outputs rounded once to bf16). Any head size 1..TS_CUDA_FLASH_MAX_HS
  * (a larger one is a fatal error naming it: the dispatch in attention.cu sends those to
- * the batched-GEMM attention). Deterministic. */
+ * the batched-GEMM attention). Deterministic: the backward's dK and dV come from one block
+ * per (key tile, kv head) that loops over the head's query heads. */
 #define TS_CUDA_FLASH_MAX_HS 256
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_attention_)
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_bf16_attention_)
@@ -49,10 +52,10 @@ TS_CUDA_ATTENTION_DECLS(ts_cuda_gemm_bf16_attention_)
     size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, int NH, int HS);              \
     size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, int NH, int HS);            \
     void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv, int B,     \
-                                           int T, int NH, int HS);                           \
+                                           int T, int NH, int NKV, int HS);                  \
     void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch, const void *dout,     \
                                             const void *qkv, const void *att, int B, int T,  \
-                                            int NH, int HS);
+                                            int NH, int NKV, int HS);
 TS_CUDA_ATTENTION_SLOT_DECLS()
 TS_CUDA_ATTENTION_SLOT_DECLS(_flash)
 TS_CUDA_ATTENTION_SLOT_DECLS(_bf16)

@@ -5,14 +5,19 @@
  * (exact), every sum runs in fp32, and each output element is rounded once when it is
  * stored; the log-sum-exp and D rows are fp32 for either type.
  *
- * One block of TS_FLASH_THREADS threads per (tile, sequence b, head h). A head's q, k,
- * v, out, dout, dq, dk, dv rows are read and written in place in the [B, T, 3C] and
- * [B, T, C] layouts (C = NH * HS). Every tile load checks the row against T and zero
- * fills the rest, so T need not be a multiple of TILE; HS is a runtime value (any
- * 1..TS_FLASH_MAX_HS: loops over d < HS, no vector loads, so no alignment assumption).
+ * One block of TS_FLASH_THREADS threads per (tile, sequence b, query head h) in the
+ * forward and the dQ pass, per (key tile, sequence b, kv head j) in the dK, dV pass.
+ * Grouped-query attention: NKV key/value heads, query head h reading kv head
+ * h / (NH / NKV) (NKV = NH: multi-head). A head's q, k, v, out, dout, dq, dk, dv rows are
+ * read and written in place in the [B, T, C3] and [B, T, C] layouts (C = NH * HS,
+ * C3 = (NH + 2 NKV) * HS: each qkv row holds the NH q heads, the NKV k heads, the NKV v
+ * heads). Every tile load checks the row against T and zero fills the rest, so T need
+ * not be a multiple of TILE; HS is a runtime value (any 1..TS_FLASH_MAX_HS: loops over
+ * d < HS, no vector loads, so no alignment assumption).
  *
  * Deterministic: every output element is written by exactly one thread of one block,
- * each sum runs in a fixed order (no atomics), so repeated runs give the same bits.
+ * each sum runs in a fixed order (no atomics), so repeated runs give the same bits. A kv
+ * head's dK and dV sum over its query heads inside its one block, head after head.
  *
  * Kept apart from the launches so the same source can be checked off the GPU. */
 #ifndef TS_KERNELS_CUDA_ATTENTION_FLASH_KERNELS_CUH
@@ -52,10 +57,10 @@ static __host__ __device__ __forceinline__ size_t flash_dq_smem_floats(int tile,
            2 * (size_t)tile;
 }
 
-/* Where block `blk` works: its (b, h) pair and tile index. The tiles of the most work
- * (the last query tiles, which see the most keys; the first key tiles, which see the
- * most queries) go first, so the short ones fill in at the end. `heavy_last`: tile
- * index n-1 is the heaviest (query tiles), else tile 0 is. */
+/* Where block `blk` works: its (b, head) pair and tile index, over BH pairs. The tiles of
+ * the most work (the last query tiles, which see the most keys; the first key tiles,
+ * which see the most queries) go first, so the short ones fill in at the end.
+ * `heavy_last`: tile index n-1 is the heaviest (query tiles), else tile 0 is. */
 struct flash_where {
     int bh, tile;
 };
@@ -69,33 +74,46 @@ static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, 
     return w;
 }
 
-/* A block's head and tile (flash_block), and where the head starts in each layout: its
- * q, k, v rows (row t at q + t * C3, C3 = 3C; dq, dk, dv at off3 (+ C, 2C) in dqkv), its
- * dout rows (g + t * C; out at off1), its lse and delta values at offr. */
+/* Query head h of sequence b, with its kv head j = h / (NH / NKV), and where they start
+ * in each layout: the q rows (row t at q + t * C3; dq at offq in dqkv), the kv head's k
+ * and v rows (dk, dv at offk, offv), the dout rows (g + t * C; out at off1), the head's
+ * lse and delta values at offr. r0: the first row of the block's tile. */
 template <typename A> struct flash_head {
-    int r0;    /* the first row of the block's tile */
+    int r0;
     int C, LD; /* NH * HS; flash_ld(HS) */
-    size_t C3, off3, off1, offr;
+    size_t C3, offq, offk, offv, off1, offr;
     const A *q, *k, *v, *g; /* g: NULL without dout */
 };
-template <int TILE, typename A>
-static __device__ __forceinline__ flash_head<A> flash_head_of(const A *qkv, const A *dout, int BH,
-                                                              int T, int NH, int HS,
-                                                              bool heavy_last)
+template <typename A>
+static __device__ __forceinline__ flash_head<A> flash_head_at(const A *qkv, const A *dout, int b,
+                                                              int h, int r0, int T, int NH,
+                                                              int NKV, int HS)
 {
-    const flash_where w = flash_block(blockIdx.x, BH, (T + TILE - 1) / TILE, heavy_last);
-    const int b = w.bh / NH, h = w.bh % NH;
+    const int j = h / (NH / NKV);
     flash_head<A> f;
-    f.r0 = w.tile * TILE;
+    f.r0 = r0;
     f.C = NH * HS;
     f.LD = flash_ld(HS);
-    f.C3 = 3 * (size_t)f.C;
-    f.off3 = (size_t)b * T * f.C3 + (size_t)h * HS;
+    f.C3 = (size_t)(NH + 2 * NKV) * HS;
+    const size_t seq = (size_t)b * T * f.C3;
+    f.offq = seq + (size_t)h * HS;
+    f.offk = seq + (size_t)(NH + j) * HS;
+    f.offv = seq + (size_t)(NH + NKV + j) * HS;
     f.off1 = (size_t)b * T * f.C + (size_t)h * HS;
-    f.offr = (size_t)w.bh * T;
-    f.q = qkv + f.off3, f.k = f.q + f.C, f.v = f.q + 2 * f.C;
+    f.offr = ((size_t)b * NH + h) * T;
+    f.q = qkv + f.offq, f.k = qkv + f.offk, f.v = qkv + f.offv;
     f.g = dout ? dout + f.off1 : NULL;
     return f;
+}
+
+/* The query head and tile of a block of the forward or the dQ pass (B * NH pairs, the
+ * last query tiles first). */
+template <int TILE, typename A>
+static __device__ __forceinline__ flash_head<A> flash_head_of(const A *qkv, const A *dout, int B,
+                                                              int T, int NH, int NKV, int HS)
+{
+    const flash_where w = flash_block(blockIdx.x, B * NH, (T + TILE - 1) / TILE, true);
+    return flash_head_at(qkv, dout, w.bh / NH, w.bh % NH, w.tile * TILE, T, NH, NKV, HS);
 }
 
 /* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) into a
@@ -155,11 +173,11 @@ static __device__ __forceinline__ float flash_dot(const float *a, int sa, const 
  * q, k, v since the backward is not given `out`). */
 template <int TILE, bool DELTA, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
-    flash_forward_kernel(A *out, float *lse, const A *dout, float *delta, const A *qkv, int BH,
-                         int T, int NH, int HS, float scale)
+    flash_forward_kernel(A *out, float *lse, const A *dout, float *delta, const A *qkv, int B,
+                         int T, int NH, int NKV, int HS, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
-    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS);
     const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1;
     const size_t C3 = f.C3;
     const A *q = f.q, *k = f.k, *v = f.v;
@@ -264,53 +282,64 @@ static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const f
     }
 }
 
-/* dK and dV of one key tile, over the query tiles from the diagonal to the end:
- * dV = P^T dO, dK = scale dS^T Q. */
+/* dK and dV of one key tile of kv head j, over its G = NH / NKV query heads j G + g in
+ * g order and, for each, the query tiles from the diagonal to the end:
+ * dV = sum P^T dO, dK = scale sum dS^T Q. One block per (key tile, b, j), the tiles of
+ * most work (the first) first. */
 template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dkv_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
-                              const float *delta, int BH, int T, int NH, int HS, float scale)
+                              const float *delta, int B, int T, int NH, int NKV, int HS,
+                              float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, false);
-    const int k0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
+    const int G = NH / NKV;
+    const flash_where w = flash_block(blockIdx.x, B * NKV, (T + TILE - 1) / TILE, false);
+    const int b = w.bh / NKV, j = w.bh % NKV, k0 = w.tile * TILE;
+    /* the group's first query head: its kv head's k, v (the same for all of the group) */
+    const flash_head<A> f0 = flash_head_at(qkv, dout, b, j * G, k0, T, NH, NKV, HS);
+    const int C = f0.C, LD = f0.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
     float *sK = ts_flash_smem, *sV = sK + TILE * LD, *sQ = sV + TILE * LD, *sdO = sQ + TILE * LD;
     float *sdK = sdO + TILE * LD, *sdV = sdK + TILE * HS, *sP = sdV + TILE * HS;
     float *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
 
-    flash_load<TILE>(sK, LD, f.k, f.C3, k0, T, HS);
-    flash_load<TILE>(sV, LD, f.v, f.C3, k0, T, HS);
+    flash_load<TILE>(sK, LD, f0.k, f0.C3, k0, T, HS);
+    flash_load<TILE>(sV, LD, f0.v, f0.C3, k0, T, HS);
     for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdK[idx] = sdV[idx] = 0.0f;
-    /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
-    for (int q0 = k0; q0 < T; q0 += TILE) {
-        __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
-        flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
-        flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
-        flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
-        __syncthreads();
-        flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
-        __syncthreads();
-        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
-            int j = idx / HS, d = idx % HS;
-            sdV[idx] += flash_dot(sP + j, LS, sdO + d, LD, TILE);
-            sdK[idx] += flash_dot(sdS + j, LS, sQ + d, LD, TILE);
+    for (int g = 0; g < G; g++) {
+        const flash_head<A> f = flash_head_at(qkv, dout, b, j * G + g, k0, T, NH, NKV, HS);
+        /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
+        for (int q0 = k0; q0 < T; q0 += TILE) {
+            __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
+            flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
+            flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
+            flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
+            __syncthreads();
+            flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
+            __syncthreads();
+            for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
+                int jj = idx / HS, d = idx % HS;
+                sdV[idx] += flash_dot(sP + jj, LS, sdO + d, LD, TILE);
+                sdK[idx] += flash_dot(sdS + jj, LS, sQ + d, LD, TILE);
+            }
         }
     }
     __syncthreads();
-    flash_store<TILE>(dqkv + f.off3 + C, f.C3, sdK, scale, k0, T, HS);
-    flash_store<TILE>(dqkv + f.off3 + 2 * C, f.C3, sdV, 1.0f, k0, T, HS); /* x 1: exact */
+    flash_store<TILE>(dqkv + f0.offk, f0.C3, sdK, scale, k0, T, HS);
+    flash_store<TILE>(dqkv + f0.offv, f0.C3, sdV, 1.0f, k0, T, HS); /* x 1: exact */
 }
 
 /* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
 template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dq_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
-                             const float *delta, int BH, int T, int NH, int HS, float scale)
+                             const float *delta, int B, int T, int NH, int NKV, int HS,
+                             float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, BH, T, NH, HS, true);
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS);
     const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
@@ -335,7 +364,7 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
         }
     }
     __syncthreads();
-    flash_store<TILE>(dqkv + f.off3, f.C3, sdQ, scale, q0, T, HS);
+    flash_store<TILE>(dqkv + f.offq, f.C3, sdQ, scale, q0, T, HS);
 }
 
 #endif

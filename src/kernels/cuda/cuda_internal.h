@@ -81,8 +81,9 @@ void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, flo
 /* ---- the slots on activations, kernels.h's arguments and rules: once per activation
  * type, the fp32 tables' ts_cuda_<slot> (float activations) and the bf16 tables'
  * ts_cuda_bf16_<slot> (__nv_bfloat16 activations), from one template each (encoder.cu,
- * layernorm.cu, matmul.cu, elementwise.cu, crossentropy.cu, vocab_parallel.cu; fused.h
- * has residual_layernorm_forward, attention_flash.h the attention slots). */
+ * layernorm.cu (LayerNorm, RMSNorm), matmul.cu, elementwise.cu (GELU, residual, RoPE,
+ * SwiGLU), crossentropy.cu, vocab_parallel.cu; fused.h has residual_layernorm_forward and
+ * residual_rmsnorm_forward, attention_flash.h the attention slots). */
 #define TS_CUDA_ACT_SLOT_DECLS(p)                                                                \
     void p##encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,     \
                             int B, int T, int C);                                                \
@@ -93,6 +94,16 @@ void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, flo
     void p##layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,       \
                                const void *inp, const float *weight, const float *mean,          \
                                const float *rstd, int N, int C);                                 \
+    void p##rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight, int N, \
+                            int C, float eps);                                                   \
+    void p##rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,      \
+                             const float *weight, const float *rstd, int N, int C);              \
+    void p##rope_forward(void *qkv, const float *cos, const float *sin, int B, int T, int NH,    \
+                         int NKV, int HS);                                                       \
+    void p##rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T, int NH,  \
+                          int NKV, int HS);                                                      \
+    void p##swiglu_forward(void *out, const void *inp, int N, int F);                            \
+    void p##swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);        \
     void p##matmul_forward(void *out, const void *inp, const void *weight, const float *bias,    \
                            int N, int C, int OC);                                                \
     void p##matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,          \

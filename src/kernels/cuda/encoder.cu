@@ -4,7 +4,8 @@
  * are fp32 in every precision; `out` and `dout` are activations.
  *
  * Forward: one thread per output element (a plain gather), wte + wpe added in fp32 and
- * rounded once to the activation type.
+ * rounded once to the activation type (wpe NULL: wte alone; the backward's dwpe NULL: no
+ * position gradient).
  *
  * Backward: dwte[tokens[bt], :] += dout[bt, :] is a scatter-add in which a token can
  * repeat, so a thread per position would race; atomicAdd would not race but adds in
@@ -38,8 +39,8 @@ static __global__ void embed_forward_kernel(A *out, const int *tokens, const flo
     int bt = (int)(i / C), c = (int)(i % C);
     int row = tokens[bt] - v0;
     float w = row >= 0 && row < nv ? wte[(size_t)row * C + c] : 0.0f;
-    float p = wpe ? wpe[(size_t)(bt % T) * C + c] : 0.0f;
-    ts_act_store(out, i, w + p);
+    /* wpe NULL: no position embedding (llama), w itself (not w + 0, which turns -0 to +0) */
+    ts_act_store(out, i, wpe ? w + wpe[(size_t)(bt % T) * C + c] : w);
 }
 
 template <typename A>

@@ -73,6 +73,51 @@ extern "C" void ts_cuda_bf16_residual_layernorm_forward(void *res_out, void *ln_
     residual_layernorm_forward<bf16>(res_out, ln_out, mean, rstd, a, b, weight, bias, N, C);
 }
 
+/* The residual add and RMSNorm, as residual_layernorm_kernel. */
+template <typename A>
+static __global__ void residual_rmsnorm_kernel(A *res_out, A *norm_out, float *rstd, const A *a,
+                                               const A *b, const float *weight, int N, int C,
+                                               float eps)
+{
+    int n = blockIdx.x * TS_RLN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return; /* whole warps leave together */
+    const size_t row = (size_t)n * C;
+    A *x = res_out + row;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        ts_act_store(x, c, ts_act_load(a, row + c) + ts_act_load(b, row + c));
+        s = rms_lane_add(s, ts_act_load(x, c)); /* the stored (rounded) sum */
+    }
+    rmsnorm_row(norm_out + row, &rstd[n], (const A *)x, s, weight, C, eps, lane);
+}
+
+template <typename A>
+static void residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd, const void *a,
+                                     const void *b, const float *weight, int N, int C, float eps)
+{
+    if (N <= 0 || C <= 0) return;
+    residual_rmsnorm_kernel<A><<<ts_cuda_blocks((size_t)N, TS_RLN_WARPS), TS_RLN_WARPS * 32, 0,
+                                 ts_cuda_stream()>>>((A *)res_out, (A *)norm_out, rstd,
+                                                     (const A *)a, (const A *)b, weight, N, C,
+                                                     eps);
+    TS_CUDA_LAUNCHED();
+}
+
+extern "C" void ts_cuda_residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd,
+                                                 const void *a, const void *b,
+                                                 const float *weight, int N, int C, float eps)
+{
+    residual_rmsnorm_forward<float>(res_out, norm_out, rstd, a, b, weight, N, C, eps);
+}
+
+extern "C" void ts_cuda_bf16_residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd,
+                                                      const void *a, const void *b,
+                                                      const float *weight, int N, int C,
+                                                      float eps)
+{
+    residual_rmsnorm_forward<bf16>(res_out, norm_out, rstd, a, b, weight, N, C, eps);
+}
+
 /* decay_on = 1 - lr*wd for spans with weight decay, decay_off = 1 - lr*0 without (the
  * factors adamw_update computes from its weight_decay argument). */
 static __global__ void adamw_spans_kernel(float *param, const float *grad, float grad_scale,
