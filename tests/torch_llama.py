@@ -23,10 +23,12 @@ tests/make_llama_fixture.py needs it); tests/check_llama_hf.py compares the two.
 
 Subcommands (run with /usr/bin/python3, the interpreter that has torch):
 
-  init OUT.safetensors SHAPE [--seed S] [--norm-perturb STD]
+  init OUT.safetensors SHAPE [--seed S] [--norm-perturb STD] [--qk-std STD]
       random weights as Tessera's llama init (every matrix and the embedding normal(0,
       0.02), the RMSNorm weights 1), then every RMSNorm weight + normal(0, STD) (default
-      0.1) so that they matter; F32, HF names (lm_head.weight left out with --tie).
+      0.1) so that they matter; --qk-std draws q_proj and k_proj wider (at 0.02 the
+      attention is nearly uniform and the rotary embedding hardly changes the loss); F32,
+      HF names (lm_head.weight left out with --tie).
 
   loss MODEL.safetensors SHAPE --data FILE [FILE...] --batch B --step S [--step S2 ...]
        [--optimizer OPTIMIZER.safetensors] [--replay INIT.safetensors --replay-steps K
@@ -357,6 +359,9 @@ def main(argv=None):
     p_init.add_argument("out")
     p_init.add_argument("--seed", type=int, default=42)
     p_init.add_argument("--norm-perturb", type=float, default=0.1)
+    p_init.add_argument("--qk-std", type=float, default=0.02,
+                        help="q_proj and k_proj's standard deviation (larger: a peaked "
+                             "attention, on which the rotary embedding matters)")
     p_loss = sub.add_parser("loss", parents=[common], help="loss of a step's batch")
     p_loss.add_argument("model")
     p_loss.add_argument("--data", nargs="+", required=True)
@@ -378,7 +383,9 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         model = Llama(s)
         names = param_names(s)
-        init_weights(model, names, args.norm_perturb)
+        init_weights(model, names, args.norm_perturb,
+                     lambda n: args.qk_std if n.endswith(("q_proj.weight", "k_proj.weight"))
+                     else 0.02)
         params = dict(model.named_parameters())
         write_safetensors(args.out, [(n, params[n].float()) for n in names], s.meta())
         print(f"wrote {args.out}: {len(names)} tensors")
