@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""PyTorch peer for Tessera's llama benchmark (bench/llama.sh): Llama training on CPU.
+
+The model is tests/torch_llama.py's (Hugging Face's LlamaForCausalLM written out: RMSNorm,
+grouped-query attention, rotate_half RoPE, SwiGLU, untied lm_head unless --tie), with
+Tessera's llama init (matrices and embedding normal(0, 0.02), norms 1). The step is
+nanoGPT's, as bench/torch_gpt2.py's: forward, mean cross-entropy, backward,
+clip_grad_norm_(1.0), AdamW (weight decay on the matrices and the embedding; torch's
+defaults for foreach/fused), zero_grad(set_to_none). Each timed step is timed on its own:
+median_step_ms and min_step_ms summarise step_ms. torch.set_num_threads(--threads),
+torch.set_num_interop_threads(1). Prints ONE JSON line.
+
+--attn sdpa (the default on a torch 2) runs F.scaled_dot_product_attention(is_causal=True)
+on the repeated key/value heads, as HF's sdpa attention does; --attn manual the written-out
+softmax. --compile wraps the model (forward and loss) in torch.compile; the warm-up steps
+absorb the compilation (first_step_s). --precision bf16: CPU autocast around forward and
+loss, float32 parameters, gradients and AdamW state. What the installed torch lacks
+(Debian's 1.13 has no torch.compile and no SDPA) is refused with exit status 2.
+
+Example:
+  PY=$(scripts/peer_venv.sh); $PY bench/torch_llama.py --n_layer 12 --n_head 12 \
+      --n_kv_head 4 --n_embd 768 --ffn_hidden 2048 --vocab_size 50304 --seq_len 1024 \
+      --batch 2 --threads 2 --steps 3 --warmup_steps 2
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.dont_write_bytecode = True  # keep tests/ free of __pycache__
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import torch_llama as tl  # noqa: E402
+
+
+def refuse_missing(ap, a):
+    """ap.error (exit 2) for an option this torch cannot run."""
+    v = torch.__version__
+    if a.compile and not hasattr(torch, "compile"):
+        ap.error(f"--compile: torch {v} has no torch.compile (it came in torch 2.0); "
+                 "run a torch 2 python, e.g. the one scripts/peer_venv.sh prints")
+    if a.attn == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
+        ap.error(f"--attn sdpa: torch {v} has no F.scaled_dot_product_attention (torch 2.0 "
+                 "added it); use --attn manual or a torch 2 python (scripts/peer_venv.sh)")
+    if a.precision == "bf16":
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ok = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+        except (AttributeError, RuntimeError, TypeError) as e:
+            ap.error(f"--precision bf16: torch {v} has no CPU bfloat16 autocast ({e})")
+        if not ok:
+            ap.error(f"--precision bf16: torch {v}'s CPU autocast does not run matmuls "
+                     "in bfloat16")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n_layer", type=int, default=4)
+    ap.add_argument("--n_head", type=int, default=4)
+    ap.add_argument("--n_kv_head", type=int, default=2)
+    ap.add_argument("--n_embd", type=int, default=128)
+    ap.add_argument("--ffn_hidden", type=int, default=384)
+    ap.add_argument("--vocab_size", type=int, default=256)
+    ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--rope_theta", type=float, default=500000.0)
+    ap.add_argument("--tie", action="store_true")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup_steps", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--attn", choices=["manual", "sdpa"],
+                    default="sdpa" if hasattr(F, "scaled_dot_product_attention") else "manual")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
+    refuse_missing(ap, a)
+    tl.Attention.sdpa = a.attn == "sdpa"
+
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(a.seed)
+
+    s = tl.Shape(a.n_layer, a.n_head, a.n_kv_head, a.n_embd, a.ffn_hidden, a.vocab_size,
+                 a.seq_len, rope_theta=a.rope_theta, tie_embeddings=a.tie)
+    model = tl.Llama(s)
+    names = tl.param_names(s)
+    tl.init_weights(model, names, 0.0)  # Tessera's init (norms exactly 1)
+    pm = dict(model.named_parameters())
+    params = [pm[n] for n in names]
+    n_params = sum(p.numel() for p in params)
+    model.train()
+
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    g = torch.Generator().manual_seed(a.seed)
+    B, T, V = a.batch, a.seq_len, a.vocab_size
+    fwd = torch.compile(model) if a.compile else model
+    amp = a.precision == "bf16"
+
+    def step():
+        seq = torch.randint(0, V, (B, T + 1), generator=g)
+        x, y = seq[:, :T], seq[:, 1:]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    losses = []
+    first_s = None
+    for i in range(a.warmup_steps):
+        t1 = time.perf_counter()
+        losses.append(step())
+        if i == 0:
+            first_s = time.perf_counter() - t1
+    step_ms = []
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        t1 = time.perf_counter()
+        losses.append(step())  # loss.item() waits for the step: CPU ops are synchronous
+        step_ms.append(1000.0 * (time.perf_counter() - t1))
+    dt = time.perf_counter() - t0
+
+    srt = sorted(step_ms)
+    n = len(srt)
+    med = (srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])) if srt else None
+    print(json.dumps({
+        "impl": "pytorch", "model": "llama", "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "attn": a.attn, "precision": a.precision,
+        "compile": a.compile,
+        "first_step_s": round(first_s, 3) if first_s is not None else None,
+        "params": n_params, "tokens_per_step": B * T,
+        "ms_per_step": round(1000.0 * dt / max(a.steps, 1), 3),
+        "median_step_ms": round(med, 3) if med is not None else None,
+        "min_step_ms": round(srt[0], 3) if srt else None,
+        "step_ms": [round(t, 3) for t in step_ms],
+        "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
+        "losses": [round(l, 6) for l in losses],
+    }))
+
+
+if __name__ == "__main__":
+    main()
