@@ -1,9 +1,9 @@
-# Llama checkpoints (configs/llama-tiny.cfg, 2 layers: GQA with 2 key/value heads, an
-# untied head) reshard between grids: saved on pp2 x dp2 x tp2 with ZeRO-1, loaded on
-# 1x1x1, 1x1x4 (each key/value head replicated on two ranks) and 2x1x2 and saved again
-# give the same bytes; 3 + 3 resumed steps equal 6 uninterrupted ones bit for bit, and
-# within 1e-4 when continued on tp = 4; the files carry Hugging Face's names; `tessera
-# sample` writes text from the checkpoint (the same seed, the same text).
+# A Llama checkpoint of configs/llama-tiny.cfg (2 layers: GQA with 2 key/value heads, an
+# untied head) saved on pp2 x dp2 x tp2 with ZeRO-1 (test_ckpt_llama.sh covers the files,
+# config.json, the other grids and the refusals): loaded on 1x1x4 (each key/value head
+# replicated on two ranks, the moments of ZeRO-1's pieces gathered) and saved again it
+# gives the same bytes; 3 + 3 resumed steps on the saving grid equal 6 uninterrupted ones
+# bit for bit; `tessera sample` writes text from it (the same seed, the same text).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -28,11 +28,7 @@ same_ckpt() {
 
 A="$TMP/a/step_00000003"
 run a 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=3 --set "checkpoint.dir=\"$TMP/a\""
-for name in model.embed_tokens.weight model.layers.1.self_attn.k_proj.weight \
-            model.layers.0.mlp.gate_proj.weight model.norm.weight lm_head.weight; do
-  grep -aq "\"$name\"" "$A/model.safetensors" && pass || fail "$A/model.safetensors has no $name"
-done
-for g in "1 1 1" "1 1 4" "2 1 2"; do
+for g in "1 1 4"; do
   set -- $g
   d="$TMP/b_$1x$2x$3"
   run "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=3 \
@@ -46,9 +42,6 @@ run resumed 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=6 \
   --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.load=latest
 if cmp -s <(losses "$TMP/full.jsonl") <(losses "$TMP/resumed.jsonl"); then pass
 else fail "llama: 3 + 3 resumed steps differ from 6 uninterrupted steps"; fi
-grep -v '"step":[345],' "$TMP/full.jsonl" | grep '"loss"' > "$TMP/tp4.jsonl"
-run tp4 4 $(grid 1 1 4) --set train.steps=6 --set "checkpoint.load=\"$A\"" &&
-  { out=$(same_losses "$TMP/tp4.jsonl" "$TMP/full.jsonl" 1e-4) && pass || fail "resumed on tp = 4: $out"; }
 
 # Text from the checkpoint, on one process.
 for s in a b; do
