@@ -364,7 +364,7 @@ static void test_llama3(void)
         if (k != 2) continue;
         for (int tp = 8; tp <= 16; tp *= 2) {
             ts_plan_layers L;
-            ts_plan_layers_build(&L, mc, &ideal, tp, 1, ideal.intra);
+            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cfg, &ideal), tp, 1, ideal.intra);
             const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
             const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
                                 4 * hl * Tk * Tk * HS;
@@ -389,6 +389,24 @@ static void test_llama3(void)
                        L.param_floats[L.n_layers - 1] < vl * C + C + 64,
                    "405B tp %d: head parameters %.0f floats, want %.0f", tp,
                    L.param_floats[L.n_layers - 1], vl * C + C);
+            /* The same layers laid out for a GPU run with the flash kernel (train.device =
+             * "cuda", train.attention = "flash"; the layout-only table in a CPU-only
+             * build): each block keeps one fp32 log-sum-exp per row of its hl heads in
+             * place of the bf16 [hl, T, T] probabilities; parameters do not change. */
+            ts_config gpu = cfg;
+            snprintf(gpu.train.device, sizeof gpu.train.device, "cuda");
+            snprintf(gpu.train.attention, sizeof gpu.train.attention, "flash");
+            const ts_kernels *kf = ts_plan_kernels(&gpu, &ideal);
+            CHECK(!strcmp(kf->device, "cuda") && !strcmp(kf->attention, "flash") &&
+                  kf->act_dtype == TS_DTYPE_BF16 && kf->weight_copy_bytes == 2);
+            ts_plan_layers Lf;
+            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, 1, ideal.intra);
+            const double saved = hl * Tk * Tk * 2 - hl * Tk * 4;
+            CHECKF(L.act_bytes[1] - Lf.act_bytes[1] == saved &&
+                       Lf.param_floats[1] == L.param_floats[1],
+                   "405B tp %d: flash block keeps %.0f bytes, gemm %.0f: want %.0f fewer", tp,
+                   Lf.act_bytes[1], L.act_bytes[1], saved);
+            ts_plan_layers_free(&Lf);
             ts_plan_layers_free(&L);
         }
     }
