@@ -417,6 +417,17 @@ static void test_config_relations(void)
 #else
     EXPECT_ERR("train = { device = \"cuda\"; };\n", NULL, "train.device", "without the CUDA");
 #endif
+    /* A plan sizes a CUDA run in any build (ts_config_load_plan); the next load checks
+     * again as a run does. */
+    CHECK(ts_config_load_plan(&g_cfg, write_cfg("t.cfg", "train = { device = \"cuda\";\n"
+                                                         "  attention = \"flash\"; };\n"),
+                              NULL, 0) == TS_OK &&
+          !strcmp(g_cfg.train.device, "cuda") && !strcmp(g_cfg.train.attention, "flash"));
+    CHECK(ts_config_load_plan(&g_cfg, write_cfg("t.cfg", "train = { device = \"gpu\"; };\n"),
+                              NULL, 0) == TS_ERR);
+#ifndef TS_HAVE_CUDA
+    EXPECT_ERR("train = { device = \"cuda\"; };\n", NULL, "train.device", "without the CUDA");
+#endif
     EXPECT_ERR("train = { device = \"gpu\"; };\n", NULL, "train.device", "\"gpu\"",
                "not a device");
     /* A kernel table's name is not a device: precision and attention choose among them. */

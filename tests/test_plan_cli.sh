@@ -160,4 +160,26 @@ else
   fail "plan --help exit code"
 fi
 
+# A GPU run plans in every build (ts_config_load_plan: train.device = "cuda" without the
+# CUDA backend too), sized by the CUDA table's layout (configs/llama3-405b.cfg names it;
+# the --set says so here too, and the CPU's layout is asked for): on the Llama 3 405B grid of 8,192
+# GPUs (full recompute) the flash kernel's one fp32 log-sum-exp per row in place of the
+# bf16 [16, 8192, 8192] probabilities of 8 layers makes 89.78 GB into 70.46 GB, the same
+# numbers in a CPU-only and a CUDA build.
+llama=("$SRC/configs/llama3-405b.cfg" --cluster "$SRC/configs/clusters/dgx-h100.cfg" --set parallel.dp=64)
+gpu=(--set 'train.device="cuda"' --set 'train.attention="flash"')
+if plan "${llama[@]}" "${gpu[@]}"; then
+  grep -q "memory per device: 70.46 GB on pipeline rank 1 (fits)" "$TMP/out" && pass ||
+    fail "405B dp 64 on cuda-flash: $(grep 'memory per device' "$TMP/out")"
+else
+  fail "plan with train.device = \"cuda\": $(cat "$TMP/err")"
+fi
+if plan "${llama[@]}" --set 'train.device="cpu"' --set 'train.attention="gemm"'; then
+  grep -q "memory per device: 89.78 GB on pipeline rank 1 (DOES NOT FIT)" "$TMP/out" && pass ||
+    fail "405B dp 64 on cpu: $(grep 'memory per device' "$TMP/out")"
+else
+  fail "plan 405B dp 64: $(cat "$TMP/err")"
+fi
+plan "$cfg" --cost model "${gpu[@]}" && pass || fail "plan --cost model on cuda: $(cat "$TMP/err")"
+
 finish

@@ -47,7 +47,8 @@ static void load_cluster(const char *rel, ts_cluster *c)
 static void load_config(const char *rel, const char *const *sets, int n, ts_config *cfg)
 {
     char p[1200];
-    if (ts_config_load(cfg, path(rel, p, sizeof p), sets, n, 0) != TS_OK) {
+    /* As tessera plan loads (llama3-405b.cfg names train.device = "cuda"). */
+    if (ts_config_load_plan(cfg, path(rel, p, sizeof p), sets, n) != TS_OK) {
         fprintf(stderr, "%s\n", ts_error_message());
         exit(2);
     }
@@ -364,7 +365,12 @@ static void test_llama3(void)
         if (k != 2) continue;
         for (int tp = 8; tp <= 16; tp *= 2) {
             ts_plan_layers L;
-            ts_plan_layers_build(&L, mc, &ideal, tp, 1, ideal.intra);
+            /* The CPU's layout (the batched-GEMM attention's probabilities), as a run
+             * on train.device = "cpu" keeps them; the flash layout below. */
+            ts_config cpu = cfg;
+            snprintf(cpu.train.device, sizeof cpu.train.device, "cpu");
+            snprintf(cpu.train.attention, sizeof cpu.train.attention, "gemm");
+            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, 1, ideal.intra);
             const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
             const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
                                 4 * hl * Tk * Tk * HS;
@@ -389,6 +395,25 @@ static void test_llama3(void)
                        L.param_floats[L.n_layers - 1] < vl * C + C + 64,
                    "405B tp %d: head parameters %.0f floats, want %.0f", tp,
                    L.param_floats[L.n_layers - 1], vl * C + C);
+            /* The same layers laid out for a GPU run with the flash kernel (train.device =
+             * "cuda", train.attention = "flash"; the layout-only table in a CPU-only
+             * build): each block keeps one fp32 log-sum-exp per row of its hl heads in
+             * place of the bf16 [hl, T, T] probabilities; parameters do not change. */
+            ts_config gpu = cfg; /* the file's own: "cuda", "flash" */
+            snprintf(gpu.train.device, sizeof gpu.train.device, "cuda");
+            snprintf(gpu.train.attention, sizeof gpu.train.attention, "flash");
+            const ts_kernels *kf = ts_plan_kernels(&gpu, &ideal);
+            CHECK(ts_plan_kernels(&cfg, &ideal) == kf);
+            CHECK(!strcmp(kf->device, "cuda") && !strcmp(kf->attention, "flash") &&
+                  kf->act_dtype == TS_DTYPE_BF16 && kf->weight_copy_bytes == 2);
+            ts_plan_layers Lf;
+            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, 1, ideal.intra);
+            const double saved = hl * Tk * Tk * 2 - hl * Tk * 4;
+            CHECKF(L.act_bytes[1] - Lf.act_bytes[1] == saved &&
+                       Lf.param_floats[1] == L.param_floats[1],
+                   "405B tp %d: flash block keeps %.0f bytes, gemm %.0f: want %.0f fewer", tp,
+                   Lf.act_bytes[1], L.act_bytes[1], saved);
+            ts_plan_layers_free(&Lf);
             ts_plan_layers_free(&L);
         }
     }

@@ -19,7 +19,9 @@ for k in '"step_ms"' '"memory_bytes"' '"mfu"' '"tokens_per_s"' '"terms_ms"' '"pa
 done
 # (a file, not a pipe: lib.sh sets pipefail, and grep -q may close the pipe early)
 "$TESSERA" plan configs/tiny.cfg --cluster $CPU --help >"$TMP/help.txt"
-grep -q "activations in fp32" "$TMP/help.txt" && pass || fail "--help lacks the dtype note"
+grep -q "activations in the compute dtype" "$TMP/help.txt" && pass || fail "--help lacks the dtype note"
+grep -q "train.device and train.attention choose" "$TMP/help.txt" && pass ||
+  fail "--help lacks the kernel-table note"
 
 # The search: text, JSON, and the textbook limit with infinite memory.
 "$TESSERA" plan configs/gpt2-124m.cfg --cluster $H100 --gpus 16 --search --top 5 >"$TMP/s.txt" 2>&1 &&

@@ -468,7 +468,7 @@ static int plan(const plan_args *a)
 
     ts_config cfg;
     const ts_parallel_config *p = &cfg.parallel;
-    if (ts_config_load(&cfg, a->config, a->sets, a->n_sets, 0) != TS_OK) goto fail;
+    if (ts_config_load_plan(&cfg, a->config, a->sets, a->n_sets) != TS_OK) goto fail;
     if (cfg.train.threads > 0) ts_cpu_set_threads(cfg.train.threads);
     if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK)
         goto fail;

@@ -64,11 +64,16 @@ const char ts_plan_cluster_help[] =
     "                     \"rejected\": {\"out_of_memory\": {\"count\", \"min_over_bytes\"},\n"
     "                     \"bubble\", \"communication\", \"recompute\", \"compute\", \"optimizer\"}}\n"
     "\n"
-    "GEMMs run in the cluster file's compute_dtype (bf16 on the GPU files: as with\n"
-    "train.precision = \"bf16\"); the config's train.device and train.precision are not read.\n"
+    "GEMMs run in the cluster file's compute_dtype (bf16 on the GPU files), which is the\n"
+    "run's precision here whatever train.precision says: the cluster's peak and efficiency\n"
+    "are that dtype's. train.device and train.attention choose the kernel table whose\n"
+    "layout sizes memory: on a GPU cluster give --set train.device='\"cuda\"' (and\n"
+    "--set train.attention='\"flash\"' for the flash kernel, one fp32 log-sum-exp per row\n"
+    "instead of the [B, heads, T, T] probabilities); the default \"cpu\" lays out the CPU's\n"
+    "attention. A CUDA config plans alike in every build that accepts it.\n"
     "\n"
     "The model (what Tessera does today, not an ideal framework): a GEMM (m, n, k) takes\n"
-    "2mnk / (peak of compute_dtype * efficiency(cbrt(mnk))); elementwise work its fp32 bytes\n"
+    "2mnk / (peak of compute_dtype * efficiency(cbrt(mnk))); elementwise work its bytes\n"
     "/ memory bandwidth; each block 2 tp all-reduces forward and 2 backward (ring: 2(t-1)/t\n"
     "* bytes / bandwidth + 2(t-1) latencies) on the intra-node link when the tp group lies\n"
     "in a node, else inter-node; pipeline messages and the dp reduction (a ring all-reduce\n"
@@ -76,10 +81,9 @@ const char ts_plan_cluster_help[] =
     "parameter all-gather after the optimizer) through the simulator, which hides what\n"
     "the bubbles and later compute can (none with overlap_comm = false); AdamW at memory\n"
     "bandwidth. Memory follows the trainer's own accounting (pipeline/memory.c): fp32\n"
-    "parameters, gradients and AdamW\n"
-    "moments (1/dp with ZeRO-1), a bf16 weight copy when compute_dtype is bf16, and fp32\n"
-    "activations: Tessera keeps activations in fp32 on every backend, bf16 included, so\n"
-    "activation memory does not halve with bf16. Workspace is the BLAS threads' buffers\n"
+    "parameters, gradients and AdamW moments (1/dp with ZeRO-1), a bf16 weight copy when\n"
+    "compute_dtype is bf16, and activations in the compute dtype as the kernel table lays\n"
+    "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
     "tokens / (step * peak * devices).\n";
 
@@ -334,7 +338,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
         return 1;
     }
     ts_config cfg;
-    if (ts_config_load(&cfg, a.config, a.sets, a.n_sets, 0) != TS_OK) {
+    if (ts_config_load_plan(&cfg, a.config, a.sets, a.n_sets) != TS_OK) {
         ts_log_error("%s", ts_error_message());
         return 1;
     }

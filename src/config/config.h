@@ -152,6 +152,14 @@ void ts_config_defaults(ts_config *cfg);
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size);
 
+/* ts_config_load for `tessera plan` (no ranks launched: world_size 0), which sizes and
+ * times a run without starting one: train.device = "cuda" is accepted by a build without
+ * the CUDA backend too, as the planner lays a CUDA run out with the CUDA tables' sizes
+ * in every build (kernels.h ts_kernels_layout_for). Every other key is checked as
+ * ts_config_load checks it. */
+ts_status ts_config_load_plan(ts_config *cfg, const char *path, const char *const *overrides,
+                              int n_overrides);
+
 /* Validate relations between keys (batch rule, divisibility, grid); called by
  * ts_config_load, exposed for tests and for programs that build a config in code. */
 ts_status ts_config_validate(const ts_config *cfg, int world_size);

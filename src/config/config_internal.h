@@ -56,6 +56,8 @@ ts_status ts_config_check_recompute(const key_spec *k, const ts_config *cfg, con
 ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_progress(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where);
+/* Whether ts_config_load_plan is loading (config_load.c). */
+bool ts_config_planning(void);
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_grad_reduce_dtype(const key_spec *k, const ts_config *cfg,
                                             const char *where);

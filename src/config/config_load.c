@@ -731,6 +731,21 @@ static ts_status resolve_auto_dp(ts_config *cfg, int world_size)
     return TS_OK;
 }
 
+/* Set while ts_config_load_plan loads: train.device = "cuda" is a device to plan for
+ * even in a build without the CUDA backend (ts_config_check_device). */
+static _Thread_local bool g_planning;
+
+bool ts_config_planning(void) { return g_planning; }
+
+ts_status ts_config_load_plan(ts_config *cfg, const char *path, const char *const *overrides,
+                              int n_overrides)
+{
+    g_planning = true;
+    ts_status st = ts_config_load(cfg, path, overrides, n_overrides, 0);
+    g_planning = false;
+    return st;
+}
+
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size)
 {

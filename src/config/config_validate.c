@@ -96,11 +96,13 @@ ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const c
  * train.precision and train.attention, never named here). "cuda" is a real backend
  * name that a CPU-only build lacks: say so rather than "not a device". Where the build
  * has it, "cuda" is accepted without looking for a GPU: configs are validated on
- * machines without one too (the launcher, CI); the run itself checks for a device. */
+ * machines without one too (the launcher, CI); the run itself checks for a device. A
+ * plan (ts_config_load_plan) accepts "cuda" in any build: it only sizes the run. */
 ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const char *where)
 {
     const char *v = (const char *)cfield_ptr(cfg, k);
     if (ts_kernels_for(v, "fp32", "gemm")) return TS_OK;
+    if (strcmp(v, "cuda") == 0 && ts_config_planning()) return TS_OK; /* a plan sizes it */
     if (strcmp(v, "cuda") == 0)
         return ts_fail("config key 'train.device' = \"cuda\"%s: this tessera was built "
                        "without the CUDA backend; use \"cpu\"",

@@ -1,7 +1,11 @@
 /* Backend-neutral helpers of the kernel interface. */
 #include "kernels/kernels.h"
 
+#include <pthread.h>
 #include <string.h>
+
+#include "core/error.h"
+#include "kernels/attention_sizes.h"
 
 /* Every function slot of ts_kernels, by name. */
 #define TS_KERNEL_SLOTS(X)                                                                   \
@@ -47,10 +51,91 @@ const ts_kernels *ts_kernels_find(const char *name)
     return NULL;
 }
 
+/* ---- layout-only tables: the CUDA tables' sizes, for a build that may lack them.
+ * Each is the CPU table of its precision (so ts_kernels_missing finds every slot, as a
+ * model layout asserts) with the CUDA table's identity and sizes: device, attention,
+ * device_memory, weight_copy_bytes, native_comm and the attention sizes of
+ * kernels/attention_sizes.h, the formulas the CUDA tables themselves return. Its
+ * kernels would be the CPU's, whose attention writes [B, NH, T, T] probabilities where
+ * a flash layout has room for [B, NH, T] floats: so it never runs. ts_kernels_for and
+ * ts_kernels_find never give it, and its dev_alloc aborts, so no model is built on it. */
+static void *layout_only_alloc(size_t bytes)
+{
+    (void)bytes;
+    ts_panic(__FILE__, __LINE__,
+             "a layout-only kernel table (ts_kernels_layout_only) sizes a CUDA run; it cannot "
+             "allocate or run one");
+}
+
+#define TS_LAYOUT_SIZES(suffix, bf16, flash)                                                  \
+    static size_t layout_saved##suffix(int B, int T, int NH, int HS)                         \
+    {                                                                                        \
+        return ts_cuda_attention_saved_size(bf16, flash, B, T, NH, HS);                      \
+    }                                                                                        \
+    static size_t layout_scratch##suffix(int B, int T, int NH, int HS)                       \
+    {                                                                                        \
+        return ts_cuda_attention_scratch_size(bf16, flash, B, T, NH, HS);                    \
+    }
+TS_LAYOUT_SIZES(_f32, false, false)
+TS_LAYOUT_SIZES(_f32_flash, false, true)
+TS_LAYOUT_SIZES(_bf16, true, false)
+TS_LAYOUT_SIZES(_bf16_flash, true, true)
+#undef TS_LAYOUT_SIZES
+
+/* In ts_kernels_for's order of the CUDA tables: cuda, cuda-flash, cuda-bf16,
+ * cuda-bf16-flash (table.cu). */
+static const struct {
+    const char *name, *precision, *attention;
+    size_t (*saved)(int B, int T, int NH, int HS);
+    size_t (*scratch)(int B, int T, int NH, int HS);
+} cuda_layouts[] = {
+    {"cuda (layout only)", "fp32", "gemm", layout_saved_f32, layout_scratch_f32},
+    {"cuda-flash (layout only)", "fp32", "flash", layout_saved_f32_flash,
+     layout_scratch_f32_flash},
+    {"cuda-bf16 (layout only)", "bf16", "gemm", layout_saved_bf16, layout_scratch_bf16},
+    {"cuda-bf16-flash (layout only)", "bf16", "flash", layout_saved_bf16_flash,
+     layout_scratch_bf16_flash},
+};
+enum { N_LAYOUTS = sizeof cuda_layouts / sizeof cuda_layouts[0] };
+static ts_kernels layout_tables[N_LAYOUTS];
+static pthread_once_t layout_once = PTHREAD_ONCE_INIT;
+
+static void make_layouts(void)
+{
+    for (int i = 0; i < N_LAYOUTS; i++) {
+        const bool bf16 = !strcmp(cuda_layouts[i].precision, "bf16");
+        ts_kernels k = bf16 ? ts_kernels_cpu_bf16 : ts_kernels_cpu;
+        k.name = cuda_layouts[i].name;
+        k.device = "cuda";
+        k.attention = cuda_layouts[i].attention;
+        k.device_memory = true;
+        k.host_accessible = false;
+        k.weight_copy_bytes = bf16 ? 2 : 0; /* the bf16 compute copy (table.cu) */
+        k.native_comm = "nccl";
+        k.attention_saved_bytes = cuda_layouts[i].saved;
+        k.attention_scratch_bytes = cuda_layouts[i].scratch;
+        k.dev_alloc = layout_only_alloc;
+        layout_tables[i] = k;
+    }
+}
+
+const ts_kernels *ts_kernels_layout_only(const char *device, const char *precision,
+                                         const char *attention)
+{
+    if (strcmp(device, "cuda")) return NULL;
+    TS_ASSERT(pthread_once(&layout_once, make_layouts) == 0);
+    for (int i = 0; i < N_LAYOUTS; i++)
+        if (!strcmp(cuda_layouts[i].precision, precision) &&
+            !strcmp(cuda_layouts[i].attention, attention))
+            return &layout_tables[i];
+    return NULL;
+}
+
 const ts_kernels *ts_kernels_layout_for(const char *device, const char *precision,
                                         const char *attention)
 {
     const ts_kernels *k = ts_kernels_for(device, precision, attention);
+    if (!k) k = ts_kernels_layout_only(device, precision, attention);
     if (!k) k = ts_kernels_for("cpu", precision, "gemm");
     return k ? k : &ts_kernels_cpu;
 }

@@ -325,11 +325,22 @@ const ts_kernels *ts_kernels_find(const char *name);
 const ts_kernels *ts_kernels_for(const char *device, const char *precision,
                                  const char *attention);
 
-/* The table whose sizes (activation dtype, what attention keeps, weight copies) an
- * estimate uses for such a run: ts_kernels_for's, or where this build lacks it (a CUDA
- * config planned on a CPU-only build) the CPU table of the same precision. Never NULL. */
+/* The table whose sizes (activation dtype, what attention keeps, weight copies, whether
+ * its memory is a device's) an estimate uses for such a run: ts_kernels_for's, or where
+ * this build lacks it (a CUDA config planned on a CPU-only build) its layout-only twin
+ * below, so a plan gives the same memory in every build; for any other device, the CPU
+ * table of the same precision. Never NULL. Size a layout with it, never run one. */
 const ts_kernels *ts_kernels_layout_for(const char *device, const char *precision,
                                         const char *attention);
+
+/* The layout-only twin of the CUDA table of this precision and attention, in every
+ * build (NULL for another device or an unknown name): the CUDA table's identity (device
+ * "cuda", device memory, its weight copies and comm backend) and its attention sizes
+ * (kernels/attention_sizes.h, the formulas the CUDA tables return), over the CPU
+ * table's slots. Its dev_alloc aborts: it sizes a run and never runs one. Tests compare
+ * it with the real tables in a CUDA build. */
+const ts_kernels *ts_kernels_layout_only(const char *device, const char *precision,
+                                         const char *attention);
 
 /* Every slot of a table is filled (a backend that leaves one NULL would crash mid-run):
  * the first missing slot's name, or NULL when complete. */

@@ -47,8 +47,14 @@ static double own_time(const ts_cluster *cl, int kernel, int dir, double bytes, 
     return elements * per > t ? elements * per : t;
 }
 
+const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl)
+{
+    return ts_kernels_layout_for(cfg->train.device, cl->bf16 ? "bf16" : "fp32",
+                                 cfg->train.attention);
+}
+
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          int tp, int micro_batch, ts_link tp_link)
+                          const ts_kernels *k, int tp, int micro_batch, ts_link tp_link)
 {
     memset(L, 0, sizeof *L);
     const int n = mc->n_layer + 2;
@@ -62,12 +68,9 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
 
-    /* Sizes: the model's own layout (tp rank 0), nothing allocated. */
+    /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated. */
     ts_model m;
-    /* A bf16 cluster's runs hold bf16 activations: the CPU table of that precision
-     * lays them out (the planner models a GPU's flash attention as the GEMM one). */
-    ts_tp t = ts_tp_make(tp, 0, NULL, ts_kernels_layout_for("cpu", cl->bf16 ? "bf16" : "fp32",
-                                                            "gemm"));
+    ts_tp t = ts_tp_make(tp, 0, NULL, k);
     ts_model_layout_tp(&m, mc, NULL, &t);
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
@@ -94,7 +97,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const double F = (double)ts_model_ffn(mc) / tpd;
     /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
      * and the elementwise kernels move act_dtype), and of an fp32 statistic. */
-    const double ab = cl->bf16 ? 2.0 : 4.0, f32 = 4.0;
+    const double ab = (double)ts_dtype_bytes(k->act_dtype), f32 = 4.0;
     L->msg_bytes = N * C * ab;
     const double ar_act = ts_plan_allreduce_time(N * C * ab, tp, tp_link);
 

@@ -33,10 +33,13 @@
  * parameters and gradients as the model lays them out (tp rank 0, which holds the most
  * vocabulary rows; the head's rank keeps a copy of a tied embedding when the embedding
  * is elsewhere; an untied head holds its own lm_head), fp32; with compute_dtype bf16 the
- * parameters add a bf16 copy (2 bytes each: the CUDA backend keeps fp32 master weights, fp32 gradients and fp32
- * AdamW moments); the two AdamW moments, fp32, 1/dp of them with ZeRO-1; activations =
- * for every chunk, the schedule's peak live micro-batch sets (recompute-aware, as the
- * engine holds them) times the chunk's saved tensors (+ token ids), plus zero-bubble
+ * parameters add the table's bf16 copy (2 bytes each: fp32 master weights, fp32 gradients
+ * and fp32 AdamW moments stay); the two AdamW moments, fp32, 1/dp of them with ZeRO-1;
+ * activations = for every chunk, the schedule's peak live micro-batch sets
+ * (recompute-aware, as the engine holds them) times the chunk's saved tensors in the
+ * table's layout (attention's saved state: the probabilities [B, NH, T, T], or with
+ * train.attention = "flash" on "cuda" one fp32 log-sum-exp per row) (+ token ids), plus
+ * zero-bubble
  * stashes; buffers = per micro-batch pipeline slots, the backward scratch,
  * checkpoint.async copies; blas = the BLAS threads' buffers (the workspace). */
 #ifndef TS_PLAN_MODEL_COST_H
@@ -45,6 +48,7 @@
 #include <stdbool.h>
 
 #include "config/config.h"
+#include "kernels/kernels.h"
 #include "pipeline/memory.h"
 #include "pipeline/schedule.h"
 #include "plan/cluster.h"
@@ -68,10 +72,20 @@ typedef struct {
 /* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */
 double ts_plan_allreduce_time(double bytes, int ranks, ts_link link);
 
-/* Fill L for model `mc`, tensor-parallel size tp (its group on link tp_link) and
- * micro_batch sequences. */
+/* The kernel table whose sizes the planner lays a run out with (kernels.h
+ * ts_kernels_layout_for): the config's train.device and train.attention, in the
+ * cluster's compute_dtype as the precision. The cluster file's dtype wins over
+ * train.precision because its peak and GEMM efficiency are that dtype's and the time
+ * model moves activations in it: memory in another dtype would describe a different run
+ * from the one timed. A CUDA config gets the CUDA table's sizes in every build (the
+ * layout-only tables of a CPU-only build); the default device "cpu" the CPU's, whose
+ * attention keeps the [B, NH, T, T] probabilities. */
+const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
+
+/* Fill L for model `mc` laid out by kernel table k (ts_plan_kernels), tensor-parallel
+ * size tp (its group on link tp_link) and micro_batch sequences. */
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          int tp, int micro_batch, ts_link tp_link);
+                          const ts_kernels *k, int tp, int micro_batch, ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 
 /* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the

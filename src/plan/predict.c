@@ -32,6 +32,7 @@ typedef struct {
 struct ts_plan_ctx {
     ts_config cfg;
     ts_cluster cl;
+    const ts_kernels *k; /* the run's layout (ts_plan_kernels) */
     layers_entry *layers;
     size_t n_layers, cap_layers;
     part_entry *parts;
@@ -45,6 +46,7 @@ ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl)
     ts_plan_ctx *x = ts_calloc(1, sizeof *x);
     x->cfg = *cfg;
     x->cl = *cl;
+    x->k = ts_plan_kernels(cfg, cl);
     return x;
 }
 
@@ -105,7 +107,7 @@ static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
     layers_entry *e = &x->layers[x->n_layers++];
     e->tp = g->tp;
     e->B = g->micro_batch;
-    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, g->tp, g->micro_batch,
+    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->micro_batch,
                          ts_plan_tp_link(&x->cl, g));
     return &e->L;
 }
@@ -257,7 +259,7 @@ static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const pa
 static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats)
 {
     const double shard = g->zero == 1 ? floats / g->dp : floats;
-    double t = shard * (x->cl.bf16 ? 38.0 : 36.0) / x->cl.memory_bandwidth;
+    double t = shard * (36.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth;
     if (g->zero == 1 && g->dp > 1) {
         const ts_link l = ts_plan_dp_link(&x->cl, g);
         const double k = g->dp - 1.0;
@@ -325,7 +327,8 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
         .pp = g->pp, .n_chunks = g->pp * g->v, .m = g->m, .recompute = g->recompute,
         .dp = g->dp, .zero = g->zero,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
-        .weight_copy_bytes = x->cl.bf16 ? 2 : 0, .act_bytes = x->cl.bf16 ? 2 : 4,
+        .weight_copy_bytes = x->k->weight_copy_bytes,
+        .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
 }
 
@@ -420,7 +423,7 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
         floats += L->param_floats[l];
         acts += L->act_bytes[l];
     }
-    const double per_param = 4.0 + (x->cl.bf16 ? 2.0 : 0.0) + 4.0 +
+    const double per_param = 4.0 + x->k->weight_copy_bytes + 4.0 +
                              8.0 / (g->zero == 1 ? (double)g->dp : 1.0);
     const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
     return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;

@@ -47,6 +47,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "kernels/attention_sizes.h"
 #include "kernels/cuda/act.cuh"
 #include "kernels/cuda/attention_flash.h"
 #include "kernels/cuda/cuda_internal.h"
@@ -275,32 +276,19 @@ static void backward_core(const att_shape &s, A *dqkv, float *dp, A *ds, const A
 
 /* ---- the two variants' sizes and entry points */
 
-static size_t tt_elems(int B, int T, int NH) { return (size_t)B * NH * T * T; }
-
-/* bf16 scratch: [dP fp32 | dS bf16], the second piece from a 64-byte boundary. The first
- * also holds the fp32 dK, dV accumulator [B, T, 2 NKV HS] when NKV < NH (then
- * 2 NKV <= NH: at most B T NH HS floats). */
-static size_t bf16_dp_floats(int B, int T, int NH, int HS)
-{
-    size_t tt = tt_elems(B, T, NH), acc = (size_t)B * T * NH * HS;
-    return tt > acc ? tt : acc;
-}
-
-static size_t bf16_ds_offset(int B, int T, int NH, int HS)
-{
-    return (bf16_dp_floats(B, T, NH, HS) * sizeof(float) + 63) / 64 * 64;
-}
-
+/* The sizes are kernels/attention_sizes.h's (shared with the layout-only tables a
+ * build without CUDA plans with): fp32 saved = the probabilities, scratch = dP then dS in
+ * place; bf16 saved = the probabilities in bf16, scratch = [dP fp32 | dS bf16], the
+ * second piece from a 64-byte boundary, the first also holding the fp32 dK, dV
+ * accumulator [B, T, 2 NKV HS] when NKV < NH. */
 extern "C" size_t ts_cuda_gemm_attention_saved_bytes(int B, int T, int NH, int HS)
 {
-    (void)HS;
-    return tt_elems(B, T, NH) * sizeof(float); /* the probabilities, as the CPU */
+    return ts_cuda_gemm_saved_bytes(B, T, NH, HS);
 }
 
 extern "C" size_t ts_cuda_gemm_attention_scratch_bytes(int B, int T, int NH, int HS)
 {
-    (void)HS;
-    return tt_elems(B, T, NH) * sizeof(float); /* dP, then dS in place */
+    return ts_cuda_gemm_scratch_bytes(B, T, NH, HS);
 }
 
 extern "C" void ts_cuda_gemm_attention_forward(void *out, void *att, const void *qkv, int B, int T,
@@ -325,14 +313,12 @@ extern "C" void ts_cuda_gemm_attention_backward(void *dqkv, void *scratch, const
 
 extern "C" size_t ts_cuda_gemm_bf16_attention_saved_bytes(int B, int T, int NH, int HS)
 {
-    (void)HS;
-    return tt_elems(B, T, NH) * sizeof(bf16); /* the probabilities, bf16 */
+    return ts_cuda_gemm_bf16_saved_bytes(B, T, NH, HS);
 }
 
 extern "C" size_t ts_cuda_gemm_bf16_attention_scratch_bytes(int B, int T, int NH, int HS)
 {
-    /* dP fp32 (or the dK, dV accumulator), dS bf16 */
-    return bf16_ds_offset(B, T, NH, HS) + tt_elems(B, T, NH) * sizeof(bf16);
+    return ts_cuda_gemm_bf16_scratch_bytes(B, T, NH, HS);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_forward(void *out, void *att, const void *qkv, int B,
@@ -350,7 +336,7 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, 
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     check_heads("ts_cuda_gemm_bf16_attention_backward", NH, NKV);
     float *dp = (float *)scratch;
-    bf16 *ds = (bf16 *)((char *)scratch + bf16_ds_offset(B, T, NH, HS));
+    bf16 *ds = (bf16 *)((char *)scratch + ts_cuda_attn_bf16_ds_offset(B, T, NH, HS));
     backward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
                         (const bf16 *)qkv, (const bf16 *)att);
 }
@@ -388,7 +374,7 @@ static const attention_variant flash_bf16 = TS_VARIANT(ts_cuda_flash_bf16_attent
 static const attention_variant &chosen(const attention_variant &g, const attention_variant *f,
                                        int HS)
 {
-    return f && HS <= TS_CUDA_FLASH_MAX_HS ? *f : g;
+    return f && ts_cuda_flash_takes(HS) ? *f : g;
 }
 
 /* The four tables' attention slots (ts_kernels_cuda, _cuda_flash, _cuda_bf16,

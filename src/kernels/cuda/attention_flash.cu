@@ -142,8 +142,6 @@ static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *
                  (const float *)delta, B, T, NH, NKV, HS, scale);
 }
 
-/* att: the row log-sum-exp, fp32 [B, NH, T]; scratch: D = rowsum(dO * O), the same. */
-static size_t flash_rows_bytes(int B, int T, int NH) { return (size_t)B * NH * T * sizeof(float); }
 
 template <typename A>
 static void flash_forward(const char *fn, void *out, void *att, const void *qkv, int B, int T,
@@ -176,17 +174,17 @@ static void flash_backward(const char *fn, void *dqkv, void *scratch, const void
                                     (const float *)att, B, T, NH, NKV, HS, scale);
 }
 
-/* The fp32 and the bf16 variant (attention_flash.h): the same sizes, their own types. */
+/* The fp32 and the bf16 variant (attention_flash.h): the same sizes, their own types.
+ * att: the row log-sum-exp, fp32 [B, NH, T]; scratch: D = rowsum(dO * O), the same
+ * (kernels/attention_sizes.h). */
 #define TS_FLASH_VARIANT(p, A)                                                                  \
     extern "C" size_t p##saved_bytes(int B, int T, int NH, int HS)                             \
     {                                                                                           \
-        (void)HS;                                                                               \
-        return flash_rows_bytes(B, T, NH);                                                      \
+        return ts_cuda_flash_saved_bytes(B, T, NH, HS);                                         \
     }                                                                                           \
     extern "C" size_t p##scratch_bytes(int B, int T, int NH, int HS)                           \
     {                                                                                           \
-        (void)HS;                                                                               \
-        return flash_rows_bytes(B, T, NH);                                                      \
+        return ts_cuda_flash_scratch_bytes(B, T, NH, HS);                                       \
     }                                                                                           \
     extern "C" void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH,    \
                                int NKV, int HS)                                                 \

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "kernels/attention_sizes.h" /* TS_CUDA_FLASH_MAX_HS and every variant's sizes */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,7 +33,6 @@ extern "C" {
  * (a larger one is a fatal error naming it: the dispatch in attention.cu sends those to
  * the batched-GEMM attention). Deterministic: the backward's dK and dV come from one block
  * per (key tile, kv head) that loops over the head's query heads. */
-#define TS_CUDA_FLASH_MAX_HS 256
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_attention_)
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_bf16_attention_)
 
