@@ -245,6 +245,27 @@ gpu_skip() {
   skip_case "(dry run on train.device = \"$GPU_DEVICE\"): $*"
 }
 
+# grid PP DP TP: the --set flags of that parallel grid.
+grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
+
+# run_base NAME NP ARGS...: tessera "${base[@]}" (the caller's array) ARGS on NP ranks
+# with metrics in $TMP/NAME.jsonl; passes, or fails the test (with its stderr) and
+# returns 1.
+run_base() {
+  local name="$1" np="$2"; shift 2
+  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
+  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
+}
+
+# same_files A B WHAT FILES...: one case, each of FILES is the same bytes in directories
+# A and B. same_ckpt A B WHAT: so are the model and optimizer files of two step directories.
+same_files() {
+  local a="$1" b="$2" what="$3" f ok=1; shift 3
+  for f in "$@"; do cmp -s "$a/$f" "$b/$f" || { ok=0; fail "$what: $f differs ($a vs $b)"; }; done
+  [ "$ok" = 1 ] && pass
+}
+same_ckpt() { same_files "$1" "$2" "$3" model.safetensors optimizer.safetensors; }
+
 # train_on NAME NP DEVICE SETS...: "${common[@]}" (the caller's array) on NP ranks with
 # train.device = DEVICE and metrics in $TMP/NAME.jsonl; passes, or fails the test with
 # its stderr (and returns 1).
