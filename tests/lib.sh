@@ -390,6 +390,27 @@ close_to_torch() {
   else fail "$what: loss differs from torch by more than $tol"; fi
 }
 
+# torch_replay_ckpt WHAT STEP_DIR INIT K METRICS ARGS...: the reference $REF (run by $PY)
+# loads STEP_DIR's model.safetensors (strict), checks its optimizer.safetensors's names
+# and shapes, replays K steps with torch.optim.AdamW from INIT and compares the moments
+# (ARGS: the shape, --data, --batch, --step and the hyperparameters; its output in
+# $TMP/torch_b.out, printed); then one case per replayed step: Tessera's loss of that
+# step in METRICS within $TORCH_TOL of torch's.
+torch_replay_ckpt() {
+  local what="$1" step_dir="$2" init="$3" k="$4" metrics="$5" s; shift 5
+  if "$PY" "$REF" loss "$step_dir/model.safetensors" --optimizer "$step_dir/optimizer.safetensors" \
+      --replay "$init" --replay-steps "$k" "$@" >"$TMP/torch_b.out" 2>&1; then
+    pass
+  else
+    fail "torch could not load $step_dir, or its optimizer state is not torch's"
+  fi
+  sed 's/^/    /' "$TMP/torch_b.out"
+  for ((s = 0; s < k; s++)); do
+    close_to_torch "$what step $s vs torch's AdamW" "$(loss_at "$metrics" $s)" \
+      "$(torch_replay_loss "$TMP/torch_b.out" $s)"
+  done
+}
+
 # expect_step_files DIR: one case per file a checkpoint step directory holds
 # (model.safetensors, optimizer.safetensors, state.json), each there and not empty.
 expect_step_files() {

@@ -89,19 +89,8 @@ if run_np 4 "${common[@]}" "${hp[@]}" --set parallel.pp=2 --set parallel.dp=2 --
   # torch: load model.safetensors (strict, tied), check optimizer.safetensors's names and
   # shapes, replay the 3 steps with torch.optim.AdamW from the same weights and compare the
   # moments, and compute step 3's loss
-  if "$PY" "$REF" loss "$step_dir/model.safetensors" "${model[@]}" --data "$TMP/train.bin" \
-      --batch "$B" --step 3 --optimizer "$step_dir/optimizer.safetensors" \
-      --replay "$TMP/w.safetensors" --replay-steps 3 --train-steps 3 "${hp_torch[@]}" \
-      >"$TMP/torch_b.out" 2>&1; then
-    pass
-  else
-    fail "torch could not load $step_dir, or its optimizer state is not torch's"
-  fi
-  sed 's/^/    /' "$TMP/torch_b.out"
-  for s in 0 1 2; do
-    close_to_torch "pp=2 x dp=2 zero=1 step $s vs torch's AdamW" "$(loss_at "$TMP/b_write.jsonl" $s)" \
-      "$(torch_replay_loss "$TMP/torch_b.out" $s)"
-  done
+  torch_replay_ckpt "pp=2 x dp=2 zero=1" "$step_dir" "$TMP/w.safetensors" 3 "$TMP/b_write.jsonl" \
+    "${model[@]}" --data "$TMP/train.bin" --batch "$B" --step 3 --train-steps 3 "${hp_torch[@]}"
   want=$(torch_loss "$TMP/torch_b.out" 3)
 
   # resume_b NAME SETS...: resume and compare step 3's loss with torch's

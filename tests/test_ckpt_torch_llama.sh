@@ -96,19 +96,8 @@ if [ -f "$TMP/w_untied.safetensors" ] &&
   # torch: load model.safetensors strict, check optimizer.safetensors's names and shapes,
   # replay the 3 steps with torch.optim.AdamW from the same weights and compare the
   # moments, and compute step 3's loss
-  if "$PY" "$REF" loss "$step_dir/model.safetensors" "${model[@]}" --data "$TMP/train.bin" \
-      --batch "$B" --step 3 --optimizer "$step_dir/optimizer.safetensors" \
-      --replay "$TMP/w_untied.safetensors" --replay-steps 3 "${hp_torch[@]}" \
-      >"$TMP/torch_b.out" 2>&1; then
-    pass
-  else
-    fail "torch could not load $step_dir, or its optimizer state is not torch's"
-  fi
-  sed 's/^/    /' "$TMP/torch_b.out"
-  for s in 0 1 2; do
-    close_to_torch "pp=2 x tp=2 step $s vs torch's AdamW" "$(loss_at "$TMP/b_write.jsonl" $s)" \
-      "$(torch_replay_loss "$TMP/torch_b.out" $s)"
-  done
+  torch_replay_ckpt "pp=2 x tp=2" "$step_dir" "$TMP/w_untied.safetensors" 3 "$TMP/b_write.jsonl" \
+    "${model[@]}" --data "$TMP/train.bin" --batch "$B" --step 3 "${hp_torch[@]}"
   if run_np 1 "${common[@]}" "${hp[@]}" --set parallel.micro_batch=4 --set train.steps=4 \
       --set "checkpoint.load=\"$step_dir\"" --set "log.metrics=\"$TMP/b_resume.jsonl\""; then
     pass
