@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.dont_write_bytecode = True  # keep tests/ free of __pycache__
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_gpt2 import read_safetensors  # noqa: E402
+from torch_common import read_safetensors  # noqa: E402
 import torch_llama as tl  # noqa: E402
 
 try:

@@ -159,6 +159,11 @@ losses() {
   grep -o '"loss":[^,]*' "$1" | cut -d: -f2
 }
 
+# loss_at FILE STEP: the "loss" of step STEP's line of a metrics file.
+loss_at() {
+  grep "\"step\":$2," "$1" | grep -o '"loss":[^,]*' | head -n 1 | cut -d: -f2
+}
+
 # finish: the counts (and how many cases were skipped: skip_case, gpu_skip,
 # gpu_has_nccl); the test's exit status: 1 when a case failed or none ran, 77 (skipped)
 # when every case was skipped, else 0.
@@ -239,6 +244,27 @@ gpu_setup() {
 gpu_skip() {
   skip_case "(dry run on train.device = \"$GPU_DEVICE\"): $*"
 }
+
+# grid PP DP TP: the --set flags of that parallel grid.
+grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
+
+# run_base NAME NP ARGS...: tessera "${base[@]}" (the caller's array) ARGS on NP ranks
+# with metrics in $TMP/NAME.jsonl; passes, or fails the test (with its stderr) and
+# returns 1.
+run_base() {
+  local name="$1" np="$2"; shift 2
+  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
+  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
+}
+
+# same_files A B WHAT FILES...: one case, each of FILES is the same bytes in directories
+# A and B. same_ckpt A B WHAT: so are the model and optimizer files of two step directories.
+same_files() {
+  local a="$1" b="$2" what="$3" f ok=1; shift 3
+  for f in "$@"; do cmp -s "$a/$f" "$b/$f" || { ok=0; fail "$what: $f differs ($a vs $b)"; }; done
+  [ "$ok" = 1 ] && pass
+}
+same_ckpt() { same_files "$1" "$2" "$3" model.safetensors optimizer.safetensors; }
 
 # train_on NAME NP DEVICE SETS...: "${common[@]}" (the caller's array) on NP ranks with
 # train.device = DEVICE and metrics in $TMP/NAME.jsonl; passes, or fails the test with
@@ -328,4 +354,68 @@ gpu_common() {
   common=(train "$SRC/configs/tiny.cfg" --set train.steps=20 --set train.lr=3e-4
           --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
           --set log.progress=false)
+}
+
+# ---- the PyTorch references (tests/torch_gpt2.py, tests/torch_llama.py) ----------------
+# require_torch: PY is /usr/bin/python3, the interpreter with Debian's torch; the test is
+# skipped (77) when it cannot import torch.
+require_torch() {
+  PY=/usr/bin/python3
+  if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+    skip_test "$PY cannot import torch"
+  fi
+}
+
+# torch_loss OUT STEP: the float32 loss a reference's `loss` printed for STEP in file OUT
+# ("step S loss_f32 X loss_f64 Y").
+torch_loss() {
+  awk -v s="$2" '$1 == "step" && $2 == s { print $4 }' "$1"
+}
+
+# torch_replay_loss OUT STEP: the float64 loss of step STEP of a reference's --replay
+# ("replay step S loss_f64 X").
+torch_replay_loss() {
+  awk -v s="$2" '$1 == "replay" && $3 == s { print $5 }' "$1"
+}
+
+# close_to_torch WHAT GOT WANT: one case, GOT (Tessera's loss) within relative
+# $TORCH_TOL (default 1e-5) of WANT (torch's); prints the difference.
+close_to_torch() {
+  local what="$1" got="$2" want="$3" tol="${TORCH_TOL:-1e-5}"
+  if [ -z "$got" ] || [ -z "$want" ]; then fail "$what: missing loss (got '$got', torch '$want')"; return; fi
+  if awk -v a="$got" -v b="$want" -v tol="$tol" -v what="$what" 'BEGIN {
+         d = a - b; if (d < 0) d = -d; r = d / (b < 0 ? -b : b)
+         printf "%s: tessera %s torch %s relative difference %.3g\n", what, a, b, r
+         exit !(r <= tol) }'; then pass
+  else fail "$what: loss differs from torch by more than $tol"; fi
+}
+
+# torch_replay_ckpt WHAT STEP_DIR INIT K METRICS ARGS...: the reference $REF (run by $PY)
+# loads STEP_DIR's model.safetensors (strict), checks its optimizer.safetensors's names
+# and shapes, replays K steps with torch.optim.AdamW from INIT and compares the moments
+# (ARGS: the shape, --data, --batch, --step and the hyperparameters; its output in
+# $TMP/torch_b.out, printed); then one case per replayed step: Tessera's loss of that
+# step in METRICS within $TORCH_TOL of torch's.
+torch_replay_ckpt() {
+  local what="$1" step_dir="$2" init="$3" k="$4" metrics="$5" s; shift 5
+  if "$PY" "$REF" loss "$step_dir/model.safetensors" --optimizer "$step_dir/optimizer.safetensors" \
+      --replay "$init" --replay-steps "$k" "$@" >"$TMP/torch_b.out" 2>&1; then
+    pass
+  else
+    fail "torch could not load $step_dir, or its optimizer state is not torch's"
+  fi
+  sed 's/^/    /' "$TMP/torch_b.out"
+  for ((s = 0; s < k; s++)); do
+    close_to_torch "$what step $s vs torch's AdamW" "$(loss_at "$metrics" $s)" \
+      "$(torch_replay_loss "$TMP/torch_b.out" $s)"
+  done
+}
+
+# expect_step_files DIR: one case per file a checkpoint step directory holds
+# (model.safetensors, optimizer.safetensors, state.json), each there and not empty.
+expect_step_files() {
+  local f
+  for f in model.safetensors optimizer.safetensors state.json; do
+    if [ -s "$1/$f" ]; then pass; else fail "no $1/$f"; ls -la "$(dirname "$1")" "$1" >&2; fi
+  done
 }

@@ -15,22 +15,11 @@ base=(train "$SRC/configs/tiny.cfg" --set model.arch=llama --set model.n_layer=2
       --set model.seq_len=32 --set train.global_batch=8 --set parallel.micro_batch=2
       --set train.warmup=1 --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
       --set train.threads=1 --set log.progress=false --set train.lr_decay_steps=3)
-grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
 
-run() {
-  local name="$1" np="$2"; shift 2
-  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
-  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
-}
-same_files() { # A B WHAT FILES...
-  local a="$1" b="$2" what="$3" f ok=1; shift 3
-  for f in "$@"; do cmp -s "$a/$f" "$b/$f" || { ok=0; fail "$what: $f differs ($a vs $b)"; }; done
-  [ "$ok" = 1 ] && pass
-}
 
 # A: 2 steps on pp2 x tp2.
 A="$TMP/a/step_00000002"
-run a 4 $(grid 2 1 2) --set train.steps=2 --set "checkpoint.dir=\"$TMP/a\""
+run_base a 4 $(grid 2 1 2) --set train.steps=2 --set "checkpoint.dir=\"$TMP/a\""
 if "$TESSERA" ckpt verify "$A" >/dev/null 2>"$TMP/err"; then pass; else fail "verify A"; cat "$TMP/err" >&2; fi
 "$TESSERA" ckpt info "$A" > "$TMP/info"
 for t in model.embed_tokens.weight model.layers.1.self_attn.k_proj.weight model.norm.weight lm_head.weight; do
@@ -60,14 +49,14 @@ then pass; else fail "config.json"; fi
 for g in "1 1 1" "1 1 4" "2 2 1"; do
   set -- $g
   d="$TMP/b_$1x$2x$3"
-  run "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=2 \
+  run_base "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=2 \
     --set "checkpoint.load=\"$A\"" --set "checkpoint.dir=\"$d\"" &&
     same_files "$A" "$d/step_00000002" "A -> $1x$2x$3" model.safetensors optimizer.safetensors config.json
 done
 
 # Resume: A + 1 step on one rank against 3 uninterrupted steps there.
-run full 1 --set train.steps=3
-run resumed 1 --set train.steps=3 --set "checkpoint.load=\"$A\""
+run_base full 1 --set train.steps=3
+run_base resumed 1 --set train.steps=3 --set "checkpoint.load=\"$A\""
 want=$(losses "$TMP/full.jsonl" | sed -n 3p) got=$(losses "$TMP/resumed.jsonl" | tail -1)
 if awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-4 * (b < 0 ? -b : b)) }'; then
   pass; else fail "resumed step 2 loss $got vs uninterrupted $want"; fi
@@ -93,21 +82,21 @@ expect_error --rc 4 0 'config.json: No such file or directory; a llama checkpoin
   ckpt verify "$TMP/edited"
 
 # model.init from a step directory (a save_pretrained directory), whole and split.
-run init 1 --set train.steps=0 --set "model.init=\"$A\"" --set "checkpoint.dir=\"$TMP/init\""
+run_base init 1 --set train.steps=0 --set "model.init=\"$A\"" --set "checkpoint.dir=\"$TMP/init\""
 same_files "$A" "$TMP/init/step_00000000" "model.init = A" model.safetensors config.json
-run split 2 $(grid 2 1 1) --set train.steps=2 --set "checkpoint.load=\"$A\"" \
+run_base split 2 $(grid 2 1 1) --set train.steps=2 --set "checkpoint.load=\"$A\"" \
   --set "checkpoint.dir=\"$TMP/split\"" --set checkpoint.file_gb=0.0001
 S="$TMP/split/step_00000002"
 n=$(ls "$S"/model-*-of-*.safetensors 2>/dev/null | wc -l)
 [ "$n" -gt 2 ] && [ -f "$S/model.safetensors.index.json" ] && [ -f "$S/config.json" ] && pass ||
   fail "file_gb = 0.0001: $n model files, index and config.json?"
-run init_split 2 $(grid 1 1 2) --set train.steps=0 --set "model.init=\"$S\"" \
+run_base init_split 2 $(grid 1 1 2) --set train.steps=0 --set "model.init=\"$S\"" \
   --set "checkpoint.dir=\"$TMP/init_split\""
 same_files "$A" "$TMP/init_split/step_00000000" "model.init = split A" model.safetensors
 
 # A tied llama on two stages: one embedding, no lm_head.weight, tie_word_embeddings true.
 T="$TMP/tied/step_00000001"
-run tied 2 $(grid 2 1 1) --set model.tie_embeddings=true --set train.steps=1 \
+run_base tied 2 $(grid 2 1 1) --set model.tie_embeddings=true --set train.steps=1 \
   --set "checkpoint.dir=\"$TMP/tied\""
 "$TESSERA" ckpt info "$T" > "$TMP/info_tied" 2>&1
 if ! grep -q "lm_head.weight" "$TMP/info_tied" && grep -q "^  model.embed_tokens.weight " "$TMP/info_tied" &&
@@ -123,7 +112,7 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256i", 20240801, 7, n, *([0] * 253)))
     f.write(struct.pack("<%dI" % n, *toks))
 EOF
-run wide 1 --set model.vocab_size=70000 --set train.steps=1 --set "data.train=\"$TMP/wide.bin\""
+run_base wide 1 --set model.vocab_size=70000 --set train.steps=1 --set "data.train=\"$TMP/wide.bin\""
 expect_error 1 "wide.bin: token [0-9]+ at position [0-9]+ is >= vocab_size 66000" "${base[@]}" \
   --set 'log.metrics=""' --set model.vocab_size=66000 --set train.steps=1 \
   --set "data.train=\"$TMP/wide.bin\""

@@ -17,29 +17,13 @@ base=(train "$SRC/configs/tiny.cfg" --set model.n_layer=3 --set model.n_embd=96
 # Every run here follows one 6-step schedule (train.lr_decay_steps), whatever its
 # train.steps: a resumed run must continue its checkpoint's schedule, and "3 saved + 3
 # resumed" is compared with 6 uninterrupted steps.
-grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
 interleaved=(--set parallel.virtual_stages=2 --set parallel.schedule=interleaved-1f1b)
 
-# run NAME NP ARGS...: a training run with metrics in $TMP/NAME.jsonl; fails the test
-# (with its stderr) when the run fails.
-run() {
-  local name="$1" np="$2"; shift 2
-  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
-  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
-}
 
-# same_ckpt A B WHAT: model and optimizer files of step directories A and B are identical.
-same_ckpt() {
-  local f ok=1
-  for f in model.safetensors optimizer.safetensors; do
-    cmp -s "$1/$f" "$2/$f" || { ok=0; fail "$3: $f differs ($1 vs $2)"; }
-  done
-  [ "$ok" = 1 ] && pass
-}
 
 # A: 3 steps on pp2 x dp2 x tp2 interleaved with ZeRO-1.
 A="$TMP/a/step_00000003"
-run a 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
+run_base a 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
   --set "checkpoint.dir=\"$TMP/a\""
 [ "$(cat "$TMP/a/latest")" = step_00000003 ] && pass || fail "latest does not name step_00000003"
 
@@ -47,33 +31,33 @@ run a 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.step
 for g in "1 1 1 0" "4 1 2 0" "1 4 2 0" "2 1 4 0" "1 2 2 1"; do
   set -- $g
   d="$TMP/b_$1x$2x$3_z$4"
-  run "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" \
+  run_base "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" \
     --set train.steps=3 --set "checkpoint.load=\"$A\"" --set "checkpoint.dir=\"$d\"" &&
     same_ckpt "$A" "$d/step_00000003" "A -> $1x$2x$3 (zero $4)"
 done
 
 # Split model files (about 100 KB each, with the Hugging Face index) read back whole.
-run split 4 $(grid 2 1 2) --set train.steps=3 --set "checkpoint.load=\"$A\"" \
+run_base split 4 $(grid 2 1 2) --set train.steps=3 --set "checkpoint.load=\"$A\"" \
   --set "checkpoint.dir=\"$TMP/split\"" --set checkpoint.file_gb=0.0001
 n=$(ls "$TMP/split/step_00000003"/model-*-of-*.safetensors 2>/dev/null | wc -l)
 [ "$n" -gt 2 ] && [ -f "$TMP/split/step_00000003/model.safetensors.index.json" ] && pass ||
   fail "file_gb = 0.0001 gave $n model files (and an index?)"
 grep -q '"transformer.h.2.mlp.c_proj.weight": "model-' "$TMP/split/step_00000003/model.safetensors.index.json" &&
   pass || fail "the index does not map the weights to their files"
-run unsplit 1 --set train.steps=3 --set "checkpoint.load=\"$TMP/split\"" --set "checkpoint.dir=\"$TMP/unsplit\"" &&
+run_base unsplit 1 --set train.steps=3 --set "checkpoint.load=\"$TMP/split\"" --set "checkpoint.dir=\"$TMP/unsplit\"" &&
   same_ckpt "$A" "$TMP/unsplit/step_00000003" "split -> one file"
 
 # A prime vocabulary over tp = 3, resharded to tp = 2 (uneven rows both ways).
-run p3 3 $(grid 1 1 3) --set model.vocab_size=257 --set train.steps=2 --set "checkpoint.dir=\"$TMP/p3\""
-run p2 2 $(grid 1 1 2) --set model.vocab_size=257 --set train.steps=2 \
+run_base p3 3 $(grid 1 1 3) --set model.vocab_size=257 --set train.steps=2 --set "checkpoint.dir=\"$TMP/p3\""
+run_base p2 2 $(grid 1 1 2) --set model.vocab_size=257 --set train.steps=2 \
   --set "checkpoint.load=\"$TMP/p3/step_00000002\"" --set "checkpoint.dir=\"$TMP/p2\"" &&
   same_ckpt "$TMP/p3/step_00000002" "$TMP/p2/step_00000002" "vocab 257: tp3 -> tp2"
 
 # Resume: 3 + 3 steps equal 6 uninterrupted ones (bit for bit on A's grid, which also
 # continues A's metrics file), and within 1e-4 when continued on other grids.
-run full 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6
+run_base full 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6
 cp "$TMP/a.jsonl" "$TMP/resumed.jsonl"
-run resumed 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6 \
+run_base resumed 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=6 \
   --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.load=latest
 if cmp -s <(losses "$TMP/full.jsonl") <(losses "$TMP/resumed.jsonl") &&
    cmp -s <(norms "$TMP/full.jsonl") <(norms "$TMP/resumed.jsonl"); then pass
@@ -82,7 +66,7 @@ else fail "3 + 3 resumed steps differ from 6 uninterrupted steps"; paste <(losse
 for g in "1 1 1" "1 2 2" "2 1 1"; do
   set -- $g
   grep -v '"step":[345],' "$TMP/full.jsonl" | grep '"loss"' > "$TMP/other_$1$2$3.jsonl"
-  run "other_$1$2$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=6 \
+  run_base "other_$1$2$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=6 \
     --set "checkpoint.load=\"$A\"" --set log.progress=false &&
     { out=$(same_losses "$TMP/other_$1$2$3.jsonl" "$TMP/full.jsonl" 1e-4) && pass ||
         fail "resumed on $1x$2x$3: $out"; }
@@ -90,7 +74,7 @@ done
 # checkpoint.async (a thread writes while training goes on) saves the same bytes and
 # leaves the losses alone: every step saved, against the synchronous saves.
 for mode in false true; do
-  run "every_$mode" 4 $(grid 2 2 1) --set parallel.zero=1 --set train.steps=4 --set checkpoint.every=1 \
+  run_base "every_$mode" 4 $(grid 2 2 1) --set parallel.zero=1 --set train.steps=4 --set checkpoint.every=1 \
     --set checkpoint.keep=4 --set checkpoint.async=$mode --set "checkpoint.dir=\"$TMP/every_$mode\""
 done
 for s in 1 2 3 4; do
@@ -105,7 +89,7 @@ cmp -s <(losses "$TMP/every_false.jsonl") <(losses "$TMP/every_true.jsonl") && p
 # run's later steps, which the cases below still need in A's) leaves a checkpoint that
 # verifies, no temporary or old directory, the same bytes (the same run), and only it.
 cp -r "$TMP/a" "$TMP/again" && rm -f "$TMP/again/.lock"
-run again 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
+run_base again 8 $(grid 2 2 2) "${interleaved[@]}" --set parallel.zero=1 --set train.steps=3 \
   --set "checkpoint.dir=\"$TMP/again\"" --set checkpoint.keep=5 --set checkpoint.overwrite=true
 cmp -s "$A/model.safetensors" "$TMP/again/step_00000003/model.safetensors" &&
   "$TESSERA" ckpt verify "$TMP/again/step_00000003" >/dev/null && pass ||
@@ -118,12 +102,12 @@ cmp -s "$A/model.safetensors" "$TMP/again/step_00000003/model.safetensors" &&
 # No `latest` (a save stopped between its rename and `latest`): load = "latest" takes
 # the newest complete step directory.
 cp -r "$TMP/a" "$TMP/nolatest" && rm "$TMP/nolatest/latest"
-run nolatest 1 --set train.steps=7 --set "checkpoint.dir=\"$TMP/nolatest\"" --set checkpoint.load=latest &&
+run_base nolatest 1 --set train.steps=7 --set "checkpoint.dir=\"$TMP/nolatest\"" --set checkpoint.load=latest &&
   { [ "$(losses "$TMP/nolatest.jsonl" | wc -l)" = 1 ] && grep -q '"step":6,' "$TMP/nolatest.jsonl" && pass ||
       fail "without latest, load = latest did not continue from step 6"; }
 # Rolled back to step 3 with step 6 present: pruning (keep = 2) removes the run's own
 # older checkpoints, never the later step 6 of the run it rolled back from.
-run rollback 1 --set train.steps=5 --set checkpoint.every=1 --set checkpoint.keep=2 \
+run_base rollback 1 --set train.steps=5 --set checkpoint.every=1 --set checkpoint.keep=2 \
   --set "checkpoint.dir=\"$TMP/a\"" --set "checkpoint.load=\"$A\""
 [ "$(cd "$TMP/a" && ls -d step_* | tr '\n' ' ')" = "step_00000004 step_00000005 step_00000006 " ] && pass ||
   fail "after the rollback: $(ls "$TMP/a" | tr '\n' ' ')"

@@ -126,9 +126,7 @@ static void test_llama_model_keys(void)
 static ts_model_config llama_config(void)
 {
     ts_config c;
-    ts_config_defaults(&c);
-    snprintf(c.model.arch, sizeof c.model.arch, "llama");
-    ts_config_arch_defaults(&c.model, "llama");
+    ts_test_llama_config(&c);
     c.model.n_layer = 3;
     c.model.n_head = 8;
     c.model.n_kv_head = 2;

@@ -15,12 +15,8 @@
 # Skipped (77) when /usr/bin/python3 cannot import torch.
 source "$(dirname "$0")/lib.sh"
 
-PY=/usr/bin/python3
-if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  skip_test "$PY cannot import torch"
-fi
+require_torch
 REF="$SRC/tests/torch_gpt2.py"
-TOL=1e-5
 
 make_corpus "$TMP/train.bin"
 L=2 H=2 C=64 V=256 T=32 B=16
@@ -29,27 +25,6 @@ common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --se
         --set train.threads=1 --set log.progress=false --set "train.global_batch=$B"
         --set "model.n_layer=$L" --set "model.n_head=$H" --set "model.n_embd=$C"
         --set "model.vocab_size=$V" --set "model.seq_len=$T")
-
-# loss_at FILE STEP: the "loss" of step STEP's line of a metrics file.
-loss_at() {
-  grep "\"step\":$2," "$1" | grep -o '"loss":[^,]*' | head -n 1 | cut -d: -f2
-}
-
-# torch_loss OUT STEP: the float32 loss torch printed for STEP in file OUT.
-torch_loss() {
-  awk -v s="$2" '$1 == "step" && $2 == s { print $4 }' "$1"
-}
-
-# close WHAT GOT WANT: GOT is within relative $TOL of WANT (prints the difference).
-close() {
-  local what="$1" got="$2" want="$3"
-  if [ -z "$got" ] || [ -z "$want" ]; then fail "$what: missing loss (got '$got', torch '$want')"; return; fi
-  if awk -v a="$got" -v b="$want" -v tol="$TOL" -v what="$what" 'BEGIN {
-         d = a - b; if (d < 0) d = -d; r = d / (b < 0 ? -b : b)
-         printf "%s: tessera %s torch %s relative difference %.3g\n", what, a, b, r
-         exit !(r <= tol) }'; then pass
-  else fail "$what: loss differs from torch by more than $TOL"; fi
-}
 
 # ---- a. torch's weights through model.init ----------------------------------------------
 # A text file of 1300 bytes (read as byte tokens) has S = 40 windows of T + 1 = 33, so
@@ -71,7 +46,7 @@ if "$PY" "$REF" init "$TMP/w.safetensors" "${model[@]}" --seed 7 >"$TMP/init.out
       pass
       if [ "$(losses "$m" | wc -l)" -ne "$steps" ]; then fail "$name: expected $steps steps in $m"; fi
       for s in $(grep -o '"step":[0-9]*,"loss"' "$m" | tr -dc '0-9\n'); do
-        close "model.init, $name, step $s" "$(loss_at "$m" "$s")" "$(torch_loss "$TMP/torch_a.out" "$s")"
+        close_to_torch "model.init, $name, step $s" "$(loss_at "$m" "$s")" "$(torch_loss "$TMP/torch_a.out" "$s")"
       done
     else
       fail "model.init run, $name"; sed 's/^/    /' "$TMP/err" >&2
@@ -109,26 +84,13 @@ if run_np 4 "${common[@]}" "${hp[@]}" --set parallel.pp=2 --set parallel.dp=2 --
   else
     fail "no $ck/latest after 3 steps"
   fi
-  for f in model.safetensors optimizer.safetensors state.json; do
-    if [ -s "$step_dir/$f" ]; then pass; else fail "no $step_dir/$f"; ls -la "$ck" "$step_dir" >&2; fi
-  done
+  expect_step_files "$step_dir"
 
   # torch: load model.safetensors (strict, tied), check optimizer.safetensors's names and
   # shapes, replay the 3 steps with torch.optim.AdamW from the same weights and compare the
   # moments, and compute step 3's loss
-  if "$PY" "$REF" loss "$step_dir/model.safetensors" "${model[@]}" --data "$TMP/train.bin" \
-      --batch "$B" --step 3 --optimizer "$step_dir/optimizer.safetensors" \
-      --replay "$TMP/w.safetensors" --replay-steps 3 --train-steps 3 "${hp_torch[@]}" \
-      >"$TMP/torch_b.out" 2>&1; then
-    pass
-  else
-    fail "torch could not load $step_dir, or its optimizer state is not torch's"
-  fi
-  sed 's/^/    /' "$TMP/torch_b.out"
-  for s in 0 1 2; do
-    close "pp=2 x dp=2 zero=1 step $s vs torch's AdamW" "$(loss_at "$TMP/b_write.jsonl" $s)" \
-      "$(awk -v s=$s '$1 == "replay" && $3 == s { print $5 }' "$TMP/torch_b.out")"
-  done
+  torch_replay_ckpt "pp=2 x dp=2 zero=1" "$step_dir" "$TMP/w.safetensors" 3 "$TMP/b_write.jsonl" \
+    "${model[@]}" --data "$TMP/train.bin" --batch "$B" --step 3 --train-steps 3 "${hp_torch[@]}"
   want=$(torch_loss "$TMP/torch_b.out" 3)
 
   # resume_b NAME SETS...: resume and compare step 3's loss with torch's
@@ -138,7 +100,7 @@ if run_np 4 "${common[@]}" "${hp[@]}" --set parallel.pp=2 --set parallel.dp=2 --
         --set train.steps=4 --set "log.metrics=\"$TMP/b_$name.jsonl\"" "$@"; then
       pass
       if [ -n "$(loss_at "$TMP/b_$name.jsonl" 2)" ]; then fail "$name: the resumed run reran step 2"; fi
-      close "$name" "$(loss_at "$TMP/b_$name.jsonl" 3)" "$want"
+      close_to_torch "$name" "$(loss_at "$TMP/b_$name.jsonl" 3)" "$want"
     else
       fail "$name"; sed 's/^/    /' "$TMP/err" >&2
     fi

@@ -17,12 +17,8 @@
 # Skipped (77) when /usr/bin/python3 cannot import torch.
 source "$(dirname "$0")/lib.sh"
 
-PY=/usr/bin/python3
-if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-  skip_test "$PY cannot import torch"
-fi
+require_torch
 REF="$SRC/tests/torch_llama.py"
-TOL=1e-5
 
 make_corpus "$TMP/train.bin"
 L=2 H=4 KV=2 C=64 F=96 V=256 T=32 B=16 THETA=10000
@@ -33,27 +29,6 @@ common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --se
         --set 'model.arch="llama"' --set "model.n_layer=$L" --set "model.n_head=$H"
         --set "model.n_kv_head=$KV" --set "model.n_embd=$C" --set "model.ffn_hidden=$F"
         --set "model.vocab_size=$V" --set "model.seq_len=$T" --set "model.rope_theta=$THETA")
-
-# loss_at FILE STEP: the "loss" of step STEP's line of a metrics file.
-loss_at() {
-  grep "\"step\":$2," "$1" | grep -o '"loss":[^,]*' | head -n 1 | cut -d: -f2
-}
-
-# torch_loss OUT STEP: the float32 loss torch printed for STEP in file OUT.
-torch_loss() {
-  awk -v s="$2" '$1 == "step" && $2 == s { print $4 }' "$1"
-}
-
-# close WHAT GOT WANT: GOT is within relative $TOL of WANT (prints the difference).
-close() {
-  local what="$1" got="$2" want="$3"
-  if [ -z "$got" ] || [ -z "$want" ]; then fail "$what: missing loss (got '$got', torch '$want')"; return; fi
-  if awk -v a="$got" -v b="$want" -v tol="$TOL" -v what="$what" 'BEGIN {
-         d = a - b; if (d < 0) d = -d; r = d / (b < 0 ? -b : b)
-         printf "%s: tessera %s torch %s relative difference %.3g\n", what, a, b, r
-         exit !(r <= tol) }'; then pass
-  else fail "$what: loss differs from torch by more than $TOL"; fi
-}
 
 # ---- a. torch's weights through model.init ----------------------------------------------
 # init_case TAG TORCH_FLAGS...: torch writes random weights $TMP/w_TAG.safetensors and
@@ -82,7 +57,7 @@ run_a() {
   if run_np "$np" "${common[@]}" --set "model.init=\"$TMP/w_$tag.safetensors\"" \
       --set train.steps=1 --set "log.metrics=\"$m\"" "$@"; then
     pass
-    close "model.init, $tag, $name" "$(loss_at "$m" 0)" "$(torch_loss "$TMP/torch_$tag.out" 0)"
+    close_to_torch "model.init, $tag, $name" "$(loss_at "$m" 0)" "$(torch_loss "$TMP/torch_$tag.out" 0)"
   else
     fail "model.init run, $tag, $name"; sed 's/^/    /' "$TMP/err" >&2
   fi
@@ -117,30 +92,17 @@ if [ -f "$TMP/w_untied.safetensors" ] &&
     --set "checkpoint.dir=\"$ck\"" --set train.steps=3 --set "log.metrics=\"$TMP/b_write.jsonl\""; then
   pass
   step_dir="$ck/step_00000003"
-  for f in model.safetensors optimizer.safetensors state.json; do
-    if [ -s "$step_dir/$f" ]; then pass; else fail "no $step_dir/$f"; ls -la "$ck" "$step_dir" >&2; fi
-  done
+  expect_step_files "$step_dir"
   # torch: load model.safetensors strict, check optimizer.safetensors's names and shapes,
   # replay the 3 steps with torch.optim.AdamW from the same weights and compare the
   # moments, and compute step 3's loss
-  if "$PY" "$REF" loss "$step_dir/model.safetensors" "${model[@]}" --data "$TMP/train.bin" \
-      --batch "$B" --step 3 --optimizer "$step_dir/optimizer.safetensors" \
-      --replay "$TMP/w_untied.safetensors" --replay-steps 3 "${hp_torch[@]}" \
-      >"$TMP/torch_b.out" 2>&1; then
-    pass
-  else
-    fail "torch could not load $step_dir, or its optimizer state is not torch's"
-  fi
-  sed 's/^/    /' "$TMP/torch_b.out"
-  for s in 0 1 2; do
-    close "pp=2 x tp=2 step $s vs torch's AdamW" "$(loss_at "$TMP/b_write.jsonl" $s)" \
-      "$(awk -v s=$s '$1 == "replay" && $3 == s { print $5 }' "$TMP/torch_b.out")"
-  done
+  torch_replay_ckpt "pp=2 x tp=2" "$step_dir" "$TMP/w_untied.safetensors" 3 "$TMP/b_write.jsonl" \
+    "${model[@]}" --data "$TMP/train.bin" --batch "$B" --step 3 "${hp_torch[@]}"
   if run_np 1 "${common[@]}" "${hp[@]}" --set parallel.micro_batch=4 --set train.steps=4 \
       --set "checkpoint.load=\"$step_dir\"" --set "log.metrics=\"$TMP/b_resume.jsonl\""; then
     pass
     if [ -n "$(loss_at "$TMP/b_resume.jsonl" 2)" ]; then fail "the resumed run reran step 2"; fi
-    close "resume from step_00000003 on 1 rank, step 3" "$(loss_at "$TMP/b_resume.jsonl" 3)" \
+    close_to_torch "resume from step_00000003 on 1 rank, step 3" "$(loss_at "$TMP/b_resume.jsonl" 3)" \
       "$(torch_loss "$TMP/torch_b.out" 3)"
   else
     fail "resume from $step_dir on 1 rank"; sed 's/^/    /' "$TMP/err" >&2

@@ -11,34 +11,21 @@ base=(train "$SRC/configs/llama-tiny.cfg" --set model.n_layer=2 --set model.seq_
       --set train.global_batch=8 --set parallel.micro_batch=2 --set train.warmup=2
       --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
       --set log.progress=false --set train.lr_decay_steps=6)
-grid() { echo --set parallel.pp="$1" --set parallel.dp="$2" --set parallel.tp="$3"; }
 
-run() {
-  local name="$1" np="$2"; shift 2
-  if run_np "$np" "${base[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass; return 0; fi
-  fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
-}
-same_ckpt() {
-  local f ok=1
-  for f in model.safetensors optimizer.safetensors; do
-    cmp -s "$1/$f" "$2/$f" || { ok=0; fail "$3: $f differs ($1 vs $2)"; }
-  done
-  [ "$ok" = 1 ] && pass
-}
 
 A="$TMP/a/step_00000003"
-run a 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=3 --set "checkpoint.dir=\"$TMP/a\""
+run_base a 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=3 --set "checkpoint.dir=\"$TMP/a\""
 for g in "1 1 4"; do
   set -- $g
   d="$TMP/b_$1x$2x$3"
-  run "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=3 \
+  run_base "b_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set train.steps=3 \
     --set "checkpoint.load=\"$A\"" --set "checkpoint.dir=\"$d\"" &&
     same_ckpt "$A" "$d/step_00000003" "llama A -> $1x$2x$3"
 done
 
-run full 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=6
+run_base full 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=6
 cp "$TMP/a.jsonl" "$TMP/resumed.jsonl"
-run resumed 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=6 \
+run_base resumed 8 $(grid 2 2 2) --set parallel.zero=1 --set train.steps=6 \
   --set "checkpoint.dir=\"$TMP/a\"" --set checkpoint.load=latest
 if cmp -s <(losses "$TMP/full.jsonl") <(losses "$TMP/resumed.jsonl"); then pass
 else fail "llama: 3 + 3 resumed steps differ from 6 uninterrupted steps"; fi

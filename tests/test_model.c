@@ -428,16 +428,7 @@ static void test_activation_layout(void)
 static ts_model_config tiny_llama(void)
 {
     ts_config c;
-    ts_config_defaults(&c);
-    snprintf(c.model.arch, sizeof c.model.arch, "llama");
-    ts_config_arch_defaults(&c.model, "llama");
-    c.model.n_layer = 2;
-    c.model.n_head = 4;
-    c.model.n_kv_head = 2;
-    c.model.n_embd = 32;
-    c.model.ffn_hidden = 48;
-    c.model.vocab_size = 40;
-    c.model.seq_len = 8;
+    ts_test_tiny_llama(&c, 40, 8);
     return c.model;
 }
 

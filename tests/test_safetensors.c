@@ -424,16 +424,7 @@ static void test_safetensors_fuzz(void)
 static ts_model_config llama_tiny(int tie)
 {
     ts_config c;
-    ts_config_defaults(&c);
-    snprintf(c.model.arch, sizeof c.model.arch, "llama");
-    ts_config_arch_defaults(&c.model, "llama");
-    c.model.n_layer = 2;
-    c.model.n_head = 4;
-    c.model.n_kv_head = 2;
-    c.model.n_embd = 32;
-    c.model.ffn_hidden = 48;
-    c.model.vocab_size = 70;
-    c.model.seq_len = 8;
+    ts_test_tiny_llama(&c, 70, 8);
     c.model.tie_embeddings = tie;
     ts_config_resolve_model(&c.model);
     CHECKF(ts_config_validate(&c, 0) == TS_OK, "%s", ts_error_message());

@@ -1,7 +1,7 @@
 /* A minimal test harness: CHECK records a failure and goes on; main returns
  * ts_test_report(), which prints "N passed, N failed" and the exit code (a failure when
- * no check ran at all). Also random inputs that repeat from run to run, and scratch
- * directories. */
+ * no check ran at all). Also random inputs that repeat from run to run, scratch
+ * directories, and llama configs built in code. */
 #ifndef TS_TEST_UTIL_H
 #define TS_TEST_UTIL_H
 
@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "core/error.h"
 
 static int ts_test_passed = 0;
@@ -133,6 +134,30 @@ static inline void ts_test_remove_dir(const char *dir)
     }
     closedir(d);
     rmdir(dir);
+}
+
+/* A llama config as a config file with model.arch = "llama" gives it: the defaults, then
+ * the architecture's (RoPE theta 500000, RMSNorm eps 1e-5, untied head). */
+static inline void ts_test_llama_config(ts_config *c)
+{
+    ts_config_defaults(c);
+    snprintf(c->model.arch, sizeof c->model.arch, "llama");
+    ts_config_arch_defaults(&c->model, "llama");
+}
+
+/* The tests' tiny grouped-query llama: 2 layers, C 32, 4 query heads sharing 2 key/value
+ * heads, SwiGLU width 48, of the given vocabulary and sequence length (not yet resolved:
+ * a test may change more first, then calls ts_config_resolve_model). */
+static inline void ts_test_tiny_llama(ts_config *c, int vocab_size, int seq_len)
+{
+    ts_test_llama_config(c);
+    c->model.n_layer = 2;
+    c->model.n_head = 4;
+    c->model.n_kv_head = 2;
+    c->model.n_embd = 32;
+    c->model.ffn_hidden = 48;
+    c->model.vocab_size = vocab_size;
+    c->model.seq_len = seq_len;
 }
 
 #endif

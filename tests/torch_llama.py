@@ -40,7 +40,8 @@ Subcommands (run with /usr/bin/python3, the interpreter that has torch):
       the mean cross-entropy of step S's global batch (the batch rule) in float32 and in
       float64. --optimizer and --replay check optimizer.safetensors as tests/torch_gpt2.py
       does (names and shapes; with --replay, the moments against torch.optim.AdamW's after
-      replaying K steps from INIT in float64).
+      replaying K steps from INIT in float64): the command line, safetensors, the batch
+      rule and those checks are tests/torch_common.py's.
 
 SHAPE: --n-layer L --n-head H --n-kv-head KV --n-embd C --ffn-hidden F --vocab V
        --seq-len T [--rope-theta 10000] [--norm-eps 1e-5] [--tie]
@@ -49,8 +50,6 @@ SHAPE: --n-layer L --n-head H --n-kv-head KV --n-embd C --ffn-hidden F --vocab V
 
 Exits non-zero with a message on any mismatch.
 """
-import argparse
-import copy
 import math
 import os
 import sys
@@ -61,9 +60,7 @@ import torch.nn.functional as F
 
 sys.dont_write_bytecode = True  # keep tests/ free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixture import write_safetensors  # noqa: E402
-from torch_gpt2 import (batch, check_moments, check_optimizer, lr_at,  # noqa: E402
-                        read_safetensors, read_tokens)
+import torch_common as tc  # noqa: E402
 
 
 # ---- the shape ----------------------------------------------------------------------------
@@ -301,7 +298,7 @@ def init_weights(model, names, norm_perturb, std_of=None):
 
 def load_model(s, path):
     """Llama of shape s with the file's weights (strict); returns (model, tensors)."""
-    tensors, _ = read_safetensors(path)
+    tensors, _ = tc.read_safetensors(path)
     sd = dict(tensors)
     for name, t in sd.items():
         if t.dtype != torch.float32:
@@ -325,89 +322,27 @@ def load_model(s, path):
     return model, tensors
 
 
-def replay(args, s, tokens):
-    """AdamW from --replay for --replay-steps steps in float64; {name: (exp_avg, exp_avg_sq)}."""
-    model, _ = load_model(s, args.replay)
-    model = model.double()
-    pm = dict(model.named_parameters())
-    names = param_names(s)
-    opt = torch.optim.AdamW(
-        [{"params": [pm[n] for n in names if pm[n].dim() >= 2], "weight_decay": args.weight_decay},
-         {"params": [pm[n] for n in names if pm[n].dim() < 2], "weight_decay": 0.0}],
-        lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
-    for step in range(args.replay_steps):
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(args, step)
-        x, y = batch(tokens, s.seq_len, args.batch, step)
-        loss = model(x, y)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_([pm[n] for n in names], args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        print(f"replay step {step} loss_f64 {loss.item():.12g}")
-    return {n: (opt.state[pm[n]]["exp_avg"], opt.state[pm[n]]["exp_avg_sq"]) for n in names}
-
-
 # ---- CLI ------------------------------------------------------------------------------------
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    add_shape_args(common)
-    p_init = sub.add_parser("init", parents=[common], help="write random llama weights")
-    p_init.add_argument("out")
-    p_init.add_argument("--seed", type=int, default=42)
+    ap, p_init = tc.parser(__doc__, add_shape_args, "llama")
     p_init.add_argument("--norm-perturb", type=float, default=0.1)
     p_init.add_argument("--qk-std", type=float, default=0.02,
                         help="q_proj and k_proj's standard deviation (larger: a peaked "
                              "attention, on which the rotary embedding matters)")
-    p_loss = sub.add_parser("loss", parents=[common], help="loss of a step's batch")
-    p_loss.add_argument("model")
-    p_loss.add_argument("--data", nargs="+", required=True)
-    p_loss.add_argument("--batch", type=int, required=True)
-    p_loss.add_argument("--step", type=int, action="append", required=True)
-    p_loss.add_argument("--optimizer")
-    p_loss.add_argument("--replay", help="initial weights to replay AdamW from")
-    p_loss.add_argument("--replay-steps", type=int, default=0)
-    p_loss.add_argument("--moment-tol", type=float, default=1e-4)
-    for flag, default in (("--lr", 6e-4), ("--min-lr", 6e-5), ("--warmup", 10),
-                          ("--train-steps", 100), ("--weight-decay", 0.1), ("--beta1", 0.9),
-                          ("--beta2", 0.95), ("--eps", 1e-8), ("--grad-clip", 1.0)):
-        p_loss.add_argument(flag, type=type(default), default=default)
     args = ap.parse_args(argv)
     s = Shape.from_args(args)
+    names = param_names(s)
 
     torch.set_num_threads(1)  # fixed reduction order; the models are tiny
     if args.cmd == "init":
-        torch.manual_seed(args.seed)
-        model = Llama(s)
-        names = param_names(s)
-        init_weights(model, names, args.norm_perturb,
-                     lambda n: args.qk_std if n.endswith(("q_proj.weight", "k_proj.weight"))
-                     else 0.02)
-        params = dict(model.named_parameters())
-        write_safetensors(args.out, [(n, params[n].float()) for n in names], s.meta())
-        print(f"wrote {args.out}: {len(names)} tensors")
-        return 0
-
-    model, tensors = load_model(s, args.model)
-    if args.optimizer:
-        check_optimizer(args.optimizer, tensors)
-    tokens = torch.cat([read_tokens(p) for p in args.data])
-    if int(tokens.max()) >= s.vocab_size:
-        raise SystemExit(f"data: token {int(tokens.max())} >= vocab {s.vocab_size}")
-    if args.replay:
-        if not args.optimizer or args.replay_steps < 1:
-            raise SystemExit("--replay needs --optimizer and --replay-steps >= 1")
-        check_moments(args.optimizer, replay(args, s, tokens), args.moment_tol)
-    model64 = copy.deepcopy(model).double()  # the same F32 values, in float64
-    with torch.no_grad():
-        for step in args.step:
-            x, y = batch(tokens, s.seq_len, args.batch, step)
-            l32, l64 = model(x, y).item(), model64(x, y).item()
-            print(f"step {step} loss_f32 {l32:.9g} loss_f64 {l64:.12g}")
-    return 0
+        return tc.init_command(
+            args, lambda: Llama(s), names,
+            lambda m: init_weights(m, names, args.norm_perturb,
+                                   lambda n: args.qk_std
+                                   if n.endswith(("q_proj.weight", "k_proj.weight")) else 0.02),
+            s.meta())
+    return tc.loss_command(args, lambda path: load_model(s, path), names, s.seq_len,
+                           s.vocab_size)
 
 
 if __name__ == "__main__":
