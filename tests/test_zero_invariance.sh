@@ -8,7 +8,8 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-common=(train "$SRC/configs/tiny.cfg" --set train.steps=20 --set "data.train=\"$TMP/train.bin\""
+# 20 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
+common=(train "$SRC/configs/tiny.cfg" --set "train.steps=${TS_TEST_SWEEP_STEPS:-20}" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 zero=(--set parallel.zero=1)
 # 1 MiB buckets: several per rank, so reductions start during the backward.

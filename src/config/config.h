@@ -59,11 +59,11 @@ static inline bool ts_model_tied(const ts_model_config *m)
 static inline int ts_model_ffn(const ts_model_config *m)
 {
     if (m->ffn_hidden > 0) return m->ffn_hidden;
-    if (ts_model_arch(m) == TS_ARCH_LLAMA) {
-        long long h = 2LL * 4 * m->n_embd / 3;
-        return (int)((h + 255) / 256 * 256);
-    }
-    return 4 * m->n_embd;
+    /* In 64 bits: a checkpoint's state.json is read before it is validated, so n_embd may
+     * be anything there (the range check then refuses what does not fit an int). */
+    long long f = 4LL * m->n_embd;
+    if (ts_model_arch(m) == TS_ARCH_LLAMA) f = (2LL * 4 * m->n_embd / 3 + 255) / 256 * 256;
+    return f > 0x7fffffff ? 0x7fffffff : (int)f;
 }
 
 typedef struct {
