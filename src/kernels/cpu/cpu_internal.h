@@ -59,6 +59,54 @@ static inline void ts_cpu_split(size_t n, int parts, int i, size_t *begin, size_
     *end = n * (size_t)(i + 1) / (size_t)parts;
 }
 
+/* The norms' parameter gradients (layernorm*.c, rmsnorm*.c): blocks of rows each summed
+ * their rows into their own `nvec` vectors of C floats (block k at part + k*nvec*C);
+ * called by every thread of the parallel region after the blocks are done, it adds the
+ * blocks in order into block 0 over this thread's range of channels (whole cache lines)
+ * and then into out0 (and out1, the second vector, when nvec == 2). The same order at
+ * any thread count, so the same bits. */
+static inline void ts_cpu_reduce_norm_blocks(float *part, int nblocks, int C, int nvec,
+                                             float *out0, float *out1, int thread, int threads)
+{
+    size_t lines = ((size_t)C + 15) / 16, l0, l1;
+    ts_cpu_split(lines, threads, thread, &l0, &l1);
+    const size_t c0 = l0 * 16, c1 = l1 * 16 < (size_t)C ? l1 * 16 : (size_t)C;
+    for (int k = 1; k < nblocks; k++) {
+        const float *pk = part + (size_t)k * nvec * C;
+        for (int v = 0; v < nvec; v++) {
+#pragma omp simd
+            for (size_t c = c0; c < c1; c++) part[(size_t)v * C + c] += pk[(size_t)v * C + c];
+        }
+    }
+#pragma omp simd
+    for (size_t c = c0; c < c1; c++) out0[c] += part[c];
+    if (nvec == 2) {
+#pragma omp simd
+        for (size_t c = c0; c < c1; c++) out1[c] += part[C + c];
+    }
+}
+
+/* RMSNorm's backward of one row in fp32 (rmsnorm.c, rmsnorm_bf16.c): dx += the input
+ * gradient, pw += the row's share of the weight gradient. */
+static inline void ts_cpu_rmsnorm_row_backward(float *dx, float *pw, const float *x,
+                                               const float *d, const float *weight, float rs,
+                                               int C)
+{
+    float sgx = 0.0f;
+#pragma omp simd reduction(+ : sgx)
+    for (int c = 0; c < C; c++) {
+        float xhat = x[c] * rs;
+        sgx += weight[c] * d[c] * xhat;
+        pw[c] += d[c] * xhat;
+    }
+    float mgx = sgx / C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+        float xhat = x[c] * rs;
+        dx[c] += (weight[c] * d[c] - xhat * mgx) * rs;
+    }
+}
+
 /* One function per kernel, gathered into ts_kernels_cpu by table.c. */
 void ts_cpu_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);

@@ -102,24 +102,8 @@ void ts_cpu_bf16_layernorm_backward(void *dinp, float *dweight, float *dbias, co
             }
         }
         free(x);
-        /* Reduce the blocks in order into block 0, each thread owning a range of
-         * channels (whole cache lines), then add to the gradients. */
-        size_t lines = ((size_t)C + 15) / 16, l0, l1;
-        ts_cpu_split(lines, omp_get_num_threads(), omp_get_thread_num(), &l0, &l1);
-        size_t c0 = l0 * 16, c1 = l1 * 16 < (size_t)C ? l1 * 16 : (size_t)C;
-        for (int k = 1; k < nblocks; k++) {
-            const float *pk = part + (size_t)k * 2 * C;
-#pragma omp simd
-            for (size_t c = c0; c < c1; c++) {
-                part[c] += pk[c];
-                part[C + c] += pk[C + c];
-            }
-        }
-#pragma omp simd
-        for (size_t c = c0; c < c1; c++) {
-            dweight[c] += part[c];
-            dbias[c] += part[C + c];
-        }
+        ts_cpu_reduce_norm_blocks(part, nblocks, C, 2, dweight, dbias, omp_get_thread_num(),
+                                  omp_get_num_threads());
     }
     free(part);
 }

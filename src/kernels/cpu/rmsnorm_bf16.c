@@ -95,36 +95,13 @@ void ts_cpu_bf16_rmsnorm_backward(void *dinp, float *dweight, const void *dout, 
                 ts_bf16_to_f32_array(x, (const ts_bf16 *)inp + r, (size_t)C);
                 ts_bf16_to_f32_array(d, (const ts_bf16 *)dout + r, (size_t)C);
                 ts_bf16_to_f32_array(dx, (const ts_bf16 *)dinp + r, (size_t)C);
-                float rs = rstd[n];
-                float sgx = 0.0f;
-#pragma omp simd reduction(+ : sgx)
-                for (int c = 0; c < C; c++) {
-                    float xhat = x[c] * rs;
-                    sgx += weight[c] * d[c] * xhat;
-                    pw[c] += d[c] * xhat;
-                }
-                float mgx = sgx / C;
-#pragma omp simd
-                for (int c = 0; c < C; c++) {
-                    float xhat = x[c] * rs;
-                    dx[c] += (weight[c] * d[c] - xhat * mgx) * rs;
-                }
+                ts_cpu_rmsnorm_row_backward(dx, pw, x, d, weight, rstd[n], C);
                 ts_f32_to_bf16_array((ts_bf16 *)dinp + r, dx, (size_t)C);
             }
         }
         free(x);
-        /* Reduce the blocks in order into block 0, each thread owning a range of
-         * channels (whole cache lines), then add to the gradient. */
-        size_t lines = ((size_t)C + 15) / 16, l0, l1;
-        ts_cpu_split(lines, omp_get_num_threads(), omp_get_thread_num(), &l0, &l1);
-        size_t c0 = l0 * 16, c1 = l1 * 16 < (size_t)C ? l1 * 16 : (size_t)C;
-        for (int k = 1; k < nblocks; k++) {
-            const float *pk = part + (size_t)k * C;
-#pragma omp simd
-            for (size_t c = c0; c < c1; c++) part[c] += pk[c];
-        }
-#pragma omp simd
-        for (size_t c = c0; c < c1; c++) dweight[c] += part[c];
+        ts_cpu_reduce_norm_blocks(part, nblocks, C, 1, dweight, NULL, omp_get_thread_num(),
+                                  omp_get_num_threads());
     }
     free(part);
 }
