@@ -71,6 +71,67 @@ def refuse_missing(ap, a):
                      "in bfloat16")
 
 
+def time_training(a, model, params, fields):
+    """nanoGPT's training step on random tokens (AdamW with decay on matrices only, clip
+    1.0, bf16 autocast with --precision bf16, torch.compile with --compile): a.warmup_steps
+    untimed, then a.steps timed one by one; prints one JSON line of `fields` and the
+    timings. Shared by this script and bench/torch_llama.py."""
+    n_params = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    g = torch.Generator().manual_seed(a.seed)
+    B, T, V = a.batch, a.seq_len, a.vocab_size
+    fwd = torch.compile(model) if a.compile else model
+    amp = a.precision == "bf16"
+
+    def step():
+        seq = torch.randint(0, V, (B, T + 1), generator=g)
+        x, y = seq[:, :T], seq[:, 1:]
+        # F.cross_entropy(logits.view(-1, V), y.view(-1)), mean
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    losses = []
+    first_s = None
+    for i in range(a.warmup_steps):
+        t1 = time.perf_counter()
+        losses.append(step())  # compiles, with --compile (forward and backward graphs)
+        if i == 0:
+            first_s = time.perf_counter() - t1
+    step_ms = []
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        t1 = time.perf_counter()
+        losses.append(step())  # loss.item() waits for the step: CPU ops are synchronous
+        step_ms.append(1000.0 * (time.perf_counter() - t1))
+    dt = time.perf_counter() - t0
+
+    ms = 1000.0 * dt / max(a.steps, 1)
+    srt = sorted(step_ms)
+    med = (srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])) if srt else None
+    print(json.dumps({
+        "impl": "pytorch", **fields, "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "attn": a.attn, "precision": a.precision, "compile": a.compile,
+        "first_step_s": round(first_s, 3) if first_s is not None else None,
+        "params": n_params, "tokens_per_step": B * T,
+        "ms_per_step": round(ms, 3),
+        "median_step_ms": round(med, 3) if med is not None else None,
+        "min_step_ms": round(srt[0], 3) if srt else None,
+        "step_ms": [round(t, 3) for t in step_ms],
+        "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
+        "losses": [round(l, 6) for l in losses],
+    }))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n_layer", type=int, default=4)
@@ -116,61 +177,8 @@ def main():
             else:
                 p.normal_(0.0, std_res if n.endswith("c_proj.weight") else 0.02)
     params = [pm[n] for n in names]
-    n_params = sum(p.numel() for p in params)
     model.train()
-
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    g = torch.Generator().manual_seed(a.seed)
-    B, T, V = a.batch, a.seq_len, a.vocab_size
-    fwd = torch.compile(model) if a.compile else model
-    amp = a.precision == "bf16"
-
-    def step():
-        seq = torch.randint(0, V, (B, T + 1), generator=g)
-        x, y = seq[:, :T], seq[:, 1:]
-        # F.cross_entropy(logits.view(-1, V), y.view(-1)), mean
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            loss = fwd(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    losses = []
-    first_s = None
-    for i in range(a.warmup_steps):
-        t1 = time.perf_counter()
-        losses.append(step())  # compiles, with --compile (forward and backward graphs)
-        if i == 0:
-            first_s = time.perf_counter() - t1
-    step_ms = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        t1 = time.perf_counter()
-        losses.append(step())  # loss.item() waits for the step: CPU ops are synchronous
-        step_ms.append(1000.0 * (time.perf_counter() - t1))
-    dt = time.perf_counter() - t0
-
-    ms = 1000.0 * dt / max(a.steps, 1)
-    srt = sorted(step_ms)
-    med = (srt[len(srt) // 2] if len(srt) % 2 else 0.5 * (srt[len(srt) // 2 - 1] + srt[len(srt) // 2])) if srt else None
-    print(json.dumps({
-        "impl": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "attn": a.attn, "precision": a.precision, "compile": a.compile,
-        "first_step_s": round(first_s, 3) if first_s is not None else None,
-        "params": n_params, "tokens_per_step": B * T,
-        "ms_per_step": round(ms, 3),
-        "median_step_ms": round(med, 3) if med is not None else None,
-        "min_step_ms": round(srt[0], 3) if srt else None,
-        "step_ms": [round(t, 3) for t in step_ms],
-        "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
-        "losses": [round(l, 6) for l in losses],
-    }))
+    time_training(a, model, params, {})
 
 
 if __name__ == "__main__":

@@ -23,10 +23,9 @@ Example:
       --batch 2 --threads 2 --steps 3 --warmup_steps 2
 """
 import argparse
-import json
+import importlib.util
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -34,26 +33,12 @@ import torch.nn.functional as F
 sys.dont_write_bytecode = True  # keep tests/ free of __pycache__
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import torch_llama as tl  # noqa: E402
-
-
-def refuse_missing(ap, a):
-    """ap.error (exit 2) for an option this torch cannot run."""
-    v = torch.__version__
-    if a.compile and not hasattr(torch, "compile"):
-        ap.error(f"--compile: torch {v} has no torch.compile (it came in torch 2.0); "
-                 "run a torch 2 python, e.g. the one scripts/peer_venv.sh prints")
-    if a.attn == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
-        ap.error(f"--attn sdpa: torch {v} has no F.scaled_dot_product_attention (torch 2.0 "
-                 "added it); use --attn manual or a torch 2 python (scripts/peer_venv.sh)")
-    if a.precision == "bf16":
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                ok = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-        except (AttributeError, RuntimeError, TypeError) as e:
-            ap.error(f"--precision bf16: torch {v} has no CPU bfloat16 autocast ({e})")
-        if not ok:
-            ap.error(f"--precision bf16: torch {v}'s CPU autocast does not run matmuls "
-                     "in bfloat16")
+# bench/torch_gpt2.py's option checks and timed loop (by path: tests/ has a torch_gpt2 too).
+_spec = importlib.util.spec_from_file_location(
+    "bench_torch_gpt2", os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_gpt2.py"))
+_peer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_peer)
+refuse_missing, time_training = _peer.refuse_missing, _peer.time_training
 
 
 def main():
@@ -93,61 +78,9 @@ def main():
     tl.init_weights(model, names, 0.0)  # Tessera's init (norms exactly 1)
     pm = dict(model.named_parameters())
     params = [pm[n] for n in names]
-    n_params = sum(p.numel() for p in params)
     model.train()
 
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    g = torch.Generator().manual_seed(a.seed)
-    B, T, V = a.batch, a.seq_len, a.vocab_size
-    fwd = torch.compile(model) if a.compile else model
-    amp = a.precision == "bf16"
-
-    def step():
-        seq = torch.randint(0, V, (B, T + 1), generator=g)
-        x, y = seq[:, :T], seq[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            loss = fwd(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    losses = []
-    first_s = None
-    for i in range(a.warmup_steps):
-        t1 = time.perf_counter()
-        losses.append(step())
-        if i == 0:
-            first_s = time.perf_counter() - t1
-    step_ms = []
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        t1 = time.perf_counter()
-        losses.append(step())  # loss.item() waits for the step: CPU ops are synchronous
-        step_ms.append(1000.0 * (time.perf_counter() - t1))
-    dt = time.perf_counter() - t0
-
-    srt = sorted(step_ms)
-    n = len(srt)
-    med = (srt[n // 2] if n % 2 else 0.5 * (srt[n // 2 - 1] + srt[n // 2])) if srt else None
-    print(json.dumps({
-        "impl": "pytorch", "model": "llama", "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "attn": a.attn, "precision": a.precision,
-        "compile": a.compile,
-        "first_step_s": round(first_s, 3) if first_s is not None else None,
-        "params": n_params, "tokens_per_step": B * T,
-        "ms_per_step": round(1000.0 * dt / max(a.steps, 1), 3),
-        "median_step_ms": round(med, 3) if med is not None else None,
-        "min_step_ms": round(srt[0], 3) if srt else None,
-        "step_ms": [round(t, 3) for t in step_ms],
-        "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
-        "losses": [round(l, 6) for l in losses],
-    }))
+    time_training(a, model, params, {"model": "llama"})
 
 
 if __name__ == "__main__":
