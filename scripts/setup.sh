@@ -12,6 +12,8 @@ packages=(
   libdnnl-dev                          # oneDNN: the bf16 CPU backend's GEMMs (AVX-512 BF16 / AMX), on OpenMP too
   libjansson-dev                       # JSON (safetensors headers, metrics, plans)
   zlib1g-dev                           # crc32 checksums of checkpoints
+  libpcre2-dev                         # the BPE pre-tokenizer patterns (Unicode properties, JIT)
+  libssl-dev                           # sha256 of tokenizer ranks files (libcrypto)
   fortunes fortunes-min                # the demo's English text corpus
   slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so
   clang-14 libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: clang, libFuzzer + sanitizer runtimes, clang's OpenMP

@@ -1,0 +1,81 @@
+/* Byte-level BPE tokenizers exact to tiktoken: GPT-2's r50k_base and Llama 3's, read
+ * from tiktoken's ranks format (one `base64(bytes) rank` line per token), plus the
+ * byte-level "encoding" (vocab 256, token = byte) that tessera used before.
+ *
+ * Encoding text: the text is cut into maximal valid UTF-8 runs and invalid bytes; each
+ * run is pre-tokenized by the encoding's pattern (PCRE2, UTF + UCP, JIT) and each piece
+ * merged by rank, exactly as tiktoken's encode_ordinary does for that run as a string;
+ * an invalid byte becomes its single-byte token. So every byte string encodes, and
+ * decode(encode(x)) == x for every x.
+ *
+ * A ts_tokenizer is immutable after loading and shared by threads; each thread encodes
+ * with its own ts_tok_encoder (PCRE2 match data, merge scratch, piece cache). */
+#ifndef TS_TOKENIZER_H
+#define TS_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef enum { TS_ENC_BYTES, TS_ENC_GPT2, TS_ENC_LLAMA3 } ts_encoding_kind;
+
+typedef struct ts_tokenizer ts_tokenizer;
+typedef struct ts_tok_encoder ts_tok_encoder;
+
+/* A growable id list the encoder appends to (the caller owns ids; free(ids)). */
+typedef struct {
+    uint32_t *ids;
+    size_t n, cap;
+} ts_tok_ids;
+
+/* "bytes", "gpt2" or "llama3" -> kind; 0 if known, -1 otherwise. */
+int ts_encoding_parse(const char *name, ts_encoding_kind *kind);
+const char *ts_encoding_name(ts_encoding_kind kind);
+
+/* Where an encoding's ranks file is looked for when no path is given:
+ * $TS_TOKENIZER_DIR/NAME.tiktoken, else $HOME/.cache/tessera/tokenizers/NAME.tiktoken
+ * (scripts/fetch_tokenizers.sh puts them there). Writes the path into buf. */
+ts_status ts_tokenizer_default_path(const char *encoding, char *buf, size_t cap);
+
+/* Load a tokenizer. encoding: "gpt2", "llama3", "bytes", or NULL / "auto" = chosen by
+ * the ranks file's number of ranks (50256 -> gpt2, 128000 -> llama3). ranks_path: the
+ * ranks file, or NULL for the default path (unused for "bytes"). Errors (file:line):
+ * bad base64, a rank not a number, duplicate ranks or duplicate byte strings, a gap in
+ * the ranks, a single byte without a rank, a rank count that is not the encoding's. */
+ts_status ts_tokenizer_open(ts_tokenizer **out, const char *encoding, const char *ranks_path);
+void ts_tokenizer_free(ts_tokenizer *tok);
+
+ts_encoding_kind ts_tokenizer_kind(const ts_tokenizer *tok);
+/* Lowercase hex sha256 of the ranks file's bytes ("" for bytes). */
+const char *ts_tokenizer_sha256(const ts_tokenizer *tok);
+/* The ranks file's path ("" for bytes). */
+const char *ts_tokenizer_path(const ts_tokenizer *tok);
+/* Ids are 0 .. vocab_size-1: ranks then special tokens (50257 for gpt2, 128256 llama3). */
+uint32_t ts_tokenizer_vocab_size(const ts_tokenizer *tok);
+/* The token that starts each document in `tessera data` (llm.c's rule): 50256
+ * <|endoftext|> for gpt2, 128000 <|begin_of_text|> for llama3; -1 for bytes. */
+int64_t ts_tokenizer_doc_token(const ts_tokenizer *tok);
+/* Id of a special token by its text ("<|endoftext|>"), or -1. */
+int64_t ts_tokenizer_special_id(const ts_tokenizer *tok, const char *text);
+
+/* Per-thread encoder. */
+ts_status ts_tok_encoder_new(const ts_tokenizer *tok, ts_tok_encoder **out);
+void ts_tok_encoder_free(ts_tok_encoder *enc);
+
+/* tiktoken's encode_ordinary: special tokens' texts are plain text. Appends to out.
+ * *n_invalid (may be NULL) gets the number of bytes that were not valid UTF-8. */
+ts_status ts_tok_encode(ts_tok_encoder *enc, const char *text, size_t len, ts_tok_ids *out,
+                        uint64_t *n_invalid);
+/* tiktoken's encode(allowed_special="all"): a special token's text becomes its id. */
+ts_status ts_tok_encode_special(ts_tok_encoder *enc, const char *text, size_t len,
+                                ts_tok_ids *out, uint64_t *n_invalid);
+
+/* The bytes of token id (a special's text for specials); NULL if id >= vocab_size. */
+const unsigned char *ts_tok_token_bytes(const ts_tokenizer *tok, uint32_t id, size_t *len);
+/* Decode ids to bytes (malloc'd, *out_len bytes, NUL-terminated for convenience);
+ * error naming the position of an id >= vocab_size. */
+ts_status ts_tok_decode(const ts_tokenizer *tok, const uint32_t *ids, size_t n,
+                        unsigned char **out, size_t *out_len);
+
+#endif
