@@ -138,7 +138,9 @@ void ts_trainer_free(ts_trainer *t)
     ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
-    if (t->has_train) ts_data_close(&t->train_data);
+    if (t->has_train) ts_sampler_close(&t->train_data);
+    free(t->data_tokens);
+    free(t->data_crc);
     if (t->has_val) ts_data_close(&t->val_data);
     ts_model_free(&t->model);
     ts_schedule_free(&t->sched);
