@@ -79,7 +79,7 @@ static void test_config_full(void)
     CHECK(c->train.eps == 1e-6 && c->train.grad_clip == 0.0 && c->train.threads == 3);
     CHECK(strcmp(c->train.attention, "gemm") == 0);
     CHECK(c->data.n_train == 2 && strcmp(c->data.train[1], "b.bin") == 0);
-    CHECK(strcmp(c->data.val, "v.bin") == 0 && c->data.eval_every == 10);
+    CHECK(c->data.n_val == 1 && strcmp(c->data.val[0], "v.bin") == 0 && c->data.eval_every == 10);
     CHECK(c->data.val_windows == 4);
     CHECK(c->checkpoint.dir[0] == '\0' && c->checkpoint.every == 0);
     CHECK(c->checkpoint.keep == 2 && c->checkpoint.load[0] == '\0');
@@ -106,7 +106,8 @@ static void test_config_defaults(void)
     CHECK(c->train.weight_decay == 0.1 && c->train.beta1 == 0.9 && c->train.beta2 == 0.95);
     CHECK(c->train.eps == 1e-8 && c->train.grad_clip == 1.0 && c->train.threads == 0);
     CHECK(c->data.n_train == 1 && strcmp(c->data.train[0], "data/train.bin") == 0);
-    CHECK(c->data.val[0] == '\0' && c->data.eval_every == 0 && c->data.val_windows == 16);
+    CHECK(c->data.n_val == 0 && c->data.eval_every == 0 && c->data.val_windows == 16);
+    CHECK(c->data.shuffle && c->data.seed == c->train.seed && c->data.n_sets == 1);
     CHECK(c->checkpoint.dir[0] == '\0' && c->checkpoint.every == 0 && c->checkpoint.keep == 2);
     CHECK(c->checkpoint.load[0] == '\0');
     CHECK(strcmp(c->log.metrics, "metrics.jsonl") == 0 && c->log.trace[0] == '\0');
@@ -623,7 +624,7 @@ static void test_config_shipped_files(void)
     CHECK(c->train.steps == 200 && c->train.lr == 1e-3 && c->train.min_lr == 1e-4);
     CHECK(c->train.warmup == 20 && c->train.seed == 1234 && c->data.eval_every == 50);
     CHECK(strcmp(c->data.train[0], "data/fortunes_train.bin") == 0);
-    CHECK(strcmp(c->data.val, "data/fortunes_val.bin") == 0);
+    CHECK(c->data.n_val == 1 && strcmp(c->data.val[0], "data/fortunes_val.bin") == 0);
     CHECK(strcmp(c->log.metrics, "runs/tiny/metrics.jsonl") == 0);
     CHECK(ts_config_num_microbatches(c) == 4);
 

@@ -19,13 +19,23 @@ void ts_blend_init(ts_blend *b, int n, const double *weights)
     for (int d = 0; d < n; d++) b->weight[d] = weights[d] / sum;
 }
 
+/* weight * at - count with the product rounded on its own, as in helpers.cpp: a fused
+ * multiply-add (which -march=native and gnu11's fp-contract would emit) rounds once and
+ * breaks the ties the rule depends on (0.3 * 3 - 1 is 0 only when rounded). The
+ * volatile store keeps the compiler from fusing, on every machine alike. */
+static double error_of(double weight, double at, uint64_t count)
+{
+    volatile double product = weight * at;
+    return product - (double)count;
+}
+
 void ts_blend_next(ts_blend *b, int *dataset, uint64_t *sample)
 {
     const double at = b->g > 1 ? (double)b->g : 1.0;
     int best = 0;
-    double best_err = b->weight[0] * at - (double)b->count[0];
+    double best_err = error_of(b->weight[0], at, b->count[0]);
     for (int d = 1; d < b->n; d++) {
-        const double err = b->weight[d] * at - (double)b->count[d];
+        const double err = error_of(b->weight[d], at, b->count[d]);
         if (err > best_err) { /* strictly greater: a tie keeps the lower dataset */
             best_err = err;
             best = d;
