@@ -32,9 +32,13 @@ same_val() {
 }
 
 check ref 1
-grep -q 'data: data.train read in a seeded order' "$TMP/err" && pass || fail "start-up log does not name the shuffle"
-grep -q 'dataset 1 (weight 0.3): 1 file from' "$TMP/err" && pass || fail "start-up log does not describe the blend"
-grep -q 'dataset 0 (weight 0.7): 3 files from' "$TMP/err" && pass || fail "the glob did not find the 3 web shards"
+# The start-up log (shown with log.progress) names the order and each dataset.
+run_np 1 "${common[@]}" --set train.steps=1 --set log.progress=true \
+  --set "log.metrics=\"$TMP/log.jsonl\"" && pass || fail "run with log.progress"
+cat "$TMP/out" "$TMP/err" > "$TMP/ref.log"
+grep -q "data: data.train read in a seeded order" "$TMP/ref.log" && pass || fail "start-up log does not name the shuffle"
+grep -q "dataset 1 (weight 0.3): 1 file ($TMP/code.bin)" "$TMP/ref.log" && pass || fail "start-up log does not describe the blend"
+grep -q "dataset 0 (weight 0.7): 3 files ($TMP/web_0.bin .. $TMP/web_2.bin)" "$TMP/ref.log" && pass || fail "the glob did not find the 3 web shards"
 check dp2 2 --set parallel.dp=2
 check pp2 2 --set parallel.pp=2 --set parallel.dp=1
 check tp2 2 --set parallel.tp=2 --set parallel.dp=1

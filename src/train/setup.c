@@ -99,6 +99,38 @@ ts_status ts_trainer_open_data(ts_trainer *t)
     return TS_OK;
 }
 
+void ts_trainer_log_data(const ts_trainer *t)
+{
+    const ts_config *c = &t->cfg;
+    const ts_sampler *s = &t->train_data;
+    const double seqs = (double)c->train.steps * c->train.global_batch;
+    if (s->shuffle)
+        ts_log_info("data: data.train read in a seeded order (data.shuffle, data.seed = %lld): "
+                    "each epoch of each dataset a permutation of its windows",
+                    (long long)c->data.seed);
+    else
+        ts_log_info("data: data.train read in file order (data.shuffle = false)");
+    for (int d = 0; d < s->n_sets; d++) {
+        const ts_dataset *ds = &s->sets[d];
+        const double w = s->blend.weight[d];
+        char name[48];
+        if (s->n_sets > 1) snprintf(name, sizeof name, "dataset %d (weight %.4g)", d, w);
+        else snprintf(name, sizeof name, "data.train");
+        ts_log_info("data: %s: %d file%s (%s%s%s): %llu tokens, %llu windows of %d; %d steps "
+                    "take %.3g epochs of it",
+                    name, ds->n_shards, ds->n_shards == 1 ? "" : "s", ds->shards[0].path,
+                    ds->n_shards > 1 ? " .. " : "",
+                    ds->n_shards > 1 ? ds->shards[ds->n_shards - 1].path : "",
+                    (unsigned long long)ds->n_tokens, (unsigned long long)s->windows[d],
+                    c->model.seq_len, c->train.steps, seqs * w / (double)s->windows[d]);
+    }
+    if (t->has_val)
+        ts_log_info("data: data.val: %d file%s, %llu windows; each evaluation reads %d of them "
+                    "spread over all", t->val_data.n_shards, t->val_data.n_shards == 1 ? "" : "s",
+                    (unsigned long long)ts_data_num_windows(&t->val_data, c->model.seq_len),
+                    c->data.val_windows);
+}
+
 /* One dataset's shards agreed across the ranks: the same files (a glob can match
  * differently on node-local disks), and the same token count and crc32 for each path on
  * every rank (probe D7: node-local copies that differed trained silently on a mixture).
