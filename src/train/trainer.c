@@ -74,6 +74,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     if (ts_comm_agree(&t->world, st) != TS_OK ||
         ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
         goto fail;
+    if (t->world.rank == 0) ts_trainer_log_data(t);
 
     /* Data parallelism: the gradient buckets over the dp group (and the tied
      * embedding's sum over the embedding group), each started as soon as the chunk
