@@ -557,6 +557,46 @@ static void test_config_relations(void)
     CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.beta2"));
 }
 
+/* data.train as a path, a list, or a blend of groups; data.val as a list; data.seed
+ * following train.seed unless given; every malformed blend refused by name. */
+static void test_config_data_blend(void)
+{
+    CHECK(load("data = { train = ( { path = \"web_*.bin\"; weight = 0.7; },\n"
+               "  { path = [\"c1.bin\", \"c2.bin\"]; weight = 3; } );\n"
+               "  val = [\"v1.bin\", \"v_*.bin\"]; shuffle = false; };\n"
+               "train = { seed = 99; };\n") == TS_OK);
+    const ts_data_config *d = &g_cfg.data;
+    CHECK(d->blend && d->n_sets == 2 && d->n_train == 3);
+    CHECK(d->train_set[0] == 0 && d->train_set[1] == 1 && d->train_set[2] == 1);
+    CHECK(strcmp(d->train[2], "c2.bin") == 0 && d->weight[0] == 0.7 && d->weight[1] == 3.0);
+    CHECK(d->n_val == 2 && strcmp(d->val[1], "v_*.bin") == 0);
+    CHECK(!d->shuffle && d->seed == 99); /* data.seed defaults to train.seed */
+    char *text = ts_config_to_json(&g_cfg);
+    CHECKF(strstr(text, "\"train\":[{\"path\":[\"web_*.bin\"],\"weight\":0.7},") != NULL, "%s", text);
+    CHECKF(strstr(text, "\"val\":[\"v1.bin\",\"v_*.bin\"]") != NULL, "%s", text);
+    free(text);
+    CHECK(load("data = { seed = 5; }; train = { seed = 99; };\n") == TS_OK && g_cfg.data.seed == 5);
+    CHECK(load("data = { train = [\"a.bin\", \"b.bin\"]; };\n") == TS_OK && !g_cfg.data.blend &&
+          g_cfg.data.n_sets == 1 && g_cfg.data.n_train == 2 && g_cfg.data.shuffle);
+    CHECK(load("data = { val = \"\"; };\n") == TS_OK && g_cfg.data.n_val == 0);
+
+    const struct { const char *text, *msg; } bad[] = {
+        {"data = { train = ( { path = \"a.bin\"; } ); };", "blend entry 0 lacks 'weight'"},
+        {"data = { train = ( { weight = 1; } ); };", "blend entry 0 lacks 'path'"},
+        {"data = { train = ( { path = \"a\"; weight = 0; } ); };", "weight = 0 must be a positive"},
+        {"data = { train = ( { path = \"a\"; weight = \"x\"; } ); };", "weight must be a number"},
+        {"data = { train = ( { path = \"a\"; weight = 1; w = 2; } ); };", "unknown key 'w'"},
+        {"data = { train = ( { path = \"a\"; weight = 1; }, \"b.bin\" ); };", "the other entries are blend groups"},
+        {"data = { train = ( { path = 3; weight = 1; } ); };", "a string or a list of strings"},
+        {"data = { train = []; };", "is an empty list"},
+        {"data = { val = [1]; };", "entry 0 must be a string"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ts_status st = load(bad[k].text);
+        CHECKF(st == TS_ERR && msg_has(bad[k].msg), "%s -> %s", bad[k].text, ts_error_message());
+    }
+}
+
 static void test_config_json(void)
 {
     CHECK(load_ov(FULL, NULL, 0, 8) == TS_OK);
@@ -655,6 +695,7 @@ int main(void)
     test_config_read_once();
     test_config_relations();
     test_config_json();
+    test_config_data_blend();
     test_config_shipped_files();
 
     ts_test_remove_dir(g_dir);
