@@ -55,8 +55,9 @@ static const char *k_help =
     "vocabulary above 65536 ids with --format gpt2. Progress goes to stderr (every\n"
     "second on a terminal, else every 30 s); the summary to stdout.\n"
     "\n"
-    "The second form writes the bytes of TEXT_FILE (vocab 256, no document tokens) into\n"
-    "one shard OUT.bin; --format as above (default gpt2). Refused before anything is\n"
+    "The second form (two names and no option but --format, no --out) writes the bytes\n"
+    "of TEXT_FILE (vocab 256, no document tokens) into one shard OUT.bin; --format as\n"
+    "above (default gpt2). Refused before anything is\n"
     "written: an OUT.bin that exists and is not a regular file, or is TEXT_FILE itself; a\n"
     "TEXT_FILE that already is a token shard.\n";
 
@@ -215,15 +216,14 @@ int ts_cmd_data(int argc, char **argv)
         }
     }
     if (!rc && !o.out_prefix) {
-        /* The old form: exactly TEXT_FILE OUT.bin, with --format at most. */
-        if (n_pos == 2 && ends_with(pos[1], ".bin") && n_new == 0) {
+        /* The old form: exactly TEXT_FILE OUT.bin, with --format at most. Two names and
+         * nothing else stay that form whatever OUT is called, so that its refusals (an
+         * OUT that is a directory, a FIFO, the text itself) keep their messages. */
+        if (n_pos == 2 && n_new == 0) {
             rc = run_single(pos[0], pos[1], o.format);
         } else if (n_pos == 2 && ends_with(pos[1], ".bin")) {
             rc = usage("the form TEXT_FILE OUT.bin takes --format only; for the corpus "
                        "options write the shards with --out PREFIX", NULL);
-        } else if (n_pos == 2) {
-            rc = usage("data needs TEXT_FILE and OUT.bin (a name ending in .bin), or "
-                       "INPUT... --out PREFIX", NULL);
         } else {
             rc = usage(n_pos == 0 ? "data needs INPUT... --out PREFIX (or TEXT_FILE OUT.bin)"
                                   : "data needs --out PREFIX for its shards", NULL);
