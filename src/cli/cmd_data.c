@@ -57,9 +57,9 @@ static const char *k_help =
     "\n"
     "The second form (two names and no option but --format, no --out) writes the bytes\n"
     "of TEXT_FILE (vocab 256, no document tokens) into one shard OUT.bin; --format as\n"
-    "above (default gpt2). Refused before anything is\n"
-    "written: an OUT.bin that exists and is not a regular file, or is TEXT_FILE itself; a\n"
-    "TEXT_FILE that already is a token shard.\n";
+    "above (default gpt2). Refused before anything is written: an OUT.bin that exists\n"
+    "and is not a regular file, or is TEXT_FILE itself; a TEXT_FILE that already is a\n"
+    "token shard.\n";
 
 static int usage(const char *what, const char *arg)
 {
