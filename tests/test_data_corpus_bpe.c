@@ -4,6 +4,7 @@
  * file of 6000 lines (more than one batch), with validation and small shards: every
  * document is preceded by the document token, decodes back to its text exactly, and 1
  * and 3 threads write byte-identical shards. */
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,21 +70,19 @@ static uint32_t *read_stream(const ts_corpus_summary *s, size_t *n)
     for (int i = 0; i < s->n_shards; i++) {
         FILE *f = fopen(s->shards[i], "rb");
         int32_t h[256];
-        CHECK(f && fread(h, 4, 256, f) == 256);
+        CHECKF(f && fread(h, 4, 256, f) == 256, "cannot read %s's header", s->shards[i]);
+        if (!f) continue;
         CHECK((uint64_t)h[2] == s->shard_counts[i]);
         CHECK(h[0] == (s->width == 4 ? 20240801 : 20240520));
+        size_t got = 0;
         for (uint64_t k = 0; k < s->shard_counts[i]; k++) {
             uint32_t v = 0;
-            if (s->width == 4) {
-                CHECK(fread(&v, 4, 1, f) == 1);
-            } else {
-                uint16_t w = 0;
-                CHECK(fread(&w, 2, 1, f) == 1);
-                v = w;
-            }
-            ids[at++] = v;
+            uint16_t w = 0;
+            if (s->width == 4 ? fread(&v, 4, 1, f) == 1 : fread(&w, 2, 1, f) == 1) got++;
+            ids[at++] = s->width == 4 ? v : w;
         }
-        CHECK(fgetc(f) == EOF); /* size exactly 1024 + width * count */
+        CHECKF(got == s->shard_counts[i] && fgetc(f) == EOF, /* 1024 + width * count */
+               "%s holds %zu ids, its header says %" PRIu64, s->shards[i], got, s->shard_counts[i]);
         fclose(f);
     }
     *n = at;
