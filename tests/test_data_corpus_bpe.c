@@ -69,7 +69,7 @@ static uint32_t *read_stream(const ts_corpus_summary *s, size_t *n)
     size_t at = 0;
     for (int i = 0; i < s->n_shards; i++) {
         FILE *f = fopen(s->shards[i], "rb");
-        int32_t h[256];
+        int32_t h[256] = {0};
         CHECKF(f && fread(h, 4, 256, f) == 256, "cannot read %s's header", s->shards[i]);
         if (!f) continue;
         CHECK((uint64_t)h[2] == s->shard_counts[i]);
