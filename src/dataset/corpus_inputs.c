@@ -82,18 +82,30 @@ static ts_status check_file(const char *path, const char *out_prefix, uint64_t *
         close(fd);
         return ts_fail("input %s: %s", path, strerror(err));
     }
-    unsigned char head[12];
-    ssize_t r = read(fd, head, sizeof head);
+    /* The loader's rule for text (loader.h): no NUL byte in the first 4 KiB. A binary
+     * file in a directory (an image, a .gz) would otherwise become tokens of noise. */
+    unsigned char head[4096];
+    ssize_t r, got = 0;
+    while (got < (ssize_t)sizeof head &&
+           ((r = read(fd, head + got, sizeof head - (size_t)got)) > 0 || (r < 0 && errno == EINTR)))
+        if (r > 0) got += r;
     int err = errno;
     close(fd);
     if (r < 0) return ts_fail("input %s: %s", path, strerror(err));
-    if (r >= 4) {
+    if (got >= 4) {
         int32_t m;
         memcpy(&m, head, 4);
         if (m == TS_SHARD_MAGIC || m == TS_SHARD32_MAGIC)
             return ts_fail("input %s is an llm.c token shard (magic %d), not text: give "
                            "`tessera data` the text it was made from", path, (int)m);
     }
+    if (got >= 2 && head[0] == 0x1f && head[1] == 0x8b)
+        return ts_fail("input %s is gzip-compressed: decompress it first (tessera data reads "
+                       "plain text and JSONL)", path);
+    const unsigned char *nul = memchr(head, 0, (size_t)got);
+    if (nul)
+        return ts_fail("input %s is not text: it has a NUL byte at offset %td; remove it from "
+                       "the inputs", path, nul - head);
     *size = (uint64_t)sb.st_size;
     return TS_OK;
 }
