@@ -1,4 +1,3 @@
-#define _GNU_SOURCE /* sched_getaffinity */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
