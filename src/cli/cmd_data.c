@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
