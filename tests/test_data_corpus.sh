@@ -126,6 +126,9 @@ llama=/tmp/fetch/l/llama_models/llama3/tokenizer.model
 if [ -r "$llama" ]; then
   expect_error --rc 1 0 "--format gpt2 stores ids in 16 bits, but the llama3 vocabulary has 128256 ids" \
     data "$TMP/in" --out "$TMP/e/x" --encoding llama3 --ranks "$llama" --format gpt2
+  # The real vocabulary (128256 ids) picks Llama 3's uint32 shards; <|begin_of_text|> first.
+  if run_one data "$TMP/in" --out "$TMP/o/r3" --encoding llama3 --ranks "$llama" && [ "$(header "$TMP/o/r3_train_000000.bin" | cut -d' ' -f1-2)" = "20240801 7" ] \
+     && [ "$(ids "$TMP/o/r3_train_000000.bin" | head -n 1)" = 128000 ] && [ "$(ids "$TMP/o/r3_train_000000.bin" | grep -cx 128000)" -eq 3 ]; then pass; else fail "real llama3 ranks"; cat "$TMP/err" >&2; fi
 else
   skip_case "no real Llama 3 ranks file here ($llama)"
 fi
