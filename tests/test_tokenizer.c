@@ -245,6 +245,17 @@ static void test_small(const text *t, size_t nt)
         CHECKF(bad == 0, "%d mismatches against tiktoken in %s", bad, files[e]);
         test_roundtrips(tok, t, nt);
         test_merge_agree(tok);
+        ts_tok_encoder *enc;
+        CHECK(ts_tok_encoder_new(tok, &enc) == TS_OK);
+        ts_tok_ids ids = {0};
+        uint64_t inval = 99;
+        const char *mixed = "ok\xffok <|endoftext|>\xed\xa0\x80 \xc3";
+        CHECK(ts_tok_encode(enc, mixed, strlen(mixed), &ids, &inval) == TS_OK && inval == 5);
+        inval = 99;
+        CHECK(ts_tok_encode_special(enc, mixed, strlen(mixed), &ids, &inval) == TS_OK &&
+              inval == 5);
+        free(ids.ids);
+        ts_tok_encoder_free(enc);
         size_t len;
         const unsigned char *b = ts_tok_token_bytes(tok, 3000, &len);
         CHECK(b && len == (e ? 17u : 13u));
@@ -426,7 +437,7 @@ static void test_bytes_and_names(void)
     ts_tok_encoder *enc;
     CHECK(ts_tok_encoder_new(tok, &enc) == TS_OK);
     ts_tok_ids ids = {0};
-    uint64_t inval = 0;
+    uint64_t inval = 99;
     CHECK(ts_tok_encode(enc, "a\xff\xc3\xa9", 4, &ids, &inval) == TS_OK);
     CHECK(ids.n == 4 && ids.ids[0] == 'a' && ids.ids[1] == 0xFF && inval == 1);
     free(ids.ids);

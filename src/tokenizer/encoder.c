@@ -127,6 +127,7 @@ ts_status ts_tok_encode(ts_tok_encoder *e, const char *text, size_t len, ts_tok_
                         uint64_t *n_invalid)
 {
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     if (e->tok->enc->kind == TS_ENC_BYTES) {
         for (size_t i = 0; i < len; i++) ts_tok_push(out, p[i]);
         if (n_invalid) {
@@ -160,6 +161,7 @@ ts_status ts_tok_encode_special(ts_tok_encoder *e, const char *text, size_t len,
     const ts_tokenizer *t = e->tok;
     if (t->enc->kind == TS_ENC_BYTES) return ts_tok_encode(e, text, len, out, n_invalid);
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     /* Every special is "<|" name "|>" with no "|>" inside, so a special can only be the
      * span from a "<|" to the first "|>" after it; the text between specials is
      * encoded as separate strings, as tiktoken does. */
