@@ -445,8 +445,52 @@ static void test_bytes_and_names(void)
     ts_tokenizer_free(tok);
 }
 
-int main(void)
+/* test_tokenizer --encode ENCODING RANKS: hex lines on stdin, their ids (encode_ordinary)
+ * one line each on stdout; tests/make_bpe_fixture.py --exhaustive compares every code
+ * point in context against tiktoken with it (too large a fixture to commit). */
+static int encode_tool(const char *encoding, const char *ranks)
 {
+    ts_tokenizer *tok;
+    ts_tok_encoder *enc;
+    if (ts_tokenizer_open(&tok, encoding, ranks) != TS_OK || ts_tok_encoder_new(tok, &enc) != TS_OK) {
+        fprintf(stderr, "%s\n", ts_error_message());
+        return 1;
+    }
+    size_t cap = 1 << 16;
+    char *line = ts_malloc(cap);
+    unsigned char *buf = ts_malloc(cap);
+    size_t n = 0;
+    int c;
+    while ((c = getchar()) != EOF) {
+        if (c != '\n') {
+            if (n + 1 >= cap) {
+                cap *= 2;
+                line = realloc(line, cap);
+                buf = realloc(buf, cap);
+                if (!line || !buf) return 1;
+            }
+            line[n++] = (char)c;
+            continue;
+        }
+        for (size_t i = 0; i + 1 < n; i += 2)
+            buf[i / 2] = (unsigned char)(hexval(line[i]) << 4 | hexval(line[i + 1]));
+        ts_tok_ids ids = {0};
+        if (ts_tok_encode(enc, (const char *)buf, n / 2, &ids, NULL) != TS_OK) return 1;
+        for (size_t i = 0; i < ids.n; i++) printf(i ? " %u" : "%u", ids.ids[i]);
+        putchar('\n');
+        free(ids.ids);
+        n = 0;
+    }
+    free(line);
+    free(buf);
+    ts_tok_encoder_free(enc);
+    ts_tokenizer_free(tok);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--encode") == 0) return encode_tool(argv[2], argv[3]);
     const char *src = getenv("TS_SOURCE_DIR");
     snprintf(g_dir, sizeof g_dir, "%s/tests/fixtures/bpe", src ? src : ".");
     size_t nt;
