@@ -9,9 +9,8 @@
  * decode(encode(x)) == x for every x. (Valid = strict UTF-8: no overlong forms, no
  * encoded surrogates, nothing above U+10FFFF, no truncated sequence; a byte that starts
  * no valid character is invalid on its own, so E2 82 41 is two invalid bytes and "A".)
- * One known difference from tiktoken remains: \p{L}/\p{N} come from PCRE2's Unicode
- * tables (Debian 12's 10.42: Unicode 14), tiktoken's from Rust's newer ones, so letters
- * and digits first assigned after Unicode 14 may split differently.
+ * Letters and digits are tiktoken 0.14's (Unicode 16): PCRE2's tables (Debian 12's
+ * 10.42: Unicode 14) plus those assigned since, spelled in the patterns (encoding.c).
  *
  * A ts_tokenizer is immutable after loading and shared by threads; each thread encodes
  * with its own ts_tok_encoder (PCRE2 match data, merge scratch, piece cache). */
