@@ -80,6 +80,10 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
         /* The patterns match every character and never the empty string. */
         TS_ASSERT(ov[1] > ov[0] && ov[1] <= len);
+        if (ov[1] - ov[0] >= UINT32_MAX) /* the merge indexes bytes with 32 bits */
+            return ts_fail("a single pre-token piece of %zu bytes (a 4 GiB run of letters, "
+                           "digits or symbols) is too long to merge; split the document",
+                           (size_t)(ov[1] - ov[0]));
         encode_piece(e, p + ov[0], ov[1] - ov[0], out);
         off = ov[1];
     }
