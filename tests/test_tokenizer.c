@@ -391,7 +391,7 @@ static void test_bad_files(void)
     expect_bad(dir, "gap", s, ":257: rank 257 leaves a gap");
     free(s);
     s = byte_ranks("aGk= 256\r\n");
-    expect_bad(dir, "crlf", s, ":257: the rank '256\r' is not a number");
+    expect_bad(dir, "crlf", s, ":257: the line ends in a carriage return");
     free(s);
     /* byte 0x41 ('A' = QQ==) replaced by a two-byte token */
     s = byte_ranks("");
