@@ -80,6 +80,10 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
         /* The patterns match every character and never the empty string. */
         TS_ASSERT(ov[1] > ov[0] && ov[1] <= len);
+        if (ov[1] - ov[0] >= UINT32_MAX) /* the merge indexes bytes with 32 bits */
+            return ts_fail("a single pre-token piece of %zu bytes (a 4 GiB run of letters, "
+                           "digits or symbols) is too long to merge; split the document",
+                           (size_t)(ov[1] - ov[0]));
         encode_piece(e, p + ov[0], ov[1] - ov[0], out);
         off = ov[1];
     }
@@ -127,6 +131,7 @@ ts_status ts_tok_encode(ts_tok_encoder *e, const char *text, size_t len, ts_tok_
                         uint64_t *n_invalid)
 {
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     if (e->tok->enc->kind == TS_ENC_BYTES) {
         for (size_t i = 0; i < len; i++) ts_tok_push(out, p[i]);
         if (n_invalid) {
@@ -160,6 +165,7 @@ ts_status ts_tok_encode_special(ts_tok_encoder *e, const char *text, size_t len,
     const ts_tokenizer *t = e->tok;
     if (t->enc->kind == TS_ENC_BYTES) return ts_tok_encode(e, text, len, out, n_invalid);
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     /* Every special is "<|" name "|>" with no "|>" inside, so a special can only be the
      * span from a "<|" to the first "|>" after it; the text between specials is
      * encoded as separate strings, as tiktoken does. */

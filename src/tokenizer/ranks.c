@@ -83,6 +83,13 @@ static ts_status parse_lines(const unsigned char *data, size_t len, const char *
             if (num[i] < '0' || num[i] > '9') ok = 0;
             else rank = rank * 10 + (uint64_t)(num[i] - '0');
         }
+        if (numn && num[numn - 1] == '\r') {
+            free(lines);
+            free(dec);
+            return ts_fail("%s:%zu: the line ends in a carriage return: ranks files have "
+                           "LF line ends (convert it, e.g. with dos2unix, or fetch it again)",
+                           path, lineno);
+        }
         if (!ok || rank >= TS_TOK_NO_RANK) {
             free(lines);
             free(dec);
