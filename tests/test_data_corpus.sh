@@ -135,6 +135,27 @@ fi
 # --overwrite replaces the prefix's shards and removes the ones it does not write again.
 if run_one data "$TMP/in" --out "$TMP/o1/c" --overwrite && [ "$(cd "$TMP/o1" && ls)" = c_train_000000.bin ]; then pass; else fail "--overwrite: $(ls "$TMP/o1")"; fi
 
+# SIGINT mid-run (once the first temporary shard exists): the run stops at its next
+# batch, says so once, and leaves no shard and no temporary file.
+yes '{"text": "the quick brown fox jumps over the lazy dog 0123456789"}' | head -n 500000 > "$TMP/big.jsonl"
+mkdir "$TMP/s"
+TS_TEST_TOKENIZER_ANY_SIZE=1 "$TESSERA" data "$TMP/big.jsonl" --out "$TMP/s/b" --encoding gpt2 --ranks "$fixture" \
+  --threads 1 --shard-tokens 10000 > "$TMP/sout" 2> "$TMP/serr" &
+pid=$!
+for _ in $(seq 600); do
+  if ls "$TMP/s" | grep -q '\.tmp\.' || ! kill -0 "$pid" 2>/dev/null; then break; fi
+  sleep 0.05
+done
+if ls "$TMP/s" | grep -q '\.tmp\.' && kill -INT "$pid" 2>/dev/null; then
+  wait "$pid"; rc=$?
+  judge_error --stderr "$TMP/serr" "SIGINT during tessera data" "$rc" "stopped by SIGINT: no shard written"
+  if [ -z "$(ls "$TMP/s")" ]; then pass; else fail "SIGINT left files: $(ls "$TMP/s" | head -n 3)"; fi
+else
+  wait "$pid"
+  skip_case "the run finished before it could be signalled"
+fi
+rm -f "$TMP/big.jsonl"
+
 # Usage errors: exit 2, the message once.
 expect_error --rc 2 0 "--val-tokens and --val-fraction are two ways" data "$TMP/in" --out "$TMP/e/x" --val-tokens 3 --val-fraction 0.1
 expect_error --rc 2 0 "--val-fraction must be a number between 0 and 1" data "$TMP/in" --out "$TMP/e/x" --val-fraction 1

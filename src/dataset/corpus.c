@@ -8,6 +8,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,41 @@
 
 #define BATCH_BYTES (1u << 20) /* text per batch: large enough to keep an encoder busy */
 #define BATCH_DOCS 4096
+
+/* SIGINT, SIGTERM or SIGHUP received during a build, or 0. The run stops at the next
+ * batch and removes its temporary shards: without this, ^C would leave them behind. */
+static volatile sig_atomic_t g_stop;
+
+static void on_stop(int sig)
+{
+    g_stop = sig;
+}
+
+static const int k_stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define N_STOP_SIGNALS 3
+
+static void catch_stops(struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_RESETHAND; /* a second ^C ends the process at once */
+    g_stop = 0;
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(k_stop_signals[i], &sa, &old[i]);
+}
+
+static void restore_stops(const struct sigaction *old)
+{
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(k_stop_signals[i], &old[i], NULL);
+}
+
+static ts_status stopped(void)
+{
+    int sig = g_stop;
+    return ts_fail("stopped by %s: no shard written (the partial ones are removed)",
+                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+}
 
 typedef struct {
     ts_corpus_batch *b; /* NULL: free slot */
@@ -207,6 +243,11 @@ static void *writer_main(void *arg)
 static void read_all(pipeline *p, ts_corpus_reader *r)
 {
     for (;;) {
+        if (g_stop) {
+            stopped();
+            fail_now(p);
+            return;
+        }
         ts_corpus_batch *b = ts_calloc(1, sizeof *b);
         if (ts_corpus_reader_next(r, b, BATCH_BYTES, BATCH_DOCS) != TS_OK) {
             ts_corpus_batch_free(b);
@@ -325,10 +366,24 @@ static ts_status check_stream(const ts_corpus_options *o, const ts_corpus_summar
     return TS_OK;
 }
 
+static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum);
+
 ts_status ts_corpus_build(const ts_corpus_options *o, ts_corpus_summary *sum)
 {
     memset(sum, 0, sizeof *sum);
     TS_ASSERT(o->threads >= 1 && !(o->val_tokens > 0 && o->val_fraction > 0));
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct sigaction old[N_STOP_SIGNALS];
+    catch_stops(old);
+    ts_status st = build(o, sum);
+    restore_stops(old);
+    sum->seconds = since(&t0);
+    return st;
+}
+
+static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum)
+{
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* Every refusal that needs no reading comes first: outputs, inputs, tokenizer. */
@@ -369,6 +424,7 @@ ts_status ts_corpus_build(const ts_corpus_options *o, ts_corpus_summary *sum)
         ts_shard_sink_init(&p.sink, o->out_prefix, width, o->shard_tokens, p.in_val ? "val" : "train");
         st = run_pipeline(&p, &r, encs);
         sum->bad_lines = r.bad_lines;
+        if (st == TS_OK && g_stop) st = stopped();
         if (st == TS_OK) st = check_stream(o, sum);
         if (st == TS_OK) st = ts_shard_sink_commit(&p.sink, stale);
         if (st == TS_OK) {
@@ -396,7 +452,6 @@ ts_status ts_corpus_build(const ts_corpus_options *o, ts_corpus_summary *sum)
     if (tok) ts_tokenizer_free(tok);
     ts_corpus_files_free(&files);
     ts_shard_paths_free(stale);
-    sum->seconds = since(&t0);
     return st;
 }
 
