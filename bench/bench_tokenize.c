@@ -38,14 +38,21 @@ static void *worker(void *arg)
         atomic_store(&j->failed, 1);
         return NULL;
     }
+    /* Encode into this thread's own list, then hand it to the document: appending to
+     * the documents' lists directly would write their counts, which share cache lines
+     * with other threads' documents, on every token. */
+    ts_tok_ids mine = {0};
     for (;;) {
         size_t i = atomic_fetch_add(&j->next, 1);
         if (i >= j->n_docs) break;
-        j->docs[i].ids.n = 0;
-        if (ts_tok_encode(enc, j->docs[i].b, j->docs[i].n, &j->docs[i].ids, NULL) != TS_OK) {
+        mine.n = 0;
+        if (ts_tok_encode(enc, j->docs[i].b, j->docs[i].n, &mine, NULL) != TS_OK) {
             fprintf(stderr, "bench_tokenize: %s\n", ts_error_message());
             atomic_store(&j->failed, 1);
         }
+        free(j->docs[i].ids.ids);
+        j->docs[i].ids = mine;
+        mine = (ts_tok_ids){0};
     }
     ts_tok_encoder_free(enc);
     return NULL;

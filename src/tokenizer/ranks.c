@@ -176,9 +176,9 @@ ts_status ts_tok_ranks_parse(ts_tok_ranks *r, const unsigned char *data, size_t 
                     path, line_of[k], k, dup, line_of[dup]);
             goto done;
         }
-        uint64_t i = ts_tok_hash(p, kl) & r->mask;
+        uint64_t h = ts_tok_hash(p, kl), i = h & r->mask;
         while (r->slots[i]) i = (i + 1) & r->mask;
-        r->slots[i] = k + 1;
+        r->slots[i] = (h >> 32) << 32 | (uint64_t)(k + 1);
     }
     for (unsigned b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
