@@ -7,13 +7,16 @@
  *   byte 1-2 vocab_size = 1 + little-endian uint16 (1..65536)
  *   byte 3   T = 1 + b % 32
  * When the files open, the loader's promises are checked: every token is < vocab_size
- * and each target is the next input. */
+ * and each target is the next input; then the same files go through the sampler (the
+ * batch rule) as one dataset or, with two or more files, a blend of two, shuffled when
+ * byte 3's top bit is set, and a micro-batch drawn from it must keep the promises too. */
 #define _GNU_SOURCE /* memmem */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dataset/loader.h"
+#include "dataset/sampler.h"
 #include "fuzz_util.h"
 
 #define MAX_FILES 3
@@ -69,13 +72,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_window(in, tg, T, vocab);
         ts_data_window(&ds, S - 1, T, in, tg);
         check_window(in, tg, T, vocab);
-        /* Two sequences per micro-batch, one replica, at a step picked by the input. */
-        ts_data_microbatch(&ds, data[0], 2, 1, 0, 2, 0, T, in, tg);
-        check_window(in, tg, T, vocab);
-        check_window(in + T, tg + T, T, vocab);
         free(in);
         free(tg);
     }
     ts_data_close(&ds);
+
+    /* The batch rule over the same files: two datasets (weights 0.7 / 0.3) when there
+     * are two or more files, the first file alone being the first dataset. */
+    int set_of[MAX_FILES] = {0, 1, 1};
+    double weights[2] = {0.7, 0.3};
+    ts_sampler_spec spec = {.key = "data.train", .patterns = files, .n_patterns = n,
+                            .set_of = n > 1 ? set_of : NULL, .n_sets = n > 1 ? 2 : 1,
+                            .weights = n > 1 ? weights : NULL, .shuffle = data[3] >> 7,
+                            .seed = data[0], .vocab_size = vocab, .seq_len = T};
+    ts_sampler sm;
+    if (ts_sampler_open(&sm, &spec) != TS_OK) return 0;
+    int *in = malloc(4 * (size_t)T * sizeof *in), *tg = malloc(4 * (size_t)T * sizeof *tg);
+    if (!in || !tg) abort();
+    /* Two micro-batches of two sequences on two replicas, at a step picked by the input. */
+    for (int dp_rank = 0; dp_rank < 2; dp_rank++)
+        for (int mb = 0; mb < 2; mb++) {
+            ts_data_microbatch(&sm, data[1], 8, 2, dp_rank, 2, mb, T, in, tg);
+            check_window(in, tg, T, vocab);
+            check_window(in + T, tg + T, T, vocab);
+        }
+    free(in);
+    free(tg);
+    ts_sampler_close(&sm);
     return 0;
 }
