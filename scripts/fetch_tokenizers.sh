@@ -20,6 +20,8 @@ GPT2_SHA=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
 LLAMA_PKG=llama-models==0.3.0
 LLAMA_WHEEL=llama_models-0.3.0-py3-none-any.whl
 LLAMA_WHEEL_SHA=7f77f78ff13fca09f70d76a376aff6414cd901623fb9d57e69c2f8367a73032f
+# The same wheel's file on PyPI, for a machine without pip
+LLAMA_WHEEL_URL=https://files.pythonhosted.org/packages/3e/da/36302a2846e4123dc43cd913228ea3a5efd2a56e2f8942f4cf54114745ed/llama_models-0.3.0-py3-none-any.whl
 LLAMA_MEMBER=llama_models/llama3/tokenizer.model
 LLAMA3_SHA=82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55
 
@@ -61,10 +63,15 @@ if have llama3.tiktoken "$LLAMA3_SHA"; then
 else
     PIP=()
     if python3 -m pip --version >/dev/null 2>&1; then PIP=(python3 -m pip)
-    elif command -v pip3 >/dev/null; then PIP=(pip3)
-    else die "pip is needed to download $LLAMA_PKG (apt install python3-pip)"; fi
-    "${PIP[@]}" download --quiet --no-deps --only-binary=:all: -d "$TMP/wheel" "$LLAMA_PKG" \
-        || die "pip could not download $LLAMA_PKG"
+    elif command -v pip3 >/dev/null; then PIP=(pip3); fi
+    if [ ${#PIP[@]} -gt 0 ]; then
+        "${PIP[@]}" download --quiet --no-deps --only-binary=:all: -d "$TMP/wheel" "$LLAMA_PKG" \
+            || die "pip could not download $LLAMA_PKG"
+    else # no pip (a bare Debian): the pinned wheel itself, checked the same way
+        mkdir -p "$TMP/wheel"
+        curl -fsSL --retry 3 -o "$TMP/wheel/$LLAMA_WHEEL" "$LLAMA_WHEEL_URL" \
+            || die "cannot download $LLAMA_WHEEL_URL"
+    fi
     check "$TMP/wheel/$LLAMA_WHEEL" "$LLAMA_WHEEL_SHA" "$LLAMA_WHEEL"
     python3 - "$TMP/wheel/$LLAMA_WHEEL" "$LLAMA_MEMBER" "$TMP/llama3.tiktoken" <<'PYEOF' \
         || die "the llama-models wheel lacks $LLAMA_MEMBER"

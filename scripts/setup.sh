@@ -14,6 +14,7 @@ packages=(
   zlib1g-dev                           # crc32 checksums of checkpoints
   libpcre2-dev                         # the BPE pre-tokenizer patterns (Unicode properties, JIT)
   libssl-dev                           # sha256 of tokenizer ranks files (libcrypto)
+  curl ca-certificates                 # scripts/fetch_tokenizers.sh: the pinned ranks files from PyPI
   fortunes fortunes-min                # the demo's English text corpus
   slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so
   clang-14 libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: clang, libFuzzer + sanitizer runtimes, clang's OpenMP
