@@ -395,7 +395,7 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         json_array_append_new(identity, json_pack("{s:I, s:I}", "tokens",
                                                   (json_int_t)a->data_tokens[i], "crc32",
                                                   (json_int_t)a->data_crc[i]));
-    return json_pack(
+    json_t *state = json_pack(
         "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o, s:o}, "
         "s:{s:I, s:s}, s:{s:s, s:f, s:f, s:i, s:i, s:i}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
@@ -410,6 +410,13 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "length", lrs.length, "decay", lrs.decay,
         "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
         "config", cfg);
+    /* The ranks file the ids mean text by (its path, in config.model, may differ on
+     * another machine; its sha256 must not): what a resume and `tessera sample` check. */
+    if (state && c->model.tokenizer[0])
+        json_object_set_new(state, "tokenizer",
+                            json_pack("{s:s, s:s}", "encoding", c->model.tokenizer, "sha256",
+                                      c->model.tokenizer_sha256));
+    return state;
 }
 
 /* Rank 0 after every rank's data is on disk: checksums, state.json, the rename, `latest`
