@@ -12,7 +12,8 @@
 # GPT-2's BPE ranks are fetched if missing (scripts/fetch_tokenizers.sh), the
 # directories and files (every file under a directory, in name order; .jsonl files one
 # document per line) are encoded by `tessera data --encoding gpt2` into data/text_*.bin
-# (a validation shard and training shards, replaced on every run), and
+# (the first tenth of the tokens a validation shard, the rest training shards; replaced
+# on every run), and
 # configs/gpt2-bpe-tiny.cfg (or the --config given) trains on them; the sample at the
 # end is text, decoded by the checkpoint's tokenizer, starting from <|endoftext|>
 # (PROMPT="..." to give one). The arguments after the inputs (from the first one
@@ -65,7 +66,12 @@ if [ ${#text[@]} -gt 0 ]; then
     scripts/fetch_tokenizers.sh
   fi
   mkdir -p data
-  "$root/build/tessera" data --encoding gpt2 --ranks "$ranks_file" --overwrite "${text[@]}" --out data/text
+  # About a tenth of the tokens (GPT-2's BPE: ~4 bytes a token) are held out for
+  # validation, the stream's first ones; at least a few windows of the config's seq_len.
+  bytes=$(find "${text[@]}" -type f ! -name '.*' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }')
+  val=$((bytes / 40 > 1000 ? bytes / 40 : 1000))
+  "$root/build/tessera" data --encoding gpt2 --ranks "$ranks_file" --val-tokens "$val" \
+    --overwrite "${text[@]}" --out data/text
   prompt="${PROMPT-}" # empty: from the document token, as every training document starts
 else
   scripts/prepare_data.sh "$root/build/tessera" data
