@@ -113,8 +113,19 @@ expect_sample_error 1 "nope.tiktoken .*does not exist; run scripts/fetch_tokeniz
 expect_sample_error 2 "'3001' is not a token id from 0 to 3000" "$CK" --ids --prompt "3000 3001"
 expect_sample_error 2 "--prompt is empty: give the token ids" "$CK" --ids --prompt ""
 expect_sample_error 2 "--tokenizer-file needs a value" "$CK" --prompt hi --tokenizer-file
-# With --ids no tokenizer is opened: a missing ranks file does not matter.
-ok i1 "$CK" --ids --prompt "3000 5" --tokens 3 --tokenizer-file "$TMP/nope.tiktoken"
+# --tokenizer-file is never ignored: not with --ids (which opens no tokenizer), nor for
+# a checkpoint without one.
+expect_sample_error 2 "--tokenizer-file .*--ids reads and prints token ids" \
+  "$CK" --ids --prompt "3000 5" --tokenizer-file "$RANKS"
+if run_np 1 train "$SRC/configs/tiny.cfg" "${model[@]}" --set 'model.tokenizer=""' \
+     --set 'model.tokenizer_file=""' --set model.vocab_size=3001 --set train.steps=0 \
+     --set "checkpoint.dir=\"$TMP/cknone\""; then
+  pass
+else
+  fail "saving a model without a tokenizer"; sed 's/^/    /' "$TMP/err" >&2
+fi
+expect_sample_error 2 "--tokenizer-file .*trained without a tokenizer" \
+  "$TMP/cknone" --prompt "5" --tokenizer-file "$RANKS"
 
 # Training: the tokenizer's vocabulary must fit; a byte-level model takes none; the
 # default path, when missing, is named with the fix; a resume under another tokenizer

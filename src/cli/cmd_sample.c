@@ -52,7 +52,8 @@ static const char *k_help =
     "  --tokenizer-file FILE  the ranks file of the checkpoint's tokenizer (default: its\n"
     "                    model.tokenizer_file, else the encoding's default path under\n"
     "                    $TS_TOKENIZER_DIR or ~/.cache/tessera/tokenizers); its sha256\n"
-    "                    must be the one the checkpoint recorded\n"
+    "                    must be the one the checkpoint recorded (not with --ids, nor\n"
+    "                    for a checkpoint without a tokenizer)\n"
     "  --device D        the compute backend, as train.device (default \"cpu\")\n"
     "  --threads N       CPU threads, 1 to 4096 (default 1, or OMP_NUM_THREADS): each new\n"
     "                    token is a short chain of small kernels, where more threads\n"
@@ -384,6 +385,13 @@ int ts_cmd_sample(int argc, char **argv)
     const sample_mode mode = sa.ids || (!mc.tokenizer[0] && mc.vocab_size != 256) ? MODE_IDS
                              : mc.tokenizer[0]                                  ? MODE_TEXT
                                                                                 : MODE_BYTES;
+    if (sa.tokenizer_file && mode != MODE_TEXT) { /* an option is never ignored */
+        usage_error("--tokenizer-file '%s': %s", sa.tokenizer_file,
+                    sa.ids ? "--ids reads and prints token ids and opens no tokenizer"
+                           : "this checkpoint was trained without a tokenizer (no "
+                             "model.tokenizer), so there is none to open");
+        return 2;
+    }
     ts_tokenizer *tok = NULL;
     if (mode == MODE_TEXT) {
         if (ts_model_tokenizer_open(&mc, sa.tokenizer_file, &tok) != TS_OK) {
