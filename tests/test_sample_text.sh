@@ -31,6 +31,7 @@ tr -d ' \n' < "$state" | grep -q "\"tokenizer\":{\"encoding\":\"gpt2\",\"sha256\
   || fail "state.json does not record the tokenizer and its sha256"
 "$TESSERA" ckpt info "$CK" > "$TMP/info" 2>&1
 grep -q "^tokenizer   gpt2, ranks sha256 $SHA" "$TMP/info" && pass || fail "ckpt info: $(cat "$TMP/info")"
+"$TESSERA" ckpt verify "$CK" > "$TMP/verify" 2>&1 && pass || fail "ckpt verify: $(cat "$TMP/verify")"
 
 sample() {
   local name="$1"; shift
