@@ -8,15 +8,43 @@
 # (e.g. --set train.steps=50). The run saves a checkpoint into runs/NAME (or the
 # checkpoint.dir given) and ends by printing a short sample of text from it (`tessera
 # sample`).
+# `--text DIR_OR_FILE...` (first, or after --config) trains on your own text instead:
+# GPT-2's BPE ranks are fetched if missing (scripts/fetch_tokenizers.sh), the
+# directories and files (every file under a directory, in name order; .jsonl files one
+# document per line) are encoded by `tessera data --encoding gpt2` into data/text_*.bin
+# (the first tenth of the tokens a validation shard, the rest training shards; replaced
+# on every run), and
+# configs/gpt2-bpe-tiny.cfg (or the --config given) trains on them; the sample at the
+# end is text, decoded by the checkpoint's tokenizer, starting from <|endoftext|>
+# (PROMPT="..." to give one). The arguments after the inputs (from the first one
+# starting with "-") go to `tessera train`.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-config=configs/tiny.cfg
-if [ "${1:-}" = --config ]; then
-  [ $# -ge 2 ] || { echo "train.sh: --config needs a config file" >&2; exit 2; }
-  config="$2"
-  shift 2
-  [ -f "$config" ] || { echo "train.sh: no config file '$config'" >&2; exit 2; }
+config=""
+text=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config)
+      [ $# -ge 2 ] || { echo "train.sh: --config needs a config file" >&2; exit 2; }
+      config="$2"
+      shift 2
+      [ -f "$config" ] || { echo "train.sh: no config file '$config'" >&2; exit 2; }
+      ;;
+    --text)
+      shift
+      while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do text+=("$1"); shift; done
+      [ ${#text[@]} -gt 0 ] || {
+        echo "train.sh: --text needs the directories or files of text to train on" >&2; exit 2; }
+      for t in "${text[@]}"; do
+        [ -e "$t" ] || { echo "train.sh: --text: no file or directory '$t'" >&2; exit 2; }
+      done
+      ;;
+    *) break ;;
+  esac
+done
+if [ -z "$config" ]; then
+  if [ ${#text[@]} -gt 0 ]; then config=configs/gpt2-bpe-tiny.cfg; else config=configs/tiny.cfg; fi
 fi
 name="$(basename "$config" .cfg)"
 scripts/setup.sh
@@ -29,7 +57,25 @@ if ! scripts/build.sh "$root/build" >"$root/build/build.log" 2>&1; then
   echo "train.sh: the build failed (above)" >&2
   exit 1
 fi
-scripts/prepare_data.sh "$root/build/tessera" data
+prompt="${PROMPT-The }"
+if [ ${#text[@]} -gt 0 ]; then
+  # The config's tokenizer reads the ranks from the default path (tokenizer_file "").
+  ranks_file="${TS_TOKENIZER_DIR:-$HOME/.cache/tessera/tokenizers}/gpt2.tiktoken"
+  if [ ! -f "$ranks_file" ]; then
+    echo "train.sh: GPT-2's ranks are not at $ranks_file: fetching them" >&2
+    scripts/fetch_tokenizers.sh
+  fi
+  mkdir -p data
+  # About a tenth of the tokens (GPT-2's BPE: ~4 bytes a token) are held out for
+  # validation, the stream's first ones; at least a few windows of the config's seq_len.
+  bytes=$(find "${text[@]}" -type f ! -name '.*' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }')
+  val=$((bytes / 40 > 1000 ? bytes / 40 : 1000))
+  "$root/build/tessera" data --encoding gpt2 --ranks "$ranks_file" --val-tokens "$val" \
+    --overwrite "${text[@]}" --out data/text
+  prompt="${PROMPT-}" # empty: from the document token, as every training document starts
+else
+  scripts/prepare_data.sh "$root/build/tessera" data
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ranks="${RANKS:-2}"
 # tiny.cfg's parallel.dp = "auto": the ranks left over by pp * tp are data parallel.
@@ -52,7 +98,6 @@ for a in "$@"; do
 done
 mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train "$config" "${ckpt[@]}" "$@"
 if [ -z "$dir" ]; then exit 0; fi # checkpoint.dir="": nothing saved to sample from
-prompt="The "
 echo
 echo "--- a sample from the trained model: build/tessera sample $dir --prompt \"$prompt\" --tokens 200 ---"
 "$root/build/tessera" sample "$dir" --prompt "$prompt" --tokens 200

@@ -319,6 +319,39 @@ static void test_config_llama(void)
                NULL, "ffn_hidden = 100 must divide by parallel.tp = 8");
 }
 
+/* model.tokenizer: "" (the default), "gpt2" or "llama3", recorded in the config's JSON
+ * with model.tokenizer_file; a byte-level model takes none, a file needs an encoding.
+ * (The ranks file is opened by the trainer, not here: vocab_size against the
+ * tokenizer's vocabulary is test_sample_text.sh's.) */
+static void test_config_tokenizer(void)
+{
+    CHECK(load("model = { vocab_size = 512; };\n") == TS_OK && !g_cfg.model.tokenizer[0] &&
+          !g_cfg.model.tokenizer_file[0] && !g_cfg.model.tokenizer_sha256[0]);
+    CHECK(load("model = { vocab_size = 50304; tokenizer = \"gpt2\"; "
+               "tokenizer_file = \"r/gpt2.tiktoken\"; };\n") == TS_OK);
+    CHECK(!strcmp(g_cfg.model.tokenizer, "gpt2") &&
+          !strcmp(g_cfg.model.tokenizer_file, "r/gpt2.tiktoken"));
+    char *json = ts_config_to_json(&g_cfg);
+    CHECKF(strstr(json, "\"tokenizer\":\"gpt2\"") &&
+               strstr(json, "\"tokenizer_file\":\"r/gpt2.tiktoken\""),
+           "%s", json);
+    free(json);
+    CHECK(load("model = { arch = \"llama\"; vocab_size = 128256; tokenizer = \"llama3\"; };\n") ==
+          TS_OK);
+    EXPECT_ERR("model = { vocab_size = 512; tokenizer = \"bytes\"; };\n", NULL,
+               "'model.tokenizer' = \"bytes\"", "is not an encoding", "\"gpt2\"", "\"llama3\"");
+    EXPECT_ERR("model = { vocab_size = 512; tokenizer = \"gpt-2\"; };\n", NULL, "is not an encoding");
+    EXPECT_ERR("model = { tokenizer = \"gpt2\"; };\n", NULL,
+               "model.tokenizer = \"gpt2\" with model.vocab_size = 256", "byte-level");
+    EXPECT_ERR("model = { vocab_size = 50257; tokenizer_file = \"x.tiktoken\"; };\n", NULL,
+               "model.tokenizer_file = \"x.tiktoken\" is set, but model.tokenizer is not");
+    EXPECT_ERR("model = { vocab_size = 50257; tokenizer = 2; };\n", NULL, "model.tokenizer");
+    EXPECT_ERR("model = { vocab_size = 50257; tokenizr = \"gpt2\"; };\n", NULL, "tokenizer");
+    const char *ov = "model.tokenizer=gpt2";
+    CHECK(load_ov("model = { vocab_size = 50257; };\n", &ov, 1, 0) == TS_OK &&
+          !strcmp(g_cfg.model.tokenizer, "gpt2"));
+}
+
 static void test_config_syntax_error(void)
 {
     EXPECT_ERR("model = {\n  n_layer = 4;\n  n_head = ;\n};\n", NULL, "t.cfg:3");
@@ -678,6 +711,12 @@ static void test_config_shipped_files(void)
     CHECKF(st == TS_OK, "%s", ts_error_message());
     CHECK(c->model.n_layer == 12 && c->model.n_embd == 768 && c->model.vocab_size == 50257);
     CHECK(c->model.seq_len == 1024 && c->train.lr == 6e-4 && c->train.warmup == 700);
+
+    snprintf(path, sizeof path, "%s/configs/gpt2-bpe-tiny.cfg", src);
+    st = ts_config_load(&g_cfg, path, NULL, 0, 2);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    CHECK(!strcmp(c->model.tokenizer, "gpt2") && c->model.vocab_size == 50257 &&
+          !c->model.tokenizer_file[0]);
 }
 
 int main(void)
@@ -691,6 +730,7 @@ int main(void)
     test_config_range_errors();
     test_config_enum_errors();
     test_config_llama();
+    test_config_tokenizer();
     test_config_syntax_error();
     test_config_read_once();
     test_config_relations();

@@ -149,10 +149,53 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
     if (tie && !json_is_boolean(tie))
         return ts_fail("%s: config.model.tie_embeddings is not true or false", path);
     if (tie) m->tie_embeddings = json_is_true(tie) ? 1 : -1;
+    /* The tokenizer (none in a checkpoint older than it): the encoding is checked with
+     * the other keys below, the file is where training found the ranks. */
+    const struct {
+        const char *key;
+        char *v;
+        size_t cap;
+    } strs[] = {{"tokenizer", m->tokenizer, sizeof m->tokenizer},
+                {"tokenizer_file", m->tokenizer_file, sizeof m->tokenizer_file}};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+        json_t *v = json_object_get(model, strs[i].key);
+        if (!v) continue;
+        if (!json_is_string(v) || strlen(json_string_value(v)) >= strs[i].cap)
+            return ts_fail("%s: config.model.%s is not a string of fewer than %zu bytes", path,
+                           strs[i].key, strs[i].cap);
+        snprintf(strs[i].v, strs[i].cap, "%s", json_string_value(v));
+    }
+    if (m->tokenizer[0] && ts_config_check_tokenizer_name(m->tokenizer) != TS_OK)
+        return ts_error_prefix("%s: ", path);
     ts_config_resolve_model(m);
     if (ts_config_validate(&vc, 0) != TS_OK) return ts_error_prefix("%s: its model: ", path);
     *out = vc.model;
     out->init[0] = '\0'; /* where it came from is no part of the checkpoint's model */
+    return TS_OK;
+}
+
+/* "tokenizer": {"encoding", "sha256"}, there exactly when config.model.tokenizer is set
+ * and naming the same encoding. */
+static ts_status parse_tokenizer(json_t *s, ts_model_config *m, const char *path)
+{
+    json_t *t = json_object_get(s, "tokenizer");
+    if (!m->tokenizer[0]) {
+        if (t)
+            return ts_fail("%s has a \"tokenizer\" but its config.model.tokenizer is empty: "
+                           "the state was edited or damaged",
+                           path);
+        return TS_OK;
+    }
+    const char *enc = json_string_value(json_object_get(t, "encoding"));
+    const char *sha = json_string_value(json_object_get(t, "sha256"));
+    bool hex = sha && strlen(sha) == 64;
+    for (int i = 0; hex && i < 64; i++) hex = strchr("0123456789abcdef", sha[i]) != NULL;
+    if (!enc || strcmp(enc, m->tokenizer) != 0 || !hex)
+        return ts_fail("%s: config.model.tokenizer = \"%s\" needs \"tokenizer\": "
+                       "{\"encoding\": \"%s\", \"sha256\": 64 lowercase hex digits}, which is "
+                       "missing or malformed: the state was edited or damaged",
+                       path, m->tokenizer, m->tokenizer);
+    snprintf(m->tokenizer_sha256, sizeof m->tokenizer_sha256, "%s", sha);
     return TS_OK;
 }
 
@@ -191,6 +234,7 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
     if (parse_model(json_object_get(json_object_get(s, "config"), "model"), &r->model, path) !=
         TS_OK)
         return TS_ERR;
+    if (parse_tokenizer(s, &r->model, path) != TS_OK) return TS_ERR;
     if (parse_lr_schedule(r, s, path) != TS_OK) return TS_ERR;
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);

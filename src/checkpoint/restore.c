@@ -164,6 +164,21 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"rope_high_freq_factor", m->rope_high_freq_factor, mc->rope_high_freq_factor, scaled},
         {"rope_original_context", m->rope_original_context, mc->rope_original_context, scaled},
     };
+    /* The tokenizer says what the ids mean: the same encoding, and the same ranks (by
+     * their sha256: the file may lie elsewhere now). */
+    if (strcmp(m->tokenizer, mc->tokenizer) != 0)
+        return ts_fail("checkpoint %s was saved with model.tokenizer = \"%s\", but the config "
+                       "says \"%s\"; its token ids mean text only by its own tokenizer (set "
+                       "model.tokenizer = \"%s\")",
+                       r->dir, m->tokenizer, mc->tokenizer, m->tokenizer);
+    if (m->tokenizer[0] && strcmp(m->tokenizer_sha256, mc->tokenizer_sha256) != 0)
+        return ts_fail("checkpoint %s was saved with model.tokenizer = \"%s\" whose ranks file "
+                       "has sha256 %s, but the ranks file this run opened (%s) has sha256 %s: "
+                       "another vocabulary; point model.tokenizer_file at the ranks the "
+                       "checkpoint was trained with",
+                       r->dir, m->tokenizer, m->tokenizer_sha256,
+                       mc->tokenizer_file[0] ? mc->tokenizer_file : "the default path",
+                       mc->tokenizer_sha256);
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         if (!keys[i].check || keys[i].saved == keys[i].now) continue;
         const bool flag = !strcmp(keys[i].key, "tie_embeddings");

@@ -427,6 +427,12 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     }
     json_object_set_new(data, "weights", weights);
     json_object_set_new(data, "dataset_files", set_files);
+    /* The ranks file the ids mean text by (its path, in config.model, may differ on
+     * another machine; its sha256 must not): what a resume and `tessera sample` check. */
+    if (c->model.tokenizer[0])
+        json_object_set_new(root, "tokenizer",
+                            json_pack("{s:s, s:s}", "encoding", c->model.tokenizer, "sha256",
+                                      c->model.tokenizer_sha256));
     return root;
 }
 

@@ -77,6 +77,11 @@ ts_status ts_ckpt_print_info(const char *step_dir)
     } else if (!ts_model_tied(m)) {
         printf("            untied head (lm_head.weight)\n");
     }
+    if (m->tokenizer[0])
+        printf("tokenizer   %s, ranks sha256 %s%s%s\n", m->tokenizer, m->tokenizer_sha256,
+               m->tokenizer_file[0] ? ", trained from " : "", m->tokenizer_file);
+    else
+        printf("tokenizer   none (%s)\n", m->vocab_size == 256 ? "byte-level" : "token ids");
     printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)\n", r.grid[0],
            r.grid[1], r.grid[2], (int)json_integer_value(json_object_get(grid, "virtual_stages")),
            (int)json_integer_value(json_object_get(grid, "zero")),

@@ -19,10 +19,12 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "model/sample.h"
+#include "model/tokenizer_open.h"
 
 static const char *k_help =
-    "usage: tessera sample DIR --prompt TEXT [--tokens N] [--temperature X] [--top-k K]\n"
-    "                      [--seed S] [--device D] [--threads N]\n"
+    "usage: tessera sample DIR --prompt TEXT [--ids] [--tokens N] [--temperature X]\n"
+    "                      [--top-k K] [--seed S] [--tokenizer-file FILE] [--device D]\n"
+    "                      [--threads N]\n"
     "\n"
     "Generate text from a checkpoint, in one process (no mpirun): the prompt, then N new\n"
     "tokens, each drawn from the model's distribution for the next token given the last\n"
@@ -30,10 +32,16 @@ static const char *k_help =
     "\n"
     "  DIR               a checkpoint: a step directory (DIR/step_NNNNNNNN) or the\n"
     "                    checkpoint.dir of a run, whose `latest` names the newest step\n"
-    "  --prompt TEXT     what the text starts with (not empty). A byte-level model\n"
-    "                    (vocab_size 256) reads TEXT's bytes as its tokens; any other\n"
-    "                    model reads a list of token ids separated by spaces or commas\n"
-    "                    (\"464 3290, 318\"), each below vocab_size\n"
+    "  --prompt TEXT     what the text starts with. A model trained with a tokenizer\n"
+    "                    (model.tokenizer \"gpt2\" or \"llama3\") encodes TEXT with it, a\n"
+    "                    special token's text (\"<|endoftext|>\") being that token; an\n"
+    "                    empty TEXT starts from the document token (gpt2: <|endoftext|>,\n"
+    "                    llama3: <|begin_of_text|>). A byte-level model (vocab_size 256,\n"
+    "                    no tokenizer) reads TEXT's bytes as its tokens (not empty); any\n"
+    "                    other model reads token ids as --ids does\n"
+    "  --ids             TEXT is a list of token ids separated by spaces or commas\n"
+    "                    (\"464 3290, 318\"), each below vocab_size, and the output is ids;\n"
+    "                    no tokenizer is opened\n"
     "  --tokens N        new tokens to generate, 1 to 1000000 (default 200)\n"
     "  --temperature X   divide the logits by X before the softmax, a number >= 0\n"
     "                    (default 1): below 1 sharper, above 1 flatter; 0 = greedy\n"
@@ -41,24 +49,37 @@ static const char *k_help =
     "                    (default 0 = all; 1 = greedy; K >= vocab_size = all)\n"
     "  --seed S          seed of the draws, 0 to 18446744073709551615 (default 1): the\n"
     "                    same checkpoint, prompt, options and seed give the same text\n"
+    "  --tokenizer-file FILE  the ranks file of the checkpoint's tokenizer (default: its\n"
+    "                    model.tokenizer_file, else the encoding's default path under\n"
+    "                    $TS_TOKENIZER_DIR or ~/.cache/tessera/tokenizers); its sha256\n"
+    "                    must be the one the checkpoint recorded (not with --ids, nor\n"
+    "                    for a checkpoint without a tokenizer)\n"
     "  --device D        the compute backend, as train.device (default \"cpu\")\n"
     "  --threads N       CPU threads, 1 to 4096 (default 1, or OMP_NUM_THREADS): each new\n"
     "                    token is a short chain of small kernels, where more threads\n"
     "                    mostly wait for each other (and spin, 15-40x slower, on a\n"
     "                    busy machine); raise it for a large model on idle cores\n"
     "\n"
-    "Output on stdout: for a byte-level model the prompt's bytes and then the new bytes,\n"
-    "raw (a newline is added at the end only when stdout is a terminal); otherwise the\n"
-    "prompt's ids and the new ids separated by spaces, and a newline. Greedy decoding takes\n"
-    "the first of the largest logits. A summary line (tokens, time) goes to stderr.\n"
+    "Output on stdout: with a tokenizer, the prompt and then each new token's bytes as it\n"
+    "comes (a token may hold part of a UTF-8 character: the bytes concatenate to the\n"
+    "text; a special token prints as its text; an id the model's padded vocabulary has\n"
+    "but the tokenizer lacks prints as <|id:N|>); for a byte-level model the prompt's\n"
+    "bytes and then the new bytes, raw (with either, a newline is added at the end only\n"
+    "when stdout is a terminal); otherwise, and with --ids, the prompt's ids and the new\n"
+    "ids separated by spaces, and a newline. Greedy decoding takes the first of the\n"
+    "largest logits. A summary line (tokens, time) goes to stderr.\n"
     "\n"
     "Exit code 0 on success; 2 for a usage error (an unknown option, a bad value, an\n"
-    "empty prompt, a token id out of range); 1 when the checkpoint cannot be read (a\n"
-    "missing directory, a bad state.json, a missing or corrupt weight file), the model's\n"
-    "logits are not finite, or stdout cannot be written. One message on stderr.\n";
+    "empty prompt without a tokenizer, a token id out of range); 1 when the checkpoint\n"
+    "cannot be read (a missing directory, a bad state.json, a missing or corrupt weight\n"
+    "file), its tokenizer's ranks file is missing, unreadable or not the one it was\n"
+    "trained with (another sha256), the model's logits are not finite, or stdout cannot\n"
+    "be written. One message on stderr.\n";
 
 typedef struct {
     const char *dir, *prompt;
+    const char *tokenizer_file; /* --tokenizer-file; NULL = the checkpoint's rule */
+    bool ids;                   /* --ids */
     const ts_kernels *k; /* --device */
     int tokens, top_k;
     int threads;         /* --threads; 0 = OMP_NUM_THREADS or 1 */
@@ -114,6 +135,11 @@ static int parse_args(int argc, char **argv, sample_args *a)
         int missing = 0, rc = 0;
         if ((v = ts_cli_opt_value(argc, argv, &i, "--prompt", &missing))) {
             a->prompt = v;
+        } else if (!strcmp(argv[i], "--ids")) {
+            a->ids = true;
+        } else if ((v = ts_cli_opt_value(argc, argv, &i, "--tokenizer-file", &missing))) {
+            if (!v[0]) rc = usage_error("--tokenizer-file is empty: give the ranks file's path");
+            a->tokenizer_file = v;
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--tokens", &missing))) {
             rc = parse_whole("--tokens", v, 1, 1000000, &a->tokens);
         } else if ((v = ts_cli_opt_value(argc, argv, &i, "--top-k", &missing))) {
@@ -154,15 +180,17 @@ static int parse_args(int argc, char **argv, sample_args *a)
     }
     if (!a->dir) return usage_error("sample needs a checkpoint directory DIR");
     if (!a->prompt) return usage_error("sample needs --prompt TEXT (what the text starts with)");
-    if (!a->prompt[0]) return usage_error("--prompt is empty: give the text to start from");
+    /* An empty prompt is refused once the checkpoint says whether there is a tokenizer
+     * (with one, it means the document token). */
     return 0;
 }
 
 /* --help anywhere but as an option's value is a request for help. */
 static int wants_help(int argc, char **argv)
 {
-    static const char *const k_valued[] = {"--prompt", "--tokens", "--temperature", "--top-k",
-                                           "--seed", "--device", "--threads"};
+    static const char *const k_valued[] = {"--prompt", "--tokens",  "--temperature",
+                                           "--top-k",  "--seed",    "--device",
+                                           "--threads", "--tokenizer-file"};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
         for (size_t j = 0; j < sizeof k_valued / sizeof *k_valued; j++)
@@ -174,66 +202,117 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
-/* The prompt as tokens into *out (allocated, *n of them): its bytes for a byte-level
- * model, else ids separated by spaces or commas, each below vocab. */
-static int prompt_tokens(const char *prompt, int vocab, int **out, int *n)
+/* How the prompt is read and the tokens written: the checkpoint's tokenizer (text),
+ * bytes (a vocab-256 model without one), or token ids (--ids, or any other model). */
+typedef enum { MODE_TEXT, MODE_BYTES, MODE_IDS } sample_mode;
+
+/* The prompt as ids separated by spaces or commas into t (room for strlen + 1), each
+ * below vocab; the count, or -1 with the message. */
+static int parse_ids(const char *prompt, int vocab, int *t)
 {
-    const size_t len = strlen(prompt);
-    int *t = ts_malloc((len + 1) * sizeof *t);
     int count = 0;
-    if (vocab == 256) {
-        for (size_t i = 0; i < len; i++) t[count++] = (unsigned char)prompt[i];
-    } else {
-        const char *p = prompt;
-        for (;;) {
-            while (*p == ',' || isspace((unsigned char)*p)) p++;
-            if (!*p) break;
-            size_t w = 0;
-            while (p[w] && p[w] != ',' && !isspace((unsigned char)p[w])) w++;
-            char word[32];
-            uint64_t id = 0;
-            int ok = w < sizeof word;
-            if (ok) {
-                memcpy(word, p, w);
-                word[w] = '\0';
-                ok = parse_u64(word, UINT64_MAX, &id) == 0;
-            }
-            if (!ok || id >= (uint64_t)vocab) {
-                usage_error("--prompt: '%.*s%s' is not a token id from 0 to %d (this model's "
-                            "vocab_size is %d, so the prompt is a list of ids separated by "
-                            "spaces or commas)",
-                            (int)(w > 40 ? 40 : w), p, w > 40 ? "..." : "", vocab - 1, vocab);
-                free(t);
-                return -1;
-            }
-            t[count++] = (int)id;
-            p += w;
+    const char *p = prompt;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        size_t w = 0;
+        while (p[w] && p[w] != ',' && !isspace((unsigned char)p[w])) w++;
+        char word[32];
+        uint64_t id = 0;
+        int ok = w < sizeof word;
+        if (ok) {
+            memcpy(word, p, w);
+            word[w] = '\0';
+            ok = parse_u64(word, UINT64_MAX, &id) == 0;
         }
-        if (count == 0) {
-            usage_error("--prompt holds no token ids: give ids below %d separated by spaces or "
-                        "commas",
-                        vocab);
-            free(t);
+        if (!ok || id >= (uint64_t)vocab) {
+            usage_error("--prompt: '%.*s%s' is not a token id from 0 to %d (this model's "
+                        "vocab_size is %d, so the prompt is a list of ids separated by "
+                        "spaces or commas)",
+                        (int)(w > 40 ? 40 : w), p, w > 40 ? "..." : "", vocab - 1, vocab);
             return -1;
         }
+        t[count++] = (int)id;
+        p += w;
+    }
+    if (count == 0) {
+        usage_error("--prompt holds no token ids: give ids below %d separated by spaces or "
+                    "commas",
+                    vocab);
+        return -1;
+    }
+    return count;
+}
+
+/* The prompt as tokens into *out (allocated, *n of them). Returns 0, 2 for a usage
+ * error, 1 for a failure of the tokenizer (with its message printed). */
+static int prompt_tokens(const char *prompt, int vocab, sample_mode mode, const ts_tokenizer *tok,
+                         int **out, int *n)
+{
+    const size_t len = strlen(prompt);
+    int count = 0;
+    if (mode == MODE_TEXT) {
+        ts_tok_ids ids = {0};
+        ts_tok_encoder *enc = NULL;
+        ts_status st = ts_tok_encoder_new(tok, &enc);
+        if (st == TS_OK && len) st = ts_tok_encode_special(enc, prompt, len, &ids, NULL);
+        if (enc) ts_tok_encoder_free(enc);
+        if (st != TS_OK) {
+            free(ids.ids);
+            fprintf(stderr, "tessera: error: --prompt: %s\n", ts_error_message());
+            return 1;
+        }
+        int *t = ts_malloc((ids.n + 1) * sizeof *t);
+        /* Nothing to continue from: the document token, as every document of the
+         * training data began (`tessera data`). */
+        if (ids.n == 0) t[count++] = (int)ts_tokenizer_doc_token(tok);
+        for (size_t i = 0; i < ids.n; i++) t[count++] = (int)ids.ids[i];
+        free(ids.ids);
+        *out = t;
+        *n = count;
+        return 0;
+    }
+    if (!len) {
+        usage_error("--prompt is empty: give the %s to start from (only a model trained with "
+                    "a tokenizer starts from its document token)",
+                    mode == MODE_BYTES ? "text" : "token ids");
+        return 2;
+    }
+    int *t = ts_malloc((len + 1) * sizeof *t);
+    if (mode == MODE_BYTES) {
+        for (size_t i = 0; i < len; i++) t[count++] = (unsigned char)prompt[i];
+    } else if ((count = parse_ids(prompt, vocab, t)) < 0) {
+        free(t);
+        return 2;
     }
     *out = t;
     *n = count;
     return 0;
 }
 
-static void emit_token(int token, int vocab, int first)
+/* One token on stdout in the mode's form. An id of a padded vocabulary beyond the
+ * tokenizer's (gpt2's 50257 in llm.c's 50304) has no text; it is shown by number. */
+static void emit_token(int token, sample_mode mode, const ts_tokenizer *tok, int first)
 {
-    if (vocab == 256)
+    if (mode == MODE_BYTES) {
         putchar(token);
-    else
+    } else if (mode == MODE_IDS) {
         printf(first ? "%d" : " %d", token);
+    } else {
+        size_t len;
+        const unsigned char *b = ts_tok_token_bytes(tok, (uint32_t)token, &len);
+        if (b)
+            fwrite(b, 1, len, stdout);
+        else
+            printf("<|id:%d|>", token);
+    }
 }
 
 /* Generate sa->tokens tokens after the prompt's n_prompt in tokens[] (room for both),
  * printing each as it comes. Returns 0, or 1 (with its message) when the logits are not
  * finite or stdout cannot be written. */
-static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n_prompt)
+static int generate(const ts_model *m, const sample_args *sa, sample_mode mode,
+                    const ts_tokenizer *tok, int *tokens, int n_prompt)
 {
     const int V = m->vocab_size;
     ts_sampler s;
@@ -266,7 +345,7 @@ static int generate(const ts_model *m, const sample_args *sa, int *tokens, int n
             break;
         }
         tokens[len] = next;
-        emit_token(next, V, 0);
+        emit_token(next, mode, tok, 0);
         if (fflush(stdout) != 0) { /* a full disk or a closed pipe: stop here */
             fprintf(stderr, "tessera: error: writing standard output failed: %s\n",
                     strerror(errno));
@@ -303,8 +382,41 @@ int ts_cmd_sample(int argc, char **argv)
     }
     /* The model keys' ranges and relations were checked when state.json was read
      * (checkpoint/reader.c), as a config file's are. */
+    const sample_mode mode = sa.ids || (!mc.tokenizer[0] && mc.vocab_size != 256) ? MODE_IDS
+                             : mc.tokenizer[0]                                  ? MODE_TEXT
+                                                                                : MODE_BYTES;
+    if (sa.tokenizer_file && mode != MODE_TEXT) { /* an option is never ignored */
+        usage_error("--tokenizer-file '%s': %s", sa.tokenizer_file,
+                    sa.ids ? "--ids reads and prints token ids and opens no tokenizer"
+                           : "this checkpoint was trained without a tokenizer (no "
+                             "model.tokenizer), so there is none to open");
+        return 2;
+    }
+    ts_tokenizer *tok = NULL;
+    if (mode == MODE_TEXT) {
+        if (ts_model_tokenizer_open(&mc, sa.tokenizer_file, &tok) != TS_OK) {
+            fprintf(stderr, "tessera: error: %s (checkpoint %s)\n", ts_error_message(), step_dir);
+            return 1;
+        }
+        /* Other ranks would turn the ids into other text, silently. */
+        if (strcmp(ts_tokenizer_sha256(tok), mc.tokenizer_sha256) != 0) {
+            fprintf(stderr,
+                    "tessera: error: the ranks file %s has sha256 %s, but checkpoint %s was "
+                    "trained with model.tokenizer = \"%s\" whose ranks file had sha256 %s: "
+                    "its ids would decode to other text; give that file with "
+                    "--tokenizer-file FILE\n",
+                    ts_tokenizer_path(tok), ts_tokenizer_sha256(tok), step_dir, mc.tokenizer,
+                    mc.tokenizer_sha256);
+            ts_tokenizer_free(tok);
+            return 1;
+        }
+    }
     int *tokens = NULL, n_prompt = 0;
-    if (prompt_tokens(sa.prompt, mc.vocab_size, &tokens, &n_prompt) != 0) return 2;
+    int prc = prompt_tokens(sa.prompt, mc.vocab_size, mode, tok, &tokens, &n_prompt);
+    if (prc != 0) {
+        if (tok) ts_tokenizer_free(tok);
+        return prc;
+    }
     /* Room for the prompt and every new token (n_prompt is bounded by the argument size). */
     int *all = ts_malloc(((size_t)n_prompt + (size_t)sa.tokens) * sizeof *all);
     memcpy(all, tokens, (size_t)n_prompt * sizeof *all);
@@ -315,17 +427,19 @@ int ts_cmd_sample(int argc, char **argv)
     if (ts_ckpt_load_weights(&m, step_dir) != TS_OK) {
         fprintf(stderr, "tessera: error: %s\n", ts_error_message());
         ts_model_free(&m);
+        if (tok) ts_tokenizer_free(tok);
         free(all);
         return 1;
     }
 
     const double t0 = ts_now_ms();
-    if (mc.vocab_size == 256)
+    /* The prompt as given: decode(encode(x)) is x, byte for byte. */
+    if (mode != MODE_IDS)
         fwrite(sa.prompt, 1, strlen(sa.prompt), stdout);
     else
-        for (int i = 0; i < n_prompt; i++) emit_token(all[i], mc.vocab_size, i == 0);
-    int rc = generate(&m, &sa, all, n_prompt);
-    if (mc.vocab_size != 256 || isatty(STDOUT_FILENO)) putchar('\n');
+        for (int i = 0; i < n_prompt; i++) emit_token(all[i], mode, tok, i == 0);
+    int rc = generate(&m, &sa, mode, tok, all, n_prompt);
+    if (mode == MODE_IDS || isatty(STDOUT_FILENO)) putchar('\n');
     if (rc == 0 && ts_stdout_check() != TS_OK) {
         fprintf(stderr, "tessera: error: %s\n", ts_error_message());
         rc = 1;
@@ -335,6 +449,7 @@ int ts_cmd_sample(int argc, char **argv)
         fprintf(stderr, "sampled %d tokens from %s (step %d) in %.2f s (%.0f tokens/s)\n",
                 sa.tokens, step_dir, step, s, s > 0 ? sa.tokens / s : 0.0);
     }
+    if (tok) ts_tokenizer_free(tok);
     ts_model_free(&m);
     free(all);
     return rc;

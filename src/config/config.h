@@ -29,7 +29,19 @@ typedef struct {
     double rope_scaling, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_context;
     char init[TS_PATH_MAX];     /* "" = random init from train.seed; else safetensors */
+    /* The text encoding the token ids are in: "" (none: bytes at vocab_size 256, bare
+     * ids otherwise), "gpt2" or "llama3" (src/tokenizer/tokenizer.h), and its ranks file
+     * ("" = the encoding's default path). tokenizer_sha256 is no key: the sha256 of the
+     * ranks file, filled in when the trainer opens it (or read from a checkpoint), and
+     * recorded in state.json so that a resume and `tessera sample` use the same ranks. */
+    char tokenizer[16];
+    char tokenizer_file[TS_PATH_MAX];
+    char tokenizer_sha256[72];
 } ts_model_config;
+
+/* model.tokenizer's values ("", "gpt2", "llama3"): an error naming them otherwise (for
+ * a name read from elsewhere than a config file: a checkpoint's state.json). */
+ts_status ts_config_check_tokenizer_name(const char *name);
 
 /* The architecture of a model config: the layer list is the same (embedding, blocks,
  * head); the blocks and the head differ (model/model.h). */

@@ -54,6 +54,7 @@ static inline const void *cfield_ptr(const ts_config *cfg, const key_spec *k)
 /* ---- config_validate.c: the per-key checks of the table's enumerations and other
  * rules, and the range and contents checks every key gets. */
 ts_status ts_config_check_arch(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_tokenizer(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_schedule(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_recompute(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const char *where);

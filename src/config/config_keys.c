@@ -141,6 +141,8 @@ const key_spec ts_config_keys[] = {
               false),
     INT_KEY("model", "rope_original_context", model.rope_original_context, 1, 1 << 24),
     STR_KEY("model", "init", model.init, NULL),
+    STR_KEY("model", "tokenizer", model.tokenizer, ts_config_check_tokenizer),
+    STR_KEY("model", "tokenizer_file", model.tokenizer_file, NULL),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
     /* "auto": what pp * tp leave of the ranks launched (ts_config_load resolves it). */

@@ -40,6 +40,28 @@ ts_status ts_config_check_arch(const key_spec *k, const ts_config *cfg, const ch
                    cfg->model.arch, where);
 }
 
+/* model.tokenizer: none, or an encoding of src/tokenizer (the byte-level "bytes" is no
+ * value: a vocab-256 model without a tokenizer already is byte-level). */
+static ts_status check_tokenizer(const char *t, const char *where)
+{
+    if (!t[0] || strcmp(t, "gpt2") == 0 || strcmp(t, "llama3") == 0) return TS_OK;
+    return ts_fail("config key 'model.tokenizer' = \"%s\"%s is not an encoding; choose "
+                   "\"gpt2\" (GPT-2's BPE, 50257 ids), \"llama3\" (Llama 3's, 128256 ids) or "
+                   "\"\" (none: token ids, or bytes at model.vocab_size = 256)",
+                   t, where);
+}
+
+ts_status ts_config_check_tokenizer(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    (void)k;
+    return check_tokenizer(cfg->model.tokenizer, where);
+}
+
+ts_status ts_config_check_tokenizer_name(const char *name)
+{
+    return check_tokenizer(name, "");
+}
+
 static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -531,6 +553,18 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("model.ffn_hidden = %d must divide by parallel.tp = %d (each "
                        "tensor-parallel rank holds ffn_hidden/tp MLP columns)",
                        ffn, p->tp);
+    /* The tokenizer's own vocabulary is checked against vocab_size when the trainer opens
+     * its ranks file (train/setup.c); these relations need no file. */
+    if (m->tokenizer_file[0] && !m->tokenizer[0])
+        return ts_fail("model.tokenizer_file = \"%s\" is set, but model.tokenizer is not: "
+                       "name the encoding of that ranks file (model.tokenizer = \"gpt2\" or "
+                       "\"llama3\") or remove tokenizer_file",
+                       m->tokenizer_file);
+    if (m->tokenizer[0] && m->vocab_size == 256)
+        return ts_fail("model.tokenizer = \"%s\" with model.vocab_size = 256: a vocab-256 "
+                       "model is byte-level (its ids are bytes); a BPE tokenizer needs "
+                       "vocab_size >= its vocabulary (%s; llm.c pads gpt2 to 50304)",
+                       m->tokenizer, strcmp(m->tokenizer, "gpt2") == 0 ? "50257" : "128256");
     /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
      * as long as every tensor-parallel rank gets at least one row. */
     if (m->vocab_size < p->tp)

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/watchdog.h"
 #include "dataset/files.h"
+#include "model/tokenizer_open.h"
 #include "pipeline/memory.h"
 
 /* The compute backend train.device, train.precision and train.attention name (the
@@ -60,12 +61,29 @@ ts_status ts_trainer_select_device(ts_trainer *t)
     return first[0] ? ts_fail("%s", first) : TS_OK;
 }
 
+/* model.tokenizer, when set: its ranks file opened on every rank (a few MB at most)
+ * and checked against vocab_size, and its sha256 kept in the run's config, which the
+ * checkpoints record and a resume compares. The data itself carries no tokenizer mark:
+ * the ids' range is what the data check can see. */
+static ts_status open_tokenizer(ts_trainer *t)
+{
+    ts_model_config *m = &t->cfg.model;
+    ts_tokenizer *tok;
+    if (ts_model_tokenizer_open(m, NULL, &tok) != TS_OK) return TS_ERR;
+    if (!tok) return TS_OK;
+    snprintf(m->tokenizer_sha256, sizeof m->tokenizer_sha256, "%s", ts_tokenizer_sha256(tok));
+    ts_tokenizer_free(tok);
+    return TS_OK;
+}
+
+
 _Static_assert(TS_MAX_DATA_SETS == TS_MAX_DATASETS, "config.h and blend.h bound the blend alike");
 
 /* data.train (its datasets, globs expanded) and, when evaluating, data.val: opened and
- * checked against seq_len. */
+ * checked against seq_len (after the tokenizer, whose ids they hold). */
 ts_status ts_trainer_open_data(ts_trainer *t)
 {
+    if (open_tokenizer(t) != TS_OK) return TS_ERR;
     const ts_config *c = &t->cfg;
     const ts_data_config *d = &c->data;
     const char *paths[TS_MAX_SHARDS];
