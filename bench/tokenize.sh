@@ -5,8 +5,10 @@
 # one pathological document: a single 200 KB "word" of random letters, one pre-token
 # piece (a linear-scan merge like tiktoken's small-piece path would be quadratic on it;
 # tiktoken 0.14 and ours both switch to a heap for long pieces). Ours (bench_tokenize) with 1 and THREADS
-# threads, tiktoken's encode_ordinary_batch(docs, num_threads=THREADS) with THREADS, each
-# the best of REPS passes; the ids are compared by count and sha256 (document order,
+# threads, `tessera data --threads THREADS` on the same files (the whole corpus tool: files
+# read, shards written; its ids read back without the document tokens), tiktoken's
+# encode_ordinary_batch(docs, num_threads=THREADS) with THREADS (documents already in
+# memory), each the best of REPS passes; the ids are compared by count and sha256 (document order,
 # little-endian uint32). Prints a markdown table.
 #
 # Usage: bench/tokenize.sh [THREADS] [REPS]       (default 2 threads, 3 passes)
@@ -21,8 +23,8 @@ threads="${1:-2}"
 reps="${2:-3}"
 command="bench/tokenize.sh $*"
 build="${TS_BENCH_BUILD:-$root/build}"
-if [ ! -x "$build/bench/bench_tokenize" ]; then
-  if [ -f "$build/CMakeCache.txt" ]; then cmake --build "$build" -j2 --target bench_tokenize >/dev/null
+if [ ! -x "$build/bench/bench_tokenize" ] || [ ! -x "$build/tessera" ]; then
+  if [ -f "$build/CMakeCache.txt" ]; then cmake --build "$build" -j2 --target bench_tokenize tessera >/dev/null
   else scripts/build.sh "$build" >/dev/null; fi
 fi
 bench="$build/bench/bench_tokenize"
@@ -88,6 +90,11 @@ for enc in gpt2 llama3; do
       else rows+=("$(row tessera "$enc" "$t" "$label" "$ours")"); fi
       [ "$t" = "$threads" ] && break
     done
+    # The whole corpus tool on the same files: reading, encoding, writing the shards.
+    if [ $corpus = corpus ]; then
+      line=$(python3 bench/tokenize_data.py "$build/tessera" "$list" "$enc" "$ranks" "$threads" "$reps")
+      rows+=("$(row "tessera data" "$enc" "$threads" "$label" "$line" "$peerline")")
+    fi
     [ -n "$peerline" ] && rows+=("$(row "tiktoken $("$py" -c 'import tiktoken; print(tiktoken.__version__)')" "$enc" "$threads" "$label" "$peerline")")
   done
 done
@@ -96,7 +103,7 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 echo "## Tokenizer throughput: tessera's BPE against tiktoken"
 echo
 echo "\`$command\` on $(date -u '+%Y-%m-%d %H:%M') UTC at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $cpu, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) before the run."
-echo "Best of $reps passes; documents read into memory first; ratio = tiktoken's seconds / ours at the same thread count; load = reading and indexing the ranks file."
+echo "Best of $reps passes; documents read into memory first (except for \`tessera data\`, which reads the files and writes the shards); ratio = tiktoken's seconds / ours at the same thread count; load = reading and indexing the ranks file."
 echo
 echo "| tokenizer | encoding | corpus | threads | bytes | tokens | seconds | MB/s | tokens/s | ratio | ids = tiktoken's | load ms |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
