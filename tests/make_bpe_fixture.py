@@ -13,6 +13,7 @@ invalid bytes; each run is encoded by tiktoken as a separate string, an invalid 
 single-byte token. (Python's strict decoder with surrogateescape marks exactly those bytes.)
 
 Usage: /tmp/tkv/bin/python tests/make_bpe_fixture.py [--gpt2 PATH] [--llama3 PATH]
+       [--exhaustive BUILD/tests/test_tokenizer]   (check every code point instead)
 (default paths: $TS_TOKENIZER_DIR or ~/.cache/tessera/tokenizers, NAME.tiktoken)."""
 import argparse
 import hashlib
@@ -116,6 +117,11 @@ def curated():
         ("\U0001F600" * 120).encode(),
         ("a" * 129).encode(),
         ("ab" * 64).encode(),
+        # letters and digits of Unicode 15 and 16 (PCRE2 10.42 has Unicode 14's tables)
+        "Kawi \U00011F04\U00011F33 Garay \U00010D4A\U00010D85 \U00010D40\U00010D49 tje \u1C89\u1C8A"
+        " \uA7CB\uA7DC Nag \U0001E4D0\U0001E4EB\U0001E4F0 CJK-H \U00031350\U000323AF"
+        " \U0002EBF0\U0002EE5D \U00013460\U000143FA 9\U0001CCF0\U0001D2D3 x\U0001E5F0\U0001E5FA"
+        " \U00016D40\U00016D79 '\U00011F04".encode(),
     ]
     return t
 
@@ -200,16 +206,41 @@ def write_expected(path, label, ranks_path, enc, ranks, texts):
     print(f"wrote {path}")
 
 
+def exhaustive(binary, name, ranks_path, pat, specials):
+    """Every code point (surrogates aside) in a few contexts through tiktoken and through
+    `test_tokenizer --encode`: the pattern's classes must agree on each one."""
+    import subprocess
+    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    texts = ["".join("x%c %c7%c!\n'%c" % (c, c, c, c) for c in cps[i:i + 64])
+             for i in range(0, len(cps), 64)]
+    ranks = tiktoken.load.load_tiktoken_bpe(ranks_path)
+    want = make_encoding(name, pat, ranks, specials).encode_ordinary_batch(texts, num_threads=2)
+    out = subprocess.run([binary, "--encode", name, ranks_path], check=True, capture_output=True,
+                         text=True, input="".join(t.encode().hex() + "\n" for t in texts)).stdout
+    got = [[int(x) for x in line.split()] for line in out.split("\n")[:len(texts)]]
+    bad = [i for i in range(len(texts)) if got[i] != want[i]]
+    print(f"{name}: every code point in context: {len(bad)} of {len(texts)} texts differ"
+          + (f" (first: U+{cps[bad[0] * 64]:04X} ..)" if bad else ""))
+    return not bad
+
+
 def main():
     d = os.environ.get("TS_TOKENIZER_DIR") or os.path.expanduser("~/.cache/tessera/tokenizers")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpt2", default=os.path.join(d, "gpt2.tiktoken"))
     ap.add_argument("--llama3", default=os.path.join(d, "llama3.tiktoken"))
+    ap.add_argument("--exhaustive", metavar="TEST_TOKENIZER",
+                    help="instead of writing fixtures, compare every code point against "
+                    "tiktoken through this test_tokenizer binary")
     a = ap.parse_args()
     for name, p in (("gpt2", a.gpt2), ("llama3", a.llama3)):
         if hashlib.sha256(open(p, "rb").read()).hexdigest() != SHA[name]:
             sys.exit(f"{p}: not the {name} ranks file (sha256 differs); run "
                      "scripts/fetch_tokenizers.sh")
+    if a.exhaustive:
+        ok = exhaustive(a.exhaustive, "gpt2", a.gpt2, GPT2_PAT, ["<|endoftext|>"])
+        ok = exhaustive(a.exhaustive, "llama3", a.llama3, LLAMA3_PAT, LLAMA3_SPECIALS) and ok
+        sys.exit(0 if ok else 1)
     os.makedirs(OUT, exist_ok=True)
     small = os.path.join(OUT, "small.tiktoken")
     with open(a.gpt2, "rb") as f:

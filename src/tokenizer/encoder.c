@@ -7,18 +7,35 @@
 
 #include "tokenizer/tok_internal.h"
 
+/* A cache of merged pieces: text repeats its words, and a piece that is not itself a
+ * token costs a merge each time (most of the encoder's time on English text without
+ * it). Direct-mapped, a newer piece replaces an older one in its slot; the ids are a
+ * pure function of the piece's bytes, so a hit gives exactly what the merge would. */
+#define TS_TOK_CACHE_SLOTS 4096
+#define TS_TOK_CACHE_KEY 30
+#define TS_TOK_CACHE_IDS 14
+typedef struct {
+    uint64_t hash;
+    uint8_t len; /* 0 = empty */
+    uint8_t n_ids;
+    unsigned char key[TS_TOK_CACHE_KEY];
+    uint32_t ids[TS_TOK_CACHE_IDS];
+} piece_cache_entry;
+
 struct ts_tok_encoder {
     const ts_tokenizer *tok;
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
     ts_tok_merge_scratch scratch;
+    piece_cache_entry *cache;
 };
 
 ts_status ts_tok_encoder_new(const ts_tokenizer *tok, ts_tok_encoder **out)
 {
     ts_tok_encoder *e = ts_calloc(1, sizeof *e);
     e->tok = tok;
+    e->cache = ts_calloc(TS_TOK_CACHE_SLOTS, sizeof *e->cache);
     if (tok->re) {
         e->md = pcre2_match_data_create_from_pattern(tok->re, NULL);
         e->mctx = pcre2_match_context_create(NULL);
@@ -48,18 +65,38 @@ void ts_tok_encoder_free(ts_tok_encoder *e)
     pcre2_match_context_free(e->mctx);
     pcre2_jit_stack_free(e->jit_stack);
     ts_tok_merge_scratch_free(&e->scratch);
+    free(e->cache);
     free(e);
 }
 
 static void encode_piece(ts_tok_encoder *e, const unsigned char *p, size_t len, ts_tok_ids *out)
 {
     const ts_tok_ranks *r = &e->tok->ranks;
-    uint32_t k = ts_tok_rank_of(r, p, len);
+    uint64_t h = ts_tok_hash(p, len);
+    uint32_t k = ts_tok_rank_of_h(r, p, len, h);
     if (k != TS_TOK_NO_RANK) {
         ts_tok_push(out, k);
         return;
     }
+    if (len > TS_TOK_CACHE_KEY) {
+        ts_tok_merge(r, p, len, &e->scratch, out);
+        return;
+    }
+    piece_cache_entry *c = &e->cache[(h >> 20) & (TS_TOK_CACHE_SLOTS - 1)];
+    if (c->hash == h && c->len == len && memcmp(c->key, p, len) == 0) {
+        for (unsigned i = 0; i < c->n_ids; i++) ts_tok_push(out, c->ids[i]);
+        return;
+    }
+    size_t first = out->n;
     ts_tok_merge(r, p, len, &e->scratch, out);
+    size_t n = out->n - first;
+    if (n <= TS_TOK_CACHE_IDS) {
+        c->hash = h;
+        c->len = (uint8_t)len;
+        c->n_ids = (uint8_t)n;
+        memcpy(c->key, p, len);
+        memcpy(c->ids, out->ids + first, n * sizeof *c->ids);
+    }
 }
 
 /* One valid UTF-8 run, as tiktoken's encode_ordinary encodes it as a whole string. */
@@ -80,6 +117,10 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
         /* The patterns match every character and never the empty string. */
         TS_ASSERT(ov[1] > ov[0] && ov[1] <= len);
+        if (ov[1] - ov[0] >= UINT32_MAX) /* the merge indexes bytes with 32 bits */
+            return ts_fail("a single pre-token piece of %zu bytes (a 4 GiB run of letters, "
+                           "digits or symbols) is too long to merge; split the document",
+                           (size_t)(ov[1] - ov[0]));
         encode_piece(e, p + ov[0], ov[1] - ov[0], out);
         off = ov[1];
     }
@@ -127,6 +168,7 @@ ts_status ts_tok_encode(ts_tok_encoder *e, const char *text, size_t len, ts_tok_
                         uint64_t *n_invalid)
 {
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     if (e->tok->enc->kind == TS_ENC_BYTES) {
         for (size_t i = 0; i < len; i++) ts_tok_push(out, p[i]);
         if (n_invalid) {
@@ -160,6 +202,7 @@ ts_status ts_tok_encode_special(ts_tok_encoder *e, const char *text, size_t len,
     const ts_tokenizer *t = e->tok;
     if (t->enc->kind == TS_ENC_BYTES) return ts_tok_encode(e, text, len, out, n_invalid);
     const unsigned char *p = (const unsigned char *)text;
+    if (n_invalid) *n_invalid = 0;
     /* Every special is "<|" name "|>" with no "|>" inside, so a special can only be the
      * span from a "<|" to the first "|>" after it; the text between specials is
      * encoded as separate strings, as tiktoken does. */

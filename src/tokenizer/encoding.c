@@ -8,30 +8,49 @@
 #include "tokenizer/tok_internal.h"
 
 /* tiktoken's patterns are fancy-regex (Rust); PCRE2 reads the same text differently in
- * three places, so the patterns below are spelled out instead of copied:
+ * four places, so the patterns below are spelled out instead of copied:
  * - \s is Rust's Unicode White_Space; PCRE2's \s (even with UCP) lacks U+0085 (NEL).
  *   WS below is the White_Space list, so \s -> [WS], \S -> [^WS].
  * - `$` in PCRE2 also matches before a final newline; Rust's is the end of the text: \z.
  * - Llama 3's (?i:'s|...) folds by Unicode simple case folding, where s also matches
  *   U+017F (long s); written as explicit classes so no PCRE2 caseless rule can differ.
- * \p{L} and \p{N} come from PCRE2's Unicode tables (10.42: Unicode 14), tiktoken's from
- * Rust's regex-syntax (a newer Unicode): letters and digits assigned after Unicode 14
- * are the one known difference (they split differently; ids stay valid and decode). */
+ * - \p{L} and \p{N}: PCRE2 10.42 (Debian 12) has Unicode 14's tables, tiktoken 0.14's
+ *   regex-syntax Unicode 16's. Every code point was tried in both engines: tiktoken's
+ *   sets are PCRE2's plus the letters (LX) and digits (NX) assigned in Unicode 15 and 16,
+ *   and nothing is in PCRE2's alone; so \p{L} -> [\p{L}LX], \p{N} -> [\p{N}NX] (harmless
+ *   once PCRE2 has them itself). The White_Space sets were identical. */
 #define WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define LX \
+    "\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CD}\\x{A7DA}-\\x{A7DC}" \
+    "\\x{105C0}-\\x{105F3}\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}" \
+    "\\x{10EC2}-\\x{10EC4}\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}" \
+    "\\x{1138E}\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}" \
+    "\\x{11BC0}-\\x{11BE0}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
+    "\\x{1342F}\\x{13441}-\\x{13446}\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}" \
+    "\\x{16D40}-\\x{16D6C}\\x{18CFF}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}" \
+    "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}" \
+    "\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define NX \
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}" \
+    "\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}" \
+    "\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}" \
+    "\\x{1E5F1}-\\x{1E5FA}"
+#define L "[\\p{L}" LX "]"
+#define N "[\\p{N}" NX "]"
+#define NOT_WS_L_N "[^" WS "\\p{L}" LX "\\p{N}" NX "]"
 
 /* tiktoken's r50k_base pattern (its current, possessive form):
  * '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s */
-static const char k_gpt2_pattern[] =
-    "'(?:[sdmt]|ll|ve|re)| ?\\p{L}++| ?\\p{N}++| ?[^" WS "\\p{L}\\p{N}]++|[" WS "]++\\z|[" WS
-    "]+(?![^" WS "])|[" WS "]";
+static const char k_gpt2_pattern[] = "'(?:[sdmt]|ll|ve|re)| ?" L "++| ?" N "++| ?" NOT_WS_L_N
+                                     "++|[" WS "]++\\z|[" WS "]+(?![^" WS "])|[" WS "]";
 
 /* llama_models/llama3/tokenizer.py's pat_str:
  * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
  * \s*[\r\n]+|\s+(?!\S)|\s+ */
 static const char k_llama3_pattern[] =
-    "'(?:[sS\\x{17F}]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-    "\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS
-    "]+";
+    "'(?:[sS\\x{17F}]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])|[^\\r\\n\\p{L}" LX "\\p{N}" NX
+    "]?" L "+|" N "{1,3}| ?" NOT_WS_L_N "+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS
+    "])|[" WS "]+";
 
 static const char *const k_gpt2_specials[] = {"<|endoftext|>"};
 

@@ -83,6 +83,13 @@ static ts_status parse_lines(const unsigned char *data, size_t len, const char *
             if (num[i] < '0' || num[i] > '9') ok = 0;
             else rank = rank * 10 + (uint64_t)(num[i] - '0');
         }
+        if (numn && num[numn - 1] == '\r') {
+            free(lines);
+            free(dec);
+            return ts_fail("%s:%zu: the line ends in a carriage return: ranks files have "
+                           "LF line ends (convert it, e.g. with dos2unix, or fetch it again)",
+                           path, lineno);
+        }
         if (!ok || rank >= TS_TOK_NO_RANK) {
             free(lines);
             free(dec);
@@ -169,9 +176,9 @@ ts_status ts_tok_ranks_parse(ts_tok_ranks *r, const unsigned char *data, size_t 
                     path, line_of[k], k, dup, line_of[dup]);
             goto done;
         }
-        uint64_t i = ts_tok_hash(p, kl) & r->mask;
+        uint64_t h = ts_tok_hash(p, kl), i = h & r->mask;
         while (r->slots[i]) i = (i + 1) & r->mask;
-        r->slots[i] = k + 1;
+        r->slots[i] = (h >> 32) << 32 | (uint64_t)(k + 1);
     }
     for (unsigned b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;

@@ -14,12 +14,14 @@
 #define TS_TOK_NO_RANK UINT32_MAX
 
 /* Byte strings of ranks 0..n-1 in one buffer, and an open-addressing hash table of
- * them (slots hold rank + 1, 0 = empty; the table is at least twice n, a power of 2). */
+ * them (linear probing; the table is at least twice n, a power of 2). A slot holds the
+ * key's hash's top 32 bits above rank + 1 (0 = empty), so a probe that meets another
+ * key almost never compares bytes. */
 typedef struct {
     uint32_t n;
     unsigned char *bytes; /* all tokens' bytes back to back */
     uint64_t *offset;     /* token r is bytes[offset[r] .. offset[r+1]) */
-    uint32_t *slots;
+    uint64_t *slots;
     uint64_t mask;
 } ts_tok_ranks;
 
@@ -51,19 +53,29 @@ static inline uint64_t ts_tok_hash(const unsigned char *p, size_t len)
     return h ^ (h >> 32);
 }
 
+/* The rank of a byte string whose ts_tok_hash is h, or TS_TOK_NO_RANK. */
+static inline uint32_t ts_tok_rank_of_h(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                                        uint64_t h)
+{
+    uint64_t i = h & r->mask;
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (;;) {
+        uint64_t s = r->slots[i];
+        if (s == 0) return TS_TOK_NO_RANK;
+        if ((uint32_t)(s >> 32) == tag) {
+            uint32_t k = (uint32_t)s - 1;
+            uint64_t o = r->offset[k];
+            if (r->offset[k + 1] - o == len && __builtin_memcmp(r->bytes + o, p, len) == 0)
+                return k;
+        }
+        i = (i + 1) & r->mask;
+    }
+}
+
 /* The rank of a byte string, or TS_TOK_NO_RANK. */
 static inline uint32_t ts_tok_rank_of(const ts_tok_ranks *r, const unsigned char *p, size_t len)
 {
-    uint64_t i = ts_tok_hash(p, len) & r->mask;
-    for (;;) {
-        uint32_t s = r->slots[i];
-        if (s == 0) return TS_TOK_NO_RANK;
-        uint32_t k = s - 1;
-        uint64_t o = r->offset[k];
-        if (r->offset[k + 1] - o == len && __builtin_memcmp(r->bytes + o, p, len) == 0)
-            return k;
-        i = (i + 1) & r->mask;
-    }
+    return ts_tok_rank_of_h(r, p, len, ts_tok_hash(p, len));
 }
 
 /* One encoding's fixed facts. */

@@ -6,7 +6,11 @@
  * run is pre-tokenized by the encoding's pattern (PCRE2, UTF + UCP, JIT) and each piece
  * merged by rank, exactly as tiktoken's encode_ordinary does for that run as a string;
  * an invalid byte becomes its single-byte token. So every byte string encodes, and
- * decode(encode(x)) == x for every x.
+ * decode(encode(x)) == x for every x. (Valid = strict UTF-8: no overlong forms, no
+ * encoded surrogates, nothing above U+10FFFF, no truncated sequence; a byte that starts
+ * no valid character is invalid on its own, so E2 82 41 is two invalid bytes and "A".)
+ * Letters and digits are tiktoken 0.14's (Unicode 16): PCRE2's tables (Debian 12's
+ * 10.42: Unicode 14) plus those assigned since, spelled in the patterns (encoding.c).
  *
  * A ts_tokenizer is immutable after loading and shared by threads; each thread encodes
  * with its own ts_tok_encoder (PCRE2 match data, merge scratch, piece cache). */
@@ -39,10 +43,20 @@ const char *ts_encoding_name(ts_encoding_kind kind);
 ts_status ts_tokenizer_default_path(const char *encoding, char *buf, size_t cap);
 
 /* Load a tokenizer. encoding: "gpt2", "llama3", "bytes", or NULL / "auto" = chosen by
- * the ranks file's number of ranks (50256 -> gpt2, 128000 -> llama3). ranks_path: the
- * ranks file, or NULL for the default path (unused for "bytes"). Errors (file:line):
- * bad base64, a rank not a number, duplicate ranks or duplicate byte strings, a gap in
- * the ranks, a single byte without a rank, a rank count that is not the encoding's. */
+ * the ranks file's number of ranks (50256 -> gpt2, 128000 -> llama3; auto needs a
+ * ranks_path). ranks_path: the ranks file, or NULL for the default path (unused for
+ * "bytes"). Errors (file:line): bad base64 (strict: standard alphabet, padded,
+ * canonical), a rank not a number, duplicate ranks or duplicate byte strings, a gap in
+ * the ranks, a single byte without a rank, a rank count that is not the encoding's
+ * ("the wrong size for --encoding").
+ * Special tokens are numbered from the rank count: gpt2's <|endoftext|>; llama3's 256
+ * from llama-models 0.3.0 (<|begin_of_text|>, <|end_of_text|>, <|reserved_special_token_0|>,
+ * <|reserved_special_token_1|>, <|finetune_right_pad_id|>, <|step_id|>,
+ * <|start_header_id|>, <|end_header_id|>, <|eom_id|>, <|eot_id|>, <|python_tag|>,
+ * <|image|>, then <|reserved_special_token_2|> .. <|reserved_special_token_245|>).
+ * Tests only: with TS_TEST_TOKENIZER_ANY_SIZE=1 in the environment a named encoding
+ * accepts a ranks file of any size (a small fixture), its specials numbered from that
+ * file's rank count. */
 ts_status ts_tokenizer_open(ts_tokenizer **out, const char *encoding, const char *ranks_path);
 void ts_tokenizer_free(ts_tokenizer *tok);
 
@@ -64,10 +78,13 @@ ts_status ts_tok_encoder_new(const ts_tokenizer *tok, ts_tok_encoder **out);
 void ts_tok_encoder_free(ts_tok_encoder *enc);
 
 /* tiktoken's encode_ordinary: special tokens' texts are plain text. Appends to out.
- * *n_invalid (may be NULL) gets the number of bytes that were not valid UTF-8. */
+ * *n_invalid (may be NULL) is set to the number of bytes of this text that were not
+ * valid UTF-8 (for "bytes" too, whose ids are the bytes). Fails only when PCRE2 reports an
+ * error (ts_error_message says which); out then holds the ids made so far. */
 ts_status ts_tok_encode(ts_tok_encoder *enc, const char *text, size_t len, ts_tok_ids *out,
                         uint64_t *n_invalid);
-/* tiktoken's encode(allowed_special="all"): a special token's text becomes its id. */
+/* tiktoken's encode(allowed_special="all"): a special token's text becomes its id, and
+ * the text between specials is encoded as separate strings (as tiktoken does). */
 ts_status ts_tok_encode_special(ts_tok_encoder *enc, const char *text, size_t len,
                                 ts_tok_ids *out, uint64_t *n_invalid);
 
