@@ -22,6 +22,7 @@ make_corpus "$TMP/train.bin"
 L=2 H=2 C=64 V=256 T=32 B=16
 model=(--n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" --seq-len "$T")
 common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+        --set data.shuffle=false  # torch_*.py reads the batch rule's unshuffled stream order
         --set train.threads=1 --set log.progress=false --set "train.global_batch=$B"
         --set "model.n_layer=$L" --set "model.n_head=$H" --set "model.n_embd=$C"
         --set "model.vocab_size=$V" --set "model.seq_len=$T")

@@ -25,6 +25,7 @@ L=2 H=4 KV=2 C=64 F=96 V=256 T=32 B=16 THETA=10000
 model=(--n-layer "$L" --n-head "$H" --n-kv-head "$KV" --n-embd "$C" --ffn-hidden "$F"
        --vocab "$V" --seq-len "$T" --rope-theta "$THETA")
 common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+        --set data.shuffle=false  # torch_*.py reads the batch rule's unshuffled stream order
         --set train.threads=1 --set log.progress=false --set "train.global_batch=$B"
         --set 'model.arch="llama"' --set "model.n_layer=$L" --set "model.n_head=$H"
         --set "model.n_kv_head=$KV" --set "model.n_embd=$C" --set "model.ffn_hidden=$F"

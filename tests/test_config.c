@@ -79,7 +79,7 @@ static void test_config_full(void)
     CHECK(c->train.eps == 1e-6 && c->train.grad_clip == 0.0 && c->train.threads == 3);
     CHECK(strcmp(c->train.attention, "gemm") == 0);
     CHECK(c->data.n_train == 2 && strcmp(c->data.train[1], "b.bin") == 0);
-    CHECK(strcmp(c->data.val, "v.bin") == 0 && c->data.eval_every == 10);
+    CHECK(c->data.n_val == 1 && strcmp(c->data.val[0], "v.bin") == 0 && c->data.eval_every == 10);
     CHECK(c->data.val_windows == 4);
     CHECK(c->checkpoint.dir[0] == '\0' && c->checkpoint.every == 0);
     CHECK(c->checkpoint.keep == 2 && c->checkpoint.load[0] == '\0');
@@ -106,7 +106,8 @@ static void test_config_defaults(void)
     CHECK(c->train.weight_decay == 0.1 && c->train.beta1 == 0.9 && c->train.beta2 == 0.95);
     CHECK(c->train.eps == 1e-8 && c->train.grad_clip == 1.0 && c->train.threads == 0);
     CHECK(c->data.n_train == 1 && strcmp(c->data.train[0], "data/train.bin") == 0);
-    CHECK(c->data.val[0] == '\0' && c->data.eval_every == 0 && c->data.val_windows == 16);
+    CHECK(c->data.n_val == 0 && c->data.eval_every == 0 && c->data.val_windows == 16);
+    CHECK(c->data.shuffle && c->data.seed == c->train.seed && c->data.n_sets == 1);
     CHECK(c->checkpoint.dir[0] == '\0' && c->checkpoint.every == 0 && c->checkpoint.keep == 2);
     CHECK(c->checkpoint.load[0] == '\0');
     CHECK(strcmp(c->log.metrics, "metrics.jsonl") == 0 && c->log.trace[0] == '\0');
@@ -589,6 +590,46 @@ static void test_config_relations(void)
     CHECK(ts_config_validate(&g_cfg, 0) == TS_ERR && msg_has("train.beta2"));
 }
 
+/* data.train as a path, a list, or a blend of groups; data.val as a list; data.seed
+ * following train.seed unless given; every malformed blend refused by name. */
+static void test_config_data_blend(void)
+{
+    CHECK(load("data = { train = ( { path = \"web_*.bin\"; weight = 0.7; },\n"
+               "  { path = [\"c1.bin\", \"c2.bin\"]; weight = 3; } );\n"
+               "  val = [\"v1.bin\", \"v_*.bin\"]; shuffle = false; };\n"
+               "train = { seed = 99; };\n") == TS_OK);
+    const ts_data_config *d = &g_cfg.data;
+    CHECK(d->blend && d->n_sets == 2 && d->n_train == 3);
+    CHECK(d->train_set[0] == 0 && d->train_set[1] == 1 && d->train_set[2] == 1);
+    CHECK(strcmp(d->train[2], "c2.bin") == 0 && d->weight[0] == 0.7 && d->weight[1] == 3.0);
+    CHECK(d->n_val == 2 && strcmp(d->val[1], "v_*.bin") == 0);
+    CHECK(!d->shuffle && d->seed == 99); /* data.seed defaults to train.seed */
+    char *text = ts_config_to_json(&g_cfg);
+    CHECKF(strstr(text, "\"train\":[{\"path\":[\"web_*.bin\"],\"weight\":0.7},") != NULL, "%s", text);
+    CHECKF(strstr(text, "\"val\":[\"v1.bin\",\"v_*.bin\"]") != NULL, "%s", text);
+    free(text);
+    CHECK(load("data = { seed = 5; }; train = { seed = 99; };\n") == TS_OK && g_cfg.data.seed == 5);
+    CHECK(load("data = { train = [\"a.bin\", \"b.bin\"]; };\n") == TS_OK && !g_cfg.data.blend &&
+          g_cfg.data.n_sets == 1 && g_cfg.data.n_train == 2 && g_cfg.data.shuffle);
+    CHECK(load("data = { val = \"\"; };\n") == TS_OK && g_cfg.data.n_val == 0);
+
+    const struct { const char *text, *msg; } bad[] = {
+        {"data = { train = ( { path = \"a.bin\"; } ); };", "blend entry 0 lacks 'weight'"},
+        {"data = { train = ( { weight = 1; } ); };", "blend entry 0 lacks 'path'"},
+        {"data = { train = ( { path = \"a\"; weight = 0; } ); };", "weight = 0 must be a positive"},
+        {"data = { train = ( { path = \"a\"; weight = \"x\"; } ); };", "weight must be a number"},
+        {"data = { train = ( { path = \"a\"; weight = 1; w = 2; } ); };", "unknown key 'w'"},
+        {"data = { train = ( { path = \"a\"; weight = 1; }, \"b.bin\" ); };", "the other entries are blend groups"},
+        {"data = { train = ( { path = 3; weight = 1; } ); };", "a string or a list of strings"},
+        {"data = { train = []; };", "is an empty list"},
+        {"data = { val = [1]; };", "entry 0 must be a string"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ts_status st = load(bad[k].text);
+        CHECKF(st == TS_ERR && msg_has(bad[k].msg), "%s -> %s", bad[k].text, ts_error_message());
+    }
+}
+
 static void test_config_json(void)
 {
     CHECK(load_ov(FULL, NULL, 0, 8) == TS_OK);
@@ -656,7 +697,7 @@ static void test_config_shipped_files(void)
     CHECK(c->train.steps == 200 && c->train.lr == 1e-3 && c->train.min_lr == 1e-4);
     CHECK(c->train.warmup == 20 && c->train.seed == 1234 && c->data.eval_every == 50);
     CHECK(strcmp(c->data.train[0], "data/fortunes_train.bin") == 0);
-    CHECK(strcmp(c->data.val, "data/fortunes_val.bin") == 0);
+    CHECK(c->data.n_val == 1 && strcmp(c->data.val[0], "data/fortunes_val.bin") == 0);
     CHECK(strcmp(c->log.metrics, "runs/tiny/metrics.jsonl") == 0);
     CHECK(ts_config_num_microbatches(c) == 4);
 
@@ -694,6 +735,7 @@ int main(void)
     test_config_read_once();
     test_config_relations();
     test_config_json();
+    test_config_data_blend();
     test_config_shipped_files();
 
     ts_test_remove_dir(g_dir);

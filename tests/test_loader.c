@@ -9,7 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dataset/blend.h"
+#include "dataset/files.h"
 #include "dataset/loader.h"
+#include "dataset/permutation.h"
+#include "dataset/sampler.h"
 #include "test_util.h"
 
 static char g_dir[256];
@@ -207,8 +211,59 @@ static void test_loader_multi_file_stream(void)
     ts_data_close(&ds);
 }
 
-/* The union over dp ranks and micro-batches of a step is the dp=1 batch, in order, and
- * sequence g takes window g mod S. */
+/* A sampler over `n` patterns of dataset set_of[i] (NULL: one dataset). */
+static ts_status open_sampler(ts_sampler *s, const char *const *patterns, int n, const int *set_of,
+                              int n_sets, const double *weights, bool shuffle, uint64_t seed,
+                              int vocab, int T)
+{
+    const ts_sampler_spec spec = {.key = "data.train", .patterns = patterns, .n_patterns = n,
+                                  .set_of = set_of, .n_sets = n_sets, .weights = weights,
+                                  .shuffle = shuffle, .seed = seed, .vocab_size = vocab,
+                                  .seq_len = T};
+    return ts_sampler_open(s, &spec);
+}
+
+/* The union over dp ranks and micro-batches of a step is the dp=1 batch, in order, for
+ * every (shuffle, blend); unshuffled, sequence g takes window g mod S. */
+static void check_batch_rule(ts_sampler *ds, int T, int B, int plain, uint64_t S)
+{
+    enum { MAXB = 12, MAXT = 8 };
+    TS_ASSERT(B <= MAXB && T <= MAXT);
+    static int want_in[MAXB * MAXT], want_tg[MAXB * MAXT], got_in[MAXB * MAXT], got_tg[MAXB * MAXT];
+    const int dps[] = {1, 2, 3, 4, 6, 12};
+    int all_good = 1, ref_good = 1;
+    const size_t bytes = (size_t)B * T * sizeof(int);
+    for (int64_t step = 0; step < 25; step++) {
+        ts_data_microbatch(ds, step, B, 1, 0, B, 0, T, want_in, want_tg);
+        for (int i = 0; plain && i < B; i++) {
+            uint64_t w = ((uint64_t)step * B + (uint64_t)i) % S;
+            for (int j = 0; j < T; j++)
+                ref_good &= want_in[i * T + j] == (int)(w * T + j) &&
+                            want_tg[i * T + j] == (int)(w * T + j + 1);
+        }
+        for (size_t di = 0; di < sizeof dps / sizeof dps[0]; di++) {
+            int dp = dps[di], per = B / dp;
+            if (B % dp) continue;
+            for (int micro = 1; micro <= per; micro++) {
+                if (per % micro) continue;
+                int at = 0;
+                /* Out of order, as a pipeline schedule loads: last rank first. */
+                for (int r = dp - 1; r >= 0; r--)
+                    for (int mb = per / micro - 1; mb >= 0; mb--) {
+                        at = r * per + mb * micro;
+                        ts_data_microbatch(ds, step, B, dp, r, micro, mb, T, got_in + at * T,
+                                           got_tg + at * T);
+                    }
+                int same = memcmp(got_in, want_in, bytes) == 0 && memcmp(got_tg, want_tg, bytes) == 0;
+                if (!same) fprintf(stderr, "step %ld dp %d micro %d differs\n", (long)step, dp, micro);
+                all_good &= same;
+            }
+        }
+    }
+    CHECK(ref_good);
+    CHECK(all_good);
+}
+
 static void test_loader_batch_rule(void)
 {
     enum { N = 1000, T = 8, B = 12 };
@@ -218,47 +273,179 @@ static void test_loader_batch_rule(void)
     path_in(path, sizeof path, "batch.bin");
     CHECK(ts_data_write_shard(path, tok, N) == TS_OK);
     const char *paths[] = {path};
-    ts_dataset ds;
-    CHECK(ts_data_open(&ds, paths, 1, 1024) == TS_OK);
-    uint64_t S = ts_data_num_windows(&ds, T);
+    ts_sampler ds;
+    CHECK(open_sampler(&ds, paths, 1, NULL, 1, NULL, false, 0, 1024, T) == TS_OK);
+    uint64_t S = ds.windows[0];
     CHECK(S == (N - 1) / T); /* 124 windows: steps wrap after ~10 steps */
-
-    static int want_in[B * T], want_tg[B * T], got_in[B * T], got_tg[B * T];
-    const int dps[] = {1, 2, 3, 4, 6, 12};
-    int all_good = 1, ref_good = 1;
-    for (int64_t step = 0; step < 25; step++) {
-        ts_data_microbatch(&ds, step, B, 1, 0, B, 0, T, want_in, want_tg);
-        for (int i = 0; i < B; i++) {
-            uint64_t w = ((uint64_t)step * B + (uint64_t)i) % S;
-            for (int j = 0; j < T; j++)
-                ref_good &= want_in[i * T + j] == (int)(w * T + j) &&
-                            want_tg[i * T + j] == (int)(w * T + j + 1);
-        }
-        for (size_t di = 0; di < sizeof dps / sizeof dps[0]; di++) {
-            int dp = dps[di], per = B / dp;
-            for (int micro = 1; micro <= per; micro++) {
-                if (per % micro) continue;
-                int at = 0;
-                for (int r = 0; r < dp; r++)
-                    for (int mb = 0; mb < per / micro; mb++) {
-                        ts_data_microbatch(&ds, step, B, dp, r, micro, mb, T, got_in + at * T,
-                                           got_tg + at * T);
-                        at += micro;
-                    }
-                int same = at == B && memcmp(got_in, want_in, sizeof want_in) == 0 &&
-                           memcmp(got_tg, want_tg, sizeof want_tg) == 0;
-                if (!same) fprintf(stderr, "step %ld dp %d micro %d differs\n", (long)step, dp, micro);
-                all_good &= same;
-            }
-        }
-    }
-    CHECK(ref_good);
-    CHECK(all_good);
+    check_batch_rule(&ds, T, B, 1, S);
     /* Wrap-around explicitly: step 10 sequence 4 is g = 124, window 0. */
     int in[T], tg[T];
     ts_data_microbatch(&ds, 10, B, 2, 0, 1, 4, T, in, tg);
     CHECK(in[0] == 0 && tg[0] == 1);
+    ts_sampler_close(&ds);
+
+    /* Shuffled: still grid-independent; every window once per epoch (124 windows =
+     * steps 0..9 and 4 sequences of step 10), and not in file order. */
+    CHECK(open_sampler(&ds, paths, 1, NULL, 1, NULL, true, 7, 1024, T) == TS_OK);
+    check_batch_rule(&ds, T, B, 0, S);
+    static int seen[(N - 1) / T];
+    memset(seen, 0, sizeof seen);
+    int in_order = 0;
+    for (uint64_t g = 0; g < S; g++) {
+        ts_data_microbatch(&ds, (int64_t)(g / B), B, B, (int)(g % B), 1, 0, T, in, tg);
+        CHECK(in[0] % T == 0 && in[0] / T < (int)S);
+        seen[in[0] / T]++;
+        in_order += in[0] / T == (int)g;
+    }
+    int once = 1;
+    for (uint64_t w = 0; w < S; w++) once &= seen[w] == 1;
+    CHECK(once);
+    CHECK(in_order < 10);
+    ts_sampler_close(&ds);
+}
+
+/* The epoch permutation: a bijection of [0, n) for many n, keyed by seed and epoch, far
+ * from the identity. */
+static void test_loader_permutation(void)
+{
+    const uint64_t sizes[] = {1, 2, 3, 5, 1000, 4096, 4097, (1u << 20) + 7};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const uint64_t n = sizes[k];
+        unsigned char *hit = calloc((size_t)n, 1);
+        ts_perm p;
+        ts_perm_init(&p, n, 1234, 0, 0);
+        int ok = 1;
+        uint64_t fixed = 0;
+        for (uint64_t x = 0; x < n; x++) {
+            const uint64_t y = ts_perm_apply(&p, x);
+            ok &= y < n && !hit[y];
+            if (y < n) hit[y] = 1;
+            fixed += y == x;
+        }
+        CHECKF(ok, "n = %llu: not a bijection", (unsigned long long)n);
+        if (n >= 1000) CHECKF(fixed < 10, "n = %llu: %llu fixed points", (unsigned long long)n,
+                              (unsigned long long)fixed);
+        free(hit);
+    }
+    /* Another epoch, seed or dataset: another order. */
+    enum { n = 1000 };
+    ts_perm a, b, c, d;
+    ts_perm_init(&a, n, 1234, 0, 0);
+    ts_perm_init(&b, n, 1234, 0, 1);
+    ts_perm_init(&c, n, 1235, 0, 0);
+    ts_perm_init(&d, n, 1234, 1, 0);
+    int ab = 0, ac = 0, ad = 0;
+    for (uint64_t x = 0; x < n; x++) {
+        const uint64_t y = ts_perm_apply(&a, x);
+        ab += y == ts_perm_apply(&b, x);
+        ac += y == ts_perm_apply(&c, x);
+        ad += y == ts_perm_apply(&d, x);
+    }
+    CHECKF(ab < 10 && ac < 10 && ad < 10, "agreements %d %d %d", ab, ac, ad);
+    /* Deterministic: the same key, the same values. */
+    ts_perm a2;
+    ts_perm_init(&a2, n, 1234, 0, 0);
+    CHECK(ts_perm_apply(&a2, 17) == ts_perm_apply(&a, 17));
+}
+
+/* Megatron's rule (helpers.cpp build_blending_indices), the values its loop gives. */
+static void test_loader_blend(void)
+{
+    ts_blend b;
+    const double w3[] = {0.5, 0.3, 0.2};
+    ts_blend_init(&b, 3, w3);
+    const int want_d[] = {0, 1, 2, 0, 1, 0, 2, 0, 1, 0, 0, 1};
+    const uint64_t want_j[] = {0, 0, 0, 1, 1, 2, 1, 3, 2, 4, 5, 3};
+    int ok = 1;
+    for (int g = 0; g < 12; g++) {
+        int d;
+        uint64_t j;
+        ts_blend_next(&b, &d, &j);
+        ok &= d == want_d[g] && j == want_j[g];
+    }
+    CHECK(ok);
+    CHECK(b.count[0] == 6 && b.count[1] == 4 && b.count[2] == 2);
+    /* Unnormalised weights are normalised; shares converge (within a sample). */
+    const double w2[] = {7, 3};
+    ts_blend_init(&b, 2, w2);
+    ts_blend_seek(&b, 100000);
+    CHECK(b.count[0] == 70000 && b.count[1] == 30000);
+    /* Seeking back replays: the same assignment. */
+    ts_blend_seek(&b, 3);
+    int d;
+    uint64_t j;
+    ts_blend_next(&b, &d, &j);
+    CHECK(d == 0 && j == 2); /* g = 3 of [0.7, 0.3]: 0, 1, 0, 0 */
+}
+
+/* A two-dataset blend through the sampler: grid-independent, each dataset's windows. */
+static void test_loader_blend_sampler(void)
+{
+    enum { T = 4, B = 12 };
+    char pa[512], pb[512];
+    uint16_t ta[400], tb[200];
+    for (int i = 0; i < 400; i++) ta[i] = (uint16_t)(i % 300);
+    for (int i = 0; i < 200; i++) tb[i] = (uint16_t)(500 + i);
+    CHECK(ts_data_write_shard(path_in(pa, sizeof pa, "blend_a.bin"), ta, 400) == TS_OK);
+    CHECK(ts_data_write_shard(path_in(pb, sizeof pb, "blend_b.bin"), tb, 200) == TS_OK);
+    const char *paths[] = {pa, pb};
+    const int set_of[] = {0, 1};
+    const double w[] = {0.75, 0.25};
+    ts_sampler s;
+    CHECKF(open_sampler(&s, paths, 2, set_of, 2, w, true, 3, 1024, T) == TS_OK, "%s",
+           ts_error_message());
+    check_batch_rule(&s, T, B, 0, 0);
+    int in[B * T], tg[B * T], from_b = 0;
+    ts_data_microbatch(&s, 4, B, 1, 0, B, 0, T, in, tg);
+    for (int i = 0; i < B; i++) from_b += in[i * T] >= 500;
+    CHECK(from_b == 3);
+    ts_sampler_prepare(&s, 9, B);
+    uint64_t counts[2];
+    ts_sampler_counts(&s, counts);
+    CHECK(counts[0] == 90 && counts[1] == 30);
+    ts_sampler_close(&s);
+}
+
+/* Globs: sorted matches, a pattern matching nothing named, literal paths as they are. */
+static void test_loader_globs(void)
+{
+    char p[512], pat[512];
+    uint16_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = (uint16_t)i;
+    const char *names[] = {"g_10.bin", "g_2.bin", "g_1.bin"};
+    for (int i = 0; i < 3; i++) CHECK(ts_data_write_shard(path_in(p, sizeof p, names[i]), tok, 40) == TS_OK);
+    const char *pats[] = {path_in(pat, sizeof pat, "g_*.bin")};
+    char **out = NULL;
+    int n = 0;
+    CHECK(ts_data_expand("data.train", pats, 1, &out, &n) == TS_OK && n == 3);
+    CHECK(n == 3 && contains(out[0], "/g_1.bin") && contains(out[1], "/g_10.bin") &&
+          contains(out[2], "/g_2.bin"));
+    ts_data_free_paths(out, n);
+    char none[512];
+    const char *bad[] = {path_in(none, sizeof none, "nothing_*.bin")};
+    CHECK(ts_data_expand("data.val", bad, 1, &out, &n) == TS_ERR);
+    CHECK(contains(ts_error_message(), "data.val: the pattern") &&
+          contains(ts_error_message(), "nothing_*.bin\" matches no file"));
+    ts_dataset ds;
+    CHECK(ts_data_open_patterns(&ds, "data.train", pats, 1, 256) == TS_OK && ds.n_shards == 3 &&
+          ds.n_tokens == 120);
     ts_data_close(&ds);
+    /* A literal path keeps its own error. */
+    char lit[512];
+    const char *missing[] = {path_in(lit, sizeof lit, "absent.bin")};
+    CHECK(ts_data_open_patterns(&ds, "data.train", missing, 1, 256) == TS_ERR &&
+          contains(ts_error_message(), "No such file or directory"));
+}
+
+/* Validation windows spread over the stream: floor(i S / n). */
+static void test_loader_val_windows(void)
+{
+    CHECK(ts_data_val_window(0, 4, 100) == 0 && ts_data_val_window(1, 4, 100) == 25 &&
+          ts_data_val_window(3, 4, 100) == 75);
+    CHECK(ts_data_val_window(2, 3, 10) == 6);               /* floor(20/3) */
+    CHECK(ts_data_val_window(4, 5, 2) == 1);                /* more windows than S: repeats */
+    const uint64_t big = 1ull << 40;                         /* no overflow of i*S */
+    CHECK(ts_data_val_window(999999, 1000000, big) == (uint64_t)((long double)999999 * big / 1000000));
 }
 
 static void test_loader_errors(void)
@@ -637,6 +824,11 @@ int main(void)
     test_loader_text();
     test_loader_multi_file_stream();
     test_loader_batch_rule();
+    test_loader_permutation();
+    test_loader_blend();
+    test_loader_blend_sampler();
+    test_loader_globs();
+    test_loader_val_windows();
     test_loader_errors();
     test_loader_text_or_shard();
     test_loader_write_refusals();

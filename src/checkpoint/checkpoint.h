@@ -64,6 +64,10 @@ typedef struct {
     int n_data;
     const uint64_t *data_tokens;
     const uint32_t *data_crc;
+    /* The blend's datasets: how many of those shards each holds, in order (n_sets 0:
+     * one dataset of all n_data). */
+    int n_sets;
+    const int *set_files;
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

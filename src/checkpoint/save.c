@@ -395,7 +395,7 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         json_array_append_new(identity, json_pack("{s:I, s:I}", "tokens",
                                                   (json_int_t)a->data_tokens[i], "crc32",
                                                   (json_int_t)a->data_crc[i]));
-    json_t *state = json_pack(
+    json_t *root = json_pack(
         "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o, s:o}, "
         "s:{s:I, s:s}, s:{s:s, s:f, s:f, s:i, s:i, s:i}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
@@ -410,13 +410,30 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "length", lrs.length, "decay", lrs.decay,
         "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
         "config", cfg);
+    TS_ASSERT(root != NULL);
+    /* The data order (the batch rule), which a resume must continue: the shuffle, its
+     * seed, and the blend (normalised weights, shards per dataset). */
+    const ts_data_config *d = &c->data;
+    json_t *data = json_object_get(root, "data");
+    json_object_set_new(data, "shuffle", json_boolean(d->shuffle));
+    json_object_set_new(data, "seed", json_integer((json_int_t)d->seed));
+    double sum = 0.0;
+    for (int s = 0; s < d->n_sets; s++) sum += d->weight[s];
+    json_t *weights = json_array(), *set_files = json_array();
+    for (int s = 0; s < d->n_sets; s++) {
+        json_array_append_new(weights, json_real(d->weight[s] / sum));
+        json_array_append_new(set_files,
+                              json_integer(a->n_sets ? a->set_files[s] : a->n_data));
+    }
+    json_object_set_new(data, "weights", weights);
+    json_object_set_new(data, "dataset_files", set_files);
     /* The ranks file the ids mean text by (its path, in config.model, may differ on
      * another machine; its sha256 must not): what a resume and `tessera sample` check. */
-    if (state && c->model.tokenizer[0])
-        json_object_set_new(state, "tokenizer",
+    if (c->model.tokenizer[0])
+        json_object_set_new(root, "tokenizer",
                             json_pack("{s:s, s:s}", "encoding", c->model.tokenizer, "sha256",
                                       c->model.tokenizer_sha256));
-    return state;
+    return root;
 }
 
 /* Rank 0 after every rank's data is on disk: checksums, state.json, the rename, `latest`

@@ -120,12 +120,23 @@ typedef struct {
                                  * way the update is not applied */
 } ts_train_config;
 
+/* data.train: paths or glob patterns, grouped into the datasets of a blend. A plain
+ * string or list of strings is one dataset; a list of groups { path = ...; weight = w; }
+ * is a blend of one dataset per group. */
+#define TS_MAX_DATA_SETS 16
 typedef struct {
-    int n_train;
+    int n_train;                          /* patterns over all datasets */
     char train[TS_MAX_SHARDS][TS_PATH_MAX];
-    char val[TS_PATH_MAX];      /* "" = no validation */
+    int train_set[TS_MAX_SHARDS];         /* the dataset of pattern i (0 .. n_sets-1) */
+    int n_sets;                           /* datasets: 1 unless a blend */
+    bool blend;                           /* written as a list of groups */
+    double weight[TS_MAX_DATA_SETS];      /* each dataset's weight as given (> 0) */
+    int n_val;                            /* 0 = no validation */
+    char val[TS_MAX_SHARDS][TS_PATH_MAX]; /* paths or glob patterns, read as one stream */
     int eval_every;             /* validation every N steps (0 = never) */
     int val_windows;            /* validation windows averaged per evaluation */
+    bool shuffle;               /* each epoch of each dataset in a seeded order */
+    int64_t seed;               /* the shuffle's seed (default: train.seed) */
 } ts_data_config;
 
 typedef struct {

@@ -10,9 +10,12 @@
 
 #include "config/config.h"
 
-/* K_TRIBOOL: a boolean key whose default depends on the architecture, stored as an int:
+/* K_SHARDS: data.train (paths, or a blend of groups); K_PATHS: data.val (a path or a
+ * list of them).
+ * K_TRIBOOL: a boolean key whose default depends on the architecture, stored as an int:
  * 1 true, -1 false, 0 not set (model.tie_embeddings; ts_model_tied resolves it). */
-typedef enum { K_INT, K_INT64, K_FLOAT, K_BOOL, K_TRIBOOL, K_STR, K_PARTITION, K_SHARDS } key_kind;
+typedef enum { K_INT, K_INT64, K_FLOAT, K_BOOL, K_TRIBOOL, K_STR, K_PARTITION, K_SHARDS,
+               K_PATHS } key_kind;
 
 typedef struct key_spec key_spec;
 /* Extra per-key check on the value already stored in cfg; `where` is "" or

@@ -81,8 +81,12 @@ void ts_config_defaults(ts_config *cfg)
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
     copy_str(d->train[0], sizeof d->train[0], "data/train.bin");
+    d->n_sets = 1;
+    d->weight[0] = 1.0;
     d->eval_every = 0;
     d->val_windows = 16;
+    d->shuffle = true;
+    d->seed = t->seed; /* ts_config_load sets it to train.seed unless data.seed is given */
 
     cfg->checkpoint.every = 0;
     cfg->checkpoint.keep = 2;
@@ -184,9 +188,11 @@ const key_spec ts_config_keys[] = {
     STR_KEY("train", "on_nonfinite", train.on_nonfinite, ts_config_check_on_nonfinite),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
-    STR_KEY("data", "val", data.val, NULL),
+    { "data", "val", K_PATHS, OFF(data), 0, 0, 0, false, false, NULL },
     INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
     INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 20),
+    BOOL_KEY("data", "shuffle", data.shuffle),
+    { "data", "seed", K_INT64, OFF(data.seed), 0, 0, 0, false, false, NULL },
 
     STR_KEY("checkpoint", "dir", checkpoint.dir, NULL),
     INT_KEY("checkpoint", "every", checkpoint.every, 0, BIG),
@@ -230,7 +236,24 @@ static json_t *key_json(const key_spec *k, const ts_config *cfg)
     case K_SHARDS: {
         const ts_data_config *d = &cfg->data;
         json_t *a = json_array();
-        for (int i = 0; i < d->n_train; i++) json_array_append_new(a, json_string(d->train[i]));
+        if (!d->blend) {
+            for (int i = 0; i < d->n_train; i++) json_array_append_new(a, json_string(d->train[i]));
+            return a;
+        }
+        for (int s = 0; s < d->n_sets; s++) { /* as written: [{"path": [...], "weight": w}] */
+            json_t *paths = json_array();
+            for (int i = 0; i < d->n_train; i++)
+                if (d->train_set[i] == s) json_array_append_new(paths, json_string(d->train[i]));
+            json_array_append_new(a, json_pack("{s:o, s:f}", "path", paths, "weight", d->weight[s]));
+        }
+        return a;
+    }
+    case K_PATHS: {
+        const ts_data_config *d = &cfg->data;
+        if (d->n_val == 0) return json_string(""); /* no validation, as before lists */
+        if (d->n_val == 1) return json_string(d->val[0]);
+        json_t *a = json_array();
+        for (int i = 0; i < d->n_val; i++) json_array_append_new(a, json_string(d->val[i]));
         return a;
     }
     }

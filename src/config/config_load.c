@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <libconfig.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,35 +167,129 @@ static ts_status read_partition(const key_spec *k, const config_setting_t *s,
     return TS_OK;
 }
 
-static ts_status read_shards(const key_spec *k, const config_setting_t *s, const char *where,
-                             ts_config *cfg)
+/* A string or a list of strings (paths or glob patterns) of config key `name` into
+ * out[*n ..], each stored with dataset `set` in sets (when given). */
+static ts_status read_path_list(const key_spec *k, const config_setting_t *s, const char *where,
+                                const char *name, char (*out)[TS_PATH_MAX], int *sets, int set,
+                                int *n)
 {
-    ts_data_config *d = &cfg->data;
     int type = config_setting_type(s);
     if (type == CONFIG_TYPE_STRING) {
-        d->n_train = 1;
-        return read_string(k, s, where, d->train[0], sizeof d->train[0]);
+        if (*n >= TS_MAX_SHARDS)
+            return ts_fail("config key '%s'%s names more than %d paths; at most %d are supported "
+                           "(a glob pattern such as \"data/train_*.bin\" names any number of "
+                           "files)", name, where, TS_MAX_SHARDS, TS_MAX_SHARDS);
+        if (sets) sets[*n] = set;
+        return read_string(k, s, where, out[(*n)++], TS_PATH_MAX);
     }
     if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST)
         return type_error(k, s, where, "a string or a list of strings",
-                          "e.g. train = \"data/train.bin\"; or train = [\"a.bin\", \"b.bin\"];");
-    int n = config_setting_length(s);
-    if (n > TS_MAX_SHARDS)
-        return ts_fail("config key 'data.train'%s lists %d files; at most %d are supported",
-                       where, n, TS_MAX_SHARDS);
-    for (int i = 0; i < n; i++) {
+                          "e.g. \"data/train.bin\", [\"a.bin\", \"b.bin\"] or "
+                          "\"data/train_*.bin\"");
+    int len = config_setting_length(s);
+    if (len == 0)
+        return ts_fail("config key '%s'%s is an empty list; give a path or a glob pattern",
+                       name, where);
+    for (int i = 0; i < len; i++) {
         const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
         if (config_setting_type(e) != CONFIG_TYPE_STRING) {
             char found[128];
             describe_found(e, found, sizeof found);
-            return ts_fail("config key 'data.train'%s: entry %d must be a string (a file "
-                           "path), but is %s",
+            return ts_fail("config key '%s'%s: entry %d must be a string (a file path or "
+                           "glob pattern), but is %s",
+                           name, where, i, found);
+        }
+        if (read_path_list(k, e, where, name, out, sets, set, n) != TS_OK) return TS_ERR;
+    }
+    return TS_OK;
+}
+
+/* One group of a blend: { path = "web_*.bin" (or a list); weight = 0.7; }. */
+static ts_status read_blend_group(const key_spec *k, const config_setting_t *g, const char *where,
+                                  int set, ts_data_config *d)
+{
+    char gw[TS_PATH_MAX + 32];
+    where_of(g, gw, sizeof gw);
+    if (!gw[0]) snprintf(gw, sizeof gw, "%s", where);
+    for (int i = 0; i < config_setting_length(g); i++) {
+        const char *name = config_setting_name(config_setting_get_elem(g, (unsigned)i));
+        if (strcmp(name, "path") != 0 && strcmp(name, "weight") != 0)
+            return ts_fail("config key 'data.train'%s: blend entry %d has an unknown key '%s'; "
+                           "each entry is { path = \"web_*.bin\"; weight = 0.7; }",
+                           gw, set, name);
+    }
+    const config_setting_t *p = config_setting_get_member(g, "path");
+    const config_setting_t *w = config_setting_get_member(g, "weight");
+    if (!p || !w)
+        return ts_fail("config key 'data.train'%s: blend entry %d lacks '%s'; each entry is "
+                       "{ path = \"web_*.bin\"; weight = 0.7; }",
+                       gw, set, p ? "weight" : "path");
+    int wt = config_setting_type(w);
+    if (wt != CONFIG_TYPE_FLOAT && !is_int_type(wt)) {
+        char found[128];
+        describe_found(w, found, sizeof found);
+        return ts_fail("config key 'data.train'%s: blend entry %d's weight must be a number, "
+                       "but is %s", gw, set, found);
+    }
+    double v = wt == CONFIG_TYPE_FLOAT ? config_setting_get_float(w)
+                                       : (double)config_setting_get_int64(w);
+    if (!(v > 0.0) || !isfinite(v))
+        return ts_fail("config key 'data.train'%s: blend entry %d's weight = %g must be a "
+                       "positive number (the weights are normalised to sum to 1)", gw, set, v);
+    d->weight[set] = v;
+    return read_path_list(k, p, gw, "data.train", d->train, d->train_set, set, &d->n_train);
+}
+
+/* data.train: a path, a list of paths (one dataset, read in order), or a blend: a list
+ * of groups, one dataset each. */
+static ts_status read_shards(const key_spec *k, const config_setting_t *s, const char *where,
+                             ts_config *cfg)
+{
+    ts_data_config *d = &cfg->data;
+    d->n_train = 0;
+    d->n_sets = 1;
+    d->blend = false;
+    d->weight[0] = 1.0;
+    int type = config_setting_type(s);
+    bool groups = false;
+    if (type == CONFIG_TYPE_LIST || type == CONFIG_TYPE_ARRAY) {
+        int len = config_setting_length(s);
+        for (int i = 0; i < len; i++)
+            if (config_setting_type(config_setting_get_elem(s, (unsigned)i)) == CONFIG_TYPE_GROUP)
+                groups = true;
+    }
+    if (!groups) return read_path_list(k, s, where, "data.train", d->train, d->train_set, 0,
+                                       &d->n_train);
+    int len = config_setting_length(s);
+    if (len > TS_MAX_DATA_SETS)
+        return ts_fail("config key 'data.train'%s blends %d datasets; at most %d are supported",
+                       where, len, TS_MAX_DATA_SETS);
+    for (int i = 0; i < len; i++) {
+        const config_setting_t *g = config_setting_get_elem(s, (unsigned)i);
+        if (config_setting_type(g) != CONFIG_TYPE_GROUP) {
+            char found[128];
+            describe_found(g, found, sizeof found);
+            return ts_fail("config key 'data.train'%s: entry %d is %s, but the other entries "
+                           "are blend groups; write every entry as { path = ...; weight = w; }",
                            where, i, found);
         }
-        if (read_string(k, e, where, d->train[i], sizeof d->train[i]) != TS_OK) return TS_ERR;
+        if (read_blend_group(k, g, where, i, d) != TS_OK) return TS_ERR;
     }
-    d->n_train = n;
+    d->n_sets = len;
+    d->blend = true;
     return TS_OK;
+}
+
+/* data.val: a path or a list of them (glob patterns too), read as one stream; "" is no
+ * validation. */
+static ts_status read_val(const key_spec *k, const config_setting_t *s, const char *where,
+                          ts_config *cfg)
+{
+    ts_data_config *d = &cfg->data;
+    d->n_val = 0;
+    if (config_setting_type(s) == CONFIG_TYPE_STRING && !config_setting_get_string(s)[0])
+        return TS_OK;
+    return read_path_list(k, s, where, "data.val", d->val, NULL, 0, &d->n_val);
 }
 
 /* Type-check one setting against its spec and store it in cfg. */
@@ -261,6 +356,7 @@ static ts_status read_key(const key_spec *k, const config_setting_t *s, ts_confi
         break;
     case K_PARTITION: st = read_partition(k, s, where, cfg); break;
     case K_SHARDS: st = read_shards(k, s, where, cfg); break;
+    case K_PATHS: st = read_val(k, s, where, cfg); break;
     }
     if (st != TS_OK) return st;
     return ts_config_check_value(k, cfg, where);
@@ -762,6 +858,8 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
         if (config_lookup_string(&lc, "model.arch", &arch) == CONFIG_TRUE)
             ts_config_arch_defaults(&cfg->model, arch);
         st = read_tree(config_root_setting(&lc), cfg);
+        /* data.seed defaults to train.seed (whichever value that key was given). */
+        if (st == TS_OK && !config_lookup(&lc, "data.seed")) cfg->data.seed = cfg->train.seed;
     }
     g_main_path = NULL;
     config_destroy(&lc);

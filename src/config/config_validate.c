@@ -326,13 +326,43 @@ ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const c
                            "or a list of them, e.g. train = [\"a.bin\", \"b.bin\"];",
                            where);
         if (d->n_train > TS_MAX_SHARDS)
-            return ts_fail("config key 'data.train'%s lists %d files; at most %d are "
-                           "supported (concatenate shards)",
+            return ts_fail("config key 'data.train'%s lists %d paths; at most %d are "
+                           "supported (a glob pattern such as \"data/train_*.bin\" names any "
+                           "number of files)",
                            where, d->n_train, TS_MAX_SHARDS);
-        for (int i = 0; i < d->n_train; i++)
+        if (d->n_sets < 1 || d->n_sets > TS_MAX_DATA_SETS)
+            return ts_fail("config key 'data.train'%s blends %d datasets; 1 to %d are "
+                           "supported", where, d->n_sets, TS_MAX_DATA_SETS);
+        for (int i = 0; i < d->n_train; i++) {
             if (d->train[i][0] == '\0')
                 return ts_fail("config key 'data.train'%s: entry %d is an empty path", where,
                                i);
+            if (d->train_set[i] < 0 || d->train_set[i] >= d->n_sets)
+                return ts_fail("config key 'data.train'%s: entry %d belongs to no dataset of "
+                               "the blend", where, i);
+        }
+        for (int s = 0; s < d->n_sets; s++) {
+            if (!(d->weight[s] > 0.0) || !isfinite(d->weight[s]))
+                return ts_fail("config key 'data.train'%s: dataset %d's weight %g must be a "
+                               "positive number", where, s, d->weight[s]);
+            bool named = false;
+            for (int i = 0; i < d->n_train; i++) named = named || d->train_set[i] == s;
+            if (!named)
+                return ts_fail("config key 'data.train'%s: dataset %d of the blend names no "
+                               "files; give it a path", where, s);
+        }
+        break;
+    }
+    case K_PATHS: {
+        const ts_data_config *d = &cfg->data;
+        if (d->n_val < 0 || d->n_val > TS_MAX_SHARDS)
+            return ts_fail("config key 'data.val'%s lists %d paths; at most %d are supported "
+                           "(a glob pattern names any number of files)", where, d->n_val,
+                           TS_MAX_SHARDS);
+        for (int i = 0; i < d->n_val; i++)
+            if (d->val[i][0] == '\0')
+                return ts_fail("config key 'data.val'%s: entry %d is an empty path (data.val "
+                               "= \"\" turns validation off)", where, i);
         break;
     }
     default:

@@ -310,22 +310,6 @@ void ts_data_window(const ts_dataset *ds, uint64_t k, int T, int *inputs, int *t
     }
 }
 
-void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, int dp,
-                        int dp_rank, int micro_batch, int mb, int T, int *inputs, int *targets)
-{
-    uint64_t S = ts_data_num_windows(ds, T);
-    TS_ASSERT(S >= 1);
-    TS_ASSERT(step >= 0 && global_batch >= 1 && dp >= 1 && global_batch % dp == 0);
-    TS_ASSERT(dp_rank >= 0 && dp_rank < dp && micro_batch >= 1 && mb >= 0);
-    int64_t B = global_batch;
-    int64_t first = (int64_t)dp_rank * B / dp + (int64_t)mb * micro_batch;
-    TS_ASSERT(first + micro_batch <= ((int64_t)dp_rank + 1) * B / dp);
-    for (int r = 0; r < micro_batch; r++) {
-        uint64_t g = (uint64_t)step * (uint64_t)B + (uint64_t)(first + r);
-        ts_data_window(ds, g % S, T, inputs + (size_t)r * T, targets + (size_t)r * T);
-    }
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Writing shards                                                                      */
 

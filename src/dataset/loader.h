@@ -1,9 +1,10 @@
 /* Token data: llm.c shards, GPT-2's (256 x int32 header [20240520, 1, count], then
  * count uint16 tokens, file size exactly 1024 + 2*count) or Llama 3's ([20240801, 7,
  * count], uint32 tokens, 1024 + 4*count bytes), or plain text files read as bytes
- * (vocab 256). Several files are read in order as one token stream. The batch rule
- * (docs/CONTRACT.md) maps (step, dp rank, micro-batch) to windows of that stream, so the
- * data a step sees does not depend on the grid. */
+ * (vocab 256). Several files are read in order as one token stream (a dataset) cut into
+ * windows; dataset/sampler.h maps (step, dp rank, micro-batch) to datasets and windows
+ * (the batch rule, docs/CONTRACT.md), so the data a step sees does not depend on the
+ * grid. */
 #ifndef TS_LOADER_H
 #define TS_LOADER_H
 
@@ -59,12 +60,7 @@ uint64_t ts_data_num_windows(const ts_dataset *ds, int T);
 /* Window k: inputs = tokens[k*T .. k*T+T), targets = tokens[k*T+1 .. k*T+T+1). */
 void ts_data_window(const ts_dataset *ds, uint64_t k, int T, int *inputs, int *targets);
 
-/* The batch rule: fill inputs/targets [micro_batch, T] for micro-batch `mb` of
- * data-parallel rank `dp_rank` at optimizer step `step`:
- * sequence i in [dp_rank*B/dp + mb*micro_batch, ... + micro_batch) is global sequence
- * g = step*B + i, window g mod S. */
-void ts_data_microbatch(const ts_dataset *ds, int64_t step, int global_batch, int dp,
-                        int dp_rank, int micro_batch, int mb, int T, int *inputs, int *targets);
+/* The batch rule over datasets, blends and epochs: dataset/sampler.h. */
 
 /* `tessera data`: a text file's bytes as tokens (vocab 256) into an llm.c shard of
  * format `fmt` (AUTO: GPT-2's) (atomic: temp file, fsync, rename). Refused before

@@ -26,7 +26,7 @@ static ts_mb_slot *slot(ts_engine *e, int c, int mb)
 
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
-                         const ts_dataset *data, const ts_comm *pp, int dp_rank)
+                         ts_sampler *data, const ts_comm *pp, int dp_rank)
 {
     memset(e, 0, sizeof *e);
     e->cfg = cfg;
@@ -447,18 +447,21 @@ void ts_engine_run(ts_engine *e, int step)
 }
 
 /* Validation: forward only, one micro-batch at a time through the chunks in order
- * (every rank walks the chunks in the same order, so each send meets its receive).
- * Replica d takes every dp-th group of micro_batch windows of 0..n-1 (mod S). */
+ * (every rank walks the chunks in the same order, so each send meets its receive; the
+ * ranks of one replica share its dp rank, so they walk the same windows). Replica d
+ * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
 {
     const int T = e->T, mbs = e->B;
     const uint64_t S = ts_data_num_windows(val, T);
+    const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
+    const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
     const size_t NC = (size_t)e->N * e->C;
     const ts_kernels *kern = e->model->k;
     double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
     kern->memset_zero(acc, sizeof(double));
-    for (int w0 = e->dp_rank * mbs; w0 < n_windows; w0 += e->dp * mbs) {
-        int rows = n_windows - w0 < mbs ? n_windows - w0 : mbs;
+    for (int w0 = lo; w0 < hi; w0 += mbs) {
+        int rows = hi - w0 < mbs ? hi - w0 : mbs;
         const void *prev_out = NULL;
         for (int c = 0; c < e->n_chunks; c++) {
             if (!is_local(e, c)) continue;
@@ -486,7 +489,8 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             }
             a->input = c > 0 ? s->in : NULL;
             for (int r = 0; r < mbs; r++) {
-                uint64_t k = (uint64_t)(w0 + (r < rows ? r : 0)) % S;
+                const int i = w0 + (r < rows ? r : 0);
+                const uint64_t k = ts_data_val_window((uint64_t)i, (uint64_t)n_windows, S);
                 ts_data_window(val, k, T, e->tokens_host + (size_t)r * T,
                                e->targets_host + (size_t)r * T);
             }

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "core/trace.h"
 #include "dataset/loader.h"
+#include "dataset/sampler.h"
 #include "model/model.h"
 #include "pipeline/exchange.h"
 #include "pipeline/partition.h"
@@ -39,7 +40,7 @@ typedef struct {
     ts_model *model;
     const ts_schedule *sched;
     const ts_partition *part;
-    const ts_dataset *data;
+    ts_sampler *data;       /* the training data (its step cache changes as it reads) */
     ts_comm pp;             /* rank in it = pipeline rank */
     int *pp_world;          /* [pp.size] world rank of each pipeline rank (watchdog messages) */
     int pp_rank, dp, dp_rank;
@@ -89,7 +90,7 @@ typedef struct {
 
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
-                         const ts_dataset *data, const ts_comm *pp, int dp_rank);
+                         ts_sampler *data, const ts_comm *pp, int dp_rank);
 void ts_engine_free(ts_engine *e);
 
 /* Run this rank's actions for optimizer step `step`. Parameter gradients accumulate
@@ -97,9 +98,11 @@ void ts_engine_free(ts_engine *e);
  * gradients become final. */
 void ts_engine_run(ts_engine *e, int step);
 
-/* Validation: the sum of per-token losses over windows 0..n_windows-1 (mod the shard's
- * window count) that fall to this rank (non-zero only on the last chunk's rank); the
- * caller sums over the grid and divides by n_windows * T. */
+/* Validation: the sum of per-token losses over this replica's part of the n_windows
+ * windows spread over the whole validation stream (window i is ts_data_val_window(i,
+ * n_windows, S)); data-parallel replica d takes the contiguous part [d*n/dp,
+ * (d+1)*n/dp), micro_batch windows per forward. Non-zero only on the last chunk's rank;
+ * the caller sums over the grid and divides by n_windows * T. */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows);
 
 /* Bytes of activation memory allocated (the peak over the run so far). */

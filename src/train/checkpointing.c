@@ -14,6 +14,63 @@
 #include "core/timer.h"
 #include "core/watchdog.h"
 
+/* Shard i of data.train, counted dataset after dataset. */
+static const char *shard_path(const ts_sampler *s, int i)
+{
+    for (int d = 0; d < s->n_sets; i -= s->sets[d].n_shards, d++)
+        if (i < s->sets[d].n_shards) return s->sets[d].shards[i].path;
+    return "?";
+}
+
+/* The data order must continue as it was trained: the same shuffle, seed and blend
+ * (the batch rule draws step s's sequences from them), else steps after the resume
+ * would see another order than one uninterrupted run. state.json before these keys
+ * records an unshuffled single dataset. Refused by key, as the model's keys are. */
+static ts_status check_data_order(ts_trainer *t, const json_t *state)
+{
+    const json_t *data = json_object_get(state, "data");
+    const json_t *jsh = json_object_get(data, "shuffle"), *jseed = json_object_get(data, "seed");
+    const json_t *jw = json_object_get(data, "weights");
+    const ts_data_config *d = &t->cfg.data;
+    const bool was_shuffle = json_is_true(jsh);
+    if (was_shuffle != d->shuffle)
+        return ts_fail("checkpoint.load: %s was trained with data.shuffle = %s%s, but the config "
+                       "says %s; resuming would change the order of the data from step %d on "
+                       "(set data.shuffle = %s)",
+                       t->loaded_from, was_shuffle ? "true" : "false",
+                       jsh ? "" : " (its state.json predates the key: the data was read in "
+                                  "order)",
+                       d->shuffle ? "true" : "false", t->start_step, was_shuffle ? "true" : "false");
+    if (d->shuffle && (!json_is_integer(jseed) || json_integer_value(jseed) != (json_int_t)d->seed))
+        return ts_fail("checkpoint.load: %s shuffled the data with data.seed = %lld, but this "
+                       "run's is %lld; resuming would change the order of the data from step %d "
+                       "on (set data.seed = %lld)",
+                       t->loaded_from, (long long)json_integer_value(jseed), (long long)d->seed,
+                       t->start_step, (long long)json_integer_value(jseed));
+    const ts_blend *b = &t->train_data.blend;
+    bool same = jw ? json_is_array(jw) && (int)json_array_size(jw) == b->n : b->n == 1;
+    for (int s = 0; jw && same && s < b->n; s++)
+        same = json_real_value(json_array_get(jw, (size_t)s)) == b->weight[s];
+    if (!same) {
+        char was[256] = "", now[256] = "";
+        size_t at = 0;
+        for (size_t s = 0; jw && s < json_array_size(jw) && at < sizeof was; s++)
+            at += (size_t)snprintf(was + at, sizeof was - at, "%s%.6g", s ? ", " : "",
+                                   json_real_value(json_array_get(jw, s)));
+        if (!jw) snprintf(was, sizeof was, "1");
+        at = 0;
+        for (int s = 0; s < b->n && at < sizeof now; s++)
+            at += (size_t)snprintf(now + at, sizeof now - at, "%s%.6g", s ? ", " : "", b->weight[s]);
+        return ts_fail("checkpoint.load: %s was trained on a blend of %d dataset%s with weights "
+                       "[%s], but data.train now has %d with [%s]; resuming would change which "
+                       "data each step reads (keep data.train's blend as it was)",
+                       t->loaded_from, jw ? (int)json_array_size(jw) : 1,
+                       jw && json_array_size(jw) == 1 ? "" : jw ? "s" : "", was, b->n,
+                       now);
+    }
+    return TS_OK;
+}
+
 /* Whether the checkpoint's run read the data this one reads (state.json's data.train and
  * the shards' identity, when recorded): the batch rule continues at step x global_batch
  * sequences into whatever data.train now holds, so a changed file is said, not silently
@@ -30,7 +87,7 @@ static void compare_data(ts_trainer *t, const json_t *state)
         same_paths = p && !strcmp(p, d->train[i]);
     }
     int differ = -1; /* the first shard whose identity differs */
-    const int n = t->train_data.n_shards;
+    const int n = t->n_data;
     if (json_is_array(ids) && json_array_size(ids) > 0) {
         if ((int)json_array_size(ids) != n) differ = 0;
         for (int i = 0; differ < 0 && i < n; i++) {
@@ -46,7 +103,7 @@ static void compare_data(ts_trainer *t, const json_t *state)
         ts_log_warn("checkpoint: data.train holds other data than the run of %s read (shard %s "
                     "differs in its tokens or crc32): training continues at sequence %lld of "
                     "the new data",
-                    t->loaded_from, t->train_data.shards[differ].path,
+                    t->loaded_from, shard_path(&t->train_data, differ),
                     (long long)t->start_step * t->cfg.train.global_batch);
     else if (!same_paths)
         ts_log_warn("checkpoint: data.train names other files than the run of %s did%s",
@@ -133,6 +190,7 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                     ts_lr_schedule_describe(&was, a, sizeof a),
                     ts_lr_schedule_describe(&now, b, sizeof b));
     }
+    if (st == TS_OK && opened) st = check_data_order(t, r.state);
     if (st == TS_OK && t->world.rank == 0) compare_data(t, r.state);
     if (opened) ts_ckpt_reader_close(&r);
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
@@ -228,10 +286,13 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
                        "train.lr or check the data",
                        step, t->cfg.checkpoint.dir);
     const ts_topology *topo = t->topo;
+    int set_files[TS_MAX_DATASETS];
+    for (int d = 0; d < t->train_data.n_sets; d++) set_files[d] = t->train_data.sets[d].n_shards;
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .dp_rank = topo->coords.dp, .step = step,
-                           .staging = &t->staging, .n_data = t->train_data.n_shards,
-                           .data_tokens = t->data_tokens, .data_crc = t->data_crc};
+                           .staging = &t->staging, .n_data = t->n_data,
+                           .data_tokens = t->data_tokens, .data_crc = t->data_crc,
+                           .n_sets = t->train_data.n_sets, .set_files = set_files};
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();

@@ -11,6 +11,9 @@ ts_status ts_trainer_open_data(ts_trainer *t);
 /* Every rank reads the same data under each path (token counts and crc32s). Collective;
  * call on every rank once ts_trainer_open_data succeeded everywhere. */
 ts_status ts_trainer_agree_data(ts_trainer *t);
+/* Rank 0's start-up lines on the data: the order, each dataset's files, tokens and
+ * windows, and the epochs of each the run will take. */
+void ts_trainer_log_data(const ts_trainer *t);
 ts_status ts_trainer_build_partition(ts_trainer *t);
 ts_status ts_trainer_check_memory(ts_trainer *t, bool log);
 

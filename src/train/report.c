@@ -167,6 +167,32 @@ static void json_number(char *buf, size_t n, double v)
         snprintf(buf, n, "null");
 }
 
+/* The data the run has read through step `step` (the batch rule, identical on every
+ * rank): each dataset's share of the sequences since step 0 and the epochs of it read,
+ * as ",\"data_shares\":[...],\"data_epochs\":[...]" (shares only for a blend). */
+static void describe_data(ts_trainer *t, int step, char *buf, size_t cap)
+{
+    ts_sampler *s = &t->train_data;
+    ts_sampler_prepare(s, step, t->cfg.train.global_batch); /* cached: the step read it */
+    uint64_t counts[TS_MAX_DATASETS];
+    ts_sampler_counts(s, counts);
+    const double total = ((double)step + 1) * t->cfg.train.global_batch;
+    size_t at = 0;
+    buf[0] = '\0';
+    if (s->n_sets > 1) {
+        at += (size_t)snprintf(buf + at, cap - at, ",\"data_shares\":[");
+        for (int d = 0; d < s->n_sets && at < cap; d++)
+            at += (size_t)snprintf(buf + at, cap - at, "%s%.6f", d ? "," : "",
+                                   (double)counts[d] / total);
+        if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "]");
+    }
+    if (at < cap) at += (size_t)snprintf(buf + at, cap - at, ",\"data_epochs\":[");
+    for (int d = 0; d < s->n_sets && at < cap; d++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%.6g", d ? "," : "",
+                               (double)counts[d] / (double)s->windows[d]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
 ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms)
 {
     const int steps = t->cfg.train.steps;
@@ -174,13 +200,15 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     char loss[32], norm[32];
     json_number(loss, sizeof loss, s->loss);
     json_number(norm, sizeof norm, s->grad_norm);
+    char data[64 + 48 * TS_MAX_DATASETS];
+    describe_data(t, step, data, sizeof data);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, data,
         s->skipped ? ",\"skipped\":true" : "");
     if (t->cfg.log.progress) {
         char eta[32];

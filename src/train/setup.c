@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/watchdog.h"
+#include "dataset/files.h"
 #include "model/tokenizer_open.h"
 #include "pipeline/memory.h"
 
@@ -75,46 +76,94 @@ static ts_status open_tokenizer(ts_trainer *t)
     return TS_OK;
 }
 
-/* data.train and, when evaluating, data.val: opened and checked against seq_len (after
- * the tokenizer, whose ids they hold). */
+_Static_assert(TS_MAX_DATA_SETS == TS_MAX_DATASETS, "config.h and blend.h bound the blend alike");
+
+/* data.train (its datasets, globs expanded) and, when evaluating, data.val: opened and
+ * checked against seq_len, after the tokenizer whose ids they hold. */
 ts_status ts_trainer_open_data(ts_trainer *t)
 {
     if (open_tokenizer(t) != TS_OK) return TS_ERR;
     const ts_config *c = &t->cfg;
+    const ts_data_config *d = &c->data;
     const char *paths[TS_MAX_SHARDS];
-    for (int i = 0; i < c->data.n_train; i++) paths[i] = c->data.train[i];
-    if (ts_data_open(&t->train_data, paths, c->data.n_train, c->model.vocab_size) != TS_OK)
-        return TS_ERR;
+    for (int i = 0; i < d->n_train; i++) paths[i] = d->train[i];
+    const ts_sampler_spec spec = {.key = "data.train", .patterns = paths,
+                                  .n_patterns = d->n_train, .set_of = d->train_set,
+                                  .n_sets = d->n_sets, .weights = d->weight,
+                                  .shuffle = d->shuffle, .seed = (uint64_t)d->seed,
+                                  .vocab_size = c->model.vocab_size,
+                                  .seq_len = c->model.seq_len};
+    if (ts_sampler_open(&t->train_data, &spec) != TS_OK) return TS_ERR;
     t->has_train = true;
-    if (ts_data_num_windows(&t->train_data, c->model.seq_len) == 0)
-        return ts_fail("data.train holds %llu tokens, fewer than one window of seq_len + 1 = %d",
-                       (unsigned long long)t->train_data.n_tokens, c->model.seq_len + 1);
-    if (c->data.val[0] != '\0' && c->data.eval_every > 0) {
-        const char *vp = c->data.val;
-        if (ts_data_open_key(&t->val_data, "data.val", &vp, 1, c->model.vocab_size) != TS_OK)
+    if (d->n_val > 0 && d->eval_every > 0) {
+        const char *vp[TS_MAX_SHARDS];
+        for (int i = 0; i < d->n_val; i++) vp[i] = d->val[i];
+        if (ts_data_open_patterns(&t->val_data, "data.val", vp, d->n_val, c->model.vocab_size) !=
+            TS_OK)
             return TS_ERR;
         t->has_val = true;
         const uint64_t S = ts_data_num_windows(&t->val_data, c->model.seq_len);
         if (S == 0)
-            return ts_fail("data.val (%s) holds fewer than seq_len + 1 = %d tokens", vp,
-                           c->model.seq_len + 1);
-        /* By design (the batch rule) window k of an evaluation is window k mod S. */
-        if ((uint64_t)c->data.val_windows > S)
-            ts_log_warn("data.val_windows = %d but data.val (%s) holds only %llu distinct "
-                        "window%s of seq_len + 1 = %d tokens: each evaluation repeats them",
-                        c->data.val_windows, vp, (unsigned long long)S, S == 1 ? "" : "s",
-                        c->model.seq_len + 1);
+            return ts_fail("data.val (%s%s) holds fewer than seq_len + 1 = %d tokens", vp[0],
+                           t->val_data.n_shards > 1 ? " and the rest" : "", c->model.seq_len + 1);
+        /* Window i of n is floor(i * S / n): more windows than S repeat some. */
+        if ((uint64_t)d->val_windows > S)
+            ts_log_warn("data.val_windows = %d but data.val (%s%s) holds only %llu distinct "
+                        "window%s of seq_len + 1 = %d tokens: each evaluation repeats some",
+                        d->val_windows, vp[0], t->val_data.n_shards > 1 ? " and the rest" : "",
+                        (unsigned long long)S, S == 1 ? "" : "s", c->model.seq_len + 1);
     }
     return TS_OK;
 }
 
-/* One dataset's shards agreed across the ranks: the same token count and crc32 for
- * each path on every rank (probe D7: node-local copies that differed trained silently
- * on a mixture). Collective. */
+void ts_trainer_log_data(const ts_trainer *t)
+{
+    const ts_config *c = &t->cfg;
+    const ts_sampler *s = &t->train_data;
+    const double seqs = (double)c->train.steps * c->train.global_batch;
+    if (s->shuffle)
+        ts_log_info("data: data.train read in a seeded order (data.shuffle, data.seed = %lld): "
+                    "each epoch of each dataset a permutation of its windows",
+                    (long long)c->data.seed);
+    else
+        ts_log_info("data: data.train read in file order (data.shuffle = false)");
+    for (int d = 0; d < s->n_sets; d++) {
+        const ts_dataset *ds = &s->sets[d];
+        const double w = s->blend.weight[d];
+        char name[48];
+        if (s->n_sets > 1) snprintf(name, sizeof name, "dataset %d (weight %.4g)", d, w);
+        else snprintf(name, sizeof name, "data.train");
+        ts_log_info("data: %s: %d file%s (%s%s%s): %llu tokens, %llu windows of %d; %d steps "
+                    "take %.3g epochs of it",
+                    name, ds->n_shards, ds->n_shards == 1 ? "" : "s", ds->shards[0].path,
+                    ds->n_shards > 1 ? " .. " : "",
+                    ds->n_shards > 1 ? ds->shards[ds->n_shards - 1].path : "",
+                    (unsigned long long)ds->n_tokens, (unsigned long long)s->windows[d],
+                    c->model.seq_len, c->train.steps, seqs * w / (double)s->windows[d]);
+    }
+    if (t->has_val)
+        ts_log_info("data: data.val: %d file%s, %llu windows; each evaluation reads %d of them "
+                    "spread over all", t->val_data.n_shards, t->val_data.n_shards == 1 ? "" : "s",
+                    (unsigned long long)ts_data_num_windows(&t->val_data, c->model.seq_len),
+                    c->data.val_windows);
+}
+
+/* One dataset's shards agreed across the ranks: the same files (a glob can match
+ * differently on node-local disks), and the same token count and crc32 for each path on
+ * every rank (probe D7: node-local copies that differed trained silently on a mixture).
+ * Collective. */
 static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *key,
                                uint64_t *tokens, uint32_t *crcs)
 {
     const int n = ds->n_shards;
+    uint64_t nn[2] = {(uint64_t)n, (uint64_t)n};
+    ts_host_allreduce_min_u64(&t->world, &nn[0], 1);
+    ts_host_allreduce_max_u64(&t->world, &nn[1], 1);
+    if (nn[0] != nn[1])
+        return ts_fail("%s: the ranks found different numbers of files (%llu to %llu): each "
+                       "node must see the same files under the same paths and patterns (put "
+                       "them on a shared file system, or copy them identically)",
+                       key, (unsigned long long)nn[0], (unsigned long long)nn[1]);
     uint64_t *lo = ts_calloc((size_t)n * 2, sizeof *lo), *hi = ts_calloc((size_t)n * 2, sizeof *hi);
     for (int i = 0; i < n; i++) {
         uint32_t crc;
@@ -145,7 +194,27 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
 ts_status ts_trainer_agree_data(ts_trainer *t)
 {
     ts_watchdog_context("setup: checking every rank reads the same data", 0, 0, 0);
-    ts_status st = agree_dataset(t, &t->train_data, "data.train", t->data_tokens, t->data_crc);
+    const ts_sampler *s = &t->train_data;
+    int total = 0;
+    for (int d = 0; d < s->n_sets; d++) total += s->sets[d].n_shards;
+    t->n_data = total;
+    t->data_tokens = ts_calloc((size_t)total + 1, sizeof *t->data_tokens);
+    t->data_crc = ts_calloc((size_t)total + 1, sizeof *t->data_crc);
+    ts_status st = TS_OK;
+    char first[1024] = "";
+    /* Every dataset, even after one failed: each agreement is collective (its verdict
+     * is the same on every rank: it follows from the all-reduced identities). */
+    for (int d = 0, at = 0; d < s->n_sets; at += s->sets[d].n_shards, d++) {
+        char key[64];
+        if (s->n_sets > 1)
+            snprintf(key, sizeof key, "data.train (dataset %d of the blend)", d);
+        else
+            snprintf(key, sizeof key, "data.train");
+        if (agree_dataset(t, &s->sets[d], key, t->data_tokens + at, t->data_crc + at) != TS_OK &&
+            !first[0])
+            snprintf(first, sizeof first, "%s", ts_error_message());
+    }
+    if (first[0]) st = ts_fail("%s", first);
     int val = t->has_val; /* the same on every rank: the config decides */
     if (st == TS_OK && val) st = agree_dataset(t, &t->val_data, "data.val", NULL, NULL);
     return st;

@@ -74,6 +74,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     if (ts_comm_agree(&t->world, st) != TS_OK ||
         ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
         goto fail;
+    if (t->world.rank == 0) ts_trainer_log_data(t);
 
     /* Data parallelism: the gradient buckets over the dp group (and the tied
      * embedding's sum over the embedding group), each started as soon as the chunk
@@ -138,7 +139,9 @@ void ts_trainer_free(ts_trainer *t)
     ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
-    if (t->has_train) ts_data_close(&t->train_data);
+    if (t->has_train) ts_sampler_close(&t->train_data);
+    free(t->data_tokens);
+    free(t->data_crc);
     if (t->has_val) ts_data_close(&t->val_data);
     ts_model_free(&t->model);
     ts_schedule_free(&t->sched);

@@ -14,6 +14,7 @@
 #include "core/trace.h"
 #include "dp/grad_sync.h"
 #include "dataset/loader.h"
+#include "dataset/sampler.h"
 #include "model/model.h"
 #include "optim/optim.h"
 #include "pipeline/engine.h"
@@ -53,11 +54,13 @@ typedef struct {
     ts_grad_sync grad_sync;
     ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
-    ts_dataset train_data, val_data;
-    /* data.train's shards as every rank agreed on them (token count, crc32), for the
-     * checkpoints to record. */
-    uint64_t data_tokens[TS_MAX_SHARDS];
-    uint32_t data_crc[TS_MAX_SHARDS];
+    ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
+    ts_dataset val_data;
+    /* data.train's shards, dataset after dataset, as every rank agreed on them (token
+     * count, crc32), for the checkpoints to record; n_data of them (owned). */
+    int n_data;
+    uint64_t *data_tokens;
+    uint32_t *data_crc;
     bool has_train, has_val;
 
     ts_trace trace;     /* this rank's events when log.trace is set */
