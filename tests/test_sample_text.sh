@@ -13,11 +13,19 @@ RANKS="$SRC/tests/fixtures/bpe/small.tiktoken"
 export TS_TEST_TOKENIZER_ANY_SIZE=1
 # No ranks file at the default path: every run names its file, or fails saying so.
 export TS_TOKENIZER_DIR="$TMP/no-tokenizers"
-make_corpus "$TMP/train.bin"
+# The corpus encoded by the fixture's ranks, as scripts/train.sh --text encodes text
+# (`tessera data --encoding gpt2`), its shards read through a glob.
+head -c 300000 /usr/share/games/fortunes/fortunes > "$TMP/small.txt"
+if "$TESSERA" data --encoding gpt2 --ranks "$RANKS" --val-tokens 2000 "$TMP/small.txt" \
+     --out "$TMP/bpe" > "$TMP/data.out" 2>&1 && [ -s "$TMP/bpe_train_000001.bin" ]; then
+  pass
+else
+  fail "tessera data --encoding gpt2 with the fixture ranks"; sed 's/^/    /' "$TMP/data.out" >&2
+fi
 model=(--set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 --set model.seq_len=16
        --set model.tokenizer=gpt2 --set "model.tokenizer_file=\"$RANKS\""
-       --set 'data.val=""' --set data.eval_every=0 --set train.threads=1
-       --set "data.train=\"$TMP/train.bin\"")
+       --set "data.val=\"$TMP/bpe_val_000000.bin\"" --set data.eval_every=2 --set train.threads=1
+       --set "data.train=\"$TMP/bpe_train_*.bin\"")
 if run_np 1 train "$SRC/configs/tiny.cfg" "${model[@]}" --set model.vocab_size=3001 \
      --set train.steps=4 --set "checkpoint.dir=\"$TMP/ck\"" --set "log.metrics=\"$TMP/m.jsonl\""; then
   pass
