@@ -156,6 +156,21 @@ expect_error --rc 1 1 "saved with model.tokenizer = \"gpt2\" whose ranks file ha
 expect_error --rc 1 1 "saved with model.tokenizer = \"gpt2\", but the config says \"\"" \
   train "${base[@]}" --set model.vocab_size=3001 --set 'model.tokenizer=""' --set 'model.tokenizer_file=""' \
   --set "checkpoint.load=\"$CK\"" --set "checkpoint.dir=\"$CK\""
+# Ranks that open different ranks files (here: each its own TS_TOKENIZER_DIR) are
+# refused before training, once, every rank exiting non-zero.
+mkdir -p "$TMP/tokA" "$TMP/tokB"
+cp "$RANKS" "$TMP/tokA/gpt2.tiktoken"
+cp "$TMP/other.tiktoken" "$TMP/tokB/gpt2.tiktoken"
+two=(train "${base[@]}" --set model.vocab_size=3001 --set 'model.tokenizer_file=""')
+timeout 120 mpirun --oversubscribe -np 1 -x TS_TOKENIZER_DIR="$TMP/tokA" "$TESSERA" "${two[@]}" : \
+  -np 1 -x TS_TOKENIZER_DIR="$TMP/tokB" "$TESSERA" "${two[@]}" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c 'the ranks read different ranks files for gpt2' "$TMP/err")" = 1 ] &&
+   ! grep -Eq "$CRASH_RE" "$TMP/err"; then
+  pass
+else
+  fail "ranks with different ranks files (rc $rc)"; sed 's/^/    /' "$TMP/err" >&2
+fi
 # The same ranks under another path resume.
 if run_np 1 train "${base[@]}" --set model.vocab_size=3001 \
      --set "model.tokenizer_file=\"$TMP/copy.tiktoken\"" --set "checkpoint.load=\"$CK\"" \

@@ -15,7 +15,7 @@ static const char *k_usage =
     "                                      --json, --cost uniform, --trace F, --svg F)\n"
     "  ckpt info|verify DIR                inspect a checkpoint, or check every byte of it\n"
     "                                      (one process; DIR: a step dir or a checkpoint.dir)\n"
-    "  sample DIR --prompt TEXT [--tokens N --temperature X --top-k K --seed S]\n"
+    "  sample DIR --prompt TEXT [--ids --tokens N --temperature X --top-k K --seed S]\n"
     "                                      generate text from a checkpoint (one process)\n"
     "  data INPUT... --out PREFIX          tokenize text/JSONL files and directories into llm.c\n"
     "                                      shards (--encoding bytes|gpt2|llama3; one process)\n"

@@ -192,6 +192,33 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
     return st;
 }
 
+/* model.tokenizer's ranks file: the same sha256 on every rank (rank 0's is the one the
+ * checkpoints record; a node with another file would write ids that mean other text).
+ * Collective. */
+static ts_status agree_tokenizer(ts_trainer *t)
+{
+    const ts_model_config *m = &t->cfg.model;
+    if (!m->tokenizer[0]) return TS_OK; /* the same on every rank: the config decides */
+    uint64_t lo[4] = {0}, hi[4];
+    for (int i = 0; i < 4; i++) {
+        char word[17];
+        memcpy(word, m->tokenizer_sha256 + 16 * i, 16);
+        word[16] = '\0';
+        lo[i] = strtoull(word, NULL, 16);
+    }
+    memcpy(hi, lo, sizeof lo);
+    ts_host_allreduce_min_u64(&t->world, lo, 4);
+    ts_host_allreduce_max_u64(&t->world, hi, 4);
+    if (memcmp(lo, hi, sizeof lo) != 0)
+        return ts_fail("model.tokenizer: the ranks read different ranks files for %s (this "
+                       "rank's %s has sha256 %s): each node must hold the same file (run "
+                       "scripts/fetch_tokenizers.sh on every node, or point "
+                       "model.tokenizer_file at a shared copy)",
+                       m->tokenizer, m->tokenizer_file[0] ? m->tokenizer_file : "default file",
+                       m->tokenizer_sha256);
+    return TS_OK;
+}
+
 ts_status ts_trainer_agree_data(ts_trainer *t)
 {
     ts_watchdog_context("setup: checking every rank reads the same data", 0, 0, 0);
@@ -218,6 +245,7 @@ ts_status ts_trainer_agree_data(ts_trainer *t)
     if (first[0]) st = ts_fail("%s", first);
     int val = t->has_val; /* the same on every rank: the config decides */
     if (st == TS_OK && val) st = agree_dataset(t, &t->val_data, "data.val", NULL, NULL);
+    if (st == TS_OK) st = agree_tokenizer(t);
     return st;
 }
 
