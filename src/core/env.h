@@ -7,7 +7,9 @@
  *   TS_PP_EXCHANGE=grouped  issue the pipeline's sends and receives as groups, as NCCL
  *                           needs, on any comm backend
  *   TS_TEST_SAVE_STALL_S=S  every rank waits S seconds mid-save, before the commit
- *   TS_TEST_INIT_STALL_S=S  every rank of an MPI command waits S seconds before MPI_Init */
+ *   TS_TEST_INIT_STALL_S=S  every rank of an MPI command waits S seconds before MPI_Init
+ *   TS_TEST_TOKENIZER_ANY_SIZE=1  a named encoding takes a ranks file of any size (the
+ *                           tests' small fixture), its specials numbered from its size */
 #ifndef TS_CORE_ENV_H
 #define TS_CORE_ENV_H
 
@@ -18,6 +20,7 @@ typedef enum {
     TS_ENV_PP_EXCHANGE,
     TS_ENV_TEST_SAVE_STALL_S,
     TS_ENV_TEST_INIT_STALL_S,
+    TS_ENV_TEST_TOKENIZER_ANY_SIZE,
     TS_ENV_COUNT
 } ts_env_switch;
 

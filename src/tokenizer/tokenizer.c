@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "tokenizer/tok_internal.h"
 
 static ts_status read_file(const char *path, unsigned char **data, size_t *len)
@@ -86,7 +87,7 @@ static ts_status compile_pattern(ts_tokenizer *t)
 
 static int any_size_allowed(void)
 {
-    const char *v = getenv("TS_TEST_TOKENIZER_ANY_SIZE");
+    const char *v = ts_env(TS_ENV_TEST_TOKENIZER_ANY_SIZE);
     return v && strcmp(v, "1") == 0;
 }
 
