@@ -74,11 +74,14 @@ expect_error 1 "not enough memory" "${base[@]}" --set model.n_layer=60000
 expect_error 1 "is more than the [0-9]+ CPUs" "${base[@]}" --set train.threads=$(($(nproc) + 1))
 # Under an address-space limit OpenBLAS's buffer allocation used to retry forever: now
 # the threads' buffers are checked first. The process's own size differs by machine, so
-# the limit comes down until the check speaks; no limit may hang or crash the run.
+# the limit comes down until the check speaks; no limit may hang or crash the run. It
+# starts high and steps finely: a CUDA build maps ~0.9 GB of libraries before MPI_Init,
+# and a limit just above that lets Open MPI's own MPI_Init fail to map a component and
+# crash (seen at 1.4 GB), below the ~1.65 GB where the check speaks for 2 threads.
 # (AddressSanitizer reserves terabytes of address space: it cannot run under ulimit -v.)
 if [ "$(nproc)" -ge 2 ] && ! ldd "$TESSERA" | grep -q libasan; then
   seen=0
-  for kb in 1400000 1100000 900000 750000 650000; do
+  for kb in 2400000 2000000 1800000 1700000 1600000 1500000 1100000 900000 750000 650000; do
     (ulimit -v "$kb"; timeout 60 "$TESSERA" "${base[@]}" --set train.threads=2 >/dev/null 2>"$TMP/err")
     rc=$?
     if [ "$rc" -eq 124 ]; then fail "hang under ulimit -v $kb"; break; fi
