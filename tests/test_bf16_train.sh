@@ -26,16 +26,23 @@ if ! grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   skip_test "this CPU has no BF16 instructions (tessera refuses bf16 here, as checked)"
 fi
 
-# 1. 200 steps against fp32.
-common=("${base[@]}" --set train.steps=200)
+# 1. 200 steps against fp32. Under the sanitizers (TS_TEST_SWEEP_STEPS set) 20: there the
+#    run looks for memory errors, which the first steps meet; the release build checks
+#    the 200-step accuracy.
+long=200
+[ -n "${TS_TEST_SWEEP_STEPS:-}" ] && long=20
+common=("${base[@]}" --set train.steps=$long)
 train_on fp32 1 cpu
 if train_on bf16 1 cpu "${BF16[@]}"; then
-  compare_runs "bf16 vs fp32, 200 steps" "$TMP/bf16.jsonl" "$TMP/fp32.jsonl" 0.02 -
+  compare_runs "bf16 vs fp32, $long steps" "$TMP/bf16.jsonl" "$TMP/fp32.jsonl" 0.02 -
   if cmp -s <(losses "$TMP/bf16.jsonl") <(losses "$TMP/fp32.jsonl"); then
     fail "bf16 gave the fp32 losses bit for bit: train.precision = \"bf16\" changed nothing"
   else pass; fi
+  drop=1.0
+  [ $long = 200 ] || drop=0.05
   awk -v a="$(losses "$TMP/bf16.jsonl" | head -1)" -v b="$(losses "$TMP/bf16.jsonl" | tail -1)" \
-    'BEGIN { exit !(b < a - 1.0) }' && pass || fail "bf16 did not train: the loss did not fall by 1.0 in 200 steps"
+    -v d=$drop 'BEGIN { exit !(b < a - d) }' && pass ||
+    fail "bf16 did not train: the loss did not fall by $drop in $long steps"
   head -1 "$TMP/bf16.jsonl" | grep -q '"dnnl_isa":"[a-z0-9_]*"' && pass ||
     fail "the metrics' first line does not name oneDNN's ISA: $(head -1 "$TMP/bf16.jsonl")"
 fi
