@@ -114,6 +114,7 @@ printf 'gz text' | gzip > "$TMP/t.jsonl.gz"
 expect_error --rc 1 0 "input .*/t.jsonl.gz is gzip-compressed: decompress it first" data "$TMP/t.jsonl.gz" --out "$TMP/e/x"
 mkfifo "$TMP/fifo"
 expect_error --rc 1 0 "fifo is not a regular file" data "$TMP/fifo" --out "$TMP/e/x"
+expect_error --rc 1 0 "the ranks file .*fifo is not a regular file \(it is a named pipe \(FIFO\)\)" data "$TMP/in" --encoding gpt2 --ranks "$TMP/fifo" --out "$TMP/e/x"
 mkdir "$TMP/emptydir"
 expect_error --rc 1 0 "input directory .*/emptydir holds no file" data "$TMP/emptydir" --out "$TMP/e/x"
 expect_error --rc 1 0 "all 30 tokens went to validation" data "$TMP/frac" --out "$TMP/e/x" --val-tokens 30

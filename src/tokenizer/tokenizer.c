@@ -4,39 +4,42 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/env.h"
+#include "core/fsutil.h"
 #include "tokenizer/tok_internal.h"
 
+/* The whole ranks file (llama3's is 2.2 MB). Opened so that it cannot block and checked
+ * to be a regular file (core/fsutil.h), as every input is: a FIFO given as --ranks would
+ * otherwise wait for a writer forever. */
+#define TS_RANKS_MAX_BYTES (256ull << 20)
 static ts_status read_file(const char *path, unsigned char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = ts_fopen_input(path);
     if (!f)
         return ts_fail("cannot open the ranks file %s: %s; get the tokenizers with "
                        "scripts/fetch_tokenizers.sh (or set TS_TOKENIZER_DIR)",
                        path, strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    unsigned char *buf = ts_malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            unsigned char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return ts_fail("out of memory reading %s", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
+    if (ts_check_input(fileno(f), path, "the ranks file", "a tiktoken ranks file",
+                       TS_RANKS_MAX_BYTES) != TS_OK) {
+        fclose(f);
+        return TS_ERR;
     }
-    int bad = ferror(f);
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        fclose(f);
+        return ts_fail("the ranks file %s: %s", path, strerror(errno));
+    }
+    size_t n = (size_t)st.st_size;
+    unsigned char *buf = ts_malloc(n + 1);
+    size_t got = fread(buf, 1, n, f);
+    int bad = ferror(f) || got != n;
     fclose(f);
     if (bad) {
         free(buf);
-        return ts_fail("cannot read the ranks file %s: %s", path, strerror(errno));
+        return ts_fail("cannot read the ranks file %s (%zu of %zu bytes): %s", path, got, n,
+                       strerror(errno));
     }
     *data = buf;
     *len = n;
