@@ -363,10 +363,10 @@ static void random_schedule(ts_schedule *s, int pp, int v, int m, unsigned *seed
         for (int c = 0; c < n; c++)
             for (int i = 0; i < m; i++) {
                 int j = c * m + i;
-                if (!f[j] && (c == 0 || f[j - m])) ready[n_ready++] = (ts_action){ TS_ACT_F, c, i };
+                if (!f[j] && (c == 0 || f[j - m])) ready[n_ready++] = (ts_action){ TS_ACT_F, c, i, false };
                 if (f[j] && !g[j] && (c == n - 1 || g[j + m]))
-                    ready[n_ready++] = (ts_action){ split[j] ? TS_ACT_I : TS_ACT_B, c, i };
-                if (split[j] && g[j] && !wd[j]) ready[n_ready++] = (ts_action){ TS_ACT_W, c, i };
+                    ready[n_ready++] = (ts_action){ split[j] ? TS_ACT_I : TS_ACT_B, c, i, false };
+                if (split[j] && g[j] && !wd[j]) ready[n_ready++] = (ts_action){ TS_ACT_W, c, i, false };
             }
         if (n_ready == 0) break;
         ts_action a = ready[next_rand(seed) % (unsigned)n_ready];

@@ -111,9 +111,10 @@ static void test_explicit(void)
           p.first_layer[3] == 5);
     CHECK(ts_partition_chunk_of(&p, 3) == 1 && ts_partition_chunk_of(&p, 5) == 3);
     bool owned[6];
-    ts_partition_owned(&p, 1, owned);
+    const int loop4[] = {0, 1, 2, 3}; /* the loop placement of 4 chunks on pp = 4 */
+    ts_partition_owned(&p, loop4, 1, owned);
     CHECK(!owned[0] && !owned[1] && owned[2] && owned[3] && !owned[4] && !owned[5]);
-    char *d = ts_partition_describe(&p);
+    char *d = ts_partition_describe(&p, (const int[]){0, 1, 2, 3});
     CHECK(strstr(d, "explicit") && strstr(d, "embed+h.0") && strstr(d, "h.1-h.2") &&
           strstr(d, "head"));
     free(d);
@@ -189,7 +190,7 @@ static void test_measured_tiny(void)
     CHECK(p.costs.fwd_ms[1] == p.costs.fwd_ms[4]); /* every block gets block 0's time */
     CHECK(p.n_chunk_layers[0] + p.n_chunk_layers[1] == 6);
     CHECK(p.chunk_act_bytes[1] > 0);
-    char *d = ts_partition_describe(&p);
+    char *d = ts_partition_describe(&p, (const int[]){0, 1, 2, 3});
     printf("%s", d);
     CHECK(strstr(d, "measured") && strstr(d, "chunk 1"));
     free(d);

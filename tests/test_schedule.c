@@ -409,14 +409,14 @@ static void test_schedule_build_errors(void)
     ts_schedule_free(&a);
     ts_schedule_free(&b);
     /* The validator on a hand-made list with a chunk on the wrong rank. */
-    ts_action r0[] = { { TS_ACT_F, 1, 0 }, { TS_ACT_B, 1, 0 } }, r1[] = { { TS_ACT_F, 0, 0 } };
+    ts_action r0[] = { { TS_ACT_F, 1, 0, false }, { TS_ACT_B, 1, 0, false } }, r1[] = { { TS_ACT_F, 0, 0, false } };
     ts_action *lists[] = { r0, r1 };
     int n[] = { 2, 1 };
-    ts_schedule h = { .name = "hand", .pp = 2, .v = 1, .m = 1, .n_chunks = 2, .n_actions = n,
+    ts_schedule h = { .name = "hand", .pp = 2, .v = 1, .m = 1, .n_chunks = 2, .chunk_rank = (int[]){0, 1}, .n_actions = n,
                       .actions = lists };
     CHECK(ts_schedule_validate(&h, NULL) == TS_ERR && msg_has("lives on pipeline rank 1"));
     char cell[32];
-    ts_action w = { TS_ACT_W, 12, 3 };
+    ts_action w = { TS_ACT_W, 12, 3, false };
     CHECK(strcmp(ts_action_cell(cell, sizeof cell, w), "12W3") == 0);
 }
 

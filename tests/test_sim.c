@@ -210,10 +210,10 @@ static void test_optimizer(void)
  * 5, 3..5 and 5..7, exposed 2. */
 static void test_dp_reduction_in_pieces(void)
 {
-    ts_action list[] = {{TS_ACT_F, 0, 0}, {TS_ACT_B, 0, 0}};
+    ts_action list[] = {{ TS_ACT_F, 0, 0, false }, { TS_ACT_B, 0, 0, false }};
     ts_action *lists[] = {list};
     int counts[] = {2};
-    ts_schedule s = {.name = "hand", .pp = 1, .v = 1, .m = 1, .n_chunks = 1,
+    ts_schedule s = {.name = "hand", .pp = 1, .v = 1, .m = 1, .n_chunks = 1, .chunk_rank = (int[]){0},
                      .n_actions = counts, .actions = lists};
     costs k;
     uniform(&k, 1, 1.0, 4.0);
@@ -244,10 +244,10 @@ static void test_dp_reduction_in_pieces(void)
  * backward, hidden; chunk 0's (4 bytes: 2.5) runs 6..8.5, all of it exposed. */
 static void test_dp_reduction_hidden_and_exposed(void)
 {
-    ts_action list[] = {{TS_ACT_F, 0, 0}, {TS_ACT_F, 1, 0}, {TS_ACT_B, 1, 0}, {TS_ACT_B, 0, 0}};
+    ts_action list[] = {{ TS_ACT_F, 0, 0, false }, { TS_ACT_F, 1, 0, false }, { TS_ACT_B, 1, 0, false }, { TS_ACT_B, 0, 0, false }};
     ts_action *lists[] = {list};
     int counts[] = {4};
-    ts_schedule s = {.name = "hand", .pp = 1, .v = 2, .m = 1, .n_chunks = 2,
+    ts_schedule s = {.name = "hand", .pp = 1, .v = 2, .m = 1, .n_chunks = 2, .chunk_rank = (int[]){0, 0},
                      .n_actions = counts, .actions = lists};
     costs k;
     uniform(&k, 2, 1.0, 2.0);
@@ -302,8 +302,8 @@ static void test_dp_reduction_hidden_and_exposed(void)
 
     /* Split backward (zb-h1's I and W): a chunk's gradients are final after its W, not
      * its I. F0 0-1, F1 1-2, I1 2-3, I0 3-4, W1 4-5, W0 5-6: chunk 1 reduces from 5. */
-    ts_action split[] = {{TS_ACT_F, 0, 0}, {TS_ACT_F, 1, 0}, {TS_ACT_I, 1, 0},
-                         {TS_ACT_I, 0, 0}, {TS_ACT_W, 1, 0}, {TS_ACT_W, 0, 0}};
+    ts_action split[] = {{ TS_ACT_F, 0, 0, false }, { TS_ACT_F, 1, 0, false }, { TS_ACT_I, 1, 0, false },
+                         { TS_ACT_I, 0, 0, false }, { TS_ACT_W, 1, 0, false }, { TS_ACT_W, 0, 0, false }};
     lists[0] = split;
     counts[0] = 6;
     bytes[1] = 2.0;
@@ -335,11 +335,11 @@ static void test_dp_reduction_hidden_and_exposed(void)
 /* A hand-made list: rank 0 runs B before its F. */
 static void test_errors(void)
 {
-    ts_action r0[] = {{TS_ACT_B, 0, 0}, {TS_ACT_F, 0, 0}};
-    ts_action r1[] = {{TS_ACT_F, 1, 0}, {TS_ACT_B, 1, 0}};
+    ts_action r0[] = {{ TS_ACT_B, 0, 0, false }, { TS_ACT_F, 0, 0, false }};
+    ts_action r1[] = {{ TS_ACT_F, 1, 0, false }, { TS_ACT_B, 1, 0, false }};
     ts_action *lists[] = {r0, r1};
     int counts[] = {2, 2};
-    ts_schedule s = {.name = "hand", .pp = 2, .v = 1, .m = 1, .n_chunks = 2,
+    ts_schedule s = {.name = "hand", .pp = 2, .v = 1, .m = 1, .n_chunks = 2, .chunk_rank = (int[]){0, 1},
                      .n_actions = counts, .actions = lists};
     costs k;
     uniform(&k, 2, 1.0, 2.0);
@@ -348,16 +348,16 @@ static void test_errors(void)
     CHECKF(strstr(ts_error_message(), "deadlock") && strstr(ts_error_message(), "rank 0 waits at B"),
            "%s", ts_error_message());
 
-    r0[0] = (ts_action){TS_ACT_F, 1, 0}; /* chunk 1 lives on rank 1 */
+    r0[0] = (ts_action){ TS_ACT_F, 1, 0, false }; /* chunk 1 lives on rank 1 */
     CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR);
     CHECK(strstr(ts_error_message(), "lives on rank 1") != NULL);
-    r0[0] = (ts_action){TS_ACT_F, 0, 0};
+    r0[0] = (ts_action){ TS_ACT_F, 0, 0, false };
     CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR); /* F twice, no B */
     CHECK(strstr(ts_error_message(), "twice") != NULL);
-    r0[1] = (ts_action){TS_ACT_I, 0, 0};
+    r0[1] = (ts_action){ TS_ACT_I, 0, 0, false };
     CHECK(ts_sim_run(&s, &k.c, &r) == TS_ERR); /* I without W */
     CHECK(strstr(ts_error_message(), "one I and one W") != NULL);
-    r0[1] = (ts_action){TS_ACT_B, 0, 0};
+    r0[1] = (ts_action){ TS_ACT_B, 0, 0, false };
     CHECK(ts_sim_run(&s, &k.c, &r) == TS_OK);
     CHECK(fabs(r.step_time - 6.0) < 1e-12);
     ts_sim_result_free(&r);

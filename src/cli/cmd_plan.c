@@ -322,8 +322,8 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
 
 /* The data-parallel reduction: none (dp = 1), left out (uniform costs), or its cost,
  * what the step waits for, and per pipeline rank its gradients, lane time and wait. */
-static void print_dp(const plan_args *a, const ts_config *cfg, const ts_sim_result *r,
-                     const double *dp_bytes)
+static void print_dp(const plan_args *a, const ts_config *cfg, const ts_schedule *s,
+                     const ts_sim_result *r, const double *dp_bytes)
 {
     const int dp = cfg->parallel.dp;
     if (dp == 1) {
@@ -343,8 +343,8 @@ static void print_dp(const plan_args *a, const ts_config *cfg, const ts_sim_resu
     printf("  %-7s  %12s  %15s  %10s\n", "pp_rank", "gradients", "dp_reduction_ms", "dp_wait_ms");
     for (int q = 0; q < r->pp; q++) {
         double bytes = 0.0;
-        for (int c = q; c < cfg->parallel.pp * cfg->parallel.virtual_stages; c += r->pp)
-            bytes += dp_bytes[c];
+        for (int c = 0; c < s->n_chunks; c++)
+            if (ts_chunk_rank(s, c) == q) bytes += dp_bytes[c];
         char mem[32];
         ts_format_bytes(bytes, mem, sizeof mem);
         printf("  %-7d  %12s  %15.3f  %10.3f\n", q, mem, r->dp_busy[q], r->dp_wait[q]);
@@ -361,7 +361,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
            "%d micro-batches of %d x %d tokens\n",
            p->pp * p->dp * p->tp, p->pp, p->dp, p->tp, p->schedule, p->virtual_stages, s->m,
            p->micro_batch, cfg->model.seq_len);
-    char *d = ts_partition_describe(part);
+    char *d = ts_partition_describe(part, s->chunk_rank);
     fputs(d, stdout);
     free(d);
     char msg[32];
@@ -375,7 +375,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
                tc->n_tracks == 1 ? "" : "s", a->latency_us, a->bandwidth_gbs, msg);
         for (int c = 0; c < tc->n_chunks; c++)
             printf("  chunk %d (pp rank %d): F %.3f ms, backward %.3f ms (I %.3f + W %.3f)\n", c,
-                   ts_chunk_rank(c, p->pp), tc->f[c], tc->i[c] + tc->w[c], tc->i[c], tc->w[c]);
+                   ts_chunk_rank(s, c), tc->f[c], tc->i[c] + tc->w[c], tc->i[c], tc->w[c]);
     } else
         printf("costs: %s layer times%s%s%s; P2P %g us latency, %g GB/s, %s per message\n",
                part->costs.source == TS_COST_MEASURED ? "measured" : "modelled",
@@ -391,7 +391,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
         printf("  %-7d  %-7.4f  %10.3f  %s (%d micro-batch%s)\n", q, r->bubble[q], r->busy[q], mem,
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
     }
-    print_dp(a, cfg, r, dp_bytes);
+    print_dp(a, cfg, s, r, dp_bytes);
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
     for (int q = 0; q < r->pp; q++) {

@@ -18,7 +18,7 @@ static int chunk_end(const ts_engine *e, int c)
 {
     return e->part->first_layer[c] + e->part->n_chunk_layers[c];
 }
-static bool is_local(const ts_engine *e, int c) { return ts_chunk_rank(c, e->pp.size) == e->pp_rank; }
+static bool is_local(const ts_engine *e, int c) { return ts_chunk_rank(e->sched, c) == e->pp_rank; }
 static ts_mb_slot *slot(ts_engine *e, int c, int mb)
 {
     return &e->slots[(size_t)e->local_of_chunk[c] * e->m + mb];
@@ -270,7 +270,7 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
 {
     ts_mb_slot *s = slot(e, c, mb);
     if (c > 0 && !is_local(e, c - 1))
-        wait_recv(e, &s->recv_in, c, mb, k_recv_input, ts_chunk_rank(c - 1, e->pp.size));
+        wait_recv(e, &s->recv_in, c, mb, k_recv_input, ts_chunk_rank(e->sched, c - 1));
     ts_watchdog_context(k_running[TS_ACT_F], c, mb, 0);
     double t0 = ts_now_ms();
     s->acts = acquire_acts(e, c);
@@ -314,7 +314,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
 {
     ts_mb_slot *s = slot(e, c, mb);
     if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
-        wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(c + 1, e->pp.size));
+        wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(e->sched, c + 1));
     ts_watchdog_context(k_running[kind], c, mb, 0);
     double t0 = ts_now_ms();
     if (kind != TS_ACT_W) {
@@ -473,7 +473,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                     TS_ASSERT(prev_out == s->in); /* copied when chunk c-1 finished */
                 } else {
                     ts_request r;
-                    const int from = ts_chunk_rank(c - 1, e->pp.size);
+                    const int from = ts_chunk_rank(e->sched, c - 1);
                     /* One-call groups: NCCL point-to-point is posted inside a group
                      * (no-ops for MPI). */
                     ts_comm_group_begin(&e->pp);
@@ -504,7 +504,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
                     ts_request r;
-                    const int to = ts_chunk_rank(c + 1, e->pp.size);
+                    const int to = ts_chunk_rank(e->sched, c + 1);
                     ts_comm_group_begin(&e->pp);
                     ts_isend_act(&e->pp, y, NC, e->act, to, PP_TAG, &r);
                     ts_comm_group_end(&e->pp);

@@ -98,7 +98,7 @@ static bool consumed_transfer(const ts_schedule *s, const action_index *ix, int 
     } else {
         return false;
     }
-    t->from = ts_chunk_rank(src, s->pp);
+    t->from = ts_chunk_rank(s, src);
     if (t->from == r) return false; /* same rank: a copy, not a message */
     t->chunk = a.chunk;
     t->mb = a.mb;

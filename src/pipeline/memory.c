@@ -14,7 +14,8 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *
     const bool full = recompute == TS_RECOMPUTE_FULL;
     const bool except_last = recompute == TS_RECOMPUTE_EXCEPT_LAST;
     int *live = ts_calloc((size_t)n, sizeof(int)), *stash = ts_calloc((size_t)n, sizeof(int));
-    for (int c = pp_rank; c < n; c += s->pp) peak_acts[c] = peak_stash[c] = 0;
+    for (int c = 0; c < n; c++)
+        if (ts_chunk_rank(s, c) == pp_rank) peak_acts[c] = peak_stash[c] = 0;
     for (int i = 0; i < s->n_actions[pp_rank]; i++) {
         const ts_action *a = &s->actions[pp_rank][i];
         const int c = a->chunk;
@@ -61,7 +62,8 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
 {
     memset(est, 0, sizeof *est);
     const double f = sizeof(float), floats = h->param_floats;
-    for (int c = pp_rank; c < sh->n_chunks; c += sh->pp) {
+    for (int c = 0; c < sh->n_chunks; c++) {
+        if (sh->chunk_rank[c] != pp_rank) continue;
         ts_chunk_memory cm;
         ts_memory_chunk(sh, c, h->act_bytes[c], h->stash_bytes[c], &cm);
         est->act_sets += h->peak_acts[c] * cm.tensors;
@@ -90,7 +92,7 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     const int n = sched->n_chunks;
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
-    ts_partition_owned(part, pp_rank, owned);
+    ts_partition_owned(part, sched->chunk_rank, pp_rank, owned);
     /* The run's kernel table lays the activations out (their dtype, what attention
      * keeps); where this build lacks it, the CPU table of the same precision. */
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
@@ -107,13 +109,14 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     /* Every chunk holds at least one layer (ts_partition_build refuses an empty one). */
     double *acts = ts_calloc((size_t)n, sizeof(double));
     double *stash = ts_calloc((size_t)n, sizeof(double));
-    for (int c = pp_rank; c < n; c += sched->pp) {
+    for (int c = 0; c < n; c++) {
+        if (ts_chunk_rank(sched, c) != pp_rank) continue;
         const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
         acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
         stash[c] = (double)ts_acts_stash_bytes(&m, l0, l1, B, T);
     }
     const ts_memory_shape sh = {
-        .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
+        .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n, .chunk_rank = sched->chunk_rank,
         .m = sched->m, .recompute = mode, .dp = cfg->parallel.dp, .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,

@@ -35,6 +35,7 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
 typedef struct {
     int micro_batch, seq_len, n_embd; /* B, T, C */
     int pp, n_chunks;         /* pipeline ranks; chunks, pp * virtual_stages */
+    const int *chunk_rank;    /* [n_chunks]: the schedule's placement (schedule.h) */
     int m;                    /* micro-batches per step */
     int recompute;            /* ts_recompute */
     int dp, zero;
@@ -62,7 +63,7 @@ void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
 
 /* What a rank holds, counted where it is known: the trainer from the model's layout of
  * its layers, the planner from per-layer tables. Arrays are [n_chunks]; only the
- * rank's own chunks (pp_rank, pp_rank + pp, ...) are read. */
+ * rank's own chunks (sh->chunk_rank[c] == pp_rank) are read. */
 typedef struct {
     double param_floats;       /* the rank's parameters as laid out (padded; the head's
                                   copy of the tied embedding included) */
@@ -86,8 +87,8 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
  * recompute mode `recompute` (ts_recompute): F takes a set (and gives it back at once
  * when the micro-batch is recomputed), B or I of a recomputed micro-batch takes one
  * again, B or W gives it back; I takes a stash, W frees it. Writes peak_acts[c] and
- * peak_stash[c] (arrays of s->n_chunks) for the rank's own chunks c = pp_rank,
- * pp_rank + pp, ... only, so one pair of arrays can gather every rank's. The planner
+ * peak_stash[c] (arrays of s->n_chunks) for the rank's own chunks (placed on pp_rank)
+ * only, so one pair of arrays can gather every rank's. The planner
  * (plan/predict.c) uses the same rule. */
 void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *peak_acts,
                          int *peak_stash);

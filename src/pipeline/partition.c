@@ -494,11 +494,12 @@ int ts_partition_chunk_of(const ts_partition *p, int layer)
     return -1;
 }
 
-void ts_partition_owned(const ts_partition *p, int pp_rank, bool *owned)
+void ts_partition_owned(const ts_partition *p, const int *chunk_rank, int pp_rank, bool *owned)
 {
     for (int l = 0; l < p->n_layers; l++) owned[l] = false;
-    for (int c = pp_rank; c < p->n_chunks; c += p->pp)
-        for (int i = 0; i < p->n_chunk_layers[c]; i++) owned[p->first_layer[c] + i] = true;
+    for (int c = 0; c < p->n_chunks; c++)
+        if (chunk_rank[c] == pp_rank)
+            for (int i = 0; i < p->n_chunk_layers[c]; i++) owned[p->first_layer[c] + i] = true;
 }
 
 const char *ts_partition_range_name(int first, int count, int n_layer, char *buf, size_t size)
@@ -524,7 +525,7 @@ const char *ts_partition_range_name(int first, int count, int n_layer, char *buf
     return buf;
 }
 
-char *ts_partition_describe(const ts_partition *p)
+char *ts_partition_describe(const ts_partition *p, const int *chunk_rank)
 {
     double total = 0.0;
     for (int c = 0; c < p->n_chunks; c++) total += p->chunk_fwd_ms[c] + p->chunk_bwd_ms[c];
@@ -547,7 +548,7 @@ char *ts_partition_describe(const ts_partition *p)
         at += (size_t)snprintf(s + at, cap - at,
                                "  chunk %-3d rank %-3d %-13s %-20s fwd %9.3f ms  bwd %9.3f ms  "
                                "%5.1f%%\n",
-                               c, c % p->pp, layers, name, p->chunk_fwd_ms[c],
+                               c, chunk_rank[c], layers, name, p->chunk_fwd_ms[c],
                                p->chunk_bwd_ms[c], share);
         if (at >= cap) at = cap - 1;
     }

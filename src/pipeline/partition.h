@@ -2,7 +2,7 @@
  *
  * Layers are indexed 0 = embedding, 1..n_layer = blocks, n_layer+1 = head. They are cut
  * into n_chunks = pp * virtual_stages contiguous chunks of at least one layer each;
- * chunk c lives on pipeline rank c % pp (schedule.h). The cut is either the config's
+ * the schedule places each chunk on a pipeline rank (schedule.h). The cut is either the config's
  * explicit parallel.partition list or "balanced": the one that minimises the slowest
  * chunk's forward+backward time, from per-layer costs that are measured (the real model
  * code timed once on one embedding, one block and the head) or modelled (FLOPs and
@@ -62,7 +62,7 @@ void ts_layer_costs_copy(ts_layer_costs *dst, const ts_layer_costs *src);
 void ts_layer_costs_free(ts_layer_costs *c);
 
 typedef struct {
-    int pp, v, n_chunks;      /* chunk c on pipeline rank c % pp */
+    int pp, v, n_chunks;      /* placed on ranks by the schedule (schedule.h) */
     int n_layers;             /* model layers (n_layer + 2) */
     int n_layer;              /* transformer blocks (for layer names) */
     int *first_layer;         /* [n_chunks] */
@@ -92,10 +92,11 @@ void ts_partition_free(ts_partition *p);
  * Fills sizes[n_chunks]. Errors when n_chunks > n_layers or n_chunks < 1. */
 ts_status ts_partition_balance(const double *cost, int n_layers, int n_chunks, int *sizes);
 
-/* Chunk holding `layer`, and the layers a pipeline rank holds (owned[n_layers], the mask
- * for ts_model_build). */
+/* Chunk holding `layer`, and the layers pipeline rank pp_rank holds (owned[n_layers], the
+ * mask for ts_model_build) when chunk c lives on rank chunk_rank[c] (the schedule's
+ * placement, schedule.h). */
 int ts_partition_chunk_of(const ts_partition *p, int layer);
-void ts_partition_owned(const ts_partition *p, int pp_rank, bool *owned);
+void ts_partition_owned(const ts_partition *p, const int *chunk_rank, int pp_rank, bool *owned);
 
 /* Name of a layer range, "embed+h.0-h.2", "h.3", "h.10-h.11+head" (buf of >= 48 bytes). */
 const char *ts_partition_range_name(int first, int count, int n_layer, char *buf, size_t size);
@@ -104,6 +105,6 @@ const char *ts_partition_range_name(int first, int count, int n_layer, char *buf
  *   "partition: balanced (measured costs), 2 chunks on pp=2 ranks\n"
  *   "  chunk 0  rank 0  layers 0-2  embed+h.0-h.1   fwd 0.21 ms  bwd 0.43 ms  52.1%\n"
  * Returns a malloc'd string; the caller frees it. */
-char *ts_partition_describe(const ts_partition *p);
+char *ts_partition_describe(const ts_partition *p, const int *chunk_rank);
 
 #endif

@@ -28,6 +28,11 @@ const char *const ts_schedule_names[TS_N_SCHEDULES] = {
     [TS_SCHEDULE_INTERLEAVED_1F1B] = "interleaved-1f1b",
     [TS_SCHEDULE_ZB_H1] = "zb-h1",
 };
+const char *const ts_placement_names[TS_N_PLACEMENTS] = {
+    [TS_PLACEMENT_LOOP] = "loop",
+    [TS_PLACEMENT_V] = "v",
+    [TS_PLACEMENT_OTHER] = "other",
+};
 const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
     [TS_RECOMPUTE_NONE] = "none",
     [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
@@ -59,6 +64,38 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+int ts_placement_rank(ts_placement p, int chunk, int pp)
+{
+    TS_ASSERT(p == TS_PLACEMENT_LOOP || p == TS_PLACEMENT_V);
+    const int round = chunk / pp, pos = chunk % pp;
+    return p == TS_PLACEMENT_V && round % 2 == 1 ? pp - 1 - pos : pos;
+}
+
+void ts_schedule_set_placement(ts_schedule *s, ts_placement p)
+{
+    s->placement = p;
+    for (int c = 0; c < s->n_chunks; c++) s->chunk_rank[c] = ts_placement_rank(p, c, s->pp);
+}
+
+ts_placement ts_placement_of(const int *chunk_rank, int n_chunks, int pp)
+{
+    for (int p = TS_PLACEMENT_LOOP; p <= TS_PLACEMENT_V; p++) {
+        bool same = true;
+        for (int c = 0; c < n_chunks && same; c++)
+            same = chunk_rank[c] == ts_placement_rank((ts_placement)p, c, pp);
+        if (same) return (ts_placement)p;
+    }
+    return TS_PLACEMENT_OTHER;
+}
+
+int ts_rank_chunks(const ts_schedule *s, int r, int *out)
+{
+    int n = 0;
+    for (int c = 0; c < s->n_chunks; c++)
+        if (s->chunk_rank[c] == r) out[n++] = c;
+    return n;
+}
+
 void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m)
 {
     memset(s, 0, sizeof *s);
@@ -67,6 +104,8 @@ void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m)
     s->v = v;
     s->m = m;
     s->n_chunks = pp * v;
+    s->chunk_rank = ts_calloc((size_t)s->n_chunks, sizeof *s->chunk_rank);
+    ts_schedule_set_placement(s, TS_PLACEMENT_LOOP);
     s->n_actions = ts_calloc((size_t)pp, sizeof *s->n_actions);
     s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
 }
@@ -279,5 +318,6 @@ void ts_schedule_free(ts_schedule *s)
         for (int r = 0; r < s->pp; r++) free(s->actions[r]);
     free(s->actions);
     free(s->n_actions);
+    free(s->chunk_rank);
     memset(s, 0, sizeof *s);
 }

@@ -4,8 +4,13 @@
  * times them on a cost model, and the tests check them.
  *
  * Chunks: the layer list (embedding, n_layer blocks, head) is cut into n_chunks =
- * pp * v contiguous chunks; chunk c lives on pipeline rank c % pp (Megatron's
- * interleaving: rank r holds chunks r, r + pp, r + 2pp, ...). Micro-batches 0..m-1.
+ * pp * v contiguous chunks. Which pipeline rank holds each chunk (the placement) is part
+ * of the schedule, chunk_rank[c]: "loop" puts chunk c on rank c % pp (Megatron's
+ * interleaving: rank r holds chunks r, r + pp, r + 2pp, ...); "v" walks the ranks down
+ * and back up (rank r holds chunks r and 2pp-1-r for v = 2, so the last chunk, the LM
+ * head, sits with the embedding on rank 0; torch's "v" style); a CSV may give any map
+ * ("other"). Two consecutive chunks on one rank hand their tensors over in memory.
+ * Micro-batches 0..m-1.
  *
  * Dependencies (what the validator checks and the engine/simulator wait for):
  *   F(c, i)  needs F(c-1, i)                (its input activation), c > 0
@@ -56,19 +61,41 @@ typedef enum {
 
 typedef struct {
     ts_action_kind kind;
-    int chunk; /* global chunk index, 0 .. n_chunks-1 */
-    int mb;    /* micro-batch, 0 .. m-1 */
+    int chunk;    /* global chunk index, 0 .. n_chunks-1 */
+    int mb;       /* micro-batch, 0 .. m-1 */
+    bool overlap; /* paired with the rank's next action (DualPipe's overlapped F/B pair,
+                     torch's OVERLAP_F_B): the CPU runs the two in turn; on a GPU one's
+                     communication overlaps the other's compute */
 } ts_action;
 
+/* Where the chunks live: see the top of this file. */
+typedef enum {
+    TS_PLACEMENT_LOOP,  /* chunk c on rank c % pp */
+    TS_PLACEMENT_V,     /* down and back: rank r holds r, 2pp-1-r, 2pp+r, ... */
+    TS_PLACEMENT_OTHER, /* any other map (a CSV schedule's) */
+    TS_N_PLACEMENTS
+} ts_placement;
+extern const char *const ts_placement_names[TS_N_PLACEMENTS]; /* "loop", "v", "other" */
+/* The rank of `chunk` under a loop or v placement of pp ranks. */
+int ts_placement_rank(ts_placement p, int chunk, int pp);
+
 typedef struct {
-    char name[64];       /* "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", or the CSV path */
+    char name[64];       /* a built-in name ("gpipe", "zb-v", ...) or the CSV path */
     int pp, v, m;        /* pipeline ranks, chunks per rank, micro-batches */
     int n_chunks;        /* pp * v */
+    ts_placement placement;
+    int *chunk_rank;     /* [n_chunks]: the pipeline rank holding each chunk */
     int *n_actions;      /* [pp] */
     ts_action **actions; /* [pp][n_actions[r]] */
 } ts_schedule;
 
-static inline int ts_chunk_rank(int chunk, int pp) { return chunk % pp; }
+static inline int ts_chunk_rank(const ts_schedule *s, int chunk) { return s->chunk_rank[chunk]; }
+/* The chunks rank r holds, ascending, into out (room for n_chunks); returns how many. */
+int ts_rank_chunks(const ts_schedule *s, int r, int *out);
+/* Set the placement (loop or v) and chunk_rank from it. */
+void ts_schedule_set_placement(ts_schedule *s, ts_placement p);
+/* Classify chunk_rank: loop, v or other (after a CSV filled it). */
+ts_placement ts_placement_of(const int *chunk_rank, int n_chunks, int pp);
 static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]; }
 
 /* Build the named schedule ("gpipe" | "1f1b" | "interleaved-1f1b" | "zb-h1") or read
@@ -77,8 +104,8 @@ static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]
  * (unsupported combinations of pp, v, m; a malformed CSV) name the problem and the fix. */
 ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int m);
 void ts_schedule_free(ts_schedule *s);
-/* Zero s and set its shape: name, pp, v, m, n_chunks, and empty [pp] action arrays
- * (n_actions all 0, actions all NULL) for a builder to fill. */
+/* Zero s and set its shape: name, pp, v, m, n_chunks, the loop placement, and empty
+ * [pp] action arrays (n_actions all 0, actions all NULL) for a builder to fill. */
 void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m);
 
 typedef struct {

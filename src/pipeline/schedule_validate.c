@@ -28,6 +28,16 @@ static void placement_free(placement *p)
     for (int k = 0; k < 4; k++) free(p->at[k]);
 }
 
+/* Action j of list[n] starts a valid overlapped pair: the next action exists, is not
+ * paired on, and one of the two is a forward, the other a backward (B or I). */
+static bool overlap_pair(const ts_action *list, int n, int j)
+{
+    if (j + 1 >= n || list[j + 1].overlap) return false;
+    const ts_action_kind a = list[j].kind, b = list[j + 1].kind;
+    const bool a_bwd = a == TS_ACT_B || a == TS_ACT_I, b_bwd = b == TS_ACT_B || b == TS_ACT_I;
+    return (a == TS_ACT_F && b_bwd) || (a_bwd && b == TS_ACT_F);
+}
+
 /* Ranges, rank placement and duplicates, filling *p. */
 static ts_status place_actions(const ts_schedule *s, placement *p)
 {
@@ -54,11 +64,16 @@ static ts_status place_actions(const ts_schedule *s, placement *p)
                                "m = %d micro-batches (0..%d)",
                                r, j + 1, ts_action_cell(cell, sizeof cell, a), a.mb, s->m,
                                s->m - 1);
-            if (ts_chunk_rank(a.chunk, s->pp) != r)
+            if (ts_chunk_rank(s, a.chunk) != r)
                 return ts_fail("rank %d action %d (%s): chunk %d lives on pipeline rank %d "
-                               "(chunk %% pp), not on rank %d",
+                               "(the schedule's %s placement), not on rank %d",
                                r, j + 1, ts_action_cell(cell, sizeof cell, a), a.chunk,
-                               ts_chunk_rank(a.chunk, s->pp), r);
+                               ts_chunk_rank(s, a.chunk), ts_placement_names[s->placement], r);
+            if (a.overlap && !overlap_pair(s->actions[r], s->n_actions[r], j))
+                return ts_fail("rank %d action %d (%s): an overlapped pair is a forward and a "
+                               "backward (B or I) of another chunk or micro-batch, one after "
+                               "the other, and nothing more",
+                               r, j + 1, ts_action_cell(cell, sizeof cell, a));
             int *slot = &p->at[a.kind][a.chunk * s->m + a.mb];
             if (*slot >= 0)
                 return ts_fail("%.1s(chunk %d, mb %d) appears twice on rank %d: actions %d "
@@ -75,7 +90,7 @@ static ts_status place_actions(const ts_schedule *s, placement *p)
 static ts_status check_complete(const ts_schedule *s, const placement *p)
 {
     for (int c = 0; c < s->n_chunks; c++) {
-        int r = ts_chunk_rank(c, s->pp);
+        int r = ts_chunk_rank(s, c);
         for (int i = 0; i < s->m; i++) {
             int j = c * s->m + i;
             int f = p->at[TS_ACT_F][j], b = p->at[TS_ACT_B][j];
@@ -115,12 +130,12 @@ static bool cross_dep(const ts_schedule *s, const placement *p, ts_action a, ts_
 {
     if (a.kind == TS_ACT_F) {
         if (a.chunk == 0) return false;
-        *dep = (ts_action){ TS_ACT_F, a.chunk - 1, a.mb };
+        *dep = (ts_action){ TS_ACT_F, a.chunk - 1, a.mb, false };
         return true;
     }
     if (a.kind == TS_ACT_W || a.chunk == s->n_chunks - 1) return false;
     int j = (a.chunk + 1) * s->m + a.mb;
-    *dep = (ts_action){ p->at[TS_ACT_B][j] >= 0 ? TS_ACT_B : TS_ACT_I, a.chunk + 1, a.mb };
+    *dep = (ts_action){ p->at[TS_ACT_B][j] >= 0 ? TS_ACT_B : TS_ACT_I, a.chunk + 1, a.mb, false };
     return true;
 }
 
@@ -206,6 +221,12 @@ ts_status ts_schedule_validate(const ts_schedule *s, ts_schedule_report *rep)
                        s->name, s->pp, s->v, s->m, s->n_chunks);
     if (!s->n_actions || !s->actions)
         return ts_fail("schedule \"%s\" has no action lists", s->name);
+    if (!s->chunk_rank || (int)s->placement < 0 || s->placement >= TS_N_PLACEMENTS)
+        return ts_fail("schedule \"%s\" has no placement of its chunks on ranks", s->name);
+    for (int c = 0; c < s->n_chunks; c++)
+        if (s->chunk_rank[c] < 0 || s->chunk_rank[c] >= s->pp)
+            return ts_fail("schedule \"%s\" places chunk %d on pipeline rank %d of pp = %d",
+                           s->name, c, s->chunk_rank[c], s->pp);
     placement p = { 0 };
     ts_status st = place_actions(s, &p);
     if (st == TS_OK) st = check_complete(s, &p);

@@ -32,7 +32,7 @@ static double duration(const sim *S, const ts_action *a)
 /* When the output of `dep_chunk` (finished at `done`) is usable on `rank`. */
 static double arrival(const sim *S, int dep_chunk, int rank, double done)
 {
-    if (ts_chunk_rank(dep_chunk, S->s->pp) == rank) return done;
+    if (ts_chunk_rank(S->s, dep_chunk) == rank) return done;
     const ts_sim_costs *c = S->c;
     double t = done + c->latency;
     if (c->bandwidth > 0) t += c->msg_bytes / c->bandwidth;
@@ -98,10 +98,10 @@ static ts_status check_complete(const ts_schedule *s)
                              s->name, r, k, act_str(a, buf, sizeof buf), n, m);
                 break;
             }
-            if (ts_chunk_rank(a->chunk, s->pp) != r) {
+            if (ts_chunk_rank(s, a->chunk) != r) {
                 st = ts_fail("schedule %s: rank %d runs %s, but chunk %d lives on rank %d",
                              s->name, r, act_str(a, buf, sizeof buf), a->chunk,
-                             ts_chunk_rank(a->chunk, s->pp));
+                             ts_chunk_rank(s, a->chunk));
                 break;
             }
             char *f = &seen[((size_t)a->chunk * (size_t)m + (size_t)a->mb) * 4 + (size_t)a->kind];
@@ -184,7 +184,8 @@ static void dp_lanes(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
     r->dp_events = ts_calloc((size_t)total, sizeof(ts_sim_event));
     for (int q = 0; q < s->pp; q++) {
         int m = 0;
-        for (int k = q; k < n; k += s->pp) {
+        for (int k = 0; k < n; k++) {
+            if (ts_chunk_rank(s, k) != q) continue;
             const int P = c->dp_pieces && c->dp_pieces[k] > 1 ? c->dp_pieces[k] : 1;
             for (int j = 0; j < P; j++)
                 items[m++] = (dp_piece){start[k] + (end[k] - start[k]) * (j + 1) / P, k, j};

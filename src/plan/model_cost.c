@@ -186,7 +186,8 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
     double *acts = ts_calloc((size_t)n, sizeof(double));
     double *stash = ts_calloc((size_t)n, sizeof(double));
     double floats = 0.0;
-    for (int c = q; c < n; c += sh->pp) {
+    for (int c = 0; c < n; c++) {
+        if (sh->chunk_rank[c] != q) continue;
         const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
         for (int l = l0; l < l1; l++) {
             owned[l] = true;

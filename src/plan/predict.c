@@ -245,13 +245,13 @@ static int dp_pieces(const ts_plan_ctx *x, const part_entry *p, const chunk_cost
 /* Rank q's dp reduction time when it cannot overlap (comm_on_compute): every chunk's
  * reductions back to back after the rank's last backward (ms); 0 otherwise. */
 static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const part_entry *p,
-                           const chunk_costs *cc, int q)
+                           const chunk_costs *cc, const int *chunk_rank, int q)
 {
     if (!x->cl.comm_on_compute || g->dp <= 1) return 0.0;
     double lat, bw, t = 0.0;
     dp_lane(x, g, &lat, &bw);
-    for (int c = q; c < p->n_chunks; c += g->pp)
-        t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
+    for (int c = 0; c < p->n_chunks; c++)
+        if (chunk_rank[c] == q) t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
     return t;
 }
 
@@ -273,7 +273,7 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
  * on (c < n-1), its input gradient sends the gradient back (c > 0), and the link itself
  * is free. */
 static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
-                             const ts_plan_grid *g, chunk_costs *cc)
+                             const ts_plan_grid *g, const int *chunk_rank, chunk_costs *cc)
 {
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
@@ -301,9 +301,10 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
     cc->dp_serial = ts_malloc(sizeof(double) * (size_t)g->pp);
     for (int q = 0; q < g->pp; q++) {
         double floats = 0.0;
-        for (int c = q; c < n; c += g->pp) floats += cc->dp_floats[c];
+        for (int c = 0; c < n; c++)
+            if (chunk_rank[c] == q) floats += cc->dp_floats[c];
         cc->opt[q] = optimizer_ms(x, g, floats);
-        cc->dp_serial[q] = dp_serial_ms(x, g, p, cc, q);
+        cc->dp_serial[q] = dp_serial_ms(x, g, p, cc, chunk_rank, q);
     }
 }
 
@@ -319,12 +320,13 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->dp_serial);
 }
 
-static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g)
+static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
+                                 const sched_entry *se)
 {
     const ts_model_config *mc = &x->cfg.model;
     return (ts_memory_shape){
         .micro_batch = g->micro_batch, .seq_len = mc->seq_len, .n_embd = mc->n_embd,
-        .pp = g->pp, .n_chunks = g->pp * g->v, .m = g->m, .recompute = g->recompute,
+        .pp = g->pp, .n_chunks = g->pp * g->v, .chunk_rank = se->s.chunk_rank, .m = g->m, .recompute = g->recompute,
         .dp = g->dp, .zero = g->zero,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
         .weight_copy_bytes = x->k->weight_copy_bytes,
@@ -340,7 +342,7 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
     TS_ASSERT(p && se->st == TS_OK);
     const int *pa, *ps;
     peaks_for(se, g->recompute, &pa, &ps);
-    const ts_memory_shape ms = mem_shape(x, g);
+    const ts_memory_shape ms = mem_shape(x, g, se);
     ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, m);
 }
 
@@ -365,7 +367,7 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     const int *pa, *ps;
     peaks_for(se, g->recompute, &pa, &ps);
 
-    const ts_memory_shape ms = mem_shape(x, g);
+    const ts_memory_shape ms = mem_shape(x, g, se);
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, &mem);
@@ -383,7 +385,8 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     double head = 0.0, busiest = -1.0;
     for (int q = 0; q < g->pp; q++) {
         double busy = 0.0, tp = 0.0, rc = 0.0;
-        for (int c = q; c < p->n_chunks; c += g->pp) {
+        for (int c = 0; c < p->n_chunks; c++) {
+            if (ts_chunk_rank(&se->s, c) != q) continue;
             busy += g->m * (cc->f[c] + cc->i[c] + cc->w[c]);
             tp += g->m * cc->tp[c];
             rc += g->m * cc->rc[c];
@@ -409,7 +412,7 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     sched_entry *se;
     if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, &cc);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, &cc);
     estimate_with(x, L, p, se, &cc, r);
     chunk_costs_free(&cc);
     return TS_OK;
@@ -509,7 +512,7 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
     ts_status st = grid_parts(x, &r->g, &L, &p, &se);
     TS_ASSERT(st == TS_OK);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, &r->g, &cc);
+    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, &cc);
     st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
     return st;
@@ -526,7 +529,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
     /* One build of the costs for both the estimate and the simulation. */
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, &cc);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, &cc);
     estimate_with(x, L, p, se, &cc, r);
     const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);

@@ -75,7 +75,7 @@ ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
     for (int k = 0; k < n && st == TS_OK;) {
         int e = k;
         while (e < n && all[e].rank == all[k].rank) e++;
-        const int q = all[k].chunk >= 0 ? ts_chunk_rank(all[k].chunk, s->pp) : -1;
+        const int q = all[k].chunk >= 0 ? ts_chunk_rank(s, all[k].chunk) : -1;
         const int na = q >= 0 ? s->n_actions[q] : 0;
         if (q < 0 || all[k].chunk >= nc) {
             st = ts_fail("--costs-from-trace: %s has an event on chunk %d, but this config has "
@@ -123,7 +123,7 @@ ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
         for (int k = 0; k < n;) {
             int e = k;
             while (e < n && all[e].rank == all[k].rank) e++;
-            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
+            const int na = s->n_actions[ts_chunk_rank(s, all[k].chunk)];
             for (int j = k + skip * na; j < e; j++) {
                 const ts_trace_event *ev = &all[j];
                 const int u = (j - k) / na - skip, kind = kind_of_cat(ev->cat);
@@ -137,7 +137,7 @@ ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
         for (int k = 0; k < n;) {
             int e = k;
             while (e < n && all[e].rank == all[k].rank) e++;
-            const int na = s->n_actions[ts_chunk_rank(all[k].chunk, s->pp)];
+            const int na = s->n_actions[ts_chunk_rank(s, all[k].chunk)];
             for (int u = 0; u < used; u++) {
                 double busy = 0.0, last = -INFINITY;
                 for (int j = k + (u + skip) * na; j < k + (u + skip + 1) * na; j++) {

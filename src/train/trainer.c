@@ -59,7 +59,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     /* This rank's chunks of the model, initialised (or read from model.init), the data,
      * and the engine that runs the schedule over them. */
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
-    ts_partition_owned(&t->part, topo->coords.pp, owned);
+    ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
     ts_tp tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
     ts_model_build_tp(&t->model, &cfg->model, owned, &tp);
     free(owned);
@@ -113,7 +113,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     }
 
     if (t->world.rank == 0 && t->part.n_chunks > 1) {
-        char *d = ts_partition_describe(&t->part);
+        char *d = ts_partition_describe(&t->part, t->sched.chunk_rank);
         ts_log_info("%s", d);
         free(d);
     }
