@@ -230,11 +230,35 @@ static void fill_program(ts_xchg *x, const ts_schedule *s, placed_op **pl, const
     }
 }
 
+/* The gap of the receive that feeds action c of rank r: right before it, or, when it is
+ * the second action of an overlapped pair and `hoist`, before the pair's first action,
+ * so that on a backend with a communication stream (NCCL) the message arrives while the
+ * first action computes (DualPipe's overlap). */
+static int recv_gap(const ts_schedule *s, int r, int c, bool hoist)
+{
+    return hoist && c > 0 && s->actions[r][c - 1].overlap ? c - 1 : c;
+}
+
+static ts_status build_program(ts_xchg *x, const ts_schedule *s, bool hoist);
+
 ts_status ts_xchg_build(ts_xchg *x, const ts_schedule *s)
 {
     memset(x, 0, sizeof *x);
     if (ts_schedule_validate(s, NULL) != TS_OK)
         return ts_error_prefix("exchange program of schedule \"%s\": ", s->name);
+    bool pairs = false;
+    for (int r = 0; r < s->pp && !pairs; r++)
+        for (int j = 0; j < s->n_actions[r] && !pairs; j++) pairs = s->actions[r][j].overlap;
+    /* Hoisting a pair's receive makes its group wait for the sender earlier; where that
+     * could deadlock (the validator's rendezvous replay says so), the pairs keep their
+     * receives just in time and run as two plain actions. */
+    if (pairs && build_program(x, s, true) == TS_OK) return TS_OK;
+    return build_program(x, s, false);
+}
+
+static ts_status build_program(ts_xchg *x, const ts_schedule *s, bool hoist)
+{
+    memset(x, 0, sizeof *x);
     const int pp = s->pp;
     action_index ix;
     index_init(&ix, s);
@@ -254,7 +278,7 @@ ts_status ts_xchg_build(ts_xchg *x, const ts_schedule *s)
             send_gap, when, { TS_XCHG_SEND, t->dir, t->to, t->chunk, t->mb }
         };
         pl[t->to][n_pl[t->to]++] = (placed_op){
-            t->c, when, { TS_XCHG_RECV, t->dir, t->from, t->chunk, t->mb }
+            recv_gap(s, t->to, t->c, hoist), when, { TS_XCHG_RECV, t->dir, t->from, t->chunk, t->mb }
         };
     }
     fill_program(x, s, pl, n_pl);

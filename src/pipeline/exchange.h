@@ -19,7 +19,10 @@
  *   - complete: every cross-rank transfer is one send on the producing rank and one
  *     receive on the consuming rank; nothing else;
  *   - in time: a receive sits in the group right before the action that consumes it
- *     (as late as possible); a send in a group after the action that produces it, and
+ *     (as late as possible) -- or, for the second action of an overlapped pair
+ *     (ts_action.overlap), before the pair's first action, so that on a backend with a
+ *     communication stream the message moves while the first computes (kept only where
+ *     the rendezvous replay below still passes); a send in a group after the action that produces it, and
  *     the output of F(c, i) before the sender's own B/I(c, i) (which needs the gradient
  *     that answers it), so the activations it is read from are still held;
  *   - matched: for every ordered pair of ranks (a, b), a's sends to b and b's receives
