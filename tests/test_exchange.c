@@ -25,6 +25,8 @@ static bool msg_has(const char *needle) { return strstr(ts_error_message(), need
 typedef struct {
     int m, n_chunks, pp, cells;
     int *pos[4];
+    const int *rank;     /* the schedule's chunk -> rank */
+    const ts_schedule *s;
 } where;
 
 static void where_init(where *w, const ts_schedule *s)
@@ -33,6 +35,8 @@ static void where_init(where *w, const ts_schedule *s)
     w->n_chunks = s->n_chunks;
     w->pp = s->pp;
     w->cells = s->n_chunks * s->m;
+    w->rank = s->chunk_rank;
+    w->s = s;
     for (int k = 0; k < 4; k++) {
         w->pos[k] = malloc(sizeof(int) * (size_t)w->cells);
         for (int j = 0; j < w->cells; j++) w->pos[k][j] = -1;
@@ -56,8 +60,8 @@ static bool transfer_of(const where *w, ts_xchg_dir dir, int chunk, int mb, int 
 {
     int src = dir == TS_XCHG_ACT ? chunk - 1 : chunk + 1;
     if (src < 0 || src >= w->n_chunks) return false;
-    *from = src % w->pp;
-    *to = chunk % w->pp;
+    *from = w->rank[src];
+    *to = w->rank[chunk];
     if (*from == *to) return false;
     int cell = chunk * w->m + mb, scell = src * w->m + mb;
     if (dir == TS_XCHG_ACT) {
@@ -97,7 +101,9 @@ static bool check_complete(const ts_xchg *x, const ts_schedule *s, char *why, si
                     }
                     sends[op->dir * w.cells + op->chunk * w.m + op->mb]++;
                 } else if (ok) {
-                    ok = r == to && op->peer == from && k == c;
+                    /* just in time, or in an overlapped pair's first group */
+                    ok = r == to && op->peer == from &&
+                         (k == c || (k == c - 1 && s->actions[r][k].overlap));
                     recvs[op->dir * w.cells + op->chunk * w.m + op->mb]++;
                 }
                 if (!ok)
@@ -215,10 +221,10 @@ static bool replay_fifo(const ts_xchg *x, const ts_schedule *s, char *why, size_
                 int c = a.chunk, i = a.mb;
                 bool in = true;
                 if (a.kind == TS_ACT_F && c > 0)
-                    in = (c - 1) % pp == r ? PRODUCED(TS_ACT_F, c - 1, i)
+                    in = ts_chunk_rank(s, c - 1) == r ? PRODUCED(TS_ACT_F, c - 1, i)
                                            : arrived[TS_XCHG_ACT * cells + c * m + i];
                 if ((a.kind == TS_ACT_B || a.kind == TS_ACT_I) && c < s->n_chunks - 1)
-                    in = (c + 1) % pp == r ? BWD_DONE(c + 1, i)
+                    in = ts_chunk_rank(s, c + 1) == r ? BWD_DONE(c + 1, i)
                                            : arrived[TS_XCHG_GRAD * cells + c * m + i];
                 if (!in) {
                     snprintf(why, n, "rank %d runs %c c%d mb%d before its input arrived", r,
@@ -349,11 +355,29 @@ static unsigned next_rand(unsigned *state)
 
 /* A random topological order of all actions (each (chunk, mb) split into I and W with
  * probability 1/2), cut into the ranks' lists: valid by construction. */
-static void random_schedule(ts_schedule *s, int pp, int v, int m, unsigned *seed)
+/* A random valid schedule: random order, random split backwards, the placement
+ * `placement` (loop, v, or with TS_PLACEMENT_OTHER a random chunk -> rank map), and
+ * random overlapped F/B pairs among consecutive actions of a rank. */
+static void random_schedule(ts_schedule *s, int pp, int v, int m, ts_placement placement,
+                            unsigned *seed)
 {
     ts_schedule_init(s, "random", pp, v, m);
+    if (placement == TS_PLACEMENT_OTHER) {
+        /* Every rank holds a chunk (a CSV line per rank), the rest anywhere: a shuffle. */
+        for (int c = 0; c < pp * v; c++)
+            s->chunk_rank[c] = c < pp ? c : (int)(next_rand(seed) % (unsigned)pp);
+        for (int c = pp * v - 1; c > 0; c--) {
+            const int k = (int)(next_rand(seed) % (unsigned)(c + 1)), t = s->chunk_rank[c];
+            s->chunk_rank[c] = s->chunk_rank[k];
+            s->chunk_rank[k] = t;
+        }
+        s->placement = ts_placement_of(s->chunk_rank, pp * v, pp);
+    } else {
+        ts_schedule_set_placement(s, placement);
+    }
     const int n = pp * v, cells = n * m;
-    for (int r = 0; r < pp; r++) s->actions[r] = calloc(3 * (size_t)v * m, sizeof(ts_action));
+    /* A random map may give a rank more than v chunks: room for all of them. */
+    for (int r = 0; r < pp; r++) s->actions[r] = calloc(3 * (size_t)(pp * v) * m, sizeof(ts_action));
     bool *split = malloc((size_t)cells), *f = calloc((size_t)cells, 1), *g = calloc((size_t)cells, 1),
          *wd = calloc((size_t)cells, 1);
     ts_action *ready = malloc(sizeof(ts_action) * 3 * (size_t)cells);
@@ -370,12 +394,22 @@ static void random_schedule(ts_schedule *s, int pp, int v, int m, unsigned *seed
             }
         if (n_ready == 0) break;
         ts_action a = ready[next_rand(seed) % (unsigned)n_ready];
-        int j = a.chunk * m + a.mb, r = a.chunk % pp;
+        int j = a.chunk * m + a.mb, r = ts_chunk_rank(s, a.chunk);
         s->actions[r][s->n_actions[r]++] = a;
         if (a.kind == TS_ACT_F) f[j] = true;
         else if (a.kind == TS_ACT_W) wd[j] = true;
         else g[j] = true;
     }
+    for (int r = 0; r < pp; r++)
+        for (int j = 0; j + 1 < s->n_actions[r]; j++) {
+            ts_action *x = &s->actions[r][j], *y = x + 1;
+            const bool xb = x->kind == TS_ACT_B || x->kind == TS_ACT_I;
+            const bool yb = y->kind == TS_ACT_B || y->kind == TS_ACT_I;
+            if (((x->kind == TS_ACT_F && yb) || (xb && y->kind == TS_ACT_F)) && next_rand(seed) % 2) {
+                x->overlap = true;
+                j++; /* a pair is two actions */
+            }
+        }
     free(split);
     free(f);
     free(g);
@@ -401,6 +435,30 @@ static bool orders_differ(const ts_schedule *s)
             }
     where_free(&w);
     return differ;
+}
+
+/* Receives of a pair's second action that the program moved into the pair's first
+ * group (exchange.h): counted over every rank. */
+static int hoisted_receives(const ts_schedule *s)
+{
+    ts_xchg x;
+    if (ts_xchg_build(&x, s) != TS_OK) return 0;
+    int n = 0;
+    for (int r = 0; r < s->pp; r++)
+        for (int k = 0; k + 1 < s->n_actions[r]; k++) {
+            if (!s->actions[r][k].overlap) continue;
+            const ts_xchg_step *st = &x.steps[r][k];
+            for (int i = 0; i < st->n_ops; i++) {
+                const ts_xchg_op *op = &st->ops[i];
+                const ts_action b = s->actions[r][k + 1];
+                const bool feeds_second = op->kind == TS_XCHG_RECV && op->chunk == b.chunk &&
+                                          op->mb == b.mb &&
+                                          (op->dir == TS_XCHG_ACT) == (b.kind == TS_ACT_F);
+                n += feeds_second;
+            }
+        }
+    ts_xchg_free(&x);
+    return n;
 }
 
 /* ---- Tests ---------------------------------------------------------------------------- */
@@ -492,18 +550,38 @@ static void test_exchange_csv(void)
     snprintf(csv, sizeof csv, "%s/random.csv", g_dir);
     unsigned seed = 12345;
     int n = 0, reordered = 0, naive_stuck = 0;
+    int placed[TS_N_PLACEMENTS] = { 0 }, pairs = 0, hoisted = 0;
     for (int pp = 2; pp <= 4; pp++)
         for (int v = 1; v <= 2; v++)
             for (int m = 1; m <= 8; m++)
                 for (int rep = 0; rep < 6; rep++) {
                     ts_schedule gen;
-                    random_schedule(&gen, pp, v, m, &seed);
+                    const ts_placement want = (ts_placement)(rep % TS_N_PLACEMENTS);
+                    random_schedule(&gen, pp, v, m, want, &seed);
                     CHECK(ts_schedule_write_csv(&gen, csv) == TS_OK);
-                    ts_schedule_free(&gen);
                     if (ts_schedule_build(&s, csv, pp, v, m) != TS_OK) {
                         CHECKF(0, "random pp=%d v=%d m=%d: %s", pp, v, m, ts_error_message());
+                        ts_schedule_free(&gen);
                         continue;
                     }
+                    /* The CSV gives back the placement and the pairs. Chunks a random
+                     * map leaves out of a rank still appear on the line of theirs. */
+                    bool same = true; /* v = 1: the v placement is the loop one */
+                    for (int c = 0; c < pp * v && same; c++) same = s.chunk_rank[c] == gen.chunk_rank[c];
+                    for (int r = 0; r < pp && same; r++) {
+                        same = s.n_actions[r] == gen.n_actions[r];
+                        for (int j = 0; j < s.n_actions[r] && same; j++) {
+                            const ts_action x = s.actions[r][j], y = gen.actions[r][j];
+                            same = x.kind == y.kind && x.chunk == y.chunk && x.mb == y.mb &&
+                                   x.overlap == y.overlap;
+                            pairs += x.overlap;
+                        }
+                    }
+                    CHECKF(same, "random pp=%d v=%d m=%d (%s placement): the CSV round trip "
+                           "changed the schedule", pp, v, m, ts_placement_names[gen.placement]);
+                    placed[s.placement]++;
+                    ts_schedule_free(&gen);
+                    hoisted += hoisted_receives(&s);
                     exercise(&s);
                     reordered += orders_differ(&s);
                     ts_xchg naive;
@@ -514,10 +592,13 @@ static void test_exchange_csv(void)
                     ts_schedule_free(&s);
                     n++;
                 }
-    printf("csv: %d random schedules; %d with messages produced in another order than "
-           "consumed; %d where the naive program deadlocks\n",
-           n, reordered, naive_stuck);
+    printf("csv: %d random schedules (placement loop %d, v %d, other %d; %d overlapped "
+           "pairs, %d receives hoisted into a pair's first group); %d with messages "
+           "produced in another order than consumed; %d where the naive program deadlocks\n",
+           n, placed[TS_PLACEMENT_LOOP], placed[TS_PLACEMENT_V], placed[TS_PLACEMENT_OTHER],
+           pairs, hoisted, reordered, naive_stuck);
     CHECK(reordered > 0 && naive_stuck > 0); /* the random cases reach the hard parts */
+    CHECK(placed[TS_PLACEMENT_V] > 0 && placed[TS_PLACEMENT_OTHER] > 0 && pairs > 0 && hoisted > 0);
 }
 
 static void test_exchange_swapped_receives(void)
