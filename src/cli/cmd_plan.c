@@ -301,6 +301,10 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
                           "partition", layers, "step_ms", r->step_time, "bubble",
                           r->bubble_mean, "ranks", ranks);
     if (o) {
+        json_t *where = json_array();
+        for (int c = 0; c < s->n_chunks; c++) json_array_append_new(where, json_integer(s->chunk_rank[c]));
+        json_object_set_new(o, "placement", json_string(ts_placement_names[s->placement]));
+        json_object_set_new(o, "chunk_rank", where);
         json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
     }
@@ -361,9 +365,10 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
            "%d micro-batches of %d x %d tokens\n",
            p->pp * p->dp * p->tp, p->pp, p->dp, p->tp, p->schedule, p->virtual_stages, s->m,
            p->micro_batch, cfg->model.seq_len);
-    char *d = ts_partition_describe(part, s->chunk_rank);
+    char *d = ts_partition_describe(part, s->chunk_rank), where[512];
     fputs(d, stdout);
     free(d);
+    printf("%s\n", ts_placement_describe(s, where, sizeof where));
     char msg[32];
     ts_format_bytes(msg_bytes, msg, sizeof msg);
     if (a->cost == COST_UNIFORM) {

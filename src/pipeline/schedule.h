@@ -96,6 +96,9 @@ int ts_rank_chunks(const ts_schedule *s, int r, int *out);
 void ts_schedule_set_placement(ts_schedule *s, ts_placement p);
 /* Classify chunk_rank: loop, v or other (after a CSV filled it). */
 ts_placement ts_placement_of(const int *chunk_rank, int n_chunks, int pp);
+/* "placement v: rank 0: chunks 0, 3; rank 1: chunks 1, 2" into buf (truncated to size);
+ * returns buf. */
+char *ts_placement_describe(const ts_schedule *s, char *buf, size_t size);
 static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]; }
 
 /* Build the named schedule ("gpipe" | "1f1b" | "interleaved-1f1b" | "zb-h1") or read

@@ -113,9 +113,11 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     }
 
     if (t->world.rank == 0 && t->part.n_chunks > 1) {
-        char *d = ts_partition_describe(&t->part, t->sched.chunk_rank);
+        char *d = ts_partition_describe(&t->part, t->sched.chunk_rank), where[512];
         ts_log_info("%s", d);
         free(d);
+        ts_log_info("schedule %s, %s", t->sched.name,
+                    ts_placement_describe(&t->sched, where, sizeof where));
     }
     return TS_OK;
 
