@@ -135,6 +135,30 @@ plan "$cfg" "${dp2[@]}" --cost uniform && grep -q "not modelled with --cost unif
 plan "$cfg" "${dp1[@]}" && grep -q "dp reduction: none (dp = 1)" "$TMP/out" && pass ||
   fail "dp=1 report: $(cat "$TMP/out")"
 
+# --write-csv: the planned schedule as a CSV (pp = 2, the config's micro-batches), which
+# planned again as parallel.schedule gives the same simulated step and bubbles as the name.
+for sched in gpipe 1f1b interleaved-1f1b zb-h1; do
+  sets=(--set parallel.pp=2 --set parallel.schedule="$sched" --no-measure)
+  [ "$sched" = interleaved-1f1b ] && sets+=(--set parallel.virtual_stages=2)
+  csv="$TMP/t/written_$sched.csv"
+  if plan "$cfg" "${sets[@]}" --write-csv "$csv"; then
+    grep -q "^plan: wrote schedule $sched (pp=2 .*) to $csv\$" "$TMP/err" && [ -s "$csv" ] && pass ||
+      fail "--write-csv $sched: $(cat "$TMP/err")"
+    grep -E '^(simulated step|bubble|  [0-9]+  )' "$TMP/out" > "$TMP/by_name"
+    if plan "$cfg" "${sets[@]}" --set "parallel.schedule=\"$csv\""; then
+      grep -E '^(simulated step|bubble|  [0-9]+  )' "$TMP/out" > "$TMP/by_csv"
+      [ -s "$TMP/by_name" ] && cmp -s "$TMP/by_name" "$TMP/by_csv" && pass ||
+        fail "--write-csv $sched: the CSV plans differently: $(diff "$TMP/by_name" "$TMP/by_csv")"
+    else
+      fail "plan with the written $sched CSV: $(cat "$TMP/err")"
+    fi
+  else
+    fail "plan --write-csv $sched: $(cat "$TMP/err")"
+  fi
+done
+expect_error --quiet 0 "--write-csv needs a value" plan "$cfg" --write-csv
+expect_error --quiet 0 "--from-trace takes only --svg" plan --from-trace "$TMP/t/plan.json" --svg "$TMP/x.svg" --write-csv "$TMP/x.csv"
+
 # Impossible configs and bad options: tessera plan as one process fails, PATTERN once on
 # stderr, nothing on stdout (--quiet), no crash, no hang (lib.sh's expect_error).
 expect_error --quiet 0 "more pipeline chunks than layers" plan "$cfg" --set parallel.pp=7 --set train.global_batch=28
@@ -153,7 +177,7 @@ expect_error --quiet 0 "--dp-latency-us 'x' is not a number" plan "$cfg" --dp-la
 # --help documents every option.
 if "$TESSERA" plan --help >"$TMP/out"; then
   for opt in --json --cost uniform --no-measure --trace --svg --from-trace --latency-us \
-             --bandwidth-gbs --dp-latency-us --dp-bandwidth-gbs dp_exposed_ms --set; do
+             --bandwidth-gbs --dp-latency-us --dp-bandwidth-gbs dp_exposed_ms --set --write-csv; do
     grep -q -- "$opt" "$TMP/out" && pass || fail "--help does not mention $opt"
   done
 else

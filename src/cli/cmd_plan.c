@@ -31,6 +31,7 @@ static const char *k_help =
     "                    [--dp-latency-us X] [--dp-bandwidth-gbs X]\n"
     "                    [--trace FILE] [--svg FILE] [--costs-from-trace TRACE.json\n"
     "                    [--trace-skip-steps N] [--trace-stat mean|median]]\n"
+    "                    [--write-csv PATH]\n"
     "       tessera plan --from-trace TRACE.json --svg FILE\n"
     "\n"
     "Plan a pipeline without training, in one process (no mpirun): cut the layers\n"
@@ -98,6 +99,11 @@ static const char *k_help =
     "                     must remain)\n"
     "  --trace-stat S     with --costs-from-trace: mean (default) or median of the durations\n"
     "                     (the median ignores steps slowed by other processes on the machine)\n"
+    "  --write-csv PATH   write the planned schedule (parallel.schedule: a built-in name or a\n"
+    "                     CSV, for the config's pp, virtual_stages and micro-batches, after\n"
+    "                     --set) as a CSV in torch.distributed.pipelining's compute-only\n"
+    "                     format, one line per pipeline rank (the format parallel.schedule\n"
+    "                     reads back), and say on stderr where\n"
     "\n"
     "Cost model: one micro-batch of a chunk takes the sum of its layers' forward times (F);\n"
     "its backward the sum of their backward times, split evenly into input-gradient (I) and\n"
@@ -114,8 +120,8 @@ static const char *k_help =
     "Activation memory counts each chunk's saved tensors per micro-batch (and its received\n"
     "input) from its forward until its backward (or weight-gradient pass).\n"
     "\n"
-    "Outputs (--trace, --svg) are written whole or not at all: to a temporary file in the\n"
-    "same directory, renamed into place when complete.\n"
+    "Outputs (--trace, --svg, --write-csv) are written whole or not at all: to a temporary\n"
+    "file in the same directory, renamed into place when complete.\n"
     "\n"
     "Exit code 0 on success; on a bad config, an impossible schedule or an output that\n"
     "cannot be written (standard output included), one message on stderr and exit code 1\n"
@@ -131,7 +137,7 @@ typedef struct {
     cost_mode cost;
     double latency_us, bandwidth_gbs, optim_ms;
     double dp_latency_us, dp_bandwidth_gbs; /* < 0: the P2P values */
-    const char *trace, *svg, *from_trace, *costs_trace;
+    const char *trace, *svg, *from_trace, *costs_trace, *write_csv;
     double trace_skip;
     bool trace_skip_set, trace_median, trace_stat_set;
 } plan_args;
@@ -179,6 +185,8 @@ static bool plan_opt(void *args, int argc, char **argv, int *i, int *missing, in
         a->trace = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--svg", missing))) {
         a->svg = v;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--write-csv", missing))) {
+        a->write_csv = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--from-trace", missing))) {
         a->from_trace = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--costs-from-trace", missing))) {
@@ -217,9 +225,9 @@ static int parse_args(int argc, char **argv, plan_args *a)
     if (a->from_trace) {
         if (!a->svg)
             return ts_plan_usage("%s needs --svg FILE (what to draw it into)", "--from-trace");
-        if (a->config || a->trace || a->json || a->costs_trace)
-            return ts_plan_usage("%s takes only --svg FILE (no CONFIG, --trace, --json or "
-                                 "--costs-from-trace)",
+        if (a->config || a->trace || a->json || a->costs_trace || a->write_csv)
+            return ts_plan_usage("%s takes only --svg FILE (no CONFIG, --trace, --json, "
+                                 "--costs-from-trace or --write-csv)",
                                  "--from-trace");
         return 0;
     }
@@ -461,6 +469,19 @@ static int write_outputs(const plan_args *a, const ts_config *cfg, const ts_sim_
     return 0;
 }
 
+/* --write-csv: the schedule just planned, in the format parallel.schedule reads. */
+static int write_schedule_csv(const plan_args *a, const ts_schedule *s)
+{
+    if (!a->write_csv) return 0;
+    if (ts_schedule_write_csv(s, a->write_csv) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    fprintf(stderr, "plan: wrote schedule %s (pp=%d v=%d m=%d, %s placement) to %s\n", s->name,
+            s->pp, s->v, s->m, ts_placement_names[s->placement], a->write_csv);
+    return 0;
+}
+
 static int plan(const plan_args *a)
 {
     /* Everything empty first, so the one cleanup path below frees what was built. */
@@ -500,6 +521,7 @@ static int plan(const plan_args *a)
         code = 0;
     }
     if (code == 0) code = write_outputs(a, &cfg, &r);
+    if (code == 0) code = write_schedule_csv(a, &s);
     goto done;
 
 fail:
