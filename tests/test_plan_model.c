@@ -293,8 +293,22 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 CHECK(ts_partition_build(&cfg, false, &part) == TS_OK);
                                 CHECK(ts_schedule_build(&sc, cfg.parallel.schedule, pp, v,
                                                         ts_config_num_microbatches(&cfg)) == TS_OK);
+                                /* auto: the trainer's estimate under the planner's caps,
+                                 * and the trainer's own choice in the same room. */
+                                int keep[2 * 4] = {0}, mine[2 * 4] = {0}; /* pp * v <= 8 */
+                                const bool autorc = rc == TS_RECOMPUTE_AUTO;
+                                if (autorc) {
+                                    ts_plan_recompute_of(x, &g, keep, NULL);
+                                    ts_rank_memory chosen;
+                                    ts_memory_estimate_auto(&cfg, &part, &sc, r.mem_rank, 1,
+                                                            cl->memory - TS_BLAS_THREAD_BYTES,
+                                                            mine, &chosen);
+                                    for (int c = 0; c < pp * v; c++)
+                                        if (sc.chunk_rank[c] == r.mem_rank) CHECK(keep[c] == mine[c]);
+                                }
                                 ts_rank_memory e;
-                                ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1, &e);
+                                ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1,
+                                                   autorc ? keep : NULL, &e);
                                 const ts_rank_memory *mm = &r.mem;
                                 const bool ok = ts_rel_err(mm->params, e.params, 1) < 1e-12 &&
                                                 ts_rel_err(mm->grads, e.grads, 1) < 1e-12 &&
