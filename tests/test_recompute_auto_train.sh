@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# parallel.recompute = "auto" end to end on the tiny config (3 steps per run). The
+# parallel.recompute = "auto" end to end on the tiny config (2 steps per run). The
 # budget (parallel.memory_budget_mb) is computed here from `tessera plan --json`'s
 # estimates of the same grid under recompute none and full, halfway between the most
 # "full" needs on any rank and the least "none" needs where it does not fit:
@@ -15,7 +15,7 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-base=(train "$SRC/configs/tiny.cfg" --set train.steps=3 --set "data.train=\"$TMP/train.bin\""
+base=(train "$SRC/configs/tiny.cfg" --set train.steps=2 --set "data.train=\"$TMP/train.bin\""
       --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 
 # plan_json NAME SETS...: tessera plan --json of the tiny config into $TMP/NAME.json

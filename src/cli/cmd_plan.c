@@ -356,7 +356,8 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
         json_object_set_new(o, "recompute", json_string(p->recompute));
-        if (room > 0) json_object_set_new(o, "memory_budget_bytes", json_integer((json_int_t)llround(room)));
+        if (room > 0)
+            json_object_set_new(o, "memory_budget_bytes", json_integer((json_int_t)llround(room)));
     }
     if (o && tc) {
         json_object_set_new(o, "bubble_rank_span", json_real(ts_plan_sim_bubble_rank_span(r)));
@@ -464,7 +465,8 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
         const bool fits = rank_memory(cfg, part, s, q, room, keep, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
         if (auto_rc)
-            printf("    recompute auto: %s\n", ts_memory_describe_keep(s, q, keep, line, sizeof line));
+            printf("    recompute auto: %s\n",
+                   ts_memory_describe_keep(s, q, keep, line, sizeof line));
         if (!fits)
             printf("    DOES NOT FIT: %s beyond its BLAS buffers%s\n",
                    ts_format_bytes(est.total - est.blas, over, sizeof over),

@@ -227,7 +227,8 @@ static json_t *recompute_json(ts_plan_ctx *x, const ts_plan_grid *g)
     json_t *a = json_array();
     for (int c = 0; c < n; c++) {
         json_t *o = json_pack("{s:i, s:i}", "chunk", c, "recomputed", nr[c]);
-        if (g->recompute == TS_RECOMPUTE_AUTO) json_object_set_new(o, "keep", json_integer(keep[c]));
+        if (g->recompute == TS_RECOMPUTE_AUTO)
+            json_object_set_new(o, "keep", json_integer(keep[c]));
         json_array_append_new(a, o);
     }
     free(keep);
@@ -241,7 +242,8 @@ static void print_recompute(ts_plan_ctx *x, const ts_plan_grid *g)
     const int n = g->pp * g->v;
     int *keep = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
     ts_plan_recompute_of(x, g, keep, nr);
-    printf("recompute auto (fitted into the device's memory, or parallel.memory_budget_mb when smaller): ");
+    printf("recompute auto (fitted into the device's memory, or parallel.memory_budget_mb "
+           "when smaller): ");
     for (int c = 0; c < n; c++)
         printf("%schunk %d keeps %d, recomputes %d of %d", c ? "; " : "", c, keep[c], nr[c], g->m);
     printf("\n");

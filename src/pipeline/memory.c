@@ -51,7 +51,8 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
         if (peak_acts) peak_acts[c] = pa[c];
         if (peak_stash) peak_stash[c] = ps[c];
         if (n_recomputed) n_recomputed[c] = nr[c];
-        if (recomputed) memcpy(recomputed + (size_t)c * m, rec + (size_t)c * m, (size_t)m * sizeof(bool));
+        if (recomputed)
+            memcpy(recomputed + (size_t)c * m, rec + (size_t)c * m, (size_t)m * sizeof(bool));
     }
     free(live);
     free(stash);
@@ -204,7 +205,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     out->sh = (ts_memory_shape){
         .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
         .chunk_rank = sched->chunk_rank, .m = sched->m, .dp = cfg->parallel.dp,
-        .zero = cfg->parallel.zero, .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
+        .zero = cfg->parallel.zero,
+        .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype)};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
