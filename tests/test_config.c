@@ -101,6 +101,7 @@ static void test_config_defaults(void)
     CHECK(strcmp(c->parallel.recompute, "none") == 0);
     CHECK(strcmp(c->parallel.order, "tp-dp-pp") == 0);
     CHECK(c->parallel.overlap_grad_sync && c->parallel.zero == 0 && c->parallel.bucket_mb == 4);
+    CHECK(c->parallel.memory_budget_mb == 0); /* what the machine offers */
     CHECK(c->train.global_batch == 16 && c->train.steps == 100 && c->train.seed == 1234);
     CHECK(c->train.lr == 6e-4 && c->train.min_lr == 6e-5 && c->train.warmup == 10);
     CHECK(c->train.weight_decay == 0.1 && c->train.beta1 == 0.9 && c->train.beta2 == 0.95);
@@ -220,6 +221,10 @@ static void test_config_type_errors(void)
     free(text);
     EXPECT_ERR("parallel = { recompute = \"everything_please\"; };\n", NULL,
                "'parallel.recompute'");
+    /* "auto" and a budget are both read. */
+    CHECKF(load("parallel = { recompute = \"auto\"; memory_budget_mb = 512; };\n") == TS_OK,
+           "%s", ts_error_message());
+    CHECK(strcmp(g_cfg.parallel.recompute, "auto") == 0 && g_cfg.parallel.memory_budget_mb == 512);
 }
 
 static void test_config_range_errors(void)
@@ -238,6 +243,7 @@ static void test_config_range_errors(void)
         { "parallel = { micro_batch = 0; };", "'parallel.micro_batch'" },
         { "parallel = { zero = 2; };", "'parallel.zero'" },
         { "parallel = { bucket_mb = 0; };", "'parallel.bucket_mb'" },
+        { "parallel = { memory_budget_mb = -1; };", "'parallel.memory_budget_mb'" },
         { "train = { global_batch = 0; };", "'train.global_batch'" },
         { "train = { steps = -1; };", "'train.steps'" },
         { "train = { lr = 0; };", "'train.lr'" },

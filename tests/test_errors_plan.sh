@@ -65,6 +65,10 @@ else
   fail "edge trace: $(cat "$TMP/err")"
 fi
 
+# recompute = "auto" fits a budget plan cannot read for a GPU run: it asks for one.
+expect_error --rc 1 0 '^tessera: error: parallel.recompute = "auto" fits each rank into its device.s free memory, which tessera plan cannot see .*parallel.memory_budget_mb' \
+  plan "$cfg" "${p2[@]}" --cost uniform --set 'train.device="cuda"' --set parallel.recompute=auto
+
 # --- outputs: refused devices, full disks, full stdout -----------------------------------
 expect_error --rc 1 0 '^tessera: error: svg: /dev/full exists and is a character device, not a regular file' \
   plan "$cfg" "${p2[@]}" --cost uniform --svg /dev/full

@@ -247,6 +247,7 @@ static void test_optional_keys(void)
  * rule (ts_memory_rank) fed from two sources, the planner's per-layer tables summed per
  * chunk and the trainer's layout of the rank's layers, which must give the same floats. */
 static int g_mem_grids;
+static int g_auto_partial; /* recompute = "auto" grids recomputing some, not all */
 static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
                            const ts_cluster *cl)
 {
@@ -293,8 +294,29 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 CHECK(ts_partition_build(&cfg, false, &part) == TS_OK);
                                 CHECK(ts_schedule_build(&sc, cfg.parallel.schedule, pp, v,
                                                         ts_config_num_microbatches(&cfg)) == TS_OK);
+                                /* auto: the trainer's estimate under the planner's caps,
+                                 * and the trainer's own choice in the same room. */
+                                int keep[2 * 4] = {0}, mine[2 * 4] = {0}; /* pp * v <= 8 */
+                                int nr[2 * 4] = {0};
+                                const bool autorc = rc == TS_RECOMPUTE_AUTO;
+                                if (autorc) {
+                                    ts_plan_recompute_of(x, &g, keep, nr);
+                                    int total = 0;
+                                    for (int c = 0; c < pp * v; c++) total += nr[c];
+                                    g_auto_partial += total > 0 && total < pp * v * g.m;
+                                    double room = cl->memory - TS_BLAS_THREAD_BYTES;
+                                    const double mb = cfg.parallel.memory_budget_mb * 1048576.0;
+                                    if (mb > 0 && mb < room) room = mb;
+                                    ts_rank_memory chosen;
+                                    ts_memory_estimate_auto(&cfg, &part, &sc, r.mem_rank, 1, room,
+                                                            mine, &chosen);
+                                    for (int c = 0; c < pp * v; c++)
+                                        if (sc.chunk_rank[c] == r.mem_rank)
+                                            CHECK(keep[c] == mine[c]);
+                                }
                                 ts_rank_memory e;
-                                ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1, &e);
+                                ts_memory_estimate(&cfg, &part, &sc, r.mem_rank, 1,
+                                                   autorc ? keep : NULL, &e);
                                 const ts_rank_memory *mm = &r.mem;
                                 const bool ok = ts_rel_err(mm->params, e.params, 1) < 1e-12 &&
                                                 ts_rel_err(mm->grads, e.grads, 1) < 1e-12 &&
@@ -440,6 +462,12 @@ int main(void)
     compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
     compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
     compare_memory("configs/llama-tiny.cfg", NULL, 0, &cpu);
+    /* A budget that makes recompute = "auto" recompute part of the micro-batches of
+     * some grids: the planner's caps are the trainer's own choice. */
+    const char *budget[] = {"parallel.memory_budget_mb=16"};
+    compare_memory("configs/tiny.cfg", budget, 1, &cpu);
+    printf("recompute auto recomputed part on %d grids\n", g_auto_partial);
+    CHECK(g_auto_partial >= 5);
     test_llama3();
     printf("memory compared with pipeline/memory.c on %d grids\n", g_mem_grids);
     CHECK(g_mem_grids > 100);

@@ -269,13 +269,57 @@ static json_t *json_doubles(const double *x, int n)
     return a;
 }
 
+/* What each rank may allocate (the estimate less its BLAS buffers), or 0 when nothing
+ * bounds it here: parallel.memory_budget_mb; else, for recompute = "auto" (which needs a
+ * bound), what `tessera train` would offer each rank with the grid's ranks all on this
+ * machine: the smaller of RLIMIT_AS and an even share of physical memory. (plan() has
+ * refused auto without a budget on a device it cannot see.) */
+static double plan_room(const ts_config *cfg)
+{
+    const ts_parallel_config *p = &cfg->parallel;
+    if (p->memory_budget_mb > 0) return (double)p->memory_budget_mb * 1048576.0;
+    if (ts_recompute_from_name(p->recompute) != TS_RECOMPUTE_AUTO) return 0.0;
+    ts_sysmem lim;
+    ts_sysmem_read(&lim);
+    const double share = lim.physical / ((double)p->pp * p->dp * p->tp);
+    return share < lim.address_space ? share : lim.address_space;
+}
+
 /* The same per-rank memory estimate `tessera train` checks before it allocates, with
- * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores). */
-static void rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                        int pp_rank, ts_rank_memory *est)
+ * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores); with
+ * recompute = "auto" under the caps it would choose to fit `room`, into keep (the rank's
+ * chunks). Whether it fits room (true when room is 0: no bound). */
+static bool rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
+                        int pp_rank, double room, int *keep, ts_rank_memory *est)
 {
     int threads = cfg->train.threads > 0 ? cfg->train.threads : 1;
-    ts_memory_estimate(cfg, part, s, pp_rank, threads, est);
+    if (ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_AUTO)
+        return ts_memory_estimate_auto(cfg, part, s, pp_rank, threads, room, keep, est);
+    ts_memory_estimate(cfg, part, s, pp_rank, threads, NULL, est);
+    return room <= 0 || est->total - est->blas <= room;
+}
+
+/* Rank q's recompute per chunk: [{"chunk", "in_flight" (sets held without recompute),
+ * "peak_sets", "recomputed" (micro-batches), "keep" (auto's cap)}]. */
+static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q, const int *keep)
+{
+    const int n = s->n_chunks, mode = ts_recompute_from_name(cfg->parallel.recompute);
+    int *in_flight = ts_calloc((size_t)n, sizeof(int)), *peak = ts_calloc((size_t)n, sizeof(int));
+    int *nr = ts_calloc((size_t)n, sizeof(int));
+    ts_memory_peak_sets(s, TS_RECOMPUTE_NONE, NULL, q, in_flight, NULL, NULL, NULL);
+    ts_memory_peak_sets(s, mode, keep, q, peak, NULL, nr, NULL);
+    json_t *a = json_array();
+    for (int c = 0; c < n; c++) {
+        if (ts_chunk_rank(s, c) != q) continue;
+        json_t *o = json_pack("{s:i, s:i, s:i, s:i}", "chunk", c, "in_flight", in_flight[c],
+                              "peak_sets", peak[c], "recomputed", nr[c]);
+        if (keep) json_object_set_new(o, "keep", json_integer(keep[c]));
+        json_array_append_new(a, o);
+    }
+    free(in_flight);
+    free(peak);
+    free(nr);
+    return a;
 }
 
 static int print_json(const plan_args *a, const ts_config *cfg, const ts_partition *part,
@@ -285,9 +329,12 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     json_t *layers = json_array(), *ranks = json_array();
     for (int c = 0; c < part->n_chunks; c++)
         json_array_append_new(layers, json_integer(part->n_chunk_layers[c]));
+    const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;
+    const double room = plan_room(cfg);
+    int *keep = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(int)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
-        rank_memory(cfg, part, s, q, &est);
+        const bool fits = rank_memory(cfg, part, s, q, room, keep, &est);
         json_array_append_new(
             ranks, json_pack("{s:i, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "pp_rank", q,
                              "bubble", r->bubble[q], "peak_activation_bytes",
@@ -302,7 +349,12 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_t *rank = json_array_get(ranks, (size_t)q);
         json_object_set_new(rank, "dp_reduction_ms", json_real(r->dp_busy[q]));
         json_object_set_new(rank, "dp_wait_ms", json_real(r->dp_wait[q]));
+        json_object_set_new(json_object_get(rank, "memory"), "activation_sets",
+                            json_integer((json_int_t)llround(est.act_sets)));
+        json_object_set_new(rank, "recompute", recompute_json(cfg, s, q, keep));
+        if (room > 0) json_object_set_new(rank, "memory_fits", json_boolean(fits));
     }
+    free(keep);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}", "world",
                           p->pp * p->dp * p->tp, "pp", p->pp, "dp", p->dp, "tp", p->tp, "v",
                           p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
@@ -315,6 +367,9 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(o, "chunk_rank", where);
         json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
+        json_object_set_new(o, "recompute", json_string(p->recompute));
+        if (room > 0)
+            json_object_set_new(o, "memory_budget_bytes", json_integer((json_int_t)llround(room)));
     }
     if (o && tc) {
         json_object_set_new(o, "bubble_rank_span", json_real(ts_plan_sim_bubble_rank_span(r)));
@@ -407,12 +462,30 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     print_dp(a, cfg, s, r, dp_bytes);
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
+    const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;
+    const double room = plan_room(cfg);
+    char budget[32], over[32], line[1024];
+    if (room > 0)
+        printf("  each rank may allocate %s besides its BLAS buffers (%s)%s\n",
+               ts_format_bytes(room, budget, sizeof budget),
+               p->memory_budget_mb > 0 ? "parallel.memory_budget_mb"
+                                       : "this machine shared by the grid's ranks",
+               auto_rc ? "; recompute auto recomputes per chunk only what does not fit" : "");
+    int *keep = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(int)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
         char what[256];
-        rank_memory(cfg, part, s, q, &est);
+        const bool fits = rank_memory(cfg, part, s, q, room, keep, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
+        if (auto_rc)
+            printf("    recompute auto: %s\n",
+                   ts_memory_describe_keep(s, q, keep, line, sizeof line));
+        if (!fits)
+            printf("    DOES NOT FIT: %s beyond its BLAS buffers%s\n",
+                   ts_format_bytes(est.total - est.blas, over, sizeof over),
+                   auto_rc ? " even recomputing every micro-batch" : "");
     }
+    free(keep);
     if (tc) {
         printf("bubble until each rank's last action (as the train metric counts it): %.4f\n",
                ts_plan_sim_bubble_rank_span(r));
@@ -495,6 +568,15 @@ static int plan(const plan_args *a)
     ts_config cfg;
     const ts_parallel_config *p = &cfg.parallel;
     if (ts_config_load_plan(&cfg, a->config, a->sets, a->n_sets) != TS_OK) goto fail;
+    if (ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO && p->memory_budget_mb == 0 &&
+        ts_kernels_layout_for(cfg.train.device, cfg.train.precision, cfg.train.attention)
+            ->device_memory) {
+        ts_fail("parallel.recompute = \"auto\" fits each rank into its device's free memory, "
+                "which tessera plan cannot see for train.device = \"%s\": give the budget "
+                "with --set parallel.memory_budget_mb=MiB (or plan with --cluster FILE)",
+                cfg.train.device);
+        goto fail;
+    }
     if (cfg.train.threads > 0) ts_cpu_set_threads(cfg.train.threads);
     if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK)
         goto fail;

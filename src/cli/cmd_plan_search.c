@@ -217,6 +217,40 @@ static const char *gb(double bytes, char *buf, size_t n)
     return buf;
 }
 
+/* What each chunk of a predicted grid recomputes: [{"chunk", "recomputed" (micro-batches),
+ * "keep" (recompute = "auto"'s cap)}], or, with text, one line for auto. */
+static json_t *recompute_json(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const int n = g->pp * g->v;
+    int *keep = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
+    ts_plan_recompute_of(x, g, keep, nr);
+    json_t *a = json_array();
+    for (int c = 0; c < n; c++) {
+        json_t *o = json_pack("{s:i, s:i}", "chunk", c, "recomputed", nr[c]);
+        if (g->recompute == TS_RECOMPUTE_AUTO)
+            json_object_set_new(o, "keep", json_integer(keep[c]));
+        json_array_append_new(a, o);
+    }
+    free(keep);
+    free(nr);
+    return a;
+}
+
+static void print_recompute(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    if (g->recompute != TS_RECOMPUTE_AUTO) return;
+    const int n = g->pp * g->v;
+    int *keep = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
+    ts_plan_recompute_of(x, g, keep, nr);
+    printf("recompute auto (fitted into the device's memory, or parallel.memory_budget_mb "
+           "when smaller): ");
+    for (int c = 0; c < n; c++)
+        printf("%schunk %d keeps %d, recomputes %d of %d", c ? "; " : "", c, keep[c], nr[c], g->m);
+    printf("\n");
+    free(keep);
+    free(nr);
+}
+
 static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_plan_result *r)
 {
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
@@ -253,13 +287,14 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
         size_t n = 0;
         if (g->micro_batch > 1)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "lower micro_batch, ");
-        if (g->recompute != TS_RECOMPUTE_FULL)
+        if (g->recompute != TS_RECOMPUTE_FULL && g->recompute != TS_RECOMPUTE_AUTO)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "recompute = \"full\", ");
         if (g->zero == 0 && g->dp > 1)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = 1, ");
         snprintf(hint + n, sizeof hint - n, "raise pp or tp (more devices per replica)");
     }
     printf("  device memory %.2f GB%s%s\n", cl->memory / 1e9, r->fits ? "" : ": ", hint);
+    print_recompute(x, g);
     const ts_plan_terms *t = &r->terms;
     printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp all-reduces %.3f, "
            "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
@@ -365,6 +400,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
                                      (json_int_t)llround(m.activations)));
             }
             json_object_set_new(o, "ranks", ranks);
+            json_object_set_new(o, "recompute_chunks", recompute_json(x, &g));
             code = ts_plan_print_json(o);
         } else {
             print_prediction(x, &a, &r);

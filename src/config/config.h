@@ -86,6 +86,9 @@ typedef struct {
     int n_partition;            /* 0 = "balanced"; else layer counts per chunk */
     int partition[TS_MAX_CHUNKS];
     char recompute[16];         /* ts_recompute_names[k] (pipeline/schedule.h; validated) */
+    int memory_budget_mb;       /* MiB each rank may allocate (its estimate less the BLAS
+                                   buffers); 0 = what the machine offers the rank. Bounds
+                                   the memory check and recompute = "auto"'s choice */
     char order[16];             /* "tp-dp-pp", fastest-varying first */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */

@@ -52,6 +52,7 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(p->grad_reduce_dtype, sizeof p->grad_reduce_dtype, "fp32");
     p->zero = 0;
     p->bucket_mb = 4;
+    p->memory_budget_mb = 0; /* what the machine offers */
     copy_str(p->comm, sizeof p->comm, "auto");
 
     ts_train_config *t = &cfg->train;
@@ -154,6 +155,7 @@ const key_spec ts_config_keys[] = {
     INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, 1 << 20),
     { "parallel", "partition", K_PARTITION, OFF(parallel), 0, 0, 0, false, false, NULL },
     STR_KEY("parallel", "recompute", parallel.recompute, ts_config_check_recompute),
+    INT_KEY("parallel", "memory_budget_mb", parallel.memory_budget_mb, 0, BIG),
     STR_KEY("parallel", "order", parallel.order, ts_config_check_order),
     BOOL_KEY("parallel", "overlap_grad_sync", parallel.overlap_grad_sync),
     STR_KEY("parallel", "grad_sync_progress", parallel.grad_sync_progress,

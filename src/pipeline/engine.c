@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "core/watchdog.h"
+#include "pipeline/memory.h"
 
 /* One message tag for every pipeline transfer: messages are matched by their order
  * (exchange.h), which MPI keeps between two ranks, as NCCL does without tags. */
@@ -26,7 +27,7 @@ static ts_mb_slot *slot(ts_engine *e, int c, int mb)
 
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
-                         ts_sampler *data, const ts_comm *pp, int dp_rank)
+                         ts_sampler *data, const ts_comm *pp, int dp_rank, const int *keep)
 {
     memset(e, 0, sizeof *e);
     e->cfg = cfg;
@@ -46,8 +47,11 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->C = cfg->model.n_embd;
     e->act = model->k->act_dtype;
     e->nc_bytes = (size_t)e->N * e->C * ts_dtype_bytes(e->act);
-    int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
-    e->recompute = recompute >= 0 ? (ts_recompute)recompute : TS_RECOMPUTE_NONE;
+    /* Which forwards keep only their input: decided once, by the rule the memory
+     * estimate counted. */
+    const int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
+    if (recompute == TS_RECOMPUTE_AUTO && !keep)
+        return ts_fail("parallel.recompute = \"auto\" needs the caps the memory check chose");
 
     /* The order of the step's sends and receives, derived from the schedule. */
     if (ts_xchg_build(&e->xchg, sched) != TS_OK) return ts_error_prefix("pipeline exchange: ");
@@ -78,6 +82,8 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
             e->local_chunks[e->n_local++] = c;
         }
     }
+    e->recomputed = ts_calloc((size_t)e->n_chunks * e->m, sizeof(bool));
+    ts_memory_peak_sets(sched, recompute, keep, e->pp_rank, NULL, NULL, NULL, e->recomputed);
     const ts_kernels *k = model->k;
     const size_t NCB = e->nc_bytes, NI = (size_t)e->N * sizeof(int);
     e->loss_acc = k->dev_alloc(2 * sizeof(double));
@@ -90,7 +96,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
             ts_mb_slot *s = &e->slots[(size_t)j * e->m + mb];
             if (c > 0) s->in = k->dev_alloc(NCB);
             s->dx = k->dev_alloc(NCB);
-            if (e->recompute != TS_RECOMPUTE_NONE) {
+            if (e->recomputed[(size_t)c * e->m + mb]) { /* its replay's buffers */
                 s->tokens = k->dev_alloc(NI);
                 s->targets = k->dev_alloc(NI);
                 if (c < e->n_chunks - 1) s->out = k->dev_alloc(NCB);
@@ -149,6 +155,7 @@ void ts_engine_free(ts_engine *e)
     free(e->send_first);
     free(e->send_next);
     free(e->produced);
+    free(e->recomputed);
     ts_xchg_free(&e->xchg);
     ts_scratch_free(&e->scratch);
     memset(e, 0, sizeof *e);
@@ -233,10 +240,9 @@ static void wait_recv(ts_engine *e, ts_request *r, int chunk, int mb, const char
 
 /* ---------------------------------------------------------------- actions */
 
-static bool recomputes(const ts_engine *e, int mb)
+static bool recomputes(const ts_engine *e, int c, int mb)
 {
-    return e->recompute == TS_RECOMPUTE_FULL ||
-           (e->recompute == TS_RECOMPUTE_EXCEPT_LAST && mb != e->m - 1);
+    return e->recomputed[(size_t)c * e->m + mb];
 }
 
 /* Fill the micro-batch's tokens (first chunk) and targets (last chunk): read on the
@@ -283,7 +289,7 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
         else if (s->out) /* the activations may go before the exchange sends them: a copy */
             e->model->k->memcpy_d2d(s->out, y, e->nc_bytes);
     }
-    if (recomputes(e, mb)) {
+    if (recomputes(e, c, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
          * backward. The last chunk's loss was counted now, not at the replay. */
         e->model->k->memcpy_d2d(s->tokens, s->acts->tokens, (size_t)e->N * sizeof(int));

@@ -4,7 +4,8 @@
  * the schedule (exchange.h): before each action its group of sends and receives is
  * issued, matched by order with no message tags, so the same engine runs on a backend
  * without tags (NCCL). It frees a micro-batch's activations as soon as its backward has
- * run, and with activation recomputation keeps only chunk inputs. */
+ * run, and for the micro-batches it recomputes (parallel.recompute) keeps only chunk
+ * inputs. */
 #ifndef TS_ENGINE_H
 #define TS_ENGINE_H
 
@@ -47,7 +48,9 @@ typedef struct {
     int n_chunks, m, B, T, N, C;
     ts_dtype act;           /* the activations' element type (the model's kernels) */
     size_t nc_bytes;        /* bytes of one [N, C] message: a chunk's input or its gradient */
-    ts_recompute recompute;
+    bool *recomputed;       /* [n_chunks * m]: F(c, mb) keeps only its input and is
+                               recomputed before its backward (ts_memory_peak_sets: the
+                               rule the memory estimate counts by) */
 
     ts_xchg xchg;           /* the step's transfers, in order (exchange.h) */
     /* How the program runs: grouped = each group before its action, as a backend that
@@ -88,9 +91,11 @@ typedef struct {
     double span_ms;         /* from the step's start to its last action */
 } ts_engine;
 
+/* keep: with parallel.recompute = "auto", the caps of the rank's chunks ([n_chunks],
+ * ts_memory_auto_keep chose them); NULL for the other modes. */
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
-                         ts_sampler *data, const ts_comm *pp, int dp_rank);
+                         ts_sampler *data, const ts_comm *pp, int dp_rank, const int *keep);
 void ts_engine_free(ts_engine *e);
 
 /* Run this rank's actions for optimizer step `step`. Parameter gradients accumulate

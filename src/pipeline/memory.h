@@ -25,10 +25,21 @@ typedef struct {
 
 /* The estimate for pipeline rank `pp_rank` (every tensor-parallel and data-parallel
  * rank of it holds the same), running `threads` BLAS threads: the model's own layout of
- * the rank's layers (nothing allocated) into ts_memory_rank. */
+ * the rank's layers (nothing allocated) into ts_memory_rank. With parallel.recompute =
+ * "auto", keep [n_chunks] holds the caps the run uses (ts_memory_estimate_auto chose
+ * them); NULL otherwise. */
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
-                        const ts_schedule *sched, int pp_rank, int threads,
+                        const ts_schedule *sched, int pp_rank, int threads, const int *keep,
                         ts_rank_memory *est);
+
+/* parallel.recompute = "auto" on pipeline rank pp_rank: ts_memory_auto_keep on the
+ * rank's layout, the caps into keep[c] for the rank's chunks, the estimate under them
+ * into *est. `room`: the bytes the estimate less its BLAS buffers (est->total -
+ * est->blas) may reach. False when even recomputing every micro-batch exceeds it (*est
+ * is then that, recompute = "full"'s, estimate). */
+bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
+                             const ts_schedule *sched, int pp_rank, int threads, double room,
+                             int *keep, ts_rank_memory *est);
 
 /* What a rank's memory follows from beyond its layers: the run's shape. The trainer
  * takes it from its config and schedule; the planner from each grid it predicts. */
@@ -37,7 +48,6 @@ typedef struct {
     int pp, n_chunks;         /* pipeline ranks; chunks, pp * virtual_stages */
     const int *chunk_rank;    /* [n_chunks]: the schedule's placement (schedule.h) */
     int m;                    /* micro-batches per step */
-    int recompute;            /* ts_recompute */
     int dp, zero;
     bool async_checkpoint;    /* checkpoint.async with a checkpoint dir */
     int weight_copy_bytes;    /* per parameter, a compute copy beside the fp32 weights
@@ -54,8 +64,9 @@ typedef struct {
     double tensors;  /* the saved tensors alone (of set) */
     double stash;    /* one zero-bubble stash (from I to W) */
     double slot;     /* per micro-batch of the step: the received input (not chunk 0) and
-                        the gradient buffer; with recompute the kept output copy (not the
-                        last chunk) and tokens and targets again */
+                        the gradient buffer */
+    double replay;   /* per recomputed micro-batch: the kept output copy (not the last
+                        chunk), tokens and targets again */
 } ts_chunk_memory;
 
 void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
@@ -70,28 +81,54 @@ typedef struct {
     double scratch_bytes;      /* the backward scratch, allocated once */
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
-    const int *peak_acts, *peak_stash; /* ts_memory_peak_sets */
+    const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */
 } ts_memory_holdings;
 
 /* The memory of pipeline rank pp_rank: parameters and gradients (fp32, plus the weight
  * copy), the AdamW moments (1/dp with ZeRO-1), each chunk's peak activation sets and
- * stashes and its m pipeline slots (ts_memory_chunk), the scratch, checkpoint.async's
+ * stashes, its m pipeline slots and the replay buffers of its recomputed micro-batches
+ * (ts_memory_chunk), the scratch, checkpoint.async's
  * copy of the rank's 1/dp share of weights and moments, and the BLAS threads' buffers.
  * The one rule both the trainer (ts_memory_estimate) and the planner
  * (plan/model_cost.c) call. */
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
                     ts_rank_memory *est);
 
-/* Most activation sets (and zero-bubble stashes) of each chunk of pipeline rank pp_rank
- * alive at once when the rank runs its actions in order, as the engine holds them, with
- * recompute mode `recompute` (ts_recompute): F takes a set (and gives it back at once
- * when the micro-batch is recomputed), B or I of a recomputed micro-batch takes one
- * again, B or W gives it back; I takes a stash, W frees it. Writes peak_acts[c] and
- * peak_stash[c] (arrays of s->n_chunks) for the rank's own chunks (placed on pp_rank)
- * only, so one pair of arrays can gather every rank's. The planner
- * (plan/predict.c) uses the same rule. */
-void ts_memory_peak_sets(const ts_schedule *s, int recompute, int pp_rank, int *peak_acts,
-                         int *peak_stash);
+/* Which micro-batches recompute, and the most activation sets (and zero-bubble stashes)
+ * of each chunk of pipeline rank pp_rank alive at once when the rank runs its actions in
+ * order, as the engine holds them: the one rule the engine (which forwards keep only
+ * their input), the memory estimate and the planner share. Recompute mode `recompute`
+ * (ts_recompute) decides each forward F(c, mb): none keeps its activations, full
+ * recomputes, except_last recomputes all but micro-batch m-1, and auto recomputes when
+ * chunk c already holds keep[c] sets (keep: [n_chunks], auto only; keep[c] >= the peak
+ * without recompute is "none", 0 is "full"). Counting: F takes a set (and gives it back
+ * at once when the micro-batch is recomputed), B or I of a recomputed micro-batch takes
+ * one again, B or W gives it back; I takes a stash, W frees it. Outputs, each may be
+ * NULL, written for the rank's own chunks (placed on pp_rank) only, so one set of
+ * arrays can gather every rank's: peak_acts[c], peak_stash[c], n_recomputed[c] (arrays
+ * of s->n_chunks) and recomputed[c * m + mb] (s->n_chunks * m). */
+void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, int pp_rank,
+                         int *peak_acts, int *peak_stash, int *n_recomputed, bool *recomputed);
+
+/* parallel.recompute = "auto"'s choice on pipeline rank pp_rank: the largest caps keep[c]
+ * (ts_memory_peak_sets) for which ts_memory_rank's estimate less its BLAS buffers fits
+ * `room` bytes. From every chunk's peak without recompute, the cap of the chunk whose
+ * held activation sets take the most bytes (the lowest chunk on a tie) comes down by
+ * one until the estimate fits. Takes h's sizes (its peak arrays are ignored); writes,
+ * for the rank's chunks, keep, peak_acts, peak_stash and n_recomputed ([n_chunks]) and
+ * the estimate under the caps into *est. False when even caps of 0 (full recompute)
+ * exceed room: the outputs then describe those. Deterministic: every tensor- and
+ * data-parallel rank of a pipeline rank, given one room, chooses the same. */
+bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
+                         const ts_memory_holdings *h, int pp_rank, double room, int *keep,
+                         int *peak_acts, int *peak_stash, int *n_recomputed,
+                         ts_rank_memory *est);
+
+/* The choice per chunk of pipeline rank pp_rank under caps keep (auto), as the trainer
+ * logs it and plan prints it: "chunk 0 keeps 2 of 4 in flight (recomputes 6 of 8
+ * micro-batches); chunk 5 ..." into buf; returns buf. */
+const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
+                                    char *buf, size_t size);
 
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);

@@ -37,6 +37,7 @@ const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
     [TS_RECOMPUTE_NONE] = "none",
     [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
     [TS_RECOMPUTE_FULL] = "full",
+    [TS_RECOMPUTE_AUTO] = "auto",
 };
 
 static int name_index(const char *s, const char *const *list, int n)

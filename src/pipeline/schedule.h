@@ -46,9 +46,12 @@ typedef enum {
     TS_RECOMPUTE_NONE,
     TS_RECOMPUTE_EXCEPT_LAST,
     TS_RECOMPUTE_FULL,
+    TS_RECOMPUTE_AUTO, /* per chunk, as many micro-batches as the memory budget needs
+                          (pipeline/memory.h ts_memory_auto_keep) */
     TS_N_RECOMPUTES
 } ts_recompute;
-extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full" */
+extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full",
+                                                                 "auto" */
 /* The mode `name` names, or -1. */
 int ts_recompute_from_name(const char *name);
 

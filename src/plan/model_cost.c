@@ -177,16 +177,15 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)
     return p;
 }
 
-void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
-                         const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, int q, ts_rank_memory *out)
+/* Rank q's holdings from the per-layer tables: its parameters, and each of its chunks'
+ * activation and stash bytes into acts and stash ([n_chunks]). */
+static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory_shape *sh,
+                                        const int *first_layer, const int *n_chunk_layers, int q,
+                                        double *acts, double *stash)
 {
-    const int n = sh->n_chunks;
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
-    double *acts = ts_calloc((size_t)n, sizeof(double));
-    double *stash = ts_calloc((size_t)n, sizeof(double));
     double floats = 0.0;
-    for (int c = 0; c < n; c++) {
+    for (int c = 0; c < sh->n_chunks; c++) {
         if (sh->chunk_rank[c] != q) continue;
         const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
         for (int l = l0; l < l1; l++) {
@@ -198,12 +197,39 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
     }
     if (owned[L->n_layers - 1] && !owned[0]) floats += L->wte_floats;
     free(owned);
-    const ts_memory_holdings h = {.param_floats = floats, .scratch_bytes = L->scratch_bytes,
-                                  .act_bytes = acts, .stash_bytes = stash,
-                                  .peak_acts = peak_acts, .peak_stash = peak_stash};
+    return (ts_memory_holdings){.param_floats = floats, .scratch_bytes = L->scratch_bytes,
+                                .act_bytes = acts, .stash_bytes = stash};
+}
+
+void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
+                         const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
+                         const int *peak_stash, const int *n_recomputed, int q,
+                         ts_rank_memory *out)
+{
+    double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    ts_memory_holdings h = rank_holdings(L, sh, first_layer, n_chunk_layers, q, acts, stash);
+    h.peak_acts = peak_acts;
+    h.peak_stash = peak_stash;
+    h.n_recomputed = n_recomputed;
     ts_memory_rank(sh, &h, q, out);
     free(acts);
     free(stash);
+}
+
+bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
+                       const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
+                       int q, double room, int *keep, int *peak_acts, int *peak_stash,
+                       int *n_recomputed, ts_rank_memory *out)
+{
+    double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    const ts_memory_holdings h = rank_holdings(L, sh, first_layer, n_chunk_layers, q, acts, stash);
+    const bool fits = ts_memory_auto_keep(s, sh, &h, q, room, keep, peak_acts, peak_stash,
+                                          n_recomputed, out);
+    free(acts);
+    free(stash);
+    return fits;
 }
 
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)

@@ -89,11 +89,21 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
 void ts_plan_layers_free(ts_plan_layers *L);
 
 /* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the
- * peaks from ts_memory_peak_sets: the layers' sizes summed per chunk and rank into
- * ts_memory_rank (pipeline/memory.h), the rule the trainer's own estimate calls. */
+ * peaks and recomputed micro-batches from ts_memory_peak_sets: the layers' sizes summed
+ * per chunk and rank into ts_memory_rank (pipeline/memory.h), the rule the trainer's own
+ * estimate calls. */
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, int q, ts_rank_memory *out);
+                         const int *peak_stash, const int *n_recomputed, int q,
+                         ts_rank_memory *out);
+
+/* recompute = "auto" on pipeline rank q of schedule s: ts_memory_auto_keep on the same
+ * sizes, into keep, peak_acts, peak_stash, n_recomputed ([n_chunks], q's chunks) and
+ * *out; false when even full recompute exceeds room (bytes less the workspace). */
+bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
+                       const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
+                       int q, double room, int *keep, int *peak_acts, int *peak_stash,
+                       int *n_recomputed, ts_rank_memory *out);
 
 /* Parameter floats of a chunk [l0, l1) (with the tied copy when it holds the head but
  * not the embedding): its gradient floats, what its dp reduction moves. */

@@ -26,7 +26,8 @@ typedef struct {
     ts_status st;
     char error[512];
     ts_schedule s;
-    int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES]; /* lazily, [n_chunks] */
+    /* Lazily, [n_chunks], per fixed mode (auto depends on the grid's memory: rc_plan). */
+    int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES], *n_rc[TS_N_RECOMPUTES];
 } sched_entry;
 
 struct ts_plan_ctx {
@@ -64,6 +65,7 @@ void ts_plan_ctx_free(ts_plan_ctx *x)
         for (int r = 0; r < TS_N_RECOMPUTES; r++) {
             free(e->peak_acts[r]);
             free(e->peak_stash[r]);
+            free(e->n_rc[r]);
         }
     }
     free(x->layers);
@@ -170,17 +172,21 @@ static sched_entry *sched_for(ts_plan_ctx *x, const ts_plan_grid *g)
     return e;
 }
 
-static void peaks_for(sched_entry *e, int recompute, const int **acts, const int **stash)
+static void peaks_for(sched_entry *e, int recompute, const int **acts, const int **stash,
+                      const int **n_rc)
 {
+    TS_ASSERT(recompute != TS_RECOMPUTE_AUTO);
     if (!e->peak_acts[recompute]) {
         e->peak_acts[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
         e->peak_stash[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
+        e->n_rc[recompute] = ts_calloc((size_t)e->s.n_chunks, sizeof(int));
         for (int q = 0; q < e->pp; q++)
-            ts_memory_peak_sets(&e->s, recompute, q, e->peak_acts[recompute],
-                              e->peak_stash[recompute]);
+            ts_memory_peak_sets(&e->s, recompute, NULL, q, e->peak_acts[recompute],
+                                e->peak_stash[recompute], e->n_rc[recompute], NULL);
     }
     *acts = e->peak_acts[recompute];
     *stash = e->peak_stash[recompute];
+    *n_rc = e->n_rc[recompute];
 }
 
 const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g)
@@ -207,13 +213,6 @@ typedef struct {
     double *f, *i, *w, *tp, *rc, *dp_floats;
     double *opt, *dp_serial;
 } chunk_costs;
-
-static double recompute_share(int recompute, int m)
-{
-    return recompute == TS_RECOMPUTE_FULL          ? 1.0
-           : recompute == TS_RECOMPUTE_EXCEPT_LAST ? (double)(m - 1) / m
-                                                   : 0.0;
-}
 
 /* One pipeline message (ms): latency + one micro-batch's activations / bandwidth. */
 static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_plan_grid *g)
@@ -273,14 +272,14 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
  * on (c < n-1), its input gradient sends the gradient back (c > 0), and the link itself
  * is free. */
 static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
-                             const ts_plan_grid *g, const int *chunk_rank, chunk_costs *cc)
+                             const ts_plan_grid *g, const int *chunk_rank, const int *n_rc,
+                             chunk_costs *cc)
 {
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
     double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
-    const double share = recompute_share(g->recompute, g->m);
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
         double f = 0, i = 0, w = 0, tp = 0;
@@ -291,7 +290,9 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
             tp += L->f_tp[l] + L->i_tp[l];
         }
         cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
-        cc->rc[c] = share * f * 1e3;
+        /* The forwards rerun: the chunk's recomputed share of its micro-batches (the
+         * simulator times every micro-batch of a chunk alike). */
+        cc->rc[c] = (double)n_rc[c] / g->m * f * 1e3;
         cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
         cc->w[c] = w * 1e3;
         cc->tp[c] = tp * 1e3;
@@ -326,12 +327,53 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
     const ts_model_config *mc = &x->cfg.model;
     return (ts_memory_shape){
         .micro_batch = g->micro_batch, .seq_len = mc->seq_len, .n_embd = mc->n_embd,
-        .pp = g->pp, .n_chunks = g->pp * g->v, .chunk_rank = se->s.chunk_rank, .m = g->m, .recompute = g->recompute,
+        .pp = g->pp, .n_chunks = g->pp * g->v, .chunk_rank = se->s.chunk_rank, .m = g->m,
         .dp = g->dp, .zero = g->zero,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
         .weight_copy_bytes = x->k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
+}
+
+/* What a grid recomputes and holds, every rank's chunks ([n_chunks]): a fixed mode's
+ * peaks from the schedule's cache; for "auto" each rank's caps fitted into the device
+ * (the cluster's memory, or parallel.memory_budget_mb when smaller), owned here. */
+typedef struct {
+    const int *peak_acts, *peak_stash, *n_rc;
+    int *keep; /* auto only */
+    int *own[3];
+} rc_plan;
+
+static void rc_plan_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+                         sched_entry *se, const ts_plan_grid *g, rc_plan *rp)
+{
+    memset(rp, 0, sizeof *rp);
+    if (g->recompute != TS_RECOMPUTE_AUTO) {
+        peaks_for(se, g->recompute, &rp->peak_acts, &rp->peak_stash, &rp->n_rc);
+        return;
+    }
+    const int n = p->n_chunks;
+    for (int k = 0; k < 3; k++) rp->own[k] = ts_calloc((size_t)n, sizeof(int));
+    rp->keep = ts_calloc((size_t)n, sizeof(int));
+    rp->peak_acts = rp->own[0];
+    rp->peak_stash = rp->own[1];
+    rp->n_rc = rp->own[2];
+    const ts_memory_shape ms = mem_shape(x, g, se);
+    /* The room is what the estimate less its workspace may take: fits is total <= memory. */
+    double room = x->cl.memory - ms.threads * TS_BLAS_THREAD_BYTES;
+    const double budget = (double)x->cfg.parallel.memory_budget_mb * 1048576.0;
+    if (budget > 0 && budget < room) room = budget;
+    for (int q = 0; q < g->pp; q++) {
+        ts_rank_memory mem;
+        ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, q, room, rp->keep, rp->own[0],
+                          rp->own[1], rp->own[2], &mem);
+    }
+}
+
+static void rc_plan_free(rc_plan *rp)
+{
+    for (int k = 0; k < 3; k++) free(rp->own[k]);
+    free(rp->keep);
 }
 
 void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m)
@@ -340,10 +382,25 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
     const part_entry *p = part_for(x, g);
     sched_entry *se = sched_for(x, g);
     TS_ASSERT(p && se->st == TS_OK);
-    const int *pa, *ps;
-    peaks_for(se, g->recompute, &pa, &ps);
+    rc_plan rp;
+    rc_plan_make(x, L, p, se, g, &rp);
     const ts_memory_shape ms = mem_shape(x, g, se);
-    ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, m);
+    ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp.peak_acts, rp.peak_stash, rp.n_rc, q, m);
+    rc_plan_free(&rp);
+}
+
+void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(p && se->st == TS_OK);
+    rc_plan rp;
+    rc_plan_make(x, L, p, se, g, &rp);
+    const int n = p->n_chunks;
+    if (keep && rp.keep) memcpy(keep, rp.keep, sizeof(int) * (size_t)n);
+    if (n_recomputed) memcpy(n_recomputed, rp.n_rc, sizeof(int) * (size_t)n);
+    rc_plan_free(&rp);
 }
 
 /* The layers, cut and schedule of a grid; fails (with a message) when the grid cannot
@@ -361,16 +418,15 @@ static ts_status grid_parts(ts_plan_ctx *x, const ts_plan_grid *g, const ts_plan
 
 /* ts_plan_estimate on the grid's parts and costs. */
 static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
-                          sched_entry *se, const chunk_costs *cc, ts_plan_result *r)
+                          sched_entry *se, const rc_plan *rp, const chunk_costs *cc,
+                          ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    const int *pa, *ps;
-    peaks_for(se, g->recompute, &pa, &ps);
-
     const ts_memory_shape ms = mem_shape(x, g, se);
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
-        ts_plan_rank_memory(L, &ms, p->first, p->sizes, pa, ps, q, &mem);
+        ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp->peak_acts, rp->peak_stash,
+                            rp->n_rc, q, &mem);
         if (q == 0 || mem.total > r->mem.total) {
             r->mem = mem;
             r->mem_rank = q;
@@ -411,10 +467,13 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     const part_entry *p;
     sched_entry *se;
     if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
+    rc_plan rp;
+    rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, &cc);
-    estimate_with(x, L, p, se, &cc, r);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, &cc);
+    estimate_with(x, L, p, se, &rp, &cc, r);
     chunk_costs_free(&cc);
+    rc_plan_free(&rp);
     return TS_OK;
 }
 
@@ -511,8 +570,11 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
     /* Cached since the estimate, which succeeded: this cannot fail. */
     ts_status st = grid_parts(x, &r->g, &L, &p, &se);
     TS_ASSERT(st == TS_OK);
+    rc_plan rp;
+    rc_plan_make(x, L, p, se, &r->g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, &cc);
+    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, rp.n_rc, &cc);
+    rc_plan_free(&rp);
     st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
     return st;
@@ -528,9 +590,12 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     sched_entry *se;
     if (grid_parts(x, g, &L, &p, &se) != TS_OK) return TS_ERR;
     /* One build of the costs for both the estimate and the simulation. */
+    rc_plan rp;
+    rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, &cc);
-    estimate_with(x, L, p, se, &cc, r);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, &cc);
+    estimate_with(x, L, p, se, &rp, &cc, r);
+    rc_plan_free(&rp);
     const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
     return st;

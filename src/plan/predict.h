@@ -7,7 +7,10 @@
  * devices_per_node) and the pipeline neighbours (the whole grid inside one node).
  *
  * Step: each chunk's F, I, W costs are its layers' (model_cost.h), I plus the chunk's
- * forward again with recompute = full ((m-1)/m of it with except_last). Pipeline
+ * forward again for the share of its micro-batches it recomputes (all with recompute =
+ * full, (m-1)/m with except_last; with auto what the caps that fit the device's memory
+ * recompute: ts_memory_auto_keep, the room being the cluster's memory less the
+ * workspace, or parallel.memory_budget_mb when smaller). Pipeline
  * messages: one micro-batch's activations (bf16 on a bf16 cluster), link latency + bytes
  * / bandwidth. The
  * dp reduction runs on the simulator's dp lane in parallel.bucket_mb buckets: a ring
@@ -99,6 +102,11 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
 
 /* The memory of pipeline rank q (0 <= q < pp) of a grid ts_plan_estimate accepted. */
 void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m);
+
+/* What a grid ts_plan_estimate accepted recomputes, per chunk [pp*v]: recompute =
+ * "auto"'s caps into keep (untouched for another mode; may be NULL) and the recomputed
+ * micro-batches into n_recomputed (may be NULL). */
+void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed);
 
 /* The cut the prediction uses: layers per chunk [pp*v] (valid until ctx is freed). */
 const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g);

@@ -247,7 +247,9 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                 if (inter && m < pp) continue;
                 for (int v = inter ? 2 : 1; inter ? pp * v <= layers : v == 1; v++) {
                     for (int rc = 0; rc < TS_N_RECOMPUTES; rc++) {
-                        if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
+                        /* none and full; auto would repeat none where it fits and
+                         * is not searched yet */
+                        if (rc == TS_RECOMPUTE_EXCEPT_LAST || rc == TS_RECOMPUTE_AUTO) continue;
                         for (int z = 0; z <= (dp > 1); z++) {
                             ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .v = v,
                                               .micro_batch = mb, .m = m, .schedule = s,

@@ -2,6 +2,7 @@
  * partition, and the memory check, each collective where it says so. */
 #include "train/internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -285,28 +286,111 @@ ts_status ts_trainer_build_partition(ts_trainer *t)
 /* The advice every "not enough memory" message ends with. */
 #define SHRINK_ADVICE                                                                      \
     "shrink the model, parallel.micro_batch or the micro-batches in flight "               \
-    "(parallel.recompute), or spread it over more pipeline/tensor ranks"
+    "(parallel.recompute, \"auto\" to recompute only what does not fit), or spread it "     \
+    "over more pipeline/tensor ranks"
+
+/* What this rank may allocate beyond what it holds now, as the checks below count it:
+ * on a backend with device memory the device's free memory (unbounded where the backend
+ * cannot say); on the host the smaller of the address space left under RLIMIT_AS and
+ * an even share of the node's physical memory less what this process holds (so the
+ * node's ranks together fit). What recompute = "auto" fits its caps into by default. */
+static double machine_room(const ts_kernels *k, const ts_sysmem *lim, int ranks_here)
+{
+    if (k->device_memory) {
+        size_t dev_free = 0, dev_total = 0;
+        return k->memory_info(&dev_free, &dev_total) ? (double)dev_free : INFINITY;
+    }
+    const double share = lim->physical / ranks_here - lim->rss_now;
+    const double left = lim->address_space - lim->vm_now;
+    return share < left ? share : left;
+}
+
+/* parallel.recompute = "auto": this rank's caps (t->recompute_keep), chosen to fit the
+ * smaller of parallel.memory_budget_mb and what the machine offers, the least of that
+ * over all ranks, so the tensor- and data-parallel ranks of a pipeline rank (whose
+ * collectives run inside every recomputed forward) choose the same caps. Collective.
+ * *room gets the bytes fitted; false when even full recompute exceeds them. */
+static bool choose_recompute(ts_trainer *t, const ts_sysmem *lim, double *room,
+                             ts_rank_memory *est)
+{
+    const ts_topology *topo = t->topo;
+    const double budget = (double)t->cfg.parallel.memory_budget_mb * 1048576.0;
+    double r = machine_room(t->k, lim, topo->node_comm.size);
+    if (budget > 0 && budget < r) r = budget;
+    r = -r;
+    ts_host_allreduce_max_f64(&t->world, &r, 1); /* the least room */
+    *room = -r;
+    free(t->recompute_keep);
+    t->recompute_keep = ts_calloc((size_t)t->sched.n_chunks, sizeof(int));
+    return ts_memory_estimate_auto(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads,
+                                   *room, t->recompute_keep, est);
+}
+
+/* recompute = "auto"'s caps, one line per pipeline rank on world rank 0: every rank's
+ * caps of its chunks gathered (the largest wins; the ranks of a pipeline rank agree).
+ * Collective. */
+static void log_recompute(ts_trainer *t, double room)
+{
+    const ts_schedule *s = &t->sched;
+    int *keep = ts_malloc((size_t)s->n_chunks * sizeof(int));
+    for (int c = 0; c < s->n_chunks; c++)
+        keep[c] = ts_chunk_rank(s, c) == t->topo->coords.pp ? t->recompute_keep[c] : -1;
+    ts_host_allreduce_max_i32(&t->world, keep, (size_t)s->n_chunks);
+    if (t->world.rank == 0) {
+        const int mb = t->cfg.parallel.memory_budget_mb;
+        char what[32], line[1024];
+        ts_format_bytes(room, what, sizeof what);
+        ts_log_info("recompute auto: fitting each rank into %s (%s)", what,
+                    mb > 0 && room >= mb * 1048576.0 ? "parallel.memory_budget_mb"
+                                                      : "what the machine offers the rank");
+        for (int q = 0; q < s->pp; q++)
+            ts_log_info("recompute auto: pipeline rank %d: %s", q,
+                        ts_memory_describe_keep(s, q, keep, line, sizeof line));
+    }
+    free(keep);
+}
 
 /* Refuse a run that cannot fit, with the numbers, before allocating it: this rank's
- * estimate against the address space left under RLIMIT_AS, and the sum over the node's
- * ranks against its physical memory; on a backend with device memory, against the
- * device's free memory instead, the table's extra weight copies included, leaving the
- * host with only what it holds itself. Collective; agreed. */
+ * estimate against parallel.memory_budget_mb when set, the address space left under
+ * RLIMIT_AS, and the sum over the node's ranks against its physical memory; on a
+ * backend with device memory, against the device's free memory instead, the table's
+ * extra weight copies included, leaving the host with only what it holds itself. With
+ * recompute = "auto" the caps are chosen first, to fit. Collective; agreed. */
 ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
 {
     const ts_topology *topo = t->topo;
     const ts_kernels *k = t->k;
-    ts_rank_memory est;
-    ts_memory_estimate(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads, &est);
     ts_sysmem lim;
     ts_sysmem_read(&lim);
-    char what[256];
+    ts_rank_memory est;
+    ts_status st = TS_OK;
+    const bool auto_rc = ts_recompute_from_name(t->cfg.parallel.recompute) == TS_RECOMPUTE_AUTO;
+    double room = 0.0;
+    char what[256], left[32], limit[32], together[32], phys[32];
+    if (auto_rc) {
+        if (!choose_recompute(t, &lim, &room, &est))
+            st = ts_fail("not enough memory for parallel.recompute = \"auto\": pipeline rank %d "
+                         "needs %s even recomputing every micro-batch, %s beyond its BLAS "
+                         "buffers, but may allocate %s (the smaller of parallel.memory_budget_mb "
+                         "and what the machine offers); " SHRINK_ADVICE,
+                         topo->coords.pp, ts_memory_describe(&est, what, sizeof what),
+                         ts_format_bytes(est.total - est.blas, left, sizeof left),
+                         ts_format_bytes(room, limit, sizeof limit));
+    } else {
+        ts_memory_estimate(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads, NULL,
+                           &est);
+    }
     ts_memory_describe(&est, what, sizeof what);
     /* The BLAS threads are running (binding started them): their buffers are in vm_now
      * already, and they are address space, not resident memory. */
     double new_bytes = est.total - est.blas;
-    char left[32], limit[32], together[32], phys[32];
-    ts_status st = TS_OK;
+    const int budget_mb = t->cfg.parallel.memory_budget_mb;
+    if (st == TS_OK && budget_mb > 0 && new_bytes > budget_mb * 1048576.0)
+        st = ts_fail("not enough memory: pipeline rank %d needs %s, %s beyond its BLAS "
+                     "buffers, over parallel.memory_budget_mb = %d (MiB); raise the budget, "
+                     "or " SHRINK_ADVICE,
+                     topo->coords.pp, what, ts_format_bytes(new_bytes, left, sizeof left),
+                     budget_mb);
     if (k->device_memory) {
         /* The estimate counts the table's weight copies with the parameters. */
         size_t dev_free = 0, dev_total = 0;
@@ -314,7 +398,7 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
         if (k->weight_copy_bytes > 0)
             snprintf(copies_note, sizeof copies_note, " (its %s weight copies included)",
                      k->precision);
-        if (k->memory_info(&dev_free, &dev_total) && new_bytes > (double)dev_free)
+        if (st == TS_OK && k->memory_info(&dev_free, &dev_total) && new_bytes > (double)dev_free)
             st = ts_fail("not enough GPU memory: pipeline rank %d needs %s%s, but GPU %d has %s "
                          "free of %s; " SHRINK_ADVICE,
                          topo->coords.pp, what, copies_note, k->current_device(),
@@ -341,5 +425,6 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     if (log && t->world.rank == 0)
         ts_log_info("memory: rank 0 will use about %s", what);
+    if (log && auto_rc) log_recompute(t, room);
     return TS_OK;
 }

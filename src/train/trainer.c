@@ -70,7 +70,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     if (st == TS_OK) st = ts_trainer_open_data(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
-                            &t->pp, topo->coords.dp);
+                            &t->pp, topo->coords.dp, t->recompute_keep);
     if (ts_comm_agree(&t->world, st) != TS_OK ||
         ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
         goto fail;
@@ -148,6 +148,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_model_free(&t->model);
     ts_schedule_free(&t->sched);
     ts_partition_free(&t->part);
+    free(t->recompute_keep);
     memset(t, 0, sizeof *t);
 }
 
