@@ -432,6 +432,21 @@ static void test_config_relations(void)
     CHECK(load("parallel = { pp = 2; partition = [0, 6]; };\n") == TS_OK);
     EXPECT_ERR("parallel = { pp = 2; virtual_stages = 2; };\n", NULL,
                "parallel.virtual_stages = 2", "interleaved-1f1b");
+    /* The generated schedules: their names load, with the chunks per rank they need. */
+    CHECK(load("parallel = { pp = 2; virtual_stages = 2; schedule = \"zb-v\"; };\n") == TS_OK);
+    CHECK(load("parallel = { pp = 2; virtual_stages = 2; schedule = \"dualpipe-v\"; };\n") ==
+          TS_OK);
+    CHECK(load("parallel = { pp = 2; virtual_stages = 3; schedule = \"looped-bfs\"; };\n") ==
+          TS_OK);
+    CHECK(load("parallel = { pp = 2; virtual_stages = 2; schedule = \"interleaved-zb\"; };\n") ==
+          TS_OK);
+    CHECK(load("parallel = { pp = 2; schedule = \"zb-h2\"; };\n") == TS_OK);
+    EXPECT_ERR("parallel = { pp = 2; schedule = \"zb-v\"; };\n", NULL,
+               "schedule \"zb-v\" needs parallel.virtual_stages = 2", "got 1");
+    EXPECT_ERR("parallel = { pp = 2; virtual_stages = 2; schedule = \"zb-h2\"; };\n", NULL,
+               "\"zb-h2\" runs one chunk per pipeline rank", "\"looped-bfs\"");
+    EXPECT_ERR("parallel = { schedule = \"zb-h3\"; };\n", NULL, "\"dualpipe-v\"",
+               "\"zb-h2\"");
     /* ZeRO-1 is built: zero = 1 loads, with any grid. */
     CHECK(load("parallel = { zero = 1; };\n") == TS_OK && g_cfg.parallel.zero == 1);
     CHECK(load("parallel = { zero = 1; dp = 2; };\n") == TS_OK);

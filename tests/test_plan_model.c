@@ -57,7 +57,7 @@ static void load_config(const char *rel, const char *const *sets, int n, ts_conf
 /* 1. The textbook formula against the simulator with uniform costs, free links. */
 static void test_textbook(void)
 {
-    for (int s = 0; s < TS_N_SCHEDULES; s++)
+    for (int s = 0; s < TS_PLAN_N_SCHEDULES; s++)
         for (int p = 2; p <= 4; p += 2)
             for (int m = p; m <= 4 * p; m *= 2)
                 for (int v = 1; v <= (s == TS_SCHEDULE_INTERLEAVED_1F1B ? 3 : 1); v++) {
@@ -254,7 +254,7 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
     for (int pp = 1; pp <= 4; pp++)
         for (int dp = 1; pp * dp <= 4; dp++)
             for (int tp = 1; pp * dp * tp <= 4; tp++)
-                for (int s = 0; s < TS_N_SCHEDULES; s++)
+                for (int s = 0; s < TS_PLAN_N_SCHEDULES; s++)
                     for (int v = 1; v <= (s == TS_SCHEDULE_INTERLEAVED_1F1B && pp > 1 ? 2 : 1);
                          v++)
                         for (int rc = 0; rc < TS_N_RECOMPUTES; rc++)

@@ -2,6 +2,7 @@
  * the activations it promises, and has the bubble the literature gives, measured by a
  * small discrete-event replay written here (independent of src/sim); CSV round trips and
  * the errors a user meets with a hand-written CSV. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +26,11 @@ static const char *write_file(const char *name, const char *text)
  * inputs exist (F(c-1) for F(c); B/I(c+1) for B/I(c); same-rank inputs come earlier in
  * the list); communication is free. cost[kind] is per chunk. */
 typedef struct {
-    double makespan; /* the step: last action's end */
-    double bubble;   /* mean over ranks of 1 - busy / makespan */
-    double idle;     /* mean over ranks of makespan - busy */
+    double makespan;  /* the step: last action's end */
+    double bubble;    /* mean over ranks of 1 - busy / makespan */
+    double idle;      /* mean over ranks of makespan - busy */
+    double span_idle; /* most over ranks of (last end - first start) - busy: the gaps
+                         inside a rank's run, not its late start or early end */
 } replay_result;
 
 static replay_result replay(const ts_schedule *s, const double cost[4])
@@ -37,6 +40,8 @@ static replay_result replay(const ts_schedule *s, const double cost[4])
     for (int j = 0; j < 4 * cells; j++) end[j] = -1;
     int *next = calloc((size_t)pp, sizeof(int));
     double *t = calloc((size_t)pp, sizeof(double)), *busy = calloc((size_t)pp, sizeof(double));
+    double *first = malloc(sizeof(double) * (size_t)pp);
+    for (int r = 0; r < pp; r++) first[r] = -1;
     for (int r = 0; r < pp; r++) left += s->n_actions[r];
     for (bool progress = true; left > 0 && progress;) {
         progress = false;
@@ -54,6 +59,7 @@ static replay_result replay(const ts_schedule *s, const double cost[4])
                 }
                 if (ready < 0) break;
                 double start = ready > t[r] ? ready : t[r];
+                if (first[r] < 0) first[r] = start;
                 t[r] = start + cost[a.kind];
                 busy[r] += cost[a.kind];
                 end[a.kind * cells + a.chunk * m + a.mb] = t[r];
@@ -65,8 +71,12 @@ static replay_result replay(const ts_schedule *s, const double cost[4])
     for (int r = 0; r < pp; r++) {
         res.bubble += (1 - busy[r] / res.makespan) / pp;
         res.idle += (res.makespan - busy[r]) / pp;
+        double gaps = first[r] < 0 ? 0 : t[r] - first[r] - busy[r];
+        if (gaps > res.span_idle) res.span_idle = gaps;
     }
-    if (left > 0) res.makespan = res.bubble = res.idle = -1; /* stuck: the test fails */
+    if (left > 0) /* stuck: the test fails */
+        res.makespan = res.bubble = res.idle = res.span_idle = -1;
+    free(first);
     free(end);
     free(next);
     free(t);
@@ -76,16 +86,23 @@ static replay_result replay(const ts_schedule *s, const double cost[4])
 
 /* ---- Independent checks of a schedule ----------------------------------------- */
 
-/* Each (chunk, mb): one F and one B or one I and one W, on rank chunk % pp. */
+/* Each (chunk, mb): one F and one B or one I and one W, on the rank that holds the chunk;
+ * the placement is loop (c % pp) or v (down the ranks and back up) as the schedule says. */
 static bool complete(const ts_schedule *s)
 {
     int cells = s->n_chunks * s->m;
     int *count = calloc(4 * (size_t)cells, sizeof(int));
-    bool ok = true;
-    for (int r = 0; r < s->pp; r++)
+    bool ok = s->placement == TS_PLACEMENT_LOOP || s->placement == TS_PLACEMENT_V;
+    for (int c = 0; ok && c < s->n_chunks; c++) {
+        int round = c / s->pp, pos = c % s->pp; /* its rank, computed here again */
+        int rank = s->placement == TS_PLACEMENT_V && round % 2 ? s->pp - 1 - pos : pos;
+        ok = ts_chunk_rank(s, c) == rank;
+    }
+    for (int r = 0; ok && r < s->pp; r++)
         for (int j = 0; j < s->n_actions[r]; j++) {
             ts_action a = s->actions[r][j];
-            ok = ok && a.chunk % s->pp == r && a.mb >= 0 && a.mb < s->m;
+            ok = ok && a.chunk >= 0 && a.chunk < s->n_chunks && ts_chunk_rank(s, a.chunk) == r &&
+                 a.mb >= 0 && a.mb < s->m;
             if (ok) count[a.kind * cells + a.chunk * s->m + a.mb]++;
         }
     for (int j = 0; ok && j < cells; j++) {
@@ -307,6 +324,302 @@ static void test_schedule_bubbles(void)
     }
 }
 
+/* ---- The generated schedules of issue 26 ----------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int v_lo, v_hi; /* the chunks per rank it takes, tested up to 4 */
+} gen_spec;
+
+static const gen_spec g_gens[] = {
+    { "looped-bfs", 1, 4 }, { "interleaved-zb", 1, 4 }, { "zb-h2", 1, 1 },
+    { "zb-v", 2, 2 },       { "dualpipe-v", 2, 2 },
+};
+#define N_GENS ((int)(sizeof g_gens / sizeof g_gens[0]))
+
+/* The micro-batch rules, written here again: interleaved-zb (v >= 2) takes torch's m a
+ * multiple of max(1, m / pp), dualpipe-v m >= 2pp; the others any m. */
+static bool gen_supported(const char *name, int pp, int v, int m)
+{
+    if (strcmp(name, "interleaved-zb") == 0 && v > 1) {
+        int rounds = m / pp > 1 ? m / pp : 1;
+        return m % rounds == 0;
+    }
+    if (strcmp(name, "dualpipe-v") == 0) return m >= 2 * pp;
+    return true;
+}
+
+static int n_overlaps(const ts_schedule *s, int r)
+{
+    int n = 0;
+    for (int j = 0; j < s->n_actions[r]; j++) n += s->actions[r][j].overlap;
+    return n;
+}
+
+/* Per-chunk costs of one rank's worth of work split over v chunks: F = I = W = 1/v,
+ * B = I + W (so every schedule does 3 units per micro-batch and rank). */
+static void uniform_costs(int v, double cost[4])
+{
+    cost[TS_ACT_F] = cost[TS_ACT_I] = cost[TS_ACT_W] = 1.0 / v;
+    cost[TS_ACT_B] = 2.0 / v;
+}
+
+/* Every generated schedule over pp {1,2,3,4,8}, its v up to 4, m from 1 to 3pp+2: built
+ * exactly where its rule allows (else the rule's message), complete on its placement,
+ * replayed without getting stuck, with the activation peaks it promises. */
+static void test_schedule_generated_grid(void)
+{
+    const int pps[] = { 1, 2, 3, 4, 8 };
+    int built = 0, refused = 0;
+    for (int g = 0; g < N_GENS; g++)
+        for (int k = 0; k < 5; k++)
+            for (int v = g_gens[g].v_lo; v <= g_gens[g].v_hi; v++)
+                for (int m = 1; m <= 3 * pps[k] + 2; m++) {
+                    const char *name = g_gens[g].name;
+                    const int pp = pps[k];
+                    ts_schedule s;
+                    ts_error_clear();
+                    ts_status st = ts_schedule_build(&s, name, pp, v, m);
+                    if (!gen_supported(name, pp, v, m)) {
+                        CHECKF(st == TS_ERR && (msg_has("multiple of its rounds") ||
+                                                msg_has("at least 2 * pp")),
+                               "%s pp=%d v=%d m=%d: %s", name, pp, v, m,
+                               st == TS_OK ? "built" : ts_error_message());
+                        if (st == TS_OK) ts_schedule_free(&s);
+                        refused++;
+                        continue;
+                    }
+                    CHECKF(st == TS_OK, "%s pp=%d v=%d m=%d: %s", name, pp, v, m,
+                           ts_error_message());
+                    if (st != TS_OK) continue;
+                    built++;
+                    const bool v_placed = strcmp(name, "zb-v") == 0 ||
+                                          strcmp(name, "dualpipe-v") == 0;
+                    CHECKF(s.placement == (v_placed ? TS_PLACEMENT_V : TS_PLACEMENT_LOOP) &&
+                               s.v == v && s.m == m,
+                           "%s pp=%d v=%d m=%d: placement %d", name, pp, v, m, s.placement);
+                    CHECKF(complete(&s), "%s pp=%d v=%d m=%d incomplete", name, pp, v, m);
+                    double cost[4];
+                    uniform_costs(v, cost);
+                    CHECKF(replay(&s, cost).makespan > 0, "%s pp=%d v=%d m=%d stuck", name, pp,
+                           v, m);
+                    ts_schedule_report rep;
+                    CHECK(ts_schedule_validate(&s, &rep) == TS_OK);
+                    for (int r = 0; r < pp && rep.peak_activations; r++) {
+                        const int peak = rep.peak_activations[r];
+                        if (g == 0) /* looped-bfs: everything in flight */
+                            CHECKF(peak == v * m, "looped-bfs pp=%d v=%d m=%d rank %d peak %d",
+                                   pp, v, m, r, peak);
+                        if (g == 2) { /* zb-h2: 2p-1 (F until W), 2p-1-2r full (F until I) */
+                            const int want = m < 2 * pp - 1 ? m : 2 * pp - 1;
+                            const int full = peak_until(&s, r, TS_ACT_I);
+                            CHECKF(peak == want && full <= 2 * pp - 1 - 2 * r,
+                                   "zb-h2 pp=%d m=%d rank %d peak %d (want %d) F-I %d", pp, m,
+                                   r, peak, want, full);
+                        }
+                        if (g == 3) { /* zb-v: 2p chunk activations = 1F1B's p on rank 0 */
+                            const int want = m < pp ? 2 * m : 2 * pp;
+                            CHECKF(peak <= want && (m < 2 * pp - 1 || peak == 2 * pp),
+                                   "zb-v pp=%d m=%d rank %d peak %d (want %d)", pp, m, r,
+                                   peak, want);
+                        }
+                        if (g == 4) /* dualpipe-v: overlapped pairs, zb-v's peak + 1 */
+                            CHECKF(n_overlaps(&s, r) > 0 && peak == 2 * pp + 1,
+                                   "dualpipe-v pp=%d m=%d rank %d: %d overlapped pairs, "
+                                   "peak %d",
+                                   pp, m, r, n_overlaps(&s, r), peak);
+                        if (g == 1 && v == 1) /* interleaved-zb v = 1 is zb-h1 */
+                            CHECKF(peak <= pp, "interleaved-zb v=1 pp=%d m=%d peak %d", pp, m,
+                                   peak);
+                    }
+                    ts_schedule_report_free(&rep);
+                    if (pp <= 4 && m <= 8)
+                        CHECKF(round_trip(&s), "%s pp=%d v=%d m=%d round trip", name, pp, v, m);
+                    ts_schedule_free(&s);
+                }
+    printf("generated grid: %d schedules built and validated, %d refused by their rule\n",
+           built, refused);
+}
+
+/* One line of the report table: bubble and peaks of `name` at (pp, v, m). */
+static void print_row(const char *name, int pp, int v, int m)
+{
+    ts_schedule s;
+    if (ts_schedule_build(&s, name, pp, v, m) != TS_OK) {
+        printf("  %-16s p=%d v=%d m=%-2d  refused: %s\n", name, pp, v, m, ts_error_message());
+        return;
+    }
+    double cost[4];
+    uniform_costs(v, cost);
+    replay_result res = replay(&s, cost);
+    ts_schedule_report rep;
+    CHECK(ts_schedule_validate(&s, &rep) == TS_OK);
+    char peaks[128];
+    size_t len = 0;
+    for (int r = 0; r < pp && rep.peak_activations; r++)
+        len += (size_t)snprintf(peaks + len, sizeof peaks - len, "%s%d", r ? " " : "",
+                                rep.peak_activations[r]);
+    printf("  %-16s p=%d v=%d m=%-2d  bubble %.4f  idle %6.3f  gaps %5.3f  makespan %7.3f  "
+           "peak [%s]\n",
+           name, pp, v, m, res.bubble, res.idle, res.span_idle, res.makespan, peaks);
+    ts_schedule_report_free(&rep);
+    ts_schedule_free(&s);
+}
+
+/* Uniform-cost bubbles (F = I = W per rank's worth of layers, B = I + W, free links):
+ * zb-h2 and zb-v run every rank without a gap from its first action to its last, the
+ * step being the work plus the ramp they cannot avoid; interleaved-zb beats
+ * interleaved-1f1b; looped-bfs has interleaving's (p-1)/(v*m+p-1). */
+static void test_schedule_generated_bubbles(void)
+{
+    for (int pp = 1; pp <= 8; pp++)
+        for (int m = 1; m <= 3 * pp + 2; m++) {
+            const double unit[4] = { 1, 2, 1, 1 }, half[4] = { 0.5, 1, 0.5, 0.5 };
+            ts_schedule s;
+            /* ZB-H2: from m = 2p-1 on, 3m units of work per rank plus the p-1 of the
+             * ramp (rank r starts at r, the F chain, and ends p-1-r early), no gap. */
+            if (ts_schedule_build(&s, "zb-h2", pp, 1, m) == TS_OK) {
+                replay_result res = replay(&s, unit);
+                if (m >= 2 * pp - 1)
+                    CHECKF(res.makespan == 3 * m + pp - 1 && res.span_idle == 0 &&
+                               fabs(res.idle - (pp - 1)) < 1e-9,
+                           "zb-h2 pp=%d m=%d makespan %g (want %d) gaps %g idle %g", pp, m,
+                           res.makespan, 3 * m + pp - 1, res.span_idle, res.idle);
+                else
+                    CHECKF(res.makespan > 0, "zb-h2 pp=%d m=%d stuck", pp, m);
+                ts_schedule_free(&s);
+            } else {
+                CHECKF(0, "zb-h2 pp=%d m=%d: %s", pp, m, ts_error_message());
+            }
+            /* ZB-V, chunks of half a rank (F = I = W = 1/2): 3m units per rank, and the
+             * ramp of the F chain down to rank p-1, (p-1)/2, no gap. */
+            if (ts_schedule_build(&s, "zb-v", pp, 2, m) == TS_OK) {
+                replay_result res = replay(&s, half);
+                if (m >= 2 * pp - 1)
+                    CHECKF(res.makespan == 3 * m + (pp - 1) * 0.5 && res.span_idle == 0,
+                           "zb-v pp=%d m=%d makespan %g (want %g) gaps %g", pp, m,
+                           res.makespan, 3 * m + (pp - 1) * 0.5, res.span_idle);
+                else
+                    CHECKF(res.makespan > 0, "zb-v pp=%d m=%d stuck", pp, m);
+                ts_schedule_free(&s);
+            } else {
+                CHECKF(0, "zb-v pp=%d m=%d: %s", pp, m, ts_error_message());
+            }
+            for (int v = 2; v <= 4; v++) {
+                double cv[4];
+                uniform_costs(v, cv);
+                ts_schedule zb, il, bfs;
+                if (ts_schedule_build(&bfs, "looped-bfs", pp, v, m) == TS_OK) {
+                    replay_result res = replay(&bfs, cv);
+                    double want = (double)(pp - 1) / (v * m + pp - 1);
+                    if (m >= pp)
+                        CHECKF(fabs(res.bubble - want) < 1e-9,
+                               "looped-bfs pp=%d v=%d m=%d bubble %.6f want %.6f", pp, v, m,
+                               res.bubble, want);
+                    ts_schedule_free(&bfs);
+                } else {
+                    CHECKF(0, "looped-bfs pp=%d v=%d m=%d: %s", pp, v, m, ts_error_message());
+                }
+                if (pp < 2 || !gen_supported("interleaved-zb", pp, v, m) || m < pp) continue;
+                if (ts_schedule_build(&zb, "interleaved-zb", pp, v, m) != TS_OK ||
+                    ts_schedule_build(&il, "interleaved-1f1b", pp, v, m) != TS_OK) {
+                    CHECKF(0, "interleaved pp=%d v=%d m=%d: %s", pp, v, m, ts_error_message());
+                    continue;
+                }
+                replay_result a = replay(&zb, cv), b = replay(&il, cv);
+                CHECKF(a.makespan > 0 && a.bubble < b.bubble,
+                       "interleaved-zb pp=%d v=%d m=%d bubble %.4f not below "
+                       "interleaved-1f1b's %.4f",
+                       pp, v, m, a.bubble, b.bubble);
+                ts_schedule_free(&zb);
+                ts_schedule_free(&il);
+            }
+        }
+
+    /* Unequal costs, F = 1, I = 2, W = 1 (B = 3): each rank's idle is the paper's bubble,
+     * (p-1)(F + I - W) = 2(p-1) for ZB-H1 and (p-1)(F + I - 2W) = p-1 for ZB-H2 (above
+     * the ramp (p-1)F that one step cannot avoid, which is why they tie at F = I = W). */
+    for (int pp = 2; pp <= 8; pp *= 2)
+        for (int m = 2 * pp; m <= 4 * pp; m += pp) {
+            const double cost[4] = { 1, 3, 2, 1 };
+            ts_schedule h1, h2;
+            if (ts_schedule_build(&h1, "zb-h1", pp, 1, m) != TS_OK ||
+                ts_schedule_build(&h2, "zb-h2", pp, 1, m) != TS_OK) {
+                CHECK(0);
+                continue;
+            }
+            replay_result a = replay(&h1, cost), b = replay(&h2, cost);
+            CHECKF(fabs(a.idle - 2 * (pp - 1)) < 1e-9 && fabs(b.idle - (pp - 1)) < 1e-9,
+                   "F=1 I=2 W=1 pp=%d m=%d: zb-h1 idle %g (want %d), zb-h2 idle %g (want %d)",
+                   pp, m, a.idle, 2 * (pp - 1), b.idle, pp - 1);
+            ts_schedule_free(&h1);
+            ts_schedule_free(&h2);
+        }
+
+    printf("schedules at uniform costs (per rank's layers F = I = W = 1, B = 2; a chunk "
+           "1/v of that): bubble = mean idle / makespan, gaps = most idle inside one "
+           "rank's run, peak = ts_schedule_report's activations per rank (micro-batch x "
+           "chunk)\n");
+    const int cases[][2] = { { 2, 4 }, { 4, 8 }, { 8, 16 } };
+    for (int k = 0; k < 3; k++) {
+        const int pp = cases[k][0], m = cases[k][1];
+        print_row("1f1b", pp, 1, m);
+        print_row("zb-h1", pp, 1, m);
+        print_row("zb-h2", pp, 1, m);
+        print_row("interleaved-1f1b", pp, 2, m);
+        print_row("interleaved-zb", pp, 2, m);
+        print_row("looped-bfs", pp, 2, m);
+        print_row("zb-v", pp, 2, m);
+        print_row("dualpipe-v", pp, 2, m);
+    }
+}
+
+/* Each rule's message, and the v = 1 equivalences. */
+static void test_schedule_generated_errors(void)
+{
+    ts_schedule s, t;
+    ts_error_clear();
+    CHECK(ts_schedule_build(&s, "zb-v", 4, 3, 8) == TS_ERR &&
+          msg_has("schedule \"zb-v\" needs parallel.virtual_stages = 2 (V placement: two "
+                  "chunks per rank") &&
+          msg_has("got 3"));
+    CHECK(ts_schedule_build(&s, "zb-v", 4, 1, 8) == TS_ERR && msg_has("got 1"));
+    CHECK(ts_schedule_build(&s, "dualpipe-v", 2, 4, 8) == TS_ERR &&
+          msg_has("\"dualpipe-v\" needs parallel.virtual_stages = 2"));
+    CHECK(ts_schedule_build(&s, "dualpipe-v", 4, 2, 7) == TS_ERR &&
+          msg_has("needs at least 2 * pp = 8 micro-batches") && msg_has("got 7") &&
+          msg_has("ScheduleDualPipeV"));
+    CHECK(ts_schedule_build(&s, "interleaved-zb", 4, 2, 9) == TS_ERR &&
+          msg_has("multiple of its rounds max(1, m / pp)") && msg_has("m = 9 has 2 rounds") &&
+          msg_has("use m = 8 or 10"));
+    CHECK(ts_schedule_build(&s, "zb-h2", 2, 2, 8) == TS_ERR &&
+          msg_has("\"zb-h2\" runs one chunk per pipeline rank") && msg_has("looped-bfs") &&
+          msg_has("zb-v"));
+    CHECK(s.actions == NULL && s.n_actions == NULL);
+    /* interleaved-zb with v = 1 is zb-h1 (any m; torch's class gives the same order
+     * wherever its rule takes m). */
+    for (int m = 1; m <= 9; m++) {
+        CHECK(ts_schedule_build(&s, "interleaved-zb", 4, 1, m) == TS_OK);
+        CHECK(ts_schedule_build(&t, "zb-h1", 4, 1, m) == TS_OK);
+        CHECKF(same_lists(&s, &t), "interleaved-zb v=1 m=%d is not zb-h1", m);
+        ts_schedule_free(&s);
+        ts_schedule_free(&t);
+    }
+    /* The first and last actions of torch's ZB-V for pp = 2, m = 4 (rank 1:
+     * 1F0,2F0,1F1,2F1,2I0,2W0,...,1W2,2W3,1W3) and a DualPipeV pair. */
+    CHECK(ts_schedule_build(&s, "zb-v", 2, 2, 4) == TS_OK);
+    CHECK(s.n_actions[1] == 24 && s.actions[1][1].chunk == 2 && s.actions[1][4].kind == TS_ACT_I &&
+          s.actions[1][23].kind == TS_ACT_W && s.actions[1][23].chunk == 1);
+    ts_schedule_free(&s);
+    CHECK(ts_schedule_build(&s, "dualpipe-v", 2, 2, 4) == TS_OK);
+    /* rank 0: 0F0,0F1,0F2,3F0,3I0,3W0,3F1,(0F3;3B1)OVERLAP_F_B,... */
+    CHECK(s.actions[0][7].overlap && s.actions[0][7].kind == TS_ACT_F &&
+          s.actions[0][7].chunk == 0 && s.actions[0][7].mb == 3 &&
+          s.actions[0][8].kind == TS_ACT_B && s.actions[0][8].chunk == 3 &&
+          s.actions[0][8].mb == 1);
+    ts_schedule_free(&s);
+}
+
 static void expect_csv_err(const char *text, int pp, int v, int m, const char *frag1,
                            const char *frag2)
 {
@@ -426,6 +739,9 @@ int main(void)
     test_schedule_grid();
     test_schedule_interleaved_placement();
     test_schedule_bubbles();
+    test_schedule_generated_grid();
+    test_schedule_generated_bubbles();
+    test_schedule_generated_errors();
     test_schedule_csv();
     test_schedule_build_errors();
     ts_test_remove_dir(g_dir);

@@ -597,14 +597,12 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                            "model.n_layer + 2 = %lld (embedding, %d blocks, head)",
                            sum, layers, m->n_layer);
     }
-    if (p->virtual_stages > 1 &&
-        ts_schedule_kind_from_name(p->schedule) != TS_SCHEDULE_INTERLEAVED_1F1B &&
-        !ends_with(p->schedule, ".csv"))
-        return ts_fail("parallel.virtual_stages = %d needs parallel.schedule = "
-                       "\"%s\" or a CSV schedule; \"%s\" runs one chunk per "
-                       "pipeline rank (set virtual_stages = 1)",
-                       p->virtual_stages, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B],
-                       p->schedule);
+    /* The chunks per rank a built-in schedule runs (one, exactly two for the V
+     * placement, or any); a CSV schedule says its own (checked when it is read). */
+    const int kind = ts_schedule_kind_from_name(p->schedule);
+    if (kind >= 0 && ts_schedule_check_virtual_stages((ts_schedule_kind)kind,
+                                                      p->virtual_stages) != TS_OK)
+        return TS_ERR;
 
     if (strcmp(cfg->train.attention, "flash") == 0 && strcmp(cfg->train.device, "cuda") != 0)
         return ts_fail("train.attention = \"flash\" runs the CUDA backend's flash-style "

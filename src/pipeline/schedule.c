@@ -1,8 +1,11 @@
 /* The built-in pipeline schedules as pure generators of per-rank action lists, and
  * ts_schedule_build, which picks a generator or reads a CSV file (schedule_csv.c) and
- * validates whatever it is about to return (schedule_validate.c).
+ * validates whatever it is about to return (schedule_validate.c). The generators of
+ * issue 26 live in schedule_zb.c and schedule_v.c (schedule_gen.h).
  *
  * Notation below: p = pp ranks, v chunks per rank, m micro-batches, r = pipeline rank.
+ * "Torch's order" means the compute actions of torch.distributed.pipelining's schedule
+ * class of that name, idle steps dropped, for the same (p, v, m).
  *
  * gpipe            every forward of the rank's chunk (mb 0..m-1), then every backward
  *                  in the same order mb 0..m-1 (as torch.distributed.pipelining's
@@ -15,8 +18,32 @@
  * zb-h1            Zero Bubble H1 (Qi et al. 2023): 1F1B's order of forwards and
  *                  input-gradient passes I, with the weight-gradient passes W of rank r
  *                  deferred by r micro-batches so that they fill the bubbles; the last
- *                  r W's run in the cool-down. See build_zb_h1 for the memory trade. */
+ *                  r W's run in the cool-down. See build_zb_h1 for the memory trade.
+ * looped-bfs       Breadth-first pipeline parallelism (Lamy-Poirier 2022), torch's
+ *                  ScheduleLoopedBFS: loop placement, any v; each local chunk in
+ *                  ascending order runs the forwards of all m micro-batches, then the
+ *                  local chunks in descending order run their backwards, micro-batches
+ *                  m-1..0 (torch's order exactly). Holds v*m activations per rank.
+ * interleaved-zb   torch's ScheduleInterleavedZeroBubble (the paper's ZB1P): interleaved
+ *                  1F1B in rounds of m / max(1, m / p) micro-batches (torch's rule: m a
+ *                  multiple of max(1, m / p)) with I/W split and rank r's W's held back
+ *                  r steps into the bubbles (torch's order exactly, schedule_zb.c).
+ *                  v = 1 is zb-h1 (what torch's class gives for v = 1 too).
+ * zb-h2            Zero Bubble H2 (Qi et al. 2023), v = 1: 2p-1-2r warm-up forwards
+ *                  fill rank r's start, the W's fill its end; with F = I = W every rank
+ *                  is busy without a gap from its first action to its last (the
+ *                  paper's parallelogram), at most 2p-1 micro-batches held (F until W).
+ *                  Designed here from the paper (no torch class), schedule_zb.c.
+ * zb-v             torch's ScheduleZBVZeroBubble (the paper's ZB-V): V placement, v = 2
+ *                  exactly; 1F1B's activation memory, no gap per rank when F = I = W;
+ *                  built for max(m, 2p-1) micro-batches and pruned as torch does
+ *                  (torch's order exactly, schedule_v.c).
+ * dualpipe-v       torch's ScheduleDualPipeV (DeepSeek's DualPipe, V variant): V
+ *                  placement, v = 2, m >= 2p; its steady phase runs overlapped F/B
+ *                  pairs (ts_action.overlap) (torch's order exactly, schedule_v.c). */
 #include "pipeline/schedule.h"
+
+#include "pipeline/schedule_gen.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +54,11 @@ const char *const ts_schedule_names[TS_N_SCHEDULES] = {
     [TS_SCHEDULE_1F1B] = "1f1b",
     [TS_SCHEDULE_INTERLEAVED_1F1B] = "interleaved-1f1b",
     [TS_SCHEDULE_ZB_H1] = "zb-h1",
+    [TS_SCHEDULE_LOOPED_BFS] = "looped-bfs",
+    [TS_SCHEDULE_INTERLEAVED_ZB] = "interleaved-zb",
+    [TS_SCHEDULE_ZB_H2] = "zb-h2",
+    [TS_SCHEDULE_ZB_V] = "zb-v",
+    [TS_SCHEDULE_DUALPIPE_V] = "dualpipe-v",
 };
 const char *const ts_placement_names[TS_N_PLACEMENTS] = {
     [TS_PLACEMENT_LOOP] = "loop",
@@ -111,23 +143,46 @@ void ts_schedule_init(ts_schedule *s, const char *name, int pp, int v, int m)
     s->actions = ts_calloc((size_t)pp, sizeof *s->actions);
 }
 
-/* Allocate pp empty lists with room for `cap` actions each. */
-static void alloc_lists(ts_schedule *s, const char *name, int pp, int v, int m, int cap)
+void ts_sched_alloc(ts_schedule *s, const char *name, int pp, int v, int m, int cap)
 {
     ts_schedule_init(s, name, pp, v, m);
     for (int r = 0; r < pp; r++) s->actions[r] = ts_calloc((size_t)cap, sizeof(ts_action));
 }
 
-static void push(ts_schedule *s, int r, ts_action_kind kind, int chunk, int mb)
+void ts_sched_push(ts_schedule *s, int r, ts_action_kind kind, int chunk, int mb)
 {
     s->actions[r][s->n_actions[r]++] = (ts_action){ .kind = kind, .chunk = chunk, .mb = mb };
+}
+
+void ts_sched_mark_overlap(ts_schedule *s, int r)
+{
+    TS_ASSERT(s->n_actions[r] > 0);
+    s->actions[r][s->n_actions[r] - 1].overlap = true;
+}
+
+void ts_sched_keep_first(ts_schedule *s, int m)
+{
+    for (int r = 0; r < s->pp; r++) {
+        ts_action *list = s->actions[r];
+        const int n = s->n_actions[r];
+        int kept = 0; /* kept <= j: list[j + 1] is still the original when read */
+        for (int j = 0; j < n; j++) {
+            if (list[j].mb >= m) continue;
+            ts_action a = list[j];
+            if (a.overlap && (j + 1 >= n || list[j + 1].mb >= m))
+                a.overlap = false; /* its partner is dropped: it runs alone */
+            list[kept++] = a;
+        }
+        s->n_actions[r] = kept;
+    }
+    s->m = m;
 }
 
 static void build_gpipe(ts_schedule *s)
 {
     for (int r = 0; r < s->pp; r++) {
-        for (int i = 0; i < s->m; i++) push(s, r, TS_ACT_F, r, i);
-        for (int i = 0; i < s->m; i++) push(s, r, TS_ACT_B, r, i);
+        for (int i = 0; i < s->m; i++) ts_sched_push(s, r, TS_ACT_F, r, i);
+        for (int i = 0; i < s->m; i++) ts_sched_push(s, r, TS_ACT_B, r, i);
     }
 }
 
@@ -136,12 +191,12 @@ static void build_1f1b(ts_schedule *s)
     int pp = s->pp, m = s->m;
     for (int r = 0; r < pp; r++) {
         int warmup = min_int(pp - r - 1, m);
-        for (int i = 0; i < warmup; i++) push(s, r, TS_ACT_F, r, i);
+        for (int i = 0; i < warmup; i++) ts_sched_push(s, r, TS_ACT_F, r, i);
         for (int k = 0; k < m - warmup; k++) { /* steady state: 1F then 1B */
-            push(s, r, TS_ACT_F, r, warmup + k);
-            push(s, r, TS_ACT_B, r, k);
+            ts_sched_push(s, r, TS_ACT_F, r, warmup + k);
+            ts_sched_push(s, r, TS_ACT_B, r, k);
         }
-        for (int k = m - warmup; k < m; k++) push(s, r, TS_ACT_B, r, k); /* cool-down */
+        for (int k = m - warmup; k < m; k++) ts_sched_push(s, r, TS_ACT_B, r, k); /* cool-down */
     }
 }
 
@@ -185,8 +240,8 @@ static void build_interleaved(ts_schedule *s, int group)
     interleaved_table(v, m, group, mb_of, local_of);
     for (int r = 0; r < pp; r++) {
         int warmup = min_int(total, (pp - r - 1) * 2 + (v - 1) * group);
-#define FWD(k) push(s, r, TS_ACT_F, local_of[k] * pp + r, mb_of[k])
-#define BWD(k) push(s, r, TS_ACT_B, (v - 1 - local_of[k]) * pp + r, mb_of[k])
+#define FWD(k) ts_sched_push(s, r, TS_ACT_F, local_of[k] * pp + r, mb_of[k])
+#define BWD(k) ts_sched_push(s, r, TS_ACT_B, (v - 1 - local_of[k]) * pp + r, mb_of[k])
         for (int k = 0; k < warmup; k++) FWD(k);
         for (int k = 0; k < total - warmup; k++) {
             FWD(warmup + k);
@@ -218,28 +273,75 @@ static void build_zb_h1(ts_schedule *s)
     int pp = s->pp, m = s->m;
     for (int r = 0; r < pp; r++) {
         int c = r, warmup = min_int(pp - r - 1, m), n_w = 0; /* W's done so far */
-        for (int i = 0; i < warmup; i++) push(s, r, TS_ACT_F, c, i);
+        for (int i = 0; i < warmup; i++) ts_sched_push(s, r, TS_ACT_F, c, i);
         for (int k = 0; k < m; k++) {
-            if (warmup + k < m) push(s, r, TS_ACT_F, c, warmup + k);
-            push(s, r, TS_ACT_I, c, k);
-            if (k - n_w >= r) push(s, r, TS_ACT_W, c, n_w++); /* more than r W's pending */
+            if (warmup + k < m) ts_sched_push(s, r, TS_ACT_F, c, warmup + k);
+            ts_sched_push(s, r, TS_ACT_I, c, k);
+            if (k - n_w >= r) ts_sched_push(s, r, TS_ACT_W, c, n_w++); /* more than r W's pending */
         }
-        while (n_w < m) push(s, r, TS_ACT_W, c, n_w++);
+        while (n_w < m) ts_sched_push(s, r, TS_ACT_W, c, n_w++);
     }
+}
+
+/* Breadth-first (torch's ScheduleLoopedBFS: the same order, action for action, for pp in
+ * {1, 2, 3, 4, 8}, v = 1..4, m = 1..3pp+2): the local chunks ascending, each
+ * running the forwards of all m micro-batches; then the local chunks descending, each
+ * running the backwards of micro-batches m-1 down to 0 (the last forward's gradient
+ * comes back first). */
+static void build_looped_bfs(ts_schedule *s)
+{
+    const int pp = s->pp, v = s->v, m = s->m;
+    for (int r = 0; r < pp; r++) {
+        for (int k = 0; k < v; k++)
+            for (int i = 0; i < m; i++) ts_sched_push(s, r, TS_ACT_F, k * pp + r, i);
+        for (int k = v - 1; k >= 0; k--)
+            for (int i = m - 1; i >= 0; i--) ts_sched_push(s, r, TS_ACT_B, k * pp + r, i);
+    }
+}
+
+int ts_schedule_chunks_per_rank(ts_schedule_kind kind)
+{
+    switch (kind) {
+    case TS_SCHEDULE_INTERLEAVED_1F1B:
+    case TS_SCHEDULE_LOOPED_BFS:
+    case TS_SCHEDULE_INTERLEAVED_ZB: return 0;
+    case TS_SCHEDULE_ZB_V:
+    case TS_SCHEDULE_DUALPIPE_V: return 2;
+    default: return 1;
+    }
+}
+
+ts_status ts_schedule_check_virtual_stages(ts_schedule_kind kind, int v)
+{
+    const char *name = ts_schedule_names[kind];
+    const int need = ts_schedule_chunks_per_rank(kind);
+    if (need == 2 && v != 2)
+        return ts_fail("schedule \"%s\" needs parallel.virtual_stages = 2 (V placement: two "
+                       "chunks per rank, rank r holding chunks r and 2*pp-1-r), got %d",
+                       name, v);
+    if (need == 1 && v != 1) {
+        char multi[160];
+        size_t len = 0;
+        for (int k = 0; k < TS_N_SCHEDULES; k++)
+            if (ts_schedule_chunks_per_rank((ts_schedule_kind)k) != 1)
+                len += (size_t)snprintf(multi + len, sizeof multi - len, "%s\"%s\"",
+                                        len ? ", " : "", ts_schedule_names[k]);
+        return ts_fail("schedule \"%s\" runs one chunk per pipeline rank but "
+                       "parallel.virtual_stages = %d: use a schedule for several chunks per "
+                       "rank (%s; \"zb-v\" and \"dualpipe-v\" take exactly 2) or a CSV "
+                       "schedule, or set virtual_stages = 1",
+                       name, v, multi);
+    }
+    return TS_OK;
 }
 
 static ts_status build_builtin(ts_schedule *s, ts_schedule_kind kind, int pp, int v, int m)
 {
     const char *name = ts_schedule_names[kind];
-    const bool interleaved = kind == TS_SCHEDULE_INTERLEAVED_1F1B;
-    if (v > 1 && !interleaved)
-        return ts_fail("schedule \"%s\" runs one chunk per pipeline rank but "
-                       "parallel.virtual_stages = %d: use schedule \"%s\" "
-                       "(or a CSV schedule), or set virtual_stages = 1",
-                       name, v, ts_schedule_names[TS_SCHEDULE_INTERLEAVED_1F1B]);
+    if (ts_schedule_check_virtual_stages(kind, v) != TS_OK) return TS_ERR;
     switch (kind) {
     case TS_SCHEDULE_GPIPE:
-        alloc_lists(s, name, pp, v, m, 2 * m);
+        ts_sched_alloc(s, name, pp, v, m, 2 * m);
         build_gpipe(s);
         break;
     case TS_SCHEDULE_INTERLEAVED_1F1B:
@@ -251,22 +353,32 @@ static ts_status build_builtin(ts_schedule *s, ts_schedule_kind kind, int pp, in
                                "micro_batch * %d, or use schedule \"%s\" with "
                                "virtual_stages = 1",
                                name, pp, pp, m, pp, ts_schedule_names[TS_SCHEDULE_1F1B]);
-            alloc_lists(s, name, pp, v, m, 2 * v * m);
+            ts_sched_alloc(s, name, pp, v, m, 2 * v * m);
             build_interleaved(s, group);
             break;
         }
         /* v = 1 is plain 1F1B */
         /* fall through */
     case TS_SCHEDULE_1F1B:
-        alloc_lists(s, name, pp, v, m, 2 * m);
+        ts_sched_alloc(s, name, pp, v, m, 2 * m);
         build_1f1b(s);
         break;
+    case TS_SCHEDULE_INTERLEAVED_ZB:
+        if (v > 1) return ts_sched_gen_interleaved_zb(s, name, pp, v, m);
+        /* v = 1 is zb-h1, for any m (torch's class gives the same order there) */
+        /* fall through */
     case TS_SCHEDULE_ZB_H1:
-        alloc_lists(s, name, pp, v, m, 3 * m);
+        ts_sched_alloc(s, name, pp, v, m, 3 * m);
         build_zb_h1(s);
         break;
-    case TS_N_SCHEDULES:
-        TS_ASSERT(!"not a schedule kind");
+    case TS_SCHEDULE_LOOPED_BFS:
+        ts_sched_alloc(s, name, pp, v, m, 2 * v * m);
+        build_looped_bfs(s);
+        break;
+    case TS_SCHEDULE_ZB_H2: return ts_sched_gen_zb_h2(s, name, pp, m);
+    case TS_SCHEDULE_ZB_V: return ts_sched_gen_zb_v(s, name, pp, m);
+    case TS_SCHEDULE_DUALPIPE_V: return ts_sched_gen_dualpipe_v(s, name, pp, m);
+    case TS_N_SCHEDULES: TS_ASSERT(!"not a schedule kind");
     }
     return TS_OK;
 }
@@ -298,7 +410,7 @@ ts_status ts_schedule_build(ts_schedule *s, const char *name, int pp, int v, int
     } else if (ends_with(name, ".csv")) {
         return ts_schedule_read_csv(s, name, pp, v, m); /* validated there */
     } else {
-        char names[128];
+        char names[256];
         return ts_fail("unknown pipeline schedule \"%s\": choose %sor the path of a schedule "
                        "CSV file (ending in .csv)",
                        name, builtin_list(names, sizeof names));

@@ -36,11 +36,22 @@ typedef enum {
     TS_SCHEDULE_1F1B,
     TS_SCHEDULE_INTERLEAVED_1F1B,
     TS_SCHEDULE_ZB_H1,
+    TS_SCHEDULE_LOOPED_BFS,
+    TS_SCHEDULE_INTERLEAVED_ZB,
+    TS_SCHEDULE_ZB_H2,
+    TS_SCHEDULE_ZB_V,
+    TS_SCHEDULE_DUALPIPE_V,
     TS_N_SCHEDULES
 } ts_schedule_kind;
 extern const char *const ts_schedule_names[TS_N_SCHEDULES]; /* "gpipe", "1f1b", ... */
 /* The built-in schedule `name` names, or -1 (a CSV path, or not a schedule). */
 int ts_schedule_kind_from_name(const char *name);
+/* Chunks per rank (parallel.virtual_stages) a built-in schedule runs: 1 (exactly one),
+ * 2 (exactly two: the V placement of zb-v and dualpipe-v) or 0 (any v >= 1). */
+int ts_schedule_chunks_per_rank(ts_schedule_kind kind);
+/* TS_OK when `kind` runs v chunks per rank; otherwise a message naming the rule and the
+ * schedules that do (the config check and ts_schedule_build both ask). */
+ts_status ts_schedule_check_virtual_stages(ts_schedule_kind kind, int v);
 
 typedef enum {
     TS_RECOMPUTE_NONE,
@@ -104,7 +115,9 @@ ts_placement ts_placement_of(const int *chunk_rank, int n_chunks, int pp);
 char *ts_placement_describe(const ts_schedule *s, char *buf, size_t size);
 static inline const char *ts_action_letter(ts_action_kind k) { return &"FBIW"[k]; }
 
-/* Build the named schedule ("gpipe" | "1f1b" | "interleaved-1f1b" | "zb-h1") or read
+/* Build the named schedule (a name of ts_schedule_names: "gpipe", "1f1b",
+ * "interleaved-1f1b", "zb-h1", "looped-bfs", "interleaved-zb", "zb-h2", "zb-v",
+ * "dualpipe-v"; schedule.c says what each is and needs) or read
  * a CSV file in torch.distributed.pipelining's compute-only format (one row per
  * pipeline rank, cells "<stage><F|B|I|W><micro-batch>", empty cells ignored). Errors
  * (unsupported combinations of pp, v, m; a malformed CSV) name the problem and the fix. */

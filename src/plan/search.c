@@ -241,7 +241,7 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
         for (int mb = 1; mb <= gb / dp; mb++) {
             if ((gb / dp) % mb) continue;
             const int m = gb / dp / mb;
-            for (int s = 0; s < TS_N_SCHEDULES; s++) {
+            for (int s = 0; s < TS_PLAN_N_SCHEDULES; s++) {
                 if (pp == 1 && s != TS_SCHEDULE_1F1B) continue;
                 const bool inter = s == TS_SCHEDULE_INTERLEAVED_1F1B;
                 if (inter && m < pp) continue;

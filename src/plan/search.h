@@ -24,6 +24,12 @@
 
 #include "plan/predict.h"
 
+/* The schedules the search enumerates: the kinds up to zb-h1 (gpipe, 1f1b,
+ * interleaved-1f1b, zb-h1), whose textbook bubble it knows. The generated schedules
+ * after them (looped-bfs, interleaved-zb, zb-h2, zb-v, dualpipe-v) are not searched
+ * yet; a config naming one is still predicted. */
+#define TS_PLAN_N_SCHEDULES (TS_SCHEDULE_ZB_H1 + 1)
+
 /* Why a grid that fits loses to the best: the term of its step that exceeds the best's
  * the most. */
 typedef enum {
