@@ -309,7 +309,7 @@ static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
     const ts_plan_grid *g = &r->g;
     printf("%4d  %4d %5d %3d  %-16s %3d %4d %-4s %4d  %9.2f  %11.3f  %11.4g  %5.1f%%  %6.4f\n",
            k, g->pp, g->dp, g->tp, ts_plan_schedule_name(x, g->schedule), g->v, g->micro_batch,
-           g->recompute == TS_RECOMPUTE_FULL ? "full" : "none", g->zero, r->mem.total / 1e9,
+           ts_recompute_names[g->recompute], g->zero, r->mem.total / 1e9,
            r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
 }
 

@@ -54,8 +54,17 @@ double ts_plan_textbook_bubble(const ts_plan_grid *g)
     const double p = g->pp, m = g->m;
     if (g->pp == 1) return 0.0;
     switch (g->schedule) {
-    case TS_SCHEDULE_INTERLEAVED_1F1B: return (p - 1) / (g->v * m + p - 1);
-    case TS_SCHEDULE_ZB_H1: return (p - 1) / (3 * m + p - 1);
+    case TS_SCHEDULE_INTERLEAVED_1F1B:
+    case TS_SCHEDULE_LOOPED_BFS: return (p - 1) / (g->v * m + p - 1);
+    /* With F = I = W the first rank cannot start its last input-gradient pass before the
+     * pipeline has filled: p-1 units of idle per rank over 3m units of work is the
+     * least a single step can do; zb-h2 reaches it with no gap inside a rank's run. */
+    case TS_SCHEDULE_ZB_H1:
+    case TS_SCHEDULE_ZB_H2: return (p - 1) / (3 * m + p - 1);
+    /* The same on v chunks of 1/v the work each (zb-v, dualpipe-v: v = 2). */
+    case TS_SCHEDULE_INTERLEAVED_ZB:
+    case TS_SCHEDULE_ZB_V:
+    case TS_SCHEDULE_DUALPIPE_V: return (p - 1) / (3 * g->v * m + p - 1);
     default: return (p - 1) / (m + p - 1);
     }
 }
@@ -241,16 +250,22 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
         for (int mb = 1; mb <= gb / dp; mb++) {
             if ((gb / dp) % mb) continue;
             const int m = gb / dp / mb;
-            for (int s = 0; s < TS_PLAN_N_SCHEDULES; s++) {
-                if (pp == 1 && s != TS_SCHEDULE_1F1B) continue;
-                const bool inter = s == TS_SCHEDULE_INTERLEAVED_1F1B;
-                if (inter && m < pp) continue;
-                for (int v = inter ? 2 : 1; inter ? pp * v <= layers : v == 1; v++) {
+            for (int s = 0; s < TS_N_SCHEDULES; s++) {
+                if (pp == 1 && s != TS_SCHEDULE_1F1B) continue; /* the schedules coincide */
+                /* v chunks per rank: 1, exactly 2 (the V schedules), or any v >= 2 for
+                 * the multi-chunk ones (their v = 1 is 1f1b, gpipe's order, zb-h1). */
+                const int per_rank = ts_schedule_chunks_per_rank((ts_schedule_kind)s);
+                const int v_lo = per_rank == 1 ? 1 : 2, v_hi = per_rank == 0 ? layers / pp : v_lo;
+                for (int v = v_lo; v <= v_hi && pp * v <= layers; v++) {
+                    bool none_fits[2] = {false, false}, full_fits[2] = {false, false};
                     for (int rc = 0; rc < TS_N_RECOMPUTES; rc++) {
-                        /* none and full; auto would repeat none where it fits and
-                         * is not searched yet */
-                        if (rc == TS_RECOMPUTE_EXCEPT_LAST || rc == TS_RECOMPUTE_AUTO) continue;
+                        /* none, full and auto (in that order); auto only where none
+                         * does not fit (where it fits, auto keeps everything: none
+                         * again) and full does (where full does not, nothing does) */
+                        if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
                         for (int z = 0; z <= (dp > 1); z++) {
+                            if (rc == TS_RECOMPUTE_AUTO && (none_fits[z] || !full_fits[z]))
+                                continue;
                             ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .v = v,
                                               .micro_batch = mb, .m = m, .schedule = s,
                                               .recompute = rc, .zero = z};
@@ -264,6 +279,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                             }
                             ts_plan_result e;
                             if (ts_plan_estimate(x, &g, &e) != TS_OK) continue;
+                            if (rc == TS_RECOMPUTE_NONE) none_fits[z] = e.fits;
+                            if (rc == TS_RECOMPUTE_FULL) full_fits[z] = e.fits;
                             r->candidates++;
                             if (!have_smallest || e.mem.total < r->smallest.mem.total) {
                                 r->smallest = e;

@@ -5,9 +5,11 @@
  * for llama n_kv_head or a multiple of it (a tp group larger than a node, or
  * not dividing devices_per_node, is allowed and pays the inter-node link); dp divides
  * train.global_batch; pp * v chunks of at least one layer (embedding, n_layer blocks,
- * head); micro_batch divides global_batch / dp; schedules gpipe, 1f1b, zb-h1 (v = 1)
- * and interleaved-1f1b (v >= 2, at least pp micro-batches); pp = 1 runs 1f1b only (the
- * schedules coincide); recompute none or full; ZeRO 0 or 1 (1 only with dp > 1).
+ * head); micro_batch divides global_batch / dp; every built-in schedule with the v it
+ * runs (gpipe, 1f1b, zb-h1, zb-h2: v = 1; zb-v, dualpipe-v: v = 2, the V placement;
+ * interleaved-1f1b, looped-bfs, interleaved-zb: v >= 2) where it accepts the number of
+ * micro-batches; pp = 1 runs 1f1b only (the schedules coincide); recompute none, full,
+ * and auto where none does not fit; ZeRO 0 or 1 (1 only with dp > 1).
  *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
  * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the
@@ -15,8 +17,9 @@
  * the next bound exceeds the K-th best simulated step: the top K are exactly those an
  * exhaustive search finds (`exhaustive` simulates every grid that fits, for tests).
  * Grids never simulated are classified by their work and the textbook bubble of their
- * schedule: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) interleaved,
- * (p-1)/(3m+p-1) zb-h1. */
+ * schedule: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) interleaved-1f1b and
+ * looped-bfs, (p-1)/(3m+p-1) zb-h1 and zb-h2, (p-1)/(3vm+p-1) interleaved-zb, zb-v and
+ * dualpipe-v (F = I = W; the zero-bubble ones from m >= 2p-1, dualpipe-v m >= 2p). */
 #ifndef TS_PLAN_SEARCH_H
 #define TS_PLAN_SEARCH_H
 
@@ -24,11 +27,6 @@
 
 #include "plan/predict.h"
 
-/* The schedules the search enumerates: the kinds up to zb-h1 (gpipe, 1f1b,
- * interleaved-1f1b, zb-h1), whose textbook bubble it knows. The generated schedules
- * after them (looped-bfs, interleaved-zb, zb-h2, zb-v, dualpipe-v) are not searched
- * yet; a config naming one is still predicted. */
-#define TS_PLAN_N_SCHEDULES (TS_SCHEDULE_ZB_H1 + 1)
 
 /* Why a grid that fits loses to the best: the term of its step that exceeds the best's
  * the most. */
