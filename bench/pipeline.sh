@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Pipeline benchmark. pp = 2 on this machine (one rank per core, 1 thread each, bound by
-# mpirun) for gpipe, 1f1b and interleaved-1f1b (2 virtual stages) at m = 2, 4, 8
+# mpirun) for every built-in schedule (SCHEDULES=...; the multi-chunk ones with 2 virtual
+# stages) at m = 4, 8
 # micro-batches of an 8-layer 256-wide GPT-2. For each run, side by side: the measured
 # bubble (median of the metrics' `bubble` over the steady steps), the simulator's bubble
 # for that run's own measured chunk costs (`tessera plan --costs-from-trace` on the run's
-# trace), the textbook (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), and a replay of the
+# trace), the textbook formula (plan/search.h), and a replay of the
 # trace with every action's own duration (which tells jitter from modelling error); the
 # same measured and simulated over the step's makespan; and the share of the CPUs other
 # processes took during the run. Then peak resident and activation memory of gpipe vs
@@ -120,17 +121,38 @@ EOF
 busy=$(wait_quiet "${QUIET_WAIT:-120}")
 echo "machine: $(nproc) cores, $busy% busy when the runs started, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# textbook SCHED P V M: the literature's bubble with F = I = W (plan/search.h)
+textbook() {
+  awk -v s="$1" -v p="$2" -v v="$3" -v m="$4" 'BEGIN {
+    if (s == "interleaved-1f1b" || s == "looped-bfs") b = (p - 1) / (v * m + p - 1)
+    else if (s == "zb-h1" || s == "zb-h2") b = (p - 1) / (3 * m + p - 1)
+    else if (s == "interleaved-zb" || s == "zb-v" || s == "dualpipe-v") b = (p - 1) / (3 * v * m + p - 1)
+    else b = (p - 1) / (m + p - 1)
+    printf "%.3f", b }'
+}
+# formula SCHED: the same in words, for the table
+formula() {
+  case "$1" in
+    interleaved-1f1b|looped-bfs) echo "(p-1)/(vm+p-1)" ;;
+    zb-h1|zb-h2) echo "(p-1)/(3m+p-1)" ;;
+    interleaved-zb|zb-v|dualpipe-v) echo "(p-1)/(3vm+p-1)" ;;
+    *) echo "(p-1)/(m+p-1)" ;;
+  esac
+}
+
+SCHEDULES="${SCHEDULES:-gpipe 1f1b interleaved-1f1b zb-h1 zb-h2 looped-bfs interleaved-zb zb-v dualpipe-v}"
 rows=()
-for sched in gpipe 1f1b interleaved-1f1b; do
-  for m in 2 4 8; do
+frows=()
+for sched in $SCHEDULES; do
+  for m in 4 8; do
     args=(--set parallel.schedule="$sched" --set train.global_batch=$((mb * m)))
     v=1
-    if [ "$sched" = interleaved-1f1b ]; then
-      v=2
-      args+=(--set parallel.virtual_stages=2 --set "$part_v2")
-    else
-      args+=(--set "$part_v1")
-    fi
+    case "$sched" in
+      interleaved-1f1b|looped-bfs|interleaved-zb|zb-v|dualpipe-v)
+        v=2
+        args+=(--set parallel.virtual_stages=2 --set "$part_v2") ;;
+      *) args+=(--set "$part_v1") ;;
+    esac
     name="$sched-m$m"
     run "$name" "${args[@]}"
     plan=$("$build/tessera" plan "${model[@]}" "${args[@]}" --json \
@@ -140,30 +162,39 @@ for sched in gpipe 1f1b interleaved-1f1b; do
     meas=$(med bubble "$tmp/$name.jsonl" $skip)
     rep=$(replay "$tmp/$name.trace.json" $((pp * v)))
     step=$(med step_ms "$tmp/$name.jsonl" $skip)
+    uni=$("$build/tessera" plan "${model[@]}" "${args[@]}" --json --cost uniform)
+    frows+=("| $sched | $v | $m | $(formula "$sched") = $(textbook "$sched" $pp $v $m) | $(printf '%.3f' "$(jget bubble "$uni")") | $(printf '%.3f' "$(jget bubble_rank_span "$plan")") | $(printf '%.3f' "$meas") |")
     rows+=("$(awk -v s="$sched" -v v="$v" -v m="$m" -v p="$pp" -v meas="$meas" -v rep="$rep" \
       -v sim_rs="$(jget bubble_rank_span "$plan")" -v sim="$(jget bubble "$plan")" \
       -v tr="$(jget measured_bubble "$plan")" -v step="$step" \
       -v tstep="$(jget measured_step_ms "$plan")" -v sstep="$(jget step_ms "$plan")" \
-      -v o="$OTHERS" 'BEGIN {
-      tb = (p - 1) / (v * m + p - 1);
+      -v o="$OTHERS" -v tb="$(textbook "$sched" $pp $v $m)" 'BEGIN {
       printf "| %s | %d | **%.3f** | **%.3f** | %+.0f%% | %.3f | %.3f | %.3f | %.3f | %+.0f%% | %.0f / %.0f / %.0f | %d%% |",
         s, m, meas, sim_rs, 100 * (meas - sim_rs) / sim_rs, tb, rep, tr, sim,
         100 * (tr - sim) / sim, step, tstep, sstep, o }')")
   done
 done
 mmax=8
-run 1f1b-full-m$mmax --set parallel.schedule=1f1b --set train.global_batch=$((mb * mmax)) \
-  --set "$part_v1" --set parallel.recompute=full
+full=(--set parallel.schedule=1f1b --set train.global_batch=$((mb * mmax)) --set "$part_v1"
+      --set parallel.recompute=full)
+run 1f1b-full-m$mmax "${full[@]}"
+"$build/tessera" plan "${model[@]}" "${full[@]}" --json --cost uniform >"$tmp/1f1b-full-m$mmax.plan.json"
 
 # memory row: NAME LABEL (sim peak activations from the plan, when there is one)
 mem_row() {
   local f="$tmp/$1.jsonl" plan="$tmp/$1.plan.json" sim="n/a (not modelled)"
-  if [ -f "$plan" ]; then
-    sim=$(grep -o '"peak_activation_bytes": *[0-9]*' "$plan" | sed 's/.*: *//' \
+  if [ -f "$plan" ]; then # the memory model's activation sets (what tessera train checks)
+    sim=$(grep -o '"activation_sets": *[0-9]*' "$plan" | sed 's/.*: *//' \
             | awk '{printf "%s%.1f", (NR > 1 ? ", " : ""), $1 / 1048576}')
   fi
   local line; line=$(mem_line "$f")
-  echo "| $2 | $(echo "$line" | sed 's/.*"peak_rss_mb":\[\([^]]*\)\].*/\1/; s/,/, /g') | $(echo "$line" | sed 's/.*"activation_mb":\[\([^]]*\)\].*/\1/; s/,/, /g') | $sim | $(printf '%.0f' "$(med step_ms "$f" $skip)") |"
+  local act; act=$(echo "$line" | sed 's/.*"activation_mb":\[\([^]]*\)\].*/\1/; s/,/, /g')
+  local diff="n/a"
+  if [ -f "$plan" ]; then # the largest |allocated - modelled| / modelled over the ranks
+    diff=$(paste -d' ' <(echo "$act" | tr -d ' ' | tr ',' '\n') <(echo "$sim" | tr -d ' ' | tr ',' '\n') |
+      awk '{ d = ($2 > 0) ? ($1 - $2) / $2 : 0; if (d < 0) d = -d; if (d > w) w = d } END { printf "%.1f%%", 100 * w }')
+  fi
+  echo "| $2 | $(echo "$line" | sed 's/.*"peak_rss_mb":\[\([^]]*\)\].*/\1/; s/,/, /g') | $act | $sim | $diff | $(printf '%.0f' "$(med step_ms "$f" $skip)") |"
 }
 
 echo
@@ -174,14 +205,18 @@ echo "| schedule | m | measured bubble (metric) | simulated (run's chunk costs) 
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
-echo "Memory at m = $mmax (MiB per pipeline rank: rank 0, rank 1):"
+echo "Memory at m = $mmax (MiB per pipeline rank: rank 0, rank 1; allocated against the memory model's peak, largest difference over the ranks):"
 echo
-echo "| run | peak RSS | activations allocated | simulated peak activations | step ms |"
-echo "|---|---|---|---|---|"
-mem_row gpipe-m$mmax "gpipe"
-mem_row 1f1b-m$mmax "1f1b"
-mem_row interleaved-1f1b-m$mmax "interleaved-1f1b (v=2)"
+echo "| run | peak RSS | activations allocated | memory model (activation sets) | diff | step ms |"
+echo "|---|---|---|---|---|---|"
+for sched in $SCHEDULES; do mem_row "$sched-m$mmax" "$sched"; done
 mem_row 1f1b-full-m$mmax "1f1b, recompute = full"
+echo
+echo "Bubble formulas with F = I = W (p = $pp), the simulator with uniform costs (tessera plan --cost uniform), with the run's own chunk costs, and measured:"
+echo
+echo "| schedule | v | m | formula | simulated, uniform | simulated, run's costs | measured |"
+echo "|---|---|---|---|---|---|---|"
+printf '%s\n' "${frows[@]}"
 echo
 echo "load after the runs: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "command: bench/pipeline.sh"
