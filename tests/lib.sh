@@ -207,13 +207,14 @@ same_losses() {
 
 # check NAME NP SETS...: run "${common[@]}" (the caller's array) on NP ranks with
 # metrics to $TMP/NAME.jsonl; unless NAME is "ref", compare with $TMP/ref.jsonl
-# (the one-rank run) to relative 1e-4.
+# (the one-rank run; $CHECK_REF instead when set) to relative 1e-4.
 check() {
   local name="$1" np="$2"; shift 2
   if run_np "$np" "${common[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
     pass
     if [ "$name" != ref ]; then
-      if out=$(same_losses "$TMP/$name.jsonl" "$TMP/ref.jsonl" 1e-4); then pass; else fail "$name vs one rank: $out"; fi
+      if out=$(same_losses "$TMP/$name.jsonl" "${CHECK_REF:-$TMP/ref.jsonl}" 1e-4); then pass
+      else fail "$name vs one rank: $out"; fi
     fi
   else
     fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2
