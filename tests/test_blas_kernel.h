@@ -6,17 +6,36 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "kernels/cpu/blas_core.h"
 
 /* Exit 77 (skipped) when this CPU cannot run the requested core; exit 1 when OpenBLAS
- * does not run it (the variant would only repeat the default). Prints the core. */
+ * does not run it (the variant would only repeat the default). Prints the core.
+ * The default run (no TS_TEST_BLAS_CORE) is skipped too when the core OpenBLAS runs is
+ * one that a per-core copy runs on this CPU (TS_TEST_BLAS_COPIES, comma-separated, from
+ * tests/CMakeLists.txt): CI exports OPENBLAS_CORETYPE=Haswell, with which the default
+ * run was test_X_Haswell again, the same binary, core and environment. */
 static inline void ts_test_require_blas_core(void)
 {
     const char *want = getenv("TS_TEST_BLAS_CORE");
     if (!want || !*want) {
-        printf("OpenBLAS core: %s\n", ts_blas_core());
+        const char *core = ts_blas_core(), *copies = getenv("TS_TEST_BLAS_COPIES");
+        ts_isa isa = ts_blas_core_isa(core);
+        for (const char *c = copies; c && *c;) {
+            size_t n = strcspn(c, ",");
+            if (n == strlen(core) && strncasecmp(c, core, n) == 0 && isa != TS_ISA_UNKNOWN &&
+                ts_cpu_isa() >= isa) {
+                printf("skipped: OpenBLAS runs core %s here, which this test's %s copy runs "
+                       "(tests/CMakeLists.txt)\n",
+                       core, core);
+                exit(77);
+            }
+            c += n;
+            if (*c == ',') c++;
+        }
+        printf("OpenBLAS core: %s\n", core);
         return;
     }
     ts_isa need = ts_blas_core_isa(want);

@@ -32,9 +32,11 @@ common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --se
 # with B = 16 step 2 wraps around (windows 32..39, 0..7) and step 5 repeats step 0.
 head -c 1300 "$TMP/corpus.txt" >"$TMP/small.txt"
 steps_a=(--step 0 --step 1 --step 2 --step 3 --step 4 --step 5)
-if "$PY" "$REF" init "$TMP/w.safetensors" "${model[@]}" --seed 7 >"$TMP/init.out" 2>&1 &&
-   "$PY" "$REF" loss "$TMP/w.safetensors" "${model[@]}" --data "$TMP/small.txt" --batch "$B" \
-     "${steps_a[@]}" >"$TMP/torch_a.out" 2>&1; then
+# init and loss in one python process (tests/torch_common.py run_commands: importing torch
+# takes seconds of CPU); either one failing fails the call.
+if "$PY" "$REF" --out "$TMP/init.out" init "$TMP/w.safetensors" "${model[@]}" --seed 7 :: \
+     --out "$TMP/torch_a.out" loss "$TMP/w.safetensors" "${model[@]}" --data "$TMP/small.txt" \
+     --batch "$B" "${steps_a[@]}" >"$TMP/torch_cmds.out" 2>&1; then
   pass
   # run_a NAME NP STEPS SETS...: a model.init run of STEPS steps on one grid against
   # torch's loss of every step
@@ -61,7 +63,7 @@ if "$PY" "$REF" init "$TMP/w.safetensors" "${model[@]}" --seed 7 >"$TMP/init.out
   run_a "dp=2, lr 1e-30" 2 6 --set parallel.dp=2 --set train.lr=1e-30 --set train.min_lr=0 \
     --set train.weight_decay=0
 else
-  fail "torch_gpt2.py init/loss"; sed 's/^/    /' "$TMP/init.out" "$TMP/torch_a.out" >&2
+  fail "torch_gpt2.py init/loss"; sed 's/^/    /' "$TMP/torch_cmds.out" "$TMP/init.out" "$TMP/torch_a.out" >&2
 fi
 
 # ---- b. a distributed checkpoint into torch ---------------------------------------------

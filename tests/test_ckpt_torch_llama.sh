@@ -32,20 +32,36 @@ common=(train "$SRC/configs/tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --se
         --set "model.vocab_size=$V" --set "model.seq_len=$T" --set "model.rope_theta=$THETA")
 
 # ---- a. torch's weights through model.init ----------------------------------------------
-# init_case TAG TORCH_FLAGS...: torch writes random weights $TMP/w_TAG.safetensors and
-# prints step 0's loss into $TMP/torch_TAG.out; returns non-zero (and fails) if it cannot.
+# torch_case TAG TORCH_FLAGS...: torch is to write random weights $TMP/w_TAG.safetensors
+# and print step 0's loss into $TMP/torch_TAG.out. The cases run together, in one python
+# process (tests/torch_common.py run_commands: its import of torch takes seconds of CPU,
+# each case a fraction of one); init_case TAG then passes if that case's weights and loss
+# are there, or fails with its output and returns non-zero.
 # q_proj and k_proj are drawn at std 0.3, not 0.02, so that the attention is peaked and
 # the rotary embedding matters: here Llama 3.1's scaling moves the loss by 7e-4 and
 # rope_theta 1e6 instead of 1e4 by 3e-4 (relative), far above the 1e-5 tolerance.
-init_case() {
+torch_cmds=()
+torch_case() {
   local tag="$1"; shift
-  if "$PY" "$REF" init "$TMP/w_$tag.safetensors" "${model[@]}" --seed 7 --qk-std 0.3 "$@" \
-       >"$TMP/init_$tag.out" 2>&1 &&
-     "$PY" "$REF" loss "$TMP/w_$tag.safetensors" "${model[@]}" "$@" --data "$TMP/train.bin" \
-       --batch "$B" --step 0 >"$TMP/torch_$tag.out" 2>&1; then
+  torch_cmds+=(--out "$TMP/init_$tag.out" init "$TMP/w_$tag.safetensors" "${model[@]}" --seed 7
+               --qk-std 0.3 "$@" ::
+               --out "$TMP/torch_$tag.out" loss "$TMP/w_$tag.safetensors" "${model[@]}" "$@"
+               --data "$TMP/train.bin" --batch "$B" --step 0 ::)
+}
+torch_case untied
+torch_case tied --tie
+# Llama 3.1's scaling with an original context of 32: at head dimension 16 and theta
+# 10000 the three frequency bands (kept, interpolated, divided by 8) all occur
+torch_case scaled --rope-scaling 8 --rope-original-context 32
+"$PY" "$REF" "${torch_cmds[@]}" >"$TMP/torch_cases.out" 2>&1 && pass ||
+  { fail "torch_llama.py: a case failed"; sed 's/^/    /' "$TMP/torch_cases.out" >&2; }
+init_case() {
+  local tag="$1"
+  if [ -s "$TMP/w_$tag.safetensors" ] && grep -q '^step 0 loss_f32 ' "$TMP/torch_$tag.out"; then
     pass
   else
-    fail "torch_llama.py init/loss ($tag)"; sed 's/^/    /' "$TMP/init_$tag.out" "$TMP/torch_$tag.out" >&2
+    fail "torch_llama.py init/loss ($tag)"
+    sed 's/^/    /' "$TMP/init_$tag.out" "$TMP/torch_$tag.out" >&2 2>/dev/null
     return 1
   fi
 }
@@ -70,13 +86,11 @@ if init_case untied; then
   run_a untied "tp=4 (kv heads replicated)" 4 --set parallel.tp=4
   run_a untied "pp=2" 2 --set parallel.pp=2
 fi
-if init_case tied --tie; then
+if init_case tied; then
   run_a tied "1 rank" 1 --set model.tie_embeddings=true
   run_a tied "tp=2" 2 --set model.tie_embeddings=true --set parallel.tp=2
 fi
-# Llama 3.1's scaling with an original context of 32: at head dimension 16 and theta
-# 10000 the three frequency bands (kept, interpolated, divided by 8) all occur
-if init_case scaled --rope-scaling 8 --rope-original-context 32; then
+if init_case scaled; then
   run_a scaled "1 rank" 1 --set model.rope_scaling=8 --set model.rope_original_context=32
 fi
 

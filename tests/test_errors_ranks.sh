@@ -32,7 +32,7 @@ chmod +x "$TMP/rank1.sh"
 rank1_error() {
   local pattern="$1"
   export CONFIG="$cfg" RANK1_EXTRA="$2" RANK1_CONFIG="${3:-}"
-  timeout 120 mpirun --oversubscribe -np 2 -x CONFIG -x RANK1_EXTRA -x RANK1_CONFIG \
+  FAIL_FAST timeout 120 mpirun --oversubscribe -np 2 -x CONFIG -x RANK1_EXTRA -x RANK1_CONFIG \
     "$TMP/rank1.sh" "$TESSERA" "${base[@]}" >"$TMP/out" 2>"$TMP/err"
   judge_error "2 ranks, rank 1 with '$2'${3:+ and config $3}" $? "$pattern"
 }

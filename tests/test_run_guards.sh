@@ -117,7 +117,7 @@ expect_error 0 "inside checkpoint.dir's checkpoints \(latest\)" train "$CFG" "${
 # Not the same directory on every rank (each rank in its own working directory, a
 # relative checkpoint.dir): refused before the first step.
 mkdir -p "$TMP/w0" "$TMP/w1"
-timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
+FAIL_FAST timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
   --set parallel.dp=2 --set train.steps=2 --set 'checkpoint.dir="ck"' : \
   -np 1 -wdir "$TMP/w1" "$TESSERA" train "$CFG" "${small[@]}" --set parallel.dp=2 \
   --set train.steps=2 --set 'checkpoint.dir="ck"' >"$TMP/out" 2>"$TMP/err"
@@ -195,12 +195,12 @@ run_one train /dev/stdin "${small[@]}" --set train.steps=1 <"$CFG" && pass ||
 make_corpus "$TMP/w0/d.bin"
 cp "$TMP/w0/d.bin" "$TMP/w1/d.bin"
 printf '\001' | dd of="$TMP/w1/d.bin" bs=1 seek=2000 conv=notrunc 2>/dev/null
-timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
+FAIL_FAST timeout 120 mpirun --oversubscribe -np 1 -wdir "$TMP/w0" "$TESSERA" train "$CFG" "${small[@]}" \
   --set parallel.dp=2 --set train.steps=2 --set 'data.train="d.bin"' : \
   -np 1 -wdir "$TMP/w1" "$TESSERA" train "$CFG" "${small[@]}" --set parallel.dp=2 \
   --set train.steps=2 --set 'data.train="d.bin"' >"$TMP/out" 2>"$TMP/err"
 judge_error "D7: different data under one path" $? "the ranks read different data at d.bin"
-timeout 120 mpirun --oversubscribe -np 1 -x TS_FAKE_NODES=1 "$TESSERA" topo "$CFG" \
+FAIL_FAST timeout 120 mpirun --oversubscribe -np 1 -x TS_FAKE_NODES=1 "$TESSERA" topo "$CFG" \
   --set parallel.dp=2 : -np 1 "$TESSERA" topo "$CFG" --set parallel.dp=2 >"$TMP/out" 2>"$TMP/err"
 judge_error "D13: TS_FAKE_NODES on one rank" $? "TS_FAKE_NODES differs between ranks"
 

@@ -7,19 +7,22 @@ which has no safetensors package, so the format is read and written by hand).
   - the optimizer (CONTRACT "Optimizer"): lr_at, adamw, train; check_optimizer and
     check_moments hold an optimizer.safetensors against torch.optim.AdamW
   - the command line of tests/torch_gpt2.py and tests/torch_llama.py: parser,
-    init_command, loss_command (a model supplies its shape arguments, build, init and load)
+    init_command, loss_command (a model supplies its shape arguments, build, init and load),
+    run_commands (several commands in one process)
   - the fixtures of tests/make_fixture.py and tests/make_llama_fixture.py: FIXTURE (the
     recipe), make_fixture and report_fixture (a model supplies build, init and names)
 
 Every function takes the model's pieces as arguments; importing this module only defines.
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
 import os
 import struct
 import sys
+import traceback
 
 import torch
 
@@ -268,6 +271,49 @@ def parser(doc, add_shape_args, what):
                           ("--beta2", 0.95), ("--eps", 1e-8), ("--grad-clip", 1.0)):
         p_loss.add_argument(flag, type=type(default), default=default)
     return ap, p_init
+
+
+def run_commands(main, argv):
+    """`[--out FILE] COMMAND ARGS... [:: [--out FILE] COMMAND ARGS...]...`: main(ARGS) of
+    each command in turn, in this one process (importing torch takes seconds of CPU, more
+    than a tiny model's command). A command's stdout and stderr go to its --out FILE when
+    given. Every command runs, whatever the others did: the exit code is 0 when all
+    succeeded, else the first failure's (1 for an exception, printed into its output).
+    Each command seeds what it draws (init: --seed), so one gives the bytes it gives
+    alone."""
+    commands, cur = [], []
+    for a in argv:
+        if a == "::":
+            commands.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    commands.append(cur)
+    code = 0
+    for args in filter(None, commands):  # a trailing "::" ends nothing
+        out = None
+        if len(args) >= 2 and args[0] == "--out":
+            out, args = args[1], args[2:]
+        with contextlib.ExitStack() as stack:
+            if out:
+                f = stack.enter_context(open(out, "w"))
+                stack.enter_context(contextlib.redirect_stdout(f))
+                stack.enter_context(contextlib.redirect_stderr(f))
+            try:
+                rc = main(args) or 0
+            except SystemExit as e:  # argparse's errors, raise SystemExit("message")
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            except Exception:  # noqa: BLE001 -- reported, and the next command still runs
+                traceback.print_exc()
+                rc = 1
+        if rc and not code:
+            code = rc
+        if rc:
+            print(f"command failed (exit {rc}): {' '.join(args)}"
+                  + (f" (its output: {out})" if out else ""), file=sys.stderr)
+    return code
 
 
 def init_weights_seeded(seed, build, init):

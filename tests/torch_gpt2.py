@@ -32,6 +32,10 @@ Subcommands (run with /usr/bin/python3, the interpreter that has torch):
       checkpoint's moments match torch's AdamW state (relative L2 error per tensor within
       --moment-tol).
 
+Several commands in one process (torch's import costs seconds, more than these models):
+  [--out FILE] COMMAND ARGS... :: [--out FILE] COMMAND ARGS... ...
+each command's output into its --out FILE when given (tests/torch_common.py run_commands).
+
 Exits non-zero with a message on any mismatch.
 """
 import os
@@ -103,4 +107,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tc.run_commands(main, sys.argv[1:]))

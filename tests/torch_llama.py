@@ -48,6 +48,10 @@ SHAPE: --n-layer L --n-head H --n-kv-head KV --n-embd C --ffn-hidden F --vocab V
        [--rope-scaling FACTOR --rope-low-freq-factor 1 --rope-high-freq-factor 4
         --rope-original-context 8192]
 
+Several commands in one process (torch's import costs seconds, more than these models):
+  [--out FILE] COMMAND ARGS... :: [--out FILE] COMMAND ARGS... ...
+each command's output into its --out FILE when given (tests/torch_common.py run_commands).
+
 Exits non-zero with a message on any mismatch.
 """
 import math
@@ -346,4 +350,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tc.run_commands(main, sys.argv[1:]))
