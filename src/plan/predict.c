@@ -376,14 +376,24 @@ static void rc_plan_free(rc_plan *rp)
     free(rp->keep);
 }
 
+/* The layers, cut, schedule and recompute plan of a grid the estimate accepted. */
+static void grid_rc_plan(ts_plan_ctx *x, const ts_plan_grid *g, const ts_plan_layers **L,
+                         const part_entry **p, sched_entry **se, rc_plan *rp)
+{
+    *L = layers_for(x, g);
+    *p = part_for(x, g);
+    *se = sched_for(x, g);
+    TS_ASSERT(*p && (*se)->st == TS_OK);
+    rc_plan_make(x, *L, *p, *se, g, rp);
+}
+
 void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m)
 {
-    const ts_plan_layers *L = layers_for(x, g);
-    const part_entry *p = part_for(x, g);
-    sched_entry *se = sched_for(x, g);
-    TS_ASSERT(p && se->st == TS_OK);
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
     rc_plan rp;
-    rc_plan_make(x, L, p, se, g, &rp);
+    grid_rc_plan(x, g, &L, &p, &se, &rp);
     const ts_memory_shape ms = mem_shape(x, g, se);
     ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp.peak_acts, rp.peak_stash, rp.n_rc, q, m);
     rc_plan_free(&rp);
@@ -391,12 +401,11 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
 
 void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed)
 {
-    const ts_plan_layers *L = layers_for(x, g);
-    const part_entry *p = part_for(x, g);
-    sched_entry *se = sched_for(x, g);
-    TS_ASSERT(p && se->st == TS_OK);
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
     rc_plan rp;
-    rc_plan_make(x, L, p, se, g, &rp);
+    grid_rc_plan(x, g, &L, &p, &se, &rp);
     const int n = p->n_chunks;
     if (keep && rp.keep) memcpy(keep, rp.keep, sizeof(int) * (size_t)n);
     if (n_recomputed) memcpy(n_recomputed, rp.n_rc, sizeof(int) * (size_t)n);
