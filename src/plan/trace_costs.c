@@ -75,7 +75,8 @@ ts_status ts_trace_costs_load(const char *path, const ts_schedule *s, int skip,
     for (int k = 0; k < n && st == TS_OK;) {
         int e = k;
         while (e < n && all[e].rank == all[k].rank) e++;
-        const int q = all[k].chunk >= 0 ? ts_chunk_rank(s, all[k].chunk) : -1;
+        /* A hostile trace's chunk is checked before it indexes the placement. */
+        const int q = all[k].chunk >= 0 && all[k].chunk < nc ? ts_chunk_rank(s, all[k].chunk) : -1;
         const int na = q >= 0 ? s->n_actions[q] : 0;
         if (q < 0 || all[k].chunk >= nc) {
             st = ts_fail("--costs-from-trace: %s has an event on chunk %d, but this config has "
