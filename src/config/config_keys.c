@@ -162,7 +162,7 @@ const key_spec ts_config_keys[] = {
             ts_config_check_progress),
     STR_KEY("parallel", "grad_reduce_dtype", parallel.grad_reduce_dtype,
             ts_config_check_grad_reduce_dtype),
-    INT_KEY("parallel", "zero", parallel.zero, 0, 1),
+    INT_KEY("parallel", "zero", parallel.zero, 0, 3),
     INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
     STR_KEY("parallel", "comm", parallel.comm, ts_config_check_comm),
 
