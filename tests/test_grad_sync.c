@@ -68,7 +68,7 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
         ts_comm dpc = fake_comm(dp, r, "dp"), emb = fake_comm(embed, 0, "embed"),
                 kv = fake_comm(1, 0, "kv");
         ts_grad_sync g;
-        ts_grad_sync_init(&g, m, &dpc, &emb, &kv, bucket_bytes, true, zero);
+        ts_grad_sync_init(&g, (ts_model *)m, &dpc, &emb, &kv, bucket_bytes, true, zero, NULL);
         CHECK(g.sharded == (zero && dp > 1));
         CHECK((g.n_sums == 1) == tied_here && g.n_sums <= 1);
         const int tied_param = g.n_sums ? g.sums[0].param : -1;
@@ -175,7 +175,7 @@ static void test_sharded_adamw(void)
         ts_comm emb = fake_comm(1, 0, "embed"), kv = fake_comm(1, 0, "kv");
         for (int r = 0; r < dp; r++) {
             ts_comm dpc = fake_comm(dp, r, "dp");
-            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, &kv, 1024, true, true);
+            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, &kv, 1024, true, 1, NULL);
             ts_adamw_init_ranges(&opt[r], &shard, g[r].shard, g[r].n_shard, g[r].sharded);
             CHECK(opt[r].sharded);
             bytes += ts_adamw_state_bytes(&opt[r]);

@@ -869,8 +869,8 @@ static void test_adamw_spans(void)
     ts_adamw_span spans[S];
     size_t off = 3, moff = 0;
     for (int i = 0; i < S; i++) {
-        spans[i] = (ts_adamw_span){.offset = off, .moment_offset = moff, .count = counts[i],
-                                   .decay = decays[i]};
+        spans[i] = (ts_adamw_span){.offset = off, .grad_offset = off, .moment_offset = moff,
+                                   .count = counts[i], .decay = decays[i]};
         off += counts[i] + (size_t)(i % 3) * 5; /* gaps of 0, 5, 10 floats */
         moff += counts[i];
     }

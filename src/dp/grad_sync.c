@@ -8,6 +8,7 @@
 
 #include "core/timer.h"
 #include "core/watchdog.h"
+#include "dp/grad_sync_internal.h"
 
 /* ZeRO-1: cut bucket b into dp pieces on TS_ZERO_ALIGN boundaries, as evenly as they
  * allow (the last piece takes any ragged end). */
@@ -26,9 +27,10 @@ static void split_bucket(ts_bucket *b, int dp)
 }
 
 static void add_bucket(ts_grad_sync *g, size_t begin, size_t end, int min_layer, int max_layer,
-                       bool tied)
+                       bool tied, int zchunk)
 {
     ts_bucket *b = &g->buckets[g->n_buckets++];
+    b->zchunk = zchunk;
     b->begin = begin;
     b->end = end;
     b->min_layer = min_layer;
@@ -47,21 +49,43 @@ static bool is_group_summed(const ts_grad_sync *g, int p)
 /* Walk the parameters from the last (final first) to the first, closing a bucket once
  * it holds `target` floats. Boundaries fall between parameters, so a bucket's
  * readiness is a range of layers. With ZeRO-1 the tied embedding is a bucket alone. */
+/* ZeRO-2/3: the rank's chunk holding layer l (0 below level 2: one "chunk"). */
+static int zchunk_of_layer(const ts_grad_sync *g, int l)
+{
+    for (int z = 0; z < g->n_zchunks; z++)
+        if (l >= g->zchunks[z].l0 && l < g->zchunks[z].l1) return z;
+    return 0;
+}
+
+/* Walk the parameters from the last (final first) to the first, closing a bucket once
+ * it holds `target` floats. Boundaries fall between parameters, so a bucket's
+ * readiness is a range of layers. With ZeRO-1..3 the tied embedding is a bucket alone;
+ * with ZeRO-2/3 no bucket crosses a chunk boundary (each lives in its chunk's buffer). */
 static void build_buckets(ts_grad_sync *g, const ts_model *m, size_t target)
 {
     g->buckets = ts_calloc((size_t)m->n_params, sizeof *g->buckets); /* >= 1 param each */
     size_t end = m->num_floats;
     int min_layer = INT_MAX, max_layer = -1; /* the open bucket's layers; empty: max < 0 */
+    int open_z = g->n_zchunks > 0 ? g->n_zchunks - 1 : 0;
     for (int p = m->n_params - 1; p >= 0; p--) {
         const ts_param *P = &m->params[p];
         const size_t begin = p == 0 ? 0 : P->offset;
+        const int z = zchunk_of_layer(g, P->layer);
+        if (z != open_z) { /* into the chunk below: close the open bucket at its start */
+            const size_t start = g->zchunks[open_z].begin;
+            if (max_layer >= 0) add_bucket(g, start, end, min_layer, max_layer, false, open_z);
+            end = start;
+            min_layer = INT_MAX;
+            max_layer = -1;
+            open_z = z;
+        }
         if (g->sharded && is_group_summed(g, p)) {
             if (max_layer >= 0) { /* close the open bucket above the tied tensor */
                 const size_t next = m->params[p + 1].offset;
-                add_bucket(g, next, end, min_layer, max_layer, false);
+                add_bucket(g, next, end, min_layer, max_layer, false, z);
                 end = next;
             }
-            add_bucket(g, begin, end, P->layer, P->layer, true);
+            add_bucket(g, begin, end, P->layer, P->layer, true, z);
             end = begin;
             min_layer = INT_MAX;
             max_layer = -1;
@@ -70,7 +94,7 @@ static void build_buckets(ts_grad_sync *g, const ts_model *m, size_t target)
         if (P->layer < min_layer) min_layer = P->layer;
         if (P->layer > max_layer) max_layer = P->layer;
         if (end - P->offset >= target || p == 0) {
-            add_bucket(g, begin, end, min_layer, max_layer, false);
+            add_bucket(g, begin, end, min_layer, max_layer, false, z);
             end = begin;
             min_layer = INT_MAX;
             max_layer = -1;
@@ -88,12 +112,16 @@ static void build_shard(ts_grad_sync *g)
         return;
     }
     const int r = g->dp.rank;
+    size_t base = 0;
     for (int i = g->n_buckets - 1; i >= 0; i--) {
-        const ts_bucket *b = &g->buckets[i];
+        ts_bucket *b = &g->buckets[i];
+        b->shard_off = base;
         if (b->counts[r] == 0) continue;
         size_t lo = b->begin + (size_t)b->displs[r];
         g->shard[g->n_shard++] = (ts_flat_range){lo, lo + (size_t)b->counts[r]};
+        base += (size_t)b->counts[r];
     }
+    g->n_shard_floats = base;
 }
 
 static void add_group_sum(ts_grad_sync *g, const ts_model *m, int p, const ts_comm *group)
@@ -101,11 +129,12 @@ static void add_group_sum(ts_grad_sync *g, const ts_model *m, int p, const ts_co
     g->sums[g->n_sums++] = (struct ts_group_sum){p, m->params[p].offset, m->params[p].numel, group};
 }
 
-void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
-                       const ts_comm *embed, const ts_comm *kv, size_t bucket_bytes,
-                       bool overlap, bool zero)
+void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts_comm *embed,
+                       const ts_comm *kv, size_t bucket_bytes, bool overlap, int zero,
+                       const ts_zero_layout *zl)
 {
     memset(g, 0, sizeof *g);
+    g->model = m;
     g->dp = *dp;
     g->embed = *embed;
     g->kv = *kv;
@@ -132,19 +161,33 @@ void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
             add_group_sum(g, m, L->first_param + TS_L_V_W, &g->kv);
         }
     const bool dp_sync = dp->size > 1 && m->n_params > 0;
-    g->sharded = zero && dp_sync;
+    g->sharded = zero >= 1 && dp_sync;
+    g->level = dp_sync ? zero : 0;
+    if (g->level >= 2) {
+        TS_ASSERT(zl);
+        ts_zero_init_chunks(g, zl);
+    }
     if (dp_sync) {
         size_t target = bucket_bytes / sizeof(float);
         build_buckets(g, m, target > 0 ? target : 1);
     }
     build_shard(g);
+    if (g->level >= 2) ts_zero_init_buckets(g, zl);
 }
 
 /* ------------------------------------------------------ communication thread -- */
 
+float *ts_bucket_grads(const ts_grad_sync *g, const ts_bucket *b)
+{
+    if (g->level < 2) return g->grads + b->begin;
+    const ts_zero_chunk *z = &g->zchunks[b->zchunk];
+    TS_ASSERT(z->grad);
+    return z->grad + (b->begin - z->begin);
+}
+
 static void thread_start_op(ts_grad_sync *g, ts_bucket *b)
 {
-    float *buf = g->grads + b->begin;
+    float *buf = ts_bucket_grads(g, b);
     b->start_ms = ts_now_ms();
     if (g->sharded)
         ts_ireduce_scatter_sum_f32(&g->dp_thread, buf, b->counts, &b->req);
@@ -249,9 +292,26 @@ static void wait_thread(ts_grad_sync *g)
     }
 }
 
+/* Thread mode: wait until the thread completed bucket b. */
+void ts_grad_sync_wait_bucket(ts_grad_sync *g, ts_bucket *b)
+{
+    if (!g->threaded) {
+        ts_request_wait(&b->req);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    if (!b->done) {
+        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->dp.name, -1);
+        while (!b->done) pthread_cond_wait(&g->cv, &g->mu);
+        ts_watchdog_wait_end();
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
 void ts_grad_sync_free(ts_grad_sync *g)
 {
     stop_thread(g);
+    ts_zero_free(g);
     for (int i = 0; i < g->n_buckets; i++) {
         free(g->buckets[i].counts);
         free(g->buckets[i].displs);
@@ -265,7 +325,8 @@ void ts_grad_sync_free(ts_grad_sync *g)
 
 void ts_grad_sync_begin(ts_grad_sync *g)
 {
-    for (int i = 0; i < g->n_buckets; i++) g->buckets[i].launched = g->buckets[i].done = false;
+    for (int i = 0; i < g->n_buckets; i++)
+        g->buckets[i].launched = g->buckets[i].done = g->buckets[i].placed = false;
     if (g->threaded) { /* the thread is idle: the last step waited for all it started */
         pthread_mutex_lock(&g->mu);
         g->n_queued = g->n_started = g->n_done = 0;
@@ -276,7 +337,7 @@ void ts_grad_sync_begin(ts_grad_sync *g)
     g->gather_ms = 0.0;
 }
 
-static void launch(ts_grad_sync *g, ts_bucket *b)
+void ts_grad_sync_launch(ts_grad_sync *g, ts_bucket *b)
 {
     if (g->threaded) {
         pthread_mutex_lock(&g->mu);
@@ -286,7 +347,7 @@ static void launch(ts_grad_sync *g, ts_bucket *b)
         b->launched = true;
         return;
     }
-    float *buf = g->grads + b->begin;
+    float *buf = ts_bucket_grads(g, b);
     if (g->sharded)
         ts_ireduce_scatter_sum_f32(&g->dp, buf, b->counts, &b->req);
     else
@@ -296,7 +357,8 @@ static void launch(ts_grad_sync *g, ts_bucket *b)
 
 static void progress(ts_grad_sync *g)
 {
-    if (g->threaded) return; /* the thread tests them */
+    ts_zero_progress(g); /* ZeRO-3's weight gathers, issued by this thread */
+    if (g->threaded) return; /* the thread tests the reductions */
     for (int i = 0; i < g->n_buckets; i++)
         if (g->buckets[i].launched) ts_request_test(&g->buckets[i].req);
 }
@@ -322,7 +384,7 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
      * non-blocking reductions start, in the same order on every rank. */
     for (int i = 0; i < g->n_buckets; i++) {
         ts_bucket *b = &g->buckets[i];
-        if (!b->launched && bucket_ready(g, b)) launch(g, b);
+        if (!b->launched && bucket_ready(g, b)) ts_grad_sync_launch(g, b);
     }
     /* No test here: right after this the model's between-layers hook tests them (poll
      * mode), or the communication thread does. */
@@ -331,13 +393,13 @@ void ts_grad_sync_layers_done(ts_grad_sync *g, int first, int end)
 /* The group sums (the tied embedding over the embedding group, replicated key/value
  * weights over the kv group), blocking; running non-blocking reductions make progress
  * meanwhile. Returns the time they took. */
-static double sum_tied(ts_grad_sync *g)
+double ts_grad_sync_sum_groups(ts_grad_sync *g)
 {
     if (g->n_sums == 0) return 0.0;
     double t0 = ts_now_ms();
     for (int i = 0; i < g->n_sums; i++) {
         const struct ts_group_sum *s = &g->sums[i];
-        ts_allreduce_sum_f32(s->group, g->grads + s->offset, s->numel);
+        ts_allreduce_sum_f32(s->group, ts_param_grad(g->model, s->param), s->numel);
     }
     return ts_now_ms() - t0;
 }
@@ -350,6 +412,7 @@ static double sum_tied(ts_grad_sync *g)
 static void place_piece(ts_grad_sync *g, const ts_bucket *b)
 {
     const int r = g->dp.rank;
+    TS_ASSERT(g->level < 2);
     if (b->displs[r] == 0 || b->counts[r] == 0) return;
     g->k->memcpy_d2d(g->grads + b->begin + b->displs[r], g->grads + b->begin,
                      (size_t)b->counts[r] * sizeof(float));
@@ -358,29 +421,31 @@ static void place_piece(ts_grad_sync *g, const ts_bucket *b)
 void ts_grad_sync_finish(ts_grad_sync *g)
 {
     double t0 = ts_now_ms(), tied_ms = 0.0;
-    if (!g->sharded) {
+    if (g->level >= 2) {
+        tied_ms = ts_zero_finish(g);
+    } else if (!g->sharded) {
         if (g->n_buckets > 0 && !g->overlap) {
             /* Nothing to hide behind: one blocking all-reduce of the whole buffer, which
              * MPI runs about twice as fast as the same bytes in non-blocking buckets. */
             ts_allreduce_sum_f32(&g->dp, g->grads, g->n_floats);
         } else {
             for (int i = 0; i < g->n_buckets; i++)
-                if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
+                if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
             if (g->threaded)
                 wait_thread(g);
             else
                 for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
         }
-        tied_ms = sum_tied(g); /* after the dp sum: the two sums commute */
+        tied_ms = ts_grad_sync_sum_groups(g); /* after the dp sum: the two sums commute */
     } else {
         /* The same calls whether overlapping or not (so both give the same bits), issued
          * in bucket order on every dp rank; the tied embedding's bucket last, once its
          * gradient holds both stages' sum. */
         for (int i = 0; i < g->n_buckets; i++)
-            if (!g->buckets[i].launched && !g->buckets[i].tied) launch(g, &g->buckets[i]);
-        tied_ms = sum_tied(g);
+            if (!g->buckets[i].launched && !g->buckets[i].tied) ts_grad_sync_launch(g, &g->buckets[i]);
+        tied_ms = ts_grad_sync_sum_groups(g);
         for (int i = 0; i < g->n_buckets; i++)
-            if (!g->buckets[i].launched) launch(g, &g->buckets[i]);
+            if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
         if (g->threaded) wait_thread(g);
         for (int i = 0; i < g->n_buckets; i++) {
             if (!g->threaded) ts_request_wait(&g->buckets[i].req);
@@ -389,7 +454,7 @@ void ts_grad_sync_finish(ts_grad_sync *g)
     }
     if (g->n_buckets == 0) return;
     /* The tied sum waits for the other end of the pipeline, not for the dp reduction. */
-    g->wait_ms = ts_now_ms() - t0 - tied_ms;
+    g->wait_ms += ts_now_ms() - t0 - tied_ms; /* ZeRO-2/3 waited during the step too */
     if (++g->steps == TS_GRAD_SYNC_REFERENCE_STEPS)
         g->reference_ms = g->wait_ms > 1e-6 ? g->wait_ms : 1e-6;
 }
@@ -403,15 +468,15 @@ bool ts_grad_sync_counts_norm(const ts_grad_sync *g) { return g->sharded || g->d
 
 void ts_grad_sync_gather_params(ts_grad_sync *g)
 {
-    g->gather_ms = 0.0;
-    if (!g->sharded) return;
+    /* ZeRO-3 gathers each chunk when the next step needs it (before_action). */
+    if (!g->sharded || g->level == 3) return;
     double t0 = ts_now_ms();
     for (int i = 0; i < g->n_buckets; i++) {
         ts_bucket *b = &g->buckets[i];
         ts_iallgather_f32(&g->dp, g->params + b->begin, b->counts, b->displs, &b->req);
     }
     for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
-    g->gather_ms = ts_now_ms() - t0;
+    g->gather_ms += ts_now_ms() - t0;
 }
 
 double ts_grad_sync_overlap(const ts_grad_sync *g)

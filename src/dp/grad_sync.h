@@ -25,7 +25,20 @@
  * Llama's key/value projections replicated on kv_replicas tensor-parallel ranks (tp >
  * n_kv_head) are summed the same way over the `kv` group (the tp ranks holding the same
  * key/value head): each replica computed its query heads' part of the gradient. Every
- * such sum (the tied embedding's, the key/value weights') is a `group sum`. */
+ * such sum (the tied embedding's, the key/value weights') is a `group sum`.
+ *
+ * ZeRO-2 (parallel.zero = 2) keeps no full-size gradient buffer: each of the rank's
+ * pipeline chunks gets its own while the schedule needs it (pipeline/residency.h: from
+ * the chunk's first backward until its reduction is done), micro-batches accumulate into
+ * it, its buckets (cut at chunk boundaries) are reduce-scattered as they become final,
+ * and the rank's piece of each goes to a compact shard (`shard_grads`, 1/dp of the
+ * floats), which the optimizer reads; parameters are all-gathered after the step as with
+ * ZeRO-1. ZeRO-3 (parallel.zero = 3) shards the fp32 master weights the same way
+ * (`master`): a chunk's weights are all-gathered into a chunk buffer before its
+ * residency (its forwards, its backwards, or both) and freed after it, the next
+ * residency's gather issued while this one computes. The engine calls
+ * ts_grad_sync_before_action / _after_action around each action; the model's layer views
+ * (model.h ts_layer_mem) point into the chunk buffers while they exist. */
 #ifndef TS_GRAD_SYNC_H
 #define TS_GRAD_SYNC_H
 
@@ -35,6 +48,7 @@
 #include "comm/comm.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "pipeline/residency.h"
 
 /* Steps synchronised without overlap first; the last of them times the reference. */
 #define TS_GRAD_SYNC_REFERENCE_STEPS 2
@@ -50,14 +64,50 @@ typedef struct {
     ts_request req;
     bool done;          /* thread mode: the communication thread completed it */
     double start_ms, end_ms; /* thread mode: its span, for the trace */
+    /* ZeRO-2/3 */
+    int zchunk;         /* index into zchunks */
+    size_t shard_off;   /* this rank's piece in shard_grads (and master) */
+    bool placed;        /* the reduced piece was copied there this step */
+    ts_request greq;    /* ZeRO-3: the gather of its weights */
 } ts_bucket;
+
+/* ZeRO-2/3: one of the rank's pipeline chunks. */
+typedef struct {
+    int chunk;          /* global chunk index */
+    int l0, l1;         /* its layers */
+    size_t begin, end;  /* its floats of the rank's layout */
+    int b0, b1;         /* its buckets [b0, b1) */
+    bool held;          /* holds a group-summed tensor: its gradients wait for the step's end */
+    float *grad;        /* its gradient buffer while allocated */
+    float *weights;     /* ZeRO-3: the gathered fp32 weights while resident */
+    void *compute;      /* ZeRO-3: their compute copy (== weights for fp32) */
+    bool gathering;     /* ZeRO-3: gathers issued, not yet waited for */
+} ts_zero_chunk;
+
+/* What ZeRO-2/3 need of the pipeline: the rank's chunks and its actions. */
+typedef struct {
+    const ts_schedule *sched;
+    int pp_rank;
+    const int *first_layer, *n_chunk_layers; /* [n_chunks] (pipeline/partition.h) */
+} ts_zero_layout;
 
 typedef struct {
     ts_comm dp, embed, kv;
-    float *grads, *params; /* device memory of k */
+    ts_model *model;
+    float *grads, *params; /* device memory of k (full-size; NULL where ZeRO-2/3 drop them) */
     const ts_kernels *k;
     size_t n_floats;      /* the whole gradient buffer */
-    bool sharded;         /* ZeRO-1 with dp > 1: reduce-scatter, update a shard, all-gather */
+    bool sharded;         /* ZeRO-1..3 with dp > 1: reduce-scatter, update a shard */
+    int level;            /* the ZeRO level in effect: parallel.zero with dp > 1, else 0 */
+    /* ZeRO-2/3 (level >= 2) */
+    int n_zchunks;
+    ts_zero_chunk *zchunks;   /* the rank's chunks, ascending */
+    int *zchunk_of;           /* [n_chunks] index into zchunks, or -1 */
+    ts_residency res;         /* when buffers come and go (pipeline/residency.h) */
+    size_t n_shard_floats;
+    float *shard_grads;       /* [n_shard_floats] the reduced pieces, as the moments */
+    float *master;            /* ZeRO-3: [n_shard_floats] the fp32 master weights */
+    bool materialized;        /* ZeRO-3: every chunk's weights resident outside a step */
     /* The gradients summed over a group before the optimizer: the tied embedding (or its
      * copy) over `embed`, replicated key/value weights over `kv`. */
     int n_sums;
@@ -96,10 +146,27 @@ typedef struct {
 } ts_grad_sync;
 
 /* dp: the data-parallel group; embed: the embedding group (a non-member or a group of one
- * when pp == 1); zero: parallel.zero. */
-void ts_grad_sync_init(ts_grad_sync *g, const ts_model *m, const ts_comm *dp,
-                       const ts_comm *embed, const ts_comm *kv, size_t bucket_bytes,
-                       bool overlap, bool zero);
+ * when pp == 1); zero: parallel.zero (0..3); zl: the pipeline's chunks and actions
+ * (needed for zero >= 2, else may be NULL). The model stays the caller's; with zero >= 2
+ * the state takes over its layer views (ts_grad_sync_shard_model). */
+void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts_comm *embed,
+                       const ts_comm *kv, size_t bucket_bytes, bool overlap, int zero,
+                       const ts_zero_layout *zl);
+/* ZeRO-2/3, once the weights are initialised or loaded and the optimizer made: drop the
+ * model's full-size gradient buffer (and with ZeRO-3 keep only this rank's pieces of the
+ * weights, freeing the full ones); the optimizer then steps the compact shard. A no-op
+ * below level 2. */
+void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o);
+/* The engine's hooks around action i of the rank's list (ZeRO-2/3: free and allocate
+ * gradient buffers, issue, wait for and free weight gathers; no-ops below level 2). */
+void ts_grad_sync_before_action(void *g, int i);
+void ts_grad_sync_after_action(void *g, int i);
+/* ZeRO-3 outside a step (validation, checkpoints): every chunk's weights gathered into
+ * its buffer (gather = false: allocated only, for a load to fill), and back: with
+ * `keep` the buffers' contents become this rank's master pieces (after a load). No-ops
+ * below level 3. Collective over the dp group. */
+void ts_grad_sync_materialize(ts_grad_sync *g, bool gather);
+void ts_grad_sync_dematerialize(ts_grad_sync *g, bool keep);
 void ts_grad_sync_free(ts_grad_sync *g);
 /* Drive the overlapped reductions from a communication thread (needs MPI's
  * THREAD_MULTIPLE; collective over the dp group). A no-op when nothing overlaps. */

@@ -44,13 +44,16 @@ typedef enum { TS_DTYPE_F32, TS_DTYPE_BF16 } ts_dtype;
 static inline size_t ts_dtype_bytes(ts_dtype t) { return t == TS_DTYPE_BF16 ? 2 : 4; }
 static inline const char *ts_dtype_name(ts_dtype t) { return t == TS_DTYPE_BF16 ? "bf16" : "fp32"; }
 
-/* One piece of the flat buffers for adamw_update_spans: `count` floats of param and
- * grad from `offset`, whose moments are m and v from `moment_offset`; weight decay
+/* One piece of the flat buffers for adamw_update_spans: `count` floats of param from
+ * `offset` and of grad from `grad_offset` (the same place in a full-size gradient
+ * buffer; a compact shard's own place with ZeRO-2/3), whose moments are m and v from
+ * `moment_offset`; weight decay
  * applies when `decay` is 1 (matrices), not when 0 (biases, LayerNorm). The optimizer
  * makes one per parameter inside each of its ranges (ZeRO-1 shard pieces included).
  * Plain fields: the same layout in C and in CUDA C++ (nvcc keeps the host's sizes). */
 typedef struct {
     size_t offset;
+    size_t grad_offset;
     size_t moment_offset;
     size_t count;
     int decay;

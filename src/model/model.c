@@ -161,6 +161,7 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     m->k = tp->k;
     m->n_layers = cfg->n_layer + 2;
     m->layers = ts_calloc((size_t)m->n_layers, sizeof *m->layers);
+    m->layer_mem = ts_calloc((size_t)m->n_layers, sizeof *m->layer_mem);
     m->wte_param = m->head_wte_param = -1;
 
     const int C = cfg->n_embd, V = cfg->vocab_size, T = cfg->seq_len;
@@ -272,18 +273,37 @@ void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owne
     m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
                          ? (void *)m->param_mem
                          : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
+    ts_model_set_layer_mem(m, 0, m->n_layers, m->param_mem, m->grad_mem, m->compute_mem, 0);
     if (m->arch == TS_ARCH_LLAMA) build_rope_tables(m, cfg);
+}
+
+void ts_model_set_layer_mem(ts_model *m, int l0, int l1, float *param, float *grad,
+                            void *compute, size_t origin)
+{
+    for (int l = l0; l < l1; l++)
+        m->layer_mem[l] = (ts_layer_mem){param, grad, compute, origin};
+}
+
+void ts_model_set_layer_grads(ts_model *m, int l0, int l1, float *grad, size_t origin)
+{
+    /* One origin per layer: the layer's views were set on its chunk's first float
+     * (ts_model_set_layer_mem) before its gradient buffer comes and goes. */
+    for (int l = l0; l < l1; l++) {
+        TS_ASSERT(m->layer_mem[l].origin == origin);
+        m->layer_mem[l].grad = grad;
+    }
 }
 
 void ts_model_refresh_compute(const ts_model *m)
 {
-    if (m->compute_mem != (void *)m->param_mem)
+    if (m->param_mem && m->compute_mem != (void *)m->param_mem)
         m->k->convert(m->compute_mem, m->k->act_dtype, m->param_mem, TS_DTYPE_F32, m->num_floats);
 }
 
 void ts_model_free(ts_model *m)
 {
     free(m->layers);
+    free(m->layer_mem);
     free(m->params);
     if (m->k) {
         if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
@@ -319,6 +339,7 @@ void ts_model_init_random(ts_model *m, uint64_t seed)
     float *w = ts_alloc_floats(most ? most : 1);
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
+        if (!m->layer_mem[P->layer].param) continue; /* ZeRO-3: another chunk's turn */
         if (P->init == TS_INIT_ZEROS || P->init == TS_INIT_ONES) {
             float v = P->init == TS_INIT_ONES ? 1.0f : 0.0f;
             for (size_t i = 0; i < P->numel; i++) w[i] = v;

@@ -69,6 +69,12 @@ enum {
 };
 
 typedef struct {
+    float *param, *grad;    /* fp32 master weights and gradients of the layer's floats */
+    void *compute;          /* its compute copy (act_dtype), == param for fp32 */
+    size_t origin;          /* the float of the layout that param[0] (grad[0], ...) is */
+} ts_layer_mem;
+
+typedef struct {
     ts_arch arch;
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
     int n_kv_head;          /* key/value heads (n_head for gpt2) */
@@ -99,6 +105,12 @@ typedef struct {
 
     size_t num_floats;      /* floats in each flat buffer */
     float *param_mem, *grad_mem;
+    /* Where each layer's parameters, gradients and compute weights are ([n_layers]):
+     * views of param_mem, grad_mem and compute_mem (origin 0) by default. ZeRO-2 and 3
+     * (dp/grad_sync.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
+     * a chunk's layers then point into the chunk's own buffers while they exist (origin:
+     * the chunk's first float in this layout) and are NULL otherwise. */
+    ts_layer_mem *layer_mem;
     /* The weights the matmuls read, in k->act_dtype, laid out as param_mem: param_mem
      * itself for fp32; a bf16 copy, owned, made from it by ts_model_refresh_compute once
      * per optimizer step (llm.c's and Megatron's bf16 weights beside fp32 masters). */
@@ -128,17 +140,33 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
                         const ts_tp *tp);
 void ts_model_free(ts_model *m);
 
-static inline float *ts_param_data(const ts_model *m, int p) { return m->param_mem + m->params[p].offset; }
-static inline float *ts_param_grad(const ts_model *m, int p) { return m->grad_mem + m->params[p].offset; }
+static inline float *ts_param_data(const ts_model *m, int p)
+{
+    const ts_layer_mem *L = &m->layer_mem[m->params[p].layer];
+    return L->param + (m->params[p].offset - L->origin);
+}
+static inline float *ts_param_grad(const ts_model *m, int p)
+{
+    const ts_layer_mem *L = &m->layer_mem[m->params[p].layer];
+    return L->grad + (m->params[p].offset - L->origin);
+}
 /* Parameter p's compute copy (act_dtype elements; the matmuls' `weight`). */
 static inline const void *ts_param_compute(const ts_model *m, int p)
 {
-    return (const unsigned char *)m->compute_mem +
-           m->params[p].offset * ts_dtype_bytes(m->k->act_dtype);
+    const ts_layer_mem *L = &m->layer_mem[m->params[p].layer];
+    return (const unsigned char *)L->compute +
+           (m->params[p].offset - L->origin) * ts_dtype_bytes(m->k->act_dtype);
 }
+/* Point layers [l0, l1) at buffers whose element 0 is float `origin` of the layout
+ * (NULL buffers: the layers' memory is not there now). */
+void ts_model_set_layer_mem(ts_model *m, int l0, int l1, float *param, float *grad,
+                            void *compute, size_t origin);
+/* Only the gradients of layers [l0, l1), whose views already start at `origin`. */
+void ts_model_set_layer_grads(ts_model *m, int l0, int l1, float *grad, size_t origin);
 /* Make the compute copy equal the master weights (rounded): after every change of
  * param_mem (initialisation, load, the optimizer step) and before the next forward.
- * Nothing to do for fp32. */
+ * Nothing to do for fp32, nor without full-size weights (ZeRO-3 converts each chunk's
+ * gathered weights). */
 void ts_model_refresh_compute(const ts_model *m);
 static inline const char *ts_param_name(const ts_model *m, int p)
 {

@@ -16,8 +16,10 @@ double ts_grad_sum_squares(const ts_model *m)
     return ts_grad_sum_squares_range(m, 0, m->num_floats);
 }
 
-/* acc[0] += the squares of the counted gradients in floats [begin, end), on the device. */
-static void sum_squares_into(const ts_model *m, size_t begin, size_t end, double *acc)
+/* acc[0] += the squares of the counted gradients in floats [begin, end), on the device,
+ * read from grad[0 ..] = float `begin` (the full buffer's or a compact range's). */
+static void sum_squares_into(const ts_model *m, size_t begin, size_t end, const float *grad,
+                             double *acc)
 {
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
@@ -27,7 +29,7 @@ static void sum_squares_into(const ts_model *m, size_t begin, size_t end, double
         /* Count once (tensor/tp.h): not the tied copy, nor tp ranks 1.. of a replicated
          * tensor. */
         if (!ts_tp_param_counts(&P->shard)) continue;
-        m->k->sum_squares_into(acc, m->grad_mem + lo, hi - lo);
+        m->k->sum_squares_into(acc, grad + (lo - begin), hi - lo);
     }
 }
 
@@ -50,7 +52,7 @@ static double read_acc(const ts_kernels *k, double *acc)
 double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
 {
     double *acc = device_acc(m->k);
-    sum_squares_into(m, begin, end, acc);
+    sum_squares_into(m, begin, end, m->grad_mem + begin, acc);
     return read_acc(m->k, acc);
 }
 
@@ -76,14 +78,31 @@ static int build_spans(const ts_adamw *o, const ts_model *m, ts_adamw_span *out)
             size_t lo = P->offset > begin ? P->offset : begin;
             size_t hi = P->offset + P->numel < end ? P->offset + P->numel : end;
             if (lo >= hi) continue;
-            if (out)
-                out[n] = (ts_adamw_span){.offset = lo, .moment_offset = base + (lo - begin),
-                                         .count = hi - lo, .decay = P->decay ? 1 : 0};
+            if (out) {
+                const size_t moff = base + (lo - begin);
+                out[n] = (ts_adamw_span){.offset = o->params ? moff : lo,
+                                         .grad_offset = o->grads ? moff : lo,
+                                         .moment_offset = moff, .count = hi - lo,
+                                         .decay = P->decay ? 1 : 0};
+            }
             n++;
         }
         base += end - begin;
     }
     return n;
+}
+
+/* The spans of the current layout, built on the host and copied to the device. */
+static void upload_spans(ts_adamw *o, const ts_model *m)
+{
+    const ts_kernels *k = o->k;
+    o->n_spans = build_spans(o, m, NULL);
+    const size_t bytes = (size_t)o->n_spans * sizeof(ts_adamw_span);
+    ts_adamw_span *host = ts_calloc(o->n_spans > 0 ? (size_t)o->n_spans : 1, sizeof *host);
+    build_spans(o, m, host);
+    o->spans = k->dev_alloc(bytes);
+    if (bytes) k->memcpy_h2d(o->spans, host, bytes);
+    free(host);
 }
 
 void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *ranges,
@@ -104,13 +123,15 @@ void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *r
     o->m = k->dev_alloc(o->n_floats * sizeof(float));
     o->v = k->dev_alloc(o->n_floats * sizeof(float));
     o->norm_acc = k->dev_alloc(sizeof(double));
-    o->n_spans = build_spans(o, m, NULL);
-    const size_t bytes = (size_t)o->n_spans * sizeof(ts_adamw_span);
-    ts_adamw_span *host = ts_calloc(o->n_spans > 0 ? (size_t)o->n_spans : 1, sizeof *host);
-    build_spans(o, m, host);
-    o->spans = k->dev_alloc(bytes);
-    if (bytes) k->memcpy_h2d(o->spans, host, bytes);
-    free(host);
+    upload_spans(o, m);
+}
+
+void ts_adamw_set_compact(ts_adamw *o, const ts_model *m, float *grads, float *params)
+{
+    o->grads = grads;
+    o->params = params;
+    o->k->dev_free(o->spans);
+    upload_spans(o, m);
 }
 
 void ts_adamw_init(ts_adamw *o, const ts_model *m)
@@ -140,8 +161,13 @@ double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
 {
     /* Every part's squares accumulate on the device; one copy reads the total. */
     m->k->memset_zero(o->norm_acc, sizeof(double));
-    for (int r = 0; r < o->n_ranges; r++)
-        sum_squares_into(m, o->ranges[r].begin, o->ranges[r].end, o->norm_acc);
+    size_t base = 0;
+    for (int r = 0; r < o->n_ranges; r++) {
+        const size_t begin = o->ranges[r].begin, end = o->ranges[r].end;
+        sum_squares_into(m, begin, end, o->grads ? o->grads + base : m->grad_mem + begin,
+                         o->norm_acc);
+        base += end - begin;
+    }
     double sum = 0.0;
     m->k->memcpy_d2h(&sum, o->norm_acc, sizeof sum);
     return sum;
@@ -154,7 +180,8 @@ void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double l
      * parameters): the call is also the backend's word that the parameters change now
      * (the bf16 table drops its cached weight copies, which the all-gather after the
      * step overwrites behind its back). */
-    m->k->adamw_update_spans(m->param_mem, m->grad_mem, grad_scale, o->m, o->v, o->spans,
+    m->k->adamw_update_spans(o->params ? o->params : m->param_mem,
+                             o->grads ? o->grads : m->grad_mem, grad_scale, o->m, o->v, o->spans,
                              o->n_spans, (float)lr, (float)tc->beta1, (float)tc->beta2,
                              (float)tc->eps, (float)tc->weight_decay, t);
 }

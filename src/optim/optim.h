@@ -49,6 +49,10 @@ typedef struct {
     const ts_kernels *k;
     bool sharded;         /* ZeRO-1: the ranges are this rank's 1/dp of the data-parallel
                            * replica, so every dp rank counts its own in the norm */
+    /* ZeRO-2/3: the gradients (and with ZeRO-3 the master weights) of the ranges are
+     * compact, range after range as the moments are (ts_adamw_set_compact); NULL: the
+     * model's full-size buffers at the ranges' own offsets. */
+    float *grads, *params;
 } ts_adamw;
 
 /* Moments for the whole model (every float of the flat buffers). */
@@ -58,6 +62,10 @@ void ts_adamw_init(ts_adamw *o, const ts_model *m);
  * (or a model of the same layout) from then on. */
 void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *ranges,
                           int n_ranges, bool sharded);
+/* ZeRO-2/3: the ranges' gradients live compact in `grads` (device memory of n_floats,
+ * laid out as the moments), and with `params` non-NULL their master weights too; the
+ * step and the norm read them there. Not owned. */
+void ts_adamw_set_compact(ts_adamw *o, const ts_model *m, float *grads, float *params);
 void ts_adamw_free(ts_adamw *o);
 /* Bytes of the two moment buffers (the optimizer state this rank holds). */
 size_t ts_adamw_state_bytes(const ts_adamw *o);

@@ -428,10 +428,12 @@ void ts_engine_run(ts_engine *e, int step)
         }
         if (i == n) break;
         const ts_action *a = &acts[i];
+        if (e->before_action) e->before_action(e->action_ctx, i);
         if (a->kind == TS_ACT_F)
             do_forward(e, step, a->chunk, a->mb);
         else
             do_backward(e, step, a->chunk, a->mb, a->kind);
+        if (e->after_action) e->after_action(e->action_ctx, i);
         if (prog && !e->grouped) {
             if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1) mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
             if ((a->kind == TS_ACT_B || a->kind == TS_ACT_I) && a->chunk > 0)

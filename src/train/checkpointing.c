@@ -262,7 +262,10 @@ static bool state_finite(ts_trainer *t)
     const ts_kernels *k = t->k;
     double *acc = k->dev_alloc(sizeof(double)), sum = 0.0;
     k->memset_zero(acc, sizeof(double));
-    if (t->model.num_floats > 0) k->sum_into(acc, t->model.param_mem, t->model.num_floats);
+    if (t->model.param_mem && t->model.num_floats > 0)
+        k->sum_into(acc, t->model.param_mem, t->model.num_floats);
+    else if (t->grad_sync.master && t->grad_sync.n_shard_floats > 0) /* ZeRO-3's pieces */
+        k->sum_into(acc, t->grad_sync.master, t->grad_sync.n_shard_floats);
     if (t->optim.n_floats > 0) { /* a ZeRO-1 shard may hold none */
         k->sum_into(acc, t->optim.m, t->optim.n_floats);
         k->sum_into(acc, t->optim.v, t->optim.n_floats);
@@ -297,6 +300,12 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();
     t->saving_step = step;
-    if (ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms) != TS_OK) return TS_ERR;
+    /* ZeRO-3: the files hold whole tensors, as from any other level; the weights are
+     * gathered for the save (written or staged before ts_ckpt_save_start returns). */
+    ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
+    ts_grad_sync_materialize(&t->grad_sync, true);
+    ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
+    ts_grad_sync_dematerialize(&t->grad_sync, false);
+    if (st != TS_OK) return TS_ERR;
     return async ? TS_OK : ts_trainer_finish_save(t);
 }

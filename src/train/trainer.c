@@ -83,14 +83,20 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->dp.on_span = ts_trainer_on_dp_span;
         t->dp.on_span_ctx = t;
     }
+    const ts_zero_layout zl = {&t->sched, topo->coords.pp, t->part.first_layer,
+                               t->part.n_chunk_layers};
     ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed, &t->kv,
                       (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
-                      cfg->parallel.zero == 1);
+                      cfg->parallel.zero, &zl);
     /* How the overlapped reduction advances while this rank computes: its own thread,
      * or tests between layers (inside pipeline waits MPI advances it anyway). */
     if (strcmp(cfg->parallel.grad_sync_progress, "thread") == 0) {
         if (ts_comm_agree(&t->world, ts_grad_sync_use_thread(&t->grad_sync)) != TS_OK) goto fail;
-    } else if (t->grad_sync.n_buckets > 0 && cfg->parallel.overlap_grad_sync) {
+    }
+    /* Poll mode tests the reductions between layers; ZeRO-3's gathers, issued by this
+     * thread, are tested there in both modes. */
+    if ((!t->grad_sync.threaded && t->grad_sync.n_buckets > 0 && cfg->parallel.overlap_grad_sync) ||
+        t->grad_sync.level == 3) {
         t->model.between_layers = ts_grad_sync_poll;
         t->model.between_layers_ctx = &t->grad_sync;
     }
@@ -103,8 +109,16 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
     ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
+    /* ZeRO-2/3: from here on no full-size gradient buffer (nor, ZeRO-3, full weights);
+     * the engine brings each chunk's buffers in and out around its actions. */
+    ts_grad_sync_shard_model(&t->grad_sync, &t->optim);
     t->engine.chunk_done = on_layers_done;
     t->engine.chunk_done_ctx = &t->grad_sync;
+    if (t->grad_sync.level >= 2) {
+        t->engine.before_action = ts_grad_sync_before_action;
+        t->engine.after_action = ts_grad_sync_after_action;
+        t->engine.action_ctx = &t->grad_sync;
+    }
     t->tracing = cfg->log.trace[0] != '\0';
     if (t->tracing) {
         ts_trace_init(&t->trace);
@@ -168,7 +182,8 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* Forward and backward of every micro-batch, as the schedule orders them. Every
      * target of the global batch weighs 1/(B*T), so summing over micro-batches and
      * replicas gives the gradient of the mean loss. */
-    t->model.k->memset_zero(t->model.grad_mem, t->model.num_floats * sizeof(float));
+    if (t->model.grad_mem) /* ZeRO-2/3 zero each chunk's buffer as it is allocated */
+        t->model.k->memset_zero(t->model.grad_mem, t->model.num_floats * sizeof(float));
     t->tp_busy_ms = 0.0;
     ts_grad_sync_begin(&t->grad_sync);
     ts_engine_run(&t->engine, step);
@@ -200,7 +215,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     if (!out->skipped) {
         ts_adamw_step(&t->optim, &t->model, &c->train, lr,
                       ts_clip_coef(norm, c->train.grad_clip), step + 1);
-        if (t->grad_sync.sharded) ts_watchdog_context("ZeRO-1 parameter all-gather", 0, 0, 0);
+        if (t->grad_sync.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
         ts_grad_sync_gather_params(&t->grad_sync);
         ts_model_refresh_compute(&t->model); /* bf16: the next step's compute weights */
     }
@@ -233,7 +248,11 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 double ts_trainer_eval(ts_trainer *t)
 {
     const int n = t->cfg.data.val_windows;
+    /* ZeRO-3: the forwards need every chunk's weights; gathered for the evaluation. */
+    ts_watchdog_context("validation: gathering the ZeRO-3 weights", 0, 0, 0);
+    ts_grad_sync_materialize(&t->grad_sync, true);
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
+    ts_grad_sync_dematerialize(&t->grad_sync, false);
     ts_watchdog_context("validation: summing the loss", 0, 0, 0);
     local = ts_tp_once(&t->model.tp, local); /* the tp ranks hold the same losses */
     return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);

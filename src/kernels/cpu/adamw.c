@@ -62,13 +62,15 @@ static __attribute__((noinline)) void adamw_chunk(float *p, const float *g, floa
         p[i] = p[i] * decay - step_size * mk[i] / (denom[i] / bc2_sqrt + eps);
 }
 
-/* Chunk `c` of the n elements from offset `off` (moments from `moff`). */
+/* Chunk `c` of the n elements from offset `off` (gradients from `goff`, moments from
+ * `moff`). */
 static void span_chunk(float *param, const float *grad, float *m, float *v, size_t off,
-                       size_t moff, size_t n, size_t c, const adamw_consts *k, float decay)
+                       size_t goff, size_t moff, size_t n, size_t c, const adamw_consts *k,
+                       float decay)
 {
     size_t i0 = c * TS_ADAMW_CHUNK;
     int len = (int)(n - i0 < TS_ADAMW_CHUNK ? n - i0 : TS_ADAMW_CHUNK);
-    adamw_chunk(param + off + i0, grad + off + i0, m + moff + i0, v + moff + i0, len, k, decay);
+    adamw_chunk(param + off + i0, grad + goff + i0, m + moff + i0, v + moff + i0, len, k, decay);
 }
 
 void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, float *m, float *v,
@@ -79,7 +81,7 @@ void ts_cpu_adamw_update(float *param, const float *grad, float grad_scale, floa
     const float decay = 1.0f - lr * weight_decay;
     size_t nchunks = (n + TS_ADAMW_CHUNK - 1) / TS_ADAMW_CHUNK;
 #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < nchunks; c++) span_chunk(param, grad, m, v, 0, 0, n, c, &k, decay);
+    for (size_t c = 0; c < nchunks; c++) span_chunk(param, grad, m, v, 0, 0, 0, n, c, &k, decay);
 }
 
 void ts_cpu_adamw_update_spans(float *param, const float *grad, float grad_scale, float *m,
@@ -100,6 +102,7 @@ void ts_cpu_adamw_update_spans(float *param, const float *grad, float grad_scale
         size_t nchunks = (sp.count + TS_ADAMW_CHUNK - 1) / TS_ADAMW_CHUNK;
 #pragma omp for schedule(static) nowait
         for (size_t c = 0; c < nchunks; c++)
-            span_chunk(param, grad, m, v, sp.offset, sp.moment_offset, sp.count, c, &k, decay);
+            span_chunk(param, grad, m, v, sp.offset, sp.grad_offset, sp.moment_offset, sp.count, c,
+                       &k, decay);
     }
 }

@@ -131,7 +131,7 @@ static __global__ void adamw_spans_kernel(float *param, const float *grad, float
         const ts_adamw_span sp = spans[s]; /* the same address in every thread: a broadcast */
         const float decay = sp.decay ? decay_on : decay_off;
         float *p = param + sp.offset, *mk = m + sp.moment_offset, *vk = v + sp.moment_offset;
-        const float *g = grad + sp.offset;
+        const float *g = grad + sp.grad_offset;
         for (size_t i = tid; i < sp.count; i += stride)
             adamw_element(&p[i], &mk[i], &vk[i], g[i], grad_scale, decay, k);
     }

@@ -1,0 +1,313 @@
+/* ZeRO-2/3's chunk buffers (dp/grad_sync.h): per-chunk gradient buffers that come and go
+ * as pipeline/residency.h says, the compact shard they are reduced into, and with ZeRO-3
+ * the compact master weights and the per-chunk gathers of them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "core/watchdog.h"
+#include "dp/grad_sync_internal.h"
+
+/* The index into zchunks of the rank's chunk holding layer l. */
+static int zchunk_of_layer(const ts_grad_sync *g, int l)
+{
+    for (int z = 0; z < g->n_zchunks; z++)
+        if (l >= g->zchunks[z].l0 && l < g->zchunks[z].l1) return z;
+    TS_ASSERT(!"layer outside the rank's chunks");
+    return -1;
+}
+
+void ts_zero_init_chunks(ts_grad_sync *g, const ts_zero_layout *zl)
+{
+    const ts_model *m = g->model;
+    const ts_schedule *s = zl->sched;
+    g->zchunks = ts_calloc((size_t)s->n_chunks, sizeof *g->zchunks);
+    g->zchunk_of = ts_malloc((size_t)s->n_chunks * sizeof(int));
+    for (int c = 0; c < s->n_chunks; c++) {
+        g->zchunk_of[c] = -1;
+        if (ts_chunk_rank(s, c) != zl->pp_rank) continue;
+        ts_zero_chunk *z = &g->zchunks[g->n_zchunks];
+        z->chunk = c;
+        z->l0 = zl->first_layer[c];
+        z->l1 = z->l0 + zl->n_chunk_layers[c];
+        g->zchunk_of[c] = g->n_zchunks++;
+    }
+    /* The chunks tile the rank's layout in layer order: each from its first parameter
+     * (the rank's first from 0) to the next one's start (the last to the end). */
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        TS_ASSERT(i == 0 || z->l0 >= g->zchunks[i - 1].l1);
+        const ts_layer *L = &m->layers[z->l0];
+        z->begin = i == 0 ? 0 : m->params[L->first_param].offset;
+        if (i > 0) g->zchunks[i - 1].end = z->begin;
+    }
+    if (g->n_zchunks > 0) g->zchunks[g->n_zchunks - 1].end = m->num_floats;
+}
+
+void ts_zero_init_buckets(ts_grad_sync *g, const ts_zero_layout *zl)
+{
+    const ts_schedule *s = zl->sched;
+    for (int i = 0; i < g->n_zchunks; i++) {
+        g->zchunks[i].b0 = g->n_buckets;
+        g->zchunks[i].b1 = 0;
+    }
+    for (int i = 0; i < g->n_buckets; i++) {
+        ts_zero_chunk *z = &g->zchunks[g->buckets[i].zchunk];
+        if (i < z->b0) z->b0 = i;
+        if (i + 1 > z->b1) z->b1 = i + 1;
+    }
+    /* Group-summed tensors are summed at the step's end: their chunks' gradients wait. */
+    bool *held = ts_calloc((size_t)s->n_chunks, sizeof(bool));
+    for (int i = 0; i < g->n_sums; i++) {
+        ts_zero_chunk *z = &g->zchunks[zchunk_of_layer(g, g->model->params[g->sums[i].param].layer)];
+        z->held = true;
+        held[z->chunk] = true;
+    }
+    const int tied = ts_residency_tied_chunk(s, g->model->tied);
+    ts_residency_build(s, zl->pp_rank, tied, held, &g->res);
+    free(held);
+}
+
+void ts_zero_free(ts_grad_sync *g)
+{
+    const ts_kernels *k = g->k;
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        if (z->compute != (void *)z->weights) k->dev_free(z->compute);
+        k->dev_free(z->weights);
+        k->dev_free(z->grad);
+    }
+    if (k) {
+        k->dev_free(g->shard_grads);
+        k->dev_free(g->master);
+    }
+    free(g->zchunks);
+    free(g->zchunk_of);
+    ts_residency_free(&g->res);
+}
+
+/* ------------------------------------------------------------ the model's views -- */
+
+static void set_views(ts_grad_sync *g, const ts_zero_chunk *z)
+{
+    ts_model *m = g->model;
+    if (g->level == 3) {
+        ts_model_set_layer_mem(m, z->l0, z->l1, z->weights, z->grad, z->compute, z->begin);
+    } else { /* ZeRO-2: the full weights, viewed from the chunk's first float */
+        const size_t wb = ts_dtype_bytes(m->k->act_dtype);
+        ts_model_set_layer_mem(m, z->l0, z->l1, m->param_mem + z->begin, z->grad,
+                               (unsigned char *)m->compute_mem + z->begin * wb, z->begin);
+    }
+}
+
+void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o)
+{
+    if (g->level < 2) return;
+    ts_model *m = g->model;
+    const ts_kernels *k = g->k;
+    const int r = g->dp.rank;
+    const size_t n = g->n_shard_floats ? g->n_shard_floats : 1;
+    g->shard_grads = k->dev_alloc(n * sizeof(float));
+    k->memset_zero(g->shard_grads, n * sizeof(float));
+    if (g->level == 3) {
+        /* This rank's pieces of the weights, as the moments are laid out. */
+        g->master = k->dev_alloc(n * sizeof(float));
+        for (int i = 0; i < g->n_buckets; i++) {
+            const ts_bucket *b = &g->buckets[i];
+            if (b->counts[r] > 0)
+                k->memcpy_d2d(g->master + b->shard_off, m->param_mem + b->begin + b->displs[r],
+                              (size_t)b->counts[r] * sizeof(float));
+        }
+        if (m->compute_mem != (void *)m->param_mem) k->dev_free(m->compute_mem);
+        k->dev_free(m->param_mem);
+        m->param_mem = NULL;
+        m->compute_mem = NULL;
+        g->params = NULL;
+    }
+    k->dev_free(m->grad_mem);
+    m->grad_mem = NULL;
+    g->grads = NULL;
+    for (int i = 0; i < g->n_zchunks; i++) set_views(g, &g->zchunks[i]);
+    ts_adamw_set_compact(o, m, g->shard_grads, g->master);
+}
+
+/* ------------------------------------------------------------------- gradients -- */
+
+static void alloc_grads(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    const size_t bytes = (z->end - z->begin) * sizeof(float);
+    z->grad = g->k->dev_alloc(bytes ? bytes : sizeof(float));
+    g->k->memset_zero(z->grad, bytes);
+    ts_model_set_layer_grads(g->model, z->l0, z->l1, z->grad, z->begin);
+}
+
+/* Wait for bucket b's reduction and copy this rank's reduced piece (left at the
+ * bucket's start by the in-place reduce-scatter) into the shard. */
+static void place(ts_grad_sync *g, ts_bucket *b)
+{
+    if (b->placed) return;
+    ts_grad_sync_wait_bucket(g, b);
+    const int r = g->dp.rank;
+    if (b->counts[r] > 0)
+        g->k->memcpy_d2d(g->shard_grads + b->shard_off, ts_bucket_grads(g, b),
+                         (size_t)b->counts[r] * sizeof(float));
+    b->placed = true;
+}
+
+/* Reduce what is left of chunk z (its buckets in order, as every dp rank does), place
+ * the pieces and free the buffer. */
+static void release_grads(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    for (int i = z->b0; i < z->b1; i++)
+        if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
+    for (int i = z->b0; i < z->b1; i++) place(g, &g->buckets[i]);
+    g->k->dev_free(z->grad);
+    z->grad = NULL;
+    ts_model_set_layer_grads(g->model, z->l0, z->l1, NULL, z->begin);
+}
+
+double ts_zero_finish(ts_grad_sync *g)
+{
+    /* As ZeRO-1: every bucket not yet reduced, in bucket order on every dp rank, the
+     * group-summed ones last, after their group sums. */
+    for (int i = 0; i < g->n_buckets; i++) {
+        ts_bucket *b = &g->buckets[i];
+        if (!b->launched && !b->tied && g->zchunks[b->zchunk].grad) ts_grad_sync_launch(g, b);
+    }
+    double tied_ms = ts_grad_sync_sum_groups(g);
+    for (int i = 0; i < g->n_zchunks; i++)
+        if (g->zchunks[i].grad) release_grads(g, &g->zchunks[i]);
+    return tied_ms;
+}
+
+/* --------------------------------------------------------------------- weights -- */
+
+static void alloc_weights(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    const ts_kernels *k = g->k;
+    const size_t n = z->end - z->begin ? z->end - z->begin : 1;
+    z->weights = k->dev_alloc(n * sizeof(float));
+    z->compute = k->act_dtype == TS_DTYPE_F32 ? (void *)z->weights
+                                              : k->dev_alloc(n * ts_dtype_bytes(k->act_dtype));
+}
+
+/* Issue chunk z's gathers: this rank's pieces into place, then every bucket's in-place
+ * all-gather (in bucket order on every dp rank). */
+static void issue_gather(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    if (z->weights) return; /* resident already (outside a step: materialized) */
+    alloc_weights(g, z);
+    const int r = g->dp.rank;
+    for (int i = z->b0; i < z->b1; i++) {
+        ts_bucket *b = &g->buckets[i];
+        float *w = z->weights + (b->begin - z->begin);
+        if (b->counts[r] > 0)
+            g->k->memcpy_d2d(w + b->displs[r], g->master + b->shard_off,
+                             (size_t)b->counts[r] * sizeof(float));
+        ts_iallgather_f32(&g->dp, w, b->counts, b->displs, &b->greq);
+    }
+    z->gathering = true;
+}
+
+static void wait_gather(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    if (!z->gathering) return;
+    double t0 = ts_now_ms();
+    for (int i = z->b0; i < z->b1; i++) ts_request_wait(&g->buckets[i].greq);
+    z->gathering = false;
+    if (z->compute != (void *)z->weights)
+        g->k->convert(z->compute, g->k->act_dtype, z->weights, TS_DTYPE_F32, z->end - z->begin);
+    set_views(g, z);
+    g->gather_ms += ts_now_ms() - t0;
+}
+
+static void release_weights(ts_grad_sync *g, ts_zero_chunk *z)
+{
+    TS_ASSERT(!z->gathering);
+    if (z->compute != (void *)z->weights) g->k->dev_free(z->compute);
+    g->k->dev_free(z->weights);
+    z->weights = NULL;
+    z->compute = NULL;
+    set_views(g, z);
+}
+
+void ts_zero_progress(ts_grad_sync *g)
+{
+    if (g->level != 3) return;
+    for (int j = 0; j < g->n_zchunks; j++) {
+        const ts_zero_chunk *z = &g->zchunks[j];
+        if (!z->gathering) continue;
+        for (int i = z->b0; i < z->b1; i++) ts_request_test(&g->buckets[i].greq);
+    }
+}
+
+/* ------------------------------------------------------------- around actions -- */
+
+void ts_grad_sync_before_action(void *ctx, int a)
+{
+    ts_grad_sync *g = ctx;
+    if (g->level < 2) return;
+    const ts_residency *res = &g->res;
+    double t0 = ts_now_ms();
+    /* Gradient buffers whose reduction had a chunk's backward to hide behind. */
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        if (z->grad && res->grad_free[z->chunk] == a) release_grads(g, z);
+    }
+    g->wait_ms += ts_now_ms() - t0;
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        if (res->grad_alloc[z->chunk] == a) alloc_grads(g, z);
+    }
+    if (g->level < 3) return;
+    for (int k = 0; k < res->n_spans; k++)
+        if (res->spans[k].issue == a) issue_gather(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]]);
+    for (int k = 0; k < res->n_spans; k++)
+        if (res->spans[k].first == a) wait_gather(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]]);
+}
+
+void ts_grad_sync_after_action(void *ctx, int a)
+{
+    ts_grad_sync *g = ctx;
+    if (g->level < 3) return;
+    const ts_residency *res = &g->res;
+    for (int k = 0; k < res->n_spans; k++)
+        if (res->spans[k].last == a) release_weights(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]]);
+}
+
+/* ------------------------------------------------------------ outside a step -- */
+
+void ts_grad_sync_materialize(ts_grad_sync *g, bool gather)
+{
+    if (g->level < 3) return;
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        if (gather) {
+            issue_gather(g, z);
+        } else {
+            alloc_weights(g, z);
+            set_views(g, z);
+        }
+    }
+    for (int i = 0; i < g->n_zchunks; i++) wait_gather(g, &g->zchunks[i]);
+    g->materialized = true;
+}
+
+void ts_grad_sync_dematerialize(ts_grad_sync *g, bool keep)
+{
+    if (g->level < 3) return;
+    const int r = g->dp.rank;
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        if (keep)
+            for (int j = z->b0; j < z->b1; j++) {
+                const ts_bucket *b = &g->buckets[j];
+                if (b->counts[r] > 0)
+                    g->k->memcpy_d2d(g->master + b->shard_off,
+                                     z->weights + (b->begin - z->begin) + b->displs[r],
+                                     (size_t)b->counts[r] * sizeof(float));
+            }
+        release_weights(g, z);
+    }
+    g->materialized = false;
+}
