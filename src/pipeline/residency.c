@@ -65,8 +65,22 @@ void ts_residency_build(const ts_schedule *s, int rank, int tied_chunk, const bo
             r->gathers[c] = 1;
         }
     }
-    qsort(r->spans, (size_t)r->n_spans, sizeof *r->spans, cmp_span);
-    for (int k = 0; k < r->n_spans; k++) r->spans[k].issue = k == 0 ? 0 : r->spans[k - 1].first;
+    /* Prefetch points; a chunk's backward residency whose gather would be issued while
+     * its forward residency still holds the weights keeps them instead (one residency),
+     * until no such pair is left. */
+    for (bool merged = true; merged;) {
+        merged = false;
+        qsort(r->spans, (size_t)r->n_spans, sizeof *r->spans, cmp_span);
+        for (int k = 0; k < r->n_spans; k++) r->spans[k].issue = k == 0 ? 0 : r->spans[k - 1].first;
+        for (int k = 0; k < r->n_spans && !merged; k++)
+            for (int j = 0; j < k && !merged; j++)
+                if (r->spans[j].chunk == r->spans[k].chunk && r->spans[k].issue <= r->spans[j].last) {
+                    r->spans[j].last = r->spans[k].last;
+                    r->gathers[r->spans[k].chunk]--;
+                    r->spans[k] = r->spans[--r->n_spans];
+                    merged = true;
+                }
+    }
 
     /* Gradient buffers: freed just before the second allocation after the last backward. */
     for (int c = 0; c < C; c++) {
