@@ -1,4 +1,5 @@
 /* tessera: a 3D-parallel (pipeline x data x tensor) GPT-2 trainer. */
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,11 @@ static const char *k_usage =
 
 int main(int argc, char **argv)
 {
+    /* Buffers of 1 MiB and more get mappings of their own, returned to the system when
+     * freed: ZeRO-2/3's chunk buffers come and go every step, and glibc's adaptive
+     * threshold would otherwise rise past them after the first large free and keep them
+     * resident in the heap (the memory check and the peak would disagree). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     /* Before anything uses BLAS or MPI: may re-execute with a better OpenBLAS kernel. */
     ts_blas_select_core(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||

@@ -67,3 +67,17 @@ const char *ts_format_bytes(double bytes, char *buf, size_t size)
         snprintf(buf, size, "%.1f KiB", bytes / 1024.0);
     return buf;
 }
+
+bool ts_sysmem_reset_peak(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool ok = fputs("5", f) >= 0;
+    ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
+double ts_sysmem_peak_rss(void)
+{
+    return proc_kb("/proc/self/status", "VmHWM");
+}

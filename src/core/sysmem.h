@@ -2,6 +2,7 @@
 #ifndef TS_SYSMEM_H
 #define TS_SYSMEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Address space each BLAS thread adds: OpenBLAS 0.3 maps a 128 MiB GEMM buffer per
@@ -19,6 +20,13 @@ typedef struct {
     double rss_now, vm_now;
 } ts_sysmem;
 void ts_sysmem_read(ts_sysmem *lim);
+
+/* The peak resident memory from now on: reset_peak starts it again at the current
+ * resident size (Linux's clear_refs "5"; false where the kernel offers none), peak_rss
+ * reads it (VmHWM, bytes; 0 when unknown). The trainer reports the steps' own peak
+ * this way, without the set-up's transients (ZeRO-3 builds the full weights once). */
+bool ts_sysmem_reset_peak(void);
+double ts_sysmem_peak_rss(void);
 
 /* "1.50 GiB", "272.00 MiB" or "12.5 KiB" into buf; returns buf. */
 const char *ts_format_bytes(double bytes, char *buf, size_t size);

@@ -108,6 +108,7 @@ typedef struct {
     float *shard_grads;       /* [n_shard_floats] the reduced pieces, as the moments */
     float *master;            /* ZeRO-3: [n_shard_floats] the fp32 master weights */
     bool materialized;        /* ZeRO-3: every chunk's weights resident outside a step */
+    double zbuf_bytes, zbuf_peak; /* chunk buffers allocated now, and the most in a step */
     /* The gradients summed over a group before the optimizer: the tied embedding (or its
      * copy) over `embed`, replicated key/value weights over `kv`. */
     int n_sums;
@@ -192,6 +193,10 @@ bool ts_grad_sync_counts_norm(const ts_grad_sync *g);
 /* ZeRO-1, after the optimizer updated `shard`: every replica gets every updated
  * parameter. A no-op without ZeRO-1. */
 void ts_grad_sync_gather_params(ts_grad_sync *g);
+/* Bytes of the optimizer-side state this rank keeps through the run: the full-size
+ * weights (and their compute copy) and gradients it holds, ZeRO-2/3's compact shard
+ * gradients and ZeRO-3's master pieces (the moments are the optimizer's). */
+double ts_grad_sync_state_bytes(const ts_grad_sync *g);
 /* Fraction of this step's reduction time hidden behind compute (0 when dp == 1). */
 double ts_grad_sync_overlap(const ts_grad_sync *g);
 

@@ -86,6 +86,19 @@ void ts_zero_free(ts_grad_sync *g)
     ts_residency_free(&g->res);
 }
 
+/* The chunk buffers' bytes now and at their peak (outside a step too). */
+static void count(ts_grad_sync *g, double bytes)
+{
+    g->zbuf_bytes += bytes;
+    if (g->zbuf_bytes > g->zbuf_peak) g->zbuf_peak = g->zbuf_bytes;
+}
+
+static double weight_bytes(const ts_grad_sync *g, const ts_zero_chunk *z)
+{
+    const size_t wb = g->k->act_dtype == TS_DTYPE_F32 ? 0 : ts_dtype_bytes(g->k->act_dtype);
+    return (double)(z->end - z->begin) * (double)(sizeof(float) + wb);
+}
+
 /* ------------------------------------------------------------ the model's views -- */
 
 static void set_views(ts_grad_sync *g, const ts_zero_chunk *z)
@@ -138,6 +151,7 @@ static void alloc_grads(ts_grad_sync *g, ts_zero_chunk *z)
     const size_t bytes = (z->end - z->begin) * sizeof(float);
     z->grad = g->k->dev_alloc(bytes ? bytes : sizeof(float));
     g->k->memset_zero(z->grad, bytes);
+    count(g, (double)bytes);
     ts_model_set_layer_grads(g->model, z->l0, z->l1, z->grad, z->begin);
 }
 
@@ -163,6 +177,7 @@ static void release_grads(ts_grad_sync *g, ts_zero_chunk *z)
     for (int i = z->b0; i < z->b1; i++) place(g, &g->buckets[i]);
     g->k->dev_free(z->grad);
     z->grad = NULL;
+    count(g, -(double)(z->end - z->begin) * sizeof(float));
     ts_model_set_layer_grads(g->model, z->l0, z->l1, NULL, z->begin);
 }
 
@@ -189,6 +204,7 @@ static void alloc_weights(ts_grad_sync *g, ts_zero_chunk *z)
     z->weights = k->dev_alloc(n * sizeof(float));
     z->compute = k->act_dtype == TS_DTYPE_F32 ? (void *)z->weights
                                               : k->dev_alloc(n * ts_dtype_bytes(k->act_dtype));
+    count(g, weight_bytes(g, z));
 }
 
 /* Issue chunk z's gathers: this rank's pieces into place, then every bucket's in-place
@@ -228,6 +244,7 @@ static void release_weights(ts_grad_sync *g, ts_zero_chunk *z)
     g->k->dev_free(z->weights);
     z->weights = NULL;
     z->compute = NULL;
+    count(g, -weight_bytes(g, z));
     set_views(g, z);
 }
 
@@ -310,4 +327,18 @@ void ts_grad_sync_dematerialize(ts_grad_sync *g, bool keep)
         release_weights(g, z);
     }
     g->materialized = false;
+}
+
+double ts_grad_sync_state_bytes(const ts_grad_sync *g)
+{
+    const ts_model *m = g->model;
+    const double n = (double)m->num_floats;
+    double bytes = 0.0;
+    if (m->param_mem) bytes += n * sizeof(float);
+    if (m->compute_mem && m->compute_mem != (void *)m->param_mem)
+        bytes += n * (double)ts_dtype_bytes(m->k->act_dtype);
+    if (m->grad_mem) bytes += n * sizeof(float);
+    if (g->shard_grads) bytes += (double)g->n_shard_floats * sizeof(float);
+    if (g->master) bytes += (double)g->n_shard_floats * sizeof(float);
+    return bytes;
 }

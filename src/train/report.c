@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+
+#include "core/sysmem.h"
 #include <unistd.h>
 
 #include "checkpoint/claim.h"
@@ -233,20 +235,29 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double MiB = 1024.0 * 1024.0;
-    double mine[3] = {(double)ru.ru_maxrss / 1024.0,
+    enum { K = 6 };
+    /* The steps' own peak (set-up's transients excluded: ts_trainer_run reset it), the
+     * state kept through the run (weights, gradients and moments as this rank holds
+     * them) and ZeRO-2/3's chunk buffers at their most. */
+    double mine[K] = {(double)ru.ru_maxrss / 1024.0,
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
-                      (double)ts_adamw_state_bytes(&t->optim) / MiB};
-    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * 3, sizeof(double)) : NULL;
+                      (double)ts_adamw_state_bytes(&t->optim) / MiB,
+                      t->peak_reset ? ts_sysmem_peak_rss() / MiB : (double)ru.ru_maxrss / 1024.0,
+                      (ts_grad_sync_state_bytes(&t->grad_sync) +
+                       (double)ts_adamw_state_bytes(&t->optim)) / MiB,
+                      t->grad_sync.zbuf_peak / MiB};
+    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * K, sizeof(double)) : NULL;
     ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);
     ts_gather_bytes(&t->world, mine, sizeof mine, all, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
-        const char *keys[3] = {"peak_rss_mb", "activation_mb", "optimizer_mb"};
+        const char *keys[K] = {"peak_rss_mb", "activation_mb", "optimizer_mb",
+                               "step_peak_rss_mb", "state_mb", "zero_buffers_mb"};
         json_t *line = json_object();
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < K; k++) {
             json_t *list = json_array();
             for (int r = 0; r < t->world.size; r++)
-                json_array_append_new(list, json_real(round(all[3 * r + k] * 10.0) / 10.0));
+                json_array_append_new(list, json_real(round(all[K * r + k] * 10.0) / 10.0));
             json_object_set_new(line, keys[k], list);
         }
         char *text = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(10));

@@ -10,6 +10,7 @@
 #include "checkpoint/load.h"
 #include "core/log.h"
 #include "core/signals.h"
+#include "core/sysmem.h"
 #include "core/timer.h"
 #include "core/watchdog.h"
 #include "optim/optim.h"
@@ -277,6 +278,8 @@ ts_status ts_trainer_run(ts_trainer *t)
         t->preempted = saving;
         return TS_OK;
     }
+    /* The steps' peak memory, without the set-up's transients (step_peak_rss_mb). */
+    t->peak_reset = ts_sysmem_reset_peak();
     for (int step = t->start_step; step < steps; step++) {
         ts_step_stats s;
         ts_watchdog_step(step);

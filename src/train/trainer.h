@@ -75,6 +75,7 @@ typedef struct {
     int start_step;
     char loaded_from[TS_PATH_MAX + 64];
     bool preempted;     /* stopped by a signal with the state saved in checkpoint.dir */
+    bool peak_reset;    /* the peak resident size restarted at the first step */
     int stop_signal;    /* the signal that stopped the run early, or 0 */
     struct ts_ckpt_saver *saving;  /* checkpoint.async: a save still being written */
     int saving_step;
