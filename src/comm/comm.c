@@ -227,6 +227,16 @@ void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type)
     allreduce(c, buf, n, comm_type(type), ts_dtype_bytes(type), TS_COMM_SUM);
 }
 
+void ts_iallgather_act(const ts_comm *c, void *buf, const int *counts, const int *displs,
+                       ts_dtype type, ts_request *r)
+{
+    request_start(c, r, "non-blocking all-gather", -1);
+    if (c->size <= 1) return;
+    start_span(c, r, "all-gather", ts_comm_counts_total(c, counts) * ts_dtype_bytes(type));
+    c->ops->iallgather(c, buf, counts, displs, comm_type(type), c->stream, r);
+    r->active = 1;
+}
+
 void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
                   ts_request *r)
 {

@@ -82,6 +82,7 @@ typedef struct {
     float *weights;     /* ZeRO-3: the gathered fp32 weights while resident */
     void *compute;      /* ZeRO-3: their compute copy (== weights for fp32) */
     bool gathering;     /* ZeRO-3: gathers issued, not yet waited for */
+    bool exact;         /* ZeRO-3: gathered as the fp32 masters (not the compute dtype) */
 } ts_zero_chunk;
 
 /* What ZeRO-2/3 need of the pipeline: the rank's chunks and its actions. */
@@ -162,11 +163,13 @@ void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o);
  * gradient buffers, issue, wait for and free weight gathers; no-ops below level 2). */
 void ts_grad_sync_before_action(void *g, int i);
 void ts_grad_sync_after_action(void *g, int i);
-/* ZeRO-3 outside a step (validation, checkpoints): every chunk's weights gathered into
- * its buffer (gather = false: allocated only, for a load to fill), and back: with
- * `keep` the buffers' contents become this rank's master pieces (after a load). No-ops
- * below level 3. Collective over the dp group. */
-void ts_grad_sync_materialize(ts_grad_sync *g, bool gather);
+/* ZeRO-3 outside a step: every chunk's weights gathered into its buffer, in the compute
+ * dtype as a step does (validation), as the exact fp32 masters (checkpoint saves), or
+ * allocated only, for a load to fill; and back: with `keep` the buffers' fp32 contents
+ * become this rank's master pieces (after a load). No-ops below level 3. Collective over
+ * the dp group. */
+typedef enum { TS_ZERO_GATHER_COMPUTE, TS_ZERO_GATHER_EXACT, TS_ZERO_ALLOCATE } ts_zero_gather;
+void ts_grad_sync_materialize(ts_grad_sync *g, ts_zero_gather how);
 void ts_grad_sync_dematerialize(ts_grad_sync *g, bool keep);
 void ts_grad_sync_free(ts_grad_sync *g);
 /* Drive the overlapped reductions from a communication thread (needs MPI's

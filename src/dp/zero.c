@@ -207,32 +207,45 @@ static void alloc_weights(ts_grad_sync *g, ts_zero_chunk *z)
     count(g, weight_bytes(g, z));
 }
 
-/* Issue chunk z's gathers: this rank's pieces into place, then every bucket's in-place
- * all-gather (in bucket order on every dp rank). */
-static void issue_gather(ts_grad_sync *g, ts_zero_chunk *z)
+/* Issue chunk z's gathers in the compute dtype: this rank's master pieces into place
+ * (rounded to bf16 in a bf16 run, as the compute copy always is), then every bucket's
+ * in-place all-gather, in bucket order on every dp rank. A bf16 run moves half the
+ * bytes of its fp32 masters. */
+static void issue_gather(ts_grad_sync *g, ts_zero_chunk *z, bool exact)
 {
     if (z->weights) return; /* resident already (outside a step: materialized) */
     alloc_weights(g, z);
+    const ts_kernels *k = g->k;
+    const ts_dtype dt = exact ? TS_DTYPE_F32 : k->act_dtype;
+    const size_t eb = ts_dtype_bytes(dt);
     const int r = g->dp.rank;
+    z->exact = exact;
+    void *into = exact ? (void *)z->weights : z->compute;
     for (int i = z->b0; i < z->b1; i++) {
         ts_bucket *b = &g->buckets[i];
-        float *w = z->weights + (b->begin - z->begin);
+        unsigned char *w = (unsigned char *)into + (b->begin - z->begin) * eb;
         if (b->counts[r] > 0)
-            g->k->memcpy_d2d(w + b->displs[r], g->master + b->shard_off,
-                             (size_t)b->counts[r] * sizeof(float));
-        ts_iallgather_f32(&g->dp, w, b->counts, b->displs, &b->greq);
+            k->convert(w + (size_t)b->displs[r] * eb, dt, g->master + b->shard_off, TS_DTYPE_F32,
+                       (size_t)b->counts[r]);
+        ts_iallgather_act(&g->dp, w, b->counts, b->displs, dt, &b->greq);
     }
     z->gathering = true;
 }
 
+/* Wait for chunk z's gathers; in a bf16 run the fp32 views the norms, biases and the
+ * embedding read are the gathered bf16 values widened (exactly): Megatron's bf16 model
+ * holds those parameters in bf16 too. */
 static void wait_gather(ts_grad_sync *g, ts_zero_chunk *z)
 {
     if (!z->gathering) return;
     double t0 = ts_now_ms();
     for (int i = z->b0; i < z->b1; i++) ts_request_wait(&g->buckets[i].greq);
     z->gathering = false;
-    if (z->compute != (void *)z->weights)
-        g->k->convert(z->compute, g->k->act_dtype, z->weights, TS_DTYPE_F32, z->end - z->begin);
+    const size_t n = z->end - z->begin;
+    if (z->compute != (void *)z->weights && z->exact) /* the fp32 masters: round the copy */
+        g->k->convert(z->compute, g->k->act_dtype, z->weights, TS_DTYPE_F32, n);
+    else if (z->compute != (void *)z->weights)
+        g->k->convert(z->weights, TS_DTYPE_F32, z->compute, g->k->act_dtype, n);
     set_views(g, z);
     g->gather_ms += ts_now_ms() - t0;
 }
@@ -278,7 +291,8 @@ void ts_grad_sync_before_action(void *ctx, int a)
     }
     if (g->level < 3) return;
     for (int k = 0; k < res->n_spans; k++)
-        if (res->spans[k].issue == a) issue_gather(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]]);
+        if (res->spans[k].issue == a)
+            issue_gather(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]], false);
     for (int k = 0; k < res->n_spans; k++)
         if (res->spans[k].first == a) wait_gather(g, &g->zchunks[g->zchunk_of[res->spans[k].chunk]]);
 }
@@ -294,13 +308,13 @@ void ts_grad_sync_after_action(void *ctx, int a)
 
 /* ------------------------------------------------------------ outside a step -- */
 
-void ts_grad_sync_materialize(ts_grad_sync *g, bool gather)
+void ts_grad_sync_materialize(ts_grad_sync *g, ts_zero_gather how)
 {
     if (g->level < 3) return;
     for (int i = 0; i < g->n_zchunks; i++) {
         ts_zero_chunk *z = &g->zchunks[i];
-        if (gather) {
-            issue_gather(g, z);
+        if (how != TS_ZERO_ALLOCATE) {
+            issue_gather(g, z, how == TS_ZERO_GATHER_EXACT);
         } else {
             alloc_weights(g, z);
             set_views(g, z);

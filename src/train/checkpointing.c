@@ -303,7 +303,7 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     /* ZeRO-3: the files hold whole tensors, as from any other level; the weights are
      * gathered for the save (written or staged before ts_ckpt_save_start returns). */
     ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
-    ts_grad_sync_materialize(&t->grad_sync, true);
+    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_GATHER_EXACT);
     ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
     ts_grad_sync_dematerialize(&t->grad_sync, false);
     if (st != TS_OK) return TS_ERR;

@@ -251,7 +251,7 @@ double ts_trainer_eval(ts_trainer *t)
     const int n = t->cfg.data.val_windows;
     /* ZeRO-3: the forwards need every chunk's weights; gathered for the evaluation. */
     ts_watchdog_context("validation: gathering the ZeRO-3 weights", 0, 0, 0);
-    ts_grad_sync_materialize(&t->grad_sync, true);
+    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_GATHER_COMPUTE);
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
     ts_grad_sync_dematerialize(&t->grad_sync, false);
     ts_watchdog_context("validation: summing the loss", 0, 0, 0);
