@@ -275,7 +275,7 @@ static void stop_thread(ts_grad_sync *g)
 /* Thread mode: wait until the thread completed every queued bucket, then report their
  * spans to the trace (the thread's group has no span hook: it must not touch the
  * trace). */
-static void wait_thread(ts_grad_sync *g)
+void ts_grad_sync_wait_thread(ts_grad_sync *g)
 {
     pthread_mutex_lock(&g->mu);
     if (g->n_done < g->n_queued) {
@@ -432,7 +432,7 @@ void ts_grad_sync_finish(ts_grad_sync *g)
             for (int i = 0; i < g->n_buckets; i++)
                 if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
             if (g->threaded)
-                wait_thread(g);
+                ts_grad_sync_wait_thread(g);
             else
                 for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
         }
@@ -446,7 +446,7 @@ void ts_grad_sync_finish(ts_grad_sync *g)
         tied_ms = ts_grad_sync_sum_groups(g);
         for (int i = 0; i < g->n_buckets; i++)
             if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
-        if (g->threaded) wait_thread(g);
+        if (g->threaded) ts_grad_sync_wait_thread(g);
         for (int i = 0; i < g->n_buckets; i++) {
             if (!g->threaded) ts_request_wait(&g->buckets[i].req);
             place_piece(g, &g->buckets[i]);

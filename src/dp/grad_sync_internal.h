@@ -11,6 +11,8 @@ void ts_grad_sync_launch(ts_grad_sync *g, ts_bucket *b);
 /* Wait until bucket b's reduction completed. */
 void ts_grad_sync_wait_bucket(ts_grad_sync *g, ts_bucket *b);
 
+/* Thread mode: wait for every queued bucket, then report their spans to the trace. */
+void ts_grad_sync_wait_thread(ts_grad_sync *g);
 /* The group sums (tied embedding, replicated key/value weights), blocking; returns
  * their time. */
 double ts_grad_sync_sum_groups(ts_grad_sync *g);

@@ -192,6 +192,7 @@ double ts_zero_finish(ts_grad_sync *g)
     double tied_ms = ts_grad_sync_sum_groups(g);
     for (int i = 0; i < g->n_zchunks; i++)
         if (g->zchunks[i].grad) release_grads(g, &g->zchunks[i]);
+    if (g->threaded) ts_grad_sync_wait_thread(g); /* all done: their spans to the trace */
     return tied_ms;
 }
 
