@@ -154,11 +154,15 @@ typedef struct {
 void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts_comm *embed,
                        const ts_comm *kv, size_t bucket_bytes, bool overlap, int zero,
                        const ts_zero_layout *zl);
-/* ZeRO-2/3, once the weights are initialised or loaded and the optimizer made: drop the
- * model's full-size gradient buffer (and with ZeRO-3 keep only this rank's pieces of the
- * weights, freeing the full ones); the optimizer then steps the compact shard. A no-op
- * below level 2. */
+/* ZeRO-2/3, once the optimizer is made: the compact shard buffers, and the model's layer
+ * views on its chunks; a full-size gradient buffer the model holds is freed, and with
+ * ZeRO-3 full weights it holds become this rank's pieces (then freed). The optimizer
+ * steps the compact shard from then on. A no-op below level 2. */
 void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o);
+/* Random initialisation (ts_model_init_random) of the weights this state holds: with
+ * ZeRO-3 one chunk at a time into its buffer, keeping this rank's pieces, so the full
+ * weights never exist; otherwise the model's own. */
+void ts_grad_sync_init_weights(ts_grad_sync *g, uint64_t seed);
 /* The engine's hooks around action i of the rank's list (ZeRO-2/3: free and allocate
  * gradient buffers, issue, wait for and free weight gathers; no-ops below level 2). */
 void ts_grad_sync_before_action(void *g, int i);

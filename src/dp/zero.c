@@ -125,7 +125,7 @@ void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o)
     if (g->level == 3) {
         /* This rank's pieces of the weights, as the moments are laid out. */
         g->master = k->dev_alloc(n * sizeof(float));
-        for (int i = 0; i < g->n_buckets; i++) {
+        for (int i = 0; m->param_mem && i < g->n_buckets; i++) {
             const ts_bucket *b = &g->buckets[i];
             if (b->counts[r] > 0)
                 k->memcpy_d2d(g->master + b->shard_off, m->param_mem + b->begin + b->displs[r],
@@ -325,20 +325,14 @@ void ts_grad_sync_materialize(ts_grad_sync *g, ts_zero_gather how)
     g->materialized = true;
 }
 
+static void keep_pieces(ts_grad_sync *g, const ts_zero_chunk *z);
+
 void ts_grad_sync_dematerialize(ts_grad_sync *g, bool keep)
 {
     if (g->level < 3) return;
-    const int r = g->dp.rank;
     for (int i = 0; i < g->n_zchunks; i++) {
         ts_zero_chunk *z = &g->zchunks[i];
-        if (keep)
-            for (int j = z->b0; j < z->b1; j++) {
-                const ts_bucket *b = &g->buckets[j];
-                if (b->counts[r] > 0)
-                    g->k->memcpy_d2d(g->master + b->shard_off,
-                                     z->weights + (b->begin - z->begin) + b->displs[r],
-                                     (size_t)b->counts[r] * sizeof(float));
-            }
+        if (keep) keep_pieces(g, z);
         release_weights(g, z);
     }
     g->materialized = false;
@@ -356,4 +350,35 @@ double ts_grad_sync_state_bytes(const ts_grad_sync *g)
     if (g->shard_grads) bytes += (double)g->n_shard_floats * sizeof(float);
     if (g->master) bytes += (double)g->n_shard_floats * sizeof(float);
     return bytes;
+}
+
+/* Copy this rank's pieces of chunk z's buffer into the master. */
+static void keep_pieces(ts_grad_sync *g, const ts_zero_chunk *z)
+{
+    const int r = g->dp.rank;
+    for (int j = z->b0; j < z->b1; j++) {
+        const ts_bucket *b = &g->buckets[j];
+        if (b->counts[r] > 0)
+            g->k->memcpy_d2d(g->master + b->shard_off,
+                             z->weights + (b->begin - z->begin) + b->displs[r],
+                             (size_t)b->counts[r] * sizeof(float));
+    }
+}
+
+void ts_grad_sync_init_weights(ts_grad_sync *g, uint64_t seed)
+{
+    if (g->level < 3) {
+        ts_model_init_random(g->model, seed);
+        return;
+    }
+    /* Each parameter's values depend on (seed, name, index) only: a chunk at a time
+     * gives what the whole model at once would. */
+    for (int i = 0; i < g->n_zchunks; i++) {
+        ts_zero_chunk *z = &g->zchunks[i];
+        alloc_weights(g, z);
+        set_views(g, z);
+        ts_model_init_random(g->model, seed);
+        keep_pieces(g, z);
+        release_weights(g, z);
+    }
 }

@@ -266,13 +266,21 @@ static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
                        const ts_tp *tp)
 {
+    ts_model_build_tp_holding(m, cfg, owned, tp, true, true);
+}
+
+void ts_model_build_tp_holding(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                               const ts_tp *tp, bool weights, bool grads)
+{
     ts_model_layout_tp(m, cfg, owned, tp);
-    m->param_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
-    m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
-    /* fp32 computes on the master weights; a narrower act_dtype gets its own copy. */
-    m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
-                         ? (void *)m->param_mem
-                         : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
+    if (weights) {
+        m->param_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
+        /* fp32 computes on the master weights; a narrower act_dtype gets its own copy. */
+        m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
+                             ? (void *)m->param_mem
+                             : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
+    }
+    if (grads) m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
     ts_model_set_layer_mem(m, 0, m->n_layers, m->param_mem, m->grad_mem, m->compute_mem, 0);
     if (m->arch == TS_ARCH_LLAMA) build_rope_tables(m, cfg);
 }

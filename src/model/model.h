@@ -133,6 +133,12 @@ void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
                        const ts_tp *tp);
 
+/* ts_model_build_tp allocating only the full-size buffers the caller keeps: the weights
+ * (and compute copy) when `weights`, the gradients when `grads`; the layer views of what
+ * is not allocated are NULL (ZeRO-2 keeps no full gradients, ZeRO-3 no full weights). */
+void ts_model_build_tp_holding(ts_model *m, const ts_model_config *cfg, const bool *owned,
+                               const ts_tp *tp, bool weights, bool grads);
+
 /* The same layout (layers, parameters, shard specs, num_floats) without allocating or
  * initialising the flat buffers: what a rank would hold, for the memory estimate (tp
  * may be a layout-only context, without a communicator). */

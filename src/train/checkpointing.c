@@ -144,7 +144,12 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     ts_host_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
     const double t0 = ts_now_ms();
     ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
-    if (ts_ckpt_load(&a, t->loaded_from, &t->start_step) != TS_OK) return TS_ERR;
+    /* ZeRO-3: the files hold whole tensors; read into every chunk's buffer, then keep
+     * this rank's pieces (a transient of the rank's full weights). */
+    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_ALLOCATE);
+    ts_status ld = ts_ckpt_load(&a, t->loaded_from, &t->start_step);
+    ts_grad_sync_dematerialize(&t->grad_sync, ld == TS_OK);
+    if (ld != TS_OK) return TS_ERR;
     /* Every rank read the same state.json: the same step (checked, not assumed). */
     int lo = t->start_step, hi = t->start_step;
     ts_host_allreduce_min_i32(&t->world, &lo, 1);

@@ -62,13 +62,12 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
     ts_tp tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
-    ts_model_build_tp(&t->model, &cfg->model, owned, &tp);
+    /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with dp > 1):
+     * ZeRO-2 no gradients, ZeRO-3 no weights either. */
+    const int level = cfg->parallel.dp > 1 ? cfg->parallel.zero : 0;
+    ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
     free(owned);
-    if (cfg->model.init[0])
-        st = ts_ckpt_load_model_init(&t->model, cfg->model.init);
-    else
-        ts_model_init_random(&t->model, (uint64_t)cfg->train.seed);
-    if (st == TS_OK) st = ts_trainer_open_data(t);
+    st = ts_trainer_open_data(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->pp, topo->coords.dp, t->recompute_keep);
@@ -101,8 +100,21 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->model.between_layers = ts_grad_sync_poll;
         t->model.between_layers_ctx = &t->grad_sync;
     }
-    /* The AdamW moments of what this rank updates: everything, or its ZeRO-1 shard. */
+    /* The AdamW moments of what this rank updates: everything, or its ZeRO shard; with
+     * ZeRO-2/3 the compact shard buffers and the chunks' views too. */
     ts_grad_sync_init_optimizer(&t->grad_sync, &t->model, &t->optim);
+    TS_ASSERT(t->grad_sync.level == level);
+    ts_grad_sync_shard_model(&t->grad_sync, &t->optim);
+    /* The weights: initialised by index (ZeRO-3 a chunk at a time), or read from
+     * model.init (ZeRO-3 into every chunk's buffer, then its pieces kept). */
+    if (cfg->model.init[0]) {
+        ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_ALLOCATE);
+        st = ts_ckpt_load_model_init(&t->model, cfg->model.init);
+        ts_grad_sync_dematerialize(&t->grad_sync, st == TS_OK);
+    } else {
+        ts_grad_sync_init_weights(&t->grad_sync, (uint64_t)cfg->train.seed);
+    }
+    if (ts_comm_agree(&t->world, st) != TS_OK) goto fail;
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
     if (ts_trainer_load_checkpoint(t) != TS_OK ||
@@ -110,9 +122,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
     ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
-    /* ZeRO-2/3: from here on no full-size gradient buffer (nor, ZeRO-3, full weights);
-     * the engine brings each chunk's buffers in and out around its actions. */
-    ts_grad_sync_shard_model(&t->grad_sync, &t->optim);
+    /* ZeRO-2/3: the engine brings each chunk's buffers in and out around its actions. */
     t->engine.chunk_done = on_layers_done;
     t->engine.chunk_done_ctx = &t->grad_sync;
     if (t->grad_sync.level >= 2) {
