@@ -2,7 +2,7 @@
 # and 2 key/value heads, rotary embeddings, SwiGLU, an untied head): data, pipeline
 # (every schedule, interleaved, recompute), tensor parallelism with the key/value heads
 # split (tp = 2) and replicated (tp = 4 > n_kv_head: each head on 2 ranks, its gradient
-# summed over them), ZeRO-1, a 3D grid and multi-query attention all give the one-rank
+# summed over them), ZeRO-1 and ZeRO-3, a 3D grid and multi-query attention all give the one-rank
 # losses within relative 1e-4 for 8 steps; reruns are bit-identical. A tied Llama
 # (tie_embeddings, as Llama 3.2) across a pipeline too. Llama-only keys on gpt2 and bad
 # head counts are clear errors.
@@ -22,10 +22,12 @@ check pp2_v2_interleaved 2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
 check pp2_recompute_full 2 --set parallel.pp=2 --set parallel.recompute=full
 check tp2 2 --set parallel.tp=2
 check tp4_kv_replicated 4 --set parallel.tp=4
-check tp4_kv_replicated_zero1 8 --set parallel.tp=4 --set parallel.dp=2 --set parallel.zero=1 \
+# ZeRO-3: the replicated key/value weights' group sums run on chunk buffers held to
+# the step's end; ZeRO-1 on the 3D grid.
+check tp4_kv_replicated_zero3 8 --set parallel.tp=4 --set parallel.dp=2 --set parallel.zero=3 \
   --set parallel.micro_batch=2
-check pp2_dp2_tp2 8 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
-  --set parallel.micro_batch=2
+check pp2_dp2_tp2_zero1 8 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+  --set parallel.micro_batch=2 --set parallel.zero=1
 check pp2_tp4_zb 8 --set parallel.pp=2 --set parallel.tp=4 --set parallel.schedule=zb-h1
 
 check tp4_again 4 --set parallel.tp=4
