@@ -1,7 +1,7 @@
 # The watchdog (train.timeout_s): when a rank is SIGSTOPped mid-run, the rank waiting on
 # it aborts the job after the timeout with exit code 14 (TS_EXIT_WATCHDOG) and one
 # message naming itself, the step, the wait and the communicator; mpirun takes the
-# stopped rank down and nothing is left running. timeout_s = 0 is off (a stop longer
+# stopped rank down and nothing is left running (ZeRO-3 gathers too). timeout_s = 0 is off (a stop longer
 # than any timeout passes unnoticed), and a short timeout leaves a normal run alone.
 source "$(dirname "$0")/lib.sh"
 
@@ -102,6 +102,10 @@ w+='at step [0-9]+: waiting in'
 expect_watchdog dp "$w [a-z -]+(\([a-z ]+\))? on communicator \"(dp|world)\"" \
   --set parallel.dp=2 --set parallel.micro_batch=2 --set train.timeout_s=3 --set train.steps=100000
 # Pipeline: rank 0 waits for rank 1's gradients (or in a collective with it).
+# ZeRO-3: the waiting rank sits in a weight gather or a gradient reduce-scatter.
+expect_watchdog zero3 "$w [a-z -]+(\([a-z ]+\))? on communicator \"(dp|world)\"" \
+  --set parallel.dp=2 --set parallel.micro_batch=2 --set parallel.zero=3 --set train.timeout_s=3 \
+  --set train.steps=100000
 expect_watchdog pp "$w [a-z -]+(\([a-z ]+\))? on communicator \"(pp|embed|world)\"" \
   --set parallel.pp=2 --set train.timeout_s=3 --set train.steps=100000
 
