@@ -1,8 +1,9 @@
 # The watchdog (train.timeout_s): when a rank is SIGSTOPped mid-run, the rank waiting on
 # it aborts the job after the timeout with exit code 14 (TS_EXIT_WATCHDOG) and one
 # message naming itself, the step, the wait and the communicator; mpirun takes the
-# stopped rank down and nothing is left running (ZeRO-3 gathers too). timeout_s = 0 is off (a stop longer
-# than any timeout passes unnoticed), and a short timeout leaves a normal run alone.
+# stopped rank down and nothing is left running (dp, ZeRO-3's gathers, pp). timeout_s = 0
+# is off (a stop longer than any timeout passes unnoticed), and a short timeout leaves a
+# normal run alone.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
