@@ -54,6 +54,8 @@ typedef struct {
     double dp_exposed;  /* the dp reduction the step waits for */
     double dp_reduction;/* the dp lane's busy time (mostly hidden) */
     double pp_comm;     /* one pipeline message's transfer time */
+    double dp_gather;   /* ZeRO-3: the weight gathers' time on the busiest link */
+    double gather_exposed; /* ZeRO-3: what the gathers lengthen the step by */
 } ts_plan_terms;
 
 typedef struct {
