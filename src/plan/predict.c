@@ -465,6 +465,34 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
     rc_plan_free(&rp);
 }
 
+const int *ts_plan_chunk_rank(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(se->st == TS_OK);
+    return se->s.chunk_rank;
+}
+
+void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traffic *t,
+                     int *gathers, double *chunk_bytes)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(p && se->st == TS_OK);
+    const int n = p->n_chunks;
+    const ts_residency *res = g->zero == 3 ? res_for(x, g, p, se) : NULL;
+    double *floats = ts_calloc((size_t)n, sizeof(double));
+    ts_plan_chunk_floats(L, se->s.chunk_rank, n, p->first, p->sizes, q, floats);
+    ts_zero_traffic_of(g->zero, g->dp, &se->s, q, res ? &res[q] : NULL, floats, t);
+    for (int c = 0; c < n; c++) {
+        if (ts_chunk_rank(&se->s, c) != q) continue;
+        if (gathers) gathers[c] = res ? res[q].gathers[c] : 0;
+        if (chunk_bytes)
+            chunk_bytes[c] = ts_zero_chunk_bytes(g->zero, g->dp, res ? &res[q] : NULL, c, floats[c]);
+    }
+    free(floats);
+}
+
 void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed)
 {
     const ts_plan_layers *L;
