@@ -263,7 +263,7 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                 for (int s = 0; s < TS_N_SCHEDULES; s++)
                     for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) /* what a schedule refuses: skipped below */
                         for (int rc = 0; rc < TS_N_RECOMPUTES; rc++)
-                            for (int z = 0; z <= (dp > 1); z++) {
+                            for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
                                 char set[8][96];
                                 const char *sets[16];
                                 int n = 0;
@@ -330,15 +330,20 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                                 ts_rel_err(mm->buffers, e.buffers, 1) < 1e-12 &&
                                                 ts_rel_err(mm->act_sets, e.act_sets, 1) < 1e-12 &&
                                                 ts_rel_err(mm->blas, e.blas, 1) < 1e-12 &&
+                                                ts_rel_err(mm->chunk_buffers, e.chunk_buffers, 1) < 1e-12 &&
                                                 ts_rel_err(mm->total, e.total, 1) < 1e-12;
+                                /* ZeRO-2/3 hold chunk buffers, zero 0/1 none */
+                                CHECK((mm->chunk_buffers > 0) == (z >= 2 && dp > 1));
                                 CHECKF(ok,
                                        "%s pp %d dp %d tp %d %s v %d %s zero %d rank %d: planner "
-                                       "%.0f/%.0f/%.0f/%.0f/%.0f, trainer %.0f/%.0f/%.0f/%.0f/%.0f "
-                                       "(params/grads/optimizer/activations/buffers)",
+                                       "%.0f/%.0f/%.0f/%.0f/%.0f/%.0f, trainer "
+                                       "%.0f/%.0f/%.0f/%.0f/%.0f/%.0f "
+                                       "(params/grads/optimizer/activations/buffers/chunk buffers)",
                                        cfg_rel, pp, dp, tp, ts_schedule_names[s], v,
                                        ts_recompute_names[rc], z, r.mem_rank, mm->params, mm->grads,
-                                       mm->optimizer, mm->activations, mm->buffers, e.params,
-                                       e.grads, e.optimizer, e.activations, e.buffers);
+                                       mm->optimizer, mm->activations, mm->buffers,
+                                       mm->chunk_buffers, e.params, e.grads, e.optimizer,
+                                       e.activations, e.buffers, e.chunk_buffers);
                                 g_mem_grids++;
                                 ts_schedule_free(&sc);
                                 ts_partition_free(&part);

@@ -119,9 +119,10 @@ done
 # full recompute they hold the same; new user: GPipe ranked first). Among the top rows,
 # every 1F1B/GPipe pair of one grid that really ties in time and memory has 1F1B first,
 # and at least one such pair is there, or the case would not test the tie-break (the
-# top 80: recompute = "auto" grids, searched since issue 26, come first).
+# top 200: recompute = "auto" grids, searched since issue 26, and ZeRO-2/3, since issue
+# 27, come first; the full-recompute ties sit near rank 190).
 if run_one plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 \
-  --search --top 80 --json && python3 - "$TMP/out" <<'EOF'
+  --search --top 200 --json && python3 - "$TMP/out" <<'EOF'
 import json, sys
 top = json.load(open(sys.argv[1]))["top"]
 key = lambda r: tuple(r[k] for k in ("pp", "dp", "tp", "v", "micro_batch", "recompute", "zero"))
@@ -140,5 +141,65 @@ then
 else
   fail "tie-break: $(head -c 600 "$TMP/out") $(cat "$TMP/err")"
 fi
+
+# ZeRO-2/3's traffic (plan/zero.h), `tessera plan` and `--cluster`: looped-bfs gathers
+# each chunk twice but the last (once), 1f1b once; one reduction per chunk; the bytes are
+# the ring's: zero 2 sends 2 (dp-1)/dp of the rank's 4N gradient bytes, 4N = gradients
+# * dp; zero 3 sum over chunks of (gathers + 1) (dp-1)/dp 4 F_c.
+zero_check() { # SCHEDULE V ZERO WANT_GATHERS(per chunk of rank 0, comma-separated)
+  run_one plan configs/tiny.cfg --cost uniform --json --set parallel.pp=2 --set parallel.dp=2 \
+    --set train.global_batch=16 --set parallel.micro_batch=2 --set model.n_layer=6 \
+    --set parallel.schedule="$1" --set parallel.virtual_stages="$2" --set parallel.zero="$3" &&
+  python3 - "$TMP/out" "$3" "$4" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1])); zero = int(sys.argv[2]); want = [int(x) for x in sys.argv[3].split(",")]
+assert o["zero"] == zero
+r = o["ranks"][0]; z = r["zero_traffic"]; dp = o["dp"]
+assert [c["gathers"] for c in z["chunks"]] == want, z
+assert z["gathers"] == sum(want) and z["reductions"] == len(z["chunks"]), z
+assert z["dp_bytes"] == z["gather_bytes"] + z["reduce_bytes"] + z["allgather_bytes"] or abs(z["dp_bytes"] - (z["gather_bytes"] + z["reduce_bytes"] + z["allgather_bytes"])) <= 2, z
+assert abs(sum(c["dp_bytes"] for c in z["chunks"]) - z["dp_bytes"]) <= len(z["chunks"]), z
+if zero == 2:
+    four_n = r["memory"]["gradients"] * dp
+    assert abs(z["dp_bytes"] - 2 * (dp - 1) / dp * four_n) <= 2, (z, four_n)
+    assert r["memory"]["chunk_buffers"] > 0
+if zero == 3:
+    # weights, gradients and moments: 16/dp bytes a parameter (4N = gradients * dp)
+    m = r["memory"]; four_n = m["gradients"] * dp
+    assert abs(m["parameters"] + m["gradients"] + m["optimizer"] - 4 * four_n / dp) <= 4, m
+    assert m["chunk_buffers"] >= four_n, m  # at least the validation gather of all weights
+PY
+}
+zero_check looped-bfs 2 3 2,1 && pass || fail "looped-bfs zero 3: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
+zero_check looped-bfs 4 3 2,2,2,1 && pass || fail "looped-bfs v 4 zero 3: $(head -c 800 "$TMP/out")"
+zero_check 1f1b 1 3 1 && pass || fail "1f1b zero 3: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
+zero_check interleaved-1f1b 2 3 2,1 && pass || fail "interleaved zero 3: $(head -c 800 "$TMP/out")"
+zero_check looped-bfs 2 2 0,0 && pass || fail "looped-bfs zero 2: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
+# The text report names the counts per rank and chunk.
+if run_one plan configs/tiny.cfg --cost uniform --set parallel.pp=2 --set parallel.dp=2 \
+  --set train.global_batch=16 --set parallel.micro_batch=2 --set parallel.schedule=looped-bfs \
+  --set parallel.virtual_stages=2 --set parallel.zero=3; then
+  grep -q "pp rank 0: 3 weight gathers, 2 gradient reductions" "$TMP/out" && pass ||
+    fail "zero 3 text: $(cat "$TMP/out")"
+  grep -q "chunk buffers" "$TMP/out" && pass || fail "zero 3 memory line: $(cat "$TMP/out")"
+else fail "zero 3 text: $(cat "$TMP/err")"; fi
+# On a cluster: the prediction prices the gathers (zero 3) and the search ranks zero 2, 3.
+if run_one plan configs/bfpp-52b.cfg --cluster configs/clusters/bfpp-a100.cfg --json \
+  --set parallel.recompute='"full"' --set train.device='"cuda"' --set train.attention='"flash"' &&
+  python3 - "$TMP/out" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1])); t = o["terms_ms"]
+assert o["zero"] == 3 and t["dp_gather"] > 0 and 0 <= t["gather_exposed"] <= t["dp_gather"], t
+z = o["zero_traffic"]
+assert len(z) == o["pp"] and all(r["gathers"] == 2 * o["v"] - 1 for r in z), z
+PY
+then pass; else fail "bfpp-52b prediction: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"; fi
+if run_one plan configs/tiny.cfg --cluster tests/fixtures/plan_cluster_cpu.cfg --gpus 4 --search \
+  --top 1000 --json && python3 - "$TMP/out" <<'PY'
+import json, sys
+zs = {r["zero"] for r in json.load(open(sys.argv[1]))["top"]}
+assert zs >= {0, 1, 2, 3}, zs
+PY
+then pass; else fail "search lacks zero 2/3: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
 
 finish

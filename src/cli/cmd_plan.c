@@ -24,6 +24,7 @@
 #include "pipeline/memory.h"
 #include "plan/sim_costs.h"
 #include "plan/trace_costs.h"
+#include "plan/zero.h"
 
 static const char *k_help =
     "usage: tessera plan CONFIG [--set KEY=VALUE ...] [--json] [--cost measured|model|uniform]\n"
@@ -322,6 +323,79 @@ static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q,
     return a;
 }
 
+/* ZeRO's dp traffic of pipeline rank q per step (plan/zero.h): the totals into *t, per
+ * chunk ([n_chunks], q's written) the gathers and the bytes. dp = 1: none. */
+static void zero_traffic(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
+                         int q, ts_zero_traffic *t, int *gathers, double *bytes)
+{
+    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp;
+    double *floats = ts_calloc((size_t)s->n_chunks, sizeof(double));
+    ts_memory_chunk_floats(cfg, part, s, q, floats);
+    ts_residency r = {0};
+    if (zero == 3 && dp > 1) ts_memory_residency_of_config(cfg, part, s, q, &r);
+    ts_zero_traffic_of(zero, dp, s, q, zero == 3 ? &r : NULL, floats, t);
+    for (int c = 0; c < s->n_chunks; c++) {
+        if (ts_chunk_rank(s, c) != q) continue;
+        gathers[c] = zero == 3 && dp > 1 ? r.gathers[c] : 0;
+        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c]);
+    }
+    ts_residency_free(&r);
+    free(floats);
+}
+
+/* Rank q's traffic as JSON: {"gathers", "reductions", "gather_bytes", "reduce_bytes",
+ * "allgather_bytes", "dp_bytes", "chunks": [{"chunk", "gathers", "reductions",
+ * "dp_bytes"}]}. */
+static json_t *zero_json(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
+                         int q)
+{
+    int *gathers = ts_calloc((size_t)s->n_chunks, sizeof(int));
+    double *bytes = ts_calloc((size_t)s->n_chunks, sizeof(double));
+    ts_zero_traffic t;
+    zero_traffic(cfg, part, s, q, &t, gathers, bytes);
+    json_t *chunks = json_array();
+    for (int c = 0; c < s->n_chunks; c++)
+        if (ts_chunk_rank(s, c) == q)
+            json_array_append_new(chunks, json_pack("{s:i, s:i, s:i, s:I}", "chunk", c, "gathers",
+                                                    gathers[c], "reductions", 1, "dp_bytes",
+                                                    (json_int_t)llround(bytes[c])));
+    free(gathers);
+    free(bytes);
+    return json_pack("{s:i, s:i, s:I, s:I, s:I, s:I, s:o}", "gathers", t.gathers, "reductions",
+                     t.reductions, "gather_bytes", (json_int_t)llround(t.gather_bytes),
+                     "reduce_bytes", (json_int_t)llround(t.reduce_bytes), "allgather_bytes",
+                     (json_int_t)llround(t.allgather_bytes), "dp_bytes",
+                     (json_int_t)llround(t.bytes), "chunks", chunks);
+}
+
+/* ZeRO-2/3's per-step traffic, per pipeline rank and chunk (text). */
+static void print_zero(const ts_config *cfg, const ts_partition *part, const ts_schedule *s)
+{
+    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp;
+    if (zero < 2 || dp == 1) return;
+    printf("zero %d over %d replicas, per step (ring, bytes each rank sends; %s):\n", zero, dp,
+           zero == 3 ? "each chunk's fp32 weights all-gathered when resident, its gradients "
+                       "reduce-scattered once"
+                     : "each chunk's gradients reduce-scattered once, the parameters "
+                       "all-gathered after the optimizer");
+    int *gathers = ts_calloc((size_t)s->n_chunks, sizeof(int));
+    double *bytes = ts_calloc((size_t)s->n_chunks, sizeof(double));
+    for (int q = 0; q < s->pp; q++) {
+        ts_zero_traffic t;
+        zero_traffic(cfg, part, s, q, &t, gathers, bytes);
+        char total[32], b[32];
+        printf("  pp rank %d: %d weight gathers, %d gradient reductions, dp %s per step:", q,
+               t.gathers, t.reductions, ts_format_bytes(t.bytes, total, sizeof total));
+        for (int c = 0; c < s->n_chunks; c++)
+            if (ts_chunk_rank(s, c) == q)
+                printf(" chunk %d %d gather%s + 1 reduction (%s);", c, gathers[c],
+                       gathers[c] == 1 ? "" : "s", ts_format_bytes(bytes[c], b, sizeof b));
+        printf("\n");
+    }
+    free(gathers);
+    free(bytes);
+}
+
 static int print_json(const plan_args *a, const ts_config *cfg, const ts_partition *part,
                       const ts_schedule *s, const ts_sim_result *r, const ts_trace_costs *tc)
 {
@@ -352,6 +426,9 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(json_object_get(rank, "memory"), "activation_sets",
                             json_integer((json_int_t)llround(est.act_sets)));
         json_object_set_new(rank, "recompute", recompute_json(cfg, s, q, keep));
+        if (p->dp > 1) json_object_set_new(rank, "zero_traffic", zero_json(cfg, part, s, q));
+        json_object_set_new(json_object_get(rank, "memory"), "chunk_buffers",
+                            json_integer((json_int_t)llround(est.chunk_buffers)));
         if (room > 0) json_object_set_new(rank, "memory_fits", json_boolean(fits));
     }
     free(keep);
@@ -368,6 +445,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
         json_object_set_new(o, "recompute", json_string(p->recompute));
+        json_object_set_new(o, "zero", json_integer(p->zero));
         if (room > 0)
             json_object_set_new(o, "memory_budget_bytes", json_integer((json_int_t)llround(room)));
     }
@@ -460,6 +538,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
                r->peak_act_mb[q], r->peak_act_mb[q] == 1 ? "" : "es");
     }
     print_dp(a, cfg, s, r, dp_bytes);
+    print_zero(cfg, part, s);
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
     const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;

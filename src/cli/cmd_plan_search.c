@@ -34,7 +34,7 @@ const char ts_plan_cluster_help[] =
     "llama dividing n_kv_head or a multiple of it; dp dividing\n"
     "train.global_batch; pp * virtual_stages <= n_layer + 2; micro_batch dividing\n"
     "global_batch / dp; gpipe, 1f1b, zb-h1, interleaved-1f1b with v >= 2; recompute none or\n"
-    "full; zero 0 or 1), ranked by step time among those that fit in memory; the top K\n"
+    "full; zero 0 to 3), ranked by step time among those that fit in memory; the top K\n"
     "(default 10) and, for the rest, why they lose: out of memory (how many, and the\n"
     "smallest excess) or the term of their step that exceeds the best's most (bubble,\n"
     "communication, recompute, compute, optimizer).\n"
@@ -77,11 +77,13 @@ const char ts_plan_cluster_help[] =
     "/ memory bandwidth; each block 2 tp all-reduces forward and 2 backward (ring: 2(t-1)/t\n"
     "* bytes / bandwidth + 2(t-1) latencies) on the intra-node link when the tp group lies\n"
     "in a node, else inter-node; pipeline messages and the dp reduction (a ring all-reduce\n"
-    "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1: reduce-scatter, then the\n"
-    "parameter all-gather after the optimizer) through the simulator, which hides what\n"
+    "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1/2: reduce-scatter, then the\n"
+    "parameter all-gather after the optimizer; ZeRO-3: reduce-scatter, and each chunk's\n"
+    "weights all-gathered when resident, prefetched one residency ahead) through the simulator, which hides what\n"
     "the bubbles and later compute can (none with overlap_comm = false); AdamW at memory\n"
     "bandwidth. Memory follows the trainer's own accounting (pipeline/memory.c): fp32\n"
-    "parameters, gradients and AdamW moments (1/dp with ZeRO-1), a bf16 weight copy when\n"
+    "parameters, gradients and AdamW moments (sharded 1/dp as parallel.zero says, with\n"
+    "ZeRO-2/3's per-chunk buffers), a bf16 weight copy when\n"
     "compute_dtype is bf16, and activations in the compute dtype as the kernel table lays\n"
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
@@ -168,6 +170,54 @@ static const char *link_name(const ts_cluster *cl, ts_link l)
                                                                                  : "inter-node";
 }
 
+/* Rank q's ZeRO traffic per step: {"pp_rank", "gathers", "reductions", "gather_bytes",
+ * "reduce_bytes", "allgather_bytes", "dp_bytes", "chunks": [{"chunk", "gathers",
+ * "reductions", "dp_bytes"}]}. */
+static json_t *zero_json(ts_plan_ctx *x, const ts_plan_grid *g, int q)
+{
+    const int n = g->pp * g->v;
+    int *gathers = ts_calloc((size_t)n, sizeof(int));
+    double *bytes = ts_calloc((size_t)n, sizeof(double));
+    const int *rank = ts_plan_chunk_rank(x, g);
+    ts_zero_traffic t;
+    ts_plan_zero_of(x, g, q, &t, gathers, bytes);
+    json_t *chunks = json_array();
+    for (int c = 0; c < n; c++)
+        if (rank[c] == q)
+            json_array_append_new(chunks, json_pack("{s:i, s:i, s:i, s:I}", "chunk", c, "gathers",
+                                                    gathers[c], "reductions", 1, "dp_bytes",
+                                                    (json_int_t)llround(bytes[c])));
+    free(gathers);
+    free(bytes);
+    return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:o}", "pp_rank", q, "gathers",
+                     t.gathers, "reductions", t.reductions, "gather_bytes",
+                     (json_int_t)llround(t.gather_bytes), "reduce_bytes",
+                     (json_int_t)llround(t.reduce_bytes), "allgather_bytes",
+                     (json_int_t)llround(t.allgather_bytes), "dp_bytes",
+                     (json_int_t)llround(t.bytes), "chunks", chunks);
+}
+
+static void print_zero(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    if (g->zero < 2 || g->dp == 1) return;
+    const int n = g->pp * g->v;
+    int *gathers = ts_calloc((size_t)n, sizeof(int));
+    double *bytes = ts_calloc((size_t)n, sizeof(double));
+    const int *rank = ts_plan_chunk_rank(x, g);
+    printf("zero %d per step (ring over dp %d, bytes each rank sends):\n", g->zero, g->dp);
+    for (int q = 0; q < g->pp; q++) {
+        ts_zero_traffic t;
+        ts_plan_zero_of(x, g, q, &t, gathers, bytes);
+        printf("  pp rank %d: %d weight gathers, %d gradient reductions, %.3f GB:", q, t.gathers,
+               t.reductions, t.bytes / 1e9);
+        for (int c = 0; c < n; c++)
+            if (rank[c] == q) printf(" chunk %d %d+1 (%.3f GB);", c, gathers[c], bytes[c] / 1e9);
+        printf("\n");
+    }
+    free(gathers);
+    free(bytes);
+}
+
 static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
@@ -204,10 +254,19 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                   "workspace", (json_int_t)llround(mm->blas)));
     const ts_plan_terms *t = &r->terms;
     json_object_set_new(o, "terms_ms",
-                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute", t->compute,
-                                  "recompute", t->recompute, "tp_comm", t->tp_comm, "optimizer",
-                                  t->optimizer, "bubble", t->bubble, "dp_exposed", t->dp_exposed,
-                                  "dp_reduction", t->dp_reduction, "pp_message", t->pp_comm));
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute",
+                                  t->compute, "recompute", t->recompute, "tp_comm", t->tp_comm,
+                                  "optimizer", t->optimizer, "bubble", t->bubble, "dp_exposed",
+                                  t->dp_exposed, "dp_reduction", t->dp_reduction, "pp_message",
+                                  t->pp_comm, "dp_gather", t->dp_gather, "gather_exposed",
+                                  t->gather_exposed));
+    json_object_set_new(json_object_get(o, "memory"), "chunk_buffers",
+                        json_integer((json_int_t)llround(mm->chunk_buffers)));
+    if (g->dp > 1) {
+        json_t *z = json_array();
+        for (int q = 0; q < g->pp; q++) json_array_append_new(z, zero_json(x, g, q));
+        json_object_set_new(o, "zero_traffic", z);
+    }
     return o;
 }
 
@@ -274,11 +333,14 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     for (int c = 0; sizes && c < g->pp * g->v; c++) printf(" %d", sizes[c]);
     printf("\n");
     const ts_rank_memory *m = &r->mem;
+    char cb[64] = "";
+    if (m->chunk_buffers > 0)
+        snprintf(cb, sizeof cb, ", chunk buffers %.2f GB", m->chunk_buffers / 1e9);
     printf("memory per device: %s on pipeline rank %d (%s): parameters %s, gradients %s, "
-           "optimizer state %s, activations %s, buffers %s, workspace %s\n",
+           "optimizer state %s%s, activations %s, buffers %s, workspace %s\n",
            gb(m->total, b[0], 32), r->mem_rank,
            r->fits ? "fits" : "DOES NOT FIT", gb(m->params, b[1], 32), gb(m->grads, b[2], 32),
-           gb(m->optimizer, b[3], 32), gb(m->activations, b[4], 32), gb(m->buffers, b[5], 32),
+           gb(m->optimizer, b[3], 32), cb, gb(m->activations, b[4], 32), gb(m->buffers, b[5], 32),
            gb(m->blas, b[6], 32));
     /* Only the remedies this grid has not taken yet (new user: the hint suggested ZeRO-1
      * and micro-batch 1 to a config that had both). */
@@ -289,8 +351,8 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
             n += (size_t)snprintf(hint + n, sizeof hint - n, "lower micro_batch, ");
         if (g->recompute != TS_RECOMPUTE_FULL && g->recompute != TS_RECOMPUTE_AUTO)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "recompute = \"full\", ");
-        if (g->zero == 0 && g->dp > 1)
-            n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = 1, ");
+        if (g->zero < 3 && g->dp > 1)
+            n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = %d, ", g->zero + 1);
         snprintf(hint + n, sizeof hint - n, "raise pp or tp (more devices per replica)");
     }
     printf("  device memory %.2f GB%s%s\n", cl->memory / 1e9, r->fits ? "" : ": ", hint);
@@ -300,6 +362,10 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
            "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
            r->step_ms, t->compute, t->recompute, t->tp_comm, t->optimizer, t->bubble,
            t->dp_reduction, t->dp_exposed);
+    if (g->zero == 3 && g->dp > 1)
+        printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
+               t->dp_gather, t->gather_exposed);
+    print_zero(x, g);
     printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,
            100.0 * r->mfu);
 }

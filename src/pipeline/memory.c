@@ -136,6 +136,29 @@ void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
     out->replay = NC * f * (chunk < sh->n_chunks - 1) + ids;
 }
 
+/* ZeRO-2/3's per-chunk buffers at their peak (memory.h): the gradient buffers (4 bytes a
+ * float of the chunk), with ZeRO-3 the gathered weights ((4 + the compute copy's bytes)
+ * a float) while resident, or ZeRO-3's whole-rank gather for validation and checkpoints
+ * when larger. */
+static double chunk_buffers(const ts_memory_shape *sh, const ts_memory_holdings *h, int zero,
+                            int pp_rank)
+{
+    TS_ASSERT(h->chunk_floats && h->res && h->res->n_chunks == sh->n_chunks);
+    const double f = sizeof(float), wf = f + sh->weight_copy_bytes;
+    double *grad = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    double *weight = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    for (int c = 0; c < sh->n_chunks; c++) {
+        if (sh->chunk_rank[c] != pp_rank) continue;
+        grad[c] = f * h->chunk_floats[c];
+        weight[c] = wf * h->chunk_floats[c];
+    }
+    double peak = ts_residency_peak_bytes(h->res, zero == 3 ? weight : NULL, grad);
+    if (zero == 3 && wf * h->param_floats > peak) peak = wf * h->param_floats;
+    free(grad);
+    free(weight);
+    return peak;
+}
+
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
                     ts_rank_memory *est)
 {
@@ -149,17 +172,21 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
         est->activations += h->peak_acts[c] * cm.set + h->peak_stash[c] * cm.stash;
         est->buffers += cm.slot * sh->m + cm.replay * h->n_recomputed[c];
     }
-    est->params = est->grads = floats * f;
-    if (sh->weight_copy_bytes > 0) est->params += floats * sh->weight_copy_bytes;
-    /* The two AdamW moments; ZeRO-1 keeps this rank's 1/dp of them (grad_sync.h). */
-    est->optimizer = 2.0 * floats * f / (sh->zero == 1 ? (double)sh->dp : 1.0);
+    /* Parameters, gradients and moments by ZeRO level (memory.h); with one replica
+     * there is nothing to shard and every level is zero 0. */
+    const int zero = sh->dp > 1 ? sh->zero : 0;
+    const double shard = floats / (double)sh->dp, wcb = sh->weight_copy_bytes;
+    est->params = zero == 3 ? shard * f : floats * (f + wcb);
+    est->grads = (zero >= 2 ? shard : floats) * f;
+    est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
+    if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
     est->buffers += h->scratch_bytes;
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
     est->blas = sh->threads * TS_BLAS_THREAD_BYTES;
-    est->total = est->params + est->grads + est->optimizer + est->activations + est->buffers +
-                 est->blas;
+    est->total = est->params + est->grads + est->optimizer + est->chunk_buffers +
+                 est->activations + est->buffers + est->blas;
 }
 
 /* A rank's shape and holdings from the model's own layout of its layers (nothing
@@ -169,7 +196,28 @@ typedef struct {
     ts_memory_holdings h;
     double *acts, *stash;               /* [n_chunks], the rank's chunks filled */
     int *peak_acts, *peak_stash, *n_rc; /* [n_chunks], for the holdings' peaks */
+    double *chunk_floats;               /* [n_chunks], ZeRO-2/3 */
+    ts_residency res;                   /* ZeRO-2/3 */
 } rank_layout;
+
+/* Floats of each of the rank's chunks in the layout m: chunks tile the rank's flat
+ * buffer in layer order, each from its first layer's first parameter (the rank's first
+ * chunk from 0) to the next local chunk's start, the last to num_floats. */
+static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
+                                const ts_schedule *sched, int pp_rank, double *out)
+{
+    int prev = -1;
+    size_t prev_at = 0;
+    for (int c = 0; c < sched->n_chunks; c++) {
+        if (ts_chunk_rank(sched, c) != pp_rank) continue;
+        const int l0 = part->first_layer[c];
+        const size_t at = prev < 0 ? 0 : m->params[m->layers[l0].first_param].offset;
+        if (prev >= 0) out[prev] = (double)(at - prev_at);
+        prev = c;
+        prev_at = at;
+    }
+    if (prev >= 0) out[prev] = (double)(m->num_floats - prev_at);
+}
 
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                               const ts_schedule *sched, int pp_rank, int threads,
@@ -202,6 +250,15 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         out->acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
         out->stash[c] = (double)ts_acts_stash_bytes(&m, l0, l1, B, T);
     }
+    out->chunk_floats = NULL;
+    memset(&out->res, 0, sizeof out->res);
+    const bool sharded = cfg->parallel.dp > 1 && cfg->parallel.zero >= 2;
+    if (sharded) {
+        out->chunk_floats = ts_calloc((size_t)n, sizeof(double));
+        layout_chunk_floats(&m, part, sched, pp_rank, out->chunk_floats);
+        ts_memory_residency(sched, pp_rank, ts_model_tied(mc), m.kv_replicas > 1,
+                            part->first_layer, part->n_chunk_layers, n_layers, &out->res);
+    }
     out->sh = (ts_memory_shape){
         .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
         .chunk_rank = sched->chunk_rank, .m = sched->m, .dp = cfg->parallel.dp,
@@ -213,7 +270,9 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                                   .scratch_bytes = (double)ts_scratch_bytes(&m, B, T),
                                   .act_bytes = out->acts, .stash_bytes = out->stash,
                                   .peak_acts = out->peak_acts, .peak_stash = out->peak_stash,
-                                  .n_recomputed = out->n_rc};
+                                  .n_recomputed = out->n_rc,
+                                  .chunk_floats = out->chunk_floats,
+                                  .res = sharded ? &out->res : NULL};
     ts_model_free(&m);
 }
 
@@ -224,6 +283,8 @@ static void rank_layout_free(rank_layout *l)
     free(l->peak_acts);
     free(l->peak_stash);
     free(l->n_rc);
+    free(l->chunk_floats);
+    ts_residency_free(&l->res);
 }
 
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
@@ -250,6 +311,51 @@ bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
     return fits;
 }
 
+void ts_memory_residency(const ts_schedule *s, int pp_rank, bool model_tied, bool kv_replicated,
+                         const int *first_layer, const int *n_chunk_layers, int n_layers,
+                         ts_residency *r)
+{
+    const int n = s->n_chunks, head = n - 1;
+    bool *held = ts_calloc((size_t)n, sizeof(bool));
+    /* The tied embedding is summed over the embedding group when its two ends are on
+     * different pipeline ranks (one rank: the head reads the embedding's own tensor). */
+    if (model_tied && head > 0 && ts_chunk_rank(s, 0) != ts_chunk_rank(s, head))
+        held[0] = held[head] = true;
+    /* Replicated key/value weights are summed over their kv group: every block's. */
+    if (kv_replicated)
+        for (int c = 0; c < n; c++) {
+            const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
+            if (l0 < n_layers - 1 && l1 > 1) held[c] = true; /* holds one of layers 1..n-2 */
+        }
+    ts_residency_build(s, pp_rank, ts_residency_tied_chunk(s, model_tied), held, r);
+    free(held);
+}
+
+void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *part,
+                                   const ts_schedule *s, int pp_rank, ts_residency *r)
+{
+    const ts_model_config *mc = &cfg->model;
+    const bool kv = ts_model_arch(mc) == TS_ARCH_LLAMA && cfg->parallel.tp > ts_model_kv_heads(mc);
+    ts_memory_residency(s, pp_rank, ts_model_tied(mc), kv, part->first_layer, part->n_chunk_layers,
+                        mc->n_layer + 2, r);
+}
+
+void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
+                            const ts_schedule *s, int pp_rank, double *out)
+{
+    const ts_model_config *mc = &cfg->model;
+    bool *owned = ts_calloc((size_t)mc->n_layer + 2, sizeof(bool));
+    ts_partition_owned(part, s->chunk_rank, pp_rank, owned);
+    const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
+                                                cfg->train.attention);
+    ts_model m; /* the layout only */
+    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k);
+    ts_model_layout_tp(&m, mc, owned, &tp);
+    free(owned);
+    layout_chunk_floats(&m, part, s, pp_rank, out);
+    ts_model_free(&m);
+}
+
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
 {
     char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
@@ -260,10 +366,17 @@ const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
     ts_format_bytes(e->activations, a, sizeof a);
     ts_format_bytes(e->buffers, b, sizeof b);
     ts_format_bytes(e->blas, l, sizeof l);
+    /* ZeRO-2/3's chunk buffers only where there are some: the line of zero 0/1 is what
+     * it was. */
+    char cb[64] = "";
+    if (e->chunk_buffers > 0) {
+        char c[32];
+        snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
+    }
     snprintf(buf, size,
-             "%s (parameters %s, gradients %s, optimizer state %s, activations %s, "
+             "%s (parameters %s, gradients %s, optimizer state %s%s, activations %s, "
              "buffers %s, BLAS buffers %s)",
-             t, p, g, o, a, b, l);
+             t, p, g, o, cb, a, b, l);
     return buf;
 }
 

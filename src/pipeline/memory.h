@@ -10,11 +10,19 @@
 
 #include "config/config.h"
 #include "pipeline/partition.h"
+#include "pipeline/residency.h"
 #include "pipeline/schedule.h"
 #include "core/sysmem.h"
 
 typedef struct {
-    double params, grads, optimizer; /* bytes: weights, gradients, the two AdamW moments */
+    double params, grads, optimizer; /* bytes: weights, gradients, the two AdamW moments,
+                                        as they persist through the step (ZeRO-2/3: the
+                                        rank's 1/dp shards of what is sharded) */
+    double chunk_buffers; /* ZeRO-2/3: the per-chunk buffers at their peak (residency.h):
+                             full-size gradient buffers, with ZeRO-3 also the gathered
+                             weights (fp32 and the compute copy), or ZeRO-3's gather of all
+                             the rank's weights for validation and checkpoints when that is
+                             larger; 0 with ZeRO-0/1 */
     double activations;  /* saved activations at the schedule's peak, zero-bubble stashes */
     double buffers;      /* pipeline transfer buffers, backward scratch, token ids */
     double blas;         /* OpenBLAS's per-thread GEMM buffers (address space) */
@@ -82,10 +90,24 @@ typedef struct {
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */
+    /* ZeRO-2/3 (zero >= 2 with dp > 1) only; NULL otherwise: */
+    const double *chunk_floats; /* floats of each of the rank's chunks in its layout (they
+                                   tile the rank's flat buffer: sum = param_floats) */
+    const ts_residency *res;    /* the rank's residency (ts_memory_residency) */
 } ts_memory_holdings;
 
 /* The memory of pipeline rank pp_rank: parameters and gradients (fp32, plus the weight
- * copy), the AdamW moments (1/dp with ZeRO-1), each chunk's peak activation sets and
+ * copy), the AdamW moments (1/dp with ZeRO-1), per ZeRO level with dp > 1 (N =
+ * param_floats, S = N / dp its shard, wcb = weight_copy_bytes, F_c = chunk_floats[c];
+ * zero >= 1 with dp = 1 is zero 0):
+ *   zero 0: params 4N + wcb N, grads 4N, optimizer 8N;
+ *   zero 1: optimizer 8S;
+ *   zero 2: params 4N + wcb N, grads 4S (the persistent shard), optimizer 8S, and
+ *           chunk_buffers = ts_residency_peak_bytes(res, NULL, 4 F_c);
+ *   zero 3: params 4S, grads 4S, optimizer 8S, chunk_buffers = max(the step's peak of
+ *           (4 + wcb) F_c weight and 4 F_c gradient buffers, (4 + wcb) N: validation and
+ *           checkpoint saves gather every chunk at once, outside the step);
+ * each chunk's peak activation sets and
  * stashes, its m pipeline slots and the replay buffers of its recomputed micro-batches
  * (ts_memory_chunk), the scratch, checkpoint.async's
  * copy of the rank's 1/dp share of weights and moments, and the BLAS threads' buffers.
@@ -129,6 +151,27 @@ bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
  * micro-batches); chunk 5 ..." into buf; returns buf. */
 const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
                                     char *buf, size_t size);
+
+/* ZeRO-2/3's residency of pipeline rank pp_rank (ts_residency_build), with the chunks
+ * holding a group-summed tensor held to the step's end (dp/grad_sync.c sums them there):
+ * the tied embedding's two ends (chunk 0 and the head's chunk) when model_tied and they
+ * sit on different pipeline ranks, and with kv_replicated (llama, tp > n_kv_head:
+ * replicated key/value weights) every chunk holding a block (first_layer,
+ * n_chunk_layers: the partition's; n_layers = n_layer + 2). Free with
+ * ts_residency_free. */
+void ts_memory_residency(const ts_schedule *s, int pp_rank, bool model_tied, bool kv_replicated,
+                         const int *first_layer, const int *n_chunk_layers, int n_layers,
+                         ts_residency *r);
+
+/* The same for a run's config: tied and kv_replicated from cfg's model and parallel.tp. */
+void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *part,
+                                   const ts_schedule *s, int pp_rank, ts_residency *r);
+
+/* Floats of each chunk of pipeline rank pp_rank in the rank's own layout (tp rank 0;
+ * memory.h's F_c, what the memory estimate counts) into out[c] for the rank's chunks
+ * ([n_chunks]; others untouched). */
+void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
+                            const ts_schedule *s, int pp_rank, double *out);
 
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);

@@ -82,20 +82,27 @@ void ts_residency_build(const ts_schedule *s, int rank, int tied_chunk, const bo
                 }
     }
 
-    /* Gradient buffers: freed just before the second allocation after the last backward. */
+    /* Gradient buffers: freed just before the second allocation after the last backward.
+     * Allocations per action first (at most one chunk's per action: its first backward),
+     * so that the walk is O(actions) per chunk, not O(actions x chunks): the planner
+     * builds this for every rank of every grid it searches. */
+    int *alloc_at = ts_calloc((size_t)n + 1, sizeof(int));
+    for (int c = 0; c < C; c++)
+        if (r->grad_alloc[c] >= 0) alloc_at[r->grad_alloc[c]]++;
     for (int c = 0; c < C; c++) {
         if (r->grad_alloc[c] < 0) continue;
         int after = 0;
         r->grad_free[c] = n;
         if (held_to_end && held_to_end[c]) continue;
-        /* Allocation points ascending: walk the actions. */
-        for (int i = r->grad_last[c] + 1; i < n && r->grad_free[c] == n; i++)
-            for (int d = 0; d < C; d++)
-                if (r->grad_alloc[d] == i && ++after == 2) {
-                    r->grad_free[c] = i;
-                    break;
-                }
+        for (int i = r->grad_last[c] + 1; i < n; i++) {
+            after += alloc_at[i];
+            if (after >= 2) {
+                r->grad_free[c] = i;
+                break;
+            }
+        }
     }
+    free(alloc_at);
     /* A chunk used by the head's actions keeps its gradient buffer as long as the head's
      * does (its last backward-use covers them already: uses()). */
 }
@@ -113,22 +120,33 @@ void ts_residency_free(ts_residency *r)
 double ts_residency_peak_bytes(const ts_residency *r, const double *param_bytes,
                                const double *grad_bytes)
 {
-    double live = 0.0, peak = 0.0;
-    for (int i = 0; i <= r->n_actions; i++) {
-        /* Before action i: gradient frees, then allocations, then weight gathers issued. */
-        for (int c = 0; c < r->n_chunks; c++)
-            if (r->grad_alloc[c] >= 0 && r->grad_free[c] == i) live -= grad_bytes[c];
-        if (i == r->n_actions) break;
-        for (int c = 0; c < r->n_chunks; c++)
-            if (r->grad_alloc[c] == i) live += grad_bytes[c];
-        if (param_bytes)
-            for (int k = 0; k < r->n_spans; k++)
-                if (r->spans[k].issue == i) live += param_bytes[r->spans[k].chunk];
-        if (live > peak) peak = live;
-        /* After it: weights whose residency ends here. */
-        if (param_bytes)
-            for (int k = 0; k < r->n_spans; k++)
-                if (r->spans[k].last == i) live -= param_bytes[r->spans[k].chunk];
+    /* The bytes each action changes, gathered first (O(actions + chunks + spans), not
+     * their product: the planner calls this for every rank of every grid it searches):
+     * before action i, gradient frees, then allocations, then weight gathers issued;
+     * after it, weights whose residency ends there. */
+    const int n = r->n_actions;
+    double *before = ts_calloc((size_t)n + 1, sizeof(double));
+    double *after = ts_calloc((size_t)n + 1, sizeof(double));
+    double *freed = ts_calloc((size_t)n + 1, sizeof(double));
+    for (int c = 0; c < r->n_chunks; c++) {
+        if (r->grad_alloc[c] < 0) continue;
+        freed[r->grad_free[c]] += grad_bytes[c];
+        before[r->grad_alloc[c]] += grad_bytes[c];
     }
+    if (param_bytes)
+        for (int k = 0; k < r->n_spans; k++) {
+            before[r->spans[k].issue] += param_bytes[r->spans[k].chunk];
+            after[r->spans[k].last] += param_bytes[r->spans[k].chunk];
+        }
+    double live = 0.0, peak = 0.0;
+    for (int i = 0; i < n; i++) {
+        live -= freed[i];
+        live += before[i];
+        if (live > peak) peak = live;
+        live -= after[i];
+    }
+    free(before);
+    free(after);
+    free(freed);
     return peak;
 }

@@ -177,58 +177,89 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)
     return p;
 }
 
-/* Rank q's holdings from the per-layer tables: its parameters, and each of its chunks'
- * activation and stash bytes into acts and stash ([n_chunks]). */
+/* Rank q's holdings from the per-layer tables: its parameters, each of its chunks'
+ * activation and stash bytes into acts and stash, and its floats into floats_c
+ * ([n_chunks]): the layers' own, and the head's chunk the tied copy when the rank lacks
+ * the embedding (the layout keeps the copy among the head's parameters). res: ZeRO-2/3's
+ * residency of q, or NULL. */
 static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory_shape *sh,
                                         const int *first_layer, const int *n_chunk_layers, int q,
-                                        double *acts, double *stash)
+                                        const ts_residency *res, double *acts, double *stash,
+                                        double *floats_c)
 {
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
     double floats = 0.0;
+    int head_chunk = -1;
     for (int c = 0; c < sh->n_chunks; c++) {
         if (sh->chunk_rank[c] != q) continue;
         const int l0 = first_layer[c], l1 = l0 + n_chunk_layers[c];
+        if (l1 == L->n_layers) head_chunk = c;
         for (int l = l0; l < l1; l++) {
             owned[l] = true;
-            floats += L->param_floats[l];
+            floats_c[c] += L->param_floats[l];
             acts[c] += L->act_bytes[l];
             stash[c] += L->stash_bytes[l];
         }
+        floats += floats_c[c];
     }
-    if (owned[L->n_layers - 1] && !owned[0]) floats += L->wte_floats;
+    if (head_chunk >= 0 && !owned[0]) {
+        floats += L->wte_floats;
+        floats_c[head_chunk] += L->wte_floats;
+    }
     free(owned);
     return (ts_memory_holdings){.param_floats = floats, .scratch_bytes = L->scratch_bytes,
-                                .act_bytes = acts, .stash_bytes = stash};
+                                .act_bytes = acts, .stash_bytes = stash,
+                                .chunk_floats = res ? floats_c : NULL, .res = res};
+}
+
+void ts_plan_chunk_floats(const ts_plan_layers *L, const int *chunk_rank, int n_chunks,
+                          const int *first_layer, const int *n_chunk_layers, int q,
+                          double *floats_c)
+{
+    const ts_memory_shape sh = {.n_chunks = n_chunks, .chunk_rank = chunk_rank};
+    double *acts = ts_calloc((size_t)n_chunks, sizeof(double));
+    double *stash = ts_calloc((size_t)n_chunks, sizeof(double));
+    for (int c = 0; c < n_chunks; c++)
+        if (chunk_rank[c] == q) floats_c[c] = 0.0;
+    rank_holdings(L, &sh, first_layer, n_chunk_layers, q, NULL, acts, stash, floats_c);
+    free(acts);
+    free(stash);
 }
 
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, const int *n_recomputed, int q,
-                         ts_rank_memory *out)
+                         const int *peak_stash, const int *n_recomputed, const ts_residency *res,
+                         int q, ts_rank_memory *out)
 {
     double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
     double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    ts_memory_holdings h = rank_holdings(L, sh, first_layer, n_chunk_layers, q, acts, stash);
+    double *floats_c = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    ts_memory_holdings h =
+        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, floats_c);
     h.peak_acts = peak_acts;
     h.peak_stash = peak_stash;
     h.n_recomputed = n_recomputed;
     ts_memory_rank(sh, &h, q, out);
     free(acts);
     free(stash);
+    free(floats_c);
 }
 
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
-                       int q, double room, int *keep, int *peak_acts, int *peak_stash,
-                       int *n_recomputed, ts_rank_memory *out)
+                       const ts_residency *res, int q, double room, int *keep, int *peak_acts,
+                       int *peak_stash, int *n_recomputed, ts_rank_memory *out)
 {
     double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
     double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    const ts_memory_holdings h = rank_holdings(L, sh, first_layer, n_chunk_layers, q, acts, stash);
+    double *floats_c = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    const ts_memory_holdings h =
+        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, floats_c);
     const bool fits = ts_memory_auto_keep(s, sh, &h, q, room, keep, peak_acts, peak_stash,
                                           n_recomputed, out);
     free(acts);
     free(stash);
+    free(floats_c);
     return fits;
 }
 

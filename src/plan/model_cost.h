@@ -88,22 +88,30 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
                           const ts_kernels *k, int tp, int micro_batch, ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 
-/* Memory of pipeline rank q, chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the
+/* Memory of pipeline rank q (res: its ZeRO-2/3 residency, NULL for zero 0/1 or dp 1),
+ * chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the
  * peaks and recomputed micro-batches from ts_memory_peak_sets: the layers' sizes summed
  * per chunk and rank into ts_memory_rank (pipeline/memory.h), the rule the trainer's own
  * estimate calls. */
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, const int *n_recomputed, int q,
-                         ts_rank_memory *out);
+                         const int *peak_stash, const int *n_recomputed, const ts_residency *res,
+                         int q, ts_rank_memory *out);
 
 /* recompute = "auto" on pipeline rank q of schedule s: ts_memory_auto_keep on the same
  * sizes, into keep, peak_acts, peak_stash, n_recomputed ([n_chunks], q's chunks) and
  * *out; false when even full recompute exceeds room (bytes less the workspace). */
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
-                       int q, double room, int *keep, int *peak_acts, int *peak_stash,
-                       int *n_recomputed, ts_rank_memory *out);
+                       const ts_residency *res, int q, double room, int *keep, int *peak_acts,
+                       int *peak_stash, int *n_recomputed, ts_rank_memory *out);
+
+/* Floats of each chunk of pipeline rank q ([n_chunks], q's chunks written) as the rank
+ * lays them out: its layers' parameters, the head's chunk with the tied copy when q
+ * lacks the embedding (memory.h's F_c). */
+void ts_plan_chunk_floats(const ts_plan_layers *L, const int *chunk_rank, int n_chunks,
+                          const int *first_layer, const int *n_chunk_layers, int q,
+                          double *floats_c);
 
 /* Parameter floats of a chunk [l0, l1) (with the tied copy when it holds the head but
  * not the embedding): its gradient floats, what its dp reduction moves. */

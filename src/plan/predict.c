@@ -10,6 +10,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/memory.h"
 #include "plan/sim_costs.h"
+#include "plan/zero.h"
 
 typedef struct {
     int tp, B;
@@ -30,6 +31,16 @@ typedef struct {
     int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES], *n_rc[TS_N_RECOMPUTES];
 } sched_entry;
 
+/* ZeRO-2/3's residencies of a schedule, one per pipeline rank (residency.h), for one
+ * partition when replicated key/value weights make them depend on it (first: its
+ * first_layer array, stable while ctx lives), else first = NULL. */
+typedef struct {
+    size_t sched;       /* index into ts_plan_ctx.scheds */
+    const int *first;
+    ts_residency *res;  /* [pp] */
+    int pp;
+} res_entry;
+
 struct ts_plan_ctx {
     ts_config cfg;
     ts_cluster cl;
@@ -40,6 +51,8 @@ struct ts_plan_ctx {
     size_t n_parts, cap_parts;
     sched_entry *scheds;
     size_t n_scheds, cap_scheds;
+    res_entry *res;
+    size_t n_res, cap_res;
 };
 
 ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl)
@@ -68,9 +81,14 @@ void ts_plan_ctx_free(ts_plan_ctx *x)
             free(e->n_rc[r]);
         }
     }
+    for (size_t k = 0; k < x->n_res; k++) {
+        for (int q = 0; q < x->res[k].pp; q++) ts_residency_free(&x->res[k].res[q]);
+        free(x->res[k].res);
+    }
     free(x->layers);
     free(x->parts);
     free(x->scheds);
+    free(x->res);
     free(x);
 }
 
@@ -189,6 +207,31 @@ static void peaks_for(sched_entry *e, int recompute, const int **acts, const int
     *n_rc = e->n_rc[recompute];
 }
 
+/* Whether a grid shards gradients (ZeRO-2, 3): only with more than one replica. */
+static bool sharded(const ts_plan_grid *g) { return g->zero >= 2 && g->dp > 1; }
+
+/* The residencies ([pp]) of grid g's schedule se cut as p, or NULL when the grid does
+ * not shard its gradients. */
+static const ts_residency *res_for(ts_plan_ctx *x, const ts_plan_grid *g, const part_entry *p,
+                                   const sched_entry *se)
+{
+    if (!sharded(g)) return NULL;
+    const ts_model_config *mc = &x->cfg.model;
+    const bool kv = ts_model_arch(mc) == TS_ARCH_LLAMA && g->tp > ts_model_kv_heads(mc);
+    const size_t si = (size_t)(se - x->scheds);
+    const int *first = kv ? p->first : NULL;
+    for (size_t k = 0; k < x->n_res; k++)
+        if (x->res[k].sched == si && x->res[k].first == first) return x->res[k].res;
+    x->res = ts_grow(x->res, &x->cap_res, x->n_res, sizeof *x->res);
+    res_entry *e = &x->res[x->n_res++];
+    *e = (res_entry){.sched = si, .first = first, .pp = g->pp,
+                     .res = ts_calloc((size_t)g->pp, sizeof(ts_residency))};
+    for (int q = 0; q < g->pp; q++)
+        ts_memory_residency(&se->s, q, ts_model_tied(mc), kv, p->first, p->sizes,
+                            mc->n_layer + 2, &e->res[q]);
+    return e->res;
+}
+
 const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     const part_entry *p = part_for(x, g);
@@ -211,7 +254,10 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
  * once per estimate or prediction, shared by the bound and the simulation. */
 typedef struct {
     double *f, *i, *w, *tp, *rc, *dp_floats;
+    double *floats;     /* [n_chunks] as its rank lays them out (memory.h's F_c) */
+    double *gather;     /* [n_chunks] ZeRO-3: one all-gather of the chunk's weights (ms) */
     double *opt, *dp_serial;
+    const ts_residency *res; /* [pp] ZeRO-2/3, else NULL */
 } chunk_costs;
 
 /* One pipeline message (ms): latency + one micro-batch's activations / bandwidth. */
@@ -222,13 +268,13 @@ static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_pla
 }
 
 /* The dp reduction's lane (dp > 1): a ring over dp ranks all-reduces 2(dp-1)/dp of the
- * bytes in 2(dp-1) steps, ZeRO-1's reduce-scatter half of that; per latency (ms) and
+ * bytes in 2(dp-1) steps, ZeRO-1, 2 and 3's reduce-scatter half of that; per latency (ms) and
  * bytes per ms, as the simulator's dp lane takes them. */
 static void dp_lane(const ts_plan_ctx *x, const ts_plan_grid *g, double *latency_ms,
                     double *bytes_per_ms)
 {
     const ts_link dl = ts_plan_dp_link(&x->cl, g);
-    const double k = g->dp - 1.0, halves = g->zero == 1 ? 1.0 : 2.0;
+    const double k = g->dp - 1.0, halves = g->zero >= 1 ? 1.0 : 2.0;
     *latency_ms = halves * k * dl.latency * 1e3;
     *bytes_per_ms = dl.bandwidth * g->dp / (halves * k) * 1e-3;
 }
@@ -249,17 +295,21 @@ static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const pa
     if (!x->cl.comm_on_compute || g->dp <= 1) return 0.0;
     double lat, bw, t = 0.0;
     dp_lane(x, g, &lat, &bw);
-    for (int c = 0; c < p->n_chunks; c++)
-        if (chunk_rank[c] == q) t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
+    for (int c = 0; c < p->n_chunks; c++) {
+        if (chunk_rank[c] != q) continue;
+        t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
+        if (g->zero == 3) t += cc->res[q].gathers[c] * cc->gather[c]; /* stalls compute too */
+    }
     return t;
 }
 
-/* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1's all-gather. */
+/* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1 and 2's all-gather
+ * of the updated parameters (ZeRO-3 gathers each chunk when the next step needs it). */
 static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats)
 {
-    const double shard = g->zero == 1 ? floats / g->dp : floats;
+    const double shard = g->zero >= 1 ? floats / g->dp : floats;
     double t = shard * (36.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth;
-    if (g->zero == 1 && g->dp > 1) {
+    if ((g->zero == 1 || g->zero == 2) && g->dp > 1) {
         const ts_link l = ts_plan_dp_link(&x->cl, g);
         const double k = g->dp - 1.0;
         t += k / g->dp * floats * 4.0 / l.bandwidth + k * l.latency;
@@ -273,13 +323,24 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
  * is free. */
 static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
                              const ts_plan_grid *g, const int *chunk_rank, const int *n_rc,
-                             chunk_costs *cc)
+                             const ts_residency *res, chunk_costs *cc)
 {
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
-    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats};
+    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats, &cc->floats,
+                         &cc->gather};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+    cc->res = res;
+    for (int q = 0; q < g->pp; q++)
+        ts_plan_chunk_floats(L, chunk_rank, n, p->first, p->sizes, q, cc->floats);
+    /* ZeRO-3's gathers: a ring all-gather of the chunk's fp32 weights, (dp-1)/dp of
+     * them in dp-1 steps. */
+    const ts_link dl = ts_plan_dp_link(&x->cl, g);
+    if (g->zero == 3 && g->dp > 1)
+        for (int c = 0; c < n; c++)
+            cc->gather[c] = ((g->dp - 1.0) * dl.latency +
+                             (g->dp - 1.0) / g->dp * 4.0 * cc->floats[c] / dl.bandwidth) * 1e3;
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
         double f = 0, i = 0, w = 0, tp = 0;
@@ -317,6 +378,8 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->tp);
     free(cc->rc);
     free(cc->dp_floats);
+    free(cc->floats);
+    free(cc->gather);
     free(cc->opt);
     free(cc->dp_serial);
 }
@@ -344,7 +407,7 @@ typedef struct {
     int *own[3];
 } rc_plan;
 
-static void rc_plan_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
+static void rc_plan_make(ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
                          sched_entry *se, const ts_plan_grid *g, rc_plan *rp)
 {
     memset(rp, 0, sizeof *rp);
@@ -363,10 +426,11 @@ static void rc_plan_make(const ts_plan_ctx *x, const ts_plan_layers *L, const pa
     double room = x->cl.memory - ms.threads * TS_BLAS_THREAD_BYTES;
     const double budget = (double)x->cfg.parallel.memory_budget_mb * 1048576.0;
     if (budget > 0 && budget < room) room = budget;
+    const ts_residency *res = res_for(x, g, p, se);
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
-        ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, q, room, rp->keep, rp->own[0],
-                          rp->own[1], rp->own[2], &mem);
+        ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, res ? &res[q] : NULL, q, room,
+                          rp->keep, rp->own[0], rp->own[1], rp->own[2], &mem);
     }
 }
 
@@ -395,8 +459,38 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
     rc_plan rp;
     grid_rc_plan(x, g, &L, &p, &se, &rp);
     const ts_memory_shape ms = mem_shape(x, g, se);
-    ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp.peak_acts, rp.peak_stash, rp.n_rc, q, m);
+    const ts_residency *res = res_for(x, g, p, se);
+    ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp.peak_acts, rp.peak_stash, rp.n_rc,
+                        res ? &res[q] : NULL, q, m);
     rc_plan_free(&rp);
+}
+
+const int *ts_plan_chunk_rank(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(se->st == TS_OK);
+    return se->s.chunk_rank;
+}
+
+void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traffic *t,
+                     int *gathers, double *chunk_bytes)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    const part_entry *p = part_for(x, g);
+    sched_entry *se = sched_for(x, g);
+    TS_ASSERT(p && se->st == TS_OK);
+    const int n = p->n_chunks;
+    const ts_residency *res = g->zero == 3 ? res_for(x, g, p, se) : NULL;
+    double *floats = ts_calloc((size_t)n, sizeof(double));
+    ts_plan_chunk_floats(L, se->s.chunk_rank, n, p->first, p->sizes, q, floats);
+    ts_zero_traffic_of(g->zero, g->dp, &se->s, q, res ? &res[q] : NULL, floats, t);
+    for (int c = 0; c < n; c++) {
+        if (ts_chunk_rank(&se->s, c) != q) continue;
+        if (gathers) gathers[c] = res ? res[q].gathers[c] : 0;
+        if (chunk_bytes)
+            chunk_bytes[c] = ts_zero_chunk_bytes(g->zero, g->dp, res ? &res[q] : NULL, c, floats[c]);
+    }
+    free(floats);
 }
 
 void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed)
@@ -435,7 +529,7 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp->peak_acts, rp->peak_stash,
-                            rp->n_rc, q, &mem);
+                            rp->n_rc, cc->res ? &cc->res[q] : NULL, q, &mem);
         if (q == 0 || mem.total > r->mem.total) {
             r->mem = mem;
             r->mem_rank = q;
@@ -479,7 +573,7 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, &cc);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     chunk_costs_free(&cc);
     rc_plan_free(&rp);
@@ -494,8 +588,12 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
         floats += L->param_floats[l];
         acts += L->act_bytes[l];
     }
-    const double per_param = 4.0 + x->k->weight_copy_bytes + 4.0 +
-                             8.0 / (g->zero == 1 ? (double)g->dp : 1.0);
+    /* Per parameter, what persists (memory.h; ZeRO-2/3's chunk buffers come on top). */
+    const double wcb = x->k->weight_copy_bytes, dp = g->dp > 1 ? g->dp : 1.0;
+    const int zero = g->dp > 1 ? g->zero : 0;
+    const double per_param = zero == 3   ? 16.0 / dp
+                             : zero == 2 ? 4.0 + wcb + 12.0 / dp
+                                         : 4.0 + wcb + 4.0 + 8.0 / (zero == 1 ? dp : 1.0);
     const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
     return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
 }
@@ -508,6 +606,32 @@ static void finish(const ts_plan_ctx *x, ts_plan_result *r)
     r->tokens_per_s = tokens / (r->step_ms * 1e-3);
     r->mfu = ts_plan_model_flops(&x->cfg.model, x->cfg.train.global_batch) /
              (r->step_ms * 1e-3 * ts_cluster_peak(&x->cl) * world);
+}
+
+/* ZeRO-3's weight gathers on rank q of a simulated step (residency.h): residency k's
+ * gather is issued when residency k-1's first action starts (the first at the step's
+ * start), one gather at a time on the link, and the rank stalls before residency k's
+ * first action until its gather is done; a stall delays the rank's later actions, and
+ * so the later issues. The total stall (ms) and, into *busy, the gathers' time. Events
+ * of rank q start after every earlier rank's actions and optimizer step (sim.c). */
+static double gather_stall(const ts_sim_result *sr, const ts_schedule *s, const ts_residency *res,
+                           const double *gather, int q, double *busy)
+{
+    int first_event = 0;
+    for (int k = 0; k < q; k++) first_event += s->n_actions[k] + 1;
+    const ts_sim_event *ev = sr->events + first_event;
+    double stall = 0.0, link_free = 0.0;
+    *busy = 0.0;
+    for (int k = 0; k < res->n_spans; k++) {
+        const ts_residency_span *sp = &res->spans[k];
+        const double issue = k == 0 ? 0.0 : ev[res->spans[k - 1].first].start + stall;
+        const double start = issue > link_free ? issue : link_free;
+        link_free = start + gather[sp->chunk];
+        *busy += gather[sp->chunk];
+        const double need = ev[sp->first].start + stall;
+        if (link_free > need) stall += link_free - need;
+    }
+    return stall;
 }
 
 /* ts_plan_simulate on the grid's parts and costs. */
@@ -541,8 +665,32 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     }
     ts_sim_result sr;
     ts_status st = ts_sim_run(&se->s, &sc.costs, &sr);
+    /* ZeRO-3's gathers, overlapped: their stalls (from this step's timeline) join each
+     * rank's optimizer, and the step is simulated again; what it lengthens the step by
+     * is the gathers' exposed time. (A stall inside the step would also delay the ranks
+     * downstream; at the end it delays only its own: an approximation, see predict.h.) */
+    double *stall = ts_calloc((size_t)g->pp, sizeof(double)), gather_lane = 0.0, before = 0.0;
+    if (st == TS_OK && g->zero == 3 && g->dp > 1 && !serial) {
+        bool any = false;
+        for (int q = 0; q < g->pp; q++) {
+            double t;
+            stall[q] = gather_stall(&sr, &se->s, &cc->res[q], cc->gather, q, &t);
+            gather_lane = t > gather_lane ? t : gather_lane;
+            optim[q] += stall[q];
+            any |= stall[q] > 0;
+        }
+        before = sr.step_time;
+        if (any) {
+            ts_sim_result_free(&sr);
+            st = ts_sim_run(&se->s, &sc.costs, &sr);
+        }
+    }
     if (st == TS_OK) {
         r->simulated = true;
+        if (g->zero == 3 && g->dp > 1 && !serial) {
+            r->terms.dp_gather = gather_lane;
+            r->terms.gather_exposed = sr.step_time - before;
+        }
         r->step_ms = sr.step_time;
         r->bubble = sr.bubble_mean;
         /* The busiest rank's compute and optimizer; a serial dp reduction (in its optim)
@@ -551,7 +699,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
         for (int q = 0; q < g->pp; q++) {
             if (sr.busy[q] > most) {
                 most = sr.busy[q];
-                busy = sr.busy[q] - dp_serial[q];
+                busy = sr.busy[q] - dp_serial[q] - stall[q];
                 if (serial) exposed = dp_serial[q];
             }
             const double d = serial ? dp_serial[q] : sr.dp_busy[q];
@@ -559,7 +707,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
         }
         r->terms.dp_exposed = exposed;
         r->terms.dp_reduction = lane;
-        const double idle = sr.step_time - busy - exposed;
+        const double idle = sr.step_time - busy - exposed - r->terms.gather_exposed;
         r->terms.bubble = idle > 0 ? idle : 0.0;
         finish(x, r);
         if (keep)
@@ -567,6 +715,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
         else
             ts_sim_result_free(&sr);
     }
+    free(stall);
     ts_plan_sim_costs_free(&sc);
     return st;
 }
@@ -582,7 +731,7 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
     rc_plan rp;
     rc_plan_make(x, L, p, se, &r->g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, rp.n_rc, &cc);
+    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, rp.n_rc, res_for(x, &r->g, p, se), &cc);
     rc_plan_free(&rp);
     st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
@@ -602,7 +751,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, &cc);
+    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     rc_plan_free(&rp);
     const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);

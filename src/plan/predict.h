@@ -36,6 +36,7 @@
 #include "pipeline/sim.h"
 #include "plan/cluster.h"
 #include "plan/model_cost.h"
+#include "plan/zero.h"
 
 typedef struct {
     int pp, dp, tp, v, micro_batch, m;
@@ -54,6 +55,8 @@ typedef struct {
     double dp_exposed;  /* the dp reduction the step waits for */
     double dp_reduction;/* the dp lane's busy time (mostly hidden) */
     double pp_comm;     /* one pipeline message's transfer time */
+    double dp_gather;   /* ZeRO-3: the weight gathers' time on the busiest link */
+    double gather_exposed; /* ZeRO-3: what the gathers lengthen the step by */
 } ts_plan_terms;
 
 typedef struct {
@@ -102,6 +105,16 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
 
 /* The memory of pipeline rank q (0 <= q < pp) of a grid ts_plan_estimate accepted. */
 void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_rank_memory *m);
+
+/* The placement of a grid ts_plan_estimate accepted: the pipeline rank of each chunk
+ * [pp*v] (valid until ctx is freed). */
+const int *ts_plan_chunk_rank(ts_plan_ctx *x, const ts_plan_grid *g);
+
+/* ZeRO's dp traffic per step of pipeline rank q of a grid ts_plan_estimate accepted
+ * (plan/zero.h), and per chunk ([pp*v], q's written; each may be NULL) its weight
+ * gathers and the bytes its gathers and reduction send. */
+void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traffic *t,
+                     int *gathers, double *chunk_bytes);
 
 /* What a grid ts_plan_estimate accepted recomputes, per chunk [pp*v]: recompute =
  * "auto"'s caps into keep (untouched for another mode; may be NULL) and the recomputed

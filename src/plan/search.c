@@ -84,7 +84,8 @@ ts_loss_reason ts_plan_loss_reason(const ts_plan_result *r, const ts_plan_result
     const ts_plan_terms *a = &r->terms, *b = &best->terms;
     const double d[TS_N_LOSSES] = {
         [TS_LOSS_BUBBLE] = a->bubble - b->bubble,
-        [TS_LOSS_COMMUNICATION] = (a->tp_comm + a->dp_exposed) - (b->tp_comm + b->dp_exposed),
+        [TS_LOSS_COMMUNICATION] = (a->tp_comm + a->dp_exposed + a->gather_exposed) -
+                                  (b->tp_comm + b->dp_exposed + b->gather_exposed),
         [TS_LOSS_RECOMPUTE] = a->recompute - b->recompute,
         [TS_LOSS_COMPUTE] = a->compute - b->compute,
         [TS_LOSS_OPTIMIZER] = a->optimizer - b->optimizer,
@@ -124,7 +125,7 @@ static int complexity(const ts_plan_grid *g)
     const int sched = g->schedule >= 0 && g->schedule <= TS_SCHEDULE_ZB_H1
                           ? schedule_rank[g->schedule]
                           : 4; /* a CSV schedule */
-    return ((g->v - 1) * 8 + sched) * 16 + g->recompute * 2 + g->zero;
+    return ((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero;
 }
 
 /* Best first: the shorter step, then (on a tie) the less memory, then the simpler grid
@@ -164,7 +165,7 @@ static int cmp_triple(const void *pa, const void *pb)
 }
 
 /* The fewest devices any grid fits on, in its lightest setting (micro_batch 1, recompute
- * full, 1f1b, ZeRO-1 when dp > 1): the grids in increasing size until one fits; 0 when
+ * full, 1f1b, ZeRO-3 when dp > 1): the grids in increasing size until one fits; 0 when
  * none does. (dp counts: the trainer keeps pipeline buffers for every micro-batch of
  * the step, global_batch / (dp * micro_batch) of them.) */
 static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
@@ -188,7 +189,7 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
     for (size_t k = 0; k < n && !best; k++) {
         ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .v = 1, .micro_batch = 1,
                           .m = gb / t[k].dp, .schedule = TS_SCHEDULE_1F1B,
-                          .recompute = TS_RECOMPUTE_FULL, .zero = t[k].dp > 1};
+                          .recompute = TS_RECOMPUTE_FULL, .zero = t[k].dp > 1 ? 3 : 0};
         if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
         ts_plan_result e;
         if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
@@ -257,13 +258,13 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                 const int per_rank = ts_schedule_chunks_per_rank((ts_schedule_kind)s);
                 const int v_lo = per_rank == 1 ? 1 : 2, v_hi = per_rank == 0 ? layers / pp : v_lo;
                 for (int v = v_lo; v <= v_hi && pp * v <= layers; v++) {
-                    bool none_fits[2] = {false, false}, full_fits[2] = {false, false};
+                    bool none_fits[4] = {false}, full_fits[4] = {false};
                     for (int rc = 0; rc < TS_N_RECOMPUTES; rc++) {
                         /* none, full and auto (in that order); auto only where none
                          * does not fit (where it fits, auto keeps everything: none
                          * again) and full does (where full does not, nothing does) */
                         if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
-                        for (int z = 0; z <= (dp > 1); z++) {
+                        for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
                             if (rc == TS_RECOMPUTE_AUTO && (none_fits[z] || !full_fits[z]))
                                 continue;
                             ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .v = v,
@@ -332,7 +333,7 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
             return ts_fail("%d devices are fewer than one replica of this model needs: at "
                            "least %lld (pp %d x dp %d x tp %d, micro_batch 1, recompute full%s) "
                            "to fit in %.2f GB per device; give --gpus %lld or more",
-                           o->gpus, least, fg.pp, fg.dp, fg.tp, fg.zero ? ", zero 1" : "",
+                           o->gpus, least, fg.pp, fg.dp, fg.tp, fg.zero ? ", zero 3" : "",
                            cl->memory / 1e9, least);
         if (!have_smallest)
             return ts_fail("no schedule can run any grid of %d devices for this batch", o->gpus);

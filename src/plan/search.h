@@ -9,7 +9,7 @@
  * runs (gpipe, 1f1b, zb-h1, zb-h2: v = 1; zb-v, dualpipe-v: v = 2, the V placement;
  * interleaved-1f1b, looped-bfs, interleaved-zb: v >= 2) where it accepts the number of
  * micro-batches; pp = 1 runs 1f1b only (the schedules coincide); recompute none, full,
- * and auto where none does not fit; ZeRO 0 or 1 (1 only with dp > 1).
+ * and auto where none does not fit; ZeRO 0 to 3 (1 to 3 only with dp > 1).
  *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
  * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the

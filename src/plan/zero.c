@@ -1,0 +1,43 @@
+/* ZeRO's per-step data-parallel traffic (zero.h). */
+#include "plan/zero.h"
+
+#include <string.h>
+
+#include "core/error.h"
+
+double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats)
+{
+    if (dp <= 1) return 0.0;
+    const double ring = (dp - 1.0) / dp, bytes = 4.0 * floats;
+    switch (zero) {
+    case 0: return 2.0 * ring * bytes;
+    case 3: return (res->gathers[c] + 1.0) * ring * bytes;
+    default: return 2.0 * ring * bytes; /* reduce-scatter, and the all-gather after the step */
+    }
+}
+
+void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_residency *res,
+                        const double *chunk_floats, ts_zero_traffic *t)
+{
+    memset(t, 0, sizeof *t);
+    TS_ASSERT(zero >= 0 && zero <= 3 && (zero != 3 || dp <= 1 || res));
+    if (dp <= 1) return;
+    const double ring = (dp - 1.0) / dp;
+    for (int c = 0; c < s->n_chunks; c++) {
+        if (ts_chunk_rank(s, c) != q) continue;
+        const double bytes = 4.0 * chunk_floats[c];
+        t->reductions++;
+        if (zero == 0) {
+            t->reduce_bytes += 2.0 * ring * bytes;
+        } else {
+            t->reduce_bytes += ring * bytes;
+            if (zero == 3) {
+                t->gathers += res->gathers[c];
+                t->gather_bytes += res->gathers[c] * ring * bytes;
+            } else {
+                t->allgather_bytes += ring * bytes;
+            }
+        }
+    }
+    t->bytes = t->gather_bytes + t->reduce_bytes + t->allgather_bytes;
+}
