@@ -241,7 +241,7 @@ static void test_config_range_errors(void)
         { "parallel = { tp = 0; };", "'parallel.tp'" },
         { "parallel = { virtual_stages = 0; };", "'parallel.virtual_stages'" },
         { "parallel = { micro_batch = 0; };", "'parallel.micro_batch'" },
-        { "parallel = { zero = 2; };", "'parallel.zero'" },
+        { "parallel = { zero = 4; };", "'parallel.zero'" },
         { "parallel = { bucket_mb = 0; };", "'parallel.bucket_mb'" },
         { "parallel = { memory_budget_mb = -1; };", "'parallel.memory_budget_mb'" },
         { "train = { global_batch = 0; };", "'train.global_batch'" },
@@ -267,7 +267,7 @@ static void test_config_range_errors(void)
         CHECKF(load(cases[i].text) == TS_ERR, "accepted %s", cases[i].text);
         CHECKF(msg_has(cases[i].key), "%s -> %s", cases[i].text, ts_error_message());
     }
-    EXPECT_ERR("parallel = { zero = 2; };\n", NULL, "0 or 1", "t.cfg:1");
+    EXPECT_ERR("parallel = { zero = 4; };\n", NULL, "[0, 3]", "t.cfg:1");
     EXPECT_ERR("train = { beta1 = 1.0; };\n", NULL, "in [0, 1)");
 }
 
@@ -447,9 +447,11 @@ static void test_config_relations(void)
                "\"zb-h2\" runs one chunk per pipeline rank", "\"looped-bfs\"");
     EXPECT_ERR("parallel = { schedule = \"zb-h3\"; };\n", NULL, "\"dualpipe-v\"",
                "\"zb-h2\"");
-    /* ZeRO-1 is built: zero = 1 loads, with any grid. */
+    /* ZeRO-1, 2 and 3 are built: each loads, with any grid. */
     CHECK(load("parallel = { zero = 1; };\n") == TS_OK && g_cfg.parallel.zero == 1);
     CHECK(load("parallel = { zero = 1; dp = 2; };\n") == TS_OK);
+    CHECK(load("parallel = { zero = 2; dp = 2; };\n") == TS_OK && g_cfg.parallel.zero == 2);
+    CHECK(load("parallel = { zero = 3; dp = 2; pp = 2; };\n") == TS_OK && g_cfg.parallel.zero == 3);
     /* Checkpoint keys: every and load = "latest" need a directory; file_gb is positive. */
     CHECK(load("checkpoint = { load = \"some/dir\"; };\n") == TS_OK);
     CHECK(load("checkpoint = { dir = \"ck\"; every = 5; keep = 3; load = \"latest\"; "

@@ -173,7 +173,7 @@ PY
 zero_check looped-bfs 2 3 2,1 && pass || fail "looped-bfs zero 3: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
 zero_check looped-bfs 4 3 2,2,2,1 && pass || fail "looped-bfs v 4 zero 3: $(head -c 800 "$TMP/out")"
 zero_check 1f1b 1 3 1 && pass || fail "1f1b zero 3: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
-zero_check interleaved-1f1b 2 3 2,1 && pass || fail "interleaved zero 3: $(head -c 800 "$TMP/out")"
+zero_check interleaved-1f1b 2 3 1,1 && pass || fail "interleaved zero 3: $(head -c 800 "$TMP/out")"
 zero_check looped-bfs 2 2 0,0 && pass || fail "looped-bfs zero 2: $(head -c 800 "$TMP/out") $(cat "$TMP/err")"
 # The text report names the counts per rank and chunk.
 if run_one plan configs/tiny.cfg --cost uniform --set parallel.pp=2 --set parallel.dp=2 \

@@ -55,8 +55,10 @@ static void test_gathers(void)
         {"1f1b", 4, 1, 8, {1, 1, 1, 1}},
         {"gpipe", 2, 1, 2, {1, 1}},
         /* rank 0: F0.0 F0.1 F2.0 F2.1 F0.2 B2.0 F0.3 B2.1 F2.2 B0.0 ...: chunk 0's last
-         * forward (6) and first backward (9) are apart; chunks 1, 2, 3 overlap. */
-        {"interleaved-1f1b", 2, 2, 4, {2, 1, 1, 1}},
+         * forward (6) and first backward (9) are apart, but its backward residency's
+         * prefetch would be issued at chunk 2's first action (2), while the forward one
+         * still holds the weights: they stay (one gather); chunks 1, 2, 3 overlap. */
+        {"interleaved-1f1b", 2, 2, 4, {1, 1, 1, 1}},
         /* zb-v (V placement: chunks 0, 3 on rank 0): rank 0 runs F0.0-F0.2 then chunk
          * 3, and chunk 0's first I at 9; rank 1's two chunks interleave. */
         {"zb-v", 2, 2, 3, {2, 1, 1, 1}},
