@@ -2,8 +2,9 @@
 # The planner's memory predictions (tessera plan --cluster --json) against the trainer's
 # own accounting (the metrics' last line) for every grid of up to 4 ranks of the tiny
 # config and a 12-layer one (2 steps each, the planner's cut passed to the trainer so
-# both hold the same layers), plus schedule, recompute and ZeRO variants. Compared per
-# rank, within 10%:
+# both hold the same layers), plus schedule, recompute and ZeRO variants (ZeRO-2 and 3
+# on the 12-layer config: their chunk buffers are in memory_bytes). Compared per rank,
+# within 10%:
 #   activation_mb  vs  ranks[pp_rank].activation_sets  (the saved sets at the peak)
 #   optimizer_mb   vs  ranks[pp_rank].optimizer        (AdamW moments, 1/dp with ZeRO-1)
 #   peak_rss_mb    vs  memory_bytes - workspace + B    (B: the process's own baseline,
@@ -49,6 +50,16 @@ each_run() {
       --set parallel.zero=1
     $fn "$layers" plan_cluster_cpu.cfg "n_layer $layers pp2 dp2 zero 1" "${L[@]}" --set parallel.pp=2 \
       --set parallel.dp=2 --set parallel.zero=1
+    # ZeRO-2/3: the per-chunk gradient and gathered-weight buffers at their residency peak.
+    if [ "$layers" = 12 ]; then
+      $fn "$layers" plan_cluster_cpu.cfg "n_layer $layers dp2 zero 2" "${L[@]}" --set parallel.dp=2 \
+        --set parallel.zero=2
+      $fn "$layers" plan_cluster_cpu.cfg "n_layer $layers pp2 dp2 v2 looped-bfs zero 3" "${L[@]}" \
+        --set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 \
+        --set parallel.schedule=looped-bfs --set parallel.micro_batch=2 --set parallel.zero=3
+      $fn "$layers" plan_cluster_cpu.cfg "n_layer $layers pp2 dp2 1f1b zero 3" "${L[@]}" \
+        --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3
+    fi
   done
   # bf16 (where the CPU has BF16 instructions): bf16 activations and compute weights
   # beside fp32 master weights, by a bf16 cluster file, against the bf16 trainer.

@@ -8,7 +8,8 @@
 # rank, and a one-rank zero-0 save resumes under ZeRO-3 on 2x2x2, both following the
 # uninterrupted run within 1e-4. Memory: the state each rank keeps (weights, gradients,
 # moments: the metrics' state_mb) at dp 4 is (4 + 12/4)/16 (ZeRO-2) and 1/4 (ZeRO-3) of
-# one rank's, within 5%.
+# one rank's, within 5%, and the chunk buffers' peak (zero_buffers_mb) is the memory
+# model's (`tessera plan --json`) within 5%.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -83,4 +84,32 @@ for z in 2 3; do
   if ratio_ok "$got" "$one" "$want"; then pass
   else fail "ZeRO-$z state_mb at dp 4 ($got) is not $want x one rank's ($one) within 5%"; fi
 done
+
+# The chunk buffers at their peak (zero_buffers_mb) against the memory model's
+# (`tessera plan --json`: ranks[pp].memory.chunk_buffers), within 5% (at least 0.1 MiB:
+# the metrics round to it), for runs with validation (ZeRO-3 gathers every chunk for it).
+bufs_match() { # NAME SETS...
+  local name="$1"; shift
+  if ! run_np 4 "${common[@]}" --set train.steps=2 --set "data.val=\"$TMP/train.bin\"" \
+       --set data.val_windows=8 --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+    fail "run $name"; sed 's/^/    /' "$TMP/err" >&2; return
+  fi
+  if ! "$TESSERA" plan "$SRC/configs/tiny.cfg" --set parallel.bucket_mb=1 "$@" --json \
+       >"$TMP/$name.plan.json" 2>"$TMP/err"; then
+    fail "plan $name"; sed 's/^/    /' "$TMP/err" >&2; return
+  fi
+  if out=$(python3 - "$TMP/$name.jsonl" "$TMP/$name.plan.json" <<'PY'
+import json, sys
+last = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["zero_buffers_mb"]
+plan = json.load(open(sys.argv[2]))
+per_pp = len(last) // plan["pp"]
+for r, got in enumerate(last):
+    want = plan["ranks"][r // per_pp]["memory"]["chunk_buffers"] / 1048576
+    if abs(got - want) > max(0.05 * want, 0.1):
+        sys.exit("rank %d: zero_buffers_mb %.1f, the model %.2f" % (r, got, want))
+PY
+  ); then pass; else fail "$name: $out"; fi
+}
+bufs_match bufs_bfs3 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=looped-bfs --set parallel.zero=3
+bufs_match bufs_zbv2 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=zb-v --set parallel.zero=2
 finish
