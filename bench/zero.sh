@@ -10,8 +10,9 @@
 #    gathers and gradient reduce-scatters, the trace's dp track) that ran while the same
 #    rank computed (F/B/I/W spans), looped-bfs (Breadth-First, v = 2) against 1f1b and
 #    interleaved-1f1b, all ZeRO-3, with the gathers and reductions per step the schedule
-#    implies and the simulator's prediction (`tessera plan --costs-from-trace`: its
-#    exposed dp time against its total dp time).
+#    implies and the simulator's prediction (`tessera plan --cluster`: its exposed dp
+#    time, reductions and gathers, against their total; on this machine's measured file
+#    and on the same with overlap_comm = true).
 # Usage: bench/zero.sh [STEPS]   (default 20; from anywhere)
 #   BUILD=DIR  build directory (default build/);  KEEP=DIR keeps every run's files
 set -euo pipefail
@@ -49,9 +50,10 @@ for z in 0 1 2 3; do
   one=$(field "$tmp/m${z}_1.jsonl" state_mb) four=$(field "$tmp/m${z}_4.jsonl" state_mb)
   want=$(awk -v z=$z 'BEGIN { d = 4; f = z == 0 ? 16 : z == 1 ? 8 + 8 / d : z == 2 ? 4 + 12 / d : 16 / d; print f / 16 }')
   model_buf=$("$build/tessera" plan configs/tiny.cfg "${model[@]}" --set parallel.dp=4 \
-    --set parallel.zero=$z --json 2>/dev/null | grep -o '"zero_buffers_bytes": *[0-9.e+-]*' | head -1 |
-    grep -o '[0-9.e+-]*$' || true)
-  model_buf=$([ -n "$model_buf" ] && awk -v b="$model_buf" 'BEGIN { printf "%.1f", b / 1048576 }' || echo n/a)
+    --set parallel.zero=$z --json 2>/dev/null | python3 -c '
+import json, sys
+print("%.1f" % (json.load(sys.stdin)["ranks"][0]["memory"].get("chunk_buffers", 0) / 1048576))' ||
+    echo n/a)
   awk -v z=$z -v one="$one" -v four="$four" -v want="$want" -v buf="$(field "$tmp/m${z}_4.jsonl" zero_buffers_mb)" \
       -v mbuf="$model_buf" -v rss="$(field "$tmp/m${z}_4.jsonl" step_peak_rss_mb)" 'BEGIN {
     r = four / one; printf "| %d | %.1f | %.1f | %.4f | %.4f | %+.1f%% | %.1f | %s | %.1f |\n",
@@ -61,8 +63,8 @@ done
 echo
 echo "### dp traffic hidden behind compute, pp2 x dp2, ZeRO-3 ($steps steps, medians from step $skip)"
 echo
-echo "| schedule | v | step ms | dp collectives per rank per step (trace: one per bucket) | dp traffic hidden (trace) | predicted hidden (plan) |"
-echo "|---|---|---|---|---|---|"
+echo "| schedule | v | step ms | gathers + reductions, pp rank 0 (plan) | dp collectives per rank per step (trace: one per bucket) | dp time hidden (trace) | predicted hidden (this-machine.cfg) | predicted hidden (overlap_comm = true) |"
+echo "|---|---|---|---|---|---|---|---|"
 hidden() { # TRACE SKIP: the share of dp-track time that overlaps the same rank's compute
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -94,20 +96,30 @@ print("%.3f %.1f" % (hid / tot if tot else 0.0, sum(counts) / len(counts) if cou
 PY
 }
 pp=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3)
+# The simulator on this machine's measured cluster file, once as measured (MPI runs on
+# the compute cores: overlap_comm = false, nothing hidden by construction) and once with
+# overlap_comm = true (what a network that progresses on its own would hide).
+sed 's/^\( *overlap_comm = \)false;/\1true;/' configs/clusters/this-machine.cfg >"$tmp/overlap.cfg"
+predicted() { # CLUSTER SETS...: the predicted hidden share of dp time, and gathers+reductions
+  "$build/tessera" plan configs/tiny.cfg "${model[@]}" "${@:2}" --cluster "$1" --json 2>/dev/null |
+    python3 -c '
+import json, sys
+d = json.load(sys.stdin); t = d["terms_ms"]
+total = t["dp_reduction"] + t["dp_gather"]
+hid = 1 - (t["dp_exposed"] + t["gather_exposed"]) / total if total > 0 else 0.0
+z = (d.get("zero_traffic") or [{}])[0]
+print("%.3f %s+%s" % (hid, z.get("gathers", "?"), z.get("reductions", "?")))'
+}
 for s in "looped-bfs 2" "1f1b 1" "interleaved-1f1b 2"; do
   set -- $s
   name="o_$1"
   sargs=("${pp[@]}" --set "parallel.schedule=\"$1\"" --set parallel.virtual_stages="$2")
   run "$name" 4 "${sargs[@]}" --set train.steps="$steps" --set "log.trace=\"$tmp/$name.trace.json\""
   read -r share per_step <<<"$(hidden "$tmp/$name.trace.json" "$skip")"
-  plan=$("$build/tessera" plan configs/tiny.cfg "${model[@]}" "${sargs[@]}" --json \
-    --costs-from-trace "$tmp/$name.trace.json" --trace-skip-steps "$skip" --trace-stat median \
-    2>"$tmp/$name.plan.err") || true
-  exposed=$(echo "$plan" | grep -o '"dp_exposed_ms": *[0-9.e+-]*' | head -1 | grep -o '[0-9.e+-]*$' || true)
-  total=$(echo "$plan" | grep -o '"dp_ms": *[0-9.e+-]*' | head -1 | grep -o '[0-9.e+-]*$' || true)
-  pred=$([ -n "$exposed" ] && [ -n "$total" ] && awk -v e="$exposed" -v t="$total" 'BEGIN { if (t > 0) printf "%.3f", 1 - e / t; else print "n/a" }' || echo n/a)
-  printf '| %s | %s | %.1f | %s | %s | %s |\n' "$1" "$2" "$(med step_ms "$tmp/$name.jsonl" $skip)" \
-    "$per_step" "$share" "$pred"
+  read -r p_meas counts <<<"$(predicted configs/clusters/this-machine.cfg "${sargs[@]}")"
+  read -r p_over _ <<<"$(predicted "$tmp/overlap.cfg" "${sargs[@]}")"
+  printf '| %s | %s | %.1f | %s | %s | %s | %s | %s |\n' "$1" "$2" "$(med step_ms "$tmp/$name.jsonl" $skip)" \
+    "$counts" "$per_step" "$share" "$p_meas" "$p_over"
 done
 echo
 echo "command: bench/zero.sh $steps"
