@@ -1,7 +1,8 @@
 # Several ranks on one GPU (CTest label "gpu"; skipped, 77, without a CUDA device),
 # 20 steps of the tiny config each (tests/lib.sh gpu_common), all ranks on the first GPU:
 # - through the MPI backend (parallel.comm = "mpi": device memory staged through host
-#   buffers), pp = 2 x dp = 2 (4 ranks) and tp = 2 (2 ranks) match the one-rank CPU run:
+#   buffers), pp = 2 x dp = 2 (4 ranks; also looped-bfs with ZeRO-3) and tp = 2 (2 ranks)
+#   match the one-rank CPU run:
 #   loss within relative 1e-4 and gradient norm within 1e-3 every step (the GPU's bound
 #   against the CPU, test_gpu_train);
 # - the pp = 2 x dp = 2 grid with parallel.comm = "nccl" fails: NCCL cannot put two ranks
@@ -27,6 +28,12 @@ PP2DP2=(--set parallel.pp=2 --set parallel.dp=2)
 train_on cpu 1 cpu
 train_on pp2dp2 4 "$GPU_DEVICE" "${MPI[@]}" "${PP2DP2[@]}" &&
   compare_runs "pp2 x dp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/pp2dp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+# ZeRO-3 across the pipeline (Breadth-First): chunk buffers allocated, gathered and freed
+# in device memory every step, the gathers staged through the host by the MPI backend.
+train_on zero3 4 "$GPU_DEVICE" "${MPI[@]}" "${PP2DP2[@]}" --set parallel.virtual_stages=2 \
+  --set 'parallel.schedule="looped-bfs"' --set parallel.micro_batch=2 --set parallel.zero=3 &&
+  compare_runs "pp2 x dp2 looped-bfs ZeRO-3 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" \
+    "$TMP/zero3.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 train_on tp2 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 &&
   compare_runs "tp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/tp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 # Llama with tp = 4 > n_kv_head = 2 (each key/value head on two ranks, their gradients
