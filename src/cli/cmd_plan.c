@@ -333,11 +333,15 @@ static void zero_traffic(const ts_config *cfg, const ts_partition *part, const t
     ts_memory_chunk_floats(cfg, part, s, q, floats);
     ts_residency r = {0};
     if (zero == 3 && dp > 1) ts_memory_residency_of_config(cfg, part, s, q, &r);
-    ts_zero_traffic_of(zero, dp, s, q, zero == 3 ? &r : NULL, floats, t);
+    /* ZeRO-3 gathers in the compute dtype of the run's kernels (train.precision). */
+    const ts_kernels *k =
+        ts_kernels_layout_for(cfg->train.device, cfg->train.precision, cfg->train.attention);
+    const int eb = (int)ts_dtype_bytes(k->act_dtype);
+    ts_zero_traffic_of(zero, dp, s, q, zero == 3 ? &r : NULL, floats, eb, t);
     for (int c = 0; c < s->n_chunks; c++) {
         if (ts_chunk_rank(s, c) != q) continue;
         gathers[c] = zero == 3 && dp > 1 ? r.gathers[c] : 0;
-        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c]);
+        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c], eb);
     }
     ts_residency_free(&r);
     free(floats);
@@ -374,8 +378,8 @@ static void print_zero(const ts_config *cfg, const ts_partition *part, const ts_
     const int zero = cfg->parallel.zero, dp = cfg->parallel.dp;
     if (zero < 2 || dp == 1) return;
     printf("zero %d over %d replicas, per step (ring, bytes each rank sends; %s):\n", zero, dp,
-           zero == 3 ? "each chunk's fp32 weights all-gathered when resident, its gradients "
-                       "reduce-scattered once"
+           zero == 3 ? "each chunk's weights all-gathered in the compute dtype when resident, "
+                       "its gradients reduce-scattered once"
                      : "each chunk's gradients reduce-scattered once, the parameters "
                        "all-gathered after the optimizer");
     int *gathers = ts_calloc((size_t)s->n_chunks, sizeof(int));

@@ -340,7 +340,8 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
     if (g->zero == 3 && g->dp > 1)
         for (int c = 0; c < n; c++)
             cc->gather[c] = ((g->dp - 1.0) * dl.latency +
-                             (g->dp - 1.0) / g->dp * 4.0 * cc->floats[c] / dl.bandwidth) * 1e3;
+                             (g->dp - 1.0) / g->dp * (double)ts_dtype_bytes(x->k->act_dtype) *
+                                 cc->floats[c] / dl.bandwidth) * 1e3;
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
         double f = 0, i = 0, w = 0, tp = 0;
@@ -483,12 +484,14 @@ void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traff
     const ts_residency *res = g->zero == 3 ? res_for(x, g, p, se) : NULL;
     double *floats = ts_calloc((size_t)n, sizeof(double));
     ts_plan_chunk_floats(L, se->s.chunk_rank, n, p->first, p->sizes, q, floats);
-    ts_zero_traffic_of(g->zero, g->dp, &se->s, q, res ? &res[q] : NULL, floats, t);
+    const int eb = (int)ts_dtype_bytes(x->k->act_dtype); /* ZeRO-3 gathers the compute dtype */
+    ts_zero_traffic_of(g->zero, g->dp, &se->s, q, res ? &res[q] : NULL, floats, eb, t);
     for (int c = 0; c < n; c++) {
         if (ts_chunk_rank(&se->s, c) != q) continue;
         if (gathers) gathers[c] = res ? res[q].gathers[c] : 0;
         if (chunk_bytes)
-            chunk_bytes[c] = ts_zero_chunk_bytes(g->zero, g->dp, res ? &res[q] : NULL, c, floats[c]);
+            chunk_bytes[c] =
+                ts_zero_chunk_bytes(g->zero, g->dp, res ? &res[q] : NULL, c, floats[c], eb);
     }
     free(floats);
 }

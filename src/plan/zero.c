@@ -5,19 +5,20 @@
 
 #include "core/error.h"
 
-double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats)
+double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats,
+                           int gather_elem_bytes)
 {
     if (dp <= 1) return 0.0;
     const double ring = (dp - 1.0) / dp, bytes = 4.0 * floats;
     switch (zero) {
     case 0: return 2.0 * ring * bytes;
-    case 3: return (res->gathers[c] + 1.0) * ring * bytes;
+    case 3: return (res->gathers[c] * (double)gather_elem_bytes * floats + bytes) * ring;
     default: return 2.0 * ring * bytes; /* reduce-scatter, and the all-gather after the step */
     }
 }
 
 void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_residency *res,
-                        const double *chunk_floats, ts_zero_traffic *t)
+                        const double *chunk_floats, int gather_elem_bytes, ts_zero_traffic *t)
 {
     memset(t, 0, sizeof *t);
     TS_ASSERT(zero >= 0 && zero <= 3 && (zero != 3 || dp <= 1 || res));
@@ -33,7 +34,7 @@ void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_
             t->reduce_bytes += ring * bytes;
             if (zero == 3) {
                 t->gathers += res->gathers[c];
-                t->gather_bytes += res->gathers[c] * ring * bytes;
+                t->gather_bytes += res->gathers[c] * ring * gather_elem_bytes * chunk_floats[c];
             } else {
                 t->allgather_bytes += ring * bytes;
             }

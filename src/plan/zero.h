@@ -1,14 +1,16 @@
 /* ZeRO's data-parallel traffic of one pipeline rank per step, by level, as `tessera
  * plan` prints it and the predictor prices it (ring collectives over dp ranks, bytes
- * each rank sends; N = the rank's parameter floats, F_c = its chunk c's, fp32):
+ * each rank sends; N = the rank's parameter floats, F_c = its chunk c's; gradients and
+ * ZeRO-1/2's parameter gather in fp32, ZeRO-3's weight gathers in the compute dtype,
+ * e bytes an element: 4 fp32, 2 bf16):
  *   zero 0: an all-reduce of the gradients, 2 (dp-1)/dp 4N;
  *   zero 1, 2: a reduce-scatter of the gradients, (dp-1)/dp 4N, and the all-gather of
  *     the updated parameters after the optimizer, (dp-1)/dp 4N;
  *   zero 3: per chunk, gathers[c] weight all-gathers (pipeline/residency.h: what the
  *     schedule implies, two per chunk with looped-bfs but the last, one with 1F1B) and
- *     one gradient reduce-scatter, (gathers[c] + 1) 4 F_c (dp-1)/dp; no all-gather
+ *     one gradient reduce-scatter, (gathers[c] e + 4) F_c (dp-1)/dp; no all-gather
  *     after the optimizer (the next step gathers).
- * With dp = 1 there is none. Gathers move fp32 for now. */
+ * With dp = 1 there is none. */
 #ifndef TS_PLAN_ZERO_H
 #define TS_PLAN_ZERO_H
 
@@ -27,10 +29,11 @@ typedef struct {
 /* Rank q of schedule s under `zero` (0..3) with dp replicas; res (zero 3: q's
  * residency, else may be NULL) and chunk_floats ([n_chunks], q's chunks read). */
 void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_residency *res,
-                        const double *chunk_floats, ts_zero_traffic *t);
+                        const double *chunk_floats, int gather_elem_bytes, ts_zero_traffic *t);
 
 /* One chunk's share: its gathers (zero 3, else 0) and the bytes its gathers and its
  * reduction send. */
-double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats);
+double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats,
+                           int gather_elem_bytes);
 
 #endif
