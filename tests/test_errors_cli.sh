@@ -41,8 +41,8 @@ expect_error 1 "fewer than one window" train "$cfg" --set "data.train=\"$TMP/tin
 expect_error 1 "model.init" "${base[@]}" --set "model.init=\"$TMP/none.safetensors\""
 expect_error 1 "transformer\.wte\.weight.*shape|shape.*transformer\.wte\.weight" "${base[@]}" \
   --set "model.init=\"$SRC/tests/fixtures/gpt2_tiny_weights.safetensors\"" --set model.n_layer=2
-# parallel.zero takes 0 or 1 (ZeRO-1); 2 and 3 are not offered.
-expect_error 1 "parallel.zero.*0 or 1" "${base[@]}" --set parallel.zero=2
+# parallel.zero takes 0 to 3 (ZeRO-1, -2, -3); there is no level 4.
+expect_error 1 "parallel.zero.*must be in \[0, 3\]" "${base[@]}" --set parallel.zero=4
 # Checkpoint keys that need each other, and a checkpoint that is not there.
 expect_error 1 "checkpoint.every = 2 needs checkpoint.dir" "${base[@]}" --set checkpoint.every=2
 expect_error 1 "checkpoint.load.*no-such-dir" "${base[@]}" --set "checkpoint.load=\"$TMP/no-such-dir\""

@@ -89,14 +89,19 @@ done
 # (`tessera plan --json`: ranks[pp].memory.chunk_buffers), within 5% (at least 0.1 MiB:
 # the metrics round to it), for runs with validation (ZeRO-3 gathers every chunk for it).
 bufs_match() { # NAME SETS...
-  local name="$1"; shift
-  if ! run_np 4 "${common[@]}" --set train.steps=2 --set "data.val=\"$TMP/train.bin\"" \
-       --set data.val_windows=8 --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
-    fail "run $name"; sed 's/^/    /' "$TMP/err" >&2; return
-  fi
+  local name="$1" cut; shift
   if ! "$TESSERA" plan "$SRC/configs/tiny.cfg" --set parallel.bucket_mb=1 "$@" --json \
        >"$TMP/$name.plan.json" 2>"$TMP/err"; then
     fail "plan $name"; sed 's/^/    /' "$TMP/err" >&2; return
+  fi
+  # Trained with the plan's cut: both measure the layers' costs, and on a loaded machine
+  # two measurements may balance the chunks differently (other chunk sizes, other buffers).
+  cut=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["partition"])' \
+        "$TMP/$name.plan.json" | tr -d ' ')
+  if ! run_np 4 "${common[@]}" --set train.steps=2 --set "data.val=\"$TMP/train.bin\"" \
+       --set data.val_windows=8 --set "log.metrics=\"$TMP/$name.jsonl\"" "$@" \
+       --set "parallel.partition=$cut"; then
+    fail "run $name"; sed 's/^/    /' "$TMP/err" >&2; return
   fi
   if out=$(python3 - "$TMP/$name.jsonl" "$TMP/$name.plan.json" <<'PY'
 import json, sys
