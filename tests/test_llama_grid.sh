@@ -1,7 +1,7 @@
 # Grid invariance for the Llama architecture (configs/llama-tiny.cfg: RMSNorm, 4 query
 # and 2 key/value heads, rotary embeddings, SwiGLU, an untied head): data, pipeline
-# (every schedule, interleaved, recompute), tensor parallelism with the key/value heads
-# split (tp = 2) and replicated (tp = 4 > n_kv_head: each head on 2 ranks, its gradient
+# (every schedule, interleaved, recompute; selective on tp 2), tensor parallelism with
+# the key/value heads split (tp = 2) and replicated (tp = 4 > n_kv_head: each head on 2 ranks, its gradient
 # summed over them), ZeRO-1 and ZeRO-3, a 3D grid and multi-query attention all give the one-rank
 # losses within relative 1e-4 for 8 steps; reruns are bit-identical. A tied Llama
 # (tie_embeddings, as Llama 3.2) across a pipeline too. Llama-only keys on gpt2 and bad
@@ -20,6 +20,8 @@ done
 check pp2_v2_interleaved 2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set parallel.schedule=interleaved-1f1b
 check pp2_recompute_full 2 --set parallel.pp=2 --set parallel.recompute=full
+# Selective recompute rebuilds grouped-query attention from the rotated q and k it kept.
+check tp2_selective 2 --set parallel.tp=2 --set parallel.recompute=selective
 check tp2 2 --set parallel.tp=2
 check tp4_kv_replicated 4 --set parallel.tp=4
 # ZeRO-3: the replicated key/value weights' group sums run on chunk buffers held to

@@ -1,5 +1,6 @@
 # Grid invariance for pipeline parallelism: pp = 2 and 4 with every schedule (a CSV
-# schedule included), interleaved-1f1b with v = 2, recompute modes, an uneven explicit
+# schedule included), interleaved-1f1b with v = 2, recompute modes (selective: bit for bit
+# on one rank), an uneven explicit
 # partition and pipeline x data parallelism all give the one-rank losses within
 # relative 1e-4 for 20 steps of the tiny config (8 for the runs that change only the
 # order or the shape of the work inside a step, below), with the exchange run eagerly
@@ -40,6 +41,16 @@ check pp2_v3_interleaved_m8 2 --set parallel.pp=2 --set parallel.virtual_stages=
 check_short pp2_recompute_full 2 --set parallel.pp=2 --set parallel.recompute=full
 check_short pp4_recompute_except_last 4 --set parallel.pp=4 --set parallel.recompute=except_last
 check_short pp2_zb_recompute 2 --set parallel.pp=2 --set parallel.schedule=zb-h1 --set parallel.recompute=full
+# Selective recompute: each block's backward reruns attention's core from the q, k, v it
+# kept (the same kernel on the same input), so one rank equals recompute none bit for
+# bit; the pipeline, and zero-bubble's split backward (whose I pass rebuilds it), within
+# 1e-4 as every grid.
+check_short pp2_selective 2 --set parallel.pp=2 --set parallel.recompute=selective
+check_short pp2_zb_selective 2 --set parallel.pp=2 --set parallel.schedule=zb-h1 \
+  --set parallel.recompute=selective
+check_short one_selective 1 --set parallel.recompute=selective
+if cmp -s <(losses "$TMP/one_selective.jsonl") <(losses "$TMP/ref_short.jsonl"); then pass
+else fail "recompute = selective on one rank is not bit-identical to recompute none"; fi
 check pp2_uneven 2 --set parallel.pp=2 --set "parallel.partition=[1,5]"
 check pp4_uneven 4 --set parallel.pp=4 --set "parallel.partition=[2,1,2,1]"
 check pp2_dp2 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.micro_batch=2

@@ -1,5 +1,6 @@
 # Grid invariance for tensor parallelism: tp = 2 and 4, alone and with dp = 2, and full
-# 3D grids (2x2x2 with interleaved-1f1b and v = 2; 2x1x4; 4x1x2 with recompute) give the
+# 3D grids (2x2x2 with interleaved-1f1b and v = 2; 2x1x4; 4x1x2 with recompute; tp 2 and
+# pp2 x tp2 with selective recompute) give the
 # one-rank losses within relative 1e-4 for 20 steps. A prime vocabulary (257) splits
 # unevenly over tp = 2, 3 and 4 and still gives the one-rank losses (reruns bit for bit).
 # n_head not divisible by tp, or a vocabulary smaller than tp, is a clear error.
@@ -21,6 +22,9 @@ check pp2_dp2_tp2_interleaved 8 --set parallel.pp=2 --set parallel.dp=2 --set pa
 check pp2_dp1_tp4 8 --set parallel.pp=2 --set parallel.tp=4
 check pp4_dp1_tp2_recompute 8 --set parallel.pp=4 --set parallel.tp=2 --set parallel.recompute=full
 check tp2_zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.schedule=zb-h1
+# Selective recompute on each rank's heads (its share of the attention state rebuilt).
+check tp2_selective 2 --set parallel.tp=2 --set parallel.recompute=selective
+check pp2_tp2_selective 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.recompute=selective
 
 check tp2_again 2 --set parallel.tp=2
 if cmp -s <(losses "$TMP/tp2.jsonl") <(losses "$TMP/tp2_again.jsonl"); then pass

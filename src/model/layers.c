@@ -30,12 +30,13 @@
  * needs (kernels.h); ab: the bytes of one activation element (the table's act_dtype). */
 typedef struct {
     size_t B, T, N, C, Cl, H, KV, HS, QKV, F, FI, NM, Vl, att, att_scratch, ab;
-    bool llama;
+    size_t att_kept; /* att, or 0 under selective recompute (the scratch holds it then) */
+    bool llama, selective;
 } act_dims;
 
 /* The shape a model (or a config, for estimates) gives the layout. */
 typedef struct {
-    bool llama;
+    bool llama, selective;
     int n_embd, n_head, n_kv_head, ffn, vocab;
 } act_shape;
 
@@ -52,14 +53,16 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .NM = sh.llama ? 0 : (size_t)B * T, .Vl = (size_t)nv,
                   .att = k->attention_saved_bytes(B, T, H, HS),
                   .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
-                  .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama};
+                  .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
+                  .selective = sh.selective};
+    d.att_kept = sh.selective ? 0 : d.att;
     return d;
 }
 
 static act_dims model_dims(const ts_model *m, int B, int T)
 {
-    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->n_embd, m->n_head, m->n_kv_head,
-                          m->ffn_hidden, m->vocab_size};
+    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->n_embd,
+                          m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size};
     return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
 }
 
@@ -78,7 +81,8 @@ static act_dims model_dims(const ts_model *m, int B, int T)
     X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
                                           RoPE) */                                          \
     X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
-    X(att, d.att, BYTES)               /* attention's saved state (CPU: [B,H,T,T] softmax) */ \
+    X(att, d.att_kept, BYTES)          /* attention's saved state (CPU: [B,H,T,T] softmax; \
+                                          none under selective recompute) */                \
     X(res2, d.N * d.C, A)              /* [N,C] x + attn(...) */                            \
     X(ln2, d.N * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.N, F)                           \
     X(fch, d.N * d.FI, A)              /* [N,FI] c_fc's / gate|up's output */               \
@@ -120,7 +124,7 @@ static size_t kind_bytes(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                           int tp_rank, const ts_kernels *k)
 {
-    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, cfg->n_embd, cfg->n_head,
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, cfg->n_embd, cfg->n_head,
                           ts_model_kv_heads(cfg), ts_model_ffn(cfg), cfg->vocab_size};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
@@ -228,8 +232,9 @@ static const void *layer_input(const ts_model *m, const ts_acts *a, int l)
 /* The backward's scratch, in activation elements: a block's [N,max(FI,QKV)] (the MLP
  * projection's output gradient, later the qkv gradient), then [N,max(C,Fa)] (the
  * input gradient of a matmul; with SwiGLU first its output gradient [N,F], as GELU's
- * runs in place), then the attention backward's workspace (bytes, 64-aligned); the
- * head's [N,C] input gradient. */
+ * runs in place), then the attention backward's workspace (bytes, 64-aligned), and
+ * under selective recompute the attention state and output its forward rebuilds (bytes,
+ * then [N,Cl], 64-aligned); the head's [N,C] input gradient. */
 static size_t scratch_wide(act_dims d) { return d.FI > d.QKV ? d.FI : d.QKV; }
 static size_t scratch_narrow(act_dims d) { return d.llama && d.F > d.C ? d.F : d.C; }
 static size_t scratch_att_offset(act_dims d)
@@ -237,10 +242,27 @@ static size_t scratch_att_offset(act_dims d)
     return ACT_ALIGN(d.N * (scratch_wide(d) + scratch_narrow(d)) * d.ab);
 }
 
+/* Where selective recompute's rebuilt attention state starts, and its output. */
+static size_t scratch_rebuilt_offset(act_dims d)
+{
+    return ACT_ALIGN(scratch_att_offset(d) + d.att_scratch);
+}
+static size_t scratch_rebuilt_out_offset(act_dims d)
+{
+    return scratch_rebuilt_offset(d) + ACT_ALIGN(d.att);
+}
+
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
     const act_dims d = model_dims(m, B, T);
-    return scratch_att_offset(d) + d.att_scratch;
+    if (!d.selective) return scratch_att_offset(d) + d.att_scratch;
+    return scratch_rebuilt_out_offset(d) + d.N * d.Cl * d.ab;
+}
+
+void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = model_dims(m, B, T);
+    return d.selective ? (unsigned char *)s->mem + scratch_rebuilt_offset(d) : NULL;
 }
 
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
@@ -356,7 +378,10 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
     norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, P(r.norm1_w), P(r.norm1_b), N);
     ts_tp_col_forward(tp, s.qkv, s.ln1, W(r.qkv_w), P(r.qkv_b), N, C, (int)d.QKV);
     if (m->rope_cos) k->rope_forward(s.qkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
-    k->attention_forward(s.atty, s.att, s.qkv, B, T, H, KV, HS);
+    /* Selective recompute keeps no attention state: the forward writes it to the work
+     * area and the backward rebuilds it. */
+    TS_ASSERT(!d.selective || a->att_work);
+    k->attention_forward(s.atty, d.selective ? a->att_work : s.att, s.qkv, B, T, H, KV, HS);
     ts_tp_row_forward(tp, s.res2, s.atty, W(r.proj_w), P(r.proj_b), N, Cl, C);
     /* res2 = x + attn(...) and the second norm of it in one pass over the rows. */
     residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x, P(r.norm2_w),
@@ -532,7 +557,17 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     void *datty = bufc; /* [N,Cl] */
     ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), d_res2, s.atty, W(r.proj_w), N, Cl,
                        C);
-    k->attention_backward(dqkv, att_scratch, datty, s.qkv, s.att, B, T, H, KV, HS);
+    const void *att = s.att;
+    if (d.selective) {
+        /* Selective recompute: the probabilities again, from the q, k, v the block kept
+         * (the same kernel on the same input: the values the forward had). The output
+         * goes to scratch too; s.atty, the projection's input, was kept. */
+        void *rebuilt = (unsigned char *)sc->mem + scratch_rebuilt_offset(d);
+        k->attention_forward((unsigned char *)sc->mem + scratch_rebuilt_out_offset(d), rebuilt,
+                             s.qkv, B, T, H, KV, HS);
+        att = rebuilt;
+    }
+    k->attention_backward(dqkv, att_scratch, datty, s.qkv, att, B, T, H, KV, HS);
     /* The gradient of q and k before their rotation (RoPE is linear). */
     if (m->rope_cos) k->rope_backward(dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
     ts_tp_col_backward(tp, bufc, GW(r.qkv_w), G(r.qkv_b), dqkv, s.ln1, W(r.qkv_w), N, C,

@@ -81,6 +81,10 @@ typedef struct {
     int ffn_hidden;         /* MLP hidden width F */
     float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
     bool tied;              /* the LM head is the token embedding */
+    /* parallel.recompute = "selective" (false after build; ts_model_set_selective): a
+     * block keeps no attention state for its backward (the activation layout drops
+     * `att`), and its backward runs attention_forward again into the scratch first. */
+    bool selective_recompute;
 
     /* Tensor parallelism (tensor/tp.h): this rank holds n_head/tp query heads,
      * local_kv_heads key/value heads (n_kv_head/tp, or 1 replicated on kv_replicas =
@@ -123,6 +127,10 @@ typedef struct {
     void (*between_layers)(void *ctx);
     void *between_layers_ctx;
 } ts_model;
+
+/* Selective recomputation on or off, before any activations or scratch are sized (it
+ * changes both layouts: ts_acts_bytes, ts_scratch_bytes). */
+static inline void ts_model_set_selective(ts_model *m, bool on) { m->selective_recompute = on; }
 
 /* Build the layer and parameter lists for the owned layers (owned == NULL: all) and
  * allocate the flat buffers (zeroed): the whole model on one rank (tp = 1). */
@@ -209,6 +217,10 @@ typedef struct {
     size_t *layer_off;      /* per layer in [l0,l1): byte offset into mem */
     size_t bytes;
     void *wstash;           /* matmul output gradients between the I and W passes */
+    void *att_work;         /* selective recompute: where the forwards write attention's
+                             * state, used and dropped within the block (not owned; the
+                             * backward scratch's, idle during a forward:
+                             * ts_scratch_attention_work) */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
 } ts_acts;
@@ -234,6 +246,10 @@ typedef struct {
 } ts_scratch;
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T);
 size_t ts_scratch_bytes(const ts_model *m, int B, int T);
+/* Under selective recompute, the part of s that holds attention's state while a block
+ * runs (a forward's, then the backward's rebuilt copy): what ts_acts.att_work points
+ * at; NULL otherwise. */
+void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss

@@ -171,6 +171,7 @@ static ts_acts *acquire_acts(ts_engine *e, int c)
         *a = e->free_acts[j][--e->n_free[j]];
     } else {
         ts_acts_init(a, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
+        a->att_work = ts_scratch_attention_work(&e->scratch, e->model, e->B, e->T);
         e->n_allocated[j]++;
     }
     return a;

@@ -236,6 +236,9 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     ts_model m; /* the layout only: nothing is allocated */
     ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
     ts_model_layout_tp(&m, mc, owned, &tp);
+    const bool selective =
+        ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE;
+    ts_model_set_selective(&m, selective);
     free(owned);
 
     /* Every chunk holds at least one layer (ts_partition_build refuses an empty one). */
@@ -265,7 +268,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,
-        .act_bytes = (int)ts_dtype_bytes(k->act_dtype)};
+        .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
                                   .scratch_bytes = (double)ts_scratch_bytes(&m, B, T),
                                   .act_bytes = out->acts, .stash_bytes = out->stash,

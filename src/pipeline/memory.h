@@ -63,6 +63,9 @@ typedef struct {
                                  clusters: 2) */
     int act_bytes;            /* bytes of one activation element (4 fp32, 2 bf16) */
     int threads;              /* BLAS threads */
+    bool selective;           /* recompute = "selective" (the planner's per-layer tables
+                                 subtract attention's state from it; the trainer's layout
+                                 already has) */
 } ts_memory_shape;
 
 /* Bytes one chunk holds, from its layers' bytes of one micro-batch: the rule the

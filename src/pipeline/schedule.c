@@ -70,6 +70,7 @@ const char *const ts_recompute_names[TS_N_RECOMPUTES] = {
     [TS_RECOMPUTE_EXCEPT_LAST] = "except_last",
     [TS_RECOMPUTE_FULL] = "full",
     [TS_RECOMPUTE_AUTO] = "auto",
+    [TS_RECOMPUTE_SELECTIVE] = "selective",
 };
 
 static int name_index(const char *s, const char *const *list, int n)

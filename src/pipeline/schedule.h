@@ -59,10 +59,13 @@ typedef enum {
     TS_RECOMPUTE_FULL,
     TS_RECOMPUTE_AUTO, /* per chunk, as many micro-batches as the memory budget needs
                           (pipeline/memory.h ts_memory_auto_keep) */
+    TS_RECOMPUTE_SELECTIVE, /* every micro-batch keeps its activations but attention's
+                               saved state (the [B,H,T,T] probabilities), which each
+                               block's backward recomputes (Korthikanti et al. 2022) */
     TS_N_RECOMPUTES
 } ts_recompute;
 extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full",
-                                                                 "auto" */
+                                                                 "auto", "selective" */
 /* The mode `name` names, or -1. */
 int ts_recompute_from_name(const char *name);
 

@@ -64,7 +64,8 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     L->T = mc->seq_len;
     L->C = mc->n_embd;
     double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->f_gemm, &L->b_gemm,
-                         &L->param_floats, &L->act_bytes, &L->stash_bytes};
+                         &L->param_floats, &L->act_bytes, &L->stash_bytes, &L->att_bytes,
+                         &L->f_att};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
 
@@ -84,6 +85,12 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
     L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len);
+    /* The same layout under selective recompute: what it drops and adds. */
+    ts_model_set_selective(&m, true);
+    for (int l = 0; l < n; l++)
+        L->att_bytes[l] =
+            L->act_bytes[l] - (double)ts_acts_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
+    L->rebuild_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len) - L->scratch_bytes;
     const double Vl = (double)m.local_vocab;
     ts_model_free(&m);
 
@@ -133,6 +140,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
         L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l];
         L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];
         L->w[l] = lin;
+        L->f_att[l] = att + mem_time(cl, ab * 3.0 * B * hl * T * T);
     }
     /* Embedding: a gather of the local vocabulary rows (+ wpe for gpt2; llama has none),
      * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
@@ -164,7 +172,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
 void ts_plan_layers_free(ts_plan_layers *L)
 {
     double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->f_gemm, L->b_gemm,
-                        L->param_floats, L->act_bytes, L->stash_bytes};
+                        L->param_floats, L->act_bytes, L->stash_bytes, L->att_bytes, L->f_att};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     memset(L, 0, sizeof *L);
 }
@@ -197,7 +205,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
         for (int l = l0; l < l1; l++) {
             owned[l] = true;
             floats_c[c] += L->param_floats[l];
-            acts[c] += L->act_bytes[l];
+            acts[c] += L->act_bytes[l] - (sh->selective ? L->att_bytes[l] : 0.0);
             stash[c] += L->stash_bytes[l];
         }
         floats += floats_c[c];
@@ -207,7 +215,9 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
         floats_c[head_chunk] += L->wte_floats;
     }
     free(owned);
-    return (ts_memory_holdings){.param_floats = floats, .scratch_bytes = L->scratch_bytes,
+    return (ts_memory_holdings){.param_floats = floats,
+                                .scratch_bytes = L->scratch_bytes +
+                                                 (sh->selective ? L->rebuild_bytes : 0.0),
                                 .act_bytes = acts, .stash_bytes = stash,
                                 .chunk_floats = res ? floats_c : NULL, .res = res};
 }

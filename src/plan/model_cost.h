@@ -63,9 +63,14 @@ typedef struct {
     double *f_gemm, *b_gemm;  /* [n_layers] GEMM part of forward, backward (I + W) */
     double *param_floats;     /* [n_layers] floats of the layer's parameters (as laid out) */
     double *act_bytes;        /* [n_layers] saved activation bytes of one micro-batch */
+    double *att_bytes;        /* [n_layers] the part of act_bytes that is attention's
+                                 saved state (selective recompute keeps none of it) */
+    double *f_att;            /* [n_layers] the attention core's forward (scores, softmax,
+                                 weighted sum): what selective recompute reruns per backward */
     double *stash_bytes;      /* [n_layers] zero-bubble stash bytes (I to W) */
     double wte_floats;        /* the tied copy the head keeps without the embedding */
     double scratch_bytes;     /* the backward scratch a rank allocates once */
+    double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages */
 } ts_plan_layers;
 

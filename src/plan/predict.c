@@ -344,17 +344,20 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
                                  cc->floats[c] / dl.bandwidth) * 1e3;
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
-        double f = 0, i = 0, w = 0, tp = 0;
+        double f = 0, i = 0, w = 0, tp = 0, att = 0;
         for (int l = l0; l < l1; l++) {
             f += L->f[l];
             i += L->i[l];
             w += L->w[l];
             tp += L->f_tp[l] + L->i_tp[l];
+            att += L->f_att[l];
         }
         cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
         /* The forwards rerun: the chunk's recomputed share of its micro-batches (the
          * simulator times every micro-batch of a chunk alike). */
         cc->rc[c] = (double)n_rc[c] / g->m * f * 1e3;
+        /* Selective recompute reruns the attention core in every backward. */
+        if (g->recompute == TS_RECOMPUTE_SELECTIVE) cc->rc[c] += att * 1e3;
         cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
         cc->w[c] = w * 1e3;
         cc->tp[c] = tp * 1e3;
@@ -396,7 +399,8 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
         .weight_copy_bytes = x->k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
-        .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1};
+        .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1,
+        .selective = g->recompute == TS_RECOMPUTE_SELECTIVE};
 }
 
 /* What a grid recomputes and holds, every rank's chunks ([n_chunks]): a fixed mode's
@@ -589,7 +593,7 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     double floats = 0.0, acts = 0.0;
     for (int l = 0; l < L->n_layers; l++) {
         floats += L->param_floats[l];
-        acts += L->act_bytes[l];
+        acts += L->act_bytes[l] - L->att_bytes[l]; /* the floor: selective keeps least */
     }
     /* Per parameter, what persists (memory.h; ZeRO-2/3's chunk buffers come on top). */
     const double wcb = x->k->weight_copy_bytes, dp = g->dp > 1 ? g->dp : 1.0;

@@ -66,6 +66,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
      * ZeRO-2 no gradients, ZeRO-3 no weights either. */
     const int level = cfg->parallel.dp > 1 ? cfg->parallel.zero : 0;
     ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
+    ts_model_set_selective(&t->model, ts_recompute_from_name(cfg->parallel.recompute) ==
+                                          TS_RECOMPUTE_SELECTIVE);
     free(owned);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
