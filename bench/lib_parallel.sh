@@ -37,6 +37,9 @@ metric() {
 # med KEY FILE SKIP: the median of metric KEY over steps >= SKIP
 med() { metric "$@" | median; }
 
+# mem_field FILE KEY: rank 0's entry of a list in the metrics' last line
+mem_field() { tail -n 1 "$1" | grep -o "\"$2\":\[[^],]*" | cut -d'[' -f2; }
+
 # the memory line of a metrics file: {"peak_rss_mb":[...],"activation_mb":[...]}
 mem_line() { grep -o '"peak_rss_mb".*' "$1" | tr -d '{}'; }
 

@@ -34,8 +34,6 @@ run_once() {
     --set 'data.val=""' --set 'data.train="data/fortunes_train.bin"' --set log.progress=false \
     --set "log.metrics=\"$tmp/$name.jsonl\"" >"$tmp/$name.log" 2>&1
 }
-# field FILE KEY: rank 0's entry of a list in the metrics' last line
-field() { tail -n 1 "$1" | grep -o "\"$2\":\[[^],]*" | cut -d'[' -f2; }
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; 1 thread per rank"
 echo "commit: $(git rev-parse --short HEAD), $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -50,8 +48,8 @@ for tp in 1 2; do
       run "m_${tp}_${rc}_$L" "$tp" --set parallel.tp=$tp --set "parallel.recompute=\"$rc\"" \
         --set model.n_layer=$L --set train.steps=1
     done
-    a4=$(field "$tmp/m_${tp}_${rc}_4.jsonl" activation_mb)
-    a8=$(field "$tmp/m_${tp}_${rc}_8.jsonl" activation_mb)
+    a4=$(mem_field "$tmp/m_${tp}_${rc}_4.jsonl" activation_mb)
+    a8=$(mem_field "$tmp/m_${tp}_${rc}_8.jsonl" activation_mb)
     awk -v tp=$tp -v rc=$rc -v a4="$a4" -v a8="$a8" -v T=$T 'BEGIN {
       s = T; b = 1; h = 128; a = 4; t = tp
       el = s * b * h * (4 + 12 / t) + (rc == "selective" ? 0 : a * s * s * b / t)
@@ -73,7 +71,7 @@ for rc in none selective full; do
   pms=$("$build/tessera" plan configs/tiny.cfg "${model[@]}" --set "parallel.recompute=\"$rc\"" \
     --cluster configs/clusters/this-machine.cfg 2>/dev/null | sed -n 's/^step: \([0-9.]*\) ms.*/\1/p')
   [ -n "$base" ] || { base=$ms; pbase=$pms; }
-  awk -v rc=$rc -v ms="$ms" -v b="$base" -v act="$(field "$tmp/t_$rc.jsonl" activation_mb)" \
+  awk -v rc=$rc -v ms="$ms" -v b="$base" -v act="$(mem_field "$tmp/t_$rc.jsonl" activation_mb)" \
       -v p="$pms" -v pb="$pbase" 'BEGIN {
     printf "| %s | %.1f | %.3f | %.1f | %.1f | %.3f |\n", rc, ms, ms / b, act, p, p / pb }'
 done

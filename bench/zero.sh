@@ -34,8 +34,6 @@ run_once() {
     --set 'data.val=""' --set 'data.train="data/fortunes_train.bin"' --set log.progress=false \
     --set "log.metrics=\"$tmp/$name.jsonl\"" >"$tmp/$name.log" 2>&1
 }
-# field FILE KEY: rank 0's entry of a list in the metrics' last line
-field() { tail -n 1 "$1" | grep -o "\"$2\":\[[^],]*" | cut -d'[' -f2; }
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; 1 thread per rank"
 echo "commit: $(git rev-parse --short HEAD), $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -47,15 +45,15 @@ echo "|---|---|---|---|---|---|---|---|---|"
 for z in 0 1 2 3; do
   run "m${z}_1" 1 --set parallel.zero=$z --set train.steps=3
   run "m${z}_4" 4 --set parallel.dp=4 --set parallel.zero=$z --set train.steps=3
-  one=$(field "$tmp/m${z}_1.jsonl" state_mb) four=$(field "$tmp/m${z}_4.jsonl" state_mb)
+  one=$(mem_field "$tmp/m${z}_1.jsonl" state_mb) four=$(mem_field "$tmp/m${z}_4.jsonl" state_mb)
   want=$(awk -v z=$z 'BEGIN { d = 4; f = z == 0 ? 16 : z == 1 ? 8 + 8 / d : z == 2 ? 4 + 12 / d : 16 / d; print f / 16 }')
   model_buf=$("$build/tessera" plan configs/tiny.cfg "${model[@]}" --set parallel.dp=4 \
     --set parallel.zero=$z --json 2>/dev/null | python3 -c '
 import json, sys
 print("%.1f" % (json.load(sys.stdin)["ranks"][0]["memory"].get("chunk_buffers", 0) / 1048576))' ||
     echo n/a)
-  awk -v z=$z -v one="$one" -v four="$four" -v want="$want" -v buf="$(field "$tmp/m${z}_4.jsonl" zero_buffers_mb)" \
-      -v mbuf="$model_buf" -v rss="$(field "$tmp/m${z}_4.jsonl" step_peak_rss_mb)" 'BEGIN {
+  awk -v z=$z -v one="$one" -v four="$four" -v want="$want" -v buf="$(mem_field "$tmp/m${z}_4.jsonl" zero_buffers_mb)" \
+      -v mbuf="$model_buf" -v rss="$(mem_field "$tmp/m${z}_4.jsonl" step_peak_rss_mb)" 'BEGIN {
     r = four / one; printf "| %d | %.1f | %.1f | %.4f | %.4f | %+.1f%% | %.1f | %s | %.1f |\n",
       z, one, four, r, want, (r / want - 1) * 100, buf, mbuf, rss }'
 done
