@@ -305,8 +305,8 @@ static void test_chunks_and_split_backward(void)
     ts_model_forward(&m, &c1, dloss, NULL);
     ts_model_backward_input(&m, &c1, dx, &sc);
     ts_model_backward_input(&m, &c0, dx, &sc);
-    ts_model_backward_weight(&m, &c0);
-    ts_model_backward_weight(&m, &c1);
+    ts_model_backward_weight(&m, &c0, &sc);
+    ts_model_backward_weight(&m, &c1, &sc);
     CHECKF(!memcmp(ref, m.grad_mem, m.num_floats * sizeof(float)), "I + W differs from B");
     CHECK(c0.wstash == NULL && c1.wstash == NULL);
 

@@ -101,28 +101,39 @@ void ts_allreduce_max_f32(const ts_comm *c, float *buf, size_t n)
     allreduce(c, buf, n, TS_COMM_F32, sizeof(float), TS_COMM_MAX);
 }
 
-void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count)
+static void reduce_scatter(const ts_comm *c, const void *send, void *recv, size_t count,
+                           ts_comm_dtype type, size_t elem)
 {
     if (c->size <= 1) { /* a copy at most: nothing to mark or time */
         if (send != recv && count > 0)
-            c->ops->reduce_scatter(c, send, recv, count, TS_COMM_F32, TS_COMM_SUM, c->stream);
+            c->ops->reduce_scatter(c, send, recv, count, type, TS_COMM_SUM, c->stream);
         return;
     }
     double t0 = ts_comm_begin(c, "reduce-scatter");
-    c->ops->reduce_scatter(c, send, recv, count, TS_COMM_F32, TS_COMM_SUM, c->stream);
-    ts_comm_end(c, "reduce-scatter", count * (size_t)c->size * sizeof(float), t0);
+    c->ops->reduce_scatter(c, send, recv, count, type, TS_COMM_SUM, c->stream);
+    ts_comm_end(c, "reduce-scatter", count * (size_t)c->size * elem, t0);
+}
+
+static void allgather(const ts_comm *c, const void *send, void *recv, size_t count,
+                      ts_comm_dtype type, size_t elem)
+{
+    if (c->size <= 1) {
+        if (send != recv && count > 0) c->ops->allgather(c, send, recv, count, type, c->stream);
+        return;
+    }
+    double t0 = ts_comm_begin(c, "all-gather");
+    c->ops->allgather(c, send, recv, count, type, c->stream);
+    ts_comm_end(c, "all-gather", count * (size_t)c->size * elem, t0);
+}
+
+void ts_reduce_scatter_sum_f32(const ts_comm *c, const float *send, float *recv, size_t count)
+{
+    reduce_scatter(c, send, recv, count, TS_COMM_F32, sizeof(float));
 }
 
 void ts_allgather_f32(const ts_comm *c, const float *send, float *recv, size_t count)
 {
-    if (c->size <= 1) {
-        if (send != recv && count > 0)
-            c->ops->allgather(c, send, recv, count, TS_COMM_F32, c->stream);
-        return;
-    }
-    double t0 = ts_comm_begin(c, "all-gather");
-    c->ops->allgather(c, send, recv, count, TS_COMM_F32, c->stream);
-    ts_comm_end(c, "all-gather", count * (size_t)c->size * sizeof(float), t0);
+    allgather(c, send, recv, count, TS_COMM_F32, sizeof(float));
 }
 
 void ts_broadcast_dev(const ts_comm *c, void *buf, size_t bytes, int root)
@@ -225,6 +236,17 @@ static ts_comm_dtype comm_type(ts_dtype t) { return t == TS_DTYPE_BF16 ? TS_COMM
 void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type)
 {
     allreduce(c, buf, n, comm_type(type), ts_dtype_bytes(type), TS_COMM_SUM);
+}
+
+void ts_reduce_scatter_sum_act(const ts_comm *c, const void *send, void *recv, size_t count,
+                               ts_dtype type)
+{
+    reduce_scatter(c, send, recv, count, comm_type(type), ts_dtype_bytes(type));
+}
+
+void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t count, ts_dtype type)
+{
+    allgather(c, send, recv, count, comm_type(type), ts_dtype_bytes(type));
 }
 
 void ts_iallgather_act(const ts_comm *c, void *buf, const int *counts, const int *displs,

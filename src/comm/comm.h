@@ -299,6 +299,11 @@ void ts_irecv_f32(const ts_comm *c, float *buf, size_t n, int peer, int tag, ts_
 /* The same on activations of the kernels' dtype (kernels/kernels.h ts_dtype): the
  * pipeline's messages and tensor parallelism's sums move bf16 in a bf16 run. */
 void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type);
+/* ts_reduce_scatter_sum_f32 and ts_allgather_f32 on activations (sequence parallelism's
+ * pair in place of tensor parallelism's all-reduce). */
+void ts_reduce_scatter_sum_act(const ts_comm *c, const void *send, void *recv, size_t count,
+                               ts_dtype type);
+void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t count, ts_dtype type);
 void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
                   ts_request *r);
 void ts_irecv_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, int peer, int tag,

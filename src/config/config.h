@@ -90,6 +90,8 @@ typedef struct {
                                    buffers); 0 = what the machine offers the rank. Bounds
                                    the memory check and recompute = "auto"'s choice */
     char order[16];             /* "tp-dp-pp", fastest-varying first */
+    bool sequence_parallel;     /* norms and residuals split along the sequence over tp
+                                   (tensor/tp.h); needs tp > 1 and seq_len % tp == 0 */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
     char grad_reduce_dtype[8];   /* "fp32": the data-parallel reduction's element type */

@@ -150,6 +150,7 @@ const key_spec ts_config_keys[] = {
     { "parallel", "dp", K_INT, OFF(parallel.dp), 0, 1, 1 << 20, false, false,
       ts_config_allow_auto },
     INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
+    BOOL_KEY("parallel", "sequence_parallel", parallel.sequence_parallel),
     INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),
     STR_KEY("parallel", "schedule", parallel.schedule, ts_config_check_schedule),
     INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, 1 << 20),

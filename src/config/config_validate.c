@@ -565,6 +565,17 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "model is byte-level (its ids are bytes); a BPE tokenizer needs "
                        "vocab_size >= its vocabulary (%s; llm.c pads gpt2 to 50304)",
                        m->tokenizer, strcmp(m->tokenizer, "gpt2") == 0 ? "50257" : "128256");
+    if (p->sequence_parallel && p->tp < 2)
+        return ts_fail("parallel.sequence_parallel = true needs parallel.tp >= 2 (it splits "
+                       "the norms' and residuals' rows over the tensor-parallel ranks; "
+                       "tp = %d has none to split over); set tp >= 2 or remove the key",
+                       p->tp);
+    if (p->sequence_parallel && m->seq_len % p->tp != 0)
+        return ts_fail("parallel.sequence_parallel = true needs model.seq_len = %d to divide "
+                       "by parallel.tp = %d (each tensor-parallel rank holds seq_len/tp "
+                       "positions of every sequence's norms and residuals; nothing is "
+                       "padded); change seq_len or tp",
+                       m->seq_len, p->tp);
     /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
      * as long as every tensor-parallel rank gets at least one row. */
     if (m->vocab_size < p->tp)

@@ -31,12 +31,14 @@
 typedef struct {
     size_t B, T, N, C, Cl, H, KV, HS, QKV, F, FI, NM, Vl, att, att_scratch, ab;
     size_t att_kept; /* att, or 0 under selective recompute (the scratch holds it then) */
-    bool llama, selective;
+    size_t NL;       /* rows of the norms and residuals: N, or N / tp under sequence
+                        parallelism (tensor/tp.h) */
+    bool llama, selective, sp;
 } act_dims;
 
 /* The shape a model (or a config, for estimates) gives the layout. */
 typedef struct {
-    bool llama, selective;
+    bool llama, selective, sp;
     int n_embd, n_head, n_kv_head, ffn, vocab;
 } act_shape;
 
@@ -47,22 +49,23 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     const int H = sh.n_head / tp, HS = sh.n_embd / sh.n_head;
     const int KV = tp > sh.n_kv_head ? 1 : sh.n_kv_head / tp;
     const size_t F = (size_t)sh.ffn / tp;
+    const size_t NL = sh.sp ? (size_t)B * T / (size_t)tp : (size_t)B * T;
     act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)sh.n_embd,
                   .Cl = (size_t)H * HS, .H = (size_t)H, .KV = (size_t)KV, .HS = (size_t)HS,
                   .QKV = (size_t)(H + 2 * KV) * HS, .F = F, .FI = sh.llama ? 2 * F : F,
-                  .NM = sh.llama ? 0 : (size_t)B * T, .Vl = (size_t)nv,
+                  .NM = sh.llama ? 0 : NL, .Vl = (size_t)nv, .NL = NL,
                   .att = k->attention_saved_bytes(B, T, H, HS),
                   .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
-                  .selective = sh.selective};
+                  .selective = sh.selective, .sp = sh.sp};
     d.att_kept = sh.selective ? 0 : d.att;
     return d;
 }
 
 static act_dims model_dims(const ts_model *m, int B, int T)
 {
-    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->n_embd,
-                          m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size};
+    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->tp.sp,
+                          m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size};
     return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
 }
 
@@ -74,23 +77,25 @@ static act_dims model_dims(const ts_model *m, int B, int T)
  * layout is written: the views below, ts_acts_bytes, the memory estimate and the
  * partition's modelled activation bytes all expand them (llm.c's
  * fill_in_activation_sizes). */
-#define EMBED_ACTS(X) X(out, d.N * d.C, A) /* [N,C] token (+ position) embedding */
+#define EMBED_ACTS(X) X(out, d.NL * d.C, A) /* [NL,C] token (+ position) embedding */
 
+/* [NL,C]: the norms' and residuals' rows (all N, or this rank's under sequence
+ * parallelism); [N,...]: the tensor-parallel regions' (every row, this rank's columns). */
 #define BLOCK_ACTS(X)                                                                      \
-    X(ln1, d.N * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.N, F) /* first norm, stats */  \
+    X(ln1, d.NL * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.NL, F) /* first norm, stats */\
     X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
                                           RoPE) */                                          \
     X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
     X(att, d.att_kept, BYTES)          /* attention's saved state (CPU: [B,H,T,T] softmax; \
                                           none under selective recompute) */                \
-    X(res2, d.N * d.C, A)              /* [N,C] x + attn(...) */                            \
-    X(ln2, d.N * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.N, F)                           \
+    X(res2, d.NL * d.C, A)             /* [NL,C] x + attn(...) */                           \
+    X(ln2, d.NL * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.NL, F)                         \
     X(fch, d.N * d.FI, A)              /* [N,FI] c_fc's / gate|up's output */               \
     X(fch_gelu, d.N * d.F, A)          /* [N,F] after GELU / SwiGLU */                      \
-    X(out, d.N * d.C, A)               /* [N,C] block output x + attn + mlp */
+    X(out, d.NL * d.C, A)              /* [NL,C] block output x + attn + mlp */
 
 #define HEAD_ACTS(X)                                                                       \
-    X(lnf, d.N * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.N, F)                           \
+    X(lnf, d.NL * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.NL, F)                         \
     X(losses, d.N, F)                  /* [N] per-token cross-entropy */                    \
     X(xent_stats, 3 * d.N, F)          /* vocab-parallel row statistics (tp.h) */           \
     X(logits, d.N * d.Vl, A)           /* [N,Vl]: logits, then dlogits in place */
@@ -124,8 +129,9 @@ static size_t kind_bytes(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                           int tp_rank, const ts_kernels *k)
 {
-    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, cfg->n_embd, cfg->n_head,
-                          ts_model_kv_heads(cfg), ts_model_ffn(cfg), cfg->vocab_size};
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, cfg->n_embd,
+                          cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
+                          cfg->vocab_size};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -234,12 +240,25 @@ static const void *layer_input(const ts_model *m, const ts_acts *a, int l)
  * input gradient of a matmul; with SwiGLU first its output gradient [N,F], as GELU's
  * runs in place), then the attention backward's workspace (bytes, 64-aligned), and
  * under selective recompute the attention state and output its forward rebuilds (bytes,
- * then [N,Cl], 64-aligned); the head's [N,C] input gradient. */
+ * then [N,Cl], 64-aligned); the head's [N,C] input gradient. Under sequence parallelism
+ * two more come before attention's: the gathered rows [N,C] (a norm's output for a
+ * column-parallel linear, a gradient for a row-parallel backward; the forwards use it
+ * too, and for their row-parallel sums' partial products) and this rank's rows [NL,C] of
+ * a column-parallel backward's input gradient. */
 static size_t scratch_wide(act_dims d) { return d.FI > d.QKV ? d.FI : d.QKV; }
 static size_t scratch_narrow(act_dims d) { return d.llama && d.F > d.C ? d.F : d.C; }
-static size_t scratch_att_offset(act_dims d)
+static size_t scratch_gather_offset(act_dims d)
 {
     return ACT_ALIGN(d.N * (scratch_wide(d) + scratch_narrow(d)) * d.ab);
+}
+static size_t scratch_local_offset(act_dims d)
+{
+    return scratch_gather_offset(d) + ACT_ALIGN(d.N * d.C * d.ab);
+}
+static size_t scratch_att_offset(act_dims d)
+{
+    if (!d.sp) return scratch_gather_offset(d);
+    return scratch_local_offset(d) + ACT_ALIGN(d.NL * d.C * d.ab);
 }
 
 /* Where selective recompute's rebuilt attention state starts, and its output. */
@@ -263,6 +282,12 @@ void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, i
 {
     const act_dims d = model_dims(m, B, T);
     return d.selective ? (unsigned char *)s->mem + scratch_rebuilt_offset(d) : NULL;
+}
+
+void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = model_dims(m, B, T);
+    return d.sp ? (unsigned char *)s->mem + scratch_gather_offset(d) : NULL;
 }
 
 void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
@@ -358,8 +383,9 @@ static void embed_forward(const ts_model *m, const ts_acts *a, int l)
 {
     const int p0 = m->layers[l].first_param;
     const float *wpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_data(m, p0 + 1);
+    TS_ASSERT(!m->tp.sp || a->sp_work);
     ts_tp_embed_forward(&m->tp, embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
-                        m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd);
+                        m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd, a->sp_work);
 }
 
 static void block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
@@ -368,29 +394,36 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
     const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS, NL = (int)d.NL;
     const int p0 = m->layers[l].first_param;
     const block_roles r = roles_of(m);
 #define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i))) /* fp32 master: norms, biases */
 #define W(i) ts_param_compute(m, p0 + (i))                  /* the matmuls' compute copy */
     block_acts s = block_views(m, a, l);
+    /* Sequence parallelism: x and the norms hold this rank's NL rows; each norm's output
+     * is gathered for its column-parallel linear (gath, the scratch's: a forward leaves
+     * nothing there), and each row-parallel sum scatters back into NL rows. */
+    void *gath = a->sp_work;
+    TS_ASSERT(!d.sp || gath);
 
-    norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, P(r.norm1_w), P(r.norm1_b), N);
-    ts_tp_col_forward(tp, s.qkv, s.ln1, W(r.qkv_w), P(r.qkv_b), N, C, (int)d.QKV);
+    norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, P(r.norm1_w), P(r.norm1_b), NL);
+    const void *ln1 = ts_tp_seq_gather(tp, gath, s.ln1, N, C);
+    ts_tp_col_forward(tp, s.qkv, ln1, W(r.qkv_w), P(r.qkv_b), N, C, (int)d.QKV);
     if (m->rope_cos) k->rope_forward(s.qkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
     /* Selective recompute keeps no attention state: the forward writes it to the work
      * area and the backward rebuilds it. */
     TS_ASSERT(!d.selective || a->att_work);
     k->attention_forward(s.atty, d.selective ? a->att_work : s.att, s.qkv, B, T, H, KV, HS);
-    ts_tp_row_forward(tp, s.res2, s.atty, W(r.proj_w), P(r.proj_b), N, Cl, C);
+    ts_tp_row_forward(tp, s.res2, s.atty, W(r.proj_w), P(r.proj_b), N, Cl, C, gath);
     /* res2 = x + attn(...) and the second norm of it in one pass over the rows. */
     residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x, P(r.norm2_w),
-                          P(r.norm2_b), N);
+                          P(r.norm2_b), NL);
 
-    ts_tp_col_forward(tp, s.fch, s.ln2, W(r.fc_w), P(r.fc_b), N, C, (int)d.FI);
+    const void *ln2 = ts_tp_seq_gather(tp, gath, s.ln2, N, C);
+    ts_tp_col_forward(tp, s.fch, ln2, W(r.fc_w), P(r.fc_b), N, C, (int)d.FI);
     mlp_act_forward(m, s.fch_gelu, s.fch, N);
-    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), N, F, C);
-    k->residual_forward(s.out, s.out, s.res2, (size_t)N * C);
+    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), N, F, C, gath);
+    k->residual_forward(s.out, s.out, s.res2, (size_t)NL * C);
 #undef P
 #undef W
 }
@@ -408,15 +441,17 @@ static const float *head_norm_b(const ts_model *m, int l)
 static void head_forward(const ts_model *m, const ts_acts *a, int l, const void *x, float dloss,
                          double *loss_acc)
 {
-    const int N = a->B * a->T, C = m->n_embd;
+    const int N = a->B * a->T, C = m->n_embd, NL = ts_tp_rows(&m->tp, N);
     head_acts h = head_views(m, a, l);
 
-    norm_forward(m, h.lnf, h.lnf_mean, h.lnf_rstd, x, head_norm_w(m, l), head_norm_b(m, l), N);
+    norm_forward(m, h.lnf, h.lnf_mean, h.lnf_rstd, x, head_norm_w(m, l), head_norm_b(m, l), NL);
     /* The LM head (the tied token embedding, or lm_head): logits = lnf @ W^T, this
-     * rank's vocabulary columns; then the loss, leaving the softmax's gradient in place
-     * of the logits. */
-    ts_tp_col_forward(&m->tp, h.logits, h.lnf, ts_param_compute(m, m->head_wte_param), NULL, N,
-                      C, m->local_vocab);
+     * rank's vocabulary columns, on every row (gathered under sequence parallelism);
+     * then the loss, leaving the softmax's gradient in place of the logits. */
+    TS_ASSERT(!m->tp.sp || a->sp_work);
+    const void *lnf = ts_tp_seq_gather(&m->tp, a->sp_work, h.lnf, N, C);
+    ts_tp_col_forward(&m->tp, h.logits, lnf, ts_param_compute(m, m->head_wte_param), NULL, N, C,
+                      m->local_vocab);
     ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
                         m->local_vocab, N, dloss);
     if (loss_acc) m->k->sum_into(loss_acc, h.losses, (size_t)N);
@@ -511,6 +546,31 @@ static void *stash_part(const ts_model *m, void *st, int N, int part)
     }
 }
 
+/* The scratch's sequence-parallel buffers: the gathered rows [N,C] and this rank's rows
+ * [NL,C] of an input gradient (NULL without sequence parallelism). */
+static void *scratch_gather(const act_dims *d, const ts_scratch *sc)
+{
+    return d->sp ? (unsigned char *)sc->mem + scratch_gather_offset(*d) : NULL;
+}
+static void *scratch_local(const act_dims *d, const ts_scratch *sc)
+{
+    return d->sp ? (unsigned char *)sc->mem + scratch_local_offset(*d) : NULL;
+}
+
+/* The gradient dx of a row-parallel linear's output as the [N,C] its backward reads:
+ * under sequence parallelism every rank's rows gathered (into `keep` when given, else
+ * gath); otherwise dx itself, copied into `keep` when given (the zero-bubble stash,
+ * which the weight pass reads after dx has moved on). */
+static const void *linear_output_grad(const ts_model *m, const act_dims *d, void *keep,
+                                      void *gath, const void *dx)
+{
+    const int N = (int)d->N, C = (int)d->C;
+    if (d->sp) return ts_tp_seq_gather(&m->tp, keep ? keep : gath, dx, N, C);
+    if (!keep) return dx;
+    m->k->memcpy_d2d(keep, dx, d->N * d->C * d->ab);
+    return keep;
+}
+
 static void block_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
                            ts_scratch *sc, void *stash)
 {
@@ -518,14 +578,14 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
     const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
-    const size_t NC = (size_t)N * C;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS, NL = (int)d.NL;
     const int p0 = m->layers[l].first_param;
     const block_roles r = roles_of(m);
 #define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i)))
 #define W(i) ts_param_compute(m, p0 + (i))
 #define G(i) ((i) < 0 ? NULL : ts_param_grad(m, p0 + (i)))
 #define GW(i) (stash ? NULL : G(i)) /* matmul weight gradients: deferred with a stash */
+#define KEEP(part) (stash ? stash_part(m, stash, N, part) : NULL)
     block_acts s = block_views(m, a, l);
     void *dfch = stash ? stash_part(m, stash, N, STASH_D_FCH) : sc->mem;       /* [N,FI] */
     void *dqkv = stash ? stash_part(m, stash, N, STASH_D_QKV) : sc->mem;       /* [N,QKV] */
@@ -534,26 +594,26 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     /* The activation's output gradient [N,F]: GELU's backward runs in place in dfch;
      * SwiGLU's reads it from the second scratch buffer while writing dfch. */
     void *dact = m->arch == TS_ARCH_LLAMA ? bufc : dfch;
+    /* Sequence parallelism: the gathered rows (a gradient, then a norm's output again)
+     * and the norms' input gradient in this rank's rows; without it the norms read the
+     * column-parallel backward's all-reduced bufc. */
+    void *gath = scratch_gather(&d, sc);
+    void *dnorm = d.sp ? scratch_local(&d, sc) : bufc; /* [NL,C] */
 
-    /* MLP: dx is the gradient of the block output (the same on every tp rank). */
-    const void *d_out = dx;
-    if (stash) {
-        m->k->memcpy_d2d(stash_part(m, stash, N, STASH_D_OUT), dx, NC * d.ab);
-        d_out = stash_part(m, stash, N, STASH_D_OUT);
-    }
+    /* MLP: dx is the gradient of the block output (the same on every tp rank, or this
+     * rank's rows of it). */
+    const void *d_out = linear_output_grad(m, &d, KEEP(STASH_D_OUT), gath, dx);
     ts_tp_row_backward(tp, dact, GW(r.fcproj_w), G(r.fcproj_b), d_out, s.fch_gelu,
                        W(r.fcproj_w), N, F, C);
     mlp_act_backward(m, dfch, s.fch, dact, N);
-    ts_tp_col_backward(tp, bufc, GW(r.fc_w), G(r.fc_b), dfch, s.ln2, W(r.fc_w), N, C, (int)d.FI);
-    norm_backward(m, dx, G(r.norm2_w), G(r.norm2_b), bufc, s.res2, P(r.norm2_w), s.ln2_mean,
-                  s.ln2_rstd, N);
+    const void *ln2 = ts_tp_seq_gather(tp, gath, s.ln2, N, C); /* again: kept as NL rows */
+    ts_tp_col_backward(tp, dnorm, GW(r.fc_w), G(r.fc_b), dfch, ln2, W(r.fc_w), N, C, (int)d.FI,
+                       bufc);
+    norm_backward(m, dx, G(r.norm2_w), G(r.norm2_b), dnorm, s.res2, P(r.norm2_w), s.ln2_mean,
+                  s.ln2_rstd, NL);
 
     /* Attention: dx is now the gradient of res2. */
-    const void *d_res2 = dx;
-    if (stash) {
-        m->k->memcpy_d2d(stash_part(m, stash, N, STASH_D_RES2), dx, NC * d.ab);
-        d_res2 = stash_part(m, stash, N, STASH_D_RES2);
-    }
+    const void *d_res2 = linear_output_grad(m, &d, KEEP(STASH_D_RES2), gath, dx);
     void *datty = bufc; /* [N,Cl] */
     ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), d_res2, s.atty, W(r.proj_w), N, Cl,
                        C);
@@ -570,17 +630,22 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
     k->attention_backward(dqkv, att_scratch, datty, s.qkv, att, B, T, H, KV, HS);
     /* The gradient of q and k before their rotation (RoPE is linear). */
     if (m->rope_cos) k->rope_backward(dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
-    ts_tp_col_backward(tp, bufc, GW(r.qkv_w), G(r.qkv_b), dqkv, s.ln1, W(r.qkv_w), N, C,
-                       (int)d.QKV);
-    norm_backward(m, dx, G(r.norm1_w), G(r.norm1_b), bufc, x, P(r.norm1_w), s.ln1_mean,
-                  s.ln1_rstd, N);
+    const void *ln1 = ts_tp_seq_gather(tp, gath, s.ln1, N, C);
+    ts_tp_col_backward(tp, dnorm, GW(r.qkv_w), G(r.qkv_b), dqkv, ln1, W(r.qkv_w), N, C,
+                       (int)d.QKV, bufc);
+    norm_backward(m, dx, G(r.norm1_w), G(r.norm1_b), dnorm, x, P(r.norm1_w), s.ln1_mean,
+                  s.ln1_rstd, NL);
 #undef P
 #undef W
 #undef G
 #undef GW
+#undef KEEP
 }
 
-static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *stash)
+/* The four matmul weight gradients from the stash; under sequence parallelism the norms'
+ * outputs are gathered once more (into the scratch). */
+static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *stash,
+                                  ts_scratch *sc)
 {
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
@@ -589,14 +654,15 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, vo
     const block_roles r = roles_of(m);
 #define G(i) ts_param_grad(m, p0 + (i))
     block_acts s = block_views(m, a, l);
+    void *gath = scratch_gather(&d, sc);
     ts_tp_row_backward(tp, NULL, G(r.fcproj_w), NULL, stash_part(m, stash, N, STASH_D_OUT),
                        s.fch_gelu, NULL, N, F, C);
-    ts_tp_col_backward(tp, NULL, G(r.fc_w), NULL, stash_part(m, stash, N, STASH_D_FCH), s.ln2,
-                       NULL, N, C, (int)d.FI);
+    ts_tp_col_backward(tp, NULL, G(r.fc_w), NULL, stash_part(m, stash, N, STASH_D_FCH),
+                       ts_tp_seq_gather(tp, gath, s.ln2, N, C), NULL, N, C, (int)d.FI, NULL);
     ts_tp_row_backward(tp, NULL, G(r.proj_w), NULL, stash_part(m, stash, N, STASH_D_RES2),
                        s.atty, NULL, N, Cl, C);
-    ts_tp_col_backward(tp, NULL, G(r.qkv_w), NULL, stash_part(m, stash, N, STASH_D_QKV), s.ln1,
-                       NULL, N, C, (int)d.QKV);
+    ts_tp_col_backward(tp, NULL, G(r.qkv_w), NULL, stash_part(m, stash, N, STASH_D_QKV),
+                       ts_tp_seq_gather(tp, gath, s.ln1, N, C), NULL, N, C, (int)d.QKV, NULL);
 #undef G
 }
 
@@ -609,15 +675,19 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const void
     const int N = a->B * a->T, C = m->n_embd;
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
-    void *dlnf = sc->mem;
+    /* Under sequence parallelism: lnf gathered again, the partial input gradients [N,C]
+     * in the scratch's second buffer, this rank's rows of their sum in its own. */
+    void *dlnf = d.sp ? scratch_local(&d, sc) : sc->mem;
+    void *work = act_at(&d, sc->mem, d.N * scratch_wide(d));
+    const void *lnf = ts_tp_seq_gather(&m->tp, scratch_gather(&d, sc), h.lnf, N, C);
 
     ts_tp_col_backward(&m->tp, dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param),
-                       NULL, h.logits, h.lnf, ts_param_compute(m, m->head_wte_param), N, C,
-                       m->local_vocab);
-    m->k->memset_zero(dx, (size_t)N * C * d.ab);
+                       NULL, h.logits, lnf, ts_param_compute(m, m->head_wte_param), N, C,
+                       m->local_vocab, work);
+    m->k->memset_zero(dx, d.NL * d.C * d.ab);
     norm_backward(m, dx, ts_param_grad(m, p0),
                   m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1), dlnf, x,
-                  head_norm_w(m, l), h.lnf_mean, h.lnf_rstd, N);
+                  head_norm_w(m, l), h.lnf_mean, h.lnf_rstd, (int)d.NL);
 }
 
 void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
@@ -625,9 +695,11 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
 {
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
-        case TS_LAYER_EMBED:
-            embed_backward(m, a, l, dx);
+        case TS_LAYER_EMBED: {
+            const act_dims d = model_dims(m, a->B, a->T);
+            embed_backward(m, a, l, linear_output_grad(m, &d, NULL, scratch_gather(&d, s), dx));
             break;
+        }
         case TS_LAYER_BLOCK:
             block_backward(m, a, l, layer_input(m, a, l), dx, s, NULL);
             break;
@@ -637,6 +709,28 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
         }
         if (layer_done) layer_done(ctx, l);
         between_layers(m);
+    }
+}
+
+/* Sequence parallelism: each rank's norm weight gradients hold its rows' part; once the
+ * step's last backward has left layer l they are summed over the tp group (Megatron's
+ * finalize-time all-reduce of the norms, here per layer so the data-parallel buckets
+ * that follow see final values). The other replicated gradients (row-parallel biases,
+ * wpe) came from gathered full gradients: already the same on every rank. */
+void ts_model_sum_sequence_grads(const ts_model *m, int l)
+{
+    if (!m->tp.sp) return;
+    const ts_layer *L = &m->layers[l];
+    const size_t C = (size_t)m->n_embd;
+    const int p0 = L->first_param;
+    if (L->kind == TS_LAYER_HEAD) {
+        ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0), C);
+        if (m->arch != TS_ARCH_LLAMA) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + 1), C);
+    } else if (L->kind == TS_LAYER_BLOCK) {
+        const block_roles r = roles_of(m);
+        const int norms[4] = {r.norm1_w, r.norm1_b, r.norm2_w, r.norm2_b};
+        for (int i = 0; i < 4; i++)
+            if (norms[i] >= 0) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + norms[i]), C);
     }
 }
 
@@ -674,7 +768,7 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
-            m->k->memcpy_d2d(act_at(&d, a->wstash, embed_at), dx, NC * d.ab);
+            linear_output_grad(m, &d, act_at(&d, a->wstash, embed_at), NULL, dx);
             break;
         case TS_LAYER_BLOCK:
             block_backward(m, a, l, layer_input(m, a, l), dx, s,
@@ -688,7 +782,7 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
     }
 }
 
-void ts_model_backward_weight(const ts_model *m, ts_acts *a)
+void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s)
 {
     const act_dims d = model_dims(m, a->B, a->T);
     for (int l = a->l1 - 1; l >= a->l0; l--) {
@@ -697,12 +791,14 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a)
             embed_backward(m, a, l, act_at(&d, a->wstash, stash_offset(m, a, a->l1)));
             break;
         case TS_LAYER_BLOCK:
-            block_backward_weight(m, a, l, act_at(&d, a->wstash, stash_offset(m, a, l)));
+            block_backward_weight(m, a, l, act_at(&d, a->wstash, stash_offset(m, a, l)), s);
             break;
         case TS_LAYER_HEAD: {
             head_acts h = head_views(m, a, l);
+            const int N = a->B * a->T;
+            const void *lnf = ts_tp_seq_gather(&m->tp, scratch_gather(&d, s), h.lnf, N, m->n_embd);
             ts_tp_col_backward(&m->tp, NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits,
-                               h.lnf, NULL, a->B * a->T, m->n_embd, m->local_vocab);
+                               lnf, NULL, N, m->n_embd, m->local_vocab, NULL);
             break;
         }
         }

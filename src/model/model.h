@@ -221,6 +221,9 @@ typedef struct {
                              * state, used and dropped within the block (not owned; the
                              * backward scratch's, idle during a forward:
                              * ts_scratch_attention_work) */
+    void *sp_work;          /* sequence parallelism: [N, C] where the forwards gather a
+                             * norm's rows and sum a row-parallel linear's (not owned; the
+                             * scratch's: ts_scratch_sequence_work) */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
 } ts_acts;
@@ -232,7 +235,8 @@ size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T);
 size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T);
 void ts_acts_free(ts_acts *a);
 
-/* Output [B*T, C] of layer l (valid after forward; not for the head). */
+/* Output [B*T, C] of layer l (valid after forward; not for the head); under sequence
+ * parallelism this rank's rows [B*T / tp, C] (tensor/tp.h), as for a->input and dx. */
 void *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
 
 /* Per-token losses [B*T] of the last forward (the range must end with the head). */
@@ -250,6 +254,9 @@ size_t ts_scratch_bytes(const ts_model *m, int B, int T);
  * runs (a forward's, then the backward's rebuilt copy): what ts_acts.att_work points
  * at; NULL otherwise. */
 void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T);
+/* Under sequence parallelism, the part of s the forwards gather into (ts_acts.sp_work);
+ * NULL otherwise. */
+void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss
@@ -277,7 +284,11 @@ void ts_model_forward_logits(const ts_model *m, ts_acts *a, void *logits);
  * `a`; the weight-gradient pass then adds the matmul weight gradients (and the
  * embedding's) and frees the stash. Together they equal ts_model_backward. */
 void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s);
-void ts_model_backward_weight(const ts_model *m, ts_acts *a);
+void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s);
+
+/* Under sequence parallelism, after the step's last backward through layer l: its norm
+ * weight gradients summed over the tp group (tensor/tp.h). Nothing otherwise. */
+void ts_model_sum_sequence_grads(const ts_model *m, int l);
 
 typedef void (*ts_layer_done_fn)(void *ctx, int layer);
 void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,

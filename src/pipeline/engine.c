@@ -45,8 +45,9 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->T = cfg->model.seq_len;
     e->N = e->B * e->T;
     e->C = cfg->model.n_embd;
+    e->rows = ts_tp_rows(&model->tp, e->N); /* a chunk's boundary: this rank's rows */
     e->act = model->k->act_dtype;
-    e->nc_bytes = (size_t)e->N * e->C * ts_dtype_bytes(e->act);
+    e->nc_bytes = (size_t)e->rows * e->C * ts_dtype_bytes(e->act);
     /* Which forwards keep only their input: decided once, by the rule the memory
      * estimate counted. */
     const int recompute = ts_recompute_from_name(cfg->parallel.recompute); /* validated */
@@ -172,6 +173,7 @@ static ts_acts *acquire_acts(ts_engine *e, int c)
     } else {
         ts_acts_init(a, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
         a->att_work = ts_scratch_attention_work(&e->scratch, e->model, e->B, e->T);
+        a->sp_work = ts_scratch_sequence_work(&e->scratch, e->model, e->B, e->T);
         e->n_allocated[j]++;
     }
     return a;
@@ -304,17 +306,24 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     record(e, "F", name, c, mb, t0, t1);
 }
 
+/* The step's last backward through `layer`: its gradients are final (sequence
+ * parallelism's norm sums first). */
 static void layer_done(void *ctx, int layer)
 {
     ts_engine *e = ctx;
-    e->chunk_done(e->chunk_done_ctx, layer, layer + 1);
+    ts_model_sum_sequence_grads(e->model, layer);
+    if (e->chunk_done) e->chunk_done(e->chunk_done_ctx, layer, layer + 1);
 }
 
-static void chunk_backward_done(ts_engine *e, int c)
+/* `per_layer`: the last backward reported each layer already (a full backward's). */
+static void chunk_backward_done(ts_engine *e, int c, bool per_layer)
 {
     int j = e->local_of_chunk[c];
-    if (++e->bwd_done[j] == e->m && e->chunk_done)
-        e->chunk_done(e->chunk_done_ctx, chunk_first(e, c), chunk_end(e, c));
+    if (++e->bwd_done[j] < e->m) return;
+    if (!per_layer)
+        for (int l = chunk_first(e, c); l < chunk_end(e, c); l++)
+            ts_model_sum_sequence_grads(e->model, l);
+    if (e->chunk_done) e->chunk_done(e->chunk_done_ctx, chunk_first(e, c), chunk_end(e, c));
 }
 
 static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind kind)
@@ -335,17 +344,17 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
             /* The chunk's last backward of the step: each layer's gradients are final
              * as soon as the backward leaves it, so report per layer (the dp all-reduce
              * of the first buckets starts while the rest of the backward runs). */
-            bool last = e->bwd_done[e->local_of_chunk[c]] == e->m - 1 && e->chunk_done;
+            bool last = e->bwd_done[e->local_of_chunk[c]] == e->m - 1;
             ts_model_backward(e->model, s->acts, s->dx, &e->scratch, last ? layer_done : NULL, e);
         }
         else
             ts_model_backward_input(e->model, s->acts, s->dx, &e->scratch);
     } else {
-        ts_model_backward_weight(e->model, s->acts);
+        ts_model_backward_weight(e->model, s->acts, &e->scratch);
     }
     if (kind != TS_ACT_I) {
         release_acts(e, c, s);
-        chunk_backward_done(e, c);
+        chunk_backward_done(e, c, kind == TS_ACT_B);
     }
     double t1 = ts_now_ms();
     e->compute_ms += t1 - t0;
@@ -360,7 +369,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
  * reused (release_acts) and at the end of the step. */
 static void issue_op(ts_engine *e, const ts_xchg_op *op)
 {
-    const size_t NC = (size_t)e->N * e->C;
+    const size_t NC = (size_t)e->rows * e->C;
     if (op->kind == TS_XCHG_RECV) {
         ts_mb_slot *s = slot(e, op->chunk, op->mb);
         if (op->dir == TS_XCHG_ACT)
@@ -465,7 +474,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
     const uint64_t S = ts_data_num_windows(val, T);
     const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
     const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
-    const size_t NC = (size_t)e->N * e->C;
+    const size_t NC = (size_t)e->rows * e->C;
     const ts_kernels *kern = e->model->k;
     double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
     kern->memset_zero(acc, sizeof(double));

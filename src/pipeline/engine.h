@@ -47,6 +47,8 @@ typedef struct {
     int pp_rank, dp, dp_rank;
     int n_chunks, m, B, T, N, C;
     ts_dtype act;           /* the activations' element type (the model's kernels) */
+    int rows;               /* rows of a chunk's input and output on this rank: N, or
+                             * N / tp under sequence parallelism */
     size_t nc_bytes;        /* bytes of one [N, C] message: a chunk's input or its gradient */
     bool *recomputed;       /* [n_chunks * m]: F(c, mb) keeps only its input and is
                                recomputed before its backward (ts_memory_peak_sets: the

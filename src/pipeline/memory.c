@@ -127,7 +127,9 @@ const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int
 void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
                      double stash_bytes, ts_chunk_memory *out)
 {
-    const double f = sh->act_bytes, NC = (double)sh->micro_batch * sh->seq_len * sh->n_embd;
+    const double split = sh->seq_split > 1 ? sh->seq_split : 1;
+    const double f = sh->act_bytes,
+                 NC = (double)sh->micro_batch * sh->seq_len * sh->n_embd / split;
     const double ids = 2.0 * sh->micro_batch * sh->seq_len * sizeof(int); /* tokens, targets */
     out->tensors = act_bytes;
     out->set = out->tensors + ids;
@@ -234,7 +236,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
                                                 cfg->train.attention);
     ts_model m; /* the layout only: nothing is allocated */
-    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
+    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
+    ts_tp tp = ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel);
     ts_model_layout_tp(&m, mc, owned, &tp);
     const bool selective =
         ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE;
@@ -268,7 +271,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,
-        .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective};
+        .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
+        .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
                                   .scratch_bytes = (double)ts_scratch_bytes(&m, B, T),
                                   .act_bytes = out->acts, .stash_bytes = out->stash,

@@ -66,6 +66,8 @@ typedef struct {
     bool selective;           /* recompute = "selective" (the planner's per-layer tables
                                  subtract attention's state from it; the trainer's layout
                                  already has) */
+    int seq_split;            /* a chunk boundary's rows are B*T / seq_split: tp under
+                                 sequence parallelism, else 1 (0 reads as 1) */
 } ts_memory_shape;
 
 /* Bytes one chunk holds, from its layers' bytes of one micro-batch: the rule the

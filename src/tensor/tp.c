@@ -12,6 +12,13 @@ ts_tp ts_tp_make(int size, int rank, const struct ts_comm_s *comm, const ts_kern
     return (ts_tp){.size = size, .rank = rank, .comm = size > 1 ? comm : NULL, .k = k};
 }
 
+ts_tp ts_tp_sequence_parallel(ts_tp tp, bool on)
+{
+    TS_ASSERT(!on || tp.size > 1);
+    tp.sp = on;
+    return tp;
+}
+
 /* The sum over the tp ranks of a buffer every rank holds a part of (Megatron's g in
  * forward, f's conjugate in backward). Nothing to do on one rank. */
 static void tp_sum(const ts_tp *tp, float *buf, size_t n)
@@ -36,6 +43,28 @@ static void tp_max(const ts_tp *tp, float *buf, size_t n)
     ts_allreduce_max_f32(tp->comm, buf, n);
 }
 
+/* Sequence parallelism's pair: this rank's rows of the sum of full[N, C] over the
+ * ranks (into local), and the rows of every rank into full. */
+static void seq_scatter_sum(const ts_tp *tp, void *local, const void *full, int N, int C)
+{
+    TS_ASSERT(tp->sp && tp->comm != NULL && N % tp->size == 0);
+    ts_reduce_scatter_sum_act(tp->comm, full, local, (size_t)(N / tp->size) * C,
+                              tp->k->act_dtype);
+}
+
+const void *ts_tp_seq_gather(const ts_tp *tp, void *full, const void *local, int N, int C)
+{
+    if (!tp->sp) return local;
+    TS_ASSERT(tp->comm != NULL && full != NULL && N % tp->size == 0);
+    ts_allgather_act(tp->comm, local, full, (size_t)(N / tp->size) * C, tp->k->act_dtype);
+    return full;
+}
+
+void ts_tp_seq_sum_grad(const ts_tp *tp, float *g, size_t n)
+{
+    if (tp->sp) tp_sum(tp, g, n);
+}
+
 /* ------------------------------------------------------------------ linears */
 
 void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
@@ -45,15 +74,25 @@ void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *
 }
 
 void ts_tp_col_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
-                        const void *inp, const void *w, int N, int C, int OCl)
+                        const void *inp, const void *w, int N, int C, int OCl, void *work)
 {
+    if (tp->sp && dinp) {
+        tp->k->matmul_backward(work, dw, db, dout, inp, w, N, C, OCl);
+        seq_scatter_sum(tp, dinp, work, N, C);
+        return;
+    }
     tp->k->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OCl);
     if (dinp) tp_sum_act(tp, dinp, (size_t)N * C);
 }
 
 void ts_tp_row_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
-                       const float *b, int N, int Cl, int OC)
+                       const float *b, int N, int Cl, int OC, void *work)
 {
+    if (tp->sp) {
+        tp->k->matmul_forward(work, inp, w, tp->rank == 0 ? b : NULL, N, Cl, OC);
+        seq_scatter_sum(tp, out, work, N, OC);
+        return;
+    }
     tp->k->matmul_forward(out, inp, w, tp->rank == 0 ? b : NULL, N, Cl, OC);
     tp_sum_act(tp, out, (size_t)N * OC);
 }
@@ -67,7 +106,7 @@ void ts_tp_row_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const
 /* ---------------------------------------------------- vocab-parallel layers */
 
 void ts_tp_embed_forward(const ts_tp *tp, void *out, const int *tokens, const float *wte,
-                         int v0, int nv, const float *wpe, int B, int T, int C)
+                         int v0, int nv, const float *wpe, int B, int T, int C, void *work)
 {
     if (tp->size == 1) {
         tp->k->encoder_forward(out, tokens, wte, wpe, B, T, C);
@@ -75,6 +114,12 @@ void ts_tp_embed_forward(const ts_tp *tp, void *out, const int *tokens, const fl
     }
     /* This rank's vocabulary rows (zeros for other tokens), the positions on rank 0
      * only; the sum assembles the full embedding on every rank. */
+    if (tp->sp) {
+        tp->k->vocab_embed_forward(work, tokens, wte, tp->rank == 0 ? wpe : NULL, v0, nv, B, T,
+                                   C);
+        seq_scatter_sum(tp, out, work, B * T, C);
+        return;
+    }
     tp->k->vocab_embed_forward(out, tokens, wte, tp->rank == 0 ? wpe : NULL, v0, nv, B, T, C);
     tp_sum_act(tp, out, (size_t)B * T * C);
 }

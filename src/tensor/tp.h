@@ -18,7 +18,18 @@
  *                           target logit and the sum of exponentials, never the logits.
  *
  * With size == 1 every call is the plain kernel and nothing is communicated: the
- * model has no tp == 1 branches of its own. */
+ * model has no tp == 1 branches of its own.
+ *
+ * Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel; `sp`):
+ * outside the column/row pairs (norms, residual adds) each rank holds only its rows of
+ * the N = B*T tokens, the contiguous part ts_tp_rows gives (rank r: rows [r*N/tp,
+ * (r+1)*N/tp); parallel.sequence_parallel needs T, hence N, to divide by tp). The input
+ * of a column-parallel linear is then all-gathered first (ts_tp_seq_gather, by the
+ * caller, who keeps only its rows and gathers again for the weight gradient); the sum
+ * after a row-parallel linear, the embedding's and a column-parallel backward's become
+ * reduce-scatters into this rank's rows (the same bytes as the all-reduce: half in each
+ * of the pair). The norms' weight gradients then hold this rank's rows' part: summed over
+ * the group once a step (ts_tp_seq_sum_grad). */
 #ifndef TS_TP_H
 #define TS_TP_H
 
@@ -34,6 +45,7 @@ typedef struct {
     int size, rank;
     const struct ts_comm_s *comm; /* the tp group; NULL when size == 1 (or a layout only) */
     const ts_kernels *k;
+    bool sp;                      /* sequence parallelism (size > 1 only) */
 } ts_tp;
 
 /* Rank `rank` of a tensor-parallel group of `size`. comm may be NULL only when size == 1
@@ -41,29 +53,53 @@ typedef struct {
  * otherwise its size and rank must be these. */
 ts_tp ts_tp_make(int size, int rank, const struct ts_comm_s *comm, const ts_kernels *k);
 
+/* The same context with sequence parallelism on or off (on needs size > 1). */
+ts_tp ts_tp_sequence_parallel(ts_tp tp, bool on);
+
+/* Rows of N a rank holds outside the column/row pairs: N / size under sequence
+ * parallelism, else N. */
+static inline int ts_tp_rows(const ts_tp *tp, int N) { return tp->sp ? N / tp->size : N; }
+
 /* Activations (`void *`) and weights `w` are in tp->k's act_dtype; biases and weight
- * gradients are fp32 (kernels/kernels.h). */
+ * gradients are fp32 (kernels/kernels.h). `work` ([N, C] or [N, OC] activation
+ * elements, not overlapping the other buffers) is used under sequence parallelism only
+ * (NULL is fine otherwise), and its contents are left undefined. */
+
+/* Under sequence parallelism, full[N, C] = every rank's rows local[ts_tp_rows(N), C] in
+ * rank order, and full is returned; otherwise local itself (nothing is copied). */
+const void *ts_tp_seq_gather(const ts_tp *tp, void *full, const void *local, int N, int C);
+
+/* Under sequence parallelism, the sum over the group of a replicated parameter's
+ * gradient g[n] fp32 (a norm's, which each rank computed from its rows only); nothing
+ * otherwise. */
+void ts_tp_seq_sum_grad(const ts_tp *tp, float *g, size_t n);
 
 /* out[N, OCl] = inp[N, C] @ w[OCl, C]^T + b[OCl]: this rank's output columns. */
 void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
                        const float *b, int N, int C, int OCl);
 /* matmul_backward, then dinp (when given) summed over the tp ranks. dw or db may be NULL
- * (the zero-bubble split computes them in another pass, with dinp NULL). */
+ * (the zero-bubble split computes them in another pass, with dinp NULL). Under sequence
+ * parallelism inp is the gathered [N, C], and dinp this rank's rows of the sum
+ * [ts_tp_rows(N), C] (the partial products go through work [N, C]). */
 void ts_tp_col_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
-                        const void *inp, const void *w, int N, int C, int OCl);
+                        const void *inp, const void *w, int N, int C, int OCl, void *work);
 
-/* out[N, OC] = sum over ranks of inp[N, Cl] @ w[OC, Cl]^T, plus b[OC] (replicated) once. */
+/* out[N, OC] = sum over ranks of inp[N, Cl] @ w[OC, Cl]^T, plus b[OC] (replicated) once.
+ * Under sequence parallelism out is this rank's rows [ts_tp_rows(N), OC] of the sum
+ * (the partial products go through work [N, OC]). */
 void ts_tp_row_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
-                       const float *b, int N, int Cl, int OC);
-/* The plain matmul_backward: dout is replicated, so the replicated bias' gradient is the
- * same on every rank. */
+                       const float *b, int N, int Cl, int OC, void *work);
+/* The plain matmul_backward: dout is replicated (under sequence parallelism gathered
+ * by the caller), so the replicated bias' gradient is the same on every rank. */
 void ts_tp_row_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
                         const void *inp, const void *w, int N, int Cl, int OC);
 
-/* out[B*T, C] = wte[tokens] + wpe[t], wte holding vocabulary rows [v0, v0 + nv). */
+/* out[B*T, C] = wte[tokens] + wpe[t], wte holding vocabulary rows [v0, v0 + nv); under
+ * sequence parallelism this rank's rows of it (through work [B*T, C]). */
 void ts_tp_embed_forward(const ts_tp *tp, void *out, const int *tokens, const float *wte,
-                         int v0, int nv, const float *wpe, int B, int T, int C);
-/* dwte (this rank's rows) and dwpe (replicated: dout is the same on every rank) += . */
+                         int v0, int nv, const float *wpe, int B, int T, int C, void *work);
+/* dwte (this rank's rows) and dwpe (replicated: dout [B*T, C] is the same on every rank,
+ * gathered by the caller under sequence parallelism) += . */
 void ts_tp_embed_backward(const ts_tp *tp, float *dwte, float *dwpe, const void *dout,
                           const int *tokens, int v0, int nv, int B, int T, int C);
 
