@@ -6,7 +6,8 @@
 #    fp32 somewhere (the key is not ignored), and trains.
 # 2. Reruns are bit-identical; the strict backend (device memory the host cannot touch)
 #    gives the same bits as "cpu".
-# 3. Grid invariance in bf16: dp, pp (1F1B, interleaved, zero-bubble), tp, a 3-D grid and
+# 3. Grid invariance in bf16: dp, pp (1F1B, interleaved, zero-bubble), tp (also sequence-
+#    parallel), a 3-D grid and
 #    ZeRO-2/3
 #    give the one-rank bf16 losses within 1e-2 relative, every step.
 # 4. Checkpoints hold the fp32 master weights: a bf16 run's checkpoint resumes in fp32
@@ -74,6 +75,8 @@ grid pp2v2 2 --set parallel.dp=1 --set parallel.pp=2 --set parallel.virtual_stag
   --set 'parallel.schedule="interleaved-1f1b"'
 grid zb 2 --set parallel.dp=1 --set parallel.pp=2 --set 'parallel.schedule="zb-h1"'
 grid tp2 2 --set parallel.dp=1 --set parallel.tp=2
+# Sequence parallelism's reduce-scatters and all-gathers move bf16 activations.
+grid tp2_sp 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true
 grid grid3d 8 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1
 # ZeRO-3 gathers the weights in bf16 (half the bytes), so its norms, biases and
 # embedding read bf16-rounded values: within the same 1e-2.

@@ -1,7 +1,8 @@
 # Several ranks on one GPU (CTest label "gpu"; skipped, 77, without a CUDA device),
 # 20 steps of the tiny config each (tests/lib.sh gpu_common), all ranks on the first GPU:
 # - through the MPI backend (parallel.comm = "mpi": device memory staged through host
-#   buffers), pp = 2 x dp = 2 (4 ranks; also looped-bfs with ZeRO-3) and tp = 2 (2 ranks)
+#   buffers), pp = 2 x dp = 2 (4 ranks; also looped-bfs with ZeRO-3) and tp = 2 (2 ranks;
+#   also with sequence parallelism)
 #   match the one-rank CPU run:
 #   loss within relative 1e-4 and gradient norm within 1e-3 every step (the GPU's bound
 #   against the CPU, test_gpu_train);
@@ -36,6 +37,10 @@ train_on zero3 4 "$GPU_DEVICE" "${MPI[@]}" "${PP2DP2[@]}" --set parallel.virtual
     "$TMP/zero3.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 train_on tp2 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 &&
   compare_runs "tp2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" "$TMP/tp2.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+# Sequence parallelism: its reduce-scatters and all-gathers on device buffers.
+train_on tp2_sp 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true &&
+  compare_runs "tp2 sequence-parallel on one $GPU_DEVICE device (mpi) vs 1-rank cpu" \
+    "$TMP/tp2_sp.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 # Llama with tp = 4 > n_kv_head = 2 (each key/value head on two ranks, their gradients
 # summed over the kv group) against its one-rank CPU run.
 llama=(train "$SRC/configs/llama-tiny.cfg" "${common[@]:2}")

@@ -1,6 +1,7 @@
 # Grid invariance for the Llama architecture (configs/llama-tiny.cfg: RMSNorm, 4 query
 # and 2 key/value heads, rotary embeddings, SwiGLU, an untied head): data, pipeline
-# (every schedule, interleaved, recompute; selective on tp 2), tensor parallelism with
+# (every schedule, interleaved, recompute; selective on tp 2), tensor parallelism (also
+# with sequence parallelism) with
 # the key/value heads split (tp = 2) and replicated (tp = 4 > n_kv_head: each head on 2 ranks, its gradient
 # summed over them), ZeRO-1 and ZeRO-3, a 3D grid and multi-query attention all give the one-rank
 # losses within relative 1e-4 for 8 steps; reruns are bit-identical. A tied Llama
@@ -24,6 +25,12 @@ check pp2_recompute_full 2 --set parallel.pp=2 --set parallel.recompute=full
 check tp2_selective 2 --set parallel.tp=2 --set parallel.recompute=selective
 check tp2 2 --set parallel.tp=2
 check tp4_kv_replicated 4 --set parallel.tp=4
+# Sequence parallelism: RMSNorm's rows split over tp, with the key/value heads split
+# (tp 2) and replicated (tp 4), and on a pipeline whose weight pass gathers again.
+check tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+check tp4_kv_replicated_sp 4 --set parallel.tp=4 --set parallel.sequence_parallel=true
+check pp2_tp2_zb_sp 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.schedule=zb-h1 \
+  --set parallel.sequence_parallel=true
 # ZeRO-3: the replicated key/value weights' group sums run on chunk buffers held to
 # the step's end; ZeRO-1 on the 3D grid.
 check tp4_kv_replicated_zero3 8 --set parallel.tp=4 --set parallel.dp=2 --set parallel.zero=3 \
