@@ -2,7 +2,7 @@
 # 20 steps of the tiny config each (tests/lib.sh gpu_common), all ranks on the first GPU:
 # - through the MPI backend (parallel.comm = "mpi": device memory staged through host
 #   buffers), pp = 2 x dp = 2 (4 ranks; also looped-bfs with ZeRO-3) and tp = 2 (2 ranks;
-#   also with sequence parallelism)
+#   also with sequence parallelism, and with tp_overlap 2)
 #   match the one-rank CPU run:
 #   loss within relative 1e-4 and gradient norm within 1e-3 every step (the GPU's bound
 #   against the CPU, test_gpu_train);
@@ -41,6 +41,11 @@ train_on tp2 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 &&
 train_on tp2_sp 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true &&
   compare_runs "tp2 sequence-parallel on one $GPU_DEVICE device (mpi) vs 1-rank cpu" \
     "$TMP/tp2_sp.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
+# tp_overlap: sub-batches' collectives in flight (non-blocking, staged) with sp.
+train_on tp2_sp_overlap 2 "$GPU_DEVICE" "${MPI[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set parallel.tp_overlap=2 &&
+  compare_runs "tp2 sp + tp_overlap 2 on one $GPU_DEVICE device (mpi) vs 1-rank cpu" \
+    "$TMP/tp2_sp_overlap.jsonl" "$TMP/cpu.jsonl" 1e-4 1e-3
 # Llama with tp = 4 > n_kv_head = 2 (each key/value head on two ranks, their gradients
 # summed over the kv group) against its one-rank CPU run.
 llama=(train "$SRC/configs/llama-tiny.cfg" "${common[@]:2}")

@@ -249,6 +249,25 @@ void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t cou
     allgather(c, send, recv, count, comm_type(type), ts_dtype_bytes(type));
 }
 
+void ts_iallreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, ts_request *r)
+{
+    request_start(c, r, "non-blocking all-reduce", -1);
+    if (c->size <= 1) return;
+    start_span(c, r, "all-reduce", n * ts_dtype_bytes(type));
+    c->ops->iallreduce(c, buf, n, comm_type(type), TS_COMM_SUM, c->stream, r);
+    r->active = 1;
+}
+
+void ts_ireduce_scatter_sum_act(const ts_comm *c, void *buf, const int *counts, ts_dtype type,
+                                ts_request *r)
+{
+    request_start(c, r, "non-blocking reduce-scatter", -1);
+    if (c->size <= 1) return;
+    start_span(c, r, "reduce-scatter", ts_comm_counts_total(c, counts) * ts_dtype_bytes(type));
+    c->ops->ireduce_scatter(c, buf, counts, comm_type(type), TS_COMM_SUM, c->stream, r);
+    r->active = 1;
+}
+
 void ts_iallgather_act(const ts_comm *c, void *buf, const int *counts, const int *displs,
                        ts_dtype type, ts_request *r)
 {

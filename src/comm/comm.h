@@ -317,9 +317,13 @@ void ts_ireduce_scatter_sum_f32(const ts_comm *c, float *buf, const int *counts,
  * reaches every rank. counts and displs must stay valid until the request completes. */
 void ts_iallgather_f32(const ts_comm *c, float *buf, const int *counts, const int *displs,
                        ts_request *r);
-/* The same on elements of the kernels' dtype (ZeRO-3 gathers bf16 weights in a bf16 run). */
+/* The same on elements of the kernels' dtype (ZeRO-3 gathers bf16 weights in a bf16 run;
+ * parallel.tp_overlap's sums and gathers of activations). */
 void ts_iallgather_act(const ts_comm *c, void *buf, const int *counts, const int *displs,
                        ts_dtype type, ts_request *r);
+void ts_iallreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, ts_request *r);
+void ts_ireduce_scatter_sum_act(const ts_comm *c, void *buf, const int *counts, ts_dtype type,
+                                ts_request *r);
 int ts_request_test(ts_request *r);
 void ts_request_wait(ts_request *r);
 

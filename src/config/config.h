@@ -92,6 +92,9 @@ typedef struct {
     char order[16];             /* "tp-dp-pp", fastest-varying first */
     bool sequence_parallel;     /* norms and residuals split along the sequence over tp
                                    (tensor/tp.h); needs tp > 1 and seq_len % tp == 0 */
+    int tp_overlap;             /* sub-batches per micro-batch inside the tp layers, each
+                                   one's collectives behind the next one's GEMMs (Merak;
+                                   tensor/tp.h); 1 = off */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
     char grad_reduce_dtype[8];   /* "fp32": the data-parallel reduction's element type */

@@ -46,6 +46,7 @@ void ts_config_defaults(ts_config *cfg)
     p->micro_batch = 2;
     p->n_partition = 0; /* "balanced" */
     copy_str(p->recompute, sizeof p->recompute, ts_recompute_names[TS_RECOMPUTE_NONE]);
+    p->tp_overlap = 1;
     copy_str(p->order, sizeof p->order, "tp-dp-pp");
     p->overlap_grad_sync = true;
     copy_str(p->grad_sync_progress, sizeof p->grad_sync_progress, "poll");
@@ -151,6 +152,7 @@ const key_spec ts_config_keys[] = {
       ts_config_allow_auto },
     INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
     BOOL_KEY("parallel", "sequence_parallel", parallel.sequence_parallel),
+    INT_KEY("parallel", "tp_overlap", parallel.tp_overlap, 1, 8),
     INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),
     STR_KEY("parallel", "schedule", parallel.schedule, ts_config_check_schedule),
     INT_KEY("parallel", "micro_batch", parallel.micro_batch, 1, 1 << 20),

@@ -576,6 +576,17 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "positions of every sequence's norms and residuals; nothing is "
                        "padded); change seq_len or tp",
                        m->seq_len, p->tp);
+    if (p->tp_overlap > 1 && p->tp < 2)
+        return ts_fail("parallel.tp_overlap = %d needs parallel.tp >= 2 (it overlaps the "
+                       "tensor-parallel collectives, which tp = %d does not have); set tp >= 2 "
+                       "or tp_overlap = 1",
+                       p->tp_overlap, p->tp);
+    if (p->tp_overlap > 1 && p->micro_batch % p->tp_overlap != 0)
+        return ts_fail("parallel.tp_overlap = %d needs parallel.micro_batch = %d to divide by "
+                       "it (each sub-batch holds micro_batch/tp_overlap whole sequences: "
+                       "attention does not split a sequence); change micro_batch or "
+                       "tp_overlap",
+                       p->tp_overlap, p->micro_batch);
     /* Vocabulary rows are split as evenly as possible (tensor/shard.h): any size works
      * as long as every tensor-parallel rank gets at least one row. */
     if (m->vocab_size < p->tp)

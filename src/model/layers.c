@@ -33,6 +33,7 @@ typedef struct {
     size_t att_kept; /* att, or 0 under selective recompute (the scratch holds it then) */
     size_t NL;       /* rows of the norms and residuals: N, or N / tp under sequence
                         parallelism (tensor/tp.h) */
+    size_t S;        /* tp_overlap's sub-batches (1: none) */
     bool llama, selective, sp;
 } act_dims;
 
@@ -40,6 +41,7 @@ typedef struct {
 typedef struct {
     bool llama, selective, sp;
     int n_embd, n_head, n_kv_head, ffn, vocab;
+    int sub; /* tp_overlap's sub-batches (0 or 1: none) */
 } act_shape;
 
 static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, int B, int T)
@@ -57,7 +59,8 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .att = k->attention_saved_bytes(B, T, H, HS),
                   .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
-                  .selective = sh.selective, .sp = sh.sp};
+                  .selective = sh.selective, .sp = sh.sp,
+                  .S = sh.sub > 1 ? (size_t)sh.sub : 1};
     d.att_kept = sh.selective ? 0 : d.att;
     return d;
 }
@@ -65,7 +68,8 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
 static act_dims model_dims(const ts_model *m, int B, int T)
 {
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->tp.sp,
-                          m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size};
+                          m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size,
+                          m->tp.sub};
     return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
 }
 
@@ -131,7 +135,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
 {
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, cfg->n_embd,
                           cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size};
+                          cfg->vocab_size, 1};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -388,44 +392,129 @@ static void embed_forward(const ts_model *m, const ts_acts *a, int l)
                         m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd, a->sp_work);
 }
 
+/* ------------------------------------------------ sub-batches (tp_overlap) */
+
+/* The most sub-batches parallel.tp_overlap takes (config_keys.c). */
+#define TS_TP_OVERLAP_MAX 8
+
+/* Sub-batch i of d.S (tensor/tp.h): rows [i N/S, (i+1) N/S) of a block's [N,...]
+ * buffers, rows [i NL/S, ...) of its [NL,...] ones, attention's state at its sequences'
+ * offset (every backend's is sequence-major). With S = 1, the block's views. */
+static block_acts block_sub(const act_dims *d, const block_acts *s, int i)
+{
+    const size_t n = d->N / d->S * (size_t)i, nl = d->NL / d->S * (size_t)i;
+    block_acts v = *s;
+    v.ln1 = act_at(d, s->ln1, nl * d->C);
+    v.ln1_mean = d->NM ? s->ln1_mean + nl : s->ln1_mean;
+    v.ln1_rstd = s->ln1_rstd + nl;
+    v.qkv = act_at(d, s->qkv, n * d->QKV);
+    v.atty = act_at(d, s->atty, n * d->Cl);
+    v.att = (unsigned char *)s->att + d->att_kept / d->S * (size_t)i;
+    v.res2 = act_at(d, s->res2, nl * d->C);
+    v.ln2 = act_at(d, s->ln2, nl * d->C);
+    v.ln2_mean = d->NM ? s->ln2_mean + nl : s->ln2_mean;
+    v.ln2_rstd = s->ln2_rstd + nl;
+    v.fch = act_at(d, s->fch, n * d->FI);
+    v.fch_gelu = act_at(d, s->fch_gelu, n * d->F);
+    v.out = act_at(d, s->out, nl * d->C);
+    return v;
+}
+
+/* Every collective of a sub-batch still in flight makes progress (polled between the
+ * sub-batches' kernels: MPI advances non-blocking collectives only inside its calls). */
+static void poll_pending(ts_tp_pending *p, int S)
+{
+    for (int i = 0; i < S; i++) ts_tp_poll(&p[i]);
+}
+
+/* Under sequence parallelism, full[N,C] = every rank's rows local[NL,C], sub-batch by
+ * sub-batch (tensor/tp.h), blocking; returns full, or local without it. */
+static const void *gather_rows(const ts_model *m, const act_dims *d, void *full,
+                               const void *local)
+{
+    if (!d->sp) return local;
+    const size_t Ns = d->N / d->S, NLs = d->NL / d->S;
+    for (size_t i = 0; i < d->S; i++)
+        ts_tp_seq_gather(&m->tp, act_at(d, full, i * Ns * d->C), act_at(d, local, i * NLs * d->C),
+                         (int)Ns, (int)d->C, NULL);
+    return full;
+}
+
 static void block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
 {
     const ts_kernels *k = m->k;
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
-    const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS, NL = (int)d.NL;
+    const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
+    const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
     const int p0 = m->layers[l].first_param;
     const block_roles r = roles_of(m);
 #define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i))) /* fp32 master: norms, biases */
 #define W(i) ts_param_compute(m, p0 + (i))                  /* the matmuls' compute copy */
-    block_acts s = block_views(m, a, l);
+    const block_acts s = block_views(m, a, l);
     /* Sequence parallelism: x and the norms hold this rank's NL rows; each norm's output
      * is gathered for its column-parallel linear (gath, the scratch's: a forward leaves
      * nothing there), and each row-parallel sum scatters back into NL rows. */
     void *gath = a->sp_work;
     TS_ASSERT(!d.sp || gath);
+    /* tp_overlap: each phase runs on every sub-batch in turn, a sub-batch's collective
+     * in flight until the next phase of it (S = 1: every call blocks, as always). */
+    ts_tp_pending pend[TS_TP_OVERLAP_MAX] = {0};
+    TS_ASSERT(S <= TS_TP_OVERLAP_MAX);
+#define PD(i) (S > 1 ? &pend[i] : NULL)
+#define XI(i) act_at(&d, x, (size_t)(i) * NLs * C)
+#define GI(i) (gath ? act_at(&d, gath, (size_t)(i) * Ns * C) : NULL)
 
-    norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, P(r.norm1_w), P(r.norm1_b), NL);
-    const void *ln1 = ts_tp_seq_gather(tp, gath, s.ln1, N, C);
-    ts_tp_col_forward(tp, s.qkv, ln1, W(r.qkv_w), P(r.qkv_b), N, C, (int)d.QKV);
-    if (m->rope_cos) k->rope_forward(s.qkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
-    /* Selective recompute keeps no attention state: the forward writes it to the work
+    /* The first norm; under sequence parallelism its rows gathered. */
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        norm_forward(m, v.ln1, v.ln1_mean, v.ln1_rstd, XI(i), P(r.norm1_w), P(r.norm1_b), NLs);
+        ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));
+    }
+    /* Attention, its output projection's sum in flight while the next sub-batch runs.
+     * Selective recompute keeps no attention state: the forward writes it to the work
      * area and the backward rebuilds it. */
     TS_ASSERT(!d.selective || a->att_work);
-    k->attention_forward(s.atty, d.selective ? a->att_work : s.att, s.qkv, B, T, H, KV, HS);
-    ts_tp_row_forward(tp, s.res2, s.atty, W(r.proj_w), P(r.proj_b), N, Cl, C, gath);
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        const void *ln1 = d.sp ? GI(i) : v.ln1;
+        ts_tp_col_forward(tp, v.qkv, ln1, W(r.qkv_w), P(r.qkv_b), Ns, C, (int)d.QKV);
+        if (m->rope_cos) k->rope_forward(v.qkv, m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
+        k->attention_forward(v.atty, d.selective ? a->att_work : v.att, v.qkv, Bs, T, H, KV, HS);
+        ts_tp_row_forward(tp, v.res2, v.atty, W(r.proj_w), P(r.proj_b), Ns, Cl, C, GI(i), PD(i));
+        poll_pending(pend, S);
+    }
     /* res2 = x + attn(...) and the second norm of it in one pass over the rows. */
-    residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, x, P(r.norm2_w),
-                          P(r.norm2_b), NL);
-
-    const void *ln2 = ts_tp_seq_gather(tp, gath, s.ln2, N, C);
-    ts_tp_col_forward(tp, s.fch, ln2, W(r.fc_w), P(r.fc_b), N, C, (int)d.FI);
-    mlp_act_forward(m, s.fch_gelu, s.fch, N);
-    ts_tp_row_forward(tp, s.out, s.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), N, F, C, gath);
-    k->residual_forward(s.out, s.out, s.res2, (size_t)NL * C);
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        residual_norm_forward(m, v.res2, v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, XI(i),
+                              P(r.norm2_w), P(r.norm2_b), NLs);
+        ts_tp_seq_gather(tp, GI(i), v.ln2, Ns, C, PD(i));
+    }
+    /* The MLP, its output projection's sum in flight. */
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        const void *ln2 = d.sp ? GI(i) : v.ln2;
+        ts_tp_col_forward(tp, v.fch, ln2, W(r.fc_w), P(r.fc_b), Ns, C, (int)d.FI);
+        mlp_act_forward(m, v.fch_gelu, v.fch, Ns);
+        ts_tp_row_forward(tp, v.out, v.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), Ns, F, C, GI(i),
+                          PD(i));
+        poll_pending(pend, S);
+    }
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        k->residual_forward(v.out, v.out, v.res2, (size_t)NLs * C);
+    }
 #undef P
 #undef W
+#undef PD
+#undef XI
+#undef GI
 }
 
 /* The head's norm parameters (weight; bias for gpt2's LayerNorm, NULL for llama). */
@@ -449,7 +538,8 @@ static void head_forward(const ts_model *m, const ts_acts *a, int l, const void 
      * rank's vocabulary columns, on every row (gathered under sequence parallelism);
      * then the loss, leaving the softmax's gradient in place of the logits. */
     TS_ASSERT(!m->tp.sp || a->sp_work);
-    const void *lnf = ts_tp_seq_gather(&m->tp, a->sp_work, h.lnf, N, C);
+    const act_dims d = model_dims(m, a->B, a->T);
+    const void *lnf = gather_rows(m, &d, a->sp_work, h.lnf);
     ts_tp_col_forward(&m->tp, h.logits, lnf, ts_param_compute(m, m->head_wte_param), NULL, N, C,
                       m->local_vocab);
     ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
@@ -557,89 +647,150 @@ static void *scratch_local(const act_dims *d, const ts_scratch *sc)
     return d->sp ? (unsigned char *)sc->mem + scratch_local_offset(*d) : NULL;
 }
 
-/* The gradient dx of a row-parallel linear's output as the [N,C] its backward reads:
- * under sequence parallelism every rank's rows gathered (into `keep` when given, else
- * gath); otherwise dx itself, copied into `keep` when given (the zero-bubble stash,
- * which the weight pass reads after dx has moved on). */
+/* The gradient dx of a row-parallel linear's output as the [N,C] its backward reads, for
+ * N rows (a sub-batch's, or all): under sequence parallelism every rank's rows gathered
+ * (into `keep` when given, else gath; in flight with a pending); otherwise dx itself,
+ * copied into `keep` when given (the zero-bubble stash, which the weight pass reads after
+ * dx has moved on). */
 static const void *linear_output_grad(const ts_model *m, const act_dims *d, void *keep,
-                                      void *gath, const void *dx)
+                                      void *gath, const void *dx, int N, ts_tp_pending *p)
 {
-    const int N = (int)d->N, C = (int)d->C;
-    if (d->sp) return ts_tp_seq_gather(&m->tp, keep ? keep : gath, dx, N, C);
+    const int C = (int)d->C;
+    if (d->sp) return ts_tp_seq_gather(&m->tp, keep ? keep : gath, dx, N, C, p);
     if (!keep) return dx;
-    m->k->memcpy_d2d(keep, dx, d->N * d->C * d->ab);
+    m->k->memcpy_d2d(keep, dx, (size_t)N * d->C * d->ab);
     return keep;
 }
 
+/* Rows [i Ns, ...) of a stash part of `width` columns (sub-batch i's). */
+static void *stash_rows(const ts_model *m, const act_dims *d, void *stash, int part, int i,
+                        size_t width)
+{
+    return act_at(d, stash_part(m, stash, (int)d->N, part), (size_t)i * (d->N / d->S) * width);
+}
+
+/* A block's backward, as its forward, in phases over the sub-batches (one under
+ * tp_overlap = 1), each sub-batch's collective in flight until its next phase. */
 static void block_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
                            ts_scratch *sc, void *stash)
 {
     const ts_kernels *k = m->k;
     const ts_tp *tp = &m->tp;
     const act_dims d = model_dims(m, a->B, a->T);
-    const int B = a->B, T = a->T, C = m->n_embd, N = B * T, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS, NL = (int)d.NL;
+    const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
+    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
+    const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
     const int p0 = m->layers[l].first_param;
     const block_roles r = roles_of(m);
 #define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i)))
 #define W(i) ts_param_compute(m, p0 + (i))
 #define G(i) ((i) < 0 ? NULL : ts_param_grad(m, p0 + (i)))
 #define GW(i) (stash ? NULL : G(i)) /* matmul weight gradients: deferred with a stash */
-#define KEEP(part) (stash ? stash_part(m, stash, N, part) : NULL)
-    block_acts s = block_views(m, a, l);
-    void *dfch = stash ? stash_part(m, stash, N, STASH_D_FCH) : sc->mem;       /* [N,FI] */
-    void *dqkv = stash ? stash_part(m, stash, N, STASH_D_QKV) : sc->mem;       /* [N,QKV] */
-    void *bufc = act_at(&d, sc->mem, d.N * scratch_wide(d));                   /* [N,C] */
+#define KEEP(part, i, width) (stash ? stash_rows(m, &d, stash, part, i, width) : NULL)
+    const block_acts s = block_views(m, a, l);
+    void *wide = sc->mem;                                  /* [N,max(FI,QKV)] */
+    void *narrow = act_at(&d, sc->mem, d.N * scratch_wide(d)); /* [N,max(C,F)] */
     void *att_scratch = (unsigned char *)sc->mem + scratch_att_offset(d);
-    /* The activation's output gradient [N,F]: GELU's backward runs in place in dfch;
-     * SwiGLU's reads it from the second scratch buffer while writing dfch. */
-    void *dact = m->arch == TS_ARCH_LLAMA ? bufc : dfch;
     /* Sequence parallelism: the gathered rows (a gradient, then a norm's output again)
      * and the norms' input gradient in this rank's rows; without it the norms read the
      * column-parallel backward's all-reduced bufc. */
-    void *gath = scratch_gather(&d, sc);
-    void *dnorm = d.sp ? scratch_local(&d, sc) : bufc; /* [NL,C] */
+    void *gath = scratch_gather(&d, sc), *loc = scratch_local(&d, sc);
+    ts_tp_pending pend[TS_TP_OVERLAP_MAX] = {0};
+    const void *rows_in[TS_TP_OVERLAP_MAX]; /* each sub-batch's gathered (or own) input */
+    TS_ASSERT(S <= TS_TP_OVERLAP_MAX);
+#define PD(i) (S > 1 ? &pend[i] : NULL)
+#define XI(i) act_at(&d, x, (size_t)(i) * NLs * C)
+#define DXI(i) act_at(&d, dx, (size_t)(i) * NLs * C)
+#define GI(i) (gath ? act_at(&d, gath, (size_t)(i) * Ns * C) : NULL)
+#define BUFC(i) act_at(&d, narrow, (size_t)(i) * Ns * scratch_narrow(d)) /* [Ns,C] */
+#define DNORM(i) (d.sp ? act_at(&d, loc, (size_t)(i) * NLs * C) : BUFC(i)) /* [NLs,C] */
+    /* The MLP projection's output gradient [Ns,FI], later the qkv gradient [Ns,QKV]; the
+     * activation's output gradient [Ns,F]: GELU's backward runs in place in dfch,
+     * SwiGLU's reads it from bufc while writing dfch. */
+#define WIDE(i) act_at(&d, wide, (size_t)(i) * Ns * scratch_wide(d))
+#define DFCH(i) (stash ? KEEP(STASH_D_FCH, i, d.FI) : WIDE(i))
+#define DQKV(i) (stash ? KEEP(STASH_D_QKV, i, d.QKV) : WIDE(i))
+#define DACT(i) (m->arch == TS_ARCH_LLAMA ? BUFC(i) : DFCH(i))
 
     /* MLP: dx is the gradient of the block output (the same on every tp rank, or this
      * rank's rows of it). */
-    const void *d_out = linear_output_grad(m, &d, KEEP(STASH_D_OUT), gath, dx);
-    ts_tp_row_backward(tp, dact, GW(r.fcproj_w), G(r.fcproj_b), d_out, s.fch_gelu,
-                       W(r.fcproj_w), N, F, C);
-    mlp_act_backward(m, dfch, s.fch, dact, N);
-    const void *ln2 = ts_tp_seq_gather(tp, gath, s.ln2, N, C); /* again: kept as NL rows */
-    ts_tp_col_backward(tp, dnorm, GW(r.fc_w), G(r.fc_b), dfch, ln2, W(r.fc_w), N, C, (int)d.FI,
-                       bufc);
-    norm_backward(m, dx, G(r.norm2_w), G(r.norm2_b), dnorm, s.res2, P(r.norm2_w), s.ln2_mean,
-                  s.ln2_rstd, NL);
-
-    /* Attention: dx is now the gradient of res2. */
-    const void *d_res2 = linear_output_grad(m, &d, KEEP(STASH_D_RES2), gath, dx);
-    void *datty = bufc; /* [N,Cl] */
-    ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), d_res2, s.atty, W(r.proj_w), N, Cl,
-                       C);
-    const void *att = s.att;
-    if (d.selective) {
-        /* Selective recompute: the probabilities again, from the q, k, v the block kept
-         * (the same kernel on the same input: the values the forward had). The output
-         * goes to scratch too; s.atty, the projection's input, was kept. */
-        void *rebuilt = (unsigned char *)sc->mem + scratch_rebuilt_offset(d);
-        k->attention_forward((unsigned char *)sc->mem + scratch_rebuilt_out_offset(d), rebuilt,
-                             s.qkv, B, T, H, KV, HS);
-        att = rebuilt;
+    for (int i = 0; i < S; i++)
+        rows_in[i] =
+            linear_output_grad(m, &d, KEEP(STASH_D_OUT, i, d.C), GI(i), DXI(i), Ns, PD(i));
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        ts_tp_row_backward(tp, DACT(i), GW(r.fcproj_w), G(r.fcproj_b), rows_in[i], v.fch_gelu,
+                           W(r.fcproj_w), Ns, F, C);
+        mlp_act_backward(m, DFCH(i), v.fch, DACT(i), Ns);
+        rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln2, Ns, C, PD(i)); /* again: NL rows kept */
+        poll_pending(pend, S);
     }
-    k->attention_backward(dqkv, att_scratch, datty, s.qkv, att, B, T, H, KV, HS);
-    /* The gradient of q and k before their rotation (RoPE is linear). */
-    if (m->rope_cos) k->rope_backward(dqkv, m->rope_cos, m->rope_sin, B, T, H, KV, HS);
-    const void *ln1 = ts_tp_seq_gather(tp, gath, s.ln1, N, C);
-    ts_tp_col_backward(tp, dnorm, GW(r.qkv_w), G(r.qkv_b), dqkv, ln1, W(r.qkv_w), N, C,
-                       (int)d.QKV, bufc);
-    norm_backward(m, dx, G(r.norm1_w), G(r.norm1_b), dnorm, x, P(r.norm1_w), s.ln1_mean,
-                  s.ln1_rstd, NL);
+    for (int i = 0; i < S; i++) {
+        ts_tp_finish(tp, PD(i));
+        ts_tp_col_backward(tp, DNORM(i), GW(r.fc_w), G(r.fc_b), DFCH(i), rows_in[i], W(r.fc_w), Ns,
+                           C, (int)d.FI, BUFC(i), PD(i));
+        poll_pending(pend, S);
+    }
+    /* The second norm; then dx is the gradient of res2. */
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        norm_backward(m, DXI(i), G(r.norm2_w), G(r.norm2_b), DNORM(i), v.res2, P(r.norm2_w),
+                      v.ln2_mean, v.ln2_rstd, NLs);
+        rows_in[i] =
+            linear_output_grad(m, &d, KEEP(STASH_D_RES2, i, d.C), GI(i), DXI(i), Ns, PD(i));
+    }
+    /* Attention. */
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        void *datty = BUFC(i); /* [Ns,Cl] */
+        ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), rows_in[i], v.atty, W(r.proj_w),
+                           Ns, Cl, C);
+        const void *att = v.att;
+        if (d.selective) {
+            /* Selective recompute: the probabilities again, from the q, k, v the block
+             * kept (the same kernel on the same input: the values the forward had). The
+             * output goes to scratch too; atty, the projection's input, was kept. */
+            void *rebuilt = (unsigned char *)sc->mem + scratch_rebuilt_offset(d);
+            k->attention_forward((unsigned char *)sc->mem + scratch_rebuilt_out_offset(d),
+                                 rebuilt, v.qkv, Bs, T, H, KV, HS);
+            att = rebuilt;
+        }
+        k->attention_backward(DQKV(i), att_scratch, datty, v.qkv, att, Bs, T, H, KV, HS);
+        /* The gradient of q and k before their rotation (RoPE is linear). */
+        if (m->rope_cos) k->rope_backward(DQKV(i), m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
+        rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));
+        poll_pending(pend, S);
+    }
+    for (int i = 0; i < S; i++) {
+        ts_tp_finish(tp, PD(i));
+        ts_tp_col_backward(tp, DNORM(i), GW(r.qkv_w), G(r.qkv_b), DQKV(i), rows_in[i],
+                           W(r.qkv_w), Ns, C, (int)d.QKV, BUFC(i), PD(i));
+        poll_pending(pend, S);
+    }
+    for (int i = 0; i < S; i++) {
+        const block_acts v = block_sub(&d, &s, i);
+        ts_tp_finish(tp, PD(i));
+        norm_backward(m, DXI(i), G(r.norm1_w), G(r.norm1_b), DNORM(i), XI(i), P(r.norm1_w),
+                      v.ln1_mean, v.ln1_rstd, NLs);
+    }
 #undef P
 #undef W
 #undef G
 #undef GW
 #undef KEEP
+#undef PD
+#undef XI
+#undef DXI
+#undef GI
+#undef BUFC
+#undef DNORM
+#undef WIDE
+#undef DFCH
+#undef DQKV
+#undef DACT
 }
 
 /* The four matmul weight gradients from the stash; under sequence parallelism the norms'
@@ -658,11 +809,11 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, vo
     ts_tp_row_backward(tp, NULL, G(r.fcproj_w), NULL, stash_part(m, stash, N, STASH_D_OUT),
                        s.fch_gelu, NULL, N, F, C);
     ts_tp_col_backward(tp, NULL, G(r.fc_w), NULL, stash_part(m, stash, N, STASH_D_FCH),
-                       ts_tp_seq_gather(tp, gath, s.ln2, N, C), NULL, N, C, (int)d.FI, NULL);
+                       gather_rows(m, &d, gath, s.ln2), NULL, N, C, (int)d.FI, NULL, NULL);
     ts_tp_row_backward(tp, NULL, G(r.proj_w), NULL, stash_part(m, stash, N, STASH_D_RES2),
                        s.atty, NULL, N, Cl, C);
     ts_tp_col_backward(tp, NULL, G(r.qkv_w), NULL, stash_part(m, stash, N, STASH_D_QKV),
-                       ts_tp_seq_gather(tp, gath, s.ln1, N, C), NULL, N, C, (int)d.QKV, NULL);
+                       gather_rows(m, &d, gath, s.ln1), NULL, N, C, (int)d.QKV, NULL, NULL);
 #undef G
 }
 
@@ -672,18 +823,23 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const void
                           ts_scratch *sc, bool defer_weight)
 {
     const act_dims d = model_dims(m, a->B, a->T);
-    const int N = a->B * a->T, C = m->n_embd;
+    const int C = m->n_embd, S = (int)d.S, Ns = (int)(d.N / d.S), NLs = (int)(d.NL / d.S);
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
     /* Under sequence parallelism: lnf gathered again, the partial input gradients [N,C]
-     * in the scratch's second buffer, this rank's rows of their sum in its own. */
+     * in the scratch's second buffer, this rank's rows of their sum in its own, sub-batch
+     * by sub-batch (this rank's rows are its part of each: tensor/tp.h). */
     void *dlnf = d.sp ? scratch_local(&d, sc) : sc->mem;
     void *work = act_at(&d, sc->mem, d.N * scratch_wide(d));
-    const void *lnf = ts_tp_seq_gather(&m->tp, scratch_gather(&d, sc), h.lnf, N, C);
-
-    ts_tp_col_backward(&m->tp, dlnf, defer_weight ? NULL : ts_param_grad(m, m->head_wte_param),
-                       NULL, h.logits, lnf, ts_param_compute(m, m->head_wte_param), N, C,
-                       m->local_vocab, work);
+    const void *lnf = gather_rows(m, &d, scratch_gather(&d, sc), h.lnf);
+    const int parts = d.sp ? S : 1, rows = d.sp ? Ns : (int)d.N;
+    for (int i = 0; i < parts; i++)
+        ts_tp_col_backward(&m->tp, act_at(&d, dlnf, (size_t)i * NLs * C),
+                           defer_weight ? NULL : ts_param_grad(m, m->head_wte_param), NULL,
+                           act_at(&d, h.logits, (size_t)i * rows * d.Vl),
+                           act_at(&d, lnf, (size_t)i * rows * C),
+                           ts_param_compute(m, m->head_wte_param), rows, C, m->local_vocab,
+                           act_at(&d, work, (size_t)i * rows * C), NULL);
     m->k->memset_zero(dx, d.NL * d.C * d.ab);
     norm_backward(m, dx, ts_param_grad(m, p0),
                   m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1), dlnf, x,
@@ -697,7 +853,7 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: {
             const act_dims d = model_dims(m, a->B, a->T);
-            embed_backward(m, a, l, linear_output_grad(m, &d, NULL, scratch_gather(&d, s), dx));
+            embed_backward(m, a, l, gather_rows(m, &d, scratch_gather(&d, s), dx));
             break;
         }
         case TS_LAYER_BLOCK:
@@ -768,7 +924,10 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
-            linear_output_grad(m, &d, act_at(&d, a->wstash, embed_at), NULL, dx);
+            if (d.sp)
+                gather_rows(m, &d, act_at(&d, a->wstash, embed_at), dx);
+            else
+                m->k->memcpy_d2d(act_at(&d, a->wstash, embed_at), dx, NC * d.ab);
             break;
         case TS_LAYER_BLOCK:
             block_backward(m, a, l, layer_input(m, a, l), dx, s,
@@ -796,9 +955,9 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s)
         case TS_LAYER_HEAD: {
             head_acts h = head_views(m, a, l);
             const int N = a->B * a->T;
-            const void *lnf = ts_tp_seq_gather(&m->tp, scratch_gather(&d, s), h.lnf, N, m->n_embd);
+            const void *lnf = gather_rows(m, &d, scratch_gather(&d, s), h.lnf);
             ts_tp_col_backward(&m->tp, NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits,
-                               lnf, NULL, N, m->n_embd, m->local_vocab, NULL);
+                               lnf, NULL, N, m->n_embd, m->local_vocab, NULL, NULL);
             break;
         }
         }

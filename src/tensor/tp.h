@@ -29,24 +29,44 @@
  * after a row-parallel linear, the embedding's and a column-parallel backward's become
  * reduce-scatters into this rank's rows (the same bytes as the all-reduce: half in each
  * of the pair). The norms' weight gradients then hold this rank's rows' part: summed over
- * the group once a step (ts_tp_seq_sum_grad). */
+ * the group once a step (ts_tp_seq_sum_grad).
+ *
+ * Sub-pipelined tensor parallelism (Merak; parallel.tp_overlap = S, `sub`): the model
+ * runs each block on S sub-batches of B/S whole sequences, starting a sub-batch's
+ * collective (the calls below given a `pending`) and finishing it (ts_tp_finish) only
+ * after the next sub-batch's GEMMs, so each all-reduce, or reduce-scatter and all-gather,
+ * runs behind computation (polled: ts_tp_poll). Under sequence parallelism a rank's rows
+ * are then its part of each sub-batch in turn: sub-batch i's [N/S] rows are split over
+ * the ranks, and every gather and scatter goes sub-batch by sub-batch (ts_tp_rows counts
+ * the same rows). */
 #ifndef TS_TP_H
 #define TS_TP_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "tensor/shard.h"
-
-struct ts_comm_s; /* comm/comm.h: only tp.c communicates */
 
 typedef struct {
     int size, rank;
     const struct ts_comm_s *comm; /* the tp group; NULL when size == 1 (or a layout only) */
     const ts_kernels *k;
     bool sp;                      /* sequence parallelism (size > 1 only) */
+    int sub;                      /* tp_overlap's sub-batches per micro-batch (1: none) */
 } ts_tp;
+
+/* A collective in flight: started by a call below given it, completed by ts_tp_finish
+ * (a NULL pending: the call blocks, as without tp_overlap). */
+typedef struct {
+    ts_request req;
+    int *counts, *displs;   /* per-rank pieces (owned while in flight) */
+    void *dst;              /* a reduce-scatter's piece, moved here from src on finish */
+    const void *src;
+    size_t bytes;
+    bool active;
+} ts_tp_pending;
 
 /* Rank `rank` of a tensor-parallel group of `size`. comm may be NULL only when size == 1
  * or when the context only lays out a model that never runs (the memory estimate);
@@ -55,6 +75,13 @@ ts_tp ts_tp_make(int size, int rank, const struct ts_comm_s *comm, const ts_kern
 
 /* The same context with sequence parallelism on or off (on needs size > 1). */
 ts_tp ts_tp_sequence_parallel(ts_tp tp, bool on);
+/* The same context with `sub` sub-batches per micro-batch (tp_overlap; 1: none). */
+ts_tp ts_tp_overlap(ts_tp tp, int sub);
+
+/* Completes p (the time waited counts as the group's busy time: tp_comm_ms is what the
+ * overlap left exposed); nothing when p is NULL or idle. ts_tp_poll advances it. */
+void ts_tp_finish(const ts_tp *tp, ts_tp_pending *p);
+void ts_tp_poll(ts_tp_pending *p);
 
 /* Rows of N a rank holds outside the column/row pairs: N / size under sequence
  * parallelism, else N. */
@@ -67,7 +94,8 @@ static inline int ts_tp_rows(const ts_tp *tp, int N) { return tp->sp ? N / tp->s
 
 /* Under sequence parallelism, full[N, C] = every rank's rows local[ts_tp_rows(N), C] in
  * rank order, and full is returned; otherwise local itself (nothing is copied). */
-const void *ts_tp_seq_gather(const ts_tp *tp, void *full, const void *local, int N, int C);
+const void *ts_tp_seq_gather(const ts_tp *tp, void *full, const void *local, int N, int C,
+                             ts_tp_pending *pending);
 
 /* Under sequence parallelism, the sum over the group of a replicated parameter's
  * gradient g[n] fp32 (a norm's, which each rank computed from its rows only); nothing
@@ -82,13 +110,15 @@ void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *
  * parallelism inp is the gathered [N, C], and dinp this rank's rows of the sum
  * [ts_tp_rows(N), C] (the partial products go through work [N, C]). */
 void ts_tp_col_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,
-                        const void *inp, const void *w, int N, int C, int OCl, void *work);
+                        const void *inp, const void *w, int N, int C, int OCl, void *work,
+                        ts_tp_pending *pending);
 
 /* out[N, OC] = sum over ranks of inp[N, Cl] @ w[OC, Cl]^T, plus b[OC] (replicated) once.
  * Under sequence parallelism out is this rank's rows [ts_tp_rows(N), OC] of the sum
  * (the partial products go through work [N, OC]). */
 void ts_tp_row_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
-                       const float *b, int N, int Cl, int OC, void *work);
+                       const float *b, int N, int Cl, int OC, void *work,
+                       ts_tp_pending *pending);
 /* The plain matmul_backward: dout is replicated (under sequence parallelism gathered
  * by the caller), so the replicated bias' gradient is the same on every rank. */
 void ts_tp_row_backward(const ts_tp *tp, void *dinp, float *dw, float *db, const void *dout,

@@ -62,7 +62,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
     const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
-    ts_tp tp = ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel);
+    ts_tp tp = ts_tp_overlap(ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel),
+                             cfg->parallel.tp_overlap);
     /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with dp > 1):
      * ZeRO-2 no gradients, ZeRO-3 no weights either. */
     const int level = cfg->parallel.dp > 1 ? cfg->parallel.zero : 0;
