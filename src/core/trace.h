@@ -11,7 +11,9 @@
  * (sizeof(ts_trace_event) each) to the rank that writes the file.
  *   cat:   "F" "B" "I" "W" (compute on chunk/mb), "wait" (blocked on a send/recv),
  *          "optim" (optimizer step), "dpsync" (the step blocked finishing the data-
- *          parallel gradient sync), "dpreduce" (one dp collective from its start to its
+ *          parallel gradient sync), "tpcomm" (a tensor-parallel collective, the call or,
+ *          under tp_overlap, its start to completion, on the dp track), "dpreduce"
+ *          (one dp collective from its start to its
  *          completion, on the dp track)
  *   name:  "F3" for compute (kind + micro-batch), else usually the category (for
  *          "dpreduce" the collective: "all-reduce", "reduce-scatter", ...)

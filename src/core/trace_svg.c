@@ -24,6 +24,7 @@ static const style k_styles[] = {
     {"optim", "optimizer", 0x9d9d9d},
     {"dpsync", "dp sync wait", 0xb07aa1},
     {"dpreduce", "dp reduction", 0xff9da7},
+    {"tpcomm", "tp collective", 0xb07aa1},
 };
 #define N_STYLES ((int)(sizeof k_styles / sizeof k_styles[0]))
 

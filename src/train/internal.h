@@ -29,6 +29,7 @@ ts_status ts_trainer_report_memory(ts_trainer *t);
 /* Tracing (log.trace): the dp group's span hook (comm.h ts_comm_span_fn), one span of
  * category `cat` on this rank's track, and the Chrome trace written at the end. */
 void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
+void ts_trainer_on_tp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1);
 ts_status ts_trainer_write_trace(ts_trainer *t);
 

@@ -288,6 +288,20 @@ void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0,
     ts_trace_add(&t->trace, &ev);
 }
 
+/* A tensor-parallel collective (blocking: the call; tp_overlap's: start to completion,
+ * which the main track's kernels run beside), on the same communication track. */
+void ts_trainer_on_tp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+{
+    (void)bytes;
+    ts_trainer *t = ctx;
+    if (!t->tracing) return;
+    ts_trace_event ev = ts_trace_event_make("tpcomm", t->world.rank, -1, -1,
+                                            (t0 - t->t0_ms) * 1e3, (t1 - t0) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "tp %s", what);
+    ev.track = TS_TRACE_TRACK_DP;
+    ts_trace_add(&t->trace, &ev);
+}
+
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
 {
     if (!t->tracing) return;
