@@ -8,8 +8,10 @@
  * chunks); the optional cluster keys (GELU's time
  * per element, overlap_comm = false) change nothing when absent, add what they say when
  * present, and no overlap never predicts a faster step; the dp bucket rule; the memory
- * comparison for llama-tiny too; Llama 3's parameter counts, FLOPs per token and the
- * planner's per-block GEMM work and parameters (test_llama3). */
+ * comparison for llama-tiny too (with and without sequence parallelism at tp 2 and 4);
+ * Llama 3's parameter counts, FLOPs per token and the planner's per-block GEMM work and
+ * parameters (test_llama3); sequence parallelism's collectives, messages and a search
+ * that picks it (test_sequence_parallel). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +256,7 @@ static void test_optional_keys(void)
  * chunk and the trainer's layout of the rank's layers, which must give the same floats. */
 static int g_mem_grids;
 static int g_auto_partial; /* recompute = "auto" grids recomputing some, not all */
+static int g_sp_grids;     /* of them, with parallel.sequence_parallel (tp 2 and 4) */
 static void compare_memory(const char *cfg_rel, const char *const *extra, int n_extra,
                            const ts_cluster *cl)
 {
@@ -263,8 +266,11 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                 for (int s = 0; s < TS_N_SCHEDULES; s++)
                     for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) /* what a schedule refuses: skipped below */
                         for (int rc = 0; rc < TS_N_RECOMPUTES; rc++)
-                            for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
-                                char set[8][96];
+                            for (int zs = 0; zs < (dp > 1 ? 4 : 1) * (tp > 1 ? 2 : 1); zs++) {
+                                /* zero 0..3, each without and (tp > 1) with sequence
+                                 * parallelism */
+                                const int z = zs / (tp > 1 ? 2 : 1), sp = tp > 1 && zs % 2;
+                                char set[9][96];
                                 const char *sets[16];
                                 int n = 0;
                                 snprintf(set[0], 96, "parallel.pp=%d", pp);
@@ -275,7 +281,9 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 snprintf(set[5], 96, "parallel.recompute=%s", ts_recompute_names[rc]);
                                 snprintf(set[6], 96, "parallel.zero=%d", z);
                                 snprintf(set[7], 96, "parallel.micro_batch=%d", 2);
-                                for (int k = 0; k < 8; k++) sets[n++] = set[k];
+                                snprintf(set[8], 96, "parallel.sequence_parallel=%s",
+                                         sp ? "true" : "false");
+                                for (int k = 0; k < 9; k++) sets[n++] = set[k];
                                 for (int k = 0; k < n_extra; k++) sets[n++] = extra[k];
                                 ts_config cfg;
                                 char p[1200];
@@ -285,6 +293,7 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 ts_plan_ctx *x = ts_plan_ctx_new(&cfg, cl);
                                 ts_plan_grid g;
                                 ts_plan_grid_of(&cfg, &g);
+                                CHECK(g.sp == sp);
                                 ts_plan_result r;
                                 if (ts_plan_estimate(x, &g, &r) != TS_OK) {
                                     ts_plan_ctx_free(x);
@@ -335,16 +344,17 @@ static void compare_memory(const char *cfg_rel, const char *const *extra, int n_
                                 /* ZeRO-2/3 hold chunk buffers, zero 0/1 none */
                                 CHECK((mm->chunk_buffers > 0) == (z >= 2 && dp > 1));
                                 CHECKF(ok,
-                                       "%s pp %d dp %d tp %d %s v %d %s zero %d rank %d: planner "
+                                       "%s pp %d dp %d tp %d%s %s v %d %s zero %d rank %d: planner "
                                        "%.0f/%.0f/%.0f/%.0f/%.0f/%.0f, trainer "
                                        "%.0f/%.0f/%.0f/%.0f/%.0f/%.0f "
                                        "(params/grads/optimizer/activations/buffers/chunk buffers)",
-                                       cfg_rel, pp, dp, tp, ts_schedule_names[s], v,
+                                       cfg_rel, pp, dp, tp, sp ? " sp" : "", ts_schedule_names[s], v,
                                        ts_recompute_names[rc], z, r.mem_rank, mm->params, mm->grads,
                                        mm->optimizer, mm->activations, mm->buffers,
                                        mm->chunk_buffers, e.params, e.grads, e.optimizer,
                                        e.activations, e.buffers, e.chunk_buffers);
                                 g_mem_grids++;
+                                g_sp_grids += sp;
                                 ts_schedule_free(&sc);
                                 ts_partition_free(&part);
                                 ts_plan_ctx_free(x);
@@ -402,7 +412,8 @@ static void test_llama3(void)
             ts_config cpu = cfg;
             snprintf(cpu.train.device, sizeof cpu.train.device, "cpu");
             snprintf(cpu.train.attention, sizeof cpu.train.attention, "gemm");
-            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, 1, ideal.intra);
+            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, false, 1,
+                                 ideal.intra);
             const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
             const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
                                 4 * hl * Tk * Tk * HS;
@@ -439,7 +450,7 @@ static void test_llama3(void)
             CHECK(!strcmp(kf->device, "cuda") && !strcmp(kf->attention, "flash") &&
                   kf->act_dtype == TS_DTYPE_BF16 && kf->weight_copy_bytes == 2);
             ts_plan_layers Lf;
-            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, 1, ideal.intra);
+            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, false, 1, ideal.intra);
             const double saved = hl * Tk * Tk * 2 - hl * Tk * 4;
             CHECKF(L.act_bytes[1] - Lf.act_bytes[1] == saved &&
                        Lf.param_floats[1] == L.param_floats[1],
@@ -449,6 +460,68 @@ static void test_llama3(void)
             ts_plan_layers_free(&L);
         }
     }
+}
+
+/* 7. Sequence parallelism's costs (model_cost.h): a block's forward moves what its two
+ * all-reduces did (reduce-scatter + all-gather pairs), its backward 1.5 times (the
+ * norms gathered again), a split W 2 more gathers; the embedding's sum a
+ * reduce-scatter and its backward a gather; the head one gather more forward, the same
+ * backward; messages and the norms' elementwise work / tp, the GEMMs and parameters
+ * unchanged, fewer activation bytes. Then a search where activation memory decides:
+ * the best grid is sequence parallel and faster than the best without. */
+static void test_sequence_parallel(void)
+{
+    ts_config cfg;
+    load_config("configs/gpt2-124m.cfg", NULL, 0, &cfg);
+    ts_cluster cl;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &cl);
+    const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
+    const double NC = 2.0 * cfg.model.seq_len * cfg.model.n_embd * ts_dtype_bytes(k->act_dtype);
+    for (int tp = 2; tp <= 4; tp *= 2) {
+        ts_plan_layers a, b;
+        ts_plan_layers_build(&a, &cfg.model, &cl, k, tp, false, 2, cl.intra);
+        ts_plan_layers_build(&b, &cfg.model, &cl, k, tp, true, 2, cl.intra);
+        const int h = a.n_layers - 1;
+        const double ar = ts_plan_allreduce_time(NC, tp, cl.intra);
+        const double ag = ts_plan_allgather_time(NC, tp, cl.intra);
+        CHECK(ts_rel_err(2 * ag, ar, 0) < 1e-12);
+        CHECKF(ts_rel_err(b.f_tp[1], a.f_tp[1], 0) < 1e-12 &&
+                   ts_rel_err(b.i_tp[1], 1.5 * a.i_tp[1], 0) < 1e-12 &&
+                   ts_rel_err(b.w_split_tp[1], 2 * ag, 0) < 1e-12 && a.w_split_tp[1] == 0,
+               "tp %d: block tp %.4g/%.4g/%.4g ms with sp, %.4g/%.4g without", tp,
+               b.f_tp[1] * 1e3, b.i_tp[1] * 1e3, b.w_split_tp[1] * 1e3, a.f_tp[1] * 1e3,
+               a.i_tp[1] * 1e3);
+        CHECK(ts_rel_err(b.f_tp[0], ag, 0) < 1e-12 && ts_rel_err(b.i_tp[0], ag, 0) < 1e-12 &&
+              a.i_tp[0] == 0 && ts_rel_err(a.f_tp[0], ar, 0) < 1e-12);
+        CHECK(ts_rel_err(b.f_tp[h] - a.f_tp[h], ag, 0) < 1e-9 &&
+              ts_rel_err(b.i_tp[h], a.i_tp[h], 0) < 1e-12 && b.w_split_tp[h] == ag);
+        CHECK(b.msg_bytes * tp == a.msg_bytes && b.f_gemm[1] == a.f_gemm[1] &&
+              b.b_gemm[1] == a.b_gemm[1] && b.param_floats[1] == a.param_floats[1]);
+        CHECK(b.f[1] - b.f_tp[1] < a.f[1] - a.f_tp[1] && b.act_bytes[1] < a.act_bytes[1] &&
+              b.act_bytes[0] * tp == a.act_bytes[0]);
+        ts_plan_layers_free(&a);
+        ts_plan_layers_free(&b);
+    }
+    /* GPT-3 13B on 16 devices of 80 GB: the grids that keep their activations need sp. */
+    const char *sets[] = {"train.global_batch=32"};
+    load_config("configs/gpt3-13b.cfg", sets, 1, &cfg);
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_search_opts o = {.gpus = 16, .top = 200};
+    ts_search_result r;
+    CHECK(ts_plan_search(x, &o, &r) == TS_OK);
+    int best_off = -1;
+    for (int j = 0; j < r.n_top && best_off < 0; j++)
+        if (!r.top[j].g.sp) best_off = j;
+    CHECKF(r.n_top > 0 && r.top[0].g.sp && r.top[0].g.tp > 1 &&
+               (best_off < 0 || r.top[best_off].step_ms > r.top[0].step_ms),
+           "sp search: best tp %d sp %d %.3f ms (%s); best without sp #%d", r.top[0].g.tp,
+           r.top[0].g.sp, r.top[0].step_ms, ts_recompute_names[r.top[0].g.recompute], best_off);
+    printf("sequence parallel search: best pp %d dp %d tp %d sp %s %.3f ms, recompute %s; "
+           "best without sp at #%d\n",
+           r.top[0].g.pp, r.top[0].g.dp, r.top[0].g.tp, r.top[0].g.sp ? "on" : "off",
+           r.top[0].step_ms, ts_recompute_names[r.top[0].g.recompute], best_off + 1);
+    ts_search_result_free(&r);
+    ts_plan_ctx_free(x);
 }
 
 int main(void)
@@ -465,6 +538,7 @@ int main(void)
     /* the bound and the pruning hold without overlap too */
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu_measured.cfg", 4);
     test_optional_keys();
+    test_sequence_parallel();
 
     ts_cluster cpu;
     load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &cpu);
@@ -479,7 +553,9 @@ int main(void)
     printf("recompute auto recomputed part on %d grids\n", g_auto_partial);
     CHECK(g_auto_partial >= 5);
     test_llama3();
-    printf("memory compared with pipeline/memory.c on %d grids\n", g_mem_grids);
+    printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",
+           g_mem_grids, g_sp_grids);
     CHECK(g_mem_grids > 100);
+    CHECK(g_sp_grids > 50);
     return ts_test_report();
 }

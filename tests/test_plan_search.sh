@@ -120,12 +120,14 @@ done
 # every 1F1B/GPipe pair of one grid that really ties in time and memory has 1F1B first,
 # and at least one such pair is there, or the case would not test the tie-break (the
 # top 200: recompute = "auto" grids, searched since issue 26, and ZeRO-2/3, since issue
-# 27, come first; the full-recompute ties sit near rank 190).
+# 27, come first; the full-recompute ties sit near rank 190). seq_len 2047 divides by no
+# tp > 1: no sequence-parallel grids, which would fill the top 200 ahead of them.
 if run_one plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 \
-  --search --top 200 --json && python3 - "$TMP/out" <<'EOF'
+  --search --top 200 --json --set model.seq_len=2047 && python3 - "$TMP/out" <<'EOF'
 import json, sys
 top = json.load(open(sys.argv[1]))["top"]
-key = lambda r: tuple(r[k] for k in ("pp", "dp", "tp", "v", "micro_batch", "recompute", "zero"))
+key = lambda r: tuple(r[k] for k in ("pp", "dp", "tp", "v", "micro_batch", "recompute", "zero",
+                                     "sequence_parallel"))
 pairs = 0
 for i, a in enumerate(top):
     for j, b in enumerate(top):
@@ -201,5 +203,21 @@ zs = {r["zero"] for r in json.load(open(sys.argv[1]))["top"]}
 assert zs >= {0, 1, 2, 3}, zs
 PY
 then pass; else fail "search lacks zero 2/3: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
+
+# Sequence parallelism: the config's own grid carries the flag (text and JSON, messages
+# 1/tp), the search ranks it, and GPT-3 13B on 16 devices picks it, printed as a config line.
+if run_one plan configs/tiny.cfg --cluster $CPU --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --json && python3 - "$TMP/out" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["sequence_parallel"] is True and o["tp"] == 2, o
+PY
+then pass; else fail "sp prediction --json: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
+run_one plan configs/tiny.cfg --cluster $CPU --set parallel.tp=2 --set parallel.sequence_parallel=true &&
+  grep -q "zero 0; sp (sequence parallel" "$TMP/out" && pass || fail "sp grid line: $(cat "$TMP/out")"
+if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 20 --set train.global_batch=32; then
+  grep -q "parallel.sequence_parallel = true" "$TMP/out" && pass || fail "13B search: sp not chosen: $(cat "$TMP/out")"
+  grep -qE '^ +1 +2 +4 +2 .* on ' "$TMP/out" && pass || fail "13B search: best row not pp 2 dp 4 tp 2 sp on: $(cat "$TMP/out")"
+else fail "13B search: $(cat "$TMP/err")"; fi
 
 finish

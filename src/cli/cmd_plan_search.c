@@ -34,10 +34,12 @@ const char ts_plan_cluster_help[] =
     "llama dividing n_kv_head or a multiple of it; dp dividing\n"
     "train.global_batch; pp * virtual_stages <= n_layer + 2; micro_batch dividing\n"
     "global_batch / dp; gpipe, 1f1b, zb-h1, interleaved-1f1b with v >= 2; recompute none or\n"
-    "full; zero 0 to 3), ranked by step time among those that fit in memory; the top K\n"
-    "(default 10) and, for the rest, why they lose: out of memory (how many, and the\n"
-    "smallest excess) or the term of their step that exceeds the best's most (bubble,\n"
-    "communication, recompute, compute, optimizer).\n"
+    "full; zero 0 to 3; sequence parallelism off, and on where tp > 1 divides seq_len),\n"
+    "ranked by step time among those that fit in memory; the top K (default 10), the best\n"
+    "as config lines (parallel.sequence_parallel = true where it wins) and, for the rest,\n"
+    "why they lose: out of memory (how many, and the smallest excess) or the term of\n"
+    "their step that exceeds the best's most (bubble, communication, recompute, compute,\n"
+    "optimizer).\n"
     "\n"
     "  --cluster FILE     the cluster description (libconfig; configs/clusters/ has examples;\n"
     "                     every key required but two: device.elementwise_ns = { gelu =\n"
@@ -53,7 +55,8 @@ const char ts_plan_cluster_help[] =
     "                     top K are the same, only slower to find)\n"
     "  --json             one JSON object on stdout. Prediction: {\"cluster\", \"world\",\n"
     "                     \"pp\", \"dp\", \"tp\", \"v\", \"schedule\", \"micro_batch\",\n"
-    "                     \"microbatches\", \"recompute\", \"zero\", \"partition\", \"step_ms\",\n"
+    "                     \"microbatches\", \"recompute\", \"zero\", \"sequence_parallel\",\n"
+    "                     \"partition\", \"step_ms\",\n"
     "                     \"bubble\", \"tokens_per_s\", \"mfu\", \"fits\", \"memory_bytes\",\n"
     "                     \"memory_rank\", \"memory\": {\"parameters\", \"gradients\", \"optimizer\",\n"
     "                     \"activations\", \"activation_sets\", \"buffers\", \"workspace\"},\n"
@@ -62,7 +65,9 @@ const char ts_plan_cluster_help[] =
     "                     Search: {\"gpus\", \"cluster\", \"grids\", \"candidates\", \"fit\",\n"
     "                     \"simulated\", \"seconds\", \"best\": <prediction>, \"top\": [...],\n"
     "                     \"rejected\": {\"out_of_memory\": {\"count\", \"min_over_bytes\"},\n"
-    "                     \"bubble\", \"communication\", \"recompute\", \"compute\", \"optimizer\"}}\n"
+    "                     \"bubble\", \"communication\", \"recompute\", \"compute\", \"optimizer\",\n"
+    "                     \"bound_auto\": recompute auto grids kept out by their bound before\n"
+    "                     their caps were fitted (0 with --exhaustive)}}\n"
     "\n"
     "GEMMs run in the cluster file's compute_dtype (bf16 on the GPU files), which is the\n"
     "run's precision here whatever train.precision says: the cluster's peak and efficiency\n"
@@ -76,7 +81,10 @@ const char ts_plan_cluster_help[] =
     "2mnk / (peak of compute_dtype * efficiency(cbrt(mnk))); elementwise work its bytes\n"
     "/ memory bandwidth; each block 2 tp all-reduces forward and 2 backward (ring: 2(t-1)/t\n"
     "* bytes / bandwidth + 2(t-1) latencies) on the intra-node link when the tp group lies\n"
-    "in a node, else inter-node; pipeline messages and the dp reduction (a ring all-reduce\n"
+    "in a node, else inter-node (parallel.sequence_parallel: forward 2 reduce-scatter +\n"
+    "all-gather pairs, the same bytes; backward 3 all-reduces' worth, the norms gathered\n"
+    "again for their weight gradients; norms, residuals and pipeline messages on seq_len /\n"
+    "tp rows); pipeline messages and the dp reduction (a ring all-reduce\n"
     "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1/2: reduce-scatter, then the\n"
     "parameter all-gather after the optimizer; ZeRO-3: reduce-scatter, and each chunk's\n"
     "weights all-gathered when resident, prefetched one residency ahead) through the simulator, which hides what\n"
@@ -236,6 +244,7 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
     json_object_set_new(o, "microbatches", json_integer(g->m));
     json_object_set_new(o, "recompute", json_string(ts_recompute_names[g->recompute]));
     json_object_set_new(o, "zero", json_integer(g->zero));
+    json_object_set_new(o, "sequence_parallel", json_boolean(g->sp));
     json_object_set_new(o, "partition", part);
     json_object_set_new(o, "step_ms", json_real(r->step_ms));
     json_object_set_new(o, "bubble", json_real(r->bubble));
@@ -319,11 +328,13 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     char b[7][32];
     printf("tessera plan: %s on %s (%s)\n", a->config, cl->name, a->cluster);
     printf("grid: world %lld = pp %d x dp %d x tp %d (%lld node%s of %d); schedule %s, virtual "
-           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d\n",
+           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d%s\n",
            world, g->pp, g->dp, g->tp, (world + cl->devices_per_node - 1) / cl->devices_per_node,
            world > cl->devices_per_node ? "s" : "", cl->devices_per_node,
            ts_plan_schedule_name(x, g->schedule), g->v, g->m, g->micro_batch,
-           cfg->model.seq_len, ts_recompute_names[g->recompute], g->zero);
+           cfg->model.seq_len, ts_recompute_names[g->recompute], g->zero,
+           g->sp ? "; sp (sequence parallel: norms, residuals and messages in seq_len / tp rows)"
+                 : "");
     printf("links: tp %s, dp %s, pp %s; GEMMs in %s (peak %.1f TFLOP/s per device)\n",
            link_name(cl, ts_plan_tp_link(cl, g)), link_name(cl, ts_plan_dp_link(cl, g)),
            link_name(cl, ts_plan_pp_link(cl, g)), cl->bf16 ? "bf16" : "fp32",
@@ -344,7 +355,7 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
            gb(m->blas, b[6], 32));
     /* Only the remedies this grid has not taken yet (new user: the hint suggested ZeRO-1
      * and micro-batch 1 to a config that had both). */
-    char hint[160] = "";
+    char hint[192] = "";
     if (!r->fits) {
         size_t n = 0;
         if (g->micro_batch > 1)
@@ -353,15 +364,18 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
             n += (size_t)snprintf(hint + n, sizeof hint - n, "recompute = \"full\", ");
         if (g->zero < 3 && g->dp > 1)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = %d, ", g->zero + 1);
+        if (!g->sp && g->tp > 1 && cfg->model.seq_len % g->tp == 0)
+            n += (size_t)snprintf(hint + n, sizeof hint - n, "sequence_parallel = true, ");
         snprintf(hint + n, sizeof hint - n, "raise pp or tp (more devices per replica)");
     }
     printf("  device memory %.2f GB%s%s\n", cl->memory / 1e9, r->fits ? "" : ": ", hint);
     print_recompute(x, g);
     const ts_plan_terms *t = &r->terms;
-    printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp all-reduces %.3f, "
+    printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp %s %.3f, "
            "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
-           r->step_ms, t->compute, t->recompute, t->tp_comm, t->optimizer, t->bubble,
-           t->dp_reduction, t->dp_exposed);
+           r->step_ms, t->compute, t->recompute,
+           g->sp ? "all-gathers and reduce-scatters" : "all-reduces", t->tp_comm, t->optimizer,
+           t->bubble, t->dp_reduction, t->dp_exposed);
     if (g->zero == 3 && g->dp > 1)
         printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
                t->dp_gather, t->gather_exposed);
@@ -373,10 +387,23 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
 static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    printf("%4d  %4d %5d %3d  %-16s %3d %4d %-4s %4d  %9.2f  %11.3f  %11.4g  %5.1f%%  %6.4f\n",
+    printf("%4d  %4d %5d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
+           "%6.4f\n",
            k, g->pp, g->dp, g->tp, ts_plan_schedule_name(x, g->schedule), g->v, g->micro_batch,
-           ts_recompute_names[g->recompute], g->zero, r->mem.total / 1e9,
+           ts_recompute_names[g->recompute], g->zero, g->sp ? "on" : "off", r->mem.total / 1e9,
            r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
+}
+
+/* The best grid as the config's parallel keys (what to set to run it). */
+static void print_best_config(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    printf("best as config (the parallel section, or --set parallel.KEY=VALUE):\n");
+    printf("  parallel.pp = %d\n  parallel.dp = %d\n  parallel.tp = %d\n", g->pp, g->dp, g->tp);
+    printf("  parallel.schedule = \"%s\"\n  parallel.virtual_stages = %d\n",
+           ts_plan_schedule_name(x, g->schedule), g->v);
+    printf("  parallel.micro_batch = %d\n  parallel.recompute = \"%s\"\n  parallel.zero = %d\n",
+           g->micro_batch, ts_recompute_names[g->recompute], g->zero);
+    printf("  parallel.sequence_parallel = %s\n", g->sp ? "true" : "false");
 }
 
 static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
@@ -386,12 +413,13 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     printf("tessera plan: %s on %ld devices of %s (%s)\n", a->config, a->gpus, cl->name,
            a->cluster);
     printf("searched %d grids (pp x dp x tp), %lld candidates with schedule, v, micro_batch, "
-           "recompute, zero: %lld fit in %.2f GB, %lld simulated, %.2f s\n",
+           "recompute, zero, sequence parallelism: %lld fit in %.2f GB, %lld simulated, %.2f s\n",
            s->n_grids, s->candidates, s->fit, cl->memory / 1e9, s->simulated, seconds);
-    printf("%4s  %4s %5s %3s  %-16s %3s %4s %-4s %4s  %9s  %11s  %11s  %6s  %6s\n", "rank", "pp",
-           "dp", "tp", "schedule", "v", "mb", "rc", "zero", "mem_GB", "step_ms", "tokens/s",
-           "MFU", "bubble");
+    printf("%4s  %4s %5s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n", "rank",
+           "pp", "dp", "tp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB", "step_ms",
+           "tokens/s", "MFU", "bubble");
     for (int k = 0; k < s->n_top; k++) print_row(x, k + 1, &s->top[k]);
+    if (s->n_top > 0) print_best_config(x, &s->top[0].g);
     printf("the rest:\n");
     if (s->oom) {
         char over[32];
@@ -401,6 +429,9 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     for (int k = 0; k < TS_N_LOSSES; k++)
         if (s->lost[k])
             printf("  slower, mostly by %s: %lld\n", ts_loss_names[k], s->lost[k]);
+    if (s->unestimated)
+        printf("  slower by their bound, recompute auto (caps not fitted): %lld\n",
+               s->unestimated);
     if (!s->oom && s->fit == s->n_top) printf("  none\n");
 }
 
@@ -425,6 +456,7 @@ static json_t *search_json(ts_plan_ctx *x, const cluster_args *a, const ts_searc
                   (json_int_t)(s->oom ? llround(s->oom_closest.mem.total - cl->memory) : 0)));
     for (int k = 0; k < TS_N_LOSSES; k++)
         json_object_set_new(rej, ts_loss_names[k], json_integer(s->lost[k]));
+    json_object_set_new(rej, "bound_auto", json_integer(s->unestimated));
     json_object_set_new(o, "rejected", rej);
     return o;
 }

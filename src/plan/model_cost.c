@@ -18,6 +18,13 @@ double ts_plan_allreduce_time(double bytes, int ranks, ts_link link)
     return 2.0 * k / ranks * bytes / link.bandwidth + 2.0 * k * link.latency;
 }
 
+double ts_plan_allgather_time(double bytes, int ranks, ts_link link)
+{
+    if (ranks <= 1) return 0.0;
+    const double k = (double)(ranks - 1);
+    return k / ranks * bytes / link.bandwidth + k * link.latency;
+}
+
 /* One (m, n, k) GEMM at the efficiency its size reaches. */
 static double gemm(const ts_cluster *cl, double m, double n, double k)
 {
@@ -54,24 +61,27 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl)
 }
 
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          const ts_kernels *k, int tp, int micro_batch, ts_link tp_link)
+                          const ts_kernels *k, int tp, bool sp, int micro_batch,
+                          ts_link tp_link)
 {
     memset(L, 0, sizeof *L);
     const int n = mc->n_layer + 2;
     L->n_layers = n;
     L->tp = tp;
+    L->sp = sp;
     L->B = micro_batch;
     L->T = mc->seq_len;
     L->C = mc->n_embd;
-    double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->f_gemm, &L->b_gemm,
-                         &L->param_floats, &L->act_bytes, &L->stash_bytes, &L->att_bytes,
-                         &L->f_att};
+    double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->w_split_tp, &L->f_gemm,
+                         &L->b_gemm, &L->param_floats, &L->act_bytes, &L->stash_bytes,
+                         &L->att_bytes, &L->f_att};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
 
-    /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated. */
+    /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated;
+     * under sequence parallelism the norms', residuals' and boundaries' rows / tp. */
     ts_model m;
-    ts_tp t = ts_tp_make(tp, 0, NULL, k);
+    ts_tp t = ts_tp_sequence_parallel(ts_tp_make(tp, 0, NULL, k), sp);
     ts_model_layout_tp(&m, mc, NULL, &t);
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
@@ -95,6 +105,8 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     ts_model_free(&m);
 
     const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, N = B * T, tpd = tp;
+    /* The rows the norms and residual adds run on, and the boundaries hold. */
+    const double NL = sp ? N / tpd : N;
     const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
     /* This rank's heads: hl query heads; kvl key/value heads (gpt2: hl; llama: its
      * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns. */
@@ -105,8 +117,10 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
      * and the elementwise kernels move act_dtype), and of an fp32 statistic. */
     const double ab = (double)ts_dtype_bytes(k->act_dtype), f32 = 4.0;
-    L->msg_bytes = N * C * ab;
+    L->msg_bytes = NL * C * ab;
     const double ar_act = ts_plan_allreduce_time(N * C * ab, tp, tp_link);
+    /* Sequence parallelism's halves of it: one all-gather or reduce-scatter of [N, C]. */
+    const double ag_act = sp ? ts_plan_allgather_time(N * C * ab, tp, tp_link) : 0.0;
 
     /* Block: q, k, v (column-parallel by heads; one GEMM of the rank's (hl + 2 kvl) heads),
      * attention over the local query heads, its output projection (row-parallel); the
@@ -125,18 +139,21 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
      * SwiGLU, layernorm's for RMSNorm). */
     const double act_rw = llama ? 3.0 * N * F : 2.0 * N * F;
     const double rope = llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
-    const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * N * C) + 6.0 * N * C +
+    const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C +
                               shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope +
                               3.0 * B * hl * T * T);
-    const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * N * C, 2.0 * N * C) +
+    const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) +
                          own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
-    const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * N * C, 2.0 * N * C) +
+    const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) +
                          own_time(cl, TS_ELEM_GELU, 1, ab * 2.0 * act_rw, N * F);
     for (int l = 1; l <= mc->n_layer; l++) {
         L->f_gemm[l] = lin + att;
         L->b_gemm[l] = 2.0 * lin + 2.0 * att;
-        L->f_tp[l] = 2.0 * ar_act;
-        L->i_tp[l] = 2.0 * ar_act;
+        /* Sequence parallelism: forward 2 (reduce-scatter + all-gather), backward 2
+         * output-gradient gathers, 2 input-gradient reduce-scatters, 2 norm re-gathers. */
+        L->f_tp[l] = sp ? 4.0 * ag_act : 2.0 * ar_act;
+        L->i_tp[l] = sp ? 6.0 * ag_act : 2.0 * ar_act;
+        L->w_split_tp[l] = 2.0 * ag_act;
         L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l];
         L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];
         L->w[l] = lin;
@@ -146,9 +163,12 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
      * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
      * gradient, no input. */
     const double wpe = llama ? 0.0 : 1.0;
-    L->f_tp[0] = ar_act;
-    L->f[0] = mem_time(cl, ab * (2.0 + wpe) * N * C) + ar_act;
-    L->i[0] = 0.0;
+    /* Sequence parallelism: the sum is a reduce-scatter, and the backward first gathers
+     * the output gradient (in the input-gradient pass: a split one stashes it gathered). */
+    L->f_tp[0] = sp ? ag_act : ar_act;
+    L->i_tp[0] = ag_act;
+    L->f[0] = mem_time(cl, ab * (2.0 + wpe) * N * C) + L->f_tp[0];
+    L->i[0] = L->i_tp[0];
     L->w[0] = mem_time(cl, ab * (3.0 + wpe) * N * C);
     /* Head: the final norm, the LM-head GEMM over the local vocabulary (gpt2: wte; llama:
      * its own lm_head, the same shape), vocab-parallel cross-entropy (3 passes over the
@@ -158,21 +178,25 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const double head_gemm = gemm(cl, N, Vl, C);
     L->f_gemm[h] = head_gemm;
     L->b_gemm[h] = 2.0 * head_gemm;
-    L->f_tp[h] = 3.0 * ts_plan_allreduce_time(N * f32, tp, tp_link);
-    L->i_tp[h] = ar_act;
+    /* Sequence parallelism: lnf gathered forward; backward, the input gradient
+     * reduce-scattered and lnf gathered again (once more in a split W). */
+    L->f_tp[h] = 3.0 * ts_plan_allreduce_time(N * f32, tp, tp_link) + ag_act;
+    L->i_tp[h] = sp ? 2.0 * ag_act : ar_act;
+    L->w_split_tp[h] = ag_act;
     L->f[h] = head_gemm +
-              mem_time(cl, ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * N * C) + 3.0 * N * Vl)) +
-              own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 2.0 * N * C, N * C) + L->f_tp[h];
+              mem_time(cl, ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * NL * C) + 3.0 * N * Vl)) +
+              own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 2.0 * NL * C, NL * C) + L->f_tp[h];
     L->i[h] = head_gemm +
-              mem_time(cl, ab * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * N * C))) +
-              own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 3.0 * N * C, N * C) + L->i_tp[h];
+              mem_time(cl, ab * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * NL * C))) +
+              own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 3.0 * NL * C, NL * C) + L->i_tp[h];
     L->w[h] = head_gemm;
 }
 
 void ts_plan_layers_free(ts_plan_layers *L)
 {
-    double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->f_gemm, L->b_gemm,
-                        L->param_floats, L->act_bytes, L->stash_bytes, L->att_bytes, L->f_att};
+    double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->w_split_tp, L->f_gemm,
+                        L->b_gemm, L->param_floats, L->act_bytes, L->stash_bytes, L->att_bytes,
+                        L->f_att};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     memset(L, 0, sizeof *L);
 }

@@ -28,6 +28,19 @@
  * 2(t-1) * latency on the link the tp group uses, and it is not overlapped with
  * compute. A pipeline message is one micro-batch's [B*T, C] activations in their dtype.
  *
+ * Sequence parallelism (tensor/tp.h; Korthikanti et al. 2022): the norms and residual
+ * adds run on B*T/tp rows (their elementwise bytes / tp) and a pipeline message is
+ * [B*T/tp, C]. A ring reduce-scatter or all-gather costs half the all-reduce above, so
+ * a block's forward (reduce-scatter after each row-parallel linear, all-gather before
+ * each column-parallel one) moves what its 2 all-reduces did; its backward gathers the
+ * 2 row-parallel output gradients, reduce-scatters the 2 column-parallel input
+ * gradients and gathers ln1 and ln2 again for their weight gradients: 3 all-reduces'
+ * worth, and a split (zero-bubble) weight-gradient pass gathers ln1 and ln2 once more
+ * (w_split_tp). The head gathers lnf forward, and in its backward reduce-scatters the
+ * input gradient and gathers lnf again (once more in a split W); the embedding's sum
+ * becomes a reduce-scatter and its backward gathers its output gradient (in I). The
+ * norms' weight-gradient sums (a few floats per layer) are not priced.
+ *
  * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)
  * on sizes from the layer tables here, which the tests hold to the trainer's layout:
  * parameters and gradients as the model lays them out (tp rank 0, which holds the most
@@ -57,9 +70,13 @@
 typedef struct {
     int n_layers;             /* n_layer + 2 */
     int tp, B, T, C;
+    bool sp;                  /* sequence parallelism (tensor/tp.h) */
     double *f, *i, *w;        /* [n_layers] forward, input-gradient, weight-gradient time,
-                                 tp all-reduces included */
-    double *f_tp, *i_tp;      /* [n_layers] the tp all-reduce part of f and i */
+                                 tp collectives included */
+    double *f_tp, *i_tp;      /* [n_layers] the tp collective part of f and i */
+    double *w_split_tp;       /* [n_layers] sequence parallelism: the gathers a split
+                                 backward's W pass repeats (not in w: a full B does not
+                                 repeat them); 0 without it */
     double *f_gemm, *b_gemm;  /* [n_layers] GEMM part of forward, backward (I + W) */
     double *param_floats;     /* [n_layers] floats of the layer's parameters (as laid out) */
     double *act_bytes;        /* [n_layers] saved activation bytes of one micro-batch */
@@ -71,11 +88,15 @@ typedef struct {
     double wte_floats;        /* the tied copy the head keeps without the embedding */
     double scratch_bytes;     /* the backward scratch a rank allocates once */
     double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
-    double msg_bytes;         /* one micro-batch's activations between pipeline stages */
+    double msg_bytes;         /* one micro-batch's activations between pipeline stages
+                                 (its rows / tp under sequence parallelism) */
 } ts_plan_layers;
 
 /* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */
 double ts_plan_allreduce_time(double bytes, int ranks, ts_link link);
+/* Ring all-gather, or reduce-scatter, of a `bytes` buffer (every rank's part together)
+ * over `ranks` ranks: half the all-reduce, (t-1)/t * bytes / bandwidth + (t-1) latencies. */
+double ts_plan_allgather_time(double bytes, int ranks, ts_link link);
 
 /* The kernel table whose sizes the planner lays a run out with (kernels.h
  * ts_kernels_layout_for): the config's train.device and train.attention, in the
@@ -88,9 +109,12 @@ double ts_plan_allreduce_time(double bytes, int ranks, ts_link link);
 const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
 
 /* Fill L for model `mc` laid out by kernel table k (ts_plan_kernels), tensor-parallel
- * size tp (its group on link tp_link) and micro_batch sequences. */
+ * size tp (its group on link tp_link), sequence parallelism sp (needs tp > 1 and
+ * seq_len % tp == 0: the layout is the trainer's under parallel.sequence_parallel) and
+ * micro_batch sequences. */
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          const ts_kernels *k, int tp, int micro_batch, ts_link tp_link);
+                          const ts_kernels *k, int tp, bool sp, int micro_batch,
+                          ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 
 /* Memory of pipeline rank q (res: its ZeRO-2/3 residency, NULL for zero 0/1 or dp 1),

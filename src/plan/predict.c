@@ -13,12 +13,12 @@
 #include "plan/zero.h"
 
 typedef struct {
-    int tp, B;
+    int tp, B, sp;
     ts_plan_layers L;
 } layers_entry;
 
 typedef struct {
-    int tp, B, n_chunks;
+    int tp, B, sp, n_chunks;
     int *sizes, *first;
 } part_entry;
 
@@ -27,6 +27,7 @@ typedef struct {
     ts_status st;
     char error[512];
     ts_schedule s;
+    bool *split;    /* [n_chunks]: the chunk's backward runs as I + W (chunk_splits) */
     /* Lazily, [n_chunks], per fixed mode (auto depends on the grid's memory: rc_plan). */
     int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES], *n_rc[TS_N_RECOMPUTES];
 } sched_entry;
@@ -75,6 +76,7 @@ void ts_plan_ctx_free(ts_plan_ctx *x)
     for (size_t k = 0; k < x->n_scheds; k++) {
         sched_entry *e = &x->scheds[k];
         if (e->st == TS_OK) ts_schedule_free(&e->s);
+        free(e->split);
         for (int r = 0; r < TS_N_RECOMPUTES; r++) {
             free(e->peak_acts[r]);
             free(e->peak_stash[r]);
@@ -121,13 +123,16 @@ ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g)
 
 static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
 {
-    for (size_t k = 0; k < x->n_layers; k++)
-        if (x->layers[k].tp == g->tp && x->layers[k].B == g->micro_batch) return &x->layers[k].L;
+    for (size_t k = 0; k < x->n_layers; k++) {
+        const layers_entry *e = &x->layers[k];
+        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp) return &x->layers[k].L;
+    }
     x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
     layers_entry *e = &x->layers[x->n_layers++];
     e->tp = g->tp;
     e->B = g->micro_batch;
-    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->micro_batch,
+    e->sp = g->sp;
+    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, g->micro_batch,
                          ts_plan_tp_link(&x->cl, g));
     return &e->L;
 }
@@ -137,7 +142,9 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
     const int n = g->pp * g->v;
     for (size_t k = 0; k < x->n_parts; k++) {
         const part_entry *e = &x->parts[k];
-        if (e->tp == g->tp && e->B == g->micro_batch && e->n_chunks == n) return e;
+        /* (sequence parallelism changes the layer costs: its own balanced cut) */
+        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp && e->n_chunks == n)
+            return e;
     }
     const ts_plan_layers *L = layers_for(x, g);
     int *sizes = ts_malloc(sizeof(int) * (size_t)n);
@@ -162,14 +169,28 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
     }
     x->parts = ts_grow(x->parts, &x->cap_parts, x->n_parts, sizeof *x->parts);
     part_entry *e = &x->parts[x->n_parts++];
-    *e = (part_entry){.tp = g->tp, .B = g->micro_batch, .n_chunks = n, .sizes = sizes,
-                      .first = first};
+    *e = (part_entry){.tp = g->tp, .B = g->micro_batch, .sp = g->sp, .n_chunks = n,
+                      .sizes = sizes, .first = first};
     return e;
 }
 
 const char *ts_plan_schedule_name(const ts_plan_ctx *x, int schedule)
 {
     return schedule >= 0 ? ts_schedule_names[schedule] : x->cfg.parallel.schedule;
+}
+
+/* Whether chunk c's backward is split into I and W passes (zero-bubble schedules): a
+ * schedule runs each chunk's backwards all as B or all as I + W (sim.c checks). */
+static bool chunk_splits(const ts_schedule *s, int c)
+{
+    const int q = ts_chunk_rank(s, c);
+    for (int k = 0; k < s->n_actions[q]; k++)
+        if (s->actions[q][k].chunk == c) {
+            const ts_action_kind kind = s->actions[q][k].kind;
+            if (kind == TS_ACT_W || kind == TS_ACT_I) return true;
+            if (kind == TS_ACT_B) return false;
+        }
+    return false;
 }
 
 static sched_entry *sched_for(ts_plan_ctx *x, const ts_plan_grid *g)
@@ -186,7 +207,13 @@ static sched_entry *sched_for(ts_plan_ctx *x, const ts_plan_grid *g)
     e->v = g->v;
     e->m = g->m;
     e->st = ts_schedule_build(&e->s, ts_plan_schedule_name(x, g->schedule), g->pp, g->v, g->m);
-    if (e->st != TS_OK) snprintf(e->error, sizeof e->error, "%s", ts_error_message());
+    if (e->st != TS_OK) {
+        snprintf(e->error, sizeof e->error, "%s", ts_error_message());
+        return e;
+    }
+    /* Once per schedule: scanning the actions per estimate costs more than the rest. */
+    e->split = ts_calloc((size_t)e->s.n_chunks, sizeof(bool));
+    for (int c = 0; c < e->s.n_chunks; c++) e->split[c] = chunk_splits(&e->s, c);
     return e;
 }
 
@@ -244,7 +271,8 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
     *g = (ts_plan_grid){.pp = p->pp, .dp = p->dp, .tp = p->tp, .v = p->virtual_stages,
                         .micro_batch = p->micro_batch, .m = ts_config_num_microbatches(cfg),
                         .schedule = ts_schedule_kind_from_name(p->schedule),
-                        .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero};
+                        .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero,
+                        .sp = p->sequence_parallel};
 }
 
 /* -------------------------------------------------------------- the model -- */
@@ -322,9 +350,10 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
  * on (c < n-1), its input gradient sends the gradient back (c > 0), and the link itself
  * is free. */
 static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
-                             const ts_plan_grid *g, const int *chunk_rank, const int *n_rc,
+                             const ts_plan_grid *g, const sched_entry *se, const int *n_rc,
                              const ts_residency *res, chunk_costs *cc)
 {
+    const int *chunk_rank = se->s.chunk_rank;
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
     double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats, &cc->floats,
@@ -344,12 +373,14 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
                                  cc->floats[c] / dl.bandwidth) * 1e3;
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
+        /* Sequence parallelism's gathers a split W repeats (zero without it). */
+        const bool split = L->sp && se->split[c];
         double f = 0, i = 0, w = 0, tp = 0, att = 0;
         for (int l = l0; l < l1; l++) {
             f += L->f[l];
             i += L->i[l];
-            w += L->w[l];
-            tp += L->f_tp[l] + L->i_tp[l];
+            w += L->w[l] + (split ? L->w_split_tp[l] : 0.0);
+            tp += L->f_tp[l] + L->i_tp[l] + (split ? L->w_split_tp[l] : 0.0);
             att += L->f_att[l];
         }
         cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
@@ -400,7 +431,8 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
         .weight_copy_bytes = x->k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1,
-        .selective = g->recompute == TS_RECOMPUTE_SELECTIVE};
+        .selective = g->recompute == TS_RECOMPUTE_SELECTIVE,
+        .seq_split = g->sp ? g->tp : 1};
 }
 
 /* What a grid recomputes and holds, every rank's chunks ([n_chunks]): a fixed mode's
@@ -580,7 +612,7 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, res_for(x, g, p, se), &cc);
+    chunk_costs_make(x, L, p, g, se, rp.n_rc, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     chunk_costs_free(&cc);
     rc_plan_free(&rp);
@@ -738,7 +770,7 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
     rc_plan rp;
     rc_plan_make(x, L, p, se, &r->g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, &r->g, se->s.chunk_rank, rp.n_rc, res_for(x, &r->g, p, se), &cc);
+    chunk_costs_make(x, L, p, &r->g, se, rp.n_rc, res_for(x, &r->g, p, se), &cc);
     rc_plan_free(&rp);
     st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
@@ -758,7 +790,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se->s.chunk_rank, rp.n_rc, res_for(x, g, p, se), &cc);
+    chunk_costs_make(x, L, p, g, se, rp.n_rc, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     rc_plan_free(&rp);
     const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);

@@ -6,6 +6,10 @@
  * devices_per_node), else the inter-node one; likewise the dp group (tp*dp divides
  * devices_per_node) and the pipeline neighbours (the whole grid inside one node).
  *
+ * Sequence parallelism (grid sp): the layer tables of that layout and its collectives
+ * (model_cost.h), a split schedule's W with the gathers it repeats, messages of B*T/tp
+ * rows and the memory rule's boundary buffers likewise (ts_memory_shape.seq_split).
+ *
  * Step: each chunk's F, I, W costs are its layers' (model_cost.h), I plus the chunk's
  * forward again for the share of its micro-batches it recomputes (all with recompute =
  * full, (m-1)/m with except_last; with auto what the caps that fit the device's memory
@@ -43,13 +47,16 @@ typedef struct {
     int schedule;   /* ts_schedule_kind, or -1: the config's CSV schedule */
     int recompute;  /* ts_recompute */
     int zero;
+    int sp;         /* 1: parallel.sequence_parallel (tp > 1, seq_len % tp == 0); an int,
+                       not a bool, as grids are compared with memcmp (no padding) */
 } ts_plan_grid;
 
 /* Where the time of the busiest pipeline rank goes (ms per step). */
 typedef struct {
     double compute;     /* GEMMs and elementwise work, forward and backward */
     double recompute;   /* the forwards rerun by activation recompute */
-    double tp_comm;     /* tensor-parallel all-reduces */
+    double tp_comm;     /* tensor-parallel all-reduces (sequence parallelism: all-gathers
+                           and reduce-scatters) */
     double optimizer;   /* AdamW (and ZeRO-1's parameter all-gather) */
     double bubble;      /* idle: step less the busiest rank's work */
     double dp_exposed;  /* the dp reduction the step waits for */

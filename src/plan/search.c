@@ -116,7 +116,7 @@ static int cmp_lower(const void *pa, const void *pb)
 /* How much machinery a grid asks for, least first, to break ties between grids equal
  * in time and memory: one virtual stage, the plain 1F1B before GPipe (which holds every
  * micro-batch) and then the interleaved and zero-bubble schedules, no recompute, no
- * ZeRO. */
+ * ZeRO, no sequence parallelism. */
 static int complexity(const ts_plan_grid *g)
 {
     static const int schedule_rank[] = {
@@ -125,7 +125,13 @@ static int complexity(const ts_plan_grid *g)
     const int sched = g->schedule >= 0 && g->schedule <= TS_SCHEDULE_ZB_H1
                           ? schedule_rank[g->schedule]
                           : 4; /* a CSV schedule */
-    return ((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero;
+    return (((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero) * 2 + g->sp;
+}
+
+/* Whether sequence parallelism can split tp's rows (ts_config_validate's rule). */
+static bool sp_ok(const ts_config *cfg, int tp)
+{
+    return tp > 1 && cfg->model.seq_len % tp == 0;
 }
 
 /* Best first: the shorter step, then (on a tie) the less memory, then the simpler grid
@@ -189,7 +195,8 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
     for (size_t k = 0; k < n && !best; k++) {
         ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .v = 1, .micro_batch = 1,
                           .m = gb / t[k].dp, .schedule = TS_SCHEDULE_1F1B,
-                          .recompute = TS_RECOMPUTE_FULL, .zero = t[k].dp > 1 ? 3 : 0};
+                          .recompute = TS_RECOMPUTE_FULL, .zero = t[k].dp > 1 ? 3 : 0,
+                          .sp = sp_ok(cfg, t[k].tp)};
         if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
         ts_plan_result e;
         if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
@@ -229,6 +236,62 @@ static ts_status no_grid(const ts_config *cfg, int n)
                    near);
 }
 
+/* Whether a bound keeps a grid out of the top k so far. Only a bound clearly above the
+ * last kept time prunes: one within better()'s tie band may still tie it and win on
+ * memory or simplicity, so it is simulated. */
+static bool bound_out(const ts_search_opts *o, const ts_search_result *r, int k, double bound)
+{
+    if (o->exhaustive || r->n_top < k) return false;
+    const double last = r->top[k - 1].step_ms;
+    return bound > last && differ(bound, last);
+}
+
+/* The top k: the estimated grids that fit (*fits, sorted here) and the pending ones
+ * (recompute auto, bounded by none's bound) in increasing order of bound, each simulated
+ * unless its bound is out; a pending grid is estimated when it comes up unpruned and
+ * joins *fits at its own bound's place. */
+static ts_status rank_fits(ts_plan_ctx *x, const ts_search_opts *o, int k, ts_plan_result **fits,
+                           size_t *n_fits, size_t *cap, floored *pending, size_t n_pending,
+                           ts_search_result *r)
+{
+    if (*n_fits > 0) qsort(*fits, *n_fits, sizeof **fits, cmp_lower); /* NULL when none */
+    if (n_pending > 0) qsort(pending, n_pending, sizeof *pending, cmp_floor);
+    size_t j = 0, p = 0;
+    while (j < *n_fits || p < n_pending) {
+        if (p < n_pending && (j == *n_fits || pending[p].floor < (*fits)[j].lower_ms)) {
+            const floored *d = &pending[p++];
+            if (bound_out(o, r, k, d->floor)) {
+                r->unestimated++;
+                continue;
+            }
+            ts_plan_result e;
+            if (ts_plan_estimate(x, &d->g, &e) != TS_OK) continue; /* none's ran: cannot fail */
+            if (!e.fits) { /* (cannot happen: full fits) */
+                r->oom++;
+                r->fit--;
+                continue;
+            }
+            /* Into the sorted rest, after what has come up already. */
+            size_t at = j;
+            while (at < *n_fits && (*fits)[at].lower_ms <= e.lower_ms) at++;
+            *fits = ts_grow(*fits, cap, *n_fits, sizeof **fits);
+            memmove(&(*fits)[at + 1], &(*fits)[at], sizeof **fits * (*n_fits - at));
+            (*fits)[at] = e;
+            (*n_fits)++;
+            continue;
+        }
+        ts_plan_result *c = &(*fits)[j++];
+        if (bound_out(o, r, k, c->lower_ms)) {
+            estimate_terms(c);
+            continue;
+        }
+        if (ts_plan_simulate(x, c, NULL) != TS_OK) return TS_ERR;
+        r->simulated++;
+        top_insert(r, k, c);
+    }
+    return TS_OK;
+}
+
 ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -243,8 +306,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
 
     ts_plan_result *fits = NULL;
     size_t n_fits = 0, cap = 0;
-    floored *pruned = NULL;
-    size_t n_pruned = 0, cap_pruned = 0;
+    floored *pruned = NULL, *pending = NULL; /* pending: recompute auto, not yet estimated */
+    size_t n_pruned = 0, cap_pruned = 0, n_pending = 0, cap_pending = 0;
     bool have_smallest = false;
     for (int k = 0; k < n_grids; k++) {
         const int pp = grids[3 * k], dp = grids[3 * k + 1], tp = grids[3 * k + 2];
@@ -258,18 +321,34 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                 const int per_rank = ts_schedule_chunks_per_rank((ts_schedule_kind)s);
                 const int v_lo = per_rank == 1 ? 1 : 2, v_hi = per_rank == 0 ? layers / pp : v_lo;
                 for (int v = v_lo; v <= v_hi && pp * v <= layers; v++) {
-                    bool none_fits[4] = {false}, full_fits[4] = {false};
+                    /* [zero][sp] */
+                    bool none_fits[4][2] = {{false}}, full_fits[4][2] = {{false}};
+                    double none_lower[4][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
                     for (int rc = 0; rc < TS_N_RECOMPUTES; rc++) {
                         /* none, full and auto (in that order); auto only where none
                          * does not fit (where it fits, auto keeps everything: none
                          * again) and full does (where full does not, nothing does) */
                         if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
-                        for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
-                            if (rc == TS_RECOMPUTE_AUTO && (none_fits[z] || !full_fits[z]))
+                        /* zero 0..3 (0 alone with dp 1), each with sp off and on */
+                        const int n_sp = sp_ok(cfg, tp) ? 2 : 1, n_zs = (dp > 1 ? 4 : 1) * n_sp;
+                        for (int zs = 0; zs < n_zs; zs++) {
+                            const int z = zs / n_sp, sp = zs % n_sp;
+                            if (rc == TS_RECOMPUTE_AUTO && (none_fits[z][sp] || !full_fits[z][sp]))
                                 continue;
                             ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .v = v,
                                               .micro_batch = mb, .m = m, .schedule = s,
-                                              .recompute = rc, .zero = z};
+                                              .recompute = rc, .zero = z, .sp = sp};
+                            /* auto fits where full does (its caps may all come down to
+                             * full's), and recomputes no less than none: none's bound is
+                             * its bound. Its memory fit, the costly part, waits until the
+                             * bound says it may enter the top (rank_fits). */
+                            if (rc == TS_RECOMPUTE_AUTO && !o->exhaustive &&
+                                none_lower[z][sp] >= 0) {
+                                pending = ts_grow(pending, &cap_pending, n_pending, sizeof *pending);
+                                pending[n_pending++] = (floored){g, none_lower[z][sp]};
+                                r->candidates++;
+                                continue;
+                            }
                             const double floor = ts_plan_memory_floor(x, &g);
                             if (floor > cl->memory) {
                                 /* Out of memory whatever the cut: estimated exactly
@@ -280,8 +359,11 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                             }
                             ts_plan_result e;
                             if (ts_plan_estimate(x, &g, &e) != TS_OK) continue;
-                            if (rc == TS_RECOMPUTE_NONE) none_fits[z] = e.fits;
-                            if (rc == TS_RECOMPUTE_FULL) full_fits[z] = e.fits;
+                            if (rc == TS_RECOMPUTE_NONE) {
+                                none_fits[z][sp] = e.fits;
+                                none_lower[z][sp] = e.lower_ms;
+                            }
+                            if (rc == TS_RECOMPUTE_FULL) full_fits[z][sp] = e.fits;
                             r->candidates++;
                             if (!have_smallest || e.mem.total < r->smallest.mem.total) {
                                 r->smallest = e;
@@ -324,24 +406,26 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     }
     free(pruned);
     ts_error_clear();
-    r->fit = (long long)n_fits;
-    if (n_fits == 0) {
+    r->fit = (long long)(n_fits + n_pending);
+    if (n_fits == 0) { /* (pending grids need their full recompute to fit) */
+        free(pending);
         const ts_plan_grid *g = &r->smallest.g;
         ts_plan_grid fg = {0};
         const long long least = fewest_devices(x, &fg);
         if (least > o->gpus)
             return ts_fail("%d devices are fewer than one replica of this model needs: at "
-                           "least %lld (pp %d x dp %d x tp %d, micro_batch 1, recompute full%s) "
+                           "least %lld (pp %d x dp %d x tp %d, micro_batch 1, recompute full%s%s) "
                            "to fit in %.2f GB per device; give --gpus %lld or more",
                            o->gpus, least, fg.pp, fg.dp, fg.tp, fg.zero ? ", zero 3" : "",
-                           cl->memory / 1e9, least);
+                           fg.sp ? ", sequence parallel" : "", cl->memory / 1e9, least);
         if (!have_smallest)
             return ts_fail("no schedule can run any grid of %d devices for this batch", o->gpus);
         return ts_fail("the model fits nowhere on %d devices of %s: the lightest grid (pp %d, dp "
-                       "%d, tp %d, %s, v %d, micro_batch %d, recompute %s, zero %d) needs %.2f GB "
+                       "%d, tp %d, %s, v %d, micro_batch %d, recompute %s, zero %d%s) needs %.2f GB "
                        "per device, the device has %.2f GB%s",
                        o->gpus, cl->name, g->pp, g->dp, g->tp, ts_schedule_names[g->schedule], g->v,
                        g->micro_batch, ts_recompute_names[g->recompute], g->zero,
+                       g->sp ? ", sequence parallel" : "",
                        r->smallest.mem.total / 1e9, cl->memory / 1e9,
                        least ? "" : " (no number of devices holds this model with this batch: "
                                     "a device with more memory is needed)");
@@ -350,22 +434,11 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     /* Branch and bound over the lower bounds (search.h). */
     const int k = o->top > 0 ? o->top : 10;
     r->top = ts_calloc((size_t)k, sizeof *r->top);
-    if (n_fits > 0) qsort(fits, n_fits, sizeof *fits, cmp_lower); /* NULL when none */
-    for (size_t j = 0; j < n_fits; j++) {
-        ts_plan_result *c = &fits[j];
-        /* Only a bound clearly above the last kept time prunes: one within better()'s tie
-         * band may still tie it and win on memory or simplicity, so it is simulated. */
-        const double last = r->n_top == k ? r->top[k - 1].step_ms : 0.0;
-        if (!o->exhaustive && r->n_top == k && c->lower_ms > last && differ(c->lower_ms, last)) {
-            estimate_terms(c);
-            continue;
-        }
-        if (ts_plan_simulate(x, c, NULL) != TS_OK) {
-            free(fits);
-            return TS_ERR;
-        }
-        r->simulated++;
-        top_insert(r, k, c);
+    const ts_status st = rank_fits(x, o, k, &fits, &n_fits, &cap, pending, n_pending, r);
+    free(pending);
+    if (st != TS_OK) {
+        free(fits);
+        return TS_ERR;
     }
     /* Why the rest lose: everything that fits but is not in the top list. */
     for (size_t j = 0; j < n_fits; j++) {

@@ -9,13 +9,19 @@
  * runs (gpipe, 1f1b, zb-h1, zb-h2: v = 1; zb-v, dualpipe-v: v = 2, the V placement;
  * interleaved-1f1b, looped-bfs, interleaved-zb: v >= 2) where it accepts the number of
  * micro-batches; pp = 1 runs 1f1b only (the schedules coincide); recompute none, full,
- * and auto where none does not fit; ZeRO 0 to 3 (1 to 3 only with dp > 1).
+ * and auto where none does not fit; ZeRO 0 to 3 (1 to 3 only with dp > 1); sequence
+ * parallelism off, and on where tp > 1 divides seq_len (ranked like the rest: it wins
+ * where its smaller activations let a grid fit or recompute less, and loses its
+ * backward's extra gathers elsewhere).
  *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
  * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the
  * first micro-batch's arrival) and grids are simulated in increasing bound order until
  * the next bound exceeds the K-th best simulated step: the top K are exactly those an
  * exhaustive search finds (`exhaustive` simulates every grid that fits, for tests).
+ * recompute = "auto" grids are bounded by their none grid's bound (auto recomputes no
+ * less) and estimated (their caps fitted into memory: the costly part) only when that
+ * bound comes up unpruned; they fit wherever full does, so they count as fitting.
  * Grids never simulated are classified by their work and the textbook bubble of their
  * schedule: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) interleaved-1f1b and
  * looped-bfs, (p-1)/(3m+p-1) zb-h1 and zb-h2, (p-1)/(3vm+p-1) interleaved-zb, zb-v and
@@ -47,13 +53,16 @@ typedef struct {
 
 typedef struct {
     int n_grids;                 /* (pp, dp, tp) triples */
-    long long candidates;        /* with schedule, v, micro_batch, recompute, zero */
+    long long candidates;        /* with schedule, v, micro_batch, recompute, zero, sp */
     long long fit, simulated;
     ts_plan_result *top;         /* [n_top] best first */
     int n_top;
     long long oom;               /* candidates over the device memory */
     ts_plan_result oom_closest;  /* the one over by the least */
     long long lost[TS_N_LOSSES]; /* fitting candidates outside the top, by reason */
+    long long unestimated;       /* recompute auto candidates (they fit: full does) whose
+                                    bound kept them out before their memory was fitted,
+                                    so without a reason (0 with exhaustive) */
     ts_plan_result smallest;     /* the candidate needing the least memory */
 } ts_search_result;
 

@@ -67,7 +67,10 @@ void ts_plan_sim_costs_of_config(ts_plan_sim_costs *s, const ts_config *cfg,
 {
     const ts_parallel_config *p = &cfg->parallel;
     const int n = part->n_chunks;
-    const double msg_bytes = 4.0 * p->micro_batch * cfg->model.seq_len * cfg->model.n_embd;
+    /* Sequence parallelism sends each tp rank's rows only (pipeline/engine.c e->rows). */
+    const double rows = (double)p->micro_batch * cfg->model.seq_len /
+                        (p->sequence_parallel ? p->tp : 1);
+    const double msg_bytes = 4.0 * rows * cfg->model.n_embd;
     ts_plan_sim_costs_init(s, n, msg_bytes);
     for (int c = 0; c < n; c++) {
         if (o->uniform) {
