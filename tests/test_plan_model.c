@@ -412,7 +412,7 @@ static void test_llama3(void)
             ts_config cpu = cfg;
             snprintf(cpu.train.device, sizeof cpu.train.device, "cpu");
             snprintf(cpu.train.attention, sizeof cpu.train.attention, "gemm");
-            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, false, 1,
+            ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, false, 1, 1,
                                  ideal.intra);
             const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
             const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
@@ -450,7 +450,7 @@ static void test_llama3(void)
             CHECK(!strcmp(kf->device, "cuda") && !strcmp(kf->attention, "flash") &&
                   kf->act_dtype == TS_DTYPE_BF16 && kf->weight_copy_bytes == 2);
             ts_plan_layers Lf;
-            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, false, 1, ideal.intra);
+            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, false, 1, 1, ideal.intra);
             const double saved = hl * Tk * Tk * 2 - hl * Tk * 4;
             CHECKF(L.act_bytes[1] - Lf.act_bytes[1] == saved &&
                        Lf.param_floats[1] == L.param_floats[1],
@@ -479,8 +479,8 @@ static void test_sequence_parallel(void)
     const double NC = 2.0 * cfg.model.seq_len * cfg.model.n_embd * ts_dtype_bytes(k->act_dtype);
     for (int tp = 2; tp <= 4; tp *= 2) {
         ts_plan_layers a, b;
-        ts_plan_layers_build(&a, &cfg.model, &cl, k, tp, false, 2, cl.intra);
-        ts_plan_layers_build(&b, &cfg.model, &cl, k, tp, true, 2, cl.intra);
+        ts_plan_layers_build(&a, &cfg.model, &cl, k, tp, false, 1, 2, cl.intra);
+        ts_plan_layers_build(&b, &cfg.model, &cl, k, tp, true, 1, 2, cl.intra);
         const int h = a.n_layers - 1;
         const double ar = ts_plan_allreduce_time(NC, tp, cl.intra);
         const double ag = ts_plan_allgather_time(NC, tp, cl.intra);
@@ -499,6 +499,28 @@ static void test_sequence_parallel(void)
               b.b_gemm[1] == a.b_gemm[1] && b.param_floats[1] == a.param_floats[1]);
         CHECK(b.f[1] - b.f_tp[1] < a.f[1] - a.f_tp[1] && b.act_bytes[1] < a.act_bytes[1] &&
               b.act_bytes[0] * tp == a.act_bytes[0]);
+        ts_plan_layers_free(&a);
+        ts_plan_layers_free(&b);
+    }
+    /* tp_overlap 2 and 4 on tp 2: the block's exposed collectives are c/S plus what the
+     * compute g cannot hide, max(0, c - g)(S - 1)/S; its GEMMs are priced at the
+     * sub-batch's rows; with communication on the compute cores nothing is hidden. */
+    for (int S = 2; S <= 4; S *= 2) {
+        ts_plan_layers a, b;
+        ts_plan_layers_build(&a, &cfg.model, &cl, k, 2, true, 1, 4, cl.intra);
+        ts_plan_layers_build(&b, &cfg.model, &cl, k, 2, true, S, 4, cl.intra);
+        const double c = a.f_tp[1], g = b.f_gemm[1], ci = a.i_tp[1], gi = b.b_gemm[1];
+        const double want = c / S + (c > g ? (c - g) * (S - 1) / S : 0.0);
+        const double want_i = ci / S + (ci > gi ? (ci - gi) * (S - 1) / S : 0.0);
+        CHECKF(ts_rel_err(b.f_tp[1], want, 0) < 1e-12 && ts_rel_err(b.i_tp[1], want_i, 0) < 1e-12 &&
+                   b.f_tp[1] < a.f_tp[1] && b.f_gemm[1] >= a.f_gemm[1] && b.f_tp[0] == a.f_tp[0],
+               "tp_overlap %d: block tp %.4g ms (want %.4g) against %.4g; gemm %.4g vs %.4g", S,
+               b.f_tp[1] * 1e3, want * 1e3, a.f_tp[1] * 1e3, b.f_gemm[1] * 1e3, a.f_gemm[1] * 1e3);
+        ts_plan_layers_free(&b);
+        ts_cluster serial = cl;
+        serial.comm_on_compute = true;
+        ts_plan_layers_build(&b, &cfg.model, &serial, k, 2, true, S, 4, serial.intra);
+        CHECK(b.f_tp[1] == a.f_tp[1] && b.i_tp[1] == a.i_tp[1]);
         ts_plan_layers_free(&a);
         ts_plan_layers_free(&b);
     }

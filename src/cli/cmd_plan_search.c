@@ -245,6 +245,7 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
     json_object_set_new(o, "recompute", json_string(ts_recompute_names[g->recompute]));
     json_object_set_new(o, "zero", json_integer(g->zero));
     json_object_set_new(o, "sequence_parallel", json_boolean(g->sp));
+    json_object_set_new(o, "tp_overlap", json_integer(g->sub > 1 ? g->sub : 1));
     json_object_set_new(o, "partition", part);
     json_object_set_new(o, "step_ms", json_real(r->step_ms));
     json_object_set_new(o, "bubble", json_real(r->bubble));
@@ -326,15 +327,20 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     const ts_plan_grid *g = &r->g;
     const long long world = (long long)g->pp * g->dp * g->tp;
     char b[7][32];
+    char overlap[64] = "";
+    if (g->sub > 1 && g->tp > 1 && g->micro_batch % g->sub == 0)
+        snprintf(overlap, sizeof overlap, "; tp_overlap %d (sub-batches of %d)", g->sub,
+                 g->micro_batch / g->sub);
     printf("tessera plan: %s on %s (%s)\n", a->config, cl->name, a->cluster);
     printf("grid: world %lld = pp %d x dp %d x tp %d (%lld node%s of %d); schedule %s, virtual "
-           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d%s\n",
+           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d%s%s\n",
            world, g->pp, g->dp, g->tp, (world + cl->devices_per_node - 1) / cl->devices_per_node,
            world > cl->devices_per_node ? "s" : "", cl->devices_per_node,
            ts_plan_schedule_name(x, g->schedule), g->v, g->m, g->micro_batch,
            cfg->model.seq_len, ts_recompute_names[g->recompute], g->zero,
            g->sp ? "; sp (sequence parallel: norms, residuals and messages in seq_len / tp rows)"
-                 : "");
+                 : "",
+           overlap);
     printf("links: tp %s, dp %s, pp %s; GEMMs in %s (peak %.1f TFLOP/s per device)\n",
            link_name(cl, ts_plan_tp_link(cl, g)), link_name(cl, ts_plan_dp_link(cl, g)),
            link_name(cl, ts_plan_pp_link(cl, g)), cl->bf16 ? "bf16" : "fp32",

@@ -60,8 +60,17 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl)
                                  cfg->train.attention);
 }
 
+/* tp_overlap's exposed part of collectives c behind compute g over S sub-batches
+ * (model_cost.h). */
+static double overlap_exposed(const ts_cluster *cl, double c, double g, int S)
+{
+    if (S <= 1 || cl->comm_on_compute) return c;
+    const double rest = c - g > 0.0 ? c - g : 0.0;
+    return c / S + rest * (S - 1) / S;
+}
+
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          const ts_kernels *k, int tp, bool sp, int micro_batch,
+                          const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link)
 {
     memset(L, 0, sizeof *L);
@@ -127,8 +136,11 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
      * MLP's column-parallel input (gpt2: c_fc [4C, C]; llama: gate and up [2F, C] as one
      * GEMM) and row-parallel output (c_proj / down [C, F]). */
     const double mlp_in = llama ? 2.0 * F : F;
-    const double lin = gemm(cl, N, (hl + 2.0 * kvl) * hs, C) + gemm(cl, N, C, hl * hs) +
-                       gemm(cl, N, mlp_in, C) + gemm(cl, N, C, F);
+    /* tp_overlap: S sub-batches of N/S rows each. */
+    const int S = sub > 1 ? sub : 1;
+    const double Ns = N / S;
+    const double lin = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs) +
+                            gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
     const double att = B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
     /* Elementwise passes, forward: the two norms (LayerNorm, or llama's RMSNorm: read +
      * write), residual adds x2 (2 reads + 1 write), the MLP activation (GELU: read and
@@ -151,8 +163,8 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
         L->b_gemm[l] = 2.0 * lin + 2.0 * att;
         /* Sequence parallelism: forward 2 (reduce-scatter + all-gather), backward 2
          * output-gradient gathers, 2 input-gradient reduce-scatters, 2 norm re-gathers. */
-        L->f_tp[l] = sp ? 4.0 * ag_act : 2.0 * ar_act;
-        L->i_tp[l] = sp ? 6.0 * ag_act : 2.0 * ar_act;
+        L->f_tp[l] = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
+        L->i_tp[l] = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
         L->w_split_tp[l] = 2.0 * ag_act;
         L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l];
         L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];

@@ -110,10 +110,18 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
 
 /* Fill L for model `mc` laid out by kernel table k (ts_plan_kernels), tensor-parallel
  * size tp (its group on link tp_link), sequence parallelism sp (needs tp > 1 and
- * seq_len % tp == 0: the layout is the trainer's under parallel.sequence_parallel) and
- * micro_batch sequences. */
+ * seq_len % tp == 0: the layout is the trainer's under parallel.sequence_parallel),
+ * tp_overlap's `sub` sub-batches (1: none; dividing micro_batch) and micro_batch
+ * sequences.
+ *
+ * tp_overlap: a block's GEMMs run on micro_batch/sub sequences at a time (priced at that
+ * size), and of its tp collectives c against its compute g (forward; the backward's
+ * likewise) the part exposed is c/sub (each phase's last sub-batch has no next one to
+ * hide behind) plus what does not fit behind the others, max(0, c - g)(sub - 1)/sub; on
+ * a cluster whose communication runs on the compute cores (overlap_comm = false) all
+ * of c. The embedding and head run whole. */
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                          const ts_kernels *k, int tp, bool sp, int micro_batch,
+                          const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link);
 void ts_plan_layers_free(ts_plan_layers *L);
 

@@ -13,7 +13,7 @@
 #include "plan/zero.h"
 
 typedef struct {
-    int tp, B, sp;
+    int tp, B, sp, sub;
     ts_plan_layers L;
 } layers_entry;
 
@@ -121,19 +121,28 @@ ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g)
 
 /* ------------------------------------------------------------------ caches -- */
 
+/* The sub-batches a grid's blocks run in: tp_overlap where it applies to the grid (tp >
+ * 1, micro_batch divisible by it), else 1 (the search's other micro-batch sizes). */
+static int sub_of(const ts_plan_grid *g)
+{
+    return g->sub > 1 && g->tp > 1 && g->micro_batch % g->sub == 0 ? g->sub : 1;
+}
+
 static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     for (size_t k = 0; k < x->n_layers; k++) {
         const layers_entry *e = &x->layers[k];
-        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp) return &x->layers[k].L;
+        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp && e->sub == sub_of(g))
+            return &x->layers[k].L;
     }
     x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
     layers_entry *e = &x->layers[x->n_layers++];
     e->tp = g->tp;
     e->B = g->micro_batch;
     e->sp = g->sp;
-    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, g->micro_batch,
-                         ts_plan_tp_link(&x->cl, g));
+    e->sub = sub_of(g);
+    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
+                         g->micro_batch, ts_plan_tp_link(&x->cl, g));
     return &e->L;
 }
 
@@ -272,7 +281,7 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
                         .micro_batch = p->micro_batch, .m = ts_config_num_microbatches(cfg),
                         .schedule = ts_schedule_kind_from_name(p->schedule),
                         .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero,
-                        .sp = p->sequence_parallel};
+                        .sp = p->sequence_parallel, .sub = p->tp_overlap};
 }
 
 /* -------------------------------------------------------------- the model -- */

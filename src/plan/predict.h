@@ -49,6 +49,8 @@ typedef struct {
     int zero;
     int sp;         /* 1: parallel.sequence_parallel (tp > 1, seq_len % tp == 0); an int,
                        not a bool, as grids are compared with memcmp (no padding) */
+    int sub;        /* parallel.tp_overlap's sub-batches (0 or 1: none); the config's: the
+                       search does not vary it */
 } ts_plan_grid;
 
 /* Where the time of the busiest pipeline rank goes (ms per step). */
