@@ -5,7 +5,11 @@
  * (CPU and strict tables), and bitwise determinism at 1 and 2 threads. The llama
  * kernels likewise: RMSNorm (and its fused residual form), RoPE (also against its
  * formula and as its own transpose), SwiGLU, grouped-query attention (also against
- * multi-head attention on the key/value heads repeated), the encoder without wpe. */
+ * multi-head attention on the key/value heads repeated), the encoder without wpe.
+ * Context parallelism's prefix attention: against attention_forward/backward at
+ * Tq == Tk, and chunk by chunk against the full sequence's attention (out, dq, dk/dv
+ * summed over the chunks, masked probabilities exactly 0), on the strict table and at
+ * 1 and 2 threads with the same bits. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -610,6 +614,228 @@ static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, in
     free(scratch);
 }
 
+/* ---- context parallelism's prefix attention ----------------------------------- */
+
+/* Rows [t0, t0 + n) of each batch of x [B, T, width], as [B, n, width]. */
+static float *batch_rows(const float *x, int B, int T, int width, int t0, int n)
+{
+    float *y = ts_alloc_floats((size_t)B * n * width);
+    for (int b = 0; b < B; b++)
+        memcpy(y + (size_t)b * n * width, x + ((size_t)b * T + t0) * width,
+               (size_t)n * width * sizeof(float));
+    return y;
+}
+
+/* y's rows back into rows [t0, t0 + n) of each batch of x [B, T, width]. */
+static void put_batch_rows(float *x, const float *y, int B, int T, int width, int t0, int n)
+{
+    for (int b = 0; b < B; b++)
+        memcpy(x + ((size_t)b * T + t0) * width, y + (size_t)b * n * width,
+               (size_t)n * width * sizeof(float));
+}
+
+/* The k and v columns of qkv [B, T, (NH+2*NKV)*HS] (each row's last 2*NKV*HS: the k
+ * heads, then the v heads), rows [0, Tk) of each batch: kv [B, Tk, 2*NKV*HS]. */
+static float *kv_prefix(const float *qkv, int B, int T, int NH, int NKV, int HS, int Tk)
+{
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    float *kv = ts_alloc_floats((size_t)B * Tk * C2);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tk; t++)
+            memcpy(kv + ((size_t)b * Tk + t) * C2, qkv + ((size_t)b * T + t) * C3 + C,
+                   (size_t)C2 * sizeof(float));
+    return kv;
+}
+
+/* Columns [c0, c0 + w) of every row of x [N, width], packed [N, w]. */
+static float *columns(const float *x, size_t N, int width, int c0, int w)
+{
+    float *y = ts_alloc_floats(N * w);
+    for (size_t n = 0; n < N; n++)
+        memcpy(y + n * w, x + n * width + c0, (size_t)w * sizeof(float));
+    return y;
+}
+
+/* Whether every masked probability of att [B, NH, Tq, Tk] is exactly 0 (query t sees
+ * keys 0..t + Tk - Tq), and the worst |row sum - 1|. */
+static int prefix_mask_is_zero(const float *att, int B, int NH, int Tq, int Tk, double *sum_err)
+{
+    int ok = 1;
+    *sum_err = 0.0;
+    for (size_t r = 0; r < (size_t)B * NH * Tq; r++) {
+        int t = (int)(r % Tq);
+        double s = 0.0;
+        for (int j = 0; j < Tk; j++) {
+            float v = att[r * Tk + j];
+            if (j > t + Tk - Tq && v != 0.0f) ok = 0;
+            s += v;
+        }
+        *sum_err = fmax(*sum_err, fabs(s - 1.0));
+    }
+    return ok;
+}
+
+/* Tq == Tk: the prefix kernels are attention_forward/backward on the same q, k, v (out,
+ * the probabilities, dq and dk, dv); the backward leaves dqkv's k and v columns alone and
+ * adds into dkv. */
+static void test_attention_prefix_square(int B, int T, int NH, int NKV, int HS)
+{
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    char who[64];
+    snprintf(who, sizeof who, "prefix Tq=Tk=%d NH=%d NKV=%d", T, NH, NKV);
+    CHECK(K->attention_prefix_saved_bytes(B, T, T, NH, HS) ==
+          K->attention_saved_bytes(B, T, NH, HS));
+    CHECK(K->attention_prefix_scratch_bytes(B, T, T, NH, HS) >= natt * sizeof(float));
+    float *qkv = ts_test_rand_floats(N * C3, 1.5f), *kv = kv_prefix(qkv, B, T, NH, NKV, HS, T);
+    float *out = ts_test_nan_floats(N * C), *att = ts_test_rand_floats(natt, 1.0f);
+    float *pout = ts_test_nan_floats(N * C), *patt = ts_test_rand_floats(natt, 1.0f);
+    K->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
+    K->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, NH, NKV, HS);
+    ts_test_expect_close(who, "out", "prefix", pout, out, N * C, 1e-5, 0.1);
+    ts_test_expect_close(who, "att", "prefix", patt, att, natt, 1e-5, 0.1);
+
+    float *dout = ts_test_rand_floats(N * C, 1.0f), *scratch = ts_test_nan_floats(natt);
+    float *dqkv = ts_test_nan_floats(N * C3), *pdqkv = ts_test_rand_floats(N * C3, 1.0f);
+    float *pdqkv0 = copy_floats(pdqkv, N * C3), *dkv = ts_alloc_floats(N * C2); /* zeros */
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV, HS);
+    float *dq = columns(dqkv, N, C3, 0, C), *pdq = columns(pdqkv, N, C3, 0, C);
+    float *dkv_want = columns(dqkv, N, C3, C, C2);
+    ts_test_expect_close(who, "dq", "prefix", pdq, dq, N * C, 1e-5, 0.1);
+    ts_test_expect_close(who, "dk, dv", "prefix", dkv, dkv_want, N * C2, 1e-5, 0.1);
+    float *kvcols = columns(pdqkv, N, C3, C, C2), *kvcols0 = columns(pdqkv0, N, C3, C, C2);
+    CHECKF(ts_test_same_bits(kvcols, kvcols0, N * C2),
+           "%s: the backward wrote dqkv's k/v columns", who);
+    /* dkv accumulates: a second call adds as much again */
+    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV, HS);
+    for (size_t i = 0; i < N * C2; i++) dkv_want[i] *= 2.0f;
+    ts_test_expect_close(who, "dk, dv (+= twice)", "prefix", dkv, dkv_want, N * C2, 1e-5, 0.1);
+    free(qkv), free(kv), free(out), free(att), free(pout), free(patt), free(dout);
+    free(scratch), free(dqkv), free(pdqkv), free(pdqkv0), free(dkv), free(dq);
+    free(pdq), free(dkv_want), free(kvcols), free(kvcols0);
+}
+
+/* Context parallelism's split: full causal attention over T = 2*cp*c tokens, then each
+ * chunk g (queries [g*c, (g+1)*c)) against the key/value prefix [0, (g+1)*c): its out
+ * rows are the full output's, its dq rows (given its rows of the full dout) the full
+ * dq's, and the chunks' dkv, added into one gathered buffer, the full dk and dv. Every
+ * masked probability is exactly 0. T and c are not multiples of 16 or 32. */
+static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, int HS)
+{
+    const int T = 2 * cp * c, C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    char who[80];
+    snprintf(who, sizeof who, "prefix cp=%d c=%d NH=%d NKV=%d", cp, c, NH, NKV);
+    float *qkv = ts_test_rand_floats(N * C3, 1.5f), *dout = ts_test_rand_floats(N * C, 1.0f);
+    float *out = ts_alloc_floats(N * C), *att = ts_alloc_floats(natt);
+    float *dqkv = ts_alloc_floats(N * C3), *scratch = ts_alloc_floats(natt);
+    K->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+
+    /* The chunks' outputs and dq rows, gathered back into [B, T] order; dkv summed. */
+    float *got_out = ts_test_nan_floats(N * C), *got_dqkv = ts_test_nan_floats(N * C3);
+    float *dkv_total = ts_alloc_floats(N * C2); /* zeros: the gathered gradient buffer */
+    int mask_ok = 1;
+    double sum_err = 0.0;
+    for (int g = 0; g < 2 * cp; g++) {
+        const int Tq = c, Tk = (g + 1) * c;
+        const size_t natt_g = (size_t)B * NH * Tq * Tk;
+        CHECK(K->attention_prefix_saved_bytes(B, Tq, Tk, NH, HS) >= natt_g * sizeof(float));
+        CHECK(K->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) >= natt_g * sizeof(float));
+        float *q = batch_rows(qkv, B, T, C3, g * c, c), *kv = kv_prefix(qkv, B, T, NH, NKV, HS, Tk);
+        float *o = ts_test_nan_floats((size_t)B * c * C);
+        float *a = ts_test_rand_floats(natt_g, 1.0f); /* garbage: the zeros must be written */
+        K->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, NH, NKV, HS);
+        double e;
+        mask_ok &= prefix_mask_is_zero(a, B, NH, Tq, Tk, &e);
+        sum_err = fmax(sum_err, e);
+        put_batch_rows(got_out, o, B, T, C, g * c, c);
+
+        /* The backward adds into the gathered buffer's prefix rows (copied out and back
+         * here: a [B, Tk] prefix of a [B, T] buffer is contiguous only for B = 1). */
+        float *dq = ts_test_nan_floats((size_t)B * c * C3), *s = ts_test_nan_floats(natt_g);
+        float *d = batch_rows(dout, B, T, C, g * c, c);
+        float *dkv = batch_rows(dkv_total, B, T, C2, 0, Tk);
+        K->attention_prefix_backward(dq, dkv, s, d, q, kv, a, B, Tq, Tk, NH, NKV, HS);
+        put_batch_rows(dkv_total, dkv, B, T, C2, 0, Tk);
+        put_batch_rows(got_dqkv, dq, B, T, C3, g * c, c);
+        free(q), free(kv), free(o), free(a), free(dq), free(s), free(d), free(dkv);
+    }
+    CHECKF(mask_ok, "%s: masked probabilities are not exactly 0", who);
+    CHECKF(sum_err < 1e-5, "%s: probability rows sum to 1: err %g", who, sum_err);
+    /* relative 1e-5 of max(|want|, 0.1 max|want|): fp32 sums in other orders */
+    ts_test_expect_close(who, "out", "chunks", got_out, out, N * C, 1e-5, 0.1);
+    float *dq_want = columns(dqkv, N, C3, 0, C), *dq_got = columns(got_dqkv, N, C3, 0, C);
+    float *dkv_want = columns(dqkv, N, C3, C, C2);
+    ts_test_expect_close(who, "dq", "chunks", dq_got, dq_want, N * C, 1e-5, 0.1);
+    ts_test_expect_close(who, "dk, dv (summed)", "chunks", dkv_total, dkv_want, N * C2, 1e-5,
+                         0.1);
+    free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch), free(got_out);
+    free(got_dqkv), free(dkv_total), free(dq_want), free(dq_got), free(dkv_want);
+}
+
+/* One chunk (Tq < Tk, off not a multiple of the block) through a table: out, att, the
+ * dq part of dqkv and dkv (+=), as host copies. */
+typedef struct {
+    float *out, *att, *dqkv, *dkv;
+} prefix_run;
+
+static prefix_run prefix_on(const ts_kernels *k, const float *q, const float *kv,
+                            const float *dout, const float *dkv0, int B, int Tq, int Tk,
+                            int NH, int NKV, int HS)
+{
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    float *dq = ts_test_to_dev(k, q, nq * C3), *dkvv = ts_test_to_dev(k, kv, nkv);
+    float *dd = ts_test_to_dev(k, dout, nq * C), *dacc = ts_test_to_dev(k, dkv0, nkv);
+    float *o = ts_test_dev_nan(k, nq * C), *a = ts_test_dev_nan(k, natt);
+    float *g = ts_test_dev_nan(k, nq * C3);
+    float *s = ts_test_dev_nan(k, k->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) / 4);
+    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, NH, NKV, HS);
+    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk, NH, NKV, HS);
+    prefix_run r = {ts_test_from_dev(k, o, nq * C), ts_test_from_dev(k, a, natt),
+                    ts_test_from_dev(k, g, nq * C3), ts_test_from_dev(k, dacc, nkv)};
+    k->dev_free(dq), k->dev_free(dkvv), k->dev_free(dd), k->dev_free(dacc), k->dev_free(o);
+    k->dev_free(a), k->dev_free(g), k->dev_free(s);
+    return r;
+}
+
+/* The same bits on the strict table (its wrappers open device memory around the CPU
+ * kernels) and at 1 and 2 threads (one (batch, head) pair per OpenMP iteration). */
+static void test_attention_prefix_strict_and_threads(void)
+{
+    const int B = 2, Tq = 40, Tk = 120, NH = 4, NKV = 2, HS = 8;
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    float *q = ts_test_rand_floats(nq * C3, 1.5f), *kv = ts_test_rand_floats(nkv, 1.5f);
+    float *dout = ts_test_rand_floats(nq * C, 1.0f), *dkv0 = ts_test_rand_floats(nkv, 1.0f);
+    const int threads = ts_cpu_get_threads();
+    ts_cpu_set_threads(1);
+    prefix_run one = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    ts_cpu_set_threads(2);
+    prefix_run two = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    prefix_run strict =
+        prefix_on(&ts_kernels_cpu_strict, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    ts_cpu_set_threads(threads);
+    prefix_run *runs[] = {&two, &strict};
+    const char *names[] = {"2 threads", "cpu-strict"};
+    for (int r = 0; r < 2; r++) {
+        int same = ts_test_same_bits(runs[r]->out, one.out, nq * C) &&
+                   ts_test_same_bits(runs[r]->att, one.att, natt) &&
+                   ts_test_same_bits(runs[r]->dkv, one.dkv, nkv);
+        for (size_t n = 0; n < nq; n++)
+            same &= ts_test_same_bits(runs[r]->dqkv + n * C3, one.dqkv + n * C3, (size_t)C);
+        printf("  attention prefix Tq=%d Tk=%d on %-10s: %s as 1 thread\n", Tq, Tk, names[r],
+               same ? "the same bits" : "DIFFERENT bits");
+        CHECKF(same, "attention prefix on %s differs from 1 thread on cpu", names[r]);
+    }
+    prefix_run *all[] = {&one, &two, &strict};
+    for (int r = 0; r < 3; r++)
+        free(all[r]->out), free(all[r]->att), free(all[r]->dqkv), free(all[r]->dkv);
+    free(q), free(kv), free(dout), free(dkv0);
+}
+
 /* ---- gelu, residual, sum_squares ---------------------------------------------- */
 
 typedef struct {
@@ -1120,6 +1346,15 @@ static void test_table_and_memory(void)
     CHECK(ts_kernels_missing(&ts_kernels_cpu_bf16) == NULL);
     CHECK(ts_kernels_missing(&ts_kernels_cpu_strict) == NULL);
     CHECK(ts_kernels_missing(&ts_kernels_cpu_strict_bf16) == NULL);
+    /* and the context-parallel attention, which ts_kernels_missing does not require */
+    const ts_kernels *cpu_tables[] = {&ts_kernels_cpu, &ts_kernels_cpu_bf16,
+                                      &ts_kernels_cpu_strict, &ts_kernels_cpu_strict_bf16};
+    for (int i = 0; i < 4; i++) {
+        const ts_kernels *t = cpu_tables[i];
+        CHECKF(t->attention_prefix_forward && t->attention_prefix_backward &&
+                   t->attention_prefix_saved_bytes && t->attention_prefix_scratch_bytes,
+               "%s lacks the prefix attention", t->name);
+    }
     ts_kernels broken = *k;
     broken.memcpy_d2h = NULL;
     CHECK(ts_kernels_missing(&broken) && strcmp(ts_kernels_missing(&broken), "memcpy_d2h") == 0);
@@ -1173,6 +1408,11 @@ int main(void)
         test_attention(1, 40, 4, 2, 8, "T=40 GQA (2 blocks)");
         test_attention_gqa_is_repeated_mha(2, 70, 4, 2, 8);
         test_attention_gqa_is_repeated_mha(1, 45, 6, 1, 16);
+        for (int nkv = 4; nkv >= 1; nkv /= 2) { /* multi-head, grouped, multi-query */
+            test_attention_prefix_square(2, 70, 4, nkv, 8);
+            test_attention_prefix_chunks(2, 24, 2, 4, nkv, 8);  /* T = 96 */
+            test_attention_prefix_chunks(4, 40, 2, 4, nkv, 16); /* T = 320 */
+        }
         test_encoder_no_wpe();
         test_rmsnorm(10, 8, 1e-5f);
         test_rmsnorm(100, 24, 1e-6f); /* several row blocks: the dweight reduction */
@@ -1192,5 +1432,6 @@ int main(void)
     }
     test_determinism();
     test_llama_determinism();
+    test_attention_prefix_strict_and_threads();
     return ts_test_report();
 }

@@ -19,6 +19,10 @@
  * Shapes: odd (C, OC, N, V not multiples of 16; T not a multiple of attention's
  * 64-row block) and GPT-2-like (C 768, 12 heads of 64, V 50257).
  *
+ * Context parallelism's prefix attention: against the bf16 attention at Tq == Tk and,
+ * chunk by chunk, against the full sequence's (the attention tolerances above), on
+ * cpu-strict-bf16 and at one thread with the same bits.
+ *
  * On CPUs without AVX512_BF16 / AMX-BF16 the kernels on oneDNN (matmul, attention) are
  * not run; the rest (plain C, bf16.h's scalar conversion) still are, and a run with
  * no failures then reports skipped (77): the file's whole set did not run. */
@@ -495,6 +499,224 @@ static void test_attention(const shape *s, int NKV)
     free(att1), free(dqkv1);
 }
 
+/* ---- context parallelism's prefix attention ----------------------------------- */
+
+/* Rows [t0, t0 + n) of each batch of x [B, T, width], as [B, n, width]. */
+static ts_bf16 *batch_rows(const ts_bf16 *x, int B, int T, int width, int t0, int n)
+{
+    ts_bf16 *y = ts_malloc((size_t)B * n * width * sizeof *y);
+    for (int b = 0; b < B; b++)
+        memcpy(y + (size_t)b * n * width, x + ((size_t)b * T + t0) * width,
+               (size_t)n * width * sizeof *y);
+    return y;
+}
+
+/* y's rows back into rows [t0, t0 + n) of each batch of x [B, T, width]. */
+static void put_batch_rows(ts_bf16 *x, const ts_bf16 *y, int B, int T, int width, int t0, int n)
+{
+    for (int b = 0; b < B; b++)
+        memcpy(x + ((size_t)b * T + t0) * width, y + (size_t)b * n * width,
+               (size_t)n * width * sizeof *y);
+}
+
+/* Columns [c0, c0 + w) of rows [0, Tk) of each batch of x [B, T, width], as
+ * [B, Tk, w]: qkv's k and v columns make kv, dqkv's q or k/v columns the gradients. */
+static ts_bf16 *batch_columns(const ts_bf16 *x, int B, int T, int width, int Tk, int c0, int w)
+{
+    ts_bf16 *y = ts_malloc((size_t)B * Tk * w * sizeof *y);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tk; t++)
+            memcpy(y + ((size_t)b * Tk + t) * w, x + ((size_t)b * T + t) * width + c0,
+                   (size_t)w * sizeof *y);
+    return y;
+}
+
+/* Whether every masked probability of att [B, NH, Tq, Tk] is exactly +0 (query t sees
+ * keys 0..t + Tk - Tq). */
+static bool prefix_mask_is_zero(const ts_bf16 *att, int B, int NH, int Tq, int Tk)
+{
+    for (size_t r = 0; r < (size_t)B * NH * Tq; r++)
+        for (int j = (int)(r % Tq) + Tk - Tq + 1; j < Tk; j++)
+            if (att[r * Tk + j] != 0) return false;
+    return true;
+}
+
+/* Tq == Tk: the bf16 prefix kernels are the bf16 attention_forward/backward on the
+ * same q, k, v (judged with test_attention's tolerances; one code path, so in fact the
+ * same bits). */
+static void test_attention_prefix_square(const shape *s, int NKV)
+{
+    const int B = s->B, T = s->T, NH = s->NH, HS = s->HS, C = NH * HS, C2 = 2 * NKV * HS;
+    const int C3 = C + C2;
+    const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    printf("  attention prefix Tq = Tk, NKV = %d\n", NKV);
+    CHECK(K16->attention_prefix_saved_bytes(B, T, T, NH, HS) == natt * 2);
+    CHECK(K16->attention_prefix_scratch_bytes(B, T, T, NH, HS) >= natt * 2);
+    float *qkv32, *dout32;
+    ts_bf16 *qkv = rand_bf16(N * C3, 2.0f, &qkv32), *dout = rand_bf16(N * C, 1.0f, &dout32);
+    ts_bf16 *kv = batch_columns(qkv, B, T, C3, T, C, C2);
+    ts_bf16 *out = nan_bf16(N * C), *att = nan_bf16(natt), *pout = nan_bf16(N * C);
+    ts_bf16 *patt = nan_bf16(natt);
+    K16->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
+    K16->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, NH, NKV, HS);
+    float *out_w = widen(out, N * C), *att_w = widen(att, natt);
+    check_bf16("prefix Tq=Tk out", pout, out_w, N * C, ROUND_REL, 1.0 / 256);
+    check_bf16("prefix Tq=Tk att", patt, att_w, natt, ROUND_REL, ELEM_FLOOR);
+
+    ts_bf16 *scratch = nan_bf16(K16->attention_prefix_scratch_bytes(B, T, T, NH, HS) / 2);
+    ts_bf16 *dqkv = nan_bf16(N * C3), *pdqkv = nan_bf16(N * C3);
+    ts_bf16 *dkv = ts_malloc(N * C2 * sizeof *dkv);
+    for (size_t i = 0; i < N * C2; i++) dkv[i] = 0; /* +0: what dkv adds onto */
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+    K16->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV,
+                                   HS);
+    ts_bf16 *dq = batch_columns(dqkv, B, T, C3, T, 0, C);
+    ts_bf16 *pdq = batch_columns(pdqkv, B, T, C3, T, 0, C);
+    ts_bf16 *dkv_want = batch_columns(dqkv, B, T, C3, T, C, C2);
+    float *dq_w = widen(dq, N * C), *dkv_w = widen(dkv_want, N * C2);
+    check_bf16("prefix Tq=Tk dq", pdq, dq_w, N * C, ROUND_REL, 1.0 / 128);
+    check_bf16("prefix Tq=Tk dk, dv", dkv, dkv_w, N * C2, ROUND_REL, 1.0 / 128);
+    /* dqkv's k and v columns are untouched (still NaN) */
+    bool untouched = true;
+    for (size_t n = 0; n < N; n++)
+        for (int c = C; c < C3; c++) untouched &= pdqkv[n * C3 + c] == TS_BF16_QNAN;
+    CHECKF(untouched, "bf16 prefix backward wrote dqkv's k/v columns");
+    free(qkv), free(qkv32), free(dout), free(dout32), free(kv), free(out), free(att);
+    free(pout), free(patt), free(out_w), free(att_w), free(scratch), free(dqkv), free(pdqkv);
+    free(dkv), free(dq), free(pdq), free(dkv_want), free(dq_w), free(dkv_w);
+}
+
+/* Context parallelism's split in bf16, as test_kernels.c's fp32 test: the bf16 full
+ * causal attention over T = 2*cp*c tokens against its chunks g (queries [g*c, (g+1)*c)
+ * against keys/values [0, (g+1)*c)): out and dq rows, and dk, dv summed over the chunks
+ * into one bf16 buffer (each call rounds its sum once), within the bf16 attention
+ * tolerances; masked probabilities exactly 0. */
+static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, int HS)
+{
+    const int T = 2 * cp * c, C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    printf("  attention prefix chunks cp = %d, c = %d, NKV = %d\n", cp, c, NKV);
+    float *qkv32, *dout32;
+    ts_bf16 *qkv = rand_bf16(N * C3, 2.0f, &qkv32), *dout = rand_bf16(N * C, 1.0f, &dout32);
+    ts_bf16 *out = nan_bf16(N * C), *att = nan_bf16(natt), *dqkv = nan_bf16(N * C3);
+    ts_bf16 *scratch = nan_bf16(K16->attention_scratch_bytes(B, T, NH, HS) / 2);
+    K16->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+
+    ts_bf16 *got_out = nan_bf16(N * C), *got_dqkv = nan_bf16(N * C3);
+    ts_bf16 *dkv_total = ts_malloc(N * C2 * sizeof *dkv_total);
+    for (size_t i = 0; i < N * C2; i++) dkv_total[i] = 0;
+    bool mask_ok = true;
+    for (int g = 0; g < 2 * cp; g++) {
+        const int Tq = c, Tk = (g + 1) * c;
+        const size_t natt_g = (size_t)B * NH * Tq * Tk;
+        CHECK(K16->attention_prefix_saved_bytes(B, Tq, Tk, NH, HS) == natt_g * 2);
+        ts_bf16 *q = batch_rows(qkv, B, T, C3, g * c, c);
+        ts_bf16 *kv = batch_columns(qkv, B, T, C3, Tk, C, C2);
+        ts_bf16 *o = nan_bf16((size_t)B * c * C), *a = nan_bf16(natt_g);
+        K16->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, NH, NKV, HS);
+        mask_ok &= prefix_mask_is_zero(a, B, NH, Tq, Tk);
+        put_batch_rows(got_out, o, B, T, C, g * c, c);
+        ts_bf16 *dq = nan_bf16((size_t)B * c * C3);
+        ts_bf16 *sc = nan_bf16(K16->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) / 2);
+        ts_bf16 *d = batch_rows(dout, B, T, C, g * c, c);
+        ts_bf16 *dkv = batch_rows(dkv_total, B, T, C2, 0, Tk);
+        K16->attention_prefix_backward(dq, dkv, sc, d, q, kv, a, B, Tq, Tk, NH, NKV, HS);
+        put_batch_rows(dkv_total, dkv, B, T, C2, 0, Tk);
+        put_batch_rows(got_dqkv, dq, B, T, C3, g * c, c);
+        free(q), free(kv), free(o), free(a), free(dq), free(sc), free(d), free(dkv);
+    }
+    CHECKF(mask_ok, "bf16 prefix: masked probabilities are not exactly 0");
+    float *out_w = widen(out, N * C);
+    ts_bf16 *dq_want = batch_columns(dqkv, B, T, C3, T, 0, C);
+    ts_bf16 *dq_got = batch_columns(got_dqkv, B, T, C3, T, 0, C);
+    ts_bf16 *dkv_want = batch_columns(dqkv, B, T, C3, T, C, C2);
+    float *dq_w = widen(dq_want, N * C), *dkv_w = widen(dkv_want, N * C2);
+    check_bf16("prefix chunks out", got_out, out_w, N * C, ROUND_REL, 1.0 / 256);
+    check_bf16("prefix chunks dq", dq_got, dq_w, N * C, ROUND_REL, 1.0 / 128);
+    check_bf16("prefix chunks dk, dv (summed)", dkv_total, dkv_w, N * C2, ROUND_REL, 1.0 / 128);
+    free(qkv), free(qkv32), free(dout), free(dout32), free(out), free(att), free(dqkv);
+    free(scratch), free(got_out), free(got_dqkv), free(dkv_total), free(out_w), free(dq_want);
+    free(dq_got), free(dkv_want), free(dq_w), free(dkv_w);
+}
+
+/* One chunk on a bf16 table through its own memory: out, att, dqkv and dkv (+=) back on
+ * the host, in one buffer each of bf16. */
+typedef struct {
+    ts_bf16 *out, *att, *dqkv, *dkv;
+} prefix_run;
+
+static void *to_table(const ts_kernels *k, const void *h, size_t bytes)
+{
+    void *d = k->dev_alloc(bytes);
+    k->memcpy_h2d(d, h, bytes);
+    return d;
+}
+
+static ts_bf16 *from_table(const ts_kernels *k, const void *d, size_t n)
+{
+    ts_bf16 *h = ts_malloc(n * sizeof *h);
+    k->memcpy_d2h(h, d, n * sizeof *h);
+    return h;
+}
+
+static prefix_run prefix_on(const ts_kernels *k, const ts_bf16 *q, const ts_bf16 *kv,
+                            const ts_bf16 *dout, const ts_bf16 *dkv0, int B, int Tq, int Tk,
+                            int NH, int NKV, int HS)
+{
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    ts_bf16 *nan = nan_bf16(natt > nq * C3 ? natt : nq * C3);
+    void *dq = to_table(k, q, nq * C3 * 2), *dkvv = to_table(k, kv, nkv * 2);
+    void *dd = to_table(k, dout, nq * C * 2), *dacc = to_table(k, dkv0, nkv * 2);
+    void *o = to_table(k, nan, nq * C * 2), *a = to_table(k, nan, natt * 2);
+    void *g = to_table(k, nan, nq * C3 * 2);
+    void *s = k->dev_alloc(k->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS));
+    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, NH, NKV, HS);
+    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk, NH, NKV, HS);
+    prefix_run r = {from_table(k, o, nq * C), from_table(k, a, natt), from_table(k, g, nq * C3),
+                    from_table(k, dacc, nkv)};
+    k->dev_free(dq), k->dev_free(dkvv), k->dev_free(dd), k->dev_free(dacc), k->dev_free(o);
+    k->dev_free(a), k->dev_free(g), k->dev_free(s);
+    free(nan);
+    return r;
+}
+
+/* The same bits on cpu-strict-bf16 (its wrappers around these kernels) and at one
+ * thread (one (batch, head) pair per OpenMP iteration); dkv starts nonzero (+=). */
+static void test_attention_prefix_strict_and_threads(void)
+{
+    const int B = 2, Tq = 40, Tk = 150, NH = 4, NKV = 2, HS = 16;
+    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    float *w1, *w2, *w3, *w4;
+    ts_bf16 *q = rand_bf16(nq * C3, 2.0f, &w1), *kv = rand_bf16(nkv, 2.0f, &w2);
+    ts_bf16 *dout = rand_bf16(nq * C, 1.0f, &w3), *dkv0 = rand_bf16(nkv, 1.0f, &w4);
+    prefix_run all = prefix_on(K16, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    prefix_run strict = prefix_on(&ts_kernels_cpu_strict_bf16, q, kv, dout, dkv0, B, Tq, Tk, NH,
+                                  NKV, HS);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    prefix_run one = prefix_on(K16, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    omp_set_num_threads(threads);
+    const prefix_run *runs[] = {&strict, &one};
+    const char *names[] = {"cpu-strict-bf16", "1 thread"};
+    for (int r = 0; r < 2; r++) {
+        bool same = !memcmp(runs[r]->out, all.out, nq * C * 2) &&
+                    !memcmp(runs[r]->att, all.att, natt * 2) &&
+                    !memcmp(runs[r]->dkv, all.dkv, nkv * 2);
+        for (size_t n = 0; n < nq; n++)
+            same &= !memcmp(runs[r]->dqkv + n * C3, all.dqkv + n * C3, (size_t)C * 2);
+        printf("  attention prefix Tq=%d Tk=%d on %s: %s as cpu-bf16 at %d threads\n", Tq, Tk,
+               names[r], same ? "the same bits" : "DIFFERENT bits", threads);
+        CHECKF(same, "bf16 attention prefix on %s differs", names[r]);
+    }
+    const prefix_run *mine[] = {&all, &strict, &one};
+    for (int r = 0; r < 3; r++)
+        free(mine[r]->out), free(mine[r]->att), free(mine[r]->dqkv), free(mine[r]->dkv);
+    free(q), free(kv), free(dout), free(dkv0), free(w1), free(w2), free(w3), free(w4);
+}
+
 static void test_crossentropy(const shape *s)
 {
     int N = s->B * s->T, V = s->V;
@@ -565,6 +787,15 @@ int main(void)
         test_matmul(s);
         test_attention(s, s->NH);
         test_attention(s, s->NH % 3 == 0 ? s->NH / 3 : 1); /* grouped-query */
+        test_attention_prefix_square(s, s->NH % 3 == 0 ? s->NH / 3 : 1);
+    }
+    if (gemms) {
+        printf("context parallelism's prefix attention: B 2, 4 heads of 16\n");
+        for (int nkv = 4; nkv >= 1; nkv /= 2) { /* multi-head, grouped, multi-query */
+            test_attention_prefix_chunks(2, 24, 2, 4, nkv, 16); /* T = 96 */
+            test_attention_prefix_chunks(4, 40, 2, 4, nkv, 16); /* T = 320 */
+        }
+        test_attention_prefix_strict_and_threads();
     }
     if (!gemms && ts_test_failed == 0) {
         ts_test_report();

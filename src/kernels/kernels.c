@@ -7,7 +7,9 @@
 #include "core/error.h"
 #include "kernels/attention_sizes.h"
 
-/* Every function slot of ts_kernels, by name. */
+/* Every function slot of ts_kernels that every backend fills, by name. Not listed: the
+ * context-parallel attention slots (attention_prefix_*), which the CUDA tables leave NULL
+ * until CUDA builds them; a caller checks those slots itself. */
 #define TS_KERNEL_SLOTS(X)                                                                   \
     X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero) X(convert) \
     X(sum_into) X(sum_squares_into) X(stream_create) X(stream_destroy) X(stream_sync)       \
@@ -114,6 +116,11 @@ static void make_layouts(void)
         k.native_comm = "nccl";
         k.attention_saved_bytes = cuda_layouts[i].saved;
         k.attention_scratch_bytes = cuda_layouts[i].scratch;
+        /* as the CUDA tables: no context-parallel attention (table.cu) */
+        k.attention_prefix_saved_bytes = NULL;
+        k.attention_prefix_scratch_bytes = NULL;
+        k.attention_prefix_forward = NULL;
+        k.attention_prefix_backward = NULL;
         k.dev_alloc = layout_only_alloc;
         layout_tables[i] = k;
     }

@@ -127,6 +127,11 @@ typedef struct ts_kernels {
      * 64-byte boundary (a bf16 table may keep fp32 pieces in them). */
     size_t (*attention_saved_bytes)(int B, int T, int NH, int HS);
     size_t (*attention_scratch_bytes)(int B, int T, int NH, int HS);
+    /* The same for attention_prefix_forward's Tq queries against Tk keys (the CPU
+     * tables: the probabilities [B,NH,Tq,Tk] in act_dtype; scratch dS as large). NULL
+     * with the prefix kernels (see attention_prefix_forward). */
+    size_t (*attention_prefix_saved_bytes)(int B, int Tq, int Tk, int NH, int HS);
+    size_t (*attention_prefix_scratch_bytes)(int B, int Tq, int Tk, int NH, int HS);
 
     /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C];
      * wpe NULL: no position embedding (llama: rotary embeddings instead). */
@@ -206,6 +211,35 @@ typedef struct ts_kernels {
      * over its query heads); scratch: attention_scratch_bytes. */
     void (*attention_backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
                                const void *att, int B, int T, int NH, int NKV, int HS);
+
+    /* Context parallelism's attention (Megatron/Llama 3 style: a cp rank's chunk of
+     * queries against the key/value prefix gathered from its group). Causal attention
+     * of Tq queries that are the LAST Tq positions of Tk >= Tq keys (the bottom-right
+     * aligned mask of inference with a KV cache): query t, 0 <= t < Tq, sits at key
+     * position t + (Tk - Tq) and attends keys 0..t + (Tk - Tq). Tq == Tk is
+     * attention_forward. q is read from qkv [B,Tq,(NH+2*NKV)*HS] (the NH q heads,
+     * columns 0..NH*HS of each row, as attention_forward reads them; its k and v columns
+     * are not read); keys and values from kv [B,Tk,2*NKV*HS] (each row: the NKV k
+     * heads, then the NKV v heads). Grouped-query as attention_forward; scale
+     * 1/sqrt(HS). out [B,Tq,NH*HS]. att receives the saved state
+     * (attention_prefix_saved_bytes; the CPU tables: the probabilities [B,NH,Tq,Tk],
+     * exactly 0 where masked). NULL where the backend has no context parallelism yet
+     * (CUDA): ts_kernels_missing does not require these four slots, so callers check
+     * the slot before they split a sequence. Every buffer is dense over its batch (a
+     * batch's rows follow the previous batch's): with B > 1, a chunk of the rows of a
+     * [B,T,...] buffer is no [B,Tq,...] buffer, so a caller packs it or calls once per
+     * batch (B = 1, pointers advanced by a batch's rows). */
+    void (*attention_prefix_forward)(void *out, void *att, const void *qkv, const void *kv,
+                                     int B, int Tq, int Tk, int NH, int NKV, int HS);
+    /* Its backward: dqkv's q columns (0..NH*HS of each row) = dQ, overwritten; dqkv's k
+     * and v columns are untouched. dkv [B,Tk,2*NKV*HS] += dK, dV (ACCUMULATES: the
+     * backwards of a rank's two chunks add into one gathered buffer, which the caller
+     * then reduce-scatters; a bf16 table sums each call's share in fp32 onto the
+     * buffer's values and rounds once per call). scratch:
+     * attention_prefix_scratch_bytes. */
+    void (*attention_prefix_backward)(void *dqkv, void *dkv, void *scratch, const void *dout,
+                                      const void *qkv, const void *kv, const void *att, int B,
+                                      int Tq, int Tk, int NH, int NKV, int HS);
 
     /* GELU, tanh approximation. */
     void (*gelu_forward)(void *out, const void *inp, size_t n);

@@ -1,103 +1,68 @@
 /* Causal attention on GEMMs with NKV key/value heads (grouped-query attention: query
- * head h reads key/value head h / (NH/NKV); NKV == NH is multi-head). The forward runs
- * one (batch, query head) pair per OpenMP iteration, the backward one (batch, key/value
+ * head h reads key/value head h / (NH/NKV); NKV == NH is multi-head), in two forms over
+ * one implementation: attention_forward's Tq = Tk = T on one qkv buffer, and
+ * attention_prefix_forward's Tq queries (from qkv) against Tk >= Tq keys and values
+ * (from a separate kv buffer, context parallelism's gathered sequence), the queries the
+ * LAST Tq positions (bottom-right aligned mask, attention_rows.h). The forward runs one
+ * (batch, query head) pair per OpenMP iteration, the backward one (batch, key/value
  * head) pair, whose query heads it walks in order so their dK and dV sums have one
  * owner (no races, a fixed order). OpenBLAS (OpenMP build) runs single-threaded inside
  * a parallel region, so each pair is one thread's sequence of small sgemms; pairs are
  * independent, so results do not depend on the thread count.
  *
- * Causality: query rows are processed in blocks of TS_ATT_BLOCK; block [i0, i1) only
- * attends to keys [0, i1), so the GEMMs skip the blocks above the diagonal (at T = 256
- * they do 9/16 of the full work; 32 measured faster than 64 or 128 there). Inside a
- * diagonal block the entries above the diagonal are set to exactly 0, so they drop out
- * of every product that reads them. */
+ * Causality: query rows are processed in blocks of TS_ATT_BLOCK key positions
+ * (ts_att_block_end); a block attends to keys [0, i1 + off) only, so the GEMMs skip the
+ * blocks above the diagonal (at T = 256 they do 9/16 of the full work; 32 measured
+ * faster than 64 or 128 there). Inside a diagonal block the masked entries are set to
+ * exactly 0, so they drop out of every product that reads them. */
 #include <cblas.h>
 #include <math.h>
-#include <string.h>
+#include <stdbool.h>
 
 #include "core/error.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/cpu_internal.h"
 
 #define TS_ATT_BLOCK 32
+_Static_assert(TS_ATT_BLOCK % TS_ATT_SM_LANES == 0, "a padded row must stay inside its block");
 
-/* The softmax rows work in blocks of 16 lanes with no ragged tail: a row of i + 1 live
- * entries is padded to a multiple of 16 (with -inf going in, exp(-inf) = 0 coming out),
- * which fits inside the row's block of columns (blocks are multiples of 16 wide, or end
- * at T). Per-row loop tails otherwise cost about as much as the arithmetic at T = 256. */
-#define TS_SM_LANES 16
-_Static_assert(TS_ATT_BLOCK % TS_SM_LANES == 0, "a padded row must stay inside its block");
+/* Where the operands live: per batch Tq rows of q (and dq, dout, out) and Tk rows of k
+ * and v (and dk, dv); q head h at column h*HS of a q row (stride ldq), k head g at
+ * column g*HS of a k row (stride ldkv) and v head g NKV*HS further on. */
+typedef struct {
+    int B, Tq, Tk, NH, NKV, HS;
+    int ldq, ldkv;
+} att_dims;
 
-/* Row i of the causal softmax, in place: s[0..i] -> probabilities, s[i+1..T) -> 0. */
-static void causal_softmax_row(float *s, int i, int T)
+static void check_dims(const att_dims *d)
 {
-    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
-    if (padded > T) padded = n; /* the last rows of a T that is not a multiple of 16 */
-    for (int j = n; j < padded; j++) s[j] = -INFINITY;
-    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
-    float mx = ts_cpu_max(s, padded), lane[TS_SM_LANES] = {0};
-    for (int j = 0; j < blocked; j += TS_SM_LANES)
-        for (int l = 0; l < TS_SM_LANES; l++) {
-            float e = ts_cpu_expf(s[j + l] - mx);
-            s[j + l] = e;
-            lane[l] += e;
-        }
-    float sum = 0.0f;
-    for (int l = 0; l < TS_SM_LANES; l++) sum += lane[l];
-    for (int j = blocked; j < padded; j++) {
-        float e = ts_cpu_expf(s[j] - mx);
-        s[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int j = 0; j < padded; j++) s[j] *= inv;
-    memset(s + padded, 0, (size_t)(T - padded) * sizeof(float));
+    TS_ASSERT(d->NKV > 0 && d->NH % d->NKV == 0);
+    TS_ASSERT(d->Tq > 0 && d->Tq <= d->Tk);
 }
 
-/* Row i of the softmax backward, in place: dr[j] = p[j] (dr[j] - sum_j p[j] dr[j]) for
- * j <= i, 0 for i < j < end (the end of the row's block of columns). p is 0 above the
- * diagonal and dr holds finite products up to end, so the padded lanes add exact zeros. */
-static void causal_softmax_backward_row(float *dr, const float *p, int i, int end)
+static void forward(float *out, float *att, const float *q0, const float *k0, att_dims d)
 {
-    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
-    if (padded > end) padded = n;
-    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
-    float lane[TS_SM_LANES] = {0};
-    for (int j = 0; j < blocked; j += TS_SM_LANES)
-        for (int l = 0; l < TS_SM_LANES; l++) lane[l] += p[j + l] * dr[j + l];
-    float dot = 0.0f;
-    for (int l = 0; l < TS_SM_LANES; l++) dot += lane[l];
-    for (int j = blocked; j < padded; j++) dot += p[j] * dr[j];
-    for (int j = 0; j < padded; j++) dr[j] = p[j] * (dr[j] - dot);
-    memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
-}
-
-void ts_cpu_attention_forward(void *out_, void *att_, const void *qkv_, int B, int T, int NH,
-                              int NKV, int HS)
-{
-    TS_ASSERT(NKV > 0 && NH % NKV == 0);
-    float *out = out_;
-    float *att = att_;
-    const float *qkv = qkv_;
-    /* C3: a row of qkv, [NH q heads | NKV k heads | NKV v heads] */
-    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
+    check_dims(&d);
+    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *row = qkv + (size_t)b * T * C3;
-        const float *q = row + (size_t)h * HS;
-        const float *k = row + C + (size_t)(h / group) * HS, *v = k + CKV;
-        float *a = att + (size_t)bh * T * T;
-        float *o = out + (size_t)b * T * C + (size_t)h * HS;
-        for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
-            int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
-            /* S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, scale,
-                        q + (size_t)i0 * C3, C3, k, C3, 0.0f, a + (size_t)i0 * T, T);
-            for (int i = i0; i < i1; i++) causal_softmax_row(a + (size_t)i * T, i, T);
-            /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, 1.0f,
-                        a + (size_t)i0 * T, T, v, C3, 0.0f, o + (size_t)i0 * C, C);
+    for (int bh = 0; bh < d.B * d.NH; bh++) {
+        int b = bh / d.NH, h = bh % d.NH;
+        const float *q = q0 + (size_t)b * Tq * ldq + (size_t)h * HS;
+        const float *k = k0 + (size_t)b * Tk * ldkv + (size_t)(h / group) * HS, *v = k + CKV;
+        float *a = att + (size_t)bh * Tq * Tk;
+        float *o = out + (size_t)b * Tq * C + (size_t)h * HS;
+        for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
+            i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
+            const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
+            /* S[i0:i1, 0:e] = scale * Q[i0:i1] K[0:e]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HS, scale,
+                        q + (size_t)i0 * ldq, ldq, k, ldkv, 0.0f, a + (size_t)i0 * Tk, Tk);
+            for (int i = i0; i < i1; i++) ts_att_softmax_row(a + (size_t)i * Tk, i, off, Tk);
+            /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, e, 1.0f,
+                        a + (size_t)i0 * Tk, Tk, v, ldkv, 0.0f, o + (size_t)i0 * C, C);
         }
     }
 }
@@ -105,59 +70,95 @@ void ts_cpu_attention_forward(void *out_, void *att_, const void *qkv_, int B, i
 /* With P the probabilities, dO the output gradient of one query head:
  *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
  *   dQ = scale dS K,  dK = scale dS^T Q,
- * and a key/value head's dK, dV the sums over its group's query heads: the first
- * query head's GEMMs overwrite them (beta 0), the others add (beta 1), in head order.
- * dS lives in the query head's T*T slice of the scratch. */
-void ts_cpu_attention_backward(void *dqkv_, void *scratch_, const void *dout_, const void *qkv_,
-                               const void *att_, int B, int T, int NH, int NKV, int HS)
+ * and a key/value head's dK, dV the sums over its group's query heads, in head order:
+ * the first query head's GEMMs overwrite them (beta 0) unless `accumulate` (then every
+ * head adds into what the buffer holds), the others add (beta 1). dS lives in the query
+ * head's Tq*Tk slice of the scratch. */
+static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
+                     const float *dout, const float *q0, const float *k0, const float *att,
+                     att_dims d)
 {
-    TS_ASSERT(NKV > 0 && NH % NKV == 0);
-    float *dqkv = dqkv_;
-    float *scratch = scratch_;
-    const float *dout = dout_;
-    const float *qkv = qkv_;
-    const float *att = att_;
-    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
+    check_dims(&d);
+    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel for schedule(static)
-    for (int bg = 0; bg < B * NKV; bg++) {
-        int b = bg / NKV, g = bg % NKV;
-        size_t row = (size_t)b * T * C3, kvoff = row + C + (size_t)g * HS;
-        const float *k = qkv + kvoff, *v = k + CKV;
-        float *dk = dqkv + kvoff, *dv = dk + CKV;
+    for (int bg = 0; bg < d.B * d.NKV; bg++) {
+        int b = bg / d.NKV, g = bg % d.NKV;
+        size_t qrow = (size_t)b * Tq * ldq, kvoff = (size_t)b * Tk * ldkv + (size_t)g * HS;
+        const float *k = k0 + kvoff, *v = k + CKV;
+        float *dk = dk0 + kvoff, *dv = dk + CKV;
         for (int h = g * group; h < (g + 1) * group; h++) {
-            const int bh = b * NH + h;
-            const float beta = h == g * group ? 0.0f : 1.0f; /* the group's first overwrites */
-            const float *q = qkv + row + (size_t)h * HS;
-            float *dq = dqkv + row + (size_t)h * HS;
-            const float *p = att + (size_t)bh * T * T;
-            const float *dO = dout + (size_t)b * T * C + (size_t)h * HS;
-            float *ds = scratch + (size_t)bh * T * T;
-            for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
-                int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
-                /* dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, HS, 1.0f,
-                            dO + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
+            const int bh = b * d.NH + h;
+            const float beta = accumulate || h != g * group ? 1.0f : 0.0f;
+            const float *q = q0 + qrow + (size_t)h * HS;
+            float *dq = dq0 + qrow + (size_t)h * HS;
+            const float *p = att + (size_t)bh * Tq * Tk;
+            const float *dO = dout + (size_t)b * Tq * C + (size_t)h * HS;
+            float *ds = scratch + (size_t)bh * Tq * Tk;
+            for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
+                i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
+                const int m = i1 - i0, e = i1 + off;
+                /* dP[i0:i1, 0:e] = dO[i0:i1] V[0:e]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HS, 1.0f,
+                            dO + (size_t)i0 * C, C, v, ldkv, 0.0f, ds + (size_t)i0 * Tk, Tk);
                 /* Softmax backward, row by row; zero the rest of the block's columns. */
                 for (int i = i0; i < i1; i++)
-                    causal_softmax_backward_row(ds + (size_t)i * T, p + (size_t)i * T, i, i1);
-                /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, i1, scale,
-                            ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
+                    ts_att_softmax_backward_row(ds + (size_t)i * Tk, p + (size_t)i * Tk, i, off,
+                                                e);
+                /* dQ[i0:i1] = scale dS[i0:i1, 0:e] K[0:e] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, e, scale,
+                            ds + (size_t)i0 * Tk, Tk, k, ldkv, 0.0f, dq + (size_t)i0 * ldq, ldq);
             }
-            /* Key/value rows [j0, j1) receive from query rows i >= j0 only. */
-            for (int j0 = 0; j0 < T; j0 += TS_ATT_BLOCK) {
-                int j1 = j0 + TS_ATT_BLOCK < T ? j0 + TS_ATT_BLOCK : T, m = j1 - j0;
-                size_t corner = (size_t)j0 * T + j0;
-                /* dK[j0:j1] (+)= scale dS[j0:T, j0:j1]^T Q[j0:T] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, scale,
-                            ds + corner, T, q + (size_t)j0 * C3, C3, beta, dk + (size_t)j0 * C3,
-                            C3);
-                /* dV[j0:j1] (+)= P[j0:T, j0:j1]^T dO[j0:T] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, T - j0, 1.0f,
-                            p + corner, T, dO + (size_t)j0 * C, C, beta, dv + (size_t)j0 * C3,
-                            C3);
+            /* Key/value rows [j0, j1) receive from query rows i >= r0 = j0 - off only
+             * (positions i + off >= j0), whose dS rows are written over [j0, j1). */
+            for (int j0 = 0; j0 < Tk; j0 += TS_ATT_BLOCK) {
+                int j1 = j0 + TS_ATT_BLOCK < Tk ? j0 + TS_ATT_BLOCK : Tk, m = j1 - j0;
+                int r0 = j0 > off ? j0 - off : 0;
+                size_t corner = (size_t)r0 * Tk + j0;
+                /* dK[j0:j1] (+)= scale dS[r0:Tq, j0:j1]^T Q[r0:Tq] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, Tq - r0, scale,
+                            ds + corner, Tk, q + (size_t)r0 * ldq, ldq, beta,
+                            dk + (size_t)j0 * ldkv, ldkv);
+                /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, Tq - r0, 1.0f,
+                            p + corner, Tk, dO + (size_t)r0 * C, C, beta, dv + (size_t)j0 * ldkv,
+                            ldkv);
             }
         }
     }
+}
+
+/* qkv [B,T,(NH+2*NKV)*HS]: q, k and v all in one row (C3 wide). */
+void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
+                              int NKV, int HS)
+{
+    const int C = NH * HS, C3 = C + 2 * NKV * HS;
+    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
+    forward(out, att, qkv, (const float *)qkv + C, d);
+}
+
+void ts_cpu_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                               const void *att, int B, int T, int NH, int NKV, int HS)
+{
+    const int C = NH * HS, C3 = C + 2 * NKV * HS;
+    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
+    backward(dqkv, (float *)dqkv + C, false, scratch, dout, qkv, (const float *)qkv + C, att,
+             d);
+}
+
+/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv [B,Tk,2*NKV*HS]. */
+void ts_cpu_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
+                                     int B, int Tq, int Tk, int NH, int NKV, int HS)
+{
+    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
+    forward(out, att, qkv, kv, d);
+}
+
+void ts_cpu_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
+                                      const void *qkv, const void *kv, const void *att, int B,
+                                      int Tq, int Tk, int NH, int NKV, int HS)
+{
+    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
+    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att, d);
 }

@@ -1,35 +1,39 @@
 /* Causal attention with NKV key/value heads on oneDNN bf16 GEMMs, as attention.c (its
- * semantics and structure: the reference): the forward one (batch, query head) pair
- * per OpenMP iteration, the backward one (batch, key/value head) pair walking its
- * group's query heads in order. Inside the parallel region oneDNN runs single-threaded
- * on the calling thread, so each pair is one thread's sequence of small GEMMs, and
- * results do not depend on the thread count.
+ * semantics and structure: the reference), in the same two forms over one
+ * implementation: attention_forward (Tq = Tk = T on one qkv buffer) and
+ * attention_prefix_forward (Tq queries from qkv, the last Tq positions of Tk keys and
+ * values from a separate kv buffer; bottom-right aligned mask, attention_rows.h). The
+ * forward runs one (batch, query head) pair per OpenMP iteration, the backward one
+ * (batch, key/value head) pair walking its group's query heads in order. Inside the
+ * parallel region oneDNN runs single-threaded on the calling thread, so each pair is one
+ * thread's sequence of small GEMMs, and results do not depend on the thread count.
  *
  * Precision: the scores S = scale Q K^T come out of the GEMM in fp32 into a per-thread
  * block of rows, the softmax runs in fp32 on them, and the probabilities are rounded
- * once to bf16 into `att` (the saved state, [B,NH,T,T]); O = P V reads those rounded
+ * once to bf16 into `att` (the saved state, [B,NH,Tq,Tk]); O = P V reads those rounded
  * probabilities, so the backward sees exactly what the forward used. In the backward
  * dP = dO V^T is fp32 too; dS = P (dP - rowsum(dP P)) is computed in fp32 and rounded
  * to bf16 into the scratch (the GEMMs that read it take bf16 operands). A key/value
- * head's dK and dV sum over its query heads in fp32 (per-thread [T, HS] buffers the
- * GEMMs accumulate into) and are rounded to bf16 once, after the group's last head.
+ * head's dK and dV sum over its query heads in fp32 (per-thread [Tk, HS] buffers the
+ * GEMMs accumulate into; for the prefix backward's +=, starting from the buffer's
+ * values widened) and are rounded to bf16 once per call, after the group's last head.
  *
- * Causality as attention.c: query rows in blocks of TS_ATT_BLOCK; block [i0, i1)
- * attends to keys [0, i1) only. 64 rows (not attention.c's 32) because a oneDNN call
- * costs more than an sgemm call: half the calls for the same work. */
+ * Causality as attention.c: query rows in blocks of TS_ATT_BLOCK key positions; a block
+ * attends to keys [0, i1 + off) only. 64 rows (not attention.c's 32) because a oneDNN
+ * call costs more than an sgemm call: half the calls for the same work. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/dnnl_matmul.h"
 
 #define TS_ATT_BLOCK 64
-#define TS_SM_LANES 16
-_Static_assert(TS_ATT_BLOCK % TS_SM_LANES == 0, "a padded row must stay inside its block");
+_Static_assert(TS_ATT_BLOCK % TS_ATT_SM_LANES == 0, "a padded row must stay inside its block");
 
 /* att: the probabilities in bf16. */
 size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, int NH, int HS)
@@ -45,48 +49,30 @@ size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, int NH, int HS)
     return (size_t)B * NH * T * T * sizeof(ts_bf16);
 }
 
-/* Row i of the causal softmax in fp32, in place: s[0..i] -> probabilities, s[i+1..T)
- * -> 0. attention.c's function: rows padded to 16 lanes with -inf (no ragged tails). */
-static void causal_softmax_row(float *s, int i, int T)
+/* The prefix form's, likewise: [B,NH,Tq,Tk] bf16 each. */
+size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
 {
-    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
-    if (padded > T) padded = n;
-    for (int j = n; j < padded; j++) s[j] = -INFINITY;
-    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
-    float mx = ts_cpu_max(s, padded), lane[TS_SM_LANES] = {0};
-    for (int j = 0; j < blocked; j += TS_SM_LANES)
-        for (int l = 0; l < TS_SM_LANES; l++) {
-            float e = ts_cpu_expf(s[j + l] - mx);
-            s[j + l] = e;
-            lane[l] += e;
-        }
-    float sum = 0.0f;
-    for (int l = 0; l < TS_SM_LANES; l++) sum += lane[l];
-    for (int j = blocked; j < padded; j++) {
-        float e = ts_cpu_expf(s[j] - mx);
-        s[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int j = 0; j < padded; j++) s[j] *= inv;
-    memset(s + padded, 0, (size_t)(T - padded) * sizeof(float));
+    (void)HS;
+    return (size_t)B * NH * Tq * Tk * sizeof(ts_bf16);
 }
 
-/* Row i of the softmax backward in fp32, in place: dr[j] = p[j] (dr[j] - sum p dr) for
- * j <= i, 0 for i < j < end (attention.c's function). */
-static void causal_softmax_backward_row(float *dr, const float *p, int i, int end)
+size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
 {
-    int n = i + 1, padded = (n + TS_SM_LANES - 1) / TS_SM_LANES * TS_SM_LANES;
-    if (padded > end) padded = n;
-    int blocked = padded / TS_SM_LANES * TS_SM_LANES;
-    float lane[TS_SM_LANES] = {0};
-    for (int j = 0; j < blocked; j += TS_SM_LANES)
-        for (int l = 0; l < TS_SM_LANES; l++) lane[l] += p[j + l] * dr[j + l];
-    float dot = 0.0f;
-    for (int l = 0; l < TS_SM_LANES; l++) dot += lane[l];
-    for (int j = blocked; j < padded; j++) dot += p[j] * dr[j];
-    for (int j = 0; j < padded; j++) dr[j] = p[j] * (dr[j] - dot);
-    memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
+    (void)HS;
+    return (size_t)B * NH * Tq * Tk * sizeof(ts_bf16);
+}
+
+/* Where the operands live, as attention.c's att_dims: per batch Tq rows of q (stride
+ * ldq) and Tk rows of k and v (stride ldkv, v NKV*HS after k). */
+typedef struct {
+    int B, Tq, Tk, NH, NKV, HS;
+    int ldq, ldkv;
+} att_dims;
+
+static void check_dims(const att_dims *d)
+{
+    TS_ASSERT(d->NKV > 0 && d->NH % d->NKV == 0);
+    TS_ASSERT(d->Tq > 0 && d->Tq <= d->Tk);
 }
 
 /* C[m, n] = alpha A B with A [m,k] rows at lda and B [k,n] given by its strides. */
@@ -102,37 +88,38 @@ static ts_dnnl_gemm gemm(int m, int n, int k, int64_t a_m, int64_t a_k, int64_t 
     return g;
 }
 
-void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                                   int NKV, int HS)
+static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16 *k0,
+                    att_dims d)
 {
-    TS_ASSERT(NKV > 0 && NH % NKV == 0);
-    /* C3: a row of qkv, [NH q heads | NKV k heads | NKV v heads] */
-    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
+    check_dims(&d);
+    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel
     {
-        float *s = ts_alloc_floats((size_t)TS_ATT_BLOCK * T); /* this thread's score rows */
+        float *s = ts_alloc_floats((size_t)TS_ATT_BLOCK * Tk); /* this thread's score rows */
 #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            const ts_bf16 *row = (const ts_bf16 *)qkv + (size_t)b * T * C3;
-            const ts_bf16 *q = row + (size_t)h * HS;
-            const ts_bf16 *k = row + C + (size_t)(h / group) * HS, *v = k + CKV;
-            ts_bf16 *a = (ts_bf16 *)att + (size_t)bh * T * T;
-            ts_bf16 *o = (ts_bf16 *)out + (size_t)b * T * C + (size_t)h * HS;
-            for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
-                int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
-                /* S[0:m, 0:i1] (fp32) = scale Q[i0:i1] K[0:i1]^T */
-                ts_dnnl_gemm gs = gemm(m, i1, HS, C3, 1, 1, C3, T, TS_DTYPE_F32, scale);
-                ts_dnnl_matmul(&gs, s, q + (size_t)i0 * C3, k, NULL);
+        for (int bh = 0; bh < d.B * d.NH; bh++) {
+            int b = bh / d.NH, h = bh % d.NH;
+            const ts_bf16 *q = q0 + (size_t)b * Tq * ldq + (size_t)h * HS;
+            const ts_bf16 *k = k0 + (size_t)b * Tk * ldkv + (size_t)(h / group) * HS;
+            const ts_bf16 *v = k + CKV;
+            ts_bf16 *a = att + (size_t)bh * Tq * Tk;
+            ts_bf16 *o = out + (size_t)b * Tq * C + (size_t)h * HS;
+            for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
+                i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
+                const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
+                /* S[0:m, 0:e] (fp32) = scale Q[i0:i1] K[0:e]^T */
+                ts_dnnl_gemm gs = gemm(m, e, HS, ldq, 1, 1, ldkv, Tk, TS_DTYPE_F32, scale);
+                ts_dnnl_matmul(&gs, s, q + (size_t)i0 * ldq, k, NULL);
                 for (int i = i0; i < i1; i++) {
-                    float *row = s + (size_t)(i - i0) * T;
-                    causal_softmax_row(row, i, T);
-                    ts_f32_to_bf16_array(a + (size_t)i * T, row, (size_t)T);
+                    float *row = s + (size_t)(i - i0) * Tk;
+                    ts_att_softmax_row(row, i, off, Tk);
+                    ts_f32_to_bf16_array(a + (size_t)i * Tk, row, (size_t)Tk);
                 }
-                /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
-                ts_dnnl_gemm go = gemm(m, HS, i1, T, 1, C3, 1, C, TS_DTYPE_BF16, 1.0f);
-                ts_dnnl_matmul(&go, o + (size_t)i0 * C, a + (size_t)i0 * T, v, NULL);
+                /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
+                ts_dnnl_gemm go = gemm(m, HS, e, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
+                ts_dnnl_matmul(&go, o + (size_t)i0 * C, a + (size_t)i0 * Tk, v, NULL);
             }
         }
         free(s);
@@ -142,72 +129,119 @@ void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B,
 /* With P the probabilities, dO the output gradient of one query head:
  *   dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dV = P^T dO,
  *   dQ = scale dS K,  dK = scale dS^T Q,
- * dK and dV summed over the key/value head's query heads (the first overwrites the fp32
- * sums, the others accumulate, in head order), then rounded once into dqkv.
- * dS (bf16) lives in the query head's T*T slice of the scratch; row i holds [0, i1) of
- * its block, which is all the dK GEMMs read (rows below a key block reach its columns). */
-void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                                    const void *att, int B, int T, int NH, int NKV, int HS)
+ * dK and dV summed over the key/value head's query heads in fp32 (the first overwrites
+ * the sums, the others accumulate, in head order; with `accumulate` the sums start from
+ * dk, dv's values instead), then rounded once into dk, dv. dS (bf16) lives in the query
+ * head's Tq*Tk slice of the scratch; row i holds [0, i1 + off) of its block, which is
+ * all the dK GEMMs read (ts_att_block_end: rows below a key block reach its columns). */
+static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scratch,
+                     const ts_bf16 *dout, const ts_bf16 *q0, const ts_bf16 *k0,
+                     const ts_bf16 *att, att_dims d)
 {
-    TS_ASSERT(NKV > 0 && NH % NKV == 0);
-    const int C = NH * HS, CKV = NKV * HS, C3 = C + 2 * CKV, group = NH / NKV;
+    check_dims(&d);
+    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
     const float scale = 1.0f / sqrtf((float)HS);
 #pragma omp parallel
     {
         /* this thread's fp32 dP rows, one widened row of P, and the fp32 dK, dV sums */
-        float *dp = ts_alloc_floats((size_t)(TS_ATT_BLOCK + 1) * T + 2 * (size_t)T * HS);
-        float *prow = dp + (size_t)TS_ATT_BLOCK * T, *dk32 = prow + T;
-        float *dv32 = dk32 + (size_t)T * HS;
+        float *dp = ts_alloc_floats((size_t)(TS_ATT_BLOCK + 1) * Tk + 2 * (size_t)Tk * HS);
+        float *prow = dp + (size_t)TS_ATT_BLOCK * Tk, *dk32 = prow + Tk;
+        float *dv32 = dk32 + (size_t)Tk * HS;
 #pragma omp for schedule(static)
-        for (int bg = 0; bg < B * NKV; bg++) {
-            int b = bg / NKV, g = bg % NKV;
-            size_t row = (size_t)b * T * C3, kvoff = row + C + (size_t)g * HS;
-            const ts_bf16 *k = (const ts_bf16 *)qkv + kvoff, *v = k + CKV;
-            ts_bf16 *dk = (ts_bf16 *)dqkv + kvoff, *dv = dk + CKV;
+        for (int bg = 0; bg < d.B * d.NKV; bg++) {
+            int b = bg / d.NKV, g = bg % d.NKV;
+            size_t qrow = (size_t)b * Tq * ldq, kvoff = (size_t)b * Tk * ldkv + (size_t)g * HS;
+            const ts_bf16 *k = k0 + kvoff, *v = k + CKV;
+            ts_bf16 *dk = dk0 + kvoff, *dv = dk + CKV;
+            if (accumulate) /* the sums start from what dk, dv hold */
+                for (int t = 0; t < Tk; t++) {
+                    ts_bf16_to_f32_array(dk32 + (size_t)t * HS, dk + (size_t)t * ldkv,
+                                         (size_t)HS);
+                    ts_bf16_to_f32_array(dv32 + (size_t)t * HS, dv + (size_t)t * ldkv,
+                                         (size_t)HS);
+                }
             for (int h = g * group; h < (g + 1) * group; h++) {
-                const int bh = b * NH + h;
-                const bool acc = h != g * group; /* the group's first overwrites */
-                const ts_bf16 *q = (const ts_bf16 *)qkv + row + (size_t)h * HS;
-                ts_bf16 *dq = (ts_bf16 *)dqkv + row + (size_t)h * HS;
-                const ts_bf16 *p = (const ts_bf16 *)att + (size_t)bh * T * T;
-                const ts_bf16 *dO = (const ts_bf16 *)dout + (size_t)b * T * C + (size_t)h * HS;
-                ts_bf16 *ds = (ts_bf16 *)scratch + (size_t)bh * T * T;
-                for (int i0 = 0; i0 < T; i0 += TS_ATT_BLOCK) {
-                    int i1 = i0 + TS_ATT_BLOCK < T ? i0 + TS_ATT_BLOCK : T, m = i1 - i0;
-                    /* dP[0:m, 0:i1] (fp32) = dO[i0:i1] V[0:i1]^T */
-                    ts_dnnl_gemm gp = gemm(m, i1, HS, C, 1, 1, C3, T, TS_DTYPE_F32, 1.0f);
+                const int bh = b * d.NH + h;
+                const bool acc = accumulate || h != g * group; /* else the first overwrites */
+                const ts_bf16 *q = q0 + qrow + (size_t)h * HS;
+                ts_bf16 *dq = dq0 + qrow + (size_t)h * HS;
+                const ts_bf16 *p = att + (size_t)bh * Tq * Tk;
+                const ts_bf16 *dO = dout + (size_t)b * Tq * C + (size_t)h * HS;
+                ts_bf16 *ds = scratch + (size_t)bh * Tq * Tk;
+                for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
+                    i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
+                    const int m = i1 - i0, e = i1 + off;
+                    /* dP[0:m, 0:e] (fp32) = dO[i0:i1] V[0:e]^T */
+                    ts_dnnl_gemm gp = gemm(m, e, HS, C, 1, 1, ldkv, Tk, TS_DTYPE_F32, 1.0f);
                     ts_dnnl_matmul(&gp, dp, dO + (size_t)i0 * C, v, NULL);
                     for (int i = i0; i < i1; i++) {
-                        float *dr = dp + (size_t)(i - i0) * T;
-                        ts_bf16_to_f32_array(prow, p + (size_t)i * T, (size_t)i1);
-                        causal_softmax_backward_row(dr, prow, i, i1);
-                        ts_f32_to_bf16_array(ds + (size_t)i * T, dr, (size_t)i1);
+                        float *dr = dp + (size_t)(i - i0) * Tk;
+                        ts_bf16_to_f32_array(prow, p + (size_t)i * Tk, (size_t)e);
+                        ts_att_softmax_backward_row(dr, prow, i, off, e);
+                        ts_f32_to_bf16_array(ds + (size_t)i * Tk, dr, (size_t)e);
                     }
-                    /* dQ[i0:i1] = scale dS[i0:i1, 0:i1] K[0:i1] */
-                    ts_dnnl_gemm gq = gemm(m, HS, i1, T, 1, C3, 1, C3, TS_DTYPE_BF16, scale);
-                    ts_dnnl_matmul(&gq, dq + (size_t)i0 * C3, ds + (size_t)i0 * T, k, NULL);
+                    /* dQ[i0:i1] = scale dS[i0:i1, 0:e] K[0:e] */
+                    ts_dnnl_gemm gq = gemm(m, HS, e, Tk, 1, ldkv, 1, ldq, TS_DTYPE_BF16, scale);
+                    ts_dnnl_matmul(&gq, dq + (size_t)i0 * ldq, ds + (size_t)i0 * Tk, k, NULL);
                 }
-                /* Key/value rows [j0, j1) receive from query rows i >= j0 only. */
-                for (int j0 = 0; j0 < T; j0 += TS_ATT_BLOCK) {
-                    int j1 = j0 + TS_ATT_BLOCK < T ? j0 + TS_ATT_BLOCK : T, m = j1 - j0;
-                    size_t corner = (size_t)j0 * T + j0;
-                    /* dK[j0:j1] (+)= scale dS[j0:T, j0:j1]^T Q[j0:T] (A transposed in place) */
-                    ts_dnnl_gemm gk = gemm(m, HS, T - j0, 1, T, C3, 1, HS, TS_DTYPE_F32, scale);
+                /* Key/value rows [j0, j1) receive from query rows i >= r0 = j0 - off only. */
+                for (int j0 = 0; j0 < Tk; j0 += TS_ATT_BLOCK) {
+                    int j1 = j0 + TS_ATT_BLOCK < Tk ? j0 + TS_ATT_BLOCK : Tk, m = j1 - j0;
+                    int r0 = j0 > off ? j0 - off : 0, rows = Tq - r0;
+                    size_t corner = (size_t)r0 * Tk + j0;
+                    /* dK[j0:j1] (+)= scale dS[r0:Tq, j0:j1]^T Q[r0:Tq] (A transposed in place) */
+                    ts_dnnl_gemm gk = gemm(m, HS, rows, 1, Tk, ldq, 1, HS, TS_DTYPE_F32, scale);
                     gk.accumulate = acc;
-                    ts_dnnl_matmul(&gk, dk32 + (size_t)j0 * HS, ds + corner, q + (size_t)j0 * C3,
+                    ts_dnnl_matmul(&gk, dk32 + (size_t)j0 * HS, ds + corner, q + (size_t)r0 * ldq,
                                    NULL);
-                    /* dV[j0:j1] (+)= P[j0:T, j0:j1]^T dO[j0:T] */
-                    ts_dnnl_gemm gv = gemm(m, HS, T - j0, 1, T, C, 1, HS, TS_DTYPE_F32, 1.0f);
+                    /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
+                    ts_dnnl_gemm gv = gemm(m, HS, rows, 1, Tk, C, 1, HS, TS_DTYPE_F32, 1.0f);
                     gv.accumulate = acc;
-                    ts_dnnl_matmul(&gv, dv32 + (size_t)j0 * HS, p + corner, dO + (size_t)j0 * C,
+                    ts_dnnl_matmul(&gv, dv32 + (size_t)j0 * HS, p + corner, dO + (size_t)r0 * C,
                                    NULL);
                 }
             }
-            for (int t = 0; t < T; t++) { /* one rounding of each sum */
-                ts_f32_to_bf16_array(dk + (size_t)t * C3, dk32 + (size_t)t * HS, (size_t)HS);
-                ts_f32_to_bf16_array(dv + (size_t)t * C3, dv32 + (size_t)t * HS, (size_t)HS);
+            for (int t = 0; t < Tk; t++) { /* one rounding of each sum */
+                ts_f32_to_bf16_array(dk + (size_t)t * ldkv, dk32 + (size_t)t * HS, (size_t)HS);
+                ts_f32_to_bf16_array(dv + (size_t)t * ldkv, dv32 + (size_t)t * HS, (size_t)HS);
             }
         }
         free(dp);
     }
+}
+
+/* qkv [B,T,(NH+2*NKV)*HS]: q, k and v all in one row (C3 wide). */
+void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
+                                   int NKV, int HS)
+{
+    const int C = NH * HS, C3 = C + 2 * NKV * HS;
+    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
+    forward(out, att, qkv, (const ts_bf16 *)qkv + C, d);
+}
+
+void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
+                                    const void *att, int B, int T, int NH, int NKV, int HS)
+{
+    const int C = NH * HS, C3 = C + 2 * NKV * HS;
+    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
+    backward(dqkv, (ts_bf16 *)dqkv + C, false, scratch, dout, qkv, (const ts_bf16 *)qkv + C,
+             att, d);
+}
+
+/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv [B,Tk,2*NKV*HS]. */
+void ts_cpu_bf16_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
+                                          int B, int Tq, int Tk, int NH, int NKV, int HS)
+{
+    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
+    forward(out, att, qkv, kv, d);
+}
+
+void ts_cpu_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                           const void *dout, const void *qkv, const void *kv,
+                                           const void *att, int B, int Tq, int Tk, int NH,
+                                           int NKV, int HS)
+{
+    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
+    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att, d);
 }

@@ -18,6 +18,8 @@ void ts_cpu_bf16_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype
                          size_t n);
 size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, int NH, int HS);
 size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, int NH, int HS);
+size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
 
 void ts_cpu_bf16_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                                  int B, int T, int C);
@@ -40,6 +42,12 @@ void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B,
                                    int NKV, int HS);
 void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
                                     const void *att, int B, int T, int NH, int NKV, int HS);
+void ts_cpu_bf16_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
+                                          int B, int Tq, int Tk, int NH, int NKV, int HS);
+void ts_cpu_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                           const void *dout, const void *qkv, const void *kv,
+                                           const void *att, int B, int Tq, int Tk, int NH,
+                                           int NKV, int HS);
 void ts_cpu_bf16_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight,
                                  int N, int C, float eps);
 void ts_cpu_bf16_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,

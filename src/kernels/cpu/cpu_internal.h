@@ -135,11 +135,18 @@ ts_event ts_cpu_event_record(ts_stream s);
 void ts_cpu_event_wait(ts_event e);
 size_t ts_cpu_attention_saved_bytes(int B, int T, int NH, int HS);
 size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS);
+size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
 
 void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
                               int NKV, int HS);
 void ts_cpu_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
                                const void *att, int B, int T, int NH, int NKV, int HS);
+void ts_cpu_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
+                                     int B, int Tq, int Tk, int NH, int NKV, int HS);
+void ts_cpu_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
+                                      const void *qkv, const void *kv, const void *att, int B,
+                                      int Tq, int Tk, int NH, int NKV, int HS);
 void ts_cpu_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight, int N,
                             int C, float eps);
 void ts_cpu_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,

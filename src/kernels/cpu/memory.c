@@ -66,3 +66,17 @@ size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS)
     (void)HS;
     return (size_t)B * NH * T * T * sizeof(float);
 }
+
+/* attention_prefix_forward keeps the probabilities [B,NH,Tq,Tk]; its backward's dS is
+ * as large (fp32). */
+size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * Tq * Tk * sizeof(float);
+}
+
+size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
+{
+    (void)HS;
+    return (size_t)B * NH * Tq * Tk * sizeof(float);
+}

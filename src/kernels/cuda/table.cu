@@ -42,6 +42,11 @@ static constexpr ts_kernels fp32_table = {
     .event_wait = ts_cuda_event_wait,
     .attention_saved_bytes = ts_cuda_attention_saved_bytes,
     .attention_scratch_bytes = ts_cuda_attention_scratch_bytes,
+    /* Context parallelism's prefix attention is not built for CUDA yet: these four
+     * slots stay NULL in every CUDA table (the bf16 and flash tables are built from this
+     * one), and the model refuses cp > 1 on cuda with a clear error. */
+    .attention_prefix_saved_bytes = nullptr,
+    .attention_prefix_scratch_bytes = nullptr,
     .encoder_forward = ts_cuda_encoder_forward,
     .encoder_backward = ts_cuda_encoder_backward,
     .layernorm_forward = ts_cuda_layernorm_forward,
@@ -57,6 +62,8 @@ static constexpr ts_kernels fp32_table = {
     .matmul_backward = ts_cuda_matmul_backward,
     .attention_forward = ts_cuda_attention_forward,
     .attention_backward = ts_cuda_attention_backward,
+    .attention_prefix_forward = nullptr, /* no CUDA context parallelism yet (above) */
+    .attention_prefix_backward = nullptr,
     .gelu_forward = ts_cuda_gelu_forward,
     .gelu_backward = ts_cuda_gelu_backward,
     .residual_forward = ts_cuda_residual_forward,

@@ -55,6 +55,15 @@
            (void *dqkv, void *scratch, const void *dout, const void *qkv, const void *att,   \
             int B, int T, int NH, int NKV, int HS),                                        \
            (dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS))                             \
+    STRICT(P, K, attention_prefix_forward,                                                 \
+           (void *out, void *att, const void *qkv, const void *kv, int B, int Tq, int Tk,     \
+            int NH, int NKV, int HS),                                                      \
+           (out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS))                                    \
+    STRICT(P, K, attention_prefix_backward,                                                \
+           (void *dqkv, void *dkv, void *scratch, const void *dout, const void *qkv,         \
+            const void *kv, const void *att, int B, int Tq, int Tk, int NH, int NKV,        \
+            int HS),                                                                       \
+           (dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS))               \
     STRICT(P, K, rmsnorm_forward,                                                          \
            (void *out, float *rstd, const void *inp, const float *weight, int N, int C,     \
             float eps),                                                                    \
@@ -132,8 +141,10 @@
     }
 
 /* The table of strict wrappers P##* around a CPU table of this precision, dtype,
- * weight copies and attention sizes (static initialisers cannot read K's fields). */
-#define STRICT_TABLE(P, table_name, prec, dtype, copy_bytes, saved_bytes, scratch_bytes)  \
+ * weight copies and attention sizes, the prefix form's included (static initialisers
+ * cannot read K's fields). */
+#define STRICT_TABLE(P, table_name, prec, dtype, copy_bytes, saved_bytes, scratch_bytes,  \
+                     prefix_saved, prefix_scratch)                                         \
     {                                                                                      \
         .name = table_name,                                                                \
         /* Host memory under the hood: checked against the host's limits like "cpu". */   \
@@ -148,11 +159,16 @@
         .stream_sync = ts_cpu_stream_sync, .event_record = ts_cpu_event_record,            \
         .event_wait = ts_cpu_event_wait, .attention_saved_bytes = saved_bytes,            \
         .attention_scratch_bytes = scratch_bytes,                                          \
+        .attention_prefix_saved_bytes = prefix_saved,                                      \
+        .attention_prefix_scratch_bytes = prefix_scratch,                                  \
         .encoder_forward = P##encoder_forward, .encoder_backward = P##encoder_backward,    \
         .layernorm_forward = P##layernorm_forward,                                         \
         .layernorm_backward = P##layernorm_backward, .matmul_forward = P##matmul_forward,  \
         .matmul_backward = P##matmul_backward, .attention_forward = P##attention_forward,  \
-        .attention_backward = P##attention_backward, .gelu_forward = P##gelu_forward,      \
+        .attention_backward = P##attention_backward,                                       \
+        .attention_prefix_forward = P##attention_prefix_forward,                           \
+        .attention_prefix_backward = P##attention_prefix_backward,                         \
+        .gelu_forward = P##gelu_forward,                                                   \
         .gelu_backward = P##gelu_backward, .residual_forward = P##residual_forward,        \
         .residual_layernorm_forward = P##residual_layernorm_forward,                       \
         .crossentropy_forward_backward = P##crossentropy_forward_backward,                 \
@@ -169,9 +185,12 @@
 STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
 const ts_kernels ts_kernels_cpu_strict =
     STRICT_TABLE(strict_f32_, "cpu-strict", "fp32", TS_DTYPE_F32, 0, ts_cpu_attention_saved_bytes,
-                 ts_cpu_attention_scratch_bytes);
+                 ts_cpu_attention_scratch_bytes, ts_cpu_attention_prefix_saved_bytes,
+                 ts_cpu_attention_prefix_scratch_bytes);
 
 STRICT_WRAPPERS(strict_bf16_, ts_kernels_cpu_bf16)
 const ts_kernels ts_kernels_cpu_strict_bf16 =
     STRICT_TABLE(strict_bf16_, "cpu-strict-bf16", "bf16", TS_DTYPE_BF16, 2,
-                 ts_cpu_bf16_attention_saved_bytes, ts_cpu_bf16_attention_scratch_bytes);
+                 ts_cpu_bf16_attention_saved_bytes, ts_cpu_bf16_attention_scratch_bytes,
+                 ts_cpu_bf16_attention_prefix_saved_bytes,
+                 ts_cpu_bf16_attention_prefix_scratch_bytes);
