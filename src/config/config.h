@@ -80,6 +80,8 @@ static inline int ts_model_ffn(const ts_model_config *m)
 
 typedef struct {
     int pp, dp, tp;
+    int cp;                     /* context parallelism: each sequence split over cp ranks
+                                   (tensor/cp.h); world = pp * dp * cp * tp */
     int virtual_stages;
     char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (pipeline/schedule.h) or a CSV path */
     int micro_batch;            /* sequences per micro-batch per replica */
@@ -89,7 +91,7 @@ typedef struct {
     int memory_budget_mb;       /* MiB each rank may allocate (its estimate less the BLAS
                                    buffers); 0 = what the machine offers the rank. Bounds
                                    the memory check and recompute = "auto"'s choice */
-    char order[16];             /* "tp-dp-pp", fastest-varying first */
+    char order[24];             /* "tp-cp-dp-pp", fastest-varying first */
     bool sequence_parallel;     /* norms and residuals split along the sequence over tp
                                    (tensor/tp.h); needs tp > 1 and seq_len % tp == 0 */
     int tp_overlap;             /* sub-batches per micro-batch inside the tp layers, each

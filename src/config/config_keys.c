@@ -40,7 +40,7 @@ void ts_config_defaults(ts_config *cfg)
     m->rope_original_context = 8192;
 
     ts_parallel_config *p = &cfg->parallel;
-    p->pp = p->dp = p->tp = 1;
+    p->pp = p->dp = p->tp = p->cp = 1;
     p->virtual_stages = 1;
     copy_str(p->schedule, sizeof p->schedule, ts_schedule_names[TS_SCHEDULE_1F1B]);
     p->micro_batch = 2;
@@ -151,6 +151,7 @@ const key_spec ts_config_keys[] = {
     { "parallel", "dp", K_INT, OFF(parallel.dp), 0, 1, 1 << 20, false, false,
       ts_config_allow_auto },
     INT_KEY("parallel", "tp", parallel.tp, 1, 1 << 16),
+    INT_KEY("parallel", "cp", parallel.cp, 1, 1 << 16),
     BOOL_KEY("parallel", "sequence_parallel", parallel.sequence_parallel),
     INT_KEY("parallel", "tp_overlap", parallel.tp_overlap, 1, 8),
     INT_KEY("parallel", "virtual_stages", parallel.virtual_stages, 1, TS_MAX_CHUNKS),

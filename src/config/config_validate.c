@@ -487,11 +487,16 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                            s.decay, s.length, t->warmup);
     }
 
-    long long grid = (long long)p->pp * p->dp * p->tp;
-    if (world_size > 0 && grid != world_size)
+    long long grid = (long long)p->pp * p->dp * p->cp * p->tp;
+    if (world_size > 0 && grid != world_size && p->cp == 1)
         return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld does not match the %d ranks "
                        "launched; launch with mpirun -np %lld or change parallel.pp/dp/tp",
                        p->pp, p->dp, p->tp, grid, world_size, grid);
+    if (world_size > 0 && grid != world_size)
+        return ts_fail("the grid pp*dp*cp*tp = %d*%d*%d*%d = %lld does not match the %d "
+                       "ranks launched; launch with mpirun -np %lld or change "
+                       "parallel.pp/dp/cp/tp",
+                       p->pp, p->dp, p->cp, p->tp, grid, world_size, grid);
 
     long long unit = (long long)p->dp * p->micro_batch;
     if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
@@ -576,6 +581,24 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "positions of every sequence's norms and residuals; nothing is "
                        "padded); change seq_len or tp",
                        m->seq_len, p->tp);
+    /* Context parallelism (tensor/cp.h): 2*cp chunks of c = seq_len/(2 cp) positions,
+     * rank i holding chunks i and 2cp-1-i; nothing is padded. */
+    if (p->cp > 1 && m->seq_len % (2 * p->cp) != 0)
+        return ts_fail("parallel.cp = %d needs model.seq_len = %d to divide by 2*cp = %d "
+                       "(each sequence is cut into 2*cp equal chunks, context-parallel rank "
+                       "i holding chunks i and 2cp-1-i; nothing is padded); change seq_len "
+                       "or cp",
+                       p->cp, m->seq_len, 2 * p->cp);
+    if (p->cp > 1 && p->sequence_parallel && (m->seq_len / p->cp) % p->tp != 0)
+        return ts_fail("parallel.cp = %d with parallel.sequence_parallel = true needs the "
+                       "seq_len/cp = %d positions each context-parallel rank holds to divide "
+                       "by parallel.tp = %d; change seq_len, cp or tp",
+                       p->cp, m->seq_len / p->cp, p->tp);
+    if (p->cp > 1 && strcmp(cfg->train.device, "cuda") == 0 && !ts_config_planning())
+        return ts_fail("parallel.cp = %d: context parallelism runs on the CPU backend only "
+                       "today (its CUDA attention kernels are not written); use "
+                       "train.device = \"cpu\" or parallel.cp = 1",
+                       p->cp);
     if (p->tp_overlap > 1 && p->tp < 2)
         return ts_fail("parallel.tp_overlap = %d needs parallel.tp >= 2 (it overlaps the "
                        "tensor-parallel collectives, which tp = %d does not have); set tp >= 2 "
@@ -658,8 +681,8 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "micro-batch; at most 2^30 are supported (lower micro_batch)",
                        p->micro_batch, m->seq_len, (long long)p->micro_batch * m->seq_len);
     if (grid > (1LL << 24))
-        return ts_fail("the grid pp*dp*tp = %d*%d*%d = %lld ranks; at most 2^24 are "
+        return ts_fail("the grid pp*dp*cp*tp = %d*%d*%d*%d = %lld ranks; at most 2^24 are "
                        "supported",
-                       p->pp, p->dp, p->tp, grid);
+                       p->pp, p->dp, p->cp, p->tp, grid);
     return check_checkpoint(cfg);
 }
