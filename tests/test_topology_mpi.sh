@@ -1,18 +1,20 @@
-# tessera topo under mpirun: the rank -> (pp,dp,tp) map, core binding (ours and
-# mpirun's), node-layout warnings with TS_FAKE_NODES, and the grid-size error.
+# tessera topo under mpirun: the rank -> (pp,dp,tp) map ((pp,dp,cp,tp) with context
+# parallelism), core binding (ours and mpirun's), node-layout warnings with
+# TS_FAKE_NODES, and the grid-size error.
 source "$(dirname "$0")/lib.sh"
 
 cfg="$SRC/configs/tiny.cfg"
 
-# rows FILE: the rank table's lines (they alone carry "(pp,dp,tp)" coordinates).
-rows() { grep -E '^[0-9]+ +.*\([0-9]+,[0-9]+,[0-9]+\)' "$1"; }
+# rows FILE: the rank table's lines (they alone carry "(pp,dp,tp)" coordinates, or
+# "(pp,dp,cp,tp)" when cp > 1).
+rows() { grep -E '^[0-9]+ +.*\([0-9]+(,[0-9]+){2,3}\)' "$1"; }
 
 # expand LIST: "0-2,5" -> "0 1 2 5" (one per line).
 expand() {
   tr ',' '\n' <<<"$1" | awk -F- '{ hi = NF > 1 ? $2 : $1; for (i = $1; i <= hi; i++) print i }'
 }
 
-# Columns of a rank row: rank host node local (pp,dp,tp) cores threads binding gpu...
+# Columns of a rank row: rank host node local (pp,dp[,cp],tp) cores threads binding gpu...
 col() { awk -v c="$1" '{ print $c }'; }
 
 # 1. pp=2 dp=2 tp=2 on 8 ranks: tp varies fastest, then dp, then pp.
@@ -30,6 +32,10 @@ if run_np 8 topo "$cfg" --set parallel.pp=2 --set parallel.dp=2 --set parallel.t
   grep -q "data-parallel.*{0,2} {1,3} {4,6} {5,7}" "$TMP/out" && pass || fail "dp groups"
   grep -q "pipeline.*{0,4} {1,5} {2,6} {3,7}" "$TMP/out" && pass || fail "pp groups"
   grep -q "embedding.*{0,4} {1,5} {2,6} {3,7}" "$TMP/out" && pass || fail "embedding groups"
+  # cp = 1 prints what it did before context parallelism: no cp anywhere.
+  grep -q "grid pp=2 dp=2 tp=2, order tp-dp-pp$" "$TMP/out" && pass || fail "grid line"
+  grep -q "(pp,dp,tp)" "$TMP/out" && ! grep -q "cp=\|,cp,\|context-parallel\|replica" "$TMP/out" &&
+    pass || fail "cp = 1 shows cp"
   # 8 ranks on this 2-core machine share cores: warned once.
   c=$(grep -c "ranks outnumber cores" "$TMP/err" || true)
   [ "$c" -eq 1 ] && pass || fail "expected the oversubscription warning once, got $c"
@@ -45,6 +51,62 @@ if run_np 4 topo "$cfg" --set parallel.dp=2 --set parallel.tp=2 --set parallel.o
 else
   fail "topo dp-tp-pp failed"; sed 's/^/    /' "$TMP/err" >&2
 fi
+# The same order with cp written out where a three-name order puts it (after tp).
+if run_np 4 topo "$cfg" --set parallel.dp=2 --set parallel.tp=2 --set parallel.order=dp-tp-cp-pp; then
+  got=$(rows "$TMP/out" | col 5 | tr '\n' ' ')
+  [ "$got" = "(0,0,0) (0,1,0) (0,0,1) (0,1,1) " ] && pass || fail "dp-tp-cp-pp coordinates: $got"
+else
+  fail "topo dp-tp-cp-pp failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 2b. Context parallelism, pp=1 dp=2 cp=2 tp=2 on 8 ranks in the default order, where cp
+#     varies right after tp: rank = tp + 2*(cp + 2*dp). The replica groups (same pp and
+#     tp: the ranks holding the same weights) are ordered dp*cp + cp.
+if run_np 8 topo "$cfg" --set parallel.dp=2 --set parallel.cp=2 --set parallel.tp=2; then
+  grep -q "grid pp=1 dp=2 cp=2 tp=2, order tp-dp-pp$" "$TMP/out" && pass || fail "cp grid line"
+  grep -q "(pp,dp,cp,tp)" "$TMP/out" && pass || fail "cp table header"
+  bad=0
+  for r in 0 1 2 3 4 5 6 7; do
+    want="(0,$((r / 4)),$((r / 2 % 2)),$((r % 2)))"
+    got=$(rows "$TMP/out" | awk -v r="$r" '$1 == r { print $5 }')
+    [ "$got" = "$want" ] || { bad=1; echo "rank $r: got '$got', want '$want'" >&2; }
+  done
+  [ "$bad" -eq 0 ] && pass || fail "wrong coordinates for dp=cp=tp=2"
+  grep -q "tensor-parallel.*{0-1} {2-3} {4-5} {6-7}" "$TMP/out" && pass || fail "cp: tp groups"
+  grep -q "context-parallel.*(cp=2): {0,2} {1,3} {4,6} {5,7}" "$TMP/out" && pass ||
+    fail "cp groups"
+  grep -q "data-parallel.*{0,4} {1,5} {2,6} {3,7}" "$TMP/out" && pass || fail "cp: dp groups"
+  grep -q "replica.*(dp\*cp=4): {0,2,4,6} {1,3,5,7}" "$TMP/out" && pass || fail "replica groups"
+  grep -q "embedding.*{0} {1} {2} {3} {4} {5} {6} {7}" "$TMP/out" && pass ||
+    fail "cp: embedding groups"
+else
+  fail "topo dp=cp=tp=2 on 8 ranks failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+# A four-name order: cp fastest, then tp (rank = cp + 2*tp).
+if run_np 4 topo "$cfg" --set parallel.dp=1 --set parallel.cp=2 --set parallel.tp=2 \
+    --set parallel.order=cp-tp-dp-pp; then
+  got=$(rows "$TMP/out" | col 5 | tr '\n' ' ')
+  [ "$got" = "(0,0,0,0) (0,0,1,0) (0,0,0,1) (0,0,1,1) " ] && pass ||
+    fail "cp-tp-dp-pp coordinates: $got"
+  grep -q "tensor-parallel.*{0,2} {1,3}" "$TMP/out" && pass || fail "cp-tp-dp-pp tp groups"
+  grep -q "context-parallel.*{0-1} {2-3}" "$TMP/out" && pass || fail "cp-tp-dp-pp cp groups"
+else
+  fail "topo cp-tp-dp-pp failed"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# 2c. The communicators themselves (tests/mpi_topology.c): every group's members, in
+#     order, and each rank's place, as the grid arithmetic says; the replica group is the
+#     dp group with cp = 1. 8 ranks: cp = 2 in the default order and with cp slower than
+#     dp (the replica group then out of rank order), and cp = 1.
+prog="$(dirname "$TESSERA")/tests/mpi_topology"
+for grid in "1 2 2 2 tp-dp-pp" "2 2 2 1 tp-dp-cp-pp" "2 2 1 2 tp-dp-pp"; do
+  # shellcheck disable=SC2086 # the grid's five words are the program's five arguments
+  if timeout 120 mpirun --oversubscribe -np 8 "$prog" $grid >"$TMP/out" 2>"$TMP/err"; then
+    pass
+  else
+    fail "communicators of the grid pp dp cp tp order = $grid"; cat "$TMP/out" "$TMP/err" >&2
+  fi
+done
 
 # 3. No launcher binding, 2 ranks on 2 cores: tessera gives each its own core and thread.
 if timeout 120 mpirun --bind-to none -np 2 "$TESSERA" topo >"$TMP/out" 2>"$TMP/err"; then
@@ -121,6 +183,10 @@ else
   fail "parallel.dp = auto on 3 ranks: $(cat "$TMP/out" "$TMP/err")"
 fi
 expect_error 2 "parallel.order" topo "$cfg" --set parallel.order=tp-tp-pp
+expect_error 2 "parallel.order.*\"tp-cp-dp-pp\"" topo "$cfg" --set parallel.order=tp-cp-dp
+expect_error 2 "parallel.order.*\"tp-cp-dp-pp\"" topo "$cfg" --set parallel.order=tp-cp-cp-pp
+expect_error 2 "pp\*dp\*cp\*tp = 1\*2\*2\*1 = 4 does not match the 2 ranks" topo "$cfg" \
+  --set parallel.dp=2 --set parallel.cp=2
 TS_FAKE_NODES=zero expect_error 2 "TS_FAKE_NODES" topo
 
 # 8. Help.

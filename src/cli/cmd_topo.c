@@ -16,16 +16,19 @@
 static const char *k_help =
     "usage: tessera topo [CONFIG] [--set KEY=VALUE ...]\n"
     "\n"
-    "Print the rank -> (pp, dp, tp) map of the grid, the host and node of every rank, the\n"
-    "cores it is bound to, its thread count, who made the binding and its GPU, then the\n"
-    "tensor-, data- and pipeline-parallel groups and the embedding groups. Run it under\n"
-    "mpirun or srun exactly like `tessera train` to check a launch before training.\n"
+    "Print the rank -> (pp, dp, tp) map of the grid, (pp, dp, cp, tp) when parallel.cp >\n"
+    "1, the host and node of every rank, the cores it is bound to, its thread count, who\n"
+    "made the binding and its GPU, then the tensor-, data- and pipeline-parallel groups\n"
+    "(with cp > 1 also the context-parallel groups and the replica groups: the ranks that\n"
+    "hold the same weights) and the embedding groups. Run it under mpirun or srun exactly\n"
+    "like `tessera train` to check a launch before training.\n"
     "\n"
-    "  CONFIG            a libconfig file; its parallel.pp/dp/tp/order and train.threads\n"
-    "                    are used and the whole config is validated as train would.\n"
+    "  CONFIG            a libconfig file; its parallel.pp/dp/cp/tp/order and\n"
+    "                    train.threads are used and the whole config is validated as\n"
+    "                    train would.\n"
     "                    Without CONFIG the grid is pp=1, dp=<ranks launched>, tp=1.\n"
     "  --set KEY=VALUE   override a config key, e.g. --set parallel.tp=2\n"
-    "                    --set parallel.order=dp-tp-pp\n"
+    "                    --set parallel.order=dp-tp-pp --set parallel.cp=2\n"
     "\n"
     "Binding: a binding the launcher made (srun --cpu-bind, mpirun --bind-to core) is kept\n"
     "and shown as \"slurm\" or \"mpirun\"; otherwise tessera gives each rank of a node its\n"
@@ -111,27 +114,42 @@ static void print_nodes(const ts_topology *t, const rank_row *rows)
     free(ranks);
 }
 
+/* The coordinates column: (pp,dp,tp), as without context parallelism, when cp = 1;
+ * (pp,dp,cp,tp) otherwise. */
+static void format_coords(ts_coords c, bool with_cp, char *buf, size_t cap)
+{
+    if (with_cp)
+        snprintf(buf, cap, "(%d,%d,%d,%d)", c.pp, c.dp, c.cp, c.tp);
+    else
+        snprintf(buf, cap, "(%d,%d,%d)", c.pp, c.dp, c.tp);
+}
+
 static void print_ranks(const ts_topology *t, const rank_row *rows)
 {
-    int n = t->world_size, wh = 4, wc = 5;
+    const bool with_cp = t->grid.size[TS_AXIS_CP] > 1;
+    const char *coords_title = with_cp ? "(pp,dp,cp,tp)" : "(pp,dp,tp)";
+    int n = t->world_size, wh = 4, wc = 5, wx = (int)strlen(coords_title);
+    char coords[48];
     for (int i = 0; i < n; i++) {
         wh = max_int(wh, (int)strlen(rows[i].host));
         wc = max_int(wc, (int)strlen(rows[i].cores));
+        format_coords(rows[i].coords, with_cp, coords, sizeof coords);
+        wx = max_int(wx, (int)strlen(coords));
     }
-    printf("\n%-4s  %-*s  %-4s  %-5s  %-10s  %-*s  %7s  %-9s  %s\n", "rank", wh, "host", "node",
-           "local", "(pp,dp,tp)", wc, "cores", "threads", "binding", "gpu");
+    printf("\n%-4s  %-*s  %-4s  %-5s  %-*s  %-*s  %7s  %-9s  %s\n", "rank", wh, "host", "node",
+           "local", wx, coords_title, wc, "cores", "threads", "binding", "gpu");
     for (int i = 0; i < n; i++) {
         const rank_row *r = &rows[i];
-        char coords[40], gpu[160];
-        snprintf(coords, sizeof coords, "(%d,%d,%d)", r->coords.pp, r->coords.dp, r->coords.tp);
+        char gpu[160];
+        format_coords(r->coords, with_cp, coords, sizeof coords);
         if (r->gpu_cuda)
             snprintf(gpu, sizeof gpu, "%d %s %s", r->gpu, r->gpu_pci, r->gpu_name);
         else if (r->cuda_devices < 0)
             snprintf(gpu, sizeof gpu, "no CUDA devices (built without CUDA)");
         else
             snprintf(gpu, sizeof gpu, "no CUDA devices");
-        printf("%-4d  %-*s  %-4d  %-5d  %-10s  %-*s  %7d  %-9s  %s\n", r->rank, wh, r->host,
-               r->node, r->local_rank, coords, wc, r->cores, r->threads, r->binding, gpu);
+        printf("%-4d  %-*s  %-4d  %-5d  %-*s  %-*s  %7d  %-9s  %s\n", r->rank, wh, r->host,
+               r->node, r->local_rank, wx, coords, wc, r->cores, r->threads, r->binding, gpu);
     }
 }
 
@@ -150,19 +168,40 @@ static void print_groups(const ts_grid *g, ts_axis axis, const char *what)
     free(members);
 }
 
+/* Every replica group (same pp and tp: the ranks holding the same weights) once, as
+ * {a,b,...} in the group's order (dp * cp + cp). */
+static void print_replica_groups(const ts_grid *g)
+{
+    int dp = g->size[TS_AXIS_DP], cp = g->size[TS_AXIS_CP];
+    int *members = ts_malloc(sizeof(int) * (size_t)(dp * cp));
+    char list[256];
+    printf("  %-16s (dp*cp=%d):", "replica", dp * cp);
+    for (int r = 0; r < g->world; r++) {
+        int n = ts_grid_replica_group(g, r, members);
+        if (members[0] == r) printf(" {%s}", ts_format_int_list(members, n, list, sizeof list));
+    }
+    printf("\n");
+    free(members);
+}
+
 static void print_report(const ts_topology *t, const ts_config *cfg, const rank_row *rows)
 {
     const ts_grid *g = &t->grid;
-    printf("tessera topo: %d rank%s on %d node%s%s, grid pp=%d dp=%d tp=%d, order %s\n",
+    const bool with_cp = g->size[TS_AXIS_CP] > 1;
+    char cp_size[24] = "";
+    if (with_cp) snprintf(cp_size, sizeof cp_size, " cp=%d", g->size[TS_AXIS_CP]);
+    printf("tessera topo: %d rank%s on %d node%s%s, grid pp=%d dp=%d%s tp=%d, order %s\n",
            t->world_size, t->world_size == 1 ? "" : "s", t->n_nodes, t->n_nodes == 1 ? "" : "s",
            t->fake_nodes ? " (TS_FAKE_NODES)" : "", g->size[TS_AXIS_PP], g->size[TS_AXIS_DP],
-           g->size[TS_AXIS_TP], cfg->parallel.order);
+           cp_size, g->size[TS_AXIS_TP], cfg->parallel.order);
     print_nodes(t, rows);
     print_ranks(t, rows);
 
     printf("\ngroups (global ranks, ordered by the group's coordinate):\n");
     print_groups(g, TS_AXIS_TP, "tensor-parallel");
+    if (with_cp) print_groups(g, TS_AXIS_CP, "context-parallel");
     print_groups(g, TS_AXIS_DP, "data-parallel");
+    if (with_cp) print_replica_groups(g);
     print_groups(g, TS_AXIS_PP, "pipeline");
     printf("  %-16s (first, last stage):", "embedding");
     int members[2];

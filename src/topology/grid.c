@@ -1,15 +1,17 @@
-/* Rank arithmetic of the pp x dp x tp grid. No MPI: everything here is a pure function
- * of the grid, so every rank (and the tests) compute the same answer.
+/* Rank arithmetic of the pp x dp x cp x tp grid. No MPI: everything here is a pure
+ * function of the grid, so every rank (and the tests) compute the same answer.
  *
- * With the order "a-b-c" (a fastest), rank = ca + A*(cb + B*cc): the stride of the
- * fastest axis is 1, of the middle one A, of the slowest A*B. A group along an axis is
- * then an arithmetic progression: the rank with that coordinate zeroed, plus k * stride. */
+ * With the order "a-b-c-d" (a fastest), rank = ca + A*(cb + B*(cc + C*cd)): the stride
+ * of the fastest axis is 1, of the next A, then A*B, of the slowest A*B*C. A group along
+ * an axis is then an arithmetic progression: the rank with that coordinate zeroed, plus
+ * k * stride. A three-name order leaves cp out; it goes right after tp, and with cp = 1
+ * its size-1 axis changes no stride, so such a grid is the three-axis grid it was. */
 #include <stdio.h>
 #include <string.h>
 
 #include "topology/topology.h"
 
-static const char *const k_axis_names[TS_N_AXES] = { "tp", "dp", "pp" };
+static const char *const k_axis_names[TS_N_AXES] = { "tp", "dp", "pp", "cp" };
 
 const char *ts_axis_name(ts_axis a)
 {
@@ -17,37 +19,63 @@ const char *ts_axis_name(ts_axis a)
     return k_axis_names[a];
 }
 
-ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES])
+/* Read n two-letter axis names joined by '-' (the whole string), each once and none of
+ * them cp unless n == TS_N_AXES. */
+static bool parse_names(const char *s, int n, ts_axis *out)
 {
-    bool seen[TS_N_AXES] = { false, false, false };
-    bool ok = s && strlen(s) == 8 && s[2] == '-' && s[5] == '-';
-    for (int i = 0; i < TS_N_AXES && ok; i++) {
+    if (strlen(s) != (size_t)(3 * n - 1)) return false;
+    bool seen[TS_N_AXES] = { false };
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && s[3 * i - 1] != '-') return false;
         int found = -1;
         for (int a = 0; a < TS_N_AXES; a++)
             if (strncmp(s + 3 * i, k_axis_names[a], 2) == 0) found = a;
-        ok = found >= 0 && !seen[found];
-        if (ok) {
-            seen[found] = true;
-            order[i] = (ts_axis)found;
-        }
+        if (found < 0 || seen[found] || (found == TS_AXIS_CP && n < TS_N_AXES)) return false;
+        seen[found] = true;
+        out[i] = (ts_axis)found;
     }
-    if (ok) return TS_OK;
-    return ts_fail("rank order \"%s\" is not valid; give tp, dp and pp once each joined by "
-                   "'-', fastest-varying first (e.g. \"tp-dp-pp\")",
+    return true;
+}
+
+ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES])
+{
+    ts_axis names[TS_N_AXES];
+    if (s && parse_names(s, TS_N_AXES, names)) {
+        memcpy(order, names, sizeof names);
+        return TS_OK;
+    }
+    if (s && parse_names(s, TS_N_AXES - 1, names)) {
+        /* "a-b-c" without cp: cp varies right after tp ("tp-dp-pp" = "tp-cp-dp-pp"). */
+        int k = 0;
+        for (int i = 0; i < TS_N_AXES - 1; i++) {
+            order[k++] = names[i];
+            if (names[i] == TS_AXIS_TP) order[k++] = TS_AXIS_CP;
+        }
+        return TS_OK;
+    }
+    return ts_fail("rank order \"%s\" is not valid; give tp, cp, dp and pp once each joined "
+                   "by '-', fastest-varying first (e.g. \"tp-cp-dp-pp\"), or tp, dp and pp "
+                   "once each (cp then varies right after tp: \"tp-dp-pp\" is "
+                   "\"tp-cp-dp-pp\")",
                    s ? s : "(null)");
 }
 
-ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order)
+ts_status ts_grid_init4(ts_grid *g, int pp, int dp, int cp, int tp, const char *order)
 {
     memset(g, 0, sizeof *g);
-    if (pp < 1 || dp < 1 || tp < 1)
-        return ts_fail("grid pp=%d dp=%d tp=%d: every size must be >= 1", pp, dp, tp);
-    long long world = (long long)pp * dp * tp;
+    if (pp < 1 || dp < 1 || cp < 1 || tp < 1)
+        return ts_fail("grid pp=%d dp=%d cp=%d tp=%d: every size must be >= 1", pp, dp, cp,
+                       tp);
+    /* Multiplied one at a time, so no product of four ints overflows. */
+    long long world = 1;
+    const int sizes[] = { pp, dp, cp, tp };
+    for (int i = 0; i < 4 && world <= 0x7fffffffLL; i++) world *= sizes[i];
     if (world > 0x7fffffffLL)
-        return ts_fail("grid pp*dp*tp = %lld ranks is too large", world);
+        return ts_fail("grid pp*dp*cp*tp = %d*%d*%d*%d ranks is too large", pp, dp, cp, tp);
     if (ts_grid_parse_order(order, g->order) != TS_OK) return TS_ERR;
     g->size[TS_AXIS_PP] = pp;
     g->size[TS_AXIS_DP] = dp;
+    g->size[TS_AXIS_CP] = cp;
     g->size[TS_AXIS_TP] = tp;
     g->world = (int)world;
     int stride = 1;
@@ -58,12 +86,18 @@ ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order)
     return TS_OK;
 }
 
+ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order)
+{
+    return ts_grid_init4(g, pp, dp, 1, tp, order);
+}
+
 int ts_coords_get(ts_coords c, ts_axis a)
 {
     switch (a) {
     case TS_AXIS_TP: return c.tp;
     case TS_AXIS_DP: return c.dp;
     case TS_AXIS_PP: return c.pp;
+    case TS_AXIS_CP: return c.cp;
     }
     TS_ASSERT(!"bad axis");
     return -1;
@@ -79,7 +113,8 @@ ts_coords ts_grid_coords(const ts_grid *g, int rank)
     TS_ASSERT(rank >= 0 && rank < g->world);
     ts_coords c = { .pp = coord(g, rank, TS_AXIS_PP),
                     .dp = coord(g, rank, TS_AXIS_DP),
-                    .tp = coord(g, rank, TS_AXIS_TP) };
+                    .tp = coord(g, rank, TS_AXIS_TP),
+                    .cp = coord(g, rank, TS_AXIS_CP) };
     return c;
 }
 
@@ -106,6 +141,23 @@ int ts_grid_group(const ts_grid *g, int rank, ts_axis axis, int *members)
     int base = group_base(g, rank, axis);
     for (int k = 0; k < g->size[axis]; k++) members[k] = base + k * g->stride[axis];
     return g->size[axis];
+}
+
+int ts_grid_replica_group(const ts_grid *g, int rank, int *members)
+{
+    TS_ASSERT(rank >= 0 && rank < g->world);
+    int base = group_base(g, group_base(g, rank, TS_AXIS_DP), TS_AXIS_CP);
+    int dp = g->size[TS_AXIS_DP], cp = g->size[TS_AXIS_CP];
+    for (int d = 0; d < dp; d++)
+        for (int c = 0; c < cp; c++)
+            members[d * cp + c] = base + d * g->stride[TS_AXIS_DP] + c * g->stride[TS_AXIS_CP];
+    return dp * cp;
+}
+
+int ts_grid_replica_index(const ts_grid *g, int rank)
+{
+    TS_ASSERT(rank >= 0 && rank < g->world);
+    return coord(g, rank, TS_AXIS_DP) * g->size[TS_AXIS_CP] + coord(g, rank, TS_AXIS_CP);
 }
 
 int ts_grid_pp_prev(const ts_grid *g, int rank)

@@ -37,6 +37,18 @@ static void split_axis(ts_topology *t, ts_axis axis, ts_comm *out)
     free(members);
 }
 
+/* The replica group (same pp and tp, any dp and cp), ranked dp * cp + cp. The color is
+ * its first member, unique per group. With cp = 1: dp_comm's members in dp_comm's order. */
+static void split_replicas(ts_topology *t)
+{
+    int n = t->grid.size[TS_AXIS_DP] * t->grid.size[TS_AXIS_CP];
+    int *members = ts_malloc(sizeof(int) * (size_t)n);
+    ts_grid_replica_group(&t->grid, t->rank, members);
+    ts_comm_split(&t->world, members[0], ts_grid_replica_index(&t->grid, t->rank), "replica",
+                  &t->replica_comm);
+    free(members);
+}
+
 /* Which ranks share a node: MPI's shared-memory split, or the pretend layout. Numbers the
  * nodes by their lowest world rank and learns every rank's node and every node's host. */
 static void discover_nodes(ts_topology *t, int fake_k)
@@ -149,11 +161,16 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
      * (its environment differs) fails every rank instead of leaving them in a split. */
     const ts_parallel_config *p = &cfg->parallel;
     int fake_k = 0;
-    ts_status st = ts_grid_init(&t->grid, p->pp, p->dp, p->tp, p->order);
-    if (st == TS_OK && t->grid.world != t->world_size)
+    ts_status st = ts_grid_init4(&t->grid, p->pp, p->dp, p->cp, p->tp, p->order);
+    if (st == TS_OK && t->grid.world != t->world_size && p->cp == 1)
         st = ts_fail("the grid pp*dp*tp = %d*%d*%d = %d does not match the %d ranks "
                      "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
                      p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
+    else if (st == TS_OK && t->grid.world != t->world_size)
+        st = ts_fail("the grid pp*dp*cp*tp = %d*%d*%d*%d = %d does not match the %d ranks "
+                     "launched; launch with mpirun -np %d or change parallel.pp/dp/cp/tp",
+                     p->pp, p->dp, p->cp, p->tp, t->grid.world, t->world_size,
+                     t->grid.world);
     if (st == TS_OK) st = fake_nodes_env(&fake_k);
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
     /* Every rank must pretend the same layout: set on some ranks only (an environment
@@ -171,13 +188,16 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
 
     t->coords = ts_grid_coords(&t->grid, t->rank);
     split_axis(t, TS_AXIS_TP, &t->tp_comm);
+    split_axis(t, TS_AXIS_CP, &t->cp_comm);
     split_axis(t, TS_AXIS_DP, &t->dp_comm);
+    split_replicas(t);
     split_axis(t, TS_AXIS_PP, &t->pp_comm);
     t->pp_prev = ts_grid_pp_prev(&t->grid, t->rank);
     t->pp_next = ts_grid_pp_next(&t->grid, t->rank);
 
     /* Collective over world: ranks outside every embedding group pass color -1 and are
-     * in none. Color: the group's first stage; key: the pipeline coordinate. */
+     * in none. Color: the group's first stage (one group per dp, cp and tp coordinate);
+     * key: the pipeline coordinate. */
     t->n_embed = ts_grid_embedding_group(&t->grid, t->rank, t->embed_members);
     bool in_embed = ts_grid_in_embedding_group(&t->grid, t->rank);
     ts_comm_split(&t->world, in_embed ? t->embed_members[0] : -1, t->coords.pp, "embed",
@@ -195,8 +215,8 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
 
 void ts_topo_free(ts_topology *t)
 {
-    ts_comm *comms[] = { &t->tp_comm, &t->dp_comm, &t->pp_comm, &t->embed_comm,
-                         &t->kv_comm, &t->node_comm };
+    ts_comm *comms[] = { &t->tp_comm, &t->cp_comm,    &t->dp_comm, &t->replica_comm,
+                         &t->pp_comm, &t->embed_comm, &t->kv_comm, &t->node_comm };
     for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++) ts_comm_free(comms[i]);
     free(t->node_of_rank);
     free(t->node_host);

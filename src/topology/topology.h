@@ -1,12 +1,12 @@
 /* The grid of ranks and where each rank runs (docs/ARCHITECTURE.md "The grid").
  *
  * Three layers, each usable without the next:
- *   ts_grid      pure rank arithmetic: world = pp * dp * tp, laid out in an order such as
- *                "tp-dp-pp" (tp varies fastest: Megatron's global = tp + TP*(dp + DP*pp));
- *                no MPI, unit-testable.
- *   ts_topology  the communicators of one rank (tp, dp, pp, embedding, node) and the
- *                node layout. ts_topo_init is the only place that makes groups
- *                (ts_comm_split); everyone else takes its ts_comm values.
+ *   ts_grid      pure rank arithmetic: world = pp * dp * cp * tp, laid out in an order such
+ *                as "tp-cp-dp-pp" (tp varies fastest: Megatron's
+ *                global = tp + TP*(cp + CP*(dp + DP*pp))); no MPI, unit-testable.
+ *   ts_topology  the communicators of one rank (tp, cp, dp, replica, pp, embedding,
+ *                node) and the node layout. ts_topo_init is the only place that makes
+ *                groups (ts_comm_split); everyone else takes its ts_comm values.
  *   ts_topo_bind the hwloc binding of the rank to cores, the GPU it drives (the CUDA
  *                device nearest its cores, when CUDA sees devices) and the thread count
  *                of the CPU kernels.
@@ -27,29 +27,34 @@
 
 /* ------------------------------------------------------------------ grid -- */
 
-typedef enum { TS_AXIS_TP = 0, TS_AXIS_DP = 1, TS_AXIS_PP = 2 } ts_axis;
-#define TS_N_AXES 3
+typedef enum { TS_AXIS_TP = 0, TS_AXIS_DP = 1, TS_AXIS_PP = 2, TS_AXIS_CP = 3 } ts_axis;
+#define TS_N_AXES 4
 
 typedef struct {
     int pp, dp, tp;
+    int cp; /* context parallelism: which part of each sequence the rank holds */
 } ts_coords;
 
 typedef struct {
     int size[TS_N_AXES];   /* indexed by ts_axis */
     ts_axis order[TS_N_AXES]; /* order[0] is the fastest-varying axis */
     int stride[TS_N_AXES]; /* global-rank distance between neighbours along each axis */
-    int world;             /* pp * dp * tp */
+    int world;             /* pp * dp * cp * tp */
 } ts_grid;
 
-/* "tp", "dp" or "pp". */
+/* "tp", "dp", "pp" or "cp". */
 const char *ts_axis_name(ts_axis a);
 
-/* Parse an order string: the three names tp, dp, pp once each, joined by '-', fastest
- * first ("tp-dp-pp", "dp-tp-pp", ...). Fills order[0..2]; TS_ERR with a message if the
- * string is not such a permutation. */
+/* Parse an order string, fastest first: the four names tp, cp, dp, pp once each joined
+ * by '-' ("tp-cp-dp-pp", Megatron's; "cp-tp-dp-pp", ...), or the three names tp, dp, pp
+ * once each ("tp-dp-pp", "dp-tp-pp", ...), which places cp immediately after tp
+ * ("tp-dp-pp" is "tp-cp-dp-pp", "dp-tp-pp" is "dp-tp-cp-pp"). Fills order[0..3]; TS_ERR
+ * with a message if the string is neither. */
 ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES]);
 
-/* A grid of pp x dp x tp ranks (each >= 1) laid out in `order`. */
+/* A grid of pp x dp x cp x tp ranks (each >= 1) laid out in `order`. */
+ts_status ts_grid_init4(ts_grid *g, int pp, int dp, int cp, int tp, const char *order);
+/* The same with cp = 1 (ranks and groups as a grid without context parallelism). */
 ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order);
 
 /* Coordinates of global rank `rank` (0 <= rank < world), and back. */
@@ -57,19 +62,27 @@ ts_coords ts_grid_coords(const ts_grid *g, int rank);
 int ts_grid_rank(const ts_grid *g, ts_coords c);
 int ts_coords_get(ts_coords c, ts_axis a);
 
-/* The group along `axis` that contains `rank`: the global ranks that share the other two
- * coordinates, written to members[] ordered by their coordinate on `axis` (so a rank's
- * index in it is its coordinate). Returns the group size, g->size[axis]; members must
- * hold that many. */
+/* The group along `axis` that contains `rank`: the global ranks that share the other
+ * three coordinates, written to members[] ordered by their coordinate on `axis` (so a
+ * rank's index in it is its coordinate). Returns the group size, g->size[axis]; members
+ * must hold that many. */
 int ts_grid_group(const ts_grid *g, int rank, ts_axis axis, int *members);
+
+/* The replica group of `rank`: the global ranks that hold the same weights (same pp and
+ * tp coordinates, any dp and cp), written to members[] so that the member with
+ * coordinates (dp, cp) is at index dp * CP + cp. Returns its size, dp * cp; members must
+ * hold that many. With cp = 1 it is the dp group. */
+int ts_grid_replica_group(const ts_grid *g, int rank, int *members);
+/* `rank`'s index in its replica group: coords.dp * CP + coords.cp. */
+int ts_grid_replica_index(const ts_grid *g, int rank);
 
 /* The previous / next stage of `rank` in its pipeline group (global ranks), -1 at the
  * first / last stage (no wrap). */
 int ts_grid_pp_prev(const ts_grid *g, int rank);
 int ts_grid_pp_next(const ts_grid *g, int rank);
 
-/* The embedding group of `rank`'s pipeline group: {first stage, last stage} (same dp
- * and tp coordinates), just {first stage} when pp == 1. Returns its size (1 or 2). The
+/* The embedding group of `rank`'s pipeline group: {first stage, last stage} (same dp,
+ * cp and tp coordinates), just {first stage} when pp == 1. Returns its size (1 or 2). The
  * rank itself need not be a member. */
 int ts_grid_embedding_group(const ts_grid *g, int rank, int members[2]);
 bool ts_grid_in_embedding_group(const ts_grid *g, int rank);
@@ -87,15 +100,20 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
 typedef struct {
     /* Filled by ts_topo_init. */
     ts_grid grid;
-    /* The groups, named "world", "tp", "dp", "pp", "embed", "kv", "node". The topology owns
-     * them (ts_topo_free); callers copy the values (e.g. to set busy_ms or on_span on
-     * their copy) and never free them. */
+    /* The groups, named "world", "tp", "cp", "dp", "replica", "pp", "embed", "kv", "node".
+     * The topology owns them (ts_topo_free); callers copy the values (e.g. to set busy_ms
+     * or on_span on their copy) and never free them. */
     ts_comm world;           /* a copy of the caller's (not owned) */
     int rank, world_size;    /* in `world` */
     ts_coords coords;
 
     ts_comm tp_comm;         /* rank in it = coords.tp */
-    ts_comm dp_comm;         /* rank in it = coords.dp */
+    ts_comm cp_comm;         /* same pp, dp, tp; rank in it = coords.cp; size cp */
+    ts_comm dp_comm;         /* same pp, cp, tp; rank in it = coords.dp; size dp */
+    /* The ranks holding the same weights (same pp and tp, any dp and cp): the gradient
+     * reduction and ZeRO sharding run over it. Rank in it = coords.dp * cp + coords.cp,
+     * size dp * cp; with cp = 1 the members and order of dp_comm. */
+    ts_comm replica_comm;
     ts_comm pp_comm;         /* rank in it = coords.pp */
     int pp_prev, pp_next;    /* world ranks, -1 at the ends (in pp_comm: pp -/+ 1) */
     ts_comm embed_comm;      /* {first, last} stage; size 0 (not a member) outside it.
@@ -134,9 +152,9 @@ typedef struct {
     int hw_packages, hw_numa, hw_cores, hw_pus, hw_gpus;
 } ts_topology;
 
-/* Build the grid from cfg->parallel (pp, dp, tp, order) and create this rank's
+/* Build the grid from cfg->parallel (pp, dp, cp, tp, order) and create this rank's
  * communicators and node layout. Collective over `world`, whose size must equal
- * pp*dp*tp (checked first, identically on every rank, before any collective).
+ * pp*dp*cp*tp (checked first, identically on every rank, before any collective).
  * Rank 0 warns (ts_log_warn) once when a tensor-parallel group spans nodes. On success
  * the caller owns *t and must call ts_topo_free before ts_comm_finalize. */
 ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *world);

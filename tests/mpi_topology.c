@@ -1,0 +1,119 @@
+/* The communicators ts_topo_init makes (src/topology/topology.c), run under mpirun by
+ * test_topology_mpi.sh: on every rank each group's size, this rank's place in it and
+ * its members (their world ranks, in group order) are what the pure grid arithmetic
+ * (ts_grid_group, ts_grid_replica_group, ts_grid_embedding_group) says: tp, cp, dp and
+ * pp ranked by their coordinate, the replica group (same pp and tp) ranked dp * cp + cp,
+ * with cp = 1 exactly the dp group, and the embedding group {first, last stage}.
+ *
+ * Usage: mpi_topology PP DP CP TP ORDER   (world = PP*DP*CP*TP ranks) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "test_util.h"
+#include "topology/topology.h"
+
+/* The group `c` (named `what`) has exactly `members` in that order and this rank at
+ * index `index`. */
+static void check_comm(const ts_comm *c, const char *what, const int *members, int n,
+                       int index, int rank)
+{
+    CHECKF(c->size == n, "rank %d: %s group has %d ranks, the grid says %d", rank, what,
+           c->size, n);
+    CHECKF(c->rank == index, "rank %d: rank %d in its %s group, the grid says %d", rank,
+           c->rank, what, index);
+    CHECKF(c->name && strcmp(c->name, what) == 0, "rank %d: %s group named \"%s\"", rank, what,
+           c->name ? c->name : "(null)");
+    if (c->size != n) return;
+    int *got = malloc(sizeof(int) * (size_t)n);
+    ts_comm_world_ranks(c, got);
+    for (int i = 0; i < n; i++)
+        CHECKF(got[i] == members[i], "rank %d: %s group member %d is world rank %d, the grid "
+               "says %d", rank, what, i, got[i], members[i]);
+    free(got);
+}
+
+int main(int argc, char **argv)
+{
+    ts_comm_init(&argc, &argv);
+    ts_comm world;
+    ts_comm_world(&world);
+    if (argc != 6) {
+        if (world.rank == 0) fprintf(stderr, "usage: mpi_topology PP DP CP TP ORDER\n");
+        ts_comm_finalize();
+        return 2;
+    }
+    ts_config cfg;
+    ts_config_defaults(&cfg);
+    cfg.parallel.pp = atoi(argv[1]);
+    cfg.parallel.dp = atoi(argv[2]);
+    cfg.parallel.cp = atoi(argv[3]);
+    cfg.parallel.tp = atoi(argv[4]);
+    snprintf(cfg.parallel.order, sizeof cfg.parallel.order, "%s", argv[5]);
+
+    ts_topology t;
+    if (ts_topo_init(&t, &cfg, &world) != TS_OK) {
+        if (world.rank == 0) fprintf(stderr, "ts_topo_init: %s\n", ts_error_message());
+        ts_topo_free(&t);
+        ts_comm_finalize();
+        return 1;
+    }
+    const ts_grid *g = &t.grid;
+    const int r = t.rank;
+    CHECK(g->world == world.size);
+    ts_coords c = ts_grid_coords(g, r);
+    CHECK(t.coords.pp == c.pp && t.coords.dp == c.dp && t.coords.cp == c.cp &&
+          t.coords.tp == c.tp);
+
+    int *members = malloc(sizeof(int) * (size_t)g->world);
+    const struct {
+        const ts_comm *comm;
+        ts_axis axis;
+    } axes[] = { { &t.tp_comm, TS_AXIS_TP },
+                 { &t.cp_comm, TS_AXIS_CP },
+                 { &t.dp_comm, TS_AXIS_DP },
+                 { &t.pp_comm, TS_AXIS_PP } };
+    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++) {
+        int n = ts_grid_group(g, r, axes[i].axis, members);
+        check_comm(axes[i].comm, ts_axis_name(axes[i].axis), members, n,
+                   ts_coords_get(c, axes[i].axis), r);
+    }
+
+    int n = ts_grid_replica_group(g, r, members);
+    CHECK(n == g->size[TS_AXIS_DP] * g->size[TS_AXIS_CP]);
+    check_comm(&t.replica_comm, "replica", members, n, c.dp * g->size[TS_AXIS_CP] + c.cp, r);
+    if (g->size[TS_AXIS_CP] == 1) {
+        /* Without context parallelism the replicas are the data-parallel group. */
+        int *dp = malloc(sizeof(int) * (size_t)g->size[TS_AXIS_DP]);
+        int *rep = malloc(sizeof(int) * (size_t)t.replica_comm.size);
+        ts_comm_world_ranks(&t.dp_comm, dp);
+        ts_comm_world_ranks(&t.replica_comm, rep);
+        CHECK(t.replica_comm.size == t.dp_comm.size && t.replica_comm.rank == t.dp_comm.rank);
+        CHECK(memcmp(dp, rep, sizeof(int) * (size_t)t.dp_comm.size) == 0);
+        free(rep);
+        free(dp);
+    }
+
+    int emb[2];
+    int n_emb = ts_grid_embedding_group(g, r, emb);
+    if (ts_grid_in_embedding_group(g, r))
+        check_comm(&t.embed_comm, "embed", emb, n_emb, c.pp == 0 ? 0 : 1, r);
+    else
+        CHECKF(t.embed_comm.size == 0, "rank %d: in an embedding group of %d", r,
+               t.embed_comm.size);
+    CHECK(t.pp_prev == ts_grid_pp_prev(g, r) && t.pp_next == ts_grid_pp_next(g, r));
+    free(members);
+
+    int failed = ts_test_failed;
+    ts_host_allreduce_max_i32(&world, &failed, 1);
+    if (t.rank == 0)
+        printf("pp=%d dp=%d cp=%d tp=%d %s: ", g->size[TS_AXIS_PP], g->size[TS_AXIS_DP],
+               g->size[TS_AXIS_CP], g->size[TS_AXIS_TP], cfg.parallel.order);
+    /* ts_test_report fails rank 0 when no check ran; every other rank likewise. */
+    int code = t.rank == 0 ? ts_test_report() : (ts_test_failed != 0 || ts_test_passed == 0);
+    ts_topo_free(&t);
+    ts_comm_finalize();
+    return failed ? 1 : code;
+}
