@@ -55,8 +55,11 @@ typedef struct {
     const ts_model *model;    /* this rank's parameters and their shard specs */
     const ts_adamw *optim;    /* this rank's AdamW moments (all, or its ZeRO-1 ranges) */
     const ts_comm *world;     /* every rank takes part */
-    int dp_rank;              /* without ZeRO-1 the dp replicas split the writing (the
-                               * grid itself is cfg->parallel's, recorded in state.json) */
+    int replica, replicas;    /* without ZeRO-1 the ranks holding the same weights (dp *
+                               * cp of them: the trainer's replica group) split the
+                               * writing; this rank's index among them (the grid itself
+                               * is cfg->parallel's, recorded in state.json without cp:
+                               * context parallelism changes no tensor) */
     int step;                 /* completed optimizer steps: the next step to run */
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
     /* The identity of each data.train shard (token count, crc32), recorded in state.json

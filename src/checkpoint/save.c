@@ -277,7 +277,8 @@ static void collect_slice(item_list *l, const ts_ckpt_layout *L, const ts_model 
 
 /* Every slice this rank owns: of the parameters it holds as replica 0 (not a tied copy
  * or a tp-replicated copy), the elements of its optimizer ranges; without ZeRO-1 every
- * dp replica holds all of them, so replica d writes its d-th of each parameter. */
+ * replica (dp * cp ranks) holds all of them, so replica d writes its d-th of each
+ * parameter. */
 static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckpt_save_args *a)
 {
     const ts_model *m = a->model;
@@ -291,9 +292,9 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            if (!o->sharded && a->cfg->parallel.dp > 1) {
+            if (!o->sharded && a->replicas > 1) {
                 int64_t s, n;
-                ts_shard_range((int64_t)P->numel, a->cfg->parallel.dp, a->dp_rank, &s, &n);
+                ts_shard_range((int64_t)P->numel, a->replicas, a->replica, &s, &n);
                 lo = lo > (size_t)s ? lo : (size_t)s;
                 hi = hi < (size_t)(s + n) ? hi : (size_t)(s + n);
                 if (lo >= hi) continue;

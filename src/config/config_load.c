@@ -806,22 +806,28 @@ static ts_status read_file(config_t *lc, const char *path)
                    file, config_error_line(lc), config_error_text(lc));
 }
 
-/* parallel.dp = "auto": the ranks launched over pp * tp, as Megatron infers its
+/* parallel.dp = "auto": the ranks launched over pp * cp * tp, as Megatron infers its
  * data-parallel size. A command that launches no ranks (tessera plan: world_size <= 0)
  * plans one replica. */
 static ts_status resolve_auto_dp(ts_config *cfg, int world_size)
 {
     const ts_parallel_config *p = &cfg->parallel;
-    const long long model_ranks = (long long)p->pp * p->tp;
+    const long long model_ranks = (long long)p->pp * p->cp * p->tp;
     if (world_size <= 0) {
         cfg->parallel.dp = 1;
         return TS_OK;
     }
-    if (world_size % model_ranks != 0)
+    if (world_size % model_ranks != 0 && p->cp == 1)
         return ts_fail("parallel.dp = \"auto\" takes what pp * tp = %d * %d = %lld leave of "
                        "the %d ranks launched, but %d is not a multiple of %lld; launch a "
                        "multiple of %lld ranks or set parallel.dp",
                        p->pp, p->tp, model_ranks, world_size, world_size, model_ranks,
+                       model_ranks);
+    if (world_size % model_ranks != 0)
+        return ts_fail("parallel.dp = \"auto\" takes what pp * cp * tp = %d * %d * %d = %lld "
+                       "leave of the %d ranks launched, but %d is not a multiple of %lld; "
+                       "launch a multiple of %lld ranks or set parallel.dp",
+                       p->pp, p->cp, p->tp, model_ranks, world_size, world_size, model_ranks,
                        model_ranks);
     cfg->parallel.dp = (int)(world_size / model_ranks);
     return TS_OK;

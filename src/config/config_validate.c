@@ -95,21 +95,24 @@ ts_status ts_config_check_order(const key_spec *k, const ts_config *cfg, const c
 {
     (void)k;
     const char *s = cfg->parallel.order;
-    /* Exactly three two-letter names separated by '-', each of tp/dp/pp once. */
-    bool ok = strlen(s) == 8 && s[2] == '-' && s[5] == '-';
-    if (ok) {
-        const char *names[3] = { "tp", "dp", "pp" };
-        for (int i = 0; i < 3 && ok; i++) {
-            int seen = 0;
-            for (int j = 0; j < 3; j++)
-                if (strncmp(s + 3 * j, names[i], 2) == 0) seen++;
-            ok = seen == 1;
-        }
+    /* Four two-letter names separated by '-', each of tp/cp/dp/pp once; or three, each of
+     * tp/dp/pp once (cp then goes right after tp: src/topology/grid.c). */
+    const char *names[4] = { "tp", "dp", "pp", "cp" };
+    size_t len = strlen(s);
+    int n = len == 11 ? 4 : len == 8 ? 3 : 0;
+    bool ok = n > 0;
+    for (int j = 1; j < n && ok; j++) ok = s[3 * j - 1] == '-';
+    for (int i = 0; i < n && ok; i++) {
+        int seen = 0;
+        for (int j = 0; j < n; j++)
+            if (strncmp(s + 3 * j, names[i], 2) == 0) seen++;
+        ok = seen == 1;
     }
     if (ok) return TS_OK;
-    return ts_fail("config key 'parallel.order' = \"%s\"%s is not valid; give tp, dp and "
-                   "pp once each joined by '-', fastest-varying first (e.g. \"tp-dp-pp\" "
-                   "or \"dp-tp-pp\")",
+    return ts_fail("config key 'parallel.order' = \"%s\"%s is not valid; give tp, cp, dp "
+                   "and pp once each joined by '-', fastest-varying first (e.g. "
+                   "\"tp-cp-dp-pp\" or \"dp-tp-cp-pp\"), or tp, dp and pp once each "
+                   "(cp then varies right after tp: \"tp-dp-pp\" is \"tp-cp-dp-pp\")",
                    s, where);
 }
 

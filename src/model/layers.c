@@ -34,7 +34,10 @@ typedef struct {
     size_t NL;       /* rows of the norms and residuals: N, or N / tp under sequence
                         parallelism (tensor/tp.h) */
     size_t S;        /* tp_overlap's sub-batches (1: none) */
-    bool llama, selective, sp;
+    size_t KVG;      /* context parallelism: the gathered K/V [B, cp.T, 2 KV HS] a block
+                        keeps (0 without; tensor/cp.h) */
+    size_t cpw;      /* context parallelism: the exchange's work bytes (the scratch's) */
+    bool llama, selective, sp, cp;
 } act_dims;
 
 /* The shape a model (or a config, for estimates) gives the layout. */
@@ -42,6 +45,7 @@ typedef struct {
     bool llama, selective, sp;
     int n_embd, n_head, n_kv_head, ffn, vocab;
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
+    ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
 } act_shape;
 
 static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, int B, int T)
@@ -61,6 +65,19 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
                   .selective = sh.selective, .sp = sh.sp,
                   .S = sh.sub > 1 ? (size_t)sh.sub : 1};
+    if (sh.cp.size > 1 && T > 1) {
+        /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
+         * the two chunks' prefix state and keeps the gathered K/V. (T = 1: a count of
+         * rows only, the zero-bubble stash's.) */
+        ts_cp cp = sh.cp;
+        cp.k = k;
+        TS_ASSERT(T == ts_cp_local_len(&cp));
+        d.att = ts_cp_attention_saved_bytes(&cp, B, H, HS);
+        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, H, HS);
+        d.KVG = ts_cp_kv_elems(&cp, B, KV, HS);
+        d.cpw = ts_cp_work_bytes(&cp, B, KV, HS, sh.n_embd, d.ab);
+        d.cp = true;
+    }
     d.att_kept = sh.selective ? 0 : d.att;
     return d;
 }
@@ -69,7 +86,7 @@ static act_dims model_dims(const ts_model *m, int B, int T)
 {
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->tp.sp,
                           m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size,
-                          m->tp.sub};
+                          m->tp.sub, m->cp};
     return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
 }
 
@@ -89,6 +106,8 @@ static act_dims model_dims(const ts_model *m, int B, int T)
     X(ln1, d.NL * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.NL, F) /* first norm, stats */\
     X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
                                           RoPE) */                                          \
+    X(kvg, d.KVG, A)                   /* context parallelism: [B,T,2KV HS] every position's \
+                                          k, v, gathered (tensor/cp.h) */                   \
     X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
     X(att, d.att_kept, BYTES)          /* attention's saved state (CPU: [B,H,T,T] softmax; \
                                           none under selective recompute) */                \
@@ -135,7 +154,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
 {
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, cfg->n_embd,
                           cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, 1};
+                          cfg->vocab_size, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -275,11 +294,25 @@ static size_t scratch_rebuilt_out_offset(act_dims d)
     return scratch_rebuilt_offset(d) + ACT_ALIGN(d.att);
 }
 
+/* Context parallelism's exchange work (tensor/cp.h) comes last: the forwards use it as
+ * well (a->cp_work), beside the regions above that they use. */
+static size_t scratch_without_cp(act_dims d)
+{
+    if (!d.selective) return scratch_att_offset(d) + d.att_scratch;
+    return scratch_rebuilt_out_offset(d) + d.N * d.Cl * d.ab;
+}
+static size_t scratch_cp_offset(act_dims d) { return ACT_ALIGN(scratch_without_cp(d)); }
+
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
     const act_dims d = model_dims(m, B, T);
-    if (!d.selective) return scratch_att_offset(d) + d.att_scratch;
-    return scratch_rebuilt_out_offset(d) + d.N * d.Cl * d.ab;
+    return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
+}
+
+void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = model_dims(m, B, T);
+    return d.cp ? (unsigned char *)s->mem + scratch_cp_offset(d) : NULL;
 }
 
 void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T)
@@ -388,6 +421,9 @@ static void embed_forward(const ts_model *m, const ts_acts *a, int l)
     const int p0 = m->layers[l].first_param;
     const float *wpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_data(m, p0 + 1);
     TS_ASSERT(!m->tp.sp || a->sp_work);
+    TS_ASSERT(m->cp.size == 1 || a->cp_work);
+    /* Context parallelism: the position embedding's rows at this rank's positions. */
+    if (wpe) wpe = ts_cp_positions_table(&m->cp, a->cp_work, wpe, m->n_embd);
     ts_tp_embed_forward(&m->tp, embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
                         m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd, a->sp_work);
 }
@@ -408,6 +444,7 @@ static block_acts block_sub(const act_dims *d, const block_acts *s, int i)
     v.ln1_mean = d->NM ? s->ln1_mean + nl : s->ln1_mean;
     v.ln1_rstd = s->ln1_rstd + nl;
     v.qkv = act_at(d, s->qkv, n * d->QKV);
+    v.kvg = d->KVG ? act_at(d, s->kvg, d->KVG / d->S * (size_t)i) : s->kvg;
     v.atty = act_at(d, s->atty, n * d->Cl);
     v.att = (unsigned char *)s->att + d->att_kept / d->S * (size_t)i;
     v.res2 = act_at(d, s->res2, nl * d->C);
@@ -482,7 +519,12 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
         const void *ln1 = d.sp ? GI(i) : v.ln1;
         ts_tp_col_forward(tp, v.qkv, ln1, W(r.qkv_w), P(r.qkv_b), Ns, C, (int)d.QKV);
         if (m->rope_cos) k->rope_forward(v.qkv, m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
-        k->attention_forward(v.atty, d.selective ? a->att_work : v.att, v.qkv, Bs, T, H, KV, HS);
+        if (d.cp)
+            ts_cp_attention_forward(&m->cp, v.atty, d.selective ? a->att_work : v.att, v.kvg,
+                                    a->cp_work, v.qkv, Bs, H, KV, HS);
+        else
+            k->attention_forward(v.atty, d.selective ? a->att_work : v.att, v.qkv, Bs, T, H,
+                                 KV, HS);
         ts_tp_row_forward(tp, v.res2, v.atty, W(r.proj_w), P(r.proj_b), Ns, Cl, C, GI(i), PD(i));
         poll_pending(pend, S);
     }
@@ -610,8 +652,23 @@ static void embed_backward(const ts_model *m, const ts_acts *a, int l, const voi
 {
     const int p0 = m->layers[l].first_param;
     float *dwpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1);
-    ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), dwpe, dout, a->tokens, m->vocab_start,
-                         m->local_vocab, a->B, a->T, m->n_embd);
+    if (m->cp.size == 1 || !dwpe) {
+        ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), dwpe, dout, a->tokens,
+                             m->vocab_start, m->local_vocab, a->B, a->T, m->n_embd);
+        return;
+    }
+    /* Context parallelism: each chunk of each sequence adds into the position
+     * embedding's rows at its global positions (tensor/cp.h). */
+    const int c = a->T / 2, C = m->n_embd;
+    const size_t eb = ts_dtype_bytes(m->k->act_dtype);
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < 2; h++) {
+            const size_t row0 = (size_t)b * a->T + (size_t)h * c;
+            ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0),
+                                 dwpe + (size_t)ts_cp_chunk(&m->cp, h) * c * C,
+                                 (const unsigned char *)dout + row0 * C * eb, a->tokens + row0,
+                                 m->vocab_start, m->local_vocab, 1, c, C);
+        }
 }
 
 /* The backward of a block. With `stash` (the zero-bubble input-gradient pass) the four
@@ -754,11 +811,19 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
              * kept (the same kernel on the same input: the values the forward had). The
              * output goes to scratch too; atty, the projection's input, was kept. */
             void *rebuilt = (unsigned char *)sc->mem + scratch_rebuilt_offset(d);
-            k->attention_forward((unsigned char *)sc->mem + scratch_rebuilt_out_offset(d),
-                                 rebuilt, v.qkv, Bs, T, H, KV, HS);
+            void *out = (unsigned char *)sc->mem + scratch_rebuilt_out_offset(d);
+            if (d.cp)
+                ts_cp_attention_recompute(&m->cp, out, rebuilt, v.kvg, v.qkv, Bs, H, KV, HS);
+            else
+                k->attention_forward(out, rebuilt, v.qkv, Bs, T, H, KV, HS);
             att = rebuilt;
         }
-        k->attention_backward(DQKV(i), att_scratch, datty, v.qkv, att, Bs, T, H, KV, HS);
+        if (d.cp)
+            ts_cp_attention_backward(&m->cp, DQKV(i), att_scratch,
+                                     (unsigned char *)sc->mem + scratch_cp_offset(d), datty,
+                                     v.qkv, v.kvg, att, Bs, H, KV, HS);
+        else
+            k->attention_backward(DQKV(i), att_scratch, datty, v.qkv, att, Bs, T, H, KV, HS);
         /* The gradient of q and k before their rotation (RoPE is linear). */
         if (m->rope_cos) k->rope_backward(DQKV(i), m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
         rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));

@@ -159,6 +159,7 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     m->vocab_size = cfg->vocab_size;
     m->max_seq_len = cfg->seq_len;
     m->k = tp->k;
+    m->cp = ts_cp_make(1, 0, NULL, tp->k, cfg->seq_len);
     m->n_layers = cfg->n_layer + 2;
     m->layers = ts_calloc((size_t)m->n_layers, sizeof *m->layers);
     m->layer_mem = ts_calloc((size_t)m->n_layers, sizeof *m->layer_mem);
@@ -261,6 +262,25 @@ static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
     free(inv);
     free(c);
     free(s);
+}
+
+void ts_model_set_context_parallel(ts_model *m, ts_cp cp)
+{
+    m->cp = cp;
+    if (cp.size == 1 || !m->rope_cos) return;
+    /* RoPE rotates local row t by its global position's angle: the rows of the tables
+     * at this rank's positions, so the kernels index them by local row. */
+    const int half = m->n_embd / m->n_head / 2, Tl = ts_cp_local_len(&cp);
+    TS_ASSERT(cp.T <= m->max_seq_len);
+    float *tabs[2] = {m->rope_cos, m->rope_sin};
+    for (int i = 0; i < 2; i++) {
+        float *rows = m->k->dev_alloc((size_t)Tl * half * sizeof(float));
+        ts_cp_positions_table(&cp, rows, tabs[i], half);
+        m->k->dev_free(tabs[i]);
+        tabs[i] = rows;
+    }
+    m->rope_cos = tabs[0];
+    m->rope_sin = tabs[1];
 }
 
 void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,

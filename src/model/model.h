@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "tensor/cp.h"
 #include "tensor/shard.h"
 #include "tensor/tp.h"
 
@@ -92,6 +93,10 @@ typedef struct {
      * [vocab_start, vocab_start + local_vocab) (a balanced split: vocab_size need not
      * divide by tp). tp.size == 1: the whole model. */
     ts_tp tp;
+    /* Context parallelism (tensor/cp.h; ts_model_set_context_parallel): this rank's
+     * micro-batches hold cp.T / cp.size positions of each sequence, a->T of its
+     * activations. size 1 (the default): whole sequences. */
+    ts_cp cp;
     int local_heads, local_kv_heads, kv_replicas, local_ffn, local_vocab, vocab_start;
 
     /* Rotary embeddings (llama; NULL for gpt2): cos and sin of position t times inverse
@@ -131,6 +136,11 @@ typedef struct {
 /* Selective recomputation on or off, before any activations or scratch are sized (it
  * changes both layouts: ts_acts_bytes, ts_scratch_bytes). */
 static inline void ts_model_set_selective(ts_model *m, bool on) { m->selective_recompute = on; }
+
+/* Context parallelism on (cp.size > 1), before any activations or scratch are sized:
+ * the layouts gain the gathered keys and values, and RoPE's tables (llama) are replaced
+ * by this rank's positions' rows. A layout-only model (no comm) may take it too. */
+void ts_model_set_context_parallel(ts_model *m, ts_cp cp);
 
 /* Build the layer and parameter lists for the owned layers (owned == NULL: all) and
  * allocate the flat buffers (zeroed): the whole model on one rank (tp = 1). */
@@ -210,7 +220,8 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
 
 typedef struct {
     int l0, l1;             /* layers [l0, l1) */
-    int B, T;
+    int B, T;               /* T: the positions of each sequence this rank holds (under
+                             * context parallelism cp.T / cp.size) */
     int *tokens, *targets;  /* [B*T], owned */
     const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
     unsigned char *mem;     /* all layers' saved activations, owned */
@@ -224,6 +235,9 @@ typedef struct {
     void *sp_work;          /* sequence parallelism: [N, C] where the forwards gather a
                              * norm's rows and sum a row-parallel linear's (not owned; the
                              * scratch's: ts_scratch_sequence_work) */
+    void *cp_work;          /* context parallelism: where the forwards gather keys and
+                             * values and lay out position rows (not owned; the
+                             * scratch's: ts_scratch_context_work) */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
 } ts_acts;
@@ -257,6 +271,9 @@ void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, i
 /* Under sequence parallelism, the part of s the forwards gather into (ts_acts.sp_work);
  * NULL otherwise. */
 void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, int T);
+/* Under context parallelism, the part of s the K/V exchange and the position table use
+ * (ts_acts.cp_work; tensor/cp.h); NULL otherwise. */
+void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss

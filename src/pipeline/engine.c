@@ -42,7 +42,9 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->n_chunks = sched->n_chunks;
     e->m = sched->m;
     e->B = cfg->parallel.micro_batch;
-    e->T = cfg->model.seq_len;
+    e->seq_len = cfg->model.seq_len;
+    e->T = ts_cp_local_len(&model->cp); /* model->cp.T == seq_len */
+    TS_ASSERT(model->cp.T == e->seq_len);
     e->N = e->B * e->T;
     e->C = cfg->model.n_embd;
     e->rows = ts_tp_rows(&model->tp, e->N); /* a chunk's boundary: this rank's rows */
@@ -88,8 +90,9 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     const ts_kernels *k = model->k;
     const size_t NCB = e->nc_bytes, NI = (size_t)e->N * sizeof(int);
     e->loss_acc = k->dev_alloc(2 * sizeof(double));
-    e->tokens_host = ts_calloc((size_t)e->N, sizeof(int));
-    e->targets_host = ts_calloc((size_t)e->N, sizeof(int));
+    e->tokens_host = ts_calloc((size_t)e->B * e->seq_len, sizeof(int));
+    e->targets_host = ts_calloc((size_t)e->B * e->seq_len, sizeof(int));
+    e->local_host = ts_calloc((size_t)e->N, sizeof(int));
     e->slots = ts_calloc((size_t)e->n_local * e->m, sizeof *e->slots);
     for (int j = 0; j < e->n_local; j++) {
         int c = e->local_chunks[j];
@@ -137,6 +140,7 @@ void ts_engine_free(ts_engine *e)
     k->dev_free(e->loss_acc);
     free(e->tokens_host);
     free(e->targets_host);
+    free(e->local_host);
     for (int j = 0; j < e->n_local; j++) {
         for (int k = 0; k < e->n_free[j]; k++) {
             ts_acts_free(&e->free_acts[j][k]);
@@ -174,6 +178,7 @@ static ts_acts *acquire_acts(ts_engine *e, int c)
         ts_acts_init(a, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
         a->att_work = ts_scratch_attention_work(&e->scratch, e->model, e->B, e->T);
         a->sp_work = ts_scratch_sequence_work(&e->scratch, e->model, e->B, e->T);
+        a->cp_work = ts_scratch_context_work(&e->scratch, e->model, e->B, e->T);
         e->n_allocated[j]++;
     }
     return a;
@@ -248,16 +253,28 @@ static bool recomputes(const ts_engine *e, int c, int mb)
     return e->recomputed[(size_t)c * e->m + mb];
 }
 
+/* Host ids [B, seq_len] to the device's [B, T]: under context parallelism this rank's
+ * positions of each sequence (tensor/cp.h), else all of them. */
+static void ids_to_device(const ts_engine *e, int *dev, const int *host, int B)
+{
+    const int *src = host;
+    if (e->model->cp.size > 1) {
+        ts_cp_select(&e->model->cp, e->local_host, host, B);
+        src = e->local_host;
+    }
+    e->model->k->memcpy_h2d(dev, src, (size_t)B * e->T * sizeof(int));
+}
+
 /* Fill the micro-batch's tokens (first chunk) and targets (last chunk): read on the
- * host, then one copy each to the device. */
+ * host, then one copy each to the device. Every context-parallel rank of a replica
+ * reads the same sequences. */
 static void load_batch(ts_engine *e, int step, int mb, ts_acts *a)
 {
     const ts_config *c = e->cfg;
-    ts_data_microbatch(e->data, step, c->train.global_batch, e->dp, e->dp_rank, e->B, mb, e->T,
-                       e->tokens_host, e->targets_host);
-    const size_t NI = (size_t)e->N * sizeof(int);
-    e->model->k->memcpy_h2d(a->tokens, e->tokens_host, NI);
-    e->model->k->memcpy_h2d(a->targets, e->targets_host, NI);
+    ts_data_microbatch(e->data, step, c->train.global_batch, e->dp, e->dp_rank, e->B, mb,
+                       e->seq_len, e->tokens_host, e->targets_host);
+    ids_to_device(e, a->tokens, e->tokens_host, e->B);
+    ids_to_device(e, a->targets, e->targets_host, e->B);
 }
 
 static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool replay)
@@ -270,7 +287,7 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     } else {
         load_batch(e, step, mb, a);
     }
-    const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->T);
+    const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->seq_len);
     /* The loss of a replayed forward was counted the first time. */
     ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);
 }
@@ -470,7 +487,7 @@ void ts_engine_run(ts_engine *e, int step)
  * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
 {
-    const int T = e->T, mbs = e->B;
+    const int T = e->seq_len, mbs = e->B;
     const uint64_t S = ts_data_num_windows(val, T);
     const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
     const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
@@ -512,12 +529,12 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 ts_data_window(val, k, T, e->tokens_host + (size_t)r * T,
                                e->targets_host + (size_t)r * T);
             }
-            kern->memcpy_h2d(a->tokens, e->tokens_host, (size_t)mbs * T * sizeof(int));
-            kern->memcpy_h2d(a->targets, e->targets_host, (size_t)mbs * T * sizeof(int));
+            ids_to_device(e, a->tokens, e->tokens_host, mbs);
+            ids_to_device(e, a->targets, e->targets_host, mbs);
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 /* Padding rows repeat window w0; only the real rows count. */
-                kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * T);
+                kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * e->T);
             } else {
                 void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {

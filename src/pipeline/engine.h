@@ -46,6 +46,7 @@ typedef struct {
     int *pp_world;          /* [pp.size] world rank of each pipeline rank (watchdog messages) */
     int pp_rank, dp, dp_rank;
     int n_chunks, m, B, T, N, C;
+    int seq_len;            /* positions of a sequence; T: this rank's (seq_len / cp) */
     ts_dtype act;           /* the activations' element type (the model's kernels) */
     int rows;               /* rows of a chunk's input and output on this rank: N, or
                              * N / tp under sequence parallelism */
@@ -93,7 +94,8 @@ typedef struct {
     double loss_sum;        /* sum of per-token losses (last chunk's rank), read back from
                              * loss_acc once at the end of the step */
     double *loss_acc;       /* device: the step's losses accumulate here */
-    int *tokens_host, *targets_host; /* [N] host staging of a micro-batch's token ids */
+    int *tokens_host, *targets_host; /* [B*seq_len] host staging of a micro-batch's ids */
+    int *local_host;        /* [N]: this rank's positions of them (context parallelism) */
     double compute_ms;      /* time in F/B/I/W */
     double span_ms;         /* from the step's start to its last action */
 } ts_engine;

@@ -226,7 +226,11 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                               rank_layout *out)
 {
     const ts_model_config *mc = &cfg->model;
-    const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len;
+    /* Under context parallelism a rank holds seq_len / cp positions of each sequence
+     * (tensor/cp.h), and dp * cp ranks hold the same weights (ZeRO shards over them). */
+    const int cp = cfg->parallel.cp > 1 ? cfg->parallel.cp : 1;
+    const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len / cp;
+    const int replicas = cfg->parallel.dp * cp;
     const int n = sched->n_chunks;
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
@@ -239,6 +243,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
     ts_tp tp = ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel);
     ts_model_layout_tp(&m, mc, owned, &tp);
+    ts_model_set_context_parallel(&m, ts_cp_make(cp, 0, NULL, k, mc->seq_len));
     const bool selective =
         ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE;
     ts_model_set_selective(&m, selective);
@@ -258,7 +263,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     }
     out->chunk_floats = NULL;
     memset(&out->res, 0, sizeof out->res);
-    const bool sharded = cfg->parallel.dp > 1 && cfg->parallel.zero >= 2;
+    const bool sharded = replicas > 1 && cfg->parallel.zero >= 2;
     if (sharded) {
         out->chunk_floats = ts_calloc((size_t)n, sizeof(double));
         layout_chunk_floats(&m, part, sched, pp_rank, out->chunk_floats);
@@ -267,7 +272,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     }
     out->sh = (ts_memory_shape){
         .micro_batch = B, .seq_len = T, .n_embd = mc->n_embd, .pp = sched->pp, .n_chunks = n,
-        .chunk_rank = sched->chunk_rank, .m = sched->m, .dp = cfg->parallel.dp,
+        .chunk_rank = sched->chunk_rank, .m = sched->m, .dp = replicas,
         .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,

@@ -56,7 +56,7 @@ typedef struct {
     int pp, n_chunks;         /* pipeline ranks; chunks, pp * virtual_stages */
     const int *chunk_rank;    /* [n_chunks]: the schedule's placement (schedule.h) */
     int m;                    /* micro-batches per step */
-    int dp, zero;
+    int dp, zero;             /* dp: the ranks holding the same weights (dp * cp) */
     bool async_checkpoint;    /* checkpoint.async with a checkpoint dir */
     int weight_copy_bytes;    /* per parameter, a compute copy beside the fp32 weights
                                  (kernels.h's weight_copy_bytes; the planner's bf16

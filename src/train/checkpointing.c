@@ -293,11 +293,11 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
                        "finite; nothing was saved and %s keeps its checkpoints; lower "
                        "train.lr or check the data",
                        step, t->cfg.checkpoint.dir);
-    const ts_topology *topo = t->topo;
     int set_files[TS_MAX_DATASETS];
     for (int d = 0; d < t->train_data.n_sets; d++) set_files[d] = t->train_data.sets[d].n_shards;
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
-                           .world = &t->world, .dp_rank = topo->coords.dp, .step = step,
+                           .world = &t->world, .replica = t->dp.rank, .replicas = t->dp.size,
+                           .step = step,
                            .staging = &t->staging, .n_data = t->n_data,
                            .data_tokens = t->data_tokens, .data_crc = t->data_crc,
                            .n_sets = t->train_data.n_sets, .set_files = set_files};

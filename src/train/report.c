@@ -208,9 +208,9 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, data,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, data,
         s->skipped ? ",\"skipped\":true" : "");
     if (t->cfg.log.progress) {
         char eta[32];

@@ -55,7 +55,7 @@ ts_status ts_trainer_select_device(ts_trainer *t)
     /* Every group, even after one failed: each move is collective over its group, so
      * stopping early would leave the other groups' members waiting. */
     char first[1024] = "";
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv };
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv, &t->cp };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (ts_comm_set_backend(groups[i], data) != TS_OK && !first[0])
             snprintf(first, sizeof first, "%s", ts_error_message());

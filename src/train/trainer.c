@@ -31,10 +31,12 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     t->t0_ms = ts_now_ms();
     ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
     t->world = topo->world;
-    t->dp = topo->dp_comm;
+    t->dp = topo->replica_comm; /* dp * cp ranks hold the same weights */
     t->pp = topo->pp_comm;
     t->tp = topo->tp_comm;
     t->tp.busy_ms = &t->tp_busy_ms;
+    t->cp = topo->cp_comm;
+    t->cp.busy_ms = &t->cp_busy_ms;
     t->embed = topo->embed_comm;
     t->kv = topo->kv_comm;
     ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
@@ -64,12 +66,14 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
     ts_tp tp = ts_tp_overlap(ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel),
                              cfg->parallel.tp_overlap);
-    /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with dp > 1):
-     * ZeRO-2 no gradients, ZeRO-3 no weights either. */
-    const int level = cfg->parallel.dp > 1 ? cfg->parallel.zero : 0;
+    /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with more than
+     * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
+    const int level = t->dp.size > 1 ? cfg->parallel.zero : 0;
     ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
     ts_model_set_selective(&t->model, ts_recompute_from_name(cfg->parallel.recompute) ==
                                           TS_RECOMPUTE_SELECTIVE);
+    ts_model_set_context_parallel(&t->model, ts_cp_make(cfg->parallel.cp, topo->coords.cp,
+                                                        &t->cp, t->k, cfg->model.seq_len));
     free(owned);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
@@ -169,7 +173,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_engine_free(&t->engine);
     /* Release the data planes' per-group state (NCCL communicators, comm streams) on
      * the trainer's copies of the groups; the topology frees the MPI groups. */
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv };
+    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv, &t->cp };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
         if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
     if (t->has_train) ts_sampler_close(&t->train_data);
@@ -202,6 +206,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     if (t->model.grad_mem) /* ZeRO-2/3 zero each chunk's buffer as it is allocated */
         t->model.k->memset_zero(t->model.grad_mem, t->model.num_floats * sizeof(float));
     t->tp_busy_ms = 0.0;
+    t->cp_busy_ms = 0.0;
     ts_grad_sync_begin(&t->grad_sync);
     ts_engine_run(&t->engine, step);
 
@@ -260,6 +265,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     double tp_ms = t->tp_busy_ms;
     ts_host_allreduce_max_f64(&t->world, &tp_ms, 1);
     out->tp_comm_ms = tp_ms;
+    double cp_ms = t->cp_busy_ms;
+    ts_host_allreduce_max_f64(&t->world, &cp_ms, 1);
+    out->cp_comm_ms = cp_ms;
 }
 
 double ts_trainer_eval(ts_trainer *t)

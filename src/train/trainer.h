@@ -34,18 +34,23 @@ typedef struct {
     double dp_wait_ms;  /* time blocked finishing the dp all-reduce (max over ranks) */
     double dp_bytes;    /* gradient bytes each replica all-reduces per step */
     double tp_comm_ms;  /* time in tensor-parallel all-reduces (max over ranks) */
+    double cp_comm_ms;  /* time in context parallelism's K/V exchange (max over ranks) */
     bool skipped;       /* the loss or gradient norm was not finite: no update applied */
 } ts_step_stats;
 
 typedef struct {
     ts_config cfg;
     const ts_topology *topo;
-    ts_comm world, dp, pp, tp, embed, kv;
+    /* dp: the ranks holding the same weights (the topology's replica group: dp * cp of
+     * them), over which gradients are reduced and ZeRO shards; cp: the context-parallel
+     * group (tensor/cp.h). */
+    ts_comm world, dp, pp, tp, embed, kv, cp;
     /* The compute backend (train.device); dp, pp, tp and embed carry its memory on the
      * comm backend that can (MPI for the CPU; staged through host buffers for memory
      * the host may not touch). */
     const ts_kernels *k;
     double tp_busy_ms;  /* this step's time in tp collectives (t->tp.busy_ms points here) */
+    double cp_busy_ms;  /* the same for the cp group's */
 
     ts_partition part;
     ts_schedule sched;

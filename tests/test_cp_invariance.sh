@@ -1,0 +1,64 @@
+# Grid invariance for context parallelism (parallel.cp: each sequence cut into 2*cp
+# chunks, rank i holding chunks i and 2cp-1-i, keys and values all-gathered over the cp
+# group before attention, dK/dV reduce-scattered back; tensor/cp.h): cp 2 and 4 alone,
+# cp 2 with tp 2 (and sequence parallelism, tp_overlap), pp 2 (1f1b, zb-h1's weight pass,
+# interleaved), dp 2 (ZeRO-1, ZeRO-3), selective and full recompute give the one-rank
+# losses within relative 1e-4, for GPT-2 (learned positions at the global rows) and
+# Llama (RoPE at the global positions, grouped-query K/V); a rerun is bit for bit; a
+# checkpoint saved with cp 2 resumes with cp 1 and tp 2 (the files know no cp) and
+# continues the one-rank losses. A seq_len that 2*cp does not divide is refused, nothing
+# padded.
+source "$(dirname "$0")/lib.sh"
+
+make_corpus "$TMP/train.bin"
+# 20 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
+# follows one schedule of that length (lr_decay_steps), so a resumed run continues it.
+steps="${TS_TEST_SWEEP_STEPS:-20}"
+common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "train.lr_decay_steps=$steps"
+        --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
+        --set log.progress=false)
+
+check ref 1
+check cp2 2 --set parallel.cp=2
+check cp4 4 --set parallel.cp=4
+check cp2_tp2 4 --set parallel.cp=2 --set parallel.tp=2
+check cp2_tp2_sp_overlap2 4 --set parallel.cp=2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true --set parallel.tp_overlap=2
+check cp2_pp2_1f1b 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.schedule=1f1b
+check cp2_pp2_zbh1 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.schedule=zb-h1
+check cp2_pp2_interleaved 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set parallel.schedule=interleaved-1f1b --set parallel.micro_batch=2
+check cp2_dp2_zero1 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1
+check cp2_dp2_zero3 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=3
+check cp2_selective 2 --set parallel.cp=2 --set parallel.recompute=selective
+check cp2_pp2_full 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.recompute=full
+
+check cp2_again 2 --set parallel.cp=2
+if cmp -s <(losses "$TMP/cp2.jsonl") <(losses "$TMP/cp2_again.jsonl"); then pass
+else fail "cp = 2 run twice is not bit-identical"; fi
+
+# Save at step 3 with cp 2, resume with cp 1 and tp 2: the remaining steps are the
+# one-rank run's.
+half=3
+if run_np 2 "${common[@]}" --set parallel.cp=2 --set "train.steps=$half" \
+  --set "checkpoint.dir=\"$TMP/ck\""; then pass
+else fail "saving with context parallelism"; sed 's/^/    /' "$TMP/err" >&2; fi
+# (steps count from 0: the resumed run's first line is step $half)
+awk -v h="$half" -F'"step":' 'NF > 1 && $2 + 0 >= h' "$TMP/ref.jsonl" > "$TMP/ref_tail.jsonl"
+CHECK_REF="$TMP/ref_tail.jsonl" check cp2_resumed_tp2 2 --set parallel.tp=2 \
+  --set "checkpoint.load=\"$TMP/ck/step_0000000$half\""
+
+expect_error 2 "parallel.cp = 2 needs model.seq_len = 62 to divide by 2\*cp = 4" "${common[@]}" \
+  --set parallel.cp=2 --set model.seq_len=62
+expect_error 2 "the grid pp\*dp\*cp\*tp = 1\*1\*2\*2 = 4 does not match the 2 ranks" \
+  "${common[@]}" --set parallel.cp=2 --set parallel.dp=1 --set parallel.tp=2
+
+# Llama: RoPE at the global positions, two key/value heads (one per tp rank on tp 2).
+mv "$TMP/ref.jsonl" "$TMP/ref_gpt2.jsonl"
+common=(train "$SRC/configs/llama-tiny.cfg" "${common[@]:2}")
+check ref 1
+check llama_cp2 2 --set parallel.cp=2
+check llama_cp4_tp2 8 --set parallel.cp=4 --set parallel.tp=2
+check llama_cp2_pp2_zbh1_selective 4 --set parallel.cp=2 --set parallel.pp=2 \
+  --set parallel.schedule=zb-h1 --set parallel.recompute=selective
+finish
