@@ -77,6 +77,9 @@ grid zb 2 --set parallel.dp=1 --set parallel.pp=2 --set 'parallel.schedule="zb-h
 grid tp2 2 --set parallel.dp=1 --set parallel.tp=2
 # Sequence parallelism's reduce-scatters and all-gathers move bf16 activations.
 grid tp2_sp 2 --set parallel.dp=1 --set parallel.tp=2 --set parallel.sequence_parallel=true
+# Context parallelism's K/V all-gather and dK/dV reduce-scatter move bf16 activations; the
+# two chunks' dK/dV add in one bf16 buffer before the sum over the group.
+grid cp2 2 --set parallel.dp=1 --set parallel.cp=2
 grid grid3d 8 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1
 # ZeRO-3 gathers the weights in bf16 (half the bytes), so its norms, biases and
 # embedding read bf16-rounded values: within the same 1e-2.
