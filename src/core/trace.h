@@ -12,7 +12,9 @@
  *   cat:   "F" "B" "I" "W" (compute on chunk/mb), "wait" (blocked on a send/recv),
  *          "optim" (optimizer step), "dpsync" (the step blocked finishing the data-
  *          parallel gradient sync), "tpcomm" (a tensor-parallel collective, the call or,
- *          under tp_overlap, its start to completion, on the dp track), "dpreduce"
+ *          under tp_overlap, its start to completion, on the dp track), "cpcomm" (a
+ *          context-parallel K/V all-gather or dK/dV reduce-scatter, on the dp track),
+ *          "dpreduce"
  *          (one dp collective from its start to its
  *          completion, on the dp track)
  *   name:  "F3" for compute (kind + micro-batch), else usually the category (for

@@ -25,6 +25,7 @@ static const style k_styles[] = {
     {"dpsync", "dp sync wait", 0xb07aa1},
     {"dpreduce", "dp reduction", 0xff9da7},
     {"tpcomm", "tp collective", 0xb07aa1},
+    {"cpcomm", "cp K/V exchange", 0x76b7b2},
 };
 #define N_STYLES ((int)(sizeof k_styles / sizeof k_styles[0]))
 

@@ -273,33 +273,36 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
     return st;
 }
 
-/* The dp group's span hook (comm.h ts_comm_span_fn), set when tracing: each dp
- * collective (a gradient bucket's reduction, from its start until a test or wait saw
- * it complete) becomes a span on this rank's dp track. */
-void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+/* A collective's span on the communication track (the dp reduction's, a tensor- or
+ * context-parallel collective's: blocking, the call; tp_overlap's, start to completion,
+ * which the main track's kernels run beside), category `cat`, named prefix + what. */
+static void comm_span(ts_trainer *t, const char *cat, const char *prefix, const char *what,
+                      double t0, double t1)
 {
-    (void)bytes;
-    ts_trainer *t = ctx;
     if (!t->tracing) return;
-    ts_trace_event ev = ts_trace_event_make("dpreduce", t->world.rank, -1, -1,
-                                            (t0 - t->t0_ms) * 1e3, (t1 - t0) * 1e3);
-    snprintf(ev.name, sizeof ev.name, "%s", what);
+    ts_trace_event ev = ts_trace_event_make(cat, t->world.rank, -1, -1, (t0 - t->t0_ms) * 1e3,
+                                            (t1 - t0) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "%s%s", prefix, what);
     ev.track = TS_TRACE_TRACK_DP;
     ts_trace_add(&t->trace, &ev);
 }
 
-/* A tensor-parallel collective (blocking: the call; tp_overlap's: start to completion,
- * which the main track's kernels run beside), on the same communication track. */
+void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+{
+    (void)bytes;
+    comm_span(ctx, "dpreduce", "", what, t0, t1);
+}
+
 void ts_trainer_on_tp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
 {
     (void)bytes;
-    ts_trainer *t = ctx;
-    if (!t->tracing) return;
-    ts_trace_event ev = ts_trace_event_make("tpcomm", t->world.rank, -1, -1,
-                                            (t0 - t->t0_ms) * 1e3, (t1 - t0) * 1e3);
-    snprintf(ev.name, sizeof ev.name, "tp %s", what);
-    ev.track = TS_TRACE_TRACK_DP;
-    ts_trace_add(&t->trace, &ev);
+    comm_span(ctx, "tpcomm", "tp ", what, t0, t1);
+}
+
+void ts_trainer_on_cp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+{
+    (void)bytes;
+    comm_span(ctx, "cpcomm", "cp ", what, t0, t1);
 }
 
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)

@@ -92,6 +92,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->dp.on_span_ctx = t;
         t->tp.on_span = ts_trainer_on_tp_span; /* the model's tp group is t->tp */
         t->tp.on_span_ctx = t;
+        t->cp.on_span = ts_trainer_on_cp_span; /* the model's cp group is t->cp */
+        t->cp.on_span_ctx = t;
     }
     const ts_zero_layout zl = {&t->sched, topo->coords.pp, t->part.first_layer,
                                t->part.n_chunk_layers};
