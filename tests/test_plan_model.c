@@ -11,7 +11,8 @@
  * comparison for llama-tiny too (with and without sequence parallelism at tp 2 and 4);
  * Llama 3's parameter counts, FLOPs per token and the planner's per-block GEMM work and
  * parameters (test_llama3); sequence parallelism's collectives, messages and a search
- * that picks it (test_sequence_parallel). */
+ * that picks it (test_sequence_parallel); context parallelism's exchange, compute, the
+ * 405B long-context grid and searches (test_context_parallel). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -524,9 +525,11 @@ static void test_sequence_parallel(void)
         ts_plan_layers_free(&a);
         ts_plan_layers_free(&b);
     }
-    /* GPT-3 13B on 16 devices of 80 GB: the grids that keep their activations need sp. */
-    const char *sets[] = {"train.global_batch=32"};
-    load_config("configs/gpt3-13b.cfg", sets, 1, &cfg);
+    /* GPT-3 13B on 16 devices of 80 GB: the grids that keep their activations need sp.
+     * (seq_len 2046: 2 divides it, 4 not, so no context parallelism, which at 2048 wins
+     * with cp 2 instead: test_context_parallel.) */
+    const char *sets[] = {"train.global_batch=32", "model.seq_len=2046"};
+    load_config("configs/gpt3-13b.cfg", sets, 2, &cfg);
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
     ts_search_opts o = {.gpus = 16, .top = 200};
     ts_search_result r;
@@ -546,6 +549,148 @@ static void test_sequence_parallel(void)
     ts_plan_ctx_free(x);
 }
 
+/* 8. Context parallelism (model_cost.h, predict.h): a block's K/V exchange is a ring
+ * all-gather of [B, T, 2 kvl HS] bf16 values over cp ranks forward and the same
+ * reduce-scatter backward, on the link of tp * cp consecutive ranks; every GEMM at
+ * T / cp rows and attention the two chunks' prefix rectangles c x (j+1)c (exact FLOPs
+ * on an ideal device), so the block's compute falls with cp; messages / cp; cp = 1 is
+ * the model without it to the bit. Then Llama 3 405B's long-context grid (seq 131072,
+ * tp 8, cp 16, pp 16, dp 4, 128 sequences) in a plausible band, a seq_len that 2cp
+ * does not divide refused, and the 16,384-GPU search at 131072 picking cp > 1. */
+static void test_context_parallel(void)
+{
+    const char *sets[] = {"model.seq_len=131072", "train.global_batch=128"};
+    ts_config cfg;
+    load_config("configs/llama3-405b.cfg", sets, 2, &cfg);
+    const ts_model_config *mc = &cfg.model;
+    ts_cluster cl, ideal;
+    load_cluster("configs/clusters/dgx-h100.cfg", &cl);
+    ideal = cl;
+    ideal.n_eff = 1;
+    ideal.eff_n[0] = 1.0;
+    ideal.eff[0] = 1.0;
+    const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
+    const double T = mc->seq_len, C = mc->n_embd, HS = 128, F = ts_model_ffn(mc), tp = 8;
+    const double hl = mc->n_head / tp, kvl = 1.0, ab = 2.0;
+    ts_plan_layers base, plain;
+    ts_plan_layers_build_cp(&base, mc, &ideal, k, 8, false, 1, 1, ideal.intra, 1, ideal.inter);
+    ts_plan_layers_build(&plain, mc, &ideal, k, 8, false, 1, 1, ideal.intra);
+    CHECK(plain.f[1] == base.f[1] && plain.i[1] == base.i[1] && plain.msg_bytes == base.msg_bytes);
+    ts_plan_layers_free(&plain);
+    double prev = -1.0;
+    for (int cp = 1; cp <= 32; cp *= 2) {
+        ts_plan_layers L;
+        ts_plan_layers_build_cp(&L, mc, &ideal, k, 8, false, 1, 1, ideal.intra, cp, ideal.inter);
+        const double peak = ts_cluster_peak(&ideal), N = T / cp, c = T / (2 * cp);
+        /* the exchange: (cp-1)/cp of the gathered bytes / bandwidth + (cp-1) latencies */
+        const double bytes = 1 * T * 2 * kvl * HS * ab;
+        const double want = cp == 1 ? 0.0
+                                    : (cp - 1.0) / cp * bytes / ideal.inter.bandwidth +
+                                          (cp - 1.0) * ideal.inter.latency;
+        CHECKF(ts_rel_err(L.f_cp[1], want, 1e-30) < 1e-12 && L.i_cp[1] == L.f_cp[1] &&
+                   L.f_cp[0] == 0.0 && L.f_cp[L.n_layers - 1] == 0.0 &&
+                   ts_rel_err(ts_plan_cp_exchange_time(mc, 8, cp, 1, ab, ideal.inter), want,
+                              1e-30) < 1e-12,
+               "cp %d: exchange %.6g s, want %.6g", cp, L.f_cp[1], want);
+        /* GEMM FLOPs per block forward: the linears at N rows, attention's rectangles */
+        const double lin = 2 * N * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C);
+        const double att = cp == 1 ? 4 * hl * T * T * HS : 4 * hl * HS * c * c * (2 * cp + 1);
+        CHECKF(ts_rel_err(L.f_gemm[1] * peak, lin + att, 1) < 1e-9,
+               "cp %d: block GEMMs %.6g FLOP, want %.6g", cp, L.f_gemm[1] * peak, lin + att);
+        CHECKF(prev < 0 || L.f[1] - L.f_cp[1] < prev, "cp %d: block compute %.6g s not below %.6g",
+               cp, L.f[1] - L.f_cp[1], prev);
+        prev = L.f[1] - L.f_cp[1];
+        CHECK(ts_rel_err(L.msg_bytes * cp, base.msg_bytes, 0) < 1e-12 &&
+              L.param_floats[1] == base.param_floats[1]);
+        if (cp == 1)
+            CHECK(L.f[1] == base.f[1] && L.i[1] == base.i[1] && L.act_bytes[1] == base.act_bytes[1]);
+        ts_plan_layers_free(&L);
+    }
+    ts_plan_layers_free(&base);
+    /* The link: tp * cp consecutive ranks inside a node of 8, else between nodes. */
+    ts_plan_grid g = {.pp = 1, .dp = 1, .tp = 2, .cp = 4};
+    CHECK(ts_plan_cp_link(&cl, &g).bandwidth == cl.intra.bandwidth);
+    g.cp = 8;
+    CHECK(ts_plan_cp_link(&cl, &g).bandwidth == cl.inter.bandwidth &&
+          ts_plan_dp_link(&cl, &g).bandwidth == cl.inter.bandwidth);
+
+    /* Meta's long-context grid: tp 8, cp 16, pp 16, dp 4 (the product is 8,192 devices),
+     * sequence parallel, recompute auto, interleaved v 4; 128 sequences: 32 per replica. */
+    const char *meta[] = {"model.seq_len=131072", "train.global_batch=128", "parallel.dp=4",
+                          "parallel.cp=16", "parallel.sequence_parallel=true",
+                          "parallel.recompute=\"auto\"", "parallel.schedule=\"interleaved-1f1b\"",
+                          "parallel.virtual_stages=4"};
+    load_config("configs/llama3-405b.cfg", meta, 8, &cfg);
+    ts_plan_grid_of(&cfg, &g);
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_plan_result r;
+    CHECK(ts_plan_predict(x, &g, &r, NULL) == TS_OK);
+    CHECKF(g.cp == 16 && g.m == 32 && r.fits && r.mfu > 0.20 && r.mfu < 0.60 &&
+               r.terms.cp_comm > 0 && r.terms.cp_comm < r.terms.compute,
+           "405B long context: cp %d m %d fits %d MFU %.3f, cp %.1f ms of compute %.1f", g.cp,
+           g.m, r.fits, r.mfu, r.terms.cp_comm, r.terms.compute);
+    printf("405B at 131072 on tp 8 x cp 16 x pp 16 x dp 4: %.2f s, MFU %.1f%% (paper 38%%), "
+           "%.1f GB\n",
+           r.step_ms / 1e3, 100 * r.mfu, r.mem.total / 1e9);
+    ts_plan_ctx_free(x);
+
+    /* A seq_len that 2cp does not divide: the config is refused, the search never
+     * proposes it. */
+    const char *bad[] = {"model.seq_len=1000", "parallel.cp=8"};
+    char pth[1200];
+    CHECK(ts_config_load_plan(&cfg, path("configs/gpt2-124m.cfg", pth, sizeof pth), bad, 2) != TS_OK);
+    ts_error_clear();
+    /* One sequence per step on 16 devices (dp 1): pp * cp * tp = 16 grids only, cp 2
+     * and 4 at seq_len 1000 (8 divides it, 16 not), cp 8 too at 1024. */
+    ts_search_result sr;
+    for (int sl = 1000; sl <= 1024; sl += 24) {
+        char seq[64];
+        snprintf(seq, sizeof seq, "model.seq_len=%d", sl);
+        const char *odd[] = {seq, "train.global_batch=1", "parallel.micro_batch=1"};
+        load_config("configs/gpt2-124m.cfg", odd, 3, &cfg);
+        x = ts_plan_ctx_new(&cfg, &cl);
+        ts_search_opts all = {.gpus = 16, .top = 1000, .exhaustive = true};
+        CHECK(ts_plan_search(x, &all, &sr) == TS_OK);
+        int seen = 0, wrong = 0; /* bit cp: a cp seen */
+        for (int j = 0; j < sr.n_top; j++) {
+            const int cp = ts_plan_grid_cp(&sr.top[j].g);
+            seen |= cp;
+            wrong += sl % (2 * cp) != 0 || (cp & (cp - 1)) != 0;
+        }
+        const int want = sl == 1000 ? 2 | 4 : 2 | 4 | 8; /* (16's grids rank below 1000) */
+        CHECKF(wrong == 0 && (seen & want) == want && (sl != 1000 || (seen & ~7) == 0), "seq %d search: cp seen 0x%x (want 0x%x), %d "
+               "not dividing", sl, seen & ~1, want, wrong);
+        ts_search_result_free(&sr);
+        ts_plan_ctx_free(x);
+    }
+    /* GPT-3 13B at 2048 on 16 devices: context parallelism wins (no such grid at 2046,
+     * test_sequence_parallel). */
+    const char *b13[] = {"train.global_batch=32"};
+    load_config("configs/gpt3-13b.cfg", b13, 1, &cfg);
+    ts_cluster fx;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &fx);
+    x = ts_plan_ctx_new(&cfg, &fx);
+    ts_search_opts o13 = {.gpus = 16, .top = 10};
+    CHECK(ts_plan_search(x, &o13, &sr) == TS_OK);
+    CHECKF(sr.n_top > 0 && sr.top[0].g.cp > 1, "13B at 2048: best cp %d", sr.top[0].g.cp);
+    ts_search_result_free(&sr);
+    ts_plan_ctx_free(x);
+
+    /* 405B at 131072 on 16,384 GPUs: the search's best splits the sequence. */
+    load_config("configs/llama3-405b.cfg", sets, 2, &cfg);
+    x = ts_plan_ctx_new(&cfg, &cl);
+    ts_search_opts o = {.gpus = 16384, .top = 1};
+    CHECK(ts_plan_search(x, &o, &sr) == TS_OK);
+    CHECKF(sr.n_top == 1 && sr.top[0].g.cp > 1 && sr.top[0].mfu > 0.2 && sr.top[0].mfu < 0.6,
+           "405B 131072 search: best cp %d, MFU %.3f", sr.n_top ? sr.top[0].g.cp : 0,
+           sr.n_top ? sr.top[0].mfu : 0.0);
+    if (sr.n_top)
+        printf("405B at 131072 on 16384 GPUs: best pp %d dp %d cp %d tp %d, MFU %.1f%%\n",
+               sr.top[0].g.pp, sr.top[0].g.dp, sr.top[0].g.cp, sr.top[0].g.tp, 100 * sr.top[0].mfu);
+    ts_search_result_free(&sr);
+    ts_plan_ctx_free(x);
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -561,6 +706,7 @@ int main(void)
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu_measured.cfg", 4);
     test_optional_keys();
     test_sequence_parallel();
+    test_context_parallel();
 
     ts_cluster cpu;
     load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &cpu);

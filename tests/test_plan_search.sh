@@ -215,9 +215,32 @@ PY
 then pass; else fail "sp prediction --json: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
 run_one plan configs/tiny.cfg --cluster $CPU --set parallel.tp=2 --set parallel.sequence_parallel=true &&
   grep -q "zero 0; sp (sequence parallel" "$TMP/out" && pass || fail "sp grid line: $(cat "$TMP/out")"
-if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 20 --set train.global_batch=32; then
+# (seq_len 2046: no context parallelism, 4 does not divide it; at 2048 cp 2 wins, below)
+if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 20 --set train.global_batch=32 \
+  --set model.seq_len=2046; then
   grep -q "parallel.sequence_parallel = true" "$TMP/out" && pass || fail "13B search: sp not chosen: $(cat "$TMP/out")"
   grep -qE '^ +1 +2 +4 +2 .* on ' "$TMP/out" && pass || fail "13B search: best row not pp 2 dp 4 tp 2 sp on: $(cat "$TMP/out")"
 else fail "13B search: $(cat "$TMP/err")"; fi
+
+# Context parallelism: the config's own grid carries cp (text, JSON, world pp*dp*cp*tp),
+# the search prints parallel.cp, a seq_len that 2cp does not divide is refused.
+if run_one plan configs/tiny.cfg --cluster $CPU --set parallel.cp=2 --set parallel.tp=2 --json &&
+  python3 - "$TMP/out" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["cp"] == 2 and o["world"] == o["pp"] * o["dp"] * o["cp"] * o["tp"] == 4, o
+assert o["terms_ms"]["cp_comm"] > 0, o["terms_ms"]
+PY
+then pass; else fail "cp prediction --json: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
+run_one plan configs/tiny.cfg --cluster $CPU --set parallel.cp=2 &&
+  grep -q "x cp 2 x tp 1.*cp 2 (context parallel" "$TMP/out" && grep -q "cp K/V all-gathers" "$TMP/out" &&
+  pass || fail "cp grid line: $(cat "$TMP/out")"
+run_one plan configs/tiny.cfg --set parallel.cp=2 --cost model --json &&
+  grep -q '"cp": 2' "$TMP/out" && pass || fail "plain plan --json lacks cp: $(head -c 300 "$TMP/out")"
+if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 3 --set train.global_batch=32; then
+  grep -qE "^  parallel.cp = [248]$" "$TMP/out" && pass || fail "13B search at 2048: cp not chosen: $(cat "$TMP/out")"
+else fail "13B search at 2048: $(cat "$TMP/err")"; fi
+expect_error 0 "parallel.cp = 8 needs model.seq_len = 1000 to divide by 2\*cp = 16" \
+  plan configs/gpt2-124m.cfg --cluster $H100 --set model.seq_len=1000 --set parallel.cp=8
 
 finish

@@ -47,7 +47,8 @@ static const char *k_help =
     "  --set KEY=VALUE    override a config key, e.g. --set parallel.pp=4\n"
     "                     --set parallel.schedule=zb-h1 --set parallel.partition=[3,1,1,1]\n"
     "  --json             print only one JSON object on stdout:\n"
-    "                     {\"world\", \"pp\", \"dp\", \"tp\", \"v\", \"schedule\", \"microbatches\",\n"
+    "                     {\"world\", \"pp\", \"dp\", \"tp\", \"cp\", \"v\", \"schedule\",\n"
+    "                      \"microbatches\",\n"
     "                      \"partition\": [layers per chunk], \"step_ms\", \"bubble\",\n"
     "                      \"dp_reduction_ms\", \"dp_exposed_ms\",\n"
     "                      \"ranks\": [{\"pp_rank\", \"bubble\", \"peak_activation_bytes\",\n"
@@ -64,8 +65,8 @@ static const char *k_help =
     "  --latency-us X     P2P latency per message, 0 to 1000000 us (default 20)\n"
     "  --bandwidth-gbs X  P2P bandwidth, 0.001 to 1000000000 GB/s (default 5); a message is\n"
     "                     one micro-batch's activations or gradients,\n"
-    "                     micro_batch * seq_len * n_embd * 4 bytes (/ tp under\n"
-    "                     parallel.sequence_parallel)\n"
+    "                     micro_batch * seq_len * n_embd * 4 bytes (/ cp with\n"
+    "                     parallel.cp, / tp under parallel.sequence_parallel)\n"
     "  --optim-ms X       append an optimizer step of X ms, 0 to 1000000, to every rank\n"
     "                     (default 0)\n"
     "  --dp-latency-us X  latency of each chunk's data-parallel reduction, 0 to 1000000 us\n"
@@ -109,8 +110,9 @@ static const char *k_help =
     "\n"
     "Cost model: one micro-batch of a chunk takes the sum of its layers' forward times (F);\n"
     "its backward the sum of their backward times, split evenly into input-gradient (I) and\n"
-    "weight-gradient (W) halves for zb-h1. Times are divided by parallel.tp (ideal tensor\n"
-    "parallelism; its all-reduces are not modelled). A cross-rank dependency arrives\n"
+    "weight-gradient (W) halves for zb-h1. Times are divided by parallel.tp * parallel.cp\n"
+    "(ideal tensor and context parallelism; their collectives are not modelled: plan with\n"
+    "--cluster for them). A cross-rank dependency arrives\n"
     "latency + message / bandwidth after it finishes. With dp > 1, a chunk's gradients are\n"
     "reduced across the replicas in parallel.bucket_mb buckets (at most one per layer),\n"
     "each once final, as its last backward (or last W with zb-h1) finishes their layers:\n"
@@ -283,7 +285,7 @@ static double plan_room(const ts_config *cfg)
     if (ts_recompute_from_name(p->recompute) != TS_RECOMPUTE_AUTO) return 0.0;
     ts_sysmem lim;
     ts_sysmem_read(&lim);
-    const double share = lim.physical / ((double)p->pp * p->dp * p->tp);
+    const double share = lim.physical / ((double)p->pp * p->dp * p->cp * p->tp);
     return share < lim.address_space ? share : lim.address_space;
 }
 
@@ -329,7 +331,8 @@ static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q,
 static void zero_traffic(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
                          int q, ts_zero_traffic *t, int *gathers, double *bytes)
 {
-    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp;
+    /* ZeRO shards over the dp * cp ranks that hold the same weights */
+    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp * cfg->parallel.cp;
     double *floats = ts_calloc((size_t)s->n_chunks, sizeof(double));
     ts_memory_chunk_floats(cfg, part, s, q, floats);
     ts_residency r = {0};
@@ -376,7 +379,8 @@ static json_t *zero_json(const ts_config *cfg, const ts_partition *part, const t
 /* ZeRO-2/3's per-step traffic, per pipeline rank and chunk (text). */
 static void print_zero(const ts_config *cfg, const ts_partition *part, const ts_schedule *s)
 {
-    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp;
+    /* ZeRO shards over the dp * cp ranks that hold the same weights */
+    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp * cfg->parallel.cp;
     if (zero < 2 || dp == 1) return;
     printf("zero %d over %d replicas, per step (ring, bytes each rank sends; %s):\n", zero, dp,
            zero == 3 ? "each chunk's weights all-gathered in the compute dtype when resident, "
@@ -431,15 +435,16 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(json_object_get(rank, "memory"), "activation_sets",
                             json_integer((json_int_t)llround(est.act_sets)));
         json_object_set_new(rank, "recompute", recompute_json(cfg, s, q, keep));
-        if (p->dp > 1) json_object_set_new(rank, "zero_traffic", zero_json(cfg, part, s, q));
+        if (p->dp * p->cp > 1)
+            json_object_set_new(rank, "zero_traffic", zero_json(cfg, part, s, q));
         json_object_set_new(json_object_get(rank, "memory"), "chunk_buffers",
                             json_integer((json_int_t)llround(est.chunk_buffers)));
         if (room > 0) json_object_set_new(rank, "memory_fits", json_boolean(fits));
     }
     free(keep);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}", "world",
-                          p->pp * p->dp * p->tp, "pp", p->pp, "dp", p->dp, "tp", p->tp, "v",
-                          p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}",
+                          "world", p->pp * p->dp * p->cp * p->tp, "pp", p->pp, "dp", p->dp, "tp",
+                          p->tp, "cp", p->cp, "v", p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
                           "partition", layers, "step_ms", r->step_time, "bubble",
                           r->bubble_mean, "ranks", ranks);
     if (o) {
@@ -475,7 +480,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
 static void print_dp(const plan_args *a, const ts_config *cfg, const ts_schedule *s,
                      const ts_sim_result *r, const double *dp_bytes)
 {
-    const int dp = cfg->parallel.dp;
+    const int dp = cfg->parallel.dp * cfg->parallel.cp; /* cp ranks reduce with the replicas */
     if (dp == 1) {
         printf("dp reduction: none (dp = 1)\n");
         return;
@@ -507,10 +512,11 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
 {
     const ts_parallel_config *p = &cfg->parallel;
     printf("tessera plan: %s\n", a->config);
-    printf("grid: world %d = pp %d x dp %d x tp %d; schedule %s, virtual stages %d, "
-           "%d micro-batches of %d x %d tokens\n",
-           p->pp * p->dp * p->tp, p->pp, p->dp, p->tp, p->schedule, p->virtual_stages, s->m,
-           p->micro_batch, cfg->model.seq_len);
+    printf("grid: world %d = pp %d x dp %d x cp %d x tp %d; schedule %s, virtual stages %d, "
+           "%d micro-batches of %d x %d tokens%s\n",
+           p->pp * p->dp * p->cp * p->tp, p->pp, p->dp, p->cp, p->tp, p->schedule,
+           p->virtual_stages, s->m, p->micro_batch, cfg->model.seq_len,
+           p->cp > 1 ? " (each split over the cp ranks)" : "");
     char *d = ts_partition_describe(part, s->chunk_rank), where[512];
     fputs(d, stdout);
     free(d);

@@ -27,16 +27,18 @@ const char ts_plan_cluster_help[] =
     "\n"
     "Predict on a described cluster (configs/clusters/NAME.cfg: devices per node, peak FLOP/s,\n"
     "GEMM efficiency by size, memory and its bandwidth, intra- and inter-node links) instead\n"
-    "of this machine. Without --search: the config's own grid (world = pp * dp * tp devices,\n"
-    "ranks in tp-dp-pp order, devices_per_node consecutive ranks per node): memory per\n"
-    "device, step time, tokens/s, MFU and bubble. With --gpus N --search: every valid grid\n"
-    "for N devices (pp * dp * tp = N; tp dividing model.n_head and the MLP width, and for\n"
-    "llama dividing n_kv_head or a multiple of it; dp dividing\n"
+    "of this machine. Without --search: the config's own grid (world = pp * dp * cp * tp\n"
+    "devices, ranks in tp-cp-dp-pp order, devices_per_node consecutive ranks per node):\n"
+    "memory per device, step time, tokens/s, MFU and bubble. With --gpus N --search: every\n"
+    "valid grid for N devices (pp * dp * cp * tp = N; tp dividing model.n_head and the MLP\n"
+    "width, and for llama dividing n_kv_head or a multiple of it; cp a power of two with\n"
+    "seq_len dividing by 2 * cp; dp dividing\n"
     "train.global_batch; pp * virtual_stages <= n_layer + 2; micro_batch dividing\n"
     "global_batch / dp; gpipe, 1f1b, zb-h1, interleaved-1f1b with v >= 2; recompute none or\n"
     "full; zero 0 to 3; sequence parallelism off, and on where tp > 1 divides seq_len),\n"
     "ranked by step time among those that fit in memory; the top K (default 10), the best\n"
-    "as config lines (parallel.sequence_parallel = true where it wins) and, for the rest,\n"
+    "as config lines (parallel.sequence_parallel = true, parallel.cp = N where they win)\n"
+    "and, for the rest,\n"
     "why they lose: out of memory (how many, and the smallest excess) or the term of\n"
     "their step that exceeds the best's most (bubble, communication, recompute, compute,\n"
     "optimizer).\n"
@@ -54,20 +56,23 @@ const char ts_plan_cluster_help[] =
     "                     lower bound and stop once no other grid can enter the top K; the\n"
     "                     top K are the same, only slower to find)\n"
     "  --json             one JSON object on stdout. Prediction: {\"cluster\", \"world\",\n"
-    "                     \"pp\", \"dp\", \"tp\", \"v\", \"schedule\", \"micro_batch\",\n"
+    "                     \"pp\", \"dp\", \"tp\", \"cp\", \"v\", \"schedule\", \"micro_batch\",\n"
     "                     \"microbatches\", \"recompute\", \"zero\", \"sequence_parallel\",\n"
     "                     \"partition\", \"step_ms\",\n"
     "                     \"bubble\", \"tokens_per_s\", \"mfu\", \"fits\", \"memory_bytes\",\n"
     "                     \"memory_rank\", \"memory\": {\"parameters\", \"gradients\", \"optimizer\",\n"
     "                     \"activations\", \"activation_sets\", \"buffers\", \"workspace\"},\n"
-    "                     \"terms_ms\": {\"compute\", \"recompute\", \"tp_comm\", \"optimizer\",\n"
+    "                     \"terms_ms\": {\"compute\", \"recompute\", \"tp_comm\", \"cp_comm\",\n"
+    "                     \"optimizer\",\n"
     "                     \"bubble\", \"dp_exposed\", \"dp_reduction\", \"pp_message\"}}.\n"
     "                     Search: {\"gpus\", \"cluster\", \"grids\", \"candidates\", \"fit\",\n"
     "                     \"simulated\", \"seconds\", \"best\": <prediction>, \"top\": [...],\n"
     "                     \"rejected\": {\"out_of_memory\": {\"count\", \"min_over_bytes\"},\n"
     "                     \"bubble\", \"communication\", \"recompute\", \"compute\", \"optimizer\",\n"
     "                     \"bound_auto\": recompute auto grids kept out by their bound before\n"
-    "                     their caps were fitted (0 with --exhaustive)}}\n"
+    "                     their caps were fitted (0 with --exhaustive), \"bound_cp\":\n"
+    "                     context-parallel (grid, micro_batch) shapes skipped whole, their\n"
+    "                     work floor above the K-th best step (0 with --exhaustive)}}\n"
     "\n"
     "GEMMs run in the cluster file's compute_dtype (bf16 on the GPU files), which is the\n"
     "run's precision here whatever train.precision says: the cluster's peak and efficiency\n"
@@ -84,7 +89,11 @@ const char ts_plan_cluster_help[] =
     "in a node, else inter-node (parallel.sequence_parallel: forward 2 reduce-scatter +\n"
     "all-gather pairs, the same bytes; backward 3 all-reduces' worth, the norms gathered\n"
     "again for their weight gradients; norms, residuals and pipeline messages on seq_len /\n"
-    "tp rows); pipeline messages and the dp reduction (a ring all-reduce\n"
+    "tp rows); parallel.cp: every layer on seq_len / cp rows, each local chunk's queries\n"
+    "against their causal prefix, and per block a blocking all-gather of the keys and\n"
+    "values over the cp group forward and a reduce-scatter of their gradients backward\n"
+    "(intra-node when tp * cp devices lie in a node); the gradients reduced and ZeRO's\n"
+    "shards over dp * cp ranks; pipeline messages and the dp reduction (a ring all-reduce\n"
     "of fp32 gradients in parallel.bucket_mb buckets, ZeRO-1/2: reduce-scatter, then the\n"
     "parameter all-gather after the optimizer; ZeRO-3: reduce-scatter, and each chunk's\n"
     "weights all-gathered when resident, prefetched one residency ahead) through the simulator, which hides what\n"
@@ -95,7 +104,7 @@ const char ts_plan_cluster_help[] =
     "compute_dtype is bf16, and activations in the compute dtype as the kernel table lays\n"
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
-    "tokens / (step * peak * devices).\n";
+    "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is.\n";
 
 bool ts_plan_has_cluster(int argc, char **argv)
 {
@@ -207,12 +216,13 @@ static json_t *zero_json(ts_plan_ctx *x, const ts_plan_grid *g, int q)
 
 static void print_zero(ts_plan_ctx *x, const ts_plan_grid *g)
 {
-    if (g->zero < 2 || g->dp == 1) return;
+    if (g->zero < 2 || ts_plan_grad_ranks(g) == 1) return;
     const int n = g->pp * g->v;
     int *gathers = ts_calloc((size_t)n, sizeof(int));
     double *bytes = ts_calloc((size_t)n, sizeof(double));
     const int *rank = ts_plan_chunk_rank(x, g);
-    printf("zero %d per step (ring over dp %d, bytes each rank sends):\n", g->zero, g->dp);
+    printf("zero %d per step (ring over dp * cp = %d, bytes each rank sends):\n", g->zero,
+           ts_plan_grad_ranks(g));
     for (int q = 0; q < g->pp; q++) {
         ts_zero_traffic t;
         ts_plan_zero_of(x, g, q, &t, gathers, bytes);
@@ -234,10 +244,12 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
     json_t *part = json_array();
     for (int c = 0; sizes && c < g->pp * g->v; c++) json_array_append_new(part, json_integer(sizes[c]));
     json_t *o = json_object();
-    json_object_set_new(o, "world", json_integer((json_int_t)g->pp * g->dp * g->tp));
+    json_object_set_new(
+        o, "world", json_integer((json_int_t)g->pp * g->dp * ts_plan_grid_cp(g) * g->tp));
     json_object_set_new(o, "pp", json_integer(g->pp));
     json_object_set_new(o, "dp", json_integer(g->dp));
     json_object_set_new(o, "tp", json_integer(g->tp));
+    json_object_set_new(o, "cp", json_integer(ts_plan_grid_cp(g)));
     json_object_set_new(o, "v", json_integer(g->v));
     json_object_set_new(o, "schedule", json_string(ts_plan_schedule_name(x, g->schedule)));
     json_object_set_new(o, "micro_batch", json_integer(g->micro_batch));
@@ -264,15 +276,15 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                   "workspace", (json_int_t)llround(mm->blas)));
     const ts_plan_terms *t = &r->terms;
     json_object_set_new(o, "terms_ms",
-                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute",
-                                  t->compute, "recompute", t->recompute, "tp_comm", t->tp_comm,
-                                  "optimizer", t->optimizer, "bubble", t->bubble, "dp_exposed",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                                  "compute", t->compute, "recompute", t->recompute, "tp_comm",
+                                  t->tp_comm, "cp_comm", t->cp_comm, "optimizer", t->optimizer, "bubble", t->bubble, "dp_exposed",
                                   t->dp_exposed, "dp_reduction", t->dp_reduction, "pp_message",
                                   t->pp_comm, "dp_gather", t->dp_gather, "gather_exposed",
                                   t->gather_exposed));
     json_object_set_new(json_object_get(o, "memory"), "chunk_buffers",
                         json_integer((json_int_t)llround(mm->chunk_buffers)));
-    if (g->dp > 1) {
+    if (ts_plan_grad_ranks(g) > 1) {
         json_t *z = json_array();
         for (int q = 0; q < g->pp; q++) json_array_append_new(z, zero_json(x, g, q));
         json_object_set_new(o, "zero_traffic", z);
@@ -325,26 +337,34 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
     const ts_config *cfg = ts_plan_ctx_config(x);
     const ts_plan_grid *g = &r->g;
-    const long long world = (long long)g->pp * g->dp * g->tp;
+    const int cp = ts_plan_grid_cp(g);
+    const long long world = (long long)g->pp * g->dp * cp * g->tp;
     char b[7][32];
     char overlap[64] = "";
     if (g->sub > 1 && g->tp > 1 && g->micro_batch % g->sub == 0)
         snprintf(overlap, sizeof overlap, "; tp_overlap %d (sub-batches of %d)", g->sub,
                  g->micro_batch / g->sub);
     printf("tessera plan: %s on %s (%s)\n", a->config, cl->name, a->cluster);
-    printf("grid: world %lld = pp %d x dp %d x tp %d (%lld node%s of %d); schedule %s, virtual "
-           "stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d%s%s\n",
-           world, g->pp, g->dp, g->tp, (world + cl->devices_per_node - 1) / cl->devices_per_node,
+    char ctx[160] = "";
+    if (cp > 1)
+        snprintf(ctx, sizeof ctx,
+                 "; cp %d (context parallel: each sequence in %d chunks of %d, %d positions "
+                 "per rank)",
+                 cp, 2 * cp, cfg->model.seq_len / (2 * cp), cfg->model.seq_len / cp);
+    printf("grid: world %lld = pp %d x dp %d x cp %d x tp %d (%lld node%s of %d); schedule %s, "
+           "virtual stages %d, %d micro-batches of %d x %d tokens; recompute %s; zero %d%s%s%s\n",
+           world, g->pp, g->dp, cp, g->tp,
+           (world + cl->devices_per_node - 1) / cl->devices_per_node,
            world > cl->devices_per_node ? "s" : "", cl->devices_per_node,
            ts_plan_schedule_name(x, g->schedule), g->v, g->m, g->micro_batch,
            cfg->model.seq_len, ts_recompute_names[g->recompute], g->zero,
            g->sp ? "; sp (sequence parallel: norms, residuals and messages in seq_len / tp rows)"
                  : "",
-           overlap);
-    printf("links: tp %s, dp %s, pp %s; GEMMs in %s (peak %.1f TFLOP/s per device)\n",
-           link_name(cl, ts_plan_tp_link(cl, g)), link_name(cl, ts_plan_dp_link(cl, g)),
-           link_name(cl, ts_plan_pp_link(cl, g)), cl->bf16 ? "bf16" : "fp32",
-           ts_cluster_peak(cl) * 1e-12);
+           ctx, overlap);
+    printf("links: tp %s, cp %s, dp %s, pp %s; GEMMs in %s (peak %.1f TFLOP/s per device)\n",
+           link_name(cl, ts_plan_tp_link(cl, g)), link_name(cl, ts_plan_cp_link(cl, g)),
+           link_name(cl, ts_plan_dp_link(cl, g)), link_name(cl, ts_plan_pp_link(cl, g)),
+           cl->bf16 ? "bf16" : "fp32", ts_cluster_peak(cl) * 1e-12);
     const int *sizes = ts_plan_partition(x, g);
     printf("partition: layers per chunk");
     for (int c = 0; sizes && c < g->pp * g->v; c++) printf(" %d", sizes[c]);
@@ -368,7 +388,7 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
             n += (size_t)snprintf(hint + n, sizeof hint - n, "lower micro_batch, ");
         if (g->recompute != TS_RECOMPUTE_FULL && g->recompute != TS_RECOMPUTE_AUTO)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "recompute = \"full\", ");
-        if (g->zero < 3 && g->dp > 1)
+        if (g->zero < 3 && ts_plan_grad_ranks(g) > 1)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "zero = %d, ", g->zero + 1);
         if (!g->sp && g->tp > 1 && cfg->model.seq_len % g->tp == 0)
             n += (size_t)snprintf(hint + n, sizeof hint - n, "sequence_parallel = true, ");
@@ -377,12 +397,15 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     printf("  device memory %.2f GB%s%s\n", cl->memory / 1e9, r->fits ? "" : ": ", hint);
     print_recompute(x, g);
     const ts_plan_terms *t = &r->terms;
-    printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp %s %.3f, "
+    char cpc[96] = "";
+    if (cp > 1)
+        snprintf(cpc, sizeof cpc, ", cp K/V all-gathers and reduce-scatters %.3f", t->cp_comm);
+    printf("step: %.3f ms; busiest rank: compute %.3f, recompute %.3f, tp %s %.3f%s, "
            "optimizer %.3f; idle in the bubble %.3f; dp reduction %.3f ms (%.3f exposed)\n",
            r->step_ms, t->compute, t->recompute,
-           g->sp ? "all-gathers and reduce-scatters" : "all-reduces", t->tp_comm, t->optimizer,
-           t->bubble, t->dp_reduction, t->dp_exposed);
-    if (g->zero == 3 && g->dp > 1)
+           g->sp ? "all-gathers and reduce-scatters" : "all-reduces", t->tp_comm, cpc,
+           t->optimizer, t->bubble, t->dp_reduction, t->dp_exposed);
+    if (g->zero == 3 && ts_plan_grad_ranks(g) > 1)
         printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
                t->dp_gather, t->gather_exposed);
     print_zero(x, g);
@@ -393,9 +416,10 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
 static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    printf("%4d  %4d %5d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
+    printf("%4d  %4d %5d %3d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
            "%6.4f\n",
-           k, g->pp, g->dp, g->tp, ts_plan_schedule_name(x, g->schedule), g->v, g->micro_batch,
+           k, g->pp, g->dp, g->tp, ts_plan_grid_cp(g), ts_plan_schedule_name(x, g->schedule),
+           g->v, g->micro_batch,
            ts_recompute_names[g->recompute], g->zero, g->sp ? "on" : "off", r->mem.total / 1e9,
            r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
 }
@@ -404,7 +428,8 @@ static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
 static void print_best_config(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     printf("best as config (the parallel section, or --set parallel.KEY=VALUE):\n");
-    printf("  parallel.pp = %d\n  parallel.dp = %d\n  parallel.tp = %d\n", g->pp, g->dp, g->tp);
+    printf("  parallel.pp = %d\n  parallel.dp = %d\n  parallel.tp = %d\n  parallel.cp = %d\n",
+           g->pp, g->dp, g->tp, ts_plan_grid_cp(g));
     printf("  parallel.schedule = \"%s\"\n  parallel.virtual_stages = %d\n",
            ts_plan_schedule_name(x, g->schedule), g->v);
     printf("  parallel.micro_batch = %d\n  parallel.recompute = \"%s\"\n  parallel.zero = %d\n",
@@ -418,12 +443,13 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
     printf("tessera plan: %s on %ld devices of %s (%s)\n", a->config, a->gpus, cl->name,
            a->cluster);
-    printf("searched %d grids (pp x dp x tp), %lld candidates with schedule, v, micro_batch, "
-           "recompute, zero, sequence parallelism: %lld fit in %.2f GB, %lld simulated, %.2f s\n",
+    printf("searched %d grids (pp x dp x cp x tp), %lld candidates with schedule, v, "
+           "micro_batch, recompute, zero, sequence parallelism: %lld fit in %.2f GB, %lld "
+           "simulated, %.2f s\n",
            s->n_grids, s->candidates, s->fit, cl->memory / 1e9, s->simulated, seconds);
-    printf("%4s  %4s %5s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n", "rank",
-           "pp", "dp", "tp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB", "step_ms",
-           "tokens/s", "MFU", "bubble");
+    printf("%4s  %4s %5s %3s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n",
+           "rank", "pp", "dp", "tp", "cp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB",
+           "step_ms", "tokens/s", "MFU", "bubble");
     for (int k = 0; k < s->n_top; k++) print_row(x, k + 1, &s->top[k]);
     if (s->n_top > 0) print_best_config(x, &s->top[0].g);
     printf("the rest:\n");
@@ -438,7 +464,11 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     if (s->unestimated)
         printf("  slower by their bound, recompute auto (caps not fitted): %lld\n",
                s->unestimated);
-    if (!s->oom && s->fit == s->n_top) printf("  none\n");
+    if (s->bound_cp)
+        printf("  context-parallel shapes (grid, micro_batch) slower by their work floor, not "
+               "estimated: %lld\n",
+               s->bound_cp);
+    if (!s->oom && s->fit == s->n_top && !s->bound_cp) printf("  none\n");
 }
 
 static json_t *search_json(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
@@ -463,6 +493,7 @@ static json_t *search_json(ts_plan_ctx *x, const cluster_args *a, const ts_searc
     for (int k = 0; k < TS_N_LOSSES; k++)
         json_object_set_new(rej, ts_loss_names[k], json_integer(s->lost[k]));
     json_object_set_new(rej, "bound_auto", json_integer(s->unestimated));
+    json_object_set_new(rej, "bound_cp", json_integer(s->bound_cp));
     json_object_set_new(o, "rejected", rej);
     return o;
 }

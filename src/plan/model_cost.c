@@ -8,6 +8,7 @@
 #include "core/sysmem.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "tensor/cp.h"
 #include "tensor/tp.h"
 #include "pipeline/memory.h"
 
@@ -69,59 +70,114 @@ static double overlap_exposed(const ts_cluster *cl, double c, double g, int S)
     return c / S + rest * (S - 1) / S;
 }
 
+/* This tp rank's key/value heads (gpt2: its query heads; llama: its share of n_kv_head,
+ * or one replicated head when tp > n_kv_head). */
+static double local_kv_heads(const ts_model_config *mc, int tp)
+{
+    const int nkv = ts_model_kv_heads(mc);
+    if (ts_model_arch(mc) != TS_ARCH_LLAMA) return (double)(mc->n_head / tp);
+    return nkv % tp == 0 ? (double)(nkv / tp) : 1.0;
+}
+
+double ts_plan_cp_exchange_time(const ts_model_config *mc, int tp, int cp, int micro_batch,
+                                double act_bytes, ts_link l)
+{
+    if (cp <= 1) return 0.0;
+    const double hs = (double)(mc->n_embd / mc->n_head);
+    const double kv = (double)micro_batch * mc->seq_len * 2.0 * local_kv_heads(mc, tp) * hs;
+    return ts_plan_allgather_time(kv * act_bytes, cp, l);
+}
+
+/* Attention's two batched GEMMs per query head of one micro-batch (B sequences, hl
+ * heads) on a cp rank, and into *scores the score elements its softmax passes cover:
+ * the whole T x T square without context parallelism; with it each local chunk's c
+ * queries against its prefix of (j+1)c keys, the slowest rank's pair of chunks. */
+static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, int T,
+                              int cp, double *scores)
+{
+    if (cp <= 1) {
+        *scores = B * hl * (double)T * T;
+        return B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
+    }
+    const double c = (double)(T / (2 * cp));
+    double most = 0.0;
+    for (int i = 0; i < cp; i++) {
+        const double k0 = (i + 1) * c, k1 = (2.0 * cp - i) * c;
+        const double t = gemm(cl, c, k0, hs) + gemm(cl, c, hs, k0) + gemm(cl, c, k1, hs) +
+                         gemm(cl, c, hs, k1);
+        most = t > most ? t : most;
+    }
+    *scores = B * hl * c * c * (2.0 * cp + 1.0); /* every rank's two prefixes alike */
+    return B * hl * most;
+}
+
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link)
 {
+    ts_plan_layers_build_cp(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, 1, tp_link);
+}
+
+void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                             const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                             ts_link tp_link, int cp, ts_link cp_link)
+{
     memset(L, 0, sizeof *L);
     const int n = mc->n_layer + 2;
+    TS_ASSERT(cp >= 1 && (cp == 1 || mc->seq_len % (2 * cp) == 0));
+    /* The positions of each sequence a cp rank holds: every layout and time below. */
+    const int Tl = mc->seq_len / cp;
     L->n_layers = n;
     L->tp = tp;
+    L->cp = cp;
     L->sp = sp;
     L->B = micro_batch;
     L->T = mc->seq_len;
     L->C = mc->n_embd;
     double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->w_split_tp, &L->f_gemm,
                          &L->b_gemm, &L->param_floats, &L->act_bytes, &L->stash_bytes,
-                         &L->att_bytes, &L->f_att};
+                         &L->att_bytes, &L->f_att, &L->f_cp, &L->i_cp};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
 
     /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated;
-     * under sequence parallelism the norms', residuals' and boundaries' rows / tp. */
+     * under sequence parallelism the norms', residuals' and boundaries' rows / tp; under
+     * context parallelism (cp rank 0; every rank holds as much) T / cp rows with the
+     * gathered K/V and the two chunks' attention state. */
     ts_model m;
     ts_tp t = ts_tp_sequence_parallel(ts_tp_make(tp, 0, NULL, k), sp);
     ts_model_layout_tp(&m, mc, NULL, &t);
+    if (cp > 1) ts_model_set_context_parallel(&m, ts_cp_make(cp, 0, NULL, k, mc->seq_len));
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
         for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++)
             L->param_floats[l] += (double)((m.params[p].numel + 15) / 16 * 16);
-        L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
-        L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
+        L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
+        L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
     }
     /* The head's copy of a tied embedding when it sits on another stage (an untied head
      * has its own lm_head among its parameters). */
     const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
     L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
-    L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len);
+    L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
     /* The same layout under selective recompute: what it drops and adds. */
     ts_model_set_selective(&m, true);
     for (int l = 0; l < n; l++)
         L->att_bytes[l] =
-            L->act_bytes[l] - (double)ts_acts_bytes(&m, l, l + 1, micro_batch, mc->seq_len);
-    L->rebuild_bytes = (double)ts_scratch_bytes(&m, micro_batch, mc->seq_len) - L->scratch_bytes;
+            L->act_bytes[l] - (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
+    L->rebuild_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl) - L->scratch_bytes;
     const double Vl = (double)m.local_vocab;
     ts_model_free(&m);
 
-    const double B = micro_batch, T = mc->seq_len, C = mc->n_embd, N = B * T, tpd = tp;
+    /* N: this cp rank's rows of the micro-batch (B * T without context parallelism). */
+    const double B = micro_batch, C = mc->n_embd, N = B * Tl, tpd = tp;
     /* The rows the norms and residual adds run on, and the boundaries hold. */
     const double NL = sp ? N / tpd : N;
     const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
     /* This rank's heads: hl query heads; kvl key/value heads (gpt2: hl; llama: its
      * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns. */
-    const int nkv = ts_model_kv_heads(mc);
     const double hl = (double)(mc->n_head / tp), hs = C / mc->n_head;
-    const double kvl = !llama ? hl : nkv % tp == 0 ? (double)(nkv / tp) : 1.0;
+    const double kvl = local_kv_heads(mc, tp);
     const double F = (double)ts_model_ffn(mc) / tpd;
     /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
      * and the elementwise kernels move act_dtype), and of an fp32 statistic. */
@@ -141,7 +197,10 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const double Ns = N / S;
     const double lin = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs) +
                             gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
-    const double att = B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
+    double scores;
+    const double att = attention_gemms(cl, B, hl, hs, mc->seq_len, cp, &scores);
+    /* Context parallelism's blocking K/V all-gather (forward) and dK/dV reduce-scatter. */
+    const double cp_x = ts_plan_cp_exchange_time(mc, tp, cp, micro_batch, ab, cp_link);
     /* Elementwise passes, forward: the two norms (LayerNorm, or llama's RMSNorm: read +
      * write), residual adds x2 (2 reads + 1 write), the MLP activation (GELU: read and
      * write the local columns; SwiGLU: read gate and up, write their product), llama's
@@ -153,7 +212,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const double rope = llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
     const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C +
                               shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope +
-                              3.0 * B * hl * T * T);
+                              3.0 * scores);
     const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) +
                          own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
     const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) +
@@ -166,10 +225,11 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
         L->f_tp[l] = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
         L->i_tp[l] = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
         L->w_split_tp[l] = 2.0 * ag_act;
-        L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l];
-        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l];
+        L->f_cp[l] = L->i_cp[l] = cp_x;
+        L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l] + L->f_cp[l];
+        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l] + L->i_cp[l];
         L->w[l] = lin;
-        L->f_att[l] = att + mem_time(cl, ab * 3.0 * B * hl * T * T);
+        L->f_att[l] = att + mem_time(cl, ab * 3.0 * scores);
     }
     /* Embedding: a gather of the local vocabulary rows (+ wpe for gpt2; llama has none),
      * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
@@ -208,7 +268,7 @@ void ts_plan_layers_free(ts_plan_layers *L)
 {
     double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->w_split_tp, L->f_gemm,
                         L->b_gemm, L->param_floats, L->act_bytes, L->stash_bytes, L->att_bytes,
-                        L->f_att};
+                        L->f_att, L->f_cp, L->i_cp};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     memset(L, 0, sizeof *L);
 }

@@ -41,6 +41,25 @@
  * becomes a reduce-scatter and its backward gathers its output gradient (in I). The
  * norms' weight-gradient sums (a few floats per layer) are not priced.
  *
+ * Context parallelism (tensor/cp.h; Llama 3's all-gather, Megatron's chunk placement):
+ * each sequence of T positions is cut into 2cp chunks of c = T/(2cp), cp rank i holding
+ * chunks i and 2cp-1-i, so every layer runs on N = B*T/cp rows (GEMMs, elementwise
+ * passes, tp collectives, the head's logits; a pipeline message is [B*T/cp, C], / tp
+ * again under sequence parallelism). Attention: local chunk j's c queries against its
+ * causal prefix of (j+1)c keys, both batched GEMMs per query head at that shape (the
+ * prefix kernels compute the whole rectangle, its masked corner included) and the
+ * softmax passes over the c x (j+1)c scores; the rank's time is the slowest cp rank's
+ * (their two chunks together are c^2 (2cp+1) scores each: the work is balanced, the
+ * shapes not). Before its attention each block all-gathers this tp rank's keys and
+ * values over the cp group, [B, T, 2 kvl HS] activation-dtype values (kvl the rank's
+ * key/value heads), and its backward reduce-scatters their gradients, the same bytes:
+ * ring all-gathers (ts_plan_allgather_time) on the link the cp group uses, blocking
+ * (not overlapped with compute: f_cp, i_cp are in f and i), a full recompute's
+ * forward gathering again (selective recompute rebuilds from the kept gathered K/V).
+ * Memory: the model's own layout under ts_model_set_context_parallel at T/cp rows (the
+ * gathered K/V kept per block, the two chunks' prefix state). cp = 1 is the model
+ * above, to the bit.
+ *
  * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)
  * on sizes from the layer tables here, which the tests hold to the trainer's layout:
  * parameters and gradients as the model lays them out (tp rank 0, which holds the most
@@ -69,11 +88,15 @@
 /* Per-layer costs and sizes for one (tp, micro_batch). Times in seconds. */
 typedef struct {
     int n_layers;             /* n_layer + 2 */
-    int tp, B, T, C;
+    int tp, B, T, C;          /* T: the whole sequence (a cp rank holds T / cp of it) */
+    int cp;                   /* context parallelism (tensor/cp.h); 1: none */
     bool sp;                  /* sequence parallelism (tensor/tp.h) */
     double *f, *i, *w;        /* [n_layers] forward, input-gradient, weight-gradient time,
                                  tp collectives included */
     double *f_tp, *i_tp;      /* [n_layers] the tp collective part of f and i */
+    double *f_cp, *i_cp;      /* [n_layers] context parallelism's K/V all-gather (forward)
+                                 and dK/dV reduce-scatter (input gradient), part of f and
+                                 i; 0 with cp = 1 and outside the blocks */
     double *w_split_tp;       /* [n_layers] sequence parallelism: the gathers a split
                                  backward's W pass repeats (not in w: a full B does not
                                  repeat them); 0 without it */
@@ -89,7 +112,7 @@ typedef struct {
     double scratch_bytes;     /* the backward scratch a rank allocates once */
     double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages
-                                 (its rows / tp under sequence parallelism) */
+                                 (its rows / cp, and / tp under sequence parallelism) */
 } ts_plan_layers;
 
 /* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */
@@ -123,6 +146,18 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link);
+/* The same under context parallelism of cp ranks (cp >= 1, seq_len % 2cp == 0; with sp
+ * also (seq_len / cp) % tp == 0), its group on link cp_link. cp = 1 is
+ * ts_plan_layers_build. */
+void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                             const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                             ts_link tp_link, int cp, ts_link cp_link);
+/* Context parallelism's collective per block and micro-batch (seconds, one direction):
+ * a ring all-gather (forward) or reduce-scatter (backward) of the gathered keys and
+ * values, micro_batch * seq_len * 2 * kv_local * head_dim values of act_bytes each,
+ * over cp ranks on link l; 0 for cp = 1. */
+double ts_plan_cp_exchange_time(const ts_model_config *mc, int tp, int cp, int micro_batch,
+                                double act_bytes, ts_link l);
 void ts_plan_layers_free(ts_plan_layers *L);
 
 /* Memory of pipeline rank q (res: its ZeRO-2/3 residency, NULL for zero 0/1 or dp 1),

@@ -13,12 +13,12 @@
 #include "plan/zero.h"
 
 typedef struct {
-    int tp, B, sp, sub;
+    int tp, cp, B, sp, sub;
     ts_plan_layers L;
 } layers_entry;
 
 typedef struct {
-    int tp, B, sp, n_chunks;
+    int tp, cp, B, sp, n_chunks;
     int *sizes, *first;
 } part_entry;
 
@@ -109,14 +109,21 @@ ts_link ts_plan_tp_link(const ts_cluster *cl, const ts_plan_grid *g)
     return inside_node(cl, g->tp) ? cl->intra : cl->inter;
 }
 
+ts_link ts_plan_cp_link(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return inside_node(cl, (long long)g->tp * ts_plan_grid_cp(g)) ? cl->intra : cl->inter;
+}
+
 ts_link ts_plan_dp_link(const ts_cluster *cl, const ts_plan_grid *g)
 {
-    return inside_node(cl, (long long)g->tp * g->dp) ? cl->intra : cl->inter;
+    return inside_node(cl, (long long)g->tp * ts_plan_grid_cp(g) * g->dp) ? cl->intra : cl->inter;
 }
 
 ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g)
 {
-    return (long long)g->tp * g->dp * g->pp <= cl->devices_per_node ? cl->intra : cl->inter;
+    return (long long)g->tp * ts_plan_grid_cp(g) * g->dp * g->pp <= cl->devices_per_node
+               ? cl->intra
+               : cl->inter;
 }
 
 /* ------------------------------------------------------------------ caches -- */
@@ -132,17 +139,20 @@ static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     for (size_t k = 0; k < x->n_layers; k++) {
         const layers_entry *e = &x->layers[k];
-        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp && e->sub == sub_of(g))
+        if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
+            e->sp == g->sp && e->sub == sub_of(g))
             return &x->layers[k].L;
     }
     x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
     layers_entry *e = &x->layers[x->n_layers++];
     e->tp = g->tp;
+    e->cp = ts_plan_grid_cp(g);
     e->B = g->micro_batch;
     e->sp = g->sp;
     e->sub = sub_of(g);
-    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
-                         g->micro_batch, ts_plan_tp_link(&x->cl, g));
+    ts_plan_layers_build_cp(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
+                            g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
+                            ts_plan_cp_link(&x->cl, g));
     return &e->L;
 }
 
@@ -151,8 +161,9 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
     const int n = g->pp * g->v;
     for (size_t k = 0; k < x->n_parts; k++) {
         const part_entry *e = &x->parts[k];
-        /* (sequence parallelism changes the layer costs: its own balanced cut) */
-        if (e->tp == g->tp && e->B == g->micro_batch && e->sp == g->sp && e->n_chunks == n)
+        /* (sequence and context parallelism change the layer costs: their own cut) */
+        if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
+            e->sp == g->sp && e->n_chunks == n)
             return e;
     }
     const ts_plan_layers *L = layers_for(x, g);
@@ -178,7 +189,8 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
     }
     x->parts = ts_grow(x->parts, &x->cap_parts, x->n_parts, sizeof *x->parts);
     part_entry *e = &x->parts[x->n_parts++];
-    *e = (part_entry){.tp = g->tp, .B = g->micro_batch, .sp = g->sp, .n_chunks = n,
+    *e = (part_entry){.tp = g->tp, .cp = ts_plan_grid_cp(g), .B = g->micro_batch, .sp = g->sp,
+                      .n_chunks = n,
                       .sizes = sizes, .first = first};
     return e;
 }
@@ -243,8 +255,9 @@ static void peaks_for(sched_entry *e, int recompute, const int **acts, const int
     *n_rc = e->n_rc[recompute];
 }
 
-/* Whether a grid shards gradients (ZeRO-2, 3): only with more than one replica. */
-static bool sharded(const ts_plan_grid *g) { return g->zero >= 2 && g->dp > 1; }
+/* Whether a grid shards gradients (ZeRO-2, 3): only with more than one rank reducing
+ * them (dp * cp). */
+static bool sharded(const ts_plan_grid *g) { return g->zero >= 2 && ts_plan_grad_ranks(g) > 1; }
 
 /* The residencies ([pp]) of grid g's schedule se cut as p, or NULL when the grid does
  * not shard its gradients. */
@@ -277,7 +290,8 @@ const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g)
 void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
 {
     const ts_parallel_config *p = &cfg->parallel;
-    *g = (ts_plan_grid){.pp = p->pp, .dp = p->dp, .tp = p->tp, .v = p->virtual_stages,
+    *g = (ts_plan_grid){.pp = p->pp, .dp = p->dp, .tp = p->tp,
+                        .cp = p->cp > 1 ? p->cp : 1, .v = p->virtual_stages,
                         .micro_batch = p->micro_batch, .m = ts_config_num_microbatches(cfg),
                         .schedule = ts_schedule_kind_from_name(p->schedule),
                         .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero,
@@ -290,7 +304,7 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
  * pipeline rank [pp], its optimizer and its serial dp reduction (dp_serial_ms). Built
  * once per estimate or prediction, shared by the bound and the simulation. */
 typedef struct {
-    double *f, *i, *w, *tp, *rc, *dp_floats;
+    double *f, *i, *w, *tp, *cp, *rc, *dp_floats;
     double *floats;     /* [n_chunks] as its rank lays them out (memory.h's F_c) */
     double *gather;     /* [n_chunks] ZeRO-3: one all-gather of the chunk's weights (ms) */
     double *opt, *dp_serial;
@@ -304,16 +318,19 @@ static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_pla
     return (pl.latency + L->msg_bytes / pl.bandwidth) * 1e3;
 }
 
-/* The dp reduction's lane (dp > 1): a ring over dp ranks all-reduces 2(dp-1)/dp of the
- * bytes in 2(dp-1) steps, ZeRO-1, 2 and 3's reduce-scatter half of that; per latency (ms) and
- * bytes per ms, as the simulator's dp lane takes them. */
+/* The dp reduction's lane (r = dp * cp > 1: context-parallel ranks hold the same weights
+ * and reduce their gradients with the replicas', as Megatron's distributed optimizer
+ * does): a ring over r ranks all-reduces 2(r-1)/r of the bytes in 2(r-1) steps, ZeRO-1,
+ * 2 and 3's reduce-scatter half of that; per latency (ms) and bytes per ms, as the
+ * simulator's dp lane takes them. */
 static void dp_lane(const ts_plan_ctx *x, const ts_plan_grid *g, double *latency_ms,
                     double *bytes_per_ms)
 {
     const ts_link dl = ts_plan_dp_link(&x->cl, g);
-    const double k = g->dp - 1.0, halves = g->zero >= 1 ? 1.0 : 2.0;
+    const double r = ts_plan_grad_ranks(g);
+    const double k = r - 1.0, halves = g->zero >= 1 ? 1.0 : 2.0;
     *latency_ms = halves * k * dl.latency * 1e3;
-    *bytes_per_ms = dl.bandwidth * g->dp / (halves * k) * 1e-3;
+    *bytes_per_ms = dl.bandwidth * r / (halves * k) * 1e-3;
 }
 
 /* The reductions chunk c issues: the trainer's buckets (ts_plan_dp_buckets) when they
@@ -329,7 +346,7 @@ static int dp_pieces(const ts_plan_ctx *x, const part_entry *p, const chunk_cost
 static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const part_entry *p,
                            const chunk_costs *cc, const int *chunk_rank, int q)
 {
-    if (!x->cl.comm_on_compute || g->dp <= 1) return 0.0;
+    if (!x->cl.comm_on_compute || ts_plan_grad_ranks(g) <= 1) return 0.0;
     double lat, bw, t = 0.0;
     dp_lane(x, g, &lat, &bw);
     for (int c = 0; c < p->n_chunks; c++) {
@@ -344,12 +361,13 @@ static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const pa
  * of the updated parameters (ZeRO-3 gathers each chunk when the next step needs it). */
 static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats)
 {
-    const double shard = g->zero >= 1 ? floats / g->dp : floats;
+    const double r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
+    const double shard = g->zero >= 1 ? floats / r : floats;
     double t = shard * (36.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth;
-    if ((g->zero == 1 || g->zero == 2) && g->dp > 1) {
+    if ((g->zero == 1 || g->zero == 2) && r > 1) {
         const ts_link l = ts_plan_dp_link(&x->cl, g);
-        const double k = g->dp - 1.0;
-        t += k / g->dp * floats * 4.0 / l.bandwidth + k * l.latency;
+        const double k = r - 1.0;
+        t += k / r * floats * 4.0 / l.bandwidth + k * l.latency;
     }
     return t * 1e3;
 }
@@ -365,31 +383,33 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
     const int *chunk_rank = se->s.chunk_rank;
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
-    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->rc, &cc->dp_floats, &cc->floats,
-                         &cc->gather};
+    double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->cp, &cc->rc, &cc->dp_floats,
+                         &cc->floats, &cc->gather};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
     cc->res = res;
     for (int q = 0; q < g->pp; q++)
         ts_plan_chunk_floats(L, chunk_rank, n, p->first, p->sizes, q, cc->floats);
-    /* ZeRO-3's gathers: a ring all-gather of the chunk's fp32 weights, (dp-1)/dp of
-     * them in dp-1 steps. */
+    /* ZeRO-3's gathers: a ring all-gather of the chunk's weights in the compute dtype
+     * over the r = dp * cp ranks sharing them, (r-1)/r of them in r-1 steps. */
     const ts_link dl = ts_plan_dp_link(&x->cl, g);
-    if (g->zero == 3 && g->dp > 1)
+    const double r = ts_plan_grad_ranks(g);
+    if (g->zero == 3 && r > 1)
         for (int c = 0; c < n; c++)
-            cc->gather[c] = ((g->dp - 1.0) * dl.latency +
-                             (g->dp - 1.0) / g->dp * (double)ts_dtype_bytes(x->k->act_dtype) *
+            cc->gather[c] = ((r - 1.0) * dl.latency +
+                             (r - 1.0) / r * (double)ts_dtype_bytes(x->k->act_dtype) *
                                  cc->floats[c] / dl.bandwidth) * 1e3;
     for (int c = 0; c < n; c++) {
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
         /* Sequence parallelism's gathers a split W repeats (zero without it). */
         const bool split = L->sp && se->split[c];
-        double f = 0, i = 0, w = 0, tp = 0, att = 0;
+        double f = 0, i = 0, w = 0, tp = 0, cpx = 0, att = 0;
         for (int l = l0; l < l1; l++) {
             f += L->f[l];
             i += L->i[l];
             w += L->w[l] + (split ? L->w_split_tp[l] : 0.0);
             tp += L->f_tp[l] + L->i_tp[l] + (split ? L->w_split_tp[l] : 0.0);
+            cpx += L->f_cp[l] + L->i_cp[l];
             att += L->f_att[l];
         }
         cc->f[c] = f * 1e3 + (c + 1 < n ? send : 0.0);
@@ -401,6 +421,7 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
         cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
         cc->w[c] = w * 1e3;
         cc->tp[c] = tp * 1e3;
+        cc->cp[c] = cpx * 1e3;
         cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
     }
     cc->opt = ts_malloc(sizeof(double) * (size_t)g->pp);
@@ -420,6 +441,7 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->i);
     free(cc->w);
     free(cc->tp);
+    free(cc->cp);
     free(cc->rc);
     free(cc->dp_floats);
     free(cc->floats);
@@ -435,13 +457,14 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
     return (ts_memory_shape){
         .micro_batch = g->micro_batch, .seq_len = mc->seq_len, .n_embd = mc->n_embd,
         .pp = g->pp, .n_chunks = g->pp * g->v, .chunk_rank = se->s.chunk_rank, .m = g->m,
-        .dp = g->dp, .zero = g->zero,
+        .dp = ts_plan_grad_ranks(g), .zero = g->zero, /* ZeRO shards over dp * cp */
         .async_checkpoint = x->cfg.checkpoint.async && x->cfg.checkpoint.dir[0],
         .weight_copy_bytes = x->k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1,
         .selective = g->recompute == TS_RECOMPUTE_SELECTIVE,
-        .seq_split = g->sp ? g->tp : 1};
+        /* a boundary's rows: B*T / cp, and / tp under sequence parallelism */
+        .seq_split = (g->sp ? g->tp : 1) * ts_plan_grid_cp(g)};
 }
 
 /* What a grid recomputes and holds, every rank's chunks ([n_chunks]): a fixed mode's
@@ -530,13 +553,15 @@ void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traff
     double *floats = ts_calloc((size_t)n, sizeof(double));
     ts_plan_chunk_floats(L, se->s.chunk_rank, n, p->first, p->sizes, q, floats);
     const int eb = (int)ts_dtype_bytes(x->k->act_dtype); /* ZeRO-3 gathers the compute dtype */
-    ts_zero_traffic_of(g->zero, g->dp, &se->s, q, res ? &res[q] : NULL, floats, eb, t);
+    ts_zero_traffic_of(g->zero, ts_plan_grad_ranks(g), &se->s, q, res ? &res[q] : NULL, floats,
+                       eb, t);
     for (int c = 0; c < n; c++) {
         if (ts_chunk_rank(&se->s, c) != q) continue;
         if (gathers) gathers[c] = res ? res[q].gathers[c] : 0;
         if (chunk_bytes)
             chunk_bytes[c] =
-                ts_zero_chunk_bytes(g->zero, g->dp, res ? &res[q] : NULL, c, floats[c], eb);
+                ts_zero_chunk_bytes(g->zero, ts_plan_grad_ranks(g), res ? &res[q] : NULL, c,
+                                    floats[c], eb);
     }
     free(floats);
 }
@@ -591,19 +616,20 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     const double hop = hop_ms(x, L, g), wire = x->cl.comm_on_compute ? 0.0 : hop;
     double head = 0.0, busiest = -1.0;
     for (int q = 0; q < g->pp; q++) {
-        double busy = 0.0, tp = 0.0, rc = 0.0;
+        double busy = 0.0, tp = 0.0, cpx = 0.0, rc = 0.0;
         for (int c = 0; c < p->n_chunks; c++) {
             if (ts_chunk_rank(&se->s, c) != q) continue;
             busy += g->m * (cc->f[c] + cc->i[c] + cc->w[c]);
             tp += g->m * cc->tp[c];
+            cpx += g->m * cc->cp[c];
             rc += g->m * cc->rc[c];
         }
         const double opt = cc->opt[q], dp = cc->dp_serial[q];
         if (head + busy + opt + dp > r->lower_ms) r->lower_ms = head + busy + opt + dp;
         if (busy + opt + dp > busiest) {
             busiest = busy + opt + dp;
-            r->terms = (ts_plan_terms){.compute = busy - tp - rc, .recompute = rc,
-                                       .tp_comm = tp, .optimizer = opt,
+            r->terms = (ts_plan_terms){.compute = busy - tp - cpx - rc, .recompute = rc,
+                                       .tp_comm = tp, .cp_comm = cpx, .optimizer = opt,
                                        .pp_comm = hop};
         }
         head += cc->f[q] + (q + 1 < g->pp ? wire : 0.0);
@@ -637,8 +663,9 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
         acts += L->act_bytes[l] - L->att_bytes[l]; /* the floor: selective keeps least */
     }
     /* Per parameter, what persists (memory.h; ZeRO-2/3's chunk buffers come on top). */
-    const double wcb = x->k->weight_copy_bytes, dp = g->dp > 1 ? g->dp : 1.0;
-    const int zero = g->dp > 1 ? g->zero : 0;
+    const int r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
+    const double wcb = x->k->weight_copy_bytes, dp = r > 1 ? r : 1.0;
+    const int zero = r > 1 ? g->zero : 0;
     const double per_param = zero == 3   ? 16.0 / dp
                              : zero == 2 ? 4.0 + wcb + 12.0 / dp
                                          : 4.0 + wcb + 4.0 + 8.0 / (zero == 1 ? dp : 1.0);
@@ -646,11 +673,19 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
 }
 
+double ts_plan_work_floor(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    double w = 0.0;
+    for (int l = 0; l < L->n_layers; l++) w += L->f[l] + L->i[l] + L->w[l];
+    return w * 1e3 * g->m / g->pp;
+}
+
 static void finish(const ts_plan_ctx *x, ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
     const double tokens = (double)x->cfg.train.global_batch * x->cfg.model.seq_len;
-    const double world = (double)g->pp * g->dp * g->tp;
+    const double world = (double)g->pp * g->dp * ts_plan_grid_cp(g) * g->tp;
     r->tokens_per_s = tokens / (r->step_ms * 1e-3);
     r->mfu = ts_plan_model_flops(&x->cfg.model, x->cfg.train.global_batch) /
              (r->step_ms * 1e-3 * ts_cluster_peak(&x->cl) * world);
@@ -702,7 +737,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     /* The optimizer, after (serial) the rank's whole dp reduction. */
     double *optim = ts_plan_sim_costs_optim(&sc, g->pp);
     for (int q = 0; q < g->pp; q++) optim[q] = cc->opt[q] + dp_serial[q];
-    if (g->dp > 1 && !serial) {
+    if (ts_plan_grad_ranks(g) > 1 && !serial) {
         /* Overlapped: the simulator's dp lane, per bucket as the trainer issues them. */
         double *bytes = ts_malloc(sizeof(double) * (size_t)n), lat, bw;
         for (int c = 0; c < n; c++) bytes[c] = cc->dp_floats[c] * 4.0;
@@ -718,7 +753,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
      * is the gathers' exposed time. (A stall inside the step would also delay the ranks
      * downstream; at the end it delays only its own: an approximation, see predict.h.) */
     double *stall = ts_calloc((size_t)g->pp, sizeof(double)), gather_lane = 0.0, before = 0.0;
-    if (st == TS_OK && g->zero == 3 && g->dp > 1 && !serial) {
+    if (st == TS_OK && g->zero == 3 && ts_plan_grad_ranks(g) > 1 && !serial) {
         bool any = false;
         for (int q = 0; q < g->pp; q++) {
             double t;
@@ -735,7 +770,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     }
     if (st == TS_OK) {
         r->simulated = true;
-        if (g->zero == 3 && g->dp > 1 && !serial) {
+        if (g->zero == 3 && ts_plan_grad_ranks(g) > 1 && !serial) {
             r->terms.dp_gather = gather_lane;
             r->terms.gather_exposed = sr.step_time - before;
         }

@@ -1,10 +1,23 @@
 /* Predicting one grid on a cluster: partition, schedule, memory per device, and the step
  * through the pipeline simulator (pipeline/sim.h) with the cluster's costs.
  *
- * Links (rank order tp-dp-pp, tp fastest, devices_per_node consecutive ranks per node):
- * the tp group uses the intra-node link when it lies inside a node (tp divides
- * devices_per_node), else the inter-node one; likewise the dp group (tp*dp divides
- * devices_per_node) and the pipeline neighbours (the whole grid inside one node).
+ * Links (rank order tp-cp-dp-pp, tp fastest, devices_per_node consecutive ranks per
+ * node): the tp group uses the intra-node link when it lies inside a node (tp divides
+ * devices_per_node), else the inter-node one; likewise the cp group (tp*cp divides
+ * devices_per_node), the dp group (tp*cp*dp) and the pipeline neighbours (the whole
+ * grid inside one node). Each device has its own inter-node link (the cluster files'
+ * bandwidth is per GPU), so a group crossing nodes is priced at it whatever else
+ * crosses.
+ *
+ * Context parallelism (grid cp; model_cost.h): the layer tables at seq_len / cp rows
+ * with each block's blocking K/V all-gather forward and dK/dV reduce-scatter backward on
+ * the cp link (the cp_comm term; a fully recomputed forward gathers again), messages of
+ * B*T/cp rows; the context-parallel ranks of a replica hold the same weights, so the
+ * gradient reduction, ZeRO's shards and its gathers run over dp*cp ranks (Megatron's
+ * distributed optimizer), on the link of the dp*cp group (that of the dp group, which
+ * spans it in this order). The batch is unchanged: m = global_batch / (dp *
+ * micro_batch) micro-batches of micro_batch whole sequences, each split over the cp
+ * ranks; MFU counts the model FLOPs once over pp*dp*cp*tp devices.
  *
  * Sequence parallelism (grid sp): the layer tables of that layout and its collectives
  * (model_cost.h), a split schedule's W with the gathers it repeats, messages of B*T/tp
@@ -51,7 +64,14 @@ typedef struct {
                        not a bool, as grids are compared with memcmp (no padding) */
     int sub;        /* parallel.tp_overlap's sub-batches (0 or 1: none); the config's: the
                        search does not vary it */
+    int cp;         /* parallel.cp: context-parallel ranks per sequence (0 reads as 1; the
+                       search and ts_plan_grid_of write 1) */
 } ts_plan_grid;
+
+/* A grid's context parallelism (1 for 0), and the ranks its gradients are reduced and
+ * ZeRO-sharded over: dp * cp. */
+static inline int ts_plan_grid_cp(const ts_plan_grid *g) { return g->cp > 1 ? g->cp : 1; }
+static inline int ts_plan_grad_ranks(const ts_plan_grid *g) { return g->dp * ts_plan_grid_cp(g); }
 
 /* Where the time of the busiest pipeline rank goes (ms per step). */
 typedef struct {
@@ -59,6 +79,8 @@ typedef struct {
     double recompute;   /* the forwards rerun by activation recompute */
     double tp_comm;     /* tensor-parallel all-reduces (sequence parallelism: all-gathers
                            and reduce-scatters) */
+    double cp_comm;     /* context parallelism's K/V all-gathers and dK/dV reduce-scatters
+                           (blocking), recomputed forwards' gathers in recompute */
     double optimizer;   /* AdamW (and ZeRO-1's parameter all-gather) */
     double bubble;      /* idle: step less the busiest rank's work */
     double dp_exposed;  /* the dp reduction the step waits for */
@@ -102,6 +124,13 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
  * bound does not fit before it partitions them. */
 double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g);
 
+/* A lower bound of any step of grid g's shape (pp, dp, cp, tp, sp, micro_batch, m),
+ * whatever its schedule, v, recompute and ZeRO (ms): the layers' forward, input- and
+ * weight-gradient time of m micro-batches spread evenly over the pp ranks (the busiest
+ * rank does at least that, recompute and the bubble only add). Cut-free and cheap: the
+ * search skips a context-parallel shape whose floor exceeds the K-th best step. */
+double ts_plan_work_floor(ts_plan_ctx *x, const ts_plan_grid *g);
+
 /* ts_plan_estimate, then the simulated step. With `keep` the simulator's result is
  * returned too (caller frees with ts_sim_result_free). */
 ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result *r,
@@ -137,8 +166,9 @@ const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g);
 void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g);
 const char *ts_plan_schedule_name(const ts_plan_ctx *x, int schedule);
 
-/* The three links of a grid. */
+/* The links of a grid. */
 ts_link ts_plan_tp_link(const ts_cluster *cl, const ts_plan_grid *g);
+ts_link ts_plan_cp_link(const ts_cluster *cl, const ts_plan_grid *g);
 ts_link ts_plan_dp_link(const ts_cluster *cl, const ts_plan_grid *g);
 ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g);
 

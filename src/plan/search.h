@@ -1,9 +1,11 @@
 /* The grid search: every valid grid for N devices, predicted and ranked by step time
  * among those that fit in memory.
  *
- * Valid grids: pp * dp * tp = N; tp divides n_head and the MLP width (ts_model_ffn), and
- * for llama n_kv_head or a multiple of it (a tp group larger than a node, or
- * not dividing devices_per_node, is allowed and pays the inter-node link); dp divides
+ * Valid grids: pp * dp * cp * tp = N; tp divides n_head and the MLP width (ts_model_ffn),
+ * and for llama n_kv_head or a multiple of it (a tp group larger than a node, or
+ * not dividing devices_per_node, is allowed and pays the inter-node link); cp a power
+ * of two (1, 2, 4, ...) with seq_len % 2cp == 0 (sequence parallelism then needs
+ * (seq_len / cp) % tp == 0; ZeRO 1 to 3 wherever dp * cp > 1); dp divides
  * train.global_batch; pp * v chunks of at least one layer (embedding, n_layer blocks,
  * head); micro_batch divides global_batch / dp; every built-in schedule with the v it
  * runs (gpipe, 1f1b, zb-h1, zb-h2: v = 1; zb-v, dualpipe-v: v = 2, the V placement;
@@ -13,6 +15,12 @@
  * parallelism off, and on where tp > 1 divides seq_len (ranked like the rest: it wins
  * where its smaller activations let a grid fit or recompute less, and loses its
  * backward's extra gathers elsewhere).
+ *
+ * Phases: the grids with cp = 1 are gathered and ranked first; then each context-parallel
+ * (pp, dp, cp, tp, micro_batch) shape whose work floor (ts_plan_work_floor, sp on or off)
+ * exceeds the K-th best step found is skipped whole (bound_cp; exact: none of its
+ * candidates could enter the top K), and the rest join the same top list. With
+ * `exhaustive` nothing is skipped.
  *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
  * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the
@@ -52,8 +60,9 @@ typedef struct {
 } ts_search_opts;
 
 typedef struct {
-    int n_grids;                 /* (pp, dp, tp) triples */
-    long long candidates;        /* with schedule, v, micro_batch, recompute, zero, sp */
+    int n_grids;                 /* (pp, dp, cp, tp) grids */
+    long long candidates;        /* with schedule, v, micro_batch, recompute, zero, sp
+                                    (bound_cp's shapes not counted) */
     long long fit, simulated;
     ts_plan_result *top;         /* [n_top] best first */
     int n_top;
@@ -63,6 +72,10 @@ typedef struct {
     long long unestimated;       /* recompute auto candidates (they fit: full does) whose
                                     bound kept them out before their memory was fitted,
                                     so without a reason (0 with exhaustive) */
+    long long bound_cp;          /* context-parallel (pp, dp, cp, tp, micro_batch) shapes
+                                    skipped whole: their work floor exceeds the K-th best
+                                    step of the grids searched before them (0 with
+                                    exhaustive) */
     ts_plan_result smallest;     /* the candidate needing the least memory */
 } ts_search_result;
 

@@ -67,8 +67,10 @@ void ts_plan_sim_costs_of_config(ts_plan_sim_costs *s, const ts_config *cfg,
 {
     const ts_parallel_config *p = &cfg->parallel;
     const int n = part->n_chunks;
-    /* Sequence parallelism sends each tp rank's rows only (pipeline/engine.c e->rows). */
-    const double rows = (double)p->micro_batch * cfg->model.seq_len /
+    /* A context-parallel rank holds seq_len / cp positions of each sequence, and sequence
+     * parallelism sends each tp rank's rows only (pipeline/engine.c e->rows). */
+    const int cp = p->cp > 1 ? p->cp : 1;
+    const double rows = (double)p->micro_batch * cfg->model.seq_len / cp /
                         (p->sequence_parallel ? p->tp : 1);
     const double msg_bytes = 4.0 * rows * cfg->model.n_embd;
     ts_plan_sim_costs_init(s, n, msg_bytes);
@@ -80,8 +82,9 @@ void ts_plan_sim_costs_of_config(ts_plan_sim_costs *s, const ts_config *cfg,
             s->i[c] = o->traced->i[c];
             s->w[c] = o->traced->w[c];
         } else {
-            s->f[c] = part->chunk_fwd_ms[c] / p->tp;
-            s->i[c] = s->w[c] = 0.5 * part->chunk_bwd_ms[c] / p->tp;
+            /* ideal tensor and context parallelism: the work split tp * cp ways */
+            s->f[c] = part->chunk_fwd_ms[c] / (p->tp * cp);
+            s->i[c] = s->w[c] = 0.5 * part->chunk_bwd_ms[c] / (p->tp * cp);
         }
     }
     s->costs.act_bytes = part->chunk_act_bytes;
@@ -97,7 +100,8 @@ void ts_plan_sim_costs_of_config(ts_plan_sim_costs *s, const ts_config *cfg,
     /* The dp reduction: every chunk's gradient bytes, on the dp link's costs, in the
      * trainer's buckets: each starts as the chunk's last backward finishes its layers,
      * not after the whole chunk. */
-    if (p->dp > 1 && !o->uniform) {
+    /* (the context-parallel ranks reduce with the replicas: dp * cp ranks) */
+    if (p->dp * cp > 1 && !o->uniform) {
         double *bytes = ts_malloc(sizeof(double) * (size_t)n);
         for (int c = 0; c < n; c++) bytes[c] = ts_memory_chunk_grad_bytes(cfg, part, c);
         ts_plan_sim_costs_dp(s, bytes, part->n_chunk_layers, p->bucket_mb, p->overlap_grad_sync,

@@ -49,15 +49,17 @@ int ts_plan_dp_buckets(double bytes, int layers, int bucket_mb);
 typedef struct {
     bool uniform;                   /* F = I = W = 1 ms, free links, no dp reduction */
     const ts_trace_costs *traced;   /* chunk costs from a trace; NULL: the partition's
-                                       layer costs / tp, the backward halved into I, W */
+                                       layer costs / (tp * cp), the backward halved into
+                                       I, W */
     double latency_us, bandwidth_gbs;       /* P2P (not with uniform) */
     double optim_ms;                        /* > 0: every rank's optimizer step */
     double dp_latency_us, dp_bandwidth_gbs; /* the dp lane (dp > 1, not with uniform) */
 } ts_plan_cost_opts;
 
 /* Chunk costs as o says, the message one micro-batch's fp32 activations
- * (micro_batch * seq_len * n_embd * 4 bytes), the partition's activation bytes, and
- * with dp > 1 each chunk's gradients (ts_memory_chunk_grad_bytes) in cfg's buckets. */
+ * (micro_batch * seq_len * n_embd * 4 bytes, / cp under context parallelism, / tp under
+ * sequence parallelism), the partition's activation bytes, and with dp * cp > 1 each
+ * chunk's gradients (ts_memory_chunk_grad_bytes) in cfg's buckets. */
 void ts_plan_sim_costs_of_config(ts_plan_sim_costs *s, const ts_config *cfg,
                                  const ts_partition *part, const ts_plan_cost_opts *o);
 
