@@ -9,7 +9,12 @@
  *   test_choice_per_rank: a room between "full" and "none" of rank 0: rank 0
  *     recomputes more micro-batches than rank 3 (which holds one set and recomputes
  *     none), every rank fits, a room below "full" is refused, and the choice is
- *     described per chunk as the trainer logs it. */
+ *     described per chunk as the trainer logs it;
+ *   test_choice_selective: with the chunks' selective sizes (half a set each) auto makes
+ *     a chunk selective before any cap comes down: a room that selective fits keeps
+ *     every set, a smaller one lowers caps of the selective chunk, a room that none fits
+ *     changes nothing; the chunk saving most goes first, a chunk saving nothing never,
+ *     a rebuilt area that outweighs the saving is undone; the log line names it. */
 #include <string.h>
 
 #include "pipeline/memory.h"
@@ -157,10 +162,104 @@ static void test_choice_per_rank(void)
     ts_schedule_free(&s);
 }
 
+/* The synthetic rank of test_choice_per_rank with selective sizes sel (per chunk) and
+ * a scratch of 0 without, `rebuilt` bytes with some chunk selective. */
+static void synthetic_selective(const ts_schedule *s, ts_memory_shape *sh, ts_memory_holdings *h,
+                                double *acts, double *stash, const double *sel, double rebuilt)
+{
+    synthetic(s, sh, h, acts, stash);
+    h->sel_act_bytes = sel;
+    h->sel_scratch_bytes = rebuilt;
+}
+
+static void test_choice_selective(void)
+{
+    const double MiB = 1048576.0;
+    ts_schedule s;
+    CHECK(ts_schedule_build(&s, "1f1b", 4, 1, 8) == TS_OK);
+    ts_memory_shape sh;
+    ts_memory_holdings h;
+    double acts[MAXC], stash[MAXC], sel[MAXC];
+    for (int c = 0; c < MAXC; c++) sel[c] = 0.5 * MiB;
+    synthetic_selective(&s, &sh, &h, acts, stash, sel, 0.125 * MiB);
+    int keep[MAXC] = {0}, pa[MAXC] = {0}, ps[MAXC] = {0}, nr[MAXC] = {0};
+    bool selective[MAXC] = {false};
+    ts_rank_memory est;
+    /* Rank 0 holds 4 sets: none 4 MiB, selective 2 MiB and the rebuilt area. */
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 3.0 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(selective[0] && keep[0] == 4 && nr[0] == 0 && pa[0] == 4);
+    CHECK(est.act_sets == 4 * 0.5 * MiB && est.total - est.blas <= 3.0 * MiB);
+    char line[512];
+    ts_memory_describe_keep_selective(&s, 0, keep, selective, line, sizeof line);
+    CHECKF(strcmp(line, "chunk 0 keeps 4 of 4 in flight, selective (recomputes 0 of 8 "
+                        "micro-batches)") == 0, "'%s'", line);
+    /* Without the flags the line is the caps' alone (plan's until it passes them). */
+    ts_memory_describe_keep(&s, 0, keep, line, sizeof line);
+    CHECKF(strcmp(line, "chunk 0 keeps 4 of 4 in flight (recomputes 0 of 8 micro-batches)") == 0,
+           "'%s'", line);
+    /* 1.5 MiB: selective alone does not fit; the selective chunk's cap comes down. */
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(selective[0] && keep[0] < 4 && nr[0] > 0 && pa[0] * 0.5 * MiB <= 1.5 * MiB);
+    CHECK(est.total - est.blas <= 1.5 * MiB);
+    /* The same room without the selective option needs more recomputed micro-batches. */
+    int keep2[MAXC] = {0}, nr2[MAXC] = {0};
+    ts_rank_memory plain;
+    CHECK(ts_memory_auto_keep(&s, &sh, &h, 0, 1.5 * MiB, keep2, pa, ps, nr2, &plain));
+    CHECK(keep2[0] == 0 && nr2[0] == 8 && nr[0] < nr2[0]);
+    /* sel_act_bytes NULL: never selective, the same caps as ts_memory_auto_keep. */
+    h.sel_act_bytes = NULL;
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(!selective[0] && keep[0] == keep2[0] && est.total == plain.total);
+    h.sel_act_bytes = sel;
+    /* Rank 3 holds one set (1 MiB plus a few bytes): a room it fits needs nothing. */
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 3, 1.1 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(!selective[3] && keep[3] == 1 && nr[3] == 0);
+    /* A rebuilt area larger than what selective drops (2 MiB): undone, caps instead. */
+    h.sel_scratch_bytes = 4.0 * MiB;
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(!selective[0] && keep[0] == 0 && est.total == plain.total);
+    /* A chunk saving nothing (no blocks) is never made selective. */
+    h.sel_scratch_bytes = 0.125 * MiB;
+    sel[0] = acts[0];
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep, selective, pa, ps, nr,
+                                        &est));
+    CHECK(!selective[0] && keep[0] == 0);
+    ts_schedule_free(&s);
+
+    /* Two chunks per rank (interleaved, v = 2): the chunk whose selective layout saves
+     * more goes first (chunk 2 drops 3/4 of each set, chunk 0 1/4), and a room that
+     * chunk 2 alone makes fit leaves chunk 0 as it was. */
+    CHECK(ts_schedule_build(&s, "interleaved-1f1b", 2, 2, 4) == TS_OK);
+    sel[0] = 0.75 * MiB;
+    sel[2] = 0.25 * MiB;
+    synthetic_selective(&s, &sh, &h, acts, stash, sel, 0.125 * MiB);
+    walk none;
+    run_walk(&s, TS_RECOMPUTE_NONE, NULL, 0, &none);
+    const double all = (none.pa[0] + none.pa[2]) * MiB;
+    const double room = all - 0.5 * none.pa[2] * MiB; /* chunk 2 saves 0.75 of its sets */
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, room, keep, selective, pa, ps, nr, &est));
+    CHECK(selective[2] && !selective[0] && keep[0] == none.pa[0] && keep[2] == none.pa[2]);
+    CHECK(nr[0] == 0 && nr[2] == 0 && est.total - est.blas <= room);
+    ts_memory_describe_keep_selective(&s, 0, keep, selective, line, sizeof line);
+    char want[256];
+    snprintf(want, sizeof want,
+             "chunk 0 keeps %d of %d in flight (recomputes 0 of 4 micro-batches); chunk 2 keeps "
+             "%d of %d in flight, selective (recomputes 0 of 4 micro-batches)",
+             none.pa[0], none.pa[0], none.pa[2], none.pa[2]);
+    CHECKF(strcmp(line, want) == 0, "'%s'", line);
+    ts_schedule_free(&s);
+}
+
 int main(void)
 {
     test_cap_bounds();
     test_cap_1f1b();
     test_choice_per_rank();
+    test_choice_selective();
     return ts_test_report();
 }

@@ -30,19 +30,23 @@
  * needs (kernels.h); ab: the bytes of one activation element (the table's act_dtype). */
 typedef struct {
     size_t B, T, N, C, Cl, H, KV, HS, QKV, F, FI, NM, Vl, att, att_scratch, ab;
-    size_t att_kept; /* att, or 0 under selective recompute (the scratch holds it then) */
+    size_t att_kept; /* att, or 0 when the layer recomputes selectively (the scratch
+                        holds it then) */
     size_t NL;       /* rows of the norms and residuals: N, or N / tp under sequence
                         parallelism (tensor/tp.h) */
     size_t S;        /* tp_overlap's sub-batches (1: none) */
     size_t KVG;      /* context parallelism: the gathered K/V [B, cp.T, 2 KV HS] a block
                         keeps (0 without; tensor/cp.h) */
     size_t cpw;      /* context parallelism: the exchange's work bytes (the scratch's) */
-    bool llama, selective, sp, cp;
+    bool llama, sp, cp;
+    bool selective;  /* this layer keeps no attention state (ts_layer.selective) */
+    bool rebuild;    /* the scratch holds the rebuilt state: some layer of the model is
+                        selective (ts_model.selective_recompute) */
 } act_dims;
 
 /* The shape a model (or a config, for estimates) gives the layout. */
 typedef struct {
-    bool llama, selective, sp;
+    bool llama, selective, rebuild, sp;
     int n_embd, n_head, n_kv_head, ffn, vocab;
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
     ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
@@ -63,7 +67,7 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .att = k->attention_saved_bytes(B, T, H, HS),
                   .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
-                  .selective = sh.selective, .sp = sh.sp,
+                  .selective = sh.selective, .rebuild = sh.rebuild, .sp = sh.sp,
                   .S = sh.sub > 1 ? (size_t)sh.sub : 1};
     if (sh.cp.size > 1 && T > 1) {
         /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
@@ -82,9 +86,12 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     return d;
 }
 
-static act_dims model_dims(const ts_model *m, int B, int T)
+/* Layer l's dims (l < 0: no layer's, which keeps its attention state: the scratch's and
+ * the stash's, whose sizes depend only on whether some layer is selective). */
+static act_dims model_dims(const ts_model *m, int l, int B, int T)
 {
-    const act_shape sh = {m->arch == TS_ARCH_LLAMA, m->selective_recompute, m->tp.sp,
+    const bool selective = l >= 0 && m->layers[l].selective;
+    const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
                           m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size,
                           m->tp.sub, m->cp};
     return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
@@ -152,7 +159,7 @@ static size_t kind_bytes(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                           int tp_rank, const ts_kernels *k)
 {
-    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, cfg->n_embd,
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->n_embd,
                           cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
                           cfg->vocab_size, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
@@ -165,7 +172,7 @@ static unsigned char *layer_mem(const ts_acts *a, int l)
 
 static block_acts block_views(const ts_model *m, const ts_acts *a, int l)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     unsigned char *p = layer_mem(a, l);
     block_acts v;
     BLOCK_ACTS(ACT_VIEW)
@@ -174,7 +181,7 @@ static block_acts block_views(const ts_model *m, const ts_acts *a, int l)
 
 static head_acts head_views(const ts_model *m, const ts_acts *a, int l)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     unsigned char *p = layer_mem(a, l);
     head_acts v;
     HEAD_ACTS(ACT_VIEW)
@@ -183,7 +190,7 @@ static head_acts head_views(const ts_model *m, const ts_acts *a, int l)
 
 static embed_acts embed_views(const ts_model *m, const ts_acts *a, int l)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     unsigned char *p = layer_mem(a, l);
     embed_acts v;
     EMBED_ACTS(ACT_VIEW)
@@ -193,7 +200,7 @@ static embed_acts embed_views(const ts_model *m, const ts_acts *a, int l)
 
 static size_t layer_bytes(const ts_model *m, int l, int B, int T)
 {
-    return kind_bytes(m->layers[l].kind, model_dims(m, B, T));
+    return kind_bytes(m->layers[l].kind, model_dims(m, l, B, T));
 }
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
@@ -262,8 +269,8 @@ static const void *layer_input(const ts_model *m, const ts_acts *a, int l)
  * projection's output gradient, later the qkv gradient), then [N,max(C,Fa)] (the
  * input gradient of a matmul; with SwiGLU first its output gradient [N,F], as GELU's
  * runs in place), then the attention backward's workspace (bytes, 64-aligned), and
- * under selective recompute the attention state and output its forward rebuilds (bytes,
- * then [N,Cl], 64-aligned); the head's [N,C] input gradient. Under sequence parallelism
+ * when some layer is selective the attention state and output its forward rebuilds
+ * (bytes, then [N,Cl], 64-aligned); the head's [N,C] input gradient. Under sequence parallelism
  * two more come before attention's: the gathered rows [N,C] (a norm's output for a
  * column-parallel linear, a gradient for a row-parallel backward; the forwards use it
  * too, and for their row-parallel sums' partial products) and this rank's rows [NL,C] of
@@ -284,7 +291,8 @@ static size_t scratch_att_offset(act_dims d)
     return scratch_local_offset(d) + ACT_ALIGN(d.NL * d.C * d.ab);
 }
 
-/* Where selective recompute's rebuilt attention state starts, and its output. */
+/* Where selective recompute's rebuilt attention state starts, and its output (the
+ * scratch has them when d.rebuild: some layer of the model is selective). */
 static size_t scratch_rebuilt_offset(act_dims d)
 {
     return ACT_ALIGN(scratch_att_offset(d) + d.att_scratch);
@@ -298,32 +306,32 @@ static size_t scratch_rebuilt_out_offset(act_dims d)
  * well (a->cp_work), beside the regions above that they use. */
 static size_t scratch_without_cp(act_dims d)
 {
-    if (!d.selective) return scratch_att_offset(d) + d.att_scratch;
+    if (!d.rebuild) return scratch_att_offset(d) + d.att_scratch;
     return scratch_rebuilt_out_offset(d) + d.N * d.Cl * d.ab;
 }
 static size_t scratch_cp_offset(act_dims d) { return ACT_ALIGN(scratch_without_cp(d)); }
 
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
-    const act_dims d = model_dims(m, B, T);
+    const act_dims d = model_dims(m, -1, B, T);
     return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
 }
 
 void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T)
 {
-    const act_dims d = model_dims(m, B, T);
+    const act_dims d = model_dims(m, -1, B, T);
     return d.cp ? (unsigned char *)s->mem + scratch_cp_offset(d) : NULL;
 }
 
 void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T)
 {
-    const act_dims d = model_dims(m, B, T);
-    return d.selective ? (unsigned char *)s->mem + scratch_rebuilt_offset(d) : NULL;
+    const act_dims d = model_dims(m, -1, B, T);
+    return d.rebuild ? (unsigned char *)s->mem + scratch_rebuilt_offset(d) : NULL;
 }
 
 void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, int T)
 {
-    const act_dims d = model_dims(m, B, T);
+    const act_dims d = model_dims(m, -1, B, T);
     return d.sp ? (unsigned char *)s->mem + scratch_gather_offset(d) : NULL;
 }
 
@@ -481,7 +489,7 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
 {
     const ts_kernels *k = m->k;
     const ts_tp *tp = &m->tp;
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
     const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
     const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
@@ -580,7 +588,7 @@ static void head_forward(const ts_model *m, const ts_acts *a, int l, const void 
      * rank's vocabulary columns, on every row (gathered under sequence parallelism);
      * then the loss, leaving the softmax's gradient in place of the logits. */
     TS_ASSERT(!m->tp.sp || a->sp_work);
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const void *lnf = gather_rows(m, &d, a->sp_work, h.lnf);
     ts_tp_col_forward(&m->tp, h.logits, lnf, ts_param_compute(m, m->head_wte_param), NULL, N, C,
                       m->local_vocab);
@@ -623,7 +631,7 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
 static void head_forward_logits(const ts_model *m, const ts_acts *a, int l, const void *x,
                                 void *logits)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const int C = m->n_embd, V = m->local_vocab;
     head_acts h = head_views(m, a, l);
     for (int b = 0; b < a->B; b++) {
@@ -678,12 +686,12 @@ static void embed_backward(const ts_model *m, const ts_acts *a, int l, const voi
 enum { STASH_D_OUT, STASH_D_FCH, STASH_D_RES2, STASH_D_QKV };
 static size_t stash_elems(const ts_model *m, int N)
 {
-    const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
+    const act_dims d = model_dims(m, -1, N, 1); /* only the N rows matter here */
     return d.N * (2 * d.C + d.FI + d.QKV);
 }
 static void *stash_part(const ts_model *m, void *st, int N, int part)
 {
-    const act_dims d = model_dims(m, N, 1); /* only the N rows matter here */
+    const act_dims d = model_dims(m, -1, N, 1); /* only the N rows matter here */
     const size_t NC = d.N * d.C, NF = d.N * d.FI;
     switch (part) {
     case STASH_D_OUT: return st;
@@ -733,7 +741,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
 {
     const ts_kernels *k = m->k;
     const ts_tp *tp = &m->tp;
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
     const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
     const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
@@ -807,6 +815,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
                            Ns, Cl, C);
         const void *att = v.att;
         if (d.selective) {
+            TS_ASSERT(d.rebuild);
             /* Selective recompute: the probabilities again, from the q, k, v the block
              * kept (the same kernel on the same input: the values the forward had). The
              * output goes to scratch too; atty, the projection's input, was kept. */
@@ -864,7 +873,7 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, vo
                                   ts_scratch *sc)
 {
     const ts_tp *tp = &m->tp;
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const int C = m->n_embd, N = a->B * a->T, Cl = (int)d.Cl, F = (int)d.F;
     const int p0 = m->layers[l].first_param;
     const block_roles r = roles_of(m);
@@ -887,7 +896,7 @@ static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, vo
 static void head_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
                           ts_scratch *sc, bool defer_weight)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, l, a->B, a->T);
     const int C = m->n_embd, S = (int)d.S, Ns = (int)(d.N / d.S), NLs = (int)(d.NL / d.S);
     const int p0 = m->layers[l].first_param;
     head_acts h = head_views(m, a, l);
@@ -917,7 +926,7 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: {
-            const act_dims d = model_dims(m, a->B, a->T);
+            const act_dims d = model_dims(m, l, a->B, a->T);
             embed_backward(m, a, l, gather_rows(m, &d, scratch_gather(&d, s), dx));
             break;
         }
@@ -980,7 +989,7 @@ size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T)
 
 void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, -1, a->B, a->T);
     const size_t NC = (size_t)a->B * a->T * m->n_embd;
     TS_ASSERT(a->wstash == NULL);
     size_t embed_at = stash_offset(m, a, a->l1);
@@ -1008,7 +1017,7 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
 
 void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s)
 {
-    const act_dims d = model_dims(m, a->B, a->T);
+    const act_dims d = model_dims(m, -1, a->B, a->T);
     for (int l = a->l1 - 1; l >= a->l0; l--) {
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED:

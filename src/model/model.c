@@ -264,6 +264,14 @@ static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
     free(s);
 }
 
+void ts_model_set_selective_layers(ts_model *m, int l0, int l1, bool on)
+{
+    TS_ASSERT(m->layers && 0 <= l0 && l0 <= l1 && l1 <= m->n_layers);
+    for (int l = l0; l < l1; l++) m->layers[l].selective = on;
+    m->selective_recompute = false;
+    for (int l = 0; l < m->n_layers; l++) m->selective_recompute |= m->layers[l].selective;
+}
+
 void ts_model_set_context_parallel(ts_model *m, ts_cp cp)
 {
     m->cp = cp;

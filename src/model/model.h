@@ -52,6 +52,10 @@ typedef struct {
     int block;              /* block index for TS_LAYER_BLOCK, else -1 */
     bool owned;             /* this rank holds the layer */
     int first_param, n_params;
+    /* Selective recompute (a block; false after build; ts_model_set_selective_layers):
+     * the layer keeps no attention state for its backward (its activation layout drops
+     * `att`), and its backward runs attention_forward again into the scratch first. */
+    bool selective;
 } ts_layer;
 
 /* Indices of a gpt2 block's parameters relative to its first_param, in nanoGPT order. */
@@ -82,9 +86,9 @@ typedef struct {
     int ffn_hidden;         /* MLP hidden width F */
     float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
     bool tied;              /* the LM head is the token embedding */
-    /* parallel.recompute = "selective" (false after build; ts_model_set_selective): a
-     * block keeps no attention state for its backward (the activation layout drops
-     * `att`), and its backward runs attention_forward again into the scratch first. */
+    /* Some layer is selective (ts_layer.selective; false after build): the backward
+     * scratch then holds one layer's rebuilt attention state and output
+     * (ts_scratch_bytes, ts_scratch_attention_work). */
     bool selective_recompute;
 
     /* Tensor parallelism (tensor/tp.h): this rank holds n_head/tp query heads,
@@ -133,9 +137,18 @@ typedef struct {
     void *between_layers_ctx;
 } ts_model;
 
-/* Selective recomputation on or off, before any activations or scratch are sized (it
- * changes both layouts: ts_acts_bytes, ts_scratch_bytes). */
-static inline void ts_model_set_selective(ts_model *m, bool on) { m->selective_recompute = on; }
+/* Selective recomputation of layers [l0, l1) on or off, after the layout is built and
+ * before any activations or scratch are sized (it changes both layouts: ts_acts_bytes
+ * of the ranges holding those layers, and ts_scratch_bytes when it turns the first
+ * layer on or the last off). parallel.recompute = "auto" sets it per chunk (the
+ * chunks its memory check chose: pipeline/memory.h). Only blocks keep attention
+ * state; the flag of an embedding or head changes nothing but the scratch. */
+void ts_model_set_selective_layers(ts_model *m, int l0, int l1, bool on);
+/* Every layer: parallel.recompute = "selective". */
+static inline void ts_model_set_selective(ts_model *m, bool on)
+{
+    ts_model_set_selective_layers(m, 0, m->n_layers, on);
+}
 
 /* Context parallelism on (cp.size > 1), before any activations or scratch are sized:
  * the layouts gain the gathered keys and values, and RoPE's tables (llama) are replaced

@@ -101,7 +101,10 @@ typedef struct {
 } ts_engine;
 
 /* keep: with parallel.recompute = "auto", the caps of the rank's chunks ([n_chunks],
- * ts_memory_auto_keep chose them); NULL for the other modes. */
+ * ts_memory_auto_keep_selective chose them); NULL for the other modes. The chunks it made
+ * selective are the model's layout (ts_model_set_selective_layers, before this call):
+ * every activation set of such a chunk, kept or a recomputed micro-batch's replay, is
+ * allocated without attention's state, and the scratch holds the rebuilt one. */
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
                          ts_sampler *data, const ts_comm *pp, int dp_rank, const int *keep);

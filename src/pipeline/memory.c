@@ -62,47 +62,121 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
     free(rec);
 }
 
-bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
-                         const ts_memory_holdings *h, int pp_rank, double room, int *keep,
-                         int *peak_acts, int *peak_stash, int *n_recomputed,
-                         ts_rank_memory *est)
+/* The estimate of rank pp_rank under caps keep: the peaks and counts into the holdings'
+ * arrays (held's), then ts_memory_rank. Whether it fits room. */
+static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
+                          const ts_memory_holdings *held, int pp_rank, double room,
+                          const int *keep, int *peak_acts, int *peak_stash, int *n_recomputed,
+                          ts_rank_memory *est)
+{
+    ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
+                        n_recomputed, NULL);
+    ts_memory_rank(sh, held, pp_rank, est);
+    return est->total - est->blas <= room;
+}
+
+/* Chunk c of the rank laid out selective or not: its set's bytes in `acts` (held's
+ * act_bytes) and the scratch with the rebuilt area while any chunk is. */
+static void auto_lay_out(const ts_schedule *s, const ts_memory_holdings *h, int pp_rank,
+                         int c, bool on, bool *selective, double *acts,
+                         ts_memory_holdings *held)
+{
+    selective[c] = on;
+    acts[c] = on ? h->sel_act_bytes[c] : h->act_bytes[c];
+    bool any = false;
+    for (int j = 0; j < s->n_chunks; j++) any |= ts_chunk_rank(s, j) == pp_rank && selective[j];
+    held->scratch_bytes = any ? h->sel_scratch_bytes : h->scratch_bytes;
+}
+
+bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *sh,
+                                   const ts_memory_holdings *h, int pp_rank, double room,
+                                   int *keep, bool *selective, int *peak_acts,
+                                   int *peak_stash, int *n_recomputed, ts_rank_memory *est)
 {
     const int n = s->n_chunks;
-    /* From the caps that recompute nothing: each chunk's peak without recompute. */
+    const bool may_select = selective && h->sel_act_bytes;
+    /* From the caps that recompute nothing: each chunk's peak without recompute, no
+     * chunk selective. */
     ts_memory_peak_sets(s, TS_RECOMPUTE_NONE, NULL, pp_rank, peak_acts, NULL, NULL, NULL);
-    for (int c = 0; c < n; c++)
-        if (ts_chunk_rank(s, c) == pp_rank) keep[c] = peak_acts[c];
+    double *acts = ts_calloc((size_t)n, sizeof(double));
+    for (int c = 0; c < n; c++) {
+        if (ts_chunk_rank(s, c) != pp_rank) continue;
+        keep[c] = peak_acts[c];
+        acts[c] = h->act_bytes[c];
+        if (selective) selective[c] = false;
+    }
     ts_memory_holdings held = *h;
+    held.act_bytes = acts;
     held.peak_acts = peak_acts;
     held.peak_stash = peak_stash;
     held.n_recomputed = n_recomputed;
-    for (;;) {
-        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
-                            n_recomputed, NULL);
-        ts_memory_rank(sh, &held, pp_rank, est);
-        if (est->total - est->blas <= room) return true;
-        /* Lower the cap of the chunk whose held sets weigh most. A cap one below the
-         * peak often holds as much (the recomputed micro-batch's set comes back for its
-         * backward), so the same chunk may come down twice in a row. */
+#define ESTIMATE() \
+    auto_estimate(s, sh, &held, pp_rank, room, keep, peak_acts, peak_stash, n_recomputed, est)
+    bool fits = ESTIMATE();
+    /* 1. Chunks go selective, the one saving the most first (the caps are the peaks). */
+    if (!fits && may_select) {
+        const double none_total = est->total;
+        bool any = false;
+        for (;;) {
+            int best = -1;
+            double most = 0.0;
+            for (int c = 0; c < n; c++) {
+                if (ts_chunk_rank(s, c) != pp_rank || selective[c]) continue;
+                const double saves = peak_acts[c] * (h->act_bytes[c] - h->sel_act_bytes[c]);
+                if (saves > most) {
+                    most = saves;
+                    best = c;
+                }
+            }
+            if (best < 0) break;
+            auto_lay_out(s, h, pp_rank, best, true, selective, acts, &held);
+            any = true;
+            if ((fits = ESTIMATE())) break;
+        }
+        if (!fits && any && est->total > none_total) {
+            for (int c = 0; c < n; c++)
+                if (ts_chunk_rank(s, c) == pp_rank)
+                    auto_lay_out(s, h, pp_rank, c, false, selective, acts, &held);
+            fits = ESTIMATE();
+        }
+    }
+    /* 2. Caps come down, the chunk whose held sets weigh most first. A cap one below
+     * the peak often holds as much (the recomputed micro-batch's set comes back for its
+     * backward), so the same chunk may come down twice in a row. */
+    while (!fits) {
         int fullest = -1;
         double most = -1.0;
         for (int c = 0; c < n; c++) {
             if (ts_chunk_rank(s, c) != pp_rank || keep[c] == 0) continue;
             ts_chunk_memory cm;
-            ts_memory_chunk(sh, c, h->act_bytes[c], h->stash_bytes[c], &cm);
+            ts_memory_chunk(sh, c, acts[c], h->stash_bytes[c], &cm);
             const double bytes = peak_acts[c] * cm.set;
             if (bytes > most) {
                 most = bytes;
                 fullest = c;
             }
         }
-        if (fullest < 0) return false; /* every cap 0: full recompute does not fit */
+        if (fullest < 0) break; /* every cap 0: full recompute does not fit */
         keep[fullest]--;
+        fits = ESTIMATE();
     }
+#undef ESTIMATE
+    free(acts);
+    return fits;
 }
 
-const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
-                                    char *buf, size_t size)
+bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
+                         const ts_memory_holdings *h, int pp_rank, double room, int *keep,
+                         int *peak_acts, int *peak_stash, int *n_recomputed,
+                         ts_rank_memory *est)
+{
+    return ts_memory_auto_keep_selective(s, sh, h, pp_rank, room, keep, NULL, peak_acts,
+                                         peak_stash, n_recomputed, est);
+}
+
+const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
+                                              const int *keep, const bool *selective,
+                                              char *buf, size_t size)
 {
     const int n = s->n_chunks;
     int *in_flight = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
@@ -114,14 +188,21 @@ const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int
         if (ts_chunk_rank(s, c) != pp_rank) continue;
         const int k = keep[c] < in_flight[c] ? keep[c] : in_flight[c];
         at += (size_t)snprintf(buf + at, size - at,
-                               "%schunk %d keeps %d of %d in flight (recomputes %d of %d "
+                               "%schunk %d keeps %d of %d in flight%s (recomputes %d of %d "
                                "micro-batch%s)",
-                               at ? "; " : "", c, k, in_flight[c], nr[c], s->m,
+                               at ? "; " : "", c, k, in_flight[c],
+                               selective && selective[c] ? ", selective" : "", nr[c], s->m,
                                s->m == 1 ? "" : "es");
     }
     free(in_flight);
     free(nr);
     return buf;
+}
+
+const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
+                                    char *buf, size_t size)
+{
+    return ts_memory_describe_keep_selective(s, pp_rank, keep, NULL, buf, size);
 }
 
 void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
@@ -197,6 +278,7 @@ typedef struct {
     ts_memory_shape sh;
     ts_memory_holdings h;
     double *acts, *stash;               /* [n_chunks], the rank's chunks filled */
+    double *sel_acts;                   /* [n_chunks] the same laid out selective (auto) */
     int *peak_acts, *peak_stash, *n_rc; /* [n_chunks], for the holdings' peaks */
     double *chunk_floats;               /* [n_chunks], ZeRO-2/3 */
     ts_residency res;                   /* ZeRO-2/3 */
@@ -244,8 +326,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     ts_tp tp = ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel);
     ts_model_layout_tp(&m, mc, owned, &tp);
     ts_model_set_context_parallel(&m, ts_cp_make(cp, 0, NULL, k, mc->seq_len));
-    const bool selective =
-        ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE;
+    const int mode = ts_recompute_from_name(cfg->parallel.recompute);
+    const bool selective = mode == TS_RECOMPUTE_SELECTIVE;
     ts_model_set_selective(&m, selective);
     free(owned);
 
@@ -260,6 +342,21 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
         out->acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
         out->stash[c] = (double)ts_acts_stash_bytes(&m, l0, l1, B, T);
+    }
+    /* recompute = "auto" may lay chunks out selective: their sets and the scratch so. */
+    const double scratch = (double)ts_scratch_bytes(&m, B, T);
+    double sel_scratch = 0.0;
+    out->sel_acts = NULL;
+    if (mode == TS_RECOMPUTE_AUTO) {
+        ts_model_set_selective(&m, true);
+        out->sel_acts = ts_calloc((size_t)n, sizeof(double));
+        for (int c = 0; c < n; c++) {
+            if (ts_chunk_rank(sched, c) != pp_rank) continue;
+            const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
+            out->sel_acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
+        }
+        sel_scratch = (double)ts_scratch_bytes(&m, B, T);
+        ts_model_set_selective(&m, false);
     }
     out->chunk_floats = NULL;
     memset(&out->res, 0, sizeof out->res);
@@ -279,8 +376,10 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
         .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
-                                  .scratch_bytes = (double)ts_scratch_bytes(&m, B, T),
+                                  .scratch_bytes = scratch,
                                   .act_bytes = out->acts, .stash_bytes = out->stash,
+                                  .sel_act_bytes = out->sel_acts,
+                                  .sel_scratch_bytes = sel_scratch,
                                   .peak_acts = out->peak_acts, .peak_stash = out->peak_stash,
                                   .n_recomputed = out->n_rc,
                                   .chunk_floats = out->chunk_floats,
@@ -292,6 +391,7 @@ static void rank_layout_free(rank_layout *l)
 {
     free(l->acts);
     free(l->stash);
+    free(l->sel_acts);
     free(l->peak_acts);
     free(l->peak_stash);
     free(l->n_rc);
@@ -311,15 +411,28 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
     rank_layout_free(&l);
 }
 
+bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition *part,
+                                       const ts_schedule *sched, int pp_rank, int threads,
+                                       double room, int *keep, bool *selective,
+                                       ts_rank_memory *est)
+{
+    rank_layout l;
+    rank_layout_build(cfg, part, sched, pp_rank, threads, &l);
+    const bool fits = ts_memory_auto_keep_selective(sched, &l.sh, &l.h, pp_rank, room, keep,
+                                                    selective, l.peak_acts, l.peak_stash,
+                                                    l.n_rc, est);
+    rank_layout_free(&l);
+    return fits;
+}
+
 bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
                              const ts_schedule *sched, int pp_rank, int threads, double room,
                              int *keep, ts_rank_memory *est)
 {
-    rank_layout l;
-    rank_layout_build(cfg, part, sched, pp_rank, threads, &l);
-    const bool fits = ts_memory_auto_keep(sched, &l.sh, &l.h, pp_rank, room, keep, l.peak_acts,
-                                          l.peak_stash, l.n_rc, est);
-    rank_layout_free(&l);
+    bool *selective = ts_calloc((size_t)sched->n_chunks, sizeof(bool));
+    const bool fits = ts_memory_estimate_auto_selective(cfg, part, sched, pp_rank, threads,
+                                                        room, keep, selective, est);
+    free(selective);
     return fits;
 }
 

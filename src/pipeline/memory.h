@@ -35,16 +35,24 @@ typedef struct {
  * rank of it holds the same), running `threads` BLAS threads: the model's own layout of
  * the rank's layers (nothing allocated) into ts_memory_rank. With parallel.recompute =
  * "auto", keep [n_chunks] holds the caps the run uses (ts_memory_estimate_auto chose
- * them); NULL otherwise. */
+ * them), every chunk laid out without selective recompute; NULL otherwise. */
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads, const int *keep,
                         ts_rank_memory *est);
 
-/* parallel.recompute = "auto" on pipeline rank pp_rank: ts_memory_auto_keep on the
- * rank's layout, the caps into keep[c] for the rank's chunks, the estimate under them
- * into *est. `room`: the bytes the estimate less its BLAS buffers (est->total -
- * est->blas) may reach. False when even recomputing every micro-batch exceeds it (*est
- * is then that, recompute = "full"'s, estimate). */
+/* parallel.recompute = "auto" on pipeline rank pp_rank: ts_memory_auto_keep_selective on
+ * the rank's layout, the caps into keep[c] and whether the chunk is selective into
+ * selective[c] for the rank's chunks, the estimate under them into *est. `room`: the
+ * bytes the estimate less its BLAS buffers (est->total - est->blas) may reach. False
+ * when even recomputing every micro-batch exceeds it (*est is then that estimate: caps
+ * 0, the chunks selective as the choice left them). The trainer lays its chunks out
+ * (ts_model_set_selective_layers) and runs its engine by exactly these. */
+bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition *part,
+                                       const ts_schedule *sched, int pp_rank, int threads,
+                                       double room, int *keep, bool *selective,
+                                       ts_rank_memory *est);
+/* The same without reporting which chunks are selective (the choice and *est are the
+ * same). */
 bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
                              const ts_schedule *sched, int pp_rank, int threads, double room,
                              int *keep, ts_rank_memory *est);
@@ -95,6 +103,12 @@ typedef struct {
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */
+    /* recompute = "auto" choosing selective per chunk (ts_memory_auto_keep_selective);
+     * NULL / 0 where it cannot (the planner's tables): */
+    const double *sel_act_bytes; /* one micro-batch's saved activations per chunk, the
+                                    chunk laid out selective (no attention state) */
+    double sel_scratch_bytes;    /* the scratch when some chunk is selective (with the
+                                    rebuilt attention state and output) */
     /* ZeRO-2/3 (zero >= 2 with dp > 1) only; NULL otherwise: */
     const double *chunk_floats; /* floats of each of the rank's chunks in its layout (they
                                    tile the rank's flat buffer: sum = param_floats) */
@@ -137,23 +151,49 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
 void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, int pp_rank,
                          int *peak_acts, int *peak_stash, int *n_recomputed, bool *recomputed);
 
-/* parallel.recompute = "auto"'s choice on pipeline rank pp_rank: the largest caps keep[c]
- * (ts_memory_peak_sets) for which ts_memory_rank's estimate less its BLAS buffers fits
- * `room` bytes. From every chunk's peak without recompute, the cap of the chunk whose
- * held activation sets take the most bytes (the lowest chunk on a tie) comes down by
- * one until the estimate fits. Takes h's sizes (its peak arrays are ignored); writes,
- * for the rank's chunks, keep, peak_acts, peak_stash and n_recomputed ([n_chunks]) and
- * the estimate under the caps into *est. False when even caps of 0 (full recompute)
- * exceed room: the outputs then describe those. Deterministic: every tensor- and
- * data-parallel rank of a pipeline rank, given one room, chooses the same. */
+/* parallel.recompute = "auto"'s choice on pipeline rank pp_rank: which chunks are
+ * selective (selective[c]) and the largest caps keep[c] (ts_memory_peak_sets) for which
+ * ts_memory_rank's estimate less its BLAS buffers fits `room` bytes. From no recompute
+ * (every cap at the chunk's peak, no chunk selective):
+ *   1. while it does not fit, the chunk whose selective layout saves the most bytes at
+ *      its peak (peak sets x the attention state of its blocks; the lowest chunk on a
+ *      tie; none that saves nothing, as a chunk without blocks) goes selective. The
+ *      first one also grows the scratch by one layer's rebuilt state and output: if
+ *      every saving chunk selective still does not fit and holds more than none of
+ *      them, none is (the rebuilt area outweighed what they dropped);
+ *   2. while it does not fit, the cap of the chunk whose held activation sets take the
+ *      most bytes (in its layout; the lowest chunk on a tie) comes down by one.
+ * Selective first because it is the cheaper trade: it costs a chunk one more run of
+ * attention's core per micro-batch (a few % of its compute) and drops attention's state
+ * from every set it holds, where one step of a cap drops at most one set and costs a
+ * whole forward of the chunk per micro-batch it recomputes. A micro-batch recomputed
+ * fully replays into a set of its chunk's one layout: a selective chunk's replay too
+ * keeps no attention state, which its backward rebuilds (the sets are one size per
+ * chunk, the estimate counts them so, and the replay's is the set held when memory is
+ * tightest). With selective NULL, or h->sel_act_bytes NULL, step 1 is skipped (the
+ * planner's tables). Takes h's sizes (its peak arrays are ignored); writes, for the
+ * rank's chunks, keep, selective, peak_acts, peak_stash and n_recomputed ([n_chunks])
+ * and the estimate under the choice into *est. False when even caps of 0 (full
+ * recompute) exceed room: the outputs then describe those. Deterministic: every tensor-
+ * and data-parallel rank of a pipeline rank, given one room, chooses the same. */
+bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *sh,
+                                   const ts_memory_holdings *h, int pp_rank, double room,
+                                   int *keep, bool *selective, int *peak_acts,
+                                   int *peak_stash, int *n_recomputed, ts_rank_memory *est);
+/* The same with no chunk selective (step 2 alone): the planner's search. */
 bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
                          const ts_memory_holdings *h, int pp_rank, double room, int *keep,
                          int *peak_acts, int *peak_stash, int *n_recomputed,
                          ts_rank_memory *est);
 
-/* The choice per chunk of pipeline rank pp_rank under caps keep (auto), as the trainer
- * logs it and plan prints it: "chunk 0 keeps 2 of 4 in flight (recomputes 6 of 8
- * micro-batches); chunk 5 ..." into buf; returns buf. */
+/* The choice per chunk of pipeline rank pp_rank under caps keep and selective chunks
+ * (auto; selective NULL: none), as the trainer logs it: "chunk 0 keeps 2 of 4 in flight,
+ * selective (recomputes 6 of 8 micro-batches); chunk 5 keeps ..." into buf; returns
+ * buf. */
+const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
+                                              const int *keep, const bool *selective,
+                                              char *buf, size_t size);
+/* The same naming no chunk selective (plan prints it so until it passes the flags). */
 const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
                                     char *buf, size_t size);
 

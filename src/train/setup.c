@@ -305,7 +305,8 @@ static double machine_room(const ts_kernels *k, const ts_sysmem *lim, int ranks_
     return share < left ? share : left;
 }
 
-/* parallel.recompute = "auto": this rank's caps (t->recompute_keep), chosen to fit the
+/* parallel.recompute = "auto": this rank's caps and selective chunks (t->recompute_keep,
+ * t->recompute_selective: ts_memory_estimate_auto_selective), chosen to fit the
  * smaller of parallel.memory_budget_mb and what the machine offers, the least of that
  * over all ranks, so the tensor- and data-parallel ranks of a pipeline rank (whose
  * collectives run inside every recomputed forward) choose the same caps. Collective.
@@ -321,21 +322,30 @@ static bool choose_recompute(ts_trainer *t, const ts_sysmem *lim, double *room,
     ts_host_allreduce_max_f64(&t->world, &r, 1); /* the least room */
     *room = -r;
     free(t->recompute_keep);
+    free(t->recompute_selective);
     t->recompute_keep = ts_calloc((size_t)t->sched.n_chunks, sizeof(int));
-    return ts_memory_estimate_auto(&t->cfg, &t->part, &t->sched, topo->coords.pp, topo->threads,
-                                   *room, t->recompute_keep, est);
+    t->recompute_selective = ts_calloc((size_t)t->sched.n_chunks, sizeof(bool));
+    return ts_memory_estimate_auto_selective(&t->cfg, &t->part, &t->sched, topo->coords.pp,
+                                             topo->threads, *room, t->recompute_keep,
+                                             t->recompute_selective, est);
 }
 
-/* recompute = "auto"'s caps, one line per pipeline rank on world rank 0: every rank's
- * caps of its chunks gathered (the largest wins; the ranks of a pipeline rank agree).
- * Collective. */
+/* recompute = "auto"'s caps and selective chunks, one line per pipeline rank on world
+ * rank 0: every rank's choice for its chunks gathered (the largest wins; the ranks of a
+ * pipeline rank agree). Collective. */
 static void log_recompute(ts_trainer *t, double room)
 {
     const ts_schedule *s = &t->sched;
-    int *keep = ts_malloc((size_t)s->n_chunks * sizeof(int));
-    for (int c = 0; c < s->n_chunks; c++)
-        keep[c] = ts_chunk_rank(s, c) == t->topo->coords.pp ? t->recompute_keep[c] : -1;
-    ts_host_allreduce_max_i32(&t->world, keep, (size_t)s->n_chunks);
+    const int n = s->n_chunks;
+    int *keep = ts_malloc(2 * (size_t)n * sizeof(int)); /* caps, then selective (0/1) */
+    bool *selective = ts_malloc((size_t)n * sizeof(bool));
+    for (int c = 0; c < n; c++) {
+        const bool mine = ts_chunk_rank(s, c) == t->topo->coords.pp;
+        keep[c] = mine ? t->recompute_keep[c] : -1;
+        keep[n + c] = mine ? t->recompute_selective[c] : -1;
+    }
+    ts_host_allreduce_max_i32(&t->world, keep, 2 * (size_t)n);
+    for (int c = 0; c < n; c++) selective[c] = keep[n + c] > 0;
     if (t->world.rank == 0) {
         const int mb = t->cfg.parallel.memory_budget_mb;
         char what[32], line[1024];
@@ -345,9 +355,11 @@ static void log_recompute(ts_trainer *t, double room)
                                                       : "what the machine offers the rank");
         for (int q = 0; q < s->pp; q++)
             ts_log_info("recompute auto: pipeline rank %d: %s", q,
-                        ts_memory_describe_keep(s, q, keep, line, sizeof line));
+                        ts_memory_describe_keep_selective(s, q, keep, selective, line,
+                                                          sizeof line));
     }
     free(keep);
+    free(selective);
 }
 
 /* Refuse a run that cannot fit, with the numbers, before allocating it: this rank's

@@ -70,8 +70,15 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
      * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
     const int level = t->dp.size > 1 ? cfg->parallel.zero : 0;
     ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
+    /* Selective recompute: every layer ("selective"), or the chunks of this rank that
+     * auto's memory check made selective, so the layout is the one it counted. */
     ts_model_set_selective(&t->model, ts_recompute_from_name(cfg->parallel.recompute) ==
                                           TS_RECOMPUTE_SELECTIVE);
+    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
+        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
+            ts_model_set_selective_layers(&t->model, t->part.first_layer[c],
+                                          t->part.first_layer[c] + t->part.n_chunk_layers[c],
+                                          true);
     ts_model_set_context_parallel(&t->model, ts_cp_make(cfg->parallel.cp, topo->coords.cp,
                                                         &t->cp, t->k, cfg->model.seq_len));
     free(owned);
@@ -186,6 +193,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_schedule_free(&t->sched);
     ts_partition_free(&t->part);
     free(t->recompute_keep);
+    free(t->recompute_selective);
     memset(t, 0, sizeof *t);
 }
 

@@ -56,6 +56,8 @@ typedef struct {
     ts_schedule sched;
     int *recompute_keep;   /* [n_chunks]: parallel.recompute = "auto"'s caps for this rank's
                               chunks (the memory check chose them); NULL otherwise */
+    bool *recompute_selective; /* [n_chunks]: auto's chunks laid out selective (the same
+                                  choice); NULL otherwise */
     ts_model model;
     ts_engine engine;
     ts_grad_sync grad_sync;
