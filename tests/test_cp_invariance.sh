@@ -33,6 +33,29 @@ check cp2_dp2_zero3 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zer
 check cp2_selective 2 --set parallel.cp=2 --set parallel.recompute=selective
 check cp2_pp2_full 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.recompute=full
 
+# The memory estimate knows cp (src/pipeline/memory.c: the layout at seq_len/cp rows plus
+# the gathered K/V): the trainer's activation_mb per rank is plan's activation_sets, and
+# cp 4's are under half of one rank's.
+if "$TESSERA" plan "${common[@]:1}" --set parallel.cp=2 --json >"$TMP/plan_cp2.json" 2>"$TMP/err" &&
+   "$TESSERA" plan "${common[@]:1}" --set parallel.cp=4 --json >"$TMP/plan_cp4.json" 2>"$TMP/err" &&
+   python3 - "$TMP" <<'PY'
+import json, sys
+d, bad = sys.argv[1], 0
+def last(name): return json.loads(open("%s/%s.jsonl" % (d, name)).read().strip().splitlines()[-1])
+for name in ("cp2", "cp4"):
+    plan = json.load(open("%s/plan_%s.json" % (d, name)))
+    for r, got in enumerate(last(name)["activation_mb"]):
+        want = plan["ranks"][0]["memory"]["activation_sets"] / 1048576.0
+        ok = abs(got - want) <= 0.02 * want + 0.05
+        print("  %s rank %d: activation_mb %.2f, plan %.2f MiB%s" % (name, r, got, want, "" if ok else "  <-- MISS"))
+        bad += not ok
+one, four = last("ref")["activation_mb"][0], max(last("cp4")["activation_mb"])
+print("  one rank %.2f MiB, cp 4 at most %.2f" % (one, four))
+bad += not four < 0.5 * one
+sys.exit(bad)
+PY
+then pass; else fail "cp memory: the trainer's activations against plan's (above) $(cat "$TMP/err")"; fi
+
 check cp2_again 2 --set parallel.cp=2
 if cmp -s <(losses "$TMP/cp2.jsonl") <(losses "$TMP/cp2_again.jsonl"); then pass
 else fail "cp = 2 run twice is not bit-identical"; fi
