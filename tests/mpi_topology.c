@@ -83,7 +83,7 @@ int main(int argc, char **argv)
 
     int n = ts_grid_replica_group(g, r, members);
     CHECK(n == g->size[TS_AXIS_DP] * g->size[TS_AXIS_CP]);
-    check_comm(&t.replica_comm, "replica", members, n, c.dp * g->size[TS_AXIS_CP] + c.cp, r);
+    check_comm(&t.replica_comm, g->size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp", members, n, c.dp * g->size[TS_AXIS_CP] + c.cp, r);
     if (g->size[TS_AXIS_CP] == 1) {
         /* Without context parallelism the replicas are the data-parallel group. */
         int *dp = malloc(sizeof(int) * (size_t)g->size[TS_AXIS_DP]);

@@ -38,13 +38,16 @@ static void split_axis(ts_topology *t, ts_axis axis, ts_comm *out)
 }
 
 /* The replica group (same pp and tp, any dp and cp), ranked dp * cp + cp. The color is
- * its first member, unique per group. With cp = 1: dp_comm's members in dp_comm's order. */
+ * its first member, unique per group. With cp = 1: dp_comm's members in dp_comm's order,
+ * and its name in messages "dp" (what a user without context parallelism knows it as);
+ * "dp*cp" otherwise. */
 static void split_replicas(ts_topology *t)
 {
     int n = t->grid.size[TS_AXIS_DP] * t->grid.size[TS_AXIS_CP];
     int *members = ts_malloc(sizeof(int) * (size_t)n);
     ts_grid_replica_group(&t->grid, t->rank, members);
-    ts_comm_split(&t->world, members[0], ts_grid_replica_index(&t->grid, t->rank), "replica",
+    ts_comm_split(&t->world, members[0], ts_grid_replica_index(&t->grid, t->rank),
+                  t->grid.size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp",
                   &t->replica_comm);
     free(members);
 }
