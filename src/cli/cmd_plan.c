@@ -291,21 +291,26 @@ static double plan_room(const ts_config *cfg)
 
 /* The same per-rank memory estimate `tessera train` checks before it allocates, with
  * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores); with
- * recompute = "auto" under the caps it would choose to fit `room`, into keep (the rank's
- * chunks). Whether it fits room (true when room is 0: no bound). */
+ * recompute = "auto" under the caps and selective chunks it would choose to fit `room`,
+ * into keep and selective (the rank's chunks). Whether it fits room (true when room is 0:
+ * no bound). */
 static bool rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                        int pp_rank, double room, int *keep, ts_rank_memory *est)
+                        int pp_rank, double room, int *keep, bool *selective,
+                        ts_rank_memory *est)
 {
     int threads = cfg->train.threads > 0 ? cfg->train.threads : 1;
     if (ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_AUTO)
-        return ts_memory_estimate_auto(cfg, part, s, pp_rank, threads, room, keep, est);
+        return ts_memory_estimate_auto_selective(cfg, part, s, pp_rank, threads, room, keep,
+                                                 selective, est);
     ts_memory_estimate(cfg, part, s, pp_rank, threads, NULL, est);
     return room <= 0 || est->total - est->blas <= room;
 }
 
 /* Rank q's recompute per chunk: [{"chunk", "in_flight" (sets held without recompute),
- * "peak_sets", "recomputed" (micro-batches), "keep" (auto's cap)}]. */
-static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q, const int *keep)
+ * "peak_sets", "recomputed" (micro-batches), "keep" (auto's cap), "selective" (auto: laid
+ * out selective)}]. */
+static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q, const int *keep,
+                              const bool *selective)
 {
     const int n = s->n_chunks, mode = ts_recompute_from_name(cfg->parallel.recompute);
     int *in_flight = ts_calloc((size_t)n, sizeof(int)), *peak = ts_calloc((size_t)n, sizeof(int));
@@ -318,6 +323,7 @@ static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q,
         json_t *o = json_pack("{s:i, s:i, s:i, s:i}", "chunk", c, "in_flight", in_flight[c],
                               "peak_sets", peak[c], "recomputed", nr[c]);
         if (keep) json_object_set_new(o, "keep", json_integer(keep[c]));
+        if (selective) json_object_set_new(o, "selective", json_boolean(selective[c]));
         json_array_append_new(a, o);
     }
     free(in_flight);
@@ -415,9 +421,10 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;
     const double room = plan_room(cfg);
     int *keep = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(int)) : NULL;
+    bool *selective = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(bool)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
-        const bool fits = rank_memory(cfg, part, s, q, room, keep, &est);
+        const bool fits = rank_memory(cfg, part, s, q, room, keep, selective, &est);
         json_array_append_new(
             ranks, json_pack("{s:i, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "pp_rank", q,
                              "bubble", r->bubble[q], "peak_activation_bytes",
@@ -434,7 +441,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         json_object_set_new(rank, "dp_wait_ms", json_real(r->dp_wait[q]));
         json_object_set_new(json_object_get(rank, "memory"), "activation_sets",
                             json_integer((json_int_t)llround(est.act_sets)));
-        json_object_set_new(rank, "recompute", recompute_json(cfg, s, q, keep));
+        json_object_set_new(rank, "recompute", recompute_json(cfg, s, q, keep, selective));
         if (p->dp * p->cp > 1)
             json_object_set_new(rank, "zero_traffic", zero_json(cfg, part, s, q));
         json_object_set_new(json_object_get(rank, "memory"), "chunk_buffers",
@@ -442,6 +449,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         if (room > 0) json_object_set_new(rank, "memory_fits", json_boolean(fits));
     }
     free(keep);
+    free(selective);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:o, s:f, s:f, s:o}",
                           "world", p->pp * p->dp * p->cp * p->tp, "pp", p->pp, "dp", p->dp, "tp",
                           p->tp, "cp", p->cp, "v", p->virtual_stages, "schedule", p->schedule, "microbatches", s->m,
@@ -562,20 +570,23 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
                                        : "this machine shared by the grid's ranks",
                auto_rc ? "; recompute auto recomputes per chunk only what does not fit" : "");
     int *keep = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(int)) : NULL;
+    bool *selective = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(bool)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
         char what[256];
-        const bool fits = rank_memory(cfg, part, s, q, room, keep, &est);
+        const bool fits = rank_memory(cfg, part, s, q, room, keep, selective, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
         if (auto_rc)
             printf("    recompute auto: %s\n",
-                   ts_memory_describe_keep(s, q, keep, line, sizeof line));
+                   ts_memory_describe_keep_selective(s, q, keep, selective, line,
+                                                     sizeof line));
         if (!fits)
             printf("    DOES NOT FIT: %s beyond its BLAS buffers%s\n",
                    ts_format_bytes(est.total - est.blas, over, sizeof over),
                    auto_rc ? " even recomputing every micro-batch" : "");
     }
     free(keep);
+    free(selective);
     if (tc) {
         printf("bubble until each rank's last action (as the train metric counts it): %.4f\n",
                ts_plan_sim_bubble_rank_span(r));

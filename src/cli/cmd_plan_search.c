@@ -299,20 +299,25 @@ static const char *gb(double bytes, char *buf, size_t n)
 }
 
 /* What each chunk of a predicted grid recomputes: [{"chunk", "recomputed" (micro-batches),
- * "keep" (recompute = "auto"'s cap)}], or, with text, one line for auto. */
+ * "keep" (recompute = "auto"'s cap), "selective" (auto: the chunk laid out selective)}],
+ * or, with text, one line for auto. */
 static json_t *recompute_json(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     const int n = g->pp * g->v;
     int *keep = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
-    ts_plan_recompute_of(x, g, keep, nr);
+    bool *sel = ts_calloc((size_t)n, sizeof(bool));
+    ts_plan_recompute_of(x, g, keep, sel, nr);
     json_t *a = json_array();
     for (int c = 0; c < n; c++) {
         json_t *o = json_pack("{s:i, s:i}", "chunk", c, "recomputed", nr[c]);
-        if (g->recompute == TS_RECOMPUTE_AUTO)
+        if (g->recompute == TS_RECOMPUTE_AUTO) {
             json_object_set_new(o, "keep", json_integer(keep[c]));
+            json_object_set_new(o, "selective", json_boolean(sel[c]));
+        }
         json_array_append_new(a, o);
     }
     free(keep);
+    free(sel);
     free(nr);
     return a;
 }
@@ -322,13 +327,16 @@ static void print_recompute(ts_plan_ctx *x, const ts_plan_grid *g)
     if (g->recompute != TS_RECOMPUTE_AUTO) return;
     const int n = g->pp * g->v;
     int *keep = ts_calloc((size_t)n, sizeof(int)), *nr = ts_calloc((size_t)n, sizeof(int));
-    ts_plan_recompute_of(x, g, keep, nr);
+    bool *sel = ts_calloc((size_t)n, sizeof(bool));
+    ts_plan_recompute_of(x, g, keep, sel, nr);
     printf("recompute auto (fitted into the device's memory, or parallel.memory_budget_mb "
            "when smaller): ");
     for (int c = 0; c < n; c++)
-        printf("%schunk %d keeps %d, recomputes %d of %d", c ? "; " : "", c, keep[c], nr[c], g->m);
+        printf("%schunk %d keeps %d%s, recomputes %d of %d", c ? "; " : "", c, keep[c],
+               sel[c] ? ", selective" : "", nr[c], g->m);
     printf("\n");
     free(keep);
+    free(sel);
     free(nr);
 }
 

@@ -17,7 +17,8 @@ static const char *k_help =
     "usage: tessera train CONFIG [--set KEY=VALUE ...]\n"
     "\n"
     "Train the model described by the libconfig file CONFIG. Run it under mpirun or srun\n"
-    "with parallel.pp * parallel.dp * parallel.tp ranks (one rank: run it directly).\n"
+    "with parallel.pp * parallel.dp * parallel.cp * parallel.tp ranks (one rank: run it\n"
+    "directly).\n"
     "\n"
     "  --set KEY=VALUE   override a config key, e.g. --set train.steps=20\n"
     "                    --set parallel.schedule=gpipe --set train.lr=1e-3\n"
@@ -64,10 +65,12 @@ static int run(int argc, char **argv, int rank, int world_size)
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
                 cfg.model.seq_len, (double)n_params / 1e6);
     const int n_mb = ts_config_num_microbatches(&cfg);
-    ts_log_info("tessera: grid pp=%d dp=%d tp=%d (%d rank%s, %s), global batch %d x %d tokens, "
+    char cp[24] = ""; /* context parallelism: named only when used */
+    if (cfg.parallel.cp > 1) snprintf(cp, sizeof cp, " cp=%d", cfg.parallel.cp);
+    ts_log_info("tessera: grid pp=%d dp=%d%s tp=%d (%d rank%s, %s), global batch %d x %d tokens, "
                 "%d micro-batch%s of %d per replica, schedule %s, %d thread%s per rank (%s "
                 "binding)",
-                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, world_size,
+                cfg.parallel.pp, cfg.parallel.dp, cp, cfg.parallel.tp, world_size,
                 world_size == 1 ? "" : "s", cfg.parallel.order, cfg.train.global_batch,
                 cfg.model.seq_len, n_mb, n_mb == 1 ? "" : "es", cfg.parallel.micro_batch,
                 cfg.parallel.schedule, topo.threads, topo.threads == 1 ? "" : "s", topo.binding);

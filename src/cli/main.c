@@ -11,7 +11,7 @@ static const char *k_usage =
     "\n"
     "commands:\n"
     "  train CONFIG [--set KEY=VALUE ...]  train a model (run under mpirun/srun;\n"
-    "                                      world size = parallel.pp * dp * tp)\n"
+    "                                      world size = parallel.pp * dp * cp * tp)\n"
     "  plan CONFIG [--set KEY=VALUE ...]   partition, schedule and simulate a step (one process;\n"
     "                                      --json, --cost uniform, --trace F, --svg F)\n"
     "  ckpt info|verify DIR                inspect a checkpoint, or check every byte of it\n"
@@ -20,7 +20,7 @@ static const char *k_usage =
     "                                      generate text from a checkpoint (one process)\n"
     "  data INPUT... --out PREFIX          tokenize text/JSONL files and directories into llm.c\n"
     "                                      shards (--encoding bytes|gpt2|llama3; one process)\n"
-    "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp,tp) map, hosts, binding\n"
+    "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp[,cp],tp) map, hosts, binding\n"
     "\n"
     "`tessera COMMAND --help` describes each command's options.\n"
     "Configs are libconfig files; see configs/tiny.cfg for every key with its default.\n";
