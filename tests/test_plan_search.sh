@@ -91,8 +91,17 @@ done
 # A missing file, too few devices, a cluster where nothing fits, a device count no grid
 # uses, an option that does not go with --cluster.
 expect_error 0 "cannot be read" plan configs/tiny.cfg --cluster "$TMP/none.cfg"
-expect_error 0 "8 devices are fewer than one replica of this model needs: at least [0-9]+" \
-  plan configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search
+# (Under the sanitizers, which tests/CMakeLists.txt marks with TS_TEST_SWEEP_STEPS, a
+# smaller model and device find the same message in a fraction of a second; the release
+# build runs 175B's, about 30 s there.)
+if [ -n "${TS_TEST_SWEEP_STEPS:-}" ]; then
+  sed 's/memory_gb = 80.0/memory_gb = 10.0/' $H100 >"$TMP/h10.cfg"
+  expect_error 0 "1 devices are fewer than one replica of this model needs: at least [0-9]+" \
+    plan configs/gpt3-2.7b.cfg --cluster "$TMP/h10.cfg" --gpus 1 --search
+else
+  expect_error 0 "8 devices are fewer than one replica of this model needs: at least [0-9]+" \
+    plan configs/gpt3-175b.cfg --cluster $H100 --gpus 8 --search
+fi
 sed 's/memory_gb = 80.0/memory_gb = 0.001/' $H100 >"$TMP/tinymem.cfg"
 expect_error 0 "fits nowhere.*needs [0-9.]+ [KMG]i?B per device" \
   plan configs/tiny.cfg --cluster "$TMP/tinymem.cfg" --gpus 4 --search
@@ -101,8 +110,11 @@ expect_error 0 "no grid uses exactly 7 devices.*nearest device counts with one a
 expect_error 0 "does not go with --cluster" plan configs/tiny.cfg --cluster $CPU --cost uniform
 
 # 175B near 10,000 devices: 10,000 itself has no grid (5^4 divides neither the heads nor
-# the batch: the message names 9,984 and 10,080); both it and 9,984 finish in seconds.
-for n in 10000 9984; do
+# the batch: the message names 9,984 and 10,080); both it and 9,984 finish in seconds
+# (the release build; under the sanitizers 10,000's message alone).
+near=(10000 9984)
+[ -n "${TS_TEST_SWEEP_STEPS:-}" ] && near=(10000)
+for n in "${near[@]}"; do
   t0=$(date +%s.%N)
   # No timed assertion (CI machines vary): the timeout only turns a runaway into a failure.
   timeout 120 "$TESSERA" plan configs/gpt3-175b.cfg --cluster $H100 --gpus $n --search --top 3 >"$TMP/big.txt" 2>&1; rc=$?
@@ -121,8 +133,11 @@ done
 # and at least one such pair is there, or the case would not test the tie-break (the
 # top 200: recompute = "auto" grids, searched since issue 26, and ZeRO-2/3, since issue
 # 27, come first; the full-recompute ties sit near rank 190). seq_len 2047 divides by no
-# tp > 1: no sequence-parallel grids, which would fill the top 200 ahead of them.
-if run_one plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 \
+# tp > 1: no sequence-parallel grids, which would fill the top 200 ahead of them. (The
+# release build only: no smaller search found holds such a tie in its top 200.)
+if [ -n "${TS_TEST_SWEEP_STEPS:-}" ]; then
+  :
+elif run_one plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 \
   --search --top 200 --json --set model.seq_len=2047 && python3 - "$TMP/out" <<'EOF'
 import json, sys
 top = json.load(open(sys.argv[1]))["top"]
@@ -215,9 +230,10 @@ PY
 then pass; else fail "sp prediction --json: $(head -c 400 "$TMP/out") $(cat "$TMP/err")"; fi
 run_one plan configs/tiny.cfg --cluster $CPU --set parallel.tp=2 --set parallel.sequence_parallel=true &&
   grep -q "zero 0; sp (sequence parallel" "$TMP/out" && pass || fail "sp grid line: $(cat "$TMP/out")"
-# (seq_len 2046: no context parallelism, 4 does not divide it; at 2048 cp 2 wins, below)
+# (seq_len 2046: no context parallelism, 4 does not divide it; at 2048 cp 2 wins, below;
+# on the GPUs' kernels: the CPU's skip attention's masked blocks, and tp 1 then wins)
 if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 20 --set train.global_batch=32 \
-  --set model.seq_len=2046; then
+  --set model.seq_len=2046 --set 'train.device="cuda"'; then
   grep -q "parallel.sequence_parallel = true" "$TMP/out" && pass || fail "13B search: sp not chosen: $(cat "$TMP/out")"
   grep -qE '^ +1 +2 +4 +2 .* on ' "$TMP/out" && pass || fail "13B search: best row not pp 2 dp 4 tp 2 sp on: $(cat "$TMP/out")"
 else fail "13B search: $(cat "$TMP/err")"; fi

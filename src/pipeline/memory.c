@@ -88,6 +88,19 @@ static void auto_lay_out(const ts_schedule *s, const ts_memory_holdings *h, int 
     held->scratch_bytes = any ? h->sel_scratch_bytes : h->scratch_bytes;
 }
 
+/* Whether making a chunk selective is worth its compute: its share of the chunk's set
+ * that attention's state is (what selective drops) at least the share of a block's
+ * forward FLOPs that attention's core is (what it runs again), T / (6C + T) (the core's
+ * 4 T^2 C against 24 T C^2 for the linear layers). Below that a lower cap saves the
+ * same bytes for less recompute per byte: with a flash kernel's one value per row
+ * (against [T, T] probabilities on the CPU) selective saves almost nothing. */
+static bool selective_pays(const ts_memory_shape *sh, double act_bytes, double sel_act_bytes)
+{
+    if (act_bytes <= 0.0) return false;
+    const double T = sh->seq_len, C = sh->n_embd;
+    return (act_bytes - sel_act_bytes) / act_bytes >= T / (6.0 * C + T);
+}
+
 bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *sh,
                                    const ts_memory_holdings *h, int pp_rank, double room,
                                    int *keep, bool *selective, int *peak_acts,
@@ -122,6 +135,7 @@ bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *
             double most = 0.0;
             for (int c = 0; c < n; c++) {
                 if (ts_chunk_rank(s, c) != pp_rank || selective[c]) continue;
+                if (!selective_pays(sh, h->act_bytes[c], h->sel_act_bytes[c])) continue;
                 const double saves = peak_acts[c] * (h->act_bytes[c] - h->sel_act_bytes[c]);
                 if (saves > most) {
                     most = saves;

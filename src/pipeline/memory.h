@@ -157,7 +157,9 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
  * (every cap at the chunk's peak, no chunk selective):
  *   1. while it does not fit, the chunk whose selective layout saves the most bytes at
  *      its peak (peak sets x the attention state of its blocks; the lowest chunk on a
- *      tie; none that saves nothing, as a chunk without blocks) goes selective. The
+ *      tie; none that saves nothing, as a chunk without blocks, nor one whose attention state
+ *      is a smaller share of its set than attention's core is of a block's forward FLOPs,
+ *      T / (6C + T): a flash kernel's one value per row) goes selective. The
  *      first one also grows the scratch by one layer's rebuilt state and output: if
  *      every saving chunk selective still does not fit and holds more than none of
  *      them, none is (the rebuilt area outweighed what they dropped);

@@ -88,26 +88,70 @@ double ts_plan_cp_exchange_time(const ts_model_config *mc, int tp, int cp, int m
     return ts_plan_allgather_time(kv * act_bytes, cp, l);
 }
 
-/* Attention's two batched GEMMs per query head of one micro-batch (B sequences, hl
- * heads) on a cp rank, and into *scores the score elements its softmax passes cover:
- * the whole T x T square without context parallelism; with it each local chunk's c
- * queries against its prefix of (j+1)c keys, the slowest rank's pair of chunks. */
-static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, int T,
-                              int cp, double *scores)
+/* The causal block of a table's attention kernels (model_cost.h): the CPU kernels run
+ * query rows in blocks of this many key positions and skip the key blocks above the
+ * diagonal (src/kernels/cpu/attention.c's TS_ATT_BLOCK, 32; attention_bf16.c's, 64);
+ * 0 for the CUDA tables, whose batched GEMMs compute every rectangle whole. */
+static int attention_block(const ts_kernels *k)
 {
+    if (strncmp(k->device, "cpu", 3) != 0) return 0;
+    return k->act_dtype == TS_DTYPE_BF16 ? 64 : 32;
+}
+
+/* One head's forward products over Tq queries (the last Tq positions) against Tk keys,
+ * as a kernel with causal block `block` runs them (0: the whole rectangle, two GEMMs
+ * of Tq x Tk x hs; else per block of query rows the GEMMs over the keys up to the block's
+ * end, ts_att_block_end's rule); the score entries computed into *area. */
+static double rect_gemms(const ts_cluster *cl, double hs, int Tq, int Tk, int block,
+                         double *area)
+{
+    if (block <= 0) {
+        *area = (double)Tq * Tk;
+        return gemm(cl, Tq, Tk, hs) + gemm(cl, Tq, hs, Tk);
+    }
+    const int off = Tk - Tq;
+    double t = 0.0;
+    *area = 0.0;
+    for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
+        i1 = ((i0 + off) / block + 1) * block - off;
+        if (i1 > Tq) i1 = Tq;
+        const double m = i1 - i0, e = i1 + off;
+        t += gemm(cl, m, e, hs) + gemm(cl, m, hs, e);
+        *area += m * e;
+    }
+    return t;
+}
+
+/* Attention's two batched GEMMs per query head of one micro-batch (B sequences, hl
+ * heads) on a cp rank by the kernel's causal block (rect_gemms), and the score elements
+ * its softmax passes move, forward (*scores_f) and backward (*scores_b): three passes
+ * over the computed scores forward (read, write, scale) and, where the kernel skips the
+ * masked blocks, one write of the zeros the rest of each row's saved probabilities get;
+ * six over the computed ones backward. One rule for every cp: without context
+ * parallelism the one T x T rectangle; with it each local chunk's c queries against its
+ * prefix of (j+1)c keys, the slowest rank's pair of chunks. */
+static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, int T,
+                              int cp, int block, double *scores_f, double *scores_b)
+{
+    double most = -1.0, area = 0.0, full = 0.0;
     if (cp <= 1) {
-        *scores = B * hl * (double)T * T;
-        return B * hl * (gemm(cl, T, T, hs) + gemm(cl, T, hs, T));
+        most = rect_gemms(cl, hs, T, T, block, &area);
+        full = (double)T * T;
+    } else {
+        const int c = T / (2 * cp);
+        for (int i = 0; i < cp; i++) {
+            double a0, a1;
+            const double t = rect_gemms(cl, hs, c, (i + 1) * c, block, &a0) +
+                             rect_gemms(cl, hs, c, (2 * cp - i) * c, block, &a1);
+            if (t > most) {
+                most = t;
+                area = a0 + a1;
+            }
+        }
+        full = (double)c * c * (2.0 * cp + 1.0); /* every rank's two prefixes alike */
     }
-    const double c = (double)(T / (2 * cp));
-    double most = 0.0;
-    for (int i = 0; i < cp; i++) {
-        const double k0 = (i + 1) * c, k1 = (2.0 * cp - i) * c;
-        const double t = gemm(cl, c, k0, hs) + gemm(cl, c, hs, k0) + gemm(cl, c, k1, hs) +
-                         gemm(cl, c, hs, k1);
-        most = t > most ? t : most;
-    }
-    *scores = B * hl * c * c * (2.0 * cp + 1.0); /* every rank's two prefixes alike */
+    *scores_f = B * hl * (3.0 * area + (full - area));
+    *scores_b = B * hl * 6.0 * area;
     return B * hl * most;
 }
 
@@ -197,22 +241,23 @@ void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const
     const double Ns = N / S;
     const double lin = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs) +
                             gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
-    double scores;
-    const double att = attention_gemms(cl, B, hl, hs, mc->seq_len, cp, &scores);
+    double scores_f, scores_b;
+    const double att = attention_gemms(cl, B, hl, hs, mc->seq_len, cp, attention_block(k),
+                                       &scores_f, &scores_b);
     /* Context parallelism's blocking K/V all-gather (forward) and dK/dV reduce-scatter. */
     const double cp_x = ts_plan_cp_exchange_time(mc, tp, cp, micro_batch, ab, cp_link);
     /* Elementwise passes, forward: the two norms (LayerNorm, or llama's RMSNorm: read +
      * write), residual adds x2 (2 reads + 1 write), the MLP activation (GELU: read and
      * write the local columns; SwiGLU: read gate and up, write their product), llama's
      * RoPE (in place on the local q and k heads), softmax (read scores, write
-     * probabilities, the scale/mask pass) over the local heads; the backward moves twice
-     * the bytes. The activation and the norm may have their own time (above: gelu's for
-     * SwiGLU, layernorm's for RMSNorm). */
+     * probabilities, the scale/mask pass) over the local heads' computed scores (and the
+     * zeros of the skipped blocks: attention_gemms); the backward moves twice the bytes
+     * but the softmax's, which are its own. The activation and the norm may have their
+     * own time (above: gelu's for SwiGLU, layernorm's for RMSNorm). */
     const double act_rw = llama ? 3.0 * N * F : 2.0 * N * F;
     const double rope = llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
     const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C +
-                              shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope +
-                              3.0 * scores);
+                              shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope);
     const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) +
                          own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
     const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) +
@@ -226,10 +271,12 @@ void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const
         L->i_tp[l] = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
         L->w_split_tp[l] = 2.0 * ag_act;
         L->f_cp[l] = L->i_cp[l] = cp_x;
-        L->f[l] = lin + att + mem_time(cl, elem) + own_f + L->f_tp[l] + L->f_cp[l];
-        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem) + own_b + L->i_tp[l] + L->i_cp[l];
+        L->f[l] = lin + att + mem_time(cl, elem + ab * scores_f) + own_f + L->f_tp[l] +
+                  L->f_cp[l];
+        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b +
+                  L->i_tp[l] + L->i_cp[l];
         L->w[l] = lin;
-        L->f_att[l] = att + mem_time(cl, ab * 3.0 * scores);
+        L->f_att[l] = att + mem_time(cl, ab * scores_f);
     }
     /* Embedding: a gather of the local vocabulary rows (+ wpe for gpt2; llama has none),
      * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
@@ -284,12 +331,15 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1)
 /* Rank q's holdings from the per-layer tables: its parameters, each of its chunks'
  * activation and stash bytes into acts and stash, and its floats into floats_c
  * ([n_chunks]): the layers' own, and the head's chunk the tied copy when the rank lacks
- * the embedding (the layout keeps the copy among the head's parameters). res: ZeRO-2/3's
- * residency of q, or NULL. */
+ * the embedding (the layout keeps the copy among the head's parameters). sel_acts (NULL
+ * where not wanted; [n_chunks]): each chunk's bytes laid out selective (its layers' less
+ * their attention state, att_bytes, the model's own selective layout) for recompute =
+ * "auto"'s choice, with the scratch then growing by the rebuilt area (rebuild_bytes).
+ * res: ZeRO-2/3's residency of q, or NULL. */
 static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory_shape *sh,
                                         const int *first_layer, const int *n_chunk_layers, int q,
                                         const ts_residency *res, double *acts, double *stash,
-                                        double *floats_c)
+                                        double *sel_acts, double *floats_c)
 {
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
     double floats = 0.0;
@@ -302,6 +352,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
             owned[l] = true;
             floats_c[c] += L->param_floats[l];
             acts[c] += L->act_bytes[l] - (sh->selective ? L->att_bytes[l] : 0.0);
+            if (sel_acts) sel_acts[c] += L->act_bytes[l] - L->att_bytes[l];
             stash[c] += L->stash_bytes[l];
         }
         floats += floats_c[c];
@@ -315,6 +366,9 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
                                 .scratch_bytes = L->scratch_bytes +
                                                  (sh->selective ? L->rebuild_bytes : 0.0),
                                 .act_bytes = acts, .stash_bytes = stash,
+                                .sel_act_bytes = sel_acts,
+                                .sel_scratch_bytes =
+                                    sel_acts ? L->scratch_bytes + L->rebuild_bytes : 0.0,
                                 .chunk_floats = res ? floats_c : NULL, .res = res};
 }
 
@@ -327,44 +381,56 @@ void ts_plan_chunk_floats(const ts_plan_layers *L, const int *chunk_rank, int n_
     double *stash = ts_calloc((size_t)n_chunks, sizeof(double));
     for (int c = 0; c < n_chunks; c++)
         if (chunk_rank[c] == q) floats_c[c] = 0.0;
-    rank_holdings(L, &sh, first_layer, n_chunk_layers, q, NULL, acts, stash, floats_c);
+    rank_holdings(L, &sh, first_layer, n_chunk_layers, q, NULL, acts, stash, NULL, floats_c);
     free(acts);
     free(stash);
 }
 
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, const int *n_recomputed, const ts_residency *res,
-                         int q, ts_rank_memory *out)
+                         const int *peak_stash, const int *n_recomputed, const bool *selective,
+                         const ts_residency *res, int q, ts_rank_memory *out)
 {
-    double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    double *floats_c = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    const size_t n = (size_t)sh->n_chunks;
+    double *acts = ts_calloc(n, sizeof(double)), *stash = ts_calloc(n, sizeof(double));
+    double *sel = selective ? ts_calloc(n, sizeof(double)) : NULL;
+    double *floats_c = ts_calloc(n, sizeof(double));
     ts_memory_holdings h =
-        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, floats_c);
+        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, sel, floats_c);
+    /* recompute = "auto"'s selective chunks: their sets laid out so, and the scratch with
+     * the rebuilt area while any is (ts_memory_auto_keep_selective's rule). */
+    bool any = false;
+    for (size_t c = 0; selective && c < n; c++)
+        if (sh->chunk_rank[c] == q && selective[c]) {
+            acts[c] = sel[c];
+            any = true;
+        }
+    if (any) h.scratch_bytes = h.sel_scratch_bytes;
     h.peak_acts = peak_acts;
     h.peak_stash = peak_stash;
     h.n_recomputed = n_recomputed;
     ts_memory_rank(sh, &h, q, out);
     free(acts);
     free(stash);
+    free(sel);
     free(floats_c);
 }
 
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
-                       const ts_residency *res, int q, double room, int *keep, int *peak_acts,
-                       int *peak_stash, int *n_recomputed, ts_rank_memory *out)
+                       const ts_residency *res, int q, double room, int *keep, bool *selective,
+                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_rank_memory *out)
 {
-    double *acts = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    double *stash = ts_calloc((size_t)sh->n_chunks, sizeof(double));
-    double *floats_c = ts_calloc((size_t)sh->n_chunks, sizeof(double));
+    const size_t n = (size_t)sh->n_chunks;
+    double *acts = ts_calloc(n, sizeof(double)), *stash = ts_calloc(n, sizeof(double));
+    double *sel = ts_calloc(n, sizeof(double)), *floats_c = ts_calloc(n, sizeof(double));
     const ts_memory_holdings h =
-        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, floats_c);
-    const bool fits = ts_memory_auto_keep(s, sh, &h, q, room, keep, peak_acts, peak_stash,
-                                          n_recomputed, out);
+        rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, sel, floats_c);
+    const bool fits = ts_memory_auto_keep_selective(s, sh, &h, q, room, keep, selective,
+                                                    peak_acts, peak_stash, n_recomputed, out);
     free(acts);
     free(stash);
+    free(sel);
     free(floats_c);
     return fits;
 }

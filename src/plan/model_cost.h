@@ -19,6 +19,17 @@
  * columns), down [C, F]; attention's two batched GEMMs per query head. The embedding
  * has no position table for llama; the head's GEMM is the same shape tied or not.
  *
+ * Attention's products follow the kernel table, one rule for a rectangle of Tq queries
+ * (the last Tq of Tk positions; without cp the T x T square, with it each prefix): the
+ * CPU tables (src/kernels/cpu/attention*.c) run query rows in blocks of 32 key positions
+ * (64 in bf16) and skip the key blocks above the diagonal, each block's two GEMMs priced
+ * at their own shape (block x keys to its end x head_dim), about half the square; their
+ * softmax makes 3 passes over the computed scores and writes the rest of each saved row
+ * as zeros forward, 6 passes over the computed ones backward. The CUDA tables' batched
+ * GEMMs compute every rectangle whole (attention.cu; the flash kernel, which skips
+ * tiles, is priced as they are: model_cost.c's attention_block), their softmax 3 and 6
+ * passes over all of it. MFU's FLOPs (ts_plan_model_flops) count the whole square.
+ *
  * Tensor parallelism (Megatron): each rank does 1/tp of the GEMMs (llama's key/value
  * heads split over tp when n_kv_head % tp == 0, else each rank computes its one
  * replicated head); a block does 2 all-reduces of micro_batch*seq_len*n_embd
@@ -46,11 +57,8 @@
  * chunks i and 2cp-1-i, so every layer runs on N = B*T/cp rows (GEMMs, elementwise
  * passes, tp collectives, the head's logits; a pipeline message is [B*T/cp, C], / tp
  * again under sequence parallelism). Attention: local chunk j's c queries against its
- * causal prefix of (j+1)c keys, both batched GEMMs per query head at that shape (the
- * prefix kernels compute the whole rectangle, its masked corner included) and the
- * softmax passes over the c x (j+1)c scores; the rank's time is the slowest cp rank's
- * (their two chunks together are c^2 (2cp+1) scores each: the work is balanced, the
- * shapes not). Before its attention each block all-gathers this tp rank's keys and
+ * causal prefix of (j+1)c keys, by the rule below; the rank's time is the slowest cp
+ * rank's (the work is balanced, the shapes not). Before its attention each block all-gathers this tp rank's keys and
  * values over the cp group, [B, T, 2 kvl HS] activation-dtype values (kvl the rank's
  * key/value heads), and its backward reduce-scatters their gradients, the same bytes:
  * ring all-gathers (ts_plan_allgather_time) on the link the cp group uses, blocking
@@ -162,21 +170,24 @@ void ts_plan_layers_free(ts_plan_layers *L);
 
 /* Memory of pipeline rank q (res: its ZeRO-2/3 residency, NULL for zero 0/1 or dp 1),
  * chunks cut as first_layer/n_chunk_layers[sh->n_chunks], the
- * peaks and recomputed micro-batches from ts_memory_peak_sets: the layers' sizes summed
- * per chunk and rank into ts_memory_rank (pipeline/memory.h), the rule the trainer's own
- * estimate calls. */
+ * peaks and recomputed micro-batches from ts_memory_peak_sets, selective[c] (NULL: none)
+ * the chunks recompute = "auto" made selective (ts_plan_rank_auto): the layers' sizes
+ * summed per chunk and rank into ts_memory_rank (pipeline/memory.h), the rule the
+ * trainer's own estimate calls. */
 void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
                          const int *first_layer, const int *n_chunk_layers, const int *peak_acts,
-                         const int *peak_stash, const int *n_recomputed, const ts_residency *res,
-                         int q, ts_rank_memory *out);
+                         const int *peak_stash, const int *n_recomputed, const bool *selective,
+                         const ts_residency *res, int q, ts_rank_memory *out);
 
-/* recompute = "auto" on pipeline rank q of schedule s: ts_memory_auto_keep on the same
- * sizes, into keep, peak_acts, peak_stash, n_recomputed ([n_chunks], q's chunks) and
+/* recompute = "auto" on pipeline rank q of schedule s: ts_memory_auto_keep_selective on
+ * the same sizes (each chunk's also laid out selective: its layers' bytes less their
+ * attention state, att_bytes; the scratch plus rebuild_bytes while a chunk is), into
+ * keep, selective, peak_acts, peak_stash, n_recomputed ([n_chunks], q's chunks) and
  * *out; false when even full recompute exceeds room (bytes less the workspace). */
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
-                       const ts_residency *res, int q, double room, int *keep, int *peak_acts,
-                       int *peak_stash, int *n_recomputed, ts_rank_memory *out);
+                       const ts_residency *res, int q, double room, int *keep, bool *selective,
+                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_rank_memory *out);
 
 /* Floats of each chunk of pipeline rank q ([n_chunks], q's chunks written) as the rank
  * lays them out: its layers' parameters, the head's chunk with the tied copy when q

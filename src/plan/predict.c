@@ -378,7 +378,7 @@ static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double f
  * is free. */
 static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, const part_entry *p,
                              const ts_plan_grid *g, const sched_entry *se, const int *n_rc,
-                             const ts_residency *res, chunk_costs *cc)
+                             const bool *selective, const ts_residency *res, chunk_costs *cc)
 {
     const int *chunk_rank = se->s.chunk_rank;
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
@@ -416,8 +416,11 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
         /* The forwards rerun: the chunk's recomputed share of its micro-batches (the
          * simulator times every micro-batch of a chunk alike). */
         cc->rc[c] = (double)n_rc[c] / g->m * f * 1e3;
-        /* Selective recompute reruns the attention core in every backward. */
-        if (g->recompute == TS_RECOMPUTE_SELECTIVE) cc->rc[c] += att * 1e3;
+        /* Selective recompute reruns the attention core in every backward: every chunk's
+         * with "selective", auto's selective chunks' (their recomputed micro-batches'
+         * replays keep no attention state either). */
+        if (g->recompute == TS_RECOMPUTE_SELECTIVE || (selective && selective[c]))
+            cc->rc[c] += att * 1e3;
         cc->i[c] = i * 1e3 + cc->rc[c] + (c > 0 ? send : 0.0);
         cc->w[c] = w * 1e3;
         cc->tp[c] = tp * 1e3;
@@ -472,7 +475,8 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
  * (the cluster's memory, or parallel.memory_budget_mb when smaller), owned here. */
 typedef struct {
     const int *peak_acts, *peak_stash, *n_rc;
-    int *keep; /* auto only */
+    int *keep;       /* auto only */
+    bool *selective; /* auto only: the chunks it made selective */
     int *own[3];
 } rc_plan;
 
@@ -487,6 +491,7 @@ static void rc_plan_make(ts_plan_ctx *x, const ts_plan_layers *L, const part_ent
     const int n = p->n_chunks;
     for (int k = 0; k < 3; k++) rp->own[k] = ts_calloc((size_t)n, sizeof(int));
     rp->keep = ts_calloc((size_t)n, sizeof(int));
+    rp->selective = ts_calloc((size_t)n, sizeof(bool));
     rp->peak_acts = rp->own[0];
     rp->peak_stash = rp->own[1];
     rp->n_rc = rp->own[2];
@@ -499,7 +504,7 @@ static void rc_plan_make(ts_plan_ctx *x, const ts_plan_layers *L, const part_ent
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, res ? &res[q] : NULL, q, room,
-                          rp->keep, rp->own[0], rp->own[1], rp->own[2], &mem);
+                          rp->keep, rp->selective, rp->own[0], rp->own[1], rp->own[2], &mem);
     }
 }
 
@@ -507,6 +512,7 @@ static void rc_plan_free(rc_plan *rp)
 {
     for (int k = 0; k < 3; k++) free(rp->own[k]);
     free(rp->keep);
+    free(rp->selective);
 }
 
 /* The layers, cut, schedule and recompute plan of a grid the estimate accepted. */
@@ -530,7 +536,7 @@ void ts_plan_rank_memory_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_ran
     const ts_memory_shape ms = mem_shape(x, g, se);
     const ts_residency *res = res_for(x, g, p, se);
     ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp.peak_acts, rp.peak_stash, rp.n_rc,
-                        res ? &res[q] : NULL, q, m);
+                        rp.selective, res ? &res[q] : NULL, q, m);
     rc_plan_free(&rp);
 }
 
@@ -566,7 +572,8 @@ void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traff
     free(floats);
 }
 
-void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed)
+void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, bool *selective,
+                          int *n_recomputed)
 {
     const ts_plan_layers *L;
     const part_entry *p;
@@ -575,6 +582,10 @@ void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int 
     grid_rc_plan(x, g, &L, &p, &se, &rp);
     const int n = p->n_chunks;
     if (keep && rp.keep) memcpy(keep, rp.keep, sizeof(int) * (size_t)n);
+    if (selective) {
+        memset(selective, 0, sizeof(bool) * (size_t)n);
+        if (rp.selective) memcpy(selective, rp.selective, sizeof(bool) * (size_t)n);
+    }
     if (n_recomputed) memcpy(n_recomputed, rp.n_rc, sizeof(int) * (size_t)n);
     rc_plan_free(&rp);
 }
@@ -602,7 +613,7 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_memory(L, &ms, p->first, p->sizes, rp->peak_acts, rp->peak_stash,
-                            rp->n_rc, cc->res ? &cc->res[q] : NULL, q, &mem);
+                            rp->n_rc, rp->selective, cc->res ? &cc->res[q] : NULL, q, &mem);
         if (q == 0 || mem.total > r->mem.total) {
             r->mem = mem;
             r->mem_rank = q;
@@ -647,7 +658,7 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se, rp.n_rc, res_for(x, g, p, se), &cc);
+    chunk_costs_make(x, L, p, g, se, rp.n_rc, rp.selective, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     chunk_costs_free(&cc);
     rc_plan_free(&rp);
@@ -814,7 +825,7 @@ ts_status ts_plan_simulate(ts_plan_ctx *x, ts_plan_result *r, ts_sim_result *kee
     rc_plan rp;
     rc_plan_make(x, L, p, se, &r->g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, &r->g, se, rp.n_rc, res_for(x, &r->g, p, se), &cc);
+    chunk_costs_make(x, L, p, &r->g, se, rp.n_rc, rp.selective, res_for(x, &r->g, p, se), &cc);
     rc_plan_free(&rp);
     st = simulate_with(x, L, p, se, &cc, r, keep);
     chunk_costs_free(&cc);
@@ -834,7 +845,7 @@ ts_status ts_plan_predict(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result 
     rc_plan rp;
     rc_plan_make(x, L, p, se, g, &rp);
     chunk_costs cc;
-    chunk_costs_make(x, L, p, g, se, rp.n_rc, res_for(x, g, p, se), &cc);
+    chunk_costs_make(x, L, p, g, se, rp.n_rc, rp.selective, res_for(x, g, p, se), &cc);
     estimate_with(x, L, p, se, &rp, &cc, r);
     rc_plan_free(&rp);
     const ts_status st = simulate_with(x, L, p, se, &cc, r, keep);

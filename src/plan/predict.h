@@ -26,8 +26,10 @@
  * Step: each chunk's F, I, W costs are its layers' (model_cost.h), I plus the chunk's
  * forward again for the share of its micro-batches it recomputes (all with recompute =
  * full, (m-1)/m with except_last; with auto what the caps that fit the device's memory
- * recompute: ts_memory_auto_keep, the room being the cluster's memory less the
- * workspace, or parallel.memory_budget_mb when smaller). Pipeline
+ * recompute: ts_memory_auto_keep_selective, the room being the cluster's memory less the
+ * workspace, or parallel.memory_budget_mb when smaller), and the attention core's forward
+ * (f_att) once more per micro-batch for each chunk laid out selective (every chunk with
+ * recompute = selective; the chunks auto chose selective). Pipeline
  * messages: one micro-batch's activations (bf16 on a bf16 cluster), link latency + bytes
  * / bandwidth. The
  * dp reduction runs on the simulator's dp lane in parallel.bucket_mb buckets: a ring
@@ -155,9 +157,11 @@ void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traff
                      int *gathers, double *chunk_bytes);
 
 /* What a grid ts_plan_estimate accepted recomputes, per chunk [pp*v]: recompute =
- * "auto"'s caps into keep (untouched for another mode; may be NULL) and the recomputed
- * micro-batches into n_recomputed (may be NULL). */
-void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, int *n_recomputed);
+ * "auto"'s caps into keep (untouched for another mode; may be NULL), the chunks auto made
+ * selective into selective (false for every chunk under another mode; may be NULL) and
+ * the recomputed micro-batches into n_recomputed (may be NULL). */
+void ts_plan_recompute_of(ts_plan_ctx *x, const ts_plan_grid *g, int *keep, bool *selective,
+                          int *n_recomputed);
 
 /* The cut the prediction uses: layers per chunk [pp*v] (valid until ctx is freed). */
 const int *ts_plan_partition(ts_plan_ctx *x, const ts_plan_grid *g);
