@@ -553,6 +553,41 @@ static void test_attention(int Bb, int Tt, int nh, int nkv, int HS)
     p_free(&dout), p_free(&dqkv);
 }
 
+/* Context parallelism's prefix attention: Tq queries (rows of qkv) at the last Tq of Tk
+ * key positions of kv. dqkv and dkv start from the same values on both sides: the
+ * backward overwrites dqkv's q columns, leaves its k and v columns, and ADDS into dkv. */
+static void test_attention_prefix(int Bb, int Tq, int Tk, int nh, int nkv, int HS)
+{
+    char slot[96];
+    int Cc = nh * HS;
+    size_t nqkv = (size_t)Bb * Tq * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tq * Cc;
+    size_t nkvb = (size_t)Bb * Tk * 2 * nkv * HS;
+    pair qkv = p_in(nqkv, 1.0f), kv = p_in(nkvb, 1.0f), out = p_out(nout);
+    size_t hs = floats_for(H->attention_prefix_saved_bytes(Bb, Tq, Tk, nh, HS));
+    size_t gs = floats_for(G->attention_prefix_saved_bytes(Bb, Tq, Tk, nh, HS));
+    size_t hsc = floats_for(H->attention_prefix_scratch_bytes(Bb, Tq, Tk, nh, HS));
+    size_t gsc = floats_for(G->attention_prefix_scratch_bytes(Bb, Tq, Tk, nh, HS));
+    pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
+    pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1);
+    H->attention_prefix_forward(out.h, hatt.h, qkv.h, kv.h, Bb, Tq, Tk, nh, nkv, HS);
+    G->attention_prefix_forward(out.d, gatt.d, qkv.d, kv.d, Bb, Tq, Tk, nh, nkv, HS);
+    snprintf(slot, sizeof slot, "attention_prefix_forward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb, Tq,
+             Tk, nh, nkv, HS);
+    expect_close(slot, "out", &out);
+
+    pair dout = p_in(nout, 1.0f), dqkv = p_in(nqkv, 0.5f), dkv = p_in(nkvb, 0.5f);
+    H->attention_prefix_backward(dqkv.h, dkv.h, hscr.h, dout.h, qkv.h, kv.h, hatt.h, Bb, Tq, Tk,
+                                 nh, nkv, HS);
+    G->attention_prefix_backward(dqkv.d, dkv.d, gscr.d, dout.d, qkv.d, kv.d, gatt.d, Bb, Tq, Tk,
+                                 nh, nkv, HS);
+    snprintf(slot, sizeof slot, "attention_prefix_backward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb,
+             Tq, Tk, nh, nkv, HS);
+    expect_close(slot, "dqkv (q overwritten, k v untouched)", &dqkv);
+    expect_close(slot, "dkv (+=)", &dkv);
+    p_free(&qkv), p_free(&kv), p_free(&out), p_free(&hatt), p_free(&gatt), p_free(&hscr);
+    p_free(&gscr), p_free(&dout), p_free(&dqkv), p_free(&dkv);
+}
+
 static void test_elementwise(size_t n)
 {
     char slot[80];
@@ -1257,6 +1292,10 @@ int main(int argc, char **argv)
     test_attention(4, 33, 8, 2, 32);
     test_attention(3, 5, 3, 1, 8);
     test_attention(1, 40, 2, 1, 300);
+    /* cp's chunks: c queries against a prefix of (j + 1) c keys; Tq = Tk is the square */
+    test_attention_prefix(1, 16, 48, 4, 2, 16);
+    test_attention_prefix(2, 10, 40, 4, 1, 32);
+    test_attention_prefix(1, 33, 33, 2, 2, 8);
     test_rope(B, T, NH, NH, C / NH);
     test_rope(2, 33, 8, 2, 64);
     test_rope(1, 17, 4, 1, 128);

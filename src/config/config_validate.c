@@ -597,11 +597,6 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "seq_len/cp = %d positions each context-parallel rank holds to divide "
                        "by parallel.tp = %d; change seq_len, cp or tp",
                        p->cp, m->seq_len / p->cp, p->tp);
-    if (p->cp > 1 && strcmp(cfg->train.device, "cuda") == 0 && !ts_config_planning())
-        return ts_fail("parallel.cp = %d: context parallelism runs on the CPU backend only "
-                       "today (its CUDA attention kernels are not written); use "
-                       "train.device = \"cpu\" or parallel.cp = 1",
-                       p->cp);
     if (p->tp_overlap > 1 && p->tp < 2)
         return ts_fail("parallel.tp_overlap = %d needs parallel.tp >= 2 (it overlaps the "
                        "tensor-parallel collectives, which tp = %d does not have); set tp >= 2 "

@@ -96,4 +96,33 @@ static inline size_t ts_cuda_attention_scratch_size(bool bf16, bool flash, int B
                 : ts_cuda_gemm_scratch_bytes(B, T, NH, HS);
 }
 
+/* Context parallelism's prefix attention (attention_prefix_*; the batched-GEMM kernels
+ * in every CUDA table, flash or not): saved = the probabilities [B, NH, Tq, Tk] in the
+ * activation type (ab bytes); scratch = dP [B, NH, Tq, Tk] fp32 (dS in place in fp32),
+ * and in bf16 then dS [B, NH, Tq, Tk] bf16 and the fp32 dK, dV accumulator [B, Tk, 2 NH
+ * HS] (2 NKV <= 2 NH), each from a 64-byte boundary. */
+static inline size_t ts_cuda_prefix_tt(int B, int Tq, int Tk, int NH)
+{
+    return (size_t)B * NH * Tq * Tk;
+}
+static inline size_t ts_cuda_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS, int ab)
+{
+    (void)HS;
+    return ts_cuda_prefix_tt(B, Tq, Tk, NH) * (size_t)ab;
+}
+static inline size_t ts_cuda_prefix_ds_offset(int B, int Tq, int Tk, int NH)
+{
+    return (ts_cuda_prefix_tt(B, Tq, Tk, NH) * sizeof(float) + 63) / 64 * 64;
+}
+static inline size_t ts_cuda_prefix_acc_offset(int B, int Tq, int Tk, int NH)
+{
+    return ts_cuda_prefix_ds_offset(B, Tq, Tk, NH) +
+           (ts_cuda_prefix_tt(B, Tq, Tk, NH) * 2 + 63) / 64 * 64;
+}
+static inline size_t ts_cuda_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS, int ab)
+{
+    if (ab == (int)sizeof(float)) return ts_cuda_prefix_tt(B, Tq, Tk, NH) * sizeof(float);
+    return ts_cuda_prefix_acc_offset(B, Tq, Tk, NH) + (size_t)B * Tk * 2 * NH * HS * sizeof(float);
+}
+
 #endif

@@ -8,10 +8,10 @@
 #include "kernels/attention_sizes.h"
 
 /* Every function slot of ts_kernels that every backend fills, by name. Not listed: the
- * context-parallel attention slots (attention_prefix_*), which the CUDA tables leave NULL
- * until CUDA builds them; a caller checks those slots itself. */
+ * context-parallel attention slots (attention_prefix_*), which the layout-only CUDA
+ * tables size but cannot run (every runnable table fills them). */
 #define TS_KERNEL_SLOTS(X)                                                                   \
-    X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset_zero) X(convert) \
+    X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memcpy_2d) X(memset_zero) X(convert) \
     X(sum_into) X(sum_squares_into) X(stream_create) X(stream_destroy) X(stream_sync)       \
     X(event_record) X(event_wait) X(attention_saved_bytes) X(attention_scratch_bytes)    \
     X(encoder_forward) X(encoder_backward) X(layernorm_forward) X(layernorm_backward)       \
@@ -102,6 +102,23 @@ enum { N_LAYOUTS = sizeof cuda_layouts / sizeof cuda_layouts[0] };
 static ts_kernels layout_tables[N_LAYOUTS];
 static pthread_once_t layout_once = PTHREAD_ONCE_INIT;
 
+static size_t layout_prefix_saved(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 4);
+}
+static size_t layout_prefix_saved_bf16(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 2);
+}
+static size_t layout_prefix_scratch(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 4);
+}
+static size_t layout_prefix_scratch_bf16(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 2);
+}
+
 static void make_layouts(void)
 {
     for (int i = 0; i < N_LAYOUTS; i++) {
@@ -116,9 +133,10 @@ static void make_layouts(void)
         k.native_comm = "nccl";
         k.attention_saved_bytes = cuda_layouts[i].saved;
         k.attention_scratch_bytes = cuda_layouts[i].scratch;
-        /* as the CUDA tables: no context-parallel attention (table.cu) */
-        k.attention_prefix_saved_bytes = NULL;
-        k.attention_prefix_scratch_bytes = NULL;
+        /* the CUDA prefix attention's sizes (attention_sizes.h); never run */
+        k.attention_prefix_saved_bytes = bf16 ? layout_prefix_saved_bf16 : layout_prefix_saved;
+        k.attention_prefix_scratch_bytes =
+            bf16 ? layout_prefix_scratch_bf16 : layout_prefix_scratch;
         k.attention_prefix_forward = NULL;
         k.attention_prefix_backward = NULL;
         k.dev_alloc = layout_only_alloc;

@@ -102,6 +102,12 @@ typedef struct ts_kernels {
     /* dst and src may overlap (memmove's rule): ZeRO-1 moves a rank's reduced piece
      * within the gradient buffer. */
     void (*memcpy_d2d)(void *dst, const void *src, size_t bytes);
+    /* `rows` rows of `width` bytes, row i from src + i*spitch to dst + i*dpitch (device
+     * memory both; not overlapping): a column block of a row-major buffer, such as the
+     * K and V columns of qkv that context parallelism exchanges (tensor/cp.c). CUDA:
+     * cudaMemcpy2DAsync on the compute stream. */
+    void (*memcpy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows);
     void (*memset_zero)(void *dst, size_t bytes);
     /* dst[i] = src[i] converted, i < n (fp32 -> bf16 rounds to nearest even, NaN stays
      * NaN, fp32 subnormals become signed zero as AVX512_BF16's VCVTNEPS2BF16 makes them;
@@ -223,9 +229,9 @@ typedef struct ts_kernels {
      * heads, then the NKV v heads). Grouped-query as attention_forward; scale
      * 1/sqrt(HS). out [B,Tq,NH*HS]. att receives the saved state
      * (attention_prefix_saved_bytes; the CPU tables: the probabilities [B,NH,Tq,Tk],
-     * exactly 0 where masked). NULL where the backend has no context parallelism yet
-     * (CUDA): ts_kernels_missing does not require these four slots, so callers check
-     * the slot before they split a sequence. Every buffer is dense over its batch (a
+     * exactly 0 where masked; CUDA's batched-GEMM kernels keep the same). Every runnable
+     * table fills these four slots (the layout-only CUDA tables size them only). Every
+     * buffer is dense over its batch (a
      * batch's rows follow the previous batch's): with B > 1, a chunk of the rows of a
      * [B,T,...] buffer is no [B,Tq,...] buffer, so a caller packs it or calls once per
      * batch (B = 1, pointers advanced by a batch's rows). */

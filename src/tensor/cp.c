@@ -111,12 +111,10 @@ static void kv_columns(const ts_cp *cp, unsigned char *qkv, unsigned char *packe
     const size_t eb = ts_dtype_bytes(cp->k->act_dtype);
     const size_t row = (size_t)(H + 2 * KV) * HS * eb, q = (size_t)H * HS * eb;
     const size_t w = (size_t)2 * KV * HS * eb;
-    for (size_t n = 0; n < N; n++) {
-        if (to_packed)
-            cp->k->memcpy_d2d(packed + n * w, qkv + n * row + q, w);
-        else
-            cp->k->memcpy_d2d(qkv + n * row + q, packed + n * w, w);
-    }
+    if (to_packed)
+        cp->k->memcpy_2d(packed, w, qkv + q, row, w, N);
+    else
+        cp->k->memcpy_2d(qkv + q, row, packed, w, w, N);
 }
 
 void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void *kvg,

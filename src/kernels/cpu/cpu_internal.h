@@ -125,6 +125,8 @@ void ts_cpu_matmul_backward(void *dinp, float *dweight, float *dbias, const void
 void *ts_cpu_dev_alloc(size_t bytes);
 void ts_cpu_dev_free(void *p);
 void ts_cpu_memcpy(void *dst, const void *src, size_t bytes);
+void ts_cpu_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows);
 void ts_cpu_memset_zero(void *dst, size_t bytes);
 void ts_cpu_sum_into(double *acc, const float *x, size_t n);
 void ts_cpu_sum_squares_into(double *acc, const float *x, size_t n);

@@ -25,6 +25,13 @@ void ts_cpu_memcpy(void *dst, const void *src, size_t bytes)
     if (bytes) memmove(dst, src, bytes);
 }
 
+void ts_cpu_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows)
+{
+    for (size_t i = 0; i < rows; i++)
+        memcpy((unsigned char *)dst + i * dpitch, (const unsigned char *)src + i * spitch, width);
+}
+
 void ts_cpu_memset_zero(void *dst, size_t bytes)
 {
     if (bytes) memset(dst, 0, bytes);

@@ -17,6 +17,7 @@ const ts_kernels ts_kernels_cpu = {
     .memcpy_h2d = ts_cpu_memcpy,
     .memcpy_d2h = ts_cpu_memcpy,
     .memcpy_d2d = ts_cpu_memcpy,
+    .memcpy_2d = ts_cpu_memcpy_2d,
     .memset_zero = ts_cpu_memset_zero,
     .convert = ts_cpu_bf16_convert, /* the one fp32 <-> bf16 rounding (bf16.h) */
     .sum_into = ts_cpu_sum_into,

@@ -55,17 +55,21 @@
 
 #define TS_ATT_WARPS 8 /* rows (warps) per block */
 
-/* Row r (query i = r % T) of the scaled scores, in place: s[0..i] -> probabilities,
- * s[i+1..T) -> 0. exp(s - max) is computed again in the last pass rather than stored in
- * the second, so a bf16 probability is rounded once (and fp32 gets the same bits either
- * way). Each lane reads and writes only its own j, so in place is safe. */
-template <typename A> static __global__ void causal_softmax_kernel(A *att, size_t rows, int T)
+/* Row r (query i = r % Tq, at key position i + Tk - Tq: the last Tq of Tk positions;
+ * Tq = Tk = T for a whole sequence) of the scaled scores [.., Tq, Tk], in place: s[0..i
+ * + Tk - Tq] -> probabilities, the rest -> 0. exp(s - max) is computed again in the last
+ * pass rather than stored in the second, so a bf16 probability is rounded once (and fp32
+ * gets the same bits either way). Each lane reads and writes only its own j, so in place
+ * is safe. */
+template <typename A>
+static __global__ void causal_softmax_kernel(A *att, size_t rows, int Tq, int Tk)
 {
     size_t r = (size_t)blockIdx.x * TS_ATT_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (r >= rows) return; /* whole warps leave together */
+    const int T = Tk;
     A *s = att + r * T;
-    int n = (int)(r % T) + 1; /* live entries */
+    int n = (int)(r % Tq) + (Tk - Tq) + 1; /* live entries */
     float mx = -INFINITY;
     for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ts_act_load(s, j));
     mx = warp_max(mx);
@@ -81,15 +85,16 @@ template <typename A> static __global__ void causal_softmax_kernel(A *att, size_
  * its own j after the dot product; bf16: a separate buffer). */
 template <typename A>
 static __global__ void causal_softmax_backward_kernel(A *ds, const float *dp, const A *att,
-                                                      size_t rows, int T)
+                                                      size_t rows, int Tq, int Tk)
 {
     size_t r = (size_t)blockIdx.x * TS_ATT_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (r >= rows) return;
+    const int T = Tk;
     const float *d = dp + r * T;
     const A *p = att + r * T;
     A *o = ds + r * T;
-    int n = (int)(r % T) + 1;
+    int n = (int)(r % Tq) + (Tk - Tq) + 1;
     float dot = 0.0f;
     for (int j = lane; j < n; j += 32) dot += ts_act_load(p, j) * d[j];
     dot = warp_sum(dot);
@@ -145,30 +150,39 @@ static void gemm_bh(cublasOperation_t opa, cublasOperation_t opb, int m, int n, 
  * (its "heads" are the NKV kv heads, a query-side operand stepping G heads per j and
  * starting g heads in). */
 struct att_shape {
-    int B, T, NH, NKV, G, HS, C, C3;
+    int B, Tq, Tk, NH, NKV, G, HS, C, C3;
+    int ldkv; /* the k and v heads' row stride: C3 in qkv, 2 NKV HS in a gathered kv */
     float scale;
-    /* per (b, j): a q head in qkv; a k or v head in qkv; a head in out/dout; a q head's
-     * [T, T]; a k or v head in the bf16 backward's fp32 accumulator [B, T, 2 NKV HS] */
+    /* per (b, j): a q head in qkv; a k or v head (in qkv, or the gathered kv); a head in
+     * out/dout; a q head's [Tq, Tk]; a k or v head in the bf16 backward's fp32
+     * accumulator [B, Tk, 2 NKV HS] */
     operand xq, xkv, x1, tt, acc;
 };
 
-static att_shape shape_of(int B, int T, int NH, int NKV, int HS)
+/* Tq queries (rows of qkv) against Tk keys and values whose rows are ldkv apart. */
+static att_shape general_shape(int B, int Tq, int Tk, int NH, int NKV, int HS, int ldkv)
 {
     att_shape s;
-    s.B = B, s.T = T, s.NH = NH, s.NKV = NKV, s.G = NH / NKV, s.HS = HS;
-    s.C = NH * HS, s.C3 = (NH + 2 * NKV) * HS;
+    s.B = B, s.Tq = Tq, s.Tk = Tk, s.NH = NH, s.NKV = NKV, s.G = NH / NKV, s.HS = HS;
+    s.C = NH * HS, s.C3 = (NH + 2 * NKV) * HS, s.ldkv = ldkv;
     s.scale = 1.0f / sqrtf((float)HS);
-    s.xq = {(long long)T * s.C3, (long long)s.G * HS};
-    s.xkv = {(long long)T * s.C3, HS};
-    s.x1 = {(long long)T * s.C, (long long)s.G * HS};
-    s.tt = {(long long)NH * T * T, (long long)s.G * T * T};
-    s.acc = {(long long)T * 2 * NKV * HS, HS};
+    s.xq = {(long long)Tq * s.C3, (long long)s.G * HS};
+    s.xkv = {(long long)Tk * ldkv, HS};
+    s.x1 = {(long long)Tq * s.C, (long long)s.G * HS};
+    s.tt = {(long long)NH * Tq * Tk, (long long)s.G * Tq * Tk};
+    s.acc = {(long long)Tk * 2 * NKV * HS, HS};
     return s;
 }
 
-/* Round g's query-side offsets: its first head in qkv or out (elements), in [T, T]s. */
+/* A whole sequence: q, k and v all in qkv's rows. */
+static att_shape shape_of(int B, int T, int NH, int NKV, int HS)
+{
+    return general_shape(B, T, T, NH, NKV, HS, (NH + 2 * NKV) * HS);
+}
+
+/* Round g's query-side offsets: its first head in qkv or out (elements), in [Tq, Tk]s. */
 static long long q_off(const att_shape &s, int g) { return (long long)g * s.HS; }
-static long long tt_off(const att_shape &s, int g) { return (long long)g * s.T * s.T; }
+static long long tt_off(const att_shape &s, int g) { return (long long)g * s.Tq * s.Tk; }
 
 /* A shape the kernels do not take is a caller's bug: stop with what and why. */
 static void check_heads(const char *fn, int NH, int NKV)
@@ -183,23 +197,28 @@ static void check_heads(const char *fn, int NH, int NKV)
 /* out = softmax(scale Q K^T, causal) V, the probabilities left in att; A the activation
  * type of every buffer. */
 template <typename A>
-static void forward_core(const att_shape &s, A *out, A *att, const A *qkv)
+static void forward_core(const att_shape &s, A *out, A *att, const A *q, const A *k, const A *v)
 {
-    const A *q = qkv, *k = qkv + s.C, *v = qkv + s.C + s.NKV * s.HS;
     /* S = scale Q K^T  (S^T = scale K Q^T) into att */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, s.scale, k, s.C3, s.xkv,
-                      q + q_off(s, g), s.C3, s.xq, 0.0f, att + tt_off(s, g), s.T, s.tt, s.B,
+        gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HS, s.scale, k, s.ldkv, s.xkv,
+                      q + q_off(s, g), s.C3, s.xq, 0.0f, att + tt_off(s, g), s.Tk, s.tt, s.B,
                       s.NKV);
-    size_t rows = (size_t)s.B * s.NH * s.T;
+    size_t rows = (size_t)s.B * s.NH * s.Tq;
     causal_softmax_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
-                               ts_cuda_stream()>>>(att, rows, s.T);
+                               ts_cuda_stream()>>>(att, rows, s.Tq, s.Tk);
     TS_CUDA_LAUNCHED();
     /* O = P V  (O^T = V^T P^T) */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, 1.0f, v, s.C3, s.xkv,
-                      att + tt_off(s, g), s.T, s.tt, 0.0f, out + q_off(s, g), s.C, s.x1, s.B,
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.Tq, s.Tk, 1.0f, v, s.ldkv, s.xkv,
+                      att + tt_off(s, g), s.Tk, s.tt, 0.0f, out + q_off(s, g), s.C, s.x1, s.B,
                       s.NKV);
+}
+
+/* A whole sequence's: q, k, v in qkv's rows. */
+template <typename A> static void forward_square(const att_shape &s, A *out, A *att, const A *qkv)
+{
+    forward_core<A>(s, out, att, qkv, qkv + s.C, qkv + s.C + s.NKV * s.HS);
 }
 
 /* dqkv's k and v columns [B, T, 2 NKV HS] (from column C of each row) from the fp32
@@ -220,16 +239,26 @@ static __global__ void store_kv_kernel(A *dqkv, const float *acc, size_t n, int 
  * type, or fp32) at dk, dv with leading dimension ld and places o. */
 template <typename A, typename Out>
 static void kv_products(const att_shape &s, Out *dk, Out *dv, int ld, operand o, const A *g_,
-                        const A *q, const A *p, const A *ds)
+                        const A *q, const A *p, const A *ds, float beta0)
 {
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, 1.0f, g_ + q_off(s, g), s.C,
-                        s.x1, p + tt_off(s, g), s.T, s.tt, g ? 1.0f : 0.0f, dv, ld, o, s.B,
+        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.Tk, s.Tq, 1.0f, g_ + q_off(s, g), s.C,
+                        s.x1, p + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dv, ld, o, s.B,
                         s.NKV);
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.T, s.T, s.scale, q + q_off(s, g), s.C3,
-                        s.xq, ds + tt_off(s, g), s.T, s.tt, g ? 1.0f : 0.0f, dk, ld, o, s.B,
-                        s.NKV);
+        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.Tk, s.Tq, s.scale, q + q_off(s, g),
+                        s.C3, s.xq, ds + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dk, ld, o,
+                        s.B, s.NKV);
+}
+
+/* dkv [n elements] += acc, summed in fp32 and rounded once (the prefix backward's bf16
+ * dK, dV: each call's share onto what the buffer holds). */
+template <typename A>
+static __global__ void add_kv_kernel(A *dkv, const float *acc, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        ts_act_store(dkv, i, ts_act_load(dkv, i) + acc[i]);
 }
 
 /* With P the probabilities and dO the output gradient of query head h (kv head j):
@@ -241,35 +270,65 @@ static void kv_products(const att_shape &s, Out *dk, Out *dv, int ld, operand o,
  * fp32 (`acc`, [B, T, 2 NKV HS], the dead dP's memory once dS is formed) and rounds once
  * into dqkv (bf16 with G = 1 writes dqkv directly, as before). Every element of dqkv is
  * written (the first round has beta = 0): overwritten. */
+/* dP, dS and dQ (dq's heads in rows C3 apart, overwritten) for q, k, v (k, v rows ldkv
+ * apart); the dK, dV products are the caller's (they differ between a whole sequence and
+ * a prefix). */
+template <typename A>
+static void backward_dq(const att_shape &s, A *dq, float *dp, A *ds, const A *g_, const A *k,
+                        const A *v, const A *p)
+{
+    /* dP = dO V^T  (dP^T = V dO^T), fp32 */
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HS, 1.0f, v, s.ldkv, s.xkv,
+                          g_ + q_off(s, g), s.C, s.x1, 0.0f, dp + tt_off(s, g), s.Tk, s.tt, s.B,
+                          s.NKV);
+    size_t rows = (size_t)s.B * s.NH * s.Tq;
+    causal_softmax_backward_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
+                                        ts_cuda_stream()>>>(ds, dp, p, rows, s.Tq, s.Tk);
+    TS_CUDA_LAUNCHED();
+    /* dQ = scale dS K  (dQ^T = scale K^T dS^T) */
+    for (int g = 0; g < s.G; g++)
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.Tq, s.Tk, s.scale, k, s.ldkv, s.xkv,
+                      ds + tt_off(s, g), s.Tk, s.tt, 0.0f, dq + q_off(s, g), s.C3, s.xq, s.B,
+                      s.NKV);
+}
+
 template <typename A>
 static void backward_core(const att_shape &s, A *dqkv, float *dp, A *ds, const A *g_,
                           const A *qkv, const A *p)
 {
     const int kv_off = s.NKV * s.HS;
     const A *q = qkv, *k = qkv + s.C, *v = qkv + s.C + kv_off;
-    A *dq = dqkv;
-    /* dP = dO V^T  (dP^T = V dO^T), fp32 */
-    for (int g = 0; g < s.G; g++)
-        gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.T, s.T, s.HS, 1.0f, v, s.C3, s.xkv,
-                          g_ + q_off(s, g), s.C, s.x1, 0.0f, dp + tt_off(s, g), s.T, s.tt, s.B,
-                          s.NKV);
-    size_t rows = (size_t)s.B * s.NH * s.T;
-    causal_softmax_backward_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
-                                        ts_cuda_stream()>>>(ds, dp, p, rows, s.T);
-    TS_CUDA_LAUNCHED();
-    /* dQ = scale dS K  (dQ^T = scale K^T dS^T) */
-    for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.T, s.T, s.scale, k, s.C3, s.xkv,
-                      ds + tt_off(s, g), s.T, s.tt, 0.0f, dq + q_off(s, g), s.C3, s.xq, s.B,
-                      s.NKV);
+    backward_dq<A>(s, dqkv, dp, ds, g_, k, v, p);
     if (sizeof(A) == sizeof(float) || s.G == 1) {
-        kv_products<A, A>(s, dqkv + s.C, dqkv + s.C + kv_off, s.C3, s.xkv, g_, q, p, ds);
+        kv_products<A, A>(s, dqkv + s.C, dqkv + s.C + kv_off, s.C3, s.xkv, g_, q, p, ds, 0.0f);
     } else {
         float *acc = dp; /* dP is dead: the softmax backward has read it */
-        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, q, p, ds);
-        size_t n = (size_t)s.B * s.T * 2 * kv_off;
+        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, q, p, ds, 0.0f);
+        size_t n = (size_t)s.B * s.Tk * 2 * kv_off;
         store_kv_kernel<A><<<ts_cuda_blocks(n, 256), 256, 0, ts_cuda_stream()>>>(
             dqkv, acc, n, 2 * kv_off, s.C3, s.C);
+        TS_CUDA_LAUNCHED();
+    }
+}
+
+/* The prefix backward (kernels.h attention_prefix_backward): dQ into dqkv's q columns,
+ * dK, dV ADDED to dkv [B, Tk, 2 NKV HS]: fp32 straight onto it (every round beta 1, in
+ * g order); bf16 summed in fp32 (acc) and added once, rounded once. */
+template <typename A>
+static void prefix_backward_core(const att_shape &s, A *dqkv, A *dkv, float *dp, A *ds,
+                                 float *acc, const A *g_, const A *qkv, const A *kv,
+                                 const A *p)
+{
+    const int kv_off = s.NKV * s.HS;
+    const A *k = kv, *v = kv + kv_off;
+    backward_dq<A>(s, dqkv, dp, ds, g_, k, v, p);
+    if (sizeof(A) == sizeof(float)) {
+        kv_products<A, A>(s, dkv, dkv + kv_off, s.ldkv, s.xkv, g_, qkv, p, ds, 1.0f);
+    } else {
+        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, qkv, p, ds, 0.0f);
+        size_t n = (size_t)s.B * s.Tk * 2 * kv_off;
+        add_kv_kernel<A><<<ts_cuda_blocks(n, 256), 256, 0, ts_cuda_stream()>>>(dkv, acc, n);
         TS_CUDA_LAUNCHED();
     }
 }
@@ -296,8 +355,8 @@ extern "C" void ts_cuda_gemm_attention_forward(void *out, void *att, const void 
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     check_heads("ts_cuda_gemm_attention_forward", NH, NKV);
-    forward_core<float>(shape_of(B, T, NH, NKV, HS), (float *)out, (float *)att,
-                        (const float *)qkv);
+    forward_square<float>(shape_of(B, T, NH, NKV, HS), (float *)out, (float *)att,
+                          (const float *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_attention_backward(void *dqkv, void *scratch, const void *dout,
@@ -326,7 +385,8 @@ extern "C" void ts_cuda_gemm_bf16_attention_forward(void *out, void *att, const 
 {
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
     check_heads("ts_cuda_gemm_bf16_attention_forward", NH, NKV);
-    forward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)out, (bf16 *)att, (const bf16 *)qkv);
+    forward_square<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)out, (bf16 *)att,
+                         (const bf16 *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, const void *dout,
@@ -339,6 +399,84 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, 
     bf16 *ds = (bf16 *)((char *)scratch + ts_cuda_attn_bf16_ds_offset(B, T, NH, HS));
     backward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
                         (const bf16 *)qkv, (const bf16 *)att);
+}
+
+/* ---- context parallelism's prefix attention (kernels.h attention_prefix_*): the
+ * batched-GEMM kernels on Tq query rows of qkv against Tk rows of a gathered kv [B, Tk, 2
+ * NKV HS], the queries at the last Tq key positions; every CUDA table's (flash included:
+ * its kernels take no prefix yet). Built and compiled; not yet run on a GPU. */
+template <typename A>
+static void prefix_forward(void *out, void *att, const void *qkv, const void *kv, int B, int Tq,
+                           int Tk, int NH, int NKV, int HS)
+{
+    if (B <= 0 || Tq <= 0 || NH <= 0 || HS <= 0) return;
+    check_heads("attention_prefix_forward", NH, NKV);
+    const att_shape s = general_shape(B, Tq, Tk, NH, NKV, HS, 2 * NKV * HS);
+    const A *k = (const A *)kv, *v = (const A *)kv + NKV * HS;
+    forward_core<A>(s, (A *)out, (A *)att, (const A *)qkv, k, v);
+}
+
+template <typename A>
+static void prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
+                            const void *qkv, const void *kv, const void *att, int B, int Tq,
+                            int Tk, int NH, int NKV, int HS)
+{
+    if (B <= 0 || Tq <= 0 || NH <= 0 || HS <= 0) return;
+    check_heads("attention_prefix_backward", NH, NKV);
+    const att_shape s = general_shape(B, Tq, Tk, NH, NKV, HS, 2 * NKV * HS);
+    float *dp = (float *)scratch;
+    A *ds = sizeof(A) == sizeof(float)
+                ? (A *)dp
+                : (A *)((char *)scratch + ts_cuda_prefix_ds_offset(B, Tq, Tk, NH));
+    float *acc = sizeof(A) == sizeof(float)
+                     ? nullptr
+                     : (float *)((char *)scratch + ts_cuda_prefix_acc_offset(B, Tq, Tk, NH));
+    prefix_backward_core<A>(s, (A *)dqkv, (A *)dkv, dp, ds, acc, (const A *)dout,
+                            (const A *)qkv, (const A *)kv, (const A *)att);
+}
+
+extern "C" size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, (int)sizeof(float));
+}
+extern "C" size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, (int)sizeof(float));
+}
+extern "C" size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+{
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 2);
+}
+extern "C" size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH,
+                                                              int HS)
+{
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 2);
+}
+extern "C" void ts_cuda_attention_prefix_forward(void *out, void *att, const void *qkv,
+                                                 const void *kv, int B, int Tq, int Tk, int NH,
+                                                 int NKV, int HS)
+{
+    prefix_forward<float>(out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS);
+}
+extern "C" void ts_cuda_bf16_attention_prefix_forward(void *out, void *att, const void *qkv,
+                                                      const void *kv, int B, int Tq, int Tk,
+                                                      int NH, int NKV, int HS)
+{
+    prefix_forward<bf16>(out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS);
+}
+extern "C" void ts_cuda_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                                  const void *dout, const void *qkv,
+                                                  const void *kv, const void *att, int B, int Tq,
+                                                  int Tk, int NH, int NKV, int HS)
+{
+    prefix_backward<float>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS);
+}
+extern "C" void ts_cuda_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                                       const void *dout, const void *qkv,
+                                                       const void *kv, const void *att, int B,
+                                                       int Tq, int Tk, int NH, int NKV, int HS)
+{
+    prefix_backward<bf16>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS);
 }
 
 /* ---- the choice behind the tables' slots.

@@ -61,6 +61,25 @@ void ts_cuda_dev_free(void *p);
 void ts_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
 void ts_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
 void ts_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes);
+void ts_cuda_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows);
+/* Context parallelism's prefix attention (attention.cu; kernels.h attention_prefix_*). */
+size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
+void ts_cuda_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
+                                      int B, int Tq, int Tk, int NH, int NKV, int HS);
+void ts_cuda_bf16_attention_prefix_forward(void *out, void *att, const void *qkv,
+                                           const void *kv, int B, int Tq, int Tk, int NH,
+                                           int NKV, int HS);
+void ts_cuda_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
+                                       const void *qkv, const void *kv, const void *att, int B,
+                                       int Tq, int Tk, int NH, int NKV, int HS);
+void ts_cuda_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                            const void *dout, const void *qkv, const void *kv,
+                                            const void *att, int B, int Tq, int Tk, int NH,
+                                            int NKV, int HS);
 void ts_cuda_memset_zero(void *dst, size_t bytes);
 void ts_cuda_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
 void ts_cuda_sum_into(double *acc, const float *x, size_t n);

@@ -111,10 +111,20 @@ void ts_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes)
     TS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+/* A column block: one 2-D copy on the compute stream (the buffers do not overlap). */
+void ts_cuda_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows)
+{
+    if (!width || !rows) return;
+    TS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                    cudaMemcpyDeviceToDevice, ts_cuda_stream()));
+}
+
 /* memmove's rule. cudaMemcpy on overlapping ranges is undefined, so an overlapping move
  * goes through a temporary device buffer (ZeRO-1 moves a rank's piece within the
  * gradient buffer, once a step: the extra copy is cheap). Queued on the compute stream,
  * ordered with the kernels around it. */
+
 void ts_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes)
 {
     if (!bytes || dst == src) return;

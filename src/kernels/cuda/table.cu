@@ -31,6 +31,7 @@ static constexpr ts_kernels fp32_table = {
     .memcpy_h2d = ts_cuda_memcpy_h2d,
     .memcpy_d2h = ts_cuda_memcpy_d2h,
     .memcpy_d2d = ts_cuda_memcpy_d2d,
+    .memcpy_2d = ts_cuda_memcpy_2d,
     .memset_zero = ts_cuda_memset_zero,
     .convert = ts_cuda_convert,
     .sum_into = ts_cuda_sum_into,
@@ -42,11 +43,10 @@ static constexpr ts_kernels fp32_table = {
     .event_wait = ts_cuda_event_wait,
     .attention_saved_bytes = ts_cuda_attention_saved_bytes,
     .attention_scratch_bytes = ts_cuda_attention_scratch_bytes,
-    /* Context parallelism's prefix attention is not built for CUDA yet: these four
-     * slots stay NULL in every CUDA table (the bf16 and flash tables are built from this
-     * one), and the model refuses cp > 1 on cuda with a clear error. */
-    .attention_prefix_saved_bytes = nullptr,
-    .attention_prefix_scratch_bytes = nullptr,
+    /* Context parallelism's prefix attention: the batched-GEMM kernels in every CUDA
+     * table (attention.cu; built and compiled, not yet run on a GPU). */
+    .attention_prefix_saved_bytes = ts_cuda_attention_prefix_saved_bytes,
+    .attention_prefix_scratch_bytes = ts_cuda_attention_prefix_scratch_bytes,
     .encoder_forward = ts_cuda_encoder_forward,
     .encoder_backward = ts_cuda_encoder_backward,
     .layernorm_forward = ts_cuda_layernorm_forward,
@@ -62,8 +62,8 @@ static constexpr ts_kernels fp32_table = {
     .matmul_backward = ts_cuda_matmul_backward,
     .attention_forward = ts_cuda_attention_forward,
     .attention_backward = ts_cuda_attention_backward,
-    .attention_prefix_forward = nullptr, /* no CUDA context parallelism yet (above) */
-    .attention_prefix_backward = nullptr,
+    .attention_prefix_forward = ts_cuda_attention_prefix_forward,
+    .attention_prefix_backward = ts_cuda_attention_prefix_backward,
     .gelu_forward = ts_cuda_gelu_forward,
     .gelu_backward = ts_cuda_gelu_backward,
     .residual_forward = ts_cuda_residual_forward,
@@ -106,6 +106,10 @@ static constexpr ts_kernels with_bf16_slots(ts_kernels k)
     k.matmul_backward = ts_cuda_bf16_matmul_backward;
     k.attention_forward = ts_cuda_attention_forward_bf16;
     k.attention_backward = ts_cuda_attention_backward_bf16;
+    k.attention_prefix_saved_bytes = ts_cuda_bf16_attention_prefix_saved_bytes;
+    k.attention_prefix_scratch_bytes = ts_cuda_bf16_attention_prefix_scratch_bytes;
+    k.attention_prefix_forward = ts_cuda_bf16_attention_prefix_forward;
+    k.attention_prefix_backward = ts_cuda_bf16_attention_prefix_backward;
     k.gelu_forward = ts_cuda_bf16_gelu_forward;
     k.gelu_backward = ts_cuda_bf16_gelu_backward;
     k.residual_forward = ts_cuda_bf16_residual_forward;

@@ -19,6 +19,9 @@
 
 #define STRICT_WRAPPERS(P, K)                                                              \
     STRICT(P, K, memcpy_d2d, (void *dst, const void *src, size_t bytes), (dst, src, bytes)) \
+    STRICT(P, K, memcpy_2d,                                                                \
+           (void *dst, size_t dp, const void *src, size_t sp, size_t width, size_t rows),    \
+           (dst, dp, src, sp, width, rows))                                                \
     STRICT(P, K, memset_zero, (void *dst, size_t bytes), (dst, bytes))                     \
     STRICT(P, K, convert, (void *dst, ts_dtype dt, const void *src, ts_dtype st, size_t n), \
            (dst, dt, src, st, n))                                                          \
@@ -153,7 +156,8 @@
         .weight_copy_bytes = copy_bytes, .native_comm = NULL,                              \
         .host_accessible = false, .dev_alloc = ts_strict_alloc, .dev_free = ts_strict_free, \
         .memcpy_h2d = P##memcpy_d2d, .memcpy_d2h = P##memcpy_d2d,                          \
-        .memcpy_d2d = P##memcpy_d2d, .memset_zero = P##memset_zero, .convert = P##convert, \
+        .memcpy_d2d = P##memcpy_d2d, .memcpy_2d = P##memcpy_2d,                            \
+        .memset_zero = P##memset_zero, .convert = P##convert,                              \
         .sum_into = P##sum_into, .sum_squares_into = P##sum_squares_into,                  \
         .stream_create = ts_cpu_stream_create, .stream_destroy = ts_cpu_stream_destroy,    \
         .stream_sync = ts_cpu_stream_sync, .event_record = ts_cpu_event_record,            \
