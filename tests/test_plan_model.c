@@ -657,7 +657,11 @@ static void test_context_parallel(void)
           ts_plan_dp_link(&cl, &g).bandwidth == cl.inter.bandwidth);
 
     /* Meta's long-context grid: tp 8, cp 16, pp 16, dp 4 (the product is 8,192 devices),
-     * sequence parallel, recompute auto, interleaved v 4; 128 sequences: 32 per replica. */
+     * sequence parallel, recompute auto, interleaved v 4; 128 sequences: 32 per replica.
+     * Its time is plausible; its memory is not asked to fit: Tessera's CUDA prefix
+     * attention is the batched-GEMM one (no flash prefix kernel yet), which keeps each
+     * chunk's [c, (j+1)c] probabilities per head, over 80 GB at cp 16 (bench/RESULTS.md
+     * 4.4's long-context addendum). */
     const char *meta[] = {"model.seq_len=131072", "train.global_batch=128", "parallel.dp=4",
                           "parallel.cp=16", "parallel.sequence_parallel=true",
                           "parallel.recompute=\"auto\"", "parallel.schedule=\"interleaved-1f1b\"",
@@ -667,13 +671,13 @@ static void test_context_parallel(void)
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
     ts_plan_result r;
     CHECK(ts_plan_predict(x, &g, &r, NULL) == TS_OK);
-    CHECKF(g.cp == 16 && g.m == 32 && r.fits && r.mfu > 0.20 && r.mfu < 0.60 &&
+    CHECKF(g.cp == 16 && g.m == 32 && r.mfu > 0.20 && r.mfu < 0.60 &&
                r.terms.cp_comm > 0 && r.terms.cp_comm < r.terms.compute,
            "405B long context: cp %d m %d fits %d MFU %.3f, cp %.1f ms of compute %.1f", g.cp,
            g.m, r.fits, r.mfu, r.terms.cp_comm, r.terms.compute);
     printf("405B at 131072 on tp 8 x cp 16 x pp 16 x dp 4: %.2f s, MFU %.1f%% (paper 38%%), "
-           "%.1f GB\n",
-           r.step_ms / 1e3, 100 * r.mfu, r.mem.total / 1e9);
+           "%.1f GB (%s)\n",
+           r.step_ms / 1e3, 100 * r.mfu, r.mem.total / 1e9, r.fits ? "fits" : "does not fit");
     ts_plan_ctx_free(x);
 
     /* A seq_len that 2cp does not divide: the config is refused, the search never
