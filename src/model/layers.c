@@ -527,12 +527,8 @@ static void block_forward(const ts_model *m, const ts_acts *a, int l, const void
         const void *ln1 = d.sp ? GI(i) : v.ln1;
         ts_tp_col_forward(tp, v.qkv, ln1, W(r.qkv_w), P(r.qkv_b), Ns, C, (int)d.QKV);
         if (m->rope_cos) k->rope_forward(v.qkv, m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
-        if (d.cp)
-            ts_cp_attention_forward(&m->cp, v.atty, d.selective ? a->att_work : v.att, v.kvg,
-                                    a->cp_work, v.qkv, Bs, H, KV, HS);
-        else
-            k->attention_forward(v.atty, d.selective ? a->att_work : v.att, v.qkv, Bs, T, H,
-                                 KV, HS);
+        ts_cp_attention_forward(&m->cp, v.atty, d.selective ? a->att_work : v.att, v.kvg,
+                                a->cp_work, v.qkv, Bs, T, H, KV, HS);
         ts_tp_row_forward(tp, v.res2, v.atty, W(r.proj_w), P(r.proj_b), Ns, Cl, C, GI(i), PD(i));
         poll_pending(pend, S);
     }
@@ -760,6 +756,7 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
      * and the norms' input gradient in this rank's rows; without it the norms read the
      * column-parallel backward's all-reduced bufc. */
     void *gath = scratch_gather(&d, sc), *loc = scratch_local(&d, sc);
+    void *cp_work = ts_scratch_context_work(sc, m, a->B, a->T); /* NULL without cp */
     ts_tp_pending pend[TS_TP_OVERLAP_MAX] = {0};
     const void *rows_in[TS_TP_OVERLAP_MAX]; /* each sub-batch's gathered (or own) input */
     TS_ASSERT(S <= TS_TP_OVERLAP_MAX);
@@ -821,18 +818,11 @@ static void block_backward(const ts_model *m, const ts_acts *a, int l, const voi
              * output goes to scratch too; atty, the projection's input, was kept. */
             void *rebuilt = (unsigned char *)sc->mem + scratch_rebuilt_offset(d);
             void *out = (unsigned char *)sc->mem + scratch_rebuilt_out_offset(d);
-            if (d.cp)
-                ts_cp_attention_recompute(&m->cp, out, rebuilt, v.kvg, v.qkv, Bs, H, KV, HS);
-            else
-                k->attention_forward(out, rebuilt, v.qkv, Bs, T, H, KV, HS);
+            ts_cp_attention_recompute(&m->cp, out, rebuilt, v.kvg, v.qkv, Bs, T, H, KV, HS);
             att = rebuilt;
         }
-        if (d.cp)
-            ts_cp_attention_backward(&m->cp, DQKV(i), att_scratch,
-                                     (unsigned char *)sc->mem + scratch_cp_offset(d), datty,
-                                     v.qkv, v.kvg, att, Bs, H, KV, HS);
-        else
-            k->attention_backward(DQKV(i), att_scratch, datty, v.qkv, att, Bs, T, H, KV, HS);
+        ts_cp_attention_backward(&m->cp, DQKV(i), att_scratch, cp_work, datty, v.qkv, v.kvg, att,
+                                 Bs, T, H, KV, HS);
         /* The gradient of q and k before their rotation (RoPE is linear). */
         if (m->rope_cos) k->rope_backward(DQKV(i), m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
         rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));

@@ -118,15 +118,16 @@ static void kv_columns(const ts_cp *cp, unsigned char *qkv, unsigned char *packe
 }
 
 void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void *kvg,
-                               const void *qkv, int B, int H, int KV, int HS)
+                               const void *qkv, int B, int Tl, int H, int KV, int HS)
 {
     const ts_kernels *k = cp->k;
     if (cp->size == 1) {
-        k->attention_forward(out, att, qkv, B, cp->T, H, KV, HS);
+        k->attention_forward(out, att, qkv, B, Tl, H, KV, HS);
         return;
     }
+    TS_ASSERT(Tl == ts_cp_local_len(cp));
     const size_t eb = ts_dtype_bytes(k->act_dtype);
-    const int c = chunk_len(cp), T = cp->T, Tl = ts_cp_local_len(cp);
+    const int c = chunk_len(cp), T = cp->T;
     const size_t qrow = (size_t)(H + 2 * KV) * HS * eb, orow = (size_t)H * HS * eb;
     const size_t kvrow = (size_t)2 * KV * HS * eb;
     unsigned char *a = att;
@@ -142,7 +143,7 @@ void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void
 }
 
 void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, void *work,
-                             const void *qkv, int B, int H, int KV, int HS)
+                             const void *qkv, int B, int T, int H, int KV, int HS)
 {
     if (cp->size > 1) {
         TS_ASSERT(cp->comm && work && kvg && cp->k->attention_prefix_forward);
@@ -153,22 +154,23 @@ void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, v
         ts_allgather_act(cp->comm, w.packed, w.rank_major, Nl * W, dt);
         permute(cp, kvg, w.rank_major, B, W * ts_dtype_bytes(dt), true);
     }
-    ts_cp_attention_recompute(cp, out, att, kvg, qkv, B, H, KV, HS);
+    ts_cp_attention_recompute(cp, out, att, kvg, qkv, B, T, H, KV, HS);
 }
 
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg,
-                              const void *att, int B, int H, int KV, int HS)
+                              const void *att, int B, int Tl, int H, int KV, int HS)
 {
     const ts_kernels *k = cp->k;
     if (cp->size == 1) {
-        k->attention_backward(dqkv, scratch, dout, qkv, att, B, cp->T, H, KV, HS);
+        k->attention_backward(dqkv, scratch, dout, qkv, att, B, Tl, H, KV, HS);
         return;
     }
     TS_ASSERT(cp->comm && work && kvg && k->attention_prefix_backward);
+    TS_ASSERT(Tl == ts_cp_local_len(cp));
     const ts_dtype dt = k->act_dtype;
     const size_t eb = ts_dtype_bytes(dt);
-    const int c = chunk_len(cp), T = cp->T, Tl = ts_cp_local_len(cp);
+    const int c = chunk_len(cp), T = cp->T;
     const size_t qrow = (size_t)(H + 2 * KV) * HS * eb, orow = (size_t)H * HS * eb;
     const size_t W = (size_t)2 * KV * HS, kvrow = W * eb, Nl = (size_t)B * Tl;
     cp_work w = work_views(cp, work, B, KV, HS);

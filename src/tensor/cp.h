@@ -72,19 +72,24 @@ size_t ts_cp_attention_scratch_bytes(const ts_cp *cp, int B, int H, int HS);
 size_t ts_cp_kv_elems(const ts_cp *cp, int B, int KV, int HS);
 size_t ts_cp_work_bytes(const ts_cp *cp, int B, int KV, int HS, int C, size_t act_bytes);
 
-/* out [B*Tl, H*HS] and att (the saved state) from qkv; under context parallelism kvg
- * receives the gathered K/V (through work). Size 1: attention_forward. */
+/* The attention of B sequences of T rows each (this rank's: T = ts_cp_local_len under
+ * context parallelism; any T with size 1, where every call is the plain kernel and kvg
+ * and work are not used), as tp.h's layers stand in for their kernels: the model has no
+ * cp == 1 branches of its own. */
+
+/* out [B*T, H*HS] and att (the saved state) from qkv; under context parallelism kvg
+ * receives the gathered K/V (through work). */
 void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, void *work,
-                             const void *qkv, int B, int H, int KV, int HS);
+                             const void *qkv, int B, int T, int H, int KV, int HS);
 /* The same without the exchange, from a kvg already gathered (selective recompute
  * rebuilding the state a forward dropped). */
 void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void *kvg,
-                               const void *qkv, int B, int H, int KV, int HS);
-/* dqkv [B*Tl, (H+2KV)*HS] (overwritten) from dout [B*Tl, H*HS]: the local queries'
+                               const void *qkv, int B, int T, int H, int KV, int HS);
+/* dqkv [B*T, (H+2KV)*HS] (overwritten) from dout [B*T, H*HS]: the local queries'
  * gradient and, reduce-scattered over the group, the local keys' and values'. */
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg,
-                              const void *att, int B, int H, int KV, int HS);
+                              const void *att, int B, int T, int H, int KV, int HS);
 
 /* fp32 rows [Tl, C] of a position table tab [>= T, C] at this rank's positions, written
  * to `rows` (device memory: the GPT-2 position embedding each step, RoPE's cos and sin
