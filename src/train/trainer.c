@@ -268,16 +268,14 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
-    double wait = t->grad_sync.wait_ms + t->grad_sync.gather_ms; /* ZeRO-1's all-gather too */
-    ts_host_allreduce_max_f64(&t->world, &wait, 1);
-    out->dp_wait_ms = wait;
+    /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
+    double comm_ms[3] = {t->grad_sync.wait_ms + t->grad_sync.gather_ms, t->tp_busy_ms,
+                         t->cp_busy_ms};
+    ts_host_allreduce_max_f64(&t->world, comm_ms, 3);
+    out->dp_wait_ms = comm_ms[0];
     out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
-    double tp_ms = t->tp_busy_ms;
-    ts_host_allreduce_max_f64(&t->world, &tp_ms, 1);
-    out->tp_comm_ms = tp_ms;
-    double cp_ms = t->cp_busy_ms;
-    ts_host_allreduce_max_f64(&t->world, &cp_ms, 1);
-    out->cp_comm_ms = cp_ms;
+    out->tp_comm_ms = comm_ms[1];
+    out->cp_comm_ms = comm_ms[2];
 }
 
 double ts_trainer_eval(ts_trainer *t)
