@@ -1,5 +1,5 @@
 /* parallel.recompute = "auto" (pipeline/memory.h): the cap rule of ts_memory_peak_sets
- * and the choice of caps by ts_memory_auto_keep, on built schedules and a synthetic rank
+ * and the choice of caps by ts_memory_auto_keep_selective, on built schedules and a synthetic rank
  * whose chunks hold 1 MiB per activation set and nothing else worth counting.
  *   test_cap_bounds: keep >= the peak without recompute is "none", keep 0 is "full",
  *     for every built schedule and rank (the same peaks, stashes and decisions);
@@ -125,7 +125,7 @@ static void test_choice_per_rank(void)
     int recomputed[4];
     for (int r = 0; r < 4; r++) {
         ts_rank_memory est;
-        CHECK(ts_memory_auto_keep(&s, &sh, &h, r, room, keep, pa, ps, nr, &est));
+        CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, r, room, keep, NULL, pa, ps, nr, &est));
         CHECKF(est.total - est.blas <= room, "rank %d: %.0f bytes over the room", r,
                est.total - est.blas);
         CHECK(pa[r] <= 2);
@@ -137,14 +137,14 @@ static void test_choice_per_rank(void)
     CHECK(recomputed[2] == 0 && keep[2] == 2); /* two sets fit too */
     CHECK(keep[0] == 1 && keep[1] == 1 && recomputed[0] >= recomputed[1] && recomputed[1] > 0);
     char line[512];
-    ts_memory_describe_keep(&s, 0, keep, line, sizeof line);
+    ts_memory_describe_keep_selective(&s, 0, keep, NULL, line, sizeof line);
     char want[128];
     snprintf(want, sizeof want, "chunk 0 keeps 1 of 4 in flight (recomputes %d of 8 micro-batches)",
              recomputed[0]);
     CHECKF(strcmp(line, want) == 0, "'%s'", line);
     /* Below one set, even full recompute does not fit: refused, with full's numbers. */
     ts_rank_memory est;
-    CHECK(!ts_memory_auto_keep(&s, &sh, &h, 0, 0.5 * 1048576.0, keep, pa, ps, nr, &est));
+    CHECK(!ts_memory_auto_keep_selective(&s, &sh, &h, 0, 0.5 * 1048576.0, keep, NULL, pa, ps, nr, &est));
     CHECK(keep[0] == 0 && nr[0] == 8 && pa[0] == 1);
     ts_schedule_free(&s);
 
@@ -156,7 +156,7 @@ static void test_choice_per_rank(void)
     run_walk(&s, TS_RECOMPUTE_NONE, NULL, 0, &none);
     const double all = (none.pa[0] + none.pa[2]) * 1048576.0;
     ts_rank_memory e;
-    CHECK(ts_memory_auto_keep(&s, &sh, &h, 0, all - 0.5 * 1048576.0, keep, pa, ps, nr, &e));
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, all - 0.5 * 1048576.0, keep, NULL, pa, ps, nr, &e));
     CHECK(e.total - e.blas <= all - 0.5 * 1048576.0);
     CHECK(nr[0] + nr[2] > 0 && (keep[0] < none.pa[0] || keep[2] < none.pa[2]));
     ts_schedule_free(&s);
@@ -195,7 +195,7 @@ static void test_choice_selective(void)
     CHECKF(strcmp(line, "chunk 0 keeps 4 of 4 in flight, selective (recomputes 0 of 8 "
                         "micro-batches)") == 0, "'%s'", line);
     /* Without the flags the line is the caps' alone (plan's until it passes them). */
-    ts_memory_describe_keep(&s, 0, keep, line, sizeof line);
+    ts_memory_describe_keep_selective(&s, 0, keep, NULL, line, sizeof line);
     CHECKF(strcmp(line, "chunk 0 keeps 4 of 4 in flight (recomputes 0 of 8 micro-batches)") == 0,
            "'%s'", line);
     /* 1.5 MiB: selective alone does not fit; the selective chunk's cap comes down. */
@@ -206,9 +206,9 @@ static void test_choice_selective(void)
     /* The same room without the selective option needs more recomputed micro-batches. */
     int keep2[MAXC] = {0}, nr2[MAXC] = {0};
     ts_rank_memory plain;
-    CHECK(ts_memory_auto_keep(&s, &sh, &h, 0, 1.5 * MiB, keep2, pa, ps, nr2, &plain));
+    CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep2, NULL, pa, ps, nr2, &plain));
     CHECK(keep2[0] == 0 && nr2[0] == 8 && nr[0] < nr2[0]);
-    /* sel_act_bytes NULL: never selective, the same caps as ts_memory_auto_keep. */
+    /* sel_act_bytes NULL: never selective, the same caps as with selective NULL. */
     h.sel_act_bytes = NULL;
     CHECK(ts_memory_auto_keep_selective(&s, &sh, &h, 0, 1.5 * MiB, keep, selective, pa, ps, nr,
                                         &est));

@@ -179,15 +179,6 @@ bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *
     return fits;
 }
 
-bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
-                         const ts_memory_holdings *h, int pp_rank, double room, int *keep,
-                         int *peak_acts, int *peak_stash, int *n_recomputed,
-                         ts_rank_memory *est)
-{
-    return ts_memory_auto_keep_selective(s, sh, h, pp_rank, room, keep, NULL, peak_acts,
-                                         peak_stash, n_recomputed, est);
-}
-
 const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
                                               const int *keep, const bool *selective,
                                               char *buf, size_t size)
@@ -211,12 +202,6 @@ const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
     free(in_flight);
     free(nr);
     return buf;
-}
-
-const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
-                                    char *buf, size_t size)
-{
-    return ts_memory_describe_keep_selective(s, pp_rank, keep, NULL, buf, size);
 }
 
 void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
@@ -287,7 +272,8 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
 }
 
 /* A rank's shape and holdings from the model's own layout of its layers (nothing
- * allocated): what ts_memory_estimate and ts_memory_estimate_auto feed ts_memory_rank. */
+ * allocated): what ts_memory_estimate and ts_memory_estimate_auto_selective feed
+ * ts_memory_rank. */
 typedef struct {
     ts_memory_shape sh;
     ts_memory_holdings h;
@@ -436,17 +422,6 @@ bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition 
                                                     selective, l.peak_acts, l.peak_stash,
                                                     l.n_rc, est);
     rank_layout_free(&l);
-    return fits;
-}
-
-bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
-                             const ts_schedule *sched, int pp_rank, int threads, double room,
-                             int *keep, ts_rank_memory *est)
-{
-    bool *selective = ts_calloc((size_t)sched->n_chunks, sizeof(bool));
-    const bool fits = ts_memory_estimate_auto_selective(cfg, part, sched, pp_rank, threads,
-                                                        room, keep, selective, est);
-    free(selective);
     return fits;
 }
 

@@ -34,8 +34,8 @@ typedef struct {
 /* The estimate for pipeline rank `pp_rank` (every tensor-parallel and data-parallel
  * rank of it holds the same), running `threads` BLAS threads: the model's own layout of
  * the rank's layers (nothing allocated) into ts_memory_rank. With parallel.recompute =
- * "auto", keep [n_chunks] holds the caps the run uses (ts_memory_estimate_auto chose
- * them), every chunk laid out without selective recompute; NULL otherwise. */
+ * "auto", keep [n_chunks] holds the caps the run uses (ts_memory_estimate_auto_selective
+ * chose them), every chunk laid out without selective recompute; NULL otherwise. */
 void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
                         const ts_schedule *sched, int pp_rank, int threads, const int *keep,
                         ts_rank_memory *est);
@@ -51,11 +51,6 @@ bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition 
                                        const ts_schedule *sched, int pp_rank, int threads,
                                        double room, int *keep, bool *selective,
                                        ts_rank_memory *est);
-/* The same without reporting which chunks are selective (the choice and *est are the
- * same). */
-bool ts_memory_estimate_auto(const ts_config *cfg, const ts_partition *part,
-                             const ts_schedule *sched, int pp_rank, int threads, double room,
-                             int *keep, ts_rank_memory *est);
 
 /* What a rank's memory follows from beyond its layers: the run's shape. The trainer
  * takes it from its config and schedule; the planner from each grid it predicts. */
@@ -182,11 +177,6 @@ bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *
                                    const ts_memory_holdings *h, int pp_rank, double room,
                                    int *keep, bool *selective, int *peak_acts,
                                    int *peak_stash, int *n_recomputed, ts_rank_memory *est);
-/* The same with no chunk selective (step 2 alone): the planner's search. */
-bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
-                         const ts_memory_holdings *h, int pp_rank, double room, int *keep,
-                         int *peak_acts, int *peak_stash, int *n_recomputed,
-                         ts_rank_memory *est);
 
 /* The choice per chunk of pipeline rank pp_rank under caps keep and selective chunks
  * (auto; selective NULL: none), as the trainer logs it: "chunk 0 keeps 2 of 4 in flight,
@@ -195,10 +185,6 @@ bool ts_memory_auto_keep(const ts_schedule *s, const ts_memory_shape *sh,
 const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
                                               const int *keep, const bool *selective,
                                               char *buf, size_t size);
-/* The same naming no chunk selective (plan prints it so until it passes the flags). */
-const char *ts_memory_describe_keep(const ts_schedule *s, int pp_rank, const int *keep,
-                                    char *buf, size_t size);
-
 /* ZeRO-2/3's residency of pipeline rank pp_rank (ts_residency_build), with the chunks
  * holding a group-summed tensor held to the step's end (dp/grad_sync.c sums them there):
  * the tied embedding's two ends (chunk 0 and the head's chunk) when model_tied and they

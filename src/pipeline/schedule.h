@@ -58,7 +58,7 @@ typedef enum {
     TS_RECOMPUTE_EXCEPT_LAST,
     TS_RECOMPUTE_FULL,
     TS_RECOMPUTE_AUTO, /* per chunk, as many micro-batches as the memory budget needs
-                          (pipeline/memory.h ts_memory_auto_keep) */
+                          (pipeline/memory.h ts_memory_auto_keep_selective) */
     TS_RECOMPUTE_SELECTIVE, /* every micro-batch keeps its activations but attention's
                                saved state (the [B,H,T,T] probabilities), which each
                                block's backward recomputes (Korthikanti et al. 2022) */
