@@ -203,13 +203,13 @@ static void release_acts(ts_engine *e, int c, ts_mb_slot *s)
 
 size_t ts_engine_activation_bytes(const ts_engine *e)
 {
+    /* Sized, not allocated: an allocated probe set (dev_alloc zeroes its pages) was once
+     * the report's own extra activation set, the process's real peak. */
     size_t total = 0;
     for (int j = 0; j < e->n_local; j++) {
         int c = e->local_chunks[j];
-        ts_acts probe;
-        ts_acts_init(&probe, e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
-        total += (size_t)e->n_allocated[j] * probe.bytes;
-        ts_acts_free(&probe);
+        total += (size_t)e->n_allocated[j] *
+                 ts_acts_bytes(e->model, chunk_first(e, c), chunk_end(e, c), e->B, e->T);
     }
     return total;
 }

@@ -232,17 +232,24 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
  * "optimizer_mb":[...]} (one entry per rank). */
 ts_status ts_trainer_report_memory(ts_trainer *t)
 {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
     const double MiB = 1024.0 * 1024.0;
     enum { K = 6 };
-    /* The steps' own peak (set-up's transients excluded: ts_trainer_run reset it), the
-     * state kept through the run (weights, gradients and moments as this rank holds
-     * them) and ZeRO-2/3's chunk buffers at their most. */
-    double mine[K] = {(double)ru.ru_maxrss / 1024.0,
+    /* The process's real peak: the larger of the set-up's (read before ts_trainer_run
+     * restarted the count) and the steps' (VmHWM since then). getrusage's ru_maxrss is
+     * the same kernel count and no better; it stands in only where /proc is missing. */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double steps_peak = t->peak_reset ? ts_sysmem_peak_rss() : 0.0;
+    if (steps_peak <= 0.0) steps_peak = (double)ru.ru_maxrss * 1024.0;
+    double peak = fmax(fmax(steps_peak, t->setup_peak_rss), (double)ru.ru_maxrss * 1024.0);
+    /* The peak; the activation sets allocated (sized, not allocated again, so the report
+     * adds nothing to the peak it reports); the optimizer's moments; the steps' own peak
+     * (set-up's transients excluded); the state kept through the run (weights, gradients
+     * and moments as this rank holds them) and ZeRO-2/3's chunk buffers at their most. */
+    double mine[K] = {peak / MiB,
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
                       (double)ts_adamw_state_bytes(&t->optim) / MiB,
-                      t->peak_reset ? ts_sysmem_peak_rss() / MiB : (double)ru.ru_maxrss / 1024.0,
+                      steps_peak / MiB,
                       (ts_grad_sync_state_bytes(&t->grad_sync) +
                        (double)ts_adamw_state_bytes(&t->optim)) / MiB,
                       t->grad_sync.zbuf_peak / MiB};

@@ -311,6 +311,7 @@ ts_status ts_trainer_run(ts_trainer *t)
         return TS_OK;
     }
     /* The steps' peak memory, without the set-up's transients (step_peak_rss_mb). */
+    t->setup_peak_rss = ts_sysmem_peak_rss();
     t->peak_reset = ts_sysmem_reset_peak();
     for (int step = t->start_step; step < steps; step++) {
         ts_step_stats s;
