@@ -1,6 +1,7 @@
 /* Token data: shard and text files, windows across file boundaries, the batch rule
  * (grid-independent), and every open-time error. */
 #include <dirent.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -376,6 +377,107 @@ static void test_loader_blend(void)
     uint64_t j;
     ts_blend_next(&b, &d, &j);
     CHECK(d == 0 && j == 2); /* g = 3 of [0.7, 0.3]: 0, 1, 0, 0 */
+}
+
+/* The replay the cursor replaces at a resume, kept here as the oracle: Megatron's rule
+ * from sequence 0 to g, one sequence at a time. */
+static void blend_replay(ts_blend *b, uint64_t g)
+{
+    int d;
+    uint64_t j;
+    while (b->g < g) ts_blend_next(b, &d, &j);
+}
+
+/* splitmix64, for reproducible random weights and positions. */
+static uint64_t mix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A resume restores the blend's cursor (ts_blend_restore) instead of replaying it: for
+ * random weight sets (2 to 16 datasets, some very skewed) and positions up to ~1e6 the
+ * restored cursor makes the replay's next choices, and counts this rule could not have
+ * reached are refused (probe: the replay took 8 s at 3.2e8 sequences). */
+static void test_loader_blend_restore(void)
+{
+    uint64_t x = 42;
+    int ok = 1, accepted = 1, refused = 1;
+    for (int trial = 0; trial < 40; trial++) {
+        const int n = 2 + (int)(mix(&x) % (TS_MAX_DATASETS - 1));
+        double w[TS_MAX_DATASETS];
+        for (int d = 0; d < n; d++) {
+            const double u = (double)(mix(&x) >> 11) / 9007199254740992.0 + 1e-3;
+            w[d] = trial % 3 == 0 ? u * u * u * u : u; /* every third: skewed */
+        }
+        ts_blend oracle, fast;
+        ts_blend_init(&oracle, n, w);
+        /* Several positions along one replay, the last near 1e6. */
+        for (int k = 0; k < 4; k++) {
+            const uint64_t g = oracle.g + 1 + mix(&x) % (trial < 4 ? 300000u : 30000u);
+            blend_replay(&oracle, g);
+            ts_blend_init(&fast, n, w);
+            accepted &= ts_blend_restore(&fast, g, oracle.count);
+            ts_blend probe = oracle;
+            for (int i = 0; i < 64; i++) {
+                int d1, d2;
+                uint64_t j1, j2;
+                ts_blend_next(&probe, &d1, &j1);
+                ts_blend_next(&fast, &d2, &j2);
+                ok &= d1 == d2 && j1 == j2;
+            }
+            for (int d = 0; d < n; d++) ok &= probe.count[d] == fast.count[d];
+            /* Forged: one sequence moved between datasets far from their share, or a
+             * sum that is not g. */
+            uint64_t bad[TS_MAX_DATASETS];
+            memcpy(bad, oracle.count, sizeof bad);
+            const uint64_t shift = (uint64_t)n + 2 < bad[0] ? (uint64_t)n + 2 : bad[0];
+            bad[0] -= shift;
+            bad[1] += shift;
+            ts_blend_init(&fast, n, w);
+            refused &= shift < (uint64_t)n + 2 || !ts_blend_restore(&fast, g, bad);
+            bad[1] += 1;
+            refused &= !ts_blend_restore(&fast, g, bad) && fast.g == 0;
+        }
+    }
+    CHECK(ok);
+    CHECK(accepted);
+    CHECK(refused);
+    /* Counts that would wrap a 64-bit sum are refused, not accepted modulo 2^64. */
+    const double w2[] = {1, 1};
+    ts_blend b;
+    ts_blend_init(&b, 2, w2);
+    const uint64_t wrap[] = {UINT64_MAX, 9};
+    CHECK(!ts_blend_restore(&b, 8, wrap));
+}
+
+/* Weights are normalised as Megatron does (weight / sum, bit for bit), and a sum past
+ * DBL_MAX by the largest weight first (probe D10: 1.7e308 + 1.0e308 gave zeros, and the
+ * rule then fell back to round robin). */
+static void test_loader_blend_weights(void)
+{
+    const double huge[] = {1.7e308, 1.0e308};
+    double out[2];
+    ts_blend_normalise(2, huge, out);
+    CHECKF(fabs(out[0] - 1.7 / 2.7) < 1e-15 && fabs(out[1] - 1.0 / 2.7) < 1e-15, "%g %g",
+           out[0], out[1]);
+    ts_blend b;
+    ts_blend_init(&b, 2, huge);
+    ts_blend_seek(&b, 2700);
+    CHECKF(b.count[0] == 1700 && b.count[1] == 1000, "%llu %llu",
+           (unsigned long long)b.count[0], (unsigned long long)b.count[1]);
+    uint64_t x = 7;
+    int same = 1;
+    for (int trial = 0; trial < 200; trial++) {
+        double w[5], sum = 0.0;
+        for (int d = 0; d < 5; d++) sum += w[d] = (double)(mix(&x) >> 11) * 1e-10 + 1e-300;
+        double o5[5];
+        ts_blend_normalise(5, w, o5);
+        for (int d = 0; d < 5; d++) same &= o5[d] == w[d] / sum;
+    }
+    CHECK(same);
 }
 
 /* A two-dataset blend through the sampler: grid-independent, each dataset's windows. */
@@ -826,6 +928,8 @@ int main(void)
     test_loader_batch_rule();
     test_loader_permutation();
     test_loader_blend();
+    test_loader_blend_restore();
+    test_loader_blend_weights();
     test_loader_blend_sampler();
     test_loader_globs();
     test_loader_val_windows();

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint/claim.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -71,6 +72,15 @@ typedef struct {
      * one dataset of all n_data). */
     int n_sets;
     const int *set_files;
+    /* The blend as the sampler keeps it (n_sets of each; NULL: not recorded): its
+     * normalised weights, and its cursor at this step (the sequences of each dataset
+     * among the step x global_batch before it), which a resume restores instead of
+     * replaying the blend from sequence 0. */
+    const double *set_weights;
+    const uint64_t *set_counts;
+    /* Rank 0: the run's claim on checkpoint.dir (claim.h), checked before the save
+     * touches the directory and again before its commit; NULL: none. */
+    ts_ckpt_claim *claim;
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

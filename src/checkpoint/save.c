@@ -418,16 +418,25 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     json_t *data = json_object_get(root, "data");
     json_object_set_new(data, "shuffle", json_boolean(d->shuffle));
     json_object_set_new(data, "seed", json_integer((json_int_t)d->seed));
+    /* The weights the sampler blends by, as it normalised them (a sum past DBL_MAX
+     * divided here would record zeros: probe D10); without them, the config's. */
     double sum = 0.0;
     for (int s = 0; s < d->n_sets; s++) sum += d->weight[s];
-    json_t *weights = json_array(), *set_files = json_array();
+    json_t *weights = json_array(), *set_files = json_array(), *counts = json_array();
     for (int s = 0; s < d->n_sets; s++) {
-        json_array_append_new(weights, json_real(d->weight[s] / sum));
+        json_array_append_new(weights, json_real(a->set_weights ? a->set_weights[s]
+                                                                : d->weight[s] / sum));
         json_array_append_new(set_files,
                               json_integer(a->n_sets ? a->set_files[s] : a->n_data));
+        if (a->set_counts)
+            json_array_append_new(counts, json_integer((json_int_t)a->set_counts[s]));
     }
     json_object_set_new(data, "weights", weights);
     json_object_set_new(data, "dataset_files", set_files);
+    if (a->set_counts)
+        json_object_set_new(data, "blend_counts", counts);
+    else
+        json_decref(counts);
     /* The ranks file the ids mean text by (its path, in config.model, may differ on
      * another machine; its sha256 must not): what a resume and `tessera sample` check. */
     if (c->model.tokenizer[0])
@@ -631,13 +640,16 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
 
     ts_watchdog_context("checkpoint: creating the files of step %d", a->step, 0, 0);
     ts_status st = TS_OK;
-    if (world->rank == 0) {
+    int lost = 0; /* the claim on root is gone: nothing there is ours to remove */
+    if (world->rank == 0 && a->claim && (st = ts_ckpt_claim_check(a->claim, root)) != TS_OK)
+        lost = 1;
+    if (world->rank == 0 && st == TS_OK) {
         st = prepare_root(root);
         if (st == TS_OK) st = create_files(&s->L, &a->cfg->model, s->tmp);
     }
     if (st == TS_OK) st = collect_own(&s->items, &s->L, a);
     if (ts_comm_agree(world, st) != TS_OK) {
-        if (world->rank == 0) (void)remove_dir(s->tmp);
+        if (world->rank == 0 && !lost) (void)remove_dir(s->tmp);
         ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
         saver_free(s);
         *blocked_ms = ts_now_ms() - t0;
@@ -687,7 +699,7 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
     if (s->threaded) pthread_join(s->thread, NULL);
     ts_status st = s->write_status;
     if (st != TS_OK) ts_fail("%s", s->write_error);
-    int *counts = NULL;
+    int *counts = NULL, lost = 0;
     piece *all = NULL;
     if (ts_comm_agree(world, st) != TS_OK) goto fail;
 
@@ -712,7 +724,10 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
 
     ts_watchdog_context("checkpoint: committing step %d", a->step, 0, 0);
     if (world->rank == 0) {
-        st = commit(a, &s->L, all, total, root, s->tmp, s->name);
+        /* Again before the commit: an asynchronous save spans steps, and a run that got
+         * the directory meanwhile may be saving the same step. */
+        if (a->claim && (st = ts_ckpt_claim_check(a->claim, root)) != TS_OK) lost = 1;
+        if (st == TS_OK) st = commit(a, &s->L, all, total, root, s->tmp, s->name);
         /* Committed: a checkpoint that cannot be pruned is a warning, not a failed save. */
         const ts_checkpoint_config *k = &a->cfg->checkpoint;
         if (st == TS_OK && prune(root, k->keep, a->step, k->overwrite && !k->load[0]) != TS_OK)
@@ -723,7 +738,9 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
     goto done;
 
 fail:
-    if (world->rank == 0) (void)remove_dir(s->tmp); /* a failed save leaves nothing behind */
+    /* A failed save leaves nothing behind (but what may be another run's, once the
+     * claim is lost). */
+    if (world->rank == 0 && !lost) (void)remove_dir(s->tmp);
     st = ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
 done:
     free(counts);

@@ -22,6 +22,100 @@ static const char *shard_path(const ts_sampler *s, int i)
     return "?";
 }
 
+/* "[a, b, c]" of up to n integers of a json array (or the ints), for messages. */
+static void list_ints(char *buf, size_t cap, const json_t *arr, const int *ints, int n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at < cap; i++) {
+        const json_t *e = arr ? json_array_get(arr, (size_t)i) : NULL;
+        if (arr && !json_is_integer(e))
+            at += (size_t)snprintf(buf + at, cap - at, "%s?", i ? ", " : "");
+        else
+            at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "",
+                                   arr ? (long long)json_integer_value(e) : (long long)ints[i]);
+    }
+}
+
+/* A blend's grouping of its files into datasets, state.json's data.dataset_files, must
+ * be as it was: the same files regrouped ({a}, {b, c} as {a, b}, {c}) pass every
+ * identity check shard by shard, yet each dataset then reads other windows (probe D9).
+ * The same number of files grouped otherwise is refused, as changed weights are; a
+ * record that is no grouping of the recorded shards at all (not n_sets positive
+ * integers summing to the identity's length) is refused as damaged. Files added to or
+ * removed from a dataset (a glob matching more) change the count and are the identity
+ * check's to warn about (compare_data), as for one dataset. Absent (older): nothing. */
+static ts_status check_dataset_files(ts_trainer *t, const json_t *data)
+{
+    const json_t *jf = json_object_get(data, "dataset_files");
+    const json_t *ids = json_object_get(data, "identity");
+    if (!jf) return TS_OK;
+    const ts_sampler *smp = &t->train_data;
+    const int n = smp->n_sets;
+    bool valid = json_is_array(jf) && (int)json_array_size(jf) == n;
+    long long was_total = 0;
+    int now_total = 0, now[TS_MAX_DATASETS];
+    bool same = valid;
+    for (int d = 0; d < n; d++) {
+        now[d] = smp->sets[d].n_shards;
+        now_total += now[d];
+        const json_t *e = valid ? json_array_get(jf, (size_t)d) : NULL;
+        if (!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > 1 << 20) {
+            valid = false;
+            continue;
+        }
+        was_total += json_integer_value(e);
+        same = same && json_integer_value(e) == now[d];
+    }
+    if (valid && json_is_array(ids) && json_array_size(ids) > 0 &&
+        (long long)json_array_size(ids) != was_total)
+        valid = false;
+    char was[256], is[256];
+    list_ints(was, sizeof was, json_is_array(jf) ? jf : NULL, NULL,
+              json_is_array(jf) ? (int)json_array_size(jf) : 0);
+    list_ints(is, sizeof is, NULL, now, n);
+    if (!valid)
+        return ts_fail("checkpoint.load: %s's state.json records data.dataset_files = [%s], "
+                       "which is no grouping of %s into this blend's %d dataset%s: the file "
+                       "is damaged or was edited; load another checkpoint",
+                       t->loaded_from, was,
+                       json_is_array(ids) && json_array_size(ids) > 0 ? "its recorded shards"
+                                                                      : "shards",
+                       n, n == 1 ? "" : "s");
+    if (!same && was_total == now_total)
+        return ts_fail("checkpoint.load: %s was trained on a blend whose datasets held [%s] "
+                       "files, but data.train's now hold [%s]: the same files grouped "
+                       "otherwise; resuming would change which data each dataset reads "
+                       "(keep data.train's blend as it was)",
+                       t->loaded_from, was, is);
+    return TS_OK;
+}
+
+/* The blend's cursor at the loaded step (state.json's data.blend_counts): restored, so
+ * the first step need not replay the blend from sequence 0 (8 s at 3.2e8 sequences of
+ * 16 datasets). Counts that cannot be this blend's at this step are refused (a damaged
+ * or edited state.json); a checkpoint without them (older) replays. */
+static ts_status restore_cursor(ts_trainer *t, const json_t *data)
+{
+    const json_t *jc = json_object_get(data, "blend_counts");
+    if (!jc) return TS_OK;
+    ts_blend *b = &t->train_data.blend;
+    const uint64_t g = (uint64_t)t->start_step * (uint64_t)t->cfg.train.global_batch;
+    uint64_t counts[TS_MAX_DATASETS];
+    bool ok = json_is_array(jc) && (int)json_array_size(jc) == b->n;
+    for (int d = 0; ok && d < b->n; d++) {
+        const json_t *e = json_array_get(jc, (size_t)d);
+        ok = json_is_integer(e) && json_integer_value(e) >= 0;
+        counts[d] = ok ? (uint64_t)json_integer_value(e) : 0;
+    }
+    if (ok && ts_blend_restore(b, g, counts)) return TS_OK;
+    return ts_fail("checkpoint.load: %s's state.json records data.blend_counts that are not "
+                   "its blend's sequences per dataset after %llu sequences (they must sum to "
+                   "it, each near weight x sequences): the file is damaged or was edited; "
+                   "load another checkpoint",
+                   t->loaded_from, (unsigned long long)g);
+}
+
 /* The data order must continue as it was trained: the same shuffle, seed and blend
  * (the batch rule draws step s's sequences from them), else steps after the resume
  * would see another order than one uninterrupted run. state.json before these keys
@@ -68,7 +162,8 @@ static ts_status check_data_order(ts_trainer *t, const json_t *state)
                        jw && json_array_size(jw) == 1 ? "" : jw ? "s" : "", was, b->n,
                        now);
     }
-    return TS_OK;
+    if (check_dataset_files(t, data) != TS_OK) return TS_ERR;
+    return restore_cursor(t, data);
 }
 
 /* Whether the checkpoint's run read the data this one reads (state.json's data.train and
@@ -295,12 +390,19 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
                        step, t->cfg.checkpoint.dir);
     int set_files[TS_MAX_DATASETS];
     for (int d = 0; d < t->train_data.n_sets; d++) set_files[d] = t->train_data.sets[d].n_shards;
+    /* The blend's cursor at this step, which a resume restores (ts_blend_restore) rather
+     * than replaying every sequence before it. The sampler's is normally there already
+     * (at the end of step - 1); a copy moves, so the sampler's cached step stays. */
+    ts_blend cursor = t->train_data.blend;
+    ts_blend_seek(&cursor, (uint64_t)step * (uint64_t)t->cfg.train.global_batch);
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->world, .replica = t->dp.rank, .replicas = t->dp.size,
                            .step = step,
                            .staging = &t->staging, .n_data = t->n_data,
                            .data_tokens = t->data_tokens, .data_crc = t->data_crc,
-                           .n_sets = t->train_data.n_sets, .set_files = set_files};
+                           .n_sets = t->train_data.n_sets, .set_files = set_files,
+                           .set_weights = cursor.weight, .set_counts = cursor.count,
+                           .claim = t->world.rank == 0 ? &t->claim : NULL};
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();
