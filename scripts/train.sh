@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Usage: scripts/train.sh [--config FILE] [--text DIR_OR_FILE...] [--set KEY=VALUE ...]
 # README command 1: install what is missing, build, prepare the fortunes corpus and
 # train the default model (configs/tiny.cfg) on several ranks, showing progress.
 # The grid defaults to data parallelism over 2 ranks; set RANKS and pass --set options
@@ -18,8 +19,20 @@
 # end is text, decoded by the checkpoint's tokenizer, starting from <|endoftext|>
 # (PROMPT="..." to give one). The arguments after the inputs (from the first one
 # starting with "-") go to `tessera train`.
+# Metrics go to CKPT_DIR/metrics.jsonl beside the checkpoints (runs/NAME, or the
+# checkpoint.dir given) unless the arguments set log.metrics.
+# `--help` (or -h) prints this text and exits, building nothing.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+for a in "$@"; do
+  case "$a" in
+    --help | -h)
+      # This file's leading comment is its usage: printed without the '# '.
+      sed -n '2,/^set -euo pipefail$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+  esac
+done
 cd "$root"
 config=""
 text=()
@@ -83,20 +96,30 @@ ranks="${RANKS:-2}"
 # the arguments name another checkpoint.dir; the model is sampled from there at the end.
 # The demo starts over each time it runs: checkpoint.overwrite lets a fresh run save
 # where the last one's checkpoints are (without it, Tessera refuses, to protect them).
-ckpt=(--set "checkpoint.dir=\"runs/$name\"" --set "log.metrics=\"runs/$name/metrics.jsonl\""
-      --set checkpoint.overwrite=true)
+# The metrics follow the checkpoints (DIR/metrics.jsonl), so a run in another
+# checkpoint.dir never writes over the metrics of the run in runs/NAME.
 dir="runs/$name"
+own_dir=1
+own_metrics=1
 for a in "$@"; do
   case "$a" in
     checkpoint.dir=* | --set=checkpoint.dir=*)
-      ckpt=()
+      own_dir=0
       dir="${a#*checkpoint.dir=}"
       dir="${dir#\"}"
       dir="${dir%\"}"
       ;;
+    log.metrics=* | --set=log.metrics=*) own_metrics=0 ;;
   esac
 done
-mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train "$config" "${ckpt[@]}" "$@"
+sets=()
+if [ "$own_dir" = 1 ]; then
+  sets+=(--set "checkpoint.dir=\"$dir\"" --set checkpoint.overwrite=true)
+fi
+if [ "$own_metrics" = 1 ] && [ -n "$dir" ]; then
+  sets+=(--set "log.metrics=\"$dir/metrics.jsonl\"")
+fi
+mpirun --oversubscribe -np "$ranks" "$root/build/tessera" train "$config" "${sets[@]}" "$@"
 if [ -z "$dir" ]; then exit 0; fi # checkpoint.dir="": nothing saved to sample from
 echo
 echo "--- a sample from the trained model: build/tessera sample $dir --prompt \"$prompt\" --tokens 200 ---"

@@ -8,8 +8,8 @@ Trains the config 4 steps on the fortunes shard (data/, scripts/prepare_data.sh)
 checkpoint, resumes it for step 4 (whose loss Tessera computes with the checkpoint's
 weights), loads the step directory with LlamaForCausalLM.from_pretrained (its
 config.json and model.safetensors, no conversion) and computes the mean cross-entropy
-of step 4's batch (the batch rule: sequences 4*B .. 5*B-1 are windows of T+1 tokens at
-k*T). The two losses must agree within relative 1e-5. Then the other way: a random
+of step 4's batch (the batch rule in file order, data.shuffle = false: sequences
+4*B .. 5*B-1 are windows of T+1 tokens at k*T). The two losses must agree within relative 1e-5. Then the other way: a random
 LlamaForCausalLM of the config's shape saved by save_pretrained in float32 and in
 bfloat16 is Tessera's model.init, and Tessera's step-0 loss equals the HF model's (in
 float32 from those weights) on step 0's batch within 1e-5. Exits non-zero otherwise.
@@ -51,8 +51,11 @@ def main():
     data = "data/fortunes_train.bin"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     with tempfile.TemporaryDirectory() as tmp:
+        # data.shuffle = false: batch() follows the file order (the batch rule without
+        # the seeded epoch permutation that data.shuffle, on by default, applies).
         common = [tessera, "train", cfg, "--set", f'data.train="{data}"', "--set", 'data.val=""',
-                  "--set", "data.eval_every=0", "--set", "log.progress=false"]
+                  "--set", "data.eval_every=0", "--set", "log.progress=false",
+                  "--set", "data.shuffle=false"]
         subprocess.run(common + ["--set", "train.steps=4", "--set", f'checkpoint.dir="{tmp}/ck"',
                                  "--set", f'log.metrics="{tmp}/a.jsonl"'], check=True, env=env)
         step_dir = f"{tmp}/ck/step_00000004"

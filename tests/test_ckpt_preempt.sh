@@ -11,6 +11,9 @@
 #  c. The SIGTERM checkpoint resumed on 1 rank and on tp=2: the uninterrupted losses
 #     within relative 1e-4.
 #  d. Without checkpoint.dir a stop signal saves nothing and exits 128 + signal (138).
+#  e. SIGINT (Ctrl-C) to a one-process run: the first stops it like SIGTERM (a verified
+#     checkpoint, exit 75); a second, sent while the save stalls (TS_TEST_SAVE_STALL_S),
+#     ends the process at once by SIGINT's default action, nothing committed.
 # train.min_lr = train.lr makes the learning rate after the warmup constant, so it does
 # not depend on train.steps: a run stopped at an unknown step K of a long run and an
 # uninterrupted run of K+2 steps see the same schedule. Every wait polls with a deadline.
@@ -288,6 +291,53 @@ if poll 30 grep -qs '"step":3,' "$TMP/d_nodir.jsonl"; then
   grep -q "nothing saved: no checkpoint.dir" "$TMP/d_nodir.err" && pass || fail "d: no 'nothing saved' line"
 else
   fail "d: no step 3 in the metrics within 30 s"; kill "$JOB" 2>/dev/null
+fi
+
+# --- e. SIGINT to one process (no mpirun: a terminal's Ctrl-C reaches the process) ------
+# sigint NAME: tessera alone in the background, metrics in $TMP/NAME.jsonl, checkpoints
+# in $TMP/NAME/ckpt; JOB is its pid. (Background jobs of a script start with SIGINT
+# ignored; tessera installs its handler whatever it inherits.)
+sigint() {
+  "$TESSERA" "${common[@]}" --set train.steps=100000 --set "checkpoint.dir=\"$TMP/$1/ckpt\"" \
+    --set "log.metrics=\"$TMP/$1.jsonl\"" --set log.progress=true "${@:2}" \
+    >"$TMP/$1.out" 2>"$TMP/$1.err" &
+  JOB=$!
+}
+sigint e_once
+if poll 30 grep -qs '"step":3,' "$TMP/e_once.jsonl"; then
+  kill -INT "$JOB"
+  finish_job e_once "$JOB"
+  [ "$JOB_RC" -eq 75 ] && pass || { fail "e: SIGINT gave exit $JOB_RC, not 75"; tail -20 "$TMP/e_once.err" | sed 's/^/    /' >&2; }
+  grep -q "SIGINT: stopping after this step" "$TMP/e_once.err" && pass || fail "e: no SIGINT notice on stderr"
+  grep -q "received SIGINT after step" "$TMP/e_once.err" && pass || fail "e: no 'received SIGINT' line"
+  K=$(ckpt_latest "$TMP/e_once/ckpt" | sed -n 's/^step_0*\([0-9][0-9]*\)$/\1/p')
+  last=$(step_losses "$TMP/e_once.jsonl" | tail -1 | cut -d' ' -f1)
+  [ -n "$K" ] && [ "$((last + 1))" = "$K" ] && pass \
+    || fail "e: latest '$(ckpt_latest "$TMP/e_once/ckpt")' is not the step after the metrics' last ($last)"
+  verify_ckpt "e: the SIGINT checkpoint" "$TMP/e_once/ckpt"
+else
+  fail "e: no step 3 in the metrics within 30 s"; kill -KILL "$JOB" 2>/dev/null
+fi
+
+export TS_TEST_SAVE_STALL_S=30
+sigint e_twice
+unset TS_TEST_SAVE_STALL_S
+if poll 30 grep -qs '"step":3,' "$TMP/e_twice.jsonl"; then
+  kill -INT "$JOB"
+  if poll 30 grep -qs 'stalling mid-save' "$TMP/e_twice.err"; then
+    kill -INT "$JOB"
+    finish_job e_twice "$JOB"
+    # bash reports a process that SIGINT's default action ended as 128 + 2.
+    [ "$JOB_RC" -eq 130 ] && [ "$JOB_MS" -lt 20000 ] && pass \
+      || fail "e: a second SIGINT mid-save gave exit $JOB_RC after $JOB_MS ms, not 130 at once"
+    [ ! -e "$TMP/e_twice/ckpt/latest" ] && pass \
+      || fail "e: the interrupted save was committed: latest names '$(ckpt_latest "$TMP/e_twice/ckpt")'"
+  else
+    fail "e: no stalled save after the first SIGINT"; tail -20 "$TMP/e_twice.err" | sed 's/^/    /' >&2
+    kill -KILL "$JOB" 2>/dev/null
+  fi
+else
+  fail "e: no step 3 in the metrics within 30 s"; kill -KILL "$JOB" 2>/dev/null
 fi
 
 echo "total $((SECONDS - t_start)) s"

@@ -403,7 +403,7 @@ static void test_config_relations(void)
     CHECK(load_ov(grid, NULL, 0, 8) == TS_OK);
     ts_error_clear();
     CHECK(load_ov(grid, NULL, 0, 4) == TS_ERR);
-    CHECKF(msg_has("pp*dp*tp = 2*2*2 = 8") && msg_has("4 ranks") && msg_has("-np 8"), "%s",
+    CHECKF(msg_has("pp*dp*cp*tp = 2*2*1*2 = 8") && msg_has("4 ranks") && msg_has("-np 8"), "%s",
            ts_error_message());
 
     EXPECT_ERR("parallel = { dp = 2; micro_batch = 4; }; train = { global_batch = 20; };\n",
@@ -718,7 +718,7 @@ static void test_config_shipped_files(void)
     CHECK(c->model.vocab_size == 256 && c->model.seq_len == 64);
     CHECK(c->parallel.micro_batch == 4 && c->train.global_batch == 16);
     CHECK(c->train.steps == 200 && c->train.lr == 1e-3 && c->train.min_lr == 1e-4);
-    CHECK(c->train.warmup == 20 && c->train.seed == 1234 && c->data.eval_every == 50);
+    CHECK(c->train.warmup == 50 && c->train.seed == 1234 && c->data.eval_every == 50);
     CHECK(strcmp(c->data.train[0], "data/fortunes_train.bin") == 0);
     CHECK(c->data.n_val == 1 && strcmp(c->data.val[0], "data/fortunes_val.bin") == 0);
     CHECK(strcmp(c->log.metrics, "runs/tiny/metrics.jsonl") == 0);

@@ -20,7 +20,7 @@ expect_error 1 "No such file|cannot read|not found" train "$TMP/absent.cfg"
 
 # The grid must match the ranks launched: message once, every rank exits non-zero (an
 # explicit dp: tiny.cfg's "auto" would take both ranks).
-expect_error 2 "pp\*dp\*tp" "${base[@]}" --set parallel.dp=1
+expect_error 2 "pp\*dp\*cp\*tp = 1\*1\*1\*1" "${base[@]}" --set parallel.dp=1
 
 # An error on one rank only (rank 0 alone opens the metrics file): every rank still
 # exits non-zero, promptly (run_np has a timeout), with one message.

@@ -38,7 +38,7 @@ rank1_error() {
 }
 
 rank1_error "on rank 1 \(host [^)]+\): cannot open config file '$TMP/absent.cfg'" "" "$TMP/absent.cfg"
-rank1_error "on rank 1 \(host [^)]+\): the grid pp\*dp\*tp = 1\*3\*1" "--set parallel.dp=3"
+rank1_error "on rank 1 \(host [^)]+\): the grid pp\*dp\*cp\*tp = 1\*3\*1\*1" "--set parallel.dp=3"
 rank1_error "on rank 1 \(host [^)]+\): .*different config.*train.steps = 4 here but 2 on rank 0" \
   "--set train.steps=4"
 rank1_error "on rank 1 \(host [^)]+\): unknown option '--bogus'" "--bogus"

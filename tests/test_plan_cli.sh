@@ -206,4 +206,32 @@ else
 fi
 plan "$cfg" --cost model "${gpu[@]}" && pass || fail "plan --cost model on cuda: $(cat "$TMP/err")"
 
+# train.precision = "bf16" on a CPU cluster file (compute_dtype "fp32", with a bf16 peak)
+# plans bf16 GEMMs at that peak, so faster steps than fp32's; a file without a bf16 peak
+# refuses it, naming the key.
+here=("$SRC/configs/gpt2-124m.cfg" --cluster "$SRC/configs/clusters/this-machine.cfg"
+      --set parallel.dp=2)
+if plan "${here[@]}"; then
+  grep -q "GEMMs in fp32" "$TMP/out" && pass || fail "fp32 plan: $(grep GEMMs "$TMP/out")"
+  fp32_tps=$(sed -n 's/.*tokens\/s: \([0-9.e+]*\);.*/\1/p' "$TMP/out")
+else
+  fail "plan on this-machine.cfg: $(cat "$TMP/err")"
+fi
+if plan "${here[@]}" --set 'train.precision="bf16"'; then
+  grep -q "GEMMs in bf16 (peak 0.2 TFLOP/s" "$TMP/out" && pass || fail "bf16 plan: $(grep GEMMs "$TMP/out")"
+  bf16_tps=$(sed -n 's/.*tokens\/s: \([0-9.e+]*\);.*/\1/p' "$TMP/out")
+  awk -v a="${fp32_tps:-0}" -v b="${bf16_tps:-0}" 'BEGIN { exit !(a > 0 && b > 1.2 * a) }' && pass \
+    || fail "bf16 plans $bf16_tps tokens/s, not well above fp32's $fp32_tps"
+else
+  fail "bf16 plan on this-machine.cfg: $(cat "$TMP/err")"
+fi
+sed 's/ bf16 = [0-9.]*;//' "$SRC/configs/clusters/this-machine.cfg" >"$TMP/no_bf16.cfg"
+if plan "$SRC/configs/gpt2-124m.cfg" --cluster "$TMP/no_bf16.cfg" --set parallel.dp=2 \
+     --set 'train.precision="bf16"'; then
+  fail "bf16 on a cluster file without a bf16 peak was accepted"
+else
+  grep -q 'train.precision = "bf16", but cluster file .*no_bf16.cfg gives no bf16 peak: add cluster.device.peak_tflops.bf16' \
+    "$TMP/err" && pass || fail "bf16 without a peak: $(cat "$TMP/err")"
+fi
+
 finish

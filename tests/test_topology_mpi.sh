@@ -174,7 +174,7 @@ fi
 
 # 7. The grid must match the ranks launched: one message, non-zero exit everywhere (an
 # explicit dp; "auto", the shipped configs', takes what pp * tp leave, and must divide).
-expect_error 3 "pp\*dp\*tp = 1\*1\*1 = 1 does not match the 3 ranks" topo "$cfg" --set parallel.dp=1
+expect_error 3 "pp\*dp\*cp\*tp = 1\*1\*1\*1 = 1 does not match the 3 ranks" topo "$cfg" --set parallel.dp=1
 expect_error 3 "parallel.dp = \"auto\" takes what pp \* tp = 1 \* 2 = 2 leave of the 3 ranks" \
   topo "$cfg" --set parallel.dp=auto --set parallel.tp=2
 if run_np 3 topo "$cfg" --set parallel.dp=auto --set train.global_batch=12 && grep -q 'dp=3\|dp 3' "$TMP/out"; then

@@ -1,5 +1,7 @@
 # Training from the command line on the tiny config: the loss at initialisation is
-# ln(vocab) within 5%, 50 steps lower it, and the same run twice is bit-identical.
+# ln(vocab) within 5%, 50 steps lower it, and the same run twice is bit-identical; the
+# metrics and progress lines carry MFU, the start-up lines the model, grid and ZeRO
+# level (and a warning when ZeRO has no replicas to shard over).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -26,6 +28,35 @@ for key in step loss lr grad_norm tokens step_ms tokens_per_s bubble dp_overlap;
   grep -m1 '^{"step":' "$TMP/run1.jsonl" | grep -q "\"$key\":" && pass || fail "metrics line lacks $key"
 done
 grep -q "ETA" "$TMP/err" && pass || fail "no progress with ETA on stderr"
+# MFU: every step line has one, and the run's median lies in (0, 1.5) (measured against
+# the start-up sgemm rate; a loaded machine moves it, hence the median and the margin).
+# The first line records the ZeRO level that ran and the rates MFU is measured against.
+n_mfu=$(grep -c '^{"step":[0-9]*,"loss".*"mfu":[0-9.]*,' "$TMP/run1.jsonl")
+[ "$n_mfu" -eq 50 ] && pass || fail "$n_mfu of 50 step lines have mfu"
+mfu=$(grep -o '"mfu":[0-9.e+-]*' "$TMP/run1.jsonl" | cut -d: -f2 | sort -g | sed -n 25p)
+awk -v m="$mfu" 'BEGIN { exit !(m > 0 && m < 1.5) }' && pass || fail "median mfu '$mfu' not in (0, 1.5)"
+head -1 "$TMP/run1.jsonl" | grep -q '"zero":0,"gemm_dtype":"fp32","gemm_gflops":\[[0-9.]*\]' && pass \
+  || fail "first metrics line lacks zero/gemm_dtype/gemm_gflops: $(head -1 "$TMP/run1.jsonl")"
+grep -q "| MFU [0-9.]*% |" "$TMP/err" && pass || fail "no MFU on the progress lines"
+grep -q "^tessera: gpt2 4 layers, 4 heads, 128 embd, vocab 256" "$TMP/err" && pass \
+  || fail "model line: $(grep -m1 'layers' "$TMP/err")"
+grep -q "^tessera: grid pp=1 dp=1 cp=1 tp=1 (1 rank, tp-cp-dp-pp), ZeRO-0," "$TMP/err" && pass \
+  || fail "grid line: $(grep -m1 'grid' "$TMP/err")"
+
+# Llama's line names its architecture, kv heads and ffn width; parallel.zero with one
+# replica (tp 2, dp 1) runs as ZeRO-0 and rank 0 says so once.
+if run_np 2 train "$SRC/configs/llama-tiny.cfg" --set train.steps=1 --set model.n_layer=1 \
+     --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set 'log.metrics=""' \
+     --set parallel.tp=2 --set parallel.zero=1; then
+  grep -q "^tessera: llama 1 layers, 4 heads (2 kv), 128 embd, ffn 384, vocab 256" "$TMP/err" \
+    && pass || fail "llama model line: $(grep -m1 'layers' "$TMP/err")"
+  grep -q "grid pp=1 dp=1 cp=1 tp=2 (2 ranks, tp-cp-dp-pp), ZeRO-0," "$TMP/err" && pass \
+    || fail "llama grid line: $(grep -m1 'grid' "$TMP/err")"
+  [ "$(grep -c 'warning: parallel.zero = 1 runs as ZeRO-0: .*dp\*cp = 1\*1 = 1' "$TMP/err")" -eq 1 ] \
+    && pass || fail "expected one ZeRO-0 warning: $(grep -c warning "$TMP/err") warnings"
+else
+  fail "llama tp 2 run"; cat "$TMP/err" >&2
+fi
 
 # model.init: training starts from a safetensors file of nanoGPT-named weights
 # (the fixture's tiny model has vocab 96: upper-case text keeps bytes below 96).

@@ -74,16 +74,19 @@ const char ts_plan_cluster_help[] =
     "                     context-parallel (grid, micro_batch) shapes skipped whole, their\n"
     "                     work floor above the K-th best step (0 with --exhaustive)}}\n"
     "\n"
-    "GEMMs run in the cluster file's compute_dtype (bf16 on the GPU files), which is the\n"
-    "run's precision here whatever train.precision says: the cluster's peak and efficiency\n"
-    "are that dtype's. train.device and train.attention choose the kernel table whose\n"
-    "layout sizes memory: on a GPU cluster give --set train.device='\"cuda\"' (and\n"
-    "--set train.attention='\"flash\"' for the flash kernel, one fp32 log-sum-exp per row\n"
+    "GEMMs run in bf16 when train.precision = \"bf16\" (at the file's peak_tflops.bf16; an\n"
+    "error where it has none) or the cluster file's compute_dtype is \"bf16\" (the GPU\n"
+    "files: their runs are bf16 whatever train.precision says), else in fp32; the GEMM\n"
+    "efficiency table is the file's one either way, and activations, pipeline messages\n"
+    "and tp sums move in that dtype. train.device and train.attention choose the kernel\n"
+    "table whose layout sizes memory: on a GPU cluster give\n"
+    "--set train.device='\"cuda\"' (and --set train.attention='\"flash\"' for the flash\n"
+    "kernel, one fp32 log-sum-exp per row\n"
     "instead of the [B, heads, T, T] probabilities); the default \"cpu\" lays out the CPU's\n"
     "attention. A CUDA config plans alike in every build that accepts it.\n"
     "\n"
     "The model (what Tessera does today, not an ideal framework): a GEMM (m, n, k) takes\n"
-    "2mnk / (peak of compute_dtype * efficiency(cbrt(mnk))); elementwise work its bytes\n"
+    "2mnk / (peak of that dtype * efficiency(cbrt(mnk))); elementwise work its bytes\n"
     "/ memory bandwidth; each block 2 tp all-reduces forward and 2 backward (ring: 2(t-1)/t\n"
     "* bytes / bandwidth + 2(t-1) latencies) on the intra-node link when the tp group lies\n"
     "in a node, else inter-node (parallel.sequence_parallel: forward 2 reduce-scatter +\n"
@@ -101,7 +104,7 @@ const char ts_plan_cluster_help[] =
     "bandwidth. Memory follows the trainer's own accounting (pipeline/memory.c): fp32\n"
     "parameters, gradients and AdamW moments (sharded 1/dp as parallel.zero says, with\n"
     "ZeRO-2/3's per-chunk buffers), a bf16 weight copy when\n"
-    "compute_dtype is bf16, and activations in the compute dtype as the kernel table lays\n"
+    "GEMMs run in bf16, and activations in the compute dtype as the kernel table lays\n"
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
     "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is.\n";
@@ -517,6 +520,10 @@ int ts_cmd_plan_cluster(int argc, char **argv)
     }
     ts_config cfg;
     if (ts_config_load_plan(&cfg, a.config, a.sets, a.n_sets) != TS_OK) {
+        ts_log_error("%s", ts_error_message());
+        return 1;
+    }
+    if (ts_cluster_use_precision(&cl, a.cluster, cfg.train.precision) != TS_OK) {
         ts_log_error("%s", ts_error_message());
         return 1;
     }

@@ -10,6 +10,7 @@
 #include "core/signals.h"
 #include "core/watchdog.h"
 #include "kernels/kernels.h"
+#include "plan/model_cost.h"
 #include "topology/topology.h"
 #include "train/trainer.h"
 
@@ -61,19 +62,38 @@ static int run(int argc, char **argv, int rank, int world_size)
     ts_cpu_set_threads(topo.threads); /* the kernels' and OpenBLAS's one thread budget */
 
     size_t n_params = ts_model_logical_params(&cfg.model);
-    ts_log_info("tessera: gpt2 %d layers, %d heads, %d embd, vocab %d, seq %d: %.2fM parameters",
-                cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
-                cfg.model.seq_len, (double)n_params / 1e6);
+    /* Llama's shapes that n_embd and n_head do not imply: its key/value heads (GQA) and
+     * SwiGLU's hidden width. */
+    char kv[32] = "", ffn[32] = "";
+    if (!strcmp(cfg.model.arch, "llama")) {
+        snprintf(kv, sizeof kv, " (%d kv)", cfg.model.n_kv_head);
+        snprintf(ffn, sizeof ffn, ", ffn %d", cfg.model.ffn_hidden);
+    }
+    ts_log_info("tessera: %s %d layers, %d heads%s, %d embd%s, vocab %d, seq %d: %.2fM parameters",
+                cfg.model.arch, cfg.model.n_layer, cfg.model.n_head, kv, cfg.model.n_embd, ffn,
+                cfg.model.vocab_size, cfg.model.seq_len, (double)n_params / 1e6);
     const int n_mb = ts_config_num_microbatches(&cfg);
-    char cp[24] = ""; /* context parallelism: named only when used */
-    if (cfg.parallel.cp > 1) snprintf(cp, sizeof cp, " cp=%d", cfg.parallel.cp);
-    ts_log_info("tessera: grid pp=%d dp=%d%s tp=%d (%d rank%s, %s), global batch %d x %d tokens, "
-                "%d micro-batch%s of %d per replica, schedule %s, %d thread%s per rank (%s "
-                "binding)",
-                cfg.parallel.pp, cfg.parallel.dp, cp, cfg.parallel.tp, world_size,
-                world_size == 1 ? "" : "s", cfg.parallel.order, cfg.train.global_batch,
+    /* The rank order with all four axes (a three-name order places cp after tp). */
+    char order[32] = "";
+    for (int a = 0; a < TS_N_AXES; a++)
+        snprintf(order + strlen(order), sizeof order - strlen(order), "%s%s", a ? "-" : "",
+                 ts_axis_name(topo.grid.order[a]));
+    /* ZeRO shards over the replica group (dp * cp ranks holding the same weights): with
+     * one replica there is nothing to shard, and every level runs as 0. */
+    const int replicas = cfg.parallel.dp * cfg.parallel.cp;
+    const int zero = replicas > 1 ? cfg.parallel.zero : 0;
+    ts_log_info("tessera: grid pp=%d dp=%d cp=%d tp=%d (%d rank%s, %s), ZeRO-%d, global batch "
+                "%d x %d tokens, %d micro-batch%s of %d per replica, schedule %s, %d thread%s "
+                "per rank (%s binding)",
+                cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, world_size,
+                world_size == 1 ? "" : "s", order, zero, cfg.train.global_batch,
                 cfg.model.seq_len, n_mb, n_mb == 1 ? "" : "es", cfg.parallel.micro_batch,
                 cfg.parallel.schedule, topo.threads, topo.threads == 1 ? "" : "s", topo.binding);
+    if (cfg.parallel.zero > 0 && replicas == 1)
+        ts_log_warn("parallel.zero = %d runs as ZeRO-0: ZeRO shards over the dp*cp replica "
+                    "group, and dp*cp = %d*%d = 1 (raise parallel.dp, or set parallel.zero = 0 "
+                    "to silence this)",
+                    cfg.parallel.zero, cfg.parallel.dp, cfg.parallel.cp);
 
     ts_trainer t;
     if (ts_trainer_init(&t, &cfg, &topo) != TS_OK) {
@@ -81,6 +101,9 @@ static int run(int argc, char **argv, int rank, int world_size)
         ts_topo_free(&topo);
         return 1;
     }
+    /* MFU's numerator: the planner's model FLOPs per step (plan/model_cost.h), one
+     * formula for plan and train; the trainer, a layer below the planner, is handed it. */
+    t.model_flops = ts_plan_model_flops(&cfg.model, cfg.train.global_batch);
     ts_status st = ts_trainer_run(&t);
     if (st != TS_OK) ts_log_error("%s", ts_error_message());
     const bool preempted = t.preempted;

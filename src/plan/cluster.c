@@ -329,6 +329,18 @@ ts_status ts_cluster_load(const char *path, ts_cluster *c)
     return st;
 }
 
+ts_status ts_cluster_use_precision(ts_cluster *c, const char *path, const char *precision)
+{
+    if (strcmp(precision, "bf16") != 0 || c->bf16) return TS_OK;
+    if (c->peak_bf16 <= 0)
+        return ts_fail("train.precision = \"bf16\", but cluster file %s gives no bf16 peak: "
+                       "add cluster.device.peak_tflops.bf16 (one device's dense bf16 TFLOP/s), "
+                       "or plan with train.precision = \"fp32\"",
+                       path);
+    c->bf16 = true;
+    return TS_OK;
+}
+
 double ts_cluster_peak(const ts_cluster *c) { return c->bf16 ? c->peak_bf16 : c->peak_fp32; }
 
 double ts_cluster_efficiency(const ts_cluster *c, double n)

@@ -45,7 +45,8 @@ typedef struct {
     double memory_bandwidth;  /* bytes/s */
     double peak_fp32;         /* dense FLOP/s */
     double peak_bf16;         /* dense FLOP/s; 0 when the file gives none */
-    bool bf16;                /* compute_dtype: true = "bf16", false = "fp32" */
+    bool bf16;                /* GEMMs in bf16: compute_dtype = "bf16", or train.precision
+                                 = "bf16" (ts_cluster_use_precision); false = fp32 */
     int n_eff;                /* points in the efficiency table */
     double eff_n[TS_CLUSTER_MAX_EFF], eff[TS_CLUSTER_MAX_EFF];
     ts_link intra, inter;
@@ -60,7 +61,15 @@ typedef struct {
  * use, e.g. 80.0)". */
 ts_status ts_cluster_load(const char *path, ts_cluster *c);
 
-/* Dense peak FLOP/s of the cluster's compute_dtype. */
+/* The run's precision (train.precision) on this cluster: "bf16" makes its GEMMs bf16
+ * (c->bf16: the bf16 peak, activations and messages in bf16) on a file whose
+ * compute_dtype is "fp32" (a CPU's, whose runs may be either), an error naming `path`
+ * when the file gives no bf16 peak. "fp32" changes nothing: a compute_dtype = "bf16"
+ * file (the GPU files) describes bf16 runs whatever the config's CPU default says. The
+ * GEMM efficiency table is the file's one, for either dtype. */
+ts_status ts_cluster_use_precision(ts_cluster *c, const char *path, const char *precision);
+
+/* Dense peak FLOP/s of the GEMM dtype (c->bf16). */
 double ts_cluster_peak(const ts_cluster *c);
 
 /* GEMM efficiency for an n x n x n problem: log-linear in n between the table's points,

@@ -3,7 +3,7 @@
  * holds. No process runs the model: everything follows from the config's shapes.
  *
  * Time. A GEMM of shape (m, n, k) takes 2mnk / (peak * efficiency(cbrt(mnk))), peak of
- * the cluster's compute_dtype; elementwise work (the norms, residual adds, the MLP's
+ * the cluster's GEMM dtype (cl->bf16); elementwise work (the norms, residual adds, the MLP's
  * activation, RoPE, softmax, embedding gather/scatter, cross-entropy) takes its bytes /
  * memory bandwidth, in the activation dtype (bf16 on a bf16 cluster, as the trainer
  * holds activations there; fp32 otherwise), or for a kernel the cluster's
@@ -72,7 +72,7 @@
  * on sizes from the layer tables here, which the tests hold to the trainer's layout:
  * parameters and gradients as the model lays them out (tp rank 0, which holds the most
  * vocabulary rows; the head's rank keeps a copy of a tied embedding when the embedding
- * is elsewhere; an untied head holds its own lm_head), fp32; with compute_dtype bf16 the
+ * is elsewhere; an untied head holds its own lm_head), fp32; with bf16 GEMMs (cl->bf16) the
  * parameters add the table's bf16 copy (2 bytes each: fp32 master weights, fp32 gradients
  * and fp32 AdamW moments stay); the two AdamW moments, fp32, 1/dp of them with ZeRO-1;
  * activations = for every chunk, the schedule's peak live micro-batch sets
@@ -131,10 +131,10 @@ double ts_plan_allgather_time(double bytes, int ranks, ts_link link);
 
 /* The kernel table whose sizes the planner lays a run out with (kernels.h
  * ts_kernels_layout_for): the config's train.device and train.attention, in the
- * cluster's compute_dtype as the precision. The cluster file's dtype wins over
- * train.precision because its peak and GEMM efficiency are that dtype's and the time
- * model moves activations in it: memory in another dtype would describe a different run
- * from the one timed. A CUDA config gets the CUDA table's sizes in every build (the
+ * cluster's GEMM dtype (cl->bf16: its compute_dtype, or bf16 for train.precision =
+ * "bf16", cluster.h ts_cluster_use_precision) as the precision, because its peak is that
+ * dtype's and the time model moves activations in it: memory in another dtype would
+ * describe a different run from the one timed. A CUDA config gets the CUDA table's sizes in every build (the
  * layout-only tables of a CPU-only build); the default device "cpu" the CPU's, whose
  * attention keeps the [B, NH, T, T] probabilities. */
 const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);

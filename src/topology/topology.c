@@ -165,11 +165,7 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
     const ts_parallel_config *p = &cfg->parallel;
     int fake_k = 0;
     ts_status st = ts_grid_init4(&t->grid, p->pp, p->dp, p->cp, p->tp, p->order);
-    if (st == TS_OK && t->grid.world != t->world_size && p->cp == 1)
-        st = ts_fail("the grid pp*dp*tp = %d*%d*%d = %d does not match the %d ranks "
-                     "launched; launch with mpirun -np %d or change parallel.pp/dp/tp",
-                     p->pp, p->dp, p->tp, t->grid.world, t->world_size, t->grid.world);
-    else if (st == TS_OK && t->grid.world != t->world_size)
+    if (st == TS_OK && t->grid.world != t->world_size) /* all four axes, cp = 1 too */
         st = ts_fail("the grid pp*dp*cp*tp = %d*%d*%d*%d = %d does not match the %d ranks "
                      "launched; launch with mpirun -np %d or change parallel.pp/dp/cp/tp",
                      p->pp, p->dp, p->cp, p->tp, t->grid.world, t->world_size,

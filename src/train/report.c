@@ -19,6 +19,7 @@
 #include "checkpoint/claim.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/timer.h"
 #include "core/watchdog.h"
 #include "kernels/kernels.h"
 
@@ -96,48 +97,107 @@ ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
                    t->cfg.log.metrics, strerror(err));
 }
 
+/* The GEMM rate MFU is measured against, GFLOP/s on this rank: an fp32 CPU run's is the
+ * sgemm rate just measured (`sgemm`: its GEMMs are that call); any other table's (oneDNN's
+ * bf16 GEMMs, cuBLAS) its own matmul_forward, timed here the same way, so the peak is
+ * what this rank's kernels reach on a GEMM, not a datasheet's. Shapes: the sgemm probe's
+ * GPT-2-like 512 x 768 x 768 on a CPU; 4096 x 4096 x 4096 on a device, which a small
+ * GEMM would leave mostly idle. Best of several runs after a warm-up, each synchronised. */
+static double measure_gemm_gflops(const ts_kernels *k, double sgemm)
+{
+    if (!k->device_memory && k->act_dtype == TS_DTYPE_F32) return sgemm;
+    const int N = k->device_memory ? 4096 : 512, C = k->device_memory ? 4096 : 768, OC = C;
+    const size_t n_in = (size_t)N * C, n_w = (size_t)OC * C, n_out = (size_t)N * OC;
+    const size_t e = ts_dtype_bytes(k->act_dtype), n_max = n_in > n_w ? n_in : n_w;
+    float *host = ts_alloc_floats(n_max);
+    for (size_t i = 0; i < n_max; i++) host[i] = (float)((i * 7) % 13) * 0.01f - 0.06f;
+    /* Non-zero inputs (a GPU draws less power, and may run faster, on zeros), in the
+     * table's activation dtype through its own conversion. */
+    float *staged = k->dev_alloc(n_max * sizeof(float));
+    void *inp = k->dev_alloc(n_in * e), *w = k->dev_alloc(n_w * e), *out = k->dev_alloc(n_out * e);
+    k->memcpy_h2d(staged, host, n_max * sizeof(float));
+    k->convert(inp, k->act_dtype, staged, TS_DTYPE_F32, n_in);
+    k->convert(w, k->act_dtype, staged, TS_DTYPE_F32, n_w);
+    k->stream_sync(NULL);
+    double best = 1e30, spent = 0.0;
+    for (int rep = 0; rep < 20 && (rep < 3 || spent < 100.0); rep++) {
+        const double t0 = ts_now_ms();
+        k->matmul_forward(out, inp, w, NULL, N, C, OC);
+        k->stream_sync(NULL);
+        const double dt = ts_now_ms() - t0;
+        spent += dt;
+        if (rep > 0 && dt < best) best = dt; /* rep 0 warms up (oneDNN's primitive, cuBLAS) */
+    }
+    k->dev_free(out);
+    k->dev_free(w);
+    k->dev_free(inp);
+    k->dev_free(staged);
+    free(host);
+    return 2.0 * N * C * OC / (best * 1e-3) / 1e9;
+}
+
 /* The OpenBLAS core every rank runs and a quick sgemm rate with its threads, gathered
  * to rank 0: a start-up line and the metrics' first line {"cpu", "blas_core",
- * "blas_core_note", "blas_gflops":[per rank]}, so a slow kernel is seen, not guessed;
- * a bf16 CPU run adds the ISA oneDNN dispatches its GEMMs to ("dnnl_isa"). */
+ * "blas_core_note", "blas_gflops":[per rank], "zero", "gemm_dtype", "gemm_gflops":[per
+ * rank]}, so a slow kernel is seen, not guessed; a bf16 CPU run adds the ISA oneDNN
+ * dispatches its GEMMs to ("dnnl_isa"). gemm_gflops is each rank's GEMM rate in the run's
+ * precision (measure_gemm_gflops), whose sum over ranks is MFU's peak; "zero" the ZeRO
+ * level that runs (0 with one replica, whatever parallel.zero says). */
 ts_status ts_trainer_report_blas(ts_trainer *t)
 {
     enum { NAME = 32 };
     char core[NAME] = {0}, note[256], cpu[128];
     snprintf(core, sizeof core, "%s", ts_blas_core());
-    double gflops = ts_blas_measure_gflops();
+    double gflops[2];
+    gflops[0] = ts_blas_measure_gflops();
+    gflops[1] = measure_gemm_gflops(t->k, gflops[0]);
     const int n = t->world.size;
     char *cores = t->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
-    double *rates = t->world.rank == 0 ? ts_calloc((size_t)n, sizeof(double)) : NULL;
+    double *rates = t->world.rank == 0 ? ts_calloc((size_t)n * 2, sizeof(double)) : NULL;
     ts_watchdog_context("setup: gathering the BLAS report", 0, 0, 0);
     ts_gather_bytes(&t->world, core, NAME, cores, 0);
-    ts_gather_bytes(&t->world, &gflops, sizeof gflops, rates, 0);
+    ts_gather_bytes(&t->world, gflops, sizeof gflops, rates, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
-        double lo = rates[0], hi = rates[0];
+        double lo = rates[0], hi = rates[0], peak = 0.0;
         int other = -1;
-        for (int r = 1; r < n; r++) {
-            lo = rates[r] < lo ? rates[r] : lo;
-            hi = rates[r] > hi ? rates[r] : hi;
-            if (other < 0 && strncmp(cores + (size_t)r * NAME, core, NAME) != 0) other = r;
+        for (int r = 0; r < n; r++) {
+            lo = rates[2 * r] < lo ? rates[2 * r] : lo;
+            hi = rates[2 * r] > hi ? rates[2 * r] : hi;
+            peak += rates[2 * r + 1];
+            if (other < 0 && r > 0 && strncmp(cores + (size_t)r * NAME, core, NAME) != 0)
+                other = r;
         }
+        t->mfu_peak_flops = peak * 1e9;
         ts_blas_core_note(note, sizeof note);
         ts_cpu_model(cpu, sizeof cpu);
         ts_log_info("blas: OpenBLAS core %s on %s; sgemm %.1f GFLOP/s per rank with %d thread%s "
                     "(%.1f-%.1f over ranks)",
-                    note, cpu, gflops, t->topo->threads, t->topo->threads == 1 ? "" : "s", lo, hi);
+                    note, cpu, gflops[0], t->topo->threads, t->topo->threads == 1 ? "" : "s", lo,
+                    hi);
         if (other > 0)
             ts_log_warn("ranks run different OpenBLAS cores: %s on rank 0, %.*s on rank %d",
                         core, NAME, cores + (size_t)other * NAME, other);
         const bool dnnl = !t->k->device_count && t->k->act_dtype == TS_DTYPE_BF16;
         if (dnnl)
             ts_log_info("dnnl: oneDNN runs the bf16 GEMMs with its %s kernels", ts_dnnl_isa());
-        json_t *line = json_pack("{s:s, s:s, s:s, s:o}", "cpu", cpu, "blas_core", core,
-                                 "blas_core_note", note, "blas_gflops", json_array());
+        const char *dtype = ts_dtype_name(t->k->act_dtype);
+        ts_log_info("mfu: model FLOPs per second over the sum of the ranks' %s GEMM rates, "
+                        "%.1f GFLOP/s (%s%.1f per rank on average)",
+                        dtype, peak, t->k->act_dtype == TS_DTYPE_F32 && !t->k->device_memory
+                                         ? "the sgemm rate above: " : "measured now: ",
+                        peak / n);
+        json_t *line = json_pack("{s:s, s:s, s:s, s:o, s:i, s:s, s:o}", "cpu", cpu, "blas_core",
+                                 core, "blas_core_note", note, "blas_gflops", json_array(),
+                                 "zero", t->grad_sync.level, "gemm_dtype", dtype,
+                                 "gemm_gflops", json_array());
         if (dnnl) json_object_set_new(line, "dnnl_isa", json_string(ts_dnnl_isa()));
-        for (int r = 0; r < n; r++)
+        for (int r = 0; r < n; r++) {
             json_array_append_new(json_object_get(line, "blas_gflops"),
-                                  json_real(round(rates[r] * 10.0) / 10.0));
+                                  json_real(round(rates[2 * r] * 10.0) / 10.0));
+            json_array_append_new(json_object_get(line, "gemm_gflops"),
+                                  json_real(round(rates[2 * r + 1] * 10.0) / 10.0));
+        }
         char *text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
         json_decref(line);
         st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
@@ -204,21 +264,30 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     json_number(norm, sizeof norm, s->grad_norm);
     char data[64 + 48 * TS_MAX_DATASETS];
     describe_data(t, step, data, sizeof data);
+    /* MFU: the model's FLOPs per second over the ranks' summed GEMM rate (rank 0 knows
+     * the sum, and only rank 0 writes); absent when either is unknown. */
+    const bool has_mfu = t->model_flops > 0 && t->mfu_peak_flops > 0 && s->step_ms > 0;
+    const double mfu = has_mfu ? t->model_flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
+    char mfu_json[32] = "", mfu_text[32] = "";
+    if (has_mfu) {
+        snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
+        snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", mfu * 100.0);
+    }
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
-        "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
+        "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
         "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s}",
-        step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, s->bubble,
+        step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
         s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, data,
         s->skipped ? ",\"skipped\":true" : "");
     if (t->cfg.log.progress) {
         char eta[32];
         format_eta(eta, sizeof eta, avg_ms * (steps - step - 1) * 1e-3);
-        ts_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
+        ts_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | %.1f ms | "
                     "bubble %.2f | ETA %s",
-                    step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->step_ms,
-                    s->bubble, eta);
+                    step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, mfu_text,
+                    s->step_ms, s->bubble, eta);
     }
     if (s->skipped) /* with or without progress lines: a dropped update is news */
         ts_log_warn("step %d: the loss or gradient norm is not finite; its update was dropped "

@@ -92,6 +92,13 @@ typedef struct {
     ts_ckpt_staging staging;   /* checkpoint.async's host copy, kept between saves */
     ts_ckpt_claim claim;       /* rank 0: the lock on checkpoint.dir, held for the run */
 
+    /* MFU (docs/CONTRACT.md "Metrics"): the model FLOPs of one step, set by the caller
+     * after ts_trainer_init (the planner's formula, plan/model_cost.h, a layer above;
+     * 0: no MFU is reported), and the peak it is measured against, the GEMM rates the
+     * ranks measured at start-up summed over the world (rank 0 only). */
+    double model_flops;
+    double mfu_peak_flops;
+
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
 } ts_trainer;
