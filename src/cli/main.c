@@ -1,5 +1,6 @@
 /* tessera: a 3D-parallel (pipeline x data x tensor) GPT-2 trainer. */
 #include <malloc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,11 @@ int main(int argc, char **argv)
      * threshold would otherwise rise past them after the first large free and keep them
      * resident in the heap (the memory check and the peak would disagree). */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    /* A closed pipe (tessera sample | head) makes a write fail with EPIPE, which each
+     * command checks and reports ("writing standard output failed", exit 1), instead of
+     * killing the process by SIGPIPE with no word. Set before MPI starts; ignored
+     * signals stay ignored across the BLAS re-execution below. */
+    signal(SIGPIPE, SIG_IGN);
     /* Before anything uses BLAS or MPI: may re-execute with a better OpenBLAS kernel. */
     ts_blas_select_core(argc, argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||

@@ -14,20 +14,31 @@
  * on the copyright corpus within this shared machine's noise.) */
 #define TS_TOK_LINEAR_MAX 128
 
-static void scratch_reserve(ts_tok_merge_scratch *s, size_t n)
+/* Room for n parts. A long piece needs 16 bytes per byte here (and the heap 8 more): a
+ * 100 MB run of letters or digits asks for gigabytes, which the encoder reports as an
+ * error naming the piece rather than dying. */
+static ts_status scratch_reserve(ts_tok_merge_scratch *s, size_t n)
 {
-    if (n <= s->cap) return;
+    if (n <= s->cap) return TS_OK;
     size_t cap = s->cap ? s->cap : 64;
     while (cap < n) cap *= 2;
     free(s->start);
     free(s->rank);
     free(s->prev);
     free(s->next);
-    s->start = ts_malloc(cap * sizeof *s->start);
-    s->rank = ts_malloc(cap * sizeof *s->rank);
-    s->prev = ts_malloc(cap * sizeof *s->prev);
-    s->next = ts_malloc(cap * sizeof *s->next);
+    s->start = ts_try_malloc(cap * sizeof *s->start);
+    s->rank = ts_try_malloc(cap * sizeof *s->rank);
+    s->prev = ts_try_malloc(cap * sizeof *s->prev);
+    s->next = ts_try_malloc(cap * sizeof *s->next);
     s->cap = cap;
+    if (s->start && s->rank && s->prev && s->next) return TS_OK;
+    ts_tok_merge_scratch_free(s);
+    return ts_fail("out of memory merging a single pre-token piece of %zu bytes: its merge "
+                   "needs about %zu MiB of scratch (24 bytes per byte of the piece); such a "
+                   "piece is one run of letters, digits or symbols without a space: split the "
+                   "text (or leave out the file that holds it), or allow the process more "
+                   "memory",
+                   n - 1, (n * (4 * sizeof(uint32_t) + sizeof(uint64_t))) >> 20);
 }
 
 void ts_tok_merge_scratch_free(ts_tok_merge_scratch *s)
@@ -46,10 +57,10 @@ static inline uint32_t span_rank(const ts_tok_ranks *r, const unsigned char *p, 
     return ts_tok_rank_of(r, p + a, b - a);
 }
 
-void ts_tok_merge_linear(const ts_tok_ranks *r, const unsigned char *p, size_t len,
-                         ts_tok_merge_scratch *s, ts_tok_ids *out)
+ts_status ts_tok_merge_linear(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                              ts_tok_merge_scratch *s, ts_tok_ids *out)
 {
-    scratch_reserve(s, len + 1);
+    if (scratch_reserve(s, len + 1) != TS_OK) return TS_ERR;
     uint32_t *start = s->start, *rank = s->rank;
     size_t m = len + 1; /* parts: token starts, then the end */
     for (size_t i = 0; i + 1 < len; i++) {
@@ -80,11 +91,21 @@ void ts_tok_merge_linear(const ts_tok_ranks *r, const unsigned char *p, size_t l
         m--;
     }
     for (size_t i = 0; i + 1 < m; i++) ts_tok_push(out, span_rank(r, p, start[i], start[i + 1]));
+    return TS_OK;
 }
 
-static void heap_push(ts_tok_merge_scratch *s, size_t *n, uint64_t v)
+static ts_status heap_push(ts_tok_merge_scratch *s, size_t *n, uint64_t v)
 {
-    if (*n == s->heap_cap) s->heap = ts_grow(s->heap, &s->heap_cap, *n, sizeof *s->heap);
+    if (*n == s->heap_cap) {
+        uint64_t *grown = ts_try_grow(s->heap, &s->heap_cap, *n, sizeof *s->heap);
+        if (!grown)
+            return ts_fail("out of memory merging a single pre-token piece: its merge heap "
+                           "of %zu entries does not fit; such a piece is one run of letters, "
+                           "digits or symbols without a space: split the text (or leave out "
+                           "the file that holds it), or allow the process more memory",
+                           *n + 1);
+        s->heap = grown;
+    }
     uint64_t *h = s->heap;
     size_t i = (*n)++;
     while (i > 0) {
@@ -94,6 +115,7 @@ static void heap_push(ts_tok_merge_scratch *s, size_t *n, uint64_t v)
         i = up;
     }
     h[i] = v;
+    return TS_OK;
 }
 
 static uint64_t heap_pop(ts_tok_merge_scratch *s, size_t *n)
@@ -113,10 +135,10 @@ static uint64_t heap_pop(ts_tok_merge_scratch *s, size_t *n)
     return top;
 }
 
-void ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len,
-                       ts_tok_merge_scratch *s, ts_tok_ids *out)
+ts_status ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                            ts_tok_merge_scratch *s, ts_tok_ids *out)
 {
-    scratch_reserve(s, len + 1);
+    if (scratch_reserve(s, len + 1) != TS_OK) return TS_ERR;
     /* Tokens are a linked list of start offsets; rank[i] is the rank of token i joined
      * with the next one; start[i] says whether token i still exists. */
     uint32_t *alive = s->start, *rank = s->rank, *prev = s->prev, *next = s->next;
@@ -126,7 +148,8 @@ void ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len
         prev[i] = (uint32_t)i - 1; /* UINT32_MAX for the first */
         next[i] = (uint32_t)(i + 1);
         rank[i] = i + 1 < len ? span_rank(r, p, i, i + 2) : TS_TOK_NO_RANK;
-        if (rank[i] != TS_TOK_NO_RANK) heap_push(s, &hn, (uint64_t)rank[i] << 32 | i);
+        if (rank[i] != TS_TOK_NO_RANK && heap_push(s, &hn, (uint64_t)rank[i] << 32 | i) != TS_OK)
+            return TS_ERR;
     }
     while (hn) {
         uint64_t top = heap_pop(s, &hn);
@@ -137,19 +160,23 @@ void ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len
         next[i] = next[j];
         if (next[j] < len) prev[next[j]] = i;
         rank[i] = next[i] < len ? span_rank(r, p, i, next[next[i]]) : TS_TOK_NO_RANK;
-        if (rank[i] != TS_TOK_NO_RANK) heap_push(s, &hn, (uint64_t)rank[i] << 32 | i);
+        if (rank[i] != TS_TOK_NO_RANK && heap_push(s, &hn, (uint64_t)rank[i] << 32 | i) != TS_OK)
+            return TS_ERR;
         uint32_t h = prev[i];
         if (h != UINT32_MAX) {
             rank[h] = span_rank(r, p, h, next[i]);
-            if (rank[h] != TS_TOK_NO_RANK) heap_push(s, &hn, (uint64_t)rank[h] << 32 | h);
+            if (rank[h] != TS_TOK_NO_RANK &&
+                heap_push(s, &hn, (uint64_t)rank[h] << 32 | h) != TS_OK)
+                return TS_ERR;
         }
     }
     for (size_t i = 0; i < len; i = next[i]) ts_tok_push(out, span_rank(r, p, i, next[i]));
+    return TS_OK;
 }
 
-void ts_tok_merge(const ts_tok_ranks *r, const unsigned char *p, size_t len,
-                  ts_tok_merge_scratch *s, ts_tok_ids *out)
+ts_status ts_tok_merge(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                       ts_tok_merge_scratch *s, ts_tok_ids *out)
 {
-    if (len <= TS_TOK_LINEAR_MAX) ts_tok_merge_linear(r, p, len, s, out);
-    else ts_tok_merge_heap(r, p, len, s, out);
+    if (len <= TS_TOK_LINEAR_MAX) return ts_tok_merge_linear(r, p, len, s, out);
+    return ts_tok_merge_heap(r, p, len, s, out);
 }

@@ -69,26 +69,24 @@ void ts_tok_encoder_free(ts_tok_encoder *e)
     free(e);
 }
 
-static void encode_piece(ts_tok_encoder *e, const unsigned char *p, size_t len, ts_tok_ids *out)
+static ts_status encode_piece(ts_tok_encoder *e, const unsigned char *p, size_t len,
+                              ts_tok_ids *out)
 {
     const ts_tok_ranks *r = &e->tok->ranks;
     uint64_t h = ts_tok_hash(p, len);
     uint32_t k = ts_tok_rank_of_h(r, p, len, h);
     if (k != TS_TOK_NO_RANK) {
         ts_tok_push(out, k);
-        return;
+        return TS_OK;
     }
-    if (len > TS_TOK_CACHE_KEY) {
-        ts_tok_merge(r, p, len, &e->scratch, out);
-        return;
-    }
+    if (len > TS_TOK_CACHE_KEY) return ts_tok_merge(r, p, len, &e->scratch, out);
     piece_cache_entry *c = &e->cache[(h >> 20) & (TS_TOK_CACHE_SLOTS - 1)];
     if (c->hash == h && c->len == len && memcmp(c->key, p, len) == 0) {
         for (unsigned i = 0; i < c->n_ids; i++) ts_tok_push(out, c->ids[i]);
-        return;
+        return TS_OK;
     }
     size_t first = out->n;
-    ts_tok_merge(r, p, len, &e->scratch, out);
+    if (ts_tok_merge(r, p, len, &e->scratch, out) != TS_OK) return TS_ERR;
     size_t n = out->n - first;
     if (n <= TS_TOK_CACHE_IDS) {
         c->hash = h;
@@ -97,6 +95,7 @@ static void encode_piece(ts_tok_encoder *e, const unsigned char *p, size_t len, 
         memcpy(c->key, p, len);
         memcpy(c->ids, out->ids + first, n * sizeof *c->ids);
     }
+    return TS_OK;
 }
 
 /* One valid UTF-8 run, as tiktoken's encode_ordinary encodes it as a whole string. */
@@ -121,7 +120,7 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
             return ts_fail("a single pre-token piece of %zu bytes (a 4 GiB run of letters, "
                            "digits or symbols) is too long to merge; split the document",
                            (size_t)(ov[1] - ov[0]));
-        encode_piece(e, p + ov[0], ov[1] - ov[0], out);
+        if (encode_piece(e, p + ov[0], ov[1] - ov[0], out) != TS_OK) return TS_ERR;
         off = ov[1];
     }
     return TS_OK;

@@ -108,14 +108,16 @@ typedef struct {
 } ts_tok_merge_scratch;
 
 /* tiktoken's byte_pair_encode of a piece not itself a token (len >= 2): appends the
- * ids. Short pieces by tiktoken's linear scan, long ones with a heap (same result). */
-void ts_tok_merge(const ts_tok_ranks *r, const unsigned char *p, size_t len,
-                  ts_tok_merge_scratch *s, ts_tok_ids *out);
-/* The two algorithms separately, for tests that they agree. */
-void ts_tok_merge_linear(const ts_tok_ranks *r, const unsigned char *p, size_t len,
-                         ts_tok_merge_scratch *s, ts_tok_ids *out);
-void ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+ * ids. Short pieces by tiktoken's linear scan, long ones with a heap (same result).
+ * TS_ERR when the scratch for the piece cannot be allocated (about 24 bytes per byte of
+ * the piece: a 100 MB piece needs gigabytes), with a message naming the piece's size. */
+ts_status ts_tok_merge(const ts_tok_ranks *r, const unsigned char *p, size_t len,
                        ts_tok_merge_scratch *s, ts_tok_ids *out);
+/* The two algorithms separately, for tests that they agree. */
+ts_status ts_tok_merge_linear(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                              ts_tok_merge_scratch *s, ts_tok_ids *out);
+ts_status ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_t len,
+                            ts_tok_merge_scratch *s, ts_tok_ids *out);
 void ts_tok_merge_scratch_free(ts_tok_merge_scratch *s);
 
 static inline void ts_tok_push(ts_tok_ids *out, uint32_t id)

@@ -12,8 +12,13 @@ void *ts_cpu_dev_alloc(size_t bytes)
     if (bytes == 0) return NULL;
     size_t rounded = (bytes + 63) / 64 * 64;
     void *p = NULL;
+    /* Every caller is a void path of the model, engine or optimizer, so the exit names
+     * what a device buffer is and where the run's estimate of them is shown. */
     if (posix_memalign(&p, 64, rounded) != 0 || !p)
-        ts_panic(__FILE__, __LINE__, "out of memory allocating a device buffer");
+        ts_out_of_memory(rounded, "a device buffer (parameters, gradients, optimizer moments "
+                                  "or activations) beyond what the memory check estimated "
+                                  "(the \"memory:\" line at start-up, or tessera plan): set "
+                                  "parallel.memory_budget_mb to the memory this rank may use");
     memset(p, 0, rounded);
     return p;
 }
