@@ -96,3 +96,18 @@ ts_status ts_data_open_patterns(ts_dataset *ds, const char *key, const char *con
     ts_data_free_paths(paths, n_paths);
     return st;
 }
+
+ts_status ts_data_check_encoded(const ts_dataset *ds, const char *key, const char *tokenizer)
+{
+    if (!tokenizer || !tokenizer[0]) return TS_OK;
+    for (int i = 0; i < ds->n_shards; i++) {
+        const ts_shard *s = &ds->shards[i];
+        if (!s->is_text) continue;
+        return ts_fail("%s: %s is a text file (it has no llm.c shard magic), which is read "
+                       "as byte ids 0-255, but model.tokenizer = \"%s\" trains on %s token "
+                       "ids: tokenize it first with `tessera data %s --encoding %s --out "
+                       "PREFIX` and train on PREFIX_train_*.bin",
+                       key, s->path, tokenizer, tokenizer, s->path, tokenizer);
+    }
+    return TS_OK;
+}

@@ -25,4 +25,10 @@ void ts_data_free_paths(char **paths, int n);
 ts_status ts_data_open_patterns(ts_dataset *ds, const char *key, const char *const *patterns,
                                 int n, int vocab_size);
 
+/* A dataset opened for a model whose model.tokenizer is `tokenizer` ("" or NULL: none):
+ * a text file among its files is refused, naming `key` and the file, since the loader
+ * reads text as byte ids (0-255), which are not that encoding's ids; the message points
+ * to `tessera data --encoding`. (A byte-encoded shard cannot be told from a BPE one.) */
+ts_status ts_data_check_encoded(const ts_dataset *ds, const char *key, const char *tokenizer);
+
 #endif

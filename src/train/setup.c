@@ -97,6 +97,10 @@ ts_status ts_trainer_open_data(ts_trainer *t)
                                   .seq_len = c->model.seq_len};
     if (ts_sampler_open(&t->train_data, &spec) != TS_OK) return TS_ERR;
     t->has_train = true;
+    for (int s = 0; s < t->train_data.n_sets; s++)
+        if (ts_data_check_encoded(&t->train_data.sets[s], "data.train", c->model.tokenizer) !=
+            TS_OK)
+            return TS_ERR;
     if (d->n_val > 0 && d->eval_every > 0) {
         const char *vp[TS_MAX_SHARDS];
         for (int i = 0; i < d->n_val; i++) vp[i] = d->val[i];
@@ -104,6 +108,8 @@ ts_status ts_trainer_open_data(ts_trainer *t)
             TS_OK)
             return TS_ERR;
         t->has_val = true;
+        if (ts_data_check_encoded(&t->val_data, "data.val", c->model.tokenizer) != TS_OK)
+            return TS_ERR;
         const uint64_t S = ts_data_num_windows(&t->val_data, c->model.seq_len);
         if (S == 0)
             return ts_fail("data.val (%s%s) holds fewer than seq_len + 1 = %d tokens", vp[0],
