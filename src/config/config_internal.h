@@ -75,6 +75,15 @@ ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,
                                         const char *where);
 ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const char *where);
 
+/* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the
+ * directory model.init names, or beside its file), when there is one and it is a Llama's
+ * (model_type "llama"): each model key it gives (docs/CONTRACT.md, model.init) that the
+ * config file and --set leave unset takes its value, and one they set must agree, or
+ * the error names both keys and values. given(ctx, "model.n_head") says whether the file
+ * or --set gave a key. No config.json: nothing changes. */
+typedef bool (*ts_config_key_given_fn)(void *ctx, const char *key);
+ts_status ts_config_from_hf(ts_config *cfg, ts_config_key_given_fn given, void *ctx);
+
 /* Is v inside k's numeric range? */
 bool ts_config_in_range(const key_spec *k, double v);
 /* "config key 's.k' = VALUE (where) is out of range: it must be RANGE". */

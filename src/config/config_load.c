@@ -848,6 +848,9 @@ ts_status ts_config_load_plan(ts_config *cfg, const char *path, const char *cons
     return st;
 }
 
+/* Whether the config file or a --set gave `key` ("model.n_head"). */
+static bool key_given(void *ctx, const char *key) { return config_lookup((config_t *)ctx, key) != NULL; }
+
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size)
 {
@@ -864,6 +867,8 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
         if (config_lookup_string(&lc, "model.arch", &arch) == CONFIG_TRUE)
             ts_config_arch_defaults(&cfg->model, arch);
         st = read_tree(config_root_setting(&lc), cfg);
+        /* model.init's config.json fills the model keys neither the file nor --set gave. */
+        if (st == TS_OK) st = ts_config_from_hf(cfg, key_given, &lc);
         /* data.seed defaults to train.seed (whichever value that key was given). */
         if (st == TS_OK && !config_lookup(&lc, "data.seed")) cfg->data.seed = cfg->train.seed;
     }

@@ -1,0 +1,298 @@
+/* model.init's Hugging Face config.json (config_internal.h ts_config_from_hf): a Llama's
+ * shapes and hyperparameters, filled into the model keys the config leaves unset and
+ * compared with those it sets. The tensors alone cannot tell 8 heads of 16 from 4 of 32,
+ * nor rope_theta or rms_norm_eps; a model run with other values is silently another
+ * model. */
+#include "config/config_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/fsutil.h"
+#include "core/log.h"
+
+typedef struct {
+    ts_config *cfg;
+    const char *path; /* the config.json */
+    ts_config_key_given_fn given;
+    void *ctx;
+} hf_reader;
+
+static bool given(const hf_reader *h, const char *key) { return h->given(h->ctx, key); }
+
+static ts_status disagree(const hf_reader *h, const char *hf_key, const char *hf_val,
+                          const char *key, const char *val)
+{
+    return ts_fail("model.init: %s gives %s = %s, but the config sets %s = %s; the weights "
+                   "are of that model: leave %s out of the config (and --set) to take "
+                   "config.json's value, or set it to %s",
+                   h->path, hf_key, hf_val, key, val, key, hf_val);
+}
+
+/* A positive integer of config.json (a real with an integral value too, as Python may
+ * write one); 0 when absent or null; -1 (an error set) when it is something else. */
+static long long hf_int(const hf_reader *h, json_t *root, const char *hf_key)
+{
+    json_t *v = json_object_get(root, hf_key);
+    if (!v || json_is_null(v)) return 0;
+    double d = json_is_integer(v) ? (double)json_integer_value(v)
+               : json_is_real(v)  ? json_real_value(v)
+                                  : -1.0;
+    if (!(d >= 1.0 && d <= 2147483647.0 && d == floor(d))) {
+        ts_fail("model.init: %s: \"%s\" is not a positive integer", h->path, hf_key);
+        return -1;
+    }
+    return (long long)d;
+}
+
+/* A finite real of config.json: 1 found (in *out), 0 absent or null, -1 an error set. */
+static int hf_real(const hf_reader *h, json_t *root, const char *hf_key, double *out)
+{
+    json_t *v = json_object_get(root, hf_key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+        ts_fail("model.init: %s: \"%s\" is not a number", h->path, hf_key);
+        return -1;
+    }
+    *out = json_number_value(v);
+    return 1;
+}
+
+/* An int key: config.json's value `want` (0: absent, nothing to do) into *field when the
+ * config leaves `key` unset, else compared with `have` (the key's resolved value). */
+static ts_status fill_int(const hf_reader *h, const char *hf_key, long long want,
+                          const char *key, int *field, int have)
+{
+    if (want <= 0) return TS_OK;
+    if (!given(h, key)) {
+        *field = (int)want;
+        return TS_OK;
+    }
+    if (have == want) return TS_OK;
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%lld", want);
+    snprintf(b, sizeof b, "%d", have);
+    return disagree(h, hf_key, a, key, b);
+}
+
+/* A real key, compared to 1e-6 relative (a value written from float32, 9.99999975e-06
+ * for 1e-05, is the same setting). */
+static ts_status fill_real(const hf_reader *h, const char *hf_key, double want,
+                           const char *key, double *field)
+{
+    if (!given(h, key)) {
+        *field = want;
+        return TS_OK;
+    }
+    if (fabs(*field - want) <= 1e-6 * fabs(want)) return TS_OK;
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%.9g", want);
+    snprintf(b, sizeof b, "%.9g", *field);
+    return disagree(h, hf_key, a, key, b);
+}
+
+/* Llama 3.1's frequency scaling: rope_scaling (transformers 4) or rope_parameters
+ * (transformers 5, which also holds rope_theta there). */
+static ts_status read_rope(const hf_reader *h, json_t *root)
+{
+    ts_model_config *m = &h->cfg->model;
+    json_t *params = json_object_get(root, "rope_parameters");
+    if (!json_is_object(params)) params = NULL;
+    double theta = 10000.0; /* transformers' LlamaConfig default */
+    int got = hf_real(h, root, "rope_theta", &theta);
+    const char *theta_key = "rope_theta";
+    if (got == 0 && params) {
+        got = hf_real(h, params, "rope_theta", &theta);
+        theta_key = "rope_parameters.rope_theta";
+    }
+    if (got < 0) return TS_ERR;
+    if (fill_real(h, theta_key, theta, "model.rope_theta", &m->rope_theta) != TS_OK)
+        return TS_ERR;
+
+    json_t *sc = json_object_get(root, "rope_scaling");
+    const char *sc_key = "rope_scaling";
+    if ((!sc || json_is_null(sc)) && params) {
+        sc = params;
+        sc_key = "rope_parameters";
+    }
+    const char *type = NULL;
+    if (sc && !json_is_null(sc)) {
+        if (!json_is_object(sc))
+            return ts_fail("model.init: %s: \"%s\" is not an object or null", h->path, sc_key);
+        type = json_string_value(json_object_get(sc, "rope_type"));
+        if (!type) type = json_string_value(json_object_get(sc, "type"));
+        if (!type) type = "default";
+    }
+    if (!type || !strcmp(type, "default")) { /* no scaling */
+        if (given(h, "model.rope_scaling") && m->rope_scaling != 0.0)
+            return disagree(h, sc_key, "no scaling", "model.rope_scaling", "a factor");
+        m->rope_scaling = 0.0;
+        return TS_OK;
+    }
+    if (strcmp(type, "llama3") != 0)
+        return ts_fail("model.init: %s: %s type \"%s\" is not one Tessera implements (only "
+                       "Llama 3.1's \"llama3\" scaling, or none)",
+                       h->path, sc_key, type);
+    struct {
+        const char *hf, *key;
+        double *field;
+    } reals[] = {{"factor", "model.rope_scaling", &m->rope_scaling},
+                 {"low_freq_factor", "model.rope_low_freq_factor", &m->rope_low_freq_factor},
+                 {"high_freq_factor", "model.rope_high_freq_factor", &m->rope_high_freq_factor}};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        double v = 0.0;
+        char name[64];
+        snprintf(name, sizeof name, "%s.%s", sc_key, reals[i].hf);
+        const int r = hf_real(h, sc, reals[i].hf, &v);
+        if (r < 0) return TS_ERR;
+        if (r == 0) return ts_fail("model.init: %s: \"%s\" is missing", h->path, name);
+        if (fill_real(h, name, v, reals[i].key, reals[i].field) != TS_OK) return TS_ERR;
+    }
+    const long long ctx = hf_int(h, sc, "original_max_position_embeddings");
+    if (ctx < 0) return TS_ERR;
+    char name[64];
+    snprintf(name, sizeof name, "%s.original_max_position_embeddings", sc_key);
+    return fill_int(h, name, ctx, "model.rope_original_context", &m->rope_original_context,
+                    m->rope_original_context);
+}
+
+/* What Tessera's llama does not have: a config.json asking for it is another model. */
+static ts_status check_unsupported(const hf_reader *h, json_t *root)
+{
+    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0)
+        return ts_fail("model.init: %s: hidden_act = \"%s\", but Tessera's llama computes "
+                       "SwiGLU with silu",
+                       h->path, act);
+    const char *bias[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++)
+        if (json_is_true(json_object_get(root, bias[i])))
+            return ts_fail("model.init: %s: %s = true, but Tessera's llama has no biases",
+                           h->path, bias[i]);
+    return TS_OK;
+}
+
+static bool is_llama(json_t *root)
+{
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    if (type) return strcmp(type, "llama") == 0;
+    json_t *archs = json_object_get(root, "architectures");
+    size_t i;
+    json_t *a;
+    json_array_foreach(archs, i, a) {
+        if (json_is_string(a) && !strcmp(json_string_value(a), "LlamaForCausalLM")) return true;
+    }
+    return false;
+}
+
+static ts_status apply(const hf_reader *h, json_t *root)
+{
+    ts_model_config *m = &h->cfg->model;
+    if (given(h, "model.arch") && ts_model_arch(m) != TS_ARCH_LLAMA)
+        return disagree(h, "model_type", "\"llama\"", "model.arch", "\"gpt2\"");
+    if (!given(h, "model.arch")) snprintf(m->arch, sizeof m->arch, "llama");
+    if (check_unsupported(h, root) != TS_OK) return TS_ERR;
+    /* The shapes: the ones others are derived from first. */
+    const struct {
+        const char *hf, *key;
+        int *field;
+    } ints[] = {{"num_hidden_layers", "model.n_layer", &m->n_layer},
+                {"hidden_size", "model.n_embd", &m->n_embd},
+                {"num_attention_heads", "model.n_head", &m->n_head},
+                {"vocab_size", "model.vocab_size", &m->vocab_size}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        const long long v = hf_int(h, root, ints[i].hf);
+        if (v < 0 || fill_int(h, ints[i].hf, v, ints[i].key, ints[i].field, *ints[i].field) !=
+                         TS_OK)
+            return TS_ERR;
+    }
+    long long kv = hf_int(h, root, "num_key_value_heads");
+    if (kv < 0) return TS_ERR;
+    if (kv == 0) kv = hf_int(h, root, "num_attention_heads"); /* transformers' default */
+    if (kv < 0 || fill_int(h, "num_key_value_heads", kv, "model.n_kv_head", &m->n_kv_head,
+                           ts_model_kv_heads(m)) != TS_OK)
+        return TS_ERR;
+    const long long ffn = hf_int(h, root, "intermediate_size");
+    if (ffn < 0 || fill_int(h, "intermediate_size", ffn, "model.ffn_hidden", &m->ffn_hidden,
+                            ts_model_ffn(m)) != TS_OK)
+        return TS_ERR;
+    /* Tessera's head dim is n_embd / n_head: no key of its own. */
+    const long long hd = hf_int(h, root, "head_dim");
+    if (hd < 0) return TS_ERR;
+    if (hd > 0 && (m->n_head <= 0 || (long long)m->n_embd != hd * m->n_head))
+        return ts_fail("model.init: %s gives head_dim = %lld, but model.n_embd / model.n_head "
+                       "= %d / %d%s; Tessera's head dim is n_embd / n_head: set them to "
+                       "config.json's hidden_size and num_attention_heads, or leave them out "
+                       "of the config",
+                       h->path, hd, m->n_embd, m->n_head,
+                       m->n_head > 0 && m->n_embd % m->n_head == 0 ? "" : " (not a whole number)");
+    double eps = 1e-6; /* transformers' LlamaConfig default */
+    if (hf_real(h, root, "rms_norm_eps", &eps) < 0 ||
+        fill_real(h, "rms_norm_eps", eps, "model.norm_eps", &m->norm_eps) != TS_OK)
+        return TS_ERR;
+    json_t *tie = json_object_get(root, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+        return ts_fail("model.init: %s: \"tie_word_embeddings\" is not true or false", h->path);
+    const bool tied = json_is_true(tie); /* absent: LlamaConfig's false */
+    if (!given(h, "model.tie_embeddings"))
+        m->tie_embeddings = tied ? 1 : -1;
+    else if (ts_model_tied(m) != tied)
+        return disagree(h, "tie_word_embeddings", tied ? "true" : "false",
+                        "model.tie_embeddings", tied ? "false" : "true");
+    return read_rope(h, root);
+}
+
+ts_status ts_config_from_hf(ts_config *cfg, ts_config_key_given_fn given_fn, void *ctx)
+{
+    const char *init = cfg->model.init;
+    if (!init[0]) return TS_OK;
+    /* Beside the weights: in the directory model.init names, or beside the file. */
+    struct stat st;
+    if (stat(init, &st) != 0) return TS_OK; /* the loader names a missing model.init */
+    char path[TS_PATH_MAX + 16];
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(path, sizeof path, "%s/config.json", init);
+    } else {
+        const char *slash = strrchr(init, '/');
+        const int dir = slash ? (int)(slash - init) + 1 : 0;
+        snprintf(path, sizeof path, "%.*sconfig.json", dir, init);
+    }
+    FILE *f = ts_fopen_input(path);
+    if (!f) {
+        if (errno == ENOENT) return TS_OK;
+        return ts_fail("model.init: cannot open %s: %s", path, strerror(errno));
+    }
+    if (ts_check_input(fileno(f), path, "model.init's config.json",
+                       "a Hugging Face config.json", 1u << 24) != TS_OK) {
+        fclose(f);
+        return ts_error_prefix("model.init: ");
+    }
+    json_error_t jerr;
+    json_t *root = json_loadf(f, 0, &jerr);
+    fclose(f);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ts_fail("model.init: %s is not a JSON object (%s, line %d)", path,
+                       root ? "another JSON value" : jerr.text, root ? 0 : jerr.line);
+    }
+    hf_reader h = {cfg, path, given_fn, ctx};
+    ts_status rc = TS_OK;
+    if (is_llama(root))
+        rc = apply(&h, root);
+    else if (ts_model_arch(&cfg->model) == TS_ARCH_LLAMA)
+        rc = ts_fail("model.init: %s is not a Llama's config (model_type \"llama\", "
+                     "LlamaForCausalLM), but model.arch = \"llama\"; are the weights of "
+                     "another model?",
+                     path);
+    else /* GPT-2's weights are nanoGPT's: a config.json beside them is not read */
+        ts_log_warn("model.init: %s is not a Llama's config.json: not read (the weights are "
+                    "checked against the config's shapes)",
+                    path);
+    json_decref(root);
+    return rc;
+}
