@@ -3,6 +3,7 @@
  * the real gpt2 and llama3 files when they are installed (skipped with a message
  * otherwise); decode(encode(x)) == x for every text and random bytes; the heap merge
  * against tiktoken's linear scan; every malformed ranks file's error. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +220,37 @@ static void test_merge_agree(const ts_tokenizer *tok)
     CHECKF(bad == 0, "%d of 500 random pieces merge differently with the heap", bad);
 }
 
+/* A stop flag (tessera data's SIGTERM) ends an encode before its next piece, and a
+ * long piece's heap merge by itself (a 100 MB piece takes seconds to merge); a clear
+ * flag changes nothing. */
+static void test_stop(const ts_tokenizer *tok)
+{
+    size_t n = 1 << 20;
+    char *s = malloc(n);
+    CHECK(s != NULL);
+    if (!s) return;
+    s[0] = ' ';
+    for (size_t i = 1; i < n; i++) s[i] = (i & 1) ? 'i' : 'n'; /* one 1 MiB piece " inin..." */
+    ts_tok_encoder *enc;
+    CHECK(ts_tok_encoder_new(tok, &enc) == TS_OK);
+    volatile sig_atomic_t stop = 0;
+    ts_tok_encoder_set_stop(enc, &stop);
+    ts_tok_ids ids = {0};
+    CHECK(ts_tok_encode(enc, s, n, &ids, NULL) == TS_OK && ids.n > 0);
+    stop = SIGTERM;
+    ids.n = 0;
+    CHECK(ts_tok_encode(enc, s, n, &ids, NULL) == TS_ERR && ts_tok_encoder_stopped_at(enc) == 0);
+    CHECKF(strstr(ts_error_message(), "stopped at byte 0 of 1048576") != NULL, "%s",
+           ts_error_message());
+    ts_tok_merge_scratch sc = {0};
+    sc.stop = &stop;
+    CHECK(ts_tok_merge_heap(&tok->ranks, (const unsigned char *)s + 1, n - 1, &sc, &ids) == TS_ERR);
+    ts_tok_merge_scratch_free(&sc);
+    free(ids.ids);
+    ts_tok_encoder_free(enc);
+    free(s);
+}
+
 static void test_small(const text *t, size_t nt)
 {
     char path[4200];
@@ -245,6 +277,7 @@ static void test_small(const text *t, size_t nt)
         CHECKF(bad == 0, "%d mismatches against tiktoken in %s", bad, files[e]);
         test_roundtrips(tok, t, nt);
         test_merge_agree(tok);
+        test_stop(tok);
         ts_tok_encoder *enc;
         CHECK(ts_tok_encoder_new(tok, &enc) == TS_OK);
         ts_tok_ids ids = {0};

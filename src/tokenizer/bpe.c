@@ -143,7 +143,9 @@ ts_status ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_
      * with the next one; start[i] says whether token i still exists. */
     uint32_t *alive = s->start, *rank = s->rank, *prev = s->prev, *next = s->next;
     size_t hn = 0;
+    /* A stop is polled every 2^16 steps: a 100 MB piece takes about 20 s to merge. */
     for (size_t i = 0; i < len; i++) {
+        if ((i & 0xffff) == 0 && s->stop && *s->stop) return ts_fail("stopped");
         alive[i] = 1;
         prev[i] = (uint32_t)i - 1; /* UINT32_MAX for the first */
         next[i] = (uint32_t)(i + 1);
@@ -151,7 +153,8 @@ ts_status ts_tok_merge_heap(const ts_tok_ranks *r, const unsigned char *p, size_
         if (rank[i] != TS_TOK_NO_RANK && heap_push(s, &hn, (uint64_t)rank[i] << 32 | i) != TS_OK)
             return TS_ERR;
     }
-    while (hn) {
+    for (uint32_t polls = 0; hn; polls++) {
+        if ((polls & 0xffff) == 0 && s->stop && *s->stop) return ts_fail("stopped");
         uint64_t top = heap_pop(s, &hn);
         uint32_t i = (uint32_t)top, rk = (uint32_t)(top >> 32);
         if (!alive[i] || rank[i] != rk) continue; /* stale: the pair changed since */

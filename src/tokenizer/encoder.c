@@ -29,7 +29,30 @@ struct ts_tok_encoder {
     pcre2_jit_stack *jit_stack;
     ts_tok_merge_scratch scratch;
     piece_cache_entry *cache;
+    const volatile sig_atomic_t *stop; /* ts_tok_encoder_set_stop's flag, or NULL */
+    const unsigned char *text;         /* the text being encoded, for stopped_at */
+    size_t text_len, stopped_at;
 };
+
+void ts_tok_encoder_set_stop(ts_tok_encoder *e, const volatile sig_atomic_t *stop)
+{
+    e->stop = stop;
+}
+
+size_t ts_tok_encoder_stopped_at(const ts_tok_encoder *e)
+{
+    return e->stopped_at;
+}
+
+/* Whether the stop flag is set; if so, the failure that says where (at: the first byte
+ * not encoded). */
+static int stop_seen(ts_tok_encoder *e, const unsigned char *at)
+{
+    if (!e->stop || !*e->stop) return 0;
+    e->stopped_at = (size_t)(at - e->text);
+    ts_fail("stopped at byte %zu of %zu", e->stopped_at, e->text_len);
+    return 1;
+}
 
 ts_status ts_tok_encoder_new(const ts_tokenizer *tok, ts_tok_encoder **out)
 {
@@ -79,6 +102,7 @@ static ts_status encode_piece(ts_tok_encoder *e, const unsigned char *p, size_t 
         ts_tok_push(out, k);
         return TS_OK;
     }
+    e->scratch.stop = e->stop; /* set each time: freeing the scratch clears it */
     if (len > TS_TOK_CACHE_KEY) return ts_tok_merge(r, p, len, &e->scratch, out);
     piece_cache_entry *c = &e->cache[(h >> 20) & (TS_TOK_CACHE_SLOTS - 1)];
     if (c->hash == h && c->len == len && memcmp(c->key, p, len) == 0) {
@@ -104,6 +128,7 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
     const ts_tokenizer *t = e->tok;
     size_t off = 0;
     while (off < len) {
+        if (stop_seen(e, p + off)) return TS_ERR;
         int rc = t->jit ? pcre2_jit_match(t->re, p, len, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx)
                         : pcre2_match(t->re, p, len, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break; /* as tiktoken: unmatched text yields nothing */
@@ -120,7 +145,10 @@ static ts_status encode_run(ts_tok_encoder *e, const unsigned char *p, size_t le
             return ts_fail("a single pre-token piece of %zu bytes (a 4 GiB run of letters, "
                            "digits or symbols) is too long to merge; split the document",
                            (size_t)(ov[1] - ov[0]));
-        if (encode_piece(e, p + ov[0], ov[1] - ov[0], out) != TS_OK) return TS_ERR;
+        if (encode_piece(e, p + ov[0], ov[1] - ov[0], out) != TS_OK) {
+            stop_seen(e, p + ov[0]); /* a long piece's merge stopped: say where */
+            return TS_ERR;
+        }
         off = ov[1];
     }
     return TS_OK;
@@ -168,8 +196,13 @@ ts_status ts_tok_encode(ts_tok_encoder *e, const char *text, size_t len, ts_tok_
 {
     const unsigned char *p = (const unsigned char *)text;
     if (n_invalid) *n_invalid = 0;
+    e->text = p;
+    e->text_len = len;
     if (e->tok->enc->kind == TS_ENC_BYTES) {
-        for (size_t i = 0; i < len; i++) ts_tok_push(out, p[i]);
+        for (size_t i = 0; i < len; i++) {
+            if ((i & 0xfffff) == 0 && stop_seen(e, p + i)) return TS_ERR;
+            ts_tok_push(out, p[i]);
+        }
         if (n_invalid) {
             for (size_t i = 0; i < len;) {
                 size_t v = valid_prefix(p + i, len - i);
@@ -202,6 +235,8 @@ ts_status ts_tok_encode_special(ts_tok_encoder *e, const char *text, size_t len,
     if (t->enc->kind == TS_ENC_BYTES) return ts_tok_encode(e, text, len, out, n_invalid);
     const unsigned char *p = (const unsigned char *)text;
     if (n_invalid) *n_invalid = 0;
+    e->text = p;
+    e->text_len = len;
     /* Every special is "<|" name "|>" with no "|>" inside, so a special can only be the
      * span from a "<|" to the first "|>" after it; the text between specials is
      * encoded as separate strings, as tiktoken does. */

@@ -6,6 +6,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <signal.h> /* sig_atomic_t */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -105,6 +106,8 @@ typedef struct {
     uint32_t *start, *rank, *prev, *next;
     uint64_t *heap;
     size_t cap, heap_cap;
+    const volatile sig_atomic_t *stop; /* polled by the heap merge of a long piece, which
+                                          can take seconds (NULL: never); TS_ERR once set */
 } ts_tok_merge_scratch;
 
 /* tiktoken's byte_pair_encode of a piece not itself a token (len >= 2): appends the

@@ -17,6 +17,7 @@
 #ifndef TS_TOKENIZER_H
 #define TS_TOKENIZER_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,6 +77,13 @@ int64_t ts_tokenizer_special_id(const ts_tokenizer *tok, const char *text);
 /* Per-thread encoder. */
 ts_status ts_tok_encoder_new(const ts_tokenizer *tok, ts_tok_encoder **out);
 void ts_tok_encoder_free(ts_tok_encoder *enc);
+/* A flag the encoder polls (NULL, the default: none), such as a signal handler's: once
+ * *stop is non-zero, ts_tok_encode and ts_tok_encode_special stop before the next
+ * pre-token piece (a long piece's merge polls too) and fail with "stopped at byte N of
+ * M", so that one large document cannot hold a stop back for minutes.
+ * ts_tok_encoder_stopped_at then says N, how far into the text the encoder had got. */
+void ts_tok_encoder_set_stop(ts_tok_encoder *enc, const volatile sig_atomic_t *stop);
+size_t ts_tok_encoder_stopped_at(const ts_tok_encoder *enc);
 
 /* tiktoken's encode_ordinary: special tokens' texts are plain text. Appends to out.
  * *n_invalid (may be NULL) is set to the number of bytes of this text that were not
