@@ -49,13 +49,17 @@ static const char *k_help =
     "\n"
     "Each shard is a 256 x int32 header [magic, version, count] and count ids; file size\n"
     "1024 + width * count. Shards are written to temporary names and renamed only when the\n"
-    "whole corpus is done: a failed run leaves none. Refused before writing: PREFIX's\n"
+    "whole corpus is done, all or none: a failed run leaves none (and under --overwrite\n"
+    "the old ones as they were). The run holds PREFIX.lock (removed at its end): a second\n"
+    "run on PREFIX meanwhile is refused, naming the first one's pid; the temporaries of a\n"
+    "killed run (PREFIX_*.bin.tmp.PID, .old.PID) are removed by the next run on PREFIX.\n"
+    "Refused before writing: PREFIX's\n"
     "directory missing, PREFIX's shards existing (without --overwrite), an input that is\n"
     "a token shard or named as an output, an input that is not text (gzip, a NUL byte\n"
     "in its first 4 KiB), an unreadable input, an empty corpus, a vocabulary above\n"
     "65536 ids with --format gpt2. Progress goes to stderr (every second on a terminal,\n"
     "else every 30 s); the summary to stdout. SIGINT, SIGTERM or SIGHUP stop the run at\n"
-    "its next batch, leaving no shard.\n"
+    "once (inside a large document too), leaving no shard.\n"
     "\n"
     "The second form (two names and no option but --format, no --out) writes the bytes\n"
     "of TEXT_FILE (vocab 256, no document tokens) into one shard OUT.bin; --format as\n"
@@ -76,10 +80,11 @@ static int fail_exit(void)
     return 1;
 }
 
-/* A whole decimal number in [lo, hi]. */
+/* A whole decimal number in [lo, hi]: digits only (strtoull alone would take leading
+ * blanks and a sign, which `tessera sample` refuses too). */
 static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
-    if (!*s || *s == '-' || *s == '+') return 0;
+    if (*s < '0' || *s > '9') return 0;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);

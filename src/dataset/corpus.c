@@ -51,11 +51,23 @@ static void restore_stops(const struct sigaction *old)
     for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(k_stop_signals[i], &old[i], NULL);
 }
 
-static ts_status stopped(void)
+static const char *stop_name(void)
 {
     int sig = g_stop;
-    return ts_fail("stopped by %s: no shard written (the partial ones are removed)",
-                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+}
+
+static ts_status stopped(void)
+{
+    return ts_fail("stopped by %s: no shard written (the partial ones are removed)", stop_name());
+}
+
+/* The stop seen by an encoder inside a document: where, so that a stop that had to wait
+ * for a whole large document would show (probe D5). */
+static ts_status stopped_in_document(size_t at, size_t len)
+{
+    return ts_fail("stopped by %s at byte %zu of a document of %zu bytes: no shard written "
+                   "(the partial ones are removed)", stop_name(), at, len);
 }
 
 typedef struct {
@@ -123,10 +135,13 @@ static ts_status encode_batch(pipeline *p, ts_tok_encoder *enc, ts_corpus_batch 
             b->ids.ids = ts_grow(b->ids.ids, &b->ids.cap, b->ids.n, sizeof *b->ids.ids);
             b->ids.ids[b->ids.n++] = (uint32_t)p->doc_token;
         }
+        if (g_stop) return stopped();
         uint64_t invalid = 0;
-        size_t off = b->doc_off[d];
-        if (ts_tok_encode(enc, b->text + off, b->doc_off[d + 1] - off, &b->ids, &invalid) != TS_OK)
+        size_t off = b->doc_off[d], len = b->doc_off[d + 1] - off;
+        if (ts_tok_encode(enc, b->text + off, len, &b->ids, &invalid) != TS_OK) {
+            if (g_stop) return stopped_in_document(ts_tok_encoder_stopped_at(enc), len);
             return ts_error_prefix("encoding a document: ");
+        }
         b->n_invalid += invalid;
         b->doc_tok_end[d] = b->ids.n;
     }
@@ -250,6 +265,7 @@ static void read_all(pipeline *p, ts_corpus_reader *r)
         }
         ts_corpus_batch *b = ts_calloc(1, sizeof *b);
         if (ts_corpus_reader_next(r, b, BATCH_BYTES, BATCH_DOCS) != TS_OK) {
+            if (g_stop) stopped(); /* the reader saw it inside a large input */
             ts_corpus_batch_free(b);
             free(b);
             fail_now(p);
@@ -386,12 +402,17 @@ static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum)
 {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    /* Every refusal that needs no reading comes first: outputs, inputs, tokenizer. */
-    char **stale = NULL;
-    if (ts_shard_outputs_check(o->out_prefix, o->overwrite, &stale) != TS_OK) return TS_ERR;
+    /* Every refusal that needs no reading comes first: outputs, inputs, tokenizer. The
+     * claim (PREFIX.lock) is held to the end, so no other run writes PREFIX meanwhile. */
+    ts_shard_claim claim;
+    if (ts_shard_outputs_claim(&claim, o->out_prefix, o->overwrite) != TS_OK) return TS_ERR;
+    if (claim.n_removed > 0)
+        fprintf(stderr, "data: removed %d temporary file%s of an earlier run on --out %s "
+                "that did not end (killed)\n", claim.n_removed, claim.n_removed == 1 ? "" : "s",
+                o->out_prefix);
     ts_corpus_files files;
     if (ts_corpus_files_collect(&files, o->inputs, o->n_inputs, o->force_jsonl, o->out_prefix) != TS_OK) {
-        ts_shard_paths_free(stale);
+        ts_shard_claim_release(&claim);
         return TS_ERR;
     }
     ts_status st = TS_OK;
@@ -402,12 +423,16 @@ static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum)
     int width = 2;
     if (st == TS_OK) st = open_tokenizer(o, &tok, &width);
     ts_tok_encoder **encs = ts_calloc((size_t)o->threads, sizeof *encs);
-    for (int i = 0; st == TS_OK && i < o->threads; i++) st = ts_tok_encoder_new(tok, &encs[i]);
+    for (int i = 0; st == TS_OK && i < o->threads; i++) {
+        st = ts_tok_encoder_new(tok, &encs[i]);
+        if (st == TS_OK) ts_tok_encoder_set_stop(encs[i], &g_stop); /* a large document */
+    }
     pipeline p;
     memset(&p, 0, sizeof p);
     ts_corpus_reader r;
     ts_corpus_reader_init(&r, &files, o->text_field, o->skip_bad_lines,
                           o->val_fraction * (double)files.total_bytes);
+    r.stop = &g_stop;
     if (st == TS_OK) {
         p.o = o;
         p.tok = tok;
@@ -426,7 +451,7 @@ static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum)
         sum->bad_lines = r.bad_lines;
         if (st == TS_OK && g_stop) st = stopped();
         if (st == TS_OK) st = check_stream(o, sum);
-        if (st == TS_OK) st = ts_shard_sink_commit(&p.sink, stale);
+        if (st == TS_OK) st = ts_shard_sink_commit(&p.sink, claim.existing);
         if (st == TS_OK) {
             sum->vocab_size = ts_tokenizer_vocab_size(tok);
             sum->width = width;
@@ -451,7 +476,7 @@ static ts_status build(const ts_corpus_options *o, ts_corpus_summary *sum)
     free(encs);
     if (tok) ts_tokenizer_free(tok);
     ts_corpus_files_free(&files);
-    ts_shard_paths_free(stale);
+    ts_shard_claim_release(&claim); /* last: the temporary shards are gone by now */
     return st;
 }
 

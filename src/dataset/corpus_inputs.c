@@ -70,6 +70,9 @@ static ts_status check_file(const char *path, const char *out_prefix, uint64_t *
     if (ts_shard_is_output_name(out_prefix, path))
         return ts_fail("input %s is named as one of this run's output shards (--out %s): "
                        "give `tessera data` the text, not its shards", path, out_prefix);
+    if (ts_shard_is_lock_name(out_prefix, path))
+        return ts_fail("input %s is this run's lock file (--out %s): give `tessera data` the "
+                       "text", path, out_prefix);
     int fd = ts_open_input(path); /* cannot block on a FIFO */
     if (fd < 0) return ts_fail("input %s: %s", path, strerror(errno));
     if (ts_check_input(fd, path, "input", "a text or JSONL file", 0) != TS_OK) {
@@ -128,7 +131,8 @@ ts_status ts_corpus_files_collect(ts_corpus_files *out, const char *const *paths
     for (int i = 0; i < n_paths; i++) {
         struct stat sb;
         path_list l = {0};
-        if (stat(paths[i], &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        int is_dir = stat(paths[i], &sb) == 0 && S_ISDIR(sb.st_mode);
+        if (is_dir) {
             if (walk(paths[i], &l) != TS_OK) goto fail_list;
             if (l.n == 0) {
                 ts_fail("input directory %s holds no file (names starting with '.' are "
@@ -143,6 +147,11 @@ ts_status ts_corpus_files_collect(ts_corpus_files *out, const char *const *paths
         }
         for (size_t k = 0; k < l.n; k++) {
             uint64_t size = 0;
+            if (is_dir && ts_shard_is_lock_name(out_prefix, l.v[k])) {
+                free(l.v[k]); /* this run's lock file, under a directory it reads */
+                l.v[k] = NULL;
+                continue;
+            }
             if (check_file(l.v[k], out_prefix, &size) != TS_OK) goto fail_list;
             int jsonl = force_jsonl || ends_with(l.v[k], ".jsonl") || ends_with(l.v[k], ".json-lines");
             add_file(out, &cap, l.v[k], size, jsonl);

@@ -83,6 +83,10 @@ static ts_status read_text_file(ts_corpus_reader *r, ts_corpus_batch *b)
     begin_doc(b, (double)r->file_base < r->val_limit);
     uint64_t got = 0;
     for (;;) {
+        if (r->stop && *r->stop) {
+            close(fd);
+            return ts_fail("stopped while reading %s", cf->path);
+        }
         reserve_text(b, 1 << 16);
         ssize_t n = read(fd, b->text + b->len, b->cap - b->len);
         if (n < 0 && errno == EINTR) continue;
@@ -110,15 +114,72 @@ static int blank(const char *s, size_t n)
     return 1;
 }
 
+/* The length of the JSON number at s (at most n bytes), by JSON's grammar
+ * -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, or 0 when s does not start with one. */
+static size_t json_number_len(const char *s, size_t n)
+{
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i >= n || s[i] < '0' || s[i] > '9') return 0;
+    if (s[i] == '0') i++;
+    else
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    if (i < n && s[i] == '.') {
+        size_t d = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d) return 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        size_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d) return 0;
+    }
+    return i;
+}
+
+/* Overwrite every JSON number outside strings with "0" and blanks, in place: jansson
+ * refuses a whole line for one number it cannot hold (an integer beyond int64, such as
+ * a uint64 hash id; a real beyond double, 1e999), while only the text field matters
+ * here (probe D14). Numbers are ASCII and blanks are JSON whitespace, so the line keeps
+ * its length, its strings and its structure: a line that is not JSON stays not JSON
+ * (a token that is not a whole number by the grammar is left for jansson to refuse).
+ * Returns whether anything changed. */
+static int zero_numbers(char *s, size_t n)
+{
+    int changed = 0;
+    for (size_t i = 0; i < n;) {
+        if (s[i] == '"') { /* skip the string, its escapes included */
+            for (i++; i < n && s[i] != '"'; i++)
+                if (s[i] == '\\') i++;
+            i++;
+            continue;
+        }
+        size_t k = (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) ? json_number_len(s + i, n - i) : 0;
+        if (k == 0) {
+            i++;
+            continue;
+        }
+        s[i] = '0';
+        memset(s + i + 1, ' ', k - 1);
+        changed = 1;
+        i += k;
+    }
+    return changed;
+}
+
 /* One JSONL line: a document, a blank line (skipped), or a bad line (an error, or
  * counted with skip_bad). Returns 1 when a document was added, 0 when not, -1 on error. */
-static int read_jsonl_line(ts_corpus_reader *r, ts_corpus_batch *b, const char *line, size_t n,
+static int read_jsonl_line(ts_corpus_reader *r, ts_corpus_batch *b, char *line, size_t n,
                            uint64_t start)
 {
     const ts_corpus_file *cf = &r->files->files[r->fi];
     if (blank(line, n)) return 0;
     json_error_t jerr;
     json_t *v = json_loadb(line, n, JSON_ALLOW_NUL, &jerr);
+    if (!v && json_error_code(&jerr) == json_error_numeric_overflow && zero_numbers(line, n))
+        v = json_loadb(line, n, JSON_ALLOW_NUL, &jerr);
     const char *why = NULL;
     json_t *s = NULL;
     if (!v) why = jerr.text;
@@ -141,7 +202,7 @@ static int read_jsonl_line(ts_corpus_reader *r, ts_corpus_batch *b, const char *
     size_t len = json_string_length(s);
     begin_doc(b, (double)(r->file_base + start) < r->val_limit);
     reserve_text(b, len);
-    memcpy(b->text + b->len, json_string_value(s), len);
+    if (len > 0) memcpy(b->text + b->len, json_string_value(s), len); /* text NULL if empty */
     b->len += len;
     end_doc(b);
     json_decref(v);
@@ -170,6 +231,7 @@ ts_status ts_corpus_reader_next(ts_corpus_reader *r, ts_corpus_batch *b, size_t 
             r->pos = 0;
             r->line = 0;
         }
+        if (r->stop && *r->stop) return ts_fail("stopped while reading %s", cf->path);
         errno = 0;
         ssize_t n = getline(&r->line_buf, &r->line_cap, r->f);
         if (n < 0) {

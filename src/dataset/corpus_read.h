@@ -3,6 +3,7 @@
 #ifndef TS_CORPUS_READ_H
 #define TS_CORPUS_READ_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -38,6 +39,9 @@ typedef struct {
     char *line_buf;
     size_t line_cap;
     uint64_t bad_lines;
+    /* Polled while reading (NULL: never): non-zero makes ts_corpus_reader_next fail at
+     * once, so that a stop signal need not wait for a large input to be read. */
+    const volatile sig_atomic_t *stop;
 } ts_corpus_reader;
 
 void ts_corpus_reader_init(ts_corpus_reader *r, const ts_corpus_files *files, const char *field,
