@@ -221,6 +221,7 @@ cluster = {{
   intra_node = {{ bandwidth_gbs = {ar_bw_gbs:.3f}; latency_us = {ar_lat_us:.3f}; }};
   inter_node = {{ bandwidth_gbs = {ar_bw_gbs:.3f}; latency_us = {ar_lat_us:.3f}; }};   # no network: = intra
   overlap_comm = false;   # MPI runs on the compute cores
+  host_collectives = true; # MPI on host memory: its gradient reductions keep copies
 }};
 """
 with open(out, "w") as f:

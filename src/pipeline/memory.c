@@ -241,6 +241,21 @@ static double chunk_buffers(const ts_memory_shape *sh, const ts_memory_holdings 
     return peak;
 }
 
+/* The temporaries Open MPI 4.1 keeps for the replica group's gradient reductions on host
+ * memory (measured, bench/RESULTS.md 4.1; grad_bytes = the rank's fp32 gradient buffer):
+ * ZeRO-0 overlapped, a copy of every non-blocking all-reduce's bucket in flight, and at
+ * the step's end every bucket may be: grad_bytes; ZeRO-0 without overlap, the one
+ * blocking all-reduce of the whole buffer (its large-message algorithm's pieces):
+ * grad_bytes / dp; ZeRO-1, the non-blocking reduce-scatters' copies on the group's first
+ * rank (the pipeline rank's most): grad_bytes; ZeRO-2/3 reduce one chunk's buffer at a
+ * time, whose copies stay inside what the chunk buffers' residency already counts. */
+static double reduce_copies(const ts_memory_shape *sh, int zero, double grad_bytes)
+{
+    if (sh->dp <= 1) return 0.0;
+    if (zero == 0) return sh->overlap_grad_sync ? grad_bytes : grad_bytes / sh->dp;
+    return zero == 1 ? grad_bytes : 0.0;
+}
+
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
                     ts_rank_memory *est)
 {
@@ -266,9 +281,10 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
+    est->reduce_copies = sh->host_reductions ? reduce_copies(sh, zero, floats * f) : 0.0;
     est->blas = sh->threads * TS_BLAS_THREAD_BYTES;
     est->total = est->params + est->grads + est->optimizer + est->chunk_buffers +
-                 est->activations + est->buffers + est->blas;
+                 est->activations + est->buffers + est->reduce_copies + est->blas;
 }
 
 /* A rank's shape and holdings from the model's own layout of its layers (nothing
@@ -373,6 +389,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .zero = cfg->parallel.zero,
         .async_checkpoint = cfg->checkpoint.async && cfg->checkpoint.dir[0],
         .threads = threads, .weight_copy_bytes = k->weight_copy_bytes,
+        .host_reductions = !k->device_memory,
+        .overlap_grad_sync = cfg->parallel.overlap_grad_sync,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
         .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
@@ -470,6 +488,16 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
     ts_model_free(&m);
 }
 
+/* ", MPI reduction copies X" where there are some, else "". */
+static void reduce_note(const ts_rank_memory *e, char *out, size_t size)
+{
+    char r[32];
+    out[0] = '\0';
+    if (e->reduce_copies > 0)
+        snprintf(out, size, ", MPI reduction copies %s",
+                 ts_format_bytes(e->reduce_copies, r, sizeof r));
+}
+
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
 {
     char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
@@ -487,10 +515,39 @@ const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
         char c[32];
         snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
     }
+    char rc[64];
+    reduce_note(e, rc, sizeof rc);
     snprintf(buf, size,
              "%s (parameters %s, gradients %s, optimizer state %s%s, activations %s, "
-             "buffers %s, BLAS buffers %s)",
-             t, p, g, o, cb, a, b, l);
+             "buffers %s%s, BLAS buffers %s)",
+             t, p, g, o, cb, a, b, rc, l);
+    return buf;
+}
+
+const char *ts_memory_describe_resident(const ts_rank_memory *e, double process_bytes,
+                                        char *buf, size_t size)
+{
+    char t[32], n[32], p[32], g[32], o[32], a[32], b[32], l[32];
+    ts_format_bytes(process_bytes + e->total - e->blas, t, sizeof t);
+    ts_format_bytes(process_bytes, n, sizeof n);
+    ts_format_bytes(e->params, p, sizeof p);
+    ts_format_bytes(e->grads, g, sizeof g);
+    ts_format_bytes(e->optimizer, o, sizeof o);
+    ts_format_bytes(e->activations, a, sizeof a);
+    ts_format_bytes(e->buffers, b, sizeof b);
+    ts_format_bytes(e->blas, l, sizeof l);
+    char cb[64] = "";
+    if (e->chunk_buffers > 0) {
+        char c[32];
+        snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
+    }
+    char rc[64];
+    reduce_note(e, rc, sizeof rc);
+    snprintf(buf, size,
+             "%s resident (the process before its model %s, parameters %s, gradients %s, "
+             "optimizer state %s%s, activations %s, buffers %s%s), and %s of address space "
+             "for BLAS buffers",
+             t, n, p, g, o, cb, a, b, rc, l);
     return buf;
 }
 

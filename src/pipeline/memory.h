@@ -25,6 +25,8 @@ typedef struct {
                              larger; 0 with ZeRO-0/1 */
     double activations;  /* saved activations at the schedule's peak, zero-bubble stashes */
     double buffers;      /* pipeline transfer buffers, backward scratch, token ids */
+    double reduce_copies; /* MPI's temporaries of the replica group's gradient reductions
+                             on host memory (ts_memory_shape.host_reductions; 0 on NCCL) */
     double blas;         /* OpenBLAS's per-thread GEMM buffers (address space) */
     double total;
     double act_sets;     /* of `activations`, the saved tensors alone (no token ids, no
@@ -66,6 +68,10 @@ typedef struct {
                                  clusters: 2) */
     int act_bytes;            /* bytes of one activation element (4 fp32, 2 bf16) */
     int threads;              /* BLAS threads */
+    bool host_reductions;     /* the gradient reductions run through MPI on host memory
+                                 (the CPU backends): Open MPI's non-blocking collectives
+                                 keep a temporary copy of each message in flight */
+    bool overlap_grad_sync;   /* parallel.overlap_grad_sync (ZeRO-0's reduction) */
     bool selective;           /* recompute = "selective" (the planner's per-layer tables
                                  subtract attention's state from it; the trainer's layout
                                  already has) */
@@ -208,6 +214,11 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
 
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);
+/* The same as the process will hold it, for the trainer's pre-flight line: resident bytes
+ * = process_bytes (what the process holds before its model: code, libraries, MPI, the
+ * data's index) + total - blas; the BLAS buffers are address space, named apart. */
+const char *ts_memory_describe_resident(const ts_rank_memory *e, double process_bytes,
+                                        char *buf, size_t size);
 
 /* The gradient bytes of chunk `chunk` alone (its layers' parameters on tensor-parallel
  * rank 0): what its data-parallel reduction moves (plan's dp cost). */

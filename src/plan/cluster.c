@@ -13,7 +13,7 @@
  * silently replaced by nothing). */
 static const char *const k_cluster_keys[] = {"name",       "source",     "devices_per_node",
                                              "device",     "intra_node", "inter_node",
-                                             "overlap_comm", NULL};
+                                             "overlap_comm", "host_collectives", NULL};
 static const char *const k_device_keys[] = {"name", "memory_gb", "memory_bandwidth_gbs",
                                             "peak_tflops", "compute_dtype", "gemm_efficiency",
                                             "elementwise_ns", NULL};
@@ -223,6 +223,20 @@ static ts_status overlap(const char *path, const config_setting_t *cl, ts_cluste
     return TS_OK;
 }
 
+/* host_collectives (optional, default false). */
+static ts_status host_collectives(const char *path, const config_setting_t *cl, ts_cluster *c)
+{
+    config_setting_t *s = config_setting_get_member(cl, "host_collectives");
+    if (!s) return TS_OK;
+    if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+        return ts_fail("cluster file %s: cluster.host_collectives must be true or false (true: "
+                       "the ranks' collectives run through MPI on host memory, as on CPU "
+                       "ranks, and its reductions keep temporary copies)",
+                       path);
+    c->host_collectives = config_setting_get_bool(s);
+    return TS_OK;
+}
+
 static ts_status parse(const char *path, const config_t *lc, ts_cluster *c)
 {
     config_setting_t *root = config_root_setting(lc), *cl = NULL, *dev = NULL, *peak = NULL;
@@ -293,7 +307,7 @@ static ts_status parse(const char *path, const config_t *lc, ts_cluster *c)
                        "cluster.device.peak_tflops.bf16 (or set compute_dtype = \"fp32\")",
                        path);
     if (efficiency_table(path, dev, c) != TS_OK || elementwise(path, dev, c) != TS_OK ||
-        overlap(path, cl, c) != TS_OK ||
+        overlap(path, cl, c) != TS_OK || host_collectives(path, cl, c) != TS_OK ||
         link_of(path, cl, "intra_node", "one device's link inside a node", &c->intra) != TS_OK ||
         link_of(path, cl, "inter_node", "one device's share of the network", &c->inter) != TS_OK)
         return TS_ERR;

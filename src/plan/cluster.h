@@ -54,6 +54,9 @@ typedef struct {
                                        not given: a memory pass */
     bool comm_on_compute;         /* overlap_comm = false: communication runs on the
                                      compute cores (zero-initialised: it overlaps) */
+    bool host_collectives;        /* host_collectives = true: the collectives run through
+                                     MPI on host memory (CPU ranks), whose gradient
+                                     reductions keep copies (memory.h host_reductions) */
 } ts_cluster;
 
 /* Read and check `path`. Errors name the file and the key, e.g.

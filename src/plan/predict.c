@@ -465,6 +465,8 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
         .weight_copy_bytes = x->k->weight_copy_bytes,
         .act_bytes = (int)ts_dtype_bytes(x->k->act_dtype),
         .threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1,
+        .host_reductions = x->cl.host_collectives && !x->k->device_memory,
+        .overlap_grad_sync = x->cfg.parallel.overlap_grad_sync,
         .selective = g->recompute == TS_RECOMPUTE_SELECTIVE,
         /* a boundary's rows: B*T / cp, and / tp under sequence parallelism */
         .seq_split = (g->sp ? g->tp : 1) * ts_plan_grid_cp(g)};

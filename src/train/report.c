@@ -302,7 +302,7 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
 ts_status ts_trainer_report_memory(ts_trainer *t)
 {
     const double MiB = 1024.0 * 1024.0;
-    enum { K = 6 };
+    enum { K = 7 };
     /* The process's real peak: the larger of the set-up's (read before ts_trainer_run
      * restarted the count) and the steps' (VmHWM since then). getrusage's ru_maxrss is
      * the same kernel count and no better; it stands in only where /proc is missing. */
@@ -314,21 +314,23 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
     /* The peak; the activation sets allocated (sized, not allocated again, so the report
      * adds nothing to the peak it reports); the optimizer's moments; the steps' own peak
      * (set-up's transients excluded); the state kept through the run (weights, gradients
-     * and moments as this rank holds them) and ZeRO-2/3's chunk buffers at their most. */
+     * and moments as this rank holds them) and ZeRO-2/3's chunk buffers at their most; the
+     * pre-flight estimate of the peak (setup.c), to set beside the first. */
     double mine[K] = {peak / MiB,
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
                       (double)ts_adamw_state_bytes(&t->optim) / MiB,
                       steps_peak / MiB,
                       (ts_grad_sync_state_bytes(&t->grad_sync) +
                        (double)ts_adamw_state_bytes(&t->optim)) / MiB,
-                      t->grad_sync.zbuf_peak / MiB};
+                      t->grad_sync.zbuf_peak / MiB, t->estimate_bytes / MiB};
     double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * K, sizeof(double)) : NULL;
     ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);
     ts_gather_bytes(&t->world, mine, sizeof mine, all, 0);
     ts_status st = TS_OK;
     if (t->world.rank == 0) {
         const char *keys[K] = {"peak_rss_mb", "activation_mb", "optimizer_mb",
-                               "step_peak_rss_mb", "state_mb", "zero_buffers_mb"};
+                               "step_peak_rss_mb", "state_mb", "zero_buffers_mb",
+                               "estimate_mb"};
         json_t *line = json_object();
         for (int k = 0; k < K; k++) {
             json_t *list = json_array();
@@ -340,9 +342,9 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
         json_decref(line);
         st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
         free(text);
-        ts_log_info("memory: peak resident %.1f MiB on rank 0 (activations %.1f MiB, optimizer "
-                    "state %.1f MiB)%s",
-                    all[0], all[1], all[2],
+        ts_log_info("memory: peak resident %.1f MiB on rank 0, estimated %.1f MiB (activations "
+                    "%.1f MiB, optimizer state %.1f MiB)%s",
+                    all[0], all[6], all[1], all[2],
                     t->metrics && t->world.size > 1 ? "; per rank in the metrics file" : "");
     }
     free(all);

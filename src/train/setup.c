@@ -441,8 +441,17 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
                      ts_format_bytes(node, together, sizeof together),
                      ts_format_bytes(lim.physical, phys, sizeof phys));
     if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
-    if (log && t->world.rank == 0)
-        ts_log_info("memory: rank 0 will use about %s", what);
+    /* What this rank will hold at its peak: on the CPU the process as it is now (no
+     * model yet) and what the estimate adds, BLAS's address space apart; on a device,
+     * the device's bytes. The memory report sets it beside the real peak (estimate_mb). */
+    t->estimate_bytes = k->device_memory ? est.total - est.blas : lim.rss_now + est.total - est.blas;
+    if (log && t->world.rank == 0) {
+        if (k->device_memory)
+            ts_log_info("memory: rank 0 will use about %s", what);
+        else
+            ts_log_info("memory: rank 0 will use about %s",
+                        ts_memory_describe_resident(&est, lim.rss_now, what, sizeof what));
+    }
     if (log && auto_rc) log_recompute(t, room);
     return TS_OK;
 }

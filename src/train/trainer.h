@@ -84,6 +84,7 @@ typedef struct {
     bool preempted;     /* stopped by a signal with the state saved in checkpoint.dir */
     bool peak_reset;    /* the peak resident size restarted at the first step */
     double setup_peak_rss; /* the set-up's peak resident bytes, read before that restart */
+    double estimate_bytes; /* the pre-flight estimate of this rank's peak (setup.c) */
     int stop_signal;    /* the signal that stopped the run early, or 0 */
     struct ts_ckpt_saver *saving;  /* checkpoint.async: a save still being written */
     int saving_step;
