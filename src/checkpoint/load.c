@@ -35,7 +35,7 @@ static void files_close(init_files *s)
 static ts_status files_add(init_files *s, const char *path)
 {
     s->f = realloc(s->f, (size_t)(s->n + 1) * sizeof *s->f);
-    TS_ASSERT(s->f != NULL);
+    if (!s->f) ts_out_of_memory((size_t)(s->n + 1) * sizeof *s->f, "the list of model.init's files");
     if (ts_st_open(&s->f[s->n], path) != TS_OK) return TS_ERR;
     s->n++;
     return TS_OK;

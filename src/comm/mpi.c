@@ -389,7 +389,7 @@ ts_status ts_comm_agree(const ts_comm *c, ts_status local)
     check(MPI_Allreduce(&fail_rank, &first, 1, MPI_INT, MPI_MIN, comm_of(c)), c, "agreement");
     ts_watchdog_wait_end();
     if (first == INT_MAX) return TS_OK;
-    char msg[2048] = {0};
+    char msg[TS_ERROR_MAX] = {0};
     if (c->rank == first) {
         char host[MPI_MAX_PROCESSOR_NAME];
         ts_comm_host_name(host, sizeof host);

@@ -86,7 +86,7 @@ typedef struct pipeline {
     int q;
     uint64_t pushed, claimed, written;
     int eof, failed;
-    char err[2048];    /* the first failure's message (ts_error_message is per thread) */
+    char err[TS_ERROR_MAX]; /* the first failure's message (ts_error_message is per thread) */
     /* The writer's state. */
     ts_shard_sink sink;
     int in_val;
@@ -126,8 +126,9 @@ static void fail_now(pipeline *p)
 /* Each document: the encoding's document token (none for bytes), then its ids. */
 static ts_status encode_batch(pipeline *p, ts_tok_encoder *enc, ts_corpus_batch *b)
 {
-    b->doc_tok_end = realloc(b->doc_tok_end, (b->n_docs ? b->n_docs : 1) * sizeof *b->doc_tok_end);
-    if (!b->doc_tok_end) ts_panic(__FILE__, __LINE__, "out of memory");
+    const size_t ends = (b->n_docs ? b->n_docs : 1) * sizeof *b->doc_tok_end;
+    b->doc_tok_end = realloc(b->doc_tok_end, ends);
+    if (!b->doc_tok_end) ts_out_of_memory(ends, "the token ends of a batch of documents");
     b->ids.n = 0;
     b->n_invalid = 0;
     for (size_t d = 0; d < b->n_docs; d++) {

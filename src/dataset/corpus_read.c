@@ -26,7 +26,7 @@ static void reserve_text(ts_corpus_batch *b, size_t more)
     size_t cap = b->cap ? b->cap : 1 << 16;
     while (cap < b->len + more) cap *= 2;
     char *t = realloc(b->text, cap);
-    if (!t) ts_panic(__FILE__, __LINE__, "out of memory");
+    if (!t) ts_out_of_memory(cap, "the text of a batch of documents (one document is read whole)");
     b->text = t;
     b->cap = cap;
 }
@@ -38,7 +38,8 @@ static void begin_doc(ts_corpus_batch *b, int val)
         b->docs_cap = b->docs_cap ? 2 * b->docs_cap : 256;
         b->doc_off = realloc(b->doc_off, b->docs_cap * sizeof *b->doc_off);
         b->doc_val = realloc(b->doc_val, b->docs_cap);
-        if (!b->doc_off || !b->doc_val) ts_panic(__FILE__, __LINE__, "out of memory");
+        if (!b->doc_off || !b->doc_val)
+            ts_out_of_memory(b->docs_cap * (sizeof *b->doc_off + 1), "a batch's document offsets");
     }
     b->doc_off[b->n_docs] = b->len;
     b->doc_val[b->n_docs] = (unsigned char)val;

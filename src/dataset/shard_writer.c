@@ -333,7 +333,9 @@ static ts_status open_shard(ts_shard_sink *s)
         s->tmp = realloc(s->tmp, (size_t)s->cap * sizeof *s->tmp);
         s->final = realloc(s->final, (size_t)s->cap * sizeof *s->final);
         s->counts = realloc(s->counts, (size_t)s->cap * sizeof *s->counts);
-        if (!s->tmp || !s->final || !s->counts) ts_panic(__FILE__, __LINE__, "out of memory");
+        if (!s->tmp || !s->final || !s->counts)
+            ts_out_of_memory((size_t)s->cap * (sizeof *s->tmp + sizeof *s->final + sizeof *s->counts),
+                             "the list of output shards");
     }
     s->tmp[s->n_shards] = tmp;
     s->final[s->n_shards] = final;

@@ -72,7 +72,7 @@ static void row_push(row_list *row, ts_action a)
     if (row->n == row->cap) {
         row->cap = row->cap ? 2 * row->cap : 64;
         ts_action *grown = realloc(row->a, (size_t)row->cap * sizeof *grown);
-        if (!grown) ts_panic(__FILE__, __LINE__, "out of memory reading a schedule CSV");
+        if (!grown) ts_out_of_memory((size_t)row->cap * sizeof *grown, "a schedule CSV's row");
         row->a = grown;
     }
     row->a[row->n++] = a;
@@ -168,7 +168,8 @@ static ts_status place_stage(stage_map *sm, const char *path, int line, int row,
         while (cap <= a.chunk) cap *= 2;
         sm->rank = realloc(sm->rank, (size_t)cap * sizeof(int));
         sm->line = realloc(sm->line, (size_t)cap * sizeof(int));
-        if (!sm->rank || !sm->line) ts_panic(__FILE__, __LINE__, "out of memory reading a schedule CSV");
+        if (!sm->rank || !sm->line)
+            ts_out_of_memory((size_t)cap * 2 * sizeof(int), "a schedule CSV's chunk placement");
         for (int c = sm->cap; c < cap; c++) sm->rank[c] = sm->line[c] = -1;
         sm->cap = cap;
     }
