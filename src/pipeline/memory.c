@@ -1,5 +1,6 @@
 #include "pipeline/memory.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,7 +282,11 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
-    est->reduce_copies = sh->host_reductions ? reduce_copies(sh, zero, floats * f) : 0.0;
+    /* The replica group's copies are freed before the group sums run (grad_sync.c):
+     * the larger of the two is held. */
+    est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, zero, floats * f),
+                                                    h->group_sum_copy)
+                                             : 0.0;
     est->blas = sh->threads * TS_BLAS_THREAD_BYTES;
     est->total = est->params + est->grads + est->optimizer + est->chunk_buffers +
                  est->activations + est->buffers + est->reduce_copies + est->blas;
@@ -317,6 +322,19 @@ static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
         prev_at = at;
     }
     if (prev >= 0) out[prev] = (double)(m->num_floats - prev_at);
+}
+
+/* The temporary of the one large blocking all-reduce the rank's gradients take beside the
+ * replica group's (grad_sync.c's group sums): a tied embedding split over the pipeline's
+ * ends, summed over the embedding group of 2, of which Open MPI's large-message
+ * all-reduce keeps 1/2. (Replicated key/value heads' sums are one layer's k/v weights:
+ * left out.) */
+static double group_sum_copy(const ts_model *m)
+{
+    const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
+    const bool one_end = m->wte_param < 0 || m->head_wte_param < 0; /* the other elsewhere */
+    if (!m->tied || tied < 0 || !one_end) return 0.0;
+    return 4.0 * (double)((m->params[tied].numel + 15) / 16 * 16) / 2.0; /* as laid out */
 }
 
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
@@ -394,6 +412,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
         .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
+                                  .group_sum_copy = group_sum_copy(&m),
                                   .scratch_bytes = scratch,
                                   .act_bytes = out->acts, .stash_bytes = out->stash,
                                   .sel_act_bytes = out->sel_acts,

@@ -101,6 +101,9 @@ typedef struct {
     double param_floats;       /* the rank's parameters as laid out (padded; the head's
                                   copy of the tied embedding included) */
     double scratch_bytes;      /* the backward scratch, allocated once */
+    double group_sum_copy;     /* host reductions: the temporary of the tied embedding's
+                                  blocking sum over the pipeline's two ends (half its
+                                  gradient), where the rank holds one end */
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */

@@ -361,8 +361,13 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
         floats += L->wte_floats;
         floats_c[head_chunk] += L->wte_floats;
     }
+    /* One end of a tied embedding split over the pipeline: its gradient's blocking sum
+     * over the two ends (memory.h group_sum_copy). */
+    const bool one_end = (head_chunk >= 0) != owned[0];
+    const double group_sum_copy = one_end ? 4.0 * L->wte_floats / 2.0 : 0.0;
     free(owned);
     return (ts_memory_holdings){.param_floats = floats,
+                                .group_sum_copy = group_sum_copy,
                                 .scratch_bytes = L->scratch_bytes +
                                                  (sh->selective ? L->rebuild_bytes : 0.0),
                                 .act_bytes = acts, .stash_bytes = stash,
