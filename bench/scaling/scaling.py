@@ -14,7 +14,8 @@ tables and the gnuplot data files. Subcommands:
   curves MANIFEST.tsv OUTDIR
       one row per (cluster file's tag, cluster name, model, gpus, search JSON file,
       error file, family: gpt3 or llama3; gpt3 when absent): OUTDIR/curves.csv,
-      curves.md and <family>_<tag>.dat (one gnuplot block per model of the family)
+      curves.md, curves_<tag>.tsv (per cluster) and <family>_<tag>.dat (one gnuplot block
+      per model of the family)
 """
 import csv
 import json
@@ -209,7 +210,8 @@ def curves(manifest, outdir):
                 b = s["best"]
                 row.update(step_ms=b["step_ms"], mfu=b["mfu"], bubble=b["bubble"],
                            mem_gb=b["memory_bytes"] / 1e9, tokens_per_s=b["tokens_per_s"],
-                           pp=b["pp"], dp=b["dp"], tp=b["tp"], v=b["v"],
+                           pp=b["pp"], dp=b["dp"], cp=b.get("cp", 1), tp=b["tp"],
+                           v=b["v"], sp=int(bool(b.get("sequence_parallel"))),
                            schedule=b["schedule"], micro_batch=b["micro_batch"],
                            recompute=b["recompute"], zero=b["zero"],
                            search_s=s["seconds"], note="")
@@ -218,8 +220,8 @@ def curves(manifest, outdir):
                 row.update(note=msg or "no result")
             rows.append(row)
     keys = ["cluster", "family", "model", "gpus", "step_ms", "mfu", "bubble", "mem_gb",
-            "tokens_per_s", "pp", "dp", "tp", "v", "schedule", "micro_batch", "recompute",
-            "zero", "search_s", "note"]
+            "tokens_per_s", "pp", "dp", "cp", "tp", "v", "schedule", "micro_batch",
+            "recompute", "zero", "sp", "search_s", "note"]
     with open(outdir + "/curves.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -229,22 +231,38 @@ def curves(manifest, outdir):
     with open(outdir + "/curves.md", "w") as f:
         for cl in clusters:
             f.write("\n%s (configs/clusters/%s.cfg)\n\n" % (cl, clusters[cl]))
-            f.write("| model | GPUs | step s | MFU | bubble | GB/device | pp x dp x tp | "
-                    "schedule (v) | mb | recompute | zero |\n")
-            f.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f.write("| model | GPUs | step s | MFU | bubble | GB/device | pp x dp x cp x tp | "
+                    "schedule (v) | mb | recompute | zero | sp |\n")
+            f.write("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 if r["cluster"] != cl:
                     continue
                 if "step_ms" not in r:
-                    f.write("| %s | %d | - | - | - | - | %s | | | | |\n"
+                    f.write("| %s | %d | - | - | - | - | %s | | | | | |\n"
                             % (r["label"], r["gpus"], short(r["note"])))
                     continue
-                f.write("| %s | %d | %.3g | %.1f%% | %.3f | %.1f | %d x %d x %d | %s (%d) | "
-                        "%d | %s | %d |\n" % (
+                f.write("| %s | %d | %.3g | %.1f%% | %.3f | %.1f | %d x %d x %d x %d | %s (%d) | "
+                        "%d | %s | %d | %s |\n" % (
                             r["label"], r["gpus"], r["step_ms"] / 1e3, 100 * r["mfu"],
-                            r["bubble"], r["mem_gb"], r["pp"], r["dp"], r["tp"],
+                            r["bubble"], r["mem_gb"], r["pp"], r["dp"], r["cp"], r["tp"],
                             r["schedule"], r["v"], r["micro_batch"], r["recompute"],
-                            r["zero"]))
+                            r["zero"], "on" if r["sp"] else "off"))
+    # one TSV per cluster (bench/scaling.sh copies the DGX H100's to docs/scaling_gpt3.tsv,
+    # the numbers behind the plots, which tests/test_docs_drift.sh replans in part)
+    tsv = ["family", "model", "gpus", "step_ms", "mfu", "bubble", "mem_gb", "pp", "dp", "cp",
+           "tp", "v", "schedule", "micro_batch", "recompute", "zero", "sp"]
+    for cl, tag in clusters.items():
+        with open("%s/curves_%s.tsv" % (outdir, tag), "w") as f:
+            f.write("\t".join(tsv) + "\n")
+            for r in rows:
+                if r["cluster"] != cl:
+                    continue
+                if "step_ms" not in r:  # no grid fits: the rest of the row is "-"
+                    f.write("\t".join([r["family"], r["model"], str(r["gpus"])]
+                                      + ["-"] * (len(tsv) - 3)) + "\n")
+                    continue
+                f.write("\t".join(("%.6g" % r[k]) if isinstance(r[k], float) else str(r[k])
+                                  for k in tsv) + "\n")
     for cl, tag in clusters.items():
         for family in sorted({fam for fam, _ in order}):
             with open("%s/%s_%s.dat" % (outdir, family, tag), "w") as f:
