@@ -573,7 +573,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     bool *selective = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(bool)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
-        char what[256];
+        char what[512];
         const bool fits = rank_memory(cfg, part, s, q, room, keep, selective, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
         if (auto_rc)

@@ -507,66 +507,44 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
     ts_model_free(&m);
 }
 
-/* ", MPI reduction copies X" where there are some, else "". */
-static void reduce_note(const ts_rank_memory *e, char *out, size_t size)
+/* "parameters P, gradients G, optimizer state O[, chunk buffers C], activations A,
+ * buffers B[, MPI reduction copies R]": the parts both lines below name. ZeRO-2/3's chunk
+ * buffers and the host reductions' copies only where there are some. */
+static void describe_parts(const ts_rank_memory *e, char *out, size_t size)
 {
-    char r[32];
-    out[0] = '\0';
+    char p[32], g[32], o[32], a[32], b[32], c[32], r[32], cb[64] = "", rc[64] = "";
+    if (e->chunk_buffers > 0)
+        snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
     if (e->reduce_copies > 0)
-        snprintf(out, size, ", MPI reduction copies %s",
+        snprintf(rc, sizeof rc, ", MPI reduction copies %s",
                  ts_format_bytes(e->reduce_copies, r, sizeof r));
+    snprintf(out, size, "parameters %s, gradients %s, optimizer state %s%s, activations %s, buffers %s%s",
+             ts_format_bytes(e->params, p, sizeof p), ts_format_bytes(e->grads, g, sizeof g),
+             ts_format_bytes(e->optimizer, o, sizeof o), cb,
+             ts_format_bytes(e->activations, a, sizeof a), ts_format_bytes(e->buffers, b, sizeof b),
+             rc);
 }
 
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size)
 {
-    char t[32], p[32], g[32], o[32], a[32], b[32], l[32];
-    ts_format_bytes(e->total, t, sizeof t);
-    ts_format_bytes(e->params, p, sizeof p);
-    ts_format_bytes(e->grads, g, sizeof g);
-    ts_format_bytes(e->optimizer, o, sizeof o);
-    ts_format_bytes(e->activations, a, sizeof a);
-    ts_format_bytes(e->buffers, b, sizeof b);
-    ts_format_bytes(e->blas, l, sizeof l);
-    /* ZeRO-2/3's chunk buffers only where there are some: the line of zero 0/1 is what
-     * it was. */
-    char cb[64] = "";
-    if (e->chunk_buffers > 0) {
-        char c[32];
-        snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
-    }
-    char rc[64];
-    reduce_note(e, rc, sizeof rc);
-    snprintf(buf, size,
-             "%s (parameters %s, gradients %s, optimizer state %s%s, activations %s, "
-             "buffers %s%s, BLAS buffers %s)",
-             t, p, g, o, cb, a, b, rc, l);
+    char t[32], l[32], parts[320];
+    describe_parts(e, parts, sizeof parts);
+    snprintf(buf, size, "%s (%s, BLAS buffers %s)", ts_format_bytes(e->total, t, sizeof t), parts,
+             ts_format_bytes(e->blas, l, sizeof l));
     return buf;
 }
 
 const char *ts_memory_describe_resident(const ts_rank_memory *e, double process_bytes,
                                         char *buf, size_t size)
 {
-    char t[32], n[32], p[32], g[32], o[32], a[32], b[32], l[32];
-    ts_format_bytes(process_bytes + e->total - e->blas, t, sizeof t);
-    ts_format_bytes(process_bytes, n, sizeof n);
-    ts_format_bytes(e->params, p, sizeof p);
-    ts_format_bytes(e->grads, g, sizeof g);
-    ts_format_bytes(e->optimizer, o, sizeof o);
-    ts_format_bytes(e->activations, a, sizeof a);
-    ts_format_bytes(e->buffers, b, sizeof b);
-    ts_format_bytes(e->blas, l, sizeof l);
-    char cb[64] = "";
-    if (e->chunk_buffers > 0) {
-        char c[32];
-        snprintf(cb, sizeof cb, ", chunk buffers %s", ts_format_bytes(e->chunk_buffers, c, sizeof c));
-    }
-    char rc[64];
-    reduce_note(e, rc, sizeof rc);
+    char t[32], n[32], l[32], parts[320];
+    describe_parts(e, parts, sizeof parts);
     snprintf(buf, size,
-             "%s resident (the process before its model %s, parameters %s, gradients %s, "
-             "optimizer state %s%s, activations %s, buffers %s%s), and %s of address space "
-             "for BLAS buffers",
-             t, n, p, g, o, cb, a, b, rc, l);
+             "%s resident (the process before its model %s, %s), and %s of address space for "
+             "BLAS buffers",
+             ts_format_bytes(process_bytes + e->total - e->blas, t, sizeof t),
+             ts_format_bytes(process_bytes, n, sizeof n), parts,
+             ts_format_bytes(e->blas, l, sizeof l));
     return buf;
 }
 

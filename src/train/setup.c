@@ -384,7 +384,7 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
     ts_status st = TS_OK;
     const bool auto_rc = ts_recompute_from_name(t->cfg.parallel.recompute) == TS_RECOMPUTE_AUTO;
     double room = 0.0;
-    char what[256], left[32], limit[32], together[32], phys[32];
+    char what[512], left[32], limit[32], together[32], phys[32];
     if (auto_rc) {
         if (!choose_recompute(t, &lim, &room, &est))
             st = ts_fail("not enough memory for parallel.recompute = \"auto\": pipeline rank %d "
