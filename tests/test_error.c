@@ -83,12 +83,8 @@ static void test_error_out_of_memory_exits_1(void)
         _exit(0); /* not reached when ts_malloc behaves */
     }
     close(fds[1]);
-    char err[1024] = {0};
-    size_t got = 0;
-    ssize_t n;
-    while (got < sizeof err - 1 && (n = read(fds[0], err + got, sizeof err - 1 - got)) > 0)
-        got += (size_t)n;
-    close(fds[0]);
+    char err[1024];
+    ts_test_read_all(fds[0], err, sizeof err);
     int status = 0;
     CHECK(waitpid(pid, &status, 0) == pid);
     CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status 0x%x, stderr: %s", status, err);

@@ -131,12 +131,8 @@ static void test_host_access_caught(int write_it)
         _exit(0); /* not caught: the test fails */
     }
     close(fds[1]);
-    char buf[4096] = { 0 };
-    size_t got = 0;
-    ssize_t n;
-    while (got < sizeof buf - 1 && (n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0)
-        got += (size_t)n;
-    close(fds[0]);
+    char buf[4096];
+    ts_test_read_all(fds[0], buf, sizeof buf);
     int status = 0;
     waitpid(pid, &status, 0);
     CHECKF(!(WIFEXITED(status) && WEXITSTATUS(status) == 0), "a host %s went unnoticed",

@@ -138,6 +138,17 @@ static inline void ts_test_remove_dir(const char *dir)
 
 /* A llama config as a config file with model.arch = "llama" gives it: the defaults, then
  * the architecture's (RoPE theta 500000, RMSNorm eps 1e-5, untied head). */
+/* Read fd to its end (a forked child's stderr) into buf, NUL-terminated, at most
+ * size - 1 bytes; then close it. */
+static inline void ts_test_read_all(int fd, char *buf, size_t size)
+{
+    size_t got = 0;
+    ssize_t n;
+    while (got < size - 1 && (n = read(fd, buf + got, size - 1 - got)) > 0) got += (size_t)n;
+    buf[got] = '\0';
+    close(fd);
+}
+
 static inline void ts_test_llama_config(ts_config *c)
 {
     ts_config_defaults(c);
