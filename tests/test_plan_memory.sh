@@ -13,6 +13,9 @@
 #                  where MPI's shared-memory buffers and the gradient buckets add
 #                  resident memory pipeline/memory.c does not count (up to ~13% here);
 #                  at least 5 MiB (the baseline moves that much with the rank count)
+#   estimate_mb vs  the largest peak_rss_mb of the ranks of its pipeline rank: the
+#                  trainer's own pre-flight estimate of the real peak, within 5% or 5 MiB
+#                  (ZeRO-2/3 excepted: below)
 # The 1-rank baseline is also the 1x1x1 grid's run (the same config: it ran twice). The
 # plans are read and the runs compared by one python3 each, not one per run.
 # Usage: test_plan_memory.sh TESSERA SOURCE_DIR
@@ -150,9 +153,23 @@ for line in open(os.path.join(tmp, "runs.tsv")):
             # and 5 MiB at least: the baseline itself moves by a few MiB with the number of
             # ranks (MPI's transports), which decides small runs of the 4-layer model.
             ok = ok and abs(want - last["peak_rss_mb"][r]) <= max(tol * last["peak_rss_mb"][r], 5.0)
-        print("  %-34s rank %d: activations %.2f/%.1f optimizer %.2f/%.1f%s MiB (planner/trainer)%s"
+        # The trainer's own pre-flight estimate against the real peak (issue 37): the
+        # estimate is its pipeline rank's most (Open MPI keeps a reduction's root copy on
+        # the replica group's first rank only), so against the largest peak of the ranks
+        # of that pipeline rank; within 5%, or 5 MiB for these 20-100 MiB processes
+        # (Open MPI's per-peer shared-memory segments and OpenBLAS's touched buffers are
+        # a few MiB nothing models). ZeRO-2/3: the per-chunk reduce-scatters' root copies,
+        # which Open MPI keeps for small chunks (11 MiB at 10 MiB chunks here) and not for
+        # large ones (none at 475 MiB, RESULTS 4.1), are not modelled: not held to it.
+        est = last["estimate_mb"][r]
+        q0 = (r // tpdp) * tpdp
+        peak = max(last["peak_rss_mb"][q0:q0 + tpdp])
+        ok_est = plan.get("zero", 0) >= 2 and plan["dp"] > 1 or abs(est - peak) <= max(0.05 * peak, 5.0)
+        ok = ok and ok_est
+        print("  %-34s rank %d: activations %.2f/%.1f optimizer %.2f/%.1f%s MiB (planner/trainer)"
+              " estimate %.1f/%.1f MiB (trainer/its pipeline rank's peak)%s"
               % (name, r, act, last["activation_mb"][r], opt, last["optimizer_mb"][r], rss,
-                 "" if ok else "  <-- MISS"))
+                 est, peak, "" if ok else "  <-- MISS"))
         bad += not ok
     print("RESULT %s %s" % ("MISS" if bad else "ok", name))
     if first and plan["world"] == 1:  # the group's baseline run
