@@ -342,9 +342,11 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
         json_decref(line);
         st = ts_trainer_metrics_line(t, "%s", text ? text : "{}");
         free(text);
-        ts_log_info("memory: peak resident %.1f MiB on rank 0, estimated %.1f MiB (activations "
+        /* On a device the estimate is the device's bytes, not the host's resident ones. */
+        ts_log_info("memory: peak resident %.1f MiB on rank 0, %s %.1f MiB (activations "
                     "%.1f MiB, optimizer state %.1f MiB)%s",
-                    all[0], all[6], all[1], all[2],
+                    all[0], t->k->device_memory ? "device memory estimated" : "estimated",
+                    all[6], all[1], all[2],
                     t->metrics && t->world.size > 1 ? "; per rank in the metrics file" : "");
     }
     free(all);
