@@ -586,6 +586,11 @@ struct ts_ckpt_saver {
     atomic_int written;        /* this rank's writes are done (or failed) */
     ts_status write_status;
     char write_error[1024];    /* the writer thread's message (error messages are per thread) */
+    /* The args' per-dataset arrays, copied: the caller's live on its stack, and an
+     * asynchronous save commits (state.json) steps later. a's pointers point here. */
+    int *set_files;
+    double *set_weights;
+    uint64_t *set_counts;
 };
 
 /* This rank's runs into the files, checksummed; then fsync and close. */
@@ -618,8 +623,20 @@ static void saver_free(ts_ckpt_saver *s)
     free(s->w.pieces.v);
     free(s->items.v);
     free(s->own.mem);
+    free(s->set_files);
+    free(s->set_weights);
+    free(s->set_counts);
     ts_ckpt_layout_free(&s->L);
     free(s);
+}
+
+/* Copy n elements of `from` (NULL stays NULL) into an allocation *to owns. */
+static const void *own_copy(void **to, const void *from, size_t n, size_t elem)
+{
+    if (!from) return NULL;
+    *to = ts_malloc(n * elem);
+    memcpy(*to, from, n * elem);
+    return *to;
 }
 
 ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_saver **out,
@@ -628,6 +645,13 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     const double t0 = ts_now_ms();
     ts_ckpt_saver *s = ts_calloc(1, sizeof *s);
     s->a = *a;
+    /* state_json reads the weights and counts for each of the config's datasets, the
+     * files for each of the args': as many as the larger says. */
+    const int most = a->n_sets > a->cfg->data.n_sets ? a->n_sets : a->cfg->data.n_sets;
+    const size_t sets = most > 0 ? (size_t)most : 1;
+    s->a.set_files = own_copy((void **)&s->set_files, a->set_files, sets, sizeof(int));
+    s->a.set_weights = own_copy((void **)&s->set_weights, a->set_weights, sets, sizeof(double));
+    s->a.set_counts = own_copy((void **)&s->set_counts, a->set_counts, sets, sizeof(uint64_t));
     const ts_comm *world = a->world;
     const char *root = a->cfg->checkpoint.dir;
     snprintf(s->name, sizeof s->name, "step_%08d", a->step);
