@@ -54,3 +54,11 @@ run "dp 2 ZeRO-0 (4, 2)" 2 1 --set parallel.dp=2 --set train.global_batch=4 --se
 run "dp 2 ZeRO-0 no overlap (4, 2)" 2 1 --set parallel.dp=2 --set parallel.overlap_grad_sync=false --set train.global_batch=4 --set parallel.micro_batch=2
 run "dp 2 ZeRO-1 (4, 2)" 2 1 --set parallel.dp=2 --set parallel.zero=1 --set train.global_batch=4 --set parallel.micro_batch=2
 run "dp 2 ZeRO-3 (4, 2)" 2 1 --set parallel.dp=2 --set parallel.zero=3 --set train.global_batch=4 --set parallel.micro_batch=2
+# bf16 where the CPU runs it (tessera refuses bf16 on the CPU without AVX512_BF16 or AMX).
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  run "bf16 1 rank, 2 threads, (4, 4)" 1 2 --set train.global_batch=4 --set "'train.precision=\"bf16\"'"
+  run "bf16 pp 2 1F1B (4, 2)" 2 1 --set "'train.precision=\"bf16\"'" --set parallel.pp=2 --set train.global_batch=4 --set parallel.micro_batch=2
+  run "bf16 dp 2 ZeRO-3 (4, 2)" 2 1 --set "'train.precision=\"bf16\"'" --set parallel.dp=2 --set parallel.zero=3 --set train.global_batch=4 --set parallel.micro_batch=2
+else
+  echo "(bf16 rows skipped: this CPU has no AVX512_BF16 or AMX-BF16)"
+fi
