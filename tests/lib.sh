@@ -32,6 +32,7 @@ at_exit() { AT_EXIT+=("$1"); }
 lib_exit() {
   local rc=$? c
   for c in "${AT_EXIT[@]}"; do eval "$c"; done
+  snapshot_runs
   rm -rf "$TMP"
   if [ "$rc" -eq 0 ] && [ "$FINISHED" -ne 1 ]; then
     echo "FAIL: the test exited 0 without finish (no case was counted)" >&2
@@ -40,6 +41,28 @@ lib_exit() {
   exit "$rc"
 }
 trap lib_exit EXIT
+
+# snapshot_runs: with TS_TEST_SNAPSHOT set to a folder, keep what every run of this test
+# computed (each metrics file's losses, gradient norms and validation losses, and the
+# sha256 of each saved model) under FOLDER/TEST/, so that two builds' whole-suite runs can
+# be compared bit for bit (scripts/compare_snapshots.sh): how a refactoring shows it
+# changed no grid's numbers. Off (unset) in CI.
+snapshot_runs() {
+  [ -n "${TS_TEST_SNAPSHOT:-}" ] || return 0
+  local dir f rel
+  dir="$TS_TEST_SNAPSHOT/$(basename "$0" .sh)"
+  mkdir -p "$dir"
+  while IFS= read -r f; do
+    rel="${f#"$TMP"/}"
+    mkdir -p "$dir/$(dirname "$rel")"
+    grep -o '"\(loss\|grad_norm\|val_loss\)":[^,}]*' "$f" >"$dir/$rel.numbers" 2>/dev/null || true
+  done < <(find "$TMP" -name '*.jsonl' -type f 2>/dev/null)
+  while IFS= read -r f; do
+    rel="${f#"$TMP"/}"
+    mkdir -p "$dir/$(dirname "$rel")"
+    sha256sum <"$f" | cut -d' ' -f1 >"$dir/$rel.sha256"
+  done < <(find "$TMP" -name 'model.safetensors' -type f 2>/dev/null)
+}
 
 # The strict device mode (CTest label "strict"): TS_TEST_DEVICE names the compute
 # backend every training run of the test uses (train.device), e.g. "cpu-strict", whose
