@@ -3,7 +3,7 @@
 # group before attention, dK/dV reduce-scattered back; tensor/cp.h): cp 2 and 4 alone,
 # cp 2 with tp 2 (and sequence parallelism, tp_overlap), pp 2 (1f1b, zb-h1's weight pass,
 # interleaved), dp 2 (ZeRO-1, ZeRO-3), selective and full recompute give the one-rank
-# losses within relative 1e-4, for GPT-2 (learned positions at the global rows) and
+# losses within relative 1e-4 (20 steps; 8 for zb-h1 and recompute on grids checked at 20), for GPT-2 (learned positions at the global rows) and
 # Llama (RoPE at the global positions, grouped-query K/V); a rerun is bit for bit; a
 # checkpoint saved with cp 2 resumes with cp 1 and tp 2 (the files know no cp) and
 # continues the one-rank losses. A seq_len that 2*cp does not divide is refused, nothing
@@ -19,19 +19,29 @@ common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "train.lr
         --set log.progress=false)
 
 check ref 1
+# check_short NAME NP SETS...: check with $short steps, against the reference's first
+# $short steps: for the runs that change only the order or the shape of the work inside a
+# step (a schedule, a recompute mode) on a layout whose 20 steps are checked here (cp 2, and cp 2 x pp 2 under 1f1b):
+# every step runs that whole step again, so 8 steps check it as 20 do
+# (test_pp_invariance's argument). The layouts (which rank holds and updates what), whose
+# errors grow with the learning rate over the warm-up, keep 20 steps. Every run follows the
+# 20-step schedule (lr_decay_steps), so an 8-step run's steps are its first 8, bit for bit.
+short=$((steps < 8 ? steps : 8))
+grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"
+check_short() { CHECK_REF="$TMP/ref_short.jsonl" check "$@" --set "train.steps=$short"; }
 check cp2 2 --set parallel.cp=2
 check cp4 4 --set parallel.cp=4
 check cp2_tp2 4 --set parallel.cp=2 --set parallel.tp=2
 check cp2_tp2_sp_overlap2 4 --set parallel.cp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set parallel.tp_overlap=2
 check cp2_pp2_1f1b 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.schedule=1f1b
-check cp2_pp2_zbh1 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.schedule=zb-h1
+check_short cp2_pp2_zbh1 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.schedule=zb-h1
 check cp2_pp2_interleaved 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set parallel.schedule=interleaved-1f1b --set parallel.micro_batch=2
 check cp2_dp2_zero1 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=1
 check cp2_dp2_zero3 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=3
-check cp2_selective 2 --set parallel.cp=2 --set parallel.recompute=selective
-check cp2_pp2_full 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.recompute=full
+check_short cp2_selective 2 --set parallel.cp=2 --set parallel.recompute=selective
+check_short cp2_pp2_full 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.recompute=full
 
 # The memory estimate knows cp (src/pipeline/memory.c: the layout at seq_len/cp rows plus
 # the gathered K/V): the trainer's activation_mb per rank is plan's activation_sets, and
@@ -56,9 +66,11 @@ sys.exit(bad)
 PY
 then pass; else fail "cp memory: the trainer's activations against plan's (above) $(cat "$TMP/err")"; fi
 
-check cp2_again 2 --set parallel.cp=2
-if cmp -s <(losses "$TMP/cp2.jsonl") <(losses "$TMP/cp2_again.jsonl"); then pass
-else fail "cp = 2 run twice is not bit-identical"; fi
+release_only "cp = 2 run twice, bit for bit" || {
+  check cp2_again 2 --set parallel.cp=2
+  if cmp -s <(losses "$TMP/cp2.jsonl") <(losses "$TMP/cp2_again.jsonl"); then pass
+  else fail "cp = 2 run twice is not bit-identical"; fi
+}
 
 # Save at step 3 with cp 2, resume with cp 1 and tp 2: the remaining steps are the
 # one-rank run's.

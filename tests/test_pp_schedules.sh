@@ -34,11 +34,13 @@ check pp2_dp2_looped_bfs 4 --set parallel.pp=2 --set parallel.dp=2 "${v2[@]}" --
   --set parallel.schedule=looped-bfs
 
 # A rerun gives the same bits.
-check pp2_zb_v_m8_uneven_again 2 --set parallel.pp=2 "${v2[@]}" "${m8[@]}" --set parallel.schedule=zb-v \
-  --set "parallel.partition=[2,1,1,2]"
-cmp -s <(losses "$TMP/pp2_zb_v_m8_uneven.jsonl") <(losses "$TMP/pp2_zb_v_m8_uneven_again.jsonl") &&
-  cmp -s <(norms "$TMP/pp2_zb_v_m8_uneven.jsonl") <(norms "$TMP/pp2_zb_v_m8_uneven_again.jsonl") && pass ||
-  fail "a rerun of zb-v on pp 2 is not bit-identical"
+release_only "zb-v on pp 2 run twice, bit for bit" || {
+  check pp2_zb_v_m8_uneven_again 2 --set parallel.pp=2 "${v2[@]}" "${m8[@]}" --set parallel.schedule=zb-v \
+    --set "parallel.partition=[2,1,1,2]"
+  cmp -s <(losses "$TMP/pp2_zb_v_m8_uneven.jsonl") <(losses "$TMP/pp2_zb_v_m8_uneven_again.jsonl") &&
+    cmp -s <(norms "$TMP/pp2_zb_v_m8_uneven.jsonl") <(norms "$TMP/pp2_zb_v_m8_uneven_again.jsonl") && pass ||
+    fail "a rerun of zb-v on pp 2 is not bit-identical"
+}
 
 # Group by group (TS_PP_EXCHANGE=grouped): DualPipe-V's pairs take their second action's
 # receive into the first's group; the losses are the eager run's.

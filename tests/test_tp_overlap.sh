@@ -27,9 +27,11 @@ check ov2_tp2_selective 2 --set parallel.tp=2 --set parallel.tp_overlap=2 \
 check ov2_tp2_dp2_zero3_sp 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=3 \
   --set parallel.micro_batch=2 --set parallel.tp_overlap=2 "${sp[@]}"
 
-check ov4_tp2_sp_again 2 --set parallel.tp=2 --set parallel.tp_overlap=4 "${sp[@]}"
-if cmp -s <(losses "$TMP/ov4_tp2_sp.jsonl") <(losses "$TMP/ov4_tp2_sp_again.jsonl"); then pass
-else fail "tp_overlap = 4 with sequence parallelism run twice is not bit-identical"; fi
+release_only "tp_overlap = 4 with sequence parallelism run twice, bit for bit" || {
+  check ov4_tp2_sp_again 2 --set parallel.tp=2 --set parallel.tp_overlap=4 "${sp[@]}"
+  if cmp -s <(losses "$TMP/ov4_tp2_sp.jsonl") <(losses "$TMP/ov4_tp2_sp_again.jsonl"); then pass
+  else fail "tp_overlap = 4 with sequence parallelism run twice is not bit-identical"; fi
+}
 
 # Llama: RMSNorm, RoPE per sub-batch, key/value heads replicated on tp 4.
 mv "$TMP/ref.jsonl" "$TMP/ref_gpt2.jsonl"

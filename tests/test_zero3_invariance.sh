@@ -47,8 +47,10 @@ check z3_bfs_thread 4 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=looped-bfs 
   --set 'parallel.grad_sync_progress="thread"'
 check z3_bfs_nooverlap 4 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=looped-bfs --set parallel.zero=3 \
   --set parallel.overlap_grad_sync=false
-check z3_bfs_again 4 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=looped-bfs --set parallel.zero=3
-bit_same z3_bfs z3_bfs_again "the same ZeRO-3 run twice"
+release_only "the same ZeRO-3 run twice, bit for bit" || {
+  check z3_bfs_again 4 "${pp2[@]}" "${v2[@]}" --set parallel.schedule=looped-bfs --set parallel.zero=3
+  bit_same z3_bfs z3_bfs_again "the same ZeRO-3 run twice"
+}
 bit_same z3_bfs z3_bfs_nooverlap "ZeRO-3 overlap on and off"
 
 # Checkpoints: save at step 4 of 8, resume on the other grid and zero level.

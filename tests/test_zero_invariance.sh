@@ -50,7 +50,8 @@ check_short zero_3d_nooverlap 8 "${grid3d[@]}" "${zero[@]}" "${nooverlap[@]}"
 # Another schedule and recompute mode with the tied embedding across stages.
 check zero_pp2_dp2_zb_recompute 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.micro_batch=2 \
   --set parallel.schedule=zb-h1 --set parallel.recompute=full "${zero[@]}" "${small[@]}"
-check zero_dp2_again 2 --set parallel.dp=2 "${zero[@]}" "${small[@]}"
+release_only "the same ZeRO-1 run twice, bit for bit" ||
+  check zero_dp2_again 2 --set parallel.dp=2 "${zero[@]}" "${small[@]}"
 
 # dp = 3 with n_embd = 64: the bucket's 16-float units do not divide by 3, so the dp
 # ranks' pieces differ in size (its own one-rank reference: global_batch 12).
@@ -68,7 +69,7 @@ bit_same ref zero_dp1 "zero = 1 with dp = 1 is not the plain run"
 bit_same zero_dp2 zero_dp2_nooverlap "overlap on and off (dp = 2)"
 bit_same zero_dp4 zero_dp4_nooverlap "overlap on and off (dp = 4)"
 bit_same zero_3d zero_3d_nooverlap "overlap on and off (pp2 x dp2 x tp2, v = 2)"
-bit_same zero_dp2 zero_dp2_again "the same ZeRO-1 run twice"
+[ -f "$TMP/zero_dp2_again.jsonl" ] && bit_same zero_dp2 zero_dp2_again "the same ZeRO-1 run twice"
 
 # The optimizer state per rank (the metrics' last line, MiB to 0.1): every dp = 4 rank
 # holds a quarter of the one-rank moments, within 5%.
