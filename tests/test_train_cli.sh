@@ -1,27 +1,36 @@
 # Training from the command line on the tiny config: the loss at initialisation is
 # ln(vocab) within 5%, 50 steps lower it, and the same run twice is bit-identical; the
 # metrics and progress lines carry MFU, the start-up lines the model, grid and ZeRO
-# level (and a warning when ZeRO has no replicas to shard over).
+# level (and a warning when ZeRO has no replicas to shard over). Under the sanitizers
+# and in the strict copy (TS_TEST_SWEEP_STEPS set, tests/CMakeLists.txt) the runs train
+# 12 steps with validation every 6, every case but the loss's fall (the default copy's):
+# they look for memory errors and host touches of device memory, which 12 steps meet.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
 head -c 20000 /usr/share/games/fortunes/science > "$TMP/val.txt"
 "$TESSERA" data "$TMP/val.txt" "$TMP/val.bin" >/dev/null
 
-common=(train "$SRC/configs/tiny.cfg" --set train.steps=50 --set "data.train=\"$TMP/train.bin\""
-        --set "data.val=\"$TMP/val.bin\"" --set data.eval_every=25 --set train.threads=1)
+steps=50
+[ -n "${TS_TEST_SWEEP_STEPS:-}" ] && steps=12
+common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
+        --set "data.val=\"$TMP/val.bin\"" --set "data.eval_every=$((steps / 2))" --set train.threads=1)
 
 if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/run1.jsonl\""; then pass; else fail "train run 1"; cat "$TMP/err" >&2; fi
 if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/run2.jsonl\""; then pass; else fail "train run 2"; cat "$TMP/err" >&2; fi
 
 n=$(losses "$TMP/run1.jsonl" | wc -l)
-[ "$n" -eq 50 ] && pass || fail "expected 50 step lines, got $n"
+[ "$n" -eq "$steps" ] && pass || fail "expected $steps step lines, got $n"
 first=$(losses "$TMP/run1.jsonl" | head -1)
 last=$(losses "$TMP/run1.jsonl" | tail -5 | awk '{s += $1} END {print s / NR}')
 awk -v l="$first" 'BEGIN { e = log(256); exit !(l > 0.95 * e && l < 1.05 * e) }' \
   && pass || fail "initial loss $first not within 5% of ln(256)"
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' \
-  && pass || fail "50 steps did not lower the loss enough: $first -> $last"
+if [ "$steps" -eq 50 ]; then
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' \
+    && pass || fail "50 steps did not lower the loss enough: $first -> $last"
+else
+  skip_case "the loss's fall over 50 steps (the default copy in the release build checks it)"
+fi
 if cmp -s <(losses "$TMP/run1.jsonl") <(losses "$TMP/run2.jsonl"); then pass; else fail "two identical runs differ"; fi
 grep -q '"val_loss"' "$TMP/run1.jsonl" && pass || fail "no validation loss line"
 for key in step loss lr grad_norm tokens step_ms tokens_per_s bubble dp_overlap; do
@@ -32,8 +41,8 @@ grep -q "ETA" "$TMP/err" && pass || fail "no progress with ETA on stderr"
 # the start-up sgemm rate; a loaded machine moves it, hence the median and the margin).
 # The first line records the ZeRO level that ran and the rates MFU is measured against.
 n_mfu=$(grep -c '^{"step":[0-9]*,"loss".*"mfu":[0-9.]*,' "$TMP/run1.jsonl")
-[ "$n_mfu" -eq 50 ] && pass || fail "$n_mfu of 50 step lines have mfu"
-mfu=$(grep -o '"mfu":[0-9.e+-]*' "$TMP/run1.jsonl" | cut -d: -f2 | sort -g | sed -n 25p)
+[ "$n_mfu" -eq "$steps" ] && pass || fail "$n_mfu of $steps step lines have mfu"
+mfu=$(grep -o '"mfu":[0-9.e+-]*' "$TMP/run1.jsonl" | cut -d: -f2 | sort -g | sed -n "$((steps / 2))p")
 awk -v m="$mfu" 'BEGIN { exit !(m > 0 && m < 1.5) }' && pass || fail "median mfu '$mfu' not in (0, 1.5)"
 head -1 "$TMP/run1.jsonl" | grep -q '"zero":0,"gemm_dtype":"fp32","gemm_gflops":\[[0-9.]*\]' && pass \
   || fail "first metrics line lacks zero/gemm_dtype/gemm_gflops: $(head -1 "$TMP/run1.jsonl")"
