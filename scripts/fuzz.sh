@@ -9,7 +9,8 @@
 # Usage: scripts/fuzz.sh [HARNESS ...]        (default: every tests/fuzz/fuzz_*.c)
 # Environment: FUZZ_SECONDS per harness (default 20), FUZZ_SEED (default 1),
 #   FUZZ_JOBS harnesses run at once (default: the cores), FUZZ_CC (default clang-14),
-#   FUZZ_BUILD (default build-fuzz).
+#   FUZZ_BUILD (default build-fuzz), FUZZ_BUILD_ONLY=1 builds the harnesses and stops
+#   (scripts/test.sh builds them while the sanitizer tests run).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -29,6 +30,10 @@ echo "fuzz: building ${harnesses[*]} (clang, ASan + UBSan) in $build"
 CC="${FUZZ_CC:-clang-14}" cmake -S "$root" -B "$build" -DTS_FUZZ=ON -DTS_CUDA=OFF -DTS_WERROR=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${harnesses[@]}" >/dev/null
+if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then
+  echo "fuzz: built ${harnesses[*]} in $build (${SECONDS} s)"
+  exit 0
+fi
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/tessera-fuzz.XXXXXX")"
 # The harnesses rewrite their input file for every run: on tmpfs that is ~5x faster.
