@@ -398,9 +398,14 @@ gpu_has_nccl() {
 # its norm by 30%: comparisons there would measure the spike's amplification, not the
 # device's arithmetic. At 3e-4 the 20 steps are smooth (the same 1% moves no loss by
 # more than 0.1% and no norm by more than 0.7%) and the loss still falls by 1.0.
+# GPU_STEPS is that 20; a dry run with TS_TEST_SWEEP_STEPS set (CTest's _dry copies: 4)
+# trains that many instead: it checks the script and that host code never touches device
+# memory (cpu-strict faults at the first touch), which the first steps meet.
 gpu_common() {
   make_corpus "$TMP/train.bin"
-  common=(train "$SRC/configs/tiny.cfg" --set train.steps=20 --set train.lr=3e-4
+  GPU_STEPS=20
+  if [ "${GPU_DRY:-0}" = 1 ] && [ -n "${TS_TEST_SWEEP_STEPS:-}" ]; then GPU_STEPS=$TS_TEST_SWEEP_STEPS; fi
+  common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$GPU_STEPS" --set train.lr=3e-4
           --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
           --set log.progress=false)
 }

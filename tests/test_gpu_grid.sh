@@ -24,12 +24,6 @@ export CUDA_VISIBLE_DEVICES="${first%%,*}"
 
 gpu_common
 common+=(--set 'train.precision="fp32"')
-# A dry run checks the script and that host code never touches the grids' device memory
-# (cpu-strict faults at the first touch): TS_TEST_SWEEP_STEPS (4 in CTest's _dry copy)
-# steps do; on a GPU every run trains gpu_common's 20.
-if [ "$GPU_DRY" = 1 ] && [ -n "${TS_TEST_SWEEP_STEPS:-}" ]; then
-  common+=(--set "train.steps=$TS_TEST_SWEEP_STEPS")
-fi
 MPI=(--set 'parallel.comm="mpi"')
 PP2DP2=(--set parallel.pp=2 --set parallel.dp=2)
 

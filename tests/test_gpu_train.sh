@@ -38,8 +38,12 @@ elif train_on bf16 1 "$GPU_DEVICE" --set 'train.precision="bf16"'; then
   if cmp -s <(losses "$TMP/bf16.jsonl") <(losses "$TMP/fp32.jsonl"); then
     fail "bf16 gave the fp32 losses bit for bit: train.precision = \"bf16\" changed nothing"
   else pass; fi
-  awk -v a="$(losses "$TMP/bf16.jsonl" | head -1)" -v b="$(losses "$TMP/bf16.jsonl" | tail -1)" \
-    'BEGIN { exit !(b < a - 0.5) }' && pass || fail "bf16 did not train: the loss did not fall by 0.5 in 20 steps"
+  if [ "$GPU_STEPS" -ge 20 ]; then
+    awk -v a="$(losses "$TMP/bf16.jsonl" | head -1)" -v b="$(losses "$TMP/bf16.jsonl" | tail -1)" \
+      'BEGIN { exit !(b < a - 0.5) }' && pass || fail "bf16 did not train: the loss did not fall by 0.5 in 20 steps"
+  else
+    skip_case "bf16's loss falling by 0.5 needs 20 steps (a $GPU_STEPS-step dry run)"
+  fi
 fi
 
 # 3. NCCL on one rank against MPI on one rank.
