@@ -11,7 +11,7 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
+# 20 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
 # follows one schedule of that length (lr_decay_steps), so a resumed run continues it.
 steps="${TS_TEST_SWEEP_STEPS:-20}"
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "train.lr_decay_steps=$steps"

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
+# 20 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
 steps=${TS_TEST_SWEEP_STEPS:-20}
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)

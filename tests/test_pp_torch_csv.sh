@@ -2,7 +2,8 @@
 # (tests/schedules/torch/, torch 2.15), train: every one at pp = 2 with m = 4
 # micro-batches, and ZB-V, DualPipeV, interleaved 1F1B and looped BFS at pp = 4 with
 # m = 8, give the one-rank losses and gradient norms within relative 1e-4
-# (test_pp_invariance's tolerance) for 6 steps of the tiny config (TS_TEST_SWEEP_STEPS). The
+# (test_pp_invariance's tolerance) for 6 steps of the tiny config (4 under the
+# sanitizers: TS_TEST_SWEEP_STEPS). The
 # V-placed ones (ZB-V, DualPipeV) keep the LM head on rank 0 with the embedding, and
 # DualPipeV's overlapped F/B pairs run in turn.
 source "$(dirname "$0")/lib.sh"
