@@ -46,7 +46,8 @@ bg_pid=""
 background_build() {
   local name="$1"; shift
   mkdir -p "$root/$name"
-  nice -n 19 "$@" >"$root/$name/build.log" 2>&1 &
+  # Its own process group (setsid), so that stopping it stops its compilers too.
+  setsid nice -n 19 "$@" >"$root/$name/build.log" 2>&1 &
   bg_pid=$!
 }
 # wait_build NAME: wait for the background build; on failure print its log and stop.
@@ -60,8 +61,8 @@ wait_build() {
     exit "$rc"
   fi
 }
-# A failing stage stops the script: the build behind it stops too.
-trap '[ -z "$bg_pid" ] || kill "$bg_pid" 2>/dev/null || true' EXIT
+# A failing stage stops the script: the build beside it stops too.
+trap '[ -z "$bg_pid" ] || kill -- "-$bg_pid" 2>/dev/null || true' EXIT
 
 echo "== release build (-Werror) =="
 scripts/build.sh "$root/build-test" -DTS_WERROR=ON -DCMAKE_BUILD_TYPE=Release
