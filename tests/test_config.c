@@ -190,6 +190,12 @@ static void test_config_key_errors(void)
     EXPECT_ERR(ok, "=3", "malformed override");
     EXPECT_ERR(ok, "train.steps.x=3", "train.steps.x=3", "not a group");
     EXPECT_ERR(ok, "train.st eps=3", "invalid config key");
+    /* A planned key that nothing reads is refused, not accepted and ignored (CONTRACT.md
+     * "Planned, not built yet"): the bf16 data-parallel reduction. */
+    EXPECT_ERR("parallel = { grad_reduce_dtype = \"fp32\"; };\n", NULL,
+               "unknown config key 'parallel.grad_reduce_dtype'", "t.cfg:1");
+    EXPECT_ERR(ok, "parallel.grad_reduce_dtype=\"bf16\"",
+               "unknown config key 'parallel.grad_reduce_dtype'", "--set");
 }
 
 static void test_config_type_errors(void)

@@ -63,8 +63,6 @@ ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const 
 /* Whether ts_config_load_plan is loading (config_load.c). */
 bool ts_config_planning(void);
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
-ts_status ts_config_check_grad_reduce_dtype(const key_spec *k, const ts_config *cfg,
-                                            const char *where);
 ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where);
 /* The marker of an integer key that also takes "auto" (stored as 0 until ts_config_load
  * resolves it): parallel.dp. Always TS_OK. */

@@ -160,24 +160,6 @@ ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, con
                         "and optimizer state)");
 }
 
-/* The data-parallel reduction runs on the fp32 gradients. A bf16 reduction (half the
- * bytes, Megatron's grad_reduce_in_bf16) is named so that a config asking for it gets
- * a clear answer rather than a silent fp32 one: it is not built yet. */
-ts_status ts_config_check_grad_reduce_dtype(const key_spec *k, const ts_config *cfg,
-                                            const char *where)
-{
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (strcmp(v, "fp32") == 0) return TS_OK;
-    if (strcmp(v, "bf16") == 0)
-        return ts_fail("config key 'parallel.grad_reduce_dtype' = \"bf16\"%s is not built yet: "
-                       "the data-parallel reduction sums the fp32 gradients (bf16 runs "
-                       "included); remove the key or set \"fp32\"",
-                       where);
-    return ts_fail("config key 'parallel.grad_reduce_dtype' = \"%s\"%s is not a reduction "
-                   "type; choose \"fp32\"",
-                   v, where);
-}
-
 /* The CUDA attention kernels (kernels/cuda/attention.cu; the backend table is picked by
  * ts_kernels_for): "gemm" is every backend's default, "flash" needs train.device =
  * "cuda" (ts_config_validate). */
