@@ -110,7 +110,7 @@ typedef struct {
     double lr, min_lr;
     int warmup;
     char lr_schedule[16];       /* after the warm-up: "cosine" | "linear" | "constant" |
-                                 * "wsd" (warmup-stable-decay); optim.h ts_lr_at */
+                                 * "wsd" (warmup-stable-decay); ts_lr_schedule below */
     int lr_decay_steps;         /* the schedule's length in steps; 0 = train.steps */
     int decay_steps;            /* wsd: steps of the final (linear) decay to min_lr, or */
     double decay_fraction;      /* wsd: that as a fraction of the schedule's length */
@@ -202,8 +202,9 @@ int ts_config_num_microbatches(const ts_config *cfg);
 /* The learning-rate schedule the train keys describe, resolved (config/lr_schedule.c):
  * after `warmup` steps of a linear ramp to lr, `name` ("cosine", "linear", "constant",
  * "wsd") from lr to min_lr over the schedule's `length` steps (train.lr_decay_steps,
- * or train.steps), wsd holding lr until its last `decay` steps. optim.h's ts_lr_at
- * computes it; a checkpoint records it, so a resumed run can be held to it. */
+ * or train.steps), wsd holding lr until its last `decay` steps. The trainer resolves it
+ * once and takes each step's rate from ts_lr_schedule_at; a checkpoint records it, so a
+ * resumed run can be held to it. */
 typedef struct {
     char name[16];
     double lr, min_lr;

@@ -107,8 +107,9 @@ typedef struct {
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */
-    /* recompute = "auto" choosing selective per chunk (ts_memory_auto_keep_selective);
-     * NULL / 0 where it cannot (the planner's tables): */
+    /* recompute = "auto" choosing selective per chunk (ts_memory_auto_keep_selective;
+     * the trainer from the model's selective layout, the planner from its tables'
+     * att_bytes); NULL / 0 where nothing chooses (another recompute mode): */
     const double *sel_act_bytes; /* one micro-batch's saved activations per chunk, the
                                     chunk laid out selective (no attention state) */
     double sel_scratch_bytes;    /* the scratch when some chunk is selective (with the
@@ -176,8 +177,8 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
  * fully replays into a set of its chunk's one layout: a selective chunk's replay too
  * keeps no attention state, which its backward rebuilds (the sets are one size per
  * chunk, the estimate counts them so, and the replay's is the set held when memory is
- * tightest). With selective NULL, or h->sel_act_bytes NULL, step 1 is skipped (the
- * planner's tables). Takes h's sizes (its peak arrays are ignored); writes, for the
+ * tightest). With selective NULL, or h->sel_act_bytes NULL, step 1 is skipped (caps
+ * alone). Takes h's sizes (its peak arrays are ignored); writes, for the
  * rank's chunks, keep, selective, peak_acts, peak_stash and n_recomputed ([n_chunks])
  * and the estimate under the choice into *est. False when even caps of 0 (full
  * recompute) exceed room: the outputs then describe those. Deterministic: every tensor-
