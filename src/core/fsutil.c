@@ -91,6 +91,14 @@ ts_status ts_fsync_parent_dir(const char *path)
     return ts_fsync_dir(dir);
 }
 
+void ts_lock_file_holder(int fd, char *buf, size_t cap)
+{
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    if (!buf[0]) snprintf(buf, cap, "unknown");
+}
+
 ts_status ts_remove_dir(const char *dir)
 {
     DIR *d = opendir(dir);

@@ -25,6 +25,11 @@ ts_status ts_fsync_parent_dir(const char *path);
  * failure is reported and `dir` itself is then kept. */
 ts_status ts_remove_dir(const char *dir);
 
+/* Who holds a lock file (checkpoint.dir's .lock, `tessera data`'s PREFIX.lock): its
+ * first line as its holder wrote it ("host pid", "pid"), read from fd into buf, or
+ * "unknown" when it holds none yet. */
+void ts_lock_file_holder(int fd, char *buf, size_t cap);
+
 /* Refuse an output path that exists and is not a regular file (a directory, a device
  * such as /dev/full, a pipe or socket): writing there loses data or replaces a node.
  * `what` names the output in the message ("log.metrics", "svg"). */
