@@ -157,14 +157,7 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
 
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                          ts_link tp_link)
-{
-    ts_plan_layers_build_cp(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, 1, tp_link);
-}
-
-void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                             const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                             ts_link tp_link, int cp, ts_link cp_link)
+                          ts_link tp_link, int cp, ts_link cp_link)
 {
     memset(L, 0, sizeof *L);
     const int n = mc->n_layer + 2;
