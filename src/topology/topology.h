@@ -54,8 +54,6 @@ ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES]);
 
 /* A grid of pp x dp x cp x tp ranks (each >= 1) laid out in `order`. */
 ts_status ts_grid_init4(ts_grid *g, int pp, int dp, int cp, int tp, const char *order);
-/* The same with cp = 1 (ranks and groups as a grid without context parallelism). */
-ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order);
 
 /* Coordinates of global rank `rank` (0 <= rank < world), and back. */
 ts_coords ts_grid_coords(const ts_grid *g, int rank);
