@@ -243,7 +243,7 @@ int main(int argc, char **argv)
             ts_model_backward(&model, &acts, dx, &scratch, NULL, NULL);
         }
         double t1 = ts_now_ms();
-        double norm = sqrt(ts_grad_sum_squares(&model));
+        double norm = sqrt(ts_grad_sum_squares_range(&model, 0, model.num_floats));
         ts_adamw_step(&opt, &model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
         ts_model_refresh_compute(&model);
         double t2 = ts_now_ms();

@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "support/optim_oneshot.h"
 #include "test_util.h"
 
 /* The fixtures' batch: B rows of T tokens. */
