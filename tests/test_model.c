@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "model/model.h"
+#include "support/st_write.h"
 #include "test_util.h"
 
 static ts_model_config tiny(void)

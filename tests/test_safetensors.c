@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "support/st_write.h"
 #include "test_util.h"
 
 static char g_dir[256];
