@@ -555,7 +555,8 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
     ts_status st = TS_OK;
     g_main_path = path;
     if (path) st = read_file(&lc, path);
-    for (int i = 0; i < n_overrides && st == TS_OK; i++) st = ts_config_apply_override(&lc, overrides[i]);
+    for (int i = 0; i < n_overrides && st == TS_OK; i++)
+        st = ts_config_apply_override(&lc, overrides[i]);
     if (st == TS_OK) {
         /* The architecture's defaults first, so the file's keys override them. */
         const char *arch = NULL;
