@@ -83,11 +83,11 @@ typedef struct {
     int cp;                     /* context parallelism: each sequence split over cp ranks
                                    (tensor/cp.h); world = pp * dp * cp * tp */
     int virtual_stages;
-    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (pipeline/schedule.h) or a CSV path */
+    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (config/pipeline_names.h) or a CSV path */
     int micro_batch;            /* sequences per micro-batch per replica */
     int n_partition;            /* 0 = "balanced"; else layer counts per chunk */
     int partition[TS_MAX_CHUNKS];
-    char recompute[16];         /* ts_recompute_names[k] (pipeline/schedule.h; validated) */
+    char recompute[16];         /* ts_recompute_names[k] (config/pipeline_names.h; validated) */
     int memory_budget_mb;       /* MiB each rank may allocate (its estimate less the BLAS
                                    buffers); 0 = what the machine offers the rank. Bounds
                                    the memory check and recompute = "auto"'s choice */

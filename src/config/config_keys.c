@@ -2,6 +2,7 @@
  * of known keys (section, name, type, field, range, per-key check) that loading and
  * validation walk, and the effective config as JSON (ts_config_to_json). */
 #include "config/config_internal.h"
+#include "config/pipeline_names.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -9,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/schedule.h"
 
 /* ---------------------------------------------------------------- defaults -- */
 

@@ -4,6 +4,7 @@
  * divisibility, grid, device and precision). Nothing here prints or exits: every
  * problem is a ts_fail message naming the key and how to fix it. */
 #include "config/config_internal.h"
+#include "config/pipeline_names.h"
 
 #include <float.h>
 #include <math.h>
@@ -11,7 +12,6 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
-#include "pipeline/schedule.h"
 
 /* --------------------------------------------------------- per-key checks -- */
 

@@ -26,9 +26,6 @@
 #include "core/sysmem.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
-#ifdef TS_HAVE_CUDA
-#include "kernels/cuda/device.h"
-#endif
 
 #define MAX_GPUS 64
 
