@@ -8,11 +8,8 @@
 #include <stddef.h>
 
 #include "kernels/cpu/bf16.h"
+#include "kernels/cpu/storage.h"
 #include "kernels/kernels.h"
-
-/* Elementwise kernels work through fp32 buffers of this many elements on the stack:
- * load (widen) a chunk, compute as the fp32 kernel does, store (round) it. */
-#define TS_BF16_CHUNK 512
 
 void ts_cpu_bf16_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type,
                          size_t n);
@@ -30,10 +27,6 @@ void ts_cpu_bf16_layernorm_forward(void *out, float *mean, float *rstd, const vo
 void ts_cpu_bf16_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                                     const void *inp, const float *weight, const float *mean,
                                     const float *rstd, int N, int C);
-/* One row of LayerNorm from fp32 x[C] into bf16 o[C], mean and rstd returned: the one
- * machine code behind layernorm_forward and residual_layernorm_forward (same bits). */
-void ts_cpu_bf16_layernorm_row(ts_bf16 *o, float *mean, float *rstd, const float *x,
-                               const float *weight, const float *bias, int C);
 void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, const float *bias,
                                 int N, int C, int OC);
 void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
