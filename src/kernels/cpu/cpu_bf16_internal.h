@@ -1,7 +1,8 @@
-/* The bf16 CPU kernels (kernels/cpu/..._bf16.c), gathered into ts_kernels_cpu_bf16 by
- * table_bf16.c. Each has the fp32 kernel's semantics (kernels/cpu/<name>.c, the
- * reference), with the `void *` activations bf16: loaded into fp32, computed in fp32,
- * stored with one rounding to nearest even (kernels/cpu/bf16.h). */
+/* The bf16 CPU kernels' entry points, gathered into ts_kernels_cpu_bf16 by table.c. Each
+ * has the fp32 kernel's semantics: most are the same body as their fp32 twin in
+ * kernels/cpu/<name>.c, run over bf16 storage (storage.h: loaded into fp32, computed in
+ * fp32, stored with one rounding to nearest even, bf16.h); matmul and attention have
+ * their own oneDNN files (matmul_bf16.c, attention_bf16.c). */
 #ifndef TS_KERNELS_CPU_BF16_INTERNAL_H
 #define TS_KERNELS_CPU_BF16_INTERNAL_H
 
