@@ -12,10 +12,11 @@
  *   ts_cpu_store(t, dst, i, y, n)       make dst[i..i+n) hold the fp32 values y
  *
  * fp32 storage IS the fp32 row: load returns src + i, out returns dst + i, and store has
- * nothing to do (it copies only when y lives elsewhere), so the fp32 kernels compute in
- * place exactly as they were written before the adapters (same loops, same bits, no
- * copies). bf16 storage is widened into `buf` (exact) and rounded back once on store
- * (bf16.h: nearest even, the one rounding on every path).
+ * nothing to do (it copies only when y lives elsewhere), so an fp32 kernel computes in
+ * place with no copies, and ts_cpu_chunk gives it whole rows: its reductions run over
+ * the same spans as before the kernels were merged (the same bits in both dtypes as the
+ * separate fp32 and bf16 files gave). bf16 storage is widened into `buf` (exact) and
+ * rounded back once on store (bf16.h: nearest even, the one rounding on every path).
  *
  * The dtype is a run-time argument: the branches sit at row or chunk granularity, never
  * inside the arithmetic loops, which see plain fp32 pointers in both cases. */
