@@ -7,12 +7,15 @@
  *
  *   cmake --build build --target bench_rows && ./build/bench/bench_rows [threads] [reps]
  *
- * Each row is the best of `reps` calls after one warm-up (default 15): on a shared
- * machine the minimum is the least disturbed estimate. Only the public kernel table is
- * called, so the same file builds against an older library for a before/after run. */
+ * Each row is the best of `reps` calls after one warm-up (default 15), in wall time and
+ * in the process's CPU time (all threads; with 1 thread the kernel's own work, which
+ * time slices lost to other processes do not inflate: on a shared, oversubscribed
+ * machine the column to compare). Only the public kernel table is called, so the same
+ * file builds against an older library for a before/after run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -41,9 +44,16 @@ static void *act(const ts_kernels *k, size_t n, float scale)
     return a;
 }
 
+static double cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 #define NROWS 32
 static const char *names[NROWS];
-static double best[2][NROWS]; /* [dtype][row] ms */
+static double best[2][NROWS], best_cpu[2][NROWS]; /* [dtype][row] ms */
 static int nrows;
 
 #define TIME(d, row, reps, stmt)                                                             \
@@ -51,14 +61,16 @@ static int nrows;
         const int i_ = (row);                                                                \
         names[i_] = #stmt;                                                                   \
         stmt; /* warm-up */                                                                  \
-        double b_ = 1e300;                                                                   \
+        double b_ = 1e300, c_ = 1e300;                                                       \
         for (int r_ = 0; r_ < (reps); r_++) {                                                \
-            double t0_ = ts_now_ms();                                                        \
+            double t0_ = ts_now_ms(), u0_ = cpu_ms();                                        \
             stmt;                                                                            \
-            double dt_ = ts_now_ms() - t0_;                                                  \
+            double du_ = cpu_ms() - u0_, dt_ = ts_now_ms() - t0_;                            \
             b_ = dt_ < b_ ? dt_ : b_;                                                        \
+            c_ = du_ < c_ ? du_ : c_;                                                        \
         }                                                                                    \
         best[d][i_] = b_;                                                                    \
+        best_cpu[d][i_] = c_;                                                                \
         nrows = i_ + 1 > nrows ? i_ + 1 : nrows;                                             \
     } while (0)
 
@@ -132,11 +144,13 @@ int main(int argc, char **argv)
     run(&ts_kernels_cpu_bf16, 1, reps);
     printf("bench_rows: B=%d T=%d C=%d V=%d F=%d NH=%d NKV=%d HS=%d, %d threads, best of %d\n",
            B, T, C, V, F, NH, NKV, HS, threads, reps);
-    printf("%-24s %10s %10s\n", "kernel", "fp32 ms", "bf16 ms");
+    printf("%-30s %10s %10s %10s %10s\n", "kernel", "fp32 ms", "fp32 cpu", "bf16 ms",
+           "bf16 cpu");
     for (int i = 0; i < nrows; i++) {
         /* the kernel's name: the call's text from "k->" to its "(" */
         const char *s = strstr(names[i], "k->") + 3;
-        printf("%-24.*s %10.3f %10.3f\n", (int)strcspn(s, "("), s, best[0][i], best[1][i]);
+        printf("%-30.*s %10.3f %10.3f %10.3f %10.3f\n", (int)strcspn(s, "("), s, best[0][i],
+               best_cpu[0][i], best[1][i], best_cpu[1][i]);
     }
     return 0;
 }
