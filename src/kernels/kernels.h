@@ -324,8 +324,8 @@ extern const ts_kernels ts_kernels_cpu;
  * faults at once with a message naming the buffer. For tests (train.device =
  * "cpu-strict"): it proves the core does on the CPU what a GPU will require. */
 extern const ts_kernels ts_kernels_cpu_strict;
-/* The CPU backend in bf16 (the _bf16 files of kernels/cpu): bf16 activations, GEMMs through
- * oneDNN (AVX-512 BF16 / AMX where the CPU has them, fp32 accumulation), the
+/* The CPU backend in bf16 (kernels/cpu's ts_cpu_bf16_ entry points): bf16 activations,
+ * GEMMs through oneDNN (AVX-512 BF16 / AMX where the CPU has them, fp32 accumulation), the
  * elementwise kernels loading and storing bf16 around fp32 arithmetic. Its strict
  * twin for tests. ts_cpu_bf16_supported says whether this CPU runs it natively. */
 extern const ts_kernels ts_kernels_cpu_bf16;
