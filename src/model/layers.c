@@ -1,11 +1,10 @@
 /* Forward and backward of the three layer kinds, one micro-batch at a time, for both
- * architectures. A block reads like nanoGPT's:
- *     x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
- * where gpt2 has LayerNorms, biases and GELU, and llama RMSNorms, rotary embeddings on
- * q and k, grouped-query attention, no biases and SwiGLU (the few calls that differ are
- * the helpers under "what differs"). The backward runs the residual stream's gradient
+ * architectures: the embedding and the head here, the transformer block in block.c
+ * (nanoGPT's x = x + attn(norm_1(x)); x = x + mlp(norm_2(x)), with its attention and MLP
+ * phases in attention.c and mlp.c). The backward runs the residual stream's gradient
  * `dx` through in place: each norm's backward adds its input gradient to it (the
- * residual branch's identity path is the "+ dx" for free).
+ * residual branch's identity path is the "+ dx" for free). Where each layer's saved
+ * buffers are is act_layout.h's.
  *
  * Tensor parallelism (Megatron) is in the calls, not here: the q|k|v and MLP input
  * projections and the LM head are column-parallel linears, the attention and MLP output
@@ -16,76 +15,9 @@
 #include <string.h>
 
 #include "model/act_layout.h"
+#include "model/block.h"
 #include "model/model.h"
 #include "tensor/tp.h"
-
-/* ------------------------------------------- what differs between the architectures */
-
-/* A block's parameters by role, as indices relative to its first_param (-1: the
- * architecture has none, e.g. llama's biases): one block code for both. */
-typedef struct {
-    int norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
-        fcproj_w, fcproj_b;
-} block_roles;
-
-static block_roles roles_of(const ts_model *m)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        return (block_roles){TS_L_ATTN_NORM_W, -1, TS_L_Q_W, -1, TS_L_O_W, -1,
-                             TS_L_MLP_NORM_W, -1, TS_L_GATE_W, -1, TS_L_DOWN_W, -1};
-    return (block_roles){TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W,
-                         TS_B_ATTPROJ_B, TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B,
-                         TS_B_FCPROJ_W, TS_B_FCPROJ_B};
-}
-
-/* LayerNorm (gpt2) or RMSNorm (llama; no mean, no bias). */
-static void norm_forward(const ts_model *m, void *out, float *mean, float *rstd, const void *inp,
-                         const float *w, const float *b, int N)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        m->k->rmsnorm_forward(out, rstd, inp, w, N, m->n_embd, m->norm_eps);
-    else
-        m->k->layernorm_forward(out, mean, rstd, inp, w, b, N, m->n_embd);
-}
-
-static void residual_norm_forward(const ts_model *m, void *res, void *out, float *mean,
-                                  float *rstd, const void *a, const void *b, const float *w,
-                                  const float *bias, int N)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        m->k->residual_rmsnorm_forward(res, out, rstd, a, b, w, N, m->n_embd, m->norm_eps);
-    else
-        m->k->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, m->n_embd);
-}
-
-/* dinp += (the residual stream's gradient). */
-static void norm_backward(const ts_model *m, void *dinp, float *dw, float *db, const void *dout,
-                          const void *inp, const float *w, const float *mean, const float *rstd,
-                          int N)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        m->k->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->n_embd);
-    else
-        m->k->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->n_embd);
-}
-
-/* The MLP's activation: GELU over [N,F], or SwiGLU from [N,2F] (gate|up) to [N,F]. */
-static void mlp_act_forward(const ts_model *m, void *out, const void *inp, int N)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        m->k->swiglu_forward(out, inp, N, m->local_ffn);
-    else
-        m->k->gelu_forward(out, inp, (size_t)N * m->local_ffn);
-}
-
-static void mlp_act_backward(const ts_model *m, void *dinp, const void *inp, const void *dout,
-                             int N)
-{
-    if (m->arch == TS_ARCH_LLAMA)
-        m->k->swiglu_backward(dinp, inp, dout, N, m->local_ffn);
-    else
-        m->k->gelu_backward(dinp, inp, dout, (size_t)N * m->local_ffn);
-}
 
 /* ---------------------------------------------------------------- forward */
 
@@ -99,109 +31,6 @@ static void embed_forward(const ts_model *m, const ts_acts *a, int l)
     if (wpe) wpe = ts_cp_positions_table(&m->cp, a->cp_work, wpe, m->n_embd);
     ts_tp_embed_forward(&m->tp, ts_embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
                         m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd, a->sp_work);
-}
-
-/* ------------------------------------------------ sub-batches (tp_overlap) */
-
-/* The most sub-batches parallel.tp_overlap takes (config_keys.c). */
-#define TS_TP_OVERLAP_MAX 8
-
-/* Every collective of a sub-batch still in flight makes progress (polled between the
- * sub-batches' kernels: MPI advances non-blocking collectives only inside its calls). */
-static void poll_pending(ts_tp_pending *p, int S)
-{
-    for (int i = 0; i < S; i++) ts_tp_poll(&p[i]);
-}
-
-/* Under sequence parallelism, full[N,C] = every rank's rows local[NL,C], sub-batch by
- * sub-batch (tensor/tp.h), blocking; returns full, or local without it. */
-static const void *gather_rows(const ts_model *m, const act_dims *d, void *full,
-                               const void *local)
-{
-    if (!d->sp) return local;
-    const size_t Ns = d->N / d->S, NLs = d->NL / d->S;
-    for (size_t i = 0; i < d->S; i++)
-        ts_tp_seq_gather(&m->tp, act_at(d, full, i * Ns * d->C), act_at(d, local, i * NLs * d->C),
-                         (int)Ns, (int)d->C, NULL);
-    return full;
-}
-
-static void block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
-{
-    const ts_kernels *k = m->k;
-    const ts_tp *tp = &m->tp;
-    const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
-    const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
-    const int p0 = m->layers[l].first_param;
-    const block_roles r = roles_of(m);
-#define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i))) /* fp32 master: norms, biases */
-#define W(i) ts_param_compute(m, p0 + (i))                  /* the matmuls' compute copy */
-    const block_acts s = ts_block_views(m, a, l);
-    /* Sequence parallelism: x and the norms hold this rank's NL rows; each norm's output
-     * is gathered for its column-parallel linear (gath, the scratch's: a forward leaves
-     * nothing there), and each row-parallel sum scatters back into NL rows. */
-    void *gath = a->sp_work;
-    TS_ASSERT(!d.sp || gath);
-    /* tp_overlap: each phase runs on every sub-batch in turn, a sub-batch's collective
-     * in flight until the next phase of it (S = 1: every call blocks, as always). */
-    ts_tp_pending pend[TS_TP_OVERLAP_MAX] = {0};
-    TS_ASSERT(S <= TS_TP_OVERLAP_MAX);
-#define PD(i) (S > 1 ? &pend[i] : NULL)
-#define XI(i) act_at(&d, x, (size_t)(i) * NLs * C)
-#define GI(i) (gath ? act_at(&d, gath, (size_t)(i) * Ns * C) : NULL)
-
-    /* The first norm; under sequence parallelism its rows gathered. */
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        norm_forward(m, v.ln1, v.ln1_mean, v.ln1_rstd, XI(i), P(r.norm1_w), P(r.norm1_b), NLs);
-        ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));
-    }
-    /* Attention, its output projection's sum in flight while the next sub-batch runs.
-     * Selective recompute keeps no attention state: the forward writes it to the work
-     * area and the backward rebuilds it. */
-    TS_ASSERT(!d.selective || a->att_work);
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        const void *ln1 = d.sp ? GI(i) : v.ln1;
-        ts_tp_col_forward(tp, v.qkv, ln1, W(r.qkv_w), P(r.qkv_b), Ns, C, (int)d.QKV);
-        if (m->rope_cos) k->rope_forward(v.qkv, m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
-        ts_cp_attention_forward(&m->cp, v.atty, d.selective ? a->att_work : v.att, v.kvg,
-                                a->cp_work, v.qkv, Bs, T, H, KV, HS);
-        ts_tp_row_forward(tp, v.res2, v.atty, W(r.proj_w), P(r.proj_b), Ns, Cl, C, GI(i), PD(i));
-        poll_pending(pend, S);
-    }
-    /* res2 = x + attn(...) and the second norm of it in one pass over the rows. */
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        residual_norm_forward(m, v.res2, v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, XI(i),
-                              P(r.norm2_w), P(r.norm2_b), NLs);
-        ts_tp_seq_gather(tp, GI(i), v.ln2, Ns, C, PD(i));
-    }
-    /* The MLP, its output projection's sum in flight. */
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        const void *ln2 = d.sp ? GI(i) : v.ln2;
-        ts_tp_col_forward(tp, v.fch, ln2, W(r.fc_w), P(r.fc_b), Ns, C, (int)d.FI);
-        mlp_act_forward(m, v.fch_gelu, v.fch, Ns);
-        ts_tp_row_forward(tp, v.out, v.fch_gelu, W(r.fcproj_w), P(r.fcproj_b), Ns, F, C, GI(i),
-                          PD(i));
-        poll_pending(pend, S);
-    }
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        k->residual_forward(v.out, v.out, v.res2, (size_t)NLs * C);
-    }
-#undef P
-#undef W
-#undef PD
-#undef XI
-#undef GI
 }
 
 /* The head's norm parameters (weight; bias for gpt2's LayerNorm, NULL for llama). */
@@ -220,13 +49,13 @@ static void head_forward(const ts_model *m, const ts_acts *a, int l, const void 
     const int N = a->B * a->T, C = m->n_embd, NL = ts_tp_rows(&m->tp, N);
     head_acts h = ts_head_views(m, a, l);
 
-    norm_forward(m, h.lnf, h.lnf_mean, h.lnf_rstd, x, head_norm_w(m, l), head_norm_b(m, l), NL);
+    ts_norm_forward(m, h.lnf, h.lnf_mean, h.lnf_rstd, x, head_norm_w(m, l), head_norm_b(m, l), NL);
     /* The LM head (the tied token embedding, or lm_head): logits = lnf @ W^T, this
      * rank's vocabulary columns, on every row (gathered under sequence parallelism);
      * then the loss, leaving the softmax's gradient in place of the logits. */
     TS_ASSERT(!m->tp.sp || a->sp_work);
     const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    const void *lnf = gather_rows(m, &d, a->sp_work, h.lnf);
+    const void *lnf = ts_gather_rows(m, &d, a->sp_work, h.lnf);
     ts_tp_col_forward(&m->tp, h.logits, lnf, ts_param_compute(m, m->head_wte_param), NULL, N, C,
                       m->local_vocab);
     ts_tp_cross_entropy(&m->tp, h.losses, h.logits, h.xent_stats, a->targets, m->vocab_start,
@@ -249,7 +78,7 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
             embed_forward(m, a, l);
             break;
         case TS_LAYER_BLOCK:
-            block_forward(m, a, l, ts_acts_layer_input(m, a, l));
+            ts_block_forward(m, a, l, ts_acts_layer_input(m, a, l));
             break;
         case TS_LAYER_HEAD:
             head_forward(m, a, l, ts_acts_layer_input(m, a, l), dloss, loss_acc);
@@ -273,7 +102,7 @@ static void head_forward_logits(const ts_model *m, const ts_acts *a, int l, cons
     head_acts h = ts_head_views(m, a, l);
     for (int b = 0; b < a->B; b++) {
         const size_t row = (size_t)b * a->T + (size_t)(a->T - 1);
-        norm_forward(m, act_at(&d, h.lnf, row * C), h.lnf_mean ? h.lnf_mean + row : NULL,
+        ts_norm_forward(m, act_at(&d, h.lnf, row * C), h.lnf_mean ? h.lnf_mean + row : NULL,
                      h.lnf_rstd + row, act_at(&d, x, row * C), head_norm_w(m, l),
                      head_norm_b(m, l), 1);
         ts_tp_col_forward(&m->tp, act_at(&d, logits, (size_t)b * V), act_at(&d, h.lnf, row * C),
@@ -287,7 +116,7 @@ void ts_model_forward_logits(const ts_model *m, ts_acts *a, void *logits)
     TS_ASSERT(a->l0 == 0 && a->l1 == m->n_layers && m->tp.size == 1);
     for (int l = 0; l < m->n_layers; l++) TS_ASSERT(m->layers[l].owned);
     embed_forward(m, a, 0);
-    for (int l = 1; l < head; l++) block_forward(m, a, l, ts_acts_output(m, a, l - 1));
+    for (int l = 1; l < head; l++) ts_block_forward(m, a, l, ts_acts_output(m, a, l - 1));
     head_forward_logits(m, a, head, ts_acts_output(m, a, head - 1), logits);
 }
 
@@ -316,196 +145,6 @@ static void embed_backward(const ts_model *m, const ts_acts *a, int l, const voi
         }
 }
 
-/* The backward of a block. With `stash` (the zero-bubble input-gradient pass) the four
- * matmul weight gradients are not computed: their output gradients are kept in the
- * stash for block_backward_weight. The stash and the scratch hold activation
- * elements. */
-enum { STASH_D_OUT, STASH_D_FCH, STASH_D_RES2, STASH_D_QKV };
-static void *stash_part(const ts_model *m, void *st, int N, int part)
-{
-    const act_dims d = ts_act_dims(m, -1, N, 1); /* only the N rows matter here */
-    void *mlp = ts_stash_mlp(m, st, N), *attn = ts_stash_attention(m, st, N);
-    switch (part) {
-    case STASH_D_OUT: return mlp;
-    case STASH_D_FCH: return act_at(&d, mlp, d.N * d.C);
-    case STASH_D_RES2: return attn;
-    default: return act_at(&d, attn, d.N * d.C);
-    }
-}
-
-/* The gradient dx of a row-parallel linear's output as the [N,C] its backward reads, for
- * N rows (a sub-batch's, or all): under sequence parallelism every rank's rows gathered
- * (into `keep` when given, else gath; in flight with a pending); otherwise dx itself,
- * copied into `keep` when given (the zero-bubble stash, which the weight pass reads after
- * dx has moved on). */
-static const void *linear_output_grad(const ts_model *m, const act_dims *d, void *keep,
-                                      void *gath, const void *dx, int N, ts_tp_pending *p)
-{
-    const int C = (int)d->C;
-    if (d->sp) return ts_tp_seq_gather(&m->tp, keep ? keep : gath, dx, N, C, p);
-    if (!keep) return dx;
-    m->k->memcpy_d2d(keep, dx, (size_t)N * d->C * d->ab);
-    return keep;
-}
-
-/* Rows [i Ns, ...) of a stash part of `width` columns (sub-batch i's). */
-static void *stash_rows(const ts_model *m, const act_dims *d, void *stash, int part, int i,
-                        size_t width)
-{
-    return act_at(d, stash_part(m, stash, (int)d->N, part), (size_t)i * (d->N / d->S) * width);
-}
-
-/* A block's backward, as its forward, in phases over the sub-batches (one under
- * tp_overlap = 1), each sub-batch's collective in flight until its next phase. */
-static void block_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
-                           ts_scratch *sc, void *stash)
-{
-    const ts_kernels *k = m->k;
-    const ts_tp *tp = &m->tp;
-    const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    const int T = a->T, C = m->n_embd, Cl = (int)d.Cl, F = (int)d.F;
-    const int H = (int)d.H, KV = (int)d.KV, HS = (int)d.HS;
-    const int S = (int)d.S, Bs = a->B / S, Ns = Bs * T, NLs = (int)d.NL / S;
-    const int p0 = m->layers[l].first_param;
-    const block_roles r = roles_of(m);
-#define P(i) ((i) < 0 ? NULL : ts_param_data(m, p0 + (i)))
-#define W(i) ts_param_compute(m, p0 + (i))
-#define G(i) ((i) < 0 ? NULL : ts_param_grad(m, p0 + (i)))
-#define GW(i) (stash ? NULL : G(i)) /* matmul weight gradients: deferred with a stash */
-#define KEEP(part, i, width) (stash ? stash_rows(m, &d, stash, part, i, width) : NULL)
-    const block_acts s = ts_block_views(m, a, l);
-    void *wide = sc->mem;                                  /* [N,max(FI,QKV)] */
-    void *narrow = act_at(&d, sc->mem, d.N * ts_scratch_wide_cols(d)); /* [N,max(C,F)] */
-    void *att_scratch = ts_scratch_attention(&d, sc);
-    /* Sequence parallelism: the gathered rows (a gradient, then a norm's output again)
-     * and the norms' input gradient in this rank's rows; without it the norms read the
-     * column-parallel backward's all-reduced bufc. */
-    void *gath = ts_scratch_gather(&d, sc), *loc = ts_scratch_local(&d, sc);
-    void *cp_work = ts_scratch_context_work(sc, m, a->B, a->T); /* NULL without cp */
-    ts_tp_pending pend[TS_TP_OVERLAP_MAX] = {0};
-    const void *rows_in[TS_TP_OVERLAP_MAX]; /* each sub-batch's gathered (or own) input */
-    TS_ASSERT(S <= TS_TP_OVERLAP_MAX);
-#define PD(i) (S > 1 ? &pend[i] : NULL)
-#define XI(i) act_at(&d, x, (size_t)(i) * NLs * C)
-#define DXI(i) act_at(&d, dx, (size_t)(i) * NLs * C)
-#define GI(i) (gath ? act_at(&d, gath, (size_t)(i) * Ns * C) : NULL)
-#define BUFC(i) act_at(&d, narrow, (size_t)(i) * Ns * ts_scratch_narrow_cols(d)) /* [Ns,C] */
-#define DNORM(i) (d.sp ? act_at(&d, loc, (size_t)(i) * NLs * C) : BUFC(i)) /* [NLs,C] */
-    /* The MLP projection's output gradient [Ns,FI], later the qkv gradient [Ns,QKV]; the
-     * activation's output gradient [Ns,F]: GELU's backward runs in place in dfch,
-     * SwiGLU's reads it from bufc while writing dfch. */
-#define WIDE(i) act_at(&d, wide, (size_t)(i) * Ns * ts_scratch_wide_cols(d))
-#define DFCH(i) (stash ? KEEP(STASH_D_FCH, i, d.FI) : WIDE(i))
-#define DQKV(i) (stash ? KEEP(STASH_D_QKV, i, d.QKV) : WIDE(i))
-#define DACT(i) (m->arch == TS_ARCH_LLAMA ? BUFC(i) : DFCH(i))
-
-    /* MLP: dx is the gradient of the block output (the same on every tp rank, or this
-     * rank's rows of it). */
-    for (int i = 0; i < S; i++)
-        rows_in[i] =
-            linear_output_grad(m, &d, KEEP(STASH_D_OUT, i, d.C), GI(i), DXI(i), Ns, PD(i));
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        ts_tp_row_backward(tp, DACT(i), GW(r.fcproj_w), G(r.fcproj_b), rows_in[i], v.fch_gelu,
-                           W(r.fcproj_w), Ns, F, C);
-        mlp_act_backward(m, DFCH(i), v.fch, DACT(i), Ns);
-        rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln2, Ns, C, PD(i)); /* again: NL rows kept */
-        poll_pending(pend, S);
-    }
-    for (int i = 0; i < S; i++) {
-        ts_tp_finish(tp, PD(i));
-        ts_tp_col_backward(tp, DNORM(i), GW(r.fc_w), G(r.fc_b), DFCH(i), rows_in[i], W(r.fc_w), Ns,
-                           C, (int)d.FI, BUFC(i), PD(i));
-        poll_pending(pend, S);
-    }
-    /* The second norm; then dx is the gradient of res2. */
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        norm_backward(m, DXI(i), G(r.norm2_w), G(r.norm2_b), DNORM(i), v.res2, P(r.norm2_w),
-                      v.ln2_mean, v.ln2_rstd, NLs);
-        rows_in[i] =
-            linear_output_grad(m, &d, KEEP(STASH_D_RES2, i, d.C), GI(i), DXI(i), Ns, PD(i));
-    }
-    /* Attention. */
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        void *datty = BUFC(i); /* [Ns,Cl] */
-        ts_tp_row_backward(tp, datty, GW(r.proj_w), G(r.proj_b), rows_in[i], v.atty, W(r.proj_w),
-                           Ns, Cl, C);
-        const void *att = v.att;
-        if (d.selective) {
-            TS_ASSERT(d.rebuild);
-            /* Selective recompute: the probabilities again, from the q, k, v the block
-             * kept (the same kernel on the same input: the values the forward had). The
-             * output goes to scratch too; atty, the projection's input, was kept. */
-            void *rebuilt = ts_scratch_rebuilt(&d, sc);
-            void *out = ts_scratch_rebuilt_out(&d, sc);
-            ts_cp_attention_recompute(&m->cp, out, rebuilt, v.kvg, v.qkv, Bs, T, H, KV, HS);
-            att = rebuilt;
-        }
-        ts_cp_attention_backward(&m->cp, DQKV(i), att_scratch, cp_work, datty, v.qkv, v.kvg, att,
-                                 Bs, T, H, KV, HS);
-        /* The gradient of q and k before their rotation (RoPE is linear). */
-        if (m->rope_cos) k->rope_backward(DQKV(i), m->rope_cos, m->rope_sin, Bs, T, H, KV, HS);
-        rows_in[i] = ts_tp_seq_gather(tp, GI(i), v.ln1, Ns, C, PD(i));
-        poll_pending(pend, S);
-    }
-    for (int i = 0; i < S; i++) {
-        ts_tp_finish(tp, PD(i));
-        ts_tp_col_backward(tp, DNORM(i), GW(r.qkv_w), G(r.qkv_b), DQKV(i), rows_in[i],
-                           W(r.qkv_w), Ns, C, (int)d.QKV, BUFC(i), PD(i));
-        poll_pending(pend, S);
-    }
-    for (int i = 0; i < S; i++) {
-        const block_acts v = ts_block_sub_views(&d, &s, i);
-        ts_tp_finish(tp, PD(i));
-        norm_backward(m, DXI(i), G(r.norm1_w), G(r.norm1_b), DNORM(i), XI(i), P(r.norm1_w),
-                      v.ln1_mean, v.ln1_rstd, NLs);
-    }
-#undef P
-#undef W
-#undef G
-#undef GW
-#undef KEEP
-#undef PD
-#undef XI
-#undef DXI
-#undef GI
-#undef BUFC
-#undef DNORM
-#undef WIDE
-#undef DFCH
-#undef DQKV
-#undef DACT
-}
-
-/* The four matmul weight gradients from the stash; under sequence parallelism the norms'
- * outputs are gathered once more (into the scratch). */
-static void block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *stash,
-                                  ts_scratch *sc)
-{
-    const ts_tp *tp = &m->tp;
-    const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    const int C = m->n_embd, N = a->B * a->T, Cl = (int)d.Cl, F = (int)d.F;
-    const int p0 = m->layers[l].first_param;
-    const block_roles r = roles_of(m);
-#define G(i) ts_param_grad(m, p0 + (i))
-    block_acts s = ts_block_views(m, a, l);
-    void *gath = ts_scratch_gather(&d, sc);
-    ts_tp_row_backward(tp, NULL, G(r.fcproj_w), NULL, stash_part(m, stash, N, STASH_D_OUT),
-                       s.fch_gelu, NULL, N, F, C);
-    ts_tp_col_backward(tp, NULL, G(r.fc_w), NULL, stash_part(m, stash, N, STASH_D_FCH),
-                       gather_rows(m, &d, gath, s.ln2), NULL, N, C, (int)d.FI, NULL, NULL);
-    ts_tp_row_backward(tp, NULL, G(r.proj_w), NULL, stash_part(m, stash, N, STASH_D_RES2),
-                       s.atty, NULL, N, Cl, C);
-    ts_tp_col_backward(tp, NULL, G(r.qkv_w), NULL, stash_part(m, stash, N, STASH_D_QKV),
-                       gather_rows(m, &d, gath, s.ln1), NULL, N, C, (int)d.QKV, NULL, NULL);
-#undef G
-}
-
 /* The head's backward: the forward left dlogits in place of the logits. With
  * `defer_weight`, the LM head's weight gradient waits for the W pass. */
 static void head_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
@@ -518,9 +157,9 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const void
     /* Under sequence parallelism: lnf gathered again, the partial input gradients [N,C]
      * in the scratch's second buffer, this rank's rows of their sum in its own, sub-batch
      * by sub-batch (this rank's rows are its part of each: tensor/tp.h). */
-    void *dlnf = d.sp ? ts_scratch_local(&d, sc) : sc->mem;
-    void *work = act_at(&d, sc->mem, d.N * ts_scratch_wide_cols(d));
-    const void *lnf = gather_rows(m, &d, ts_scratch_gather(&d, sc), h.lnf);
+    void *dlnf = d.sp ? ts_scratch_local(&d, sc) : ts_scratch_wide(&d, sc);
+    void *work = ts_scratch_narrow(&d, sc);
+    const void *lnf = ts_gather_rows(m, &d, ts_scratch_gather(&d, sc), h.lnf);
     const int parts = d.sp ? S : 1, rows = d.sp ? Ns : (int)d.N;
     for (int i = 0; i < parts; i++)
         ts_tp_col_backward(&m->tp, act_at(&d, dlnf, (size_t)i * NLs * C),
@@ -530,7 +169,7 @@ static void head_backward(const ts_model *m, const ts_acts *a, int l, const void
                            ts_param_compute(m, m->head_wte_param), rows, C, m->local_vocab,
                            act_at(&d, work, (size_t)i * rows * C), NULL);
     m->k->memset_zero(dx, d.NL * d.C * d.ab);
-    norm_backward(m, dx, ts_param_grad(m, p0),
+    ts_norm_backward(m, dx, ts_param_grad(m, p0),
                   m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1), dlnf, x,
                   head_norm_w(m, l), h.lnf_mean, h.lnf_rstd, (int)d.NL);
 }
@@ -542,11 +181,11 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: {
             const act_dims d = ts_act_dims(m, l, a->B, a->T);
-            embed_backward(m, a, l, gather_rows(m, &d, ts_scratch_gather(&d, s), dx));
+            embed_backward(m, a, l, ts_gather_rows(m, &d, ts_scratch_gather(&d, s), dx));
             break;
         }
         case TS_LAYER_BLOCK:
-            block_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s, NULL);
+            ts_block_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s, NULL);
             break;
         case TS_LAYER_HEAD:
             head_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s, false);
@@ -572,7 +211,7 @@ void ts_model_sum_sequence_grads(const ts_model *m, int l)
         ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0), C);
         if (m->arch != TS_ARCH_LLAMA) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + 1), C);
     } else if (L->kind == TS_LAYER_BLOCK) {
-        const block_roles r = roles_of(m);
+        const block_roles r = ts_block_roles(m);
         const int norms[4] = {r.norm1_w, r.norm1_b, r.norm2_w, r.norm2_b};
         for (int i = 0; i < 4; i++)
             if (norms[i] >= 0) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + norms[i]), C);
@@ -592,12 +231,12 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
         switch (m->layers[l].kind) {
         case TS_LAYER_EMBED: /* no input gradient: keep its output gradient for W */
             if (d.sp)
-                gather_rows(m, &d, embed_stash, dx);
+                ts_gather_rows(m, &d, embed_stash, dx);
             else
                 m->k->memcpy_d2d(embed_stash, dx, NC * d.ab);
             break;
         case TS_LAYER_BLOCK:
-            block_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s,
+            ts_block_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s,
                            ts_stash_block(m, a, l));
             break;
         case TS_LAYER_HEAD:
@@ -617,12 +256,12 @@ void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s)
             embed_backward(m, a, l, ts_stash_embed(m, a));
             break;
         case TS_LAYER_BLOCK:
-            block_backward_weight(m, a, l, ts_stash_block(m, a, l), s);
+            ts_block_backward_weight(m, a, l, ts_stash_block(m, a, l), s);
             break;
         case TS_LAYER_HEAD: {
             head_acts h = ts_head_views(m, a, l);
             const int N = a->B * a->T;
-            const void *lnf = gather_rows(m, &d, ts_scratch_gather(&d, s), h.lnf);
+            const void *lnf = ts_gather_rows(m, &d, ts_scratch_gather(&d, s), h.lnf);
             ts_tp_col_backward(&m->tp, NULL, ts_param_grad(m, m->head_wte_param), NULL, h.logits,
                                lnf, NULL, N, m->n_embd, m->local_vocab, NULL, NULL);
             break;
