@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     ts_cpu_set_threads(threads);
 
     ts_model model;
-    ts_model_build(&model, &mc, NULL, &timed_kernels);
+    ts_model_build(&model, &(ts_model_spec){.arch = &mc, .k = &timed_kernels});
     ts_model_init_random(&model, 1234);
     ts_acts acts;
     ts_acts_init(&acts, &model, 0, model.n_layers, B, T);

@@ -46,7 +46,7 @@ static void build_range(ts_model *m, const ts_model_config *mc, int l0, int l1)
 {
     bool owned[16] = {false};
     for (int l = l0; l < l1; l++) owned[l] = true;
-    ts_model_build(m, mc, owned, &ts_kernels_cpu);
+    ts_model_build(m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu, .owned = owned});
 }
 
 static bool is_param_boundary(const ts_model *m, size_t x)
@@ -162,8 +162,8 @@ static void test_sharded_adamw(void)
     ts_train_config tc = g_cfg.train;
     for (int dp = 2; dp <= 4; dp++) {
         ts_model full, shard;
-        ts_model_build(&full, &mc, NULL, &ts_kernels_cpu);
-        ts_model_build(&shard, &mc, NULL, &ts_kernels_cpu);
+        ts_model_build(&full, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+        ts_model_build(&shard, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
         fill(full.param_mem, full.num_floats, 1, 0.02f);
         memcpy(shard.param_mem, full.param_mem, full.num_floats * sizeof(float));
         ts_adamw whole;

@@ -102,7 +102,7 @@ typedef struct {
 
 /* keep: with parallel.recompute = "auto", the caps of the rank's chunks ([n_chunks],
  * ts_memory_auto_keep_selective chose them); NULL for the other modes. The chunks it made
- * selective are the model's layout (ts_model_set_selective_layers, before this call):
+ * selective are the model's layout (ts_model_spec.selective, when it was built):
  * every activation set of such a chunk, kept or a recomputed micro-batch's replay, is
  * allocated without attention's state, and the scratch holds the rebuilt one. */
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,

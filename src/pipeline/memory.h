@@ -48,7 +48,7 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
  * bytes the estimate less its BLAS buffers (est->total - est->blas) may reach. False
  * when even recomputing every micro-batch exceeds it (*est is then that estimate: caps
  * 0, the chunks selective as the choice left them). The trainer lays its chunks out
- * (ts_model_set_selective_layers) and runs its engine by exactly these. */
+ * (ts_model_spec.selective) and runs its engine by exactly these. */
 bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition *part,
                                        const ts_schedule *sched, int pp_rank, int threads,
                                        double room, int *keep, bool *selective,

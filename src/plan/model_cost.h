@@ -64,8 +64,8 @@
  * ring all-gathers (ts_plan_allgather_time) on the link the cp group uses, blocking
  * (not overlapped with compute: f_cp, i_cp are in f and i), a full recompute's
  * forward gathering again (selective recompute rebuilds from the kept gathered K/V).
- * Memory: the model's own layout under ts_model_set_context_parallel at T/cp rows (the
- * gathered K/V kept per block, the two chunks' prefix state). cp = 1 is the model
+ * Memory: the model's own layout under context parallelism (ts_model_spec.cp) at T/cp
+ * rows (the gathered K/V kept per block, the two chunks' prefix state). cp = 1 is the model
  * above, to the bit.
  *
  * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)

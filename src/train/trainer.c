@@ -63,24 +63,29 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
      * and the engine that runs the schedule over them. */
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
-    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
-    ts_tp tp = ts_tp_overlap(ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel),
-                             cfg->parallel.tp_overlap);
+    /* Selective recompute: every layer ("selective"), or the layers of this rank's chunks
+     * that auto's memory check made selective, so the layout is the one it counted. */
+    bool *selective = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
+        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
+            for (int l = 0; l < t->part.n_chunk_layers[c]; l++)
+                selective[t->part.first_layer[c] + l] = true;
     /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with more than
      * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
     const int level = t->dp.size > 1 ? cfg->parallel.zero : 0;
-    ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
-    /* Selective recompute: every layer ("selective"), or the chunks of this rank that
-     * auto's memory check made selective, so the layout is the one it counted. */
-    ts_model_set_selective(&t->model, ts_recompute_from_name(cfg->parallel.recompute) ==
-                                          TS_RECOMPUTE_SELECTIVE);
-    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
-        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
-            ts_model_set_selective_layers(&t->model, t->part.first_layer[c],
-                                          t->part.first_layer[c] + t->part.n_chunk_layers[c],
-                                          true);
-    ts_model_set_context_parallel(&t->model, ts_cp_make(cfg->parallel.cp, topo->coords.cp,
-                                                        &t->cp, t->k, cfg->model.seq_len));
+    const ts_model_spec spec = {
+        .arch = &cfg->model, .k = t->k, .owned = owned,
+        .tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k),
+        .sequence_parallel = cfg->parallel.sequence_parallel,
+        .tp_overlap = cfg->parallel.tp_overlap,
+        .cp = ts_cp_make(cfg->parallel.cp, topo->coords.cp, &t->cp, t->k, cfg->model.seq_len),
+        .selective_all =
+            ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE,
+        .selective = selective,
+        .without_weights = level >= 3,
+        .without_grads = level >= 2};
+    ts_model_build(&t->model, &spec);
+    free(selective);
     free(owned);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
