@@ -36,7 +36,7 @@ static void add_bucket(ts_grad_sync *g, size_t begin, size_t end, int min_layer,
     b->min_layer = min_layer;
     b->max_layer = max_layer;
     b->tied = tied;
-    if (g->sharded) split_bucket(b, g->dp.size);
+    if (g->sharded) split_bucket(b, g->replica->size);
 }
 
 static bool is_group_summed(const ts_grad_sync *g, int p)
@@ -111,7 +111,7 @@ static void build_shard(ts_grad_sync *g)
         g->shard[g->n_shard++] = (ts_flat_range){0, g->n_floats};
         return;
     }
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     size_t base = 0;
     for (int i = g->n_buckets - 1; i >= 0; i--) {
         ts_bucket *b = &g->buckets[i];
@@ -129,15 +129,15 @@ static void add_group_sum(ts_grad_sync *g, const ts_model *m, int p, const ts_co
     g->sums[g->n_sums++] = (struct ts_group_sum){p, m->params[p].offset, m->params[p].numel, group};
 }
 
-void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts_comm *embed,
+void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *replica, const ts_comm *embed,
                        const ts_comm *kv, size_t bucket_bytes, bool overlap, int zero,
                        const ts_zero_layout *zl)
 {
     memset(g, 0, sizeof *g);
     g->model = m;
-    g->dp = *dp;
-    g->embed = *embed;
-    g->kv = *kv;
+    g->replica = replica;
+    g->embed = embed;
+    g->kv = kv;
     g->grads = m->grad_mem;
     g->params = m->param_mem;
     g->k = m->k;
@@ -151,16 +151,16 @@ void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts
     const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
     const bool split_tie = m->tied && tied >= 0 &&
                            (m->head_wte_param < 0 || m->params[tied].tied_copy);
-    if (split_tie && ts_comm_member(embed) && embed->size >= 2) add_group_sum(g, m, tied, &g->embed);
+    if (split_tie && ts_comm_member(embed) && embed->size >= 2) add_group_sum(g, m, tied, g->embed);
     /* Replicated key/value heads: k_proj and v_proj of every block this rank holds. */
     if (m->kv_replicas > 1 && kv->size > 1)
         for (int l = 0; l < m->n_layers; l++) {
             const ts_layer *L = &m->layers[l];
             if (!L->owned || L->kind != TS_LAYER_BLOCK) continue;
-            add_group_sum(g, m, L->first_param + TS_L_K_W, &g->kv);
-            add_group_sum(g, m, L->first_param + TS_L_V_W, &g->kv);
+            add_group_sum(g, m, L->first_param + TS_L_K_W, g->kv);
+            add_group_sum(g, m, L->first_param + TS_L_V_W, g->kv);
         }
-    const bool dp_sync = dp->size > 1 && m->n_params > 0;
+    const bool dp_sync = replica->size > 1 && m->n_params > 0;
     g->sharded = zero >= 1 && dp_sync;
     g->level = dp_sync ? zero : 0;
     if (g->level >= 2) {
@@ -190,9 +190,9 @@ static void thread_start_op(ts_grad_sync *g, ts_bucket *b)
     float *buf = ts_bucket_grads(g, b);
     b->start_ms = ts_now_ms();
     if (g->sharded)
-        ts_ireduce_scatter_sum_f32(&g->dp_thread, buf, b->counts, &b->req);
+        ts_ireduce_scatter_sum_f32(&g->replica_thread, buf, b->counts, &b->req);
     else
-        ts_iallreduce_sum_f32(&g->dp_thread, buf, b->end - b->begin, &b->req);
+        ts_iallreduce_sum_f32(&g->replica_thread, buf, b->end - b->begin, &b->req);
 }
 
 /* Start what is queued, in queue order (the same on every dp rank, so the collectives
@@ -241,7 +241,7 @@ ts_status ts_grad_sync_use_thread(ts_grad_sync *g)
         return ts_fail("parallel.grad_sync_progress = \"thread\" needs an MPI library that "
                        "lets several threads communicate at once (thread level MULTIPLE), and "
                        "this one does not; use \"poll\"");
-    ts_comm_dup(&g->dp, "dp (communication thread)", &g->dp_thread);
+    ts_comm_dup(g->replica, "dp (communication thread)", &g->replica_thread);
     g->queue = ts_calloc((size_t)g->n_buckets, sizeof(int));
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
@@ -250,7 +250,7 @@ ts_status ts_grad_sync_use_thread(ts_grad_sync *g)
         g->queue = NULL;
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
-        ts_comm_free(&g->dp_thread);
+        ts_comm_free(&g->replica_thread);
         return ts_fail("cannot start the data-parallel communication thread");
     }
     g->threaded = true;
@@ -267,7 +267,7 @@ static void stop_thread(ts_grad_sync *g)
     pthread_join(g->thread, NULL);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
-    ts_comm_free(&g->dp_thread);
+    ts_comm_free(&g->replica_thread);
     free(g->queue);
     g->threaded = false;
 }
@@ -279,15 +279,16 @@ void ts_grad_sync_wait_thread(ts_grad_sync *g)
 {
     pthread_mutex_lock(&g->mu);
     if (g->n_done < g->n_queued) {
-        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->dp.name, -1);
+        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->replica->name,
+                               -1);
         while (g->n_done < g->n_queued) pthread_cond_wait(&g->cv, &g->mu);
         ts_watchdog_wait_end();
     }
     pthread_mutex_unlock(&g->mu);
-    if (!g->dp.on_span) return;
+    if (!g->replica->on_span) return;
     for (int i = 0; i < g->n_queued; i++) {
         const ts_bucket *b = &g->buckets[g->queue[i]];
-        g->dp.on_span(g->dp.on_span_ctx, g->sharded ? "reduce-scatter" : "all-reduce",
+        g->replica->on_span(g->replica->on_span_ctx, g->sharded ? "reduce-scatter" : "all-reduce",
                       (b->end - b->begin) * sizeof(float), b->start_ms, b->end_ms);
     }
 }
@@ -301,7 +302,8 @@ void ts_grad_sync_wait_bucket(ts_grad_sync *g, ts_bucket *b)
     }
     pthread_mutex_lock(&g->mu);
     if (!b->done) {
-        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->dp.name, -1);
+        ts_watchdog_wait_begin("data-parallel reduction (communication thread)", g->replica->name,
+                               -1);
         while (!b->done) pthread_cond_wait(&g->cv, &g->mu);
         ts_watchdog_wait_end();
     }
@@ -349,9 +351,9 @@ void ts_grad_sync_launch(ts_grad_sync *g, ts_bucket *b)
     }
     float *buf = ts_bucket_grads(g, b);
     if (g->sharded)
-        ts_ireduce_scatter_sum_f32(&g->dp, buf, b->counts, &b->req);
+        ts_ireduce_scatter_sum_f32(g->replica, buf, b->counts, &b->req);
     else
-        ts_iallreduce_sum_f32(&g->dp, buf, b->end - b->begin, &b->req);
+        ts_iallreduce_sum_f32(g->replica, buf, b->end - b->begin, &b->req);
     b->launched = true;
 }
 
@@ -411,7 +413,7 @@ double ts_grad_sync_sum_groups(ts_grad_sync *g)
  * are memmove, a GPU's d2d copy must allow that too. */
 static void place_piece(ts_grad_sync *g, const ts_bucket *b)
 {
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     TS_ASSERT(g->level < 2);
     if (b->displs[r] == 0 || b->counts[r] == 0) return;
     g->k->memcpy_d2d(g->grads + b->begin + b->displs[r], g->grads + b->begin,
@@ -427,7 +429,7 @@ void ts_grad_sync_finish(ts_grad_sync *g)
         if (g->n_buckets > 0 && !g->overlap) {
             /* Nothing to hide behind: one blocking all-reduce of the whole buffer, which
              * MPI runs about twice as fast as the same bytes in non-blocking buckets. */
-            ts_allreduce_sum_f32(&g->dp, g->grads, g->n_floats);
+            ts_allreduce_sum_f32(g->replica, g->grads, g->n_floats);
         } else {
             for (int i = 0; i < g->n_buckets; i++)
                 if (!g->buckets[i].launched) ts_grad_sync_launch(g, &g->buckets[i]);
@@ -464,7 +466,7 @@ void ts_grad_sync_init_optimizer(const ts_grad_sync *g, const ts_model *m, ts_ad
     ts_adamw_init_ranges(o, m, g->shard, g->n_shard, g->sharded);
 }
 
-bool ts_grad_sync_counts_norm(const ts_grad_sync *g) { return g->sharded || g->dp.rank == 0; }
+bool ts_grad_sync_counts_norm(const ts_grad_sync *g) { return g->sharded || g->replica->rank == 0; }
 
 void ts_grad_sync_gather_params(ts_grad_sync *g)
 {
@@ -473,7 +475,7 @@ void ts_grad_sync_gather_params(ts_grad_sync *g)
     double t0 = ts_now_ms();
     for (int i = 0; i < g->n_buckets; i++) {
         ts_bucket *b = &g->buckets[i];
-        ts_iallgather_f32(&g->dp, g->params + b->begin, b->counts, b->displs, &b->req);
+        ts_iallgather_f32(g->replica, g->params + b->begin, b->counts, b->displs, &b->req);
     }
     for (int i = 0; i < g->n_buckets; i++) ts_request_wait(&g->buckets[i].req);
     g->gather_ms += ts_now_ms() - t0;

@@ -93,7 +93,10 @@ typedef struct {
 } ts_zero_layout;
 
 typedef struct {
-    ts_comm dp, embed, kv;
+    /* The topology's groups (topology/topology.h ts_groups), held by pointer: replica
+     * (the dp * cp ranks holding the same weights) reduces and shards the gradients;
+     * embed and kv carry the group sums below. */
+    const ts_comm *replica, *embed, *kv;
     ts_model *model;
     float *grads, *params; /* device memory of k (full-size; NULL where ZeRO-2/3 drop them) */
     const ts_kernels *k;
@@ -116,7 +119,7 @@ typedef struct {
     struct ts_group_sum {
         int param;
         size_t offset, numel;  /* its floats in the gradient buffer */
-        const ts_comm *group;  /* &g->embed or &g->kv */
+        const ts_comm *group;  /* g->embed or g->kv */
     } *sums;
     int n_buckets;
     ts_bucket *buckets;
@@ -128,12 +131,12 @@ typedef struct {
     int n_shard;
     ts_flat_range *shard;
     /* parallel.grad_sync_progress = "thread": a communication thread starts the
-     * queued buckets' reductions on its own duplicate of the dp group and tests them
+     * queued buckets' reductions on its own duplicate of the replica group and tests them
      * every few tens of microseconds, so they advance while this thread computes (Open
      * MPI has no asynchronous progress). "poll": the main thread tests them between
      * layers (ts_grad_sync_poll) and inside its pipeline waits. */
     bool threaded;
-    ts_comm dp_thread;
+    ts_comm replica_thread; /* owned: ts_comm_dup of *replica */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -147,11 +150,13 @@ typedef struct {
     int steps;            /* steps finished */
 } ts_grad_sync;
 
-/* dp: the data-parallel group; embed: the embedding group (a non-member or a group of one
- * when pp == 1); zero: parallel.zero (0..3); zl: the pipeline's chunks and actions
+/* replica: the ranks holding the same weights (the topology's replica group: dp * cp of
+ * them); embed: the embedding group (a non-member or a group of one when pp == 1); kv:
+ * the tp ranks holding the same key/value heads. The three are held by pointer and must
+ * outlive the state. zero: parallel.zero (0..3); zl: the pipeline's chunks and actions
  * (needed for zero >= 2, else may be NULL). The model stays the caller's; with zero >= 2
  * the state takes over its layer views (ts_grad_sync_shard_model). */
-void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *dp, const ts_comm *embed,
+void ts_grad_sync_init(ts_grad_sync *g, ts_model *m, const ts_comm *replica, const ts_comm *embed,
                        const ts_comm *kv, size_t bucket_bytes, bool overlap, int zero,
                        const ts_zero_layout *zl);
 /* ZeRO-2/3, once the optimizer is made: the compact shard buffers, and the model's layer

@@ -118,7 +118,7 @@ void ts_grad_sync_shard_model(ts_grad_sync *g, ts_adamw *o)
     if (g->level < 2) return;
     ts_model *m = g->model;
     const ts_kernels *k = g->k;
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     const size_t n = g->n_shard_floats ? g->n_shard_floats : 1;
     g->shard_grads = k->dev_alloc(n * sizeof(float));
     k->memset_zero(g->shard_grads, n * sizeof(float));
@@ -161,7 +161,7 @@ static void place(ts_grad_sync *g, ts_bucket *b)
 {
     if (b->placed) return;
     ts_grad_sync_wait_bucket(g, b);
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     if (b->counts[r] > 0)
         g->k->memcpy_d2d(g->shard_grads + b->shard_off, ts_bucket_grads(g, b),
                          (size_t)b->counts[r] * sizeof(float));
@@ -219,7 +219,7 @@ static void issue_gather(ts_grad_sync *g, ts_zero_chunk *z, bool exact)
     const ts_kernels *k = g->k;
     const ts_dtype dt = exact ? TS_DTYPE_F32 : k->act_dtype;
     const size_t eb = ts_dtype_bytes(dt);
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     z->exact = exact;
     void *into = exact ? (void *)z->weights : z->compute;
     for (int i = z->b0; i < z->b1; i++) {
@@ -228,7 +228,7 @@ static void issue_gather(ts_grad_sync *g, ts_zero_chunk *z, bool exact)
         if (b->counts[r] > 0)
             k->convert(w + (size_t)b->displs[r] * eb, dt, g->master + b->shard_off, TS_DTYPE_F32,
                        (size_t)b->counts[r]);
-        ts_iallgather_act(&g->dp, w, b->counts, b->displs, dt, &b->greq);
+        ts_iallgather_act(g->replica, w, b->counts, b->displs, dt, &b->greq);
     }
     z->gathering = true;
 }
@@ -355,7 +355,7 @@ double ts_grad_sync_state_bytes(const ts_grad_sync *g)
 /* Copy this rank's pieces of chunk z's buffer into the master. */
 static void keep_pieces(ts_grad_sync *g, const ts_zero_chunk *z)
 {
-    const int r = g->dp.rank;
+    const int r = g->replica->rank;
     for (int j = z->b0; j < z->b1; j++) {
         const ts_bucket *b = &g->buckets[j];
         if (b->counts[r] > 0)

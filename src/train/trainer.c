@@ -23,25 +23,33 @@ static void on_layers_done(void *ctx, int first, int end)
     ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
 }
 
-ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo)
+/* The trainer's observers on the topology's groups: the tp and cp groups' time for the
+ * step statistics and, with log.trace, every collective of the replica, tp and cp groups
+ * on this rank's communication track. Off again in ts_trainer_free: the groups outlive
+ * the trainer. */
+static void observe_groups(ts_trainer *t, bool on)
+{
+    ts_groups *g = t->groups;
+    g->tp.busy_ms = on ? &t->tp_busy_ms : NULL;
+    g->cp.busy_ms = on ? &t->cp_busy_ms : NULL;
+    const bool trace = on && t->tracing;
+    g->replica.on_span = trace ? ts_trainer_on_replica_span : NULL;
+    g->tp.on_span = trace ? ts_trainer_on_tp_span : NULL;
+    g->cp.on_span = trace ? ts_trainer_on_cp_span : NULL;
+    g->replica.on_span_ctx = g->tp.on_span_ctx = g->cp.on_span_ctx = trace ? t : NULL;
+}
+
+ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->topo = topo;
     t->t0_ms = ts_now_ms();
     ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
-    t->world = topo->world;
-    t->dp = topo->replica_comm; /* dp * cp ranks hold the same weights */
-    t->pp = topo->pp_comm;
-    t->tp = topo->tp_comm;
-    t->tp.busy_ms = &t->tp_busy_ms;
-    t->cp = topo->cp_comm;
-    t->cp.busy_ms = &t->cp_busy_ms;
-    t->embed = topo->embed_comm;
-    t->kv = topo->kv_comm;
+    t->groups = &topo->groups;
     ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
-    if (ts_comm_agree(&t->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
+    if (ts_comm_agree(&t->groups->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
     /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
      * set-up below (layer-cost measurement, model init, the data's checksums). */
     if (ts_trainer_claim_checkpoint_dir(t) != TS_OK) goto fail;
@@ -52,23 +60,23 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_status st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
                                      cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
     if (st == TS_OK) st = ts_partition_build(cfg, false, &t->part);
-    if (ts_comm_agree(&t->world, st) != TS_OK || ts_trainer_check_memory(t, false) != TS_OK)
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK || ts_trainer_check_memory(t, false) != TS_OK)
         goto fail;
     ts_partition_free(&t->part);
     st = ts_trainer_build_partition(t);
-    if (ts_comm_agree(&t->world, st) != TS_OK || ts_trainer_check_memory(t, true) != TS_OK)
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK || ts_trainer_check_memory(t, true) != TS_OK)
         goto fail;
 
     /* This rank's chunks of the model, initialised (or read from model.init), the data,
      * and the engine that runs the schedule over them. */
     bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
     ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
-    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
+    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->groups->tp, t->k);
     ts_tp tp = ts_tp_overlap(ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel),
                              cfg->parallel.tp_overlap);
     /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with more than
      * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
-    const int level = t->dp.size > 1 ? cfg->parallel.zero : 0;
+    const int level = t->groups->replica.size > 1 ? cfg->parallel.zero : 0;
     ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
     /* Selective recompute: every layer ("selective"), or the chunks of this rank that
      * auto's memory check made selective, so the layout is the one it counted. */
@@ -80,37 +88,30 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
                                           t->part.first_layer[c] + t->part.n_chunk_layers[c],
                                           true);
     ts_model_set_context_parallel(&t->model, ts_cp_make(cfg->parallel.cp, topo->coords.cp,
-                                                        &t->cp, t->k, cfg->model.seq_len));
+                                                        &t->groups->cp, t->k, cfg->model.seq_len));
     free(owned);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
-                            &t->pp, topo->coords.dp, t->recompute_keep);
-    if (ts_comm_agree(&t->world, st) != TS_OK ||
-        ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
+                            &t->groups->pp, topo->coords.dp, t->recompute_keep);
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK ||
+        ts_comm_agree(&t->groups->world, ts_trainer_agree_data(t)) != TS_OK)
         goto fail;
-    if (t->world.rank == 0) ts_trainer_log_data(t);
+    if (t->groups->world.rank == 0) ts_trainer_log_data(t);
 
-    /* Data parallelism: the gradient buckets over the dp group (and the tied
+    /* Data parallelism: the gradient buckets over the replica group (and the tied
      * embedding's sum over the embedding group), each started as soon as the chunk
      * whose layers it covers has run its last backward (engine.chunk_done, below). */
-    if (cfg->log.trace[0]) { /* before grad_sync takes the group: its reductions' spans */
-        t->dp.on_span = ts_trainer_on_dp_span;
-        t->dp.on_span_ctx = t;
-        t->tp.on_span = ts_trainer_on_tp_span; /* the model's tp group is t->tp */
-        t->tp.on_span_ctx = t;
-        t->cp.on_span = ts_trainer_on_cp_span; /* the model's cp group is t->cp */
-        t->cp.on_span_ctx = t;
-    }
     const ts_zero_layout zl = {&t->sched, topo->coords.pp, t->part.first_layer,
                                t->part.n_chunk_layers};
-    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed, &t->kv,
-                      (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
-                      cfg->parallel.zero, &zl);
+    ts_grad_sync_init(&t->grad_sync, &t->model, &t->groups->replica, &t->groups->embed,
+                      &t->groups->kv, (size_t)cfg->parallel.bucket_mb << 20,
+                      cfg->parallel.overlap_grad_sync, cfg->parallel.zero, &zl);
     /* How the overlapped reduction advances while this rank computes: its own thread,
      * or tests between layers (inside pipeline waits MPI advances it anyway). */
     if (strcmp(cfg->parallel.grad_sync_progress, "thread") == 0) {
-        if (ts_comm_agree(&t->world, ts_grad_sync_use_thread(&t->grad_sync)) != TS_OK) goto fail;
+        if (ts_comm_agree(&t->groups->world, ts_grad_sync_use_thread(&t->grad_sync)) != TS_OK)
+            goto fail;
     }
     /* Poll mode tests the reductions between layers; ZeRO-3's gathers, issued by this
      * thread, are tested there in both modes. */
@@ -133,11 +134,11 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     } else {
         ts_grad_sync_init_weights(&t->grad_sync, (uint64_t)cfg->train.seed);
     }
-    if (ts_comm_agree(&t->world, st) != TS_OK) goto fail;
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK) goto fail;
     /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
      * run appends to its metrics file) and the BLAS report, the metrics' first line. */
     if (ts_trainer_load_checkpoint(t) != TS_OK ||
-        ts_comm_agree(&t->world, ts_trainer_open_outputs(t)) != TS_OK ||
+        ts_comm_agree(&t->groups->world, ts_trainer_open_outputs(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
     ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
@@ -155,8 +156,9 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
         t->engine.trace = &t->trace;
         t->engine.trace_t0_ms = t->t0_ms;
     }
+    observe_groups(t, true);
 
-    if (t->world.rank == 0 && t->part.n_chunks > 1) {
+    if (t->groups->world.rank == 0 && t->part.n_chunks > 1) {
         char *d = ts_partition_describe(&t->part, t->sched.chunk_rank), where[512];
         ts_log_info("%s", d);
         free(d);
@@ -172,6 +174,7 @@ fail:
 
 void ts_trainer_free(ts_trainer *t)
 {
+    if (t->groups) observe_groups(t, false); /* the groups outlive the trainer */
     if (t->saving) ts_ckpt_save_abandon(t->saving); /* the run failed mid-save */
     ts_ckpt_claim_release(&t->claim);
     free(t->staging.mem);
@@ -180,11 +183,6 @@ void ts_trainer_free(ts_trainer *t)
     ts_grad_sync_free(&t->grad_sync);
     ts_adamw_free(&t->optim);
     ts_engine_free(&t->engine);
-    /* Release the data planes' per-group state (NCCL communicators, comm streams) on
-     * the trainer's copies of the groups; the topology frees the MPI groups. */
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv, &t->cp };
-    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-        if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
     if (t->has_train) ts_sampler_close(&t->train_data);
     free(t->data_tokens);
     free(t->data_crc);
@@ -200,7 +198,7 @@ void ts_trainer_free(ts_trainer *t)
 /* Sum of a double over the whole grid (losses, squared norms, bubbles). */
 static double grid_sum(const ts_trainer *t, double local)
 {
-    ts_host_allreduce_sum_f64(&t->world, &local, 1);
+    ts_host_allreduce_sum_f64(&t->groups->world, &local, 1);
     return local;
 }
 
@@ -259,9 +257,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * step's collectives); replicas in other pipelines do not count. */
     ts_watchdog_context("step statistics", 0, 0, 0);
     double makespan = t->engine.span_ms;
-    ts_host_allreduce_max_f64(&t->pp, &makespan, 1);
+    ts_host_allreduce_max_f64(&t->groups->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
-    out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
+    out->bubble = grid_sum(t, 1.0 - busy) / t->groups->world.size;
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
@@ -271,9 +269,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
     double comm_ms[3] = {t->grad_sync.wait_ms + t->grad_sync.gather_ms, t->tp_busy_ms,
                          t->cp_busy_ms};
-    ts_host_allreduce_max_f64(&t->world, comm_ms, 3);
+    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 3);
     out->dp_wait_ms = comm_ms[0];
-    out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
+    out->dp_bytes = t->groups->replica.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     out->tp_comm_ms = comm_ms[1];
     out->cp_comm_ms = comm_ms[2];
 }
@@ -301,9 +299,9 @@ ts_status ts_trainer_run(ts_trainer *t)
     /* A stop signal during the set-up (caught since the start: ts_cmd_train): stop
      * before the first step; the checkpoint loaded, if any, is still the newest. */
     int early = ts_stop_signal();
-    ts_host_allreduce_max_i32(&t->world, &early, 1);
+    ts_host_allreduce_max_i32(&t->groups->world, &early, 1);
     if (early) {
-        if (t->world.rank == 0)
+        if (t->groups->world.rank == 0)
             ts_log_info("received %s during set-up: stopping before step %d", ts_stop_signal_name(early),
                         t->start_step);
         t->stop_signal = early;
@@ -336,19 +334,19 @@ ts_status ts_trainer_run(ts_trainer *t)
         }
         /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only
          * when there is a file), so its failure stops every rank now. */
-        if (c->log.metrics[0] && ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+        if (c->log.metrics[0] && ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
 
         /* A stop signal on any rank stops every rank after this step, with a save; an
          * asynchronous save is committed once every rank has written its part. */
         int flags[2] = {ts_stop_signal(), t->saving && !ts_ckpt_save_written(t->saving)};
-        ts_host_allreduce_max_i32(&t->world, flags, 2);
+        ts_host_allreduce_max_i32(&t->groups->world, flags, 2);
         if (t->saving && !flags[1] && ts_trainer_finish_save(t) != TS_OK) return TS_ERR;
         const int stop = flags[0];
         if (stop) {
-            if (t->world.rank == 0 && saving)
+            if (t->groups->world.rank == 0 && saving)
                 ts_log_info("received %s after step %d: saving a checkpoint and stopping",
                             ts_stop_signal_name(stop), step);
-            else if (t->world.rank == 0)
+            else if (t->groups->world.rank == 0)
                 ts_log_warn("received %s after step %d: stopping (nothing saved: no "
                             "checkpoint.dir)",
                             ts_stop_signal_name(stop), step);
@@ -369,7 +367,7 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (!same && ts_trainer_save_checkpoint(t, steps, false) != TS_OK) return TS_ERR;
     }
     ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
-    if (ts_comm_agree(&t->world, ts_trainer_report_memory(t)) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups->world, ts_trainer_report_memory(t)) != TS_OK) return TS_ERR;
     if (t->tracing) return ts_trainer_write_trace(t);
     return TS_OK;
 }
