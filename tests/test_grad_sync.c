@@ -12,7 +12,7 @@
 
 #include "config/config.h"
 #include "core/rng.h"
-#include "dp/grad_sync.h"
+#include "data/grad_sync.h"
 #include "model/model.h"
 #include "optim/optim.h"
 #include "test_util.h"

@@ -120,7 +120,7 @@ typedef struct {
     float *param_mem, *grad_mem;
     /* Where each layer's parameters, gradients and compute weights are ([n_layers]):
      * views of param_mem, grad_mem and compute_mem (origin 0) by default. ZeRO-2 and 3
-     * (dp/grad_sync.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
+     * (data/grad_sync.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
      * a chunk's layers then point into the chunk's own buffers while they exist (origin:
      * the chunk's first float in this layout) and are NULL otherwise. */
     ts_layer_mem *layer_mem;

@@ -220,7 +220,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 
     double t1 = ts_now_ms();
     /* The dp reduction and the tied embedding's sum over the embedding group (with
-     * ZeRO-1 the tied sum first, then the reduce-scatter: dp/grad_sync.h). */
+     * ZeRO-1 the tied sum first, then the reduce-scatter: data/grad_sync.h). */
     ts_watchdog_context("data-parallel gradient sync and tied-embedding sync", 0, 0, 0);
     ts_grad_sync_finish(&t->grad_sync);
     double t2 = ts_now_ms();

@@ -12,7 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
-#include "dp/grad_sync.h"
+#include "data/grad_sync.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
 #include "model/model.h"

@@ -1,4 +1,4 @@
-#include "dp/grad_sync.h"
+#include "data/grad_sync.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -8,7 +8,7 @@
 
 #include "core/timer.h"
 #include "core/watchdog.h"
-#include "dp/grad_sync_internal.h"
+#include "data/grad_sync_internal.h"
 
 /* ZeRO-1: cut bucket b into dp pieces on TS_ZERO_ALIGN boundaries, as evenly as they
  * allow (the last piece takes any ragged end). */

@@ -1,4 +1,4 @@
-/* ZeRO-2/3's chunk buffers (dp/grad_sync.h): per-chunk gradient buffers that come and go
+/* ZeRO-2/3's chunk buffers (data/grad_sync.h): per-chunk gradient buffers that come and go
  * as pipeline/residency.h says, the compact shard they are reduced into, and with ZeRO-3
  * the compact master weights and the per-chunk gathers of them. */
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 
 #include "core/timer.h"
 #include "core/watchdog.h"
-#include "dp/grad_sync_internal.h"
+#include "data/grad_sync_internal.h"
 
 /* The index into zchunks of the rank's chunk holding layer l. */
 static int zchunk_of_layer(const ts_grad_sync *g, int l)

@@ -2,7 +2,7 @@
 #ifndef TS_GRAD_SYNC_INTERNAL_H
 #define TS_GRAD_SYNC_INTERNAL_H
 
-#include "dp/grad_sync.h"
+#include "data/grad_sync.h"
 
 /* Bucket b's gradients: in the full-size buffer, or (ZeRO-2/3) in its chunk's buffer. */
 float *ts_bucket_grads(const ts_grad_sync *g, const ts_bucket *b);
