@@ -100,7 +100,7 @@ typedef struct {
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
     char grad_reduce_dtype[8];   /* "fp32": the data-parallel reduction's element type */
-    int zero;                   /* 0 .. 3: ZeRO level (data/grad_sync.h) */
+    int zero;                   /* 0 .. 3: ZeRO level (data/zero.h) */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
 } ts_parallel_config;

@@ -1,7 +1,7 @@
 /* AdamW over a model's flat buffers, global-norm clipping and the LR schedule
  * (docs/CONTRACT.md "Optimizer"). The optimizer owns the AdamW moments of the ranges of the
  * flat buffers this rank updates: all of them, or with ZeRO-1 its piece of every
- * data-parallel bucket (data/grad_sync.h). The norm is a sum of squares that callers
+ * data-parallel bucket (data/reducer.h). The norm is a sum of squares that callers
  * reduce across ranks before taking the root, so clipping is grid-wide. */
 #ifndef TS_OPTIM_H
 #define TS_OPTIM_H

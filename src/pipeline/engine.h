@@ -83,7 +83,7 @@ typedef struct {
     ts_chunk_done_fn chunk_done;
     void *chunk_done_ctx;
     /* Called before and after action i of the rank's list (NULL: none): ZeRO-2/3 bring
-     * a chunk's gradient buffer and gathered weights in and out (data/grad_sync.h). */
+     * a chunk's gradient buffer and gathered weights in and out (data/zero.h). */
     void (*before_action)(void *ctx, int i);
     void (*after_action)(void *ctx, int i);
     void *action_ctx;

@@ -242,9 +242,9 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = world};
     /* ZeRO-3: the files hold whole tensors; read into every chunk's buffer, then keep
      * this rank's pieces (a transient of the rank's full weights). */
-    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_ALLOCATE);
+    ts_zero_materialize(&t->zero, TS_ZERO_ALLOCATE);
     ts_status ld = ts_ckpt_load(&a, t->loaded_from, &t->start_step);
-    ts_grad_sync_dematerialize(&t->grad_sync, ld == TS_OK);
+    ts_zero_dematerialize(&t->zero, ld == TS_OK);
     if (ld != TS_OK) return TS_ERR;
     /* Every rank read the same state.json: the same step (checked, not assumed). */
     int lo = t->start_step, hi = t->start_step;
@@ -366,8 +366,8 @@ static bool state_finite(ts_trainer *t)
     k->memset_zero(acc, sizeof(double));
     if (t->model.param_mem && t->model.num_floats > 0)
         k->sum_into(acc, t->model.param_mem, t->model.num_floats);
-    else if (t->grad_sync.master && t->grad_sync.n_shard_floats > 0) /* ZeRO-3's pieces */
-        k->sum_into(acc, t->grad_sync.master, t->grad_sync.n_shard_floats);
+    else if (t->zero.master && t->zero.n_shard_floats > 0) /* ZeRO-3's pieces */
+        k->sum_into(acc, t->zero.master, t->zero.n_shard_floats);
     if (t->optim.n_floats > 0) { /* a ZeRO-1 shard may hold none */
         k->sum_into(acc, t->optim.m, t->optim.n_floats);
         k->sum_into(acc, t->optim.v, t->optim.n_floats);
@@ -413,9 +413,9 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     /* ZeRO-3: the files hold whole tensors, as from any other level; the weights are
      * gathered for the save (written or staged before ts_ckpt_save_start returns). */
     ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
-    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_GATHER_EXACT);
+    ts_zero_materialize(&t->zero, TS_ZERO_GATHER_EXACT);
     ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
-    ts_grad_sync_dematerialize(&t->grad_sync, false);
+    ts_zero_dematerialize(&t->zero, false);
     if (st != TS_OK) return TS_ERR;
     return async ? TS_OK : ts_trainer_finish_save(t);
 }

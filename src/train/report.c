@@ -189,7 +189,7 @@ ts_status ts_trainer_report_blas(ts_trainer *t)
                         peak / n);
         json_t *line = json_pack("{s:s, s:s, s:s, s:o, s:i, s:s, s:o}", "cpu", cpu, "blas_core",
                                  core, "blas_core_note", note, "blas_gflops", json_array(),
-                                 "zero", t->grad_sync.level, "gemm_dtype", dtype,
+                                 "zero", t->zero.level, "gemm_dtype", dtype,
                                  "gemm_gflops", json_array());
         if (dnnl) json_object_set_new(line, "dnnl_isa", json_string(ts_dnnl_isa()));
         for (int r = 0; r < n; r++) {
@@ -320,9 +320,9 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
                       (double)ts_adamw_state_bytes(&t->optim) / MiB,
                       steps_peak / MiB,
-                      (ts_grad_sync_state_bytes(&t->grad_sync) +
+                      (ts_zero_state_bytes(&t->zero) +
                        (double)ts_adamw_state_bytes(&t->optim)) / MiB,
-                      t->grad_sync.zbuf_peak / MiB, t->estimate_bytes / MiB};
+                      t->zero.zbuf_peak / MiB, t->estimate_bytes / MiB};
     const ts_comm *world = &t->groups->world;
     double *all = world->rank == 0 ? ts_calloc((size_t)world->size * K, sizeof(double)) : NULL;
     ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);

@@ -12,7 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
-#include "data/grad_sync.h"
+#include "data/zero.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
 #include "model/model.h"
@@ -63,7 +63,12 @@ typedef struct {
                                   choice); NULL otherwise */
     ts_model model;
     ts_engine engine;
-    ts_grad_sync grad_sync;
+    /* Data parallelism (src/data): the gradients summed over the embedding and kv
+     * groups, the reducer of the gradients over the replicas, and the sharded (ZeRO)
+     * optimizer state; each installs its own hooks in the engine and the model. */
+    ts_group_sums sums;
+    ts_reducer reducer;
+    ts_zero_state zero;
     ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
