@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/timer.h"
-#include "core/watchdog.h"
 
 /* ---------------------------------------------------------------- the layout -- */
 
@@ -303,7 +302,8 @@ static void before_action(void *ctx, int a)
         if (res->spans[k].issue == a)
             issue_gather(s, &s->zchunks[s->zchunk_of[res->spans[k].chunk]], false);
     for (int k = 0; k < res->n_spans; k++)
-        if (res->spans[k].first == a) wait_gather(s, &s->zchunks[s->zchunk_of[res->spans[k].chunk]]);
+        if (res->spans[k].first == a)
+            wait_gather(s, &s->zchunks[s->zchunk_of[res->spans[k].chunk]]);
 }
 
 /* The engine's hook after action a. */
@@ -313,7 +313,8 @@ static void after_action(void *ctx, int a)
     if (s->level < 3) return;
     const ts_residency *res = &s->res;
     for (int k = 0; k < res->n_spans; k++)
-        if (res->spans[k].last == a) release_weights(s, &s->zchunks[s->zchunk_of[res->spans[k].chunk]]);
+        if (res->spans[k].last == a)
+            release_weights(s, &s->zchunks[s->zchunk_of[res->spans[k].chunk]]);
 }
 
 /* ------------------------------------------------------------------ attaching -- */
