@@ -99,7 +99,7 @@ typedef struct {
                                    tensor/tp.h); 1 = off */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
-    int zero;                   /* 0 .. 3: ZeRO level (dp/grad_sync.h) */
+    int zero;                   /* 0 .. 3: ZeRO level (data/zero.h) */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
 } ts_parallel_config;

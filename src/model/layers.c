@@ -65,7 +65,8 @@ static void head_forward(const ts_model *m, const ts_acts *a, int l, const void 
 
 static void between_layers(const ts_model *m)
 {
-    if (m->between_layers) m->between_layers(m->between_layers_ctx);
+    for (int i = 0; i < TS_MODEL_BETWEEN_LAYERS_MAX && m->between_layers[i].fn; i++)
+        m->between_layers[i].fn(m->between_layers[i].ctx);
 }
 
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc)

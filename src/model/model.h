@@ -79,6 +79,9 @@ typedef struct {
     size_t origin;          /* the float of the layout that param[0] (grad[0], ...) is */
 } ts_layer_mem;
 
+/* The most between-layers hooks a model calls (the reducer's and the shard owner's). */
+#define TS_MODEL_BETWEEN_LAYERS_MAX 2
+
 typedef struct {
     ts_arch arch;
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
@@ -120,7 +123,7 @@ typedef struct {
     float *param_mem, *grad_mem;
     /* Where each layer's parameters, gradients and compute weights are ([n_layers]):
      * views of param_mem, grad_mem and compute_mem (origin 0) by default. ZeRO-2 and 3
-     * (dp/grad_sync.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
+     * (data/zero.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
      * a chunk's layers then point into the chunk's own buffers while they exist (origin:
      * the chunk's first float in this layout) and are NULL otherwise. */
     ts_layer_mem *layer_mem;
@@ -130,11 +133,15 @@ typedef struct {
     void *compute_mem;
 
     const ts_kernels *k;
-    /* Called after every layer of every forward and backward pass (NULL: none): the
-     * data-parallel reduction polls its requests here, so it advances during compute
-     * (MPI without asynchronous progress moves only inside MPI calls). */
-    void (*between_layers)(void *ctx);
-    void *between_layers_ctx;
+    /* Called after every layer of every forward and backward pass, in the order added
+     * (ts_model_add_between_layers; unused slots NULL): the data-parallel reduction
+     * (data/reducer.h) polls its requests here and ZeRO-3 (data/zero.h) its weight
+     * gathers, so they advance during compute (MPI without asynchronous progress moves
+     * only inside MPI calls). */
+    struct ts_between_layers {
+        void (*fn)(void *ctx);
+        void *ctx;
+    } between_layers[TS_MODEL_BETWEEN_LAYERS_MAX];
 } ts_model;
 
 /* What to build: the architecture and everything parallelism changes in the layout, one
@@ -167,9 +174,19 @@ typedef struct {
     const bool *selective;
     /* The full-size flat buffers the caller does not keep (the layer views of what is
      * not allocated are NULL): ZeRO-2 keeps no full gradients, ZeRO-3 no full weights
-     * (nor their compute copy) either (dp/grad_sync.h). */
+     * (nor their compute copy) either (data/zero.h). */
     bool without_weights, without_grads;
 } ts_model_spec;
+
+/* Add a between-layers hook (each owner adds its own, once). */
+static inline void ts_model_add_between_layers(ts_model *m, void (*fn)(void *ctx), void *ctx)
+{
+    int i = 0;
+    while (i < TS_MODEL_BETWEEN_LAYERS_MAX && m->between_layers[i].fn) i++;
+    TS_ASSERT(i < TS_MODEL_BETWEEN_LAYERS_MAX);
+    m->between_layers[i] = (struct ts_between_layers){fn, ctx};
+}
+
 
 /* Build the layer and parameter lists for the spec's owned layers and allocate the flat
  * buffers it keeps (zeroed) and RoPE's tables. */

@@ -1,7 +1,7 @@
 /* AdamW over a model's flat buffers and global-norm clipping (docs/CONTRACT.md
  * "Optimizer"; the learning rate each step follows: config.h ts_lr_schedule). The optimizer owns the AdamW moments of the ranges of the
  * flat buffers this rank updates: all of them, or with ZeRO-1 its piece of every
- * data-parallel bucket (dp/grad_sync.h). The norm is a sum of squares that callers
+ * data-parallel bucket (data/reducer.h). The norm is a sum of squares that callers
  * reduce across ranks before taking the root, so clipping is grid-wide. */
 #ifndef TS_OPTIM_H
 #define TS_OPTIM_H

@@ -282,7 +282,7 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
-    /* The replica group's copies are freed before the group sums run (grad_sync.c):
+    /* The replica group's copies are freed before the group sums run (data/reducer.c):
      * the larger of the two is held. */
     est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, zero, floats * f),
                                                     h->group_sum_copy)
@@ -325,7 +325,7 @@ static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
 }
 
 /* The temporary of the one large blocking all-reduce the rank's gradients take beside the
- * replica group's (grad_sync.c's group sums): a tied embedding split over the pipeline's
+ * replica group's (data/group_sum.h): a tied embedding split over the pipeline's
  * ends, summed over the embedding group of 2, of which Open MPI's large-message
  * all-reduce keeps 1/2. (Replicated key/value heads' sums are one layer's k/v weights:
  * left out.) */

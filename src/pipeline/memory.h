@@ -196,7 +196,7 @@ const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
                                               const int *keep, const bool *selective,
                                               char *buf, size_t size);
 /* ZeRO-2/3's residency of pipeline rank pp_rank (ts_residency_build), with the chunks
- * holding a group-summed tensor held to the step's end (dp/grad_sync.c sums them there):
+ * holding a group-summed tensor held to the step's end (data/reducer.c runs the sums there):
  * the tied embedding's two ends (chunk 0 and the head's chunk) when model_tied and they
  * sit on different pipeline ranks, and with kv_replicated (llama, tp > n_kv_head:
  * replicated key/value weights) every chunk holding a block (first_layer,
