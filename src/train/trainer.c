@@ -87,6 +87,39 @@ static void log_pipeline(const ts_trainer *t)
                 ts_placement_describe(&t->sched, where, sizeof where));
 }
 
+/* This rank's chunks of the model, laid out once from one spec (model/model.h): its
+ * tensor- and context-parallel groups, selective recompute (every layer, or the layers of
+ * the chunks auto's memory check chose, so the layout is the one it counted), and the
+ * full-size buffers the ZeRO level keeps (`level`: zero with more than one replica):
+ * ZeRO-2 no gradients, ZeRO-3 no weights either. */
+static void build_model(ts_trainer *t, int level)
+{
+    const ts_config *cfg = &t->cfg;
+    const ts_topology *topo = t->topo;
+    bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
+    bool *selective = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
+        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
+            for (int l = 0; l < t->part.n_chunk_layers[c]; l++)
+                selective[t->part.first_layer[c] + l] = true;
+    const ts_model_spec spec = {
+        .arch = &cfg->model, .k = t->k, .owned = owned,
+        .tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->groups->tp, t->k),
+        .sequence_parallel = cfg->parallel.sequence_parallel,
+        .tp_overlap = cfg->parallel.tp_overlap,
+        .cp = ts_cp_make(cfg->parallel.cp, topo->coords.cp, &t->groups->cp, t->k,
+                         cfg->model.seq_len),
+        .selective_all =
+            ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE,
+        .selective = selective,
+        .without_weights = level >= 3,
+        .without_grads = level >= 2};
+    ts_model_build(&t->model, &spec);
+    free(selective);
+    free(owned);
+}
+
 ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
@@ -115,34 +148,10 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
     if (ts_comm_agree(&t->groups->world, st) != TS_OK || ts_trainer_check_memory(t, true) != TS_OK)
         goto fail;
 
-    /* This rank's chunks of the model, initialised (or read from model.init), the data,
-     * and the engine that runs the schedule over them. */
-    bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
-    ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
-    /* Selective recompute: every layer ("selective"), or the layers of this rank's chunks
-     * that auto's memory check made selective, so the layout is the one it counted. */
-    bool *selective = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
-    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
-        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
-            for (int l = 0; l < t->part.n_chunk_layers[c]; l++)
-                selective[t->part.first_layer[c] + l] = true;
-    /* The full-size buffers the ZeRO level keeps (the ZeRO state's level: zero with more than
-     * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
+    /* This rank's chunks of the model (its weights come below), the data, and the engine
+     * that runs the schedule over them. */
     const int level = t->groups->replica.size > 1 ? cfg->parallel.zero : 0;
-    const ts_model_spec spec = {
-        .arch = &cfg->model, .k = t->k, .owned = owned,
-        .tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->groups->tp, t->k),
-        .sequence_parallel = cfg->parallel.sequence_parallel,
-        .tp_overlap = cfg->parallel.tp_overlap,
-        .cp = ts_cp_make(cfg->parallel.cp, topo->coords.cp, &t->groups->cp, t->k, cfg->model.seq_len),
-        .selective_all =
-            ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE,
-        .selective = selective,
-        .without_weights = level >= 3,
-        .without_grads = level >= 2};
-    ts_model_build(&t->model, &spec);
-    free(selective);
-    free(owned);
+    build_model(t, level);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
