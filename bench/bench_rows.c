@@ -20,19 +20,11 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "bench_util.h"
 
 enum { B = 4, T = 256, C = 768, V = 50257, N = B * T, F = 2048, NH = 12, NKV = 4, HS = 64 };
 
-static float *rnd(size_t n, float scale)
-{
-    float *x = ts_alloc_floats(n);
-    unsigned s = 12345u;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = scale * ((float)(s >> 8) / 16777216.0f - 0.5f);
-    }
-    return x;
-}
+static float *rnd(size_t n, float scale) { return bench_random_floats(n, scale, 12345u); }
 
 /* n random activations in the table's storage type. */
 static void *act(const ts_kernels *k, size_t n, float scale)

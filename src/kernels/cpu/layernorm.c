@@ -68,17 +68,11 @@ static void residual_layernorm_forward(ts_dtype t, void *res_out, void *ln_out, 
 {
 #pragma omp parallel
     {
-        float *xb = ts_cpu_buffer(t, 2 * (size_t)C), *yb = xb ? xb + C : NULL;
+        float *xb = ts_cpu_buffer(t, 2 * (size_t)C);
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             const size_t r = (size_t)n * C;
-            const float *pa = ts_cpu_load(t, xb, a, r, (size_t)C);
-            const float *pb = ts_cpu_load(t, yb, b, r, (size_t)C);
-            float *x = ts_cpu_out(t, xb, res_out, r);
-#pragma omp simd
-            for (int c = 0; c < C; c++) x[c] = pa[c] + pb[c];
-            ts_cpu_store(t, res_out, r, x, (size_t)C);
-            const float *xs = ts_cpu_load(t, xb, res_out, r, (size_t)C);
+            const float *xs = ts_cpu_residual_row(t, xb, res_out, a, b, r, C);
             layernorm_row(t, ln_out, r, mean + n, rstd + n, xs, weight, bias, C);
         }
         free(xb);

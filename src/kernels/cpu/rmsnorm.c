@@ -63,17 +63,11 @@ static void residual_rmsnorm_forward(ts_dtype t, void *res_out, void *norm_out, 
 {
 #pragma omp parallel
     {
-        float *xb = ts_cpu_buffer(t, 2 * (size_t)C), *yb = xb ? xb + C : NULL;
+        float *xb = ts_cpu_buffer(t, 2 * (size_t)C);
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             const size_t r = (size_t)n * C;
-            const float *pa = ts_cpu_load(t, xb, a, r, (size_t)C);
-            const float *pb = ts_cpu_load(t, yb, b, r, (size_t)C);
-            float *x = ts_cpu_out(t, xb, res_out, r);
-#pragma omp simd
-            for (int c = 0; c < C; c++) x[c] = pa[c] + pb[c];
-            ts_cpu_store(t, res_out, r, x, (size_t)C);
-            const float *xs = ts_cpu_load(t, xb, res_out, r, (size_t)C);
+            const float *xs = ts_cpu_residual_row(t, xb, res_out, a, b, r, C);
             rmsnorm_row(t, norm_out, r, rstd + n, xs, weight, C, eps);
         }
         free(xb);

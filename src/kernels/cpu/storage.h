@@ -76,4 +76,20 @@ static inline void ts_cpu_store(ts_dtype t, void *dst, size_t i, const float *y,
         memcpy((float *)dst + i, y, n * sizeof(float));
 }
 
+/* Row r (C wide) of res_out = a + b, rounded once to the storage type and stored; returns
+ * the STORED sum in fp32 (for bf16 widened back, exactly, into xb; for fp32 res_out's own
+ * row), which a fused norm then reads: the same bits as residual_forward followed by the
+ * norm's kernel. xb: ts_cpu_buffer(t, 2 * C) (NULL for fp32). */
+static inline const float *ts_cpu_residual_row(ts_dtype t, float *xb, void *res_out,
+                                               const void *a, const void *b, size_t r, int C)
+{
+    const float *pa = ts_cpu_load(t, xb, a, r, (size_t)C);
+    const float *pb = ts_cpu_load(t, xb ? xb + C : NULL, b, r, (size_t)C);
+    float *x = ts_cpu_out(t, xb, res_out, r);
+#pragma omp simd
+    for (int c = 0; c < C; c++) x[c] = pa[c] + pb[c];
+    ts_cpu_store(t, res_out, r, x, (size_t)C);
+    return ts_cpu_load(t, xb, res_out, r, (size_t)C);
+}
+
 #endif
