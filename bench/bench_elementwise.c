@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/kernels.h"
+#include "bench_util.h"
 
 enum { WARM = 3, REPS = 41 };
 
@@ -24,12 +25,7 @@ static const ts_kernels *K = &ts_kernels_cpu;
 
 static float *rnd(size_t n, float scale, unsigned seed)
 {
-    float *x = ts_alloc_floats(n);
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        x[i] = scale * ((float)(seed >> 8) / 16777216.0f - 0.5f);
-    }
-    return x;
+    return bench_random_floats(n, scale, seed);
 }
 
 static int cmp_double(const void *a, const void *b)

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
+#include "bench_util.h"
 #include "kernels/cpu/blas_core.h"
 
 enum { B = 4, T = 256, C = 768, NH = 12, V = 50257, L = 12, N = B * T };
@@ -19,16 +20,7 @@ enum { B = 4, T = 256, C = 768, NH = 12, V = 50257, L = 12, N = B * T };
 
 static const ts_kernels *K = &ts_kernels_cpu;
 
-static float *rnd(size_t n, float scale)
-{
-    float *x = ts_alloc_floats(n);
-    unsigned s = 12345u;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 1664525u + 1013904223u;
-        x[i] = scale * ((float)(s >> 8) / 16777216.0f - 0.5f);
-    }
-    return x;
-}
+static float *rnd(size_t n, float scale) { return bench_random_floats(n, scale, 12345u); }
 
 typedef struct {
     const char *name;

@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     ts_cpu_set_threads(threads);
 
     ts_model model;
-    ts_model_build(&model, &mc, NULL, &timed_kernels);
+    ts_model_build(&model, &(ts_model_spec){.arch = &mc, .k = &timed_kernels});
     ts_model_init_random(&model, 1234);
     ts_acts acts;
     ts_acts_init(&acts, &model, 0, model.n_layers, B, T);
@@ -243,7 +243,7 @@ int main(int argc, char **argv)
             ts_model_backward(&model, &acts, dx, &scratch, NULL, NULL);
         }
         double t1 = ts_now_ms();
-        double norm = sqrt(ts_grad_sum_squares(&model));
+        double norm = sqrt(ts_grad_sum_squares_range(&model, 0, model.num_floats));
         ts_adamw_step(&opt, &model, &tc, tc.lr, ts_clip_coef(norm, tc.grad_clip), s + 1);
         ts_model_refresh_compute(&model);
         double t2 = ts_now_ms();

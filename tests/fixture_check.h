@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "support/optim_oneshot.h"
 #include "test_util.h"
 
 /* The fixtures' batch: B rows of T tokens. */
@@ -125,7 +126,7 @@ static int fixture_check(const ts_config *cfg, const char *stem, int n_params,
 
     ts_cpu_set_threads(2);
     ts_model m;
-    ts_model_build(&m, &cfg->model, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu});
     if (ts_ckpt_load_model_init(&m, wpath) != TS_OK) {
         fprintf(stderr, "%s\n", ts_error_message());
         return 1;

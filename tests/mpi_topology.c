@@ -71,10 +71,10 @@ int main(int argc, char **argv)
     const struct {
         const ts_comm *comm;
         ts_axis axis;
-    } axes[] = { { &t.tp_comm, TS_AXIS_TP },
-                 { &t.cp_comm, TS_AXIS_CP },
-                 { &t.dp_comm, TS_AXIS_DP },
-                 { &t.pp_comm, TS_AXIS_PP } };
+    } axes[] = { { &t.groups.tp, TS_AXIS_TP },
+                 { &t.groups.cp, TS_AXIS_CP },
+                 { &t.groups.dp, TS_AXIS_DP },
+                 { &t.groups.pp, TS_AXIS_PP } };
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++) {
         int n = ts_grid_group(g, r, axes[i].axis, members);
         check_comm(axes[i].comm, ts_axis_name(axes[i].axis), members, n,
@@ -83,15 +83,17 @@ int main(int argc, char **argv)
 
     int n = ts_grid_replica_group(g, r, members);
     CHECK(n == g->size[TS_AXIS_DP] * g->size[TS_AXIS_CP]);
-    check_comm(&t.replica_comm, g->size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp", members, n, c.dp * g->size[TS_AXIS_CP] + c.cp, r);
+    check_comm(&t.groups.replica, g->size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp", members, n,
+               c.dp * g->size[TS_AXIS_CP] + c.cp, r);
     if (g->size[TS_AXIS_CP] == 1) {
         /* Without context parallelism the replicas are the data-parallel group. */
         int *dp = malloc(sizeof(int) * (size_t)g->size[TS_AXIS_DP]);
-        int *rep = malloc(sizeof(int) * (size_t)t.replica_comm.size);
-        ts_comm_world_ranks(&t.dp_comm, dp);
-        ts_comm_world_ranks(&t.replica_comm, rep);
-        CHECK(t.replica_comm.size == t.dp_comm.size && t.replica_comm.rank == t.dp_comm.rank);
-        CHECK(memcmp(dp, rep, sizeof(int) * (size_t)t.dp_comm.size) == 0);
+        int *rep = malloc(sizeof(int) * (size_t)t.groups.replica.size);
+        ts_comm_world_ranks(&t.groups.dp, dp);
+        ts_comm_world_ranks(&t.groups.replica, rep);
+        CHECK(t.groups.replica.size == t.groups.dp.size &&
+              t.groups.replica.rank == t.groups.dp.rank);
+        CHECK(memcmp(dp, rep, sizeof(int) * (size_t)t.groups.dp.size) == 0);
         free(rep);
         free(dp);
     }
@@ -99,10 +101,10 @@ int main(int argc, char **argv)
     int emb[2];
     int n_emb = ts_grid_embedding_group(g, r, emb);
     if (ts_grid_in_embedding_group(g, r))
-        check_comm(&t.embed_comm, "embed", emb, n_emb, c.pp == 0 ? 0 : 1, r);
+        check_comm(&t.groups.embed, "embed", emb, n_emb, c.pp == 0 ? 0 : 1, r);
     else
-        CHECKF(t.embed_comm.size == 0, "rank %d: in an embedding group of %d", r,
-               t.embed_comm.size);
+        CHECKF(t.groups.embed.size == 0, "rank %d: in an embedding group of %d", r,
+               t.groups.embed.size);
     CHECK(t.pp_prev == ts_grid_pp_prev(g, r) && t.pp_next == ts_grid_pp_next(g, r));
     free(members);
 

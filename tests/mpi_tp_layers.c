@@ -80,9 +80,9 @@ int main(int argc, char **argv)
     const int B = 2, T = 8, N = B * T, C = cfg.model.n_embd, V = cfg.model.vocab_size;
 
     ts_model full, shard;
-    ts_model_build(&full, &cfg.model, NULL, &ts_kernels_cpu);
+    ts_model_build(&full, &(ts_model_spec){.arch = &cfg.model, .k = &ts_kernels_cpu});
     const ts_tp ctx = ts_tp_make(size, rank, &tp, &ts_kernels_cpu);
-    ts_model_build_tp(&shard, &cfg.model, NULL, &ctx);
+    ts_model_build(&shard, &(ts_model_spec){.arch = &cfg.model, .k = ctx.k, .tp = ctx});
     ts_model_init_random(&full, 1234);
     ts_model_init_random(&shard, 1234);
 

@@ -190,6 +190,12 @@ static void test_config_key_errors(void)
     EXPECT_ERR(ok, "=3", "malformed override");
     EXPECT_ERR(ok, "train.steps.x=3", "train.steps.x=3", "not a group");
     EXPECT_ERR(ok, "train.st eps=3", "invalid config key");
+    /* A planned key that nothing reads is refused, not accepted and ignored (CONTRACT.md
+     * "Planned, not built yet"): the bf16 data-parallel reduction. */
+    EXPECT_ERR("parallel = { grad_reduce_dtype = \"fp32\"; };\n", NULL,
+               "unknown config key 'parallel.grad_reduce_dtype'", "t.cfg:1");
+    EXPECT_ERR(ok, "parallel.grad_reduce_dtype=\"bf16\"",
+               "unknown config key 'parallel.grad_reduce_dtype'", "--set");
 }
 
 static void test_config_type_errors(void)
@@ -742,6 +748,155 @@ static void test_config_shipped_files(void)
           !c->model.tokenizer_file[0]);
 }
 
+/* Read the whole file `path` into a malloc'd string (NULL when it cannot be read). */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char chunk[4096];
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = 2 * (len + n + 1);
+            char *grown = realloc(buf, cap);
+            if (!grown) { free(buf); fclose(f); return NULL; }
+            buf = grown;
+        }
+        memcpy(buf + len, chunk, n);
+        len += n;
+    }
+    fclose(f);
+    if (!buf) buf = calloc(1, 1);
+    else buf[len] = '\0';
+    return buf;
+}
+
+/* The text of `section = { ... };` in a libconfig file (from its opening line to the
+ * first "};" at the start of a line), or NULL. */
+static const char *cfg_section(const char *text, const char *section, size_t *len)
+{
+    char head[64];
+    snprintf(head, sizeof head, "\n%s = {", section);
+    const char *start = strstr(text, head);
+    if (!start) return NULL;
+    const char *end = strstr(start, "\n};");
+    if (!end) return NULL;
+    *len = (size_t)(end - start);
+    return start;
+}
+
+/* In a section's text, the line giving `key`: "  key = ...;" or, commented out,
+ * "  # key = ...;". Returns the start of the value (after "= ") and sets *commented. */
+static const char *cfg_key_line(const char *sec, size_t sec_len, const char *key,
+                                bool *commented)
+{
+    size_t klen = strlen(key);
+    for (const char *line = sec; line && line < sec + sec_len; line = strchr(line, '\n')) {
+        line++; /* past the '\n' */
+        const char *p = line;
+        while (*p == ' ') p++;
+        bool hash = *p == '#';
+        if (hash) {
+            p++;
+            while (*p == ' ') p++;
+        }
+        if (strncmp(p, key, klen) != 0) continue;
+        p += klen;
+        while (*p == ' ') p++;
+        if (*p != '=') continue;
+        p++;
+        while (*p == ' ') p++;
+        *commented = hash;
+        return p;
+    }
+    return NULL;
+}
+
+/* configs/tiny.cfg says it lists every key, the commented ones at their defaults, and
+ * docs/CONTRACT.md's "Config" tables document every key: both checked against the key
+ * table itself (every key the effective config's JSON holds). A commented key's value
+ * is checked by setting it: the effective config must not change. */
+static void test_config_every_key_listed(void)
+{
+    const char *src = getenv("TS_SOURCE_DIR");
+    if (!src) src = ".";
+    char path[1024], contract_path[1024];
+    snprintf(path, sizeof path, "%s/configs/tiny.cfg", src);
+    snprintf(contract_path, sizeof contract_path, "%s/docs/CONTRACT.md", src);
+    char *tiny = read_text(path), *contract = read_text(contract_path);
+    CHECKF(tiny != NULL, "cannot read %s", path);
+    CHECKF(contract != NULL, "cannot read %s", contract_path);
+    const char *config_doc = contract ? strstr(contract, "\n## Config\n") : NULL;
+    CHECKF(config_doc != NULL, "docs/CONTRACT.md has no \"## Config\" section");
+
+    ts_status st = ts_config_load(&g_cfg, path, NULL, 0, 1);
+    CHECKF(st == TS_OK, "%s", ts_error_message());
+    char *plain = ts_config_to_json(&g_cfg);
+    json_error_t err;
+    json_t *j = json_loads(plain, 0, &err);
+    CHECKF(j != NULL, "%s", err.text);
+    if (!tiny || !config_doc || !j) goto out;
+
+    int n_keys = 0, n_commented = 0;
+    const char *section;
+    json_t *keys;
+    json_object_foreach(j, section, keys) {
+        size_t sec_len = 0, doc_len = 0;
+        const char *sec = cfg_section(tiny, section, &sec_len);
+        CHECKF(sec != NULL, "configs/tiny.cfg has no section '%s'", section);
+        char head[64];
+        snprintf(head, sizeof head, "\n### %s\n", section);
+        const char *doc = strstr(config_doc, head);
+        CHECKF(doc != NULL, "docs/CONTRACT.md's Config has no '### %s'", section);
+        if (doc) {
+            const char *next = strstr(doc + strlen(head), "\n### ");
+            const char *next2 = strstr(doc + strlen(head), "\n## ");
+            if (!next || (next2 && next2 < next)) next = next2;
+            doc_len = next ? (size_t)(next - doc) : strlen(doc);
+        }
+        const char *key;
+        json_t *value;
+        json_object_foreach(keys, key, value) {
+            (void)value;
+            n_keys++;
+            char quoted[96];
+            snprintf(quoted, sizeof quoted, "`%s`", key);
+            const char *hit = doc ? strstr(doc, quoted) : NULL;
+            bool documented = hit && hit < doc + doc_len;
+            CHECKF(documented, "docs/CONTRACT.md's \"### %s\" does not document %s.%s",
+                   section, section, key);
+            if (!sec) continue;
+            bool commented = false;
+            const char *v = cfg_key_line(sec, sec_len, key, &commented);
+            CHECKF(v != NULL, "configs/tiny.cfg does not list %s.%s", section, key);
+            if (!v || !commented) continue;
+            /* "# key = VALUE;  # ...": VALUE set by --set must change nothing */
+            const char *semi = strchr(v, ';'), *eol = strchr(v, '\n');
+            CHECKF(semi && (!eol || semi < eol), "configs/tiny.cfg: %s.%s has no ';'",
+                   section, key);
+            if (!semi || (eol && eol < semi)) continue;
+            char ov[512];
+            snprintf(ov, sizeof ov, "%s.%s=%.*s", section, key, (int)(semi - v), v);
+            const char *ovs[1] = { ov };
+            st = ts_config_load(&g_cfg, path, ovs, 1, 1);
+            CHECKF(st == TS_OK, "configs/tiny.cfg's commented %s: %s", ov, ts_error_message());
+            if (st != TS_OK) continue;
+            char *set = ts_config_to_json(&g_cfg);
+            CHECKF(strcmp(set, plain) == 0,
+                   "configs/tiny.cfg's commented %s is not the key's default there", ov);
+            free(set);
+            n_commented++;
+        }
+    }
+    CHECKF(n_keys >= 60 && n_commented >= 30, "%d keys, %d commented", n_keys, n_commented);
+out:
+    json_decref(j);
+    free(plain);
+    free(tiny);
+    free(contract);
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
@@ -760,6 +915,7 @@ int main(void)
     test_config_json();
     test_config_data_blend();
     test_config_shipped_files();
+    test_config_every_key_listed();
 
     ts_test_remove_dir(g_dir);
     return ts_test_report();

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "dataset/corpus.h"
+#include "support/tok_decode.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 

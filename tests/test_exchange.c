@@ -13,6 +13,7 @@
 
 #include "pipeline/exchange.h"
 #include "pipeline/schedule.h"
+#include "support/xchg_dump.h"
 #include "test_util.h"
 
 static char g_dir[256];

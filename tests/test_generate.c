@@ -89,7 +89,7 @@ static void test_forward_logits_matches_training_loss(void)
 {
     ts_model_config mc = tiny();
     ts_model m;
-    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     init_strong(&m, 42);
     check_logits_against_loss(&m, mc.vocab_size, mc.seq_len, true); /* every logit */
     check_logits_against_loss(&m, mc.vocab_size, 3, true);          /* a shorter context */

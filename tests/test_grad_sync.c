@@ -1,10 +1,11 @@
-/* The data-parallel buckets and the ZeRO-1 shard layout, without MPI (grad_sync_init
- * only reads the group's size and rank): buckets tile the gradient buffer on parameter
- * boundaries; with ZeRO-1 every bucket is cut into dp pieces on 16-float boundaries, the
- * dp ranks' shards cover each float exactly once and hold 1/dp of it each; a pipeline
- * stage's tied embedding is a bucket alone. AdamW on the dp shards, rank by rank, gives
- * the whole-model step bit for bit, and the shards' sums of squares add up to the
- * whole model's. */
+/* The gradient reducer's buckets and the ZeRO-1 piece layout, without MPI
+ * (ts_reducer_init only reads the groups' sizes and ranks): buckets tile the gradient
+ * buffer on parameter boundaries; with ZeRO-1 every bucket is cut into dp pieces on
+ * 16-float boundaries, the dp ranks' pieces cover each float exactly once and hold 1/dp
+ * of it each; a pipeline stage's tied embedding is a bucket alone; a parameter reduced
+ * over a group of its own shares no bucket with the others and is cut by that group.
+ * AdamW on the dp pieces, rank by rank, gives the whole-model step bit for bit, and the
+ * pieces' sums of squares add up to the whole model's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,8 @@
 
 #include "config/config.h"
 #include "core/rng.h"
-#include "dp/grad_sync.h"
+#include "data/group_sum.h"
+#include "data/reducer.h"
 #include "model/model.h"
 #include "optim/optim.h"
 #include "test_util.h"
@@ -46,7 +48,7 @@ static void build_range(ts_model *m, const ts_model_config *mc, int l0, int l1)
 {
     bool owned[16] = {false};
     for (int l = l0; l < l1; l++) owned[l] = true;
-    ts_model_build(m, mc, owned, &ts_kernels_cpu);
+    ts_model_build(m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu, .owned = owned});
 }
 
 static bool is_param_boundary(const ts_model *m, size_t x)
@@ -67,11 +69,15 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
     for (int r = 0; r < dp; r++) {
         ts_comm dpc = fake_comm(dp, r, "dp"), emb = fake_comm(embed, 0, "embed"),
                 kv = fake_comm(1, 0, "kv");
-        ts_grad_sync g;
-        ts_grad_sync_init(&g, (ts_model *)m, &dpc, &emb, &kv, bucket_bytes, true, zero, NULL);
+        ts_group_sums sums;
+        ts_group_sums_init(&sums, m, &emb, &kv);
+        ts_reducer g;
+        const ts_reducer_args a = {.group = &dpc, .sums = &sums, .bucket_bytes = bucket_bytes,
+                                   .overlap = true, .sharded = zero};
+        ts_reducer_init(&g, (ts_model *)m, &a);
         CHECK(g.sharded == (zero && dp > 1));
-        CHECK((g.n_sums == 1) == tied_here && g.n_sums <= 1);
-        const int tied_param = g.n_sums ? g.sums[0].param : -1;
+        CHECK((sums.n == 1) == tied_here && sums.n <= 1);
+        const int tied_param = sums.n ? sums.sums[0].param : -1;
         /* Buckets tile [0, n) from the end, on parameter boundaries. */
         size_t end = m->num_floats;
         int n_tied = 0;
@@ -104,11 +110,11 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
         }
         CHECK(g.n_buckets == 0 ? dp == 1 : end == 0);
         CHECK(n_tied == (g.sharded && tied_here ? 1 : 0));
-        /* The shard: ascending, disjoint, about 1/dp of the buffer. */
+        /* The pieces: ascending, disjoint, about 1/dp of the buffer. */
         size_t mine = 0;
-        for (int s = 0; s < g.n_shard; s++) {
-            const ts_flat_range *x = &g.shard[s];
-            CHECK(x->begin < x->end && (s == 0 || g.shard[s - 1].end <= x->begin));
+        for (int s = 0; s < g.n_pieces; s++) {
+            const ts_flat_range *x = &g.pieces[s];
+            CHECK(x->begin < x->end && (s == 0 || g.pieces[s - 1].end <= x->begin));
             for (size_t i = x->begin; i < x->end; i++) covered[i]++;
             mine += x->end - x->begin;
         }
@@ -117,9 +123,11 @@ static void check_layout(const ts_model *m, int dp, bool zero, size_t bucket_byt
             CHECKF(fabs((double)mine - ideal) <= slack, "dp %d rank %d holds %zu of %zu", dp, r,
                    mine, m->num_floats);
         } else {
-            CHECK(g.n_shard == 1 && mine == m->num_floats);
+            CHECK(g.n_pieces == 1 && mine == m->num_floats);
         }
-        ts_grad_sync_free(&g);
+        CHECK(!g.sharded || g.n_piece_floats == mine);
+        ts_reducer_free(&g);
+        ts_group_sums_free(&sums);
     }
     /* With ZeRO-1 the ranks' shards cover every float once; without, each rank all. */
     int want = zero && dp > 1 ? 1 : dp, bad = 0;
@@ -162,21 +170,23 @@ static void test_sharded_adamw(void)
     ts_train_config tc = g_cfg.train;
     for (int dp = 2; dp <= 4; dp++) {
         ts_model full, shard;
-        ts_model_build(&full, &mc, NULL, &ts_kernels_cpu);
-        ts_model_build(&shard, &mc, NULL, &ts_kernels_cpu);
+        ts_model_build(&full, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+        ts_model_build(&shard, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
         fill(full.param_mem, full.num_floats, 1, 0.02f);
         memcpy(shard.param_mem, full.param_mem, full.num_floats * sizeof(float));
         ts_adamw whole;
         ts_adamw_init(&whole, &full);
         CHECK(ts_adamw_state_bytes(&whole) == 2 * full.num_floats * sizeof(float));
-        ts_grad_sync g[4];
+        ts_reducer g[4];
         ts_adamw opt[4];
+        ts_comm dpc[4];
         size_t bytes = 0;
-        ts_comm emb = fake_comm(1, 0, "embed"), kv = fake_comm(1, 0, "kv");
         for (int r = 0; r < dp; r++) {
-            ts_comm dpc = fake_comm(dp, r, "dp");
-            ts_grad_sync_init(&g[r], &shard, &dpc, &emb, &kv, 1024, true, 1, NULL);
-            ts_adamw_init_ranges(&opt[r], &shard, g[r].shard, g[r].n_shard, g[r].sharded);
+            dpc[r] = fake_comm(dp, r, "dp");
+            const ts_reducer_args a = {.group = &dpc[r], .bucket_bytes = 1024, .overlap = true,
+                                       .sharded = true};
+            ts_reducer_init(&g[r], &shard, &a);
+            ts_adamw_init_ranges(&opt[r], &shard, g[r].pieces, g[r].n_pieces, g[r].sharded);
             CHECK(opt[r].sharded);
             bytes += ts_adamw_state_bytes(&opt[r]);
         }
@@ -195,7 +205,7 @@ static void test_sharded_adamw(void)
                "dp %d: the sharded AdamW steps differ from the whole-model step", dp);
         for (int r = 0; r < dp; r++) {
             ts_adamw_free(&opt[r]);
-            ts_grad_sync_free(&g[r]);
+            ts_reducer_free(&g[r]);
         }
         ts_adamw_free(&whole);
         ts_model_free(&full);
@@ -203,9 +213,51 @@ static void test_sharded_adamw(void)
     }
 }
 
+/* Each parameter names the group reducing it: block 1's parameters over a group of 2
+ * (say, experts'), the rest over dp = 3. No bucket mixes the two; each is cut into its
+ * own group's pieces; every float is in one bucket. */
+static void test_param_groups(void)
+{
+    ts_model_config mc = small_model();
+    ts_model m;
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+    const ts_comm **pg = calloc((size_t)m.n_params, sizeof *pg);
+    ts_comm dpc = fake_comm(3, 1, "dp"), other = fake_comm(2, 1, "ep");
+    for (int p = 0; p < m.n_params; p++)
+        if (m.params[p].layer == 2) pg[p] = &other; /* block 1 (layer 0 is the embedding) */
+    for (int zero = 0; zero <= 1; zero++)
+        for (size_t bytes = 256; bytes <= ((size_t)4 << 20); bytes *= 64) {
+            const ts_reducer_args a = {.group = &dpc, .param_group = pg, .bucket_bytes = bytes,
+                                       .overlap = true, .sharded = zero};
+            ts_reducer g;
+            ts_reducer_init(&g, &m, &a);
+            CHECK(g.n_groups == 2);
+            size_t end = m.num_floats;
+            for (int i = 0; i < g.n_buckets; i++) {
+                const ts_bucket *b = &g.buckets[i];
+                CHECK(b->end == end);
+                end = b->begin;
+                for (int p = 0; p < m.n_params; p++) {
+                    const size_t off = m.params[p].offset;
+                    if (off < b->begin || off >= b->end) continue;
+                    CHECKF(b->group == (pg[p] ? pg[p] : &dpc), "bucket %d mixes groups", i);
+                }
+                if (!zero) continue;
+                size_t len = 0;
+                for (int k = 0; k < b->group->size; k++) len += (size_t)b->counts[k];
+                CHECK(len == b->end - b->begin);
+            }
+            CHECK(end == 0);
+            ts_reducer_free(&g);
+        }
+    free(pg);
+    ts_model_free(&m);
+}
+
 int main(void)
 {
     test_layouts();
+    test_param_groups();
     test_sharded_adamw();
     return ts_test_report();
 }

@@ -19,6 +19,17 @@
 
 static char g_dir[256];
 
+/* tokens as a GPT-2 shard (uint16 ids), through the writer `tessera data` uses. */
+static ts_status write_gpt2_shard(const char *path, const uint16_t *tokens, uint64_t count)
+{
+    uint32_t *wide = malloc((size_t)(count ? count : 1) * sizeof *wide);
+    if (!wide) return ts_fail("out of memory");
+    for (uint64_t i = 0; i < count; i++) wide[i] = tokens[i];
+    ts_status st = ts_data_write_tokens(path, wide, count, 65536, TS_SHARD_GPT2);
+    free(wide);
+    return st;
+}
+
 static const char *path_in(char *buf, size_t cap, const char *name)
 {
     snprintf(buf, cap, "%s/%s", g_dir, name);
@@ -73,7 +84,7 @@ static void test_loader_write_and_read_shard(void)
     for (int i = 0; i < N; i++) tok[i] = (uint16_t)((i * 7919) % 50257);
     char path[512];
     path_in(path, sizeof path, "a.bin");
-    CHECK(ts_data_write_shard(path, tok, N) == TS_OK);
+    CHECK(write_gpt2_shard(path, tok, N) == TS_OK);
 
     /* Header and size exactly as llm.c writes them. */
     FILE *fp = fopen(path, "rb");
@@ -107,7 +118,7 @@ static void test_loader_write_and_read_shard(void)
 
     /* An empty shard is valid (it contributes no tokens). */
     path_in(path, sizeof path, "zero.bin");
-    CHECK(ts_data_write_shard(path, NULL, 0) == TS_OK);
+    CHECK(write_gpt2_shard(path, NULL, 0) == TS_OK);
     CHECK(ts_data_open(&ds, paths, 1, 256) == TS_OK && ds.n_tokens == 0);
     CHECK(ts_data_num_windows(&ds, 1) == 0);
     ts_data_close(&ds);
@@ -182,9 +193,9 @@ static void test_loader_multi_file_stream(void)
     path_in(pe, sizeof pe, "m_e.bin");
     path_in(pb, sizeof pb, "m_b.bin");
     path_in(pc, sizeof pc, "m_c.txt");
-    CHECK(ts_data_write_shard(pa, a, 10) == TS_OK);
-    CHECK(ts_data_write_shard(pe, NULL, 0) == TS_OK);
-    CHECK(ts_data_write_shard(pb, b, 13) == TS_OK);
+    CHECK(write_gpt2_shard(pa, a, 10) == TS_OK);
+    CHECK(write_gpt2_shard(pe, NULL, 0) == TS_OK);
+    CHECK(write_gpt2_shard(pb, b, 13) == TS_OK);
     write_bytes(pc, c, 5);
     const char *paths[] = {pa, pe, pb, pc};
     ts_dataset ds;
@@ -272,7 +283,7 @@ static void test_loader_batch_rule(void)
     for (int i = 0; i < N; i++) tok[i] = (uint16_t)i;
     char path[512];
     path_in(path, sizeof path, "batch.bin");
-    CHECK(ts_data_write_shard(path, tok, N) == TS_OK);
+    CHECK(write_gpt2_shard(path, tok, N) == TS_OK);
     const char *paths[] = {path};
     ts_sampler ds;
     CHECK(open_sampler(&ds, paths, 1, NULL, 1, NULL, false, 0, 1024, T) == TS_OK);
@@ -488,8 +499,8 @@ static void test_loader_blend_sampler(void)
     uint16_t ta[400], tb[200];
     for (int i = 0; i < 400; i++) ta[i] = (uint16_t)(i % 300);
     for (int i = 0; i < 200; i++) tb[i] = (uint16_t)(500 + i);
-    CHECK(ts_data_write_shard(path_in(pa, sizeof pa, "blend_a.bin"), ta, 400) == TS_OK);
-    CHECK(ts_data_write_shard(path_in(pb, sizeof pb, "blend_b.bin"), tb, 200) == TS_OK);
+    CHECK(write_gpt2_shard(path_in(pa, sizeof pa, "blend_a.bin"), ta, 400) == TS_OK);
+    CHECK(write_gpt2_shard(path_in(pb, sizeof pb, "blend_b.bin"), tb, 200) == TS_OK);
     const char *paths[] = {pa, pb};
     const int set_of[] = {0, 1};
     const double w[] = {0.75, 0.25};
@@ -515,7 +526,7 @@ static void test_loader_globs(void)
     uint16_t tok[40];
     for (int i = 0; i < 40; i++) tok[i] = (uint16_t)i;
     const char *names[] = {"g_10.bin", "g_2.bin", "g_1.bin"};
-    for (int i = 0; i < 3; i++) CHECK(ts_data_write_shard(path_in(p, sizeof p, names[i]), tok, 40) == TS_OK);
+    for (int i = 0; i < 3; i++) CHECK(write_gpt2_shard(path_in(p, sizeof p, names[i]), tok, 40) == TS_OK);
     const char *pats[] = {path_in(pat, sizeof pat, "g_*.bin")};
     char **out = NULL;
     int n = 0;
@@ -603,7 +614,7 @@ static void test_loader_errors(void)
     /* Token >= vocab_size, with its position. */
     path_in(p, sizeof p, "vocab.bin");
     uint16_t tok[10] = {1, 2, 3, 4, 5, 6, 7, 600, 9, 10};
-    CHECK(ts_data_write_shard(p, tok, 10) == TS_OK);
+    CHECK(write_gpt2_shard(p, tok, 10) == TS_OK);
     expect_reject(p, 500, "token 600 at position 7 is >= vocab_size 500 (is model.vocab_size "
                           "right for this data?)");
     const char *one[] = {p};
@@ -614,7 +625,7 @@ static void test_loader_errors(void)
     char good[512], bad[512];
     path_in(good, sizeof good, "good.bin");
     path_in(bad, sizeof bad, "nope2.bin");
-    CHECK(ts_data_write_shard(good, tok, 10) == TS_OK);
+    CHECK(write_gpt2_shard(good, tok, 10) == TS_OK);
     const char *two[] = {good, bad};
     CHECK(ts_data_open(&ds, two, 2, 1024) == TS_ERR && ds.shards == NULL);
     CHECK(contains(ts_error_message(), bad));
@@ -631,7 +642,7 @@ static void test_loader_errors(void)
     ts_data_close(&ds);
 
     /* Writer errors. */
-    CHECK(ts_data_write_shard("/nonexistent_dir_ts/x.bin", tok, 10) == TS_ERR);
+    CHECK(write_gpt2_shard("/nonexistent_dir_ts/x.bin", tok, 10) == TS_ERR);
     CHECK(contains(ts_error_message(), "/nonexistent_dir_ts/x.bin"));
 }
 
@@ -729,7 +740,7 @@ static void test_loader_write_refusals(void)
     CHECK(mkfifo(p, 0600) == 0);
     CHECK(ts_data_write_text_shard(text, p, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "is a pipe, not a regular file"), "%s", ts_error_message());
-    CHECK(ts_data_write_shard(p, tok, 4) == TS_ERR);
+    CHECK(write_gpt2_shard(p, tok, 4) == TS_ERR);
     struct stat sb;
     CHECK(stat(p, &sb) == 0 && S_ISFIFO(sb.st_mode));
     unlink(p);
@@ -777,7 +788,7 @@ static void test_loader_write_refusals(void)
 
     /* T12: a shard given as the text. */
     path_in(p, sizeof p, "already.bin");
-    CHECK(ts_data_write_shard(p, tok, 4) == TS_OK);
+    CHECK(write_gpt2_shard(p, tok, 4) == TS_OK);
     path_in(out, sizeof out, "again.bin");
     CHECK(ts_data_write_text_shard(p, out, TS_SHARD_AUTO) == TS_ERR);
     CHECKF(contains(ts_error_message(), "already an llm.c token shard (magic 20240520, 4 tokens)"),
@@ -848,7 +859,7 @@ static void test_loader_uint32_shards(void)
     uint16_t small[10];
     for (int i = 0; i < 10; i++) small[i] = (uint16_t)(60000 + i);
     path_in(g2, sizeof g2, "g2.bin");
-    CHECK(ts_data_write_shard(g2, small, 10) == TS_OK);
+    CHECK(write_gpt2_shard(g2, small, 10) == TS_OK);
     const char *two[] = {g2, path};
     CHECKF(ts_data_open(&ds, two, 2, V) == TS_OK, "%s", ts_error_message());
     CHECK(ds.n_tokens == 10 + N);

@@ -1,4 +1,4 @@
-/* The learning-rate schedules (config.h ts_lr_schedule, optim.h ts_lr_at): the warm-up
+/* The learning-rate schedules (config.h ts_lr_schedule; ts_lr_at, tests/support): the warm-up
  * ramp, cosine exactly as before (the default keeps every run's losses), linear,
  * constant and warmup-stable-decay, each at its boundaries; the schedule's length
  * (train.lr_decay_steps) apart from train.steps; what validation refuses; and the
@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "optim/optim.h"
+#include "support/optim_oneshot.h"
 #include "test_util.h"
 
 static ts_train_config base(const char *schedule)

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
 #include "model/model.h"
+#include "support/st_write.h"
 #include "test_util.h"
 
 static ts_model_config tiny(void)
@@ -36,7 +37,7 @@ static void test_layer_list(void)
 {
     ts_model_config mc = tiny();
     ts_model m;
-    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     CHECK(m.n_layers == mc.n_layer + 2);
     CHECK(m.layers[0].kind == TS_LAYER_EMBED && m.layers[m.n_layers - 1].kind == TS_LAYER_HEAD);
     CHECK(m.n_params == 2 + 12 * mc.n_layer + 2);
@@ -54,11 +55,11 @@ static void test_init_by_index(void)
 {
     ts_model_config mc = tiny();
     ts_model full, part;
-    ts_model_build(&full, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&full, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&full, 1234);
     /* A last pipeline stage: block 2 and the head, no embedding (a tied wte copy). */
     bool owned[5] = {false, false, false, true, true};
-    ts_model_build(&part, &mc, owned, &ts_kernels_cpu);
+    ts_model_build(&part, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .owned = owned});
     ts_model_init_random(&part, 1234);
     CHECK(part.wte_param == -1 && part.head_wte_param >= 0 && part.params[part.head_wte_param].tied_copy);
     int same = 1;
@@ -88,7 +89,7 @@ static void test_init_by_index(void)
     CHECK(ts_param_data(&full, find(&full, "transformer.h.0.attn.c_attn.bias"))[3] == 0.0f);
     /* Another seed gives other values. */
     ts_model other;
-    ts_model_build(&other, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&other, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&other, 1235);
     p = find(&full, "transformer.wte.weight");
     CHECK(memcmp(ts_param_data(&full, p), ts_param_data(&other, p), 64) != 0);
@@ -130,9 +131,9 @@ static void write_weights(const ts_model *m, const char *path, const char *drop,
 static void init_pair(const ts_model_config *mc, ts_model *src, ts_model *dst, char *dir,
                       char *path, size_t path_size)
 {
-    ts_model_build(src, mc, NULL, &ts_kernels_cpu);
+    ts_model_build(src, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu});
     ts_model_init_random(src, 7);
-    ts_model_build(dst, mc, NULL, &ts_kernels_cpu);
+    ts_model_build(dst, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu});
     CHECK(mkdtemp(dir) != NULL);
     snprintf(path, path_size, "%s/w.safetensors", dir);
 }
@@ -244,8 +245,8 @@ static void test_init_from_file_messages(void)
     ts_model tp0, tp1;
     const ts_tp ctx0 = ts_tp_make(2, 0, NULL, &ts_kernels_cpu);
     const ts_tp ctx1 = ts_tp_make(2, 1, NULL, &ts_kernels_cpu);
-    ts_model_build_tp(&tp0, &mc, NULL, &ctx0);
-    ts_model_build_tp(&tp1, &mc, NULL, &ctx1);
+    ts_model_build(&tp0, &(ts_model_spec){.arch = &mc, .k = ctx0.k, .tp = ctx0});
+    ts_model_build(&tp1, &(ts_model_spec){.arch = &mc, .k = ctx1.k, .tp = ctx1});
     CHECKF(ts_ckpt_load_model_init(&tp0, path) == TS_OK, "%s", msg);
     CHECK(ts_ckpt_load_model_init(&tp1, path) == TS_ERR);
     CHECKF(strstr(msg, "c_proj.weight' [16,16] holds +Inf at element 44 (row 2, column 12)"), "%s",
@@ -266,7 +267,7 @@ static void test_chunks_and_split_backward(void)
     ts_model_config mc = tiny();
     const int B = 2, T = 8, N = B * T, C = mc.n_embd;
     ts_model m;
-    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&m, 99);
     ts_scratch sc;
     ts_scratch_init(&sc, &m, B, T);
@@ -346,8 +347,8 @@ static void test_tp_parts_uneven_vocab(void)
         for (int r = 0; r < tp; r++) {
             const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
             ts_model part, loaded;
-            ts_model_build_tp(&part, &mc, NULL, &ctx);
-            ts_model_build_tp(&loaded, &mc, NULL, &ctx);
+            ts_model_build(&part, &(ts_model_spec){.arch = &mc, .k = ctx.k, .tp = ctx});
+            ts_model_build(&loaded, &(ts_model_spec){.arch = &mc, .k = ctx.k, .tp = ctx});
             ts_model_init_random(&part, 1234);
             CHECKF(ts_ckpt_load_model_init(&loaded, path) == TS_OK, "%s", ts_error_message());
             CHECKF(part.vocab_start == vocab_next && part.local_vocab == 37 / tp + (r < 37 % tp),
@@ -401,7 +402,7 @@ static void test_activation_layout(void)
         for (int r = 0; r < tp; r++) {
             const ts_tp ctx = ts_tp_make(tp, r, NULL, k);
             ts_model m;
-            ts_model_layout_tp(&m, &mc, NULL, &ctx);
+            ts_model_layout(&m, &(ts_model_spec){.arch = &mc, .k = ctx.k, .tp = ctx});
             for (int l = 0; l < m.n_layers; l++) {
                 size_t want = ts_layer_act_bytes(&mc, m.layers[l].kind, B, T, tp, r, k);
                 CHECKF(ts_acts_bytes(&m, l, l + 1, B, T) == want,
@@ -440,7 +441,7 @@ static void test_llama_layout(void)
     ts_model_config mc = tiny_llama();
     const int C = 32, HS = 8, F = 48, V = 40, L = 2;
     ts_model m;
-    ts_model_build(&m, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     CHECK(m.arch == TS_ARCH_LLAMA && !m.tied && m.rope_cos && m.rope_sin);
     CHECK(m.n_params == 1 + 9 * L + 2);
     CHECK(m.head_wte_param != m.wte_param && !strcmp(ts_param_name(&m, m.head_wte_param), "lm_head.weight"));
@@ -477,7 +478,7 @@ static void test_llama_layout(void)
     for (int tp = 2; tp <= 4; tp += 2)
         for (int r = 0; r < tp; r++) {
             const ts_tp ctx = ts_tp_make(tp, r, NULL, &ts_kernels_cpu);
-            ts_model_layout_tp(&m, &mc, NULL, &ctx);
+            ts_model_layout(&m, &(ts_model_spec){.arch = &mc, .k = ctx.k, .tp = ctx});
             const ts_param *Q = &m.params[m.layers[1].first_param];
             CHECK(m.local_heads == 4 / tp && m.local_kv_heads == 1 && m.kv_replicas == tp / 2);
             CHECK(Q[TS_L_K_W].numel == (size_t)HS * C && Q[TS_L_V_W].numel == (size_t)HS * C);
@@ -509,7 +510,7 @@ static void test_llama_layout(void)
     /* A pipeline stage of a tied llama holds the head's copy of model.embed_tokens.weight. */
     mc.tie_embeddings = 1;
     bool owned[4] = {false, false, true, true};
-    ts_model_build(&m, &mc, owned, &ts_kernels_cpu);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .owned = owned});
     CHECK(m.tied && m.wte_param < 0 && m.params[m.head_wte_param].tied_copy &&
           !strcmp(ts_param_name(&m, m.head_wte_param), "model.embed_tokens.weight"));
     ts_model_free(&m);

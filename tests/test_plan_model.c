@@ -100,6 +100,13 @@ static void test_dp_buckets(void)
     CHECK(ts_plan_dp_buckets(100 * mib, 0, 4) == 1);
 }
 
+/* Both links' bandwidths multiplied by `factor` (a faster cluster, for monotonicity). */
+static void scale_links(ts_cluster *c, double factor)
+{
+    c->intra.bandwidth *= factor;
+    c->inter.bandwidth *= factor;
+}
+
 static int same_grid(const ts_plan_grid *a, const ts_plan_grid *b)
 {
     return !memcmp(a, b, sizeof *a);
@@ -115,7 +122,7 @@ static void test_search(const char *cfg_rel, const char *cluster_rel, int gpus)
     ts_cluster cl, fast;
     load_cluster(cluster_rel, &cl);
     fast = cl;
-    ts_cluster_scale_links(&fast, 2.0);
+    scale_links(&fast, 2.0);
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
     ts_search_opts all = {.gpus = gpus, .top = 1000, .exhaustive = true};
     ts_search_opts pruned = {.gpus = gpus, .top = 10};
@@ -426,7 +433,7 @@ static void test_llama3(void)
             snprintf(cpu.train.device, sizeof cpu.train.device, "cpu");
             snprintf(cpu.train.attention, sizeof cpu.train.attention, "gemm");
             ts_plan_layers_build(&L, mc, &ideal, ts_plan_kernels(&cpu, &ideal), tp, false, 1, 1,
-                                 ideal.intra);
+                                 ideal.intra, 1, ideal.intra);
             const double kvl = tp <= 8 ? 8.0 / tp : 1.0, hl = m[k].NH / tp, Tk = T;
             const double gemm = 2 * T * ((hl + 2 * kvl) * HS * C + C * hl * HS + 3 * F / tp * C) +
                                 4 * hl * (Tk * Tk / 2 + 32 * Tk) * HS;
@@ -463,7 +470,8 @@ static void test_llama3(void)
             CHECK(!strcmp(kf->device, "cuda") && !strcmp(kf->attention, "flash") &&
                   kf->act_dtype == TS_DTYPE_BF16 && kf->weight_copy_bytes == 2);
             ts_plan_layers Lf;
-            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, false, 1, 1, ideal.intra);
+            ts_plan_layers_build(&Lf, mc, &ideal, kf, tp, false, 1, 1, ideal.intra, 1,
+                                 ideal.intra);
             const double saved = hl * Tk * Tk * 2 - hl * Tk * 4;
             CHECKF(L.act_bytes[1] - Lf.act_bytes[1] == saved &&
                        Lf.param_floats[1] == L.param_floats[1],
@@ -492,8 +500,8 @@ static void test_sequence_parallel(void)
     const double NC = 2.0 * cfg.model.seq_len * cfg.model.n_embd * ts_dtype_bytes(k->act_dtype);
     for (int tp = 2; tp <= 4; tp *= 2) {
         ts_plan_layers a, b;
-        ts_plan_layers_build(&a, &cfg.model, &cl, k, tp, false, 1, 2, cl.intra);
-        ts_plan_layers_build(&b, &cfg.model, &cl, k, tp, true, 1, 2, cl.intra);
+        ts_plan_layers_build(&a, &cfg.model, &cl, k, tp, false, 1, 2, cl.intra, 1, cl.intra);
+        ts_plan_layers_build(&b, &cfg.model, &cl, k, tp, true, 1, 2, cl.intra, 1, cl.intra);
         const int h = a.n_layers - 1;
         const double ar = ts_plan_allreduce_time(NC, tp, cl.intra);
         const double ag = ts_plan_allgather_time(NC, tp, cl.intra);
@@ -520,8 +528,8 @@ static void test_sequence_parallel(void)
      * sub-batch's rows; with communication on the compute cores nothing is hidden. */
     for (int S = 2; S <= 4; S *= 2) {
         ts_plan_layers a, b;
-        ts_plan_layers_build(&a, &cfg.model, &cl, k, 2, true, 1, 4, cl.intra);
-        ts_plan_layers_build(&b, &cfg.model, &cl, k, 2, true, S, 4, cl.intra);
+        ts_plan_layers_build(&a, &cfg.model, &cl, k, 2, true, 1, 4, cl.intra, 1, cl.intra);
+        ts_plan_layers_build(&b, &cfg.model, &cl, k, 2, true, S, 4, cl.intra, 1, cl.intra);
         const double c = a.f_tp[1], g = b.f_gemm[1], ci = a.i_tp[1], gi = b.b_gemm[1];
         const double want = c / S + (c > g ? (c - g) * (S - 1) / S : 0.0);
         const double want_i = ci / S + (ci > gi ? (ci - gi) * (S - 1) / S : 0.0);
@@ -532,7 +540,8 @@ static void test_sequence_parallel(void)
         ts_plan_layers_free(&b);
         ts_cluster serial = cl;
         serial.comm_on_compute = true;
-        ts_plan_layers_build(&b, &cfg.model, &serial, k, 2, true, S, 4, serial.intra);
+        ts_plan_layers_build(&b, &cfg.model, &serial, k, 2, true, S, 4, serial.intra, 1,
+                             serial.intra);
         CHECK(b.f_tp[1] == a.f_tp[1] && b.i_tp[1] == a.i_tp[1]);
         ts_plan_layers_free(&a);
         ts_plan_layers_free(&b);
@@ -588,14 +597,14 @@ static void test_context_parallel(void)
     const double T = mc->seq_len, C = mc->n_embd, HS = 128, F = ts_model_ffn(mc), tp = 8;
     const double hl = mc->n_head / tp, kvl = 1.0, ab = 2.0;
     ts_plan_layers base, plain;
-    ts_plan_layers_build_cp(&base, mc, &ideal, k, 8, false, 1, 1, ideal.intra, 1, ideal.inter);
-    ts_plan_layers_build(&plain, mc, &ideal, k, 8, false, 1, 1, ideal.intra);
+    ts_plan_layers_build(&base, mc, &ideal, k, 8, false, 1, 1, ideal.intra, 1, ideal.inter);
+    ts_plan_layers_build(&plain, mc, &ideal, k, 8, false, 1, 1, ideal.intra, 1, ideal.intra);
     CHECK(plain.f[1] == base.f[1] && plain.i[1] == base.i[1] && plain.msg_bytes == base.msg_bytes);
     ts_plan_layers_free(&plain);
     double prev = -1.0;
     for (int cp = 1; cp <= 32; cp *= 2) {
         ts_plan_layers L;
-        ts_plan_layers_build_cp(&L, mc, &ideal, k, 8, false, 1, 1, ideal.intra, cp, ideal.inter);
+        ts_plan_layers_build(&L, mc, &ideal, k, 8, false, 1, 1, ideal.intra, cp, ideal.inter);
         const double peak = ts_cluster_peak(&ideal), N = T / cp, c = T / (2 * cp);
         /* the exchange: (cp-1)/cp of the gathered bytes / bandwidth + (cp-1) latencies */
         const double bytes = 1 * T * 2 * kvl * HS * ab;
@@ -633,9 +642,9 @@ static void test_context_parallel(void)
         load_config("configs/tiny.cfg", t4k, 1, &tc);
         const ts_kernels *kc = ts_plan_kernels(&tc, &ideal);
         ts_plan_layers one, two;
-        ts_plan_layers_build_cp(&one, &tc.model, &ideal, kc, 1, false, 1, 1, ideal.intra, 1,
+        ts_plan_layers_build(&one, &tc.model, &ideal, kc, 1, false, 1, 1, ideal.intra, 1,
                                 ideal.intra);
-        ts_plan_layers_build_cp(&two, &tc.model, &ideal, kc, 1, false, 1, 1, ideal.intra, 2,
+        ts_plan_layers_build(&two, &tc.model, &ideal, kc, 1, false, 1, 1, ideal.intra, 2,
                                 ideal.intra);
         const double t4 = 4096, hs4 = 32, h4 = 4, c4 = 128;
         const double lin4 = 2 * t4 * (3 * c4 * c4 + c4 * c4 + 8 * c4 * c4);

@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "support/st_write.h"
 #include "test_util.h"
 
 static char g_dir[256];
@@ -508,9 +509,9 @@ static void test_model_init_bf16_f16(void)
 {
     ts_model_config mc = llama_tiny(0);
     ts_model src, dst;
-    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&src, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&src, 7);
-    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&dst, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_st_entry e[64];
     void *bufs[64];
     char path[512];
@@ -562,9 +563,9 @@ static void test_model_init_llama_checks(void)
 {
     ts_model_config mc = llama_tiny(0);
     ts_model src, dst;
-    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&src, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&src, 7);
-    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&dst, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     CHECK(!dst.tied && param_of(&dst, "lm_head.weight") >= 0 &&
           param_of(&dst, "model.layers.1.self_attn.k_proj.weight") >= 0);
     ts_st_entry e[66];
@@ -627,7 +628,7 @@ static void test_model_init_llama_checks(void)
                                   "model.tie_embeddings = true");
     ts_model_config tc = llama_tiny(1);
     ts_model tied;
-    ts_model_build(&tied, &tc, NULL, &ts_kernels_cpu);
+    ts_model_build(&tied, &(ts_model_spec){.arch = &tc, .k = &ts_kernels_cpu});
     CHECK(tied.tied && param_of(&tied, "lm_head.weight") < 0);
     CHECKF(ts_ckpt_load_model_init(&tied, path) == TS_OK, "%s", ts_error_message());
     const int emb = param_of(&src, "model.embed_tokens.weight");
@@ -648,7 +649,7 @@ static void test_model_init_llama_checks(void)
      * own: a bad k_proj of block 0 is still refused there. */
     bool owned[4] = {true, true, false, false};
     ts_model stage;
-    ts_model_build(&stage, &mc, owned, &ts_kernels_cpu);
+    ts_model_build(&stage, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .owned = owned});
     n = entries_of(&src, TS_DT_F32, e, bufs, NULL);
     CHECK(write_entries(path, e, n) == TS_OK);
     CHECKF(ts_ckpt_load_model_init(&stage, path) == TS_OK, "%s", ts_error_message());
@@ -667,9 +668,9 @@ static void test_model_init_hf_dirs(void)
 {
     ts_model_config mc = llama_tiny(0);
     ts_model src, dst;
-    ts_model_build(&src, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&src, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_model_init_random(&src, 9);
-    ts_model_build(&dst, &mc, NULL, &ts_kernels_cpu);
+    ts_model_build(&dst, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
     ts_st_entry e[64];
     void *bufs[64];
     char dir[512], path[600], index[600];

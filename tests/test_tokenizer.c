@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "test_util.h"
+#include "support/tok_decode.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 

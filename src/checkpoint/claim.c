@@ -14,26 +14,13 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 
-/* What the lock file says about its holder ("host pid"), or "unknown". */
-static void read_holder(int fd, char *buf, size_t cap)
-{
-    ssize_t n = pread(fd, buf, cap - 1, 0);
-    if (n <= 0) {
-        snprintf(buf, cap, "unknown");
-        return;
-    }
-    buf[n] = '\0';
-    buf[strcspn(buf, "\n")] = '\0';
-    if (!buf[0]) snprintf(buf, cap, "unknown");
-}
-
 /* The refusal of a second run: its holder from the lock file, when one is there. */
 static ts_status busy(const char *dir, const char *lock)
 {
     char holder[128] = "unknown: its .lock file was removed";
     int fd = ts_open_input(lock);
     if (fd >= 0) {
-        read_holder(fd, holder, sizeof holder);
+        ts_lock_file_holder(fd, holder, sizeof holder);
         close(fd);
     }
     return ts_fail("checkpoint.dir %s is in use by another run (host and pid: %s): two "
@@ -140,7 +127,7 @@ ts_status ts_ckpt_claim_check_shared(const char *dir, const char *token, int ran
     snprintf(path, sizeof path, "%s/.lock", dir);
     int fd = ts_open_input(path);
     if (fd >= 0) {
-        read_holder(fd, seen, sizeof seen);
+        ts_lock_file_holder(fd, seen, sizeof seen);
         close(fd);
     }
     if (fd >= 0 && !strcmp(seen, token)) return TS_OK;

@@ -54,8 +54,7 @@ void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double f
 {
     memset(L, 0, sizeof *L);
     ts_model m;
-    ts_tp tp = ts_tp_make(1, 0, NULL, &ts_kernels_cpu);
-    ts_model_layout_tp(&m, mc, NULL, &tp);
+    ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu});
     L->n_logical = m.n_params;
     L->logical = ts_calloc((size_t)m.n_params, sizeof *L->logical);
     for (int p = 0; p < m.n_params; p++) L->logical[p] = m.params[p].shard;

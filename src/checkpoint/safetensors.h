@@ -25,6 +25,10 @@ size_t ts_st_dtype_size(ts_st_dtype dt);        /* bytes per element */
  * (truncated to cap); returns buf. */
 const char *ts_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
 
+/* A tensor's bytes, numel * elem (elem: its dtype's size), into *out: 1, or 0 when a
+ * dimension is negative or the product overflows. */
+int ts_st_tensor_bytes(int ndim, const int64_t *shape, size_t elem, uint64_t *out);
+
 typedef struct {
     char *name;
     ts_st_dtype dtype;
@@ -63,18 +67,5 @@ ts_status ts_st_read(const ts_st_file *f, const ts_st_tensor *t, uint64_t offset
 /* Check t has dtype F32 and exactly the given shape; error names the tensor, the
  * expected and the found shape. */
 ts_status ts_st_expect_f32(const ts_st_tensor *t, int ndim, const int64_t *shape);
-
-typedef struct {
-    const char *name;
-    ts_st_dtype dtype;
-    int ndim;
-    int64_t shape[TS_ST_MAX_DIMS];
-    const void *data;                     /* numel * dtype size bytes */
-} ts_st_entry;
-
-/* Write a complete file (header padded with spaces to a multiple of 8), tensors in
- * the given order, fflush + fsync before returning. Metadata: n_meta key/value pairs. */
-ts_status ts_st_write(const char *path, const ts_st_entry *entries, int n,
-                      const char *const *meta_keys, const char *const *meta_values, int n_meta);
 
 #endif

@@ -70,37 +70,6 @@ static void join(char *out, size_t cap, const char *dir, const char *name)
     TS_ASSERT(n > 0 && (size_t)n < cap);
 }
 
-/* Remove a directory of plain files (a checkpoint); missing is fine. */
-static ts_status remove_dir(const char *path)
-{
-    DIR *d = opendir(path);
-    if (!d) return errno == ENOENT ? TS_OK : ts_fail("cannot open %s: %s", path, strerror(errno));
-    struct dirent *e;
-    char file[TS_PATH_MAX + 300];
-    ts_status st = TS_OK;
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        join(file, sizeof file, path, e->d_name);
-        if (unlink(file) != 0 && st == TS_OK)
-            st = ts_fail("cannot remove %s: %s", file, strerror(errno));
-    }
-    closedir(d);
-    if (st == TS_OK && rmdir(path) != 0) st = ts_fail("cannot remove %s: %s", path, strerror(errno));
-    return st;
-}
-
-static ts_status fsync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return ts_fail("cannot open directory %s: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    /* Some file systems cannot sync a directory (EINVAL): nothing more to do there. */
-    if (rc != 0 && err != EINVAL) return ts_fail("fsync of %s failed: %s", path, strerror(err));
-    return TS_OK;
-}
-
 /* Rank 0, before writing: the root exists and leftovers of interrupted saves are
  * cleared: .tmp-step_* (never committed) are removed; an .old-step_N (a checkpoint being
  * replaced when the save stopped) goes back to step_N if that is missing, else away. */
@@ -128,7 +97,7 @@ static ts_status prepare_root(const char *root)
                              path, orig, strerror(errno));
             continue;
         }
-        st = remove_dir(path);
+        st = ts_remove_dir(path);
     }
     closedir(d);
     return st;
@@ -479,7 +448,7 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
         }
     }
     json_decref(state);
-    if (st == TS_OK) st = fsync_dir(tmp);
+    if (st == TS_OK) st = ts_fsync_dir(tmp);
     if (st != TS_OK) return st;
 
     /* Into place. A checkpoint of the same step already there (a rerun) is replaced. */
@@ -498,13 +467,13 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
                 return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
             leftover = old;
         }
-        if (fsync_dir(root) != TS_OK) return TS_ERR;
+        if (ts_fsync_dir(root) != TS_OK) return TS_ERR;
         /* The new checkpoint is in place: failing to remove the old one is not fatal. */
-        if (remove_dir(leftover) != TS_OK) ts_log_warn("checkpoint: %s", ts_error_message());
+        if (ts_remove_dir(leftover) != TS_OK) ts_log_warn("checkpoint: %s", ts_error_message());
     } else {
         if (rename(tmp, final) != 0)
             return ts_fail("cannot rename %s to %s: %s", tmp, final, strerror(errno));
-        if (fsync_dir(root) != TS_OK) return TS_ERR;
+        if (ts_fsync_dir(root) != TS_OK) return TS_ERR;
     }
 
     /* The checkpoint is committed and complete from here: a failure now must not read
@@ -521,7 +490,7 @@ static ts_status commit(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, pie
                        "it still names the checkpoint before; load %s by its directory",
                        final, why, final);
     }
-    return fsync_dir(root);
+    return ts_fsync_dir(root);
 }
 
 /* Keep the one just written and the keep - 1 newest before it. */
@@ -552,7 +521,7 @@ static ts_status prune(const char *root, int keep, long just_written, bool repla
             st = ts_fail("cannot move %s aside to delete it: %s", path, strerror(errno));
             break;
         }
-        st = remove_dir(doomed);
+        st = ts_remove_dir(doomed);
     }
     free(steps);
     return st;
@@ -673,7 +642,7 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     }
     if (st == TS_OK) st = collect_own(&s->items, &s->L, a);
     if (ts_comm_agree(world, st) != TS_OK) {
-        if (world->rank == 0 && !lost) (void)remove_dir(s->tmp);
+        if (world->rank == 0 && !lost) (void)ts_remove_dir(s->tmp);
         ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
         saver_free(s);
         *blocked_ms = ts_now_ms() - t0;
@@ -764,7 +733,7 @@ ts_status ts_ckpt_save_finish(ts_ckpt_saver *s, double *blocked_ms)
 fail:
     /* A failed save leaves nothing behind (but what may be another run's, once the
      * claim is lost). */
-    if (world->rank == 0 && !lost) (void)remove_dir(s->tmp);
+    if (world->rank == 0 && !lost) (void)ts_remove_dir(s->tmp);
     st = ts_error_prefix("saving checkpoint %s/%s: ", root, s->name);
 done:
     free(counts);

@@ -1,6 +1,8 @@
 /* tessera plan: partition the model, build the schedule and simulate one training
  * step on a cost model, in one process (no MPI), before spending a cluster on it. Also
- * draws Chrome traces (simulated or measured by `tessera train` with log.trace) as SVG. */
+ * draws Chrome traces (simulated or measured by `tessera train` with log.trace) as SVG.
+ * This file parses the options and prints; the planning is plan/local_plan.c's (and,
+ * with --cluster, plan/predict.c's and plan/search.c's through cmd_plan_search.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +16,14 @@
 #include "config/config.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "core/sysmem.h"
 #include "core/trace.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/kernels.h"
+#include "pipeline/memory.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/sim.h"
-#include "pipeline/memory.h"
+#include "plan/local_plan.h"
 #include "plan/sim_costs.h"
 #include "plan/trace_costs.h"
 #include "plan/zero.h"
@@ -258,52 +260,11 @@ static double dp_bandwidth_gbs(const plan_args *a)
     return a->dp_bandwidth_gbs >= 0 ? a->dp_bandwidth_gbs : a->bandwidth_gbs;
 }
 
-/* The longest dp lane over the ranks. */
-static double dp_reduction_max(const ts_sim_result *r)
-{
-    double most = 0.0;
-    for (int q = 0; q < r->pp; q++) most = r->dp_busy[q] > most ? r->dp_busy[q] : most;
-    return most;
-}
-
 static json_t *json_doubles(const double *x, int n)
 {
     json_t *a = json_array();
     for (int k = 0; k < n; k++) json_array_append_new(a, json_real(x[k]));
     return a;
-}
-
-/* What each rank may allocate (the estimate less its BLAS buffers), or 0 when nothing
- * bounds it here: parallel.memory_budget_mb; else, for recompute = "auto" (which needs a
- * bound), what `tessera train` would offer each rank with the grid's ranks all on this
- * machine: the smaller of RLIMIT_AS and an even share of physical memory. (plan() has
- * refused auto without a budget on a device it cannot see.) */
-static double plan_room(const ts_config *cfg)
-{
-    const ts_parallel_config *p = &cfg->parallel;
-    if (p->memory_budget_mb > 0) return (double)p->memory_budget_mb * 1048576.0;
-    if (ts_recompute_from_name(p->recompute) != TS_RECOMPUTE_AUTO) return 0.0;
-    ts_sysmem lim;
-    ts_sysmem_read(&lim);
-    const double share = lim.physical / ((double)p->pp * p->dp * p->cp * p->tp);
-    return share < lim.address_space ? share : lim.address_space;
-}
-
-/* The same per-rank memory estimate `tessera train` checks before it allocates, with
- * train.threads BLAS threads (1 when it is 0: the plan cannot know the cores); with
- * recompute = "auto" under the caps and selective chunks it would choose to fit `room`,
- * into keep and selective (the rank's chunks). Whether it fits room (true when room is 0:
- * no bound). */
-static bool rank_memory(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                        int pp_rank, double room, int *keep, bool *selective,
-                        ts_rank_memory *est)
-{
-    int threads = cfg->train.threads > 0 ? cfg->train.threads : 1;
-    if (ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_AUTO)
-        return ts_memory_estimate_auto_selective(cfg, part, s, pp_rank, threads, room, keep,
-                                                 selective, est);
-    ts_memory_estimate(cfg, part, s, pp_rank, threads, NULL, est);
-    return room <= 0 || est->total - est->blas <= room;
 }
 
 /* Rank q's recompute per chunk: [{"chunk", "in_flight" (sets held without recompute),
@@ -312,11 +273,10 @@ static bool rank_memory(const ts_config *cfg, const ts_partition *part, const ts
 static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q, const int *keep,
                               const bool *selective)
 {
-    const int n = s->n_chunks, mode = ts_recompute_from_name(cfg->parallel.recompute);
+    const int n = s->n_chunks;
     int *in_flight = ts_calloc((size_t)n, sizeof(int)), *peak = ts_calloc((size_t)n, sizeof(int));
     int *nr = ts_calloc((size_t)n, sizeof(int));
-    ts_memory_peak_sets(s, TS_RECOMPUTE_NONE, NULL, q, in_flight, NULL, NULL, NULL);
-    ts_memory_peak_sets(s, mode, keep, q, peak, NULL, nr, NULL);
+    ts_local_plan_recompute(cfg, s, q, keep, in_flight, peak, nr);
     json_t *a = json_array();
     for (int c = 0; c < n; c++) {
         if (ts_chunk_rank(s, c) != q) continue;
@@ -332,31 +292,6 @@ static json_t *recompute_json(const ts_config *cfg, const ts_schedule *s, int q,
     return a;
 }
 
-/* ZeRO's dp traffic of pipeline rank q per step (plan/zero.h): the totals into *t, per
- * chunk ([n_chunks], q's written) the gathers and the bytes. dp = 1: none. */
-static void zero_traffic(const ts_config *cfg, const ts_partition *part, const ts_schedule *s,
-                         int q, ts_zero_traffic *t, int *gathers, double *bytes)
-{
-    /* ZeRO shards over the dp * cp ranks that hold the same weights */
-    const int zero = cfg->parallel.zero, dp = cfg->parallel.dp * cfg->parallel.cp;
-    double *floats = ts_calloc((size_t)s->n_chunks, sizeof(double));
-    ts_memory_chunk_floats(cfg, part, s, q, floats);
-    ts_residency r = {0};
-    if (zero == 3 && dp > 1) ts_memory_residency_of_config(cfg, part, s, q, &r);
-    /* ZeRO-3 gathers in the compute dtype of the run's kernels (train.precision). */
-    const ts_kernels *k =
-        ts_kernels_layout_for(cfg->train.device, cfg->train.precision, cfg->train.attention);
-    const int eb = (int)ts_dtype_bytes(k->act_dtype);
-    ts_zero_traffic_of(zero, dp, s, q, zero == 3 ? &r : NULL, floats, eb, t);
-    for (int c = 0; c < s->n_chunks; c++) {
-        if (ts_chunk_rank(s, c) != q) continue;
-        gathers[c] = zero == 3 && dp > 1 ? r.gathers[c] : 0;
-        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c], eb);
-    }
-    ts_residency_free(&r);
-    free(floats);
-}
-
 /* Rank q's traffic as JSON: {"gathers", "reductions", "gather_bytes", "reduce_bytes",
  * "allgather_bytes", "dp_bytes", "chunks": [{"chunk", "gathers", "reductions",
  * "dp_bytes"}]}. */
@@ -366,7 +301,7 @@ static json_t *zero_json(const ts_config *cfg, const ts_partition *part, const t
     int *gathers = ts_calloc((size_t)s->n_chunks, sizeof(int));
     double *bytes = ts_calloc((size_t)s->n_chunks, sizeof(double));
     ts_zero_traffic t;
-    zero_traffic(cfg, part, s, q, &t, gathers, bytes);
+    ts_local_plan_zero_traffic(cfg, part, s, q, &t, gathers, bytes);
     json_t *chunks = json_array();
     for (int c = 0; c < s->n_chunks; c++)
         if (ts_chunk_rank(s, c) == q)
@@ -397,7 +332,7 @@ static void print_zero(const ts_config *cfg, const ts_partition *part, const ts_
     double *bytes = ts_calloc((size_t)s->n_chunks, sizeof(double));
     for (int q = 0; q < s->pp; q++) {
         ts_zero_traffic t;
-        zero_traffic(cfg, part, s, q, &t, gathers, bytes);
+        ts_local_plan_zero_traffic(cfg, part, s, q, &t, gathers, bytes);
         char total[32], b[32];
         printf("  pp rank %d: %d weight gathers, %d gradient reductions, dp %s per step:", q,
                t.gathers, t.reductions, ts_format_bytes(t.bytes, total, sizeof total));
@@ -419,12 +354,12 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
     for (int c = 0; c < part->n_chunks; c++)
         json_array_append_new(layers, json_integer(part->n_chunk_layers[c]));
     const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;
-    const double room = plan_room(cfg);
+    const double room = ts_local_plan_room(cfg);
     int *keep = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(int)) : NULL;
     bool *selective = auto_rc ? ts_calloc((size_t)s->n_chunks, sizeof(bool)) : NULL;
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
-        const bool fits = rank_memory(cfg, part, s, q, room, keep, selective, &est);
+        const bool fits = ts_local_plan_rank_memory(cfg, part, s, q, room, keep, selective, &est);
         json_array_append_new(
             ranks, json_pack("{s:i, s:f, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}", "pp_rank", q,
                              "bubble", r->bubble[q], "peak_activation_bytes",
@@ -460,7 +395,7 @@ static int print_json(const plan_args *a, const ts_config *cfg, const ts_partiti
         for (int c = 0; c < s->n_chunks; c++) json_array_append_new(where, json_integer(s->chunk_rank[c]));
         json_object_set_new(o, "placement", json_string(ts_placement_names[s->placement]));
         json_object_set_new(o, "chunk_rank", where);
-        json_object_set_new(o, "dp_reduction_ms", json_real(dp_reduction_max(r)));
+        json_object_set_new(o, "dp_reduction_ms", json_real(ts_local_plan_dp_reduction_max(r)));
         json_object_set_new(o, "dp_exposed_ms", json_real(r->dp_exposed));
         json_object_set_new(o, "recompute", json_string(p->recompute));
         json_object_set_new(o, "zero", json_integer(p->zero));
@@ -502,7 +437,7 @@ static void print_dp(const plan_args *a, const ts_config *cfg, const ts_schedule
            dp, dp_latency_us(a), dp_bandwidth_gbs(a));
     printf("  %.3f ms on the busiest rank's dp lane; exposed %.3f ms (the step waits for it at "
            "the end)\n",
-           dp_reduction_max(r), r->dp_exposed);
+           ts_local_plan_dp_reduction_max(r), r->dp_exposed);
     printf("  %-7s  %12s  %15s  %10s\n", "pp_rank", "gradients", "dp_reduction_ms", "dp_wait_ms");
     for (int q = 0; q < r->pp; q++) {
         double bytes = 0.0;
@@ -561,7 +496,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     printf("memory per rank (the estimate tessera train checks; %d BLAS thread%s):\n",
            cfg->train.threads > 0 ? cfg->train.threads : 1, cfg->train.threads > 1 ? "s" : "");
     const bool auto_rc = ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO;
-    const double room = plan_room(cfg);
+    const double room = ts_local_plan_room(cfg);
     char budget[32], over[32], line[1024];
     if (room > 0)
         printf("  each rank may allocate %s besides its BLAS buffers (%s)%s\n",
@@ -574,7 +509,7 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
     for (int q = 0; q < r->pp; q++) {
         ts_rank_memory est;
         char what[512];
-        const bool fits = rank_memory(cfg, part, s, q, room, keep, selective, &est);
+        const bool fits = ts_local_plan_rank_memory(cfg, part, s, q, room, keep, selective, &est);
         printf("  pp rank %d: %s\n", q, ts_memory_describe(&est, what, sizeof what));
         if (auto_rc)
             printf("    recompute auto: %s\n",
@@ -658,63 +593,32 @@ static int write_schedule_csv(const plan_args *a, const ts_schedule *s)
 
 static int plan(const plan_args *a)
 {
-    /* Everything empty first, so the one cleanup path below frees what was built. */
-    ts_partition part = {0};
-    ts_schedule s = {0};
-    ts_trace_costs tc_store = {0}, *tc = NULL;
-    ts_plan_sim_costs sc = {0};
-    ts_sim_result r = {0};
+    ts_local_plan lp = {0}; /* empty first, so the one cleanup path below frees what was built */
     int code = 1;
-
     ts_config cfg;
-    const ts_parallel_config *p = &cfg.parallel;
     if (ts_config_load_plan(&cfg, a->config, a->sets, a->n_sets) != TS_OK) goto fail;
-    if (ts_recompute_from_name(p->recompute) == TS_RECOMPUTE_AUTO && p->memory_budget_mb == 0 &&
-        ts_kernels_layout_for(cfg.train.device, cfg.train.precision, cfg.train.attention)
-            ->device_memory) {
-        ts_fail("parallel.recompute = \"auto\" fits each rank into its device's free memory, "
-                "which tessera plan cannot see for train.device = \"%s\": give the budget "
-                "with --set parallel.memory_budget_mb=MiB (or plan with --cluster FILE)",
-                cfg.train.device);
-        goto fail;
-    }
-    if (cfg.train.threads > 0) ts_cpu_set_threads(cfg.train.threads);
-    if (ts_partition_build(&cfg, a->cost == COST_MEASURED && !a->costs_trace, &part) != TS_OK)
-        goto fail;
-    if (ts_schedule_build(&s, p->schedule, p->pp, p->virtual_stages,
-                          ts_config_num_microbatches(&cfg)) != TS_OK)
-        goto fail;
-    if (a->costs_trace) {
-        if (ts_trace_costs_load(a->costs_trace, &s, (int)a->trace_skip, a->trace_median,
-                                &tc_store) != TS_OK)
-            goto fail;
-        tc = &tc_store;
-    }
-
-    const ts_plan_cost_opts co = {
-        .uniform = a->cost == COST_UNIFORM, .traced = tc, .latency_us = a->latency_us,
-        .bandwidth_gbs = a->bandwidth_gbs, .optim_ms = a->optim_ms,
-        .dp_latency_us = dp_latency_us(a), .dp_bandwidth_gbs = dp_bandwidth_gbs(a)};
-    ts_plan_sim_costs_of_config(&sc, &cfg, &part, &co);
-    if (ts_sim_run(&s, &sc.costs, &r) != TS_OK) goto fail;
+    const ts_local_plan_opts o = {
+        .measure = a->cost == COST_MEASURED, .costs_trace = a->costs_trace,
+        .trace_skip = (int)a->trace_skip, .trace_median = a->trace_median,
+        .cost = {.uniform = a->cost == COST_UNIFORM, .latency_us = a->latency_us,
+                 .bandwidth_gbs = a->bandwidth_gbs, .optim_ms = a->optim_ms,
+                 .dp_latency_us = dp_latency_us(a), .dp_bandwidth_gbs = dp_bandwidth_gbs(a)}};
+    if (ts_local_plan_run(&lp, &cfg, &o) != TS_OK) goto fail;
     if (a->json) {
-        code = print_json(a, &cfg, &part, &s, &r, tc);
+        code = print_json(a, &cfg, &lp.part, &lp.schedule, &lp.sim, lp.traced);
     } else {
-        print_text(a, &cfg, &part, &s, &r, sc.costs.msg_bytes, tc, sc.dp_bytes);
+        print_text(a, &cfg, &lp.part, &lp.schedule, &lp.sim, lp.costs.costs.msg_bytes,
+                   lp.traced, lp.costs.dp_bytes);
         code = 0;
     }
-    if (code == 0) code = write_outputs(a, &cfg, &r);
-    if (code == 0) code = write_schedule_csv(a, &s);
+    if (code == 0) code = write_outputs(a, &cfg, &lp.sim);
+    if (code == 0) code = write_schedule_csv(a, &lp.schedule);
     goto done;
 
 fail:
     ts_log_error("%s", ts_error_message());
 done:
-    ts_sim_result_free(&r);
-    ts_plan_sim_costs_free(&sc);
-    ts_trace_costs_free(&tc_store);
-    ts_schedule_free(&s);
-    ts_partition_free(&part);
+    ts_local_plan_free(&lp);
     return code;
 }
 

@@ -423,7 +423,7 @@ int ts_cmd_sample(int argc, char **argv)
     free(tokens);
 
     ts_model m;
-    ts_model_build(&m, &mc, NULL, sa.k);
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = sa.k});
     if (ts_ckpt_load_weights(&m, step_dir) != TS_OK) {
         fprintf(stderr, "tessera: error: %s\n", ts_error_message());
         ts_model_free(&m);

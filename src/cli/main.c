@@ -1,4 +1,5 @@
-/* tessera: a 3D-parallel (pipeline x data x tensor) GPT-2 trainer. */
+/* tessera: a 4D-parallel (pipeline x data x context x tensor) trainer of GPT-2- and
+ * Llama-style models, and its planner, checkpoint, sampling and data tools. */
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>

@@ -47,40 +47,6 @@ const char *ts_comm_backend_missing(const ts_comm_backend *b)
     return NULL;
 }
 
-/* A backend that cannot attach to a group split or duplicated from one it already
- * serves has broken mid-run (its parent attached on the same ranks and devices): the
- * caller has no status to return, so the process ends saying why. */
-void ts_comm_inherit(ts_comm *out, const ts_comm *parent)
-{
-    if (parent->ops) out->ops = parent->ops;
-    out->stream = parent->stream;
-    out->backend_comm = NULL;
-    if (out->size > 0 && out->ops && out->ops->attach && out->ops->attach(out, parent) != TS_OK)
-        ts_panic(__FILE__, __LINE__, ts_error_message());
-}
-
-void ts_comm_detach(ts_comm *c)
-{
-    if (c->size > 0 && c->ops && c->ops->detach && c->backend_comm) c->ops->detach(c);
-    c->backend_comm = NULL;
-}
-
-ts_status ts_comm_set_backend(ts_comm *c, const ts_comm_backend *ops)
-{
-    TS_ASSERT(ops && !ts_comm_backend_missing(ops));
-    ts_comm_detach(c);
-    c->ops = ops;
-    if (c->size == 0 || !ops->attach) return TS_OK;
-    /* attach returns one verdict on every member; agreeing again covers a backend whose
-     * last step can fail on one member alone. */
-    ts_status st = ts_comm_agree(c, ops->attach(c, c));
-    if (st != TS_OK) {
-        ts_comm_detach(c);
-        c->ops = &ts_comm_mpi;
-    }
-    return st;
-}
-
 /* ------------------------------------------------------- the collectives -- */
 
 static void allreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, size_t elem,

@@ -9,7 +9,8 @@
  *   (ts_comm_agree), the gathers of host records (ts_allgather_bytes,
  *   ts_gather_bytes, ts_gatherv) and the reductions and broadcast of host scalars and
  *   records (ts_host_allreduce_*, ts_host_broadcast: metrics, codes, hashes, flags,
- *   paths). comm/mpi.c implements it directly.
+ *   paths). comm/control.c implements it directly, and also attaches each group's
+ *   data-plane backend (ts_comm_set_backend).
  * - The DATA PLANE goes through the group's backend table (ts_comm_backend, c->ops) and
  *   carries only the backend's memory, which is device memory on a GPU (dev_alloc of
  *   the compute backend, kernels/kernels.h): the f32 all-reduces, reduce-scatter,
@@ -40,8 +41,9 @@
 #include "kernels/kernels.h" /* ts_dtype: activations move in their element type */
 
 /* A backend's handle held by value without the backend's types: the MPI backend keeps
- * an MPI_Comm or an MPI_Request here (comm/mpi.c checks at compile time that they fit),
- * so this header, and everything that includes it, needs no <mpi.h>. */
+ * an MPI_Comm or an MPI_Request here (comm/mpi_internal.h and comm/mpi.c check at
+ * compile time that they fit), so this header, and everything that includes it, needs
+ * no <mpi.h>. */
 typedef union {
     void *ptr;
     int64_t i64;

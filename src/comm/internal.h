@@ -1,5 +1,5 @@
-/* What comm.c (the data plane's front end) and the backends share, private to src/comm:
- * the marks and timing around every blocking call. */
+/* What comm.c (the data plane's front end), the backends and the control plane share,
+ * private to src/comm: the marks and timing around every blocking call. */
 #ifndef TS_COMM_INTERNAL_H
 #define TS_COMM_INTERNAL_H
 
@@ -37,11 +37,5 @@ static inline size_t ts_comm_counts_total(const ts_comm *c, const int *counts)
     for (int k = 0; k < c->size; k++) total += (size_t)counts[k];
     return total;
 }
-
-/* The group `out` the control plane just made from `parent` (or a non-member's empty
- * one) takes the parent's backend and stream; the backend attaches to a member. */
-void ts_comm_inherit(ts_comm *out, const ts_comm *parent);
-/* Before the control plane releases c: the backend lets go of it. */
-void ts_comm_detach(ts_comm *c);
 
 #endif

@@ -83,11 +83,11 @@ typedef struct {
     int cp;                     /* context parallelism: each sequence split over cp ranks
                                    (tensor/cp.h); world = pp * dp * cp * tp */
     int virtual_stages;
-    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (pipeline/schedule.h) or a CSV path */
+    char schedule[TS_PATH_MAX]; /* ts_schedule_names[k] (config/pipeline_names.h) or a CSV path */
     int micro_batch;            /* sequences per micro-batch per replica */
     int n_partition;            /* 0 = "balanced"; else layer counts per chunk */
     int partition[TS_MAX_CHUNKS];
-    char recompute[16];         /* ts_recompute_names[k] (pipeline/schedule.h; validated) */
+    char recompute[16];         /* ts_recompute_names[k] (config/pipeline_names.h; validated) */
     int memory_budget_mb;       /* MiB each rank may allocate (its estimate less the BLAS
                                    buffers); 0 = what the machine offers the rank. Bounds
                                    the memory check and recompute = "auto"'s choice */
@@ -99,8 +99,7 @@ typedef struct {
                                    tensor/tp.h); 1 = off */
     bool overlap_grad_sync;
     char grad_sync_progress[16]; /* "poll" | "thread": how the overlapped reduction advances */
-    char grad_reduce_dtype[8];   /* "fp32": the data-parallel reduction's element type */
-    int zero;                   /* 0 .. 3: ZeRO level (dp/grad_sync.h) */
+    int zero;                   /* 0 .. 3: ZeRO level (data/zero.h) */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
 } ts_parallel_config;
@@ -111,7 +110,7 @@ typedef struct {
     double lr, min_lr;
     int warmup;
     char lr_schedule[16];       /* after the warm-up: "cosine" | "linear" | "constant" |
-                                 * "wsd" (warmup-stable-decay); optim.h ts_lr_at */
+                                 * "wsd" (warmup-stable-decay); ts_lr_schedule below */
     int lr_decay_steps;         /* the schedule's length in steps; 0 = train.steps */
     int decay_steps;            /* wsd: steps of the final (linear) decay to min_lr, or */
     double decay_fraction;      /* wsd: that as a fraction of the schedule's length */
@@ -203,8 +202,9 @@ int ts_config_num_microbatches(const ts_config *cfg);
 /* The learning-rate schedule the train keys describe, resolved (config/lr_schedule.c):
  * after `warmup` steps of a linear ramp to lr, `name` ("cosine", "linear", "constant",
  * "wsd") from lr to min_lr over the schedule's `length` steps (train.lr_decay_steps,
- * or train.steps), wsd holding lr until its last `decay` steps. optim.h's ts_lr_at
- * computes it; a checkpoint records it, so a resumed run can be held to it. */
+ * or train.steps), wsd holding lr until its last `decay` steps. The trainer resolves it
+ * once and takes each step's rate from ts_lr_schedule_at; a checkpoint records it, so a
+ * resumed run can be held to it. */
 typedef struct {
     char name[16];
     double lr, min_lr;

@@ -1,4 +1,4 @@
-/* What the three config files share, private to src/config: the table of known keys
+/* What the config files share, private to src/config: the table of known keys
  * (config_keys.c) and the per-key checks (config_validate.c), which reading a setting
  * (config_load.c) and ts_config_validate both run. Not for use outside config/. */
 #ifndef TS_CONFIG_INTERNAL_H
@@ -7,6 +7,8 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+
+#include <libconfig.h>
 
 #include "config/config.h"
 
@@ -63,8 +65,6 @@ ts_status ts_config_check_device(const key_spec *k, const ts_config *cfg, const 
 /* Whether ts_config_load_plan is loading (config_load.c). */
 bool ts_config_planning(void);
 ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, const char *where);
-ts_status ts_config_check_grad_reduce_dtype(const key_spec *k, const ts_config *cfg,
-                                            const char *where);
 ts_status ts_config_check_attention(const key_spec *k, const ts_config *cfg, const char *where);
 /* The marker of an integer key that also takes "auto" (stored as 0 until ts_config_load
  * resolves it): parallel.dp. Always TS_OK. */
@@ -91,5 +91,26 @@ ts_status ts_config_range_error(const key_spec *k, const char *value, const char
 /* Check one key's stored value: range, allowed values, list contents. Used when a key
  * is read (where = its file:line) and by ts_config_validate for every key. */
 ts_status ts_config_check_value(const key_spec *k, const ts_config *cfg, const char *where);
+
+/* ---- config_spelling.c: an unknown key or section, as a ts_fail message naming it,
+ * where it was written (`where`: " (file:line)" or " (from --set)"), a spelling hint
+ * when one is close, and the known names. Returns TS_ERR. */
+ts_status ts_config_unknown_key(const char *section, const char *name, const char *where);
+ts_status ts_config_unknown_section(const char *name, const char *where);
+
+/* ---- config_override.c: one `--set KEY=VALUE` override grafted into lc's tree, the
+ * value parsed as libconfig parses one, else taken as a bare string (a malformed
+ * override or an invalid key is a ts_fail message naming it). */
+ts_status ts_config_apply_override(config_t *lc, const char *ov);
+/* "a group", "an integer", ... for a libconfig setting type. */
+const char *ts_config_type_name(int type);
+/* libconfig 1.5 reads a decimal integer literal that does not fit in 32 bits and has
+ * no `L` suffix as its low 32 bits, and one beyond 64 bits as INT64_MAX, both silently.
+ * The first such literal in libconfig text, outside strings and comments: its line
+ * (from 1), copied to tok, *beyond_64 set (else a 32-bit overflow without `L`); 0 when
+ * there is none. */
+int ts_config_find_wide_int(const char *text, char *tok, size_t cap, bool *beyond_64);
+/* "WHERE: the integer TOK does not fit in 64 bits ...": the error for a beyond_64 one. */
+ts_status ts_config_huge_int_error(const char *where, const char *tok);
 
 #endif

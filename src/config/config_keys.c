@@ -2,6 +2,7 @@
  * of known keys (section, name, type, field, range, per-key check) that loading and
  * validation walk, and the effective config as JSON (ts_config_to_json). */
 #include "config/config_internal.h"
+#include "config/pipeline_names.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -9,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/schedule.h"
 
 /* ---------------------------------------------------------------- defaults -- */
 
@@ -50,7 +50,6 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(p->order, sizeof p->order, "tp-dp-pp");
     p->overlap_grad_sync = true;
     copy_str(p->grad_sync_progress, sizeof p->grad_sync_progress, "poll");
-    copy_str(p->grad_reduce_dtype, sizeof p->grad_reduce_dtype, "fp32");
     p->zero = 0;
     p->bucket_mb = 4;
     p->memory_budget_mb = 0; /* what the machine offers */
@@ -164,8 +163,6 @@ const key_spec ts_config_keys[] = {
     BOOL_KEY("parallel", "overlap_grad_sync", parallel.overlap_grad_sync),
     STR_KEY("parallel", "grad_sync_progress", parallel.grad_sync_progress,
             ts_config_check_progress),
-    STR_KEY("parallel", "grad_reduce_dtype", parallel.grad_reduce_dtype,
-            ts_config_check_grad_reduce_dtype),
     INT_KEY("parallel", "zero", parallel.zero, 0, 3),
     INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
     STR_KEY("parallel", "comm", parallel.comm, ts_config_check_comm),

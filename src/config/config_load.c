@@ -2,12 +2,13 @@
  * libconfig tree:
  *   1. read the file (syntax errors carry file:line and libconfig's text),
  *   2. apply each override "dotted.key=value" by parsing the value as libconfig parses
- *      one (falling back to a bare string) and grafting it into the tree,
+ *      one (falling back to a bare string) and grafting it into the tree
+ *      (config_override.c),
  *   3. walk every setting in the tree against the table of known keys (config_keys.c:
  *      type, range, allowed values) and copy it into the struct,
  * then ts_config_validate (config_validate.c). An unknown key or section gets a
- * spelling hint. Nothing here prints or exits: every problem is a ts_fail message
- * naming the key and how to fix it. */
+ * spelling hint (config_spelling.c). Nothing here prints or exits: every problem is a
+ * ts_fail message naming the key and how to fix it. */
 #include "config/config_internal.h"
 
 #include <ctype.h>
@@ -42,21 +43,6 @@ static bool is_section(const char *name)
 
 /* ------------------------------------------------------- reading settings -- */
 
-static const char *type_name(int type)
-{
-    switch (type) {
-    case CONFIG_TYPE_GROUP: return "a group";
-    case CONFIG_TYPE_INT:
-    case CONFIG_TYPE_INT64: return "an integer";
-    case CONFIG_TYPE_FLOAT: return "a float";
-    case CONFIG_TYPE_STRING: return "a string";
-    case CONFIG_TYPE_BOOL: return "a boolean";
-    case CONFIG_TYPE_ARRAY: return "an array";
-    case CONFIG_TYPE_LIST: return "a list";
-    default: return "nothing";
-    }
-}
-
 /* "a string (\"four\")", "a float (1.5)", "a list". */
 static void describe_found(const config_setting_t *s, char *buf, size_t cap)
 {
@@ -75,7 +61,7 @@ static void describe_found(const config_setting_t *s, char *buf, size_t cap)
     case CONFIG_TYPE_BOOL:
         snprintf(buf, cap, "a boolean (%s)", config_setting_get_bool(s) ? "true" : "false");
         break;
-    default: snprintf(buf, cap, "%s", type_name(type)); break;
+    default: snprintf(buf, cap, "%s", ts_config_type_name(type)); break;
     }
 }
 
@@ -362,93 +348,6 @@ static ts_status read_key(const key_spec *k, const config_setting_t *s, ts_confi
     return ts_config_check_value(k, cfg, where);
 }
 
-/* ------------------------------------------------- unknown-key diagnostics -- */
-
-/* Edit distance counting an adjacent transposition as one edit ("stpes" -> "steps"). */
-static int edit_distance(const char *a, const char *b)
-{
-    enum { MAXL = 64 };
-    size_t n = strlen(a), m = strlen(b);
-    if (n >= MAXL || m >= MAXL) return INT_MAX;
-    int d[MAXL + 1][MAXL + 1];
-    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
-        }
-    return d[n][m];
-}
-
-/* A close spelling is within a third of the name's length (at least 1, at most 3). */
-static bool close_spelling(const char *typed, const char *known)
-{
-    int limit = (int)strlen(known) / 3;
-    if (limit < 1) limit = 1;
-    if (limit > 3) limit = 3;
-    return edit_distance(typed, known) <= limit;
-}
-
-static ts_status unknown_key(const char *section, const char *name, const config_setting_t *s)
-{
-    char where[TS_PATH_MAX + 32];
-    where_of(s, where, sizeof where);
-
-    /* Suggest: the same name in another section, else a close spelling here. */
-    char suggest[128] = "";
-    for (int i = 0; i < ts_config_n_keys && !suggest[0]; i++)
-        if (strcmp(ts_config_keys[i].name, name) == 0)
-            snprintf(suggest, sizeof suggest, "; did you mean '%s.%s'?",
-                     ts_config_keys[i].section, name);
-    int best = INT_MAX;
-    bool elsewhere = suggest[0] != '\0';
-    for (int i = 0; i < ts_config_n_keys && !elsewhere; i++) {
-        if (strcmp(ts_config_keys[i].section, section) != 0) continue;
-        int d = edit_distance(name, ts_config_keys[i].name);
-        if (close_spelling(name, ts_config_keys[i].name) && d < best) {
-            best = d;
-            snprintf(suggest, sizeof suggest, "; did you mean '%s.%s'?", section,
-                     ts_config_keys[i].name);
-        }
-    }
-
-    char known[512];
-    size_t len = 0;
-    known[0] = '\0';
-    for (int i = 0; i < ts_config_n_keys && len < sizeof known; i++)
-        if (strcmp(ts_config_keys[i].section, section) == 0)
-            len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", len ? ", " : "",
-                                    ts_config_keys[i].name);
-    return ts_fail("unknown config key '%s.%s'%s%s; known keys in '%s' are: %s", section,
-                   name, where, suggest, section, known);
-}
-
-static ts_status unknown_section(const char *name, const config_setting_t *s)
-{
-    char where[TS_PATH_MAX + 32];
-    where_of(s, where, sizeof where);
-    char suggest[96] = "";
-    for (int i = 0; i < ts_config_n_sections; i++)
-        if (close_spelling(name, ts_config_sections[i])) {
-            snprintf(suggest, sizeof suggest, "; did you mean '%s'?", ts_config_sections[i]);
-            break;
-        }
-    /* A known key written at the top level ("steps = 10;" outside train = {...}). */
-    for (int i = 0; i < ts_config_n_keys && !suggest[0]; i++)
-        if (strcmp(ts_config_keys[i].name, name) == 0)
-            snprintf(suggest, sizeof suggest, "; did you mean '%s.%s'?",
-                     ts_config_keys[i].section, name);
-    return ts_fail("unknown config section '%s'%s%s; known sections are: model, parallel, "
-                   "train, data, checkpoint, log",
-                   name, where, suggest);
-}
-
 /* Walk the whole tree: every top-level setting a known section (a group), every
  * member of a section a known key of the right type and range. */
 static ts_status read_tree(const config_setting_t *root, ts_config *cfg)
@@ -457,7 +356,11 @@ static ts_status read_tree(const config_setting_t *root, ts_config *cfg)
     for (int i = 0; i < n; i++) {
         const config_setting_t *sec = config_setting_get_elem(root, (unsigned)i);
         const char *sname = config_setting_name(sec);
-        if (!is_section(sname)) return unknown_section(sname, sec);
+        if (!is_section(sname)) {
+            char where[TS_PATH_MAX + 32];
+            where_of(sec, where, sizeof where);
+            return ts_config_unknown_section(sname, where);
+        }
         if (config_setting_type(sec) != CONFIG_TYPE_GROUP) {
             char where[TS_PATH_MAX + 32], found[128];
             where_of(sec, where, sizeof where);
@@ -471,226 +374,18 @@ static ts_status read_tree(const config_setting_t *root, ts_config *cfg)
             const config_setting_t *s = config_setting_get_elem(sec, (unsigned)j);
             const char *kname = config_setting_name(s);
             const key_spec *k = find_key(sname, kname);
-            if (!k) return unknown_key(sname, kname, s);
+            if (!k) {
+                char where[TS_PATH_MAX + 32];
+                where_of(s, where, sizeof where);
+                return ts_config_unknown_key(sname, kname, where);
+            }
             if (read_key(k, s, cfg) != TS_OK) return TS_ERR;
         }
     }
     return TS_OK;
 }
 
-/* -------------------------------------------------------------- overrides -- */
-
-static int find_wide_int(const char *text, char *tok, size_t cap, bool *beyond_64);
-static ts_status huge_int_error(const char *where, const char *tok);
-
-/* Deep-copy `src` into `parent` under `name` (NULL inside arrays and lists). */
-static config_setting_t *copy_setting(config_setting_t *parent, const char *name,
-                                      const config_setting_t *src)
-{
-    int type = config_setting_type(src);
-    config_setting_t *dst = config_setting_add(parent, name, type);
-    if (!dst) return NULL;
-    int ok = CONFIG_TRUE;
-    switch (type) {
-    case CONFIG_TYPE_INT: ok = config_setting_set_int(dst, config_setting_get_int(src)); break;
-    case CONFIG_TYPE_INT64:
-        ok = config_setting_set_int64(dst, config_setting_get_int64(src));
-        break;
-    case CONFIG_TYPE_FLOAT:
-        ok = config_setting_set_float(dst, config_setting_get_float(src));
-        break;
-    case CONFIG_TYPE_STRING:
-        ok = config_setting_set_string(dst, config_setting_get_string(src));
-        break;
-    case CONFIG_TYPE_BOOL: ok = config_setting_set_bool(dst, config_setting_get_bool(src)); break;
-    case CONFIG_TYPE_GROUP:
-    case CONFIG_TYPE_ARRAY:
-    case CONFIG_TYPE_LIST: {
-        int n = config_setting_length(src);
-        for (int i = 0; i < n; i++) {
-            const config_setting_t *e = config_setting_get_elem(src, (unsigned)i);
-            const char *ename = type == CONFIG_TYPE_GROUP ? config_setting_name(e) : NULL;
-            if (!copy_setting(dst, ename, e)) return NULL;
-        }
-        break;
-    }
-    default: break;
-    }
-    return ok == CONFIG_TRUE ? dst : NULL;
-}
-
-static void trim(char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
-    size_t i = 0;
-    while (s[i] == ' ' || s[i] == '\t') i++;
-    if (i) memmove(s, s + i, n - i + 1);
-}
-
-/* Graft the override's value, parsed as a libconfig value or else taken as a bare
- * string, at the dotted path `key` of `lc`, replacing whatever was there. `key` is
- * modified (split in place). */
-static ts_status set_path(config_t *lc, char *key, const char *value, const char *ov)
-{
-    /* Parse the value as libconfig parses one: "v = VALUE;". */
-    const config_setting_t *parsed = NULL;
-    /* A lone integer beyond 32 bits gets libconfig's 64-bit suffix; anywhere else
-     * (in a list) it would be truncated, so it is an error. */
-    char tok[64];
-    bool beyond_64 = false;
-    bool wide = find_wide_int(value, tok, sizeof tok, &beyond_64) != 0;
-    if (wide && beyond_64) {
-        char where[600];
-        snprintf(where, sizeof where, "override '%.500s'", ov);
-        return huge_int_error(where, tok);
-    }
-    config_t scratch;
-    config_init(&scratch);
-    size_t len = strlen(value) + 8;
-    char *text = ts_malloc(len);
-    bool lone = value[0] != '\0' && strspn(value + (value[0] == '-' || value[0] == '+'),
-                                            "0123456789") ==
-                                         strlen(value) - (value[0] == '-' || value[0] == '+');
-    snprintf(text, len, wide && lone ? "v = %sL;" : "v = %s;", value);
-    if (config_read_string(&scratch, text) == CONFIG_TRUE) {
-        const config_setting_t *root = config_root_setting(&scratch);
-        if (config_setting_length(root) == 1) parsed = config_setting_get_member(root, "v");
-    }
-    free(text);
-    if (parsed && wide && !lone) {
-        config_destroy(&scratch);
-        return ts_fail("override '%s': the integer %s does not fit in 32 bits; write %sL",
-                       ov, tok, tok);
-    }
-
-    ts_status st = TS_OK;
-    config_setting_t *parent = config_root_setting(lc);
-    char *save = NULL;
-    char *part = strtok_r(key, ".", &save);
-    while (part && st == TS_OK) {
-        char *next = strtok_r(NULL, ".", &save);
-        config_setting_t *cur = config_setting_get_member(parent, part);
-        if (next) { /* an intermediate group */
-            if (!cur) cur = config_setting_add(parent, part, CONFIG_TYPE_GROUP);
-            if (!cur)
-                st = ts_fail("invalid config key in override '%s': '%s' is not a valid "
-                             "name (letters, digits, '_' and '-', starting with a letter)",
-                             ov, part);
-            else if (config_setting_type(cur) != CONFIG_TYPE_GROUP)
-                st = ts_fail("cannot apply override '%s': '%s' is %s, not a group of keys",
-                             ov, part, type_name(config_setting_type(cur)));
-            parent = cur;
-        } else { /* the leaf: replace */
-            if (cur) config_setting_remove(parent, part);
-            config_setting_t *leaf;
-            if (parsed) {
-                leaf = copy_setting(parent, part, parsed);
-            } else {
-                leaf = config_setting_add(parent, part, CONFIG_TYPE_STRING);
-                if (leaf && config_setting_set_string(leaf, value) != CONFIG_TRUE) leaf = NULL;
-            }
-            if (!leaf)
-                st = ts_fail("invalid config key in override '%s': '%s' is not a valid "
-                             "name (letters, digits, '_' and '-', starting with a letter)",
-                             ov, part);
-        }
-        part = next;
-    }
-    config_destroy(&scratch);
-    return st;
-}
-
-static ts_status apply_override(config_t *lc, const char *ov)
-{
-    const char *eq = strchr(ov, '=');
-    if (!eq)
-        return ts_fail("malformed override '%s': expected KEY=VALUE with a dotted key, "
-                       "e.g. --set parallel.pp=4",
-                       ov);
-    size_t klen = (size_t)(eq - ov);
-    char *key = ts_malloc(klen + 1);
-    memcpy(key, ov, klen);
-    key[klen] = '\0';
-    trim(key);
-    char *value = ts_malloc(strlen(eq + 1) + 1);
-    strcpy(value, eq + 1);
-    trim(value);
-
-    ts_status st = TS_OK;
-    if (key[0] == '\0' || key[0] == '.' || key[strlen(key) - 1] == '.' || strstr(key, ".."))
-        st = ts_fail("malformed override '%s': the key must be a dotted config key such "
-                     "as train.steps",
-                     ov);
-    else
-        st = set_path(lc, key, value, ov);
-    free(key);
-    free(value);
-    return st;
-}
-
 /* ---------------------------------------------------------------- loading -- */
-
-/* libconfig 1.5 reads a decimal integer literal that does not fit in 32 bits and has
- * no `L` suffix as its low 32 bits (5000000000 becomes 705032704), and one beyond 64
- * bits (with or without `L`) as INT64_MAX, both silently. Find the first such literal
- * in libconfig text, outside strings and comments: returns its line (from 1), copies
- * it to `tok` and sets *beyond_64 (else it is a 32-bit overflow without `L`), or
- * returns 0 when there is none. */
-static int find_wide_int(const char *text, char *tok, size_t cap, bool *beyond_64)
-{
-    int line = 1;
-    const char *p = text;
-    while (*p) {
-        if (*p == '\n') {
-            line++;
-            p++;
-        } else if (*p == '"') { /* a string: skip to the closing quote */
-            for (p++; *p && *p != '"'; p++) {
-                if (*p == '\\' && p[1]) p++;
-                if (*p == '\n') line++;
-            }
-            if (*p) p++;
-        } else if (*p == '#' || (p[0] == '/' && p[1] == '/')) {
-            while (*p && *p != '\n') p++;
-        } else if (p[0] == '/' && p[1] == '*') {
-            for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
-                if (*p == '\n') line++;
-            if (*p) p += 2;
-        } else if (isdigit((unsigned char)*p) &&
-                   (p == text || !(isalnum((unsigned char)p[-1]) || p[-1] == '_' || p[-1] == '.'))) {
-            const char *start = p;
-            while (isalnum((unsigned char)*p) || *p == '_' || *p == '.' ||
-                   ((*p == '+' || *p == '-') && (p[-1] == 'e' || p[-1] == 'E')))
-                p++;
-            /* Decimal digits, optionally with libconfig's 64-bit suffix L or LL. */
-            size_t n = (size_t)(p - start), digits = strspn(start, "0123456789");
-            size_t suffix = n - digits;
-            if (digits == 0 || suffix > 2 || strspn(start + digits, "L") != suffix) continue;
-            bool neg = start > text && start[-1] == '-';
-            errno = 0;
-            unsigned long long v = strtoull(start, NULL, 10);
-            bool over64 = errno == ERANGE || v > (neg ? 9223372036854775808ULL
-                                                      : 9223372036854775807ULL);
-            bool over32 = v > (neg ? 2147483648ULL : 2147483647ULL);
-            if (over64 || (suffix == 0 && over32)) {
-                snprintf(tok, cap, "%.*s", (int)n, start);
-                *beyond_64 = over64;
-                return line;
-            }
-        } else {
-            p++;
-        }
-    }
-    return 0;
-}
-
-static ts_status huge_int_error(const char *where, const char *tok)
-{
-    return ts_fail("%s: the integer %s does not fit in 64 bits (-2^63 .. 2^63-1) and "
-                   "libconfig would silently clamp it; use a smaller number",
-                   where, tok);
-}
 
 /* The whole stream as a string (malloc'd), or NULL with errno set on a read error. */
 static char *slurp(FILE *f, size_t *out_len)
@@ -780,14 +475,14 @@ static ts_status read_file(config_t *lc, const char *path)
 
     char tok[64];
     bool beyond_64 = false;
-    int line = find_wide_int(text, tok, sizeof tok, &beyond_64);
+    int line = ts_config_find_wide_int(text, tok, sizeof tok, &beyond_64);
     int ok = config_read_string(lc, text);
     free(text);
     if (ok == CONFIG_TRUE) {
         if (line && beyond_64) {
             char where[TS_PATH_MAX + 32];
             snprintf(where, sizeof where, "config file %s:%d", path, line);
-            return huge_int_error(where, tok);
+            return ts_config_huge_int_error(where, tok);
         }
         if (line)
             return ts_fail("config file %s:%d: the integer %s does not fit in 32 bits and "
@@ -860,7 +555,8 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
     ts_status st = TS_OK;
     g_main_path = path;
     if (path) st = read_file(&lc, path);
-    for (int i = 0; i < n_overrides && st == TS_OK; i++) st = apply_override(&lc, overrides[i]);
+    for (int i = 0; i < n_overrides && st == TS_OK; i++)
+        st = ts_config_apply_override(&lc, overrides[i]);
     if (st == TS_OK) {
         /* The architecture's defaults first, so the file's keys override them. */
         const char *arch = NULL;

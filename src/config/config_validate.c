@@ -4,6 +4,7 @@
  * divisibility, grid, device and precision). Nothing here prints or exits: every
  * problem is a ts_fail message naming the key and how to fix it. */
 #include "config/config_internal.h"
+#include "config/pipeline_names.h"
 
 #include <float.h>
 #include <math.h>
@@ -11,7 +12,6 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
-#include "pipeline/schedule.h"
 
 /* --------------------------------------------------------- per-key checks -- */
 
@@ -158,24 +158,6 @@ ts_status ts_config_check_precision(const key_spec *k, const ts_config *cfg, con
                         "choose \"fp32\" (every kernel in float32) or \"bf16\" (bfloat16 "
                         "activations and compute weights, float32 accumulation, master weights "
                         "and optimizer state)");
-}
-
-/* The data-parallel reduction runs on the fp32 gradients. A bf16 reduction (half the
- * bytes, Megatron's grad_reduce_in_bf16) is named so that a config asking for it gets
- * a clear answer rather than a silent fp32 one: it is not built yet. */
-ts_status ts_config_check_grad_reduce_dtype(const key_spec *k, const ts_config *cfg,
-                                            const char *where)
-{
-    const char *v = (const char *)cfield_ptr(cfg, k);
-    if (strcmp(v, "fp32") == 0) return TS_OK;
-    if (strcmp(v, "bf16") == 0)
-        return ts_fail("config key 'parallel.grad_reduce_dtype' = \"bf16\"%s is not built yet: "
-                       "the data-parallel reduction sums the fp32 gradients (bf16 runs "
-                       "included); remove the key or set \"fp32\"",
-                       where);
-    return ts_fail("config key 'parallel.grad_reduce_dtype' = \"%s\"%s is not a reduction "
-                   "type; choose \"fp32\"",
-                   v, where);
 }
 
 /* The CUDA attention kernels (kernels/cuda/attention.cu; the backend table is picked by

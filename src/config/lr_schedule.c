@@ -1,5 +1,5 @@
 /* The learning-rate schedule a config's train keys describe (config.h ts_lr_schedule).
- * Resolved here, beside the keys, so validation, the optimizer (optim.h ts_lr_at) and
+ * Resolved here, beside the keys, so validation, the trainer (each step's rate) and
  * the checkpoints (which record it) read one definition. */
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,9 @@
-/* The TS_* environment switches: hooks for tests and debugging, never settings (what a
- * user sets is a config key, validated with the others). Every one is read through
- * here, and README.md ("Test and debug switches") lists them:
+/* The TS_* test and debug switches: hooks for tests and debugging, never settings (what
+ * a user sets is a config key, validated with the others). Every one is read through
+ * here, and README.md ("Test and debug switches") lists them. (One TS_* variable is a
+ * user setting instead, and is not read here: TS_TOKENIZER_DIR, where the tokenizers'
+ * ranks files are looked for, read by tokenizer/encoding.c beside model.tokenizer_file
+ * and documented with it in CONTRACT.md "Environment".)
  *   TS_NO_BIND=1            bind no cores (a launcher's binding is still kept and named)
  *   TS_FAKE_NODES=K         pretend every K consecutive ranks share a node (topology)
  *   TS_FAKE_BLAS_CORE=NAME  pretend OpenBLAS chose core NAME (drives the re-execution)

@@ -1,5 +1,6 @@
 #include "core/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -7,6 +8,8 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
+
+#include "core/log.h"
 
 ts_status ts_mkdir_p(const char *dir)
 {
@@ -61,24 +64,60 @@ ts_status ts_check_output_path(const char *path, const char *what)
     return TS_OK;
 }
 
-/* Best effort: make a rename durable by syncing the directory that holds `path`. */
-static void sync_parent_dir(const char *path)
+ts_status ts_fsync_dir(const char *dir)
 {
-    char *dir = strdup(path);
-    if (!dir) return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ts_fail("cannot open directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* Some file systems cannot sync a directory (EINVAL): nothing more to do there. */
+    if (rc != 0 && err != EINVAL) return ts_fail("fsync of %s failed: %s", dir, strerror(err));
+    return TS_OK;
+}
+
+ts_status ts_fsync_parent_dir(const char *path)
+{
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return ts_fail("path too long: %s", path);
     char *slash = strrchr(dir, '/');
     if (slash == dir)
         slash[1] = '\0';
     else if (slash)
         *slash = '\0';
     else
-        strcpy(dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
+        snprintf(dir, sizeof dir, ".");
+    return ts_fsync_dir(dir);
+}
+
+void ts_lock_file_holder(int fd, char *buf, size_t cap)
+{
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    if (!buf[0]) snprintf(buf, cap, "unknown");
+}
+
+ts_status ts_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? TS_OK : ts_fail("cannot open %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    char file[4096];
+    ts_status st = TS_OK;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (snprintf(file, sizeof file, "%s/%s", dir, e->d_name) >= (int)sizeof file) {
+            if (st == TS_OK) st = ts_fail("path too long: %s/%s", dir, e->d_name);
+            continue;
+        }
+        if (unlink(file) != 0 && st == TS_OK)
+            st = ts_fail("cannot remove %s: %s", file, strerror(errno));
     }
-    free(dir);
+    closedir(d);
+    if (st == TS_OK && rmdir(dir) != 0) st = ts_fail("cannot remove %s: %s", dir, strerror(errno));
+    return st;
 }
 
 ts_status ts_atomic_open(ts_atomic_file *af, const char *path, const char *what)
@@ -131,7 +170,12 @@ ts_status ts_atomic_commit(ts_atomic_file *af)
         ts_atomic_abort(af);
         return st;
     }
-    sync_parent_dir(af->path);
+    /* The new file is in place and complete: a directory that cannot be synced only
+     * leaves the rename exposed to a crash, which the user should hear of. */
+    if (ts_fsync_parent_dir(af->path) != TS_OK)
+        ts_log_warn("%s: %s is written, but its directory could not be synced (%s): a crash "
+                    "now may lose it",
+                    af->what, af->path, ts_error_message());
     free(af->path);
     free(af->tmp);
     memset(af, 0, sizeof *af);

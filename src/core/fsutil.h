@@ -12,6 +12,24 @@ ts_status ts_mkdir_parent(const char *path);
 /* mkdir -p of `dir`. */
 ts_status ts_mkdir_p(const char *dir);
 
+/* Directories whose entries must survive a crash. The error policy: these report every
+ * failure (naming the path), and the caller decides what it means: a checkpoint's
+ * commit fails, an atomic file already renamed into place only warns. */
+/* fsync `dir`, so the files created, renamed or removed in it are on disk. A file system
+ * that cannot sync a directory (EINVAL) has nothing more to do: TS_OK. */
+ts_status ts_fsync_dir(const char *dir);
+/* ts_fsync_dir of the directory holding `path` ("." for a bare file name). */
+ts_status ts_fsync_parent_dir(const char *path);
+/* Remove `dir` and the entries in it, which must be plain files (a checkpoint's step
+ * directory; not recursive); a missing `dir` is TS_OK. Every file is tried; the first
+ * failure is reported and `dir` itself is then kept. */
+ts_status ts_remove_dir(const char *dir);
+
+/* Who holds a lock file (checkpoint.dir's .lock, `tessera data`'s PREFIX.lock): its
+ * first line as its holder wrote it ("host pid", "pid"), read from fd into buf, or
+ * "unknown" when it holds none yet. */
+void ts_lock_file_holder(int fd, char *buf, size_t cap);
+
 /* Refuse an output path that exists and is not a regular file (a directory, a device
  * such as /dev/full, a pipe or socket): writing there loses data or replaces a node.
  * `what` names the output in the message ("log.metrics", "svg"). */
@@ -40,8 +58,9 @@ const char *ts_file_kind(unsigned int mode);
 
 /* An output written whole or not at all: the bytes go to "PATH.tmp.PID" in the same
  * directory; ts_atomic_commit checks every write, flushes, fsyncs, closes and renames
- * it over PATH; ts_atomic_abort (or a failed commit) removes the temporary file, so
- * PATH is either its old self or the complete new file. */
+ * it over PATH, then syncs the directory (a failure there is a warning: PATH is complete,
+ * only its rename may not survive a crash); ts_atomic_abort (or a failed commit) removes
+ * the temporary file, so PATH is either its old self or the complete new file. */
 typedef struct {
     FILE *f;          /* write here */
     char *path, *tmp; /* owned */

@@ -371,11 +371,6 @@ static ts_status write_shard(const char *out_path, const void *tokens, uint64_t 
     return ts_atomic_commit(&af);
 }
 
-ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count)
-{
-    return write_shard(out_path, tokens, count, 2);
-}
-
 int ts_shard_format_parse(const char *name, ts_shard_format *fmt)
 {
     if (strcmp(name, "gpt2") == 0) *fmt = TS_SHARD_GPT2;

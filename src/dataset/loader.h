@@ -70,13 +70,9 @@ void ts_data_window(const ts_dataset *ds, uint64_t k, int T, int *inputs, int *t
 ts_status ts_data_write_text_shard(const char *text_path, const char *out_path,
                                    ts_shard_format fmt);
 
-/* Write tokens as a GPT-2 llm.c shard (atomic, via ts_atomic_file; the output path is
- * checked as for ts_data_write_text_shard). */
-ts_status ts_data_write_shard(const char *out_path, const uint16_t *tokens, uint64_t count);
-
 /* Write token ids of a vocabulary of vocab_size as an llm.c shard of format `fmt` (AUTO:
- * Llama 3's uint32 when vocab_size > 65536, else GPT-2's uint16), atomic and checked as
- * ts_data_write_shard. Every id must be < vocab_size, and < 65536 for GPT-2's format;
+ * Llama 3's uint32 when vocab_size > 65536, else GPT-2's uint16), atomic (via
+ * ts_atomic_file; the output path is checked as for ts_data_write_text_shard). Every id must be < vocab_size, and < 65536 for GPT-2's format;
  * the message names the first that is not and its position. */
 ts_status ts_data_write_tokens(const char *out_path, const uint32_t *tokens, uint64_t count,
                                int vocab_size, ts_shard_format fmt);

@@ -2,14 +2,7 @@
 #include "dataset/permutation.h"
 
 #include "core/error.h"
-
-uint64_t ts_mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+#include "core/rng.h" /* ts_rng_mix64, splitmix64's finaliser: the mixer and the round function */
 
 void ts_perm_init(ts_perm *p, uint64_t n, uint64_t seed, uint64_t dataset, uint64_t epoch)
 {
@@ -24,9 +17,9 @@ void ts_perm_init(ts_perm *p, uint64_t n, uint64_t seed, uint64_t dataset, uint6
     p->half_mask = (1ull << p->half_bits) - 1;
     /* Each input passes its own mixer, so nearby seeds, datasets and epochs give
      * unrelated keys. */
-    uint64_t k = ts_mix64(ts_mix64(ts_mix64(seed) ^ dataset) ^ epoch);
+    uint64_t k = ts_rng_mix64(ts_rng_mix64(ts_rng_mix64(seed) ^ dataset) ^ epoch);
     for (int r = 0; r < TS_PERM_ROUNDS; r++) {
-        k = ts_mix64(k + (uint64_t)r);
+        k = ts_rng_mix64(k + (uint64_t)r);
         p->keys[r] = k;
     }
 }
@@ -36,7 +29,7 @@ static uint64_t feistel(const ts_perm *p, uint64_t x)
 {
     uint64_t l = x >> p->half_bits, r = x & p->half_mask;
     for (int i = 0; i < TS_PERM_ROUNDS; i++) {
-        const uint64_t f = ts_mix64(r ^ p->keys[i]) & p->half_mask;
+        const uint64_t f = ts_rng_mix64(r ^ p->keys[i]) & p->half_mask;
         const uint64_t nl = r;
         r = l ^ f;
         l = nl;

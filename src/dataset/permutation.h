@@ -24,7 +24,4 @@ void ts_perm_init(ts_perm *p, uint64_t n, uint64_t seed, uint64_t dataset, uint6
 /* Its value at x < n: a bijection of [0, n). */
 uint64_t ts_perm_apply(const ts_perm *p, uint64_t x);
 
-/* splitmix64's output function: a strong 64-bit mixer (the round function). */
-uint64_t ts_mix64(uint64_t x);
-
 #endif

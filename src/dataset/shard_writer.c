@@ -90,16 +90,6 @@ static int is_temp_name(const char *base, const char *name)
     return 1;
 }
 
-/* The pid a lock file holds ("unknown" when it holds none yet). */
-static void read_holder(int fd, char *buf, size_t cap)
-{
-    char line[32];
-    ssize_t n = pread(fd, line, sizeof line - 1, 0);
-    line[n > 0 ? n : 0] = '\0';
-    line[strcspn(line, "\n")] = '\0';
-    snprintf(buf, cap, "%s", line[0] ? line : "unknown");
-}
-
 /* Whether a lock file's content is what take_lock writes: empty, or a pid and a newline.
  * Anything else is somebody's file under that name, not to be truncated. */
 static int lock_content_ok(int fd)
@@ -138,7 +128,7 @@ static ts_status take_lock(ts_shard_claim *c, const char *prefix)
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             int err = errno;
             char holder[40];
-            read_holder(fd, holder, sizeof holder);
+            ts_lock_file_holder(fd, holder, sizeof holder);
             close(fd);
             if (err == EWOULDBLOCK)
                 return ts_fail("--out %s is in use by another run (pid %s, its lock file %s): "

@@ -324,8 +324,8 @@ extern const ts_kernels ts_kernels_cpu;
  * faults at once with a message naming the buffer. For tests (train.device =
  * "cpu-strict"): it proves the core does on the CPU what a GPU will require. */
 extern const ts_kernels ts_kernels_cpu_strict;
-/* The CPU backend in bf16 (the _bf16 files of kernels/cpu): bf16 activations, GEMMs through
- * oneDNN (AVX-512 BF16 / AMX where the CPU has them, fp32 accumulation), the
+/* The CPU backend in bf16 (kernels/cpu's ts_cpu_bf16_ entry points): bf16 activations,
+ * GEMMs through oneDNN (AVX-512 BF16 / AMX where the CPU has them, fp32 accumulation), the
  * elementwise kernels loading and storing bf16 around fp32 arithmetic. Its strict
  * twin for tests. ts_cpu_bf16_supported says whether this CPU runs it natively. */
 extern const ts_kernels ts_kernels_cpu_bf16;
@@ -357,6 +357,17 @@ int ts_cuda_device_count(void);
  * of a node spread over its GPUs in local-rank order, several ranks sharing one when
  * there are more ranks than GPUs (tests; NCCL will refuse that). Returns the device. */
 int ts_cuda_select_device(int local_rank);
+/* What a device is, for the topology's choice of GPU per rank (topology/binding.c)
+ * and for messages; neither needs a context on the device nor aborts. The length of a
+ * PCI bus id "dddd:bb:dd.f" with its terminator (CUDA's form has 8 domain digits at
+ * most: 13 + 4). */
+#define TS_PCI_BUSID_MAX 20
+/* Device `ordinal`'s PCI bus id in sysfs's form ("0000:3b:00.0": lower case, 4-digit
+ * domain), into busid[TS_PCI_BUSID_MAX]: how the topology finds the CPUs near it. False
+ * (busid "") when CUDA cannot say. */
+bool ts_cuda_device_pci(int ordinal, char *busid);
+/* Device `ordinal`'s name ("NVIDIA H200"), "?" when CUDA cannot say. */
+void ts_cuda_device_name(int ordinal, char *name, size_t cap);
 #endif
 
 /* The backend named `name` ("cpu", "cpu-strict"; "cuda", "cuda-flash", "cuda-bf16",

@@ -120,16 +120,21 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
 #undef NAME
 }
 
-void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                    const ts_kernels *k)
+/* The tensor-parallel context the spec describes: its group (one rank by default) with
+ * sequence parallelism and tp_overlap's sub-batches. */
+static ts_tp spec_tp(const ts_model_spec *spec)
 {
-    ts_tp one = ts_tp_make(1, 0, NULL, k);
-    ts_model_build_tp(m, cfg, owned, &one);
+    const ts_tp group = spec->tp.size ? spec->tp : ts_tp_make(1, 0, NULL, spec->k);
+    TS_ASSERT(group.k == spec->k);
+    return ts_tp_overlap(ts_tp_sequence_parallel(group, spec->sequence_parallel),
+                         spec->tp_overlap > 1 ? spec->tp_overlap : 1);
 }
 
-void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                        const ts_tp *tp)
+void ts_model_layout(ts_model *m, const ts_model_spec *spec)
 {
+    const ts_model_config *cfg = spec->arch;
+    const ts_tp tps = spec_tp(spec), *tp = &tps;
+    const bool *owned = spec->owned;
     memset(m, 0, sizeof *m);
     /* Whole heads per rank and at least one vocabulary row (ts_config_validate says so
      * to the user first). */
@@ -159,7 +164,8 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
     m->vocab_size = cfg->vocab_size;
     m->max_seq_len = cfg->seq_len;
     m->k = tp->k;
-    m->cp = ts_cp_make(1, 0, NULL, tp->k, cfg->seq_len);
+    m->cp = spec->cp.size ? spec->cp : ts_cp_make(1, 0, NULL, tp->k, cfg->seq_len);
+    TS_ASSERT(m->cp.k == m->k && m->cp.T <= m->max_seq_len);
     m->n_layers = cfg->n_layer + 2;
     m->layers = ts_calloc((size_t)m->n_layers, sizeof *m->layers);
     m->layer_mem = ts_calloc((size_t)m->n_layers, sizeof *m->layer_mem);
@@ -175,6 +181,9 @@ void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *own
         L->kind = l == 0 ? TS_LAYER_EMBED : l == m->n_layers - 1 ? TS_LAYER_HEAD : TS_LAYER_BLOCK;
         L->block = L->kind == TS_LAYER_BLOCK ? l - 1 : -1;
         L->first_param = m->n_params;
+        /* Selective recompute: the layer keeps no attention state (act_layout.h). */
+        L->selective = spec->selective_all || (spec->selective && spec->selective[l]);
+        m->selective_recompute |= L->selective;
         if (!L->owned) continue;
         switch (L->kind) {
         case TS_LAYER_EMBED:
@@ -264,22 +273,14 @@ static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
     free(s);
 }
 
-void ts_model_set_selective_layers(ts_model *m, int l0, int l1, bool on)
+/* Context parallelism: RoPE rotates local row t by its global position's angle, so the
+ * tables become their rows at this rank's positions and the kernels index them by local
+ * row. */
+static void rope_tables_at_positions(ts_model *m)
 {
-    TS_ASSERT(m->layers && 0 <= l0 && l0 <= l1 && l1 <= m->n_layers);
-    for (int l = l0; l < l1; l++) m->layers[l].selective = on;
-    m->selective_recompute = false;
-    for (int l = 0; l < m->n_layers; l++) m->selective_recompute |= m->layers[l].selective;
-}
-
-void ts_model_set_context_parallel(ts_model *m, ts_cp cp)
-{
-    m->cp = cp;
+    const ts_cp cp = m->cp;
     if (cp.size == 1 || !m->rope_cos) return;
-    /* RoPE rotates local row t by its global position's angle: the rows of the tables
-     * at this rank's positions, so the kernels index them by local row. */
     const int half = m->n_embd / m->n_head / 2, Tl = ts_cp_local_len(&cp);
-    TS_ASSERT(cp.T <= m->max_seq_len);
     float *tabs[2] = {m->rope_cos, m->rope_sin};
     for (int i = 0; i < 2; i++) {
         float *rows = m->k->dev_alloc((size_t)Tl * half * sizeof(float));
@@ -291,26 +292,22 @@ void ts_model_set_context_parallel(ts_model *m, ts_cp cp)
     m->rope_sin = tabs[1];
 }
 
-void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                       const ts_tp *tp)
+void ts_model_build(ts_model *m, const ts_model_spec *spec)
 {
-    ts_model_build_tp_holding(m, cfg, owned, tp, true, true);
-}
-
-void ts_model_build_tp_holding(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                               const ts_tp *tp, bool weights, bool grads)
-{
-    ts_model_layout_tp(m, cfg, owned, tp);
-    if (weights) {
+    ts_model_layout(m, spec);
+    if (!spec->without_weights) {
         m->param_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
         /* fp32 computes on the master weights; a narrower act_dtype gets its own copy. */
         m->compute_mem = m->k->act_dtype == TS_DTYPE_F32
                              ? (void *)m->param_mem
                              : m->k->dev_alloc(m->num_floats * ts_dtype_bytes(m->k->act_dtype));
     }
-    if (grads) m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
+    if (!spec->without_grads) m->grad_mem = m->k->dev_alloc(m->num_floats * sizeof(float));
     ts_model_set_layer_mem(m, 0, m->n_layers, m->param_mem, m->grad_mem, m->compute_mem, 0);
-    if (m->arch == TS_ARCH_LLAMA) build_rope_tables(m, cfg);
+    if (m->arch == TS_ARCH_LLAMA) {
+        build_rope_tables(m, spec->arch);
+        rope_tables_at_positions(m);
+    }
 }
 
 void ts_model_set_layer_mem(ts_model *m, int l0, int l1, float *param, float *grad,

@@ -52,7 +52,7 @@ typedef struct {
     int block;              /* block index for TS_LAYER_BLOCK, else -1 */
     bool owned;             /* this rank holds the layer */
     int first_param, n_params;
-    /* Selective recompute (a block; false after build; ts_model_set_selective_layers):
+    /* Selective recompute (a block; ts_model_spec.selective):
      * the layer keeps no attention state for its backward (its activation layout drops
      * `att`), and its backward runs attention_forward again into the scratch first. */
     bool selective;
@@ -79,6 +79,9 @@ typedef struct {
     size_t origin;          /* the float of the layout that param[0] (grad[0], ...) is */
 } ts_layer_mem;
 
+/* The most between-layers hooks a model calls (the reducer's and the shard owner's). */
+#define TS_MODEL_BETWEEN_LAYERS_MAX 2
+
 typedef struct {
     ts_arch arch;
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
@@ -86,7 +89,7 @@ typedef struct {
     int ffn_hidden;         /* MLP hidden width F */
     float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
     bool tied;              /* the LM head is the token embedding */
-    /* Some layer is selective (ts_layer.selective; false after build): the backward
+    /* Some layer is selective (ts_layer.selective): the backward
      * scratch then holds one layer's rebuilt attention state and output
      * (ts_scratch_bytes, ts_scratch_attention_work). */
     bool selective_recompute;
@@ -97,7 +100,7 @@ typedef struct {
      * [vocab_start, vocab_start + local_vocab) (a balanced split: vocab_size need not
      * divide by tp). tp.size == 1: the whole model. */
     ts_tp tp;
-    /* Context parallelism (tensor/cp.h; ts_model_set_context_parallel): this rank's
+    /* Context parallelism (tensor/cp.h; ts_model_spec.cp): this rank's
      * micro-batches hold cp.T / cp.size positions of each sequence, a->T of its
      * activations. size 1 (the default): whole sequences. */
     ts_cp cp;
@@ -120,7 +123,7 @@ typedef struct {
     float *param_mem, *grad_mem;
     /* Where each layer's parameters, gradients and compute weights are ([n_layers]):
      * views of param_mem, grad_mem and compute_mem (origin 0) by default. ZeRO-2 and 3
-     * (dp/grad_sync.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
+     * (data/zero.h) hold no full-size gradient buffer (and ZeRO-3 no full weights):
      * a chunk's layers then point into the chunk's own buffers while they exist (origin:
      * the chunk's first float in this layout) and are NULL otherwise. */
     ts_layer_mem *layer_mem;
@@ -130,51 +133,69 @@ typedef struct {
     void *compute_mem;
 
     const ts_kernels *k;
-    /* Called after every layer of every forward and backward pass (NULL: none): the
-     * data-parallel reduction polls its requests here, so it advances during compute
-     * (MPI without asynchronous progress moves only inside MPI calls). */
-    void (*between_layers)(void *ctx);
-    void *between_layers_ctx;
+    /* Called after every layer of every forward and backward pass, in the order added
+     * (ts_model_add_between_layers; unused slots NULL): the data-parallel reduction
+     * (data/reducer.h) polls its requests here and ZeRO-3 (data/zero.h) its weight
+     * gathers, so they advance during compute (MPI without asynchronous progress moves
+     * only inside MPI calls). */
+    struct ts_between_layers {
+        void (*fn)(void *ctx);
+        void *ctx;
+    } between_layers[TS_MODEL_BETWEEN_LAYERS_MAX];
 } ts_model;
 
-/* Selective recomputation of layers [l0, l1) on or off, after the layout is built and
- * before any activations or scratch are sized (it changes both layouts: ts_acts_bytes
- * of the ranges holding those layers, and ts_scratch_bytes when it turns the first
- * layer on or the last off). parallel.recompute = "auto" sets it per chunk (the
- * chunks its memory check chose: pipeline/memory.h). Only blocks keep attention
- * state; the flag of an embedding or head changes nothing but the scratch. */
-void ts_model_set_selective_layers(ts_model *m, int l0, int l1, bool on);
-/* Every layer: parallel.recompute = "selective". */
-static inline void ts_model_set_selective(ts_model *m, bool on)
+/* What to build: the architecture and everything parallelism changes in the layout, one
+ * rank's view, in one value (Megatron's ModuleSpec, torchtitan's parallel dims): nothing
+ * is set on the model after it is built, so every layout (parameters, activations,
+ * scratch) is sized once from all of it. A zero field is the default: every layer, one
+ * tensor-parallel rank without sequence parallelism or sub-batches, no context
+ * parallelism, no selective recompute, full-size weights and gradients. */
+typedef struct {
+    const ts_model_config *arch; /* the architecture and its sizes (required) */
+    const ts_kernels *k;         /* the backend (required) */
+    const bool *owned;           /* [n_layer + 2] the layers this rank holds (its pipeline
+                                    chunks': pipeline/partition.h); NULL: all */
+    /* Tensor parallelism (tensor/tp.h): this rank's group (size 0: one rank; comm NULL
+     * for a layout only), on which the layers run their collectives. Its sp and sub come
+     * from the two fields after it. */
+    ts_tp tp;
+    bool sequence_parallel;      /* parallel.sequence_parallel (needs tp.size > 1) */
+    int tp_overlap;              /* parallel.tp_overlap: sub-batches a block runs in
+                                    (0 or 1: none; tensor/phase_runner.h) */
+    /* Context parallelism (tensor/cp.h): this rank's group (size 0: none; comm NULL for
+     * a layout only): the layouts gain the gathered keys and values, and RoPE's tables
+     * (llama) hold this rank's positions' rows. */
+    ts_cp cp;
+    /* Selective recompute (ts_layer.selective): every layer (parallel.recompute =
+     * "selective"), or the layers marked in `selective` ([n_layer + 2]; "auto" marks the
+     * chunks its memory check chose: pipeline/memory.h). Only blocks keep attention
+     * state; the flag of an embedding or head changes nothing but the scratch. */
+    bool selective_all;
+    const bool *selective;
+    /* The full-size flat buffers the caller does not keep (the layer views of what is
+     * not allocated are NULL): ZeRO-2 keeps no full gradients, ZeRO-3 no full weights
+     * (nor their compute copy) either (data/zero.h). */
+    bool without_weights, without_grads;
+} ts_model_spec;
+
+/* Add a between-layers hook (each owner adds its own, once). */
+static inline void ts_model_add_between_layers(ts_model *m, void (*fn)(void *ctx), void *ctx)
 {
-    ts_model_set_selective_layers(m, 0, m->n_layers, on);
+    int i = 0;
+    while (i < TS_MODEL_BETWEEN_LAYERS_MAX && m->between_layers[i].fn) i++;
+    TS_ASSERT(i < TS_MODEL_BETWEEN_LAYERS_MAX);
+    m->between_layers[i] = (struct ts_between_layers){fn, ctx};
 }
 
-/* Context parallelism on (cp.size > 1), before any activations or scratch are sized:
- * the layouts gain the gathered keys and values, and RoPE's tables (llama) are replaced
- * by this rank's positions' rows. A layout-only model (no comm) may take it too. */
-void ts_model_set_context_parallel(ts_model *m, ts_cp cp);
 
-/* Build the layer and parameter lists for the owned layers (owned == NULL: all) and
- * allocate the flat buffers (zeroed): the whole model on one rank (tp = 1). */
-void ts_model_build(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                    const ts_kernels *k);
-/* The same for tensor-parallel rank tp->rank of tp->size (the layers run their
- * collectives through tp; tensor/tp.h). */
-void ts_model_build_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                       const ts_tp *tp);
+/* Build the layer and parameter lists for the spec's owned layers and allocate the flat
+ * buffers it keeps (zeroed) and RoPE's tables. */
+void ts_model_build(ts_model *m, const ts_model_spec *spec);
 
-/* ts_model_build_tp allocating only the full-size buffers the caller keeps: the weights
- * (and compute copy) when `weights`, the gradients when `grads`; the layer views of what
- * is not allocated are NULL (ZeRO-2 keeps no full gradients, ZeRO-3 no full weights). */
-void ts_model_build_tp_holding(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                               const ts_tp *tp, bool weights, bool grads);
-
-/* The same layout (layers, parameters, shard specs, num_floats) without allocating or
- * initialising the flat buffers: what a rank would hold, for the memory estimate (tp
- * may be a layout-only context, without a communicator). */
-void ts_model_layout_tp(ts_model *m, const ts_model_config *cfg, const bool *owned,
-                        const ts_tp *tp);
+/* The same layout (layers, parameters, shard specs, num_floats, every act_layout size)
+ * without allocating or initialising anything: what a rank would hold, for the memory
+ * estimate and the planner (tp and cp may be layout-only contexts, without comm). */
+void ts_model_layout(ts_model *m, const ts_model_spec *spec);
 void ts_model_free(ts_model *m);
 
 static inline float *ts_param_data(const ts_model *m, int p)
@@ -225,7 +246,7 @@ size_t ts_model_logical_params(const ts_model_config *cfg);
 
 /* ---- activations of one micro-batch through a contiguous range of layers ----
  * Their layout (every saved buffer of a layer, its size and element type) is written
- * once, in layers.c; ts_layer_act_bytes gives it without a model, for estimates, for
+ * once, in act_layout.h; ts_layer_act_bytes gives it without a model, for estimates, for
  * the activation dtype and attention of table k. Activation buffers (`void *`) hold
  * k->act_dtype elements (kernels/kernels.h). */
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,

@@ -4,18 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-double ts_lr_at(const ts_train_config *tc, int step)
-{
-    ts_lr_schedule s;
-    ts_lr_schedule_of(tc, &s);
-    return ts_lr_schedule_at(&s, step);
-}
-
-double ts_grad_sum_squares(const ts_model *m)
-{
-    return ts_grad_sum_squares_range(m, 0, m->num_floats);
-}
-
 /* acc[0] += the squares of the counted gradients in floats [begin, end), on the device,
  * read from grad[0 ..] = float `begin` (the full buffer's or a compact range's). */
 static void sum_squares_into(const ts_model *m, size_t begin, size_t end, const float *grad,

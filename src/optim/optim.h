@@ -1,7 +1,7 @@
-/* AdamW over a model's flat buffers, global-norm clipping and the LR schedule
- * (docs/CONTRACT.md "Optimizer"). The optimizer owns the AdamW moments of the ranges of the
+/* AdamW over a model's flat buffers and global-norm clipping (docs/CONTRACT.md
+ * "Optimizer"; the learning rate each step follows: config.h ts_lr_schedule). The optimizer owns the AdamW moments of the ranges of the
  * flat buffers this rank updates: all of them, or with ZeRO-1 its piece of every
- * data-parallel bucket (dp/grad_sync.h). The norm is a sum of squares that callers
+ * data-parallel bucket (data/reducer.h). The norm is a sum of squares that callers
  * reduce across ranks before taking the root, so clipping is grid-wide. */
 #ifndef TS_OPTIM_H
 #define TS_OPTIM_H
@@ -12,17 +12,11 @@
 #include "config/config.h"
 #include "model/model.h"
 
-/* Learning rate at 0-based step s: linear warm-up, then train.lr_schedule to min_lr
- * (config.h ts_lr_schedule): cosine, linear, constant, or wsd (lr held, then a linear
- * decay over its last steps). */
-double ts_lr_at(const ts_train_config *tc, int step);
-
 /* Sum of squares of this rank's gradients over unique parameters (tied copies are
  * skipped: the tensor they copy is counted where it lives; tp-replicated parameters
- * count on tp rank 0 only). */
-double ts_grad_sum_squares(const ts_model *m);
-/* The same over the floats [begin, end) of the gradient buffer only: the parts of the
- * parameters that fall inside (a ZeRO-1 shard), with the same count-once rules. */
+ * count on tp rank 0 only), over the floats [begin, end) of the gradient buffer only:
+ * the parts of the parameters that fall inside (a ZeRO-1 shard; [0, num_floats) for
+ * the whole buffer). */
 double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end);
 
 /* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6));

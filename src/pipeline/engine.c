@@ -35,7 +35,7 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->sched = sched;
     e->part = part;
     e->data = data;
-    e->pp = *pp;
+    e->pp = pp;
     e->pp_rank = pp->rank;
     e->dp = cfg->parallel.dp;
     e->dp_rank = dp_rank;
@@ -116,8 +116,8 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     ts_scratch_init(&e->scratch, model, e->B, e->T);
 
     /* World ranks of the pipeline peers, so a watchdog message names the rank to look at. */
-    e->pp_world = ts_calloc((size_t)(e->pp.size > 0 ? e->pp.size : 1), sizeof(int));
-    ts_comm_world_ranks(&e->pp, e->pp_world);
+    e->pp_world = ts_calloc((size_t)(e->pp->size > 0 ? e->pp->size : 1), sizeof(int));
+    ts_comm_world_ranks(e->pp, e->pp_world);
     return TS_OK;
 }
 
@@ -390,17 +390,17 @@ static void issue_op(ts_engine *e, const ts_xchg_op *op)
     if (op->kind == TS_XCHG_RECV) {
         ts_mb_slot *s = slot(e, op->chunk, op->mb);
         if (op->dir == TS_XCHG_ACT)
-            ts_irecv_act(&e->pp, s->in, NC, e->act, op->peer, PP_TAG, &s->recv_in);
+            ts_irecv_act(e->pp, s->in, NC, e->act, op->peer, PP_TAG, &s->recv_in);
         else
-            ts_irecv_act(&e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->recv_dy);
+            ts_irecv_act(e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->recv_dy);
     } else if (op->dir == TS_XCHG_ACT) { /* F(chunk - 1)'s output */
         const int c = op->chunk - 1;
         ts_mb_slot *s = slot(e, c, op->mb);
         const void *y = s->out ? s->out : ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
-        ts_isend_act(&e->pp, y, NC, e->act, op->peer, PP_TAG, &s->send_out);
+        ts_isend_act(e->pp, y, NC, e->act, op->peer, PP_TAG, &s->send_out);
     } else { /* B/I(chunk + 1)'s input gradient */
         ts_mb_slot *s = slot(e, op->chunk + 1, op->mb);
-        ts_isend_act(&e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->send_dx);
+        ts_isend_act(e->pp, s->dx, NC, e->act, op->peer, PP_TAG, &s->send_dx);
     }
 }
 
@@ -416,7 +416,7 @@ static bool send_ready(const ts_engine *e, const ts_xchg_op *op)
  * no tags; they just leave as early as a non-blocking send allows. */
 static void issue_ready_sends(ts_engine *e)
 {
-    for (int p = 0; p < e->pp.size; p++)
+    for (int p = 0; p < e->pp->size; p++)
         while (e->send_next[p] < e->send_first[p + 1] && send_ready(e, e->sends[e->send_next[p]]))
             issue_op(e, e->sends[e->send_next[p]++]);
 }
@@ -436,22 +436,22 @@ void ts_engine_run(ts_engine *e, int step)
 
     const ts_action *acts = e->sched->actions[e->pp_rank];
     const int n = e->sched->n_actions[e->pp_rank];
-    const ts_xchg_step *prog = e->pp.size > 1 ? e->xchg.steps[e->pp_rank] : NULL;
+    const ts_xchg_step *prog = e->pp->size > 1 ? e->xchg.steps[e->pp_rank] : NULL;
     if (prog && !e->grouped) {
         /* Eager (MPI: non-blocking sends, posted receives): every receive of the step
          * posted now, in program order; sends as soon as their data exists. */
         for (int k = 0; k < e->xchg.n_ops[e->pp_rank]; k++)
             if (e->xchg.ops[e->pp_rank][k].kind == TS_XCHG_RECV) issue_op(e, &e->xchg.ops[e->pp_rank][k]);
         memset(e->produced, 0, (size_t)e->n_local * e->m * 2 * sizeof(bool));
-        for (int p = 0; p < e->pp.size; p++) e->send_next[p] = e->send_first[p];
+        for (int p = 0; p < e->pp->size; p++) e->send_next[p] = e->send_first[p];
     }
     for (int i = 0; i <= n; i++) {
         /* Grouped (a backend that matches by order and completes a send only when the
          * peer receives: NCCL): the program's group before each action, as it is. */
         if (prog && e->grouped && prog[i].n_ops > 0) {
-            ts_comm_group_begin(&e->pp);
+            ts_comm_group_begin(e->pp);
             for (int k = 0; k < prog[i].n_ops; k++) issue_op(e, &prog[i].ops[k]);
-            ts_comm_group_end(&e->pp);
+            ts_comm_group_end(e->pp);
         }
         if (i == n) break;
         const ts_action *a = &acts[i];
@@ -468,7 +468,7 @@ void ts_engine_run(ts_engine *e, int step)
             issue_ready_sends(e);
         }
     }
-    for (int p = 0; prog && !e->grouped && p < e->pp.size; p++)
+    for (int p = 0; prog && !e->grouped && p < e->pp->size; p++)
         TS_ASSERT(e->send_next[p] == e->send_first[p + 1]); /* every send issued */
     e->span_ms = ts_now_ms() - t0;
     e->model->k->memcpy_d2h(&e->loss_sum, e->loss_acc, sizeof(double)); /* once per step */
@@ -511,9 +511,9 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                     const int from = ts_chunk_rank(e->sched, c - 1);
                     /* One-call groups: NCCL point-to-point is posted inside a group
                      * (no-ops for MPI). */
-                    ts_comm_group_begin(&e->pp);
-                    ts_irecv_act(&e->pp, s->in, NC, e->act, from, PP_TAG, &r);
-                    ts_comm_group_end(&e->pp);
+                    ts_comm_group_begin(e->pp);
+                    ts_irecv_act(e->pp, s->in, NC, e->act, from, PP_TAG, &r);
+                    ts_comm_group_end(e->pp);
                     ts_watchdog_context("validation: receiving the input of chunk %d, windows "
                                         "from %d, from world rank %d",
                                         c, w0, e->pp_world[from]);
@@ -540,9 +540,9 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
                 if (!is_local(e, c + 1)) {
                     ts_request r;
                     const int to = ts_chunk_rank(e->sched, c + 1);
-                    ts_comm_group_begin(&e->pp);
-                    ts_isend_act(&e->pp, y, NC, e->act, to, PP_TAG, &r);
-                    ts_comm_group_end(&e->pp);
+                    ts_comm_group_begin(e->pp);
+                    ts_isend_act(e->pp, y, NC, e->act, to, PP_TAG, &r);
+                    ts_comm_group_end(e->pp);
                     ts_watchdog_context("validation: sending the output of chunk %d, windows "
                                         "from %d, to world rank %d",
                                         c, w0, e->pp_world[to]);

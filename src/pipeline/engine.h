@@ -42,9 +42,10 @@ typedef struct {
     const ts_schedule *sched;
     const ts_partition *part;
     ts_sampler *data;       /* the training data (its step cache changes as it reads) */
-    ts_comm pp;             /* rank in it = pipeline rank */
+    const ts_comm *pp;      /* the topology's pipeline group; rank in it = pipeline rank */
     int *pp_world;          /* [pp.size] world rank of each pipeline rank (watchdog messages) */
-    int pp_rank, dp, dp_rank;
+    int pp_rank;
+    int dp, dp_rank;        /* parallel.dp and this rank's coordinate on it (the data) */
     int n_chunks, m, B, T, N, C;
     int seq_len;            /* positions of a sequence; T: this rank's (seq_len / cp) */
     ts_dtype act;           /* the activations' element type (the model's kernels) */
@@ -82,7 +83,7 @@ typedef struct {
     ts_chunk_done_fn chunk_done;
     void *chunk_done_ctx;
     /* Called before and after action i of the rank's list (NULL: none): ZeRO-2/3 bring
-     * a chunk's gradient buffer and gathered weights in and out (dp/grad_sync.h). */
+     * a chunk's gradient buffer and gathered weights in and out (data/zero.h). */
     void (*before_action)(void *ctx, int i);
     void (*after_action)(void *ctx, int i);
     void *action_ctx;
@@ -102,9 +103,11 @@ typedef struct {
 
 /* keep: with parallel.recompute = "auto", the caps of the rank's chunks ([n_chunks],
  * ts_memory_auto_keep_selective chose them); NULL for the other modes. The chunks it made
- * selective are the model's layout (ts_model_set_selective_layers, before this call):
+ * selective are the model's layout (ts_model_spec.selective, when it was built):
  * every activation set of such a chunk, kept or a recomputed micro-batch's replay, is
- * allocated without attention's state, and the scratch holds the rebuilt one. */
+ * allocated without attention's state, and the scratch holds the rebuilt one. pp: the
+ * pipeline group, held by pointer (the topology's: it outlives the engine); dp_rank: this
+ * rank's coordinate on parallel.dp's axis (which part of the data it reads). */
 ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          const ts_schedule *sched, const ts_partition *part,
                          ts_sampler *data, const ts_comm *pp, int dp_rank, const int *keep);

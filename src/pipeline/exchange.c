@@ -34,6 +34,7 @@
  * replays all ranks with rendezvous semantics. */
 #include "pipeline/exchange.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,8 +326,7 @@ int ts_xchg_total_ops(const ts_xchg *x)
 
 /* ---- checking --------------------------------------------------------------------- */
 
-/* "send act(c1,mb2)->1" / "recv grad(c0,mb0)<-1" into buf; returns buf. */
-static const char *op_str(char *buf, size_t size, const ts_xchg_op *op)
+const char *ts_xchg_op_str(char *buf, size_t size, const ts_xchg_op *op)
 {
     const bool send = op->kind == TS_XCHG_SEND;
     snprintf(buf, size, "%s %s(c%d,mb%d)%s%d", send ? "send" : "recv",
@@ -366,7 +366,7 @@ static ts_status check_shape(const ts_xchg *x, const ts_schedule *s)
                     op->chunk >= s->n_chunks || op->mb < 0 || op->mb >= s->m)
                     return ts_fail("rank %d step %d: op %s (kind %d, dir %d) is out of range "
                                    "(pp = %d, %d chunks, m = %d)",
-                                   r, k, op_str(buf, sizeof buf, op), (int)op->kind,
+                                   r, k, ts_xchg_op_str(buf, sizeof buf, op), (int)op->kind,
                                    (int)op->dir, s->pp, s->n_chunks, s->m);
             }
             o += st->n_ops;
@@ -419,8 +419,8 @@ static ts_status check_pairs(const ts_xchg *x, int **partner)
                                  "step %d) on the sender but %s (rank %d step %d) on the "
                                  "receiver; order-matched transfers need the same order on "
                                  "both sides",
-                                 j + 1, a, b, op_str(b1, sizeof b1, so), a, sq.step[j],
-                                 op_str(b2, sizeof b2, ro), b, rq.step[j]);
+                                 j + 1, a, b, ts_xchg_op_str(b1, sizeof b1, so), a, sq.step[j],
+                                 ts_xchg_op_str(b2, sizeof b2, ro), b, rq.step[j]);
                 partner[a][so - x->ops[a]] = rq.step[j];
                 partner[b][ro - x->ops[b]] = sq.step[j];
             }
@@ -458,7 +458,7 @@ static ts_status check_transfers(const ts_xchg *x, const ts_schedule *s)
                 const bool send = op->kind == TS_XCHG_SEND;
                 const int id = of_key[transfer_key(&ix, op->dir, op->chunk, op->mb)];
                 const transfer *t = id >= 0 ? &tr[id] : NULL;
-                op_str(buf, sizeof buf, op);
+                ts_xchg_op_str(buf, sizeof buf, op);
                 if (!t || (send ? t->from : t->to) != r || (send ? t->to : t->from) != op->peer)
                     st = ts_fail("rank %d step %d: %s is not a transfer of schedule \"%s\" "
                                  "between these ranks",
@@ -537,8 +537,8 @@ static ts_status replay(const ts_xchg *x, const ts_schedule *s, int *const *part
                                         "%s rank %d at step %d (%s) waits for rank %d, which "
                                         "is at step %d, to reach its step %d",
                                         shown > 1 ? ";" : "", r, cur[r],
-                                        op_str(buf, sizeof buf, op), op->peer, cur[op->peer],
-                                        need);
+                                        ts_xchg_op_str(buf, sizeof buf, op), op->peer,
+                                        cur[op->peer], need);
                 break; /* one op per rank */
             }
         }
@@ -561,26 +561,4 @@ ts_status ts_xchg_validate(const ts_xchg *x, const ts_schedule *s)
     for (int r = 0; r < x->pp; r++) free(partner[r]);
     free(partner);
     return st;
-}
-
-void ts_xchg_dump(const ts_xchg *x, const ts_schedule *s, FILE *f)
-{
-    char buf[64], cell[32];
-    fprintf(f, "exchange program of \"%s\" (pp = %d, v = %d, m = %d): %d ops; each step: "
-               "its group | its action\n",
-            s->name, s->pp, s->v, s->m, ts_xchg_total_ops(x));
-    for (int r = 0; r < x->pp; r++) {
-        fprintf(f, "rank %d:\n", r);
-        for (int k = 0; k < x->n_steps[r]; k++) {
-            const ts_xchg_step *st = &x->steps[r][k];
-            if (st->action < 0 && st->n_ops == 0) continue; /* nothing left to send */
-            fprintf(f, "  %3d: ", k);
-            for (int i = 0; i < st->n_ops; i++)
-                fprintf(f, "%s%s", i ? ", " : "", op_str(buf, sizeof buf, &st->ops[i]));
-            fprintf(f, "%s| %s\n", st->n_ops ? " " : "",
-                    st->action >= 0
-                        ? ts_action_cell(cell, sizeof cell, s->actions[r][st->action])
-                        : "end");
-        }
-    }
 }

@@ -35,7 +35,7 @@
 #ifndef TS_EXCHANGE_H
 #define TS_EXCHANGE_H
 
-#include <stdio.h>
+#include <stddef.h>
 
 #include "core/error.h"
 #include "pipeline/schedule.h"
@@ -80,8 +80,8 @@ ts_status ts_xchg_validate(const ts_xchg *x, const ts_schedule *s);
 /* Ops over all ranks (each transfer counts twice: its send and its receive). */
 int ts_xchg_total_ops(const ts_xchg *x);
 
-/* Print the program, one line per step: "  3: send act(c1,mb2)->1, recv grad(c0,mb0)<-1
- * | 0B0". For debugging and `tessera plan`. */
-void ts_xchg_dump(const ts_xchg *x, const ts_schedule *s, FILE *f);
+/* One op as messages print it, "send act(c1,mb2)->1" / "recv grad(c0,mb0)<-1", into
+ * buf; returns buf. */
+const char *ts_xchg_op_str(char *buf, size_t size, const ts_xchg_op *op);
 
 #endif

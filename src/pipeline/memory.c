@@ -282,7 +282,7 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
-    /* The replica group's copies are freed before the group sums run (grad_sync.c):
+    /* The replica group's copies are freed before the group sums run (data/reducer.c):
      * the larger of the two is held. */
     est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, zero, floats * f),
                                                     h->group_sum_copy)
@@ -325,7 +325,7 @@ static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
 }
 
 /* The temporary of the one large blocking all-reduce the rank's gradients take beside the
- * replica group's (grad_sync.c's group sums): a tied embedding split over the pipeline's
+ * replica group's (data/group_sum.h): a tied embedding split over the pipeline's
  * ends, summed over the embedding group of 2, of which Open MPI's large-message
  * all-reduce keeps 1/2. (Replicated key/value heads' sums are one layer's k/v weights:
  * left out.) */
@@ -355,15 +355,15 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
      * keeps); where this build lacks it, the CPU table of the same precision. */
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
                                                 cfg->train.attention);
-    ts_model m; /* the layout only: nothing is allocated */
-    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, 0, NULL, k); /* rank 0: most vocab */
-    ts_tp tp = ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel);
-    ts_model_layout_tp(&m, mc, owned, &tp);
-    ts_model_set_context_parallel(&m, ts_cp_make(cp, 0, NULL, k, mc->seq_len));
     const int mode = ts_recompute_from_name(cfg->parallel.recompute);
     const bool selective = mode == TS_RECOMPUTE_SELECTIVE;
-    ts_model_set_selective(&m, selective);
-    free(owned);
+    ts_model_spec spec = {.arch = mc, .k = k, .owned = owned,
+                          .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k), /* rank 0: most vocab */
+                          .sequence_parallel = cfg->parallel.sequence_parallel,
+                          .cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len),
+                          .selective_all = selective};
+    ts_model m; /* the layout only: nothing is allocated */
+    ts_model_layout(&m, &spec);
 
     /* Every chunk holds at least one layer (ts_partition_build refuses an empty one). */
     out->acts = ts_calloc((size_t)n, sizeof(double));
@@ -382,16 +382,19 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     double sel_scratch = 0.0;
     out->sel_acts = NULL;
     if (mode == TS_RECOMPUTE_AUTO) {
-        ts_model_set_selective(&m, true);
+        ts_model sel; /* the same layout with every layer selective */
+        spec.selective_all = true;
+        ts_model_layout(&sel, &spec);
         out->sel_acts = ts_calloc((size_t)n, sizeof(double));
         for (int c = 0; c < n; c++) {
             if (ts_chunk_rank(sched, c) != pp_rank) continue;
             const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
-            out->sel_acts[c] = (double)ts_acts_bytes(&m, l0, l1, B, T);
+            out->sel_acts[c] = (double)ts_acts_bytes(&sel, l0, l1, B, T);
         }
-        sel_scratch = (double)ts_scratch_bytes(&m, B, T);
-        ts_model_set_selective(&m, false);
+        sel_scratch = (double)ts_scratch_bytes(&sel, B, T);
+        ts_model_free(&sel);
     }
+    free(owned);
     out->chunk_floats = NULL;
     memset(&out->res, 0, sizeof out->res);
     const bool sharded = replicas > 1 && cfg->parallel.zero >= 2;
@@ -500,8 +503,8 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
                                                 cfg->train.attention);
     ts_model m; /* the layout only */
-    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k);
-    ts_model_layout_tp(&m, mc, owned, &tp);
+    ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
+                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k)});
     free(owned);
     layout_chunk_floats(&m, part, s, pp_rank, out);
     ts_model_free(&m);
@@ -555,8 +558,9 @@ double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part
     const int l0 = part->first_layer[chunk], l1 = l0 + part->n_chunk_layers[chunk];
     for (int l = l0; l < l1; l++) owned[l] = true;
     ts_model m; /* the layout only, as in ts_memory_estimate */
-    ts_tp tp = ts_tp_make(cfg->parallel.tp, 0, NULL, &ts_kernels_cpu);
-    ts_model_layout_tp(&m, mc, owned, &tp);
+    const ts_kernels *k = &ts_kernels_cpu;
+    ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
+                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k)});
     free(owned);
     double bytes = (double)m.num_floats * sizeof(float);
     ts_model_free(&m);

@@ -48,7 +48,7 @@ void ts_memory_estimate(const ts_config *cfg, const ts_partition *part,
  * bytes the estimate less its BLAS buffers (est->total - est->blas) may reach. False
  * when even recomputing every micro-batch exceeds it (*est is then that estimate: caps
  * 0, the chunks selective as the choice left them). The trainer lays its chunks out
- * (ts_model_set_selective_layers) and runs its engine by exactly these. */
+ * (ts_model_spec.selective) and runs its engine by exactly these. */
 bool ts_memory_estimate_auto_selective(const ts_config *cfg, const ts_partition *part,
                                        const ts_schedule *sched, int pp_rank, int threads,
                                        double room, int *keep, bool *selective,
@@ -107,8 +107,9 @@ typedef struct {
     const double *act_bytes;   /* one micro-batch's saved activations, per chunk */
     const double *stash_bytes; /* one micro-batch's zero-bubble stash, per chunk */
     const int *peak_acts, *peak_stash, *n_recomputed; /* ts_memory_peak_sets */
-    /* recompute = "auto" choosing selective per chunk (ts_memory_auto_keep_selective);
-     * NULL / 0 where it cannot (the planner's tables): */
+    /* recompute = "auto" choosing selective per chunk (ts_memory_auto_keep_selective;
+     * the trainer from the model's selective layout, the planner from its tables'
+     * att_bytes); NULL / 0 where nothing chooses (another recompute mode): */
     const double *sel_act_bytes; /* one micro-batch's saved activations per chunk, the
                                     chunk laid out selective (no attention state) */
     double sel_scratch_bytes;    /* the scratch when some chunk is selective (with the
@@ -176,8 +177,8 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
  * fully replays into a set of its chunk's one layout: a selective chunk's replay too
  * keeps no attention state, which its backward rebuilds (the sets are one size per
  * chunk, the estimate counts them so, and the replay's is the set held when memory is
- * tightest). With selective NULL, or h->sel_act_bytes NULL, step 1 is skipped (the
- * planner's tables). Takes h's sizes (its peak arrays are ignored); writes, for the
+ * tightest). With selective NULL, or h->sel_act_bytes NULL, step 1 is skipped (caps
+ * alone). Takes h's sizes (its peak arrays are ignored); writes, for the
  * rank's chunks, keep, selective, peak_acts, peak_stash and n_recomputed ([n_chunks])
  * and the estimate under the choice into *est. False when even caps of 0 (full
  * recompute) exceed room: the outputs then describe those. Deterministic: every tensor-
@@ -195,7 +196,7 @@ const char *ts_memory_describe_keep_selective(const ts_schedule *s, int pp_rank,
                                               const int *keep, const bool *selective,
                                               char *buf, size_t size);
 /* ZeRO-2/3's residency of pipeline rank pp_rank (ts_residency_build), with the chunks
- * holding a group-summed tensor held to the step's end (dp/grad_sync.c sums them there):
+ * holding a group-summed tensor held to the step's end (data/reducer.c runs the sums there):
  * the tied embedding's two ends (chunk 0 and the head's chunk) when model_tied and they
  * sit on different pipeline ranks, and with kv_replicated (llama, tp > n_kv_head:
  * replicated key/value weights) every chunk holding a block (first_layer,

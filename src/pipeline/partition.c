@@ -209,8 +209,7 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
         own[0] = own[nl - 1] = true;
         if (mc->n_layer > 0) own[1] = true;
         ts_model layout;
-        ts_tp one = ts_tp_make(1, 0, NULL, k);
-        ts_model_layout_tp(&layout, mc, own, &one);
+        ts_model_layout(&layout, &(ts_model_spec){.arch = mc, .k = k, .owned = own});
         double model_b, other_b, room;
         measure_bytes(&layout, micro_batch, mc->seq_len, &model_b, &other_b);
         ts_model_free(&layout);
@@ -238,7 +237,7 @@ ts_status ts_layer_costs_measure(ts_layer_costs *c, const ts_model_config *mc, i
     owned[0] = owned[n_layers - 1] = true;
     if (mc->n_layer > 0) owned[1] = true;
     ts_model m;
-    ts_model_build(&m, mc, owned, k);
+    ts_model_build(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned});
     ts_model_init_random(&m, 1234);
 
     const size_t NC = (size_t)B * T * (size_t)mc->n_embd;

@@ -34,7 +34,7 @@ typedef struct {
     double *fwd_ms;     /* [n_layers] forward */
     double *bwd_ms;     /* [n_layers] full backward (input + weight gradient) */
     double *act_bytes;  /* [n_layers] activation bytes a micro-batch keeps from its forward
-                           until its backward (the layer's saved tensors, as layers.c
+                           until its backward (the layer's saved tensors, as act_layout.h
                            allocates them) */
     ts_cost_source source;
 } ts_layer_costs;

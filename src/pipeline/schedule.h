@@ -25,49 +25,8 @@
 
 #include <stdbool.h>
 
+#include "config/pipeline_names.h" /* ts_schedule_kind, ts_recompute and their names */
 #include "core/error.h"
-
-/* The built-in pipeline schedules and the recompute modes: one name table each
- * (schedule.c), read by the config checks, the schedule builders, the engine, the memory
- * estimate and plan. This header stays a leaf below config/ (it includes only core/), so
- * config/ can read the tables without an include pointing up. */
-typedef enum {
-    TS_SCHEDULE_GPIPE,
-    TS_SCHEDULE_1F1B,
-    TS_SCHEDULE_INTERLEAVED_1F1B,
-    TS_SCHEDULE_ZB_H1,
-    TS_SCHEDULE_LOOPED_BFS,
-    TS_SCHEDULE_INTERLEAVED_ZB,
-    TS_SCHEDULE_ZB_H2,
-    TS_SCHEDULE_ZB_V,
-    TS_SCHEDULE_DUALPIPE_V,
-    TS_N_SCHEDULES
-} ts_schedule_kind;
-extern const char *const ts_schedule_names[TS_N_SCHEDULES]; /* "gpipe", "1f1b", ... */
-/* The built-in schedule `name` names, or -1 (a CSV path, or not a schedule). */
-int ts_schedule_kind_from_name(const char *name);
-/* Chunks per rank (parallel.virtual_stages) a built-in schedule runs: 1 (exactly one),
- * 2 (exactly two: the V placement of zb-v and dualpipe-v) or 0 (any v >= 1). */
-int ts_schedule_chunks_per_rank(ts_schedule_kind kind);
-/* TS_OK when `kind` runs v chunks per rank; otherwise a message naming the rule and the
- * schedules that do (the config check and ts_schedule_build both ask). */
-ts_status ts_schedule_check_virtual_stages(ts_schedule_kind kind, int v);
-
-typedef enum {
-    TS_RECOMPUTE_NONE,
-    TS_RECOMPUTE_EXCEPT_LAST,
-    TS_RECOMPUTE_FULL,
-    TS_RECOMPUTE_AUTO, /* per chunk, as many micro-batches as the memory budget needs
-                          (pipeline/memory.h ts_memory_auto_keep_selective) */
-    TS_RECOMPUTE_SELECTIVE, /* every micro-batch keeps its activations but attention's
-                               saved state (the [B,H,T,T] probabilities), which each
-                               block's backward recomputes (Korthikanti et al. 2022) */
-    TS_N_RECOMPUTES
-} ts_recompute;
-extern const char *const ts_recompute_names[TS_N_RECOMPUTES]; /* "none", "except_last", "full",
-                                                                 "auto", "selective" */
-/* The mode `name` names, or -1. */
-int ts_recompute_from_name(const char *name);
 
 typedef enum {
     TS_ACT_F, /* forward */

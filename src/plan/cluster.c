@@ -367,8 +367,3 @@ double ts_cluster_efficiency(const ts_cluster *c, double n)
     return c->eff[k - 1] + x * (c->eff[k] - c->eff[k - 1]);
 }
 
-void ts_cluster_scale_links(ts_cluster *c, double factor)
-{
-    c->intra.bandwidth *= factor;
-    c->inter.bandwidth *= factor;
-}

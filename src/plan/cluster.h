@@ -79,7 +79,4 @@ double ts_cluster_peak(const ts_cluster *c);
  * clamped outside it. A GEMM of shape (m, n, k) uses n = cbrt(m * n * k). */
 double ts_cluster_efficiency(const ts_cluster *c, double n);
 
-/* A copy with both links' bandwidths multiplied by `factor` (the monotonicity tests). */
-void ts_cluster_scale_links(ts_cluster *c, double factor);
-
 #endif

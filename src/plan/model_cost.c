@@ -157,14 +157,7 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
 
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                          ts_link tp_link)
-{
-    ts_plan_layers_build_cp(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, 1, tp_link);
-}
-
-void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                             const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                             ts_link tp_link, int cp, ts_link cp_link)
+                          ts_link tp_link, int cp, ts_link cp_link)
 {
     memset(L, 0, sizeof *L);
     const int n = mc->n_layer + 2;
@@ -188,10 +181,11 @@ void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const
      * under sequence parallelism the norms', residuals' and boundaries' rows / tp; under
      * context parallelism (cp rank 0; every rank holds as much) T / cp rows with the
      * gathered K/V and the two chunks' attention state. */
+    ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
+                          .sequence_parallel = sp};
+    if (cp > 1) spec.cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len);
     ts_model m;
-    ts_tp t = ts_tp_sequence_parallel(ts_tp_make(tp, 0, NULL, k), sp);
-    ts_model_layout_tp(&m, mc, NULL, &t);
-    if (cp > 1) ts_model_set_context_parallel(&m, ts_cp_make(cp, 0, NULL, k, mc->seq_len));
+    ts_model_layout(&m, &spec);
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
         for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++)
@@ -205,12 +199,15 @@ void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const
     L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
     /* The same layout under selective recompute: what it drops and adds. */
-    ts_model_set_selective(&m, true);
+    ts_model sel;
+    spec.selective_all = true;
+    ts_model_layout(&sel, &spec);
     for (int l = 0; l < n; l++)
         L->att_bytes[l] =
-            L->act_bytes[l] - (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
-    L->rebuild_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl) - L->scratch_bytes;
+            L->act_bytes[l] - (double)ts_acts_bytes(&sel, l, l + 1, micro_batch, Tl);
+    L->rebuild_bytes = (double)ts_scratch_bytes(&sel, micro_batch, Tl) - L->scratch_bytes;
     const double Vl = (double)m.local_vocab;
+    ts_model_free(&sel);
     ts_model_free(&m);
 
     /* N: this cp rank's rows of the micro-batch (B * T without context parallelism). */

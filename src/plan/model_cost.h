@@ -64,8 +64,8 @@
  * ring all-gathers (ts_plan_allgather_time) on the link the cp group uses, blocking
  * (not overlapped with compute: f_cp, i_cp are in f and i), a full recompute's
  * forward gathering again (selective recompute rebuilds from the kept gathered K/V).
- * Memory: the model's own layout under ts_model_set_context_parallel at T/cp rows (the
- * gathered K/V kept per block, the two chunks' prefix state). cp = 1 is the model
+ * Memory: the model's own layout under context parallelism (ts_model_spec.cp) at T/cp
+ * rows (the gathered K/V kept per block, the two chunks' prefix state). cp = 1 is the model
  * above, to the bit.
  *
  * Memory, per pipeline rank: the trainer's own rule (ts_memory_rank, pipeline/memory.h)
@@ -150,16 +150,14 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
  * likewise) the part exposed is c/sub (each phase's last sub-batch has no next one to
  * hide behind) plus what does not fit behind the others, max(0, c - g)(sub - 1)/sub; on
  * a cluster whose communication runs on the compute cores (overlap_comm = false) all
- * of c. The embedding and head run whole. */
+ * of c. The embedding and head run whole.
+ *
+ * Under context parallelism of cp ranks (cp >= 1, seq_len % 2cp == 0 when cp > 1; with
+ * sp also (seq_len / cp) % tp == 0) its group is on link cp_link; cp = 1 is a grid
+ * without it (cp_link unused). */
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                          ts_link tp_link);
-/* The same under context parallelism of cp ranks (cp >= 1, seq_len % 2cp == 0; with sp
- * also (seq_len / cp) % tp == 0), its group on link cp_link. cp = 1 is
- * ts_plan_layers_build. */
-void ts_plan_layers_build_cp(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
-                             const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
-                             ts_link tp_link, int cp, ts_link cp_link);
+                          ts_link tp_link, int cp, ts_link cp_link);
 /* Context parallelism's collective per block and micro-batch (seconds, one direction):
  * a ring all-gather (forward) or reduce-scatter (backward) of the gathered keys and
  * values, micro_batch * seq_len * 2 * kv_local * head_dim values of act_bytes each,

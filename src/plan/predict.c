@@ -150,9 +150,9 @@ static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
     e->B = g->micro_batch;
     e->sp = g->sp;
     e->sub = sub_of(g);
-    ts_plan_layers_build_cp(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
-                            g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
-                            ts_plan_cp_link(&x->cl, g));
+    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
+                         g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
+                         ts_plan_cp_link(&x->cl, g));
     return &e->L;
 }
 

@@ -204,28 +204,3 @@ const unsigned char *ts_tok_token_bytes(const ts_tokenizer *t, uint32_t id, size
     *len = 0;
     return NULL;
 }
-
-ts_status ts_tok_decode(const ts_tokenizer *t, const uint32_t *ids, size_t n, unsigned char **out,
-                        size_t *out_len)
-{
-    *out = NULL;
-    *out_len = 0;
-    size_t total = 0, len;
-    for (size_t i = 0; i < n; i++) {
-        if (!ts_tok_token_bytes(t, ids[i], &len))
-            return ts_fail("token %zu is id %u, outside the %s vocabulary of %u ids", i,
-                           ids[i], t->enc->name, ts_tokenizer_vocab_size(t));
-        total += len;
-    }
-    unsigned char *buf = ts_malloc(total + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char *b = ts_tok_token_bytes(t, ids[i], &len);
-        memcpy(buf + o, b, len);
-        o += len;
-    }
-    buf[o] = 0;
-    *out = buf;
-    *out_len = o;
-    return TS_OK;
-}

@@ -98,9 +98,5 @@ ts_status ts_tok_encode_special(ts_tok_encoder *enc, const char *text, size_t le
 
 /* The bytes of token id (a special's text for specials); NULL if id >= vocab_size. */
 const unsigned char *ts_tok_token_bytes(const ts_tokenizer *tok, uint32_t id, size_t *len);
-/* Decode ids to bytes (malloc'd, *out_len bytes, NUL-terminated for convenience);
- * error naming the position of an id >= vocab_size. */
-ts_status ts_tok_decode(const ts_tokenizer *tok, const uint32_t *ids, size_t n,
-                        unsigned char **out, size_t *out_len);
 
 #endif

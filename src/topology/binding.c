@@ -26,9 +26,6 @@
 #include "core/sysmem.h"
 #include "kernels/kernels.h"
 #include "topology/topology.h"
-#ifdef TS_HAVE_CUDA
-#include "kernels/cuda/device.h"
-#endif
 
 #define MAX_GPUS 64
 
@@ -306,7 +303,7 @@ static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 {
     int *count = ts_malloc(sizeof(int) * (size_t)(n_all > 0 ? n_all : 1));
     if (n_all > 0) memcpy(count, flags, sizeof(int) * (size_t)n_all);
-    ts_host_allreduce_sum_i32(&t->node_comm, count, (size_t)n_all);
+    ts_host_allreduce_sum_i32(&t->groups.node, count, (size_t)n_all);
     double share = 0;
     for (int i = 0; i < n_all; i++)
         if (flags[i] && count[i] > 0) share += 1.0 / count[i];
@@ -319,14 +316,14 @@ static int fair_threads(const ts_topology *t, const int *flags, int n_all)
 static void warn_oversubscription(const ts_topology *t, bool oversubscribed, int node_cores)
 {
     int first = oversubscribed ? t->node : INT_MAX;
-    ts_host_allreduce_min_i32(&t->world, &first, 1);
+    ts_host_allreduce_min_i32(&t->groups.world, &first, 1);
     if (first == INT_MAX) return;
     int there[2] = { 0, 0 };
     if (t->node == first) {
         there[0] = t->local_size;
         there[1] = node_cores;
     }
-    ts_host_allreduce_max_i32(&t->world, there, 2);
+    ts_host_allreduce_max_i32(&t->groups.world, there, 2);
     ts_log_warn("ranks outnumber cores: %d ranks run on the %d cores of node %d (%s), so "
                 "they share cores and run 1 thread each; launch at most %d ranks per node "
                 "for a core each",
@@ -449,13 +446,13 @@ static ts_status assign_gpu(ts_topology *t, const char *cpus, const cuda_devs *c
     }
     const char *mine = cpus ? cpus : "";
     int len = (int)(strlen(mine) + 1 + strlen(key) + 1);
-    ts_host_allreduce_max_i32(&t->node_comm, &len, 1);
+    ts_host_allreduce_max_i32(&t->groups.node, &len, 1);
     char *rec = ts_calloc((size_t)len, 1);
     memcpy(rec, mine, strlen(mine));
     memcpy(rec + strlen(mine) + 1, key, strlen(key));
-    const int L = t->node_comm.size;
+    const int L = t->groups.node.size;
     char *all = ts_malloc((size_t)len * (size_t)L);
-    ts_allgather_bytes(&t->node_comm, rec, (size_t)len, all);
+    ts_allgather_bytes(&t->groups.node, rec, (size_t)len, all);
 
     ts_status st = TS_OK;
     if (cuda->n > 0) {
@@ -512,7 +509,7 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     /* The collectives below run on every rank, whatever hwloc said, with sizes agreed
      * over the node (a rank that saw no cores contributes zeros). */
     int n_node = n_all;
-    ts_host_allreduce_max_i32(&t->node_comm, &n_node, 1);
+    ts_host_allreduce_max_i32(&t->groups.node, &n_node, 1);
     int *node_flags = ts_calloc((size_t)(n_node > 0 ? n_node : 1), sizeof(int));
     if (flags && n_all == n_node) memcpy(node_flags, flags, sizeof(int) * (size_t)n_all);
     int fair = fair_threads(t, node_flags, n_node);
@@ -526,13 +523,13 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg)
     ts_status gst = assign_gpu(t, cpus, &cuda);
     free(cpus);
     for (int i = 0; i < cuda.n; i++) free(cuda.near[i]);
-    if (ts_comm_agree(&t->world, gst) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups.world, gst) != TS_OK) return TS_ERR;
 
     t->threads = cfg->train.threads > 0 ? cfg->train.threads : fair;
     /* Checked before OpenBLAS starts the threads: under an address-space limit its
      * buffer allocation retries forever instead of failing. Agreed, so a rank whose
      * node is smaller fails the whole job at once. */
-    if (ts_comm_agree(&t->world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups.world, check_threads(t, cfg)) != TS_OK) return TS_ERR;
     t->bound = true;
     return TS_OK;
 }

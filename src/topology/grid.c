@@ -86,11 +86,6 @@ ts_status ts_grid_init4(ts_grid *g, int pp, int dp, int cp, int tp, const char *
     return TS_OK;
 }
 
-ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order)
-{
-    return ts_grid_init4(g, pp, dp, 1, tp, order);
-}
-
 int ts_coords_get(ts_coords c, ts_axis a)
 {
     switch (a) {

@@ -1,7 +1,7 @@
-/* The communicators of the grid and the node layout. This is the only file that makes
- * groups (ts_comm_split): every other module gets its ts_comm values from a
- * ts_topology. */
+/* The groups of the grid (ts_groups) and the node layout. This is the only file that
+ * makes groups (ts_comm_split): every other module holds pointers to a ts_topology's. */
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,53 +27,138 @@ static ts_status fake_nodes_env(int *k)
     return TS_OK;
 }
 
-/* Split `world` into the group along `axis` containing this rank, ranked by the axis
+/* ------------------------------------------------ the groups' makers -- */
+
+/* What a maker needs: the topology so far (grid, rank, coords, the groups made before
+ * it in TS_GROUP_LIST order), the config and the caller's world. */
+typedef struct {
+    ts_topology *t;
+    const ts_config *cfg;
+    const ts_comm *world;
+    int fake_k; /* TS_FAKE_NODES, 0 when unset */
+} make_ctx;
+
+/* Split world into the group along `axis` containing this rank, ranked by the axis
  * coordinate. The color is the group's first member, unique per group. */
-static void split_axis(ts_topology *t, ts_axis axis, ts_comm *out)
+static void split_axis(const make_ctx *x, ts_axis axis, ts_comm *out)
 {
+    ts_topology *t = x->t;
     int *members = ts_malloc(sizeof(int) * (size_t)t->grid.size[axis]);
     ts_grid_group(&t->grid, t->rank, axis, members);
-    ts_comm_split(&t->world, members[0], ts_coords_get(t->coords, axis), ts_axis_name(axis), out);
+    ts_comm_split(&t->groups.world, members[0], ts_coords_get(t->coords, axis),
+                  ts_axis_name(axis), out);
     free(members);
 }
 
-/* The replica group (same pp and tp, any dp and cp), ranked dp * cp + cp. The color is
- * its first member, unique per group. With cp = 1: dp_comm's members in dp_comm's order,
- * and its name in messages "dp" (what a user without context parallelism knows it as);
- * "dp*cp" otherwise. */
-static void split_replicas(ts_topology *t)
+static void make_world(const make_ctx *x, ts_comm *out)
 {
+    *out = *x->world;
+    out->owned = false;
+}
+
+static void make_tp(const make_ctx *x, ts_comm *out) { split_axis(x, TS_AXIS_TP, out); }
+static void make_cp(const make_ctx *x, ts_comm *out) { split_axis(x, TS_AXIS_CP, out); }
+static void make_dp(const make_ctx *x, ts_comm *out) { split_axis(x, TS_AXIS_DP, out); }
+static void make_pp(const make_ctx *x, ts_comm *out) { split_axis(x, TS_AXIS_PP, out); }
+
+/* The replica group (same pp and tp, any dp and cp), ranked dp * cp + cp. The color is
+ * its first member, unique per group. With cp = 1: dp's members in dp's order, and its
+ * name in messages "dp" (what a user without context parallelism knows it as); "dp*cp"
+ * otherwise. */
+static void make_replica(const make_ctx *x, ts_comm *out)
+{
+    ts_topology *t = x->t;
     int n = t->grid.size[TS_AXIS_DP] * t->grid.size[TS_AXIS_CP];
     int *members = ts_malloc(sizeof(int) * (size_t)n);
     ts_grid_replica_group(&t->grid, t->rank, members);
-    ts_comm_split(&t->world, members[0], ts_grid_replica_index(&t->grid, t->rank),
-                  t->grid.size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp",
-                  &t->replica_comm);
+    ts_comm_split(&t->groups.world, members[0], ts_grid_replica_index(&t->grid, t->rank),
+                  t->grid.size[TS_AXIS_CP] == 1 ? "dp" : "dp*cp", out);
     free(members);
 }
 
-/* Which ranks share a node: MPI's shared-memory split, or the pretend layout. Numbers the
- * nodes by their lowest world rank and learns every rank's node and every node's host. */
+/* Collective over world: ranks outside every embedding group pass color -1 and are in
+ * none. Color: the group's first stage (one group per dp, cp and tp coordinate); key:
+ * the pipeline coordinate. */
+static void make_embed(const make_ctx *x, ts_comm *out)
+{
+    ts_topology *t = x->t;
+    bool in_embed = ts_grid_in_embedding_group(&t->grid, t->rank);
+    ts_comm_split(&t->groups.world, in_embed ? t->embed_members[0] : -1, t->coords.pp, "embed",
+                  out);
+}
+
+/* Within the tp group: color = which key/value head part the rank holds. */
+static void make_kv(const make_ctx *x, ts_comm *out)
+{
+    ts_topology *t = x->t;
+    const int tp = x->cfg->parallel.tp, kv_heads = ts_model_kv_heads(&x->cfg->model);
+    const int kv_replicas = tp > kv_heads ? tp / kv_heads : 1;
+    ts_comm_split(&t->groups.tp, t->coords.tp / kv_replicas, t->coords.tp, "kv", out);
+}
+
+/* MPI's shared-memory split, or the pretend layout of TS_FAKE_NODES. */
+static void make_node(const make_ctx *x, ts_comm *out)
+{
+    ts_topology *t = x->t;
+    if (x->fake_k > 0)
+        ts_comm_split(&t->groups.world, t->rank / x->fake_k, t->rank, "node", out);
+    else
+        ts_comm_split_node(&t->groups.world, t->rank, "node", out);
+}
+
+typedef void (*make_fn)(const make_ctx *x, ts_comm *out);
+static const make_fn group_makers[TS_N_GROUPS] = {
+#define TS_GROUP_MAKER(name, memory) make_##name,
+    TS_GROUP_LIST(TS_GROUP_MAKER)
+#undef TS_GROUP_MAKER
+};
+static const size_t group_offsets[TS_N_GROUPS] = {
+#define TS_GROUP_OFFSET(name, memory) offsetof(ts_groups, name),
+    TS_GROUP_LIST(TS_GROUP_OFFSET)
+#undef TS_GROUP_OFFSET
+};
+static const ts_group_memory group_memory[TS_N_GROUPS] = {
+#define TS_GROUP_MEMORY(name, memory) memory,
+    TS_GROUP_LIST(TS_GROUP_MEMORY)
+#undef TS_GROUP_MEMORY
+};
+
+_Static_assert(sizeof(ts_groups) == TS_N_GROUPS * sizeof(ts_comm),
+               "ts_groups holds exactly the groups of TS_GROUP_LIST");
+
+ts_comm *ts_groups_at(ts_groups *g, int i)
+{
+    TS_ASSERT(i >= 0 && i < TS_N_GROUPS);
+    return (ts_comm *)((char *)g + group_offsets[i]);
+}
+
+ts_group_memory ts_group_memory_of(int i)
+{
+    TS_ASSERT(i >= 0 && i < TS_N_GROUPS);
+    return group_memory[i];
+}
+
+/* ----------------------------------------------------------- the nodes -- */
+
+/* Which ranks share a node (groups.node, made before): numbers the nodes by their
+ * lowest world rank and learns every rank's node and every node's host. */
 static void discover_nodes(ts_topology *t, int fake_k)
 {
-    if (fake_k > 0) {
-        ts_comm_split(&t->world, t->rank / fake_k, t->rank, "node", &t->node_comm);
+    if (fake_k > 0)
         snprintf(t->host, sizeof t->host, "fakenode%d", t->rank / fake_k);
-    } else {
-        ts_comm_split_node(&t->world, t->rank, "node", &t->node_comm);
+    else
         ts_comm_host_name(t->host, sizeof t->host);
-    }
-    t->local_rank = t->node_comm.rank;
-    t->local_size = t->node_comm.size;
+    t->local_rank = t->groups.node.rank;
+    t->local_size = t->groups.node.size;
 
     /* The node's leader is its lowest world rank (local rank 0: the key was the rank). */
     int leader = t->rank;
-    ts_host_broadcast(&t->node_comm, &leader, sizeof leader, 0);
+    ts_host_broadcast(&t->groups.node, &leader, sizeof leader, 0);
     int n = t->world_size;
     int *leaders = ts_malloc(sizeof(int) * (size_t)n);
-    ts_allgather_bytes(&t->world, &leader, sizeof leader, leaders);
+    ts_allgather_bytes(&t->groups.world, &leader, sizeof leader, leaders);
     char(*hosts)[TS_HOST_MAX] = ts_malloc((size_t)n * TS_HOST_MAX);
-    ts_allgather_bytes(&t->world, t->host, TS_HOST_MAX, hosts);
+    ts_allgather_bytes(&t->groups.world, t->host, TS_HOST_MAX, hosts);
 
     /* Leaders in rank order get node indices 0, 1, ...; others take their leader's. */
     int *index = ts_malloc(sizeof(int) * (size_t)n);
@@ -151,12 +236,10 @@ static void check_tp_locality(ts_topology *t)
 
 ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *world)
 {
-    memset(t, 0, sizeof *t); /* every group not a member (size 0) until split */
+    memset(t, 0, sizeof *t); /* every group not a member (size 0) until made */
     t->gpu = -1;
     snprintf(t->binding, sizeof t->binding, "none");
     snprintf(t->gpu_name, sizeof t->gpu_name, "none");
-    t->world = *world;
-    t->world.owned = false;
     t->rank = world->rank;
     t->world_size = world->size;
 
@@ -171,14 +254,14 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
                      p->pp, p->dp, p->cp, p->tp, t->grid.world, t->world_size,
                      t->grid.world);
     if (st == TS_OK) st = fake_nodes_env(&fake_k);
-    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(world, st) != TS_OK) return TS_ERR;
     /* Every rank must pretend the same layout: set on some ranks only (an environment
      * that did not reach them all), the node splits would disagree and hang. */
     int lo = fake_k, hi = fake_k;
-    ts_host_allreduce_min_i32(&t->world, &lo, 1);
-    ts_host_allreduce_max_i32(&t->world, &hi, 1);
+    ts_host_allreduce_min_i32(world, &lo, 1);
+    ts_host_allreduce_max_i32(world, &hi, 1);
     if (lo != hi)
-        return ts_comm_agree(&t->world,
+        return ts_comm_agree(world,
                              ts_fail("TS_FAKE_NODES differs between ranks (from %d to %d; 0 = "
                                      "unset): set it for every rank (mpirun -x TS_FAKE_NODES) "
                                      "or for none",
@@ -186,26 +269,12 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
     t->fake_nodes = fake_k > 0;
 
     t->coords = ts_grid_coords(&t->grid, t->rank);
-    split_axis(t, TS_AXIS_TP, &t->tp_comm);
-    split_axis(t, TS_AXIS_CP, &t->cp_comm);
-    split_axis(t, TS_AXIS_DP, &t->dp_comm);
-    split_replicas(t);
-    split_axis(t, TS_AXIS_PP, &t->pp_comm);
     t->pp_prev = ts_grid_pp_prev(&t->grid, t->rank);
     t->pp_next = ts_grid_pp_next(&t->grid, t->rank);
-
-    /* Collective over world: ranks outside every embedding group pass color -1 and are
-     * in none. Color: the group's first stage (one group per dp, cp and tp coordinate);
-     * key: the pipeline coordinate. */
     t->n_embed = ts_grid_embedding_group(&t->grid, t->rank, t->embed_members);
-    bool in_embed = ts_grid_in_embedding_group(&t->grid, t->rank);
-    ts_comm_split(&t->world, in_embed ? t->embed_members[0] : -1, t->coords.pp, "embed",
-                  &t->embed_comm);
-
-    /* Within the tp group: color = which key/value head part the rank holds. */
-    const int kv_heads = ts_model_kv_heads(&cfg->model);
-    const int kv_replicas = cfg->parallel.tp > kv_heads ? cfg->parallel.tp / kv_heads : 1;
-    ts_comm_split(&t->tp_comm, t->coords.tp / kv_replicas, t->coords.tp, "kv", &t->kv_comm);
+    /* The groups, in TS_GROUP_LIST order on every rank (each split is collective). */
+    const make_ctx x = {t, cfg, world, fake_k};
+    for (int i = 0; i < TS_N_GROUPS; i++) group_makers[i](&x, ts_groups_at(&t->groups, i));
 
     discover_nodes(t, fake_k);
     check_tp_locality(t);
@@ -214,9 +283,9 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
 
 void ts_topo_free(ts_topology *t)
 {
-    ts_comm *comms[] = { &t->tp_comm, &t->cp_comm,    &t->dp_comm, &t->replica_comm,
-                         &t->pp_comm, &t->embed_comm, &t->kv_comm, &t->node_comm };
-    for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++) ts_comm_free(comms[i]);
+    /* ts_comm_free detaches a data-plane backend moved onto a group (the trainer's) and
+     * releases the groups made by splits; world is the caller's (not owned). */
+    for (int i = 0; i < TS_N_GROUPS; i++) ts_comm_free(ts_groups_at(&t->groups, i));
     free(t->node_of_rank);
     free(t->node_host);
     t->node_of_rank = NULL;

@@ -4,9 +4,9 @@
  *   ts_grid      pure rank arithmetic: world = pp * dp * cp * tp, laid out in an order such
  *                as "tp-cp-dp-pp" (tp varies fastest: Megatron's
  *                global = tp + TP*(cp + CP*(dp + DP*pp))); no MPI, unit-testable.
- *   ts_topology  the communicators of one rank (tp, cp, dp, replica, pp, embedding,
- *                node) and the node layout. ts_topo_init is the only place that makes
- *                groups (ts_comm_split); everyone else takes its ts_comm values.
+ *   ts_topology  the groups of one rank (ts_groups: world, tp, cp, dp, replica, pp,
+ *                embed, kv, node) and the node layout. ts_topo_init is the only place
+ *                that makes groups (ts_comm_split); everyone else holds pointers to them.
  *   ts_topo_bind the hwloc binding of the rank to cores, the GPU it drives (the CUDA
  *                device nearest its cores, when CUDA sees devices) and the thread count
  *                of the CPU kernels.
@@ -54,8 +54,6 @@ ts_status ts_grid_parse_order(const char *s, ts_axis order[TS_N_AXES]);
 
 /* A grid of pp x dp x cp x tp ranks (each >= 1) laid out in `order`. */
 ts_status ts_grid_init4(ts_grid *g, int pp, int dp, int cp, int tp, const char *order);
-/* The same with cp = 1 (ranks and groups as a grid without context parallelism). */
-ts_status ts_grid_init(ts_grid *g, int pp, int dp, int tp, const char *order);
 
 /* Coordinates of global rank `rank` (0 <= rank < world), and back. */
 ts_coords ts_grid_coords(const ts_grid *g, int rank);
@@ -97,33 +95,60 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
 #define TS_CORES_STR_MAX 256
 #define TS_GPU_PCI_MAX 20   /* a PCI bus id "0000:3b:00.0" and its terminator */
 
+/* The groups of one rank, each named once here: adding a group is a row of this list
+ * and its maker in topology.c (make_<name>, run in list order, collectively over world).
+ * Columns: the field name, and whether the group moves the compute backend's memory
+ * (TS_GROUP_DEVICE: the trainer moves it to the device's data plane, e.g. NCCL) or only
+ * host records and values (TS_GROUP_HOST: stays on MPI). */
+#define TS_GROUP_LIST(X)                                                                    \
+    X(world, TS_GROUP_HOST)     /* every rank: a copy of the caller's (not owned) */       \
+    X(tp, TS_GROUP_DEVICE)      /* same pp, dp, cp; rank in it = coords.tp */               \
+    X(cp, TS_GROUP_DEVICE)      /* same pp, dp, tp; rank in it = coords.cp; size cp */      \
+    X(dp, TS_GROUP_HOST)        /* same pp, cp, tp; rank in it = coords.dp; parallel.dp */  \
+    X(replica, TS_GROUP_DEVICE) /* the ranks holding the same weights, see below */         \
+    X(pp, TS_GROUP_DEVICE)      /* rank in it = coords.pp */                                \
+    X(embed, TS_GROUP_DEVICE)   /* {first, last} stage; size 0 outside it; first is 0 */   \
+    X(kv, TS_GROUP_DEVICE)      /* the tp ranks holding the same key/value heads */         \
+    X(node, TS_GROUP_HOST)      /* the ranks sharing this node's memory */
+
+typedef enum { TS_GROUP_HOST, TS_GROUP_DEVICE } ts_group_memory;
+
+/* One ts_comm per row of TS_GROUP_LIST, owned by the topology (ts_topo_free releases
+ * them and any data-plane backend attached to them). Everyone else holds a pointer to
+ * the topology's ts_groups or to one of its groups, never a copy, so a backend, a
+ * busy_ms counter or an on_span hook set on a group is seen by every holder.
+ *  - replica: the ranks holding the same weights (same pp and tp, any dp and cp): the
+ *    gradient reduction and ZeRO sharding run over it. Rank in it = coords.dp * cp +
+ *    coords.cp, size dp * cp; with cp = 1 the members and order of `dp` (named "dp" in
+ *    messages then, "dp*cp" otherwise). `dp` is parallel.dp's axis alone.
+ *  - kv: llama with tp > n_kv_head: tp / n_kv_head consecutive tp ranks; otherwise this
+ *    rank alone. */
+typedef struct {
+#define TS_GROUP_FIELD(name, memory) ts_comm name;
+    TS_GROUP_LIST(TS_GROUP_FIELD)
+#undef TS_GROUP_FIELD
+} ts_groups;
+
+enum {
+#define TS_GROUP_COUNT(name, memory) +1
+    TS_N_GROUPS = 0 TS_GROUP_LIST(TS_GROUP_COUNT)
+#undef TS_GROUP_COUNT
+};
+
+/* Group i of TS_GROUP_LIST (0 <= i < TS_N_GROUPS), and what it moves. */
+ts_comm *ts_groups_at(ts_groups *g, int i);
+ts_group_memory ts_group_memory_of(int i);
+
 typedef struct {
     /* Filled by ts_topo_init. */
     ts_grid grid;
-    /* The groups, named "world", "tp", "cp", "dp", "replica", "pp", "embed", "kv", "node".
-     * The topology owns them (ts_topo_free); callers copy the values (e.g. to set busy_ms
-     * or on_span on their copy) and never free them. */
-    ts_comm world;           /* a copy of the caller's (not owned) */
-    int rank, world_size;    /* in `world` */
+    ts_groups groups;        /* this rank's groups (see ts_groups) */
+    int rank, world_size;    /* in groups.world */
     ts_coords coords;
 
-    ts_comm tp_comm;         /* rank in it = coords.tp */
-    ts_comm cp_comm;         /* same pp, dp, tp; rank in it = coords.cp; size cp */
-    ts_comm dp_comm;         /* same pp, cp, tp; rank in it = coords.dp; size dp */
-    /* The ranks holding the same weights (same pp and tp, any dp and cp): the gradient
-     * reduction and ZeRO sharding run over it. Rank in it = coords.dp * cp + coords.cp,
-     * size dp * cp; with cp = 1 the members and order of dp_comm. */
-    ts_comm replica_comm;
-    ts_comm pp_comm;         /* rank in it = coords.pp */
-    int pp_prev, pp_next;    /* world ranks, -1 at the ends (in pp_comm: pp -/+ 1) */
-    ts_comm embed_comm;      /* {first, last} stage; size 0 (not a member) outside it.
-                              * rank 0 in it is the first stage */
+    int pp_prev, pp_next;    /* world ranks, -1 at the ends (in groups.pp: pp -/+ 1) */
     int embed_members[2], n_embed; /* the embedding group of this rank's pipeline */
-    /* The ranks of this tp group that hold the same key/value heads (llama with tp >
-     * n_kv_head: tp/n_kv_head consecutive tp ranks; otherwise this rank alone). */
-    ts_comm kv_comm;
 
-    ts_comm node_comm;       /* the ranks sharing this node (shared memory) */
     int local_rank, local_size;
     int node, n_nodes;       /* nodes numbered by their lowest world rank */
     bool fake_nodes;         /* TS_FAKE_NODES was set */
@@ -175,7 +200,7 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
  * ts_gpu_assign, each GPU's nearby CPUs from hwloc's PCI device by bus id (or sysfs's
  * local_cpulist). It selects no device: the caller passes t->gpu to
  * ts_cuda_select_device.
- * Collective over t->world (call on every rank after ts_topo_init). A failed hwloc
+ * Collective over t->groups.world (call on every rank after ts_topo_init). A failed hwloc
  * call is not fatal: the rank runs unbound and says so. */
 ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg);
 
@@ -189,7 +214,8 @@ ts_status ts_topo_bind(ts_topology *t, const ts_config *cfg);
 ts_status ts_gpu_assign(const char *const *rank_cpus, int n_ranks, const char *const *gpu_cpus,
                         int n_gpus, int *gpu_of_rank);
 
-/* Free the communicators and arrays (not t->world). Safe on a zeroed struct. */
+/* Free the groups (detaching any data-plane backend moved onto them; not the caller's
+ * world) and arrays. Safe on a zeroed struct. */
 void ts_topo_free(ts_topology *t);
 
 #endif

@@ -219,7 +219,7 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     if (!k->load[0]) return TS_OK;
     int found = 1;
     ts_status st = TS_OK;
-    if (t->world.rank == 0) {
+    if (t->groups->world.rank == 0) {
         if (!strcmp(k->load, "latest")) {
             char latest[TS_PATH_MAX + 16];
             snprintf(latest, sizeof latest, "%s/latest", k->dir);
@@ -232,23 +232,24 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
             st = ts_ckpt_resolve(k->load, t->loaded_from, sizeof t->loaded_from);
         }
     }
-    if (ts_comm_agree(&t->world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
+    const ts_comm *world = &t->groups->world;
+    if (ts_comm_agree(world, st != TS_OK ? ts_error_prefix("checkpoint.load: ") : TS_OK) != TS_OK)
         return TS_ERR;
-    ts_host_broadcast(&t->world, &found, sizeof found, 0);
+    ts_host_broadcast(world, &found, sizeof found, 0);
     if (!found) return TS_OK;
-    ts_host_broadcast(&t->world, t->loaded_from, sizeof t->loaded_from, 0);
+    ts_host_broadcast(world, t->loaded_from, sizeof t->loaded_from, 0);
     const double t0 = ts_now_ms();
-    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = &t->world};
+    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = world};
     /* ZeRO-3: the files hold whole tensors; read into every chunk's buffer, then keep
      * this rank's pieces (a transient of the rank's full weights). */
-    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_ALLOCATE);
+    ts_zero_materialize(&t->zero, TS_ZERO_ALLOCATE);
     ts_status ld = ts_ckpt_load(&a, t->loaded_from, &t->start_step);
-    ts_grad_sync_dematerialize(&t->grad_sync, ld == TS_OK);
+    ts_zero_dematerialize(&t->zero, ld == TS_OK);
     if (ld != TS_OK) return TS_ERR;
     /* Every rank read the same state.json: the same step (checked, not assumed). */
     int lo = t->start_step, hi = t->start_step;
-    ts_host_allreduce_min_i32(&t->world, &lo, 1);
-    ts_host_allreduce_max_i32(&t->world, &hi, 1);
+    ts_host_allreduce_min_i32(&t->groups->world, &lo, 1);
+    ts_host_allreduce_max_i32(&t->groups->world, &hi, 1);
     st = TS_OK;
     if (lo != hi)
         st = ts_fail("checkpoint.load: the ranks read different steps (%d to %d) from %s: is "
@@ -258,7 +259,7 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
         st = ts_fail("checkpoint.load: %s has already run %d steps, more than train.steps = %d; "
                      "raise train.steps to train on",
                      t->loaded_from, t->start_step, t->cfg.train.steps);
-    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
     /* The learning rate continues the checkpoint's schedule: a resumed run whose
      * schedule differs (a longer train.steps stretches the cosine and re-warms the
      * rate) is refused with both, unless train.allow_schedule_change says it is meant. */
@@ -283,7 +284,7 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                      t->loaded_from, ts_lr_schedule_describe(&was, a, sizeof a),
                      ts_lr_schedule_describe(&now, b, sizeof b), at, ts_lr_schedule_at(&now, at),
                      ts_lr_schedule_at(&was, at), was.length);
-    } else if (at >= 0 && t->world.rank == 0) {
+    } else if (at >= 0 && t->groups->world.rank == 0) {
         char a[160], b[160];
         ts_log_warn("checkpoint: the learning-rate schedule changes on resuming (train."
                     "allow_schedule_change): was %s, now %s",
@@ -291,10 +292,10 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                     ts_lr_schedule_describe(&now, b, sizeof b));
     }
     if (st == TS_OK && opened) st = check_data_order(t, r.state);
-    if (st == TS_OK && t->world.rank == 0) compare_data(t, r.state);
+    if (st == TS_OK && t->groups->world.rank == 0) compare_data(t, r.state);
     if (opened) ts_ckpt_reader_close(&r);
-    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
-    if (t->world.rank == 0)
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
+    if (t->groups->world.rank == 0)
         ts_log_info("checkpoint: loaded %s (step %d) in %.2f s; continuing at step %d",
                     t->loaded_from, t->start_step, (ts_now_ms() - t0) * 1e-3, t->start_step);
     return TS_OK;
@@ -309,9 +310,9 @@ ts_status ts_trainer_finish_save(ts_trainer *t)
     t->saving = NULL;
     if (st != TS_OK) return TS_ERR;
     double blocked = t->saving_blocked_ms + ms, total = ts_now_ms() - t->saving_t0_ms;
-    ts_host_allreduce_max_f64(&t->world, &blocked, 1);
+    ts_host_allreduce_max_f64(&t->groups->world, &blocked, 1);
     const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
-    if (t->world.rank == 0)
+    if (t->groups->world.rank == 0)
     {
         if (t->saving_async)
             ts_log_info("checkpoint: saved %s/step_%08d (%.1f MB) in the background, committed "
@@ -325,7 +326,7 @@ ts_status ts_trainer_finish_save(ts_trainer *t)
                         bytes / (total * 1e6));
     }
     /* Rank 0 writes the line: agreed, so its failure stops every rank. */
-    return ts_comm_agree(&t->world,
+    return ts_comm_agree(&t->groups->world,
                          ts_trainer_metrics_line(t, "{\"checkpoint_step\":%d,\"save_ms\":%.1f,"
                                          "\"blocked_ms\":%.1f,\"save_bytes\":%.0f}",
                                       t->saving_step, total, blocked, bytes));
@@ -342,16 +343,17 @@ ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t)
     const ts_checkpoint_config *k = &t->cfg.checkpoint;
     ts_status st = TS_OK;
     if (!k->dir[0]) return TS_OK;
-    if (t->world.rank == 0)
+    if (t->groups->world.rank == 0)
         st = ts_ckpt_claim_dir(&t->claim, k->dir, t->topo->host, !k->load[0], k->overwrite);
-    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
     /* Every rank must see the directory rank 0 locked (probe D11: on node-local disks a
      * stale .tmp-step_N on another node let a corrupt checkpoint commit as a success). */
     char token[sizeof t->claim.token];
     memcpy(token, t->claim.token, sizeof token);
-    ts_host_broadcast(&t->world, token, sizeof token, 0);
-    st = t->world.rank == 0 ? TS_OK : ts_ckpt_claim_check_shared(k->dir, token, t->world.rank);
-    return ts_comm_agree(&t->world, st);
+    ts_host_broadcast(&t->groups->world, token, sizeof token, 0);
+    const int rank = t->groups->world.rank;
+    st = rank == 0 ? TS_OK : ts_ckpt_claim_check_shared(k->dir, token, rank);
+    return ts_comm_agree(&t->groups->world, st);
 }
 
 /* Whether every rank's weights and AdamW moments are finite (collective). Their sums in
@@ -364,8 +366,8 @@ static bool state_finite(ts_trainer *t)
     k->memset_zero(acc, sizeof(double));
     if (t->model.param_mem && t->model.num_floats > 0)
         k->sum_into(acc, t->model.param_mem, t->model.num_floats);
-    else if (t->grad_sync.master && t->grad_sync.n_shard_floats > 0) /* ZeRO-3's pieces */
-        k->sum_into(acc, t->grad_sync.master, t->grad_sync.n_shard_floats);
+    else if (t->zero.master && t->zero.n_shard_floats > 0) /* ZeRO-3's pieces */
+        k->sum_into(acc, t->zero.master, t->zero.n_shard_floats);
     if (t->optim.n_floats > 0) { /* a ZeRO-1 shard may hold none */
         k->sum_into(acc, t->optim.m, t->optim.n_floats);
         k->sum_into(acc, t->optim.v, t->optim.n_floats);
@@ -373,7 +375,7 @@ static bool state_finite(ts_trainer *t)
     k->memcpy_d2h(&sum, acc, sizeof sum);
     k->dev_free(acc);
     int bad = !isfinite(sum);
-    ts_host_allreduce_max_i32(&t->world, &bad, 1);
+    ts_host_allreduce_max_i32(&t->groups->world, &bad, 1);
     return !bad;
 }
 
@@ -396,13 +398,14 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_blend cursor = t->train_data.blend;
     ts_blend_seek(&cursor, (uint64_t)step * (uint64_t)t->cfg.train.global_batch);
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
-                           .world = &t->world, .replica = t->dp.rank, .replicas = t->dp.size,
+                           .world = &t->groups->world, .replica = t->groups->replica.rank,
+                           .replicas = t->groups->replica.size,
                            .step = step,
                            .staging = &t->staging, .n_data = t->n_data,
                            .data_tokens = t->data_tokens, .data_crc = t->data_crc,
                            .n_sets = t->train_data.n_sets, .set_files = set_files,
                            .set_weights = cursor.weight, .set_counts = cursor.count,
-                           .claim = t->world.rank == 0 ? &t->claim : NULL};
+                           .claim = t->groups->world.rank == 0 ? &t->claim : NULL};
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();
@@ -410,9 +413,9 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     /* ZeRO-3: the files hold whole tensors, as from any other level; the weights are
      * gathered for the save (written or staged before ts_ckpt_save_start returns). */
     ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
-    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_GATHER_EXACT);
+    ts_zero_materialize(&t->zero, TS_ZERO_GATHER_EXACT);
     ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
-    ts_grad_sync_dematerialize(&t->grad_sync, false);
+    ts_zero_dematerialize(&t->zero, false);
     if (st != TS_OK) return TS_ERR;
     return async ? TS_OK : ts_trainer_finish_save(t);
 }

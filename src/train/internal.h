@@ -26,11 +26,11 @@ ts_status ts_trainer_report_blas(ts_trainer *t);
  * step time so far, for the ETA). */
 ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms);
 ts_status ts_trainer_report_memory(ts_trainer *t);
-/* Tracing (log.trace): the dp, tp and cp groups' span hooks (comm.h ts_comm_span_fn:
+/* Tracing (log.trace): the replica, tp and cp groups' span hooks (comm.h ts_comm_span_fn:
  * each collective a span on this rank's communication track, categories "dpreduce",
  * "tpcomm", "cpcomm"), one span of category `cat` on this rank's track, and the Chrome
  * trace written at the end. */
-void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
+void ts_trainer_on_replica_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_on_tp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_on_cp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1);

@@ -30,7 +30,7 @@ ts_status ts_trainer_open_outputs(ts_trainer *t)
 {
     const char *path = t->cfg.log.metrics, *trace = t->cfg.log.trace;
     const ts_checkpoint_config *k = &t->cfg.checkpoint;
-    if (t->world.rank != 0) return TS_OK;
+    if (t->groups->world.rank != 0) return TS_OK;
     if (ts_ckpt_check_output(trace, "log.trace", k->dir, t->loaded_from) != TS_OK ||
         ts_ckpt_check_output(path, "log.metrics", k->dir, t->loaded_from) != TS_OK)
         return TS_ERR;
@@ -151,14 +151,14 @@ ts_status ts_trainer_report_blas(ts_trainer *t)
     double gflops[2];
     gflops[0] = ts_blas_measure_gflops();
     gflops[1] = measure_gemm_gflops(t->k, gflops[0]);
-    const int n = t->world.size;
-    char *cores = t->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
-    double *rates = t->world.rank == 0 ? ts_calloc((size_t)n * 2, sizeof(double)) : NULL;
+    const int n = t->groups->world.size;
+    char *cores = t->groups->world.rank == 0 ? ts_calloc((size_t)n, NAME) : NULL;
+    double *rates = t->groups->world.rank == 0 ? ts_calloc((size_t)n * 2, sizeof(double)) : NULL;
     ts_watchdog_context("setup: gathering the BLAS report", 0, 0, 0);
-    ts_gather_bytes(&t->world, core, NAME, cores, 0);
-    ts_gather_bytes(&t->world, gflops, sizeof gflops, rates, 0);
+    ts_gather_bytes(&t->groups->world, core, NAME, cores, 0);
+    ts_gather_bytes(&t->groups->world, gflops, sizeof gflops, rates, 0);
     ts_status st = TS_OK;
-    if (t->world.rank == 0) {
+    if (t->groups->world.rank == 0) {
         double lo = rates[0], hi = rates[0], peak = 0.0;
         int other = -1;
         for (int r = 0; r < n; r++) {
@@ -189,7 +189,7 @@ ts_status ts_trainer_report_blas(ts_trainer *t)
                         peak / n);
         json_t *line = json_pack("{s:s, s:s, s:s, s:o, s:i, s:s, s:o}", "cpu", cpu, "blas_core",
                                  core, "blas_core_note", note, "blas_gflops", json_array(),
-                                 "zero", t->grad_sync.level, "gemm_dtype", dtype,
+                                 "zero", t->zero.level, "gemm_dtype", dtype,
                                  "gemm_gflops", json_array());
         if (dnnl) json_object_set_new(line, "dnnl_isa", json_string(ts_dnnl_isa()));
         for (int r = 0; r < n; r++) {
@@ -205,7 +205,7 @@ ts_status ts_trainer_report_blas(ts_trainer *t)
     }
     free(cores);
     free(rates);
-    return ts_comm_agree(&t->world, st);
+    return ts_comm_agree(&t->groups->world, st);
 }
 
 static void format_eta(char *buf, size_t n, double seconds)
@@ -320,21 +320,22 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
                       (double)ts_adamw_state_bytes(&t->optim) / MiB,
                       steps_peak / MiB,
-                      (ts_grad_sync_state_bytes(&t->grad_sync) +
+                      (ts_zero_state_bytes(&t->zero) +
                        (double)ts_adamw_state_bytes(&t->optim)) / MiB,
-                      t->grad_sync.zbuf_peak / MiB, t->estimate_bytes / MiB};
-    double *all = t->world.rank == 0 ? ts_calloc((size_t)t->world.size * K, sizeof(double)) : NULL;
+                      t->zero.zbuf_peak / MiB, t->estimate_bytes / MiB};
+    const ts_comm *world = &t->groups->world;
+    double *all = world->rank == 0 ? ts_calloc((size_t)world->size * K, sizeof(double)) : NULL;
     ts_watchdog_context("finishing: gathering the memory report", 0, 0, 0);
-    ts_gather_bytes(&t->world, mine, sizeof mine, all, 0);
+    ts_gather_bytes(world, mine, sizeof mine, all, 0);
     ts_status st = TS_OK;
-    if (t->world.rank == 0) {
+    if (world->rank == 0) {
         const char *keys[K] = {"peak_rss_mb", "activation_mb", "optimizer_mb",
                                "step_peak_rss_mb", "state_mb", "zero_buffers_mb",
                                "estimate_mb"};
         json_t *line = json_object();
         for (int k = 0; k < K; k++) {
             json_t *list = json_array();
-            for (int r = 0; r < t->world.size; r++)
+            for (int r = 0; r < world->size; r++)
                 json_array_append_new(list, json_real(round(all[K * r + k] * 10.0) / 10.0));
             json_object_set_new(line, keys[k], list);
         }
@@ -347,7 +348,7 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
                     "%.1f MiB, optimizer state %.1f MiB)%s",
                     all[0], t->k->device_memory ? "device memory estimated" : "estimated",
                     all[6], all[1], all[2],
-                    t->metrics && t->world.size > 1 ? "; per rank in the metrics file" : "");
+                    t->metrics && world->size > 1 ? "; per rank in the metrics file" : "");
     }
     free(all);
     return st;
@@ -360,14 +361,15 @@ static void comm_span(ts_trainer *t, const char *cat, const char *prefix, const 
                       double t0, double t1)
 {
     if (!t->tracing) return;
-    ts_trace_event ev = ts_trace_event_make(cat, t->world.rank, -1, -1, (t0 - t->t0_ms) * 1e3,
+    ts_trace_event ev = ts_trace_event_make(cat, t->groups->world.rank, -1, -1,
+                                            (t0 - t->t0_ms) * 1e3,
                                             (t1 - t0) * 1e3);
     snprintf(ev.name, sizeof ev.name, "%s%s", prefix, what);
     ev.track = TS_TRACE_TRACK_DP;
     ts_trace_add(&t->trace, &ev);
 }
 
-void ts_trainer_on_dp_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
+void ts_trainer_on_replica_span(void *ctx, const char *what, size_t bytes, double t0, double t1)
 {
     (void)bytes;
     comm_span(ctx, "dpreduce", "", what, t0, t1);
@@ -388,7 +390,8 @@ void ts_trainer_on_cp_span(void *ctx, const char *what, size_t bytes, double t0,
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
 {
     if (!t->tracing) return;
-    ts_trace_event ev = ts_trace_event_make(cat, t->world.rank, -1, -1, (t0 - t->t0_ms) * 1e3,
+    ts_trace_event ev = ts_trace_event_make(cat, t->groups->world.rank, -1, -1,
+                                            (t0 - t->t0_ms) * 1e3,
                                             (t1 - t0) * 1e3);
     ts_trace_add(&t->trace, &ev);
 }
@@ -397,23 +400,23 @@ void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
 ts_status ts_trainer_write_trace(ts_trainer *t)
 {
     int n = t->trace.n, *counts = NULL, total = 0;
-    if (t->world.rank == 0) counts = ts_calloc((size_t)t->world.size, sizeof(int));
+    if (t->groups->world.rank == 0) counts = ts_calloc((size_t)t->groups->world.size, sizeof(int));
     ts_watchdog_context("finishing: gathering the trace", 0, 0, 0);
-    ts_gather_bytes(&t->world, &n, sizeof n, counts, 0);
+    ts_gather_bytes(&t->groups->world, &n, sizeof n, counts, 0);
     ts_trace_event *all = NULL;
-    if (t->world.rank == 0) {
-        for (int r = 0; r < t->world.size; r++) total += counts[r];
+    if (t->groups->world.rank == 0) {
+        for (int r = 0; r < t->groups->world.size; r++) total += counts[r];
         all = ts_calloc((size_t)total + 1, sizeof *all);
     }
-    ts_gatherv(&t->world, t->trace.events, n, sizeof(ts_trace_event), all, counts, 0);
+    ts_gatherv(&t->groups->world, t->trace.events, n, sizeof(ts_trace_event), all, counts, 0);
     ts_status st = TS_OK;
-    if (t->world.rank == 0) {
+    if (t->groups->world.rank == 0) {
         /* The writer makes the directory and writes atomically (core/fsutil.h). */
-        st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->world.size,
+        st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->groups->world.size,
                                    "tessera train (measured)");
         if (st == TS_OK) ts_log_info("trace: wrote %d events to %s", total, t->cfg.log.trace);
     }
     free(all);
     free(counts);
-    return ts_comm_agree(&t->world, st);
+    return ts_comm_agree(&t->groups->world, st);
 }

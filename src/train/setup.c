@@ -52,12 +52,13 @@ ts_status ts_trainer_select_device(ts_trainer *t)
         data = ts_comm_backend_find("mpi-staged");
         TS_ASSERT(data);
     }
-    /* Every group, even after one failed: each move is collective over its group, so
-     * stopping early would leave the other groups' members waiting. */
+    /* Every group that moves device memory (topology.h TS_GROUP_LIST), even after one
+     * failed: each move is collective over its group, so stopping early would leave the
+     * other groups' members waiting. The topology detaches them when it frees them. */
     char first[1024] = "";
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv, &t->cp };
-    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-        if (ts_comm_set_backend(groups[i], data) != TS_OK && !first[0])
+    for (int i = 0; i < TS_N_GROUPS; i++)
+        if (ts_group_memory_of(i) == TS_GROUP_DEVICE &&
+            ts_comm_set_backend(ts_groups_at(t->groups, i), data) != TS_OK && !first[0])
             snprintf(first, sizeof first, "%s", ts_error_message());
     return first[0] ? ts_fail("%s", first) : TS_OK;
 }
@@ -165,8 +166,8 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
 {
     const int n = ds->n_shards;
     uint64_t nn[2] = {(uint64_t)n, (uint64_t)n};
-    ts_host_allreduce_min_u64(&t->world, &nn[0], 1);
-    ts_host_allreduce_max_u64(&t->world, &nn[1], 1);
+    ts_host_allreduce_min_u64(&t->groups->world, &nn[0], 1);
+    ts_host_allreduce_max_u64(&t->groups->world, &nn[1], 1);
     if (nn[0] != nn[1])
         return ts_fail("%s: the ranks found different numbers of files (%llu to %llu): each "
                        "node must see the same files under the same paths and patterns (put "
@@ -179,8 +180,8 @@ static ts_status agree_dataset(ts_trainer *t, const ts_dataset *ds, const char *
         lo[2 * i + 1] = crc;
     }
     memcpy(hi, lo, (size_t)n * 2 * sizeof *lo);
-    ts_host_allreduce_min_u64(&t->world, lo, (size_t)n * 2);
-    ts_host_allreduce_max_u64(&t->world, hi, (size_t)n * 2);
+    ts_host_allreduce_min_u64(&t->groups->world, lo, (size_t)n * 2);
+    ts_host_allreduce_max_u64(&t->groups->world, hi, (size_t)n * 2);
     ts_status st = TS_OK;
     for (int i = 0; i < n && st == TS_OK; i++)
         if (lo[2 * i] != hi[2 * i] || lo[2 * i + 1] != hi[2 * i + 1])
@@ -214,8 +215,8 @@ static ts_status agree_tokenizer(ts_trainer *t)
         lo[i] = strtoull(word, NULL, 16);
     }
     memcpy(hi, lo, sizeof lo);
-    ts_host_allreduce_min_u64(&t->world, lo, 4);
-    ts_host_allreduce_max_u64(&t->world, hi, 4);
+    ts_host_allreduce_min_u64(&t->groups->world, lo, 4);
+    ts_host_allreduce_max_u64(&t->groups->world, hi, 4);
     if (memcmp(lo, hi, sizeof lo) != 0)
         return ts_fail("model.tokenizer: the ranks read different ranks files for %s (this "
                        "rank's %s has sha256 %s): each node must hold the same file (run "
@@ -267,7 +268,7 @@ ts_status ts_trainer_build_partition(ts_trainer *t)
     ts_layer_costs costs;
     ts_layer_costs_model(&costs, &c->model, c->parallel.micro_batch);
     int ok = 1;
-    if (t->world.rank == 0) {
+    if (t->groups->world.rank == 0) {
         ts_layer_costs measured;
         if (ts_layer_costs_measure(&measured, &c->model, c->parallel.micro_batch, t->k) == TS_OK) {
             ts_layer_costs_free(&costs);
@@ -276,12 +277,12 @@ ts_status ts_trainer_build_partition(ts_trainer *t)
             ok = 0; /* keep the model's costs */
         }
     }
-    ts_host_broadcast(&t->world, &ok, sizeof ok, 0);
+    ts_host_broadcast(&t->groups->world, &ok, sizeof ok, 0);
     if (ok) {
         size_t bytes = (size_t)costs.n_layers * sizeof(double);
-        ts_host_broadcast(&t->world, costs.fwd_ms, bytes, 0);
-        ts_host_broadcast(&t->world, costs.bwd_ms, bytes, 0);
-        ts_host_broadcast(&t->world, costs.act_bytes, bytes, 0);
+        ts_host_broadcast(&t->groups->world, costs.fwd_ms, bytes, 0);
+        ts_host_broadcast(&t->groups->world, costs.bwd_ms, bytes, 0);
+        ts_host_broadcast(&t->groups->world, costs.act_bytes, bytes, 0);
         costs.source = TS_COST_MEASURED;
     }
     ts_status st = ts_partition_from_costs(c, &costs, &t->part);
@@ -322,10 +323,10 @@ static bool choose_recompute(ts_trainer *t, const ts_sysmem *lim, double *room,
 {
     const ts_topology *topo = t->topo;
     const double budget = (double)t->cfg.parallel.memory_budget_mb * 1048576.0;
-    double r = machine_room(t->k, lim, topo->node_comm.size);
+    double r = machine_room(t->k, lim, topo->groups.node.size);
     if (budget > 0 && budget < r) r = budget;
     r = -r;
-    ts_host_allreduce_max_f64(&t->world, &r, 1); /* the least room */
+    ts_host_allreduce_max_f64(&t->groups->world, &r, 1); /* the least room */
     *room = -r;
     free(t->recompute_keep);
     free(t->recompute_selective);
@@ -350,9 +351,9 @@ static void log_recompute(ts_trainer *t, double room)
         keep[c] = mine ? t->recompute_keep[c] : -1;
         keep[n + c] = mine ? t->recompute_selective[c] : -1;
     }
-    ts_host_allreduce_max_i32(&t->world, keep, 2 * (size_t)n);
+    ts_host_allreduce_max_i32(&t->groups->world, keep, 2 * (size_t)n);
     for (int c = 0; c < n; c++) selective[c] = keep[n + c] > 0;
-    if (t->world.rank == 0) {
+    if (t->groups->world.rank == 0) {
         const int mb = t->cfg.parallel.memory_budget_mb;
         char what[32], line[1024];
         ts_format_bytes(room, what, sizeof what);
@@ -425,8 +426,8 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
         new_bytes = 0;
     }
     double node = new_bytes + lim.rss_now;
-    ts_host_allreduce_sum_f64(&topo->node_comm, &node, 1);
-    const int ranks_here = topo->node_comm.size;
+    ts_host_allreduce_sum_f64(&topo->groups.node, &node, 1);
+    const int ranks_here = topo->groups.node.size;
     if (st == TS_OK && lim.vm_now + new_bytes > lim.address_space)
         st = ts_fail("not enough memory: pipeline rank %d needs %s more, but the address-space "
                      "limit (ulimit -v) leaves %s of %s on host %s; raise the limit, or "
@@ -440,12 +441,12 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log)
                      topo->coords.pp, what, topo->host, ranks_here,
                      ts_format_bytes(node, together, sizeof together),
                      ts_format_bytes(lim.physical, phys, sizeof phys));
-    if (ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
     /* What this rank will hold at its peak: on the CPU the process as it is now (no
      * model yet) and what the estimate adds, BLAS's address space apart; on a device,
      * the device's bytes. The memory report sets it beside the real peak (estimate_mb). */
     t->estimate_bytes = k->device_memory ? est.total - est.blas : lim.rss_now + est.total - est.blas;
-    if (log && t->world.rank == 0) {
+    if (log && t->groups->world.rank == 0) {
         if (k->device_memory)
             ts_log_info("memory: rank 0 will use about %s", what);
         else

@@ -16,32 +16,121 @@
 #include "optim/optim.h"
 #include "train/internal.h"
 
-/* The engine's hook as a chunk's last backward of the step finishes its layers: their
- * gradients are final, so the buckets covering them may start reducing. */
-static void on_layers_done(void *ctx, int first, int end)
+/* The trainer's observers: with log.trace its trace, which the engine's actions go to,
+ * and on the topology's groups the tp and cp groups' time for the step statistics and,
+ * with log.trace, every collective of the replica, tp and cp groups on this rank's
+ * communication track. Off again in ts_trainer_free: the groups outlive the trainer. */
+static void observe(ts_trainer *t, bool on)
 {
-    ts_grad_sync_layers_done((ts_grad_sync *)ctx, first, end);
+    if (on && t->cfg.log.trace[0]) {
+        t->tracing = true;
+        ts_trace_init(&t->trace);
+        t->engine.trace = &t->trace;
+        t->engine.trace_t0_ms = t->t0_ms;
+    }
+    ts_groups *g = t->groups;
+    g->tp.busy_ms = on ? &t->tp_busy_ms : NULL;
+    g->cp.busy_ms = on ? &t->cp_busy_ms : NULL;
+    const bool trace = on && t->tracing;
+    g->replica.on_span = trace ? ts_trainer_on_replica_span : NULL;
+    g->tp.on_span = trace ? ts_trainer_on_tp_span : NULL;
+    g->cp.on_span = trace ? ts_trainer_on_cp_span : NULL;
+    g->replica.on_span_ctx = g->tp.on_span_ctx = g->cp.on_span_ctx = trace ? t : NULL;
 }
 
-ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo)
+/* Data parallelism (src/data): the ZeRO state's layout (its chunks, with ZeRO-2/3), the
+ * group sums, and the gradient reducer over the replica group; each installs its own
+ * hooks in the engine and the model. `level` is the ZeRO level the model was built for. */
+static ts_status setup_data_parallel(ts_trainer *t, int level)
+{
+    const ts_config *cfg = &t->cfg;
+    const ts_zero_layout zl = {&t->sched, t->topo->coords.pp, t->part.first_layer,
+                               t->part.n_chunk_layers};
+    ts_zero_init(&t->zero, &t->model, &t->groups->replica, cfg->parallel.zero, &zl);
+    TS_ASSERT(t->zero.level == level);
+    ts_group_sums_init(&t->sums, &t->model, &t->groups->embed, &t->groups->kv);
+    /* Every parameter reduces over the replica group. */
+    ts_reducer_args ra = {.group = &t->groups->replica,
+                          .sums = &t->sums,
+                          .bucket_bytes = (size_t)cfg->parallel.bucket_mb << 20,
+                          .overlap = cfg->parallel.overlap_grad_sync};
+    ts_zero_reducer_args(&t->zero, &ra);
+    ts_reducer_init(&t->reducer, &t->model, &ra);
+    const bool thread = strcmp(cfg->parallel.grad_sync_progress, "thread") == 0;
+    ts_status st = ts_reducer_attach(&t->reducer, &t->engine, &t->model, thread);
+    if (st == TS_OK) ts_zero_attach(&t->zero, &t->reducer, &t->engine, &t->optim);
+    return st;
+}
+
+/* The weights: initialised by index (ZeRO-3 a chunk at a time), or read from model.init
+ * (ZeRO-3 into every chunk's buffer, then its pieces kept). */
+static ts_status init_weights(ts_trainer *t)
+{
+    if (!t->cfg.model.init[0]) {
+        ts_zero_init_weights(&t->zero, (uint64_t)t->cfg.train.seed);
+        return TS_OK;
+    }
+    ts_zero_materialize(&t->zero, TS_ZERO_ALLOCATE);
+    ts_status st = ts_ckpt_load_model_init(&t->model, t->cfg.model.init);
+    ts_zero_dematerialize(&t->zero, st == TS_OK);
+    return st;
+}
+
+/* Rank 0's start-up lines on the pipeline: the partition and the schedule's placement. */
+static void log_pipeline(const ts_trainer *t)
+{
+    if (t->groups->world.rank != 0 || t->part.n_chunks <= 1) return;
+    char *d = ts_partition_describe(&t->part, t->sched.chunk_rank), where[512];
+    ts_log_info("%s", d);
+    free(d);
+    ts_log_info("schedule %s, %s", t->sched.name,
+                ts_placement_describe(&t->sched, where, sizeof where));
+}
+
+/* This rank's chunks of the model, laid out once from one spec (model/model.h): its
+ * tensor- and context-parallel groups, selective recompute (every layer, or the layers of
+ * the chunks auto's memory check chose, so the layout is the one it counted), and the
+ * full-size buffers the ZeRO level keeps (`level`: zero with more than one replica):
+ * ZeRO-2 no gradients, ZeRO-3 no weights either. */
+static void build_model(ts_trainer *t, int level)
+{
+    const ts_config *cfg = &t->cfg;
+    const ts_topology *topo = t->topo;
+    bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
+    bool *selective = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
+    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
+        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
+            for (int l = 0; l < t->part.n_chunk_layers[c]; l++)
+                selective[t->part.first_layer[c] + l] = true;
+    const ts_model_spec spec = {
+        .arch = &cfg->model, .k = t->k, .owned = owned,
+        .tp = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->groups->tp, t->k),
+        .sequence_parallel = cfg->parallel.sequence_parallel,
+        .tp_overlap = cfg->parallel.tp_overlap,
+        .cp = ts_cp_make(cfg->parallel.cp, topo->coords.cp, &t->groups->cp, t->k,
+                         cfg->model.seq_len),
+        .selective_all =
+            ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE,
+        .selective = selective,
+        .without_weights = level >= 3,
+        .without_grads = level >= 2};
+    ts_model_build(&t->model, &spec);
+    free(selective);
+    free(owned);
+}
+
+ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
 {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->topo = topo;
     t->t0_ms = ts_now_ms();
     ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
-    t->world = topo->world;
-    t->dp = topo->replica_comm; /* dp * cp ranks hold the same weights */
-    t->pp = topo->pp_comm;
-    t->tp = topo->tp_comm;
-    t->tp.busy_ms = &t->tp_busy_ms;
-    t->cp = topo->cp_comm;
-    t->cp.busy_ms = &t->cp_busy_ms;
-    t->embed = topo->embed_comm;
-    t->kv = topo->kv_comm;
+    t->groups = &topo->groups;
     ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
-    if (ts_comm_agree(&t->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
+    if (ts_comm_agree(&t->groups->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
     /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
      * set-up below (layer-cost measurement, model init, the data's checksums). */
     if (ts_trainer_claim_checkpoint_dir(t) != TS_OK) goto fail;
@@ -52,117 +141,38 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology
     ts_status st = ts_schedule_build(&t->sched, cfg->parallel.schedule, cfg->parallel.pp,
                                      cfg->parallel.virtual_stages, ts_config_num_microbatches(cfg));
     if (st == TS_OK) st = ts_partition_build(cfg, false, &t->part);
-    if (ts_comm_agree(&t->world, st) != TS_OK || ts_trainer_check_memory(t, false) != TS_OK)
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK || ts_trainer_check_memory(t, false) != TS_OK)
         goto fail;
     ts_partition_free(&t->part);
     st = ts_trainer_build_partition(t);
-    if (ts_comm_agree(&t->world, st) != TS_OK || ts_trainer_check_memory(t, true) != TS_OK)
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK || ts_trainer_check_memory(t, true) != TS_OK)
         goto fail;
 
-    /* This rank's chunks of the model, initialised (or read from model.init), the data,
-     * and the engine that runs the schedule over them. */
-    bool *owned = ts_calloc((size_t)cfg->model.n_layer + 2, sizeof(bool));
-    ts_partition_owned(&t->part, t->sched.chunk_rank, topo->coords.pp, owned);
-    const ts_tp tp0 = ts_tp_make(cfg->parallel.tp, topo->coords.tp, &t->tp, t->k);
-    ts_tp tp = ts_tp_overlap(ts_tp_sequence_parallel(tp0, cfg->parallel.sequence_parallel),
-                             cfg->parallel.tp_overlap);
-    /* The full-size buffers the ZeRO level keeps (grad_sync's level: zero with more than
-     * one replica): ZeRO-2 no gradients, ZeRO-3 no weights either. */
-    const int level = t->dp.size > 1 ? cfg->parallel.zero : 0;
-    ts_model_build_tp_holding(&t->model, &cfg->model, owned, &tp, level < 3, level < 2);
-    /* Selective recompute: every layer ("selective"), or the chunks of this rank that
-     * auto's memory check made selective, so the layout is the one it counted. */
-    ts_model_set_selective(&t->model, ts_recompute_from_name(cfg->parallel.recompute) ==
-                                          TS_RECOMPUTE_SELECTIVE);
-    for (int c = 0; t->recompute_selective && c < t->sched.n_chunks; c++)
-        if (ts_chunk_rank(&t->sched, c) == topo->coords.pp && t->recompute_selective[c])
-            ts_model_set_selective_layers(&t->model, t->part.first_layer[c],
-                                          t->part.first_layer[c] + t->part.n_chunk_layers[c],
-                                          true);
-    ts_model_set_context_parallel(&t->model, ts_cp_make(cfg->parallel.cp, topo->coords.cp,
-                                                        &t->cp, t->k, cfg->model.seq_len));
-    free(owned);
+    /* This rank's chunks of the model (its weights come below), the data, and the engine
+     * that runs the schedule over them. */
+    const int level = t->groups->replica.size > 1 ? cfg->parallel.zero : 0;
+    build_model(t, level);
     st = ts_trainer_open_data(t);
     if (st == TS_OK)
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
-                            &t->pp, topo->coords.dp, t->recompute_keep);
-    if (ts_comm_agree(&t->world, st) != TS_OK ||
-        ts_comm_agree(&t->world, ts_trainer_agree_data(t)) != TS_OK)
+                            &t->groups->pp, topo->coords.dp, t->recompute_keep);
+    if (ts_comm_agree(&t->groups->world, st) != TS_OK ||
+        ts_comm_agree(&t->groups->world, ts_trainer_agree_data(t)) != TS_OK)
         goto fail;
-    if (t->world.rank == 0) ts_trainer_log_data(t);
+    if (t->groups->world.rank == 0) ts_trainer_log_data(t);
 
-    /* Data parallelism: the gradient buckets over the dp group (and the tied
-     * embedding's sum over the embedding group), each started as soon as the chunk
-     * whose layers it covers has run its last backward (engine.chunk_done, below). */
-    if (cfg->log.trace[0]) { /* before grad_sync takes the group: its reductions' spans */
-        t->dp.on_span = ts_trainer_on_dp_span;
-        t->dp.on_span_ctx = t;
-        t->tp.on_span = ts_trainer_on_tp_span; /* the model's tp group is t->tp */
-        t->tp.on_span_ctx = t;
-        t->cp.on_span = ts_trainer_on_cp_span; /* the model's cp group is t->cp */
-        t->cp.on_span_ctx = t;
-    }
-    const ts_zero_layout zl = {&t->sched, topo->coords.pp, t->part.first_layer,
-                               t->part.n_chunk_layers};
-    ts_grad_sync_init(&t->grad_sync, &t->model, &t->dp, &t->embed, &t->kv,
-                      (size_t)cfg->parallel.bucket_mb << 20, cfg->parallel.overlap_grad_sync,
-                      cfg->parallel.zero, &zl);
-    /* How the overlapped reduction advances while this rank computes: its own thread,
-     * or tests between layers (inside pipeline waits MPI advances it anyway). */
-    if (strcmp(cfg->parallel.grad_sync_progress, "thread") == 0) {
-        if (ts_comm_agree(&t->world, ts_grad_sync_use_thread(&t->grad_sync)) != TS_OK) goto fail;
-    }
-    /* Poll mode tests the reductions between layers; ZeRO-3's gathers, issued by this
-     * thread, are tested there in both modes. */
-    if ((!t->grad_sync.threaded && t->grad_sync.n_buckets > 0 && cfg->parallel.overlap_grad_sync) ||
-        t->grad_sync.level == 3) {
-        t->model.between_layers = ts_grad_sync_poll;
-        t->model.between_layers_ctx = &t->grad_sync;
-    }
-    /* The AdamW moments of what this rank updates: everything, or its ZeRO shard; with
-     * ZeRO-2/3 the compact shard buffers and the chunks' views too. */
-    ts_grad_sync_init_optimizer(&t->grad_sync, &t->model, &t->optim);
-    TS_ASSERT(t->grad_sync.level == level);
-    ts_grad_sync_shard_model(&t->grad_sync, &t->optim);
-    /* The weights: initialised by index (ZeRO-3 a chunk at a time), or read from
-     * model.init (ZeRO-3 into every chunk's buffer, then its pieces kept). */
-    if (cfg->model.init[0]) {
-        ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_ALLOCATE);
-        st = ts_ckpt_load_model_init(&t->model, cfg->model.init);
-        ts_grad_sync_dematerialize(&t->grad_sync, st == TS_OK);
-    } else {
-        ts_grad_sync_init_weights(&t->grad_sync, (uint64_t)cfg->train.seed);
-    }
-    if (ts_comm_agree(&t->world, st) != TS_OK) goto fail;
-    /* A checkpoint replaces the initial weights and moments; then the outputs (a resumed
-     * run appends to its metrics file) and the BLAS report, the metrics' first line. */
-    if (ts_trainer_load_checkpoint(t) != TS_OK ||
-        ts_comm_agree(&t->world, ts_trainer_open_outputs(t)) != TS_OK ||
+    /* Data parallelism, the weights, then a checkpoint, which replaces the initial
+     * weights and moments; then the outputs (a resumed run appends to its metrics file)
+     * and the BLAS report, the metrics' first line. */
+    if (ts_comm_agree(&t->groups->world, setup_data_parallel(t, level)) != TS_OK ||
+        ts_comm_agree(&t->groups->world, init_weights(t)) != TS_OK ||
+        ts_trainer_load_checkpoint(t) != TS_OK ||
+        ts_comm_agree(&t->groups->world, ts_trainer_open_outputs(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
     ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
-    /* ZeRO-2/3: the engine brings each chunk's buffers in and out around its actions. */
-    t->engine.chunk_done = on_layers_done;
-    t->engine.chunk_done_ctx = &t->grad_sync;
-    if (t->grad_sync.level >= 2) {
-        t->engine.before_action = ts_grad_sync_before_action;
-        t->engine.after_action = ts_grad_sync_after_action;
-        t->engine.action_ctx = &t->grad_sync;
-    }
-    t->tracing = cfg->log.trace[0] != '\0';
-    if (t->tracing) {
-        ts_trace_init(&t->trace);
-        t->engine.trace = &t->trace;
-        t->engine.trace_t0_ms = t->t0_ms;
-    }
-
-    if (t->world.rank == 0 && t->part.n_chunks > 1) {
-        char *d = ts_partition_describe(&t->part, t->sched.chunk_rank), where[512];
-        ts_log_info("%s", d);
-        free(d);
-        ts_log_info("schedule %s, %s", t->sched.name,
-                    ts_placement_describe(&t->sched, where, sizeof where));
-    }
+    observe(t, true);
+    log_pipeline(t);
     return TS_OK;
 
 fail:
@@ -172,19 +182,17 @@ fail:
 
 void ts_trainer_free(ts_trainer *t)
 {
+    if (t->groups) observe(t, false); /* the groups outlive the trainer */
     if (t->saving) ts_ckpt_save_abandon(t->saving); /* the run failed mid-save */
     ts_ckpt_claim_release(&t->claim);
     free(t->staging.mem);
     if (t->metrics) fclose(t->metrics);
     if (t->tracing) ts_trace_free(&t->trace);
-    ts_grad_sync_free(&t->grad_sync);
+    ts_zero_free(&t->zero); /* before the reducer: it frees the segments' buffers */
+    ts_reducer_free(&t->reducer);
+    ts_group_sums_free(&t->sums);
     ts_adamw_free(&t->optim);
     ts_engine_free(&t->engine);
-    /* Release the data planes' per-group state (NCCL communicators, comm streams) on
-     * the trainer's copies of the groups; the topology frees the MPI groups. */
-    ts_comm *groups[] = { &t->dp, &t->pp, &t->tp, &t->embed, &t->kv, &t->cp };
-    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++)
-        if (groups[i]->backend_comm) ts_comm_set_backend(groups[i], &ts_comm_mpi);
     if (t->has_train) ts_sampler_close(&t->train_data);
     free(t->data_tokens);
     free(t->data_crc);
@@ -200,7 +208,7 @@ void ts_trainer_free(ts_trainer *t)
 /* Sum of a double over the whole grid (losses, squared norms, bubbles). */
 static double grid_sum(const ts_trainer *t, double local)
 {
-    ts_host_allreduce_sum_f64(&t->world, &local, 1);
+    ts_host_allreduce_sum_f64(&t->groups->world, &local, 1);
     return local;
 }
 
@@ -217,14 +225,15 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
         t->model.k->memset_zero(t->model.grad_mem, t->model.num_floats * sizeof(float));
     t->tp_busy_ms = 0.0;
     t->cp_busy_ms = 0.0;
-    ts_grad_sync_begin(&t->grad_sync);
+    ts_reducer_begin(&t->reducer);
+    ts_zero_begin(&t->zero);
     ts_engine_run(&t->engine, step);
 
     double t1 = ts_now_ms();
-    /* The dp reduction and the tied embedding's sum over the embedding group (with
-     * ZeRO-1 the tied sum first, then the reduce-scatter: dp/grad_sync.h). */
+    /* The replicas' reduction and the group sums (sharded, the sums first, then their
+     * tensors' reduce-scatter: data/reducer.h). */
     ts_watchdog_context("data-parallel gradient sync and tied-embedding sync", 0, 0, 0);
-    ts_grad_sync_finish(&t->grad_sync);
+    ts_reducer_finish(&t->reducer);
     double t2 = ts_now_ms();
     ts_trainer_trace_span(t, "dpsync", t1, t2);
 
@@ -234,7 +243,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * skipped inside. The loss too: every tp rank of the last stage holds the same
      * losses, so tp rank 0's count. */
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
-    const bool counts = ts_grad_sync_counts_norm(&t->grad_sync);
+    const bool counts = ts_reducer_counts_norm(&t->reducer);
     double sumsq = counts ? ts_adamw_grad_sum_squares(&t->optim, &t->model) : 0.0;
     double norm = sqrt(grid_sum(t, sumsq));
     out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
@@ -247,8 +256,8 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     if (!out->skipped) {
         ts_adamw_step(&t->optim, &t->model, &c->train, lr,
                       ts_clip_coef(norm, c->train.grad_clip), step + 1);
-        if (t->grad_sync.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
-        ts_grad_sync_gather_params(&t->grad_sync);
+        if (t->reducer.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
+        ts_zero_gather_params(&t->zero);
         ts_model_refresh_compute(&t->model); /* bf16: the next step's compute weights */
     }
     double t3 = ts_now_ms();
@@ -259,21 +268,21 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * step's collectives); replicas in other pipelines do not count. */
     ts_watchdog_context("step statistics", 0, 0, 0);
     double makespan = t->engine.span_ms;
-    ts_host_allreduce_max_f64(&t->pp, &makespan, 1);
+    ts_host_allreduce_max_f64(&t->groups->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
-    out->bubble = grid_sum(t, 1.0 - busy) / t->world.size;
+    out->bubble = grid_sum(t, 1.0 - busy) / t->groups->world.size;
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
-    out->dp_overlap = ts_grad_sync_overlap(&t->grad_sync);
+    out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
-    double comm_ms[3] = {t->grad_sync.wait_ms + t->grad_sync.gather_ms, t->tp_busy_ms,
+    double comm_ms[3] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
                          t->cp_busy_ms};
-    ts_host_allreduce_max_f64(&t->world, comm_ms, 3);
+    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 3);
     out->dp_wait_ms = comm_ms[0];
-    out->dp_bytes = t->dp.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
+    out->dp_bytes = t->groups->replica.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     out->tp_comm_ms = comm_ms[1];
     out->cp_comm_ms = comm_ms[2];
 }
@@ -283,9 +292,9 @@ double ts_trainer_eval(ts_trainer *t)
     const int n = t->cfg.data.val_windows;
     /* ZeRO-3: the forwards need every chunk's weights; gathered for the evaluation. */
     ts_watchdog_context("validation: gathering the ZeRO-3 weights", 0, 0, 0);
-    ts_grad_sync_materialize(&t->grad_sync, TS_ZERO_GATHER_COMPUTE);
+    ts_zero_materialize(&t->zero, TS_ZERO_GATHER_COMPUTE);
     double local = ts_engine_eval(&t->engine, &t->val_data, n);
-    ts_grad_sync_dematerialize(&t->grad_sync, false);
+    ts_zero_dematerialize(&t->zero, false);
     ts_watchdog_context("validation: summing the loss", 0, 0, 0);
     local = ts_tp_once(&t->model.tp, local); /* the tp ranks hold the same losses */
     return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
@@ -301,9 +310,9 @@ ts_status ts_trainer_run(ts_trainer *t)
     /* A stop signal during the set-up (caught since the start: ts_cmd_train): stop
      * before the first step; the checkpoint loaded, if any, is still the newest. */
     int early = ts_stop_signal();
-    ts_host_allreduce_max_i32(&t->world, &early, 1);
+    ts_host_allreduce_max_i32(&t->groups->world, &early, 1);
     if (early) {
-        if (t->world.rank == 0)
+        if (t->groups->world.rank == 0)
             ts_log_info("received %s during set-up: stopping before step %d", ts_stop_signal_name(early),
                         t->start_step);
         t->stop_signal = early;
@@ -336,19 +345,19 @@ ts_status ts_trainer_run(ts_trainer *t)
         }
         /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only
          * when there is a file), so its failure stops every rank now. */
-        if (c->log.metrics[0] && ts_comm_agree(&t->world, st) != TS_OK) return TS_ERR;
+        if (c->log.metrics[0] && ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
 
         /* A stop signal on any rank stops every rank after this step, with a save; an
          * asynchronous save is committed once every rank has written its part. */
         int flags[2] = {ts_stop_signal(), t->saving && !ts_ckpt_save_written(t->saving)};
-        ts_host_allreduce_max_i32(&t->world, flags, 2);
+        ts_host_allreduce_max_i32(&t->groups->world, flags, 2);
         if (t->saving && !flags[1] && ts_trainer_finish_save(t) != TS_OK) return TS_ERR;
         const int stop = flags[0];
         if (stop) {
-            if (t->world.rank == 0 && saving)
+            if (t->groups->world.rank == 0 && saving)
                 ts_log_info("received %s after step %d: saving a checkpoint and stopping",
                             ts_stop_signal_name(stop), step);
-            else if (t->world.rank == 0)
+            else if (t->groups->world.rank == 0)
                 ts_log_warn("received %s after step %d: stopping (nothing saved: no "
                             "checkpoint.dir)",
                             ts_stop_signal_name(stop), step);
@@ -369,7 +378,7 @@ ts_status ts_trainer_run(ts_trainer *t)
         if (!same && ts_trainer_save_checkpoint(t, steps, false) != TS_OK) return TS_ERR;
     }
     ts_watchdog_context("finishing: memory report and trace", 0, 0, 0);
-    if (ts_comm_agree(&t->world, ts_trainer_report_memory(t)) != TS_OK) return TS_ERR;
+    if (ts_comm_agree(&t->groups->world, ts_trainer_report_memory(t)) != TS_OK) return TS_ERR;
     if (t->tracing) return ts_trainer_write_trace(t);
     return TS_OK;
 }

@@ -12,7 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
-#include "dp/grad_sync.h"
+#include "data/zero.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
 #include "model/model.h"
@@ -41,15 +41,18 @@ typedef struct {
 typedef struct {
     ts_config cfg;
     const ts_topology *topo;
-    /* dp: the ranks holding the same weights (the topology's replica group: dp * cp of
-     * them), over which gradients are reduced and ZeRO shards; cp: the context-parallel
-     * group (tensor/cp.h). */
-    ts_comm world, dp, pp, tp, embed, kv, cp;
-    /* The compute backend (train.device); dp, pp, tp and embed carry its memory on the
-     * comm backend that can (MPI for the CPU; staged through host buffers for memory
-     * the host may not touch). */
+    /* The topology's groups (topology.h ts_groups), held by pointer: gradients are
+     * reduced and ZeRO shards over groups->replica (dp * cp ranks holding the same
+     * weights), the pipeline runs over groups->pp, tensor and context parallelism over
+     * groups->tp and groups->cp. The trainer moves the groups that carry device memory
+     * to the compute backend's data plane (setup.c) and observes tp, cp and replica
+     * (busy_ms, on_span) until ts_trainer_free; the topology frees them. */
+    ts_groups *groups;
+    /* The compute backend (train.device); the groups carry its memory on the comm
+     * backend that can (MPI for the CPU; staged through host buffers for memory the host
+     * may not touch). */
     const ts_kernels *k;
-    double tp_busy_ms;  /* this step's time in tp collectives (t->tp.busy_ms points here) */
+    double tp_busy_ms;  /* this step's time in tp collectives (groups->tp.busy_ms) */
     double cp_busy_ms;  /* the same for the cp group's */
 
     ts_partition part;
@@ -60,7 +63,12 @@ typedef struct {
                                   choice); NULL otherwise */
     ts_model model;
     ts_engine engine;
-    ts_grad_sync grad_sync;
+    /* Data parallelism (src/data): the gradients summed over the embedding and kv
+     * groups, the reducer of the gradients over the replicas, and the sharded (ZeRO)
+     * optimizer state; each installs its own hooks in the engine and the model. */
+    ts_group_sums sums;
+    ts_reducer reducer;
+    ts_zero_state zero;
     ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
@@ -106,8 +114,10 @@ typedef struct {
 
 /* Everything that can fail for a user reason (schedule, partition, data files,
  * model.init, metrics file) fails here, agreed across ranks: either every rank returns
- * TS_OK or every rank TS_ERR, with the message of the lowest failing rank. */
-ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, const ts_topology *topo);
+ * TS_OK or every rank TS_ERR, with the message of the lowest failing rank. The trainer
+ * uses topo's groups in place (backend, observers) until ts_trainer_free; free the
+ * topology after it. */
+ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo);
 void ts_trainer_free(ts_trainer *t);
 
 /* One optimizer step (0-based `step`). */

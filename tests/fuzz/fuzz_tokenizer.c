@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fuzz_util.h"
+#include "support/tok_decode.h"
 #include "tokenizer/tokenizer.h"
 
 /* scripts/fuzz.sh runs the harnesses from the repository's root. */

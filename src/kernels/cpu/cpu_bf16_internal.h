@@ -1,18 +1,16 @@
-/* The bf16 CPU kernels (kernels/cpu/..._bf16.c), gathered into ts_kernels_cpu_bf16 by
- * table_bf16.c. Each has the fp32 kernel's semantics (kernels/cpu/<name>.c, the
- * reference), with the `void *` activations bf16: loaded into fp32, computed in fp32,
- * stored with one rounding to nearest even (kernels/cpu/bf16.h). */
+/* The bf16 CPU kernels' entry points, gathered into ts_kernels_cpu_bf16 by table.c. Each
+ * has the fp32 kernel's semantics: most are the same body as their fp32 twin in
+ * kernels/cpu/<name>.c, run over bf16 storage (storage.h: loaded into fp32, computed in
+ * fp32, stored with one rounding to nearest even, bf16.h); matmul and attention have
+ * their own oneDNN files (matmul_bf16.c, attention_bf16.c). */
 #ifndef TS_KERNELS_CPU_BF16_INTERNAL_H
 #define TS_KERNELS_CPU_BF16_INTERNAL_H
 
 #include <stddef.h>
 
 #include "kernels/cpu/bf16.h"
+#include "kernels/cpu/storage.h"
 #include "kernels/kernels.h"
-
-/* Elementwise kernels work through fp32 buffers of this many elements on the stack:
- * load (widen) a chunk, compute as the fp32 kernel does, store (round) it. */
-#define TS_BF16_CHUNK 512
 
 void ts_cpu_bf16_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type,
                          size_t n);
@@ -30,10 +28,6 @@ void ts_cpu_bf16_layernorm_forward(void *out, float *mean, float *rstd, const vo
 void ts_cpu_bf16_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                                     const void *inp, const float *weight, const float *mean,
                                     const float *rstd, int N, int C);
-/* One row of LayerNorm from fp32 x[C] into bf16 o[C], mean and rstd returned: the one
- * machine code behind layernorm_forward and residual_layernorm_forward (same bits). */
-void ts_cpu_bf16_layernorm_row(ts_bf16 *o, float *mean, float *rstd, const float *x,
-                               const float *weight, const float *bias, int C);
 void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, const float *bias,
                                 int N, int C, int OC);
 void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,

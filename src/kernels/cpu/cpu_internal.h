@@ -86,27 +86,6 @@ static inline void ts_cpu_reduce_norm_blocks(float *part, int nblocks, int C, in
     }
 }
 
-/* RMSNorm's backward of one row in fp32 (rmsnorm.c, rmsnorm_bf16.c): dx += the input
- * gradient, pw += the row's share of the weight gradient. */
-static inline void ts_cpu_rmsnorm_row_backward(float *dx, float *pw, const float *x,
-                                               const float *d, const float *weight, float rs,
-                                               int C)
-{
-    float sgx = 0.0f;
-#pragma omp simd reduction(+ : sgx)
-    for (int c = 0; c < C; c++) {
-        float xhat = x[c] * rs;
-        sgx += weight[c] * d[c] * xhat;
-        pw[c] += d[c] * xhat;
-    }
-    float mgx = sgx / C;
-#pragma omp simd
-    for (int c = 0; c < C; c++) {
-        float xhat = x[c] * rs;
-        dx[c] += (weight[c] * d[c] - xhat * mgx) * rs;
-    }
-}
-
 /* One function per kernel, gathered into ts_kernels_cpu by table.c. */
 void ts_cpu_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);

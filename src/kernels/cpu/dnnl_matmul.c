@@ -29,7 +29,6 @@ typedef struct {
     dnnl_primitive_t prim;
     dnnl_memory_desc_t a_md, b_md, c_md, bias_md, scratch_md;
     size_t scratch_bytes;
-    char impl[64];
 } ts_dnnl_entry;
 
 static ts_dnnl_entry *g_cache[TS_DNNL_CACHE];
@@ -156,9 +155,6 @@ static ts_dnnl_entry *create_entry(const ts_dnnl_gemm *g, const int64_t *key)
     TS_ASSERT(smd != NULL);
     e->scratch_md = *smd;
     e->scratch_bytes = dnnl_memory_desc_get_size(smd);
-    const char *impl = NULL;
-    TS_DNNL(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl));
-    snprintf(e->impl, sizeof e->impl, "%s", impl ? impl : "?");
     TS_DNNL(dnnl_primitive_create(&e->prim, pd));
     TS_DNNL(dnnl_primitive_desc_destroy(pd));
     TS_DNNL(dnnl_primitive_attr_destroy(attr));
@@ -239,5 +235,3 @@ void ts_dnnl_matmul(const ts_dnnl_gemm *g, void *C, const void *A, const void *B
     if (mbias) TS_DNNL(dnnl_memory_destroy(mbias));
     if (ms) TS_DNNL(dnnl_memory_destroy(ms));
 }
-
-const char *ts_dnnl_gemm_impl(const ts_dnnl_gemm *g) { return lookup(g)->impl; }

@@ -44,8 +44,4 @@ ts_dnnl_gemm ts_dnnl_gemm_2d(int M, int N, int K, int64_t lda, int64_t ldb, bool
 void ts_dnnl_matmul(const ts_dnnl_gemm *g, void *C, const void *A, const void *B,
                     const float *bias);
 
-/* The oneDNN implementation chosen for g ("brg:avx512_core_bf16", ...), for
- * benchmarks and logs; creates g's primitive if it is not cached yet. */
-const char *ts_dnnl_gemm_impl(const ts_dnnl_gemm *g);
-
 #endif

@@ -1,16 +1,36 @@
-/* Elementwise kernels: residual add, sum of squares. */
+/* Elementwise kernels: residual add (both storage types), sum of squares (fp32). The
+ * residual add fused with the next norm is in layernorm.c and rmsnorm.c. */
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
 
-void ts_cpu_residual_forward(void *out_, const void *a_, const void *b_, size_t n)
+/* out = a + b for both storage types (storage.h), over chunks of TS_BF16_CHUNK
+ * elements; out may alias a or b: a chunk is read whole before it is written. */
+static void residual_forward(ts_dtype t, void *out, const void *a, const void *b, size_t n)
 {
-    float *out = out_;
-    const float *a = a_;
-    const float *b = b_;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    size_t chunks = (n + TS_BF16_CHUNK - 1) / TS_BF16_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < chunks; k++) {
+        size_t i0 = k * TS_BF16_CHUNK, m = n - i0 < TS_BF16_CHUNK ? n - i0 : TS_BF16_CHUNK;
+        float xb[TS_BF16_CHUNK], yb[TS_BF16_CHUNK];
+        const float *x = ts_cpu_load(t, xb, a, i0, m), *y = ts_cpu_load(t, yb, b, i0, m);
+        float *o = ts_cpu_out(t, xb, out, i0);
+#pragma omp simd
+        for (size_t i = 0; i < m; i++) o[i] = x[i] + y[i];
+        ts_cpu_store(t, out, i0, o, m);
+    }
+}
+
+void ts_cpu_residual_forward(void *out, const void *a, const void *b, size_t n)
+{
+    residual_forward(TS_DTYPE_F32, out, a, b, n);
+}
+
+void ts_cpu_bf16_residual_forward(void *out, const void *a, const void *b, size_t n)
+{
+    residual_forward(TS_DTYPE_BF16, out, a, b, n);
 }
 
 /* Blocks of a fixed size, each summed in double, then the block sums added in order:

@@ -1,10 +1,11 @@
-/* Device queries for code outside the CUDA backend (device.h). None of them aborts:
+/* Device queries for code outside the CUDA backend (kernels.h, device.h). None aborts:
  * a device CUDA cannot describe is reported as unknown and the caller decides. */
 #include <stdio.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/device.h"
+#include "kernels/kernels.h"
 
 bool ts_cuda_device_pci(int ordinal, char *busid)
 {

@@ -1,0 +1,376 @@
+/* The activation layout (act_layout.h): sizes from the model's shape, the views of each
+ * layer's saved buffers, the backward scratch's regions and the zero-bubble stash. */
+#include "model/act_layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/cp.h"
+#include "tensor/tp.h"
+
+/* The shape a model (or a config, for estimates) gives the layout. */
+typedef struct {
+    bool llama, selective, rebuild, sp;
+    int n_embd, n_head, n_kv_head, ffn, vocab;
+    int sub; /* tp_overlap's sub-batches (0 or 1: none) */
+    ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
+} act_shape;
+
+static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, int B, int T)
+{
+    int64_t v0, nv;
+    ts_shard_range(sh.vocab, tp, tp_rank, &v0, &nv);
+    const int H = sh.n_head / tp, HS = sh.n_embd / sh.n_head;
+    const int KV = tp > sh.n_kv_head ? 1 : sh.n_kv_head / tp;
+    const size_t F = (size_t)sh.ffn / tp;
+    const size_t NL = sh.sp ? (size_t)B * T / (size_t)tp : (size_t)B * T;
+    act_dims d = {.B = (size_t)B, .T = (size_t)T, .N = (size_t)B * T, .C = (size_t)sh.n_embd,
+                  .Cl = (size_t)H * HS, .H = (size_t)H, .KV = (size_t)KV, .HS = (size_t)HS,
+                  .QKV = (size_t)(H + 2 * KV) * HS, .F = F, .FI = sh.llama ? 2 * F : F,
+                  .NM = sh.llama ? 0 : NL, .Vl = (size_t)nv, .NL = NL,
+                  .att = k->attention_saved_bytes(B, T, H, HS),
+                  .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
+                  .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
+                  .selective = sh.selective, .rebuild = sh.rebuild, .sp = sh.sp,
+                  .S = sh.sub > 1 ? (size_t)sh.sub : 1};
+    if (sh.cp.size > 1 && T > 1) {
+        /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
+         * the two chunks' prefix state and keeps the gathered K/V. (T = 1: a count of
+         * rows only, the zero-bubble stash's.) */
+        ts_cp cp = sh.cp;
+        cp.k = k;
+        TS_ASSERT(T == ts_cp_local_len(&cp));
+        d.att = ts_cp_attention_saved_bytes(&cp, B, H, HS);
+        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, H, HS);
+        d.KVG = ts_cp_kv_elems(&cp, B, KV, HS);
+        d.cpw = ts_cp_work_bytes(&cp, B, KV, HS, sh.n_embd, d.ab);
+        d.cp = true;
+    }
+    d.att_kept = sh.selective ? 0 : d.att;
+    return d;
+}
+
+act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
+{
+    const bool selective = l >= 0 && m->layers[l].selective;
+    const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
+                          m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size,
+                          m->tp.sub, m->cp};
+    return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
+}
+
+/* Each buffer starts on a 64-byte boundary (a bf16 buffer may hold an odd count). */
+#define ACT_ALIGN(bytes) (((bytes) + 63) / 64 * 64)
+#define ACT_ELEM_A (d.ab)
+#define ACT_ELEM_F sizeof(float)
+#define ACT_ELEM_BYTES ((size_t)1)
+#define ACT_BYTES(name, count, type) +ACT_ALIGN((count) * ACT_ELEM_##type)
+#define ACT_VIEW(name, count, type) v.name = (ACT_CTYPE_##type *)p, p += ACT_ALIGN((count) * ACT_ELEM_##type);
+
+static size_t kind_bytes(ts_layer_kind kind, act_dims d)
+{
+    switch (kind) {
+    case TS_LAYER_EMBED: return 0 EMBED_ACTS(ACT_BYTES);
+    case TS_LAYER_BLOCK: return 0 BLOCK_ACTS(ACT_BYTES);
+    case TS_LAYER_HEAD: return 0 HEAD_ACTS(ACT_BYTES);
+    }
+    return 0;
+}
+
+size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
+                          int tp_rank, const ts_kernels *k)
+{
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->n_embd,
+                          cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
+                          cfg->vocab_size, 1, {.size = 1}};
+    return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
+}
+
+static unsigned char *layer_mem(const ts_acts *a, int l)
+{
+    return a->mem + a->layer_off[l - a->l0];
+}
+
+block_acts ts_block_views(const ts_model *m, const ts_acts *a, int l)
+{
+    const act_dims d = ts_act_dims(m, l, a->B, a->T);
+    unsigned char *p = layer_mem(a, l);
+    block_acts v;
+    BLOCK_ACTS(ACT_VIEW)
+    return v;
+}
+
+head_acts ts_head_views(const ts_model *m, const ts_acts *a, int l)
+{
+    const act_dims d = ts_act_dims(m, l, a->B, a->T);
+    unsigned char *p = layer_mem(a, l);
+    head_acts v;
+    HEAD_ACTS(ACT_VIEW)
+    return v;
+}
+
+embed_acts ts_embed_views(const ts_model *m, const ts_acts *a, int l)
+{
+    const act_dims d = ts_act_dims(m, l, a->B, a->T);
+    unsigned char *p = layer_mem(a, l);
+    embed_acts v;
+    EMBED_ACTS(ACT_VIEW)
+    (void)p;
+    return v;
+}
+
+block_acts ts_block_sub_views(const act_dims *d, const block_acts *s, int i)
+{
+    const size_t n = d->N / d->S * (size_t)i, nl = d->NL / d->S * (size_t)i;
+    block_acts v = *s;
+    v.ln1 = act_at(d, s->ln1, nl * d->C);
+    v.ln1_mean = d->NM ? s->ln1_mean + nl : s->ln1_mean;
+    v.ln1_rstd = s->ln1_rstd + nl;
+    v.qkv = act_at(d, s->qkv, n * d->QKV);
+    v.kvg = d->KVG ? act_at(d, s->kvg, d->KVG / d->S * (size_t)i) : s->kvg;
+    v.atty = act_at(d, s->atty, n * d->Cl);
+    v.att = (unsigned char *)s->att + d->att_kept / d->S * (size_t)i;
+    v.res2 = act_at(d, s->res2, nl * d->C);
+    v.ln2 = act_at(d, s->ln2, nl * d->C);
+    v.ln2_mean = d->NM ? s->ln2_mean + nl : s->ln2_mean;
+    v.ln2_rstd = s->ln2_rstd + nl;
+    v.fch = act_at(d, s->fch, n * d->FI);
+    v.fch_gelu = act_at(d, s->fch_gelu, n * d->F);
+    v.out = act_at(d, s->out, nl * d->C);
+    return v;
+}
+
+static size_t layer_bytes(const ts_model *m, int l, int B, int T)
+{
+    return kind_bytes(m->layers[l].kind, ts_act_dims(m, l, B, T));
+}
+
+void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
+{
+    TS_ASSERT(0 <= l0 && l0 < l1 && l1 <= m->n_layers && T <= m->max_seq_len);
+    memset(a, 0, sizeof *a);
+    a->l0 = l0;
+    a->l1 = l1;
+    a->B = B;
+    a->T = T;
+    a->k = m->k;
+    a->tokens = m->k->dev_alloc((size_t)B * T * sizeof(int));
+    a->targets = m->k->dev_alloc((size_t)B * T * sizeof(int));
+    a->layer_off = ts_calloc((size_t)(l1 - l0), sizeof(size_t));
+    size_t total = 0;
+    for (int l = l0; l < l1; l++) {
+        a->layer_off[l - l0] = total;
+        total += layer_bytes(m, l, B, T);
+    }
+    a->bytes = total;
+    a->mem = m->k->dev_alloc(total);
+}
+
+size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T)
+{
+    size_t total = 0;
+    for (int l = l0; l < l1; l++) total += layer_bytes(m, l, B, T);
+    return total;
+}
+
+void ts_acts_free(ts_acts *a)
+{
+    if (a->k) {
+        a->k->dev_free(a->wstash);
+        a->k->dev_free(a->tokens);
+        a->k->dev_free(a->targets);
+        a->k->dev_free(a->mem);
+    }
+    free(a->layer_off);
+    memset(a, 0, sizeof *a);
+}
+
+void *ts_acts_output(const ts_model *m, const ts_acts *a, int l)
+{
+    switch (m->layers[l].kind) {
+    case TS_LAYER_EMBED: return ts_embed_views(m, a, l).out;
+    case TS_LAYER_BLOCK: return ts_block_views(m, a, l).out;
+    case TS_LAYER_HEAD: break;
+    }
+    TS_ASSERT(!"the head has no activation output");
+    return NULL;
+}
+
+const float *ts_acts_losses(const ts_model *m, const ts_acts *a)
+{
+    TS_ASSERT(a->l1 == m->n_layers);
+    return ts_head_views(m, a, m->n_layers - 1).losses;
+}
+
+const void *ts_acts_layer_input(const ts_model *m, const ts_acts *a, int l)
+{
+    return l == a->l0 ? a->input : ts_acts_output(m, a, l - 1);
+}
+
+/* ------------------------------------------------------------ the scratch */
+
+size_t ts_scratch_wide_cols(act_dims d) { return d.FI > d.QKV ? d.FI : d.QKV; }
+size_t ts_scratch_narrow_cols(act_dims d) { return d.llama && d.F > d.C ? d.F : d.C; }
+static size_t scratch_gather_offset(act_dims d)
+{
+    return ACT_ALIGN(d.N * (ts_scratch_wide_cols(d) + ts_scratch_narrow_cols(d)) * d.ab);
+}
+static size_t scratch_local_offset(act_dims d)
+{
+    return scratch_gather_offset(d) + ACT_ALIGN(d.N * d.C * d.ab);
+}
+static size_t scratch_att_offset(act_dims d)
+{
+    if (!d.sp) return scratch_gather_offset(d);
+    return scratch_local_offset(d) + ACT_ALIGN(d.NL * d.C * d.ab);
+}
+
+/* Where selective recompute's rebuilt attention state starts, and its output (the
+ * scratch has them when d.rebuild: some layer of the model is selective). */
+static size_t scratch_rebuilt_offset(act_dims d)
+{
+    return ACT_ALIGN(scratch_att_offset(d) + d.att_scratch);
+}
+static size_t scratch_rebuilt_out_offset(act_dims d)
+{
+    return scratch_rebuilt_offset(d) + ACT_ALIGN(d.att);
+}
+
+/* Context parallelism's exchange work (tensor/cp.h) comes last: the forwards use it as
+ * well (a->cp_work), beside the regions above that they use. */
+static size_t scratch_without_cp(act_dims d)
+{
+    if (!d.rebuild) return scratch_att_offset(d) + d.att_scratch;
+    return scratch_rebuilt_out_offset(d) + d.N * d.Cl * d.ab;
+}
+static size_t scratch_cp_offset(act_dims d) { return ACT_ALIGN(scratch_without_cp(d)); }
+
+static void *scratch_at(const ts_scratch *sc, size_t offset)
+{
+    return (unsigned char *)sc->mem + offset;
+}
+
+void *ts_scratch_wide(const act_dims *d, const ts_scratch *sc)
+{
+    (void)d;
+    return sc->mem;
+}
+void *ts_scratch_narrow(const act_dims *d, const ts_scratch *sc)
+{
+    return act_at(d, sc->mem, d->N * ts_scratch_wide_cols(*d));
+}
+void *ts_scratch_gather(const act_dims *d, const ts_scratch *sc)
+{
+    return d->sp ? scratch_at(sc, scratch_gather_offset(*d)) : NULL;
+}
+void *ts_scratch_local(const act_dims *d, const ts_scratch *sc)
+{
+    return d->sp ? scratch_at(sc, scratch_local_offset(*d)) : NULL;
+}
+void *ts_scratch_attention(const act_dims *d, const ts_scratch *sc)
+{
+    return scratch_at(sc, scratch_att_offset(*d));
+}
+void *ts_scratch_rebuilt(const act_dims *d, const ts_scratch *sc)
+{
+    return scratch_at(sc, scratch_rebuilt_offset(*d));
+}
+void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc)
+{
+    return scratch_at(sc, scratch_rebuilt_out_offset(*d));
+}
+
+size_t ts_scratch_bytes(const ts_model *m, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
+}
+
+void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    return d.cp ? scratch_at(s, scratch_cp_offset(d)) : NULL;
+}
+
+void *ts_scratch_attention_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    return d.rebuild ? scratch_at(s, scratch_rebuilt_offset(d)) : NULL;
+}
+
+void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    return d.sp ? scratch_at(s, scratch_gather_offset(d)) : NULL;
+}
+
+void ts_scratch_init(ts_scratch *s, const ts_model *m, int B, int T)
+{
+    s->bytes = ts_scratch_bytes(m, B, T);
+    s->k = m->k;
+    s->mem = m->k->dev_alloc(s->bytes);
+}
+
+void ts_scratch_free(ts_scratch *s)
+{
+    if (s->k) s->k->dev_free(s->mem);
+    s->mem = NULL;
+}
+
+/* ------------------------------------------------------------ the stash */
+
+/* A block's stash in elements: each phase's output gradient [N,C] and its input
+ * linear's output gradient (the MLP's [N,FI], attention's [N,QKV]). */
+static size_t stash_block_elems(const ts_model *m, int N)
+{
+    const act_dims d = ts_act_dims(m, -1, N, 1); /* only the N rows matter here */
+    return d.N * (2 * d.C + d.FI + d.QKV);
+}
+
+void *ts_stash_mlp(const ts_model *m, void *block_stash, int N)
+{
+    (void)m;
+    (void)N;
+    return block_stash;
+}
+
+void *ts_stash_attention(const ts_model *m, void *block_stash, int N)
+{
+    const act_dims d = ts_act_dims(m, -1, N, 1);
+    return act_at(&d, block_stash, d.N * (d.C + d.FI));
+}
+
+static size_t stash_offset(const ts_model *m, const ts_acts *a, int l)
+{
+    int blocks_before = 0;
+    for (int j = a->l0; j < l; j++) blocks_before += m->layers[j].kind == TS_LAYER_BLOCK;
+    return (size_t)blocks_before * stash_block_elems(m, a->B * a->T);
+}
+
+static size_t stash_total_elems(const ts_model *m, int l0, int l1, int B, int T)
+{
+    int blocks = 0;
+    for (int l = l0; l < l1; l++) blocks += m->layers[l].kind == TS_LAYER_BLOCK;
+    return (size_t)blocks * stash_block_elems(m, B * T) +
+           (l0 == 0 ? (size_t)B * T * m->n_embd : 0);
+}
+
+size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T)
+{
+    return stash_total_elems(m, l0, l1, B, T) * ts_dtype_bytes(m->k->act_dtype);
+}
+
+void *ts_stash_block(const ts_model *m, const ts_acts *a, int l)
+{
+    const act_dims d = ts_act_dims(m, -1, a->B, a->T);
+    return act_at(&d, a->wstash, stash_offset(m, a, l));
+}
+
+void *ts_stash_embed(const ts_model *m, const ts_acts *a)
+{
+    const act_dims d = ts_act_dims(m, -1, a->B, a->T);
+    const size_t at = stash_offset(m, a, a->l1);
+    TS_ASSERT(at + (a->l0 == 0 ? d.N * d.C : 0) ==
+              stash_total_elems(m, a->l0, a->l1, a->B, a->T));
+    return act_at(&d, a->wstash, at);
+}

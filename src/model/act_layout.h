@@ -1,0 +1,143 @@
+/* The activation layout of one micro-batch, private to src/model: every buffer a layer
+ * saves for its backward, its size and element type (the X-lists below, written once),
+ * the backward's scratch regions and the zero-bubble stash. The public side is model.h's
+ * ts_acts_*, ts_scratch_* and ts_layer_act_bytes, which the memory estimate
+ * (pipeline/memory.c) and the planner (plan/) size from this same layout; the compute
+ * (layers.c, block.c) reads and writes through the views declared here. */
+#ifndef TS_MODEL_ACT_LAYOUT_H
+#define TS_MODEL_ACT_LAYOUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "model/model.h"
+
+/* Sizes of one micro-batch on one tensor-parallel rank: N = B*T rows, C channels, this
+ * rank's H query heads and KV key/value heads of HS channels, Cl = H*HS attention
+ * channels, QKV = (H + 2 KV) HS columns of the q|k|v projection, F MLP columns of the
+ * activation (GELU's, SwiGLU's output) and FI of the projection before it (F for
+ * gpt2's c_fc, 2F for llama's gate|up), Vl vocabulary rows; NM: rows of a norm's
+ * mean (N for LayerNorm, 0 for RMSNorm, which keeps only rstd); att and att_scratch:
+ * the bytes the backend's attention keeps for its backward and the workspace that
+ * needs (kernels.h); ab: the bytes of one activation element (the table's act_dtype). */
+typedef struct {
+    size_t B, T, N, C, Cl, H, KV, HS, QKV, F, FI, NM, Vl, att, att_scratch, ab;
+    size_t att_kept; /* att, or 0 when the layer recomputes selectively (the scratch
+                        holds it then) */
+    size_t NL;       /* rows of the norms and residuals: N, or N / tp under sequence
+                        parallelism (tensor/tp.h) */
+    size_t S;        /* tp_overlap's sub-batches (1: none) */
+    size_t KVG;      /* context parallelism: the gathered K/V [B, cp.T, 2 KV HS] a block
+                        keeps (0 without; tensor/cp.h) */
+    size_t cpw;      /* context parallelism: the exchange's work bytes (the scratch's) */
+    bool llama, sp, cp;
+    bool selective;  /* this layer keeps no attention state (ts_layer.selective) */
+    bool rebuild;    /* the scratch holds the rebuilt state: some layer of the model is
+                        selective (ts_model.selective_recompute) */
+} act_dims;
+
+/* Layer l's dims for a micro-batch of B sequences of T positions (l < 0: no layer's,
+ * one that keeps its attention state: the scratch's and the stash's, whose sizes depend
+ * only on whether some layer is selective). */
+act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
+
+/* The saved activations of each layer kind, in memory order: X(name, count, type) with
+ * the count in terms of `d` (an act_dims) and the type A (activation elements, the
+ * table's act_dtype), F (fp32: statistics and losses, whatever the precision) or BYTES
+ * (a size the backend gives in bytes). One list serves both architectures (a count of
+ * 0 is an empty buffer: RMSNorm has no mean). These lists are the only place the
+ * layout is written: the views below, ts_acts_bytes, the memory estimate and the
+ * partition's modelled activation bytes all expand them (llm.c's
+ * fill_in_activation_sizes). */
+#define EMBED_ACTS(X) X(out, d.NL * d.C, A) /* [NL,C] token (+ position) embedding */
+
+/* [NL,C]: the norms' and residuals' rows (all N, or this rank's under sequence
+ * parallelism); [N,...]: the tensor-parallel regions' (every row, this rank's columns).
+ * qkv..att are the attention phase's, fch and fch_gelu the MLP phase's (block.h). */
+#define BLOCK_ACTS(X)                                                                      \
+    X(ln1, d.NL * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.NL, F) /* first norm, stats */\
+    X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
+                                          RoPE) */                                          \
+    X(kvg, d.KVG, A)                   /* context parallelism: [B,T,2KV HS] every position's \
+                                          k, v, gathered (tensor/cp.h) */                   \
+    X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
+    X(att, d.att_kept, BYTES)          /* attention's saved state (CPU: [B,H,T,T] softmax; \
+                                          none under selective recompute) */                \
+    X(res2, d.NL * d.C, A)             /* [NL,C] x + attn(...) */                           \
+    X(ln2, d.NL * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.NL, F)                         \
+    X(fch, d.N * d.FI, A)              /* [N,FI] c_fc's / gate|up's output */               \
+    X(fch_gelu, d.N * d.F, A)          /* [N,F] after GELU / SwiGLU */                      \
+    X(out, d.NL * d.C, A)              /* [NL,C] block output x + attn + mlp */
+
+#define HEAD_ACTS(X)                                                                       \
+    X(lnf, d.NL * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.NL, F)                         \
+    X(losses, d.N, F)                  /* [N] per-token cross-entropy */                    \
+    X(xent_stats, 3 * d.N, F)          /* vocab-parallel row statistics (tp.h) */           \
+    X(logits, d.N * d.Vl, A)           /* [N,Vl]: logits, then dlogits in place */
+
+#define ACT_CTYPE_A void
+#define ACT_CTYPE_F float
+#define ACT_CTYPE_BYTES void
+#define ACT_FIELD(name, count, type) ACT_CTYPE_##type *name;
+
+typedef struct { EMBED_ACTS(ACT_FIELD) } embed_acts;
+typedef struct { BLOCK_ACTS(ACT_FIELD) } block_acts;
+typedef struct { HEAD_ACTS(ACT_FIELD) } head_acts;
+
+/* Layer l's buffers in a's memory. */
+embed_acts ts_embed_views(const ts_model *m, const ts_acts *a, int l);
+block_acts ts_block_views(const ts_model *m, const ts_acts *a, int l);
+head_acts ts_head_views(const ts_model *m, const ts_acts *a, int l);
+
+/* Sub-batch i of d->S (tp_overlap, tensor/tp.h): rows [i N/S, (i+1) N/S) of a block's
+ * [N,...] buffers, rows [i NL/S, ...) of its [NL,...] ones, attention's state at its
+ * sequences' offset (every backend's is sequence-major). With S = 1, the block's views. */
+block_acts ts_block_sub_views(const act_dims *d, const block_acts *s, int i);
+
+/* Layer l's input: the range's input for its first layer, else the previous output. */
+const void *ts_acts_layer_input(const ts_model *m, const ts_acts *a, int l);
+
+/* `p` advanced by n activation elements. */
+static inline void *act_at(const act_dims *d, const void *p, size_t n)
+{
+    return (unsigned char *)p + n * d->ab;
+}
+
+/* ---- the backward's scratch (ts_scratch), one layer at a time ----
+ * In activation elements: a block's [N,max(FI,QKV)] (`wide`: the MLP projection's
+ * output gradient, later the qkv gradient), then [N,max(C,Fa)] (`narrow`: the input
+ * gradient of a matmul; with SwiGLU first its output gradient [N,F], as GELU's runs in
+ * place), then the attention backward's workspace (bytes, 64-aligned), and when some
+ * layer is selective the attention state and output its forward rebuilds (bytes, then
+ * [N,Cl], 64-aligned); the head's [N,C] input gradient. Under sequence parallelism two
+ * more come before attention's: the gathered rows [N,C] (a norm's output for a
+ * column-parallel linear, a gradient for a row-parallel backward; the forwards use it
+ * too, and for their row-parallel sums' partial products) and this rank's rows [NL,C] of
+ * a column-parallel backward's input gradient. Context parallelism's exchange work comes
+ * last. Each region's rows are per row, so a sub-batch's are its rows of each. */
+size_t ts_scratch_wide_cols(act_dims d);   /* columns of `wide`: max(FI, QKV) */
+size_t ts_scratch_narrow_cols(act_dims d); /* columns of `narrow`: max(C, F) (llama), C */
+void *ts_scratch_wide(const act_dims *d, const ts_scratch *sc);
+void *ts_scratch_narrow(const act_dims *d, const ts_scratch *sc);
+/* Sequence parallelism's gathered rows [N,C] and this rank's rows [NL,C] of an input
+ * gradient (NULL without sequence parallelism). */
+void *ts_scratch_gather(const act_dims *d, const ts_scratch *sc);
+void *ts_scratch_local(const act_dims *d, const ts_scratch *sc);
+/* The attention backward's workspace; selective recompute's rebuilt state and output. */
+void *ts_scratch_attention(const act_dims *d, const ts_scratch *sc);
+void *ts_scratch_rebuilt(const act_dims *d, const ts_scratch *sc);
+void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc);
+
+/* ---- the zero-bubble stash: a block's matmul output gradients, I pass to W pass ----
+ * Per block, in activation elements: the MLP phase's part (its output's gradient [N,C],
+ * then its input linear's output gradient [N,FI]), then the attention phase's (its
+ * output's gradient [N,C], then the q|k|v gradient [N,QKV]); after the blocks, for the
+ * first chunk, the embedding output's gradient [N,C]. Each phase's part starts with its
+ * output's gradient [N,C] and then its input linear's [N, width]. */
+void *ts_stash_mlp(const ts_model *m, void *block_stash, int N);
+void *ts_stash_attention(const ts_model *m, void *block_stash, int N);
+/* A block's stash (l a block) and the embedding's, within a->wstash. */
+void *ts_stash_block(const ts_model *m, const ts_acts *a, int l);
+void *ts_stash_embed(const ts_model *m, const ts_acts *a);
+
+#endif

@@ -1,0 +1,89 @@
+/* The attention phase of a block (block.h): q|k|v projection (column-parallel, by heads),
+ * rotary embeddings (llama), causal attention over this rank's heads (across the context-
+ * parallel group: tensor/cp.h), output projection (row-parallel: its sum is the one
+ * collective of the forward). Its saved activations are qkv, kvg, atty and att; under
+ * selective recompute att lives in the work area and the backward rebuilds it. */
+#include "model/block.h"
+#include "tensor/cp.h"
+
+/* This phase's rows of the zero-bubble stash (NULL without one). */
+static void *keep(const block_sub *b, int part, size_t width)
+{
+    if (!b->stash) return NULL;
+    return ts_block_keep(b, ts_stash_attention(b->m, b->stash, (int)b->d->N), part, width);
+}
+
+/* The q|k|v gradient [N,QKV]: kept in the stash for the weight pass, else `wide`. */
+static void *dqkv(const block_sub *b)
+{
+    return b->stash ? keep(b, 1, b->d->QKV) : b->wide;
+}
+
+void ts_attn_forward(const block_sub *b, const void *in, void *out, ts_tp_pending *p)
+{
+    const ts_model *m = b->m;
+    const act_dims *d = b->d;
+    const int C = (int)d->C, H = (int)d->H, KV = (int)d->KV, HS = (int)d->HS;
+    const block_acts *v = &b->v;
+    ts_tp_col_forward(&m->tp, v->qkv, in, ts_block_weight(b, b->r.qkv_w),
+                      ts_block_param(b, b->r.qkv_b), b->N, C, (int)d->QKV);
+    if (m->rope_cos) m->k->rope_forward(v->qkv, m->rope_cos, m->rope_sin, b->B, b->T, H, KV, HS);
+    ts_cp_attention_forward(&m->cp, v->atty, d->selective ? b->att_work : v->att, v->kvg,
+                            b->cp_work, v->qkv, b->B, b->T, H, KV, HS);
+    ts_tp_row_forward(&m->tp, out, v->atty, ts_block_weight(b, b->r.proj_w),
+                      ts_block_param(b, b->r.proj_b), b->N, (int)d->Cl, C, b->gath, p);
+}
+
+void ts_attn_backward_output(const block_sub *b, const void *dout, ts_tp_pending *p)
+{
+    ts_block_output_grad(b, keep(b, 0, b->d->C), dout, p);
+}
+
+void ts_attn_backward_core(const block_sub *b, const void *dout, const void *in_local,
+                           ts_tp_pending *p)
+{
+    const ts_model *m = b->m;
+    const act_dims *d = b->d;
+    const int C = (int)d->C, H = (int)d->H, KV = (int)d->KV, HS = (int)d->HS;
+    const block_acts *v = &b->v;
+    void *datty = b->narrow; /* [N,Cl] */
+    ts_tp_row_backward(&m->tp, datty, ts_block_weight_grad(b, b->r.proj_w),
+                       ts_block_grad(b, b->r.proj_b),
+                       ts_block_output_grad_at(b, keep(b, 0, d->C), dout), v->atty,
+                       ts_block_weight(b, b->r.proj_w), b->N, (int)d->Cl, C);
+    const void *att = v->att;
+    if (d->selective) {
+        TS_ASSERT(d->rebuild);
+        /* Selective recompute: the probabilities again, from the q, k, v the block kept
+         * (the same kernel on the same input: the values the forward had). The output
+         * goes to scratch too; atty, the projection's input, was kept. */
+        void *rebuilt = ts_scratch_rebuilt(d, b->sc);
+        ts_cp_attention_recompute(&m->cp, ts_scratch_rebuilt_out(d, b->sc), rebuilt, v->kvg,
+                                  v->qkv, b->B, b->T, H, KV, HS);
+        att = rebuilt;
+    }
+    ts_cp_attention_backward(&m->cp, dqkv(b), ts_scratch_attention(d, b->sc), b->cp_work, datty,
+                             v->qkv, v->kvg, att, b->B, b->T, H, KV, HS);
+    /* The gradient of q and k before their rotation (RoPE is linear). */
+    if (m->rope_cos) m->k->rope_backward(dqkv(b), m->rope_cos, m->rope_sin, b->B, b->T, H, KV, HS);
+    ts_block_gather_input(b, in_local, p); /* again: only this rank's rows were kept */
+}
+
+void ts_attn_backward_input(const block_sub *b, void *din, const void *in_local,
+                            ts_tp_pending *p)
+{
+    const act_dims *d = b->d;
+    ts_tp_col_backward(&b->m->tp, din, ts_block_weight_grad(b, b->r.qkv_w),
+                       ts_block_grad(b, b->r.qkv_b), dqkv(b), ts_block_input_at(b, in_local),
+                       ts_block_weight(b, b->r.qkv_w), b->N, (int)d->C, (int)d->QKV, b->narrow,
+                       p);
+}
+
+void ts_attn_backward_weight(const block_sub *b, const void *in)
+{
+    const act_dims *d = b->d;
+    ts_tp_row_backward(&b->m->tp, NULL, ts_block_grad(b, b->r.proj_w), NULL, keep(b, 0, d->C),
+                       b->v.atty, NULL, b->N, (int)d->Cl, (int)d->C);
+    ts_tp_col_backward(&b->m->tp, NULL, ts_block_grad(b, b->r.qkv_w), NULL, keep(b, 1, d->QKV),
+                       in, NULL, b->N, (int)d->C, (int)d->QKV, NULL, NULL);
+}

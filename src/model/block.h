@@ -1,0 +1,129 @@
+/* A transformer block, private to src/model: the block (block.c) and its two phases, the
+ * units an architecture swaps: attention (attention.c; MLA would replace it) and the MLP
+ * (mlp.c; experts would). In one sub-batch the block reads like nanoGPT's
+ *     x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
+ * The block owns the norms and the residual stream; a phase reads the normalized input
+ * (every row, gathered under sequence parallelism) and writes its branch's output (this
+ * rank's rows of a row-parallel sum, in flight), and its backward runs the other way.
+ * A phase touches only its own parameters (by role), its own saved activations (the
+ * attention's qkv, kvg, atty, att; the MLP's fch, fch_gelu: act_layout.h) and its part of
+ * the zero-bubble stash. */
+#ifndef TS_MODEL_BLOCK_H
+#define TS_MODEL_BLOCK_H
+
+#include "model/act_layout.h"
+#include "model/model.h"
+#include "tensor/tp.h"
+
+/* ---- what differs between the architectures ---- */
+
+/* A block's parameters by role, as indices relative to its first_param (-1: the
+ * architecture has none, e.g. llama's biases): one block code for both. */
+typedef struct {
+    int norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
+        fcproj_w, fcproj_b;
+} block_roles;
+block_roles ts_block_roles(const ts_model *m);
+
+/* LayerNorm (gpt2) or RMSNorm (llama; no mean, no bias) over N rows. */
+void ts_norm_forward(const ts_model *m, void *out, float *mean, float *rstd, const void *inp,
+                     const float *w, const float *b, int N);
+/* res = a + b, then out = norm(res), in one pass over the rows. */
+void ts_residual_norm_forward(const ts_model *m, void *res, void *out, float *mean, float *rstd,
+                              const void *a, const void *b, const float *w, const float *bias,
+                              int N);
+/* dinp += the norm's input gradient (the residual stream's). */
+void ts_norm_backward(const ts_model *m, void *dinp, float *dw, float *db, const void *dout,
+                      const void *inp, const float *w, const float *mean, const float *rstd,
+                      int N);
+
+/* ---- one sub-batch of one block, as its phases see it ---- */
+typedef struct {
+    const ts_model *m;
+    const act_dims *d;
+    int p0;                 /* the block's first parameter */
+    block_roles r;
+    int sub;                /* which of d->S sub-batches */
+    int B, T, N, NL;        /* its B sequences of T positions: N rows, NL of them this
+                               rank's (N / tp under sequence parallelism) */
+    block_acts v;           /* its rows of the saved activations */
+    void *gath;             /* sequence parallelism: [N,C] where its rows are gathered and
+                               a row-parallel sum's partial products go (NULL without) */
+    void *att_work;         /* selective recompute: where attention's state goes */
+    void *cp_work;          /* context parallelism's exchange work (NULL without) */
+    /* the backward's: the scratch (act_layout.h), and this sub-batch's rows of it */
+    const ts_scratch *sc;
+    void *wide;             /* [N,max(FI,QKV)]: an input linear's output gradient */
+    void *narrow;           /* [N,max(C,F)]: a matmul's input gradient, and the work of a
+                               column-parallel backward's sum */
+    void *stash;            /* the zero-bubble input pass: the block's stash, where the
+                               matmul output gradients wait for the weight pass (whose
+                               gradients are then not computed); NULL otherwise */
+} block_sub;
+
+/* Parameter views of the block (i a role, -1: none): fp32 masters (norms, biases), the
+ * matmuls' compute copy, gradients, and matmul weight gradients (NULL under a stash). */
+const float *ts_block_param(const block_sub *b, int i);
+const void *ts_block_weight(const block_sub *b, int i);
+float *ts_block_grad(const block_sub *b, int i);
+float *ts_block_weight_grad(const block_sub *b, int i);
+
+/* Sub-batch rows of a phase's stash part (phase_stash: ts_stash_mlp or
+ * ts_stash_attention of b->stash): part 0 its output's gradient [N,C], part 1 its input
+ * linear's output gradient [N,width]. */
+void *ts_block_keep(const block_sub *b, void *phase_stash, int part, size_t width);
+
+/* A phase's backward reads its output's gradient as [N,C]: dout [NL,C] gathered under
+ * sequence parallelism (into keep when given, else b->gath; in flight on p), copied into
+ * keep when given (the stash: the weight pass reads it after dout moved on), else dout
+ * itself. ts_block_output_grad starts that; ts_block_output_grad_at says where it is. */
+void ts_block_output_grad(const block_sub *b, void *keep, const void *dout, ts_tp_pending *p);
+const void *ts_block_output_grad_at(const block_sub *b, void *keep, const void *dout);
+/* A phase's input [N,C] from this rank's rows in_local [NL,C]: gathered into b->gath
+ * (in flight on p) under sequence parallelism; ts_block_input_at says where it is. */
+void ts_block_gather_input(const block_sub *b, const void *in_local, ts_tp_pending *p);
+const void *ts_block_input_at(const block_sub *b, const void *in_local);
+
+/* ---- the attention phase (attention.c) ----
+ * forward:   out[NL,C] (sum in flight) = o_proj(attention(rope(qkv_proj(in[N,C]))))
+ * backward:  _output starts reading dout[NL,C]; _core runs back through the output
+ *            projection and attention to the q|k|v gradient (the stash's, or `wide`) and
+ *            gathers in_local again; _input is q|k|v's backward: din[NL,C] (this rank's
+ *            rows of the sum, in flight) += nothing: it is written, the norm adds. */
+void ts_attn_forward(const block_sub *b, const void *in, void *out, ts_tp_pending *p);
+void ts_attn_backward_output(const block_sub *b, const void *dout, ts_tp_pending *p);
+void ts_attn_backward_core(const block_sub *b, const void *dout, const void *in_local,
+                           ts_tp_pending *p);
+void ts_attn_backward_input(const block_sub *b, void *din, const void *in_local,
+                            ts_tp_pending *p);
+/* The zero-bubble weight pass over the whole micro-batch (b->sub 0 of one: S ignored):
+ * the two matmul weight gradients from the stash, in [N,C] its input gathered. */
+void ts_attn_backward_weight(const block_sub *b, const void *in);
+
+/* ---- the MLP phase (mlp.c) ----
+ * forward:   out[NL,C] (sum in flight) = c_proj(act(c_fc(in[N,C])))  (GELU or SwiGLU)
+ * backward:  as attention's, with c_fc's output gradient in place of q|k|v's. */
+void ts_mlp_forward(const block_sub *b, const void *in, void *out, ts_tp_pending *p);
+void ts_mlp_backward_output(const block_sub *b, const void *dout, ts_tp_pending *p);
+void ts_mlp_backward_core(const block_sub *b, const void *dout, const void *in_local,
+                          ts_tp_pending *p);
+void ts_mlp_backward_input(const block_sub *b, void *din, const void *in_local,
+                           ts_tp_pending *p);
+void ts_mlp_backward_weight(const block_sub *b, const void *in);
+
+/* ---- the block (block.c) ---- */
+/* Forward of block l on input x [NL,C] into its saved activations. */
+void ts_block_forward(const ts_model *m, const ts_acts *a, int l, const void *x);
+/* Backward: dx [NL,C] the gradient of the block's output on entry, of its input on exit.
+ * With `stash` (the zero-bubble input pass, this block's) the matmul weight gradients
+ * wait there for ts_block_backward_weight. */
+void ts_block_backward(const ts_model *m, const ts_acts *a, int l, const void *x, void *dx,
+                       const ts_scratch *sc, void *stash);
+void ts_block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *stash,
+                              const ts_scratch *sc);
+
+/* Under sequence parallelism full[N,C] = every rank's rows local[NL,C], sub-batch by
+ * sub-batch (tensor/tp.h), blocking; returns full, or local without it. */
+const void *ts_gather_rows(const ts_model *m, const act_dims *d, void *full, const void *local);
+
+#endif
