@@ -203,7 +203,7 @@ echo "planner searches: $((SECONDS - t0)) s" | tee "$out/curves_time.txt"
 
 # --- plots
 png=png
-gnuplot -e 'set terminal' 2>&1 | grep -qw pngcairo && png=pngcairo
+gnuplot -e 'set terminal' 2>&1 | grep -w pngcairo >/dev/null && png=pngcairo
 plot() { # SCRIPT OUTNAME VARS
   local s="$1" o="$2" v="$3" t
   for t in svg "$png"; do

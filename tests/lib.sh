@@ -17,6 +17,16 @@ FAILED=0
 SKIPPED=0
 FINISHED=0
 
+# grep_q ARGS...: `grep -q` for the reading end of a pipe. Under pipefail, grep -q's
+# exit at its first match can kill the writer with SIGPIPE (ldd, tr of /proc/PID/environ,
+# ls, --help), and the pipeline then fails although the line was there: seen under load
+# (an ASan build taken for a release one, a rank's process not found). grep_q reads all
+# of its input. tests/test_test_scripts.sh refuses `| grep -q` in tests/.
+grep_q() { grep "$@" >/dev/null; }
+# asan_build: whether $TESSERA is an AddressSanitizer build (its address space and
+# resident memory are not a release build's: ulimit -v and RSS cases skip there).
+asan_build() { ldd "$TESSERA" 2>/dev/null | grep_q libasan; }
+
 pass() { PASSED=$((PASSED + 1)); }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $*" >&2; }
 # skip_case WHAT: a case that cannot run here (no tmpfs mount, one GPU), said on stdout.

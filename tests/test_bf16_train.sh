@@ -45,7 +45,7 @@ if train_on bf16 1 cpu "${BF16[@]}"; then
   awk -v a="$(losses "$TMP/bf16.jsonl" | head -1)" -v b="$(losses "$TMP/bf16.jsonl" | tail -1)" \
     -v d=$drop 'BEGIN { exit !(b < a - d) }' && pass ||
     fail "bf16 did not train: the loss did not fall by $drop in $long steps"
-  head -1 "$TMP/bf16.jsonl" | grep -q '"dnnl_isa":"[a-z0-9_]*"' && pass ||
+  head -1 "$TMP/bf16.jsonl" | grep_q '"dnnl_isa":"[a-z0-9_]*"' && pass ||
     fail "the metrics' first line does not name oneDNN's ISA: $(head -1 "$TMP/bf16.jsonl")"
 fi
 

@@ -28,8 +28,8 @@ for np in 1 2; do
   if TS_FAKE_BLAS_CORE=Prescott timeout 120 mpirun --oversubscribe -np "$np" -x TS_FAKE_BLAS_CORE \
        "$TESSERA" "${args[@]}" "${extra[@]}" >"$TMP/out" 2>"$TMP/err" &&
      grep -q "blas: OpenBLAS core $want (chosen by Tessera: OpenBLAS picked Prescott" "$TMP/err" &&
-     head -1 "$TMP/m.jsonl" | grep -q "\"blas_core\":\"$want\"" &&
-     head -1 "$TMP/m.jsonl" | grep -qE '"blas_gflops":\[[0-9.]+(,[0-9.]+){'"$((np - 1))"'}\]'; then
+     head -1 "$TMP/m.jsonl" | grep_q "\"blas_core\":\"$want\"" &&
+     head -1 "$TMP/m.jsonl" | grep_q -E '"blas_gflops":\[[0-9.]+(,[0-9.]+){'"$((np - 1))"'}\]'; then
     pass
   else
     fail "re-execution with $want on $np rank(s)"; sed 's/^/    /' "$TMP/err" >&2; head -1 "$TMP/m.jsonl" >&2

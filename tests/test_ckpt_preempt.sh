@@ -68,7 +68,7 @@ mpirun_pid() { pgrep -P "$JOB" -x mpirun; }
 rank_pid() {
   local p
   for p in $(pgrep -P "$(mpirun_pid)"); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep_q -x "OMPI_COMM_WORLD_RANK=$1"; then
       echo "$p"; return
     fi
   done
@@ -174,7 +174,7 @@ if poll 30 stalled; then
     [ "$(cat "/proc/$p/comm" 2>/dev/null)" = tessera ] || continue
     n_ranks=$((n_ranks + 1))
     for _ in 1 2 3 4 5; do
-      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'TS_TEST_SAVE_STALL_S=30'; then
+      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep_q -x 'TS_TEST_SAVE_STALL_S=30'; then
         n_env=$((n_env + 1)); break
       fi
       sleep 0.2
@@ -223,8 +223,9 @@ preempt() {
     pids=$(rank_pids); kill "$JOB" 2>/dev/null; finish_job "$name" $pids; return
   fi
   pids=$(rank_pids)
-  # Looked for a few times: under load a /proc read can miss a rank that is running (once
-  # in a sanitizer run of 33257cf).
+  # Looked for a few times. (The miss once seen, in a sanitizer run of 33257cf, was the
+  # lookup's own `tr | grep -q` dying of SIGPIPE under pipefail: rank_pid reads with
+  # grep_q now. The retries cover a /proc that is slow to answer under load.)
   for _ in 1 2 3 4 5 6 7 8 9 10; do
     if [ "$target" = rank ]; then victim=$(rank_pid 3); else victim=$(mpirun_pid); fi
     [ -n "$victim" ] && break

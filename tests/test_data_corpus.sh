@@ -144,10 +144,10 @@ TS_TEST_TOKENIZER_ANY_SIZE=1 "$TESSERA" data "$TMP/big.jsonl" --out "$TMP/s/b" -
   --threads 1 --shard-tokens 10000 > "$TMP/sout" 2> "$TMP/serr" &
 pid=$!
 for _ in $(seq 600); do
-  if ls "$TMP/s" | grep -q '\.tmp\.' || ! kill -0 "$pid" 2>/dev/null; then break; fi
+  if ls "$TMP/s" | grep_q '\.tmp\.' || ! kill -0 "$pid" 2>/dev/null; then break; fi
   sleep 0.05
 done
-if ls "$TMP/s" | grep -q '\.tmp\.' && kill -INT "$pid" 2>/dev/null; then
+if ls "$TMP/s" | grep_q '\.tmp\.' && kill -INT "$pid" 2>/dev/null; then
   wait "$pid"; rc=$?
   judge_error --stderr "$TMP/serr" "SIGINT during tessera data" "$rc" "stopped by SIGINT( at byte [0-9]+ of a document of [0-9]+ bytes)?: no shard written"
   if [ -z "$(ls "$TMP/s")" ]; then pass; else fail "SIGINT left files: $(ls "$TMP/s" | head -n 3)"; fi
@@ -169,6 +169,6 @@ expect_error --rc 2 0 "the form TEXT_FILE OUT.bin takes --format only" data "$TM
 expect_error --rc 2 0 "this option needs a value: '--out'" data "$TMP/in" --out
 expect_error --rc 2 0 "--ranks is for the gpt2 and llama3 encodings" data "$TMP/in" --out "$TMP/e/x" --ranks "$fixture"
 if [ -z "$(ls "$TMP/e")" ]; then pass; else fail "a usage error left files: $(ls "$TMP/e")"; fi
-if ls -R "$TMP" | grep -q '\.tmp\.'; then fail "temporary files left"; else pass; fi
-if "$TESSERA" data --help | grep -q -- "--val-fraction F"; then pass; else fail "--help"; fi
+if ls -R "$TMP" | grep_q '\.tmp\.'; then fail "temporary files left"; else pass; fi
+if "$TESSERA" data --help | grep_q -- "--val-fraction F"; then pass; else fail "--help"; fi
 finish

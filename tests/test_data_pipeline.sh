@@ -51,8 +51,8 @@ cmp -s <(losses "$TMP/dp2.jsonl") <(losses "$TMP/dp2_again.jsonl") && pass || fa
 
 # The realised shares: after 6 steps of 16 sequences, 67 and 29 of 96 (Megatron's rule).
 last=$(grep '"step":5,' "$TMP/ref.jsonl")
-echo "$last" | grep -q '"data_shares":\[0.697917,0.302083\]' && pass || fail "data_shares: $last"
-echo "$last" | grep -q '"data_epochs":\[' && pass || fail "data_epochs missing: $last"
+echo "$last" | grep_q '"data_shares":\[0.697917,0.302083\]' && pass || fail "data_shares: $last"
+echo "$last" | grep_q '"data_epochs":\[' && pass || fail "data_epochs missing: $last"
 
 # Resume: 3 steps and a checkpoint, then 3 more = the 6-step run, bit for bit.
 run_np 1 "${common[@]}" --set train.steps=3 --set "checkpoint.dir=\"$TMP/ck\"" \

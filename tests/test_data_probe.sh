@@ -121,7 +121,7 @@ expect_error --rc 2 0 "--threads must be a whole number from 1 to 1024, not ' 2'
   data "$TMP/small.txt" --threads ' 2' --out "$TMP/p3/d13"
 expect_error --rc 2 0 "--val-tokens must be a whole number of at least 1, not '.5'" \
   data "$TMP/small.txt" --val-tokens "$(printf '\t5')" --out "$TMP/p3/d13"
-if ! ls "$TMP/p3" | grep -q d13; then pass; else fail "D13: a refused run wrote"; fi
+if ! ls "$TMP/p3" | grep_q d13; then pass; else fail "D13: a refused run wrote"; fi
 
 # D14: numbers jansson cannot hold (a uint64, 1e999, 100,000 digits) in other fields do
 # not make a line bad; the text field alone decides.

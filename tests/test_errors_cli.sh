@@ -79,9 +79,7 @@ expect_error 1 "is more than the [0-9]+ CPUs" "${base[@]}" --set train.threads=$
 # and a limit just above that lets Open MPI's own MPI_Init fail to map a component and
 # crash (seen at 1.4 GB), below the ~1.65 GB where the check speaks for 2 threads.
 # (AddressSanitizer reserves terabytes of address space: it cannot run under ulimit -v.)
-# (grep reads all of ldd's output: with grep -q, ldd could die of SIGPIPE, and under
-# lib.sh's pipefail an ASan build then looked like one without it -- seen under load.)
-if [ "$(nproc)" -ge 2 ] && ! ldd "$TESSERA" | grep libasan >/dev/null; then
+if [ "$(nproc)" -ge 2 ] && ! asan_build; then
   seen=0
   for kb in 2400000 2000000 1800000 1700000 1600000 1500000 1100000 900000 750000 650000; do
     (ulimit -v "$kb"; timeout 60 "$TESSERA" "${base[@]}" --set train.threads=2 >/dev/null 2>"$TMP/err")

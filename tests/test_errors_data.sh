@@ -68,12 +68,12 @@ expect_error 0 "train.bin is already an llm.c token shard \(magic 20240520, [0-9
   "$TMP/train.bin" "$TMP/again.bin"
 if [ ! -e "$TMP/again.bin" ]; then pass; else fail "T12: an output was written"; fi
 # No refusal left a temporary file; a good run still writes the shard.
-if ls "$TMP" | grep -q '\.tmp\.'; then fail "temporary files left: $(ls "$TMP")"; else pass; fi
-if "$TESSERA" data "$TMP/val.txt" "$TMP/val2.bin" | grep -q "wrote .*val2.bin: 65 tokens"; then pass; else fail "data"; fi
+if ls "$TMP" | grep_q '\.tmp\.'; then fail "temporary files left: $(ls "$TMP")"; else pass; fi
+if "$TESSERA" data "$TMP/val.txt" "$TMP/val2.bin" | grep_q "wrote .*val2.bin: 65 tokens"; then pass; else fail "data"; fi
 # Llama 3's shard format (--format llama3): magic 20240801, version 7, uint32 ids, and
 # it trains as the GPT-2 shard of the same bytes does; a format that is none is a usage
 # error, and nothing is written.
-if "$TESSERA" data "$TMP/val.txt" "$TMP/val32.bin" --format llama3 | grep -q "wrote .*val32.bin: 65 tokens"; then pass; else fail "data --format llama3"; fi
+if "$TESSERA" data "$TMP/val.txt" "$TMP/val32.bin" --format llama3 | grep_q "wrote .*val32.bin: 65 tokens"; then pass; else fail "data --format llama3"; fi
 size=$(stat -c %s "$TMP/val32.bin")
 hdr=$(od -An -t d4 -N 12 "$TMP/val32.bin" | tr -s ' ')
 if [ "$size" -eq $((1024 + 4 * 65)) ] && [ "$hdr" = " 20240801 7 65" ]; then pass; else fail "llama3 shard: $size bytes, header '$hdr'"; fi

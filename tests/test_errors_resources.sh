@@ -22,7 +22,7 @@ judge_error --rc 1 --one-error "tessera sample | head -c 5" "${PIPESTATUS[0]}" "
 # limit of the binary's shared libraries (mapped whole: 90 MB in a CPU build, 870 MB with
 # CUDA's and NCCL's) plus 700 MB, that is an error naming the piece and the way out.
 # AddressSanitizer reserves terabytes of address space, so the case cannot run under it.
-if ldd "$TESSERA" | grep -q libasan; then
+if asan_build; then
   skip_case "the ulimit -v case: AddressSanitizer cannot run under an address-space limit"
 else
   python3 -c "import sys; sys.stdout.write('ab' * 20000000)" > "$TMP/piece.txt"

@@ -14,7 +14,7 @@
 # Under the sanitizers resident memory means nothing (shadow memory): not run there.
 # Usage: test_memory_peak.sh TESSERA SOURCE_DIR
 source "$(dirname "$0")/lib.sh"
-if ldd "$TESSERA" 2>/dev/null | grep -q libasan; then
+if asan_build; then
   skip_test "an ASan build: its resident memory is mostly shadow memory"
 fi
 make_corpus "$TMP/train.bin" || { fail "tessera data"; finish; exit 1; }

@@ -72,12 +72,12 @@ awk -v f="${fast:-}" -v s="${slow:-}" 'BEGIN { exit !(f != "" && s != "" && s > 
 
 # Trace and SVG files; then draw the trace file back.
 if plan "$cfg" "${p4[@]}" --cost uniform --trace "$TMP/t/plan.json" --svg "$TMP/t/plan.svg"; then
-  head -c 1 "$TMP/t/plan.json" | grep -q '{' && tail -c 2 "$TMP/t/plan.json" | grep -q '}' &&
+  head -c 1 "$TMP/t/plan.json" | grep_q '{' && tail -c 2 "$TMP/t/plan.json" | grep_q '}' &&
     grep -q '"traceEvents"' "$TMP/t/plan.json" && pass || fail "--trace is not a Chrome trace"
   opens=$(tr -cd '{' < "$TMP/t/plan.json" | wc -c); closes=$(tr -cd '}' < "$TMP/t/plan.json" | wc -c)
   [ "$opens" -eq "$closes" ] && pass || fail "--trace: unbalanced braces"
   [ "$(grep -o '"ph":"X"' "$TMP/t/plan.json" | grep -c .)" -ge 64 ] && pass || fail "--trace: too few events"
-  head -c 4 "$TMP/t/plan.svg" | grep -q '<svg' && pass || fail "--svg does not start with <svg"
+  head -c 4 "$TMP/t/plan.svg" | grep_q '<svg' && pass || fail "--svg does not start with <svg"
   [ "$(grep -o 'class="ev"' "$TMP/t/plan.svg" | wc -l)" -eq 64 ] && pass ||
     fail "--svg: expected 64 blocks (4 ranks x 8 micro-batches x F,B)"
   if plan --from-trace "$TMP/t/plan.json" --svg "$TMP/t/again.svg"; then

@@ -139,6 +139,6 @@ if "$TESSERA" sample --help >"$TMP/help" 2>&1; then pass; else fail "sample --he
 for opt in DIR --prompt --tokens --temperature --top-k --seed; do
   grep -q -- "$opt" "$TMP/help" && pass || fail "sample --help does not mention $opt"
 done
-"$TESSERA" --help | grep -q "sample DIR" && pass || fail "tessera --help does not list sample"
+"$TESSERA" --help | grep_q "sample DIR" && pass || fail "tessera --help does not list sample"
 
 finish

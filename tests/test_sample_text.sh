@@ -35,7 +35,7 @@ fi
 CK="$TMP/ck"
 SHA="$(sha256sum "$RANKS" | cut -d' ' -f1)"
 state="$CK/$(cat "$CK/latest")/state.json"
-tr -d ' \n' < "$state" | grep -q "\"tokenizer\":{\"encoding\":\"gpt2\",\"sha256\":\"$SHA\"}" && pass \
+tr -d ' \n' < "$state" | grep_q "\"tokenizer\":{\"encoding\":\"gpt2\",\"sha256\":\"$SHA\"}" && pass \
   || fail "state.json does not record the tokenizer and its sha256"
 "$TESSERA" ckpt info "$CK" > "$TMP/info" 2>&1
 grep -q "^tokenizer   gpt2, ranks sha256 $SHA" "$TMP/info" && pass || fail "ckpt info: $(cat "$TMP/info")"

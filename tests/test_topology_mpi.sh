@@ -190,6 +190,6 @@ expect_error 2 "pp\*dp\*cp\*tp = 1\*2\*2\*1 = 4 does not match the 2 ranks" topo
 TS_FAKE_NODES=zero expect_error 2 "TS_FAKE_NODES" topo
 
 # 8. Help.
-"$TESSERA" topo --help | grep -q "usage: tessera topo" && pass || fail "topo --help"
-"$TESSERA" --help | grep -q "topo" && pass || fail "tessera --help lists topo"
+"$TESSERA" topo --help | grep_q "usage: tessera topo" && pass || fail "topo --help"
+"$TESSERA" --help | grep_q "topo" && pass || fail "tessera --help lists topo"
 finish

@@ -34,7 +34,7 @@ fi
 if cmp -s <(losses "$TMP/run1.jsonl") <(losses "$TMP/run2.jsonl"); then pass; else fail "two identical runs differ"; fi
 grep -q '"val_loss"' "$TMP/run1.jsonl" && pass || fail "no validation loss line"
 for key in step loss lr grad_norm tokens step_ms tokens_per_s bubble dp_overlap; do
-  grep -m1 '^{"step":' "$TMP/run1.jsonl" | grep -q "\"$key\":" && pass || fail "metrics line lacks $key"
+  grep -m1 '^{"step":' "$TMP/run1.jsonl" | grep_q "\"$key\":" && pass || fail "metrics line lacks $key"
 done
 grep -q "ETA" "$TMP/err" && pass || fail "no progress with ETA on stderr"
 # MFU: every step line has one, and the run's median lies in (0, 1.5) (measured against
@@ -44,7 +44,7 @@ n_mfu=$(grep -c '^{"step":[0-9]*,"loss".*"mfu":[0-9.]*,' "$TMP/run1.jsonl")
 [ "$n_mfu" -eq "$steps" ] && pass || fail "$n_mfu of $steps step lines have mfu"
 mfu=$(grep -o '"mfu":[0-9.e+-]*' "$TMP/run1.jsonl" | cut -d: -f2 | sort -g | sed -n "$((steps / 2))p")
 awk -v m="$mfu" 'BEGIN { exit !(m > 0 && m < 1.5) }' && pass || fail "median mfu '$mfu' not in (0, 1.5)"
-head -1 "$TMP/run1.jsonl" | grep -q '"zero":0,"gemm_dtype":"fp32","gemm_gflops":\[[0-9.]*\]' && pass \
+head -1 "$TMP/run1.jsonl" | grep_q '"zero":0,"gemm_dtype":"fp32","gemm_gflops":\[[0-9.]*\]' && pass \
   || fail "first metrics line lacks zero/gemm_dtype/gemm_gflops: $(head -1 "$TMP/run1.jsonl")"
 grep -q "| MFU [0-9.]*% |" "$TMP/err" && pass || fail "no MFU on the progress lines"
 grep -q "^tessera: gpt2 4 layers, 4 heads, 128 embd, vocab 256" "$TMP/err" && pass \

@@ -53,7 +53,7 @@ rank_pid() {
   mp=$(pgrep -P "$MPIRUN" -x mpirun || echo "$MPIRUN")
   for p in $(pgrep -P "$mp"); do
     RANK_PIDS+=("$p")
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep_q -x "OMPI_COMM_WORLD_RANK=$1"; then
       echo "$p"; return
     fi
   done

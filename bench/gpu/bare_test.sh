@@ -47,7 +47,7 @@ for p in "${carried[@]}"; do unset "is_tool[$p]"; done # those are always hidden
 hide=()
 for p in "${closure[@]}"; do
   [ -n "${is_base[$p]:-}" ] || [ -n "${is_tool[$p]:-}" ] && continue
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && hide+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null && hide+=("$p")
 done
 up=$work/up
 mkdir -p "$up" "$work/ovl" "$work/empty"
