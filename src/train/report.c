@@ -120,7 +120,7 @@ static double measure_gemm_gflops(const ts_kernels *k, double sgemm)
     k->convert(w, k->act_dtype, staged, TS_DTYPE_F32, n_w);
     k->stream_sync(NULL);
     double best = 1e30, spent = 0.0;
-    for (int rep = 0; rep < 20 && (rep < 3 || spent < 100.0); rep++) {
+    for (int rep = 0; rep < 20 && (rep < 3 || spent < 20.0); rep++) {
         const double t0 = ts_now_ms();
         k->matmul_forward(out, inp, w, NULL, N, C, OC);
         k->stream_sync(NULL);
