@@ -6,6 +6,13 @@ SRC="$2"
 TMP="$(mktemp -d)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# Every test's ranks share one machine: Open MPI's ob1 point-to-point layer over shared
+# memory (vader), unless the caller chose. Left to itself, Open MPI 4.1 starts UCX, whose
+# probing of the machine's transports took 200 of the 340 ms of a 2-rank MPI_Init here;
+# the release suite's ~480 training runs each start 1 to 8 ranks. The collectives
+# (coll/tuned), and so every reduction's order and every number, are the same over
+# either (the sweeps' snapshots are bit-identical: docs/CI.md).
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 
 # Cases. Every check is one case that passes (pass) or fails (fail); the helpers below
 # (expect_error, check, train_on, compare_runs, ...) each count theirs. A case this
