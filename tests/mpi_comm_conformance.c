@@ -365,6 +365,70 @@ static void test_broadcast(ts_comm *c, size_t bytes, int salt, bool on_host)
     free(want);
 }
 
+/* The variable all-to-all: rank i sends cnt(i, j) elements to rank j (some zero, some
+ * to itself), its pieces packed with a one-element gap, received into pieces with a
+ * two-element gap whose elements must keep their sentinel. The counts themselves go
+ * through ts_host_alltoall_i32 first, as an expert layer's do. f32 and bf16 elements
+ * (bf16 moved as bits: any pattern arrives unchanged). */
+static int a2a_count(int i, int j, int variant) { return (i * 7 + j * 3 + variant) % 5 * variant; }
+
+static void test_alltoallv(ts_comm *c, int variant, ts_dtype type, int salt)
+{
+    context = type == TS_DTYPE_BF16 ? "all-to-all bf16" : "all-to-all f32";
+    const int S = c->size, me = c->rank;
+    const size_t elem = type == TS_DTYPE_BF16 ? 2 : 4;
+    int *sc = calloc((size_t)S, sizeof(int)), *sd = calloc((size_t)S, sizeof(int));
+    int *rc = calloc((size_t)S, sizeof(int)), *rd = calloc((size_t)S, sizeof(int));
+    int *want_rc = calloc((size_t)S, sizeof(int));
+    size_t stotal = 0, rtotal = 0;
+    for (int j = 0; j < S; j++) {
+        sc[j] = a2a_count(me, j, variant);
+        sd[j] = (int)stotal;
+        stotal += (size_t)sc[j] + 1;
+        want_rc[j] = a2a_count(j, me, variant);
+    }
+    ts_host_alltoall_i32(c, sc, rc, 1);
+    bool counts_ok = true;
+    for (int j = 0; j < S; j++) counts_ok = counts_ok && rc[j] == want_rc[j];
+    EXPECT(counts_ok, "ts_host_alltoall_i32 of the counts (variant %d)", variant);
+    for (int j = 0; j < S; j++) {
+        rd[j] = (int)rtotal;
+        rtotal += (size_t)want_rc[j] + 2;
+    }
+    unsigned char *hs = calloc(stotal + 1, elem), *hr = calloc(rtotal + 1, elem),
+                  *want = calloc(rtotal + 1, elem);
+    /* element k of the piece i -> j: bytes of vf(i, j * 100000 + k) (f32), or its upper
+     * half (bf16) */
+    for (int j = 0; j < S; j++)
+        for (int k = 0; k < sc[j]; k++) {
+            const float v = vf(me, (size_t)j * 100000 + (size_t)k, salt);
+            memcpy(hs + ((size_t)sd[j] + (size_t)k) * elem, (const char *)&v + (4 - elem), elem);
+        }
+    for (size_t x = 0; x < rtotal * elem; x++) want[x] = hr[x] = 0xA5; /* the sentinel */
+    for (int j = 0; j < S; j++)
+        for (int k = 0; k < want_rc[j]; k++) {
+            const float v = vf(j, (size_t)me * 100000 + (size_t)k, salt);
+            memcpy(want + ((size_t)rd[j] + (size_t)k) * elem, (const char *)&v + (4 - elem), elem);
+        }
+    void *send = dbuf_alloc(stotal * elem + 1), *recv = dbuf_alloc(rtotal * elem + 1);
+    dbuf_put(c, send, hs, stotal * elem);
+    dbuf_put(c, recv, hr, rtotal * elem);
+    ts_alltoallv_act(c, send, sc, sd, recv, want_rc, rd, type);
+    dbuf_get(c, hr, recv, rtotal * elem);
+    const long d = first_diff(hr, want, rtotal * elem, 1);
+    EXPECT(d < 0, "variant %d: byte %ld of %zu differs", variant, d, rtotal * elem);
+    dbuf_free(send);
+    dbuf_free(recv);
+    free(hs);
+    free(hr);
+    free(want);
+    free(sc);
+    free(sd);
+    free(rc);
+    free(rd);
+    free(want_rc);
+}
+
 static void test_collectives(ts_comm *c, bool large)
 {
     test_allreduce(c, large);
@@ -381,6 +445,11 @@ static void test_collectives(ts_comm *c, bool large)
         test_broadcast(c, LARGE * sizeof(float), 45, false);
         test_broadcast(c, LARGE * sizeof(float), 46, true);
     }
+    for (int variant = 0; variant <= 3; variant++) {
+        test_alltoallv(c, variant, TS_DTYPE_F32, 50 + variant);
+        test_alltoallv(c, variant, TS_DTYPE_BF16, 60 + variant);
+    }
+    if (large) test_alltoallv(c, 40000, TS_DTYPE_F32, 55); /* up to 160,000 a piece */
     context = "barrier";
     for (int i = 0; i < 3; i++) ts_barrier(c);
 }

@@ -34,6 +34,7 @@ const char *ts_comm_backend_missing(const ts_comm_backend *b)
     REQUIRE(allgather);
     REQUIRE(broadcast);
     REQUIRE(barrier);
+    REQUIRE(alltoallv);
     REQUIRE(iallreduce);
     REQUIRE(ireduce_scatter);
     REQUIRE(iallgather);
@@ -213,6 +214,24 @@ void ts_reduce_scatter_sum_act(const ts_comm *c, const void *send, void *recv, s
 void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t count, ts_dtype type)
 {
     allgather(c, send, recv, count, comm_type(type), ts_dtype_bytes(type));
+}
+
+void ts_alltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
+                      const int *send_displs, void *recv, const int *recv_counts,
+                      const int *recv_displs, ts_dtype type)
+{
+    if (c->size <= 1) { /* a copy at most, by the backend (its memory): nothing to time */
+        if (send_counts[0] > 0)
+            c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                              comm_type(type), c->stream);
+        return;
+    }
+    double t0 = ts_comm_begin(c, "all-to-all");
+    c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                      comm_type(type), c->stream);
+    size_t elems = 0;
+    for (int j = 0; j < c->size; j++) elems += (size_t)send_counts[j] + (size_t)recv_counts[j];
+    ts_comm_end(c, "all-to-all", elems * ts_dtype_bytes(type), t0);
 }
 
 void ts_iallreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, ts_request *r)

@@ -7,15 +7,17 @@
  *   (ts_comm_init ...), making and freeing groups (ts_comm_split/dup/split_node/free),
  *   rank bookkeeping (ts_comm_world_ranks, ts_comm_tag_max), agreement
  *   (ts_comm_agree), the gathers of host records (ts_allgather_bytes,
- *   ts_gather_bytes, ts_gatherv) and the reductions and broadcast of host scalars and
+ *   ts_gather_bytes, ts_gatherv), the all-to-all of host counts (ts_host_alltoall_i32)
+ *   and the reductions and broadcast of host scalars and
  *   records (ts_host_allreduce_*, ts_host_broadcast: metrics, codes, hashes, flags,
  *   paths). comm/control.c implements it directly, and also attaches each group's
  *   data-plane backend (ts_comm_set_backend).
  * - The DATA PLANE goes through the group's backend table (ts_comm_backend, c->ops) and
  *   carries only the backend's memory, which is device memory on a GPU (dev_alloc of
  *   the compute backend, kernels/kernels.h): the f32 all-reduces, reduce-scatter,
- *   all-gather, ts_broadcast_dev and barrier, their non-blocking forms, point-to-point
- *   sends and receives, request test and wait, and point-to-point groups
+ *   all-gather, the variable all-to-all, ts_broadcast_dev and barrier, their
+ *   non-blocking forms, point-to-point sends and receives, request test and wait, and
+ *   point-to-point groups
  *   (ts_comm_group_begin/end). comm/comm.c holds what every backend shares (the
  *   watchdog marks, busy_ms and on_span, the one-rank shortcuts) and makes one
  *   indirect call per operation; comm/mpi.c fills the table for memory MPI may touch
@@ -137,6 +139,14 @@ struct ts_comm_backend {
                       ts_comm_dtype type, void *stream);
     void (*broadcast)(const ts_comm *c, void *buf, size_t bytes, int root, void *stream);
     void (*barrier)(const ts_comm *c, void *stream);
+    /* The variable all-to-all (an expert layer's dispatch and combine): to each member j
+     * send_counts[j] elements from send + send_displs[j]; from each member j
+     * recv_counts[j] elements into recv + recv_displs[j] (counts and displacements in
+     * elements, host arrays of c->size; a member's counts to j equal j's counts from
+     * it). send and recv do not overlap. */
+    void (*alltoallv)(const ts_comm *c, const void *send, const int *send_counts,
+                      const int *send_displs, void *recv, const int *recv_counts,
+                      const int *recv_displs, ts_comm_dtype type, void *stream);
 
     /* Non-blocking, with the semantics of the public calls below. */
     void (*iallreduce)(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, ts_comm_op op,
@@ -270,6 +280,9 @@ void ts_host_allreduce_min_u64(const ts_comm *c, uint64_t *buf, size_t n);
 void ts_host_allreduce_max_u64(const ts_comm *c, uint64_t *buf, size_t n);
 /* `root`'s buf[bytes] (host memory) to every rank of the group. */
 void ts_host_broadcast(const ts_comm *c, void *buf, size_t bytes, int root);
+/* recv[j*count .. +count) = member j's send[rank*count .. +count), host values: the
+ * all-to-all of an expert layer's token counts before its dispatch. */
+void ts_host_alltoall_i32(const ts_comm *c, const int *send, int *recv, size_t count);
 
 /* Agree on an outcome across the group before anything can hang: every rank passes its
  * own status; a failure on any rank fails on every rank, and the message recorded on
@@ -306,6 +319,14 @@ void ts_allreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type);
 void ts_reduce_scatter_sum_act(const ts_comm *c, const void *send, void *recv, size_t count,
                                ts_dtype type);
 void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t count, ts_dtype type);
+/* The variable all-to-all (an expert layer's dispatch and combine): to member j
+ * send_counts[j] elements from send + send_displs[j]; from member j recv_counts[j]
+ * elements into recv + recv_displs[j] (elements of `type`; host arrays of c->size,
+ * agreed beforehand, e.g. by ts_host_alltoall_i32 of the counts). send and recv do not
+ * overlap; recv's elements outside the pieces keep their values. */
+void ts_alltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
+                      const int *send_displs, void *recv, const int *recv_counts,
+                      const int *recv_displs, ts_dtype type);
 void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
                   ts_request *r);
 void ts_irecv_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, int peer, int tag,

@@ -299,6 +299,20 @@ void ts_host_broadcast(const ts_comm *c, void *buf, size_t bytes, int root)
     ts_comm_end(c, "broadcast", bytes, t0);
 }
 
+void ts_host_alltoall_i32(const ts_comm *c, const int *send, int *recv, size_t count)
+{
+    TS_ASSERT(count <= INT_MAX);
+    if (c->size <= 1) {
+        memmove(recv, send, count * sizeof(int));
+        return;
+    }
+    double t0 = ts_comm_begin(c, "all-to-all");
+    ts_mpi_check(MPI_Alltoall(send, (int)count, MPI_INT, recv, (int)count, MPI_INT,
+                              ts_mpi_comm_of(c)),
+                 c, "all-to-all of counts");
+    ts_comm_end(c, "all-to-all", 2 * count * (size_t)c->size * sizeof(int), t0);
+}
+
 ts_status ts_comm_agree(const ts_comm *c, ts_status local)
 {
     if (c->size <= 1) return local;

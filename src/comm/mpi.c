@@ -185,6 +185,16 @@ static void mpi_barrier(const ts_comm *c, void *stream)
     ts_mpi_check(MPI_Barrier(ts_mpi_comm_of(c)), c, "barrier");
 }
 
+static void mpi_alltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                          const int *send_displs, void *recv, const int *recv_counts,
+                          const int *recv_displs, ts_comm_dtype type, void *stream)
+{
+    (void)stream;
+    ts_mpi_check(MPI_Alltoallv(send, send_counts, send_displs, type_of(type), recv, recv_counts,
+                               recv_displs, type_of(type), ts_mpi_comm_of(c)),
+                 c, "all-to-all");
+}
+
 static void mpi_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
                            ts_comm_op op, void *stream, ts_request *r)
 {
@@ -269,6 +279,7 @@ const ts_comm_backend ts_comm_mpi = {
     .allreduce = mpi_allreduce,
     .reduce_scatter = mpi_reduce_scatter,
     .allgather = mpi_allgather,
+    .alltoallv = mpi_alltoallv,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .iallreduce = mpi_iallreduce,

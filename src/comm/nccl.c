@@ -415,6 +415,31 @@ static void nccl_allgather(const ts_comm *c, const void *send, void *recv, size_
     caller_after(g, stream);
 }
 
+/* One NCCL group of a send and a receive per peer (NCCL has no all-to-all-v): the
+ * pieces move together, so no order of peers can deadlock. */
+static void nccl_alltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                           const int *send_displs, void *recv, const int *recv_counts,
+                           const int *recv_displs, ts_comm_dtype type, void *stream)
+{
+    nccl_group *g = group_of(c);
+    TS_ASSERT(g->depth == 0);
+    const size_t elem = ts_comm_dtype_size(type);
+    after_caller(g, stream);
+    check_nccl(g, ncclGroupStart(), "all-to-all (group start)");
+    for (int j = 0; j < c->size; j++) {
+        if (send_counts[j] > 0)
+            check_nccl(g, ncclSend((const char *)send + (size_t)send_displs[j] * elem,
+                                   (size_t)send_counts[j], type_of(type), j, g->comm, g->stream),
+                       "all-to-all (send)");
+        if (recv_counts[j] > 0)
+            check_nccl(g, ncclRecv((char *)recv + (size_t)recv_displs[j] * elem,
+                                   (size_t)recv_counts[j], type_of(type), j, g->comm, g->stream),
+                       "all-to-all (receive)");
+    }
+    check_nccl(g, ncclGroupEnd(), "all-to-all (group end)");
+    caller_after(g, stream);
+}
+
 static void nccl_broadcast(const ts_comm *c, void *buf, size_t bytes, int root, void *stream)
 {
     nccl_group *g = group_of(c);
@@ -612,6 +637,7 @@ const ts_comm_backend ts_comm_nccl = {
     .allreduce = nccl_allreduce,
     .reduce_scatter = nccl_reduce_scatter,
     .allgather = nccl_allgather,
+    .alltoallv = nccl_alltoallv,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .iallreduce = nccl_iallreduce,

@@ -91,6 +91,33 @@ static void staged_allgather(const ts_comm *c, const void *send, void *recv, siz
     free(hrecv);
 }
 
+/* One past the last element the counts and displacements reach (elements). */
+static size_t extent(const ts_comm *c, const int *counts, const int *displs)
+{
+    size_t end = 0;
+    for (int j = 0; j < (c->size > 1 ? c->size : 1); j++)
+        if (counts[j] > 0 && (size_t)displs[j] + (size_t)counts[j] > end)
+            end = (size_t)displs[j] + (size_t)counts[j];
+    return end;
+}
+
+/* recv's whole extent is bounced in and back, so the elements between its pieces keep
+ * what they held. */
+static void staged_alltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                             const int *send_displs, void *recv, const int *recv_counts,
+                             const int *recv_displs, ts_comm_dtype type, void *stream)
+{
+    const size_t elem = ts_comm_dtype_size(type);
+    const size_t sbytes = extent(c, send_counts, send_displs) * elem;
+    const size_t rbytes = extent(c, recv_counts, recv_displs) * elem;
+    void *hsend = bounce(send, sbytes, sbytes), *hrecv = bounce(recv, rbytes, rbytes);
+    ts_comm_mpi.alltoallv(c, hsend, send_counts, send_displs, hrecv, recv_counts, recv_displs,
+                          type, stream);
+    copy_back(recv, hrecv, rbytes);
+    free(hsend);
+    free(hrecv);
+}
+
 /* Only the root's buffer is read, and the root's is left as it was. */
 static void staged_broadcast(const ts_comm *c, void *buf, size_t bytes, int root, void *stream)
 {
@@ -212,6 +239,7 @@ const ts_comm_backend ts_comm_mpi_staged = {
     .allreduce = staged_allreduce,
     .reduce_scatter = staged_reduce_scatter,
     .allgather = staged_allgather,
+    .alltoallv = staged_alltoallv,
     .broadcast = staged_broadcast,
     .barrier = staged_barrier,
     .iallreduce = staged_iallreduce,
