@@ -1,0 +1,194 @@
+/* Expert parallelism's token exchange (src/tensor/expert_dispatch.c) on W ranks, one ep
+ * group of them all and ep groups of one (W splits): every rank makes its rows by global
+ * expert from a seeded generator every rank can replay, so each checks exactly what it
+ * receives (expert order: local expert, then source rank, then send order) and, after a
+ * stand-in expert y = x * (g + 1) + g (g the row's global expert, exact in fp32), that
+ * the combine put every result back at its row. E = W, 2W and 3W, rows of C = 5
+ * elements, counts with zeros and one rank that routes nothing; f32 and bf16 rows (bf16
+ * moved as bits). Usage: mpi_expert_dispatch [mpi | mpi-staged] (staged: the rows in the
+ * strict CPU backend's memory, which faults on any host access). Prints "rank R: N
+ * checks, F failed"; exits 1 on a failure. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "tensor/expert_dispatch.h"
+
+static int n_checks, n_failed, world_rank;
+
+#define EXPECT(cond, ...)                                                                  \
+    do {                                                                                   \
+        n_checks++;                                                                        \
+        if (!(cond)) failed(__LINE__, __VA_ARGS__);                                        \
+    } while (0)
+
+__attribute__((format(printf, 2, 3))) static void failed(int line, const char *fmt, ...)
+{
+    if (++n_failed > 20) return;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "FAIL rank %d, line %d: %s\n", world_rank, line, msg);
+}
+
+enum { C = 5 };
+
+/* Rank r's rows for global expert g: how many, and element c of row i. Rank 1 of a group
+ * of three or more routes nothing; experts e with (r + e) % 3 == 0 get none. */
+static int rows_of(int r, int g, int S)
+{
+    if (S >= 3 && r == 1) return 0;
+    return (r + g) % 3 == 0 ? 0 : 1 + (r * 7 + g * 5) % 4;
+}
+static float value(int r, int g, int i, int c)
+{
+    return (float)(r * 1000 + g * 100 + i * 10 + c) * 0.25f - 3.0f;
+}
+
+/* The stand-in expert, exact in fp32 for these values. */
+static float expert(float x, int g) { return x * (float)(g + 1) + (float)g; }
+
+static const ts_kernels *k;
+
+static void *dev_put(const void *host, size_t bytes)
+{
+    void *p = k->dev_alloc(bytes ? bytes : 1);
+    if (bytes) k->memcpy_h2d(p, host, bytes);
+    return p;
+}
+
+/* One exchange on group `ep` with E experts of rows of `type`. */
+static void run_case(const ts_comm *ep, int E, ts_dtype type)
+{
+    const int S = ep->size, me = ep->rank, L = E / S;
+    const size_t elem = ts_dtype_bytes(type);
+    ts_expert_dispatch d;
+    ts_status st = ts_expert_dispatch_init(&d, ep, k, E, C, type);
+    EXPECT(st == TS_OK, "init E=%d on %d ranks: %s", E, S, ts_error_message());
+    if (st != TS_OK) return;
+    /* This rank's send rows, by global expert. */
+    int *counts = calloc((size_t)E, sizeof(int)), n_send = 0;
+    for (int g = 0; g < E; g++) n_send += counts[g] = rows_of(me, g, S);
+    float *xs = calloc((size_t)n_send * C + 1, sizeof(float));
+    int *g_of = calloc((size_t)n_send + 1, sizeof(int));
+    for (int g = 0, at = 0; g < E; g++)
+        for (int i = 0; i < counts[g]; i++, at++) {
+            g_of[at] = g;
+            for (int c = 0; c < C; c++) xs[(size_t)at * C + c] = value(me, g, i, c);
+        }
+    ts_expert_dispatch_plan(&d, counts);
+    EXPECT(d.n_send == n_send, "n_send %d, not %d", d.n_send, n_send);
+    /* What must arrive, in expert order. */
+    int n_recv = 0;
+    for (int l = 0; l < L; l++) {
+        int rows = 0;
+        for (int j = 0; j < S; j++) rows += rows_of(j, me * L + l, S);
+        EXPECT(d.expert_rows[l] == rows, "E=%d local expert %d: %d rows, not %d", E, l,
+               d.expert_rows[l], rows);
+        n_recv += rows;
+    }
+    EXPECT(d.n_recv == n_recv, "E=%d: n_recv %d, not %d", E, d.n_recv, n_recv);
+    float *want = calloc((size_t)n_recv * C + 1, sizeof(float));
+    for (int l = 0, at = 0; l < L; l++)
+        for (int j = 0; j < S; j++)
+            for (int i = 0; i < rows_of(j, me * L + l, S); i++, at++)
+                for (int c = 0; c < C; c++) want[(size_t)at * C + c] = value(j, me * L + l, i, c);
+    /* In `type`: f32 as is, bf16 as the upper half of each f32 (bits moved unchanged). */
+    const size_t sbytes = (size_t)n_send * C * elem, rbytes = (size_t)n_recv * C * elem;
+    unsigned char *hs = calloc(sbytes + 1, 1), *hr = calloc(rbytes + 1, 1),
+                  *hw = calloc(rbytes + 1, 1);
+    for (size_t x = 0; x < (size_t)n_send * C; x++)
+        memcpy(hs + x * elem, (const char *)&xs[x] + (4 - elem), elem);
+    for (size_t x = 0; x < (size_t)n_recv * C; x++)
+        memcpy(hw + x * elem, (const char *)&want[x] + (4 - elem), elem);
+    void *xp = dev_put(hs, sbytes), *out = k->dev_alloc(rbytes ? rbytes : 1),
+         *work = k->dev_alloc(rbytes ? rbytes : 1);
+    ts_expert_dispatch_forward(&d, out, xp, work);
+    if (rbytes) k->memcpy_d2h(hr, out, rbytes);
+    EXPECT(memcmp(hr, hw, rbytes) == 0, "E=%d %s: the rows in expert order differ", E,
+           type == TS_DTYPE_BF16 ? "bf16" : "f32");
+    /* The experts (f32), or nothing (bf16: the rows go back as they came). */
+    if (type == TS_DTYPE_F32) {
+        float *y = (float *)hr;
+        for (int l = 0, at = 0; l < L; l++)
+            for (int r = 0; r < d.expert_rows[l]; r++, at++)
+                for (int c = 0; c < C; c++)
+                    y[(size_t)at * C + c] = expert(y[(size_t)at * C + c], me * L + l);
+        if (rbytes) k->memcpy_h2d(out, hr, rbytes);
+    }
+    void *yp = k->dev_alloc(sbytes ? sbytes : 1);
+    ts_expert_dispatch_combine(&d, yp, out, work);
+    unsigned char *hy = calloc(sbytes + 1, 1);
+    if (sbytes) k->memcpy_d2h(hy, yp, sbytes);
+    int bad = 0;
+    for (size_t x = 0; x < (size_t)n_send * C; x++) {
+        float v = xs[x];
+        if (type == TS_DTYPE_F32) v = expert(v, g_of[x / C]);
+        if (memcmp(hy + x * elem, (const char *)&v + (4 - elem), elem) != 0) bad++;
+    }
+    EXPECT(bad == 0, "E=%d %s: %d elements not back at their rows after the combine", E,
+           type == TS_DTYPE_BF16 ? "bf16" : "f32", bad);
+    k->dev_free(xp);
+    k->dev_free(out);
+    k->dev_free(work);
+    k->dev_free(yp);
+    free(hs);
+    free(hr);
+    free(hw);
+    free(hy);
+    free(xs);
+    free(want);
+    free(g_of);
+    free(counts);
+    ts_expert_dispatch_free(&d);
+}
+
+static void run_group(const ts_comm *ep)
+{
+    for (int m = 1; m <= 3; m++) {
+        run_case(ep, m * ep->size, TS_DTYPE_F32);
+        run_case(ep, m * ep->size, TS_DTYPE_BF16);
+    }
+    /* E not divisible by ep: refused, naming the keys. */
+    if (ep->size > 1) {
+        ts_expert_dispatch d;
+        ts_error_clear();
+        EXPECT(ts_expert_dispatch_init(&d, ep, k, ep->size + 1, C, TS_DTYPE_F32) == TS_ERR &&
+                   strstr(ts_error_message(), "model.moe_experts") &&
+                   strstr(ts_error_message(), "parallel.ep"),
+               "E = ep + 1 accepted or unnamed: %s", ts_error_message());
+    }
+}
+
+int main(int argc, char **argv)
+{
+    ts_comm_init(&argc, &argv);
+    ts_comm world;
+    ts_comm_world(&world);
+    world_rank = world.rank;
+    const char *name = argc > 1 ? argv[1] : "mpi";
+    const ts_comm_backend *ops = ts_comm_backend_find(name);
+    if (!ops || (ops != &ts_comm_mpi && ops != &ts_comm_mpi_staged)) {
+        if (world.rank == 0) fprintf(stderr, "backend %s: give mpi or mpi-staged\n", name);
+        ts_comm_finalize();
+        return 2;
+    }
+    k = ops == &ts_comm_mpi_staged ? &ts_kernels_cpu_strict : &ts_kernels_cpu;
+    if (ops == &ts_comm_mpi_staged) ts_comm_staged_set_copies(k->memcpy_d2h, k->memcpy_h2d);
+    ts_comm_set_backend(&world, ops);
+    run_group(&world);
+    ts_comm single; /* ep groups of one rank: the exchange is a copy */
+    ts_comm_split(&world, world.rank, 0, "single", &single);
+    run_group(&single);
+    ts_comm_free(&single);
+    printf("rank %d: %d checks, %d failed (%s, %d ranks)\n", world.rank, n_checks, n_failed, name,
+           world.size);
+    ts_comm_finalize();
+    return n_failed ? 1 : 0;
+}
