@@ -436,10 +436,11 @@ gpu_common() {
 }
 
 # ---- the PyTorch references (tests/torch_gpt2.py, tests/torch_llama.py) ----------------
-# require_torch: PY is /usr/bin/python3, the interpreter with Debian's torch; the test is
-# skipped (77) when it cannot import torch.
+# require_torch: PY is /usr/bin/python3, the interpreter with Debian's torch (or
+# $TS_TEST_TORCH_PYTHON: a PyTorch 2 venv's, scripts/peer_venv.sh); the test is skipped
+# (77) when it cannot import torch. CI has no torch: run these where one is.
 require_torch() {
-  PY=/usr/bin/python3
+  PY="${TS_TEST_TORCH_PYTHON:-/usr/bin/python3}"
   if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
     skip_test "$PY cannot import torch"
   fi

@@ -96,10 +96,12 @@ if run_np 4 "${common[@]}" "${hp[@]}" --set parallel.pp=2 --set parallel.dp=2 --
     "${model[@]}" --data "$TMP/train.bin" --batch "$B" --step 3 --train-steps 3 "${hp_torch[@]}"
   want=$(torch_loss "$TMP/torch_b.out" 3)
 
-  # resume_b NAME SETS...: resume and compare step 3's loss with torch's
+  # resume_b NAME SETS...: resume and compare step 3's loss with torch's (one step more,
+  # on the saved run's schedule: its hyperparameters, and its 3-step decay kept)
   resume_b() {
     local name="$1"; shift
-    if run_np 4 "${common[@]}" --set parallel.dp=2 --set parallel.zero=1 --set parallel.micro_batch=4 \
+    if run_np 4 "${common[@]}" "${hp[@]}" --set train.lr_decay_steps=3 --set parallel.dp=2 \
+        --set parallel.zero=1 --set parallel.micro_batch=4 \
         --set train.steps=4 --set "log.metrics=\"$TMP/b_$name.jsonl\"" "$@"; then
       pass
       if [ -n "$(loss_at "$TMP/b_$name.jsonl" 2)" ]; then fail "$name: the resumed run reran step 2"; fi
