@@ -144,6 +144,12 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
                        "model.arch = \"%s\")",
                        r->dir, m->arch, mc->arch, m->arch);
     const bool scaled = m->rope_scaling != 0.0 || mc->rope_scaling != 0.0;
+    const bool moe = m->moe_experts > 0 || mc->moe_experts > 0;
+    if (moe && strcmp(m->moe_router, mc->moe_router) != 0)
+        return ts_fail("checkpoint %s was saved with model.moe_router = \"%s\", but the config "
+                       "says \"%s\"; a checkpoint loads only into the model it was saved from "
+                       "(set model.moe_router = \"%s\")",
+                       r->dir, m->moe_router, mc->moe_router, m->moe_router);
     const struct {
         const char *key;
         double saved, now;
@@ -157,6 +163,17 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"vocab_size", m->vocab_size, mc->vocab_size, true},
         {"seq_len", m->seq_len, mc->seq_len, true},
         {"tie_embeddings", ts_model_tied(m), ts_model_tied(mc), true},
+        {"qk_norm", m->qk_norm, mc->qk_norm, true},
+        {"moe_experts", m->moe_experts, mc->moe_experts, true},
+        {"moe_top_k", m->moe_top_k, mc->moe_top_k, moe},
+        {"moe_ffn_hidden", m->moe_ffn_hidden, mc->moe_ffn_hidden, moe},
+        {"moe_shared_experts", m->moe_shared_experts, mc->moe_shared_experts, moe},
+        {"moe_norm_topk", m->moe_norm_topk, mc->moe_norm_topk, moe},
+        {"moe_route_scale", m->moe_route_scale, mc->moe_route_scale, moe},
+        {"moe_groups", m->moe_groups, mc->moe_groups, moe},
+        {"moe_topk_groups", m->moe_topk_groups, mc->moe_topk_groups, moe},
+        {"moe_first_dense", m->moe_first_dense, mc->moe_first_dense, moe},
+        {"moe_every", m->moe_every, mc->moe_every, moe},
         {"norm_eps", m->norm_eps, mc->norm_eps, true},
         {"rope_theta", m->rope_theta, mc->rope_theta, true},
         {"rope_scaling", m->rope_scaling, mc->rope_scaling, true},
@@ -181,7 +198,8 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
                        mc->tokenizer_sha256);
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         if (!keys[i].check || keys[i].saved == keys[i].now) continue;
-        const bool flag = !strcmp(keys[i].key, "tie_embeddings");
+        const bool flag = !strcmp(keys[i].key, "tie_embeddings") ||
+                          !strcmp(keys[i].key, "qk_norm") || !strcmp(keys[i].key, "moe_norm_topk");
         char saved[40], now[40];
         key_value(saved, sizeof saved, flag, keys[i].saved);
         key_value(now, sizeof now, flag, keys[i].now);
