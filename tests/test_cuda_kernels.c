@@ -9,7 +9,8 @@
  *
  * The llama kernels too: RMSNorm (and its backward's bits on a rerun), RoPE in place (the
  * v heads untouched, the backward undoing the forward), SwiGLU, grouped-query attention
- * (NKV < NH key/value heads, down to one), the encoder without a position embedding.
+ * (NKV < NH key/value heads, down to one), the encoder without a position embedding. The
+ * mixture-of-experts kernels (fp32 table; test_moe).
  *
  * Then the bf16 tables ("cuda-bf16", or "cuda-bf16-flash" with the flash argument)
  * against the fp32 CUDA table of the same attention, kernel by kernel (test_bf16_*): the
@@ -168,6 +169,11 @@ static void test_table(void)
         CHECK(!strcmp(k->attention, i % 2 ? "flash" : "gemm"));
         CHECK(k->weight_copy_bytes == (i < 2 ? 0 : 2));
         CHECK(k->device_count && k->select_device && k->current_device && k->memory_info);
+        /* the MoE slots (not in ts_kernels_missing's list: a table may lack them) */
+        CHECKF(k->moe_route_forward && k->moe_route_backward && k->moe_aux_forward_backward &&
+                   k->moe_count && k->moe_permute && k->moe_combine &&
+                   k->moe_combine_backward && k->moe_permute_backward,
+               "%s lacks an MoE slot", names[i]);
     }
     /* The slots on fp32 memory alone are the fp32 table's in every table, so the memory,
      * sum and AdamW checks of the fp32 table cover them. */
@@ -453,6 +459,84 @@ static void test_swiglu(int Nr, int F)
     snprintf(slot, sizeof slot, "swiglu_backward N%d F%d", Nr, F);
     expect_close(slot, "dinp", &dinp);
     p_free(&inp), p_free(&out), p_free(&dout), p_free(&dinp);
+}
+
+/* The mixture-of-experts kernels: routing (scores, the chosen experts exactly, the
+ * weights), its backward, the auxiliary losses (their gradients added onto a pre-fill),
+ * the counts, the permutation (rows exactly) and the combine and its backwards. Both
+ * sides dispatch by the CPU's topk_idx, so a near-tie chosen differently by a last-bit
+ * difference in expf cannot cascade. */
+static void test_moe(int Nr, int T, ts_moe_routing r, int C, bool with_bias)
+{
+    char slot[96];
+    const int E = r.E, K = r.K;
+    const size_t NE = (size_t)Nr * E, NK = (size_t)Nr * K;
+    snprintf(slot, sizeof slot, "moe_route_forward N%d E%d K%d G%d/%d %s", Nr, E, K, r.groups,
+             r.topk_groups, r.sigmoid ? "sigmoid" : "softmax");
+    pair logits = p_in(NE, 2.0f), scores = p_out(NE), w = p_out(NK);
+    pair bias = p_in((size_t)E, with_bias ? 0.05f : 0.0f);
+    int *idx = ts_malloc(NK * sizeof(int)), *didx_h = ts_malloc(NK * sizeof(int));
+    int *didx = G->dev_alloc(NK * sizeof(int));
+    H->moe_route_forward(&r, scores.h, idx, w.h, logits.h, with_bias ? bias.h : NULL, Nr);
+    G->moe_route_forward(&r, scores.d, didx, w.d, logits.d, with_bias ? bias.d : NULL, Nr);
+    expect_close(slot, "scores", &scores);
+    G->memcpy_d2h(didx_h, didx, NK * sizeof(int));
+    CHECKF(!memcmp(idx, didx_h, NK * sizeof(int)), "%s: topk_idx differs from the CPU's", slot);
+    expect_close(slot, "topk_w", &w);
+    G->memcpy_h2d(didx, idx, NK * sizeof(int));
+    /* the CPU's weights and scores on both sides from here on */
+    G->memcpy_h2d(w.d, w.h, NK * sizeof(float));
+    G->memcpy_h2d(scores.d, scores.h, NE * sizeof(float));
+
+    pair dw = p_in(NK, 1.0f), dl = p_out(NE);
+    H->moe_route_backward(&r, dl.h, dw.h, scores.h, idx, Nr);
+    G->moe_route_backward(&r, dl.d, dw.d, scores.d, didx, Nr);
+    expect_close("moe_route_backward", "dlogits", &dl);
+    pair acc = p_in(NE, 1.0f), loss = p_in(2, 1.0f);
+    H->moe_aux_forward_backward(&r, &loss.h[0], &loss.h[1], acc.h, logits.h, scores.h, idx, Nr, T,
+                                0.1f, 0.3f, 1.0f / (4 * T), 0.25f);
+    G->moe_aux_forward_backward(&r, loss.d, loss.d + 1, acc.d, logits.d, scores.d, didx, Nr, T,
+                                0.1f, 0.3f, 1.0f / (4 * T), 0.25f);
+    expect_close("moe_aux_forward_backward", "dlogits (added)", &acc);
+    expect_close("moe_aux_forward_backward", "losses (added)", &loss);
+
+    int *counts = calloc((size_t)E, sizeof(int)), *got = ts_malloc((size_t)E * sizeof(int));
+    int *offsets = ts_malloc((size_t)E * sizeof(int));
+    int *dcounts = G->dev_alloc((size_t)E * sizeof(int));
+    int *doffsets = G->dev_alloc((size_t)E * sizeof(int));
+    H->moe_count(counts, idx, Nr, K, E);
+    G->moe_count(dcounts, didx, Nr, K, E);
+    G->memcpy_d2h(got, dcounts, (size_t)E * sizeof(int));
+    CHECKF(!memcmp(got, counts, (size_t)E * sizeof(int)), "moe_count differs from the CPU's");
+    ts_moe_offsets(offsets, counts, E);
+    G->memcpy_h2d(doffsets, offsets, (size_t)E * sizeof(int));
+    int *row_of = ts_malloc(NK * sizeof(int)), *drow_of = G->dev_alloc(NK * sizeof(int));
+    int *row_back = ts_malloc(NK * sizeof(int));
+    pair x = p_in((size_t)Nr * C, 1.0f), xp = p_out(NK * C);
+    H->moe_permute(xp.h, row_of, x.h, idx, offsets, Nr, K, C, E);
+    G->moe_permute(xp.d, drow_of, x.d, didx, doffsets, Nr, K, C, E);
+    G->memcpy_d2h(row_back, drow_of, NK * sizeof(int));
+    CHECKF(!memcmp(row_back, row_of, NK * sizeof(int)), "moe_permute: row_of differs");
+    expect_close("moe_permute", "xp", &xp);
+    pair yp = p_in(NK * C, 1.0f), out = p_out((size_t)Nr * C);
+    H->moe_combine(out.h, yp.h, w.h, row_of, Nr, K, C);
+    G->moe_combine(out.d, yp.d, w.d, drow_of, Nr, K, C);
+    expect_close("moe_combine", "out", &out);
+    pair dout = p_in((size_t)Nr * C, 1.0f), dyp = p_out(NK * C), dtw = p_out(NK);
+    H->moe_combine_backward(dyp.h, dtw.h, dout.h, yp.h, w.h, row_of, Nr, K, C);
+    G->moe_combine_backward(dyp.d, dtw.d, dout.d, yp.d, w.d, drow_of, Nr, K, C);
+    expect_close("moe_combine_backward", "dyp", &dyp);
+    expect_close("moe_combine_backward", "dtopk_w", &dtw);
+    pair dx = p_out((size_t)Nr * C);
+    H->moe_permute_backward(dx.h, dyp.h, row_of, Nr, K, C);
+    G->moe_permute_backward(dx.d, dyp.d, drow_of, Nr, K, C);
+    expect_close("moe_permute_backward", "dx", &dx);
+
+    p_free(&logits), p_free(&scores), p_free(&w), p_free(&bias), p_free(&dw), p_free(&dl);
+    p_free(&acc), p_free(&loss), p_free(&x), p_free(&xp), p_free(&yp), p_free(&out);
+    p_free(&dout), p_free(&dyp), p_free(&dtw), p_free(&dx);
+    G->dev_free(didx), G->dev_free(dcounts), G->dev_free(doffsets), G->dev_free(drow_of);
+    free(idx), free(didx_h), free(counts), free(got), free(offsets), free(row_of), free(row_back);
 }
 
 /* The same bits on a second run: forward, then backward with all three gradients
@@ -1303,6 +1387,9 @@ int main(int argc, char **argv)
     test_swiglu(N, 4 * C);
     test_swiglu(67, 1001);
     test_swiglu(3, 1);
+    test_moe(39, 13, (ts_moe_routing){8, 2, 1, 1, false, true, 1.0f}, 45, false);
+    test_moe(26, 13, (ts_moe_routing){16, 4, 4, 2, true, true, 2.5f}, 300, true);
+    test_moe(64, 32, (ts_moe_routing){64, 6, 1, 1, false, false, 1.0f}, 129, false);
     test_elementwise((size_t)N * 4 * C + 1);
     test_elementwise(100003);
     test_crossentropy(N, V);

@@ -9,7 +9,9 @@
 
 /* Every function slot of ts_kernels that every backend fills, by name. Not listed: the
  * context-parallel attention slots (attention_prefix_*), which the layout-only CUDA
- * tables size but cannot run (every runnable table fills them). */
+ * tables size but cannot run (every runnable table fills them), and the mixture-of-experts
+ * slots (moe_*), which a backend may lack: the model refuses an MoE config on such a
+ * table with its own message rather than this check's. */
 #define TS_KERNEL_SLOTS(X)                                                                   \
     X(dev_alloc) X(dev_free) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memcpy_2d) X(memset_zero) X(convert) \
     X(sum_into) X(sum_squares_into) X(stream_create) X(stream_destroy) X(stream_sync)       \
@@ -29,6 +31,17 @@ const char *ts_kernels_missing(const ts_kernels *k)
     TS_KERNEL_SLOTS(TS_CHECK_SLOT)
 #undef TS_CHECK_SLOT
     return NULL;
+}
+
+int ts_moe_offsets(int *offsets, const int *counts, int E)
+{
+    int total = 0;
+    for (int e = 0; e < E; e++) {
+        TS_ASSERT(counts[e] >= 0);
+        offsets[e] = total;
+        total += counts[e];
+    }
+    return total;
 }
 
 /* Every table this build has. */

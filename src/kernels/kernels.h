@@ -59,6 +59,24 @@ typedef struct {
     int decay;
 } ts_adamw_span;
 
+/* How a mixture-of-experts layer routes its tokens (the model's moe_* keys): E experts,
+ * each token to K of them; with groups > 1 (E % groups == 0) only the experts of the
+ * topk_groups best groups compete (DeepSeek-V3's group-limited routing; each kept group
+ * scored by the sum of its top K / topk_groups selection values, so topk_groups divides
+ * K and K / topk_groups <= E / groups); sigmoid scores instead of softmax; norm_topk
+ * renormalises the K weights to sum 1 before route_scale multiplies them. Plain fields:
+ * the same layout in C and in CUDA C++. */
+typedef struct {
+    int E, K, groups, topk_groups;
+    bool sigmoid, norm_topk;
+    float route_scale;
+} ts_moe_routing;
+
+/* offsets[e] = counts[0] + ... + counts[e-1] (the exclusive prefix sum moe_permute takes,
+ * on the host: counts come back from moe_count); returns the total, N*K for one layer's
+ * routing. */
+int ts_moe_offsets(int *offsets, const int *counts, int E);
+
 typedef struct ts_kernels {
     const char *name;
 
@@ -191,6 +209,65 @@ typedef struct ts_kernels {
     /* dinp [N, 2F] = the gradients of gate and up (overwritten; dinp does not alias
      * inp or dout). */
     void (*swiglu_backward)(void *dinp, const void *inp, const void *dout, int N, int F);
+
+    /* ---- mixture of experts (docs/ARCHITECTURE.md): a router, then each token's rows
+     * sorted by expert (dropless, one rank), the experts' own matmul/swiglu calls on
+     * their row ranges, and a weighted sum back. logits, scores, weights and their
+     * gradients are fp32 [N,E] / [N,K] whatever the table; topk_idx [N,K], counts [E],
+     * offsets [E] and row_of [N*K] are int32; only the token rows (x, xp, yp, out and
+     * their gradients) are act_dtype. r is host memory (device backends take it by
+     * value); every other pointer is device memory. Every result is the same bits at any
+     * thread count.
+     * A table without these slots (NULL) cannot run an MoE model; the model refuses it.
+     *
+     * Routing, per row n in fp32: scores = softmax(logits) (or sigmoid with r->sigmoid);
+     * the selection ranks sel = scores + bias (bias[E] may be NULL: 0; it changes the
+     * choice only, never a weight), group-limited when r->groups > 1; topk_idx[n, 0..K)
+     * in descending order of sel, ties to the lower expert (and group) index; topk_w =
+     * the chosen scores, divided by (their sum + 1e-20) with r->norm_topk, times
+     * r->route_scale. */
+    void (*moe_route_forward)(const ts_moe_routing *r, float *scores, int *topk_idx,
+                              float *topk_w, const float *logits, const float *bias, int N);
+    /* dlogits[N,E] (overwritten) from dtopk_w[N,K] through the renormalisation and the
+     * scores' Jacobian (the whole row's softmax, or the sigmoid); the selection has no
+     * gradient. */
+    void (*moe_route_backward)(const ts_moe_routing *r, float *dlogits, const float *dtopk_w,
+                               const float *scores, const int *topk_idx, int N);
+    /* The auxiliary losses of N rows (whole sequences of T rows each, N % T == 0), with
+     * their gradients ADDED into dlogits[N,E]:
+     *   z-loss: *z_loss += cz * z_scale * sum_n logsumexp(logits_n)^2;
+     *   sequence-wise balance loss (DeepSeek-V3), per sequence s: with p_n = scores_n /
+     *   sum_j scores_nj, f_i = E / (K T) * (tokens of s whose top-K holds i) and
+     *   P_i = (1/T) sum_{n in s} p_ni: *aux_loss += ca * aux_scale * sum_s sum_i f_i P_i
+     *   (f is a count: no gradient through it).
+     * The caller's scales make any split of the global batch give the same sums:
+     * z_scale = 1/(sequences in the global batch * T), aux_scale = 1/(sequences). A term
+     * whose coefficient (cz, ca) is 0 is skipped: no loss, no gradient. z_loss and
+     * aux_loss are one fp32 each in device memory. */
+    void (*moe_aux_forward_backward)(const ts_moe_routing *r, float *z_loss, float *aux_loss,
+                                     float *dlogits, const float *logits, const float *scores,
+                                     const int *topk_idx, int N, int T, float cz, float ca,
+                                     float z_scale, float aux_scale);
+    /* counts[e] += how many of topk_idx[N*K] are e (the host then takes ts_moe_offsets). */
+    void (*moe_count)(int *counts, const int *topk_idx, int N, int K, int E);
+    /* The dispatch: assignment a = n*K + k (token n's k-th expert e = topk_idx[a]) goes to
+     * row row_of[a] of xp[N*K, C], its expert's rows starting at offsets[e] (the
+     * exclusive prefix sum of this topk_idx's counts), in order of n then k within an
+     * expert (a stable sort); xp's row is x[n]'s, copied. */
+    void (*moe_permute)(void *xp, int *row_of, const void *x, const int *topk_idx,
+                        const int *offsets, int N, int K, int C, int E);
+    /* out[n] = sum over k = 0..K-1 in order of topk_w[n,k] * yp[row_of[n*K+k]]: fp32
+     * products and sum, one rounding to act_dtype. out[N,C] is overwritten. */
+    void (*moe_combine)(void *out, const void *yp, const float *topk_w, const int *row_of,
+                        int N, int K, int C);
+    /* Its backward: dyp[row_of[n*K+k]] = topk_w[n,k] * dout[n] (every row of dyp[N*K,C]
+     * overwritten) and dtopk_w[n,k] = <dout[n], yp[row_of[n*K+k]]> (fp32, overwritten). */
+    void (*moe_combine_backward)(void *dyp, float *dtopk_w, const void *dout, const void *yp,
+                                 const float *topk_w, const int *row_of, int N, int K, int C);
+    /* moe_permute's backward: dx[n] = sum over k = 0..K-1 in order of
+     * dxp[row_of[n*K+k]] (fp32 sum, one rounding; dx[N,C] overwritten). */
+    void (*moe_permute_backward)(void *dx, const void *dxp, const int *row_of, int N, int K,
+                                 int C);
 
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL; fp32, added
      * before the one rounding to act_dtype). */

@@ -55,6 +55,14 @@ void ts_cpu_bf16_rope_backward(void *dqkv, const float *cos, const float *sin, i
                                int NH, int NKV, int HS);
 void ts_cpu_bf16_swiglu_forward(void *out, const void *inp, int N, int F);
 void ts_cpu_bf16_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);
+void ts_cpu_bf16_moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,
+                             const int *offsets, int N, int K, int C, int E);
+void ts_cpu_bf16_moe_combine(void *out, const void *yp, const float *topk_w, const int *row_of,
+                             int N, int K, int C);
+void ts_cpu_bf16_moe_combine_backward(void *dyp, float *dtopk_w, const void *dout, const void *yp,
+                                      const float *topk_w, const int *row_of, int N, int K, int C);
+void ts_cpu_bf16_moe_permute_backward(void *dx, const void *dxp, const int *row_of, int N, int K,
+                                      int C);
 void ts_cpu_bf16_gelu_forward(void *out, const void *inp, size_t n);
 void ts_cpu_bf16_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);
 void ts_cpu_bf16_residual_forward(void *out, const void *a, const void *b, size_t n);

@@ -140,6 +140,24 @@ void ts_cpu_rope_backward(void *dqkv, const float *cos, const float *sin, int B,
                           int NKV, int HS);
 void ts_cpu_swiglu_forward(void *out, const void *inp, int N, int F);
 void ts_cpu_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);
+/* moe_route.c: the router's kernels, fp32 and int32 only (both tables' entries) */
+void ts_cpu_moe_route_forward(const ts_moe_routing *r, float *scores, int *topk_idx,
+                              float *topk_w, const float *logits, const float *bias, int N);
+void ts_cpu_moe_route_backward(const ts_moe_routing *r, float *dlogits, const float *dtopk_w,
+                               const float *scores, const int *topk_idx, int N);
+void ts_cpu_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, float *aux_loss,
+                                     float *dlogits, const float *logits, const float *scores,
+                                     const int *topk_idx, int N, int T, float cz, float ca,
+                                     float z_scale, float aux_scale);
+void ts_cpu_moe_count(int *counts, const int *topk_idx, int N, int K, int E);
+/* moe_dispatch.c */
+void ts_cpu_moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,
+                        const int *offsets, int N, int K, int C, int E);
+void ts_cpu_moe_combine(void *out, const void *yp, const float *topk_w, const int *row_of, int N,
+                        int K, int C);
+void ts_cpu_moe_combine_backward(void *dyp, float *dtopk_w, const void *dout, const void *yp,
+                                 const float *topk_w, const int *row_of, int N, int K, int C);
+void ts_cpu_moe_permute_backward(void *dx, const void *dxp, const int *row_of, int N, int K, int C);
 void ts_cpu_gelu_forward(void *out, const void *inp, size_t n);
 void ts_cpu_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);
 void ts_cpu_residual_forward(void *out, const void *a, const void *b, size_t n);

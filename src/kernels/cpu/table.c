@@ -2,7 +2,8 @@
  * its identity (precision, activation dtype, weight copies) and the kernels whose names
  * start with its prefix (ts_cpu_X for fp32, ts_cpu_bf16_X for bf16: each kernel's two
  * entry points over one body, storage.h). The dtype-free slots (memory, ordering,
- * reductions over fp32, the optimizer, the fp32 <-> bf16 conversion) are shared. */
+ * reductions over fp32, the optimizer, the fp32 <-> bf16 conversion, the MoE router's
+ * kernels) are shared. */
 #include "kernels/cpu/cpu_bf16_internal.h"
 #include "kernels/cpu/cpu_internal.h"
 
@@ -40,7 +41,14 @@
     .vocab_embed_forward = prefix##vocab_embed_forward,                                      \
     .vocab_embed_backward = prefix##vocab_embed_backward,                                    \
     .xent_vp_stats = prefix##xent_vp_stats, .xent_vp_sumexp = prefix##xent_vp_sumexp,        \
-    .xent_vp_finish = prefix##xent_vp_finish
+    .xent_vp_finish = prefix##xent_vp_finish,                                                \
+    /* the router's kernels are fp32/int32 whatever the table: one entry for both */         \
+    .moe_route_forward = ts_cpu_moe_route_forward,                                           \
+    .moe_route_backward = ts_cpu_moe_route_backward,                                         \
+    .moe_aux_forward_backward = ts_cpu_moe_aux_forward_backward,                             \
+    .moe_count = ts_cpu_moe_count, .moe_permute = prefix##moe_permute,                       \
+    .moe_combine = prefix##moe_combine, .moe_combine_backward = prefix##moe_combine_backward, \
+    .moe_permute_backward = prefix##moe_permute_backward
 
 const ts_kernels ts_kernels_cpu = {
     .name = "cpu",

@@ -97,12 +97,25 @@ void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, flo
                           size_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int t);
 
+/* ---- the mixture-of-experts router's slots, fp32 and int32 only: one function for both
+ * precisions (moe.cu) */
+void ts_cuda_moe_route_forward(const ts_moe_routing *r, float *scores, int *topk_idx,
+                               float *topk_w, const float *logits, const float *bias, int N);
+void ts_cuda_moe_route_backward(const ts_moe_routing *r, float *dlogits, const float *dtopk_w,
+                                const float *scores, const int *topk_idx, int N);
+void ts_cuda_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, float *aux_loss,
+                                      float *dlogits, const float *logits, const float *scores,
+                                      const int *topk_idx, int N, int T, float cz, float ca,
+                                      float z_scale, float aux_scale);
+void ts_cuda_moe_count(int *counts, const int *topk_idx, int N, int K, int E);
+
 /* ---- the slots on activations, kernels.h's arguments and rules: once per activation
  * type, the fp32 tables' ts_cuda_<slot> (float activations) and the bf16 tables'
  * ts_cuda_bf16_<slot> (__nv_bfloat16 activations), from one template each (encoder.cu,
  * layernorm.cu (LayerNorm, RMSNorm), matmul.cu, elementwise.cu (GELU, residual, RoPE,
- * SwiGLU), crossentropy.cu, vocab_parallel.cu; fused.h has residual_layernorm_forward and
- * residual_rmsnorm_forward, attention_flash.h the attention slots). */
+ * SwiGLU), moe.cu (the MoE dispatch), crossentropy.cu, vocab_parallel.cu; fused.h has
+ * residual_layernorm_forward and residual_rmsnorm_forward, attention_flash.h the
+ * attention slots). */
 #define TS_CUDA_ACT_SLOT_DECLS(p)                                                                \
     void p##encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,     \
                             int B, int T, int C);                                                \
@@ -123,6 +136,14 @@ void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, flo
                           int NKV, int HS);                                                      \
     void p##swiglu_forward(void *out, const void *inp, int N, int F);                            \
     void p##swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);        \
+    void p##moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,               \
+                        const int *offsets, int N, int K, int C, int E);                         \
+    void p##moe_combine(void *out, const void *yp, const float *topk_w, const int *row_of, int N, \
+                        int K, int C);                                                           \
+    void p##moe_combine_backward(void *dyp, float *dtopk_w, const void *dout, const void *yp,    \
+                                 const float *topk_w, const int *row_of, int N, int K, int C);   \
+    void p##moe_permute_backward(void *dx, const void *dxp, const int *row_of, int N, int K,     \
+                                 int C);                                                         \
     void p##matmul_forward(void *out, const void *inp, const void *weight, const float *bias,    \
                            int N, int C, int OC);                                                \
     void p##matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,          \

@@ -58,6 +58,15 @@ static constexpr ts_kernels fp32_table = {
     .rope_backward = ts_cuda_rope_backward,
     .swiglu_forward = ts_cuda_swiglu_forward,
     .swiglu_backward = ts_cuda_swiglu_backward,
+    /* The mixture-of-experts kernels (moe.cu; built and compiled, not yet run on a GPU). */
+    .moe_route_forward = ts_cuda_moe_route_forward,
+    .moe_route_backward = ts_cuda_moe_route_backward,
+    .moe_aux_forward_backward = ts_cuda_moe_aux_forward_backward,
+    .moe_count = ts_cuda_moe_count,
+    .moe_permute = ts_cuda_moe_permute,
+    .moe_combine = ts_cuda_moe_combine,
+    .moe_combine_backward = ts_cuda_moe_combine_backward,
+    .moe_permute_backward = ts_cuda_moe_permute_backward,
     .matmul_forward = ts_cuda_matmul_forward,
     .matmul_backward = ts_cuda_matmul_backward,
     .attention_forward = ts_cuda_attention_forward,
@@ -102,6 +111,10 @@ static constexpr ts_kernels with_bf16_slots(ts_kernels k)
     k.rope_backward = ts_cuda_bf16_rope_backward;
     k.swiglu_forward = ts_cuda_bf16_swiglu_forward;
     k.swiglu_backward = ts_cuda_bf16_swiglu_backward;
+    k.moe_permute = ts_cuda_bf16_moe_permute;
+    k.moe_combine = ts_cuda_bf16_moe_combine;
+    k.moe_combine_backward = ts_cuda_bf16_moe_combine_backward;
+    k.moe_permute_backward = ts_cuda_bf16_moe_permute_backward;
     k.matmul_forward = ts_cuda_bf16_matmul_forward;
     k.matmul_backward = ts_cuda_bf16_matmul_backward;
     k.attention_forward = ts_cuda_attention_forward_bf16;

@@ -135,6 +135,38 @@
             const float *rowmax, const float *sumexp, const float *target_logit, int N,     \
             float dloss),                                                                  \
            (losses, logits, targets, v0, nv, rowmax, sumexp, target_logit, N, dloss))      \
+    STRICT(P, K, moe_route_forward,                                                        \
+           (const ts_moe_routing *r, float *scores, int *topk_idx, float *topk_w,           \
+            const float *logits, const float *bias, int N),                                \
+           (r, scores, topk_idx, topk_w, logits, bias, N))                                 \
+    STRICT(P, K, moe_route_backward,                                                       \
+           (const ts_moe_routing *r, float *dlogits, const float *dtopk_w,                  \
+            const float *scores, const int *topk_idx, int N),                              \
+           (r, dlogits, dtopk_w, scores, topk_idx, N))                                     \
+    /* r is host memory (a struct argument); the losses are device memory */             \
+    STRICT(P, K, moe_aux_forward_backward,                                                 \
+           (const ts_moe_routing *r, float *z_loss, float *aux_loss, float *dlogits,        \
+            const float *logits, const float *scores, const int *topk_idx, int N, int T,    \
+            float cz, float ca, float z_scale, float aux_scale),                           \
+           (r, z_loss, aux_loss, dlogits, logits, scores, topk_idx, N, T, cz, ca, z_scale,  \
+            aux_scale))                                                                    \
+    STRICT(P, K, moe_count, (int *counts, const int *topk_idx, int N, int K_, int E),      \
+           (counts, topk_idx, N, K_, E))                                                   \
+    STRICT(P, K, moe_permute,                                                              \
+           (void *xp, int *row_of, const void *x, const int *topk_idx, const int *offsets,  \
+            int N, int K_, int C, int E),                                                  \
+           (xp, row_of, x, topk_idx, offsets, N, K_, C, E))                                \
+    STRICT(P, K, moe_combine,                                                              \
+           (void *out, const void *yp, const float *topk_w, const int *row_of, int N, int K_, \
+            int C),                                                                        \
+           (out, yp, topk_w, row_of, N, K_, C))                                            \
+    STRICT(P, K, moe_combine_backward,                                                     \
+           (void *dyp, float *dtopk_w, const void *dout, const void *yp,                    \
+            const float *topk_w, const int *row_of, int N, int K_, int C),                 \
+           (dyp, dtopk_w, dout, yp, topk_w, row_of, N, K_, C))                             \
+    STRICT(P, K, moe_permute_backward,                                                     \
+           (void *dx, const void *dxp, const int *row_of, int N, int K_, int C),            \
+           (dx, dxp, row_of, N, K_, C))                                                    \
     static double P##sum_squares(const float *x, size_t n)                                 \
     {                                                                                      \
         ts_strict_enter();                                                                 \
@@ -184,6 +216,11 @@
         .residual_rmsnorm_forward = P##residual_rmsnorm_forward,                           \
         .rope_forward = P##rope_forward, .rope_backward = P##rope_backward,                \
         .swiglu_forward = P##swiglu_forward, .swiglu_backward = P##swiglu_backward,        \
+        .moe_route_forward = P##moe_route_forward, .moe_route_backward = P##moe_route_backward, \
+        .moe_aux_forward_backward = P##moe_aux_forward_backward, .moe_count = P##moe_count, \
+        .moe_permute = P##moe_permute, .moe_combine = P##moe_combine,                      \
+        .moe_combine_backward = P##moe_combine_backward,                                   \
+        .moe_permute_backward = P##moe_permute_backward,                                   \
     }
 
 STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
