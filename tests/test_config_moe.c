@@ -116,6 +116,24 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                        "train.global_batch=2"),
                "expert parallelism is not built yet");
+}
+
+/* One tensor- and context-parallel rank, fp32, no recompute, no zero-bubble split. */
+static void test_moe_unbuilt(void)
+{
+    EXPECT_ERR(MOE, OV("parallel.tp=2"), "model.moe_experts = 8 with parallel.tp > 1",
+               "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.cp=2"), "parallel.cp > 1", "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.recompute=full"), "parallel.recompute", "not built yet");
+    EXPECT_ERR(MOE, OV("train.precision=bf16"), "train.precision = \"bf16\"", "not built");
+    EXPECT_ERR(MOE, OV("parallel.pp=2", "parallel.schedule=zb-h1"),
+               "parallel.schedule = \"zb-h1\"", "not built yet");
+    EXPECT_ERR(MOE, OV("train.moe_bias_rate=0.001", "checkpoint.dir=ck"), "train.moe_bias_rate",
+               "checkpoint.dir", "not built yet");
+    /* Built: data and pipeline parallelism. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2"), 2) == TS_OK, "%s",
+           ts_error_message());
     EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "expert parallelism is not built");
 }
 
@@ -138,6 +156,7 @@ int main(void)
     test_moe_dense_refuses_keys();
     test_moe_routing_errors();
     test_moe_expert_parallel_errors();
+    test_moe_unbuilt();
     test_moe_qk_norm();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
