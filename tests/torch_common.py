@@ -58,10 +58,13 @@ def write_safetensors(path, tensors, metadata):
     os.replace(tmp, path)
 
 
-def write_weights(path, model, names, meta):
-    """The model's parameters `names` (in that order) as F32."""
+def write_weights(path, model, names, meta, buffers=()):
+    """The model's parameters `names` (in that order), then its buffers `buffers` (state
+    that is no parameter, e.g. an MoE router's bias), as F32."""
     params = dict(model.named_parameters())
-    write_safetensors(path, [(n, params[n].float()) for n in names], meta)
+    bufs = dict(model.named_buffers())
+    write_safetensors(path, [(n, params[n].float()) for n in names]
+                      + [(n, bufs[n].float()) for n in buffers], meta)
 
 
 def read_safetensors(path):
@@ -161,10 +164,12 @@ def adamw(pm, names, h):
         lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
 
 
-def train(model, names, h, steps, data):
+def train(model, names, h, steps, data, after_step=None):
     """`steps` AdamW steps, each: the LR schedule's lr, loss of data(s) (before the update),
-    backward, clip_grad_norm_(grad_clip) over every parameter (when grad_clip > 0), step.
-    Returns (optimizer, losses, lrs, grad norms); a norm is None where nothing clipped."""
+    backward, clip_grad_norm_(grad_clip) over every parameter (when grad_clip > 0), step,
+    then after_step(model, s) when given (what a step changes besides the parameters: an
+    MoE's router bias). Returns (optimizer, losses, lrs, grad norms); a norm is None where
+    nothing clipped."""
     pm = dict(model.named_parameters())
     opt = adamw(pm, names, h)
     params = [pm[n] for n in names]
@@ -182,6 +187,8 @@ def train(model, names, h, steps, data):
         losses.append(loss.item())
         lrs.append(lr)
         norms.append(None if gn is None else float(gn))
+        if after_step:
+            after_step(model, s)
     return opt, losses, lrs, norms
 
 
@@ -230,7 +237,7 @@ def check_moments(path, ref, tol):
                          f"L2 {worst:.3g} > {tol}")
 
 
-def replay(args, load, names, seq_len, tokens, check=None):
+def replay(args, load, names, seq_len, tokens, check=None, after_step=None):
     """AdamW from --replay for --replay-steps steps in float64 on the batch rule;
     {name: (exp_avg, exp_avg_sq)}."""
     model, _ = load(args.replay)
@@ -238,7 +245,7 @@ def replay(args, load, names, seq_len, tokens, check=None):
     if check:
         check(model)
     opt, losses, _, _ = train(model, names, args, args.replay_steps,
-                              lambda s: batch(tokens, seq_len, args.batch, s))
+                              lambda s: batch(tokens, seq_len, args.batch, s), after_step)
     for s, loss in enumerate(losses):
         print(f"replay step {s} loss_f64 {loss:.12g}")
     pm = dict(model.named_parameters())
@@ -332,10 +339,11 @@ def init_command(args, build, names, init, meta):
     return 0
 
 
-def loss_command(args, load, names, seq_len, vocab, check=None):
+def loss_command(args, load, names, seq_len, vocab, check=None, after_step=None):
     """`loss`: load(path) -> (model, tensors) the model; with --optimizer check the file,
-    with --replay its moments; then for every --step its batch's loss in float32 and in
-    float64. check(model), if given, runs on every model before it is used."""
+    with --replay its moments (after_step: train's); then for every --step its batch's
+    loss in float32 and in float64. check(model), if given, runs on every model before it
+    is used."""
     model, tensors = load(args.model)
     if args.optimizer:
         check_optimizer(args.optimizer, tensors)
@@ -345,7 +353,8 @@ def loss_command(args, load, names, seq_len, vocab, check=None):
     if args.replay:
         if not args.optimizer or args.replay_steps < 1:
             raise SystemExit("--replay needs --optimizer and --replay-steps >= 1")
-        check_moments(args.optimizer, replay(args, load, names, seq_len, tokens, check),
+        check_moments(args.optimizer,
+                      replay(args, load, names, seq_len, tokens, check, after_step),
                       args.moment_tol)
     model64 = copy.deepcopy(model).double()  # the same F32 values, in float64
     with torch.no_grad():
@@ -370,13 +379,23 @@ FIXTURE = argparse.Namespace(
     weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0)
 
 
-def make_fixture(stem, build, names, init, w_meta, vocab, init_text):
+def make_fixture(stem, build, names, init, w_meta, vocab, init_text, buffers=(),
+                 record=None, after_step=None, e_meta=None):
     """Writes tests/fixtures/STEM_weights.safetensors (build(), then init(model) under
     FIXTURE.init_seed; F32) and STEM_expect.safetensors: in float64 from exactly those F32
     values, the batch, the loss and every gradient at the initial weights, then FIXTURE's
     AdamW steps (losses, lrs, grad norms, final parameters). Deterministic: rerunning
     gives byte-identical files. Returns what report_fixture prints, and fresh_double()
-    (a float64 copy of the initial model) for a caller's own checks."""
+    (a float64 copy of the initial model) for a caller's own checks.
+
+    For a model with more than parameters (an MoE; every hook may be left out):
+      buffers      names of model buffers stored after the parameters in the weights file
+                   (F32) and as final.NAME in the expect file (e.g. a router's bias);
+      record(m)    {name: tensor} of what the forward just run computed besides the loss
+                   (float64 or int32): the initial forward's under NAME, each AdamW
+                   step's stacked under adamw_NAME [steps, ...];
+      after_step   train's hook, run after each optimizer step (and after record);
+      e_meta       more metadata for the expect file (what the hooks did)."""
     torch.set_num_threads(1)  # fixed reduction order -> reproducible float64 results
     torch.use_deterministic_algorithms(True)
     outdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -387,7 +406,8 @@ def make_fixture(stem, build, names, init, w_meta, vocab, init_text):
     model32 = init_weights_seeded(FIXTURE.init_seed, build, init)
     p32 = dict(model32.named_parameters())
     assert sorted(p32) == sorted(names), (sorted(p32), sorted(names))
-    write_weights(os.path.join(outdir, f"{stem}_weights.safetensors"), model32, names, w_meta)
+    write_weights(os.path.join(outdir, f"{stem}_weights.safetensors"), model32, names, w_meta,
+                  buffers)
 
     # token batch: B windows of T+1 tokens; inputs first T, targets last T
     g = torch.Generator().manual_seed(FIXTURE.data_seed)
@@ -404,14 +424,26 @@ def make_fixture(stem, build, names, init, w_meta, vocab, init_text):
     loss = m(tokens, targets)
     loss.backward()
     pm = dict(m.named_parameters())
+    missing = [n for n in names if pm[n].grad is None]
+    if missing:  # AdamW would skip them (no decay, no moments); Tessera steps every one
+        raise SystemExit(f"{stem}: no gradient for {missing}")
     grads = [("grad." + n, pm[n].grad.double()) for n in names]
     loss0 = loss.item()
+    recorded = list(record(m).items()) if record else []
 
     # the AdamW steps on the same batch
     m = fresh_double()
     pm = dict(m.named_parameters())
+    steps_rec = {n: [] for n, _ in recorded}
+
+    def hook(model, s):
+        if record:
+            for n, t in record(model).items():
+                steps_rec[n].append(t)
+        if after_step:
+            after_step(model, s)
     _, losses, lrs, norms = train(m, names, FIXTURE, FIXTURE.train_steps,
-                                  lambda s: (tokens, targets))
+                                  lambda s: (tokens, targets), hook)
 
     f64 = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
     tensors = [("tokens", tokens.to(torch.int32)), ("targets", targets.to(torch.int32)),
@@ -419,8 +451,13 @@ def make_fixture(stem, build, names, init, w_meta, vocab, init_text):
     tensors += grads
     tensors += [("adamw_losses", f64(losses)), ("adamw_lrs", f64(lrs)),
                 ("adamw_grad_norms", f64(norms))]
+    tensors += [(n, t.reshape(-1) if t.dim() == 0 else t) for n, t in recorded]
+    tensors += [("adamw_" + n, torch.stack(ts)) for n, ts in steps_rec.items()]
     tensors += [("final." + n, pm[n].detach().double()) for n in names]
+    bufs = dict(m.named_buffers())
+    tensors += [("final." + n, bufs[n].detach().double()) for n in buffers]
     h = FIXTURE
+    more_meta = e_meta or {}
     e_meta = dict(w_meta)
     e_meta.update({
         "B": B, "T": T, "torch": torch.__version__, "dtype": "float64",
@@ -433,9 +470,11 @@ def make_fixture(stem, build, names, init, w_meta, vocab, init_text):
         "adamw": "per step: loss (before update), backward, clip_grad_norm_(1.0), "
                  "AdamW step; weight decay only on dim>=2 params",
     })
+    e_meta.update(more_meta)
     write_safetensors(os.path.join(outdir, f"{stem}_expect.safetensors"), tensors, e_meta)
     return argparse.Namespace(tokens=tokens, targets=targets, fresh_double=fresh_double,
-                              loss0=loss0, losses=losses, lrs=lrs, norms=norms)
+                              loss0=loss0, losses=losses, lrs=lrs, norms=norms,
+                              recorded=dict(recorded), steps_recorded=steps_rec, final=m)
 
 
 def report_fixture(fx, vocab, extra_lines=(), extra_ok=True):

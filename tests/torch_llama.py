@@ -186,11 +186,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(s.n_embd, s.n_kv_head * hs, bias=False)
         self.o_proj = nn.Linear(s.n_head * hs, s.n_embd, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def heads(self, x):
+        """q [B, NH, T, HS], k and v [B, NKV, T, HS], before the rotary embedding (a
+        subclass may normalise them: tests/torch_moe.py's Qwen3 q/k norms)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x, cos, sin, mask):
+        B, T, _ = x.shape
+        q, k, v = self.heads(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.nh // self.nkv
         if rep > 1:  # repeat_kv: query head h reads key/value head h // rep
@@ -206,11 +213,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, s):
+    """SwiGLU of width `width` (default s.ffn_hidden; an MoE's experts have their own)."""
+
+    def __init__(self, s, width=None):
         super().__init__()
-        self.gate_proj = nn.Linear(s.n_embd, s.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(s.n_embd, s.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(s.ffn_hidden, s.n_embd, bias=False)
+        width = s.ffn_hidden if width is None else width
+        self.gate_proj = nn.Linear(s.n_embd, width, bias=False)
+        self.up_proj = nn.Linear(s.n_embd, width, bias=False)
+        self.down_proj = nn.Linear(width, s.n_embd, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
