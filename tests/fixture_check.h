@@ -148,7 +148,9 @@ static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n
 
     ts_cpu_set_threads(2);
     ts_model m;
-    ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu});
+    ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu,
+                                        .moe_z_loss = (float)cfg->train.moe_z_loss,
+                                        .moe_aux_loss = (float)cfg->train.moe_aux_loss});
     if (ts_ckpt_load_model_init(&m, wpath) != TS_OK ||
         (hooks->load_more && hooks->load_more(&m, wpath) != TS_OK)) {
         fprintf(stderr, "%s\n", ts_error_message());
