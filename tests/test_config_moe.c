@@ -148,6 +148,45 @@ static void test_moe_qk_norm(void)
     CHECK(g_cfg.model.qk_norm);
 }
 
+/* model.init's config.json of the MoE families fills the MoE keys, and refuses a config
+ * that disagrees, naming both keys (issue 39's "Hostile": an expert count). */
+static void test_moe_hf_config(void)
+{
+    char dir[300], text[1024];
+    snprintf(dir, sizeof dir, "%s", g_dir);
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 96, "
+                       "\"vocab_size\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, "
+                       "\"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                       "\"moe_intermediate_size\": 32, \"norm_topk_prob\": true, "
+                       "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [0]}");
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s\"; };\n", dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    const ts_model_config *m = &g_cfg.model;
+    CHECK(strcmp(m->arch, "llama") == 0 && m->qk_norm && m->moe_experts == 8);
+    CHECK(m->moe_top_k == 2 && m->moe_ffn_hidden == 32 && m->ffn_hidden == 96);
+    CHECK(m->moe_norm_topk && m->moe_every == 2 && m->moe_first_dense == 1);
+    CHECK(!ts_model_block_is_moe(m, 0) && ts_model_block_is_moe(m, 1));
+    EXPECT_ERR(text, OV("model.moe_experts=4"), "num_experts = 8", "model.moe_experts = 4");
+    EXPECT_ERR(text, OV("model.qk_norm=false"), "model.qk_norm = false");
+
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"mixtral\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+                       "\"vocab_size\": 256, \"num_local_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"sliding_window\": null}");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(!m->qk_norm && m->moe_experts == 4 && m->moe_ffn_hidden == 48 && m->moe_norm_topk);
+    CHECK(ts_model_moe_mixtral(m));
+    EXPECT_ERR(text, OV("model.moe_top_k=3"), "num_experts_per_tok = 2", "model.moe_top_k = 3");
+    EXPECT_ERR(text, OV("model.moe_norm_topk=false"), "mixtral", "model.moe_norm_topk");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config_moe");
@@ -157,6 +196,7 @@ int main(void)
     test_moe_routing_errors();
     test_moe_expert_parallel_errors();
     test_moe_unbuilt();
+    test_moe_hf_config();
     test_moe_qk_norm();
     ts_test_remove_dir(g_dir);
     return ts_test_report();

@@ -223,8 +223,8 @@ static ts_status fill_bool(const hf_reader *h, const char *hf_key, bool want, co
 static ts_status apply_family(const hf_reader *h, json_t *root, hf_family f)
 {
     ts_model_config *m = &h->cfg->model;
-    if (fill_bool(h, "model_type", f == HF_QWEN3 || f == HF_QWEN3_MOE, "model.qk_norm",
-                  &m->qk_norm) != TS_OK)
+    if (fill_bool(h, "q/k norms (its model_type)", f == HF_QWEN3 || f == HF_QWEN3_MOE,
+                  "model.qk_norm", &m->qk_norm) != TS_OK)
         return TS_ERR;
     json_t *sw = json_object_get(root, "sliding_window");
     if (json_is_true(json_object_get(root, "use_sliding_window")) ||
@@ -253,11 +253,13 @@ static ts_status apply_family(const hf_reader *h, json_t *root, hf_family f)
     /* Mixtral renormalises its top-k always; Qwen3-MoE when norm_topk_prob (default
      * false). Both route with a softmax. */
     json_t *norm = json_object_get(root, "norm_topk_prob");
-    if (fill_bool(h, mixtral ? "model_type" : "norm_topk_prob", mixtral || json_is_true(norm),
+    if (fill_bool(h, mixtral ? "a renormalised top-k (model_type \"mixtral\")" : "norm_topk_prob",
+                  mixtral || json_is_true(norm),
                   "model.moe_norm_topk", &m->moe_norm_topk) != TS_OK)
         return TS_ERR;
     if (given(h, "model.moe_router") && strcmp(m->moe_router, "softmax") != 0)
-        return disagree(h, "model_type", "a softmax router", "model.moe_router", m->moe_router);
+        return disagree(h, "its router (model_type)", "\"softmax\"", "model.moe_router",
+                        m->moe_router);
     /* Qwen3-MoE's dense blocks: mlp_only_layers, which Tessera has as the first k. */
     json_t *dense = json_object_get(root, "mlp_only_layers");
     size_t n = json_is_array(dense) ? json_array_size(dense) : 0;
