@@ -128,8 +128,6 @@ static void test_moe_unbuilt(void)
     EXPECT_ERR(MOE, OV("train.precision=bf16"), "train.precision = \"bf16\"", "not built");
     EXPECT_ERR(MOE, OV("parallel.pp=2", "parallel.schedule=zb-h1"),
                "parallel.schedule = \"zb-h1\"", "not built yet");
-    EXPECT_ERR(MOE, OV("train.moe_bias_rate=0.001", "checkpoint.dir=ck"), "train.moe_bias_rate",
-               "checkpoint.dir", "not built yet");
     /* Built: data and pipeline parallelism. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2"), 2) == TS_OK, "%s",

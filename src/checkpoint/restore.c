@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +308,37 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
     return TS_OK;
 }
 
+/* The MoE balancing bias state.json keeps (save.c), bit for bit, into the model; none
+ * there (a run without MoE bias updates kept zeros): the model's zeros stay. */
+static ts_status read_moe_bias(const ts_ckpt_reader *r, ts_model *m)
+{
+    const int E = m->moe_experts;
+    json_t *mb = json_object_get(r->state, "moe_bias");
+    if (E == 0 || !mb) return TS_OK;
+    const size_t n = (size_t)m->n_layer * E;
+    json_t *bits = json_object_get(mb, "bits");
+    if (json_integer_value(json_object_get(mb, "experts")) != E || !json_is_array(bits) ||
+        json_array_size(bits) != n)
+        return ts_fail("checkpoint %s: state.json's moe_bias is not %zu fp32 bit patterns "
+                       "(model.n_layer * model.moe_experts = %d * %d)",
+                       r->dir, n, m->n_layer, E);
+    float *host = ts_malloc(n * sizeof(float));
+    ts_status st = TS_OK;
+    for (size_t i = 0; i < n && st == TS_OK; i++) {
+        json_t *v = json_array_get(bits, i);
+        const json_int_t u = json_is_integer(v) ? json_integer_value(v) : -1;
+        const uint32_t u32 = (uint32_t)u;
+        memcpy(&host[i], &u32, sizeof u32);
+        if (u < 0 || u > 0xffffffffLL || !isfinite(host[i]))
+            st = ts_fail("checkpoint %s: state.json's moe_bias element %zu is not a finite "
+                         "fp32 bit pattern",
+                         r->dir, i);
+    }
+    if (st == TS_OK) m->k->memcpy_h2d(m->moe_bias, host, n * sizeof(float));
+    free(host);
+    return st;
+}
+
 ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *step)
 {
     const ts_comm *world = a->world;
@@ -341,6 +373,7 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
     ts_watchdog_context("checkpoint: reading this rank's parameters and moments", 0, 0, 0);
     st = read_weights(&r, a->model);
     if (st == TS_OK) st = read_moments(&r, a->model, a->optim);
+    if (st == TS_OK) st = read_moe_bias(&r, a->model);
     if ((st = ts_comm_agree(world, st)) == TS_OK) *step = r.step;
 done:
     if (st != TS_OK) ts_error_prefix("checkpoint.load: ");

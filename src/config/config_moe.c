@@ -151,10 +151,6 @@ static ts_status check_moe_built(const ts_config *cfg)
                        "zero-bubble split of the backward (and CSV schedules) is not built yet "
                        "for the Mixture-of-Experts layer; use \"1f1b\"",
                        E, s);
-    if (cfg->train.moe_bias_rate > 0.0 && cfg->checkpoint.dir[0])
-        return ts_fail("train.moe_bias_rate = %g with checkpoint.dir = \"%s\": saving the "
-                       "balancing bias in checkpoints is not built yet; remove one of them",
-                       cfg->train.moe_bias_rate, cfg->checkpoint.dir);
     return TS_OK;
 }
 
