@@ -161,11 +161,6 @@ ts_status ts_config_validate_moe(const ts_config *cfg)
     if (m->qk_norm && gpt2)
         return ts_fail("model.qk_norm = true: the per-head RMSNorm of q and k (Qwen3) is a "
                        "llama-family feature; remove it or set model.arch = \"llama\"");
-    if (m->qk_norm && cfg->parallel.tp > 1)
-        return ts_fail("model.qk_norm = true with parallel.tp = %d: summing the q_norm and "
-                       "k_norm weight gradients over the tensor-parallel ranks (each holds "
-                       "its heads' part) is not built yet; set parallel.tp = 1",
-                       cfg->parallel.tp);
     if (m->moe_experts == 0) {
         const char *key = dense_key_set(cfg);
         if (key)
