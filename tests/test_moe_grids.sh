@@ -3,9 +3,11 @@
 # dense first block, sigmoid router in groups, a shared expert, the z-loss, the balance
 # loss and the moving bias) gives the one-rank losses and gradient norms within 1e-4 on
 # dp 2 with ZeRO-1 (the counts and loss sums over the replicas, the bias moved alike on
-# each) and pp 2 (the blocks on two stages; another micro-batch split is
-# test_moe_fixture's). Measured at 2e-7 when written (also ZeRO-2/3, pp 2 x dp 2,
-# interleaved virtual stages, gpipe, micro_batch 2). A
+# each) and pp 2 with zb-v's V placement, its split backward (the MoE's weight gradients
+# in the input pass) and full recompute (a replayed forward counts nothing: the counts are
+# the backward's); another micro-batch split is test_moe_fixture's. Measured at 2e-7 when
+# written (also ZeRO-2/3, pp 2 x dp 2, 1f1b, interleaved-1f1b, zb-h1, interleaved-zb,
+# dualpipe-v, gpipe, recompute selective, except_last and auto, micro_batch 2). A
 # checkpoint (the bias in its state.json) resumes on another grid into the same losses.
 source "$(dirname "$0")/lib.sh"
 
@@ -21,7 +23,8 @@ common=(train "$SRC/configs/llama-tiny.cfg" --set train.steps=8
 
 check ref 1
 check dp2_zero1 2 --set parallel.dp=2 --set parallel.zero=1
-check pp2 2 --set parallel.pp=2 --set parallel.schedule=1f1b
+check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
+  --set parallel.virtual_stages=2 --set parallel.recompute=full
 
 # A checkpoint after 4 steps (the bias moved by then, kept in state.json) resumed on dp 2:
 # steps 4..7 are the uninterrupted run's, bias and all.
