@@ -123,7 +123,10 @@ static void test_moe_unbuilt(void)
 {
     EXPECT_ERR(MOE, OV("parallel.tp=2"), "model.moe_experts = 8 with parallel.tp > 1",
                "not built yet");
-    EXPECT_ERR(MOE, OV("parallel.cp=2"), "parallel.cp > 1", "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.cp=2", "train.moe_aux_loss=0.01"), "parallel.cp > 1",
+               "train.moe_aux_loss", "not built yet");
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.cp=2"), 1) == TS_OK, "%s", ts_error_message());
     EXPECT_ERR(MOE, OV("train.precision=bf16"), "train.precision = \"bf16\"", "not built");
     /* Built: data and pipeline parallelism, any schedule and recompute. */
     ts_error_clear();

@@ -40,6 +40,12 @@ else
   fail "resume on dp 2"; sed 's/^/    /' "$TMP/err" >&2
 fi
 
+# Context parallelism, without the balance loss (refused with it: per whole sequence).
+if run_np 1 "${common[@]}" --set train.moe_aux_loss=0 \
+     --set "log.metrics=\"$TMP/noaux.jsonl\""; then pass
+else fail "MoE without the balance loss on one rank"; sed 's/^/    /' "$TMP/err" >&2; fi
+CHECK_REF="$TMP/noaux.jsonl" check cp2_noaux 2 --set parallel.cp=2 --set train.moe_aux_loss=0
+
 # qk_norm (Qwen3's q/k norms, dense llama-tiny): tp 2 (its weights' gradients summed over
 # the heads' ranks) gives the one-rank losses (measured 2e-8; also tp 4 with replicated
 # key/value heads, sequence parallelism, tp 2 x dp 2 ZeRO-1, cp 2, dp 2, pp 2, selective

@@ -119,9 +119,11 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * ZeRO level: the experts are ordinary parameters), pipeline parallelism with every
  * schedule (the zero-bubble ones: the MoE's weight gradients are made in the input pass)
  * and virtual stages, every recompute mode (the step's counts are the backward's), whose
- * losses tests/test_moe_grids.sh holds to one rank's. Not: tp (the experts and router
- * would need their tp split, the counts their tp dedup), cp (the balance loss is per
- * whole sequence), bf16 (the router's fp32 logits from bf16 rows) and CUDA (never run). */
+ * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism without
+ * the balance loss (every other term is per token). Not: tp (the experts and router
+ * would need their tp split, the counts their tp dedup), the balance loss under cp (it
+ * needs each whole sequence's counts and scores), bf16 (the router's fp32 logits from
+ * bf16 rows) and CUDA (never run). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -131,14 +133,16 @@ static ts_status check_moe_built(const ts_config *cfg)
         const char *what;
     } axes[] = {
         {p->tp > 1, "parallel.tp > 1 (tensor parallelism)"},
-        {p->cp > 1, "parallel.cp > 1 (context parallelism)"},
+        {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
+         "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
+         "each whole sequence's counts and scores, split over the cp ranks)"},
         {strcmp(cfg->train.precision, "fp32") != 0, "train.precision = \"bf16\""},
         {strcmp(cfg->train.device, "cuda") == 0, "train.device = \"cuda\""},
     };
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
-                           "built for one tensor- and context-parallel rank (any dp, pp, "
+                           "built for tp = 1 (cp without the balance loss; any dp, pp, "
                            "schedule, recompute), fp32, on the CPU so far; that combination "
                            "is not built yet",
                            E, axes[i].what);
