@@ -121,7 +121,9 @@ static void test_moe_expert_parallel_errors(void)
 /* One tensor- and context-parallel rank, fp32, no recompute, no zero-bubble split. */
 static void test_moe_unbuilt(void)
 {
-    EXPECT_ERR(MOE, OV("parallel.tp=2"), "model.moe_experts = 8 with parallel.tp > 1",
+    EXPECT_ERR(MOE, OV("parallel.tp=2", "parallel.sequence_parallel=true"),
+               "model.moe_experts = 8 with parallel.sequence_parallel = true", "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.tp=2", "parallel.tp_overlap=2"), "parallel.tp_overlap > 1",
                "not built yet");
     EXPECT_ERR(MOE, OV("parallel.cp=2", "train.moe_aux_loss=0.01"), "parallel.cp > 1",
                "train.moe_aux_loss", "not built yet");
@@ -131,7 +133,7 @@ static void test_moe_unbuilt(void)
     /* Built: data and pipeline parallelism, any schedule and recompute. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
-                           "parallel.recompute=full"), 4) == TS_OK,
+                           "parallel.recompute=full", "parallel.tp=2"), 5) == TS_OK,
            "%s", ts_error_message());
     EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "expert parallelism is not built");
 }

@@ -120,10 +120,12 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * schedule (the zero-bubble ones: the MoE's weight gradients are made in the input pass)
  * and virtual stages, every recompute mode (the step's counts are the backward's), whose
  * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism without
- * the balance loss (every other term is per token). Not: tp (the experts and router
- * would need their tp split, the counts their tp dedup), the balance loss under cp (it
- * needs each whole sequence's counts and scores), bf16 (the router's fp32 logits from
- * bf16 rows) and CUDA (never run). */
+ * the balance loss (every other term is per token), and tensor parallelism with the MoE
+ * replicated on the tp ranks (each runs it whole: correct, not faster; splitting the
+ * experts is ep/etp's). Not: sequence parallelism and tp_overlap (the MoE would take
+ * this rank's rows or sub-batches), the balance loss under cp (it needs each whole
+ * sequence's counts and scores), bf16 (the router's fp32 logits from bf16 rows) and CUDA
+ * (never run). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -132,7 +134,8 @@ static ts_status check_moe_built(const ts_config *cfg)
         bool unbuilt;
         const char *what;
     } axes[] = {
-        {p->tp > 1, "parallel.tp > 1 (tensor parallelism)"},
+        {p->sequence_parallel, "parallel.sequence_parallel = true"},
+        {p->tp_overlap > 1, "parallel.tp_overlap > 1"},
         {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
          "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
          "each whole sequence's counts and scores, split over the cp ranks)"},
@@ -142,9 +145,9 @@ static ts_status check_moe_built(const ts_config *cfg)
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
-                           "built for tp = 1 (cp without the balance loss; any dp, pp, "
-                           "schedule, recompute), fp32, on the CPU so far; that combination "
-                           "is not built yet",
+                           "built for any tp (replicated on the tp ranks), dp, pp, schedule "
+                           "and recompute, cp without the balance loss, fp32, on the CPU so "
+                           "far; that combination is not built yet",
                            E, axes[i].what);
     return TS_OK;
 }

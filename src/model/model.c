@@ -200,8 +200,10 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->qk_norm = cfg->qk_norm;
     TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
-        /* One rank's MoE (ts_config_validate refuses what it does not run with). */
-        TS_ASSERT(m->arch == TS_ARCH_LLAMA && tp->size == 1);
+        /* Under tensor parallelism (without sequence parallelism or sub-batches) every tp
+         * rank runs the whole MoE on the whole rows, replicated (ts_config_validate refuses
+         * the rest). */
+        TS_ASSERT(m->arch == TS_ARCH_LLAMA && !tp->sp && tp->sub <= 1);
         m->moe_experts = cfg->moe_experts;
         m->moe_top_k = cfg->moe_top_k;
         m->moe_ffn = cfg->moe_ffn_hidden;

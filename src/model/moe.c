@@ -1,5 +1,8 @@
 /* The Mixture-of-Experts phase of an MoE block (block.h; the routing's and the losses'
- * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), on one rank, dropless:
+ * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), dropless, on one rank's rows
+ * (under tensor parallelism every tp rank runs it whole, replicated: the same output,
+ * input gradient and weight gradients on each, no collective; splitting the experts is
+ * expert parallelism's, not built):
  *   logits = in @ router^T (fp32), scores and top-k selection (selection by score + the
  *   balancing bias), the N*K assignments permuted into expert order, each expert's
  *   SwiGLU over its rows (one matmul per expert and weight: grouped GEMMs are later
@@ -45,7 +48,7 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
     const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
-    TS_ASSERT(d->S == 1 && m->tp.size == 1 && k->act_dtype == TS_DTYPE_F32);
+    TS_ASSERT(d->S == 1 && !d->sp && k->act_dtype == TS_DTYPE_F32);
 
     /* The router in fp32 (the activations are fp32: bf16 is refused for MoE). */
     k->matmul_forward(v->moe_logits, in, ts_block_weight(b, b->r.moe_router_w), NULL, N, C, E);

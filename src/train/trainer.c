@@ -215,7 +215,7 @@ static double grid_sum(const ts_trainer *t, double local)
 }
 
 /* The MoE blocks' step (model.h ts_model_moe_*): their routed-token counts and loss sums
- * over the whole grid (each token is one rank's in each block: tp is refused with MoE),
+ * over the whole grid (each token is one rank's in each block, tp rank 0's of its group),
  * the balancing bias moved from them, identically on every rank, and the metrics. */
 static void moe_step_end(ts_trainer *t, ts_step_stats *out)
 {
@@ -227,9 +227,11 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     double *sums = ts_malloc((n + 2) * sizeof(double));
     float losses[2];
     ts_model_moe_read(m, counts, losses);
-    for (size_t i = 0; i < n; i++) sums[i] = counts[i];
-    sums[n] = losses[0];
-    sums[n + 1] = losses[1];
+    /* The tp ranks run the MoE replicated (moe.c): tp rank 0's count once. */
+    const double once = m->tp.rank == 0 ? 1.0 : 0.0;
+    for (size_t i = 0; i < n; i++) sums[i] = once * counts[i];
+    sums[n] = once * losses[0];
+    sums[n + 1] = once * losses[1];
     ts_host_allreduce_sum_f64(&t->groups->world, sums, (int)(n + 2));
     for (size_t i = 0; i < n; i++) counts[i] = (int)sums[i];
     const long long tokens = (long long)t->cfg.train.global_batch * t->cfg.model.seq_len;
