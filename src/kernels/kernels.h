@@ -64,8 +64,10 @@ typedef struct {
  * topk_groups best groups compete (DeepSeek-V3's group-limited routing; each kept group
  * scored by the sum of its top K / topk_groups selection values, so topk_groups divides
  * K and K / topk_groups <= E / groups); sigmoid scores instead of softmax; norm_topk
- * renormalises the K weights to sum 1 before route_scale multiplies them. Plain fields:
- * the same layout in C and in CUDA C++. */
+ * renormalises the K weights to sum 1 before route_scale multiplies them. The kernels
+ * take E up to 1024 on the CPU and 256 on CUDA (K <= 64, groups <= 64 there), and abort
+ * on a routing outside these rules (the config is to refuse such a model before a run
+ * starts). Plain fields: the same layout in C and in CUDA C++. */
 typedef struct {
     int E, K, groups, topk_groups;
     bool sigmoid, norm_topk;
