@@ -248,8 +248,9 @@ def check_model(name, s, sd, tokens, targets, want=None):
     hf_grads = unfuse(s, {n: p.grad for n, p in hf.named_parameters()},
                       lambda n: our_name(s, n))
     if set(hf_grads) != set(our_grads):
-        print(f"  FAIL: parameter names differ: only ours {sorted(set(our_grads) - set(hf_grads))[:4]}"
-              f", only HF's {sorted(set(hf_grads) - set(our_grads))[:4]}")
+        print(f"  FAIL: parameter names differ: only ours "
+              f"{sorted(set(our_grads) - set(hf_grads))[:4]}, only HF's "
+              f"{sorted(set(hf_grads) - set(our_grads))[:4]}")
         return False
     d_hf = abs(mine - l_hf) / abs(l_hf)
     d_log, r_log = rel(lo_logits, h_logits)
@@ -269,7 +270,8 @@ def check_model(name, s, sd, tokens, targets, want=None):
     ours_names = set(tm.param_names(s))
     if names_saved != ours_names:
         print(f"  note: HF's save_pretrained writes other names: only HF's "
-              f"{sorted(names_saved - ours_names)[:3]}, only ours {sorted(ours_names - names_saved)[:3]}")
+              f"{sorted(names_saved - ours_names)[:3]}, only ours "
+              f"{sorted(ours_names - names_saved)[:3]}")
     else:
         print(f"  HF's save_pretrained writes exactly torch_moe's {len(ours_names)} names")
     if want is not None:
@@ -351,7 +353,8 @@ def check_aux_formulas(s, sd):
                 n = b * T + t
                 lse = torch.logsumexp(logits[n], dim=0)
                 z = z + s.moe_z_loss * lse * lse / (B * T)
-                sc = torch.sigmoid(logits[n]) if s.moe_router == "sigmoid" else F.softmax(logits[n], 0)
+                sc = (torch.sigmoid(logits[n]) if s.moe_router == "sigmoid"
+                      else F.softmax(logits[n], 0))
                 p = sc / sc.sum()
                 for j in range(E):
                     P[j] = P[j] + p[j] / T
@@ -372,8 +375,9 @@ def check_aux_formulas(s, sd):
         assert torch.equal(cnt, moe.last_counts)
         before = moe.gate.bias().clone()
         tm.update_bias(m)
+        mean = B * T * K / E
         want = before + s.moe_bias_rate * torch.tensor(
-            [(1.0 if B * T * K / E > c else -1.0 if B * T * K / E < c else 0.0) for c in cnt.tolist()],
+            [(1.0 if mean > c else -1.0 if mean < c else 0.0) for c in cnt.tolist()],
             dtype=torch.float64)
         ok &= torch.equal(moe.gate.bias(), want)
         moe.gate.bias().copy_(before)  # each layer's update checked alone

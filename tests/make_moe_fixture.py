@@ -107,7 +107,7 @@ def make(stem, s, router_std):
     sels = []  # per forward: {layer: (topk_idx, sel)}
 
     def record(m):
-        f64 = lambda x: torch.tensor([x], dtype=torch.float64)  # noqa: E731
+        f64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731  (stored as [1], [5])
         out = {"moe_aux_loss": f64(m.moe_aux_loss), "moe_z_loss": f64(m.moe_z_loss)}
         step_margin, step_changed = math.inf, 0
         sels.append({i: (moe.last_idx, moe.last_sel) for i, moe in m.moes().items()})

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch reference for Tessera's Mixture of Experts (issue 39, docs MOE design): a
+"""PyTorch reference for Tessera's Mixture of Experts (issue 39's design): a
 Llama-family model whose blocks' MLPs are MoE layers, written out in plain torch (only
 torch; runs on Debian's python3-torch 1.13 and on torch 2) under Hugging Face's parameter
 names: Mixtral's (MixtralForCausalLM), Qwen3-MoE's (Qwen3MoeForCausalLM), or
@@ -36,9 +36,10 @@ dense runs and with HF) whose gradient is that of cross-entropy + the auxiliary 
 ce + (aux - aux.detach()), which has exactly ce's value. The forward keeps, for the
 caller: moe_aux_loss, moe_z_loss (floats, summed over layers) and, per MoE layer,
 last_counts [E] (tokens routed to each expert over the batch), last_idx, last_sel and
-last_logits (the selection, the values it was made from, the router logits), last_margin (the smallest
-gap in sel at a selection boundary: how far the fixture is from a near-tie that float32
-could flip) and last_bias_changed (tokens whose top-K differs from the bias-free one).
+last_logits (the selection, the values it was made from, the router logits),
+last_margin (the smallest gap in sel at a selection boundary: how far the fixture is
+from a near-tie that float32 could flip) and last_bias_changed (tokens whose top-K
+differs from the bias-free one).
 update_bias(model) is the aux-loss-free balancing step that follows every optimizer step
 when moe_bias_rate r > 0: bias += r * sign(N*K/E - counts) per MoE layer (sign(0) = 0).
 
@@ -450,7 +451,8 @@ def param_names(s):
     for i in range(s.n_layer):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight"]
-        names += [p + "self_attn." + n + ".weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names += [p + "self_attn." + n + ".weight"
+                  for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         if s.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         names += [p + "post_attention_layernorm.weight"]
@@ -459,7 +461,8 @@ def param_names(s):
             continue
         m = p + s.mlp_prefix()
         names += [m + "gate.weight"]
-        trio = ("w1", "w3", "w2") if s.naming == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        trio = (("w1", "w3", "w2") if s.naming == "mixtral"
+                else ("gate_proj", "up_proj", "down_proj"))
         for j in range(s.moe_experts):
             names += [f"{m}experts.{j}.{n}.weight" for n in trio]
         if s.moe_shared_experts:
