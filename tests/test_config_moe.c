@@ -89,6 +89,7 @@ static void test_moe_routing_errors(void)
                "model.moe_experts = 8", "\"gpt2\"", "llama");
     EXPECT_ERR(MOE, OV("model.moe_top_k=9"), "model.moe_top_k = 9", "model.moe_experts = 8");
     EXPECT_ERR(MOE, OV("model.moe_top_k=0"), "model.moe_top_k");
+    EXPECT_ERR(MOE, OV("model.moe_experts=2048"), "model.moe_experts = 2048", "1024");
     EXPECT_ERR(MOE, OV("model.moe_ffn_hidden=0"), "model.moe_ffn_hidden >= 1");
     EXPECT_ERR(MOE, OV("model.moe_groups=3"), "model.moe_experts = 8",
                "model.moe_groups = 3");

@@ -59,6 +59,12 @@ static ts_status check_routing(const ts_model_config *m)
         return ts_fail("model.moe_shared_experts * model.moe_ffn_hidden = %d * %d: the shared "
                        "experts' width must be at most 2^24",
                        m->moe_shared_experts, m->moe_ffn_hidden);
+    /* The routing kernels' limit (kernels.h ts_moe_routing: 1024 on the CPU; CUDA's
+     * 256, with K and groups <= 64, is moot while MoE refuses cuda). */
+    if (E > 1024)
+        return ts_fail("model.moe_experts = %d: at most 1024 experts are supported (the "
+                       "routing kernels' limit)",
+                       E);
     if (K < 1 || K > E)
         return ts_fail("model.moe_top_k = %d must be between 1 and model.moe_experts = %d "
                        "(each token goes to top_k distinct experts)",
