@@ -3,9 +3,11 @@
  * its members (their world ranks, in group order) are what the pure grid arithmetic
  * (ts_grid_group, ts_grid_replica_group, ts_grid_embedding_group) says: tp, cp, dp and
  * pp ranked by their coordinate, the replica group (same pp and tp) ranked dp * cp + cp,
- * with cp = 1 exactly the dp group, and the embedding group {first, last stage}.
+ * with cp = 1 exactly the dp group, the embedding group {first, last stage}, and the
+ * expert grid's ep, etp and edp groups (ts_expert_grid_group) for the given EP and ETP.
  *
- * Usage: mpi_topology PP DP CP TP ORDER   (world = PP*DP*CP*TP ranks) */
+ * Usage: mpi_topology PP DP CP TP ORDER [EP ETP]   (world = PP*DP*CP*TP ranks; EP and
+ * ETP 1 when not given) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "test_util.h"
+#include "topology/expert_grid.h"
 #include "topology/topology.h"
 
 /* The group `c` (named `what`) has exactly `members` in that order and this rank at
@@ -40,8 +43,8 @@ int main(int argc, char **argv)
     ts_comm_init(&argc, &argv);
     ts_comm world;
     ts_comm_world(&world);
-    if (argc != 6) {
-        if (world.rank == 0) fprintf(stderr, "usage: mpi_topology PP DP CP TP ORDER\n");
+    if (argc != 6 && argc != 8) {
+        if (world.rank == 0) fprintf(stderr, "usage: mpi_topology PP DP CP TP ORDER [EP ETP]\n");
         ts_comm_finalize();
         return 2;
     }
@@ -52,6 +55,10 @@ int main(int argc, char **argv)
     cfg.parallel.cp = atoi(argv[3]);
     cfg.parallel.tp = atoi(argv[4]);
     snprintf(cfg.parallel.order, sizeof cfg.parallel.order, "%s", argv[5]);
+    if (argc == 8) {
+        cfg.parallel.ep = atoi(argv[6]);
+        cfg.parallel.etp = atoi(argv[7]);
+    }
 
     ts_topology t;
     if (ts_topo_init(&t, &cfg, &world) != TS_OK) {
@@ -106,13 +113,31 @@ int main(int argc, char **argv)
         CHECKF(t.groups.embed.size == 0, "rank %d: in an embedding group of %d", r,
                t.groups.embed.size);
     CHECK(t.pp_prev == ts_grid_pp_prev(g, r) && t.pp_next == ts_grid_pp_next(g, r));
+
+    ts_expert_grid eg;
+    CHECK(ts_expert_grid_init(&eg, g, cfg.parallel.ep, cfg.parallel.etp) == TS_OK);
+    CHECK(t.expert[0] == eg.etp && t.expert[1] == eg.ep && t.expert[2] == eg.edp);
+    const ts_expert_coords ec = ts_expert_grid_coords(&eg, g, r);
+    const struct {
+        const ts_comm *comm;
+        ts_expert_axis axis;
+        int coord;
+    } experts[] = { { &t.groups.ep, TS_EXPERT_EP, ec.ep },
+                    { &t.groups.etp, TS_EXPERT_ETP, ec.etp },
+                    { &t.groups.edp, TS_EXPERT_EDP, ec.edp } };
+    for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++) {
+        int ne = ts_expert_grid_group(&eg, g, r, experts[i].axis, members);
+        check_comm(experts[i].comm, ts_expert_axis_name(experts[i].axis), members, ne,
+                   experts[i].coord, r);
+    }
     free(members);
 
     int failed = ts_test_failed;
     ts_host_allreduce_max_i32(&world, &failed, 1);
     if (t.rank == 0)
-        printf("pp=%d dp=%d cp=%d tp=%d %s: ", g->size[TS_AXIS_PP], g->size[TS_AXIS_DP],
-               g->size[TS_AXIS_CP], g->size[TS_AXIS_TP], cfg.parallel.order);
+        printf("pp=%d dp=%d cp=%d tp=%d %s ep=%d etp=%d: ", g->size[TS_AXIS_PP],
+               g->size[TS_AXIS_DP], g->size[TS_AXIS_CP], g->size[TS_AXIS_TP], cfg.parallel.order,
+               cfg.parallel.ep, cfg.parallel.etp);
     /* ts_test_report fails rank 0 when no check ran; every other rank likewise. */
     int code = t.rank == 0 ? ts_test_report() : (ts_test_failed != 0 || ts_test_passed == 0);
     ts_topo_free(&t);

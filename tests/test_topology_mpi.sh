@@ -97,16 +97,36 @@ fi
 # 2c. The communicators themselves (tests/mpi_topology.c): every group's members, in
 #     order, and each rank's place, as the grid arithmetic says; the replica group is the
 #     dp group with cp = 1. 8 ranks: cp = 2 in the default order and with cp slower than
-#     dp (the replica group then out of rank order), and cp = 1.
+#     dp (the replica group then out of rank order), and cp = 1; the expert grid's ep,
+#     etp and edp groups with ep borrowing tp, cp and dp ranks (ep 4 over tp 2 x dp 2;
+#     ep 2 x etp 2 over tp 2 x cp 2; ep 2 on a cp-slower order).
 prog="$(dirname "$TESSERA")/tests/mpi_topology"
-for grid in "1 2 2 2 tp-dp-pp" "2 2 2 1 tp-dp-cp-pp" "2 2 1 2 tp-dp-pp"; do
-  # shellcheck disable=SC2086 # the grid's five words are the program's five arguments
+for grid in "1 2 2 2 tp-dp-pp 4 1" "2 2 2 1 tp-dp-cp-pp 2 1" "2 2 1 2 tp-dp-pp 4 1" \
+            "1 2 2 2 tp-dp-pp 2 2"; do
+  # shellcheck disable=SC2086 # the grid's words are the program's arguments
   if timeout 120 mpirun --oversubscribe -np 8 "$prog" $grid >"$TMP/out" 2>"$TMP/err"; then
     pass
   else
     fail "communicators of the grid pp dp cp tp order = $grid"; cat "$TMP/out" "$TMP/err" >&2
   fi
 done
+
+# 2d. An MoE model's expert grid in `tessera topo`, folded over the same ranks: with ep =
+#     etp = 1 each rank is its own ep and etp group and edp is its stage's ranks (the
+#     communicators of ep > 1 are 2c's).
+moe=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=32)
+if timeout 120 mpirun --oversubscribe -np 4 "$TESSERA" topo "$SRC/configs/llama-tiny.cfg" "${moe[@]}" \
+     --set parallel.dp=2 --set parallel.pp=2 >"$TMP/out" 2>"$TMP/err"; then
+  for want in 'expert-parallel  (ep=1): {0} {1} {2} {3}' 'expert-tensor    (etp=1): {0} {1} {2} {3}' \
+              'expert-data      (edp=2): {0-1} {2-3}'; do
+    grep -qF -- "$want" "$TMP/out" && pass || fail "topo of an MoE model lacks '$want'"
+  done
+else
+  fail "tessera topo of an MoE model"; cat "$TMP/err" >&2
+fi
+if timeout 120 mpirun --oversubscribe -np 2 "$TESSERA" topo >"$TMP/out" 2>"$TMP/err" &&
+   ! grep -q "expert-" "$TMP/out"; then pass
+else fail "a dense model's topo printed expert groups (or failed)"; fi
 
 # 3. No launcher binding, 2 ranks on 2 cores: tessera gives each its own core and thread.
 if timeout 120 mpirun --bind-to none -np 2 "$TESSERA" topo >"$TMP/out" 2>"$TMP/err"; then

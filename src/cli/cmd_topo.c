@@ -11,6 +11,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "kernels/kernels.h"
+#include "topology/expert_grid.h"
 #include "topology/topology.h"
 
 static const char *k_help =
@@ -20,7 +21,10 @@ static const char *k_help =
     "1, the host and node of every rank, the cores it is bound to, its thread count, who\n"
     "made the binding and its GPU, then the tensor-, data- and pipeline-parallel groups\n"
     "(with cp > 1 also the context-parallel groups and the replica groups: the ranks that\n"
-    "hold the same weights) and the embedding groups. Run it under mpirun or srun exactly\n"
+    "hold the same weights) and the embedding groups; for an MoE model (model.moe_experts\n"
+    "> 0) also the expert grid's groups: expert-parallel (ep: the ranks splitting the\n"
+    "experts), expert-tensor (etp) and expert-data (edp: the ranks holding the same\n"
+    "experts, over which their gradients reduce). Run it under mpirun or srun exactly\n"
     "like `tessera train` to check a launch before training.\n"
     "\n"
     "  CONFIG            a libconfig file; its parallel.pp/dp/cp/tp/order and\n"
@@ -184,6 +188,22 @@ static void print_replica_groups(const ts_grid *g)
     free(members);
 }
 
+/* The expert grid's groups along `axis` (topology/expert_grid.h), each once. */
+static void print_expert_groups(const ts_topology *t, ts_expert_axis axis, const char *what)
+{
+    const ts_expert_grid eg = { .etp = t->expert[0], .ep = t->expert[1], .edp = t->expert[2] };
+    int *members = ts_malloc(sizeof(int) * (size_t)t->grid.world);
+    char list[256];
+    int n = 0;
+    for (int r = 0; r < t->grid.world; r++) {
+        n = ts_expert_grid_group(&eg, &t->grid, r, axis, members);
+        if (r == 0) printf("  %-16s (%s=%d):", what, ts_expert_axis_name(axis), n);
+        if (members[0] == r) printf(" {%s}", ts_format_int_list(members, n, list, sizeof list));
+    }
+    printf("\n");
+    free(members);
+}
+
 static void print_report(const ts_topology *t, const ts_config *cfg, const rank_row *rows)
 {
     const ts_grid *g = &t->grid;
@@ -211,6 +231,12 @@ static void print_report(const ts_topology *t, const ts_config *cfg, const rank_
         if (members[0] == r) printf(" {%s}", ts_format_int_list(members, k, list, sizeof list));
     }
     printf("\n");
+    /* An MoE model's expert grid, folded over the same ranks (ARCHITECTURE "The grid"). */
+    if (cfg->model.moe_experts > 0 || cfg->parallel.ep * cfg->parallel.etp > 1) {
+        print_expert_groups(t, TS_EXPERT_EP, "expert-parallel");
+        print_expert_groups(t, TS_EXPERT_ETP, "expert-tensor");
+        print_expert_groups(t, TS_EXPERT_EDP, "expert-data");
+    }
 }
 
 static int run(int argc, char **argv, int rank, int world_size)

@@ -9,6 +9,7 @@
 #include "comm/comm.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "topology/expert_grid.h"
 #include "topology/topology.h"
 
 /* TS_FAKE_NODES=K: ranks per pretend node; 0 when unset. */
@@ -95,6 +96,24 @@ static void make_kv(const make_ctx *x, ts_comm *out)
     const int kv_replicas = tp > kv_heads ? tp / kv_heads : 1;
     ts_comm_split(&t->groups.tp, t->coords.tp / kv_replicas, t->coords.tp, "kv", out);
 }
+
+/* The expert grid's groups (expert_grid.c): split world by the group's first member,
+ * ranked by the coordinate on its axis. */
+static void split_expert(const make_ctx *x, ts_expert_axis axis, ts_comm *out)
+{
+    ts_topology *t = x->t;
+    const ts_expert_grid eg = { .etp = t->expert[0], .ep = t->expert[1], .edp = t->expert[2] };
+    int *members = ts_malloc(sizeof(int) * (size_t)t->grid.world);
+    ts_expert_grid_group(&eg, &t->grid, t->rank, axis, members);
+    const ts_expert_coords c = ts_expert_grid_coords(&eg, &t->grid, t->rank);
+    const int key = axis == TS_EXPERT_ETP ? c.etp : axis == TS_EXPERT_EP ? c.ep : c.edp;
+    ts_comm_split(&t->groups.world, members[0], key, ts_expert_axis_name(axis), out);
+    free(members);
+}
+
+static void make_ep(const make_ctx *x, ts_comm *out) { split_expert(x, TS_EXPERT_EP, out); }
+static void make_etp(const make_ctx *x, ts_comm *out) { split_expert(x, TS_EXPERT_ETP, out); }
+static void make_edp(const make_ctx *x, ts_comm *out) { split_expert(x, TS_EXPERT_EDP, out); }
 
 /* MPI's shared-memory split, or the pretend layout of TS_FAKE_NODES. */
 static void make_node(const make_ctx *x, ts_comm *out)
@@ -253,6 +272,8 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
                      "launched; launch with mpirun -np %d or change parallel.pp/dp/cp/tp",
                      p->pp, p->dp, p->cp, p->tp, t->grid.world, t->world_size,
                      t->grid.world);
+    ts_expert_grid eg = { 1, 1, 1 };
+    if (st == TS_OK) st = ts_expert_grid_init(&eg, &t->grid, p->ep, p->etp);
     if (st == TS_OK) st = fake_nodes_env(&fake_k);
     if (ts_comm_agree(world, st) != TS_OK) return TS_ERR;
     /* Every rank must pretend the same layout: set on some ranks only (an environment
@@ -267,6 +288,9 @@ ts_status ts_topo_init(ts_topology *t, const ts_config *cfg, const ts_comm *worl
                                      "or for none",
                                      lo, hi));
     t->fake_nodes = fake_k > 0;
+    t->expert[0] = eg.etp;
+    t->expert[1] = eg.ep;
+    t->expert[2] = eg.edp;
 
     t->coords = ts_grid_coords(&t->grid, t->rank);
     t->pp_prev = ts_grid_pp_prev(&t->grid, t->rank);

@@ -5,7 +5,7 @@
  *                as "tp-cp-dp-pp" (tp varies fastest: Megatron's
  *                global = tp + TP*(cp + CP*(dp + DP*pp))); no MPI, unit-testable.
  *   ts_topology  the groups of one rank (ts_groups: world, tp, cp, dp, replica, pp,
- *                embed, kv, node) and the node layout. ts_topo_init is the only place
+ *                embed, kv, the expert grid's ep, etp and edp, node) and the node layout. ts_topo_init is the only place
  *                that makes groups (ts_comm_split); everyone else holds pointers to them.
  *   ts_topo_bind the hwloc binding of the rank to cores, the GPU it drives (the CUDA
  *                device nearest its cores, when CUDA sees devices) and the thread count
@@ -109,6 +109,9 @@ char *ts_format_int_list(const int *v, int n, char *buf, size_t cap);
     X(pp, TS_GROUP_DEVICE)      /* rank in it = coords.pp */                                \
     X(embed, TS_GROUP_DEVICE)   /* {first, last} stage; size 0 outside it; first is 0 */   \
     X(kv, TS_GROUP_DEVICE)      /* the tp ranks holding the same key/value heads */         \
+    X(ep, TS_GROUP_DEVICE)      /* the expert grid's (expert_grid.h): experts split over */ \
+    X(etp, TS_GROUP_DEVICE)     /* it; one expert tensor-split over it; the ranks holding */ \
+    X(edp, TS_GROUP_DEVICE)     /* the same experts (their gradients reduce over it) */      \
     X(node, TS_GROUP_HOST)      /* the ranks sharing this node's memory */
 
 typedef enum { TS_GROUP_HOST, TS_GROUP_DEVICE } ts_group_memory;
@@ -142,6 +145,8 @@ ts_group_memory ts_group_memory_of(int i);
 typedef struct {
     /* Filled by ts_topo_init. */
     ts_grid grid;
+    int expert[3];           /* the expert grid's etp, ep, edp (parallel.etp, parallel.ep,
+                                and the rest of tp*cp*dp: topology/expert_grid.h) */
     ts_groups groups;        /* this rank's groups (see ts_groups) */
     int rank, world_size;    /* in groups.world */
     ts_coords coords;

@@ -55,11 +55,17 @@ ts_status ts_trainer_select_device(ts_trainer *t)
     /* Every group that moves device memory (topology.h TS_GROUP_LIST), even after one
      * failed: each move is collective over its group, so stopping early would leave the
      * other groups' members waiting. The topology detaches them when it frees them. */
+    /* A dense model's expert groups stay on MPI: it never moves rows over them, and on
+     * a GPU each move would build an NCCL communicator for nothing. */
+    const bool moe = t->cfg.model.moe_experts > 0;
     char first[1024] = "";
-    for (int i = 0; i < TS_N_GROUPS; i++)
-        if (ts_group_memory_of(i) == TS_GROUP_DEVICE &&
-            ts_comm_set_backend(ts_groups_at(t->groups, i), data) != TS_OK && !first[0])
+    for (int i = 0; i < TS_N_GROUPS; i++) {
+        ts_comm *c = ts_groups_at(t->groups, i);
+        const bool expert = c == &t->groups->ep || c == &t->groups->etp || c == &t->groups->edp;
+        if (ts_group_memory_of(i) == TS_GROUP_DEVICE && (moe || !expert) &&
+            ts_comm_set_backend(c, data) != TS_OK && !first[0])
             snprintf(first, sizeof first, "%s", ts_error_message());
+    }
     return first[0] ? ts_fail("%s", first) : TS_OK;
 }
 
