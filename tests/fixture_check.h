@@ -90,6 +90,7 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
     ts_scratch_init(&s, m, mb, T);
     float *dx = ts_alloc_floats((size_t)mb * T * m->n_embd);
     memset(m->grad_mem, 0, m->num_floats * sizeof(float));
+    ts_model_moe_begin(m); /* an MoE model's counts and loss sums are this batch's */
     double total = 0.0;
     for (int b0 = 0; b0 < B; b0 += mb) {
         memcpy(a.tokens, tokens + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
@@ -110,13 +111,34 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
  * CHECK parts of the tensor by other measures). */
 typedef double (*fixture_final_hook)(const ts_model *m, int p, const double *want, double err);
 
+/* A model's own checks around fixture_check's (each may be NULL): after the first
+ * batch's loss and gradients, and after each AdamW step's forward and backward (before
+ * the update), given the expect file; the weights' file, when the model holds more of it
+ * than its parameters (the MoE balancing bias). */
+typedef struct {
+    void (*after_grads)(ts_model *m, ts_st_file *ef);
+    void (*after_step)(ts_model *m, ts_st_file *ef, int step);
+    ts_status (*load_more)(ts_model *m, const char *weights_path);
+} fixture_hooks;
+
+static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n_params,
+                            fixture_final_hook final, const fixture_hooks *hooks);
+
 /* The loss and every gradient of the fixture's batch (in 2 micro-batches, then 1), then 5
  * AdamW steps on it, against tests/fixtures/STEM_expect.safetensors; `n_params` is how
  * many parameters the model and the fixture both have; `final` may be NULL. Returns
  * ts_test_report(). */
-static int fixture_check(const ts_config *cfg, const char *stem, int n_params,
+static inline int fixture_check(const ts_config *cfg, const char *stem, int n_params,
                          fixture_final_hook final)
 {
+    return fixture_check_ex(cfg, stem, n_params, final, NULL);
+}
+
+static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n_params,
+                            fixture_final_hook final, const fixture_hooks *hooks)
+{
+    const fixture_hooks none = {0};
+    if (!hooks) hooks = &none;
     const int B = FIXTURE_B, T = FIXTURE_T;
     const char *root = getenv("TS_SOURCE_DIR");
     char wpath[4096], epath[4096];
@@ -126,8 +148,11 @@ static int fixture_check(const ts_config *cfg, const char *stem, int n_params,
 
     ts_cpu_set_threads(2);
     ts_model m;
-    ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu});
-    if (ts_ckpt_load_model_init(&m, wpath) != TS_OK) {
+    ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu,
+                                        .moe_z_loss = (float)cfg->train.moe_z_loss,
+                                        .moe_aux_loss = (float)cfg->train.moe_aux_loss});
+    if (ts_ckpt_load_model_init(&m, wpath) != TS_OK ||
+        (hooks->load_more && hooks->load_more(&m, wpath) != TS_OK)) {
         fprintf(stderr, "%s\n", ts_error_message());
         return 1;
     }
@@ -146,6 +171,7 @@ static int fixture_check(const ts_config *cfg, const char *stem, int n_params,
     CHECKF(ts_rel_err(loss, ref_loss[0], 1e-12) < 1e-5, "loss %.9f vs torch %.9f", loss,
            ref_loss[0]);
     printf("loss %.9f, torch %.9f\n", loss, ref_loss[0]);
+    if (hooks->after_grads) hooks->after_grads(&m, &ef);
     /* Every parameter of the fixture is one of the model's (and the other way round:
      * each of the model's is looked up below). */
     int n_grads = 0;
@@ -179,6 +205,7 @@ static int fixture_check(const ts_config *cfg, const char *stem, int n_params,
     ts_adamw_init(&opt, &m);
     for (int step = 0; step < 5; step++) {
         double l = fixture_loss_and_grads(&m, tokens, targets, B, T, 2);
+        if (hooks->after_step) hooks->after_step(&m, &ef, step);
         double norm = sqrt(ts_grad_sum_squares(&m));
         double lr = ts_lr_at(&cfg->train, step);
         CHECKF(ts_rel_err(l, ref_losses[step], 1e-12) < 1e-5, "step %d loss %.9f vs %.9f", step, l,

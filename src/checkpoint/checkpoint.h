@@ -81,6 +81,11 @@ typedef struct {
     /* Rank 0: the run's claim on checkpoint.dir (claim.h), checked before the save
      * touches the directory and again before its commit; NULL: none. */
     ts_ckpt_claim *claim;
+    /* The MoE blocks' balancing bias at this step, on the host ([moe_bias_n] = n_layer *
+     * moe_experts, model.h; the same on every rank), which state.json keeps bit for bit
+     * ("moe_bias") and ts_ckpt_load restores; NULL: none (a dense model). */
+    const float *moe_bias;
+    size_t moe_bias_n;
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

@@ -144,9 +144,60 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L)
     return text;
 }
 
+/* Qwen3-MoE's config expresses a softmax router with top-k (renormalised or not), MoE
+ * blocks every decoder_sparse_step blocks but those of mlp_only_layers, and q/k norms;
+ * not shared experts, sigmoid scores, groups or a route scale. */
+static bool qwen3_moe_expresses(const ts_model_config *mc)
+{
+    return mc->qk_norm && strcmp(mc->moe_router, "softmax") == 0 && mc->moe_shared_experts == 0 &&
+           mc->moe_groups == 1 && mc->moe_route_scale == 1.0;
+}
+
+/* The family's keys over the Llama ones: Mixtral (ts_model_moe_mixtral), Qwen3-MoE, dense
+ * Qwen3 (qk_norm). */
+static void hf_family(json_t *root, const ts_model_config *mc)
+{
+    const char *arch = NULL, *type = NULL;
+    if (ts_model_moe_mixtral(mc)) {
+        arch = "MixtralForCausalLM", type = "mixtral";
+        json_object_set_new(root, "num_local_experts", json_integer(mc->moe_experts));
+        json_object_set_new(root, "num_experts_per_tok", json_integer(mc->moe_top_k));
+        json_object_set_new(root, "intermediate_size", json_integer(mc->moe_ffn_hidden));
+        json_object_set_new(root, "sliding_window", json_null());
+        json_object_set_new(root, "router_aux_loss_coef", json_real(0.0));
+        json_object_set_new(root, "output_router_logits", json_false());
+    } else if (mc->moe_experts > 0) {
+        arch = "Qwen3MoeForCausalLM", type = "qwen3_moe";
+        json_object_set_new(root, "num_experts", json_integer(mc->moe_experts));
+        json_object_set_new(root, "num_experts_per_tok", json_integer(mc->moe_top_k));
+        json_object_set_new(root, "moe_intermediate_size", json_integer(mc->moe_ffn_hidden));
+        json_object_set_new(root, "norm_topk_prob", json_boolean(mc->moe_norm_topk));
+        json_object_set_new(root, "decoder_sparse_step", json_integer(mc->moe_every));
+        json_t *dense = json_array();
+        for (int l = 0; l < mc->moe_first_dense && l < mc->n_layer; l++)
+            json_array_append_new(dense, json_integer(l));
+        json_object_set_new(root, "mlp_only_layers", dense);
+        json_object_set_new(root, "use_sliding_window", json_false());
+        json_object_set_new(root, "router_aux_loss_coef", json_real(0.0));
+        json_object_set_new(root, "output_router_logits", json_false());
+    } else if (mc->qk_norm) {
+        arch = "Qwen3ForCausalLM", type = "qwen3";
+        json_object_set_new(root, "use_sliding_window", json_false());
+    }
+    if (!arch) return;
+    json_object_set_new(root, "architectures", json_pack("[s]", arch));
+    json_object_set_new(root, "model_type", json_string(type));
+    json_object_del(root, "mlp_bias"); /* Llama's only */
+}
+
 json_t *ts_ckpt_hf_config(const ts_model_config *mc)
 {
     if (ts_model_arch(mc) != TS_ARCH_LLAMA) return NULL;
+    /* An MoE model no transformers class has (shared experts, sigmoid scores, groups, a
+     * route scale, or no q/k norms in a non-Mixtral shape): its weights carry DeepSeek's
+     * names, but no config.json is written. */
+    if (mc->moe_experts > 0 && !ts_model_moe_mixtral(mc) && !qwen3_moe_expresses(mc))
+        return NULL;
     json_t *scaling = json_null();
     if (mc->rope_scaling != 0.0)
         scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
@@ -165,6 +216,7 @@ json_t *ts_ckpt_hf_config(const ts_model_config *mc)
         "hidden_act", "silu", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,
         "torch_dtype", "float32");
     TS_ASSERT(root != NULL);
+    hf_family(root, mc);
     return root;
 }
 

@@ -71,8 +71,9 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L);
  * transformers.LlamaConfig.from_pretrained reads (so LlamaForCausalLM.from_pretrained
  * loads the step directory: its tensors already have Hugging Face's names and layout):
  * architectures, model_type, the sizes, rms_norm_eps, rope_theta, rope_scaling (Llama
- * 3.1's "llama3" scaling or null), tie_word_embeddings, torch_dtype "float32". NULL for
- * gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
+ * 3.1's "llama3" scaling or null), tie_word_embeddings, torch_dtype "float32"; for an MoE
+ * or qk_norm model MixtralForCausalLM's, Qwen3MoeForCausalLM's or Qwen3ForCausalLM's keys
+ * (NULL for an MoE model none of them expresses). NULL for gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
  * ts_ckpt_hf_config gives the object (a new reference), ts_ckpt_hf_config_json the text
  * (malloc'ed). */
 json_t *ts_ckpt_hf_config(const ts_model_config *mc);

@@ -300,6 +300,52 @@ static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts
 
 /* ------------------------------------------------------------ model.init -- */
 
+/* The name of MoE block i's balancing bias (DeepSeek-V3's; model.h moe_bias). */
+static void moe_bias_name(char *buf, size_t cap, int block)
+{
+    snprintf(buf, cap, "model.layers.%d.mlp.gate.e_score_correction_bias", block);
+}
+
+static bool is_moe_bias(const ts_model *m, const char *name)
+{
+    const int layer = layer_of_name(name, m->n_layer);
+    if (layer < 0 || !m->layers[layer].moe) return false;
+    char want[96];
+    moe_bias_name(want, sizeof want, m->layers[layer].block);
+    return strcmp(name, want) == 0;
+}
+
+/* The MoE blocks' balancing biases the files hold (absent: zero, as a fresh model's),
+ * fp32 [E] each, into the model's state: not parameters, but what the routing selects
+ * with (a DeepSeek-V3 checkpoint's trained bias). */
+static ts_status load_moe_bias(ts_model *m, const init_files *s)
+{
+    const int E = m->moe_experts;
+    for (int l = 0; l < m->n_layers && E > 0; l++) {
+        if (!m->layers[l].moe || !m->layers[l].owned) continue;
+        char name[96];
+        moe_bias_name(name, sizeof name, m->layers[l].block);
+        int f = -1;
+        const ts_st_tensor *t = files_find(s, name, &f);
+        if (!t) continue;
+        if (t->dtype != TS_DT_F32 || t->ndim != 1 || t->shape[0] != E ||
+            t->end - t->begin != (uint64_t)E * sizeof(float))
+            return ts_fail("%s: tensor '%s' must be F32 of shape [%d] (model.moe_experts)",
+                           s->f[f].path, name, E);
+        float *host = ts_alloc_floats((size_t)E);
+        ts_status st = ts_st_read(&s->f[f], t, 0, host, (size_t)E * sizeof(float));
+        for (int e = 0; st == TS_OK && e < E; e++)
+            if (!isfinite(host[e]))
+                st = ts_fail("%s: tensor '%s' element %d is not finite", s->f[f].path, name, e);
+        if (st == TS_OK)
+            m->k->memcpy_h2d(m->moe_bias + (size_t)m->layers[l].block * E, host,
+                             (size_t)E * sizeof(float));
+        free(host);
+        if (st != TS_OK) return TS_ERR;
+    }
+    return TS_OK;
+}
+
 /* Every tensor of the files must be one the model knows: a misspelt or foreign name
  * means the files are not of this architecture. A name of a layer this rank does not
  * own (pipeline stages) is the owning rank's to check; lm_head.weight beside a tied
@@ -309,7 +355,9 @@ static ts_status check_names(const ts_model *m, const init_files *s, const char 
     for (int i = 0; i < s->n; i++)
         for (int t = 0; t < s->f[i].n_tensors; t++) {
             const char *name = s->f[i].tensors[t].name;
-            if (param_index(m, name) >= 0 || !strcmp(name, "lm_head.weight")) continue;
+            if (param_index(m, name) >= 0 || !strcmp(name, "lm_head.weight") ||
+                is_moe_bias(m, name))
+                continue;
             const int layer = layer_of_name(name, m->n_layer);
             if (layer >= 0 && !m->layers[layer].owned) continue;
             return ts_fail("%s holds tensor '%s', which is not a parameter of this %s config "
@@ -370,6 +418,7 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
         free(host);
     }
     if (st == TS_OK) st = check_tied_head(m, &s);
+    if (st == TS_OK) st = load_moe_bias(m, &s);
     files_close(&s);
     return st == TS_OK ? TS_OK : ts_error_prefix("model.init: ");
 }

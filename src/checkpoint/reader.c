@@ -90,7 +90,7 @@ static ts_status parse_lr_schedule(ts_ckpt_reader *r, json_t *s, const char *pat
 
 /* config.model: the keys that define the tensors (n_layer, n_head, n_embd, vocab_size,
  * seq_len) must be there; the architecture's other keys (n_kv_head, ffn_hidden,
- * norm_eps, tie_embeddings, rope_*) take their defaults where a checkpoint older than
+ * norm_eps, tie_embeddings, rope_*, qk_norm, moe_*) take their defaults where a checkpoint older than
  * them lacks them (every such checkpoint is a gpt2 one, for which the defaults are what
  * it ran), and must have their type where present. Then the keys' ranges and relations,
  * as a config file's are checked (probe D10: n_layer = 2^30 in a hand-edited state.json
@@ -122,7 +122,12 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
         int *v;
         long long lo;
     } ints[] = {{"n_kv_head", &m->n_kv_head, 0}, {"ffn_hidden", &m->ffn_hidden, 0},
-                {"rope_original_context", &m->rope_original_context, 1}};
+                {"rope_original_context", &m->rope_original_context, 1},
+                {"moe_experts", &m->moe_experts, 0}, {"moe_top_k", &m->moe_top_k, 1},
+                {"moe_ffn_hidden", &m->moe_ffn_hidden, 0},
+                {"moe_shared_experts", &m->moe_shared_experts, 0},
+                {"moe_groups", &m->moe_groups, 1}, {"moe_topk_groups", &m->moe_topk_groups, 1},
+                {"moe_first_dense", &m->moe_first_dense, 0}, {"moe_every", &m->moe_every, 1}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         long long v;
         if (!json_object_get(model, ints[i].key)) continue;
@@ -137,7 +142,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
                  {"rope_theta", &m->rope_theta},
                  {"rope_scaling", &m->rope_scaling},
                  {"rope_low_freq_factor", &m->rope_low_freq_factor},
-                 {"rope_high_freq_factor", &m->rope_high_freq_factor}};
+                 {"rope_high_freq_factor", &m->rope_high_freq_factor},
+                 {"moe_route_scale", &m->moe_route_scale}};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         json_t *v = json_object_get(model, reals[i].key);
         if (!v) continue;
@@ -149,6 +155,18 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
     if (tie && !json_is_boolean(tie))
         return ts_fail("%s: config.model.tie_embeddings is not true or false", path);
     if (tie) m->tie_embeddings = json_is_true(tie) ? 1 : -1;
+    /* Booleans newer than the first checkpoints (absent: their defaults). */
+    const struct {
+        const char *key;
+        bool *v;
+    } bools[] = {{"qk_norm", &m->qk_norm}, {"moe_norm_topk", &m->moe_norm_topk}};
+    for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
+        json_t *v = json_object_get(model, bools[i].key);
+        if (!v) continue;
+        if (!json_is_boolean(v))
+            return ts_fail("%s: config.model.%s is not true or false", path, bools[i].key);
+        *bools[i].v = json_is_true(v);
+    }
     /* The tokenizer (none in a checkpoint older than it): the encoding is checked with
      * the other keys below, the file is where training found the ranks. */
     const struct {
@@ -156,7 +174,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
         char *v;
         size_t cap;
     } strs[] = {{"tokenizer", m->tokenizer, sizeof m->tokenizer},
-                {"tokenizer_file", m->tokenizer_file, sizeof m->tokenizer_file}};
+                {"tokenizer_file", m->tokenizer_file, sizeof m->tokenizer_file},
+                {"moe_router", m->moe_router, sizeof m->moe_router}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
         json_t *v = json_object_get(model, strs[i].key);
         if (!v) continue;

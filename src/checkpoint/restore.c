@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,12 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
                        "model.arch = \"%s\")",
                        r->dir, m->arch, mc->arch, m->arch);
     const bool scaled = m->rope_scaling != 0.0 || mc->rope_scaling != 0.0;
+    const bool moe = m->moe_experts > 0 || mc->moe_experts > 0;
+    if (moe && strcmp(m->moe_router, mc->moe_router) != 0)
+        return ts_fail("checkpoint %s was saved with model.moe_router = \"%s\", but the config "
+                       "says \"%s\"; a checkpoint loads only into the model it was saved from "
+                       "(set model.moe_router = \"%s\")",
+                       r->dir, m->moe_router, mc->moe_router, m->moe_router);
     const struct {
         const char *key;
         double saved, now;
@@ -157,6 +164,17 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"vocab_size", m->vocab_size, mc->vocab_size, true},
         {"seq_len", m->seq_len, mc->seq_len, true},
         {"tie_embeddings", ts_model_tied(m), ts_model_tied(mc), true},
+        {"qk_norm", m->qk_norm, mc->qk_norm, true},
+        {"moe_experts", m->moe_experts, mc->moe_experts, true},
+        {"moe_top_k", m->moe_top_k, mc->moe_top_k, moe},
+        {"moe_ffn_hidden", m->moe_ffn_hidden, mc->moe_ffn_hidden, moe},
+        {"moe_shared_experts", m->moe_shared_experts, mc->moe_shared_experts, moe},
+        {"moe_norm_topk", m->moe_norm_topk, mc->moe_norm_topk, moe},
+        {"moe_route_scale", m->moe_route_scale, mc->moe_route_scale, moe},
+        {"moe_groups", m->moe_groups, mc->moe_groups, moe},
+        {"moe_topk_groups", m->moe_topk_groups, mc->moe_topk_groups, moe},
+        {"moe_first_dense", m->moe_first_dense, mc->moe_first_dense, moe},
+        {"moe_every", m->moe_every, mc->moe_every, moe},
         {"norm_eps", m->norm_eps, mc->norm_eps, true},
         {"rope_theta", m->rope_theta, mc->rope_theta, true},
         {"rope_scaling", m->rope_scaling, mc->rope_scaling, true},
@@ -181,7 +199,8 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
                        mc->tokenizer_sha256);
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         if (!keys[i].check || keys[i].saved == keys[i].now) continue;
-        const bool flag = !strcmp(keys[i].key, "tie_embeddings");
+        const bool flag = !strcmp(keys[i].key, "tie_embeddings") ||
+                          !strcmp(keys[i].key, "qk_norm") || !strcmp(keys[i].key, "moe_norm_topk");
         char saved[40], now[40];
         key_value(saved, sizeof saved, flag, keys[i].saved);
         key_value(now, sizeof now, flag, keys[i].now);
@@ -289,6 +308,37 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
     return TS_OK;
 }
 
+/* The MoE balancing bias state.json keeps (save.c), bit for bit, into the model; none
+ * there (a run without MoE bias updates kept zeros): the model's zeros stay. */
+static ts_status read_moe_bias(const ts_ckpt_reader *r, ts_model *m)
+{
+    const int E = m->moe_experts;
+    json_t *mb = json_object_get(r->state, "moe_bias");
+    if (E == 0 || !mb) return TS_OK;
+    const size_t n = (size_t)m->n_layer * E;
+    json_t *bits = json_object_get(mb, "bits");
+    if (json_integer_value(json_object_get(mb, "experts")) != E || !json_is_array(bits) ||
+        json_array_size(bits) != n)
+        return ts_fail("checkpoint %s: state.json's moe_bias is not %zu fp32 bit patterns "
+                       "(model.n_layer * model.moe_experts = %d * %d)",
+                       r->dir, n, m->n_layer, E);
+    float *host = ts_malloc(n * sizeof(float));
+    ts_status st = TS_OK;
+    for (size_t i = 0; i < n && st == TS_OK; i++) {
+        json_t *v = json_array_get(bits, i);
+        const json_int_t u = json_is_integer(v) ? json_integer_value(v) : -1;
+        const uint32_t u32 = (uint32_t)u;
+        memcpy(&host[i], &u32, sizeof u32);
+        if (u < 0 || u > 0xffffffffLL || !isfinite(host[i]))
+            st = ts_fail("checkpoint %s: state.json's moe_bias element %zu is not a finite "
+                         "fp32 bit pattern",
+                         r->dir, i);
+    }
+    if (st == TS_OK) m->k->memcpy_h2d(m->moe_bias, host, n * sizeof(float));
+    free(host);
+    return st;
+}
+
 ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *step)
 {
     const ts_comm *world = a->world;
@@ -323,6 +373,7 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
     ts_watchdog_context("checkpoint: reading this rank's parameters and moments", 0, 0, 0);
     st = read_weights(&r, a->model);
     if (st == TS_OK) st = read_moments(&r, a->model, a->optim);
+    if (st == TS_OK) st = read_moe_bias(&r, a->model);
     if ((st = ts_comm_agree(world, st)) == TS_OK) *step = r.step;
 done:
     if (st != TS_OK) ts_error_prefix("checkpoint.load: ");

@@ -412,6 +412,21 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         json_object_set_new(root, "tokenizer",
                             json_pack("{s:s, s:s}", "encoding", c->model.tokenizer, "sha256",
                                       c->model.tokenizer_sha256));
+    /* The MoE balancing bias (not a parameter: no tensor of the files), each float's bits
+     * as an integer, so a resume selects exactly as the run would have. */
+    if (a->moe_bias) {
+        json_t *bits = json_array();
+        for (size_t i = 0; i < a->moe_bias_n; i++) {
+            uint32_t u;
+            memcpy(&u, &a->moe_bias[i], sizeof u);
+            json_array_append_new(bits, json_integer((json_int_t)u));
+        }
+        json_object_set_new(root, "moe_bias",
+                            json_pack("{s:i, s:o, s:s}", "experts", c->model.moe_experts,
+                                      "bits", bits, "layout",
+                                      "[n_layer * moe_experts] fp32 bit patterns, block-major; "
+                                      "dense blocks 0"));
+    }
     return root;
 }
 
@@ -560,6 +575,7 @@ struct ts_ckpt_saver {
     int *set_files;
     double *set_weights;
     uint64_t *set_counts;
+    float *moe_bias;
 };
 
 /* This rank's runs into the files, checksummed; then fsync and close. */
@@ -595,6 +611,7 @@ static void saver_free(ts_ckpt_saver *s)
     free(s->set_files);
     free(s->set_weights);
     free(s->set_counts);
+    free(s->moe_bias);
     ts_ckpt_layout_free(&s->L);
     free(s);
 }
@@ -621,6 +638,7 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     s->a.set_files = own_copy((void **)&s->set_files, a->set_files, sets, sizeof(int));
     s->a.set_weights = own_copy((void **)&s->set_weights, a->set_weights, sets, sizeof(double));
     s->a.set_counts = own_copy((void **)&s->set_counts, a->set_counts, sets, sizeof(uint64_t));
+    s->a.moe_bias = own_copy((void **)&s->moe_bias, a->moe_bias, a->moe_bias_n, sizeof(float));
     const ts_comm *world = a->world;
     const char *root = a->cfg->checkpoint.dir;
     snprintf(s->name, sizeof s->name, "step_%08d", a->step);

@@ -73,7 +73,15 @@ ts_status ts_ckpt_print_info(const char *step_dir)
         if (m->rope_scaling != 0.0)
             printf(", rope_scaling %g (low %g, high %g, original context %d)", m->rope_scaling,
                    m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_original_context);
+        if (m->qk_norm) printf(", qk_norm");
         printf("\n");
+        if (m->moe_experts > 0)
+            printf("            MoE: %d experts top-%d of width %d (%s router%s), %d shared, "
+                   "groups %d/%d, first dense %d, every %d; %.2fM active parameters\n",
+                   m->moe_experts, m->moe_top_k, m->moe_ffn_hidden, m->moe_router,
+                   m->moe_norm_topk ? ", renormalised" : "", m->moe_shared_experts,
+                   m->moe_groups, m->moe_topk_groups, m->moe_first_dense, m->moe_every,
+                   (double)ts_model_active_params(m) / 1e6);
     } else if (!ts_model_tied(m)) {
         printf("            untied head (lm_head.weight)\n");
     }

@@ -69,9 +69,16 @@ static int run(int argc, char **argv, int rank, int world_size)
         snprintf(kv, sizeof kv, " (%d kv)", cfg.model.n_kv_head);
         snprintf(ffn, sizeof ffn, ", ffn %d", cfg.model.ffn_hidden);
     }
-    ts_log_info("tessera: %s %d layers, %d heads%s, %d embd%s, vocab %d, seq %d: %.2fM parameters",
+    /* An MoE model: its experts, and the parameters one token uses (Megatron's "active"). */
+    char moe[96] = "";
+    if (cfg.model.moe_experts > 0)
+        snprintf(moe, sizeof moe, ", %d experts top-%d of %d (%.2fM active)",
+                 cfg.model.moe_experts, cfg.model.moe_top_k, cfg.model.moe_ffn_hidden,
+                 (double)ts_model_active_params(&cfg.model) / 1e6);
+    ts_log_info("tessera: %s %d layers, %d heads%s, %d embd%s, vocab %d, seq %d: %.2fM "
+                "parameters%s",
                 cfg.model.arch, cfg.model.n_layer, cfg.model.n_head, kv, cfg.model.n_embd, ffn,
-                cfg.model.vocab_size, cfg.model.seq_len, (double)n_params / 1e6);
+                cfg.model.vocab_size, cfg.model.seq_len, (double)n_params / 1e6, moe);
     const int n_mb = ts_config_num_microbatches(&cfg);
     /* The rank order with all four axes (a three-name order places cp after tp). */
     char order[32] = "";

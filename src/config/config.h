@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/error.h"
 
@@ -37,6 +38,20 @@ typedef struct {
     char tokenizer[16];
     char tokenizer_file[TS_PATH_MAX];
     char tokenizer_sha256[72];
+    /* Mixture of Experts (llama family; docs/CONTRACT.md "Model", model/moe.h): block l
+     * is an MoE block iff moe_experts > 0, l >= moe_first_dense and (l + 1) % moe_every
+     * == 0 (ts_model_block_is_moe); its MLP is a router over moe_experts SwiGLU experts
+     * of width moe_ffn_hidden, moe_top_k of them per token, plus moe_shared_experts
+     * always-applied ones (one dense SwiGLU of width moe_shared_experts * moe_ffn_hidden).
+     * moe_router: "softmax" (Mixtral, Qwen3-MoE) or "sigmoid" (DeepSeek-V3) scores;
+     * moe_norm_topk renormalises the k weights, then times moe_route_scale; moe_groups
+     * and moe_topk_groups: group-limited selection (DeepSeek-V3). */
+    int moe_experts, moe_top_k, moe_ffn_hidden, moe_shared_experts;
+    char moe_router[16];
+    bool moe_norm_topk;
+    double moe_route_scale;
+    int moe_groups, moe_topk_groups, moe_first_dense, moe_every;
+    bool qk_norm;               /* Qwen3: per-head RMSNorm of q and k before RoPE */
 } ts_model_config;
 
 /* model.tokenizer's values ("", "gpt2", "llama3"): an error naming them otherwise (for
@@ -77,6 +92,23 @@ static inline int ts_model_ffn(const ts_model_config *m)
     if (ts_model_arch(m) == TS_ARCH_LLAMA) f = (2LL * 4 * m->n_embd / 3 + 255) / 256 * 256;
     return f > 0x7fffffff ? 0x7fffffff : (int)f;
 }
+/* Does the MoE model have Mixtral's form (softmax router, renormalised top-k, every block
+ * MoE, no shared experts, groups or scale, no qk_norm)? Its experts then carry Mixtral's
+ * Hugging Face names (block_sparse_moe.gate, experts.{j}.w1|w3|w2) and its config.json is
+ * a MixtralForCausalLM's; other MoE models carry Qwen3-MoE's and DeepSeek's (mlp.gate,
+ * mlp.experts.{j}.gate_proj|up_proj|down_proj, mlp.shared_experts.*): model/model.h. */
+static inline bool ts_model_moe_mixtral(const ts_model_config *m)
+{
+    return m->moe_experts > 0 && !m->qk_norm && strcmp(m->moe_router, "softmax") == 0 &&
+           m->moe_norm_topk && m->moe_shared_experts == 0 && m->moe_groups == 1 &&
+           m->moe_route_scale == 1.0 && m->moe_first_dense == 0 && m->moe_every == 1;
+}
+/* Is block l (0-based) an MoE block (MOE keys above)? */
+static inline bool ts_model_block_is_moe(const ts_model_config *m, int l)
+{
+    return m->moe_experts > 0 && l >= m->moe_first_dense && m->moe_every > 0 &&
+           (l + 1) % m->moe_every == 0;
+}
 
 typedef struct {
     int pp, dp, tp;
@@ -102,6 +134,8 @@ typedef struct {
     int zero;                   /* 0 .. 3: ZeRO level (data/zero.h) */
     int bucket_mb;              /* data-parallel gradient bucket size in MiB */
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
+    int ep, etp;                /* expert parallelism (ranks splitting the experts) and
+                                   expert tensor parallelism: not built yet, both 1 */
 } ts_parallel_config;
 
 typedef struct {
@@ -127,6 +161,10 @@ typedef struct {
     char on_nonfinite[8];       /* a step whose loss or gradient norm is not finite:
                                  * "stop" the run (default) or "skip" its update; either
                                  * way the update is not applied */
+    /* MoE load balancing (model.moe_experts > 0; MOE_DESIGN's normalisations, which any
+     * grid and micro-batch split share): the sequence-wise balance loss's coefficient,
+     * the router z-loss's, and the aux-loss-free bias's update rate (0: no bias). */
+    double moe_aux_loss, moe_z_loss, moe_bias_rate;
 } ts_train_config;
 
 /* data.train: paths or glob patterns, grouped into the datasets of a blend. A plain

@@ -177,20 +177,102 @@ static ts_status check_unsupported(const hf_reader *h, json_t *root)
     return TS_OK;
 }
 
-static bool is_llama(json_t *root)
+/* The Llama family's configs Tessera reads: Llama, and the ones that add to it qk_norm
+ * (Qwen3), experts (Mixtral) or both (Qwen3-MoE). */
+typedef enum { HF_NONE, HF_LLAMA, HF_QWEN3, HF_MIXTRAL, HF_QWEN3_MOE } hf_family;
+
+static hf_family family_of(json_t *root)
 {
+    static const struct {
+        const char *type, *arch;
+        hf_family f;
+    } known[] = {{"llama", "LlamaForCausalLM", HF_LLAMA},
+                 {"qwen3", "Qwen3ForCausalLM", HF_QWEN3},
+                 {"mixtral", "MixtralForCausalLM", HF_MIXTRAL},
+                 {"qwen3_moe", "Qwen3MoeForCausalLM", HF_QWEN3_MOE}};
+    const int n = (int)(sizeof known / sizeof known[0]);
     const char *type = json_string_value(json_object_get(root, "model_type"));
-    if (type) return strcmp(type, "llama") == 0;
-    json_t *archs = json_object_get(root, "architectures");
-    size_t i;
-    json_t *a;
-    json_array_foreach(archs, i, a) {
-        if (json_is_string(a) && !strcmp(json_string_value(a), "LlamaForCausalLM")) return true;
+    for (int k = 0; k < n; k++) {
+        if (type && !strcmp(type, known[k].type)) return known[k].f;
+        json_t *archs = json_object_get(root, "architectures");
+        size_t i;
+        json_t *a;
+        json_array_foreach(archs, i, a) {
+            if (!type && json_is_string(a) && !strcmp(json_string_value(a), known[k].arch))
+                return known[k].f;
+        }
     }
-    return false;
+    return HF_NONE;
 }
 
-static ts_status apply(const hf_reader *h, json_t *root)
+/* A bool key: config.json's value into *field when the config leaves `key` unset, else
+ * compared. */
+static ts_status fill_bool(const hf_reader *h, const char *hf_key, bool want, const char *key,
+                           bool *field)
+{
+    if (!given(h, key)) {
+        *field = want;
+        return TS_OK;
+    }
+    if (*field == want) return TS_OK;
+    return disagree(h, hf_key, want ? "true" : "false", key, *field ? "true" : "false");
+}
+
+/* The experts of a Mixtral or Qwen3-MoE config (MixtralConfig's and Qwen3MoeConfig's
+ * defaults where a key is absent), and the q/k norms of the Qwen3 family. */
+static ts_status apply_family(const hf_reader *h, json_t *root, hf_family f)
+{
+    ts_model_config *m = &h->cfg->model;
+    if (fill_bool(h, "q/k norms (its model_type)", f == HF_QWEN3 || f == HF_QWEN3_MOE,
+                  "model.qk_norm", &m->qk_norm) != TS_OK)
+        return TS_ERR;
+    json_t *sw = json_object_get(root, "sliding_window");
+    if (json_is_true(json_object_get(root, "use_sliding_window")) ||
+        (f == HF_MIXTRAL && sw && !json_is_null(sw)))
+        return ts_fail("model.init: %s: sliding-window attention, which Tessera's attention "
+                       "does not have (every position attends to all before it)",
+                       h->path);
+    if (f != HF_MIXTRAL && f != HF_QWEN3_MOE) return TS_OK;
+    const bool mixtral = f == HF_MIXTRAL;
+    const struct {
+        const char *hf, *key;
+        int *field;
+    } ints[] = {{mixtral ? "num_local_experts" : "num_experts", "model.moe_experts",
+                 &m->moe_experts},
+                {"num_experts_per_tok", "model.moe_top_k", &m->moe_top_k},
+                {mixtral ? "intermediate_size" : "moe_intermediate_size", "model.moe_ffn_hidden",
+                 &m->moe_ffn_hidden},
+                {mixtral ? "" : "decoder_sparse_step", "model.moe_every", &m->moe_every}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (!ints[i].hf[0]) continue;
+        const long long v = hf_int(h, root, ints[i].hf);
+        if (v < 0 || fill_int(h, ints[i].hf, v, ints[i].key, ints[i].field, *ints[i].field) !=
+                         TS_OK)
+            return TS_ERR;
+    }
+    /* Mixtral renormalises its top-k always; Qwen3-MoE when norm_topk_prob (default
+     * false). Both route with a softmax. */
+    json_t *norm = json_object_get(root, "norm_topk_prob");
+    if (fill_bool(h, mixtral ? "a renormalised top-k (model_type \"mixtral\")" : "norm_topk_prob",
+                  mixtral || json_is_true(norm),
+                  "model.moe_norm_topk", &m->moe_norm_topk) != TS_OK)
+        return TS_ERR;
+    if (given(h, "model.moe_router") && strcmp(m->moe_router, "softmax") != 0)
+        return disagree(h, "its router (model_type)", "\"softmax\"", "model.moe_router",
+                        m->moe_router);
+    /* Qwen3-MoE's dense blocks: mlp_only_layers, which Tessera has as the first k. */
+    json_t *dense = json_object_get(root, "mlp_only_layers");
+    size_t n = json_is_array(dense) ? json_array_size(dense) : 0;
+    for (size_t i = 0; i < n; i++)
+        if (json_integer_value(json_array_get(dense, i)) != (json_int_t)i)
+            return ts_fail("model.init: %s: mlp_only_layers must be the first blocks [0, 1, "
+                           "...] (model.moe_first_dense); other dense blocks are not built",
+                           h->path);
+    return fill_int(h, "mlp_only_layers", (long long)n, "model.moe_first_dense",
+                    &m->moe_first_dense, m->moe_first_dense);
+}
+
+static ts_status apply(const hf_reader *h, json_t *root, hf_family f)
 {
     ts_model_config *m = &h->cfg->model;
     if (given(h, "model.arch") && ts_model_arch(m) != TS_ARCH_LLAMA)
@@ -217,7 +299,8 @@ static ts_status apply(const hf_reader *h, json_t *root)
     if (kv < 0 || fill_int(h, "num_key_value_heads", kv, "model.n_kv_head", &m->n_kv_head,
                            ts_model_kv_heads(m)) != TS_OK)
         return TS_ERR;
-    const long long ffn = hf_int(h, root, "intermediate_size");
+    /* Mixtral's intermediate_size is its experts' width (apply_family). */
+    const long long ffn = f == HF_MIXTRAL ? 0 : hf_int(h, root, "intermediate_size");
     if (ffn < 0 || fill_int(h, "intermediate_size", ffn, "model.ffn_hidden", &m->ffn_hidden,
                             ts_model_ffn(m)) != TS_OK)
         return TS_ERR;
@@ -244,6 +327,7 @@ static ts_status apply(const hf_reader *h, json_t *root)
     else if (ts_model_tied(m) != tied)
         return disagree(h, "tie_word_embeddings", tied ? "true" : "false",
                         "model.tie_embeddings", tied ? "false" : "true");
+    if (apply_family(h, root, f) != TS_OK) return TS_ERR;
     return read_rope(h, root);
 }
 
@@ -282,12 +366,13 @@ ts_status ts_config_from_hf(ts_config *cfg, ts_config_key_given_fn given_fn, voi
     }
     hf_reader h = {cfg, path, given_fn, ctx};
     ts_status rc = TS_OK;
-    if (is_llama(root))
-        rc = apply(&h, root);
+    const hf_family fam = family_of(root);
+    if (fam != HF_NONE)
+        rc = apply(&h, root, fam);
     else if (ts_model_arch(&cfg->model) == TS_ARCH_LLAMA)
         rc = ts_fail("model.init: %s is not a Llama's config (model_type \"llama\", "
-                     "LlamaForCausalLM), but model.arch = \"llama\"; are the weights of "
-                     "another model?",
+                     "LlamaForCausalLM; or \"qwen3\", \"mixtral\", \"qwen3_moe\"), but "
+                     "model.arch = \"llama\"; are the weights of another model?",
                      path);
     else /* GPT-2's weights are nanoGPT's: a config.json beside them is not read */
         ts_log_warn("model.init: %s is not a Llama's config.json: not read (the weights are "

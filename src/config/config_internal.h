@@ -75,6 +75,12 @@ ts_status ts_config_check_on_nonfinite(const key_spec *k, const ts_config *cfg,
                                         const char *where);
 ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const char *where);
 
+/* ---- config_moe.c: model.moe_router's values, and the relations between the MoE keys
+ * (model.moe_*, model.qk_norm, train.moe_*, parallel.ep/etp) and the rest, which
+ * ts_config_validate runs after its own (each a ts_fail message naming the keys). */
+ts_status ts_config_check_moe_router(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_validate_moe(const ts_config *cfg);
+
 /* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the
  * directory model.init names, or beside its file), when there is one and it is a Llama's
  * (model_type "llama"): each model key it gives (docs/CONTRACT.md, model.init) that the

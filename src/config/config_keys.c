@@ -38,6 +38,18 @@ void ts_config_defaults(ts_config *cfg)
     m->rope_low_freq_factor = 1.0;
     m->rope_high_freq_factor = 4.0;
     m->rope_original_context = 8192;
+    m->moe_experts = 0; /* dense */
+    m->moe_top_k = 2;
+    m->moe_ffn_hidden = 0; /* required with experts */
+    m->moe_shared_experts = 0;
+    copy_str(m->moe_router, sizeof m->moe_router, "softmax");
+    m->moe_norm_topk = true;
+    m->moe_route_scale = 1.0;
+    m->moe_groups = 1;
+    m->moe_topk_groups = 1;
+    m->moe_first_dense = 0;
+    m->moe_every = 1;
+    m->qk_norm = false;
 
     ts_parallel_config *p = &cfg->parallel;
     p->pp = p->dp = p->tp = p->cp = 1;
@@ -54,6 +66,7 @@ void ts_config_defaults(ts_config *cfg)
     p->bucket_mb = 4;
     p->memory_budget_mb = 0; /* what the machine offers */
     copy_str(p->comm, sizeof p->comm, "auto");
+    p->ep = p->etp = 1;
 
     ts_train_config *t = &cfg->train;
     t->global_batch = 16;
@@ -78,6 +91,7 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(t->device, sizeof t->device, "cpu");
     copy_str(t->precision, sizeof t->precision, "fp32");
     copy_str(t->attention, sizeof t->attention, "gemm");
+    t->moe_aux_loss = t->moe_z_loss = t->moe_bias_rate = 0.0;
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -144,6 +158,18 @@ const key_spec ts_config_keys[] = {
     STR_KEY("model", "init", model.init, NULL),
     STR_KEY("model", "tokenizer", model.tokenizer, ts_config_check_tokenizer),
     STR_KEY("model", "tokenizer_file", model.tokenizer_file, NULL),
+    INT_KEY("model", "moe_experts", model.moe_experts, 0, 1 << 16),
+    INT_KEY("model", "moe_top_k", model.moe_top_k, 1, 1 << 16),
+    INT_KEY("model", "moe_ffn_hidden", model.moe_ffn_hidden, 0, 1 << 24),
+    INT_KEY("model", "moe_shared_experts", model.moe_shared_experts, 0, 1 << 10),
+    STR_KEY("model", "moe_router", model.moe_router, ts_config_check_moe_router),
+    BOOL_KEY("model", "moe_norm_topk", model.moe_norm_topk),
+    FLOAT_KEY("model", "moe_route_scale", model.moe_route_scale, 0, true, 1e6, false),
+    INT_KEY("model", "moe_groups", model.moe_groups, 1, 1 << 16),
+    INT_KEY("model", "moe_topk_groups", model.moe_topk_groups, 1, 1 << 16),
+    INT_KEY("model", "moe_first_dense", model.moe_first_dense, 0, 1 << 16),
+    INT_KEY("model", "moe_every", model.moe_every, 1, 1 << 16),
+    BOOL_KEY("model", "qk_norm", model.qk_norm),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
     /* "auto": what pp * tp leave of the ranks launched (ts_config_load resolves it). */
@@ -166,6 +192,8 @@ const key_spec ts_config_keys[] = {
     INT_KEY("parallel", "zero", parallel.zero, 0, 3),
     INT_KEY("parallel", "bucket_mb", parallel.bucket_mb, 1, 4096),
     STR_KEY("parallel", "comm", parallel.comm, ts_config_check_comm),
+    INT_KEY("parallel", "ep", parallel.ep, 1, 1 << 16),
+    INT_KEY("parallel", "etp", parallel.etp, 1, 1 << 16),
 
     INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
     INT_KEY("train", "steps", train.steps, 0, BIG),
@@ -189,6 +217,9 @@ const key_spec ts_config_keys[] = {
     STR_KEY("train", "precision", train.precision, ts_config_check_precision),
     STR_KEY("train", "attention", train.attention, ts_config_check_attention),
     STR_KEY("train", "on_nonfinite", train.on_nonfinite, ts_config_check_on_nonfinite),
+    FLOAT_KEY("train", "moe_aux_loss", train.moe_aux_loss, 0, false, 1e6, false),
+    FLOAT_KEY("train", "moe_z_loss", train.moe_z_loss, 0, false, 1e6, false),
+    FLOAT_KEY("train", "moe_bias_rate", train.moe_bias_rate, 0, false, 1e6, false),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     { "data", "val", K_PATHS, OFF(data), 0, 0, 0, false, false, NULL },

@@ -58,7 +58,7 @@ ts_status ts_config_unknown_key(const char *section, const char *name, const cha
         }
     }
 
-    char known[512];
+    char known[1024];
     size_t len = 0;
     known[0] = '\0';
     for (int i = 0; i < ts_config_n_keys && len < sizeof known; i++)

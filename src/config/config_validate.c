@@ -661,5 +661,6 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
         return ts_fail("the grid pp*dp*cp*tp = %d*%d*%d*%d = %lld ranks; at most 2^24 are "
                        "supported",
                        p->pp, p->dp, p->cp, p->tp, grid);
+    if (ts_config_validate_moe(cfg) != TS_OK) return TS_ERR;
     return check_checkpoint(cfg);
 }

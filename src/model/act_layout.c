@@ -10,8 +10,9 @@
 
 /* The shape a model (or a config, for estimates) gives the layout. */
 typedef struct {
-    bool llama, selective, rebuild, sp;
+    bool llama, selective, rebuild, sp, qk_norm;
     int n_embd, n_head, n_kv_head, ffn, vocab;
+    int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
     ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
 } act_shape;
@@ -33,6 +34,15 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
                   .selective = sh.selective, .rebuild = sh.rebuild, .sp = sh.sp,
                   .S = sh.sub > 1 ? (size_t)sh.sub : 1};
+    d.DN = sh.moe_experts > 0 ? 0 : 1;
+    d.ME = (size_t)sh.moe_experts;
+    d.MK = sh.moe_experts > 0 ? (size_t)sh.moe_top_k : 0;
+    d.MF = sh.moe_experts > 0 ? (size_t)sh.moe_ffn : 0;
+    d.MS = sh.moe_experts > 0 ? (size_t)sh.moe_shared : 0;
+    if (sh.qk_norm) {
+        d.QKR = (size_t)(H + KV);
+        d.QKN = d.QKR * (size_t)HS;
+    }
     if (sh.cp.size > 1 && T > 1) {
         /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
          * the two chunks' prefix state and keeps the gathered K/V. (T = 1: a count of
@@ -53,10 +63,15 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
 act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
 {
     const bool selective = l >= 0 && m->layers[l].selective;
+    /* A dense block has no MoE buffers; l < 0 (the scratch's) has the model's. */
+    const bool moe = m->moe_experts > 0 && (l < 0 || m->layers[l].moe);
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
-                          m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden, m->vocab_size,
-                          m->tp.sub, m->cp};
-    return dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
+                          m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
+                          m->vocab_size, moe ? m->moe_experts : 0, m->moe_top_k, m->moe_ffn,
+                          m->moe_shared_ffn, m->tp.sub, m->cp};
+    act_dims d = dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
+    if (l < 0) d.DN = 1; /* the scratch and stash keep the dense MLP's sizes */
+    return d;
 }
 
 /* Each buffer starts on a 64-byte boundary (a bf16 buffer may hold an odd count). */
@@ -80,9 +95,10 @@ static size_t kind_bytes(ts_layer_kind kind, act_dims d)
 size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B, int T, int tp,
                           int tp_rank, const ts_kernels *k)
 {
-    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->n_embd,
-                          cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, 1, {.size = 1}};
+    /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
+    const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
+                          cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
+                          cfg->vocab_size, 0, 0, 0, 0, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -127,6 +143,8 @@ block_acts ts_block_sub_views(const act_dims *d, const block_acts *s, int i)
     v.ln1_mean = d->NM ? s->ln1_mean + nl : s->ln1_mean;
     v.ln1_rstd = s->ln1_rstd + nl;
     v.qkv = act_at(d, s->qkv, n * d->QKV);
+    v.qk_pre = act_at(d, s->qk_pre, n * d->QKN);
+    v.qk_rstd = s->qk_rstd + n * d->QKR;
     v.kvg = d->KVG ? act_at(d, s->kvg, d->KVG / d->S * (size_t)i) : s->kvg;
     v.atty = act_at(d, s->atty, n * d->Cl);
     v.att = (unsigned char *)s->att + d->att_kept / d->S * (size_t)i;
@@ -280,10 +298,51 @@ void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc)
     return scratch_at(sc, scratch_rebuilt_out_offset(*d));
 }
 
+static size_t scratch_before_moe(act_dims d)
+{
+    return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
+}
+
+/* The MoE region's parts in bytes, in order (act_layout.h moe_scratch). */
+static void moe_scratch_parts(act_dims d, size_t part[8])
+{
+    const size_t NK = d.N * d.MK;
+    part[0] = ACT_ALIGN(NK * d.C * d.ab);            /* dyp, then dxp */
+    part[1] = ACT_ALIGN(NK * d.MF * d.ab);           /* da */
+    part[2] = ACT_ALIGN(NK * 2 * d.MF * d.ab);       /* dh */
+    part[3] = ACT_ALIGN(NK * sizeof(float));         /* dw */
+    part[4] = ACT_ALIGN(d.N * d.ME * sizeof(float)); /* dlogits */
+    part[5] = ACT_ALIGN(d.N * d.C * d.ab);           /* dx */
+    part[6] = ACT_ALIGN(d.N * d.MS * d.ab);          /* shared da */
+    part[7] = ACT_ALIGN(d.N * 2 * d.MS * d.ab);      /* shared dh */
+}
+
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
     const act_dims d = ts_act_dims(m, -1, B, T);
-    return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
+    if (!d.ME) return scratch_before_moe(d);
+    size_t part[8], total = ACT_ALIGN(scratch_before_moe(d));
+    moe_scratch_parts(d, part);
+    for (int i = 0; i < 8; i++) total += part[i];
+    return total;
+}
+
+moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    moe_scratch s = {0};
+    if (!d.ME) return s;
+    size_t part[8], at = ACT_ALIGN(scratch_before_moe(d));
+    moe_scratch_parts(d, part);
+    void *p[8];
+    for (int i = 0; i < 8; i++) {
+        p[i] = scratch_at(sc, at);
+        at += part[i];
+    }
+    TS_ASSERT(at <= sc->bytes);
+    s = (moe_scratch){.dyp = p[0], .da = p[1], .dh = p[2], .dx = p[5], .sh_da = p[6],
+                      .sh_dh = p[7], .dw = p[3], .dlogits = p[4]};
+    return s;
 }
 
 void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T)

@@ -30,6 +30,13 @@ typedef struct {
     size_t KVG;      /* context parallelism: the gathered K/V [B, cp.T, 2 KV HS] a block
                         keeps (0 without; tensor/cp.h) */
     size_t cpw;      /* context parallelism: the exchange's work bytes (the scratch's) */
+    size_t QKN, QKR; /* model.qk_norm: the q|k columns (H + KV) HS a row normalises per
+                        head, and its heads H + KV (each one rstd); 0 without */
+    /* Mixture of Experts (moe.c): the experts E, top K, expert width MF and shared width
+     * MS of an MoE block (0 for a dense block; for l < 0, the model's, which size the
+     * scratch), and DN: 1 when the block has the dense MLP (its fch, fch_gelu), 0 for an
+     * MoE block. */
+    size_t ME, MK, MF, MS, DN;
     bool llama, sp, cp;
     bool selective;  /* this layer keeps no attention state (ts_layer.selective) */
     bool rebuild;    /* the scratch holds the rebuilt state: some layer of the model is
@@ -58,6 +65,8 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
     X(ln1, d.NL * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.NL, F) /* first norm, stats */\
     X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
                                           RoPE) */                                          \
+    X(qk_pre, d.N * d.QKN, A)          /* qk_norm: [N,(H+KV)HS] q|k before their norms */   \
+    X(qk_rstd, d.N * d.QKR, F)         /* qk_norm: [N,H+KV] each head's rstd */             \
     X(kvg, d.KVG, A)                   /* context parallelism: [B,T,2KV HS] every position's \
                                           k, v, gathered (tensor/cp.h) */                   \
     X(atty, d.N * d.Cl, A)             /* [N,Cl] attention output before its projection */  \
@@ -65,9 +74,26 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
                                           none under selective recompute) */                \
     X(res2, d.NL * d.C, A)             /* [NL,C] x + attn(...) */                           \
     X(ln2, d.NL * d.C, A) X(ln2_mean, d.NM, F) X(ln2_rstd, d.NL, F)                         \
-    X(fch, d.N * d.FI, A)              /* [N,FI] c_fc's / gate|up's output */               \
-    X(fch_gelu, d.N * d.F, A)          /* [N,F] after GELU / SwiGLU */                      \
+    X(fch, d.DN * d.N * d.FI, A)       /* [N,FI] c_fc's / gate|up's output */               \
+    X(fch_gelu, d.DN * d.N * d.F, A)   /* [N,F] after GELU / SwiGLU */                      \
+    MOE_ACTS(X)                                                                             \
     X(out, d.NL * d.C, A)              /* [NL,C] block output x + attn + mlp */
+
+/* An MoE block's MLP phase (moe.c; empty in a dense block), NK = N*K assignments in the
+ * experts' order: the router's logits and scores [N,E] and the routing [N,K] (fp32), the
+ * routing's int buffers (as bytes), the permuted input [NK,C], each expert's gate|up
+ * output [NK,2F] and SwiGLU output [NK,F], the experts' outputs [NK,C], the shared
+ * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C]. */
+#define MOE_ACTS(X)                                                                        \
+    X(moe_logits, d.N * d.ME, F) X(moe_scores, d.N * d.ME, F)                              \
+    X(moe_idx, d.N * d.MK * sizeof(int), BYTES) X(moe_w, d.N * d.MK, F)                    \
+    X(moe_row, d.N * d.MK * sizeof(int), BYTES) /* row_of: assignment n*K+k's row */        \
+    X(moe_counts, d.ME * sizeof(int), BYTES)   /* this micro-batch's tokens per expert */  \
+    X(moe_offsets, d.ME * sizeof(int), BYTES)  /* their exclusive prefix sum */            \
+    X(moe_xp, d.N * d.MK * d.C, A) X(moe_h, d.N * d.MK * 2 * d.MF, A)                      \
+    X(moe_a, d.N * d.MK * d.MF, A) X(moe_yp, d.N * d.MK * d.C, A)                          \
+    X(moe_sh_h, d.N * 2 * d.MS, A) X(moe_sh_a, d.N * d.MS, A)                              \
+    X(moe_sh_out, (d.MS ? d.N * d.C : 0), A)
 
 #define HEAD_ACTS(X)                                                                       \
     X(lnf, d.NL * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.NL, F)                         \
@@ -127,6 +153,15 @@ void *ts_scratch_local(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_attention(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_rebuilt(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc);
+/* The MoE backward's region (last; sized by the model's MoE dims): the experts' output
+ * gradient dyp [NK,C] (then, in place, their input's dxp), dact [NK,F], dh [NK,2F], the
+ * routing weights' gradient [N,K] and the logits' [N,E] (fp32), an input gradient [N,C],
+ * and the shared experts' dact [N,MS] and dh [N,2MS]. NULL without MoE. */
+typedef struct {
+    void *dyp, *da, *dh, *dx, *sh_da, *sh_dh;
+    float *dw, *dlogits;
+} moe_scratch;
+moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T);
 
 /* ---- the zero-bubble stash: a block's matmul output gradients, I pass to W pass ----
  * Per block, in activation elements: the MLP phase's part (its output's gradient [N,C],

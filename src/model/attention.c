@@ -1,6 +1,6 @@
 /* The attention phase of a block (block.h): q|k|v projection (column-parallel, by heads),
- * rotary embeddings (llama), causal attention over this rank's heads (across the context-
- * parallel group: tensor/cp.h), output projection (row-parallel: its sum is the one
+ * Qwen3's per-head RMSNorm of q and k (model.qk_norm), rotary embeddings (llama), causal
+ * attention over this rank's heads (across the context-parallel group: tensor/cp.h), output projection (row-parallel: its sum is the one
  * collective of the forward). Its saved activations are qkv, kvg, atty and att; under
  * selective recompute att lives in the work area and the backward rebuilds it. */
 #include "model/block.h"
@@ -19,6 +19,53 @@ static void *dqkv(const block_sub *b)
     return b->stash ? keep(b, 1, b->d->QKV) : b->wide;
 }
 
+/* model.qk_norm (Qwen3's q_norm, k_norm; HF: RMSNorm over each head's head_dim channels
+ * with eps norm_eps, before RoPE): each row's q heads then k heads, which lie back to
+ * back at the start of its q|k|v columns, are H and KV rows of HS for the RMSNorm
+ * kernel. Their input is kept in qk_pre for the backward. One kernel call per row and
+ * part: the heads of a row are contiguous, but the rows are QKV apart. */
+static void qk_norm_forward(const block_sub *b)
+{
+    const ts_model *m = b->m;
+    const act_dims *d = b->d;
+    const block_acts *v = &b->v;
+    const int H = (int)d->H, KV = (int)d->KV, HS = (int)d->HS;
+    const float *qw = ts_block_param(b, b->r.q_norm_w), *kw = ts_block_param(b, b->r.k_norm_w);
+    for (int n = 0; n < b->N; n++) {
+        void *row = act_at(d, v->qkv, (size_t)n * d->QKV);
+        void *pre = act_at(d, v->qk_pre, (size_t)n * d->QKN);
+        float *rstd = v->qk_rstd + (size_t)n * d->QKR;
+        m->k->memcpy_d2d(pre, row, d->QKN * d->ab);
+        m->k->rmsnorm_forward(row, rstd, pre, qw, H, HS, m->norm_eps);
+        m->k->rmsnorm_forward(act_at(d, row, (size_t)H * HS), rstd + H,
+                              act_at(d, pre, (size_t)H * HS), kw, KV, HS, m->norm_eps);
+    }
+}
+
+/* Its backward, in place on the q and k columns of dqkv (the gradient after the norms
+ * on entry, before them on exit), the weights' gradients added; `work` holds one row's
+ * q|k gradient while the kernel, which adds into its input gradient, rewrites it. */
+static void qk_norm_backward(const block_sub *b, void *dqkv, void *work)
+{
+    const ts_model *m = b->m;
+    const act_dims *d = b->d;
+    const block_acts *v = &b->v;
+    const int H = (int)d->H, KV = (int)d->KV, HS = (int)d->HS;
+    const float *qw = ts_block_param(b, b->r.q_norm_w), *kw = ts_block_param(b, b->r.k_norm_w);
+    float *dqw = ts_block_grad(b, b->r.q_norm_w), *dkw = ts_block_grad(b, b->r.k_norm_w);
+    const size_t qoff = (size_t)H * HS;
+    for (int n = 0; n < b->N; n++) {
+        void *row = act_at(d, dqkv, (size_t)n * d->QKV);
+        const void *pre = act_at(d, v->qk_pre, (size_t)n * d->QKN);
+        const float *rstd = v->qk_rstd + (size_t)n * d->QKR;
+        m->k->memcpy_d2d(work, row, d->QKN * d->ab);
+        m->k->memset_zero(row, d->QKN * d->ab);
+        m->k->rmsnorm_backward(row, dqw, work, pre, qw, rstd, H, HS);
+        m->k->rmsnorm_backward(act_at(d, row, qoff), dkw, act_at(d, work, qoff),
+                               act_at(d, pre, qoff), kw, rstd + H, KV, HS);
+    }
+}
+
 void ts_attn_forward(const block_sub *b, const void *in, void *out, ts_tp_pending *p)
 {
     const ts_model *m = b->m;
@@ -27,6 +74,7 @@ void ts_attn_forward(const block_sub *b, const void *in, void *out, ts_tp_pendin
     const block_acts *v = &b->v;
     ts_tp_col_forward(&m->tp, v->qkv, in, ts_block_weight(b, b->r.qkv_w),
                       ts_block_param(b, b->r.qkv_b), b->N, C, (int)d->QKV);
+    if (m->qk_norm) qk_norm_forward(b);
     if (m->rope_cos) m->k->rope_forward(v->qkv, m->rope_cos, m->rope_sin, b->B, b->T, H, KV, HS);
     ts_cp_attention_forward(&m->cp, v->atty, d->selective ? b->att_work : v->att, v->kvg,
                             b->cp_work, v->qkv, b->B, b->T, H, KV, HS);
@@ -66,6 +114,9 @@ void ts_attn_backward_core(const block_sub *b, const void *dout, const void *in_
                              v->qkv, v->kvg, att, b->B, b->T, H, KV, HS);
     /* The gradient of q and k before their rotation (RoPE is linear). */
     if (m->rope_cos) m->k->rope_backward(dqkv(b), m->rope_cos, m->rope_sin, b->B, b->T, H, KV, HS);
+    /* datty, in `narrow`, is spent: it holds a row of the norms' backward. */
+    TS_ASSERT(!m->qk_norm || (size_t)b->N * ts_scratch_narrow_cols(*d) >= d->QKN);
+    if (m->qk_norm) qk_norm_backward(b, dqkv(b), b->narrow);
     ts_block_gather_input(b, in_local, p); /* again: only this rank's rows were kept */
 }
 

@@ -8,14 +8,29 @@
 
 /* ------------------------------------------- what differs between the architectures */
 
-block_roles ts_block_roles(const ts_model *m)
+block_roles ts_block_roles(const ts_model *m, int l)
 {
-    if (m->arch == TS_ARCH_LLAMA)
-        return (block_roles){TS_L_ATTN_NORM_W, -1, TS_L_Q_W, -1, TS_L_O_W, -1,
-                             TS_L_MLP_NORM_W, -1, TS_L_GATE_W, -1, TS_L_DOWN_W, -1};
-    return (block_roles){TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W,
-                         TS_B_ATTPROJ_B, TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B,
-                         TS_B_FCPROJ_W, TS_B_FCPROJ_B};
+    if (m->arch != TS_ARCH_LLAMA)
+        return (block_roles){TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W,
+                             TS_B_ATTPROJ_B, TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B,
+                             TS_B_FCPROJ_W, TS_B_FCPROJ_B, -1, -1, -1, -1, -1, -1};
+    /* q_norm and k_norm, when there, come right after o_proj (model.h). */
+    const int qk = m->qk_norm ? 2 : 0;
+    block_roles r = {TS_L_ATTN_NORM_W, -1, TS_L_Q_W, -1, TS_L_O_W, -1,
+                     TS_L_MLP_NORM_W + qk, -1, TS_L_GATE_W + qk, -1,
+                     TS_L_DOWN_W + qk, -1, m->qk_norm ? TS_L_O_W + 1 : -1,
+                     m->qk_norm ? TS_L_O_W + 2 : -1, -1, -1, -1, -1};
+    if (l >= 0 && m->layers[l].moe) {
+        /* The MoE's parameters in place of gate, up and down (model.h). */
+        r.fc_w = r.fcproj_w = -1;
+        r.moe_router_w = r.norm2_w + 1;
+        r.moe_expert0 = r.norm2_w + 2;
+        if (m->moe_shared_ffn > 0) {
+            r.moe_shared_fc_w = r.moe_expert0 + 3 * m->moe_experts;
+            r.moe_shared_proj_w = r.moe_shared_fc_w + 2;
+        }
+    }
+    return r;
 }
 
 void ts_norm_forward(const ts_model *m, void *out, float *mean, float *rstd, const void *inp,
@@ -102,7 +117,7 @@ typedef struct {
     const ts_model *m;
     const ts_acts *a;
     act_dims d;
-    int p0;
+    int l, p0;
     block_acts s;            /* the whole micro-batch's views */
     const void *x;           /* [NL,C] the block's input */
     void *dx;                /* [NL,C] the residual stream's gradient (backward) */
@@ -115,7 +130,7 @@ typedef struct {
 
 static block_run block_run_of(const ts_model *m, const ts_acts *a, int l, const void *x)
 {
-    block_run r = {.m = m, .a = a, .d = ts_act_dims(m, l, a->B, a->T),
+    block_run r = {.m = m, .a = a, .d = ts_act_dims(m, l, a->B, a->T), .l = l,
                    .p0 = m->layers[l].first_param, .s = ts_block_views(m, a, l), .x = x};
     return r;
 }
@@ -125,7 +140,8 @@ static block_sub sub_of(const block_run *r, int i)
 {
     const act_dims *d = &r->d;
     const int S = (int)d->S, N = (int)(d->N / d->S);
-    block_sub b = {.m = r->m, .d = d, .p0 = r->p0, .r = ts_block_roles(r->m), .sub = i,
+    block_sub b = {.m = r->m, .d = d, .p0 = r->p0, .l = r->l, .dloss = r->a->dloss,
+                   .r = ts_block_roles(r->m, r->l), .sub = i,
                    .B = r->a->B / S, .T = r->a->T, .N = N, .NL = (int)(d->NL / d->S),
                    .v = ts_block_sub_views(d, &r->s, i), .att_work = r->a->att_work,
                    .cp_work = r->cp_work, .sc = r->sc, .stash = r->stash};
@@ -186,7 +202,10 @@ static void fwd_residual_norm_2(void *ctx, int i, ts_tp_pending *p)
 static void fwd_mlp(void *ctx, int i, ts_tp_pending *p)
 {
     const block_sub b = sub_of(ctx, i);
-    ts_mlp_forward(&b, ts_block_input_at(&b, b.v.ln2), b.v.out, p);
+    if (b.m->layers[b.l].moe)
+        ts_moe_forward(&b, ts_block_input_at(&b, b.v.ln2), b.v.out);
+    else
+        ts_mlp_forward(&b, ts_block_input_at(&b, b.v.ln2), b.v.out, p);
 }
 
 static void fwd_residual(void *ctx, int i, ts_tp_pending *p)
@@ -216,25 +235,30 @@ void ts_block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
  *      output's gradient (dx), runs back to its input linear's, then through it to
  *      the norm's output gradient; the norm's backward adds into dx ---- */
 
+/* An MoE block runs its whole MLP backward in the last of the three steps (one rank:
+ * no collective to overlap). */
 static void bwd_mlp_output(void *ctx, int i, ts_tp_pending *p)
 {
     const block_run *r = ctx;
     const block_sub b = sub_of(r, i);
-    ts_mlp_backward_output(&b, dx_rows(r, &b), p);
+    if (!b.m->layers[b.l].moe) ts_mlp_backward_output(&b, dx_rows(r, &b), p);
 }
 
 static void bwd_mlp_core(void *ctx, int i, ts_tp_pending *p)
 {
     const block_run *r = ctx;
     const block_sub b = sub_of(r, i);
-    ts_mlp_backward_core(&b, dx_rows(r, &b), b.v.ln2, p);
+    if (!b.m->layers[b.l].moe) ts_mlp_backward_core(&b, dx_rows(r, &b), b.v.ln2, p);
 }
 
 static void bwd_mlp_input(void *ctx, int i, ts_tp_pending *p)
 {
     const block_run *r = ctx;
     const block_sub b = sub_of(r, i);
-    ts_mlp_backward_input(&b, dnorm_rows(r, &b), b.v.ln2, p);
+    if (b.m->layers[b.l].moe)
+        ts_moe_backward(&b, dnorm_rows(r, &b), dx_rows(r, &b), b.v.ln2);
+    else
+        ts_mlp_backward_input(&b, dnorm_rows(r, &b), b.v.ln2, p);
 }
 
 /* The second norm's backward (dx becomes res2's gradient), and attention's output
@@ -297,7 +321,9 @@ void ts_block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *
                               const ts_scratch *sc)
 {
     const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    block_sub b = {.m = m, .d = &d, .p0 = m->layers[l].first_param, .r = ts_block_roles(m),
+    TS_ASSERT(!m->layers[l].moe); /* MoE refuses the zero-bubble split (config) */
+    block_sub b = {.m = m, .d = &d, .p0 = m->layers[l].first_param, .l = l,
+                   .r = ts_block_roles(m, l),
                    .B = a->B, .T = a->T, .N = (int)d.N, .NL = (int)d.NL,
                    .v = ts_block_views(m, a, l), .gath = ts_scratch_gather(&d, sc), .sc = sc,
                    .stash = stash};

@@ -22,8 +22,13 @@
 typedef struct {
     int norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
         fcproj_w, fcproj_b;
+    int q_norm_w, k_norm_w; /* model.qk_norm's per-head RMSNorm weights (Qwen3) */
+    /* An MoE block's (model.h's order; fc_w and fcproj_w are then -1): the router, expert
+     * e's gate|up at moe_expert0 + 3e and its down right after the up (+ 2), the shared
+     * experts' gate|up and down (-1 without). */
+    int moe_router_w, moe_expert0, moe_shared_fc_w, moe_shared_proj_w;
 } block_roles;
-block_roles ts_block_roles(const ts_model *m);
+block_roles ts_block_roles(const ts_model *m, int l);
 
 /* LayerNorm (gpt2) or RMSNorm (llama; no mean, no bias) over N rows. */
 void ts_norm_forward(const ts_model *m, void *out, float *mean, float *rstd, const void *inp,
@@ -42,6 +47,8 @@ typedef struct {
     const ts_model *m;
     const act_dims *d;
     int p0;                 /* the block's first parameter */
+    int l;                  /* its layer */
+    float dloss;            /* the forward's weight per target (ts_acts.dloss) */
     block_roles r;
     int sub;                /* which of d->S sub-batches */
     int B, T, N, NL;        /* its B sequences of T positions: N rows, NL of them this
@@ -110,6 +117,13 @@ void ts_mlp_backward_core(const block_sub *b, const void *dout, const void *in_l
 void ts_mlp_backward_input(const block_sub *b, void *din, const void *in_local,
                            ts_tp_pending *p);
 void ts_mlp_backward_weight(const block_sub *b, const void *in);
+
+/* ---- the Mixture-of-Experts phase (moe.c), an MoE block's MLP, on one rank ----
+ * forward:   out[N,C] = sum_k w_k expert_k(in) (+ shared(in)), routed by the router;
+ * backward:  din[N,C] (written) from dout, with every expert's, the router's and the
+ *            shared experts' weight gradients and the auxiliary losses' gradients. */
+void ts_moe_forward(const block_sub *b, const void *in, void *out);
+void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void *in);
 
 /* ---- the block (block.c) ---- */
 /* Forward of block l on input x [NL,C] into its saved activations. */

@@ -71,6 +71,7 @@ static void between_layers(const ts_model *m)
 
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc)
 {
+    a->dloss = dloss; /* the MoE blocks' auxiliary losses weigh by it in their backward */
     for (int l = a->l0; l < a->l1; l++) {
         const ts_layer *L = &m->layers[l];
         TS_ASSERT(L->owned);
@@ -212,7 +213,7 @@ void ts_model_sum_sequence_grads(const ts_model *m, int l)
         ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0), C);
         if (m->arch != TS_ARCH_LLAMA) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + 1), C);
     } else if (L->kind == TS_LAYER_BLOCK) {
-        const block_roles r = ts_block_roles(m);
+        const block_roles r = ts_block_roles(m, l);
         const int norms[4] = {r.norm1_w, r.norm1_b, r.norm2_w, r.norm2_b};
         for (int i = 0; i < 4; i++)
             if (norms[i] >= 0) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + norms[i]), C);

@@ -90,6 +90,44 @@ static void add_block_params(builder *b, int layer, int i, int C, int F, int n_l
 #undef P
 }
 
+/* An MoE block's MLP (model.h's order and names): the router, each expert's gate|up
+ * (one [2F, C] weight, as the dense MLP's) and down, the shared experts' the same at
+ * width S*F; Mixtral's names for a Mixtral-shaped model (ts_model_moe_mixtral), else
+ * Qwen3-MoE's and DeepSeek's. Every matrix normal(0, 0.02) as the dense ones (HF's
+ * initializer_range); replicated: tensor parallelism is refused for MoE. */
+static void add_moe_params(builder *b, int layer, int i, const ts_model_config *cfg)
+{
+    char name[128], pre[64];
+    const float std = 0.02f;
+    const int64_t C = cfg->n_embd, E = cfg->moe_experts, F = cfg->moe_ffn_hidden,
+                  SF = (int64_t)cfg->moe_shared_experts * F;
+    const bool mixtral = ts_model_moe_mixtral(cfg);
+    const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj",
+               *down = mixtral ? "w2" : "down_proj";
+    snprintf(pre, sizeof pre, "model.layers.%d.%s", i, mixtral ? "block_sparse_moe" : "mlp");
+#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
+    add_param(b, layer, NAME("%s.gate.weight", pre), E, C, TS_INIT_NORMAL, std, -1, 1);
+    for (long long j = 0; j < E; j++) {
+        const int g = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, gate), F, C,
+                                TS_INIT_NORMAL, std, -1, 1);
+        pack_after(b, g);
+        add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, up), F, C, TS_INIT_NORMAL,
+                  std, -1, 1);
+        add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C, F,
+                  TS_INIT_NORMAL, std, -1, 1);
+    }
+    if (SF > 0) {
+        const int g = add_param(b, layer, NAME("%s.shared_experts.gate_proj.weight", pre), SF, C,
+                                TS_INIT_NORMAL, std, -1, 1);
+        pack_after(b, g);
+        add_param(b, layer, NAME("%s.shared_experts.up_proj.weight", pre), SF, C, TS_INIT_NORMAL,
+                  std, -1, 1);
+        add_param(b, layer, NAME("%s.shared_experts.down_proj.weight", pre), C, SF,
+                  TS_INIT_NORMAL, std, -1, 1);
+    }
+#undef NAME
+}
+
 /* Hugging Face's LlamaDecoderLayer, Megatron's split: q, k, v and gate, up
  * column-parallel (by heads; a key/value head on kv_replicas ranks when tp >
  * n_kv_head), o_proj and down_proj row-parallel, the RMSNorm weights replicated. Every
@@ -112,7 +150,15 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
     add_param_parts(b, layer, NAME("self_attn.v_proj.weight"), KV, C, TS_INIT_NORMAL, std, 0, 1,
                     kv_parts);
     add_param(b, layer, NAME("self_attn.o_proj.weight"), C, Q, TS_INIT_NORMAL, std, 1, 1);
+    if (cfg->qk_norm) { /* Qwen3: replicated, as every norm (tp > 1 is refused for now) */
+        add_param(b, layer, NAME("self_attn.q_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
+        add_param(b, layer, NAME("self_attn.k_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
+    }
     add_param(b, layer, NAME("post_attention_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+    if (ts_model_block_is_moe(cfg, i)) {
+        add_moe_params(b, layer, i, cfg);
+        return;
+    }
     const int g = add_param(b, layer, NAME("mlp.gate_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
     pack_after(b, g);
     add_param(b, layer, NAME("mlp.up_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
@@ -149,6 +195,24 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->n_kv_head = kv;
     m->ffn_hidden = F;
     m->norm_eps = (float)cfg->norm_eps;
+    /* qk_norm's weight gradients are each tp rank's heads' part, not yet summed over tp
+     * (ts_config_validate refuses the combination). */
+    m->qk_norm = cfg->qk_norm;
+    TS_ASSERT(!m->qk_norm || (m->arch == TS_ARCH_LLAMA && tp->size == 1));
+    if (cfg->moe_experts > 0) {
+        /* One rank's MoE (ts_config_validate refuses what it does not run with). */
+        TS_ASSERT(m->arch == TS_ARCH_LLAMA && tp->size == 1);
+        m->moe_experts = cfg->moe_experts;
+        m->moe_top_k = cfg->moe_top_k;
+        m->moe_ffn = cfg->moe_ffn_hidden;
+        m->moe_shared_ffn = cfg->moe_shared_experts * cfg->moe_ffn_hidden;
+        m->moe_routing = (ts_moe_routing){
+            .E = cfg->moe_experts, .K = cfg->moe_top_k, .groups = cfg->moe_groups,
+            .topk_groups = cfg->moe_topk_groups, .sigmoid = !strcmp(cfg->moe_router, "sigmoid"),
+            .norm_topk = cfg->moe_norm_topk, .route_scale = (float)cfg->moe_route_scale};
+        m->moe_z_coef = spec->moe_z_loss;
+        m->moe_aux_coef = spec->moe_aux_loss;
+    }
     m->tied = ts_model_tied(cfg);
     m->local_heads = cfg->n_head / tp->size;
     m->kv_replicas = tp->size > kv ? tp->size / kv : 1;
@@ -180,6 +244,7 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
         L->owned = owned ? owned[l] : true;
         L->kind = l == 0 ? TS_LAYER_EMBED : l == m->n_layers - 1 ? TS_LAYER_HEAD : TS_LAYER_BLOCK;
         L->block = L->kind == TS_LAYER_BLOCK ? l - 1 : -1;
+        L->moe = L->kind == TS_LAYER_BLOCK && ts_model_block_is_moe(cfg, L->block);
         L->first_param = m->n_params;
         /* Selective recompute: the layer keeps no attention state (act_layout.h). */
         L->selective = spec->selective_all || (spec->selective && spec->selective[l]);
@@ -308,6 +373,12 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
         build_rope_tables(m, spec->arch);
         rope_tables_at_positions(m);
     }
+    if (m->moe_experts > 0) { /* zeroed: no bias, no counts yet */
+        const size_t n = (size_t)m->n_layer * m->moe_experts;
+        m->moe_bias = m->k->dev_alloc(n * sizeof(float));
+        m->moe_counts = m->k->dev_alloc(n * sizeof(int));
+        m->moe_losses = m->k->dev_alloc(2 * sizeof(float));
+    }
 }
 
 void ts_model_set_layer_mem(ts_model *m, int l0, int l1, float *param, float *grad,
@@ -339,6 +410,9 @@ void ts_model_free(ts_model *m)
     free(m->layer_mem);
     free(m->params);
     if (m->k) {
+        m->k->dev_free(m->moe_bias);
+        m->k->dev_free(m->moe_counts);
+        m->k->dev_free(m->moe_losses);
         if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
         m->k->dev_free(m->param_mem);
         m->k->dev_free(m->grad_mem);
@@ -348,6 +422,24 @@ void ts_model_free(ts_model *m)
     memset(m, 0, sizeof *m);
 }
 
+/* Block l's MLP parameters: the dense SwiGLU's, or the MoE's (all experts, or those a
+ * token uses: `active`). */
+static size_t mlp_params(const ts_model_config *c, int l, bool active)
+{
+    const size_t C = (size_t)c->n_embd;
+    if (!ts_model_block_is_moe(c, l)) return 3 * (size_t)ts_model_ffn(c) * C;
+    const size_t E = (size_t)c->moe_experts, F = (size_t)c->moe_ffn_hidden;
+    const size_t used = active ? (size_t)c->moe_top_k : E;
+    return E * C + used * 3 * F * C + 3 * (size_t)c->moe_shared_experts * F * C;
+}
+
+size_t ts_model_active_params(const ts_model_config *c)
+{
+    size_t total = ts_model_logical_params(c);
+    for (int l = 0; l < c->n_layer; l++) total -= mlp_params(c, l, false) - mlp_params(c, l, true);
+    return total;
+}
+
 size_t ts_model_logical_params(const ts_model_config *c)
 {
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
@@ -355,8 +447,10 @@ size_t ts_model_logical_params(const ts_model_config *c)
     if (ts_model_arch(c) == TS_ARCH_LLAMA) {
         const size_t HS = C / (size_t)c->n_head, Q = (size_t)c->n_head * HS,
                      KV = (size_t)ts_model_kv_heads(c) * HS;
-        const size_t per_block = 2 * C + Q * C + 2 * KV * C + C * Q + 3 * F * C;
-        return V * C + (size_t)c->n_layer * per_block + C + head;
+        const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
+        size_t blocks = 0;
+        for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
+        return V * C + blocks + C + head;
     }
     size_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) +
                        (F * C + C);

@@ -56,6 +56,8 @@ typedef struct {
      * the layer keeps no attention state for its backward (its activation layout drops
      * `att`), and its backward runs attention_forward again into the scratch first. */
     bool selective;
+    bool moe;               /* a block whose MLP is the Mixture of Experts (model/moe.c;
+                               config.h ts_model_block_is_moe) */
 } ts_layer;
 
 /* Indices of a gpt2 block's parameters relative to its first_param, in nanoGPT order. */
@@ -72,6 +74,9 @@ enum {
     TS_L_ATTN_NORM_W, TS_L_Q_W, TS_L_K_W, TS_L_V_W, TS_L_O_W, TS_L_MLP_NORM_W, TS_L_GATE_W,
     TS_L_UP_W, TS_L_DOWN_W, TS_L_NPARAMS
 };
+/* With model.qk_norm (Qwen3) two more follow o_proj, in Hugging Face's order (q_norm,
+ * k_norm [head_dim] each), and the indices from TS_L_MLP_NORM_W on move up by two:
+ * model/block.h's ts_block_roles says where each one is. */
 
 typedef struct {
     float *param, *grad;    /* fp32 master weights and gradients of the layer's floats */
@@ -88,6 +93,8 @@ typedef struct {
     int n_kv_head;          /* key/value heads (n_head for gpt2) */
     int ffn_hidden;         /* MLP hidden width F */
     float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
+    bool qk_norm;           /* Qwen3: each q and k head RMSNorm'd (weights q_norm, k_norm
+                               [head_dim]) before RoPE (model.qk_norm; attention.c) */
     bool tied;              /* the LM head is the token embedding */
     /* Some layer is selective (ts_layer.selective): the backward
      * scratch then holds one layer's rebuilt attention state and output
@@ -109,6 +116,18 @@ typedef struct {
     /* Rotary embeddings (llama; NULL for gpt2): cos and sin of position t times inverse
      * frequency i, [max_seq_len, head_dim/2] fp32 in device memory, computed once. */
     float *rope_cos, *rope_sin;
+
+    /* Mixture of Experts (model/moe.c; moe_experts 0: none): the routing, the experts'
+     * width F and the shared experts' S*F, the auxiliary losses' coefficients, and the
+     * per-step state in device memory, indexed by block: the balancing bias
+     * [n_layer * E] fp32 (zero unless train.moe_bias_rate moves it; selection only), the
+     * step's routed-token counts [n_layer * E] int (each forward adds its own) and the
+     * step's loss sums [2] fp32 (z, aux: each backward adds its micro-batch's). */
+    int moe_experts, moe_top_k, moe_ffn, moe_shared_ffn;
+    ts_moe_routing moe_routing;
+    float moe_z_coef, moe_aux_coef;
+    float *moe_bias, *moe_losses;
+    int *moe_counts;
 
     int n_layers;           /* n_layer + 2 */
     ts_layer *layers;
@@ -176,6 +195,8 @@ typedef struct {
      * not allocated are NULL): ZeRO-2 keeps no full gradients, ZeRO-3 no full weights
      * (nor their compute copy) either (data/zero.h). */
     bool without_weights, without_grads;
+    /* The MoE auxiliary losses' coefficients (train.moe_z_loss, train.moe_aux_loss). */
+    float moe_z_loss, moe_aux_loss;
 } ts_model_spec;
 
 /* Add a between-layers hook (each owner adds its own, once). */
@@ -243,6 +264,22 @@ void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim);
 
 /* Total logical parameters of the model (tied wte counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
+/* Those one token uses: an MoE block's router, its top_k experts and its shared ones,
+ * not all its experts (equal to the total for a dense model). */
+size_t ts_model_active_params(const ts_model_config *cfg);
+
+/* ---- Mixture of Experts, per optimizer step (model/moe.c) ---- */
+/* Zero the step's counts and loss sums: before the step's first forward. */
+void ts_model_moe_begin(const ts_model *m);
+/* After the step's last backward: the step's counts and loss sums of this rank's blocks,
+ * on the host: counts [n_layer * E] (blocks this rank does not hold, and dense ones, 0)
+ * and losses [2] (z, aux). The caller sums them over the ranks that saw other tokens. */
+void ts_model_moe_read(const ts_model *m, int *counts, float *losses);
+/* The aux-loss-free bias update from the whole global batch's counts [n_layer * E]:
+ * bias_i += rate * sign(mean - count_i) per MoE block, mean = tokens * top_k / E. */
+void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, float rate);
+/* The worst MoE block's max/mean expert load of counts [n_layer * E] (1 = balanced). */
+double ts_moe_worst_load(const ts_model *m, const int *counts);
 
 /* ---- activations of one micro-batch through a contiguous range of layers ----
  * Their layout (every saved buffer of a layer, its size and element type) is written
@@ -258,6 +295,8 @@ typedef struct {
                              * context parallelism cp.T / cp.size) */
     int *tokens, *targets;  /* [B*T], owned */
     const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
+    float dloss;            /* the last forward's weight per target (1 / targets in the
+                             * global batch): the MoE auxiliary losses' scale */
     unsigned char *mem;     /* all layers' saved activations, owned */
     size_t *layer_off;      /* per layer in [l0,l1): byte offset into mem */
     size_t bytes;

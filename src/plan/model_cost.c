@@ -442,9 +442,10 @@ double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
      * (n_head * head_dim = n_embd; grouped-query attention shares k and v between query
-     * heads but computes as many scores). */
+     * heads but computes as many scores). An MoE model counts the parameters a token
+     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only). */
     const double tokens = (double)global_batch * mc->seq_len;
     const double head_dim = (double)(mc->n_embd / mc->n_head);
-    return 6.0 * (double)ts_model_logical_params(mc) * tokens +
+    return 6.0 * (double)ts_model_active_params(mc) * tokens +
            12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
 }

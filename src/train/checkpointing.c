@@ -406,6 +406,14 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
                            .n_sets = t->train_data.n_sets, .set_files = set_files,
                            .set_weights = cursor.weight, .set_counts = cursor.count,
                            .claim = t->groups->world.rank == 0 ? &t->claim : NULL};
+    /* The MoE bias as it stands after `step` steps (an asynchronous save commits later). */
+    float *moe_bias = NULL;
+    if (t->model.moe_experts > 0) {
+        a.moe_bias_n = (size_t)t->model.n_layer * t->model.moe_experts;
+        moe_bias = ts_malloc(a.moe_bias_n * sizeof(float));
+        t->model.k->memcpy_d2h(moe_bias, t->model.moe_bias, a.moe_bias_n * sizeof(float));
+        a.moe_bias = moe_bias;
+    }
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();
@@ -415,6 +423,7 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
     ts_zero_materialize(&t->zero, TS_ZERO_GATHER_EXACT);
     ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
+    free(moe_bias); /* the saver keeps its own copy */
     ts_zero_dematerialize(&t->zero, false);
     if (st != TS_OK) return TS_ERR;
     return async ? TS_OK : ts_trainer_finish_save(t);

@@ -273,13 +273,18 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
         snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", mfu * 100.0);
     }
+    char moe[128] = "";
+    if (s->moe)
+        snprintf(moe, sizeof moe,
+                 ",\"moe_aux_loss\":%.9g,\"moe_z_loss\":%.9g,\"moe_max_load\":%.4f",
+                 s->moe_aux_loss, s->moe_z_loss, s->moe_max_load);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, data,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, data,
         s->skipped ? ",\"skipped\":true" : "");
     if (t->cfg.log.progress) {
         char eta[32];

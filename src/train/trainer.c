@@ -114,7 +114,9 @@ static void build_model(ts_trainer *t, int level)
             ts_recompute_from_name(cfg->parallel.recompute) == TS_RECOMPUTE_SELECTIVE,
         .selective = selective,
         .without_weights = level >= 3,
-        .without_grads = level >= 2};
+        .without_grads = level >= 2,
+        .moe_z_loss = (float)cfg->train.moe_z_loss,
+        .moe_aux_loss = (float)cfg->train.moe_aux_loss};
     ts_model_build(&t->model, &spec);
     free(selective);
     free(owned);
@@ -212,6 +214,35 @@ static double grid_sum(const ts_trainer *t, double local)
     return local;
 }
 
+/* The MoE blocks' step (model.h ts_model_moe_*): their routed-token counts and loss sums
+ * over the whole grid (each token is one rank's in each block: tp is refused with MoE),
+ * the balancing bias moved from them, identically on every rank, and the metrics. */
+static void moe_step_end(ts_trainer *t, ts_step_stats *out)
+{
+    ts_model *m = &t->model;
+    out->moe = m->moe_experts > 0;
+    if (!out->moe) return;
+    const size_t n = (size_t)m->n_layer * m->moe_experts;
+    int *counts = ts_malloc(n * sizeof(int));
+    double *sums = ts_malloc((n + 2) * sizeof(double));
+    float losses[2];
+    ts_model_moe_read(m, counts, losses);
+    for (size_t i = 0; i < n; i++) sums[i] = counts[i];
+    sums[n] = losses[0];
+    sums[n + 1] = losses[1];
+    ts_host_allreduce_sum_f64(&t->groups->world, sums, (int)(n + 2));
+    for (size_t i = 0; i < n; i++) counts[i] = (int)sums[i];
+    const long long tokens = (long long)t->cfg.train.global_batch * t->cfg.model.seq_len;
+    /* A skipped step (non-finite loss or norm) changes nothing, the bias included. */
+    if (!out->skipped)
+        ts_model_moe_update_bias(m, counts, tokens, (float)t->cfg.train.moe_bias_rate);
+    out->moe_z_loss = sums[n];
+    out->moe_aux_loss = sums[n + 1];
+    out->moe_max_load = ts_moe_worst_load(m, counts);
+    free(sums);
+    free(counts);
+}
+
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 {
     const ts_config *c = &t->cfg;
@@ -227,6 +258,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     t->cp_busy_ms = 0.0;
     ts_reducer_begin(&t->reducer);
     ts_zero_begin(&t->zero);
+    ts_model_moe_begin(&t->model);
     ts_engine_run(&t->engine, step);
 
     double t1 = ts_now_ms();
@@ -252,6 +284,9 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * (ts_trainer_run) or goes on with the next step. Otherwise AdamW on this rank's
      * ranges, and with ZeRO-1 the all-gather of the updated parameters. */
     out->skipped = !isfinite(norm) || !isfinite(out->loss);
+    /* The bias moves with every step the data saw, as the counts were made by its
+     * selection (DeepSeek-V3 updates it per step, apart from the optimizer). */
+    moe_step_end(t, out);
     double lr = ts_lr_schedule_at(&t->lr_schedule, step);
     if (!out->skipped) {
         ts_adamw_step(&t->optim, &t->model, &c->train, lr,

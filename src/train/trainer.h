@@ -36,6 +36,11 @@ typedef struct {
     double tp_comm_ms;  /* time in tensor-parallel all-reduces (max over ranks) */
     double cp_comm_ms;  /* time in context parallelism's K/V exchange (max over ranks) */
     bool skipped;       /* the loss or gradient norm was not finite: no update applied */
+    /* Mixture of Experts (model.moe_experts > 0): the step's auxiliary losses summed over
+     * the MoE blocks (the balance loss's and the z-loss's values, coefficients included;
+     * `loss` stays the cross-entropy), and the worst block's max/mean expert load. */
+    bool moe;
+    double moe_aux_loss, moe_z_loss, moe_max_load;
 } ts_step_stats;
 
 typedef struct {

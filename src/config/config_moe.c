@@ -1,0 +1,185 @@
+/* The Mixture-of-Experts keys' rules (docs/CONTRACT.md "Model" and "Config"): model.moe_*,
+ * model.qk_norm, train.moe_* and parallel.ep/etp, checked against each other and against
+ * the rest of the config after ts_config_validate's own checks. A key whose feature is not
+ * built (expert parallelism; MoE on a grid or with a feature the MoE layer does not run
+ * with yet) is an error saying so, never accepted and ignored. Nothing here prints. */
+#include "config/config_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const MOE_ROUTERS[] = { "softmax", "sigmoid" };
+
+ts_status ts_config_check_moe_router(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    for (int i = 0; i < 2; i++)
+        if (strcmp(v, MOE_ROUTERS[i]) == 0) return TS_OK;
+    return ts_fail("config key 'model.moe_router' = \"%s\"%s is not a router; choose "
+                   "\"softmax\" (Mixtral, Qwen3-MoE: softmax over the experts' logits) or "
+                   "\"sigmoid\" (DeepSeek-V3: a sigmoid per expert)",
+                   v, where);
+}
+
+/* A dense model (moe_experts = 0) takes no other MoE key: the first one set to other than
+ * its default, by name, or NULL. */
+static const char *dense_key_set(const ts_config *cfg)
+{
+    ts_config d;
+    ts_config_defaults(&d);
+    const ts_model_config *m = &cfg->model, *dm = &d.model;
+    if (m->moe_top_k != dm->moe_top_k) return "model.moe_top_k";
+    if (m->moe_ffn_hidden != dm->moe_ffn_hidden) return "model.moe_ffn_hidden";
+    if (m->moe_shared_experts != dm->moe_shared_experts) return "model.moe_shared_experts";
+    if (strcmp(m->moe_router, dm->moe_router) != 0) return "model.moe_router";
+    if (m->moe_norm_topk != dm->moe_norm_topk) return "model.moe_norm_topk";
+    if (m->moe_route_scale != dm->moe_route_scale) return "model.moe_route_scale";
+    if (m->moe_groups != dm->moe_groups) return "model.moe_groups";
+    if (m->moe_topk_groups != dm->moe_topk_groups) return "model.moe_topk_groups";
+    if (m->moe_first_dense != dm->moe_first_dense) return "model.moe_first_dense";
+    if (m->moe_every != dm->moe_every) return "model.moe_every";
+    if (cfg->train.moe_aux_loss != 0.0) return "train.moe_aux_loss";
+    if (cfg->train.moe_z_loss != 0.0) return "train.moe_z_loss";
+    if (cfg->train.moe_bias_rate != 0.0) return "train.moe_bias_rate";
+    if (cfg->parallel.ep != 1) return "parallel.ep";
+    if (cfg->parallel.etp != 1) return "parallel.etp";
+    return NULL;
+}
+
+/* The routing's shape: top-k of E, in groups. */
+static ts_status check_routing(const ts_model_config *m)
+{
+    const int E = m->moe_experts, K = m->moe_top_k, G = m->moe_groups, TG = m->moe_topk_groups;
+    if (m->moe_ffn_hidden < 1)
+        return ts_fail("model.moe_experts = %d needs model.moe_ffn_hidden >= 1 (each expert's "
+                       "SwiGLU width; Mixtral's intermediate_size, Qwen3-MoE's "
+                       "moe_intermediate_size)",
+                       E);
+    if ((long long)m->moe_shared_experts * m->moe_ffn_hidden > (1LL << 24))
+        return ts_fail("model.moe_shared_experts * model.moe_ffn_hidden = %d * %d: the shared "
+                       "experts' width must be at most 2^24",
+                       m->moe_shared_experts, m->moe_ffn_hidden);
+    if (K < 1 || K > E)
+        return ts_fail("model.moe_top_k = %d must be between 1 and model.moe_experts = %d "
+                       "(each token goes to top_k distinct experts)",
+                       K, E);
+    if (E % G != 0)
+        return ts_fail("model.moe_experts = %d must divide by model.moe_groups = %d (the "
+                       "group-limited selection splits the experts into equal groups)",
+                       E, G);
+    if (TG > G)
+        return ts_fail("model.moe_topk_groups = %d is more than model.moe_groups = %d (the "
+                       "groups a token's experts may come from, of the groups there are)",
+                       TG, G);
+    if (K % TG != 0)
+        return ts_fail("model.moe_top_k = %d must divide by model.moe_topk_groups = %d "
+                       "(DeepSeek-V3's rule: a group is scored by the sum of its top "
+                       "top_k/topk_groups scores; 8 and 4 there)",
+                       K, TG);
+    if (K / TG > E / G)
+        return ts_fail("model.moe_top_k / model.moe_topk_groups = %d / %d = %d experts per "
+                       "group are more than the model.moe_experts / model.moe_groups = %d / "
+                       "%d = %d experts a group has",
+                       K, TG, K / TG, E, G, E / G);
+    int n_moe = 0;
+    for (int l = 0; l < m->n_layer; l++) n_moe += ts_model_block_is_moe(m, l);
+    if (n_moe == 0)
+        return ts_fail("model.moe_experts = %d, but no block is an MoE block: block l (from 0) "
+                       "is one when l >= model.moe_first_dense = %d and (l + 1) %% "
+                       "model.moe_every = %d == 0, of model.n_layer = %d blocks; lower "
+                       "moe_first_dense or moe_every, or set moe_experts = 0",
+                       E, m->moe_first_dense, m->moe_every, m->n_layer);
+    return TS_OK;
+}
+
+/* Expert parallelism: the Hostile rules first (so the message names the keys that do not
+ * fit), then that it is not built. */
+static ts_status check_expert_grid(const ts_config *cfg)
+{
+    const ts_parallel_config *p = &cfg->parallel;
+    const int E = cfg->model.moe_experts;
+    if (p->ep == 1 && p->etp == 1) return TS_OK;
+    if (E % p->ep != 0)
+        return ts_fail("model.moe_experts = %d must divide by parallel.ep = %d (each "
+                       "expert-parallel rank holds moe_experts/ep experts)",
+                       E, p->ep);
+    long long ranks = (long long)p->tp * p->cp * p->dp;
+    if (ranks % ((long long)p->ep * p->etp) != 0)
+        return ts_fail("parallel.ep * parallel.etp = %d * %d must divide parallel.tp * "
+                       "parallel.cp * parallel.dp = %d * %d * %d = %lld (the expert grid folds "
+                       "onto those ranks)",
+                       p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
+    return ts_fail("parallel.ep = %d, parallel.etp = %d: expert parallelism is not built yet; "
+                   "set parallel.ep = 1 and parallel.etp = 1 (every rank holds every expert)",
+                   p->ep, p->etp);
+}
+
+/* What the MoE layer does not run with yet: an error saying so, not wrong numbers. Built
+ * (model/moe.c): one tensor- and context-parallel rank, with data parallelism (every
+ * ZeRO level: the experts are ordinary parameters), pipeline parallelism and virtual
+ * stages, whose losses tests/test_moe_grids.sh holds to one rank's. Not: tp (the
+ * experts and router would need their tp split, the counts their tp dedup), cp (the
+ * balance loss is per whole sequence), the zero-bubble split, recompute, bf16 and CUDA
+ * (never run). */
+static ts_status check_moe_built(const ts_config *cfg)
+{
+    const ts_parallel_config *p = &cfg->parallel;
+    const int E = cfg->model.moe_experts;
+    const struct {
+        bool unbuilt;
+        const char *what;
+    } axes[] = {
+        {p->tp > 1, "parallel.tp > 1 (tensor parallelism)"},
+        {p->cp > 1, "parallel.cp > 1 (context parallelism)"},
+        {strcmp(p->recompute, "none") != 0, "parallel.recompute other than \"none\""},
+        {strcmp(cfg->train.precision, "fp32") != 0, "train.precision = \"bf16\""},
+        {strcmp(cfg->train.device, "cuda") == 0, "train.device = \"cuda\""},
+    };
+    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
+        if (axes[i].unbuilt)
+            return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
+                           "built for one tensor- and context-parallel rank (any dp, pp), "
+                           "fp32, on the CPU, without recompute so far; that combination is "
+                           "not built yet",
+                           E, axes[i].what);
+    /* The zero-bubble schedules split each backward into an input and a weight pass,
+     * which the MoE phase does not (a CSV schedule may too). */
+    const char *s = p->schedule;
+    if (strcmp(s, "1f1b") != 0 && strcmp(s, "gpipe") != 0 && strcmp(s, "interleaved-1f1b") != 0 &&
+        strcmp(s, "looped-bfs") != 0)
+        return ts_fail("model.moe_experts = %d with parallel.schedule = \"%s\": the "
+                       "zero-bubble split of the backward (and CSV schedules) is not built yet "
+                       "for the Mixture-of-Experts layer; use \"1f1b\"",
+                       E, s);
+    return TS_OK;
+}
+
+ts_status ts_config_validate_moe(const ts_config *cfg)
+{
+    const ts_model_config *m = &cfg->model;
+    const bool gpt2 = ts_model_arch(m) == TS_ARCH_GPT2;
+    if (m->qk_norm && gpt2)
+        return ts_fail("model.qk_norm = true: the per-head RMSNorm of q and k (Qwen3) is a "
+                       "llama-family feature; remove it or set model.arch = \"llama\"");
+    if (m->qk_norm && cfg->parallel.tp > 1)
+        return ts_fail("model.qk_norm = true with parallel.tp = %d: summing the q_norm and "
+                       "k_norm weight gradients over the tensor-parallel ranks (each holds "
+                       "its heads' part) is not built yet; set parallel.tp = 1",
+                       cfg->parallel.tp);
+    if (m->moe_experts == 0) {
+        const char *key = dense_key_set(cfg);
+        if (key)
+            return ts_fail("%s is set, but model.moe_experts = 0 (a dense model has no "
+                           "experts); set model.moe_experts or remove %s",
+                           key, key);
+        return TS_OK;
+    }
+    if (gpt2)
+        return ts_fail("model.moe_experts = %d with model.arch = \"gpt2\": Mixture of Experts "
+                       "is built for the llama family (SwiGLU experts); set model.arch = "
+                       "\"llama\" or model.moe_experts = 0",
+                       m->moe_experts);
+    if (check_routing(m) != TS_OK) return TS_ERR;
+    if (check_expert_grid(cfg) != TS_OK) return TS_ERR;
+    return check_moe_built(cfg);
+}

@@ -1,0 +1,198 @@
+/* The Mixture-of-Experts phase of an MoE block (block.h; the routing's and the losses'
+ * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), on one rank, dropless:
+ *   logits = in @ router^T (fp32), scores and top-k selection (selection by score + the
+ *   balancing bias), the N*K assignments permuted into expert order, each expert's
+ *   SwiGLU over its rows (one matmul per expert and weight: grouped GEMMs are later
+ *   work), the outputs combined with the routing weights, plus the shared experts.
+ * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
+ * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
+ * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/block.h"
+
+/* The parameters of expert e: its gate|up [2F, C] and its down [C, F]. */
+static const void *expert_fc(const block_sub *b, int e)
+{
+    return ts_block_weight(b, b->r.moe_expert0 + 3 * e);
+}
+static const void *expert_proj(const block_sub *b, int e)
+{
+    return ts_block_weight(b, b->r.moe_expert0 + 3 * e + 2);
+}
+
+static int block_of(const block_sub *b)
+{
+    return b->m->layers[b->l].block;
+}
+
+/* This micro-batch's tokens per expert on the host, and their exclusive prefix sum: the
+ * row slices the experts' matmuls run over. */
+static void host_counts(const block_sub *b, int *counts, int *offsets)
+{
+    const int E = b->m->moe_experts;
+    b->m->k->memcpy_d2h(counts, b->v.moe_counts, (size_t)E * sizeof(int));
+    const int total = ts_moe_offsets(offsets, counts, E);
+    TS_ASSERT(total == b->N * b->m->moe_top_k); /* dropless: every assignment has a row */
+}
+
+void ts_moe_forward(const block_sub *b, const void *in, void *out)
+{
+    const ts_model *m = b->m;
+    const ts_kernels *k = m->k;
+    const act_dims *d = b->d;
+    const block_acts *v = &b->v;
+    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
+    const int blk = block_of(b);
+    TS_ASSERT(d->S == 1 && m->tp.size == 1 && k->act_dtype == TS_DTYPE_F32);
+
+    /* The router in fp32 (the activations are fp32: bf16 is refused for MoE). */
+    k->matmul_forward(v->moe_logits, in, ts_block_weight(b, b->r.moe_router_w), NULL, N, C, E);
+    k->moe_route_forward(&m->moe_routing, v->moe_scores, v->moe_idx, v->moe_w, v->moe_logits,
+                         m->moe_bias + (size_t)blk * E, N);
+
+    /* Dispatch: counts, offsets, the permuted rows; the step's counts for the bias and
+     * the load metrics. */
+    k->memset_zero(v->moe_counts, (size_t)E * sizeof(int));
+    k->moe_count(v->moe_counts, v->moe_idx, N, K, E);
+    k->moe_count(m->moe_counts + (size_t)blk * E, v->moe_idx, N, K, E);
+    int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
+    host_counts(b, counts, offsets);
+    k->memcpy_h2d(v->moe_offsets, offsets, (size_t)E * sizeof(int));
+    k->moe_permute(v->moe_xp, v->moe_row, in, v->moe_idx, v->moe_offsets, N, K, C, E);
+
+    for (int e = 0; e < E; e++) {
+        const int n = counts[e];
+        const size_t o = (size_t)offsets[e];
+        if (n == 0) continue; /* an expert no token chose this micro-batch */
+        void *h = act_at(d, v->moe_h, o * 2 * F), *a = act_at(d, v->moe_a, o * F);
+        k->matmul_forward(h, act_at(d, v->moe_xp, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
+        k->swiglu_forward(a, h, n, F);
+        k->matmul_forward(act_at(d, v->moe_yp, o * C), a, expert_proj(b, e), NULL, n, F, C);
+    }
+    free(counts);
+    k->moe_combine(out, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
+
+    if (m->moe_shared_ffn > 0) {
+        const int SF = m->moe_shared_ffn;
+        k->matmul_forward(v->moe_sh_h, in, ts_block_weight(b, b->r.moe_shared_fc_w), NULL, N, C,
+                          2 * SF);
+        k->swiglu_forward(v->moe_sh_a, v->moe_sh_h, N, SF);
+        k->matmul_forward(v->moe_sh_out, v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w),
+                          NULL, N, SF, C);
+        k->residual_forward(out, out, v->moe_sh_out, (size_t)N * C);
+    }
+}
+
+void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void *in)
+{
+    const ts_model *m = b->m;
+    const ts_kernels *k = m->k;
+    const act_dims *d = b->d;
+    const block_acts *v = &b->v;
+    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
+    TS_ASSERT(d->S == 1 && !b->stash && b->sc);
+    const moe_scratch s = ts_scratch_moe(m, b->sc, b->B, b->T);
+
+    /* The combine's: each assignment's output gradient, and the routing weights'. */
+    k->moe_combine_backward(s.dyp, s.dw, dout, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
+
+    /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
+     * its down projection's backward has read by then. */
+    int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
+    host_counts(b, counts, offsets);
+    for (int e = 0; e < E; e++) {
+        const int n = counts[e];
+        const size_t o = (size_t)offsets[e];
+        if (n == 0) continue;
+        void *dy = act_at(d, s.dyp, o * C), *da = act_at(d, s.da, o * F),
+             *dh = act_at(d, s.dh, o * 2 * F);
+        const int fc = b->r.moe_expert0 + 3 * e;
+        k->matmul_backward(da, ts_block_grad(b, fc + 2), NULL, dy, act_at(d, v->moe_a, o * F),
+                           expert_proj(b, e), n, F, C);
+        k->swiglu_backward(dh, act_at(d, v->moe_h, o * 2 * F), da, n, F);
+        k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, v->moe_xp, o * C),
+                           expert_fc(b, e), n, C, 2 * F);
+    }
+    free(counts);
+    k->moe_permute_backward(s.dx, s.dyp, v->moe_row, N, K, C);
+
+    /* The router: the weights' gradient through the renormalisation and the scores, the
+     * auxiliary losses' added (their values summed for the metrics), then its matmul.
+     * The losses are per sequence of T rows over the global batch: dloss = 1/(B_glob T). */
+    k->moe_route_backward(&m->moe_routing, s.dlogits, s.dw, v->moe_scores, v->moe_idx, N);
+    if (m->moe_z_coef > 0.0f || m->moe_aux_coef > 0.0f)
+        k->moe_aux_forward_backward(&m->moe_routing, m->moe_losses, m->moe_losses + 1,
+                                    s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N, b->T,
+                                    m->moe_z_coef, m->moe_aux_coef, b->dloss,
+                                    b->dloss * (float)b->T);
+    k->matmul_backward(din, ts_block_grad(b, b->r.moe_router_w), NULL, s.dlogits, in,
+                       ts_block_weight(b, b->r.moe_router_w), N, C, E);
+    k->residual_forward(din, din, s.dx, (size_t)N * C);
+
+    if (m->moe_shared_ffn > 0) {
+        const int SF = m->moe_shared_ffn;
+        k->matmul_backward(s.sh_da, ts_block_grad(b, b->r.moe_shared_proj_w), NULL, dout,
+                           v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w), N, SF, C);
+        k->swiglu_backward(s.sh_dh, v->moe_sh_h, s.sh_da, N, SF);
+        k->matmul_backward(s.dx, ts_block_grad(b, b->r.moe_shared_fc_w), NULL, s.sh_dh, in,
+                           ts_block_weight(b, b->r.moe_shared_fc_w), N, C, 2 * SF);
+        k->residual_forward(din, din, s.dx, (size_t)N * C);
+    }
+}
+
+/* ------------------------------------------------------- the step's state */
+
+void ts_model_moe_begin(const ts_model *m)
+{
+    if (m->moe_experts == 0) return;
+    m->k->memset_zero(m->moe_counts, (size_t)m->n_layer * m->moe_experts * sizeof(int));
+    m->k->memset_zero(m->moe_losses, 2 * sizeof(float));
+}
+
+void ts_model_moe_read(const ts_model *m, int *counts, float *losses)
+{
+    if (m->moe_experts == 0) return;
+    m->k->memcpy_d2h(counts, m->moe_counts, (size_t)m->n_layer * m->moe_experts * sizeof(int));
+    m->k->memcpy_d2h(losses, m->moe_losses, 2 * sizeof(float));
+}
+
+void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, float rate)
+{
+    const int E = m->moe_experts;
+    if (E == 0 || rate <= 0.0f) return;
+    const size_t n = (size_t)m->n_layer * E;
+    float *bias = ts_malloc(n * sizeof(float));
+    m->k->memcpy_d2h(bias, m->moe_bias, n * sizeof(float));
+    /* mean and count compared exactly (in double: N*K/E need not be whole). */
+    const double mean = (double)tokens * m->moe_top_k / E;
+    for (int l = 0; l < m->n_layer; l++) {
+        if (!m->layers[l + 1].moe) continue;
+        for (int e = 0; e < E; e++) {
+            const double c = counts[(size_t)l * E + e];
+            const float sign = c < mean ? 1.0f : c > mean ? -1.0f : 0.0f;
+            bias[(size_t)l * E + e] += rate * sign;
+        }
+    }
+    m->k->memcpy_h2d(m->moe_bias, bias, n * sizeof(float));
+    free(bias);
+}
+
+double ts_moe_worst_load(const ts_model *m, const int *counts)
+{
+    const int E = m->moe_experts;
+    double worst = 0.0;
+    for (int l = 0; l < m->n_layer && E > 0; l++) {
+        long long sum = 0, most = 0;
+        for (int e = 0; e < E; e++) {
+            const long long c = counts[(size_t)l * E + e];
+            sum += c;
+            most = c > most ? c : most;
+        }
+        const double load = sum > 0 ? (double)most * E / (double)sum : 0.0;
+        worst = load > worst ? load : worst;
+    }
+    return worst;
+}

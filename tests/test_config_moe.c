@@ -1,0 +1,201 @@
+/* The Mixture-of-Experts config keys (docs/CONTRACT.md "Config"): read, defaulted, and each
+ * rule between them a clear error naming the keys (issue 39's "Hostile" list among them). */
+#include <stdio.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "test_util.h"
+
+static char g_dir[256];
+static ts_config g_cfg;
+
+static ts_status load_ov(const char *text, const char *const *ov, int n)
+{
+    const char *path = ts_test_write_file(g_dir, "moe.cfg", text);
+    return ts_config_load(&g_cfg, path, ov, n, 0);
+}
+
+static bool msg_has(const char *needle) { return strstr(ts_error_message(), needle) != NULL; }
+
+/* A llama MoE model: 4 blocks, 8 experts top-2 of width 32. */
+static const char *MOE =
+    "model = { arch = \"llama\"; n_layer = 4; n_head = 4; n_embd = 64; vocab_size = 256;\n"
+    "          seq_len = 16; moe_experts = 8; moe_top_k = 2; moe_ffn_hidden = 32; };\n";
+
+/* `text` with the overrides `ov` (NULL-terminated) fails with every fragment. */
+#define EXPECT_ERR(text, ovs, ...)                                                        \
+    do {                                                                                \
+        const char *const *ov_ = ovs;                                                   \
+        int n_ = 0;                                                                     \
+        while (ov_ && ov_[n_]) n_++;                                                    \
+        ts_error_clear();                                                               \
+        ts_status st_ = load_ov(text, ov_, n_);                                         \
+        CHECKF(st_ == TS_ERR, "expected an error for %s", ov_ ? ov_[0] : #text);        \
+        const char *frags_[] = { __VA_ARGS__ };                                         \
+        for (size_t i_ = 0; i_ < sizeof frags_ / sizeof frags_[0]; i_++)                \
+            CHECKF(msg_has(frags_[i_]), "message lacks '%s': %s", frags_[i_],           \
+                   ts_error_message());                                                 \
+    } while (0)
+#define OV(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+static void test_moe_defaults(void)
+{
+    ts_config_defaults(&g_cfg);
+    const ts_model_config *m = &g_cfg.model;
+    CHECK(m->moe_experts == 0 && m->moe_top_k == 2 && m->moe_ffn_hidden == 0);
+    CHECK(m->moe_shared_experts == 0 && strcmp(m->moe_router, "softmax") == 0);
+    CHECK(m->moe_norm_topk && m->moe_route_scale == 1.0 && m->moe_groups == 1);
+    CHECK(m->moe_topk_groups == 1 && m->moe_first_dense == 0 && m->moe_every == 1);
+    CHECK(!m->qk_norm && g_cfg.parallel.ep == 1 && g_cfg.parallel.etp == 1);
+    CHECK(g_cfg.train.moe_aux_loss == 0 && g_cfg.train.moe_z_loss == 0);
+    CHECK(g_cfg.train.moe_bias_rate == 0);
+}
+
+static void test_moe_block_rule(void)
+{
+    ts_model_config m;
+    memset(&m, 0, sizeof m);
+    CHECK(!ts_model_block_is_moe(&m, 0)); /* dense */
+    m.moe_experts = 4;
+    m.moe_every = 1;
+    CHECK(ts_model_block_is_moe(&m, 0) && ts_model_block_is_moe(&m, 3));
+    m.moe_every = 2; /* Qwen's decoder_sparse_step 2: blocks 1, 3, ... */
+    CHECK(!ts_model_block_is_moe(&m, 0) && ts_model_block_is_moe(&m, 1));
+    CHECK(!ts_model_block_is_moe(&m, 2) && ts_model_block_is_moe(&m, 3));
+    m.moe_every = 1;
+    m.moe_first_dense = 2; /* DeepSeek's first_k_dense_replace 2 */
+    CHECK(!ts_model_block_is_moe(&m, 1) && ts_model_block_is_moe(&m, 2));
+}
+
+static void test_moe_dense_refuses_keys(void)
+{
+    const char *dense = "model = { arch = \"llama\"; };\n";
+    EXPECT_ERR(dense, OV("model.moe_top_k=4"), "model.moe_top_k is set",
+               "model.moe_experts = 0");
+    EXPECT_ERR(dense, OV("model.moe_router=sigmoid"), "model.moe_router is set");
+    EXPECT_ERR(dense, OV("model.moe_every=2"), "model.moe_every is set");
+    EXPECT_ERR(dense, OV("train.moe_aux_loss=0.001"), "train.moe_aux_loss is set");
+    EXPECT_ERR(dense, OV("train.moe_bias_rate=0.001"), "train.moe_bias_rate is set");
+    EXPECT_ERR(dense, OV("parallel.ep=2"), "parallel.ep is set");
+    /* The keys at their defaults are no setting. */
+    ts_error_clear();
+    CHECKF(load_ov(dense, OV("model.moe_top_k=2", "model.moe_router=softmax"), 2) == TS_OK,
+           "%s", ts_error_message());
+}
+
+static void test_moe_routing_errors(void)
+{
+    EXPECT_ERR(MOE, OV("model.arch=gpt2", "model.n_kv_head=0", "model.rope_theta=0"),
+               "model.moe_experts = 8", "\"gpt2\"", "llama");
+    EXPECT_ERR(MOE, OV("model.moe_top_k=9"), "model.moe_top_k = 9", "model.moe_experts = 8");
+    EXPECT_ERR(MOE, OV("model.moe_top_k=0"), "model.moe_top_k");
+    EXPECT_ERR(MOE, OV("model.moe_ffn_hidden=0"), "model.moe_ffn_hidden >= 1");
+    EXPECT_ERR(MOE, OV("model.moe_groups=3"), "model.moe_experts = 8",
+               "model.moe_groups = 3");
+    EXPECT_ERR(MOE, OV("model.moe_groups=2", "model.moe_topk_groups=4"),
+               "model.moe_topk_groups = 4", "model.moe_groups = 2");
+    EXPECT_ERR(MOE, OV("model.moe_top_k=3", "model.moe_groups=4", "model.moe_topk_groups=2"),
+               "model.moe_top_k = 3", "model.moe_topk_groups = 2");
+    /* 8 experts in 4 groups of 2; top-6 from 2 groups would need 3 of each. */
+    EXPECT_ERR(MOE, OV("model.moe_top_k=6", "model.moe_groups=4", "model.moe_topk_groups=2"),
+               "3 experts per group", "= 2 experts a group has");
+    EXPECT_ERR(MOE, OV("model.moe_router=tanh"), "model.moe_router", "\"sigmoid\"");
+    EXPECT_ERR(MOE, OV("model.moe_route_scale=0"), "model.moe_route_scale");
+    EXPECT_ERR(MOE, OV("model.moe_first_dense=4"), "no block is an MoE block",
+               "model.moe_first_dense = 4");
+    EXPECT_ERR(MOE, OV("model.moe_every=5"), "no block is an MoE block",
+               "model.moe_every = 5");
+    EXPECT_ERR(MOE, OV("train.moe_z_loss=-1"), "train.moe_z_loss");
+}
+
+static void test_moe_expert_parallel_errors(void)
+{
+    EXPECT_ERR(MOE, OV("parallel.ep=3"), "model.moe_experts = 8", "parallel.ep = 3");
+    EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
+               "tp * parallel.cp * parallel.dp");
+    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
+                       "train.global_batch=2"),
+               "expert parallelism is not built yet");
+}
+
+/* One tensor- and context-parallel rank, fp32, no recompute, no zero-bubble split. */
+static void test_moe_unbuilt(void)
+{
+    EXPECT_ERR(MOE, OV("parallel.tp=2"), "model.moe_experts = 8 with parallel.tp > 1",
+               "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.cp=2"), "parallel.cp > 1", "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.recompute=full"), "parallel.recompute", "not built yet");
+    EXPECT_ERR(MOE, OV("train.precision=bf16"), "train.precision = \"bf16\"", "not built");
+    EXPECT_ERR(MOE, OV("parallel.pp=2", "parallel.schedule=zb-h1"),
+               "parallel.schedule = \"zb-h1\"", "not built yet");
+    /* Built: data and pipeline parallelism. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2"), 2) == TS_OK, "%s",
+           ts_error_message());
+    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "expert parallelism is not built");
+}
+
+static void test_moe_qk_norm(void)
+{
+    EXPECT_ERR("model = { qk_norm = true; };\n", NULL, "model.qk_norm", "llama");
+    EXPECT_ERR("model = { arch = \"llama\"; qk_norm = true; };\n", OV("parallel.tp=2"),
+               "model.qk_norm = true with parallel.tp = 2", "not built yet");
+    ts_error_clear();
+    CHECKF(load_ov("model = { arch = \"llama\"; qk_norm = true; };\n", NULL, 0) == TS_OK,
+           "%s", ts_error_message());
+    CHECK(g_cfg.model.qk_norm);
+}
+
+/* model.init's config.json of the MoE families fills the MoE keys, and refuses a config
+ * that disagrees, naming both keys (issue 39's "Hostile": an expert count). */
+static void test_moe_hf_config(void)
+{
+    char dir[300], text[1024];
+    snprintf(dir, sizeof dir, "%s", g_dir);
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 96, "
+                       "\"vocab_size\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, "
+                       "\"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                       "\"moe_intermediate_size\": 32, \"norm_topk_prob\": true, "
+                       "\"decoder_sparse_step\": 2, \"mlp_only_layers\": [0]}");
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s\"; };\n", dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    const ts_model_config *m = &g_cfg.model;
+    CHECK(strcmp(m->arch, "llama") == 0 && m->qk_norm && m->moe_experts == 8);
+    CHECK(m->moe_top_k == 2 && m->moe_ffn_hidden == 32 && m->ffn_hidden == 96);
+    CHECK(m->moe_norm_topk && m->moe_every == 2 && m->moe_first_dense == 1);
+    CHECK(!ts_model_block_is_moe(m, 0) && ts_model_block_is_moe(m, 1));
+    EXPECT_ERR(text, OV("model.moe_experts=4"), "num_experts = 8", "model.moe_experts = 4");
+    EXPECT_ERR(text, OV("model.qk_norm=false"), "model.qk_norm = false");
+
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"mixtral\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+                       "\"vocab_size\": 256, \"num_local_experts\": 4, "
+                       "\"num_experts_per_tok\": 2, \"sliding_window\": null}");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(!m->qk_norm && m->moe_experts == 4 && m->moe_ffn_hidden == 48 && m->moe_norm_topk);
+    CHECK(ts_model_moe_mixtral(m));
+    EXPECT_ERR(text, OV("model.moe_top_k=3"), "num_experts_per_tok = 2", "model.moe_top_k = 3");
+    EXPECT_ERR(text, OV("model.moe_norm_topk=false"), "mixtral", "model.moe_norm_topk");
+}
+
+int main(void)
+{
+    ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config_moe");
+    test_moe_defaults();
+    test_moe_block_rule();
+    test_moe_dense_refuses_keys();
+    test_moe_routing_errors();
+    test_moe_expert_parallel_errors();
+    test_moe_unbuilt();
+    test_moe_hf_config();
+    test_moe_qk_norm();
+    ts_test_remove_dir(g_dir);
+    return ts_test_report();
+}
