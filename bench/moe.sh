@@ -259,7 +259,7 @@ against() { [ -n "$1" ] && [ -n "$2" ] && echo " (against ${1#* })" || true; }
 echo "Tessera MoE speed / Hugging Face's best (goal >= 2x in bf16): bf16" \
      "$(ratio "${hf16%% *}" "$(ms tessera_moe_bf16)")$(against "$hf16" "$(ms tessera_moe_bf16)"), fp32" \
      "$(ratio "${hf32%% *}" "$(ms tessera_moe)")$(against "$hf32" "$(ms tessera_moe)")"
-[ "$has_bf16" = 1 ] || echo "bf16: $no_bf16; the HF bf16 rows are oneDNN's emulation and the bf16 goal is not measurable on this machine."
+[ "$has_bf16" = 1 ] || echo "bf16: $no_bf16, so the bf16 goal is not measurable on this machine (PyTorch's bf16 rows, if run with PEER_BF16=1, are oneDNN's emulation)."
 echo "Routing (Tessera's moe_max_load: the worst block's busiest expert over the mean, E/K = $((E / K)).0 when every token picks one expert; random init, no balancing on either side), median over the timed steps:" \
      "fp32 $(med moe_max_load "$tmp/tessera_moe.metrics.jsonl" 1 2> /dev/null || true)$([ "$has_bf16" = 1 ] && echo ", bf16 $(med moe_max_load "$tmp/tessera_moe_bf16.metrics.jsonl" 1 2> /dev/null || true)")"
 echo
