@@ -116,11 +116,14 @@ static ts_status check_expert_grid(const ts_config *cfg)
 
 /* What the MoE layer does not run with yet: an error saying so, not wrong numbers. Built
  * (model/moe.c): one tensor- and context-parallel rank, with data parallelism (every
- * ZeRO level: the experts are ordinary parameters), pipeline parallelism and virtual
- * stages, whose losses tests/test_moe_grids.sh holds to one rank's. Not: tp (the
- * experts and router would need their tp split, the counts their tp dedup), cp (the
- * balance loss is per whole sequence), the zero-bubble split, recompute, bf16 and CUDA
- * (never run). */
+ * ZeRO level: the experts are ordinary parameters), pipeline parallelism with every
+ * schedule (the zero-bubble ones: the MoE's weight gradients are made in the input pass)
+ * and virtual stages, every recompute mode (the step's counts are the backward's), whose
+ * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism without
+ * the balance loss (every other term is per token). Not: tp (the experts and router
+ * would need their tp split, the counts their tp dedup), the balance loss under cp (it
+ * needs each whole sequence's counts and scores), bf16 (the router's fp32 logits from
+ * bf16 rows) and CUDA (never run). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -130,27 +133,19 @@ static ts_status check_moe_built(const ts_config *cfg)
         const char *what;
     } axes[] = {
         {p->tp > 1, "parallel.tp > 1 (tensor parallelism)"},
-        {p->cp > 1, "parallel.cp > 1 (context parallelism)"},
-        {strcmp(p->recompute, "none") != 0, "parallel.recompute other than \"none\""},
+        {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
+         "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
+         "each whole sequence's counts and scores, split over the cp ranks)"},
         {strcmp(cfg->train.precision, "fp32") != 0, "train.precision = \"bf16\""},
         {strcmp(cfg->train.device, "cuda") == 0, "train.device = \"cuda\""},
     };
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
-                           "built for one tensor- and context-parallel rank (any dp, pp), "
-                           "fp32, on the CPU, without recompute so far; that combination is "
-                           "not built yet",
+                           "built for tp = 1 (cp without the balance loss; any dp, pp, "
+                           "schedule, recompute), fp32, on the CPU so far; that combination "
+                           "is not built yet",
                            E, axes[i].what);
-    /* The zero-bubble schedules split each backward into an input and a weight pass,
-     * which the MoE phase does not (a CSV schedule may too). */
-    const char *s = p->schedule;
-    if (strcmp(s, "1f1b") != 0 && strcmp(s, "gpipe") != 0 && strcmp(s, "interleaved-1f1b") != 0 &&
-        strcmp(s, "looped-bfs") != 0)
-        return ts_fail("model.moe_experts = %d with parallel.schedule = \"%s\": the "
-                       "zero-bubble split of the backward (and CSV schedules) is not built yet "
-                       "for the Mixture-of-Experts layer; use \"1f1b\"",
-                       E, s);
     return TS_OK;
 }
 
@@ -161,11 +156,6 @@ ts_status ts_config_validate_moe(const ts_config *cfg)
     if (m->qk_norm && gpt2)
         return ts_fail("model.qk_norm = true: the per-head RMSNorm of q and k (Qwen3) is a "
                        "llama-family feature; remove it or set model.arch = \"llama\"");
-    if (m->qk_norm && cfg->parallel.tp > 1)
-        return ts_fail("model.qk_norm = true with parallel.tp = %d: summing the q_norm and "
-                       "k_norm weight gradients over the tensor-parallel ranks (each holds "
-                       "its heads' part) is not built yet; set parallel.tp = 1",
-                       cfg->parallel.tp);
     if (m->moe_experts == 0) {
         const char *key = dense_key_set(cfg);
         if (key)

@@ -22,8 +22,9 @@ static void *dqkv(const block_sub *b)
 /* model.qk_norm (Qwen3's q_norm, k_norm; HF: RMSNorm over each head's head_dim channels
  * with eps norm_eps, before RoPE): each row's q heads then k heads, which lie back to
  * back at the start of its q|k|v columns, are H and KV rows of HS for the RMSNorm
- * kernel. Their input is kept in qk_pre for the backward. One kernel call per row and
- * part: the heads of a row are contiguous, but the rows are QKV apart. */
+ * kernel. Their input is kept in qk_pre for the backward (one strided copy). The norms
+ * take one kernel call per row and part: the heads of a row are contiguous, but the rows
+ * are QKV apart (a strided-rows RMSNorm kernel would make it one call). */
 static void qk_norm_forward(const block_sub *b)
 {
     const ts_model *m = b->m;
@@ -31,11 +32,12 @@ static void qk_norm_forward(const block_sub *b)
     const block_acts *v = &b->v;
     const int H = (int)d->H, KV = (int)d->KV, HS = (int)d->HS;
     const float *qw = ts_block_param(b, b->r.q_norm_w), *kw = ts_block_param(b, b->r.k_norm_w);
+    m->k->memcpy_2d(v->qk_pre, d->QKN * d->ab, v->qkv, d->QKV * d->ab, d->QKN * d->ab,
+                    (size_t)b->N);
     for (int n = 0; n < b->N; n++) {
         void *row = act_at(d, v->qkv, (size_t)n * d->QKV);
-        void *pre = act_at(d, v->qk_pre, (size_t)n * d->QKN);
+        const void *pre = act_at(d, v->qk_pre, (size_t)n * d->QKN);
         float *rstd = v->qk_rstd + (size_t)n * d->QKR;
-        m->k->memcpy_d2d(pre, row, d->QKN * d->ab);
         m->k->rmsnorm_forward(row, rstd, pre, qw, H, HS, m->norm_eps);
         m->k->rmsnorm_forward(act_at(d, row, (size_t)H * HS), rstd + H,
                               act_at(d, pre, (size_t)H * HS), kw, KV, HS, m->norm_eps);

@@ -321,13 +321,13 @@ void ts_block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *
                               const ts_scratch *sc)
 {
     const act_dims d = ts_act_dims(m, l, a->B, a->T);
-    TS_ASSERT(!m->layers[l].moe); /* MoE refuses the zero-bubble split (config) */
     block_sub b = {.m = m, .d = &d, .p0 = m->layers[l].first_param, .l = l,
                    .r = ts_block_roles(m, l),
                    .B = a->B, .T = a->T, .N = (int)d.N, .NL = (int)d.NL,
                    .v = ts_block_views(m, a, l), .gath = ts_scratch_gather(&d, sc), .sc = sc,
                    .stash = stash};
-    ts_mlp_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln2));
+    /* An MoE block made its MLP's weight gradients in the input pass (moe.c). */
+    if (!m->layers[l].moe) ts_mlp_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln2));
     ts_attn_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln1));
 }
 

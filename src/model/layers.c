@@ -202,13 +202,22 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
  * step's last backward has left layer l they are summed over the tp group (Megatron's
  * finalize-time all-reduce of the norms, here per layer so the data-parallel buckets
  * that follow see final values). The other replicated gradients (row-parallel biases,
- * wpe) came from gathered full gradients: already the same on every rank. */
+ * wpe) came from gathered full gradients: already the same on every rank. qk_norm's
+ * weights (replicated, applied per head) get each rank's heads' part, with or without
+ * sequence parallelism: summed the same way. (With tp > n_kv_head a key/value head's
+ * replicas each hold the part of its query heads; the sum is whole then too.) */
 void ts_model_sum_sequence_grads(const ts_model *m, int l)
 {
-    if (!m->tp.sp) return;
     const ts_layer *L = &m->layers[l];
-    const size_t C = (size_t)m->n_embd;
     const int p0 = L->first_param;
+    if (m->qk_norm && m->tp.size > 1 && L->kind == TS_LAYER_BLOCK) {
+        const block_roles r = ts_block_roles(m, l);
+        const size_t HS = (size_t)(m->n_embd / m->n_head);
+        ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.q_norm_w), HS);
+        ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.k_norm_w), HS);
+    }
+    if (!m->tp.sp) return;
+    const size_t C = (size_t)m->n_embd;
     if (L->kind == TS_LAYER_HEAD) {
         ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0), C);
         if (m->arch != TS_ARCH_LLAMA) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + 1), C);

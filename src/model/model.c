@@ -150,7 +150,7 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
     add_param_parts(b, layer, NAME("self_attn.v_proj.weight"), KV, C, TS_INIT_NORMAL, std, 0, 1,
                     kv_parts);
     add_param(b, layer, NAME("self_attn.o_proj.weight"), C, Q, TS_INIT_NORMAL, std, 1, 1);
-    if (cfg->qk_norm) { /* Qwen3: replicated, as every norm (tp > 1 is refused for now) */
+    if (cfg->qk_norm) { /* Qwen3: replicated, as every norm */
         add_param(b, layer, NAME("self_attn.q_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
         add_param(b, layer, NAME("self_attn.k_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
     }
@@ -195,10 +195,10 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->n_kv_head = kv;
     m->ffn_hidden = F;
     m->norm_eps = (float)cfg->norm_eps;
-    /* qk_norm's weight gradients are each tp rank's heads' part, not yet summed over tp
-     * (ts_config_validate refuses the combination). */
+    /* qk_norm's weight gradients are each tp rank's heads' part, summed over tp once a
+     * step (ts_model_sum_sequence_grads). */
     m->qk_norm = cfg->qk_norm;
-    TS_ASSERT(!m->qk_norm || (m->arch == TS_ARCH_LLAMA && tp->size == 1));
+    TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
         /* One rank's MoE (ts_config_validate refuses what it does not run with). */
         TS_ASSERT(m->arch == TS_ARCH_LLAMA && tp->size == 1);

@@ -376,8 +376,9 @@ void ts_model_forward_logits(const ts_model *m, ts_acts *a, void *logits);
 void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s);
 void ts_model_backward_weight(const ts_model *m, ts_acts *a, ts_scratch *s);
 
-/* Under sequence parallelism, after the step's last backward through layer l: its norm
- * weight gradients summed over the tp group (tensor/tp.h). Nothing otherwise. */
+/* After the step's last backward through layer l: under sequence parallelism its norm
+ * weight gradients, and with qk_norm on tp > 1 its q_norm and k_norm gradients, summed
+ * over the tp group (tensor/tp.h). Nothing otherwise. */
 void ts_model_sum_sequence_grads(const ts_model *m, int l);
 
 typedef void (*ts_layer_done_fn)(void *ctx, int layer);

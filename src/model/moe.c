@@ -45,19 +45,18 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
     const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
-    const int blk = block_of(b);
     TS_ASSERT(d->S == 1 && m->tp.size == 1 && k->act_dtype == TS_DTYPE_F32);
 
     /* The router in fp32 (the activations are fp32: bf16 is refused for MoE). */
     k->matmul_forward(v->moe_logits, in, ts_block_weight(b, b->r.moe_router_w), NULL, N, C, E);
     k->moe_route_forward(&m->moe_routing, v->moe_scores, v->moe_idx, v->moe_w, v->moe_logits,
-                         m->moe_bias + (size_t)blk * E, N);
+                         m->moe_bias + (size_t)block_of(b) * E, N);
 
-    /* Dispatch: counts, offsets, the permuted rows; the step's counts for the bias and
-     * the load metrics. */
+    /* Dispatch: counts, offsets, the permuted rows. (The step's counts, for the bias and
+     * the load metrics, are the backward's: a recomputed forward, or an evaluation's,
+     * must not count twice.) */
     k->memset_zero(v->moe_counts, (size_t)E * sizeof(int));
     k->moe_count(v->moe_counts, v->moe_idx, N, K, E);
-    k->moe_count(m->moe_counts + (size_t)blk * E, v->moe_idx, N, K, E);
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
     host_counts(b, counts, offsets);
     k->memcpy_h2d(v->moe_offsets, offsets, (size_t)E * sizeof(int));
@@ -93,8 +92,12 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
     const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
-    TS_ASSERT(d->S == 1 && !b->stash && b->sc);
+    /* Under the zero-bubble split (b->stash) the MoE's weight gradients are made here, in
+     * the input pass, not deferred: correct, the W pass has less to do. */
+    TS_ASSERT(d->S == 1 && b->sc);
     const moe_scratch s = ts_scratch_moe(m, b->sc, b->B, b->T);
+    /* This micro-batch's selections into the step's counts: once per micro-batch. */
+    k->moe_count(m->moe_counts + (size_t)block_of(b) * E, v->moe_idx, N, K, E);
 
     /* The combine's: each assignment's output gradient, and the routing weights'. */
     k->moe_combine_backward(s.dyp, s.dw, dout, v->moe_yp, v->moe_w, v->moe_row, N, K, C);

@@ -146,6 +146,11 @@ void ts_tp_seq_sum_grad(const ts_tp *tp, float *g, size_t n)
     if (tp->sp) tp_sum(tp, g, n);
 }
 
+void ts_tp_sum_grad(const ts_tp *tp, float *g, size_t n)
+{
+    tp_sum(tp, g, n);
+}
+
 /* ------------------------------------------------------------------ linears */
 
 void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,

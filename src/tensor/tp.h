@@ -101,6 +101,10 @@ const void *ts_tp_seq_gather(const ts_tp *tp, void *full, const void *local, int
  * gradient g[n] fp32 (a norm's, which each rank computed from its rows only); nothing
  * otherwise. */
 void ts_tp_seq_sum_grad(const ts_tp *tp, float *g, size_t n);
+/* The sum over the group of a replicated parameter's gradient g[n] fp32 that each rank
+ * computed from its own heads (model.qk_norm's q_norm and k_norm), with or without
+ * sequence parallelism; nothing on one rank. */
+void ts_tp_sum_grad(const ts_tp *tp, float *g, size_t n);
 
 /* out[N, OCl] = inp[N, C] @ w[OCl, C]^T + b[OCl]: this rank's output columns. */
 void ts_tp_col_forward(const ts_tp *tp, void *out, const void *inp, const void *w,
