@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 
@@ -129,6 +130,8 @@ def time_training(a, model, params, fields):
         "step_ms": [round(t, 3) for t in step_ms],
         "tokens_per_s": round(B * T * a.steps / dt, 1) if dt > 0 else None,
         "losses": [round(l, 6) for l in losses],
+        # the process's peak resident set (Linux: ru_maxrss in KiB), model and steps included
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
     }))
 
 
