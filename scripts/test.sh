@@ -36,49 +36,22 @@ if [ "$quick" = 1 ]; then
   exit 0
 fi
 
-# background_build NAME COMMAND...: COMMAND at the lowest CPU priority in the background,
-# its output in $root/NAME/build.log (NAME: its build folder), its pid in bg_pid. The
-# next stage's build runs while this stage's tests do: they leave a core idle at times
-# (a rank waiting on mpirun's start-up, the tests that sleep through a watchdog's
-# timeout or a save's stall, a python start-up), and nice 19 gives the build only what
-# they leave. No test times itself; each has its own time limit, far above its run.
-bg_pid=""
-background_build() {
-  local name="$1"; shift
-  mkdir -p "$root/$name"
-  # Its own process group (setsid), so that stopping it stops its compilers too.
-  setsid nice -n 19 "$@" >"$root/$name/build.log" 2>&1 &
-  bg_pid=$!
-}
-# wait_build NAME: wait for the background build; on failure print its log and stop.
-wait_build() {
-  local rc=0
-  wait "$bg_pid" || rc=$?
-  bg_pid=""
-  if [ "$rc" -ne 0 ]; then
-    cat "$root/$1/build.log" >&2
-    echo "test.sh: the $1 build failed (exit $rc; log above, $root/$1/build.log)" >&2
-    exit "$rc"
-  fi
-}
-# A failing stage stops the script: the build beside it stops too.
-trap '[ -z "$bg_pid" ] || kill -- "-$bg_pid" 2>/dev/null || true' EXIT
-
 echo "== release build (-Werror) =="
 scripts/build.sh "$root/build-test" -DTS_WERROR=ON -DCMAKE_BUILD_TYPE=Release
-# The CUDA backend's device code takes no sanitizers and the release build already
-# compiles it with warnings as errors: compiling it again here would only cost time.
-background_build build-asan scripts/build.sh "$root/build-asan" -DTS_WERROR=ON -DTS_SANITIZE=ON \
-  -DTS_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-echo "== release tests (the ASan + UBSan build runs beside them at nice 19: build-asan/build.log) =="
+echo "== release tests =="
 # test_quick_grids is the quick tier's: the sweeps run each of its grids for 20 steps.
 ctest --test-dir "$root/build-test" --output-on-failure -j"$jobs" -E '^test_quick_grids$'
 
+# Each build runs alone, before its tests (docs/CI.md): built beside the previous
+# stage's tests, a build cost more than alone, since a waiting MPI rank yields its core
+# to any runnable task, the niced compiler included (the sanitizer tests took 378 s with
+# the fuzz harnesses' 33 s build beside them, 326 s without).
 echo "== ASan + UBSan build =="
-wait_build build-asan
-tail -n 1 "$root/build-asan/build.log"
-background_build build-fuzz env FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
-echo "== ASan + UBSan tests (the fuzz harnesses build beside them at nice 19: build-fuzz/build.log) =="
+# The CUDA backend's device code takes no sanitizers and the release build already
+# compiles it with warnings as errors: compiling it again here would only cost time.
+scripts/build.sh "$root/build-asan" -DTS_WERROR=ON -DTS_SANITIZE=ON -DTS_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== ASan + UBSan tests =="
 # MPI and OpenMP runtimes keep allocations until exit; only our own leaks matter.
 export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_odr_violation=0:abort_on_error=1"
@@ -86,6 +59,5 @@ ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -E '^test_quic
 unset LSAN_OPTIONS ASAN_OPTIONS
 
 echo "== fuzzing (libFuzzer, ASan + UBSan; FUZZ_SECONDS per harness) =="
-wait_build build-fuzz
 # 10 s a harness from its seeds in CI (docs/CI.md); FUZZ_SECONDS=60 for a longer look.
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh
