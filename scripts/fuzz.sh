@@ -9,8 +9,7 @@
 # Usage: scripts/fuzz.sh [HARNESS ...]        (default: every tests/fuzz/fuzz_*.c)
 # Environment: FUZZ_SECONDS per harness (default 20), FUZZ_SEED (default 1),
 #   FUZZ_JOBS harnesses run at once (default: the cores), FUZZ_CC (default clang-14),
-#   FUZZ_BUILD (default build-fuzz), FUZZ_BUILD_ONLY=1 builds the harnesses and stops
-#   (scripts/test.sh builds them while the sanitizer tests run).
+#   FUZZ_BUILD (default build-fuzz), FUZZ_BUILD_ONLY=1 builds the harnesses and stops.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
