@@ -6,9 +6,8 @@
  * the combine put every result back at its row. E = W, 2W and 3W, rows of C = 5
  * elements, counts with zeros and one rank that routes nothing; f32 and bf16 rows (bf16
  * moved as bits). Usage: mpi_expert_dispatch [mpi | mpi-staged] (staged: the rows in the
- * strict CPU backend's memory, which faults on any host access). Prints "rank R: N
- * checks, F failed"; exits 1 on a failure. */
-#include <stdarg.h>
+ * strict CPU backend's memory, which faults on any host access). Each rank prints
+ * "rank R (...): N passed, F failed" (test_util.h); exits 1 on a failure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,25 +16,12 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "tensor/expert_dispatch.h"
+#include "test_util.h"
 
-static int n_checks, n_failed, world_rank;
+static int world_rank;
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        n_checks++;                                                                        \
-        if (!(cond)) failed(__LINE__, __VA_ARGS__);                                        \
-    } while (0)
-
-__attribute__((format(printf, 2, 3))) static void failed(int line, const char *fmt, ...)
-{
-    if (++n_failed > 20) return;
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "FAIL rank %d, line %d: %s\n", world_rank, line, msg);
-}
+/* test_util.h's CHECKF, with this rank in every message. */
+#define EXPECT(cond, fmt, ...) CHECKF(cond, "rank %d: " fmt, world_rank, __VA_ARGS__)
 
 enum { C = 5 };
 
@@ -187,8 +173,8 @@ int main(int argc, char **argv)
     ts_comm_split(&world, world.rank, 0, "single", &single);
     run_group(&single);
     ts_comm_free(&single);
-    printf("rank %d: %d checks, %d failed (%s, %d ranks)\n", world.rank, n_checks, n_failed, name,
-           world.size);
+    printf("rank %d (%s, %d ranks): ", world.rank, name, world.size);
+    const int code = ts_test_report();
     ts_comm_finalize();
-    return n_failed ? 1 : 0;
+    return code;
 }

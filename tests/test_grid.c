@@ -21,16 +21,7 @@ static char k_orders4[N_ORDERS4][12];
 
 static void make_orders4(void)
 {
-    static const char *const names[4] = { "tp", "cp", "dp", "pp" };
-    int n = 0;
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++)
-            for (int c = 0; c < 4; c++)
-                for (int d = 0; d < 4; d++) {
-                    if (a == b || a == c || a == d || b == c || b == d || c == d) continue;
-                    snprintf(k_orders4[n++], sizeof k_orders4[0], "%s-%s-%s-%s", names[a],
-                             names[b], names[c], names[d]);
-                }
+    const int n = ts_test_grid_orders(k_orders4);
     CHECK(n == N_ORDERS4 && strcmp(k_orders4[0], "tp-cp-dp-pp") == 0);
 }
 

@@ -53,6 +53,23 @@ static inline int ts_test_report(void)
     return ts_test_failed == 0 ? 0 : 1;
 }
 
+/* Every order of the grid's four axes ("tp-cp-dp-pp" style, fastest first), Megatron's
+ * "tp-cp-dp-pp" first: fills orders[24] and returns 24. */
+static inline int ts_test_grid_orders(char orders[24][12])
+{
+    static const char *const names[4] = { "tp", "cp", "dp", "pp" };
+    int n = 0;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c++)
+                for (int d = 0; d < 4; d++) {
+                    if (a == b || a == c || a == d || b == c || b == d || c == d) continue;
+                    snprintf(orders[n++], 12, "%s-%s-%s-%s", names[a], names[b], names[c],
+                             names[d]);
+                }
+    return n;
+}
+
 /* Relative error |a-b| / max(|b|, floor). */
 static inline double ts_rel_err(double a, double b, double floor_)
 {
