@@ -79,6 +79,14 @@ static double fixture_rel_norm_err(const float *a, const double *b, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* The index of the parameter named `name` (its Hugging Face name), -1 if none. */
+static inline int fixture_param_index(const ts_model *m, const char *name)
+{
+    for (int p = 0; p < m->n_params; p++)
+        if (strcmp(m->params[p].shard.name, name) == 0) return p;
+    return -1;
+}
+
 /* Forward + backward over the fixture's batch in micro-batches of `mb` rows; returns
  * the mean loss. Gradients accumulate into the (zeroed) gradient buffer. */
 static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *targets, int B,

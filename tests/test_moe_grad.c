@@ -17,13 +17,6 @@ enum { B = 2, T = 8, VOCAB = 64 };
 
 static int tokens[B * T], targets[B * T];
 
-static int param_index(const ts_model *m, const char *name)
-{
-    for (int p = 0; p < m->n_params; p++)
-        if (strcmp(m->params[p].shard.name, name) == 0) return p;
-    return -1;
-}
-
 /* Cross-entropy + the auxiliary losses (their sums, as the backward adds them). */
 static double objective(ts_model *m)
 {
@@ -98,8 +91,8 @@ static void test_layout(void)
     cfg.model.moe_norm_topk = true;
     CHECK(ts_model_moe_mixtral(&cfg.model));
     build(&m, &cfg);
-    CHECK(param_index(&m, "model.layers.0.block_sparse_moe.gate.weight") >= 0);
-    CHECK(param_index(&m, "model.layers.1.block_sparse_moe.experts.7.w2.weight") >= 0);
+    CHECK(fixture_param_index(&m, "model.layers.0.block_sparse_moe.gate.weight") >= 0);
+    CHECK(fixture_param_index(&m, "model.layers.1.block_sparse_moe.experts.7.w2.weight") >= 0);
     ts_model_free(&m);
 }
 
@@ -117,7 +110,7 @@ static void check_gradients(bool deepseek)
                            "model.layers.1.post_attention_layernorm.weight",
                            "model.layers.0.self_attn.q_proj.weight"};
     for (size_t t = 0; t < sizeof names / sizeof names[0]; t++) {
-        const int p = param_index(&m, names[t]);
+        const int p = fixture_param_index(&m, names[t]);
         if (p < 0) {
             CHECKF(!deepseek ? strstr(names[t], "shared") != NULL : false, "no %s", names[t]);
             continue;

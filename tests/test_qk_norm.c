@@ -14,13 +14,6 @@ enum { B = 2, T = 8, VOCAB = 64 };
 
 static int tokens[B * T], targets[B * T];
 
-static int param_index(const ts_model *m, const char *name)
-{
-    for (int p = 0; p < m->n_params; p++)
-        if (strcmp(m->params[p].shard.name, name) == 0) return p;
-    return -1;
-}
-
 static double loss_of(ts_model *m)
 {
     return fixture_loss_and_grads(m, tokens, targets, B, T, B);
@@ -53,9 +46,9 @@ static void build(ts_model *m, ts_config *cfg, bool qk_norm)
     for (int l = 0; l < cfg->model.n_layer && qk_norm; l++) {
         char name[96];
         snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
-        float *q = ts_param_data(m, param_index(m, name));
+        float *q = ts_param_data(m, fixture_param_index(m, name));
         snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
-        float *k = ts_param_data(m, param_index(m, name));
+        float *k = ts_param_data(m, fixture_param_index(m, name));
         for (int c = 0; c < 8; c++) {
             q[c] = 0.6f + 0.1f * (float)c;
             k[c] = 1.4f - 0.07f * (float)c;
@@ -99,7 +92,7 @@ static double loss_after_scaling(bool qk_norm, const char *proj, int head, float
     ts_config cfg;
     ts_model m;
     build(&m, &cfg, qk_norm);
-    const int p = param_index(&m, proj);
+    const int p = fixture_param_index(&m, proj);
     float *w = ts_param_data(&m, p);
     const int HS = 8, C = 32;
     for (size_t i = (size_t)head * HS * C; i < (size_t)(head + 1) * HS * C; i++) w[i] *= s;
@@ -138,7 +131,7 @@ static void test_gradients(void)
                            "model.layers.0.self_attn.k_proj.weight",
                            "model.layers.0.input_layernorm.weight"};
     for (size_t t = 0; t < sizeof names / sizeof names[0]; t++) {
-        const int p = param_index(&m, names[t]);
+        const int p = fixture_param_index(&m, names[t]);
         CHECKF(p >= 0, "no %s", names[t]);
         if (p < 0) continue;
         /* The two elements of largest analytic gradient. */
