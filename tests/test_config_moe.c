@@ -114,15 +114,15 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=3"), "model.moe_experts = 8", "parallel.ep = 3");
     EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
                "tp * parallel.cp * parallel.dp");
-    /* Built: ep over dp with etp = tp = cp = pp = 1, ZeRO-0 and no checkpoints; the
-     * rest refused with the keys named. */
+    /* Built: ep over dp with etp = tp = cp = pp = 1, any ZeRO level, no checkpoints;
+     * the rest refused with the keys named. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
-                           "train.global_batch=2"), 4) == TS_OK,
+                           "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
            "%s", ts_error_message());
-    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.zero=1",
+    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2",
                        "parallel.micro_batch=1", "train.global_batch=2"),
-               "parallel.zero = 1", "built only over data-parallel ranks");
+               "parallel.pp = 2", "built only over data-parallel ranks");
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.tp=2"), "parallel.tp = 2",
                "built only over data-parallel ranks");
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
