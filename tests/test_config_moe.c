@@ -114,9 +114,20 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=3"), "model.moe_experts = 8", "parallel.ep = 3");
     EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
                "tp * parallel.cp * parallel.dp");
+    /* Built: ep over dp with etp = tp = cp = pp = 1, any ZeRO level, no checkpoints;
+     * the rest refused with the keys named. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
+                           "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
+           "%s", ts_error_message());
+    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2",
+                       "parallel.micro_batch=1", "train.global_batch=2"),
+               "parallel.pp = 2", "built only over data-parallel ranks");
+    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.tp=2"), "parallel.tp = 2",
+               "built only over data-parallel ranks");
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
-                       "train.global_batch=2"),
-               "expert parallelism is not built yet");
+                       "train.global_batch=2", "checkpoint.dir=\"ck\""),
+               "checkpoint.dir", "not built yet");
 }
 
 /* One tensor- and context-parallel rank, fp32, no recompute, no zero-bubble split. */
@@ -136,7 +147,8 @@ static void test_moe_unbuilt(void)
     CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
                            "parallel.recompute=full", "parallel.tp=2"), 5) == TS_OK,
            "%s", ts_error_message());
-    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "expert parallelism is not built");
+    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "parallel.etp = 2",
+               "built only over data-parallel ranks");
 }
 
 static void test_moe_qk_norm(void)

@@ -7,10 +7,13 @@
 # V placement, its split backward (the MoE's weight gradients in the input pass) and full
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
 # without the balance loss; a checkpoint (the bias in its state.json) resumes on another
-# grid into the same losses. Another micro-batch split is test_moe_fixture's. Measured at
+# grid into the same losses; expert parallelism (ep 2 over dp 2, ep 4 over dp 4, ep 2 over
+# dp 4 with ZeRO-3). Another
+# micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
-# except_last and auto, micro_batch 2, cp 2 x dp 2.
+# except_last and auto, micro_batch 2, cp 2 x dp 2; ep 2 over dp 4 (edp 2) with ZeRO-0,
+# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -28,6 +31,18 @@ check dp2_zero1 2 --set parallel.dp=2 --set parallel.zero=1
 check tp2 2 --set parallel.tp=2
 check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
   --set parallel.virtual_stages=2 --set parallel.recompute=full
+# Expert parallelism over dp: each rank holds E/ep experts, the rows travel over the ep
+# group and back (expert_dispatch.h), expert gradients reduce over edp and count once in
+# the norm. ep 4 over dp 4: two experts a rank, no edp partner; ep 2 over dp 4 with
+# ZeRO-3: edp pairs, each bucket sharded over its own group.
+# Under the sanitizers (8 fixed steps here, 4 ranks on 2 cores) the 4-rank cases are the
+# release build's: ep 2 over dp 2 runs the same exchange there.
+check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
+ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
+[ -n "${TS_TEST_SANITIZERS:-}" ] && ep_max_ranks=2
+TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
+TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set parallel.ep=2 \
+  --set parallel.zero=3
 
 # A checkpoint after 4 steps (the bias moved by then, kept in state.json) resumed on dp 2:
 # steps 4..7 are the uninterrupted run's, bias and all.

@@ -13,6 +13,7 @@ typedef struct {
     bool llama, selective, rebuild, sp, qk_norm;
     int n_embd, n_head, n_kv_head, ffn, vocab;
     int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
+    int moe_ep;                                      /* expert parallelism (1: none) */
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
     ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
 } act_shape;
@@ -39,6 +40,12 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     d.MK = sh.moe_experts > 0 ? (size_t)sh.moe_top_k : 0;
     d.MF = sh.moe_experts > 0 ? (size_t)sh.moe_ffn : 0;
     d.MS = sh.moe_experts > 0 ? (size_t)sh.moe_shared : 0;
+    if (sh.moe_experts > 0 && sh.moe_ep > 1) { /* worst case: act_dims MR */
+        const size_t local = (size_t)(sh.moe_experts / sh.moe_ep);
+        d.MR = d.MX = (size_t)sh.moe_ep * d.N * (d.MK < local ? d.MK : local);
+    } else {
+        d.MR = d.N * d.MK;
+    }
     if (sh.qk_norm) {
         d.QKR = (size_t)(H + KV);
         d.QKN = d.QKR * (size_t)HS;
@@ -68,7 +75,7 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
                           m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
                           m->vocab_size, moe ? m->moe_experts : 0, m->moe_top_k, m->moe_ffn,
-                          m->moe_shared_ffn, m->tp.sub, m->cp};
+                          m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1, m->tp.sub, m->cp};
     act_dims d = dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
     if (l < 0) d.DN = 1; /* the scratch and stash keep the dense MLP's sizes */
     return d;
@@ -98,7 +105,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
     /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
                           cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, 0, 0, 0, 0, 1, {.size = 1}};
+                          cfg->vocab_size, 0, 0, 0, 0, 1, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -303,27 +310,31 @@ static size_t scratch_before_moe(act_dims d)
     return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
 }
 
+#define MOE_SCRATCH_PARTS 10
+
 /* The MoE region's parts in bytes, in order (act_layout.h moe_scratch). */
-static void moe_scratch_parts(act_dims d, size_t part[8])
+static void moe_scratch_parts(act_dims d, size_t part[MOE_SCRATCH_PARTS])
 {
     const size_t NK = d.N * d.MK;
     part[0] = ACT_ALIGN(NK * d.C * d.ab);            /* dyp, then dxp */
-    part[1] = ACT_ALIGN(NK * d.MF * d.ab);           /* da */
-    part[2] = ACT_ALIGN(NK * 2 * d.MF * d.ab);       /* dh */
+    part[1] = ACT_ALIGN(d.MR * d.MF * d.ab);         /* da */
+    part[2] = ACT_ALIGN(d.MR * 2 * d.MF * d.ab);     /* dh */
     part[3] = ACT_ALIGN(NK * sizeof(float));         /* dw */
     part[4] = ACT_ALIGN(d.N * d.ME * sizeof(float)); /* dlogits */
     part[5] = ACT_ALIGN(d.N * d.C * d.ab);           /* dx */
     part[6] = ACT_ALIGN(d.N * d.MS * d.ab);          /* shared da */
     part[7] = ACT_ALIGN(d.N * 2 * d.MS * d.ab);      /* shared dh */
+    part[8] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: dyr, then dxr */
+    part[9] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: the work */
 }
 
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
 {
     const act_dims d = ts_act_dims(m, -1, B, T);
     if (!d.ME) return scratch_before_moe(d);
-    size_t part[8], total = ACT_ALIGN(scratch_before_moe(d));
+    size_t part[MOE_SCRATCH_PARTS], total = ACT_ALIGN(scratch_before_moe(d));
     moe_scratch_parts(d, part);
-    for (int i = 0; i < 8; i++) total += part[i];
+    for (int i = 0; i < MOE_SCRATCH_PARTS; i++) total += part[i];
     return total;
 }
 
@@ -332,16 +343,16 @@ moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T
     const act_dims d = ts_act_dims(m, -1, B, T);
     moe_scratch s = {0};
     if (!d.ME) return s;
-    size_t part[8], at = ACT_ALIGN(scratch_before_moe(d));
+    size_t part[MOE_SCRATCH_PARTS], at = ACT_ALIGN(scratch_before_moe(d));
     moe_scratch_parts(d, part);
-    void *p[8];
-    for (int i = 0; i < 8; i++) {
+    void *p[MOE_SCRATCH_PARTS];
+    for (int i = 0; i < MOE_SCRATCH_PARTS; i++) {
         p[i] = scratch_at(sc, at);
         at += part[i];
     }
     TS_ASSERT(at <= sc->bytes);
     s = (moe_scratch){.dyp = p[0], .da = p[1], .dh = p[2], .dx = p[5], .sh_da = p[6],
-                      .sh_dh = p[7], .dw = p[3], .dlogits = p[4]};
+                      .sh_dh = p[7], .dw = p[3], .dlogits = p[4], .dyr = p[8], .er = p[9]};
     return s;
 }
 

@@ -35,8 +35,13 @@ typedef struct {
     /* Mixture of Experts (moe.c): the experts E, top K, expert width MF and shared width
      * MS of an MoE block (0 for a dense block; for l < 0, the model's, which size the
      * scratch), and DN: 1 when the block has the dense MLP (its fch, fch_gelu), 0 for an
-     * MoE block. */
-    size_t ME, MK, MF, MS, DN;
+     * MoE block. MR: the rows this rank's experts process, at most: N * MK on one ep
+     * rank; under expert parallelism the worst case ep * N * min(K, E/ep) (every other
+     * ep rank sends all its tokens' assignments here), so the buffers sized by it do
+     * not depend on the routing: simple, but ep times the balanced size (a grow-only
+     * arena sized by the balanced count plus measured headroom is the planned next
+     * step). MX: MR under expert parallelism, else 0 (the exchange's buffers). */
+    size_t ME, MK, MF, MS, DN, MR, MX;
     bool llama, sp, cp;
     bool selective;  /* this layer keeps no attention state (ts_layer.selective) */
     bool rebuild;    /* the scratch holds the rebuilt state: some layer of the model is
@@ -82,16 +87,21 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
 /* An MoE block's MLP phase (moe.c; empty in a dense block), NK = N*K assignments in the
  * experts' order: the router's logits and scores [N,E] and the routing [N,K] (fp32), the
  * routing's int buffers (as bytes), the permuted input [NK,C], each expert's gate|up
- * output [NK,2F] and SwiGLU output [NK,F], the experts' outputs [NK,C], the shared
- * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C]. */
+ * output [MR,2F] and SwiGLU output [MR,F], the experts' outputs [NK,C], the shared
+ * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C]. Under expert parallelism
+ * (MX = MR) the rows the local experts process, received in expert order [MR,C], their
+ * outputs before the combine's exchange [MR,C] and the exchange's work [MR,C]; the last
+ * two are live only inside the forward, kept here for now (a shared arena is the next
+ * step: see MR). */
 #define MOE_ACTS(X)                                                                        \
     X(moe_logits, d.N * d.ME, F) X(moe_scores, d.N * d.ME, F)                              \
     X(moe_idx, d.N * d.MK * sizeof(int), BYTES) X(moe_w, d.N * d.MK, F)                    \
     X(moe_row, d.N * d.MK * sizeof(int), BYTES) /* row_of: assignment n*K+k's row */        \
     X(moe_counts, d.ME * sizeof(int), BYTES)   /* this micro-batch's tokens per expert */  \
     X(moe_offsets, d.ME * sizeof(int), BYTES)  /* their exclusive prefix sum */            \
-    X(moe_xp, d.N * d.MK * d.C, A) X(moe_h, d.N * d.MK * 2 * d.MF, A)                      \
-    X(moe_a, d.N * d.MK * d.MF, A) X(moe_yp, d.N * d.MK * d.C, A)                          \
+    X(moe_xp, d.N * d.MK * d.C, A) X(moe_h, d.MR * 2 * d.MF, A)                            \
+    X(moe_a, d.MR * d.MF, A) X(moe_yp, d.N * d.MK * d.C, A)                                \
+    X(moe_xr, d.MX * d.C, A) X(moe_yr, d.MX * d.C, A) X(moe_er, d.MX * d.C, A)             \
     X(moe_sh_h, d.N * 2 * d.MS, A) X(moe_sh_a, d.N * d.MS, A)                              \
     X(moe_sh_out, (d.MS ? d.N * d.C : 0), A)
 
@@ -156,9 +166,11 @@ void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc);
 /* The MoE backward's region (last; sized by the model's MoE dims): the experts' output
  * gradient dyp [NK,C] (then, in place, their input's dxp), dact [NK,F], dh [NK,2F], the
  * routing weights' gradient [N,K] and the logits' [N,E] (fp32), an input gradient [N,C],
- * and the shared experts' dact [N,MS] and dh [N,2MS]. NULL without MoE. */
+ * and the shared experts' dact [N,MS] and dh [N,2MS]; under expert parallelism the
+ * received output gradients [MR,C] (then, in place, the input gradients going back) and
+ * the exchange's work [MR,C] (da and dh then [MR,.]). NULL without MoE. */
 typedef struct {
-    void *dyp, *da, *dh, *dx, *sh_da, *sh_dh;
+    void *dyp, *da, *dh, *dx, *sh_da, *sh_dh, *dyr, *er;
     float *dw, *dlogits;
 } moe_scratch;
 moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T);

@@ -26,7 +26,7 @@ block_roles ts_block_roles(const ts_model *m, int l)
         r.moe_router_w = r.norm2_w + 1;
         r.moe_expert0 = r.norm2_w + 2;
         if (m->moe_shared_ffn > 0) {
-            r.moe_shared_fc_w = r.moe_expert0 + 3 * m->moe_experts;
+            r.moe_shared_fc_w = r.moe_expert0 + 3 * m->moe_local_experts;
             r.moe_shared_proj_w = r.moe_shared_fc_w + 2;
         }
     }

@@ -24,8 +24,9 @@ typedef struct {
         fcproj_w, fcproj_b;
     int q_norm_w, k_norm_w; /* model.qk_norm's per-head RMSNorm weights (Qwen3) */
     /* An MoE block's (model.h's order; fc_w and fcproj_w are then -1): the router, expert
-     * e's gate|up at moe_expert0 + 3e and its down right after the up (+ 2), the shared
-     * experts' gate|up and down (-1 without). */
+     * e's gate|up at moe_expert0 + 3e and its down right after the up (+ 2), e this
+     * rank's LOCAL expert under expert parallelism, the shared experts' gate|up and down
+     * (-1 without). */
     int moe_router_w, moe_expert0, moe_shared_fc_w, moe_shared_proj_w;
 } block_roles;
 block_roles ts_block_roles(const ts_model *m, int l);

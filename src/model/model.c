@@ -94,7 +94,9 @@ static void add_block_params(builder *b, int layer, int i, int C, int F, int n_l
  * (one [2F, C] weight, as the dense MLP's) and down, the shared experts' the same at
  * width S*F; Mixtral's names for a Mixtral-shaped model (ts_model_moe_mixtral), else
  * Qwen3-MoE's and DeepSeek's. Every matrix normal(0, 0.02) as the dense ones (HF's
- * initializer_range); replicated: tensor parallelism is refused for MoE. */
+ * initializer_range); replicated over tp. Under expert parallelism only this rank's
+ * experts, under their GLOBAL ids (so the Hugging Face names and the checkpoints say
+ * which expert a tensor is, whatever the ep). */
 static void add_moe_params(builder *b, int layer, int i, const ts_model_config *cfg)
 {
     char name[128], pre[64];
@@ -107,14 +109,16 @@ static void add_moe_params(builder *b, int layer, int i, const ts_model_config *
     snprintf(pre, sizeof pre, "model.layers.%d.%s", i, mixtral ? "block_sparse_moe" : "mlp");
 #define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
     add_param(b, layer, NAME("%s.gate.weight", pre), E, C, TS_INIT_NORMAL, std, -1, 1);
-    for (long long j = 0; j < E; j++) {
+    const long long j0 = (long long)b->m->moe_ep_rank * b->m->moe_local_experts;
+    for (long long j = j0; j < j0 + b->m->moe_local_experts; j++) {
         const int g = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, gate), F, C,
                                 TS_INIT_NORMAL, std, -1, 1);
         pack_after(b, g);
-        add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, up), F, C, TS_INIT_NORMAL,
-                  std, -1, 1);
-        add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C, F,
-                  TS_INIT_NORMAL, std, -1, 1);
+        const int u = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, up), F, C,
+                                TS_INIT_NORMAL, std, -1, 1);
+        const int dn = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C,
+                                 F, TS_INIT_NORMAL, std, -1, 1);
+        b->m->params[g].expert = b->m->params[u].expert = b->m->params[dn].expert = true;
     }
     if (SF > 0) {
         const int g = add_param(b, layer, NAME("%s.shared_experts.gate_proj.weight", pre), SF, C,
@@ -214,6 +218,16 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
             .norm_topk = cfg->moe_norm_topk, .route_scale = (float)cfg->moe_route_scale};
         m->moe_z_coef = spec->moe_z_loss;
         m->moe_aux_coef = spec->moe_aux_loss;
+        /* Expert parallelism: whole experts per ep rank (ts_config_validate says so to
+         * the user first). */
+        m->moe_ep = spec->ep && spec->ep->size > 1 ? spec->ep->size
+                    : spec->ep_size > 1             ? spec->ep_size
+                                                    : 1;
+        m->moe_ep_rank = spec->ep && spec->ep->size > 1 ? spec->ep->rank
+                         : m->moe_ep > 1                 ? spec->ep_rank
+                                                         : 0;
+        TS_ASSERT(cfg->moe_experts % m->moe_ep == 0 && m->moe_ep_rank < m->moe_ep);
+        m->moe_local_experts = cfg->moe_experts / m->moe_ep;
     }
     m->tied = ts_model_tied(cfg);
     m->local_heads = cfg->n_head / tp->size;
@@ -380,6 +394,15 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
         m->moe_bias = m->k->dev_alloc(n * sizeof(float));
         m->moe_counts = m->k->dev_alloc(n * sizeof(int));
         m->moe_losses = m->k->dev_alloc(2 * sizeof(float));
+        if (m->moe_ep > 1) {
+            TS_ASSERT(spec->ep && spec->ep->size == m->moe_ep);
+            m->moe_dispatch = ts_calloc(1, sizeof *m->moe_dispatch);
+            /* E % ep was checked by the layout (and the config, for the user). */
+            const ts_status st = ts_expert_dispatch_init(m->moe_dispatch, spec->ep, m->k,
+                                                         m->moe_experts, m->n_embd,
+                                                         m->k->act_dtype);
+            TS_ASSERT(st == TS_OK);
+        }
     }
 }
 
@@ -415,6 +438,10 @@ void ts_model_free(ts_model *m)
         m->k->dev_free(m->moe_bias);
         m->k->dev_free(m->moe_counts);
         m->k->dev_free(m->moe_losses);
+        if (m->moe_dispatch) {
+            ts_expert_dispatch_free(m->moe_dispatch);
+            free(m->moe_dispatch);
+        }
         if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
         m->k->dev_free(m->param_mem);
         m->k->dev_free(m->grad_mem);

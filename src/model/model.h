@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "tensor/cp.h"
+#include "tensor/expert_dispatch.h"
 #include "tensor/shard.h"
 #include "tensor/tp.h"
 
@@ -43,6 +44,8 @@ typedef struct {
     int layer;              /* owning layer index */
     bool decay;             /* weight decay applies (2-D tensors) */
     bool tied_copy;         /* the last stage's copy of the tied embedding (replica 1) */
+    bool expert;            /* a routed expert's tensor: under expert parallelism this
+                               rank's alone among its ep group, reduced over edp */
     ts_init_kind init;
     float init_std;
 } ts_param;
@@ -124,6 +127,13 @@ typedef struct {
      * step's routed-token counts [n_layer * E] int (each forward adds its own) and the
      * step's loss sums [2] fp32 (z, aux: each backward adds its micro-batch's). */
     int moe_experts, moe_top_k, moe_ffn, moe_shared_ffn;
+    /* Expert parallelism (ts_model_spec.ep): this rank holds the moe_local_experts =
+     * E / moe_ep global experts [moe_ep_rank * moe_local_experts, ...) of every MoE block
+     * (moe_ep 1: all of them) and exchanges rows with the others through moe_dispatch
+     * (tensor/expert_dispatch.h; owned, NULL for one rank or a layout only: its plan is
+     * per-call state, written through the pointer by a const model's forward). */
+    int moe_ep, moe_ep_rank, moe_local_experts;
+    ts_expert_dispatch *moe_dispatch;
     ts_moe_routing moe_routing;
     float moe_z_coef, moe_aux_coef;
     float *moe_bias, *moe_losses;
@@ -197,6 +207,11 @@ typedef struct {
     bool without_weights, without_grads;
     /* The MoE auxiliary losses' coefficients (train.moe_z_loss, train.moe_aux_loss). */
     float moe_z_loss, moe_aux_loss;
+    /* Expert parallelism: the ep group (topology's groups->ep; NULL or size 1: every rank
+     * holds every expert) and this rank's place in it (ep_size, ep_rank for a layout
+     * without a group: ep_size 0 means the group's size). */
+    const ts_comm *ep;
+    int ep_size, ep_rank;
 } ts_model_spec;
 
 /* Add a between-layers hook (each owner adds its own, once). */

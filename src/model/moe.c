@@ -1,12 +1,15 @@
 /* The Mixture-of-Experts phase of an MoE block (block.h; the routing's and the losses'
  * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), dropless, on one rank's rows
  * (under tensor parallelism every tp rank runs it whole, replicated: the same output,
- * input gradient and weight gradients on each, no collective; splitting the experts is
- * expert parallelism's, not built):
+ * input gradient and weight gradients on each, no collective):
  *   logits = in @ router^T (fp32), scores and top-k selection (selection by score + the
  *   balancing bias), the N*K assignments permuted into expert order, each expert's
  *   SwiGLU over its rows (one matmul per expert and weight: grouped GEMMs are later
  *   work), the outputs combined with the routing weights, plus the shared experts.
+ * Under expert parallelism (ts_model.moe_ep > 1) the permuted rows go to the ep ranks
+ * that own their experts and come back (tensor/expert_dispatch.h) around the experts'
+ * matmuls; everything else (router, selection, combine, shared experts) stays on the
+ * rank that owns the tokens.
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -14,7 +17,7 @@
 
 #include "model/block.h"
 
-/* The parameters of expert e: its gate|up [2F, C] and its down [C, F]. */
+/* The parameters of local expert e: its gate|up [2F, C] and its down [C, F]. */
 static const void *expert_fc(const block_sub *b, int e)
 {
     return ts_block_weight(b, b->r.moe_expert0 + 3 * e);
@@ -63,15 +66,31 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     k->memcpy_h2d(v->moe_offsets, offsets, (size_t)E * sizeof(int));
     k->moe_permute(v->moe_xp, v->moe_row, in, v->moe_idx, v->moe_offsets, N, K, C, E);
 
-    for (int e = 0; e < E; e++) {
-        const int n = counts[e];
-        const size_t o = (size_t)offsets[e];
+    /* The rows this rank's experts process, in expert order: its own permuted rows on
+     * one ep rank; else those the ep group sends here (the plan is collective over ep,
+     * so every ep rank reaches this point for the same layer and micro-batch). */
+    const int L = m->moe_local_experts;
+    const int *rows = counts;
+    const void *xr = v->moe_xp;
+    void *yr = v->moe_yp;
+    if (m->moe_dispatch) {
+        ts_expert_dispatch_plan(m->moe_dispatch, counts);
+        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
+        ts_expert_dispatch_forward(m->moe_dispatch, v->moe_xr, v->moe_xp, v->moe_er);
+        rows = m->moe_dispatch->expert_rows;
+        xr = v->moe_xr;
+        yr = v->moe_yr;
+    }
+    size_t o = 0;
+    for (int e = 0; e < L; o += (size_t)rows[e], e++) {
+        const int n = rows[e];
         if (n == 0) continue; /* an expert no token chose this micro-batch */
         void *h = act_at(d, v->moe_h, o * 2 * F), *a = act_at(d, v->moe_a, o * F);
-        k->matmul_forward(h, act_at(d, v->moe_xp, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
+        k->matmul_forward(h, act_at(d, xr, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
         k->swiglu_forward(a, h, n, F);
-        k->matmul_forward(act_at(d, v->moe_yp, o * C), a, expert_proj(b, e), NULL, n, F, C);
+        k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
     }
+    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, v->moe_yp, yr, v->moe_er);
     free(counts);
     k->moe_combine(out, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
 
@@ -104,22 +123,38 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     k->moe_combine_backward(s.dyp, s.dw, dout, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
 
     /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
-     * its down projection's backward has read by then. */
+     * its down projection's backward has read by then. Under expert parallelism the
+     * output gradients travel to the experts' ranks as the inputs did (the plan made
+     * again from the saved counts: the same collective order as the forward's) and the
+     * input gradients come back as the outputs did. */
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
     host_counts(b, counts, offsets);
-    for (int e = 0; e < E; e++) {
-        const int n = counts[e];
-        const size_t o = (size_t)offsets[e];
+    const int L = m->moe_local_experts;
+    const int *rows = counts;
+    const void *xr = v->moe_xp;
+    void *dyr = s.dyp;
+    if (m->moe_dispatch) {
+        ts_expert_dispatch_plan(m->moe_dispatch, counts);
+        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
+        ts_expert_dispatch_forward(m->moe_dispatch, s.dyr, s.dyp, s.er);
+        rows = m->moe_dispatch->expert_rows;
+        xr = v->moe_xr;
+        dyr = s.dyr;
+    }
+    size_t o = 0;
+    for (int e = 0; e < L; o += (size_t)rows[e], e++) {
+        const int n = rows[e];
         if (n == 0) continue;
-        void *dy = act_at(d, s.dyp, o * C), *da = act_at(d, s.da, o * F),
+        void *dy = act_at(d, dyr, o * C), *da = act_at(d, s.da, o * F),
              *dh = act_at(d, s.dh, o * 2 * F);
         const int fc = b->r.moe_expert0 + 3 * e;
         k->matmul_backward(da, ts_block_grad(b, fc + 2), NULL, dy, act_at(d, v->moe_a, o * F),
                            expert_proj(b, e), n, F, C);
         k->swiglu_backward(dh, act_at(d, v->moe_h, o * 2 * F), da, n, F);
-        k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, v->moe_xp, o * C),
+        k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
                            expert_fc(b, e), n, C, 2 * F);
     }
+    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, s.dyp, dyr, s.er);
     free(counts);
     k->moe_permute_backward(s.dx, s.dyp, v->moe_row, N, K, C);
 

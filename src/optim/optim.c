@@ -6,11 +6,13 @@
 
 /* acc[0] += the squares of the counted gradients in floats [begin, end), on the device,
  * read from grad[0 ..] = float `begin` (the full buffer's or a compact range's). */
+/* `which`: every parameter (-1), the non-expert ones (0), the experts' (1). */
 static void sum_squares_into(const ts_model *m, size_t begin, size_t end, const float *grad,
-                             double *acc)
+                             double *acc, int which)
 {
     for (int p = 0; p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
+        if (which >= 0 && P->expert != (which == 1)) continue;
         size_t lo = P->offset > begin ? P->offset : begin;
         size_t hi = P->offset + P->numel < end ? P->offset + P->numel : end;
         if (lo >= hi) continue;
@@ -40,7 +42,7 @@ static double read_acc(const ts_kernels *k, double *acc)
 double ts_grad_sum_squares_range(const ts_model *m, size_t begin, size_t end)
 {
     double *acc = device_acc(m->k);
-    sum_squares_into(m, begin, end, m->grad_mem + begin, acc);
+    sum_squares_into(m, begin, end, m->grad_mem + begin, acc, -1);
     return read_acc(m->k, acc);
 }
 
@@ -145,7 +147,7 @@ size_t ts_adamw_state_bytes(const ts_adamw *o)
     return 2 * o->n_floats * sizeof(float);
 }
 
-double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
+static double adamw_sum_squares(const ts_adamw *o, const ts_model *m, int which)
 {
     /* Every part's squares accumulate on the device; one copy reads the total. */
     m->k->memset_zero(o->norm_acc, sizeof(double));
@@ -153,12 +155,22 @@ double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
     for (int r = 0; r < o->n_ranges; r++) {
         const size_t begin = o->ranges[r].begin, end = o->ranges[r].end;
         sum_squares_into(m, begin, end, o->grads ? o->grads + base : m->grad_mem + begin,
-                         o->norm_acc);
+                         o->norm_acc, which);
         base += end - begin;
     }
     double sum = 0.0;
     m->k->memcpy_d2h(&sum, o->norm_acc, sizeof sum);
     return sum;
+}
+
+double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m)
+{
+    return adamw_sum_squares(o, m, -1);
+}
+
+double ts_adamw_grad_sum_squares_of(const ts_adamw *o, const ts_model *m, bool experts)
+{
+    return adamw_sum_squares(o, m, experts ? 1 : 0);
 }
 
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,

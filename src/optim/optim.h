@@ -67,6 +67,10 @@ size_t ts_adamw_state_bytes(const ts_adamw *o);
 /* Sum of squares of the gradients in the optimizer's ranges (ts_grad_sum_squares_range's
  * count-once rules). With a replicated state (not sharded) only one dp rank should count. */
 double ts_adamw_grad_sum_squares(const ts_adamw *o, const ts_model *m);
+/* The same over the expert tensors only (`experts`) or the others only (ts_param.expert):
+ * under expert parallelism the two are counted once by different ranks (an expert's
+ * gradient is the same on its edp group, a dense one on the replica group). */
+double ts_adamw_grad_sum_squares_of(const ts_adamw *o, const ts_model *m, bool experts);
 
 /* One AdamW step (t = 1-based step count) on the parameters inside the optimizer's
  * ranges: gradients are first multiplied by grad_scale; weight decay only on tensors

@@ -49,13 +49,23 @@ static ts_status setup_data_parallel(ts_trainer *t, int level)
     ts_zero_init(&t->zero, &t->model, &t->groups->replica, cfg->parallel.zero, &zl);
     TS_ASSERT(t->zero.level == level);
     ts_group_sums_init(&t->sums, &t->model, &t->groups->embed, &t->groups->kv);
-    /* Every parameter reduces over the replica group. */
+    /* Every dense parameter reduces over the replica group; under expert parallelism
+     * an expert's over the ranks holding the same experts, edp (its other replicas
+     * hold other experts). The choice is read by ts_reducer_init only. */
+    const ts_comm **param_group = NULL;
+    if (t->model.moe_ep > 1) {
+        param_group = ts_calloc((size_t)t->model.n_params, sizeof *param_group);
+        for (int p = 0; p < t->model.n_params; p++)
+            if (t->model.params[p].expert) param_group[p] = &t->groups->edp;
+    }
     ts_reducer_args ra = {.group = &t->groups->replica,
+                          .param_group = param_group,
                           .sums = &t->sums,
                           .bucket_bytes = (size_t)cfg->parallel.bucket_mb << 20,
                           .overlap = cfg->parallel.overlap_grad_sync};
     ts_zero_reducer_args(&t->zero, &ra);
     ts_reducer_init(&t->reducer, &t->model, &ra);
+    free(param_group);
     const bool thread = strcmp(cfg->parallel.grad_sync_progress, "thread") == 0;
     ts_status st = ts_reducer_attach(&t->reducer, &t->engine, &t->model, thread);
     if (st == TS_OK) ts_zero_attach(&t->zero, &t->reducer, &t->engine, &t->optim);
@@ -116,7 +126,8 @@ static void build_model(ts_trainer *t, int level)
         .without_weights = level >= 3,
         .without_grads = level >= 2,
         .moe_z_loss = (float)cfg->train.moe_z_loss,
-        .moe_aux_loss = (float)cfg->train.moe_aux_loss};
+        .moe_aux_loss = (float)cfg->train.moe_aux_loss,
+        .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL};
     ts_model_build(&t->model, &spec);
     free(selective);
     free(owned);
@@ -278,7 +289,16 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * losses, so tp rank 0's count. */
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
     const bool counts = ts_reducer_counts_norm(&t->reducer);
-    double sumsq = counts ? ts_adamw_grad_sum_squares(&t->optim, &t->model) : 0.0;
+    double sumsq = 0.0;
+    if (t->model.moe_ep > 1 && !t->reducer.sharded) {
+        /* Expert parallelism: an expert's gradient is this ep rank's alone, the same on
+         * its edp group: edp rank 0 counts it, replica rank 0 the dense ones. */
+        if (counts) sumsq += ts_adamw_grad_sum_squares_of(&t->optim, &t->model, false);
+        if (t->groups->edp.rank == 0)
+            sumsq += ts_adamw_grad_sum_squares_of(&t->optim, &t->model, true);
+    } else if (counts) {
+        sumsq = ts_adamw_grad_sum_squares(&t->optim, &t->model);
+    }
     double norm = sqrt(grid_sum(t, sumsq));
     out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
     /* A non-finite loss or norm (every rank sees the same sums) never reaches the
