@@ -14,4 +14,15 @@ for backend in mpi mpi-staged; do
     fi
   done
 done
+# Expert tensor parallelism's gather and sum (src/tensor/expert_tp.c, tests/mpi_expert_tp.c):
+# 2 ranks, and 3 (a rank with no rows, one with more than the mean) on both backends.
+prog="$(dirname "$TESSERA")/tests/mpi_expert_tp"
+for run in "mpi 2" "mpi 3" "mpi-staged 3"; do
+  read -r backend np <<< "$run"
+  if timeout 60 mpirun --oversubscribe -np "$np" "$prog" "$backend" >"$TMP/out" 2>"$TMP/err"; then
+    pass
+  else
+    fail "expert tensor-parallel exchange ($backend) on $np ranks"; cat "$TMP/out" "$TMP/err" >&2
+  fi
+done
 finish
