@@ -128,6 +128,17 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                        "train.global_batch=2", "checkpoint.dir=\"ck\""),
                "checkpoint.dir", "not built yet");
+    /* Expert tensor parallelism over dp, with and without ep; F must split evenly. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.ep=2", "parallel.dp=4",
+                           "parallel.micro_batch=1", "train.global_batch=4"), 5) == TS_OK,
+           "%s", ts_error_message());
+    EXPECT_ERR(MOE, OV("parallel.etp=3", "parallel.dp=3", "parallel.micro_batch=1",
+                       "train.global_batch=3"),
+               "model.moe_ffn_hidden", "parallel.etp = 3");
+    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.dp=2", "parallel.micro_batch=1",
+                       "train.global_batch=2", "model.init=\"hf\""),
+               "parallel.etp = 2 with model.init", "not built yet");
 }
 
 /* One tensor- and context-parallel rank, fp32, no recompute, no zero-bubble split. */

@@ -43,6 +43,13 @@ ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set parallel.ep=2 \
   --set parallel.zero=3
+# Expert tensor parallelism: each rank an F/2 slice of its experts, the etp pair's rows
+# gathered and the partial outputs (and input gradients) summed back (expert_tp.h).
+# etp 2 over dp 2 (every expert on both ranks, halved); etp 2 x ep 2 over dp 4 (the ep
+# exchange first, then the etp gather of the received rows).
+check dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
+TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_etp2 4 --set parallel.dp=4 --set parallel.ep=2 \
+  --set parallel.etp=2
 
 # A checkpoint after 4 steps (the bias moved by then, kept in state.json) resumed on dp 2:
 # steps 4..7 are the uninterrupted run's, bias and all.

@@ -99,8 +99,8 @@ static ts_status check_routing(const ts_model_config *m)
 }
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
- * fit), then what is built: ep over data-parallel ranks (etp 1, tp = cp = pp = 1, any
- * ZeRO level, no checkpoints: model/moe.c's exchange, the reducer's edp groups, which
+ * fit), then what is built: ep and etp over data-parallel ranks (tp = cp = pp = 1, any
+ * ZeRO level, no checkpoints: model/moe.c's exchanges, the reducer's edp groups, which
  * ZeRO shards by bucket, the norm's count); the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
@@ -117,7 +117,28 @@ static ts_status check_expert_grid(const ts_config *cfg)
                        "parallel.cp * parallel.dp = %d * %d * %d = %lld (the expert grid folds "
                        "onto those ranks)",
                        p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
-    if (p->etp == 1 && p->tp == 1 && p->cp == 1 && p->pp == 1) {
+    if (p->etp > 1) {
+        /* Expert tensor parallelism (tensor/expert_tp.h) is built over data-parallel
+         * ranks, with or without ep: each rank an F/etp slice of its experts. */
+        if (cfg->model.moe_ffn_hidden % p->etp != 0)
+            return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
+                           "etp rank holds moe_ffn_hidden/etp of every expert's width)",
+                           cfg->model.moe_ffn_hidden, p->etp);
+        if (p->tp > 1 || p->cp > 1 || p->pp > 1)
+            return ts_fail("parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
+                           "parallel.pp = %d: expert tensor parallelism is built only over "
+                           "data-parallel ranks (tp = cp = pp = 1) yet; set parallel.etp = 1 "
+                           "for the others",
+                           p->etp, p->tp, p->cp, p->pp);
+        /* The checkpoint writers split each tensor by data-parallel replica, which under
+         * etp hold different slices of an expert. */
+        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
+            return ts_fail("parallel.etp = %d with %s: checkpoints and model.init with expert "
+                           "tensor parallelism are not built yet; set parallel.etp = 1, or "
+                           "leave checkpoint.dir and model.init empty",
+                           p->etp, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
+    }
+    if (p->tp == 1 && p->cp == 1 && p->pp == 1) {
         /* Each rank holds only its experts: saving and loading them needs the ownership
          * by ep rank and the resharding by name, not built yet (the writer would see
          * half of every expert's bytes). */

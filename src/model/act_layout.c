@@ -13,7 +13,7 @@ typedef struct {
     bool llama, selective, rebuild, sp, qk_norm;
     int n_embd, n_head, n_kv_head, ffn, vocab;
     int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
-    int moe_ep;                                      /* expert parallelism (1: none) */
+    int moe_ep, moe_etp; /* expert (tensor) parallelism (1: none); moe_ffn is F / moe_etp */
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
     ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
 } act_shape;
@@ -46,6 +46,8 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     } else {
         d.MR = d.N * d.MK;
     }
+    if (sh.moe_experts > 0 && sh.moe_etp > 1) /* the rows of the whole etp group */
+        d.MR = d.MX = (size_t)sh.moe_etp * d.MR;
     if (sh.qk_norm) {
         d.QKR = (size_t)(H + KV);
         d.QKN = d.QKR * (size_t)HS;
@@ -74,8 +76,9 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
     const bool moe = m->moe_experts > 0 && (l < 0 || m->layers[l].moe);
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
                           m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
-                          m->vocab_size, moe ? m->moe_experts : 0, m->moe_top_k, m->moe_ffn,
-                          m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1, m->tp.sub, m->cp};
+                          m->vocab_size, moe ? m->moe_experts : 0, m->moe_top_k,
+                          m->moe_local_ffn, m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1,
+                          m->moe_etp > 1 ? m->moe_etp : 1, m->tp.sub, m->cp};
     act_dims d = dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
     if (l < 0) d.DN = 1; /* the scratch and stash keep the dense MLP's sizes */
     return d;
@@ -105,7 +108,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
     /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
                           cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, 0, 0, 0, 0, 1, 1, {.size = 1}};
+                          cfg->vocab_size, 0, 0, 0, 0, 1, 1, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 

@@ -40,7 +40,10 @@ typedef struct {
      * ep rank sends all its tokens' assignments here), so the buffers sized by it do
      * not depend on the routing: simple, but ep times the balanced size (a grow-only
      * arena sized by the balanced count plus measured headroom is the planned next
-     * step). MX: MR under expert parallelism, else 0 (the exchange's buffers). */
+     * step). Under expert tensor parallelism MF is this rank's F / etp and MR is etp
+     * times the above (the etp group's rows, gathered: the h and a buffers stay the
+     * size of the whole width's). MX: MR under expert (tensor) parallelism, else 0 (the
+     * exchanges' buffers). */
     size_t ME, MK, MF, MS, DN, MR, MX;
     bool llama, sp, cp;
     bool selective;  /* this layer keeps no attention state (ts_layer.selective) */

@@ -90,6 +90,26 @@ static void add_block_params(builder *b, int layer, int i, int C, int F, int n_l
 #undef P
 }
 
+/* A routed expert's matrix [d0, d1], normal(0, 0.02): whole (replicated over tp), or
+ * under expert tensor parallelism split over the etp group along `split_axis` by F
+ * (gate and up by rows, down by columns), so that the gate|up pair packed together is
+ * this rank's [2F/etp, C] as llama's column-parallel gate|up is under tp. */
+static int add_expert_param(builder *b, int layer, const char *name, int64_t d0, int64_t d1,
+                            int split_axis)
+{
+    const ts_model *m = b->m;
+    const int p = add_param(b, layer, name, d0, d1, TS_INIT_NORMAL, 0.02f, -1, 1);
+    ts_param *P = &b->m->params[p];
+    P->expert = true;
+    if (m->moe_etp > 1) {
+        const int64_t shape[2] = {d0, d1};
+        ts_shard_init(&P->shard, name, 2, shape, split_axis, 1, m->moe_etp, m->moe_etp_rank);
+        P->numel = ts_shard_numel(&P->shard);
+        b->offset = P->offset + (P->numel + 15) / 16 * 16;
+    }
+    return p;
+}
+
 /* An MoE block's MLP (model.h's order and names): the router, each expert's gate|up
  * (one [2F, C] weight, as the dense MLP's) and down, the shared experts' the same at
  * width S*F; Mixtral's names for a Mixtral-shaped model (ts_model_moe_mixtral), else
@@ -111,14 +131,11 @@ static void add_moe_params(builder *b, int layer, int i, const ts_model_config *
     add_param(b, layer, NAME("%s.gate.weight", pre), E, C, TS_INIT_NORMAL, std, -1, 1);
     const long long j0 = (long long)b->m->moe_ep_rank * b->m->moe_local_experts;
     for (long long j = j0; j < j0 + b->m->moe_local_experts; j++) {
-        const int g = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, gate), F, C,
-                                TS_INIT_NORMAL, std, -1, 1);
+        const int g = add_expert_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, gate),
+                                       F, C, 0);
         pack_after(b, g);
-        const int u = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, up), F, C,
-                                TS_INIT_NORMAL, std, -1, 1);
-        const int dn = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C,
-                                 F, TS_INIT_NORMAL, std, -1, 1);
-        b->m->params[g].expert = b->m->params[u].expert = b->m->params[dn].expert = true;
+        add_expert_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, up), F, C, 0);
+        add_expert_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C, F, 1);
     }
     if (SF > 0) {
         const int g = add_param(b, layer, NAME("%s.shared_experts.gate_proj.weight", pre), SF, C,
@@ -228,6 +245,11 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
                                                          : 0;
         TS_ASSERT(cfg->moe_experts % m->moe_ep == 0 && m->moe_ep_rank < m->moe_ep);
         m->moe_local_experts = cfg->moe_experts / m->moe_ep;
+        /* Expert tensor parallelism: whole F-slices per etp rank (the config says so). */
+        m->moe_etp = spec->etp && spec->etp->size > 1 ? spec->etp->size : 1;
+        m->moe_etp_rank = m->moe_etp > 1 ? spec->etp->rank : 0;
+        TS_ASSERT(cfg->moe_ffn_hidden % m->moe_etp == 0 && (m->moe_etp == 1 || tp->size == 1));
+        m->moe_local_ffn = cfg->moe_ffn_hidden / m->moe_etp;
     }
     m->tied = ts_model_tied(cfg);
     m->local_heads = cfg->n_head / tp->size;
@@ -403,6 +425,11 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
                                                          m->k->act_dtype);
             TS_ASSERT(st == TS_OK);
         }
+        if (m->moe_etp > 1) {
+            m->moe_expert_tp = ts_calloc(1, sizeof *m->moe_expert_tp);
+            ts_expert_tp_init(m->moe_expert_tp, spec->etp, m->k, m->moe_local_experts,
+                              m->n_embd, m->k->act_dtype);
+        }
     }
 }
 
@@ -441,6 +468,10 @@ void ts_model_free(ts_model *m)
         if (m->moe_dispatch) {
             ts_expert_dispatch_free(m->moe_dispatch);
             free(m->moe_dispatch);
+        }
+        if (m->moe_expert_tp) {
+            ts_expert_tp_free(m->moe_expert_tp);
+            free(m->moe_expert_tp);
         }
         if (m->compute_mem != (void *)m->param_mem) m->k->dev_free(m->compute_mem);
         m->k->dev_free(m->param_mem);

@@ -25,6 +25,7 @@
 #include "kernels/kernels.h"
 #include "tensor/cp.h"
 #include "tensor/expert_dispatch.h"
+#include "tensor/expert_tp.h"
 #include "tensor/shard.h"
 #include "tensor/tp.h"
 
@@ -134,6 +135,13 @@ typedef struct {
      * per-call state, written through the pointer by a const model's forward). */
     int moe_ep, moe_ep_rank, moe_local_experts;
     ts_expert_dispatch *moe_dispatch;
+    /* Expert tensor parallelism (ts_model_spec.etp): each local expert's hidden width is
+     * split over the moe_etp ranks of the etp group, this rank holding the moe_local_ffn
+     * = F / moe_etp columns [moe_etp_rank * moe_local_ffn, ...) (its gate and up rows,
+     * its down columns); the rows of the group are gathered and the partial outputs
+     * summed through moe_expert_tp (tensor/expert_tp.h; owned, NULL when moe_etp is 1). */
+    int moe_etp, moe_etp_rank, moe_local_ffn;
+    ts_expert_tp *moe_expert_tp;
     ts_moe_routing moe_routing;
     float moe_z_coef, moe_aux_coef;
     float *moe_bias, *moe_losses;
@@ -212,6 +220,9 @@ typedef struct {
      * without a group: ep_size 0 means the group's size). */
     const ts_comm *ep;
     int ep_size, ep_rank;
+    /* Expert tensor parallelism: the etp group (groups->etp; NULL or size 1: whole
+     * experts). */
+    const ts_comm *etp;
 } ts_model_spec;
 
 /* Add a between-layers hook (each owner adds its own, once). */

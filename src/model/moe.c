@@ -9,7 +9,12 @@
  * Under expert parallelism (ts_model.moe_ep > 1) the permuted rows go to the ep ranks
  * that own their experts and come back (tensor/expert_dispatch.h) around the experts'
  * matmuls; everything else (router, selection, combine, shared experts) stays on the
- * rank that owns the tokens.
+ * rank that owns the tokens. Under expert tensor parallelism (ts_model.moe_etp > 1)
+ * each rank holds an F/etp slice of its local experts: the rows its experts would
+ * process (after the ep exchange) are gathered from the whole etp group, each rank runs
+ * its slice (its outputs partial sums over its F-slice) and the partials are summed
+ * back onto the rows' ranks (tensor/expert_tp.h); the backward gathers the output
+ * gradients and sums the input gradients' partials the same way.
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -48,7 +53,8 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const ts_kernels *k = m->k;
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
-    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
+    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
+    const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
     TS_ASSERT(d->S == 1 && !d->sp && k->act_dtype == TS_DTYPE_F32);
 
     /* The router in fp32 (the activations are fp32: bf16 is refused for MoE). */
@@ -81,6 +87,18 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
         xr = v->moe_xr;
         yr = v->moe_yr;
     }
+    /* Expert tensor parallelism: those rows from every etp rank, each expert's together
+     * (collective over etp: every etp rank reaches this point for the same layer and
+     * micro-batch), kept in moe_xr for the backward's weight gradients. */
+    ts_expert_tp *t = m->moe_expert_tp;
+    if (t) {
+        ts_expert_tp_plan(t, rows);
+        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
+        ts_expert_tp_gather(t, v->moe_xr, xr, v->moe_er);
+        rows = t->expert_rows;
+        xr = v->moe_xr;
+        yr = v->moe_yr;
+    }
     size_t o = 0;
     for (int e = 0; e < L; o += (size_t)rows[e], e++) {
         const int n = rows[e];
@@ -90,7 +108,15 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
         k->swiglu_forward(a, h, n, F);
         k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
     }
-    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, v->moe_yp, yr, v->moe_er);
+    /* The partials summed onto this rank's rows: straight into moe_yp on one ep rank,
+     * else into moe_er (the ep combine's input; its work is then moe_yr, read by now). */
+    void *ye = yr;
+    if (t) {
+        ye = m->moe_dispatch ? v->moe_er : v->moe_yp;
+        ts_expert_tp_reduce(t, ye, v->moe_yr, v->moe_er);
+    }
+    if (m->moe_dispatch)
+        ts_expert_dispatch_combine(m->moe_dispatch, v->moe_yp, ye, t ? v->moe_yr : v->moe_er);
     free(counts);
     k->moe_combine(out, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
 
@@ -111,7 +137,8 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     const ts_kernels *k = m->k;
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
-    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k, F = m->moe_ffn;
+    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
+    const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
     /* Under the zero-bubble split (b->stash) the MoE's weight gradients are made here, in
      * the input pass, not deferred: correct, the W pass has less to do. */
     TS_ASSERT(d->S == 1 && b->sc);
@@ -141,6 +168,18 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
         xr = v->moe_xr;
         dyr = s.dyr;
     }
+    /* Expert tensor parallelism: the output gradients gathered as the inputs were (the
+     * plan made again: the forward's collective order); the input gradients' partials
+     * (each rank's F-slice's) summed back below as the outputs were. */
+    ts_expert_tp *t = m->moe_expert_tp;
+    if (t) {
+        ts_expert_tp_plan(t, rows);
+        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
+        ts_expert_tp_gather(t, s.dyr, dyr, s.er);
+        rows = t->expert_rows;
+        xr = v->moe_xr;
+        dyr = s.dyr;
+    }
     size_t o = 0;
     for (int e = 0; e < L; o += (size_t)rows[e], e++) {
         const int n = rows[e];
@@ -154,7 +193,12 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
         k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
                            expert_fc(b, e), n, C, 2 * F);
     }
-    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, s.dyp, dyr, s.er);
+    void *dxe = dyr;
+    if (t) {
+        dxe = m->moe_dispatch ? s.er : s.dyp;
+        ts_expert_tp_reduce(t, dxe, s.dyr, s.er);
+    }
+    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, s.dyp, dxe, t ? s.dyr : s.er);
     free(counts);
     k->moe_permute_backward(s.dx, s.dyp, v->moe_row, N, K, C);
 

@@ -53,7 +53,7 @@ static ts_status setup_data_parallel(ts_trainer *t, int level)
      * an expert's over the ranks holding the same experts, edp (its other replicas
      * hold other experts). The choice is read by ts_reducer_init only. */
     const ts_comm **param_group = NULL;
-    if (t->model.moe_ep > 1) {
+    if (t->model.moe_ep > 1 || t->model.moe_etp > 1) {
         param_group = ts_calloc((size_t)t->model.n_params, sizeof *param_group);
         for (int p = 0; p < t->model.n_params; p++)
             if (t->model.params[p].expert) param_group[p] = &t->groups->edp;
@@ -127,7 +127,8 @@ static void build_model(ts_trainer *t, int level)
         .without_grads = level >= 2,
         .moe_z_loss = (float)cfg->train.moe_z_loss,
         .moe_aux_loss = (float)cfg->train.moe_aux_loss,
-        .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL};
+        .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL,
+        .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL};
     ts_model_build(&t->model, &spec);
     free(selective);
     free(owned);
@@ -290,9 +291,10 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_watchdog_context("gradient norm and optimizer step", 0, 0, 0);
     const bool counts = ts_reducer_counts_norm(&t->reducer);
     double sumsq = 0.0;
-    if (t->model.moe_ep > 1 && !t->reducer.sharded) {
-        /* Expert parallelism: an expert's gradient is this ep rank's alone, the same on
-         * its edp group: edp rank 0 counts it, replica rank 0 the dense ones. */
+    if ((t->model.moe_ep > 1 || t->model.moe_etp > 1) && !t->reducer.sharded) {
+        /* Expert parallelism: an expert's gradient (or its etp slice's) is this (ep, etp)
+         * rank's alone, the same on its edp group: edp rank 0 counts it, replica rank 0
+         * the dense ones. */
         if (counts) sumsq += ts_adamw_grad_sum_squares_of(&t->optim, &t->model, false);
         if (t->groups->edp.rank == 0)
             sumsq += ts_adamw_grad_sum_squares_of(&t->optim, &t->model, true);
