@@ -323,7 +323,8 @@ void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t cou
  * send_counts[j] elements from send + send_displs[j]; from member j recv_counts[j]
  * elements into recv + recv_displs[j] (elements of `type`; host arrays of c->size,
  * agreed beforehand, e.g. by ts_host_alltoall_i32 of the counts). send and recv do not
- * overlap; recv's elements outside the pieces keep their values. */
+ * overlap; the send pieces may (they are only read: expert_tp.c's gather sends one block
+ * to every member); recv's elements outside the pieces keep their values. */
 void ts_alltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
                       const int *send_displs, void *recv, const int *recv_counts,
                       const int *recv_displs, ts_dtype type);
