@@ -8,12 +8,15 @@
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
 # without the balance loss; a checkpoint (the bias in its state.json) resumes on another
 # grid into the same losses; expert parallelism (ep 2 over dp 2, ep 4 over dp 4, ep 2 over
-# dp 4 with ZeRO-3). Another
+# dp 4 with ZeRO-3); expert tensor parallelism (etp 2 over dp 2, etp 2 x ep 2 over dp 4).
+# Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
 # except_last and auto, micro_batch 2, cp 2 x dp 2; ep 2 over dp 4 (edp 2) with ZeRO-0,
-# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3.
+# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3; etp 2 over dp 2 with ZeRO-1, recompute
+# full and micro_batch 1, etp 2 over dp 4 with ZeRO-3, etp 4 over dp 4, etp 2 x ep 2 over
+# dp 4 with ZeRO-2 (and reruns of etp 2 x ep 2 bit-identical).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
