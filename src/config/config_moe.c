@@ -100,8 +100,9 @@ static ts_status check_routing(const ts_model_config *m)
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
  * fit), then what is built: ep over data-parallel ranks (etp 1, tp = cp = pp = 1, any
- * ZeRO level, no checkpoints: model/moe.c's exchange, the reducer's edp groups, which
- * ZeRO shards by bucket, the norm's count); the rest is an error saying so. */
+ * ZeRO level, checkpoints and model.init: model/moe.c's exchange, the reducer's edp
+ * groups, which ZeRO shards by bucket, the norm's count, the checkpoint's ownership of
+ * each expert by its edp group); the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -117,17 +118,9 @@ static ts_status check_expert_grid(const ts_config *cfg)
                        "parallel.cp * parallel.dp = %d * %d * %d = %lld (the expert grid folds "
                        "onto those ranks)",
                        p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
-    if (p->etp == 1 && p->tp == 1 && p->cp == 1 && p->pp == 1) {
-        /* Each rank holds only its experts: saving and loading them needs the ownership
-         * by ep rank and the resharding by name, not built yet (the writer would see
-         * half of every expert's bytes). */
-        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
-            return ts_fail("parallel.ep = %d with %s: checkpoints and model.init with expert "
-                           "parallelism are not built yet; set parallel.ep = 1, or leave "
-                           "checkpoint.dir and model.init empty",
-                           p->ep, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
-        return TS_OK;
-    }
+    /* Checkpoints and model.init: each expert is stored whole under its global id,
+     * written by its own edp group and read by the ranks holding it (checkpoint.h). */
+    if (p->etp == 1 && p->tp == 1 && p->cp == 1 && p->pp == 1) return TS_OK;
     return ts_fail("parallel.ep = %d, parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
                    "parallel.pp = %d: expert parallelism is built only over data-parallel "
                    "ranks (etp = tp = cp = pp = 1) yet; set parallel.ep = 1 and parallel.etp = "
