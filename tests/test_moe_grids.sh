@@ -38,9 +38,6 @@ check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
 # ZeRO-3: edp pairs, each bucket sharded over its own group.
 # Under the sanitizers (8 fixed steps here, 4 ranks on 2 cores) the 4-rank cases are the
 # release build's: ep 2 over dp 2 runs the same exchange there.
-# ep 2 over dp 2 with ZeRO-1 also saves the checkpoints the resumes below load (steps 4, 8).
-check dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1 \
-  --set "checkpoint.dir=\"$TMP/ck_ep\"" --set checkpoint.every=4
 ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 [ -n "${TS_TEST_SANITIZERS:-}" ] && ep_max_ranks=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
@@ -48,44 +45,54 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set 
   --set parallel.zero=3
 
 # Checkpoints under expert parallelism: each expert is stored whole under its global id,
-# written once by its own ep rank's edp group, weights and AdamW moments (ZeRO-1 shards
-# them over edp), and read back by whichever ranks hold it on the loading grid. The
-# checkpoint dp2_ep2_zero1 saved after 4 steps (the bias moved by then, kept in
-# state.json) resumes on one rank and on dp 4 x ep 4 into the uninterrupted one-rank
-# run's steps 4..7 (1e-4), and on its own grid bit for bit: the same metrics and, at step
-# 8, the same files as the uninterrupted run's.
-# resume NAME NP SAVED TOL SETS...: "${common[@]}" SETS on NP ranks from step directory
-# SAVED, saving at the end to $TMP/ck_NAME; steps 4..7 against one rank's within TOL, or
-# with TOL = 0 against $TMP/ck_ep's run bit for bit (metrics and step 8's files).
+# written once by its own ep rank's edp group, weights and AdamW moments (ZeRO shards
+# them over edp), and read back by whichever ranks hold it on the loading grid.
+# ep_ckpt_case NAME NP SETS...: NAME's grid (SETS, NP ranks) trains the 8 steps against
+# one rank (check), saving after 4 and 8; its step 4 (the bias moved by then, kept in
+# state.json) resumes on one rank and on dp 4 x ep 4 into the one-rank run's steps 4..7
+# (1e-4), and on its own grid bit for bit: the same metrics and, at step 8, the same
+# files. Another saving grid is one more line (ep 2 x pp 2, once built: NP 4, SETS
+# --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2).
 grep '"step":[4-7],' "$TMP/ref.jsonl" > "$TMP/ref_tail.jsonl"
-grep '"step":[4-7],' "$TMP/dp2_ep2_zero1.jsonl" > "$TMP/ep_tail.jsonl"
+# resume NAME NP FROM TOL SETS...: "${common[@]}" SETS on NP ranks from FROM's step 4,
+# saving at the end to $TMP/ck_NAME; steps 4..7 against one rank's within TOL, or with
+# TOL = 0 against FROM's own run bit for bit (metrics and step 8's files).
 resume() {
-  local name="$1" np="$2" saved="$3" tol="$4"; shift 4
-  if [ "$np" -gt "${TS_TEST_MAX_RANKS:-1000}" ]; then
+  local name="$1" np="$2" from="$3" tol="$4"; shift 4
+  if [ "$np" -gt "$ep_max_ranks" ]; then
     skip_case "resume $name on $np ranks (the release build runs it)"; return 0
   fi
-  if run_np "$np" "${common[@]}" --set "checkpoint.load=\"$saved\"" \
+  if run_np "$np" "${common[@]}" --set "checkpoint.load=\"$TMP/ck_$from/step_00000004\"" \
        --set "checkpoint.dir=\"$TMP/ck_$name\"" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
     pass
   else
     fail "resume $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 0
   fi
   if [ "$tol" = 0 ]; then
+    grep '"step":[4-7],' "$TMP/$from.jsonl" > "$TMP/${from}_tail.jsonl"
     compare_runs "resumed $name vs uninterrupted (bit for bit)" "$TMP/$name.jsonl" \
-      "$TMP/ep_tail.jsonl" 0 0
-    same_ckpt "$TMP/ck_ep/step_00000008" "$TMP/ck_$name/step_00000008" "resumed $name at step 8"
+      "$TMP/${from}_tail.jsonl" 0 0
+    same_ckpt "$TMP/ck_$from/step_00000008" "$TMP/ck_$name/step_00000008" "resumed $name at step 8"
   else
     compare_runs "resumed $name vs one rank" "$TMP/$name.jsonl" "$TMP/ref_tail.jsonl" "$tol" "$tol"
   fi
 }
-ck="$TMP/ck_ep/step_00000004"
-resume ep_on1 1 "$ck" 1e-4
-resume ep_same 2 "$ck" 0 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
-TS_TEST_MAX_RANKS=$ep_max_ranks resume ep_dp4_ep4 4 "$ck" 1e-4 --set parallel.dp=4 \
-  --set parallel.ep=4
-# Resharded bytes: loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits each expert's writing
-# over the pair, ZeRO-3 shards its weights and moments there) and saved at once (nothing
-# trained), the files are the saved ones byte for byte.
+ep_ckpt_case() {
+  local name="$1" np="$2"; shift 2
+  if [ "$np" -gt "$ep_max_ranks" ]; then
+    skip_case "checkpoints of $name on $np ranks (the release build runs them)"; return 0
+  fi
+  check "$name" "$np" "$@" --set "checkpoint.dir=\"$TMP/ck_$name\"" --set checkpoint.every=4
+  resume "${name}_on1" 1 "$name" 1e-4
+  resume "${name}_same" "$np" "$name" 0 "$@"
+  resume "${name}_dp4_ep4" 4 "$name" 1e-4 --set parallel.dp=4 --set parallel.ep=4
+}
+ep_ckpt_case dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
+
+# Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
+# each expert's writing over the pair, ZeRO-3 shards its weights and moments there) and
+# saved at once (nothing trained) is the same files byte for byte.
+ck="$TMP/ck_dp2_ep2_zero1/step_00000004"
 for z in 0 3; do
   [ 4 -gt "$ep_max_ranks" ] && { skip_case "reshard to dp4 ep2 zero $z (release)"; continue; }
   if run_np 4 "${common[@]}" --set train.steps=4 --set parallel.dp=4 --set parallel.ep=2 \
