@@ -6,10 +6,11 @@
 # ranks and counted once; q_norm/k_norm gradients summed over them) and pp 2 with zb-v's
 # V placement, its split backward (the MoE's weight gradients in the input pass) and full
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
-# without the balance loss; a checkpoint (the bias in its state.json) resumes on another
-# grid into the same losses; expert parallelism (ep 2 over dp 2, ep 4 over dp 4, ep 2 over
-# dp 4 with ZeRO-3); expert tensor parallelism (etp 2 over dp 2, etp 2 x ep 2 over dp 4).
-# Another
+# without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1, ep 4 over
+# dp 4, ep 2 over dp 4 with ZeRO-3); expert tensor parallelism (etp 2 over dp 2, etp 2 x
+# ep 2 over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in
+# its state.json) resumes on other grids into the same losses, on its own bit for bit,
+# and reshards byte for byte. Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
@@ -40,7 +41,6 @@ check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
 # ZeRO-3: edp pairs, each bucket sharded over its own group.
 # Under the sanitizers (8 fixed steps here, 4 ranks on 2 cores) the 4-rank cases are the
 # release build's: ep 2 over dp 2 runs the same exchange there.
-check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
 ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 [ -n "${TS_TEST_SANITIZERS:-}" ] && ep_max_ranks=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
@@ -54,18 +54,74 @@ check dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_etp2 4 --set parallel.dp=4 --set parallel.ep=2 \
   --set parallel.etp=2
 
-# A checkpoint after 4 steps (the bias moved by then, kept in state.json) resumed on dp 2:
-# steps 4..7 are the uninterrupted run's, bias and all.
-if run_np 1 "${common[@]}" --set train.steps=4 --set "checkpoint.dir=\"$TMP/ck\"" \
-     --set 'log.metrics=""'; then pass; else fail "the 4-step run with a checkpoint"; fi
-if run_np 2 "${common[@]}" --set parallel.dp=2 --set "checkpoint.dir=\"$TMP/ck\"" \
-     --set checkpoint.load=latest --set "log.metrics=\"$TMP/resumed.jsonl\""; then
-  pass
-  grep '"step":[4-7],' "$TMP/ref.jsonl" > "$TMP/ref_tail.jsonl"
-  compare_runs "resumed on dp 2 vs uninterrupted" "$TMP/resumed.jsonl" "$TMP/ref_tail.jsonl" \
-    1e-4 1e-4
+# Checkpoints under expert parallelism: each expert is stored whole under its global id,
+# written once by its own ep rank's edp group, weights and AdamW moments (ZeRO shards
+# them over edp), and read back by whichever ranks hold it on the loading grid.
+# ep_ckpt_case NAME NP SETS...: NAME's grid (SETS, NP ranks) trains the 8 steps against
+# one rank (check), saving after 4 and 8; its step 4 (the bias moved by then, kept in
+# state.json) resumes on one rank and on dp 4 x ep 4 into the one-rank run's steps 4..7
+# (1e-4), and on its own grid bit for bit: the same metrics and, at step 8, the same
+# files. Another saving grid is one more line (ep 2 x pp 2, once built: NP 4, SETS
+# --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2).
+grep '"step":[4-7],' "$TMP/ref.jsonl" > "$TMP/ref_tail.jsonl"
+# resume NAME NP FROM TOL SETS...: "${common[@]}" SETS on NP ranks from FROM's step 4,
+# saving at the end to $TMP/ck_NAME; steps 4..7 against one rank's within TOL, or with
+# TOL = 0 against FROM's own run bit for bit (metrics and step 8's files).
+resume() {
+  local name="$1" np="$2" from="$3" tol="$4"; shift 4
+  if [ "$np" -gt "$ep_max_ranks" ]; then
+    skip_case "resume $name on $np ranks (the release build runs it)"; return 0
+  fi
+  if run_np "$np" "${common[@]}" --set "checkpoint.load=\"$TMP/ck_$from/step_00000004\"" \
+       --set "checkpoint.dir=\"$TMP/ck_$name\"" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+    pass
+  else
+    fail "resume $name: $*"; sed 's/^/    /' "$TMP/err" >&2; return 0
+  fi
+  if [ "$tol" = 0 ]; then
+    grep '"step":[4-7],' "$TMP/$from.jsonl" > "$TMP/${from}_tail.jsonl"
+    compare_runs "resumed $name vs uninterrupted (bit for bit)" "$TMP/$name.jsonl" \
+      "$TMP/${from}_tail.jsonl" 0 0
+    same_ckpt "$TMP/ck_$from/step_00000008" "$TMP/ck_$name/step_00000008" "resumed $name at step 8"
+  else
+    compare_runs "resumed $name vs one rank" "$TMP/$name.jsonl" "$TMP/ref_tail.jsonl" "$tol" "$tol"
+  fi
+}
+ep_ckpt_case() {
+  local name="$1" np="$2"; shift 2
+  if [ "$np" -gt "$ep_max_ranks" ]; then
+    skip_case "checkpoints of $name on $np ranks (the release build runs them)"; return 0
+  fi
+  check "$name" "$np" "$@" --set "checkpoint.dir=\"$TMP/ck_$name\"" --set checkpoint.every=4
+  resume "${name}_on1" 1 "$name" 1e-4
+  resume "${name}_same" "$np" "$name" 0 "$@"
+  resume "${name}_dp4_ep4" 4 "$name" 1e-4 --set parallel.dp=4 --set parallel.ep=4
+}
+ep_ckpt_case dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
+
+# Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
+# each expert's writing over the pair, ZeRO-3 shards its weights and moments there) and
+# saved at once (nothing trained) is the same files byte for byte.
+ck="$TMP/ck_dp2_ep2_zero1/step_00000004"
+for z in 0 3; do
+  [ 4 -gt "$ep_max_ranks" ] && { skip_case "reshard to dp4 ep2 zero $z (release)"; continue; }
+  if run_np 4 "${common[@]}" --set train.steps=4 --set parallel.dp=4 --set parallel.ep=2 \
+       --set parallel.zero=$z --set "checkpoint.load=\"$ck\"" \
+       --set "checkpoint.dir=\"$TMP/ck_z$z\"" --set 'log.metrics=""'; then
+    pass; same_ckpt "$ck" "$TMP/ck_z$z/step_00000004" "dp2 ep2 zero1 -> dp4 ep2 zero $z"
+  else
+    fail "reshard to dp4 ep2 zero $z"; sed 's/^/    /' "$TMP/err" >&2
+  fi
+done
+
+# model.init under ep: the saved step directory (a save_pretrained directory of every
+# expert) read by dp 2 x ep 2, each rank its own experts, and saved at once: the same
+# weights byte for byte.
+if run_np 2 "${common[@]}" --set train.steps=0 --set parallel.dp=2 --set parallel.ep=2 \
+     --set "model.init=\"$ck\"" --set "checkpoint.dir=\"$TMP/ck_init\"" --set 'log.metrics=""'; then
+  pass; same_files "$ck" "$TMP/ck_init/step_00000000" "model.init on ep 2" model.safetensors
 else
-  fail "resume on dp 2"; sed 's/^/    /' "$TMP/err" >&2
+  fail "model.init on dp 2 x ep 2"; sed 's/^/    /' "$TMP/err" >&2
 fi
 
 # Context parallelism, without the balance loss (refused with it: per whole sequence).

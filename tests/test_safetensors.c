@@ -737,6 +737,127 @@ static void test_model_init_hf_dirs(void)
     ts_model_free(&dst);
 }
 
+/* A tiny llama MoE of E experts (block 1 and 0 both MoE), validated. */
+static ts_model_config moe_tiny(int experts)
+{
+    ts_config c;
+    ts_test_tiny_llama(&c, 70, 8);
+    c.model.moe_experts = experts;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn_hidden = 8;
+    ts_config_resolve_model(&c.model);
+    CHECKF(ts_config_validate(&c, 0) == TS_OK, "%s", ts_error_message());
+    return c.model;
+}
+
+/* m built as ep rank `rank` of 2 (the group only sized: model.init moves nothing over it). */
+static void build_ep_rank(ts_model *m, const ts_model_config *mc, ts_comm *ep, int rank)
+{
+    memset(ep, 0, sizeof *ep);
+    ep->size = 2;
+    ep->rank = rank;
+    ep->name = "ep";
+    ts_model_build(m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu, .ep = ep});
+}
+
+/* Whether m holds a tensor of global expert j (any block, any of its three). */
+static bool holds_expert(const ts_model *m, int j)
+{
+    char want[32];
+    snprintf(want, sizeof want, ".experts.%d.", j);
+    for (int p = 0; p < m->n_params; p++)
+        if (strstr(m->params[p].shard.name, want)) return true;
+    return false;
+}
+
+/* Expert parallelism: each ep rank holds only its experts (their global ids in the
+ * names) and model.init reads just those from weights holding every expert, F32 or
+ * BF16. Weights whose expert count is not model.moe_experts are refused naming the key
+ * on every rank alike: ep rank 0 of 4 experts holds experts 0 and 1, which 2-expert
+ * weights have too (it alone would load them). */
+static void test_model_init_expert_parallel(void)
+{
+    ts_model_config mc = moe_tiny(4);
+    ts_model src;
+    ts_model_build(&src, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+    ts_model_init_random(&src, 11);
+    ts_st_entry *e = malloc((size_t)src.n_params * 2 * sizeof *e);
+    void **bufs = malloc((size_t)src.n_params * 2 * sizeof *bufs);
+    char path[512];
+    path_in(path, sizeof path, "moe.safetensors");
+    const ts_st_dtype dts[2] = {TS_DT_F32, TS_DT_BF16};
+    for (int d = 0; d < 2; d++) {
+        const int n = entries_of(&src, dts[d], e, bufs, NULL);
+        CHECK(write_entries(path, e, n) == TS_OK);
+        for (int r = 0; r < 2; r++) {
+            ts_model dst;
+            ts_comm ep;
+            build_ep_rank(&dst, &mc, &ep, r);
+            CHECK(dst.moe_local_experts == 2 && holds_expert(&dst, 2 * r + 1) &&
+                  !holds_expert(&dst, 2 * (1 - r)));
+            ts_error_clear();
+            CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "ep rank %d: %s", r,
+                   ts_error_message());
+            int same = 1;
+            for (int p = 0; p < dst.n_params; p++) {
+                const int q = param_of(&src, dst.params[p].shard.name);
+                const float *w = ts_param_data(&src, q), *got = ts_param_data(&dst, p);
+                for (size_t i = 0; q >= 0 && i < dst.params[p].numel; i++) {
+                    uint32_t u;
+                    memcpy(&u, &w[i], 4);
+                    if (dts[d] == TS_DT_BF16) u &= 0xffff0000u;
+                    float want;
+                    memcpy(&want, &u, 4);
+                    same &= got[i] == want;
+                }
+                same &= q >= 0;
+            }
+            CHECKF(same, "ep rank %d (%s): the local experts differ from the file's", r,
+                   d ? "BF16" : "F32");
+            ts_model_free(&dst);
+        }
+        for (int p = 0; p < src.n_params; p++) free(bufs[p]);
+    }
+
+    ts_model dst;
+    ts_comm ep;
+    build_ep_rank(&dst, &mc, &ep, 0);
+    const int counts[2] = {2, 8};
+    for (int i = 0; i < 2; i++) {
+        ts_model_config other = moe_tiny(counts[i]);
+        ts_model o;
+        ts_model_build(&o, &(ts_model_spec){.arch = &other, .k = &ts_kernels_cpu});
+        ts_model_init_random(&o, 12);
+        ts_st_entry *oe = malloc((size_t)o.n_params * sizeof *oe);
+        void **ob = malloc((size_t)o.n_params * sizeof *ob);
+        CHECK(write_entries(path, oe, entries_of(&o, TS_DT_F32, oe, ob, NULL)) == TS_OK);
+        char what[64];
+        snprintf(what, sizeof what, "holds %d routed experts per MoE block", counts[i]);
+        const char *msg = expect_init_error(&dst, path, what);
+        CHECKF(contains(msg, "but model.moe_experts = 4") && contains(msg, "experts.") &&
+                   contains(msg, path),
+               "%s", msg);
+        free(oe);
+        free(ob);
+        ts_model_free(&o);
+    }
+    /* A dense model's weights, and MoE weights into a dense model: named as such. */
+    ts_model_config dense = llama_tiny(0);
+    ts_model o;
+    ts_model_build(&o, &(ts_model_spec){.arch = &dense, .k = &ts_kernels_cpu});
+    CHECK(write_entries(path, e, entries_of(&o, TS_DT_F32, e, bufs, NULL)) == TS_OK);
+    const char *msg = expect_init_error(&dst, path, "holds no routed experts' tensors");
+    CHECKF(contains(msg, "model.moe_experts = 4"), "%s", msg);
+    CHECK(write_entries(path, e, entries_of(&src, TS_DT_F32, e, bufs, NULL)) == TS_OK);
+    msg = expect_init_error(&o, path, "holds 4 routed experts per MoE block");
+    CHECKF(contains(msg, "model.moe_experts = 0"), "%s", msg);
+    ts_model_free(&o);
+    ts_model_free(&dst);
+    free(e);
+    free(bufs);
+    ts_model_free(&src);
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_st");
@@ -749,6 +870,7 @@ int main(void)
     test_model_init_bf16_f16();
     test_model_init_llama_checks();
     test_model_init_hf_dirs();
+    test_model_init_expert_parallel();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

@@ -175,6 +175,20 @@ static int layer_of_name(const char *name, int n_layer)
     return -1;
 }
 
+/* The global expert id of a routed expert's tensor name ("model.layers.L.mlp.experts.J."
+ * of Qwen3-MoE and DeepSeek, "model.layers.L.block_sparse_moe.experts.J." of Mixtral;
+ * not the shared experts'), or -1 for any other name. */
+static long expert_of_name(const char *name)
+{
+    int blk = -1, used = 0;
+    if (sscanf(name, "model.layers.%d.%n", &blk, &used) != 1 || used == 0) return -1;
+    const char *e = strstr(name + used, ".experts.");
+    if (!e) return -1;
+    char *end;
+    const long j = strtol(e + 9, &end, 10);
+    return end > e + 9 && *end == '.' && j >= 0 ? j : -1;
+}
+
 static int param_index(const ts_model *m, const char *name)
 {
     for (int p = 0; p < m->n_params; p++)
@@ -346,17 +360,62 @@ static ts_status load_moe_bias(ts_model *m, const init_files *s)
     return TS_OK;
 }
 
+/* The files' experts per MoE block must be the config's model.moe_experts: every rank
+ * sees every name, so every rank gives the same verdict (under expert parallelism a
+ * rank reads only its own experts, and would miss a count that differs elsewhere). The
+ * count is one more than the largest expert id of any block; a file set without
+ * experts for an MoE config, or with them for a dense one, is named as such. */
+static ts_status check_expert_count(const ts_model *m, const init_files *s, const char *path)
+{
+    long most = -1;
+    const char *example = NULL;
+    for (int i = 0; i < s->n; i++)
+        for (int t = 0; t < s->f[i].n_tensors; t++) {
+            const long j = expert_of_name(s->f[i].tensors[t].name);
+            if (j > most) {
+                most = j;
+                example = s->f[i].tensors[t].name;
+            }
+        }
+    const long E = m->moe_experts;
+    if (most + 1 == E || (most < 0 && E == 0)) return TS_OK;
+    if (most < 0)
+        return ts_fail("%s holds no routed experts' tensors (such as "
+                       "'model.layers.L.mlp.experts.0.gate_proj.weight'), but model.moe_experts "
+                       "= %ld: the weights are of a dense model; set model.moe_experts = 0 or "
+                       "point model.init at the MoE's weights",
+                       path, E);
+    return ts_fail("%s holds %ld routed experts per MoE block (its largest expert tensor is "
+                   "'%s'), but model.moe_experts = %ld (config.json's num_local_experts or "
+                   "num_experts): the weights are of another model; set model.moe_experts = "
+                   "%ld",
+                   path, most + 1, example, E, most + 1);
+}
+
+/* Whether tensor `name` is a routed expert of an MoE block of this model that another
+ * expert-parallel rank holds (a global id outside this rank's [moe_ep_rank *
+ * moe_local_experts, ...)): that rank reads and checks it. */
+static bool other_ranks_expert(const ts_model *m, const char *name)
+{
+    const int layer = layer_of_name(name, m->n_layer);
+    const long j = expert_of_name(name);
+    if (layer < 0 || j < 0 || j >= m->moe_experts || !m->layers[layer].moe) return false;
+    const long first = (long)m->moe_ep_rank * m->moe_local_experts;
+    return j < first || j >= first + m->moe_local_experts;
+}
+
 /* Every tensor of the files must be one the model knows: a misspelt or foreign name
  * means the files are not of this architecture. A name of a layer this rank does not
- * own (pipeline stages) is the owning rank's to check; lm_head.weight beside a tied
- * head is compared with the embedding after loading. */
+ * own (pipeline stages), or of an expert another ep rank holds, is the owning rank's to
+ * check; lm_head.weight beside a tied head is compared with the embedding after
+ * loading. */
 static ts_status check_names(const ts_model *m, const init_files *s, const char *path)
 {
     for (int i = 0; i < s->n; i++)
         for (int t = 0; t < s->f[i].n_tensors; t++) {
             const char *name = s->f[i].tensors[t].name;
             if (param_index(m, name) >= 0 || !strcmp(name, "lm_head.weight") ||
-                is_moe_bias(m, name))
+                is_moe_bias(m, name) || other_ranks_expert(m, name))
                 continue;
             const int layer = layer_of_name(name, m->n_layer);
             if (layer >= 0 && !m->layers[layer].owned) continue;
@@ -394,7 +453,8 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
 {
     init_files s;
     if (files_open(&s, path) != TS_OK) return ts_error_prefix("model.init: ");
-    ts_status st = check_names(m, &s, path);
+    ts_status st = check_expert_count(m, &s, path);
+    if (st == TS_OK) st = check_names(m, &s, path);
     for (int p = 0; st == TS_OK && p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
         int f = -1;

@@ -247,7 +247,10 @@ static void collect_slice(item_list *l, const ts_ckpt_layout *L, const ts_model 
 /* Every slice this rank owns: of the parameters it holds as replica 0 (not a tied copy
  * or a tp-replicated copy), the elements of its optimizer ranges; without ZeRO-1 every
  * replica (dp * cp ranks) holds all of them, so replica d writes its d-th of each
- * parameter. */
+ * parameter. Under expert parallelism an expert tensor's replicas are its edp group
+ * (the ranks of the replica group in other ep ranks hold other experts, and write
+ * those), so edp rank d writes its d-th; with ZeRO the ranges are already each edp
+ * rank's share (the reducer shards an expert's bucket over edp). */
 static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckpt_save_args *a)
 {
     const ts_model *m = a->model;
@@ -261,9 +264,15 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            if (!o->sharded && a->replicas > 1) {
+            const bool by_edp = m->moe_ep > 1 && P->expert;
+            const int replicas = by_edp ? a->expert_replicas : a->replicas;
+            const int replica = by_edp ? a->expert_replica : a->replica;
+            if (replicas < 1 || replica < 0 || replica >= replicas)
+                return ts_fail("internal: checkpoint writer %d of %d for '%s'", replica, replicas,
+                               P->shard.name);
+            if (!o->sharded && replicas > 1) {
                 int64_t s, n;
-                ts_shard_range((int64_t)P->numel, a->replicas, a->replica, &s, &n);
+                ts_shard_range((int64_t)P->numel, replicas, replica, &s, &n);
                 lo = lo > (size_t)s ? lo : (size_t)s;
                 hi = hi < (size_t)(s + n) ? hi : (size_t)(s + n);
                 if (lo >= hi) continue;
@@ -366,11 +375,12 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
                                                   (json_int_t)a->data_tokens[i], "crc32",
                                                   (json_int_t)a->data_crc[i]));
     json_t *root = json_pack(
-        "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o, s:o}, "
+        "{s:s, s:i, s:i, s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:I, s:I, s:i, s:o, s:o}, "
         "s:{s:I, s:s}, s:{s:s, s:f, s:f, s:i, s:i, s:i}, s:I, s:o, s:o, s:o}",
         "format", "tessera-checkpoint", "version", TS_CKPT_FORMAT_VERSION, "step", a->step,
         "grid", "pp", c->parallel.pp, "dp", c->parallel.dp, "tp", c->parallel.tp, "virtual_stages",
-        c->parallel.virtual_stages, "zero", c->parallel.zero, "world", a->world->size,
+        c->parallel.virtual_stages, "zero", c->parallel.zero, "ep", c->parallel.ep, "etp",
+        c->parallel.etp, "world", a->world->size,
         "data", "sequences_consumed", (json_int_t)(B * a->step), "global_batch", (json_int_t)B,
         "seq_len", c->model.seq_len, "train", train, "identity", identity,
         "rng", "seed", (json_int_t)c->train.seed, "note",

@@ -90,10 +90,16 @@ ts_status ts_ckpt_print_info(const char *step_dir)
                m->tokenizer_file[0] ? ", trained from " : "", m->tokenizer_file);
     else
         printf("tokenizer   none (%s)\n", m->vocab_size == 256 ? "byte-level" : "token ids");
-    printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)\n", r.grid[0],
+    printf("saved from  pp %d x dp %d x tp %d (virtual_stages %d, zero %d, %d ranks)", r.grid[0],
            r.grid[1], r.grid[2], (int)json_integer_value(json_object_get(grid, "virtual_stages")),
            (int)json_integer_value(json_object_get(grid, "zero")),
            (int)json_integer_value(json_object_get(grid, "world")));
+    /* Expert parallelism (absent before it was recorded: 1). The tensors do not depend
+     * on it: each expert is stored whole under its global id. */
+    const json_int_t ep = json_integer_value(json_object_get(grid, "ep")),
+                     etp = json_integer_value(json_object_get(grid, "etp"));
+    if (ep > 1 || etp > 1) printf(", experts over ep %lld x etp %lld", (long long)ep, (long long)etp);
+    printf("\n");
     printf("data        %lld sequences consumed (global_batch %lld)\n",
            (long long)json_integer_value(
                json_object_get(json_object_get(r.state, "data"), "sequences_consumed")),

@@ -100,8 +100,9 @@ static ts_status check_routing(const ts_model_config *m)
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
  * fit), then what is built: ep and etp over data-parallel ranks (tp = cp = pp = 1, any
- * ZeRO level, no checkpoints: model/moe.c's exchanges, the reducer's edp groups, which
- * ZeRO shards by bucket, the norm's count); the rest is an error saying so. */
+ * ZeRO level: model/moe.c's exchanges, the reducer's edp groups, which ZeRO shards by
+ * bucket, the norm's count), with checkpoints and model.init for ep (each expert owned
+ * by its edp group); the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -138,17 +139,9 @@ static ts_status check_expert_grid(const ts_config *cfg)
                            "leave checkpoint.dir and model.init empty",
                            p->etp, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
     }
-    if (p->tp == 1 && p->cp == 1 && p->pp == 1) {
-        /* Each rank holds only its experts: saving and loading them needs the ownership
-         * by ep rank and the resharding by name, not built yet (the writer would see
-         * half of every expert's bytes). */
-        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
-            return ts_fail("parallel.ep = %d with %s: checkpoints and model.init with expert "
-                           "parallelism are not built yet; set parallel.ep = 1, or leave "
-                           "checkpoint.dir and model.init empty",
-                           p->ep, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
-        return TS_OK;
-    }
+    /* Checkpoints and model.init: each expert is stored whole under its global id,
+     * written by its own edp group and read by the ranks holding it (checkpoint.h). */
+    if (p->tp == 1 && p->cp == 1 && p->pp == 1) return TS_OK;
     return ts_fail("parallel.ep = %d, parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
                    "parallel.pp = %d: expert parallelism is built only over data-parallel "
                    "ranks (etp = tp = cp = pp = 1) yet; set parallel.ep = 1 and parallel.etp = "

@@ -400,6 +400,8 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .world = &t->groups->world, .replica = t->groups->replica.rank,
                            .replicas = t->groups->replica.size,
+                           .expert_replica = t->groups->edp.rank,
+                           .expert_replicas = t->groups->edp.size,
                            .step = step,
                            .staging = &t->staging, .n_data = t->n_data,
                            .data_tokens = t->data_tokens, .data_crc = t->data_crc,
