@@ -118,7 +118,14 @@ static void add_moe_params(builder *b, int layer, int i, const ts_model_config *
                                 TS_INIT_NORMAL, std, -1, 1);
         const int dn = add_param(b, layer, NAME("%s.experts.%lld.%s.weight", pre, j, down), C,
                                  F, TS_INIT_NORMAL, std, -1, 1);
-        b->m->params[g].expert = b->m->params[u].expert = b->m->params[dn].expert = true;
+        /* A whole tensor on this rank, not a tp replica: under ep its copies are the edp
+         * group's (the reducer's and the norm's rule), and with ep over tp ranks the tp
+         * ranks hold different experts, each counted (tensor/tp.h ts_tp_param_counts). */
+        const int ids[3] = {g, u, dn};
+        for (int i = 0; i < 3; i++) {
+            b->m->params[ids[i]].expert = true;
+            if (b->m->moe_ep > 1) b->m->params[ids[i]].shard.replica = 0;
+        }
     }
     if (SF > 0) {
         const int g = add_param(b, layer, NAME("%s.shared_experts.gate_proj.weight", pre), SF, C,
@@ -205,8 +212,8 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
         /* Under tensor parallelism (without sequence parallelism or sub-batches) every tp
-         * rank runs the whole MoE on the whole rows, replicated (ts_config_validate refuses
-         * the rest). */
+         * rank routes the whole rows, replicated, and runs the whole MoE without ep or its
+         * share of the rows with it (moe.c; ts_config_validate refuses the rest). */
         TS_ASSERT(m->arch == TS_ARCH_LLAMA && !tp->sp && tp->sub <= 1);
         m->moe_experts = cfg->moe_experts;
         m->moe_top_k = cfg->moe_top_k;
