@@ -99,9 +99,11 @@ static ts_status check_routing(const ts_model_config *m)
 }
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
- * fit), then what is built: ep over data-parallel ranks (etp 1, tp = cp = pp = 1, any
- * ZeRO level, no checkpoints: model/moe.c's exchange, the reducer's edp groups, which
- * ZeRO shards by bucket, the norm's count); the rest is an error saying so. */
+ * fit), then what is built: etp 1 with ep over any of a stage's tp, cp and dp ranks
+ * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, no
+ * checkpoints: model/moe.c's exchange (under tp each tp rank sends its share of the
+ * replicated rows), the reducer's edp groups, which ZeRO shards by bucket, the norm's
+ * count; the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -117,22 +119,20 @@ static ts_status check_expert_grid(const ts_config *cfg)
                        "parallel.cp * parallel.dp = %d * %d * %d = %lld (the expert grid folds "
                        "onto those ranks)",
                        p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
-    if (p->etp == 1 && p->tp == 1 && p->cp == 1 && p->pp == 1) {
-        /* Each rank holds only its experts: saving and loading them needs the ownership
-         * by ep rank and the resharding by name, not built yet (the writer would see
-         * half of every expert's bytes). */
-        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
-            return ts_fail("parallel.ep = %d with %s: checkpoints and model.init with expert "
-                           "parallelism are not built yet; set parallel.ep = 1, or leave "
-                           "checkpoint.dir and model.init empty",
-                           p->ep, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
-        return TS_OK;
-    }
-    return ts_fail("parallel.ep = %d, parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
-                   "parallel.pp = %d: expert parallelism is built only over data-parallel "
-                   "ranks (etp = tp = cp = pp = 1) yet; set parallel.ep = 1 and parallel.etp = "
-                   "1 (every rank holds every expert) for the others",
-                   p->ep, p->etp, p->tp, p->cp, p->pp);
+    if (p->etp != 1)
+        return ts_fail("parallel.etp = %d: splitting each expert over tensor-parallel ranks is "
+                       "not built yet; set parallel.etp = 1 (whole experts on each of the "
+                       "parallel.ep ranks)",
+                       p->etp);
+    /* Each rank holds only its experts: saving and loading them needs the ownership by
+     * ep rank and the resharding by name, not built yet (the writer would see half of
+     * every expert's bytes). */
+    if (cfg->checkpoint.dir[0] || cfg->model.init[0])
+        return ts_fail("parallel.ep = %d with %s: checkpoints and model.init with expert "
+                       "parallelism are not built yet; set parallel.ep = 1, or leave "
+                       "checkpoint.dir and model.init empty",
+                       p->ep, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
+    return TS_OK;
 }
 
 /* What the MoE layer does not run with yet: an error saying so, not wrong numbers. Built
