@@ -8,12 +8,17 @@
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
 # without the balance loss; a checkpoint (the bias in its state.json) resumes on another
 # grid into the same losses; expert parallelism (ep 2 over dp 2, ep 4 over dp 4, ep 2 over
-# dp 4 with ZeRO-3). Another
+# dp 4 with ZeRO-3, ep 2 over tp 2 and a bit-identical rerun, ep 2 over cp 2, pp 2 x dp 2
+# x ep 2 with 1f1b, zb-v with full recompute and dualpipe-v). Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
 # except_last and auto, micro_batch 2, cp 2 x dp 2; ep 2 over dp 4 (edp 2) with ZeRO-0,
-# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3.
+# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3; pp 2 x dp 2 x ep 2 with interleaved-1f1b,
+# interleaved-zb, looped-bfs, zb-h1 + full recompute, 1f1b + selective and auto
+# recompute; pp 2 x tp 2 x ep 2 with zb-v; ep 4 over tp 2 x dp 2, ep 2 over dp with tp 2
+# (order dp-tp-cp-pp: edp across the tp ranks), ep 4 over cp 2 x dp 2 and over tp 2 x
+# cp 2 (all within 5e-8).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -43,6 +48,26 @@ ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set parallel.ep=2 \
   --set parallel.zero=3
+# Expert parallelism over tp ranks (etp 1): every tp rank routes all rows, sends its half
+# to the experts, the halves are all-gathered (moe.c); run twice, bit-identical.
+check tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
+if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+     --set "log.metrics=\"$TMP/tp2_ep2_again.jsonl\""; then
+  if cmp -s <(losses "$TMP/tp2_ep2.jsonl"; norms "$TMP/tp2_ep2.jsonl") \
+            <(losses "$TMP/tp2_ep2_again.jsonl"; norms "$TMP/tp2_ep2_again.jsonl"); then pass
+  else fail "tp 2 x ep 2 run twice is not bit-identical"; fi
+else fail "rerun tp2_ep2"; sed 's/^/    /' "$TMP/err" >&2; fi
+# Pipeline stages with their own expert grids (ep 2 over each stage's dp 2): the ep peers
+# of a stage run the same schedule, so they meet in the same dispatches, with zb-v's V
+# placement and full recompute's replays and dualpipe-v's two chunks a rank.
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_1f1b 4 --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.ep=2 --set parallel.schedule=1f1b
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=zb-v \
+  --set parallel.virtual_stages=2 --set parallel.recompute=full
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_dualpipev 4 --set parallel.pp=2 \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=dualpipe-v \
+  --set parallel.virtual_stages=2 --set parallel.micro_batch=2
 
 # A checkpoint after 4 steps (the bias moved by then, kept in state.json) resumed on dp 2:
 # steps 4..7 are the uninterrupted run's, bias and all.
@@ -63,5 +88,8 @@ if run_np 1 "${common[@]}" --set train.moe_aux_loss=0 \
      --set "log.metrics=\"$TMP/noaux.jsonl\""; then pass
 else fail "MoE without the balance loss on one rank"; sed 's/^/    /' "$TMP/err" >&2; fi
 CHECK_REF="$TMP/noaux.jsonl" check cp2_noaux 2 --set parallel.cp=2 --set train.moe_aux_loss=0
+# ep 2 over the cp ranks: each sends its own positions' rows, as a dp rank would.
+CHECK_REF="$TMP/noaux.jsonl" check cp2_ep2_noaux 2 --set parallel.cp=2 --set parallel.ep=2 \
+  --set train.moe_aux_loss=0
 
 finish
