@@ -42,7 +42,10 @@ check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
 # ZeRO-3: edp pairs, each bucket sharded over its own group.
 # Under the sanitizers (8 fixed steps here, 4 ranks on 2 cores) the 4-rank cases are the
 # release build's: ep 2 over dp 2 runs the same exchange there.
-check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
+# Its validation (9 windows: 4 for one replica, 5 for the other) runs as many batches on
+# each, the extra one padding, so the ep group meets in every dispatch (engine.c).
+check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2 --set "data.val=\"$TMP/train.bin\"" \
+  --set data.eval_every=4 --set data.val_windows=9
 ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 [ -n "${TS_TEST_SANITIZERS:-}" ] && ep_max_ranks=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
