@@ -120,9 +120,11 @@ static void test_moe_expert_parallel_errors(void)
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
            "%s", ts_error_message());
-    CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2",
-                           "parallel.micro_batch=1", "train.global_batch=2",
-                           "parallel.schedule=dualpipe-v", "parallel.virtual_stages=2"), 7) == TS_OK,
+    CHECKF(load_ov(MOE,
+                   OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2", "parallel.micro_batch=1",
+                      "train.global_batch=2", "parallel.schedule=dualpipe-v",
+                      "parallel.virtual_stages=2"),
+                   7) == TS_OK,
            "%s", ts_error_message());
     CHECKF(load_ov(MOE, OV("parallel.ep=4", "parallel.tp=2", "parallel.cp=2"), 3) == TS_OK,
            "%s", ts_error_message());
