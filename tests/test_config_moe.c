@@ -114,17 +114,27 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=3"), "model.moe_experts = 8", "parallel.ep = 3");
     EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
                "tp * parallel.cp * parallel.dp");
-    /* Built: ep over dp with etp = tp = cp = pp = 1, any ZeRO level, checkpoints and
-     * model.init; the rest refused with the keys named. */
+    /* Built: ep over any of a stage's tp, cp and dp ranks, any pp and ZeRO level,
+     * checkpoints and model.init; etp over dp; the rest refused with the keys named. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
            "%s", ts_error_message());
-    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2",
-                       "parallel.micro_batch=1", "train.global_batch=2"),
-               "parallel.pp = 2", "built only over data-parallel ranks");
-    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.tp=2"), "parallel.tp = 2",
-               "built only over data-parallel ranks");
+    CHECKF(load_ov(MOE,
+                   OV("parallel.ep=2", "parallel.dp=2", "parallel.pp=2", "parallel.micro_batch=1",
+                      "train.global_batch=2", "parallel.schedule=dualpipe-v",
+                      "parallel.virtual_stages=2"),
+                   7) == TS_OK,
+           "%s", ts_error_message());
+    CHECKF(load_ov(MOE, OV("parallel.ep=4", "parallel.tp=2", "parallel.cp=2"), 3) == TS_OK,
+           "%s", ts_error_message());
+    EXPECT_ERR(MOE, OV("parallel.ep=4", "parallel.tp=2", "parallel.cp=2",
+                       "train.moe_aux_loss=0.01"),
+               "parallel.cp > 1", "train.moe_aux_loss");
+    EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true"),
+               "parallel.sequence_parallel = true", "not built yet");
+    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "parallel.etp = 2 with parallel.tp = 2",
+               "not built");
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "checkpoint.dir=\"ck\""), 5) == TS_OK,
@@ -160,7 +170,7 @@ static void test_moe_unbuilt(void)
                            "parallel.recompute=full", "parallel.tp=2"), 5) == TS_OK,
            "%s", ts_error_message());
     EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "parallel.etp = 2",
-               "built only over data-parallel ranks");
+               "not built yet");
 }
 
 static void test_moe_qk_norm(void)

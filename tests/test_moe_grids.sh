@@ -6,18 +6,24 @@
 # ranks and counted once; q_norm/k_norm gradients summed over them) and pp 2 with zb-v's
 # V placement, its split backward (the MoE's weight gradients in the input pass) and full
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
-# without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1, ep 4 over
-# dp 4, ep 2 over dp 4 with ZeRO-3); expert tensor parallelism (etp 2 over dp 2, etp 2 x
-# ep 2 over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in
-# its state.json) resumes on other grids into the same losses, on its own bit for bit,
-# and reshards byte for byte. Another
+# without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven
+# validation, ep 4 over dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a
+# bit-identical rerun, ep 2 over cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
+# recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, etp 2 x ep 2
+# over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in its
+# state.json; on dp 2 x ep 2 and on pp 2 x dp 2 x ep 2) resumes on other grids into the
+# same losses, on its own bit for bit, and reshards byte for byte. Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
 # except_last and auto, micro_batch 2, cp 2 x dp 2; ep 2 over dp 4 (edp 2) with ZeRO-0,
-# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3; etp 2 over dp 2 with ZeRO-1, recompute
-# full and micro_batch 1, etp 2 over dp 4 with ZeRO-3, etp 4 over dp 4, etp 2 x ep 2 over
-# dp 4 with ZeRO-2 (and reruns of etp 2 x ep 2 bit-identical).
+# 1 and 2, ep 2 over dp 2 with ZeRO-1, 2 and 3; pp 2 x dp 2 x ep 2 with interleaved-1f1b,
+# interleaved-zb, looped-bfs, zb-h1 + full recompute, 1f1b + selective and auto
+# recompute; pp 2 x tp 2 x ep 2 with zb-v; ep 4 over tp 2 x dp 2, ep 2 over dp with tp 2
+# (order dp-tp-cp-pp: edp across the tp ranks), ep 4 over cp 2 x dp 2 and over tp 2 x
+# cp 2 (all within 5e-8); etp 2 over dp 2 with ZeRO-1, recompute full and micro_batch 1,
+# etp 2 over dp 4 with ZeRO-3, etp 4 over dp 4, etp 2 x ep 2 over dp 4 with ZeRO-2 (and
+# reruns of etp 2 x ep 2 bit-identical).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -53,6 +59,25 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set 
 check dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_etp2 4 --set parallel.dp=4 --set parallel.ep=2 \
   --set parallel.etp=2
+# Expert parallelism over tp ranks (etp 1): every tp rank routes all rows, sends its half
+# to the experts, the halves are all-gathered (moe.c); run twice, bit-identical.
+check tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
+if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.ep=2 \
+     --set "log.metrics=\"$TMP/tp2_ep2_again.jsonl\""; then
+  if cmp -s <(losses "$TMP/tp2_ep2.jsonl"; norms "$TMP/tp2_ep2.jsonl") \
+            <(losses "$TMP/tp2_ep2_again.jsonl"; norms "$TMP/tp2_ep2_again.jsonl"); then pass
+  else fail "tp 2 x ep 2 run twice is not bit-identical"; fi
+else fail "rerun tp2_ep2"; sed 's/^/    /' "$TMP/err" >&2; fi
+# Pipeline stages with their own expert grids (ep 2 over each stage's dp 2): the ep peers
+# of a stage run the same schedule, so they meet in the same dispatches, with zb-v's V
+# placement and full recompute's replays and dualpipe-v's two chunks a rank (1f1b: the
+# checkpoint case pp2_dp2_ep2 below).
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=zb-v \
+  --set parallel.virtual_stages=2 --set parallel.recompute=full
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_dualpipev 4 --set parallel.pp=2 \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=dualpipe-v \
+  --set parallel.virtual_stages=2 --set parallel.micro_batch=2
 
 # Checkpoints under expert parallelism: each expert is stored whole under its global id,
 # written once by its own ep rank's edp group, weights and AdamW moments (ZeRO shards
@@ -61,8 +86,7 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_etp2 4 --set parallel.dp=4 --set p
 # one rank (check), saving after 4 and 8; its step 4 (the bias moved by then, kept in
 # state.json) resumes on one rank and on dp 4 x ep 4 into the one-rank run's steps 4..7
 # (1e-4), and on its own grid bit for bit: the same metrics and, at step 8, the same
-# files. Another saving grid is one more line (ep 2 x pp 2, once built: NP 4, SETS
-# --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2).
+# files (same=1), and on dp 4 x ep 4 (ep4=1).
 grep '"step":[4-7],' "$TMP/ref.jsonl" > "$TMP/ref_tail.jsonl"
 # resume NAME NP FROM TOL SETS...: "${common[@]}" SETS on NP ranks from FROM's step 4,
 # saving at the end to $TMP/ck_NAME; steps 4..7 against one rank's within TOL, or with
@@ -94,10 +118,21 @@ ep_ckpt_case() {
   fi
   check "$name" "$np" "$@" --set "checkpoint.dir=\"$TMP/ck_$name\"" --set checkpoint.every=4
   resume "${name}_on1" 1 "$name" 1e-4
-  resume "${name}_same" "$np" "$name" 0 "$@"
-  resume "${name}_dp4_ep4" 4 "$name" 1e-4 --set parallel.dp=4 --set parallel.ep=4
+  if [ "$same" = 1 ]; then resume "${name}_same" "$np" "$name" 0 "$@"; fi
+  if [ "$ep4" = 1 ]; then
+    resume "${name}_dp4_ep4" 4 "$name" 1e-4 --set parallel.dp=4 --set parallel.ep=4
+  fi
 }
-ep_ckpt_case dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
+# dp 2 x ep 2 with ZeRO-1, its validation uneven (9 windows: 4 for one replica, 5 for the
+# other) run as many batches on each, the extra one padding, so the ep group meets in
+# every dispatch (engine.c); resumed on one rank and on its own grid bit for bit.
+same=1 ep4=0 ep_ckpt_case dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 \
+  --set parallel.zero=1 --set "data.val=\"$TMP/train.bin\"" --set data.eval_every=4 \
+  --set data.val_windows=9
+# pp 2 x dp 2 x ep 2 with 1f1b (each stage its own expert grid and writers), resumed on
+# one rank and on dp 4 x ep 4.
+same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.ep=2 --set parallel.schedule=1f1b
 
 # Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
 # each expert's writing over the pair, ZeRO-3 shards its weights and moments there) and
@@ -129,5 +164,8 @@ if run_np 1 "${common[@]}" --set train.moe_aux_loss=0 \
      --set "log.metrics=\"$TMP/noaux.jsonl\""; then pass
 else fail "MoE without the balance loss on one rank"; sed 's/^/    /' "$TMP/err" >&2; fi
 CHECK_REF="$TMP/noaux.jsonl" check cp2_noaux 2 --set parallel.cp=2 --set train.moe_aux_loss=0
+# ep 2 over the cp ranks: each sends its own positions' rows, as a dp rank would.
+CHECK_REF="$TMP/noaux.jsonl" check cp2_ep2_noaux 2 --set parallel.cp=2 --set parallel.ep=2 \
+  --set train.moe_aux_loss=0
 
 finish

@@ -99,10 +99,12 @@ static ts_status check_routing(const ts_model_config *m)
 }
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
- * fit), then what is built: ep and etp over data-parallel ranks (tp = cp = pp = 1, any
- * ZeRO level: model/moe.c's exchanges, the reducer's edp groups, which ZeRO shards by
- * bucket, the norm's count), with checkpoints and model.init for ep (each expert owned
- * by its edp group); the rest is an error saying so. */
+ * fit), then what is built: ep over any of a stage's tp, cp and dp ranks
+ * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
+ * checkpoints and model.init (each expert owned by its edp group): model/moe.c's exchange
+ * (under tp each tp rank sends its share of the replicated rows), the reducer's edp
+ * groups, which ZeRO shards by bucket, the norm's count; etp over data-parallel ranks;
+ * the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -127,9 +129,9 @@ static ts_status check_expert_grid(const ts_config *cfg)
                            cfg->model.moe_ffn_hidden, p->etp);
         if (p->tp > 1 || p->cp > 1 || p->pp > 1)
             return ts_fail("parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
-                           "parallel.pp = %d: expert tensor parallelism is built only over "
-                           "data-parallel ranks (tp = cp = pp = 1) yet; set parallel.etp = 1 "
-                           "for the others",
+                           "parallel.pp = %d: expert tensor parallelism with those is not "
+                           "built yet (it is over data-parallel ranks: tp = cp = pp = 1); set "
+                           "parallel.etp = 1 for the others",
                            p->etp, p->tp, p->cp, p->pp);
         /* The checkpoint writers split each tensor by data-parallel replica, which under
          * etp hold different slices of an expert. */
@@ -141,12 +143,7 @@ static ts_status check_expert_grid(const ts_config *cfg)
     }
     /* Checkpoints and model.init: each expert is stored whole under its global id,
      * written by its own edp group and read by the ranks holding it (checkpoint.h). */
-    if (p->tp == 1 && p->cp == 1 && p->pp == 1) return TS_OK;
-    return ts_fail("parallel.ep = %d, parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
-                   "parallel.pp = %d: expert parallelism is built only over data-parallel "
-                   "ranks (etp = tp = cp = pp = 1) yet; set parallel.ep = 1 and parallel.etp = "
-                   "1 (every rank holds every expert) for the others",
-                   p->ep, p->etp, p->tp, p->cp, p->pp);
+    return TS_OK;
 }
 
 /* What the MoE layer does not run with yet: an error saying so, not wrong numbers. Built

@@ -107,6 +107,10 @@ static int add_expert_param(builder *b, int layer, const char *name, int64_t d0,
         P->numel = ts_shard_numel(&P->shard);
         b->offset = P->offset + (P->numel + 15) / 16 * 16;
     }
+    /* A whole tensor (or etp slice) on this rank, not a tp replica: under ep its copies
+     * are the edp group's (the reducer's and the norm's rule), and with ep over tp ranks
+     * the tp ranks hold different experts, each counted (tensor/tp.h ts_tp_param_counts). */
+    if (m->moe_ep > 1) P->shard.replica = 0;
     return p;
 }
 
@@ -222,8 +226,8 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
         /* Under tensor parallelism (without sequence parallelism or sub-batches) every tp
-         * rank runs the whole MoE on the whole rows, replicated (ts_config_validate refuses
-         * the rest). */
+         * rank routes the whole rows, replicated, and runs the whole MoE without ep or its
+         * share of the rows with it (moe.c; ts_config_validate refuses the rest). */
         TS_ASSERT(m->arch == TS_ARCH_LLAMA && !tp->sp && tp->sub <= 1);
         m->moe_experts = cfg->moe_experts;
         m->moe_top_k = cfg->moe_top_k;

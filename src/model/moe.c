@@ -1,7 +1,7 @@
 /* The Mixture-of-Experts phase of an MoE block (block.h; the routing's and the losses'
  * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), dropless, on one rank's rows
- * (under tensor parallelism every tp rank runs it whole, replicated: the same output,
- * input gradient and weight gradients on each, no collective):
+ * (under tensor parallelism without ep every tp rank runs it whole, replicated: the same
+ * output, input gradient and weight gradients on each, no collective):
  *   logits = in @ router^T (fp32), scores and top-k selection (selection by score + the
  *   balancing bias), the N*K assignments permuted into expert order, each expert's
  *   SwiGLU over its rows (one matmul per expert and weight: grouped GEMMs are later
@@ -15,6 +15,17 @@
  * its slice (its outputs partial sums over its F-slice) and the partials are summed
  * back onto the rows' ranks (tensor/expert_tp.h); the backward gathers the output
  * gradients and sums the input gradients' partials the same way.
+ * Expert parallelism with tensor parallelism (etp 1, no sequence parallelism): the rows
+ * are replicated over the tp group, so each tp rank routes all N rows (the counts, the
+ * auxiliary losses and the router's gradient stay replicated, as without ep) but sends
+ * to the experts only its contiguous share of them (moe_share: ts_shard_range's split,
+ * uneven allowed), combines that share, and the tp group all-gathers the shares' rows
+ * (rank order) into the whole output; the backward takes its share of dout the same
+ * way and all-gathers the input gradient's rows and the routing weights' gradient
+ * (N x K) so the router's backward runs on every row, replicated. Each expert then sees
+ * every token once over the ep group: its gradient is complete there and reduces over
+ * edp as with ep over dp. (Replicated dispatch would send every token tp times and
+ * count each expert gradient tp times.)
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -37,14 +48,50 @@ static int block_of(const block_sub *b)
     return b->m->layers[b->l].block;
 }
 
-/* This micro-batch's tokens per expert on the host, and their exclusive prefix sum: the
- * row slices the experts' matmuls run over. */
-static void host_counts(const block_sub *b, int *counts, int *offsets)
+/* The rows [lo, lo + n) of the micro-batch's N this rank sends to the experts: all of
+ * them, or under ep with tp its tp rank's share (the header's design). */
+typedef struct {
+    int lo, n;
+} moe_share;
+
+static bool shares_rows(const ts_model *m)
+{
+    return m->moe_dispatch && m->tp.size > 1;
+}
+
+static moe_share share_of(const ts_model *m, int N, int rank)
+{
+    if (!shares_rows(m)) return (moe_share){0, N};
+    int64_t lo, n;
+    ts_shard_range(N, m->tp.size, rank, &lo, &n);
+    return (moe_share){(int)lo, (int)n};
+}
+
+/* Every tp rank's share of buf (N rows of `width` elements, in place) to every tp rank:
+ * afterwards buf holds all N rows on each, in tp-rank order. */
+static void gather_shares(const ts_model *m, void *buf, int N, int width, ts_dtype type)
+{
+    const int P = m->tp.size;
+    int *counts = ts_malloc(2 * (size_t)P * sizeof(int)), *displs = counts + P;
+    for (int r = 0; r < P; r++) {
+        const moe_share s = share_of(m, N, r);
+        counts[r] = s.n * width;
+        displs[r] = s.lo * width;
+    }
+    ts_request req;
+    ts_iallgather_act(m->tp.comm, buf, counts, displs, type, &req);
+    ts_request_wait(&req);
+    free(counts);
+}
+
+/* This micro-batch's tokens per expert on the host (the share's, which moe_counts holds),
+ * and their exclusive prefix sum: the row slices the experts' matmuls run over. */
+static void host_counts(const block_sub *b, int n_rows, int *counts, int *offsets)
 {
     const int E = b->m->moe_experts;
     b->m->k->memcpy_d2h(counts, b->v.moe_counts, (size_t)E * sizeof(int));
     const int total = ts_moe_offsets(offsets, counts, E);
-    TS_ASSERT(total == b->N * b->m->moe_top_k); /* dropless: every assignment has a row */
+    TS_ASSERT(total == n_rows * b->m->moe_top_k); /* dropless: every assignment has a row */
 }
 
 void ts_moe_forward(const block_sub *b, const void *in, void *out)
@@ -62,15 +109,18 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     k->moe_route_forward(&m->moe_routing, v->moe_scores, v->moe_idx, v->moe_w, v->moe_logits,
                          m->moe_bias + (size_t)block_of(b) * E, N);
 
-    /* Dispatch: counts, offsets, the permuted rows. (The step's counts, for the bias and
-     * the load metrics, are the backward's: a recomputed forward, or an evaluation's,
-     * must not count twice.) */
+    /* Dispatch: counts, offsets, the permuted rows of this rank's share. (The step's
+     * counts, for the bias and the load metrics, are the backward's: a recomputed
+     * forward, or an evaluation's, must not count twice.) */
+    const moe_share sh = share_of(m, N, m->tp.rank);
+    const int *idx = (const int *)v->moe_idx + (size_t)sh.lo * K; /* a byte view */
     k->memset_zero(v->moe_counts, (size_t)E * sizeof(int));
-    k->moe_count(v->moe_counts, v->moe_idx, N, K, E);
+    k->moe_count(v->moe_counts, idx, sh.n, K, E);
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
-    host_counts(b, counts, offsets);
+    host_counts(b, sh.n, counts, offsets);
     k->memcpy_h2d(v->moe_offsets, offsets, (size_t)E * sizeof(int));
-    k->moe_permute(v->moe_xp, v->moe_row, in, v->moe_idx, v->moe_offsets, N, K, C, E);
+    k->moe_permute(v->moe_xp, v->moe_row, act_at(d, in, (size_t)sh.lo * C), idx,
+                   v->moe_offsets, sh.n, K, C, E);
 
     /* The rows this rank's experts process, in expert order: its own permuted rows on
      * one ep rank; else those the ep group sends here (the plan is collective over ep,
@@ -118,7 +168,9 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     if (m->moe_dispatch)
         ts_expert_dispatch_combine(m->moe_dispatch, v->moe_yp, ye, t ? v->moe_yr : v->moe_er);
     free(counts);
-    k->moe_combine(out, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
+    k->moe_combine(act_at(d, out, (size_t)sh.lo * C), v->moe_yp, v->moe_w + (size_t)sh.lo * K,
+                   v->moe_row, sh.n, K, C);
+    if (shares_rows(m)) gather_shares(m, out, N, C, k->act_dtype);
 
     if (m->moe_shared_ffn > 0) {
         const int SF = m->moe_shared_ffn;
@@ -146,8 +198,11 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     /* This micro-batch's selections into the step's counts: once per micro-batch. */
     k->moe_count(m->moe_counts + (size_t)block_of(b) * E, v->moe_idx, N, K, E);
 
-    /* The combine's: each assignment's output gradient, and the routing weights'. */
-    k->moe_combine_backward(s.dyp, s.dw, dout, v->moe_yp, v->moe_w, v->moe_row, N, K, C);
+    /* The combine's: each assignment's output gradient, and the routing weights', for
+     * this rank's share of the rows. */
+    const moe_share sh = share_of(m, N, m->tp.rank);
+    k->moe_combine_backward(s.dyp, s.dw + (size_t)sh.lo * K, act_at(d, dout, (size_t)sh.lo * C),
+                            v->moe_yp, v->moe_w + (size_t)sh.lo * K, v->moe_row, sh.n, K, C);
 
     /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
      * its down projection's backward has read by then. Under expert parallelism the
@@ -155,7 +210,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
      * again from the saved counts: the same collective order as the forward's) and the
      * input gradients come back as the outputs did. */
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
-    host_counts(b, counts, offsets);
+    host_counts(b, sh.n, counts, offsets);
     const int L = m->moe_local_experts;
     const int *rows = counts;
     const void *xr = v->moe_xp;
@@ -200,7 +255,11 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     }
     if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, s.dyp, dxe, t ? s.dyr : s.er);
     free(counts);
-    k->moe_permute_backward(s.dx, s.dyp, v->moe_row, N, K, C);
+    k->moe_permute_backward(act_at(d, s.dx, (size_t)sh.lo * C), s.dyp, v->moe_row, sh.n, K, C);
+    if (shares_rows(m)) { /* every row's input and weight gradients on every tp rank */
+        gather_shares(m, s.dx, N, C, k->act_dtype);
+        gather_shares(m, s.dw, N, K, TS_DTYPE_F32);
+    }
 
     /* The router: the weights' gradient through the renormalisation and the scores, the
      * auxiliary losses' added (their values summed for the metrics), then its matmul.

@@ -484,19 +484,23 @@ void ts_engine_run(ts_engine *e, int step)
 /* Validation: forward only, one micro-batch at a time through the chunks in order
  * (every rank walks the chunks in the same order, so each send meets its receive; the
  * ranks of one replica share its dp rank, so they walk the same windows). Replica d
- * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. */
+ * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. Under expert
+ * parallelism an MoE block's forward is a collective over an ep group that may span
+ * replicas: every replica then runs as many batches as the largest share needs, the
+ * ones past its own windows padding that counts no row. */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
 {
     const int T = e->seq_len, mbs = e->B;
     const uint64_t S = ts_data_num_windows(val, T);
     const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
     const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
+    const int end = e->model->moe_dispatch ? lo + (n_windows + e->dp - 1) / e->dp : hi;
     const size_t NC = (size_t)e->rows * e->C;
     const ts_kernels *kern = e->model->k;
     double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
     kern->memset_zero(acc, sizeof(double));
-    for (int w0 = lo; w0 < hi; w0 += mbs) {
-        int rows = hi - w0 < mbs ? hi - w0 : mbs;
+    for (int w0 = lo; w0 < end; w0 += mbs) {
+        const int rows = hi - w0 < mbs ? (hi > w0 ? hi - w0 : 0) : mbs;
         const void *prev_out = NULL;
         for (int c = 0; c < e->n_chunks; c++) {
             if (!is_local(e, c)) continue;
@@ -524,7 +528,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             }
             a->input = c > 0 ? s->in : NULL;
             for (int r = 0; r < mbs; r++) {
-                const int i = w0 + (r < rows ? r : 0);
+                const int i = rows > 0 ? w0 + (r < rows ? r : 0) : lo; /* lo < n_windows */
                 const uint64_t k = ts_data_val_window((uint64_t)i, (uint64_t)n_windows, S);
                 ts_data_window(val, k, T, e->tokens_host + (size_t)r * T,
                                e->targets_host + (size_t)r * T);
@@ -534,7 +538,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 /* Padding rows repeat window w0; only the real rows count. */
-                kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * e->T);
+                if (rows > 0) kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * e->T);
             } else {
                 void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
