@@ -437,15 +437,28 @@ bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
     return fits;
 }
 
+double ts_plan_flops_params(const ts_model_config *mc)
+{
+    /* A lookup multiplies nothing: an untied input embedding leaves the count (the
+     * head's own lm_head stays: the logits' GEMM); a tied embedding stays once, as the
+     * head's matrix. (gpt2's position table, T * C, is still counted, as nanoGPT's
+     * 6N does not: 0.1-1.3% of the FLOPs of the gpt2/gpt3 configs, whose planner
+     * numbers docs/scaling_gpt3.tsv and README quote.) */
+    const double untied_input = ts_model_tied(mc) ? 0.0 : (double)mc->vocab_size * mc->n_embd;
+    return (double)ts_model_active_params(mc) - untied_input;
+}
+
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
      * (n_head * head_dim = n_embd; grouped-query attention shares k and v between query
      * heads but computes as many scores). An MoE model counts the parameters a token
-     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only). */
+     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no
+     * model its embeddings' lookups (ts_plan_flops_params: Megatron counts the logit
+     * layer alone). */
     const double tokens = (double)global_batch * mc->seq_len;
     const double head_dim = (double)(mc->n_embd / mc->n_head);
-    return 6.0 * (double)ts_model_active_params(mc) * tokens +
+    return 6.0 * ts_plan_flops_params(mc) * tokens +
            12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
 }
