@@ -37,7 +37,26 @@ check pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
 # ZeRO-3: edp pairs, each bucket sharded over its own group.
 # Under the sanitizers (8 fixed steps here, 4 ranks on 2 cores) the 4-rank cases are the
 # release build's: ep 2 over dp 2 runs the same exchange there.
-check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
+# With log.moe_every = 4 its tokens per expert come after steps 3 and 7, the reference's
+# (0: the default) after step 7 alone: each MoE block's counts over the global batch, the
+# same on both grids, each block's summing to its tokens x top_k.
+check dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2 --set log.moe_every=4
+if out=$(python3 - "$TMP/ref.jsonl" "$TMP/dp2_ep2.jsonl" 2>&1 <<'PY'
+import json, sys
+def lines(path):
+    return [d for d in map(json.loads, open(path)) if "moe_tokens" in d]
+ref, ep = lines(sys.argv[1]), lines(sys.argv[2])
+steps = ([d["step"] for d in ref], [d["step"] for d in ep])
+if steps != ([7], [3, 7]):
+    sys.exit("moe_tokens after steps %s (one rank) and %s (log.moe_every = 4)" % steps)
+for d in ref + ep:
+    if d["moe_layers"] != [1, 2, 3] or any(len(r) != 8 or sum(r) != 16 * 64 * 2
+                                            for r in d["moe_tokens"]):
+        sys.exit("step %d: blocks %s, counts %s" % (d["step"], d["moe_layers"], d["moe_tokens"]))
+if ref[0] != ep[1]:
+    sys.exit("step 7's counts differ: %s (one rank), %s (ep 2)" % (ref[0], ep[1]))
+PY
+); then pass; else fail "log.moe_every: $out"; fi
 ep_max_ranks="${TS_TEST_MAX_RANKS:-1000}"
 [ -n "${TS_TEST_SANITIZERS:-}" ] && ep_max_ranks=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4
