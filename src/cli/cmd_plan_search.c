@@ -108,7 +108,8 @@ const char ts_plan_cluster_help[] =
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
     "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is;\n"
-    "parameters: an MoE's active ones, without an untied input embedding (a lookup).\n";
+    "parameters: an MoE's active ones, without the embeddings that are only looked up\n"
+    "(an untied input embedding, gpt2's position table).\n";
 
 bool ts_plan_has_cluster(int argc, char **argv)
 {

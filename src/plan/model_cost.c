@@ -440,12 +440,13 @@ bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
 double ts_plan_flops_params(const ts_model_config *mc)
 {
     /* A lookup multiplies nothing: an untied input embedding leaves the count (the
-     * head's own lm_head stays: the logits' GEMM); a tied embedding stays once, as the
-     * head's matrix. (gpt2's position table, T * C, is still counted, as nanoGPT's
-     * 6N does not: 0.1-1.3% of the FLOPs of the gpt2/gpt3 configs, whose planner
-     * numbers docs/scaling_gpt3.tsv and README quote.) */
-    const double untied_input = ts_model_tied(mc) ? 0.0 : (double)mc->vocab_size * mc->n_embd;
-    return (double)ts_model_active_params(mc) - untied_input;
+     * head's own lm_head stays: the logits' GEMM), and so does gpt2's position table
+     * (nanoGPT's and llm.c's counts leave it out too); a tied embedding stays once, as
+     * the head's matrix. */
+    const double C = mc->n_embd;
+    const double lookups = (ts_model_tied(mc) ? 0.0 : (double)mc->vocab_size * C) +
+                           (ts_model_arch(mc) == TS_ARCH_LLAMA ? 0.0 : (double)mc->seq_len * C);
+    return (double)ts_model_active_params(mc) - lookups;
 }
 
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)

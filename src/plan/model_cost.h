@@ -200,10 +200,9 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
 
 /* The parameters MFU's 6 * parameters counts (Megatron's formula): those a token uses,
  * ts_model_active_params (an MoE block's router, top_k routed and the shared experts),
- * less an untied input embedding, which is only looked up (llama's embed_tokens; its
- * lm_head, the logits' GEMM, counts). A tied embedding counts once, as the logits'
- * matrix; gpt2's position table is still counted (a known overcount of 6 * T * C per
- * token, 0.1-1.3% on the gpt2/gpt3 configs). */
+ * less the embeddings that are only looked up: an untied input embedding (llama's
+ * embed_tokens; its lm_head, the logits' GEMM, counts) and gpt2's position table. A
+ * tied embedding counts once, as the logits' matrix. */
 double ts_plan_flops_params(const ts_model_config *mc);
 
 /* Model FLOPs of one step (no recompute): 6 * ts_plan_flops_params * tokens + attention
