@@ -49,6 +49,7 @@ static void test_moe_defaults(void)
     CHECK(!m->qk_norm && g_cfg.parallel.ep == 1 && g_cfg.parallel.etp == 1);
     CHECK(g_cfg.train.moe_aux_loss == 0 && g_cfg.train.moe_z_loss == 0);
     CHECK(g_cfg.train.moe_bias_rate == 0);
+    CHECK(g_cfg.log.moe_every == 0); /* the tokens per expert after the last step only */
 }
 
 static void test_moe_block_rule(void)
@@ -76,6 +77,7 @@ static void test_moe_dense_refuses_keys(void)
     EXPECT_ERR(dense, OV("model.moe_every=2"), "model.moe_every is set");
     EXPECT_ERR(dense, OV("train.moe_aux_loss=0.001"), "train.moe_aux_loss is set");
     EXPECT_ERR(dense, OV("train.moe_bias_rate=0.001"), "train.moe_bias_rate is set");
+    EXPECT_ERR(dense, OV("log.moe_every=10"), "log.moe_every is set");
     EXPECT_ERR(dense, OV("parallel.ep=2"), "parallel.ep is set");
     /* The keys at their defaults are no setting. */
     ts_error_clear();

@@ -126,9 +126,28 @@ ep_ckpt_case() {
 # dp 2 x ep 2 with ZeRO-1, its validation uneven (9 windows: 4 for one replica, 5 for the
 # other) run as many batches on each, the extra one padding, so the ep group meets in
 # every dispatch (engine.c); resumed on one rank and on its own grid bit for bit.
+# With log.moe_every = 4 its tokens per expert come after steps 3 and 7, the reference's
+# (0: the default) after step 7 alone: each MoE block's counts over the global batch, the
+# same on both grids, each block's summing to its tokens x top_k.
 same=1 ep4=0 ep_ckpt_case dp2_ep2_zero1 2 --set parallel.dp=2 --set parallel.ep=2 \
   --set parallel.zero=1 --set "data.val=\"$TMP/train.bin\"" --set data.eval_every=4 \
-  --set data.val_windows=9
+  --set data.val_windows=9 --set log.moe_every=4
+if out=$(python3 - "$TMP/ref.jsonl" "$TMP/dp2_ep2_zero1.jsonl" 2>&1 <<'PY'
+import json, sys
+def lines(path):
+    return [d for d in map(json.loads, open(path)) if "moe_tokens" in d]
+ref, ep = lines(sys.argv[1]), lines(sys.argv[2])
+steps = ([d["step"] for d in ref], [d["step"] for d in ep])
+if steps != ([7], [3, 7]):
+    sys.exit("moe_tokens after steps %s (one rank) and %s (log.moe_every = 4)" % steps)
+for d in ref + ep:
+    if d["moe_layers"] != [1, 2, 3] or any(len(r) != 8 or sum(r) != 16 * 64 * 2
+                                            for r in d["moe_tokens"]):
+        sys.exit("step %d: blocks %s, counts %s" % (d["step"], d["moe_layers"], d["moe_tokens"]))
+if ref[0] != ep[1]:
+    sys.exit("step 7's counts differ: %s (one rank), %s (ep 2)" % (ref[0], ep[1]))
+PY
+); then pass; else fail "log.moe_every: $out"; fi
 # pp 2 x dp 2 x ep 2 with 1f1b (each stage its own expert grid and writers), resumed on
 # one rank and on dp 4 x ep 4.
 same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 \

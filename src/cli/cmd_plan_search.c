@@ -107,7 +107,9 @@ const char ts_plan_cluster_help[] =
     "GEMMs run in bf16, and activations in the compute dtype as the kernel table lays\n"
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
-    "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is.\n";
+    "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is;\n"
+    "parameters: an MoE's active ones, without the embeddings that are only looked up\n"
+    "(an untied input embedding, gpt2's position table).\n";
 
 bool ts_plan_has_cluster(int argc, char **argv)
 {

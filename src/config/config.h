@@ -200,6 +200,9 @@ typedef struct {
     char metrics[TS_PATH_MAX];  /* JSON Lines; "" = none */
     char trace[TS_PATH_MAX];    /* Chrome trace JSON; "" = none */
     bool progress;              /* stderr progress lines */
+    int moe_every;              /* MoE: a metrics line of each MoE block's tokens per expert
+                                   every this many steps and after the last; 0 = after
+                                   the last step only */
 } ts_log_config;
 
 typedef struct {

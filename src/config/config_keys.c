@@ -239,6 +239,7 @@ const key_spec ts_config_keys[] = {
     STR_KEY("log", "metrics", log.metrics, NULL),
     STR_KEY("log", "trace", log.trace, NULL),
     BOOL_KEY("log", "progress", log.progress),
+    INT_KEY("log", "moe_every", log.moe_every, 0, BIG),
 };
 const int ts_config_n_keys = (int)(sizeof ts_config_keys / sizeof ts_config_keys[0]);
 

@@ -43,6 +43,7 @@ static const char *dense_key_set(const ts_config *cfg)
     if (cfg->train.moe_bias_rate != 0.0) return "train.moe_bias_rate";
     if (cfg->parallel.ep != 1) return "parallel.ep";
     if (cfg->parallel.etp != 1) return "parallel.etp";
+    if (cfg->log.moe_every != 0) return "log.moe_every";
     return NULL;
 }
 

@@ -250,11 +250,20 @@ static double chunk_buffers(const ts_memory_shape *sh, const ts_memory_holdings 
  * grad_bytes / dp; ZeRO-1, the non-blocking reduce-scatters' copies on the group's first
  * rank (the pipeline rank's most): grad_bytes; ZeRO-2/3 reduce one chunk's buffer at a
  * time, whose copies stay inside what the chunk buffers' residency already counts. */
-static double reduce_copies(const ts_memory_shape *sh, int zero, double grad_bytes)
+static double reduce_copies(const ts_memory_shape *sh, const ts_memory_holdings *h, int zero,
+                            double grad_bytes)
 {
     if (sh->dp <= 1) return 0.0;
-    if (zero == 0) return sh->overlap_grad_sync ? grad_bytes : grad_bytes / sh->dp;
-    return zero == 1 ? grad_bytes : 0.0;
+    /* Expert parallelism: the experts' buckets reduce over edp, which copies nothing
+     * with one member, and two groups run as buckets even without overlap (reducer.c's
+     * one blocking all-reduce needs a single group). */
+    const double f = sizeof(float);
+    const bool experts = h->expert_floats > 0;
+    const int edp = sh->edp > 0 ? sh->edp : sh->dp;
+    const double bucketed = experts && edp <= 1 ? grad_bytes - f * h->expert_floats : grad_bytes;
+    if (zero == 0)
+        return sh->overlap_grad_sync || experts ? bucketed : grad_bytes / sh->dp;
+    return zero == 1 ? bucketed : 0.0;
 }
 
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
@@ -273,7 +282,12 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     /* Parameters, gradients and moments by ZeRO level (memory.h); with one replica
      * there is nothing to shard and every level is zero 0. */
     const int zero = sh->dp > 1 ? sh->zero : 0;
-    const double shard = floats / (double)sh->dp, wcb = sh->weight_copy_bytes;
+    /* The routed experts shard over their own group, edp (expert_grid.h), the rest over
+     * the dp replicas; a dense model (no expert floats) is floats / dp to the bit. */
+    const double xf = h->expert_floats, edp = sh->edp > 0 ? sh->edp : sh->dp;
+    const double shard = xf > 0 ? (floats - xf) / (double)sh->dp + xf / edp
+                                : floats / (double)sh->dp;
+    const double wcb = sh->weight_copy_bytes;
     est->params = zero == 3 ? shard * f : floats * (f + wcb);
     est->grads = (zero >= 2 ? shard : floats) * f;
     est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
@@ -284,12 +298,18 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
     /* The replica group's copies are freed before the group sums run (data/reducer.c):
      * the larger of the two is held. */
-    est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, zero, floats * f),
+    est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, h, zero, floats * f),
                                                     h->group_sum_copy)
                                              : 0.0;
     est->blas = sh->threads * TS_BLAS_THREAD_BYTES;
     est->total = est->params + est->grads + est->optimizer + est->chunk_buffers +
                  est->activations + est->buffers + est->reduce_copies + est->blas;
+}
+
+/* The ep a rank's layout takes: parallel.ep for an MoE model (its E/ep experts), else 1. */
+static int layout_ep(const ts_config *cfg)
+{
+    return cfg->model.moe_experts > 0 && cfg->parallel.ep > 1 ? cfg->parallel.ep : 1;
 }
 
 /* A rank's shape and holdings from the model's own layout of its layers (nothing
@@ -337,6 +357,19 @@ static double group_sum_copy(const ts_model *m)
     return 4.0 * (double)((m->params[tied].numel + 15) / 16 * 16) / 2.0; /* as laid out */
 }
 
+/* The floats of the routed experts' tensors in the layout m (ts_param.expert), each to
+ * the next tensor's start (its alignment gap with it). */
+static double expert_floats(const ts_model *m)
+{
+    double x = 0.0;
+    for (int p = 0; p < m->n_params; p++) {
+        if (!m->params[p].expert) continue;
+        const size_t end = p + 1 < m->n_params ? m->params[p + 1].offset : m->num_floats;
+        x += (double)(end - m->params[p].offset);
+    }
+    return x;
+}
+
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                               const ts_schedule *sched, int pp_rank, int threads,
                               rank_layout *out)
@@ -348,6 +381,12 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len / cp;
     const int replicas = cfg->parallel.dp * cp;
     const int n = sched->n_chunks;
+    /* Expert parallelism: the rank lays out its E/ep experts (every ep rank as many) and
+     * the worst-case exchange buffers (act_layout.h's MR, MX); the experts reduce over
+     * edp = tp * cp * dp / (ep * etp) ranks (expert_grid.h). */
+    const int ep = layout_ep(cfg);
+    const int etp = cfg->parallel.etp > 1 ? cfg->parallel.etp : 1;
+    const int edp = ep > 1 ? cfg->parallel.tp * replicas / (ep * etp) : 0;
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
     ts_partition_owned(part, sched->chunk_rank, pp_rank, owned);
@@ -361,7 +400,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                           .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k), /* rank 0: most vocab */
                           .sequence_parallel = cfg->parallel.sequence_parallel,
                           .cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len),
-                          .selective_all = selective};
+                          .selective_all = selective, .ep_size = ep, .ep_rank = 0};
     ts_model m; /* the layout only: nothing is allocated */
     ts_model_layout(&m, &spec);
 
@@ -413,8 +452,9 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .host_reductions = !k->device_memory,
         .overlap_grad_sync = cfg->parallel.overlap_grad_sync,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
-        .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1};
+        .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1, .edp = edp};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
+                                  .expert_floats = ep > 1 ? expert_floats(&m) : 0.0,
                                   .group_sum_copy = group_sum_copy(&m),
                                   .scratch_bytes = scratch,
                                   .act_bytes = out->acts, .stash_bytes = out->stash,
@@ -504,7 +544,8 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
                                                 cfg->train.attention);
     ts_model m; /* the layout only */
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
-                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k)});
+                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
+                                         .ep_size = layout_ep(cfg)});
     free(owned);
     layout_chunk_floats(&m, part, s, pp_rank, out);
     ts_model_free(&m);
@@ -560,7 +601,8 @@ double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part
     ts_model m; /* the layout only, as in ts_memory_estimate */
     const ts_kernels *k = &ts_kernels_cpu;
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
-                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k)});
+                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
+                                         .ep_size = layout_ep(cfg)});
     free(owned);
     double bytes = (double)m.num_floats * sizeof(float);
     ts_model_free(&m);

@@ -77,6 +77,10 @@ typedef struct {
                                  already has) */
     int seq_split;            /* a chunk boundary's rows are B*T / seq_split: tp under
                                  sequence parallelism, else 1 (0 reads as 1) */
+    int edp;                  /* expert parallelism: the ranks holding the same experts
+                                 (topology/expert_grid.h's edp), over which the routed
+                                 experts' gradients reduce and ZeRO shards them (0 reads
+                                 as dp: every replica holds every expert) */
 } ts_memory_shape;
 
 /* Bytes one chunk holds, from its layers' bytes of one micro-batch: the rule the
@@ -100,6 +104,9 @@ void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
 typedef struct {
     double param_floats;       /* the rank's parameters as laid out (padded; the head's
                                   copy of the tied embedding included) */
+    double expert_floats;      /* of param_floats, the routed experts' (ts_param.expert:
+                                  under expert parallelism the rank's E/ep of them),
+                                  sharded and reduced over sh->edp; 0 for a dense model */
     double scratch_bytes;      /* the backward scratch, allocated once */
     double group_sum_copy;     /* host reductions: the temporary of the tied embedding's
                                   blocking sum over the pipeline's two ends (half its
@@ -122,7 +129,8 @@ typedef struct {
 
 /* The memory of pipeline rank pp_rank: parameters and gradients (fp32, plus the weight
  * copy), the AdamW moments (1/dp with ZeRO-1), per ZeRO level with dp > 1 (N =
- * param_floats, S = N / dp its shard, wcb = weight_copy_bytes, F_c = chunk_floats[c];
+ * param_floats, S = its shard: (N - X) / dp + X / edp with X = expert_floats, the
+ * experts sharded over their own group; wcb = weight_copy_bytes, F_c = chunk_floats[c];
  * zero >= 1 with dp = 1 is zero 0):
  *   zero 0: params 4N + wcb N, grads 4N, optimizer 8N;
  *   zero 1: optimizer 8S;

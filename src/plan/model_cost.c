@@ -437,15 +437,29 @@ bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
     return fits;
 }
 
+double ts_plan_flops_params(const ts_model_config *mc)
+{
+    /* A lookup multiplies nothing: an untied input embedding leaves the count (the
+     * head's own lm_head stays: the logits' GEMM), and so does gpt2's position table
+     * (nanoGPT's and llm.c's counts leave it out too); a tied embedding stays once, as
+     * the head's matrix. */
+    const double C = mc->n_embd;
+    const double lookups = (ts_model_tied(mc) ? 0.0 : (double)mc->vocab_size * C) +
+                           (ts_model_arch(mc) == TS_ARCH_LLAMA ? 0.0 : (double)mc->seq_len * C);
+    return (double)ts_model_active_params(mc) - lookups;
+}
+
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
      * (n_head * head_dim = n_embd; grouped-query attention shares k and v between query
      * heads but computes as many scores). An MoE model counts the parameters a token
-     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only). */
+     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no
+     * model its embeddings' lookups (ts_plan_flops_params: Megatron counts the logit
+     * layer alone). */
     const double tokens = (double)global_batch * mc->seq_len;
     const double head_dim = (double)(mc->n_embd / mc->n_head);
-    return 6.0 * (double)ts_model_active_params(mc) * tokens +
+    return 6.0 * ts_plan_flops_params(mc) * tokens +
            12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
 }

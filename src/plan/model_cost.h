@@ -198,10 +198,16 @@ void ts_plan_chunk_floats(const ts_plan_layers *L, const int *chunk_rank, int n_
  * not the embedding): its gradient floats, what its dp reduction moves. */
 double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
 
-/* Model FLOPs of one step (no recompute): 6 * parameters * tokens + attention
+/* The parameters MFU's 6 * parameters counts (Megatron's formula): those a token uses,
+ * ts_model_active_params (an MoE block's router, top_k routed and the shared experts),
+ * less the embeddings that are only looked up: an untied input embedding (llama's
+ * embed_tokens; its lm_head, the logits' GEMM, counts) and gpt2's position table. A
+ * tied embedding counts once, as the logits' matrix. */
+double ts_plan_flops_params(const ts_model_config *mc);
+
+/* Model FLOPs of one step (no recompute): 6 * ts_plan_flops_params * tokens + attention
  * 12 * n_layer * seq_len * n_head * head_dim * tokens (per query head, the full T x T
- * square; n_head * head_dim = n_embd), tokens = global_batch * seq_len; parameters =
- * ts_model_logical_params (llama: untied head counted, no position embedding). */
+ * square; n_head * head_dim = n_embd), tokens = global_batch * seq_len. */
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
 
 #endif

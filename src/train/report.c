@@ -255,6 +255,35 @@ static void describe_data(ts_trainer *t, int step, char *buf, size_t cap)
     if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
+/* log.moe_every's line after step `step` (docs/CONTRACT.md "Metrics"): each MoE block's
+ * tokens per expert over the global batch, {"step", "moe_layers": [l...], "moe_tokens":
+ * [[E counts]...]}, every moe_every steps (0: none) and after the run's last step, as
+ * Megatron and torchtitan log their per-layer MoE statistics at an interval. */
+static ts_status report_moe_tokens(ts_trainer *t, int step, const ts_step_stats *s)
+{
+    const ts_model_config *mc = &t->cfg.model;
+    const int every = t->cfg.log.moe_every;
+    const bool due = (every > 0 && (step + 1) % every == 0) || step == t->cfg.train.steps - 1;
+    if (!s->moe || !s->moe_counts || !due || !t->metrics) return TS_OK;
+    json_t *layers = json_array(), *tokens = json_array();
+    for (int l = 0; l < mc->n_layer; l++) {
+        if (!ts_model_block_is_moe(mc, l)) continue;
+        json_t *row = json_array();
+        for (int e = 0; e < mc->moe_experts; e++)
+            json_array_append_new(row, json_integer(s->moe_counts[(size_t)l * mc->moe_experts + e]));
+        json_array_append_new(layers, json_integer(l));
+        json_array_append_new(tokens, row);
+    }
+    json_t *line = json_pack("{s:i, s:o, s:o}", "step", step, "moe_layers", layers,
+                             "moe_tokens", tokens);
+    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(line);
+    if (!text) return ts_fail("log.metrics: out of memory for step %d's MoE token counts", step);
+    const ts_status st = ts_trainer_metrics_line(t, "%s", text);
+    free(text);
+    return st;
+}
+
 ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms)
 {
     const int steps = t->cfg.train.steps;
@@ -286,6 +315,7 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
         s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, data,
         s->skipped ? ",\"skipped\":true" : "");
+    if (st == TS_OK) st = report_moe_tokens(t, step, s);
     if (t->cfg.log.progress) {
         char eta[32];
         format_eta(eta, sizeof eta, avg_ms * (steps - step - 1) * 1e-3);

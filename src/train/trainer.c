@@ -216,6 +216,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_partition_free(&t->part);
     free(t->recompute_keep);
     free(t->recompute_selective);
+    free(t->moe_counts);
     memset(t, 0, sizeof *t);
 }
 
@@ -233,9 +234,11 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
 {
     ts_model *m = &t->model;
     out->moe = m->moe_experts > 0;
+    out->moe_counts = NULL;
     if (!out->moe) return;
     const size_t n = (size_t)m->n_layer * m->moe_experts;
-    int *counts = ts_malloc(n * sizeof(int));
+    if (!t->moe_counts) t->moe_counts = ts_malloc(n * sizeof(int)); /* kept for the report */
+    int *counts = t->moe_counts;
     double *sums = ts_malloc((n + 2) * sizeof(double));
     float losses[2];
     ts_model_moe_read(m, counts, losses);
@@ -253,8 +256,8 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     out->moe_z_loss = sums[n];
     out->moe_aux_loss = sums[n + 1];
     out->moe_max_load = ts_moe_worst_load(m, counts);
+    out->moe_counts = counts;
     free(sums);
-    free(counts);
 }
 
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)

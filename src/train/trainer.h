@@ -41,6 +41,9 @@ typedef struct {
      * `loss` stays the cross-entropy), and the worst block's max/mean expert load. */
     bool moe;
     double moe_aux_loss, moe_z_loss, moe_max_load;
+    const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
+                              each block over the global batch (the trainer's buffer, until
+                              the next step; dense blocks' 0) */
 } ts_step_stats;
 
 typedef struct {
@@ -112,6 +115,9 @@ typedef struct {
      * ranks measured at start-up summed over the world (rank 0 only). */
     double model_flops;
     double mfu_peak_flops;
+
+    int *moe_counts;    /* MoE: the last step's global counts [n_layer * E] (moe_counts
+                           of its ts_step_stats) */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
