@@ -16,7 +16,10 @@
 #   BUILD=DIR       Tessera build folder (default build/; scripts/build.sh runs in it)
 #   PEER_PY=PATH    the PyTorch 2 python with transformers (default: scripts/peer_venv.sh's)
 #   PEER_GROUPED=0  skip the grouped_mm peer rows
-#   PEER_BF16=0|1   PyTorch's bf16 rows (default: only where the CPU has bf16 instructions)
+#   BF16=0|1        Tessera's bf16 rows (default: where the CPU has AVX512_BF16 or AMX-BF16;
+#                   elsewhere tessera refuses bf16, and the rows say so)
+#   PEER_BF16=0|1   PyTorch's bf16 rows (default: BF16's value)
+#   FP32=0          skip the fp32 rows (Tessera's and PyTorch's): issue 39's table is bf16's
 #   KEEP=DIR        keep the runs' metrics, JSON and /usr/bin/time reports there
 #   L= C= H= KV= E= K= FE= V= T= B=   the shape (default issue 39's: 4 512 8 8 8 2 1024
 #                   32000 512 2); FD= the dense twin's width (default K * FE)
@@ -48,6 +51,8 @@ tokens=$((B * T))
 # bf16 runs where oneDNN has bf16 instructions; elsewhere Tessera refuses it (bench/bf16.sh)
 has_bf16=0
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then has_bf16=1; fi
+run_bf16="${BF16:-$has_bf16}"
+run_fp32="${FP32:-1}"
 
 # active_flops_per_token MLP_PARAMS: bench/llama.sh's count (6 per parameter in a matmul,
 # the untied head's GEMM counts, the embedding lookup does not, plus attention's
@@ -113,7 +118,7 @@ print(d["first_step_s"], file=sys.stderr)' "$tmp/$name.json" > "$tmp/$name.last"
 
 # one NAME FUNCTION ARGS...: a measured run after waiting for a quiet machine; appends
 # "MEDIAN BEST" to $tmp/NAME.r and the CPU share others took to $tmp/NAME.o; a failed run
-# (a refusal: bf16 MoE before it is built) leaves its first error line in $tmp/NAME.fail
+# (a refusal: bf16 without the instructions) leaves its first error line in $tmp/NAME.fail
 one() {
   local name="$1"; shift
   echo "  $name ..." >&2
@@ -127,19 +132,27 @@ one() {
 }
 
 no_bf16="this CPU has neither AVX512_BF16 nor AMX-BF16: Tessera refuses bf16 here"
-runs=(tessera_moe tessera_dense)
-if [ "$has_bf16" = 1 ]; then
+no_fp32="skipped (FP32=0)"
+runs=()
+if [ "$run_fp32" != 0 ]; then
+  runs+=(tessera_moe tessera_dense)
+else
+  for n in tessera_moe tessera_dense hf_fp32 hf_fp32_compile hf_fp32_grouped; do echo "$no_fp32" > "$tmp/$n.fail"; done
+fi
+if [ "$run_bf16" = 1 ]; then
   runs+=(tessera_moe_bf16 tessera_dense_bf16)
 else
   echo "$no_bf16" > "$tmp/tessera_moe_bf16.fail"; cp "$tmp/tessera_moe_bf16.fail" "$tmp/tessera_dense_bf16.fail"
 fi
 # PyTorch's bf16 without the instructions is oneDNN's emulation, several times its fp32
 # time, and nothing of Tessera's to set it against: skipped there unless PEER_BF16=1
-peer_bf16="${PEER_BF16:-$has_bf16}"
-hf_runs=(hf_fp32 hf_fp32_compile)
+peer_bf16="${PEER_BF16:-$run_bf16}"
+hf_runs=()
+if [ "$run_fp32" != 0 ]; then hf_runs+=(hf_fp32 hf_fp32_compile); fi
 if [ "$peer_bf16" = 1 ]; then hf_runs+=(hf_bf16 hf_bf16_compile); fi
 if [ "${PEER_GROUPED:-1}" != 0 ]; then
-  hf_runs+=(hf_fp32_grouped); if [ "$peer_bf16" = 1 ]; then hf_runs+=(hf_bf16_grouped); fi
+  if [ "$run_fp32" != 0 ]; then hf_runs+=(hf_fp32_grouped); fi
+  if [ "$peer_bf16" = 1 ]; then hf_runs+=(hf_bf16_grouped); fi
 fi
 if [ "$peer_bf16" != 1 ]; then
   for n in hf_bf16 hf_bf16_compile hf_bf16_grouped; do
@@ -261,7 +274,7 @@ echo "Tessera MoE speed / Hugging Face's best (goal >= 2x in bf16): bf16" \
      "$(ratio "${hf32%% *}" "$(ms tessera_moe)")$(against "$hf32" "$(ms tessera_moe)")"
 [ "$has_bf16" = 1 ] || echo "bf16: $no_bf16, so the bf16 goal is not measurable on this machine (PyTorch's bf16 rows, if run with PEER_BF16=1, are oneDNN's emulation)."
 echo "Routing (Tessera's moe_max_load: the worst block's busiest expert over the mean, E/K = $((E / K)).0 when every token picks one expert; random init, no balancing on either side), median over the timed steps:" \
-     "fp32 $(med moe_max_load "$tmp/tessera_moe.metrics.jsonl" 1 2> /dev/null || true)$([ "$has_bf16" = 1 ] && echo ", bf16 $(med moe_max_load "$tmp/tessera_moe_bf16.metrics.jsonl" 1 2> /dev/null || true)")"
+     "fp32 $(med moe_max_load "$tmp/tessera_moe.metrics.jsonl" 1 2> /dev/null || true)$([ "$run_bf16" = 1 ] && echo ", bf16 $(med moe_max_load "$tmp/tessera_moe_bf16.metrics.jsonl" 1 2> /dev/null || true)")"
 echo
 echo "Memory of the Tessera runs (MiB; goal: estimate within 5% of the true peak):"
 echo
@@ -269,7 +282,7 @@ echo "| run | trainer's estimate (estimate_mb) | trainer's peak_rss_mb | tessera
 echo "|---|---|---|---|---|---|"
 memory tessera_moe "${moe_sets[@]}"
 memory tessera_dense "${dense_sets[@]}"
-if [ "$has_bf16" = 1 ]; then
+if [ "$run_bf16" = 1 ]; then
   memory tessera_moe_bf16 "${moe_sets[@]}" --set 'train.precision="bf16"'
   memory tessera_dense_bf16 "${dense_sets[@]}" --set 'train.precision="bf16"'
 fi
@@ -283,4 +296,4 @@ echo "active GFLOP/s = active FLOP per token x tokens / step time: 6 x the param
      "bf16 $(paste -sd' ' "$tmp/hf_bf16_compile.first" 2> /dev/null || echo n/a) s. Peak RSS:" \
      "Tessera's from /usr/bin/time -v, PyTorch's from ru_maxrss (its libraries included)."
 echo
-echo "command: $command  ($rounds round(s), steps $STEPS${BUILD:+, BUILD=$BUILD}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16})"
+echo "command: $command  ($rounds round(s), steps $STEPS${BUILD:+, BUILD=$BUILD}${BF16:+, BF16=$BF16}${FP32:+, FP32=$FP32}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16})"

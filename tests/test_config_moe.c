@@ -165,8 +165,11 @@ static void test_moe_unbuilt(void)
                "train.moe_aux_loss", "not built yet");
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.cp=2"), 1) == TS_OK, "%s", ts_error_message());
-    EXPECT_ERR(MOE, OV("train.precision=bf16"), "train.precision = \"bf16\"", "not built");
-    /* Built: data and pipeline parallelism, any schedule and recompute. */
+    /* Built: data and pipeline parallelism, any schedule and recompute, bf16. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("train.precision=bf16", "parallel.dp=2", "parallel.ep=2"), 3) ==
+               TS_OK,
+           "%s", ts_error_message());
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
                            "parallel.recompute=full", "parallel.tp=2"), 5) == TS_OK,

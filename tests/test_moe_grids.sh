@@ -12,7 +12,8 @@
 # recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, etp 2 x ep 2
 # over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in its
 # state.json; on dp 2 x ep 2 and on pp 2 x dp 2 x ep 2) resumes on other grids into the
-# same losses, on its own bit for bit, and reshards byte for byte. Another
+# same losses, on its own bit for bit, and reshards byte for byte; bf16 against fp32 and
+# on ep 2 over dp 2 and pp 2. Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
@@ -186,5 +187,45 @@ CHECK_REF="$TMP/noaux.jsonl" check cp2_noaux 2 --set parallel.cp=2 --set train.m
 # ep 2 over the cp ranks: each sends its own positions' rows, as a dp rank would.
 CHECK_REF="$TMP/noaux.jsonl" check cp2_ep2_noaux 2 --set parallel.cp=2 --set parallel.ep=2 \
   --set train.moe_aux_loss=0
+
+# bf16 (train.precision = "bf16": the router in fp32 from the widened rows, the experts,
+# the dispatch and the combine on bf16 rows; moe.c), with test_bf16_train.sh's tolerances:
+# the one-rank run tracks fp32 within 2% (loss and gradient norm) and differs from it
+# somewhere; a rerun is bit-identical; ep 2 over dp 2 (bf16 rows exchanged) and pp 2 with
+# zb-v and full recompute (the widened rows saved again by the replayed forward) give the
+# one-rank bf16 losses and norms within 1e-2 relative. Measured when written (on a CPU
+# without BF16 instructions, through a local reference bf16 GEMM in place of oneDNN's):
+# bf16 vs fp32 5e-5 (loss) and 1e-3 (norm), ep 2 over dp 2 2e-5 and 2e-4, pp 2 the same
+# bits. Skipped without BF16 instructions (tessera refuses bf16 there, as
+# test_bf16_train.sh checks).
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  BF16=(--set 'train.precision="bf16"')
+  bf16_run() { # NAME NP SETS...: the run, metrics in $TMP/NAME.jsonl
+    local name="$1" np="$2"; shift 2
+    if run_np "$np" "${common[@]}" "${BF16[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+      pass; return 0
+    fi
+    fail "run $name (bf16, $np ranks): $*"; sed 's/^/    /' "$TMP/err" >&2; return 1
+  }
+  if bf16_run bf16 1; then
+    compare_runs "bf16 vs fp32, one rank" "$TMP/bf16.jsonl" "$TMP/ref.jsonl" 0.02 0.02
+    if cmp -s <(losses "$TMP/bf16.jsonl") <(losses "$TMP/ref.jsonl"); then
+      fail "bf16 gave the fp32 losses bit for bit: train.precision = \"bf16\" changed nothing"
+    else pass; fi
+    bf16_run bf16_again 1 &&
+      if cmp -s <(losses "$TMP/bf16_again.jsonl") <(losses "$TMP/bf16.jsonl") &&
+         cmp -s <(norms "$TMP/bf16_again.jsonl") <(norms "$TMP/bf16.jsonl"); then pass
+      else fail "two one-rank bf16 MoE runs differ"; fi
+    bf16_run bf16_dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2 &&
+      compare_runs "bf16 ep 2 over dp 2 vs one rank" "$TMP/bf16_dp2_ep2.jsonl" "$TMP/bf16.jsonl" \
+        1e-2 1e-2
+    bf16_run bf16_pp2_zbv_full 2 --set parallel.pp=2 --set parallel.schedule=zb-v \
+      --set parallel.virtual_stages=2 --set parallel.recompute=full &&
+      compare_runs "bf16 pp 2 zb-v full recompute vs one rank" "$TMP/bf16_pp2_zbv_full.jsonl" \
+        "$TMP/bf16.jsonl" 1e-2 1e-2
+  fi
+else
+  skip_case "bf16: this CPU has neither AVX512_BF16 nor AMX-BF16 (tessera refuses bf16 here)"
+fi
 
 finish

@@ -157,8 +157,8 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * replicated on the tp ranks (each runs it whole: correct, not faster; splitting the
  * experts is ep/etp's). Not: sequence parallelism and tp_overlap (the MoE would take
  * this rank's rows or sub-batches), the balance loss under cp (it needs each whole
- * sequence's counts and scores), bf16 (the router's fp32 logits from bf16 rows) and CUDA
- * (never run). */
+ * sequence's counts and scores) and CUDA (never run). bf16 is built (moe.c: the router
+ * in fp32 from the widened rows, the rest in the activation dtype). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -172,15 +172,14 @@ static ts_status check_moe_built(const ts_config *cfg)
         {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
          "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
          "each whole sequence's counts and scores, split over the cp ranks)"},
-        {strcmp(cfg->train.precision, "fp32") != 0, "train.precision = \"bf16\""},
         {strcmp(cfg->train.device, "cuda") == 0, "train.device = \"cuda\""},
     };
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
                            "built for any tp (replicated on the tp ranks), dp, pp, schedule "
-                           "and recompute, cp without the balance loss, fp32, on the CPU so "
-                           "far; that combination is not built yet",
+                           "and recompute, cp without the balance loss, fp32 and bf16, on the "
+                           "CPU so far; that combination is not built yet",
                            E, axes[i].what);
     return TS_OK;
 }

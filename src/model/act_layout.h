@@ -91,7 +91,9 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
  * experts' order: the router's logits and scores [N,E] and the routing [N,K] (fp32), the
  * routing's int buffers (as bytes), the permuted input [NK,C], each expert's gate|up
  * output [MR,2F] and SwiGLU output [MR,F], the experts' outputs [NK,C], the shared
- * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C]. Under expert parallelism
+ * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C], and in a bf16 run the
+ * router's input widened to fp32 [N,C] (its GEMM's operand, kept for its backward, as
+ * PyTorch keeps x.float() under Megatron's fp32 router). Under expert parallelism
  * (MX = MR) the rows the local experts process, received in expert order [MR,C], their
  * outputs before the combine's exchange [MR,C] and the exchange's work [MR,C]; the last
  * two are live only inside the forward, kept here for now (a shared arena is the next
@@ -106,7 +108,8 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
     X(moe_a, d.MR * d.MF, A) X(moe_yp, d.N * d.MK * d.C, A)                                \
     X(moe_xr, d.MX * d.C, A) X(moe_yr, d.MX * d.C, A) X(moe_er, d.MX * d.C, A)             \
     X(moe_sh_h, d.N * 2 * d.MS, A) X(moe_sh_a, d.N * d.MS, A)                              \
-    X(moe_sh_out, (d.MS ? d.N * d.C : 0), A)
+    X(moe_sh_out, (d.MS ? d.N * d.C : 0), A)                                               \
+    X(moe_xf, (d.ME && d.ab != sizeof(float) ? d.N * d.C : 0), F)
 
 #define HEAD_ACTS(X)                                                                       \
     X(lnf, d.NL * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.NL, F)                         \
@@ -171,10 +174,12 @@ void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc);
  * routing weights' gradient [N,K] and the logits' [N,E] (fp32), an input gradient [N,C],
  * and the shared experts' dact [N,MS] and dh [N,2MS]; under expert parallelism the
  * received output gradients [MR,C] (then, in place, the input gradients going back) and
- * the exchange's work [MR,C] (da and dh then [MR,.]). NULL without MoE. */
+ * the exchange's work [MR,C] (da and dh then [MR,.]); in a bf16 run the router's input
+ * gradient in fp32 [N,C] (dxf; NULL in fp32, where the router writes the input's
+ * gradient itself). NULL without MoE. */
 typedef struct {
     void *dyp, *da, *dh, *dx, *sh_da, *sh_dh, *dyr, *er;
-    float *dw, *dlogits;
+    float *dw, *dlogits, *dxf;
 } moe_scratch;
 moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T);
 

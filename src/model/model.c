@@ -237,6 +237,12 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
             .E = cfg->moe_experts, .K = cfg->moe_top_k, .groups = cfg->moe_groups,
             .topk_groups = cfg->moe_topk_groups, .sigmoid = !strcmp(cfg->moe_router, "sigmoid"),
             .norm_topk = cfg->moe_norm_topk, .route_scale = (float)cfg->moe_route_scale};
+        /* The router's GEMMs run in fp32 whatever the activations (moe.c): on the fp32
+         * table of the same backend (the table itself in fp32; NULL for a layout-only
+         * table, which never runs). */
+        m->moe_router_k = tp->k->act_dtype == TS_DTYPE_F32
+                              ? tp->k
+                              : ts_kernels_for(tp->k->device, "fp32", tp->k->attention);
         m->moe_z_coef = spec->moe_z_loss;
         m->moe_aux_coef = spec->moe_aux_loss;
         /* Expert parallelism: whole experts per ep rank (ts_config_validate says so to

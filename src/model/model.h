@@ -143,6 +143,10 @@ typedef struct {
     int moe_etp, moe_etp_rank, moe_local_ffn;
     ts_expert_tp *moe_expert_tp;
     ts_moe_routing moe_routing;
+    /* The backend's fp32 table (k itself in an fp32 run), which the router's GEMMs run
+     * on: its logits are fp32 from the fp32 master weight and the widened rows
+     * (Megatron's moe_router_dtype = "fp32", DeepSeek-V3's gate). */
+    const ts_kernels *moe_router_k;
     float moe_z_coef, moe_aux_coef;
     float *moe_bias, *moe_losses;
     int *moe_counts;

@@ -2,10 +2,11 @@
  * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), dropless, on one rank's rows
  * (under tensor parallelism without ep every tp rank runs it whole, replicated: the same
  * output, input gradient and weight gradients on each, no collective):
- *   logits = in @ router^T (fp32), scores and top-k selection (selection by score + the
- *   balancing bias), the N*K assignments permuted into expert order, each expert's
- *   SwiGLU over its rows (one matmul per expert and weight: grouped GEMMs are later
- *   work), the outputs combined with the routing weights, plus the shared experts.
+ *   logits = in @ router^T (fp32, in a bf16 run too: router_input), scores and top-k
+ *   selection (selection by score + the balancing bias), the N*K assignments permuted
+ *   into expert order, each expert's SwiGLU over its rows (one matmul per expert and
+ *   weight: grouped GEMMs are later work), the outputs combined with the routing
+ *   weights, plus the shared experts.
  * Under expert parallelism (ts_model.moe_ep > 1) the permuted rows go to the ep ranks
  * that own their experts and come back (tensor/expert_dispatch.h) around the experts'
  * matmuls; everything else (router, selection, combine, shared experts) stays on the
@@ -84,6 +85,19 @@ static void gather_shares(const ts_model *m, void *buf, int N, int width, ts_dty
     free(counts);
 }
 
+/* The router's input in fp32: the block's rows themselves in an fp32 run, else widened
+ * into the saved moe_xf (bf16 -> fp32 is exact), which the backward reads again.
+ * Megatron's moe_router_dtype = "fp32" and DeepSeek-V3's gate do the same; Hugging
+ * Face's Mixtral runs the gate in bf16 and only its softmax in fp32, whose rounded logits
+ * would flip near-tied selections between a bf16 and an fp32 run. */
+static const float *router_input(const block_sub *b, const void *in)
+{
+    const ts_kernels *k = b->m->k;
+    if (k->act_dtype == TS_DTYPE_F32) return in;
+    k->convert(b->v.moe_xf, TS_DTYPE_F32, in, k->act_dtype, (size_t)b->N * b->d->C);
+    return b->v.moe_xf;
+}
+
 /* This micro-batch's tokens per expert on the host (the share's, which moe_counts holds),
  * and their exclusive prefix sum: the row slices the experts' matmuls run over. */
 static void host_counts(const block_sub *b, int n_rows, int *counts, int *offsets)
@@ -102,10 +116,13 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const block_acts *v = &b->v;
     const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
     const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
-    TS_ASSERT(d->S == 1 && !d->sp && k->act_dtype == TS_DTYPE_F32);
+    TS_ASSERT(d->S == 1 && !d->sp && m->moe_router_k);
 
-    /* The router in fp32 (the activations are fp32: bf16 is refused for MoE). */
-    k->matmul_forward(v->moe_logits, in, ts_block_weight(b, b->r.moe_router_w), NULL, N, C, E);
+    /* The router in fp32: its logits from the fp32 master weight and the rows, widened
+     * (exactly) in a bf16 run, on the backend's fp32 table. */
+    const float *xf = router_input(b, in);
+    m->moe_router_k->matmul_forward(v->moe_logits, xf, ts_block_param(b, b->r.moe_router_w),
+                                    NULL, N, C, E);
     k->moe_route_forward(&m->moe_routing, v->moe_scores, v->moe_idx, v->moe_w, v->moe_logits,
                          m->moe_bias + (size_t)block_of(b) * E, N);
 
@@ -270,8 +287,15 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
                                     s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N, b->T,
                                     m->moe_z_coef, m->moe_aux_coef, b->dloss,
                                     b->dloss * (float)b->T);
-    k->matmul_backward(din, ts_block_grad(b, b->r.moe_router_w), NULL, s.dlogits, in,
-                       ts_block_weight(b, b->r.moe_router_w), N, C, E);
+    /* Its fp32 GEMMs, as the forward's: the weight's gradient from the saved fp32 rows,
+     * the input's in fp32, rounded once to the activation dtype (dxf) before the sum with
+     * the experts' path, as PyTorch's autograd rounds x.float()'s gradient. */
+    const bool f32 = k->act_dtype == TS_DTYPE_F32;
+    const float *xf = f32 ? (const float *)in : v->moe_xf;
+    const int rw = b->r.moe_router_w;
+    m->moe_router_k->matmul_backward(f32 ? din : s.dxf, ts_block_grad(b, rw), NULL, s.dlogits,
+                                     xf, ts_block_param(b, rw), N, C, E);
+    if (!f32) k->convert(din, k->act_dtype, s.dxf, TS_DTYPE_F32, (size_t)N * C);
     k->residual_forward(din, din, s.dx, (size_t)N * C);
 
     if (m->moe_shared_ffn > 0) {
