@@ -117,7 +117,7 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
                "tp * parallel.cp * parallel.dp");
     /* Built: ep over any of a stage's tp, cp and dp ranks, any pp and ZeRO level,
-     * checkpoints and model.init; etp over dp; the rest refused with the keys named. */
+     * checkpoints and model.init; etp over cp and dp, any pp; the rest refused with the keys named. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
@@ -141,10 +141,15 @@ static void test_moe_expert_parallel_errors(void)
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "checkpoint.dir=\"ck\""), 5) == TS_OK,
            "%s", ts_error_message());
-    /* Expert tensor parallelism over dp, with and without ep; F must split evenly. */
+    /* Expert tensor parallelism over cp and dp, with and without ep, any pp; F must split
+     * evenly. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.ep=2", "parallel.dp=4",
                            "parallel.micro_batch=1", "train.global_batch=4"), 5) == TS_OK,
+           "%s", ts_error_message());
+    CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.pp=2", "parallel.cp=2",
+                           "parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                           "train.moe_aux_loss=0"), 6) == TS_OK,
            "%s", ts_error_message());
     EXPECT_ERR(MOE, OV("parallel.etp=3", "parallel.dp=3", "parallel.micro_batch=1",
                        "train.global_batch=3"),

@@ -9,9 +9,9 @@
 # without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven
 # validation, ep 4 over dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a
 # bit-identical rerun, ep 2 over cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
-# recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, etp 2 x ep 2
-# over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in its
-# state.json; on dp 2 x ep 2 and on pp 2 x dp 2 x ep 2) resumes on other grids into the
+# recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
+# with zb-v, and etp 2 x ep 2 over cp 2 x dp 2); a checkpoint saved under ep (each expert
+# by its own ranks; the bias in its state.json; on dp 2 x ep 2 and on pp 2 x dp 2 x ep 2) resumes on other grids into the
 # same losses, on its own bit for bit, and reshards byte for byte; bf16 against fp32 and
 # on ep 2 over dp 2 and pp 2. Another
 # micro-batch split is test_moe_fixture's. Measured at
@@ -24,7 +24,8 @@
 # (order dp-tp-cp-pp: edp across the tp ranks), ep 4 over cp 2 x dp 2 and over tp 2 x
 # cp 2 (all within 5e-8); etp 2 over dp 2 with ZeRO-1, recompute full and micro_batch 1,
 # etp 2 over dp 4 with ZeRO-3, etp 4 over dp 4, etp 2 x ep 2 over dp 4 with ZeRO-2 (and
-# reruns of etp 2 x ep 2 bit-identical).
+# reruns of etp 2 x ep 2 bit-identical), etp 2 x ep 2 over dp 4, etp 2 over cp 2, over pp 2
+# x dp 2 with 1f1b and dualpipe-v (within 2.3e-8).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -55,11 +56,13 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set 
   --set parallel.zero=3
 # Expert tensor parallelism: each rank an F/2 slice of its experts, the etp pair's rows
 # gathered and the partial outputs (and input gradients) summed back (expert_tp.h).
-# etp 2 over dp 2 (every expert on both ranks, halved); etp 2 x ep 2 over dp 4 (the ep
-# exchange first, then the etp gather of the received rows).
+# etp 2 over dp 2 (every expert on both ranks, halved); pp 2 x dp 2 with etp 2 (each
+# stage's own etp pairs) under zb-v and full recompute; etp 2 x ep 2 over cp 2 x dp 2
+# below (the ep exchange first, then the etp gather of the received rows).
 check dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
-TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_etp2 4 --set parallel.dp=4 --set parallel.ep=2 \
-  --set parallel.etp=2
+TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_etp2_zbv 4 --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.etp=2 --set parallel.schedule=zb-v --set parallel.virtual_stages=2 \
+  --set parallel.recompute=full
 # Expert parallelism over tp ranks (etp 1): every tp rank routes all rows, sends its half
 # to the experts, the halves are all-gathered (moe.c); run twice, bit-identical.
 check tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
@@ -186,6 +189,10 @@ else fail "MoE without the balance loss on one rank"; sed 's/^/    /' "$TMP/err"
 CHECK_REF="$TMP/noaux.jsonl" check cp2_noaux 2 --set parallel.cp=2 --set train.moe_aux_loss=0
 # ep 2 over the cp ranks: each sends its own positions' rows, as a dp rank would.
 CHECK_REF="$TMP/noaux.jsonl" check cp2_ep2_noaux 2 --set parallel.cp=2 --set parallel.ep=2 \
+  --set train.moe_aux_loss=0
+# etp 2 x ep 2 over cp 2 x dp 2: the ep exchange, then the etp gather of the received rows.
+TS_TEST_MAX_RANKS=$ep_max_ranks CHECK_REF="$TMP/noaux.jsonl" check cp2_dp2_ep2_etp2_noaux 4 \
+  --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.etp=2 \
   --set train.moe_aux_loss=0
 
 # bf16 (train.precision = "bf16": the router in fp32 from the widened rows, the experts,

@@ -104,7 +104,7 @@ static ts_status check_routing(const ts_model_config *m)
  * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
  * checkpoints and model.init (each expert owned by its edp group): model/moe.c's exchange
  * (under tp each tp rank sends its share of the replicated rows), the reducer's edp
- * groups, which ZeRO shards by bucket, the norm's count; etp over data-parallel ranks;
+ * groups, which ZeRO shards by bucket, the norm's count; etp over cp and dp ranks;
  * the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
@@ -122,18 +122,19 @@ static ts_status check_expert_grid(const ts_config *cfg)
                        "onto those ranks)",
                        p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
     if (p->etp > 1) {
-        /* Expert tensor parallelism (tensor/expert_tp.h) is built over data-parallel
-         * ranks, with or without ep: each rank an F/etp slice of its experts. */
+        /* Expert tensor parallelism (tensor/expert_tp.h) is built over context- and
+         * data-parallel ranks (each holds its own rows), with or without ep, any pp:
+         * each rank an F/etp slice of its experts. */
         if (cfg->model.moe_ffn_hidden % p->etp != 0)
             return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
                            "etp rank holds moe_ffn_hidden/etp of every expert's width)",
                            cfg->model.moe_ffn_hidden, p->etp);
-        if (p->tp > 1 || p->cp > 1 || p->pp > 1)
-            return ts_fail("parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
-                           "parallel.pp = %d: expert tensor parallelism with those is not "
-                           "built yet (it is over data-parallel ranks: tp = cp = pp = 1); set "
-                           "parallel.etp = 1 for the others",
-                           p->etp, p->tp, p->cp, p->pp);
+        if (p->tp > 1)
+            return ts_fail("parallel.etp = %d with parallel.tp = %d: expert tensor parallelism "
+                           "with tensor parallelism (whose ranks hold the same rows) is not "
+                           "built yet (it is over context- and data-parallel ranks, any pp); "
+                           "set parallel.etp = 1 or parallel.tp = 1",
+                           p->etp, p->tp);
         /* The checkpoint writers split each tensor by data-parallel replica, which under
          * etp hold different slices of an expert. */
         if (cfg->checkpoint.dir[0] || cfg->model.init[0])
