@@ -256,8 +256,10 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
         TS_ASSERT(cfg->moe_experts % m->moe_ep == 0 && m->moe_ep_rank < m->moe_ep);
         m->moe_local_experts = cfg->moe_experts / m->moe_ep;
         /* Expert tensor parallelism: whole F-slices per etp rank (the config says so). */
-        m->moe_etp = spec->etp && spec->etp->size > 1 ? spec->etp->size : 1;
-        m->moe_etp_rank = m->moe_etp > 1 ? spec->etp->rank : 0;
+        m->moe_etp = spec->etp && spec->etp->size > 1 ? spec->etp->size
+                     : spec->etp_size > 1               ? spec->etp_size
+                                                        : 1;
+        m->moe_etp_rank = spec->etp && spec->etp->size > 1 ? spec->etp->rank : 0;
         TS_ASSERT(cfg->moe_ffn_hidden % m->moe_etp == 0 && (m->moe_etp == 1 || tp->size == 1));
         m->moe_local_ffn = cfg->moe_ffn_hidden / m->moe_etp;
     }
@@ -436,6 +438,7 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
             TS_ASSERT(st == TS_OK);
         }
         if (m->moe_etp > 1) {
+            TS_ASSERT(spec->etp && spec->etp->size == m->moe_etp);
             m->moe_expert_tp = ts_calloc(1, sizeof *m->moe_expert_tp);
             ts_expert_tp_init(m->moe_expert_tp, spec->etp, m->k, m->moe_local_experts,
                               m->n_embd, m->k->act_dtype);

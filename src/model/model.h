@@ -225,8 +225,10 @@ typedef struct {
     const ts_comm *ep;
     int ep_size, ep_rank;
     /* Expert tensor parallelism: the etp group (groups->etp; NULL or size 1: whole
-     * experts). */
+     * experts) and, for a layout without a group, its size (etp_size; this rank's slice
+     * is as large as any other's). */
     const ts_comm *etp;
+    int etp_size;
 } ts_model_spec;
 
 /* Add a between-layers hook (each owner adds its own, once). */

@@ -381,12 +381,14 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     const int n_layers = mc->n_layer + 2, B = cfg->parallel.micro_batch, T = mc->seq_len / cp;
     const int replicas = cfg->parallel.dp * cp;
     const int n = sched->n_chunks;
-    /* Expert parallelism: the rank lays out its E/ep experts (every ep rank as many) and
-     * the worst-case exchange buffers (act_layout.h's MR, MX); the experts reduce over
+    /* Expert parallelism: the rank lays out its E/ep experts (every ep rank as many),
+     * each an F/etp slice under expert tensor parallelism, and the worst-case exchange
+     * buffers (act_layout.h's MR, MX: etp times more rows); the experts reduce over
      * edp = tp * cp * dp / (ep * etp) ranks (expert_grid.h). */
     const int ep = layout_ep(cfg);
     const int etp = cfg->parallel.etp > 1 ? cfg->parallel.etp : 1;
-    const int edp = ep > 1 ? cfg->parallel.tp * replicas / (ep * etp) : 0;
+    const bool split = ep > 1 || (mc->moe_experts > 0 && etp > 1); /* experts' own group */
+    const int edp = split ? cfg->parallel.tp * replicas / (ep * etp) : 0;
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
     ts_partition_owned(part, sched->chunk_rank, pp_rank, owned);
@@ -400,7 +402,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                           .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k), /* rank 0: most vocab */
                           .sequence_parallel = cfg->parallel.sequence_parallel,
                           .cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len),
-                          .selective_all = selective, .ep_size = ep, .ep_rank = 0};
+                          .selective_all = selective, .ep_size = ep, .ep_rank = 0,
+                          .etp_size = etp};
     ts_model m; /* the layout only: nothing is allocated */
     ts_model_layout(&m, &spec);
 
@@ -454,7 +457,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
         .act_bytes = (int)ts_dtype_bytes(k->act_dtype), .selective = selective,
         .seq_split = cfg->parallel.sequence_parallel ? cfg->parallel.tp : 1, .edp = edp};
     out->h = (ts_memory_holdings){.param_floats = (double)m.num_floats,
-                                  .expert_floats = ep > 1 ? expert_floats(&m) : 0.0,
+                                  .expert_floats = split ? expert_floats(&m) : 0.0,
                                   .group_sum_copy = group_sum_copy(&m),
                                   .scratch_bytes = scratch,
                                   .act_bytes = out->acts, .stash_bytes = out->stash,
@@ -545,7 +548,9 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
     ts_model m; /* the layout only */
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
                                          .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
-                                         .ep_size = layout_ep(cfg)});
+                                         .ep_size = layout_ep(cfg),
+                                         .etp_size = mc->moe_experts > 0 ? cfg->parallel.etp
+                                                                         : 1});
     free(owned);
     layout_chunk_floats(&m, part, s, pp_rank, out);
     ts_model_free(&m);
@@ -602,7 +607,9 @@ double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part
     const ts_kernels *k = &ts_kernels_cpu;
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
                                          .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
-                                         .ep_size = layout_ep(cfg)});
+                                         .ep_size = layout_ep(cfg),
+                                         .etp_size = mc->moe_experts > 0 ? cfg->parallel.etp
+                                                                         : 1});
     free(owned);
     double bytes = (double)m.num_floats * sizeof(float);
     ts_model_free(&m);
