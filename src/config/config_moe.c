@@ -101,8 +101,8 @@ static ts_status check_routing(const ts_model_config *m)
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
  * fit), then what is built: ep and etp over data-parallel ranks (tp = cp = pp = 1, any
  * ZeRO level: model/moe.c's exchanges, the reducer's edp groups, which ZeRO shards by
- * bucket, the norm's count), with checkpoints and model.init for ep (each expert owned
- * by its edp group); the rest is an error saying so. */
+ * bucket, the norm's count), with checkpoints and model.init (each expert, or each etp
+ * slice of it, owned by its edp group); the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -131,16 +131,10 @@ static ts_status check_expert_grid(const ts_config *cfg)
                            "data-parallel ranks (tp = cp = pp = 1) yet; set parallel.etp = 1 "
                            "for the others",
                            p->etp, p->tp, p->cp, p->pp);
-        /* The checkpoint writers split each tensor by data-parallel replica, which under
-         * etp hold different slices of an expert. */
-        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
-            return ts_fail("parallel.etp = %d with %s: checkpoints and model.init with expert "
-                           "tensor parallelism are not built yet; set parallel.etp = 1, or "
-                           "leave checkpoint.dir and model.init empty",
-                           p->etp, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
     }
     /* Checkpoints and model.init: each expert is stored whole under its global id,
-     * written by its own edp group and read by the ranks holding it (checkpoint.h). */
+     * written by its own edp group (under etp each slice by its own) and read by the
+     * ranks holding it, each its slice (checkpoint.h). */
     if (p->tp == 1 && p->cp == 1 && p->pp == 1) return TS_OK;
     return ts_fail("parallel.ep = %d, parallel.etp = %d with parallel.tp = %d, parallel.cp = %d, "
                    "parallel.pp = %d: expert parallelism is built only over data-parallel "
