@@ -8,9 +8,9 @@
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
 # without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1, ep 4 over
 # dp 4, ep 2 over dp 4 with ZeRO-3); expert tensor parallelism (etp 2 over dp 2, etp 2 x
-# ep 2 over dp 4); a checkpoint saved under ep (each expert by its own ranks; the bias in
-# its state.json) resumes on other grids into the same losses, on its own bit for bit,
-# and reshards byte for byte. Another
+# ep 2 over dp 4); a checkpoint saved under ep or etp (each expert, or etp slice, by its
+# own ranks; the bias in its state.json) resumes on other grids into the same losses, on
+# its own bit for bit, and reshards byte for byte (onto etp too). Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
