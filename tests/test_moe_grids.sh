@@ -10,10 +10,11 @@
 # validation, ep 4 over dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a
 # bit-identical rerun, ep 2 over cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
 # recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
-# with zb-v, and etp 2 x ep 2 over cp 2 x dp 2); a checkpoint saved under ep (each expert
-# by its own ranks; the bias in its state.json; on dp 2 x ep 2 and on pp 2 x dp 2 x ep 2) resumes on other grids into the
-# same losses, on its own bit for bit, and reshards byte for byte; bf16 against fp32 and
-# on ep 2 over dp 2 and pp 2. Another
+# with zb-v, and etp 2 x ep 2 over cp 2 x dp 2); a checkpoint saved under ep or etp (each
+# expert, or etp slice, by its own ranks; the bias in its state.json; on dp 2 x ep 2, on
+# pp 2 x dp 2 x ep 2 and on dp 2 x etp 2) resumes on other grids into the same losses,
+# on its own bit for bit, and reshards byte for byte (onto etp too); bf16 against fp32
+# and on ep 2 over dp 2 and pp 2. Another
 # micro-batch split is test_moe_fixture's. Measured at
 # 2e-7 when written, also: ZeRO-2/3, pp 2 x dp 2, tp 4, tp 2 x dp 2, tp 2 x pp 2, 1f1b,
 # interleaved-1f1b, zb-h1, interleaved-zb, dualpipe-v, gpipe, recompute selective,
@@ -56,10 +57,10 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set 
   --set parallel.zero=3
 # Expert tensor parallelism: each rank an F/2 slice of its experts, the etp pair's rows
 # gathered and the partial outputs (and input gradients) summed back (expert_tp.h).
-# etp 2 over dp 2 (every expert on both ranks, halved); pp 2 x dp 2 with etp 2 (each
-# stage's own etp pairs) under zb-v and full recompute; etp 2 x ep 2 over cp 2 x dp 2
-# below (the ep exchange first, then the etp gather of the received rows).
-check dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
+# etp 2 over dp 2 (every expert on both ranks, halved) is a checkpoint case below
+# (ep_ckpt_case: the same check, saving); pp 2 x dp 2 with etp 2 (each stage's own etp
+# pairs) under zb-v and full recompute; etp 2 x ep 2 over cp 2 x dp 2 below (the ep
+# exchange first, then the etp gather of the received rows).
 TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_etp2_zbv 4 --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.etp=2 --set parallel.schedule=zb-v --set parallel.virtual_stages=2 \
   --set parallel.recompute=full
@@ -156,31 +157,42 @@ PY
 # one rank and on dp 4 x ep 4.
 same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.ep=2 --set parallel.schedule=1f1b
+# Under etp each expert's F/2 slices are written by their own ranks, tiled whole (the
+# reshards below read and write slices on 4 ranks).
+same=1 ep4=0 ep_ckpt_case dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
 
 # Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
-# each expert's writing over the pair, ZeRO-3 shards its weights and moments there) and
-# saved at once (nothing trained) is the same files byte for byte.
+# each expert's writing over the pair, ZeRO-3 shards its weights and moments there), on
+# dp 4 x etp 2 x ep 2 (each rank reads, then writes, its F/2 slice of its experts) and
+# on dp 4 x etp 2 with ZeRO-3 (each slice's weights and moments sharded over its edp
+# pair) and saved at once (nothing trained) is the same files byte for byte.
 ck="$TMP/ck_dp2_ep2_zero1/step_00000004"
-for z in 0 3; do
-  [ 4 -gt "$ep_max_ranks" ] && { skip_case "reshard to dp4 ep2 zero $z (release)"; continue; }
-  if run_np 4 "${common[@]}" --set train.steps=4 --set parallel.dp=4 --set parallel.ep=2 \
-       --set parallel.zero=$z --set "checkpoint.load=\"$ck\"" \
-       --set "checkpoint.dir=\"$TMP/ck_z$z\"" --set 'log.metrics=""'; then
-    pass; same_ckpt "$ck" "$TMP/ck_z$z/step_00000004" "dp2 ep2 zero1 -> dp4 ep2 zero $z"
+for grid in "ep=2 zero=0" "ep=2 zero=3" "ep=2 etp=2 zero=2" "etp=2 zero=3"; do
+  [ 4 -gt "$ep_max_ranks" ] && { skip_case "reshard to dp4 $grid (release)"; continue; }
+  sets=(); for kv in $grid; do sets+=(--set "parallel.$kv"); done
+  if run_np 4 "${common[@]}" --set train.steps=4 --set parallel.dp=4 "${sets[@]}" \
+       --set "checkpoint.load=\"$ck\"" \
+       --set "checkpoint.dir=\"$TMP/ck_r\"" --set 'log.metrics=""'; then
+    pass; same_ckpt "$ck" "$TMP/ck_r/step_00000004" "dp2 ep2 zero1 -> dp4 $grid"
   else
-    fail "reshard to dp4 ep2 zero $z"; sed 's/^/    /' "$TMP/err" >&2
+    fail "reshard to dp4 $grid"; sed 's/^/    /' "$TMP/err" >&2
   fi
+  rm -rf "$TMP/ck_r"
 done
 
 # model.init under ep: the saved step directory (a save_pretrained directory of every
 # expert) read by dp 2 x ep 2, each rank its own experts, and saved at once: the same
 # weights byte for byte.
-if run_np 2 "${common[@]}" --set train.steps=0 --set parallel.dp=2 --set parallel.ep=2 \
-     --set "model.init=\"$ck\"" --set "checkpoint.dir=\"$TMP/ck_init\"" --set 'log.metrics=""'; then
-  pass; same_files "$ck" "$TMP/ck_init/step_00000000" "model.init on ep 2" model.safetensors
-else
-  fail "model.init on dp 2 x ep 2"; sed 's/^/    /' "$TMP/err" >&2
-fi
+# The same on etp 2, each rank its F/2 slice of every expert.
+for grid in ep etp; do
+  rm -rf "$TMP/ck_init"
+  if run_np 2 "${common[@]}" --set train.steps=0 --set parallel.dp=2 --set parallel.$grid=2 \
+       --set "model.init=\"$ck\"" --set "checkpoint.dir=\"$TMP/ck_init\"" --set 'log.metrics=""'; then
+    pass; same_files "$ck" "$TMP/ck_init/step_00000000" "model.init on $grid 2" model.safetensors
+  else
+    fail "model.init on dp 2 x $grid 2"; sed 's/^/    /' "$TMP/err" >&2
+  fi
+done
 
 # Context parallelism, without the balance loss (refused with it: per whole sequence).
 if run_np 1 "${common[@]}" --set train.moe_aux_loss=0 \

@@ -760,6 +760,44 @@ static void build_ep_rank(ts_model *m, const ts_model_config *mc, ts_comm *ep, i
     ts_model_build(m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu, .ep = ep});
 }
 
+/* m built as (ep, etp) rank (ep_rank of ep_size, etp_rank of 2), the groups only sized. */
+static void build_etp_rank(ts_model *m, const ts_model_config *mc, ts_comm g[2], int ep_size,
+                           int ep_rank, int etp_rank)
+{
+    g[0] = (ts_comm){.size = ep_size, .rank = ep_rank, .name = "ep"};
+    g[1] = (ts_comm){.size = 2, .rank = etp_rank, .name = "etp"};
+    ts_model_build(m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu, .ep = &g[0],
+                                       .etp = &g[1]});
+}
+
+/* Whether every local element of dst is its logical element in src (a whole model:
+ * unsharded), each rounded to BF16 first when `bf16`; names one difference into why. */
+static bool same_as_slices(const ts_model *src, const ts_model *dst, bool bf16, char *why,
+                           size_t cap)
+{
+    for (int p = 0; p < dst->n_params; p++) {
+        const ts_shard_spec *s = &dst->params[p].shard;
+        const int q = param_of(src, s->name);
+        if (q < 0) return snprintf(why, cap, "'%s' is not the source's", s->name), false;
+        const float *w = ts_param_data(src, q), *got = ts_param_data(dst, p);
+        ts_shard_run r;
+        for (ts_shard_iter it = ts_shard_iter_begin(s, 0, dst->params[p].numel);
+             ts_shard_next(&it, &r);)
+            for (size_t i = 0; i < r.len; i++) {
+                uint32_t u;
+                memcpy(&u, &w[r.logical + i], 4);
+                if (bf16) u &= 0xffff0000u;
+                float want;
+                memcpy(&want, &u, 4);
+                if (got[r.local + i] != want)
+                    return snprintf(why, cap, "'%s' local %zu (logical %zu)", s->name,
+                                    r.local + i, r.logical + i),
+                           false;
+            }
+    }
+    return true;
+}
+
 /* Whether m holds a tensor of global expert j (any block, any of its three). */
 static bool holds_expert(const ts_model *m, int j)
 {
@@ -816,6 +854,24 @@ static void test_model_init_expert_parallel(void)
                    d ? "BF16" : "F32");
             ts_model_free(&dst);
         }
+        /* Expert tensor parallelism, alone and with ep 2: each rank reads its F/2 slice
+         * of its experts (gate and up rows, down columns), its two halves tiling them. */
+        for (int ep = 1; ep <= 2; ep++)
+            for (int r = 0; r < 2 * ep; r++) {
+                ts_model dst;
+                ts_comm g[2];
+                build_etp_rank(&dst, &mc, g, ep, r / 2, r % 2);
+                CHECK(dst.moe_etp == 2 && dst.moe_local_ffn == 4 &&
+                      dst.moe_local_experts == 4 / ep);
+                ts_error_clear();
+                CHECKF(ts_ckpt_load_model_init(&dst, path) == TS_OK, "ep %d etp rank %d: %s", ep,
+                       r, ts_error_message());
+                char why[160] = "";
+                CHECKF(same_as_slices(&src, &dst, dts[d] == TS_DT_BF16, why, sizeof why),
+                       "ep %d x etp 2 rank %d (%s): %s differs from the file's", ep, r,
+                       d ? "BF16" : "F32", why);
+                ts_model_free(&dst);
+            }
         for (int p = 0; p < src.n_params; p++) free(bufs[p]);
     }
 

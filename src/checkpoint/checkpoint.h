@@ -13,7 +13,8 @@
  * writes, the bytes of the logical slices it owns (one replica per byte: the shard
  * specs' replica 0, split over the data-parallel ranks; an expert tensor under expert
  * parallelism over the ranks holding that expert, its edp group, so each expert is
- * written once, by its own ep rank's ranks).
+ * written once, by its own ep rank's ranks; under expert tensor parallelism each etp
+ * rank's slice of it by that slice's edp group, the slices tiled by their shard specs).
  * Nothing is gathered but checksums. Loading walks the same shard runs the other way, for
  * whatever grid, partition and ZeRO split the loading job has.
  *
@@ -63,12 +64,13 @@ typedef struct {
                                * writing; this rank's index among them (the grid itself
                                * is cfg->parallel's, recorded in state.json without cp:
                                * context parallelism changes no tensor) */
-    /* Expert parallelism (the model's moe_ep > 1): an expert tensor (ts_param.expert) is
-     * held only by the ranks of its edp group (the replica group's other ranks hold
-     * other experts), so without ZeRO those split its writing, as the replicas split a
-     * dense tensor's; with ZeRO its optimizer ranges are already this rank's share of
-     * the edp group. This rank's index in edp and its size (unused when moe_ep == 1:
-     * an expert is then one more replicated tensor). */
+    /* Expert parallelism (the model's moe_ep > 1 or moe_etp > 1): an expert tensor
+     * (ts_param.expert), or under etp this rank's slice of it (its shard spec), is held
+     * only by the ranks of its edp group (the replica group's other ranks hold other
+     * experts or other slices), so without ZeRO those split its writing, as the
+     * replicas split a dense tensor's; with ZeRO its optimizer ranges are already this
+     * rank's share of the edp group. This rank's index in edp and its size (unused when
+     * moe_ep == moe_etp == 1: an expert is then one more replicated tensor). */
     int expert_replica, expert_replicas;
     int step;                 /* completed optimizer steps: the next step to run */
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */

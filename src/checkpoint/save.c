@@ -249,8 +249,9 @@ static void collect_slice(item_list *l, const ts_ckpt_layout *L, const ts_model 
  * replica (dp * cp ranks) holds all of them, so replica d writes its d-th of each
  * parameter. Under expert parallelism an expert tensor's replicas are its edp group
  * (the ranks of the replica group in other ep ranks hold other experts, and write
- * those), so edp rank d writes its d-th; with ZeRO the ranges are already each edp
- * rank's share (the reducer shards an expert's bucket over edp). */
+ * those; in other etp ranks other slices of it, which their shard spec tiles), so edp
+ * rank d writes its d-th of this rank's slice; with ZeRO the ranges are already each
+ * edp rank's share (the reducer shards an expert's bucket over edp). */
 static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckpt_save_args *a)
 {
     const ts_model *m = a->model;
@@ -264,7 +265,7 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            const bool by_edp = m->moe_ep > 1 && P->expert;
+            const bool by_edp = (m->moe_ep > 1 || m->moe_etp > 1) && P->expert;
             const int replicas = by_edp ? a->expert_replicas : a->replicas;
             const int replica = by_edp ? a->expert_replica : a->replica;
             if (replicas < 1 || replica < 0 || replica >= replicas)

@@ -102,10 +102,10 @@ static ts_status check_routing(const ts_model_config *m)
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
  * fit), then what is built: ep over any of a stage's tp, cp and dp ranks
  * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
- * checkpoints and model.init (each expert owned by its edp group): model/moe.c's exchange
- * (under tp each tp rank sends its share of the replicated rows), the reducer's edp
- * groups, which ZeRO shards by bucket, the norm's count; etp over cp and dp ranks;
- * the rest is an error saying so. */
+ * checkpoints and model.init (each expert, or each etp slice of it, owned by its edp
+ * group): model/moe.c's exchange (under tp each tp rank sends its share of the
+ * replicated rows), the reducer's edp groups, which ZeRO shards by bucket, the norm's
+ * count; etp over cp and dp ranks; the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -135,16 +135,10 @@ static ts_status check_expert_grid(const ts_config *cfg)
                            "built yet (it is over context- and data-parallel ranks, any pp); "
                            "set parallel.etp = 1 or parallel.tp = 1",
                            p->etp, p->tp);
-        /* The checkpoint writers split each tensor by data-parallel replica, which under
-         * etp hold different slices of an expert. */
-        if (cfg->checkpoint.dir[0] || cfg->model.init[0])
-            return ts_fail("parallel.etp = %d with %s: checkpoints and model.init with expert "
-                           "tensor parallelism are not built yet; set parallel.etp = 1, or "
-                           "leave checkpoint.dir and model.init empty",
-                           p->etp, cfg->checkpoint.dir[0] ? "checkpoint.dir" : "model.init");
     }
     /* Checkpoints and model.init: each expert is stored whole under its global id,
-     * written by its own edp group and read by the ranks holding it (checkpoint.h). */
+     * written by its own edp group (under etp each slice by its own) and read by the
+     * ranks holding it, each its slice (checkpoint.h). */
     return TS_OK;
 }
 
