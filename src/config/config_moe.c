@@ -103,9 +103,9 @@ static ts_status check_routing(const ts_model_config *m)
  * fit), then what is built: ep over any of a stage's tp, cp and dp ranks
  * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
  * checkpoints and model.init (each expert owned by its edp group): model/moe.c's exchange
- * (under tp each tp rank sends its share of the replicated rows), the reducer's edp
- * groups, which ZeRO shards by bucket, the norm's count; etp over data-parallel ranks;
- * the rest is an error saying so. */
+ * (under tp each tp rank sends its share of the replicated rows, under sp its own rows),
+ * the reducer's edp groups, which ZeRO shards by bucket, the norm's count; etp over
+ * data-parallel ranks; the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
