@@ -6,9 +6,10 @@
 # ranks and counted once; q_norm/k_norm gradients summed over them) and pp 2 with zb-v's
 # V placement, its split backward (the MoE's weight gradients in the input pass) and full
 # recompute (a replayed forward counts nothing: the counts are the backward's); cp 2
-# without the balance loss; expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven
-# validation, ep 4 over dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a
-# bit-identical rerun, ep 2 over cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
+# and tp 2 with sequence parallelism (without and with ep 2) without the balance loss;
+# expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven validation, ep 4 over
+# dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a bit-identical rerun, ep 2 over
+# cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
 # recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
 # with zb-v, and etp 2 x ep 2 over cp 2 x dp 2); a checkpoint saved under ep or etp (each
 # expert, or etp slice, by its own ranks; the bias in its state.json; on dp 2 x ep 2, on
@@ -210,6 +211,14 @@ CHECK_REF="$TMP/noaux.jsonl" check cp2_ep2_noaux 2 --set parallel.cp=2 --set par
 TS_TEST_MAX_RANKS=$ep_max_ranks CHECK_REF="$TMP/noaux.jsonl" check cp2_dp2_ep2_etp2_noaux 4 \
   --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.etp=2 \
   --set train.moe_aux_loss=0
+# Sequence parallelism (refused with the balance loss: sp splits sequences as cp does):
+# each tp rank routes its own rows, nothing gathered; the router's, the shared expert's
+# and (ep 1) the experts' gradients summed over tp, the counts and loss sums every tp
+# rank's (moe.c); with ep 2 over the tp ranks each sends its rows to the experts' rank.
+CHECK_REF="$TMP/noaux.jsonl" check tp2_sp_noaux 2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true --set train.moe_aux_loss=0
+CHECK_REF="$TMP/noaux.jsonl" check tp2_sp_ep2_noaux 2 --set parallel.tp=2 --set parallel.ep=2 \
+  --set parallel.sequence_parallel=true --set train.moe_aux_loss=0
 
 # bf16 (train.precision = "bf16": the router in fp32 from the widened rows, the experts,
 # the dispatch and the combine on bf16 rows; moe.c), with test_bf16_train.sh's tolerances:

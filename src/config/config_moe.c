@@ -104,8 +104,8 @@ static ts_status check_routing(const ts_model_config *m)
  * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
  * checkpoints and model.init (each expert, or each etp slice of it, owned by its edp
  * group): model/moe.c's exchange (under tp each tp rank sends its share of the
- * replicated rows), the reducer's edp groups, which ZeRO shards by bucket, the norm's
- * count; etp over cp and dp ranks; the rest is an error saying so. */
+ * replicated rows, under sp its own rows), the reducer's edp groups, which ZeRO shards by
+ * bucket, the norm's count; etp over cp and dp ranks; the rest is an error saying so. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -150,9 +150,10 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism without
  * the balance loss (every other term is per token), and tensor parallelism with the MoE
  * replicated on the tp ranks (each runs it whole: correct, not faster; splitting the
- * experts is ep/etp's). Not: sequence parallelism and tp_overlap (the MoE would take
- * this rank's rows or sub-batches), the balance loss under cp (it needs each whole
- * sequence's counts and scores) and CUDA (never run). bf16 is built (moe.c: the router
+ * experts is ep/etp's), and sequence parallelism with or without ep (each tp rank
+ * routes its own rows, nothing gathered). Not: tp_overlap (the MoE would take
+ * sub-batches), the balance loss under cp or sp (it needs each whole sequence's counts
+ * and scores) and CUDA (never run). bf16 is built (moe.c: the router
  * in fp32 from the widened rows, the rest in the activation dtype). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
@@ -162,7 +163,10 @@ static ts_status check_moe_built(const ts_config *cfg)
         bool unbuilt;
         const char *what;
     } axes[] = {
-        {p->sequence_parallel, "parallel.sequence_parallel = true"},
+        {p->sequence_parallel && cfg->train.moe_aux_loss > 0.0,
+         "parallel.sequence_parallel = true and train.moe_aux_loss > 0 (the sequence-wise "
+         "balance loss needs each whole sequence's counts and scores, split over the tp "
+         "ranks)"},
         {p->tp_overlap > 1, "parallel.tp_overlap > 1"},
         {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
          "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
@@ -172,9 +176,10 @@ static ts_status check_moe_built(const ts_config *cfg)
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
-                           "built for any tp (replicated on the tp ranks), dp, pp, schedule "
-                           "and recompute, cp without the balance loss, fp32 and bf16, on the "
-                           "CPU so far; that combination is not built yet",
+                           "built for any tp (replicated on the tp ranks, or each its rows "
+                           "under sequence parallelism), dp, pp, schedule and recompute, cp "
+                           "and sp without the balance loss, fp32 and bf16, on the CPU so "
+                           "far; that combination is not built yet",
                            E, axes[i].what);
     return TS_OK;
 }

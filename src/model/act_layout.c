@@ -42,9 +42,9 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     d.MS = sh.moe_experts > 0 ? (size_t)sh.moe_shared : 0;
     if (sh.moe_experts > 0 && sh.moe_ep > 1) { /* worst case: act_dims MR */
         const size_t local = (size_t)(sh.moe_experts / sh.moe_ep);
-        d.MR = d.MX = (size_t)sh.moe_ep * d.N * (d.MK < local ? d.MK : local);
+        d.MR = d.MX = (size_t)sh.moe_ep * d.NL * (d.MK < local ? d.MK : local);
     } else {
-        d.MR = d.N * d.MK;
+        d.MR = d.NL * d.MK;
     }
     if (sh.moe_experts > 0 && sh.moe_etp > 1) /* the rows of the whole etp group */
         d.MR = d.MX = (size_t)sh.moe_etp * d.MR;
@@ -318,18 +318,18 @@ static size_t scratch_before_moe(act_dims d)
 /* The MoE region's parts in bytes, in order (act_layout.h moe_scratch). */
 static void moe_scratch_parts(act_dims d, size_t part[MOE_SCRATCH_PARTS])
 {
-    const size_t NK = d.N * d.MK;
+    const size_t NK = d.NL * d.MK;
     part[0] = ACT_ALIGN(NK * d.C * d.ab);            /* dyp, then dxp */
     part[1] = ACT_ALIGN(d.MR * d.MF * d.ab);         /* da */
     part[2] = ACT_ALIGN(d.MR * 2 * d.MF * d.ab);     /* dh */
     part[3] = ACT_ALIGN(NK * sizeof(float));         /* dw */
-    part[4] = ACT_ALIGN(d.N * d.ME * sizeof(float)); /* dlogits */
-    part[5] = ACT_ALIGN(d.N * d.C * d.ab);           /* dx */
-    part[6] = ACT_ALIGN(d.N * d.MS * d.ab);          /* shared da */
-    part[7] = ACT_ALIGN(d.N * 2 * d.MS * d.ab);      /* shared dh */
+    part[4] = ACT_ALIGN(d.NL * d.ME * sizeof(float)); /* dlogits */
+    part[5] = ACT_ALIGN(d.NL * d.C * d.ab);          /* dx */
+    part[6] = ACT_ALIGN(d.NL * d.MS * d.ab);         /* shared da */
+    part[7] = ACT_ALIGN(d.NL * 2 * d.MS * d.ab);     /* shared dh */
     part[8] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: dyr, then dxr */
     part[9] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: the work */
-    part[10] = d.ab == sizeof(float) ? 0 : ACT_ALIGN(d.N * d.C * sizeof(float)); /* dxf */
+    part[10] = d.ab == sizeof(float) ? 0 : ACT_ALIGN(d.NL * d.C * sizeof(float)); /* dxf */
 }
 
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)

@@ -35,12 +35,12 @@ typedef struct {
     /* Mixture of Experts (moe.c): the experts E, top K, expert width MF and shared width
      * MS of an MoE block (0 for a dense block; for l < 0, the model's, which size the
      * scratch), and DN: 1 when the block has the dense MLP (its fch, fch_gelu), 0 for an
-     * MoE block. MR: the rows this rank's experts process, at most: N * MK on one ep
-     * rank; under expert parallelism the worst case ep * N * min(K, E/ep) (every other
-     * ep rank sends all its tokens' assignments here), so the buffers sized by it do
-     * not depend on the routing: simple, but ep times the balanced size (a grow-only
-     * arena sized by the balanced count plus measured headroom is the planned next
-     * step). Under expert tensor parallelism MF is this rank's F / etp and MR is etp
+     * MoE block. MR: the rows this rank's experts process, at most: NL * MK on one ep
+     * rank (the MoE routes NL rows: moe.c); under expert parallelism the worst case
+     * ep * NL * min(K, E/ep) (every other ep rank sends all its tokens' assignments
+     * here), so the buffers sized by it do not depend on the routing: simple, but ep
+     * times the balanced size (a grow-only arena sized by the balanced count plus
+     * measured headroom is the planned next step). Under expert tensor parallelism MF is this rank's F / etp and MR is etp
      * times the above (the etp group's rows, gathered: the h and a buffers stay the
      * size of the whole width's). MX: MR under expert (tensor) parallelism, else 0 (the
      * exchanges' buffers). */
@@ -87,8 +87,9 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
     MOE_ACTS(X)                                                                             \
     X(out, d.NL * d.C, A)              /* [NL,C] block output x + attn + mlp */
 
-/* An MoE block's MLP phase (moe.c; empty in a dense block), NK = N*K assignments in the
- * experts' order: the router's logits and scores [N,E] and the routing [N,K] (fp32), the
+/* An MoE block's MLP phase (moe.c; empty in a dense block) on the NL rows it routes (N
+ * below: the micro-batch's, or under sequence parallelism this tp rank's N/tp), NK = N*K
+ * assignments in the experts' order: the router's logits and scores [N,E] and the routing [N,K] (fp32), the
  * routing's int buffers (as bytes), the permuted input [NK,C], each expert's gate|up
  * output [MR,2F] and SwiGLU output [MR,F], the experts' outputs [NK,C], the shared
  * experts' gate|up [N,2MS], SwiGLU [N,MS] and output [N,C], and in a bf16 run the
@@ -99,17 +100,17 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
  * two are live only inside the forward, kept here for now (a shared arena is the next
  * step: see MR). */
 #define MOE_ACTS(X)                                                                        \
-    X(moe_logits, d.N * d.ME, F) X(moe_scores, d.N * d.ME, F)                              \
-    X(moe_idx, d.N * d.MK * sizeof(int), BYTES) X(moe_w, d.N * d.MK, F)                    \
-    X(moe_row, d.N * d.MK * sizeof(int), BYTES) /* row_of: assignment n*K+k's row */        \
+    X(moe_logits, d.NL * d.ME, F) X(moe_scores, d.NL * d.ME, F)                            \
+    X(moe_idx, d.NL * d.MK * sizeof(int), BYTES) X(moe_w, d.NL * d.MK, F)                  \
+    X(moe_row, d.NL * d.MK * sizeof(int), BYTES) /* row_of: assignment n*K+k's row */      \
     X(moe_counts, d.ME * sizeof(int), BYTES)   /* this micro-batch's tokens per expert */  \
     X(moe_offsets, d.ME * sizeof(int), BYTES)  /* their exclusive prefix sum */            \
-    X(moe_xp, d.N * d.MK * d.C, A) X(moe_h, d.MR * 2 * d.MF, A)                            \
-    X(moe_a, d.MR * d.MF, A) X(moe_yp, d.N * d.MK * d.C, A)                                \
+    X(moe_xp, d.NL * d.MK * d.C, A) X(moe_h, d.MR * 2 * d.MF, A)                           \
+    X(moe_a, d.MR * d.MF, A) X(moe_yp, d.NL * d.MK * d.C, A)                               \
     X(moe_xr, d.MX * d.C, A) X(moe_yr, d.MX * d.C, A) X(moe_er, d.MX * d.C, A)             \
-    X(moe_sh_h, d.N * 2 * d.MS, A) X(moe_sh_a, d.N * d.MS, A)                              \
-    X(moe_sh_out, (d.MS ? d.N * d.C : 0), A)                                               \
-    X(moe_xf, (d.ME && d.ab != sizeof(float) ? d.N * d.C : 0), F)
+    X(moe_sh_h, d.NL * 2 * d.MS, A) X(moe_sh_a, d.NL * d.MS, A)                            \
+    X(moe_sh_out, (d.MS ? d.NL * d.C : 0), A)                                              \
+    X(moe_xf, (d.ME && d.ab != sizeof(float) ? d.NL * d.C : 0), F)
 
 #define HEAD_ACTS(X)                                                                       \
     X(lnf, d.NL * d.C, A) X(lnf_mean, d.NM, F) X(lnf_rstd, d.NL, F)                         \

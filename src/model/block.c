@@ -196,14 +196,16 @@ static void fwd_residual_norm_2(void *ctx, int i, ts_tp_pending *p)
     ts_residual_norm_forward(r->m, b.v.res2, b.v.ln2, b.v.ln2_mean, b.v.ln2_rstd, b.v.res2,
                              x_rows(r, &b), ts_block_param(&b, b.r.norm2_w),
                              ts_block_param(&b, b.r.norm2_b), b.NL);
-    ts_block_gather_input(&b, b.v.ln2, p);
+    /* An MoE block under sequence parallelism routes this rank's rows: nothing to
+     * gather (moe.c). */
+    if (!b.m->layers[b.l].moe) ts_block_gather_input(&b, b.v.ln2, p);
 }
 
 static void fwd_mlp(void *ctx, int i, ts_tp_pending *p)
 {
     const block_sub b = sub_of(ctx, i);
     if (b.m->layers[b.l].moe)
-        ts_moe_forward(&b, ts_block_input_at(&b, b.v.ln2), b.v.out);
+        ts_moe_forward(&b, b.v.ln2, b.v.out);
     else
         ts_mlp_forward(&b, ts_block_input_at(&b, b.v.ln2), b.v.out, p);
 }

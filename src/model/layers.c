@@ -198,7 +198,8 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
     }
 }
 
-/* Sequence parallelism: each rank's norm weight gradients hold its rows' part; once the
+/* Sequence parallelism: each rank's norm weight gradients (and an MoE block's routed
+ * ones, below) hold its rows' part; once the
  * step's last backward has left layer l they are summed over the tp group (Megatron's
  * finalize-time all-reduce of the norms, here per layer so the data-parallel buckets
  * that follow see final values). The other replicated gradients (row-parallel biases,
@@ -226,6 +227,14 @@ void ts_model_sum_sequence_grads(const ts_model *m, int l)
         const int norms[4] = {r.norm1_w, r.norm1_b, r.norm2_w, r.norm2_b};
         for (int i = 0; i < 4; i++)
             if (norms[i] >= 0) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + norms[i]), C);
+        /* An MoE block routes each tp rank's rows (moe.c): its router's and shared
+         * experts' gradients, and its experts' with ep = 1 (each tp rank's copy of every
+         * expert), are each rank's rows' part. Under ep the experts' are summed over
+         * their edp group instead (the reducer), which holds every copy of them. */
+        if (L->moe)
+            for (int p = p0 + r.moe_router_w; p < p0 + L->n_params; p++)
+                if (!m->params[p].expert || m->moe_ep == 1)
+                    ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p), m->params[p].numel);
     }
 }
 

@@ -225,10 +225,11 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->qk_norm = cfg->qk_norm;
     TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
-        /* Under tensor parallelism (without sequence parallelism or sub-batches) every tp
-         * rank routes the whole rows, replicated, and runs the whole MoE without ep or its
-         * share of the rows with it (moe.c; ts_config_validate refuses the rest). */
-        TS_ASSERT(m->arch == TS_ARCH_LLAMA && !tp->sp && tp->sub <= 1);
+        /* Under tensor parallelism (without sub-batches) every tp rank routes the whole
+         * rows, replicated, and runs the whole MoE without ep or its share of the rows
+         * with it; under sequence parallelism its own rows (moe.c; ts_config_validate
+         * refuses the rest). */
+        TS_ASSERT(m->arch == TS_ARCH_LLAMA && tp->sub <= 1);
         m->moe_experts = cfg->moe_experts;
         m->moe_top_k = cfg->moe_top_k;
         m->moe_ffn = cfg->moe_ffn_hidden;

@@ -1,6 +1,6 @@
 /* The Mixture-of-Experts phase of an MoE block (block.h; the routing's and the losses'
  * formulas: MOE_DESIGN / docs/CONTRACT.md "Model (llama)"), dropless, on one rank's rows
- * (under tensor parallelism without ep every tp rank runs it whole, replicated: the same
+ * (under tensor parallelism without ep or sp every tp rank runs it whole, replicated: the same
  * output, input gradient and weight gradients on each, no collective):
  *   logits = in @ router^T (fp32, in a bf16 run too: router_input), scores and top-k
  *   selection (selection by score + the balancing bias), the N*K assignments permuted
@@ -27,6 +27,14 @@
  * every token once over the ep group: its gradient is complete there and reduces over
  * edp as with ep over dp. (Replicated dispatch would send every token tp times and
  * count each expert gradient tp times.)
+ * Under sequence parallelism (tp > 1, Megatron's design) nothing is gathered: each tp
+ * rank routes, dispatches (over ep, which may span the tp ranks, or to its own copy of
+ * every expert with ep = 1), combines and adds the shared experts on its own N/tp rows,
+ * and the output and input gradient stay its rows. Every token is then one rank's, so
+ * the router's, the shared experts' and (ep = 1) the experts' weight gradients are each
+ * tp rank's rows' part, summed over tp once a step as sp's norms are
+ * (ts_model_sum_sequence_grads); under ep the experts' are whole over the edp group as
+ * without sp; and the step's counts and loss sums are every tp rank's (trainer.c).
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -49,15 +57,22 @@ static int block_of(const block_sub *b)
     return b->m->layers[b->l].block;
 }
 
+/* The rows the MoE runs on: the micro-batch's N, or under sequence parallelism this tp
+ * rank's NL of them (the header's design: no gather). */
+static int moe_rows(const block_sub *b)
+{
+    return b->d->sp ? b->NL : b->N;
+}
+
 /* The rows [lo, lo + n) of the micro-batch's N this rank sends to the experts: all of
- * them, or under ep with tp its tp rank's share (the header's design). */
+ * them, or under ep with tp (no sp) its tp rank's share (the header's design). */
 typedef struct {
     int lo, n;
 } moe_share;
 
 static bool shares_rows(const ts_model *m)
 {
-    return m->moe_dispatch && m->tp.size > 1;
+    return m->moe_dispatch && m->tp.size > 1 && !m->tp.sp;
 }
 
 static moe_share share_of(const ts_model *m, int N, int rank)
@@ -94,7 +109,7 @@ static const float *router_input(const block_sub *b, const void *in)
 {
     const ts_kernels *k = b->m->k;
     if (k->act_dtype == TS_DTYPE_F32) return in;
-    k->convert(b->v.moe_xf, TS_DTYPE_F32, in, k->act_dtype, (size_t)b->N * b->d->C);
+    k->convert(b->v.moe_xf, TS_DTYPE_F32, in, k->act_dtype, (size_t)moe_rows(b) * b->d->C);
     return b->v.moe_xf;
 }
 
@@ -114,9 +129,9 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const ts_kernels *k = m->k;
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
-    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
+    const int N = moe_rows(b), C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
     const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
-    TS_ASSERT(d->S == 1 && !d->sp && m->moe_router_k);
+    TS_ASSERT(d->S == 1 && m->moe_router_k);
 
     /* The router in fp32: its logits from the fp32 master weight and the rows, widened
      * (exactly) in a bf16 run, on the backend's fp32 table. */
@@ -206,7 +221,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     const ts_kernels *k = m->k;
     const act_dims *d = b->d;
     const block_acts *v = &b->v;
-    const int N = b->N, C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
+    const int N = moe_rows(b), C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
     const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
     /* Under the zero-bubble split (b->stash) the MoE's weight gradients are made here, in
      * the input pass, not deferred: correct, the W pass has less to do. */
@@ -282,9 +297,13 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
      * auxiliary losses' added (their values summed for the metrics), then its matmul.
      * The losses are per sequence of T rows over the global batch: dloss = 1/(B_glob T). */
     k->moe_route_backward(&m->moe_routing, s.dlogits, s.dw, v->moe_scores, v->moe_idx, N);
+    /* Under sequence parallelism a rank's rows need not be whole sequences: the balance
+     * loss is refused there (config_moe.c), and the z-loss is per row (T = 1). */
+    TS_ASSERT(!d->sp || m->moe_aux_coef == 0.0f);
     if (m->moe_z_coef > 0.0f || m->moe_aux_coef > 0.0f)
         k->moe_aux_forward_backward(&m->moe_routing, m->moe_losses, m->moe_losses + 1,
-                                    s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N, b->T,
+                                    s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N,
+                                    d->sp ? 1 : b->T,
                                     m->moe_z_coef, m->moe_aux_coef, b->dloss,
                                     b->dloss * (float)b->T);
     /* Its fp32 GEMMs, as the forward's: the weight's gradient from the saved fp32 rows,

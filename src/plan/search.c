@@ -148,10 +148,12 @@ static int complexity(const ts_plan_grid *g)
 }
 
 /* Whether sequence parallelism can split tp's rows (ts_config_validate's rule: of the
- * seq_len / cp positions a context-parallel rank holds; not with MoE, config_moe.c). */
+ * seq_len / cp positions a context-parallel rank holds; not with an MoE model's
+ * sequence-wise balance loss, which needs whole sequences: config_moe.c). */
 static bool sp_ok(const ts_config *cfg, int tp, int cp)
 {
-    return tp > 1 && (cfg->model.seq_len / cp) % tp == 0 && cfg->model.moe_experts == 0;
+    return tp > 1 && (cfg->model.seq_len / cp) % tp == 0 &&
+           (cfg->model.moe_experts == 0 || cfg->train.moe_aux_loss <= 0.0);
 }
 
 /* Best first: the shorter step, then (on a tie) the less memory, then the simpler grid

@@ -228,7 +228,8 @@ static double grid_sum(const ts_trainer *t, double local)
 }
 
 /* The MoE blocks' step (model.h ts_model_moe_*): their routed-token counts and loss sums
- * over the whole grid (each token is one rank's in each block, tp rank 0's of its group),
+ * over the whole grid (each token is one rank's in each block, tp rank 0's of its group,
+ * or under sequence parallelism the tp rank holding its row),
  * the balancing bias moved from them, identically on every rank, and the metrics. */
 static void moe_step_end(ts_trainer *t, ts_step_stats *out)
 {
@@ -242,8 +243,9 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     double *sums = ts_malloc((n + 2) * sizeof(double));
     float losses[2];
     ts_model_moe_read(m, counts, losses);
-    /* The tp ranks run the MoE replicated (moe.c): tp rank 0's count once. */
-    const double once = m->tp.rank == 0 ? 1.0 : 0.0;
+    /* The tp ranks run the MoE replicated (moe.c): tp rank 0's count once; under
+     * sequence parallelism each routes its own rows: every rank's. */
+    const double once = m->tp.rank == 0 || m->tp.sp ? 1.0 : 0.0;
     for (size_t i = 0; i < n; i++) sums[i] = once * counts[i];
     sums[n] = once * losses[0];
     sums[n + 1] = once * losses[1];
