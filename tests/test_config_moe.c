@@ -116,8 +116,8 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=3"), "model.moe_experts = 8", "parallel.ep = 3");
     EXPECT_ERR(MOE, OV("parallel.ep=2"), "parallel.ep * parallel.etp = 2 * 1",
                "tp * parallel.cp * parallel.dp");
-    /* Built: ep over any of a stage's tp, cp and dp ranks, any pp and ZeRO level,
-     * checkpoints and model.init; etp over cp and dp, any pp; the rest refused with the keys named. */
+    /* Built: ep and etp over any of a stage's tp, cp and dp ranks, any pp and ZeRO
+     * level, checkpoints and model.init; the rest refused with the keys named. */
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "parallel.zero=3"), 5) == TS_OK,
@@ -140,8 +140,20 @@ static void test_moe_expert_parallel_errors(void)
     EXPECT_ERR(MOE, OV("parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                        "train.moe_aux_loss=0.01"),
                "parallel.sequence_parallel = true and train.moe_aux_loss", "not built yet");
-    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "parallel.etp = 2 with parallel.tp = 2",
-               "not built");
+    /* etp over the tp ranks (each brings its share of the replicated rows, or under sp
+     * its own), with ep over dp too; F must still split evenly. */
+    ts_error_clear();
+    CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.tp=2"), 2) == TS_OK, "%s",
+           ts_error_message());
+    CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                           "train.moe_aux_loss=0"), 4) == TS_OK,
+           "%s", ts_error_message());
+    CHECKF(load_ov(MOE, OV("parallel.etp=2", "parallel.ep=2", "parallel.tp=2", "parallel.dp=2",
+                           "parallel.micro_batch=1", "train.global_batch=2"), 6) == TS_OK,
+           "%s", ts_error_message());
+    EXPECT_ERR(MOE, OV("parallel.etp=3", "parallel.tp=2", "parallel.dp=3",
+                       "parallel.micro_batch=1", "train.global_batch=3"),
+               "model.moe_ffn_hidden", "parallel.etp = 3");
     ts_error_clear();
     CHECKF(load_ov(MOE, OV("parallel.ep=2", "parallel.dp=2", "parallel.micro_batch=1",
                            "train.global_batch=2", "checkpoint.dir=\"ck\""), 5) == TS_OK,
@@ -200,8 +212,6 @@ static void test_moe_unbuilt(void)
     CHECKF(load_ov(MOE, OV("parallel.dp=2", "parallel.pp=2", "parallel.schedule=zb-h1",
                            "parallel.recompute=full", "parallel.tp=2"), 5) == TS_OK,
            "%s", ts_error_message());
-    EXPECT_ERR(MOE, OV("parallel.etp=2", "parallel.tp=2"), "parallel.etp = 2",
-               "not built yet");
 }
 
 static void test_moe_qk_norm(void)

@@ -11,9 +11,10 @@
 # dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a bit-identical rerun, ep 2 over
 # cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
 # recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
-# with zb-v, and etp 2 x ep 2 over cp 2 x dp 2); a checkpoint saved under ep or etp (each
-# expert, or etp slice, by its own ranks; the bias in its state.json; on dp 2 x ep 2, on
-# pp 2 x dp 2 x ep 2 and on dp 2 x etp 2) resumes on other grids into the same losses,
+# with zb-v, etp 2 x ep 2 over cp 2 x dp 2, etp 2 over tp 2 with and without sp); a
+# checkpoint saved under ep or etp (each expert, or etp slice, by its own ranks; the bias
+# in its state.json; on dp 2 x ep 2, on pp 2 x dp 2 x ep 2, on dp 2 x etp 2 and on
+# tp 2 x etp 2) resumes on other grids into the same losses,
 # on its own bit for bit, and reshards byte for byte (onto etp too); bf16 against fp32
 # and on ep 2 over dp 2 and pp 2. Another
 # micro-batch split is test_moe_fixture's. Measured at
@@ -172,6 +173,10 @@ same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 
 # Under etp each expert's F/2 slices are written by their own ranks, tiled whole (the
 # reshards below read and write slices on 4 ranks).
 same=0 ep4=0 ep_ckpt_case dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
+# etp 2 over the tp ranks (no sp): each tp rank brings its half of the replicated rows
+# into the etp gather and runs its F/2 slice on both halves, the halves' outputs
+# all-gathered over tp (moe.c); each slice written by its own tp rank, resumed on one.
+same=0 ep4=0 ep_ckpt_case tp2_etp2 2 --set parallel.tp=2 --set parallel.etp=2
 
 # Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
 # each expert's writing over the pair, ZeRO-3 shards its weights and moments there), on
@@ -226,6 +231,10 @@ TS_TEST_MAX_RANKS=$ep_max_ranks CHECK_REF="$TMP/noaux.jsonl" check cp2_dp2_ep2_e
 CHECK_REF="$TMP/noaux.jsonl" check tp2_sp_noaux 2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true --set train.moe_aux_loss=0
 CHECK_REF="$TMP/noaux.jsonl" check tp2_sp_ep2_noaux 2 --set parallel.tp=2 --set parallel.ep=2 \
+  --set parallel.sequence_parallel=true --set train.moe_aux_loss=0
+# etp 2 over the tp ranks with sp: each tp rank's own rows into the etp gather; the
+# experts' slices whole over the pair (not summed over tp as with etp 1).
+CHECK_REF="$TMP/noaux.jsonl" check tp2_sp_etp2_noaux 2 --set parallel.tp=2 --set parallel.etp=2 \
   --set parallel.sequence_parallel=true --set train.moe_aux_loss=0
 
 # bf16 (train.precision = "bf16": the router in fp32 from the widened rows, the experts,

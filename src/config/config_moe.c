@@ -100,12 +100,12 @@ static ts_status check_routing(const ts_model_config *m)
 }
 
 /* Expert parallelism: the Hostile rules first (so the message names the keys that do not
- * fit), then what is built: ep over any of a stage's tp, cp and dp ranks
+ * fit), then what is built: ep and etp over any of a stage's tp, cp and dp ranks
  * (topology/expert_grid.h's fold), any pp, schedule, recompute and ZeRO level, with
  * checkpoints and model.init (each expert, or each etp slice of it, owned by its edp
  * group): model/moe.c's exchange (under tp each tp rank sends its share of the
  * replicated rows, under sp its own rows), the reducer's edp groups, which ZeRO shards by
- * bucket, the norm's count; etp over cp and dp ranks; the rest is an error saying so. */
+ * bucket, the norm's count. */
 static ts_status check_expert_grid(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -121,21 +121,14 @@ static ts_status check_expert_grid(const ts_config *cfg)
                        "parallel.cp * parallel.dp = %d * %d * %d = %lld (the expert grid folds "
                        "onto those ranks)",
                        p->ep, p->etp, p->tp, p->cp, p->dp, ranks);
-    if (p->etp > 1) {
-        /* Expert tensor parallelism (tensor/expert_tp.h) is built over context- and
-         * data-parallel ranks (each holds its own rows), with or without ep, any pp:
-         * each rank an F/etp slice of its experts. */
-        if (cfg->model.moe_ffn_hidden % p->etp != 0)
-            return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
-                           "etp rank holds moe_ffn_hidden/etp of every expert's width)",
-                           cfg->model.moe_ffn_hidden, p->etp);
-        if (p->tp > 1)
-            return ts_fail("parallel.etp = %d with parallel.tp = %d: expert tensor parallelism "
-                           "with tensor parallelism (whose ranks hold the same rows) is not "
-                           "built yet (it is over context- and data-parallel ranks, any pp); "
-                           "set parallel.etp = 1 or parallel.tp = 1",
-                           p->etp, p->tp);
-    }
+    /* Expert tensor parallelism (tensor/expert_tp.h) is built over any of a stage's tp,
+     * cp and dp ranks, with or without ep, any pp: each rank an F/etp slice of its
+     * experts, gathering its rows from the etp group (under tp without sp each tp rank
+     * brings its share of the replicated rows, under sp its own: model/moe.c). */
+    if (p->etp > 1 && cfg->model.moe_ffn_hidden % p->etp != 0)
+        return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
+                       "etp rank holds moe_ffn_hidden/etp of every expert's width)",
+                       cfg->model.moe_ffn_hidden, p->etp);
     /* Checkpoints and model.init: each expert is stored whole under its global id,
      * written by its own edp group (under etp each slice by its own) and read by the
      * ranks holding it, each its slice (checkpoint.h). */

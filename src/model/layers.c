@@ -229,11 +229,11 @@ void ts_model_sum_sequence_grads(const ts_model *m, int l)
             if (norms[i] >= 0) ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p0 + norms[i]), C);
         /* An MoE block routes each tp rank's rows (moe.c): its router's and shared
          * experts' gradients, and its experts' with ep = 1 (each tp rank's copy of every
-         * expert), are each rank's rows' part. Under ep the experts' are summed over
-         * their edp group instead (the reducer), which holds every copy of them. */
+         * expert), are each rank's rows' part. Under ep or etp the experts' are summed
+         * over their edp group instead (the reducer), which holds every copy of them. */
         if (L->moe)
             for (int p = p0 + r.moe_router_w; p < p0 + L->n_params; p++)
-                if (!m->params[p].expert || m->moe_ep == 1)
+                if (!m->params[p].expert || (m->moe_ep == 1 && m->moe_etp == 1))
                     ts_tp_seq_sum_grad(&m->tp, ts_param_grad(m, p), m->params[p].numel);
     }
 }

@@ -107,9 +107,11 @@ static int add_expert_param(builder *b, int layer, const char *name, int64_t d0,
         P->numel = ts_shard_numel(&P->shard);
         b->offset = P->offset + (P->numel + 15) / 16 * 16;
     }
-    /* A whole tensor (or etp slice) on this rank, not a tp replica: under ep its copies
-     * are the edp group's (the reducer's and the norm's rule), and with ep over tp ranks
-     * the tp ranks hold different experts, each counted (tensor/tp.h ts_tp_param_counts). */
+    /* A whole tensor (or etp slice) on this rank, not a tp replica: under ep or etp its
+     * copies are the edp group's (the reducer's and the norm's rule), and with ep or etp
+     * over tp ranks the tp ranks hold different experts or slices, each counted and
+     * written (tensor/tp.h ts_tp_param_counts; an etp slice's spec above has replica 0
+     * already). */
     if (m->moe_ep > 1) P->shard.replica = 0;
     return p;
 }
@@ -226,9 +228,9 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     TS_ASSERT(!m->qk_norm || m->arch == TS_ARCH_LLAMA);
     if (cfg->moe_experts > 0) {
         /* Under tensor parallelism (without sub-batches) every tp rank routes the whole
-         * rows, replicated, and runs the whole MoE without ep or its share of the rows
-         * with it; under sequence parallelism its own rows (moe.c; ts_config_validate
-         * refuses the rest). */
+         * rows, replicated, and runs the whole MoE without ep and etp, or sends its
+         * share of the rows with them; under sequence parallelism its own rows (moe.c;
+         * ts_config_validate refuses the rest). */
         TS_ASSERT(m->arch == TS_ARCH_LLAMA && tp->sub <= 1);
         m->moe_experts = cfg->moe_experts;
         m->moe_top_k = cfg->moe_top_k;
@@ -261,7 +263,7 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
                      : spec->etp_size > 1               ? spec->etp_size
                                                         : 1;
         m->moe_etp_rank = spec->etp && spec->etp->size > 1 ? spec->etp->rank : 0;
-        TS_ASSERT(cfg->moe_ffn_hidden % m->moe_etp == 0 && (m->moe_etp == 1 || tp->size == 1));
+        TS_ASSERT(cfg->moe_ffn_hidden % m->moe_etp == 0);
         m->moe_local_ffn = cfg->moe_ffn_hidden / m->moe_etp;
     }
     m->tied = ts_model_tied(cfg);

@@ -16,25 +16,29 @@
  * its slice (its outputs partial sums over its F-slice) and the partials are summed
  * back onto the rows' ranks (tensor/expert_tp.h); the backward gathers the output
  * gradients and sums the input gradients' partials the same way.
- * Expert parallelism with tensor parallelism (etp 1, no sequence parallelism): the rows
- * are replicated over the tp group, so each tp rank routes all N rows (the counts, the
- * auxiliary losses and the router's gradient stay replicated, as without ep) but sends
- * to the experts only its contiguous share of them (moe_share: ts_shard_range's split,
- * uneven allowed), combines that share, and the tp group all-gathers the shares' rows
- * (rank order) into the whole output; the backward takes its share of dout the same
- * way and all-gathers the input gradient's rows and the routing weights' gradient
- * (N x K) so the router's backward runs on every row, replicated. Each expert then sees
- * every token once over the ep group: its gradient is complete there and reduces over
- * edp as with ep over dp. (Replicated dispatch would send every token tp times and
- * count each expert gradient tp times.)
+ * Expert (tensor) parallelism with tensor parallelism (no sequence parallelism): the
+ * rows are replicated over the tp group, so each tp rank routes all N rows (the counts,
+ * the auxiliary losses and the router's gradient stay replicated, as without ep) but
+ * sends to the experts (the ep exchange, the etp gather, or both) only its contiguous
+ * share of them (moe_share: ts_shard_range's split, uneven allowed), combines that
+ * share, and the tp group all-gathers the shares' rows (rank order) into the whole
+ * output; the backward takes its share of dout the same way and all-gathers the input
+ * gradient's rows and the routing weights' gradient (N x K) so the router's backward
+ * runs on every row, replicated. Each expert (each etp slice) then sees every token
+ * once over its ep and etp groups: its gradient is complete there and reduces over edp
+ * as with ep or etp over dp. (Replicated rows would reach each expert tp times and
+ * count each expert gradient tp times.) etp folds over the tp ranks first
+ * (expert_grid.h), so with etp = tp the etp group is the tp group: each tp rank runs its
+ * F/etp slice on the whole group's shares, that is on all N rows once.
  * Under sequence parallelism (tp > 1, Megatron's design) nothing is gathered: each tp
  * rank routes, dispatches (over ep, which may span the tp ranks, or to its own copy of
  * every expert with ep = 1), combines and adds the shared experts on its own N/tp rows,
  * and the output and input gradient stay its rows. Every token is then one rank's, so
- * the router's, the shared experts' and (ep = 1) the experts' weight gradients are each
- * tp rank's rows' part, summed over tp once a step as sp's norms are
- * (ts_model_sum_sequence_grads); under ep the experts' are whole over the edp group as
- * without sp; and the step's counts and loss sums are every tp rank's (trainer.c).
+ * the router's, the shared experts' and (ep = etp = 1) the experts' weight gradients
+ * are each tp rank's rows' part, summed over tp once a step as sp's norms are
+ * (ts_model_sum_sequence_grads); under ep or etp (the etp gather then brings each tp
+ * rank's own rows) the experts' are whole over the edp group as without sp; and the
+ * step's counts and loss sums are every tp rank's (trainer.c).
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -65,14 +69,16 @@ static int moe_rows(const block_sub *b)
 }
 
 /* The rows [lo, lo + n) of the micro-batch's N this rank sends to the experts: all of
- * them, or under ep with tp (no sp) its tp rank's share (the header's design). */
+ * them, or under ep or etp with tp (no sp) its tp rank's share (the header's design). */
 typedef struct {
     int lo, n;
 } moe_share;
 
+/* Whether the tp ranks' copies of the rows would otherwise reach the experts more than
+ * once: they leave the rank (ep's exchange, etp's gather) and are replicated over tp. */
 static bool shares_rows(const ts_model *m)
 {
-    return m->moe_dispatch && m->tp.size > 1 && !m->tp.sp;
+    return (m->moe_dispatch || m->moe_expert_tp) && m->tp.size > 1 && !m->tp.sp;
 }
 
 static moe_share share_of(const ts_model *m, int N, int rank)
