@@ -176,7 +176,8 @@ same=0 ep4=0 ep_ckpt_case dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
 # etp 2 over the tp ranks (no sp): each tp rank brings its half of the replicated rows
 # into the etp gather and runs its F/2 slice on both halves, the halves' outputs
 # all-gathered over tp (moe.c); each slice written by its own tp rank, resumed on one.
-same=0 ep4=0 ep_ckpt_case tp2_etp2 2 --set parallel.tp=2 --set parallel.etp=2
+covered "tp2_etp2 and its checkpoint" "tp2_ep2 (the shares), dp2_etp2 (the slices' exchange and checkpoint) and tp2_sp_etp2_noaux" ||
+  same=0 ep4=0 ep_ckpt_case tp2_etp2 2 --set parallel.tp=2 --set parallel.etp=2
 
 # Resharded bytes: dp2_ep2_zero1's step 4 loaded on dp 4 x ep 2 (edp pairs: ZeRO-0 splits
 # each expert's writing over the pair, ZeRO-3 shards its weights and moments there), on
