@@ -171,7 +171,8 @@ static void test_table(void)
         CHECK(k->device_count && k->select_device && k->current_device && k->memory_info);
         /* the MoE slots (not in ts_kernels_missing's list: a table may lack them) */
         CHECKF(k->moe_route_forward && k->moe_route_backward && k->moe_aux_forward_backward &&
-                   k->moe_count && k->moe_permute && k->moe_combine &&
+                   k->moe_balance_forward_backward && k->moe_count && k->moe_permute &&
+                   k->moe_combine &&
                    k->moe_combine_backward && k->moe_permute_backward,
                "%s lacks an MoE slot", names[i]);
     }
@@ -499,6 +500,22 @@ static void test_moe(int Nr, int T, ts_moe_routing r, int C, bool with_bias)
                                 0.1f, 0.3f, 1.0f / (4 * T), 0.25f);
     expect_close("moe_aux_forward_backward", "dlogits (added)", &acc);
     expect_close("moe_aux_forward_backward", "losses (added)", &loss);
+    /* The balance loss from given whole-sequence counts on rows [5, Nr): a cut inside the
+     * first sequence, as sequence parallelism makes. */
+    const int Q = Nr / T;
+    int *seq_cnt = calloc((size_t)Q * E, sizeof(int));
+    for (int q = 0; q < Q; q++)
+        H->moe_count(seq_cnt + (size_t)q * E, idx + (size_t)q * T * K, T, K, E);
+    int *dseq_cnt = G->dev_alloc((size_t)Q * E * sizeof(int));
+    G->memcpy_h2d(dseq_cnt, seq_cnt, (size_t)Q * E * sizeof(int));
+    pair acc2 = p_in(NE, 1.0f), loss2 = p_in(1, 1.0f);
+    H->moe_balance_forward_backward(&r, loss2.h, acc2.h + 5 * E, scores.h + 5 * E, seq_cnt,
+                                    Nr - 5, 5, T, T, 0.3f, 0.25f);
+    G->moe_balance_forward_backward(&r, loss2.d, acc2.d + 5 * E, scores.d + 5 * E, dseq_cnt,
+                                    Nr - 5, 5, T, T, 0.3f, 0.25f);
+    expect_close("moe_balance_forward_backward", "dlogits (added)", &acc2);
+    expect_close("moe_balance_forward_backward", "loss (added)", &loss2);
+    p_free(&acc2), p_free(&loss2), G->dev_free(dseq_cnt), free(seq_cnt);
 
     int *counts = calloc((size_t)E, sizeof(int)), *got = ts_malloc((size_t)E * sizeof(int));
     int *offsets = ts_malloc((size_t)E * sizeof(int));

@@ -8,6 +8,9 @@
  *   the double-precision objective (selection held fixed), and the losses' values;
  * - count, offsets, permute (exact bits and rows), combine and the backwards, in fp32
  *   and bf16 storage (bf16: exactly the fp32 kernel's result rounded once);
+ * - the balance loss from given whole-sequence counts (moe_balance_forward_backward) on
+ *   rows cut as sequence parallelism cuts them and split as context parallelism splits
+ *   them: each row's gradient the whole-sequence kernel's bits, the parts' losses its sum;
  * - the same bits at 1, 2 and 3 threads; the strict table's entries on strict memory;
  * - planted wrong results that the comparisons must reject (so this test can fail).
  * Sizes are odd (N 37 and 39, C 45 and 600, E 8, 12, 16) and the whole run is fast. */
@@ -756,10 +759,132 @@ static void test_tables(void)
     free(back);
 }
 
+/* Rows [lo, hi) of a whole micro-batch's (scores, counts) through the split form into
+ * dl's rows [lo, hi), the loss added to *loss: sequence parallelism's cut. */
+static void balance_part(const ts_kernels *k, const ts_moe_routing *r, float *loss, float *dl,
+                         const float *s, const int *cnt, int lo, int hi, int T, float ca,
+                         float as)
+{
+    k->moe_balance_forward_backward(r, loss, dl + (size_t)lo * r->E, s + (size_t)lo * r->E, cnt,
+                                    hi - lo, lo, T, T, ca, as);
+}
+
+/* Rank `rank` of cp = 2 over sequences of T: its local row t of a sequence is position
+ * chunk(t / c) * c + t % c with c = T/4 and chunks rank, 3 - rank (tensor/cp.h). */
+static int cp2_position(int rank, int t, int T)
+{
+    const int c = T / 4, h = t / c;
+    return (h == 0 ? rank : 3 - rank) * c + t % c;
+}
+
+/* The split form against the whole-sequence one (moe_aux_forward_backward, ca only) on 3
+ * sequences of T = 12: the whole rows with the kernel's own counts give its bits; rows cut
+ * at 7 and 20 (a cut inside sequences 0 and 1: sp) give each row's gradient bit for bit
+ * and the losses' sum; each sequence split over cp = 2 ranks in cp.h's chunks the same.
+ * Counts of a rank's own rows only (no sum over the group) must differ. */
+static void test_balance_split(void)
+{
+    const ts_moe_routing rs[2] = {{16, 4, 4, 2, true, true, 2.5f},
+                                  {8, 2, 1, 1, false, true, 1.0f}};
+    for (int ri = 0; ri < 2; ri++) {
+        const ts_moe_routing *r = &rs[ri];
+        const int T = 12, Q = 3, N = Q * T, E = r->E, K = r->K, Tl = T / 2;
+        const size_t NE = (size_t)N * E, LE = (size_t)Q * Tl * E;
+        const float ca = 0.3f, as = 1.0f / 5;
+        float *logits = ts_test_rand_floats(NE, 2.0f), *s = ts_alloc_floats(NE);
+        float *w = ts_alloc_floats((size_t)N * K), *dl = ts_test_rand_floats(NE, 0.5f);
+        int *idx = ts_malloc((size_t)N * K * sizeof(int));
+        int *cnt = ts_calloc((size_t)Q * E, sizeof(int));
+        K32->moe_route_forward(r, s, idx, w, logits, NULL, N);
+        for (int q = 0; q < Q; q++)
+            K32->moe_count(cnt + (size_t)q * E, idx + (size_t)q * T * K, T, K, E);
+        float *d0 = ts_alloc_floats(NE), *d1 = ts_alloc_floats(NE);
+        float l0 = 0.25f, l1 = 0.25f, z = 0.0f;
+        memcpy(d0, dl, NE * sizeof *d0), memcpy(d1, dl, NE * sizeof *d1);
+        K32->moe_aux_forward_backward(r, &z, &l0, d0, logits, s, idx, N, T, 0.0f, ca, 1.0f, as);
+        balance_part(K32, r, &l1, d1, s, cnt, 0, N, T, ca, as);
+        CHECKF(ts_test_same_bits(d0, d1, NE) && l0 == l1 && z == 0.0f,
+               "balance %d: the whole rows differ from moe_aux_forward_backward", ri);
+        const double whole = (double)l0 - 0.25;
+        CHECKF(whole > 0.0, "balance %d: no loss", ri);
+        /* sp: three ranks' contiguous rows, cutting sequences 0 and 1 */
+        const int cuts[4] = {0, 7, 20, N};
+        memcpy(d1, dl, NE * sizeof *d1);
+        float parts = 0.0f;
+        for (int p = 0; p < 3; p++) {
+            float lp = 0.0f;
+            balance_part(K32, r, &lp, d1, s, cnt, cuts[p], cuts[p + 1], T, ca, as);
+            parts += lp;
+        }
+        CHECKF(ts_test_same_bits(d0, d1, NE), "balance %d: sp's cut rows' gradients", ri);
+        CHECKF(fabs(parts - whole) <= 1e-6 * whole, "balance %d: sp's parts %.9g vs %.9g", ri,
+               parts, whole);
+        /* cp 2: each rank's local rows, its own counts and the summed ones */
+        float *ls = ts_alloc_floats(LE), *ld = ts_alloc_floats(LE), *od = ts_alloc_floats(LE);
+        int *own = ts_malloc((size_t)Q * E * sizeof(int));
+        int *lidx = ts_malloc((size_t)Q * Tl * K * sizeof(int));
+        memcpy(d1, dl, NE * sizeof *d1);
+        bool own_differs = false;
+        parts = 0.0f;
+        for (int rank = 0; rank < 2; rank++) {
+            for (int q = 0; q < Q; q++)
+                for (int t = 0; t < Tl; t++) {
+                    const size_t n = (size_t)q * T + cp2_position(rank, t, T);
+                    const size_t l = (size_t)q * Tl + t;
+                    memcpy(ls + l * E, s + n * E, E * sizeof *ls);
+                    memcpy(ld + l * E, dl + n * E, E * sizeof *ld);
+                    memcpy(lidx + l * K, idx + n * K, K * sizeof *lidx);
+                }
+            memset(own, 0, (size_t)Q * E * sizeof(int));
+            for (int q = 0; q < Q; q++)
+                K32->moe_count(own + (size_t)q * E, lidx + (size_t)q * Tl * K, Tl, K, E);
+            memcpy(od, ld, LE * sizeof *od);
+            float lp = 0.0f, lown = 0.0f;
+            K32->moe_balance_forward_backward(r, &lp, ld, ls, cnt, Q * Tl, 0, Tl, T, ca, as);
+            K32->moe_balance_forward_backward(r, &lown, od, ls, own, Q * Tl, 0, Tl, T, ca, as);
+            own_differs |= !ts_test_same_bits(od, ld, LE);
+            parts += lp;
+            for (int q = 0; q < Q; q++)
+                for (int t = 0; t < Tl; t++)
+                    memcpy(d1 + ((size_t)q * T + cp2_position(rank, t, T)) * E,
+                           ld + ((size_t)q * Tl + t) * E, E * sizeof *d1);
+        }
+        CHECKF(ts_test_same_bits(d0, d1, NE), "balance %d: cp's local rows' gradients", ri);
+        CHECKF(fabs(parts - whole) <= 1e-6 * whole, "balance %d: cp's parts %.9g vs %.9g", ri,
+               parts, whole);
+        CHECKF(own_differs, "balance %d: a rank's own counts gave the summed counts' result", ri);
+        /* ca 0: nothing */
+        memcpy(d1, dl, NE * sizeof *d1);
+        float none = 0.5f;
+        K32->moe_balance_forward_backward(r, &none, d1, s, cnt, N, 0, T, T, 0.0f, as);
+        CHECKF(none == 0.5f && ts_test_same_bits(d1, dl, NE), "balance %d: ca 0 changed", ri);
+        /* the strict table on strict memory, rows [7, N): the CPU's bits */
+        const ts_kernels *S = &ts_kernels_cpu_strict;
+        const size_t cb = (size_t)Q * E * sizeof(int);
+        float *sd = S->dev_alloc(NE * 4), *ss = S->dev_alloc(NE * 4), *sl = S->dev_alloc(4);
+        int *scnt = S->dev_alloc(cb);
+        float sl_h = 0.25f;
+        S->memcpy_h2d(sd, dl, NE * 4), S->memcpy_h2d(ss, s, NE * 4);
+        S->memcpy_h2d(scnt, cnt, cb), S->memcpy_h2d(sl, &sl_h, 4);
+        S->moe_balance_forward_backward(r, sl, sd + 7 * E, ss + 7 * E, scnt, N - 7, 7, T, T, ca,
+                                        as);
+        S->memcpy_h2d(sd, d0, (size_t)7 * E * 4); /* rows 0..7 from the whole run */
+        float *back = ts_alloc_floats(NE);
+        S->memcpy_d2h(back, sd, NE * 4);
+        CHECKF(ts_test_same_bits(back, d0, NE), "balance %d: the strict table differs", ri);
+        S->dev_free(sd), S->dev_free(ss), S->dev_free(scnt), S->dev_free(sl);
+        free(logits), free(s), free(w), free(dl), free(idx), free(cnt), free(d0), free(d1);
+        free(ls), free(ld), free(od), free(own), free(lidx), free(back);
+    }
+    CHECK(K16->moe_balance_forward_backward == K32->moe_balance_forward_backward);
+    printf("  %-44s ok\n", "balance loss from given counts (sp, cp)");
+}
+
 int main(void)
 {
     omp_set_num_threads(2);
     test_routing();
+    test_balance_split();
     test_ties();
     test_dispatch_fp32();
     test_dispatch_bf16();

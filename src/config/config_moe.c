@@ -140,13 +140,14 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * ZeRO level: the experts are ordinary parameters), pipeline parallelism with every
  * schedule (the zero-bubble ones: the MoE's weight gradients are made in the input pass)
  * and virtual stages, every recompute mode (the step's counts are the backward's), whose
- * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism without
- * the balance loss (every other term is per token), and tensor parallelism with the MoE
+ * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism (every
+ * term but the balance loss is per token; that one sums each sequence's counts over the
+ * ranks holding its positions: moe.c balance_split), and tensor parallelism with the MoE
  * replicated on the tp ranks (each runs it whole: correct, not faster; splitting the
  * experts is ep/etp's), and sequence parallelism with or without ep (each tp rank
- * routes its own rows, nothing gathered). Not: tp_overlap (the MoE would take
- * sub-batches), the balance loss under cp or sp (it needs each whole sequence's counts
- * and scores) and CUDA (never run). bf16 is built (moe.c: the router
+ * routes its own rows, nothing gathered; the balance loss's counts summed as under cp).
+ * Not: tp_overlap (the MoE would take sub-batches) and CUDA (never run). bf16 is built
+ * (moe.c: the router
  * in fp32 from the widened rows, the rest in the activation dtype). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
@@ -156,23 +157,16 @@ static ts_status check_moe_built(const ts_config *cfg)
         bool unbuilt;
         const char *what;
     } axes[] = {
-        {p->sequence_parallel && cfg->train.moe_aux_loss > 0.0,
-         "parallel.sequence_parallel = true and train.moe_aux_loss > 0 (the sequence-wise "
-         "balance loss needs each whole sequence's counts and scores, split over the tp "
-         "ranks)"},
         {p->tp_overlap > 1, "parallel.tp_overlap > 1"},
-        {p->cp > 1 && cfg->train.moe_aux_loss > 0.0,
-         "parallel.cp > 1 and train.moe_aux_loss > 0 (the sequence-wise balance loss needs "
-         "each whole sequence's counts and scores, split over the cp ranks)"},
         {strcmp(cfg->train.device, "cuda") == 0, "train.device = \"cuda\""},
     };
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
                            "built for any tp (replicated on the tp ranks, or each its rows "
-                           "under sequence parallelism), dp, pp, schedule and recompute, cp "
-                           "and sp without the balance loss, fp32 and bf16, on the CPU so "
-                           "far; that combination is not built yet",
+                           "under sequence parallelism), dp, pp, schedule and recompute, cp, "
+                           "fp32 and bf16, on the CPU so far; that combination is not built "
+                           "yet",
                            E, axes[i].what);
     return TS_OK;
 }

@@ -250,6 +250,19 @@ typedef struct ts_kernels {
                                      float *dlogits, const float *logits, const float *scores,
                                      const int *topk_idx, int N, int T, float cz, float ca,
                                      float z_scale, float aux_scale);
+    /* The balance loss above on N rows that may be parts of sequences (context or
+     * sequence parallelism split a sequence over ranks): row n belongs to sequence
+     * q = (row0 + n) / rows_per_seq of the micro-batch, whose WHOLE counts are given,
+     * seq_counts[q*E + e] (device memory: every rank's tokens of sequence q whose top-K
+     * holds e, the caller's sum), and T is the whole sequence's length. Adds these rows'
+     * share of the loss, ca * aux_scale * sum_n (1/T) sum_i f_i p_ni, into *aux_loss and
+     * its gradient into dlogits: the shares of every rank holding a sequence sum to
+     * moe_aux_forward_backward's loss, and each row's gradient is the one it gives there
+     * (bit for bit, from the same counts). ca == 0: nothing. */
+    void (*moe_balance_forward_backward)(const ts_moe_routing *r, float *aux_loss,
+                                         float *dlogits, const float *scores,
+                                         const int *seq_counts, int N, int row0,
+                                         int rows_per_seq, int T, float ca, float aux_scale);
     /* counts[e] += how many of topk_idx[N*K] are e (the host then takes ts_moe_offsets). */
     void (*moe_count)(int *counts, const int *topk_idx, int N, int K, int E);
     /* The dispatch: assignment a = n*K + k (token n's k-th expert e = topk_idx[a]) goes to

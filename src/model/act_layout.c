@@ -313,7 +313,7 @@ static size_t scratch_before_moe(act_dims d)
     return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
 }
 
-#define MOE_SCRATCH_PARTS 11
+#define MOE_SCRATCH_PARTS 12
 
 /* The MoE region's parts in bytes, in order (act_layout.h moe_scratch). */
 static void moe_scratch_parts(act_dims d, size_t part[MOE_SCRATCH_PARTS])
@@ -330,6 +330,7 @@ static void moe_scratch_parts(act_dims d, size_t part[MOE_SCRATCH_PARTS])
     part[8] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: dyr, then dxr */
     part[9] = ACT_ALIGN(d.MX * d.C * d.ab);          /* expert parallelism: the work */
     part[10] = d.ab == sizeof(float) ? 0 : ACT_ALIGN(d.NL * d.C * sizeof(float)); /* dxf */
+    part[11] = ACT_ALIGN(d.B * d.ME * sizeof(int)); /* the sequences' counts (seq_counts) */
 }
 
 size_t ts_scratch_bytes(const ts_model *m, int B, int T)
@@ -357,7 +358,7 @@ moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T
     TS_ASSERT(at <= sc->bytes);
     s = (moe_scratch){.dyp = p[0], .da = p[1], .dh = p[2], .dx = p[5], .sh_da = p[6],
                       .sh_dh = p[7], .dw = p[3], .dlogits = p[4], .dyr = p[8], .er = p[9],
-                      .dxf = d.ab == sizeof(float) ? NULL : p[10]};
+                      .dxf = d.ab == sizeof(float) ? NULL : p[10], .seq_counts = p[11]};
     return s;
 }
 

@@ -177,10 +177,12 @@ void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc);
  * received output gradients [MR,C] (then, in place, the input gradients going back) and
  * the exchange's work [MR,C] (da and dh then [MR,.]); in a bf16 run the router's input
  * gradient in fp32 [N,C] (dxf; NULL in fp32, where the router writes the input's
- * gradient itself). NULL without MoE. */
+ * gradient itself); the micro-batch's sequences' expert counts [B,E] (int32: the balance
+ * loss's, summed over the ranks that split a sequence). NULL without MoE. */
 typedef struct {
     void *dyp, *da, *dh, *dx, *sh_da, *sh_dh, *dyr, *er;
     float *dw, *dlogits, *dxf;
+    int *seq_counts;
 } moe_scratch;
 moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T);
 

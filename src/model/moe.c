@@ -221,6 +221,46 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     }
 }
 
+/* The sequence-wise balance loss when a sequence's rows are split over ranks: under
+ * context parallelism each cp rank holds T/cp positions of each of the micro-batch's B
+ * sequences (local rows [q*Tl, (q+1)*Tl) are sequence q's, whichever chunks they are:
+ * the loss sums over a sequence's positions, in no order), and under sequence
+ * parallelism each tp rank holds the contiguous rows [tp.rank*NL, +NL) of those B*Tl,
+ * which may cut sequences. f needs each whole sequence's counts: each rank counts its
+ * rows per sequence into seq_counts [B,E], the counts are summed over the cp group and
+ * (under sp) the tp group, integers, so every rank holds the same exact counts, and the
+ * kernel adds the rows' share of the loss and its gradient (P is a sum over rows: the
+ * shares add up over the ranks, as trainer.c's metrics sum every cp rank's and, under
+ * sp, every tp rank's losses). The sums are collective: every rank of those groups
+ * reaches this point for the same layer and micro-batch, as for cp's attention. */
+static void balance_split(const block_sub *b, const moe_scratch *s, int N)
+{
+    const ts_model *m = b->m;
+    const ts_kernels *k = m->k;
+    const int E = m->moe_experts, K = m->moe_top_k, B = b->B, Tl = b->T;
+    const int row0 = b->d->sp ? m->tp.rank * N : 0;
+    const int *idx = b->v.moe_idx;
+    TS_ASSERT(row0 + N <= B * Tl);
+    k->memset_zero(s->seq_counts, (size_t)B * E * sizeof(int));
+    for (int q = row0 / Tl; q < B && q * Tl < row0 + N; q++) {
+        const int lo = q * Tl > row0 ? q * Tl : row0;
+        const int hi = (q + 1) * Tl < row0 + N ? (q + 1) * Tl : row0 + N;
+        k->moe_count(s->seq_counts + (size_t)q * E, idx + (size_t)(lo - row0) * K, hi - lo, K,
+                     E);
+    }
+    int *host = ts_malloc((size_t)B * E * sizeof(int));
+    k->memcpy_d2h(host, s->seq_counts, (size_t)B * E * sizeof(int));
+    if (m->cp.size > 1) ts_host_allreduce_sum_i32(m->cp.comm, host, (size_t)B * E);
+    if (b->d->sp) ts_host_allreduce_sum_i32(m->tp.comm, host, (size_t)B * E);
+    k->memcpy_h2d(s->seq_counts, host, (size_t)B * E * sizeof(int));
+    free(host);
+    /* aux_scale = 1/B_glob = dloss * (the whole sequence's T) */
+    const int T = m->cp.T;
+    k->moe_balance_forward_backward(&m->moe_routing, m->moe_losses + 1, s->dlogits,
+                                    b->v.moe_scores, s->seq_counts, N, row0, Tl, T,
+                                    m->moe_aux_coef, b->dloss * (float)T);
+}
+
 void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void *in)
 {
     const ts_model *m = b->m;
@@ -303,15 +343,18 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
      * auxiliary losses' added (their values summed for the metrics), then its matmul.
      * The losses are per sequence of T rows over the global batch: dloss = 1/(B_glob T). */
     k->moe_route_backward(&m->moe_routing, s.dlogits, s.dw, v->moe_scores, v->moe_idx, N);
-    /* Under sequence parallelism a rank's rows need not be whole sequences: the balance
-     * loss is refused there (config_moe.c), and the z-loss is per row (T = 1). */
-    TS_ASSERT(!d->sp || m->moe_aux_coef == 0.0f);
-    if (m->moe_z_coef > 0.0f || m->moe_aux_coef > 0.0f)
+    /* Under sequence parallelism a rank's rows need not be whole sequences (the z-loss is
+     * per row: T = 1), and under context parallelism they are T/cp positions of each:
+     * the balance loss then takes its counts from every rank holding part of a sequence
+     * (balance_split). */
+    const bool split = d->sp || m->cp.size > 1;
+    if (m->moe_z_coef > 0.0f || (m->moe_aux_coef > 0.0f && !split))
         k->moe_aux_forward_backward(&m->moe_routing, m->moe_losses, m->moe_losses + 1,
                                     s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N,
-                                    d->sp ? 1 : b->T,
-                                    m->moe_z_coef, m->moe_aux_coef, b->dloss,
+                                    d->sp ? 1 : b->T, m->moe_z_coef,
+                                    split ? 0.0f : m->moe_aux_coef, b->dloss,
                                     b->dloss * (float)b->T);
+    if (m->moe_aux_coef > 0.0f && split) balance_split(b, &s, N);
     /* Its fp32 GEMMs, as the forward's: the weight's gradient from the saved fp32 rows,
      * the input's in fp32, rounded once to the activation dtype (dxf) before the sum with
      * the experts' path, as PyTorch's autograd rounds x.float()'s gradient. */

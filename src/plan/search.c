@@ -21,11 +21,9 @@ static bool tp_ok(const ts_model_config *m, int tp)
 }
 
 /* Whether cp context-parallel ranks can split the sequence (ts_config_validate's rule):
- * 2cp chunks of seq_len / (2cp) positions; the search tries powers of two. An MoE model's
- * sequence-wise balance loss does not run under cp (config_moe.c). */
+ * 2cp chunks of seq_len / (2cp) positions; the search tries powers of two. */
 static bool cp_ok(const ts_config *cfg, int cp)
 {
-    if (cp > 1 && cfg->model.moe_experts > 0 && cfg->train.moe_aux_loss > 0.0) return false;
     return cp == 1 || ((cp & (cp - 1)) == 0 && cfg->model.seq_len % (2 * cp) == 0);
 }
 
@@ -148,12 +146,10 @@ static int complexity(const ts_plan_grid *g)
 }
 
 /* Whether sequence parallelism can split tp's rows (ts_config_validate's rule: of the
- * seq_len / cp positions a context-parallel rank holds; not with an MoE model's
- * sequence-wise balance loss, which needs whole sequences: config_moe.c). */
+ * seq_len / cp positions a context-parallel rank holds). */
 static bool sp_ok(const ts_config *cfg, int tp, int cp)
 {
-    return tp > 1 && (cfg->model.seq_len / cp) % tp == 0 &&
-           (cfg->model.moe_experts == 0 || cfg->train.moe_aux_loss <= 0.0);
+    return tp > 1 && (cfg->model.seq_len / cp) % tp == 0;
 }
 
 /* Best first: the shorter step, then (on a tie) the less memory, then the simpler grid

@@ -149,6 +149,10 @@ void ts_cpu_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, flo
                                      float *dlogits, const float *logits, const float *scores,
                                      const int *topk_idx, int N, int T, float cz, float ca,
                                      float z_scale, float aux_scale);
+void ts_cpu_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_loss,
+                                         float *dlogits, const float *scores,
+                                         const int *seq_counts, int N, int row0,
+                                         int rows_per_seq, int T, float ca, float aux_scale);
 void ts_cpu_moe_count(int *counts, const int *topk_idx, int N, int K, int E);
 /* moe_dispatch.c */
 void ts_cpu_moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,

@@ -178,10 +178,40 @@ static void sequence_counts(int *cnt, const int *topk_idx, int n0, int T, int K,
     }
 }
 
+/* One row's balance-loss term: with dp_i = ac * c_i (ac = ca aux_scale E / (K T^2), c
+ * its sequence's counts) the row's share sum_i dp_i p_i of the loss is returned and its
+ * gradient through p = s / sum(s) and the scores' Jacobian added into dx. */
+static double balance_row(const ts_moe_routing *r, float *dx, const float *s, const int *c,
+                          double ac)
+{
+    const int E = r->E;
+    if (E < 1) return 0.0; /* (check_routing's; said again for the compiler's view of ds) */
+    double S = 0.0;
+    for (int e = 0; e < E; e++) S += s[e];
+    double dp[TS_MOE_MAX_E], dot = 0.0, term = 0.0;
+    for (int e = 0; e < E; e++) {
+        dp[e] = ac * c[e];
+        term += dp[e] * s[e];
+        dot += dp[e] * (s[e] / S);
+    }
+    /* p = s / S: ds_j = (dp_j - sum_i dp_i p_i) / S */
+    double ds[TS_MOE_MAX_E];
+    for (int e = 0; e < E; e++) ds[e] = (dp[e] - dot) / S;
+    float g[TS_MOE_MAX_E];
+    scores_backward(r, g, ds, s);
+    for (int e = 0; e < E; e++) dx[e] += g[e];
+    return term / S;
+}
+
+/* dp_i = ca aux_scale f_i / T with f_i = E cnt_i / (K T): the factor of cnt_i. */
+static double balance_coef(const ts_moe_routing *r, int T, float ca, float aux_scale)
+{
+    return (double)ca * aux_scale * r->E / ((double)r->K * T * T);
+}
+
 /* Per row: the z-loss term lse^2 (lse = logsumexp of the logits, in double) with its
  * gradient 2 lse softmax(logits) (times cz z_scale), and the balance loss's row term
- * ca aux_scale / T * sum_i f_i p_i with its gradient through p = s / sum(s) and the
- * scores' Jacobian. The rows' loss terms go to per-row slots, summed in row order after
+ * (balance_row). The rows' loss terms go to per-row slots, summed in row order after
  * the parallel loop, so the totals do not depend on the thread count. */
 void ts_cpu_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, float *aux_loss,
                                      float *dlogits, const float *logits, const float *scores,
@@ -203,8 +233,7 @@ void ts_cpu_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, flo
             sequence_counts(cnt + (size_t)q * E, topk_idx, q * T, T, K, E);
     }
     const double zc = (double)cz * z_scale;
-    /* dp_i = ca aux_scale f_i / T with f_i = E cnt_i / (K T) */
-    const double ac = (double)ca * aux_scale * E / ((double)K * T * T);
+    const double ac = balance_coef(r, T, ca, aux_scale);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * E, *s = scores + (size_t)n * E;
@@ -219,30 +248,38 @@ void ts_cpu_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, flo
             const double g = zc * 2.0 * lse / sum;
             for (int e = 0; e < E; e++) dx[e] += (float)(g * exp((double)x[e] - mx));
         }
-        if (do_aux) {
-            const int *c = cnt + (size_t)(n / T) * E;
-            double S = 0.0;
-            for (int e = 0; e < E; e++) S += s[e];
-            double dp[TS_MOE_MAX_E], dot = 0.0, term = 0.0;
-            for (int e = 0; e < E; e++) {
-                dp[e] = ac * c[e];
-                term += dp[e] * s[e];
-                dot += dp[e] * (s[e] / S);
-            }
-            arow[n] = term / S; /* sum_i dp_i p_i: the row's share of the loss */
-            /* p = s / S: ds_j = (dp_j - sum_i dp_i p_i) / S */
-            double ds[TS_MOE_MAX_E];
-            for (int e = 0; e < E; e++) ds[e] = (dp[e] - dot) / S;
-            float g[TS_MOE_MAX_E];
-            scores_backward(r, g, ds, s);
-            for (int e = 0; e < E; e++) dx[e] += g[e];
-        }
+        if (do_aux) arow[n] = balance_row(r, dx, s, cnt + (size_t)(n / T) * E, ac);
     }
     double zsum = 0.0, asum = 0.0;
     for (int n = 0; n < N; n++) zsum += zrow[n], asum += arow[n];
     if (do_z) *z_loss += (float)(zc * zsum);
     if (do_aux) *aux_loss += (float)asum;
     free(cnt), free(zrow), free(arow);
+}
+
+/* The same rows' terms from the caller's whole-sequence counts (kernels.h); summed in
+ * row order after the parallel loop, as above. */
+void ts_cpu_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_loss,
+                                         float *dlogits, const float *scores,
+                                         const int *seq_counts, int N, int row0,
+                                         int rows_per_seq, int T, float ca, float aux_scale)
+{
+    check_routing(r);
+    if (ca == 0.0f || N <= 0) return;
+    TS_ASSERT(row0 >= 0 && rows_per_seq >= 1 && T >= rows_per_seq);
+    const int E = r->E;
+    double *arow = ts_malloc((size_t)N * sizeof *arow);
+    const double ac = balance_coef(r, T, ca, aux_scale);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const size_t q = (size_t)(row0 + n) / (size_t)rows_per_seq;
+        arow[n] = balance_row(r, dlogits + (size_t)n * E, scores + (size_t)n * E,
+                              seq_counts + q * E, ac);
+    }
+    double asum = 0.0;
+    for (int n = 0; n < N; n++) asum += arow[n];
+    *aux_loss += (float)asum;
+    free(arow);
 }
 
 /* Integer counts: one pass in row order (N*K increments; far below the experts' GEMMs). */

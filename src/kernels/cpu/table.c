@@ -46,6 +46,7 @@
     .moe_route_forward = ts_cpu_moe_route_forward,                                           \
     .moe_route_backward = ts_cpu_moe_route_backward,                                         \
     .moe_aux_forward_backward = ts_cpu_moe_aux_forward_backward,                             \
+    .moe_balance_forward_backward = ts_cpu_moe_balance_forward_backward,                     \
     .moe_count = ts_cpu_moe_count, .moe_permute = prefix##moe_permute,                       \
     .moe_combine = prefix##moe_combine, .moe_combine_backward = prefix##moe_combine_backward, \
     .moe_permute_backward = prefix##moe_permute_backward

@@ -107,6 +107,10 @@ void ts_cuda_moe_aux_forward_backward(const ts_moe_routing *r, float *z_loss, fl
                                       float *dlogits, const float *logits, const float *scores,
                                       const int *topk_idx, int N, int T, float cz, float ca,
                                       float z_scale, float aux_scale);
+void ts_cuda_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_loss,
+                                          float *dlogits, const float *scores,
+                                          const int *seq_counts, int N, int row0,
+                                          int rows_per_seq, int T, float ca, float aux_scale);
 void ts_cuda_moe_count(int *counts, const int *topk_idx, int N, int K, int E);
 
 /* ---- the slots on activations, kernels.h's arguments and rules: once per activation

@@ -196,9 +196,12 @@ static __global__ void sequence_counts_kernel(int *cnt, const int *topk_idx, int
     cnt[t] = c;
 }
 
+/* Row n's z-loss and balance terms; its sequence's counts are cnt[q*E ..], q = (row0 + n) /
+ * rows_per_seq (moe_aux_forward_backward's whole sequences: row0 0, rows_per_seq T). */
 static __global__ void aux_rows_kernel(ts_moe_routing r, double *zrow, double *arow, float *dlogits,
                                        const float *logits, const float *scores, const int *cnt,
-                                       int N, int T, bool do_z, bool do_aux, double zc, double ac)
+                                       int N, int row0, int rows_per_seq, bool do_z, bool do_aux,
+                                       double zc, double ac)
 {
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
@@ -218,7 +221,7 @@ static __global__ void aux_rows_kernel(ts_moe_routing r, double *zrow, double *a
         for (int e = 0; e < E; e++) dx[e] += (float)(g * exp((double)x[e] - mx));
     }
     if (do_aux) {
-        const int *c = cnt + (size_t)(n / T) * E;
+        const int *c = cnt + (size_t)((row0 + n) / rows_per_seq) * E;
         double S = 0.0, dot = 0.0, term = 0.0;
         for (int e = 0; e < E; e++) S += s[e];
         for (int e = 0; e < E; e++) {
@@ -370,12 +373,38 @@ static void aux_forward_backward(const ts_moe_routing *r, float *z_loss, float *
     const double zc = (double)cz * z_scale;
     const double ac = (double)ca * aux_scale * E / ((double)r->K * T * T);
     aux_rows_kernel<<<ts_cuda_blocks((size_t)N, TS_MOE_ROW_THREADS), TS_MOE_ROW_THREADS, 0, st>>>(
-        *r, zrow, arow, dlogits, logits, scores, cnt, N, T, do_z, do_aux, zc, ac);
+        *r, zrow, arow, dlogits, logits, scores, cnt, N, 0, T, do_z, do_aux, zc, ac);
     TS_CUDA_LAUNCHED();
     aux_sum_kernel<<<1, TS_MOE_SUM_THREADS, 0, st>>>(z_loss, aux_loss, zrow, arow, N, do_z, do_aux,
                                                      zc);
     TS_CUDA_LAUNCHED();
     TS_CUDA_CHECK(cudaFreeAsync(scratch, st));
+}
+
+/* The rows' balance terms from the caller's whole-sequence counts (kernels.h): the same row
+ * kernel without the z-loss (its zrow slots alias arow, unused), then the same fixed-order
+ * sum. */
+static void balance_forward_backward(const ts_moe_routing *r, float *aux_loss, float *dlogits,
+                                     const float *scores, const int *seq_counts, int N, int row0,
+                                     int rows_per_seq, int T, float ca, float aux_scale)
+{
+    check_routing(r, "moe_balance_forward_backward");
+    if (ca == 0.0f || N <= 0) return;
+    if (row0 < 0 || rows_per_seq < 1 || T < rows_per_seq)
+        ts_cuda_fail(__FILE__, __LINE__, "moe_balance_forward_backward",
+                     "a row's sequence is not given (row0 < 0, rows_per_seq < 1 or > T)");
+    cudaStream_t st = ts_cuda_stream();
+    double *arow = NULL;
+    TS_CUDA_CHECK(cudaMallocAsync((void **)&arow, (size_t)N * sizeof(double), st));
+    const double ac = (double)ca * aux_scale * r->E / ((double)r->K * T * T);
+    aux_rows_kernel<<<ts_cuda_blocks((size_t)N, TS_MOE_ROW_THREADS), TS_MOE_ROW_THREADS, 0, st>>>(
+        *r, arow, arow, dlogits, scores, scores, seq_counts, N, row0, rows_per_seq, false, true,
+        0.0, ac);
+    TS_CUDA_LAUNCHED();
+    aux_sum_kernel<<<1, TS_MOE_SUM_THREADS, 0, st>>>(NULL, aux_loss, arow, arow, N, false, true,
+                                                     0.0);
+    TS_CUDA_LAUNCHED();
+    TS_CUDA_CHECK(cudaFreeAsync(arow, st));
 }
 
 static void count(int *counts, const int *topk_idx, int N, int K, int E)
@@ -451,6 +480,16 @@ extern "C" void ts_cuda_moe_aux_forward_backward(const ts_moe_routing *r, float 
 {
     aux_forward_backward(r, z_loss, aux_loss, dlogits, logits, scores, topk_idx, N, T, cz, ca,
                          z_scale, aux_scale);
+}
+
+extern "C" void ts_cuda_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_loss,
+                                                     float *dlogits, const float *scores,
+                                                     const int *seq_counts, int N, int row0,
+                                                     int rows_per_seq, int T, float ca,
+                                                     float aux_scale)
+{
+    balance_forward_backward(r, aux_loss, dlogits, scores, seq_counts, N, row0, rows_per_seq, T,
+                             ca, aux_scale);
 }
 
 extern "C" void ts_cuda_moe_count(int *counts, const int *topk_idx, int N, int K, int E)

@@ -62,6 +62,7 @@ static constexpr ts_kernels fp32_table = {
     .moe_route_forward = ts_cuda_moe_route_forward,
     .moe_route_backward = ts_cuda_moe_route_backward,
     .moe_aux_forward_backward = ts_cuda_moe_aux_forward_backward,
+    .moe_balance_forward_backward = ts_cuda_moe_balance_forward_backward,
     .moe_count = ts_cuda_moe_count,
     .moe_permute = ts_cuda_moe_permute,
     .moe_combine = ts_cuda_moe_combine,

@@ -150,6 +150,12 @@
             float cz, float ca, float z_scale, float aux_scale),                           \
            (r, z_loss, aux_loss, dlogits, logits, scores, topk_idx, N, T, cz, ca, z_scale,  \
             aux_scale))                                                                    \
+    STRICT(P, K, moe_balance_forward_backward,                                             \
+           (const ts_moe_routing *r, float *aux_loss, float *dlogits, const float *scores,  \
+            const int *seq_counts, int N, int row0, int rows_per_seq, int T, float ca,      \
+            float aux_scale),                                                              \
+           (r, aux_loss, dlogits, scores, seq_counts, N, row0, rows_per_seq, T, ca,         \
+            aux_scale))                                                                    \
     STRICT(P, K, moe_count, (int *counts, const int *topk_idx, int N, int K_, int E),      \
            (counts, topk_idx, N, K_, E))                                                   \
     STRICT(P, K, moe_permute,                                                              \
@@ -217,7 +223,9 @@
         .rope_forward = P##rope_forward, .rope_backward = P##rope_backward,                \
         .swiglu_forward = P##swiglu_forward, .swiglu_backward = P##swiglu_backward,        \
         .moe_route_forward = P##moe_route_forward, .moe_route_backward = P##moe_route_backward, \
-        .moe_aux_forward_backward = P##moe_aux_forward_backward, .moe_count = P##moe_count, \
+        .moe_aux_forward_backward = P##moe_aux_forward_backward,                           \
+        .moe_balance_forward_backward = P##moe_balance_forward_backward,                   \
+        .moe_count = P##moe_count,                                                         \
         .moe_permute = P##moe_permute, .moe_combine = P##moe_combine,                      \
         .moe_combine_backward = P##moe_combine_backward,                                   \
         .moe_permute_backward = P##moe_permute_backward,                                   \
