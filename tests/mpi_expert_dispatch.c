@@ -16,26 +16,8 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "tensor/expert_dispatch.h"
+#include "mpi_expert_rows.h" /* world_rank, EXPECT, C, rows_of (by global expert), value */
 #include "test_util.h"
-
-static int world_rank;
-
-/* test_util.h's CHECKF, with this rank in every message. */
-#define EXPECT(cond, fmt, ...) CHECKF(cond, "rank %d: " fmt, world_rank, __VA_ARGS__)
-
-enum { C = 5 };
-
-/* Rank r's rows for global expert g: how many, and element c of row i. Rank 1 of a group
- * of three or more routes nothing; experts e with (r + e) % 3 == 0 get none. */
-static int rows_of(int r, int g, int S)
-{
-    if (S >= 3 && r == 1) return 0;
-    return (r + g) % 3 == 0 ? 0 : 1 + (r * 7 + g * 5) % 4;
-}
-static float value(int r, int g, int i, int c)
-{
-    return (float)(r * 1000 + g * 100 + i * 10 + c) * 0.25f - 3.0f;
-}
 
 /* The stand-in expert, exact in fp32 for these values. */
 static float expert(float x, int g) { return x * (float)(g + 1) + (float)g; }
@@ -154,26 +136,15 @@ static void run_group(const ts_comm *ep)
 
 int main(int argc, char **argv)
 {
-    ts_comm_init(&argc, &argv);
     ts_comm world;
-    ts_comm_world(&world);
-    world_rank = world.rank;
-    const char *name = argc > 1 ? argv[1] : "mpi";
-    const ts_comm_backend *ops = ts_comm_backend_find(name);
-    if (!ops || (ops != &ts_comm_mpi && ops != &ts_comm_mpi_staged)) {
-        if (world.rank == 0) fprintf(stderr, "backend %s: give mpi or mpi-staged\n", name);
-        ts_comm_finalize();
-        return 2;
-    }
-    k = ops == &ts_comm_mpi_staged ? &ts_kernels_cpu_strict : &ts_kernels_cpu;
-    if (ops == &ts_comm_mpi_staged) ts_comm_staged_set_copies(k->memcpy_d2h, k->memcpy_h2d);
-    ts_comm_set_backend(&world, ops);
+    k = expert_test_start(&argc, &argv, &world);
+    if (!k) return 2;
     run_group(&world);
     ts_comm single; /* ep groups of one rank: the exchange is a copy */
     ts_comm_split(&world, world.rank, 0, "single", &single);
     run_group(&single);
     ts_comm_free(&single);
-    printf("rank %d (%s, %d ranks): ", world.rank, name, world.size);
+    printf("rank %d (%s, %d ranks): ", world.rank, argc > 1 ? argv[1] : "mpi", world.size);
     const int code = ts_test_report();
     ts_comm_finalize();
     return code;

@@ -17,25 +17,8 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "tensor/expert_tp.h"
+#include "mpi_expert_rows.h" /* world_rank, EXPECT, C, rows_of (by local expert), value */
 #include "test_util.h"
-
-static int world_rank;
-
-#define EXPECT(cond, fmt, ...) CHECKF(cond, "rank %d: " fmt, world_rank, __VA_ARGS__)
-
-enum { C = 5 };
-
-/* Rank r's rows for local expert l: rank 1 of a group of three or more has none; (r + l)
- * % 3 == 0 gets none. */
-static int rows_of(int r, int l, int S)
-{
-    if (S >= 3 && r == 1) return 0;
-    return (r + l) % 3 == 0 ? 0 : 1 + (r * 7 + l * 5) % 4;
-}
-static float value(int r, int l, int i, int c)
-{
-    return (float)(r * 1000 + l * 100 + i * 10 + c) * 0.25f - 3.0f;
-}
 
 static const ts_kernels *k;
 
@@ -95,27 +78,16 @@ static void run_case(const ts_comm *etp, int L)
 
 int main(int argc, char **argv)
 {
-    ts_comm_init(&argc, &argv);
     ts_comm world;
-    ts_comm_world(&world);
-    world_rank = world.rank;
-    const char *name = argc > 1 ? argv[1] : "mpi";
-    const ts_comm_backend *ops = ts_comm_backend_find(name);
-    if (!ops || (ops != &ts_comm_mpi && ops != &ts_comm_mpi_staged)) {
-        if (world.rank == 0) fprintf(stderr, "backend %s: give mpi or mpi-staged\n", name);
-        ts_comm_finalize();
-        return 2;
-    }
-    k = ops == &ts_comm_mpi_staged ? &ts_kernels_cpu_strict : &ts_kernels_cpu;
-    if (ops == &ts_comm_mpi_staged) ts_comm_staged_set_copies(k->memcpy_d2h, k->memcpy_h2d);
-    ts_comm_set_backend(&world, ops);
+    k = expert_test_start(&argc, &argv, &world);
+    if (!k) return 2;
     if (world.size < 2) {
         if (world.rank == 0) fprintf(stderr, "mpi_expert_tp: give 2 or more ranks\n");
         ts_comm_finalize();
         return 2;
     }
     for (int L = 1; L <= 3; L++) run_case(&world, L);
-    printf("rank %d (%s, %d ranks): ", world.rank, name, world.size);
+    printf("rank %d (%s, %d ranks): ", world.rank, argc > 1 ? argv[1] : "mpi", world.size);
     const int code = ts_test_report();
     ts_comm_finalize();
     return code;
