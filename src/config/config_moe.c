@@ -142,13 +142,12 @@ static ts_status check_expert_grid(const ts_config *cfg)
  * and virtual stages, every recompute mode (the step's counts are the backward's), whose
  * losses tests/test_moe_grids.sh holds to one rank's, and context parallelism (every
  * term but the balance loss is per token; that one sums each sequence's counts over the
- * ranks holding its positions: moe.c balance_split), and tensor parallelism with the MoE
- * replicated on the tp ranks (each runs it whole: correct, not faster; splitting the
- * experts is ep/etp's), and sequence parallelism with or without ep (each tp rank
- * routes its own rows, nothing gathered; the balance loss's counts summed as under cp).
- * Not: tp_overlap (the MoE would take sub-batches) and CUDA (never run). bf16 is built
- * (moe.c: the router
- * in fp32 from the widened rows, the rest in the activation dtype). */
+ * ranks holding its positions: moe.c balance_split), and tensor parallelism (without ep
+ * or etp the MoE replicated on the tp ranks; with them each tp rank sends its share of
+ * the rows), and sequence parallelism (each tp rank routes its own rows, nothing
+ * gathered; the balance loss's counts summed as under cp), in fp32 and bf16 (the router
+ * in fp32 from the widened rows). Not: tp_overlap (the MoE would take sub-batches) and
+ * CUDA (never run). */
 static ts_status check_moe_built(const ts_config *cfg)
 {
     const ts_parallel_config *p = &cfg->parallel;
@@ -163,10 +162,9 @@ static ts_status check_moe_built(const ts_config *cfg)
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
         if (axes[i].unbuilt)
             return ts_fail("model.moe_experts = %d with %s: the Mixture-of-Experts layer is "
-                           "built for any tp (replicated on the tp ranks, or each its rows "
-                           "under sequence parallelism), dp, pp, schedule and recompute, cp, "
-                           "fp32 and bf16, on the CPU so far; that combination is not built "
-                           "yet",
+                           "built for any tp (with or without sequence parallelism), dp, cp, "
+                           "pp, ep, etp, schedule and recompute, fp32 and bf16, on the CPU so "
+                           "far; that combination is not built yet",
                            E, axes[i].what);
     return TS_OK;
 }

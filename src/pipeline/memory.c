@@ -312,6 +312,12 @@ static int layout_ep(const ts_config *cfg)
     return cfg->model.moe_experts > 0 && cfg->parallel.ep > 1 ? cfg->parallel.ep : 1;
 }
 
+/* The etp the same way: parallel.etp for an MoE model (F/etp slices), else 1. */
+static int layout_etp(const ts_config *cfg)
+{
+    return cfg->model.moe_experts > 0 && cfg->parallel.etp > 1 ? cfg->parallel.etp : 1;
+}
+
 /* A rank's shape and holdings from the model's own layout of its layers (nothing
  * allocated): what ts_memory_estimate and ts_memory_estimate_auto_selective feed
  * ts_memory_rank. */
@@ -386,8 +392,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
      * buffers (act_layout.h's MR, MX: etp times more rows); the experts reduce over
      * edp = tp * cp * dp / (ep * etp) ranks (expert_grid.h). */
     const int ep = layout_ep(cfg);
-    const int etp = cfg->parallel.etp > 1 ? cfg->parallel.etp : 1;
-    const bool split = ep > 1 || (mc->moe_experts > 0 && etp > 1); /* experts' own group */
+    const int etp = layout_etp(cfg);
+    const bool split = ep > 1 || etp > 1; /* the experts' own group */
     const int edp = split ? cfg->parallel.tp * replicas / (ep * etp) : 0;
 
     bool *owned = ts_calloc((size_t)n_layers, sizeof(bool));
@@ -549,8 +555,7 @@ void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
                                          .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
                                          .ep_size = layout_ep(cfg),
-                                         .etp_size = mc->moe_experts > 0 ? cfg->parallel.etp
-                                                                         : 1});
+                                         .etp_size = layout_etp(cfg)});
     free(owned);
     layout_chunk_floats(&m, part, s, pp_rank, out);
     ts_model_free(&m);
@@ -608,8 +613,7 @@ double ts_memory_chunk_grad_bytes(const ts_config *cfg, const ts_partition *part
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
                                          .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
                                          .ep_size = layout_ep(cfg),
-                                         .etp_size = mc->moe_experts > 0 ? cfg->parallel.etp
-                                                                         : 1});
+                                         .etp_size = layout_etp(cfg)});
     free(owned);
     double bytes = (double)m.num_floats * sizeof(float);
     ts_model_free(&m);
