@@ -129,6 +129,55 @@ static void host_counts(const block_sub *b, int n_rows, int *counts, int *offset
     TS_ASSERT(total == n_rows * b->m->moe_top_k); /* dropless: every assignment has a row */
 }
 
+/* Whether the permuted rows leave this rank for the experts: over ep, or gathered over
+ * etp (then they are read from, and written to, the exchange buffers). */
+static bool rows_travel(const ts_model *m)
+{
+    return m->moe_dispatch || m->moe_expert_tp;
+}
+
+/* The rows this rank's experts process, in expert order, from its permuted rows `src`
+ * (counts[E] of them per expert): `src` itself on one rank; else sent over ep to the
+ * experts' ranks and gathered over etp, each expert's together, into `buf` (`work`: the
+ * exchange's staging). Returns the rows per local expert. Collective over ep and etp:
+ * every rank of those groups reaches it for the same layer and micro-batch, in the
+ * forward, the backward (the plans made again from the saved counts) and a recompute. */
+static const int *experts_in(const ts_model *m, const act_dims *d, const int *counts,
+                             void *buf, const void *src, void *work)
+{
+    const int *rows = counts;
+    if (m->moe_dispatch) {
+        ts_expert_dispatch_plan(m->moe_dispatch, counts);
+        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
+        ts_expert_dispatch_forward(m->moe_dispatch, buf, src, work);
+        rows = m->moe_dispatch->expert_rows;
+        src = buf;
+    }
+    ts_expert_tp *t = m->moe_expert_tp;
+    if (t) {
+        ts_expert_tp_plan(t, rows);
+        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
+        ts_expert_tp_gather(t, buf, src, work);
+        rows = t->expert_rows;
+    }
+    return rows;
+}
+
+/* The reverse of experts_in: the experts' results in `buf` (etp partials) summed over
+ * etp onto their rows' ranks and sent back over ep into `dst`, this rank's permuted
+ * order: into dst directly on one ep rank, else into `work`, the ep combine's input
+ * (whose staging is then buf, read by now). Nothing to do when the rows stayed. */
+static void experts_out(const ts_model *m, void *dst, void *buf, void *work)
+{
+    ts_expert_tp *t = m->moe_expert_tp;
+    void *summed = buf;
+    if (t) {
+        summed = m->moe_dispatch ? work : dst;
+        ts_expert_tp_reduce(t, summed, buf, work);
+    }
+    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, dst, summed, t ? buf : work);
+}
+
 void ts_moe_forward(const block_sub *b, const void *in, void *out)
 {
     const ts_model *m = b->m;
@@ -160,33 +209,12 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     k->moe_permute(v->moe_xp, v->moe_row, act_at(d, in, (size_t)sh.lo * C), idx,
                    v->moe_offsets, sh.n, K, C, E);
 
-    /* The rows this rank's experts process, in expert order: its own permuted rows on
-     * one ep rank; else those the ep group sends here (the plan is collective over ep,
-     * so every ep rank reaches this point for the same layer and micro-batch). */
+    /* The rows this rank's experts process (experts_in; kept in moe_xr for the
+     * backward's weight gradients when they travel), each expert's SwiGLU over its own. */
     const int L = m->moe_local_experts;
-    const int *rows = counts;
-    const void *xr = v->moe_xp;
-    void *yr = v->moe_yp;
-    if (m->moe_dispatch) {
-        ts_expert_dispatch_plan(m->moe_dispatch, counts);
-        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
-        ts_expert_dispatch_forward(m->moe_dispatch, v->moe_xr, v->moe_xp, v->moe_er);
-        rows = m->moe_dispatch->expert_rows;
-        xr = v->moe_xr;
-        yr = v->moe_yr;
-    }
-    /* Expert tensor parallelism: those rows from every etp rank, each expert's together
-     * (collective over etp: every etp rank reaches this point for the same layer and
-     * micro-batch), kept in moe_xr for the backward's weight gradients. */
-    ts_expert_tp *t = m->moe_expert_tp;
-    if (t) {
-        ts_expert_tp_plan(t, rows);
-        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
-        ts_expert_tp_gather(t, v->moe_xr, xr, v->moe_er);
-        rows = t->expert_rows;
-        xr = v->moe_xr;
-        yr = v->moe_yr;
-    }
+    const int *rows = experts_in(m, d, counts, v->moe_xr, v->moe_xp, v->moe_er);
+    const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
+    void *yr = rows_travel(m) ? v->moe_yr : v->moe_yp;
     size_t o = 0;
     for (int e = 0; e < L; o += (size_t)rows[e], e++) {
         const int n = rows[e];
@@ -196,15 +224,7 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
         k->swiglu_forward(a, h, n, F);
         k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
     }
-    /* The partials summed onto this rank's rows: straight into moe_yp on one ep rank,
-     * else into moe_er (the ep combine's input; its work is then moe_yr, read by now). */
-    void *ye = yr;
-    if (t) {
-        ye = m->moe_dispatch ? v->moe_er : v->moe_yp;
-        ts_expert_tp_reduce(t, ye, v->moe_yr, v->moe_er);
-    }
-    if (m->moe_dispatch)
-        ts_expert_dispatch_combine(m->moe_dispatch, v->moe_yp, ye, t ? v->moe_yr : v->moe_er);
+    experts_out(m, v->moe_yp, v->moe_yr, v->moe_er);
     free(counts);
     k->moe_combine(act_at(d, out, (size_t)sh.lo * C), v->moe_yp, v->moe_w + (size_t)sh.lo * K,
                    v->moe_row, sh.n, K, C);
@@ -290,29 +310,9 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
     host_counts(b, sh.n, counts, offsets);
     const int L = m->moe_local_experts;
-    const int *rows = counts;
-    const void *xr = v->moe_xp;
-    void *dyr = s.dyp;
-    if (m->moe_dispatch) {
-        ts_expert_dispatch_plan(m->moe_dispatch, counts);
-        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
-        ts_expert_dispatch_forward(m->moe_dispatch, s.dyr, s.dyp, s.er);
-        rows = m->moe_dispatch->expert_rows;
-        xr = v->moe_xr;
-        dyr = s.dyr;
-    }
-    /* Expert tensor parallelism: the output gradients gathered as the inputs were (the
-     * plan made again: the forward's collective order); the input gradients' partials
-     * (each rank's F-slice's) summed back below as the outputs were. */
-    ts_expert_tp *t = m->moe_expert_tp;
-    if (t) {
-        ts_expert_tp_plan(t, rows);
-        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
-        ts_expert_tp_gather(t, s.dyr, dyr, s.er);
-        rows = t->expert_rows;
-        xr = v->moe_xr;
-        dyr = s.dyr;
-    }
+    const int *rows = experts_in(m, d, counts, s.dyr, s.dyp, s.er);
+    const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
+    void *dyr = rows_travel(m) ? s.dyr : s.dyp;
     size_t o = 0;
     for (int e = 0; e < L; o += (size_t)rows[e], e++) {
         const int n = rows[e];
@@ -326,12 +326,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
         k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
                            expert_fc(b, e), n, C, 2 * F);
     }
-    void *dxe = dyr;
-    if (t) {
-        dxe = m->moe_dispatch ? s.er : s.dyp;
-        ts_expert_tp_reduce(t, dxe, s.dyr, s.er);
-    }
-    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, s.dyp, dxe, t ? s.dyr : s.er);
+    experts_out(m, s.dyp, s.dyr, s.er);
     free(counts);
     k->moe_permute_backward(act_at(d, s.dx, (size_t)sh.lo * C), s.dyp, v->moe_row, sh.n, K, C);
     if (shares_rows(m)) { /* every row's input and weight gradients on every tp rank */
