@@ -173,7 +173,10 @@ same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 
   --set parallel.ep=2 --set parallel.schedule=1f1b
 # Under etp each expert's F/2 slices are written by their own ranks, tiled whole (the
 # reshards below read and write slices on 4 ranks).
-same=0 ep4=0 ep_ckpt_case dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2
+# Its validation is uneven too (9 windows over the 2 replicas): the etp gather is as
+# collective as the ep exchange.
+same=0 ep4=0 ep_ckpt_case dp2_etp2 2 --set parallel.dp=2 --set parallel.etp=2 \
+  --set "data.val=\"$TMP/train.bin\"" --set data.eval_every=4 --set data.val_windows=9
 # etp 2 over the tp ranks (no sp): each tp rank brings its half of the replicated rows
 # into the etp gather and runs its F/2 slice on both halves, the halves' outputs
 # all-gathered over tp (moe.c); each slice written by its own tp rank, resumed on one.

@@ -486,7 +486,8 @@ void ts_engine_run(ts_engine *e, int step)
  * ranks of one replica share its dp rank, so they walk the same windows). Replica d
  * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. Under expert
  * parallelism an MoE block's forward is a collective over an ep group that may span
- * replicas: every replica then runs as many batches as the largest share needs, the
+ * replicas (and under expert tensor parallelism over etp, which may too): every replica
+ * then runs as many batches as the largest share needs, the
  * ones past its own windows padding that counts no row. */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
 {
@@ -494,7 +495,8 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
     const uint64_t S = ts_data_num_windows(val, T);
     const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
     const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
-    const int end = e->model->moe_dispatch ? lo + (n_windows + e->dp - 1) / e->dp : hi;
+    const bool collective = e->model->moe_dispatch || e->model->moe_expert_tp;
+    const int end = collective ? lo + (n_windows + e->dp - 1) / e->dp : hi;
     const size_t NC = (size_t)e->rows * e->C;
     const ts_kernels *kern = e->model->k;
     double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
