@@ -18,7 +18,9 @@ sharing 2 key/value heads, vocabulary 96, T 16, rope_theta 10000, lm_head untied
                  (Mixtral), Mixtral's names; no auxiliary losses.
   qwen3moe_tiny  2 layers, moe_every 2: layer 0 dense (SwiGLU 48), layer 1 MoE of 4
                  experts top-2 of width 24, softmax without norm_topk, q/k RMSNorm
-                 (Qwen3-MoE), Qwen3-MoE's names; no auxiliary losses.
+                 (Qwen3-MoE), heads of 16 (head_dim, not n_embd / n_head = 8: the
+                 q|k|v and attention widths 64 exceed C, as Qwen3-MoE's 128 at 2048 do),
+                 Qwen3-MoE's names; no auxiliary losses.
   dsmoe_tiny     3 layers, moe_first_dense 1: layer 0 dense (SwiGLU 48), layers 1 and 2 MoE
                  of 16 experts top-4 of width 24 in 4 groups, 2 kept (each gives its top
                  2, DeepSeek-V3's rule), sigmoid, norm_topk, route_scale 2.5, 1 shared
@@ -77,7 +79,7 @@ FIXTURES = {
         moe_norm_topk=True, n_layer=2, **LLAMA), 0.2),
     "qwen3moe_tiny": (tm.MoeShape(
         "qwen3_moe", moe_experts=4, moe_top_k=2, moe_ffn_hidden=24, moe_router="softmax",
-        moe_norm_topk=False, moe_every=2, qk_norm=True, n_layer=2, **LLAMA), 0.2),
+        moe_norm_topk=False, moe_every=2, qk_norm=True, n_layer=2, head_dim=16, **LLAMA), 0.2),
     "dsmoe_tiny": (tm.MoeShape(
         "deepseek", moe_experts=16, moe_top_k=4, moe_ffn_hidden=24, moe_shared_experts=1,
         moe_router="sigmoid", moe_norm_topk=True, moe_route_scale=2.5, moe_groups=4,

@@ -6,7 +6,8 @@
 # summed over them), ZeRO-1 and ZeRO-3, a 3D grid and multi-query attention all give the one-rank
 # losses within relative 1e-4 for 8 steps; reruns are bit-identical. A tied Llama
 # (tie_embeddings, as Llama 3.2) across a pipeline too. Llama-only keys on gpt2 and bad
-# head counts are clear errors.
+# head counts are clear errors. model.head_dim other than n_embd / n_head (Qwen3's) on tp with
+# sequence parallelism and on pp x cp.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -49,6 +50,15 @@ mv "$TMP/ref.jsonl" "$TMP/ref_gqa.jsonl"
 check ref 1 --set model.n_kv_head=1
 check mqa_tp2 2 --set model.n_kv_head=1 --set parallel.tp=2
 mv "$TMP/ref.jsonl" "$TMP/ref_mqa.jsonl"
+# model.head_dim wider than n_embd / n_head (Qwen3-MoE's 128 at 2048 wide, 32 heads): q|k|v
+# and the attention's output of 4 x 48 = 192 > 128 columns, split over tp with sequence
+# parallelism and over a pipeline.
+check ref 1 --set model.head_dim=48
+check head_dim_tp2_sp 2 --set model.head_dim=48 --set parallel.tp=2 --set parallel.sequence_parallel=true
+check head_dim_pp2_cp2 4 --set model.head_dim=48 --set parallel.pp=2 --set parallel.cp=2
+if cmp -s <(losses "$TMP/ref.jsonl") <(losses "$TMP/ref_gqa.jsonl"); then
+  fail "model.head_dim = 48 trained exactly like head_dim 32"
+else pass; fi
 check ref 1 --set model.tie_embeddings=true
 check tied_pp2_tp2 4 --set model.tie_embeddings=true --set parallel.pp=2 --set parallel.tp=2
 if cmp -s <(losses "$TMP/ref.jsonl") <(losses "$TMP/ref_gqa.jsonl"); then
@@ -58,6 +68,9 @@ else pass; fi
 expect_error 2 "n_kv_head = 3" "${common[@]}" --set model.n_kv_head=3 --set parallel.tp=2
 expect_error 1 "grouped-query attention is a llama feature" train "$SRC/configs/tiny.cfg" \
   --set model.n_kv_head=2 --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+expect_error 1 "model.head_dim = 48: gpt2's heads have n_embd / n_head" train "$SRC/configs/tiny.cfg" \
+  --set model.head_dim=48 --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+expect_error 1 "model.head_dim = 33: rotary embeddings rotate pairs" "${common[@]}" --set model.head_dim=33
 expect_error 1 "rope_theta" train "$SRC/configs/tiny.cfg" --set model.rope_theta=10000.0 \
   --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
 finish

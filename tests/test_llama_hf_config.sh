@@ -38,15 +38,19 @@ expect_error --rc 1 --one-error 0 "gives model_type = \"llama\", but the config 
   train "$SRC/configs/tiny.cfg" "${q[@]}" "${init[@]}"
 
 # A hand-edited config.json (beside the weights file this time): a head_dim that is not
-# hidden_size / num_attention_heads, and a rope scaling Tessera does not implement.
+# hidden_size / num_attention_heads (model.head_dim takes it, and the weights, saved with
+# heads of 16, then have the wrong shapes; a config setting head_dim otherwise disagrees),
+# and a rope scaling Tessera does not implement.
 edit() { # edit DIR PYTHON: DIR/ = the weights and config.json with PYTHON applied to c
   mkdir -p "$1" && ln -sf "$HF/model.safetensors" "$1/model.safetensors"
   python3 -c "import json,sys; c=json.load(open(sys.argv[1])); $2; json.dump(c, open(sys.argv[2],'w'))" \
     "$HF/config.json" "$1/config.json"
 }
 edit "$TMP/hd" 'c["head_dim"] = 32'
-expect_error --rc 1 --one-error 0 "config.json gives head_dim = 32, but model.n_embd / model.n_head = 128 / 8" \
+expect_error --rc 1 --one-error 0 "self_attn.q_proj.weight" \
   train "$TMP/bare.cfg" "${q[@]}" --set "model.init=\"$TMP/hd/model.safetensors\""
+expect_error --rc 1 --one-error 0 "config.json gives head_dim = 32, but the config sets model.head_dim = 16" \
+  train "$TMP/bare.cfg" "${q[@]}" --set model.head_dim=16 --set "model.init=\"$TMP/hd/model.safetensors\""
 edit "$TMP/yarn" 'c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}'
 expect_error --rc 1 --one-error 0 "rope_scaling type \"yarn\" is not one Tessera implements" \
   train "$TMP/bare.cfg" "${q[@]}" --set "model.init=\"$TMP/yarn\""

@@ -3,7 +3,8 @@
  * and DeepSeek-V3's routing written out), on tests/test_llama_fixture.c's tiny llama:
  *   mixtral_tiny   both blocks MoE, 4 experts top-2 of 24, softmax, norm_topk (Mixtral's
  *                  names);
- *   qwen3moe_tiny  block 1 MoE (moe_every 2), softmax without norm_topk, qk_norm;
+ *   qwen3moe_tiny  block 1 MoE (moe_every 2), softmax without norm_topk, qk_norm, heads
+ *                  of 16 (model.head_dim; n_embd / n_head is 8);
  *   dsmoe_tiny     3 blocks, the first dense, 16 experts top-4 in 4 groups (2 kept),
  *                  sigmoid, norm_topk, route scale 2.5, a shared expert, z-loss,
  *                  sequence-wise balance loss and the aux-loss-free bias (moved after
@@ -122,6 +123,7 @@ int main(void)
     qwen.model.moe_norm_topk = false;
     qwen.model.moe_every = 2;
     qwen.model.qk_norm = true;
+    qwen.model.head_dim = 16; /* not n_embd / n_head = 8: Qwen3-MoE's wider heads */
     ts_config_resolve_model(&qwen.model);
 
     tiny_moe(&ds, 3);

@@ -74,8 +74,10 @@ class Shape:
     def __init__(self, n_layer, n_head, n_kv_head, n_embd, ffn_hidden, vocab_size, seq_len,
                  rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, rope_scaling=0.0,
                  rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-                 rope_original_context=8192):
-        if n_embd % n_head or n_head % n_kv_head or (n_embd // n_head) % 2:
+                 rope_original_context=8192, head_dim=0):
+        # head_dim 0: n_embd // n_head (model.head_dim's default); Qwen3's set another
+        hd = head_dim or (n_embd // n_head if n_head else 0)
+        if (not head_dim and n_embd % n_head) or n_head % n_kv_head or hd % 2:
             raise SystemExit(f"llama shape: n_embd {n_embd}, n_head {n_head}, n_kv_head "
                              f"{n_kv_head}: need n_head | n_embd, n_kv_head | n_head and an "
                              "even head dimension")
@@ -87,7 +89,8 @@ class Shape:
         self.rope_low_freq_factor = rope_low_freq_factor
         self.rope_high_freq_factor = rope_high_freq_factor
         self.rope_original_context = rope_original_context
-        self.head_dim = n_embd // n_head
+        self.head_dim = hd
+        self.head_dim_key = head_dim  # 0 = the default, not written to the metadata
 
     @staticmethod
     def from_args(a):
@@ -102,7 +105,8 @@ class Shape:
                 "vocab_size": self.vocab_size, "seq_len": self.seq_len,
                 "rope_theta": self.rope_theta, "norm_eps": self.norm_eps,
                 "tie_embeddings": str(self.tie_embeddings).lower(),
-                "rope_scaling": self.rope_scaling, "format": "llama (Hugging Face names)"}
+                "rope_scaling": self.rope_scaling, "format": "llama (Hugging Face names)",
+                **({"head_dim": self.head_dim_key} if self.head_dim_key else {})}
 
 
 def add_shape_args(ap):

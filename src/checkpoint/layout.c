@@ -210,7 +210,7 @@ json_t *ts_ckpt_hf_config(const ts_model_config *mc)
         "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size", mc->n_embd,
         "intermediate_size", ts_model_ffn(mc), "num_hidden_layers", mc->n_layer,
         "num_attention_heads", mc->n_head, "num_key_value_heads", ts_model_kv_heads(mc),
-        "head_dim", mc->n_embd / mc->n_head, "vocab_size", mc->vocab_size,
+        "head_dim", ts_model_head_dim(mc), "vocab_size", mc->vocab_size,
         "max_position_embeddings", mc->seq_len, "rms_norm_eps", mc->norm_eps, "rope_theta",
         mc->rope_theta, "rope_scaling", scaling, "tie_word_embeddings", (int)ts_model_tied(mc),
         "hidden_act", "silu", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,

@@ -121,7 +121,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
         const char *key;
         int *v;
         long long lo;
-    } ints[] = {{"n_kv_head", &m->n_kv_head, 0}, {"ffn_hidden", &m->ffn_hidden, 0},
+    } ints[] = {{"n_kv_head", &m->n_kv_head, 0}, {"head_dim", &m->head_dim, 0},
+                {"ffn_hidden", &m->ffn_hidden, 0},
                 {"rope_original_context", &m->rope_original_context, 1},
                 {"moe_experts", &m->moe_experts, 0}, {"moe_top_k", &m->moe_top_k, 1},
                 {"moe_ffn_hidden", &m->moe_ffn_hidden, 0},

@@ -159,6 +159,7 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"n_layer", m->n_layer, mc->n_layer, true},
         {"n_head", m->n_head, mc->n_head, true},
         {"n_kv_head", ts_model_kv_heads(m), ts_model_kv_heads(mc), true},
+        {"head_dim", ts_model_head_dim(m), ts_model_head_dim(mc), true},
         {"n_embd", m->n_embd, mc->n_embd, true},
         {"ffn_hidden", ts_model_ffn(m), ts_model_ffn(mc), true},
         {"vocab_size", m->vocab_size, mc->vocab_size, true},

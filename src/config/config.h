@@ -19,6 +19,8 @@ typedef struct {
     int n_layer, n_head, n_embd;
     int vocab_size, seq_len;
     int n_kv_head;              /* key/value heads (GQA); n_head for gpt2 and multi-head */
+    int head_dim;               /* channels per attention head; 0 = n_embd / n_head (llama
+                                 * may set another: Qwen3-MoE's 128 at n_embd 2048, 32 heads) */
     int ffn_hidden;             /* MLP hidden width: 4*n_embd (gpt2), SwiGLU's (llama) */
     double norm_eps;            /* LayerNorm (gpt2, fixed 1e-5) / RMSNorm (llama) epsilon */
     int tie_embeddings;         /* LM head = token embedding: 1 yes, -1 no, 0 the
@@ -78,6 +80,11 @@ void ts_config_resolve_model(ts_model_config *m);
 static inline int ts_model_kv_heads(const ts_model_config *m)
 {
     return m->n_kv_head > 0 ? m->n_kv_head : m->n_head;
+}
+/* The channels of one attention head: head_dim, or n_embd / n_head when unset. */
+static inline int ts_model_head_dim(const ts_model_config *m)
+{
+    return m->head_dim > 0 ? m->head_dim : (m->n_head > 0 ? m->n_embd / m->n_head : 0);
 }
 static inline bool ts_model_tied(const ts_model_config *m)
 {

@@ -304,16 +304,12 @@ static ts_status apply(const hf_reader *h, json_t *root, hf_family f)
     if (ffn < 0 || fill_int(h, "intermediate_size", ffn, "model.ffn_hidden", &m->ffn_hidden,
                             ts_model_ffn(m)) != TS_OK)
         return TS_ERR;
-    /* Tessera's head dim is n_embd / n_head: no key of its own. */
+    /* head_dim: absent (0) is transformers' hidden_size / num_attention_heads, what
+     * model.head_dim 0 means too; Qwen3's models give 128 whatever the width. */
     const long long hd = hf_int(h, root, "head_dim");
     if (hd < 0) return TS_ERR;
-    if (hd > 0 && (m->n_head <= 0 || (long long)m->n_embd != hd * m->n_head))
-        return ts_fail("model.init: %s gives head_dim = %lld, but model.n_embd / model.n_head "
-                       "= %d / %d%s; Tessera's head dim is n_embd / n_head: set them to "
-                       "config.json's hidden_size and num_attention_heads, or leave them out "
-                       "of the config",
-                       h->path, hd, m->n_embd, m->n_head,
-                       m->n_head > 0 && m->n_embd % m->n_head == 0 ? "" : " (not a whole number)");
+    if (fill_int(h, "head_dim", hd, "model.head_dim", &m->head_dim, ts_model_head_dim(m)) != TS_OK)
+        return TS_ERR;
     double eps = 1e-6; /* transformers' LlamaConfig default */
     if (hf_real(h, root, "rms_norm_eps", &eps) < 0 ||
         fill_real(h, "rms_norm_eps", eps, "model.norm_eps", &m->norm_eps) != TS_OK)

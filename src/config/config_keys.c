@@ -30,6 +30,7 @@ void ts_config_defaults(ts_config *cfg)
     m->vocab_size = 256;
     m->seq_len = 64;
     m->n_kv_head = 0; /* = n_head */
+    m->head_dim = 0;  /* = n_embd / n_head */
     m->ffn_hidden = 0; /* the architecture's */
     m->norm_eps = 1e-5;
     m->tie_embeddings = 0; /* the architecture's: ts_model_tied */
@@ -145,6 +146,7 @@ const key_spec ts_config_keys[] = {
     INT_KEY("model", "vocab_size", model.vocab_size, 2, (double)(1 << 24)),
     INT_KEY("model", "seq_len", model.seq_len, 1, 1 << 20),
     INT_KEY("model", "n_kv_head", model.n_kv_head, 0, 1 << 16),
+    INT_KEY("model", "head_dim", model.head_dim, 0, 1 << 16),
     INT_KEY("model", "ffn_hidden", model.ffn_hidden, 0, 1 << 24),
     FLOAT_KEY("model", "norm_eps", model.norm_eps, 0, true, 1, false),
     { "model", "tie_embeddings", K_TRIBOOL, OFF(model.tie_embeddings), 0, 0, 0, false, false,

@@ -483,9 +483,10 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
     long long unit = (long long)p->dp * p->micro_batch;
     if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
 
-    if (m->n_embd % m->n_head != 0)
+    if (m->head_dim == 0 && m->n_embd % m->n_head != 0)
         return ts_fail("model.n_embd = %d must divide by model.n_head = %d (each head has "
-                       "n_embd/n_head channels); change n_embd or n_head",
+                       "n_embd/n_head channels unless model.head_dim says otherwise); "
+                       "change n_embd or n_head",
                        m->n_embd, m->n_head);
     if (m->n_head % p->tp != 0)
         return ts_fail("model.n_head = %d must divide by parallel.tp = %d (each "
@@ -506,6 +507,10 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
             return ts_fail("model.norm_eps = %g: gpt2's LayerNorm uses eps 1e-5 (GPT-2 and "
                            "nanoGPT); remove the key or set model.arch = \"llama\"",
                            m->norm_eps);
+        if (m->head_dim != 0 && m->head_dim * m->n_head != m->n_embd)
+            return ts_fail("model.head_dim = %d: gpt2's heads have n_embd / n_head = %d / %d "
+                           "channels; remove the key or set model.arch = \"llama\"",
+                           m->head_dim, m->n_embd, m->n_head);
         if (m->rope_theta != 0.0 || m->rope_scaling != 0.0)
             return ts_fail("model.%s is set, but gpt2 has learned position embeddings, not "
                            "rotary ones; remove it or set model.arch = \"llama\"",
@@ -515,10 +520,10 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
             return ts_fail("model.rope_theta = %g: llama's rotary embeddings need a base > 0 "
                            "(500000 for Llama 3, 10000 for Llama 2)",
                            m->rope_theta);
-        if ((m->n_embd / m->n_head) % 2 != 0)
-            return ts_fail("model.n_embd / model.n_head = %d: rotary embeddings rotate pairs "
-                           "of channels, so the head dimension must be even",
-                           m->n_embd / m->n_head);
+        if (ts_model_head_dim(m) % 2 != 0)
+            return ts_fail("model.%s = %d: rotary embeddings rotate pairs of channels, so the "
+                           "head dimension must be even",
+                           m->head_dim ? "head_dim" : "n_embd / model.n_head", ts_model_head_dim(m));
         if (m->n_head % kv != 0)
             return ts_fail("model.n_head = %d must divide by model.n_kv_head = %d (each "
                            "key/value head serves n_head/n_kv_head query heads)",

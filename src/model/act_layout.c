@@ -12,6 +12,7 @@
 typedef struct {
     bool llama, selective, rebuild, sp, qk_norm;
     int n_embd, n_head, n_kv_head, ffn, vocab;
+    int head_dim; /* channels per head */
     int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
     int moe_ep, moe_etp; /* expert (tensor) parallelism (1: none); moe_ffn is F / moe_etp */
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
@@ -22,7 +23,7 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
 {
     int64_t v0, nv;
     ts_shard_range(sh.vocab, tp, tp_rank, &v0, &nv);
-    const int H = sh.n_head / tp, HS = sh.n_embd / sh.n_head;
+    const int H = sh.n_head / tp, HS = sh.head_dim;
     const int KV = tp > sh.n_kv_head ? 1 : sh.n_kv_head / tp;
     const size_t F = (size_t)sh.ffn / tp;
     const size_t NL = sh.sp ? (size_t)B * T / (size_t)tp : (size_t)B * T;
@@ -76,7 +77,7 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
     const bool moe = m->moe_experts > 0 && (l < 0 || m->layers[l].moe);
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
                           m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
-                          m->vocab_size, moe ? m->moe_experts : 0, m->moe_top_k,
+                          m->vocab_size, m->head_dim, moe ? m->moe_experts : 0, m->moe_top_k,
                           m->moe_local_ffn, m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1,
                           m->moe_etp > 1 ? m->moe_etp : 1, m->tp.sub, m->cp};
     act_dims d = dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
@@ -108,7 +109,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
     /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
                           cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, 0, 0, 0, 0, 1, 1, 1, {.size = 1}};
+                          cfg->vocab_size, ts_model_head_dim(cfg), 0, 0, 0, 0, 1, 1, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
@@ -238,7 +239,13 @@ const void *ts_acts_layer_input(const ts_model *m, const ts_acts *a, int l)
 /* ------------------------------------------------------------ the scratch */
 
 size_t ts_scratch_wide_cols(act_dims d) { return d.FI > d.QKV ? d.FI : d.QKV; }
-size_t ts_scratch_narrow_cols(act_dims d) { return d.llama && d.F > d.C ? d.F : d.C; }
+size_t ts_scratch_narrow_cols(act_dims d)
+{
+    /* C, or llama's MLP columns F, or the attention's Cl (H * head_dim, wider than C
+     * where model.head_dim makes it so: Qwen3-MoE) when wider. */
+    size_t cols = d.llama && d.F > d.C ? d.F : d.C;
+    return d.Cl > cols ? d.Cl : cols;
+}
 static size_t scratch_gather_offset(act_dims d)
 {
     return ACT_ALIGN(d.N * (ts_scratch_wide_cols(d) + ts_scratch_narrow_cols(d)) * d.ab);

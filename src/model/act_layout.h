@@ -159,7 +159,7 @@ static inline void *act_at(const act_dims *d, const void *p, size_t n)
  * a column-parallel backward's input gradient. Context parallelism's exchange work comes
  * last. Each region's rows are per row, so a sub-batch's are its rows of each. */
 size_t ts_scratch_wide_cols(act_dims d);   /* columns of `wide`: max(FI, QKV) */
-size_t ts_scratch_narrow_cols(act_dims d); /* columns of `narrow`: max(C, F) (llama), C */
+size_t ts_scratch_narrow_cols(act_dims d); /* columns of `narrow`: max(C, F (llama), Cl) */
 void *ts_scratch_wide(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_narrow(const act_dims *d, const ts_scratch *sc);
 /* Sequence parallelism's gathered rows [N,C] and this rank's rows [NL,C] of an input

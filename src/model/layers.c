@@ -213,7 +213,7 @@ void ts_model_sum_sequence_grads(const ts_model *m, int l)
     const int p0 = L->first_param;
     if (m->qk_norm && m->tp.size > 1 && L->kind == TS_LAYER_BLOCK) {
         const block_roles r = ts_block_roles(m, l);
-        const size_t HS = (size_t)(m->n_embd / m->n_head);
+        const size_t HS = (size_t)m->head_dim;
         ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.q_norm_w), HS);
         ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.k_norm_w), HS);
     }

@@ -164,7 +164,7 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
     const ts_model *m = b->m;
     char name[96];
     const float std = 0.02f;
-    const int64_t C = cfg->n_embd, HS = C / cfg->n_head, F = ts_model_ffn(cfg);
+    const int64_t C = cfg->n_embd, HS = ts_model_head_dim(cfg), F = ts_model_ffn(cfg);
     const int64_t Q = cfg->n_head * HS, KV = (int64_t)ts_model_kv_heads(cfg) * HS;
     const int kv_parts = m->tp.size / m->kv_replicas;
 #define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
@@ -220,6 +220,7 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->tp = *tp;
     m->arch = ts_model_arch(cfg);
     m->n_kv_head = kv;
+    m->head_dim = ts_model_head_dim(cfg);
     m->ffn_hidden = F;
     m->norm_eps = (float)cfg->norm_eps;
     /* qk_norm's weight gradients are each tp rank's heads' part, summed over tp once a
@@ -371,7 +372,7 @@ void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim)
  * and rounded once (Hugging Face computes them in fp32; the two agree to an ulp). */
 static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
 {
-    const int HS = m->n_embd / m->n_head, half = HS / 2;
+    const int HS = m->head_dim, half = HS / 2;
     const size_t n = (size_t)m->max_seq_len * half;
     double *inv = ts_malloc((size_t)half * sizeof *inv);
     float *c = ts_alloc_floats(n), *s = ts_alloc_floats(n);
@@ -398,7 +399,7 @@ static void rope_tables_at_positions(ts_model *m)
 {
     const ts_cp cp = m->cp;
     if (cp.size == 1 || !m->rope_cos) return;
-    const int half = m->n_embd / m->n_head / 2, Tl = ts_cp_local_len(&cp);
+    const int half = m->head_dim / 2, Tl = ts_cp_local_len(&cp);
     float *tabs[2] = {m->rope_cos, m->rope_sin};
     for (int i = 0; i < 2; i++) {
         float *rows = m->k->dev_alloc((size_t)Tl * half * sizeof(float));
@@ -521,7 +522,7 @@ size_t ts_model_logical_params(const ts_model_config *c)
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
     const size_t head = ts_model_tied(c) ? 0 : V * C;
     if (ts_model_arch(c) == TS_ARCH_LLAMA) {
-        const size_t HS = C / (size_t)c->n_head, Q = (size_t)c->n_head * HS,
+        const size_t HS = (size_t)ts_model_head_dim(c), Q = (size_t)c->n_head * HS,
                      KV = (size_t)ts_model_kv_heads(c) * HS;
         const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
         size_t blocks = 0;

@@ -95,6 +95,7 @@ typedef struct {
     ts_arch arch;
     int n_layer, n_head, n_embd, vocab_size, max_seq_len;
     int n_kv_head;          /* key/value heads (n_head for gpt2) */
+    int head_dim;           /* channels per head (model.head_dim; n_embd / n_head unless set) */
     int ffn_hidden;         /* MLP hidden width F */
     float norm_eps;         /* RMSNorm's (llama); gpt2's LayerNorm kernels use 1e-5 */
     bool qk_norm;           /* Qwen3: each q and k head RMSNorm'd (weights q_norm, k_norm

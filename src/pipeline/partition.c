@@ -79,7 +79,7 @@ void ts_layer_costs_model(ts_layer_costs *c, const ts_model_config *mc, int micr
      * forward GEMM. Traffic: the saved activations are written once and read back in
      * backward (and their gradients streamed), the weights read in both passes and their
      * gradients read and written. */
-    const double HS = C / mc->n_head, Q = mc->n_head * HS, KV = ts_model_kv_heads(mc) * HS,
+    const double HS = ts_model_head_dim(mc), Q = mc->n_head * HS, KV = ts_model_kv_heads(mc) * HS,
                  FF = ts_model_ffn(mc);
     const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
     const double blk_weights = llama ? 2.0 * C * Q + 2.0 * C * KV + 3.0 * C * FF

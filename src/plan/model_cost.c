@@ -83,7 +83,7 @@ double ts_plan_cp_exchange_time(const ts_model_config *mc, int tp, int cp, int m
                                 double act_bytes, ts_link l)
 {
     if (cp <= 1) return 0.0;
-    const double hs = (double)(mc->n_embd / mc->n_head);
+    const double hs = (double)ts_model_head_dim(mc);
     const double kv = (double)micro_batch * mc->seq_len * 2.0 * local_kv_heads(mc, tp) * hs;
     return ts_plan_allgather_time(kv * act_bytes, cp, l);
 }
@@ -217,7 +217,7 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
     /* This rank's heads: hl query heads; kvl key/value heads (gpt2: hl; llama: its
      * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns. */
-    const double hl = (double)(mc->n_head / tp), hs = C / mc->n_head;
+    const double hl = (double)(mc->n_head / tp), hs = (double)ts_model_head_dim(mc);
     const double kvl = local_kv_heads(mc, tp);
     const double F = (double)ts_model_ffn(mc) / tpd;
     /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
@@ -453,13 +453,13 @@ double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
-     * (n_head * head_dim = n_embd; grouped-query attention shares k and v between query
+     * (n_head * head_dim = n_embd unless model.head_dim says otherwise; grouped-query attention shares k and v between query
      * heads but computes as many scores). An MoE model counts the parameters a token
      * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no
      * model its embeddings' lookups (ts_plan_flops_params: Megatron counts the logit
      * layer alone). */
     const double tokens = (double)global_batch * mc->seq_len;
-    const double head_dim = (double)(mc->n_embd / mc->n_head);
+    const double head_dim = (double)ts_model_head_dim(mc);
     return 6.0 * ts_plan_flops_params(mc) * tokens +
            12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
 }
