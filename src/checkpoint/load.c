@@ -460,9 +460,9 @@ static ts_status check_tied_head(const ts_model *m, const init_files *s)
     return st;
 }
 
-/* How an upcycled model's parameter p starts (upcycle.h): read from the dense MLP's
- * tensor for a routed expert (`t`, its name in `dense`), by index for the router (*t
- * NULL, TS_OK), or under its own name (`t` NULL, TS_OK, the caller looks it up). */
+/* How an upcycled model's parameter p starts (upcycle.h): a routed expert from the dense
+ * MLP's tensor (*t, in file *f, checked to have the expert's shape), a router drawn by
+ * index here (*done), anything else under its own name (*t NULL: the caller finds it). */
 static ts_status upcycle_source(ts_model *m, int p, const init_files *s, const char *path,
                                 uint64_t seed, const ts_st_tensor **t, int *f, bool *done)
 {
