@@ -304,8 +304,8 @@ fi
 # relative, on one rank and on ep 2 over dp 2 (each rank reads its own experts): not bit
 # for bit, since the combine rounds k equal outputs times weights that sum to one. Then
 # it trains: each grid's loss at its last step (3) is below its first, ep 2 within 1e-4 of one
-# rank (8 sequences a step, CI's time). Under the sanitizers ep 2 alone (its loader and
-# exchange are a superset), 2 steps.
+# rank (8 sequences a step, CI's time). Under the sanitizers one rank alone, 2 steps
+# (each ep and etp rank's reading is test_safetensors', the exchange the cases above).
 up=(train "$SRC/configs/llama-tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
     --set train.threads=1 --set log.progress=false --set train.global_batch=8 --set train.warmup=2)
 up_steps=4
@@ -335,8 +335,9 @@ if run_np 1 "${up[@]}" --set train.steps=2 --set "checkpoint.dir=\"$TMP/ck_dense
       pass; upcycled "$name"
     else fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; fi
   }
-  covered "upcycled on one rank" "ep 2 over dp 2" || up_run up_one 1
-  up_run up_dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
+  up_run up_one 1
+  covered "upcycled on ep 2 over dp 2" "one rank, test_safetensors' ep ranks, dp2_ep2_zero1" ||
+    up_run up_dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
   [ -f "$TMP/up_one.jsonl" ] && [ -f "$TMP/up_dp2_ep2.jsonl" ] &&
     compare_runs "upcycled ep 2 over dp 2 vs one rank" "$TMP/up_dp2_ep2.jsonl" "$TMP/up_one.jsonl" \
       1e-4 1e-4
