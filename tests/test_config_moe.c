@@ -257,6 +257,49 @@ static void test_moe_hf_config(void)
     EXPECT_ERR(text, OV("model.moe_norm_topk=false"), "mixtral", "model.moe_norm_topk");
 }
 
+/* model.init_upcycle: an MoE config started from a dense Llama's weights (a config.json
+ * of model_type "llama" beside them fills ffn_hidden, the dense MLP's width). Refused,
+ * naming the keys: without model.init or an MoE config, experts of another width than
+ * the dense MLP, a shared expert, and routing weights that do not sum to one (a route
+ * scale, unnormalised top-k): the first loss would not be the dense model's. */
+static void test_moe_upcycle(void)
+{
+    char dir[300], text[1024];
+    snprintf(dir, sizeof dir, "%s", g_dir);
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"llama\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 32, "
+                       "\"vocab_size\": 256}");
+    snprintf(text, sizeof text,
+             "model = { seq_len = 16; init = \"%s\"; init_upcycle = true; moe_experts = 8;\n"
+             "          moe_top_k = 2; moe_ffn_hidden = 32; };\n",
+             dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(g_cfg.model.init_upcycle && g_cfg.model.ffn_hidden == 32);
+    /* Softmax over all the experts sums to one unnormalised; sigmoid renormalised too. */
+    CHECKF(load_ov(text, OV("model.moe_norm_topk=false", "model.moe_top_k=8"), 2) == TS_OK,
+           "%s", ts_error_message());
+    CHECKF(load_ov(text, OV("model.moe_router=\"sigmoid\""), 1) == TS_OK, "%s",
+           ts_error_message());
+    ts_config_defaults(&g_cfg);
+    CHECK(!g_cfg.model.init_upcycle);
+
+    EXPECT_ERR(text, OV("model.moe_experts=0", "model.moe_top_k=2", "model.moe_ffn_hidden=0"),
+               "model.init_upcycle is set, but model.moe_experts = 0");
+    EXPECT_ERR(MOE, OV("model.init_upcycle=true"), "model.init_upcycle = true needs model.init");
+    EXPECT_ERR(text, OV("model.moe_ffn_hidden=16"), "model.moe_ffn_hidden = 16",
+               "model.ffn_hidden = 32", "granular upcycling");
+    EXPECT_ERR(text, OV("model.moe_shared_experts=1"), "model.moe_shared_experts = 1");
+    EXPECT_ERR(text, OV("model.moe_route_scale=2.5"), "model.moe_route_scale = 2.5");
+    EXPECT_ERR(text, OV("model.moe_norm_topk=false"), "model.moe_norm_topk = false",
+               "softmax scores of the top 2 of 8");
+    EXPECT_ERR(text, OV("model.moe_norm_topk=false", "model.moe_top_k=8",
+                        "model.moe_router=\"sigmoid\""),
+               "model.moe_norm_topk = false", "sigmoid");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config_moe");
@@ -268,6 +311,7 @@ int main(void)
     test_moe_unbuilt();
     test_moe_hf_config();
     test_moe_qk_norm();
+    test_moe_upcycle();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

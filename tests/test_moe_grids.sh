@@ -296,4 +296,53 @@ else
   skip_case "bf16: this CPU has neither AVX512_BF16 nor AMX-BF16 (tessera refuses bf16 here)"
 fi
 
+# Upcycling (model.init_upcycle, checkpoint/upcycle.h): llama-tiny trained 2 steps (its
+# MLPs no longer the init) and saved; a Mixtral-shaped MoE of its shape (4 experts of its
+# MLP's width, top 2 renormalised: each token's weights sum to one) started from it, each
+# expert a copy of the dense MLP, the router drawn by index. Its first loss is the dense
+# model's on the same batch (the dense weights through model.init, one step) within 1e-5
+# relative, on one rank and on ep 2 over dp 2 (each rank reads its own experts): not bit
+# for bit, since the combine rounds k equal outputs times weights that sum to one. Then
+# it trains: each grid's loss at its last step (3) is below its first, ep 2 within 1e-4 of one
+# rank (8 sequences a step, CI's time). Under the sanitizers one rank alone, 2 steps
+# (each ep and etp rank's reading is test_safetensors', the exchange the cases above).
+up=(train "$SRC/configs/llama-tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+    --set train.threads=1 --set log.progress=false --set train.global_batch=8 --set train.warmup=2)
+up_steps=4
+[ "${TS_TEST_SANITIZERS:-0}" = 1 ] && up_steps=2
+up_moe=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_ffn_hidden=384
+        --set model.init_upcycle=true --set "model.init=\"$TMP/ck_dense/step_00000002\""
+        --set train.steps=$up_steps)
+# upcycled NAME: the first loss of $TMP/NAME.jsonl is the dense one's within 1e-5, and its
+# last below its first.
+upcycled() {
+  local out
+  if out=$(paste <(losses "$TMP/dense0.jsonl") <(losses "$TMP/$1.jsonl" | sed -n "1p;${up_steps}p" | paste -sd' ') |
+           awk -v n="$up_steps" '{ d = $2 - $1; if (d < 0) d = -d
+                  printf "first loss %s vs the dense %s (relative %.2g), at step %d %s\n", $2, $1, d / $1, n - 1, $3
+                  exit !(NF == 3 && d <= 1e-5 * $1 && $3 < $2) }'); then pass; echo "upcycled $1: $out"
+  else fail "upcycled $1: $out"; fi
+}
+if run_np 1 "${up[@]}" --set train.steps=2 --set "checkpoint.dir=\"$TMP/ck_dense\"" \
+     --set 'log.metrics=""' &&
+   run_np 1 "${up[@]}" --set train.steps=1 --set "model.init=\"$TMP/ck_dense/step_00000002\"" \
+     --set "log.metrics=\"$TMP/dense0.jsonl\""; then
+  pass
+  # up_run NAME NP SETS...: the upcycled MoE on NP ranks, metrics in $TMP/NAME.jsonl.
+  up_run() {
+    local name="$1" np="$2"; shift 2
+    if run_np "$np" "${up[@]}" "${up_moe[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then
+      pass; upcycled "$name"
+    else fail "run $name: $*"; sed 's/^/    /' "$TMP/err" >&2; fi
+  }
+  up_run up_one 1
+  covered "upcycled on ep 2 over dp 2" "one rank, test_safetensors' ep ranks, dp2_ep2_zero1" ||
+    up_run up_dp2_ep2 2 --set parallel.dp=2 --set parallel.ep=2
+  [ -f "$TMP/up_one.jsonl" ] && [ -f "$TMP/up_dp2_ep2.jsonl" ] &&
+    compare_runs "upcycled ep 2 over dp 2 vs one rank" "$TMP/up_dp2_ep2.jsonl" "$TMP/up_one.jsonl" \
+      1e-4 1e-4
+else
+  fail "the dense model to upcycle"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
 finish

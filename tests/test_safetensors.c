@@ -914,6 +914,140 @@ static void test_model_init_expert_parallel(void)
     ts_model_free(&src);
 }
 
+/* model.init_upcycle's MoE (2 blocks, the first dense with moe_first_dense, experts as
+ * wide as the dense MLP; Mixtral's names, or Qwen3-MoE's with the dense first block). */
+static ts_model_config upcycle_tiny(bool first_dense)
+{
+    ts_config c;
+    ts_test_tiny_llama(&c, 70, 8);
+    c.model.moe_experts = 4;
+    c.model.moe_top_k = 2;
+    c.model.moe_ffn_hidden = c.model.ffn_hidden;
+    c.model.moe_norm_topk = true;
+    c.model.moe_first_dense = first_dense ? 1 : 0;
+    c.model.init_upcycle = true;
+    snprintf(c.model.init, sizeof c.model.init, "dense");
+    ts_config_resolve_model(&c.model);
+    CHECKF(ts_config_validate(&c, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(ts_model_moe_mixtral(&c.model) == !first_dense);
+    return c.model;
+}
+
+/* Where upcycled parameter `name` must come from in the dense model (its MLP's tensor
+ * for an expert's, by Mixtral's or Qwen3-MoE's name), or NULL for a router. */
+static const char *upcycle_origin(const char *name, char *buf, size_t cap)
+{
+    static const char *const roles[][2] = {
+        {"gate_proj", "gate_proj"}, {"up_proj", "up_proj"}, {"down_proj", "down_proj"},
+        {"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}};
+    int b = -1, j = -1, used = 0;
+    char role[16] = "";
+    if (strstr(name, ".gate.weight")) return NULL;
+    if ((sscanf(name, "model.layers.%d.block_sparse_moe.experts.%d.%15[a-z_0-9]%n", &b, &j, role,
+                &used) == 3 ||
+         sscanf(name, "model.layers.%d.mlp.experts.%d.%15[a-z_0-9]%n", &b, &j, role, &used) == 3) &&
+        used > 0)
+        for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++)
+            if (!strcmp(role, roles[r][0])) {
+                snprintf(buf, cap, "model.layers.%d.mlp.%s.weight", b, roles[r][1]);
+                return buf;
+            }
+    return name;
+}
+
+/* Whether dst's local elements of parameter p are src's parameter q's logical ones. */
+static bool same_slices_of(const ts_model *src, int q, const ts_model *dst, int p)
+{
+    const float *w = ts_param_data(src, q), *got = ts_param_data(dst, p);
+    ts_shard_run r;
+    for (ts_shard_iter it = ts_shard_iter_begin(&dst->params[p].shard, 0, dst->params[p].numel);
+         ts_shard_next(&it, &r);)
+        if (memcmp(got + r.local, w + r.logical, r.len * sizeof(float)) != 0) return false;
+    return true;
+}
+
+/* model.init_upcycle: every routed expert of every ep and etp rank is its slice of the
+ * dense MLP (gate and up rows, down columns under etp), bit for bit; every router is
+ * the one a random init from the seed draws (a fresh MoE's, by index); every other
+ * tensor the dense model's by name, the dense first block's MLP included. MoE weights
+ * and a dense MLP of another width are refused, naming the key. */
+static void test_model_init_upcycle(void)
+{
+    char path[512], buf[128];
+    path_in(path, sizeof path, "dense.safetensors");
+    for (int first_dense = 0; first_dense <= 1; first_dense++) {
+        const ts_model_config mc = upcycle_tiny(first_dense);
+        ts_model_config dc = mc;
+        dc.moe_experts = 0;
+        ts_model dense, fresh;
+        ts_model_build(&dense, &(ts_model_spec){.arch = &dc, .k = &ts_kernels_cpu});
+        ts_model_init_random(&dense, 21);
+        ts_model_build(&fresh, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+        ts_model_init_random(&fresh, 5);
+        ts_st_entry e[64];
+        void *bufs[64];
+        CHECK(dense.n_params <= 64);
+        CHECK(write_entries(path, e, entries_of(&dense, TS_DT_F32, e, bufs, NULL)) == TS_OK);
+        const int grids[][2] = {{1, 1}, {2, 2}}; /* ep, etp: each rank its experts' halves */
+        for (int g = 0; g < 2; g++)
+            for (int r = 0; r < grids[g][0] * grids[g][1]; r++) {
+                const int ep = grids[g][0], etp = grids[g][1];
+                ts_comm gr[2] = {{.size = ep, .rank = r / etp, .name = "ep"},
+                                 {.size = etp, .rank = r % etp, .name = "etp"}};
+                ts_model dst;
+                ts_model_build(&dst, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu,
+                                                      .ep = &gr[0], .etp = &gr[1]});
+                ts_error_clear();
+                CHECKF(ts_ckpt_load_model_upcycle(&dst, path, 5) == TS_OK,
+                       "ep %d etp %d rank %d: %s", ep, etp, r, ts_error_message());
+                int experts = 0, routers = 0;
+                for (int p = 0; p < dst.n_params; p++) {
+                    const char *name = dst.params[p].shard.name;
+                    const char *from = upcycle_origin(name, buf, sizeof buf);
+                    const ts_model *src = from ? &dense : &fresh;
+                    const int q = param_of(src, from ? from : name);
+                    experts += from && from != name;
+                    routers += !from;
+                    CHECKF(q >= 0 && same_slices_of(src, q, &dst, p),
+                           "ep %d etp %d rank %d: '%s' is not %s '%s'", ep, etp, r, name,
+                           from ? "the dense" : "a fresh MoE's", from ? from : name);
+                }
+                /* Each MoE block's router, and 3 tensors of each of its local experts. */
+                const int moe_blocks = 2 - first_dense;
+                CHECKF(routers == moe_blocks && experts == moe_blocks * 3 * 4 / ep,
+                       "ep %d rank %d: %d routers, %d expert tensors", ep, r, routers, experts);
+                ts_model_free(&dst);
+            }
+        free_bufs(&dense, bufs);
+        /* An MoE's own weights are no dense model's. */
+        ts_model moe;
+        ts_model_build(&moe, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu});
+        CHECK(write_entries(path, e, entries_of(&fresh, TS_DT_F32, e, bufs, NULL)) == TS_OK);
+        ts_error_clear();
+        CHECK(ts_ckpt_load_model_upcycle(&moe, path, 5) == TS_ERR);
+        CHECKF(contains(ts_error_message(), "holds routed experts' tensors") &&
+                   contains(ts_error_message(), "model.init_upcycle"),
+               "%s", ts_error_message());
+        /* A dense MLP of another width than the experts' (with a dense first block,
+         * that block's is refused first, as model.init refuses any wrong shape). */
+        ts_model_config wide = dc;
+        wide.ffn_hidden = 2 * dc.ffn_hidden;
+        ts_model w;
+        ts_model_build(&w, &(ts_model_spec){.arch = &wide, .k = &ts_kernels_cpu});
+        CHECK(write_entries(path, e, entries_of(&w, TS_DT_F32, e, bufs, NULL)) == TS_OK);
+        ts_error_clear();
+        CHECK(ts_ckpt_load_model_upcycle(&moe, path, 5) == TS_ERR);
+        CHECKF(contains(ts_error_message(), "model.layers.0.mlp.gate_proj.weight' has shape "
+                                            "[96,32]") &&
+                   (first_dense || contains(ts_error_message(), "model.moe_ffn_hidden = 48")),
+               "%s", ts_error_message());
+        ts_model_free(&w);
+        ts_model_free(&moe);
+        ts_model_free(&fresh);
+        ts_model_free(&dense);
+    }
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_st");
@@ -927,6 +1061,7 @@ int main(void)
     test_model_init_llama_checks();
     test_model_init_hf_dirs();
     test_model_init_expert_parallel();
+    test_model_init_upcycle();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

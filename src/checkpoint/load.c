@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/upcycle.h"
 #include "core/fsutil.h"
 #include "tensor/shard.h"
 
@@ -364,8 +365,10 @@ static ts_status load_moe_bias(ts_model *m, const init_files *s)
  * sees every name, so every rank gives the same verdict (under expert parallelism a
  * rank reads only its own experts, and would miss a count that differs elsewhere). The
  * count is one more than the largest expert id of any block; a file set without
- * experts for an MoE config, or with them for a dense one, is named as such. */
-static ts_status check_expert_count(const ts_model *m, const init_files *s, const char *path)
+ * experts for an MoE config, or with them for a dense one, is named as such. Upcycling
+ * reads a dense model's: a file set with experts is refused. */
+static ts_status check_expert_count(const ts_model *m, const init_files *s, const char *path,
+                                    bool upcycle)
 {
     long most = -1;
     const char *example = NULL;
@@ -378,12 +381,18 @@ static ts_status check_expert_count(const ts_model *m, const init_files *s, cons
             }
         }
     const long E = m->moe_experts;
-    if (most + 1 == E || (most < 0 && E == 0)) return TS_OK;
+    if (upcycle && most >= 0)
+        return ts_fail("%s holds routed experts' tensors (such as '%s'), but "
+                       "model.init_upcycle = true starts an MoE from a dense model's weights; "
+                       "to load an MoE's own weights, remove model.init_upcycle",
+                       path, example);
+    if (upcycle || most + 1 == E || (most < 0 && E == 0)) return TS_OK;
     if (most < 0)
         return ts_fail("%s holds no routed experts' tensors (such as "
                        "'model.layers.L.mlp.experts.0.gate_proj.weight'), but model.moe_experts "
-                       "= %ld: the weights are of a dense model; set model.moe_experts = 0 or "
-                       "point model.init at the MoE's weights",
+                       "= %ld: the weights are of a dense model; set model.moe_experts = 0, "
+                       "point model.init at the MoE's weights, or set model.init_upcycle = "
+                       "true to start the MoE from them (each expert a copy of the dense MLP)",
                        path, E);
     return ts_fail("%s holds %ld routed experts per MoE block (its largest expert tensor is "
                    "'%s'), but model.moe_experts = %ld (config.json's num_local_experts or "
@@ -408,14 +417,16 @@ static bool other_ranks_expert(const ts_model *m, const char *name)
  * means the files are not of this architecture. A name of a layer this rank does not
  * own (pipeline stages), or of an expert another ep rank holds, is the owning rank's to
  * check; lm_head.weight beside a tied head is compared with the embedding after
- * loading. */
-static ts_status check_names(const ts_model *m, const init_files *s, const char *path)
+ * loading. Upcycling reads an MoE block's dense MLP into its experts. */
+static ts_status check_names(const ts_model *m, const init_files *s, const char *path,
+                             bool upcycle)
 {
     for (int i = 0; i < s->n; i++)
         for (int t = 0; t < s->f[i].n_tensors; t++) {
             const char *name = s->f[i].tensors[t].name;
             if (param_index(m, name) >= 0 || !strcmp(name, "lm_head.weight") ||
-                is_moe_bias(m, name) || other_ranks_expert(m, name))
+                is_moe_bias(m, name) || other_ranks_expert(m, name) ||
+                (upcycle && ts_upcycle_is_dense_mlp(m, name)))
                 continue;
             const int layer = layer_of_name(name, m->n_layer);
             if (layer >= 0 && !m->layers[layer].owned) continue;
@@ -449,16 +460,62 @@ static ts_status check_tied_head(const ts_model *m, const init_files *s)
     return st;
 }
 
-ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
+/* How an upcycled model's parameter p starts (upcycle.h): a routed expert from the dense
+ * MLP's tensor (*t, in file *f, checked to have the expert's shape), a router drawn by
+ * index here (*done), anything else under its own name (*t NULL: the caller finds it). */
+static ts_status upcycle_source(ts_model *m, int p, const init_files *s, const char *path,
+                                uint64_t seed, const ts_st_tensor **t, int *f, bool *done)
+{
+    const ts_param *P = &m->params[p];
+    char dense[128];
+    *t = NULL;
+    *done = false;
+    switch (ts_upcycle_source_of(m, p, dense, sizeof dense)) {
+    case TS_UPCYCLE_BY_NAME: return TS_OK;
+    case TS_UPCYCLE_FRESH:
+        ts_model_init_param_random(m, p, seed);
+        *done = true;
+        return TS_OK;
+    case TS_UPCYCLE_REFUSED:
+        return ts_fail("'%s' has no dense counterpart to upcycle from (config_moe.c refuses "
+                       "model.moe_shared_experts with model.init_upcycle)",
+                       P->shard.name);
+    case TS_UPCYCLE_FROM_MLP: break;
+    }
+    *t = files_find(s, dense, f);
+    char want[64];
+    ts_st_shape_str(want, sizeof want, P->shard.ndim, P->shard.shape);
+    if (!*t)
+        return ts_fail("%s has no tensor '%s', the dense MLP that '%s' %s is copied from "
+                       "(model.init_upcycle = true)",
+                       path, dense, P->shard.name, want);
+    bool shape = (*t)->ndim == P->shard.ndim;
+    for (int d = 0; shape && d < P->shard.ndim; d++) shape = (*t)->shape[d] == P->shard.shape[d];
+    if (shape) return TS_OK;
+    char got[64];
+    return ts_fail("%s: tensor '%s' has shape %s, but the expert '%s' copied from it is %s: "
+                   "the dense MLP's width (intermediate_size) must be model.moe_ffn_hidden = "
+                   "%d (model.init_upcycle = true)",
+                   s->f[*f].path, dense, ts_st_shape_str(got, sizeof got, (*t)->ndim, (*t)->shape),
+                   P->shard.name, want, m->moe_ffn);
+}
+
+/* model.init, or with `upcycle` model.init_upcycle's (upcycle.h; the routers from seed). */
+static ts_status load_model(ts_model *m, const char *path, bool upcycle, uint64_t seed)
 {
     init_files s;
     if (files_open(&s, path) != TS_OK) return ts_error_prefix("model.init: ");
-    ts_status st = check_expert_count(m, &s, path);
-    if (st == TS_OK) st = check_names(m, &s, path);
+    ts_status st = check_expert_count(m, &s, path, upcycle);
+    if (st == TS_OK) st = check_names(m, &s, path, upcycle);
     for (int p = 0; st == TS_OK && p < m->n_params; p++) {
         const ts_param *P = &m->params[p];
         int f = -1;
-        const ts_st_tensor *t = files_find(&s, P->shard.name, &f);
+        const ts_st_tensor *t = NULL;
+        bool done = false;
+        if (upcycle) st = upcycle_source(m, p, &s, path, seed, &t, &f, &done);
+        if (st != TS_OK) break;
+        if (done) continue;
+        if (!t) t = files_find(&s, P->shard.name, &f);
         if (!t) {
             char shape[64];
             const bool head = !strcmp(P->shard.name, "lm_head.weight");
@@ -481,4 +538,15 @@ ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
     if (st == TS_OK) st = load_moe_bias(m, &s);
     files_close(&s);
     return st == TS_OK ? TS_OK : ts_error_prefix("model.init: ");
+}
+
+ts_status ts_ckpt_load_model_init(ts_model *m, const char *path)
+{
+    return load_model(m, path, false, 0);
+}
+
+ts_status ts_ckpt_load_model_upcycle(ts_model *m, const char *path, uint64_t seed)
+{
+    TS_ASSERT(m->moe_experts > 0);
+    return load_model(m, path, true, seed);
 }

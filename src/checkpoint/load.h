@@ -19,4 +19,10 @@
  * the element's logical index). */
 ts_status ts_ckpt_load_model_init(ts_model *m, const char *path);
 
+/* model.init_upcycle: initialise MoE model m from a dense Llama's weights at `path` (as
+ * above; checkpoint/upcycle.h): each routed expert from its block's dense MLP, each
+ * router by index from `seed` (train.seed), the rest under its own name. Weights holding
+ * routed experts are refused, as is a dense MLP of another width than the experts'. */
+ts_status ts_ckpt_load_model_upcycle(ts_model *m, const char *path, uint64_t seed);
+
 #endif

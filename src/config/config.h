@@ -32,6 +32,10 @@ typedef struct {
     double rope_scaling, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_context;
     char init[TS_PATH_MAX];     /* "" = random init from train.seed; else safetensors */
+    /* model.init holds a dense Llama's weights and this MoE config starts from them:
+     * every routed expert a copy of the dense MLP, the router initialised by index from
+     * train.seed, the rest by name (checkpoint/upcycle.h; config_moe.c's rules). */
+    bool init_upcycle;
     /* The text encoding the token ids are in: "" (none: bytes at vocab_size 256, bare
      * ids otherwise), "gpt2" or "llama3" (src/tokenizer/tokenizer.h), and its ranks file
      * ("" = the encoding's default path). tokenizer_sha256 is no key: the sha256 of the

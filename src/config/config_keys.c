@@ -158,6 +158,7 @@ const key_spec ts_config_keys[] = {
               false),
     INT_KEY("model", "rope_original_context", model.rope_original_context, 1, 1 << 24),
     STR_KEY("model", "init", model.init, NULL),
+    BOOL_KEY("model", "init_upcycle", model.init_upcycle),
     STR_KEY("model", "tokenizer", model.tokenizer, ts_config_check_tokenizer),
     STR_KEY("model", "tokenizer_file", model.tokenizer_file, NULL),
     INT_KEY("model", "moe_experts", model.moe_experts, 0, 1 << 16),

@@ -44,6 +44,7 @@ static const char *dense_key_set(const ts_config *cfg)
     if (cfg->parallel.ep != 1) return "parallel.ep";
     if (cfg->parallel.etp != 1) return "parallel.etp";
     if (cfg->log.moe_every != 0) return "log.moe_every";
+    if (m->init_upcycle) return "model.init_upcycle";
     return NULL;
 }
 
@@ -135,6 +136,49 @@ static ts_status check_expert_grid(const ts_config *cfg)
     return TS_OK;
 }
 
+/* model.init_upcycle (checkpoint/upcycle.h): the MoE starts from a dense Llama's weights,
+ * each routed expert a copy of its MLP, so that the first loss is the dense model's. That
+ * holds when each expert is the dense MLP whole (Megatron's upcycling at granularity 1:
+ * the widths equal), each token's routing weights sum to one (the combine then sums k
+ * equal outputs times weights summing to one) and nothing is added beside them (no shared
+ * expert). The rest is refused, naming the key: Megatron's granular upcycling (an expert a
+ * 1/g slice of the dense MLP, scaled) and its scaling for weights that do not sum to one
+ * are not built. */
+static ts_status check_upcycle(const ts_model_config *m)
+{
+    if (!m->init_upcycle) return TS_OK;
+    if (!m->init[0])
+        return ts_fail("model.init_upcycle = true needs model.init: the dense Llama's weights "
+                       "(a save_pretrained or step directory, or a safetensors file) whose "
+                       "MLPs the experts are copied from");
+    if (m->moe_ffn_hidden != ts_model_ffn(m))
+        return ts_fail("model.init_upcycle = true with model.moe_ffn_hidden = %d, but "
+                       "model.ffn_hidden = %d (the dense MLP's width: config.json's "
+                       "intermediate_size): each expert is a whole copy of the dense MLP, so "
+                       "the widths must be equal (granular upcycling, an expert a slice of "
+                       "the dense MLP, is not built)",
+                       m->moe_ffn_hidden, ts_model_ffn(m));
+    if (m->moe_shared_experts > 0)
+        return ts_fail("model.init_upcycle = true with model.moe_shared_experts = %d: the "
+                       "routed experts' combine already gives the dense MLP's output, and a "
+                       "shared expert would add a second term to it; set "
+                       "model.moe_shared_experts = 0",
+                       m->moe_shared_experts);
+    if (m->moe_route_scale != 1.0)
+        return ts_fail("model.init_upcycle = true with model.moe_route_scale = %g: the "
+                       "routing weights would sum to %g, not one, and scale the dense MLP's "
+                       "output; set model.moe_route_scale = 1",
+                       m->moe_route_scale, m->moe_route_scale);
+    const bool sigmoid = strcmp(m->moe_router, "sigmoid") == 0;
+    if (!m->moe_norm_topk && (sigmoid || m->moe_top_k < m->moe_experts))
+        return ts_fail("model.init_upcycle = true with model.moe_norm_topk = false: the "
+                       "routing weights (%s scores of the top %d of %d experts) do not sum to "
+                       "one, so the experts' combine would scale the dense MLP's output; set "
+                       "model.moe_norm_topk = true",
+                       sigmoid ? "sigmoid" : "softmax", m->moe_top_k, m->moe_experts);
+    return TS_OK;
+}
+
 /* What the MoE layer does not run with yet: an error saying so, not wrong numbers. Built
  * (model/moe.c): one tensor- and context-parallel rank, with data parallelism (every
  * ZeRO level: the experts are ordinary parameters), pipeline parallelism with every
@@ -190,6 +234,7 @@ ts_status ts_config_validate_moe(const ts_config *cfg)
                        "\"llama\" or model.moe_experts = 0",
                        m->moe_experts);
     if (check_routing(m) != TS_OK) return TS_ERR;
+    if (check_upcycle(m) != TS_OK) return TS_ERR;
     if (check_expert_grid(cfg) != TS_OK) return TS_ERR;
     return check_moe_built(cfg);
 }

@@ -534,6 +534,32 @@ size_t ts_model_logical_params(const ts_model_config *c)
     return V * C + (size_t)c->seq_len * C + (size_t)c->n_layer * per_block + 2 * C + head;
 }
 
+/* Parameter p into the host staging buffer w (its numel floats), then to the device. */
+static void init_param(ts_model *m, int p, uint64_t seed, float *w)
+{
+    const ts_param *P = &m->params[p];
+    if (P->init == TS_INIT_ZEROS || P->init == TS_INIT_ONES) {
+        float v = P->init == TS_INIT_ONES ? 1.0f : 0.0f;
+        for (size_t i = 0; i < P->numel; i++) w[i] = v;
+    } else {
+        /* Element i of the logical tensor depends only on (seed, name, i); each
+         * thread walks the runs of its own range of local elements. */
+        const uint64_t key = ts_rng_name_key(P->shard.name);
+        const double std = P->init_std;
+#pragma omp parallel
+        {
+            const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+            ts_shard_run r;
+            for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, P->numel * t / nt,
+                                                        P->numel * (t + 1) / nt);
+                 ts_shard_next(&it, &r);)
+                for (size_t j = 0; j < r.len; j++)
+                    w[r.local + j] = (float)(std * ts_rng_normal(seed, key, r.logical + j));
+        }
+    }
+    m->k->memcpy_h2d(ts_param_data(m, p), w, P->numel * sizeof(float));
+}
+
 void ts_model_init_random(ts_model *m, uint64_t seed)
 {
     /* Drawn on the host into a staging buffer, then one copy per parameter to the
@@ -541,30 +567,17 @@ void ts_model_init_random(ts_model *m, uint64_t seed)
     size_t most = 0;
     for (int p = 0; p < m->n_params; p++) most = m->params[p].numel > most ? m->params[p].numel : most;
     float *w = ts_alloc_floats(most ? most : 1);
-    for (int p = 0; p < m->n_params; p++) {
-        const ts_param *P = &m->params[p];
-        if (!m->layer_mem[P->layer].param) continue; /* ZeRO-3: another chunk's turn */
-        if (P->init == TS_INIT_ZEROS || P->init == TS_INIT_ONES) {
-            float v = P->init == TS_INIT_ONES ? 1.0f : 0.0f;
-            for (size_t i = 0; i < P->numel; i++) w[i] = v;
-        } else {
-            /* Element i of the logical tensor depends only on (seed, name, i); each
-             * thread walks the runs of its own range of local elements. */
-            const uint64_t key = ts_rng_name_key(P->shard.name);
-            const double std = P->init_std;
-#pragma omp parallel
-            {
-                const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-                ts_shard_run r;
-                for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, P->numel * t / nt,
-                                                            P->numel * (t + 1) / nt);
-                     ts_shard_next(&it, &r);)
-                    for (size_t j = 0; j < r.len; j++)
-                        w[r.local + j] = (float)(std * ts_rng_normal(seed, key, r.logical + j));
-            }
-        }
-        m->k->memcpy_h2d(ts_param_data(m, p), w, P->numel * sizeof(float));
-    }
+    for (int p = 0; p < m->n_params; p++)
+        if (m->layer_mem[m->params[p].layer].param) /* ZeRO-3: else another chunk's turn */
+            init_param(m, p, seed, w);
     free(w);
     ts_model_refresh_compute(m);
+}
+
+void ts_model_init_param_random(ts_model *m, int p, uint64_t seed)
+{
+    TS_ASSERT(m->layer_mem[m->params[p].layer].param);
+    float *w = ts_alloc_floats(m->params[p].numel ? m->params[p].numel : 1);
+    init_param(m, p, seed, w);
+    free(w);
 }

@@ -289,6 +289,9 @@ static inline const char *ts_param_name(const ts_model *m, int p)
  * i of logical tensor t is drawn from (seed, t, i), so any grid matches one rank. Loading
  * model.init from a file is checkpoint code (checkpoint/load.h). */
 void ts_model_init_random(ts_model *m, uint64_t seed);
+/* Parameter p alone, as ts_model_init_random draws it (its memory must be there):
+ * model.init_upcycle's routers, which a dense model has none of. */
+void ts_model_init_param_random(ts_model *m, int p, uint64_t seed);
 
 /* Rotary embeddings' inverse frequencies inv[i], i < head_dim/2, as Hugging Face
  * computes them: rope_theta^(-2i/head_dim), with Llama 3.1's scaling when

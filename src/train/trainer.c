@@ -73,7 +73,8 @@ static ts_status setup_data_parallel(ts_trainer *t, int level)
 }
 
 /* The weights: initialised by index (ZeRO-3 a chunk at a time), or read from model.init
- * (ZeRO-3 into every chunk's buffer, then its pieces kept). */
+ * (ZeRO-3 into every chunk's buffer, then its pieces kept), upcycled from a dense model's
+ * with model.init_upcycle. */
 static ts_status init_weights(ts_trainer *t)
 {
     if (!t->cfg.model.init[0]) {
@@ -81,7 +82,10 @@ static ts_status init_weights(ts_trainer *t)
         return TS_OK;
     }
     ts_zero_materialize(&t->zero, TS_ZERO_ALLOCATE);
-    ts_status st = ts_ckpt_load_model_init(&t->model, t->cfg.model.init);
+    const ts_model_config *mc = &t->cfg.model;
+    ts_status st = mc->init_upcycle
+                       ? ts_ckpt_load_model_upcycle(&t->model, mc->init, (uint64_t)t->cfg.train.seed)
+                       : ts_ckpt_load_model_init(&t->model, mc->init);
     ts_zero_dematerialize(&t->zero, st == TS_OK);
     return st;
 }
