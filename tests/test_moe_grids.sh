@@ -307,8 +307,8 @@ fi
 # summed over tp) and, release only, pp 2 x dp 2 x ep 2 with zb-v and full recompute (a
 # replayed forward decides again, and counts nothing). Factor 1000 keeps every
 # assignment: the dropless run's 4 first steps bit for bit (warm-up: the same rates).
-# Under the sanitizers the sp case (the gather, the ep exchange of a kept set, the
-# sentinel-aware kernels) and the one-rank run stand for the others.
+# Under the sanitizers the cp case (the gather, the ep exchange of a kept set, the
+# sentinel-aware kernels) and the one-rank run stand for the others (CI time).
 cap=(--set model.moe_capacity=2 --set train.steps=4)
 if run_np 1 "${common[@]}" "${cap[@]}" --set "log.metrics=\"$TMP/cap.jsonl\""; then
   pass
@@ -325,10 +325,11 @@ cap_check() { # NAME NP SETS...: check against cap, and the same moe_dropped eve
             <(grep -o '"moe_dropped":[^,}]*' "$TMP/cap.jsonl"); then pass
   else fail "$name: moe_dropped differs from one rank's"; fi
 }
-covered cap_cp2_ep2 cap_tp2_sp_ep2_mb1 || cap_check cap_cp2_ep2 2 --set parallel.cp=2 --set parallel.ep=2
-cap_check cap_tp2_sp_ep2_mb1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
-  --set parallel.ep=2 --set parallel.micro_batch=1
-covered cap_tp2_ep2 "cap_tp2_sp_ep2_mb1 (the tp collectives), tp2_ep2 (the shares)" ||
+cap_check cap_cp2_ep2 2 --set parallel.cp=2 --set parallel.ep=2
+covered cap_tp2_sp_ep2_mb1 "cap_cp2_ep2 (the same gather over cp), tp2_sp_ep2_mb1" ||
+  cap_check cap_tp2_sp_ep2_mb1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+    --set parallel.ep=2 --set parallel.micro_batch=1
+covered cap_tp2_ep2 "cap_cp2_ep2 (a kept set's exchange), tp2_ep2 (the shares)" ||
   cap_check cap_tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
 TS_TEST_MAX_RANKS=$ep_max_ranks cap_check cap_pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 \
   --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=zb-v \
