@@ -300,6 +300,23 @@ static void test_moe_upcycle(void)
                "model.moe_norm_topk = false", "sigmoid");
 }
 
+/* model.moe_capacity: 0 (dropless) by default, a factor >= 0 read as given; a negative
+ * or non-finite factor, and one on a dense model, are errors naming the key. */
+static void test_moe_capacity(void)
+{
+    ts_config_defaults(&g_cfg);
+    CHECK(g_cfg.model.moe_capacity == 0.0);
+    CHECK(load_ov(MOE, OV("model.moe_capacity=1.25"), 1) == TS_OK);
+    CHECK(g_cfg.model.moe_capacity == 1.25);
+    CHECK(load_ov(MOE, OV("model.moe_capacity=0"), 1) == TS_OK);
+    CHECK(g_cfg.model.moe_capacity == 0.0);
+    EXPECT_ERR(MOE, OV("model.moe_capacity=-0.5"), "'model.moe_capacity' = -0.5",
+               "out of range", "in [0, 1e+06]");
+    EXPECT_ERR(MOE, OV("model.moe_capacity=1e400"), "'model.moe_capacity'", "finite");
+    EXPECT_ERR("model = { arch = \"llama\"; };\n", OV("model.moe_capacity=1.5"),
+               "model.moe_capacity is set", "model.moe_experts = 0");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config_moe");
@@ -312,6 +329,7 @@ int main(void)
     test_moe_hf_config();
     test_moe_qk_norm();
     test_moe_upcycle();
+    test_moe_capacity();
     ts_test_remove_dir(g_dir);
     return ts_test_report();
 }

@@ -173,7 +173,7 @@ static void test_table(void)
         CHECKF(k->moe_route_forward && k->moe_route_backward && k->moe_aux_forward_backward &&
                    k->moe_balance_forward_backward && k->moe_count && k->moe_permute &&
                    k->moe_combine &&
-                   k->moe_combine_backward && k->moe_permute_backward,
+                   k->moe_combine_backward && k->moe_permute_backward && k->moe_capacity,
                "%s lacks an MoE slot", names[i]);
     }
     /* The slots on fp32 memory alone are the fp32 table's in every table, so the memory,
@@ -548,6 +548,53 @@ static void test_moe(int Nr, int T, ts_moe_routing r, int C, bool with_bias)
     H->moe_permute_backward(dx.h, dyp.h, row_of, Nr, K, C);
     G->moe_permute_backward(dx.d, dyp.d, drow_of, Nr, K, C);
     expect_close("moe_permute_backward", "dx", &dx);
+
+    /* The capacity (CUDA's bitwise threshold search, the CPU's sort: the same keys) on the
+     * weights as they are and rounded to quarters (many ties, broken by position), at
+     * capacities 0, 1, 2 and T; then the dispatch of the kept set of capacity 1. */
+    int *keep = ts_malloc(NK * sizeof(int)), *dkeep_h = ts_malloc(NK * sizeof(int));
+    int *dkeep = G->dev_alloc(NK * sizeof(int));
+    float *wq = ts_malloc(NK * sizeof(float));
+    for (size_t a = 0; a < NK; a++) wq[a] = roundf(4.0f * w.h[a]) / 4.0f;
+    float *dwq = G->dev_alloc(NK * sizeof(float));
+    G->memcpy_h2d(dwq, wq, NK * sizeof(float));
+    const int caps[] = {0, 1, 2, T};
+    for (int quarters = 0; quarters < 2; quarters++)
+        for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+            H->moe_capacity(keep, idx, quarters ? wq : w.h, Nr, K, E, T, caps[c]);
+            G->moe_capacity(dkeep, didx, quarters ? dwq : w.d, Nr, K, E, T, caps[c]);
+            G->memcpy_d2h(dkeep_h, dkeep, NK * sizeof(int));
+            CHECKF(!memcmp(keep, dkeep_h, NK * sizeof(int)),
+                   "moe_capacity %d%s differs from the CPU's", caps[c],
+                   quarters ? " (weights in quarters)" : "");
+        }
+    H->moe_capacity(keep, idx, w.h, Nr, K, E, T, 1);
+    G->memcpy_h2d(dkeep, keep, NK * sizeof(int));
+    memset(counts, 0, (size_t)E * sizeof(int));
+    G->memset_zero(dcounts, (size_t)E * sizeof(int));
+    H->moe_count(counts, keep, Nr, K, E);
+    G->moe_count(dcounts, dkeep, Nr, K, E);
+    G->memcpy_d2h(got, dcounts, (size_t)E * sizeof(int));
+    CHECKF(!memcmp(got, counts, (size_t)E * sizeof(int)), "moe_count of a kept set differs");
+    ts_moe_offsets(offsets, counts, E);
+    G->memcpy_h2d(doffsets, offsets, (size_t)E * sizeof(int));
+    pair xk = p_out(NK * C), outk = p_out((size_t)Nr * C), dypk = p_out(NK * C);
+    pair dtwk = p_out(NK), dxk = p_out((size_t)Nr * C);
+    H->moe_permute(xk.h, row_of, x.h, keep, offsets, Nr, K, C, E);
+    G->moe_permute(xk.d, drow_of, x.d, dkeep, doffsets, Nr, K, C, E);
+    G->memcpy_d2h(row_back, drow_of, NK * sizeof(int));
+    CHECKF(!memcmp(row_back, row_of, NK * sizeof(int)), "moe_permute (kept): row_of differs");
+    H->moe_combine(outk.h, yp.h, w.h, row_of, Nr, K, C);
+    G->moe_combine(outk.d, yp.d, w.d, drow_of, Nr, K, C);
+    expect_close("moe_combine (kept)", "out", &outk);
+    H->moe_combine_backward(dypk.h, dtwk.h, dout.h, yp.h, w.h, row_of, Nr, K, C);
+    G->moe_combine_backward(dypk.d, dtwk.d, dout.d, yp.d, w.d, drow_of, Nr, K, C);
+    expect_close("moe_combine_backward (kept)", "dtopk_w", &dtwk);
+    H->moe_permute_backward(dxk.h, dypk.h, row_of, Nr, K, C);
+    G->moe_permute_backward(dxk.d, dypk.d, drow_of, Nr, K, C);
+    expect_close("moe_permute_backward (kept)", "dx", &dxk);
+    p_free(&xk), p_free(&outk), p_free(&dypk), p_free(&dtwk), p_free(&dxk);
+    G->dev_free(dkeep), G->dev_free(dwq), free(keep), free(dkeep_h), free(wq);
 
     p_free(&logits), p_free(&scores), p_free(&w), p_free(&bias), p_free(&dw), p_free(&dl);
     p_free(&acc), p_free(&loss), p_free(&x), p_free(&xp), p_free(&yp), p_free(&out);

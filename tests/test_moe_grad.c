@@ -5,7 +5,10 @@
  * with groups, renormalisation, a route scale and a shared expert (DeepSeek-V3's). The
  * routers are scaled up so that no selection is within a step of a tie. Also: the
  * parameter list and counts, the auxiliary losses' values on a uniform router, and that
- * the bias changes the selection but not the weights' gradient path. The float64 check
+ * the bias changes the selection but not the weights' gradient path. With a capacity
+ * (model.moe_capacity 1: 2 of each sequence's 16 assignments per expert) the same on the
+ * DeepSeek router, some assignments dropped: the router's gradient through the kept
+ * weights only, a dropped one's term absent from the output. The float64 check
  * against Hugging Face is tests/test_moe_fixture.c's. */
 #include <math.h>
 
@@ -96,12 +99,22 @@ static void test_layout(void)
     ts_model_free(&m);
 }
 
-static void check_gradients(bool deepseek)
+static void check_gradients(bool deepseek, double capacity)
 {
     ts_config cfg;
     ts_model m;
     config(&cfg, deepseek);
+    cfg.model.moe_capacity = capacity;
     build(&m, &cfg);
+    if (capacity > 0) { /* some assignments dropped, not all */
+        objective(&m);
+        int counts[2 * 8], kept = 0;
+        float aux[2];
+        ts_model_moe_read(&m, counts, aux);
+        for (int i = 0; i < 2 * 8; i++) kept += counts[i];
+        CHECKF(kept > 0 && kept < B * T * 2, "capacity %g kept %d of %d", capacity, kept,
+               B * T * 2);
+    }
     const char *names[] = {"model.layers.1.mlp.gate.weight",
                            "model.layers.1.mlp.experts.3.gate_proj.weight",
                            "model.layers.1.mlp.experts.5.up_proj.weight",
@@ -130,8 +143,9 @@ static void check_gradients(bool deepseek)
         w[best] = w0;
         const double fd = (up - down) / (2.0 * (double)h);
         CHECKF(fabs(fd - want) <= 3e-2 * fabs(want) + 2e-5 && want != 0.0,
-               "%s %s[%zu]: backward %.6g, central difference %.6g",
-               deepseek ? "deepseek" : "softmax", names[t], best, want, fd);
+               "%s%s %s[%zu]: backward %.6g, central difference %.6g",
+               deepseek ? "deepseek" : "softmax", capacity > 0 ? " (capacity)" : "", names[t],
+               best, want, fd);
     }
     ts_model_free(&m);
 }
@@ -177,8 +191,9 @@ int main(void)
         targets[i] = (i * 53 + 5) % VOCAB;
     }
     test_layout();
-    check_gradients(false);
-    check_gradients(true);
+    check_gradients(false, 0.0);
+    check_gradients(true, 0.0);
+    check_gradients(true, 1.0);
     test_aux_values();
     return ts_test_report();
 }

@@ -344,5 +344,51 @@ if run_np 1 "${up[@]}" --set train.steps=2 --set "checkpoint.dir=\"$TMP/ck_dense
 else
   fail "the dense model to upcycle"; sed 's/^/    /' "$TMP/err" >&2
 fi
+# Capacity (model.moe_capacity): each expert takes at most ceil(T*K/E * factor) of each
+# sequence's assignments, the largest-weight ones (ties to the earlier position), decided
+# per whole sequence before dispatch (moe.c capacity_keep). Factor 2 drops 17-19% of
+# this model's assignments in each of the 4 steps run here (its experts' loads are 3x
+# uneven); the grids give the one-rank losses within 1e-4 and the same moe_dropped each
+# step (each sequence's drops do not depend on the grid): cp 2 x ep 2 (each sequence's
+# positions gathered over cp), tp 2 with sp x ep 2 over one-sequence micro-batches (each
+# tp rank half a sequence, gathered over tp), tp 2 x ep 2 (the tp shares' kept counts
+# summed over tp) and, release only, pp 2 x dp 2 x ep 2 with zb-v and full recompute (a
+# replayed forward decides again, and counts nothing). Factor 1000 keeps every
+# assignment: the dropless run's 4 first steps bit for bit (warm-up: the same rates).
+# Under the sanitizers the cp case (the gather, the ep exchange of a kept set, the
+# sentinel-aware kernels) and the one-rank run stand for the others (CI time).
+cap=(--set model.moe_capacity=2 --set train.steps=4)
+if run_np 1 "${common[@]}" "${cap[@]}" --set "log.metrics=\"$TMP/cap.jsonl\""; then
+  pass
+  if grep -o '"moe_dropped":[^,}]*' "$TMP/cap.jsonl" | cut -d: -f2 |
+       awk '{ n++; if ($1 < 0.1 || $1 > 0.5) bad = 1 } END { exit !(n == 4 && !bad) }'; then pass
+  else fail "capacity 2 on one rank: moe_dropped not in [0.1, 0.5] each step:" \
+         "$(grep -o '"moe_dropped":[^,}]*' "$TMP/cap.jsonl" | tr '\n' ' ')"; fi
+else fail "run capacity 2 on one rank"; sed 's/^/    /' "$TMP/err" >&2; fi
+cap_check() { # NAME NP SETS...: check against cap, and the same moe_dropped every step
+  local name="$1"
+  CHECK_REF="$TMP/cap.jsonl" check "$@" "${cap[@]}"
+  [ -f "$TMP/$name.jsonl" ] || return 0
+  if cmp -s <(grep -o '"moe_dropped":[^,}]*' "$TMP/$name.jsonl") \
+            <(grep -o '"moe_dropped":[^,}]*' "$TMP/cap.jsonl"); then pass
+  else fail "$name: moe_dropped differs from one rank's"; fi
+}
+cap_check cap_cp2_ep2 2 --set parallel.cp=2 --set parallel.ep=2
+covered cap_tp2_sp_ep2_mb1 "cap_cp2_ep2 (the same gather over cp), tp2_sp_ep2_mb1" ||
+  cap_check cap_tp2_sp_ep2_mb1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+    --set parallel.ep=2 --set parallel.micro_batch=1
+covered cap_tp2_ep2 "cap_cp2_ep2 (a kept set's exchange), tp2_ep2 (the shares)" ||
+  cap_check cap_tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
+TS_TEST_MAX_RANKS=$ep_max_ranks cap_check cap_pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 \
+  --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=zb-v \
+  --set parallel.virtual_stages=2 --set parallel.recompute=full
+release_only "capacity 1000 against dropless, bit for bit" ||
+  if run_np 1 "${common[@]}" --set model.moe_capacity=1000 --set train.steps=4 \
+       --set "log.metrics=\"$TMP/cap1000.jsonl\""; then
+    if cmp -s <(losses "$TMP/cap1000.jsonl"; norms "$TMP/cap1000.jsonl") \
+              <(losses "$TMP/ref.jsonl" | head -4; norms "$TMP/ref.jsonl" | head -4) &&
+       [ "$(grep -c '"moe_dropped":0.000000' "$TMP/cap1000.jsonl")" = 4 ]; then pass
+    else fail "capacity 1000 differs from the dropless run (or dropped some)"; fi
+  else fail "run capacity 1000"; sed 's/^/    /' "$TMP/err" >&2; fi
 
 finish

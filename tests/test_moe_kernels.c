@@ -12,6 +12,12 @@
  *   rows cut as sequence parallelism cuts them and split as context parallelism splits
  *   them: each row's gradient the whole-sequence kernel's bits, the parts' losses its sum;
  * - the same bits at 1, 2 and 3 threads; the strict table's entries on strict memory;
+ * - the capacity (moe_capacity) against a reference by another algorithm (each
+ *   assignment's rank counted among its sequence's and expert's), with planted ties,
+ *   -0 against +0, an empty expert and capacities 0, 1, 2, 5 and T; hand-written cases
+ *   with their expected keeps; the dispatch kernels on a kept set (dropped: no count,
+ *   no row, no term, a zero weight gradient; a token with every choice dropped gives 0);
+ *   the strict table's bits;
  * - planted wrong results that the comparisons must reject (so this test can fail).
  * Sizes are odd (N 37 and 39, C 45 and 600, E 8, 12, 16) and the whole run is fast. */
 #include <math.h>
@@ -880,6 +886,216 @@ static void test_balance_split(void)
     printf("  %-44s ok\n", "balance loss from given counts (sp, cp)");
 }
 
+/* ---- capacity ------------------------------------------------------------------ */
+
+/* What moe_capacity must give, by counting: assignment a of sequence q (rows [q*T,
+ * (q+1)*T), position a / K within) is kept iff fewer than `capacity` assignments of its
+ * sequence to its expert rank before it: a larger weight, or an equal one (as fp32
+ * numbers, -0 below +0: compared as bits mapped to order) at an earlier position.
+ * earlier_wins false: the reverse tie-break (a planted wrong reference). */
+static uint32_t ordered_bits(float w)
+{
+    uint32_t u;
+    memcpy(&u, &w, sizeof u);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+static void ref_keep(int *keep, const int *idx, const float *w, int N, int K, int T,
+                     int capacity, bool earlier_wins)
+{
+    const int TK = T * K;
+    for (int a = 0; a < N * K; a++) {
+        const int q0 = a / TK * TK, t = a % TK / K;
+        int before = 0;
+        for (int b = q0; b < q0 + TK; b++) {
+            if (b == a || idx[b] != idx[a]) continue;
+            const uint32_t ub = ordered_bits(w[b]), ua = ordered_bits(w[a]);
+            const int tb = b % TK / K;
+            before += ub > ua || (ub == ua && (earlier_wins ? tb < t : tb > t));
+        }
+        keep[a] = before < capacity ? idx[a] : TS_MOE_DROPPED;
+    }
+}
+
+static int dropped_count(const int *keep, int n)
+{
+    int d = 0;
+    for (int i = 0; i < n; i++) d += keep[i] == TS_MOE_DROPPED;
+    return d;
+}
+
+/* The decision on planted routings: 3 sequences of T = 13 positions, K 3 of E 8 (the
+ * last expert chosen by none), weights from a few values so ties are many, one -0/+0
+ * pair; capacities 0, 1, 2, 5 and T (T keeps all: a token holds an expert once). */
+static void test_capacity_decision(void)
+{
+    enum { T = 13, B = 3, N = B * T, K = 3, E = 8, NK = N * K };
+    int *idx = planted_routing(N, K, E);
+    float w[NK];
+    for (int a = 0; a < NK; a++) w[a] = 0.25f * (float)(1 + (int)(4.0f * fabsf(ts_test_frand())));
+    /* -0 and +0 on the first two assignments to expert idx[0] in sequence 0 */
+    int z = -1;
+    for (int a = 1; a < T * K && z < 0; a++)
+        if (idx[a] == idx[0]) z = a;
+    CHECK(z > 0);
+    w[0] = -0.0f, w[z] = 0.0f;
+    const int caps[] = {0, 1, 2, 5, T};
+    bool ok = true, some_ties = false;
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+        int keep[NK], ref[NK], wrong[NK];
+        K32->moe_capacity(keep, idx, w, N, K, E, T, caps[c]);
+        ref_keep(ref, idx, w, N, K, T, caps[c], true);
+        ok &= same_ints(keep, ref, NK);
+        /* each sequence's expert keeps min(capacity, its count) */
+        for (int q = 0; q < B; q++)
+            for (int e = 0; e < E; e++) {
+                int all = 0, kept = 0;
+                for (int a = q * T * K; a < (q + 1) * T * K; a++)
+                    all += idx[a] == e, kept += keep[a] == e;
+                ok &= kept == (all < caps[c] ? all : caps[c]);
+                ok &= e != E - 1 || all == 0; /* the empty expert */
+            }
+        ref_keep(wrong, idx, w, N, K, T, caps[c], false);
+        some_ties |= !same_ints(keep, wrong, NK);
+        if (caps[c] == 0) ok &= dropped_count(keep, NK) == NK;
+        if (caps[c] == T) ok &= same_ints(keep, idx, NK);
+    }
+    CHECKF(ok, "moe_capacity differs from the counting reference");
+    CHECKF(some_ties, "no capacity here depended on the tie-break (the planted reverse order)");
+
+    /* Written out: one sequence of T 6, K 1, E 2; expert 0's weights .5 .7 .5 .7 .5 at
+     * positions 0..4, expert 1 at 5. Capacity 2: the two .7 (1, 3); 3: and the first .5
+     * (0); 1: the earlier .7 (1); 0: none. Expert 1 alone: kept from capacity 1 on. */
+    const int hidx[6] = {0, 0, 0, 0, 0, 1};
+    const float hw[6] = {0.5f, 0.7f, 0.5f, 0.7f, 0.5f, 0.1f};
+    const int D = TS_MOE_DROPPED;
+    const int want[4][6] = {{D, D, D, D, D, D},
+                            {D, 0, D, D, D, 1},
+                            {D, 0, D, 0, D, 1},
+                            {0, 0, D, 0, D, 1}};
+    ok = true;
+    for (int c = 0; c < 4; c++) {
+        int keep[6];
+        K32->moe_capacity(keep, hidx, hw, 6, 1, 2, 6, c);
+        ok &= same_ints(keep, want[c], 6);
+    }
+    /* +0 outranks -0 though it comes later */
+    const int zidx[2] = {0, 0};
+    const float zw[2] = {-0.0f, 0.0f};
+    int zkeep[2];
+    K32->moe_capacity(zkeep, zidx, zw, 2, 1, 1, 2, 1);
+    ok &= zkeep[0] == D && zkeep[1] == 0;
+    CHECKF(ok, "moe_capacity on the written-out sequences");
+
+    /* the strict table on strict memory: the same ints */
+    const ts_kernels *S = &ts_kernels_cpu_strict;
+    int *di = S->dev_alloc(NK * sizeof(int)), *dk = S->dev_alloc(NK * sizeof(int));
+    float *dw = S->dev_alloc(NK * sizeof(float));
+    S->memcpy_h2d(di, idx, NK * sizeof(int));
+    S->memcpy_h2d(dw, w, NK * sizeof(float));
+    S->moe_capacity(dk, di, dw, N, K, E, T, 2);
+    int keep[NK], got[NK];
+    K32->moe_capacity(keep, idx, w, N, K, E, T, 2);
+    S->memcpy_d2h(got, dk, NK * sizeof(int));
+    CHECKF(same_ints(got, keep, NK), "the strict table's moe_capacity differs");
+    S->dev_free(di), S->dev_free(dk), S->dev_free(dw);
+    printf("  %-44s ok\n", "capacity decision (ties, -0, 0/1/2/5/T)");
+    free(idx);
+}
+
+/* The dispatch kernels on a kept set: dropped assignments are not counted and get no
+ * row (row_of TS_MOE_DROPPED), the kept ones the stable rows of a routing without them;
+ * the combine and the permute backward sum the kept terms (token 0, every choice
+ * dropped: 0), dtopk_w is 0 where dropped; the same bits at 1 and 3 threads; bf16 the
+ * fp32 sums rounded once. */
+static void test_capacity_dispatch(void)
+{
+    enum { N = 39, K = 3, E = 8, C = 45, NK = N * K };
+    int *idx = planted_routing(N, K, E);
+    float *tw = ts_test_rand_floats((size_t)NK, 1.0f);
+    float *x = ts_test_rand_floats((size_t)N * C, 1.0f),
+          *yp = ts_test_rand_floats((size_t)NK * C, 1.0f);
+    float *dout = ts_test_rand_floats((size_t)N * C, 1.0f);
+    int keep[NK];
+    K32->moe_capacity(keep, idx, tw, N, K, E, 13, 2);
+    for (int k = 0; k < K; k++) keep[k] = TS_MOE_DROPPED; /* token 0: all dropped */
+    const int dropped = dropped_count(keep, NK);
+    CHECK(dropped > K && dropped < NK);
+
+    int counts[E], offsets[E], row_of[NK], rows[NK];
+    memset(counts, 0, sizeof counts);
+    K32->moe_count(counts, keep, N, K, E);
+    CHECK(ts_moe_offsets(offsets, counts, E) == NK - dropped);
+    float *xp = ts_alloc_floats((size_t)NK * C), *out = ts_alloc_floats((size_t)N * C);
+    float *dyp = ts_alloc_floats((size_t)NK * C), *dx = ts_alloc_floats((size_t)N * C);
+    float *dtw = nan_floats(NK);
+    K32->moe_permute(xp, row_of, x, keep, offsets, N, K, C, E);
+    K32->moe_combine(out, yp, tw, row_of, N, K, C);
+    K32->moe_combine_backward(dyp, dtw, dout, yp, tw, row_of, N, K, C);
+    K32->moe_permute_backward(dx, dyp, row_of, N, K, C);
+    ref_row_of(rows, keep, NK, E); /* the kept ones' rows; a dropped one keeps no row */
+    bool ok = true;
+    for (int a = 0; a < NK; a++) {
+        if (keep[a] == TS_MOE_DROPPED) {
+            ok &= row_of[a] == TS_MOE_DROPPED && dtw[a] == 0.0f;
+            continue;
+        }
+        ok &= row_of[a] == rows[a];
+        ok &= ts_test_same_bits(xp + (size_t)rows[a] * C, x + (size_t)(a / K) * C, C);
+    }
+    CHECKF(ok, "dropped assignments: rows, copies or dtopk_w");
+    ok = true;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0, m = 0.0, g = 0.0, gm = 0.0;
+            for (int k = 0; k < K; k++) {
+                const int a = n * K + k;
+                if (keep[a] == TS_MOE_DROPPED) continue;
+                const double t = (double)tw[a] * yp[(size_t)rows[a] * C + c];
+                const double d = dyp[(size_t)rows[a] * C + c];
+                s += t, m += fabs(t), g += d, gm += fabs(d);
+            }
+            ok &= fabs(out[n * C + c] - s) <= 1e-6 * m + 1e-30;
+            ok &= fabs(dx[n * C + c] - g) <= 1e-6 * gm + 1e-30;
+            if (n == 0) ok &= out[c] == 0.0f && dx[c] == 0.0f;
+        }
+    CHECKF(ok, "the combine or the permute backward over the kept terms");
+    /* planted: a combine that kept a dropped term differs */
+    int planted_row[NK];
+    memcpy(planted_row, row_of, sizeof planted_row);
+    planted_row[0] = 0; /* token 0's dropped first choice given a row */
+    float *pout = ts_alloc_floats((size_t)N * C);
+    K32->moe_combine(pout, yp, tw, planted_row, N, K, C);
+    CHECK(memcmp(pout, out, (size_t)N * C * sizeof(float)) != 0);
+
+    /* threads and bf16 */
+    ok = true;
+    for (int th = 1; th <= 3; th += 2) {
+        omp_set_num_threads(th);
+        float *o2 = ts_alloc_floats((size_t)N * C), *d2 = ts_alloc_floats((size_t)N * C);
+        float *y2 = ts_alloc_floats((size_t)NK * C), *w2 = nan_floats(NK);
+        K32->moe_combine(o2, yp, tw, row_of, N, K, C);
+        K32->moe_combine_backward(y2, w2, dout, yp, tw, row_of, N, K, C);
+        K32->moe_permute_backward(d2, y2, row_of, N, K, C);
+        ok &= ts_test_same_bits(o2, out, (size_t)N * C) &&
+              ts_test_same_bits(d2, dx, (size_t)N * C) && ts_test_same_bits(w2, dtw, NK);
+        free(o2), free(d2), free(y2), free(w2);
+    }
+    omp_set_num_threads(2);
+    CHECKF(ok, "the dispatch with drops differs between 1, 2 and 3 threads");
+    ts_bf16 *yh = ts_malloc((size_t)NK * C * 2), *oh = ts_malloc((size_t)N * C * 2);
+    float *yw = ts_alloc_floats((size_t)NK * C), *of = ts_alloc_floats((size_t)N * C);
+    for (size_t i = 0; i < (size_t)NK * C; i++)
+        yh[i] = ts_f32_to_bf16(yp[i]), yw[i] = ts_bf16_to_f32(yh[i]);
+    K16->moe_combine(oh, yh, tw, row_of, N, K, C);
+    K32->moe_combine(of, yw, tw, row_of, N, K, C);
+    ok = true;
+    for (size_t i = 0; i < (size_t)N * C; i++) ok &= oh[i] == ts_f32_to_bf16(of[i]);
+    CHECKF(ok, "bf16 combine with drops is not the fp32 sum rounded once");
+    printf("  %-44s ok\n", "dispatch of a kept set (drops, fp32, bf16)");
+    free(idx), free(tw), free(x), free(yp), free(dout), free(xp), free(out), free(dyp), free(dx);
+    free(dtw), free(pout), free(yh), free(oh), free(yw), free(of);
+}
+
 int main(void)
 {
     omp_set_num_threads(2);
@@ -889,5 +1105,7 @@ int main(void)
     test_dispatch_fp32();
     test_dispatch_bf16();
     test_tables();
+    test_capacity_decision();
+    test_capacity_dispatch();
     return ts_test_report();
 }

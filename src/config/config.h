@@ -57,6 +57,10 @@ typedef struct {
     bool moe_norm_topk;
     double moe_route_scale;
     int moe_groups, moe_topk_groups, moe_first_dense, moe_every;
+    /* moe_capacity: 0 dropless; > 0 the capacity factor, each expert taking at most
+     * ceil(seq_len * moe_top_k / moe_experts * factor) assignments of each sequence, the
+     * lowest-weight ones dropped (model/moe.c). */
+    double moe_capacity;
     bool qk_norm;               /* Qwen3: per-head RMSNorm of q and k before RoPE */
 } ts_model_config;
 

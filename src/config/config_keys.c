@@ -50,6 +50,7 @@ void ts_config_defaults(ts_config *cfg)
     m->moe_topk_groups = 1;
     m->moe_first_dense = 0;
     m->moe_every = 1;
+    m->moe_capacity = 0.0; /* dropless */
     m->qk_norm = false;
 
     ts_parallel_config *p = &cfg->parallel;
@@ -172,6 +173,7 @@ const key_spec ts_config_keys[] = {
     INT_KEY("model", "moe_topk_groups", model.moe_topk_groups, 1, 1 << 16),
     INT_KEY("model", "moe_first_dense", model.moe_first_dense, 0, 1 << 16),
     INT_KEY("model", "moe_every", model.moe_every, 1, 1 << 16),
+    FLOAT_KEY("model", "moe_capacity", model.moe_capacity, 0, false, 1e6, false),
     BOOL_KEY("model", "qk_norm", model.qk_norm),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),

@@ -38,6 +38,7 @@ static const char *dense_key_set(const ts_config *cfg)
     if (m->moe_topk_groups != dm->moe_topk_groups) return "model.moe_topk_groups";
     if (m->moe_first_dense != dm->moe_first_dense) return "model.moe_first_dense";
     if (m->moe_every != dm->moe_every) return "model.moe_every";
+    if (m->moe_capacity != dm->moe_capacity) return "model.moe_capacity";
     if (cfg->train.moe_aux_loss != 0.0) return "train.moe_aux_loss";
     if (cfg->train.moe_z_loss != 0.0) return "train.moe_z_loss";
     if (cfg->train.moe_bias_rate != 0.0) return "train.moe_bias_rate";

@@ -79,6 +79,18 @@ typedef struct {
  * routing. */
 int ts_moe_offsets(int *offsets, const int *counts, int E);
 
+/* A dropped assignment (model.moe_capacity > 0): the expert index moe_capacity writes
+ * for it, and the row moe_permute gives it. The dispatch kernels skip it: it is not
+ * counted, not permuted, contributes nothing to the combine, and its weight's gradient
+ * is 0 (docs/ARCHITECTURE.md "Mixture of Experts": capacity). */
+#define TS_MOE_DROPPED (-1)
+
+/* The capacity decision on host memory (kernels.h's moe_capacity slot, which the CPU
+ * tables run through it): the caller's when the assignments were gathered on the host
+ * (model/moe.c, a sequence split over context- or sequence-parallel ranks). */
+void ts_moe_capacity_keep(int *keep, const int *topk_idx, const float *topk_w, int N, int K,
+                          int E, int T, int capacity);
+
 typedef struct ts_kernels {
     const char *name;
 
@@ -213,8 +225,8 @@ typedef struct ts_kernels {
     void (*swiglu_backward)(void *dinp, const void *inp, const void *dout, int N, int F);
 
     /* ---- mixture of experts (docs/ARCHITECTURE.md): a router, then each token's rows
-     * sorted by expert (dropless, one rank), the experts' own matmul/swiglu calls on
-     * their row ranges, and a weighted sum back. logits, scores, weights and their
+     * sorted by expert (all, or those a capacity keeps), the experts' own matmul/swiglu
+     * calls on their row ranges, and a weighted sum back. logits, scores, weights and their
      * gradients are fp32 [N,E] / [N,K] whatever the table; topk_idx [N,K], counts [E],
      * offsets [E] and row_of [N*K] are int32; only the token rows (x, xp, yp, out and
      * their gradients) are act_dtype. r is host memory (device backends take it by
@@ -263,26 +275,42 @@ typedef struct ts_kernels {
                                          float *dlogits, const float *scores,
                                          const int *seq_counts, int N, int row0,
                                          int rows_per_seq, int T, float ca, float aux_scale);
-    /* counts[e] += how many of topk_idx[N*K] are e (the host then takes ts_moe_offsets). */
+    /* counts[e] += how many of topk_idx[N*K] are e (the host then takes ts_moe_offsets);
+     * TS_MOE_DROPPED entries count nowhere. */
     void (*moe_count)(int *counts, const int *topk_idx, int N, int K, int E);
     /* The dispatch: assignment a = n*K + k (token n's k-th expert e = topk_idx[a]) goes to
      * row row_of[a] of xp[N*K, C], its expert's rows starting at offsets[e] (the
      * exclusive prefix sum of this topk_idx's counts), in order of n then k within an
-     * expert (a stable sort); xp's row is x[n]'s, copied. */
+     * expert (a stable sort); xp's row is x[n]'s, copied. A dropped assignment
+     * (topk_idx[a] == TS_MOE_DROPPED) gets row_of[a] = TS_MOE_DROPPED and no row: xp's
+     * rows past the kept count are untouched. */
     void (*moe_permute)(void *xp, int *row_of, const void *x, const int *topk_idx,
                         const int *offsets, int N, int K, int C, int E);
     /* out[n] = sum over k = 0..K-1 in order of topk_w[n,k] * yp[row_of[n*K+k]]: fp32
-     * products and sum, one rounding to act_dtype. out[N,C] is overwritten. */
+     * products and sum, one rounding to act_dtype. out[N,C] is overwritten. Dropped
+     * assignments (row_of TS_MOE_DROPPED) are left out of the sum (all K dropped: 0). */
     void (*moe_combine)(void *out, const void *yp, const float *topk_w, const int *row_of,
                         int N, int K, int C);
-    /* Its backward: dyp[row_of[n*K+k]] = topk_w[n,k] * dout[n] (every row of dyp[N*K,C]
-     * overwritten) and dtopk_w[n,k] = <dout[n], yp[row_of[n*K+k]]> (fp32, overwritten). */
+    /* Its backward: dyp[row_of[n*K+k]] = topk_w[n,k] * dout[n] (every kept row of
+     * dyp[N*K,C] overwritten) and dtopk_w[n,k] = <dout[n], yp[row_of[n*K+k]]> (fp32,
+     * overwritten; 0 for a dropped assignment, which writes no row). */
     void (*moe_combine_backward)(void *dyp, float *dtopk_w, const void *dout, const void *yp,
                                  const float *topk_w, const int *row_of, int N, int K, int C);
-    /* moe_permute's backward: dx[n] = sum over k = 0..K-1 in order of
-     * dxp[row_of[n*K+k]] (fp32 sum, one rounding; dx[N,C] overwritten). */
+    /* moe_permute's backward: dx[n] = sum over the kept k = 0..K-1 in order of
+     * dxp[row_of[n*K+k]] (fp32 sum, one rounding; 0 when all are dropped; dx[N,C]
+     * overwritten). */
     void (*moe_permute_backward)(void *dx, const void *dxp, const int *row_of, int N, int K,
                                  int C);
+    /* The capacity (model.moe_capacity > 0, Megatron's drop policy "probs"): the N rows
+     * are N / T whole sequences of T rows in position order (N % T == 0); within each
+     * sequence each expert keeps the `capacity` assignments (0 <= capacity) of the
+     * largest weight topk_w and drops the rest, ties to the earlier position (a token
+     * holds an expert once, so the order is total; weights compare as their fp32 bit
+     * patterns ordered as numbers: -0 below +0, the same on every backend). keep[a] =
+     * topk_idx[a] when kept, TS_MOE_DROPPED when dropped (keep[N*K] int32 does not alias
+     * its inputs), ready for moe_count and moe_permute. */
+    void (*moe_capacity)(int *keep, const int *topk_idx, const float *topk_w, int N, int K,
+                         int E, int T, int capacity);
 
     /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL; fp32, added
      * before the one rounding to act_dtype). */

@@ -249,6 +249,7 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
                               : ts_kernels_for(tp->k->device, "fp32", tp->k->attention);
         m->moe_z_coef = spec->moe_z_loss;
         m->moe_aux_coef = spec->moe_aux_loss;
+        m->moe_capacity = cfg->moe_capacity;
         /* Expert parallelism: whole experts per ep rank (ts_config_validate says so to
          * the user first). */
         m->moe_ep = spec->ep && spec->ep->size > 1 ? spec->ep->size

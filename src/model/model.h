@@ -151,6 +151,9 @@ typedef struct {
     float moe_z_coef, moe_aux_coef;
     float *moe_bias, *moe_losses;
     int *moe_counts;
+    /* model.moe_capacity: 0 dropless, else the capacity factor (moe.c: per sequence;
+     * the step's counts above are then the kept assignments). */
+    double moe_capacity;
 
     int n_layers;           /* n_layer + 2 */
     ts_layer *layers;
@@ -312,10 +315,15 @@ void ts_model_moe_begin(const ts_model *m);
  * and losses [2] (z, aux). The caller sums them over the ranks that saw other tokens. */
 void ts_model_moe_read(const ts_model *m, int *counts, float *losses);
 /* The aux-loss-free bias update from the whole global batch's counts [n_layer * E]:
- * bias_i += rate * sign(mean - count_i) per MoE block, mean = tokens * top_k / E. */
+ * bias_i += rate * sign(mean - count_i) per MoE block, mean = the block's counts' mean
+ * (tokens * top_k / E dropless; the kept assignments' under a capacity). */
 void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, float rate);
 /* The worst MoE block's max/mean expert load of counts [n_layer * E] (1 = balanced). */
 double ts_moe_worst_load(const ts_model *m, const int *counts);
+/* The share of the step's assignments dropped by the capacity (model.moe_capacity): 1 -
+ * the kept counts [n_layer * E] of the MoE blocks over their tokens * top_k selections
+ * each (the global batch's tokens; 0 dropless). */
+double ts_moe_dropped_share(const ts_model *m, const int *counts, long long tokens);
 
 /* ---- activations of one micro-batch through a contiguous range of layers ----
  * Their layout (every saved buffer of a layer, its size and element type) is written

@@ -39,10 +39,23 @@
  * (ts_model_sum_sequence_grads); under ep or etp (the etp gather then brings each tp
  * rank's own rows) the experts' are whole over the edp group as without sp; and the
  * step's counts and loss sums are every tp rank's (trainer.c).
+ * With a capacity (model.moe_capacity > 0; Megatron's moe_expert_capacity_factor with
+ * the "probs" drop policy) each expert takes at most ceil(T * K / E * factor) of each
+ * sequence's assignments, those of the largest routing weights (ties to the earlier
+ * position), decided per whole sequence before anything leaves the token's rank, so the
+ * dropped set is the same on every grid (capacity_keep: a sequence split over cp or sp
+ * ranks is gathered first). A dropped assignment is not counted, permuted, sent or
+ * combined: its token's routed output lacks that term (all K dropped: the block's
+ * residual carries the token alone, plus the shared experts), and its weight's gradient
+ * is 0. As in Megatron the balance loss counts the selections before dropping, and the
+ * step's counts (the moving bias, moe_max_load, log.moe_every) the kept assignments.
+ * The buffers keep their dropless sizes (a dropped assignment only leaves rows unused).
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/block.h"
 
@@ -126,7 +139,108 @@ static void host_counts(const block_sub *b, int n_rows, int *counts, int *offset
     const int E = b->m->moe_experts;
     b->m->k->memcpy_d2h(counts, b->v.moe_counts, (size_t)E * sizeof(int));
     const int total = ts_moe_offsets(offsets, counts, E);
-    TS_ASSERT(total == n_rows * b->m->moe_top_k); /* dropless: every assignment has a row */
+    /* dropless: every assignment has a row; with a capacity the kept ones */
+    const int all = n_rows * b->m->moe_top_k;
+    TS_ASSERT(b->m->moe_capacity > 0 ? total <= all : total == all);
+}
+
+/* ------------------------------------------------------------ the capacity */
+
+/* The whole sequence's positions (cp.T under context parallelism, else the micro-batch's). */
+static int sequence_len(const block_sub *b)
+{
+    return b->m->cp.size > 1 ? b->m->cp.T : b->T;
+}
+
+/* Each expert's capacity in a sequence of T positions: ceil(T * K / E * factor) (Megatron's
+ * get_capacity over the sequence's T tokens), in double; at most T, since a token holds
+ * an expert once (so T keeps everything, and a large factor overflows no int). */
+static int capacity_of(const ts_model *m, int T)
+{
+    const double c = ceil((double)T * m->moe_top_k / m->moe_experts * m->moe_capacity);
+    return c >= (double)T ? T : (int)c;
+}
+
+/* Local row r (of the micro-batch's B * Tl rows) as a row of the B whole sequences in
+ * position order: its sequence's, at its global position (tensor/cp.h). */
+static size_t whole_row(const ts_model *m, int r, int Tl, int T)
+{
+    const int q = r / Tl, t = r % Tl;
+    return (size_t)q * T + (size_t)(m->cp.size > 1 ? ts_cp_position(&m->cp, t) : t);
+}
+
+/* The assignments this rank dispatches, keep [N*K] (device): moe_idx with those over
+ * their expert's capacity TS_MOE_DROPPED. Rows that are whole sequences (no cp, no sp;
+ * under tp without sp every tp rank decides all rows alike): the moe_capacity kernel on
+ * them. A sequence split over ranks (cp: T/cp positions of each on each cp rank; sp: a
+ * tp rank's contiguous rows of those, which may cut a sequence): each rank puts its rows'
+ * (expert + 1, weight bits) at their rows of the whole sequences, the groups sum them
+ * (integers, each slot one rank's, the others 0: an exact all-gather; 0 left is a row
+ * nobody held), and every rank makes the same decision on the whole sequences with the
+ * host's kernel and takes its own rows'. Collective over cp and (sp) tp, as
+ * balance_split: every rank of those groups reaches it for the same layer and
+ * micro-batch. */
+static void capacity_keep(const block_sub *b, int N, int *keep)
+{
+    const ts_model *m = b->m;
+    const ts_kernels *k = m->k;
+    const int E = m->moe_experts, K = m->moe_top_k, T = sequence_len(b);
+    const int capacity = capacity_of(m, T);
+    if (!b->d->sp && m->cp.size <= 1) {
+        k->moe_capacity(keep, b->v.moe_idx, b->v.moe_w, N, K, E, T, capacity);
+        return;
+    }
+    const int B = b->B, Tl = b->T, row0 = b->d->sp ? m->tp.rank * N : 0;
+    TS_ASSERT(row0 + N <= B * Tl);
+    const size_t NK = (size_t)N * K, GK = (size_t)B * T * K;
+    int *own = ts_malloc(2 * NK * sizeof(int)); /* this rank's idx, then its weights' bits */
+    int *whole = ts_calloc(2 * GK, sizeof(int)); /* the same for the whole sequences */
+    int *whole_keep = ts_malloc(GK * sizeof(int));
+    float *whole_w = ts_malloc(GK * sizeof(float));
+    k->memcpy_d2h(own, b->v.moe_idx, NK * sizeof(int));
+    k->memcpy_d2h(own + NK, b->v.moe_w, NK * sizeof(float));
+    for (int j = 0; j < N; j++) {
+        const size_t g = whole_row(m, row0 + j, Tl, T) * K;
+        for (int i = 0; i < K; i++) {
+            whole[g + i] = own[(size_t)j * K + i] + 1;
+            whole[GK + g + i] = own[NK + (size_t)j * K + i];
+        }
+    }
+    if (m->cp.size > 1) ts_host_allreduce_sum_i32(m->cp.comm, whole, 2 * GK);
+    if (b->d->sp) ts_host_allreduce_sum_i32(m->tp.comm, whole, 2 * GK);
+    for (size_t a = 0; a < GK; a++) {
+        TS_ASSERT(whole[a] >= 1 && whole[a] <= E); /* every row one rank's */
+        whole[a]--;
+    }
+    memcpy(whole_w, whole + GK, GK * sizeof(float));
+    ts_moe_capacity_keep(whole_keep, whole, whole_w, B * T, K, E, T, capacity);
+    for (int j = 0; j < N; j++)
+        memcpy(own + (size_t)j * K, whole_keep + whole_row(m, row0 + j, Tl, T) * K,
+               (size_t)K * sizeof(int));
+    k->memcpy_h2d(keep, own, NK * sizeof(int));
+    free(whole_w);
+    free(whole_keep);
+    free(whole);
+    free(own);
+}
+
+/* The step's counts of the kept assignments (model.moe_capacity > 0), from this rank's
+ * share's, `share` (host, per expert): all N rows' on every rank that routes them, as
+ * moe_count on moe_idx gives the dropless counts (trainer.c counts tp rank 0's once unless
+ * under sp). Under shares_rows the tp ranks' shares are summed over tp first: a
+ * collective over tp, reached by every tp rank in the same backward. */
+static void count_kept(const block_sub *b, const int *share)
+{
+    const ts_model *m = b->m;
+    const int E = m->moe_experts;
+    int *sum = ts_malloc(2 * (size_t)E * sizeof(int)), *step = sum + E;
+    memcpy(sum, share, (size_t)E * sizeof(int));
+    if (shares_rows(m)) ts_host_allreduce_sum_i32(m->tp.comm, sum, (size_t)E);
+    int *dev = m->moe_counts + (size_t)block_of(b) * E;
+    m->k->memcpy_d2h(step, dev, (size_t)E * sizeof(int));
+    for (int e = 0; e < E; e++) step[e] += sum[e];
+    m->k->memcpy_h2d(dev, step, (size_t)E * sizeof(int));
+    free(sum);
 }
 
 /* Whether the permuted rows leave this rank for the experts: over ep, or gathered over
@@ -198,9 +312,16 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
 
     /* Dispatch: counts, offsets, the permuted rows of this rank's share. (The step's
      * counts, for the bias and the load metrics, are the backward's: a recomputed
-     * forward, or an evaluation's, must not count twice.) */
+     * forward, or an evaluation's, must not count twice.) With a capacity, the kept
+     * assignments (capacity_keep), decided in moe_yp: free until the experts' outputs. */
     const moe_share sh = share_of(m, N, m->tp.rank);
-    const int *idx = (const int *)v->moe_idx + (size_t)sh.lo * K; /* a byte view */
+    const int *dispatched = v->moe_idx;
+    if (m->moe_capacity > 0) {
+        TS_ASSERT((size_t)C * ts_dtype_bytes(k->act_dtype) >= sizeof(int));
+        capacity_keep(b, N, (int *)v->moe_yp);
+        dispatched = v->moe_yp;
+    }
+    const int *idx = dispatched + (size_t)sh.lo * K; /* a byte view */
     k->memset_zero(v->moe_counts, (size_t)E * sizeof(int));
     k->moe_count(v->moe_counts, idx, sh.n, K, E);
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
@@ -293,8 +414,10 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
      * the input pass, not deferred: correct, the W pass has less to do. */
     TS_ASSERT(d->S == 1 && b->sc);
     const moe_scratch s = ts_scratch_moe(m, b->sc, b->B, b->T);
-    /* This micro-batch's selections into the step's counts: once per micro-batch. */
-    k->moe_count(m->moe_counts + (size_t)block_of(b) * E, v->moe_idx, N, K, E);
+    /* This micro-batch's selections into the step's counts: once per micro-batch (with
+     * a capacity, the kept ones: count_kept below). */
+    if (m->moe_capacity <= 0)
+        k->moe_count(m->moe_counts + (size_t)block_of(b) * E, v->moe_idx, N, K, E);
 
     /* The combine's: each assignment's output gradient, and the routing weights', for
      * this rank's share of the rows. */
@@ -309,6 +432,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
      * input gradients come back as the outputs did. */
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
     host_counts(b, sh.n, counts, offsets);
+    if (m->moe_capacity > 0) count_kept(b, counts);
     const int L = m->moe_local_experts;
     const int *rows = experts_in(m, d, counts, s.dyr, s.dyp, s.er);
     const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
@@ -395,10 +519,16 @@ void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, 
     const size_t n = (size_t)m->n_layer * E;
     float *bias = ts_malloc(n * sizeof(float));
     m->k->memcpy_d2h(bias, m->moe_bias, n * sizeof(float));
-    /* mean and count compared exactly (in double: N*K/E need not be whole). */
-    const double mean = (double)tokens * m->moe_top_k / E;
+    /* mean and count compared exactly (in double: N*K/E need not be whole). The mean is
+     * the counts' own, as Megatron's (tokens_per_expert.mean()): tokens * K / E dropless,
+     * the kept assignments' mean under a capacity. */
     for (int l = 0; l < m->n_layer; l++) {
         if (!m->layers[l + 1].moe) continue;
+        long long sum = 0;
+        for (int e = 0; e < E; e++) sum += counts[(size_t)l * E + e];
+        const long long all = tokens * m->moe_top_k; /* every selection */
+        TS_ASSERT(m->moe_capacity > 0 ? sum <= all : sum == all);
+        const double mean = (double)sum / E;
         for (int e = 0; e < E; e++) {
             const double c = counts[(size_t)l * E + e];
             const float sign = c < mean ? 1.0f : c > mean ? -1.0f : 0.0f;
@@ -407,6 +537,19 @@ void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, 
     }
     m->k->memcpy_h2d(m->moe_bias, bias, n * sizeof(float));
     free(bias);
+}
+
+double ts_moe_dropped_share(const ts_model *m, const int *counts, long long tokens)
+{
+    const int E = m->moe_experts;
+    long long kept = 0, all = 0;
+    for (int l = 0; l < m->n_layer && E > 0; l++) {
+        if (!m->layers[l + 1].moe) continue;
+        for (int e = 0; e < E; e++) kept += counts[(size_t)l * E + e];
+        all += tokens * m->moe_top_k;
+    }
+    TS_ASSERT(kept <= all);
+    return all > 0 ? (double)(all - kept) / (double)all : 0.0;
 }
 
 double ts_moe_worst_load(const ts_model *m, const int *counts)

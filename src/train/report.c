@@ -302,11 +302,18 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
         snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", mfu * 100.0);
     }
-    char moe[128] = "";
+    char moe[160] = "";
     if (s->moe)
         snprintf(moe, sizeof moe,
                  ",\"moe_aux_loss\":%.9g,\"moe_z_loss\":%.9g,\"moe_max_load\":%.4f",
                  s->moe_aux_loss, s->moe_z_loss, s->moe_max_load);
+    char dropped_text[32] = "";
+    if (s->moe && t->cfg.model.moe_capacity > 0) { /* model.moe_capacity: the dropped share */
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe), ",\"moe_dropped\":%.6f",
+                 s->moe_dropped);
+        snprintf(dropped_text, sizeof dropped_text, " | MoE dropped %.2f%%",
+                 s->moe_dropped * 100.0);
+    }
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
@@ -320,9 +327,9 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         char eta[32];
         format_eta(eta, sizeof eta, avg_ms * (steps - step - 1) * 1e-3);
         ts_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | %.1f ms | "
-                    "bubble %.2f | ETA %s",
+                    "bubble %.2f%s | ETA %s",
                     step, steps, s->loss, s->lr, s->grad_norm, s->tokens_per_s, mfu_text,
-                    s->step_ms, s->bubble, eta);
+                    s->step_ms, s->bubble, dropped_text, eta);
     }
     if (s->skipped) /* with or without progress lines: a dropped update is news */
         ts_log_warn("step %d: the loss or gradient norm is not finite; its update was dropped "

@@ -262,6 +262,7 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     out->moe_z_loss = sums[n];
     out->moe_aux_loss = sums[n + 1];
     out->moe_max_load = ts_moe_worst_load(m, counts);
+    out->moe_dropped = ts_moe_dropped_share(m, counts, tokens);
     out->moe_counts = counts;
     free(sums);
 }

@@ -41,6 +41,7 @@ typedef struct {
      * `loss` stays the cross-entropy), and the worst block's max/mean expert load. */
     bool moe;
     double moe_aux_loss, moe_z_loss, moe_max_load;
+    double moe_dropped; /* model.moe_capacity > 0: the step's dropped share (else 0) */
     const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */

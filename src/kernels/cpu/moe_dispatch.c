@@ -12,8 +12,9 @@
 #include "kernels/cpu/cpu_internal.h"
 
 /* The stable counting sort: row_of[n*K+k] = offsets[e] + the number of earlier
- * assignments (in n, then k order) to the same expert e. One pass in assignment order
- * (N*K steps); the rows' copies then run in parallel. */
+ * assignments (in n, then k order) to the same expert e, or TS_MOE_DROPPED for a dropped
+ * one (no row). One pass in assignment order (N*K steps); the rows' copies then run in
+ * parallel. */
 static void moe_permute(ts_dtype t, void *xp, int *row_of, const void *x, const int *topk_idx,
                         const int *offsets, int N, int K, int C, int E)
 {
@@ -22,6 +23,10 @@ static void moe_permute(ts_dtype t, void *xp, int *row_of, const void *x, const 
     for (int e = 0; e < E; e++) next[e] = offsets[e];
     for (size_t a = 0; a < NK; a++) {
         const int e = topk_idx[a];
+        if (e == TS_MOE_DROPPED) {
+            row_of[a] = TS_MOE_DROPPED;
+            continue;
+        }
         TS_ASSERT(e >= 0 && e < E);
         /* offsets from this topk_idx's counts keep every expert inside its own range */
         TS_ASSERT(next[e] >= 0 && (size_t)next[e] < NK && (e + 1 == E || next[e] < offsets[e + 1]));
@@ -30,13 +35,15 @@ static void moe_permute(ts_dtype t, void *xp, int *row_of, const void *x, const 
     free(next);
 #pragma omp parallel for schedule(static)
     for (long long a = 0; a < (long long)NK; a++)
-        memcpy((char *)xp + (size_t)row_of[a] * bytes, (const char *)x + (size_t)(a / K) * bytes,
-               bytes);
+        if (row_of[a] != TS_MOE_DROPPED)
+            memcpy((char *)xp + (size_t)row_of[a] * bytes,
+                   (const char *)x + (size_t)(a / K) * bytes, bytes);
 }
 
 /* out[n] = sum_k w[n,k] src[row_of[n*K+k]] (w NULL: weights 1, moe_permute_backward's
- * plain sum). The first term is stored, not added to a zero, so a single k gives the
- * product itself. */
+ * plain sum) over the kept k (row_of not TS_MOE_DROPPED). The first kept term is stored,
+ * not added to a zero, so a single k gives the product itself (and a row with none kept
+ * is 0). */
 static void weighted_row_sum(ts_dtype t, void *out, const void *src, const float *w,
                              const int *row_of, int N, int K, int C)
 {
@@ -47,18 +54,22 @@ static void weighted_row_sum(ts_dtype t, void *out, const void *src, const float
         for (int c0 = 0, m; c0 < C; c0 += m) {
             m = (int)ts_cpu_chunk(t, (size_t)(C - c0));
             float *o = ts_cpu_out(t, ob, out, orow + c0);
+            bool first = true;
             for (int k = 0; k < K; k++) {
                 const size_t a = (size_t)n * K + k;
+                if (row_of[a] == TS_MOE_DROPPED) continue;
                 const float *y = ts_cpu_load(t, yb, src, (size_t)row_of[a] * C + c0, (size_t)m);
                 const float wk = w ? w[a] : 1.0f;
-                if (k == 0) {
+                if (first) {
 #pragma omp simd
                     for (int c = 0; c < m; c++) o[c] = wk * y[c];
                 } else {
 #pragma omp simd
                     for (int c = 0; c < m; c++) o[c] += wk * y[c];
                 }
+                first = false;
             }
+            if (first) memset(o, 0, (size_t)m * sizeof *o); /* every k dropped */
             ts_cpu_store(t, out, orow + c0, o, (size_t)m);
         }
     }
@@ -75,7 +86,12 @@ static void moe_combine_backward(ts_dtype t, void *dyp, float *dtopk_w, const vo
     for (int n = 0; n < N; n++) {
         float db[TS_BF16_CHUNK], yb[TS_BF16_CHUNK], gb[TS_BF16_CHUNK];
         for (int k = 0; k < K; k++) {
-            const size_t a = (size_t)n * K + k, row = (size_t)row_of[a] * C;
+            const size_t a = (size_t)n * K + k;
+            if (row_of[a] == TS_MOE_DROPPED) { /* no row, no contribution: no gradient */
+                dtopk_w[a] = 0.0f;
+                continue;
+            }
+            const size_t row = (size_t)row_of[a] * C;
             const float wk = topk_w[a];
             double dot = 0.0;
             for (int c0 = 0; c0 < C; c0 += TS_BF16_CHUNK) {

@@ -286,6 +286,7 @@ void ts_cpu_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_los
 void ts_cpu_moe_count(int *counts, const int *topk_idx, int N, int K, int E)
 {
     for (size_t a = 0; a < (size_t)N * K; a++) {
+        if (topk_idx[a] == TS_MOE_DROPPED) continue; /* over its expert's capacity */
         TS_ASSERT(topk_idx[a] >= 0 && topk_idx[a] < E);
         counts[topk_idx[a]]++;
     }

@@ -49,7 +49,8 @@
     .moe_balance_forward_backward = ts_cpu_moe_balance_forward_backward,                     \
     .moe_count = ts_cpu_moe_count, .moe_permute = prefix##moe_permute,                       \
     .moe_combine = prefix##moe_combine, .moe_combine_backward = prefix##moe_combine_backward, \
-    .moe_permute_backward = prefix##moe_permute_backward
+    .moe_permute_backward = prefix##moe_permute_backward,                                    \
+    .moe_capacity = ts_moe_capacity_keep /* int32 and fp32: both tables' */
 
 const ts_kernels ts_kernels_cpu = {
     .name = "cpu",

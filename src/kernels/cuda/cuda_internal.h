@@ -112,6 +112,8 @@ void ts_cuda_moe_balance_forward_backward(const ts_moe_routing *r, float *aux_lo
                                           const int *seq_counts, int N, int row0,
                                           int rows_per_seq, int T, float ca, float aux_scale);
 void ts_cuda_moe_count(int *counts, const int *topk_idx, int N, int K, int E);
+void ts_cuda_moe_capacity(int *keep, const int *topk_idx, const float *topk_w, int N, int K,
+                          int E, int T, int capacity);
 
 /* ---- the slots on activations, kernels.h's arguments and rules: once per activation
  * type, the fp32 tables' ts_cuda_<slot> (float activations) and the bf16 tables'

@@ -15,7 +15,13 @@
  * - permute: the stable ranks by one thread per expert scanning the assignments in
  *   order, then a copy per element; combine and the backwards one thread per output
  *   element summing k = 0..K-1 in order in fp32, one rounding (act.cuh); dtopk_w one
- *   block per assignment, summed in double by block_sum. */
+ *   block per assignment, summed in double by block_sum. A dropped assignment
+ *   (TS_MOE_DROPPED, model.moe_capacity) is skipped by each: no count, no row, no term.
+ * - capacity: one block per sequence finds, for each expert over its capacity, the key
+ *   of its capacity-th largest assignment by a bitwise search from the top bit (64
+ *   passes over the sequence's assignments, integer counts in shared memory: exact in
+ *   any order), then keeps the assignments at or above it; the CPU sorts instead
+ *   (kernels/cpu/moe_capacity.c), the same keys. */
 #include <math.h>
 #include <stdio.h>
 
@@ -260,7 +266,14 @@ static __global__ void aux_sum_kernel(float *z_loss, float *aux_loss, const doub
 static __global__ void count_kernel(int *counts, const int *topk_idx, size_t NK)
 {
     const size_t a = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (a < NK) atomicAdd(&counts[topk_idx[a]], 1);
+    if (a < NK && topk_idx[a] != TS_MOE_DROPPED) atomicAdd(&counts[topk_idx[a]], 1);
+}
+
+/* A dropped assignment's row: none (row_of_kernel gives the kept ones theirs). */
+static __global__ void dropped_rows_kernel(int *row_of, const int *topk_idx, size_t NK)
+{
+    const size_t a = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (a < NK && topk_idx[a] == TS_MOE_DROPPED) row_of[a] = TS_MOE_DROPPED;
 }
 
 /* Thread e gives expert e's assignments their rows, in assignment order. */
@@ -281,10 +294,12 @@ static __global__ void permute_copy_kernel(A *xp, const int *row_of, const A *x,
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= NK * C) return;
     const size_t a = t / C, c = t % C;
+    if (row_of[a] == TS_MOE_DROPPED) return;
     xp[(size_t)row_of[a] * C + c] = x[(a / K) * C + c];
 }
 
-/* out[n, c] = sum_k w[n,k] src[row_of[n*K+k], c] (w NULL: 1), fp32, one rounding. */
+/* out[n, c] = sum_k w[n,k] src[row_of[n*K+k], c] (w NULL: 1) over the kept k, fp32, one
+ * rounding; the first kept term stored as it is (none kept: 0). */
 template <typename A>
 static __global__ void weighted_sum_kernel(A *out, const A *src, const float *w, const int *row_of,
                                            int N, int K, int C)
@@ -293,11 +308,14 @@ static __global__ void weighted_sum_kernel(A *out, const A *src, const float *w,
     if (t >= (size_t)N * C) return;
     const size_t n = t / C, c = t % C;
     float o = 0.0f;
+    bool first = true;
     for (int k = 0; k < K; k++) {
         const size_t a = n * K + k;
+        if (row_of[a] == TS_MOE_DROPPED) continue;
         const float y = ts_act_load(src, (size_t)row_of[a] * C + c);
         const float p = w ? w[a] * y : y;
-        o = k == 0 ? p : o + p;
+        o = first ? p : o + p;
+        first = false;
     }
     ts_act_store(out, t, o);
 }
@@ -309,6 +327,7 @@ static __global__ void combine_dyp_kernel(A *dyp, const A *dout, const float *to
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= NK * C) return;
     const size_t a = t / C, c = t % C;
+    if (row_of[a] == TS_MOE_DROPPED) return;
     ts_act_store(dyp, (size_t)row_of[a] * C + c, topk_w[a] * ts_act_load(dout, (a / K) * C + c));
 }
 
@@ -317,12 +336,71 @@ static __global__ void combine_dw_kernel(float *dtopk_w, const A *dout, const A 
                                          const int *row_of, int K, int C)
 {
     const size_t a = blockIdx.x;
+    if (row_of[a] == TS_MOE_DROPPED) { /* the whole block: no row, no gradient */
+        if (threadIdx.x == 0) dtopk_w[a] = 0.0f;
+        return;
+    }
     const A *d = dout + (a / K) * C, *y = yp + (size_t)row_of[a] * C;
     double part = 0.0;
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         part += (double)ts_act_load(d, c) * ts_act_load(y, c);
     part = block_sum(part);
     if (threadIdx.x == 0) dtopk_w[a] = (float)part;
+}
+
+/* The CPU's key (kernels/cpu/moe_capacity.c): the weight's bits in numeric order above
+ * the position reversed; larger is kept first. */
+static __device__ __forceinline__ unsigned long long capacity_key(float w, int t)
+{
+    unsigned u = __float_as_uint(w);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return (unsigned long long)u << 32 | (unsigned)(0xFFFFFFFFu - (unsigned)t);
+}
+
+/* One block per sequence q (T rows, K choices each): total[e] its assignments to e; for
+ * each e over `capacity`, thresh[e] = the largest key with at least `capacity` keys at or
+ * above it (the capacity-th largest: keys differ within an expert), built bit by bit
+ * from the top; then keep[a] = e where e is not over, or the key is at or above. */
+static __global__ void capacity_kernel(int *keep, const int *topk_idx, const float *topk_w,
+                                       int K, int E, int T, int capacity)
+{
+    __shared__ int total[TS_MOE_CUDA_MAX_E], count[TS_MOE_CUDA_MAX_E];
+    __shared__ unsigned long long thresh[TS_MOE_CUDA_MAX_E];
+    __shared__ int any_over;
+    const size_t TK = (size_t)T * K, a0 = (size_t)blockIdx.x * TK;
+    const int *idx = topk_idx + a0;
+    const float *w = topk_w + a0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        total[e] = 0;
+        thresh[e] = 0;
+    }
+    if (threadIdx.x == 0) any_over = 0;
+    __syncthreads();
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) atomicAdd(&total[idx[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (total[e] > capacity) any_over = 1;
+    __syncthreads();
+    for (int bit = 63; any_over && capacity > 0 && bit >= 0; bit--) {
+        const unsigned long long b = 1ull << bit;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+        __syncthreads();
+        for (size_t i = threadIdx.x; i < TK; i += blockDim.x) {
+            const int e = idx[i];
+            if (total[e] > capacity && capacity_key(w[i], (int)(i / K)) >= (thresh[e] | b))
+                atomicAdd(&count[e], 1);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (total[e] > capacity && count[e] >= capacity) thresh[e] |= b;
+        __syncthreads();
+    }
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) {
+        const int e = idx[i];
+        const bool kept = total[e] <= capacity ||
+                          (capacity > 0 && capacity_key(w[i], (int)(i / K)) >= thresh[e]);
+        keep[a0 + i] = kept ? e : TS_MOE_DROPPED;
+    }
 }
 
 /* ---- host side ---------------------------------------------------------------- */
@@ -426,6 +504,9 @@ static void permute(void *xp, int *row_of, const void *x, const int *topk_idx, c
     cudaStream_t st = ts_cuda_stream();
     row_of_kernel<<<ts_cuda_blocks((size_t)E, 64), 64, 0, st>>>(row_of, topk_idx, offsets, NK, E);
     TS_CUDA_LAUNCHED();
+    dropped_rows_kernel<<<ts_cuda_blocks(NK, TS_MOE_EW_THREADS), TS_MOE_EW_THREADS, 0, st>>>(
+        row_of, topk_idx, NK);
+    TS_CUDA_LAUNCHED();
     permute_copy_kernel<A><<<ts_cuda_blocks(NK * C, TS_MOE_EW_THREADS), TS_MOE_EW_THREADS, 0, st>>>(
         (A *)xp, row_of, (const A *)x, NK, K, C);
     TS_CUDA_LAUNCHED();
@@ -495,6 +576,18 @@ extern "C" void ts_cuda_moe_balance_forward_backward(const ts_moe_routing *r, fl
 extern "C" void ts_cuda_moe_count(int *counts, const int *topk_idx, int N, int K, int E)
 {
     count(counts, topk_idx, N, K, E);
+}
+
+extern "C" void ts_cuda_moe_capacity(int *keep, const int *topk_idx, const float *topk_w, int N,
+                                     int K, int E, int T, int capacity)
+{
+    if (E < 1 || E > TS_MOE_CUDA_MAX_E || K < 1 || T < 1 || N % T != 0 || capacity < 0)
+        ts_cuda_fail(__FILE__, __LINE__, "moe_capacity",
+                     "the rows must be whole sequences of T, E at most 256, capacity >= 0");
+    if (N == 0) return;
+    capacity_kernel<<<(unsigned)(N / T), TS_MOE_SUM_THREADS, 0, ts_cuda_stream()>>>(
+        keep, topk_idx, topk_w, K, E, T, capacity);
+    TS_CUDA_LAUNCHED();
 }
 
 #define TS_MOE_DISPATCH_SLOTS(p, A)                                                                \

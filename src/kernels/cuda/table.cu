@@ -68,6 +68,7 @@ static constexpr ts_kernels fp32_table = {
     .moe_combine = ts_cuda_moe_combine,
     .moe_combine_backward = ts_cuda_moe_combine_backward,
     .moe_permute_backward = ts_cuda_moe_permute_backward,
+    .moe_capacity = ts_cuda_moe_capacity,
     .matmul_forward = ts_cuda_matmul_forward,
     .matmul_backward = ts_cuda_matmul_backward,
     .attention_forward = ts_cuda_attention_forward,

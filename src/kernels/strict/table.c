@@ -173,6 +173,10 @@
     STRICT(P, K, moe_permute_backward,                                                     \
            (void *dx, const void *dxp, const int *row_of, int N, int K_, int C),            \
            (dx, dxp, row_of, N, K_, C))                                                    \
+    STRICT(P, K, moe_capacity,                                                             \
+           (int *keep, const int *topk_idx, const float *topk_w, int N, int K_, int E, int T, \
+            int capacity),                                                                 \
+           (keep, topk_idx, topk_w, N, K_, E, T, capacity))                                \
     static double P##sum_squares(const float *x, size_t n)                                 \
     {                                                                                      \
         ts_strict_enter();                                                                 \
@@ -229,6 +233,7 @@
         .moe_permute = P##moe_permute, .moe_combine = P##moe_combine,                      \
         .moe_combine_backward = P##moe_combine_backward,                                   \
         .moe_permute_backward = P##moe_permute_backward,                                   \
+        .moe_capacity = P##moe_capacity,                                                   \
     }
 
 STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)
