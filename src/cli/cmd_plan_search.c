@@ -123,12 +123,17 @@ typedef struct {
     const char *sets[256];
     int n_sets;
     bool json, search, exhaustive;
+    bool no_shared_overlap;  /* --moe-no-shared-overlap */
+    double imbalance;        /* --moe-imbalance (1: balanced) */
     long gpus, top;
     bool gpus_set, top_set;
 } cluster_args;
 
 static const ts_plan_number_opt k_gpus = {"--gpus", 1, 100000000, "devices", true};
 static const ts_plan_number_opt k_top = {"--top", 1, 1000, "grids", true};
+static const ts_plan_number_opt k_imbalance = {"--moe-imbalance", 1, 1000,
+                                               "(x the balanced share of routed rows)",
+                                               false};
 
 /* A whole-number option into a long (the ranges above are exact in a double). */
 static int parse_whole(const char *v, const ts_plan_number_opt *o, long *out)
@@ -151,6 +156,10 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
         a->search = true;
     } else if (!strcmp(argv[*i], "--exhaustive")) {
         a->exhaustive = true;
+    } else if (!strcmp(argv[*i], "--moe-no-shared-overlap")) {
+        a->no_shared_overlap = true;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--moe-imbalance", missing))) {
+        *rc = ts_plan_parse_number(v, &k_imbalance, &a->imbalance);
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--cluster", missing))) {
         a->cluster = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--gpus", missing))) {
@@ -162,7 +171,8 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
     } else if (!*missing && !strncmp(argv[*i], "--", 2) && strcmp(argv[*i], "--set") &&
                strncmp(argv[*i], "--set=", 6)) {
         *rc = ts_plan_usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
-                            "--search, --top, --exhaustive)",
+                            "--search, --top, --exhaustive, --moe-imbalance, "
+                            "--moe-no-shared-overlap)",
                             argv[*i]);
     } else {
         return false; /* CONFIG or --set */
@@ -174,6 +184,7 @@ static int parse(int argc, char **argv, cluster_args *a)
 {
     memset(a, 0, sizeof *a);
     a->top = 10;
+    a->imbalance = 1.0;
     if (ts_plan_parse_argv(argc, argv, cluster_opt, a, &a->config, a->sets, 256, &a->n_sets) !=
         0)
         return -1;
@@ -255,6 +266,8 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
     json_object_set_new(o, "dp", json_integer(g->dp));
     json_object_set_new(o, "tp", json_integer(g->tp));
     json_object_set_new(o, "cp", json_integer(ts_plan_grid_cp(g)));
+    json_object_set_new(o, "ep", json_integer(ts_plan_grid_ep(g)));
+    json_object_set_new(o, "etp", json_integer(ts_plan_grid_etp(g)));
     json_object_set_new(o, "v", json_integer(g->v));
     json_object_set_new(o, "schedule", json_string(ts_plan_schedule_name(x, g->schedule)));
     json_object_set_new(o, "micro_batch", json_integer(g->micro_batch));
@@ -287,6 +300,24 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                                   t->dp_exposed, "dp_reduction", t->dp_reduction, "pp_message",
                                   t->pp_comm, "dp_gather", t->dp_gather, "gather_exposed",
                                   t->gather_exposed));
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0) {
+        const double share = r->step_ms > 0 ? 1.0 / r->step_ms : 0.0;
+        json_t *moe = json_object();
+        json_object_set_new(moe, "edp", json_integer(ts_plan_grid_edp(g)));
+        json_object_set_new(moe, "rows_per_expert", json_real(t->rows_per_expert));
+        json_object_set_new(moe, "a2a_bytes", json_real(t->a2a_bytes));
+        json_object_set_new(moe, "router_ms", json_real(t->router));
+        json_object_set_new(moe, "experts_ms", json_real(t->experts));
+        json_object_set_new(moe, "shared_ms", json_real(t->shared));
+        json_object_set_new(moe, "a2a_ms", json_real(t->a2a));
+        json_object_set_new(moe, "a2a_hidden_ms", json_real(t->a2a_hidden));
+        json_object_set_new(moe, "a2a_exposed_ms", json_real(t->a2a_exposed));
+        json_object_set_new(moe, "etp_ms", json_real(t->etp_comm));
+        json_object_set_new(moe, "a2a_share", json_real(t->a2a * share));
+        json_object_set_new(moe, "a2a_hidden_share", json_real(t->a2a_hidden * share));
+        json_object_set_new(moe, "a2a_exposed_share", json_real(t->a2a_exposed * share));
+        json_object_set_new(o, "moe", moe);
+    }
     json_object_set_new(json_object_get(o, "memory"), "chunk_buffers",
                         json_integer((json_int_t)llround(mm->chunk_buffers)));
     if (ts_plan_grad_ranks(g) > 1) {
@@ -343,6 +374,34 @@ static void print_recompute(ts_plan_ctx *x, const ts_plan_grid *g)
     free(keep);
     free(sel);
     free(nr);
+}
+
+/* An MoE model's expert grid and terms (moe_cost.h): the all-to-all's share of the step,
+ * hidden and exposed. */
+static void print_moe(ts_plan_ctx *x, const ts_plan_result *r)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    const ts_model_config *mc = &cfg->model;
+    if (mc->moe_experts <= 0) return;
+    const ts_plan_grid *g = &r->g;
+    const ts_plan_terms *t = &r->terms;
+    const int ep = ts_plan_grid_ep(g), etp = ts_plan_grid_etp(g);
+    const int in = ts_plan_ep_node_members(cl, g);
+    printf("experts: ep %d x etp %d x edp %d; %d of %d experts per rank (top %d, %d shared), "
+           "each %d of %d columns; %.1f rows per expert per micro-batch (balanced); "
+           "all-to-all %s (%d of the ep group on a node), %.3f MB per exchange leaving a "
+           "rank; etp %s\n",
+           ep, etp, ts_plan_grid_edp(g), mc->moe_experts / ep, mc->moe_experts,
+           mc->moe_top_k, mc->moe_shared_experts, mc->moe_ffn_hidden / etp, mc->moe_ffn_hidden,
+           t->rows_per_expert, ep == 1 ? "none" : in == ep ? "intra-node" : "inter-node", in,
+           t->a2a_bytes / 1e6, etp == 1 ? "none" : link_name(cl, ts_plan_etp_link(cl, g)));
+    const double pct = r->step_ms > 0 ? 100.0 / r->step_ms : 0.0;
+    printf("moe (busiest rank, ms per step): router %.3f, routed experts %.3f, shared "
+           "experts %.3f (GEMMs, in compute); etp gathers %.3f; all-to-all %.3f = %.1f%% "
+           "of the step: hidden %.3f (%.1f%%), exposed %.3f (%.1f%%)\n",
+           t->router, t->experts, t->shared, t->etp_comm, t->a2a, t->a2a * pct, t->a2a_hidden,
+           t->a2a_hidden * pct, t->a2a_exposed, t->a2a_exposed * pct);
 }
 
 static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_plan_result *r)
@@ -422,6 +481,7 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
         printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
                t->dp_gather, t->gather_exposed);
     print_zero(x, g);
+    print_moe(x, r);
     printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,
            100.0 * r->mfu);
 }
@@ -429,9 +489,13 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
 static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    printf("%4d  %4d %5d %3d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("%4d  %6d %6d", k, ts_plan_grid_ep(g), ts_plan_grid_etp(g));
+    else
+        printf("%4d", k);
+    printf("  %4d %5d %3d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
            "%6.4f\n",
-           k, g->pp, g->dp, g->tp, ts_plan_grid_cp(g), ts_plan_schedule_name(x, g->schedule),
+           g->pp, g->dp, g->tp, ts_plan_grid_cp(g), ts_plan_schedule_name(x, g->schedule),
            g->v, g->micro_batch,
            ts_recompute_names[g->recompute], g->zero, g->sp ? "on" : "off", r->mem.total / 1e9,
            r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
@@ -448,6 +512,9 @@ static void print_best_config(ts_plan_ctx *x, const ts_plan_grid *g)
     printf("  parallel.micro_batch = %d\n  parallel.recompute = \"%s\"\n  parallel.zero = %d\n",
            g->micro_batch, ts_recompute_names[g->recompute], g->zero);
     printf("  parallel.sequence_parallel = %s\n", g->sp ? "true" : "false");
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("  parallel.ep = %d\n  parallel.etp = %d\n", ts_plan_grid_ep(g),
+               ts_plan_grid_etp(g));
 }
 
 static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
@@ -457,11 +524,16 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     printf("tessera plan: %s on %ld devices of %s (%s)\n", a->config, a->gpus, cl->name,
            a->cluster);
     printf("searched %d grids (pp x dp x cp x tp), %lld candidates with schedule, v, "
-           "micro_batch, recompute, zero, sequence parallelism: %lld fit in %.2f GB, %lld "
+           "micro_batch, recompute, zero, sequence parallelism%s: %lld fit in %.2f GB, %lld "
            "simulated, %.2f s\n",
-           s->n_grids, s->candidates, s->fit, cl->memory / 1e9, s->simulated, seconds);
-    printf("%4s  %4s %5s %3s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n",
-           "rank", "pp", "dp", "tp", "cp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB",
+           s->n_grids, s->candidates,
+           ts_plan_ctx_config(x)->model.moe_experts > 0 ? ", ep, etp" : "", s->fit, cl->memory / 1e9, s->simulated, seconds);
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("%4s  %6s %6s", "rank", "ep", "etp");
+    else
+        printf("%4s", "rank");
+    printf("  %4s %5s %3s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n",
+           "pp", "dp", "tp", "cp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB",
            "step_ms", "tokens/s", "MFU", "bubble");
     for (int k = 0; k < s->n_top; k++) print_row(x, k + 1, &s->top[k]);
     if (s->n_top > 0) print_best_config(x, &s->top[0].g);
@@ -529,7 +601,14 @@ int ts_cmd_plan_cluster(int argc, char **argv)
         ts_log_error("%s", ts_error_message());
         return 1;
     }
+    if (cfg.model.moe_experts <= 0 && (a.imbalance != 1.0 || a.no_shared_overlap)) {
+        ts_log_error("--moe-imbalance and --moe-no-shared-overlap describe a Mixture of Experts: "
+                     "%s is a dense model (model.moe_experts = 0)",
+                     a.config);
+        return 1;
+    }
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_plan_ctx_set_moe(x, a.imbalance, !a.no_shared_overlap);
     int code = 0;
     if (!a.search) {
         ts_plan_grid g;
