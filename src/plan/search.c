@@ -27,6 +27,31 @@ static bool cp_ok(const ts_config *cfg, int cp)
     return cp == 1 || ((cp & (cp - 1)) == 0 && cfg->model.seq_len % (2 * cp) == 0);
 }
 
+/* The expert grids (ep, etp) of a stage of `stage` = tp * cp * dp ranks, as
+ * config_moe.c's check_expert_grid allows them: ep dividing model.moe_experts, etp
+ * dividing model.moe_ffn_hidden, ep * etp dividing the stage. A dense model has one,
+ * (1, 1). Their count; the first `cap` pairs into out. */
+#define TS_MAX_EXPERT_GRIDS 256
+static int expert_grids(const ts_config *cfg, int stage, int *out, int cap)
+{
+    const ts_model_config *m = &cfg->model;
+    int n = 0;
+    if (m->moe_experts <= 0) {
+        out[0] = out[1] = 1;
+        return 1;
+    }
+    for (int ep = 1; ep <= stage && ep <= m->moe_experts; ep++) {
+        if (m->moe_experts % ep || stage % ep) continue;
+        for (int etp = 1; ep * etp <= stage; etp++) {
+            if (stage % (ep * etp) || m->moe_ffn_hidden % etp || n >= cap) continue;
+            out[2 * n] = ep;
+            out[2 * n + 1] = etp;
+            n++;
+        }
+    }
+    return n;
+}
+
 /* Whether a (pp, dp, cp, tp) grid is valid for the model and batch: tp splits the model
  * (tp_ok), cp the sequence (cp_ok), dp the batch, every stage has a layer. */
 static bool grid_ok(const ts_config *cfg, int pp, int dp, int cp, int tp)
@@ -131,7 +156,7 @@ static int cmp_lower(const void *pa, const void *pb)
  * in time and memory: one virtual stage, the plain 1F1B before GPipe (which holds every
  * micro-batch) and then the interleaved and zero-bubble schedules, no recompute, no
  * ZeRO, no sequence parallelism, no context parallelism. */
-static int complexity(const ts_plan_grid *g)
+static long long complexity(const ts_plan_grid *g)
 {
     static const int schedule_rank[] = {
         [TS_SCHEDULE_1F1B] = 0, [TS_SCHEDULE_GPIPE] = 1, [TS_SCHEDULE_INTERLEAVED_1F1B] = 2,
@@ -141,8 +166,10 @@ static int complexity(const ts_plan_grid *g)
                           : 4; /* a CSV schedule */
     int cp_log = 0;
     for (int c = ts_plan_grid_cp(g); c > 1; c /= 2) cp_log++;
-    return ((((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero) * 2 + g->sp) * 32 +
-           cp_log;
+    /* then the smaller ep, the smaller etp (each at most the stage's ranks) */
+    return ((long long)((((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero) * 2 + g->sp) *
+                32 + cp_log) * (1LL << 40) +
+           (long long)ts_plan_grid_ep(g) * (1LL << 20) + ts_plan_grid_etp(g);
 }
 
 /* Whether sequence parallelism can split tp's rows (ts_config_validate's rule: of the
@@ -218,15 +245,20 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
     long long best = 0;
     for (size_t k = 0; k < n && !best; k++) {
         const int r = t[k].dp * t[k].cp; /* ZeRO shards over dp * cp */
-        ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .cp = t[k].cp, .v = 1,
-                          .micro_batch = 1, .m = gb / t[k].dp, .schedule = TS_SCHEDULE_1F1B,
-                          .recompute = TS_RECOMPUTE_FULL, .zero = r > 1 ? 3 : 0,
-                          .sp = sp_ok(cfg, t[k].tp, t[k].cp)};
-        if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
-        ts_plan_result e;
-        if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
-            best = quad_devices(&t[k]);
-            *found = g;
+        int xg[2 * TS_MAX_EXPERT_GRIDS];
+        const int n_xg = expert_grids(cfg, t[k].tp * r, xg, TS_MAX_EXPERT_GRIDS);
+        for (int j = 0; j < n_xg && !best; j++) {
+            ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .cp = t[k].cp,
+                              .v = 1, .micro_batch = 1, .m = gb / t[k].dp,
+                              .schedule = TS_SCHEDULE_1F1B, .recompute = TS_RECOMPUTE_FULL,
+                              .zero = r > 1 ? 3 : 0, .sp = sp_ok(cfg, t[k].tp, t[k].cp),
+                              .ep = xg[2 * j], .etp = xg[2 * j + 1]};
+            if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
+            ts_plan_result e;
+            if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
+                best = quad_devices(&t[k]);
+                *found = g;
+            }
         }
     }
     free(t);
@@ -348,10 +380,12 @@ static void gathered_free(gathered *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Every candidate of grid (pp, dp, cp, tp) at micro_batch mb, estimated into a (those
- * that fit), r (counts, the closest out of memory, the lightest). */
-static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp, int tp,
-                         int mb, gathered *a, ts_search_result *r)
+/* Every candidate of grid (pp, dp, cp, tp) with expert grid (ep, etp) at micro_batch mb,
+ * estimated into a (those that fit), r (counts, the closest out of memory, the
+ * lightest). */
+static void gather_expert_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp,
+                                int tp, int ep, int etp, int mb, gathered *a,
+                                ts_search_result *r)
 {
     const ts_config *cfg = ts_plan_ctx_config(x);
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
@@ -381,7 +415,8 @@ static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp
                         continue;
                     ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .cp = cp, .v = v,
                                       .micro_batch = mb, .m = m, .schedule = s,
-                                      .recompute = rc, .zero = z, .sp = sp};
+                                      .recompute = rc, .zero = z, .sp = sp, .ep = ep,
+                                      .etp = etp};
                     /* auto fits where full does (its caps may all come down to full's), and
                      * recomputes no less than none: none's bound is its bound. Its memory
                      * fit, the costly part, waits until the bound says it may enter the
@@ -425,6 +460,17 @@ static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp
             }
         }
     }
+}
+
+/* Every candidate of grid (pp, dp, cp, tp) at micro_batch mb, each expert grid of its
+ * stage (one for a dense model). */
+static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp, int tp,
+                         int mb, gathered *a, ts_search_result *r)
+{
+    int xg[2 * TS_MAX_EXPERT_GRIDS];
+    const int n = expert_grids(ts_plan_ctx_config(x), tp * cp * dp, xg, TS_MAX_EXPERT_GRIDS);
+    for (int j = 0; j < n; j++)
+        gather_expert_shape(x, o, pp, dp, cp, tp, xg[2 * j], xg[2 * j + 1], mb, a, r);
 }
 
 /* The grids skipped on their memory floor: the closest and the lightest among them are
@@ -479,17 +525,25 @@ static int cmp_shape(const void *pa, const void *pb)
     return a->floor < b->floor ? -1 : a->floor > b->floor;
 }
 
-/* The least work of a shape (ts_plan_work_floor), sequence parallelism on or off. */
+/* The least work of a shape (ts_plan_work_floor), sequence parallelism on or off, over
+ * its expert grids. */
 static double shape_floor(ts_plan_ctx *x, const cp_shape *c)
 {
     const ts_config *cfg = ts_plan_ctx_config(x);
-    ts_plan_grid g = {.pp = c->pp, .dp = c->dp, .tp = c->tp, .cp = c->cp, .v = 1,
-                      .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb};
-    double w = ts_plan_work_floor(x, &g);
-    if (sp_ok(cfg, c->tp, c->cp)) {
-        g.sp = 1;
-        const double w1 = ts_plan_work_floor(x, &g);
-        w = w1 < w ? w1 : w;
+    int xg[2 * TS_MAX_EXPERT_GRIDS];
+    const int n = expert_grids(cfg, c->tp * c->cp * c->dp, xg, TS_MAX_EXPERT_GRIDS);
+    double w = INFINITY;
+    for (int j = 0; j < n; j++) {
+        ts_plan_grid g = {.pp = c->pp, .dp = c->dp, .tp = c->tp, .cp = c->cp, .v = 1,
+                          .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb,
+                          .ep = xg[2 * j], .etp = xg[2 * j + 1]};
+        const double w0 = ts_plan_work_floor(x, &g);
+        w = w0 < w ? w0 : w;
+        if (sp_ok(cfg, c->tp, c->cp)) {
+            g.sp = 1;
+            const double w1 = ts_plan_work_floor(x, &g);
+            w = w1 < w ? w1 : w;
+        }
     }
     return w;
 }
