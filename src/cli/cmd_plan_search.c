@@ -316,6 +316,8 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
         json_object_set_new(moe, "a2a_share", json_real(t->a2a * share));
         json_object_set_new(moe, "a2a_hidden_share", json_real(t->a2a_hidden * share));
         json_object_set_new(moe, "a2a_exposed_share", json_real(t->a2a_exposed * share));
+        json_object_set_new(moe, "a2a_hidden_fraction",
+                            json_real(t->a2a > 0 ? t->a2a_hidden / t->a2a : 0.0));
         json_object_set_new(o, "moe", moe);
     }
     json_object_set_new(json_object_get(o, "memory"), "chunk_buffers",
