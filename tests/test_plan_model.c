@@ -784,13 +784,15 @@ static void test_moe_formulas(void)
         bool sp;
         double imbalance;
     } k_cases[] = {{1, 1, 1, 1, false, 1.0}, {2, 1, 1, 2, false, 1.0}, {4, 2, 1, 2, false, 1.5},
-                   {2, 1, 2, 2, false, 1.0}, {2, 2, 2, 1, true, 1.0}, {8, 1, 1, 8, false, 1.0}};
+                   {2, 1, 2, 2, false, 1.0}, {2, 2, 2, 1, true, 1.0}, {8, 1, 1, 8, false, 1.0},
+                   {1, 2, 1, 1, false, 2.0}}; /* ep 1: one rank does every row, imbalanced or not */
     for (size_t c = 0; c < sizeof k_cases / sizeof *k_cases; c++) {
         const int ep = k_cases[c].ep, etp = k_cases[c].etp, tp = k_cases[c].tp;
         const bool sp = k_cases[c].sp;
-        const double N = 2 * 64.0, imb = k_cases[c].imbalance;
+        const double N = 2 * 64.0, imb = ep > 1 ? k_cases[c].imbalance : 1.0;
         const ts_plan_moe moe = {.ep = ep, .etp = etp, .ep_in_node = k_cases[c].in_node,
-                                 .etp_link = cl.intra, .imbalance = imb, .hide_shared = true};
+                                 .etp_link = cl.intra, .imbalance = k_cases[c].imbalance,
+                                 .hide_shared = true};
         ts_plan_moe_block b;
         ts_plan_moe_block_cost(mc, &cl, &moe, N, tp, sp, cl.intra, ab, &b);
         /* The rows: the router's and the shared experts' (N / tp under sp, else all N),
@@ -974,6 +976,8 @@ int main(void)
     moe_etp[N_MOE_SETS + 1] = "parallel.etp=2";
     compare_memory("configs/llama-tiny.cfg", moe_ep, N_MOE_SETS + 1, &cpu);
     if (full) compare_memory("configs/llama-tiny.cfg", moe_etp, N_MOE_SETS + 2, &cpu);
+    moe_etp[N_MOE_SETS] = "parallel.etp=2"; /* etp alone (ep 1) */
+    if (full) compare_memory("configs/llama-tiny.cfg", moe_etp, N_MOE_SETS + 1, &cpu);
     printf("memory compared on %d expert grids\n", g_mem_grids - before);
     CHECK(g_mem_grids - before > 50);
     test_moe_formulas();

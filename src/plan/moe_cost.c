@@ -49,7 +49,9 @@ void ts_plan_moe_block_cost(const ts_model_config *mc, const ts_cluster *cl,
     const double C = mc->n_embd, E = mc->moe_experts, K = mc->moe_top_k;
     const double F = mc->moe_ffn_hidden, SF = (double)mc->moe_shared_experts * F;
     const int ep = moe->ep > 1 ? moe->ep : 1, etp = moe->etp > 1 ? moe->etp : 1;
-    const double imb = moe->imbalance >= 1.0 ? moe->imbalance : 1.0;
+    /* Imbalance moves rows between ep ranks; one rank holding every expert does all of
+     * them however they are routed. */
+    const double imb = ep > 1 && moe->imbalance >= 1.0 ? moe->imbalance : 1.0;
     const double gg = cl->grouped_gemm_efficiency > 0 ? cl->grouped_gemm_efficiency : 1.0;
     /* The MoE's rows (router, shared experts) and the rows sent to the experts. */
     const double Nr = sp ? N / tp : N;

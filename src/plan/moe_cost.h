@@ -16,7 +16,8 @@
  *           (rows, 2F/etp, C) and down (rows, C, F/etp), each priced at its own shape
  *           on the curve, times grouped_gemm_efficiency (cluster.h); backward twice;
  *           the whole times `imbalance` (the slowest ep rank's share of the routed rows
- *           over the balanced one; 1 = balanced);
+ *           over the balanced one; 1 = balanced; with ep = 1 it has no effect: one rank
+ *           holds every expert and does all the rows however they are routed);
  *   shared  the shared experts' SwiGLU of width S*F over Nr rows (gate|up, down);
  *   elementwise (memory passes at the cluster's bandwidth, or its elementwise_ns):
  *           the experts' SwiGLU (3 R*k*F, x imbalance) and the shared one (3 Nr*S*F),
