@@ -40,6 +40,17 @@
  * (38 with the bf16 copy) at memory bandwidth; ZeRO-1's parameter all-gather follows
  * it.
  *
+ * Mixture of Experts (grid ep, etp; moe_cost.h): each MoE block priced with the expert
+ * grid folded over the stage's tp * cp * dp ranks (the ep group etp * ep consecutive ranks
+ * at stride etp: its members on a node exchange over the intra-node link, the rest over
+ * the inter-node one; the etp group etp consecutive ranks), memory from the trainer's
+ * layout of the rank's E/ep experts (each an F/etp slice), the routed experts' floats
+ * sharded over edp (ts_memory_shape.edp) and their reduction on the dp lane scaled to a
+ * ring over edp, their optimizer shard and ZeRO-1/2 gather over edp. The exchanges' exposed
+ * part goes to the simulator as communication an overlapped pair hides (sim.h f_comm),
+ * and the bounds (lower_ms, the work floor) leave it out. Terms: router, experts, shared,
+ * a2a (hidden, exposed), etp_comm.
+ *
  * A cluster with overlap_comm = false (communication progresses on the compute cores:
  * MPI on a CPU) overlaps nothing: each rank's dp reductions (the same buckets and ring
  * costs) run back to back after its last backward, before its optimizer, all of it

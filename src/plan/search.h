@@ -12,7 +12,9 @@
  * interleaved-1f1b, looped-bfs, interleaved-zb: v >= 2) where it accepts the number of
  * micro-batches; pp = 1 runs 1f1b only (the schedules coincide); recompute none, full,
  * and auto where none does not fit; ZeRO 0 to 3 (1 to 3 only with dp > 1); sequence
- * parallelism off, and on where tp > 1 divides seq_len (ranked like the rest: it wins
+ * parallelism off, and on where tp > 1 divides seq_len; for an MoE model every expert grid
+ * (ep, etp) the trainer accepts on the stage (ep dividing moe_experts, etp dividing
+ * moe_ffn_hidden, ep * etp dividing tp * cp * dp) (sequence parallelism ranked like the rest: it wins
  * where its smaller activations let a grid fit or recompute less, and loses its
  * backward's extra gathers elsewhere).
  *
