@@ -924,6 +924,17 @@ static void test_moe_search(int gpus)
            gpus, with_ep, sr.n_top, with_etp, sr.n_top ? ts_plan_grid_ep(&sr.top[0].g) : 0,
            sr.n_top ? ts_plan_grid_etp(&sr.top[0].g) : 0);
     CHECK(with_ep > 0 && sr.n_top > 0 && ts_plan_grid_ep(&sr.top[0].g) > 1);
+    /* The bounded phase (expert grids deferred by their work floor) is exact: the same top
+     * list as simulating every grid that fits. */
+    ts_search_opts ox = o;
+    ox.exhaustive = true;
+    ts_search_result ex;
+    CHECK(ts_plan_search(x, &ox, &ex) == TS_OK);
+    CHECKF(ex.n_top == sr.n_top, "MoE search: %d grids pruned, %d exhaustive", sr.n_top, ex.n_top);
+    for (int t = 0; t < sr.n_top && t < ex.n_top; t++)
+        CHECKF(same_grid(&sr.top[t].g, &ex.top[t].g) && sr.top[t].step_ms == ex.top[t].step_ms,
+               "MoE search #%d: pruned and exhaustive differ", t);
+    ts_search_result_free(&ex);
     ts_search_result_free(&sr);
     ts_plan_ctx_free(x);
 }

@@ -573,9 +573,11 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
         printf("  slower by their bound, recompute auto (caps not fitted): %lld\n",
                s->unestimated);
     if (s->bound_cp)
-        printf("  context-parallel shapes (grid, micro_batch) slower by their work floor, not "
+        printf("  %s shapes (grid, micro_batch%s) slower by their work floor, not "
                "estimated: %lld\n",
-               s->bound_cp);
+               ts_plan_ctx_config(x)->model.moe_experts > 0 ? "context-parallel and expert-grid"
+                                                           : "context-parallel",
+               ts_plan_ctx_config(x)->model.moe_experts > 0 ? ", ep, etp" : "", s->bound_cp);
     if (!s->oom && s->fit == s->n_top && !s->bound_cp) printf("  none\n");
 }
 

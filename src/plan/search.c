@@ -498,24 +498,10 @@ static void settle_pruned(ts_plan_ctx *x, gathered *a, ts_search_result *r)
     a->n_pruned = 0;
 }
 
-/* The candidates of the grids with cp == 1 into a. */
-static void gather_plain(ts_plan_ctx *x, const ts_search_opts *o, const int *grids, int n_grids,
-                         gathered *a, ts_search_result *r)
-{
-    const int gb = ts_plan_ctx_config(x)->train.global_batch;
-    for (int k = 0; k < n_grids; k++) {
-        const int *q = grids + 4 * k; /* pp, dp, cp, tp */
-        if (q[2] > 1) continue;
-        for (int mb = 1; mb <= gb / q[1]; mb++)
-            if ((gb / q[1]) % mb == 0) gather_shape(x, o, q[0], q[1], q[2], q[3], mb, a, r);
-    }
-    settle_pruned(x, a, r);
-    ts_error_clear();
-}
-
-/* A context-parallel (grid, micro_batch) shape and its work floor. */
+/* A (grid, micro_batch, expert grid) shape and its work floor: the context-parallel ones
+ * and, for an MoE model, the expert grids each cp = 1 shape did not gather first. */
 typedef struct {
-    int pp, dp, cp, tp, mb;
+    int pp, dp, cp, tp, mb, ep, etp;
     double floor;
 } cp_shape;
 
@@ -525,53 +511,101 @@ static int cmp_shape(const void *pa, const void *pb)
     return a->floor < b->floor ? -1 : a->floor > b->floor;
 }
 
-/* The least work of a shape (ts_plan_work_floor), sequence parallelism on or off, over
- * its expert grids. */
+/* The least work of a shape (ts_plan_work_floor), sequence parallelism on or off. */
 static double shape_floor(ts_plan_ctx *x, const cp_shape *c)
 {
     const ts_config *cfg = ts_plan_ctx_config(x);
-    int xg[2 * TS_MAX_EXPERT_GRIDS];
-    const int n = expert_grids(cfg, c->tp * c->cp * c->dp, xg, TS_MAX_EXPERT_GRIDS);
-    double w = INFINITY;
-    for (int j = 0; j < n; j++) {
-        ts_plan_grid g = {.pp = c->pp, .dp = c->dp, .tp = c->tp, .cp = c->cp, .v = 1,
-                          .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb,
-                          .ep = xg[2 * j], .etp = xg[2 * j + 1]};
-        const double w0 = ts_plan_work_floor(x, &g);
-        w = w0 < w ? w0 : w;
-        if (sp_ok(cfg, c->tp, c->cp)) {
-            g.sp = 1;
-            const double w1 = ts_plan_work_floor(x, &g);
-            w = w1 < w ? w1 : w;
-        }
+    ts_plan_grid g = {.pp = c->pp, .dp = c->dp, .tp = c->tp, .cp = c->cp, .v = 1,
+                      .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb,
+                      .ep = c->ep, .etp = c->etp};
+    double w = ts_plan_work_floor(x, &g);
+    if (sp_ok(cfg, c->tp, c->cp)) {
+        g.sp = 1;
+        const double w1 = ts_plan_work_floor(x, &g);
+        w = w1 < w ? w1 : w;
     }
     return w;
 }
 
+/* The shapes the bounded phase gathers (gather_cp), grown by push_shape. */
+typedef struct {
+    cp_shape *sh;
+    size_t n, cap;
+} shape_list;
+
+static void push_shape(shape_list *l, cp_shape c)
+{
+    l->sh = ts_grow(l->sh, &l->cap, l->n, sizeof *l->sh);
+    l->sh[l->n++] = c;
+}
+
+/* The candidates of the grids with cp == 1 into a. A dense model's one expert grid is
+ * (1, 1); an MoE model's shape gathers here the expert grid of least work floor (so the
+ * top list fills with a likely good one) and leaves the others to the bounded phase
+ * (*later, with their floors). */
+static void gather_plain(ts_plan_ctx *x, const ts_search_opts *o, const int *grids, int n_grids,
+                         gathered *a, ts_search_result *r, shape_list *later)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const int gb = cfg->train.global_batch;
+    for (int k = 0; k < n_grids; k++) {
+        const int *q = grids + 4 * k; /* pp, dp, cp, tp */
+        if (q[2] > 1) continue;
+        for (int mb = 1; mb <= gb / q[1]; mb++) {
+            if ((gb / q[1]) % mb) continue;
+            if (cfg->model.moe_experts <= 0) {
+                gather_shape(x, o, q[0], q[1], q[2], q[3], mb, a, r);
+                continue;
+            }
+            int xg[2 * TS_MAX_EXPERT_GRIDS];
+            const int n = expert_grids(cfg, q[3] * q[2] * q[1], xg, TS_MAX_EXPERT_GRIDS);
+            int first = 0;
+            double least = INFINITY;
+            cp_shape c[TS_MAX_EXPERT_GRIDS] = {{0}};
+            if (n < 1) continue; /* (1, 1) always is one */
+            for (int j = 0; j < n; j++) {
+                c[j] = (cp_shape){q[0], q[1], q[2], q[3], mb, xg[2 * j], xg[2 * j + 1], 0.0};
+                c[j].floor = shape_floor(x, &c[j]);
+                if (c[j].floor < least) least = c[j].floor, first = j;
+            }
+            gather_expert_shape(x, o, q[0], q[1], q[2], q[3], c[first].ep, c[first].etp, mb, a, r);
+            for (int j = 0; j < n; j++)
+                if (j != first) push_shape(later, c[j]);
+        }
+    }
+    settle_pruned(x, a, r);
+    ts_error_clear();
+}
+
 #define TS_CP_BATCH 8 /* context-parallel shapes gathered between two rankings */
 
-/* The context-parallel grids (cp > 1), in increasing order of their shapes' work
+/* The context-parallel grids (cp > 1), each with every expert grid of its stage, and the
+ * expert grids gather_plain left (*later), in increasing order of their shapes' work
  * floors, TS_CP_BATCH shapes at a time into a new entry of *batches, each batch ranked
  * into r's top k at once; once the next floor exceeds the K-th best step the rest are
  * skipped (r->bound_cp). With exhaustive: one batch of every shape. */
 static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const int *grids,
                            int n_grids, gathered **batches, size_t *n_batches, size_t *cap_batches,
-                           ts_search_result *r)
+                           ts_search_result *r, shape_list *later)
 {
-    const int gb = ts_plan_ctx_config(x)->train.global_batch;
-    cp_shape *sh = NULL;
-    size_t n = 0, cap = 0;
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const int gb = cfg->train.global_batch;
     for (int j = 0; j < n_grids; j++) {
         const int *q = grids + 4 * j;
         if (q[2] == 1) continue;
+        int xg[2 * TS_MAX_EXPERT_GRIDS];
+        const int n_xg = expert_grids(cfg, q[3] * q[2] * q[1], xg, TS_MAX_EXPERT_GRIDS);
         for (int mb = 1; mb <= gb / q[1]; mb++) {
             if ((gb / q[1]) % mb) continue;
-            sh = ts_grow(sh, &cap, n, sizeof *sh);
-            sh[n] = (cp_shape){q[0], q[1], q[2], q[3], mb, 0.0};
-            if (!o->exhaustive) sh[n].floor = shape_floor(x, &sh[n]);
-            n++;
+            for (int e = 0; e < n_xg; e++) {
+                cp_shape c = {q[0], q[1], q[2], q[3], mb, xg[2 * e], xg[2 * e + 1], 0.0};
+                if (!o->exhaustive) c.floor = shape_floor(x, &c);
+                push_shape(later, c);
+            }
         }
     }
+    cp_shape *sh = later->sh;
+    const size_t n = later->n;
     if (n > 1 && !o->exhaustive) qsort(sh, n, sizeof *sh, cmp_shape);
     ts_status st = TS_OK;
     for (size_t j = 0; j < n && st == TS_OK;) {
@@ -586,7 +620,8 @@ static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const
                 j = n;
                 break;
             }
-            gather_shape(x, o, sh[j].pp, sh[j].dp, sh[j].cp, sh[j].tp, sh[j].mb, a, r);
+            gather_expert_shape(x, o, sh[j].pp, sh[j].dp, sh[j].cp, sh[j].tp, sh[j].ep,
+                                sh[j].etp, sh[j].mb, a, r);
         }
         settle_pruned(x, a, r);
         ts_error_clear();
@@ -596,7 +631,6 @@ static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const
         else if (!o->exhaustive)
             a->n_pending = 0; /* (none without fits: auto needs full's) */
     }
-    free(sh);
     return st;
 }
 
@@ -645,7 +679,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     gathered *b = ts_calloc(1, sizeof *b);
     size_t n_b = 1, cap_b = 1;
     ts_status st = TS_OK;
-    gather_plain(x, o, grids, n_grids, &b[0], r);
+    shape_list later = {0};
+    gather_plain(x, o, grids, n_grids, &b[0], r, &later);
     bool ranked0 = false;
     count_fit(&b[0]);
     if (!o->exhaustive && b[0].n_fits > 0) {
@@ -653,7 +688,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                        b[0].n_pending, r);
         ranked0 = true;
     }
-    if (st == TS_OK) st = gather_cp(x, o, k, grids, n_grids, &b, &n_b, &cap_b, r);
+    if (st == TS_OK) st = gather_cp(x, o, k, grids, n_grids, &b, &n_b, &cap_b, r, &later);
+    free(later.sh);
     free(grids);
     size_t fits = 0;
     bool have_smallest = false;
