@@ -419,6 +419,9 @@ static void print_moe(ts_plan_ctx *x, const ts_plan_result *r)
            mc->moe_top_k, mc->moe_shared_experts, mc->moe_ffn_hidden / etp, mc->moe_ffn_hidden,
            t->rows_per_expert, ep == 1 ? "none" : in == ep ? "intra-node" : "inter-node", in,
            t->a2a_bytes / 1e6, etp == 1 ? "none" : link_name(cl, ts_plan_etp_link(cl, g)));
+    if (strcmp(cfg->train.device, "cuda") == 0)
+        printf("note: a GPU run planned: tessera train runs the Mixture of Experts on the CPU "
+               "only so far (train.device = \"cuda\" with model.moe_experts is refused there)\n");
     const double pct = r->step_ms > 0 ? 100.0 / r->step_ms : 0.0;
     printf("moe (busiest rank, ms per step): router %.3f, routed experts %.3f, shared "
            "experts %.3f (GEMMs, in compute); etp gathers %.3f; all-to-all %.3f = %.1f%% "

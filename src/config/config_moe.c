@@ -158,7 +158,8 @@ static ts_status check_moe_built(const ts_config *cfg)
     } axes[] = {
         {p->tp_overlap > 1, "parallel.tp_overlap > 1"},
         /* `tessera plan` sizes and times a GPU run (ts_config_planning: the CUDA kernel
-         * table's layout, never run), which it says it cannot train yet (cmd_plan_search.c). */
+         * table's layout, never run); with --cluster it notes that training it is not
+         * built yet (cmd_plan_search.c print_moe). */
         {strcmp(cfg->train.device, "cuda") == 0 && !ts_config_planning(),
          "train.device = \"cuda\""},
     };
