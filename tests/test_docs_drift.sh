@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner numbers the docs quote against today's planner (issue 37): README's
-# `tessera plan ... --search` example and the data behind docs/scaling_gpt3_*.svg
-# (docs/scaling_gpt3.tsv, written by bench/scaling.sh). The searches themselves take
+# `tessera plan ... --search` example, the data behind docs/scaling_gpt3_*.svg
+# (docs/scaling_gpt3.tsv, written by bench/scaling.sh) and the MoE rows of bench/RESULTS.md
+# 4.7 (docs/planner_moe.tsv, written by bench/planner_moe.py). The searches themselves take
 # minutes on CI's 2 cores, so the README's top rows and every row of the plots' table are
 # replanned as single grids (the search simulates its top rows with the same model: the
 # same numbers), and only a few small models' searches are rerun (the grid they pick). Fails naming the row, the number
@@ -114,8 +115,31 @@ for line in lines[1:]:
             bad.append("%s: %s %s in the file, %.6g today" % (what, key, r[key], got))
 if searched == 0:
     bad.append("docs/scaling_gpt3.tsv: none of the rows this test searches")
-print("README search rows %d; docs/scaling_gpt3.tsv: %d rows replanned, %d of them searched"
-      % (rows, checked, searched))
+# 3. docs/planner_moe.tsv (bench/RESULTS.md 4.7): the MoE rows against the published ones,
+# each replanned with its own --set list
+moe_rows = 0
+lines = open(src + "/docs/planner_moe.tsv").read().splitlines()
+cols = lines[0].split("\t")
+for line in lines[1:]:
+    r = dict(zip(cols, line.split("\t")))
+    sets = []
+    for s in r["sets"].split(";") if r["sets"] else []:
+        sets += ["--set", s]
+    d, err = plan(r["config"], "--cluster", H, *sets)
+    what = "docs/planner_moe.tsv %s" % r["row"]
+    moe_rows += 1
+    if d is None:
+        bad.append("%s: fails today (%s)" % (what, err)); continue
+    for key, got in (("step_ms", d["step_ms"]), ("mfu", d["mfu"]),
+                     ("mem_gb", d["memory_bytes"] / 1e9), ("a2a_share", d["moe"]["a2a_share"])):
+        if not near(float(r[key]), got, 1e-3 if key != "a2a_share" else 5e-3):
+            bad.append("%s: %s %s in the file, %.6g today" % (what, key, r[key], got))
+    if int(r["fits"]) != int(d["fits"]):
+        bad.append("%s: fits %s in the file, %s today" % (what, r["fits"], d["fits"]))
+if moe_rows == 0:
+    bad.append("docs/planner_moe.tsv: no rows")
+print("README search rows %d; docs/scaling_gpt3.tsv: %d rows replanned, %d of them searched; "
+      "docs/planner_moe.tsv: %d MoE rows" % (rows, checked, searched, moe_rows))
 for b in bad:
     print("DRIFT: " + b)
 EOF
@@ -128,6 +152,7 @@ elif grep -q '^DRIFT' <<<"$out"; then
   fail "the docs quote planner numbers today's planner no longer gives; regenerate:
   MEASURE=0 CLUSTERS=dgx-h100 bench/scaling.sh   (docs/scaling_gpt3.tsv and the plots)
   build/tessera plan configs/gpt3-175b.cfg --cluster configs/clusters/dgx-h100.cfg --gpus 1024 --search --top 5   (README)
+  bench/planner_moe.py > docs/planner_moe.tsv   (bench/RESULTS.md 4.7)
 and rerun the commands of bench/RESULTS.md section 4"
 else
   pass

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner's memory predictions (tessera plan --cluster --json) against the trainer's
 # own accounting (the metrics' last line) for every grid of up to 4 ranks of a 12-layer
-# tiny config (2 steps each, the planner's cut passed to the trainer so both hold the
+# tiny config, an MoE llama-tiny on one rank and ep 2 (issue 40) (2 steps each, the planner's cut passed to the trainer so both hold the
 # same layers), plus schedule, recompute and ZeRO-1 variants on it and on the 4-layer
 # tiny config (ZeRO-2 and 3 on the 12-layer one: their chunk buffers are in
 # memory_bytes). Compared per rank,
@@ -71,6 +71,13 @@ each_run() {
         --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3
     fi
   done
+  # Mixture of Experts (issue 40): the llama-tiny MoE of test_moe_grids on one rank and on
+  # ep 2 folded over dp 2 (the rank's 4 of 8 experts, edp 1, the worst-case exchange
+  # buffers); etp and more expert grids: test_plan_model's exact comparison.
+  L=(--set model.moe_experts=8 --set model.moe_top_k=2 --set model.moe_ffn_hidden=64
+     --set model.moe_shared_experts=1 --set model.moe_first_dense=1)
+  $fn moe plan_cluster_cpu.cfg "moe 1 rank (baseline)" "${L[@]}"
+  $fn moe plan_cluster_cpu.cfg "moe dp2 ep2" "${L[@]}" --set parallel.dp=2 --set parallel.ep=2
   # bf16 (where the CPU has BF16 instructions): bf16 activations and compute weights
   # beside fp32 master weights, by a bf16 cluster file, against the bf16 trainer.
   if [ "$BF16_CPU" = 1 ]; then
@@ -91,8 +98,9 @@ each_run() {
 I=0
 plan_one() {
   local group=$1 cl=$2 name=$3; shift 3
-  local i=$((I++))
-  if "$TESSERA" plan configs/tiny.cfg "$@" --cluster "tests/fixtures/$cl" --json >"$TMP/plan_$i.json" \
+  local i=$((I++)) cfg=configs/tiny.cfg
+  [ "$group" = moe ] && cfg=configs/llama-tiny.cfg
+  if "$TESSERA" plan "$cfg" "$@" --cluster "tests/fixtures/$cl" --json >"$TMP/plan_$i.json" \
        2>"$TMP/err"; then
     printf '%s\t%s\t%s\n' "$i" "$group" "$name" >>"$TMP/runs.tsv"
   else
@@ -115,11 +123,12 @@ PY
 I=0
 train_one() {
   local group=$1 cl=$2 name=$3; shift 3
-  local i=$((I++)) world pp dp tp part
+  local i=$((I++)) world pp dp tp part cfg=configs/tiny.cfg
+  [ "$group" = moe ] && cfg=configs/llama-tiny.cfg
   [ -f "$TMP/grid_$i" ] || return 0
   read -r world pp dp tp part <"$TMP/grid_$i"
   mpirun --oversubscribe -np "$world" -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 \
-    "$TESSERA" train configs/tiny.cfg "$@" "${COMMON[@]}" --set "parallel.partition=$part" \
+    "$TESSERA" train "$cfg" "$@" "${COMMON[@]}" --set "parallel.partition=$part" \
     --set log.metrics="$TMP/m_$i.jsonl" >"$TMP/train.log" 2>&1 || {
     fail "$name: training failed"; tail -5 "$TMP/train.log" >&2; rm -f "$TMP/m_$i.jsonl"; }
 }

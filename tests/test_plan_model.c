@@ -750,6 +750,195 @@ static void test_context_parallel(void)
     ts_plan_ctx_free(x);
 }
 
+
+/* 9. Mixture of Experts (plan/moe_cost.h). The expert phase's FLOPs and bytes by hand on a
+ * small config with an ideal device (efficiency 1): the router (N, E, C), the rank's E/ep
+ * experts over R k etp ep / E rows each on their F/etp slice (x imbalance), the shared
+ * experts; the exchange's bytes R k C (ep-1)/ep and its time on NVLink inside a node and
+ * on the network across; the etp gather; the shared experts hiding the exchange. Then
+ * the layer tables (an MoE block's backward all in I; the model FLOPs of the active
+ * parameters) and a search whose every grid the trainer's rules accept. */
+static const char *const k_moe_sets[] = {
+    "model.moe_experts=8", "model.moe_top_k=2", "model.moe_ffn_hidden=64",
+    "model.moe_shared_experts=1", "model.moe_first_dense=1"};
+#define N_MOE_SETS 5
+
+static void test_moe_formulas(void)
+{
+    ts_config cfg;
+    load_config("configs/llama-tiny.cfg", k_moe_sets, N_MOE_SETS, &cfg);
+    const ts_model_config *mc = &cfg.model;
+    ts_cluster cl;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &cl);
+    cl.n_eff = 1;
+    cl.eff_n[0] = 1.0;
+    cl.eff[0] = 1.0;
+    const double peak = ts_cluster_peak(&cl), C = mc->n_embd, E = 8, K = 2, F = 64, ab = 2.0;
+    /* ts_plan_ep_in_node: ep 8 at stride etp 1 on 8-GPU nodes is all on one; at stride 2
+     * half; ep 16 half; ep 4 at stride 4 two of four. */
+    CHECK(ts_plan_ep_in_node(8, 1, 8) == 8 && ts_plan_ep_in_node(8, 2, 8) == 4 &&
+          ts_plan_ep_in_node(16, 1, 8) == 8 && ts_plan_ep_in_node(4, 4, 8) == 2 &&
+          ts_plan_ep_in_node(2, 8, 8) == 1 && ts_plan_ep_in_node(1, 1, 8) == 1);
+    static const struct {
+        int ep, etp, tp, in_node;
+        bool sp;
+        double imbalance;
+    } k_cases[] = {{1, 1, 1, 1, false, 1.0}, {2, 1, 1, 2, false, 1.0}, {4, 2, 1, 2, false, 1.5},
+                   {2, 1, 2, 2, false, 1.0}, {2, 2, 2, 1, true, 1.0}, {8, 1, 1, 8, false, 1.0},
+                   {1, 2, 1, 1, false, 2.0}}; /* ep 1: one rank does every row, imbalanced or not */
+    for (size_t c = 0; c < sizeof k_cases / sizeof *k_cases; c++) {
+        const int ep = k_cases[c].ep, etp = k_cases[c].etp, tp = k_cases[c].tp;
+        const bool sp = k_cases[c].sp;
+        const double N = 2 * 64.0, imb = ep > 1 ? k_cases[c].imbalance : 1.0;
+        const ts_plan_moe moe = {.ep = ep, .etp = etp, .ep_in_node = k_cases[c].in_node,
+                                 .etp_link = cl.intra, .imbalance = k_cases[c].imbalance,
+                                 .hide_shared = true};
+        ts_plan_moe_block b;
+        ts_plan_moe_block_cost(mc, &cl, &moe, N, tp, sp, cl.intra, ab, &b);
+        /* The rows: the router's and the shared experts' (N / tp under sp, else all N),
+         * the ones sent (a tp share under ep or etp without sp). */
+        const double Nr = sp ? N / tp : N, R = (ep > 1 || etp > 1) && tp > 1 && !sp ? N / tp : Nr;
+        const double rows = R * K * etp * ep / E;
+        CHECKF(ts_rel_err(b.rows_per_expert, rows, 1) < 1e-12, "case %zu: %g rows per expert, want %g",
+               c, b.rows_per_expert, rows);
+        CHECKF(ts_rel_err(b.router_f * peak, 2 * Nr * E * C, 1) < 1e-12 &&
+                   ts_rel_err(b.router_b, 2 * b.router_f, 1) < 1e-12,
+               "case %zu: router %g FLOP", c, b.router_f * peak);
+        const double xf = imb * (E / ep) * (2 * rows * (2 * F / etp) * C + 2 * rows * C * (F / etp));
+        CHECKF(ts_rel_err(b.experts_f * peak, xf, 1) < 1e-12 &&
+                   ts_rel_err(b.experts_b, 2 * b.experts_f, 1) < 1e-12,
+               "case %zu: experts %g FLOP, want %g", c, b.experts_f * peak, xf);
+        /* Without imbalance every rank's experts do the active FLOPs of its rows: 6 x the
+         * 3 C F parameters of an expert for each of the k experts of each of its R rows,
+         * forward and backward. */
+        if (imb == 1.0)
+            CHECKF(ts_rel_err((b.experts_f + b.experts_b) * peak, 18.0 * C * F * K * R,
+                              1) < 1e-12,
+                   "case %zu: routed experts' FLOPs are not the active ones", c);
+        CHECKF(ts_rel_err(b.shared_f * peak, 2 * Nr * 2 * F * C + 2 * Nr * C * F, 1) < 1e-12,
+               "case %zu: shared experts %g FLOP", c, b.shared_f * peak);
+        const double bytes = R * K * C * ab, out = ep > 1 ? bytes * (ep - 1) / ep : 0.0;
+        CHECKF(ts_rel_err(b.a2a_bytes, out, 1) < 1e-12, "case %zu: %g bytes leave, want %g", c,
+               b.a2a_bytes, out);
+        const int in = k_cases[c].in_node;
+        const double intra = bytes * (in - 1) / ep / cl.intra.bandwidth;
+        const double inter = bytes * (ep - in) / ep / cl.inter.bandwidth;
+        const double x = ep > 1 ? (in < ep ? cl.inter.latency : cl.intra.latency) +
+                                      (intra > inter ? intra : inter)
+                                : 0.0;
+        CHECKF(ts_rel_err(b.a2a_f, 2 * x, 1) < 1e-12 && b.a2a_b == b.a2a_f,
+               "case %zu: exchanges %g s, want 2 x %g", c, b.a2a_f, x);
+        CHECKF(b.hidden_f == (b.a2a_f < b.shared_f ? b.a2a_f : b.shared_f),
+               "case %zu: the shared experts hide %g of %g", c, b.hidden_f, b.a2a_f);
+        const double ag = ts_plan_allgather_time(etp * R * K * C * ab, etp, cl.intra);
+        CHECKF(b.etp_f == 2 * ag && b.etp_b == 2 * ag, "case %zu: etp %g, want %g", c, b.etp_f,
+               2 * ag);
+    }
+    /* a2a_efficiency halves the bandwidth: the byte term doubles. */
+    ts_cluster half = cl;
+    half.a2a_efficiency = 0.5;
+    const double t1 = ts_plan_a2a_time(&cl, 1e8, 8, 8), t2 = ts_plan_a2a_time(&half, 1e8, 8, 8);
+    CHECKF(ts_rel_err(t2 - cl.intra.latency, 2 * (t1 - cl.intra.latency), 1) < 1e-12,
+           "a2a_efficiency 0.5: %g s, 1: %g s", t2, t1);
+
+    /* The layer tables: block 0 dense, blocks 1.. MoE with all of their MoE's backward in
+     * I (W holds the attention's weight gradients alone), the exchange's exposed part in
+     * f_a2a, the experts' floats E/ep of the whole. */
+    ts_plan_layers L1, L2;
+    const ts_plan_moe m2 = {.ep = 2, .etp = 1, .ep_in_node = 2, .etp_link = cl.intra,
+                            .imbalance = 1.0, .hide_shared = false};
+    const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
+    ts_plan_layers_build(&L1, mc, &cl, k, 1, false, 1, 2, cl.intra, 1, cl.intra);
+    ts_plan_layers_build_moe(&L2, mc, &cl, k, 1, false, 1, 2, cl.intra, 1, cl.intra, &m2);
+    CHECK(L1.expert_floats[1] == 0 && L1.expert_floats[2] > 0);
+    CHECKF(ts_rel_err(L2.expert_floats[2], L1.expert_floats[2] / 2, 1) < 1e-12,
+           "ep 2 lays out %g expert floats, ep 1 %g", L2.expert_floats[2], L1.expert_floats[2]);
+    CHECK(L1.f[1] == L2.f[1] && L1.moe[1].experts_f == 0 && L2.f_a2a[1] == 0);
+    CHECKF(L2.f_a2a[2] == L2.moe[2].a2a_f && L2.f_a2a[2] > 0 && L2.i_a2a[2] == L2.moe[2].a2a_b,
+           "ep 2: exposed exchanges %g of %g", L2.f_a2a[2], L2.moe[2].a2a_f);
+    /* W is the attention's GEMMs alone: f_gemm less the MoE's GEMMs. */
+    const ts_plan_moe_block *b = &L2.moe[2];
+    CHECKF(ts_rel_err(L2.w[2], L2.f_gemm[2] - b->router_f - b->experts_f - b->shared_f -
+                                   (L1.f_gemm[1] - L1.w[1]),
+                      1) < 1e-9,
+           "MoE block W %g: not the attention's dW", L2.w[2]);
+    ts_plan_layers_free(&L1);
+    ts_plan_layers_free(&L2);
+    /* MFU's FLOPs: 6 x the active parameters (router, top_k routed, shared) per token. */
+    const double tokens = (double)cfg.train.global_batch * mc->seq_len;
+    const double attn = 12.0 * mc->n_layer * mc->seq_len * C * tokens;
+    CHECKF(ts_rel_err(ts_plan_model_flops(mc, cfg.train.global_batch) - attn,
+                      6.0 * ts_plan_flops_params(mc) * tokens, 1) < 1e-12 &&
+               ts_plan_flops_params(mc) < (double)ts_model_logical_params(mc),
+           "MoE model FLOPs: %g", ts_plan_model_flops(mc, cfg.train.global_batch));
+}
+
+/* The search's expert grids (ep, etp) pass the trainer's own rules (config_moe.c), and
+ * where the links are all but free (the exchanges cost nothing, a rank with fewer experts
+ * steps its optimizer sooner) the best uses ep > 1. */
+static void test_moe_search(int gpus)
+{
+    ts_config cfg;
+    const char *sets[N_MOE_SETS + 1];
+    for (int k = 0; k < N_MOE_SETS; k++) sets[k] = k_moe_sets[k];
+    sets[N_MOE_SETS] = "train.global_batch=16";
+    load_config("configs/llama-tiny.cfg", sets, N_MOE_SETS + 1, &cfg);
+    ts_cluster cl;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &cl);
+    cl.intra.latency = cl.inter.latency = 1e-12;
+    cl.intra.bandwidth = cl.inter.bandwidth = 1e18;
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_search_opts o = {.gpus = gpus, .top = 40};
+    ts_search_result sr;
+    CHECK(ts_plan_search(x, &o, &sr) == TS_OK);
+    int with_ep = 0, with_etp = 0;
+    for (int t = 0; t < sr.n_top; t++) {
+        const ts_plan_grid *g = &sr.top[t].g;
+        char set[12][96];
+        const char *gs[12 + N_MOE_SETS + 1];
+        int n = 0;
+        for (int k = 0; k < N_MOE_SETS + 1; k++) gs[n++] = sets[k];
+        snprintf(set[0], 96, "parallel.pp=%d", g->pp);
+        snprintf(set[1], 96, "parallel.dp=%d", g->dp);
+        snprintf(set[2], 96, "parallel.tp=%d", g->tp);
+        snprintf(set[3], 96, "parallel.cp=%d", ts_plan_grid_cp(g));
+        snprintf(set[4], 96, "parallel.ep=%d", ts_plan_grid_ep(g));
+        snprintf(set[5], 96, "parallel.etp=%d", ts_plan_grid_etp(g));
+        snprintf(set[6], 96, "parallel.micro_batch=%d", g->micro_batch);
+        snprintf(set[7], 96, "parallel.schedule=%s", ts_schedule_names[g->schedule]);
+        snprintf(set[8], 96, "parallel.virtual_stages=%d", g->v);
+        snprintf(set[9], 96, "parallel.zero=%d", g->zero);
+        snprintf(set[10], 96, "parallel.sequence_parallel=%s", g->sp ? "true" : "false");
+        snprintf(set[11], 96, "parallel.recompute=%s", ts_recompute_names[g->recompute]);
+        for (int k = 0; k < 12; k++) gs[n++] = set[k];
+        ts_config c2;
+        char p[1200];
+        const ts_status st = ts_config_load_plan(&c2, path("configs/llama-tiny.cfg", p, sizeof p), gs, n);
+        CHECKF(st == TS_OK, "search grid %d (pp %d dp %d cp %d tp %d ep %d etp %d) refused: %s", t,
+               g->pp, g->dp, ts_plan_grid_cp(g), g->tp, g->ep, g->etp, ts_error_message());
+        with_ep += ts_plan_grid_ep(g) > 1;
+        with_etp += ts_plan_grid_etp(g) > 1;
+    }
+    printf("MoE search on %d devices: %d of the top %d grids with ep > 1, %d with etp > 1; best "
+           "ep %d etp %d\n",
+           gpus, with_ep, sr.n_top, with_etp, sr.n_top ? ts_plan_grid_ep(&sr.top[0].g) : 0,
+           sr.n_top ? ts_plan_grid_etp(&sr.top[0].g) : 0);
+    CHECK(with_ep > 0 && sr.n_top > 0 && ts_plan_grid_ep(&sr.top[0].g) > 1);
+    /* The bounded phase (expert grids deferred by their work floor) is exact: the same top
+     * list as simulating every grid that fits. */
+    ts_search_opts ox = o;
+    ox.exhaustive = true;
+    ts_search_result ex;
+    CHECK(ts_plan_search(x, &ox, &ex) == TS_OK);
+    CHECKF(ex.n_top == sr.n_top, "MoE search: %d grids pruned, %d exhaustive", sr.n_top, ex.n_top);
+    for (int t = 0; t < sr.n_top && t < ex.n_top; t++)
+        CHECKF(same_grid(&sr.top[t].g, &ex.top[t].g) && sr.top[t].step_ms == ex.top[t].step_ms,
+               "MoE search #%d: pruned and exhaustive differ", t);
+    ts_search_result_free(&ex);
+    ts_search_result_free(&sr);
+    ts_plan_ctx_free(x);
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -787,6 +976,23 @@ int main(void)
     CHECK(g_auto_partial >= 5);
     CHECK(g_auto_selective >= 5);
     test_llama3();
+    /* The memory of expert grids (ep, etp) against the trainer's estimate: the MoE layout,
+     * edp's shards (the grids ep * etp does not fold over are refused by the config and
+     * skipped). */
+    const int before = g_mem_grids;
+    const char *moe_ep[N_MOE_SETS + 1], *moe_etp[N_MOE_SETS + 2];
+    for (int k = 0; k < N_MOE_SETS; k++) moe_ep[k] = moe_etp[k] = k_moe_sets[k];
+    moe_ep[N_MOE_SETS] = "parallel.ep=2";
+    moe_etp[N_MOE_SETS] = "parallel.ep=2";
+    moe_etp[N_MOE_SETS + 1] = "parallel.etp=2";
+    compare_memory("configs/llama-tiny.cfg", moe_ep, N_MOE_SETS + 1, &cpu);
+    if (full) compare_memory("configs/llama-tiny.cfg", moe_etp, N_MOE_SETS + 2, &cpu);
+    moe_etp[N_MOE_SETS] = "parallel.etp=2"; /* etp alone (ep 1) */
+    if (full) compare_memory("configs/llama-tiny.cfg", moe_etp, N_MOE_SETS + 1, &cpu);
+    printf("memory compared on %d expert grids\n", g_mem_grids - before);
+    CHECK(g_mem_grids - before > 50);
+    test_moe_formulas();
+    test_moe_search(4);
     printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",
            g_mem_grids, g_sp_grids);
     CHECK(g_mem_grids > 100);

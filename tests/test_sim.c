@@ -1,6 +1,6 @@
 /* Simulator: textbook bubbles of the schedules with uniform costs and free
  * communication, communication costs, activation memory, the data-parallel reduction,
- * deadlock detection, traces. */
+ * deadlock detection, traces, the communication an overlapped pair hides. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +363,64 @@ static void test_errors(void)
     ts_sim_result_free(&r);
 }
 
+
+/* Overlapped pairs (sim.h f_comm, i_comm): without overlap flags the communication
+ * changes nothing, to the bit; under dualpipe-v the pairs hide some of it (never more
+ * than there is), each pair's second action shortened by at most min(comm_a, compute_b) +
+ * min(comm_b, compute_a), and every rank's busy time is its actions' costs less what was
+ * hidden. */
+static void test_overlapped_pairs(void)
+{
+    const char *names[] = {"1f1b", "dualpipe-v"};
+    const int vs[] = {1, 2};
+    for (int n = 0; n < 2; n++) {
+        ts_schedule s;
+        CHECK(ts_schedule_build(&s, names[n], 2, vs[n], 8) == TS_OK);
+        costs k;
+        uniform(&k, s.n_chunks, 1.0, 2.0);
+        ts_sim_result plain, paired;
+        CHECK(ts_sim_run(&s, &k.c, &plain) == TS_OK);
+        double comm[MAXC];
+        for (int c = 0; c < s.n_chunks; c++) comm[c] = 0.4;
+        k.c.f_comm = comm;
+        k.c.i_comm = comm;
+        CHECK(ts_sim_run(&s, &k.c, &paired) == TS_OK);
+        int pairs = 0;
+        for (int q = 0; q < s.pp; q++)
+            for (int a = 0; a + 1 < s.n_actions[q]; a++) pairs += s.actions[q][a].overlap;
+        double hidden = 0.0, total = 0.0;
+        for (int q = 0; q < s.pp; q++) {
+            hidden += paired.comm_hidden[q];
+            total += paired.comm[q];
+            /* busy = the actions' costs less what their partners hid (no optimizer here) */
+            double cost = 0.0;
+            for (int a = 0; a < s.n_actions[q]; a++) {
+                const ts_action *x = &s.actions[q][a];
+                cost += x->kind == TS_ACT_F ? k.f[x->chunk]
+                        : x->kind == TS_ACT_B ? k.i[x->chunk] + k.w[x->chunk]
+                        : x->kind == TS_ACT_I ? k.i[x->chunk] : k.w[x->chunk];
+            }
+            CHECKF(ts_rel_err(paired.busy[q], cost - paired.comm_hidden[q], 1) < 1e-12,
+                   "%s rank %d: busy %g, costs %g less hidden %g", names[n], q, paired.busy[q],
+                   cost, paired.comm_hidden[q]);
+            /* each pair hides at most min(0.4, 1 - 0.4) + min(0.4, 2 - 0.4) = 0.8 */
+        }
+        if (pairs == 0) {
+            CHECKF(hidden == 0.0 && paired.step_time == plain.step_time,
+                   "%s: no pairs, yet %g hidden (step %g against %g)", names[n], hidden,
+                   paired.step_time, plain.step_time);
+        } else {
+            CHECKF(hidden > 0.0 && hidden <= total && hidden <= 0.8 * pairs + 1e-12 &&
+                       paired.step_time < plain.step_time,
+                   "%s: %d pairs hid %g of %g (step %g against %g)", names[n], pairs, hidden,
+                   total, paired.step_time, plain.step_time);
+        }
+        ts_sim_result_free(&plain);
+        ts_sim_result_free(&paired);
+        ts_schedule_free(&s);
+    }
+}
+
 int main(void)
 {
     test_textbook_plain();
@@ -374,5 +432,6 @@ int main(void)
     test_dp_reduction_hidden_and_exposed();
     test_dp_reduction_in_pieces();
     test_errors();
+    test_overlapped_pairs();
     return ts_test_report();
 }

@@ -55,8 +55,15 @@ const char ts_plan_cluster_help[] =
     "  --exhaustive       simulate every grid that fits (default: simulate in order of a\n"
     "                     lower bound and stop once no other grid can enter the top K; the\n"
     "                     top K are the same, only slower to find)\n"
+    "  --moe-imbalance X  an MoE model's load imbalance, 1 to 1000 (default 1, balanced): the\n"
+    "                     slowest ep rank's routed rows over the balanced share; with ep > 1\n"
+    "                     its expert GEMMs and SwiGLU scale by X\n"
+    "  --moe-no-shared-overlap\n"
+    "                     the shared experts hide none of the all-to-all (default: their\n"
+    "                     compute hides it up to its own time)\n"
     "  --json             one JSON object on stdout. Prediction: {\"cluster\", \"world\",\n"
-    "                     \"pp\", \"dp\", \"tp\", \"cp\", \"v\", \"schedule\", \"micro_batch\",\n"
+    "                     \"pp\", \"dp\", \"tp\", \"cp\", \"ep\", \"etp\", \"v\", \"schedule\",\n"
+    "                     \"micro_batch\",\n"
     "                     \"microbatches\", \"recompute\", \"zero\", \"sequence_parallel\",\n"
     "                     \"partition\", \"step_ms\",\n"
     "                     \"bubble\", \"tokens_per_s\", \"mfu\", \"fits\", \"memory_bytes\",\n"
@@ -109,7 +116,21 @@ const char ts_plan_cluster_help[] =
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
     "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is;\n"
     "parameters: an MoE's active ones, without the embeddings that are only looked up\n"
-    "(an untied input embedding, gpt2's position table).\n";
+    "(an untied input embedding, gpt2's position table).\n"
+    "\n"
+    "Mixture of Experts (model.moe_experts > 0; docs/CONTRACT.md \"Experts\"): each MoE block\n"
+    "prices its router, its E/ep local experts (each an F/etp slice) over their balanced\n"
+    "rows at each expert's own GEMM shape (x the file's moe.grouped_gemm_efficiency, x\n"
+    "--moe-imbalance), the shared experts, and the all-to-all: dispatch and combine of\n"
+    "rows * top_k * n_embd values each way, (ep-1)/ep of them leaving the rank, over\n"
+    "NVLink to the ep group's members on the node and the network to the rest (x\n"
+    "moe.a2a_efficiency); the shared experts' compute hides what it can, and an\n"
+    "overlapped F/B pair (dualpipe-v) hides more under its partner's compute. etp gathers\n"
+    "rows and reduce-scatters outputs. The experts reduce and shard over edp = tp * cp *\n"
+    "dp / (ep * etp). The report adds the expert grid and the all-to-all's share of the\n"
+    "step, hidden and exposed (--json: \"moe\": {...}); --search also tries every ep and\n"
+    "etp the trainer accepts (ep dividing moe_experts, etp dividing moe_ffn_hidden, ep *\n"
+    "etp dividing tp * cp * dp).\n";
 
 bool ts_plan_has_cluster(int argc, char **argv)
 {
@@ -123,12 +144,17 @@ typedef struct {
     const char *sets[256];
     int n_sets;
     bool json, search, exhaustive;
+    bool no_shared_overlap;  /* --moe-no-shared-overlap */
+    double imbalance;        /* --moe-imbalance (1: balanced) */
     long gpus, top;
     bool gpus_set, top_set;
 } cluster_args;
 
 static const ts_plan_number_opt k_gpus = {"--gpus", 1, 100000000, "devices", true};
 static const ts_plan_number_opt k_top = {"--top", 1, 1000, "grids", true};
+static const ts_plan_number_opt k_imbalance = {"--moe-imbalance", 1, 1000,
+                                               "(x the balanced share of routed rows)",
+                                               false};
 
 /* A whole-number option into a long (the ranges above are exact in a double). */
 static int parse_whole(const char *v, const ts_plan_number_opt *o, long *out)
@@ -151,6 +177,10 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
         a->search = true;
     } else if (!strcmp(argv[*i], "--exhaustive")) {
         a->exhaustive = true;
+    } else if (!strcmp(argv[*i], "--moe-no-shared-overlap")) {
+        a->no_shared_overlap = true;
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--moe-imbalance", missing))) {
+        *rc = ts_plan_parse_number(v, &k_imbalance, &a->imbalance);
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--cluster", missing))) {
         a->cluster = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--gpus", missing))) {
@@ -162,7 +192,8 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
     } else if (!*missing && !strncmp(argv[*i], "--", 2) && strcmp(argv[*i], "--set") &&
                strncmp(argv[*i], "--set=", 6)) {
         *rc = ts_plan_usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
-                            "--search, --top, --exhaustive)",
+                            "--search, --top, --exhaustive, --moe-imbalance, "
+                            "--moe-no-shared-overlap)",
                             argv[*i]);
     } else {
         return false; /* CONFIG or --set */
@@ -174,6 +205,7 @@ static int parse(int argc, char **argv, cluster_args *a)
 {
     memset(a, 0, sizeof *a);
     a->top = 10;
+    a->imbalance = 1.0;
     if (ts_plan_parse_argv(argc, argv, cluster_opt, a, &a->config, a->sets, 256, &a->n_sets) !=
         0)
         return -1;
@@ -255,6 +287,8 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
     json_object_set_new(o, "dp", json_integer(g->dp));
     json_object_set_new(o, "tp", json_integer(g->tp));
     json_object_set_new(o, "cp", json_integer(ts_plan_grid_cp(g)));
+    json_object_set_new(o, "ep", json_integer(ts_plan_grid_ep(g)));
+    json_object_set_new(o, "etp", json_integer(ts_plan_grid_etp(g)));
     json_object_set_new(o, "v", json_integer(g->v));
     json_object_set_new(o, "schedule", json_string(ts_plan_schedule_name(x, g->schedule)));
     json_object_set_new(o, "micro_batch", json_integer(g->micro_batch));
@@ -287,6 +321,26 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                                   t->dp_exposed, "dp_reduction", t->dp_reduction, "pp_message",
                                   t->pp_comm, "dp_gather", t->dp_gather, "gather_exposed",
                                   t->gather_exposed));
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0) {
+        const double share = r->step_ms > 0 ? 1.0 / r->step_ms : 0.0;
+        json_t *moe = json_object();
+        json_object_set_new(moe, "edp", json_integer(ts_plan_grid_edp(g)));
+        json_object_set_new(moe, "rows_per_expert", json_real(t->rows_per_expert));
+        json_object_set_new(moe, "a2a_bytes", json_real(t->a2a_bytes));
+        json_object_set_new(moe, "router_ms", json_real(t->router));
+        json_object_set_new(moe, "experts_ms", json_real(t->experts));
+        json_object_set_new(moe, "shared_ms", json_real(t->shared));
+        json_object_set_new(moe, "a2a_ms", json_real(t->a2a));
+        json_object_set_new(moe, "a2a_hidden_ms", json_real(t->a2a_hidden));
+        json_object_set_new(moe, "a2a_exposed_ms", json_real(t->a2a_exposed));
+        json_object_set_new(moe, "etp_ms", json_real(t->etp_comm));
+        json_object_set_new(moe, "a2a_share", json_real(t->a2a * share));
+        json_object_set_new(moe, "a2a_hidden_share", json_real(t->a2a_hidden * share));
+        json_object_set_new(moe, "a2a_exposed_share", json_real(t->a2a_exposed * share));
+        json_object_set_new(moe, "a2a_hidden_fraction",
+                            json_real(t->a2a > 0 ? t->a2a_hidden / t->a2a : 0.0));
+        json_object_set_new(o, "moe", moe);
+    }
     json_object_set_new(json_object_get(o, "memory"), "chunk_buffers",
                         json_integer((json_int_t)llround(mm->chunk_buffers)));
     if (ts_plan_grad_ranks(g) > 1) {
@@ -343,6 +397,37 @@ static void print_recompute(ts_plan_ctx *x, const ts_plan_grid *g)
     free(keep);
     free(sel);
     free(nr);
+}
+
+/* An MoE model's expert grid and terms (moe_cost.h): the all-to-all's share of the step,
+ * hidden and exposed. */
+static void print_moe(ts_plan_ctx *x, const ts_plan_result *r)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const ts_cluster *cl = ts_plan_ctx_cluster(x);
+    const ts_model_config *mc = &cfg->model;
+    if (mc->moe_experts <= 0) return;
+    const ts_plan_grid *g = &r->g;
+    const ts_plan_terms *t = &r->terms;
+    const int ep = ts_plan_grid_ep(g), etp = ts_plan_grid_etp(g);
+    const int in = ts_plan_ep_node_members(cl, g);
+    printf("experts: ep %d x etp %d x edp %d; %d of %d experts per rank (top %d, %d shared), "
+           "each %d of %d columns; %.1f rows per expert per micro-batch (balanced); "
+           "all-to-all %s (%d of the ep group on a node), %.3f MB per exchange leaving a "
+           "rank; etp %s\n",
+           ep, etp, ts_plan_grid_edp(g), mc->moe_experts / ep, mc->moe_experts,
+           mc->moe_top_k, mc->moe_shared_experts, mc->moe_ffn_hidden / etp, mc->moe_ffn_hidden,
+           t->rows_per_expert, ep == 1 ? "none" : in == ep ? "intra-node" : "inter-node", in,
+           t->a2a_bytes / 1e6, etp == 1 ? "none" : link_name(cl, ts_plan_etp_link(cl, g)));
+    if (strcmp(cfg->train.device, "cuda") == 0)
+        printf("note: a GPU run planned: tessera train runs the Mixture of Experts on the CPU "
+               "only so far (train.device = \"cuda\" with model.moe_experts is refused there)\n");
+    const double pct = r->step_ms > 0 ? 100.0 / r->step_ms : 0.0;
+    printf("moe (busiest rank, ms per step): router %.3f, routed experts %.3f, shared "
+           "experts %.3f (GEMMs, in compute); etp gathers %.3f; all-to-all %.3f = %.1f%% "
+           "of the step: hidden %.3f (%.1f%%), exposed %.3f (%.1f%%)\n",
+           t->router, t->experts, t->shared, t->etp_comm, t->a2a, t->a2a * pct, t->a2a_hidden,
+           t->a2a_hidden * pct, t->a2a_exposed, t->a2a_exposed * pct);
 }
 
 static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_plan_result *r)
@@ -422,6 +507,7 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
         printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
                t->dp_gather, t->gather_exposed);
     print_zero(x, g);
+    print_moe(x, r);
     printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,
            100.0 * r->mfu);
 }
@@ -429,9 +515,13 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
 static void print_row(ts_plan_ctx *x, int k, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
-    printf("%4d  %4d %5d %3d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("%4d  %6d %6d", k, ts_plan_grid_ep(g), ts_plan_grid_etp(g));
+    else
+        printf("%4d", k);
+    printf("  %4d %5d %3d %3d  %-16s %3d %4d %-4s %4d %3s  %9.2f  %11.3f  %11.4g  %5.1f%%  "
            "%6.4f\n",
-           k, g->pp, g->dp, g->tp, ts_plan_grid_cp(g), ts_plan_schedule_name(x, g->schedule),
+           g->pp, g->dp, g->tp, ts_plan_grid_cp(g), ts_plan_schedule_name(x, g->schedule),
            g->v, g->micro_batch,
            ts_recompute_names[g->recompute], g->zero, g->sp ? "on" : "off", r->mem.total / 1e9,
            r->step_ms, r->tokens_per_s, 100.0 * r->mfu, r->bubble);
@@ -448,6 +538,9 @@ static void print_best_config(ts_plan_ctx *x, const ts_plan_grid *g)
     printf("  parallel.micro_batch = %d\n  parallel.recompute = \"%s\"\n  parallel.zero = %d\n",
            g->micro_batch, ts_recompute_names[g->recompute], g->zero);
     printf("  parallel.sequence_parallel = %s\n", g->sp ? "true" : "false");
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("  parallel.ep = %d\n  parallel.etp = %d\n", ts_plan_grid_ep(g),
+               ts_plan_grid_etp(g));
 }
 
 static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_result *s,
@@ -457,11 +550,16 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
     printf("tessera plan: %s on %ld devices of %s (%s)\n", a->config, a->gpus, cl->name,
            a->cluster);
     printf("searched %d grids (pp x dp x cp x tp), %lld candidates with schedule, v, "
-           "micro_batch, recompute, zero, sequence parallelism: %lld fit in %.2f GB, %lld "
+           "micro_batch, recompute, zero, sequence parallelism%s: %lld fit in %.2f GB, %lld "
            "simulated, %.2f s\n",
-           s->n_grids, s->candidates, s->fit, cl->memory / 1e9, s->simulated, seconds);
-    printf("%4s  %4s %5s %3s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n",
-           "rank", "pp", "dp", "tp", "cp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB",
+           s->n_grids, s->candidates,
+           ts_plan_ctx_config(x)->model.moe_experts > 0 ? ", ep, etp" : "", s->fit, cl->memory / 1e9, s->simulated, seconds);
+    if (ts_plan_ctx_config(x)->model.moe_experts > 0)
+        printf("%4s  %6s %6s", "rank", "ep", "etp");
+    else
+        printf("%4s", "rank");
+    printf("  %4s %5s %3s %3s  %-16s %3s %4s %-4s %4s %3s  %9s  %11s  %11s  %6s  %6s\n",
+           "pp", "dp", "tp", "cp", "schedule", "v", "mb", "rc", "zero", "sp", "mem_GB",
            "step_ms", "tokens/s", "MFU", "bubble");
     for (int k = 0; k < s->n_top; k++) print_row(x, k + 1, &s->top[k]);
     if (s->n_top > 0) print_best_config(x, &s->top[0].g);
@@ -478,9 +576,11 @@ static void print_search(ts_plan_ctx *x, const cluster_args *a, const ts_search_
         printf("  slower by their bound, recompute auto (caps not fitted): %lld\n",
                s->unestimated);
     if (s->bound_cp)
-        printf("  context-parallel shapes (grid, micro_batch) slower by their work floor, not "
+        printf("  %s shapes (grid, micro_batch%s) slower by their work floor, not "
                "estimated: %lld\n",
-               s->bound_cp);
+               ts_plan_ctx_config(x)->model.moe_experts > 0 ? "context-parallel and expert-grid"
+                                                           : "context-parallel",
+               ts_plan_ctx_config(x)->model.moe_experts > 0 ? ", ep, etp" : "", s->bound_cp);
     if (!s->oom && s->fit == s->n_top && !s->bound_cp) printf("  none\n");
 }
 
@@ -529,7 +629,14 @@ int ts_cmd_plan_cluster(int argc, char **argv)
         ts_log_error("%s", ts_error_message());
         return 1;
     }
+    if (cfg.model.moe_experts <= 0 && (a.imbalance != 1.0 || a.no_shared_overlap)) {
+        ts_log_error("--moe-imbalance and --moe-no-shared-overlap describe a Mixture of Experts: "
+                     "%s is a dense model (model.moe_experts = 0)",
+                     a.config);
+        return 1;
+    }
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    ts_plan_ctx_set_moe(x, a.imbalance, !a.no_shared_overlap);
     int code = 0;
     if (!a.search) {
         ts_plan_grid g;

@@ -29,6 +29,34 @@ static double duration(const sim *S, const ts_action *a)
     return 0.0;
 }
 
+/* The communication an overlapped partner may hide in `a` (sim.h). */
+static double comm_of(const sim *S, const ts_action *a)
+{
+    const ts_sim_costs *c = S->c;
+    switch (a->kind) {
+    case TS_ACT_F: return c->f_comm ? c->f_comm[a->chunk] : 0.0;
+    case TS_ACT_B:
+    case TS_ACT_I: return c->i_comm ? c->i_comm[a->chunk] : 0.0;
+    case TS_ACT_W: return 0.0;
+    }
+    return 0.0;
+}
+
+static double min2(double a, double b) { return a < b ? a : b; }
+
+/* What the pair partner before `a` on its rank (previous action q_prev, its event ev)
+ * hides of the two actions' communication, given a's inputs ready at `ready` (sim.h). */
+static double pair_hidden(const sim *S, const ts_action *prev, const ts_sim_event *ev,
+                          const ts_action *a, double ready)
+{
+    const double ca = comm_of(S, prev), cb = comm_of(S, a);
+    if (ca <= 0 && cb <= 0) return 0.0;
+    const double h = min2(ca, duration(S, a) - cb) + min2(cb, duration(S, prev) - ca);
+    const double span = ev->end - ev->start;
+    if (h <= 0 || span <= 0 || ready >= ev->end) return 0.0;
+    return ready <= ev->start ? h : h * (ev->end - ready) / span;
+}
+
 /* When the output of `dep_chunk` (finished at `done`) is usable on `rank`. */
 static double arrival(const sim *S, int dep_chunk, int rank, double done)
 {
@@ -215,6 +243,8 @@ void ts_sim_result_free(ts_sim_result *r)
     free(r->dp_busy);
     free(r->dp_wait);
     free(r->dp_events);
+    free(r->comm);
+    free(r->comm_hidden);
     free(r->busy);
     free(r->bubble);
     free(r->peak_act_bytes);
@@ -251,6 +281,8 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
     r->peak_act_mb = ts_calloc((size_t)pp, sizeof(int));
     r->dp_busy = ts_calloc((size_t)pp, sizeof(double));
     r->dp_wait = ts_calloc((size_t)pp, sizeof(double));
+    r->comm = ts_calloc((size_t)pp, sizeof(double));
+    r->comm_hidden = ts_calloc((size_t)pp, sizeof(double));
     int total = 0;
     for (int q = 0; q < pp; q++) {
         first_event[q] = total;
@@ -274,7 +306,15 @@ ts_status ts_sim_run(const ts_schedule *s, const ts_sim_costs *c, ts_sim_result 
                 double ready = inputs_ready(&S, a, q);
                 if (ready < 0) break;
                 double start = ready > free_at[q] ? ready : free_at[q];
-                double end = start + duration(&S, a);
+                /* The second action of an overlapped pair: its partner hides some of
+                 * the two's communication. */
+                double hidden = 0.0;
+                if (pos[q] > 0 && s->actions[q][pos[q] - 1].overlap)
+                    hidden = pair_hidden(&S, &s->actions[q][pos[q] - 1],
+                                         &r->events[first_event[q] + pos[q] - 1], a, ready);
+                double end = start + duration(&S, a) - hidden;
+                r->comm[q] += comm_of(&S, a);
+                r->comm_hidden[q] += hidden;
                 size_t k = slot(&S, a->chunk, a->mb);
                 double bytes = c->act_bytes ? c->act_bytes[a->chunk] : 0.0;
                 switch (a->kind) {

@@ -16,6 +16,15 @@
  * chunk's layers one by one, and the trainer starts each bucket when its layers are). The rank's optimizer step (or, without one, the rank's end
  * of the step) waits for its last reduction; what it waits is the exposed part.
  *
+ * Overlapped pairs (ts_action.overlap: DualPipe-V's F/B pairs, which the engine runs as
+ * two threads taking turns): with f_comm / i_comm given, the part of an action's cost
+ * that is communication (an MoE block's all-to-all exchanges) travels while its partner
+ * computes. The pair's second action then ends earlier by
+ *     hidden = min(comm_a, compute_b) + min(comm_b, compute_a)
+ * (compute = cost - comm), times the share of the first action's span the second could
+ * run beside (all of it when its inputs were there when the first started, none when
+ * they arrived after it ended). comm and comm_hidden in the result sum them per rank.
+ *
  * Units are the caller's (seconds in the docs below, with latency in seconds and
  * bandwidth in bytes per second; any consistent time unit works). */
 #ifndef TS_SIM_H
@@ -45,6 +54,9 @@ typedef struct {
                                 one after another during its last B/W (the trainer's
                                 buckets start as their layers' gradients become final);
                                 NULL = one per chunk, ready at the end of that pass */
+    const double *f_comm;    /* [n_chunks] of f, the communication an overlapped partner
+                                hides (above); NULL = none */
+    const double *i_comm;    /* [n_chunks] of i (a full B's too); NULL = none */
 } ts_sim_costs;
 
 /* ts_sim_event.kind beyond ts_action_kind's F/B/I/W: the optimizer step (chunk = mb =
@@ -77,6 +89,11 @@ typedef struct {
                                  the makespan the same run would have without them */
     int n_dp_events;
     ts_sim_event *dp_events;  /* [n_dp_events] TS_SIM_DP, per rank in lane order */
+
+    /* Overlapped pairs (costs.f_comm, i_comm): per rank the communication its actions
+     * carry, and how much of it their partners hid. */
+    double *comm;             /* [pp] */
+    double *comm_hidden;      /* [pp] */
 } ts_sim_result;
 
 /* Simulate. Errors: an action on the wrong rank, a duplicate or missing action, a

@@ -13,7 +13,8 @@
  * silently replaced by nothing). */
 static const char *const k_cluster_keys[] = {"name",       "source",     "devices_per_node",
                                              "device",     "intra_node", "inter_node",
-                                             "overlap_comm", "host_collectives", NULL};
+                                             "overlap_comm", "host_collectives", "moe",
+                                             NULL};
 static const char *const k_device_keys[] = {"name", "memory_gb", "memory_bandwidth_gbs",
                                             "peak_tflops", "compute_dtype", "gemm_efficiency",
                                             "elementwise_ns", NULL};
@@ -21,6 +22,7 @@ static const char *const k_device_keys[] = {"name", "memory_gb", "memory_bandwid
 const char *const ts_elem_names[TS_N_ELEM] = {"gelu", "layernorm"};
 static const char *const k_peak_keys[] = {"fp32", "bf16", NULL};
 static const char *const k_link_keys[] = {"bandwidth_gbs", "latency_us", NULL};
+static const char *const k_moe_keys[] = {"a2a_efficiency", "grouped_gemm_efficiency", NULL};
 
 static ts_status unknown_keys(const char *path, const config_setting_t *g, const char *where,
                               const char *const *known)
@@ -223,6 +225,36 @@ static ts_status overlap(const char *path, const config_setting_t *cl, ts_cluste
     return TS_OK;
 }
 
+/* moe (optional): { a2a_efficiency = X; grouped_gemm_efficiency = Y; }, each in (0, 1],
+ * each 1 when left out (cluster.h). */
+static ts_status moe_figures(const char *path, const config_setting_t *cl, ts_cluster *c)
+{
+    c->a2a_efficiency = 1.0;
+    c->grouped_gemm_efficiency = 1.0;
+    config_setting_t *g = config_setting_get_member(cl, "moe");
+    if (!g) return TS_OK;
+    if (!config_setting_is_group(g))
+        return ts_fail("cluster file %s: cluster.moe must be a group { a2a_efficiency = X; "
+                       "grouped_gemm_efficiency = Y; }",
+                       path);
+    if (unknown_keys(path, g, "cluster.moe", k_moe_keys) != TS_OK) return TS_ERR;
+    const char *hints[2] = {
+        "the share of the links' bandwidth the experts' all-to-all reaches, in (0, 1]",
+        "the expert GEMMs' efficiency against the file's gemm_efficiency curve at each "
+        "expert's own shape, in (0, 1]"};
+    double *out[2] = {&c->a2a_efficiency, &c->grouped_gemm_efficiency};
+    for (int k = 0; k < 2; k++) {
+        if (!config_setting_get_member(g, k_moe_keys[k])) continue;
+        double v;
+        if (positive(path, g, "cluster.moe", k_moe_keys[k], hints[k], &v) != TS_OK) return TS_ERR;
+        if (v > 1.0)
+            return ts_fail("cluster file %s: cluster.moe.%s = %g is more than 1 (%s)", path,
+                           k_moe_keys[k], v, hints[k]);
+        *out[k] = v;
+    }
+    return TS_OK;
+}
+
 /* host_collectives (optional, default false). */
 static ts_status host_collectives(const char *path, const config_setting_t *cl, ts_cluster *c)
 {
@@ -308,6 +340,7 @@ static ts_status parse(const char *path, const config_t *lc, ts_cluster *c)
                        path);
     if (efficiency_table(path, dev, c) != TS_OK || elementwise(path, dev, c) != TS_OK ||
         overlap(path, cl, c) != TS_OK || host_collectives(path, cl, c) != TS_OK ||
+        moe_figures(path, cl, c) != TS_OK ||
         link_of(path, cl, "intra_node", "one device's link inside a node", &c->intra) != TS_OK ||
         link_of(path, cl, "inter_node", "one device's share of the network", &c->inter) != TS_OK)
         return TS_ERR;

@@ -18,7 +18,14 @@
  *   overlap_comm = false;   (cluster level; default true)
  *       communication does not overlap compute: the library progresses it on the cores
  *       that compute (MPI on a CPU). The dp reduction is then charged after each rank's
- *       last backward, fully exposed, and pipeline messages to the sending rank. */
+ *       last backward, fully exposed, and pipeline messages to the sending rank.
+ *   moe = { a2a_efficiency = X; grouped_gemm_efficiency = Y; };   (cluster level)
+ *       Mixture-of-Experts figures, each in (0, 1], 1 when left out (model_cost.h
+ *       "Experts"): the share of the links' bandwidth the experts' all-to-all reaches
+ *       (NCCL's all-to-all reaches less than a ring's bus bandwidth: many small
+ *       messages), and the expert GEMMs' efficiency against gemm_efficiency at each
+ *       expert's own shape (a grouped GEMM's one launch for every local expert, against
+ *       the curve's separate GEMMs). A dense model's prediction never reads them. */
 #ifndef TS_PLAN_CLUSTER_H
 #define TS_PLAN_CLUSTER_H
 
@@ -57,6 +64,8 @@ typedef struct {
     bool host_collectives;        /* host_collectives = true: the collectives run through
                                      MPI on host memory (CPU ranks), whose gradient
                                      reductions keep copies (memory.h host_reductions) */
+    double a2a_efficiency;        /* moe.a2a_efficiency (1 when not given) */
+    double grouped_gemm_efficiency; /* moe.grouped_gemm_efficiency (1 when not given) */
 } ts_cluster;
 
 /* Read and check `path`. Errors name the file and the key, e.g.

@@ -159,7 +159,22 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link, int cp, ts_link cp_link)
 {
+    ts_plan_layers_build_moe(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, NULL);
+}
+
+void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                              const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                              ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe)
+{
     memset(L, 0, sizeof *L);
+    /* The expert grid: none for a dense model (its layout and costs as they were). */
+    ts_plan_moe xg = {.ep = 1, .etp = 1, .ep_in_node = 1, .imbalance = 1.0,
+                      .hide_shared = true, .etp_link = tp_link};
+    if (moe && mc->moe_experts > 0) xg = *moe;
+    if (xg.ep < 1) xg.ep = 1;
+    if (xg.etp < 1) xg.etp = 1;
+    L->ep = xg.ep;
+    L->etp = xg.etp;
     const int n = mc->n_layer + 2;
     TS_ASSERT(cp >= 1 && (cp == 1 || mc->seq_len % (2 * cp) == 0));
     /* The positions of each sequence a cp rank holds: every layout and time below. */
@@ -173,23 +188,28 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     L->C = mc->n_embd;
     double **arrays[] = {&L->f, &L->i, &L->w, &L->f_tp, &L->i_tp, &L->w_split_tp, &L->f_gemm,
                          &L->b_gemm, &L->param_floats, &L->act_bytes, &L->stash_bytes,
-                         &L->att_bytes, &L->f_att, &L->f_cp, &L->i_cp};
+                         &L->att_bytes, &L->f_att, &L->f_cp, &L->i_cp, &L->f_a2a, &L->i_a2a,
+                         &L->expert_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+    L->moe = ts_calloc((size_t)n, sizeof *L->moe);
 
     /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated;
      * under sequence parallelism the norms', residuals' and boundaries' rows / tp; under
      * context parallelism (cp rank 0; every rank holds as much) T / cp rows with the
      * gathered K/V and the two chunks' attention state. */
     ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
-                          .sequence_parallel = sp};
+                          .sequence_parallel = sp, .ep_size = xg.ep, .etp_size = xg.etp};
     if (cp > 1) spec.cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len);
     ts_model m;
     ts_model_layout(&m, &spec);
     for (int l = 0; l < n; l++) {
         const ts_layer *ly = &m.layers[l];
-        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++)
-            L->param_floats[l] += (double)((m.params[p].numel + 15) / 16 * 16);
+        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++) {
+            const double fl = (double)((m.params[p].numel + 15) / 16 * 16);
+            L->param_floats[l] += fl;
+            if (m.params[p].expert) L->expert_floats[l] += fl;
+        }
         L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
         L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
     }
@@ -259,7 +279,41 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
                          own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
     const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) +
                          own_time(cl, TS_ELEM_GELU, 1, ab * 2.0 * act_rw, N * F);
+    /* An MoE block (moe_cost.h): the attention's part of the above, then the expert
+     * phase in the MLP's place. The MoE is not tensor parallel: one tp all-reduce each
+     * way (o_proj's and its input gradient's), under sequence parallelism o_proj's
+     * reduce-scatter and qkv's gather forward, the output gradient's gather, the input
+     * gradient's reduce-scatter and ln1's gather again backward (once more in a split W). */
+    const double lin_att = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs));
+    const double elem_att = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C + rope);
+    const double own_att_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C);
+    const double own_att_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C);
+    ts_plan_moe_block mb;
+    if (mc->moe_experts > 0)
+        ts_plan_moe_block_cost(mc, cl, &xg, N, tp, sp, tp_link, ab, &mb);
     for (int l = 1; l <= mc->n_layer; l++) {
+        if (mc->moe_experts > 0 && ts_model_block_is_moe(mc, l - 1)) {
+            L->moe[l] = mb;
+            const double g_f = mb.router_f + mb.experts_f + mb.shared_f;
+            const double g_b = mb.router_b + mb.experts_b + mb.shared_b;
+            L->f_gemm[l] = lin_att + att + g_f;
+            L->b_gemm[l] = 2.0 * lin_att + 2.0 * att + g_b;
+            L->f_tp[l] = overlap_exposed(cl, sp ? 2.0 * ag_act : ar_act, lin_att + att, S) + mb.tp_f;
+            L->i_tp[l] = overlap_exposed(cl, sp ? 3.0 * ag_act : ar_act, 2.0 * (lin_att + att), S) +
+                         mb.tp_b;
+            L->w_split_tp[l] = ag_act;
+            L->f_cp[l] = L->i_cp[l] = cp_x;
+            L->f_a2a[l] = mb.a2a_f - mb.hidden_f;
+            L->i_a2a[l] = mb.a2a_b - mb.hidden_b;
+            L->f[l] = lin_att + att + mem_time(cl, elem_att + ab * scores_f) + own_att_f +
+                      L->f_tp[l] + L->f_cp[l] + g_f + mb.elem_f + L->f_a2a[l] + mb.etp_f;
+            L->i[l] = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) +
+                      own_att_b + L->i_tp[l] + L->i_cp[l] + g_b + mb.elem_b + L->i_a2a[l] +
+                      mb.etp_b;
+            L->w[l] = lin_att;
+            L->f_att[l] = att + mem_time(cl, ab * scores_f);
+            continue;
+        }
         L->f_gemm[l] = lin + att;
         L->b_gemm[l] = 2.0 * lin + 2.0 * att;
         /* Sequence parallelism: forward 2 (reduce-scatter + all-gather), backward 2
@@ -312,8 +366,9 @@ void ts_plan_layers_free(ts_plan_layers *L)
 {
     double *arrays[] = {L->f, L->i, L->w, L->f_tp, L->i_tp, L->w_split_tp, L->f_gemm,
                         L->b_gemm, L->param_floats, L->act_bytes, L->stash_bytes, L->att_bytes,
-                        L->f_att, L->f_cp, L->i_cp};
+                        L->f_att, L->f_cp, L->i_cp, L->f_a2a, L->i_a2a, L->expert_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
+    free(L->moe);
     memset(L, 0, sizeof *L);
 }
 
@@ -339,7 +394,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
                                         double *sel_acts, double *floats_c)
 {
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
-    double floats = 0.0;
+    double floats = 0.0, xfloats = 0.0;
     int head_chunk = -1;
     for (int c = 0; c < sh->n_chunks; c++) {
         if (sh->chunk_rank[c] != q) continue;
@@ -348,6 +403,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
         for (int l = l0; l < l1; l++) {
             owned[l] = true;
             floats_c[c] += L->param_floats[l];
+            xfloats += L->expert_floats[l];
             acts[c] += L->act_bytes[l] - (sh->selective ? L->att_bytes[l] : 0.0);
             if (sel_acts) sel_acts[c] += L->act_bytes[l] - L->att_bytes[l];
             stash[c] += L->stash_bytes[l];
@@ -363,7 +419,10 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
     const bool one_end = (head_chunk >= 0) != owned[0];
     const double group_sum_copy = one_end ? 4.0 * L->wte_floats / 2.0 : 0.0;
     free(owned);
+    /* The routed experts shard over edp under an expert grid (memory.c's rule). */
+    const bool split = L->ep > 1 || L->etp > 1;
     return (ts_memory_holdings){.param_floats = floats,
+                                .expert_floats = split ? xfloats : 0.0,
                                 .group_sum_copy = group_sum_copy,
                                 .scratch_bytes = L->scratch_bytes +
                                                  (sh->selective ? L->rebuild_bytes : 0.0),

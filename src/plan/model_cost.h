@@ -92,6 +92,7 @@
 #include "pipeline/memory.h"
 #include "pipeline/schedule.h"
 #include "plan/cluster.h"
+#include "plan/moe_cost.h"
 
 /* Per-layer costs and sizes for one (tp, micro_batch). Times in seconds. */
 typedef struct {
@@ -121,6 +122,15 @@ typedef struct {
     double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages
                                  (its rows / cp, and / tp under sequence parallelism) */
+    /* Mixture of Experts (moe_cost.h; all zero for a dense block, the embedding, the
+     * head and a dense model): */
+    int ep, etp;              /* the expert grid the layout and the costs are for */
+    ts_plan_moe_block *moe;   /* [n_layers] an MoE block's expert phase (part of f, i) */
+    double *f_a2a, *i_a2a;    /* [n_layers] its exchanges' exposed part of f and i (after
+                                 the shared experts hid theirs): what an overlapped pair's
+                                 partner may hide too (sim.h f_comm, i_comm) */
+    double *expert_floats;    /* [n_layers] floats of the routed experts' tensors (part of
+                                 param_floats), which reduce and shard over edp */
 } ts_plan_layers;
 
 /* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */
@@ -158,6 +168,19 @@ const ts_kernels *ts_plan_kernels(const ts_config *cfg, const ts_cluster *cl);
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                           const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                           ts_link tp_link, int cp, ts_link cp_link);
+/* The same with an expert grid (moe NULL: ep = etp = 1, balanced, the shared experts
+ * hiding the exchanges): the rank's E/ep experts, each an F/etp slice, laid out as the
+ * trainer lays them (ts_model_spec.ep_size, etp_size), and each MoE block priced by
+ * ts_plan_moe_block_cost in the dense MLP's place: the attention's GEMMs, elementwise
+ * passes and tp collectives (one all-reduce forward and one backward; under sequence
+ * parallelism a gather and a reduce-scatter forward, three backward, one more in a
+ * split W: the MoE itself is not tensor parallel), then the expert phase's GEMMs,
+ * passes and exposed exchanges in f and i (all of its backward in i), the etp
+ * collectives in f and i, the tp share gathers in f_tp and i_tp. A dense block is
+ * priced as above, to the bit. */
+void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                              const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                              ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe);
 /* Context parallelism's collective per block and micro-batch (seconds, one direction):
  * a ring all-gather (forward) or reduce-scatter (backward) of the gathered keys and
  * values, micro_batch * seq_len * 2 * kv_local * head_dim values of act_bytes each,

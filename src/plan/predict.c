@@ -13,12 +13,12 @@
 #include "plan/zero.h"
 
 typedef struct {
-    int tp, cp, B, sp, sub;
+    int tp, cp, B, sp, sub, ep, etp;
     ts_plan_layers L;
 } layers_entry;
 
 typedef struct {
-    int tp, cp, B, sp, n_chunks;
+    int tp, cp, B, sp, n_chunks, ep, etp;
     int *sizes, *first;
 } part_entry;
 
@@ -46,6 +46,8 @@ struct ts_plan_ctx {
     ts_config cfg;
     ts_cluster cl;
     const ts_kernels *k; /* the run's layout (ts_plan_kernels) */
+    double imbalance;    /* an MoE's load imbalance (ts_plan_ctx_set_moe) */
+    bool hide_shared;
     layers_entry *layers;
     size_t n_layers, cap_layers;
     part_entry *parts;
@@ -62,7 +64,16 @@ ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl)
     x->cfg = *cfg;
     x->cl = *cl;
     x->k = ts_plan_kernels(cfg, cl);
+    x->imbalance = 1.0;
+    x->hide_shared = true;
     return x;
+}
+
+void ts_plan_ctx_set_moe(ts_plan_ctx *x, double imbalance, bool hide_shared)
+{
+    TS_ASSERT(x->n_layers == 0 && imbalance >= 1.0);
+    x->imbalance = imbalance;
+    x->hide_shared = hide_shared;
 }
 
 void ts_plan_ctx_free(ts_plan_ctx *x)
@@ -126,6 +137,16 @@ ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g)
                : cl->inter;
 }
 
+ts_link ts_plan_etp_link(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return inside_node(cl, ts_plan_grid_etp(g)) ? cl->intra : cl->inter;
+}
+
+int ts_plan_ep_node_members(const ts_cluster *cl, const ts_plan_grid *g)
+{
+    return ts_plan_ep_in_node(ts_plan_grid_ep(g), ts_plan_grid_etp(g), cl->devices_per_node);
+}
+
 /* ------------------------------------------------------------------ caches -- */
 
 /* The sub-batches a grid's blocks run in: tp_overlap where it applies to the grid (tp >
@@ -140,7 +161,8 @@ static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
     for (size_t k = 0; k < x->n_layers; k++) {
         const layers_entry *e = &x->layers[k];
         if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
-            e->sp == g->sp && e->sub == sub_of(g))
+            e->sp == g->sp && e->sub == sub_of(g) && e->ep == ts_plan_grid_ep(g) &&
+            e->etp == ts_plan_grid_etp(g))
             return &x->layers[k].L;
     }
     x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
@@ -150,9 +172,15 @@ static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
     e->B = g->micro_batch;
     e->sp = g->sp;
     e->sub = sub_of(g);
-    ts_plan_layers_build(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
-                         g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
-                         ts_plan_cp_link(&x->cl, g));
+    e->ep = ts_plan_grid_ep(g);
+    e->etp = ts_plan_grid_etp(g);
+    const ts_plan_moe moe = {.ep = e->ep, .etp = e->etp,
+                             .ep_in_node = ts_plan_ep_node_members(&x->cl, g),
+                             .etp_link = ts_plan_etp_link(&x->cl, g),
+                             .imbalance = x->imbalance, .hide_shared = x->hide_shared};
+    ts_plan_layers_build_moe(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
+                             g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
+                             ts_plan_cp_link(&x->cl, g), &moe);
     return &e->L;
 }
 
@@ -163,7 +191,8 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
         const part_entry *e = &x->parts[k];
         /* (sequence and context parallelism change the layer costs: their own cut) */
         if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
-            e->sp == g->sp && e->n_chunks == n)
+            e->sp == g->sp && e->n_chunks == n && e->ep == ts_plan_grid_ep(g) &&
+            e->etp == ts_plan_grid_etp(g))
             return e;
     }
     const ts_plan_layers *L = layers_for(x, g);
@@ -190,7 +219,7 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
     x->parts = ts_grow(x->parts, &x->cap_parts, x->n_parts, sizeof *x->parts);
     part_entry *e = &x->parts[x->n_parts++];
     *e = (part_entry){.tp = g->tp, .cp = ts_plan_grid_cp(g), .B = g->micro_batch, .sp = g->sp,
-                      .n_chunks = n,
+                      .n_chunks = n, .ep = ts_plan_grid_ep(g), .etp = ts_plan_grid_etp(g),
                       .sizes = sizes, .first = first};
     return e;
 }
@@ -295,7 +324,9 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
                         .micro_batch = p->micro_batch, .m = ts_config_num_microbatches(cfg),
                         .schedule = ts_schedule_kind_from_name(p->schedule),
                         .recompute = ts_recompute_from_name(p->recompute), .zero = p->zero,
-                        .sp = p->sequence_parallel, .sub = p->tp_overlap};
+                        .sp = p->sequence_parallel, .sub = p->tp_overlap,
+                        .ep = cfg->model.moe_experts > 0 ? p->ep : 1,
+                        .etp = cfg->model.moe_experts > 0 ? p->etp : 1};
 }
 
 /* -------------------------------------------------------------- the model -- */
@@ -305,11 +336,18 @@ void ts_plan_grid_of(const ts_config *cfg, ts_plan_grid *g)
  * once per estimate or prediction, shared by the bound and the simulation. */
 typedef struct {
     double *f, *i, *w, *tp, *cp, *rc, *dp_floats;
+    double *dp_xfloats; /* [n_chunks] of dp_floats, the routed experts' (reduced over edp);
+                           0 without an expert grid */
+    double *f_comm, *i_comm; /* [n_chunks] the exposed a2a in f and i (sim.h f_comm) */
+    double *moe;        /* [n_chunks * MOE_TERMS] per micro-batch: moe_term's */
     double *floats;     /* [n_chunks] as its rank lays them out (memory.h's F_c) */
     double *gather;     /* [n_chunks] ZeRO-3: one all-gather of the chunk's weights (ms) */
     double *opt, *dp_serial;
     const ts_residency *res; /* [pp] ZeRO-2/3, else NULL */
 } chunk_costs;
+
+/* An MoE chunk's terms per micro-batch (ms; chunk_costs.moe). */
+enum { MOE_ROUTER, MOE_EXPERTS, MOE_SHARED, MOE_A2A, MOE_HIDDEN, MOE_ETP, MOE_TERMS };
 
 /* One pipeline message (ms): latency + one micro-batch's activations / bandwidth. */
 static double hop_ms(const ts_plan_ctx *x, const ts_plan_layers *L, const ts_plan_grid *g)
@@ -333,6 +371,18 @@ static void dp_lane(const ts_plan_ctx *x, const ts_plan_grid *g, double *latency
     *bytes_per_ms = dl.bandwidth * r / (halves * k) * 1e-3;
 }
 
+/* The bytes chunk c's reduction puts on the dp lane: its gradients, the routed experts'
+ * scaled from a ring over edp to the lane's ring over r = dp * cp ((edp-1)/edp against
+ * (r-1)/r of them; none with edp = 1); the lane's link prices both. */
+static double lane_bytes(const ts_plan_grid *g, const chunk_costs *cc, int c)
+{
+    const double xf = cc->dp_xfloats[c];
+    if (xf <= 0) return cc->dp_floats[c] * 4.0;
+    const double r = ts_plan_grad_ranks(g), e = ts_plan_grid_edp(g);
+    const double scale = r > 1 ? ((e - 1.0) / e) / ((r - 1.0) / r) : 0.0;
+    return (cc->dp_floats[c] - xf) * 4.0 + xf * 4.0 * scale;
+}
+
 /* The reductions chunk c issues: the trainer's buckets (ts_plan_dp_buckets) when they
  * overlap the backward, else one. */
 static int dp_pieces(const ts_plan_ctx *x, const part_entry *p, const chunk_costs *cc, int c)
@@ -351,23 +401,32 @@ static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const pa
     dp_lane(x, g, &lat, &bw);
     for (int c = 0; c < p->n_chunks; c++) {
         if (chunk_rank[c] != q) continue;
-        t += dp_pieces(x, p, cc, c) * lat + cc->dp_floats[c] * 4.0 / bw;
+        t += dp_pieces(x, p, cc, c) * lat + lane_bytes(g, cc, c) / bw;
         if (g->zero == 3) t += cc->res[q].gathers[c] * cc->gather[c]; /* stalls compute too */
     }
     return t;
 }
 
 /* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1 and 2's all-gather
- * of the updated parameters (ZeRO-3 gathers each chunk when the next step needs it). */
-static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats)
+ * of the updated parameters (ZeRO-3 gathers each chunk when the next step needs it).
+ * xfloats of floats are routed experts', sharded and gathered over edp instead. */
+static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats,
+                           double xfloats)
 {
     const double r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
-    const double shard = g->zero >= 1 ? floats / r : floats;
+    const double e = ts_plan_grid_edp(g);
+    const double shard = g->zero < 1 ? floats
+                         : xfloats > 0 ? (floats - xfloats) / r + xfloats / e
+                                       : floats / r;
     double t = shard * (36.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth;
     if ((g->zero == 1 || g->zero == 2) && r > 1) {
         const ts_link l = ts_plan_dp_link(&x->cl, g);
         const double k = r - 1.0;
-        t += k / r * floats * 4.0 / l.bandwidth + k * l.latency;
+        if (xfloats > 0)
+            t += (k / r * (floats - xfloats) + (e - 1.0) / e * xfloats) * 4.0 / l.bandwidth +
+                 k * l.latency;
+        else
+            t += k / r * floats * 4.0 / l.bandwidth + k * l.latency;
     }
     return t * 1e3;
 }
@@ -384,9 +443,12 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
     const double send = x->cl.comm_on_compute ? hop_ms(x, L, g) : 0.0;
     const int n = p->n_chunks;
     double **arrays[] = {&cc->f, &cc->i, &cc->w, &cc->tp, &cc->cp, &cc->rc, &cc->dp_floats,
-                         &cc->floats, &cc->gather};
+                         &cc->floats, &cc->gather, &cc->dp_xfloats, &cc->f_comm, &cc->i_comm};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++)
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
+    cc->moe = ts_calloc((size_t)n * MOE_TERMS, sizeof(double));
+    /* The routed experts reduce over their own group when there is an expert grid. */
+    const bool expert_group = L->ep > 1 || L->etp > 1;
     cc->res = res;
     for (int q = 0; q < g->pp; q++)
         ts_plan_chunk_floats(L, chunk_rank, n, p->first, p->sizes, q, cc->floats);
@@ -403,8 +465,19 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
         const int l0 = p->first[c], l1 = l0 + p->sizes[c];
         /* Sequence parallelism's gathers a split W repeats (zero without it). */
         const bool split = L->sp && se->split[c];
-        double f = 0, i = 0, w = 0, tp = 0, cpx = 0, att = 0;
+        double f = 0, i = 0, w = 0, tp = 0, cpx = 0, att = 0, xf = 0, fa = 0, ia = 0;
+        double *mt = cc->moe + (size_t)c * MOE_TERMS;
         for (int l = l0; l < l1; l++) {
+            const ts_plan_moe_block *mb = &L->moe[l];
+            xf += L->expert_floats[l];
+            fa += L->f_a2a[l];
+            ia += L->i_a2a[l];
+            mt[MOE_ROUTER] += (mb->router_f + mb->router_b) * 1e3;
+            mt[MOE_EXPERTS] += (mb->experts_f + mb->experts_b) * 1e3;
+            mt[MOE_SHARED] += (mb->shared_f + mb->shared_b) * 1e3;
+            mt[MOE_A2A] += (mb->a2a_f + mb->a2a_b) * 1e3;
+            mt[MOE_HIDDEN] += (mb->hidden_f + mb->hidden_b) * 1e3;
+            mt[MOE_ETP] += (mb->etp_f + mb->etp_b) * 1e3;
             f += L->f[l];
             i += L->i[l];
             w += L->w[l] + (split ? L->w_split_tp[l] : 0.0);
@@ -426,14 +499,20 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
         cc->tp[c] = tp * 1e3;
         cc->cp[c] = cpx * 1e3;
         cc->dp_floats[c] = ts_plan_chunk_param_floats(L, l0, l1);
+        cc->dp_xfloats[c] = expert_group ? xf : 0.0;
+        cc->f_comm[c] = fa * 1e3;
+        cc->i_comm[c] = ia * 1e3;
     }
     cc->opt = ts_malloc(sizeof(double) * (size_t)g->pp);
     cc->dp_serial = ts_malloc(sizeof(double) * (size_t)g->pp);
     for (int q = 0; q < g->pp; q++) {
-        double floats = 0.0;
+        double floats = 0.0, xfloats = 0.0;
         for (int c = 0; c < n; c++)
-            if (chunk_rank[c] == q) floats += cc->dp_floats[c];
-        cc->opt[q] = optimizer_ms(x, g, floats);
+            if (chunk_rank[c] == q) {
+                floats += cc->dp_floats[c];
+                xfloats += cc->dp_xfloats[c];
+            }
+        cc->opt[q] = optimizer_ms(x, g, floats, xfloats);
         cc->dp_serial[q] = dp_serial_ms(x, g, p, cc, chunk_rank, q);
     }
 }
@@ -449,6 +528,10 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->dp_floats);
     free(cc->floats);
     free(cc->gather);
+    free(cc->dp_xfloats);
+    free(cc->f_comm);
+    free(cc->i_comm);
+    free(cc->moe);
     free(cc->opt);
     free(cc->dp_serial);
 }
@@ -469,7 +552,9 @@ static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
         .overlap_grad_sync = x->cfg.parallel.overlap_grad_sync,
         .selective = g->recompute == TS_RECOMPUTE_SELECTIVE,
         /* a boundary's rows: B*T / cp, and / tp under sequence parallelism */
-        .seq_split = (g->sp ? g->tp : 1) * ts_plan_grid_cp(g)};
+        .seq_split = (g->sp ? g->tp : 1) * ts_plan_grid_cp(g),
+        /* the experts' own group under an expert grid (memory.c's rule) */
+        .edp = ts_plan_grid_ep(g) > 1 || ts_plan_grid_etp(g) > 1 ? ts_plan_grid_edp(g) : 0};
 }
 
 /* What a grid recomputes and holds, every rank's chunks ([n_chunks]): a fixed mode's
@@ -629,21 +714,46 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
     const double hop = hop_ms(x, L, g), wire = x->cl.comm_on_compute ? 0.0 : hop;
     double head = 0.0, busiest = -1.0;
     for (int q = 0; q < g->pp; q++) {
-        double busy = 0.0, tp = 0.0, cpx = 0.0, rc = 0.0;
+        double busy = 0.0, tp = 0.0, cpx = 0.0, rc = 0.0, mt[MOE_TERMS] = {0};
         for (int c = 0; c < p->n_chunks; c++) {
             if (ts_chunk_rank(&se->s, c) != q) continue;
             busy += g->m * (cc->f[c] + cc->i[c] + cc->w[c]);
             tp += g->m * cc->tp[c];
             cpx += g->m * cc->cp[c];
             rc += g->m * cc->rc[c];
+            for (int k = 0; k < MOE_TERMS; k++) mt[k] += g->m * cc->moe[(size_t)c * MOE_TERMS + k];
         }
         const double opt = cc->opt[q], dp = cc->dp_serial[q];
-        if (head + busy + opt + dp > r->lower_ms) r->lower_ms = head + busy + opt + dp;
+        /* The bound leaves out the exchanges an overlapped pair may hide (sim.h): at most
+         * all of them (none in a dense model). */
+        double pairable = 0.0;
+        for (int c = 0; c < p->n_chunks; c++)
+            if (ts_chunk_rank(&se->s, c) == q) pairable += g->m * (cc->f_comm[c] + cc->i_comm[c]);
+        const double bound = head + busy - pairable + opt + dp;
+        if (bound > r->lower_ms) r->lower_ms = bound;
         if (busy + opt + dp > busiest) {
             busiest = busy + opt + dp;
+            const double a2a_exposed = mt[MOE_A2A] - mt[MOE_HIDDEN];
             r->terms = (ts_plan_terms){.compute = busy - tp - cpx - rc, .recompute = rc,
                                        .tp_comm = tp, .cp_comm = cpx, .optimizer = opt,
                                        .pp_comm = hop};
+            if (x->cfg.model.moe_experts > 0) {
+                /* The exposed exchanges and the etp collectives are communication. */
+                r->terms.compute -= a2a_exposed + mt[MOE_ETP];
+                r->terms.router = mt[MOE_ROUTER];
+                r->terms.experts = mt[MOE_EXPERTS];
+                r->terms.shared = mt[MOE_SHARED];
+                r->terms.a2a = mt[MOE_A2A];
+                r->terms.a2a_hidden = mt[MOE_HIDDEN];
+                r->terms.a2a_exposed = a2a_exposed;
+                r->terms.etp_comm = mt[MOE_ETP];
+                for (int l = 1; l < L->n_layers - 1; l++)
+                    if (ts_model_block_is_moe(&x->cfg.model, l - 1)) {
+                        r->terms.rows_per_expert = L->moe[l].rows_per_expert;
+                        r->terms.a2a_bytes = L->moe[l].a2a_bytes;
+                        break;
+                    }
+            }
         }
         head += cc->f[q] + (q + 1 < g->pp ? wire : 0.0);
     }
@@ -676,7 +786,11 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
         acts += L->act_bytes[l] - L->att_bytes[l]; /* the floor: selective keeps least */
     }
     /* Per parameter, what persists (memory.h; ZeRO-2/3's chunk buffers come on top). */
-    const int r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
+    int r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
+    /* Under an expert grid the experts shard over edp: the larger of the two keeps this
+     * a floor. */
+    if ((ts_plan_grid_ep(g) > 1 || ts_plan_grid_etp(g) > 1) && ts_plan_grid_edp(g) > r)
+        r = ts_plan_grid_edp(g);
     const double wcb = x->k->weight_copy_bytes, dp = r > 1 ? r : 1.0;
     const int zero = r > 1 ? g->zero : 0;
     const double per_param = zero == 3   ? 16.0 / dp
@@ -690,7 +804,9 @@ double ts_plan_work_floor(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     const ts_plan_layers *L = layers_for(x, g);
     double w = 0.0;
-    for (int l = 0; l < L->n_layers; l++) w += L->f[l] + L->i[l] + L->w[l];
+    /* less what an overlapped pair may hide (sim.h; nothing in a dense model) */
+    for (int l = 0; l < L->n_layers; l++)
+        w += L->f[l] + L->i[l] + L->w[l] - L->f_a2a[l] - L->i_a2a[l];
     return w * 1e3 * g->m / g->pp;
 }
 
@@ -745,6 +861,10 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     memcpy(sc.f, cc->f, sizeof(double) * (size_t)n);
     memcpy(sc.i, cc->i, sizeof(double) * (size_t)n);
     memcpy(sc.w, cc->w, sizeof(double) * (size_t)n);
+    if (x->cfg.model.moe_experts > 0) { /* the overlapped pairs' exchanges (sim.h) */
+        sc.costs.f_comm = cc->f_comm;
+        sc.costs.i_comm = cc->i_comm;
+    }
     sc.costs.latency = serial ? 0.0 : pl.latency * 1e3;
     sc.costs.bandwidth = serial ? 0.0 : pl.bandwidth * 1e-3;
     /* The optimizer, after (serial) the rank's whole dp reduction. */
@@ -753,7 +873,7 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
     if (ts_plan_grad_ranks(g) > 1 && !serial) {
         /* Overlapped: the simulator's dp lane, per bucket as the trainer issues them. */
         double *bytes = ts_malloc(sizeof(double) * (size_t)n), lat, bw;
-        for (int c = 0; c < n; c++) bytes[c] = cc->dp_floats[c] * 4.0;
+        for (int c = 0; c < n; c++) bytes[c] = lane_bytes(g, cc, c);
         dp_lane(x, g, &lat, &bw);
         ts_plan_sim_costs_dp(&sc, bytes, p->sizes, x->cfg.parallel.bucket_mb,
                              x->cfg.parallel.overlap_grad_sync, lat, bw);
@@ -792,17 +912,25 @@ static ts_status simulate_with(ts_plan_ctx *x, const ts_plan_layers *L, const pa
         /* The busiest rank's compute and optimizer; a serial dp reduction (in its optim)
          * is the exposed term, not busy time. */
         double most = -1.0, busy = 0.0, lane = 0.0, exposed = serial ? 0.0 : sr.dp_exposed;
+        double pair_hidden = 0.0;
         for (int q = 0; q < g->pp; q++) {
             if (sr.busy[q] > most) {
                 most = sr.busy[q];
                 busy = sr.busy[q] - dp_serial[q] - stall[q];
                 if (serial) exposed = dp_serial[q];
+                pair_hidden = sr.comm_hidden[q];
             }
             const double d = serial ? dp_serial[q] : sr.dp_busy[q];
             lane = d > lane ? d : lane;
         }
         r->terms.dp_exposed = exposed;
         r->terms.dp_reduction = lane;
+        /* What the overlapped pairs hid of the busiest rank's exchanges (the estimate's
+         * terms are per rank, summed before the simulation). */
+        if (pair_hidden > 0) {
+            r->terms.a2a_hidden += pair_hidden;
+            r->terms.a2a_exposed -= pair_hidden;
+        }
         const double idle = sr.step_time - busy - exposed - r->terms.gather_exposed;
         r->terms.bubble = idle > 0 ? idle : 0.0;
         finish(x, r);

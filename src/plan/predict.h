@@ -40,6 +40,17 @@
  * (38 with the bf16 copy) at memory bandwidth; ZeRO-1's parameter all-gather follows
  * it.
  *
+ * Mixture of Experts (grid ep, etp; moe_cost.h): each MoE block priced with the expert
+ * grid folded over the stage's tp * cp * dp ranks (the ep group etp * ep consecutive ranks
+ * at stride etp: its members on a node exchange over the intra-node link, the rest over
+ * the inter-node one; the etp group etp consecutive ranks), memory from the trainer's
+ * layout of the rank's E/ep experts (each an F/etp slice), the routed experts' floats
+ * sharded over edp (ts_memory_shape.edp) and their reduction on the dp lane scaled to a
+ * ring over edp, their optimizer shard and ZeRO-1/2 gather over edp. The exchanges' exposed
+ * part goes to the simulator as communication an overlapped pair hides (sim.h f_comm),
+ * and the bounds (lower_ms, the work floor) leave it out. Terms: router, experts, shared,
+ * a2a (hidden, exposed), etp_comm.
+ *
  * A cluster with overlap_comm = false (communication progresses on the compute cores:
  * MPI on a CPU) overlaps nothing: each rank's dp reductions (the same buckets and ring
  * costs) run back to back after its last backward, before its optimizer, all of it
@@ -68,12 +79,22 @@ typedef struct {
                        search does not vary it */
     int cp;         /* parallel.cp: context-parallel ranks per sequence (0 reads as 1; the
                        search and ts_plan_grid_of write 1) */
+    int ep, etp;    /* parallel.ep, parallel.etp: the expert grid folded over a stage's
+                       tp * cp * dp ranks (0 reads as 1; an MoE model only) */
 } ts_plan_grid;
 
 /* A grid's context parallelism (1 for 0), and the ranks its gradients are reduced and
  * ZeRO-sharded over: dp * cp. */
 static inline int ts_plan_grid_cp(const ts_plan_grid *g) { return g->cp > 1 ? g->cp : 1; }
 static inline int ts_plan_grad_ranks(const ts_plan_grid *g) { return g->dp * ts_plan_grid_cp(g); }
+/* A grid's ep and etp (1 for 0), and edp, the ranks an expert's gradient reduces and its
+ * ZeRO state shards over: tp * cp * dp / (ep * etp) (topology/expert_grid.h). */
+static inline int ts_plan_grid_ep(const ts_plan_grid *g) { return g->ep > 1 ? g->ep : 1; }
+static inline int ts_plan_grid_etp(const ts_plan_grid *g) { return g->etp > 1 ? g->etp : 1; }
+static inline int ts_plan_grid_edp(const ts_plan_grid *g)
+{
+    return g->tp * ts_plan_grad_ranks(g) / (ts_plan_grid_ep(g) * ts_plan_grid_etp(g));
+}
 
 /* Where the time of the busiest pipeline rank goes (ms per step). */
 typedef struct {
@@ -90,6 +111,18 @@ typedef struct {
     double pp_comm;     /* one pipeline message's transfer time */
     double dp_gather;   /* ZeRO-3: the weight gathers' time on the busiest link */
     double gather_exposed; /* ZeRO-3: what the gathers lengthen the step by */
+    /* Mixture of Experts (model_cost.h, moe_cost.h), the busiest rank's, part of the
+     * terms above (compute holds the GEMMs, tp_comm the share gathers): */
+    double router, experts, shared; /* GEMMs of the router, routed (x imbalance), shared experts */
+    double a2a;         /* every ep exchange, forward and backward (recomputed forwards'
+                           not counted) */
+    double a2a_hidden;  /* of it, hidden: under the shared experts' compute and, in the
+                           simulator, under an overlapped pair's partner */
+    double a2a_exposed; /* a2a - a2a_hidden: in the step's busy time, not in compute */
+    double etp_comm;    /* the etp gathers and reduce-scatters (blocking; not in compute) */
+    double rows_per_expert; /* (not ms) an MoE block's rows per local expert, balanced */
+    double a2a_bytes;       /* (not ms) one exchange's bytes leaving a rank, per block and
+                               micro-batch */
 } ts_plan_terms;
 
 typedef struct {
@@ -112,6 +145,10 @@ typedef struct ts_plan_ctx ts_plan_ctx;
  * partition (an explicit list applies to its own pp * v), train.threads (0 = 1),
  * checkpoint.async. The cluster is copied. */
 ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl);
+/* An MoE model's options (moe_cost.h; before the first prediction): the load imbalance
+ * (>= 1; default 1, balanced) and whether the shared experts' compute hides the
+ * exchanges (default true). */
+void ts_plan_ctx_set_moe(ts_plan_ctx *x, double imbalance, bool hide_shared);
 void ts_plan_ctx_free(ts_plan_ctx *x);
 const ts_cluster *ts_plan_ctx_cluster(const ts_plan_ctx *x);
 const ts_config *ts_plan_ctx_config(const ts_plan_ctx *x);
@@ -175,5 +212,8 @@ ts_link ts_plan_tp_link(const ts_cluster *cl, const ts_plan_grid *g);
 ts_link ts_plan_cp_link(const ts_cluster *cl, const ts_plan_grid *g);
 ts_link ts_plan_dp_link(const ts_cluster *cl, const ts_plan_grid *g);
 ts_link ts_plan_pp_link(const ts_cluster *cl, const ts_plan_grid *g);
+/* The etp group's (etp consecutive ranks), and the ep group's members on one node. */
+ts_link ts_plan_etp_link(const ts_cluster *cl, const ts_plan_grid *g);
+int ts_plan_ep_node_members(const ts_cluster *cl, const ts_plan_grid *g);
 
 #endif

@@ -27,6 +27,31 @@ static bool cp_ok(const ts_config *cfg, int cp)
     return cp == 1 || ((cp & (cp - 1)) == 0 && cfg->model.seq_len % (2 * cp) == 0);
 }
 
+/* The expert grids (ep, etp) of a stage of `stage` = tp * cp * dp ranks, as
+ * config_moe.c's check_expert_grid allows them: ep dividing model.moe_experts, etp
+ * dividing model.moe_ffn_hidden, ep * etp dividing the stage. A dense model has one,
+ * (1, 1). Their count; the first `cap` pairs into out. */
+#define TS_MAX_EXPERT_GRIDS 256
+static int expert_grids(const ts_config *cfg, int stage, int *out, int cap)
+{
+    const ts_model_config *m = &cfg->model;
+    int n = 0;
+    if (m->moe_experts <= 0) {
+        out[0] = out[1] = 1;
+        return 1;
+    }
+    for (int ep = 1; ep <= stage && ep <= m->moe_experts; ep++) {
+        if (m->moe_experts % ep || stage % ep) continue;
+        for (int etp = 1; ep * etp <= stage; etp++) {
+            if (stage % (ep * etp) || m->moe_ffn_hidden % etp || n >= cap) continue;
+            out[2 * n] = ep;
+            out[2 * n + 1] = etp;
+            n++;
+        }
+    }
+    return n;
+}
+
 /* Whether a (pp, dp, cp, tp) grid is valid for the model and batch: tp splits the model
  * (tp_ok), cp the sequence (cp_ok), dp the batch, every stage has a layer. */
 static bool grid_ok(const ts_config *cfg, int pp, int dp, int cp, int tp)
@@ -131,7 +156,7 @@ static int cmp_lower(const void *pa, const void *pb)
  * in time and memory: one virtual stage, the plain 1F1B before GPipe (which holds every
  * micro-batch) and then the interleaved and zero-bubble schedules, no recompute, no
  * ZeRO, no sequence parallelism, no context parallelism. */
-static int complexity(const ts_plan_grid *g)
+static long long complexity(const ts_plan_grid *g)
 {
     static const int schedule_rank[] = {
         [TS_SCHEDULE_1F1B] = 0, [TS_SCHEDULE_GPIPE] = 1, [TS_SCHEDULE_INTERLEAVED_1F1B] = 2,
@@ -141,8 +166,10 @@ static int complexity(const ts_plan_grid *g)
                           : 4; /* a CSV schedule */
     int cp_log = 0;
     for (int c = ts_plan_grid_cp(g); c > 1; c /= 2) cp_log++;
-    return ((((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero) * 2 + g->sp) * 32 +
-           cp_log;
+    /* then the smaller ep, the smaller etp (each at most the stage's ranks) */
+    return ((long long)((((g->v - 1) * 8 + sched) * 16 + g->recompute * 4 + g->zero) * 2 + g->sp) *
+                32 + cp_log) * (1LL << 40) +
+           (long long)ts_plan_grid_ep(g) * (1LL << 20) + ts_plan_grid_etp(g);
 }
 
 /* Whether sequence parallelism can split tp's rows (ts_config_validate's rule: of the
@@ -218,15 +245,20 @@ static long long fewest_devices(ts_plan_ctx *x, ts_plan_grid *found)
     long long best = 0;
     for (size_t k = 0; k < n && !best; k++) {
         const int r = t[k].dp * t[k].cp; /* ZeRO shards over dp * cp */
-        ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .cp = t[k].cp, .v = 1,
-                          .micro_batch = 1, .m = gb / t[k].dp, .schedule = TS_SCHEDULE_1F1B,
-                          .recompute = TS_RECOMPUTE_FULL, .zero = r > 1 ? 3 : 0,
-                          .sp = sp_ok(cfg, t[k].tp, t[k].cp)};
-        if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
-        ts_plan_result e;
-        if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
-            best = quad_devices(&t[k]);
-            *found = g;
+        int xg[2 * TS_MAX_EXPERT_GRIDS];
+        const int n_xg = expert_grids(cfg, t[k].tp * r, xg, TS_MAX_EXPERT_GRIDS);
+        for (int j = 0; j < n_xg && !best; j++) {
+            ts_plan_grid g = {.pp = t[k].pp, .dp = t[k].dp, .tp = t[k].tp, .cp = t[k].cp,
+                              .v = 1, .micro_batch = 1, .m = gb / t[k].dp,
+                              .schedule = TS_SCHEDULE_1F1B, .recompute = TS_RECOMPUTE_FULL,
+                              .zero = r > 1 ? 3 : 0, .sp = sp_ok(cfg, t[k].tp, t[k].cp),
+                              .ep = xg[2 * j], .etp = xg[2 * j + 1]};
+            if (ts_plan_memory_floor(x, &g) > cl->memory) continue;
+            ts_plan_result e;
+            if (ts_plan_estimate(x, &g, &e) == TS_OK && e.fits) {
+                best = quad_devices(&t[k]);
+                *found = g;
+            }
         }
     }
     free(t);
@@ -348,10 +380,12 @@ static void gathered_free(gathered *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Every candidate of grid (pp, dp, cp, tp) at micro_batch mb, estimated into a (those
- * that fit), r (counts, the closest out of memory, the lightest). */
-static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp, int tp,
-                         int mb, gathered *a, ts_search_result *r)
+/* Every candidate of grid (pp, dp, cp, tp) with expert grid (ep, etp) at micro_batch mb,
+ * estimated into a (those that fit), r (counts, the closest out of memory, the
+ * lightest). */
+static void gather_expert_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp,
+                                int tp, int ep, int etp, int mb, gathered *a,
+                                ts_search_result *r)
 {
     const ts_config *cfg = ts_plan_ctx_config(x);
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
@@ -381,7 +415,8 @@ static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp
                         continue;
                     ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .cp = cp, .v = v,
                                       .micro_batch = mb, .m = m, .schedule = s,
-                                      .recompute = rc, .zero = z, .sp = sp};
+                                      .recompute = rc, .zero = z, .sp = sp, .ep = ep,
+                                      .etp = etp};
                     /* auto fits where full does (its caps may all come down to full's), and
                      * recomputes no less than none: none's bound is its bound. Its memory
                      * fit, the costly part, waits until the bound says it may enter the
@@ -427,6 +462,17 @@ static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp
     }
 }
 
+/* Every candidate of grid (pp, dp, cp, tp) at micro_batch mb, each expert grid of its
+ * stage (one for a dense model). */
+static void gather_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp, int dp, int cp, int tp,
+                         int mb, gathered *a, ts_search_result *r)
+{
+    int xg[2 * TS_MAX_EXPERT_GRIDS];
+    const int n = expert_grids(ts_plan_ctx_config(x), tp * cp * dp, xg, TS_MAX_EXPERT_GRIDS);
+    for (int j = 0; j < n; j++)
+        gather_expert_shape(x, o, pp, dp, cp, tp, xg[2 * j], xg[2 * j + 1], mb, a, r);
+}
+
 /* The grids skipped on their memory floor: the closest and the lightest among them are
  * found in order of the floor, stopping once the floor alone is heavier. */
 static void settle_pruned(ts_plan_ctx *x, gathered *a, ts_search_result *r)
@@ -452,24 +498,10 @@ static void settle_pruned(ts_plan_ctx *x, gathered *a, ts_search_result *r)
     a->n_pruned = 0;
 }
 
-/* The candidates of the grids with cp == 1 into a. */
-static void gather_plain(ts_plan_ctx *x, const ts_search_opts *o, const int *grids, int n_grids,
-                         gathered *a, ts_search_result *r)
-{
-    const int gb = ts_plan_ctx_config(x)->train.global_batch;
-    for (int k = 0; k < n_grids; k++) {
-        const int *q = grids + 4 * k; /* pp, dp, cp, tp */
-        if (q[2] > 1) continue;
-        for (int mb = 1; mb <= gb / q[1]; mb++)
-            if ((gb / q[1]) % mb == 0) gather_shape(x, o, q[0], q[1], q[2], q[3], mb, a, r);
-    }
-    settle_pruned(x, a, r);
-    ts_error_clear();
-}
-
-/* A context-parallel (grid, micro_batch) shape and its work floor. */
+/* A (grid, micro_batch, expert grid) shape and its work floor: the context-parallel ones
+ * and, for an MoE model, the expert grids each cp = 1 shape did not gather first. */
 typedef struct {
-    int pp, dp, cp, tp, mb;
+    int pp, dp, cp, tp, mb, ep, etp;
     double floor;
 } cp_shape;
 
@@ -484,7 +516,8 @@ static double shape_floor(ts_plan_ctx *x, const cp_shape *c)
 {
     const ts_config *cfg = ts_plan_ctx_config(x);
     ts_plan_grid g = {.pp = c->pp, .dp = c->dp, .tp = c->tp, .cp = c->cp, .v = 1,
-                      .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb};
+                      .micro_batch = c->mb, .m = cfg->train.global_batch / c->dp / c->mb,
+                      .ep = c->ep, .etp = c->etp};
     double w = ts_plan_work_floor(x, &g);
     if (sp_ok(cfg, c->tp, c->cp)) {
         g.sp = 1;
@@ -494,30 +527,85 @@ static double shape_floor(ts_plan_ctx *x, const cp_shape *c)
     return w;
 }
 
+/* The shapes the bounded phase gathers (gather_cp), grown by push_shape. */
+typedef struct {
+    cp_shape *sh;
+    size_t n, cap;
+} shape_list;
+
+static void push_shape(shape_list *l, cp_shape c)
+{
+    l->sh = ts_grow(l->sh, &l->cap, l->n, sizeof *l->sh);
+    l->sh[l->n++] = c;
+}
+
+/* The candidates of the grids with cp == 1 into a. A dense model's one expert grid is
+ * (1, 1); an MoE model's shape gathers here the expert grid of least work floor (so the
+ * top list fills with a likely good one) and leaves the others to the bounded phase
+ * (*later, with their floors). */
+static void gather_plain(ts_plan_ctx *x, const ts_search_opts *o, const int *grids, int n_grids,
+                         gathered *a, ts_search_result *r, shape_list *later)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const int gb = cfg->train.global_batch;
+    for (int k = 0; k < n_grids; k++) {
+        const int *q = grids + 4 * k; /* pp, dp, cp, tp */
+        if (q[2] > 1) continue;
+        for (int mb = 1; mb <= gb / q[1]; mb++) {
+            if ((gb / q[1]) % mb) continue;
+            if (cfg->model.moe_experts <= 0) {
+                gather_shape(x, o, q[0], q[1], q[2], q[3], mb, a, r);
+                continue;
+            }
+            int xg[2 * TS_MAX_EXPERT_GRIDS];
+            const int n = expert_grids(cfg, q[3] * q[2] * q[1], xg, TS_MAX_EXPERT_GRIDS);
+            int first = 0;
+            double least = INFINITY;
+            cp_shape c[TS_MAX_EXPERT_GRIDS] = {{0}};
+            if (n < 1) continue; /* (1, 1) always is one */
+            for (int j = 0; j < n; j++) {
+                c[j] = (cp_shape){q[0], q[1], q[2], q[3], mb, xg[2 * j], xg[2 * j + 1], 0.0};
+                c[j].floor = shape_floor(x, &c[j]);
+                if (c[j].floor < least) least = c[j].floor, first = j;
+            }
+            gather_expert_shape(x, o, q[0], q[1], q[2], q[3], c[first].ep, c[first].etp, mb, a, r);
+            for (int j = 0; j < n; j++)
+                if (j != first) push_shape(later, c[j]);
+        }
+    }
+    settle_pruned(x, a, r);
+    ts_error_clear();
+}
+
 #define TS_CP_BATCH 8 /* context-parallel shapes gathered between two rankings */
 
-/* The context-parallel grids (cp > 1), in increasing order of their shapes' work
+/* The context-parallel grids (cp > 1), each with every expert grid of its stage, and the
+ * expert grids gather_plain left (*later), in increasing order of their shapes' work
  * floors, TS_CP_BATCH shapes at a time into a new entry of *batches, each batch ranked
  * into r's top k at once; once the next floor exceeds the K-th best step the rest are
  * skipped (r->bound_cp). With exhaustive: one batch of every shape. */
 static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const int *grids,
                            int n_grids, gathered **batches, size_t *n_batches, size_t *cap_batches,
-                           ts_search_result *r)
+                           ts_search_result *r, shape_list *later)
 {
-    const int gb = ts_plan_ctx_config(x)->train.global_batch;
-    cp_shape *sh = NULL;
-    size_t n = 0, cap = 0;
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const int gb = cfg->train.global_batch;
     for (int j = 0; j < n_grids; j++) {
         const int *q = grids + 4 * j;
         if (q[2] == 1) continue;
+        int xg[2 * TS_MAX_EXPERT_GRIDS];
+        const int n_xg = expert_grids(cfg, q[3] * q[2] * q[1], xg, TS_MAX_EXPERT_GRIDS);
         for (int mb = 1; mb <= gb / q[1]; mb++) {
             if ((gb / q[1]) % mb) continue;
-            sh = ts_grow(sh, &cap, n, sizeof *sh);
-            sh[n] = (cp_shape){q[0], q[1], q[2], q[3], mb, 0.0};
-            if (!o->exhaustive) sh[n].floor = shape_floor(x, &sh[n]);
-            n++;
+            for (int e = 0; e < n_xg; e++) {
+                cp_shape c = {q[0], q[1], q[2], q[3], mb, xg[2 * e], xg[2 * e + 1], 0.0};
+                if (!o->exhaustive) c.floor = shape_floor(x, &c);
+                push_shape(later, c);
+            }
         }
     }
+    cp_shape *sh = later->sh;
+    const size_t n = later->n;
     if (n > 1 && !o->exhaustive) qsort(sh, n, sizeof *sh, cmp_shape);
     ts_status st = TS_OK;
     for (size_t j = 0; j < n && st == TS_OK;) {
@@ -532,7 +620,8 @@ static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const
                 j = n;
                 break;
             }
-            gather_shape(x, o, sh[j].pp, sh[j].dp, sh[j].cp, sh[j].tp, sh[j].mb, a, r);
+            gather_expert_shape(x, o, sh[j].pp, sh[j].dp, sh[j].cp, sh[j].tp, sh[j].ep,
+                                sh[j].etp, sh[j].mb, a, r);
         }
         settle_pruned(x, a, r);
         ts_error_clear();
@@ -542,7 +631,6 @@ static ts_status gather_cp(ts_plan_ctx *x, const ts_search_opts *o, int k, const
         else if (!o->exhaustive)
             a->n_pending = 0; /* (none without fits: auto needs full's) */
     }
-    free(sh);
     return st;
 }
 
@@ -591,7 +679,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
     gathered *b = ts_calloc(1, sizeof *b);
     size_t n_b = 1, cap_b = 1;
     ts_status st = TS_OK;
-    gather_plain(x, o, grids, n_grids, &b[0], r);
+    shape_list later = {0};
+    gather_plain(x, o, grids, n_grids, &b[0], r, &later);
     bool ranked0 = false;
     count_fit(&b[0]);
     if (!o->exhaustive && b[0].n_fits > 0) {
@@ -599,7 +688,8 @@ ts_status ts_plan_search(ts_plan_ctx *x, const ts_search_opts *o, ts_search_resu
                        b[0].n_pending, r);
         ranked0 = true;
     }
-    if (st == TS_OK) st = gather_cp(x, o, k, grids, n_grids, &b, &n_b, &cap_b, r);
+    if (st == TS_OK) st = gather_cp(x, o, k, grids, n_grids, &b, &n_b, &cap_b, r, &later);
+    free(later.sh);
     free(grids);
     size_t fits = 0;
     bool have_smallest = false;

@@ -12,14 +12,18 @@
  * interleaved-1f1b, looped-bfs, interleaved-zb: v >= 2) where it accepts the number of
  * micro-batches; pp = 1 runs 1f1b only (the schedules coincide); recompute none, full,
  * and auto where none does not fit; ZeRO 0 to 3 (1 to 3 only with dp > 1); sequence
- * parallelism off, and on where tp > 1 divides seq_len (ranked like the rest: it wins
+ * parallelism off, and on where tp > 1 divides seq_len; for an MoE model every expert grid
+ * (ep, etp) the trainer accepts on the stage (ep dividing moe_experts, etp dividing
+ * moe_ffn_hidden, ep * etp dividing tp * cp * dp) (sequence parallelism ranked like the rest: it wins
  * where its smaller activations let a grid fit or recompute less, and loses its
  * backward's extra gathers elsewhere).
  *
- * Phases: the grids with cp = 1 are gathered and ranked first; then each context-parallel
- * (pp, dp, cp, tp, micro_batch) shape whose work floor (ts_plan_work_floor, sp on or off)
- * exceeds the K-th best step found is skipped whole (bound_cp; exact: none of its
- * candidates could enter the top K), and the rest join the same top list. With
+ * Phases: the grids with cp = 1 are gathered and ranked first (an MoE model's with the
+ * expert grid of least work floor only); then each context-parallel (pp, dp, cp, tp,
+ * micro_batch) shape, with each of its expert grids, and each expert grid the first phase
+ * left, whose work floor (ts_plan_work_floor, sp on or off) exceeds the K-th best step
+ * found is skipped whole (bound_cp; exact: none of its candidates could enter the top K),
+ * and the rest join the same top list. With
  * `exhaustive` nothing is skipped.
  *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
@@ -73,6 +77,7 @@ typedef struct {
                                     bound kept them out before their memory was fitted,
                                     so without a reason (0 with exhaustive) */
     long long bound_cp;          /* context-parallel (pp, dp, cp, tp, micro_batch) shapes
+                                    (an MoE model's: and expert grids of any shape)
                                     skipped whole: their work floor exceeds the K-th best
                                     step of the grids searched before them (0 with
                                     exhaustive) */
