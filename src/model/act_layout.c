@@ -2,6 +2,7 @@
  * layer's saved buffers, the backward scratch's regions and the zero-bubble stash. */
 #include "model/act_layout.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,9 +16,40 @@ typedef struct {
     int head_dim; /* channels per head */
     int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
     int moe_ep, moe_etp; /* expert (tensor) parallelism (1: none); moe_ffn is F / moe_etp */
+    double moe_capacity; /* model.moe_capacity (0: dropless) */
     int sub; /* tp_overlap's sub-batches (0 or 1: none) */
     ts_cp cp; /* context parallelism (size 1: none; T is then the sequence) */
 } act_shape;
+
+/* The rows one rank sends to the experts of one ep rank holding `local` of them, at most
+ * (act_dims MR): each of its NL tokens at most min(K, local) of its K assignments; under a
+ * capacity (moe.c: each sequence's at most `cap` per expert, decided on whole sequences
+ * before the exchange) also at most cap per expert and sequence its rows touch: its B
+ * sequences, or under sequence parallelism the fewer a contiguous NL of the B*T rows cut. */
+static size_t expert_rows_from_rank(act_shape sh, size_t NL, int B, int T, size_t local)
+{
+    const size_t K = (size_t)sh.moe_top_k;
+    size_t rows = NL * (K < local ? K : local);
+    if (sh.moe_capacity > 0) {
+        const int T_seq = sh.cp.size > 1 ? sh.cp.T : T; /* the whole sequence's */
+        size_t seqs = (size_t)B;
+        if (sh.sp) {
+            const size_t cut = (NL + (size_t)T - 1) / (size_t)T + 1;
+            if (cut < seqs) seqs = cut;
+        }
+        const size_t capped = seqs * local *
+                              (size_t)ts_moe_capacity_rows(T_seq, sh.moe_top_k, sh.moe_experts,
+                                                           sh.moe_capacity);
+        if (capped < rows) rows = capped;
+    }
+    return rows;
+}
+
+int ts_moe_capacity_rows(int T, int K, int E, double factor)
+{
+    const double c = ceil((double)T * K / E * factor);
+    return c > (double)T ? T : (int)c;
+}
 
 static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, int B, int T)
 {
@@ -41,11 +73,10 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
     d.MK = sh.moe_experts > 0 ? (size_t)sh.moe_top_k : 0;
     d.MF = sh.moe_experts > 0 ? (size_t)sh.moe_ffn : 0;
     d.MS = sh.moe_experts > 0 ? (size_t)sh.moe_shared : 0;
-    if (sh.moe_experts > 0 && sh.moe_ep > 1) { /* worst case: act_dims MR */
+    if (sh.moe_experts > 0) { /* the worst case: act_dims MR */
         const size_t local = (size_t)(sh.moe_experts / sh.moe_ep);
-        d.MR = d.MX = (size_t)sh.moe_ep * d.NL * (d.MK < local ? d.MK : local);
-    } else {
-        d.MR = d.NL * d.MK;
+        d.MR = (size_t)sh.moe_ep * expert_rows_from_rank(sh, d.NL, B, T, local);
+        if (sh.moe_ep > 1) d.MX = d.MR;
     }
     if (sh.moe_experts > 0 && sh.moe_etp > 1) /* the rows of the whole etp group */
         d.MR = d.MX = (size_t)sh.moe_etp * d.MR;
@@ -79,7 +110,7 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
                           m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
                           m->vocab_size, m->head_dim, moe ? m->moe_experts : 0, m->moe_top_k,
                           m->moe_local_ffn, m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1,
-                          m->moe_etp > 1 ? m->moe_etp : 1, m->tp.sub, m->cp};
+                          m->moe_etp > 1 ? m->moe_etp : 1, m->moe_capacity, m->tp.sub, m->cp};
     act_dims d = dims_of(m->k, sh, m->tp.size, m->tp.rank, B, T);
     if (l < 0) d.DN = 1; /* the scratch and stash keep the dense MLP's sizes */
     return d;
@@ -109,7 +140,7 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
     /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
                           cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
-                          cfg->vocab_size, ts_model_head_dim(cfg), 0, 0, 0, 0, 1, 1, 1, {.size = 1}};
+                          cfg->vocab_size, ts_model_head_dim(cfg), 0, 0, 0, 0, 1, 1, 0.0, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 

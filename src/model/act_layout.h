@@ -42,8 +42,11 @@ typedef struct {
      * times the balanced size (a grow-only arena sized by the balanced count plus
      * measured headroom is the planned next step). Under expert tensor parallelism MF is this rank's F / etp and MR is etp
      * times the above (the etp group's rows, gathered: the h and a buffers stay the
-     * size of the whole width's). MX: MR under expert (tensor) parallelism, else 0 (the
-     * exchanges' buffers). */
+     * size of the whole width's). With a capacity (model.moe_capacity > 0) MR is also at
+     * most the capacity's rows: each sequence a rank's rows touch sends each expert at most
+     * ts_moe_capacity_rows of them (the paper runs' factor 1: about K / min(K, E/ep) times
+     * fewer rows than dropless's worst case under ep). MX: MR under expert (tensor)
+     * parallelism, else 0 (the exchanges' buffers). */
     size_t ME, MK, MF, MS, DN, MR, MX;
     bool llama, sp, cp;
     bool selective;  /* this layer keeps no attention state (ts_layer.selective) */
@@ -159,6 +162,10 @@ static inline void *act_at(const act_dims *d, const void *p, size_t n)
  * a column-parallel backward's input gradient. Context parallelism's exchange work comes
  * last. Each region's rows are per row, so a sub-batch's are its rows of each. */
 size_t ts_scratch_wide_cols(act_dims d);   /* columns of `wide`: max(FI, QKV) */
+/* One expert's capacity in a sequence of T positions (model.moe_capacity = factor > 0):
+ * ceil(T * K / E * factor), Megatron's get_capacity over the sequence's tokens, computed in
+ * double; at most T (a token holds an expert once). */
+int ts_moe_capacity_rows(int T, int K, int E, double factor);
 size_t ts_scratch_narrow_cols(act_dims d); /* columns of `narrow`: max(C, F (llama), Cl) */
 void *ts_scratch_wide(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_narrow(const act_dims *d, const ts_scratch *sc);

@@ -152,13 +152,11 @@ static int sequence_len(const block_sub *b)
     return b->m->cp.size > 1 ? b->m->cp.T : b->T;
 }
 
-/* Each expert's capacity in a sequence of T positions: ceil(T * K / E * factor) (Megatron's
- * get_capacity over the sequence's T tokens), in double; at most T, since a token holds
- * an expert once (so T keeps everything, and a large factor overflows no int). */
+/* Each expert's capacity in a sequence of T positions (act_layout.h's
+ * ts_moe_capacity_rows, which also bounds the exchange buffers). */
 static int capacity_of(const ts_model *m, int T)
 {
-    const double c = ceil((double)T * m->moe_top_k / m->moe_experts * m->moe_capacity);
-    return c >= (double)T ? T : (int)c;
+    return ts_moe_capacity_rows(T, m->moe_top_k, m->moe_experts, m->moe_capacity);
 }
 
 /* Local row r (of the micro-batch's B * Tl rows) as a row of the B whole sequences in
