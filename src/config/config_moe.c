@@ -129,6 +129,11 @@ static ts_status check_expert_grid(const ts_config *cfg)
         return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
                        "etp rank holds moe_ffn_hidden/etp of every expert's width)",
                        cfg->model.moe_ffn_hidden, p->etp);
+    /* parallel.ep_overlap (either value, any grid): with ep > 1 it chooses the
+     * non-blocking exchange or the blocking one (the same numbers); without, there is no
+     * exchange and it has nothing to change, as overlap_grad_sync with dp 1. Unlike
+     * Megatron's --overlap-moe-expert-parallel-comm, which is off by default and asserts
+     * ep > 1, it is on by default, so every model accepts it. */
     /* Checkpoints and model.init: each expert is stored whole under its global id,
      * written by its own edp group (under etp each slice by its own) and read by the
      * ranks holding it, each its slice (checkpoint.h). */

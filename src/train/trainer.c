@@ -128,6 +128,7 @@ static void build_model(ts_trainer *t, int level)
         .moe_z_loss = (float)cfg->train.moe_z_loss,
         .moe_aux_loss = (float)cfg->train.moe_aux_loss,
         .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL,
+        .ep_overlap = cfg->parallel.ep_overlap,
         .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL};
     ts_model_build(&t->model, &spec);
     free(selective);
