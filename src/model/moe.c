@@ -39,6 +39,12 @@
  * (ts_model_sum_sequence_grads); under ep or etp (the etp gather then brings each tp
  * rank's own rows) the experts' are whole over the edp group as without sp; and the
  * step's counts and loss sums are every tp rank's (trainer.c).
+ * The ep exchange is started and finished (parallel.ep_overlap: non-blocking between the
+ * two, blocking at the start otherwise, the same bits): between them the layer computes
+ * what does not need it (forward: the shared experts; backward: the router's backward
+ * and the shared experts') and calls ts_yield() (core/yield.h), where an overlapped
+ * pair's partner action runs; what the exchange holds meanwhile is the call's own
+ * (moe_trip), docs/ARCHITECTURE.md "Mixture of Experts" says what overlaps what.
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
