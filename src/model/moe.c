@@ -288,6 +288,7 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
         k->matmul_forward(h, act_at(d, xr, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
         k->swiglu_forward(a, h, n, F);
         k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
+        poll(m); /* a partner action's exchange may be in flight */
     }
     /* Back to the tokens' rank; meanwhile the shared experts' second GEMM. */
     experts_return(m, &trip, v->moe_yp, v->moe_yr, v->moe_er, 'F', block_of(b));
@@ -442,6 +443,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
         k->swiglu_backward(dh, act_at(d, v->moe_h, o * 2 * F), da, n, F);
         k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
                            expert_fc(b, e), n, C, 2 * F);
+        poll(m);
     }
     /* The input gradients come back as the outputs did; meanwhile, under ep, the shared
      * experts' first GEMM's weight gradient (its input gradient needs s.dx, which the

@@ -31,7 +31,8 @@
  * calls (Open MPI has no asynchronous progress thread): ts_expert_dispatch_progress
  * tests every exchange in flight, and the model calls it between layers (its
  * between_layers hook, the same poll the data-parallel reduction's poll mode uses) and
- * the MoE layer between the shared experts' GEMMs. The finish's wait moves the rest.
+ * the MoE layer between its GEMMs (a partner action's exchange may be in flight during
+ * the experts'). The finish's wait moves the rest.
  *
  * Every row buffer is the compute backend's memory (device memory on a GPU); the counts
  * are host values exchanged on the control plane. With ep == 1 nothing is communicated
