@@ -83,9 +83,27 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type, bool overlap)
     ts_expert_xfer x = {0};
     ts_expert_dispatch_start(&d, &p, &x, xp, work, 'F', 0);
     EXPECT(d.n_inflight == (overlap ? 1 : 0), "%d exchanges in flight", d.n_inflight);
+    /* A second exchange of the same layer in flight at once, as an overlapped pair's
+     * partner action starts its own (its own plan, record and buffers), finished first. */
+    ts_expert_plan p2;
+    ts_expert_plan_make(&d, &p2, counts);
+    ts_expert_xfer x2 = {0};
+    void *out2 = k->dev_alloc(rbytes ? rbytes : 1), *work2 = k->dev_alloc(rbytes ? rbytes : 1);
+    ts_expert_dispatch_start(&d, &p2, &x2, xp, work2, 'B', 1);
+    EXPECT(d.n_inflight == (overlap ? 2 : 0), "%d exchanges in flight", d.n_inflight);
     ts_expert_dispatch_progress(&d);
+    ts_expert_dispatch_finish(&d, &p2, &x2, out2);
     ts_expert_dispatch_finish(&d, &p, &x, out);
     EXPECT(d.n_inflight == 0, "%d exchanges in flight after the finish", d.n_inflight);
+    if (rbytes) {
+        unsigned char *h2 = calloc(rbytes, 1);
+        k->memcpy_d2h(h2, out2, rbytes);
+        EXPECT(memcmp(h2, hw, rbytes) == 0, "E=%d: the second exchange in flight differs", E);
+        free(h2);
+    }
+    k->dev_free(out2);
+    k->dev_free(work2);
+    ts_expert_plan_free(&p2);
     if (rbytes) k->memcpy_d2h(hr, out, rbytes);
     EXPECT(memcmp(hr, hw, rbytes) == 0, "E=%d %s: the rows in expert order differ", E,
            type == TS_DTYPE_BF16 ? "bf16" : "f32");
