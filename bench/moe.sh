@@ -10,7 +10,11 @@
 # measured in the same run (OpenBLAS sgemm for fp32 rows, oneDNN's bf16 GEMM for bf16
 # rows). Each Tessera run also runs under /usr/bin/time -v: its true peak resident set
 # against the trainer's pre-flight estimate (metrics' estimate_mb) and `tessera plan`'s.
-# Prints a markdown table.
+# Prints a markdown table. Then (issue 40) the same model under expert parallelism, the
+# ep all-to-all blocking (parallel.ep_overlap = false) against overlapped: ep 2 over dp 2
+# (2 ranks x 1 thread, bound one per core) and, where the machine has 4 cores or PP_EP=1,
+# pp 2 x dp 2 x ep 2 with 1f1b, zb-v and dualpipe-v (4 ranks x 1 thread): step time,
+# a2a_ms (the exchanges, start to completion), a2a_wait_ms (blocked) and a2a_hidden.
 #
 # Usage: bench/moe.sh [ROUNDS]      (run from anywhere; ROUNDS default 1)
 #   BUILD=DIR       Tessera build folder (default build/; scripts/build.sh runs in it)
@@ -25,6 +29,12 @@
 #                   32000 512 2); FD= the dense twin's width (default K * FE)
 #   STEPS=, WARMUP= timed steps (default 3) and PyTorch's untimed warm-up steps (default 2)
 #   QUIET_S=        seconds to wait for a quiet machine before each run (default 60)
+#   EP=0            skip the expert-parallel rows; ONLY_EP=1: only them (no peers, no
+#                   one-rank table; their shape is the same variables')
+#   G_EP=           the ep rows' global batch (default 8: micro-batches of 1 sequence, 4
+#                   a replica, as dualpipe-v needs 2 pp); PP_EP=1|0 the 4-rank rows
+#                   (default: 1 where nproc >= 4; on fewer cores their ranks would share
+#                   cores and the times measure the OS's scheduling, not the overlap)
 #
 # A run's ms/step is its median over the timed steps: Tessera runs STEPS + 1 steps and
 # times steps 1.. (step 0 page-faults its buffers); PyTorch runs WARMUP untimed steps
@@ -40,7 +50,9 @@ command="bench/moe.sh $*"
 build="${BUILD:-$root/build}"
 source "$root/bench/lib_parallel.sh"
 bench_setup
-peer_py="${PEER_PY:-$(scripts/peer_venv.sh)}"
+only_ep="${ONLY_EP:-0}"
+peer_py=""
+[ "$only_ep" = 1 ] || peer_py="${PEER_PY:-$(scripts/peer_venv.sh)}"
 command -v /usr/bin/time > /dev/null || { echo "bench/moe.sh: needs /usr/bin/time (apt-get install time)" >&2; exit 2; }
 
 L="${L:-4}" C="${C:-512}" H="${H:-8}" KV="${KV:-8}" E="${E:-8}" K="${K:-2}" FE="${FE:-1024}"
@@ -130,6 +142,93 @@ one() {
     grep -m1 -i 'error' "$tmp/$name.err" > "$tmp/$name.fail" || tail -1 "$tmp/$name.err" > "$tmp/$name.fail"
   fi
 }
+
+# ---- Expert parallelism (issue 40): the all-to-all blocking against overlapped --------
+cores=$(nproc)
+G_EP="${G_EP:-8}"
+pp_ep="${PP_EP:-$([ "$cores" -ge 4 ] && echo 1 || echo 0)}"
+
+# ep_run NAME NP SETS...: the MoE on NP ranks of 1 thread (bound one per core; NP = 1:
+# every core as threads) at global batch G_EP, micro-batches of 1; "MEDIAN BEST" step_ms
+# over steps 1.. into $tmp/NAME.last, metrics in $tmp/NAME.metrics.jsonl
+ep_run() {
+  local name="$1" np="$2" m="$tmp/$1.metrics.jsonl"; shift 2
+  local launch=(mpirun -np "$np" --bind-to core) threads_ep=1
+  [ "$np" -gt "$cores" ] && launch=(mpirun -np "$np" --oversubscribe --bind-to none)
+  [ "$np" = 1 ] && { launch=(mpirun -np 1 --bind-to none); threads_ep="$threads"; }
+  rm -f "$m"
+  "${launch[@]}" "$build/tessera" train "${moe_sets[@]}" "$@" \
+    --set parallel.micro_batch=1 --set train.global_batch="$G_EP" \
+    --set 'data.train="data/fortunes_train.bin"' --set 'data.val=""' \
+    --set train.precision='"fp32"' --set train.steps=$((STEPS + 1)) \
+    --set train.threads="$threads_ep" --set data.eval_every=0 --set log.progress=false \
+    --set "log.metrics=\"$m\"" > /dev/null 2> "$tmp/$name.err" || return 1
+  echo "$(med step_ms "$m" 1) $(metric step_ms "$m" 1 | sort -g | head -1)" > "$tmp/$name.last"
+}
+
+# ep_row LABEL NAME BLOCKING_NAME: step ms, its a2a columns (medians over the timed
+# steps), and the step against the blocking twin's
+ep_row() {
+  local a m="$tmp/$2.metrics.jsonl"
+  a=$(ms "$2")
+  if [ -z "$a" ]; then
+    printf '| %s | n/a (%s) | | | | | |\n' "$1" "$(cut -c1-160 "$tmp/$2.fail" 2> /dev/null | tr '|' '/')"
+    return
+  fi
+  local a2a wait hid vs=""
+  a2a=$(med a2a_ms "$m" 1 2> /dev/null || true); wait=$(med a2a_wait_ms "$m" 1 2> /dev/null || true)
+  hid=$(med a2a_hidden "$m" 1 2> /dev/null || true)
+  [ -n "$3" ] && [ -n "$(ms "$3")" ] && vs=$(ratio "$a" "$(ms "$3")")
+  printf '| %s | %.0f | %s | %s | %s | %s | %s%% |\n' "$1" "$a" "${a2a:-}" "${wait:-}" \
+    "$(awk -v h="${hid:-}" 'BEGIN { if (h == "") print ""; else printf "%.0f%%", 100 * h }')" \
+    "${vs:-}" "$(sort -g "$tmp/$2.o" | tail -1)"
+}
+
+ep_section() {
+  local grids=("ep2 2 --set parallel.dp=2 --set parallel.ep=2")
+  if [ "$pp_ep" = 1 ]; then
+    grids+=("pp2_1f1b 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=1f1b"
+            "pp2_zbv 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=zb-v --set parallel.virtual_stages=2"
+            "pp2_dualpipev 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=dualpipe-v --set parallel.virtual_stages=2")
+  fi
+  local r g name np sets
+  for r in $(seq "$rounds"); do
+    echo "ep round $r/$rounds ..." >&2
+    one ep_one1 ep_run ep_one1 1
+    for g in "${grids[@]}"; do
+      read -r name np sets <<< "$g"
+      # shellcheck disable=SC2086 # sets: words on purpose
+      one "ep_${name}_blocking" ep_run "ep_${name}_blocking" "$np" $sets --set parallel.ep_overlap=false
+      # shellcheck disable=SC2086
+      one "ep_$name" ep_run "ep_$name" "$np" $sets --set parallel.ep_overlap=true
+    done
+  done
+  echo
+  echo "Expert parallelism: the same model at global batch $G_EP (micro-batches of 1 sequence), fp32, ep all-to-all blocking (parallel.ep_overlap = false) against overlapped (true; the same bits), $STEPS timed steps, medians:"
+  echo
+  echo "| grid (ranks x threads) | ms/step | a2a_ms (start to completion, longest rank) | a2a_wait_ms (blocked) | a2a_hidden | overlapped / blocking | CPU used by others (max) |"
+  echo "|---|---|---|---|---|---|---|"
+  ep_row "1 rank x $threads threads (no exchange)" ep_one1 ""
+  for g in "${grids[@]}"; do
+    read -r name np sets <<< "$g"
+    ep_row "$name ($np x 1), blocking" "ep_${name}_blocking" ""
+    ep_row "$name ($np x 1), overlapped" "ep_$name" "ep_${name}_blocking"
+  done
+  echo
+  [ "$pp_ep" = 1 ] || echo "pp 2 x dp 2 x ep 2 rows: not run ($cores cores: 4 ranks of 1 thread would share them, and the step time would measure the scheduler, not the overlap; PP_EP=1 runs them anyway)."
+  echo "a2a_hidden = 1 - blocked / total over every rank; on MPI over shared memory the exchange's copies run inside MPI calls on the compute cores, so what is hidden is mostly the wait for the peers. The simulator's prediction: tessera plan has no ep axis yet (issue 40's planner part)."
+  echo "command: $command  (ep rows: $rounds round(s), steps $STEPS, G_EP=$G_EP, PP_EP=$pp_ep)"
+}
+
+if [ "$only_ep" = 1 ]; then
+  commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2> /dev/null || echo '+dirty')"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $commit"
+  echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $cores CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  ms() { [ -s "$tmp/$1.r" ] && cut -d' ' -f1 "$tmp/$1.r" | median || true; }
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.2fx", a / b }'; }
+  ep_section
+  exit 0
+fi
 
 no_bf16="this CPU has neither AVX512_BF16 nor AMX-BF16: Tessera refuses bf16 here"
 no_fp32="skipped (FP32=0)"
@@ -297,3 +396,4 @@ echo "active GFLOP/s = active FLOP per token x tokens / step time: 6 x the param
      "Tessera's from /usr/bin/time -v, PyTorch's from ru_maxrss (its libraries included)."
 echo
 echo "command: $command  ($rounds round(s), steps $STEPS${BUILD:+, BUILD=$BUILD}${BF16:+, BF16=$BF16}${FP32:+, FP32=$FP32}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16})"
+[ "${EP:-1}" = 0 ] || ep_section

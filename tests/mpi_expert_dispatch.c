@@ -31,8 +31,9 @@ static void *dev_put(const void *host, size_t bytes)
     return p;
 }
 
-/* One exchange on group `ep` with E experts of rows of `type`. */
-static void run_case(const ts_comm *ep, int E, ts_dtype type)
+/* One exchange on group `ep` with E experts of rows of `type`, started blocking or
+ * non-blocking (overlap; the non-blocking one tested for progress before its finish). */
+static void run_case(const ts_comm *ep, int E, ts_dtype type, bool overlap)
 {
     const int S = ep->size, me = ep->rank, L = E / S;
     const size_t elem = ts_dtype_bytes(type);
@@ -40,6 +41,7 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type)
     ts_status st = ts_expert_dispatch_init(&d, ep, k, E, C, type);
     EXPECT(st == TS_OK, "init E=%d on %d ranks: %s", E, S, ts_error_message());
     if (st != TS_OK) return;
+    d.overlap = overlap;
     /* This rank's send rows, by global expert. */
     int *counts = calloc((size_t)E, sizeof(int)), n_send = 0;
     for (int g = 0; g < E; g++) n_send += counts[g] = rows_of(me, g, S);
@@ -50,18 +52,19 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type)
             g_of[at] = g;
             for (int c = 0; c < C; c++) xs[(size_t)at * C + c] = value(me, g, i, c);
         }
-    ts_expert_dispatch_plan(&d, counts);
-    EXPECT(d.n_send == n_send, "n_send %d, not %d", d.n_send, n_send);
+    ts_expert_plan p;
+    ts_expert_plan_make(&d, &p, counts);
+    EXPECT(p.n_send == n_send, "n_send %d, not %d", p.n_send, n_send);
     /* What must arrive, in expert order. */
     int n_recv = 0;
     for (int l = 0; l < L; l++) {
         int rows = 0;
         for (int j = 0; j < S; j++) rows += rows_of(j, me * L + l, S);
-        EXPECT(d.expert_rows[l] == rows, "E=%d local expert %d: %d rows, not %d", E, l,
-               d.expert_rows[l], rows);
+        EXPECT(p.expert_rows[l] == rows, "E=%d local expert %d: %d rows, not %d", E, l,
+               p.expert_rows[l], rows);
         n_recv += rows;
     }
-    EXPECT(d.n_recv == n_recv, "E=%d: n_recv %d, not %d", E, d.n_recv, n_recv);
+    EXPECT(p.n_recv == n_recv, "E=%d: n_recv %d, not %d", E, p.n_recv, n_recv);
     float *want = calloc((size_t)n_recv * C + 1, sizeof(float));
     for (int l = 0, at = 0; l < L; l++)
         for (int j = 0; j < S; j++)
@@ -77,7 +80,30 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type)
         memcpy(hw + x * elem, (const char *)&want[x] + (4 - elem), elem);
     void *xp = dev_put(hs, sbytes), *out = k->dev_alloc(rbytes ? rbytes : 1),
          *work = k->dev_alloc(rbytes ? rbytes : 1);
-    ts_expert_dispatch_forward(&d, out, xp, work);
+    ts_expert_xfer x = {0};
+    ts_expert_dispatch_start(&d, &p, &x, xp, work, 'F', 0);
+    EXPECT(d.n_inflight == (overlap ? 1 : 0), "%d exchanges in flight", d.n_inflight);
+    /* A second exchange of the same layer in flight at once, as an overlapped pair's
+     * partner action starts its own (its own plan, record and buffers), finished first. */
+    ts_expert_plan p2;
+    ts_expert_plan_make(&d, &p2, counts);
+    ts_expert_xfer x2 = {0};
+    void *out2 = k->dev_alloc(rbytes ? rbytes : 1), *work2 = k->dev_alloc(rbytes ? rbytes : 1);
+    ts_expert_dispatch_start(&d, &p2, &x2, xp, work2, 'B', 1);
+    EXPECT(d.n_inflight == (overlap ? 2 : 0), "%d exchanges in flight", d.n_inflight);
+    ts_expert_dispatch_progress(&d);
+    ts_expert_dispatch_finish(&d, &p2, &x2, out2);
+    ts_expert_dispatch_finish(&d, &p, &x, out);
+    EXPECT(d.n_inflight == 0, "%d exchanges in flight after the finish", d.n_inflight);
+    if (rbytes) {
+        unsigned char *h2 = calloc(rbytes, 1);
+        k->memcpy_d2h(h2, out2, rbytes);
+        EXPECT(memcmp(h2, hw, rbytes) == 0, "E=%d: the second exchange in flight differs", E);
+        free(h2);
+    }
+    k->dev_free(out2);
+    k->dev_free(work2);
+    ts_expert_plan_free(&p2);
     if (rbytes) k->memcpy_d2h(hr, out, rbytes);
     EXPECT(memcmp(hr, hw, rbytes) == 0, "E=%d %s: the rows in expert order differ", E,
            type == TS_DTYPE_BF16 ? "bf16" : "f32");
@@ -85,13 +111,19 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type)
     if (type == TS_DTYPE_F32) {
         float *y = (float *)hr;
         for (int l = 0, at = 0; l < L; l++)
-            for (int r = 0; r < d.expert_rows[l]; r++, at++)
+            for (int r = 0; r < p.expert_rows[l]; r++, at++)
                 for (int c = 0; c < C; c++)
                     y[(size_t)at * C + c] = expert(y[(size_t)at * C + c], me * L + l);
         if (rbytes) k->memcpy_h2d(out, hr, rbytes);
     }
     void *yp = k->dev_alloc(sbytes ? sbytes : 1);
-    ts_expert_dispatch_combine(&d, yp, out, work);
+    ts_expert_combine_start(&d, &p, &x, yp, out, work, 'F', 0);
+    ts_expert_dispatch_progress(&d);
+    ts_expert_combine_finish(&d, &x);
+    double a2a_ms, wait_ms;
+    ts_expert_dispatch_take_times(&d, &a2a_ms, &wait_ms);
+    EXPECT(a2a_ms >= 0.0 && wait_ms >= 0.0 && wait_ms <= a2a_ms + 1e-9,
+           "exchange times %g ms, %g ms of it blocked", a2a_ms, wait_ms);
     unsigned char *hy = calloc(sbytes + 1, 1);
     if (sbytes) k->memcpy_d2h(hy, yp, sbytes);
     int bad = 0;
@@ -114,14 +146,15 @@ static void run_case(const ts_comm *ep, int E, ts_dtype type)
     free(want);
     free(g_of);
     free(counts);
+    ts_expert_plan_free(&p);
     ts_expert_dispatch_free(&d);
 }
 
 static void run_group(const ts_comm *ep)
 {
     for (int m = 1; m <= 3; m++) {
-        run_case(ep, m * ep->size, TS_DTYPE_F32);
-        run_case(ep, m * ep->size, TS_DTYPE_BF16);
+        run_case(ep, m * ep->size, TS_DTYPE_F32, m % 2 == 1);
+        run_case(ep, m * ep->size, TS_DTYPE_BF16, m % 2 == 0);
     }
     /* E not divisible by ep: refused, naming the keys. */
     if (ep->size > 1) {

@@ -47,6 +47,7 @@ static void test_moe_defaults(void)
     CHECK(m->moe_norm_topk && m->moe_route_scale == 1.0 && m->moe_groups == 1);
     CHECK(m->moe_topk_groups == 1 && m->moe_first_dense == 0 && m->moe_every == 1);
     CHECK(!m->qk_norm && g_cfg.parallel.ep == 1 && g_cfg.parallel.etp == 1);
+    CHECK(g_cfg.parallel.ep_overlap); /* it changes no bits */
     CHECK(g_cfg.train.moe_aux_loss == 0 && g_cfg.train.moe_z_loss == 0);
     CHECK(g_cfg.train.moe_bias_rate == 0);
     CHECK(g_cfg.log.moe_every == 0); /* the tokens per expert after the last step only */
@@ -79,6 +80,15 @@ static void test_moe_dense_refuses_keys(void)
     EXPECT_ERR(dense, OV("train.moe_bias_rate=0.001"), "train.moe_bias_rate is set");
     EXPECT_ERR(dense, OV("log.moe_every=10"), "log.moe_every is set");
     EXPECT_ERR(dense, OV("parallel.ep=2"), "parallel.ep is set");
+    EXPECT_ERR(dense, OV("parallel.ep_overlap=false"), "parallel.ep_overlap is set");
+    /* On an MoE either value, with or without ep (nothing to overlap on one ep rank). */
+    for (int i = 0; i < 2; i++) {
+        ts_error_clear();
+        CHECKF(load_ov(MOE, i ? OV("parallel.ep_overlap=false")
+                              : OV("parallel.ep_overlap=false", "parallel.dp=2", "parallel.ep=2"),
+                       i ? 1 : 3) == TS_OK && !g_cfg.parallel.ep_overlap,
+               "%s", ts_error_message());
+    }
     /* The keys at their defaults are no setting. */
     ts_error_clear();
     CHECKF(load_ov(dense, OV("model.moe_top_k=2", "model.moe_router=softmax"), 2) == TS_OK,

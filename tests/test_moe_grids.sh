@@ -74,9 +74,67 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check dp4_ep2_zero3 4 --set parallel.dp=4 --set 
 TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_etp2_zbv 4 --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.etp=2 --set parallel.schedule=zb-v --set parallel.virtual_stages=2 \
   --set parallel.recompute=full
+# blocking_twin NAME NP SETS...: NAME's run (SETS on NP ranks, the ep exchange overlapped:
+# parallel.ep_overlap's default) again with the blocking exchange; every step's loss and
+# gradient norm bit for bit the same (the overlap moves no sum: tensor/expert_dispatch.h).
+blocking_twin() {
+  local name="$1" np="$2"; shift 2
+  if [ "$np" -gt "$ep_max_ranks" ]; then
+    skip_case "$name's blocking twin on $np ranks (the release build runs it)"; return 0
+  fi
+  [ -f "$TMP/$name.jsonl" ] || { fail "$name's blocking twin: $name did not run"; return 0; }
+  if run_np "$np" "${common[@]}" --set parallel.ep_overlap=false \
+       --set "log.metrics=\"$TMP/${name}_blocking.jsonl\"" "$@"; then
+    if cmp -s <(losses "$TMP/$name.jsonl"; norms "$TMP/$name.jsonl") \
+              <(losses "$TMP/${name}_blocking.jsonl"; norms "$TMP/${name}_blocking.jsonl") &&
+       [ -n "$(losses "$TMP/$name.jsonl")" ]; then pass
+    else fail "$name: the overlapped ep exchange is not bit for bit the blocking one"; fi
+  else fail "run ${name}_blocking: $*"; sed 's/^/    /' "$TMP/err" >&2; fi
+}
+# a2a_trace_check NAME TRACE: NAME's run (its stderr still in $TMP/err, log.progress on)
+# traced its ep exchanges ("F dispatch L1" ... on the communication track, a2a), reported
+# the share of them hidden behind compute in [0, 1] (the trace's, on stderr, and every
+# step's a2a_hidden metric), and its blocked parts lie inside them.
+a2a_trace_check() {
+  local name="$1" trace="$2" out
+  if out=$(python3 - "$trace" "$TMP/$name.jsonl" "$TMP/err" 2>&1 <<'PY'
+import json, re, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+a2a = [e for e in ev if e.get("cat") == "a2a"]
+names = {re.sub(r"L\d+$", "L", e["name"]) for e in a2a}
+if names != {"F dispatch L", "F combine L", "B dispatch L", "B combine L"} or \
+        any(e["pid"] != 1 or e["args"]["mb"] < 0 for e in a2a):
+    sys.exit("a2a spans: %d, names %s" % (len(a2a), sorted(names)))
+m = re.search(r"ep all-to-all [0-9.]+ ms over all ranks, ([0-9.]+)% of it hidden",
+              open(sys.argv[3]).read())
+if not m or not 0 <= float(m.group(1)) <= 100:
+    sys.exit("no trace share of the all-to-all hidden on stderr (or out of range)")
+import bisect
+by_rank = {}
+for e in a2a:
+    by_rank.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+for v in by_rank.values():
+    v.sort()
+for w in (e for e in ev if e.get("cat") == "a2await"):
+    v = by_rank.get(w["tid"], [])
+    i = bisect.bisect_right(v, (w["ts"] + 1, float("inf")))  # the spans started by then
+    if not any(w["ts"] + w["dur"] <= b + 1 for _, b in v[max(0, i - 4):i]):
+        sys.exit("a blocked part outside its exchange: %s" % w)
+shares = [json.loads(l)["a2a_hidden"] for l in open(sys.argv[2]) if '"a2a_hidden"' in l]
+if len(shares) != 8 or not all(0 <= x <= 1 for x in shares):
+    sys.exit("a2a_hidden metrics %s" % shares)
+PY
+  ); then pass; else fail "$name's a2a trace: $out"; fi
+}
+
 # Expert parallelism over tp ranks (etp 1): every tp rank routes all rows, sends its half
-# to the experts, the halves are all-gathered (moe.c); run twice, bit-identical.
-check tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
+# to the experts, the halves are all-gathered (moe.c); run twice, bit-identical. Traced:
+# its all-to-all spans and the share hidden (a2a_trace_check); under the sanitizers
+# its blocking twin (the release build's are the 4-rank grids' below).
+check tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2 --set log.progress=true \
+  --set "log.trace=\"$TMP/tp2_ep2_trace.json\""
+a2a_trace_check tp2_ep2 "$TMP/tp2_ep2_trace.json"
+[ "${TS_TEST_SANITIZERS:-0}" = 1 ] && blocking_twin tp2_ep2 2 --set parallel.tp=2 --set parallel.ep=2
 release_only "tp 2 x ep 2 run twice, bit for bit" ||
   if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.ep=2 \
        --set "log.metrics=\"$TMP/tp2_ep2_again.jsonl\""; then
@@ -94,6 +152,13 @@ TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2
 TS_TEST_MAX_RANKS=$ep_max_ranks check pp2_dp2_ep2_dualpipev 4 --set parallel.pp=2 \
   --set parallel.dp=2 --set parallel.ep=2 --set parallel.schedule=dualpipe-v \
   --set parallel.virtual_stages=2 --set parallel.micro_batch=2
+# Overlap changes no bits: the overlapped runs (zb-v, dualpipe-v here, 1f1b and ep 4 with
+# the checkpoints below) against their blocking twins.
+blocking_twin pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 \
+  --set parallel.schedule=zb-v --set parallel.virtual_stages=2 --set parallel.recompute=full
+blocking_twin pp2_dp2_ep2_dualpipev 4 --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.ep=2 --set parallel.schedule=dualpipe-v --set parallel.virtual_stages=2 \
+  --set parallel.micro_batch=2
 
 # Checkpoints under expert parallelism: each expert is stored whole under its global id,
 # written once by its own ep rank's edp group, weights and AdamW moments (ZeRO shards
@@ -171,6 +236,11 @@ PY
 # one rank and on dp 4 x ep 4.
 same=0 ep4=1 ep_ckpt_case pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.ep=2 --set parallel.schedule=1f1b
+blocking_twin pp2_dp2_ep2 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 \
+  --set parallel.schedule=1f1b
+# ep 4 (its resume on dp 4 x ep 4, 4 steps) against its blocking twin.
+blocking_twin pp2_dp2_ep2_dp4_ep4 4 --set parallel.dp=4 --set parallel.ep=4 \
+  --set "checkpoint.load=\"$TMP/ck_pp2_dp2_ep2/step_00000004\""
 # Under etp each expert's F/2 slices are written by their own ranks, tiled whole (the
 # reshards below read and write slices on 4 ranks).
 # Its validation is uneven too (9 windows over the 2 replicas): the etp gather is as

@@ -424,11 +424,37 @@ static void test_writers_atomic(const char *dir)
     ts_schedule_free(&s);
 }
 
+/* The share of the a2a spans hidden: covered by the same rank's compute (F/B/I/W on the
+ * main track, overlapping spans merged), less their a2await parts; other ranks' compute,
+ * the dp track and other categories do not count. */
+static void test_hidden_share(void)
+{
+    ts_trace_event ev[9];
+    int n = 0;
+    ev[n++] = ts_trace_event_make("F", 0, 0, 0, 0, 100);    /* rank 0 computes 0..100 */
+    ev[n++] = ts_trace_event_make("B", 0, 0, 1, 50, 100);   /* and 50..150 (a pair's) */
+    ev[n++] = ts_trace_event_make("a2a", 0, 0, 0, 80, 100); /* 80..180: 70 covered */
+    ev[n - 1].track = TS_TRACE_TRACK_DP;
+    ev[n++] = ts_trace_event_make("a2await", 0, 0, 0, 130, 10); /* 10 of them blocked */
+    ev[n++] = ts_trace_event_make("a2a", 1, 0, 0, 0, 100);  /* rank 1: no compute of its */
+    ev[n - 1].track = TS_TRACE_TRACK_DP;
+    ev[n++] = ts_trace_event_make("dpreduce", 1, -1, -1, 0, 100); /* not compute */
+    ev[n - 1].track = TS_TRACE_TRACK_DP;
+    double total = 0;
+    double share = ts_trace_hidden_share(ev, n, "a2a", "a2await", &total);
+    CHECKF(total == 200 && share == 60.0 / 200.0, "total %g, share %g (want 200, 0.3)", total,
+           share);
+    /* No a2a spans: 0 of 0. */
+    share = ts_trace_hidden_share(ev, 2, "a2a", "a2await", &total);
+    CHECK(total == 0 && share == 0);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/ts_test_trace_XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_buffer();
+    test_hidden_share();
     test_round_trip(dir);
     test_svg(dir);
     test_read_rejects_bad_numbers(dir);

@@ -35,6 +35,7 @@ const char *ts_comm_backend_missing(const ts_comm_backend *b)
     REQUIRE(broadcast);
     REQUIRE(barrier);
     REQUIRE(alltoallv);
+    REQUIRE(ialltoallv);
     REQUIRE(iallreduce);
     REQUIRE(ireduce_scatter);
     REQUIRE(iallgather);
@@ -232,6 +233,24 @@ void ts_alltoallv_act(const ts_comm *c, const void *send, const int *send_counts
     size_t elems = 0;
     for (int j = 0; j < c->size; j++) elems += (size_t)send_counts[j] + (size_t)recv_counts[j];
     ts_comm_end(c, "all-to-all", elems * ts_dtype_bytes(type), t0);
+}
+
+void ts_ialltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
+                       const int *send_displs, void *recv, const int *recv_counts,
+                       const int *recv_displs, ts_dtype type, ts_request *r)
+{
+    request_start(c, r, "non-blocking all-to-all", -1);
+    if (c->size <= 1) { /* the blocking form's copy: complete at once */
+        ts_alltoallv_act(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                         type);
+        return;
+    }
+    size_t elems = 0;
+    for (int j = 0; j < c->size; j++) elems += (size_t)send_counts[j] + (size_t)recv_counts[j];
+    start_span(c, r, "all-to-all", elems * ts_dtype_bytes(type));
+    c->ops->ialltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                       comm_type(type), c->stream, r);
+    r->active = 1;
 }
 
 void ts_iallreduce_sum_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, ts_request *r)

@@ -149,6 +149,10 @@ struct ts_comm_backend {
                       const int *recv_displs, ts_comm_dtype type, void *stream);
 
     /* Non-blocking, with the semantics of the public calls below. */
+    void (*ialltoallv)(const ts_comm *c, const void *send, const int *send_counts,
+                       const int *send_displs, void *recv, const int *recv_counts,
+                       const int *recv_displs, ts_comm_dtype type, void *stream,
+                       ts_request *r);
     void (*iallreduce)(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type, ts_comm_op op,
                        void *stream, ts_request *r);
     void (*ireduce_scatter)(const ts_comm *c, void *buf, const int *counts, ts_comm_dtype type,
@@ -328,6 +332,16 @@ void ts_allgather_act(const ts_comm *c, const void *send, void *recv, size_t cou
 void ts_alltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
                       const int *send_displs, void *recv, const int *recv_counts,
                       const int *recv_displs, ts_dtype type);
+/* ts_alltoallv_act started non-blocking (an expert layer's dispatch and combine, which
+ * compute runs beside): the buffers and the four host arrays must stay valid, send
+ * unwritten and recv unread, until the request completes. On one rank the copy is made
+ * at once and the request is complete. MPI_Ialltoallv on the MPI backend (it moves only
+ * inside MPI calls: test it now and then, expert_dispatch.h); copies at start and at
+ * completion on the staged one; one NCCL group of a send and a receive per peer on the
+ * group's comm stream, completed by its event, on NCCL. */
+void ts_ialltoallv_act(const ts_comm *c, const void *send, const int *send_counts,
+                       const int *send_displs, void *recv, const int *recv_counts,
+                       const int *recv_displs, ts_dtype type, ts_request *r);
 void ts_isend_act(const ts_comm *c, const void *buf, size_t n, ts_dtype type, int peer, int tag,
                   ts_request *r);
 void ts_irecv_act(const ts_comm *c, void *buf, size_t n, ts_dtype type, int peer, int tag,

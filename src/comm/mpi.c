@@ -195,6 +195,19 @@ static void mpi_alltoallv(const ts_comm *c, const void *send, const int *send_co
                  c, "all-to-all");
 }
 
+static void mpi_ialltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                           const int *send_displs, void *recv, const int *recv_counts,
+                           const int *recv_displs, ts_comm_dtype type, void *stream,
+                           ts_request *r)
+{
+    (void)stream;
+    MPI_Request q;
+    ts_mpi_check(MPI_Ialltoallv(send, send_counts, send_displs, type_of(type), recv, recv_counts,
+                                recv_displs, type_of(type), ts_mpi_comm_of(c), &q),
+                 c, "non-blocking all-to-all");
+    set_request(r, q);
+}
+
 static void mpi_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
                            ts_comm_op op, void *stream, ts_request *r)
 {
@@ -282,6 +295,7 @@ const ts_comm_backend ts_comm_mpi = {
     .alltoallv = mpi_alltoallv,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
+    .ialltoallv = mpi_ialltoallv,
     .iallreduce = mpi_iallreduce,
     .ireduce_scatter = mpi_ireduce_scatter,
     .iallgather = mpi_iallgather,

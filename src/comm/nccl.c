@@ -560,6 +560,32 @@ static void nccl_iallgather(const ts_comm *c, void *buf, const int *counts, cons
     start_request(g, stream, r);
 }
 
+/* The blocking all-to-all's group of a send and a receive per peer, completed by an
+ * event on the comm stream as the other non-blocking operations are. */
+static void nccl_ialltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                            const int *send_displs, void *recv, const int *recv_counts,
+                            const int *recv_displs, ts_comm_dtype type, void *stream,
+                            ts_request *r)
+{
+    nccl_group *g = group_of(c);
+    TS_ASSERT(g->depth == 0);
+    const size_t elem = ts_comm_dtype_size(type);
+    after_caller(g, stream);
+    check_nccl(g, ncclGroupStart(), "non-blocking all-to-all (group start)");
+    for (int j = 0; j < c->size; j++) {
+        if (send_counts[j] > 0)
+            check_nccl(g, ncclSend((const char *)send + (size_t)send_displs[j] * elem,
+                                   (size_t)send_counts[j], type_of(type), j, g->comm, g->stream),
+                       "non-blocking all-to-all (send)");
+        if (recv_counts[j] > 0)
+            check_nccl(g, ncclRecv((char *)recv + (size_t)recv_displs[j] * elem,
+                                   (size_t)recv_counts[j], type_of(type), j, g->comm, g->stream),
+                       "non-blocking all-to-all (receive)");
+    }
+    check_nccl(g, ncclGroupEnd(), "non-blocking all-to-all (group end)");
+    start_request(g, stream, r);
+}
+
 static void nccl_isend(const ts_comm *c, const void *buf, size_t n, ts_comm_dtype type, int peer,
                        int tag, void *stream, ts_request *r)
 {
@@ -640,6 +666,7 @@ const ts_comm_backend ts_comm_nccl = {
     .alltoallv = nccl_alltoallv,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
+    .ialltoallv = nccl_ialltoallv,
     .iallreduce = nccl_iallreduce,
     .ireduce_scatter = nccl_ireduce_scatter,
     .iallgather = nccl_iallgather,

@@ -138,6 +138,7 @@ typedef struct {
     void *host; /* what MPI works on */
     void *dev;  /* the caller's buffer */
     size_t back; /* bytes copied from the start of host to dev on completion (0: none) */
+    void *send;  /* a second bounce buffer MPI reads (the all-to-all's send), or NULL */
 } stage;
 
 /* The bounce buffer for r, of `bytes` holding dev's first `in`, recorded in r->stage. */
@@ -148,6 +149,7 @@ static void *stage_start(ts_request *r, void *dev, size_t in, size_t bytes, size
     s->host = bounce(dev, in, bytes);
     s->dev = dev;
     s->back = back;
+    s->send = NULL;
     r->stage = s;
     return s->host;
 }
@@ -159,8 +161,26 @@ static void stage_finish(ts_request *r)
     if (!s) return;
     copy_back(s->dev, s->host, s->back);
     free(s->host);
+    free(s->send);
     free(s);
     r->stage = NULL;
+}
+
+/* Both extents bounced at the start (recv's too, so the elements between its pieces
+ * come back unchanged); recv's copied back on completion, send's bounce freed then. */
+static void staged_ialltoallv(const ts_comm *c, const void *send, const int *send_counts,
+                              const int *send_displs, void *recv, const int *recv_counts,
+                              const int *recv_displs, ts_comm_dtype type, void *stream,
+                              ts_request *r)
+{
+    const size_t elem = ts_comm_dtype_size(type);
+    const size_t sbytes = extent(c, send_counts, send_displs) * elem;
+    const size_t rbytes = extent(c, recv_counts, recv_displs) * elem;
+    void *hrecv = stage_start(r, recv, rbytes, rbytes, rbytes);
+    stage *s = r->stage;
+    s->send = bounce(send, sbytes, sbytes);
+    ts_comm_mpi.ialltoallv(c, s->send, send_counts, send_displs, hrecv, recv_counts,
+                           recv_displs, type, stream, r);
 }
 
 static void staged_iallreduce(const ts_comm *c, void *buf, size_t n, ts_comm_dtype type,
@@ -242,6 +262,7 @@ const ts_comm_backend ts_comm_mpi_staged = {
     .alltoallv = staged_alltoallv,
     .broadcast = staged_broadcast,
     .barrier = staged_barrier,
+    .ialltoallv = staged_ialltoallv,
     .iallreduce = staged_iallreduce,
     .ireduce_scatter = staged_ireduce_scatter,
     .iallgather = staged_iallgather,

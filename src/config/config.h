@@ -151,6 +151,9 @@ typedef struct {
     char comm[8];               /* data plane of the dp/pp/tp groups: "auto" | "mpi" | "nccl" */
     int ep, etp;                /* expert parallelism (ranks splitting the experts) and
                                    expert tensor parallelism: not built yet, both 1 */
+    bool ep_overlap;            /* the ep exchange non-blocking behind the MoE layer's
+                                   independent compute (and a DualPipe pair's partner);
+                                   false: blocking. The same bits either way */
 } ts_parallel_config;
 
 typedef struct {

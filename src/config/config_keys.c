@@ -69,6 +69,7 @@ void ts_config_defaults(ts_config *cfg)
     p->memory_budget_mb = 0; /* what the machine offers */
     copy_str(p->comm, sizeof p->comm, "auto");
     p->ep = p->etp = 1;
+    p->ep_overlap = true;
 
     ts_train_config *t = &cfg->train;
     t->global_batch = 16;
@@ -199,6 +200,7 @@ const key_spec ts_config_keys[] = {
     STR_KEY("parallel", "comm", parallel.comm, ts_config_check_comm),
     INT_KEY("parallel", "ep", parallel.ep, 1, 1 << 16),
     INT_KEY("parallel", "etp", parallel.etp, 1, 1 << 16),
+    BOOL_KEY("parallel", "ep_overlap", parallel.ep_overlap),
 
     INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
     INT_KEY("train", "steps", train.steps, 0, BIG),

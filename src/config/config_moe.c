@@ -44,6 +44,7 @@ static const char *dense_key_set(const ts_config *cfg)
     if (cfg->train.moe_bias_rate != 0.0) return "train.moe_bias_rate";
     if (cfg->parallel.ep != 1) return "parallel.ep";
     if (cfg->parallel.etp != 1) return "parallel.etp";
+    if (cfg->parallel.ep_overlap != d.parallel.ep_overlap) return "parallel.ep_overlap";
     if (cfg->log.moe_every != 0) return "log.moe_every";
     if (m->init_upcycle) return "model.init_upcycle";
     return NULL;
@@ -131,6 +132,12 @@ static ts_status check_expert_grid(const ts_config *cfg)
         return ts_fail("model.moe_ffn_hidden = %d must divide by parallel.etp = %d (each "
                        "etp rank holds moe_ffn_hidden/etp of every expert's width)",
                        cfg->model.moe_ffn_hidden, p->etp);
+    /* parallel.ep_overlap (either value on any MoE grid; a dense model refuses it off,
+     * as every MoE key, dense_key_set): with ep > 1 it chooses the non-blocking exchange
+     * or the blocking one (the same numbers); with ep 1 there is no exchange and it has
+     * nothing to change, as overlap_grad_sync with dp 1, so one config runs on every ep.
+     * Megatron's --overlap-moe-expert-parallel-comm is off by default and asserts ep > 1;
+     * this one is on by default. */
     /* Checkpoints and model.init: each expert is stored whole under its global id,
      * written by its own edp group (under etp each slice by its own) and read by the
      * ranks holding it, each its slice (checkpoint.h). */

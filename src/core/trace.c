@@ -50,6 +50,20 @@ ts_trace_event ts_trace_event_make(const char *cat, int rank, int chunk, int mb,
     return e;
 }
 
+static _Thread_local int tl_chunk = -1, tl_mb = -1;
+
+void ts_trace_set_action(int chunk, int mb)
+{
+    tl_chunk = chunk;
+    tl_mb = mb;
+}
+
+void ts_trace_current_action(int *chunk, int *mb)
+{
+    *chunk = tl_chunk;
+    *mb = tl_mb;
+}
+
 void ts_trace_init(ts_trace *t)
 {
     t->events = NULL;

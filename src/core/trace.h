@@ -16,7 +16,10 @@
  *          context-parallel K/V all-gather or dK/dV reduce-scatter, on the dp track),
  *          "dpreduce"
  *          (one dp collective from its start to its
- *          completion, on the dp track)
+ *          completion, on the dp track), "a2a" (an expert layer's ep all-to-all from its
+ *          start to its completion, on the dp track, named "F dispatch L3", "B combine
+ *          L3": the pass, the direction, the MoE block), "a2await" (the part of one the
+ *          layer spent blocked in its finish, on the main track, inside its action)
  *   name:  "F3" for compute (kind + micro-batch), else usually the category (for
  *          "dpreduce" the collective: "all-reduce", "reduce-scatter", ...)
  *   rank:  the rank (pipeline rank; tid in the Chrome trace)
@@ -62,6 +65,20 @@ ts_status ts_trace_event_check(const ts_trace_event *e, long long index);
  * track (set .track after for the dp track). */
 ts_trace_event ts_trace_event_make(const char *cat, int rank, int chunk, int mb,
                                    double start_us, double dur_us);
+
+/* The action this thread is running (the engine sets it around each action, -1 -1
+ * after), so a span recorded inside one (an expert layer's all-to-all) carries its chunk
+ * and micro-batch. Per thread: an overlapped pair's two actions run on two threads. */
+void ts_trace_set_action(int chunk, int mb);
+void ts_trace_current_action(int *chunk, int *mb);
+
+/* The share of the spans of category `comm` (e.g. "a2a") hidden behind compute: over
+ * every rank, the time of those spans covered by the same rank's compute spans (F, B, I,
+ * W on the main track), less the part covered by its spans of category `blocked` (the
+ * time its compute spent waiting for them, inside the actions), over the comm spans'
+ * total; *total_us gets that total. 0 when there are none. In [0, 1]. */
+double ts_trace_hidden_share(const ts_trace_event *events, int n, const char *comm,
+                             const char *blocked, double *total_us);
 
 /* A growable event buffer (owner: whoever called ts_trace_init). */
 typedef struct {

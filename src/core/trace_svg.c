@@ -26,6 +26,7 @@ static const style k_styles[] = {
     {"dpreduce", "dp reduction", 0xff9da7},
     {"tpcomm", "tp collective", 0xb07aa1},
     {"cpcomm", "cp K/V exchange", 0x76b7b2},
+    {"a2a", "ep all-to-all", 0xedc948},
 };
 #define N_STYLES ((int)(sizeof k_styles / sizeof k_styles[0]))
 

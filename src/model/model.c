@@ -441,6 +441,11 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
                                                          m->moe_experts, m->n_embd,
                                                          m->k->act_dtype);
             TS_ASSERT(st == TS_OK);
+            /* Overlapped: MPI moves the exchanges in flight when tested, so every layer
+             * boundary tests them (a partner action's layers too). */
+            m->moe_dispatch->overlap = spec->ep_overlap;
+            if (spec->ep_overlap)
+                ts_model_add_between_layers(m, ts_expert_dispatch_progress, m->moe_dispatch);
         }
         if (m->moe_etp > 1) {
             TS_ASSERT(spec->etp && spec->etp->size == m->moe_etp);

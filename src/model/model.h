@@ -88,8 +88,9 @@ typedef struct {
     size_t origin;          /* the float of the layout that param[0] (grad[0], ...) is */
 } ts_layer_mem;
 
-/* The most between-layers hooks a model calls (the reducer's and the shard owner's). */
-#define TS_MODEL_BETWEEN_LAYERS_MAX 2
+/* The most between-layers hooks a model calls (the reducer's, the shard owner's and the
+ * expert exchange's progress). */
+#define TS_MODEL_BETWEEN_LAYERS_MAX 3
 
 typedef struct {
     ts_arch arch;
@@ -132,8 +133,9 @@ typedef struct {
     /* Expert parallelism (ts_model_spec.ep): this rank holds the moe_local_experts =
      * E / moe_ep global experts [moe_ep_rank * moe_local_experts, ...) of every MoE block
      * (moe_ep 1: all of them) and exchanges rows with the others through moe_dispatch
-     * (tensor/expert_dispatch.h; owned, NULL for one rank or a layout only: its plan is
-     * per-call state, written through the pointer by a const model's forward). */
+     * (tensor/expert_dispatch.h; owned, NULL for one rank or a layout only; the plans
+     * are the calls' own, the exchanges in flight and their times written through the
+     * pointer by a const model's forward and backward). */
     int moe_ep, moe_ep_rank, moe_local_experts;
     ts_expert_dispatch *moe_dispatch;
     /* Expert tensor parallelism (ts_model_spec.etp): each local expert's hidden width is
@@ -228,6 +230,10 @@ typedef struct {
      * without a group: ep_size 0 means the group's size). */
     const ts_comm *ep;
     int ep_size, ep_rank;
+    /* parallel.ep_overlap: the ep exchange non-blocking, overlapped with the layer's
+     * independent compute and a partner action (tensor/expert_dispatch.h), polled
+     * between layers; false: blocking. */
+    bool ep_overlap;
     /* Expert tensor parallelism: the etp group (groups->etp; NULL or size 1: whole
      * experts) and, for a layout without a group, its size (etp_size; this rank's slice
      * is as large as any other's). */

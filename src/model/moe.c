@@ -49,7 +49,14 @@
  * residual carries the token alone, plus the shared experts), and its weight's gradient
  * is 0. As in Megatron the balance loss counts the selections before dropping, and the
  * step's counts (the moving bias, moe_max_load, log.moe_every) the kept assignments.
- * The buffers keep their dropless sizes (a dropped assignment only leaves rows unused).
+ * The exchange buffers are sized by the capacity where it is the tighter bound
+ * (act_layout.h MR): each sequence sends each expert at most its capacity of rows.
+ * The ep exchange is started and finished (parallel.ep_overlap: non-blocking between the
+ * two, blocking at the start otherwise, the same bits): between them the layer computes
+ * what does not need it (forward: the shared experts; backward: the router's backward
+ * and the shared experts') and calls ts_yield() (core/yield.h), where an overlapped
+ * pair's partner action runs; what the exchange holds meanwhile is the call's own
+ * (moe_trip), docs/ARCHITECTURE.md "Mixture of Experts" says what overlaps what.
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
@@ -57,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/yield.h"
 #include "model/block.h"
 
 /* The parameters of local expert e: its gate|up [2F, C] and its down [C, F]. */
@@ -248,46 +256,90 @@ static bool rows_travel(const ts_model *m)
     return m->moe_dispatch || m->moe_expert_tp;
 }
 
-/* The rows this rank's experts process, in expert order, from its permuted rows `src`
- * (counts[E] of them per expert): `src` itself on one rank; else sent over ep to the
- * experts' ranks and gathered over etp, each expert's together, into `buf` (`work`: the
- * exchange's staging). Returns the rows per local expert. Collective over ep and etp:
- * every rank of those groups reaches it for the same layer and micro-batch, in the
- * forward, the backward (the plans made again from the saved counts) and a recompute. */
-static const int *experts_in(const ts_model *m, const act_dims *d, const int *counts,
-                             void *buf, const void *src, void *work)
+/* One micro-batch's trip of its permuted rows to the experts and back, in four calls
+ * (experts_send, experts_arrive, experts_return, experts_returned): the ep exchange's
+ * plan and its transfer in flight are the caller's (its stack), never the model's, since
+ * another action may run at the ts_yield() between a start and its finish (core/yield.h)
+ * and run this layer for its own micro-batch. (The etp plan is the model's: it is made,
+ * used and done with between two yields.) */
+typedef struct {
+    ts_expert_plan plan; /* ep's, when m->moe_dispatch */
+    ts_expert_xfer xfer; /* the direction in flight */
+} moe_trip;
+
+/* Whether a non-blocking exchange travels between a start and its finish, so the layer
+ * computes what does not need it, polls it, and yields to a partner action. */
+static bool travels(const ts_model *m)
+{
+    return m->moe_dispatch && m->moe_dispatch->overlap;
+}
+
+/* Let MPI move the exchange in flight (between the GEMMs that hide it). */
+static void poll(const ts_model *m)
+{
+    if (travels(m)) ts_expert_dispatch_progress(m->moe_dispatch);
+}
+
+/* Start sending this rank's permuted rows `src` (counts[E] per expert) to the experts'
+ * ep ranks (`work` receives them); nothing without ep. Collective over ep: every rank of
+ * the group reaches it for the same layer and micro-batch, in the forward, the backward
+ * (the plan made again from the saved counts) and a recompute. */
+static void experts_send(const ts_model *m, const act_dims *d, moe_trip *t, const int *counts,
+                         const void *src, void *work, char pass, int block)
+{
+    if (!m->moe_dispatch) return;
+    ts_expert_plan_make(m->moe_dispatch, &t->plan, counts);
+    TS_ASSERT((size_t)t->plan.n_recv <= d->MR);
+    ts_expert_dispatch_start(m->moe_dispatch, &t->plan, &t->xfer, src, work, pass, block);
+}
+
+/* The rows this rank's experts process, in expert order: `src` itself on one rank; else
+ * what experts_send's exchange brought, and gathered over etp, each expert's together,
+ * into `buf` (`work`: the staging). Returns the rows per local expert. Collective over
+ * etp (blocking: its gather is not overlapped). */
+static const int *experts_arrive(const ts_model *m, const act_dims *d, moe_trip *t,
+                                 const int *counts, void *buf, const void *src, void *work)
 {
     const int *rows = counts;
     if (m->moe_dispatch) {
-        ts_expert_dispatch_plan(m->moe_dispatch, counts);
-        TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
-        ts_expert_dispatch_forward(m->moe_dispatch, buf, src, work);
-        rows = m->moe_dispatch->expert_rows;
+        ts_expert_dispatch_finish(m->moe_dispatch, &t->plan, &t->xfer, buf);
+        rows = t->plan.expert_rows;
         src = buf;
     }
-    ts_expert_tp *t = m->moe_expert_tp;
-    if (t) {
-        ts_expert_tp_plan(t, rows);
-        TS_ASSERT((size_t)t->n_buf <= d->MR); /* etp * (the rows before the gather) */
-        ts_expert_tp_gather(t, buf, src, work);
-        rows = t->expert_rows;
+    ts_expert_tp *e = m->moe_expert_tp;
+    if (e) {
+        ts_expert_tp_plan(e, rows);
+        TS_ASSERT((size_t)e->n_buf <= d->MR); /* etp * (the rows before the gather) */
+        ts_expert_tp_gather(e, buf, src, work);
+        rows = e->expert_rows;
     }
     return rows;
 }
 
-/* The reverse of experts_in: the experts' results in `buf` (etp partials) summed over
- * etp onto their rows' ranks and sent back over ep into `dst`, this rank's permuted
+/* The reverse: the experts' results in `buf` (etp partials) summed over etp onto their
+ * rows' ranks (blocking) and started back over ep into `dst`, this rank's permuted
  * order: into dst directly on one ep rank, else into `work`, the ep combine's input
  * (whose staging is then buf, read by now). Nothing to do when the rows stayed. */
-static void experts_out(const ts_model *m, void *dst, void *buf, void *work)
+static void experts_return(const ts_model *m, moe_trip *t, void *dst, void *buf, void *work,
+                           char pass, int block)
 {
-    ts_expert_tp *t = m->moe_expert_tp;
+    ts_expert_tp *e = m->moe_expert_tp;
     void *summed = buf;
-    if (t) {
+    if (e) {
         summed = m->moe_dispatch ? work : dst;
-        ts_expert_tp_reduce(t, summed, buf, work);
+        ts_expert_tp_reduce(e, summed, buf, work);
     }
-    if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, dst, summed, t ? buf : work);
+    if (m->moe_dispatch)
+        ts_expert_combine_start(m->moe_dispatch, &t->plan, &t->xfer, dst, summed, e ? buf : work,
+                                pass, block);
+}
+
+/* The combine's rows are in dst; the trip's plan is done with. */
+static void experts_returned(const ts_model *m, moe_trip *t)
+{
+    if (!m->moe_dispatch) return;
+    ts_expert_combine_finish(m->moe_dispatch, &t->xfer);
+    ts_expert_plan_free(&t->plan);
 }
 
 void ts_moe_forward(const block_sub *b, const void *in, void *out)
@@ -298,6 +350,7 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const block_acts *v = &b->v;
     const int N = moe_rows(b), C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
     const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
+    const int SF = m->moe_shared_ffn;
     TS_ASSERT(d->S == 1 && m->moe_router_k);
 
     /* The router in fp32: its logits from the fp32 master weight and the rows, widened
@@ -328,10 +381,23 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     k->moe_permute(v->moe_xp, v->moe_row, act_at(d, in, (size_t)sh.lo * C), idx,
                    v->moe_offsets, sh.n, K, C, E);
 
-    /* The rows this rank's experts process (experts_in; kept in moe_xr for the
-     * backward's weight gradients when they travel), each expert's SwiGLU over its own. */
+    /* The rows go to the experts (kept in moe_xr for the backward's weight gradients when
+     * they travel); meanwhile the shared experts' first GEMM and SwiGLU, which need only
+     * the input (their own buffers: the same bits wherever they run), and a partner
+     * action's turn (core/yield.h). */
+    moe_trip trip = {0};
+    experts_send(m, d, &trip, counts, v->moe_xp, v->moe_er, 'F', block_of(b));
+    if (SF > 0) {
+        k->matmul_forward(v->moe_sh_h, in, ts_block_weight(b, b->r.moe_shared_fc_w), NULL, N, C,
+                          2 * SF);
+        poll(m);
+        k->swiglu_forward(v->moe_sh_a, v->moe_sh_h, N, SF);
+    }
+    if (travels(m)) ts_yield();
+
+    /* Each expert's SwiGLU over its own rows. */
     const int L = m->moe_local_experts;
-    const int *rows = experts_in(m, d, counts, v->moe_xr, v->moe_xp, v->moe_er);
+    const int *rows = experts_arrive(m, d, &trip, counts, v->moe_xr, v->moe_xp, v->moe_er);
     const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
     void *yr = rows_travel(m) ? v->moe_yr : v->moe_yp;
     size_t o = 0;
@@ -342,22 +408,20 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
         k->matmul_forward(h, act_at(d, xr, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
         k->swiglu_forward(a, h, n, F);
         k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
+        poll(m); /* a partner action's exchange may be in flight */
     }
-    experts_out(m, v->moe_yp, v->moe_yr, v->moe_er);
+    /* Back to the tokens' rank; meanwhile the shared experts' second GEMM. */
+    experts_return(m, &trip, v->moe_yp, v->moe_yr, v->moe_er, 'F', block_of(b));
+    if (SF > 0)
+        k->matmul_forward(v->moe_sh_out, v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w),
+                          NULL, N, SF, C);
+    if (travels(m)) ts_yield();
+    experts_returned(m, &trip);
     free(counts);
     k->moe_combine(act_at(d, out, (size_t)sh.lo * C), v->moe_yp, v->moe_w + (size_t)sh.lo * K,
                    v->moe_row, sh.n, K, C);
     if (shares_rows(m)) gather_shares(m, out, N, C, k->act_dtype);
-
-    if (m->moe_shared_ffn > 0) {
-        const int SF = m->moe_shared_ffn;
-        k->matmul_forward(v->moe_sh_h, in, ts_block_weight(b, b->r.moe_shared_fc_w), NULL, N, C,
-                          2 * SF);
-        k->swiglu_forward(v->moe_sh_a, v->moe_sh_h, N, SF);
-        k->matmul_forward(v->moe_sh_out, v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w),
-                          NULL, N, SF, C);
-        k->residual_forward(out, out, v->moe_sh_out, (size_t)N * C);
-    }
+    if (SF > 0) k->residual_forward(out, out, v->moe_sh_out, (size_t)N * C);
 }
 
 /* The sequence-wise balance loss when a sequence's rows are split over ranks: under
@@ -400,6 +464,43 @@ static void balance_split(const block_sub *b, const moe_scratch *s, int N)
                                     m->moe_aux_coef, b->dloss * (float)T);
 }
 
+/* The router's backward: the weights' gradient through the renormalisation and the
+ * scores, the auxiliary losses' added (their values summed for the metrics), then its
+ * matmul, into din (overwritten: the first of din's three terms). The losses are per
+ * sequence of T rows over the global batch: dloss = 1/(B_glob T). Needs s->dw on every
+ * row (gathered over tp when shared). */
+static void router_backward(const block_sub *b, const moe_scratch *s, void *din, const void *in,
+                            int N)
+{
+    const ts_model *m = b->m;
+    const ts_kernels *k = m->k;
+    const act_dims *d = b->d;
+    const block_acts *v = &b->v;
+    const int C = (int)d->C, E = m->moe_experts;
+    k->moe_route_backward(&m->moe_routing, s->dlogits, s->dw, v->moe_scores, v->moe_idx, N);
+    /* Under sequence parallelism a rank's rows need not be whole sequences (the z-loss is
+     * per row: T = 1), and under context parallelism they are T/cp positions of each:
+     * the balance loss then takes its counts from every rank holding part of a sequence
+     * (balance_split). */
+    const bool split = d->sp || m->cp.size > 1;
+    if (m->moe_z_coef > 0.0f || (m->moe_aux_coef > 0.0f && !split))
+        k->moe_aux_forward_backward(&m->moe_routing, m->moe_losses, m->moe_losses + 1,
+                                    s->dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N,
+                                    d->sp ? 1 : b->T, m->moe_z_coef,
+                                    split ? 0.0f : m->moe_aux_coef, b->dloss,
+                                    b->dloss * (float)b->T);
+    if (m->moe_aux_coef > 0.0f && split) balance_split(b, s, N);
+    /* Its fp32 GEMMs, as the forward's: the weight's gradient from the saved fp32 rows,
+     * the input's in fp32, rounded once to the activation dtype (dxf) before the sum with
+     * the experts' path, as PyTorch's autograd rounds x.float()'s gradient. */
+    const bool f32 = k->act_dtype == TS_DTYPE_F32;
+    const float *xf = f32 ? (const float *)in : v->moe_xf;
+    const int rw = b->r.moe_router_w;
+    m->moe_router_k->matmul_backward(f32 ? din : s->dxf, ts_block_grad(b, rw), NULL, s->dlogits,
+                                     xf, ts_block_param(b, rw), N, C, E);
+    if (!f32) k->convert(din, k->act_dtype, s->dxf, TS_DTYPE_F32, (size_t)N * C);
+}
+
 void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void *in)
 {
     const ts_model *m = b->m;
@@ -408,6 +509,7 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     const block_acts *v = &b->v;
     const int N = moe_rows(b), C = (int)d->C, E = m->moe_experts, K = m->moe_top_k;
     const int F = m->moe_local_ffn; /* this rank's slice of each expert's width */
+    const int SF = m->moe_shared_ffn;
     /* Under the zero-bubble split (b->stash) the MoE's weight gradients are made here, in
      * the input pass, not deferred: correct, the W pass has less to do. */
     TS_ASSERT(d->S == 1 && b->sc);
@@ -423,16 +525,33 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     k->moe_combine_backward(s.dyp, s.dw + (size_t)sh.lo * K, act_at(d, dout, (size_t)sh.lo * C),
                             v->moe_yp, v->moe_w + (size_t)sh.lo * K, v->moe_row, sh.n, K, C);
 
-    /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
-     * its down projection's backward has read by then. Under expert parallelism the
-     * output gradients travel to the experts' ranks as the inputs did (the plan made
-     * again from the saved counts: the same collective order as the forward's) and the
-     * input gradients come back as the outputs did. */
+    /* Under expert parallelism the output gradients travel to the experts' ranks as the
+     * inputs did (the plan made again from the saved counts: the same collective order
+     * as the forward's). Meanwhile what needs only dout and dw: the router's backward
+     * (din's first term; under shared rows every row's dw gathered over tp first), the
+     * shared experts' down projection and SwiGLU backward (their own buffers), and a
+     * partner action's turn. din's terms are still summed in the order router, experts,
+     * shared experts: the same bits as one after the other. */
     int *counts = ts_malloc(2 * (size_t)E * sizeof(int)), *offsets = counts + E;
     host_counts(b, sh.n, counts, offsets);
     if (m->moe_capacity > 0) count_kept(b, counts);
+    moe_trip trip = {0};
+    experts_send(m, d, &trip, counts, s.dyp, s.er, 'B', block_of(b));
+    if (shares_rows(m)) gather_shares(m, s.dw, N, K, TS_DTYPE_F32);
+    router_backward(b, &s, din, in, N);
+    poll(m);
+    if (SF > 0) {
+        k->matmul_backward(s.sh_da, ts_block_grad(b, b->r.moe_shared_proj_w), NULL, dout,
+                           v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w), N, SF, C);
+        poll(m);
+        k->swiglu_backward(s.sh_dh, v->moe_sh_h, s.sh_da, N, SF);
+    }
+    if (travels(m)) ts_yield();
+
+    /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
+     * its down projection's backward has read by then. */
     const int L = m->moe_local_experts;
-    const int *rows = experts_in(m, d, counts, s.dyr, s.dyp, s.er);
+    const int *rows = experts_arrive(m, d, &trip, counts, s.dyr, s.dyp, s.er);
     const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
     void *dyr = rows_travel(m) ? s.dyr : s.dyp;
     size_t o = 0;
@@ -447,49 +566,27 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
         k->swiglu_backward(dh, act_at(d, v->moe_h, o * 2 * F), da, n, F);
         k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
                            expert_fc(b, e), n, C, 2 * F);
+        poll(m);
     }
-    experts_out(m, s.dyp, s.dyr, s.er);
+    /* The input gradients come back as the outputs did; meanwhile, under ep, the shared
+     * experts' first GEMM's weight gradient (its input gradient needs s.dx, which the
+     * experts' term occupies until it is added). */
+    experts_return(m, &trip, s.dyp, s.dyr, s.er, 'B', block_of(b));
+    const int sfc = b->r.moe_shared_fc_w;
+    const bool fc_split = SF > 0 && m->moe_dispatch;
+    if (fc_split)
+        k->matmul_backward(NULL, ts_block_grad(b, sfc), NULL, s.sh_dh, in,
+                           ts_block_weight(b, sfc), N, C, 2 * SF);
+    if (travels(m)) ts_yield();
+    experts_returned(m, &trip);
     free(counts);
     k->moe_permute_backward(act_at(d, s.dx, (size_t)sh.lo * C), s.dyp, v->moe_row, sh.n, K, C);
-    if (shares_rows(m)) { /* every row's input and weight gradients on every tp rank */
-        gather_shares(m, s.dx, N, C, k->act_dtype);
-        gather_shares(m, s.dw, N, K, TS_DTYPE_F32);
-    }
-
-    /* The router: the weights' gradient through the renormalisation and the scores, the
-     * auxiliary losses' added (their values summed for the metrics), then its matmul.
-     * The losses are per sequence of T rows over the global batch: dloss = 1/(B_glob T). */
-    k->moe_route_backward(&m->moe_routing, s.dlogits, s.dw, v->moe_scores, v->moe_idx, N);
-    /* Under sequence parallelism a rank's rows need not be whole sequences (the z-loss is
-     * per row: T = 1), and under context parallelism they are T/cp positions of each:
-     * the balance loss then takes its counts from every rank holding part of a sequence
-     * (balance_split). */
-    const bool split = d->sp || m->cp.size > 1;
-    if (m->moe_z_coef > 0.0f || (m->moe_aux_coef > 0.0f && !split))
-        k->moe_aux_forward_backward(&m->moe_routing, m->moe_losses, m->moe_losses + 1,
-                                    s.dlogits, v->moe_logits, v->moe_scores, v->moe_idx, N,
-                                    d->sp ? 1 : b->T, m->moe_z_coef,
-                                    split ? 0.0f : m->moe_aux_coef, b->dloss,
-                                    b->dloss * (float)b->T);
-    if (m->moe_aux_coef > 0.0f && split) balance_split(b, &s, N);
-    /* Its fp32 GEMMs, as the forward's: the weight's gradient from the saved fp32 rows,
-     * the input's in fp32, rounded once to the activation dtype (dxf) before the sum with
-     * the experts' path, as PyTorch's autograd rounds x.float()'s gradient. */
-    const bool f32 = k->act_dtype == TS_DTYPE_F32;
-    const float *xf = f32 ? (const float *)in : v->moe_xf;
-    const int rw = b->r.moe_router_w;
-    m->moe_router_k->matmul_backward(f32 ? din : s.dxf, ts_block_grad(b, rw), NULL, s.dlogits,
-                                     xf, ts_block_param(b, rw), N, C, E);
-    if (!f32) k->convert(din, k->act_dtype, s.dxf, TS_DTYPE_F32, (size_t)N * C);
+    if (shares_rows(m)) gather_shares(m, s.dx, N, C, k->act_dtype); /* every row's */
     k->residual_forward(din, din, s.dx, (size_t)N * C);
 
-    if (m->moe_shared_ffn > 0) {
-        const int SF = m->moe_shared_ffn;
-        k->matmul_backward(s.sh_da, ts_block_grad(b, b->r.moe_shared_proj_w), NULL, dout,
-                           v->moe_sh_a, ts_block_weight(b, b->r.moe_shared_proj_w), N, SF, C);
-        k->swiglu_backward(s.sh_dh, v->moe_sh_h, s.sh_da, N, SF);
-        k->matmul_backward(s.dx, ts_block_grad(b, b->r.moe_shared_fc_w), NULL, s.sh_dh, in,
-                           ts_block_weight(b, b->r.moe_shared_fc_w), N, C, 2 * SF);
+    if (SF > 0) {
+        k->matmul_backward(s.dx, fc_split ? NULL : ts_block_grad(b, sfc), NULL, s.sh_dh, in,
+                           ts_block_weight(b, sfc), N, C, 2 * SF);
         k->residual_forward(din, din, s.dx, (size_t)N * C);
     }
 }

@@ -298,6 +298,7 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     if (c > 0 && !is_local(e, c - 1))
         wait_recv(e, &s->recv_in, c, mb, k_recv_input, ts_chunk_rank(e->sched, c - 1));
     ts_watchdog_context(k_running[TS_ACT_F], c, mb, 0);
+    ts_trace_set_action(c, mb); /* for the spans recorded inside (an MoE's all-to-all) */
     double t0 = ts_now_ms();
     s->acts = acquire_acts(e, c);
     forward(e, step, c, mb, s, false);
@@ -317,6 +318,7 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
         release_acts(e, c, s);
     }
     double t1 = ts_now_ms();
+    ts_trace_set_action(-1, -1);
     e->compute_ms += t1 - t0;
     char name[16];
     snprintf(name, sizeof name, "F%d", mb);
@@ -349,6 +351,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
     if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
         wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(e->sched, c + 1));
     ts_watchdog_context(k_running[kind], c, mb, 0);
+    ts_trace_set_action(c, mb);
     double t0 = ts_now_ms();
     if (kind != TS_ACT_W) {
         if (!s->acts) { /* recomputation */
@@ -374,6 +377,7 @@ static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind ki
         chunk_backward_done(e, c, kind == TS_ACT_B);
     }
     double t1 = ts_now_ms();
+    ts_trace_set_action(-1, -1);
     e->compute_ms += t1 - t0;
     char name[16];
     snprintf(name, sizeof name, "%c%d", "FBIW"[kind], mb);

@@ -4,11 +4,14 @@
  * 0's rows, then rank 1's, each block by local expert) and expert order (what the
  * experts' GEMMs want: each local expert's rows together). The reorder is E_local * ep
  * contiguous block copies (the backend's memcpy_d2d), no kernel of its own: a block is
- * one (source rank, local expert) pair. */
+ * one (source rank, local expert) pair. The plan and everything an exchange holds
+ * between its start and finish are the caller's (expert_dispatch.h); the struct keeps
+ * only the setup, the list of exchanges in flight and the step's times. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "tensor/expert_dispatch.h"
 
 ts_status ts_expert_dispatch_init(ts_expert_dispatch *d, const ts_comm *ep,
@@ -26,57 +29,60 @@ ts_status ts_expert_dispatch_init(ts_expert_dispatch *d, const ts_comm *ep,
     d->E_local = E / S;
     d->C = C;
     d->type = type;
-    d->recv_counts_e = ts_calloc((size_t)S * (size_t)d->E_local, sizeof(int));
-    d->expert_rows = ts_calloc((size_t)d->E_local, sizeof(int));
-    d->send_counts = ts_calloc((size_t)S, sizeof(int));
-    d->send_displs = ts_calloc((size_t)S, sizeof(int));
-    d->recv_counts = ts_calloc((size_t)S, sizeof(int));
-    d->recv_displs = ts_calloc((size_t)S, sizeof(int));
     return TS_OK;
 }
 
 void ts_expert_dispatch_free(ts_expert_dispatch *d)
 {
-    free(d->recv_counts_e);
-    free(d->expert_rows);
-    free(d->send_counts);
-    free(d->send_displs);
-    free(d->recv_counts);
-    free(d->recv_displs);
+    TS_ASSERT(d->n_inflight == 0);
     memset(d, 0, sizeof *d);
 }
 
 static int group_size(const ts_expert_dispatch *d) { return d->ep->size > 1 ? d->ep->size : 1; }
 
-void ts_expert_dispatch_plan(ts_expert_dispatch *d, const int *counts)
+void ts_expert_plan_make(const ts_expert_dispatch *d, ts_expert_plan *p, const int *counts)
 {
     const int S = group_size(d), L = d->E_local;
+    /* One allocation: recv_counts_e [S*L], expert_rows [L], the four [S] arrays. */
+    int *a = ts_calloc((size_t)S * L + L + 4 * (size_t)S, sizeof(int));
+    p->recv_counts_e = a;
+    p->expert_rows = a + (size_t)S * L;
+    p->send_counts = p->expert_rows + L;
+    p->send_displs = p->send_counts + S;
+    p->recv_counts = p->send_displs + S;
+    p->recv_displs = p->recv_counts + S;
     /* recv_counts_e[j * L + l]: what rank j routes to my local expert l = its counts[my
      * block][l]. The all-to-all of L counts per peer delivers exactly that. */
-    ts_host_alltoall_i32(d->ep, counts, d->recv_counts_e, (size_t)L);
-    d->n_send = d->n_recv = 0;
-    for (int l = 0; l < L; l++) d->expert_rows[l] = 0;
+    ts_host_alltoall_i32(d->ep, counts, p->recv_counts_e, (size_t)L);
+    p->n_send = p->n_recv = 0;
     for (int j = 0; j < S; j++) {
         int rows_to_j = 0, rows_from_j = 0;
         for (int l = 0; l < L; l++) {
             rows_to_j += counts[j * L + l];
-            rows_from_j += d->recv_counts_e[j * L + l];
-            d->expert_rows[l] += d->recv_counts_e[j * L + l];
+            rows_from_j += p->recv_counts_e[j * L + l];
+            p->expert_rows[l] += p->recv_counts_e[j * L + l];
         }
-        TS_ASSERT((long long)(d->n_send + rows_to_j) * d->C <= 0x7fffffffLL);
-        TS_ASSERT((long long)(d->n_recv + rows_from_j) * d->C <= 0x7fffffffLL);
-        d->send_counts[j] = rows_to_j * d->C;
-        d->send_displs[j] = d->n_send * d->C;
-        d->recv_counts[j] = rows_from_j * d->C;
-        d->recv_displs[j] = d->n_recv * d->C;
-        d->n_send += rows_to_j;
-        d->n_recv += rows_from_j;
+        TS_ASSERT((long long)(p->n_send + rows_to_j) * d->C <= 0x7fffffffLL);
+        TS_ASSERT((long long)(p->n_recv + rows_from_j) * d->C <= 0x7fffffffLL);
+        p->send_counts[j] = rows_to_j * d->C;
+        p->send_displs[j] = p->n_send * d->C;
+        p->recv_counts[j] = rows_from_j * d->C;
+        p->recv_displs[j] = p->n_recv * d->C;
+        p->n_send += rows_to_j;
+        p->n_recv += rows_from_j;
     }
+}
+
+void ts_expert_plan_free(ts_expert_plan *p)
+{
+    free(p->recv_counts_e);
+    memset(p, 0, sizeof *p);
 }
 
 /* Block copies between source order (src_major) and expert order; `to_expert` says
  * which way. Both buffers hold n_recv rows. */
-static void reorder(const ts_expert_dispatch *d, void *dst, const void *src, bool to_expert)
+static void reorder(const ts_expert_dispatch *d, const ts_expert_plan *p, void *dst,
+                    const void *src, bool to_expert)
 {
     const int S = group_size(d), L = d->E_local;
     const size_t row = (size_t)d->C * ts_dtype_bytes(d->type);
@@ -85,9 +91,9 @@ static void reorder(const ts_expert_dispatch *d, void *dst, const void *src, boo
         size_t at_expert = expert_base;
         for (int j = 0; j < S; j++) {
             /* rank j's block starts at recv_displs[j]; its rows for experts < l first */
-            size_t at_source = (size_t)d->recv_displs[j] / (size_t)d->C;
-            for (int m = 0; m < l; m++) at_source += (size_t)d->recv_counts_e[j * L + m];
-            const size_t n = (size_t)d->recv_counts_e[j * L + l];
+            size_t at_source = (size_t)p->recv_displs[j] / (size_t)d->C;
+            for (int m = 0; m < l; m++) at_source += (size_t)p->recv_counts_e[j * L + m];
+            const size_t n = (size_t)p->recv_counts_e[j * L + l];
             if (n) {
                 if (to_expert)
                     d->k->memcpy_d2d((char *)dst + at_expert * row, (const char *)src + at_source * row,
@@ -98,22 +104,99 @@ static void reorder(const ts_expert_dispatch *d, void *dst, const void *src, boo
             }
             at_expert += n;
         }
-        expert_base += (size_t)d->expert_rows[l];
+        expert_base += (size_t)p->expert_rows[l];
     }
 }
 
-void ts_expert_dispatch_forward(const ts_expert_dispatch *d, void *out, const void *xp,
-                                void *work)
+/* x is seen complete: when, for its span. */
+static void mark_done(ts_expert_xfer *x) { x->span.done_ms = ts_now_ms(); }
+
+/* Start one all-to-all: blocking (overlap off: complete on return, the time all
+ * exposed) or non-blocking, listed in flight until its finish. */
+static void start(ts_expert_dispatch *d, ts_expert_xfer *x, const void *send, const int *sc,
+                  const int *sd, void *recv, const int *rc, const int *rd, const char *what,
+                  char pass, int block)
 {
-    ts_alltoallv_act(d->ep, xp, d->send_counts, d->send_displs, work, d->recv_counts,
-                     d->recv_displs, d->type);
-    reorder(d, out, work, true);
+    TS_ASSERT(!x->started);
+    x->span = (ts_expert_span){.what = what, .pass = pass, .block = block,
+                               .start_ms = ts_now_ms()};
+    x->started = 1;
+    if (!d->overlap) {
+        ts_alltoallv_act(d->ep, send, sc, sd, recv, rc, rd, d->type);
+        x->span.done_ms = ts_now_ms();
+        x->span.wait_ms = x->span.done_ms - x->span.start_ms;
+        memset(&x->req, 0, sizeof x->req); /* inactive: nothing to wait for */
+        return;
+    }
+    ts_ialltoallv_act(d->ep, send, sc, sd, recv, rc, rd, d->type, &x->req);
+    if (!x->req.active) mark_done(x); /* one rank: the copy is made */
+    TS_ASSERT(d->n_inflight < TS_EXPERT_INFLIGHT_MAX);
+    d->inflight[d->n_inflight++] = x;
 }
 
-void ts_expert_dispatch_combine(const ts_expert_dispatch *d, void *yp, const void *y,
-                                void *work)
+/* Wait for x (what progress has not completed yet), off the in-flight list; its times
+ * to the totals and its span to on_span. */
+static void finish(ts_expert_dispatch *d, ts_expert_xfer *x)
 {
-    reorder(d, work, y, false);
-    ts_alltoallv_act(d->ep, work, d->recv_counts, d->recv_displs, yp, d->send_counts,
-                     d->send_displs, d->type);
+    TS_ASSERT(x->started);
+    if (d->overlap) {
+        int i = 0;
+        while (i < d->n_inflight && d->inflight[i] != x) i++;
+        TS_ASSERT(i < d->n_inflight);
+        d->inflight[i] = d->inflight[--d->n_inflight];
+        if (x->req.active) {
+            const double t0 = ts_now_ms();
+            ts_request_wait(&x->req);
+            mark_done(x);
+            x->span.wait_ms = x->span.done_ms - t0;
+        }
+    }
+    x->started = 0;
+    d->a2a_ms += x->span.done_ms - x->span.start_ms;
+    d->wait_ms += x->span.wait_ms;
+    if (d->on_span) d->on_span(d->on_span_ctx, &x->span);
+}
+
+void ts_expert_dispatch_start(ts_expert_dispatch *d, const ts_expert_plan *p,
+                              ts_expert_xfer *x, const void *xp, void *work, char pass,
+                              int block)
+{
+    x->work = work;
+    start(d, x, xp, p->send_counts, p->send_displs, work, p->recv_counts, p->recv_displs,
+          "dispatch", pass, block);
+}
+
+void ts_expert_dispatch_finish(ts_expert_dispatch *d, const ts_expert_plan *p,
+                               ts_expert_xfer *x, void *out)
+{
+    finish(d, x);
+    reorder(d, p, out, x->work, true);
+}
+
+void ts_expert_combine_start(ts_expert_dispatch *d, const ts_expert_plan *p,
+                             ts_expert_xfer *x, void *yp, const void *y, void *work, char pass,
+                             int block)
+{
+    reorder(d, p, work, y, false);
+    x->work = work;
+    start(d, x, work, p->recv_counts, p->recv_displs, yp, p->send_counts, p->send_displs,
+          "combine", pass, block);
+}
+
+void ts_expert_combine_finish(ts_expert_dispatch *d, ts_expert_xfer *x) { finish(d, x); }
+
+void ts_expert_dispatch_progress(void *ctx)
+{
+    ts_expert_dispatch *d = ctx;
+    for (int i = 0; i < d->n_inflight; i++) {
+        ts_expert_xfer *x = d->inflight[i];
+        if (x->req.active && ts_request_test(&x->req)) mark_done(x);
+    }
+}
+
+void ts_expert_dispatch_take_times(ts_expert_dispatch *d, double *a2a_ms, double *wait_ms)
+{
+    *a2a_ms = d->a2a_ms;
+    *wait_ms = d->wait_ms;
+    d->a2a_ms = d->wait_ms = 0.0;
 }

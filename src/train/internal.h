@@ -34,6 +34,9 @@ void ts_trainer_on_replica_span(void *ctx, const char *what, size_t bytes, doubl
 void ts_trainer_on_tp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_on_cp_span(void *ctx, const char *what, size_t bytes, double t0, double t1);
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1);
+/* An ep exchange's span (tensor/expert_dispatch.h's on_span): "a2a" on the communication
+ * track, its blocked part "a2await" on the main track. */
+void ts_trainer_on_a2a_span(void *ctx, const ts_expert_span *s);
 ts_status ts_trainer_write_trace(ts_trainer *t);
 
 /* ---- checkpointing.c: checkpoint.dir's claim, checkpoint.load, saves and their commit */

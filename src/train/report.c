@@ -302,7 +302,7 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
         snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", mfu * 100.0);
     }
-    char moe[160] = "";
+    char moe[320] = "";
     if (s->moe)
         snprintf(moe, sizeof moe,
                  ",\"moe_aux_loss\":%.9g,\"moe_z_loss\":%.9g,\"moe_max_load\":%.4f",
@@ -314,6 +314,10 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(dropped_text, sizeof dropped_text, " | MoE dropped %.2f%%",
                  s->moe_dropped * 100.0);
     }
+    if (s->moe && s->a2a)
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe),
+                 ",\"a2a_ms\":%.3f,\"a2a_wait_ms\":%.3f,\"a2a_hidden\":%.4f", s->a2a_ms,
+                 s->a2a_wait_ms, s->a2a_hidden);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
@@ -429,6 +433,24 @@ void ts_trainer_on_cp_span(void *ctx, const char *what, size_t bytes, double t0,
     comm_span(ctx, "cpcomm", "cp ", what, t0, t1);
 }
 
+void ts_trainer_on_a2a_span(void *ctx, const ts_expert_span *s)
+{
+    ts_trainer *t = ctx;
+    if (!t->tracing) return;
+    int chunk, mb;
+    ts_trace_current_action(&chunk, &mb);
+    ts_trace_event ev = ts_trace_event_make("a2a", t->groups->world.rank, chunk, mb,
+                                            (s->start_ms - t->t0_ms) * 1e3,
+                                            (s->done_ms - s->start_ms) * 1e3);
+    snprintf(ev.name, sizeof ev.name, "%c %s L%d", s->pass, s->what, s->block);
+    ev.track = TS_TRACE_TRACK_DP;
+    ts_trace_add(&t->trace, &ev);
+    if (s->wait_ms <= 0) return;
+    ev = ts_trace_event_make("a2await", t->groups->world.rank, chunk, mb,
+                             (s->done_ms - s->wait_ms - t->t0_ms) * 1e3, s->wait_ms * 1e3);
+    ts_trace_add(&t->trace, &ev);
+}
+
 void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
 {
     if (!t->tracing) return;
@@ -457,6 +479,12 @@ ts_status ts_trainer_write_trace(ts_trainer *t)
         st = ts_trace_write_chrome(t->cfg.log.trace, all, total, t->groups->world.size,
                                    "tessera train (measured)");
         if (st == TS_OK) ts_log_info("trace: wrote %d events to %s", total, t->cfg.log.trace);
+        double a2a_us = 0.0;
+        const double hidden = ts_trace_hidden_share(all, total, "a2a", "a2await", &a2a_us);
+        if (st == TS_OK && a2a_us > 0)
+            ts_log_info("trace: ep all-to-all %.1f ms over all ranks, %.1f%% of it hidden "
+                        "behind compute",
+                        a2a_us * 1e-3, hidden * 100.0);
     }
     free(all);
     free(counts);

@@ -36,6 +36,10 @@ static void observe(ts_trainer *t, bool on)
     g->tp.on_span = trace ? ts_trainer_on_tp_span : NULL;
     g->cp.on_span = trace ? ts_trainer_on_cp_span : NULL;
     g->replica.on_span_ctx = g->tp.on_span_ctx = g->cp.on_span_ctx = trace ? t : NULL;
+    if (t->model.moe_dispatch) { /* the model's: built by now, freed after */
+        t->model.moe_dispatch->on_span = trace ? ts_trainer_on_a2a_span : NULL;
+        t->model.moe_dispatch->on_span_ctx = trace ? t : NULL;
+    }
 }
 
 /* Data parallelism (src/data): the ZeRO state's layout (its chunks, with ZeRO-2/3), the
@@ -132,6 +136,7 @@ static void build_model(ts_trainer *t, int level)
         .moe_z_loss = (float)cfg->train.moe_z_loss,
         .moe_aux_loss = (float)cfg->train.moe_aux_loss,
         .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL,
+        .ep_overlap = cfg->parallel.ep_overlap,
         .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL};
     ts_model_build(&t->model, &spec);
     free(selective);
@@ -240,11 +245,13 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     ts_model *m = &t->model;
     out->moe = m->moe_experts > 0;
     out->moe_counts = NULL;
+    out->a2a = m->moe_dispatch != NULL; /* the same on every rank: ep > 1 */
+    out->a2a_ms = out->a2a_wait_ms = out->a2a_hidden = 0.0;
     if (!out->moe) return;
     const size_t n = (size_t)m->n_layer * m->moe_experts;
     if (!t->moe_counts) t->moe_counts = ts_malloc(n * sizeof(int)); /* kept for the report */
     int *counts = t->moe_counts;
-    double *sums = ts_malloc((n + 2) * sizeof(double));
+    double *sums = ts_malloc((n + 4) * sizeof(double));
     float losses[2];
     ts_model_moe_read(m, counts, losses);
     /* The tp ranks run the MoE replicated (moe.c): tp rank 0's count once; under
@@ -253,7 +260,18 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     for (size_t i = 0; i < n; i++) sums[i] = once * counts[i];
     sums[n] = once * losses[0];
     sums[n + 1] = once * losses[1];
-    ts_host_allreduce_sum_f64(&t->groups->world, sums, (int)(n + 2));
+    /* The ep exchanges' time, start to completion, and the part blocked in their
+     * finishes, this rank's (the step's maxima taken with the other comm times) and
+     * summed: the share hidden is every rank's. */
+    if (m->moe_dispatch)
+        ts_expert_dispatch_take_times(m->moe_dispatch, &out->a2a_ms, &out->a2a_wait_ms);
+    sums[n + 2] = out->a2a_ms;
+    sums[n + 3] = out->a2a_wait_ms;
+    ts_host_allreduce_sum_f64(&t->groups->world, sums, (int)(n + 4));
+    if (sums[n + 2] > 0) {
+        const double hidden = 1.0 - sums[n + 3] / sums[n + 2];
+        out->a2a_hidden = hidden < 0 ? 0.0 : hidden > 1 ? 1.0 : hidden;
+    }
     for (size_t i = 0; i < n; i++) counts[i] = (int)sums[i];
     const long long tokens = (long long)t->cfg.train.global_batch * t->cfg.model.seq_len;
     /* A skipped step (non-finite loss or norm) changes nothing, the bias included. */
@@ -283,6 +301,10 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_reducer_begin(&t->reducer);
     ts_zero_begin(&t->zero);
     ts_model_moe_begin(&t->model);
+    if (t->model.moe_dispatch) { /* the step's exchanges only (not a validation's) */
+        double a2a_ms, wait_ms;
+        ts_expert_dispatch_take_times(t->model.moe_dispatch, &a2a_ms, &wait_ms);
+    }
     ts_engine_run(&t->engine, step);
 
     double t1 = ts_now_ms();
@@ -347,13 +369,15 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
-    double comm_ms[3] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
-                         t->cp_busy_ms};
-    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 3);
+    double comm_ms[5] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
+                         t->cp_busy_ms, out->a2a_ms, out->a2a_wait_ms};
+    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 5);
     out->dp_wait_ms = comm_ms[0];
     out->dp_bytes = t->groups->replica.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     out->tp_comm_ms = comm_ms[1];
     out->cp_comm_ms = comm_ms[2];
+    out->a2a_ms = comm_ms[3];
+    out->a2a_wait_ms = comm_ms[4];
 }
 
 double ts_trainer_eval(ts_trainer *t)

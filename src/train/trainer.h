@@ -42,6 +42,11 @@ typedef struct {
     bool moe;
     double moe_aux_loss, moe_z_loss, moe_max_load;
     double moe_dropped; /* model.moe_capacity > 0: the step's dropped share (else 0) */
+    /* Expert parallelism (ep > 1: a2a): the step's ep exchanges, start to completion, and
+     * the part blocked in their finishes (the longest rank's), and the share hidden,
+     * 1 - blocked / total over every rank. */
+    bool a2a;
+    double a2a_ms, a2a_wait_ms, a2a_hidden;
     const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
