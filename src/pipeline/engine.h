@@ -88,6 +88,16 @@ typedef struct {
     void (*after_action)(void *ctx, int i);
     void *action_ctx;
 
+    /* Overlapped pairs (ts_action.overlap) run as two threads, one baton (pair.h), under
+     * expert parallelism: paired[i] = actions i and i + 1 run so (NULL: every action
+     * alone, the plain loop); the pair's runner and worker (created once, here), the
+     * two actions under way (engine.c's action_run[2]), and what the worker sets up as
+     * the engine's thread has it (OpenMP's thread count, the CUDA device). */
+    bool *paired;
+    struct ts_pair *pair;
+    void *pair_runs;
+    int pair_cpu_threads, pair_device;
+
     ts_trace *trace;        /* NULL = no tracing */
     double trace_t0_ms;
 

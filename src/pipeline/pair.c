@@ -53,8 +53,10 @@ static void yield_hook(void *ctx)
 static void *worker_main(void *arg)
 {
     ts_pair *p = arg;
-    if (p->thread_setup) p->thread_setup(p->setup_ctx); /* thread-local state only */
+    if (p->thread_setup) p->thread_setup(p->setup_ctx); /* ts_pair_init waits for it */
     TS_ASSERT(pthread_mutex_lock(&p->mu) == 0);
+    p->ready = true;
+    TS_ASSERT(pthread_cond_broadcast(&p->cv) == 0);
     for (;;) {
         while (!p->quit && !(p->submitted && p->holder == 1 && !p->done[1]))
             TS_ASSERT(pthread_cond_wait(&p->cv, &p->mu) == 0);
@@ -97,6 +99,9 @@ ts_status ts_pair_init(ts_pair *p, void (*thread_setup)(void *ctx), void *setup_
                        "(pthread_create: %s)",
                        strerror(rc));
     }
+    TS_ASSERT(pthread_mutex_lock(&p->mu) == 0);
+    while (!p->ready) TS_ASSERT(pthread_cond_wait(&p->cv, &p->mu) == 0);
+    TS_ASSERT(pthread_mutex_unlock(&p->mu) == 0);
     return TS_OK;
 }
 

@@ -64,6 +64,7 @@ struct ts_pair {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool quit;                   /* ts_pair_free: the worker leaves */
+    bool ready;                  /* the worker has run thread_setup */
     void (*thread_setup)(void *ctx);
     void *setup_ctx;
     /* The pair under way (guarded by mu). */
@@ -83,7 +84,9 @@ struct ts_pair {
     int n_segments[2];
 };
 
-/* Start the worker thread. thread_setup (may be NULL) runs once on it, before any body.
+/* Start the worker thread. thread_setup (may be NULL) runs once on it, before any body
+ * and before ts_pair_init returns (the caller waits: the setup may read what the caller
+ * set up).
  * Errors: the thread could not be created (the message names pthread_create's error). */
 ts_status ts_pair_init(ts_pair *p, void (*thread_setup)(void *ctx), void *setup_ctx);
 /* Stop and join the worker (no pair may be running). */
