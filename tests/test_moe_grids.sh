@@ -11,7 +11,8 @@
 # expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven validation, ep 4 over
 # dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a bit-identical rerun, ep 2 over
 # cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
-# recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
+# recompute and dualpipe-v, whose overlapped pairs on two baton threads equal them run in
+# turn bit for bit, eager and grouped); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
 # with zb-v, etp 2 x ep 2 over cp 2 x dp 2, etp 2 over tp 2 with and without sp); a
 # checkpoint saved under ep or etp (each expert, or etp slice, by its own ranks; the bias
 # in its state.json; on dp 2 x ep 2, on pp 2 x dp 2 x ep 2, on dp 2 x etp 2 and on
