@@ -637,7 +637,8 @@ static ts_status pairs_init(ts_engine *e)
     if (mode && !strcmp(mode, "sequential")) return TS_OK;
     if (!ts_comm_thread_multiple()) {
         ts_log_warn("overlapped pipeline pairs (schedule \"%s\") run one action after the other: "
-                    "their two threads call MPI, and MPI did not grant MPI_THREAD_MULTIPLE",
+                    "their two threads communicate, and this MPI library does not let several "
+                    "threads communicate (thread level MULTIPLE)",
                     e->sched->name);
         return TS_OK;
     }
