@@ -524,7 +524,8 @@ static void issue_group(ts_engine *e, const ts_xchg_step *g)
 /* Eager mode, after action a: what it produced, and every send now ready. */
 static void send_produced(ts_engine *e, const ts_action *a)
 {
-    if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1) mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
+    if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1)
+        mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
     if ((a->kind == TS_ACT_B || a->kind == TS_ACT_I) && a->chunk > 0)
         mark_produced(e, a->chunk, a->mb, TS_XCHG_GRAD);
     issue_ready_sends(e);
@@ -591,7 +592,8 @@ static int input_recv_gap(const ts_engine *e, int j)
     for (int k = 0; k < e->xchg.n_steps[e->pp_rank]; k++)
         for (int o = 0; o < prog[k].n_ops; o++) {
             const ts_xchg_op *op = &prog[k].ops[o];
-            if (op->kind == TS_XCHG_RECV && op->dir == dir && op->chunk == a->chunk && op->mb == a->mb)
+            if (op->kind == TS_XCHG_RECV && op->dir == dir && op->chunk == a->chunk &&
+                op->mb == a->mb)
                 return k;
         }
     TS_ASSERT(!"an action's remote input has no receive in the exchange program");

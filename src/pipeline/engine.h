@@ -39,8 +39,10 @@
  *     per call (the a2a side's contract).
  *   - threads' own state: the worker takes the engine thread's OpenMP thread count (a
  *     per-thread setting a new thread does not inherit; OpenBLAS's OpenMP build follows
- *     its caller's) and CUDA device (the stream and cuBLAS handle are the process's); oneDNN's per-thread stream and scratchpad are
- *     the worker's own (freed when it ends); core/error.c's message is per thread (the
+ *     its caller's) and CUDA device (the stream and cuBLAS handle are the process's);
+ *     oneDNN's per-thread stream and scratchpad are the worker's own (freed when it
+ *     ends; one more scratchpad, and one more thread's OpenBLAS buffers, than the
+ *     memory estimate counts); core/error.c's message is per thread (the
  *     runner carries the worker's to this thread); the watchdog takes marks from the
  *     baton's holder (watchdog.h); the trace and comm spans are added by the holder.
  *   - MPI: both threads call it, never at once (the baton), in an order the program
