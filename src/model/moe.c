@@ -44,7 +44,6 @@
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
 #include <stdlib.h>
 
-#include "core/yield.h"
 #include "model/block.h"
 
 /* The parameters of local expert e: its gate|up [2F, C] and its down [C, F]. */
@@ -147,10 +146,6 @@ static const int *experts_in(const ts_model *m, const act_dims *d, const int *co
                              void *buf, const void *src, void *work)
 {
     const int *rows = counts;
-    /* TEST-ONLY yield (issue 40, the pair branch), to be superseded by the a2a branch's
-     * non-blocking exchange: before the blocking dispatch, where nothing shared is held
-     * (the dispatch's plan is made after it). */
-    if (m->moe_dispatch) ts_yield();
     if (m->moe_dispatch) {
         ts_expert_dispatch_plan(m->moe_dispatch, counts);
         TS_ASSERT((size_t)m->moe_dispatch->n_recv <= d->MR);
@@ -181,10 +176,6 @@ static void experts_out(const ts_model *m, void *dst, void *buf, void *work)
         ts_expert_tp_reduce(t, summed, buf, work);
     }
     if (m->moe_dispatch) ts_expert_dispatch_combine(m->moe_dispatch, dst, summed, t ? buf : work);
-    /* TEST-ONLY yield (issue 40, the pair branch), to be superseded by the a2a branch's:
-     * after the blocking combine, once the plan (the model's, one per layer call) is
-     * used up; a yield before it would let the partner's dispatch replace the plan. */
-    if (m->moe_dispatch) ts_yield();
 }
 
 void ts_moe_forward(const block_sub *b, const void *in, void *out)
