@@ -11,7 +11,8 @@
 # expert parallelism (ep 2 over dp 2 with ZeRO-1 and an uneven validation, ep 4 over
 # dp 4, ep 2 over dp 4 with ZeRO-3, ep 2 over tp 2 and a bit-identical rerun, ep 2 over
 # cp 2, pp 2 x dp 2 x ep 2 with 1f1b, zb-v with full
-# recompute and dualpipe-v); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
+# recompute and dualpipe-v, whose overlapped pairs on two baton threads equal them run in
+# turn bit for bit, eager and grouped); expert tensor parallelism (etp 2 over dp 2, over pp 2 x dp 2
 # with zb-v, etp 2 x ep 2 over cp 2 x dp 2, etp 2 over tp 2 with and without sp); a
 # checkpoint saved under ep or etp (each expert, or etp slice, by its own ranks; the bias
 # in its state.json; on dp 2 x ep 2, on pp 2 x dp 2 x ep 2, on dp 2 x etp 2 and on
@@ -159,6 +160,40 @@ blocking_twin pp2_dp2_ep2_zbv_full 4 --set parallel.pp=2 --set parallel.dp=2 --s
 blocking_twin pp2_dp2_ep2_dualpipev 4 --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.ep=2 --set parallel.schedule=dualpipe-v --set parallel.virtual_stages=2 \
   --set parallel.micro_batch=2
+# dualpipe-v's overlapped F/B pairs run as two threads with one baton under ep (engine.c,
+# pipeline/pair.h): the case above ran them so (eager transfers). Run one after the other
+# (TS_PP_PAIRS=sequential), and paired with grouped transfers (the group between a pair's
+# actions issued after the first's post-work): both equal it bit for bit, and the trace
+# shows a body's segments with its partner's in between (the pairs did interleave).
+dualpipev=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2
+           --set parallel.schedule=dualpipe-v --set parallel.virtual_stages=2
+           --set parallel.micro_batch=2)
+for how in sequential grouped; do
+  release_only "dualpipe-v's pairs $how vs paired, bit for bit" && continue
+  if [ $how = sequential ]; then export TS_PP_PAIRS=sequential; else export TS_PP_EXCHANGE=grouped; fi
+  if run_np 4 "${common[@]}" "${dualpipev[@]}" --set "log.metrics=\"$TMP/dualpipev_$how.jsonl\"" \
+       --set "log.trace=\"$TMP/dualpipev_$how.json\""; then
+    if cmp -s <(losses "$TMP/pp2_dp2_ep2_dualpipev.jsonl"; norms "$TMP/pp2_dp2_ep2_dualpipev.jsonl") \
+              <(losses "$TMP/dualpipev_$how.jsonl"; norms "$TMP/dualpipev_$how.jsonl"); then pass
+    else fail "dualpipe-v pp 2 x dp 2 x ep 2: pairs $how differ from paired"; fi
+  else fail "dualpipe-v pairs $how"; sed 's/^/    /' "$TMP/err" >&2; fi
+  unset TS_PP_PAIRS TS_PP_EXCHANGE
+done
+release_only "dualpipe-v's pairs interleave (trace)" ||
+  if out=$(python3 - "$TMP/dualpipev_grouped.json" "$TMP/dualpipev_sequential.json" 2>&1 <<'PY'
+import json, sys
+def pair_spans(path):
+    ev = [e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "pair"]
+    return sorted(ev, key=lambda e: (e["tid"], e["ts"]))
+paired, sequential = pair_spans(sys.argv[1]), pair_spans(sys.argv[2])
+# An action split around its partner's segment: X, Y, X on one rank.
+key = lambda e: (e["tid"], e["name"], e["args"]["chunk"])
+split = sum(1 for a, b, c in zip(paired, paired[1:], paired[2:])
+            if key(a) == key(c) and key(b) != key(a) and a["tid"] == b["tid"])
+if split == 0 or sequential:
+    sys.exit("%d split actions paired, %d pair spans sequential" % (split, len(sequential)))
+PY
+); then pass; else fail "dualpipe-v pairs in the trace: $out"; fi
 
 # Checkpoints under expert parallelism: each expert is stored whole under its global id,
 # written once by its own ep rank's edp group, weights and AdamW moments (ZeRO shards

@@ -12,6 +12,7 @@ static const char *const NAMES[TS_ENV_COUNT] = {
     [TS_ENV_TEST_SAVE_STALL_S] = "TS_TEST_SAVE_STALL_S",
     [TS_ENV_TEST_INIT_STALL_S] = "TS_TEST_INIT_STALL_S",
     [TS_ENV_TEST_TOKENIZER_ANY_SIZE] = "TS_TEST_TOKENIZER_ANY_SIZE",
+    [TS_ENV_PP_PAIRS] = "TS_PP_PAIRS",
 };
 
 const char *ts_env_name(ts_env_switch s)

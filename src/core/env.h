@@ -9,6 +9,9 @@
  *   TS_FAKE_BLAS_CORE=NAME  pretend OpenBLAS chose core NAME (drives the re-execution)
  *   TS_PP_EXCHANGE=grouped  issue the pipeline's sends and receives as groups, as NCCL
  *                           needs, on any comm backend
+ *   TS_PP_PAIRS=sequential  run a schedule's overlapped F/B pairs one action after the
+ *                           other, as without expert parallelism (the paired run's
+ *                           bit-for-bit reference)
  *   TS_TEST_SAVE_STALL_S=S  every rank waits S seconds mid-save, before the commit
  *   TS_TEST_INIT_STALL_S=S  every rank of an MPI command waits S seconds before MPI_Init
  *   TS_TEST_TOKENIZER_ANY_SIZE=1  a named encoding takes a ranks file of any size (the
@@ -24,6 +27,7 @@ typedef enum {
     TS_ENV_TEST_SAVE_STALL_S,
     TS_ENV_TEST_INIT_STALL_S,
     TS_ENV_TEST_TOKENIZER_ANY_SIZE,
+    TS_ENV_PP_PAIRS,
     TS_ENV_COUNT
 } ts_env_switch;
 

@@ -14,6 +14,10 @@
  *          parallel gradient sync), "tpcomm" (a tensor-parallel collective, the call or,
  *          under tp_overlap, its start to completion, on the dp track), "cpcomm" (a
  *          context-parallel K/V all-gather or dK/dV reduce-scatter, on the dp track),
+ *          "pair" (a segment an overlapped pair's body computed between two yields,
+ *          pipeline/pair.h: named and attributed like its action's span, "F3" on its
+ *          chunk and mb, on the main track; the action's own "F"/"B" span then starts at
+ *          its first segment and lasts their sum, its own compute),
  *          "dpreduce"
  *          (one dp collective from its start to its
  *          completion, on the dp track), "a2a" (an expert layer's ep all-to-all from its

@@ -1,6 +1,7 @@
 /* The watchdog thread and the main thread's marks (watchdog.h).
  *
- * The record is a seqlock with one writer (the main thread): a mark makes the sequence
+ * The record is a seqlock with one writer at a time (the main thread, or the pipeline
+ * pair's worker while it holds the baton: watchdog.h): a mark makes the sequence
  * odd, stores the fields, and makes it even again, all plain (relaxed or release)
  * stores that compile to ordinary moves on x86 and ARM. Every mark moves the sequence,
  * so the sequence is also the progress counter: the thread remembers when it last saw

@@ -29,8 +29,12 @@ ts_status ts_watchdog_start(int timeout_s, int rank, const char *host);
 /* Stop and join the thread (no-op when not running). */
 void ts_watchdog_stop(void);
 
-/* Marks, main thread only. String arguments must outlive the run (literals, or the
- * communicator names of the topology). */
+/* Marks: one thread at a time. The main thread's, and while an overlapped pipeline pair
+ * runs (pipeline/pair.h) the pair's worker's as it holds the baton: the baton passes
+ * with a mutex's unlock and lock, so the two threads' marks never overlap and each sees
+ * the other's last one (the seqlock keeps a single writer at any moment); the thread
+ * that waits for the baton makes none. String arguments must outlive the run (literals,
+ * or the communicator names of the topology). */
 
 /* The optimizer step under way (-1 = setup, before the first step). Clears the context. */
 void ts_watchdog_step(int step);

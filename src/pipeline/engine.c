@@ -9,10 +9,13 @@
 #include "core/timer.h"
 #include "core/watchdog.h"
 #include "pipeline/memory.h"
+#include "pipeline/pair.h"
 
 /* One message tag for every pipeline transfer: messages are matched by their order
  * (exchange.h), which MPI keeps between two ranks, as NCCL does without tags. */
 enum { PP_TAG = 0 };
+
+static ts_status pairs_init(ts_engine *e);
 
 static int chunk_first(const ts_engine *e, int c) { return e->part->first_layer[c]; }
 static int chunk_end(const ts_engine *e, int c)
@@ -115,6 +118,11 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     e->produced = ts_calloc((size_t)e->n_local * e->m * 2, sizeof(bool));
     ts_scratch_init(&e->scratch, model, e->B, e->T);
 
+    if (pairs_init(e) != TS_OK) {
+        ts_engine_free(e);
+        return TS_ERR;
+    }
+
     /* World ranks of the pipeline peers, so a watchdog message names the rank to look at. */
     e->pp_world = ts_calloc((size_t)(e->pp->size > 0 ? e->pp->size : 1), sizeof(int));
     ts_comm_world_ranks(e->pp, e->pp_world);
@@ -163,6 +171,10 @@ void ts_engine_free(ts_engine *e)
     free(e->recomputed);
     ts_xchg_free(&e->xchg);
     ts_scratch_free(&e->scratch);
+    if (e->pair) ts_pair_free(e->pair);
+    free(e->pair);
+    free(e->paired);
+    free(e->pair_runs);
     memset(e, 0, sizeof *e);
 }
 
@@ -292,17 +304,36 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);
 }
 
-static void do_forward(ts_engine *e, int step, int c, int mb)
+/* ---- an action in three parts: its pre-work (waiting for its input, taking its
+ * activation set), its body (the compute: what an overlapped pair runs on two threads,
+ * pair.h) and its post-work (releasing, accounting, tracing). A plain action runs the
+ * three in a row; a pair runs both pre-works, then the bodies, then both post-works, all
+ * but the bodies on the engine's thread. */
+typedef struct {
+    ts_engine *e;
+    int step;
+    ts_action a;
+    bool replay;       /* B/I: the forward is recomputed first (only the input was kept) */
+    bool last;         /* B: the chunk's last backward of the step (layer_done per layer) */
+    double t0;         /* the body's start (paired: its first segment's) */
+    double busy_ms;    /* the body's own compute (paired: its segments' sum) */
+    int n_segments;    /* paired: segments so far */
+} action_run;
+
+static void forward_pre(ts_engine *e, action_run *r)
 {
+    const int c = r->a.chunk, mb = r->a.mb;
     ts_mb_slot *s = slot(e, c, mb);
     if (c > 0 && !is_local(e, c - 1))
         wait_recv(e, &s->recv_in, c, mb, k_recv_input, ts_chunk_rank(e->sched, c - 1));
-    ts_watchdog_context(k_running[TS_ACT_F], c, mb, 0);
-    ts_trace_set_action(c, mb); /* for the spans recorded inside (an MoE's all-to-all) */
-    double t0 = ts_now_ms();
     s->acts = acquire_acts(e, c);
-    forward(e, step, c, mb, s, false);
+}
 
+static void forward_body(ts_engine *e, const action_run *r)
+{
+    const int c = r->a.chunk, mb = r->a.mb;
+    ts_mb_slot *s = slot(e, c, mb);
+    forward(e, r->step, c, mb, s, false);
     if (c < e->n_chunks - 1) {
         void *y = ts_acts_output(e->model, s->acts, chunk_end(e, c) - 1);
         if (is_local(e, c + 1))
@@ -312,17 +343,17 @@ static void do_forward(ts_engine *e, int step, int c, int mb)
     }
     if (recomputes(e, c, mb)) {
         /* Keep only the chunk's input (s->in) and the tokens; recompute before the
-         * backward. The last chunk's loss was counted now, not at the replay. */
+         * backward (the post-work releases the rest). The last chunk's loss was counted
+         * now, not at the replay. */
         e->model->k->memcpy_d2d(s->tokens, s->acts->tokens, (size_t)e->N * sizeof(int));
         e->model->k->memcpy_d2d(s->targets, s->acts->targets, (size_t)e->N * sizeof(int));
-        release_acts(e, c, s);
     }
-    double t1 = ts_now_ms();
-    ts_trace_set_action(-1, -1);
-    e->compute_ms += t1 - t0;
-    char name[16];
-    snprintf(name, sizeof name, "F%d", mb);
-    record(e, "F", name, c, mb, t0, t1);
+}
+
+static void forward_post(ts_engine *e, const action_run *r)
+{
+    const int c = r->a.chunk, mb = r->a.mb;
+    if (recomputes(e, c, mb)) release_acts(e, c, slot(e, c, mb));
 }
 
 /* The step's last backward through `layer`: its gradients are final (sequence
@@ -345,43 +376,97 @@ static void chunk_backward_done(ts_engine *e, int c, bool per_layer)
     if (e->chunk_done) e->chunk_done(e->chunk_done_ctx, chunk_first(e, c), chunk_end(e, c));
 }
 
-static void do_backward(ts_engine *e, int step, int c, int mb, ts_action_kind kind)
+static void backward_pre(ts_engine *e, action_run *r)
 {
+    const int c = r->a.chunk, mb = r->a.mb;
+    const ts_action_kind kind = r->a.kind;
     ts_mb_slot *s = slot(e, c, mb);
     if (kind != TS_ACT_W && c < e->n_chunks - 1 && !is_local(e, c + 1))
         wait_recv(e, &s->recv_dy, c, mb, k_recv_grad, ts_chunk_rank(e->sched, c + 1));
-    ts_watchdog_context(k_running[kind], c, mb, 0);
-    ts_trace_set_action(c, mb);
-    double t0 = ts_now_ms();
-    if (kind != TS_ACT_W) {
-        if (!s->acts) { /* recomputation */
-            s->acts = acquire_acts(e, c);
-            forward(e, step, c, mb, s, true);
-        }
-        if (c < e->n_chunks - 1 && is_local(e, c + 1))
-            e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, e->nc_bytes);
-        if (kind == TS_ACT_B) {
-            /* The chunk's last backward of the step: each layer's gradients are final
-             * as soon as the backward leaves it, so report per layer (the dp all-reduce
-             * of the first buckets starts while the rest of the backward runs). */
-            bool last = e->bwd_done[e->local_of_chunk[c]] == e->m - 1;
-            ts_model_backward(e->model, s->acts, s->dx, &e->scratch, last ? layer_done : NULL, e);
-        }
-        else
-            ts_model_backward_input(e->model, s->acts, s->dx, &e->scratch);
-    } else {
+    if (kind != TS_ACT_W && !s->acts) { /* recomputation: the body replays the forward */
+        s->acts = acquire_acts(e, c);
+        r->replay = true;
+    }
+    /* The chunk's last backward of the step: each layer's gradients are final as soon as
+     * the backward leaves it, so report per layer (the dp all-reduce of the first
+     * buckets starts while the rest of the backward runs). */
+    r->last = kind == TS_ACT_B && e->bwd_done[e->local_of_chunk[c]] == e->m - 1;
+}
+
+static void backward_body(ts_engine *e, const action_run *r)
+{
+    const int c = r->a.chunk, mb = r->a.mb;
+    const ts_action_kind kind = r->a.kind;
+    ts_mb_slot *s = slot(e, c, mb);
+    if (kind == TS_ACT_W) {
         ts_model_backward_weight(e->model, s->acts, &e->scratch);
+        return;
     }
-    if (kind != TS_ACT_I) {
-        release_acts(e, c, s);
-        chunk_backward_done(e, c, kind == TS_ACT_B);
+    if (r->replay) forward(e, r->step, c, mb, s, true);
+    if (c < e->n_chunks - 1 && is_local(e, c + 1))
+        e->model->k->memcpy_d2d(s->dx, slot(e, c + 1, mb)->dx, e->nc_bytes);
+    if (kind == TS_ACT_B)
+        ts_model_backward(e->model, s->acts, s->dx, &e->scratch, r->last ? layer_done : NULL, e);
+    else
+        ts_model_backward_input(e->model, s->acts, s->dx, &e->scratch);
+}
+
+static void backward_post(ts_engine *e, const action_run *r)
+{
+    const int c = r->a.chunk;
+    if (r->a.kind != TS_ACT_I) {
+        release_acts(e, c, slot(e, c, r->a.mb));
+        chunk_backward_done(e, c, r->a.kind == TS_ACT_B);
     }
-    double t1 = ts_now_ms();
+}
+
+static void action_pre(ts_engine *e, action_run *r)
+{
+    if (r->a.kind == TS_ACT_F)
+        forward_pre(e, r);
+    else
+        backward_pre(e, r);
+}
+
+/* The body (pair.h's ts_pair_body): what runs between the two. Marks the watchdog as
+ * whichever thread runs it (pair.h: one at a time, the baton's holder). */
+static ts_status action_body(void *ctx)
+{
+    const action_run *r = ctx;
+    ts_watchdog_context(k_running[r->a.kind], r->a.chunk, r->a.mb, 0);
+    /* This thread's action, for the spans recorded inside (an MoE's all-to-all). */
+    ts_trace_set_action(r->a.chunk, r->a.mb);
+    if (r->a.kind == TS_ACT_F)
+        forward_body(r->e, r);
+    else
+        backward_body(r->e, r);
     ts_trace_set_action(-1, -1);
-    e->compute_ms += t1 - t0;
+    return TS_OK;
+}
+
+/* Releases, then the accounting: the body's compute time and its span on the trace. */
+static void action_post(ts_engine *e, const action_run *r)
+{
+    if (r->a.kind == TS_ACT_F)
+        forward_post(e, r);
+    else
+        backward_post(e, r);
+    e->compute_ms += r->busy_ms;
     char name[16];
-    snprintf(name, sizeof name, "%c%d", "FBIW"[kind], mb);
-    record(e, kind == TS_ACT_B ? "B" : kind == TS_ACT_I ? "I" : "W", name, c, mb, t0, t1);
+    snprintf(name, sizeof name, "%c%d", "FBIW"[r->a.kind], r->a.mb);
+    static const char *const cats[] = {"F", "B", "I", "W"};
+    record(e, cats[r->a.kind], name, r->a.chunk, r->a.mb, r->t0, r->t0 + r->busy_ms);
+}
+
+/* One action, not paired: its three parts in a row. */
+static void run_action(ts_engine *e, int step, ts_action a)
+{
+    action_run r = {.e = e, .step = step, .a = a};
+    action_pre(e, &r);
+    r.t0 = ts_now_ms();
+    action_body(&r);
+    r.busy_ms = ts_now_ms() - r.t0;
+    action_post(e, &r);
 }
 
 /* One op of the exchange program (exchange.h): a receive into the slot of the consuming
@@ -430,6 +515,165 @@ static void mark_produced(ts_engine *e, int c, int mb, ts_xchg_dir dir)
     e->produced[(size_t)(e->local_of_chunk[c] * e->m + mb) * 2 + dir] = true;
 }
 
+/* Grouped mode: the program's group before an action, issued as one group. */
+static void issue_group(ts_engine *e, const ts_xchg_step *g)
+{
+    if (g->n_ops == 0) return;
+    ts_comm_group_begin(e->pp);
+    for (int k = 0; k < g->n_ops; k++) issue_op(e, &g->ops[k]);
+    ts_comm_group_end(e->pp);
+}
+
+/* Eager mode, after action a: what it produced, and every send now ready. */
+static void send_produced(ts_engine *e, const ts_action *a)
+{
+    if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1)
+        mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
+    if ((a->kind == TS_ACT_B || a->kind == TS_ACT_I) && a->chunk > 0)
+        mark_produced(e, a->chunk, a->mb, TS_XCHG_GRAD);
+    issue_ready_sends(e);
+}
+
+/* ---- overlapped pairs (pair.h) ------------------------------------------------- */
+
+/* The pair runner's report of a segment one body computed between yields: the body's
+ * compute time and first start (its F/B span), and the segment as a "pair" span named
+ * after its action, so the trace shows the interleaving. Runs on the baton's holder. */
+static void pair_segment(void *ctx, int side, double t0, double t1)
+{
+    ts_engine *e = ctx;
+    action_run *r = &((action_run *)e->pair_runs)[side];
+    if (r->n_segments++ == 0) r->t0 = t0;
+    r->busy_ms += t1 - t0;
+    char name[16];
+    snprintf(name, sizeof name, "%c%d", "FBIW"[r->a.kind], r->a.mb);
+    record(e, "pair", name, r->a.chunk, r->a.mb, t0, t1);
+}
+
+/* Actions i and i + 1 as an overlapped pair: both pre-works in the schedule's order
+ * (ZeRO's hooks, waiting for the inputs, taking activation sets), the two bodies on the
+ * pair's two threads, then both post-works in order, each followed by what the plain
+ * loop does after an action (the grouped program's group between the two is issued
+ * after the first's post-work: it may carry the first's output). */
+static void run_pair(ts_engine *e, int step, int i, const ts_xchg_step *prog)
+{
+    const ts_action *acts = e->sched->actions[e->pp_rank];
+    action_run *r = e->pair_runs;
+    for (int k = 0; k < 2; k++) {
+        r[k] = (action_run){.e = e, .step = step, .a = acts[i + k]};
+        if (e->before_action) e->before_action(e->action_ctx, i + k);
+        action_pre(e, &r[k]);
+    }
+    if (ts_pair_run(e->pair, action_body, &r[0], action_body, &r[1]) != TS_OK) {
+        /* The bodies return TS_OK (a broken invariant aborts the process from either
+         * thread, and mpirun ends the job): a failure here is a programming error. */
+        fprintf(stderr, "tessera: error: %s\n", ts_error_message());
+        TS_ASSERT(!"an overlapped pair's body failed");
+    }
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && prog && e->grouped) issue_group(e, &prog[i + 1]);
+        action_post(e, &r[k]);
+        if (e->after_action) e->after_action(e->action_ctx, i + k);
+        if (prog && !e->grouped) send_produced(e, &acts[i + k]);
+    }
+}
+
+/* ---- which overlapped pairs run as two threads (pair.h) ---------------------------- */
+
+/* The program's step (gap) whose group posts the receive that feeds action j of this
+ * rank, or -1 when its input is on this rank (or it has none). */
+static int input_recv_gap(const ts_engine *e, int j)
+{
+    const ts_action *a = &e->sched->actions[e->pp_rank][j];
+    const bool fwd = a->kind == TS_ACT_F;
+    if (a->kind == TS_ACT_W) return -1;
+    if (fwd ? a->chunk == 0 || is_local(e, a->chunk - 1)
+            : a->chunk == e->n_chunks - 1 || is_local(e, a->chunk + 1))
+        return -1;
+    const ts_xchg_dir dir = fwd ? TS_XCHG_ACT : TS_XCHG_GRAD;
+    const ts_xchg_step *prog = e->xchg.steps[e->pp_rank];
+    for (int k = 0; k < e->xchg.n_steps[e->pp_rank]; k++)
+        for (int o = 0; o < prog[k].n_ops; o++) {
+            const ts_xchg_op *op = &prog[k].ops[o];
+            if (op->kind == TS_XCHG_RECV && op->dir == dir && op->chunk == a->chunk &&
+                op->mb == a->mb)
+                return k;
+        }
+    TS_ASSERT(!"an action's remote input has no receive in the exchange program");
+    return -1;
+}
+
+/* Whether overlapped pair (i, i + 1) can run its bodies at once: the second body's input
+ * must be there before the first body starts. Its receive is then posted before action
+ * i (exchange.c hoists it there when the rendezvous replay allows: a program that waits
+ * for it before action i cannot deadlock) and it cannot depend on action i: two actions
+ * of one micro-batch always depend on each other (a backward needs every forward of its
+ * micro-batch), those of two never on this rank. */
+static bool pair_runnable(const ts_engine *e, int i)
+{
+    const ts_action *a = e->sched->actions[e->pp_rank];
+    if (a[i].mb == a[i + 1].mb) return false;
+    return e->pp->size == 1 || input_recv_gap(e, i + 1) <= i;
+}
+
+/* The pair's worker thread as the engine's (pair.h thread_setup): OpenMP keeps its thread
+ * count per thread and the CUDA runtime its device, so the worker takes the engine
+ * thread's (captured at init), and the kernels run alike on both threads. */
+static void pair_thread_setup(void *ctx)
+{
+    const ts_engine *e = ctx;
+    ts_cpu_set_threads(e->pair_cpu_threads);
+    if (e->model->k->select_device) e->model->k->select_device(e->pair_device);
+}
+
+/* Overlapped pairs (ts_action.overlap) run as two threads (pair.h) where there is an
+ * all-to-all to hide: an MoE model whose rows travel over ep with parallel.ep_overlap
+ * (the expert layers yield between starting an exchange and waiting for it). Everything else (dense models,
+ * schedules without pairs, ep = 1) keeps e->paired NULL: the plain loop, unchanged. */
+static ts_status pairs_init(ts_engine *e)
+{
+    const ts_action *a = e->sched->actions[e->pp_rank];
+    const int n = e->sched->n_actions[e->pp_rank];
+    bool any = false;
+    for (int i = 0; i + 1 < n && !any; i++) any = a[i].overlap;
+    /* parallel.ep_overlap = false: the exchanges block, nothing yields, nothing to pair. */
+    if (!any || !e->model->moe_dispatch || !e->cfg->parallel.ep_overlap) return TS_OK;
+    const char *mode = ts_env(TS_ENV_PP_PAIRS); /* a test switch: core/env.h */
+    if (mode && !strcmp(mode, "sequential")) return TS_OK;
+    if (!ts_comm_thread_multiple()) {
+        ts_log_warn("overlapped pipeline pairs (schedule \"%s\") run one action after the other: "
+                    "their two threads communicate, and this MPI library does not let several "
+                    "threads communicate (thread level MULTIPLE)",
+                    e->sched->name);
+        return TS_OK;
+    }
+    e->paired = ts_calloc((size_t)n, sizeof(bool));
+    int n_pairs = 0;
+    for (int i = 0; i + 1 < n; i++)
+        if (a[i].overlap && pair_runnable(e, i)) {
+            e->paired[i] = true;
+            n_pairs++;
+            i++;
+        }
+    if (n_pairs == 0) {
+        free(e->paired);
+        e->paired = NULL;
+        return TS_OK;
+    }
+    e->pair_cpu_threads = ts_cpu_get_threads();
+    e->pair_device = e->model->k->current_device ? e->model->k->current_device() : 0;
+    e->pair_runs = ts_calloc(2, sizeof(action_run));
+    e->pair = ts_malloc(sizeof *e->pair);
+    if (ts_pair_init(e->pair, pair_thread_setup, e) != TS_OK) {
+        free(e->pair);
+        e->pair = NULL;
+        return ts_error_prefix("pipeline engine: ");
+    }
+    e->pair->segment = pair_segment;
+    e->pair->segment_ctx = e;
+    return TS_OK;
+}
+
 void ts_engine_run(ts_engine *e, int step)
 {
     double t0 = ts_now_ms();
@@ -452,25 +696,18 @@ void ts_engine_run(ts_engine *e, int step)
     for (int i = 0; i <= n; i++) {
         /* Grouped (a backend that matches by order and completes a send only when the
          * peer receives: NCCL): the program's group before each action, as it is. */
-        if (prog && e->grouped && prog[i].n_ops > 0) {
-            ts_comm_group_begin(e->pp);
-            for (int k = 0; k < prog[i].n_ops; k++) issue_op(e, &prog[i].ops[k]);
-            ts_comm_group_end(e->pp);
-        }
+        if (prog && e->grouped) issue_group(e, &prog[i]);
         if (i == n) break;
+        if (e->paired && e->paired[i]) { /* actions i and i + 1 as a pair */
+            run_pair(e, step, i, prog);
+            i++;
+            continue;
+        }
         const ts_action *a = &acts[i];
         if (e->before_action) e->before_action(e->action_ctx, i);
-        if (a->kind == TS_ACT_F)
-            do_forward(e, step, a->chunk, a->mb);
-        else
-            do_backward(e, step, a->chunk, a->mb, a->kind);
+        run_action(e, step, *a);
         if (e->after_action) e->after_action(e->action_ctx, i);
-        if (prog && !e->grouped) {
-            if (a->kind == TS_ACT_F && a->chunk < e->n_chunks - 1) mark_produced(e, a->chunk, a->mb, TS_XCHG_ACT);
-            if ((a->kind == TS_ACT_B || a->kind == TS_ACT_I) && a->chunk > 0)
-                mark_produced(e, a->chunk, a->mb, TS_XCHG_GRAD);
-            issue_ready_sends(e);
-        }
+        if (prog && !e->grouped) send_produced(e, a);
     }
     for (int p = 0; prog && !e->grouped && p < e->pp->size; p++)
         TS_ASSERT(e->send_next[p] == e->send_first[p + 1]); /* every send issued */

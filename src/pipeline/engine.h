@@ -5,7 +5,48 @@
  * issued, matched by order with no message tags, so the same engine runs on a backend
  * without tags (NCCL). It frees a micro-batch's activations as soon as its backward has
  * run, and for the micro-batches it recomputes (parallel.recompute) keeps only chunk
- * inputs. */
+ * inputs.
+ *
+ * Overlapped pairs. Under expert parallelism (the model's rows travel over ep) a
+ * schedule's overlapped F/B pairs (ts_action.overlap: dualpipe-v's) run as two threads
+ * holding one baton (pair.h): both actions' pre-work (ZeRO's before_action, waiting for
+ * the input, taking an activation set) in schedule order on the engine's thread, then
+ * the first body there and the second on the pair's worker, the baton passing at the
+ * expert layers' ts_yield() (core/yield.h), then both post-works in order (releases,
+ * after_action, the eager sends; the grouped program's group between the two actions is
+ * issued after the first's post-work). A pair runs so only where its second action's
+ * input is received before its first action (the exchange program hoisted it) and the
+ * micro-batches differ (then neither body needs the other's result); otherwise, on dense
+ * models, and without MPI_THREAD_MULTIPLE, the actions run one after the other as ever
+ * (TS_PP_PAIRS=sequential forces that: the bit-for-bit reference). What the interleaved
+ * bodies share, and why the result is the sequential run's bits:
+ *   - the backward scratch (e->scratch): only the backward body writes its per-layer
+ *     regions; the forward uses the parts an activation set points into (att_work,
+ *     sp_work, cp_work) only inside one attention or norm phase, and the backward holds
+ *     none of them across an MoE layer (its attention state is rebuilt after the MoE
+ *     part; under sequence parallelism the MoE gathers nothing). Held across a yield:
+ *     the backward's MoE region (moe_scratch), which a forward never touches.
+ *   - activation sets, slots, the free lists, the data reader's host buffers: each body
+ *     its own micro-batch's; lists and buffers touched only in pre/post-work or (the
+ *     forward's batch read) before its first yield.
+ *   - the model's accumulators: parameter gradients, the MoE step counts and loss sums
+ *     are the backward's, the step's loss the forward's, and a pair has one of each, so
+ *     every sum is made in the sequential order; layer_done (the dp reduction's bucket
+ *     starts, sp's norm sums) runs on whichever thread runs the backward, serialized by
+ *     the baton, its MPI calls in program order.
+ *   - the model's expert exchange plan (ts_expert_dispatch, expert_tp): made and used
+ *     between two yields of one body; a yield inside a plan's use must keep its plan
+ *     per call (the a2a side's contract).
+ *   - threads' own state: the worker takes the engine thread's OpenMP thread count (a
+ *     per-thread setting a new thread does not inherit; OpenBLAS's OpenMP build follows
+ *     its caller's) and CUDA device (the stream and cuBLAS handle are the process's);
+ *     oneDNN's per-thread stream and scratchpad are the worker's own (freed when it
+ *     ends; one more scratchpad, and one more thread's OpenBLAS buffers, than the
+ *     memory estimate counts); core/error.c's message is per thread (the
+ *     runner carries the worker's to this thread); the watchdog takes marks from the
+ *     baton's holder (watchdog.h); the trace and comm spans are added by the holder.
+ *   - MPI: both threads call it, never at once (the baton), in an order the program
+ *     fixes: MPI_THREAD_MULTIPLE is asked for at start-up (comm/control.c). */
 #ifndef TS_ENGINE_H
 #define TS_ENGINE_H
 
@@ -87,6 +128,16 @@ typedef struct {
     void (*before_action)(void *ctx, int i);
     void (*after_action)(void *ctx, int i);
     void *action_ctx;
+
+    /* Overlapped pairs (ts_action.overlap) run as two threads, one baton (pair.h), under
+     * expert parallelism: paired[i] = actions i and i + 1 run so (NULL: every action
+     * alone, the plain loop); the pair's runner and worker (created once, here), the
+     * two actions under way (engine.c's action_run[2]), and what the worker sets up as
+     * the engine's thread has it (OpenMP's thread count, the CUDA device). */
+    bool *paired;
+    struct ts_pair *pair;
+    void *pair_runs;
+    int pair_cpu_threads, pair_device;
 
     ts_trace *trace;        /* NULL = no tracing */
     double trace_t0_ms;

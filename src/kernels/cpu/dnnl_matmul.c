@@ -40,6 +40,10 @@ static dnnl_engine_t g_engine;
 static _Thread_local dnnl_stream_t tl_stream;
 static _Thread_local void *tl_scratch;
 static _Thread_local size_t tl_scratch_bytes;
+/* A thread that ends (the pipeline pair's worker, pipeline/pair.h, and its OpenMP team)
+ * frees its stream and scratchpad: a thread-specific key whose destructor runs at the
+ * thread's exit, while its thread-locals still exist. */
+static pthread_key_t g_thread_key;
 
 static const char *status_name(dnnl_status_t s)
 {
@@ -69,7 +73,21 @@ static TS_NORETURN void dnnl_fail(const char *file, int line, const char *call, 
         if (st_ != dnnl_success) dnnl_fail(__FILE__, __LINE__, #call, st_);            \
     } while (0)
 
-static void make_engine(void) { TS_DNNL(dnnl_engine_create(&g_engine, dnnl_cpu, 0)); }
+static void free_thread_state(void *unused)
+{
+    (void)unused;
+    if (tl_stream) dnnl_stream_destroy(tl_stream);
+    free(tl_scratch);
+    tl_stream = NULL;
+    tl_scratch = NULL;
+    tl_scratch_bytes = 0;
+}
+
+static void make_engine(void)
+{
+    TS_DNNL(dnnl_engine_create(&g_engine, dnnl_cpu, 0));
+    TS_ASSERT(pthread_key_create(&g_thread_key, free_thread_state) == 0);
+}
 
 ts_dnnl_gemm ts_dnnl_gemm_2d(int M, int N, int K, int64_t lda, int64_t ldb, bool b_nk,
                              int64_t ldc)
@@ -209,7 +227,10 @@ void ts_dnnl_matmul(const ts_dnnl_gemm *g, void *C, const void *A, const void *B
                     const float *bias)
 {
     const ts_dnnl_entry *e = lookup(g);
-    if (!tl_stream) TS_DNNL(dnnl_stream_create(&tl_stream, g_engine, dnnl_stream_default_flags));
+    if (!tl_stream) {
+        TS_DNNL(dnnl_stream_create(&tl_stream, g_engine, dnnl_stream_default_flags));
+        TS_ASSERT(pthread_setspecific(g_thread_key, &tl_stream) == 0); /* freed at its exit */
+    }
     dnnl_memory_t ma, mb, mc, mbias = NULL, ms = NULL;
     /* oneDNN takes non-const handles; A, B and the bias are only read. */
     TS_DNNL(dnnl_memory_create(&ma, &e->a_md, g_engine, (void *)(uintptr_t)A));
