@@ -100,6 +100,12 @@ void ts_cpu_matmul_forward(void *out, const void *inp, const void *weight, const
                            int N, int C, int OC);
 void ts_cpu_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *weight, int N, int C, int OC);
+/* grouped_matmul.c: the grouped expert GEMMs (both tables' entries are there) */
+void ts_cpu_grouped_matmul_forward(void *out, const void *inp, const void *const *weights,
+                                   const int *rows, int L, int C, int OC);
+void ts_cpu_grouped_matmul_backward(void *dinp, float *const *dweights, const void *dout,
+                                    const void *inp, const void *const *weights, const int *rows,
+                                    int L, int C, int OC);
 /* memory.c: memory, ordering and size queries */
 void *ts_cpu_dev_alloc(size_t bytes);
 void ts_cpu_dev_free(void *p);
