@@ -48,30 +48,31 @@ typedef struct {
 
 /* The tasks' cost model and the choice. Side by side pays when the tasks spread evenly
  * over the threads: the largest-first greedy assignment (what the dynamic schedule does
- * when every task's time is proportional to its rows) finishes within
- * TS_GROUPED_SLACK of a perfect split, and the experts' rows are few enough that a
- * threaded GEMM would lose to its own partitioning (TS_GROUPED_ROWS: at or above it, the
- * threaded GEMM is as efficient per core, and one after the other keeps each expert's
- * weight hot in both cores' shared cache). Measured on 2 Zen 3 cores (RESULTS.md). */
+ * when every task's time is proportional to its rows) finishes within TS_GROUPED_SLACK
+ * of a perfect split. A single-threaded GEMM is never less efficient per core than the
+ * threaded one of the same rows (measured on 2 Zen 3 cores from 16 to 1024 rows per
+ * expert: side by side 1.1-8x the per-expert loop; bench/RESULTS.md "Grouped expert
+ * GEMMs"), so the only loss is the threads' imbalance: when one expert holds more than
+ * its share, its GEMM alone outlasts the rest and the threaded GEMM wins. */
 #define TS_GROUPED_SLACK 0.10
-#define TS_GROUPED_ROWS 4096
+
+ts_grouped_mode ts_cpu_grouped_mode = TS_GROUPED_AUTO;
 
 static bool grouped_side_by_side(const int *order, int n, const int *rows, int threads)
 {
     if (threads < 2 || n < 2 || omp_in_parallel()) return false;
+    if (ts_cpu_grouped_mode != TS_GROUPED_AUTO) return ts_cpu_grouped_mode == TS_GROUPED_SIDE_BY_SIDE;
     double load[64] = {0}, total = 0.0;
     if (threads > 64) threads = 64;
-    long long most = 0;
     for (int i = 0; i < n; i++) { /* order: most rows first */
         int best = 0;
         for (int t = 1; t < threads; t++) best = load[t] < load[best] ? t : best;
         load[best] += rows[order[i]];
         total += rows[order[i]];
-        most = rows[order[i]] > most ? rows[order[i]] : most;
     }
     double span = 0.0;
     for (int t = 0; t < threads; t++) span = load[t] > span ? load[t] : span;
-    return most < TS_GROUPED_ROWS && span <= (1.0 + TS_GROUPED_SLACK) * total / threads;
+    return span <= (1.0 + TS_GROUPED_SLACK) * total / threads;
 }
 
 /* The experts that have rows, most rows first (ties: lower index first). */
