@@ -15,14 +15,17 @@
  * - one after the other: each expert's product on every thread (the threaded GEMM),
  *   as the per-expert loop did. It wins when one expert has most of the rows, where the
  *   tasks cannot be spread evenly.
- * grouped_side_by_side chooses (bench/bench_kernels.c --grouped measures both; its
+ * grouped_side_by_side chooses (bench/bench_grouped.c measures both ways; its
  * numbers and the rule's derivation: bench/RESULTS.md "Grouped expert GEMMs").
  *
- * Bits: each expert's product is one GEMM call over its rows either way, and OpenBLAS's
- * sgemm sums every element's K in the same order whatever the thread count and the
- * split of the rows (its threads split M and N, never K), so both ways give the bits of
- * matmul_forward / matmul_backward per expert (test_moe_kernels checks it), whichever
- * thread computes which expert. */
+ * Bits: every product is one GEMM call on one expert's rows either way, and the way is a
+ * function of the rows and the thread count only, so a rerun gives the same bits
+ * whichever thread takes which expert. The two ways need not agree with each other:
+ * OpenBLAS's results depend on its thread count and on how M is cut (measured, Zen core
+ * of 0.3.21: a 2-thread and a 1-thread sgemm of 256 x 2048 x 512 differ in ~8% of the
+ * outputs' last bits), as the per-expert loop's did on the rows an expert happened to
+ * get. Where every GEMM runs on one thread (small products, or one thread) the grouped
+ * call is the loop bit for bit (test_moe_kernels). */
 #include <omp.h>
 #include <stdlib.h>
 
