@@ -988,8 +988,9 @@ static void test_grouped(void)
      * experts among them */
     const int even[] = {37, 0, 29, 41, 0, 33, 12, 0};
     CHECKF(grouped_case_f32(even, 8, C, OC), "grouped fp32 (even rows) differs from the loop");
-    /* one expert with most of the rows (one after the other, threaded GEMMs) */
-    const int skewed[] = {0, 3, 300, 0, 2, 1};
+    /* one expert with most of the rows, and over 1024 of them (one after the other,
+     * threaded GEMMs) */
+    const int skewed[] = {0, 3, 1100, 0, 2, 1};
     CHECKF(grouped_case_f32(skewed, 6, C, OC), "grouped fp32 (skewed rows) differs");
     /* no rows at all */
     const int none[] = {0, 0, 0};

@@ -49,15 +49,19 @@ typedef struct {
     int C, OC;
 } grouped;
 
-/* The tasks' cost model and the choice. Side by side pays when the tasks spread evenly
- * over the threads: the largest-first greedy assignment (what the dynamic schedule does
- * when every task's time is proportional to its rows) finishes within TS_GROUPED_SLACK
- * of a perfect split. A single-threaded GEMM is never less efficient per core than the
- * threaded one of the same rows (measured on 2 Zen 3 cores from 16 to 1024 rows per
- * expert: side by side 1.1-8x the per-expert loop; bench/RESULTS.md "Grouped expert
- * GEMMs"), so the only loss is the threads' imbalance: when one expert holds more than
- * its share, its GEMM alone outlasts the rest and the threaded GEMM wins. */
+/* The choice. Side by side loses only to the threads' imbalance: when one expert holds
+ * more than its share of the rows, its GEMM alone outlasts the others'. The
+ * largest-first greedy assignment (what the dynamic schedule does when a task's time is
+ * proportional to its rows) predicts the span; it is set against the threaded GEMM's
+ * efficiency, which is poor on few rows: measured on 2 Zen 3 cores (bench_grouped,
+ * bench/RESULTS.md "Grouped expert GEMMs"), with 3/4 of the rows on one expert (a span
+ * 1.5x the even split) side by side was 2.6-3.7x faster than one after the other at 96
+ * to 384 rows on that expert and even at 1536; with even rows it was never slower. So:
+ * side by side when the span is within TS_GROUPED_SLACK of the even split, or, while
+ * every expert has fewer than TS_GROUPED_ROWS rows, within 2x of it (at 2 threads: any
+ * split of two or more experts). */
 #define TS_GROUPED_SLACK 0.10
+#define TS_GROUPED_ROWS 1024
 
 ts_grouped_mode ts_cpu_grouped_mode = TS_GROUPED_AUTO;
 
@@ -67,6 +71,7 @@ static bool grouped_side_by_side(const int *order, int n, const int *rows, int t
     if (ts_cpu_grouped_mode != TS_GROUPED_AUTO) return ts_cpu_grouped_mode == TS_GROUPED_SIDE_BY_SIDE;
     double load[64] = {0}, total = 0.0;
     if (threads > 64) threads = 64;
+    const int most = rows[order[0]];
     for (int i = 0; i < n; i++) { /* order: most rows first */
         int best = 0;
         for (int t = 1; t < threads; t++) best = load[t] < load[best] ? t : best;
@@ -75,7 +80,8 @@ static bool grouped_side_by_side(const int *order, int n, const int *rows, int t
     }
     double span = 0.0;
     for (int t = 0; t < threads; t++) span = load[t] > span ? load[t] : span;
-    return span <= (1.0 + TS_GROUPED_SLACK) * total / threads;
+    const double even = total / threads;
+    return span <= (1.0 + TS_GROUPED_SLACK) * even || (most < TS_GROUPED_ROWS && span <= 2.0 * even);
 }
 
 /* The experts that have rows, most rows first (ties: lower index first). */
