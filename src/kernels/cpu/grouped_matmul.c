@@ -55,9 +55,9 @@ typedef struct {
  * proportional to its rows) predicts the span; it is set against the threaded GEMM's
  * efficiency, which is poor on few rows: measured on 2 Zen 3 cores (bench_grouped,
  * bench/RESULTS.md "Grouped expert GEMMs"), with 3/4 of the rows on one expert (a span
- * 1.5x the even split) side by side was 3.1-3.7x faster than one after the other with
- * 96 and 384 rows on that expert and level with it at 1536; with even rows it was never
- * slower. So:
+ * 1.5x the even split) side by side was 1.13x and 1.06x one after the other's speed with
+ * 96 and 384 rows on that expert (3.1-3.7x with the machine loaded), 0.96x and 0.90x with
+ * 1536 and 6144; with even rows it was never slower (1.03-1.27x). So:
  * side by side when the span is within TS_GROUPED_SLACK of the even split, or, while
  * every expert has fewer than TS_GROUPED_ROWS rows, within 2x of it (at 2 threads: any
  * split of two or more experts). */
