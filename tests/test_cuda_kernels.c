@@ -10,7 +10,9 @@
  * The llama kernels too: RMSNorm (and its backward's bits on a rerun), RoPE in place (the
  * v heads untouched, the backward undoing the forward), SwiGLU, grouped-query attention
  * (NKV < NH key/value heads, down to one), the encoder without a position embedding. The
- * mixture-of-experts kernels (fp32 table; test_moe).
+ * mixture-of-experts kernels (fp32 table; test_moe) and the grouped expert GEMMs
+ * (test_grouped_matmul: uneven rows, empty experts, against the CPU's grouped calls; the
+ * bf16 table's against the fp32 one's, test_bf16_grouped_matmul).
  *
  * Then the bf16 tables ("cuda-bf16", or "cuda-bf16-flash" with the flash argument)
  * against the fp32 CUDA table of the same attention, kernel by kernel (test_bf16_*): the
@@ -173,7 +175,8 @@ static void test_table(void)
         CHECKF(k->moe_route_forward && k->moe_route_backward && k->moe_aux_forward_backward &&
                    k->moe_balance_forward_backward && k->moe_count && k->moe_permute &&
                    k->moe_combine &&
-                   k->moe_combine_backward && k->moe_permute_backward && k->moe_capacity,
+                   k->moe_combine_backward && k->moe_permute_backward && k->moe_capacity &&
+                   k->grouped_matmul_forward && k->grouped_matmul_backward,
                "%s lacks an MoE slot", names[i]);
     }
     /* The slots on fp32 memory alone are the fp32 table's in every table, so the memory,
@@ -667,6 +670,51 @@ static void test_matmul(int Nr, int Cc, int OC, size_t off)
     snprintf(slot, sizeof slot, "matmul %dx%dx%d%s", Nr, Cc, OC, off ? " +1" : "");
     matmul_determinism(slot, &inp, &w, &b, &dout, Nr, Cc, OC, off);
     p_free(&inp), p_free(&w), p_free(&b), p_free(&dout);
+}
+
+/* The grouped expert GEMMs (cublasGemmGroupedBatchedEx) against the CPU's grouped calls:
+ * uneven rows with empty experts (first, middle, last), each expert's weight at its own
+ * place in one buffer, the weight gradients accumulating onto a pre-fill (an empty
+ * expert's untouched), each gradient alone, and a rerun's bits. */
+static const int GROUPED_ROWS[] = {0, 37, 5, 0, 130, 1, 64, 0};
+enum { GROUPED_L = 8 };
+
+static void test_grouped_matmul(int Cc, int OC)
+{
+    char slot[96];
+    const int L = GROUPED_L, *rows = GROUPED_ROWS;
+    int R = 0;
+    for (int e = 0; e < L; e++) R += rows[e];
+    const size_t nw = (size_t)OC * Cc;
+    pair inp = p_in((size_t)R * Cc, 1.0f), w = p_in(L * nw, 1.0f), out = p_out((size_t)R * OC);
+    const void *wh[GROUPED_L], *wd[GROUPED_L];
+    for (int e = 0; e < L; e++) wh[e] = w.h + e * nw, wd[e] = w.d + e * nw;
+    H->grouped_matmul_forward(out.h, inp.h, wh, rows, L, Cc, OC);
+    G->grouped_matmul_forward(out.d, inp.d, wd, rows, L, Cc, OC);
+    snprintf(slot, sizeof slot, "grouped_matmul_forward L%d C%d OC%d", L, Cc, OC);
+    expect_close(slot, "out", &out);
+    pair dout = p_in((size_t)R * OC, 1.0f);
+    for (int mask = 1; mask < 4; mask++) { /* bit 0 dinp, 1 dweights */
+        pair dinp = p_out((size_t)R * Cc), dw = p_in(L * nw, 0.5f);
+        float *dwh[GROUPED_L], *dwd[GROUPED_L];
+        for (int e = 0; e < L; e++) dwh[e] = dw.h + e * nw, dwd[e] = dw.d + e * nw;
+        H->grouped_matmul_backward(mask & 1 ? dinp.h : NULL, mask & 2 ? dwh : NULL, dout.h, inp.h,
+                                   wh, rows, L, Cc, OC);
+        G->grouped_matmul_backward(mask & 1 ? dinp.d : NULL, mask & 2 ? dwd : NULL, dout.d, inp.d,
+                                   wd, rows, L, Cc, OC);
+        snprintf(slot, sizeof slot, "grouped_matmul_backward L%d C%d OC%d [%s%s]", L, Cc, OC,
+                 mask & 1 ? "i" : "-", mask & 2 ? "w" : "-");
+        if (mask & 1) expect_close(slot, "dinp", &dinp);
+        expect_close(slot, mask & 2 ? "dweights (+=)" : "dweights (untouched)", &dw);
+        p_free(&dinp), p_free(&dw);
+    }
+    /* a rerun: the same bits */
+    float *first = ts_test_from_dev(G, out.d, out.n);
+    G->grouped_matmul_forward(out.d, inp.d, wd, rows, L, Cc, OC);
+    snprintf(slot, sizeof slot, "grouped_matmul_forward L%d C%d OC%d", L, Cc, OC);
+    expect_same_bits(slot, "out (rerun)", first, out.d, out.n);
+    free(first);
+    p_free(&inp), p_free(&w), p_free(&out), p_free(&dout);
 }
 
 /* att's layout is the backend's own (attention_saved_bytes): only `out` and `dqkv` are
@@ -1231,6 +1279,37 @@ static void test_bf16_matmul(int Nr, int Cc, int OC, size_t off)
     free(bias_h);
 }
 
+/* The bf16 grouped GEMMs (grouped bf16 forward and input gradient; the fp32 weight
+ * gradients one cuBLASLt call per expert) against the fp32 table's on the same values. */
+static void test_bf16_grouped_matmul(int Cc, int OC)
+{
+    char slot[96];
+    const int L = GROUPED_L, *rows = GROUPED_ROWS;
+    int R = 0;
+    for (int e = 0; e < L; e++) R += rows[e];
+    const size_t nw = (size_t)OC * Cc;
+    act_pair inp = a_in((size_t)R * Cc, 1.0f, 0), w = a_in(L * nw, 1.0f, 0);
+    act_pair out = a_out((size_t)R * OC, 0), dout = a_in((size_t)R * OC, 1.0f, 0);
+    act_pair dinp = a_out((size_t)R * Cc, 0);
+    f32_pair dw = g_acc(L * nw, 0.5f);
+    const void *wf[GROUPED_L], *wb[GROUPED_L];
+    float *dwf[GROUPED_L], *dwb[GROUPED_L];
+    for (int e = 0; e < L; e++) {
+        wf[e] = w.f + e * nw, wb[e] = (const uint16_t *)w.b + e * nw;
+        dwf[e] = dw.ref + e * nw, dwb[e] = dw.got + e * nw;
+    }
+    F->grouped_matmul_forward(out.f, inp.f, wf, rows, L, Cc, OC);
+    Q->grouped_matmul_forward(out.b, inp.b, wb, rows, L, Cc, OC);
+    snprintf(slot, sizeof slot, "bf16 grouped_matmul_forward L%d C%d OC%d", L, Cc, OC);
+    a_expect(slot, "out", &out, TOL_BF16);
+    F->grouped_matmul_backward(dinp.f, dwf, dout.f, inp.f, wf, rows, L, Cc, OC);
+    Q->grouped_matmul_backward(dinp.b, dwb, dout.b, inp.b, wb, rows, L, Cc, OC);
+    snprintf(slot, sizeof slot, "bf16 grouped_matmul_backward L%d C%d OC%d", L, Cc, OC);
+    a_expect(slot, "dinp", &dinp, TOL_BF16);
+    g_expect(slot, "dweights (+=)", &dw, TOL_BF16_GRAD);
+    a_free(&inp), a_free(&w), a_free(&out), a_free(&dout), a_free(&dinp), g_free(&dw);
+}
+
 /* The bf16 table's attention (its own saved state and scratch, poisoned) against the
  * fp32 table's of the same choice (gemm or flash). */
 static void test_bf16_attention(int Bb, int Tt, int nh, int nkv, int HS)
@@ -1360,6 +1439,8 @@ static void test_bf16_table(const ts_kernels *fp32, const ts_kernels *bf16)
     test_bf16_matmul(128, 256, 768, 0);
     test_bf16_matmul(67, 96, 130, 1);
     test_bf16_matmul(2100, 64, 4096, 0); /* 8.6 Mi outputs: two chunks of the bias scratch */
+    test_bf16_grouped_matmul(96, 130);
+    test_bf16_grouped_matmul(512, 2048);
     test_bf16_rmsnorm(N, C, 1e-5f);
     test_bf16_rmsnorm(5, 200, 1e-6f);
     test_bf16_rmsnorm(3, 1031, 1e-5f);
@@ -1423,6 +1504,8 @@ int main(int argc, char **argv)
     test_matmul(67, 96, 130, 0);
     test_matmul(128, 256, 768, 0);
     test_matmul(67, 96, 130, 1);
+    test_grouped_matmul(96, 130);
+    test_grouped_matmul(512, 2048); /* Mixtral-4l's gate|up shape (bench/RESULTS.md) */
     test_rmsnorm(N, C, 1e-5f);
     test_rmsnorm(5, 200, 1e-6f);
     test_rmsnorm(3, 1031, 1e-5f);

@@ -18,6 +18,9 @@
  *   with their expected keeps; the dispatch kernels on a kept set (dropped: no count,
  *   no row, no term, a zero weight gradient; a token with every choice dropped gives 0);
  *   the strict table's bits;
+ * - the grouped expert GEMMs against the per-expert matmul loop: fp32 bit for bit (even
+ *   and skewed rows, empty experts, each gradient alone, 1-3 threads), bf16's runtime-M
+ *   primitives against the fixed-M ones, the strict table;
  * - planted wrong results that the comparisons must reject (so this test can fail).
  * Sizes are odd (N 37 and 39, C 45 and 600, E 8, 12, 16) and the whole run is fast. */
 #include <math.h>
@@ -1094,6 +1097,180 @@ static void test_capacity_dispatch(void)
     printf("  %-44s ok\n", "dispatch of a kept set (drops, fp32, bf16)");
     free(idx), free(tw), free(x), free(yp), free(dout), free(xp), free(out), free(dyp), free(dx);
     free(dtw), free(pout), free(yh), free(oh), free(yw), free(of);
+/* ---- grouped expert GEMMs ------------------------------------------------------- */
+
+/* The experts' products one expert at a time through matmul_forward / matmul_backward:
+ * what moe.c ran before the grouped calls, the reference they must equal. */
+static void loop_forward(const ts_kernels *k, void *out, const void *inp,
+                         const void *const *wts, const int *rows, int L, int C, int OC)
+{
+    const size_t es = ts_dtype_bytes(k->act_dtype);
+    size_t o = 0;
+    for (int e = 0; e < L; o += (size_t)rows[e], e++)
+        if (rows[e] > 0)
+            k->matmul_forward((char *)out + o * OC * es, (const char *)inp + o * C * es, wts[e],
+                              NULL, rows[e], C, OC);
+}
+
+static void loop_backward(const ts_kernels *k, void *dinp, float *const *dw, const void *dout,
+                          const void *inp, const void *const *wts, const int *rows, int L, int C,
+                          int OC)
+{
+    const size_t es = ts_dtype_bytes(k->act_dtype);
+    size_t o = 0;
+    for (int e = 0; e < L; o += (size_t)rows[e], e++)
+        if (rows[e] > 0)
+            k->matmul_backward(dinp ? (char *)dinp + o * C * es : NULL, dw ? dw[e] : NULL, NULL,
+                               (const char *)dout + o * OC * es, (const char *)inp + o * C * es,
+                               wts[e], rows[e], C, OC);
+}
+
+/* Every |a - b| <= 1e-5 (|b| + 1). */
+static bool near(const float *a, const float *b, size_t n)
+{
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) ok &= fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(b[i]) + 1.0f);
+    return ok;
+}
+
+/* One grouped case in fp32: forward, both gradients, each gradient alone, against the
+ * loop (the gradients accumulating onto the same nonzero start; an empty expert's
+ * untouched). Bit for bit at 1 and 2 threads: at these sizes OpenBLAS runs every GEMM on
+ * one thread, so the loop's products and the grouped call's, side by side or one after
+ * the other, are the same single-threaded GEMMs. (At larger sizes a threaded sgemm's bits
+ * differ from a single-threaded one's: kernels/cpu/grouped_matmul.c.) At 3 threads
+ * matmul_backward cuts a weight gradient's rows over two threads, and OpenBLAS's bits
+ * depend on where M is cut: there the grouped call must rerun to the same bits, whichever
+ * thread takes which expert, and stay within 1e-5 of the loop. */
+static bool grouped_case_f32(const int *rows, int L, int C, int OC)
+{
+    int R = 0;
+    for (int e = 0; e < L; e++) R += rows[e];
+    const size_t ny = (size_t)R * OC, nx = (size_t)R * C, nw = (size_t)L * OC * C;
+    float *x = ts_test_rand_floats(nx + 1, 1.0f), *dy = ts_test_rand_floats(ny + 1, 1.0f);
+    float *wbuf = ts_test_rand_floats(nw, 0.3f), *g0 = ts_test_rand_floats(nw, 0.1f);
+    float *gw = ts_alloc_floats(nw), *gl = ts_alloc_floats(nw), *g2 = ts_alloc_floats(nw);
+    float *yg = ts_alloc_floats(ny + 1), *yl = ts_alloc_floats(ny + 1);
+    float *dg = ts_alloc_floats(nx + 1), *dl = ts_alloc_floats(nx + 1), *d2 = ts_alloc_floats(nx + 1);
+    const void *wts[MAXE];
+    float *dwg[MAXE], *dwl[MAXE], *dw2[MAXE];
+    for (int e = 0; e < L; e++) {
+        wts[e] = wbuf + (size_t)e * OC * C;
+        dwg[e] = gw + (size_t)e * OC * C;
+        dwl[e] = gl + (size_t)e * OC * C;
+        dw2[e] = g2 + (size_t)e * OC * C;
+    }
+    bool ok = true;
+    for (int threads = 1; threads <= 3; threads++) {
+        ts_cpu_set_threads(threads);
+        const bool bits = threads < 3;
+        loop_forward(K32, yl, x, wts, rows, L, C, OC);
+        K32->grouped_matmul_forward(yg, x, wts, rows, L, C, OC);
+        ok &= bits ? ts_test_same_bits(yg, yl, ny) : near(yg, yl, ny);
+        memcpy(gw, g0, nw * 4), memcpy(gl, g0, nw * 4), memcpy(g2, g0, nw * 4);
+        loop_backward(K32, dl, dwl, dy, x, wts, rows, L, C, OC);
+        K32->grouped_matmul_backward(dg, dwg, dy, x, wts, rows, L, C, OC);
+        if (bits) {
+            ok &= ts_test_same_bits(dg, dl, nx) && ts_test_same_bits(gw, gl, nw);
+        } else { /* a rerun gives the same bits; the loop is near */
+            K32->grouped_matmul_backward(d2, dw2, dy, x, wts, rows, L, C, OC);
+            ok &= ts_test_same_bits(d2, dg, nx) && ts_test_same_bits(g2, gw, nw);
+            ok &= near(dg, dl, nx) && near(gw, gl, nw);
+        }
+        /* each gradient alone, against the loop's calls with the other NULL: the other
+         * skipped (dweights untouched, dinp unwritten past its rows) */
+        memcpy(gw, g0, nw * 4), memcpy(gl, g0, nw * 4);
+        dg[nx] = 7.0f;
+        loop_backward(K32, dl, NULL, dy, x, wts, rows, L, C, OC);
+        K32->grouped_matmul_backward(dg, NULL, dy, x, wts, rows, L, C, OC);
+        ok &= ts_test_same_bits(gw, g0, nw) && dg[nx] == 7.0f;
+        ok &= bits ? ts_test_same_bits(dg, dl, nx) : near(dg, dl, nx);
+        loop_backward(K32, NULL, dwl, dy, x, wts, rows, L, C, OC);
+        K32->grouped_matmul_backward(NULL, dwg, dy, x, wts, rows, L, C, OC);
+        ok &= dg[nx] == 7.0f && (bits ? ts_test_same_bits(gw, gl, nw) : near(gw, gl, nw));
+    }
+    ts_cpu_set_threads(2);
+    free(x), free(dy), free(wbuf), free(g0), free(gw), free(gl), free(g2), free(yg), free(yl);
+    free(dg), free(dl), free(d2);
+    return ok;
+}
+
+static void test_grouped(void)
+{
+    const int C = 45, OC = 70;
+    /* even rows over the experts (the two threads take experts side by side), empty
+     * experts among them */
+    const int even[] = {37, 0, 29, 41, 0, 33, 12, 0};
+    CHECKF(grouped_case_f32(even, 8, C, OC), "grouped fp32 (even rows) differs from the loop");
+    /* one expert with most of the rows, and over 1024 of them (one after the other,
+     * threaded GEMMs) */
+    const int skewed[] = {0, 3, 1100, 0, 2, 1};
+    CHECKF(grouped_case_f32(skewed, 6, C, OC), "grouped fp32 (skewed rows) differs");
+    /* no rows at all */
+    const int none[] = {0, 0, 0};
+    CHECKF(grouped_case_f32(none, 3, C, OC), "grouped fp32 (no rows)");
+
+    /* planted: the same rows cut differently between the experts (a row on the wrong
+     * expert's weight) must differ */
+    const int L = 4, R = 44, moved[] = {10, 20, 5, 9}, real[] = {11, 19, 5, 9};
+    float *x = ts_test_rand_floats((size_t)R * C, 1.0f), *w = ts_test_rand_floats((size_t)L * OC * C, 0.3f);
+    float *ya = ts_alloc_floats((size_t)R * OC), *yb = ts_alloc_floats((size_t)R * OC);
+    const void *wts[4];
+    for (int e = 0; e < L; e++) wts[e] = w + (size_t)e * OC * C;
+    K32->grouped_matmul_forward(ya, x, wts, moved, L, C, OC);
+    loop_forward(K32, yb, x, wts, real, L, C, OC);
+    CHECKF(!ts_test_same_bits(ya, yb, (size_t)R * OC), "a misrouted row went unnoticed");
+
+    /* bf16 (runtime-M oneDNN primitives) against the per-expert bf16 matmuls: the same
+     * products; the weight gradients' fp32 sums to 1e-5 relative (another oneDNN kernel
+     * may sum in another order) */
+    ts_bf16 *xb = ts_malloc((size_t)R * C * 2), *wb = ts_malloc((size_t)L * OC * C * 2);
+    ts_bf16 *dyb = ts_malloc((size_t)R * OC * 2), *yg = ts_malloc((size_t)R * OC * 2);
+    ts_bf16 *yl = ts_malloc((size_t)R * OC * 2), *dg = ts_malloc((size_t)R * C * 2);
+    ts_bf16 *dl = ts_malloc((size_t)R * C * 2);
+    for (size_t i = 0; i < (size_t)R * C; i++) xb[i] = ts_f32_to_bf16(x[i]);
+    for (size_t i = 0; i < (size_t)L * OC * C; i++) wb[i] = ts_f32_to_bf16(w[i]);
+    for (size_t i = 0; i < (size_t)R * OC; i++) dyb[i] = ts_f32_to_bf16(ts_test_frand());
+    float *gw = ts_alloc_floats((size_t)L * OC * C), *gl = ts_alloc_floats((size_t)L * OC * C);
+    float *dwg[4], *dwl[4];
+    for (int e = 0; e < L; e++) {
+        wts[e] = wb + (size_t)e * OC * C;
+        dwg[e] = gw + (size_t)e * OC * C, dwl[e] = gl + (size_t)e * OC * C;
+    }
+    const int bf_rows[] = {11, 0, 27, 5};
+    const bool gemms = ts_cpu_bf16_supported(); /* oneDNN has no bf16 GEMM without it */
+    if (gemms) {
+        K16->grouped_matmul_forward(yg, xb, wts, bf_rows, L, C, OC);
+        loop_forward(K16, yl, xb, wts, bf_rows, L, C, OC);
+        K16->grouped_matmul_backward(dg, dwg, dyb, xb, wts, bf_rows, L, C, OC);
+        loop_backward(K16, dl, dwl, dyb, xb, wts, bf_rows, L, C, OC);
+        bool same_y = !memcmp(yg, yl, (size_t)R * OC * 2), same_d = !memcmp(dg, dl, (size_t)R * C * 2);
+        double worst = 0.0;
+        for (size_t i = 0; i < (size_t)L * OC * C; i++) {
+            double err = fabs((double)gw[i] - gl[i]) / (fabs((double)gl[i]) + 1e-3);
+            worst = err > worst ? err : worst;
+        }
+        CHECKF(same_y && same_d && worst < 1e-5,
+               "grouped bf16 differs from the loop (out %s, dinp %s, dweight worst %.2g)",
+               same_y ? "same" : "differs", same_d ? "same" : "differs", worst);
+        CHECK(gw[(size_t)OC * C] == 0.0f && gl[(size_t)OC * C] == 0.0f); /* expert 1: empty */
+    }
+
+    /* the strict table's entries on strict memory: the CPU's bits */
+    const ts_kernels *S = &ts_kernels_cpu_strict;
+    void *dx = S->dev_alloc((size_t)R * C * 4), *dw = S->dev_alloc((size_t)L * OC * C * 4);
+    void *dy = S->dev_alloc((size_t)R * OC * 4);
+    S->memcpy_h2d(dx, x, (size_t)R * C * 4);
+    S->memcpy_h2d(dw, w, (size_t)L * OC * C * 4);
+    for (int e = 0; e < L; e++) wts[e] = (float *)dw + (size_t)e * OC * C;
+    S->grouped_matmul_forward(dy, dx, wts, real, L, C, OC);
+    S->memcpy_d2h(ya, dy, (size_t)R * OC * 4);
+    CHECKF(ts_test_same_bits(ya, yb, (size_t)R * OC), "the strict grouped forward differs");
+    S->dev_free(dx), S->dev_free(dw), S->dev_free(dy);
+    printf("  %-44s ok%s\n", "grouped expert GEMMs (fp32 bits, bf16, strict)",
+           gemms ? "" : " (bf16 skipped: no AVX512_BF16 on this CPU)");
+    free(x), free(w), free(ya), free(yb), free(xb), free(wb), free(dyb), free(yg), free(yl);
+    free(dg), free(dl), free(gw), free(gl);
 }
 
 int main(void)
@@ -1107,5 +1284,6 @@ int main(void)
     test_tables();
     test_capacity_decision();
     test_capacity_dispatch();
+    test_grouped();
     return ts_test_report();
 }

@@ -322,6 +322,26 @@ typedef struct ts_kernels {
     void (*matmul_backward)(void *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *weight, int N, int C, int OC);
 
+    /* Grouped GEMMs: one nn.Linear product per expert for the L local experts of a
+     * mixture-of-experts layer, each on its own rows with its own weight, in one call
+     * (the experts' gate/up and down projections around one SwiGLU over all rows).
+     * rows[L] is HOST memory (the counts the MoE layer already holds on the host): expert
+     * e's rows are [o_e, o_e + rows[e]) of every row buffer, o_e = rows[0] + ... +
+     * rows[e-1] (the permuted, expert-major order); an expert may have none (skipped: its
+     * dweight untouched). weights[L] and dweights[L] are host arrays of device pointers:
+     * expert e's weight [OC,C] in act_dtype and its fp32 gradient. No bias.
+     * out[sum rows, OC] = per expert inp_e @ weight_e^T. Each expert's rows get the
+     * products matmul_forward / matmul_backward give them alone (the CPU fp32 table: the
+     * same bits, whichever thread computes which expert; a row's result never depends on
+     * the other experts' rows). */
+    void (*grouped_matmul_forward)(void *out, const void *inp, const void *const *weights,
+                                   const int *rows, int L, int C, int OC);
+    /* dinp[sum rows, C] = per expert dout_e @ weight_e (skipped when dinp is NULL);
+     * dweights[e][OC,C] += dout_e^T @ inp_e (skipped when dweights is NULL). */
+    void (*grouped_matmul_backward)(void *dinp, float *const *dweights, const void *dout,
+                                    const void *inp, const void *const *weights,
+                                    const int *rows, int L, int C, int OC);
+
     /* Causal multi-head attention with NKV key/value heads (grouped-query attention:
      * NH % NKV == 0, query head h reads key/value head h / (NH/NKV); NKV == NH is
      * multi-head, 1 multi-query). qkv [B,T,(NH+2*NKV)*HS]: each row holds the NH q heads,

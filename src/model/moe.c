@@ -4,9 +4,10 @@
  * output, input gradient and weight gradients on each, no collective):
  *   logits = in @ router^T (fp32, in a bf16 run too: router_input), scores and top-k
  *   selection (selection by score + the balancing bias), the N*K assignments permuted
- *   into expert order, each expert's SwiGLU over its rows (one matmul per expert and
- *   weight: grouped GEMMs are later work), the outputs combined with the routing
- *   weights, plus the shared experts.
+ *   into expert order, the experts' SwiGLU over their rows (a grouped GEMM of every
+ *   local expert's gate|up projection, on each expert's own rows, one SwiGLU over all the
+ *   rows, a grouped GEMM of the down projections: kernels.h grouped_matmul_*), the
+ *   outputs combined with the routing weights, plus the shared experts.
  * Under expert parallelism (ts_model.moe_ep > 1) the permuted rows go to the ep ranks
  * that own their experts and come back (tensor/expert_dispatch.h) around the experts'
  * matmuls; everything else (router, selection, combine, shared experts) stays on the
@@ -75,6 +76,46 @@ static const void *expert_fc(const block_sub *b, int e)
 static const void *expert_proj(const block_sub *b, int e)
 {
     return ts_block_weight(b, b->r.moe_expert0 + 3 * e + 2);
+}
+
+/* The L local experts' weights (and gradients) as the grouped GEMMs take them: host
+ * arrays of their gate|up and down projections. */
+typedef struct {
+    const void **fc, **proj;
+    float **dfc, **dproj; /* with grads */
+} experts_w;
+
+static experts_w experts_weights(const block_sub *b, int L, bool grads)
+{
+    experts_w w = {0};
+    w.fc = ts_malloc(2 * (size_t)L * sizeof(void *));
+    w.proj = w.fc + L;
+    if (grads) {
+        w.dfc = ts_malloc(2 * (size_t)L * sizeof(float *));
+        w.dproj = w.dfc + L;
+    }
+    for (int e = 0; e < L; e++) {
+        w.fc[e] = expert_fc(b, e);
+        w.proj[e] = expert_proj(b, e);
+        if (grads) {
+            w.dfc[e] = ts_block_grad(b, b->r.moe_expert0 + 3 * e);
+            w.dproj[e] = ts_block_grad(b, b->r.moe_expert0 + 3 * e + 2);
+        }
+    }
+    return w;
+}
+
+static void experts_weights_free(const experts_w *w)
+{
+    free(w->fc);
+    free(w->dfc);
+}
+
+static int rows_total(const int *rows, int L)
+{
+    int total = 0;
+    for (int e = 0; e < L; e++) total += rows[e];
+    return total;
 }
 
 static int block_of(const block_sub *b)
@@ -400,16 +441,13 @@ void ts_moe_forward(const block_sub *b, const void *in, void *out)
     const int *rows = experts_arrive(m, d, &trip, counts, v->moe_xr, v->moe_xp, v->moe_er);
     const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
     void *yr = rows_travel(m) ? v->moe_yr : v->moe_yp;
-    size_t o = 0;
-    for (int e = 0; e < L; o += (size_t)rows[e], e++) {
-        const int n = rows[e];
-        if (n == 0) continue; /* an expert no token chose this micro-batch */
-        void *h = act_at(d, v->moe_h, o * 2 * F), *a = act_at(d, v->moe_a, o * F);
-        k->matmul_forward(h, act_at(d, xr, o * C), expert_fc(b, e), NULL, n, C, 2 * F);
-        k->swiglu_forward(a, h, n, F);
-        k->matmul_forward(act_at(d, yr, o * C), a, expert_proj(b, e), NULL, n, F, C);
-        poll(m); /* a partner action's exchange may be in flight */
-    }
+    const experts_w w = experts_weights(b, L, false);
+    const int total = rows_total(rows, L);
+    k->grouped_matmul_forward(v->moe_h, xr, w.fc, rows, L, C, 2 * F);
+    poll(m); /* a partner action's exchange may be in flight */
+    if (total > 0) k->swiglu_forward(v->moe_a, v->moe_h, total, F);
+    k->grouped_matmul_forward(yr, v->moe_a, w.proj, rows, L, F, C);
+    experts_weights_free(&w);
     /* Back to the tokens' rank; meanwhile the shared experts' second GEMM. */
     experts_return(m, &trip, v->moe_yp, v->moe_yr, v->moe_er, 'F', block_of(b));
     if (SF > 0)
@@ -548,26 +586,19 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
     }
     if (travels(m)) ts_yield();
 
-    /* Each expert back to its input rows: dxp overwrites dyp's rows of the expert, which
-     * its down projection's backward has read by then. */
+    /* The experts back to their input rows: dxp overwrites dyp's rows, which the down
+     * projections' grouped backward has read by then. */
     const int L = m->moe_local_experts;
     const int *rows = experts_arrive(m, d, &trip, counts, s.dyr, s.dyp, s.er);
     const void *xr = rows_travel(m) ? v->moe_xr : v->moe_xp;
     void *dyr = rows_travel(m) ? s.dyr : s.dyp;
-    size_t o = 0;
-    for (int e = 0; e < L; o += (size_t)rows[e], e++) {
-        const int n = rows[e];
-        if (n == 0) continue;
-        void *dy = act_at(d, dyr, o * C), *da = act_at(d, s.da, o * F),
-             *dh = act_at(d, s.dh, o * 2 * F);
-        const int fc = b->r.moe_expert0 + 3 * e;
-        k->matmul_backward(da, ts_block_grad(b, fc + 2), NULL, dy, act_at(d, v->moe_a, o * F),
-                           expert_proj(b, e), n, F, C);
-        k->swiglu_backward(dh, act_at(d, v->moe_h, o * 2 * F), da, n, F);
-        k->matmul_backward(dy, ts_block_grad(b, fc), NULL, dh, act_at(d, xr, o * C),
-                           expert_fc(b, e), n, C, 2 * F);
-        poll(m);
-    }
+    const experts_w w = experts_weights(b, L, true);
+    const int total = rows_total(rows, L);
+    k->grouped_matmul_backward(s.da, w.dproj, dyr, v->moe_a, w.proj, rows, L, F, C);
+    poll(m);
+    if (total > 0) k->swiglu_backward(s.dh, v->moe_h, s.da, total, F);
+    k->grouped_matmul_backward(dyr, w.dfc, s.dh, xr, w.fc, rows, L, C, 2 * F);
+    experts_weights_free(&w);
     /* The input gradients come back as the outputs did; meanwhile, under ep, the shared
      * experts' first GEMM's weight gradient (its input gradient needs s.dx, which the
      * experts' term occupies until it is added). */

@@ -32,6 +32,11 @@ void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, 
                                 int N, int C, int OC);
 void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                                  const void *inp, const void *weight, int N, int C, int OC);
+void ts_cpu_bf16_grouped_matmul_forward(void *out, const void *inp, const void *const *weights,
+                                        const int *rows, int L, int C, int OC);
+void ts_cpu_bf16_grouped_matmul_backward(void *dinp, float *const *dweights, const void *dout,
+                                         const void *inp, const void *const *weights,
+                                         const int *rows, int L, int C, int OC);
 void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
                                    int NKV, int HS);
 void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,

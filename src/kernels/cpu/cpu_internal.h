@@ -100,6 +100,16 @@ void ts_cpu_matmul_forward(void *out, const void *inp, const void *weight, const
                            int N, int C, int OC);
 void ts_cpu_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *weight, int N, int C, int OC);
+/* grouped_matmul.c: the grouped expert GEMMs (both tables' entries are there). The way
+ * they spend the threads is chosen per call (TS_GROUPED_AUTO); bench/bench_grouped.c
+ * forces each way to measure the choice (never set by a run). */
+typedef enum { TS_GROUPED_AUTO, TS_GROUPED_SIDE_BY_SIDE, TS_GROUPED_ONE_AFTER } ts_grouped_mode;
+extern ts_grouped_mode ts_cpu_grouped_mode;
+void ts_cpu_grouped_matmul_forward(void *out, const void *inp, const void *const *weights,
+                                   const int *rows, int L, int C, int OC);
+void ts_cpu_grouped_matmul_backward(void *dinp, float *const *dweights, const void *dout,
+                                    const void *inp, const void *const *weights, const int *rows,
+                                    int L, int C, int OC);
 /* memory.c: memory, ordering and size queries */
 void *ts_cpu_dev_alloc(size_t bytes);
 void ts_cpu_dev_free(void *p);

@@ -107,11 +107,13 @@ static void make_key(const ts_dnnl_gemm *g, int64_t *key)
     float alpha = g->alpha;
     int32_t alpha_bits;
     memcpy(&alpha_bits, &alpha, sizeof alpha_bits);
-    int64_t k[TS_DNNL_KEY] = {g->batch0, g->batch1, g->M, g->N, g->K,
+    const int64_t M = g->runtime_m ? -1 : g->M, K = g->runtime_k ? -1 : g->K;
+    int64_t k[TS_DNNL_KEY] = {g->batch0, g->batch1, M, g->N, K,
                               g->a_b0, g->a_b1, g->a_m, g->a_k,
                               g->b_b0, g->b_b1, g->b_k, g->b_n,
                               g->c_b0, g->c_b1, g->c_m,
-                              g->c_type, alpha_bits, g->accumulate, g->bias, 0, 0};
+                              g->c_type, alpha_bits, g->accumulate, g->bias,
+                              g->runtime_m, g->runtime_k};
     memcpy(key, k, sizeof k);
 }
 
@@ -132,6 +134,17 @@ static void init_md(dnnl_memory_desc_t *md, const ts_dnnl_gemm *g, int64_t rows,
     }
 }
 
+/* A, B and C's descriptors with dimensions M and K (DNNL_RUNTIME_DIM_VAL in a runtime
+ * primitive's, this call's values at its execution). */
+static void init_operands(const ts_dnnl_gemm *g, int64_t M, int64_t K, dnnl_memory_desc_t *a_md,
+                          dnnl_memory_desc_t *b_md, dnnl_memory_desc_t *c_md)
+{
+    dnnl_data_type_t ct = g->c_type == TS_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+    init_md(a_md, g, M, K, g->a_b0, g->a_b1, g->a_m, g->a_k, dnnl_bf16);
+    init_md(b_md, g, K, g->N, g->b_b0, g->b_b1, g->b_k, g->b_n, dnnl_bf16);
+    init_md(c_md, g, M, g->N, g->c_b0, g->c_b1, g->c_m, 1, ct);
+}
+
 static ts_dnnl_entry *create_entry(const ts_dnnl_gemm *g, const int64_t *key)
 {
     TS_ASSERT(g->M > 0 && g->N > 0 && g->K > 0 && g->batch0 > 0 && g->batch1 > 0);
@@ -139,10 +152,8 @@ static ts_dnnl_entry *create_entry(const ts_dnnl_gemm *g, const int64_t *key)
     ts_dnnl_entry *e = ts_calloc(1, sizeof *e);
     memcpy(e->key, key, sizeof e->key);
     bool batched = g->batch0 > 1 || g->batch1 > 1;
-    dnnl_data_type_t ct = g->c_type == TS_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
-    init_md(&e->a_md, g, g->M, g->K, g->a_b0, g->a_b1, g->a_m, g->a_k, dnnl_bf16);
-    init_md(&e->b_md, g, g->K, g->N, g->b_b0, g->b_b1, g->b_k, g->b_n, dnnl_bf16);
-    init_md(&e->c_md, g, g->M, g->N, g->c_b0, g->c_b1, g->c_m, 1, ct);
+    init_operands(g, g->runtime_m ? DNNL_RUNTIME_DIM_VAL : g->M,
+                  g->runtime_k ? DNNL_RUNTIME_DIM_VAL : g->K, &e->a_md, &e->b_md, &e->c_md);
     if (g->bias) { /* [1, N], broadcast over the rows (and batches) */
         dnnl_dims_t dims = {1, 1, 1, g->N}, strides = {g->N, g->N, g->N, 1};
         int nd = batched ? 4 : 2;
@@ -168,7 +179,14 @@ static ts_dnnl_entry *create_entry(const ts_dnnl_gemm *g, const int64_t *key)
         TS_DNNL(dnnl_post_ops_destroy(po));
     }
     dnnl_primitive_desc_t pd;
-    TS_DNNL(dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL));
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL);
+    if (st == dnnl_unimplemented && (g->runtime_m || g->runtime_k)) {
+        /* No kernel takes this shape's dimensions at run time on this CPU: kept as an
+         * entry without a primitive, so the caller falls back to fixed dimensions. */
+        TS_DNNL(dnnl_primitive_attr_destroy(attr));
+        return e;
+    }
+    TS_DNNL(st);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     TS_ASSERT(smd != NULL);
     e->scratch_md = *smd;
@@ -201,7 +219,7 @@ static const ts_dnnl_entry *lookup(const ts_dnnl_gemm *g)
              * TS_DNNL_CACHE new descriptions were made: not with a handful of threads. */
             slot = g_next_evict;
             g_next_evict = (g_next_evict + 1) % TS_DNNL_CACHE;
-            TS_DNNL(dnnl_primitive_destroy(g_cache[slot]->prim));
+            if (g_cache[slot]->prim) TS_DNNL(dnnl_primitive_destroy(g_cache[slot]->prim));
             free(g_cache[slot]);
         }
         g_cache[slot] = found;
@@ -227,15 +245,24 @@ void ts_dnnl_matmul(const ts_dnnl_gemm *g, void *C, const void *A, const void *B
                     const float *bias)
 {
     const ts_dnnl_entry *e = lookup(g);
+    if (!e->prim) { /* a runtime description this CPU has no kernel for (create_entry) */
+        ts_dnnl_gemm fixed = *g;
+        fixed.runtime_m = fixed.runtime_k = false;
+        ts_dnnl_matmul(&fixed, C, A, B, bias);
+        return;
+    }
     if (!tl_stream) {
         TS_DNNL(dnnl_stream_create(&tl_stream, g_engine, dnnl_stream_default_flags));
         TS_ASSERT(pthread_setspecific(g_thread_key, &tl_stream) == 0); /* freed at its exit */
     }
     dnnl_memory_t ma, mb, mc, mbias = NULL, ms = NULL;
+    /* A runtime primitive executes on memory described with this call's dimensions. */
+    dnnl_memory_desc_t a_md = e->a_md, b_md = e->b_md, c_md = e->c_md;
+    if (g->runtime_m || g->runtime_k) init_operands(g, g->M, g->K, &a_md, &b_md, &c_md);
     /* oneDNN takes non-const handles; A, B and the bias are only read. */
-    TS_DNNL(dnnl_memory_create(&ma, &e->a_md, g_engine, (void *)(uintptr_t)A));
-    TS_DNNL(dnnl_memory_create(&mb, &e->b_md, g_engine, (void *)(uintptr_t)B));
-    TS_DNNL(dnnl_memory_create(&mc, &e->c_md, g_engine, C));
+    TS_DNNL(dnnl_memory_create(&ma, &a_md, g_engine, (void *)(uintptr_t)A));
+    TS_DNNL(dnnl_memory_create(&mb, &b_md, g_engine, (void *)(uintptr_t)B));
+    TS_DNNL(dnnl_memory_create(&mc, &c_md, g_engine, C));
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     int nargs = 3;
     if (g->bias) {

@@ -32,6 +32,14 @@ typedef struct {
     float alpha;     /* scales A @ B (1: none); not together with a bias */
     bool accumulate; /* C += ... (oneDNN's sum post-op) rather than C = ... */
     bool bias;       /* a bias[N] is passed */
+    /* M (or K) is given only at execution: one primitive serves every value (oneDNN's
+     * DNNL_RUNTIME_DIM_VAL), keyed without it. For the grouped expert GEMMs, whose row
+     * counts change every micro-batch: a primitive per count would be made (milliseconds
+     * each) and would evict the dense layers' from the table. M and K still hold this
+     * call's values; the strides must not depend on them. Where oneDNN has no kernel
+     * for the runtime description on this CPU, the call runs the fixed one instead
+     * (remembered: asked once per description). */
+    bool runtime_m, runtime_k;
 } ts_dnnl_gemm;
 
 /* A plain description: C[M,N] = A[M,K] @ B, no batch, row strides lda, ldb, ldc;

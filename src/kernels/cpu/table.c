@@ -26,6 +26,8 @@
     .layernorm_forward = prefix##layernorm_forward,                                          \
     .layernorm_backward = prefix##layernorm_backward,                                        \
     .matmul_forward = prefix##matmul_forward, .matmul_backward = prefix##matmul_backward,    \
+    .grouped_matmul_forward = prefix##grouped_matmul_forward,                                \
+    .grouped_matmul_backward = prefix##grouped_matmul_backward,                              \
     .attention_forward = prefix##attention_forward,                                          \
     .attention_backward = prefix##attention_backward,                                        \
     .attention_prefix_forward = prefix##attention_prefix_forward,                            \

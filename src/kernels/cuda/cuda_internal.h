@@ -154,6 +154,11 @@ void ts_cuda_moe_capacity(int *keep, const int *topk_idx, const float *topk_w, i
                            int N, int C, int OC);                                                \
     void p##matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,          \
                             const void *inp, const void *weight, int N, int C, int OC);          \
+    void p##grouped_matmul_forward(void *out, const void *inp, const void *const *weights,       \
+                                   const int *rows, int L, int C, int OC);                       \
+    void p##grouped_matmul_backward(void *dinp, float *const *dweights, const void *dout,        \
+                                    const void *inp, const void *const *weights,                 \
+                                    const int *rows, int L, int C, int OC);                      \
     void p##gelu_forward(void *out, const void *inp, size_t n);                                  \
     void p##gelu_backward(void *dinp, const void *inp, const void *dout, size_t n);              \
     void p##residual_forward(void *out, const void *a, const void *b, size_t n);                 \

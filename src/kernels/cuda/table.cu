@@ -71,6 +71,8 @@ static constexpr ts_kernels fp32_table = {
     .moe_capacity = ts_cuda_moe_capacity,
     .matmul_forward = ts_cuda_matmul_forward,
     .matmul_backward = ts_cuda_matmul_backward,
+    .grouped_matmul_forward = ts_cuda_grouped_matmul_forward,
+    .grouped_matmul_backward = ts_cuda_grouped_matmul_backward,
     .attention_forward = ts_cuda_attention_forward,
     .attention_backward = ts_cuda_attention_backward,
     .attention_prefix_forward = ts_cuda_attention_prefix_forward,
@@ -119,6 +121,8 @@ static constexpr ts_kernels with_bf16_slots(ts_kernels k)
     k.moe_permute_backward = ts_cuda_bf16_moe_permute_backward;
     k.matmul_forward = ts_cuda_bf16_matmul_forward;
     k.matmul_backward = ts_cuda_bf16_matmul_backward;
+    k.grouped_matmul_forward = ts_cuda_bf16_grouped_matmul_forward;
+    k.grouped_matmul_backward = ts_cuda_bf16_grouped_matmul_backward;
     k.attention_forward = ts_cuda_attention_forward_bf16;
     k.attention_backward = ts_cuda_attention_backward_bf16;
     k.attention_prefix_saved_bytes = ts_cuda_bf16_attention_prefix_saved_bytes;

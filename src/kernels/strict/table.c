@@ -51,6 +51,14 @@
            (void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,    \
             const void *weight, int N, int C, int OC),                                     \
            (dinp, dweight, dbias, dout, inp, weight, N, C, OC))                            \
+    STRICT(P, K, grouped_matmul_forward,                                                   \
+           (void *out, const void *inp, const void *const *weights, const int *rows, int L,  \
+            int C, int OC),                                                                \
+           (out, inp, weights, rows, L, C, OC))                                            \
+    STRICT(P, K, grouped_matmul_backward,                                                  \
+           (void *dinp, float *const *dweights, const void *dout, const void *inp,          \
+            const void *const *weights, const int *rows, int L, int C, int OC),             \
+           (dinp, dweights, dout, inp, weights, rows, L, C, OC))                           \
     STRICT(P, K, attention_forward,                                                        \
            (void *out, void *att, const void *qkv, int B, int T, int NH, int NKV, int HS),  \
            (out, att, qkv, B, T, NH, NKV, HS))                                             \
@@ -211,6 +219,8 @@
         .layernorm_forward = P##layernorm_forward,                                         \
         .layernorm_backward = P##layernorm_backward, .matmul_forward = P##matmul_forward,  \
         .matmul_backward = P##matmul_backward, .attention_forward = P##attention_forward,  \
+        .grouped_matmul_forward = P##grouped_matmul_forward,                               \
+        .grouped_matmul_backward = P##grouped_matmul_backward,                             \
         .attention_backward = P##attention_backward,                                       \
         .attention_prefix_forward = P##attention_prefix_forward,                           \
         .attention_prefix_backward = P##attention_prefix_backward,                         \
