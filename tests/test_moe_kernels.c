@@ -1097,6 +1097,8 @@ static void test_capacity_dispatch(void)
     printf("  %-44s ok\n", "dispatch of a kept set (drops, fp32, bf16)");
     free(idx), free(tw), free(x), free(yp), free(dout), free(xp), free(out), free(dyp), free(dx);
     free(dtw), free(pout), free(yh), free(oh), free(yw), free(of);
+}
+
 /* ---- grouped expert GEMMs ------------------------------------------------------- */
 
 /* The experts' products one expert at a time through matmul_forward / matmul_backward:
