@@ -166,22 +166,33 @@ ep_run() {
   echo "$(med step_ms "$m" 1) $(metric step_ms "$m" 1 | sort -g | head -1)" > "$tmp/$name.last"
 }
 
-# ep_row LABEL NAME BLOCKING_NAME: step ms, its a2a columns (medians over the timed
-# steps), and the step against the blocking twin's
+# ep_predict SETS...: the simulator's share of the all-to-all hidden for the same run
+# (tessera plan on this machine's cluster file: an overlapped pair hides each action's
+# exchanges under its partner's compute, the shared experts theirs; src/plan/moe_cost.h)
+ep_predict() {
+  "$build/tessera" plan "${moe_sets[@]}" "$@" --set parallel.micro_batch=1 \
+    --set train.global_batch="$G_EP" --set train.precision='"fp32"' \
+    --cluster configs/clusters/this-machine.cfg --json 2> /dev/null |
+    python3 -c 'import json, sys; print("%.0f%%" % (100 * json.load(sys.stdin)["moe"]["a2a_hidden_fraction"]))' \
+      2> /dev/null || echo "n/a"
+}
+
+# ep_row LABEL NAME BLOCKING_NAME [PREDICTED]: step ms, its a2a columns (medians over the
+# timed steps), the step against the blocking twin's, the simulator's hidden share
 ep_row() {
   local a m="$tmp/$2.metrics.jsonl"
   a=$(ms "$2")
   if [ -z "$a" ]; then
-    printf '| %s | n/a (%s) | | | | | |\n' "$1" "$(cut -c1-160 "$tmp/$2.fail" 2> /dev/null | tr '|' '/')"
+    printf '| %s | n/a (%s) | | | | | | |\n' "$1" "$(cut -c1-160 "$tmp/$2.fail" 2> /dev/null | tr '|' '/')"
     return
   fi
   local a2a wait hid vs=""
   a2a=$(med a2a_ms "$m" 1 2> /dev/null || true); wait=$(med a2a_wait_ms "$m" 1 2> /dev/null || true)
   hid=$(med a2a_hidden "$m" 1 2> /dev/null || true)
   [ -n "$3" ] && [ -n "$(ms "$3")" ] && vs=$(ratio "$a" "$(ms "$3")")
-  printf '| %s | %.0f | %s | %s | %s | %s | %s%% |\n' "$1" "$a" "${a2a:-}" "${wait:-}" \
+  printf '| %s | %.0f | %s | %s | %s | %s | %s | %s%% |\n' "$1" "$a" "${a2a:-}" "${wait:-}" \
     "$(awk -v h="${hid:-}" 'BEGIN { if (h == "") print ""; else printf "%.0f%%", 100 * h }')" \
-    "${vs:-}" "$(sort -g "$tmp/$2.o" | tail -1)"
+    "${4:-}" "${vs:-}" "$(sort -g "$tmp/$2.o" | tail -1)"
 }
 
 ep_section() {
@@ -206,17 +217,18 @@ ep_section() {
   echo
   echo "Expert parallelism: the same model at global batch $G_EP (micro-batches of 1 sequence), fp32, ep all-to-all blocking (parallel.ep_overlap = false) against overlapped (true; the same bits), $STEPS timed steps, medians:"
   echo
-  echo "| grid (ranks x threads) | ms/step | a2a_ms (start to completion, longest rank) | a2a_wait_ms (blocked) | a2a_hidden | overlapped / blocking | CPU used by others (max) |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| grid (ranks x threads) | ms/step | a2a_ms (start to completion, longest rank) | a2a_wait_ms (blocked) | a2a_hidden | the simulator's a2a hidden | overlapped / blocking | CPU used by others (max) |"
+  echo "|---|---|---|---|---|---|---|---|"
   ep_row "1 rank x $threads threads (no exchange)" ep_one1 ""
   for g in "${grids[@]}"; do
     read -r name np sets <<< "$g"
-    ep_row "$name ($np x 1), blocking" "ep_${name}_blocking" ""
-    ep_row "$name ($np x 1), overlapped" "ep_$name" "ep_${name}_blocking"
+    ep_row "$name ($np x 1), blocking" "ep_${name}_blocking" "" "0%"
+    # shellcheck disable=SC2086 # sets: words on purpose
+    ep_row "$name ($np x 1), overlapped" "ep_$name" "ep_${name}_blocking" "$(ep_predict $sets)"
   done
   echo
   [ "$pp_ep" = 1 ] || echo "pp 2 x dp 2 x ep 2 rows: not run ($cores cores: 4 ranks of 1 thread would share them, and the step time would measure the scheduler, not the overlap; PP_EP=1 runs them anyway)."
-  echo "a2a_hidden = 1 - blocked / total over every rank; on MPI over shared memory the exchange's copies run inside MPI calls on the compute cores, so what is hidden is mostly the wait for the peers. The simulator's prediction: tessera plan has no ep axis yet (issue 40's planner part)."
+  echo "a2a_hidden = 1 - blocked / total over every rank; on MPI over shared memory the exchange's copies run inside MPI calls on the compute cores, so what is hidden is mostly the wait for the peers. The simulator's column: tessera plan --cluster configs/clusters/this-machine.cfg of the same run (blocking: 0 by definition)."
   echo "command: $command  (ep rows: $rounds round(s), steps $STEPS, G_EP=$G_EP, PP_EP=$pp_ep)"
 }
 

@@ -3,7 +3,7 @@
 # group before attention, dK/dV reduce-scattered back; tensor/cp.h): cp 2 and 4 alone,
 # cp 2 with tp 2 (and sequence parallelism, tp_overlap), pp 2 (1f1b, zb-h1's weight pass,
 # interleaved), dp 2 (ZeRO-1, ZeRO-3), selective and full recompute give the one-rank
-# losses within relative 1e-4 (20 steps; 8 for zb-h1 and recompute on grids checked at 20), for GPT-2 (learned positions at the global rows) and
+# losses within relative 1e-4 (16 steps; 8 for zb-h1 and recompute on grids checked at 16), for GPT-2 (learned positions at the global rows) and
 # Llama (RoPE at the global positions, grouped-query K/V); a rerun is bit for bit; a
 # checkpoint saved with cp 2 resumes with cp 1 and tp 2 (the files know no cp) and
 # continues the one-rank losses. A seq_len that 2*cp does not divide is refused, nothing
@@ -11,9 +11,9 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
+# 16 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
 # follows one schedule of that length (lr_decay_steps), so a resumed run continues it.
-steps="${TS_TEST_SWEEP_STEPS:-20}"
+steps="${TS_TEST_SWEEP_STEPS:-16}"
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "train.lr_decay_steps=$steps"
         --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""' --set train.threads=1
         --set log.progress=false)
@@ -21,11 +21,11 @@ common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "train.lr
 check ref 1
 # check_short NAME NP SETS...: check with $short steps, against the reference's first
 # $short steps: for the runs that change only the order or the shape of the work inside a
-# step (a schedule, a recompute mode) on a layout whose 20 steps are checked here (cp 2, and cp 2 x pp 2 under 1f1b):
-# every step runs that whole step again, so 8 steps check it as 20 do
+# step (a schedule, a recompute mode) on a layout whose 16 steps are checked here (cp 2, and cp 2 x pp 2 under 1f1b):
+# every step runs that whole step again, so 8 steps check it as 16 do
 # (test_pp_invariance's argument). The layouts (which rank holds and updates what), whose
-# errors grow with the learning rate over the warm-up, keep 20 steps. Every run follows the
-# 20-step schedule (lr_decay_steps), so an 8-step run's steps are its first 8, bit for bit.
+# errors grow with the learning rate over the warm-up, keep 16 steps. Every run follows the
+# 16-step schedule (lr_decay_steps), so an 8-step run's steps are its first 8, bit for bit.
 short=$((steps < 8 ? steps : 8))
 grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"
 check_short() { CHECK_REF="$TMP/ref_short.jsonl" check "$@" --set "train.steps=$short"; }

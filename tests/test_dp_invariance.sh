@@ -1,12 +1,12 @@
 # Grid invariance for data parallelism: dp = 1, 2, 4 and several micro-batch splits of
-# the same global batch give the one-rank losses within relative 1e-4 for 20 steps (8
+# the same global batch give the one-rank losses within relative 1e-4 for 16 steps (8
 # for the runs that change only the work inside a step, below); the same multi-rank run
 # twice is bit-identical.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
-steps=${TS_TEST_SWEEP_STEPS:-20}
+# 16 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
+steps=${TS_TEST_SWEEP_STEPS:-16}
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 
@@ -14,10 +14,10 @@ check ref 1 --set parallel.micro_batch=4
 # check_short NAME NP SETS...: check with $short steps, against the reference's first
 # $short steps: for the runs that change only how a step's work is split or synchronised
 # (the micro-batch count, the reduction without overlap or in 1 MiB buckets), on a layout
-# whose 20 steps are checked here (one rank, dp 2, dp 4): every step runs that whole step
-# again, so 8 steps check it as 20 do. The communication thread's runs, which a race
-# could upset in any step, and the rerun keep 20. The 20 steps are all warm-up, whose
-# learning rate does not depend on train.steps: an 8-step run's steps are the 20-step
+# whose 16 steps are checked here (one rank, dp 2, dp 4): every step runs that whole step
+# again, so 8 steps check it as 16 do. The communication thread's runs, which a race
+# could upset in any step, and the rerun keep 16. The 16 steps are all warm-up, whose
+# learning rate does not depend on train.steps: an 8-step run's steps are the 16-step
 # run's first 8, bit for bit.
 short=$((steps < 8 ? steps : 8))
 grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"

@@ -2,14 +2,14 @@
 # schedule included), interleaved-1f1b with v = 2, recompute modes (selective: bit for bit
 # on one rank), an uneven explicit
 # partition and pipeline x data parallelism all give the one-rank losses within
-# relative 1e-4 for 20 steps of the tiny config (8 for the runs that change only the
+# relative 1e-4 for 16 steps of the tiny config (8 for the runs that change only the
 # order or the shape of the work inside a step, below), with the exchange run eagerly
 # (MPI) and group by group (as NCCL needs). Bad pipeline configs fail clearly.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
-steps=${TS_TEST_SWEEP_STEPS:-20}
+# 16 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
+steps=${TS_TEST_SWEEP_STEPS:-16}
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 
@@ -18,13 +18,13 @@ check ref 1
 # check_short NAME NP SETS...: check with $short steps, against the reference's first
 # $short steps. For the runs that vary only the order or the shape of the work inside
 # a step (the schedule, recompute, the micro-batch count, a CSV of 1F1B, the grouped
-# exchange) on a layout whose 20 steps are checked above or below (pp2 and pp4 1f1b):
-# every step runs that whole step again, so 8 steps check it as 20 do (as
+# exchange) on a layout whose 16 steps are checked above or below (pp2 and pp4 1f1b):
+# every step runs that whole step again, so 8 steps check it as 16 do (as
 # test_pp_schedules checks the generated schedules). The layouts (which layers and
 # chunks each rank holds and updates: pp 2 and 4, interleaved v = 2 and 3, the uneven
-# partitions, pp x dp), the rerun and the reference keep 20 steps. The 20 steps are all
+# partitions, pp x dp), the rerun and the reference keep 16 steps. The 16 steps are all
 # warm-up, whose learning rate does not depend on train.steps: an 8-step run's steps are
-# the 20-step run's first 8, bit for bit.
+# the 16-step run's first 8, bit for bit.
 short=$((steps < 8 ? steps : 8))
 grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"
 check_short() { CHECK_REF="$TMP/ref_short.jsonl" check "$@" --set "train.steps=$short"; }
@@ -60,7 +60,7 @@ check_short pp4_m2_fewer_mb 4 --set parallel.pp=4 --set parallel.micro_batch=8
 # The exchange program run group by group, as a backend that matches by order and
 # completes a send only when the peer receives (NCCL) needs it (TS_PP_EXCHANGE=grouped),
 # gives the eager run's losses bit for bit (its first $short steps: the eager
-# interleaved run has 20).
+# interleaved run has 16).
 export TS_PP_EXCHANGE=grouped
 check_short pp2_v2_interleaved_grouped 2 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.schedule=interleaved-1f1b
 check_short pp4_zb-h1_grouped 4 --set parallel.pp=4 --set parallel.schedule=zb-h1

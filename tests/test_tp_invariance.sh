@@ -1,14 +1,14 @@
 # Grid invariance for tensor parallelism: tp = 2 and 4, alone and with dp = 2, and full
 # 3D grids (2x2x2 with interleaved-1f1b and v = 2; 2x1x4; 4x1x2 with recompute; tp 2 and
 # pp2 x tp2 with selective recompute) give the
-# one-rank losses within relative 1e-4 for 20 steps (8 for selective recompute, below). A prime vocabulary (257) splits
+# one-rank losses within relative 1e-4 for 16 steps (8 for selective recompute, below). A prime vocabulary (257) splits
 # unevenly over tp = 2, 3 and 4 and still gives the one-rank losses (reruns bit for bit).
 # n_head not divisible by tp, or a vocabulary smaller than tp, is a clear error.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
-steps=${TS_TEST_SWEEP_STEPS:-20}
+# 16 steps; 6 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt).
+steps=${TS_TEST_SWEEP_STEPS:-16}
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 
@@ -16,12 +16,12 @@ common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.tra
 check ref 1
 # check_short NAME NP SETS...: check with $short steps, against the reference's first
 # $short steps: for the runs that change only the order or the shape of the work inside a
-# step (a schedule, a recompute mode) on a layout whose 20 steps are checked here (tp 2; pp 2 x tp 2 by tp2_zb):
-# every step runs that whole step again, so 8 steps check it as 20 do
+# step (a schedule, a recompute mode) on a layout whose 16 steps are checked here (tp 2; pp 2 x tp 2 by tp2_zb):
+# every step runs that whole step again, so 8 steps check it as 16 do
 # (test_pp_invariance's argument). The layouts (which rank holds and updates what), whose
-# errors grow with the learning rate over the warm-up, keep 20 steps. The 20 steps
+# errors grow with the learning rate over the warm-up, keep 16 steps. The 16 steps
 # are all warm-up, whose learning rate does not depend on train.steps: an 8-step run's
-# steps are the 20-step run's first 8, bit for bit.
+# steps are the 16-step run's first 8, bit for bit.
 short=$((steps < 8 ? steps : 8))
 grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"
 check_short() { CHECK_REF="$TMP/ref_short.jsonl" check "$@" --set "train.steps=$short"; }

@@ -1,7 +1,7 @@
 # Grid invariance for ZeRO-1 (parallel.zero = 1: gradients reduce-scattered over dp,
 # AdamW moments and updates sharded 1/dp, parameters all-gathered): dp = 2 and 4, tp2 x
 # dp2, and pp2 x dp2 x tp2 interleaved (v = 2) give the one-rank losses and gradient
-# norms within relative 1e-4 for 20 steps of the tiny config; zero = 1 on one replica is
+# norms within relative 1e-4 for 16 steps of the tiny config; zero = 1 on one replica is
 # the plain run bit for bit, and overlap off the overlapped run, over 8 steps (below); the
 # same run twice is bit-identical; the optimizer state per rank at dp = 4 is a quarter of dp = 1's (within
 # 5%); dp = 3 with pieces of unequal size works too; zero = 4 is an error naming the key
@@ -9,9 +9,9 @@
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
-# 20 steps; 4 under the sanitizers and in the strict copy (TS_TEST_SWEEP_STEPS,
+# 16 steps; 4 under the sanitizers and in the strict copy (TS_TEST_SWEEP_STEPS,
 # tests/CMakeLists.txt).
-steps=${TS_TEST_SWEEP_STEPS:-20}
+steps=${TS_TEST_SWEEP_STEPS:-16}
 common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.train=\"$TMP/train.bin\""
         --set 'data.val=""' --set train.threads=1 --set log.progress=false)
 zero=(--set parallel.zero=1)
@@ -33,10 +33,10 @@ bit_same() {
 
 check ref 1
 # check_short NAME NP SETS...: check with $short steps against the reference's first
-# $short: for the runs that bit_same holds against a 20-step run below (zero = 1 on one
+# $short: for the runs that bit_same holds against a 16-step run below (zero = 1 on one
 # replica, overlap off). A deterministic difference in any step changes the next step's
-# bits, so 8 steps show it as 20 do; the 20 steps are all warm-up, whose learning rate
-# does not depend on train.steps, so an 8-step run's steps are the 20-step run's first 8.
+# bits, so 8 steps show it as 16 do; the 16 steps are all warm-up, whose learning rate
+# does not depend on train.steps, so an 8-step run's steps are the 16-step run's first 8.
 short=$((steps < 8 ? steps : 8))
 grep '"loss"' "$TMP/ref.jsonl" | head -n "$short" >"$TMP/ref_short.jsonl"
 check_short() { CHECK_REF="$TMP/ref_short.jsonl" check "$@" --set "train.steps=$short"; }
