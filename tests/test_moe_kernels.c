@@ -1199,6 +1199,9 @@ static bool grouped_case_f32(const int *rows, int L, int C, int OC)
 
 static void test_grouped(void)
 {
+    /* Small enough that OpenBLAS runs each GEMM on one thread (so the loop's bits are the
+     * grouped call's), wide enough that the even case holds more than grouped_matmul.c's
+     * TS_GROUPED_MIN_MACS (152 rows x 45 x 70) and runs side by side. */
     const int C = 45, OC = 70;
     /* even rows over the experts (the two threads take experts side by side), empty
      * experts among them */

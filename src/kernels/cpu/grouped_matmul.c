@@ -63,13 +63,25 @@ typedef struct {
  * split of two or more experts). */
 #define TS_GROUPED_SLACK 0.10
 #define TS_GROUPED_ROWS 1024
+/* And only when the call holds work enough: below 2^18 multiply-adds in all (a tiny
+ * model's experts: tens of rows of tens of columns) a parallel region's start and barrier
+ * cost more than the products, and far more where the cores are shared (measured: CI's
+ * two tests at a time took test_moe_fixture from 0.2 to 9 s under the sanitizers, its
+ * threads waiting on a descheduled team mate); one after the other runs them unthreaded
+ * there, as OpenBLAS leaves a small GEMM. */
+#define TS_GROUPED_MIN_MACS 262144.0
 
 ts_grouped_mode ts_cpu_grouped_mode = TS_GROUPED_AUTO;
 
-static bool grouped_side_by_side(const int *order, int n, const int *rows, int threads)
+/* order: the n tasks' experts; row_macs: one row's multiply-adds in one product. */
+static bool grouped_side_by_side(const int *order, int n, const int *rows, int threads,
+                                 double row_macs)
 {
     if (threads < 2 || n < 2 || omp_in_parallel()) return false;
     if (ts_cpu_grouped_mode != TS_GROUPED_AUTO) return ts_cpu_grouped_mode == TS_GROUPED_SIDE_BY_SIDE;
+    double all_rows = 0.0;
+    for (int i = 0; i < n; i++) all_rows += rows[order[i]];
+    if (all_rows * row_macs < TS_GROUPED_MIN_MACS) return false;
     double load[64] = {0}, total = 0.0;
     if (threads > 64) threads = 64;
     const int most = rows[order[0]];
@@ -187,7 +199,8 @@ static void grouped_run(grouped *g, int L, bool backward)
     for (int i = 0; i < n; i++)
         for (int k = 0; k < nk; k++) task[i * nk + k] = order[i];
     const int tasks = n * nk;
-    if (nk > 0 && grouped_side_by_side(task, tasks, g->rows, ts_cpu_get_threads())) {
+    if (nk > 0 && grouped_side_by_side(task, tasks, g->rows, ts_cpu_get_threads(),
+                                       (double)g->C * g->OC)) {
 #pragma omp parallel for schedule(dynamic, 1)
         for (int i = 0; i < tasks; i++) expert_product(g, kinds[i % nk], task[i]);
     } else {
