@@ -61,7 +61,6 @@
  * Its saved activations are act_layout.h's MOE_ACTS; its backward's buffers the
  * scratch's MoE region. The per-step state (the bias, the step's counts and loss sums)
  * is the model's (model.h), read and updated between steps by ts_model_moe_*. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
