@@ -62,6 +62,24 @@ typedef struct {
      * lowest-weight ones dropped (model/moe.c). */
     double moe_capacity;
     bool qk_norm;               /* Qwen3: per-head RMSNorm of q and k before RoPE */
+    /* Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; llama family; on when
+     * kv_lora_rank > 0; model/mla.c): q from a q_lora_rank latent (RMSNorm'd; 0 = a plain
+     * q projection), k and v from a kv_lora_rank latent (RMSNorm'd), each q and k head
+     * qk_nope_head_dim channels without RoPE then qk_rope_head_dim with it (the rope key
+     * one head shared by all), values of v_head_dim channels. head_dim and n_kv_head are
+     * then not used (n_kv_head = n_head). */
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    /* rope_scaling's kind when rope_scaling (the factor) > 0: "llama3" (Llama 3.1's
+     * frequency bands, the default) or "yarn" (DeepSeek-V3's YaRN: beta_fast, beta_slow,
+     * the original context rope_original_context, and mscale / mscale_all_dim, which
+     * scale the softmax by (0.1 mscale_all_dim ln(factor) + 1)^2 and cos/sin by the
+     * ratio of the two mscales, as transformers does). */
+    char rope_type[16];
+    double rope_beta_fast, rope_beta_slow, rope_mscale, rope_mscale_all_dim;
+    /* Multi-token prediction (DeepSeek-V3 sec. 2.2): mtp_layers sequential modules after
+     * the last block (0 = none), each predicting one token further; train.mtp_loss weighs
+     * their mean loss. */
+    int mtp_layers;
 } ts_model_config;
 
 /* model.tokenizer's values ("", "gpt2", "llama3"): an error naming them otherwise (for
@@ -90,6 +108,7 @@ static inline int ts_model_kv_heads(const ts_model_config *m)
     return m->n_kv_head > 0 ? m->n_kv_head : m->n_head;
 }
 /* The channels of one attention head: head_dim, or n_embd / n_head when unset. */
+static inline bool ts_model_is_mla(const ts_model_config *m) { return m->kv_lora_rank > 0; }
 static inline int ts_model_head_dim(const ts_model_config *m)
 {
     return m->head_dim > 0 ? m->head_dim : (m->n_head > 0 ? m->n_embd / m->n_head : 0);
@@ -183,6 +202,9 @@ typedef struct {
      * grid and micro-batch split share): the sequence-wise balance loss's coefficient,
      * the router z-loss's, and the aux-loss-free bias's update rate (0: no bias). */
     double moe_aux_loss, moe_z_loss, moe_bias_rate;
+    /* Multi-token prediction's weight lambda: the loss adds lambda / D * the sum of the
+     * D depths' losses (model.mtp_layers = D). */
+    double mtp_loss;
 } ts_train_config;
 
 /* data.train: paths or glob patterns, grouped into the datasets of a blend. A plain

@@ -80,6 +80,9 @@ ts_status ts_config_check_comm(const key_spec *k, const ts_config *cfg, const ch
  * ts_config_validate runs after its own (each a ts_fail message naming the keys). */
 ts_status ts_config_check_moe_router(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_validate_moe(const ts_config *cfg);
+/* config_mla.c: MLA, YaRN and MTP's rules; model.rope_type's values. */
+ts_status ts_config_validate_mla(const ts_config *cfg);
+ts_status ts_config_check_rope_type(const key_spec *k, const ts_config *cfg, const char *where);
 
 /* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the
  * directory model.init names, or beside its file), when there is one and it is a Llama's

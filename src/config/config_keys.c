@@ -52,6 +52,14 @@ void ts_config_defaults(ts_config *cfg)
     m->moe_every = 1;
     m->moe_capacity = 0.0; /* dropless */
     m->qk_norm = false;
+    m->q_lora_rank = m->kv_lora_rank = 0; /* no MLA */
+    m->qk_nope_head_dim = m->qk_rope_head_dim = m->v_head_dim = 0;
+    copy_str(m->rope_type, sizeof m->rope_type, "llama3");
+    m->rope_beta_fast = 32.0; /* transformers' YaRN defaults */
+    m->rope_beta_slow = 1.0;
+    m->rope_mscale = 1.0;
+    m->rope_mscale_all_dim = 0.0;
+    m->mtp_layers = 0;
 
     ts_parallel_config *p = &cfg->parallel;
     p->pp = p->dp = p->tp = p->cp = 1;
@@ -95,6 +103,7 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(t->precision, sizeof t->precision, "fp32");
     copy_str(t->attention, sizeof t->attention, "gemm");
     t->moe_aux_loss = t->moe_z_loss = t->moe_bias_rate = 0.0;
+    t->mtp_loss = 0.1; /* Megatron's mtp_loss_scaling_factor */
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -176,6 +185,17 @@ const key_spec ts_config_keys[] = {
     INT_KEY("model", "moe_every", model.moe_every, 1, 1 << 16),
     FLOAT_KEY("model", "moe_capacity", model.moe_capacity, 0, false, 1e6, false),
     BOOL_KEY("model", "qk_norm", model.qk_norm),
+    INT_KEY("model", "q_lora_rank", model.q_lora_rank, 0, 1 << 20),
+    INT_KEY("model", "kv_lora_rank", model.kv_lora_rank, 0, 1 << 20),
+    INT_KEY("model", "qk_nope_head_dim", model.qk_nope_head_dim, 0, 1 << 16),
+    INT_KEY("model", "qk_rope_head_dim", model.qk_rope_head_dim, 0, 1 << 16),
+    INT_KEY("model", "v_head_dim", model.v_head_dim, 0, 1 << 16),
+    STR_KEY("model", "rope_type", model.rope_type, ts_config_check_rope_type),
+    FLOAT_KEY("model", "rope_beta_fast", model.rope_beta_fast, 0, true, 1e6, false),
+    FLOAT_KEY("model", "rope_beta_slow", model.rope_beta_slow, 0, true, 1e6, false),
+    FLOAT_KEY("model", "rope_mscale", model.rope_mscale, 0, false, 1e6, false),
+    FLOAT_KEY("model", "rope_mscale_all_dim", model.rope_mscale_all_dim, 0, false, 1e6, false),
+    INT_KEY("model", "mtp_layers", model.mtp_layers, 0, 64),
 
     INT_KEY("parallel", "pp", parallel.pp, 1, 1 << 16),
     /* "auto": what pp * tp leave of the ranks launched (ts_config_load resolves it). */
@@ -227,6 +247,7 @@ const key_spec ts_config_keys[] = {
     FLOAT_KEY("train", "moe_aux_loss", train.moe_aux_loss, 0, false, 1e6, false),
     FLOAT_KEY("train", "moe_z_loss", train.moe_z_loss, 0, false, 1e6, false),
     FLOAT_KEY("train", "moe_bias_rate", train.moe_bias_rate, 0, false, 1e6, false),
+    FLOAT_KEY("train", "mtp_loss", train.mtp_loss, 0, false, 1e6, false),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     { "data", "val", K_PATHS, OFF(data), 0, 0, 0, false, false, NULL },
