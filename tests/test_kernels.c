@@ -1602,6 +1602,7 @@ int main(void)
             test_rope_heads(2, 5, heads(4, 4, 24, 16, 0.3f), 8, il);
             test_rope_heads(1, 7, heads(4, 2, 10, 6, 0.3f), 6, il); /* RD/2 odd */
             test_rope_heads(1, 3, heads(2, 1, 8, 8, 0.3f), 8, il);  /* RD == HS */
+            test_rope_heads(2, 5, heads(1, 0, 20, 1, 0.3f), 4, il); /* rows: last 4 of 20 */
         }
         test_swiglu(6, 11);
         test_residual_rmsnorm(10, 8);
