@@ -955,19 +955,17 @@ typedef struct {
 
 static prefix_run prefix_on(const ts_kernels *k, const float *q, const float *kv,
                             const float *dout, const float *dkv0, int B, int Tq, int Tk,
-                            int NH, int NKV, int HS)
+                            ts_att_heads h)
 {
-    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
-    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    const size_t C = ts_att_out_width(h), C2 = ts_att_kv_width(h), C3 = ts_att_qkv_width(h);
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * h.NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
     float *dq = ts_test_to_dev(k, q, nq * C3), *dkvv = ts_test_to_dev(k, kv, nkv);
     float *dd = ts_test_to_dev(k, dout, nq * C), *dacc = ts_test_to_dev(k, dkv0, nkv);
     float *o = ts_test_dev_nan(k, nq * C), *a = ts_test_dev_nan(k, natt);
     float *g = ts_test_dev_nan(k, nq * C3);
-    float *s = ts_test_dev_nan(
-        k, k->attention_prefix_scratch_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) / 4);
-    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, ts_att_heads_gqa(NH, NKV, HS));
-    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk,
-                                 ts_att_heads_gqa(NH, NKV, HS));
+    float *s = ts_test_dev_nan(k, k->attention_prefix_scratch_bytes(B, Tq, Tk, h) / 4);
+    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, h);
+    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk, h);
     prefix_run r = {ts_test_from_dev(k, o, nq * C), ts_test_from_dev(k, a, natt),
                     ts_test_from_dev(k, g, nq * C3), ts_test_from_dev(k, dacc, nkv)};
     k->dev_free(dq), k->dev_free(dkvv), k->dev_free(dd), k->dev_free(dacc), k->dev_free(o);
@@ -976,21 +974,22 @@ static prefix_run prefix_on(const ts_kernels *k, const float *q, const float *kv
 }
 
 /* The same bits on the strict table (its wrappers open device memory around the CPU
- * kernels) and at 1 and 2 threads (one (batch, head) pair per OpenMP iteration). */
-static void test_attention_prefix_strict_and_threads(void)
+ * kernels) and at 1 and 2 threads (one (batch, head) pair per OpenMP iteration), for
+ * grouped-query heads and for MLA's kind (q/k of 24, v of 16, another scale). */
+static void test_attention_prefix_strict_and_threads(ts_att_heads h)
 {
-    const int B = 2, Tq = 40, Tk = 120, NH = 4, NKV = 2, HS = 8;
-    const int C = NH * HS, C2 = 2 * NKV * HS, C3 = C + C2;
-    const size_t nq = (size_t)B * Tq, natt = (size_t)B * NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
+    const int B = 2, Tq = 40, Tk = 120;
+    const size_t C = ts_att_out_width(h), C2 = ts_att_kv_width(h), C3 = ts_att_qkv_width(h);
+    const size_t QW = (size_t)h.NH * h.HS;
+    const size_t nq = (size_t)B * Tq, natt = (size_t)B * h.NH * Tq * Tk, nkv = (size_t)B * Tk * C2;
     float *q = ts_test_rand_floats(nq * C3, 1.5f), *kv = ts_test_rand_floats(nkv, 1.5f);
     float *dout = ts_test_rand_floats(nq * C, 1.0f), *dkv0 = ts_test_rand_floats(nkv, 1.0f);
     const int threads = ts_cpu_get_threads();
     ts_cpu_set_threads(1);
-    prefix_run one = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    prefix_run one = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, h);
     ts_cpu_set_threads(2);
-    prefix_run two = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
-    prefix_run strict =
-        prefix_on(&ts_kernels_cpu_strict, q, kv, dout, dkv0, B, Tq, Tk, NH, NKV, HS);
+    prefix_run two = prefix_on(&ts_kernels_cpu, q, kv, dout, dkv0, B, Tq, Tk, h);
+    prefix_run strict = prefix_on(&ts_kernels_cpu_strict, q, kv, dout, dkv0, B, Tq, Tk, h);
     ts_cpu_set_threads(threads);
     prefix_run *runs[] = {&two, &strict};
     const char *names[] = {"2 threads", "cpu-strict"};
@@ -999,9 +998,9 @@ static void test_attention_prefix_strict_and_threads(void)
                    ts_test_same_bits(runs[r]->att, one.att, natt) &&
                    ts_test_same_bits(runs[r]->dkv, one.dkv, nkv);
         for (size_t n = 0; n < nq; n++)
-            same &= ts_test_same_bits(runs[r]->dqkv + n * C3, one.dqkv + n * C3, (size_t)C);
-        printf("  attention prefix Tq=%d Tk=%d on %-10s: %s as 1 thread\n", Tq, Tk, names[r],
-               same ? "the same bits" : "DIFFERENT bits");
+            same &= ts_test_same_bits(runs[r]->dqkv + n * C3, one.dqkv + n * C3, QW);
+        printf("  attention prefix Tq=%d Tk=%d HS=%d HSV=%d on %-10s: %s as 1 thread\n", Tq,
+               Tk, h.HS, h.HSV, names[r], same ? "the same bits" : "DIFFERENT bits");
         CHECKF(same, "attention prefix on %s differs from 1 thread on cpu", names[r]);
     }
     prefix_run *all[] = {&one, &two, &strict};
@@ -1619,6 +1618,7 @@ int main(void)
     }
     test_determinism();
     test_llama_determinism();
-    test_attention_prefix_strict_and_threads();
+    test_attention_prefix_strict_and_threads(ts_att_heads_gqa(4, 2, 8));
+    test_attention_prefix_strict_and_threads(heads(4, 2, 24, 16, 0.3f));
     return ts_test_report();
 }
