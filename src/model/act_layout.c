@@ -103,8 +103,10 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
         d.KVB = h * (size_t)(sh.mla_nope + sh.mla_v);
         d.QKVK = sh.selective ? 0 : d.QKV;
         d.QKQ = sh.selective ? d.QK : 0;
-        d.att = k->attention_saved_bytes(B, T, H, (int)hs);
-        d.att_scratch = k->attention_scratch_bytes(B, T, H, (int)hs);
+        ts_att_heads hd = ts_att_heads_gqa(H, H, (int)hs);
+        hd.HSV = sh.mla_v;
+        d.att = k->attention_saved_bytes(B, T, hd);
+        d.att_scratch = k->attention_scratch_bytes(B, T, hd);
     }
     if (sh.cp.size > 1 && T > 1) {
         /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
