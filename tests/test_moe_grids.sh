@@ -501,9 +501,9 @@ release_only "capacity 1000 against dropless, bit for bit" ||
 # Multi-head latent attention (model/mla.c; DeepSeek-V3's attention) on llama-tiny
 # reshaped (64 wide, 4 heads, q latent 32, k/v latent 16, heads of 16 + 8 rope channels,
 # values of 16, YaRN with mscale_all_dim: cos/sin and the softmax scaled), 6 steps against
-# its own one-rank run within 1e-4: tp 2 with sequence parallelism and selective
-# recompute (the latent trunk replicated, its gradients summed over tp; k, v and the
-# probabilities rebuilt from the latent), pp 2 with interleaved-zb (virtual stages and
+# its own one-rank run within 1e-4: tp 2 with sequence parallelism, selective recompute
+# and tp_overlap's 2 sub-batches (the latent trunk replicated, its gradients summed over
+# tp; k, v and the probabilities rebuilt from the latent; the work region by sub-batch), pp 2 with interleaved-zb (virtual stages and
 # the zero-bubble split: MLA's weight gradients in its input pass), dp 2 with ZeRO-3, a
 # rerun bit-identical; with the DeepSeek MoE above (its MLP, the dense first block), ep 4
 # over dp 4 (release); a checkpoint saved on pp 2 x dp 2 x tp 2 (release) reloads on one
@@ -521,14 +521,15 @@ if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/mla_ref.jsonl\""; then pass
 else fail "run mla_ref"; sed 's/^/    /' "$TMP/err" >&2; fi
 export CHECK_REF="$TMP/mla_ref.jsonl"
 check mla_tp2_sp_selective 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
-  --set parallel.recompute=selective
+  --set parallel.recompute=selective --set parallel.tp_overlap=2
 check mla_pp2_interleaved_zb 2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set parallel.schedule=interleaved-zb --set parallel.micro_batch=2
 covered mla_dp2_zero3 "mla_tp2_sp_selective (ZeRO-3 changes no MLA code)" ||
   check mla_dp2_zero3 2 --set parallel.dp=2 --set parallel.zero=3
 release_only "MLA tp 2 rerun, bit for bit" ||
   if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
-       --set parallel.recompute=selective --set "log.metrics=\"$TMP/mla_again.jsonl\""; then
+       --set parallel.recompute=selective --set parallel.tp_overlap=2 \
+       --set "log.metrics=\"$TMP/mla_again.jsonl\""; then
     if cmp -s <(losses "$TMP/mla_again.jsonl"; norms "$TMP/mla_again.jsonl") \
               <(losses "$TMP/mla_tp2_sp_selective.jsonl"; norms "$TMP/mla_tp2_sp_selective.jsonl"); then pass
     else fail "MLA tp 2 run twice is not bit-identical"; fi
