@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/layout.h"
 #include "config/config.h"
 #include "test_util.h"
 
@@ -373,6 +374,40 @@ static void test_deepseek_hf_config(void)
     CHECK(m->rope_original_context == 8 && m->rope_beta_fast == 32.0);
     CHECK(m->rope_beta_slow == 0.01 && m->rope_mscale == 1.0 && m->rope_mscale_all_dim == 0.5);
     CHECK(!ts_model_block_is_moe(m, 0) && ts_model_block_is_moe(m, 1) && ts_model_block_is_moe(m, 2));
+    /* What a checkpoint of this model writes (checkpoint/hf_deepseek.c) reads back the
+     * same, key for key; a model transformers' DeepseekV3 would compute otherwise gets no
+     * config.json. */
+    const ts_model_config saved = *m;
+    char *json = ts_ckpt_hf_config_json(&saved);
+    CHECK(json && strstr(json, "\"model_type\": \"deepseek_v3\"") &&
+          strstr(json, "\"e_score\"") == NULL);
+    if (json) ts_test_write_file(g_dir, "config.json", json);
+    free(json);
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s\"; };\n", g_dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->q_lora_rank == saved.q_lora_rank && m->kv_lora_rank == saved.kv_lora_rank);
+    CHECK(m->qk_nope_head_dim == saved.qk_nope_head_dim && m->v_head_dim == saved.v_head_dim);
+    CHECK(m->qk_rope_head_dim == saved.qk_rope_head_dim && m->n_kv_head == saved.n_kv_head);
+    CHECK(m->moe_experts == saved.moe_experts && m->moe_top_k == saved.moe_top_k);
+    CHECK(m->moe_groups == saved.moe_groups && m->moe_topk_groups == saved.moe_topk_groups);
+    CHECK(m->moe_first_dense == saved.moe_first_dense && m->moe_route_scale == saved.moe_route_scale);
+    CHECK(m->moe_shared_experts == saved.moe_shared_experts && m->ffn_hidden == saved.ffn_hidden);
+    CHECK(!strcmp(m->rope_type, "yarn") && m->rope_scaling == saved.rope_scaling);
+    CHECK(m->rope_beta_slow == saved.rope_beta_slow && m->rope_mscale_all_dim == saved.rope_mscale_all_dim);
+    CHECK(m->rope_original_context == saved.rope_original_context && m->norm_eps == saved.norm_eps);
+    CHECK(m->n_layer == saved.n_layer && m->vocab_size == saved.vocab_size && m->mtp_layers == 0);
+    ts_model_config other = saved;
+    snprintf(other.moe_router, sizeof other.moe_router, "softmax");
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
+    other.moe_top_k = 4; /* groups ranked by their top 4: transformers ranks by the top 2 */
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
+    other.moe_experts = 0; /* dense: every block before first_k_dense_replace */
+    json = ts_ckpt_hf_config_json(&other);
+    CHECK(json && strstr(json, "\"first_k_dense_replace\": 3"));
+    free(json);
 
     /* DeepSeek-V3's hub config.json (its keys and values; transformers 4's rope_scaling
      * with "type", q_lora_rank, groups, routing and MTP by DeepseekV3Config's defaults
