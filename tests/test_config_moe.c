@@ -404,6 +404,9 @@ static void test_deepseek_hf_config(void)
     other.moe_top_k = 4; /* groups ranked by their top 4: transformers ranks by the top 2 */
     CHECK(ts_ckpt_hf_config_json(&other) == NULL);
     other = saved;
+    other.moe_shared_experts = 0;
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
     other.moe_experts = 0; /* dense: every block before first_k_dense_replace */
     json = ts_ckpt_hf_config_json(&other);
     CHECK(json && strstr(json, "\"first_k_dense_replace\": 3"));
