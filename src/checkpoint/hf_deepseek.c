@@ -12,14 +12,11 @@
 /* Does DeepseekV3ForCausalLM compute this model? Its router scores by sigmoid and ranks a
  * group by the sum of its top 2 scores, every block from first_k_dense_replace on is MoE
  * with no capacity and a shared expert (with n_shared_experts 0 it builds zero-width ones,
- * which from_pretrained reports missing), and YaRN's cos/sin factor is get_mscale(factor)
- * when mscale_all_dim is 0 (Tessera's ratio then needs mscale 1). */
+ * which from_pretrained reports missing). (YaRN's mscales follow transformers' rule in
+ * Tessera too: model/model.c.) */
 static bool deepseek_expresses(const ts_model_config *mc)
 {
     if (mc->qk_norm) return false;
-    if (mc->rope_scaling != 0.0 && !strcmp(mc->rope_type, "yarn") &&
-        mc->rope_mscale_all_dim == 0.0 && mc->rope_mscale != 1.0)
-        return false;
     if (mc->moe_experts == 0 || mc->moe_first_dense >= mc->n_layer) return true;
     const int per_group = mc->moe_groups > 0 ? mc->moe_experts / mc->moe_groups : 0;
     return !strcmp(mc->moe_router, "sigmoid") && mc->moe_every == 1 &&

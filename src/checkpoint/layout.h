@@ -91,7 +91,7 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L);
  * DeepseekV3ForCausalLM's (hf_deepseek.c ts_ckpt_hf_config_deepseek: model_type
  * "deepseek_v3", every key config_hf_deepseek.c reads; NULL where that class would
  * compute another model: a softmax router, moe_every > 1, a capacity, no shared expert, groups ranked by
- * other than their top 2, a yarn rope_mscale other than 1 without rope_mscale_all_dim). NULL for gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
+ * other than their top 2). NULL for gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
  * ts_ckpt_hf_config gives the object (a new reference), ts_ckpt_hf_config_json the text
  * (malloc'ed). */
 json_t *ts_ckpt_hf_config(const ts_model_config *mc);

@@ -241,9 +241,8 @@ ts_status ts_hf_apply_deepseek(const ts_hf_reader *h, json_t *root)
 /* HF's mscale rule (modeling_rope_utils): cos/sin times get_mscale(factor, mscale) /
  * get_mscale(factor, mscale_all_dim) when both are non-zero, else get_mscale(factor)
  * (mscale 1); the softmax times get_mscale(factor, mscale_all_dim)^2 when non-zero.
- * Tessera's rope_mscale and rope_mscale_all_dim (all_dim 0: get_mscale(factor, 0) = 1)
- * say the same for every pair but one: mscale_all_dim without mscale, whose cos/sin
- * factor no rope_mscale gives. */
+ * model.rope_mscale and rope_mscale_all_dim are read by the same rule (model/model.c), so
+ * each is taken as given, absent or null being 0 (transformers' None: "not given"). */
 static ts_status read_mscales(const ts_hf_reader *h, json_t *sc, const char *sc_key)
 {
     ts_model_config *m = &h->cfg->model;
@@ -251,20 +250,8 @@ static ts_status read_mscales(const ts_hf_reader *h, json_t *sc, const char *sc_
     char name[96];
     if (ts_hf_real(h, sc, "mscale", &ms) < 0 || ts_hf_real(h, sc, "mscale_all_dim", &all) < 0)
         return TS_ERR;
-    if (ms != 0.0 && all == 0.0 && ms != 1.0)
-        return ts_fail("model.init: %s: %s.mscale = %g without mscale_all_dim: transformers then "
-                       "scales cos/sin by 0.1 ln(factor) + 1 (mscale 1) whatever mscale says; "
-                       "set mscale to 1 or give mscale_all_dim",
-                       h->path, sc_key, ms);
-    if (ms == 0.0 && all != 0.0)
-        return ts_fail("model.init: %s: %s.mscale_all_dim = %g without mscale: transformers then "
-                       "scales cos/sin by 0.1 ln(factor) + 1 and the softmax by mscale_all_dim's "
-                       "factor squared, which model.rope_mscale cannot say; give mscale (1 "
-                       "scales cos/sin by the ratio of the two, DeepSeek-V3's)",
-                       h->path, sc_key, all);
     snprintf(name, sizeof name, "%s.mscale", sc_key);
-    if (ts_hf_fill_real(h, name, ms == 0.0 ? 1.0 : ms, "model.rope_mscale", &m->rope_mscale) !=
-        TS_OK)
+    if (ts_hf_fill_real(h, name, ms, "model.rope_mscale", &m->rope_mscale) != TS_OK)
         return TS_ERR;
     snprintf(name, sizeof name, "%s.mscale_all_dim", sc_key);
     return ts_hf_fill_real(h, name, all, "model.rope_mscale_all_dim", &m->rope_mscale_all_dim);
