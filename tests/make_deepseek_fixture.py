@@ -61,9 +61,13 @@ score over the (K+1)-th's) is compared with how far float32 moved it: in the fir
 (whose loss and gradients the test checks) each must exceed MIN_MARGIN_RATIO times its
 float32 error; over the steps' forwards, where AdamW's first step moves a weight whose
 gradient is near float32's noise by up to lr in either direction, the selections must be
-the same and each gap larger than its error (the router std with the largest smallest
-ratio is kept; at 0.45: 8970 in the first forward, 120 over all). The C test checks each
-forward's per-expert counts, so a flip in Tessera is named, not hidden. HF as shipped in
+the same and each gap larger than its error. And float32's own error in the parameters
+after the 5 steps (relative L2 per tensor, HF float32 against float64: AdamW's sign noise)
+must stay under MAX_PARAM_ERR32, well inside the C test's 1e-4 (at some router stds HF's
+float32 alone exceeds 1e-4). Of the router stds that pass, the one with the largest
+smallest ratio is kept (0.6: 2480 in the first forward, 134 over all; float32's worst
+parameter 1.6e-5). The C test checks each forward's per-expert counts, so a flip in
+Tessera is named, not hidden. HF as shipped in
 float64 (with its float32 casts) must give the loss within 1e-6, so the rebinding removed
 casts and nothing else.
 """
@@ -107,9 +111,10 @@ CONFIG = dict(
 WIDE = ("q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")
 WIDE_STD = 0.2
 NORM_PERTURB = 0.1
-ROUTER_STDS = (0.1, 0.2, 0.3, 0.45)  # the one with the largest margin ratio is kept
+ROUTER_STDS = (0.1, 0.2, 0.3, 0.45, 0.6)  # the one with the largest margin ratio is kept
 BIAS = 0.05                          # e_score_correction_bias ~ uniform(-BIAS, BIAS)
 MIN_MARGIN_RATIO = 50
+MAX_PARAM_ERR32 = 4e-5   # HF float32's parameters after the steps; the C test allows 1e-4
 
 
 # ---- HF in float64 ---------------------------------------------------------------------------
@@ -371,13 +376,20 @@ def attempt(cfg, names, bufs, router_std, tokens, targets, outdir):
             ratio = min(ratio, r_)
             if k == 0:
                 first_ratio = min(first_ratio, r_)
+    # float32's own error in the parameters after the 5 steps (relative L2 per tensor):
+    # the C test holds Tessera's to 1e-4, so HF's float32 must stay well inside it
+    worst32, worst32_name = max((float((r32["final"][n] - r64["final"][n]).norm()
+                                       / r64["final"][n].norm()), n) for n in names)
     lines = [f"router std {router_std}: the 5 steps in float32 give "
              f"{'the same' if same else 'DIFFERENT'} selections; smallest margin {margin:.3g}, "
              f"largest |score32 - score64| {err32:.3g}; smallest ratio of a deciding gap to "
              f"float32's error in it: {first_ratio:.3g} in the first forward (required > "
              f"{MIN_MARGIN_RATIO}), {ratio:.3g} over the steps' too (required > 1: the same "
-             f"selections); tokens x layers x forwards whose top-K the bias changed: {changed}"]
-    ok = same and first_ratio > MIN_MARGIN_RATIO and ratio > 1 and changed > 0
+             f"selections); tokens x layers x forwards whose top-K the bias changed: {changed}; "
+             f"float32's worst parameter after the steps {worst32:.3g} ({worst32_name}; "
+             f"required < {MAX_PARAM_ERR32})"]
+    ok = (same and first_ratio > MIN_MARGIN_RATIO and ratio > 1 and changed > 0
+          and worst32 < MAX_PARAM_ERR32)
     return ok, min(first_ratio / MIN_MARGIN_RATIO, ratio), r64, sd, lines
 
 
