@@ -116,7 +116,7 @@ def tessera_run(tessera, tmp, shard, model_keys, env):
               "--set", f'data.train="{shard}"', "--set", 'data.val=""', "--set",
               "data.eval_every=0", "--set", "log.progress=false", "--set", "data.shuffle=false",
               "--set", "train.lr=1e-2", "--set", "train.warmup=1", "--set",
-              "train.moe_bias_rate=0.01"]
+              "train.moe_bias_rate=0.01", "--set", "train.lr_decay_steps=8"]
     ck = os.path.join(tmp, "ck")
     shutil.rmtree(ck, ignore_errors=True)
     r = subprocess.run(common + ["--set", f"train.steps={STEPS}", "--set", f'checkpoint.dir="{ck}"',
