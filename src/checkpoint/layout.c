@@ -57,12 +57,14 @@ void ts_ckpt_moe_bias_name(char *buf, size_t cap, int block)
 
 /* The state tensors (layout.h n_state) of config mc: their count; with `spec`, each one's
  * whole-tensor spec and (in `block`) its MoE block. Only where transformers' class holds
- * them: an MLA model, whose config.json is DeepseekV3ForCausalLM's (hf_deepseek.c). */
+ * them: an MLA model, whose config.json is DeepseekV3ForCausalLM's (hf_deepseek.c). The
+ * multi-token prediction modules' blocks (n_layer + k - 1, DeepSeek's layer 61) count as
+ * blocks: their MoE biases are DeepSeek's checkpoint tensors too. */
 static int state_tensors(const ts_model_config *mc, ts_shard_spec *spec, int *block)
 {
     if (!ts_model_is_mla(mc) || mc->moe_experts <= 0) return 0;
     int n = 0;
-    for (int l = 0; l < mc->n_layer; l++) {
+    for (int l = 0; l < mc->n_layer + mc->mtp_layers; l++) {
         if (!ts_model_block_is_moe(mc, l)) continue;
         if (spec) {
             char name[TS_SHARD_NAME_MAX];
