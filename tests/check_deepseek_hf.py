@@ -173,7 +173,7 @@ def check_checkpoint(tessera, tmp, shard, x, y, env, mtp):
     unexpected = set(info.pop("unexpected_keys", []))
     ok = not info and unexpected == want_unexpected and (not mtp or want_unexpected)
     hf, _ = loss_of(model, x, y)
-    main = line.get("loss_main", line["loss"]) if mtp else line["loss"]
+    main = line["loss"]  # the main loss (the MTP depths are "mtp_loss")
     rel = abs(hf - main) / abs(hf)
     bias_err, bias_size = check_biases(model, step_dir)
     print(f"{name}: step {STEPS} loss Tessera {main:.8f}, from_pretrained {hf:.8f} (rel "
