@@ -171,7 +171,7 @@ def check_checkpoint(tessera, tmp, shard, x, y, env, mtp):
                 saved |= set(tc.read_safetensors(os.path.join(step_dir, f))[0])
         want_unexpected = {reported(n) for n in saved if n.startswith(f"model.layers.{n_layer}.")}
     unexpected = set(info.pop("unexpected_keys", []))
-    ok = not info and unexpected == want_unexpected and (not mtp or want_unexpected)
+    ok = not info and unexpected == want_unexpected and (not mtp or bool(want_unexpected))
     hf, _ = loss_of(model, x, y)
     main = line["loss"]  # the main loss (the MTP depths are "mtp_loss")
     rel = abs(hf - main) / abs(hf)
