@@ -128,6 +128,9 @@ typedef struct {
     void (*after_grads)(ts_model *m, ts_st_file *ef);
     void (*after_step)(ts_model *m, ts_st_file *ef, int step);
     ts_status (*load_more)(ts_model *m, const char *weights_path);
+    /* The weights model.init loads, under tests/fixtures/ (NULL: STEM_weights.safetensors;
+     * a Hugging Face save_pretrained directory too). */
+    const char *weights;
 } fixture_hooks;
 
 static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n_params,
@@ -152,7 +155,10 @@ static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n
     const char *root = getenv("TS_SOURCE_DIR");
     char wpath[4096], epath[4096];
     if (!root) root = ".";
-    snprintf(wpath, sizeof wpath, "%s/tests/fixtures/%s_weights.safetensors", root, stem);
+    if (hooks->weights)
+        snprintf(wpath, sizeof wpath, "%s/tests/fixtures/%s", root, hooks->weights);
+    else
+        snprintf(wpath, sizeof wpath, "%s/tests/fixtures/%s_weights.safetensors", root, stem);
     snprintf(epath, sizeof epath, "%s/tests/fixtures/%s_expect.safetensors", root, stem);
 
     ts_cpu_set_threads(2);

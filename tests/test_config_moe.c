@@ -1,8 +1,11 @@
 /* The Mixture-of-Experts config keys (docs/CONTRACT.md "Config"): read, defaulted, and each
  * rule between them a clear error naming the keys (issue 39's "Hostile" list among them). */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/layout.h"
 #include "config/config.h"
 #include "test_util.h"
 
@@ -327,6 +330,222 @@ static void test_moe_capacity(void)
                "model.moe_capacity is set", "model.moe_experts = 0");
 }
 
+/* model.init's config.json of a DeepseekV3ForCausalLM (DeepSeek-V3's "deepseek_v3", Kimi
+ * K2's "kimi_k2"; config_hf_deepseek.c): MLA, DeepSeekMoE and YaRN keys filled, each
+ * disagreement and each model transformers would compute otherwise refused by name. */
+#define DS_BASE                                                                          \
+    "\"architectures\": [\"DeepseekV3ForCausalLM\"], \"hidden_size\": 64, "             \
+    "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"vocab_size\": 96, "        \
+    "\"intermediate_size\": 96, \"moe_intermediate_size\": 32, \"kv_lora_rank\": 16, "  \
+    "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "          \
+    "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"topk_group\": 1, "         \
+    "\"first_k_dense_replace\": 1, \"rms_norm_eps\": 1e-6, "                          \
+    "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, "          \
+    "\"factor\": 4.0, \"original_max_position_embeddings\": 8, \"mscale\": 1.0, "       \
+    "\"mscale_all_dim\": 1.0}"
+
+static const char *ds_write(const char *extra)
+{
+    static char json[4096];
+    snprintf(json, sizeof json, "{%s%s%s}", DS_BASE, extra[0] ? ", " : "", extra);
+    return ts_test_write_file(g_dir, "config.json", json);
+}
+
+static void test_deepseek_hf_config(void)
+{
+    char text[1024];
+    const ts_model_config *m = &g_cfg.model;
+    /* The fixture's own save_pretrained directory (transformers 5.25's config.json). */
+    const char *root = getenv("TS_SOURCE_DIR");
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s/tests/fixtures/deepseek_tiny\"; };\n",
+             root ? root : ".");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(strcmp(m->arch, "llama") == 0 && m->n_layer == 3 && m->n_embd == 64 && m->n_head == 4);
+    CHECK(m->n_kv_head == 4 && m->head_dim == 0 && m->vocab_size == 96 && m->ffn_hidden == 96);
+    CHECK(m->q_lora_rank == 32 && m->kv_lora_rank == 16 && m->qk_nope_head_dim == 16);
+    CHECK(m->qk_rope_head_dim == 8 && m->v_head_dim == 16 && ts_model_is_mla(m));
+    CHECK(m->moe_experts == 8 && m->moe_top_k == 2 && m->moe_ffn_hidden == 32);
+    CHECK(m->moe_shared_experts == 1 && m->moe_groups == 2 && m->moe_topk_groups == 1);
+    CHECK(m->moe_first_dense == 1 && m->moe_every == 1 && !strcmp(m->moe_router, "sigmoid"));
+    CHECK(m->moe_norm_topk && m->moe_route_scale == 2.5 && m->mtp_layers == 0 && !m->qk_norm);
+    CHECK(fabs(m->norm_eps - 1e-5) < 1e-12 && ts_model_tied(m) == false);
+    CHECK(m->rope_theta == 10000.0 && !strcmp(m->rope_type, "yarn") && m->rope_scaling == 4.0);
+    CHECK(m->rope_original_context == 8 && m->rope_beta_fast == 32.0);
+    CHECK(m->rope_beta_slow == 0.01 && m->rope_mscale == 1.0 && m->rope_mscale_all_dim == 0.5);
+    CHECK(!ts_model_block_is_moe(m, 0) && ts_model_block_is_moe(m, 1) && ts_model_block_is_moe(m, 2));
+    /* What a checkpoint of this model writes (checkpoint/hf_deepseek.c) reads back the
+     * same, key for key; a model transformers' DeepseekV3 would compute otherwise gets no
+     * config.json. */
+    const ts_model_config saved = *m;
+    char *json = ts_ckpt_hf_config_json(&saved);
+    CHECK(json && strstr(json, "\"model_type\": \"deepseek_v3\"") &&
+          strstr(json, "\"e_score\"") == NULL);
+    if (json) ts_test_write_file(g_dir, "config.json", json);
+    free(json);
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s\"; };\n", g_dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->q_lora_rank == saved.q_lora_rank && m->kv_lora_rank == saved.kv_lora_rank);
+    CHECK(m->qk_nope_head_dim == saved.qk_nope_head_dim && m->v_head_dim == saved.v_head_dim);
+    CHECK(m->qk_rope_head_dim == saved.qk_rope_head_dim && m->n_kv_head == saved.n_kv_head);
+    CHECK(m->moe_experts == saved.moe_experts && m->moe_top_k == saved.moe_top_k);
+    CHECK(m->moe_groups == saved.moe_groups && m->moe_topk_groups == saved.moe_topk_groups);
+    CHECK(m->moe_first_dense == saved.moe_first_dense && m->moe_route_scale == saved.moe_route_scale);
+    CHECK(m->moe_shared_experts == saved.moe_shared_experts && m->ffn_hidden == saved.ffn_hidden);
+    CHECK(!strcmp(m->rope_type, "yarn") && m->rope_scaling == saved.rope_scaling);
+    CHECK(m->rope_beta_slow == saved.rope_beta_slow && m->rope_mscale_all_dim == saved.rope_mscale_all_dim);
+    CHECK(m->rope_original_context == saved.rope_original_context && m->norm_eps == saved.norm_eps);
+    CHECK(m->n_layer == saved.n_layer && m->vocab_size == saved.vocab_size && m->mtp_layers == 0);
+    ts_model_config other = saved;
+    snprintf(other.moe_router, sizeof other.moe_router, "softmax");
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
+    other.moe_top_k = 4; /* groups ranked by their top 4: transformers ranks by the top 2 */
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
+    other.moe_shared_experts = 0;
+    CHECK(ts_ckpt_hf_config_json(&other) == NULL);
+    other = saved;
+    other.moe_experts = 0; /* dense: every block before first_k_dense_replace */
+    json = ts_ckpt_hf_config_json(&other);
+    CHECK(json && strstr(json, "\"first_k_dense_replace\": 3"));
+    free(json);
+
+    /* DeepSeek-V3's hub config.json (its keys and values; transformers 4's rope_scaling
+     * with "type", q_lora_rank, groups, routing and MTP by DeepseekV3Config's defaults
+     * where absent; num_nextn_predict_layers left out: MTP is another part's). */
+    const char *dir = g_dir;
+    ts_test_write_file(dir, "config.json",
+                       "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": "
+                       "\"deepseek_v3\", \"vocab_size\": 129280, \"hidden_size\": 7168, "
+                       "\"intermediate_size\": 18432, \"moe_intermediate_size\": 2048, "
+                       "\"num_hidden_layers\": 61, \"num_attention_heads\": 128, "
+                       "\"num_key_value_heads\": 128, \"n_shared_experts\": 1, "
+                       "\"n_routed_experts\": 256, \"ep_size\": 1, \"routed_scaling_factor\": 2.5, "
+                       "\"kv_lora_rank\": 512, \"q_lora_rank\": 1536, \"qk_rope_head_dim\": 64, "
+                       "\"v_head_dim\": 128, \"qk_nope_head_dim\": 128, \"topk_method\": "
+                       "\"noaux_tc\", \"n_group\": 8, \"topk_group\": 4, \"num_experts_per_tok\": 8, "
+                       "\"moe_layer_freq\": 1, \"first_k_dense_replace\": 3, \"norm_topk_prob\": true, "
+                       "\"scoring_func\": \"sigmoid\", \"aux_loss_alpha\": 0.001, \"seq_aux\": true, "
+                       "\"hidden_act\": \"silu\", \"max_position_embeddings\": 163840, "
+                       "\"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false, \"rope_theta\": 10000, "
+                       "\"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1, \"factor\": 40, "
+                       "\"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": "
+                       "4096, \"type\": \"yarn\"}, \"attention_bias\": false, \"attention_dropout\": 0.0}");
+    snprintf(text, sizeof text, "model = { seq_len = 4096; init = \"%s\"; };\n", dir);
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->n_layer == 61 && m->n_embd == 7168 && m->n_head == 128 && m->vocab_size == 129280);
+    CHECK(m->q_lora_rank == 1536 && m->kv_lora_rank == 512 && m->qk_nope_head_dim == 128);
+    CHECK(m->qk_rope_head_dim == 64 && m->v_head_dim == 128 && m->ffn_hidden == 18432);
+    CHECK(m->moe_experts == 256 && m->moe_top_k == 8 && m->moe_groups == 8 && m->moe_topk_groups == 4);
+    CHECK(m->moe_first_dense == 3 && m->moe_shared_experts == 1 && m->moe_ffn_hidden == 2048);
+    CHECK(m->rope_scaling == 40.0 && m->rope_original_context == 4096 && m->rope_mscale_all_dim == 1.0);
+    CHECK(!strcmp(m->rope_type, "yarn") && m->rope_beta_slow == 1.0 && m->mtp_layers == 0);
+
+    /* Kimi K2's (model_type kimi_k2; no groups, 384 experts, one dense block, beta 1/1). */
+    ts_test_write_file(dir, "config.json",
+                       "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"kimi_k2\", "
+                       "\"vocab_size\": 163840, \"hidden_size\": 7168, \"intermediate_size\": 18432, "
+                       "\"moe_intermediate_size\": 2048, \"num_hidden_layers\": 61, "
+                       "\"num_attention_heads\": 64, \"num_key_value_heads\": 64, "
+                       "\"n_shared_experts\": 1, \"n_routed_experts\": 384, \"routed_scaling_factor\": "
+                       "2.827, \"kv_lora_rank\": 512, \"q_lora_rank\": 1536, \"qk_rope_head_dim\": 64, "
+                       "\"v_head_dim\": 128, \"qk_nope_head_dim\": 128, \"topk_method\": \"noaux_tc\", "
+                       "\"n_group\": 1, \"topk_group\": 1, \"num_experts_per_tok\": 8, "
+                       "\"first_k_dense_replace\": 1, \"norm_topk_prob\": true, \"scoring_func\": "
+                       "\"sigmoid\", \"num_nextn_predict_layers\": 0, \"rms_norm_eps\": 1e-06, "
+                       "\"rope_theta\": 50000.0, \"max_position_embeddings\": 131072, "
+                       "\"rope_scaling\": {\"beta_fast\": 1.0, \"beta_slow\": 1.0, \"factor\": 32.0, "
+                       "\"mscale\": 1.0, \"mscale_all_dim\": 1.0, "
+                       "\"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}}");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->n_head == 64 && m->moe_experts == 384 && m->moe_groups == 1 && m->moe_first_dense == 1);
+    CHECK(fabs(m->moe_route_scale - 2.827) < 1e-12 && m->rope_theta == 50000.0);
+    CHECK(m->rope_beta_fast == 1.0 && m->rope_scaling == 32.0 && m->vocab_size == 163840);
+
+    /* The tiny base: absent keys (q_lora_rank, n_group, n_shared_experts, the router)
+     * take DeepseekV3Config's defaults; null q_lora_rank is a plain q projection; a
+     * first_k_dense_replace past the last block is a dense model; YaRN's factor from
+     * max_position_embeddings when absent. */
+    snprintf(text, sizeof text, "model = { seq_len = 16; init = \"%s\"; };\n", dir);
+    ds_write("\"n_group\": 2");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->q_lora_rank == 1536 && m->moe_shared_experts == 1 && !strcmp(m->moe_router, "sigmoid"));
+    CHECK(m->moe_route_scale == 2.5 && m->moe_norm_topk && m->rope_beta_fast == 32.0);
+    ds_write("\"n_group\": 2, \"q_lora_rank\": null, \"n_shared_experts\": null, "
+             "\"scoring_func\": \"softmax\", \"norm_topk_prob\": false");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->q_lora_rank == 0 && m->moe_shared_experts == 0 && !strcmp(m->moe_router, "softmax"));
+    CHECK(!m->moe_norm_topk);
+    ds_write("\"first_k_dense_replace\": 3");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->moe_experts == 0 && ts_model_is_mla(m));
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                       "\"num_attention_heads\": 4, \"vocab_size\": 96, \"kv_lora_rank\": 16, "
+                       "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "
+                       "\"first_k_dense_replace\": 2, \"max_position_embeddings\": 64, "
+                       "\"rope_scaling\": {\"type\": \"yarn\", \"original_max_position_embeddings\": 16}}");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->rope_scaling == 4.0 && m->rope_mscale == 0.0 && m->rope_mscale_all_dim == 0.0);
+
+    /* Disagreements name both keys and values. */
+    ds_write("\"n_group\": 2");
+    EXPECT_ERR(text, OV("model.kv_lora_rank=32"), "gives kv_lora_rank = 16",
+               "model.kv_lora_rank = 32");
+    EXPECT_ERR(text, OV("model.moe_groups=4"), "gives n_group = 2", "model.moe_groups = 4");
+    EXPECT_ERR(text, OV("model.moe_router=\"softmax\""), "scoring_func = \"sigmoid\"",
+               "model.moe_router = softmax");
+    EXPECT_ERR(text, OV("model.rope_type=\"llama3\""), "rope_parameters = YaRN",
+               "model.rope_type = llama3");
+    EXPECT_ERR(text, OV("model.rope_mscale_all_dim=0.5"), "rope_parameters.mscale_all_dim = 1",
+               "model.rope_mscale_all_dim = 0.5");
+    EXPECT_ERR(text, OV("model.mtp_layers=1"), "gives num_mtp_layers = 0", "model.mtp_layers = 1");
+    EXPECT_ERR(text, OV("model.moe_every=2"), "gives moe_layer_freq = 1", "model.moe_every = 2");
+    /* What transformers' DeepseekV3 would compute otherwise, refused by name. */
+    ds_write("\"n_group\": 2, \"rope_interleave\": false");
+    EXPECT_ERR(text, NULL, "rope_interleave = false", "adjacent pairs");
+    ds_write("\"n_group\": 2, \"topk_method\": \"group_limited_greedy\"");
+    EXPECT_ERR(text, NULL, "topk_method = \"group_limited_greedy\"", "n_group = 2",
+               "topk_group = 1");
+    ds_write("\"n_group\": 1, \"topk_method\": \"greedy\"");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    ds_write("\"n_group\": 2, \"scoring_func\": \"sqrtsoftplus\"");
+    EXPECT_ERR(text, NULL, "scoring_func = \"sqrtsoftplus\"");
+    ds_write("\"n_group\": 2, \"moe_layer_freq\": 2");
+    EXPECT_ERR(text, NULL, "moe_layer_freq = 2", "first_k_dense_replace");
+    ds_write("\"n_group\": 2, \"num_key_value_heads\": 1");
+    EXPECT_ERR(text, NULL, "num_key_value_heads = 1", "num_attention_heads = 4");
+    ds_write("\"n_group\": 2, \"attention_bias\": true");
+    EXPECT_ERR(text, NULL, "attention_bias = true");
+    ds_write("\"n_group\": 2, \"quantization_config\": {\"quant_method\": \"fp8\"}");
+    EXPECT_ERR(text, NULL, "quantization_config (\"fp8\")", "dequantize");
+    ds_write("\"n_group\": 2, \"q_lora_rank\": \"big\"");
+    EXPECT_ERR(text, NULL, "\"q_lora_rank\" is not a non-negative integer");
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                       "\"num_attention_heads\": 4, \"vocab_size\": 96, \"kv_lora_rank\": 16, "
+                       "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "
+                       "\"first_k_dense_replace\": 2, \"rope_scaling\": {\"type\": \"yarn\", "
+                       "\"factor\": 4, \"original_max_position_embeddings\": 16, "
+                       "\"mscale_all_dim\": 1.0}}");
+    ts_error_clear(); /* mscale_all_dim alone: absent mscale is 0, transformers' None */
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->rope_mscale == 0.0 && m->rope_mscale_all_dim == 1.0);
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"kimi_k2\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                       "\"num_attention_heads\": 4, \"vocab_size\": 96, \"kv_lora_rank\": 0}");
+    EXPECT_ERR(text, NULL, "kv_lora_rank = 0", "multi-head latent attention");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config_moe");
@@ -337,6 +556,7 @@ int main(void)
     test_moe_expert_parallel_errors();
     test_moe_unbuilt();
     test_moe_hf_config();
+    test_deepseek_hf_config();
     test_moe_qk_norm();
     test_moe_upcycle();
     test_moe_capacity();

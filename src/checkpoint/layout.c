@@ -50,17 +50,48 @@ static void build_header(ts_ckpt_layout *L, int f, uint64_t data_bytes)
     free(text);
 }
 
+void ts_ckpt_moe_bias_name(char *buf, size_t cap, int block)
+{
+    snprintf(buf, cap, "model.layers.%d.mlp.gate.e_score_correction_bias", block);
+}
+
+/* The state tensors (layout.h n_state) of config mc: their count; with `spec`, each one's
+ * whole-tensor spec and (in `block`) its MoE block. Only where transformers' class holds
+ * them: an MLA model, whose config.json is DeepseekV3ForCausalLM's (hf_deepseek.c). The
+ * multi-token prediction modules' blocks (n_layer + k - 1, DeepSeek's layer 61) count as
+ * blocks: their MoE biases are DeepSeek's checkpoint tensors too. */
+static int state_tensors(const ts_model_config *mc, ts_shard_spec *spec, int *block)
+{
+    if (!ts_model_is_mla(mc) || mc->moe_experts <= 0) return 0;
+    int n = 0;
+    for (int l = 0; l < mc->n_layer + mc->mtp_layers; l++) {
+        if (!ts_model_block_is_moe(mc, l)) continue;
+        if (spec) {
+            char name[TS_SHARD_NAME_MAX];
+            ts_ckpt_moe_bias_name(name, sizeof name, l);
+            const int64_t shape[1] = {mc->moe_experts};
+            ts_shard_init(&spec[n], name, 1, shape, -1, 1, 1, 0);
+            block[n] = l;
+        }
+        n++;
+    }
+    return n;
+}
+
 void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb)
 {
     memset(L, 0, sizeof *L);
     ts_model m;
     ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = &ts_kernels_cpu});
     L->n_logical = m.n_params;
-    L->logical = ts_calloc((size_t)m.n_params, sizeof *L->logical);
+    L->n_state = state_tensors(mc, NULL, NULL);
+    L->logical = ts_calloc((size_t)m.n_params + (size_t)L->n_state, sizeof *L->logical);
     for (int p = 0; p < m.n_params; p++) L->logical[p] = m.params[p].shard;
     ts_model_free(&m);
+    L->state_block = ts_calloc((size_t)L->n_state + 1, sizeof *L->state_block);
+    state_tensors(mc, L->logical + L->n_logical, L->state_block);
 
-    L->n_entries = TS_CK_KINDS * L->n_logical;
+    L->n_entries = TS_CK_KINDS * L->n_logical + L->n_state;
     L->entries = ts_calloc((size_t)L->n_entries, sizeof *L->entries);
     /* Weights fill model files of at most file_gb * 10^9 data bytes (Hugging Face's
      * "5GB" is 5 * 10^9), a tensor never split; the moments go to one optimizer file. */
@@ -89,7 +120,20 @@ void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double f
             E->offset = used;
             used += E->bytes;
         }
-        if (k == TS_CK_WEIGHT) data_bytes[n_model - 1] = used;
+        if (k == TS_CK_WEIGHT) {
+            /* the state tensors: small, after the parameters in the last model file */
+            for (int i = 0; i < L->n_state; i++) {
+                ts_ckpt_entry *E = &L->entries[TS_CK_KINDS * L->n_logical + i];
+                snprintf(E->name, sizeof E->name, "%s", L->logical[L->n_logical + i].name);
+                E->logical = L->n_logical + i;
+                E->kind = TS_CK_WEIGHT;
+                E->bytes = ts_shard_logical_numel(&L->logical[E->logical]) * sizeof(float);
+                E->file = n_model - 1;
+                E->offset = used;
+                used += E->bytes;
+            }
+            data_bytes[n_model - 1] = used;
+        }
     }
     data_bytes[n_model] = used;
 
@@ -117,12 +161,13 @@ void ts_ckpt_layout_free(ts_ckpt_layout *L)
     free(L->files);
     free(L->entries);
     free(L->logical);
+    free(L->state_block);
     memset(L, 0, sizeof *L);
 }
 
 int ts_ckpt_layout_find(const ts_ckpt_layout *L, const char *name)
 {
-    for (int p = 0; p < L->n_logical; p++)
+    for (int p = 0; p < L->n_logical + L->n_state; p++)
         if (strcmp(L->logical[p].name, name) == 0) return p;
     return -1;
 }
@@ -131,8 +176,10 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L)
 {
     uint64_t total = 0;
     json_t *map = json_object();
-    for (int p = 0; p < L->n_logical; p++) {
-        const ts_ckpt_entry *E = ts_ckpt_entry_of(L, TS_CK_WEIGHT, p);
+    for (int p = 0; p < L->n_logical + L->n_state; p++) {
+        const ts_ckpt_entry *E = p < L->n_logical ? ts_ckpt_entry_of(L, TS_CK_WEIGHT, p)
+                                                  : &L->entries[TS_CK_KINDS * L->n_logical +
+                                                                (p - L->n_logical)];
         total += E->bytes;
         json_object_set_new(map, E->name, json_string(L->files[E->file].name));
     }
@@ -193,6 +240,7 @@ static void hf_family(json_t *root, const ts_model_config *mc)
 json_t *ts_ckpt_hf_config(const ts_model_config *mc)
 {
     if (ts_model_arch(mc) != TS_ARCH_LLAMA) return NULL;
+    if (ts_model_is_mla(mc)) return ts_ckpt_hf_config_deepseek(mc); /* hf_deepseek.c */
     /* An MoE model no transformers class has (shared experts, sigmoid scores, groups, a
      * route scale, or no q/k norms in a non-Mixtral shape): its weights carry DeepSeek's
      * names, but no config.json is written. */

@@ -35,9 +35,20 @@ typedef struct {
 } ts_ckpt_fileinfo;
 
 typedef struct {
-    int n_logical;
-    ts_shard_spec *logical;      /* whole tensors (name, shape), the model's order */
-    int n_entries;               /* TS_CK_KINDS * n_logical: entry kind*n_logical + logical */
+    int n_logical;               /* the parameters */
+    /* State saved as weights only, after the parameters in the last model file: an MLA
+     * model's (DeepseekV3ForCausalLM's) MoE blocks' balancing biases, fp32 [moe_experts]
+     * each under transformers' name model.layers.L.mlp.gate.e_score_correction_bias, so
+     * from_pretrained routes as the run did (state.json's moe_bias keeps the bits a
+     * resume restores; model.init reads these). state_block[i]: the block of state
+     * tensor i. */
+    int n_state;
+    int *state_block;
+    ts_shard_spec *logical;      /* whole tensors (name, shape): the parameters in the
+                                  * model's order, then the n_state state tensors */
+    int n_entries;               /* TS_CK_KINDS * n_logical + n_state: entry
+                                  * kind*n_logical + logical, then state tensor i's weight
+                                  * at TS_CK_KINDS*n_logical + i */
     ts_ckpt_entry *entries;
     int n_files, n_model_files;  /* the model files first, then optimizer.safetensors */
     ts_ckpt_fileinfo *files;
@@ -46,13 +57,16 @@ typedef struct {
 void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb);
 void ts_ckpt_layout_free(ts_ckpt_layout *L);
 
-/* The logical index of tensor `name`, or -1. */
+/* The logical index of tensor `name` (a parameter or a state tensor), or -1. */
 int ts_ckpt_layout_find(const ts_ckpt_layout *L, const char *name);
 static inline const ts_ckpt_entry *ts_ckpt_entry_of(const ts_ckpt_layout *L, ts_ckpt_kind kind,
                                                     int logical)
 {
     return &L->entries[(int)kind * L->n_logical + logical];
 }
+
+/* The name of MoE block `block`'s balancing bias (DeepSeek-V3's, transformers' name). */
+void ts_ckpt_moe_bias_name(char *buf, size_t cap, int block);
 
 /* The step of a checkpoint directory's name "step_NNNNNNNN" (the last component of
  * `path`), or -1 when it is not one. */
@@ -73,10 +87,15 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L);
  * architectures, model_type, the sizes, rms_norm_eps, rope_theta, rope_scaling (Llama
  * 3.1's "llama3" scaling or null), tie_word_embeddings, torch_dtype "float32"; for an MoE
  * or qk_norm model MixtralForCausalLM's, Qwen3MoeForCausalLM's or Qwen3ForCausalLM's keys
- * (NULL for an MoE model none of them expresses). NULL for gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
+ * (NULL for an MoE model none of them expresses); for a multi-head latent attention model
+ * DeepseekV3ForCausalLM's (hf_deepseek.c ts_ckpt_hf_config_deepseek: model_type
+ * "deepseek_v3", every key config_hf_deepseek.c reads; NULL where that class would
+ * compute another model: a softmax router, moe_every > 1, a capacity, no shared expert, groups ranked by
+ * other than their top 2). NULL for gpt2, whose tensors are nanoGPT's (transformers' GPT-2 stores them transposed).
  * ts_ckpt_hf_config gives the object (a new reference), ts_ckpt_hf_config_json the text
  * (malloc'ed). */
 json_t *ts_ckpt_hf_config(const ts_model_config *mc);
+json_t *ts_ckpt_hf_config_deepseek(const ts_model_config *mc);
 char *ts_ckpt_hf_config_json(const ts_model_config *mc);
 
 #endif

@@ -2,6 +2,7 @@
  * or a Hugging Face save_pretrained directory, sharded or not), read run by run through
  * the parameters' shard specs (load.h). */
 #include "checkpoint/load.h"
+#include "checkpoint/layout.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -315,18 +316,13 @@ static ts_status load_param(const ts_st_file *f, const ts_st_tensor *t, const ts
 
 /* ------------------------------------------------------------ model.init -- */
 
-/* The name of MoE block i's balancing bias (DeepSeek-V3's; model.h moe_bias). */
-static void moe_bias_name(char *buf, size_t cap, int block)
-{
-    snprintf(buf, cap, "model.layers.%d.mlp.gate.e_score_correction_bias", block);
-}
 
 static bool is_moe_bias(const ts_model *m, const char *name)
 {
     const int layer = layer_of_name(name, m->n_layer);
     if (layer < 0 || !m->layers[layer].moe) return false;
     char want[96];
-    moe_bias_name(want, sizeof want, m->layers[layer].block);
+    ts_ckpt_moe_bias_name(want, sizeof want, m->layers[layer].block);
     return strcmp(name, want) == 0;
 }
 
@@ -339,7 +335,7 @@ static ts_status load_moe_bias(ts_model *m, const init_files *s)
     for (int l = 0; l < m->n_layers && E > 0; l++) {
         if (!m->layers[l].moe || !m->layers[l].owned) continue;
         char name[96];
-        moe_bias_name(name, sizeof name, m->layers[l].block);
+        ts_ckpt_moe_bias_name(name, sizeof name, m->layers[l].block);
         int f = -1;
         const ts_st_tensor *t = files_find(s, name, &f);
         if (!t) continue;

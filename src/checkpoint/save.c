@@ -287,6 +287,12 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
         }
         base += R.end - R.begin;
     }
+    /* The state tensors (the MoE biases, the same on every rank): world rank 0's. */
+    for (int i = 0; i < L->n_state && a->world->rank == 0; i++) {
+        const int E = m->moe_experts;
+        item_add(l, (item){(uint32_t)(TS_CK_KINDS * L->n_logical + i), 0, (size_t)E,
+                           m->moe_bias + (size_t)L->state_block[i] * (size_t)E});
+    }
     return TS_OK;
 }
 
