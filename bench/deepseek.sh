@@ -245,8 +245,8 @@ act_section() {
   done
   echo "### 2. Activation bytes a block keeps in training, measured (fp32, T $T, B $B: $tokens tokens)"
   echo
-  echo "| attention | recompute | one MoE block (MiB): ${L} -> $((2 * L)) layers' activation_mb, / $L | per token (KiB) | vs MLA | whole run: estimate_mb | true peak MiB (/usr/bin/time) | estimate / true |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| attention | recompute | one MoE block (MiB): ${L} -> $((2 * L)) layers' activation_mb, / $L | per token (KiB) | vs MLA | its attention phase by the layout (KiB a token) | the rest: measured less the layout's attention (KiB a token) | whole run ($L layers): estimate_mb | true peak MiB (/usr/bin/time) | estimate / true |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   local label a1 a2 e t
   for rec in none selective; do
     for v in "${vs[@]}"; do
@@ -256,19 +256,34 @@ act_section() {
       local n1="act_${v}_${rec}_$L" n2="act_${v}_${rec}_$((2 * L))"
       if [ ! -s "$tmp/$n1.metrics.jsonl" ] || [ ! -s "$tmp/$n2.metrics.jsonl" ] ||
          [ -s "$tmp/$n1.fail" ] || [ -s "$tmp/$n2.fail" ]; then
-        printf '| %s | %s | n/a (%s) | | | | | |\n' "$label" "$rec" \
+        printf '| %s | %s | n/a (%s) | | | | | | | |\n' "$label" "$rec" \
           "$(cat "$tmp/$n1.fail" "$tmp/$n2.fail" 2> /dev/null | head -1 | cut -c1-160 | tr '|' '/')"
         continue
       fi
       a1=$(mem_field "$tmp/$n1.metrics.jsonl" activation_mb); a2=$(mem_field "$tmp/$n2.metrics.jsonl" activation_mb)
       e=$(mem_field "$tmp/$n1.metrics.jsonl" estimate_mb); t=$(rss "$n1")
       echo "$a1 $a2" > "$tmp/act_${v}_${rec}.blk"
-      awk -v n="$label" -v rec="$rec" -v a1="$a1" -v a2="$a2" -v L="$L" -v tok="$tokens" -v e="$e" -v t="$t" \
+      awk -v n="$label" -v v="$v" -v rec="$rec" -v a1="$a1" -v a2="$a2" -v L="$L" -v tok="$tokens" \
+          -v e="$e" -v t="$t" -v C="$C" -v H="$H" -v HS="$HS" -v KV="$KV" -v T="$T" -v QL="$QL" \
+          -v KVL="$KVL" -v R="$ROPE" -v N="$NOPE" -v VD="$VD" \
           -v ref="$(cat "$tmp/act_mla_${rec}.blk" 2> /dev/null || true)" 'BEGIN {
         blk = (a2 - a1) / L; vs = ""
         if (ref != "") { split(ref, r, " "); rb = (r[2] - r[1]) / L; if (rb > 0) vs = sprintf("%.2fx", blk / rb) }
-        printf "| %s | %s | %.2f | %.2f | %s | %.0f | %.0f | %.3f (%+.1f%%) |\n", n, rec, blk,
-          blk * 1024 / tok, vs, e, t, e / t, 100 * (e / t - 1) }'
+        # the attention phase a block keeps per token, in 4-byte elements (act_layout.h
+        # BLOCK_ACTS and MLA_ACTS): the first norm and its rstd, the heads (GQA/MHA: q|k|v
+        # after RoPE, also under selective; MLA: both latents before and after their
+        # norms with their rstd, the rope key, and the assembled q|k|v, or under
+        # selective only the q heads), the output before o_proj, the CPU softmax
+        # [H, T] a token unless selective, the residual
+        sel = (rec == "selective"); kvh = (v == "mha") ? H : KV
+        a = C + 1 + ((v == "mla") ? H * VD : H * HS) + C + (sel ? 0 : H * T)
+        if (v == "mla") {
+          hs = N + R
+          a += ((QL > 0) ? 2 * QL + 1 : 0) + 2 * KVL + 1 + R + (sel ? H * hs : H * (2 * hs + VD))
+        } else a += (H + 2 * kvh) * HS
+        att = a * 4 / 1024; per = blk * 1024 / tok
+        printf "| %s | %s | %.2f | %.2f | %s | %.2f | %.2f | %.0f | %.0f | %.3f (%+.1f%%) |\n", n, rec, blk,
+          per, vs, att, per - att, e, t, e / t, 100 * (e / t - 1) }'
     done
   done
   echo
@@ -278,7 +293,7 @@ act_section() {
     [ -z "$b" ] || echo "Tessera's $v model ($L layers): $b  "
   done
   echo
-  echo "One block's bytes: the engine's allocated activation sets (activation_mb, rounded to 0.1 MiB: the block column is good to 0.03 MiB) at $((2 * L)) layers less those at $L, over $L (blocks 1.. are MoE blocks: the dense first block, the embedding and the head cancel). The MoE's part is the same in every row; the rows differ by their attention's. Tessera's CPU attention keeps its [B, H, T, T] softmax for the backward ($H x $T x 4 bytes = $((H * T * 4 / 1024)) KiB a token) unless the block recomputes selectively."
+  echo "One block's bytes: the engine's allocated activation sets (activation_mb, rounded to 0.1 MiB: the block column is good to 0.03 MiB) at $((2 * L)) layers less those at $L, over $L (blocks 1.. are MoE blocks: the dense first block, the embedding and the head cancel). The layout's attention phase: src/model/act_layout.h's BLOCK_ACTS and MLA_ACTS lists for the attention (the first norm and its rstd; GQA/MHA q|k|v after RoPE, kept under selective too; MLA both latents before and after their norms with their rstd, the rope key, and the assembled per-head q|k|v, or under selective only the q heads, k and v rebuilt from the latent; the output before o_proj; the CPU softmax, $H x $T x 4 bytes = $((H * T * 4 / 1024)) KiB a token, unless selective; the residual), in 4-byte elements. The rest is the MoE block's MLP phase and output: the same in every row when the layout holds."
   echo
 }
 
