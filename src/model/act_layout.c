@@ -63,8 +63,8 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .Cl = (size_t)H * HS, .H = (size_t)H, .KV = (size_t)KV, .HS = (size_t)HS,
                   .QKV = (size_t)(H + 2 * KV) * HS, .F = F, .FI = sh.llama ? 2 * F : F,
                   .NM = sh.llama ? 0 : NL, .Vl = (size_t)nv, .NL = NL,
-                  .att = k->attention_saved_bytes(B, T, H, HS),
-                  .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
+                  .att = k->attention_saved_bytes(B, T, ts_att_heads_gqa(H, KV, HS)),
+                  .att_scratch = k->attention_scratch_bytes(B, T, ts_att_heads_gqa(H, KV, HS)),
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
                   .selective = sh.selective, .rebuild = sh.rebuild, .sp = sh.sp,
                   .S = sh.sub > 1 ? (size_t)sh.sub : 1};
@@ -91,10 +91,11 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
         ts_cp cp = sh.cp;
         cp.k = k;
         TS_ASSERT(T == ts_cp_local_len(&cp));
-        d.att = ts_cp_attention_saved_bytes(&cp, B, H, HS);
-        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, H, HS);
-        d.KVG = ts_cp_kv_elems(&cp, B, KV, HS);
-        d.cpw = ts_cp_work_bytes(&cp, B, KV, HS, sh.n_embd, d.ab);
+        const ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
+        d.att = ts_cp_attention_saved_bytes(&cp, B, hd);
+        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, hd);
+        d.KVG = ts_cp_kv_elems(&cp, B, hd);
+        d.cpw = ts_cp_work_bytes(&cp, B, hd, sh.n_embd, d.ab);
         d.cp = true;
     }
     d.att_kept = sh.selective ? 0 : d.att;
