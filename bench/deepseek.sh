@@ -489,8 +489,8 @@ echo "active GFLOP/s = active FLOP per token x tokens / step time: 6 x the param
      "+ 6 x T x H x (qk head + v head) a layer for QK^T and PV over the full T (12 x T x C when" \
      "both heads are C / H): MLA $mla_f, MLA + MTP 1 $mtp_f, GQA twin $gqa_f FLOP per token, $tokens" \
      "tokens per step. MFU sets it against the same run's best GEMM (sgemm for fp32, oneDNN bf16" \
-     "for bf16). torch.compile's first step (compilation): fp32 $(paste -sd' ' "$tmp/hf_fp32_compile.first" 2> /dev/null || echo n/a) s," \
+     "for bf16). torch.compile's first step (compilation; each try's): fp32 $(paste -sd' ' "$tmp/hf_fp32_compile.first" 2> /dev/null || echo n/a) s," \
      "bf16 $(paste -sd' ' "$tmp/hf_bf16_compile.first" 2> /dev/null || echo n/a) s. Peak RSS:" \
      "Tessera's from /usr/bin/time -v, PyTorch's from ru_maxrss (its libraries included)."
 echo
-echo "command: $command  ($rounds round(s), steps $STEPS${BUILD:+, BUILD=$BUILD}${BF16:+, BF16=$BF16}${FP32:+, FP32=$FP32}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16}${MTP:+, MTP=$MTP})"
+echo "command: $command  ($rounds round(s), steps $STEPS, warm-up $WARMUP, QUIET_S=$QUIET_S, RETRIES=${RETRIES:-1}${BUILD:+, BUILD=$BUILD}${BF16:+, BF16=$BF16}${FP32:+, FP32=$FP32}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16}${MTP:+, MTP=$MTP})"
