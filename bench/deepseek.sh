@@ -212,7 +212,7 @@ kv_row "DeepSeek-V3 (128 heads; MLA 512 + 64; GQA 8 groups, heads of 128; bf16)"
 kv_row "Kimi K2 (64 heads; MLA 512 + 64; GQA 8 groups, heads of 128; bf16)" 61 64 128 8 512 64 2
 kv_row "this model (8 heads; MLA $KVL + $ROPE; GQA $KV groups, heads of $HS; fp32)" "$L" "$H" "$HS" "$KV" "$KVL" "$ROPE" 4
 echo
-echo "MLA's cache holds the normalised latent and the rope key once per token (transformers' DeepseekV3Attention caches exactly these, \"while latent KV is still compressed\"); each head's k_nope and v are kv_b_proj of it, absorbed into the query and output projections at inference. DeepSeek-V2 (sec. 2.1.4, table 1) compares MLA's (d_c + d_h^R) = 4.5 d_h per layer with MHA's 2 n_h d_h at n_h = 128, d_h = 128: 576 against 32768, 57x; GQA with 8 groups keeps 2048."
+echo "MLA's cache holds the normalised latent and the rope key once per token (transformers' DeepseekV3Attention caches exactly these, \"while latent KV is still compressed\"); each head's k_nope and v are kv_b_proj of it, absorbed into the query and output projections at inference. DeepSeek-V2 (arXiv 2405.04434, its table comparing the KV cache per token) sets MLA's (d_c + d_h^R) = 9/2 d_h per layer against MHA's 2 n_h d_h, GQA's 2 n_g d_h and MQA's 2 d_h, \"equal to GQA with only 2.25 groups\": at n_h = 128, d_h = 128 (V2's and V3's heads), 576 against MHA's 32768 (57x) and 8-group GQA's 2048 (3.6x)."
 echo
 
 # ---- 2. Activation bytes training keeps, measured ---------------------------------------
