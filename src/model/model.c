@@ -576,7 +576,8 @@ static size_t mlp_params(const ts_model_config *c, int l, bool active)
 size_t ts_model_active_params(const ts_model_config *c)
 {
     size_t total = ts_model_logical_params(c);
-    for (int l = 0; l < c->n_layer; l++) total -= mlp_params(c, l, false) - mlp_params(c, l, true);
+    for (int l = 0; l < c->n_layer + c->mtp_layers; l++)
+        total -= mlp_params(c, l, false) - mlp_params(c, l, true);
     return total;
 }
 
@@ -590,6 +591,10 @@ size_t ts_model_logical_params(const ts_model_config *c)
         const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
         size_t blocks = 0;
         for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
+        /* Multi-token prediction's modules: a block each, enorm, hnorm, shared_head.norm
+         * and eh_proj [C, 2C] (the embedding and head they share counted once). */
+        for (int l = c->n_layer; l < c->n_layer + c->mtp_layers; l++)
+            blocks += attn + mlp_params(c, l, false) + 3 * C + 2 * C * C;
         return V * C + blocks + C + head;
     }
     size_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) +

@@ -340,7 +340,8 @@ void ts_model_mtp_begin(const ts_model *m);
  * where this rank holds no head); the caller sums them over the grid. */
 void ts_model_mtp_read(const ts_model *m, double *sums);
 
-/* Total logical parameters of the model (tied wte counted once). */
+/* Total logical parameters of the model (tied wte counted once; multi-token prediction's
+ * modules included, the embedding and head they share counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
 /* Those one token uses: an MoE block's router, its top_k experts and its shared ones,
  * not all its experts (equal to the total for a dense model). */
