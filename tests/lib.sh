@@ -499,3 +499,18 @@ expect_step_files() {
     if [ -s "$1/$f" ]; then pass; else fail "no $1/$f"; ls -la "$(dirname "$1")" "$1" >&2; fi
   done
 }
+
+# mtp_same NAME [STEPS]: multi-token prediction's depth losses (the metrics' "mtp_loss",
+# two depths) of $TMP/NAME.jsonl against the one-rank run's ($CHECK_REF, else
+# $TMP/ref.jsonl), relative 1e-4 at each of STEPS (default 4) steps.
+mtp_same() {
+  local out
+  local ref="${CHECK_REF:-$TMP/ref.jsonl}" steps="${2:-4}"
+  out=$(paste <(grep -o '"mtp_loss":\[[^]]*\]' "$ref" | tr -d '"mtp_los:[]') \
+              <(grep -o '"mtp_loss":\[[^]]*\]' "$TMP/$1.jsonl" | tr -d '"mtp_los:[]') | awk -v steps="$steps" '
+    { n = split($1, a, ","); m = split($2, b, ","); if (n != 2 || m != 2) bad = 1
+      for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; r = d / a[i]; if (r > w) w = r } }
+    END { printf "%d steps: worst relative depth-loss difference %.3g\n", NR, w
+          exit !(!bad && NR == steps && w <= 1e-4) }')
+  if [ $? -eq 0 ]; then pass; else fail "$1's mtp_loss vs one rank: $out"; fi
+}
