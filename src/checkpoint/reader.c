@@ -128,7 +128,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
                 {"moe_ffn_hidden", &m->moe_ffn_hidden, 0},
                 {"moe_shared_experts", &m->moe_shared_experts, 0},
                 {"moe_groups", &m->moe_groups, 1}, {"moe_topk_groups", &m->moe_topk_groups, 1},
-                {"moe_first_dense", &m->moe_first_dense, 0}, {"moe_every", &m->moe_every, 1}};
+                {"moe_first_dense", &m->moe_first_dense, 0}, {"moe_every", &m->moe_every, 1},
+                {"mtp_layers", &m->mtp_layers, 0}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         long long v;
         if (!json_object_get(model, ints[i].key)) continue;

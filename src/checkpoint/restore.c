@@ -176,6 +176,8 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"moe_topk_groups", m->moe_topk_groups, mc->moe_topk_groups, moe},
         {"moe_first_dense", m->moe_first_dense, mc->moe_first_dense, moe},
         {"moe_every", m->moe_every, mc->moe_every, moe},
+        /* Multi-token prediction's modules are tensors of the files: the same count. */
+        {"mtp_layers", m->mtp_layers, mc->mtp_layers, true},
         {"norm_eps", m->norm_eps, mc->norm_eps, true},
         {"rope_theta", m->rope_theta, mc->rope_theta, true},
         {"rope_scaling", m->rope_scaling, mc->rope_scaling, true},
