@@ -898,8 +898,7 @@ out:
 }
 
 /* Multi-token prediction's rules (config_mtp.c): a llama's modules load, with their
- * weight; gpt2, a depth past the window and tp_overlap's sub-batches are errors naming
- * the keys. */
+ * weight; gpt2 and a depth past the window are errors naming the keys. */
 static void test_config_mtp(void)
 {
     static const char *LLAMA =
@@ -911,11 +910,6 @@ static void test_config_mtp(void)
     CHECK(g_cfg.model.mtp_layers == 2 && g_cfg.train.mtp_loss == 0.3);
     EXPECT_ERR(FULL, "model.mtp_layers=1", "'model.mtp_layers' = 1", "llama family", "gpt2");
     EXPECT_ERR(LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16", "model.seq_len = 16");
-    const char *sub[] = {"model.mtp_layers=1", "parallel.tp=2", "parallel.tp_overlap=2"};
-    ts_error_clear();
-    CHECK(load_ov(LLAMA, sub, 3, 0) == TS_ERR);
-    CHECKF(msg_has("'model.mtp_layers' = 1") && msg_has("'parallel.tp_overlap' = 2"), "%s",
-           ts_error_message());
 }
 
 int main(void)

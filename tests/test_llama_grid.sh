@@ -8,7 +8,7 @@
 # (tie_embeddings, as Llama 3.2) across a pipeline too. Llama-only keys on gpt2 and bad
 # head counts are clear errors. model.head_dim other than n_embd / n_head (Qwen3's) on tp with
 # sequence parallelism. Multi-token prediction (model.mtp_layers) on pp 2, zb-v x dp 2 with
-# ZeRO-3, tp 2 with sequence parallelism x cp 2.
+# ZeRO-3, tp 2 with sequence parallelism and tp_overlap x cp 2.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -64,7 +64,8 @@ else pass; fi
 # modules on the last stage with a copy of the untied embedding summed with the first's
 # (pp 2, 1f1b), the zero-bubble split on zb-v's V placement (one rank holds both ends and
 # the embedding's chunk stays resident beside the head's under ZeRO-3), dp 2 with ZeRO-3,
-# tp 2 with sequence parallelism and cp 2 (the token shift on whole sequences before this
+# tp 2 with sequence parallelism and tp_overlap's sub-batches and cp 2 (the token shift on
+# whole sequences before this
 # rank's positions are picked) give the one-rank losses, gradient norms and each depth's
 # loss (the metrics' "mtp_loss") within 1e-4. Measured at 3e-8 when written, also: dp 2
 # with ZeRO-1/2, tp 2 and tp 4, selective recompute, gpipe, zb-h1, interleaved-1f1b,
@@ -79,9 +80,9 @@ release_only "MTP on zb-v with ZeRO-3 over dp 2 (4 ranks)" ||
   { check mtp_pp2_zbv_dp2_zero3 4 "${mtp[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2 \
       --set parallel.schedule=zb-v --set parallel.dp=2 --set parallel.zero=3 --set parallel.micro_batch=2 &&
     mtp_same mtp_pp2_zbv_dp2_zero3; }
-release_only "MTP on tp 2 with sequence parallelism x cp 2 (4 ranks)" ||
-  { check mtp_tp2_sp_cp2 4 "${mtp[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
-      --set parallel.cp=2 && mtp_same mtp_tp2_sp_cp2; }
+release_only "MTP on tp 2 with sequence parallelism and tp_overlap x cp 2 (4 ranks)" ||
+  { check mtp_tp2_sp_overlap_cp2 4 "${mtp[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+      --set parallel.tp_overlap=2 --set parallel.cp=2 && mtp_same mtp_tp2_sp_overlap_cp2; }
 
 expect_error 2 "n_kv_head = 3" "${common[@]}" --set model.n_kv_head=3 --set parallel.tp=2
 expect_error 1 "grouped-query attention is a llama feature" train "$SRC/configs/tiny.cfg" \
