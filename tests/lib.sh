@@ -500,17 +500,17 @@ expect_step_files() {
   done
 }
 
-# mtp_same NAME [STEPS]: multi-token prediction's depth losses (the metrics' "mtp_loss",
-# two depths) of $TMP/NAME.jsonl against the one-rank run's ($CHECK_REF, else
-# $TMP/ref.jsonl), relative 1e-4 at each of STEPS (default 4) steps.
+# mtp_same NAME [LINES [KEY]]: multi-token prediction's depth losses (the metrics' KEY,
+# default "mtp_loss"; "val_mtp_loss" the validation's; two depths) of $TMP/NAME.jsonl
+# against the one-rank run's ($CHECK_REF, else $TMP/ref.jsonl), relative 1e-4 on each
+# of LINES (default 4) lines.
 mtp_same() {
-  local out
-  local ref="${CHECK_REF:-$TMP/ref.jsonl}" steps="${2:-4}"
-  out=$(paste <(grep -o '"mtp_loss":\[[^]]*\]' "$ref" | tr -d '"mtp_los:[]') \
-              <(grep -o '"mtp_loss":\[[^]]*\]' "$TMP/$1.jsonl" | tr -d '"mtp_los:[]') | awk -v steps="$steps" '
+  local out ref="${CHECK_REF:-$TMP/ref.jsonl}" lines="${2:-4}" key="${3:-mtp_loss}"
+  out=$(paste <(grep -o "\"$key\":\\[[^]]*\\]" "$ref" | sed 's/.*\[//; s/\]//') \
+              <(grep -o "\"$key\":\\[[^]]*\\]" "$TMP/$1.jsonl" | sed 's/.*\[//; s/\]//') | awk -v lines="$lines" '
     { n = split($1, a, ","); m = split($2, b, ","); if (n != 2 || m != 2) bad = 1
       for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; r = d / a[i]; if (r > w) w = r } }
-    END { printf "%d steps: worst relative depth-loss difference %.3g\n", NR, w
-          exit !(!bad && NR == steps && w <= 1e-4) }')
-  if [ $? -eq 0 ]; then pass; else fail "$1's mtp_loss vs one rank: $out"; fi
+    END { printf "%d lines: worst relative depth-loss difference %.3g\n", NR, w
+          exit !(!bad && NR == lines && w <= 1e-4) }')
+  if [ $? -eq 0 ]; then pass; else fail "$1's $key vs one rank: $out"; fi
 }

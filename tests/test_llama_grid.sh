@@ -64,25 +64,28 @@ else pass; fi
 # modules on the last stage with a copy of the untied embedding summed with the first's
 # (pp 2, 1f1b), the zero-bubble split on zb-v's V placement (one rank holds both ends and
 # the embedding's chunk stays resident beside the head's under ZeRO-3), dp 2 with ZeRO-3,
-# tp 2 with sequence parallelism and tp_overlap's sub-batches and cp 2 (the token shift on
-# whole sequences before this
-# rank's positions are picked) give the one-rank losses, gradient norms and each depth's
-# loss (the metrics' "mtp_loss") within 1e-4. Measured at 3e-8 when written, also: dp 2
-# with ZeRO-1/2, tp 2 and tp 4, selective recompute, gpipe, zb-h1, interleaved-1f1b,
-# dualpipe-v, full recompute, the MoE of test_moe_grids on ep 2, tp 2 + sp, cp 2 and zb-v,
-# and cpu-strict.
+# tp 2 with sequence parallelism and tp_overlap's sub-batches x cp 2 (the token shift on
+# whole sequences before this rank's positions are picked) give the one-rank losses,
+# gradient norms and each depth's loss (the metrics' "mtp_loss", and the validation's
+# "val_mtp_loss" over 6 windows split unevenly over dp 2) within 1e-4. Measured at 6e-8
+# when written, also: dp 2 with ZeRO-1/2, tp 2 and tp 4, selective recompute, gpipe,
+# zb-h1, interleaved-1f1b, dualpipe-v, full recompute, the MoE of test_moe_grids on ep 2,
+# tp 2 + sp, cp 2 and zb-v, and cpu-strict.
 mv "$TMP/ref.jsonl" "$TMP/ref_tied.jsonl"
 mtp=(--set model.mtp_layers=2 --set train.mtp_loss=0.3 --set train.steps=4
-     --set model.seq_len=32 --set train.global_batch=8)
+     --set model.seq_len=32 --set train.global_batch=8 --set "data.val=\"$TMP/train.bin\""
+     --set data.eval_every=4 --set data.val_windows=6)
 check ref 1 "${mtp[@]}"
-check mtp_pp2_1f1b 2 "${mtp[@]}" --set parallel.pp=2 && mtp_same mtp_pp2_1f1b
+check mtp_pp2_1f1b 2 "${mtp[@]}" --set parallel.pp=2 && mtp_same mtp_pp2_1f1b &&
+  mtp_same mtp_pp2_1f1b 1 val_mtp_loss
 release_only "MTP on zb-v with ZeRO-3 over dp 2 (4 ranks)" ||
   { check mtp_pp2_zbv_dp2_zero3 4 "${mtp[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2 \
       --set parallel.schedule=zb-v --set parallel.dp=2 --set parallel.zero=3 --set parallel.micro_batch=2 &&
-    mtp_same mtp_pp2_zbv_dp2_zero3; }
+    mtp_same mtp_pp2_zbv_dp2_zero3 && mtp_same mtp_pp2_zbv_dp2_zero3 1 val_mtp_loss; }
 release_only "MTP on tp 2 with sequence parallelism and tp_overlap x cp 2 (4 ranks)" ||
   { check mtp_tp2_sp_overlap_cp2 4 "${mtp[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
-      --set parallel.tp_overlap=2 --set parallel.cp=2 && mtp_same mtp_tp2_sp_overlap_cp2; }
+      --set parallel.tp_overlap=2 --set parallel.cp=2 && mtp_same mtp_tp2_sp_overlap_cp2 &&
+    mtp_same mtp_tp2_sp_overlap_cp2 1 val_mtp_loss; }
 
 expect_error 2 "n_kv_head = 3" "${common[@]}" --set model.n_kv_head=3 --set parallel.tp=2
 expect_error 1 "grouped-query attention is a llama feature" train "$SRC/configs/tiny.cfg" \

@@ -290,6 +290,12 @@ const float *ts_acts_losses(const ts_model *m, const ts_acts *a)
     return ts_head_views(m, a, m->n_layers - 1).losses;
 }
 
+const float *ts_acts_mtp_losses(const ts_model *m, const ts_acts *a, int k)
+{
+    TS_ASSERT(a->l1 == m->n_layers && k >= 1 && k <= m->mtp_layers);
+    return ts_mtp_views(m, a, m->n_layers + k - 1).mtp_losses;
+}
+
 const void *ts_acts_layer_input(const ts_model *m, const ts_acts *a, int l)
 {
     return l == a->l0 ? a->input : ts_acts_output(m, a, l - 1);

@@ -84,9 +84,8 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
             break;
         case TS_LAYER_HEAD:
             head_forward(m, a, l, ts_acts_layer_input(m, a, l), dloss, loss_acc);
-            /* Multi-token prediction's modules, in the head's layer; not in an
-             * evaluation (dloss 0), whose loss is the head's. */
-            if (m->mtp_layers > 0 && dloss > 0.0f) ts_mtp_forward(m, a, dloss, loss_acc != NULL);
+            /* Multi-token prediction's modules, in the head's layer. */
+            if (m->mtp_layers > 0) ts_mtp_forward(m, a, dloss, loss_acc != NULL);
             break;
         }
         between_layers(m);

@@ -423,6 +423,9 @@ void *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
 
 /* Per-token losses [B*T] of the last forward (the range must end with the head). */
 const float *ts_acts_losses(const ts_model *m, const ts_acts *a);
+/* Multi-token prediction depth k's (1..mtp_layers) per-token losses [B*T] of the last
+ * forward (0 where the target lies past the window); the range must end with the head. */
+const float *ts_acts_mtp_losses(const ts_model *m, const ts_acts *a, int k);
 
 /* Scratch for the backward of one layer at a time (shared by all micro-batches). */
 typedef struct {
@@ -449,8 +452,7 @@ void ts_scratch_free(ts_scratch *s);
  * head's input gradient is prepared, and the sum of per-token losses is ADDED to
  * *loss_acc (a double in device memory, so a step's losses are read back once; NULL:
  * not wanted). With multi-token prediction the modules run after the head (their
- * losses into m->mtp_sums when loss_acc is given), except for dloss 0 (an evaluation:
- * the head's loss alone). */
+ * losses into m->mtp_sums when loss_acc is given; a->mtp_ids set first). */
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc);
 
 /* Forward for generation, without a loss: every layer of the whole model on one rank

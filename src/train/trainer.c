@@ -396,17 +396,25 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->a2a_wait_ms = comm_ms[4];
 }
 
-double ts_trainer_eval(ts_trainer *t)
+double ts_trainer_eval(ts_trainer *t, double *mtp_loss)
 {
+    const int D = t->model.mtp_layers;
+    double sums[64];
     const int n = t->cfg.data.val_windows;
     /* ZeRO-3: the forwards need every chunk's weights; gathered for the evaluation. */
     ts_watchdog_context("validation: gathering the ZeRO-3 weights", 0, 0, 0);
     ts_zero_materialize(&t->zero, TS_ZERO_GATHER_COMPUTE);
-    double local = ts_engine_eval(&t->engine, &t->val_data, n);
+    double local = ts_engine_eval(&t->engine, &t->val_data, n, sums);
     ts_zero_dematerialize(&t->zero, false);
     ts_watchdog_context("validation: summing the loss", 0, 0, 0);
+    const double denom = (double)n * t->cfg.model.seq_len;
+    if (D > 0) { /* multi-token prediction's depths, as the loss */
+        for (int k = 0; k < D; k++) sums[k] = ts_tp_once(&t->model.tp, sums[k]);
+        ts_host_allreduce_sum_f64(&t->groups->world, sums, D);
+        for (int k = 0; mtp_loss && k < D; k++) mtp_loss[k] = sums[k] / denom;
+    }
     local = ts_tp_once(&t->model.tp, local); /* the tp ranks hold the same losses */
-    return grid_sum(t, local) / ((double)n * t->cfg.model.seq_len);
+    return grid_sum(t, local) / denom;
 }
 
 ts_status ts_trainer_run(ts_trainer *t)
@@ -448,8 +456,16 @@ ts_status ts_trainer_run(ts_trainer *t)
         ts_status st = ts_trainer_report_step(t, step, &s, timed ? total_ms / timed : s.step_ms);
         bool last = step == steps - 1;
         if (t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
-            double vl = ts_trainer_eval(t); /* collective: every rank, whatever st is */
-            if (st == TS_OK) st = ts_trainer_metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g}", step, vl);
+            double vm[64];
+            double vl = ts_trainer_eval(t, vm); /* collective: every rank, whatever st is */
+            /* Multi-token prediction: each depth's validation loss too. */
+            char mtp[40 * 64 + 24] = "";
+            for (int k = 0; k < t->model.mtp_layers; k++)
+                snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "%s%.9g",
+                         k == 0 ? ",\"val_mtp_loss\":[" : ",", vm[k]);
+            if (t->model.mtp_layers > 0) snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "]");
+            if (st == TS_OK)
+                st = ts_trainer_metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g%s}", step, vl, mtp);
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
         /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only

@@ -146,8 +146,10 @@ void ts_trainer_free(ts_trainer *t);
 /* One optimizer step (0-based `step`). */
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
 
-/* Mean validation loss over data.val_windows windows of the validation data. */
-double ts_trainer_eval(ts_trainer *t);
+/* Mean validation loss over data.val_windows windows of the validation data; with
+ * multi-token prediction each depth's into mtp_loss [mtp_layers] (when given), as the
+ * metrics' mtp_loss. */
+double ts_trainer_eval(ts_trainer *t, double *mtp_loss);
 
 /* Run steps start_step .. train.steps - 1 with metrics, progress, validation, the
  * trace and checkpoints (every checkpoint.every steps, at the end, and on SIGTERM or
