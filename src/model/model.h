@@ -126,8 +126,8 @@ typedef struct {
     /* Mixture of Experts (model/moe.c; moe_experts 0: none): the routing, the experts'
      * width F and the shared experts' S*F, the auxiliary losses' coefficients, and the
      * per-step state in device memory, indexed by block: the balancing bias
-     * [n_layer * E] fp32 (zero unless train.moe_bias_rate moves it; selection only), the
-     * step's routed-token counts [n_layer * E] int (each forward adds its own) and the
+     * [blocks * E] fp32 (zero unless train.moe_bias_rate moves it; selection only), the
+     * step's routed-token counts [blocks * E] int (each forward adds its own) and the
      * step's loss sums [2] fp32 (z, aux: each backward adds its micro-batch's). */
     int moe_experts, moe_top_k, moe_ffn, moe_shared_ffn;
     /* Expert parallelism (ts_model_spec.ep): this rank holds the moe_local_experts =
@@ -259,7 +259,7 @@ typedef struct {
 } ts_model_spec;
 
 /* Blocks of the model, the multi-token prediction modules' included (n_layer + D): the
- * rows of the MoE state arrays (moe_bias, moe_counts). */
+ * rows of the MoE state arrays (moe_bias, moe_counts: "blocks * E" below). */
 static inline int ts_model_blocks(const ts_model *m) { return m->n_layer + m->mtp_layers; }
 /* The layer of block b (b < ts_model_blocks): 1 + b, or an MTP module's entry (model.h). */
 static inline int ts_model_block_layer(const ts_model *m, int b)
@@ -351,17 +351,17 @@ size_t ts_model_active_params(const ts_model_config *cfg);
 /* Zero the step's counts and loss sums: before the step's first forward. */
 void ts_model_moe_begin(const ts_model *m);
 /* After the step's last backward: the step's counts and loss sums of this rank's blocks,
- * on the host: counts [n_layer * E] (blocks this rank does not hold, and dense ones, 0)
+ * on the host: counts [blocks * E] (blocks this rank does not hold, and dense ones, 0)
  * and losses [2] (z, aux). The caller sums them over the ranks that saw other tokens. */
 void ts_model_moe_read(const ts_model *m, int *counts, float *losses);
-/* The aux-loss-free bias update from the whole global batch's counts [n_layer * E]:
+/* The aux-loss-free bias update from the whole global batch's counts [blocks * E]:
  * bias_i += rate * sign(mean - count_i) per MoE block, mean = the block's counts' mean
  * (tokens * top_k / E dropless; the kept assignments' under a capacity). */
 void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, float rate);
-/* The worst MoE block's max/mean expert load of counts [n_layer * E] (1 = balanced). */
+/* The worst MoE block's max/mean expert load of counts [blocks * E] (1 = balanced). */
 double ts_moe_worst_load(const ts_model *m, const int *counts);
 /* The share of the step's assignments dropped by the capacity (model.moe_capacity): 1 -
- * the kept counts [n_layer * E] of the MoE blocks over their tokens * top_k selections
+ * the kept counts [blocks * E] of the MoE blocks over their tokens * top_k selections
  * each (the global batch's tokens; 0 dropless). */
 double ts_moe_dropped_share(const ts_model *m, const int *counts, long long tokens);
 

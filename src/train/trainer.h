@@ -53,7 +53,7 @@ typedef struct {
      * the sum of these. */
     int mtp_depths;
     double mtp_loss[64];
-    const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
+    const int *moe_counts; /* [blocks * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
 } ts_step_stats;
@@ -128,7 +128,7 @@ typedef struct {
     double model_flops;
     double mfu_peak_flops;
 
-    int *moe_counts;    /* MoE: the last step's global counts [n_layer * E] (moe_counts
+    int *moe_counts;    /* MoE: the last step's global counts [blocks * E] (moe_counts
                            of its ts_step_stats) */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
