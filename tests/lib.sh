@@ -499,3 +499,18 @@ expect_step_files() {
     if [ -s "$1/$f" ]; then pass; else fail "no $1/$f"; ls -la "$(dirname "$1")" "$1" >&2; fi
   done
 }
+
+# mtp_same NAME [LINES [KEY]]: multi-token prediction's depth losses (the metrics' KEY,
+# default "mtp_loss"; "val_mtp_loss" the validation's; two depths) of $TMP/NAME.jsonl
+# against the one-rank run's ($CHECK_REF, else $TMP/ref.jsonl), relative 1e-4 on each
+# of LINES (default 4) lines.
+mtp_same() {
+  local out ref="${CHECK_REF:-$TMP/ref.jsonl}" lines="${2:-4}" key="${3:-mtp_loss}"
+  out=$(paste <(grep -o "\"$key\":\\[[^]]*\\]" "$ref" | sed 's/.*\[//; s/\]//') \
+              <(grep -o "\"$key\":\\[[^]]*\\]" "$TMP/$1.jsonl" | sed 's/.*\[//; s/\]//') | awk -v lines="$lines" '
+    { n = split($1, a, ","); m = split($2, b, ","); if (n != 2 || m != 2) bad = 1
+      for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d; r = d / a[i]; if (r > w) w = r } }
+    END { printf "%d lines: worst relative depth-loss difference %.3g\n", NR, w
+          exit !(!bad && NR == lines && w <= 1e-4) }')
+  if [ $? -eq 0 ]; then pass; else fail "$1's $key vs one rank: $out"; fi
+}

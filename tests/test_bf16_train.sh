@@ -8,7 +8,7 @@
 #    gives the same bits as "cpu".
 # 3. Grid invariance in bf16: dp, pp (1F1B, interleaved, zero-bubble), tp (also sequence-
 #    parallel), a 3-D grid and
-#    ZeRO-2/3
+#    ZeRO-2/3, and multi-token prediction on pp 2 (llama-tiny)
 #    give the one-rank bf16 losses within 1e-2 relative, every step.
 # 4. Checkpoints hold the fp32 master weights: a bf16 run's checkpoint resumes in fp32
 #    and an fp32 one in bf16, each continuing within 2% of the uninterrupted run; the
@@ -86,6 +86,21 @@ grid grid3d 8 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set 
 grid zero3 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 \
   --set 'parallel.schedule="looped-bfs"' --set parallel.micro_batch=2 --set parallel.zero=3
 grid zero2 2 --set parallel.dp=2 --set parallel.zero=2
+
+# Multi-token prediction (llama-tiny with 2 modules: their norms, eh_proj over the bf16
+# [enorm | hnorm] rows, the block and the shared head in bf16) on pp 2 against one rank,
+# within the same 1e-2.
+mtpb=(train "$SRC/configs/llama-tiny.cfg" --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'
+      --set train.threads=1 --set log.progress=false --set train.lr=3e-4 --set train.steps=8
+      --set model.mtp_layers=2 --set train.mtp_loss=0.3 --set model.seq_len=32
+      --set train.global_batch=8 "${BF16[@]}")
+for run in "mtp_ref 1" "mtp_pp2 2 --set parallel.pp=2"; do
+  set -- $run
+  name="$1" np="$2"; shift 2
+  if run_np "$np" "${mtpb[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"; then pass
+  else fail "run bf16 $name"; sed 's/^/    /' "$TMP/err" >&2; fi
+done
+compare_runs "bf16 MTP pp2 vs one rank" "$TMP/mtp_pp2.jsonl" "$TMP/mtp_ref.jsonl" 1e-2 -
 
 # 4. Checkpoints: bf16 -> fp32 and fp32 -> bf16, from step 10 of 20.
 ckpt_cross() { # FROM_NAME FROM_SETS... -- TO_SETS...

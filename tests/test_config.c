@@ -897,6 +897,21 @@ out:
     free(contract);
 }
 
+/* Multi-token prediction's rules (config_mtp.c): a llama's modules load, with their
+ * weight; gpt2 and a depth past the window are errors naming the keys. */
+static void test_config_mtp(void)
+{
+    static const char *LLAMA =
+        "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
+        "          seq_len = 16; };\n";
+    const char *ok[] = {"model.mtp_layers=2", "train.mtp_loss=0.3"};
+    ts_error_clear();
+    CHECKF(load_ov(LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(g_cfg.model.mtp_layers == 2 && g_cfg.train.mtp_loss == 0.3);
+    EXPECT_ERR(FULL, "model.mtp_layers=1", "'model.mtp_layers' = 1", "llama family", "gpt2");
+    EXPECT_ERR(LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16", "model.seq_len = 16");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
@@ -916,6 +931,7 @@ int main(void)
     test_config_data_blend();
     test_config_shipped_files();
     test_config_every_key_listed();
+    test_config_mtp();
 
     ts_test_remove_dir(g_dir);
     return ts_test_report();

@@ -3,7 +3,9 @@
 # config.json, the other grids and the refusals): loaded on 1x1x4 (each key/value head
 # replicated on two ranks, the moments of ZeRO-1's pieces gathered) and saved again it
 # gives the same bytes; 3 + 3 resumed steps on the saving grid equal 6 uninterrupted ones
-# bit for bit; `tessera sample` writes text from it (the same seed, the same text).
+# bit for bit; `tessera sample` writes text from it (the same seed, the same text). Multi-token
+# prediction's modules reshard from pp 2 to tp 2 byte for byte, and a checkpoint with
+# another module count is refused.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -38,4 +40,18 @@ for s in a b; do
 done
 cmp -s "$TMP/sample_a" "$TMP/sample_b" && [ "$(head -c 4 "$TMP/sample_a")" = "The " ] &&
   [ "$(wc -c < "$TMP/sample_a")" -ge 44 ] && pass || fail "llama samples: $(cat "$TMP/sample_a")"
+
+# Multi-token prediction's modules (model.mtp_layers = 2): saved on pp 2 (the modules on the
+# last stage, its copy of the embedding not written), loaded on tp 2 and saved again, the
+# same bytes; a config with another module count is refused naming the key.
+M="$TMP/m/step_00000003"
+mtp=(--set model.mtp_layers=2 --set train.mtp_loss=0.3)
+release_only "MTP's checkpoint resharded pp 2 -> tp 2 (the same files and code as the llama's above)" ||
+  { run_base m 2 "${mtp[@]}" $(grid 2 1 1) --set train.steps=3 --set "checkpoint.dir=\"$TMP/m\"" &&
+    run_base m_tp2 2 "${mtp[@]}" $(grid 1 1 2) --set train.steps=3 --set "checkpoint.load=\"$M\"" \
+      --set "checkpoint.dir=\"$TMP/m_tp2\"" &&
+    same_ckpt "$M" "$TMP/m_tp2/step_00000003" "MTP pp 2 -> tp 2"; }
+expect_error 1 "saved with model.mtp_layers = 0, but the config says 2" "${base[@]}" "${mtp[@]}" \
+  --set train.steps=3 --set "checkpoint.load=\"$A\""
+
 finish

@@ -516,6 +516,87 @@ static void test_llama_layout(void)
     ts_model_free(&m);
 }
 
+/* Multi-token prediction's layout (model.h, mtp.c): D = 2 modules in the head's layer
+ * under DeepSeek-V3's names (model.layers.{L + k - 1}.*: the block's, then enorm, hnorm,
+ * eh_proj [C, 2C], shared_head.norm), counted in the logical parameters; on one rank
+ * they read the embedding itself, a last stage holds a copy (replica 1, summed with the
+ * first stage's) and a first stage none; each module's activations (its block's and its
+ * own) follow the head's; the shifted ids of ts_acts_set_mtp_ids. */
+static void test_mtp_layout(void)
+{
+    ts_model_config mc = tiny_llama();
+    mc.mtp_layers = 2;
+    const int C = 32, L = 2, D = 2, T = 8, B = 2, V = 40;
+    ts_model m;
+    ts_model_build(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .mtp_loss = 0.3});
+    CHECK(m.n_params == 1 + 9 * L + 2 + D * (9 + 4) && m.n_layers == L + 2);
+    CHECK(m.mtp_wte_param == m.wte_param && fabsf(m.mtp_coef - 0.15f) < 1e-7f);
+    size_t total = 0;
+    for (int p = 0; p < m.n_params; p++) total += m.params[p].numel;
+    CHECK(total == ts_model_logical_params(&mc));
+    const int head = m.n_layers - 1;
+    CHECK(m.layers[head].first_param + m.layers[head].n_params == m.n_params);
+    for (int k = 1; k <= D; k++) {
+        const ts_layer *Lk = &m.layers[head + k];
+        char want[96];
+        CHECK(Lk->kind == TS_LAYER_BLOCK && Lk->block == L + k - 1 && Lk->owned);
+        snprintf(want, sizeof want, "model.layers.%d.input_layernorm.weight", L + k - 1);
+        CHECKF(!strcmp(ts_param_name(&m, Lk->first_param), want), "%s",
+               ts_param_name(&m, Lk->first_param));
+        const char *own[4] = {"enorm.weight", "hnorm.weight", "eh_proj.weight",
+                              "shared_head.norm.weight"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(want, sizeof want, "model.layers.%d.%s", L + k - 1, own[i]);
+            const int p = Lk->first_param + Lk->n_params + i;
+            CHECKF(!strcmp(ts_param_name(&m, p), want), "%s", ts_param_name(&m, p));
+            CHECK(m.params[p].layer == head);
+        }
+        const ts_param *eh = &m.params[Lk->first_param + Lk->n_params + 2];
+        CHECK(eh->shard.shape[0] == C && eh->shard.shape[1] == 2 * C && eh->decay);
+    }
+    /* The activations: each module's block and its own buffers after the head's. */
+    ts_model_config plain = mc;
+    plain.mtp_layers = 0;
+    ts_model p0;
+    ts_model_layout(&p0, &(ts_model_spec){.arch = &plain, .k = &ts_kernels_cpu});
+    const size_t N = (size_t)B * T, f = sizeof(float);
+#define AL(x) (((x) + 63) / 64 * 64)
+    const size_t NC = AL(N * C * f), stat = AL(N * f);
+    const size_t own = NC + 2 * stat + AL(2 * N * C * f) + 3 * NC + stat + stat + AL(3 * N * f) +
+                       AL(N * V * f);
+#undef AL
+    const size_t block = ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, &ts_kernels_cpu);
+    CHECKF(ts_acts_bytes(&m, 0, m.n_layers, B, T) ==
+               ts_acts_bytes(&p0, 0, p0.n_layers, B, T) + D * (block + own),
+           "acts %zu, want %zu", ts_acts_bytes(&m, 0, m.n_layers, B, T),
+           ts_acts_bytes(&p0, 0, p0.n_layers, B, T) + D * (block + own));
+    CHECK(ts_acts_bytes(&m, 0, head, B, T) == ts_acts_bytes(&p0, 0, head, B, T));
+    ts_model_free(&p0);
+    /* Depth k reads t_{i+k} = targets[i+k-1] and predicts targets[i+k]; 0 past the window. */
+    ts_acts a;
+    ts_acts_init(&a, &m, 0, m.n_layers, 1, T);
+    const int targets[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+    ts_acts_set_mtp_ids(&m, &a, targets, T);
+    const int want_ids[4][8] = {{11, 12, 13, 14, 15, 16, 17, 18}, {12, 13, 14, 15, 16, 17, 18, 0},
+                                {12, 13, 14, 15, 16, 17, 18, 0}, {13, 14, 15, 16, 17, 18, 0, 0}};
+    CHECK(!memcmp(a.mtp_ids, want_ids, sizeof want_ids));
+    ts_acts_free(&a);
+    ts_model_free(&m);
+
+    /* Pipeline stages: the last holds the modules and a copy of the embedding; the first
+     * none of them. */
+    bool last[4] = {false, false, true, true}, first[4] = {true, true, false, false};
+    ts_model_layout(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .owned = last});
+    CHECK(m.wte_param < 0 && m.mtp_wte_param >= 0 && m.params[m.mtp_wte_param].tied_copy &&
+          m.params[m.mtp_wte_param].shard.replica == 1 &&
+          !strcmp(ts_param_name(&m, m.mtp_wte_param), "model.embed_tokens.weight"));
+    CHECK(m.layers[m.n_layers].owned && m.layers[m.n_layers + 1].owned);
+    ts_model_free(&m);
+    ts_model_layout(&m, &(ts_model_spec){.arch = &mc, .k = &ts_kernels_cpu, .owned = first});
+    CHECK(m.mtp_wte_param < 0 && !m.layers[m.n_layers].owned && m.n_params == 1 + 9);
+    ts_model_free(&m);
+}
+
 /* Hugging Face's inverse frequencies, with Llama 3.1's scaling (factor 8, low 1, high 4,
  * original context 8192; head dim 128): low frequencies divided by 8, high ones kept. */
 static void test_rope_frequencies(void)
@@ -556,5 +637,6 @@ int main(void)
     test_init_from_file_messages();
     test_tp_parts_uneven_vocab();
     test_activation_layout();
+    test_mtp_layout();
     return ts_test_report();
 }

@@ -570,4 +570,20 @@ elif run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/mla_moe_ref.jsonl\""; the
 else fail "run mla_moe_ref"; sed 's/^/    /' "$TMP/err" >&2; fi
 common=("${saved_common[@]}")
 
+
+# Multi-token prediction with the MoE (model.mtp_layers = 2; model/mtp.c): each module's
+# block is an MoE block (its block index n_layer + k - 1 is past moe_first_dense), routed,
+# balanced and counted as the others (the counts' and the bias's rows after the main
+# blocks'): dp 2 x ep 2 with ZeRO-1 (the modules' experts exchanged over ep, the depth
+# losses summed over the replicas) and pp 2 (the modules and the embedding's copy on the
+# last stage) give the one-rank losses, norms and depth losses within 1e-4.
+mtp=(--set model.mtp_layers=2 --set train.mtp_loss=0.3 --set train.steps=4
+     --set model.seq_len=32 --set train.global_batch=8)
+CHECK_REF="$TMP/mtp_ref.jsonl"
+check mtp_ref 1 "${mtp[@]}"
+covered "MTP on dp 2 x ep 2" "mtp_pp2 (the modules' MoE code is the blocks')" ||
+  { check mtp_dp2_ep2_zero1 2 "${mtp[@]}" --set parallel.dp=2 --set parallel.ep=2 \
+      --set parallel.zero=1 && mtp_same mtp_dp2_ep2_zero1; }
+check mtp_pp2 2 "${mtp[@]}" --set parallel.pp=2 && mtp_same mtp_pp2
+unset CHECK_REF
 finish

@@ -132,7 +132,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
                 {"q_lora_rank", &m->q_lora_rank, 0}, {"kv_lora_rank", &m->kv_lora_rank, 0},
                 {"qk_nope_head_dim", &m->qk_nope_head_dim, 0},
                 {"qk_rope_head_dim", &m->qk_rope_head_dim, 0},
-                {"v_head_dim", &m->v_head_dim, 0}};
+                {"v_head_dim", &m->v_head_dim, 0},
+                {"mtp_layers", &m->mtp_layers, 0}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         long long v;
         if (!json_object_get(model, ints[i].key)) continue;

@@ -142,8 +142,8 @@ typedef struct {
     /* Mixture of Experts (model/moe.c; moe_experts 0: none): the routing, the experts'
      * width F and the shared experts' S*F, the auxiliary losses' coefficients, and the
      * per-step state in device memory, indexed by block: the balancing bias
-     * [n_layer * E] fp32 (zero unless train.moe_bias_rate moves it; selection only), the
-     * step's routed-token counts [n_layer * E] int (each forward adds its own) and the
+     * [blocks * E] fp32 (zero unless train.moe_bias_rate moves it; selection only), the
+     * step's routed-token counts [blocks * E] int (each forward adds its own) and the
      * step's loss sums [2] fp32 (z, aux: each backward adds its micro-batch's). */
     int moe_experts, moe_top_k, moe_ffn, moe_shared_ffn;
     /* Expert parallelism (ts_model_spec.ep): this rank holds the moe_local_experts =
@@ -174,6 +174,21 @@ typedef struct {
     double moe_capacity;
 
     int n_layers;           /* n_layer + 2 */
+    /* Multi-token prediction (model/mtp.c; mtp_layers 0: none): D = mtp_layers modules
+     * after the last block, all in the head's layer (its parameters and activations, so
+     * a pipeline's last stage holds them with the head). Module k (1..D) runs a block of
+     * the model's kind, described by layers[n_layers + k - 1] (kind TS_LAYER_BLOCK,
+     * block n_layer + k - 1, owned with the head; its parameters' `layer` is the
+     * head's): `layers` has n_layers + D entries, of which the pipeline, the memory
+     * views and every loop over n_layers see the first n_layers. mtp_coef = lambda / D
+     * (train.mtp_loss / D) weighs each depth's loss; mtp_wte_param: the token embedding
+     * the modules read (wte_param on one stage, else the head's copy, as the tied one);
+     * mtp_sums [D] doubles in device memory: each depth's summed per-token losses since
+     * ts_model_mtp_begin. */
+    int mtp_layers;
+    float mtp_coef;
+    int mtp_wte_param;
+    double *mtp_sums;
     ts_layer *layers;
     int n_params;
     ts_param *params;
@@ -241,6 +256,8 @@ typedef struct {
     bool without_weights, without_grads;
     /* The MoE auxiliary losses' coefficients (train.moe_z_loss, train.moe_aux_loss). */
     float moe_z_loss, moe_aux_loss;
+    /* train.mtp_loss: lambda, multi-token prediction's weight (model.mtp_layers > 0). */
+    double mtp_loss;
     /* Expert parallelism: the ep group (topology's groups->ep; NULL or size 1: every rank
      * holds every expert) and this rank's place in it (ep_size, ep_rank for a layout
      * without a group: ep_size 0 means the group's size). */
@@ -256,6 +273,15 @@ typedef struct {
     const ts_comm *etp;
     int etp_size;
 } ts_model_spec;
+
+/* Blocks of the model, the multi-token prediction modules' included (n_layer + D): the
+ * rows of the MoE state arrays (moe_bias, moe_counts: "blocks * E" below). */
+static inline int ts_model_blocks(const ts_model *m) { return m->n_layer + m->mtp_layers; }
+/* The layer of block b (b < ts_model_blocks): 1 + b, or an MTP module's entry (model.h). */
+static inline int ts_model_block_layer(const ts_model *m, int b)
+{
+    return b < m->n_layer ? b + 1 : m->n_layers + (b - m->n_layer);
+}
 
 /* Add a between-layers hook (each owner adds its own, once). */
 static inline void ts_model_add_between_layers(ts_model *m, void (*fn)(void *ctx), void *ctx)
@@ -332,7 +358,15 @@ double ts_rope_attention_factor(const ts_model_config *cfg);
  * yarn_apply_mscale, DeepSeek's softmax_scale; a llama without MLA keeps 1/sqrt). */
 double ts_model_att_scale(const ts_model_config *cfg);
 
-/* Total logical parameters of the model (tied wte counted once). */
+/* ---- multi-token prediction, per optimizer step (model/mtp.c) ---- */
+/* Zero the depths' loss sums: before the step's first forward (nothing without MTP). */
+void ts_model_mtp_begin(const ts_model *m);
+/* The depths' summed per-token losses [mtp_layers] on this rank since the begin (0
+ * where this rank holds no head); the caller sums them over the grid. */
+void ts_model_mtp_read(const ts_model *m, double *sums);
+
+/* Total logical parameters of the model (tied wte counted once; multi-token prediction's
+ * modules included, the embedding and head they share counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
 /* Those one token uses: an MoE block's router, its top_k experts and its shared ones,
  * not all its experts (equal to the total for a dense model). */
@@ -342,17 +376,17 @@ size_t ts_model_active_params(const ts_model_config *cfg);
 /* Zero the step's counts and loss sums: before the step's first forward. */
 void ts_model_moe_begin(const ts_model *m);
 /* After the step's last backward: the step's counts and loss sums of this rank's blocks,
- * on the host: counts [n_layer * E] (blocks this rank does not hold, and dense ones, 0)
+ * on the host: counts [blocks * E] (blocks this rank does not hold, and dense ones, 0)
  * and losses [2] (z, aux). The caller sums them over the ranks that saw other tokens. */
 void ts_model_moe_read(const ts_model *m, int *counts, float *losses);
-/* The aux-loss-free bias update from the whole global batch's counts [n_layer * E]:
+/* The aux-loss-free bias update from the whole global batch's counts [blocks * E]:
  * bias_i += rate * sign(mean - count_i) per MoE block, mean = the block's counts' mean
  * (tokens * top_k / E dropless; the kept assignments' under a capacity). */
 void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, float rate);
-/* The worst MoE block's max/mean expert load of counts [n_layer * E] (1 = balanced). */
+/* The worst MoE block's max/mean expert load of counts [blocks * E] (1 = balanced). */
 double ts_moe_worst_load(const ts_model *m, const int *counts);
 /* The share of the step's assignments dropped by the capacity (model.moe_capacity): 1 -
- * the kept counts [n_layer * E] of the MoE blocks over their tokens * top_k selections
+ * the kept counts [blocks * E] of the MoE blocks over their tokens * top_k selections
  * each (the global batch's tokens; 0 dropless). */
 double ts_moe_dropped_share(const ts_model *m, const int *counts, long long tokens);
 
@@ -369,6 +403,10 @@ typedef struct {
     int B, T;               /* T: the positions of each sequence this rank holds (under
                              * context parallelism cp.T / cp.size) */
     int *tokens, *targets;  /* [B*T], owned */
+    int *mtp_ids;           /* multi-token prediction, when the range ends with the head:
+                             * [2 D][B*T], depth k's (1..D) input ids t_{i+k} at
+                             * 2(k-1) and its targets t_{i+k+1} at 2(k-1)+1, owned
+                             * (ts_acts_set_mtp_ids); NULL otherwise */
     const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
     float dloss;            /* the last forward's weight per target (1 / targets in the
                              * global batch): the MoE auxiliary losses' scale */
@@ -399,12 +437,22 @@ size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T);
 size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T);
 void ts_acts_free(ts_acts *a);
 
+/* Multi-token prediction (nothing without it, or when a's range lacks the head): depth
+ * k's ids from the micro-batch's whole sequences, targets_host [B, seq_len] on the host
+ * (t_{i+1} at position i): the input t_{i+k} (0 past the window's end) and the target
+ * t_{i+k+1} (0 where it lies past the window: the loss skips those positions), shifted
+ * on whole sequences before context parallelism picks this rank's positions. */
+void ts_acts_set_mtp_ids(const ts_model *m, ts_acts *a, const int *targets_host, int seq_len);
+
 /* Output [B*T, C] of layer l (valid after forward; not for the head); under sequence
  * parallelism this rank's rows [B*T / tp, C] (tensor/tp.h), as for a->input and dx. */
 void *ts_acts_output(const ts_model *m, const ts_acts *a, int l);
 
 /* Per-token losses [B*T] of the last forward (the range must end with the head). */
 const float *ts_acts_losses(const ts_model *m, const ts_acts *a);
+/* Multi-token prediction depth k's (1..mtp_layers) per-token losses [B*T] of the last
+ * forward (0 where the target lies past the window); the range must end with the head. */
+const float *ts_acts_mtp_losses(const ts_model *m, const ts_acts *a, int k);
 
 /* Scratch for the backward of one layer at a time (shared by all micro-batches). */
 typedef struct {
@@ -433,7 +481,8 @@ void ts_scratch_free(ts_scratch *s);
  * is computed with weight `dloss` per target (1 / targets in the global batch), the
  * head's input gradient is prepared, and the sum of per-token losses is ADDED to
  * *loss_acc (a double in device memory, so a step's losses are read back once; NULL:
- * not wanted). */
+ * not wanted). With multi-token prediction the modules run after the head (their
+ * losses into m->mtp_sums when loss_acc is given; a->mtp_ids set first). */
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc);
 
 /* Forward for generation, without a loss: every layer of the whole model on one rank

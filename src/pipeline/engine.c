@@ -92,7 +92,8 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
     ts_memory_peak_sets(sched, recompute, keep, e->pp_rank, NULL, NULL, NULL, e->recomputed);
     const ts_kernels *k = model->k;
     const size_t NCB = e->nc_bytes, NI = (size_t)e->N * sizeof(int);
-    e->loss_acc = k->dev_alloc(2 * sizeof(double));
+    /* The step's sum, the evaluation's and its multi-token prediction depths'. */
+    e->loss_acc = k->dev_alloc((2 + (size_t)model->mtp_layers) * sizeof(double));
     e->tokens_host = ts_calloc((size_t)e->B * e->seq_len, sizeof(int));
     e->targets_host = ts_calloc((size_t)e->B * e->seq_len, sizeof(int));
     e->local_host = ts_calloc((size_t)e->N, sizeof(int));
@@ -297,9 +298,14 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     if (replay) {
         e->model->k->memcpy_d2d(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
         e->model->k->memcpy_d2d(a->targets, s->targets, (size_t)e->N * sizeof(int));
+        if (a->mtp_ids) /* the whole sequences again, for the shifted ids */
+            ts_data_microbatch(e->data, step, e->cfg->train.global_batch, e->dp, e->dp_rank,
+                               e->B, mb, e->seq_len, e->tokens_host, e->targets_host);
     } else {
         load_batch(e, step, mb, a);
     }
+    /* Multi-token prediction's shifted ids, from the whole sequences on the host. */
+    ts_acts_set_mtp_ids(e->model, a, e->targets_host, e->seq_len);
     const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->seq_len);
     /* The loss of a replayed forward was counted the first time. */
     ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);
@@ -731,8 +737,9 @@ void ts_engine_run(ts_engine *e, int step)
  * replicas (and under expert tensor parallelism over etp, which may too): every replica
  * then runs as many batches as the largest share needs, the
  * ones past its own windows padding that counts no row. */
-double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
+double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double *mtp_sums)
 {
+    const int D = e->model->mtp_layers;
     const int T = e->seq_len, mbs = e->B;
     const uint64_t S = ts_data_num_windows(val, T);
     const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
@@ -741,8 +748,8 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
     const int end = collective ? lo + (n_windows + e->dp - 1) / e->dp : hi;
     const size_t NC = (size_t)e->rows * e->C;
     const ts_kernels *kern = e->model->k;
-    double *acc = e->loss_acc + 1; /* the evaluation's sum, read back at the end */
-    kern->memset_zero(acc, sizeof(double));
+    double *acc = e->loss_acc + 1; /* the evaluation's sum, then its depths', read at the end */
+    kern->memset_zero(acc, (1 + (size_t)D) * sizeof(double));
     for (int w0 = lo; w0 < end; w0 += mbs) {
         const int rows = hi - w0 < mbs ? (hi > w0 ? hi - w0 : 0) : mbs;
         const void *prev_out = NULL;
@@ -779,10 +786,14 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             }
             ids_to_device(e, a->tokens, e->tokens_host, mbs);
             ids_to_device(e, a->targets, e->targets_host, mbs);
+            ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 /* Padding rows repeat window w0; only the real rows count. */
                 if (rows > 0) kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * e->T);
+                for (int k = 1; rows > 0 && k <= D; k++)
+                    kern->sum_into(acc + k, ts_acts_mtp_losses(e->model, a, k),
+                                   (size_t)rows * e->T);
             } else {
                 void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
@@ -807,7 +818,9 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows)
             release_acts(e, c, &tmp);
         }
     }
-    double loss_sum = 0.0;
-    kern->memcpy_d2h(&loss_sum, acc, sizeof(double));
-    return loss_sum;
+    double sums[1 + 64];
+    TS_ASSERT(D <= 64);
+    kern->memcpy_d2h(sums, acc, (1 + (size_t)D) * sizeof(double));
+    for (int k = 0; mtp_sums && k < D; k++) mtp_sums[k] = sums[1 + k];
+    return sums[0];
 }

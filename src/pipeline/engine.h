@@ -173,8 +173,9 @@ void ts_engine_run(ts_engine *e, int step);
  * windows spread over the whole validation stream (window i is ts_data_val_window(i,
  * n_windows, S)); data-parallel replica d takes the contiguous part [d*n/dp,
  * (d+1)*n/dp), micro_batch windows per forward. Non-zero only on the last chunk's rank;
- * the caller sums over the grid and divides by n_windows * T. */
-double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows);
+ * the caller sums over the grid and divides by n_windows * T. With multi-token
+ * prediction each depth's sum the same way into mtp_sums [mtp_layers] (when given). */
+double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double *mtp_sums);
 
 /* Bytes of activation memory allocated (the peak over the run so far). */
 size_t ts_engine_activation_bytes(const ts_engine *e);

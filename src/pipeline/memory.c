@@ -357,9 +357,12 @@ static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
  * left out.) */
 static double group_sum_copy(const ts_model *m)
 {
-    const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
-    const bool one_end = m->wte_param < 0 || m->head_wte_param < 0; /* the other elsewhere */
-    if (!m->tied || tied < 0 || !one_end) return 0.0;
+    /* Untied with multi-token prediction, the modules' copy of the embedding (model.h
+     * mtp_wte_param) is summed the same way. */
+    const int head_copy = m->tied ? m->head_wte_param : m->mtp_layers > 0 ? m->mtp_wte_param : -1;
+    const int tied = m->wte_param >= 0 ? m->wte_param : head_copy;
+    const bool one_end = m->wte_param < 0 || head_copy < 0; /* the other elsewhere */
+    if ((!m->tied && m->mtp_layers == 0) || tied < 0 || !one_end) return 0.0;
     return 4.0 * (double)((m->params[tied].numel + 15) / 16 * 16) / 2.0; /* as laid out */
 }
 
@@ -449,7 +452,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     if (sharded) {
         out->chunk_floats = ts_calloc((size_t)n, sizeof(double));
         layout_chunk_floats(&m, part, sched, pp_rank, out->chunk_floats);
-        ts_memory_residency(sched, pp_rank, ts_model_tied(mc), m.kv_replicas > 1,
+        ts_memory_residency(sched, pp_rank, ts_model_head_reads_embedding(mc), m.kv_replicas > 1,
                             part->first_layer, part->n_chunk_layers, n_layers, &out->res);
     }
     out->sh = (ts_memory_shape){
@@ -539,7 +542,7 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
 {
     const ts_model_config *mc = &cfg->model;
     const bool kv = ts_model_arch(mc) == TS_ARCH_LLAMA && cfg->parallel.tp > ts_model_kv_heads(mc);
-    ts_memory_residency(s, pp_rank, ts_model_tied(mc), kv, part->first_layer, part->n_chunk_layers,
+    ts_memory_residency(s, pp_rank, ts_model_head_reads_embedding(mc), kv, part->first_layer, part->n_chunk_layers,
                         mc->n_layer + 2, r);
 }
 

@@ -47,7 +47,13 @@ typedef struct {
      * 1 - blocked / total over every rank. */
     bool a2a;
     double a2a_ms, a2a_wait_ms, a2a_hidden;
-    const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
+    /* Multi-token prediction (model.mtp_layers = D > 0): each depth's loss as it enters
+     * the objective, sum of its per-token cross-entropies over (global batch * seq_len)
+     * (positions past the window count 0); the objective is loss + train.mtp_loss / D *
+     * the sum of these. */
+    int mtp_depths;
+    double mtp_loss[64];
+    const int *moe_counts; /* [blocks * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
 } ts_step_stats;
@@ -122,7 +128,7 @@ typedef struct {
     double model_flops;
     double mfu_peak_flops;
 
-    int *moe_counts;    /* MoE: the last step's global counts [n_layer * E] (moe_counts
+    int *moe_counts;    /* MoE: the last step's global counts [blocks * E] (moe_counts
                            of its ts_step_stats) */
 
     FILE *metrics;      /* rank 0 only; NULL when off */
@@ -140,8 +146,10 @@ void ts_trainer_free(ts_trainer *t);
 /* One optimizer step (0-based `step`). */
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
 
-/* Mean validation loss over data.val_windows windows of the validation data. */
-double ts_trainer_eval(ts_trainer *t);
+/* Mean validation loss over data.val_windows windows of the validation data; with
+ * multi-token prediction each depth's into mtp_loss [mtp_layers] (when given), as the
+ * metrics' mtp_loss. */
+double ts_trainer_eval(ts_trainer *t, double *mtp_loss);
 
 /* Run steps start_step .. train.steps - 1 with metrics, progress, validation, the
  * trace and checkpoints (every checkpoint.every steps, at the end, and on SIGTERM or
