@@ -7,7 +7,11 @@
  * expert grid's ep, etp and edp groups (ts_expert_grid_group) for the given EP and ETP.
  *
  * Usage: mpi_topology PP DP CP TP ORDER [EP ETP]   (world = PP*DP*CP*TP ranks; EP and
- * ETP 1 when not given) */
+ * ETP 1 when not given)
+ *        mpi_topology PP DP CP TP ORDER EP ETP [PP DP CP TP ORDER EP ETP ...]
+ * several grids of the same world size, one after the other in one launch: each is made,
+ * checked and freed as alone (test_topology_mpi.sh checks four 8-rank grids in one
+ * mpirun: each launch of 8 ranks on CI's 2 cores cost about as much as its checks). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,38 +42,32 @@ static void check_comm(const ts_comm *c, const char *what, const int *members, i
     free(got);
 }
 
-int main(int argc, char **argv)
+/* One grid: `arg` holds PP DP CP TP ORDER and, when nargs == 7, EP ETP. Makes the topology
+ * on `world`, checks every group and frees it. Returns 1 when ts_topo_init refused the
+ * grid (said on rank 0), else 0 (the checks count in ts_test_failed / ts_test_passed). */
+static int check_grid(ts_comm *world, char **arg, int nargs)
 {
-    ts_comm_init(&argc, &argv);
-    ts_comm world;
-    ts_comm_world(&world);
-    if (argc != 6 && argc != 8) {
-        if (world.rank == 0) fprintf(stderr, "usage: mpi_topology PP DP CP TP ORDER [EP ETP]\n");
-        ts_comm_finalize();
-        return 2;
-    }
     ts_config cfg;
     ts_config_defaults(&cfg);
-    cfg.parallel.pp = atoi(argv[1]);
-    cfg.parallel.dp = atoi(argv[2]);
-    cfg.parallel.cp = atoi(argv[3]);
-    cfg.parallel.tp = atoi(argv[4]);
-    snprintf(cfg.parallel.order, sizeof cfg.parallel.order, "%s", argv[5]);
-    if (argc == 8) {
-        cfg.parallel.ep = atoi(argv[6]);
-        cfg.parallel.etp = atoi(argv[7]);
+    cfg.parallel.pp = atoi(arg[0]);
+    cfg.parallel.dp = atoi(arg[1]);
+    cfg.parallel.cp = atoi(arg[2]);
+    cfg.parallel.tp = atoi(arg[3]);
+    snprintf(cfg.parallel.order, sizeof cfg.parallel.order, "%s", arg[4]);
+    if (nargs == 7) {
+        cfg.parallel.ep = atoi(arg[5]);
+        cfg.parallel.etp = atoi(arg[6]);
     }
 
     ts_topology t;
-    if (ts_topo_init(&t, &cfg, &world) != TS_OK) {
-        if (world.rank == 0) fprintf(stderr, "ts_topo_init: %s\n", ts_error_message());
+    if (ts_topo_init(&t, &cfg, world) != TS_OK) {
+        if (world->rank == 0) fprintf(stderr, "ts_topo_init: %s\n", ts_error_message());
         ts_topo_free(&t);
-        ts_comm_finalize();
         return 1;
     }
     const ts_grid *g = &t.grid;
     const int r = t.rank;
-    CHECK(g->world == world.size);
+    CHECK(g->world == world->size);
     ts_coords c = ts_grid_coords(g, r);
     CHECK(t.coords.pp == c.pp && t.coords.dp == c.dp && t.coords.cp == c.cp &&
           t.coords.tp == c.tp);
@@ -131,16 +129,36 @@ int main(int argc, char **argv)
                    experts[i].coord, r);
     }
     free(members);
-
-    int failed = ts_test_failed;
-    ts_host_allreduce_max_i32(&world, &failed, 1);
     if (t.rank == 0)
-        printf("pp=%d dp=%d cp=%d tp=%d %s ep=%d etp=%d: ", g->size[TS_AXIS_PP],
+        printf("pp=%d dp=%d cp=%d tp=%d %s ep=%d etp=%d: checked\n", g->size[TS_AXIS_PP],
                g->size[TS_AXIS_DP], g->size[TS_AXIS_CP], g->size[TS_AXIS_TP], cfg.parallel.order,
                cfg.parallel.ep, cfg.parallel.etp);
-    /* ts_test_report fails rank 0 when no check ran; every other rank likewise. */
-    int code = t.rank == 0 ? ts_test_report() : (ts_test_failed != 0 || ts_test_passed == 0);
     ts_topo_free(&t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ts_comm_init(&argc, &argv);
+    ts_comm world;
+    ts_comm_world(&world);
+    /* One grid of 5 or 7 words, or several of 7 each. */
+    const int per = argc == 6 ? 5 : 7;
+    if (argc < 6 || (argc != 6 && (argc - 1) % 7 != 0)) {
+        if (world.rank == 0)
+            fprintf(stderr, "usage: mpi_topology PP DP CP TP ORDER [EP ETP] [PP DP CP TP ORDER EP ETP ...]\n");
+        ts_comm_finalize();
+        return 2;
+    }
+    /* A refused grid is refused on every rank (the same config on the same world): all
+     * stop there together. */
+    int refused = 0;
+    for (int i = 1; i < argc && !refused; i += per) refused = check_grid(&world, argv + i, per);
+
+    int failed = ts_test_failed || refused;
+    ts_host_allreduce_max_i32(&world, &failed, 1);
+    /* ts_test_report fails rank 0 when no check ran; every other rank likewise. */
+    int code = world.rank == 0 ? ts_test_report() : (ts_test_failed != 0 || ts_test_passed == 0);
     ts_comm_finalize();
     return failed ? 1 : code;
 }

@@ -34,8 +34,12 @@ for k in '"best": {' '"top": \[' '"rejected": {' '"out_of_memory": {' '"bubble":
   grep -q "$k" "$TMP/s.json" && pass || fail "search --json lacks $k"
 done
 # A device with (nearly) infinite memory: every grid fits, and the fewest stages win.
+# (Under the sanitizers, TS_TEST_SWEEP_STEPS set, 8 devices alone: the same search code
+# on fewer grids; that more devices still pick pp 1 is a number the release build checks.)
 sed -e 's/memory_gb = [0-9.]*/memory_gb = 1e9/' $H100 >"$TMP/huge.cfg"
-for n in 8 16 32; do
+huge_n=(8 16 32)
+[ -n "${TS_TEST_SWEEP_STEPS:-}" ] && huge_n=(8)
+for n in "${huge_n[@]}"; do
   "$TESSERA" plan configs/gpt3-1.3b.cfg --cluster "$TMP/huge.cfg" --gpus $n --search --top 1 --json >"$TMP/h.json" &&
     pass || fail "huge memory search on $n"
   pp=$(sed -E 's/.*"best": \{"world": [0-9]+, "pp": ([0-9]+).*/\1/' "$TMP/h.json")
@@ -248,7 +252,12 @@ run_one plan configs/tiny.cfg --cluster $CPU --set parallel.cp=2 &&
   pass || fail "cp grid line: $(cat "$TMP/out")"
 run_one plan configs/tiny.cfg --set parallel.cp=2 --cost model --json &&
   grep -q '"cp": 2' "$TMP/out" && pass || fail "plain plan --json lacks cp: $(head -c 300 "$TMP/out")"
-if run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 3 --set train.global_batch=32; then
+# (Which grid wins is a number: under the sanitizers the 124M searches above run the
+# same search code with cp 2 among their top grids, and the release build checks that
+# cp wins here.)
+if [ -n "${TS_TEST_SWEEP_STEPS:-}" ]; then
+  skip_case "13B search at 2048 picks cp (the release build runs it; the search code runs above)"
+elif run_one plan configs/gpt3-13b.cfg --cluster $H100 --gpus 16 --search --top 3 --set train.global_batch=32; then
   grep -qE "^  parallel.cp = [248]$" "$TMP/out" && pass || fail "13B search at 2048: cp not chosen: $(cat "$TMP/out")"
 else fail "13B search at 2048: $(cat "$TMP/err")"; fi
 expect_error 0 "parallel.cp = 8 needs model.seq_len = 1000 to divide by 2\*cp = 16" \
