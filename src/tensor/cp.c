@@ -204,3 +204,53 @@ const float *ts_cp_positions_table(const ts_cp *cp, float *rows, const float *ta
                           (size_t)c * C * sizeof(float));
     return rows;
 }
+
+/* ---- a per-position buffer's exchange ---- */
+
+size_t ts_cp_rows_elems(const ts_cp *cp, int B, size_t W)
+{
+    return cp->size == 1 ? 0 : (size_t)B * cp->T * W;
+}
+
+/* The rank-major gathered rows [size][B][Tl][W], then the packed local rows [B][Tl][W]. */
+size_t ts_cp_rows_work_bytes(const ts_cp *cp, int B, size_t W, size_t act_bytes)
+{
+    if (cp->size == 1) return 0;
+    const size_t all = ts_cp_rows_elems(cp, B, W);
+    return ALIGN64(all * act_bytes) + ALIGN64(all / (size_t)cp->size * act_bytes);
+}
+
+void ts_cp_rows_gather(const ts_cp *cp, void *gathered, void *work, const void *local,
+                       size_t ld, int B, size_t W)
+{
+    TS_ASSERT(cp->size > 1 && cp->comm && work && ld >= W);
+    const ts_dtype dt = cp->k->act_dtype;
+    const size_t eb = ts_dtype_bytes(dt), all = ts_cp_rows_elems(cp, B, W);
+    const size_t Nl = (size_t)B * ts_cp_local_len(cp);
+    unsigned char *rank_major = work, *packed = rank_major + ALIGN64(all * eb);
+    const void *send = local;
+    if (ld != W) { /* a column block: packed rows for the collective */
+        cp->k->memcpy_2d(packed, W * eb, local, ld * eb, W * eb, Nl);
+        send = packed;
+    }
+    ts_allgather_act(cp->comm, send, rank_major, Nl * W, dt);
+    permute(cp, gathered, rank_major, B, W * eb, true);
+}
+
+void ts_cp_rows_reduce_scatter(const ts_cp *cp, void *dlocal, size_t ld, void *work,
+                               const void *dgathered, int B, size_t W)
+{
+    TS_ASSERT(cp->size > 1 && cp->comm && work && ld >= W);
+    const ts_dtype dt = cp->k->act_dtype;
+    const size_t eb = ts_dtype_bytes(dt), all = ts_cp_rows_elems(cp, B, W);
+    const size_t Nl = (size_t)B * ts_cp_local_len(cp);
+    unsigned char *rank_major = work, *packed = rank_major + ALIGN64(all * eb);
+    /* permute reads the position-major side only in this direction. */
+    permute(cp, (unsigned char *)dgathered, rank_major, B, W * eb, false);
+    if (ld == W) {
+        ts_reduce_scatter_sum_act(cp->comm, rank_major, dlocal, Nl * W, dt);
+        return;
+    }
+    ts_reduce_scatter_sum_act(cp->comm, rank_major, packed, Nl * W, dt);
+    cp->k->memcpy_2d(dlocal, ld * eb, packed, W * eb, W * eb, Nl);
+}
