@@ -92,6 +92,13 @@ void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg,
                               const void *att, int B, int T, ts_att_heads h);
+/* Its first half, for a caller that exchanges something narrower than K/V (MLA:
+ * mla_cp.h): dqkv's q columns (overwritten) and the gathered dK/dV dkvg [B, cp.T,
+ * ts_att_kv_width(h)] in position order (overwritten: both chunks' shares, this rank's
+ * queries' part of every key's gradient) from a gathered kvg; size > 1. */
+void ts_cp_attention_backward_gathered(const ts_cp *cp, void *dqkv, void *dkvg, void *scratch,
+                                       const void *dout, const void *qkv, const void *kvg,
+                                       const void *att, int B, int T, ts_att_heads h);
 
 /* fp32 rows [Tl, C] of a position table tab [>= T, C] at this rank's positions, written
  * to `rows` (device memory: the GPT-2 position embedding each step, RoPE's cos and sin
