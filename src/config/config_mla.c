@@ -49,10 +49,6 @@ ts_status ts_config_validate_mla(const ts_config *cfg)
         if (m->qk_norm)
             return ts_fail("config key 'model.qk_norm' = true: MLA normalises its latents, not "
                            "its heads; qk_norm is Qwen3's");
-        if (m->kv_lora_rank > 0) /* the attention phase comes with model/mla.c */
-            return ts_fail("config key 'model.kv_lora_rank' = %d: multi-head latent "
-                           "attention's attention phase is not built yet",
-                           m->kv_lora_rank);
         if (cfg->parallel.cp > 1)
             return ts_fail("config keys 'model.kv_lora_rank' = %d and 'parallel.cp' = %d: "
                            "multi-head latent attention under context parallelism is not "
