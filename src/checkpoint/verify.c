@@ -70,11 +70,21 @@ ts_status ts_ckpt_print_info(const char *step_dir)
         printf("            n_kv_head %d, ffn_hidden %d, norm_eps %g, rope_theta %g, %s head",
                ts_model_kv_heads(m), ts_model_ffn(m), m->norm_eps, m->rope_theta,
                ts_model_tied(m) ? "tied" : "untied");
-        if (m->rope_scaling != 0.0)
+        if (m->rope_scaling != 0.0 && !strcmp(m->rope_type, "yarn"))
+            printf(", rope_scaling %g (yarn: beta_fast %g, beta_slow %g, mscale %g, mscale_all_dim "
+                   "%g, original context %d)",
+                   m->rope_scaling, m->rope_beta_fast, m->rope_beta_slow, m->rope_mscale,
+                   m->rope_mscale_all_dim, m->rope_original_context);
+        else if (m->rope_scaling != 0.0)
             printf(", rope_scaling %g (low %g, high %g, original context %d)", m->rope_scaling,
                    m->rope_low_freq_factor, m->rope_high_freq_factor, m->rope_original_context);
         if (m->qk_norm) printf(", qk_norm");
         printf("\n");
+        if (ts_model_is_mla(m))
+            printf("            MLA: q_lora_rank %d, kv_lora_rank %d, qk heads %d + %d rope, v heads "
+                   "%d\n",
+                   m->q_lora_rank, m->kv_lora_rank, m->qk_nope_head_dim, m->qk_rope_head_dim,
+                   m->v_head_dim);
         if (m->moe_experts > 0)
             printf("            MoE: %d experts top-%d of width %d (%s router%s), %d shared, "
                    "groups %d/%d, first dense %d, every %d; %.2fM active parameters\n",
