@@ -8,7 +8,7 @@
  *   ts_ref_attention(...)  causal attention of Tq queries (the last Tq of Tk positions)
  *                          and, given dout, its gradients dq, dk, dv
  *   ts_ref_rope(...)       RoPE (forward or its inverse) on a qkv buffer, into another
- *   ts_ref_to_floats(...)  a double array rounded to floats (malloc'd), for the
+ *   ts_ref_to_floats(...)  a double array rounded to floats (the caller frees), for the
  *                          tests' float comparisons */
 #ifndef TS_TEST_ATT_REFERENCE_H
 #define TS_TEST_ATT_REFERENCE_H
@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "kernels/kernels.h"
 
 /* Queries: q0 row (b, i) at q0 + (b*Tq + i)*ldq, head n at column n*HS; keys and values:
@@ -35,7 +36,7 @@ static inline void ts_ref_attention(const float *q0, size_t ldq, const float *k0
     const int NH = h.NH, NKV = h.NKV, HS = h.HS, HSV = h.HSV, group = NH / NKV;
     const int off = Tk - Tq;
     const size_t ow = (size_t)NH * HSV;
-    double *dp = malloc((size_t)Tk * sizeof(double));
+    double *dp = ts_malloc((size_t)Tk * sizeof(double));
     if (dout) {
         memset(dq, 0, (size_t)B * Tq * NH * HS * sizeof(double));
         memset(dk, 0, (size_t)B * Tk * NKV * HS * sizeof(double));
@@ -125,7 +126,7 @@ static inline void ts_ref_rope(float *out, const float *in, const float *cos_t,
 
 static inline float *ts_ref_to_floats(const double *x, size_t n)
 {
-    float *y = malloc((n ? n : 1) * sizeof(float));
+    float *y = ts_alloc_floats(n ? n : 1);
     for (size_t i = 0; i < n; i++) y[i] = (float)x[i];
     return y;
 }

@@ -1578,6 +1578,7 @@ int main(int argc, char **argv)
         test_rope_heads(2, 33, heads(4, 4, 24, 16, 0.3f), 8, il);
         test_rope_heads(1, 17, heads(4, 2, 10, 6, 0.3f), 6, il);
         test_rope_heads(1, 9, heads(2, 1, 8, 8, 0.3f), 8, il);
+        test_rope_heads(2, 5, heads(1, 0, 20, 1, 0.3f), 4, il); /* rows: last 4 of 20 */
     }
     test_swiglu(N, 4 * C);
     test_swiglu(67, 1001);

@@ -636,9 +636,10 @@ static void test_attention_heads(const char *label, int B, int T, ts_att_heads h
     CHECK(K->attention_scratch_bytes(B, T, h) >= natt * sizeof(float));
     float *qkv = ts_test_rand_floats(N * C3, 1.5f), *dout = ts_test_rand_floats(N * OW, 1.0f);
     float *out = ts_test_nan_floats(N * OW), *att = ts_test_rand_floats(natt, 1.0f);
-    double *rout = malloc(N * OW * sizeof(double)), *ratt = malloc(natt * sizeof(double));
-    double *rdq = malloc(N * QW * sizeof(double)), *rdk = malloc(N * h.NKV * h.HS * sizeof(double));
-    double *rdv = malloc(N * h.NKV * h.HSV * sizeof(double));
+    double *rout = ts_malloc(N * OW * sizeof(double)), *ratt = ts_malloc(natt * sizeof(double));
+    double *rdq = ts_malloc(N * QW * sizeof(double));
+    double *rdk = ts_malloc(N * h.NKV * h.HS * sizeof(double));
+    double *rdv = ts_malloc(N * h.NKV * h.HSV * sizeof(double));
     K->attention_forward(out, att, qkv, B, T, h);
     ts_ref_attention(qkv, C3, qkv + QW, qkv + QW + (size_t)h.NKV * h.HS, C3, dout, B, T, T, h,
                      rout, ratt, rdq, rdk, rdv);
@@ -676,7 +677,7 @@ static void test_attention_heads(const char *label, int B, int T, ts_att_heads h
     CHECK(K->attention_prefix_scratch_bytes(B, Tq, T, h) >= pat * sizeof(float));
     float *pout = ts_test_nan_floats(Nq * OW), *patt = ts_test_rand_floats(pat, 1.0f);
     K->attention_prefix_forward(pout, patt, pq, kv, B, Tq, T, h);
-    double *prq = malloc(Nq * QW * sizeof(double));
+    double *prq = ts_malloc(Nq * QW * sizeof(double));
     ts_ref_attention(pq, C3, kv, kv + (size_t)h.NKV * h.HS, KVW, pdout, B, Tq, T, h, rout, ratt,
                      prq, rdk, rdv);
     free(want), free(want_att);
@@ -1602,6 +1603,7 @@ int main(void)
             test_rope_heads(2, 5, heads(4, 4, 24, 16, 0.3f), 8, il);
             test_rope_heads(1, 7, heads(4, 2, 10, 6, 0.3f), 6, il); /* RD/2 odd */
             test_rope_heads(1, 3, heads(2, 1, 8, 8, 0.3f), 8, il);  /* RD == HS */
+            test_rope_heads(2, 5, heads(1, 0, 20, 1, 0.3f), 4, il); /* rows: last 4 of 20 */
         }
         test_swiglu(6, 11);
         test_residual_rmsnorm(10, 8);

@@ -924,6 +924,7 @@ int main(void)
     for (int il = 0; il < 2; il++) {
         test_rope_heads(2, 9, heads(4, 4, 24, 16, 0.3f), 8, il);
         test_rope_heads(1, 7, heads(4, 2, 10, 6, 0.3f), 6, il);
+        test_rope_heads(2, 5, heads(1, 0, 20, 1, 0.3f), 4, il); /* rows: last 4 of 20 */
     }
     if (gemms) {
         printf("the general heads: q/k %s v, grouped, scales not 1/sqrt(HS)\n", "!=");

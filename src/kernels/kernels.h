@@ -252,7 +252,9 @@ typedef struct ts_kernels {
      * rotate_half(x)*sin, rotate_half(x) = cat(-x[RD/2:], x[:RD/2])), and (2i, 2i + 1)
      * when interleaved (DeepSeek's checkpoints: adjacent pairs, the complex form; it gives
      * the q.k of HF's apply_rotary_pos_emb_interleave, which de-interleaves q and k alike
-     * before rotating halves, so no weight permutation is needed). */
+     * before rotating halves, so no weight permutation is needed). h.NKV may be 0: rows
+     * of NH heads of HS alone (a buffer of q heads; or NH = 1, HS = the row's width: the
+     * last RD channels of each row, such as MLA's shared k_pe after its latent). */
     void (*rope_forward)(void *qkv, const float *cos, const float *sin, int B, int T,
                          ts_att_heads h, int RD, bool interleaved);
     /* The backward, in place on the q and k heads of dqkv: the inverse rotation
