@@ -531,7 +531,9 @@ void ts_scratch_free(ts_scratch *s)
 static size_t stash_block_elems(const ts_model *m, int N)
 {
     const act_dims d = ts_act_dims(m, -1, N, 1); /* only the N rows matter here */
-    return d.N * (2 * d.C + d.FI + d.QKV);
+    /* An MLA block makes its attention's weight gradients in the input pass (mla.c): no
+     * attention part. */
+    return d.N * (d.C + d.FI + (d.mla ? 0 : d.C + d.QKV));
 }
 
 void *ts_stash_mlp(const ts_model *m, void *block_stash, int N)

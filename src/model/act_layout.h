@@ -234,7 +234,8 @@ moe_scratch ts_scratch_moe(const ts_model *m, const ts_scratch *sc, int B, int T
  * then its input linear's output gradient [N,FI]), then the attention phase's (its
  * output's gradient [N,C], then the q|k|v gradient [N,QKV]); after the blocks, for the
  * first chunk, the embedding output's gradient [N,C]. Each phase's part starts with its
- * output's gradient [N,C] and then its input linear's [N, width]. */
+ * output's gradient [N,C] and then its input linear's [N, width]. An MLA block has no
+ * attention part (mla.c makes those weight gradients in the input pass). */
 void *ts_stash_mlp(const ts_model *m, void *block_stash, int N);
 void *ts_stash_attention(const ts_model *m, void *block_stash, int N);
 /* A block's stash (l a block) and the embedding's, within a->wstash. */
