@@ -10,6 +10,16 @@
 # padded.
 source "$(dirname "$0")/lib.sh"
 
+# The per-position exchange MLA's latent goes through (tests/mpi_cp_rows.c): gather and
+# reduce-scatter of W-wide rows, packed or a column block, fp32 and bf16, on 2 and (in
+# the release build: the same code on a group of 3) 3 ranks.
+prog="$(dirname "$TESSERA")/tests/mpi_cp_rows"
+for np in 2 3; do
+  [ "$np" = 3 ] && release_only "cp row exchange on 3 ranks" && continue
+  if timeout 60 mpirun --oversubscribe -np "$np" "$prog" >"$TMP/out" 2>"$TMP/err"; then pass
+  else fail "cp row exchange on $np ranks"; cat "$TMP/out" "$TMP/err" >&2; fi
+done
+
 make_corpus "$TMP/train.bin"
 # 16 steps; 4 under the sanitizers (TS_TEST_SWEEP_STEPS, tests/CMakeLists.txt). Every run
 # follows one schedule of that length (lr_decay_steps), so a resumed run continues it.

@@ -529,6 +529,33 @@ covered mla_pp2_interleaved_zb "test_mla_grad (MLA's split backward, bit for bit
     --set parallel.schedule=interleaved-zb --set parallel.micro_batch=2
 covered mla_dp2_zero3 "mla_tp2_sp_selective (ZeRO-3 changes no MLA code)" ||
   check mla_dp2_zero3 2 --set parallel.dp=2 --set parallel.zero=3
+# MLA under context parallelism (model/mla_cp.c: the latent [c_kv normed | k_pe rotated]
+# gathered over cp and expanded through kv_b_proj on every rank, its gradient
+# reduce-scattered): cp 2 with selective recompute (the expansion and the probabilities
+# rebuilt from the kept latent), and in the release build (CI's time: the selective run
+# goes through the same exchange and expansion) cp 2, cp 2 x tp 2 with sequence
+# parallelism and tp_overlap 2 (4 ranks: each tp rank its heads of the same latent, the
+# sub-batches' slices of the kept latent), and the memory estimate's activations against
+# the trainer's (the kept latent in kvg's place).
+check mla_cp2_selective 2 --set parallel.cp=2 --set parallel.recompute=selective
+release_only "MLA cp 2, cp 2 x tp 2 and their memory estimate" || {
+  check mla_cp2 2 --set parallel.cp=2
+  check mla_cp2_tp2_sp 4 --set parallel.cp=2 --set parallel.tp=2 \
+    --set parallel.sequence_parallel=true --set parallel.tp_overlap=2
+  if "$TESSERA" plan "${common[@]:1}" --set parallel.cp=2 --json >"$TMP/plan_mla_cp2.json" 2>"$TMP/err" &&
+     python3 - "$TMP" <<'PY'
+import json, sys
+d, bad = sys.argv[1], 0
+want = json.load(open("%s/plan_mla_cp2.json" % d))["ranks"][0]["memory"]["activation_sets"] / 1048576.0
+got = json.loads(open("%s/mla_cp2.jsonl" % d).read().strip().splitlines()[-1])["activation_mb"]
+for r, mb in enumerate(got):
+    ok = abs(mb - want) <= 0.02 * want + 0.05
+    print("  mla cp2 rank %d: activation_mb %.2f, plan %.2f MiB%s" % (r, mb, want, "" if ok else "  <-- MISS"))
+    bad += not ok
+sys.exit(bad)
+PY
+  then pass; else fail "MLA cp memory: the trainer's activations against plan's (above) $(cat "$TMP/err")"; fi
+}
 release_only "MLA tp 2 rerun, bit for bit" ||
   if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
        --set parallel.recompute=selective --set parallel.tp_overlap=2 \

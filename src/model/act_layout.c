@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/mla_cp.h"
 #include "tensor/cp.h"
 #include "tensor/tp.h"
 
@@ -115,11 +116,19 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
         ts_cp cp = sh.cp;
         cp.k = k;
         TS_ASSERT(T == ts_cp_local_len(&cp));
-        const ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
+        ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
+        if (d.mla) hd = ts_att_heads_gqa(H, H, (int)d.HS), hd.HSV = (int)d.HSV;
         d.att = ts_cp_attention_saved_bytes(&cp, B, hd);
         d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, hd);
         d.KVG = ts_cp_kv_elems(&cp, B, hd);
         d.cpw = ts_cp_work_bytes(&cp, B, hd, sh.n_embd, d.ab);
+        if (d.mla) { /* MLA keeps the gathered latent instead, and expands it in the
+                        work (mla_cp.h); the position table's rows fit there too */
+            d.KVG = ts_mla_cp_latent_elems(&cp, &d, B);
+            const size_t pos = (size_t)T * (size_t)sh.n_embd * sizeof(float);
+            d.cpw = ts_mla_cp_work_bytes(&cp, &d, B);
+            if (pos > d.cpw) d.cpw = pos;
+        }
         d.cp = true;
     }
     d.att_kept = sh.selective ? 0 : d.att;

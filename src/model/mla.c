@@ -32,6 +32,7 @@
  * gradients are made in the input pass, also under the zero-bubble split (its weight pass
  * has nothing left: as the MoE's experts). */
 #include "model/block.h"
+#include "model/mla_cp.h"
 
 /* RMSNorm eps of the two latent norms: DeepseekV3RMSNorm's default (transformers builds
  * q_a_layernorm and kv_a_layernorm without passing rms_norm_eps). */
@@ -125,11 +126,15 @@ void ts_mla_forward(const block_sub *b, const void *in, void *out, ts_tp_pending
     } else {
         copy_cols(b, q, d->QK, 0, w.lat, d->LA, 0, d->QK); /* q_proj's part of the GEMM */
     }
-    kv_up(b, w.kvb);
     void *qkv = d->selective ? w.qkv : v->qkv;
-    assemble(b, qkv, q, w.kvb, v->mla_kpe);
-    m->k->attention_forward(v->atty, d->selective ? b->att_work : v->att, qkv, b->B, b->T,
-                            heads(b));
+    if (m->cp.size > 1) { /* the latent exchanged, k and v expanded from it: mla_cp.h */
+        ts_mla_cp_forward(b, qkv, q, d->selective ? b->att_work : v->att);
+    } else {
+        kv_up(b, w.kvb);
+        assemble(b, qkv, q, w.kvb, v->mla_kpe);
+        m->k->attention_forward(v->atty, d->selective ? b->att_work : v->att, qkv, b->B, b->T,
+                                heads(b));
+    }
     ts_tp_row_forward(&m->tp, out, v->atty, ts_block_weight(b, b->r.proj_w), NULL, N, (int)d->Cl,
                       (int)d->C, b->gath, p);
 }
@@ -169,7 +174,12 @@ void ts_mla_backward_core(const block_sub *b, const void *dout, const void *in_l
                        ts_block_output_grad_at(b, NULL, dout), v->atty,
                        ts_block_weight(b, b->r.proj_w), N, (int)d->Cl, (int)d->C);
     const void *qkv = v->qkv, *att = v->att;
-    if (d->selective) {
+    const bool cp = m->cp.size > 1; /* the latent exchanged: mla_cp.h */
+    if (d->selective && cp) { /* q and k_pe here; k, v and att in ts_mla_cp_backward */
+        ts_mla_cp_assemble(b, w.qkv, v->mla_q);
+        qkv = w.qkv;
+        att = NULL;
+    } else if (d->selective) {
         /* Rebuilding from the latent: k and v (kv_b_proj again, the copies, RoPE) beside
          * the kept q, then the probabilities (the same kernels on the same inputs: the
          * forward's values). */
@@ -183,14 +193,19 @@ void ts_mla_backward_core(const block_sub *b, const void *dout, const void *in_l
         att = rebuilt;
     }
     void *dqkv = b->wide;
-    m->k->attention_backward(dqkv, ts_scratch_attention(d, b->sc), datty, qkv, att, b->B, b->T,
-                             heads(b));
+    if (cp) /* also kv_b_proj's backward: w.dckv_n, its weight gradient */
+        ts_mla_cp_backward(b, dqkv, w.dckv_n, datty, qkv, att);
+    else
+        m->k->attention_backward(dqkv, ts_scratch_attention(d, b->sc), datty, qkv, att, b->B,
+                                 b->T, heads(b));
     m->k->rope_backward(dqkv, m->rope_cos, m->rope_sin, b->B, b->T, heads(b), m->rope_dim,
                         m->rope_interleaved);
     split_grads(b, &w, dqkv);
     /* kv_b_proj and the k/v latent's norm: the latent's gradient before its norm. */
-    m->k->matmul_backward(w.dckv_n, ts_block_grad(b, b->r.mla_kvb_w), NULL, w.kvb, v->mla_ckv,
-                          ts_block_weight(b, b->r.mla_kvb_w), N, (int)d->RKV, (int)d->KVB);
+    if (!cp)
+        m->k->matmul_backward(w.dckv_n, ts_block_grad(b, b->r.mla_kvb_w), NULL, w.kvb,
+                              v->mla_ckv, ts_block_weight(b, b->r.mla_kvb_w), N, (int)d->RKV,
+                              (int)d->KVB);
     m->k->memset_zero(w.dckv, (size_t)N * d->RKV * d->ab);
     m->k->rmsnorm_backward(w.dckv, ts_block_grad(b, b->r.mla_kv_norm_w), w.dckv_n,
                            v->mla_ckv_pre, ts_block_param(b, b->r.mla_kv_norm_w),

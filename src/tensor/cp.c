@@ -150,6 +150,32 @@ void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, v
     ts_cp_attention_recompute(cp, out, att, kvg, qkv, B, T, hd);
 }
 
+void ts_cp_attention_backward_gathered(const ts_cp *cp, void *dqkv, void *dkvg, void *scratch,
+                                       const void *dout, const void *qkv, const void *kvg,
+                                       const void *att, int B, int Tl, ts_att_heads hd)
+{
+    const ts_kernels *k = cp->k;
+    TS_ASSERT(cp->size > 1 && k->attention_prefix_backward && Tl == ts_cp_local_len(cp));
+    const size_t eb = ts_dtype_bytes(k->act_dtype);
+    const int c = chunk_len(cp), T = cp->T;
+    const size_t qrow = ts_att_qkv_width(hd) * eb, orow = ts_att_out_width(hd) * eb;
+    const size_t kvrow = ts_att_kv_width(hd) * eb;
+    /* Both chunks' dK/dV add into the whole sequence's (most of it zeros: the keys
+     * after the chunks attend nothing), which the caller sums over the ranks. */
+    k->memset_zero(dkvg, (size_t)B * T * kvrow);
+    const unsigned char *a = att;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < 2; h++) {
+            const size_t row0 = (size_t)b * Tl + (size_t)h * c;
+            const size_t kv0 = (size_t)b * T * kvrow;
+            k->attention_prefix_backward(
+                (unsigned char *)dqkv + row0 * qrow, (unsigned char *)dkvg + kv0, scratch,
+                (const unsigned char *)dout + row0 * orow, (const unsigned char *)qkv + row0 * qrow,
+                (const unsigned char *)kvg + kv0, a, 1, c, prefix_len(cp, h), hd);
+            a += half_saved(cp, h, hd);
+        }
+}
+
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg, const void *att,
                               int B, int Tl, ts_att_heads hd) {
@@ -158,28 +184,12 @@ void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *
         k->attention_backward(dqkv, scratch, dout, qkv, att, B, Tl, hd);
         return;
     }
-    TS_ASSERT(cp->comm && work && kvg && k->attention_prefix_backward);
-    TS_ASSERT(Tl == ts_cp_local_len(cp));
+    TS_ASSERT(cp->comm && work && kvg);
     const ts_dtype dt = k->act_dtype;
-    const size_t eb = ts_dtype_bytes(dt);
-    const int c = chunk_len(cp), T = cp->T;
-    const size_t qrow = ts_att_qkv_width(hd) * eb, orow = ts_att_out_width(hd) * eb;
-    const size_t W = ts_att_kv_width(hd), kvrow = W * eb, Nl = (size_t)B * Tl;
+    const size_t W = ts_att_kv_width(hd), kvrow = W * ts_dtype_bytes(dt), Nl = (size_t)B * Tl;
     cp_work w = work_views(cp, work, B, hd);
-    /* Both chunks' dK/dV add into the whole sequence's (most of it zeros: the keys
-     * after the chunks attend nothing), which the reduce-scatter sums over the ranks. */
-    k->memset_zero(w.position_major, (size_t)B * T * kvrow);
-    const unsigned char *a = att;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < 2; h++) {
-            const size_t row0 = (size_t)b * Tl + (size_t)h * c;
-            const size_t kv0 = (size_t)b * T * kvrow;
-            k->attention_prefix_backward(
-                (unsigned char *)dqkv + row0 * qrow, w.position_major + kv0, scratch,
-                (const unsigned char *)dout + row0 * orow, (const unsigned char *)qkv + row0 * qrow,
-                (const unsigned char *)kvg + kv0, a, 1, c, prefix_len(cp, h), hd);
-            a += half_saved(cp, h, hd);
-        }
+    ts_cp_attention_backward_gathered(cp, dqkv, w.position_major, scratch, dout, qkv, kvg, att,
+                                      B, Tl, hd);
     permute(cp, w.position_major, w.rank_major, B, kvrow, false);
     ts_reduce_scatter_sum_act(cp->comm, w.rank_major, w.packed, Nl * W, dt);
     kv_columns(cp, dqkv, w.packed, Nl, hd, false);
@@ -193,4 +203,54 @@ const float *ts_cp_positions_table(const ts_cp *cp, float *rows, const float *ta
         cp->k->memcpy_d2d(rows + (size_t)h * c * C, tab + (size_t)ts_cp_chunk(cp, h) * c * C,
                           (size_t)c * C * sizeof(float));
     return rows;
+}
+
+/* ---- a per-position buffer's exchange ---- */
+
+size_t ts_cp_rows_elems(const ts_cp *cp, int B, size_t W)
+{
+    return cp->size == 1 ? 0 : (size_t)B * cp->T * W;
+}
+
+/* The rank-major gathered rows [size][B][Tl][W], then the packed local rows [B][Tl][W]. */
+size_t ts_cp_rows_work_bytes(const ts_cp *cp, int B, size_t W, size_t act_bytes)
+{
+    if (cp->size == 1) return 0;
+    const size_t all = ts_cp_rows_elems(cp, B, W);
+    return ALIGN64(all * act_bytes) + ALIGN64(all / (size_t)cp->size * act_bytes);
+}
+
+void ts_cp_rows_gather(const ts_cp *cp, void *gathered, void *work, const void *local,
+                       size_t ld, int B, size_t W)
+{
+    TS_ASSERT(cp->size > 1 && cp->comm && work && ld >= W);
+    const ts_dtype dt = cp->k->act_dtype;
+    const size_t eb = ts_dtype_bytes(dt), all = ts_cp_rows_elems(cp, B, W);
+    const size_t Nl = (size_t)B * ts_cp_local_len(cp);
+    unsigned char *rank_major = work, *packed = rank_major + ALIGN64(all * eb);
+    const void *send = local;
+    if (ld != W) { /* a column block: packed rows for the collective */
+        cp->k->memcpy_2d(packed, W * eb, local, ld * eb, W * eb, Nl);
+        send = packed;
+    }
+    ts_allgather_act(cp->comm, send, rank_major, Nl * W, dt);
+    permute(cp, gathered, rank_major, B, W * eb, true);
+}
+
+void ts_cp_rows_reduce_scatter(const ts_cp *cp, void *dlocal, size_t ld, void *work,
+                               const void *dgathered, int B, size_t W)
+{
+    TS_ASSERT(cp->size > 1 && cp->comm && work && ld >= W);
+    const ts_dtype dt = cp->k->act_dtype;
+    const size_t eb = ts_dtype_bytes(dt), all = ts_cp_rows_elems(cp, B, W);
+    const size_t Nl = (size_t)B * ts_cp_local_len(cp);
+    unsigned char *rank_major = work, *packed = rank_major + ALIGN64(all * eb);
+    /* permute reads the position-major side only in this direction. */
+    permute(cp, (unsigned char *)dgathered, rank_major, B, W * eb, false);
+    if (ld == W) {
+        ts_reduce_scatter_sum_act(cp->comm, rank_major, dlocal, Nl * W, dt);
+        return;
+    }
+    ts_reduce_scatter_sum_act(cp->comm, rank_major, packed, Nl * W, dt);
+    cp->k->memcpy_2d(dlocal, ld * eb, packed, W * eb, W * eb, Nl);
 }

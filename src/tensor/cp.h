@@ -92,11 +92,44 @@ void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg,
                               const void *att, int B, int T, ts_att_heads h);
+/* Its first half, for a caller that exchanges something narrower than K/V (MLA:
+ * mla_cp.h): dqkv's q columns (overwritten) and the gathered dK/dV dkvg [B, cp.T,
+ * ts_att_kv_width(h)] in position order (overwritten: both chunks' shares, this rank's
+ * queries' part of every key's gradient) from a gathered kvg; size > 1. */
+void ts_cp_attention_backward_gathered(const ts_cp *cp, void *dqkv, void *dkvg, void *scratch,
+                                       const void *dout, const void *qkv, const void *kvg,
+                                       const void *att, int B, int T, ts_att_heads h);
 
 /* fp32 rows [Tl, C] of a position table tab [>= T, C] at this rank's positions, written
  * to `rows` (device memory: the GPT-2 position embedding each step, RoPE's cos and sin
  * once); returns tab itself when size == 1. (The position embedding's gradient needs no
  * such table: the embedding backward runs per chunk, at the chunk's rows of dwpe.) */
 const float *ts_cp_positions_table(const ts_cp *cp, float *rows, const float *tab, int C);
+
+
+/* ---- a per-position buffer's exchange (multi-head latent attention: model/mla.c) ----
+ * The all-gather ts_cp_attention_forward does for K/V, for a caller that builds its keys
+ * and values itself from a narrower per-position state: MLA gathers each position's
+ * [RMSNorm(c_kv) | RoPE(k_pe)] (kv_lora_rank + qk_rope_head_dim values) and expands
+ * the gathered rows through kv_b_proj for this rank's heads, rather than gathering the
+ * expanded K/V (heads * (nope + rope + v) values per position: docs/ARCHITECTURE.md,
+ * "MLA under context parallelism"). The backward is the reduce-scatter of the gathered
+ * rows' gradient. Rows are W activation elements (the table's act_dtype); a rank's local
+ * rows [B*Tl] may be a column block of a wider buffer (row stride ld elements, ld >= W).
+ * With size == 1 nothing is exchanged and these are not called. */
+
+/* Elements of the gathered rows [B, T, W] (0 when size == 1), and the work bytes the
+ * exchange needs (the rank-major copy and the packed local rows). */
+size_t ts_cp_rows_elems(const ts_cp *cp, int B, size_t W);
+size_t ts_cp_rows_work_bytes(const ts_cp *cp, int B, size_t W, size_t act_bytes);
+/* gathered [B, T, W] in position order = every rank's local rows [B*Tl, W] (local's
+ * row stride ld). */
+void ts_cp_rows_gather(const ts_cp *cp, void *gathered, void *work, const void *local,
+                       size_t ld, int B, size_t W);
+/* dlocal [B*Tl, W] (row stride ld; overwritten) = the sum over the group's ranks of
+ * their dgathered [B, T, W] at this rank's positions (each rank's gradient of the rows
+ * it gathered). */
+void ts_cp_rows_reduce_scatter(const ts_cp *cp, void *dlocal, size_t ld, void *work,
+                               const void *dgathered, int B, size_t W);
 
 #endif
