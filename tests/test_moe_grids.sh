@@ -603,9 +603,11 @@ common=("${saved_common[@]}")
 # balanced and counted as the others (the counts' and the bias's rows after the main
 # blocks'): dp 2 x ep 2 with ZeRO-1 (the modules' experts exchanged over ep, the depth
 # losses summed over the replicas) and pp 2 (the modules and the embedding's copy on the
-# last stage) give the one-rank losses, norms and depth losses within 1e-4.
+# last stage) give the one-rank losses, norms and depth losses within 1e-4. The model is
+# DeepSeek-V3's whole shape: MLA (the section above's) + DeepSeekMoE + MTP, so the
+# modules' blocks are MLA + MoE blocks (GQA modules: test_llama_grid.sh).
 mtp=(--set model.mtp_layers=2 --set train.mtp_loss=0.3 --set train.steps=4
-     --set model.seq_len=32 --set train.global_batch=8)
+     --set model.seq_len=32 --set train.global_batch=8 --set model.qk_norm=false "${mla[@]}")
 CHECK_REF="$TMP/mtp_ref.jsonl"
 check mtp_ref 1 "${mtp[@]}"
 covered "MTP on dp 2 x ep 2" "mtp_pp2 (the modules' MoE code is the blocks')" ||
