@@ -64,7 +64,9 @@ ts_status ts_config_validate_mla(const ts_config *cfg)
     if (yarn && m->rope_scaling > 0.0 && m->rope_scaling < 1.0)
         return ts_fail("config key 'model.rope_scaling' = %g: YaRN's factor is >= 1",
                        m->rope_scaling);
-    if (m->mtp_layers > 0)
+    /* `tessera plan` prices MTP (plan/model_cost.c) before the trainer runs it: a plan
+     * only sizes and times a run (ts_config_planning). */
+    if (m->mtp_layers > 0 && !ts_config_planning())
         return ts_fail("config key 'model.mtp_layers' = %d: multi-token prediction is not "
                        "built yet",
                        m->mtp_layers);

@@ -523,6 +523,15 @@ size_t ts_model_active_params(const ts_model_config *c)
     return total;
 }
 
+size_t ts_model_mla_attention_params(const ts_model_config *c)
+{
+    const size_t C = (size_t)c->n_embd, H = (size_t)c->n_head, RQ = (size_t)c->q_lora_rank,
+                 RKV = (size_t)c->kv_lora_rank, R = (size_t)c->qk_rope_head_dim,
+                 NOPE = (size_t)c->qk_nope_head_dim, VD = (size_t)c->v_head_dim;
+    const size_t q = RQ > 0 ? RQ * C + RQ + H * (NOPE + R) * RQ : H * (NOPE + R) * C;
+    return q + (RKV + R) * C + RKV + H * (NOPE + VD) * RKV + C * H * VD;
+}
+
 size_t ts_model_logical_params(const ts_model_config *c)
 {
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
@@ -530,7 +539,8 @@ size_t ts_model_logical_params(const ts_model_config *c)
     if (ts_model_arch(c) == TS_ARCH_LLAMA) {
         const size_t HS = (size_t)ts_model_head_dim(c), Q = (size_t)c->n_head * HS,
                      KV = (size_t)ts_model_kv_heads(c) * HS;
-        const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
+        size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
+        if (ts_model_is_mla(c)) attn = 2 * C + ts_model_mla_attention_params(c);
         size_t blocks = 0;
         for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
         return V * C + blocks + C + head;

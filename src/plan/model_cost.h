@@ -228,9 +228,25 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
  * tied embedding counts once, as the logits' matrix. */
 double ts_plan_flops_params(const ts_model_config *mc);
 
-/* Model FLOPs of one step (no recompute): 6 * ts_plan_flops_params * tokens + attention
- * 12 * n_layer * seq_len * n_head * head_dim * tokens (per query head, the full T x T
- * square; n_head * head_dim = n_embd), tokens = global_batch * seq_len. */
+/* Multi-token prediction's parameters MFU counts (model.mtp_layers = D; 0 without):
+ * the D modules' blocks as the model counts blocks n_layer .. n_layer + D - 1 (an MoE
+ * block's active ones), and per depth eh_proj [C, 2C], its three norms and the shared
+ * LM head, which multiplies again (Megatron's count; DeepSeek-V3: 0.688B + 0.927B). */
+double ts_plan_mtp_flops_params(const ts_model_config *mc);
+
+/* Attention's FLOPs per token, forward and backward, over the full T x T square (a
+ * causal kernel does about half): 12 * seq_len * n_head * head_dim per block, MLA's
+ * 6 * seq_len * n_head * (qk_nope + qk_rope + v_head_dim), the MTP modules' blocks
+ * included. */
+double ts_plan_attention_flops_per_token(const ts_model_config *mc);
+
+/* Model FLOPs of one step (no recompute): 6 * (ts_plan_flops_params +
+ * ts_plan_mtp_flops_params) * tokens + ts_plan_attention_flops_per_token * tokens
+ * (without MLA or MTP: 12 * n_layer * seq_len * n_head * head_dim * tokens, per query
+ * head the full T x T square; n_head * head_dim = n_embd), tokens = global_batch *
+ * seq_len. */
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
+/* The same per token (ts_plan_model_flops of one sequence / seq_len). */
+double ts_plan_flops_per_token(const ts_model_config *mc);
 
 #endif
