@@ -873,6 +873,120 @@ static void test_moe_formulas(void)
            "MoE model FLOPs: %g", ts_plan_model_flops(mc, cfg.train.global_batch));
 }
 
+/* DeepSeek-V3 671B (configs/deepseek-v3-671b.cfg): multi-head latent attention's and
+ * multi-token prediction's parameters and FLOPs against formulas derived by hand from
+ * the report's shapes, and the planner's GEMMs at a unit efficiency. */
+static void test_mla_formulas(void)
+{
+    ts_config cfg;
+    const char *sets[] = {"train.device=\"cuda\"", "train.attention=\"flash\""};
+    load_config("configs/deepseek-v3-671b.cfg", sets, 2, &cfg);
+    const ts_model_config *mc = &cfg.model;
+    CHECK(ts_model_is_mla(mc) && mc->mtp_layers == 1);
+    const double C = 7168, H = 128, RQ = 1536, RKV = 512, NOPE = 128, RD = 64, VD = 128,
+                 V = 129280, F = 18432, MF = 2048, E = 256, K = 8, T = 4096, HS = NOPE + RD;
+    /* One block's MLA: q_a_proj + q_a_layernorm, q_b_proj, kv_a_proj_with_mqa +
+     * kv_a_layernorm, kv_b_proj, o_proj. */
+    const double mla = RQ * C + RQ + H * HS * RQ + (RKV + RD) * C + RKV + H * (NOPE + VD) * RKV +
+                       C * H * VD;
+    CHECKF((double)ts_model_mla_attention_params(mc) == mla && mla == 187107328.0,
+           "MLA parameters per block: %zu, want %.0f", ts_model_mla_attention_params(mc), mla);
+    /* 61 blocks (their two norms, MLA), 3 dense SwiGLU of 18432, 58 MoE (router, 256
+     * experts, 1 shared), the embedding, the final norm and the untied head. */
+    const double dense = 3 * F * C, moe_all = E * C + E * 3 * MF * C + 3 * MF * C,
+                 moe_used = E * C + K * 3 * MF * C + 3 * MF * C;
+    const double total = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_all + C + V * C;
+    const double active = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_used + C + V * C;
+    CHECKF((double)ts_model_logical_params(mc) == total, "671B: %zu parameters, want %.0f",
+           ts_model_logical_params(mc), total);
+    CHECKF((double)ts_model_active_params(mc) == active, "37B: %zu active, want %.0f",
+           ts_model_active_params(mc), active);
+    /* The report's rounding: 671B total; "37B activated" (README_WEIGHTS: 36.7B), ours
+     * 37.55B with both embedding and head, 36.63B without the looked-up embedding. */
+    CHECKF(total > 670.5e9 && total < 671.5e9, "total %.4gB is not the report's 671B", total / 1e9);
+    CHECKF(active > 36.5e9 && active < 37.6e9, "active %.4gB is not the report's 37B",
+           active / 1e9);
+    CHECK(ts_plan_flops_params(mc) == active - V * C);
+    /* MTP (D = 1): block 61 (MoE) with its norms, enorm, hnorm, shared_head.norm, eh_proj
+     * [C, 2C] and the shared head once more: 0.688B + 0.927B (README_WEIGHTS: 11.5B
+     * unique parameters, 2.4B activated with the shared embedding and head). */
+    const double mtp = 2 * C + mla + moe_used + 3 * C + 2 * C * C + V * C;
+    CHECKF(ts_plan_mtp_flops_params(mc) == mtp, "MTP FLOPs parameters %.0f, want %.0f",
+           ts_plan_mtp_flops_params(mc), mtp);
+    /* Attention: q.k over nope + rope, the values' v_head_dim, the full square, 62 blocks
+     * (61 + the module's). */
+    const double att = 6.0 * 62 * T * H * (HS + VD);
+    CHECKF(ts_plan_attention_flops_per_token(mc) == att, "attention FLOPs per token %.6g, want %.6g",
+           ts_plan_attention_flops_per_token(mc), att);
+    const double per_token = 6.0 * (active - V * C + mtp) + att;
+    CHECKF(ts_rel_err(ts_plan_flops_per_token(mc), per_token, 1) < 1e-12 &&
+               ts_rel_err(ts_plan_model_flops(mc, 15360), per_token * 15360 * T, 1) < 1e-12,
+           "FLOPs per token %.6g, want %.6g", ts_plan_flops_per_token(mc), per_token);
+    ts_model_config no_mtp = *mc;
+    no_mtp.mtp_layers = 0;
+    CHECK(ts_rel_err(ts_plan_flops_per_token(&no_mtp),
+                     6.0 * (active - V * C) + 6.0 * 61 * T * H * (HS + VD), 1) < 1e-12);
+
+    /* The layer tables at a unit efficiency (a GEMM is 2mnk / peak), the CUDA table's
+     * whole rectangles, tp 2 (the latent trunk replicated, 64 heads a rank): a dense
+     * block's GEMMs and an MoE block's attention part, and the head's layer with the
+     * MTP module (eh_proj, block 61, the head again). */
+    ts_cluster cl;
+    load_cluster("configs/clusters/h800-node.cfg", &cl);
+    cl.n_eff = 1;
+    cl.eff_n[0] = 1.0;
+    cl.eff[0] = 1.0;
+    const double peak = ts_cluster_peak(&cl), N = T, hl = H / 2;
+    const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
+    ts_plan_layers L, L0;
+    ts_plan_layers_build_moe(&L, mc, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    ts_plan_layers_build_moe(&L0, &no_mtp, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    const double lin_att = 2 * N * ((RQ + RKV + RD) * C + hl * HS * RQ + hl * (NOPE + VD) * RKV +
+                                    C * hl * VD);
+    const double core = 2 * hl * (T * T * HS + T * VD * T);
+    const double mlp = 2 * N * 3 * (F / 2) * C;
+    CHECKF(ts_rel_err(L.f_gemm[1] * peak, lin_att + core + mlp, 1) < 1e-12 &&
+               ts_rel_err(L.b_gemm[1], 2 * L.f_gemm[1], 1) < 1e-12 &&
+               ts_rel_err(L.w[1] * peak, lin_att + mlp, 1) < 1e-12,
+           "MLA dense block: %.6g GEMM FLOPs, want %.6g", L.f_gemm[1] * peak,
+           lin_att + core + mlp);
+    const ts_plan_moe_block *b = &L.moe[4];
+    CHECKF(ts_rel_err((L.f_gemm[4] - b->router_f - b->experts_f - b->shared_f) * peak,
+                      lin_att + core, 1) < 1e-12 &&
+               ts_rel_err(L.w[4] * peak, lin_att, 1) < 1e-12,
+           "MLA MoE block: attention %.6g FLOPs, want %.6g",
+           (L.f_gemm[4] - b->router_f - b->experts_f - b->shared_f) * peak, lin_att + core);
+    const int h = L.n_layers - 1;
+    const double eh = 2 * N * C * 2 * C / peak;
+    CHECKF(ts_rel_err(L.f_gemm[h], 2 * L0.f_gemm[h] + eh + L.f_gemm[4], 1) < 1e-12 &&
+               ts_rel_err(L.b_gemm[h], 2 * L0.b_gemm[h] + 2 * eh + L.b_gemm[4], 1) < 1e-12 &&
+               ts_rel_err(L.w[h] - L0.w[h], L0.w[h] + eh + L.w[4] +
+                                                 N * C * 3 * 2.0 / cl.memory_bandwidth,
+                          1) < 1e-12,
+           "MTP head layer: %.6g s of GEMMs, want %.6g", L.f_gemm[h],
+           2 * L0.f_gemm[h] + eh + L.f_gemm[4]);
+    /* The module's MoE block and its exchanges are the head layer's; its attention core
+     * what selective recompute reruns there. */
+    CHECK(L.moe[h].experts_f == b->experts_f && L.f_a2a[h] == L.f_a2a[4] &&
+          L.f_att[h] == L.f_att[4] && L0.moe[h].experts_f == 0 && L0.f_att[h] == 0);
+    CHECK(L.f[h] > L0.f[h] + L.f[4] && L.i[h] > L0.i[h] + L.i[4]);
+    ts_plan_layers_free(&L);
+    ts_plan_layers_free(&L0);
+    /* Context parallelism exchanges the latent and the rope key (576 values a position),
+     * the same on every tp rank, and up-projects the gathered sequence's rows. */
+    const double lat = ts_plan_allgather_time(T * (RKV + RD) * 2.0, 2, cl.intra);
+    CHECKF(ts_plan_cp_exchange_time(mc, 1, 2, 1, 2.0, cl.intra) == lat &&
+               ts_plan_cp_exchange_time(mc, 8, 2, 1, 2.0, cl.intra) == lat,
+           "MLA cp exchange %g s, want %g", ts_plan_cp_exchange_time(mc, 1, 2, 1, 2.0, cl.intra),
+           lat);
+    ts_plan_layers_build_moe(&L, &no_mtp, &cl, k, 1, false, 1, 1, cl.intra, 2, cl.intra, NULL);
+    const double kvb = 2 * T * H * (NOPE + VD) * RKV; /* the whole sequence's rows */
+    const double lin_cp = 2 * (N / 2) * ((RQ + RKV + RD) * C + H * HS * RQ + C * H * VD) + kvb;
+    CHECKF(ts_rel_err(L.w[4] * peak, lin_cp, 1) < 1e-12 && L.f_cp[4] == lat,
+           "MLA under cp 2: %.6g attention weight FLOPs, want %.6g", L.w[4] * peak, lin_cp);
+    ts_plan_layers_free(&L);
+}
+
 /* The search's expert grids (ep, etp) pass the trainer's own rules (config_moe.c), and
  * where the links are all but free (the exchanges cost nothing, a rank with fewer experts
  * steps its optimizer sooner) the best uses ep > 1. */
@@ -992,6 +1106,7 @@ int main(void)
     printf("memory compared on %d expert grids\n", g_mem_grids - before);
     CHECK(g_mem_grids - before > 50);
     test_moe_formulas();
+    test_mla_formulas();
     test_moe_search(4);
     printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",
            g_mem_grids, g_sp_grids);
