@@ -982,8 +982,14 @@ static void test_mla_formulas(void)
     ts_plan_layers_build_moe(&L, &no_mtp, &cl, k, 1, false, 1, 1, cl.intra, 2, cl.intra, NULL);
     const double kvb = 2 * T * H * (NOPE + VD) * RKV; /* the whole sequence's rows */
     const double lin_cp = 2 * (N / 2) * ((RQ + RKV + RD) * C + H * HS * RQ + C * H * VD) + kvb;
-    CHECKF(ts_rel_err(L.w[4] * peak, lin_cp, 1) < 1e-12 && L.f_cp[4] == lat,
-           "MLA under cp 2: %.6g attention weight FLOPs, want %.6g", L.w[4] * peak, lin_cp);
+    /* ... and makes kv_b_proj's weight gradient in I, with a rebuild of its output. */
+    const ts_plan_moe_block *b4 = &L.moe[4];
+    CHECKF(ts_rel_err(L.w[4] * peak, lin_cp - kvb, 1) < 1e-12 && L.f_cp[4] == lat &&
+               ts_rel_err((L.b_gemm[4] - b4->router_b - b4->experts_b - b4->shared_b) * peak,
+                          2 * (L.f_gemm[4] - b4->router_f - b4->experts_f - b4->shared_f) * peak +
+                              kvb,
+                          1) < 1e-12,
+           "MLA under cp 2: %.6g attention weight FLOPs, want %.6g", L.w[4] * peak, lin_cp - kvb);
     ts_plan_layers_free(&L);
 }
 

@@ -337,6 +337,12 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
                   gemm(cl, Ns, C, hl * hv)
             : gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs);
     const double lin = S * (att_lin + gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
+    /* MLA under context parallelism (model/mla_cp.h): the backward expands the kept
+     * latent through kv_b_proj again (a forward GEMM more in I), and makes kv_b_proj's
+     * weight gradient in I too (its output gradient spans all T positions): that GEMM
+     * moves from W to I. */
+    const double kvb_cp =
+        mla && cp > 1 ? S * gemm(cl, Nkv / S, hl * (mc->qk_nope_head_dim + hv), RKV) : 0.0;
     double scores_f, scores_b;
     const double att = attention_gemms(cl, B, hl, hs, hv, mc->seq_len, cp, attention_block(k),
                                        &scores_f, &scores_b);
@@ -391,7 +397,7 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
     {
         block_cost *d = &bk[0];
         d->f_gemm = lin + att;
-        d->b_gemm = 2.0 * lin + 2.0 * att;
+        d->b_gemm = 2.0 * lin + 2.0 * att + kvb_cp;
         /* Sequence parallelism: forward 2 (reduce-scatter + all-gather), backward 2
          * output-gradient gathers, 2 input-gradient reduce-scatters, 2 norm re-gathers. */
         d->f_tp = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
@@ -400,8 +406,8 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         d->f_cp = d->i_cp = cp_x;
         d->f = lin + att + mem_time(cl, elem + ab * scores_f) + own_f + d->f_tp + d->f_cp;
         d->i = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b + d->i_tp +
-               d->i_cp;
-        d->w = lin;
+               d->i_cp + 2.0 * kvb_cp;
+        d->w = lin - kvb_cp;
         d->f_att = att + mem_time(cl, ab * scores_f);
     }
     if (mc->moe_experts > 0) {
@@ -410,7 +416,7 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         const double g_f = mb.router_f + mb.experts_f + mb.shared_f;
         const double g_b = mb.router_b + mb.experts_b + mb.shared_b;
         e->f_gemm = lin_att + att + g_f;
-        e->b_gemm = 2.0 * lin_att + 2.0 * att + g_b;
+        e->b_gemm = 2.0 * lin_att + 2.0 * att + g_b + kvb_cp;
         e->f_tp = overlap_exposed(cl, sp ? 2.0 * ag_act : ar_act, lin_att + att, S) + mb.tp_f;
         e->i_tp = overlap_exposed(cl, sp ? 3.0 * ag_act : ar_act, 2.0 * (lin_att + att), S) +
                   mb.tp_b;
@@ -421,8 +427,8 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         e->f = lin_att + att + mem_time(cl, elem_att + ab * scores_f) + own_att_f + e->f_tp +
                e->f_cp + g_f + mb.elem_f + e->f_a2a + mb.etp_f;
         e->i = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) + own_att_b +
-               e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b;
-        e->w = lin_att;
+               e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b + 2.0 * kvb_cp;
+        e->w = lin_att - kvb_cp;
         e->f_att = att + mem_time(cl, ab * scores_f);
     }
     for (int l = 1; l <= mc->n_layer; l++)
