@@ -873,6 +873,13 @@ static void test_moe_formulas(void)
            "MoE model FLOPs: %g", ts_plan_model_flops(mc, cfg.train.global_batch));
 }
 
+/* llama-tiny with multi-head latent attention: a q latent of 48, a kv latent of 32,
+ * heads of 16 + 8 channels and values of 16 (n_kv_head = n_head, as MLA has). */
+static const char *const k_mla_sets[] = {
+    "model.n_kv_head=4", "model.q_lora_rank=48", "model.kv_lora_rank=32",
+    "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"};
+#define N_MLA_SETS 6
+
 /* DeepSeek-V3 671B (configs/deepseek-v3-671b.cfg): multi-head latent attention's and
  * multi-token prediction's parameters and FLOPs against formulas derived by hand from
  * the report's shapes, and the planner's GEMMs at a unit efficiency. */
@@ -1113,6 +1120,15 @@ int main(void)
     CHECK(g_mem_grids - before > 50);
     test_moe_formulas();
     test_mla_formulas();
+    /* Multi-head latent attention's memory (model/mla.c's layout: the latents, the
+     * selective layout rebuilding from them) against the trainer's estimate, release
+     * builds only (a sweep of about a thousand grids). */
+    if (full) {
+        const int mla_before = g_mem_grids;
+        compare_memory("configs/llama-tiny.cfg", k_mla_sets, N_MLA_SETS, &cpu);
+        printf("memory compared on %d MLA grids\n", g_mem_grids - mla_before);
+        CHECK(g_mem_grids - mla_before > 500);
+    }
     test_moe_search(4);
     printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",
            g_mem_grids, g_sp_grids);
