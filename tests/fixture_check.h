@@ -99,10 +99,12 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
     float *dx = ts_alloc_floats((size_t)mb * T * m->n_embd);
     memset(m->grad_mem, 0, m->num_floats * sizeof(float));
     ts_model_moe_begin(m); /* an MoE model's counts and loss sums are this batch's */
+    ts_model_mtp_begin(m); /* and multi-token prediction's depth sums */
     double total = 0.0;
     for (int b0 = 0; b0 < B; b0 += mb) {
         memcpy(a.tokens, tokens + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
         memcpy(a.targets, targets + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
+        ts_acts_set_mtp_ids(m, &a, targets + (size_t)b0 * T, T);
         double sum = 0.0;
         ts_model_forward(m, &a, 1.0f / (float)(B * T), &sum);
         ts_model_backward(m, &a, dx, &s, NULL, NULL);
@@ -158,7 +160,8 @@ static inline int fixture_check_ex(const ts_config *cfg, const char *stem, int n
     ts_model m;
     ts_model_build(&m, &(ts_model_spec){.arch = &cfg->model, .k = &ts_kernels_cpu,
                                         .moe_z_loss = (float)cfg->train.moe_z_loss,
-                                        .moe_aux_loss = (float)cfg->train.moe_aux_loss});
+                                        .moe_aux_loss = (float)cfg->train.moe_aux_loss,
+                                        .mtp_loss = cfg->train.mtp_loss});
     if (ts_ckpt_load_model_init(&m, wpath) != TS_OK ||
         (hooks->load_more && hooks->load_more(&m, wpath) != TS_OK)) {
         fprintf(stderr, "%s\n", ts_error_message());

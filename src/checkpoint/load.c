@@ -160,13 +160,17 @@ static ts_status files_open(init_files *s, const char *path)
 
 /* The layer a tensor name belongs to, in either architecture's names (gpt2's nanoGPT
  * ones, llama's Hugging Face ones): 0 the embedding, 1 + i block i, n_layer + 1 the
- * head; -1 for none. */
-static int layer_of_name(const char *name, int n_layer)
+ * head (and multi-token prediction's modules, model.layers.{n_layer + k - 1}, k <= D,
+ * which the head's layer holds: model.h); -1 for none. */
+static int layer_of_name(const char *name, const ts_model *m)
 {
+    const int n_layer = m->n_layer;
     int blk = -1, used = 0;
     if ((sscanf(name, "transformer.h.%d.%n", &blk, &used) == 1 && used > 0) ||
-        (sscanf(name, "model.layers.%d.%n", &blk, &used) == 1 && used > 0))
+        (sscanf(name, "model.layers.%d.%n", &blk, &used) == 1 && used > 0)) {
+        if (blk >= n_layer && blk < n_layer + m->mtp_layers) return n_layer + 1;
         return blk >= 0 && blk < n_layer ? blk + 1 : -1;
+    }
     if (!strcmp(name, "transformer.wte.weight") || !strcmp(name, "transformer.wpe.weight") ||
         !strcmp(name, "model.embed_tokens.weight"))
         return 0;
@@ -174,6 +178,17 @@ static int layer_of_name(const char *name, int n_layer)
         !strcmp(name, "lm_head.weight"))
         return n_layer + 1;
     return -1;
+}
+
+/* The layer entry of a block tensor's name: layer_of_name's, or an MTP module's own
+ * entry (model.h; its block's moe flag), -1 for none. */
+static int block_entry_of_name(const char *name, const ts_model *m)
+{
+    int blk = -1, used = 0;
+    if (sscanf(name, "model.layers.%d.%n", &blk, &used) == 1 && used > 0 && blk >= m->n_layer &&
+        blk < ts_model_blocks(m))
+        return ts_model_block_layer(m, blk);
+    return layer_of_name(name, m);
 }
 
 /* The global expert id of a routed expert's tensor name ("model.layers.L.mlp.experts.J."
@@ -323,7 +338,7 @@ static void moe_bias_name(char *buf, size_t cap, int block)
 
 static bool is_moe_bias(const ts_model *m, const char *name)
 {
-    const int layer = layer_of_name(name, m->n_layer);
+    const int layer = block_entry_of_name(name, m);
     if (layer < 0 || !m->layers[layer].moe) return false;
     char want[96];
     moe_bias_name(want, sizeof want, m->layers[layer].block);
@@ -336,7 +351,7 @@ static bool is_moe_bias(const ts_model *m, const char *name)
 static ts_status load_moe_bias(ts_model *m, const init_files *s)
 {
     const int E = m->moe_experts;
-    for (int l = 0; l < m->n_layers && E > 0; l++) {
+    for (int l = 0; l < m->n_layers + m->mtp_layers && E > 0; l++) { /* MTP's too */
         if (!m->layers[l].moe || !m->layers[l].owned) continue;
         char name[96];
         moe_bias_name(name, sizeof name, m->layers[l].block);
@@ -406,7 +421,7 @@ static ts_status check_expert_count(const ts_model *m, const init_files *s, cons
  * moe_local_experts, ...)): that rank reads and checks it. */
 static bool other_ranks_expert(const ts_model *m, const char *name)
 {
-    const int layer = layer_of_name(name, m->n_layer);
+    const int layer = block_entry_of_name(name, m);
     const long j = expert_of_name(name);
     if (layer < 0 || j < 0 || j >= m->moe_experts || !m->layers[layer].moe) return false;
     const long first = (long)m->moe_ep_rank * m->moe_local_experts;
@@ -428,7 +443,7 @@ static ts_status check_names(const ts_model *m, const init_files *s, const char 
                 is_moe_bias(m, name) || other_ranks_expert(m, name) ||
                 (upcycle && ts_upcycle_is_dense_mlp(m, name)))
                 continue;
-            const int layer = layer_of_name(name, m->n_layer);
+            const int layer = layer_of_name(name, m);
             if (layer >= 0 && !m->layers[layer].owned) continue;
             return ts_fail("%s holds tensor '%s', which is not a parameter of this %s config "
                            "(n_layer=%d); is the file for another model?",

@@ -316,13 +316,13 @@ static ts_status read_moe_bias(const ts_ckpt_reader *r, ts_model *m)
     const int E = m->moe_experts;
     json_t *mb = json_object_get(r->state, "moe_bias");
     if (E == 0 || !mb) return TS_OK;
-    const size_t n = (size_t)m->n_layer * E;
+    const size_t n = (size_t)ts_model_blocks(m) * E; /* MTP's blocks too (model.h) */
     json_t *bits = json_object_get(mb, "bits");
     if (json_integer_value(json_object_get(mb, "experts")) != E || !json_is_array(bits) ||
         json_array_size(bits) != n)
         return ts_fail("checkpoint %s: state.json's moe_bias is not %zu fp32 bit patterns "
-                       "(model.n_layer * model.moe_experts = %d * %d)",
-                       r->dir, n, m->n_layer, E);
+                       "((model.n_layer + model.mtp_layers) * model.moe_experts = %d * %d)",
+                       r->dir, n, ts_model_blocks(m), E);
     float *host = ts_malloc(n * sizeof(float));
     ts_status st = TS_OK;
     for (size_t i = 0; i < n && st == TS_OK; i++) {

@@ -82,6 +82,8 @@ ts_status ts_config_check_moe_router(const key_spec *k, const ts_config *cfg, co
 ts_status ts_config_validate_moe(const ts_config *cfg);
 /* config_mla.c: MLA, YaRN and MTP's rules; model.rope_type's values. */
 ts_status ts_config_validate_mla(const ts_config *cfg);
+/* config_mtp.c: multi-token prediction's rules (model.mtp_layers, train.mtp_loss). */
+ts_status ts_config_validate_mtp(const ts_config *cfg);
 ts_status ts_config_check_rope_type(const key_spec *k, const ts_config *cfg, const char *where);
 
 /* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the

@@ -1,8 +1,8 @@
 /* The DeepSeek-V3 keys' rules (docs/CONTRACT.md "Model"): multi-head latent attention
  * (model.q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim),
- * rope_scaling's kind (model.rope_type and YaRN's fields) and multi-token prediction
- * (model.mtp_layers, train.mtp_loss), checked against each other and the rest of the
- * config after ts_config_validate's own checks. Nothing here prints. */
+ * and rope_scaling's kind (model.rope_type and YaRN's fields), checked against each
+ * other and the rest of the config after ts_config_validate's own checks (multi-token
+ * prediction's are config_mtp.c's). Nothing here prints. */
 #include "config/config_internal.h"
 
 #include <stdio.h>
@@ -64,11 +64,5 @@ ts_status ts_config_validate_mla(const ts_config *cfg)
     if (yarn && m->rope_scaling > 0.0 && m->rope_scaling < 1.0)
         return ts_fail("config key 'model.rope_scaling' = %g: YaRN's factor is >= 1",
                        m->rope_scaling);
-    /* `tessera plan` prices MTP (plan/model_cost.c) before the trainer runs it: a plan
-     * only sizes and times a run (ts_config_planning). */
-    if (m->mtp_layers > 0 && !ts_config_planning())
-        return ts_fail("config key 'model.mtp_layers' = %d: multi-token prediction is not "
-                       "built yet",
-                       m->mtp_layers);
     return TS_OK;
 }

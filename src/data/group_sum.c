@@ -25,11 +25,26 @@ void ts_group_sums_init(ts_group_sums *s, const ts_model *m, const ts_comm *embe
     const bool split_tie = m->tied && tied >= 0 &&
                            (m->head_wte_param < 0 || m->params[tied].tied_copy);
     if (split_tie && ts_comm_member(embed) && embed->size >= 2) add(s, tied, embed);
+    /* Untied with multi-token prediction: the modules read the embedding through the
+     * last stage's copy (model.h mtp_wte_param), summed with the first stage's the same
+     * way: the first stage's wte, or the copy. */
+    const int mtp_wte = m->wte_param >= 0 ? m->wte_param : m->mtp_wte_param;
+    const bool split_mtp = m->mtp_layers > 0 && !m->tied && mtp_wte >= 0 &&
+                           (m->mtp_wte_param < 0 || m->params[mtp_wte].tied_copy);
+    if (split_mtp && ts_comm_member(embed) && embed->size >= 2) add(s, mtp_wte, embed);
     /* Replicated key/value heads: k_proj and v_proj of every block this rank holds. */
     if (m->kv_replicas > 1 && kv->size > 1)
         for (int l = 0; l < m->n_layers; l++) {
             const ts_layer *L = &m->layers[l];
             if (!L->owned || L->kind != TS_LAYER_BLOCK) continue;
+            add(s, L->first_param + TS_L_K_W, kv);
+            add(s, L->first_param + TS_L_V_W, kv);
+        }
+    /* The MTP modules' blocks (model.h: entries after the head's, held with it). */
+    if (m->kv_replicas > 1 && kv->size > 1)
+        for (int l = m->n_layers; l < m->n_layers + m->mtp_layers; l++) {
+            const ts_layer *L = &m->layers[l];
+            if (!L->owned) continue;
             add(s, L->first_param + TS_L_K_W, kv);
             add(s, L->first_param + TS_L_V_W, kv);
         }

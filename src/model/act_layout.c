@@ -144,9 +144,21 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
 
+/* An MTP module's entry l >= n_layers follows the head's in layer_off (ts_acts_init). */
 static unsigned char *layer_mem(const ts_acts *a, int l)
 {
     return a->mem + a->layer_off[l - a->l0];
+}
+
+mtp_acts ts_mtp_views(const ts_model *m, const ts_acts *a, int l)
+{
+    TS_ASSERT(l >= m->n_layers && a->l1 == m->n_layers);
+    const act_dims d = ts_act_dims(m, l, a->B, a->T);
+    unsigned char *p = layer_mem(a, l) + kind_bytes(TS_LAYER_BLOCK, d);
+    mtp_acts v;
+    MTP_ACTS(ACT_VIEW)
+    (void)p;
+    return v;
 }
 
 block_acts ts_block_views(const ts_model *m, const ts_acts *a, int l)
@@ -202,7 +214,15 @@ block_acts ts_block_sub_views(const act_dims *d, const block_acts *s, int i)
 
 static size_t layer_bytes(const ts_model *m, int l, int B, int T)
 {
-    return kind_bytes(m->layers[l].kind, ts_act_dims(m, l, B, T));
+    const act_dims d = ts_act_dims(m, l, B, T);
+    if (l >= m->n_layers) return kind_bytes(TS_LAYER_BLOCK, d) + (0 MTP_ACTS(ACT_BYTES));
+    return kind_bytes(m->layers[l].kind, d);
+}
+
+/* The entries a's range holds: [l0, l1), and the MTP modules' after the head. */
+static int range_end(const ts_model *m, int l1)
+{
+    return l1 == m->n_layers ? l1 + m->mtp_layers : l1;
 }
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
@@ -216,9 +236,16 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
     a->k = m->k;
     a->tokens = m->k->dev_alloc((size_t)B * T * sizeof(int));
     a->targets = m->k->dev_alloc((size_t)B * T * sizeof(int));
-    a->layer_off = ts_calloc((size_t)(l1 - l0), sizeof(size_t));
+    const int end = range_end(m, l1);
+    if (end > l1) /* multi-token prediction's ids (ts_acts_set_mtp_ids) */
+    {
+        const size_t bytes = (size_t)2 * m->mtp_layers * B * T * sizeof(int);
+        a->mtp_ids = m->k->dev_alloc(bytes);
+        m->k->memset_zero(a->mtp_ids, bytes); /* valid ids until a batch sets them */
+    }
+    a->layer_off = ts_calloc((size_t)(end - l0), sizeof(size_t));
     size_t total = 0;
-    for (int l = l0; l < l1; l++) {
+    for (int l = l0; l < end; l++) {
         a->layer_off[l - l0] = total;
         total += layer_bytes(m, l, B, T);
     }
@@ -229,7 +256,7 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
 size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T)
 {
     size_t total = 0;
-    for (int l = l0; l < l1; l++) total += layer_bytes(m, l, B, T);
+    for (int l = l0; l < range_end(m, l1); l++) total += layer_bytes(m, l, B, T);
     return total;
 }
 
@@ -239,6 +266,7 @@ void ts_acts_free(ts_acts *a)
         a->k->dev_free(a->wstash);
         a->k->dev_free(a->tokens);
         a->k->dev_free(a->targets);
+        a->k->dev_free(a->mtp_ids);
         a->k->dev_free(a->mem);
     }
     free(a->layer_off);

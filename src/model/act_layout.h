@@ -121,6 +121,19 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
     X(xent_stats, 3 * d.N, F)          /* vocab-parallel row statistics (tp.h) */           \
     X(logits, d.N * d.Vl, A)           /* [N,Vl]: logits, then dlogits in place */
 
+/* A multi-token prediction module's buffers (model/mtp.c), after its block's
+ * BLOCK_ACTS: the embedding of the shifted tokens (enorm's input) and the two norms'
+ * rstd, [enorm(emb) | hnorm(h)] (eh_proj's input), eh_proj's output (the block's input),
+ * the gradient of the module's output h^k (the next module's hnorm adds into it),
+ * shared_head.norm's output and rstd, and the depth's loss as the head's. */
+#define MTP_ACTS(X)                                                                        \
+    X(mtp_emb, d.NL * d.C, A) X(mtp_e_rstd, d.NL, F) X(mtp_h_rstd, d.NL, F)                \
+    X(mtp_cat, d.NL * 2 * d.C, A)      /* [NL,2C] */                                       \
+    X(mtp_in, d.NL * d.C, A)           /* [NL,C] h' */                                     \
+    X(mtp_dh, d.NL * d.C, A)           /* [NL,C] dL/dh^k from the module after */         \
+    X(mtp_fn, d.NL * d.C, A) X(mtp_fn_rstd, d.NL, F)                                        \
+    X(mtp_losses, d.N, F) X(mtp_xent_stats, 3 * d.N, F) X(mtp_logits, d.N * d.Vl, A)
+
 #define ACT_CTYPE_A void
 #define ACT_CTYPE_F float
 #define ACT_CTYPE_BYTES void
@@ -129,11 +142,14 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
 typedef struct { EMBED_ACTS(ACT_FIELD) } embed_acts;
 typedef struct { BLOCK_ACTS(ACT_FIELD) } block_acts;
 typedef struct { HEAD_ACTS(ACT_FIELD) } head_acts;
+typedef struct { MTP_ACTS(ACT_FIELD) } mtp_acts;
 
 /* Layer l's buffers in a's memory. */
 embed_acts ts_embed_views(const ts_model *m, const ts_acts *a, int l);
 block_acts ts_block_views(const ts_model *m, const ts_acts *a, int l);
 head_acts ts_head_views(const ts_model *m, const ts_acts *a, int l);
+/* MTP module l's (l >= m->n_layers; its block's views are ts_block_views'). */
+mtp_acts ts_mtp_views(const ts_model *m, const ts_acts *a, int l);
 
 /* Sub-batch i of d->S (tp_overlap, tensor/tp.h): rows [i N/S, (i+1) N/S) of a block's
  * [N,...] buffers, rows [i NL/S, ...) of its [NL,...] ones, attention's state at its

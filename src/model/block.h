@@ -137,6 +137,16 @@ void ts_block_backward(const ts_model *m, const ts_acts *a, int l, const void *x
 void ts_block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *stash,
                               const ts_scratch *sc);
 
+/* ---- multi-token prediction's modules (mtp.c), inside the head's layer ----
+ * forward: after the head's loss, each module's loss with weight dloss * mtp_coef per
+ * target, summed into m->mtp_sums when `count`; backward: after the head's (dx [NL,C]
+ * holds its input gradient), every module's, adding dL/dh^0 into dx. */
+void ts_mtp_forward(const ts_model *m, const ts_acts *a, float dloss, bool count);
+void ts_mtp_backward(const ts_model *m, const ts_acts *a, void *dx, const ts_scratch *sc);
+/* The modules' part of ts_model_sum_sequence_grads: each module's block through
+ * sum_block, and under sequence parallelism its own replicated tensors. */
+void ts_mtp_sum_sequence_grads(const ts_model *m, void (*sum_block)(const ts_model *, int));
+
 /* Under sequence parallelism full[N,C] = every rank's rows local[NL,C], sub-batch by
  * sub-batch (tensor/tp.h), blocking; returns full, or local without it. */
 const void *ts_gather_rows(const ts_model *m, const act_dims *d, void *full, const void *local);

@@ -84,6 +84,9 @@ void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_a
             break;
         case TS_LAYER_HEAD:
             head_forward(m, a, l, ts_acts_layer_input(m, a, l), dloss, loss_acc);
+            /* Multi-token prediction's modules, in the head's layer; not in an
+             * evaluation (dloss 0), whose loss is the head's. */
+            if (m->mtp_layers > 0 && dloss > 0.0f) ts_mtp_forward(m, a, dloss, loss_acc != NULL);
             break;
         }
         between_layers(m);
@@ -191,6 +194,7 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
             break;
         case TS_LAYER_HEAD:
             head_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s, false);
+            if (m->mtp_layers > 0) ts_mtp_backward(m, a, dx, s);
             break;
         }
         if (layer_done) layer_done(ctx, l);
@@ -207,7 +211,16 @@ void ts_model_backward(const ts_model *m, ts_acts *a, void *dx, ts_scratch *s,
  * weights (replicated, applied per head) get each rank's heads' part, with or without
  * sequence parallelism: summed the same way. (With tp > n_kv_head a key/value head's
  * replicas each hold the part of its query heads; the sum is whole then too.) */
+static void sum_layer_grads(const ts_model *m, int l);
+
 void ts_model_sum_sequence_grads(const ts_model *m, int l)
+{
+    sum_layer_grads(m, l);
+    if (m->mtp_layers > 0 && m->layers[l].kind == TS_LAYER_HEAD)
+        ts_mtp_sum_sequence_grads(m, sum_layer_grads);
+}
+
+static void sum_layer_grads(const ts_model *m, int l)
 {
     const ts_layer *L = &m->layers[l];
     const int p0 = L->first_param;
@@ -260,7 +273,10 @@ void ts_model_backward_input(const ts_model *m, ts_acts *a, void *dx, ts_scratch
                            ts_stash_block(m, a, l));
             break;
         case TS_LAYER_HEAD:
+            /* The MTP modules' weight gradients are made here, not deferred: the W pass
+             * keeps only the head's own LM head product. */
             head_backward(m, a, l, ts_acts_layer_input(m, a, l), dx, s, true);
+            if (m->mtp_layers > 0) ts_mtp_backward(m, a, dx, s);
             break;
         }
         between_layers(m);

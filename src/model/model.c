@@ -193,6 +193,45 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
 #undef NAME
 }
 
+/* Multi-token prediction's modules (model.h), added to the head's layer `layer` after
+ * the head's own tensors, in DeepSeek-V3's checkpoint names (model.layers.{n_layer + k -
+ * 1}.*): the block's tensors first (so its roles are block.h's from the module's
+ * first_param), then enorm, hnorm, eh_proj [C, 2C] and shared_head.norm (mtp.c's
+ * TS_MTP_* order). The norms are ones and eh_proj normal(0, 0.02) as every matrix;
+ * all four replicated over tp (eh_proj runs on each rank's rows: mtp.c). The modules
+ * read the token embedding: the embedding layer's on one stage, else a copy here, as
+ * the tied head's (summed over the embedding group, counted and saved once). */
+static void add_mtp_params(builder *b, int layer, const ts_model_config *cfg)
+{
+    ts_model *m = b->m;
+    const int64_t C = cfg->n_embd;
+    TS_ASSERT(m->arch == TS_ARCH_LLAMA);
+    if (m->wte_param >= 0) {
+        m->mtp_wte_param = m->wte_param;
+    } else if (m->tied) {
+        m->mtp_wte_param = m->head_wte_param;
+    } else {
+        m->mtp_wte_param = add_param(b, layer, "model.embed_tokens.weight", cfg->vocab_size, C,
+                                     TS_INIT_NORMAL, 0.02f, 0, 1);
+        m->params[m->mtp_wte_param].tied_copy = true;
+        m->params[m->mtp_wte_param].shard.replica = 1; /* counted and saved once */
+    }
+    for (int k = 1; k <= m->mtp_layers; k++) {
+        ts_layer *L = &m->layers[m->n_layers + k - 1];
+        const int blk = cfg->n_layer + k - 1;
+        L->first_param = m->n_params;
+        add_llama_block_params(b, layer, blk, cfg);
+        L->n_params = m->n_params - L->first_param;
+        char name[96];
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", blk, suffix), name)
+        add_param(b, layer, NAME("enorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+        add_param(b, layer, NAME("hnorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+        add_param(b, layer, NAME("eh_proj.weight"), C, 2 * C, TS_INIT_NORMAL, 0.02f, -1, 1);
+        add_param(b, layer, NAME("shared_head.norm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+#undef NAME
+    }
+}
+
 /* The tensor-parallel context the spec describes: its group (one rank by default) with
  * sequence parallelism and tp_overlap's sub-batches. */
 static ts_tp spec_tp(const ts_model_spec *spec)
@@ -286,14 +325,26 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->cp = spec->cp.size ? spec->cp : ts_cp_make(1, 0, NULL, tp->k, cfg->seq_len);
     TS_ASSERT(m->cp.k == m->k && m->cp.T <= m->max_seq_len);
     m->n_layers = cfg->n_layer + 2;
-    m->layers = ts_calloc((size_t)m->n_layers, sizeof *m->layers);
+    m->mtp_layers = cfg->mtp_layers;
+    m->mtp_coef = m->mtp_layers > 0 ? (float)(spec->mtp_loss / m->mtp_layers) : 0.0f;
+    /* The modules' entries follow the pipeline's layers (model.h). */
+    m->layers = ts_calloc((size_t)m->n_layers + (size_t)m->mtp_layers, sizeof *m->layers);
     m->layer_mem = ts_calloc((size_t)m->n_layers, sizeof *m->layer_mem);
-    m->wte_param = m->head_wte_param = -1;
+    m->wte_param = m->head_wte_param = m->mtp_wte_param = -1;
 
     const int C = cfg->n_embd, V = cfg->vocab_size, T = cfg->seq_len;
     const bool llama = m->arch == TS_ARCH_LLAMA;
     const char *wte_name = llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
     builder b = {.m = m};
+    const int head = m->n_layers - 1;
+    for (int k = 1; k <= m->mtp_layers; k++) { /* the modules' blocks (model.h) */
+        const int blk = cfg->n_layer + k - 1;
+        m->layers[head + k] = (ts_layer){
+            .kind = TS_LAYER_BLOCK, .block = blk, .owned = owned ? owned[head] : true,
+            .moe = ts_model_block_is_moe(cfg, blk),
+            .selective = spec->selective_all || (spec->selective && spec->selective[head])};
+        m->selective_recompute |= m->layers[head + k].selective;
+    }
     for (int l = 0; l < m->n_layers; l++) {
         ts_layer *L = &m->layers[l];
         L->owned = owned ? owned[l] : true;
@@ -339,6 +390,7 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
                 m->params[m->head_wte_param].tied_copy = true;
                 m->params[m->head_wte_param].shard.replica = 1; /* counted and saved once */
             }
+            if (m->mtp_layers > 0) add_mtp_params(&b, l, cfg);
             break;
         }
         L->n_params = m->n_params - L->first_param;
@@ -428,8 +480,12 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
         build_rope_tables(m, spec->arch);
         rope_tables_at_positions(m);
     }
+    if (m->mtp_layers > 0) {
+        m->mtp_sums = m->k->dev_alloc((size_t)m->mtp_layers * sizeof(double));
+        m->k->memset_zero(m->mtp_sums, (size_t)m->mtp_layers * sizeof(double));
+    }
     if (m->moe_experts > 0) { /* zeroed: no bias, no counts yet */
-        const size_t n = (size_t)m->n_layer * m->moe_experts;
+        const size_t n = (size_t)ts_model_blocks(m) * m->moe_experts;
         m->moe_bias = m->k->dev_alloc(n * sizeof(float));
         m->moe_counts = m->k->dev_alloc(n * sizeof(int));
         m->moe_losses = m->k->dev_alloc(2 * sizeof(float));
@@ -488,6 +544,7 @@ void ts_model_free(ts_model *m)
         m->k->dev_free(m->moe_bias);
         m->k->dev_free(m->moe_counts);
         m->k->dev_free(m->moe_losses);
+        m->k->dev_free(m->mtp_sums);
         if (m->moe_dispatch) {
             ts_expert_dispatch_free(m->moe_dispatch);
             free(m->moe_dispatch);

@@ -158,6 +158,21 @@ typedef struct {
     double moe_capacity;
 
     int n_layers;           /* n_layer + 2 */
+    /* Multi-token prediction (model/mtp.c; mtp_layers 0: none): D = mtp_layers modules
+     * after the last block, all in the head's layer (its parameters and activations, so
+     * a pipeline's last stage holds them with the head). Module k (1..D) runs a block of
+     * the model's kind, described by layers[n_layers + k - 1] (kind TS_LAYER_BLOCK,
+     * block n_layer + k - 1, owned with the head; its parameters' `layer` is the
+     * head's): `layers` has n_layers + D entries, of which the pipeline, the memory
+     * views and every loop over n_layers see the first n_layers. mtp_coef = lambda / D
+     * (train.mtp_loss / D) weighs each depth's loss; mtp_wte_param: the token embedding
+     * the modules read (wte_param on one stage, else the head's copy, as the tied one);
+     * mtp_sums [D] doubles in device memory: each depth's summed per-token losses since
+     * ts_model_mtp_begin. */
+    int mtp_layers;
+    float mtp_coef;
+    int mtp_wte_param;
+    double *mtp_sums;
     ts_layer *layers;
     int n_params;
     ts_param *params;
@@ -225,6 +240,8 @@ typedef struct {
     bool without_weights, without_grads;
     /* The MoE auxiliary losses' coefficients (train.moe_z_loss, train.moe_aux_loss). */
     float moe_z_loss, moe_aux_loss;
+    /* train.mtp_loss: lambda, multi-token prediction's weight (model.mtp_layers > 0). */
+    double mtp_loss;
     /* Expert parallelism: the ep group (topology's groups->ep; NULL or size 1: every rank
      * holds every expert) and this rank's place in it (ep_size, ep_rank for a layout
      * without a group: ep_size 0 means the group's size). */
@@ -240,6 +257,15 @@ typedef struct {
     const ts_comm *etp;
     int etp_size;
 } ts_model_spec;
+
+/* Blocks of the model, the multi-token prediction modules' included (n_layer + D): the
+ * rows of the MoE state arrays (moe_bias, moe_counts). */
+static inline int ts_model_blocks(const ts_model *m) { return m->n_layer + m->mtp_layers; }
+/* The layer of block b (b < ts_model_blocks): 1 + b, or an MTP module's entry (model.h). */
+static inline int ts_model_block_layer(const ts_model *m, int b)
+{
+    return b < m->n_layer ? b + 1 : m->n_layers + (b - m->n_layer);
+}
 
 /* Add a between-layers hook (each owner adds its own, once). */
 static inline void ts_model_add_between_layers(ts_model *m, void (*fn)(void *ctx), void *ctx)
@@ -307,6 +333,13 @@ void ts_model_init_param_random(ts_model *m, int p, uint64_t seed);
  * cfg->rope_scaling > 0 (in double). */
 void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim);
 
+/* ---- multi-token prediction, per optimizer step (model/mtp.c) ---- */
+/* Zero the depths' loss sums: before the step's first forward (nothing without MTP). */
+void ts_model_mtp_begin(const ts_model *m);
+/* The depths' summed per-token losses [mtp_layers] on this rank since the begin (0
+ * where this rank holds no head); the caller sums them over the grid. */
+void ts_model_mtp_read(const ts_model *m, double *sums);
+
 /* Total logical parameters of the model (tied wte counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
 /* One block's multi-head latent attention parameters (model.kv_lora_rank > 0), its
@@ -351,6 +384,10 @@ typedef struct {
     int B, T;               /* T: the positions of each sequence this rank holds (under
                              * context parallelism cp.T / cp.size) */
     int *tokens, *targets;  /* [B*T], owned */
+    int *mtp_ids;           /* multi-token prediction, when the range ends with the head:
+                             * [2 D][B*T], depth k's (1..D) input ids t_{i+k} at
+                             * 2(k-1) and its targets t_{i+k+1} at 2(k-1)+1, owned
+                             * (ts_acts_set_mtp_ids); NULL otherwise */
     const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
     float dloss;            /* the last forward's weight per target (1 / targets in the
                              * global batch): the MoE auxiliary losses' scale */
@@ -378,6 +415,13 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
 size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T);
 size_t ts_acts_stash_bytes(const ts_model *m, int l0, int l1, int B, int T);
 void ts_acts_free(ts_acts *a);
+
+/* Multi-token prediction (nothing without it, or when a's range lacks the head): depth
+ * k's ids from the micro-batch's whole sequences, targets_host [B, seq_len] on the host
+ * (t_{i+1} at position i): the input t_{i+k} (0 past the window's end) and the target
+ * t_{i+k+1} (0 where it lies past the window: the loss skips those positions), shifted
+ * on whole sequences before context parallelism picks this rank's positions. */
+void ts_acts_set_mtp_ids(const ts_model *m, ts_acts *a, const int *targets_host, int seq_len);
 
 /* Output [B*T, C] of layer l (valid after forward; not for the head); under sequence
  * parallelism this rank's rows [B*T / tp, C] (tensor/tp.h), as for a->input and dx. */
@@ -410,7 +454,9 @@ void ts_scratch_free(ts_scratch *s);
  * is computed with weight `dloss` per target (1 / targets in the global batch), the
  * head's input gradient is prepared, and the sum of per-token losses is ADDED to
  * *loss_acc (a double in device memory, so a step's losses are read back once; NULL:
- * not wanted). */
+ * not wanted). With multi-token prediction the modules run after the head (their
+ * losses into m->mtp_sums when loss_acc is given), except for dloss 0 (an evaluation:
+ * the head's loss alone). */
 void ts_model_forward(const ts_model *m, ts_acts *a, float dloss, double *loss_acc);
 
 /* Forward for generation, without a loss: every layer of the whole model on one rank

@@ -626,14 +626,14 @@ void ts_moe_backward(const block_sub *b, void *din, const void *dout, const void
 void ts_model_moe_begin(const ts_model *m)
 {
     if (m->moe_experts == 0) return;
-    m->k->memset_zero(m->moe_counts, (size_t)m->n_layer * m->moe_experts * sizeof(int));
+    m->k->memset_zero(m->moe_counts, (size_t)ts_model_blocks(m) * m->moe_experts * sizeof(int));
     m->k->memset_zero(m->moe_losses, 2 * sizeof(float));
 }
 
 void ts_model_moe_read(const ts_model *m, int *counts, float *losses)
 {
     if (m->moe_experts == 0) return;
-    m->k->memcpy_d2h(counts, m->moe_counts, (size_t)m->n_layer * m->moe_experts * sizeof(int));
+    m->k->memcpy_d2h(counts, m->moe_counts, (size_t)ts_model_blocks(m) * m->moe_experts * sizeof(int));
     m->k->memcpy_d2h(losses, m->moe_losses, 2 * sizeof(float));
 }
 
@@ -641,14 +641,14 @@ void ts_model_moe_update_bias(ts_model *m, const int *counts, long long tokens, 
 {
     const int E = m->moe_experts;
     if (E == 0 || rate <= 0.0f) return;
-    const size_t n = (size_t)m->n_layer * E;
+    const size_t n = (size_t)ts_model_blocks(m) * E;
     float *bias = ts_malloc(n * sizeof(float));
     m->k->memcpy_d2h(bias, m->moe_bias, n * sizeof(float));
     /* mean and count compared exactly (in double: N*K/E need not be whole). The mean is
      * the counts' own, as Megatron's (tokens_per_expert.mean()): tokens * K / E dropless,
      * the kept assignments' mean under a capacity. */
-    for (int l = 0; l < m->n_layer; l++) {
-        if (!m->layers[l + 1].moe) continue;
+    for (int l = 0; l < ts_model_blocks(m); l++) {
+        if (!m->layers[ts_model_block_layer(m, l)].moe) continue;
         long long sum = 0;
         for (int e = 0; e < E; e++) sum += counts[(size_t)l * E + e];
         const long long all = tokens * m->moe_top_k; /* every selection */
@@ -668,8 +668,8 @@ double ts_moe_dropped_share(const ts_model *m, const int *counts, long long toke
 {
     const int E = m->moe_experts;
     long long kept = 0, all = 0;
-    for (int l = 0; l < m->n_layer && E > 0; l++) {
-        if (!m->layers[l + 1].moe) continue;
+    for (int l = 0; l < ts_model_blocks(m) && E > 0; l++) {
+        if (!m->layers[ts_model_block_layer(m, l)].moe) continue;
         for (int e = 0; e < E; e++) kept += counts[(size_t)l * E + e];
         all += tokens * m->moe_top_k;
     }
@@ -681,7 +681,7 @@ double ts_moe_worst_load(const ts_model *m, const int *counts)
 {
     const int E = m->moe_experts;
     double worst = 0.0;
-    for (int l = 0; l < m->n_layer && E > 0; l++) {
+    for (int l = 0; l < ts_model_blocks(m) && E > 0; l++) {
         long long sum = 0, most = 0;
         for (int e = 0; e < E; e++) {
             const long long c = counts[(size_t)l * E + e];

@@ -296,9 +296,14 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     if (replay) {
         e->model->k->memcpy_d2d(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
         e->model->k->memcpy_d2d(a->targets, s->targets, (size_t)e->N * sizeof(int));
+        if (a->mtp_ids) /* the whole sequences again, for the shifted ids */
+            ts_data_microbatch(e->data, step, e->cfg->train.global_batch, e->dp, e->dp_rank,
+                               e->B, mb, e->seq_len, e->tokens_host, e->targets_host);
     } else {
         load_batch(e, step, mb, a);
     }
+    /* Multi-token prediction's shifted ids, from the whole sequences on the host. */
+    ts_acts_set_mtp_ids(e->model, a, e->targets_host, e->seq_len);
     const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->seq_len);
     /* The loss of a replayed forward was counted the first time. */
     ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);

@@ -357,9 +357,12 @@ static void layout_chunk_floats(const ts_model *m, const ts_partition *part,
  * left out.) */
 static double group_sum_copy(const ts_model *m)
 {
-    const int tied = m->wte_param >= 0 ? m->wte_param : m->head_wte_param;
-    const bool one_end = m->wte_param < 0 || m->head_wte_param < 0; /* the other elsewhere */
-    if (!m->tied || tied < 0 || !one_end) return 0.0;
+    /* Untied with multi-token prediction, the modules' copy of the embedding (model.h
+     * mtp_wte_param) is summed the same way. */
+    const int head_copy = m->tied ? m->head_wte_param : m->mtp_layers > 0 ? m->mtp_wte_param : -1;
+    const int tied = m->wte_param >= 0 ? m->wte_param : head_copy;
+    const bool one_end = m->wte_param < 0 || head_copy < 0; /* the other elsewhere */
+    if ((!m->tied && m->mtp_layers == 0) || tied < 0 || !one_end) return 0.0;
     return 4.0 * (double)((m->params[tied].numel + 15) / 16 * 16) / 2.0; /* as laid out */
 }
 

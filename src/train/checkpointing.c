@@ -411,7 +411,7 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     /* The MoE bias as it stands after `step` steps (an asynchronous save commits later). */
     float *moe_bias = NULL;
     if (t->model.moe_experts > 0) {
-        a.moe_bias_n = (size_t)t->model.n_layer * t->model.moe_experts;
+        a.moe_bias_n = (size_t)ts_model_blocks(&t->model) * t->model.moe_experts;
         moe_bias = ts_malloc(a.moe_bias_n * sizeof(float));
         t->model.k->memcpy_d2h(moe_bias, t->model.moe_bias, a.moe_bias_n * sizeof(float));
         a.moe_bias = moe_bias;

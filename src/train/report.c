@@ -266,7 +266,7 @@ static ts_status report_moe_tokens(ts_trainer *t, int step, const ts_step_stats 
     const bool due = (every > 0 && (step + 1) % every == 0) || step == t->cfg.train.steps - 1;
     if (!s->moe || !s->moe_counts || !due || !t->metrics) return TS_OK;
     json_t *layers = json_array(), *tokens = json_array();
-    for (int l = 0; l < mc->n_layer; l++) {
+    for (int l = 0; l < mc->n_layer + mc->mtp_layers; l++) { /* MTP's blocks last */
         if (!ts_model_block_is_moe(mc, l)) continue;
         json_t *row = json_array();
         for (int e = 0; e < mc->moe_experts; e++)
@@ -318,13 +318,22 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(moe + strlen(moe), sizeof moe - strlen(moe),
                  ",\"a2a_ms\":%.3f,\"a2a_wait_ms\":%.3f,\"a2a_hidden\":%.4f", s->a2a_ms,
                  s->a2a_wait_ms, s->a2a_hidden);
+    /* Multi-token prediction: each depth's loss, "mtp_loss": [l_1, ..., l_D]. */
+    char mtp[40 * 64 + 16] = "";
+    for (int k = 0; k < s->mtp_depths; k++) {
+        char v[32];
+        json_number(v, sizeof v, s->mtp_loss[k]);
+        snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "%s%s",
+                 k == 0 ? ",\"mtp_loss\":[" : ",", v);
+    }
+    if (s->mtp_depths > 0) snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "]");
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, data,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, mtp, data,
         s->skipped ? ",\"skipped\":true" : "");
     if (st == TS_OK) st = report_moe_tokens(t, step, s);
     if (t->cfg.log.progress) {

@@ -137,7 +137,8 @@ static void build_model(ts_trainer *t, int level)
         .moe_aux_loss = (float)cfg->train.moe_aux_loss,
         .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL,
         .ep_overlap = cfg->parallel.ep_overlap,
-        .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL};
+        .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL,
+        .mtp_loss = cfg->train.mtp_loss};
     ts_model_build(&t->model, &spec);
     free(selective);
     free(owned);
@@ -248,7 +249,7 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     out->a2a = m->moe_dispatch != NULL; /* the same on every rank: ep > 1 */
     out->a2a_ms = out->a2a_wait_ms = out->a2a_hidden = 0.0;
     if (!out->moe) return;
-    const size_t n = (size_t)m->n_layer * m->moe_experts;
+    const size_t n = (size_t)ts_model_blocks(m) * m->moe_experts;
     if (!t->moe_counts) t->moe_counts = ts_malloc(n * sizeof(int)); /* kept for the report */
     int *counts = t->moe_counts;
     double *sums = ts_malloc((n + 4) * sizeof(double));
@@ -301,6 +302,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     ts_reducer_begin(&t->reducer);
     ts_zero_begin(&t->zero);
     ts_model_moe_begin(&t->model);
+    ts_model_mtp_begin(&t->model);
     if (t->model.moe_dispatch) { /* the step's exchanges only (not a validation's) */
         double a2a_ms, wait_ms;
         ts_expert_dispatch_take_times(t->model.moe_dispatch, &a2a_ms, &wait_ms);
@@ -335,11 +337,25 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     }
     double norm = sqrt(grid_sum(t, sumsq));
     out->loss = grid_sum(t, ts_tp_once(&t->model.tp, t->engine.loss_sum)) / ((double)B * T);
+    /* Multi-token prediction's depths, as the loss: the last stage's tp rank 0 each. */
+    out->mtp_depths = t->model.mtp_layers;
+    bool mtp_finite = true;
+    if (out->mtp_depths > 0) {
+        TS_ASSERT(out->mtp_depths <= (int)(sizeof out->mtp_loss / sizeof out->mtp_loss[0]));
+        ts_model_mtp_read(&t->model, out->mtp_loss);
+        for (int k = 0; k < out->mtp_depths; k++)
+            out->mtp_loss[k] = ts_tp_once(&t->model.tp, out->mtp_loss[k]);
+        ts_host_allreduce_sum_f64(&t->groups->world, out->mtp_loss, out->mtp_depths);
+        for (int k = 0; k < out->mtp_depths; k++) {
+            out->mtp_loss[k] /= (double)B * T;
+            mtp_finite &= isfinite(out->mtp_loss[k]) != 0;
+        }
+    }
     /* A non-finite loss or norm (every rank sees the same sums) never reaches the
      * weights: the update is dropped, and train.on_nonfinite says whether the run stops
      * (ts_trainer_run) or goes on with the next step. Otherwise AdamW on this rank's
      * ranges, and with ZeRO-1 the all-gather of the updated parameters. */
-    out->skipped = !isfinite(norm) || !isfinite(out->loss);
+    out->skipped = !isfinite(norm) || !isfinite(out->loss) || !mtp_finite;
     /* The bias moves with every step the data saw, as the counts were made by its
      * selection (DeepSeek-V3 updates it per step, apart from the optimizer). */
     moe_step_end(t, out);

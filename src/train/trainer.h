@@ -47,6 +47,12 @@ typedef struct {
      * 1 - blocked / total over every rank. */
     bool a2a;
     double a2a_ms, a2a_wait_ms, a2a_hidden;
+    /* Multi-token prediction (model.mtp_layers = D > 0): each depth's loss as it enters
+     * the objective, sum of its per-token cross-entropies over (global batch * seq_len)
+     * (positions past the window count 0); the objective is loss + train.mtp_loss / D *
+     * the sum of these. */
+    int mtp_depths;
+    double mtp_loss[64];
     const int *moe_counts; /* [n_layer * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
