@@ -1128,6 +1128,18 @@ int main(void)
         compare_memory("configs/llama-tiny.cfg", k_mla_sets, N_MLA_SETS, &cpu);
         printf("memory compared on %d MLA grids\n", g_mem_grids - mla_before);
         CHECK(g_mem_grids - mla_before > 500);
+        /* DeepSeek-V3's form in small: MLA, the MoE (first block dense, a shared expert)
+         * and one MTP module (in the head's layer, on the last stage), ep 2. */
+        const char *ds[N_MLA_SETS + N_MOE_SETS + 2];
+        int n_ds = 0;
+        for (int k = 0; k < N_MLA_SETS; k++) ds[n_ds++] = k_mla_sets[k];
+        for (int k = 0; k < N_MOE_SETS; k++) ds[n_ds++] = k_moe_sets[k];
+        ds[n_ds++] = "model.mtp_layers=1";
+        ds[n_ds++] = "parallel.ep=2";
+        const int ds_before = g_mem_grids;
+        compare_memory("configs/llama-tiny.cfg", ds, n_ds, &cpu);
+        printf("memory compared on %d MLA + MoE + MTP grids\n", g_mem_grids - ds_before);
+        CHECK(g_mem_grids - ds_before > 200);
     }
     test_moe_search(4);
     printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",

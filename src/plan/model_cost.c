@@ -273,9 +273,11 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
     }
     /* The head's copy of a tied embedding when it sits on another stage (an untied head
-     * has its own lm_head among its parameters). */
+     * has its own lm_head among its parameters), or the MTP modules' copy of the
+     * embedding they read (model.h mtp_wte_param: one copy when both). */
     const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
-    L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
+    L->wte_floats =
+        ts_model_tied(mc) || mc->mtp_layers > 0 ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
     /* The same layout under selective recompute: what it drops and adds. */
     ts_model sel;

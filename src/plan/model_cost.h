@@ -117,7 +117,8 @@ typedef struct {
     double *f_att;            /* [n_layers] the attention core's forward (scores, softmax,
                                  weighted sum): what selective recompute reruns per backward */
     double *stash_bytes;      /* [n_layers] zero-bubble stash bytes (I to W) */
-    double wte_floats;        /* the tied copy the head keeps without the embedding */
+    double wte_floats;        /* the copy of the embedding the head keeps without it: a
+                                 tied head's, or the MTP modules' (model.h mtp_wte_param) */
     double scratch_bytes;     /* the backward scratch a rank allocates once */
     double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages
