@@ -107,8 +107,9 @@ static int attention_block(const ts_kernels *k)
 /* One head's forward products over Tq queries (the last Tq positions) against Tk keys,
  * q.k over hs channels and the weighted sum of hv value channels (MLA: nope + rope and
  * v_head_dim; else both head_dim), as a kernel with causal block `block` runs them (0:
- * the whole rectangle, the GEMMs Tq x Tk x hs and Tq x hv x Tk; else per block of query rows the GEMMs over the keys up to the block's
- * end, ts_att_block_end's rule); the score entries computed into *area. */
+ * the whole rectangle, the GEMMs Tq x Tk x hs and Tq x hv x Tk; else per block of query
+ * rows the GEMMs over the keys up to the block's end, ts_att_block_end's rule); the score
+ * entries computed into *area. */
 static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int Tk, int block,
                          double *area)
 {
@@ -484,7 +485,8 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
             &bk[mc->moe_experts > 0 && ts_model_block_is_moe(mc, mc->n_layer + d - 1)];
         const double f_tp = (sp ? ag_act : ar_act) + b->f_tp + head.f_tp;
         const double i_tp = ag_act + b->i_tp + head.i_tp;
-        L->f[h] += mem_time(cl, ab * (2.0 * N * C + shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) +
+        L->f[h] += mem_time(cl, ab * (2.0 * N * C +
+                                      shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) +
                                       2.0 * NL * C)) +
                    own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) + eh +
                    (sp ? ag_act : ar_act) + b->f + head.f;
@@ -657,11 +659,12 @@ double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
-     * (n_head * head_dim = n_embd unless model.head_dim says otherwise; grouped-query attention shares k and v between query
-     * heads but computes as many scores; MLA: 6 T n_head (nope + rope + v)). An MoE model counts the parameters a token
-     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no
-     * model its embeddings' lookups (ts_plan_flops_params: Megatron counts the logit
-     * layer alone). Multi-token prediction's modules count as Megatron counts them
+     * (n_head * head_dim = n_embd unless model.head_dim says otherwise; grouped-query
+     * attention shares k and v between query heads but computes as many scores; MLA:
+     * 6 T n_head (nope + rope + v)). An MoE model counts the parameters a token uses
+     * (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no model its
+     * embeddings' lookups (ts_plan_flops_params: Megatron counts the logit layer alone).
+     * Multi-token prediction's modules count as Megatron counts them
      * (ts_plan_mtp_flops_params and their blocks' attention). */
     const double tokens = (double)global_batch * mc->seq_len;
     return 6.0 * (ts_plan_flops_params(mc) + ts_plan_mtp_flops_params(mc)) * tokens +

@@ -18,6 +18,15 @@
  * of the rank's heads), o_proj [C, NH*HS], gate and up [F, C] (one GEMM of 2F/tp
  * columns), down [C, F]; attention's two batched GEMMs per query head. The embedding
  * has no position table for llama; the head's GEMM is the same shape tied or not.
+ * Multi-head latent attention (model.kv_lora_rank > 0; model/mla.c) in q, k, v's place:
+ * the latent trunk [q_lora + kv_lora + rope, C] (one GEMM, replicated over tp; without a
+ * q latent q_proj's local heads join it), q_b_proj [hl (nope + rope), q_lora] and
+ * kv_b_proj [hl (nope + v), kv_lora] column-parallel, o_proj [C, hl v] row-parallel;
+ * attention's q.k over nope + rope channels, its weighted sum over v; under context
+ * parallelism the latent and rope key exchanged instead of K/V and kv_b_proj run over
+ * the gathered sequence (model/mla_cp.h). Multi-token prediction (model.mtp_layers):
+ * each module's lookup, norms, eh_proj [C, 2C], block and second head pass are the head
+ * layer's (docs/ARCHITECTURE.md "The planner with MLA and MTP").
  *
  * Attention's products follow the kernel table, one rule for a rectangle of Tq queries
  * (the last Tq of Tk positions; without cp the T x T square, with it each prefix): the
