@@ -963,6 +963,15 @@ static void test_mla_formulas(void)
                ts_rel_err(L.w[4] * peak, lin_att, 1) < 1e-12,
            "MLA MoE block: attention %.6g FLOPs, want %.6g",
            (L.f_gemm[4] - b->router_f - b->experts_f - b->shared_f) * peak, lin_att + core);
+    /* Selective recompute reruns the core and rebuilds k and v from the kept latent:
+     * kv_b_proj, RoPE (q's rope channels, the shared key) and the q|k|v assembly, bf16. */
+    const double bw = cl.memory_bandwidth;
+    const double rebuild = 2 * N * hl * (NOPE + VD) * RKV / peak +
+                           2.0 * (N * (hl * (NOPE + VD) + RD + hl * (HS + VD)) +
+                                  2 * N * (hl + 1) * RD) / bw;
+    CHECKF(ts_rel_err(L.f_att[1], core / peak + 2.0 * 3 * hl * T * T / bw + rebuild, 1) < 1e-12,
+           "MLA selective rerun %g s, want %g", L.f_att[1],
+           core / peak + 2.0 * 3 * hl * T * T / bw + rebuild);
     const int h = L.n_layers - 1;
     const double eh = 2 * N * C * 2 * C / peak;
     CHECKF(ts_rel_err(L.f_gemm[h], 2 * L0.f_gemm[h] + eh + L.f_gemm[4], 1) < 1e-12 &&

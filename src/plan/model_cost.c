@@ -372,6 +372,14 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
     const double elem_mla = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * lat) + mla_rw);
     const double own_mla_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 2.0 * lat, lat);
     const double own_mla_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 4.0 * lat, lat);
+    /* What an MLA block's selective recompute reruns besides the attention core
+     * (act_layout.h: it keeps the latents and q before RoPE, not the assembled q|k|v):
+     * kv_b_proj from the kept latent (under context parallelism the exchange's expansion,
+     * kvb_cp, already does), RoPE and the assembly. */
+    const double mla_rebuild =
+        mla ? (cp > 1 ? 0.0 : S * gemm(cl, Ns, hl * (mc->qk_nope_head_dim + hv), RKV)) +
+                  mem_time(cl, ab * (mla_rw + rope))
+            : 0.0;
     const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C +
                               shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope) + elem_mla;
     const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) +
@@ -411,7 +419,7 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         d->i = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b + d->i_tp +
                d->i_cp + 2.0 * kvb_cp;
         d->w = lin - kvb_cp;
-        d->f_att = att + mem_time(cl, ab * scores_f);
+        d->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
     }
     if (mc->moe_experts > 0) {
         block_cost *e = &bk[1];
@@ -432,7 +440,7 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         e->i = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) + own_att_b +
                e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b + 2.0 * kvb_cp;
         e->w = lin_att - kvb_cp;
-        e->f_att = att + mem_time(cl, ab * scores_f);
+        e->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
     }
     for (int l = 1; l <= mc->n_layer; l++)
         block_into(L, l, &bk[mc->moe_experts > 0 && ts_model_block_is_moe(mc, l - 1)]);

@@ -124,7 +124,9 @@ typedef struct {
     double *att_bytes;        /* [n_layers] the part of act_bytes that is attention's
                                  saved state (selective recompute keeps none of it) */
     double *f_att;            /* [n_layers] the attention core's forward (scores, softmax,
-                                 weighted sum): what selective recompute reruns per backward */
+                                 weighted sum): what selective recompute reruns per backward
+                                 (MLA: with kv_b_proj from the kept latent, RoPE and the
+                                 q|k|v assembly) */
     double *stash_bytes;      /* [n_layers] zero-bubble stash bytes (I to W) */
     double wte_floats;        /* the copy of the embedding the head keeps without it: a
                                  tied head's, or the MTP modules' (model.h mtp_wte_param) */
