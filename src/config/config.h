@@ -117,6 +117,13 @@ static inline bool ts_model_tied(const ts_model_config *m)
 {
     return m->tie_embeddings > 0 || (m->tie_embeddings == 0 && ts_model_arch(m) == TS_ARCH_GPT2);
 }
+/* The head's layer reads the token embedding: tied, or multi-token prediction's modules
+ * (model/mtp.c) embed their shifted tokens. A pipeline's last stage then holds a copy of
+ * it, or the embedding's chunk stays resident beside the head's (ZeRO-2/3, V schedules). */
+static inline bool ts_model_head_reads_embedding(const ts_model_config *m)
+{
+    return ts_model_tied(m) || m->mtp_layers > 0;
+}
 static inline int ts_model_ffn(const ts_model_config *m)
 {
     if (m->ffn_hidden > 0) return m->ffn_hidden;

@@ -331,7 +331,7 @@ static void build_residency(ts_zero_state *s)
         z->held = true;
         held[z->chunk] = true;
     }
-    const int tied = ts_residency_tied_chunk(s->sched, s->model->tied);
+    const int tied = ts_residency_tied_chunk(s->sched, s->model->tied || s->model->mtp_layers > 0);
     ts_residency_build(s->sched, s->pp_rank, tied, held, &s->res);
     free(held);
 }

@@ -452,7 +452,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
     if (sharded) {
         out->chunk_floats = ts_calloc((size_t)n, sizeof(double));
         layout_chunk_floats(&m, part, sched, pp_rank, out->chunk_floats);
-        ts_memory_residency(sched, pp_rank, ts_model_tied(mc), m.kv_replicas > 1,
+        ts_memory_residency(sched, pp_rank, ts_model_head_reads_embedding(mc), m.kv_replicas > 1,
                             part->first_layer, part->n_chunk_layers, n_layers, &out->res);
     }
     out->sh = (ts_memory_shape){
@@ -542,7 +542,7 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
 {
     const ts_model_config *mc = &cfg->model;
     const bool kv = ts_model_arch(mc) == TS_ARCH_LLAMA && cfg->parallel.tp > ts_model_kv_heads(mc);
-    ts_memory_residency(s, pp_rank, ts_model_tied(mc), kv, part->first_layer, part->n_chunk_layers,
+    ts_memory_residency(s, pp_rank, ts_model_head_reads_embedding(mc), kv, part->first_layer, part->n_chunk_layers,
                         mc->n_layer + 2, r);
 }
 

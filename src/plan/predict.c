@@ -305,7 +305,7 @@ static const ts_residency *res_for(ts_plan_ctx *x, const ts_plan_grid *g, const 
     *e = (res_entry){.sched = si, .first = first, .pp = g->pp,
                      .res = ts_calloc((size_t)g->pp, sizeof(ts_residency))};
     for (int q = 0; q < g->pp; q++)
-        ts_memory_residency(&se->s, q, ts_model_tied(mc), kv, p->first, p->sizes,
+        ts_memory_residency(&se->s, q, ts_model_head_reads_embedding(mc), kv, p->first, p->sizes,
                             mc->n_layer + 2, &e->res[q]);
     return e->res;
 }
