@@ -102,10 +102,10 @@ int main(int argc, char **argv)
          K->matmul_forward(y, h, w, bias, N, 4 * C, C));
     TIME("matmul_backward fcproj", 4.0 * N * C * 4 * C * 1e-9, L, 10,
          K->matmul_backward(h2, dw, db, dy, h, w, N, 4 * C, C));
-    TIME("attention_forward", gf_att, L, 10,
-         K->attention_forward(y, att, qkv, B, T, NH, NH, C / NH));
+    const ts_att_heads heads = ts_att_heads_gqa(NH, NH, C / NH);
+    TIME("attention_forward", gf_att, L, 10, K->attention_forward(y, att, qkv, B, T, heads));
     TIME("attention_backward", 2 * gf_att, L, 10,
-         K->attention_backward(dqkv, scratch, dy, qkv, att, B, T, NH, NH, C / NH));
+         K->attention_backward(dqkv, scratch, dy, qkv, att, B, T, heads));
     TIME("gelu_forward", 0, L, 20, K->gelu_forward(h2, h, NC * 4));
     TIME("gelu_backward", 0, L, 20, K->gelu_backward(h2, h, dh, NC * 4));
     TIME("residual_forward", 0, 2 * L, 20, K->residual_forward(y, x, dy, NC));

@@ -105,8 +105,10 @@ static void run(const ts_kernels *k, int d, int reps)
     TIME(d, row++, reps, k->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C));
     TIME(d, row++, reps, k->swiglu_forward(sw, gu, N, F));
     TIME(d, row++, reps, k->swiglu_backward(dgu, gu, sw, N, F));
-    TIME(d, row++, reps, k->rope_forward(qkv, cs, sn, B, T, NH, NKV, HS));
-    TIME(d, row++, reps, k->rope_backward(qkv, cs, sn, B, T, NH, NKV, HS));
+    TIME(d, row++, reps,
+         k->rope_forward(qkv, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false));
+    TIME(d, row++, reps,
+         k->rope_backward(qkv, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false));
     TIME(d, row++, reps / 3 + 1,
          (memcpy(logits, logits0, (size_t)N * V * es),
           k->crossentropy_forward_backward(losses, logits, tokens, N, V, 1.0f / N)));

@@ -92,15 +92,14 @@ static void mm_b(void *dinp, float *dw, float *db, const void *dout, const void 
     snprintf(key, sizeof key, "matmul_backward %dx%dx%d", N, OC, C);
     TIMED(key, K->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC));
 }
-static void att_f(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV, int HS)
+static void att_f(void *out, void *att, const void *qkv, int B, int T, ts_att_heads h)
 {
-    TIMED("attention_forward", K->attention_forward(out, att, qkv, B, T, NH, NKV, HS));
+    TIMED("attention_forward", K->attention_forward(out, att, qkv, B, T, h));
 }
 static void att_b(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                  const void *att, int B, int T, int NH, int NKV, int HS)
+                  const void *att, int B, int T, ts_att_heads h)
 {
-    TIMED("attention_backward",
-          K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS));
+    TIMED("attention_backward", K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, h));
 }
 static void gelu_f(void *out, const void *inp, size_t n)
 {

@@ -96,6 +96,7 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
     ts_scratch s;
     ts_acts_init(&a, m, 0, m->n_layers, mb, T);
     ts_scratch_init(&s, m, mb, T);
+    a.mla_work = ts_scratch_mla_work(&s, m, mb, T); /* MLA assembles q|k|v there */
     float *dx = ts_alloc_floats((size_t)mb * T * m->n_embd);
     memset(m->grad_mem, 0, m->num_floats * sizeof(float));
     ts_model_moe_begin(m); /* an MoE model's counts and loss sums are this batch's */

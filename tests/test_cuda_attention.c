@@ -29,11 +29,10 @@
 static const ts_kernels *G = &ts_kernels_cuda; /* device memory and the table's slots */
 static const ts_kernels *H = &ts_kernels_cpu;  /* the reference, on host memory */
 
-typedef size_t (*size_fn)(int B, int T, int NH, int HS);
-typedef void (*fwd_fn)(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,
-                       int HS);
+typedef size_t (*size_fn)(int B, int T, ts_att_heads h);
+typedef void (*fwd_fn)(void *out, void *att, const void *qkv, int B, int T, ts_att_heads h);
 typedef void (*bwd_fn)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                       const void *att, int B, int T, int NH, int NKV, int HS);
+                       const void *att, int B, int T, ts_att_heads h);
 
 typedef struct {
     const char *name;
@@ -62,48 +61,56 @@ static void expect_close(const char *who, const char *what, ts_dtype t, const vo
 
 /* ---- one shape, every variant ------------------------------------------------------ */
 
-static void test_shape(const variant *vs, int nv, int B, int T, int NH, int NKV, int HS)
+static void test_heads(const variant *vs, int nv, int B, int T, ts_att_heads h)
 {
-    const int C = NH * HS;
-    const size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * C;
+    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
+    const size_t nqkv = (size_t)B * T * ts_att_qkv_width(h);
+    const size_t nout = (size_t)B * T * ts_att_out_width(h);
     float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout);
     for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_bf16_round(ts_test_frand());
     for (size_t i = 0; i < nout; i++) dout[i] = ts_bf16_round(ts_test_frand());
 
     /* The CPU reference. */
     float *out = ts_alloc_floats(nout), *dqkv = ts_alloc_floats(nqkv);
-    size_t hs = H->attention_saved_bytes(B, T, NH, HS) / sizeof(float) + 1;
-    size_t hsc = H->attention_scratch_bytes(B, T, NH, HS) / sizeof(float) + 1;
+    size_t hs = H->attention_saved_bytes(B, T, h) / sizeof(float) + 1;
+    size_t hsc = H->attention_scratch_bytes(B, T, h) / sizeof(float) + 1;
     float *att = ts_alloc_floats(hs), *scr = ts_alloc_floats(hsc);
-    H->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    H->attention_backward(dqkv, scr, dout, qkv, att, B, T, NH, NKV, HS);
+    H->attention_forward(out, att, qkv, B, T, h);
+    H->attention_backward(dqkv, scr, dout, qkv, att, B, T, h);
     free(att), free(scr);
 
     for (int v = 0; v < nv; v++) {
-        if (HS > vs[v].max_hs) continue;
+        if (HS > vs[v].max_hs || h.HSV > vs[v].max_hs) continue;
         const ts_dtype t = vs[v].act;
         const size_t eb = ts_dtype_bytes(t);
         char who[120];
-        snprintf(who, sizeof who, "%s B%d T%d NH%d NKV%d HS%d", vs[v].name, B, T, NH, NKV, HS);
+        snprintf(who, sizeof who, "%s B%d T%d NH%d NKV%d HS%d HSV%d", vs[v].name, B, T, NH, NKV,
+                 HS, h.HSV);
         void *d_qkv = to_dev_as(t, qkv, nqkv), *d_dout = to_dev_as(t, dout, nout);
-        size_t ns = vs[v].saved(B, T, NH, HS), nsc = vs[v].scratch(B, T, NH, HS);
+        size_t ns = vs[v].saved(B, T, h), nsc = vs[v].scratch(B, T, h);
         void *d_out = ts_gpu_dev_poison(G, nout * eb), *d_att = ts_gpu_dev_poison(G, ns);
         void *d_scr = ts_gpu_dev_poison(G, nsc), *d_dqkv = ts_gpu_dev_poison(G, nqkv * eb);
-        vs[v].forward(d_out, d_att, d_qkv, B, T, NH, NKV, HS);
+        vs[v].forward(d_out, d_att, d_qkv, B, T, h);
         expect_close(who, "out", t, d_out, out, nout, vs[v].tol);
-        vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, NH, NKV, HS);
+        vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, h);
         expect_close(who, "dqkv", t, d_dqkv, dqkv, nqkv, vs[v].tol);
 
         /* The same again on fresh poisoned buffers must give the same bits (no atomics,
          * no reads of what was not written). */
         void *d_dqkv2 = ts_gpu_dev_poison(G, nqkv * eb), *d_scr2 = ts_gpu_dev_poison(G, nsc);
-        vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, NH, NKV, HS);
+        vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, h);
         CHECKF(ts_gpu_dev_same_bytes(G, d_dqkv, d_dqkv2, nqkv * eb),
                "%s: a second backward differs in its bits", who);
         G->dev_free(d_out), G->dev_free(d_att), G->dev_free(d_scr), G->dev_free(d_dqkv);
         G->dev_free(d_dqkv2), G->dev_free(d_scr2), G->dev_free(d_qkv), G->dev_free(d_dout);
     }
     free(qkv), free(dout), free(out), free(dqkv);
+}
+
+/* Grouped-query (and multi-head) attention's heads: HSV = HS, scale 1/sqrt(HS). */
+static void test_shape(const variant *vs, int nv, int B, int T, int NH, int NKV, int HS)
+{
+    test_heads(vs, nv, B, T, ts_att_heads_gqa(NH, NKV, HS));
 }
 
 /* ---- what needs no GPU ------------------------------------------------------------- */
@@ -113,22 +120,23 @@ static void test_sizes(void)
     const int B = 2, T = 129, NH = 3, HS = 100;
     const size_t rows = (size_t)B * NH * T, tt = rows * T;
     /* flash: one fp32 per row, in either precision */
-    CHECK(ts_cuda_flash_attention_saved_bytes(B, T, NH, HS) == rows * 4);
-    CHECK(ts_cuda_flash_attention_scratch_bytes(B, T, NH, HS) == rows * 4);
-    CHECK(ts_cuda_flash_bf16_attention_saved_bytes(B, T, NH, HS) == rows * 4);
-    CHECK(ts_cuda_flash_bf16_attention_scratch_bytes(B, T, NH, HS) == rows * 4);
+    CHECK(ts_cuda_flash_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == rows * 4);
+    CHECK(ts_cuda_flash_attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == rows * 4);
+    CHECK(ts_cuda_flash_bf16_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == rows * 4);
+    CHECK(ts_cuda_flash_bf16_attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+          rows * 4);
     /* batched GEMMs: the probabilities in the activation type; the scratch dS fp32, or
      * dP fp32 (to a 64-byte boundary) then dS bf16 */
-    CHECK(ts_cuda_gemm_attention_saved_bytes(B, T, NH, HS) == tt * 4);
-    CHECK(ts_cuda_gemm_attention_scratch_bytes(B, T, NH, HS) == tt * 4);
-    CHECK(ts_cuda_gemm_bf16_attention_saved_bytes(B, T, NH, HS) == tt * 2);
-    size_t c16 = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T, NH, HS);
+    CHECK(ts_cuda_gemm_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * 4);
+    CHECK(ts_cuda_gemm_attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * 4);
+    CHECK(ts_cuda_gemm_bf16_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * 2);
+    size_t c16 = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS));
     CHECKF(c16 >= tt * 6 && c16 < tt * 6 + 64, "bf16 scratch bytes %zu", c16);
     /* heads wider than T: dP's piece holds the fp32 dK, dV sums of grouped-query heads,
      * [B, T, 2 NKV HS] floats with 2 NKV <= NH, so B T NH HS floats */
     const int T2 = 4, HS2 = 64;
     const size_t tt2 = (size_t)B * NH * T2 * T2, acc2 = (size_t)B * T2 * NH * HS2;
-    size_t c16w = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T2, NH, HS2);
+    size_t c16w = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T2, ts_att_heads_gqa(NH, NH, HS2));
     CHECKF(c16w >= acc2 * 4 + tt2 * 2 && c16w < acc2 * 4 + tt2 * 2 + 64,
            "bf16 scratch bytes %zu (T %d, HS %d)", c16w, T2, HS2);
 }
@@ -142,11 +150,12 @@ static int table_choice(const char *precision, const char *attention, int HS)
     if (!k) return -1;
     const bool bf16 = !strcmp(precision, "bf16");
     const int B = 1, T = 9, NH = 2;
-    size_t got = k->attention_saved_bytes(B, T, NH, HS);
-    size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_bytes(B, T, NH, HS)
-                       : ts_cuda_gemm_attention_saved_bytes(B, T, NH, HS);
-    size_t flash = bf16 ? ts_cuda_flash_bf16_attention_saved_bytes(B, T, NH, HS)
-                        : ts_cuda_flash_attention_saved_bytes(B, T, NH, HS);
+    size_t got = k->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS));
+    size_t gemm = bf16 ? ts_cuda_gemm_bf16_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS))
+                       : ts_cuda_gemm_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS));
+    size_t flash =
+        bf16 ? ts_cuda_flash_bf16_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS))
+             : ts_cuda_flash_attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS));
     return got == flash ? 10 : got == gemm ? 11 : 12;
 }
 

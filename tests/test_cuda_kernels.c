@@ -423,8 +423,8 @@ static void test_rope(int Bb, int Tt, int nh, int nkv, int HS)
     pair x = p_in(n, 1.0f);
     float *x0 = ts_alloc_floats(n);
     memcpy(x0, x.h, n * sizeof(float));
-    H->rope_forward(x.h, cs, sn, Bb, Tt, nh, nkv, HS);
-    G->rope_forward(x.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    H->rope_forward(x.h, cs, sn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
+    G->rope_forward(x.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
     snprintf(slot, sizeof slot, "rope_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
     expect_close(slot, "qkv (in place)", &x);
     float *got = ts_test_from_dev(G, x.d, n);
@@ -434,12 +434,12 @@ static void test_rope(int Bb, int Tt, int nh, int nkv, int HS)
             moved += memcmp(&got[r * row + c], &x0[r * row + c], sizeof(float)) != 0;
     CHECKF(moved == 0, "%s: %zu values of the v heads changed", slot, moved);
     /* the inverse rotation brings the input back */
-    G->rope_backward(x.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    G->rope_backward(x.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
     expect_close_to(slot, "backward(forward(x)) = x", x0, x.d, n, TOL, 0.1);
 
     pair d = p_in(n, 1.0f);
-    H->rope_backward(d.h, cs, sn, Bb, Tt, nh, nkv, HS);
-    G->rope_backward(d.d, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    H->rope_backward(d.h, cs, sn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
+    G->rope_backward(d.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
     snprintf(slot, sizeof slot, "rope_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
     expect_close(slot, "dqkv (in place)", &d);
     p_free(&x), p_free(&d);
@@ -727,21 +727,23 @@ static void test_attention(int Bb, int Tt, int nh, int nkv, int HS)
     size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
     pair qkv = p_in(nqkv, 1.0f);
     pair out = p_out(nout);
-    size_t hs = floats_for(H->attention_saved_bytes(Bb, Tt, nh, HS));
-    size_t gs = floats_for(G->attention_saved_bytes(Bb, Tt, nh, HS));
-    size_t hsc = floats_for(H->attention_scratch_bytes(Bb, Tt, nh, HS));
-    size_t gsc = floats_for(G->attention_scratch_bytes(Bb, Tt, nh, HS));
+    size_t hs = floats_for(H->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    size_t gs = floats_for(G->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    size_t hsc = floats_for(H->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    size_t gsc = floats_for(G->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
     pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
     pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1); /* workspace: NaN too */
-    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, nh, nkv, HS);
-    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, nh, nkv, HS);
+    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
+    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
              HS);
     expect_close(slot, "out", &out);
 
     pair dout = p_in(nout, 1.0f), dqkv = p_out(nqkv);
-    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt, nh, nkv, HS);
-    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt, nh, nkv, HS);
+    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt,
+                          ts_att_heads_gqa(nh, nkv, HS));
+    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt,
+                          ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
              HS);
     expect_close(slot, "dqkv", &dqkv);
@@ -759,23 +761,29 @@ static void test_attention_prefix(int Bb, int Tq, int Tk, int nh, int nkv, int H
     size_t nqkv = (size_t)Bb * Tq * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tq * Cc;
     size_t nkvb = (size_t)Bb * Tk * 2 * nkv * HS;
     pair qkv = p_in(nqkv, 1.0f), kv = p_in(nkvb, 1.0f), out = p_out(nout);
-    size_t hs = floats_for(H->attention_prefix_saved_bytes(Bb, Tq, Tk, nh, HS));
-    size_t gs = floats_for(G->attention_prefix_saved_bytes(Bb, Tq, Tk, nh, HS));
-    size_t hsc = floats_for(H->attention_prefix_scratch_bytes(Bb, Tq, Tk, nh, HS));
-    size_t gsc = floats_for(G->attention_prefix_scratch_bytes(Bb, Tq, Tk, nh, HS));
+    size_t hs =
+        floats_for(H->attention_prefix_saved_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
+    size_t gs =
+        floats_for(G->attention_prefix_saved_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
+    size_t hsc =
+        floats_for(H->attention_prefix_scratch_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
+    size_t gsc =
+        floats_for(G->attention_prefix_scratch_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
     pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
     pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1);
-    H->attention_prefix_forward(out.h, hatt.h, qkv.h, kv.h, Bb, Tq, Tk, nh, nkv, HS);
-    G->attention_prefix_forward(out.d, gatt.d, qkv.d, kv.d, Bb, Tq, Tk, nh, nkv, HS);
+    H->attention_prefix_forward(out.h, hatt.h, qkv.h, kv.h, Bb, Tq, Tk,
+                                ts_att_heads_gqa(nh, nkv, HS));
+    G->attention_prefix_forward(out.d, gatt.d, qkv.d, kv.d, Bb, Tq, Tk,
+                                ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "attention_prefix_forward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb, Tq,
              Tk, nh, nkv, HS);
     expect_close(slot, "out", &out);
 
     pair dout = p_in(nout, 1.0f), dqkv = p_in(nqkv, 0.5f), dkv = p_in(nkvb, 0.5f);
     H->attention_prefix_backward(dqkv.h, dkv.h, hscr.h, dout.h, qkv.h, kv.h, hatt.h, Bb, Tq, Tk,
-                                 nh, nkv, HS);
+                                 ts_att_heads_gqa(nh, nkv, HS));
     G->attention_prefix_backward(dqkv.d, dkv.d, gscr.d, dout.d, qkv.d, kv.d, gatt.d, Bb, Tq, Tk,
-                                 nh, nkv, HS);
+                                 ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "attention_prefix_backward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb,
              Tq, Tk, nh, nkv, HS);
     expect_close(slot, "dqkv (q overwritten, k v untouched)", &dqkv);
@@ -1195,8 +1203,8 @@ static void test_bf16_rope(int Bb, int Tt, int nh, int nkv, int HS)
     act_pair x = a_in(n, 1.0f, 0);
     uint16_t *before = ts_malloc(n * sizeof(uint16_t)), *after = ts_malloc(n * sizeof(uint16_t));
     Q->memcpy_d2h(before, x.b, n * sizeof(uint16_t));
-    F->rope_forward(x.f, dcs, dsn, Bb, Tt, nh, nkv, HS);
-    Q->rope_forward(x.b, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    F->rope_forward(x.f, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
+    Q->rope_forward(x.b, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
     snprintf(slot, sizeof slot, "bf16 rope_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
     a_expect(slot, "qkv (in place)", &x, TOL_BF16);
     Q->memcpy_d2h(after, x.b, n * sizeof(uint16_t));
@@ -1207,8 +1215,8 @@ static void test_bf16_rope(int Bb, int Tt, int nh, int nkv, int HS)
     CHECKF(moved == 0, "%s: %zu values of the v heads changed", slot, moved);
 
     act_pair d = a_in(n, 1.0f, 0);
-    F->rope_backward(d.f, dcs, dsn, Bb, Tt, nh, nkv, HS);
-    Q->rope_backward(d.b, dcs, dsn, Bb, Tt, nh, nkv, HS);
+    F->rope_backward(d.f, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
+    Q->rope_backward(d.b, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
     snprintf(slot, sizeof slot, "bf16 rope_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
              HS);
     a_expect(slot, "dqkv (in place)", &d, TOL_BF16);
@@ -1318,26 +1326,31 @@ static void test_bf16_attention(int Bb, int Tt, int nh, int nkv, int HS)
     int Cc = nh * HS;
     size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
     act_pair qkv = a_in(nqkv, 1.0f, 0), out = a_out(nout, 0);
-    float *fatt = ts_test_dev_nan(F, floats_for(F->attention_saved_bytes(Bb, Tt, nh, HS)));
-    float *fscr = ts_test_dev_nan(F, floats_for(F->attention_scratch_bytes(Bb, Tt, nh, HS)));
-    void *qatt = ts_gpu_dev_poison(Q, Q->attention_saved_bytes(Bb, Tt, nh, HS));
-    void *qscr = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, nh, HS));
-    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, nh, nkv, HS);
-    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, nh, nkv, HS);
+    float *fatt = ts_test_dev_nan(
+        F, floats_for(F->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS))));
+    float *fscr = ts_test_dev_nan(
+        F, floats_for(F->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS))));
+    void *qatt =
+        ts_gpu_dev_poison(Q, Q->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    void *qscr =
+        ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
+    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "bf16 attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
              HS);
     a_expect(slot, "out", &out, TOL_BF16_ATT);
 
     act_pair dout = a_in(nout, 1.0f, 0), dqkv = a_out(nqkv, 0);
-    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, nh, nkv, HS);
-    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, nh, nkv, HS);
+    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
+    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
     snprintf(slot, sizeof slot, "bf16 attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh,
              nkv, HS);
     a_expect(slot, "dqkv", &dqkv, TOL_BF16_ATT);
     /* the same bits again, on fresh poisoned buffers (a kv head's sums in a fixed order) */
     void *again = ts_gpu_dev_poison(Q, nqkv * sizeof(uint16_t));
-    void *qscr2 = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, nh, HS));
-    Q->attention_backward(again, qscr2, dout.b, qkv.b, qatt, Bb, Tt, nh, nkv, HS);
+    void *qscr2 =
+        ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    Q->attention_backward(again, qscr2, dout.b, qkv.b, qatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
     CHECKF(ts_gpu_dev_same_bytes(Q, again, dqkv.b, nqkv * sizeof(uint16_t)),
            "%s: a second backward differs in its bits", slot);
     Q->dev_free(again), Q->dev_free(qscr2);

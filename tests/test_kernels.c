@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "test_att_reference.h"
 #include "test_blas_kernel.h"
 #include "test_device_util.h"
 
@@ -306,7 +307,8 @@ static double rope_obj(void *p)
 {
     rope_ctx *r = p;
     memcpy(r->work, r->x, rope_n(r) * sizeof(float));
-    K->rope_forward(r->work, r->cos, r->sin, r->B, r->T, r->NH, r->NKV, r->HS);
+    K->rope_forward(r->work, r->cos, r->sin, r->B, r->T, ts_att_heads_gqa(r->NH, r->NKV, r->HS),
+                    r->HS, false);
     return dot_d(r->work, r->R, rope_n(r));
 }
 
@@ -349,7 +351,7 @@ static void test_rope(int B, int T, int NH, int NKV, int HS)
     /* Backward: the gradient of L = sum(rope(x) R) is rope_backward(R), which is the
      * transpose: <rope(x), R> = <x, rope_backward(R)> (rope is linear). */
     float *dx = copy_floats(r.R, n);
-    K->rope_backward(dx, r.cos, r.sin, B, T, NH, NKV, HS);
+    K->rope_backward(dx, r.cos, r.sin, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
     int dv_same = 1;
     for (size_t bt = 0; bt < (size_t)B * T; bt++)
         dv_same &= ts_test_same_bits(dx + bt * row + (size_t)(NH + NKV) * HS,
@@ -363,10 +365,74 @@ static void test_rope(int B, int T, int NH, int NKV, int HS)
     check_fd("rope dqkv", fd_rel_err(r.x, n, dx, rope_obj, &r, 1e-2f));
     /* and the inverse: backward after forward gives x back (a rotation) */
     memcpy(r.work, r.x, n * sizeof(float));
-    K->rope_forward(r.work, r.cos, r.sin, B, T, NH, NKV, HS);
-    K->rope_backward(r.work, r.cos, r.sin, B, T, NH, NKV, HS);
+    K->rope_forward(r.work, r.cos, r.sin, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
+    K->rope_backward(r.work, r.cos, r.sin, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
     CHECKF(max_abs_diff(r.work, r.x, n) < 1e-6, "rope backward does not undo the forward");
     free(dx), free(r.x), free(r.work), free(r.R), free(r.cos), free(r.sin);
+}
+
+/* RoPE on the last RD < HS channels of each q and k head (DeepSeek-V3's decoupled rope
+ * part), in halves or in adjacent pairs (interleaved), with v heads of HSV != HS: against
+ * the double-precision formula (test_att_reference.h); the first HS - RD channels of each
+ * q and k head and every v head are left with their bits; the backward is the inverse
+ * rotation (against the formula with sin negated, and undoing the forward). Also the
+ * same bits as a plain call where they must agree: RD == HS halves is llama's. */
+static void test_rope_heads(int B, int T, ts_att_heads h, int RD, bool interleaved)
+{
+    const size_t row = ts_att_qkv_width(h), n = (size_t)B * T * row;
+    float *x = ts_test_rand_floats(n, 1.0f), *y = copy_floats(x, n), *want = ts_alloc_floats(n);
+    float *cs = ts_alloc_floats((size_t)T * RD / 2), *sn = ts_alloc_floats((size_t)T * RD / 2);
+    rope_tables(cs, sn, T, RD);
+    char who[96];
+    snprintf(who, sizeof who, "rope NH=%d NKV=%d HS=%d HSV=%d RD=%d %s", h.NH, h.NKV, h.HS,
+             h.HSV, RD, interleaved ? "interleaved" : "halves");
+    K->rope_forward(y, cs, sn, B, T, h, RD, interleaved);
+    ts_ref_rope(want, x, cs, sn, B, T, h, RD, interleaved, 1.0);
+    ts_test_expect_close(who, "forward", K->name, y, want, n, 1e-6, 0.1);
+    /* untouched: each q/k head's first HS - RD channels and the v heads, bit for bit */
+    int same = 1;
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        for (int hd = 0; hd < h.NH + h.NKV; hd++)
+            same &= ts_test_same_bits(y + r * row + (size_t)hd * h.HS,
+                                      x + r * row + (size_t)hd * h.HS, (size_t)(h.HS - RD));
+        const size_t v0 = (size_t)(h.NH + h.NKV) * h.HS;
+        same &= ts_test_same_bits(y + r * row + v0, x + r * row + v0, row - v0);
+    }
+    CHECKF(same, "%s: a channel outside the rotated part changed", who);
+    /* backward: the formula with sin negated, on a gradient */
+    float *d = copy_floats(x, n);
+    K->rope_backward(d, cs, sn, B, T, h, RD, interleaved);
+    ts_ref_rope(want, x, cs, sn, B, T, h, RD, interleaved, -1.0);
+    ts_test_expect_close(who, "backward", K->name, d, want, n, 1e-6, 0.1);
+    K->rope_backward(y, cs, sn, B, T, h, RD, interleaved);
+    CHECKF(max_abs_diff(y, x, n) < 1e-6, "%s: backward does not undo the forward", who);
+    if (interleaved) {
+        /* Hugging Face's apply_rotary_pos_emb_interleave: de-interleave the rotated part
+         * ([x0, x2, ..., x1, x3, ...]), then rotate halves. The adjacent pairs give the
+         * same values in the interleaved order, so the same q.k: the same bits here. */
+        float *p = copy_floats(x, n), *yi = copy_floats(x, n);
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            for (int hd = 0; hd < h.NH + h.NKV; hd++) {
+                const size_t at = r * row + (size_t)hd * h.HS + (size_t)(h.HS - RD);
+                for (int i = 0; i < RD / 2; i++) {
+                    p[at + i] = x[at + 2 * i];
+                    p[at + RD / 2 + i] = x[at + 2 * i + 1];
+                }
+            }
+        K->rope_forward(p, cs, sn, B, T, h, RD, false);
+        K->rope_forward(yi, cs, sn, B, T, h, RD, true);
+        int hf_same = 1;
+        for (size_t r = 0; r < (size_t)B * T; r++)
+            for (int hd = 0; hd < h.NH + h.NKV; hd++) {
+                const size_t at = r * row + (size_t)hd * h.HS + (size_t)(h.HS - RD);
+                for (int i = 0; i < RD / 2; i++)
+                    hf_same &= ts_test_same_bits(&p[at + i], &yi[at + 2 * i], 1) &&
+                               ts_test_same_bits(&p[at + RD / 2 + i], &yi[at + 2 * i + 1], 1);
+            }
+        CHECKF(hf_same, "%s: not HF's de-interleave-then-rotate-halves", who);
+        free(p), free(yi);
+    }
+    free(x), free(y), free(want), free(cs), free(sn), free(d);
 }
 
 /* ---- swiglu ------------------------------------------------------------------- */
@@ -475,7 +541,8 @@ typedef struct {
 static double att_obj(void *p)
 {
     att_ctx *a = p;
-    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->NH, a->NKV, a->HS);
+    K->attention_forward(a->out, a->att, a->qkv, a->B, a->T,
+                         ts_att_heads_gqa(a->NH, a->NKV, a->HS));
     return dot_d(a->out, a->R, (size_t)a->B * a->T * a->NH * a->HS);
 }
 
@@ -520,8 +587,8 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, const char *la
     int C = NH * HS;
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * C;
     size_t natt = (size_t)B * NH * T * T;
-    CHECK(K->attention_saved_bytes(B, T, NH, HS) >= natt * sizeof(float));
-    CHECK(K->attention_scratch_bytes(B, T, NH, HS) >= natt * sizeof(float));
+    CHECK(K->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) >= natt * sizeof(float));
+    CHECK(K->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) >= natt * sizeof(float));
     a.qkv = ts_test_rand_floats(nqkv, 1.5f);
     a.out = ts_alloc_floats(nout), a.R = ts_test_rand_floats(nout, 1.0f);
     a.att = ts_test_rand_floats(natt, 1.0f); /* garbage: zeros above the diagonal must be written */
@@ -547,11 +614,109 @@ static void test_attention(int B, int T, int NH, int NKV, int HS, const char *la
 
     float *dqkv = ts_test_nan_floats(nqkv); /* NaN: every element must be overwritten */
     float *scratch = ts_test_nan_floats(natt);
-    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, NH, NKV, HS);
+    K->attention_backward(dqkv, scratch, a.R, a.qkv, a.att, B, T, ts_att_heads_gqa(NH, NKV, HS));
     char what[64];
     snprintf(what, sizeof what, "attention dqkv %s", label);
     check_fd(what, fd_rel_err(a.qkv, nqkv, dqkv, att_obj, &a, 1e-3f));
     free(dqkv), free(scratch), free(a.qkv), free(a.out), free(a.R), free(a.att);
+}
+
+/* The general heads (kernels.h ts_att_heads: q/k heads of HS channels, v and output
+ * heads of HSV, any scale) against the double-precision reference (test_att_reference.h):
+ * attention_forward's out and probabilities, attention_backward's dq, dk, dv; the prefix
+ * kernels on Tq = T - off queries against T keys and values from a separate kv buffer,
+ * with dkv ACCUMULATING onto what it held and dqkv's k, v columns untouched. */
+static void test_attention_heads(const char *label, int B, int T, ts_att_heads h, int off)
+{
+    const size_t C3 = ts_att_qkv_width(h), KVW = ts_att_kv_width(h), OW = ts_att_out_width(h);
+    const size_t QW = (size_t)h.NH * h.HS, N = (size_t)B * T, natt = (size_t)B * h.NH * T * T;
+    char who[96];
+    snprintf(who, sizeof who, "attention %s", label);
+    CHECK(K->attention_saved_bytes(B, T, h) >= natt * sizeof(float));
+    CHECK(K->attention_scratch_bytes(B, T, h) >= natt * sizeof(float));
+    float *qkv = ts_test_rand_floats(N * C3, 1.5f), *dout = ts_test_rand_floats(N * OW, 1.0f);
+    float *out = ts_test_nan_floats(N * OW), *att = ts_test_rand_floats(natt, 1.0f);
+    double *rout = malloc(N * OW * sizeof(double)), *ratt = malloc(natt * sizeof(double));
+    double *rdq = malloc(N * QW * sizeof(double)), *rdk = malloc(N * h.NKV * h.HS * sizeof(double));
+    double *rdv = malloc(N * h.NKV * h.HSV * sizeof(double));
+    K->attention_forward(out, att, qkv, B, T, h);
+    ts_ref_attention(qkv, C3, qkv + QW, qkv + QW + (size_t)h.NKV * h.HS, C3, dout, B, T, T, h,
+                     rout, ratt, rdq, rdk, rdv);
+    float *want = ts_ref_to_floats(rout, N * OW), *want_att = ts_ref_to_floats(ratt, natt);
+    ts_test_expect_close(who, "out", K->name, out, want, N * OW, 1e-5, 0.1);
+    ts_test_expect_close(who, "att", K->name, att, want_att, natt, 1e-5, 0.1);
+    float *dqkv = ts_test_nan_floats(N * C3), *scratch = ts_test_nan_floats(natt);
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, h);
+    /* the reference's dq | dk | dv laid out as a dqkv row */
+    float *wd = ts_alloc_floats(N * C3);
+    for (size_t r = 0; r < N; r++) {
+        for (size_t c = 0; c < QW; c++) wd[r * C3 + c] = (float)rdq[r * QW + c];
+        for (size_t c = 0; c < (size_t)h.NKV * h.HS; c++)
+            wd[r * C3 + QW + c] = (float)rdk[r * h.NKV * h.HS + c];
+        for (size_t c = 0; c < (size_t)h.NKV * h.HSV; c++)
+            wd[r * C3 + QW + (size_t)h.NKV * h.HS + c] = (float)rdv[r * h.NKV * h.HSV + c];
+    }
+    ts_test_expect_close(who, "dqkv", K->name, dqkv, wd, N * C3, 1e-5, 0.1);
+
+    /* The prefix form: the last Tq = T - off queries of the same sequences, keys and
+     * values from kv [B, T, KVW] (qkv's k|v columns), dkv starting from random values. */
+    const int Tq = T - off;
+    const size_t Nq = (size_t)B * Tq, pat = (size_t)B * h.NH * Tq * T;
+    float *pq = ts_alloc_floats(Nq * C3), *kv = ts_alloc_floats(N * KVW);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tq; i++)
+            memcpy(pq + ((size_t)b * Tq + i) * C3, qkv + ((size_t)b * T + off + i) * C3,
+                   C3 * sizeof(float));
+    for (size_t r = 0; r < N; r++) memcpy(kv + r * KVW, qkv + r * C3 + QW, KVW * sizeof(float));
+    float *pdout = ts_alloc_floats(Nq * OW);
+    for (int b = 0; b < B; b++)
+        memcpy(pdout + (size_t)b * Tq * OW, dout + ((size_t)b * T + off) * OW,
+               (size_t)Tq * OW * sizeof(float));
+    CHECK(K->attention_prefix_saved_bytes(B, Tq, T, h) >= pat * sizeof(float));
+    CHECK(K->attention_prefix_scratch_bytes(B, Tq, T, h) >= pat * sizeof(float));
+    float *pout = ts_test_nan_floats(Nq * OW), *patt = ts_test_rand_floats(pat, 1.0f);
+    K->attention_prefix_forward(pout, patt, pq, kv, B, Tq, T, h);
+    double *prq = malloc(Nq * QW * sizeof(double));
+    ts_ref_attention(pq, C3, kv, kv + (size_t)h.NKV * h.HS, KVW, pdout, B, Tq, T, h, rout, ratt,
+                     prq, rdk, rdv);
+    free(want), free(want_att);
+    want = ts_ref_to_floats(rout, Nq * OW), want_att = ts_ref_to_floats(ratt, pat);
+    ts_test_expect_close(who, "prefix out", K->name, pout, want, Nq * OW, 1e-5, 0.1);
+    ts_test_expect_close(who, "prefix att", K->name, patt, want_att, pat, 1e-5, 0.1);
+    float *pdqkv = ts_test_rand_floats(Nq * C3, 1.0f), *pdqkv0 = copy_floats(pdqkv, Nq * C3);
+    float *dkv = ts_test_rand_floats(N * KVW, 1.0f), *wkv = copy_floats(dkv, N * KVW);
+    float *pscr = ts_test_nan_floats(K->attention_prefix_scratch_bytes(B, Tq, T, h) / 4);
+    K->attention_prefix_backward(pdqkv, dkv, pscr, pdout, pq, kv, patt, B, Tq, T, h);
+    float *wq = ts_alloc_floats(Nq * QW), *gq = ts_alloc_floats(Nq * QW);
+    int kv_cols_same = 1;
+    for (size_t r = 0; r < Nq; r++) {
+        for (size_t c = 0; c < QW; c++) wq[r * QW + c] = (float)prq[r * QW + c];
+        memcpy(gq + r * QW, pdqkv + r * C3, QW * sizeof(float));
+        kv_cols_same &= ts_test_same_bits(pdqkv + r * C3 + QW, pdqkv0 + r * C3 + QW, C3 - QW);
+    }
+    for (size_t r = 0; r < N; r++) { /* dkv += dk | dv */
+        for (size_t c = 0; c < (size_t)h.NKV * h.HS; c++)
+            wkv[r * KVW + c] += (float)rdk[r * h.NKV * h.HS + c];
+        for (size_t c = 0; c < (size_t)h.NKV * h.HSV; c++)
+            wkv[r * KVW + (size_t)h.NKV * h.HS + c] += (float)rdv[r * h.NKV * h.HSV + c];
+    }
+    ts_test_expect_close(who, "prefix dq", K->name, gq, wq, Nq * QW, 1e-5, 0.1);
+    ts_test_expect_close(who, "prefix dkv (+=)", K->name, dkv, wkv, N * KVW, 1e-5, 0.1);
+    CHECKF(kv_cols_same, "%s: the prefix backward wrote dqkv's k/v columns", who);
+    free(qkv), free(dout), free(out), free(att), free(rout), free(ratt), free(rdq), free(rdk);
+    free(rdv), free(want), free(want_att), free(dqkv), free(scratch), free(wd), free(pq);
+    free(kv), free(pdout), free(pout), free(patt), free(prq), free(pdqkv), free(pdqkv0);
+    free(dkv), free(wkv), free(pscr), free(wq), free(gq);
+}
+
+/* An MLA-shaped head set: q/k heads of HS, v heads of HSV, a scale that is not
+ * 1/sqrt(HS). */
+static ts_att_heads heads(int NH, int NKV, int HS, int HSV, float scale)
+{
+    ts_att_heads h = ts_att_heads_gqa(NH, NKV, HS);
+    h.HSV = HSV;
+    h.scale = scale;
+    return h;
 }
 
 /* Grouped-query attention is multi-head attention on the key/value heads repeated
@@ -574,8 +739,8 @@ static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, in
     }
     float *og = ts_alloc_floats(nout), *om = ts_alloc_floats(nout);
     float *ag = ts_alloc_floats(natt), *am = ts_alloc_floats(natt);
-    K->attention_forward(og, ag, qg, B, T, NH, NKV, HS);
-    K->attention_forward(om, am, qm, B, T, NH, NH, HS);
+    K->attention_forward(og, ag, qg, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_forward(om, am, qm, B, T, ts_att_heads_gqa(NH, NH, HS));
     double fdiff = fmax(max_abs_diff(og, om, nout), max_abs_diff(ag, am, natt));
     printf("  attention NH=%d NKV=%d vs MHA with kv repeated: forward max diff %.2e%s\n", NH,
            NKV, fdiff,
@@ -586,8 +751,8 @@ static void test_attention_gqa_is_repeated_mha(int B, int T, int NH, int NKV, in
     float *dout = ts_test_rand_floats(nout, 1.0f);
     float *dg = ts_test_nan_floats(N * Cg), *dm = ts_test_nan_floats(N * Cm);
     float *scratch = ts_test_nan_floats(natt);
-    K->attention_backward(dg, scratch, dout, qg, ag, B, T, NH, NKV, HS);
-    K->attention_backward(dm, scratch, dout, qm, am, B, T, NH, NH, HS);
+    K->attention_backward(dg, scratch, dout, qg, ag, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_backward(dm, scratch, dout, qm, am, B, T, ts_att_heads_gqa(NH, NH, HS));
     /* dQ alike; dK, dV of kv head g = sum over its group of the MHA heads' (in double) */
     double qerr = 0.0, kverr = 0.0, kvmax = 0.0;
     for (size_t n = 0; n < N; n++) {
@@ -684,22 +849,24 @@ static void test_attention_prefix_square(int B, int T, int NH, int NKV, int HS)
     const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
     char who[64];
     snprintf(who, sizeof who, "prefix Tq=Tk=%d NH=%d NKV=%d", T, NH, NKV);
-    CHECK(K->attention_prefix_saved_bytes(B, T, T, NH, HS) ==
-          K->attention_saved_bytes(B, T, NH, HS));
-    CHECK(K->attention_prefix_scratch_bytes(B, T, T, NH, HS) >= natt * sizeof(float));
+    CHECK(K->attention_prefix_saved_bytes(B, T, T, ts_att_heads_gqa(NH, NH, HS)) ==
+          K->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
+    CHECK(K->attention_prefix_scratch_bytes(B, T, T, ts_att_heads_gqa(NH, NH, HS)) >=
+          natt * sizeof(float));
     float *qkv = ts_test_rand_floats(N * C3, 1.5f), *kv = kv_prefix(qkv, B, T, NH, NKV, HS, T);
     float *out = ts_test_nan_floats(N * C), *att = ts_test_rand_floats(natt, 1.0f);
     float *pout = ts_test_nan_floats(N * C), *patt = ts_test_rand_floats(natt, 1.0f);
-    K->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    K->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, NH, NKV, HS);
+    K->attention_forward(out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, ts_att_heads_gqa(NH, NKV, HS));
     ts_test_expect_close(who, "out", "prefix", pout, out, N * C, 1e-5, 0.1);
     ts_test_expect_close(who, "att", "prefix", patt, att, natt, 1e-5, 0.1);
 
     float *dout = ts_test_rand_floats(N * C, 1.0f), *scratch = ts_test_nan_floats(natt);
     float *dqkv = ts_test_nan_floats(N * C3), *pdqkv = ts_test_rand_floats(N * C3, 1.0f);
     float *pdqkv0 = copy_floats(pdqkv, N * C3), *dkv = ts_alloc_floats(N * C2); /* zeros */
-    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
-    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV, HS);
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T,
+                                 ts_att_heads_gqa(NH, NKV, HS));
     float *dq = columns(dqkv, N, C3, 0, C), *pdq = columns(pdqkv, N, C3, 0, C);
     float *dkv_want = columns(dqkv, N, C3, C, C2);
     ts_test_expect_close(who, "dq", "prefix", pdq, dq, N * C, 1e-5, 0.1);
@@ -708,7 +875,8 @@ static void test_attention_prefix_square(int B, int T, int NH, int NKV, int HS)
     CHECKF(ts_test_same_bits(kvcols, kvcols0, N * C2),
            "%s: the backward wrote dqkv's k/v columns", who);
     /* dkv accumulates: a second call adds as much again */
-    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV, HS);
+    K->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T,
+                                 ts_att_heads_gqa(NH, NKV, HS));
     for (size_t i = 0; i < N * C2; i++) dkv_want[i] *= 2.0f;
     ts_test_expect_close(who, "dk, dv (+= twice)", "prefix", dkv, dkv_want, N * C2, 1e-5, 0.1);
     free(qkv), free(kv), free(out), free(att), free(pout), free(patt), free(dout);
@@ -730,8 +898,8 @@ static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, 
     float *qkv = ts_test_rand_floats(N * C3, 1.5f), *dout = ts_test_rand_floats(N * C, 1.0f);
     float *out = ts_alloc_floats(N * C), *att = ts_alloc_floats(natt);
     float *dqkv = ts_alloc_floats(N * C3), *scratch = ts_alloc_floats(natt);
-    K->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+    K->attention_forward(out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
 
     /* The chunks' outputs and dq rows, gathered back into [B, T] order; dkv summed. */
     float *got_out = ts_test_nan_floats(N * C), *got_dqkv = ts_test_nan_floats(N * C3);
@@ -741,12 +909,14 @@ static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, 
     for (int g = 0; g < 2 * cp; g++) {
         const int Tq = c, Tk = (g + 1) * c;
         const size_t natt_g = (size_t)B * NH * Tq * Tk;
-        CHECK(K->attention_prefix_saved_bytes(B, Tq, Tk, NH, HS) >= natt_g * sizeof(float));
-        CHECK(K->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) >= natt_g * sizeof(float));
+        CHECK(K->attention_prefix_saved_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) >=
+              natt_g * sizeof(float));
+        CHECK(K->attention_prefix_scratch_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) >=
+              natt_g * sizeof(float));
         float *q = batch_rows(qkv, B, T, C3, g * c, c), *kv = kv_prefix(qkv, B, T, NH, NKV, HS, Tk);
         float *o = ts_test_nan_floats((size_t)B * c * C);
         float *a = ts_test_rand_floats(natt_g, 1.0f); /* garbage: the zeros must be written */
-        K->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, NH, NKV, HS);
+        K->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, ts_att_heads_gqa(NH, NKV, HS));
         double e;
         mask_ok &= prefix_mask_is_zero(a, B, NH, Tq, Tk, &e);
         sum_err = fmax(sum_err, e);
@@ -757,7 +927,8 @@ static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, 
         float *dq = ts_test_nan_floats((size_t)B * c * C3), *s = ts_test_nan_floats(natt_g);
         float *d = batch_rows(dout, B, T, C, g * c, c);
         float *dkv = batch_rows(dkv_total, B, T, C2, 0, Tk);
-        K->attention_prefix_backward(dq, dkv, s, d, q, kv, a, B, Tq, Tk, NH, NKV, HS);
+        K->attention_prefix_backward(dq, dkv, s, d, q, kv, a, B, Tq, Tk,
+                                     ts_att_heads_gqa(NH, NKV, HS));
         put_batch_rows(dkv_total, dkv, B, T, C2, 0, Tk);
         put_batch_rows(got_dqkv, dq, B, T, C3, g * c, c);
         free(q), free(kv), free(o), free(a), free(dq), free(s), free(d), free(dkv);
@@ -791,9 +962,11 @@ static prefix_run prefix_on(const ts_kernels *k, const float *q, const float *kv
     float *dd = ts_test_to_dev(k, dout, nq * C), *dacc = ts_test_to_dev(k, dkv0, nkv);
     float *o = ts_test_dev_nan(k, nq * C), *a = ts_test_dev_nan(k, natt);
     float *g = ts_test_dev_nan(k, nq * C3);
-    float *s = ts_test_dev_nan(k, k->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) / 4);
-    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, NH, NKV, HS);
-    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk, NH, NKV, HS);
+    float *s = ts_test_dev_nan(
+        k, k->attention_prefix_scratch_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) / 4);
+    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, ts_att_heads_gqa(NH, NKV, HS));
+    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk,
+                                 ts_att_heads_gqa(NH, NKV, HS));
     prefix_run r = {ts_test_from_dev(k, o, nq * C), ts_test_from_dev(k, a, natt),
                     ts_test_from_dev(k, g, nq * C3), ts_test_from_dev(k, dacc, nkv)};
     k->dev_free(dq), k->dev_free(dkvv), k->dev_free(dd), k->dev_free(dacc), k->dev_free(o);
@@ -1199,8 +1372,9 @@ static float *det_run(const det_inputs *in, size_t *count, double *ss, size_t *g
     K->layernorm_backward(dln, dlnw, dlnb, in->dout, in->x, in->lnw, mean, rstd, N, C);
     K->matmul_forward(mm, in->x, in->w, in->bias, N, C, OC);
     K->matmul_backward(dmm, dw, db, in->logits, in->x, in->w, N, C, OC);
-    K->attention_forward(att_out, att, in->qkv, B, T, NH, NH, C / NH);
-    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T, NH, NH, C / NH);
+    K->attention_forward(att_out, att, in->qkv, B, T, ts_att_heads_gqa(NH, NH, C / NH));
+    K->attention_backward(dqkv, scratch, in->dout, in->qkv, att, B, T,
+                          ts_att_heads_gqa(NH, NH, C / NH));
     K->gelu_forward(gel, in->x, NC);
     K->gelu_backward(dgel, in->x, in->dout, NC);
     memcpy(lg, in->logits, (size_t)N * V * sizeof(float));
@@ -1296,10 +1470,10 @@ static float *llama_det_run(int B, int T, int NH, int NKV, int HS, int F, const 
     K->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
     K->residual_rmsnorm_forward(res, nrm2, rstd2, x, dout, w, N, C, 1e-5f);
     memcpy(qkv, qkv_in, nqkv * sizeof(float));
-    K->rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, HS);
-    K->attention_forward(att_out, att, qkv, B, T, NH, NKV, HS);
-    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
-    K->rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, HS);
+    K->rope_forward(qkv, cos_t, sin_t, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
+    K->attention_forward(att_out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K->rope_backward(dqkv, cos_t, sin_t, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
     K->swiglu_forward(sw, qkv_in, N, F); /* any [N, 2F] input will do */
     K->swiglu_backward(dsw, qkv_in, att_out, N, F);
     free(scratch), free(nrm2);
@@ -1382,7 +1556,8 @@ static void test_table_and_memory(void)
     k->event_wait(k->event_record(st));
     k->stream_sync(st);
     k->stream_destroy(st);
-    CHECK(k->attention_saved_bytes(2, 5, 3, 4) == 2 * 3 * 5 * 5 * sizeof(float));
+    CHECK(k->attention_saved_bytes(2, 5, ts_att_heads_gqa(3, 3, 4)) ==
+          2 * 3 * 5 * 5 * sizeof(float));
     k->dev_free(dev);
     k->dev_free(dev2);
     k->dev_free(acc);
@@ -1406,6 +1581,11 @@ int main(void)
         test_attention(2, 5, 4, 2, 4, "T=5 GQA NH=4 NKV=2");
         test_attention(2, 5, 4, 1, 4, "T=5 MQA NH=4 NKV=1");
         test_attention(1, 40, 4, 2, 8, "T=40 GQA (2 blocks)");
+        /* the general heads: q/k wider than v (MLA's), v wider than q/k, grouped,
+         * scales other than 1/sqrt(HS); T = 37 crosses a 32-row block */
+        test_attention_heads("HS=24 HSV=16 NH=4 NKV=4", 2, 37, heads(4, 4, 24, 16, 0.3f), 9);
+        test_attention_heads("HS=24 HSV=16 GQA NH=4 NKV=2", 2, 37, heads(4, 2, 24, 16, 0.35f), 5);
+        test_attention_heads("HS=8 HSV=12 MQA NH=3 NKV=1", 1, 21, heads(3, 1, 8, 12, 0.9f), 7);
         test_attention_gqa_is_repeated_mha(2, 70, 4, 2, 8);
         test_attention_gqa_is_repeated_mha(1, 45, 6, 1, 16);
         for (int nkv = 4; nkv >= 1; nkv /= 2) { /* multi-head, grouped, multi-query */
@@ -1418,6 +1598,11 @@ int main(void)
         test_rmsnorm(100, 24, 1e-6f); /* several row blocks: the dweight reduction */
         test_rope(2, 5, 4, 2, 8);
         test_rope(1, 7, 2, 1, 6); /* HS/2 odd */
+        for (int il = 0; il < 2; il++) { /* halves, then adjacent pairs */
+            test_rope_heads(2, 5, heads(4, 4, 24, 16, 0.3f), 8, il);
+            test_rope_heads(1, 7, heads(4, 2, 10, 6, 0.3f), 6, il); /* RD/2 odd */
+            test_rope_heads(1, 3, heads(2, 1, 8, 8, 0.3f), 8, il);  /* RD == HS */
+        }
         test_swiglu(6, 11);
         test_residual_rmsnorm(10, 8);
         test_residual_rmsnorm(67, 771);

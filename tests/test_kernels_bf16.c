@@ -389,8 +389,8 @@ static void test_rope(const shape *s)
         }
     float *x32;
     ts_bf16 *x = rand_bf16(n, 2.0f, &x32), *x0 = copy_bf16(x, n);
-    K16->rope_forward(x, cs, sn, B, T, NH, NKV, HS);
-    K32->rope_forward(x32, cs, sn, B, T, NH, NKV, HS);
+    K16->rope_forward(x, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
+    K32->rope_forward(x32, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
     check_bf16("rope_forward", x, x32, n, ROUND_REL, ELEM_FLOOR);
     int v_same = 1; /* the value heads are not touched */
     for (size_t r = 0; r < (size_t)B * T; r++)
@@ -399,10 +399,57 @@ static void test_rope(const shape *s)
     CHECKF(v_same, "rope_forward changed a value head");
     float *d32;
     ts_bf16 *d = rand_bf16(n, 1.0f, &d32);
-    K16->rope_backward(d, cs, sn, B, T, NH, NKV, HS);
-    K32->rope_backward(d32, cs, sn, B, T, NH, NKV, HS);
+    K16->rope_backward(d, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
+    K32->rope_backward(d32, cs, sn, B, T, ts_att_heads_gqa(NH, NKV, HS), HS, false);
     check_bf16("rope_backward", d, d32, n, ROUND_REL, ELEM_FLOOR);
     free(cs), free(sn), free(x32), free(x), free(x0), free(d32), free(d);
+}
+
+/* RoPE on the last RD < HS channels of each q and k head, halves and adjacent pairs,
+ * with v heads of HSV != HS, against the fp32 kernel (the channels outside the rotated
+ * part are not touched: the same bits). */
+static void test_rope_heads(int B, int T, ts_att_heads h, int RD, bool interleaved)
+{
+    const size_t row = ts_att_qkv_width(h), n = (size_t)B * T * row;
+    float *cs = ts_alloc_floats((size_t)T * RD / 2), *sn = ts_alloc_floats((size_t)T * RD / 2);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < RD / 2; i++) {
+            double ang = t * pow(10000.0, -2.0 * i / RD);
+            cs[t * RD / 2 + i] = (float)cos(ang), sn[t * RD / 2 + i] = (float)sin(ang);
+        }
+    float *x32;
+    ts_bf16 *x = rand_bf16(n, 2.0f, &x32), *x0 = copy_bf16(x, n);
+    char what[80];
+    snprintf(what, sizeof what, "rope HS %d HSV %d RD %d %s", h.HS, h.HSV, RD,
+             interleaved ? "interleaved" : "halves");
+    K16->rope_forward(x, cs, sn, B, T, h, RD, interleaved);
+    K32->rope_forward(x32, cs, sn, B, T, h, RD, interleaved);
+    check_bf16(what, x, x32, n, ROUND_REL, ELEM_FLOOR);
+    bool same = true;
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        for (int hd = 0; hd < h.NH + h.NKV; hd++)
+            same &= memcmp(x + r * row + (size_t)hd * h.HS, x0 + r * row + (size_t)hd * h.HS,
+                           (size_t)(h.HS - RD) * sizeof *x) == 0;
+        const size_t v0 = (size_t)(h.NH + h.NKV) * h.HS;
+        same &= memcmp(x + r * row + v0, x0 + r * row + v0, (row - v0) * sizeof *x) == 0;
+    }
+    CHECKF(same, "%s: a channel outside the rotated part changed", what);
+    float *d32;
+    ts_bf16 *d = rand_bf16(n, 1.0f, &d32);
+    K16->rope_backward(d, cs, sn, B, T, h, RD, interleaved);
+    K32->rope_backward(d32, cs, sn, B, T, h, RD, interleaved);
+    check_bf16(what, d, d32, n, ROUND_REL, ELEM_FLOOR);
+    free(cs), free(sn), free(x32), free(x), free(x0), free(d32), free(d);
+}
+
+/* An MLA-shaped head set: q/k heads of HS, v heads of HSV, a scale that is not
+ * 1/sqrt(HS). */
+static ts_att_heads heads(int NH, int NKV, int HS, int HSV, float scale)
+{
+    ts_att_heads h = ts_att_heads_gqa(NH, NKV, HS);
+    h.HSV = HSV;
+    h.scale = scale;
+    return h;
 }
 
 static void test_swiglu(const shape *s)
@@ -465,32 +512,36 @@ static void test_attention(const shape *s, int NKV)
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * C;
     size_t natt = (size_t)B * NH * T * T;
     printf("  attention NKV = %d\n", NKV);
-    CHECK(K16->attention_saved_bytes(B, T, NH, HS) == natt * 2);
+    CHECK(K16->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == natt * 2);
     float *qkv32, *dout32;
     ts_bf16 *qkv = rand_bf16(nqkv, 2.0f, &qkv32), *dout = rand_bf16(nout, 1.0f, &dout32);
     ts_bf16 *out = nan_bf16(nout), *att = nan_bf16(natt);
     float *out32 = ts_alloc_floats(nout);
-    float *att32 = ts_alloc_floats(K32->attention_saved_bytes(B, T, NH, HS) / sizeof(float));
-    K16->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    K32->attention_forward(out32, att32, qkv32, B, T, NH, NKV, HS);
+    float *att32 = ts_alloc_floats(K32->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) /
+                                   sizeof(float));
+    K16->attention_forward(out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K32->attention_forward(out32, att32, qkv32, B, T, ts_att_heads_gqa(NH, NKV, HS));
     check_bf16("attention_forward att", att, att32, natt, ROUND_REL, ELEM_FLOOR);
     check_bf16("attention_forward out", out, out32, nout, ROUND_REL, 1.0 / 256);
 
     /* backward: the fp32 kernel reads the probabilities the bf16 forward saved */
-    size_t nscratch = K16->attention_scratch_bytes(B, T, NH, HS) / sizeof(ts_bf16);
+    size_t nscratch =
+        K16->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) / sizeof(ts_bf16);
     ts_bf16 *scratch = nan_bf16(nscratch), *dqkv = nan_bf16(nqkv);
     float *p32 = widen(att, natt), *dqkv32 = ts_alloc_floats(nqkv);
-    float *scratch32 = ts_alloc_floats(K32->attention_scratch_bytes(B, T, NH, HS) / sizeof(float));
-    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
-    K32->attention_backward(dqkv32, scratch32, dout32, qkv32, p32, B, T, NH, NKV, HS);
+    float *scratch32 = ts_alloc_floats(
+        K32->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) / sizeof(float));
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K32->attention_backward(dqkv32, scratch32, dout32, qkv32, p32, B, T,
+                            ts_att_heads_gqa(NH, NKV, HS));
     check_bf16("attention_backward dqkv", dqkv, dqkv32, nqkv, ROUND_REL, 1.0 / 128);
 
     /* the same bits at one thread (each pair is one thread's work) */
     int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     ts_bf16 *out1 = nan_bf16(nout), *att1 = nan_bf16(natt), *dqkv1 = nan_bf16(nqkv);
-    K16->attention_forward(out1, att1, qkv, B, T, NH, NKV, HS);
-    K16->attention_backward(dqkv1, scratch, dout, qkv, att1, B, T, NH, NKV, HS);
+    K16->attention_forward(out1, att1, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K16->attention_backward(dqkv1, scratch, dout, qkv, att1, B, T, ts_att_heads_gqa(NH, NKV, HS));
     omp_set_num_threads(threads);
     CHECK(memcmp(out1, out, nout * 2) == 0 && memcmp(att1, att, natt * 2) == 0 &&
           memcmp(dqkv1, dqkv, nqkv * 2) == 0);
@@ -531,6 +582,79 @@ static ts_bf16 *batch_columns(const ts_bf16 *x, int B, int T, int width, int Tk,
     return y;
 }
 
+/* The general heads (kernels.h ts_att_heads: q/k heads of HS, v and output heads of
+ * HSV, a scale not 1/sqrt(HS)) against the fp32 kernels (which test_kernels.c checks
+ * against a double-precision reference), attention's tolerances: attention_forward and
+ * _backward, and the prefix kernels on the last Tq = T - off queries against T keys and
+ * values, dkv adding onto random values (the fp32 run onto the same values widened). */
+static void test_attention_heads(const char *label, int B, int T, ts_att_heads h, int off)
+{
+    const size_t C3 = ts_att_qkv_width(h), KVW = ts_att_kv_width(h), OW = ts_att_out_width(h);
+    const size_t QW = (size_t)h.NH * h.HS, N = (size_t)B * T, natt = (size_t)B * h.NH * T * T;
+    char what[96];
+    printf("  attention %s\n", label);
+    CHECK(K16->attention_saved_bytes(B, T, h) == natt * 2);
+    float *qkv32, *dout32;
+    ts_bf16 *qkv = rand_bf16(N * C3, 2.0f, &qkv32), *dout = rand_bf16(N * OW, 1.0f, &dout32);
+    ts_bf16 *out = nan_bf16(N * OW), *att = nan_bf16(natt);
+    float *out32 = ts_alloc_floats(N * OW), *att32 = ts_alloc_floats(natt);
+    K16->attention_forward(out, att, qkv, B, T, h);
+    K32->attention_forward(out32, att32, qkv32, B, T, h);
+    snprintf(what, sizeof what, "%s att", label);
+    check_bf16(what, att, att32, natt, ROUND_REL, ELEM_FLOOR);
+    snprintf(what, sizeof what, "%s out", label);
+    check_bf16(what, out, out32, N * OW, ROUND_REL, 1.0 / 256);
+    ts_bf16 *scratch = nan_bf16(K16->attention_scratch_bytes(B, T, h) / 2);
+    ts_bf16 *dqkv = nan_bf16(N * C3);
+    float *p32 = widen(att, natt), *dqkv32 = ts_alloc_floats(N * C3);
+    float *scratch32 = ts_alloc_floats(natt);
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, h);
+    K32->attention_backward(dqkv32, scratch32, dout32, qkv32, p32, B, T, h);
+    snprintf(what, sizeof what, "%s dqkv", label);
+    check_bf16(what, dqkv, dqkv32, N * C3, ROUND_REL, 1.0 / 128);
+
+    /* the prefix form: queries = the last Tq rows of each sequence, k|v columns as kv */
+    const int Tq = T - off;
+    const size_t Nq = (size_t)B * Tq, pat = (size_t)B * h.NH * Tq * T;
+    ts_bf16 *pq = batch_rows(qkv, B, T, (int)C3, off, Tq);
+    ts_bf16 *kv = batch_columns(qkv, B, T, (int)C3, T, (int)QW, (int)KVW);
+    ts_bf16 *pdout = batch_rows(dout, B, T, (int)OW, off, Tq);
+    float *pq32 = widen(pq, Nq * C3), *kv32 = widen(kv, N * KVW), *pdout32 = widen(pdout, Nq * OW);
+    ts_bf16 *pout = nan_bf16(Nq * OW), *patt = nan_bf16(pat);
+    float *pout32 = ts_alloc_floats(Nq * OW), *patt32 = ts_alloc_floats(pat);
+    CHECK(K16->attention_prefix_saved_bytes(B, Tq, T, h) == pat * 2);
+    K16->attention_prefix_forward(pout, patt, pq, kv, B, Tq, T, h);
+    K32->attention_prefix_forward(pout32, patt32, pq32, kv32, B, Tq, T, h);
+    snprintf(what, sizeof what, "%s prefix att", label);
+    check_bf16(what, patt, patt32, pat, ROUND_REL, ELEM_FLOOR);
+    snprintf(what, sizeof what, "%s prefix out", label);
+    check_bf16(what, pout, pout32, Nq * OW, ROUND_REL, 1.0 / 256);
+    float *dkv32;
+    ts_bf16 *dkv = rand_bf16(N * KVW, 1.0f, &dkv32), *pdqkv = nan_bf16(Nq * C3);
+    float *pdqkv32 = ts_alloc_floats(Nq * C3), *pp32 = widen(patt, pat);
+    ts_bf16 *pscr = nan_bf16(K16->attention_prefix_scratch_bytes(B, Tq, T, h) / 2);
+    float *pscr32 = ts_alloc_floats(K32->attention_prefix_scratch_bytes(B, Tq, T, h) / 4);
+    K16->attention_prefix_backward(pdqkv, dkv, pscr, pdout, pq, kv, patt, B, Tq, T, h);
+    K32->attention_prefix_backward(pdqkv32, dkv32, pscr32, pdout32, pq32, kv32, pp32, B, Tq, T, h);
+    ts_bf16 *dq = batch_columns(pdqkv, B, Tq, (int)C3, Tq, 0, (int)QW);
+    float *dq32 = ts_alloc_floats(Nq * QW);
+    bool untouched = true;
+    for (size_t r = 0; r < Nq; r++) {
+        memcpy(dq32 + r * QW, pdqkv32 + r * C3, QW * sizeof(float));
+        for (size_t c = QW; c < C3; c++) untouched &= pdqkv[r * C3 + c] == TS_BF16_QNAN;
+    }
+    snprintf(what, sizeof what, "%s prefix dq", label);
+    check_bf16(what, dq, dq32, Nq * QW, ROUND_REL, 1.0 / 128);
+    snprintf(what, sizeof what, "%s prefix dkv (+=)", label);
+    check_bf16(what, dkv, dkv32, N * KVW, ROUND_REL, 1.0 / 128);
+    CHECKF(untouched, "%s: the bf16 prefix backward wrote dqkv's k/v columns", label);
+    free(qkv), free(qkv32), free(dout), free(dout32), free(out), free(att), free(out32);
+    free(att32), free(scratch), free(dqkv), free(p32), free(dqkv32), free(scratch32), free(pq);
+    free(kv), free(pdout), free(pq32), free(kv32), free(pdout32), free(pout), free(patt);
+    free(pout32), free(patt32), free(dkv), free(dkv32), free(pdqkv), free(pdqkv32), free(pp32);
+    free(pscr), free(pscr32), free(dq), free(dq32);
+}
+
 /* Whether every masked probability of att [B, NH, Tq, Tk] is exactly +0 (query t sees
  * keys 0..t + Tk - Tq). */
 static bool prefix_mask_is_zero(const ts_bf16 *att, int B, int NH, int Tq, int Tk)
@@ -550,26 +674,27 @@ static void test_attention_prefix_square(const shape *s, int NKV)
     const int C3 = C + C2;
     const size_t N = (size_t)B * T, natt = (size_t)B * NH * T * T;
     printf("  attention prefix Tq = Tk, NKV = %d\n", NKV);
-    CHECK(K16->attention_prefix_saved_bytes(B, T, T, NH, HS) == natt * 2);
-    CHECK(K16->attention_prefix_scratch_bytes(B, T, T, NH, HS) >= natt * 2);
+    CHECK(K16->attention_prefix_saved_bytes(B, T, T, ts_att_heads_gqa(NH, NH, HS)) == natt * 2);
+    CHECK(K16->attention_prefix_scratch_bytes(B, T, T, ts_att_heads_gqa(NH, NH, HS)) >= natt * 2);
     float *qkv32, *dout32;
     ts_bf16 *qkv = rand_bf16(N * C3, 2.0f, &qkv32), *dout = rand_bf16(N * C, 1.0f, &dout32);
     ts_bf16 *kv = batch_columns(qkv, B, T, C3, T, C, C2);
     ts_bf16 *out = nan_bf16(N * C), *att = nan_bf16(natt), *pout = nan_bf16(N * C);
     ts_bf16 *patt = nan_bf16(natt);
-    K16->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    K16->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, NH, NKV, HS);
+    K16->attention_forward(out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K16->attention_prefix_forward(pout, patt, qkv, kv, B, T, T, ts_att_heads_gqa(NH, NKV, HS));
     float *out_w = widen(out, N * C), *att_w = widen(att, natt);
     check_bf16("prefix Tq=Tk out", pout, out_w, N * C, ROUND_REL, 1.0 / 256);
     check_bf16("prefix Tq=Tk att", patt, att_w, natt, ROUND_REL, ELEM_FLOOR);
 
-    ts_bf16 *scratch = nan_bf16(K16->attention_prefix_scratch_bytes(B, T, T, NH, HS) / 2);
+    ts_bf16 *scratch =
+        nan_bf16(K16->attention_prefix_scratch_bytes(B, T, T, ts_att_heads_gqa(NH, NH, HS)) / 2);
     ts_bf16 *dqkv = nan_bf16(N * C3), *pdqkv = nan_bf16(N * C3);
     ts_bf16 *dkv = ts_malloc(N * C2 * sizeof *dkv);
     for (size_t i = 0; i < N * C2; i++) dkv[i] = 0; /* +0: what dkv adds onto */
-    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
-    K16->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T, NH, NKV,
-                                   HS);
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K16->attention_prefix_backward(pdqkv, dkv, scratch, dout, qkv, kv, patt, B, T, T,
+                                   ts_att_heads_gqa(NH, NKV, HS));
     ts_bf16 *dq = batch_columns(dqkv, B, T, C3, T, 0, C);
     ts_bf16 *pdq = batch_columns(pdqkv, B, T, C3, T, 0, C);
     ts_bf16 *dkv_want = batch_columns(dqkv, B, T, C3, T, C, C2);
@@ -599,9 +724,10 @@ static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, 
     float *qkv32, *dout32;
     ts_bf16 *qkv = rand_bf16(N * C3, 2.0f, &qkv32), *dout = rand_bf16(N * C, 1.0f, &dout32);
     ts_bf16 *out = nan_bf16(N * C), *att = nan_bf16(natt), *dqkv = nan_bf16(N * C3);
-    ts_bf16 *scratch = nan_bf16(K16->attention_scratch_bytes(B, T, NH, HS) / 2);
-    K16->attention_forward(out, att, qkv, B, T, NH, NKV, HS);
-    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);
+    ts_bf16 *scratch =
+        nan_bf16(K16->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) / 2);
+    K16->attention_forward(out, att, qkv, B, T, ts_att_heads_gqa(NH, NKV, HS));
+    K16->attention_backward(dqkv, scratch, dout, qkv, att, B, T, ts_att_heads_gqa(NH, NKV, HS));
 
     ts_bf16 *got_out = nan_bf16(N * C), *got_dqkv = nan_bf16(N * C3);
     ts_bf16 *dkv_total = ts_malloc(N * C2 * sizeof *dkv_total);
@@ -610,18 +736,21 @@ static void test_attention_prefix_chunks(int cp, int c, int B, int NH, int NKV, 
     for (int g = 0; g < 2 * cp; g++) {
         const int Tq = c, Tk = (g + 1) * c;
         const size_t natt_g = (size_t)B * NH * Tq * Tk;
-        CHECK(K16->attention_prefix_saved_bytes(B, Tq, Tk, NH, HS) == natt_g * 2);
+        CHECK(K16->attention_prefix_saved_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) ==
+              natt_g * 2);
         ts_bf16 *q = batch_rows(qkv, B, T, C3, g * c, c);
         ts_bf16 *kv = batch_columns(qkv, B, T, C3, Tk, C, C2);
         ts_bf16 *o = nan_bf16((size_t)B * c * C), *a = nan_bf16(natt_g);
-        K16->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, NH, NKV, HS);
+        K16->attention_prefix_forward(o, a, q, kv, B, Tq, Tk, ts_att_heads_gqa(NH, NKV, HS));
         mask_ok &= prefix_mask_is_zero(a, B, NH, Tq, Tk);
         put_batch_rows(got_out, o, B, T, C, g * c, c);
         ts_bf16 *dq = nan_bf16((size_t)B * c * C3);
-        ts_bf16 *sc = nan_bf16(K16->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS) / 2);
+        ts_bf16 *sc = nan_bf16(
+            K16->attention_prefix_scratch_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)) / 2);
         ts_bf16 *d = batch_rows(dout, B, T, C, g * c, c);
         ts_bf16 *dkv = batch_rows(dkv_total, B, T, C2, 0, Tk);
-        K16->attention_prefix_backward(dq, dkv, sc, d, q, kv, a, B, Tq, Tk, NH, NKV, HS);
+        K16->attention_prefix_backward(dq, dkv, sc, d, q, kv, a, B, Tq, Tk,
+                                       ts_att_heads_gqa(NH, NKV, HS));
         put_batch_rows(dkv_total, dkv, B, T, C2, 0, Tk);
         put_batch_rows(got_dqkv, dq, B, T, C3, g * c, c);
         free(q), free(kv), free(o), free(a), free(dq), free(sc), free(d), free(dkv);
@@ -671,9 +800,11 @@ static prefix_run prefix_on(const ts_kernels *k, const ts_bf16 *q, const ts_bf16
     void *dd = to_table(k, dout, nq * C * 2), *dacc = to_table(k, dkv0, nkv * 2);
     void *o = to_table(k, nan, nq * C * 2), *a = to_table(k, nan, natt * 2);
     void *g = to_table(k, nan, nq * C3 * 2);
-    void *s = k->dev_alloc(k->attention_prefix_scratch_bytes(B, Tq, Tk, NH, HS));
-    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, NH, NKV, HS);
-    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk, NH, NKV, HS);
+    void *s =
+        k->dev_alloc(k->attention_prefix_scratch_bytes(B, Tq, Tk, ts_att_heads_gqa(NH, NH, HS)));
+    k->attention_prefix_forward(o, a, dq, dkvv, B, Tq, Tk, ts_att_heads_gqa(NH, NKV, HS));
+    k->attention_prefix_backward(g, dacc, s, dd, dq, dkvv, a, B, Tq, Tk,
+                                 ts_att_heads_gqa(NH, NKV, HS));
     prefix_run r = {from_table(k, o, nq * C), from_table(k, a, natt), from_table(k, g, nq * C3),
                     from_table(k, dacc, nkv)};
     k->dev_free(dq), k->dev_free(dkvv), k->dev_free(dd), k->dev_free(dacc), k->dev_free(o);
@@ -788,6 +919,17 @@ int main(void)
         test_attention(s, s->NH);
         test_attention(s, s->NH % 3 == 0 ? s->NH / 3 : 1); /* grouped-query */
         test_attention_prefix_square(s, s->NH % 3 == 0 ? s->NH / 3 : 1);
+    }
+    printf("rope on the last RD channels, q/k heads wider than v\n");
+    for (int il = 0; il < 2; il++) {
+        test_rope_heads(2, 9, heads(4, 4, 24, 16, 0.3f), 8, il);
+        test_rope_heads(1, 7, heads(4, 2, 10, 6, 0.3f), 6, il);
+    }
+    if (gemms) {
+        printf("the general heads: q/k %s v, grouped, scales not 1/sqrt(HS)\n", "!=");
+        test_attention_heads("HS=24 HSV=16 NH=4 NKV=4", 2, 67, heads(4, 4, 24, 16, 0.3f), 9);
+        test_attention_heads("HS=24 HSV=16 GQA NH=4 NKV=2", 2, 67, heads(4, 2, 24, 16, 0.35f), 5);
+        test_attention_heads("HS=8 HSV=12 MQA NH=3 NKV=1", 1, 21, heads(3, 1, 8, 12, 0.9f), 7);
     }
     if (gemms) {
         printf("context parallelism's prefix attention: B 2, 4 heads of 16\n");

@@ -64,16 +64,16 @@ static void test_layout_matches_cuda(void)
             CHECK(!strcmp(lay->native_comm, real->native_comm));
             for (int s = 0; s < N_SHAPES; s++) {
                 const int B = SHAPES[s][0], T = SHAPES[s][1], NH = SHAPES[s][2], HS = SHAPES[s][3];
-                CHECKF(lay->attention_saved_bytes(B, T, NH, HS) ==
-                           real->attention_saved_bytes(B, T, NH, HS),
-                       "%s saved B%d T%d NH%d HS%d: %zu, the table %zu", real->name, B, T, NH,
-                       HS, lay->attention_saved_bytes(B, T, NH, HS),
-                       real->attention_saved_bytes(B, T, NH, HS));
-                CHECKF(lay->attention_scratch_bytes(B, T, NH, HS) ==
-                           real->attention_scratch_bytes(B, T, NH, HS),
-                       "%s scratch B%d T%d NH%d HS%d: %zu, the table %zu", real->name, B, T, NH,
-                       HS, lay->attention_scratch_bytes(B, T, NH, HS),
-                       real->attention_scratch_bytes(B, T, NH, HS));
+                CHECKF(lay->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+                           real->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)),
+                       "%s saved B%d T%d NH%d HS%d: %zu, the table %zu", real->name, B, T, NH, HS,
+                       lay->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)),
+                       real->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
+                CHECKF(lay->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+                           real->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)),
+                       "%s scratch B%d T%d NH%d HS%d: %zu, the table %zu", real->name, B, T, NH, HS,
+                       lay->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)),
+                       real->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
             }
         }
 }
@@ -92,26 +92,31 @@ static void test_cuda_layout_in_this_build(void)
         const ts_kernels *cpu = ts_kernels_layout_for("cpu", PRECISIONS[p], "gemm");
         CHECK(!strcmp(flash->device, "cuda") && !strcmp(flash->attention, "flash"));
         CHECK(flash->device_memory && !cpu->device_memory);
-        CHECK(flash->attention_saved_bytes(B, T, NH, HS) == rows * sizeof(float));
-        CHECK(flash->attention_scratch_bytes(B, T, NH, HS) == rows * sizeof(float));
-        CHECK(flash->attention_saved_bytes(B, T, NH, HS) != cpu->attention_saved_bytes(B, T, NH, HS));
+        CHECK(flash->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+              rows * sizeof(float));
+        CHECK(flash->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+              rows * sizeof(float));
+        CHECK(flash->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) !=
+              cpu->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
         const size_t ab = p ? 2 : 4;
-        CHECK(cpu->attention_saved_bytes(B, T, NH, HS) == tt * ab);
+        CHECK(cpu->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * ab);
         /* Heads too wide for the flash kernels: the batched-GEMM attention's sizes. */
-        CHECK(flash->attention_saved_bytes(1, 64, 2, 512) == (size_t)2 * 64 * 64 * ab);
+        CHECK(flash->attention_saved_bytes(1, 64, ts_att_heads_gqa(2, 2, 512)) ==
+              (size_t)2 * 64 * 64 * ab);
     }
     const ts_kernels *g16 = ts_kernels_layout_for("cuda", "bf16", "gemm");
-    CHECK(g16->attention_saved_bytes(B, T, NH, HS) == tt * 2);
-    CHECK(g16->attention_scratch_bytes(B, T, NH, HS) == tt * 4 + tt * 2);
+    CHECK(g16->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * 2);
+    CHECK(g16->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) == tt * 4 + tt * 2);
     /* T < HS: the accumulator [B, T, NH HS] fp32 outgrows dP, then dS from 64 bytes on. */
     const size_t acc = (size_t)1 * 8 * 2 * 512 * 4;
-    CHECK(g16->attention_scratch_bytes(1, 8, 2, 512) == (acc + 63) / 64 * 64 + 2 * 8 * 8 * 2);
+    CHECK(g16->attention_scratch_bytes(1, 8, ts_att_heads_gqa(2, 2, 512)) ==
+          (acc + 63) / 64 * 64 + 2 * 8 * 8 * 2);
     /* fp32 batched-GEMM: the CPU's sizes. */
     const ts_kernels *g32 = ts_kernels_layout_for("cuda", "fp32", "gemm");
-    CHECK(g32->attention_saved_bytes(B, T, NH, HS) ==
-          ts_kernels_cpu.attention_saved_bytes(B, T, NH, HS));
-    CHECK(g32->attention_scratch_bytes(B, T, NH, HS) ==
-          ts_kernels_cpu.attention_scratch_bytes(B, T, NH, HS));
+    CHECK(g32->attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+          ts_kernels_cpu.attention_saved_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
+    CHECK(g32->attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)) ==
+          ts_kernels_cpu.attention_scratch_bytes(B, T, ts_att_heads_gqa(NH, NH, HS)));
     /* Any other device: its own table, or the CPU's of that precision. */
     CHECK(ts_kernels_layout_for("cpu", "bf16", "gemm") == &ts_kernels_cpu_bf16);
     CHECK(ts_kernels_layout_for("cpu-strict", "fp32", "gemm") == &ts_kernels_cpu_strict);

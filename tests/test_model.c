@@ -500,8 +500,8 @@ static void test_llama_layout(void)
 #define AL(x) (((x) + 63) / 64 * 64)
     const size_t NC = AL(N * C * f), stat = AL(N * f);
     const size_t want = NC + stat + AL(N * 8 * HS * f) + AL(N * 4 * HS * f) +
-                        k->attention_saved_bytes(B, T, 4, HS) + NC + NC + stat +
-                        AL(N * 2 * F * f) + AL(N * F * f) + NC;
+                        k->attention_saved_bytes(B, T, ts_att_heads_gqa(4, 2, HS)) + NC + NC +
+                        stat + AL(N * 2 * F * f) + AL(N * F * f) + NC;
     CHECKF(ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, k) == want, "llama block %zu, want %zu",
            ts_layer_act_bytes(&mc, TS_LAYER_BLOCK, B, T, 1, 0, k), want);
     CHECK(ts_layer_act_bytes(&mc, TS_LAYER_EMBED, B, T, 1, 0, k) == NC);

@@ -128,7 +128,11 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
                 {"moe_ffn_hidden", &m->moe_ffn_hidden, 0},
                 {"moe_shared_experts", &m->moe_shared_experts, 0},
                 {"moe_groups", &m->moe_groups, 1}, {"moe_topk_groups", &m->moe_topk_groups, 1},
-                {"moe_first_dense", &m->moe_first_dense, 0}, {"moe_every", &m->moe_every, 1}};
+                {"moe_first_dense", &m->moe_first_dense, 0}, {"moe_every", &m->moe_every, 1},
+                {"q_lora_rank", &m->q_lora_rank, 0}, {"kv_lora_rank", &m->kv_lora_rank, 0},
+                {"qk_nope_head_dim", &m->qk_nope_head_dim, 0},
+                {"qk_rope_head_dim", &m->qk_rope_head_dim, 0},
+                {"v_head_dim", &m->v_head_dim, 0}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         long long v;
         if (!json_object_get(model, ints[i].key)) continue;
@@ -144,7 +148,11 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
                  {"rope_scaling", &m->rope_scaling},
                  {"rope_low_freq_factor", &m->rope_low_freq_factor},
                  {"rope_high_freq_factor", &m->rope_high_freq_factor},
-                 {"moe_route_scale", &m->moe_route_scale}};
+                 {"moe_route_scale", &m->moe_route_scale},
+                 {"rope_beta_fast", &m->rope_beta_fast},
+                 {"rope_beta_slow", &m->rope_beta_slow},
+                 {"rope_mscale", &m->rope_mscale},
+                 {"rope_mscale_all_dim", &m->rope_mscale_all_dim}};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         json_t *v = json_object_get(model, reals[i].key);
         if (!v) continue;
@@ -176,7 +184,8 @@ static ts_status parse_model(json_t *model, ts_model_config *out, const char *pa
         size_t cap;
     } strs[] = {{"tokenizer", m->tokenizer, sizeof m->tokenizer},
                 {"tokenizer_file", m->tokenizer_file, sizeof m->tokenizer_file},
-                {"moe_router", m->moe_router, sizeof m->moe_router}};
+                {"moe_router", m->moe_router, sizeof m->moe_router},
+                {"rope_type", m->rope_type, sizeof m->rope_type}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
         json_t *v = json_object_get(model, strs[i].key);
         if (!v) continue;

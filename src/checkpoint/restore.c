@@ -146,6 +146,13 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
                        r->dir, m->arch, mc->arch, m->arch);
     const bool scaled = m->rope_scaling != 0.0 || mc->rope_scaling != 0.0;
     const bool moe = m->moe_experts > 0 || mc->moe_experts > 0;
+    const bool mla = m->kv_lora_rank > 0 || mc->kv_lora_rank > 0;
+    const bool yarn = scaled && (!strcmp(m->rope_type, "yarn") || !strcmp(mc->rope_type, "yarn"));
+    if (scaled && strcmp(m->rope_type, mc->rope_type) != 0)
+        return ts_fail("checkpoint %s was saved with model.rope_type = \"%s\", but the config "
+                       "says \"%s\"; a checkpoint loads only into the model it was saved from "
+                       "(set model.rope_type = \"%s\")",
+                       r->dir, m->rope_type, mc->rope_type, m->rope_type);
     if (moe && strcmp(m->moe_router, mc->moe_router) != 0)
         return ts_fail("checkpoint %s was saved with model.moe_router = \"%s\", but the config "
                        "says \"%s\"; a checkpoint loads only into the model it was saved from "
@@ -182,6 +189,15 @@ static ts_status check_model(const ts_ckpt_reader *r, const ts_model_config *mc)
         {"rope_low_freq_factor", m->rope_low_freq_factor, mc->rope_low_freq_factor, scaled},
         {"rope_high_freq_factor", m->rope_high_freq_factor, mc->rope_high_freq_factor, scaled},
         {"rope_original_context", m->rope_original_context, mc->rope_original_context, scaled},
+        {"kv_lora_rank", m->kv_lora_rank, mc->kv_lora_rank, true},
+        {"q_lora_rank", m->q_lora_rank, mc->q_lora_rank, mla},
+        {"qk_nope_head_dim", m->qk_nope_head_dim, mc->qk_nope_head_dim, mla},
+        {"qk_rope_head_dim", m->qk_rope_head_dim, mc->qk_rope_head_dim, mla},
+        {"v_head_dim", m->v_head_dim, mc->v_head_dim, mla},
+        {"rope_beta_fast", m->rope_beta_fast, mc->rope_beta_fast, yarn},
+        {"rope_beta_slow", m->rope_beta_slow, mc->rope_beta_slow, yarn},
+        {"rope_mscale", m->rope_mscale, mc->rope_mscale, yarn},
+        {"rope_mscale_all_dim", m->rope_mscale_all_dim, mc->rope_mscale_all_dim, yarn},
     };
     /* The tokenizer says what the ids mean: the same encoding, and the same ranks (by
      * their sha256: the file may lie elsewhere now). */

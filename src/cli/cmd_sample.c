@@ -321,6 +321,8 @@ static int generate(const ts_model *m, const sample_args *sa, sample_mode mode,
     float *logits = ts_alloc_floats((size_t)V);
     float *logits_dev = m->k->dev_alloc((size_t)V * sizeof(float));
     ts_acts a;
+    /* Multi-head latent attention assembles q|k|v in a scratch region (model.h). */
+    ts_scratch sc = {0};
     int cur_T = 0, rc = 0;
     for (int i = 0; i < sa->tokens; i++) {
         /* The context: the last seq_len tokens (nanoGPT's idx[:, -block_size:]). */
@@ -328,7 +330,13 @@ static int generate(const ts_model *m, const sample_args *sa, sample_mode mode,
         const int T = len < m->max_seq_len ? len : m->max_seq_len;
         if (T != cur_T) { /* the activations' layout depends on T: grows to seq_len */
             if (cur_T) ts_acts_free(&a);
+    ts_scratch_free(&sc);
+            ts_scratch_free(&sc);
             ts_acts_init(&a, m, 0, m->n_layers, 1, T);
+            if (m->mla_kv_rank > 0) {
+                ts_scratch_init(&sc, m, 1, T);
+                a.mla_work = ts_scratch_mla_work(&sc, m, 1, T);
+            }
             cur_T = T;
         }
         m->k->memcpy_h2d(a.tokens, tokens + (len - T), (size_t)T * sizeof *tokens);
@@ -354,6 +362,7 @@ static int generate(const ts_model *m, const sample_args *sa, sample_mode mode,
         }
     }
     if (cur_T) ts_acts_free(&a);
+    ts_scratch_free(&sc);
     m->k->dev_free(logits_dev);
     free(logits);
     ts_sampler_free(&s);

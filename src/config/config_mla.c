@@ -49,6 +49,11 @@ ts_status ts_config_validate_mla(const ts_config *cfg)
         if (m->qk_norm)
             return ts_fail("config key 'model.qk_norm' = true: MLA normalises its latents, not "
                            "its heads; qk_norm is Qwen3's");
+        if (cfg->parallel.cp > 1)
+            return ts_fail("config keys 'model.kv_lora_rank' = %d and 'parallel.cp' = %d: "
+                           "multi-head latent attention under context parallelism is not "
+                           "built yet; use parallel.cp = 1",
+                           m->kv_lora_rank, cfg->parallel.cp);
     } else {
         const struct { const char *key; int v; } mla[] = {
             {"model.q_lora_rank", m->q_lora_rank},

@@ -83,13 +83,13 @@ static void *layout_only_alloc(size_t bytes)
 }
 
 #define TS_LAYOUT_SIZES(suffix, bf16, flash)                                                  \
-    static size_t layout_saved##suffix(int B, int T, int NH, int HS)                         \
+    static size_t layout_saved##suffix(int B, int T, ts_att_heads h)                         \
     {                                                                                        \
-        return ts_cuda_attention_saved_size(bf16, flash, B, T, NH, HS);                      \
+        return ts_cuda_attention_saved_size(bf16, flash, B, T, h);                           \
     }                                                                                        \
-    static size_t layout_scratch##suffix(int B, int T, int NH, int HS)                       \
+    static size_t layout_scratch##suffix(int B, int T, ts_att_heads h)                       \
     {                                                                                        \
-        return ts_cuda_attention_scratch_size(bf16, flash, B, T, NH, HS);                    \
+        return ts_cuda_attention_scratch_size(bf16, flash, B, T, h);                         \
     }
 TS_LAYOUT_SIZES(_f32, false, false)
 TS_LAYOUT_SIZES(_f32_flash, false, true)
@@ -101,8 +101,8 @@ TS_LAYOUT_SIZES(_bf16_flash, true, true)
  * cuda-bf16-flash (table.cu). */
 static const struct {
     const char *name, *precision, *attention;
-    size_t (*saved)(int B, int T, int NH, int HS);
-    size_t (*scratch)(int B, int T, int NH, int HS);
+    size_t (*saved)(int B, int T, ts_att_heads h);
+    size_t (*scratch)(int B, int T, ts_att_heads h);
 } cuda_layouts[] = {
     {"cuda (layout only)", "fp32", "gemm", layout_saved_f32, layout_scratch_f32},
     {"cuda-flash (layout only)", "fp32", "flash", layout_saved_f32_flash,
@@ -115,21 +115,21 @@ enum { N_LAYOUTS = sizeof cuda_layouts / sizeof cuda_layouts[0] };
 static ts_kernels layout_tables[N_LAYOUTS];
 static pthread_once_t layout_once = PTHREAD_ONCE_INIT;
 
-static size_t layout_prefix_saved(int B, int Tq, int Tk, int NH, int HS)
+static size_t layout_prefix_saved(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 4);
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, h, 4);
 }
-static size_t layout_prefix_saved_bf16(int B, int Tq, int Tk, int NH, int HS)
+static size_t layout_prefix_saved_bf16(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 2);
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, h, 2);
 }
-static size_t layout_prefix_scratch(int B, int Tq, int Tk, int NH, int HS)
+static size_t layout_prefix_scratch(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 4);
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, h, 4);
 }
-static size_t layout_prefix_scratch_bf16(int B, int Tq, int Tk, int NH, int HS)
+static size_t layout_prefix_scratch_bf16(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 2);
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, h, 2);
 }
 
 static void make_layouts(void)

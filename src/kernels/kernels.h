@@ -23,6 +23,7 @@
 #ifndef TS_KERNELS_H
 #define TS_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -73,6 +74,42 @@ typedef struct {
     bool sigmoid, norm_topk;
     float route_scale;
 } ts_moe_routing;
+
+/* The heads of one attention call (the attention and RoPE slots below): NH query heads
+ * sharing NKV key/value heads (NH % NKV == 0: query head h reads key/value head
+ * h / (NH/NKV); NKV == NH is multi-head, 1 multi-query); each q and k head HS channels,
+ * each v head, and so each output head, HSV channels; softmax(scale q.k). Grouped-query
+ * attention has HSV == HS and scale 1/sqrt(HS) (ts_att_heads_gqa); multi-head latent
+ * attention (DeepSeek-V3) has HS = qk_nope + qk_rope > HSV = v_head_dim and, with YaRN,
+ * scale = mscale^2 / sqrt(HS). Plain fields: the same layout in C and in CUDA C++. */
+typedef struct {
+    int NH, NKV; /* query heads, key/value heads (NH % NKV == 0) */
+    int HS;      /* channels of each q and each k head */
+    int HSV;     /* channels of each v head, and of each output head */
+    float scale; /* the softmax scale: 1/sqrt(HS) unless the model says (MLA's YaRN mscale^2) */
+} ts_att_heads;
+
+/* Grouped-query (and multi-head) attention's heads: HSV = HS, scale = 1/sqrt(HS) (the
+ * bits the kernels computed before they took a scale). */
+static inline ts_att_heads ts_att_heads_gqa(int NH, int NKV, int HS)
+{
+    ts_att_heads h;
+    h.NH = NH;
+    h.NKV = NKV;
+    h.HS = HS;
+    h.HSV = HS;
+    h.scale = 1.0f / sqrtf((float)HS);
+    return h;
+}
+
+/* Row widths in elements: a qkv row [NH*HS q | NKV*HS k | NKV*HSV v], a prefix kv row
+ * [NKV*HS k | NKV*HSV v], an output row [NH*HSV]. */
+static inline size_t ts_att_qkv_width(ts_att_heads h)
+{
+    return (size_t)h.NH * h.HS + (size_t)h.NKV * (h.HS + h.HSV);
+}
+static inline size_t ts_att_kv_width(ts_att_heads h) { return (size_t)h.NKV * (h.HS + h.HSV); }
+static inline size_t ts_att_out_width(ts_att_heads h) { return (size_t)h.NH * h.HSV; }
 
 /* offsets[e] = counts[0] + ... + counts[e-1] (the exclusive prefix sum moe_permute takes,
  * on the host: counts come back from moe_count); returns the total, N*K for one layer's
@@ -163,13 +200,13 @@ typedef struct ts_kernels {
      * [B,NH,T,T] in act_dtype; CUDA's flash-style kernel keeps one fp32 log-sum-exp per
      * row [B,NH,T]); the model sizes its buffers from these and starts both on a
      * 64-byte boundary (a bf16 table may keep fp32 pieces in them). */
-    size_t (*attention_saved_bytes)(int B, int T, int NH, int HS);
-    size_t (*attention_scratch_bytes)(int B, int T, int NH, int HS);
+    size_t (*attention_saved_bytes)(int B, int T, ts_att_heads h);
+    size_t (*attention_scratch_bytes)(int B, int T, ts_att_heads h);
     /* The same for attention_prefix_forward's Tq queries against Tk keys (the CPU
      * tables: the probabilities [B,NH,Tq,Tk] in act_dtype; scratch dS as large). NULL
      * with the prefix kernels (see attention_prefix_forward). */
-    size_t (*attention_prefix_saved_bytes)(int B, int Tq, int Tk, int NH, int HS);
-    size_t (*attention_prefix_scratch_bytes)(int B, int Tq, int Tk, int NH, int HS);
+    size_t (*attention_prefix_saved_bytes)(int B, int Tq, int Tk, ts_att_heads h);
+    size_t (*attention_prefix_scratch_bytes)(int B, int Tq, int Tk, ts_att_heads h);
 
     /* out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :].  tokens [B,T], wte [V,C], wpe [>=T,C];
      * wpe NULL: no position embedding (llama: rotary embeddings instead). */
@@ -203,18 +240,25 @@ typedef struct ts_kernels {
                                      const void *b, const float *weight, int N, int C,
                                      float eps);
 
-    /* Rotary position embeddings (RoPE) in Hugging Face's form, in place on the NH query
-     * and NKV key heads of qkv [B,T,(NH+2*NKV)*HS] (the value heads are untouched): for
-     * channel i < HS/2 of a head at position t, with c = cos[t*HS/2 + i] and
-     * s = sin[t*HS/2 + i] (tables [T, HS/2] in fp32, the model's),
-     *   x[i]' = x[i] c - x[i+HS/2] s,   x[i+HS/2]' = x[i+HS/2] c + x[i] s
-     * (x*cos + rotate_half(x)*sin, rotate_half(x) = cat(-x[HS/2:], x[:HS/2])). */
-    void (*rope_forward)(void *qkv, const float *cos, const float *sin, int B, int T, int NH,
-                         int NKV, int HS);
+    /* Rotary position embeddings (RoPE), in place on the NH query and NKV key heads of
+     * qkv [B,T,NH*HS + NKV*HS + NKV*HSV] (ts_att_qkv_width; the value heads are
+     * untouched): the LAST RD channels of each q and k head are rotated (RD even,
+     * 0 < RD <= HS; RD == HS: the whole head, llama's; RD < HS: DeepSeek-V3's decoupled
+     * rope part after its no-rope part), the first HS - RD are not. With x the head's
+     * rotated part (x[0..RD)), at position t, c_i = cos[t*RD/2 + i] and s_i = sin[t*RD/2 +
+     * i] (tables [T, RD/2] in fp32, the model's), i < RD/2, pair (a, b) is rotated as
+     *   x[a]' = x[a] c_i - x[b] s_i,   x[b]' = x[b] c_i + x[a] s_i
+     * with (a, b) = (i, i + RD/2) when !interleaved (Hugging Face's x*cos +
+     * rotate_half(x)*sin, rotate_half(x) = cat(-x[RD/2:], x[:RD/2])), and (2i, 2i + 1)
+     * when interleaved (DeepSeek's checkpoints: adjacent pairs, the complex form; it gives
+     * the q.k of HF's apply_rotary_pos_emb_interleave, which de-interleaves q and k alike
+     * before rotating halves, so no weight permutation is needed). */
+    void (*rope_forward)(void *qkv, const float *cos, const float *sin, int B, int T,
+                         ts_att_heads h, int RD, bool interleaved);
     /* The backward, in place on the q and k heads of dqkv: the inverse rotation
-     * (dx[i] = d[i] c + d[i+HS/2] s, dx[i+HS/2] = d[i+HS/2] c - d[i] s). */
-    void (*rope_backward)(void *dqkv, const float *cos, const float *sin, int B, int T, int NH,
-                          int NKV, int HS);
+     * (dx[a] = d[a] c + d[b] s, dx[b] = d[b] c - d[a] s). */
+    void (*rope_backward)(void *dqkv, const float *cos, const float *sin, int B, int T,
+                          ts_att_heads h, int RD, bool interleaved);
 
     /* SwiGLU (llama's MLP between its gate/up and down projections): inp [N, 2F] holds
      * each row's gate columns then its up columns; out[N,F] = silu(gate) * up with
@@ -342,32 +386,33 @@ typedef struct ts_kernels {
                                     const void *inp, const void *const *weights,
                                     const int *rows, int L, int C, int OC);
 
-    /* Causal multi-head attention with NKV key/value heads (grouped-query attention:
-     * NH % NKV == 0, query head h reads key/value head h / (NH/NKV); NKV == NH is
-     * multi-head, 1 multi-query). qkv [B,T,(NH+2*NKV)*HS]: each row holds the NH q heads,
-     * then the NKV k heads, then the NKV v heads, head h of a part at columns
-     * h*HS..h*HS+HS of it (nanoGPT's order when NKV == NH). out [B,T,NH*HS] (heads
-     * concatenated). att receives the backend's saved state
+    /* Causal attention with the heads h (ts_att_heads: NH query heads on NKV key/value
+     * heads, grouped-query when NKV < NH; q and k heads of HS channels, v heads of HSV).
+     * qkv [B,T,NH*HS + NKV*HS + NKV*HSV] (ts_att_qkv_width): each row holds the NH q heads
+     * (head i at columns i*HS..i*HS+HS), then the NKV k heads (head j at NH*HS + j*HS),
+     * then the NKV v heads (head j at NH*HS + NKV*HS + j*HSV): nanoGPT's order when NKV ==
+     * NH and HSV == HS. out [B,T,NH*HSV] (heads concatenated, head i at i*HSV). Scores
+     * scale * q.k (h.scale), softmax in fp32. att receives the backend's saved state
      * (attention_saved_bytes: the softmax probabilities [B,NH,T,T], zero above the
-     * diagonal, or a flash kernel's log-sum-exp), kept for backward. Scale 1/sqrt(HS).
+     * diagonal, or a flash kernel's log-sum-exp), kept for backward.
      * Per-call fp32 workspace (a few rows of scores per thread) is the backend's own. */
-    void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int NH,
-                              int NKV, int HS);
-    /* dqkv [B,T,(NH+2*NKV)*HS] = gradient of the above (a key/value head's gradient sums
-     * over its query heads); scratch: attention_scratch_bytes. */
+    void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T,
+                              ts_att_heads h);
+    /* dqkv [B,T,NH*HS + NKV*HS + NKV*HSV] = gradient of the above (a key/value head's
+     * gradient sums over its query heads); scratch: attention_scratch_bytes. */
     void (*attention_backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                               const void *att, int B, int T, int NH, int NKV, int HS);
+                               const void *att, int B, int T, ts_att_heads h);
 
     /* Context parallelism's attention (Megatron/Llama 3 style: a cp rank's chunk of
      * queries against the key/value prefix gathered from its group). Causal attention
      * of Tq queries that are the LAST Tq positions of Tk >= Tq keys (the bottom-right
      * aligned mask of inference with a KV cache): query t, 0 <= t < Tq, sits at key
      * position t + (Tk - Tq) and attends keys 0..t + (Tk - Tq). Tq == Tk is
-     * attention_forward. q is read from qkv [B,Tq,(NH+2*NKV)*HS] (the NH q heads,
-     * columns 0..NH*HS of each row, as attention_forward reads them; its k and v columns
-     * are not read); keys and values from kv [B,Tk,2*NKV*HS] (each row: the NKV k
-     * heads, then the NKV v heads). Grouped-query as attention_forward; scale
-     * 1/sqrt(HS). out [B,Tq,NH*HS]. att receives the saved state
+     * attention_forward. q is read from qkv [B,Tq,NH*HS + NKV*HS + NKV*HSV] (the NH q
+     * heads, columns 0..NH*HS of each row, as attention_forward reads them; its k and v
+     * columns are not read); keys and values from kv [B,Tk,NKV*HS + NKV*HSV]
+     * (ts_att_kv_width; each row: the NKV k heads of HS, then the NKV v heads of HSV).
+     * Heads and scale as attention_forward. out [B,Tq,NH*HSV]. att receives the saved state
      * (attention_prefix_saved_bytes; the CPU tables: the probabilities [B,NH,Tq,Tk],
      * exactly 0 where masked; CUDA's batched-GEMM kernels keep the same). Every runnable
      * table fills these four slots (the layout-only CUDA tables size them only). Every
@@ -376,16 +421,16 @@ typedef struct ts_kernels {
      * [B,T,...] buffer is no [B,Tq,...] buffer, so a caller packs it or calls once per
      * batch (B = 1, pointers advanced by a batch's rows). */
     void (*attention_prefix_forward)(void *out, void *att, const void *qkv, const void *kv,
-                                     int B, int Tq, int Tk, int NH, int NKV, int HS);
+                                     int B, int Tq, int Tk, ts_att_heads h);
     /* Its backward: dqkv's q columns (0..NH*HS of each row) = dQ, overwritten; dqkv's k
-     * and v columns are untouched. dkv [B,Tk,2*NKV*HS] += dK, dV (ACCUMULATES: the
+     * and v columns are untouched. dkv [B,Tk,NKV*HS + NKV*HSV] += dK, dV (ACCUMULATES: the
      * backwards of a rank's two chunks add into one gathered buffer, which the caller
      * then reduce-scatters; a bf16 table sums each call's share in fp32 onto the
      * buffer's values and rounds once per call). scratch:
      * attention_prefix_scratch_bytes. */
     void (*attention_prefix_backward)(void *dqkv, void *dkv, void *scratch, const void *dout,
                                       const void *qkv, const void *kv, const void *att, int B,
-                                      int Tq, int Tk, int NH, int NKV, int HS);
+                                      int Tq, int Tk, ts_att_heads h);
 
     /* GELU, tanh approximation. */
     void (*gelu_forward)(void *out, const void *inp, size_t n);

@@ -12,6 +12,7 @@
 /* The shape a model (or a config, for estimates) gives the layout. */
 typedef struct {
     bool llama, selective, rebuild, sp, qk_norm;
+    int mla_q, mla_kv, mla_nope, mla_rope, mla_v; /* MLA's (mla_kv 0: none) */
     int n_embd, n_head, n_kv_head, ffn, vocab;
     int head_dim; /* channels per head */
     int moe_experts, moe_top_k, moe_ffn, moe_shared; /* an MoE block's (0: dense) */
@@ -63,8 +64,8 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
                   .Cl = (size_t)H * HS, .H = (size_t)H, .KV = (size_t)KV, .HS = (size_t)HS,
                   .QKV = (size_t)(H + 2 * KV) * HS, .F = F, .FI = sh.llama ? 2 * F : F,
                   .NM = sh.llama ? 0 : NL, .Vl = (size_t)nv, .NL = NL,
-                  .att = k->attention_saved_bytes(B, T, H, HS),
-                  .att_scratch = k->attention_scratch_bytes(B, T, H, HS),
+                  .att = k->attention_saved_bytes(B, T, ts_att_heads_gqa(H, KV, HS)),
+                  .att_scratch = k->attention_scratch_bytes(B, T, ts_att_heads_gqa(H, KV, HS)),
                   .ab = ts_dtype_bytes(k->act_dtype), .llama = sh.llama,
                   .selective = sh.selective, .rebuild = sh.rebuild, .sp = sh.sp,
                   .S = sh.sub > 1 ? (size_t)sh.sub : 1};
@@ -84,6 +85,29 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
         d.QKR = (size_t)(H + KV);
         d.QKN = d.QKR * (size_t)HS;
     }
+    d.QKVK = d.QKV;
+    if (sh.mla_kv > 0) {
+        const size_t h = (size_t)H, hs = (size_t)(sh.mla_nope + sh.mla_rope);
+        d.mla = true;
+        d.HS = hs;
+        d.KV = h;
+        d.HSV = (size_t)sh.mla_v;
+        d.Cl = h * d.HSV;
+        d.QK = h * hs;
+        d.QKV = h * (2 * hs + d.HSV);
+        d.RQ = (size_t)sh.mla_q;
+        d.RKV = (size_t)sh.mla_kv;
+        d.RR = (size_t)sh.mla_rope;
+        d.QA = d.RQ > 0 ? d.RQ : d.QK;
+        d.LA = d.QA + d.RKV + d.RR;
+        d.KVB = h * (size_t)(sh.mla_nope + sh.mla_v);
+        d.QKVK = sh.selective ? 0 : d.QKV;
+        d.QKQ = sh.selective ? d.QK : 0;
+        ts_att_heads hd = ts_att_heads_gqa(H, H, (int)hs);
+        hd.HSV = sh.mla_v;
+        d.att = k->attention_saved_bytes(B, T, hd);
+        d.att_scratch = k->attention_scratch_bytes(B, T, hd);
+    }
     if (sh.cp.size > 1 && T > 1) {
         /* T is this rank's positions of each sequence (tensor/cp.h); its attention saves
          * the two chunks' prefix state and keeps the gathered K/V. (T = 1: a count of
@@ -91,10 +115,11 @@ static act_dims dims_of(const ts_kernels *k, act_shape sh, int tp, int tp_rank, 
         ts_cp cp = sh.cp;
         cp.k = k;
         TS_ASSERT(T == ts_cp_local_len(&cp));
-        d.att = ts_cp_attention_saved_bytes(&cp, B, H, HS);
-        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, H, HS);
-        d.KVG = ts_cp_kv_elems(&cp, B, KV, HS);
-        d.cpw = ts_cp_work_bytes(&cp, B, KV, HS, sh.n_embd, d.ab);
+        const ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
+        d.att = ts_cp_attention_saved_bytes(&cp, B, hd);
+        d.att_scratch = ts_cp_attention_scratch_bytes(&cp, B, hd);
+        d.KVG = ts_cp_kv_elems(&cp, B, hd);
+        d.cpw = ts_cp_work_bytes(&cp, B, hd, sh.n_embd, d.ab);
         d.cp = true;
     }
     d.att_kept = sh.selective ? 0 : d.att;
@@ -107,7 +132,8 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T)
     /* A dense block has no MoE buffers; l < 0 (the scratch's) has the model's. */
     const bool moe = m->moe_experts > 0 && (l < 0 || m->layers[l].moe);
     const act_shape sh = {m->arch == TS_ARCH_LLAMA, selective, m->selective_recompute, m->tp.sp,
-                          m->qk_norm, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
+                          m->qk_norm, m->mla_q_rank, m->mla_kv_rank, m->mla_nope,
+                          m->mla_kv_rank ? m->rope_dim : 0, m->mla_v_dim, m->n_embd, m->n_head, m->n_kv_head, m->ffn_hidden,
                           m->vocab_size, m->head_dim, moe ? m->moe_experts : 0, m->moe_top_k,
                           m->moe_local_ffn, m->moe_shared_ffn, m->moe_ep > 1 ? m->moe_ep : 1,
                           m->moe_etp > 1 ? m->moe_etp : 1, m->moe_capacity, m->tp.sub, m->cp};
@@ -139,7 +165,8 @@ size_t ts_layer_act_bytes(const ts_model_config *cfg, ts_layer_kind kind, int B,
 {
     /* A dense block's (the partition's cost model sizes an MoE block so: MoE refuses pp). */
     const act_shape sh = {ts_model_arch(cfg) == TS_ARCH_LLAMA, false, false, false, cfg->qk_norm,
-                          cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
+                          cfg->q_lora_rank, cfg->kv_lora_rank, cfg->qk_nope_head_dim,
+                          cfg->qk_rope_head_dim, cfg->v_head_dim, cfg->n_embd, cfg->n_head, ts_model_kv_heads(cfg), ts_model_ffn(cfg),
                           cfg->vocab_size, ts_model_head_dim(cfg), 0, 0, 0, 0, 1, 1, 0.0, 1, {.size = 1}};
     return kind_bytes(kind, dims_of(k, sh, tp, tp_rank, B, T));
 }
@@ -196,7 +223,15 @@ block_acts ts_block_sub_views(const act_dims *d, const block_acts *s, int i)
     v.ln1 = act_at(d, s->ln1, nl * d->C);
     v.ln1_mean = d->NM ? s->ln1_mean + nl : s->ln1_mean;
     v.ln1_rstd = s->ln1_rstd + nl;
-    v.qkv = act_at(d, s->qkv, n * d->QKV);
+    v.mla_cq_pre = act_at(d, s->mla_cq_pre, n * d->RQ);
+    v.mla_cq = act_at(d, s->mla_cq, n * d->RQ);
+    v.mla_cq_rstd = d->RQ ? s->mla_cq_rstd + n : s->mla_cq_rstd;
+    v.mla_ckv_pre = act_at(d, s->mla_ckv_pre, n * d->RKV);
+    v.mla_ckv = act_at(d, s->mla_ckv, n * d->RKV);
+    v.mla_ckv_rstd = d->RKV ? s->mla_ckv_rstd + n : s->mla_ckv_rstd;
+    v.mla_kpe = act_at(d, s->mla_kpe, n * d->RR);
+    v.mla_q = act_at(d, s->mla_q, n * d->QKQ);
+    v.qkv = act_at(d, s->qkv, n * d->QKVK);
     v.qk_pre = act_at(d, s->qk_pre, n * d->QKN);
     v.qk_rstd = s->qk_rstd + n * d->QKR;
     v.kvg = d->KVG ? act_at(d, s->kvg, d->KVG / d->S * (size_t)i) : s->kvg;
@@ -374,9 +409,58 @@ void *ts_scratch_rebuilt_out(const act_dims *d, const ts_scratch *sc)
     return scratch_at(sc, scratch_rebuilt_out_offset(*d));
 }
 
-static size_t scratch_before_moe(act_dims d)
+static size_t scratch_before_mla(act_dims d)
 {
     return d.cp ? scratch_cp_offset(d) + d.cpw : scratch_without_cp(d);
+}
+
+/* MLA's work parts in activation elements per row (act_layout.h mla_work's order). */
+#define MLA_WORK_PARTS 10
+static void mla_work_cols(act_dims d, size_t cols[MLA_WORK_PARTS])
+{
+    const size_t c[MLA_WORK_PARTS] = {d.rebuild ? d.QKV : 0, d.QK, d.KVB, d.LA, d.H * d.RR,
+                                      d.RKV, d.RKV, d.RQ, d.RQ, d.RR};
+    memcpy(cols, c, sizeof c);
+}
+
+static size_t mla_work_bytes(act_dims d)
+{
+    if (!d.mla) return 0;
+    size_t cols[MLA_WORK_PARTS], total = 0;
+    mla_work_cols(d, cols);
+    for (int i = 0; i < MLA_WORK_PARTS; i++) total += ACT_ALIGN(d.N * cols[i] * d.ab);
+    return total;
+}
+
+mla_work ts_mla_work_of(const act_dims *d, void *base)
+{
+    size_t cols[MLA_WORK_PARTS];
+    mla_work_cols(*d, cols);
+    void *p[MLA_WORK_PARTS];
+    unsigned char *at = base;
+    for (int i = 0; i < MLA_WORK_PARTS; i++) {
+        p[i] = at;
+        at += ACT_ALIGN(d->N * cols[i] * d->ab);
+    }
+    return (mla_work){p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]};
+}
+
+static size_t scratch_mla_offset(act_dims d) { return ACT_ALIGN(scratch_before_mla(d)); }
+
+void *ts_scratch_mla(const act_dims *d, const ts_scratch *sc)
+{
+    return d->mla ? scratch_at(sc, scratch_mla_offset(*d)) : NULL;
+}
+
+void *ts_scratch_mla_work(const ts_scratch *s, const ts_model *m, int B, int T)
+{
+    const act_dims d = ts_act_dims(m, -1, B, T);
+    return ts_scratch_mla(&d, s);
+}
+
+static size_t scratch_before_moe(act_dims d)
+{
+    return d.mla ? scratch_mla_offset(d) + mla_work_bytes(d) : scratch_before_mla(d);
 }
 
 #define MOE_SCRATCH_PARTS 12

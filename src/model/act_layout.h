@@ -32,6 +32,16 @@ typedef struct {
     size_t cpw;      /* context parallelism: the exchange's work bytes (the scratch's) */
     size_t QKN, QKR; /* model.qk_norm: the q|k columns (H + KV) HS a row normalises per
                         head, and its heads H + KV (each one rstd); 0 without */
+    /* Multi-head latent attention (mla.c; all 0 without): HS is then nope + rope, KV = H,
+     * HSV the value channels (Cl = H HSV, QKV = H (2 HS + HSV): the assembled q|k|v the
+     * kernels read); RQ the q latent's rank (0: q_proj), RKV the k/v latent's, RR the
+     * rope channels (the shared rope key's), QA the q columns of the input's
+     * down-projection (RQ, or H HS for q_proj), LA = QA + RKV + RR its columns, KVB =
+     * H (nope + HSV) kv_b_proj's, QK = H HS the q heads'. QKVK: the q|k|v columns a
+     * block keeps (QKV; 0 for a selective MLA block, which keeps its q [N,QKQ] and
+     * rebuilds k and v from the latent); QKQ: QK for a selective MLA block, else 0. */
+    size_t HSV, RQ, RKV, RR, QA, LA, KVB, QK, QKVK, QKQ;
+    bool mla;
     /* Mixture of Experts (moe.c): the experts E, top K, expert width MF and shared width
      * MS of an MoE block (0 for a dense block; for l < 0, the model's, which size the
      * scratch), and DN: 1 when the block has the dense MLP (its fch, fch_gelu), 0 for an
@@ -74,8 +84,9 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
  * qkv..att are the attention phase's, fch and fch_gelu the MLP phase's (block.h). */
 #define BLOCK_ACTS(X)                                                                      \
     X(ln1, d.NL * d.C, A) X(ln1_mean, d.NM, F) X(ln1_rstd, d.NL, F) /* first norm, stats */\
-    X(qkv, d.N * d.QKV, A)             /* [N,QKV] this rank's q, k, v heads (llama: after   \
-                                          RoPE) */                                          \
+    MLA_ACTS(X)                                                                             \
+    X(qkv, d.N * d.QKVK, A)            /* [N,QKV] this rank's q, k, v heads (llama: after   \
+                                          RoPE; MLA: assembled, none when selective) */     \
     X(qk_pre, d.N * d.QKN, A)          /* qk_norm: [N,(H+KV)HS] q|k before their norms */   \
     X(qk_rstd, d.N * d.QKR, F)         /* qk_norm: [N,H+KV] each head's rstd */             \
     X(kvg, d.KVG, A)                   /* context parallelism: [B,T,2KV HS] every position's \
@@ -89,6 +100,18 @@ act_dims ts_act_dims(const ts_model *m, int l, int B, int T);
     X(fch_gelu, d.DN * d.N * d.F, A)   /* [N,F] after GELU / SwiGLU */                      \
     MOE_ACTS(X)                                                                             \
     X(out, d.NL * d.C, A)              /* [NL,C] block output x + attn + mlp */
+
+/* An MLA block's attention phase (mla.c; empty otherwise), on every row N: the q
+ * latent before and after its RMSNorm [N,RQ] and the norm's rstd, the same for the k/v
+ * latent [N,RKV], the shared rope key before RoPE [N,RR] (the input's down-projections,
+ * replicated over tp), and under selective recompute the q heads before RoPE [N,QK]
+ * (q_b_proj's output; k and v are rebuilt from the latent). */
+#define MLA_ACTS(X)                                                                        \
+    X(mla_cq_pre, d.N * d.RQ, A) X(mla_cq, d.N * d.RQ, A)                                  \
+    X(mla_cq_rstd, d.RQ ? d.N : 0, F)                                                      \
+    X(mla_ckv_pre, d.N * d.RKV, A) X(mla_ckv, d.N * d.RKV, A)                              \
+    X(mla_ckv_rstd, d.RKV ? d.N : 0, F)                                                    \
+    X(mla_kpe, d.N * d.RR, A) X(mla_q, d.N * d.QKQ, A)
 
 /* An MoE block's MLP phase (moe.c; empty in a dense block) on the NL rows it routes (N
  * below: the micro-batch's, or under sequence parallelism this tp rank's N/tp), NK = N*K
@@ -189,6 +212,19 @@ void *ts_scratch_narrow(const act_dims *d, const ts_scratch *sc);
  * gradient (NULL without sequence parallelism). */
 void *ts_scratch_gather(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_local(const act_dims *d, const ts_scratch *sc);
+/* MLA's work region (after context parallelism's; NULL without MLA), per row, in
+ * activation elements, each part 64-aligned: the assembled q|k|v [N,QKV] when some
+ * layer is selective (a selective block's forward assembles it here, its backward
+ * rebuilds it here), the q heads [N,QK] (the forward's q_b_proj output; the backward's
+ * q gradient), kv_b_proj's output [N,KVB] (then its gradient), the down-projection's
+ * output [N,LA] (then its gradient), the k heads' rope parts [N,H RR], and the
+ * backward's [N,RKV] twice, [N,RQ] twice and [N,RR]. The forwards use it through
+ * ts_acts.mla_work (ts_scratch_mla_work). */
+typedef struct {
+    void *qkv, *q, *kvb, *lat, *pe, *dckv_n, *dckv, *dcq_n, *dcq, *dkpe;
+} mla_work;
+mla_work ts_mla_work_of(const act_dims *d, void *base);
+void *ts_scratch_mla(const act_dims *d, const ts_scratch *sc);
 /* The attention backward's workspace; selective recompute's rebuilt state and output. */
 void *ts_scratch_attention(const act_dims *d, const ts_scratch *sc);
 void *ts_scratch_rebuilt(const act_dims *d, const ts_scratch *sc);

@@ -8,18 +8,62 @@
 
 /* ------------------------------------------- what differs between the architectures */
 
+/* A block's MLP roles after its post-attention norm at norm2 (model.c's
+ * add_llama_mlp_params). */
+static void mlp_roles(const ts_model *m, int l, int norm2, block_roles *r)
+{
+    r->norm2_w = norm2;
+    r->fc_w = norm2 + 1; /* gate, up packed after it, then down */
+    r->fcproj_w = norm2 + 3;
+    r->moe_router_w = r->moe_expert0 = r->moe_shared_fc_w = r->moe_shared_proj_w = -1;
+    if (l >= 0 && m->layers[l].moe) {
+        /* The MoE's parameters in place of gate, up and down (model.h). */
+        r->fc_w = r->fcproj_w = -1;
+        r->moe_router_w = norm2 + 1;
+        r->moe_expert0 = norm2 + 2;
+        if (m->moe_shared_ffn > 0) {
+            r->moe_shared_fc_w = r->moe_expert0 + 3 * m->moe_local_experts;
+            r->moe_shared_proj_w = r->moe_shared_fc_w + 2;
+        }
+    }
+}
+
+/* An MLA block (model.c's add_mla_params): input_layernorm, q_a_proj (or q_proj),
+ * kv_a_proj_with_mqa, [q_a_layernorm, q_b_proj], kv_a_layernorm, kv_b_proj, o_proj, then
+ * the MLP's. */
+static block_roles mla_roles(const ts_model *m, int l)
+{
+    block_roles r = {.norm1_w = TS_L_ATTN_NORM_W, .norm1_b = -1, .qkv_w = -1, .qkv_b = -1,
+                     .proj_b = -1, .norm2_b = -1, .fc_b = -1, .fcproj_b = -1, .q_norm_w = -1,
+                     .k_norm_w = -1, .mla_qa_w = 1, .mla_kva_w = 2, .mla_q_norm_w = -1,
+                     .mla_qb_w = -1};
+    int i = 3;
+    if (m->mla_q_rank > 0) {
+        r.mla_q_norm_w = i++;
+        r.mla_qb_w = i++;
+    }
+    r.mla_kv_norm_w = i++;
+    r.mla_kvb_w = i++;
+    r.proj_w = i++;
+    mlp_roles(m, l, i, &r);
+    return r;
+}
+
 block_roles ts_block_roles(const ts_model *m, int l)
 {
     if (m->arch != TS_ARCH_LLAMA)
         return (block_roles){TS_B_LN1_W, TS_B_LN1_B, TS_B_QKV_W, TS_B_QKV_B, TS_B_ATTPROJ_W,
                              TS_B_ATTPROJ_B, TS_B_LN2_W, TS_B_LN2_B, TS_B_FC_W, TS_B_FC_B,
-                             TS_B_FCPROJ_W, TS_B_FCPROJ_B, -1, -1, -1, -1, -1, -1};
+                             TS_B_FCPROJ_W, TS_B_FCPROJ_B, -1, -1, -1, -1, -1, -1,
+                             -1, -1, -1, -1, -1, -1};
+    if (m->mla_kv_rank > 0) return mla_roles(m, l);
     /* q_norm and k_norm, when there, come right after o_proj (model.h). */
     const int qk = m->qk_norm ? 2 : 0;
     block_roles r = {TS_L_ATTN_NORM_W, -1, TS_L_Q_W, -1, TS_L_O_W, -1,
                      TS_L_MLP_NORM_W + qk, -1, TS_L_GATE_W + qk, -1,
                      TS_L_DOWN_W + qk, -1, m->qk_norm ? TS_L_O_W + 1 : -1,
-                     m->qk_norm ? TS_L_O_W + 2 : -1, -1, -1, -1, -1};
+                     m->qk_norm ? TS_L_O_W + 2 : -1, -1, -1, -1, -1,
+                     -1, -1, -1, -1, -1, -1};
     if (l >= 0 && m->layers[l].moe) {
         /* The MoE's parameters in place of gate, up and down (model.h). */
         r.fc_w = r.fcproj_w = -1;
@@ -122,6 +166,7 @@ typedef struct {
     const void *x;           /* [NL,C] the block's input */
     void *dx;                /* [NL,C] the residual stream's gradient (backward) */
     void *gath, *cp_work;    /* sequence and context parallelism's work (or NULL) */
+    void *mla_work;          /* MLA's work region (or NULL) */
     /* the backward's */
     const ts_scratch *sc;
     void *stash;
@@ -144,7 +189,8 @@ static block_sub sub_of(const block_run *r, int i)
                    .r = ts_block_roles(r->m, r->l), .sub = i,
                    .B = r->a->B / S, .T = r->a->T, .N = N, .NL = (int)(d->NL / d->S),
                    .v = ts_block_sub_views(d, &r->s, i), .att_work = r->a->att_work,
-                   .cp_work = r->cp_work, .sc = r->sc, .stash = r->stash};
+                   .cp_work = r->cp_work, .mla_work = r->mla_work, .sc = r->sc,
+                   .stash = r->stash};
     b.gath = r->gath ? act_at(d, r->gath, (size_t)i * N * d->C) : NULL;
     if (r->sc) {
         b.wide = act_at(d, ts_scratch_wide(d, r->sc), (size_t)i * N * ts_scratch_wide_cols(*d));
@@ -186,7 +232,10 @@ static void fwd_norm_1(void *ctx, int i, ts_tp_pending *p)
 static void fwd_attn(void *ctx, int i, ts_tp_pending *p)
 {
     const block_sub b = sub_of(ctx, i);
-    ts_attn_forward(&b, ts_block_input_at(&b, b.v.ln1), b.v.res2, p);
+    if (b.m->mla_kv_rank > 0)
+        ts_mla_forward(&b, ts_block_input_at(&b, b.v.ln1), b.v.res2, p);
+    else
+        ts_attn_forward(&b, ts_block_input_at(&b, b.v.ln1), b.v.res2, p);
 }
 
 static void fwd_residual_norm_2(void *ctx, int i, ts_tp_pending *p)
@@ -228,6 +277,8 @@ void ts_block_forward(const ts_model *m, const ts_acts *a, int l, const void *x)
      * no attention state: the forward writes it to the work area. */
     r.gath = a->sp_work;
     r.cp_work = a->cp_work;
+    r.mla_work = a->mla_work;
+    TS_ASSERT(!r.d.mla || r.mla_work);
     TS_ASSERT(!r.d.sp || r.gath);
     TS_ASSERT(!r.d.selective || a->att_work);
     ts_phase_run(&m->tp, (int)r.d.S, steps, (int)(sizeof steps / sizeof *steps), &r);
@@ -272,21 +323,30 @@ static void bwd_norm_2_attn_output(void *ctx, int i, ts_tp_pending *p)
     ts_norm_backward(r->m, dx_rows(r, &b), ts_block_grad(&b, b.r.norm2_w),
                      ts_block_grad(&b, b.r.norm2_b), dnorm_rows(r, &b), b.v.res2,
                      ts_block_param(&b, b.r.norm2_w), b.v.ln2_mean, b.v.ln2_rstd, b.NL);
-    ts_attn_backward_output(&b, dx_rows(r, &b), p);
+    if (b.m->mla_kv_rank > 0)
+        ts_mla_backward_output(&b, dx_rows(r, &b), p);
+    else
+        ts_attn_backward_output(&b, dx_rows(r, &b), p);
 }
 
 static void bwd_attn_core(void *ctx, int i, ts_tp_pending *p)
 {
     const block_run *r = ctx;
     const block_sub b = sub_of(r, i);
-    ts_attn_backward_core(&b, dx_rows(r, &b), b.v.ln1, p);
+    if (b.m->mla_kv_rank > 0)
+        ts_mla_backward_core(&b, dx_rows(r, &b), b.v.ln1, p);
+    else
+        ts_attn_backward_core(&b, dx_rows(r, &b), b.v.ln1, p);
 }
 
 static void bwd_attn_input(void *ctx, int i, ts_tp_pending *p)
 {
     const block_run *r = ctx;
     const block_sub b = sub_of(r, i);
-    ts_attn_backward_input(&b, dnorm_rows(r, &b), b.v.ln1, p);
+    if (b.m->mla_kv_rank > 0)
+        ts_mla_backward_input(&b, dnorm_rows(r, &b), b.v.ln1, p);
+    else
+        ts_attn_backward_input(&b, dnorm_rows(r, &b), b.v.ln1, p);
 }
 
 static void bwd_norm_1(void *ctx, int i, ts_tp_pending *p)
@@ -314,6 +374,7 @@ void ts_block_backward(const ts_model *m, const ts_acts *a, int l, const void *x
     r.gath = ts_scratch_gather(&r.d, sc);
     r.dnorm = ts_scratch_local(&r.d, sc);
     r.cp_work = ts_scratch_context_work(sc, m, a->B, a->T);
+    r.mla_work = ts_scratch_mla_work(sc, m, a->B, a->T);
     ts_phase_run(&m->tp, (int)r.d.S, steps, (int)(sizeof steps / sizeof *steps), &r);
 }
 
@@ -330,7 +391,8 @@ void ts_block_backward_weight(const ts_model *m, const ts_acts *a, int l, void *
                    .stash = stash};
     /* An MoE block made its MLP's weight gradients in the input pass (moe.c). */
     if (!m->layers[l].moe) ts_mlp_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln2));
-    ts_attn_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln1));
+    /* An MLA block made its attention's in the input pass (mla.c). */
+    if (m->mla_kv_rank == 0) ts_attn_backward_weight(&b, ts_gather_rows(m, &d, b.gath, b.v.ln1));
 }
 
 const void *ts_gather_rows(const ts_model *m, const act_dims *d, void *full, const void *local)

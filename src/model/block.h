@@ -28,6 +28,12 @@ typedef struct {
      * rank's LOCAL expert under expert parallelism, the shared experts' gate|up and down
      * (-1 without). */
     int moe_router_w, moe_expert0, moe_shared_fc_w, moe_shared_proj_w;
+    /* An MLA block's attention (model.h's order; qkv_w is then -1, proj_w o_proj): the
+     * input's packed down-projection q_a_proj|kv_a_proj_with_mqa (q_proj|kv_a_... without
+     * a q latent) at mla_qa_w, its kv part at mla_kva_w, the latents' RMSNorms and
+     * up-projections (mla_q_norm_w, mla_qb_w -1 without a q latent). Meaningless
+     * otherwise. */
+    int mla_qa_w, mla_kva_w, mla_q_norm_w, mla_qb_w, mla_kv_norm_w, mla_kvb_w;
 } block_roles;
 block_roles ts_block_roles(const ts_model *m, int l);
 
@@ -59,6 +65,7 @@ typedef struct {
                                a row-parallel sum's partial products go (NULL without) */
     void *att_work;         /* selective recompute: where attention's state goes */
     void *cp_work;          /* context parallelism's exchange work (NULL without) */
+    void *mla_work;         /* MLA's work region, the micro-batch's (act_layout.h) */
     /* the backward's: the scratch (act_layout.h), and this sub-batch's rows of it */
     const ts_scratch *sc;
     void *wide;             /* [N,max(FI,QKV)]: an input linear's output gradient */
@@ -107,6 +114,19 @@ void ts_attn_backward_input(const block_sub *b, void *din, const void *in_local,
 /* The zero-bubble weight pass over the whole micro-batch (b->sub 0 of one: S ignored):
  * the two matmul weight gradients from the stash, in [N,C] its input gathered. */
 void ts_attn_backward_weight(const block_sub *b, const void *in);
+
+/* ---- the multi-head latent attention phase (mla.c), an MLA block's attention ----
+ * forward:   out[NL,C] (sum in flight) = o_proj(attention(rope(assembled q|k|v))), q and
+ *            k|v from the replicated latents of in[N,C] through this rank's heads'
+ *            up-projections;
+ * backward:  as attention's, every weight gradient made in the input pass (also under
+ *            the zero-bubble stash: its weight pass has nothing left to do). */
+void ts_mla_forward(const block_sub *b, const void *in, void *out, ts_tp_pending *p);
+void ts_mla_backward_output(const block_sub *b, const void *dout, ts_tp_pending *p);
+void ts_mla_backward_core(const block_sub *b, const void *dout, const void *in_local,
+                          ts_tp_pending *p);
+void ts_mla_backward_input(const block_sub *b, void *din, const void *in_local,
+                           ts_tp_pending *p);
 
 /* ---- the MLP phase (mlp.c) ----
  * forward:   out[NL,C] (sum in flight) = c_proj(act(c_fc(in[N,C])))  (GELU or SwiGLU)

@@ -230,6 +230,18 @@ static void sum_layer_grads(const ts_model *m, int l)
         ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.q_norm_w), HS);
         ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + r.k_norm_w), HS);
     }
+    /* MLA's latent trunk (replicated: q_a_proj, kv_a_proj_with_mqa, their norms) gets
+     * each rank's heads' part, with or without sequence parallelism: summed the same way
+     * (model/mla.c). q_proj (no q latent) is column-parallel: this rank's alone. */
+    if (m->mla_kv_rank > 0 && m->tp.size > 1 && L->kind == TS_LAYER_BLOCK) {
+        const block_roles r = ts_block_roles(m, l);
+        const int trunk[4] = {m->mla_q_rank > 0 ? r.mla_qa_w : -1, r.mla_kva_w,
+                              r.mla_q_norm_w, r.mla_kv_norm_w};
+        for (int i = 0; i < 4; i++)
+            if (trunk[i] >= 0)
+                ts_tp_sum_grad(&m->tp, ts_param_grad(m, p0 + trunk[i]),
+                               m->params[p0 + trunk[i]].numel);
+    }
     if (!m->tp.sp) return;
     const size_t C = (size_t)m->n_embd;
     if (L->kind == TS_LAYER_HEAD) {

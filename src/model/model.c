@@ -155,6 +155,59 @@ static void add_moe_params(builder *b, int layer, int i, const ts_model_config *
 #undef NAME
 }
 
+/* A llama block's second half: its post-attention norm and its MLP (dense SwiGLU, or
+ * the MoE's), Hugging Face's names. */
+static void add_llama_mlp_params(builder *b, int layer, int i, const ts_model_config *cfg)
+{
+    char name[96];
+    const float std = 0.02f;
+    const int64_t C = cfg->n_embd, F = ts_model_ffn(cfg);
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
+    add_param(b, layer, NAME("post_attention_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+    if (ts_model_block_is_moe(cfg, i)) {
+        add_moe_params(b, layer, i, cfg);
+        return;
+    }
+    const int g = add_param(b, layer, NAME("mlp.gate_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
+    pack_after(b, g);
+    add_param(b, layer, NAME("mlp.up_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
+    add_param(b, layer, NAME("mlp.down_proj.weight"), C, F, TS_INIT_NORMAL, std, 1, 1);
+#undef NAME
+}
+
+/* Multi-head latent attention's parameters (DeepSeek-V3; model/mla.c), Hugging Face's
+ * DeepseekV3Attention names and shapes ([out, in]), in its order except that
+ * kv_a_proj_with_mqa follows q_a_proj (or q_proj) directly: the two down-projections of
+ * the block's input are one packed weight [QA + kv_lora + rope, C], one GEMM (as llama's
+ * q|k|v). Under tensor parallelism the latent trunk (q_a_proj, kv_a_proj_with_mqa and
+ * their RMSNorms) is replicated, the per-head up-projections (q_b_proj, or q_proj
+ * without a q latent, and kv_b_proj) column-parallel by heads (their rows are
+ * head-major), o_proj row-parallel: every checkpoint reshards between grids. Matrices
+ * normal(0, 0.02), the norms ones. */
+static void add_mla_params(builder *b, int layer, int i, const ts_model_config *cfg)
+{
+    char name[96];
+    const float std = 0.02f;
+    const int64_t C = cfg->n_embd, H = cfg->n_head, RQ = cfg->q_lora_rank,
+                  RKV = cfg->kv_lora_rank, R = cfg->qk_rope_head_dim,
+                  HS = cfg->qk_nope_head_dim + R, KVB = cfg->qk_nope_head_dim + cfg->v_head_dim;
+#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", i, suffix), name)
+    const int qa = RQ > 0 ? add_param(b, layer, NAME("q_a_proj.weight"), RQ, C, TS_INIT_NORMAL,
+                                      std, -1, 1)
+                          : add_param(b, layer, NAME("q_proj.weight"), H * HS, C,
+                                      TS_INIT_NORMAL, std, 0, 1);
+    pack_after(b, qa);
+    add_param(b, layer, NAME("kv_a_proj_with_mqa.weight"), RKV + R, C, TS_INIT_NORMAL, std, -1, 1);
+    if (RQ > 0) {
+        add_param(b, layer, NAME("q_a_layernorm.weight"), RQ, 0, TS_INIT_ONES, 0, -1, 1);
+        add_param(b, layer, NAME("q_b_proj.weight"), H * HS, RQ, TS_INIT_NORMAL, std, 0, 1);
+    }
+    add_param(b, layer, NAME("kv_a_layernorm.weight"), RKV, 0, TS_INIT_ONES, 0, -1, 1);
+    add_param(b, layer, NAME("kv_b_proj.weight"), H * KVB, RKV, TS_INIT_NORMAL, std, 0, 1);
+    add_param(b, layer, NAME("o_proj.weight"), C, H * cfg->v_head_dim, TS_INIT_NORMAL, std, 1, 1);
+#undef NAME
+}
+
 /* Hugging Face's LlamaDecoderLayer, Megatron's split: q, k, v and gate, up
  * column-parallel (by heads; a key/value head on kv_replicas ranks when tp >
  * n_kv_head), o_proj and down_proj row-parallel, the RMSNorm weights replicated. Every
@@ -164,11 +217,16 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
     const ts_model *m = b->m;
     char name[96];
     const float std = 0.02f;
-    const int64_t C = cfg->n_embd, HS = ts_model_head_dim(cfg), F = ts_model_ffn(cfg);
+    const int64_t C = cfg->n_embd, HS = ts_model_head_dim(cfg);
     const int64_t Q = cfg->n_head * HS, KV = (int64_t)ts_model_kv_heads(cfg) * HS;
     const int kv_parts = m->tp.size / m->kv_replicas;
 #define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
     add_param(b, layer, NAME("input_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
+    if (ts_model_is_mla(cfg)) {
+        add_mla_params(b, layer, i, cfg);
+        add_llama_mlp_params(b, layer, i, cfg);
+        return;
+    }
     const int q = add_param(b, layer, NAME("self_attn.q_proj.weight"), Q, C, TS_INIT_NORMAL, std, 0, 1);
     pack_after(b, q);
     const int k = add_param_parts(b, layer, NAME("self_attn.k_proj.weight"), KV, C, TS_INIT_NORMAL,
@@ -181,15 +239,7 @@ static void add_llama_block_params(builder *b, int layer, int i, const ts_model_
         add_param(b, layer, NAME("self_attn.q_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
         add_param(b, layer, NAME("self_attn.k_norm.weight"), HS, 0, TS_INIT_ONES, 0, -1, 1);
     }
-    add_param(b, layer, NAME("post_attention_layernorm.weight"), C, 0, TS_INIT_ONES, 0, -1, 1);
-    if (ts_model_block_is_moe(cfg, i)) {
-        add_moe_params(b, layer, i, cfg);
-        return;
-    }
-    const int g = add_param(b, layer, NAME("mlp.gate_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
-    pack_after(b, g);
-    add_param(b, layer, NAME("mlp.up_proj.weight"), F, C, TS_INIT_NORMAL, std, 0, 1);
-    add_param(b, layer, NAME("mlp.down_proj.weight"), C, F, TS_INIT_NORMAL, std, 1, 1);
+    add_llama_mlp_params(b, layer, i, cfg);
 #undef NAME
 }
 
@@ -260,6 +310,20 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->arch = ts_model_arch(cfg);
     m->n_kv_head = kv;
     m->head_dim = ts_model_head_dim(cfg);
+    m->rope_dim = m->head_dim;
+    if (ts_model_is_mla(cfg)) {
+        /* One key and value head per query head, of nope + rope channels, values of
+         * v_head_dim; RoPE on the last qk_rope_head_dim, in DeepSeek's adjacent pairs. */
+        m->mla_q_rank = cfg->q_lora_rank;
+        m->mla_kv_rank = cfg->kv_lora_rank;
+        m->mla_nope = cfg->qk_nope_head_dim;
+        m->mla_v_dim = cfg->v_head_dim;
+        m->head_dim = cfg->qk_nope_head_dim + cfg->qk_rope_head_dim;
+        m->rope_dim = cfg->qk_rope_head_dim;
+        m->rope_interleaved = true;
+        TS_ASSERT(kv == cfg->n_head && !cfg->qk_norm && m->rope_dim % 2 == 0);
+    }
+    m->att_scale = (float)ts_model_att_scale(cfg);
     m->ffn_hidden = F;
     m->norm_eps = (float)cfg->norm_eps;
     /* qk_norm's weight gradients are each tp rank's heads' part, summed over tp once a
@@ -398,9 +462,71 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     m->num_floats = b.offset;
 }
 
+/* YaRN's magnitude correction mscale(f, m) (transformers' yarn_get_mscale). */
+static double yarn_mscale(double factor, double m)
+{
+    return factor <= 1.0 ? 1.0 : 0.1 * m * log(factor) + 1.0;
+}
+
+static bool rope_is_yarn(const ts_model_config *cfg)
+{
+    return cfg->rope_scaling > 0 && strcmp(cfg->rope_type, "yarn") == 0;
+}
+
+/* YaRN (transformers' _compute_yarn_parameters, the version that takes the original
+ * context from original_max_position_embeddings = model.rope_original_context): the
+ * dimensions whose wavelength fits fewer than beta_slow times into the original context
+ * are interpolated (divided by the factor), those fitting more than beta_fast times kept,
+ * a linear ramp between (the correction range floored and ceiled, "truncate"). */
+static void yarn_inv_freq(const ts_model_config *cfg, double *inv, int dim)
+{
+    const double pi = 3.14159265358979323846, base = cfg->rope_theta,
+                 factor = cfg->rope_scaling, ctx = cfg->rope_original_context;
+    /* The dimension at which a frequency makes `rot` turns over the original context. */
+#define CORRECTION_DIM(rot) (dim * log(ctx / ((rot) * 2.0 * pi)) / (2.0 * log(base)))
+    double low = floor(CORRECTION_DIM(cfg->rope_beta_fast));
+    double high = ceil(CORRECTION_DIM(cfg->rope_beta_slow));
+#undef CORRECTION_DIM
+    if (low < 0) low = 0;
+    if (high > dim - 1) high = dim - 1;
+    if (low == high) high += 0.001; /* transformers' guard against a zero-width ramp */
+    for (int i = 0; i < dim / 2; i++) {
+        const double extrap = pow(base, -2.0 * i / dim), interp = extrap / factor;
+        double ramp = ((double)i - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        const double keep = 1.0 - ramp; /* the extrapolation factor */
+        inv[i] = interp * (1.0 - keep) + extrap * keep;
+    }
+}
+
+double ts_rope_attention_factor(const ts_model_config *cfg)
+{
+    if (!rope_is_yarn(cfg)) return 1.0;
+    const double f = cfg->rope_scaling;
+    if (cfg->rope_mscale != 0 && cfg->rope_mscale_all_dim != 0)
+        return yarn_mscale(f, cfg->rope_mscale) / yarn_mscale(f, cfg->rope_mscale_all_dim);
+    return yarn_mscale(f, 1.0);
+}
+
+double ts_model_att_scale(const ts_model_config *cfg)
+{
+    const int hs = ts_model_is_mla(cfg) ? cfg->qk_nope_head_dim + cfg->qk_rope_head_dim
+                                        : ts_model_head_dim(cfg);
+    double scale = 1.0 / sqrt((double)hs);
+    if (ts_model_is_mla(cfg) && rope_is_yarn(cfg) && cfg->rope_mscale_all_dim > 0) {
+        const double ms = yarn_mscale(cfg->rope_scaling, cfg->rope_mscale_all_dim);
+        scale *= ms * ms;
+    }
+    return scale;
+}
+
 void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim)
 {
     const double pi = 3.14159265358979323846;
+    if (rope_is_yarn(cfg)) {
+        yarn_inv_freq(cfg, inv, head_dim);
+        return;
+    }
     for (int i = 0; i < head_dim / 2; i++) {
         double f = pow(cfg->rope_theta, -2.0 * i / head_dim);
         if (cfg->rope_scaling > 0) {
@@ -425,16 +551,18 @@ void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim)
  * and rounded once (Hugging Face computes them in fp32; the two agree to an ulp). */
 static void build_rope_tables(ts_model *m, const ts_model_config *cfg)
 {
-    const int HS = m->head_dim, half = HS / 2;
+    const int RD = m->rope_dim, half = RD / 2;
     const size_t n = (size_t)m->max_seq_len * half;
     double *inv = ts_malloc((size_t)half * sizeof *inv);
     float *c = ts_alloc_floats(n), *s = ts_alloc_floats(n);
-    ts_rope_inv_freq(cfg, inv, HS);
+    ts_rope_inv_freq(cfg, inv, RD);
+    /* YaRN's attention factor scales both tables (1 otherwise: the same bits as before). */
+    const double af = ts_rope_attention_factor(cfg);
     for (int t = 0; t < m->max_seq_len; t++)
         for (int i = 0; i < half; i++) {
             const double a = (double)t * inv[i];
-            c[(size_t)t * half + i] = (float)cos(a);
-            s[(size_t)t * half + i] = (float)sin(a);
+            c[(size_t)t * half + i] = (float)(cos(a) * af);
+            s[(size_t)t * half + i] = (float)(sin(a) * af);
         }
     m->rope_cos = m->k->dev_alloc(n * sizeof(float));
     m->rope_sin = m->k->dev_alloc(n * sizeof(float));
@@ -452,7 +580,7 @@ static void rope_tables_at_positions(ts_model *m)
 {
     const ts_cp cp = m->cp;
     if (cp.size == 1 || !m->rope_cos) return;
-    const int half = m->head_dim / 2, Tl = ts_cp_local_len(&cp);
+    const int half = m->rope_dim / 2, Tl = ts_cp_local_len(&cp);
     float *tabs[2] = {m->rope_cos, m->rope_sin};
     for (int i = 0; i < 2; i++) {
         float *rows = m->k->dev_alloc((size_t)Tl * half * sizeof(float));
@@ -462,6 +590,29 @@ static void rope_tables_at_positions(ts_model *m)
     }
     m->rope_cos = tabs[0];
     m->rope_sin = tabs[1];
+}
+
+/* MLA's [R, H*R] 0/1 matrix: row j has ones at columns h*R + j, so that
+ * matmul_forward of the k heads' rope-part gradients [N, H*R] by it is their sum over
+ * the heads [N, R] (the shared rope key's gradient), accumulated in fp32 and rounded once
+ * whatever the activation type. */
+static void build_mla_pe_sum(ts_model *m)
+{
+    const size_t R = (size_t)m->rope_dim, HR = (size_t)m->local_heads * R;
+    float *w = ts_alloc_floats(R * HR);
+    memset(w, 0, R * HR * sizeof *w);
+    for (size_t j = 0; j < R; j++)
+        for (size_t h = 0; h < (size_t)m->local_heads; h++) w[j * HR + h * R + j] = 1.0f;
+    float *dev = m->k->dev_alloc(R * HR * sizeof(float));
+    m->k->memcpy_h2d(dev, w, R * HR * sizeof(float));
+    if (m->k->act_dtype == TS_DTYPE_F32) {
+        m->mla_pe_sum = dev;
+    } else {
+        m->mla_pe_sum = m->k->dev_alloc(R * HR * ts_dtype_bytes(m->k->act_dtype));
+        m->k->convert(m->mla_pe_sum, m->k->act_dtype, dev, TS_DTYPE_F32, R * HR);
+        m->k->dev_free(dev);
+    }
+    free(w);
 }
 
 void ts_model_build(ts_model *m, const ts_model_spec *spec)
@@ -484,6 +635,7 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
         m->mtp_sums = m->k->dev_alloc((size_t)m->mtp_layers * sizeof(double));
         m->k->memset_zero(m->mtp_sums, (size_t)m->mtp_layers * sizeof(double));
     }
+    if (m->mla_kv_rank > 0) build_mla_pe_sum(m);
     if (m->moe_experts > 0) { /* zeroed: no bias, no counts yet */
         const size_t n = (size_t)ts_model_blocks(m) * m->moe_experts;
         m->moe_bias = m->k->dev_alloc(n * sizeof(float));
@@ -558,6 +710,7 @@ void ts_model_free(ts_model *m)
         m->k->dev_free(m->grad_mem);
         m->k->dev_free(m->rope_cos);
         m->k->dev_free(m->rope_sin);
+        m->k->dev_free(m->mla_pe_sum);
     }
     memset(m, 0, sizeof *m);
 }
@@ -593,11 +746,21 @@ size_t ts_model_logical_params(const ts_model_config *c)
 {
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
     const size_t head = ts_model_tied(c) ? 0 : V * C;
+    if (ts_model_arch(c) == TS_ARCH_LLAMA && ts_model_is_mla(c)) {
+        const size_t H = (size_t)c->n_head, RQ = (size_t)c->q_lora_rank,
+                     RKV = (size_t)c->kv_lora_rank, R = (size_t)c->qk_rope_head_dim,
+                     HS = (size_t)c->qk_nope_head_dim + R, HV = (size_t)c->v_head_dim;
+        const size_t q = RQ > 0 ? RQ * C + RQ + H * HS * RQ : H * HS * C;
+        const size_t attn = 2 * C + q + (RKV + R) * C + RKV +
+                            H * ((size_t)c->qk_nope_head_dim + HV) * RKV + C * H * HV;
+        size_t blocks = 0;
+        for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
+        return V * C + blocks + C + head;
+    }
     if (ts_model_arch(c) == TS_ARCH_LLAMA) {
         const size_t HS = (size_t)ts_model_head_dim(c), Q = (size_t)c->n_head * HS,
                      KV = (size_t)ts_model_kv_heads(c) * HS;
-        size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
-        if (ts_model_is_mla(c)) attn = 2 * C + ts_model_mla_attention_params(c);
+        const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
         size_t blocks = 0;
         for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
         return V * C + blocks + C + head;

@@ -120,8 +120,24 @@ typedef struct {
     int local_heads, local_kv_heads, kv_replicas, local_ffn, local_vocab, vocab_start;
 
     /* Rotary embeddings (llama; NULL for gpt2): cos and sin of position t times inverse
-     * frequency i, [max_seq_len, head_dim/2] fp32 in device memory, computed once. */
+     * frequency i, [max_seq_len, rope_dim/2] fp32 in device memory, computed once (times
+     * YaRN's attention factor under model.rope_type = "yarn"). RoPE rotates the last
+     * rope_dim channels of each q and k head (head_dim, or MLA's qk_rope_head_dim), in
+     * adjacent pairs when rope_interleaved (DeepSeek's checkpoints), else in halves. */
     float *rope_cos, *rope_sin;
+    int rope_dim;
+    bool rope_interleaved;
+    float att_scale;        /* attention's softmax scale: 1/sqrt(head_dim), times YaRN's
+                               mscale^2 under MLA (ts_model_att_scale) */
+
+    /* Multi-head latent attention (model/mla.c; mla_kv_rank 0: none): the q latent's rank
+     * (0: a plain q_proj), the k/v latent's, each head's no-RoPE q/k channels and its
+     * value channels (head_dim is then qk_nope + qk_rope, n_kv_head n_head); mla_pe_sum
+     * [rope_dim, local_heads * rope_dim] in act_dtype, the 0/1 matrix whose product sums
+     * the k heads' rope-part gradients into the shared rope key's (one fp32-accumulated
+     * GEMM), owned. */
+    int mla_q_rank, mla_kv_rank, mla_nope, mla_v_dim;
+    void *mla_pe_sum;
 
     /* Mixture of Experts (model/moe.c; moe_experts 0: none): the routing, the experts'
      * width F and the shared experts' S*F, the auxiliary losses' coefficients, and the
@@ -328,10 +344,19 @@ void ts_model_init_random(ts_model *m, uint64_t seed);
  * model.init_upcycle's routers, which a dense model has none of. */
 void ts_model_init_param_random(ts_model *m, int p, uint64_t seed);
 
-/* Rotary embeddings' inverse frequencies inv[i], i < head_dim/2, as Hugging Face
- * computes them: rope_theta^(-2i/head_dim), with Llama 3.1's scaling when
- * cfg->rope_scaling > 0 (in double). */
+/* Rotary embeddings' inverse frequencies inv[i], i < head_dim/2 (head_dim: the rotated
+ * channels), as Hugging Face computes them: rope_theta^(-2i/head_dim), with Llama 3.1's
+ * scaling or YaRN's (model.rope_type) when cfg->rope_scaling > 0 (in double). */
 void ts_rope_inv_freq(const ts_model_config *cfg, double *inv, int head_dim);
+/* The factor RoPE's cos and sin tables are multiplied by: YaRN's attention factor
+ * (transformers' _compute_yarn_parameters: mscale(f, mscale) / mscale(f, mscale_all_dim)
+ * when both are set, else mscale(f, 1), mscale(f, m) = 0.1 m ln f + 1 for f > 1), 1
+ * otherwise. */
+double ts_rope_attention_factor(const ts_model_config *cfg);
+/* Attention's softmax scale: 1/sqrt(q/k head channels), under MLA with YaRN times
+ * mscale(factor, mscale_all_dim)^2 when mscale_all_dim > 0 (transformers'
+ * yarn_apply_mscale, DeepSeek's softmax_scale; a llama without MLA keeps 1/sqrt). */
+double ts_model_att_scale(const ts_model_config *cfg);
 
 /* ---- multi-token prediction, per optimizer step (model/mtp.c) ---- */
 /* Zero the depths' loss sums: before the step's first forward (nothing without MTP). */
@@ -405,6 +430,8 @@ typedef struct {
     void *cp_work;          /* context parallelism: where the forwards gather keys and
                              * values and lay out position rows (not owned; the
                              * scratch's: ts_scratch_context_work) */
+    void *mla_work;         /* multi-head latent attention: where the forwards assemble
+                             * q|k|v (not owned; the scratch's: ts_scratch_mla_work) */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
 } ts_acts;
@@ -448,6 +475,9 @@ void *ts_scratch_sequence_work(const ts_scratch *s, const ts_model *m, int B, in
 /* Under context parallelism, the part of s the K/V exchange and the position table use
  * (ts_acts.cp_work; tensor/cp.h); NULL otherwise. */
 void *ts_scratch_context_work(const ts_scratch *s, const ts_model *m, int B, int T);
+/* With multi-head latent attention, the part of s its forwards assemble q|k|v in
+ * (ts_acts.mla_work; model/mla.c); NULL otherwise. */
+void *ts_scratch_mla_work(const ts_scratch *s, const ts_model *m, int B, int T);
 void ts_scratch_free(ts_scratch *s);
 
 /* Forward through layers [a->l0, a->l1). When the range contains the head, the loss

@@ -191,6 +191,7 @@ static ts_acts *acquire_acts(ts_engine *e, int c)
         a->att_work = ts_scratch_attention_work(&e->scratch, e->model, e->B, e->T);
         a->sp_work = ts_scratch_sequence_work(&e->scratch, e->model, e->B, e->T);
         a->cp_work = ts_scratch_context_work(&e->scratch, e->model, e->B, e->T);
+        a->mla_work = ts_scratch_mla_work(&e->scratch, e->model, e->B, e->T);
         e->n_allocated[j]++;
     }
     return a;

@@ -142,6 +142,7 @@ static void time_layer(const ts_model *m, int l, int B, int T, const void *x, co
     const size_t N = (size_t)B * T, C = (size_t)m->n_embd;
     ts_acts a;
     ts_acts_init(&a, m, l, l + 1, B, T);
+    a.mla_work = ts_scratch_mla_work(sc, m, B, T);
     int *ids = ts_malloc(2 * N * sizeof(int)); /* tokens then targets, made on the host */
     for (size_t i = 0; i < 2 * N; i++) ids[i] = (int)(mix(seed) % (uint64_t)m->vocab_size);
     m->k->memcpy_h2d(a.tokens, ids, N * sizeof(int));

@@ -26,45 +26,42 @@ static int prefix_len(const ts_cp *cp, int h) { return (ts_cp_chunk(cp, h) + 1) 
 
 /* Bytes of one sequence's half h saved state (64-aligned, so each sequence's state
  * starts on a boundary: tp_overlap's sub-batches index it by sequence). */
-static size_t half_saved(const ts_cp *cp, int h, int H, int HS)
-{
-    return ALIGN64(cp->k->attention_prefix_saved_bytes(1, chunk_len(cp), prefix_len(cp, h), H, HS));
+static size_t half_saved(const ts_cp *cp, int half, ts_att_heads h) {
+    return ALIGN64(cp->k->attention_prefix_saved_bytes(1, chunk_len(cp), prefix_len(cp, half), h));
 }
 
-size_t ts_cp_attention_saved_bytes(const ts_cp *cp, int B, int H, int HS)
-{
+size_t ts_cp_attention_saved_bytes(const ts_cp *cp, int B, ts_att_heads h) {
     const ts_kernels *k = cp->k;
-    if (cp->size == 1) return k->attention_saved_bytes(B, cp->T, H, HS);
+    if (cp->size == 1) return k->attention_saved_bytes(B, cp->T, h);
     /* A layout for a backend without the prefix kernels (the planner sizing CUDA):
      * its own attention's state for the local rows. */
-    if (!k->attention_prefix_saved_bytes) return k->attention_saved_bytes(B, ts_cp_local_len(cp), H, HS);
-    return (size_t)B * (half_saved(cp, 0, H, HS) + half_saved(cp, 1, H, HS));
+    if (!k->attention_prefix_saved_bytes)
+        return k->attention_saved_bytes(B, ts_cp_local_len(cp), h);
+    return (size_t)B * (half_saved(cp, 0, h) + half_saved(cp, 1, h));
 }
 
-size_t ts_cp_attention_scratch_bytes(const ts_cp *cp, int B, int H, int HS)
-{
+size_t ts_cp_attention_scratch_bytes(const ts_cp *cp, int B, ts_att_heads h) {
     const ts_kernels *k = cp->k;
-    if (cp->size == 1) return k->attention_scratch_bytes(B, cp->T, H, HS);
+    if (cp->size == 1) return k->attention_scratch_bytes(B, cp->T, h);
     if (!k->attention_prefix_scratch_bytes)
-        return k->attention_scratch_bytes(B, ts_cp_local_len(cp), H, HS);
+        return k->attention_scratch_bytes(B, ts_cp_local_len(cp), h);
     /* One sequence's chunk at a time; the longer prefix bounds both. */
     const int c = chunk_len(cp), T0 = prefix_len(cp, 0), T1 = prefix_len(cp, 1);
-    return k->attention_prefix_scratch_bytes(1, c, T0 > T1 ? T0 : T1, H, HS);
+    return k->attention_prefix_scratch_bytes(1, c, T0 > T1 ? T0 : T1, h);
 }
 
-size_t ts_cp_kv_elems(const ts_cp *cp, int B, int KV, int HS)
-{
-    return cp->size == 1 ? 0 : (size_t)B * cp->T * 2 * KV * HS;
+size_t ts_cp_kv_elems(const ts_cp *cp, int B, ts_att_heads h) {
+    return cp->size == 1 ? 0 : (size_t)B * cp->T * ts_att_kv_width(h);
 }
 
-/* The work buffer: the gathered K/V in rank order [size][B][Tl][2KV HS] (a forward's;
- * in a backward the dK/dV in rank order), the packed local K/V [B][Tl][2KV HS], and in
- * a backward the dK/dV in position order [B][T][2KV HS]. The position table's rows
- * [Tl, C] fp32 fit in it too (the embedding's forward, which runs alone). */
-size_t ts_cp_work_bytes(const ts_cp *cp, int B, int KV, int HS, int C, size_t act_bytes)
-{
+/* The work buffer: the gathered K/V in rank order [size][B][Tl][W] (W =
+ * ts_att_kv_width: KV k heads then KV v heads; a forward's; in a backward the dK/dV in
+ * rank order), the packed local K/V [B][Tl][W], and in a backward the dK/dV in position
+ * order [B][T][W]. The position table's rows [Tl, C] fp32 fit in it too (the
+ * embedding's forward, which runs alone). */
+size_t ts_cp_work_bytes(const ts_cp *cp, int B, ts_att_heads h, int C, size_t act_bytes) {
     if (cp->size == 1) return 0;
-    const size_t kv = ts_cp_kv_elems(cp, B, KV, HS), local = kv / (size_t)cp->size;
+    const size_t kv = ts_cp_kv_elems(cp, B, h), local = kv / (size_t)cp->size;
     const size_t att = ALIGN64(kv * act_bytes) * 2 + ALIGN64(local * act_bytes);
     const size_t pos = (size_t)ts_cp_local_len(cp) * C * sizeof(float);
     return att > pos ? att : pos;
@@ -74,10 +71,9 @@ typedef struct {
     unsigned char *rank_major, *packed, *position_major;
 } cp_work;
 
-static cp_work work_views(const ts_cp *cp, void *work, int B, int KV, int HS)
-{
+static cp_work work_views(const ts_cp *cp, void *work, int B, ts_att_heads h) {
     const size_t eb = ts_dtype_bytes(cp->k->act_dtype);
-    const size_t kv = ts_cp_kv_elems(cp, B, KV, HS), local = kv / (size_t)cp->size;
+    const size_t kv = ts_cp_kv_elems(cp, B, h), local = kv / (size_t)cp->size;
     unsigned char *p = work;
     cp_work w = {.rank_major = p, .packed = p + ALIGN64(kv * eb)};
     w.position_major = w.packed + ALIGN64(local * eb);
@@ -104,13 +100,13 @@ static void permute(const ts_cp *cp, unsigned char *position, unsigned char *ran
             }
 }
 
-/* The K/V columns of qkv rows [N, (H+2KV)HS] <-> packed rows [N, 2KV HS]. */
+/* The K/V columns of qkv rows [N, ts_att_qkv_width] <-> packed rows [N,
+ * ts_att_kv_width]. */
 static void kv_columns(const ts_cp *cp, unsigned char *qkv, unsigned char *packed, size_t N,
-                       int H, int KV, int HS, bool to_packed)
-{
+                       ts_att_heads h, bool to_packed) {
     const size_t eb = ts_dtype_bytes(cp->k->act_dtype);
-    const size_t row = (size_t)(H + 2 * KV) * HS * eb, q = (size_t)H * HS * eb;
-    const size_t w = (size_t)2 * KV * HS * eb;
+    const size_t row = ts_att_qkv_width(h) * eb, q = (size_t)h.NH * h.HS * eb;
+    const size_t w = ts_att_kv_width(h) * eb;
     if (to_packed)
         cp->k->memcpy_2d(packed, w, qkv + q, row, w, N);
     else
@@ -118,52 +114,48 @@ static void kv_columns(const ts_cp *cp, unsigned char *qkv, unsigned char *packe
 }
 
 void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void *kvg,
-                               const void *qkv, int B, int Tl, int H, int KV, int HS)
-{
+                               const void *qkv, int B, int Tl, ts_att_heads hd) {
     const ts_kernels *k = cp->k;
     if (cp->size == 1) {
-        k->attention_forward(out, att, qkv, B, Tl, H, KV, HS);
+        k->attention_forward(out, att, qkv, B, Tl, hd);
         return;
     }
     TS_ASSERT(Tl == ts_cp_local_len(cp));
     const size_t eb = ts_dtype_bytes(k->act_dtype);
     const int c = chunk_len(cp), T = cp->T;
-    const size_t qrow = (size_t)(H + 2 * KV) * HS * eb, orow = (size_t)H * HS * eb;
-    const size_t kvrow = (size_t)2 * KV * HS * eb;
+    const size_t qrow = ts_att_qkv_width(hd) * eb, orow = ts_att_out_width(hd) * eb;
+    const size_t kvrow = ts_att_kv_width(hd) * eb;
     unsigned char *a = att;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < 2; h++) {
             const size_t row0 = (size_t)b * Tl + (size_t)h * c;
-            k->attention_prefix_forward((unsigned char *)out + row0 * orow, a,
-                                        (const unsigned char *)qkv + row0 * qrow,
-                                        (const unsigned char *)kvg + (size_t)b * T * kvrow, 1, c,
-                                        prefix_len(cp, h), H, KV, HS);
-            a += half_saved(cp, h, H, HS);
+            k->attention_prefix_forward(
+                (unsigned char *)out + row0 * orow, a, (const unsigned char *)qkv + row0 * qrow,
+                (const unsigned char *)kvg + (size_t)b * T * kvrow, 1, c, prefix_len(cp, h), hd);
+            a += half_saved(cp, h, hd);
         }
 }
 
 void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, void *work,
-                             const void *qkv, int B, int T, int H, int KV, int HS)
-{
+                             const void *qkv, int B, int T, ts_att_heads hd) {
     if (cp->size > 1) {
         TS_ASSERT(cp->comm && work && kvg && cp->k->attention_prefix_forward);
         const ts_dtype dt = cp->k->act_dtype;
-        const size_t Nl = (size_t)B * ts_cp_local_len(cp), W = (size_t)2 * KV * HS;
-        cp_work w = work_views(cp, work, B, KV, HS);
-        kv_columns(cp, (unsigned char *)qkv, w.packed, Nl, H, KV, HS, true);
+        const size_t Nl = (size_t)B * ts_cp_local_len(cp), W = ts_att_kv_width(hd);
+        cp_work w = work_views(cp, work, B, hd);
+        kv_columns(cp, (unsigned char *)qkv, w.packed, Nl, hd, true);
         ts_allgather_act(cp->comm, w.packed, w.rank_major, Nl * W, dt);
         permute(cp, kvg, w.rank_major, B, W * ts_dtype_bytes(dt), true);
     }
-    ts_cp_attention_recompute(cp, out, att, kvg, qkv, B, T, H, KV, HS);
+    ts_cp_attention_recompute(cp, out, att, kvg, qkv, B, T, hd);
 }
 
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
-                              const void *dout, const void *qkv, const void *kvg,
-                              const void *att, int B, int Tl, int H, int KV, int HS)
-{
+                              const void *dout, const void *qkv, const void *kvg, const void *att,
+                              int B, int Tl, ts_att_heads hd) {
     const ts_kernels *k = cp->k;
     if (cp->size == 1) {
-        k->attention_backward(dqkv, scratch, dout, qkv, att, B, Tl, H, KV, HS);
+        k->attention_backward(dqkv, scratch, dout, qkv, att, B, Tl, hd);
         return;
     }
     TS_ASSERT(cp->comm && work && kvg && k->attention_prefix_backward);
@@ -171,9 +163,9 @@ void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *
     const ts_dtype dt = k->act_dtype;
     const size_t eb = ts_dtype_bytes(dt);
     const int c = chunk_len(cp), T = cp->T;
-    const size_t qrow = (size_t)(H + 2 * KV) * HS * eb, orow = (size_t)H * HS * eb;
-    const size_t W = (size_t)2 * KV * HS, kvrow = W * eb, Nl = (size_t)B * Tl;
-    cp_work w = work_views(cp, work, B, KV, HS);
+    const size_t qrow = ts_att_qkv_width(hd) * eb, orow = ts_att_out_width(hd) * eb;
+    const size_t W = ts_att_kv_width(hd), kvrow = W * eb, Nl = (size_t)B * Tl;
+    cp_work w = work_views(cp, work, B, hd);
     /* Both chunks' dK/dV add into the whole sequence's (most of it zeros: the keys
      * after the chunks attend nothing), which the reduce-scatter sums over the ranks. */
     k->memset_zero(w.position_major, (size_t)B * T * kvrow);
@@ -182,17 +174,15 @@ void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *
         for (int h = 0; h < 2; h++) {
             const size_t row0 = (size_t)b * Tl + (size_t)h * c;
             const size_t kv0 = (size_t)b * T * kvrow;
-            k->attention_prefix_backward((unsigned char *)dqkv + row0 * qrow,
-                                         w.position_major + kv0, scratch,
-                                         (const unsigned char *)dout + row0 * orow,
-                                         (const unsigned char *)qkv + row0 * qrow,
-                                         (const unsigned char *)kvg + kv0, a, 1, c,
-                                         prefix_len(cp, h), H, KV, HS);
-            a += half_saved(cp, h, H, HS);
+            k->attention_prefix_backward(
+                (unsigned char *)dqkv + row0 * qrow, w.position_major + kv0, scratch,
+                (const unsigned char *)dout + row0 * orow, (const unsigned char *)qkv + row0 * qrow,
+                (const unsigned char *)kvg + kv0, a, 1, c, prefix_len(cp, h), hd);
+            a += half_saved(cp, h, hd);
         }
     permute(cp, w.position_major, w.rank_major, B, kvrow, false);
     ts_reduce_scatter_sum_act(cp->comm, w.rank_major, w.packed, Nl * W, dt);
-    kv_columns(cp, dqkv, w.packed, Nl, H, KV, HS, false);
+    kv_columns(cp, dqkv, w.packed, Nl, hd, false);
 }
 
 const float *ts_cp_positions_table(const ts_cp *cp, float *rows, const float *tab, int C)

@@ -61,35 +61,37 @@ static inline int ts_cp_position(const ts_cp *cp, int t)
 /* dst[B, T/size] = this rank's positions of src[B, T] (token ids, host memory). */
 void ts_cp_select(const ts_cp *cp, int *dst, const int *src, int B);
 
-/* The attention of B sequences' local rows qkv [B*Tl, (H+2KV)*HS] (after RoPE) with its
- * saved state, as attention_forward's: the context's bytes for them (the two chunks'
- * prefix probabilities), and its backward's scratch. */
-size_t ts_cp_attention_saved_bytes(const ts_cp *cp, int B, int H, int HS);
-size_t ts_cp_attention_scratch_bytes(const ts_cp *cp, int B, int H, int HS);
-/* Activation elements of the gathered K/V a block keeps, kvg [B, T, 2*KV*HS] (0 when
- * size == 1), and of the work buffer the exchange needs (not kept: the backward
- * scratch's; also holds the position embedding's rows, ts_cp_positions_table). */
-size_t ts_cp_kv_elems(const ts_cp *cp, int B, int KV, int HS);
-size_t ts_cp_work_bytes(const ts_cp *cp, int B, int KV, int HS, int C, size_t act_bytes);
+/* The attention of B sequences' local rows qkv [B*Tl, ts_att_qkv_width(h)] (after RoPE;
+ * h this rank's heads, kernels.h ts_att_heads) with its saved state, as
+ * attention_forward's: the context's bytes for them (the two chunks' prefix
+ * probabilities), and its backward's scratch. */
+size_t ts_cp_attention_saved_bytes(const ts_cp *cp, int B, ts_att_heads h);
+size_t ts_cp_attention_scratch_bytes(const ts_cp *cp, int B, ts_att_heads h);
+/* Activation elements of the gathered K/V a block keeps, kvg [B, T, ts_att_kv_width(h)]
+ * (each row the KV k heads, then the KV v heads; 0 when size == 1), and of the work
+ * buffer the exchange needs (not kept: the backward scratch's; also holds the position
+ * embedding's rows, ts_cp_positions_table). */
+size_t ts_cp_kv_elems(const ts_cp *cp, int B, ts_att_heads h);
+size_t ts_cp_work_bytes(const ts_cp *cp, int B, ts_att_heads h, int C, size_t act_bytes);
 
 /* The attention of B sequences of T rows each (this rank's: T = ts_cp_local_len under
  * context parallelism; any T with size 1, where every call is the plain kernel and kvg
  * and work are not used), as tp.h's layers stand in for their kernels: the model has no
  * cp == 1 branches of its own. */
 
-/* out [B*T, H*HS] and att (the saved state) from qkv; under context parallelism kvg
+/* out [B*T, H*HSV] and att (the saved state) from qkv; under context parallelism kvg
  * receives the gathered K/V (through work). */
 void ts_cp_attention_forward(const ts_cp *cp, void *out, void *att, void *kvg, void *work,
-                             const void *qkv, int B, int T, int H, int KV, int HS);
+                             const void *qkv, int B, int T, ts_att_heads h);
 /* The same without the exchange, from a kvg already gathered (selective recompute
  * rebuilding the state a forward dropped). */
 void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void *kvg,
-                               const void *qkv, int B, int T, int H, int KV, int HS);
-/* dqkv [B*T, (H+2KV)*HS] (overwritten) from dout [B*T, H*HS]: the local queries'
- * gradient and, reduce-scattered over the group, the local keys' and values'. */
+                               const void *qkv, int B, int T, ts_att_heads h);
+/* dqkv [B*T, ts_att_qkv_width(h)] (overwritten) from dout [B*T, H*HSV]: the local
+ * queries' gradient and, reduce-scattered over the group, the local keys' and values'. */
 void ts_cp_attention_backward(const ts_cp *cp, void *dqkv, void *scratch, void *work,
                               const void *dout, const void *qkv, const void *kvg,
-                              const void *att, int B, int T, int H, int KV, int HS);
+                              const void *att, int B, int T, ts_att_heads h);
 
 /* fp32 rows [Tl, C] of a position table tab [>= T, C] at this rank's positions, written
  * to `rows` (device memory: the GPT-2 position embedding each step, RoPE's cos and sin

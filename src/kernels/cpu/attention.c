@@ -1,5 +1,7 @@
 /* Causal attention on GEMMs with NKV key/value heads (grouped-query attention: query
- * head h reads key/value head h / (NH/NKV); NKV == NH is multi-head), in two forms over
+ * head h reads key/value head h / (NH/NKV); NKV == NH is multi-head), q and k heads of HS
+ * channels, v and output heads of HSV (MLA's differ), scores scaled by the heads' scale
+ * (kernels.h ts_att_heads), in two forms over
  * one implementation: attention_forward's Tq = Tk = T on one qkv buffer, and
  * attention_prefix_forward's Tq queries (from qkv) against Tk >= Tq keys and values
  * (from a separate kv buffer, context parallelism's gathered sequence), the queries the
@@ -26,33 +28,36 @@
 #define TS_ATT_BLOCK 32
 _Static_assert(TS_ATT_BLOCK % TS_ATT_SM_LANES == 0, "a padded row must stay inside its block");
 
-/* Where the operands live: per batch Tq rows of q (and dq, dout, out) and Tk rows of k
- * and v (and dk, dv); q head h at column h*HS of a q row (stride ldq), k head g at
- * column g*HS of a k row (stride ldkv) and v head g NKV*HS further on. */
+/* Where the operands live: per batch Tq rows of q (and dq) and of dout and out, Tk rows
+ * of k and v (and dk, dv); q head h at column h*HS of a q row (stride ldq), k head g at
+ * column g*HS of a k row (stride ldkv) and v head g at column NKV*HS + g*HSV of it; out
+ * and dout head h at column h*HSV of a row NH*HSV wide. */
 typedef struct {
-    int B, Tq, Tk, NH, NKV, HS;
+    int B, Tq, Tk, NH, NKV, HS, HSV;
     int ldq, ldkv;
+    float scale;
 } att_dims;
 
-static void check_dims(const att_dims *d)
+static att_dims dims_of(int B, int Tq, int Tk, ts_att_heads h, int ldq, int ldkv)
 {
-    TS_ASSERT(d->NKV > 0 && d->NH % d->NKV == 0);
-    TS_ASSERT(d->Tq > 0 && d->Tq <= d->Tk);
+    TS_ASSERT(h.NKV > 0 && h.NH % h.NKV == 0 && h.HS > 0 && h.HSV > 0);
+    TS_ASSERT(Tq > 0 && Tq <= Tk);
+    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale};
 }
 
 static void forward(float *out, float *att, const float *q0, const float *k0, att_dims d)
 {
-    check_dims(&d);
-    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
-    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
-    const float scale = 1.0f / sqrtf((float)HS);
+    const int C = d.NH * d.HSV, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int HSV = d.HSV, Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
+    const float scale = d.scale;
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < d.B * d.NH; bh++) {
         int b = bh / d.NH, h = bh % d.NH;
         const float *q = q0 + (size_t)b * Tq * ldq + (size_t)h * HS;
-        const float *k = k0 + (size_t)b * Tk * ldkv + (size_t)(h / group) * HS, *v = k + CKV;
+        const float *kb = k0 + (size_t)b * Tk * ldkv, *k = kb + (size_t)(h / group) * HS;
+        const float *v = kb + CKV + (size_t)(h / group) * HSV;
         float *a = att + (size_t)bh * Tq * Tk;
-        float *o = out + (size_t)b * Tq * C + (size_t)h * HS;
+        float *o = out + (size_t)b * Tq * C + (size_t)h * HSV;
         for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
             i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
             const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
@@ -61,7 +66,7 @@ static void forward(float *out, float *att, const float *q0, const float *k0, at
                         q + (size_t)i0 * ldq, ldq, k, ldkv, 0.0f, a + (size_t)i0 * Tk, Tk);
             for (int i = i0; i < i1; i++) ts_att_softmax_row(a + (size_t)i * Tk, i, off, Tk);
             /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, e, 1.0f,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HSV, e, 1.0f,
                         a + (size_t)i0 * Tk, Tk, v, ldkv, 0.0f, o + (size_t)i0 * C, C);
         }
     }
@@ -78,29 +83,29 @@ static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
                      const float *dout, const float *q0, const float *k0, const float *att,
                      att_dims d)
 {
-    check_dims(&d);
-    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
-    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
-    const float scale = 1.0f / sqrtf((float)HS);
+    const int C = d.NH * d.HSV, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int HSV = d.HSV, Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
+    const float scale = d.scale;
 #pragma omp parallel for schedule(static)
     for (int bg = 0; bg < d.B * d.NKV; bg++) {
         int b = bg / d.NKV, g = bg % d.NKV;
-        size_t qrow = (size_t)b * Tq * ldq, kvoff = (size_t)b * Tk * ldkv + (size_t)g * HS;
-        const float *k = k0 + kvoff, *v = k + CKV;
-        float *dk = dk0 + kvoff, *dv = dk + CKV;
+        size_t qrow = (size_t)b * Tq * ldq, kvrow = (size_t)b * Tk * ldkv;
+        size_t koff = kvrow + (size_t)g * HS, voff = kvrow + CKV + (size_t)g * HSV;
+        const float *k = k0 + koff, *v = k0 + voff;
+        float *dk = dk0 + koff, *dv = dk0 + voff;
         for (int h = g * group; h < (g + 1) * group; h++) {
             const int bh = b * d.NH + h;
             const float beta = accumulate || h != g * group ? 1.0f : 0.0f;
             const float *q = q0 + qrow + (size_t)h * HS;
             float *dq = dq0 + qrow + (size_t)h * HS;
             const float *p = att + (size_t)bh * Tq * Tk;
-            const float *dO = dout + (size_t)b * Tq * C + (size_t)h * HS;
+            const float *dO = dout + (size_t)b * Tq * C + (size_t)h * HSV;
             float *ds = scratch + (size_t)bh * Tq * Tk;
             for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                 i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
                 const int m = i1 - i0, e = i1 + off;
                 /* dP[i0:i1, 0:e] = dO[i0:i1] V[0:e]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HS, 1.0f,
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HSV, 1.0f,
                             dO + (size_t)i0 * C, C, v, ldkv, 0.0f, ds + (size_t)i0 * Tk, Tk);
                 /* Softmax backward, row by row; zero the rest of the block's columns. */
                 for (int i = i0; i < i1; i++)
@@ -121,7 +126,7 @@ static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
                             ds + corner, Tk, q + (size_t)r0 * ldq, ldq, beta,
                             dk + (size_t)j0 * ldkv, ldkv);
                 /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, Tq - r0, 1.0f,
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HSV, Tq - r0, 1.0f,
                             p + corner, Tk, dO + (size_t)r0 * C, C, beta, dv + (size_t)j0 * ldkv,
                             ldkv);
             }
@@ -129,36 +134,35 @@ static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
     }
 }
 
-/* qkv [B,T,(NH+2*NKV)*HS]: q, k and v all in one row (C3 wide). */
-void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                              int NKV, int HS)
+/* qkv [B,T,NH*HS + NKV*HS + NKV*HSV]: q, k and v all in one row (C3 wide). */
+void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, ts_att_heads h)
 {
-    const int C = NH * HS, C3 = C + 2 * NKV * HS;
-    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
-    forward(out, att, qkv, (const float *)qkv + C, d);
+    const int C3 = (int)ts_att_qkv_width(h);
+    forward(out, att, qkv, (const float *)qkv + (size_t)h.NH * h.HS, dims_of(B, T, T, h, C3, C3));
 }
 
 void ts_cpu_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                               const void *att, int B, int T, int NH, int NKV, int HS)
+                               const void *att, int B, int T, ts_att_heads h)
 {
-    const int C = NH * HS, C3 = C + 2 * NKV * HS;
-    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
-    backward(dqkv, (float *)dqkv + C, false, scratch, dout, qkv, (const float *)qkv + C, att,
-             d);
+    const int C3 = (int)ts_att_qkv_width(h);
+    const size_t q = (size_t)h.NH * h.HS;
+    backward(dqkv, (float *)dqkv + q, false, scratch, dout, qkv, (const float *)qkv + q, att,
+             dims_of(B, T, T, h, C3, C3));
 }
 
-/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv [B,Tk,2*NKV*HS]. */
+/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv
+ * [B,Tk,NKV*HS + NKV*HSV]. */
 void ts_cpu_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
-                                     int B, int Tq, int Tk, int NH, int NKV, int HS)
+                                     int B, int Tq, int Tk, ts_att_heads h)
 {
-    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
-    forward(out, att, qkv, kv, d);
+    forward(out, att, qkv, kv,
+            dims_of(B, Tq, Tk, h, (int)ts_att_qkv_width(h), (int)ts_att_kv_width(h)));
 }
 
 void ts_cpu_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
                                       const void *qkv, const void *kv, const void *att, int B,
-                                      int Tq, int Tk, int NH, int NKV, int HS)
+                                      int Tq, int Tk, ts_att_heads h)
 {
-    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
-    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att, d);
+    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att,
+             dims_of(B, Tq, Tk, h, (int)ts_att_qkv_width(h), (int)ts_att_kv_width(h)));
 }

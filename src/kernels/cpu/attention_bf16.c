@@ -14,7 +14,7 @@
  * probabilities, so the backward sees exactly what the forward used. In the backward
  * dP = dO V^T is fp32 too; dS = P (dP - rowsum(dP P)) is computed in fp32 and rounded
  * to bf16 into the scratch (the GEMMs that read it take bf16 operands). A key/value
- * head's dK and dV sum over its query heads in fp32 (per-thread [Tk, HS] buffers the
+ * head's dK and dV sum over its query heads in fp32 (per-thread [Tk, HS], [Tk, HSV] buffers the
  * GEMMs accumulate into; for the prefix backward's +=, starting from the buffer's
  * values widened) and are rounded to bf16 once per call, after the group's last head.
  *
@@ -36,43 +36,42 @@
 _Static_assert(TS_ATT_BLOCK % TS_ATT_SM_LANES == 0, "a padded row must stay inside its block");
 
 /* att: the probabilities in bf16. */
-size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, int NH, int HS)
+size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * T * T * sizeof(ts_bf16);
+    return (size_t)B * h.NH * T * T * sizeof(ts_bf16);
 }
 
 /* The backward's dS in bf16, [B,NH,T,T]; its fp32 rows are per-thread blocks. */
-size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, int NH, int HS)
+size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * T * T * sizeof(ts_bf16);
+    return (size_t)B * h.NH * T * T * sizeof(ts_bf16);
 }
 
 /* The prefix form's, likewise: [B,NH,Tq,Tk] bf16 each. */
-size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * Tq * Tk * sizeof(ts_bf16);
+    return (size_t)B * h.NH * Tq * Tk * sizeof(ts_bf16);
 }
 
-size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
+size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * Tq * Tk * sizeof(ts_bf16);
+    return (size_t)B * h.NH * Tq * Tk * sizeof(ts_bf16);
 }
 
 /* Where the operands live, as attention.c's att_dims: per batch Tq rows of q (stride
- * ldq) and Tk rows of k and v (stride ldkv, v NKV*HS after k). */
+ * ldq, heads HS apart) and of out, dout (NH*HSV wide, heads HSV apart), Tk rows of k and
+ * v (stride ldkv; k head g at g*HS, v head g at NKV*HS + g*HSV). */
 typedef struct {
-    int B, Tq, Tk, NH, NKV, HS;
+    int B, Tq, Tk, NH, NKV, HS, HSV;
     int ldq, ldkv;
+    float scale;
 } att_dims;
 
-static void check_dims(const att_dims *d)
+static att_dims dims_of(int B, int Tq, int Tk, ts_att_heads h, int ldq, int ldkv)
 {
-    TS_ASSERT(d->NKV > 0 && d->NH % d->NKV == 0);
-    TS_ASSERT(d->Tq > 0 && d->Tq <= d->Tk);
+    TS_ASSERT(h.NKV > 0 && h.NH % h.NKV == 0 && h.HS > 0 && h.HSV > 0);
+    TS_ASSERT(Tq > 0 && Tq <= Tk);
+    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale};
 }
 
 /* C[m, n] = alpha A B with A [m,k] rows at lda and B [k,n] given by its strides. */
@@ -91,10 +90,9 @@ static ts_dnnl_gemm gemm(int m, int n, int k, int64_t a_m, int64_t a_k, int64_t 
 static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16 *k0,
                     att_dims d)
 {
-    check_dims(&d);
-    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
-    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
-    const float scale = 1.0f / sqrtf((float)HS);
+    const int C = d.NH * d.HSV, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int HSV = d.HSV, Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
+    const float scale = d.scale;
 #pragma omp parallel
     {
         float *s = ts_alloc_floats((size_t)TS_ATT_BLOCK * Tk); /* this thread's score rows */
@@ -102,10 +100,11 @@ static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16
         for (int bh = 0; bh < d.B * d.NH; bh++) {
             int b = bh / d.NH, h = bh % d.NH;
             const ts_bf16 *q = q0 + (size_t)b * Tq * ldq + (size_t)h * HS;
-            const ts_bf16 *k = k0 + (size_t)b * Tk * ldkv + (size_t)(h / group) * HS;
-            const ts_bf16 *v = k + CKV;
+            const ts_bf16 *kb = k0 + (size_t)b * Tk * ldkv;
+            const ts_bf16 *k = kb + (size_t)(h / group) * HS;
+            const ts_bf16 *v = kb + CKV + (size_t)(h / group) * HSV;
             ts_bf16 *a = att + (size_t)bh * Tq * Tk;
-            ts_bf16 *o = out + (size_t)b * Tq * C + (size_t)h * HS;
+            ts_bf16 *o = out + (size_t)b * Tq * C + (size_t)h * HSV;
             for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                 i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
                 const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
@@ -118,7 +117,7 @@ static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16
                     ts_f32_to_bf16_array(a + (size_t)i * Tk, row, (size_t)Tk);
                 }
                 /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
-                ts_dnnl_gemm go = gemm(m, HS, e, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
+                ts_dnnl_gemm go = gemm(m, HSV, e, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
                 ts_dnnl_matmul(&go, o + (size_t)i0 * C, a + (size_t)i0 * Tk, v, NULL);
             }
         }
@@ -138,28 +137,28 @@ static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scrat
                      const ts_bf16 *dout, const ts_bf16 *q0, const ts_bf16 *k0,
                      const ts_bf16 *att, att_dims d)
 {
-    check_dims(&d);
-    const int C = d.NH * d.HS, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
-    const int Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
-    const float scale = 1.0f / sqrtf((float)HS);
+    const int C = d.NH * d.HSV, CKV = d.NKV * d.HS, group = d.NH / d.NKV, HS = d.HS;
+    const int HSV = d.HSV, Tq = d.Tq, Tk = d.Tk, off = Tk - Tq, ldq = d.ldq, ldkv = d.ldkv;
+    const float scale = d.scale;
 #pragma omp parallel
     {
         /* this thread's fp32 dP rows, one widened row of P, and the fp32 dK, dV sums */
-        float *dp = ts_alloc_floats((size_t)(TS_ATT_BLOCK + 1) * Tk + 2 * (size_t)Tk * HS);
+        float *dp = ts_alloc_floats((size_t)(TS_ATT_BLOCK + 1) * Tk + (size_t)Tk * (HS + HSV));
         float *prow = dp + (size_t)TS_ATT_BLOCK * Tk, *dk32 = prow + Tk;
         float *dv32 = dk32 + (size_t)Tk * HS;
 #pragma omp for schedule(static)
         for (int bg = 0; bg < d.B * d.NKV; bg++) {
             int b = bg / d.NKV, g = bg % d.NKV;
-            size_t qrow = (size_t)b * Tq * ldq, kvoff = (size_t)b * Tk * ldkv + (size_t)g * HS;
-            const ts_bf16 *k = k0 + kvoff, *v = k + CKV;
-            ts_bf16 *dk = dk0 + kvoff, *dv = dk + CKV;
+            size_t qrow = (size_t)b * Tq * ldq, kvrow = (size_t)b * Tk * ldkv;
+            size_t koff = kvrow + (size_t)g * HS, voff = kvrow + CKV + (size_t)g * HSV;
+            const ts_bf16 *k = k0 + koff, *v = k0 + voff;
+            ts_bf16 *dk = dk0 + koff, *dv = dk0 + voff;
             if (accumulate) /* the sums start from what dk, dv hold */
                 for (int t = 0; t < Tk; t++) {
                     ts_bf16_to_f32_array(dk32 + (size_t)t * HS, dk + (size_t)t * ldkv,
                                          (size_t)HS);
-                    ts_bf16_to_f32_array(dv32 + (size_t)t * HS, dv + (size_t)t * ldkv,
-                                         (size_t)HS);
+                    ts_bf16_to_f32_array(dv32 + (size_t)t * HSV, dv + (size_t)t * ldkv,
+                                         (size_t)HSV);
                 }
             for (int h = g * group; h < (g + 1) * group; h++) {
                 const int bh = b * d.NH + h;
@@ -167,13 +166,13 @@ static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scrat
                 const ts_bf16 *q = q0 + qrow + (size_t)h * HS;
                 ts_bf16 *dq = dq0 + qrow + (size_t)h * HS;
                 const ts_bf16 *p = att + (size_t)bh * Tq * Tk;
-                const ts_bf16 *dO = dout + (size_t)b * Tq * C + (size_t)h * HS;
+                const ts_bf16 *dO = dout + (size_t)b * Tq * C + (size_t)h * HSV;
                 ts_bf16 *ds = scratch + (size_t)bh * Tq * Tk;
                 for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                     i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
                     const int m = i1 - i0, e = i1 + off;
                     /* dP[0:m, 0:e] (fp32) = dO[i0:i1] V[0:e]^T */
-                    ts_dnnl_gemm gp = gemm(m, e, HS, C, 1, 1, ldkv, Tk, TS_DTYPE_F32, 1.0f);
+                    ts_dnnl_gemm gp = gemm(m, e, HSV, C, 1, 1, ldkv, Tk, TS_DTYPE_F32, 1.0f);
                     ts_dnnl_matmul(&gp, dp, dO + (size_t)i0 * C, v, NULL);
                     for (int i = i0; i < i1; i++) {
                         float *dr = dp + (size_t)(i - i0) * Tk;
@@ -196,52 +195,53 @@ static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scrat
                     ts_dnnl_matmul(&gk, dk32 + (size_t)j0 * HS, ds + corner, q + (size_t)r0 * ldq,
                                    NULL);
                     /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
-                    ts_dnnl_gemm gv = gemm(m, HS, rows, 1, Tk, C, 1, HS, TS_DTYPE_F32, 1.0f);
+                    ts_dnnl_gemm gv = gemm(m, HSV, rows, 1, Tk, C, 1, HSV, TS_DTYPE_F32, 1.0f);
                     gv.accumulate = acc;
-                    ts_dnnl_matmul(&gv, dv32 + (size_t)j0 * HS, p + corner, dO + (size_t)r0 * C,
+                    ts_dnnl_matmul(&gv, dv32 + (size_t)j0 * HSV, p + corner, dO + (size_t)r0 * C,
                                    NULL);
                 }
             }
             for (int t = 0; t < Tk; t++) { /* one rounding of each sum */
                 ts_f32_to_bf16_array(dk + (size_t)t * ldkv, dk32 + (size_t)t * HS, (size_t)HS);
-                ts_f32_to_bf16_array(dv + (size_t)t * ldkv, dv32 + (size_t)t * HS, (size_t)HS);
+                ts_f32_to_bf16_array(dv + (size_t)t * ldkv, dv32 + (size_t)t * HSV, (size_t)HSV);
             }
         }
         free(dp);
     }
 }
 
-/* qkv [B,T,(NH+2*NKV)*HS]: q, k and v all in one row (C3 wide). */
-void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                                   int NKV, int HS)
+/* qkv [B,T,NH*HS + NKV*HS + NKV*HSV]: q, k and v all in one row (C3 wide). */
+void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T,
+                                   ts_att_heads h)
 {
-    const int C = NH * HS, C3 = C + 2 * NKV * HS;
-    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
-    forward(out, att, qkv, (const ts_bf16 *)qkv + C, d);
+    const int C3 = (int)ts_att_qkv_width(h);
+    forward(out, att, qkv, (const ts_bf16 *)qkv + (size_t)h.NH * h.HS,
+            dims_of(B, T, T, h, C3, C3));
 }
 
 void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                                    const void *att, int B, int T, int NH, int NKV, int HS)
+                                    const void *att, int B, int T, ts_att_heads h)
 {
-    const int C = NH * HS, C3 = C + 2 * NKV * HS;
-    att_dims d = {B, T, T, NH, NKV, HS, C3, C3};
-    backward(dqkv, (ts_bf16 *)dqkv + C, false, scratch, dout, qkv, (const ts_bf16 *)qkv + C,
-             att, d);
+    const int C3 = (int)ts_att_qkv_width(h);
+    const size_t q = (size_t)h.NH * h.HS;
+    backward(dqkv, (ts_bf16 *)dqkv + q, false, scratch, dout, qkv, (const ts_bf16 *)qkv + q, att,
+             dims_of(B, T, T, h, C3, C3));
 }
 
-/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv [B,Tk,2*NKV*HS]. */
+/* q from qkv's rows (C3 wide; its k, v columns unread), k and v from kv
+ * [B,Tk,NKV*HS + NKV*HSV]. */
 void ts_cpu_bf16_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
-                                          int B, int Tq, int Tk, int NH, int NKV, int HS)
+                                          int B, int Tq, int Tk, ts_att_heads h)
 {
-    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
-    forward(out, att, qkv, kv, d);
+    forward(out, att, qkv, kv,
+            dims_of(B, Tq, Tk, h, (int)ts_att_qkv_width(h), (int)ts_att_kv_width(h)));
 }
 
 void ts_cpu_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
                                            const void *dout, const void *qkv, const void *kv,
-                                           const void *att, int B, int Tq, int Tk, int NH,
-                                           int NKV, int HS)
+                                           const void *att, int B, int Tq, int Tk,
+                                           ts_att_heads h)
 {
-    att_dims d = {B, Tq, Tk, NH, NKV, HS, (NH + 2 * NKV) * HS, 2 * NKV * HS};
-    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att, d);
+    backward(dqkv, dkv, true, scratch, dout, qkv, kv, att,
+             dims_of(B, Tq, Tk, h, (int)ts_att_qkv_width(h), (int)ts_att_kv_width(h)));
 }

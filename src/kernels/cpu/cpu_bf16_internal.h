@@ -14,10 +14,10 @@
 
 void ts_cpu_bf16_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type,
                          size_t n);
-size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, int NH, int HS);
-size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, int NH, int HS);
-size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
-size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cpu_bf16_attention_saved_bytes(int B, int T, ts_att_heads h);
+size_t ts_cpu_bf16_attention_scratch_bytes(int B, int T, ts_att_heads h);
+size_t ts_cpu_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h);
+size_t ts_cpu_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h);
 
 void ts_cpu_bf16_encoder_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                                  int B, int T, int C);
@@ -37,16 +37,15 @@ void ts_cpu_bf16_grouped_matmul_forward(void *out, const void *inp, const void *
 void ts_cpu_bf16_grouped_matmul_backward(void *dinp, float *const *dweights, const void *dout,
                                          const void *inp, const void *const *weights,
                                          const int *rows, int L, int C, int OC);
-void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                                   int NKV, int HS);
+void ts_cpu_bf16_attention_forward(void *out, void *att, const void *qkv, int B, int T,
+                                   ts_att_heads h);
 void ts_cpu_bf16_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                                    const void *att, int B, int T, int NH, int NKV, int HS);
+                                    const void *att, int B, int T, ts_att_heads h);
 void ts_cpu_bf16_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
-                                          int B, int Tq, int Tk, int NH, int NKV, int HS);
+                                          int B, int Tq, int Tk, ts_att_heads h);
 void ts_cpu_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
                                            const void *dout, const void *qkv, const void *kv,
-                                           const void *att, int B, int Tq, int Tk, int NH,
-                                           int NKV, int HS);
+                                           const void *att, int B, int Tq, int Tk, ts_att_heads h);
 void ts_cpu_bf16_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight,
                                  int N, int C, float eps);
 void ts_cpu_bf16_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,
@@ -54,10 +53,10 @@ void ts_cpu_bf16_rmsnorm_backward(void *dinp, float *dweight, const void *dout, 
 void ts_cpu_bf16_residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd,
                                           const void *a, const void *b, const float *weight,
                                           int N, int C, float eps);
-void ts_cpu_bf16_rope_forward(void *qkv, const float *cos, const float *sin, int B, int T, int NH,
-                              int NKV, int HS);
+void ts_cpu_bf16_rope_forward(void *qkv, const float *cos, const float *sin, int B, int T,
+                              ts_att_heads h, int RD, bool interleaved);
 void ts_cpu_bf16_rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T,
-                               int NH, int NKV, int HS);
+                               ts_att_heads h, int RD, bool interleaved);
 void ts_cpu_bf16_swiglu_forward(void *out, const void *inp, int N, int F);
 void ts_cpu_bf16_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);
 void ts_cpu_bf16_moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,

@@ -124,30 +124,30 @@ void ts_cpu_stream_destroy(ts_stream s);
 void ts_cpu_stream_sync(ts_stream s);
 ts_event ts_cpu_event_record(ts_stream s);
 void ts_cpu_event_wait(ts_event e);
-size_t ts_cpu_attention_saved_bytes(int B, int T, int NH, int HS);
-size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS);
-size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
-size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cpu_attention_saved_bytes(int B, int T, ts_att_heads h);
+size_t ts_cpu_attention_scratch_bytes(int B, int T, ts_att_heads h);
+size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h);
+size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h);
 
-void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T, int NH,
-                              int NKV, int HS);
+void ts_cpu_attention_forward(void *out, void *att, const void *qkv, int B, int T,
+                              ts_att_heads h);
 void ts_cpu_attention_backward(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                               const void *att, int B, int T, int NH, int NKV, int HS);
+                               const void *att, int B, int T, ts_att_heads h);
 void ts_cpu_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
-                                     int B, int Tq, int Tk, int NH, int NKV, int HS);
-void ts_cpu_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
-                                      const void *qkv, const void *kv, const void *att, int B,
-                                      int Tq, int Tk, int NH, int NKV, int HS);
+                                     int B, int Tq, int Tk, ts_att_heads h);
+void ts_cpu_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
+                                      const void *dout, const void *qkv, const void *kv,
+                                      const void *att, int B, int Tq, int Tk, ts_att_heads h);
 void ts_cpu_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight, int N,
                             int C, float eps);
 void ts_cpu_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,
                              const float *weight, const float *rstd, int N, int C);
 void ts_cpu_residual_rmsnorm_forward(void *res_out, void *norm_out, float *rstd, const void *a,
                                      const void *b, const float *weight, int N, int C, float eps);
-void ts_cpu_rope_forward(void *qkv, const float *cos, const float *sin, int B, int T, int NH,
-                         int NKV, int HS);
-void ts_cpu_rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T, int NH,
-                          int NKV, int HS);
+void ts_cpu_rope_forward(void *qkv, const float *cos, const float *sin, int B, int T,
+                         ts_att_heads h, int RD, bool interleaved);
+void ts_cpu_rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T,
+                          ts_att_heads h, int RD, bool interleaved);
 void ts_cpu_swiglu_forward(void *out, const void *inp, int N, int F);
 void ts_cpu_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);
 /* moe_route.c: the router's kernels, fp32 and int32 only (both tables' entries) */

@@ -67,28 +67,24 @@ void ts_cpu_event_wait(ts_event e) { (void)e; }
 
 /* attention_forward keeps the softmax probabilities; its backward needs as much again
  * (fp32: this table's act_dtype). */
-size_t ts_cpu_attention_saved_bytes(int B, int T, int NH, int HS)
+size_t ts_cpu_attention_saved_bytes(int B, int T, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * T * T * sizeof(float);
+    return (size_t)B * h.NH * T * T * sizeof(float);
 }
 
-size_t ts_cpu_attention_scratch_bytes(int B, int T, int NH, int HS)
+size_t ts_cpu_attention_scratch_bytes(int B, int T, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * T * T * sizeof(float);
+    return (size_t)B * h.NH * T * T * sizeof(float);
 }
 
 /* attention_prefix_forward keeps the probabilities [B,NH,Tq,Tk]; its backward's dS is
  * as large (fp32). */
-size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+size_t ts_cpu_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * Tq * Tk * sizeof(float);
+    return (size_t)B * h.NH * Tq * Tk * sizeof(float);
 }
 
-size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
+size_t ts_cpu_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    (void)HS;
-    return (size_t)B * NH * Tq * Tk * sizeof(float);
+    return (size_t)B * h.NH * Tq * Tk * sizeof(float);
 }

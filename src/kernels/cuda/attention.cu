@@ -148,49 +148,63 @@ static void gemm_bh(cublasOperation_t opa, cublasOperation_t opb, int m, int n, 
  * (G = NH / NKV query heads per kv head): every product runs as G rounds, round g
  * covering the query heads j G + g of every kv head j, batched over (b, j) by gemm_bh
  * (its "heads" are the NKV kv heads, a query-side operand stepping G heads per j and
- * starting g heads in). */
+ * starting g heads in). q and k heads are HS wide, v heads and out/dout heads HSV. */
 struct att_shape {
-    int B, Tq, Tk, NH, NKV, G, HS, C, C3;
-    int ldkv; /* the k and v heads' row stride: C3 in qkv, 2 NKV HS in a gathered kv */
+    int B, Tq, Tk, NH, NKV, G, HS, HSV;
+    int QW; /* the q columns of a qkv row, NH HS (k starts there) */
+    int C;  /* an out/dout row, NH HSV */
+    int C3; /* a qkv row, NH HS + NKV (HS + HSV) */
+    int KVW; /* a k|v row, NKV (HS + HSV): the gathered kv's and the bf16 accumulator's */
+    int ldkv; /* the k and v heads' row stride: C3 in qkv, KVW in a gathered kv */
     float scale;
-    /* per (b, j): a q head in qkv; a k or v head (in qkv, or the gathered kv); a head in
-     * out/dout; a q head's [Tq, Tk]; a k or v head in the bf16 backward's fp32
-     * accumulator [B, Tk, 2 NKV HS] */
-    operand xq, xkv, x1, tt, acc;
+    /* per (b, j): a q head in qkv; a k head and a v head (in qkv, or the gathered kv); a
+     * head in out/dout; a q head's [Tq, Tk]; a k and a v head in the bf16 backward's fp32
+     * accumulator [B, Tk, KVW] */
+    operand xq, xk, xv, x1, tt, acck, accv;
 };
 
 /* Tq queries (rows of qkv) against Tk keys and values whose rows are ldkv apart. */
-static att_shape general_shape(int B, int Tq, int Tk, int NH, int NKV, int HS, int ldkv)
+static att_shape general_shape(int B, int Tq, int Tk, ts_att_heads h, int ldkv)
 {
     att_shape s;
-    s.B = B, s.Tq = Tq, s.Tk = Tk, s.NH = NH, s.NKV = NKV, s.G = NH / NKV, s.HS = HS;
-    s.C = NH * HS, s.C3 = (NH + 2 * NKV) * HS, s.ldkv = ldkv;
-    s.scale = 1.0f / sqrtf((float)HS);
-    s.xq = {(long long)Tq * s.C3, (long long)s.G * HS};
-    s.xkv = {(long long)Tk * ldkv, HS};
-    s.x1 = {(long long)Tq * s.C, (long long)s.G * HS};
-    s.tt = {(long long)NH * Tq * Tk, (long long)s.G * Tq * Tk};
-    s.acc = {(long long)Tk * 2 * NKV * HS, HS};
+    s.B = B, s.Tq = Tq, s.Tk = Tk, s.NH = h.NH, s.NKV = h.NKV, s.G = h.NH / h.NKV;
+    s.HS = h.HS, s.HSV = h.HSV;
+    s.QW = h.NH * h.HS, s.C = (int)ts_att_out_width(h), s.C3 = (int)ts_att_qkv_width(h);
+    s.KVW = (int)ts_att_kv_width(h), s.ldkv = ldkv;
+    s.scale = h.scale;
+    s.xq = {(long long)Tq * s.C3, (long long)s.G * s.HS};
+    s.xk = {(long long)Tk * ldkv, s.HS};
+    s.xv = {(long long)Tk * ldkv, s.HSV};
+    s.x1 = {(long long)Tq * s.C, (long long)s.G * s.HSV};
+    s.tt = {(long long)s.NH * Tq * Tk, (long long)s.G * Tq * Tk};
+    s.acck = {(long long)Tk * s.KVW, s.HS};
+    s.accv = {(long long)Tk * s.KVW, s.HSV};
     return s;
 }
 
 /* A whole sequence: q, k and v all in qkv's rows. */
-static att_shape shape_of(int B, int T, int NH, int NKV, int HS)
+static att_shape shape_of(int B, int T, ts_att_heads h)
 {
-    return general_shape(B, T, T, NH, NKV, HS, (NH + 2 * NKV) * HS);
+    return general_shape(B, T, T, h, (int)ts_att_qkv_width(h));
 }
 
-/* Round g's query-side offsets: its first head in qkv or out (elements), in [Tq, Tk]s. */
+/* Round g's query-side offsets: its first head in qkv (elements), in out/dout, in
+ * [Tq, Tk]s. */
 static long long q_off(const att_shape &s, int g) { return (long long)g * s.HS; }
+static long long o_off(const att_shape &s, int g) { return (long long)g * s.HSV; }
 static long long tt_off(const att_shape &s, int g) { return (long long)g * s.Tq * s.Tk; }
 
 /* A shape the kernels do not take is a caller's bug: stop with what and why. */
-static void check_heads(const char *fn, int NH, int NKV)
+static void check_heads(const char *fn, ts_att_heads h)
 {
-    if (NKV >= 1 && NKV <= NH && NH % NKV == 0) return;
     char why[160];
+    if (h.HS < 1 || h.HSV < 1) {
+        snprintf(why, sizeof why, "head sizes q/k %d, v %d (both must be positive)", h.HS, h.HSV);
+        ts_cuda_fail(__FILE__, __LINE__, fn, why);
+    }
+    if (h.NKV >= 1 && h.NKV <= h.NH && h.NH % h.NKV == 0) return;
     snprintf(why, sizeof why, "%d query heads cannot share %d key/value heads (NH %% NKV != 0)",
-             NH, NKV);
+             h.NH, h.NKV);
     ts_cuda_fail(__FILE__, __LINE__, fn, why);
 }
 
@@ -201,7 +215,7 @@ static void forward_core(const att_shape &s, A *out, A *att, const A *q, const A
 {
     /* S = scale Q K^T  (S^T = scale K Q^T) into att */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HS, s.scale, k, s.ldkv, s.xkv,
+        gemm_bh<A, A>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HS, s.scale, k, s.ldkv, s.xk,
                       q + q_off(s, g), s.C3, s.xq, 0.0f, att + tt_off(s, g), s.Tk, s.tt, s.B,
                       s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.Tq;
@@ -210,44 +224,44 @@ static void forward_core(const att_shape &s, A *out, A *att, const A *q, const A
     TS_CUDA_LAUNCHED();
     /* O = P V  (O^T = V^T P^T) */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.Tq, s.Tk, 1.0f, v, s.ldkv, s.xkv,
-                      att + tt_off(s, g), s.Tk, s.tt, 0.0f, out + q_off(s, g), s.C, s.x1, s.B,
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HSV, s.Tq, s.Tk, 1.0f, v, s.ldkv, s.xv,
+                      att + tt_off(s, g), s.Tk, s.tt, 0.0f, out + o_off(s, g), s.C, s.x1, s.B,
                       s.NKV);
 }
 
 /* A whole sequence's: q, k, v in qkv's rows. */
 template <typename A> static void forward_square(const att_shape &s, A *out, A *att, const A *qkv)
 {
-    forward_core<A>(s, out, att, qkv, qkv + s.C, qkv + s.C + s.NKV * s.HS);
+    forward_core<A>(s, out, att, qkv, qkv + s.QW, qkv + s.QW + s.NKV * s.HS);
 }
 
-/* dqkv's k and v columns [B, T, 2 NKV HS] (from column C of each row) from the fp32
- * accumulator of the same shape, rounded once. */
+/* dqkv's k and v columns [B, T, NKV (HS + HSV)] (from column QW = NH HS of each row)
+ * from the fp32 accumulator of the same shape, rounded once. */
 template <typename A>
 static __global__ void store_kv_kernel(A *dqkv, const float *acc, size_t n, int kvw, int C3,
-                                       int C)
+                                       int QW)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / kvw, c = i % kvw;
-        ts_act_store(dqkv, bt * C3 + C + c, acc[i]);
+        ts_act_store(dqkv, bt * C3 + QW + c, acc[i]);
     }
 }
 
 /* dV = P^T dO  (dV^T = dO^T P) and dK = scale dS^T Q  (dK^T = scale Q^T dS), each summed
  * over a kv head's G query heads in g order (beta 0, then 1), into Out (the activation
- * type, or fp32) at dk, dv with leading dimension ld and places o. */
+ * type, or fp32) at dk, dv with leading dimension ld and places ok, ov. */
 template <typename A, typename Out>
-static void kv_products(const att_shape &s, Out *dk, Out *dv, int ld, operand o, const A *g_,
-                        const A *q, const A *p, const A *ds, float beta0)
+static void kv_products(const att_shape &s, Out *dk, Out *dv, int ld, operand ok, operand ov,
+                        const A *g_, const A *q, const A *p, const A *ds, float beta0)
 {
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.Tk, s.Tq, 1.0f, g_ + q_off(s, g), s.C,
-                        s.x1, p + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dv, ld, o, s.B,
+        gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HSV, s.Tk, s.Tq, 1.0f, g_ + o_off(s, g), s.C,
+                        s.x1, p + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dv, ld, ov, s.B,
                         s.NKV);
     for (int g = 0; g < s.G; g++)
         gemm_bh<A, Out>(CUBLAS_OP_N, CUBLAS_OP_T, s.HS, s.Tk, s.Tq, s.scale, q + q_off(s, g),
-                        s.C3, s.xq, ds + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dk, ld, o,
+                        s.C3, s.xq, ds + tt_off(s, g), s.Tk, s.tt, g ? 1.0f : beta0, dk, ld, ok,
                         s.B, s.NKV);
 }
 
@@ -267,7 +281,7 @@ static __global__ void add_kv_kernel(A *dkv, const float *acc, size_t n)
  * dp (fp32) holds dP; ds (type A) receives dS (fp32: ds == dp). A kv head's sums over
  * its G query heads run round by round in g order, each GEMM after the first adding to
  * the last (beta = 1): deterministic. fp32 adds in dqkv itself; bf16 with G > 1 adds in
- * fp32 (`acc`, [B, T, 2 NKV HS], the dead dP's memory once dS is formed) and rounds once
+ * fp32 (`acc`, [B, T, NKV (HS + HSV)], the dead dP's memory once dS is formed) and rounds once
  * into dqkv (bf16 with G = 1 writes dqkv directly, as before). Every element of dqkv is
  * written (the first round has beta = 0): overwritten. */
 /* dP, dS and dQ (dq's heads in rows C3 apart, overwritten) for q, k, v (k, v rows ldkv
@@ -279,8 +293,8 @@ static void backward_dq(const att_shape &s, A *dq, float *dp, A *ds, const A *g_
 {
     /* dP = dO V^T  (dP^T = V dO^T), fp32 */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HS, 1.0f, v, s.ldkv, s.xkv,
-                          g_ + q_off(s, g), s.C, s.x1, 0.0f, dp + tt_off(s, g), s.Tk, s.tt, s.B,
+        gemm_bh<A, float>(CUBLAS_OP_T, CUBLAS_OP_N, s.Tk, s.Tq, s.HSV, 1.0f, v, s.ldkv, s.xv,
+                          g_ + o_off(s, g), s.C, s.x1, 0.0f, dp + tt_off(s, g), s.Tk, s.tt, s.B,
                           s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.Tq;
     causal_softmax_backward_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
@@ -288,7 +302,7 @@ static void backward_dq(const att_shape &s, A *dq, float *dp, A *ds, const A *g_
     TS_CUDA_LAUNCHED();
     /* dQ = scale dS K  (dQ^T = scale K^T dS^T) */
     for (int g = 0; g < s.G; g++)
-        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.Tq, s.Tk, s.scale, k, s.ldkv, s.xkv,
+        gemm_bh<A, A>(CUBLAS_OP_N, CUBLAS_OP_N, s.HS, s.Tq, s.Tk, s.scale, k, s.ldkv, s.xk,
                       ds + tt_off(s, g), s.Tk, s.tt, 0.0f, dq + q_off(s, g), s.C3, s.xq, s.B,
                       s.NKV);
 }
@@ -297,23 +311,24 @@ template <typename A>
 static void backward_core(const att_shape &s, A *dqkv, float *dp, A *ds, const A *g_,
                           const A *qkv, const A *p)
 {
-    const int kv_off = s.NKV * s.HS;
-    const A *q = qkv, *k = qkv + s.C, *v = qkv + s.C + kv_off;
+    const int kv_off = s.NKV * s.HS; /* v after k */
+    const A *q = qkv, *k = qkv + s.QW, *v = qkv + s.QW + kv_off;
     backward_dq<A>(s, dqkv, dp, ds, g_, k, v, p);
     if (sizeof(A) == sizeof(float) || s.G == 1) {
-        kv_products<A, A>(s, dqkv + s.C, dqkv + s.C + kv_off, s.C3, s.xkv, g_, q, p, ds, 0.0f);
+        kv_products<A, A>(s, dqkv + s.QW, dqkv + s.QW + kv_off, s.C3, s.xk, s.xv, g_, q, p, ds,
+                          0.0f);
     } else {
         float *acc = dp; /* dP is dead: the softmax backward has read it */
-        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, q, p, ds, 0.0f);
-        size_t n = (size_t)s.B * s.Tk * 2 * kv_off;
+        kv_products<A, float>(s, acc, acc + kv_off, s.KVW, s.acck, s.accv, g_, q, p, ds, 0.0f);
+        size_t n = (size_t)s.B * s.Tk * s.KVW;
         store_kv_kernel<A><<<ts_cuda_blocks(n, 256), 256, 0, ts_cuda_stream()>>>(
-            dqkv, acc, n, 2 * kv_off, s.C3, s.C);
+            dqkv, acc, n, s.KVW, s.C3, s.QW);
         TS_CUDA_LAUNCHED();
     }
 }
 
 /* The prefix backward (kernels.h attention_prefix_backward): dQ into dqkv's q columns,
- * dK, dV ADDED to dkv [B, Tk, 2 NKV HS]: fp32 straight onto it (every round beta 1, in
+ * dK, dV ADDED to dkv [B, Tk, NKV (HS + HSV)]: fp32 straight onto it (every round beta 1, in
  * g order); bf16 summed in fp32 (acc) and added once, rounded once. */
 template <typename A>
 static void prefix_backward_core(const att_shape &s, A *dqkv, A *dkv, float *dp, A *ds,
@@ -324,10 +339,10 @@ static void prefix_backward_core(const att_shape &s, A *dqkv, A *dkv, float *dp,
     const A *k = kv, *v = kv + kv_off;
     backward_dq<A>(s, dqkv, dp, ds, g_, k, v, p);
     if (sizeof(A) == sizeof(float)) {
-        kv_products<A, A>(s, dkv, dkv + kv_off, s.ldkv, s.xkv, g_, qkv, p, ds, 1.0f);
+        kv_products<A, A>(s, dkv, dkv + kv_off, s.ldkv, s.xk, s.xv, g_, qkv, p, ds, 1.0f);
     } else {
-        kv_products<A, float>(s, acc, acc + kv_off, 2 * kv_off, s.acc, g_, qkv, p, ds, 0.0f);
-        size_t n = (size_t)s.B * s.Tk * 2 * kv_off;
+        kv_products<A, float>(s, acc, acc + kv_off, s.KVW, s.acck, s.accv, g_, qkv, p, ds, 0.0f);
+        size_t n = (size_t)s.B * s.Tk * s.KVW;
         add_kv_kernel<A><<<ts_cuda_blocks(n, 256), 256, 0, ts_cuda_stream()>>>(dkv, acc, n);
         TS_CUDA_LAUNCHED();
     }
@@ -339,65 +354,65 @@ static void prefix_backward_core(const att_shape &s, A *dqkv, A *dkv, float *dp,
  * build without CUDA plans with): fp32 saved = the probabilities, scratch = dP then dS in
  * place; bf16 saved = the probabilities in bf16, scratch = [dP fp32 | dS bf16], the
  * second piece from a 64-byte boundary, the first also holding the fp32 dK, dV
- * accumulator [B, T, 2 NKV HS] when NKV < NH. */
-extern "C" size_t ts_cuda_gemm_attention_saved_bytes(int B, int T, int NH, int HS)
+ * accumulator [B, T, NKV (HS + HSV)] when NKV < NH. */
+extern "C" size_t ts_cuda_gemm_attention_saved_bytes(int B, int T, ts_att_heads h)
 {
-    return ts_cuda_gemm_saved_bytes(B, T, NH, HS);
+    return ts_cuda_gemm_saved_bytes(B, T, h);
 }
 
-extern "C" size_t ts_cuda_gemm_attention_scratch_bytes(int B, int T, int NH, int HS)
+extern "C" size_t ts_cuda_gemm_attention_scratch_bytes(int B, int T, ts_att_heads h)
 {
-    return ts_cuda_gemm_scratch_bytes(B, T, NH, HS);
+    return ts_cuda_gemm_scratch_bytes(B, T, h);
 }
 
 extern "C" void ts_cuda_gemm_attention_forward(void *out, void *att, const void *qkv, int B, int T,
-                                               int NH, int NKV, int HS)
+                                               ts_att_heads h)
 {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("ts_cuda_gemm_attention_forward", NH, NKV);
-    forward_square<float>(shape_of(B, T, NH, NKV, HS), (float *)out, (float *)att,
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
+    check_heads("ts_cuda_gemm_attention_forward", h);
+    forward_square<float>(shape_of(B, T, h), (float *)out, (float *)att,
                           (const float *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_attention_backward(void *dqkv, void *scratch, const void *dout,
                                                 const void *qkv, const void *att, int B, int T,
-                                                int NH, int NKV, int HS)
+                                                ts_att_heads h)
 {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("ts_cuda_gemm_attention_backward", NH, NKV);
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
+    check_heads("ts_cuda_gemm_attention_backward", h);
     float *dp = (float *)scratch;
-    backward_core<float>(shape_of(B, T, NH, NKV, HS), (float *)dqkv, dp, dp, (const float *)dout,
+    backward_core<float>(shape_of(B, T, h), (float *)dqkv, dp, dp, (const float *)dout,
                          (const float *)qkv, (const float *)att);
 }
 
-extern "C" size_t ts_cuda_gemm_bf16_attention_saved_bytes(int B, int T, int NH, int HS)
+extern "C" size_t ts_cuda_gemm_bf16_attention_saved_bytes(int B, int T, ts_att_heads h)
 {
-    return ts_cuda_gemm_bf16_saved_bytes(B, T, NH, HS);
+    return ts_cuda_gemm_bf16_saved_bytes(B, T, h);
 }
 
-extern "C" size_t ts_cuda_gemm_bf16_attention_scratch_bytes(int B, int T, int NH, int HS)
+extern "C" size_t ts_cuda_gemm_bf16_attention_scratch_bytes(int B, int T, ts_att_heads h)
 {
-    return ts_cuda_gemm_bf16_scratch_bytes(B, T, NH, HS);
+    return ts_cuda_gemm_bf16_scratch_bytes(B, T, h);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_forward(void *out, void *att, const void *qkv, int B,
-                                                    int T, int NH, int NKV, int HS)
+                                                    int T, ts_att_heads h)
 {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("ts_cuda_gemm_bf16_attention_forward", NH, NKV);
-    forward_square<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)out, (bf16 *)att,
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
+    check_heads("ts_cuda_gemm_bf16_attention_forward", h);
+    forward_square<bf16>(shape_of(B, T, h), (bf16 *)out, (bf16 *)att,
                          (const bf16 *)qkv);
 }
 
 extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, const void *dout,
                                                      const void *qkv, const void *att, int B,
-                                                     int T, int NH, int NKV, int HS)
+                                                     int T, ts_att_heads h)
 {
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("ts_cuda_gemm_bf16_attention_backward", NH, NKV);
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
+    check_heads("ts_cuda_gemm_bf16_attention_backward", h);
     float *dp = (float *)scratch;
-    bf16 *ds = (bf16 *)((char *)scratch + ts_cuda_attn_bf16_ds_offset(B, T, NH, HS));
-    backward_core<bf16>(shape_of(B, T, NH, NKV, HS), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
+    bf16 *ds = (bf16 *)((char *)scratch + ts_cuda_attn_bf16_ds_offset(B, T, h));
+    backward_core<bf16>(shape_of(B, T, h), (bf16 *)dqkv, dp, ds, (const bf16 *)dout,
                         (const bf16 *)qkv, (const bf16 *)att);
 }
 
@@ -407,76 +422,76 @@ extern "C" void ts_cuda_gemm_bf16_attention_backward(void *dqkv, void *scratch, 
  * its kernels take no prefix yet). Built and compiled; not yet run on a GPU. */
 template <typename A>
 static void prefix_forward(void *out, void *att, const void *qkv, const void *kv, int B, int Tq,
-                           int Tk, int NH, int NKV, int HS)
+                           int Tk, ts_att_heads h)
 {
-    if (B <= 0 || Tq <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("attention_prefix_forward", NH, NKV);
-    const att_shape s = general_shape(B, Tq, Tk, NH, NKV, HS, 2 * NKV * HS);
-    const A *k = (const A *)kv, *v = (const A *)kv + NKV * HS;
+    if (B <= 0 || Tq <= 0 || h.NH <= 0) return;
+    check_heads("attention_prefix_forward", h);
+    const att_shape s = general_shape(B, Tq, Tk, h, (int)ts_att_kv_width(h));
+    const A *k = (const A *)kv, *v = (const A *)kv + (size_t)h.NKV * h.HS;
     forward_core<A>(s, (A *)out, (A *)att, (const A *)qkv, k, v);
 }
 
 template <typename A>
 static void prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
                             const void *qkv, const void *kv, const void *att, int B, int Tq,
-                            int Tk, int NH, int NKV, int HS)
+                            int Tk, ts_att_heads h)
 {
-    if (B <= 0 || Tq <= 0 || NH <= 0 || HS <= 0) return;
-    check_heads("attention_prefix_backward", NH, NKV);
-    const att_shape s = general_shape(B, Tq, Tk, NH, NKV, HS, 2 * NKV * HS);
+    if (B <= 0 || Tq <= 0 || h.NH <= 0) return;
+    check_heads("attention_prefix_backward", h);
+    const att_shape s = general_shape(B, Tq, Tk, h, (int)ts_att_kv_width(h));
     float *dp = (float *)scratch;
     A *ds = sizeof(A) == sizeof(float)
                 ? (A *)dp
-                : (A *)((char *)scratch + ts_cuda_prefix_ds_offset(B, Tq, Tk, NH));
+                : (A *)((char *)scratch + ts_cuda_prefix_ds_offset(B, Tq, Tk, h.NH));
     float *acc = sizeof(A) == sizeof(float)
                      ? nullptr
-                     : (float *)((char *)scratch + ts_cuda_prefix_acc_offset(B, Tq, Tk, NH));
+                     : (float *)((char *)scratch + ts_cuda_prefix_acc_offset(B, Tq, Tk, h.NH));
     prefix_backward_core<A>(s, (A *)dqkv, (A *)dkv, dp, ds, acc, (const A *)dout,
                             (const A *)qkv, (const A *)kv, (const A *)att);
 }
 
-extern "C" size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+extern "C" size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, (int)sizeof(float));
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, h, (int)sizeof(float));
 }
-extern "C" size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS)
+extern "C" size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, (int)sizeof(float));
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, h, (int)sizeof(float));
 }
-extern "C" size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS)
+extern "C" size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h)
 {
-    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, NH, HS, 2);
+    return ts_cuda_prefix_saved_bytes(B, Tq, Tk, h, 2);
 }
-extern "C" size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH,
-                                                              int HS)
+extern "C" size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk,
+                                                              ts_att_heads h)
 {
-    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, NH, HS, 2);
+    return ts_cuda_prefix_scratch_bytes(B, Tq, Tk, h, 2);
 }
 extern "C" void ts_cuda_attention_prefix_forward(void *out, void *att, const void *qkv,
-                                                 const void *kv, int B, int Tq, int Tk, int NH,
-                                                 int NKV, int HS)
+                                                 const void *kv, int B, int Tq, int Tk,
+                                                 ts_att_heads h)
 {
-    prefix_forward<float>(out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS);
+    prefix_forward<float>(out, att, qkv, kv, B, Tq, Tk, h);
 }
 extern "C" void ts_cuda_bf16_attention_prefix_forward(void *out, void *att, const void *qkv,
                                                       const void *kv, int B, int Tq, int Tk,
-                                                      int NH, int NKV, int HS)
+                                                      ts_att_heads h)
 {
-    prefix_forward<bf16>(out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS);
+    prefix_forward<bf16>(out, att, qkv, kv, B, Tq, Tk, h);
 }
 extern "C" void ts_cuda_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
                                                   const void *dout, const void *qkv,
                                                   const void *kv, const void *att, int B, int Tq,
-                                                  int Tk, int NH, int NKV, int HS)
+                                                  int Tk, ts_att_heads h)
 {
-    prefix_backward<float>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS);
+    prefix_backward<float>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, h);
 }
 extern "C" void ts_cuda_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
                                                        const void *dout, const void *qkv,
                                                        const void *kv, const void *att, int B,
-                                                       int Tq, int Tk, int NH, int NKV, int HS)
+                                                       int Tq, int Tk, ts_att_heads h)
 {
-    prefix_backward<bf16>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS);
+    prefix_backward<bf16>(dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, h);
 }
 
 /* ---- the choice behind the tables' slots.
@@ -492,12 +507,11 @@ extern "C" void ts_cuda_bf16_attention_prefix_backward(void *dqkv, void *dkv, vo
 
 /* One variant's four functions. */
 struct attention_variant {
-    size_t (*saved_bytes)(int B, int T, int NH, int HS);
-    size_t (*scratch_bytes)(int B, int T, int NH, int HS);
-    void (*forward)(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,
-                    int HS);
+    size_t (*saved_bytes)(int B, int T, ts_att_heads h);
+    size_t (*scratch_bytes)(int B, int T, ts_att_heads h);
+    void (*forward)(void *out, void *att, const void *qkv, int B, int T, ts_att_heads h);
     void (*backward)(void *dqkv, void *scratch, const void *dout, const void *qkv,
-                     const void *att, int B, int T, int NH, int NKV, int HS);
+                     const void *att, int B, int T, ts_att_heads h);
 };
 
 #define TS_VARIANT(p) {p##saved_bytes, p##scratch_bytes, p##forward, p##backward}
@@ -507,36 +521,36 @@ static const attention_variant flash_fp32 = TS_VARIANT(ts_cuda_flash_attention_)
 static const attention_variant flash_bf16 = TS_VARIANT(ts_cuda_flash_bf16_attention_);
 #undef TS_VARIANT
 
-/* The variant a table runs for heads of HS: flash f when chosen and it takes them, else
+/* The variant a table runs for the heads h: flash f when chosen and it takes them, else
  * the batched-GEMM g of the same precision. */
 static const attention_variant &chosen(const attention_variant &g, const attention_variant *f,
-                                       int HS)
+                                       ts_att_heads h)
 {
-    return f && ts_cuda_flash_takes(HS) ? *f : g;
+    return f && ts_cuda_flash_takes(h) ? *f : g;
 }
 
 /* The four tables' attention slots (ts_kernels_cuda, _cuda_flash, _cuda_bf16,
  * _cuda_bf16_flash): one set of four per precision and choice (f NULL: no flash). */
 #define TS_ATTENTION_SLOTS(suffix, g, f)                                                          \
-    extern "C" size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, int NH, int HS)        \
-    {                                                                                            \
-        return chosen(g, f, HS).saved_bytes(B, T, NH, HS);                                       \
-    }                                                                                            \
-    extern "C" size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, int NH, int HS)      \
-    {                                                                                            \
-        return chosen(g, f, HS).scratch_bytes(B, T, NH, HS);                                     \
-    }                                                                                            \
-    extern "C" void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv,     \
-                                                      int B, int T, int NH, int NKV, int HS)     \
-    {                                                                                            \
-        chosen(g, f, HS).forward(out, att, qkv, B, T, NH, NKV, HS);                              \
-    }                                                                                            \
-    extern "C" void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch,                \
-                                                       const void *dout, const void *qkv,        \
-                                                       const void *att, int B, int T, int NH,    \
-                                                       int NKV, int HS)                          \
-    {                                                                                            \
-        chosen(g, f, HS).backward(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);             \
+    extern "C" size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, ts_att_heads h)         \
+    {                                                                                             \
+        return chosen(g, f, h).saved_bytes(B, T, h);                                              \
+    }                                                                                             \
+    extern "C" size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, ts_att_heads h)       \
+    {                                                                                             \
+        return chosen(g, f, h).scratch_bytes(B, T, h);                                            \
+    }                                                                                             \
+    extern "C" void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv,      \
+                                                      int B, int T, ts_att_heads h)               \
+    {                                                                                             \
+        chosen(g, f, h).forward(out, att, qkv, B, T, h);                                          \
+    }                                                                                             \
+    extern "C" void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch,                 \
+                                                       const void *dout, const void *qkv,         \
+                                                       const void *att, int B, int T,             \
+                                                       ts_att_heads h)                            \
+    {                                                                                             \
+        chosen(g, f, h).backward(dqkv, scratch, dout, qkv, att, B, T, h);                         \
     }
 
 TS_ATTENTION_SLOTS(, gemm_fp32, (const attention_variant *)NULL)

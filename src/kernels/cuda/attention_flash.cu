@@ -36,9 +36,17 @@ static int flash_tile(int HS) { return HS <= 128 ? 32 : 16; }
 
 /* A shape this kernel does not take is a caller's bug (attention.cu never sends one):
  * stop with what and why. */
-static void flash_check(const char *fn, int B, int T, int NH, int NKV, int HS)
+static void flash_check(const char *fn, int B, int T, ts_att_heads h)
 {
+    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
     char why[200];
+    if (h.HSV != HS) {
+        snprintf(why, sizeof why,
+                 "v heads of %d channels beside q/k heads of %d: the flash kernels take equal "
+                 "sizes only (not built yet)",
+                 h.HSV, HS);
+        ts_cuda_fail(__FILE__, __LINE__, fn, why);
+    }
     if (NKV < 1 || NKV > NH || NH % NKV != 0) {
         snprintf(why, sizeof why,
                  "%d query heads cannot share %d key/value heads (NH %% NKV != 0)", NH, NKV);
@@ -145,11 +153,12 @@ static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *
 
 template <typename A>
 static void flash_forward(const char *fn, void *out, void *att, const void *qkv, int B, int T,
-                          int NH, int NKV, int HS)
+                          ts_att_heads h)
 {
+    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check(fn, B, T, NH, NKV, HS);
-    const float scale = 1.0f / sqrtf((float)HS);
+    flash_check(fn, B, T, h);
+    const float scale = h.scale;
     if (flash_tile(HS) == 32)
         flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B, T, NH, NKV, HS,
                                    scale);
@@ -160,12 +169,12 @@ static void flash_forward(const char *fn, void *out, void *att, const void *qkv,
 
 template <typename A>
 static void flash_backward(const char *fn, void *dqkv, void *scratch, const void *dout,
-                           const void *qkv, const void *att, int B, int T, int NH, int NKV,
-                           int HS)
+                           const void *qkv, const void *att, int B, int T, ts_att_heads h)
 {
+    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
     if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
-    flash_check(fn, B, T, NH, NKV, HS);
-    const float scale = 1.0f / sqrtf((float)HS);
+    flash_check(fn, B, T, h);
+    const float scale = h.scale;
     if (flash_tile(HS) == 32)
         flash_backward_tiles<32, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
                                     (const float *)att, B, T, NH, NKV, HS, scale);
@@ -178,23 +187,23 @@ static void flash_backward(const char *fn, void *dqkv, void *scratch, const void
  * att: the row log-sum-exp, fp32 [B, NH, T]; scratch: D = rowsum(dO * O), the same
  * (kernels/attention_sizes.h). */
 #define TS_FLASH_VARIANT(p, A)                                                                  \
-    extern "C" size_t p##saved_bytes(int B, int T, int NH, int HS)                             \
+    extern "C" size_t p##saved_bytes(int B, int T, ts_att_heads h)                              \
     {                                                                                           \
-        return ts_cuda_flash_saved_bytes(B, T, NH, HS);                                         \
+        return ts_cuda_flash_saved_bytes(B, T, h);                                              \
     }                                                                                           \
-    extern "C" size_t p##scratch_bytes(int B, int T, int NH, int HS)                           \
+    extern "C" size_t p##scratch_bytes(int B, int T, ts_att_heads h)                            \
     {                                                                                           \
-        return ts_cuda_flash_scratch_bytes(B, T, NH, HS);                                       \
+        return ts_cuda_flash_scratch_bytes(B, T, h);                                            \
     }                                                                                           \
-    extern "C" void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH,    \
-                               int NKV, int HS)                                                 \
+    extern "C" void p##forward(void *out, void *att, const void *qkv, int B, int T,             \
+                               ts_att_heads h)                                                  \
     {                                                                                           \
-        flash_forward<A>(#p "forward", out, att, qkv, B, T, NH, NKV, HS);                       \
+        flash_forward<A>(#p "forward", out, att, qkv, B, T, h);                                 \
     }                                                                                           \
     extern "C" void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,  \
-                                const void *att, int B, int T, int NH, int NKV, int HS)        \
+                                const void *att, int B, int T, ts_att_heads h)                  \
     {                                                                                           \
-        flash_backward<A>(#p "backward", dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS);     \
+        flash_backward<A>(#p "backward", dqkv, scratch, dout, qkv, att, B, T, h);               \
     }
 
 TS_FLASH_VARIANT(ts_cuda_flash_attention_, float)

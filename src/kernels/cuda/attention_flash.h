@@ -18,12 +18,11 @@ extern "C" {
 
 /* The four functions of one variant, named prefix##saved_bytes ... prefix##backward. */
 #define TS_CUDA_ATTENTION_DECLS(p)                                                          \
-    size_t p##saved_bytes(int B, int T, int NH, int HS);                                    \
-    size_t p##scratch_bytes(int B, int T, int NH, int HS);                                  \
-    void p##forward(void *out, void *att, const void *qkv, int B, int T, int NH, int NKV,   \
-                    int HS);                                                                \
+    size_t p##saved_bytes(int B, int T, ts_att_heads h);                                     \
+    size_t p##scratch_bytes(int B, int T, ts_att_heads h);                                   \
+    void p##forward(void *out, void *att, const void *qkv, int B, int T, ts_att_heads h);    \
     void p##backward(void *dqkv, void *scratch, const void *dout, const void *qkv,          \
-                     const void *att, int B, int T, int NH, int NKV, int HS);
+                     const void *att, int B, int T, ts_att_heads h);
 
 /* Flash-style (attention_flash.cu): tiles in shared memory, fp32 math, no [T, T] matrix
  * in memory. att keeps the row log-sum-exp of the scaled scores, fp32 [B, NH, T]; the
@@ -50,13 +49,13 @@ TS_CUDA_ATTENTION_DECLS(ts_cuda_gemm_bf16_attention_)
  * table's (_flash), the bf16 tables' (_bf16, _bf16_flash). A flash table sends heads
  * wider than the flash kernels take to its precision's batched-GEMM attention. */
 #define TS_CUDA_ATTENTION_SLOT_DECLS(suffix)                                                  \
-    size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, int NH, int HS);              \
-    size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, int NH, int HS);            \
+    size_t ts_cuda_attention_saved_bytes##suffix(int B, int T, ts_att_heads h);              \
+    size_t ts_cuda_attention_scratch_bytes##suffix(int B, int T, ts_att_heads h);            \
     void ts_cuda_attention_forward##suffix(void *out, void *att, const void *qkv, int B,     \
-                                           int T, int NH, int NKV, int HS);                  \
+                                           int T, ts_att_heads h);                           \
     void ts_cuda_attention_backward##suffix(void *dqkv, void *scratch, const void *dout,     \
                                             const void *qkv, const void *att, int B, int T,  \
-                                            int NH, int NKV, int HS);
+                                            ts_att_heads h);
 TS_CUDA_ATTENTION_SLOT_DECLS()
 TS_CUDA_ATTENTION_SLOT_DECLS(_flash)
 TS_CUDA_ATTENTION_SLOT_DECLS(_bf16)

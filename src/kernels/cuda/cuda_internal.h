@@ -64,22 +64,21 @@ void ts_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes);
 void ts_cuda_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                        size_t rows);
 /* Context parallelism's prefix attention (attention.cu; kernels.h attention_prefix_*). */
-size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
-size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
-size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, int NH, int HS);
-size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, int NH, int HS);
+size_t ts_cuda_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h);
+size_t ts_cuda_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h);
+size_t ts_cuda_bf16_attention_prefix_saved_bytes(int B, int Tq, int Tk, ts_att_heads h);
+size_t ts_cuda_bf16_attention_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_heads h);
 void ts_cuda_attention_prefix_forward(void *out, void *att, const void *qkv, const void *kv,
-                                      int B, int Tq, int Tk, int NH, int NKV, int HS);
+                                      int B, int Tq, int Tk, ts_att_heads h);
 void ts_cuda_bf16_attention_prefix_forward(void *out, void *att, const void *qkv,
-                                           const void *kv, int B, int Tq, int Tk, int NH,
-                                           int NKV, int HS);
+                                           const void *kv, int B, int Tq, int Tk, ts_att_heads h);
 void ts_cuda_attention_prefix_backward(void *dqkv, void *dkv, void *scratch, const void *dout,
                                        const void *qkv, const void *kv, const void *att, int B,
-                                       int Tq, int Tk, int NH, int NKV, int HS);
+                                       int Tq, int Tk, ts_att_heads h);
 void ts_cuda_bf16_attention_prefix_backward(void *dqkv, void *dkv, void *scratch,
                                             const void *dout, const void *qkv, const void *kv,
-                                            const void *att, int B, int Tq, int Tk, int NH,
-                                            int NKV, int HS);
+                                            const void *att, int B, int Tq, int Tk,
+                                            ts_att_heads h);
 void ts_cuda_memset_zero(void *dst, size_t bytes);
 void ts_cuda_convert(void *dst, ts_dtype dst_type, const void *src, ts_dtype src_type, size_t n);
 void ts_cuda_sum_into(double *acc, const float *x, size_t n);
@@ -136,10 +135,10 @@ void ts_cuda_moe_capacity(int *keep, const int *topk_idx, const float *topk_w, i
                             int C, float eps);                                                   \
     void p##rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp,      \
                              const float *weight, const float *rstd, int N, int C);              \
-    void p##rope_forward(void *qkv, const float *cos, const float *sin, int B, int T, int NH,    \
-                         int NKV, int HS);                                                       \
-    void p##rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T, int NH,  \
-                          int NKV, int HS);                                                      \
+    void p##rope_forward(void *qkv, const float *cos, const float *sin, int B, int T,            \
+                         ts_att_heads h, int RD, bool interleaved);                              \
+    void p##rope_backward(void *dqkv, const float *cos, const float *sin, int B, int T,          \
+                          ts_att_heads h, int RD, bool interleaved);                             \
     void p##swiglu_forward(void *out, const void *inp, int N, int F);                            \
     void p##swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F);        \
     void p##moe_permute(void *xp, int *row_of, const void *x, const int *topk_idx,               \

@@ -50,13 +50,15 @@ static __global__ void residual_forward_kernel(A *out, const A *a, const A *b, s
         ts_act_store(out, i, ts_act_load(a, i) + ts_act_load(b, i));
 }
 
-/* The pairs RoPE rotates: (position bt of B*T, head of the NH q and NKV k heads, channel
- * i < HS/2); the q and k heads are the first NH + NKV heads of each qkv row (stride
- * (NH + 2 NKV) HS), so one index covers both. BACKWARD: the inverse rotation (the
- * transpose: sin negated). */
+/* The pairs RoPE rotates: (position bt of B*T, head of the NH q and NKV k heads, pair
+ * i < RD/2 of the head's last RD channels, which start at channel nope = HS - RD); the q
+ * and k heads are the first NH + NKV heads of each qkv row (stride row), so one index
+ * covers both. Pair i is channels (nope + i, nope + i + RD/2), or (nope + 2i, nope + 2i +
+ * 1) when interleaved. BACKWARD: the inverse rotation (the transpose: sin negated). */
 template <typename A, bool BACKWARD>
 static __global__ void rope_kernel(A *x, const float *cosb, const float *sinb, size_t n, int T,
-                                   int heads, int HS, int half, size_t row)
+                                   int heads, int HS, int half, int nope, bool interleaved,
+                                   size_t row)
 {
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -65,15 +67,16 @@ static __global__ void rope_kernel(A *x, const float *cosb, const float *sinb, s
         int head = (int)(rest % heads);
         size_t bt = rest / heads;
         int t = (int)(bt % T);
-        size_t at = bt * row + (size_t)head * HS + i;
+        size_t at = bt * row + (size_t)head * HS + nope + (interleaved ? 2 * i : i);
+        size_t at2 = at + (interleaved ? 1 : half);
         float c = cosb[(size_t)t * half + i], s = sinb[(size_t)t * half + i];
-        float x1 = ts_act_load(x, at), x2 = ts_act_load(x, at + half);
+        float x1 = ts_act_load(x, at), x2 = ts_act_load(x, at2);
         if (!BACKWARD) {
             ts_act_store(x, at, x1 * c - x2 * s);
-            ts_act_store(x, at + half, x2 * c + x1 * s);
+            ts_act_store(x, at2, x2 * c + x1 * s);
         } else {
             ts_act_store(x, at, x1 * c + x2 * s);
-            ts_act_store(x, at + half, x2 * c - x1 * s);
+            ts_act_store(x, at2, x2 * c - x1 * s);
         }
     }
 }
@@ -136,15 +139,18 @@ static void residual_forward(void *out, const void *a, const void *b, size_t n)
 }
 
 template <typename A, bool BACKWARD>
-static void rope(void *qkv, const float *cosb, const float *sinb, int B, int T, int NH, int NKV,
-                 int HS)
+static void rope(void *qkv, const float *cosb, const float *sinb, int B, int T, ts_att_heads h,
+                 int RD, bool interleaved)
 {
-    if (B <= 0 || T <= 0 || NH + NKV <= 0 || HS < 2) return;
-    const int half = HS / 2;
-    size_t n = (size_t)B * T * (NH + NKV) * half;
+    if (RD < 2 || RD % 2 != 0 || RD > h.HS)
+        ts_cuda_fail(__FILE__, __LINE__, "rope",
+                     "the rotated channels RD must be even and within the q/k head size");
+    if (B <= 0 || T <= 0 || h.NH + h.NKV <= 0) return;
+    const int half = RD / 2, heads = h.NH + h.NKV;
+    size_t n = (size_t)B * T * heads * half;
     rope_kernel<A, BACKWARD><<<ts_cuda_blocks(n, TS_EW_THREADS), TS_EW_THREADS, 0,
-                               ts_cuda_stream()>>>((A *)qkv, cosb, sinb, n, T, NH + NKV, HS, half,
-                                                   (size_t)(NH + 2 * NKV) * HS);
+                               ts_cuda_stream()>>>((A *)qkv, cosb, sinb, n, T, heads, h.HS, half,
+                                                   h.HS - RD, interleaved, ts_att_qkv_width(h));
     TS_CUDA_LAUNCHED();
 }
 
@@ -182,14 +188,14 @@ static void swiglu_backward(void *dinp, const void *inp, const void *dout, int N
         residual_forward<A>(out, a, b, n);                                                      \
     }                                                                                           \
     extern "C" void p##rope_forward(void *qkv, const float *cosb, const float *sinb, int B,      \
-                                    int T, int NH, int NKV, int HS)                             \
+                                    int T, ts_att_heads h, int RD, bool interleaved)            \
     {                                                                                           \
-        rope<A, false>(qkv, cosb, sinb, B, T, NH, NKV, HS);                                     \
+        rope<A, false>(qkv, cosb, sinb, B, T, h, RD, interleaved);                              \
     }                                                                                           \
     extern "C" void p##rope_backward(void *dqkv, const float *cosb, const float *sinb, int B,   \
-                                     int T, int NH, int NKV, int HS)                            \
+                                     int T, ts_att_heads h, int RD, bool interleaved)           \
     {                                                                                           \
-        rope<A, true>(dqkv, cosb, sinb, B, T, NH, NKV, HS);                                     \
+        rope<A, true>(dqkv, cosb, sinb, B, T, h, RD, interleaved);                              \
     }                                                                                           \
     extern "C" void p##swiglu_forward(void *out, const void *inp, int N, int F)                \
     {                                                                                           \

@@ -60,21 +60,20 @@
             const void *const *weights, const int *rows, int L, int C, int OC),             \
            (dinp, dweights, dout, inp, weights, rows, L, C, OC))                           \
     STRICT(P, K, attention_forward,                                                        \
-           (void *out, void *att, const void *qkv, int B, int T, int NH, int NKV, int HS),  \
-           (out, att, qkv, B, T, NH, NKV, HS))                                             \
+           (void *out, void *att, const void *qkv, int B, int T, ts_att_heads h),          \
+           (out, att, qkv, B, T, h))                                                       \
     STRICT(P, K, attention_backward,                                                       \
            (void *dqkv, void *scratch, const void *dout, const void *qkv, const void *att,   \
-            int B, int T, int NH, int NKV, int HS),                                        \
-           (dqkv, scratch, dout, qkv, att, B, T, NH, NKV, HS))                             \
+            int B, int T, ts_att_heads h),                                                 \
+           (dqkv, scratch, dout, qkv, att, B, T, h))                                       \
     STRICT(P, K, attention_prefix_forward,                                                 \
            (void *out, void *att, const void *qkv, const void *kv, int B, int Tq, int Tk,     \
-            int NH, int NKV, int HS),                                                      \
-           (out, att, qkv, kv, B, Tq, Tk, NH, NKV, HS))                                    \
+            ts_att_heads h),                                                               \
+           (out, att, qkv, kv, B, Tq, Tk, h))                                              \
     STRICT(P, K, attention_prefix_backward,                                                \
            (void *dqkv, void *dkv, void *scratch, const void *dout, const void *qkv,         \
-            const void *kv, const void *att, int B, int Tq, int Tk, int NH, int NKV,        \
-            int HS),                                                                       \
-           (dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, NH, NKV, HS))               \
+            const void *kv, const void *att, int B, int Tq, int Tk, ts_att_heads h),       \
+           (dqkv, dkv, scratch, dout, qkv, kv, att, B, Tq, Tk, h))                         \
     STRICT(P, K, rmsnorm_forward,                                                          \
            (void *out, float *rstd, const void *inp, const float *weight, int N, int C,     \
             float eps),                                                                    \
@@ -88,13 +87,13 @@
             const float *weight, int N, int C, float eps),                                 \
            (res_out, norm_out, rstd, a, b, weight, N, C, eps))                             \
     STRICT(P, K, rope_forward,                                                             \
-           (void *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,   \
-            int HS),                                                                       \
-           (qkv, cos, sin, B, T, NH, NKV, HS))                                             \
+           (void *qkv, const float *cos, const float *sin, int B, int T, ts_att_heads h,   \
+            int RD, bool interleaved),                                                     \
+           (qkv, cos, sin, B, T, h, RD, interleaved))                                      \
     STRICT(P, K, rope_backward,                                                            \
-           (void *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,  \
-            int HS),                                                                       \
-           (dqkv, cos, sin, B, T, NH, NKV, HS))                                            \
+           (void *dqkv, const float *cos, const float *sin, int B, int T, ts_att_heads h,  \
+            int RD, bool interleaved),                                                     \
+           (dqkv, cos, sin, B, T, h, RD, interleaved))                                     \
     STRICT(P, K, swiglu_forward, (void *out, const void *inp, int N, int F),               \
            (out, inp, N, F))                                                               \
     STRICT(P, K, swiglu_backward,                                                          \
