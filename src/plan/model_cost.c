@@ -341,9 +341,7 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
             : gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs);
     const double lin = S * (att_lin + gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
     /* MLA under context parallelism (model/mla_cp.h): the backward expands the kept
-     * latent through kv_b_proj again (a forward GEMM more in I), and makes kv_b_proj's
-     * weight gradient in I too (its output gradient spans all T positions): that GEMM
-     * moves from W to I. */
+     * latent through kv_b_proj again (a forward GEMM more in I). */
     const double kvb_cp =
         mla && cp > 1 ? S * gemm(cl, Nkv / S, hl * (mc->qk_nope_head_dim + hv), RKV) : 0.0;
     double scores_f, scores_b;
@@ -392,6 +390,9 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
      * reduce-scatter and qkv's gather forward, the output gradient's gather, the input
      * gradient's reduce-scatter and ln1's gather again backward (once more in a split W). */
     const double lin_att = S * att_lin;
+    /* model/mla.c makes all of its phase's weight gradients in the input pass (a split
+     * backward's W has none of them, as the MoE's): they move from W to I. */
+    const double mla_dw = mla ? lin_att : 0.0;
     const double elem_att =
         ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C + rope) + elem_mla;
     const double own_att_f =
@@ -413,12 +414,12 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
          * output-gradient gathers, 2 input-gradient reduce-scatters, 2 norm re-gathers. */
         d->f_tp = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
         d->i_tp = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
-        d->w_split_tp = 2.0 * ag_act;
+        d->w_split_tp = (mla ? 1.0 : 2.0) * ag_act; /* MLA: ln1's is in I */
         d->f_cp = d->i_cp = cp_x;
         d->f = lin + att + mem_time(cl, elem + ab * scores_f) + own_f + d->f_tp + d->f_cp;
         d->i = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b + d->i_tp +
-               d->i_cp + 2.0 * kvb_cp;
-        d->w = lin - kvb_cp;
+               d->i_cp + mla_dw + kvb_cp;
+        d->w = lin - mla_dw;
         d->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
     }
     if (mc->moe_experts > 0) {
@@ -431,15 +432,15 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         e->f_tp = overlap_exposed(cl, sp ? 2.0 * ag_act : ar_act, lin_att + att, S) + mb.tp_f;
         e->i_tp = overlap_exposed(cl, sp ? 3.0 * ag_act : ar_act, 2.0 * (lin_att + att), S) +
                   mb.tp_b;
-        e->w_split_tp = ag_act;
+        e->w_split_tp = mla ? 0.0 : ag_act;
         e->f_cp = e->i_cp = cp_x;
         e->f_a2a = mb.a2a_f - mb.hidden_f;
         e->i_a2a = mb.a2a_b - mb.hidden_b;
         e->f = lin_att + att + mem_time(cl, elem_att + ab * scores_f) + own_att_f + e->f_tp +
                e->f_cp + g_f + mb.elem_f + e->f_a2a + mb.etp_f;
         e->i = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) + own_att_b +
-               e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b + 2.0 * kvb_cp;
-        e->w = lin_att - kvb_cp;
+               e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b + mla_dw + kvb_cp;
+        e->w = lin_att - mla_dw;
         e->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
     }
     for (int l = 1; l <= mc->n_layer; l++)
