@@ -6,8 +6,9 @@
  * bf16 (so the bf16 variants start from exactly the reference's values), with every
  * device output, saved state and workspace first poisoned (all bytes 0xff: NaN in
  * either type), so a value a kernel fails to write, or reads before writing, shows.
- * fp32 variants within a relative 1e-5 of the CPU, bf16 ones within 5e-2 (their scores,
- * probabilities, dS and outputs are rounded to bf16); as in test_cuda_kernels, the floor
+ * Also the general heads (q/k of HS, v of HSV, any scale: MLA's). fp32 variants within
+ * a relative 1e-5 of the CPU, bf16 ones within 5e-2 (their scores, probabilities, dS and
+ * outputs are rounded to bf16); as in test_cuda_kernels, the floor
  * of the relative error is a tenth of the largest |value| of that output. Every
  * variant's backward must repeat bit for bit.
  *
@@ -139,6 +140,13 @@ static void test_sizes(void)
     size_t c16w = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T2, ts_att_heads_gqa(NH, NH, HS2));
     CHECKF(c16w >= acc2 * 4 + tt2 * 2 && c16w < acc2 * 4 + tt2 * 2 + 64,
            "bf16 scratch bytes %zu (T %d, HS %d)", c16w, T2, HS2);
+    /* v heads wider than q/k, grouped: the accumulator [B, T, NKV (HS + HSV)] floats */
+    ts_att_heads g = ts_att_heads_gqa(4, 2, 8);
+    g.HSV = 24;
+    const size_t acc3 = (size_t)B * T2 * 2 * (8 + 24), tt3 = (size_t)B * 4 * T2 * T2;
+    size_t c16g = ts_cuda_gemm_bf16_attention_scratch_bytes(B, T2, g);
+    CHECKF(c16g >= acc3 * 4 + tt3 * 2 && c16g < acc3 * 4 + tt3 * 2 + 64,
+           "bf16 scratch bytes %zu (HS 8, HSV 24, NKV 2)", c16g);
 }
 
 /* What the table of (precision, attention) keeps for (B, T, NH, HS): 10 flash's saved
@@ -238,5 +246,22 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof gqa / sizeof gqa[0]; i++)
         test_shape(vs, nv, gqa[i].B, gqa[i].T, gqa[i].NH, gqa[i].NKV, gqa[i].HS);
+    /* The general heads (kernels.h ts_att_heads), every variant: q/k wider than v (MLA's;
+     * DeepSeek-V3's 192 and 128, 16-wide flash tiles), v wider than q/k (grouped, T < the
+     * heads: the bf16 accumulator NKV (HS + HSV) outgrows dP and B T NH HS), odd sizes,
+     * v past the flash limit (GEMMs only), scales other than 1/sqrt(HS). */
+    static const struct {
+        int B, T, NH, NKV, HS, HSV;
+        float scale;
+    } gen[] = {
+        {2, 40, 4, 4, 24, 16, 0.3f},    {1, 67, 4, 2, 24, 16, 0.35f},    {3, 33, 3, 1, 8, 12, 0.9f},
+        {1, 5, 4, 2, 8, 24, 0.4f},      {1, 70, 8, 8, 192, 128, 0.135f}, {2, 19, 2, 1, 5, 3, 1.1f},
+        {1, 40, 2, 2, 64, 300, 0.125f},
+    };
+    for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++) {
+        ts_att_heads h = ts_att_heads_gqa(gen[i].NH, gen[i].NKV, gen[i].HS);
+        h.HSV = gen[i].HSV, h.scale = gen[i].scale;
+        test_heads(vs, nv, gen[i].B, gen[i].T, h);
+    }
     return ts_test_report();
 }

@@ -409,42 +409,53 @@ static void rope_tables(float **cosb, float **sinb, int Tt, int HS)
         }
 }
 
-/* RoPE in place on the q and k heads of qkv [B, T, (NH + 2 NKV) HS]: the forward and the
- * backward against the CPU, the v heads left alone bit for bit, and the backward undoing
- * the forward (a rotation) to fp32 rounding. */
-static void test_rope(int Bb, int Tt, int nh, int nkv, int HS)
-{
-    char slot[80];
-    const size_t row = (size_t)(nh + 2 * nkv) * HS, n = (size_t)Bb * Tt * row;
-    const size_t ntab = (size_t)Tt * (HS / 2);
+/* RoPE in place on the q and k heads of qkv [B, T, ts_att_qkv_width(h)], on their last
+ * RD channels (halves, or adjacent pairs when interleaved): the forward and the backward
+ * against the CPU, every channel outside the rotated parts (the v heads, each q/k head's
+ * first HS - RD) left alone bit for bit, and the backward undoing the forward (a
+ * rotation) to fp32 rounding. */
+static void test_rope_heads(int Bb, int Tt, ts_att_heads h, int RD, bool il) {
+    char slot[120];
+    const int nh = h.NH, nkv = h.NKV, HS = h.HS;
+    const size_t row = ts_att_qkv_width(h), n = (size_t)Bb * Tt * row;
+    const size_t ntab = (size_t)Tt * (RD / 2);
     float *cs, *sn;
-    rope_tables(&cs, &sn, Tt, HS);
+    rope_tables(&cs, &sn, Tt, RD);
     float *dcs = ts_test_to_dev(G, cs, ntab + 1), *dsn = ts_test_to_dev(G, sn, ntab + 1);
     pair x = p_in(n, 1.0f);
     float *x0 = ts_alloc_floats(n);
     memcpy(x0, x.h, n * sizeof(float));
-    H->rope_forward(x.h, cs, sn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
-    G->rope_forward(x.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
-    snprintf(slot, sizeof slot, "rope_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
+    H->rope_forward(x.h, cs, sn, Bb, Tt, h, RD, il);
+    G->rope_forward(x.d, dcs, dsn, Bb, Tt, h, RD, il);
+    snprintf(slot, sizeof slot, "rope_forward B%d T%d NH%d NKV%d HS%d HSV%d RD%d%s", Bb, Tt, nh,
+             nkv, HS, h.HSV, RD, il ? " interleaved" : "");
     expect_close(slot, "qkv (in place)", &x);
     float *got = ts_test_from_dev(G, x.d, n);
     size_t moved = 0;
     for (size_t r = 0; r < (size_t)Bb * Tt; r++)
-        for (size_t c = (size_t)(nh + nkv) * HS; c < row; c++)
-            moved += memcmp(&got[r * row + c], &x0[r * row + c], sizeof(float)) != 0;
-    CHECKF(moved == 0, "%s: %zu values of the v heads changed", slot, moved);
+        for (size_t c = 0; c < row; c++) {
+            const bool rotated = c < (size_t)(nh + nkv) * HS && (int)(c % HS) >= HS - RD;
+            if (!rotated) moved += memcmp(&got[r * row + c], &x0[r * row + c], sizeof(float)) != 0;
+        }
+    CHECKF(moved == 0, "%s: %zu values outside the rotated channels changed", slot, moved);
     /* the inverse rotation brings the input back */
-    G->rope_backward(x.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
+    G->rope_backward(x.d, dcs, dsn, Bb, Tt, h, RD, il);
     expect_close_to(slot, "backward(forward(x)) = x", x0, x.d, n, TOL, 0.1);
 
     pair d = p_in(n, 1.0f);
-    H->rope_backward(d.h, cs, sn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
-    G->rope_backward(d.d, dcs, dsn, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
-    snprintf(slot, sizeof slot, "rope_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv, HS);
+    H->rope_backward(d.h, cs, sn, Bb, Tt, h, RD, il);
+    G->rope_backward(d.d, dcs, dsn, Bb, Tt, h, RD, il);
+    snprintf(slot, sizeof slot, "rope_backward B%d T%d NH%d NKV%d HS%d HSV%d RD%d%s", Bb, Tt, nh,
+             nkv, HS, h.HSV, RD, il ? " interleaved" : "");
     expect_close(slot, "dqkv (in place)", &d);
     p_free(&x), p_free(&d);
     G->dev_free(dcs), G->dev_free(dsn);
     free(cs), free(sn), free(x0), free(got);
+}
+
+/* llama's: the whole head, halves. */
+static void test_rope(int Bb, int Tt, int nh, int nkv, int HS) {
+    test_rope_heads(Bb, Tt, ts_att_heads_gqa(nh, nkv, HS), HS, false);
 }
 
 /* SwiGLU: out [N, F] from the gate and up halves of inp [N, 2F]; the backward's dinp
@@ -720,76 +731,82 @@ static void test_grouped_matmul(int Cc, int OC)
 /* att's layout is the backend's own (attention_saved_bytes): only `out` and `dqkv` are
  * compared; each backend's backward reads its own forward's att. Sizes in bytes: fp32
  * buffers of that many bytes, rounded up to whole floats. */
-static void test_attention(int Bb, int Tt, int nh, int nkv, int HS)
-{
-    char slot[80];
-    int Cc = nh * HS;
-    size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
+static void test_attention_heads(int Bb, int Tt, ts_att_heads h) {
+    char slot[120];
+    const int nh = h.NH, nkv = h.NKV, HS = h.HS;
+    size_t nqkv = (size_t)Bb * Tt * ts_att_qkv_width(h),
+           nout = (size_t)Bb * Tt * ts_att_out_width(h);
     pair qkv = p_in(nqkv, 1.0f);
     pair out = p_out(nout);
-    size_t hs = floats_for(H->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    size_t gs = floats_for(G->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    size_t hsc = floats_for(H->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    size_t gsc = floats_for(G->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
+    size_t hs = floats_for(H->attention_saved_bytes(Bb, Tt, h));
+    size_t gs = floats_for(G->attention_saved_bytes(Bb, Tt, h));
+    size_t hsc = floats_for(H->attention_scratch_bytes(Bb, Tt, h));
+    size_t gsc = floats_for(G->attention_scratch_bytes(Bb, Tt, h));
     pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
     pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1); /* workspace: NaN too */
-    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
-             HS);
+    H->attention_forward(out.h, hatt.h, qkv.h, Bb, Tt, h);
+    G->attention_forward(out.d, gatt.d, qkv.d, Bb, Tt, h);
+    snprintf(slot, sizeof slot, "attention_forward B%d T%d NH%d NKV%d HS%d HSV%d scale%.3g", Bb, Tt,
+             nh, nkv, HS, h.HSV, h.scale);
     expect_close(slot, "out", &out);
 
     pair dout = p_in(nout, 1.0f), dqkv = p_out(nqkv);
-    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt,
-                          ts_att_heads_gqa(nh, nkv, HS));
-    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt,
-                          ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
-             HS);
+    H->attention_backward(dqkv.h, hscr.h, dout.h, qkv.h, hatt.h, Bb, Tt, h);
+    G->attention_backward(dqkv.d, gscr.d, dout.d, qkv.d, gatt.d, Bb, Tt, h);
+    snprintf(slot, sizeof slot, "attention_backward B%d T%d NH%d NKV%d HS%d HSV%d scale%.3g", Bb,
+             Tt, nh, nkv, HS, h.HSV, h.scale);
     expect_close(slot, "dqkv", &dqkv);
     p_free(&qkv), p_free(&out), p_free(&hatt), p_free(&gatt), p_free(&hscr), p_free(&gscr);
     p_free(&dout), p_free(&dqkv);
 }
 
+static void test_attention(int Bb, int Tt, int nh, int nkv, int HS) {
+    test_attention_heads(Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
+}
+
 /* Context parallelism's prefix attention: Tq queries (rows of qkv) at the last Tq of Tk
  * key positions of kv. dqkv and dkv start from the same values on both sides: the
  * backward overwrites dqkv's q columns, leaves its k and v columns, and ADDS into dkv. */
-static void test_attention_prefix(int Bb, int Tq, int Tk, int nh, int nkv, int HS)
-{
-    char slot[96];
-    int Cc = nh * HS;
-    size_t nqkv = (size_t)Bb * Tq * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tq * Cc;
-    size_t nkvb = (size_t)Bb * Tk * 2 * nkv * HS;
+static void test_attention_prefix_heads(int Bb, int Tq, int Tk, ts_att_heads h) {
+    char slot[120];
+    const int nh = h.NH, nkv = h.NKV, HS = h.HS;
+    size_t nqkv = (size_t)Bb * Tq * ts_att_qkv_width(h),
+           nout = (size_t)Bb * Tq * ts_att_out_width(h);
+    size_t nkvb = (size_t)Bb * Tk * ts_att_kv_width(h);
     pair qkv = p_in(nqkv, 1.0f), kv = p_in(nkvb, 1.0f), out = p_out(nout);
-    size_t hs =
-        floats_for(H->attention_prefix_saved_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
-    size_t gs =
-        floats_for(G->attention_prefix_saved_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
-    size_t hsc =
-        floats_for(H->attention_prefix_scratch_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
-    size_t gsc =
-        floats_for(G->attention_prefix_scratch_bytes(Bb, Tq, Tk, ts_att_heads_gqa(nh, nh, HS)));
+    size_t hs = floats_for(H->attention_prefix_saved_bytes(Bb, Tq, Tk, h));
+    size_t gs = floats_for(G->attention_prefix_saved_bytes(Bb, Tq, Tk, h));
+    size_t hsc = floats_for(H->attention_prefix_scratch_bytes(Bb, Tq, Tk, h));
+    size_t gsc = floats_for(G->attention_prefix_scratch_bytes(Bb, Tq, Tk, h));
     pair hatt = p_out(hs ? hs : 1), gatt = p_out(gs ? gs : 1);
     pair hscr = p_out(hsc ? hsc : 1), gscr = p_out(gsc ? gsc : 1);
-    H->attention_prefix_forward(out.h, hatt.h, qkv.h, kv.h, Bb, Tq, Tk,
-                                ts_att_heads_gqa(nh, nkv, HS));
-    G->attention_prefix_forward(out.d, gatt.d, qkv.d, kv.d, Bb, Tq, Tk,
-                                ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "attention_prefix_forward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb, Tq,
-             Tk, nh, nkv, HS);
+    H->attention_prefix_forward(out.h, hatt.h, qkv.h, kv.h, Bb, Tq, Tk, h);
+    G->attention_prefix_forward(out.d, gatt.d, qkv.d, kv.d, Bb, Tq, Tk, h);
+    snprintf(slot, sizeof slot, "attention_prefix_forward B%d Tq%d Tk%d NH%d NKV%d HS%d HSV%d", Bb,
+             Tq, Tk, nh, nkv, HS, h.HSV);
     expect_close(slot, "out", &out);
 
     pair dout = p_in(nout, 1.0f), dqkv = p_in(nqkv, 0.5f), dkv = p_in(nkvb, 0.5f);
-    H->attention_prefix_backward(dqkv.h, dkv.h, hscr.h, dout.h, qkv.h, kv.h, hatt.h, Bb, Tq, Tk,
-                                 ts_att_heads_gqa(nh, nkv, HS));
-    G->attention_prefix_backward(dqkv.d, dkv.d, gscr.d, dout.d, qkv.d, kv.d, gatt.d, Bb, Tq, Tk,
-                                 ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "attention_prefix_backward B%d Tq%d Tk%d NH%d NKV%d HS%d", Bb,
-             Tq, Tk, nh, nkv, HS);
+    H->attention_prefix_backward(dqkv.h, dkv.h, hscr.h, dout.h, qkv.h, kv.h, hatt.h, Bb, Tq, Tk, h);
+    G->attention_prefix_backward(dqkv.d, dkv.d, gscr.d, dout.d, qkv.d, kv.d, gatt.d, Bb, Tq, Tk, h);
+    snprintf(slot, sizeof slot, "attention_prefix_backward B%d Tq%d Tk%d NH%d NKV%d HS%d HSV%d", Bb,
+             Tq, Tk, nh, nkv, HS, h.HSV);
     expect_close(slot, "dqkv (q overwritten, k v untouched)", &dqkv);
     expect_close(slot, "dkv (+=)", &dkv);
     p_free(&qkv), p_free(&kv), p_free(&out), p_free(&hatt), p_free(&gatt), p_free(&hscr);
     p_free(&gscr), p_free(&dout), p_free(&dqkv), p_free(&dkv);
+}
+
+static void test_attention_prefix(int Bb, int Tq, int Tk, int nh, int nkv, int HS) {
+    test_attention_prefix_heads(Bb, Tq, Tk, ts_att_heads_gqa(nh, nkv, HS));
+}
+
+/* MLA's kind of heads: q/k of HS, v of HSV, a scale that is not 1/sqrt(HS). */
+static ts_att_heads heads(int NH, int NKV, int HS, int HSV, float scale) {
+    ts_att_heads h = ts_att_heads_gqa(NH, NKV, HS);
+    h.HSV = HSV;
+    h.scale = scale;
+    return h;
 }
 
 static void test_elementwise(size_t n)
@@ -1320,42 +1337,41 @@ static void test_bf16_grouped_matmul(int Cc, int OC)
 
 /* The bf16 table's attention (its own saved state and scratch, poisoned) against the
  * fp32 table's of the same choice (gemm or flash). */
-static void test_bf16_attention(int Bb, int Tt, int nh, int nkv, int HS)
-{
-    char slot[96];
-    int Cc = nh * HS;
-    size_t nqkv = (size_t)Bb * Tt * (nh + 2 * nkv) * HS, nout = (size_t)Bb * Tt * Cc;
+static void test_bf16_attention_heads(int Bb, int Tt, ts_att_heads h) {
+    char slot[120];
+    const int nh = h.NH, nkv = h.NKV, HS = h.HS;
+    size_t nqkv = (size_t)Bb * Tt * ts_att_qkv_width(h),
+           nout = (size_t)Bb * Tt * ts_att_out_width(h);
     act_pair qkv = a_in(nqkv, 1.0f, 0), out = a_out(nout, 0);
-    float *fatt = ts_test_dev_nan(
-        F, floats_for(F->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS))));
-    float *fscr = ts_test_dev_nan(
-        F, floats_for(F->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS))));
-    void *qatt =
-        ts_gpu_dev_poison(Q, Q->attention_saved_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    void *qscr =
-        ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "bf16 attention_forward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh, nkv,
-             HS);
+    float *fatt = ts_test_dev_nan(F, floats_for(F->attention_saved_bytes(Bb, Tt, h)));
+    float *fscr = ts_test_dev_nan(F, floats_for(F->attention_scratch_bytes(Bb, Tt, h)));
+    void *qatt = ts_gpu_dev_poison(Q, Q->attention_saved_bytes(Bb, Tt, h));
+    void *qscr = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, h));
+    F->attention_forward(out.f, fatt, qkv.f, Bb, Tt, h);
+    Q->attention_forward(out.b, qatt, qkv.b, Bb, Tt, h);
+    snprintf(slot, sizeof slot, "bf16 attention_forward B%d T%d NH%d NKV%d HS%d HSV%d", Bb, Tt, nh,
+             nkv, HS, h.HSV);
     a_expect(slot, "out", &out, TOL_BF16_ATT);
 
     act_pair dout = a_in(nout, 1.0f, 0), dqkv = a_out(nqkv, 0);
-    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
-    snprintf(slot, sizeof slot, "bf16 attention_backward B%d T%d NH%d NKV%d HS%d", Bb, Tt, nh,
-             nkv, HS);
+    F->attention_backward(dqkv.f, fscr, dout.f, qkv.f, fatt, Bb, Tt, h);
+    Q->attention_backward(dqkv.b, qscr, dout.b, qkv.b, qatt, Bb, Tt, h);
+    snprintf(slot, sizeof slot, "bf16 attention_backward B%d T%d NH%d NKV%d HS%d HSV%d", Bb, Tt, nh,
+             nkv, HS, h.HSV);
     a_expect(slot, "dqkv", &dqkv, TOL_BF16_ATT);
     /* the same bits again, on fresh poisoned buffers (a kv head's sums in a fixed order) */
     void *again = ts_gpu_dev_poison(Q, nqkv * sizeof(uint16_t));
-    void *qscr2 =
-        ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, ts_att_heads_gqa(nh, nh, HS)));
-    Q->attention_backward(again, qscr2, dout.b, qkv.b, qatt, Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
+    void *qscr2 = ts_gpu_dev_poison(Q, Q->attention_scratch_bytes(Bb, Tt, h));
+    Q->attention_backward(again, qscr2, dout.b, qkv.b, qatt, Bb, Tt, h);
     CHECKF(ts_gpu_dev_same_bytes(Q, again, dqkv.b, nqkv * sizeof(uint16_t)),
            "%s: a second backward differs in its bits", slot);
     Q->dev_free(again), Q->dev_free(qscr2);
     a_free(&qkv), a_free(&out), a_free(&dout), a_free(&dqkv);
     F->dev_free(fatt), F->dev_free(fscr), Q->dev_free(qatt), Q->dev_free(qscr);
+}
+
+static void test_bf16_attention(int Bb, int Tt, int nh, int nkv, int HS) {
+    test_bf16_attention_heads(Bb, Tt, ts_att_heads_gqa(nh, nkv, HS));
 }
 
 static void test_bf16_elementwise(size_t n)
@@ -1472,6 +1488,11 @@ static void test_bf16_table(const ts_kernels *fp32, const ts_kernels *bf16)
     test_bf16_rope(B, T, NH, NH, C / NH);
     test_bf16_rope(2, 33, 8, 2, 64);
     test_bf16_rope(1, 17, 4, 1, 128);
+    /* the general heads: q/k wider than v, v wider than q/k (grouped: the bf16
+     * accumulator's NKV (HS + HSV) columns outgrow NH HS), DeepSeek-V3's 192 / 128 */
+    test_bf16_attention_heads(2, 40, heads(4, 4, 24, 16, 0.3f));
+    test_bf16_attention_heads(1, 5, heads(4, 2, 8, 24, 0.35f));
+    test_bf16_attention_heads(1, 70, heads(8, 8, 192, 128, 0.135f));
     test_bf16_swiglu(N, 4 * C);
     test_bf16_swiglu(67, 1001);
     test_bf16_elementwise((size_t)N * 4 * C + 1);
@@ -1544,6 +1565,20 @@ int main(int argc, char **argv)
     test_rope(2, 33, 8, 2, 64);
     test_rope(1, 17, 4, 1, 128);
     test_rope(3, 5, 2, 1, 6);
+    /* the general heads (kernels.h ts_att_heads): q/k wider than v (DeepSeek-V3's 192 and
+     * 128 at 8 heads), v wider than q/k, grouped, 16- and 32-wide flash tiles, scales not
+     * 1/sqrt(HS); the prefix kernels on them; RoPE on the last RD channels, both orders */
+    test_attention_heads(2, 40, heads(4, 4, 24, 16, 0.3f));
+    test_attention_heads(1, 67, heads(4, 2, 24, 16, 0.35f));
+    test_attention_heads(3, 33, heads(3, 1, 8, 12, 0.9f));
+    test_attention_heads(1, 70, heads(8, 8, 192, 128, 0.135f));
+    test_attention_prefix_heads(1, 16, 48, heads(4, 4, 24, 16, 0.3f));
+    test_attention_prefix_heads(2, 10, 40, heads(4, 2, 24, 16, 0.35f));
+    for (int il = 0; il < 2; il++) {
+        test_rope_heads(2, 33, heads(4, 4, 24, 16, 0.3f), 8, il);
+        test_rope_heads(1, 17, heads(4, 2, 10, 6, 0.3f), 6, il);
+        test_rope_heads(1, 9, heads(2, 1, 8, 8, 0.3f), 8, il);
+    }
     test_swiglu(N, 4 * C);
     test_swiglu(67, 1001);
     test_swiglu(3, 1);

@@ -498,4 +498,71 @@ release_only "capacity 1000 against dropless, bit for bit" ||
     else fail "capacity 1000 differs from the dropless run (or dropped some)"; fi
   else fail "run capacity 1000"; sed 's/^/    /' "$TMP/err" >&2; fi
 
+# Multi-head latent attention (model/mla.c; DeepSeek-V3's attention) on llama-tiny
+# reshaped (64 wide, 4 heads, q latent 32, k/v latent 16, heads of 16 + 8 rope channels,
+# values of 16, YaRN with mscale_all_dim: cos/sin and the softmax scaled), 6 steps against
+# its own one-rank run within 1e-4: tp 2 with sequence parallelism, selective recompute
+# and tp_overlap's 2 sub-batches (the latent trunk replicated, its gradients summed over
+# tp; k, v and the probabilities rebuilt from the latent; the work region by sub-batch), pp 2 with interleaved-zb (virtual stages and
+# the zero-bubble split: MLA's weight gradients in its input pass), dp 2 with ZeRO-3, a
+# rerun bit-identical; with the DeepSeek MoE above (its MLP, the dense first block), ep 4
+# over dp 4 (release); a checkpoint saved on pp 2 x dp 2 x tp 2 (release) reloads on one
+# rank and saves the same bytes. bf16 where the CPU has it. The gradients themselves:
+# tests/test_mla_grad.c (and the fixture against transformers').
+saved_common=("${common[@]}")
+mla=(--set model.n_layer=2 --set model.n_embd=64 --set model.n_head=4 --set model.n_kv_head=0
+     --set model.ffn_hidden=128 --set model.seq_len=32 --set model.q_lora_rank=32
+     --set model.kv_lora_rank=16 --set model.qk_nope_head_dim=16 --set model.qk_rope_head_dim=8
+     --set model.v_head_dim=16 --set 'model.rope_type="yarn"' --set model.rope_scaling=4.0
+     --set model.rope_original_context=16 --set model.rope_mscale_all_dim=1.0)
+common=(train "$SRC/configs/llama-tiny.cfg" --set train.steps=6 --set "data.train=\"$TMP/train.bin\""
+        --set 'data.val=""' --set train.threads=1 --set log.progress=false "${mla[@]}")
+if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/mla_ref.jsonl\""; then pass
+else fail "run mla_ref"; sed 's/^/    /' "$TMP/err" >&2; fi
+export CHECK_REF="$TMP/mla_ref.jsonl"
+check mla_tp2_sp_selective 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set parallel.recompute=selective --set parallel.tp_overlap=2
+check mla_pp2_interleaved_zb 2 --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set parallel.schedule=interleaved-zb --set parallel.micro_batch=2
+covered mla_dp2_zero3 "mla_tp2_sp_selective (ZeRO-3 changes no MLA code)" ||
+  check mla_dp2_zero3 2 --set parallel.dp=2 --set parallel.zero=3
+release_only "MLA tp 2 rerun, bit for bit" ||
+  if run_np 2 "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+       --set parallel.recompute=selective --set parallel.tp_overlap=2 \
+       --set "log.metrics=\"$TMP/mla_again.jsonl\""; then
+    if cmp -s <(losses "$TMP/mla_again.jsonl"; norms "$TMP/mla_again.jsonl") \
+              <(losses "$TMP/mla_tp2_sp_selective.jsonl"; norms "$TMP/mla_tp2_sp_selective.jsonl"); then pass
+    else fail "MLA tp 2 run twice is not bit-identical"; fi
+  else fail "rerun mla tp2"; sed 's/^/    /' "$TMP/err" >&2; fi
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  bf16_run mla_bf16 1 &&
+    compare_runs "MLA bf16 vs fp32, one rank" "$TMP/mla_bf16.jsonl" "$TMP/mla_ref.jsonl" 0.02 0.02
+  bf16_run mla_bf16_tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true &&
+    compare_runs "MLA bf16 tp 2 sp vs one rank" "$TMP/mla_bf16_tp2_sp.jsonl" "$TMP/mla_bf16.jsonl" \
+      1e-2 1e-2
+else
+  skip_case "MLA bf16: this CPU has neither AVX512_BF16 nor AMX-BF16"
+fi
+# The checkpoint: pp 2 x dp 2 x tp 2 (8 ranks, release), 3 steps, reloaded on one rank
+# with nothing to train and saved again: the same bytes.
+if [ "${TS_TEST_SANITIZERS:-0}" = 1 ] || [ 8 -gt "${TS_TEST_MAX_RANKS:-1000}" ]; then
+  skip_case "MLA checkpoint 2x2x2 -> 1 (8 ranks: the release build runs it)"
+elif run_np 8 "${common[@]}" --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+       --set parallel.micro_batch=2 --set parallel.zero=1 --set train.steps=3 \
+       --set "checkpoint.dir=\"$TMP/mla_ck8\""; then
+  pass
+  if run_np 1 "${common[@]}" --set train.steps=3 --set "checkpoint.load=\"$TMP/mla_ck8/step_00000003\"" \
+       --set "checkpoint.dir=\"$TMP/mla_ck1\""; then
+    pass; same_ckpt "$TMP/mla_ck8/step_00000003" "$TMP/mla_ck1/step_00000003" "MLA 2x2x2 -> 1"
+  else fail "MLA checkpoint reload on one rank"; sed 's/^/    /' "$TMP/err" >&2; fi
+else fail "run MLA pp2 dp2 tp2 checkpoint"; sed 's/^/    /' "$TMP/err" >&2; fi
+# MLA with the DeepSeek MoE (the first block dense): ep 4 over dp 4 (release).
+common=("${saved_common[@]}" --set train.steps=6 --set model.qk_norm=false "${mla[@]}")
+if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/mla_moe_ref.jsonl\""; then pass
+else fail "run mla_moe_ref"; sed 's/^/    /' "$TMP/err" >&2; fi
+CHECK_REF="$TMP/mla_moe_ref.jsonl" TS_TEST_MAX_RANKS=$ep_max_ranks check mla_moe_dp4_ep4 4 \
+  --set parallel.dp=4 --set parallel.ep=4
+unset CHECK_REF
+common=("${saved_common[@]}")
+
 finish

@@ -17,7 +17,8 @@
  * price of writing every gradient element from one block).
  *
  * Tiles: 32 queries x 32 keys for heads up to 128 (GPT-2's 64), 16 x 16 above that, up
- * to 256, so the largest backward tile set (~105 KB at HS 128, ~99 KB at HS 256) fits
+ * to 256 (the wider of the q/k and the v head decides: DeepSeek-V3's 192 and 128 take
+ * 16, ~64 KB), so the largest backward tile set (~105 KB at HS 128, ~99 KB at HS 256) fits
  * the shared memory of an A100 (164 KB) as well as an H100/H200 (228 KB). Plain fp32
  * FMAs, no tensor cores: a memory-light reference and the choice for long sequences,
  * not a speed record (train.attention picks; gemm is the default until measured). */
@@ -31,35 +32,28 @@
 
 static_assert(TS_FLASH_MAX_HS == TS_CUDA_FLASH_MAX_HS, "one head-size limit");
 
-/* The tile for a head size: 32 up to HS 128, 16 above (shared memory). */
-static int flash_tile(int HS) { return HS <= 128 ? 32 : 16; }
+/* The tile for the heads: 32 up to 128 channels, 16 above (shared memory). */
+static int flash_tile(ts_att_heads h) { return h.HS <= 128 && h.HSV <= 128 ? 32 : 16; }
 
 /* A shape this kernel does not take is a caller's bug (attention.cu never sends one):
  * stop with what and why. */
 static void flash_check(const char *fn, int B, int T, ts_att_heads h)
 {
-    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
+    const int NH = h.NH, NKV = h.NKV;
     char why[200];
-    if (h.HSV != HS) {
-        snprintf(why, sizeof why,
-                 "v heads of %d channels beside q/k heads of %d: the flash kernels take equal "
-                 "sizes only (not built yet)",
-                 h.HSV, HS);
-        ts_cuda_fail(__FILE__, __LINE__, fn, why);
-    }
     if (NKV < 1 || NKV > NH || NH % NKV != 0) {
         snprintf(why, sizeof why,
                  "%d query heads cannot share %d key/value heads (NH %% NKV != 0)", NH, NKV);
         ts_cuda_fail(__FILE__, __LINE__, fn, why);
     }
-    if (HS > TS_FLASH_MAX_HS) {
+    if (h.HS < 1 || h.HSV < 1 || h.HS > TS_FLASH_MAX_HS || h.HSV > TS_FLASH_MAX_HS) {
         snprintf(why, sizeof why,
-                 "head size %d exceeds the flash attention's limit of %d (use the batched-GEMM "
-                 "attention: train.attention = \"gemm\")",
-                 HS, TS_FLASH_MAX_HS);
+                 "head sizes q/k %d, v %d: the flash attention takes 1..%d (use the "
+                 "batched-GEMM attention: train.attention = \"gemm\")",
+                 h.HS, h.HSV, TS_FLASH_MAX_HS);
         ts_cuda_fail(__FILE__, __LINE__, fn, why);
     }
-    int tile = flash_tile(HS);
+    int tile = flash_tile(h);
     long long blocks = (long long)B * NH * ((T + tile - 1) / tile);
     if (blocks > INT_MAX) {
         snprintf(why, sizeof why, "B=%d x NH=%d x %d tiles is more blocks than one launch takes",
@@ -123,64 +117,56 @@ static void flash_launch(void (*kernel)(P...), const char *name, size_t floats, 
 }
 
 template <int TILE, typename A>
-static void flash_forward_tiles(A *out, float *lse, const A *qkv, int B, int T, int NH, int NKV,
-                                int HS, float scale)
+static void flash_forward_tiles(A *out, float *lse, const A *qkv, int B, int T, ts_att_heads h)
 {
     flash_launch(flash_forward_kernel<TILE, false, A>, "flash_forward_kernel",
-                 flash_fwd_smem_floats(TILE, HS), B * NH, (T + TILE - 1) / TILE, out, lse,
-                 (const A *)NULL, (float *)NULL, qkv, B, T, NH, NKV, HS, scale);
+                 flash_fwd_smem_floats(TILE, h.HS, h.HSV), B * h.NH, (T + TILE - 1) / TILE, out,
+                 lse, (const A *)NULL, (float *)NULL, qkv, B, T, h.NH, h.NKV, h.HS, h.HSV,
+                 h.scale);
 }
 
 /* dK, dV: one block per (key tile, b, kv head), B * NKV pairs; the others per query head. */
 template <int TILE, typename A>
 static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *qkv,
-                                 const float *lse, int B, int T, int NH, int NKV, int HS,
-                                 float scale)
+                                 const float *lse, int B, int T, ts_att_heads h)
 {
-    const int ntiles = (T + TILE - 1) / TILE;
+    const int ntiles = (T + TILE - 1) / TILE, NH = h.NH, NKV = h.NKV, HS = h.HS, HSV = h.HSV;
     /* D = rowsum(dO * O), O recomputed */
     flash_launch(flash_forward_kernel<TILE, true, A>, "flash_forward_kernel (D)",
-                 flash_fwd_smem_floats(TILE, HS), B * NH, ntiles, (A *)NULL, (float *)NULL, dout,
-                 delta, qkv, B, T, NH, NKV, HS, scale);
+                 flash_fwd_smem_floats(TILE, HS, HSV), B * NH, ntiles, (A *)NULL, (float *)NULL,
+                 dout, delta, qkv, B, T, NH, NKV, HS, HSV, h.scale);
     flash_launch(flash_backward_dkv_kernel<TILE, A>, "flash_backward_dkv_kernel",
-                 flash_dkv_smem_floats(TILE, HS), B * NKV, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, B, T, NH, NKV, HS, scale);
+                 flash_dkv_smem_floats(TILE, HS, HSV), B * NKV, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale);
     flash_launch(flash_backward_dq_kernel<TILE, A>, "flash_backward_dq_kernel",
-                 flash_dq_smem_floats(TILE, HS), B * NH, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, B, T, NH, NKV, HS, scale);
+                 flash_dq_smem_floats(TILE, HS, HSV), B * NH, ntiles, dqkv, dout, qkv, lse,
+                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale);
 }
-
 
 template <typename A>
 static void flash_forward(const char *fn, void *out, void *att, const void *qkv, int B, int T,
                           ts_att_heads h)
 {
-    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
     flash_check(fn, B, T, h);
-    const float scale = h.scale;
-    if (flash_tile(HS) == 32)
-        flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B, T, NH, NKV, HS,
-                                   scale);
+    if (flash_tile(h) == 32)
+        flash_forward_tiles<32, A>((A *)out, (float *)att, (const A *)qkv, B, T, h);
     else
-        flash_forward_tiles<16, A>((A *)out, (float *)att, (const A *)qkv, B, T, NH, NKV, HS,
-                                   scale);
+        flash_forward_tiles<16, A>((A *)out, (float *)att, (const A *)qkv, B, T, h);
 }
 
 template <typename A>
 static void flash_backward(const char *fn, void *dqkv, void *scratch, const void *dout,
                            const void *qkv, const void *att, int B, int T, ts_att_heads h)
 {
-    const int NH = h.NH, NKV = h.NKV, HS = h.HS;
-    if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return;
+    if (B <= 0 || T <= 0 || h.NH <= 0) return;
     flash_check(fn, B, T, h);
-    const float scale = h.scale;
-    if (flash_tile(HS) == 32)
+    if (flash_tile(h) == 32)
         flash_backward_tiles<32, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
-                                    (const float *)att, B, T, NH, NKV, HS, scale);
+                                    (const float *)att, B, T, h);
     else
         flash_backward_tiles<16, A>((A *)dqkv, (float *)scratch, (const A *)dout, (const A *)qkv,
-                                    (const float *)att, B, T, NH, NKV, HS, scale);
+                                    (const float *)att, B, T, h);
 }
 
 /* The fp32 and the bf16 variant (attention_flash.h): the same sizes, their own types.

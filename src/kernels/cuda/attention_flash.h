@@ -28,10 +28,11 @@ extern "C" {
  * in memory. att keeps the row log-sum-exp of the scaled scores, fp32 [B, NH, T]; the
  * backward's scratch holds D = rowsum(dO * O), fp32 [B, NH, T]. fp32 activations
  * (ts_cuda_flash_attention_*) or bf16 ones (ts_cuda_flash_bf16_attention_*: loads
- * widened to fp32, outputs rounded once to bf16). Any head size 1..TS_CUDA_FLASH_MAX_HS
- * (a larger one is a fatal error naming it: the dispatch in attention.cu sends those to
- * the batched-GEMM attention). Deterministic: the backward's dK and dV come from one block
- * per (key tile, kv head) that loops over the head's query heads. */
+ * widened to fp32, outputs rounded once to bf16). Any q/k and v head sizes (HS, HSV)
+ * 1..TS_CUDA_FLASH_MAX_HS (a larger one is a fatal error naming it: the dispatch in
+ * attention.cu sends those to the batched-GEMM attention), any softmax scale.
+ * Deterministic: the backward's dK and dV come from one block per (key tile, kv head)
+ * that loops over the head's query heads. */
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_attention_)
 TS_CUDA_ATTENTION_DECLS(ts_cuda_flash_bf16_attention_)
 

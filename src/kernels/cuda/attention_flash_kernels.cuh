@@ -8,12 +8,14 @@
  * One block of TS_FLASH_THREADS threads per (tile, sequence b, query head h) in the
  * forward and the dQ pass, per (key tile, sequence b, kv head j) in the dK, dV pass.
  * Grouped-query attention: NKV key/value heads, query head h reading kv head
- * h / (NH / NKV) (NKV = NH: multi-head). A head's q, k, v, out, dout, dq, dk, dv rows are
- * read and written in place in the [B, T, C3] and [B, T, C] layouts (C = NH * HS,
- * C3 = (NH + 2 NKV) * HS: each qkv row holds the NH q heads, the NKV k heads, the NKV v
- * heads). Every tile load checks the row against T and zero fills the rest, so T need
- * not be a multiple of TILE; HS is a runtime value (any 1..TS_FLASH_MAX_HS: loops over
- * d < HS, no vector loads, so no alignment assumption).
+ * h / (NH / NKV) (NKV = NH: multi-head). q and k heads have HS channels, v heads (and so
+ * out, dout) HSV (kernels.h ts_att_heads; MLA's q/k heads are wider than its v heads).
+ * A head's q, k, v, out, dout, dq, dk, dv rows are read and written in place in the
+ * [B, T, C3] and [B, T, C] layouts (C = NH * HSV, C3 = NH * HS + NKV * (HS + HSV): each
+ * qkv row holds the NH q heads, the NKV k heads, the NKV v heads). Every tile load
+ * checks the row against T and zero fills the rest, so T need not be a multiple of
+ * TILE; HS and HSV are runtime values (any 1..TS_FLASH_MAX_HS: loops over d < HS or
+ * HSV, no vector loads, so no alignment assumption).
  *
  * Deterministic: every output element is written by exactly one thread of one block,
  * each sum runs in a fixed order (no atomics), so repeated runs give the same bits. A kv
@@ -37,24 +39,26 @@
 static __host__ __device__ __forceinline__ int flash_ld(int HS) { return HS % 2 ? HS : HS + 1; }
 
 /* Shared memory of each kernel, in floats (the launches and the kernels' carving below
- * must agree: both use these). */
-static __host__ __device__ __forceinline__ size_t flash_fwd_smem_floats(int tile, int HS)
+ * must agree: both use these). Q and K tiles are HS wide, V and dO tiles HSV. */
+static __host__ __device__ __forceinline__ size_t flash_fwd_smem_floats(int tile, int HS,
+                                                                        int HSV)
 {
-    /* Q, K, V tiles; scores [tile, tile+1]; O accumulator [tile, HS]; m, l, alpha */
-    return (size_t)3 * tile * flash_ld(HS) + (size_t)tile * (tile + 1) + (size_t)tile * HS +
-           3 * (size_t)tile;
+    /* Q, K, V tiles; scores [tile, tile+1]; O accumulator [tile, HSV]; m, l, alpha */
+    return (size_t)2 * tile * flash_ld(HS) + (size_t)tile * flash_ld(HSV) +
+           (size_t)tile * (tile + 1) + (size_t)tile * HSV + 3 * (size_t)tile;
 }
-static __host__ __device__ __forceinline__ size_t flash_dkv_smem_floats(int tile, int HS)
+static __host__ __device__ __forceinline__ size_t flash_dkv_smem_floats(int tile, int HS,
+                                                                        int HSV)
 {
     /* K, V, Q, dO tiles; dK, dV accumulators; P and dS [tile, tile+1]; lse, D */
-    return (size_t)4 * tile * flash_ld(HS) + (size_t)2 * tile * HS +
-           (size_t)2 * tile * (tile + 1) + 2 * (size_t)tile;
+    return (size_t)2 * tile * flash_ld(HS) + (size_t)2 * tile * flash_ld(HSV) +
+           (size_t)tile * (HS + HSV) + (size_t)2 * tile * (tile + 1) + 2 * (size_t)tile;
 }
-static __host__ __device__ __forceinline__ size_t flash_dq_smem_floats(int tile, int HS)
+static __host__ __device__ __forceinline__ size_t flash_dq_smem_floats(int tile, int HS, int HSV)
 {
     /* Q, dO, K, V tiles; dQ accumulator; dS [tile, tile+1]; lse, D */
-    return (size_t)4 * tile * flash_ld(HS) + (size_t)tile * HS + (size_t)tile * (tile + 1) +
-           2 * (size_t)tile;
+    return (size_t)2 * tile * flash_ld(HS) + (size_t)2 * tile * flash_ld(HSV) +
+           (size_t)tile * HS + (size_t)tile * (tile + 1) + 2 * (size_t)tile;
 }
 
 /* Where block `blk` works: its (b, head) pair and tile index, over BH pairs. The tiles of
@@ -80,26 +84,27 @@ static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, 
  * lse and delta values at offr. r0: the first row of the block's tile. */
 template <typename A> struct flash_head {
     int r0;
-    int C, LD; /* NH * HS; flash_ld(HS) */
+    int C, LD, LDV; /* NH * HSV; flash_ld(HS); flash_ld(HSV) */
     size_t C3, offq, offk, offv, off1, offr;
     const A *q, *k, *v, *g; /* g: NULL without dout */
 };
 template <typename A>
 static __device__ __forceinline__ flash_head<A> flash_head_at(const A *qkv, const A *dout, int b,
                                                               int h, int r0, int T, int NH,
-                                                              int NKV, int HS)
+                                                              int NKV, int HS, int HSV)
 {
     const int j = h / (NH / NKV);
     flash_head<A> f;
     f.r0 = r0;
-    f.C = NH * HS;
+    f.C = NH * HSV;
     f.LD = flash_ld(HS);
-    f.C3 = (size_t)(NH + 2 * NKV) * HS;
+    f.LDV = flash_ld(HSV);
+    f.C3 = (size_t)NH * HS + (size_t)NKV * (HS + HSV);
     const size_t seq = (size_t)b * T * f.C3;
     f.offq = seq + (size_t)h * HS;
     f.offk = seq + (size_t)(NH + j) * HS;
-    f.offv = seq + (size_t)(NH + NKV + j) * HS;
-    f.off1 = (size_t)b * T * f.C + (size_t)h * HS;
+    f.offv = seq + (size_t)(NH + NKV) * HS + (size_t)j * HSV;
+    f.off1 = (size_t)b * T * f.C + (size_t)h * HSV;
     f.offr = ((size_t)b * NH + h) * T;
     f.q = qkv + f.offq, f.k = qkv + f.offk, f.v = qkv + f.offv;
     f.g = dout ? dout + f.off1 : NULL;
@@ -110,14 +115,16 @@ static __device__ __forceinline__ flash_head<A> flash_head_at(const A *qkv, cons
  * last query tiles first). */
 template <int TILE, typename A>
 static __device__ __forceinline__ flash_head<A> flash_head_of(const A *qkv, const A *dout, int B,
-                                                              int T, int NH, int NKV, int HS)
+                                                              int T, int NH, int NKV, int HS,
+                                                              int HSV)
 {
     const flash_where w = flash_block(blockIdx.x, B * NH, (T + TILE - 1) / TILE, true);
-    return flash_head_at(qkv, dout, w.bh / NH, w.bh % NH, w.tile * TILE, T, NH, NKV, HS);
+    return flash_head_at(qkv, dout, w.bh / NH, w.bh % NH, w.tile * TILE, T, NH, NKV, HS, HSV);
 }
 
-/* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) into a
- * shared tile with row stride LD; rows at or past T read as zeros. */
+/* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld; HS the
+ * head's width, HS or HSV) into a shared tile with row stride LD; rows at or past T read
+ * as zeros. */
 template <int TILE, typename A>
 static __device__ __forceinline__ void flash_load(float *tile, int LD, const A *base, size_t ld,
                                                   int r0, int T, int HS)
@@ -154,10 +161,10 @@ static __device__ __forceinline__ void flash_store(A *base, size_t ld, const flo
 }
 
 /* sum over r < n of a[r * sa] * b[r * sb], in r order: every product of two shared
- * tiles here, one element at a time. A score q.k: two rows (strides 1, n = HS); an
- * element (i, d) of S X (S a [TILE, TILE] score tile, row stride TILE + 1; X a
- * [TILE, HS] tile, row stride LD): row i of S down column d of X (n = TILE); of S^T X:
- * column j of S (stride TILE + 1) down column d of X. */
+ * tiles here, one element at a time. A score q.k: two rows (strides 1, n = HS; dO.v:
+ * n = HSV); an element (i, d) of S X (S a [TILE, TILE] score tile, row stride TILE + 1;
+ * X a [TILE, HS or HSV] tile, row stride LD or LDV): row i of S down column d of X
+ * (n = TILE); of S^T X: column j of S (stride TILE + 1) down column d of X. */
 static __device__ __forceinline__ float flash_dot(const float *a, int sa, const float *b, int sb,
                                                   int n)
 {
@@ -174,22 +181,22 @@ static __device__ __forceinline__ float flash_dot(const float *a, int sa, const 
 template <int TILE, bool DELTA, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_forward_kernel(A *out, float *lse, const A *dout, float *delta, const A *qkv, int B,
-                         int T, int NH, int NKV, int HS, float scale)
+                         int T, int NH, int NKV, int HS, int HSV, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
-    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS);
-    const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1;
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS, HSV);
+    const int q0 = f.r0, C = f.C, LD = f.LD, LDV = f.LDV, LS = TILE + 1;
     const size_t C3 = f.C3;
     const A *q = f.q, *k = f.k, *v = f.v;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
     extern __shared__ float ts_flash_smem[];
     float *sQ = ts_flash_smem, *sK = sQ + TILE * LD, *sV = sK + TILE * LD;
-    float *sS = sV + TILE * LD, *sO = sS + TILE * LS, *sM = sO + TILE * HS;
+    float *sS = sV + TILE * LDV, *sO = sS + TILE * LS, *sM = sO + TILE * HSV;
     float *sL = sM + TILE, *sA = sL + TILE;
 
     flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
-    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sO[idx] = 0.0f;
+    for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) sO[idx] = 0.0f;
     for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
         sM[i] = -INFINITY;
         sL[i] = 0.0f;
@@ -199,7 +206,7 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads(); /* the last tile's readers of sK, sV, sS are done */
         flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
-        flash_load<TILE>(sV, LD, v, C3, k0, T, HS);
+        flash_load<TILE>(sV, LDV, v, C3, k0, T, HSV);
         __syncthreads();
         /* Scaled scores; -inf where masked (key after the query, or past T). */
         for (int idx = tid; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
@@ -229,16 +236,16 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
         }
         __syncthreads();
         /* O = alpha O + P V (masked keys have p = 0 and zero-filled v rows). */
-        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
-            int i = idx / HS, d = idx % HS;
-            sO[idx] = sO[idx] * sA[i] + flash_dot(sS + i * LS, 1, sV + d, LD, TILE);
+        for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) {
+            int i = idx / HSV, d = idx % HSV;
+            sO[idx] = sO[idx] * sA[i] + flash_dot(sS + i * LS, 1, sV + d, LDV, TILE);
         }
     }
     __syncthreads();
     if (!DELTA) {
         A *o = out + f.off1;
-        for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
-            int i = idx / HS, d = idx % HS, t = q0 + i;
+        for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) {
+            int i = idx / HSV, d = idx % HSV, t = q0 + i;
             if (t < T) ts_act_store(o, (size_t)t * C + d, sO[idx] / sL[i]);
         }
         for (int i = tid; i < TILE; i += TS_FLASH_THREADS)
@@ -249,23 +256,24 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
             int t = q0 + i;
             if (t >= T) continue; /* the whole warp skips the row together */
             float inv = 1.0f / sL[i], acc = 0.0f;
-            for (int d = lane; d < HS; d += 32)
-                acc += ts_act_load(g, (size_t)t * C + d) * (sO[i * HS + d] * inv);
+            for (int d = lane; d < HSV; d += 32)
+                acc += ts_act_load(g, (size_t)t * C + d) * (sO[i * HSV + d] * inv);
             acc = warp_sum(acc);
             if (lane == 0) delta[f.offr + t] = acc;
         }
     }
 }
 
-/* The probabilities and dS of one (query tile, key tile) pair into sP / sdS (either may
- * be NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal,
- * dS = p (dO.v - D); zero where masked or past T. */
+/* The probabilities and dS of one (query tile, key tile) pair into sP / sdS (sP may be
+ * NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal,
+ * dS = p (dO.v - D); zero where masked or past T. sQ, sK rows are HS wide at stride LD;
+ * sdO, sV rows HSV wide at stride LDV. */
 template <int TILE>
 static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const float *sQ,
                                                   const float *sdO, const float *sK,
                                                   const float *sV, const float *sLse,
                                                   const float *sD, int q0, int k0, int T,
-                                                  int HS, int LD, float scale)
+                                                  int HS, int LD, int HSV, int LDV, float scale)
 {
     const int LS = TILE + 1;
     for (int idx = threadIdx.x; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
@@ -273,7 +281,7 @@ static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const f
         float p = 0.0f, ds = 0.0f;
         if (tq < T && tk <= tq) {
             float s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS);
-            float dp = flash_dot(sdO + i * LD, 1, sV + j * LD, 1, HS);
+            float dp = flash_dot(sdO + i * LDV, 1, sV + j * LDV, 1, HSV);
             p = expf(s * scale - sLse[i]);
             ds = p * (dp - sD[i]);
         }
@@ -290,73 +298,81 @@ template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dkv_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
                               const float *delta, int B, int T, int NH, int NKV, int HS,
-                              float scale)
+                              int HSV, float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
     const int G = NH / NKV;
     const flash_where w = flash_block(blockIdx.x, B * NKV, (T + TILE - 1) / TILE, false);
     const int b = w.bh / NKV, j = w.bh % NKV, k0 = w.tile * TILE;
     /* the group's first query head: its kv head's k, v (the same for all of the group) */
-    const flash_head<A> f0 = flash_head_at(qkv, dout, b, j * G, k0, T, NH, NKV, HS);
-    const int C = f0.C, LD = f0.LD, LS = TILE + 1, tid = threadIdx.x;
+    const flash_head<A> f0 = flash_head_at(qkv, dout, b, j * G, k0, T, NH, NKV, HS, HSV);
+    const int C = f0.C, LD = f0.LD, LDV = f0.LDV, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
-    float *sK = ts_flash_smem, *sV = sK + TILE * LD, *sQ = sV + TILE * LD, *sdO = sQ + TILE * LD;
-    float *sdK = sdO + TILE * LD, *sdV = sdK + TILE * HS, *sP = sdV + TILE * HS;
-    float *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
+    float *sK = ts_flash_smem, *sV = sK + TILE * LD, *sQ = sV + TILE * LDV;
+    float *sdO = sQ + TILE * LD, *sdK = sdO + TILE * LDV, *sdV = sdK + TILE * HS;
+    float *sP = sdV + TILE * HSV, *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS;
+    float *sD = sLse + TILE;
 
     flash_load<TILE>(sK, LD, f0.k, f0.C3, k0, T, HS);
-    flash_load<TILE>(sV, LD, f0.v, f0.C3, k0, T, HS);
-    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdK[idx] = sdV[idx] = 0.0f;
+    flash_load<TILE>(sV, LDV, f0.v, f0.C3, k0, T, HSV);
+    for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdK[idx] = 0.0f;
+    for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) sdV[idx] = 0.0f;
     for (int g = 0; g < G; g++) {
-        const flash_head<A> f = flash_head_at(qkv, dout, b, j * G + g, k0, T, NH, NKV, HS);
+        const flash_head<A> f = flash_head_at(qkv, dout, b, j * G + g, k0, T, NH, NKV, HS, HSV);
         /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
         for (int q0 = k0; q0 < T; q0 += TILE) {
             __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
             flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
-            flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
+            flash_load<TILE>(sdO, LDV, f.g, (size_t)C, q0, T, HSV);
             flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
             __syncthreads();
-            flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
+            flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, HSV, LDV,
+                             scale);
             __syncthreads();
+            for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) {
+                int jj = idx / HSV, d = idx % HSV;
+                sdV[idx] += flash_dot(sP + jj, LS, sdO + d, LDV, TILE);
+            }
             for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
                 int jj = idx / HS, d = idx % HS;
-                sdV[idx] += flash_dot(sP + jj, LS, sdO + d, LD, TILE);
                 sdK[idx] += flash_dot(sdS + jj, LS, sQ + d, LD, TILE);
             }
         }
     }
     __syncthreads();
     flash_store<TILE>(dqkv + f0.offk, f0.C3, sdK, scale, k0, T, HS);
-    flash_store<TILE>(dqkv + f0.offv, f0.C3, sdV, 1.0f, k0, T, HS); /* x 1: exact */
+    flash_store<TILE>(dqkv + f0.offv, f0.C3, sdV, 1.0f, k0, T, HSV); /* x 1: exact */
 }
 
 /* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
 template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dq_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
-                             const float *delta, int B, int T, int NH, int NKV, int HS,
+                             const float *delta, int B, int T, int NH, int NKV, int HS, int HSV,
                              float scale)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
-    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS);
-    const int q0 = f.r0, C = f.C, LD = f.LD, LS = TILE + 1, tid = threadIdx.x;
+    const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS, HSV);
+    const int q0 = f.r0, C = f.C, LD = f.LD, LDV = f.LDV, LS = TILE + 1, tid = threadIdx.x;
 
     extern __shared__ float ts_flash_smem[];
-    float *sQ = ts_flash_smem, *sdO = sQ + TILE * LD, *sK = sdO + TILE * LD, *sV = sK + TILE * LD;
-    float *sdQ = sV + TILE * LD, *sdS = sdQ + TILE * HS, *sLse = sdS + TILE * LS, *sD = sLse + TILE;
+    float *sQ = ts_flash_smem, *sdO = sQ + TILE * LD, *sK = sdO + TILE * LDV;
+    float *sV = sK + TILE * LD, *sdQ = sV + TILE * LDV, *sdS = sdQ + TILE * HS;
+    float *sLse = sdS + TILE * LS, *sD = sLse + TILE;
 
     flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
-    flash_load<TILE>(sdO, LD, f.g, (size_t)C, q0, T, HS);
+    flash_load<TILE>(sdO, LDV, f.g, (size_t)C, q0, T, HSV);
     flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
     for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdQ[idx] = 0.0f;
     const int kend = min(T, q0 + TILE);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads(); /* the last tile's readers of sK, sdS are done */
         flash_load<TILE>(sK, LD, f.k, f.C3, k0, T, HS);
-        flash_load<TILE>(sV, LD, f.v, f.C3, k0, T, HS);
+        flash_load<TILE>(sV, LDV, f.v, f.C3, k0, T, HSV);
         __syncthreads();
-        flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, scale);
+        flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, HSV, LDV,
+                         scale);
         __syncthreads();
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
             int i = idx / HS, d = idx % HS;
