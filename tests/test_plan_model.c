@@ -937,7 +937,13 @@ static void test_mla_formulas(void)
     /* The layer tables at a unit efficiency (a GEMM is 2mnk / peak), the CUDA table's
      * whole rectangles, tp 2 (the latent trunk replicated, 64 heads a rank): a dense
      * block's GEMMs and an MoE block's attention part, and the head's layer with the
-     * MTP module (eh_proj, block 61, the head again). */
+     * MTP module (eh_proj, its MoE block, the head again). The shapes per block are
+     * DeepSeek-V3's; 5 blocks (3 dense, 2 MoE) keep the layouts small (the sanitizers'
+     * share of CI). */
+    ts_model_config mc5 = *mc;
+    mc5.n_layer = 5;
+    ts_model_config no_mtp5 = mc5;
+    no_mtp5.mtp_layers = 0;
     ts_cluster cl;
     load_cluster("configs/clusters/h800-node.cfg", &cl);
     cl.n_eff = 1;
@@ -946,8 +952,8 @@ static void test_mla_formulas(void)
     const double peak = ts_cluster_peak(&cl), N = T, hl = H / 2;
     const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
     ts_plan_layers L, L0;
-    ts_plan_layers_build_moe(&L, mc, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
-    ts_plan_layers_build_moe(&L0, &no_mtp, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    ts_plan_layers_build_moe(&L, &mc5, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    ts_plan_layers_build_moe(&L0, &no_mtp5, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
     const double lin_att = 2 * N * ((RQ + RKV + RD) * C + hl * HS * RQ + hl * (NOPE + VD) * RKV +
                                     C * hl * VD);
     const double core = 2 * hl * (T * T * HS + T * VD * T);
@@ -996,7 +1002,7 @@ static void test_mla_formulas(void)
                ts_plan_cp_exchange_time(mc, 8, 2, 1, 2.0, cl.intra) == lat,
            "MLA cp exchange %g s, want %g", ts_plan_cp_exchange_time(mc, 1, 2, 1, 2.0, cl.intra),
            lat);
-    ts_plan_layers_build_moe(&L, &no_mtp, &cl, k, 1, false, 1, 1, cl.intra, 2, cl.intra, NULL);
+    ts_plan_layers_build_moe(&L, &no_mtp5, &cl, k, 1, false, 1, 1, cl.intra, 2, cl.intra, NULL);
     const double kvb = 2 * T * H * (NOPE + VD) * RKV; /* the whole sequence's rows */
     const double lin_cp = 2 * (N / 2) * ((RQ + RKV + RD) * C + H * HS * RQ + C * H * VD) + kvb;
     /* ... and rebuilds kv_b_proj's output in the backward. */
