@@ -873,6 +873,152 @@ static void test_moe_formulas(void)
            "MoE model FLOPs: %g", ts_plan_model_flops(mc, cfg.train.global_batch));
 }
 
+/* llama-tiny with multi-head latent attention: a q latent of 48, a kv latent of 32,
+ * heads of 16 + 8 channels and values of 16 (n_kv_head = n_head, as MLA has). */
+static const char *const k_mla_sets[] = {
+    "model.n_kv_head=4", "model.q_lora_rank=48", "model.kv_lora_rank=32",
+    "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=8", "model.v_head_dim=16"};
+#define N_MLA_SETS 6
+
+/* DeepSeek-V3 671B (configs/deepseek-v3-671b.cfg): multi-head latent attention's and
+ * multi-token prediction's parameters and FLOPs against formulas derived by hand from
+ * the report's shapes, and the planner's GEMMs at a unit efficiency. */
+static void test_mla_formulas(void)
+{
+    ts_config cfg;
+    const char *sets[] = {"train.device=\"cuda\"", "train.attention=\"flash\""};
+    load_config("configs/deepseek-v3-671b.cfg", sets, 2, &cfg);
+    const ts_model_config *mc = &cfg.model;
+    CHECK(ts_model_is_mla(mc) && mc->mtp_layers == 1);
+    const double C = 7168, H = 128, RQ = 1536, RKV = 512, NOPE = 128, RD = 64, VD = 128,
+                 V = 129280, F = 18432, MF = 2048, E = 256, K = 8, T = 4096, HS = NOPE + RD;
+    /* One block's MLA: q_a_proj + q_a_layernorm, q_b_proj, kv_a_proj_with_mqa +
+     * kv_a_layernorm, kv_b_proj, o_proj. */
+    const double mla = RQ * C + RQ + H * HS * RQ + (RKV + RD) * C + RKV + H * (NOPE + VD) * RKV +
+                       C * H * VD;
+    CHECKF((double)ts_model_mla_attention_params(mc) == mla && mla == 187107328.0,
+           "MLA parameters per block: %zu, want %.0f", ts_model_mla_attention_params(mc), mla);
+    /* 61 blocks (their two norms, MLA), 3 dense SwiGLU of 18432, 58 MoE (router, 256
+     * experts, 1 shared), the embedding, the final norm and the untied head. */
+    const double dense = 3 * F * C, moe_all = E * C + E * 3 * MF * C + 3 * MF * C,
+                 moe_used = E * C + K * 3 * MF * C + 3 * MF * C;
+    const double total = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_all + C + V * C;
+    const double active = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_used + C + V * C;
+    CHECKF((double)ts_model_logical_params(mc) == total, "671B: %zu parameters, want %.0f",
+           ts_model_logical_params(mc), total);
+    CHECKF((double)ts_model_active_params(mc) == active, "37B: %zu active, want %.0f",
+           ts_model_active_params(mc), active);
+    /* The report's rounding: 671B total; "37B activated" (README_WEIGHTS: 36.7B), ours
+     * 37.55B with both embedding and head, 36.63B without the looked-up embedding. */
+    CHECKF(total > 670.5e9 && total < 671.5e9, "total %.4gB is not the report's 671B", total / 1e9);
+    CHECKF(active > 36.5e9 && active < 37.6e9, "active %.4gB is not the report's 37B",
+           active / 1e9);
+    CHECK(ts_plan_flops_params(mc) == active - V * C);
+    /* MTP (D = 1): block 61 (MoE) with its norms, enorm, hnorm, shared_head.norm, eh_proj
+     * [C, 2C] and the shared head once more: 0.688B + 0.927B (README_WEIGHTS: 11.5B
+     * unique parameters, 2.4B activated with the shared embedding and head). */
+    const double mtp = 2 * C + mla + moe_used + 3 * C + 2 * C * C + V * C;
+    CHECKF(ts_plan_mtp_flops_params(mc) == mtp, "MTP FLOPs parameters %.0f, want %.0f",
+           ts_plan_mtp_flops_params(mc), mtp);
+    /* Attention: q.k over nope + rope, the values' v_head_dim, the full square, 62 blocks
+     * (61 + the module's). */
+    const double att = 6.0 * 62 * T * H * (HS + VD);
+    CHECKF(ts_plan_attention_flops_per_token(mc) == att, "attention FLOPs per token %.6g, want %.6g",
+           ts_plan_attention_flops_per_token(mc), att);
+    const double per_token = 6.0 * (active - V * C + mtp) + att;
+    CHECKF(ts_rel_err(ts_plan_flops_per_token(mc), per_token, 1) < 1e-12 &&
+               ts_rel_err(ts_plan_model_flops(mc, 15360), per_token * 15360 * T, 1) < 1e-12,
+           "FLOPs per token %.6g, want %.6g", ts_plan_flops_per_token(mc), per_token);
+    ts_model_config no_mtp = *mc;
+    no_mtp.mtp_layers = 0;
+    CHECK(ts_rel_err(ts_plan_flops_per_token(&no_mtp),
+                     6.0 * (active - V * C) + 6.0 * 61 * T * H * (HS + VD), 1) < 1e-12);
+
+    /* The layer tables at a unit efficiency (a GEMM is 2mnk / peak), the CUDA table's
+     * whole rectangles, tp 2 (the latent trunk replicated, 64 heads a rank): a dense
+     * block's GEMMs and an MoE block's attention part, and the head's layer with the
+     * MTP module (eh_proj, its MoE block, the head again). The shapes per block are
+     * DeepSeek-V3's; 5 blocks (3 dense, 2 MoE) keep the layouts small (the sanitizers'
+     * share of CI). */
+    ts_model_config mc5 = *mc;
+    mc5.n_layer = 5;
+    ts_model_config no_mtp5 = mc5;
+    no_mtp5.mtp_layers = 0;
+    ts_cluster cl;
+    load_cluster("configs/clusters/h800-node.cfg", &cl);
+    cl.n_eff = 1;
+    cl.eff_n[0] = 1.0;
+    cl.eff[0] = 1.0;
+    const double peak = ts_cluster_peak(&cl), N = T, hl = H / 2;
+    const ts_kernels *k = ts_plan_kernels(&cfg, &cl);
+    ts_plan_layers L, L0;
+    ts_plan_layers_build_moe(&L, &mc5, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    ts_plan_layers_build_moe(&L0, &no_mtp5, &cl, k, 2, false, 1, 1, cl.intra, 1, cl.intra, NULL);
+    const double lin_att = 2 * N * ((RQ + RKV + RD) * C + hl * HS * RQ + hl * (NOPE + VD) * RKV +
+                                    C * hl * VD);
+    const double core = 2 * hl * (T * T * HS + T * VD * T);
+    const double mlp = 2 * N * 3 * (F / 2) * C;
+    /* mla.c makes its phase's weight gradients in the input pass: W is the MLP's. */
+    CHECKF(ts_rel_err(L.f_gemm[1] * peak, lin_att + core + mlp, 1) < 1e-12 &&
+               ts_rel_err(L.b_gemm[1], 2 * L.f_gemm[1], 1) < 1e-12 &&
+               ts_rel_err(L.w[1] * peak, mlp, 1) < 1e-12,
+           "MLA dense block: %.6g GEMM FLOPs, want %.6g", L.f_gemm[1] * peak,
+           lin_att + core + mlp);
+    const ts_plan_moe_block *b = &L.moe[4];
+    CHECKF(ts_rel_err((L.f_gemm[4] - b->router_f - b->experts_f - b->shared_f) * peak,
+                      lin_att + core, 1) < 1e-12 &&
+               L.w[4] == 0.0,
+           "MLA MoE block: attention %.6g FLOPs, want %.6g",
+           (L.f_gemm[4] - b->router_f - b->experts_f - b->shared_f) * peak, lin_att + core);
+    /* Selective recompute reruns the core and rebuilds k and v from the kept latent:
+     * kv_b_proj, RoPE (q's rope channels, the shared key) and the q|k|v assembly, bf16. */
+    const double bw = cl.memory_bandwidth;
+    const double rebuild = 2 * N * hl * (NOPE + VD) * RKV / peak +
+                           2.0 * (N * (hl * (NOPE + VD) + RD + hl * (HS + VD)) +
+                                  2 * N * (hl + 1) * RD) / bw;
+    CHECKF(ts_rel_err(L.f_att[1], core / peak + 2.0 * 3 * hl * T * T / bw + rebuild, 1) < 1e-12,
+           "MLA selective rerun %g s, want %g", L.f_att[1],
+           core / peak + 2.0 * 3 * hl * T * T / bw + rebuild);
+    const int h = L.n_layers - 1;
+    const double eh = 2 * N * C * 2 * C / peak;
+    CHECKF(ts_rel_err(L.f_gemm[h], 2 * L0.f_gemm[h] + eh + L.f_gemm[4], 1) < 1e-12 &&
+               ts_rel_err(L.b_gemm[h], 2 * L0.b_gemm[h] + 2 * eh + L.b_gemm[4], 1) < 1e-12 &&
+               ts_rel_err(L.w[h] - L0.w[h], L0.w[h] + eh + L.w[4] +
+                                                 N * C * 3 * 2.0 / cl.memory_bandwidth,
+                          1) < 1e-12,
+           "MTP head layer: %.6g s of GEMMs, want %.6g", L.f_gemm[h],
+           2 * L0.f_gemm[h] + eh + L.f_gemm[4]);
+    /* The module's MoE block and its exchanges are the head layer's; its attention core
+     * what selective recompute reruns there. */
+    CHECK(L.moe[h].experts_f == b->experts_f && L.f_a2a[h] == L.f_a2a[4] &&
+          L.f_att[h] == L.f_att[4] && L0.moe[h].experts_f == 0 && L0.f_att[h] == 0);
+    CHECK(L.f[h] > L0.f[h] + L.f[4] && L.i[h] > L0.i[h] + L.i[4]);
+    ts_plan_layers_free(&L);
+    ts_plan_layers_free(&L0);
+    /* Context parallelism exchanges the latent and the rope key (576 values a position),
+     * the same on every tp rank, and up-projects the gathered sequence's rows. */
+    const double lat = ts_plan_allgather_time(T * (RKV + RD) * 2.0, 2, cl.intra);
+    CHECKF(ts_plan_cp_exchange_time(mc, 1, 2, 1, 2.0, cl.intra) == lat &&
+               ts_plan_cp_exchange_time(mc, 8, 2, 1, 2.0, cl.intra) == lat,
+           "MLA cp exchange %g s, want %g", ts_plan_cp_exchange_time(mc, 1, 2, 1, 2.0, cl.intra),
+           lat);
+    ts_plan_layers_build_moe(&L, &no_mtp5, &cl, k, 1, false, 1, 1, cl.intra, 2, cl.intra, NULL);
+    const double kvb = 2 * T * H * (NOPE + VD) * RKV; /* the whole sequence's rows */
+    const double lin_cp = 2 * (N / 2) * ((RQ + RKV + RD) * C + H * HS * RQ + C * H * VD) + kvb;
+    /* ... and rebuilds kv_b_proj's output in the backward. */
+    const ts_plan_moe_block *b4 = &L.moe[4];
+    const double c = T / 4; /* each rank's two chunks against prefixes of 5 chunks in all */
+    CHECKF(ts_rel_err((L.f_gemm[4] - b4->router_f - b4->experts_f - b4->shared_f) * peak,
+                      lin_cp + 2 * H * 5 * c * c * (HS + VD), 1) < 1e-12 &&
+               L.w[4] == 0.0 && L.f_cp[4] == lat &&
+               ts_rel_err((L.b_gemm[4] - b4->router_b - b4->experts_b - b4->shared_b) * peak,
+                          2 * (L.f_gemm[4] - b4->router_f - b4->experts_f - b4->shared_f) * peak +
+                              kvb,
+                          1) < 1e-12,
+           "MLA under cp 2: %.6g attention FLOPs", L.f_gemm[4] * peak);
+    ts_plan_layers_free(&L);
+}
+
 /* The search's expert grids (ep, etp) pass the trainer's own rules (config_moe.c), and
  * where the links are all but free (the exchanges cost nothing, a rank with fewer experts
  * steps its optimizer sooner) the best uses ep > 1. */
@@ -992,6 +1138,28 @@ int main(void)
     printf("memory compared on %d expert grids\n", g_mem_grids - before);
     CHECK(g_mem_grids - before > 50);
     test_moe_formulas();
+    test_mla_formulas();
+    /* Multi-head latent attention's memory (model/mla.c's layout: the latents, the
+     * selective layout rebuilding from them) against the trainer's estimate, release
+     * builds only (a sweep of about a thousand grids). */
+    if (full) {
+        const int mla_before = g_mem_grids;
+        compare_memory("configs/llama-tiny.cfg", k_mla_sets, N_MLA_SETS, &cpu);
+        printf("memory compared on %d MLA grids\n", g_mem_grids - mla_before);
+        CHECK(g_mem_grids - mla_before > 500);
+        /* DeepSeek-V3's form in small: MLA, the MoE (first block dense, a shared expert)
+         * and one MTP module (in the head's layer, on the last stage), ep 2. */
+        const char *ds[N_MLA_SETS + N_MOE_SETS + 2];
+        int n_ds = 0;
+        for (int k = 0; k < N_MLA_SETS; k++) ds[n_ds++] = k_mla_sets[k];
+        for (int k = 0; k < N_MOE_SETS; k++) ds[n_ds++] = k_moe_sets[k];
+        ds[n_ds++] = "model.mtp_layers=1";
+        ds[n_ds++] = "parallel.ep=2";
+        const int ds_before = g_mem_grids;
+        compare_memory("configs/llama-tiny.cfg", ds, n_ds, &cpu);
+        printf("memory compared on %d MLA + MoE + MTP grids\n", g_mem_grids - ds_before);
+        CHECK(g_mem_grids - ds_before > 200);
+    }
     test_moe_search(4);
     printf("memory compared with pipeline/memory.c on %d grids (%d sequence parallel)\n",
            g_mem_grids, g_sp_grids);

@@ -734,6 +734,15 @@ size_t ts_model_active_params(const ts_model_config *c)
     return total;
 }
 
+size_t ts_model_mla_attention_params(const ts_model_config *c)
+{
+    const size_t C = (size_t)c->n_embd, H = (size_t)c->n_head, RQ = (size_t)c->q_lora_rank,
+                 RKV = (size_t)c->kv_lora_rank, R = (size_t)c->qk_rope_head_dim,
+                 NOPE = (size_t)c->qk_nope_head_dim, VD = (size_t)c->v_head_dim;
+    const size_t q = RQ > 0 ? RQ * C + RQ + H * (NOPE + R) * RQ : H * (NOPE + R) * C;
+    return q + (RKV + R) * C + RKV + H * (NOPE + VD) * RKV + C * H * VD;
+}
+
 size_t ts_model_logical_params(const ts_model_config *c)
 {
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;

@@ -368,6 +368,13 @@ void ts_model_mtp_read(const ts_model *m, double *sums);
 /* Total logical parameters of the model (tied wte counted once; multi-token prediction's
  * modules included, the embedding and head they share counted once). */
 size_t ts_model_logical_params(const ts_model_config *cfg);
+/* One block's multi-head latent attention parameters (model.kv_lora_rank > 0), its
+ * input norm aside: q_a_proj [q_lora_rank, C] + q_a_layernorm + q_b_proj [H (nope +
+ * rope), q_lora_rank] (or q_proj [H (nope + rope), C] without a q latent),
+ * kv_a_proj_with_mqa [kv_lora_rank + rope, C] + kv_a_layernorm, kv_b_proj [H (nope +
+ * v), kv_lora_rank], o_proj [C, H v] (DeepSeek-V3: 187,107,328 of 7168 + this per
+ * block). */
+size_t ts_model_mla_attention_params(const ts_model_config *cfg);
 /* Those one token uses: an MoE block's router, its top_k experts and its shared ones,
  * not all its experts (equal to the total for a dense model). */
 size_t ts_model_active_params(const ts_model_config *cfg);

@@ -83,6 +83,12 @@ double ts_plan_cp_exchange_time(const ts_model_config *mc, int tp, int cp, int m
                                 double act_bytes, ts_link l)
 {
     if (cp <= 1) return 0.0;
+    /* MLA exchanges its compressed latent and the shared rope key, the same on every tp
+     * rank (the trunk is replicated), and each rank up-projects the gathered rows. */
+    if (ts_model_is_mla(mc))
+        return ts_plan_allgather_time((double)micro_batch * mc->seq_len *
+                                          (mc->kv_lora_rank + mc->qk_rope_head_dim) * act_bytes,
+                                      cp, l);
     const double hs = (double)ts_model_head_dim(mc);
     const double kv = (double)micro_batch * mc->seq_len * 2.0 * local_kv_heads(mc, tp) * hs;
     return ts_plan_allgather_time(kv * act_bytes, cp, l);
@@ -99,15 +105,17 @@ static int attention_block(const ts_kernels *k)
 }
 
 /* One head's forward products over Tq queries (the last Tq positions) against Tk keys,
- * as a kernel with causal block `block` runs them (0: the whole rectangle, two GEMMs
- * of Tq x Tk x hs; else per block of query rows the GEMMs over the keys up to the block's
- * end, ts_att_block_end's rule); the score entries computed into *area. */
-static double rect_gemms(const ts_cluster *cl, double hs, int Tq, int Tk, int block,
+ * q.k over hs channels and the weighted sum of hv value channels (MLA: nope + rope and
+ * v_head_dim; else both head_dim), as a kernel with causal block `block` runs them (0:
+ * the whole rectangle, the GEMMs Tq x Tk x hs and Tq x hv x Tk; else per block of query
+ * rows the GEMMs over the keys up to the block's end, ts_att_block_end's rule); the score
+ * entries computed into *area. */
+static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int Tk, int block,
                          double *area)
 {
     if (block <= 0) {
         *area = (double)Tq * Tk;
-        return gemm(cl, Tq, Tk, hs) + gemm(cl, Tq, hs, Tk);
+        return gemm(cl, Tq, Tk, hs) + gemm(cl, Tq, hv, Tk);
     }
     const int off = Tk - Tq;
     double t = 0.0;
@@ -116,7 +124,7 @@ static double rect_gemms(const ts_cluster *cl, double hs, int Tq, int Tk, int bl
         i1 = ((i0 + off) / block + 1) * block - off;
         if (i1 > Tq) i1 = Tq;
         const double m = i1 - i0, e = i1 + off;
-        t += gemm(cl, m, e, hs) + gemm(cl, m, hs, e);
+        t += gemm(cl, m, e, hs) + gemm(cl, m, hv, e);
         *area += m * e;
     }
     return t;
@@ -130,19 +138,19 @@ static double rect_gemms(const ts_cluster *cl, double hs, int Tq, int Tk, int bl
  * six over the computed ones backward. One rule for every cp: without context
  * parallelism the one T x T rectangle; with it each local chunk's c queries against its
  * prefix of (j+1)c keys, the slowest rank's pair of chunks. */
-static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, int T,
-                              int cp, int block, double *scores_f, double *scores_b)
+static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, double hv,
+                              int T, int cp, int block, double *scores_f, double *scores_b)
 {
     double most = -1.0, area = 0.0, full = 0.0;
     if (cp <= 1) {
-        most = rect_gemms(cl, hs, T, T, block, &area);
+        most = rect_gemms(cl, hs, hv, T, T, block, &area);
         full = (double)T * T;
     } else {
         const int c = T / (2 * cp);
         for (int i = 0; i < cp; i++) {
             double a0, a1;
-            const double t = rect_gemms(cl, hs, c, (i + 1) * c, block, &a0) +
-                             rect_gemms(cl, hs, c, (2 * cp - i) * c, block, &a1);
+            const double t = rect_gemms(cl, hs, hv, c, (i + 1) * c, block, &a0) +
+                             rect_gemms(cl, hs, hv, c, (2 * cp - i) * c, block, &a1);
             if (t > most) {
                 most = t;
                 area = a0 + a1;
@@ -153,6 +161,58 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
     *scores_f = B * hl * (3.0 * area + (full - area));
     *scores_b = B * hl * 6.0 * area;
     return B * hl * most;
+}
+
+/* One block's costs (a ts_plan_layers row; model_cost.h): the dense kind's or the MoE
+ * kind's, priced once and written to every block of the kind and to each multi-token
+ * prediction module's block. */
+typedef struct {
+    double f, i, w, f_tp, i_tp, w_split_tp, f_gemm, b_gemm, f_cp, i_cp, f_a2a, i_a2a, f_att;
+    ts_plan_moe_block moe;
+} block_cost;
+
+static void block_into(ts_plan_layers *L, int l, const block_cost *b)
+{
+    L->f[l] = b->f;
+    L->i[l] = b->i;
+    L->w[l] = b->w;
+    L->f_tp[l] = b->f_tp;
+    L->i_tp[l] = b->i_tp;
+    L->w_split_tp[l] = b->w_split_tp;
+    L->f_gemm[l] = b->f_gemm;
+    L->b_gemm[l] = b->b_gemm;
+    L->f_cp[l] = b->f_cp;
+    L->i_cp[l] = b->i_cp;
+    L->f_a2a[l] = b->f_a2a;
+    L->i_a2a[l] = b->i_a2a;
+    L->f_att[l] = b->f_att;
+    L->moe[l] = b->moe;
+}
+
+/* The head's layer holds the MTP modules' MoE blocks too: their expert phases' terms
+ * summed (rows_per_expert and a2a_bytes are per block, the same for every one). */
+static void moe_add(ts_plan_moe_block *to, const ts_plan_moe_block *b)
+{
+    to->router_f += b->router_f;
+    to->router_b += b->router_b;
+    to->experts_f += b->experts_f;
+    to->experts_b += b->experts_b;
+    to->shared_f += b->shared_f;
+    to->shared_b += b->shared_b;
+    to->elem_f += b->elem_f;
+    to->elem_b += b->elem_b;
+    to->a2a_f += b->a2a_f;
+    to->a2a_b += b->a2a_b;
+    to->hidden_f += b->hidden_f;
+    to->hidden_b += b->hidden_b;
+    to->etp_f += b->etp_f;
+    to->etp_b += b->etp_b;
+    to->tp_f += b->tp_f;
+    to->tp_b += b->tp_b;
+    if (b->rows_per_expert > 0) {
+        to->rows_per_expert = b->rows_per_expert;
+        to->a2a_bytes = b->a2a_bytes;
+    }
 }
 
 void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
@@ -214,9 +274,11 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
     }
     /* The head's copy of a tied embedding when it sits on another stage (an untied head
-     * has its own lm_head among its parameters). */
+     * has its own lm_head among its parameters), or the MTP modules' copy of the
+     * embedding they read (model.h mtp_wte_param: one copy when both). */
     const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
-    L->wte_floats = ts_model_tied(mc) ? (double)((wte + 15) / 16 * 16) : 0.0;
+    L->wte_floats =
+        ts_model_tied(mc) || mc->mtp_layers > 0 ? (double)((wte + 15) / 16 * 16) : 0.0;
     L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
     /* The same layout under selective recompute: what it drops and adds. */
     ts_model sel;
@@ -236,8 +298,14 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
     const double NL = sp ? N / tpd : N;
     const bool llama = ts_model_arch(mc) == TS_ARCH_LLAMA;
     /* This rank's heads: hl query heads; kvl key/value heads (gpt2: hl; llama: its
-     * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns. */
-    const double hl = (double)(mc->n_head / tp), hs = (double)ts_model_head_dim(mc);
+     * share of n_kv_head, or one replicated head when tp > n_kv_head); F MLP columns.
+     * hs: a q/k head's channels, hv a value head's (MLA: nope + rope and v_head_dim;
+     * model.head_dim or n_embd / n_head otherwise, both). */
+    const bool mla = ts_model_is_mla(mc);
+    const double hl = (double)(mc->n_head / tp);
+    const double hs = mla ? (double)(mc->qk_nope_head_dim + mc->qk_rope_head_dim)
+                          : (double)ts_model_head_dim(mc);
+    const double hv = mla ? (double)mc->v_head_dim : hs;
     const double kvl = local_kv_heads(mc, tp);
     const double F = (double)ts_model_ffn(mc) / tpd;
     /* Bytes of one activation element (bf16 on a bf16 cluster: the pipeline, the tp sums
@@ -256,79 +324,127 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
     /* tp_overlap: S sub-batches of N/S rows each. */
     const int S = sub > 1 ? sub : 1;
     const double Ns = N / S;
-    const double lin = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs) +
-                            gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
+    /* Multi-head latent attention (model/mla.c): the latent trunk, replicated over tp, is
+     * one GEMM of the block's input into [q latent | kv latent | rope key] (q_a_proj and
+     * kv_a_proj_with_mqa packed; without a q latent q_proj's local heads join it); the
+     * column-parallel up-projections q_b_proj [hl hs, q_lora] and kv_b_proj [hl (nope +
+     * v), kv_lora], the latter over the rows whose keys the rank needs (under context
+     * parallelism the gathered latents of the whole sequence, B T rows); o_proj
+     * row-parallel [C, hl hv]. */
+    const double RQ = mc->q_lora_rank, RKV = mc->kv_lora_rank, RD = mc->qk_rope_head_dim;
+    const double Nkv = cp > 1 ? B * mc->seq_len : N;
+    const double att_lin =
+        mla ? (RQ > 0 ? gemm(cl, Ns, RQ + RKV + RD, C) + gemm(cl, Ns, hl * hs, RQ)
+                      : gemm(cl, Ns, hl * hs + RKV + RD, C)) +
+                  gemm(cl, Nkv / S, hl * (mc->qk_nope_head_dim + hv), RKV) +
+                  gemm(cl, Ns, C, hl * hv)
+            : gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs);
+    const double lin = S * (att_lin + gemm(cl, Ns, mlp_in, C) + gemm(cl, Ns, C, F));
+    /* MLA under context parallelism (model/mla_cp.h): the backward expands the kept
+     * latent through kv_b_proj again (a forward GEMM more in I). */
+    const double kvb_cp =
+        mla && cp > 1 ? S * gemm(cl, Nkv / S, hl * (mc->qk_nope_head_dim + hv), RKV) : 0.0;
     double scores_f, scores_b;
-    const double att = attention_gemms(cl, B, hl, hs, mc->seq_len, cp, attention_block(k),
+    const double att = attention_gemms(cl, B, hl, hs, hv, mc->seq_len, cp, attention_block(k),
                                        &scores_f, &scores_b);
-    /* Context parallelism's blocking K/V all-gather (forward) and dK/dV reduce-scatter. */
+    /* Context parallelism's blocking K/V all-gather (forward) and dK/dV reduce-scatter
+     * (MLA: the latent and rope key's, ts_plan_cp_exchange_time). */
     const double cp_x = ts_plan_cp_exchange_time(mc, tp, cp, micro_batch, ab, cp_link);
     /* Elementwise passes, forward: the two norms (LayerNorm, or llama's RMSNorm: read +
      * write), residual adds x2 (2 reads + 1 write), the MLP activation (GELU: read and
      * write the local columns; SwiGLU: read gate and up, write their product), llama's
-     * RoPE (in place on the local q and k heads), softmax (read scores, write
-     * probabilities, the scale/mask pass) over the local heads' computed scores (and the
-     * zeros of the skipped blocks: attention_gemms); the backward moves twice the bytes
-     * but the softmax's, which are its own. The activation and the norm may have their
-     * own time (above: gelu's for SwiGLU, layernorm's for RMSNorm). */
+     * RoPE (in place on the local q and k heads; MLA: on each q head's rope channels and
+     * the one shared rope key), softmax (read scores, write probabilities, the
+     * scale/mask pass) over the local heads' computed scores (and the zeros of the
+     * skipped blocks: attention_gemms); MLA's latent RMSNorms (q and kv latents, read +
+     * write, priced as the norms) and the assembly of its key and value heads from
+     * kv_b_proj's output and the shared rope key (read nope + v and the key, write hs +
+     * hv per head and key row); the backward moves twice the bytes but the softmax's,
+     * which are its own. The activation and the norm may have their own time (above:
+     * gelu's for SwiGLU, layernorm's for RMSNorm). */
     const double act_rw = llama ? 3.0 * N * F : 2.0 * N * F;
-    const double rope = llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
+    const double rope = mla ? 2.0 * N * (hl + 1.0) * RD : llama ? 2.0 * N * (hl + kvl) * hs : 0.0;
+    const double lat = mla ? N * (RQ + RKV) : 0.0;
+    const double mla_rw =
+        mla ? Nkv * (hl * (mc->qk_nope_head_dim + hv) + RD + hl * (hs + hv)) : 0.0;
+    const double elem_mla = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 2.0 * lat) + mla_rw);
+    const double own_mla_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 2.0 * lat, lat);
+    const double own_mla_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 4.0 * lat, lat);
+    /* What an MLA block's selective recompute reruns besides the attention core
+     * (act_layout.h: it keeps the latents and q before RoPE, not the assembled q|k|v):
+     * kv_b_proj from the kept latent (under context parallelism the exchange's expansion,
+     * kvb_cp, already does), RoPE and the assembly. */
+    const double mla_rebuild =
+        mla ? (cp > 1 ? 0.0 : S * gemm(cl, Ns, hl * (mc->qk_nope_head_dim + hv), RKV)) +
+                  mem_time(cl, ab * (mla_rw + rope))
+            : 0.0;
     const double elem = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C +
-                              shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope);
+                              shared_bytes(cl, TS_ELEM_GELU, act_rw) + rope) + elem_mla;
     const double own_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) +
-                         own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F);
+                         own_time(cl, TS_ELEM_GELU, 0, ab * act_rw, N * F) + own_mla_f;
     const double own_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) +
-                         own_time(cl, TS_ELEM_GELU, 1, ab * 2.0 * act_rw, N * F);
+                         own_time(cl, TS_ELEM_GELU, 1, ab * 2.0 * act_rw, N * F) + own_mla_b;
     /* An MoE block (moe_cost.h): the attention's part of the above, then the expert
      * phase in the MLP's place. The MoE is not tensor parallel: one tp all-reduce each
      * way (o_proj's and its input gradient's), under sequence parallelism o_proj's
      * reduce-scatter and qkv's gather forward, the output gradient's gather, the input
      * gradient's reduce-scatter and ln1's gather again backward (once more in a split W). */
-    const double lin_att = S * (gemm(cl, Ns, (hl + 2.0 * kvl) * hs, C) + gemm(cl, Ns, C, hl * hs));
-    const double elem_att = ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C + rope);
-    const double own_att_f = own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C);
-    const double own_att_b = own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C);
+    const double lin_att = S * att_lin;
+    /* model/mla.c makes all of its phase's weight gradients in the input pass (a split
+     * backward's W has none of them, as the MoE's): they move from W to I. */
+    const double mla_dw = mla ? lin_att : 0.0;
+    const double elem_att =
+        ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) + 6.0 * NL * C + rope) + elem_mla;
+    const double own_att_f =
+        own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) + own_mla_f;
+    const double own_att_b =
+        own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) + own_mla_b;
     ts_plan_moe_block mb;
+    memset(&mb, 0, sizeof mb);
     if (mc->moe_experts > 0)
         ts_plan_moe_block_cost(mc, cl, &xg, N, tp, sp, tp_link, ab, &mb);
-    for (int l = 1; l <= mc->n_layer; l++) {
-        if (mc->moe_experts > 0 && ts_model_block_is_moe(mc, l - 1)) {
-            L->moe[l] = mb;
-            const double g_f = mb.router_f + mb.experts_f + mb.shared_f;
-            const double g_b = mb.router_b + mb.experts_b + mb.shared_b;
-            L->f_gemm[l] = lin_att + att + g_f;
-            L->b_gemm[l] = 2.0 * lin_att + 2.0 * att + g_b;
-            L->f_tp[l] = overlap_exposed(cl, sp ? 2.0 * ag_act : ar_act, lin_att + att, S) + mb.tp_f;
-            L->i_tp[l] = overlap_exposed(cl, sp ? 3.0 * ag_act : ar_act, 2.0 * (lin_att + att), S) +
-                         mb.tp_b;
-            L->w_split_tp[l] = ag_act;
-            L->f_cp[l] = L->i_cp[l] = cp_x;
-            L->f_a2a[l] = mb.a2a_f - mb.hidden_f;
-            L->i_a2a[l] = mb.a2a_b - mb.hidden_b;
-            L->f[l] = lin_att + att + mem_time(cl, elem_att + ab * scores_f) + own_att_f +
-                      L->f_tp[l] + L->f_cp[l] + g_f + mb.elem_f + L->f_a2a[l] + mb.etp_f;
-            L->i[l] = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) +
-                      own_att_b + L->i_tp[l] + L->i_cp[l] + g_b + mb.elem_b + L->i_a2a[l] +
-                      mb.etp_b;
-            L->w[l] = lin_att;
-            L->f_att[l] = att + mem_time(cl, ab * scores_f);
-            continue;
-        }
-        L->f_gemm[l] = lin + att;
-        L->b_gemm[l] = 2.0 * lin + 2.0 * att;
+    /* The two kinds of block, each priced once: [0] dense, [1] MoE. */
+    block_cost bk[2];
+    memset(bk, 0, sizeof bk);
+    {
+        block_cost *d = &bk[0];
+        d->f_gemm = lin + att;
+        d->b_gemm = 2.0 * lin + 2.0 * att + kvb_cp;
         /* Sequence parallelism: forward 2 (reduce-scatter + all-gather), backward 2
          * output-gradient gathers, 2 input-gradient reduce-scatters, 2 norm re-gathers. */
-        L->f_tp[l] = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
-        L->i_tp[l] = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
-        L->w_split_tp[l] = 2.0 * ag_act;
-        L->f_cp[l] = L->i_cp[l] = cp_x;
-        L->f[l] = lin + att + mem_time(cl, elem + ab * scores_f) + own_f + L->f_tp[l] +
-                  L->f_cp[l];
-        L->i[l] = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b +
-                  L->i_tp[l] + L->i_cp[l];
-        L->w[l] = lin;
-        L->f_att[l] = att + mem_time(cl, ab * scores_f);
+        d->f_tp = overlap_exposed(cl, sp ? 4.0 * ag_act : 2.0 * ar_act, lin + att, S);
+        d->i_tp = overlap_exposed(cl, sp ? 6.0 * ag_act : 2.0 * ar_act, 2.0 * (lin + att), S);
+        d->w_split_tp = (mla ? 1.0 : 2.0) * ag_act; /* MLA: ln1's is in I */
+        d->f_cp = d->i_cp = cp_x;
+        d->f = lin + att + mem_time(cl, elem + ab * scores_f) + own_f + d->f_tp + d->f_cp;
+        d->i = lin + 2.0 * att + mem_time(cl, 2.0 * elem + ab * scores_b) + own_b + d->i_tp +
+               d->i_cp + mla_dw + kvb_cp;
+        d->w = lin - mla_dw;
+        d->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
     }
+    if (mc->moe_experts > 0) {
+        block_cost *e = &bk[1];
+        e->moe = mb;
+        const double g_f = mb.router_f + mb.experts_f + mb.shared_f;
+        const double g_b = mb.router_b + mb.experts_b + mb.shared_b;
+        e->f_gemm = lin_att + att + g_f;
+        e->b_gemm = 2.0 * lin_att + 2.0 * att + g_b + kvb_cp;
+        e->f_tp = overlap_exposed(cl, sp ? 2.0 * ag_act : ar_act, lin_att + att, S) + mb.tp_f;
+        e->i_tp = overlap_exposed(cl, sp ? 3.0 * ag_act : ar_act, 2.0 * (lin_att + att), S) +
+                  mb.tp_b;
+        e->w_split_tp = mla ? 0.0 : ag_act;
+        e->f_cp = e->i_cp = cp_x;
+        e->f_a2a = mb.a2a_f - mb.hidden_f;
+        e->i_a2a = mb.a2a_b - mb.hidden_b;
+        e->f = lin_att + att + mem_time(cl, elem_att + ab * scores_f) + own_att_f + e->f_tp +
+               e->f_cp + g_f + mb.elem_f + e->f_a2a + mb.etp_f;
+        e->i = lin_att + 2.0 * att + mem_time(cl, 2.0 * elem_att + ab * scores_b) + own_att_b +
+               e->i_tp + e->i_cp + g_b + mb.elem_b + e->i_a2a + mb.etp_b + mla_dw + kvb_cp;
+        e->w = lin_att - mla_dw;
+        e->f_att = att + mem_time(cl, ab * scores_f) + mla_rebuild;
+    }
+    for (int l = 1; l <= mc->n_layer; l++)
+        block_into(L, l, &bk[mc->moe_experts > 0 && ts_model_block_is_moe(mc, l - 1)]);
     /* Embedding: a gather of the local vocabulary rows (+ wpe for gpt2; llama has none),
      * written [N, C], the tp sum; backward: the scatter-add into wte (and wpe): a weight
      * gradient, no input. */
@@ -360,6 +476,46 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
               mem_time(cl, ab * (2.0 * N * Vl + shared_bytes(cl, TS_ELEM_LAYERNORM, 3.0 * NL * C))) +
               own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 3.0 * NL * C, NL * C) + L->i_tp[h];
     L->w[h] = head_gemm;
+    /* Multi-token prediction (model/mtp.c; all in the head's layer, so on the last
+     * stage): each of the D modules looks the shifted tokens up in the shared embedding
+     * (the embedding's gather and tp sum; its scatter-add in W), RMSNorms them and the
+     * previous depth's hidden state (enorm, hnorm: read + write each, the concatenation
+     * written), projects [2C] -> [C] (eh_proj, replicated over tp: NL rows), runs one
+     * block of its index's kind (block n_layer + k - 1: dense or MoE, priced as the
+     * model's), then the head again (shared_head.norm, the shared LM head, its
+     * cross-entropy); backward, the same passes' gradients and the depth's hidden
+     * gradient added into the one before (3 NL C). */
+    const block_cost head = {.f = L->f[h], .i = L->i[h], .w = L->w[h], .f_gemm = L->f_gemm[h],
+                             .b_gemm = L->b_gemm[h], .f_tp = L->f_tp[h], .i_tp = L->i_tp[h],
+                             .w_split_tp = L->w_split_tp[h]};
+    const double eh = gemm(cl, NL, C, 2.0 * C);
+    for (int d = 1; d <= mc->mtp_layers; d++) {
+        const block_cost *b =
+            &bk[mc->moe_experts > 0 && ts_model_block_is_moe(mc, mc->n_layer + d - 1)];
+        const double f_tp = (sp ? ag_act : ar_act) + b->f_tp + head.f_tp;
+        const double i_tp = ag_act + b->i_tp + head.i_tp;
+        L->f[h] += mem_time(cl, ab * (2.0 * N * C +
+                                      shared_bytes(cl, TS_ELEM_LAYERNORM, 4.0 * NL * C) +
+                                      2.0 * NL * C)) +
+                   own_time(cl, TS_ELEM_LAYERNORM, 0, ab * 4.0 * NL * C, 2.0 * NL * C) + eh +
+                   (sp ? ag_act : ar_act) + b->f + head.f;
+        L->i[h] += mem_time(cl, ab * (shared_bytes(cl, TS_ELEM_LAYERNORM, 8.0 * NL * C) +
+                                      4.0 * NL * C + 3.0 * NL * C)) +
+                   own_time(cl, TS_ELEM_LAYERNORM, 1, ab * 8.0 * NL * C, 2.0 * NL * C) + eh +
+                   ag_act + b->i + head.i;
+        L->w[h] += mem_time(cl, ab * 3.0 * N * C) + eh + b->w + head.w;
+        L->f_gemm[h] += eh + b->f_gemm + head.f_gemm;
+        L->b_gemm[h] += 2.0 * eh + b->b_gemm + head.b_gemm;
+        L->f_tp[h] += f_tp;
+        L->i_tp[h] += i_tp;
+        L->w_split_tp[h] += b->w_split_tp + head.w_split_tp;
+        L->f_cp[h] += b->f_cp;
+        L->i_cp[h] += b->i_cp;
+        L->f_a2a[h] += b->f_a2a;
+        L->i_a2a[h] += b->i_a2a;
+        L->f_att[h] += b->f_att;
+        moe_add(&L->moe[h], &b->moe);
+    }
 }
 
 void ts_plan_layers_free(ts_plan_layers *L)
@@ -512,13 +668,46 @@ double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
 {
     /* Attention per query head: QK^T and AV, 2 * 2 * T * head_dim per token forward,
      * tripled for forward + backward: 12 * T * n_head * head_dim per layer and token
-     * (n_head * head_dim = n_embd unless model.head_dim says otherwise; grouped-query attention shares k and v between query
-     * heads but computes as many scores). An MoE model counts the parameters a token
-     * uses (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no
-     * model its embeddings' lookups (ts_plan_flops_params: Megatron counts the logit
-     * layer alone). */
+     * (n_head * head_dim = n_embd unless model.head_dim says otherwise; grouped-query
+     * attention shares k and v between query heads but computes as many scores; MLA:
+     * 6 T n_head (nope + rope + v)). An MoE model counts the parameters a token uses
+     * (ts_model_active_params: Megatron's MFU counts active FLOPs only), and no model its
+     * embeddings' lookups (ts_plan_flops_params: Megatron counts the logit layer alone).
+     * Multi-token prediction's modules count as Megatron counts them
+     * (ts_plan_mtp_flops_params and their blocks' attention). */
     const double tokens = (double)global_batch * mc->seq_len;
-    const double head_dim = (double)ts_model_head_dim(mc);
-    return 6.0 * ts_plan_flops_params(mc) * tokens +
-           12.0 * mc->n_layer * (double)mc->seq_len * mc->n_head * head_dim * tokens;
+    return 6.0 * (ts_plan_flops_params(mc) + ts_plan_mtp_flops_params(mc)) * tokens +
+           ts_plan_attention_flops_per_token(mc) * tokens;
+}
+
+double ts_plan_mtp_flops_params(const ts_model_config *mc)
+{
+    if (mc->mtp_layers <= 0) return 0.0;
+    /* The D modules' blocks are blocks n_layer .. n_layer + D - 1 of the same model (the
+     * MoE rule by index): what D more blocks add to the active count, without touching
+     * its formula. */
+    ts_model_config more = *mc;
+    more.n_layer += mc->mtp_layers;
+    const double C = mc->n_embd;
+    const double blocks =
+        (double)ts_model_active_params(&more) - (double)ts_model_active_params(mc);
+    /* Per depth: enorm, hnorm, shared_head.norm, eh_proj [C, 2C] and the shared LM
+     * head's logits (the head counted again: it multiplies once more per depth). */
+    return blocks + mc->mtp_layers * (3.0 * C + 2.0 * C * C + (double)mc->vocab_size * C);
+}
+
+double ts_plan_attention_flops_per_token(const ts_model_config *mc)
+{
+    /* Per query head and token: q.k over the T keys (2 T hs) and the weighted sum of
+     * values (2 T hv) forward, tripled with the backward; the full T x T square. */
+    const double blocks = (double)mc->n_layer + (mc->mtp_layers > 0 ? mc->mtp_layers : 0);
+    if (ts_model_is_mla(mc))
+        return 6.0 * blocks * (double)mc->seq_len * mc->n_head *
+               (double)(mc->qk_nope_head_dim + mc->qk_rope_head_dim + mc->v_head_dim);
+    return 12.0 * blocks * (double)mc->seq_len * mc->n_head * (double)ts_model_head_dim(mc);
+}
+
+double ts_plan_flops_per_token(const ts_model_config *mc)
+{
+    return ts_plan_model_flops(mc, 1) / mc->seq_len;
 }

@@ -18,6 +18,15 @@
  * of the rank's heads), o_proj [C, NH*HS], gate and up [F, C] (one GEMM of 2F/tp
  * columns), down [C, F]; attention's two batched GEMMs per query head. The embedding
  * has no position table for llama; the head's GEMM is the same shape tied or not.
+ * Multi-head latent attention (model.kv_lora_rank > 0; model/mla.c) in q, k, v's place:
+ * the latent trunk [q_lora + kv_lora + rope, C] (one GEMM, replicated over tp; without a
+ * q latent q_proj's local heads join it), q_b_proj [hl (nope + rope), q_lora] and
+ * kv_b_proj [hl (nope + v), kv_lora] column-parallel, o_proj [C, hl v] row-parallel;
+ * attention's q.k over nope + rope channels, its weighted sum over v; under context
+ * parallelism the latent and rope key exchanged instead of K/V and kv_b_proj run over
+ * the gathered sequence (model/mla_cp.h). Multi-token prediction (model.mtp_layers):
+ * each module's lookup, norms, eh_proj [C, 2C], block and second head pass are the head
+ * layer's (docs/ARCHITECTURE.md "The planner with MLA and MTP").
  *
  * Attention's products follow the kernel table, one rule for a rectangle of Tq queries
  * (the last Tq of Tk positions; without cp the T x T square, with it each prefix): the
@@ -115,9 +124,12 @@ typedef struct {
     double *att_bytes;        /* [n_layers] the part of act_bytes that is attention's
                                  saved state (selective recompute keeps none of it) */
     double *f_att;            /* [n_layers] the attention core's forward (scores, softmax,
-                                 weighted sum): what selective recompute reruns per backward */
+                                 weighted sum): what selective recompute reruns per backward
+                                 (MLA: with kv_b_proj from the kept latent, RoPE and the
+                                 q|k|v assembly) */
     double *stash_bytes;      /* [n_layers] zero-bubble stash bytes (I to W) */
-    double wte_floats;        /* the tied copy the head keeps without the embedding */
+    double wte_floats;        /* the copy of the embedding the head keeps without it: a
+                                 tied head's, or the MTP modules' (model.h mtp_wte_param) */
     double scratch_bytes;     /* the backward scratch a rank allocates once */
     double rebuild_bytes;     /* what selective recompute adds to it (the rebuilt state) */
     double msg_bytes;         /* one micro-batch's activations between pipeline stages
@@ -228,9 +240,25 @@ double ts_plan_chunk_param_floats(const ts_plan_layers *L, int l0, int l1);
  * tied embedding counts once, as the logits' matrix. */
 double ts_plan_flops_params(const ts_model_config *mc);
 
-/* Model FLOPs of one step (no recompute): 6 * ts_plan_flops_params * tokens + attention
- * 12 * n_layer * seq_len * n_head * head_dim * tokens (per query head, the full T x T
- * square; n_head * head_dim = n_embd), tokens = global_batch * seq_len. */
+/* Multi-token prediction's parameters MFU counts (model.mtp_layers = D; 0 without):
+ * the D modules' blocks as the model counts blocks n_layer .. n_layer + D - 1 (an MoE
+ * block's active ones), and per depth eh_proj [C, 2C], its three norms and the shared
+ * LM head, which multiplies again (Megatron's count; DeepSeek-V3: 0.688B + 0.927B). */
+double ts_plan_mtp_flops_params(const ts_model_config *mc);
+
+/* Attention's FLOPs per token, forward and backward, over the full T x T square (a
+ * causal kernel does about half): 12 * seq_len * n_head * head_dim per block, MLA's
+ * 6 * seq_len * n_head * (qk_nope + qk_rope + v_head_dim), the MTP modules' blocks
+ * included. */
+double ts_plan_attention_flops_per_token(const ts_model_config *mc);
+
+/* Model FLOPs of one step (no recompute): 6 * (ts_plan_flops_params +
+ * ts_plan_mtp_flops_params) * tokens + ts_plan_attention_flops_per_token * tokens
+ * (without MLA or MTP: 12 * n_layer * seq_len * n_head * head_dim * tokens, per query
+ * head the full T x T square; n_head * head_dim = n_embd), tokens = global_batch *
+ * seq_len. */
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
+/* The same per token (ts_plan_model_flops of one sequence / seq_len). */
+double ts_plan_flops_per_token(const ts_model_config *mc);
 
 #endif
