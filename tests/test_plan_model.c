@@ -904,10 +904,20 @@ static void test_mla_formulas(void)
                  moe_used = E * C + K * 3 * MF * C + 3 * MF * C;
     const double total = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_all + C + V * C;
     const double active = V * C + 61 * (2 * C + mla) + 3 * dense + 58 * moe_used + C + V * C;
-    CHECKF((double)ts_model_logical_params(mc) == total, "671B: %zu parameters, want %.0f",
-           ts_model_logical_params(mc), total);
-    CHECKF((double)ts_model_active_params(mc) == active, "37B: %zu active, want %.0f",
-           ts_model_active_params(mc), active);
+    /* The main model (the report's 671B); with the MTP module, what Tessera trains and
+     * saves: block 61's MLA and MoE, its norms, enorm, hnorm, shared_head.norm and
+     * eh_proj (11.6B; README_WEIGHTS: 11.5B unique, 685B in all). */
+    ts_model_config main_only = *mc;
+    main_only.mtp_layers = 0;
+    CHECKF((double)ts_model_logical_params(&main_only) == total,
+           "671B: %zu parameters, want %.0f", ts_model_logical_params(&main_only), total);
+    CHECKF((double)ts_model_active_params(&main_only) == active, "37B: %zu active, want %.0f",
+           ts_model_active_params(&main_only), active);
+    const double mtp_all = 2 * C + mla + moe_all + 3 * C + 2 * C * C,
+                 mtp_used = 2 * C + mla + moe_used + 3 * C + 2 * C * C;
+    CHECKF((double)ts_model_logical_params(mc) == total + mtp_all,
+           "with MTP: %zu parameters, want %.0f", ts_model_logical_params(mc), total + mtp_all);
+    CHECK((double)ts_model_active_params(mc) == active + mtp_used);
     /* The report's rounding: 671B total; "37B activated" (README_WEIGHTS: 36.7B), ours
      * 37.55B with both embedding and head, 36.63B without the looked-up embedding. */
     CHECKF(total > 670.5e9 && total < 671.5e9, "total %.4gB is not the report's 671B", total / 1e9);

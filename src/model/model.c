@@ -747,21 +747,17 @@ size_t ts_model_logical_params(const ts_model_config *c)
 {
     const size_t C = (size_t)c->n_embd, F = (size_t)ts_model_ffn(c), V = (size_t)c->vocab_size;
     const size_t head = ts_model_tied(c) ? 0 : V * C;
-    if (ts_model_arch(c) == TS_ARCH_LLAMA && ts_model_is_mla(c)) {
-        const size_t H = (size_t)c->n_head, RQ = (size_t)c->q_lora_rank,
-                     RKV = (size_t)c->kv_lora_rank, R = (size_t)c->qk_rope_head_dim,
-                     HS = (size_t)c->qk_nope_head_dim + R, HV = (size_t)c->v_head_dim;
-        const size_t q = RQ > 0 ? RQ * C + RQ + H * HS * RQ : H * HS * C;
-        const size_t attn = 2 * C + q + (RKV + R) * C + RKV +
-                            H * ((size_t)c->qk_nope_head_dim + HV) * RKV + C * H * HV;
-        size_t blocks = 0;
-        for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
-        return V * C + blocks + C + head;
-    }
     if (ts_model_arch(c) == TS_ARCH_LLAMA) {
-        const size_t HS = (size_t)ts_model_head_dim(c), Q = (size_t)c->n_head * HS,
-                     KV = (size_t)ts_model_kv_heads(c) * HS;
-        const size_t attn = 2 * C + Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
+        /* Two norms and the attention: multi-head latent attention's projections, or
+         * grouped-query attention's (with Qwen3's q_norm and k_norm). */
+        size_t attn = 2 * C;
+        if (ts_model_is_mla(c)) {
+            attn += ts_model_mla_attention_params(c);
+        } else {
+            const size_t HS = (size_t)ts_model_head_dim(c), Q = (size_t)c->n_head * HS,
+                         KV = (size_t)ts_model_kv_heads(c) * HS;
+            attn += Q * C + 2 * KV * C + C * Q + (c->qk_norm ? 2 * HS : 0);
+        }
         size_t blocks = 0;
         for (int l = 0; l < c->n_layer; l++) blocks += attn + mlp_params(c, l, false);
         /* Multi-token prediction's modules: a block each, enorm, hnorm, shared_head.norm

@@ -661,7 +661,11 @@ double ts_plan_flops_params(const ts_model_config *mc)
     const double C = mc->n_embd;
     const double lookups = (ts_model_tied(mc) ? 0.0 : (double)mc->vocab_size * C) +
                            (ts_model_arch(mc) == TS_ARCH_LLAMA ? 0.0 : (double)mc->seq_len * C);
-    return (double)ts_model_active_params(mc) - lookups;
+    /* The main model's: ts_model_active_params counts the MTP modules too, which
+     * ts_plan_mtp_flops_params prices (with the head they multiply once more). */
+    ts_model_config main = *mc;
+    main.mtp_layers = 0;
+    return (double)ts_model_active_params(&main) - lookups;
 }
 
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
@@ -686,11 +690,13 @@ double ts_plan_mtp_flops_params(const ts_model_config *mc)
     /* The D modules' blocks are blocks n_layer .. n_layer + D - 1 of the same model (the
      * MoE rule by index): what D more blocks add to the active count, without touching
      * its formula. */
-    ts_model_config more = *mc;
+    ts_model_config base = *mc;
+    base.mtp_layers = 0;
+    ts_model_config more = base;
     more.n_layer += mc->mtp_layers;
     const double C = mc->n_embd;
     const double blocks =
-        (double)ts_model_active_params(&more) - (double)ts_model_active_params(mc);
+        (double)ts_model_active_params(&more) - (double)ts_model_active_params(&base);
     /* Per depth: enorm, hnorm, shared_head.norm, eh_proj [C, 2C] and the shared LM
      * head's logits (the head counted again: it multiplies once more per depth). */
     return blocks + mc->mtp_layers * (3.0 * C + 2.0 * C * C + (double)mc->vocab_size * C);
