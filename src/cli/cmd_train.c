@@ -65,8 +65,13 @@ static int run(int argc, char **argv, int rank, int world_size)
     /* Llama's shapes that n_embd and n_head do not imply: its key/value heads (GQA) and
      * SwiGLU's hidden width. */
     char kv[32] = "", ffn[32] = "";
-    if (!strcmp(cfg.model.arch, "llama")) {
+    if (!strcmp(cfg.model.arch, "llama") && ts_model_is_mla(&cfg.model))
+        /* MLA: the latent ranks instead of key/value heads. */
+        snprintf(kv, sizeof kv, " (MLA q %d kv %d)", cfg.model.q_lora_rank,
+                 cfg.model.kv_lora_rank);
+    else if (!strcmp(cfg.model.arch, "llama"))
         snprintf(kv, sizeof kv, " (%d kv)", cfg.model.n_kv_head);
+    if (!strcmp(cfg.model.arch, "llama")) {
         snprintf(ffn, sizeof ffn, ", ffn %d", cfg.model.ffn_hidden);
     }
     /* An MoE model: its experts, and the parameters one token uses (Megatron's "active"). */
@@ -75,10 +80,14 @@ static int run(int argc, char **argv, int rank, int world_size)
         snprintf(moe, sizeof moe, ", %d experts top-%d of %d (%.2fM active)",
                  cfg.model.moe_experts, cfg.model.moe_top_k, cfg.model.moe_ffn_hidden,
                  (double)ts_model_active_params(&cfg.model) / 1e6);
+    char mtp[32] = "";
+    if (cfg.model.mtp_layers > 0)
+        snprintf(mtp, sizeof mtp, ", %d MTP module%s", cfg.model.mtp_layers,
+                 cfg.model.mtp_layers == 1 ? "" : "s");
     ts_log_info("tessera: %s %d layers, %d heads%s, %d embd%s, vocab %d, seq %d: %.2fM "
-                "parameters%s",
+                "parameters%s%s",
                 cfg.model.arch, cfg.model.n_layer, cfg.model.n_head, kv, cfg.model.n_embd, ffn,
-                cfg.model.vocab_size, cfg.model.seq_len, (double)n_params / 1e6, moe);
+                cfg.model.vocab_size, cfg.model.seq_len, (double)n_params / 1e6, moe, mtp);
     const int n_mb = ts_config_num_microbatches(&cfg);
     /* The rank order with all four axes (a three-name order places cp after tp). */
     char order[32] = "";
