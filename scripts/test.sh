@@ -59,5 +59,5 @@ ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -E '^test_quic
 unset LSAN_OPTIONS ASAN_OPTIONS
 
 echo "== fuzzing (libFuzzer, ASan + UBSan; FUZZ_SECONDS per harness) =="
-# 6 s a harness from its seeds in CI (docs/CI.md); FUZZ_SECONDS=60 for a longer look.
-FUZZ_SECONDS="${FUZZ_SECONDS:-6}" scripts/fuzz.sh
+# 4 s a harness from its seeds in CI (docs/CI.md); FUZZ_SECONDS=60 for a longer look.
+FUZZ_SECONDS="${FUZZ_SECONDS:-4}" scripts/fuzz.sh
