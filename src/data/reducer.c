@@ -11,24 +11,58 @@
 
 #include "core/timer.h"
 #include "core/watchdog.h"
+#include "data/owner_cut.h"
 
 /* ------------------------------------------------------------------ layout -- */
 
-/* Sharded: cut bucket b into one piece per member of its group on TS_ZERO_ALIGN
- * boundaries, as evenly as they allow (the last piece takes any ragged end). */
-static void split_bucket(ts_bucket *b)
+/* Cut bucket b into one piece per member of its group: sharded, or holding parameters
+ * kept whole (whose owners the cut names, sharded or not). Without whole parameters the
+ * even cut on TS_ZERO_ALIGN boundaries (the last piece takes any ragged end); with them
+ * the owner-aligned one (data/owner_cut.h), balancing the group's cumulative costs. */
+static void split_bucket(ts_reducer *r, const ts_model *m, const ts_reducer_args *a, ts_bucket *b)
 {
     const int n = b->group->size;
-    const size_t len = b->end - b->begin, units = len / TS_ZERO_ALIGN;
+    const size_t len = b->end - b->begin;
     TS_ASSERT(len <= INT_MAX);
+    int k = 0, p0 = -1; /* the bucket's whole parameters: k of them from p0 on */
+    for (int p = 0; a->whole_cost && p < m->n_params; p++) {
+        const size_t at = p == 0 ? 0 : m->params[p].offset;
+        if (at < b->begin || at >= b->end || a->whole_cost[p] <= 0.0) continue;
+        if (p0 < 0) p0 = p;
+        k++;
+    }
+    b->whole = k > 0;
+    if (!r->sharded && !b->whole) return;
     b->counts = ts_calloc((size_t)n, sizeof(int));
     b->displs = ts_calloc((size_t)n, sizeof(int));
-    for (int r = 0; r < n; r++) {
-        size_t lo = units * (size_t)r / (size_t)n * TS_ZERO_ALIGN;
-        size_t hi = r == n - 1 ? len : units * (size_t)(r + 1) / (size_t)n * TS_ZERO_ALIGN;
-        b->displs[r] = (int)lo;
-        b->counts[r] = (int)(hi - lo);
+    if (!b->whole) {
+        ts_even_cut(n, len, TS_ZERO_ALIGN, b->counts, b->displs);
+        return;
     }
+    ts_whole_item *items = ts_calloc((size_t)k, sizeof *items);
+    int *owner = ts_calloc((size_t)k, sizeof(int)), *param = ts_calloc((size_t)k, sizeof(int));
+    for (int p = p0, i = 0; i < k; p++) {
+        if (m->params[p].offset >= b->end || a->whole_cost[p] <= 0.0) continue;
+        items[i] = (ts_whole_item){m->params[p].offset - b->begin,
+                                   m->params[p].offset - b->begin + m->params[p].numel,
+                                   a->whole_cost[p]};
+        param[i++] = p;
+    }
+    ts_owner_cut(n, len, TS_ZERO_ALIGN, items, k, r->whole_load[b->group_index], b->counts,
+                 b->displs, owner);
+    /* Each member's extent of whole parameters (ZeRO-0 gathers only these). */
+    b->gcounts = ts_calloc((size_t)n, sizeof(int));
+    b->gdispls = ts_calloc((size_t)n, sizeof(int));
+    for (int i = 0; i < k; i++) {
+        const int o = owner[i];
+        if (b->gcounts[o] == 0) b->gdispls[o] = (int)items[i].begin;
+        b->gcounts[o] = (int)items[i].end - b->gdispls[o];
+        r->whole_owner[param[i]] = o;
+        r->whole_mine[param[i]] = o == b->group->rank;
+    }
+    free(items);
+    free(owner);
+    free(param);
 }
 
 static int group_index(ts_reducer *r, const ts_comm *group)
@@ -36,11 +70,13 @@ static int group_index(ts_reducer *r, const ts_comm *group)
     for (int i = 0; i < r->n_groups; i++)
         if (r->groups[i] == group) return i;
     r->groups[r->n_groups] = group;
+    r->whole_load[r->n_groups] = ts_calloc((size_t)group->size, sizeof(double));
     return r->n_groups++;
 }
 
-static void add_bucket(ts_reducer *r, size_t begin, size_t end, int min_layer, int max_layer,
-                       bool tied, int segment, const ts_comm *group)
+static void add_bucket(ts_reducer *r, const ts_model *m, const ts_reducer_args *a, size_t begin,
+                       size_t end, int min_layer, int max_layer, bool tied, int segment,
+                       const ts_comm *group)
 {
     ts_bucket *b = &r->buckets[r->n_buckets++];
     b->segment = segment;
@@ -51,7 +87,7 @@ static void add_bucket(ts_reducer *r, size_t begin, size_t end, int min_layer, i
     b->tied = tied;
     b->group = group;
     b->group_index = group_index(r, group);
-    if (r->sharded) split_bucket(b);
+    split_bucket(r, m, a, b);
 }
 
 /* The segment holding layer l. */
@@ -68,23 +104,46 @@ static const ts_comm *param_group(const ts_reducer_args *a, int p)
     return a->param_group && a->param_group[p] ? a->param_group[p] : a->group;
 }
 
+/* Parameter p's floats as tensor-parallel part 0 holds them (with the same alignment as
+ * the layout's), which every tp rank counts alike; a split with uneven parts (the
+ * vocabulary's) gives the ranks different local counts. */
+static size_t part0_floats(const ts_param *P)
+{
+    const ts_shard_spec *s = &P->shard;
+    if (s->split_axis < 0 || s->parts <= 1) return (P->numel + 15) / 16 * 16;
+    ts_shard_spec z;
+    ts_shard_init(&z, s->name, s->ndim, s->shape, s->split_axis, s->groups, s->parts, 0);
+    return (ts_shard_numel(&z) + 15) / 16 * 16;
+}
+
 /* Walk the parameters from the last (final first) to the first, closing a bucket once
  * it holds `target` floats. Boundaries fall between parameters, so a bucket's readiness
  * is a range of layers. A bucket holds one group's parameters and lies in one segment;
- * sharded, a group-summed tensor is a bucket alone. */
+ * sharded, a group-summed tensor is a bucket alone. `at[p]` is where parameter p starts
+ * for the size rule: its offset, or (whole parameters: tp-invariant) the part 0 floats
+ * of the parameters before it. */
 static void build_buckets(ts_reducer *r, const ts_model *m, const ts_reducer_args *a,
                           size_t target)
 {
     r->buckets = ts_calloc((size_t)m->n_params, sizeof *r->buckets); /* >= 1 param each */
     r->groups = ts_calloc((size_t)m->n_params, sizeof *r->groups);
-    size_t end = m->num_floats;
+    r->whole_load = ts_calloc((size_t)m->n_params, sizeof *r->whole_load);
+    bool invariant = false;
+    for (int p = 0; a->whole_cost && p < m->n_params; p++) invariant |= a->whole_cost[p] > 0.0;
+    size_t *at = ts_malloc(((size_t)m->n_params + 1) * sizeof *at);
+    for (int p = 0; p < m->n_params; p++)
+        at[p] = !invariant ? m->params[p].offset : p == 0 ? 0 : at[p - 1] + part0_floats(&m->params[p - 1]);
+    at[m->n_params] = invariant ? at[m->n_params - 1] + part0_floats(&m->params[m->n_params - 1])
+                                : m->num_floats;
+    size_t end = m->num_floats, size_end = at[m->n_params];
     int min_layer = INT_MAX, max_layer = -1; /* the open bucket's layers; empty: max < 0 */
     int open_s = r->n_segments - 1;
     const ts_comm *open_g = NULL; /* the open bucket's group */
-#define CLOSE(at, seg)                                                                    \
+#define CLOSE(from, size_from, seg)                                                       \
     do {                                                                                  \
-        add_bucket(r, (at), end, min_layer, max_layer, false, (seg), open_g);            \
-        end = (at);                                                                       \
+        add_bucket(r, m, a, (from), end, min_layer, max_layer, false, (seg), open_g);     \
+        end = (from);                                                                     \
+        size_end = (size_from);                                                           \
         min_layer = INT_MAX;                                                              \
         max_layer = -1;                                                                   \
     } while (0)
@@ -95,23 +154,26 @@ static void build_buckets(ts_reducer *r, const ts_model *m, const ts_reducer_arg
         const ts_comm *g = param_group(a, p);
         if (s != open_s) { /* into the segment below: close the open bucket at its start */
             const size_t start = r->segments[open_s].begin;
-            if (max_layer >= 0) CLOSE(start, open_s);
+            if (max_layer >= 0) CLOSE(start, at[p + 1], open_s);
             end = start;
+            size_end = at[p + 1];
             open_s = s;
         }
-        if (max_layer >= 0 && g != open_g) CLOSE(m->params[p + 1].offset, s);
+        if (max_layer >= 0 && g != open_g) CLOSE(m->params[p + 1].offset, at[p + 1], s);
         open_g = g;
         if (r->sharded && ts_group_sums_has(a->sums, p)) {
-            if (max_layer >= 0) CLOSE(m->params[p + 1].offset, s); /* the bucket above it */
-            add_bucket(r, begin, end, P->layer, P->layer, true, s, g);
+            if (max_layer >= 0) CLOSE(m->params[p + 1].offset, at[p + 1], s); /* the bucket above it */
+            add_bucket(r, m, a, begin, end, P->layer, P->layer, true, s, g);
             end = begin;
+            size_end = at[p];
             continue;
         }
         if (P->layer < min_layer) min_layer = P->layer;
         if (P->layer > max_layer) max_layer = P->layer;
-        if (end - P->offset >= target || p == 0) CLOSE(begin, s);
+        if (size_end - at[p] >= target || p == 0) CLOSE(begin, at[p], s);
     }
 #undef CLOSE
+    free(at);
 }
 
 /* The ranges this rank holds reduced: its piece of every bucket (ascending: the buckets
@@ -162,6 +224,16 @@ void ts_reducer_init(ts_reducer *r, ts_model *m, const ts_reducer_args *a)
     bool reduce = false; /* some parameter's group has another member */
     for (int p = 0; p < m->n_params && !reduce; p++) reduce = param_group(a, p)->size > 1;
     r->sharded = a->sharded && reduce;
+    if (a->whole_cost) {
+        r->whole_owner = ts_malloc((size_t)m->n_params * sizeof(int) + 1);
+        r->whole_mine = ts_calloc((size_t)m->n_params + 1, sizeof(bool));
+        for (int p = 0; p < m->n_params; p++) {
+            /* Without a reduction every whole parameter is this rank's (replaced below). */
+            r->whole_owner[p] = a->whole_cost[p] > 0.0 ? 0 : -1;
+            r->whole_mine[p] = a->whole_cost[p] > 0.0;
+            if (reduce && a->whole_cost[p] > 0.0) r->whole_mine[p] = false;
+        }
+    }
     if (reduce) {
         size_t target = a->bucket_bytes / sizeof(float);
         build_buckets(r, m, a, target > 0 ? target : 1);
@@ -334,7 +406,13 @@ void ts_reducer_free(ts_reducer *r)
     for (int i = 0; i < r->n_buckets; i++) {
         free(r->buckets[i].counts);
         free(r->buckets[i].displs);
+        free(r->buckets[i].gcounts);
+        free(r->buckets[i].gdispls);
     }
+    for (int g = 0; r->whole_load && g < r->n_groups; g++) free(r->whole_load[g]);
+    free(r->whole_load);
+    free(r->whole_owner);
+    free(r->whole_mine);
     free(r->buckets);
     free(r->groups);
     free(r->segments);
@@ -493,6 +571,8 @@ void ts_reducer_finish(ts_reducer *r)
     if (++r->steps == TS_GRAD_SYNC_REFERENCE_STEPS)
         r->reference_ms = r->wait_ms > 1e-6 ? r->wait_ms : 1e-6;
 }
+
+bool ts_reducer_owns_whole(const ts_reducer *r, int p) { return r->whole_mine && r->whole_mine[p]; }
 
 bool ts_reducer_counts_norm(const ts_reducer *r) { return r->sharded || r->group->rank == 0; }
 

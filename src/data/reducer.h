@@ -50,7 +50,12 @@ typedef struct {
     const ts_comm *group; /* the group reducing it (the parameters' group) */
     int group_index;    /* into the reducer's groups */
     int segment;        /* the segment holding its gradients */
-    int *counts, *displs; /* sharded: [group->size] each member's piece, floats from begin */
+    int *counts, *displs; /* sharded: [group->size] each member's piece, floats from begin;
+                           * unsharded, a bucket holding parameters kept whole: their
+                           * owners' pieces (who updates what) */
+    bool whole;         /* holds parameters kept whole (ts_reducer_args.whole_cost) */
+    int *gcounts, *gdispls; /* whole: [group->size] the floats from each member's first
+                             * whole parameter to the end of its last (ZeRO-0's gather) */
     size_t piece_off;   /* sharded: this rank's piece in the compact order of its pieces */
     bool launched;
     ts_request req;
@@ -82,6 +87,14 @@ typedef struct {
      * over the model's full gradient buffer. */
     int n_segments;
     const ts_grad_segment *segments;
+    /* [n_params] or NULL: > 0 keeps the parameter whole in one member's piece, weighing
+     * that much (Muon's matrices: ts_muon_ns_cost of the logical shape). With any set,
+     * buckets close on tp-invariant sizes (each parameter counted as tensor-parallel part
+     * 0's, the same on every tp rank), so every tp (and etp) rank cuts the same buckets
+     * and gives each whole parameter the same owner; buckets holding whole parameters are
+     * cut owner-aligned (data/owner_cut.h), balancing each group member's cumulative cost
+     * in bucket order, sharded or not; the others as without (even cuts). */
+    const double *whole_cost;
 } ts_reducer_args;
 
 typedef struct {
@@ -105,6 +118,13 @@ typedef struct {
     int n_pieces;
     ts_flat_range *pieces;
     size_t n_piece_floats;
+    /* With ts_reducer_args.whole_cost: [n_params] the member of the parameter's group
+     * whose piece holds it whole, -1 for the others; NULL without. whole_load[g] is
+     * group g's members' summed costs ([groups[g]->size] each), the balance the cuts
+     * reached. */
+    int *whole_owner;
+    bool *whole_mine;     /* [n_params] whole_owner is this rank's member of the group */
+    double **whole_load;
     /* Sharded: where reduced pieces go. NULL: their place in the segment's buffer; set
      * (ts_reducer_place_into): a compact buffer in piece order (ZeRO-2/3's). */
     float *compact;
@@ -160,6 +180,9 @@ float *ts_reducer_bucket_grads(const ts_reducer *r, const ts_bucket *b);
  * rank counts its own pieces; otherwise the replicas hold identical gradients and rank 0
  * of the group alone counts them. */
 bool ts_reducer_counts_norm(const ts_reducer *r);
+/* Whether this rank's piece holds parameter p whole (its group member is p's owner). */
+bool ts_reducer_owns_whole(const ts_reducer *r, int p);
+
 /* Fraction of this step's reduction time hidden behind compute (0 without buckets). */
 double ts_reducer_overlap(const ts_reducer *r);
 
