@@ -341,8 +341,9 @@ void ts_zero_attach(ts_zero_state *s, ts_reducer *r, ts_engine *e, ts_adamw *o)
     s->reducer = r;
     s->n_shard_floats = r->n_piece_floats;
     ts_adamw_init_ranges(o, s->model, r->pieces, r->n_pieces, r->sharded);
-    /* Each bucket's weight gather: ZeRO-1/2's after the step, ZeRO-3's per chunk. */
-    if (s->level >= 1) s->greq = ts_calloc((size_t)r->n_buckets + 1, sizeof *s->greq);
+    /* Each bucket's weight gather: ZeRO-1/2's after the step, ZeRO-3's per chunk, ZeRO-0's
+     * of the parameters kept whole (Muon's matrices) after the step. */
+    s->greq = ts_calloc((size_t)r->n_buckets + 1, sizeof *s->greq);
     if (s->level < 2) return;
     TS_ASSERT(r->n_segments == s->n_zchunks);
     build_residency(s);
@@ -421,12 +422,34 @@ void ts_zero_init_weights(ts_zero_state *s, uint64_t seed)
 
 void ts_zero_begin(ts_zero_state *s) { s->gather_ms = 0.0; }
 
+/* ZeRO-0 with parameters kept whole (Muon's matrices): every replica updated the others
+ * alike, each whole one only its owner: each member's extent of them (gcounts: from its
+ * first to the end of its last, the floats between them its own alike) reaches every
+ * replica; the floats between members' extents stay as each replica computed them. */
+static void gather_whole(ts_zero_state *s)
+{
+    const ts_reducer *r = s->reducer;
+    int n = 0;
+    for (int i = 0; i < r->n_buckets; i++) {
+        const ts_bucket *b = &r->buckets[i];
+        if (!b->whole) continue;
+        ts_iallgather_f32(b->group, s->model->param_mem + b->begin, b->gcounts, b->gdispls,
+                          &s->greq[n++]);
+    }
+    for (int i = 0; i < n; i++) ts_request_wait(&s->greq[i]);
+}
+
 void ts_zero_gather_params(ts_zero_state *s)
 {
     /* ZeRO-3 gathers each chunk when the next step needs it (before_action). */
-    if (s->level < 1 || s->level == 3 || !s->reducer->sharded) return;
+    if (s->level == 3 || !s->reducer) return;
     const ts_reducer *r = s->reducer;
     double t0 = ts_now_ms();
+    if (!r->sharded) {
+        if (r->whole_owner) gather_whole(s);
+        s->gather_ms += ts_now_ms() - t0;
+        return;
+    }
     for (int i = 0; i < r->n_buckets; i++) {
         const ts_bucket *b = &r->buckets[i];
         ts_iallgather_f32(b->group, s->model->param_mem + b->begin, b->counts, b->displs,

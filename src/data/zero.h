@@ -111,7 +111,9 @@ void ts_zero_dematerialize(ts_zero_state *s, bool keep);
 /* Start of a step: its gather time restarts. */
 void ts_zero_begin(ts_zero_state *s);
 /* ZeRO-1/2, after the optimizer updated this rank's pieces: every replica gets every
- * updated parameter. A no-op otherwise (ZeRO-3 gathers each chunk when it is needed). */
+ * updated parameter; ZeRO-0 with parameters kept whole (the reducer's whole_cost: Muon's
+ * matrices, each updated by its owner alone): every replica gets those. A no-op
+ * otherwise (ZeRO-3 gathers each chunk when it is needed). */
 void ts_zero_gather_params(ts_zero_state *s);
 /* Bytes of the optimizer-side state this rank keeps through the run: the full-size
  * weights (and their compute copy) and gradients it holds, ZeRO-2/3's compact shard
