@@ -58,12 +58,11 @@ int ts_config_muon_ns_steps(const ts_train_config *t)
 }
 
 /* The Muon keys belong to Muon (none accepted and ignored under AdamW), DeepSeek-V4's
- * hybrid is its fixed 8 + 2 steps, and until the distributed Muon and its checkpoints are
- * merged a Muon run is one rank per pipeline stage without checkpoints. */
+ * hybrid is its fixed 8 + 2 steps, and until Muon's checkpoints are merged a Muon run
+ * saves and loads none. Every grid runs it (data/muon_dist.h). */
 ts_status ts_config_validate_muon(const ts_config *cfg)
 {
     const ts_train_config *t = &cfg->train, d = {.muon_momentum = 0.95, .muon_nesterov = true};
-    const ts_parallel_config *p = &cfg->parallel;
     if (t->allow_optimizer_change)
         return ts_fail("config key 'train.allow_optimizer_change' = true: checkpoints that "
                        "record their optimizer (and refuse another one without this key) are "
@@ -88,12 +87,6 @@ ts_status ts_config_validate_muon(const ts_config *cfg)
                        "-4.7750, 2.0315) then 2 with (2, -1.5, 0.5), 10 in all; remove "
                        "muon_ns_steps (or set it to 10), or choose \"torch\" or \"quintic\"",
                        t->muon_ns_steps);
-    if (p->dp * p->cp > 1 || p->tp > 1 || p->ep > 1 || p->etp > 1)
-        return ts_fail("config key 'train.optimizer' = \"muon\" on parallel.dp = %d, cp = %d, "
-                       "tp = %d, ep = %d, etp = %d: distributed Muon (each matrix owned by one "
-                       "rank of its data-parallel group, tp shards gathered) is being built; "
-                       "for now Muon runs with dp = cp = tp = ep = etp = 1 (any pp)",
-                       p->dp, p->cp, p->tp, p->ep, p->etp);
     if (cfg->checkpoint.dir[0] || cfg->checkpoint.load[0])
         return ts_fail("config key 'train.optimizer' = \"muon\" with checkpoint.%s set: "
                        "checkpoints of Muon's momentum are being built; for now a Muon run "

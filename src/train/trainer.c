@@ -62,14 +62,18 @@ static ts_status setup_data_parallel(ts_trainer *t, int level)
         for (int p = 0; p < t->model.n_params; p++)
             if (t->model.params[p].expert) param_group[p] = &t->groups->edp;
     }
+    /* Muon: each of its matrices kept whole in one member's piece (data/muon_dist.h). */
+    double *whole_cost = ts_config_muon(&cfg->train) ? ts_muon_whole_costs(&t->model) : NULL;
     ts_reducer_args ra = {.group = &t->groups->replica,
                           .param_group = param_group,
                           .sums = &t->sums,
                           .bucket_bytes = (size_t)cfg->parallel.bucket_mb << 20,
-                          .overlap = cfg->parallel.overlap_grad_sync};
+                          .overlap = cfg->parallel.overlap_grad_sync,
+                          .whole_cost = whole_cost};
     ts_zero_reducer_args(&t->zero, &ra);
     ts_reducer_init(&t->reducer, &t->model, &ra);
     free(param_group);
+    free(whole_cost);
     const bool thread = strcmp(cfg->parallel.grad_sync_progress, "thread") == 0;
     ts_status st = ts_reducer_attach(&t->reducer, &t->engine, &t->model, thread);
     if (st == TS_OK) {
@@ -219,6 +223,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_reducer_free(&t->reducer);
     ts_group_sums_free(&t->sums);
     ts_adamw_free(&t->optim);
+    ts_muon_dist_free(&t->muon_dist); /* before the state it points at */
     ts_muon_free(&t->muon);
     ts_engine_free(&t->engine);
     if (t->has_train) ts_sampler_close(&t->train_data);

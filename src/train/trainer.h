@@ -17,6 +17,7 @@
 #include "dataset/sampler.h"
 #include "model/model.h"
 #include "optim/muon.h"
+#include "data/muon_dist.h"
 #include "optim/optim.h"
 #include "pipeline/engine.h"
 #include "pipeline/partition.h"
@@ -99,6 +100,7 @@ typedef struct {
                            (under Muon: its non-Muon floats only) */
     bool use_muon;      /* train.optimizer = "muon" */
     ts_muon muon;       /* Muon's momentum of the matrices this rank owns (optimizer.c) */
+    ts_muon_dist muon_dist; /* which those are, where their gradients and weights live */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
     ts_dataset val_data;
