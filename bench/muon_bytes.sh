@@ -80,7 +80,7 @@ run() {
   mpirun --oversubscribe -np "$dp" -x LD_PRELOAD="$tmp/shim.so" "$build/tessera" train \
     configs/llama-tiny.cfg "${model[@]}" --set "train.steps=$steps" \
     --set "data.train=\"$tmp/train.bin\"" --set 'data.val=""' --set train.threads=1 \
-    --set log.progress=false --set 'log.metrics=""' --set parallel.micro_batch=1 \
+    --set 'log.metrics=""' --set parallel.micro_batch=1 \
     --set "train.global_batch=$dp" --set "parallel.dp=$dp" --set "parallel.zero=$zero" \
     --set "train.optimizer=\"$opt\"" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
   local bal
