@@ -202,10 +202,17 @@ void ts_muon_matrix_step(ts_muon *o, const ts_model *m, int i, float *param, con
     k->muon_momentum(o->work, o->momentum + o->offset[i], grad, grad_scale, P->numel,
                      o->cfg.momentum, o->cfg.nesterov ? 1 : 0);
     ts_muon_orthogonalize(&o->cfg, k, o->work, rows, cols, o->scratch);
-    /* torch: param.mul_(1 - lr * wd) with the unscaled lr, then add_(O, -lr * scale). */
-    const float decay = P->decay ? (float)(1.0 - lr * weight_decay) : 1.0f;
-    const float lr_scaled = (float)(lr * ts_muon_scale(&o->cfg, rows, cols));
+    float decay, lr_scaled;
+    ts_muon_update_factors(&o->cfg, P, lr, weight_decay, &decay, &lr_scaled);
     k->muon_apply(param, o->work, P->numel, decay, lr_scaled, acc);
+}
+
+void ts_muon_update_factors(const ts_muon_config *c, const ts_param *P, double lr,
+                            double weight_decay, float *decay, float *lr_scaled)
+{
+    /* torch: param.mul_(1 - lr * wd) with the unscaled lr, then add_(O, -lr * scale). */
+    *decay = P->decay ? (float)(1.0 - lr * weight_decay) : 1.0f;
+    *lr_scaled = (float)(lr * ts_muon_scale(c, P->shard.shape[0], P->shard.shape[1]));
 }
 
 double ts_muon_step(ts_muon *o, ts_model *m, const ts_train_config *tc, double lr,
