@@ -79,9 +79,8 @@ size_t ts_muon_scratch_bytes(int64_t rows, int64_t cols)
 
 /* The iteration on the wide form (rows <= cols: X [s, l], A = X X^T, X = a X + B X) or,
  * without transposing anything, on the tall one (X [l, s], A = X^T X, X = a X + X B):
- * the transpose of the wide form's steps (B is symmetric). The first step folds the
- * normalisation into its GEMMs' scalars (X/n: A's alpha 1/n^2, the last GEMM's 1/n),
- * so no pass scales X. */
+ * the transpose of the wide form's steps (B is symmetric). The normalisation reads the
+ * norm on the device (muon_normalize), so a step never waits for the host. */
 void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *x, int64_t rows,
                            int64_t cols, void *scratch)
 {
@@ -98,16 +97,12 @@ void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *
 
     k->memset_zero(acc, sizeof(double));
     k->sum_squares_into(acc, x, n);
-    double sumsq = 0.0;
-    k->memcpy_d2h(&sumsq, acc, sizeof sumsq);
-    const double norm = sqrt(sumsq);
-    float scale = (float)(1.0 / (norm > c->eps ? norm : c->eps));
-
+    k->muon_normalize(x, n, acc, (float)c->eps);
     for (int i = 0; i < c->ns_steps; i++) {
         const float a = c->coef[i][0], b = c->coef[i][1], cc = c->coef[i][2];
         k->convert(xa, k->act_dtype, x, TS_DTYPE_F32, n); /* the GEMMs' copy of X */
         /* A = X X^T (wide) or X^T X (tall), [s, s] */
-        k->gemm(A, xa, xa, s, s, l, tall, !tall, scale * scale, 0.0f);
+        k->gemm(A, xa, xa, s, s, l, tall, !tall, 1.0f, 0.0f);
         const void *Aop = A;
         if (!f32) {
             k->convert(op, k->act_dtype, A, TS_DTYPE_F32, ss);
@@ -123,10 +118,9 @@ void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *
         }
         /* X = a X + B X (wide) or a X + X B (tall) */
         if (tall)
-            k->gemm(x, xa, Bop, l, s, s, false, false, scale, a * scale);
+            k->gemm(x, xa, Bop, l, s, s, false, false, 1.0f, a);
         else
-            k->gemm(x, Bop, xa, s, l, s, false, false, scale, a * scale);
-        scale = 1.0f;
+            k->gemm(x, Bop, xa, s, l, s, false, false, 1.0f, a);
     }
 }
 

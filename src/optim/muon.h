@@ -64,7 +64,7 @@ size_t ts_muon_scratch_bytes(int64_t rows, int64_t cols);
 /* X = NS(X) in place: x is device memory of k, fp32 [rows * cols], the logical matrix
  * row-major; its orthogonalised form comes back. The GEMMs run on k->gemm in the table's
  * act_dtype (bf16 operands with fp32 accumulation under bf16, fp32 otherwise); the
- * iterate itself stays fp32 between steps. Reads the norm back to the host once. */
+ * iterate itself stays fp32 between steps. Nothing is read back to the host. */
 void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *x, int64_t rows,
                            int64_t cols, void *scratch);
 
