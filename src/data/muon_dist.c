@@ -100,10 +100,8 @@ static void split_step(ts_muon_dist *d, const ts_model *m, int i, const ts_comm 
     ts_logical_gather(g, k, &P->shard, d->local, d->stage, o->work);
     ts_muon_orthogonalize(&o->cfg, k, o->work, rows, cols, o->scratch);
     ts_logical_take(k, &P->shard, o->work, d->local);
-    /* torch: param.mul_(1 - lr * wd) with the unscaled lr, then add_(O, -lr * scale), as
-     * ts_muon_matrix_step does for a whole matrix. */
-    const float decay = P->decay ? (float)(1.0 - lr * weight_decay) : 1.0f;
-    const float lr_scaled = (float)(lr * ts_muon_scale(&o->cfg, rows, cols));
+    float decay, lr_scaled; /* as ts_muon_matrix_step's for a whole matrix */
+    ts_muon_update_factors(&o->cfg, P, lr, weight_decay, &decay, &lr_scaled);
     k->muon_apply(d->params[i], d->local, P->numel, decay, lr_scaled, acc);
 }
 
