@@ -104,6 +104,13 @@ mv "$TMP/ref.jsonl" "$TMP/ref_mtp.jsonl"
 muon=(--set 'train.optimizer="muon"' --set train.steps=4 --set train.warmup=0 --set train.lr=0.02)
 check ref 1 "${muon[@]}"
 check muon_dp2_zero0 2 "${muon[@]}" --set parallel.dp=2
+# Both groups' update RMS as one rank's within 1e-4 (the metrics' sums over the grid: each
+# Muon matrix's change summed by its owner alone, with its floats).
+rms() { grep -o "\"update_rms_$2\":[^,}]*" "$TMP/$1.jsonl" | cut -d: -f2; }
+if paste <(rms ref muon) <(rms muon_dp2_zero0 muon) <(rms ref adamw) <(rms muon_dp2_zero0 adamw) |
+   awk 'function a(x) { return x < 0 ? -x : x }
+        NF != 4 || a($1 - $2) > 1e-4 * $1 || a($3 - $4) > 1e-4 * $3 { bad = 1 } END { exit bad || NR == 0 }'
+then pass; else fail "Muon on dp 2 (ZeRO-0): update_rms_muon/adamw differ from one rank's"; fi
 check muon_dp2_zero1 2 "${muon[@]}" --set parallel.dp=2 --set parallel.zero=1
 check muon_tp2 2 "${muon[@]}" --set parallel.tp=2
 release_only "Muon on 4 ranks (dp 4, tp 2 x dp 2, pp 2 x dp 2, tp 4)" || {
