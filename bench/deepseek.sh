@@ -164,7 +164,7 @@ act_run() {
     --set "log.metrics=\"$m\"" > "$tmp/$name.out" 2> "$tmp/$name.err"
 }
 act_section() {
-  local v r twin name sets rec
+  local v r name sets rec
   local -a vs=(mla gqa mha)
   echo "### 2. Activation bytes a block keeps in training, measured (fp32, T $T, B $B)" >&2
   for v in "${vs[@]}"; do
