@@ -912,6 +912,25 @@ static void test_config_mtp(void)
     EXPECT_ERR(LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16", "model.seq_len = 16");
 }
 
+/* MLA and YaRN's rules (config_mla.c): model.rope_type = "yarn" needs its factor (else
+ * the key would change nothing), an MLA key needs kv_lora_rank, the rope head is even. */
+static void test_config_mla_rules(void)
+{
+    static const char *LLAMA =
+        "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
+        "          seq_len = 16; };\n";
+    const char *yarn[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0"};
+    ts_error_clear();
+    CHECKF(load_ov(LLAMA, yarn, 2, 0) == TS_OK, "%s", ts_error_message());
+    EXPECT_ERR(LLAMA, "model.rope_type=\"yarn\"", "'model.rope_type' = \"yarn\"",
+               "model.rope_scaling");
+    EXPECT_ERR(LLAMA, "model.v_head_dim=8", "'model.v_head_dim' = 8", "model.kv_lora_rank > 0");
+    const char *odd[] = {"model.kv_lora_rank=16", "model.qk_rope_head_dim=7",
+                         "model.v_head_dim=8"};
+    ts_error_clear();
+    CHECK(load_ov(LLAMA, odd, 3, 0) == TS_ERR && msg_has("'model.qk_rope_head_dim' = 7"));
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
@@ -932,6 +951,7 @@ int main(void)
     test_config_shipped_files();
     test_config_every_key_listed();
     test_config_mtp();
+    test_config_mla_rules();
 
     ts_test_remove_dir(g_dir);
     return ts_test_report();
