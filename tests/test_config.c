@@ -897,38 +897,39 @@ out:
     free(contract);
 }
 
+/* A small llama for the DeepSeek-V3 keys' rules below. */
+static const char *const SMALL_LLAMA =
+    "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
+    "          seq_len = 16; };\n";
+
 /* Multi-token prediction's rules (config_mtp.c): a llama's modules load, with their
  * weight; gpt2 and a depth past the window are errors naming the keys. */
 static void test_config_mtp(void)
 {
-    static const char *LLAMA =
-        "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
-        "          seq_len = 16; };\n";
     const char *ok[] = {"model.mtp_layers=2", "train.mtp_loss=0.3"};
     ts_error_clear();
-    CHECKF(load_ov(LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
+    CHECKF(load_ov(SMALL_LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
     CHECK(g_cfg.model.mtp_layers == 2 && g_cfg.train.mtp_loss == 0.3);
     EXPECT_ERR(FULL, "model.mtp_layers=1", "'model.mtp_layers' = 1", "llama family", "gpt2");
-    EXPECT_ERR(LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16", "model.seq_len = 16");
+    EXPECT_ERR(SMALL_LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16",
+               "model.seq_len = 16");
 }
 
 /* MLA and YaRN's rules (config_mla.c): model.rope_type = "yarn" needs its factor (else
  * the key would change nothing), an MLA key needs kv_lora_rank, the rope head is even. */
 static void test_config_mla_rules(void)
 {
-    static const char *LLAMA =
-        "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
-        "          seq_len = 16; };\n";
     const char *yarn[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0"};
     ts_error_clear();
-    CHECKF(load_ov(LLAMA, yarn, 2, 0) == TS_OK, "%s", ts_error_message());
-    EXPECT_ERR(LLAMA, "model.rope_type=\"yarn\"", "'model.rope_type' = \"yarn\"",
+    CHECKF(load_ov(SMALL_LLAMA, yarn, 2, 0) == TS_OK, "%s", ts_error_message());
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_type=\"yarn\"", "'model.rope_type' = \"yarn\"",
                "model.rope_scaling");
-    EXPECT_ERR(LLAMA, "model.v_head_dim=8", "'model.v_head_dim' = 8", "model.kv_lora_rank > 0");
+    EXPECT_ERR(SMALL_LLAMA, "model.v_head_dim=8", "'model.v_head_dim' = 8",
+               "model.kv_lora_rank > 0");
     const char *odd[] = {"model.kv_lora_rank=16", "model.qk_rope_head_dim=7",
                          "model.v_head_dim=8"};
     ts_error_clear();
-    CHECK(load_ov(LLAMA, odd, 3, 0) == TS_ERR && msg_has("'model.qk_rope_head_dim' = 7"));
+    CHECK(load_ov(SMALL_LLAMA, odd, 3, 0) == TS_ERR && msg_has("'model.qk_rope_head_dim' = 7"));
 }
 
 int main(void)
