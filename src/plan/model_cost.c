@@ -138,9 +138,57 @@ static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int
  * six over the computed ones backward. One rule for every cp: without context
  * parallelism the one T x T rectangle; with it each local chunk's c queries against its
  * prefix of (j+1)c keys, the slowest rank's pair of chunks. */
+/* The per-head part of attention_gemms for one (cluster GEMM curve, hs, hv, T, cp,
+ * block): the search prices it for every shape it floors, and with a causal block it is
+ * T / block GEMM pairs per chunk (DeepSeek-V3 at 2048 devices: half the search's time
+ * went to these). Memoised in a small table, keyed by every input (the curve's peak and
+ * points included); the planner runs on one thread. */
+typedef struct {
+    double peak, hs, hv;
+    int T, cp, block, n_eff;
+    double eff_n[TS_CLUSTER_MAX_EFF], eff[TS_CLUSTER_MAX_EFF];
+    double most, area, full;
+} att_memo;
+
+#define TS_ATT_MEMO 64
+static att_memo att_memos[TS_ATT_MEMO];
+static int n_att_memos, next_att_memo;
+
+static void att_memo_key(att_memo *k, const ts_cluster *cl, double hs, double hv, int T, int cp,
+                         int block)
+{
+    memset(k, 0, sizeof *k);
+    k->peak = ts_cluster_peak(cl);
+    k->hs = hs;
+    k->hv = hv;
+    k->T = T;
+    k->cp = cp <= 1 ? 1 : cp;
+    k->block = block;
+    k->n_eff = cl->n_eff;
+    memcpy(k->eff_n, cl->eff_n, sizeof(double) * (size_t)cl->n_eff);
+    memcpy(k->eff, cl->eff, sizeof(double) * (size_t)cl->n_eff);
+}
+
+static bool att_memo_same(const att_memo *a, const att_memo *b)
+{
+    /* (memset keys: the unused points are zero in both) */
+    return a->peak == b->peak && a->hs == b->hs && a->hv == b->hv && a->T == b->T &&
+           a->cp == b->cp && a->block == b->block && a->n_eff == b->n_eff &&
+           !memcmp(a->eff_n, b->eff_n, sizeof a->eff_n) && !memcmp(a->eff, b->eff, sizeof a->eff);
+}
+
 static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, double hv,
                               int T, int cp, int block, double *scores_f, double *scores_b)
 {
+    att_memo key;
+    att_memo_key(&key, cl, hs, hv, T, cp, block);
+    for (int j = 0; j < n_att_memos; j++)
+        if (att_memo_same(&att_memos[j], &key)) {
+            const att_memo *e = &att_memos[j];
+            *scores_f = B * hl * (3.0 * e->area + (e->full - e->area));
+            *scores_b = B * hl * 6.0 * e->area;
+            return B * hl * e->most;
+        }
     double most = -1.0, area = 0.0, full = 0.0;
     if (cp <= 1) {
         most = rect_gemms(cl, hs, hv, T, T, block, &area);
@@ -158,6 +206,12 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
         }
         full = (double)c * c * (2.0 * cp + 1.0); /* every rank's two prefixes alike */
     }
+    key.most = most;
+    key.area = area;
+    key.full = full;
+    att_memos[next_att_memo] = key;
+    next_att_memo = (next_att_memo + 1) % TS_ATT_MEMO;
+    if (n_att_memos < TS_ATT_MEMO) n_att_memos++;
     *scores_f = B * hl * (3.0 * area + (full - area));
     *scores_b = B * hl * 6.0 * area;
     return B * hl * most;
