@@ -830,6 +830,11 @@ static const struct {
     {"model.rope_mscale",
      {LLAMA_OV, "model.rope_type=\"yarn\"", "model.rope_scaling=4", "model.rope_mscale_all_dim=1"}},
     {"train.mtp_loss", {LLAMA_OV, "model.mtp_layers=1"}},
+    {"train.muon_momentum", {"train.optimizer=\"muon\""}},
+    {"train.muon_nesterov", {"train.optimizer=\"muon\""}},
+    {"train.muon_ns_steps", {"train.optimizer=\"muon\""}},
+    {"train.muon_coefficients", {"train.optimizer=\"muon\""}},
+    {"train.muon_scale", {"train.optimizer=\"muon\""}},
 };
 #undef LLAMA_OV
 

@@ -35,6 +35,6 @@ else
 fi
 release_only "cpu-strict" || check strict 1 --set 'train.device="cpu-strict"'
 expect_error 2 "'train.optimizer' = \"muon\" on parallel.dp = 2" "${common[@]}"
-expect_error 0 "'train.muon_nesterov' is set, but train.optimizer = \"adamw\"" \
+expect_error 0 "'train.muon_nesterov' = false is Muon's; it matters only with train.optimizer = \"muon\"" \
   "${common[@]}" --set 'train.optimizer="adamw"' --set train.muon_nesterov=false
 finish

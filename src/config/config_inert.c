@@ -23,6 +23,7 @@ static bool yarn_mscale(const ts_config *c)
     return yarn(c) && c->model.rope_mscale_all_dim != 0.0;
 }
 static bool mtp(const ts_config *c) { return c->model.mtp_layers > 0; }
+static bool muon(const ts_config *c) { return ts_config_muon(&c->train); }
 
 static void here_rope(const ts_config *c, char *buf, size_t cap)
 {
@@ -38,6 +39,10 @@ static void here_mscale(const ts_config *c, char *buf, size_t cap)
 static void here_mtp(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.mtp_layers = %d", c->model.mtp_layers);
+}
+static void here_optimizer(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "train.optimizer = \"%s\"", c->train.optimizer);
 }
 
 typedef struct {
@@ -65,6 +70,11 @@ static const inert_rule RULES[] = {
     {"model.rope_type", "the kind of rope scaling", scaled, "model.rope_scaling > 0", here_rope},
     {"train.mtp_loss", "multi-token prediction's weight", mtp, "model.mtp_layers > 0",
      here_mtp},
+    {"train.muon_momentum", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"train.muon_nesterov", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"train.muon_ns_steps", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"train.muon_coefficients", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"train.muon_scale", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
 };
 #undef YARN_NEEDS
 
@@ -81,6 +91,7 @@ static void value_of(const ts_config *cfg, const char *key, char *buf, size_t ca
         case K_INT: snprintf(buf, cap, "%d", *(const int *)p); return;
         case K_FLOAT: snprintf(buf, cap, "%g", *(const double *)p); return;
         case K_STR: snprintf(buf, cap, "\"%s\"", (const char *)p); return;
+        case K_BOOL: snprintf(buf, cap, "%s", *(const bool *)p ? "true" : "false"); return;
         default: break;
         }
     }
