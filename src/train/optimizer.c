@@ -37,11 +37,16 @@ void ts_trainer_optimizer_step(ts_trainer *t, double lr, float grad_scale, int s
     double sums[4] = {0.0, 0.0, 0.0, 0.0}; /* Muon's squares and floats, AdamW's */
     sums[0] = ts_muon_step(&t->muon, &t->model, tc, lr, grad_scale);
     sums[1] = (double)t->muon.count_floats;
-    size_t adamw_floats = 0;
-    sums[2] = ts_adamw_update_sum_squares(&t->optim, &t->model, tc, lr, step1, &adamw_floats);
-    sums[3] = (double)adamw_floats;
-    /* Each pipeline stage holds its own parameters: the grid's sums (one rank per stage
-     * under one-rank Muon; every rank's share once the state is distributed). */
+    /* AdamW's group once over the grid, as the norm counts it: every rank its own ZeRO
+     * pieces, or replica rank 0 the replicated state (expert parallelism's edp rule is the
+     * distributed Muon's to add, with Muon's owners). */
+    if (ts_reducer_counts_norm(&t->reducer)) {
+        size_t adamw_floats = 0;
+        sums[2] = ts_adamw_update_sum_squares(&t->optim, &t->model, tc, lr, step1,
+                                              &adamw_floats);
+        sums[3] = (double)adamw_floats;
+    }
+    /* Each pipeline stage holds its own parameters: the grid's sums. */
     ts_host_allreduce_sum_f64(&t->groups->world, sums, 4);
     out->update_rms_muon = sums[1] > 0 ? sqrt(sums[0] / sums[1]) : 0.0;
     out->update_rms_adamw = sums[3] > 0 ? sqrt(sums[2] / sums[3]) : 0.0;
