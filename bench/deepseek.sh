@@ -56,6 +56,7 @@ threads=2
 command="bench/deepseek.sh $*"
 build="${BUILD:-$root/build}"
 source "$root/bench/lib_parallel.sh"
+source "$root/bench/lib_step.sh"
 bench_setup
 only_act="${ONLY_ACT:-0}"
 run_peer="${PEER:-1}"
@@ -71,8 +72,6 @@ KV="${KV:-2}"
 STEPS="${STEPS:-3}" WARMUP="${WARMUP:-2}" QUIET_S="${QUIET_S:-60}"
 tokens=$((B * T))
 HS=$((C / H))   # the twins' head size (MLA's q/k head: NOPE + ROPE, its v head: VD)
-has_bf16=0
-if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then has_bf16=1; fi
 run_bf16="${BF16:-$has_bf16}"
 run_fp32="${FP32:-1}"
 run_mtp="${MTP:-0}"
@@ -107,17 +106,6 @@ mla_f=$(active_flops_per_token "$mla_att" $((H * (NOPE + ROPE + VD))))
 mtp_f=$(active_flops_per_token "$mla_att" $((H * (NOPE + ROPE + VD))) 1)
 gqa_f=$(active_flops_per_token "$(gqa_att "$KV")" $((H * 2 * HS)))
 
-# ceiling NAME: best GFLOP/s of a GEMM benchmark's --json line, appended to $tmp/NAME.c
-ceiling() {
-  local bin=bench_sgemm key=sgemm_gflops
-  if [ "$1" = bf16 ]; then bin=bench_gemm_bf16 key=bf16_gflops; fi
-  if [ -x "$build/bench/$bin" ] && { [ "$1" = sgemm ] || [ "$has_bf16" = 1 ]; }; then
-    "$build/bench/$bin" "$threads" --json | grep -o "\"$key\": *[0-9.]*" | grep -o '[0-9.]*$'
-  else
-    echo "n/a"
-  fi >> "$tmp/$1.c"
-}
-
 shape_sets=(--set model.n_layer="$L" --set model.n_embd="$C" --set model.n_head="$H"
             --set model.vocab_size="$V" --set model.seq_len="$T" --set model.ffn_hidden="$FD"
             --set model.moe_experts="$E" --set model.moe_top_k="$K" --set model.moe_ffn_hidden="$FE"
@@ -129,69 +117,16 @@ mla_sets=(configs/deepseek-4l.cfg "${shape_sets[@]}" --set model.q_lora_rank="$Q
 gqa_sets=(configs/deepseek-4l-gqa.cfg "${shape_sets[@]}" --set model.n_kv_head="$KV")
 mha_sets=(configs/deepseek-4l-gqa.cfg "${shape_sets[@]}" --set model.n_kv_head="$H")
 
-# tessera_run NAME PRECISION CONFIG SETS...: STEPS + 1 steps under /usr/bin/time -v;
-# "MEDIAN BEST" step_ms over steps 1.. into $tmp/NAME.last; the metrics in
-# $tmp/NAME.metrics.jsonl, the time report in $tmp/NAME.time, stderr (the model's banner
-# and a progress line a step) in $tmp/NAME.err
-tessera_run() {
-  local name="$1" precision="$2" m="$tmp/$1.metrics.jsonl"; shift 2
-  rm -f "$m"
-  mpirun -np 1 --bind-to none /usr/bin/time -o "$tmp/$name.time" -v "$build/tessera" train "$@" \
-    --set parallel.micro_batch="$B" --set train.global_batch="$B" \
-    --set 'data.train="data/fortunes_train.bin"' --set 'data.val=""' \
-    --set "train.precision=\"$precision\"" --set train.steps=$((STEPS + 1)) \
-    --set train.threads="$threads" --set data.eval_every=0 \
-    --set "log.metrics=\"$m\"" > "$tmp/$name.out" 2> "$tmp/$name.err" || return 1
-  echo "$(med step_ms "$m" 1) $(metric step_ms "$m" 1 | sort -g | head -1)" > "$tmp/$name.last"
-}
+# The step runs (bench/lib_step.sh); the peer is transformers' DeepseekV3ForCausalLM at
+# the same shape
+peer_script=bench/torch_deepseek.py
+peer_args=(--n_layer "$L" --n_embd "$C" --n_head "$H" --q_lora_rank "$QL" --kv_lora_rank "$KVL"
+           --qk_nope_head_dim "$NOPE" --qk_rope_head_dim "$ROPE" --v_head_dim "$VD"
+           --experts "$E" --top_k "$K" --moe_ffn_hidden "$FE" --shared_experts "$S"
+           --groups "$G" --topk_groups "$TG" --route_scale 2.5 --first_dense 1
+           --ffn_hidden "$FD" --vocab_size "$V")
 
-# torch_run NAME PRECISION ARGS...: WARMUP untimed steps, STEPS timed; "MEDIAN BEST" ms
-# into $tmp/NAME.last, the JSON line in $tmp/NAME.json (its peak_rss_mb, active_params),
-# the first step's seconds appended to $tmp/NAME.first
-torch_run() {
-  local name="$1" precision="$2"; shift 2
-  "$peer_py" bench/torch_deepseek.py --n_layer "$L" --n_embd "$C" --n_head "$H" \
-    --q_lora_rank "$QL" --kv_lora_rank "$KVL" --qk_nope_head_dim "$NOPE" \
-    --qk_rope_head_dim "$ROPE" --v_head_dim "$VD" --experts "$E" --top_k "$K" \
-    --moe_ffn_hidden "$FE" --shared_experts "$S" --groups "$G" --topk_groups "$TG" \
-    --route_scale 2.5 --first_dense 1 --ffn_hidden "$FD" --vocab_size "$V" --seq_len "$T" \
-    --batch "$B" --threads "$threads" --steps "$STEPS" --warmup_steps "$WARMUP" \
-    --precision "$precision" "$@" > "$tmp/$name.json" 2> "$tmp/$name.err" || return 1
-  "$peer_py" -c 'import json, sys
-d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(d["median_step_ms"], d["min_step_ms"])
-print(d["first_step_s"], file=sys.stderr)' "$tmp/$name.json" > "$tmp/$name.last" 2>> "$tmp/$name.first"
-}
-
-# one NAME FUNCTION ARGS...: a measured run after waiting for a quiet machine; appends
-# "MEDIAN BEST" to $tmp/NAME.r and the CPU share others took to $tmp/NAME.o; a failed run
-# (a refusal: bf16 without the instructions) leaves its first error line in $tmp/NAME.fail
-one() {
-  local name="$1"; shift
-  echo "  $name ..." >&2
-  wait_quiet "$QUIET_S" > /dev/null
-  if measured "$@"; then
-    cat "$tmp/$name.last" >> "$tmp/$name.r"
-    echo "$OTHERS" >> "$tmp/$name.o"
-  else
-    grep -m1 -i 'error' "$tmp/$name.err" > "$tmp/$name.fail" || tail -1 "$tmp/$name.err" > "$tmp/$name.fail"
-  fi
-}
-
-# rss NAME: the run's peak resident set in MiB: /usr/bin/time's for Tessera (the last
-# run's), the JSON's ru_maxrss for PyTorch
-rss() {
-  if [ -s "$tmp/$1.time" ]; then
-    sed -n 's/.*Maximum resident set size (kbytes): *//p' "$tmp/$1.time" | awk '{ printf "%.0f", $1 / 1024 }'
-  elif [ -s "$tmp/$1.json" ]; then
-    grep -o '"peak_rss_mb": *[0-9.]*' "$tmp/$1.json" | grep -o '[0-9.]*$' | awk '{ printf "%.0f", $1 }'
-  fi
-}
-
-commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2> /dev/null || echo '+dirty')"
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $commit"
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p')), $(nproc) CPUs, bf16 instructions: $([ "$has_bf16" = 1 ] && echo yes || echo 'none (no AVX512_BF16, no AMX-BF16)'); $threads threads per run, one process at a time"
-echo "lscpu flags: $(lscpu | sed -n 's/^Flags: *//p' | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)$' | paste -sd' ')"
+machine_header
 echo
 
 # ---- 1. KV memory per token, on paper ---------------------------------------------------
@@ -229,7 +164,7 @@ act_run() {
     --set "log.metrics=\"$m\"" > "$tmp/$name.out" 2> "$tmp/$name.err"
 }
 act_section() {
-  local v r twin name sets rec
+  local v r name sets rec
   local -a vs=(mla gqa mha)
   echo "### 2. Activation bytes a block keeps in training, measured (fp32, T $T, B $B)" >&2
   for v in "${vs[@]}"; do
@@ -301,7 +236,6 @@ if [ "${ACT:-1}" != 0 ]; then act_section; fi
 if [ "$only_act" = 1 ]; then echo "command: $command"; exit 0; fi
 
 # ---- 3. The step against Hugging Face ----------------------------------------------------
-no_bf16="this CPU has neither AVX512_BF16 nor AMX-BF16: Tessera refuses bf16 here"
 no_fp32="skipped (FP32=0)"
 runs=()
 if [ "$run_fp32" != 0 ]; then
@@ -316,25 +250,7 @@ if [ "$run_bf16" = 1 ]; then
 else
   for n in tessera_mla_bf16 tessera_gqa_bf16 tessera_mla_mtp_bf16; do echo "$no_bf16" > "$tmp/$n.fail"; done
 fi
-# PyTorch's bf16 without the instructions is oneDNN's emulation, several times its fp32
-# time, and nothing of Tessera's to set it against: skipped there unless PEER_BF16=1
-peer_bf16="${PEER_BF16:-$run_bf16}"
-hf_runs=()
-if [ "$run_peer" != 0 ]; then
-  if [ "$run_fp32" != 0 ]; then hf_runs+=(hf_fp32 hf_fp32_compile); fi
-  if [ "$peer_bf16" = 1 ]; then hf_runs+=(hf_bf16 hf_bf16_compile); fi
-  if [ "${PEER_GROUPED:-1}" != 0 ]; then
-    if [ "$run_fp32" != 0 ]; then hf_runs+=(hf_fp32_grouped); fi
-    if [ "$peer_bf16" = 1 ]; then hf_runs+=(hf_bf16_grouped); fi
-  fi
-  if [ "$peer_bf16" != 1 ]; then
-    for n in hf_bf16 hf_bf16_compile hf_bf16_grouped; do
-      echo "skipped: no bf16 instructions on this CPU, PyTorch would emulate them (PEER_BF16=1 runs it)" > "$tmp/$n.fail"
-    done
-  fi
-else
-  for n in hf_fp32 hf_fp32_compile hf_fp32_grouped hf_bf16 hf_bf16_compile hf_bf16_grouped; do echo "skipped (PEER=0)" > "$tmp/$n.fail"; done
-fi
+hf_runs_plan
 [ "$run_mtp" = 1 ] || for n in tessera_mla_mtp tessera_mla_mtp_bf16; do echo "skipped (MTP=1 runs it)" > "$tmp/$n.fail"; done
 runs+=("${hf_runs[@]}")
 mtp_sets=(--set model.mtp_layers=1)
@@ -346,105 +262,28 @@ run() {
     tessera_mla_bf16) one "$1" tessera_run "$1" bf16 "${mla_sets[@]}" ;;
     tessera_gqa_bf16) one "$1" tessera_run "$1" bf16 "${gqa_sets[@]}" ;;
     tessera_mla_mtp_bf16) one "$1" tessera_run "$1" bf16 "${mla_sets[@]}" "${mtp_sets[@]}" ;;
-    hf_fp32) one "$1" torch_run "$1" fp32 ;;
-    hf_fp32_compile) one "$1" torch_run "$1" fp32 --compile ;;
-    hf_bf16) one "$1" torch_run "$1" bf16 ;;
-    hf_bf16_compile) one "$1" torch_run "$1" bf16 --compile ;;
-    hf_fp32_grouped) one "$1" torch_run "$1" fp32 --experts_impl grouped_mm ;;
-    hf_bf16_grouped) one "$1" torch_run "$1" bf16 --experts_impl grouped_mm ;;
+    hf_*) hf_run "$1" ;;
   esac
 }
 
-# The VM's speed drifts for tens of seconds at a time: a round alternates its order
-for r in $(seq "$rounds"); do
-  echo "round $r/$rounds ..." >&2
-  wait_quiet "$QUIET_S" > /dev/null
-  ceiling sgemm; ceiling bf16
-  if [ $((r % 2)) -eq 1 ]; then order=("${runs[@]}"); else
-    order=(); for ((i = ${#runs[@]} - 1; i >= 0; i--)); do order+=("${runs[i]}"); done; fi
-  for n in "${order[@]}"; do run "$n"; done
-done
-wait_quiet "$QUIET_S" > /dev/null
-ceiling sgemm; ceiling bf16
+rounds_run "$rounds"
 
-best_of() { { grep -v 'n/a' "$tmp/$1.c" || true; } | sort -g | tail -1; }
-sgemm=$(best_of sgemm); bf16=$(best_of bf16)
-sgemm=${sgemm:-n/a}; bf16=${bf16:-n/a}
-# ms/step of a run name: the median of its runs' medians ("" if it never ran)
-ms() { [ -s "$tmp/$1.r" ] && cut -d' ' -f1 "$tmp/$1.r" | median || true; }
-# the fastest of the named runs: "MS NAME" ("" if none ran)
-fastest() { local n; for n in "$@"; do [ -n "$(ms "$n")" ] && echo "$(ms "$n") $n"; done | sort -g | head -1 || true; }
-
-row() { # label name flops_per_token ceiling-name ceiling
-  local a
-  a=$(ms "$2")
-  if [ -z "$a" ]; then
-    printf '| %s | n/a (%s) | | | | | | | | |\n' "$1" "$(cut -c1-160 "$tmp/$2.fail" 2> /dev/null | tr '|' '/')"
-    return
-  fi
-  awk -v n="$1" -v a="$a" -v b="$(cut -d' ' -f2 "$tmp/$2.r" | sort -g | head -1)" \
-      -v tok="$tokens" -v f="$3" -v cn="$4" -v c="$5" -v m="$(rss "$2")" \
-      -v o="$(sort -g "$tmp/$2.o" | tail -1)" -v k="$(wc -l < "$tmp/$2.r")" 'BEGIN {
-    gf = f * tok / (a * 1e-3) / 1e9
-    share = (c == "n/a") ? "n/a" : sprintf("%.0f%%", 100 * gf / c)
-    printf "| %s | %.0f | %.0f | %.0f | %.1f | %s %s | %s | %s | %d | %s%% |\n",
-      n, a, b, tok / (a * 1e-3), gf, cn, c, share, m, k, o }'
-}
-
-ratio() { # A B: "A / B" to 2 decimals, or n/a
-  awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.2fx", a / b }'
-}
-
-# memory NAME CONFIG SETS...: the trainer's estimate (metrics' estimate_mb), its own peak
-# report (peak_rss_mb), `tessera plan`'s memory_bytes (the cost model, no measuring), the
-# true peak (/usr/bin/time), and estimate / true
-memory() {
-  local name="$1" m="$tmp/$1.metrics.jsonl" est peak plan truth; shift
-  [ -s "$tmp/$name.time" ] && [ -s "$m" ] || { echo "| $name | n/a (did not run) | | | | |"; return; }
-  est=$(mem_field "$m" estimate_mb); peak=$(mem_field "$m" peak_rss_mb); truth=$(rss "$name")
-  plan=$("$build/tessera" plan "$@" --set parallel.micro_batch="$B" --set train.global_batch="$B" \
-         --cost model --json 2> /dev/null | grep -o '"memory_bytes": *[0-9]*' | head -1 | grep -o '[0-9]*$' || true)
-  awk -v n="$name" -v e="$est" -v p="$peak" -v q="$plan" -v t="$truth" 'BEGIN {
-    printf "| %s | %.0f | %.0f | %s | %.0f | %.3f (%+.1f%%) |\n", n, e, p,
-      (q == "") ? "n/a" : sprintf("%.0f", q / 1048576), t, e / t, 100 * (e / t - 1) }'
-}
-
-peer_desc="none (PEER=0)"
-if [ -n "$peer_py" ]; then
-  peer_desc="$("$peer_py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)') ($peer_py), SDPA attention"
-fi
 echo "### 3. The step against Hugging Face's DeepseekV3ForCausalLM"
 echo
-echo "peer: $peer_desc; Tessera: $build"
-echo "ceilings (GFLOP/s, best 2-thread GEMM), before each round and after: sgemm (bench_sgemm)" \
-     "$(paste -sd' ' "$tmp/sgemm.c"); oneDNN bf16 GEMM (bench_gemm_bf16) $(paste -sd' ' "$tmp/bf16.c");" \
-     "the table uses the best of each"
+peer_header
 echo
-echo "| L$L C$C H$H MLA q$QL kv$KVL qk$NOPE+$ROPE v$VD, E$E top-$K FE$FE S$S G$G/$TG FD$FD V$V, T$T B$B | ms/step median | best step | tok/s | active GFLOP/s | ceiling GFLOP/s | MFU (active, of ceiling) | peak RSS MiB | runs | CPU used by others (max) |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+step_table_header "L$L C$C H$H MLA q$QL kv$KVL qk$NOPE+$ROPE v$VD, E$E top-$K FE$FE S$S G$G/$TG FD$FD V$V, T$T B$B"
 row "**Tessera MLA fp32**" tessera_mla "$mla_f" sgemm "$sgemm"
 row "**Tessera MLA bf16**" tessera_mla_bf16 "$mla_f" bf16 "$bf16"
 row "Tessera MLA + MTP 1 fp32" tessera_mla_mtp "$mtp_f" sgemm "$sgemm"
 row "Tessera MLA + MTP 1 bf16" tessera_mla_mtp_bf16 "$mtp_f" bf16 "$bf16"
 row "Tessera GQA twin fp32 ($H heads of $HS, $KV kv heads)" tessera_gqa "$gqa_f" sgemm "$sgemm"
 row "Tessera GQA twin bf16" tessera_gqa_bf16 "$gqa_f" bf16 "$bf16"
-row "HF DeepseekV3 eager fp32" hf_fp32 "$mla_f" sgemm "$sgemm"
-row "HF DeepseekV3 torch.compile fp32" hf_fp32_compile "$mla_f" sgemm "$sgemm"
-row "HF DeepseekV3 eager bf16 autocast" hf_bf16 "$mla_f" bf16 "$bf16"
-row "HF DeepseekV3 torch.compile bf16 autocast" hf_bf16_compile "$mla_f" bf16 "$bf16"
-if [ "${PEER_GROUPED:-1}" != 0 ]; then
-  row "HF DeepseekV3 eager fp32, grouped_mm experts" hf_fp32_grouped "$mla_f" sgemm "$sgemm"
-  row "HF DeepseekV3 eager bf16 autocast, grouped_mm experts" hf_bf16_grouped "$mla_f" bf16 "$bf16"
-fi
+hf_rows DeepseekV3 "$mla_f"
 echo
-hf32=$(fastest hf_fp32 hf_fp32_compile hf_fp32_grouped)
-hf16=$(fastest hf_bf16 hf_bf16_compile hf_bf16_grouped)
-against() { [ -n "$1" ] && [ -n "$2" ] && echo " (against ${1#* })" || true; }
-echo "Tessera MLA speed / Hugging Face's best (goal >= 2x in bf16): bf16" \
-     "$(ratio "${hf16%% *}" "$(ms tessera_mla_bf16)")$(against "$hf16" "$(ms tessera_mla_bf16)"), fp32" \
-     "$(ratio "${hf32%% *}" "$(ms tessera_mla)")$(against "$hf32" "$(ms tessera_mla)")"
+speed_vs_peer MLA tessera_mla_bf16 tessera_mla
 echo "MLA step / its GQA twin's: fp32 $(ratio "$(ms tessera_mla)" "$(ms tessera_gqa)"), bf16 $(ratio "$(ms tessera_mla_bf16)" "$(ms tessera_gqa_bf16)")"
-[ "$has_bf16" = 1 ] || echo "bf16: $no_bf16, so the bf16 goal is not measurable on this machine (PyTorch's bf16 rows, if run with PEER_BF16=1, are oneDNN's emulation)."
+no_bf16_note
 # the FLOP count's check: the peer's active parameters less its embedding lookup are the
 # parameters this script's count multiplies (the same shape on both sides)
 j=""
@@ -468,10 +307,7 @@ fi
 echo "Routing (Tessera's moe_max_load: the worst block's busiest expert over the mean, E/K = $((E / K)).0 when every token picks one expert; random init, no balancing on either side), median over the timed steps:" \
      "MLA fp32 $(med moe_max_load "$tmp/tessera_mla.metrics.jsonl" 1 2> /dev/null || echo n/a), GQA fp32 $(med moe_max_load "$tmp/tessera_gqa.metrics.jsonl" 1 2> /dev/null || echo n/a)"
 echo
-echo "Memory of the Tessera runs (MiB; goal: estimate within 5% of the true peak):"
-echo
-echo "| run | trainer's estimate (estimate_mb) | trainer's peak_rss_mb | tessera plan (memory_bytes) | true peak (/usr/bin/time) | estimate / true |"
-echo "|---|---|---|---|---|---|"
+memory_table_header
 if [ "$run_fp32" != 0 ]; then
   memory tessera_mla "${mla_sets[@]}"
   [ "$run_mtp" = 1 ] && memory tessera_mla_mtp "${mla_sets[@]}" "${mtp_sets[@]}"
@@ -489,8 +325,7 @@ echo "active GFLOP/s = active FLOP per token x tokens / step time: 6 x the param
      "+ 6 x T x H x (qk head + v head) a layer for QK^T and PV over the full T (12 x T x C when" \
      "both heads are C / H): MLA $mla_f, MLA + MTP 1 $mtp_f, GQA twin $gqa_f FLOP per token, $tokens" \
      "tokens per step. MFU sets it against the same run's best GEMM (sgemm for fp32, oneDNN bf16" \
-     "for bf16). torch.compile's first step (compilation; each try's): fp32 $(paste -sd' ' "$tmp/hf_fp32_compile.first" 2> /dev/null || echo n/a) s," \
-     "bf16 $(paste -sd' ' "$tmp/hf_bf16_compile.first" 2> /dev/null || echo n/a) s. Peak RSS:" \
+     "for bf16). torch.compile's first step (compilation; each try's): $(compile_first_note). Peak RSS:" \
      "Tessera's from /usr/bin/time -v, PyTorch's from ru_maxrss (its libraries included)."
 echo
 echo "command: $command  ($rounds round(s), steps $STEPS, warm-up $WARMUP, QUIET_S=$QUIET_S, RETRIES=${RETRIES:-1}${BUILD:+, BUILD=$BUILD}${BF16:+, BF16=$BF16}${FP32:+, FP32=$FP32}${PEER_GROUPED:+, PEER_GROUPED=$PEER_GROUPED}${PEER_BF16:+, PEER_BF16=$PEER_BF16}${MTP:+, MTP=$MTP})"

@@ -22,7 +22,7 @@ load), so there is no peer for Tessera's MTP rows. `--experts_impl` picks transf
 experts kernel: "eager" (HF's default: a loop over the experts that were hit, index_add_ to
 combine), "grouped_mm" or "batched_mm".
 
-The step is bench/torch_gpt2.py's time_training (as bench/torch_mixtral.py uses it):
+The step is bench/torch_step_common.py's (shared with bench/torch_mixtral.py): bench/torch_gpt2.py's time_training:
 forward, mean cross-entropy over the logits, backward, clip_grad_norm_(1.0), AdamW (decay
 on matrices, torch's defaults for foreach/fused), zero_grad(set_to_none); --warmup_steps
 untimed (torch.compile compiles in the first), then --steps timed one by one.
@@ -40,35 +40,10 @@ Example (issue 41's shape):
       --vocab_size 32000 --seq_len 512 --batch 2 --threads 2 --steps 3 --warmup_steps 2
 """
 import argparse
-import importlib.util
-import os
 import sys
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 sys.dont_write_bytecode = True  # keep bench/ free of __pycache__
-# bench/torch_gpt2.py's option checks and timed loop (by path: tests/ has a torch_gpt2 too).
-_spec = importlib.util.spec_from_file_location(
-    "bench_torch_gpt2", os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_gpt2.py"))
-_peer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_peer)
-refuse_missing, time_training = _peer.refuse_missing, _peer.time_training
-
-
-class LossOf(nn.Module):
-    """The HF model and the loss as one module, so that torch.compile and autocast take
-    both (as bench/torch_mixtral.py's): mean cross-entropy of the next-token logits,
-    computed in float32."""
-
-    def __init__(self, hf):
-        super().__init__()
-        self.hf = hf
-
-    def forward(self, x, y):
-        logits = self.hf(input_ids=x, use_cache=False).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+import torch_step_common as common  # noqa: E402 (bench/, this script's folder)
 
 
 def active_params(a, n_total):
@@ -89,34 +64,15 @@ def main():
     ap.add_argument("--qk_nope_head_dim", type=int, default=16)
     ap.add_argument("--qk_rope_head_dim", type=int, default=8)
     ap.add_argument("--v_head_dim", type=int, default=16)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--top_k", type=int, default=2)
-    ap.add_argument("--moe_ffn_hidden", type=int, default=64)
+    common.add_moe_arguments(ap, experts=8, moe_ffn_hidden=64)
     ap.add_argument("--shared_experts", type=int, default=1)
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--topk_groups", type=int, default=1)
     ap.add_argument("--route_scale", type=float, default=2.5)
     ap.add_argument("--first_dense", type=int, default=1)
     ap.add_argument("--ffn_hidden", type=int, default=192, help="the dense blocks' SwiGLU width")
-    ap.add_argument("--vocab_size", type=int, default=256)
-    ap.add_argument("--seq_len", type=int, default=64)
-    ap.add_argument("--rope_theta", type=float, default=10000.0)
-    ap.add_argument("--norm_eps", type=float, default=1e-6)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup_steps", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=6e-4)
-    ap.add_argument("--weight_decay", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--experts_impl", choices=["eager", "grouped_mm", "batched_mm"],
-                    default="eager")
-    a = ap.parse_args()
-    # HF's attention: SDPA where the torch has it (time_training's JSON reports a.attn)
-    a.attn = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "eager"
-    refuse_missing(ap, a)
+    common.add_step_arguments(ap, rope_theta=10000.0, norm_eps=1e-6)
+    a = common.parse(ap)
     try:
         import transformers
         from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -135,13 +91,7 @@ def main():
     if a.experts <= 0 and a.first_dense < a.n_layer:
         ap.error("--experts 0 needs --first_dense >= --n_layer (every block dense)")
 
-    torch.set_num_threads(a.threads)
-    torch.set_num_interop_threads(1)
-    torch.manual_seed(a.seed)
-
-    kw = {}
-    if a.experts_impl != "eager":
-        kw["experts_implementation"] = a.experts_impl  # transformers 5's ExpertsInterface
+    kw = common.start(a)
     rope = {"rope_type": "default", "rope_theta": a.rope_theta}
     try:
         cfg = DeepseekV3Config(
@@ -162,13 +112,8 @@ def main():
         hf = DeepseekV3ForCausalLM(cfg)
     except (TypeError, ValueError, KeyError) as e:
         ap.error(f"transformers {transformers.__version__}: {e}")
-    hf.train()
-    model = LossOf(hf)
-    params = [p for p in model.parameters() if p.requires_grad]
-    n_total = sum(p.numel() for p in params)
-    time_training(a, model, params, {
-        "model": "deepseek_v3", "transformers": transformers.__version__,
-        "experts_impl": a.experts_impl, "active_params": active_params(a, n_total)})
+    common.train(a, hf, lambda n_total: active_params(a, n_total),
+                 {"model": "deepseek_v3", "transformers": transformers.__version__})
 
 
 if __name__ == "__main__":

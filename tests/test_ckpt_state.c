@@ -215,6 +215,11 @@ static void test_hf_config_json(void)
     json_decref(o);
     free(text);
 
+    /* YaRN on a llama without MLA (model.rope_type): no config.json, rather than Llama
+     * 3.1's rope_scaling for a model that trained with another. */
+    snprintf(mc.rope_type, sizeof mc.rope_type, "yarn");
+    CHECK(ts_ckpt_hf_config_json(&mc) == NULL);
+
     /* gpt2 has none: its tensors are nanoGPT's, not transformers' GPT-2 layout. */
     ts_config c;
     ts_config_defaults(&c);

@@ -813,6 +813,55 @@ static const char *cfg_key_line(const char *sec, size_t sec_len, const char *key
     return NULL;
 }
 
+/* The overrides under which a key that matters only beside others' values (config_inert.c
+ * refuses it given elsewhere) is read: tiny.cfg's commented value is checked there. */
+#define LLAMA_OV "model.arch=\"llama\""
+static const struct {
+    const char *key;
+    const char *ctx[5];
+} INERT_CONTEXT[] = {
+    {"model.rope_low_freq_factor", {LLAMA_OV, "model.rope_scaling=8"}},
+    {"model.rope_high_freq_factor", {LLAMA_OV, "model.rope_scaling=8"}},
+    {"model.rope_original_context", {LLAMA_OV, "model.rope_scaling=8"}},
+    {"model.rope_type", {LLAMA_OV, "model.rope_scaling=8"}},
+    {"model.rope_beta_fast", {LLAMA_OV, "model.rope_type=\"yarn\"", "model.rope_scaling=4"}},
+    {"model.rope_beta_slow", {LLAMA_OV, "model.rope_type=\"yarn\"", "model.rope_scaling=4"}},
+    {"model.rope_mscale_all_dim", {LLAMA_OV, "model.rope_type=\"yarn\"", "model.rope_scaling=4"}},
+    {"model.rope_mscale",
+     {LLAMA_OV, "model.rope_type=\"yarn\"", "model.rope_scaling=4", "model.rope_mscale_all_dim=1"}},
+    {"train.mtp_loss", {LLAMA_OV, "model.mtp_layers=1"}},
+    {"train.muon_momentum", {"train.optimizer=\"muon\""}},
+    {"train.muon_nesterov", {"train.optimizer=\"muon\""}},
+    {"train.muon_ns_steps", {"train.optimizer=\"muon\""}},
+    {"train.muon_coefficients", {"train.optimizer=\"muon\""}},
+    {"train.muon_scale", {"train.optimizer=\"muon\""}},
+};
+#undef LLAMA_OV
+
+static bool has_context(const char *key)
+{
+    for (size_t i = 0; i < sizeof INERT_CONTEXT / sizeof INERT_CONTEXT[0]; i++)
+        if (!strcmp(INERT_CONTEXT[i].key, key)) return true;
+    return false;
+}
+
+/* The effective config's JSON of tiny.cfg under key's context (INERT_CONTEXT) and then
+ * `ov` when given; NULL (and a failed check) when it does not load. */
+static char *json_in_context(const char *path, const char *key, const char *ov)
+{
+    const char *ovs[8];
+    int n = 0;
+    for (size_t i = 0; i < sizeof INERT_CONTEXT / sizeof INERT_CONTEXT[0]; i++)
+        if (!strcmp(INERT_CONTEXT[i].key, key))
+            for (int c = 0; c < 5 && INERT_CONTEXT[i].ctx[c]; c++)
+                ovs[n++] = INERT_CONTEXT[i].ctx[c];
+    if (ov) ovs[n++] = ov;
+    ts_status st = ts_config_load(&g_cfg, path, ovs, n, 1);
+    CHECKF(st == TS_OK, "configs/tiny.cfg's commented %s (%d overrides): %s", key, n,
+           ts_error_message());
+    return st == TS_OK ? ts_config_to_json(&g_cfg) : NULL;
+}
+
 /* configs/tiny.cfg says it lists every key, the commented ones at their defaults, and
  * docs/CONTRACT.md's "Config" tables document every key: both checked against the key
  * table itself (every key the effective config's JSON holds). A commented key's value
@@ -876,17 +925,19 @@ static void test_config_every_key_listed(void)
             CHECKF(semi && (!eol || semi < eol), "configs/tiny.cfg: %s.%s has no ';'",
                    section, key);
             if (!semi || (eol && eol < semi)) continue;
-            char ov[512];
+            char ov[512], full[128];
             snprintf(ov, sizeof ov, "%s.%s=%.*s", section, key, (int)(semi - v), v);
-            const char *ovs[1] = { ov };
-            st = ts_config_load(&g_cfg, path, ovs, 1, 1);
-            CHECKF(st == TS_OK, "configs/tiny.cfg's commented %s: %s", ov, ts_error_message());
-            if (st != TS_OK) continue;
-            char *set = ts_config_to_json(&g_cfg);
-            CHECKF(strcmp(set, plain) == 0,
-                   "configs/tiny.cfg's commented %s is not the key's default there", ov);
+            snprintf(full, sizeof full, "%s.%s", section, key);
+            /* Against tiny.cfg itself, or where the key is read (INERT_CONTEXT). */
+            char *base = has_context(full) ? json_in_context(path, full, NULL) : strdup(plain);
+            char *set = json_in_context(path, full, ov);
+            if (base && set) {
+                CHECKF(strcmp(set, base) == 0,
+                       "configs/tiny.cfg's commented %s is not the key's default there", ov);
+                n_commented++;
+            }
+            free(base);
             free(set);
-            n_commented++;
         }
     }
     CHECKF(n_keys >= 60 && n_commented >= 30, "%d keys, %d commented", n_keys, n_commented);
@@ -897,19 +948,98 @@ out:
     free(contract);
 }
 
+/* A small llama for the DeepSeek-V3 keys' rules below. */
+static const char *const SMALL_LLAMA =
+    "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
+    "          seq_len = 16; };\n";
+
 /* Multi-token prediction's rules (config_mtp.c): a llama's modules load, with their
  * weight; gpt2 and a depth past the window are errors naming the keys. */
 static void test_config_mtp(void)
 {
-    static const char *LLAMA =
-        "model = { arch = \"llama\"; n_layer = 2; n_head = 4; n_embd = 32; vocab_size = 64;\n"
-        "          seq_len = 16; };\n";
     const char *ok[] = {"model.mtp_layers=2", "train.mtp_loss=0.3"};
     ts_error_clear();
-    CHECKF(load_ov(LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
+    CHECKF(load_ov(SMALL_LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
     CHECK(g_cfg.model.mtp_layers == 2 && g_cfg.train.mtp_loss == 0.3);
     EXPECT_ERR(FULL, "model.mtp_layers=1", "'model.mtp_layers' = 1", "llama family", "gpt2");
-    EXPECT_ERR(LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16", "model.seq_len = 16");
+    EXPECT_ERR(SMALL_LLAMA, "model.mtp_layers=16", "'model.mtp_layers' = 16",
+               "model.seq_len = 16");
+}
+
+/* MLA and YaRN's rules (config_mla.c): model.rope_type = "yarn" needs its factor (else
+ * the key would change nothing), an MLA key needs kv_lora_rank, the rope head is even. */
+static void test_config_mla_rules(void)
+{
+    const char *yarn[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, yarn, 2, 0) == TS_OK, "%s", ts_error_message());
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_type=\"yarn\"", "'model.rope_type' = \"yarn\"",
+               "model.rope_scaling");
+    EXPECT_ERR(SMALL_LLAMA, "model.v_head_dim=8", "'model.v_head_dim' = 8",
+               "model.kv_lora_rank > 0");
+    const char *odd[] = {"model.kv_lora_rank=16", "model.qk_rope_head_dim=7",
+                         "model.v_head_dim=8"};
+    ts_error_clear();
+    CHECK(load_ov(SMALL_LLAMA, odd, 3, 0) == TS_ERR && msg_has("'model.qk_rope_head_dim' = 7"));
+}
+
+/* Keys that matter only beside another key's value (config_inert.c): given while the rest
+ * of the config leaves them inert, each is refused naming it and what it needs; the same
+ * key where it matters loads. Their defaults are non-zero, so these load without the rule. */
+static void test_config_inert_keys(void)
+{
+    const char *yarn_ok[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0",
+                             "model.rope_beta_fast=16", "model.rope_beta_slow=2",
+                             "model.rope_mscale=0.7", "model.rope_mscale_all_dim=1.0",
+                             "model.rope_original_context=8"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, yarn_ok, 7, 0) == TS_OK, "%s", ts_error_message());
+    const char *llama3_ok[] = {"model.rope_scaling=8.0", "model.rope_type=\"llama3\"",
+                               "model.rope_low_freq_factor=2", "model.rope_high_freq_factor=6",
+                               "model.rope_original_context=8"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, llama3_ok, 5, 0) == TS_OK, "%s", ts_error_message());
+    const char *mtp_ok[] = {"model.mtp_layers=1", "train.mtp_loss=0.3"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, mtp_ok, 2, 0) == TS_OK, "%s", ts_error_message());
+
+    /* YaRN's keys without rope_type = "yarn" (none, or Llama 3.1's scaling). */
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_beta_fast=16", "'model.rope_beta_fast' = 16", "YaRN's",
+               "model.rope_type = \"yarn\"", "rope_type = \"llama3\", model.rope_scaling = 0");
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_beta_slow=2", "'model.rope_beta_slow' = 2",
+               "model.rope_type = \"yarn\"");
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_mscale=0.7", "'model.rope_mscale' = 0.7",
+               "model.rope_type = \"yarn\"");
+    const char *l3_yarn_key[] = {"model.rope_scaling=8.0", "model.rope_mscale_all_dim=1.0"};
+    ts_error_clear();
+    CHECK(load_ov(SMALL_LLAMA, l3_yarn_key, 2, 0) == TS_ERR &&
+          msg_has("'model.rope_mscale_all_dim' = 1") && msg_has("model.rope_scaling = 8"));
+    /* mscale without mscale_all_dim: YaRN reads it only beside that. */
+    const char *lone_mscale[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0",
+                                 "model.rope_mscale=0.7"};
+    ts_error_clear();
+    CHECK(load_ov(SMALL_LLAMA, lone_mscale, 3, 0) == TS_ERR &&
+          msg_has("'model.rope_mscale' = 0.7") && msg_has("model.rope_mscale_all_dim > 0"));
+    /* Llama 3.1's keys without its scaling, or under YaRN. */
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_low_freq_factor=2", "'model.rope_low_freq_factor' = 2",
+               "model.rope_scaling > 0");
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_high_freq_factor=6", "'model.rope_high_freq_factor' = 6",
+               "model.rope_scaling > 0");
+    const char *yarn_l3_key[] = {"model.rope_type=\"yarn\"", "model.rope_scaling=4.0",
+                                 "model.rope_high_freq_factor=6"};
+    ts_error_clear();
+    CHECK(load_ov(SMALL_LLAMA, yarn_l3_key, 3, 0) == TS_ERR &&
+          msg_has("'model.rope_high_freq_factor' = 6") && msg_has("rope_type = \"llama3\""));
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_original_context=8", "'model.rope_original_context' = 8",
+               "model.rope_scaling > 0");
+    EXPECT_ERR(SMALL_LLAMA, "model.rope_type=\"llama3\"", "'model.rope_type' = \"llama3\"",
+               "model.rope_scaling > 0");
+    /* In the file as in --set. */
+    EXPECT_ERR("model = { arch = \"llama\"; rope_low_freq_factor = 1.0; };\n", NULL,
+               "'model.rope_low_freq_factor' = 1", "model.rope_scaling > 0");
+    /* Multi-token prediction's weight without its modules. */
+    EXPECT_ERR(SMALL_LLAMA, "train.mtp_loss=0.1", "'train.mtp_loss' = 0.1",
+               "model.mtp_layers > 0", "model.mtp_layers = 0");
 }
 
 int main(void)
@@ -932,6 +1062,8 @@ int main(void)
     test_config_shipped_files();
     test_config_every_key_listed();
     test_config_mtp();
+    test_config_mla_rules();
+    test_config_inert_keys();
 
     ts_test_remove_dir(g_dir);
     return ts_test_report();

@@ -540,6 +540,20 @@ static void test_deepseek_hf_config(void)
     ts_error_clear(); /* mscale_all_dim alone: absent mscale is 0, transformers' None */
     CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
     CHECK(m->rope_mscale == 0.0 && m->rope_mscale_all_dim == 1.0);
+    /* mscale without mscale_all_dim, from config.json: inert (YaRN reads it only beside
+     * mscale_all_dim) but not given, so the import loads; given by --set it is refused. */
+    ts_test_write_file(dir, "config.json",
+                       "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                       "\"num_attention_heads\": 4, \"vocab_size\": 96, \"kv_lora_rank\": 16, "
+                       "\"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "
+                       "\"first_k_dense_replace\": 2, \"rope_scaling\": {\"type\": \"yarn\", "
+                       "\"factor\": 4, \"original_max_position_embeddings\": 16, "
+                       "\"mscale\": 0.5}}");
+    ts_error_clear();
+    CHECKF(load_ov(text, NULL, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(m->rope_mscale == 0.5 && m->rope_mscale_all_dim == 0.0);
+    EXPECT_ERR(text, OV("model.rope_mscale=0.5"), "'model.rope_mscale' = 0.5",
+               "model.rope_mscale_all_dim > 0");
     ts_test_write_file(dir, "config.json",
                        "{\"model_type\": \"kimi_k2\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
                        "\"num_attention_heads\": 4, \"vocab_size\": 96, \"kv_lora_rank\": 0}");

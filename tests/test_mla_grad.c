@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "fixture_check.h"
+#include "grad_check.h"
 #include "test_blas_kernel.h"
 #include "test_util.h"
 
@@ -171,6 +172,8 @@ static void check_gradients(int q_lora)
         {"model.layers.0.input_layernorm.weight", 0, 0},
         {"model.embed_tokens.weight", 0, 0},
     };
+    const grad_check c = {.objective = loss, .h = 1e-2f, .rel = 2e-2, .abs = 1e-5,
+                          .min_grad = 1e-4};
     int checked = 0;
     loss(&m); /* the backward's gradients, once (the differences restore every weight) */
     float *grads = ts_alloc_floats(m.num_floats);
@@ -180,21 +183,10 @@ static void check_gradients(int q_lora)
         if (p < 0) continue; /* q_a_* without a q latent, q_proj with one */
         const float *g = grads + m.params[p].offset;
         const size_t to = cases[t].to ? cases[t].to : m.params[p].numel;
-        size_t best = cases[t].from;
-        for (size_t i = cases[t].from; i < to; i++)
-            if (fabsf(g[i]) > fabsf(g[best])) best = i;
-        const double want = g[best];
-        float *w = ts_param_data(&m, p);
-        const float w0 = w[best], h = 1e-2f;
-        w[best] = w0 + h;
-        const double up = loss(&m);
-        w[best] = w0 - h;
-        const double down = loss(&m);
-        w[best] = w0;
-        const double fd = (up - down) / (2.0 * (double)h);
-        CHECKF(fabs(fd - want) <= 2e-2 * fabs(want) + 1e-5 && fabs(want) > 1e-4,
-               "q_lora %d, %s[%zu]: backward %.6g, central difference %.6g", q_lora,
-               cases[t].name, best, want, fd);
+        const size_t best = grad_check_largest(g, cases[t].from, to, SIZE_MAX);
+        char what[128];
+        snprintf(what, sizeof what, "q_lora %d, %s", q_lora, cases[t].name);
+        grad_check_element(&m, &c, p, best, g[best], what);
         checked++;
     }
     CHECK(checked == (q_lora ? 10 : 8));
@@ -259,10 +251,7 @@ int main(void)
 {
     ts_test_require_blas_core();
     ts_cpu_set_threads(2);
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % VOCAB;
-        targets[i] = (i * 53 + 5) % VOCAB;
-    }
+    grad_check_tokens(tokens, targets, B * T, VOCAB);
     test_layout();
     test_yarn();
     check_gradients(12);

@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "fixture_check.h"
+#include "grad_check.h"
 #include "test_blas_kernel.h"
 #include "test_util.h"
 
@@ -115,6 +116,8 @@ static void check_gradients(bool deepseek, double capacity)
         CHECKF(kept > 0 && kept < B * T * 2, "capacity %g kept %d of %d", capacity, kept,
                B * T * 2);
     }
+    const grad_check c = {.objective = objective, .h = 2e-3f, .rel = 3e-2, .abs = 2e-5,
+                          .min_grad = 0.0};
     const char *names[] = {"model.layers.1.mlp.gate.weight",
                            "model.layers.1.mlp.experts.3.gate_proj.weight",
                            "model.layers.1.mlp.experts.5.up_proj.weight",
@@ -130,22 +133,11 @@ static void check_gradients(bool deepseek, double capacity)
         }
         objective(&m);
         const float *g = ts_param_grad(&m, p);
-        size_t best = 0;
-        for (size_t i = 0; i < m.params[p].numel; i++)
-            if (fabsf(g[i]) > fabsf(g[best])) best = i;
-        const double want = g[best];
-        float *w = ts_param_data(&m, p);
-        const float w0 = w[best], h = 2e-3f;
-        w[best] = w0 + h;
-        const double up = objective(&m);
-        w[best] = w0 - h;
-        const double down = objective(&m);
-        w[best] = w0;
-        const double fd = (up - down) / (2.0 * (double)h);
-        CHECKF(fabs(fd - want) <= 3e-2 * fabs(want) + 2e-5 && want != 0.0,
-               "%s%s %s[%zu]: backward %.6g, central difference %.6g",
-               deepseek ? "deepseek" : "softmax", capacity > 0 ? " (capacity)" : "", names[t],
-               best, want, fd);
+        const size_t best = grad_check_largest(g, 0, m.params[p].numel, SIZE_MAX);
+        char what[160];
+        snprintf(what, sizeof what, "%s%s %s", deepseek ? "deepseek" : "softmax",
+                 capacity > 0 ? " (capacity)" : "", names[t]);
+        grad_check_element(&m, &c, p, best, g[best], what);
     }
     ts_model_free(&m);
 }
@@ -186,10 +178,7 @@ int main(void)
 {
     ts_test_require_blas_core();
     ts_cpu_set_threads(2);
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % VOCAB;
-        targets[i] = (i * 53 + 5) % VOCAB;
-    }
+    grad_check_tokens(tokens, targets, B * T, VOCAB);
     test_layout();
     check_gradients(false, 0.0);
     check_gradients(true, 0.0);

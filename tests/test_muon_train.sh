@@ -39,6 +39,6 @@ release_only "cpu-strict (one rank and tp 2)" || {
   check strict 1 --set 'train.device="cpu-strict"'
   check strict_tp2 2 --set 'train.device="cpu-strict"' --set parallel.tp=2
 }
-expect_error 0 "'train.muon_nesterov' is set, but train.optimizer = \"adamw\"" \
+expect_error 0 "'train.muon_nesterov' = false is Muon's; it matters only with train.optimizer = \"muon\"" \
   "${common[@]}" --set 'train.optimizer="adamw"' --set train.muon_nesterov=false
 finish

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "fixture_check.h"
+#include "grad_check.h"
 #include "test_blas_kernel.h"
 #include "test_util.h"
 
@@ -17,20 +18,6 @@ static int tokens[B * T], targets[B * T];
 static double loss_of(ts_model *m)
 {
     return fixture_loss_and_grads(m, tokens, targets, B, T, B);
-}
-
-/* The loss's gradient at element i of parameter p, by central differences (the model's
- * gradients are overwritten). */
-static double numeric_grad(ts_model *m, int p, size_t i, float h)
-{
-    float *w = ts_param_data(m, p);
-    const float w0 = w[i];
-    w[i] = w0 + h;
-    const double up = loss_of(m);
-    w[i] = w0 - h;
-    const double down = loss_of(m);
-    w[i] = w0;
-    return (up - down) / (2.0 * (double)h);
 }
 
 static void build(ts_model *m, ts_config *cfg, bool qk_norm)
@@ -125,6 +112,8 @@ static void test_gradients(void)
     ts_model m;
     build(&m, &cfg, true);
     loss_of(&m);
+    const grad_check c = {.objective = loss_of, .h = 1e-2f, .rel = 3e-2, .abs = 2e-5,
+                          .min_grad = 0.0};
     const char *names[] = {"model.layers.0.self_attn.q_norm.weight",
                            "model.layers.1.self_attn.k_norm.weight",
                            "model.layers.1.self_attn.q_proj.weight",
@@ -137,17 +126,10 @@ static void test_gradients(void)
         /* The two elements of largest analytic gradient. */
         loss_of(&m);
         const float *g = ts_param_grad(&m, p);
-        size_t best[2] = {0, 1};
-        for (size_t i = 0; i < m.params[p].numel; i++)
-            if (fabsf(g[i]) > fabsf(g[best[0]])) best[1] = best[0], best[0] = i;
-            else if (i != best[0] && fabsf(g[i]) > fabsf(g[best[1]])) best[1] = i;
+        const size_t n = m.params[p].numel, first = grad_check_largest(g, 0, n, SIZE_MAX);
+        const size_t best[2] = {first, grad_check_largest(g, 0, n, first)};
         const double want[2] = {g[best[0]], g[best[1]]};
-        for (int j = 0; j < 2; j++) {
-            const double fd = numeric_grad(&m, p, best[j], 1e-2f);
-            CHECKF(fabs(fd - want[j]) <= 3e-2 * fabs(want[j]) + 2e-5,
-                   "%s[%zu]: backward %.6g, central difference %.6g", names[t], best[j], want[j],
-                   fd);
-        }
+        for (int j = 0; j < 2; j++) grad_check_element(&m, &c, p, best[j], want[j], names[t]);
     }
     ts_model_free(&m);
 }
@@ -156,10 +138,7 @@ int main(void)
 {
     ts_test_require_blas_core();
     ts_cpu_set_threads(2);
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 37 + 11) % VOCAB;
-        targets[i] = (i * 53 + 5) % VOCAB;
-    }
+    grad_check_tokens(tokens, targets, B * T, VOCAB);
     test_parameters();
     test_per_head_invariance();
     test_gradients();

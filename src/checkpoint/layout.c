@@ -246,6 +246,9 @@ json_t *ts_ckpt_hf_config(const ts_model_config *mc)
      * names, but no config.json is written. */
     if (mc->moe_experts > 0 && !ts_model_moe_mixtral(mc) && !qwen3_moe_expresses(mc))
         return NULL;
+    /* YaRN without MLA: the rope_scaling below is Llama 3.1's, which would describe
+     * another model, and model.init's llama reader refuses YaRN's; no config.json. */
+    if (mc->rope_scaling != 0.0 && strcmp(mc->rope_type, "yarn") == 0) return NULL;
     json_t *scaling = json_null();
     if (mc->rope_scaling != 0.0)
         scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",

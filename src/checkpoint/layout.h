@@ -87,7 +87,8 @@ char *ts_ckpt_index_json(const ts_ckpt_layout *L);
  * architectures, model_type, the sizes, rms_norm_eps, rope_theta, rope_scaling (Llama
  * 3.1's "llama3" scaling or null), tie_word_embeddings, torch_dtype "float32"; for an MoE
  * or qk_norm model MixtralForCausalLM's, Qwen3MoeForCausalLM's or Qwen3ForCausalLM's keys
- * (NULL for an MoE model none of them expresses); for a multi-head latent attention model
+ * (NULL for an MoE model none of them expresses, and for YaRN without MLA: its
+ * rope_scaling object is Llama 3.1's); for a multi-head latent attention model
  * DeepseekV3ForCausalLM's (hf_deepseek.c ts_ckpt_hf_config_deepseek: model_type
  * "deepseek_v3", every key config_hf_deepseek.c reads; NULL where that class would
  * compute another model: a softmax router, moe_every > 1, a capacity, no shared expert, groups ranked by

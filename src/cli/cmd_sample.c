@@ -330,7 +330,6 @@ static int generate(const ts_model *m, const sample_args *sa, sample_mode mode,
         const int T = len < m->max_seq_len ? len : m->max_seq_len;
         if (T != cur_T) { /* the activations' layout depends on T: grows to seq_len */
             if (cur_T) ts_acts_free(&a);
-    ts_scratch_free(&sc);
             ts_scratch_free(&sc);
             ts_acts_init(&a, m, 0, m->n_layers, 1, T);
             if (m->mla_kv_rank > 0) {

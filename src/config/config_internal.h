@@ -100,6 +100,11 @@ ts_status ts_config_check_rope_type(const key_spec *k, const ts_config *cfg, con
  * or --set gave a key. No config.json: nothing changes. */
 typedef bool (*ts_config_key_given_fn)(void *ctx, const char *key);
 ts_status ts_config_from_hf(ts_config *cfg, ts_config_key_given_fn given, void *ctx);
+/* config_inert.c: a key the file or --set gave (given(ctx, key)) that the rest of the
+ * config leaves inert (YaRN's keys without rope_type "yarn", Llama 3.1's without its
+ * scaling, train.mtp_loss without mtp_layers, ...) is a ts_fail message naming it and
+ * the key that would make it matter. Run on the loaded, valid config. */
+ts_status ts_config_check_inert(const ts_config *cfg, ts_config_key_given_fn given, void *ctx);
 
 /* Is v inside k's numeric range? */
 bool ts_config_in_range(const key_spec *k, double v);

@@ -569,9 +569,14 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
         if (st == TS_OK && !config_lookup(&lc, "data.seed")) cfg->data.seed = cfg->train.seed;
     }
     g_main_path = NULL;
+    if (st == TS_OK && cfg->parallel.dp == 0) st = resolve_auto_dp(cfg, world_size);
+    if (st == TS_OK) {
+        ts_config_resolve_model(&cfg->model);
+        st = ts_config_validate(cfg, world_size);
+    }
+    /* Last, on a valid config: which keys the file and --set gave (lc) against what the
+     * rest of the config reads. */
+    if (st == TS_OK) st = ts_config_check_inert(cfg, key_given, &lc);
     config_destroy(&lc);
-    if (st != TS_OK) return st;
-    if (cfg->parallel.dp == 0 && (st = resolve_auto_dp(cfg, world_size)) != TS_OK) return st;
-    ts_config_resolve_model(&cfg->model);
-    return ts_config_validate(cfg, world_size);
+    return st;
 }

@@ -61,6 +61,10 @@ ts_status ts_config_validate_mla(const ts_config *cfg)
                                "model.kv_lora_rank > 0",
                                mla[i].key, mla[i].v);
     }
+    /* YaRN is a kind of rope_scaling: without its factor the key would change nothing. */
+    if (yarn && m->rope_scaling == 0.0)
+        return ts_fail("config key 'model.rope_type' = \"yarn\" needs model.rope_scaling (YaRN's "
+                       "factor, >= 1; DeepSeek-V3: 40); without it RoPE is unscaled");
     if (yarn && m->rope_scaling > 0.0 && m->rope_scaling < 1.0)
         return ts_fail("config key 'model.rope_scaling' = %g: YaRN's factor is >= 1",
                        m->rope_scaling);

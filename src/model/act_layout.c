@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/block.h"
 #include "model/mla_cp.h"
 #include "tensor/cp.h"
 #include "tensor/tp.h"
@@ -286,6 +287,7 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
         const size_t bytes = (size_t)2 * m->mtp_layers * B * T * sizeof(int);
         a->mtp_ids = m->k->dev_alloc(bytes);
         m->k->memset_zero(a->mtp_ids, bytes); /* valid ids until a batch sets them */
+        ts_mtp_acts_init(m, a);
     }
     a->layer_off = ts_calloc((size_t)(end - l0), sizeof(size_t));
     size_t total = 0;
@@ -314,6 +316,8 @@ void ts_acts_free(ts_acts *a)
         a->k->dev_free(a->mem);
     }
     free(a->layer_off);
+    free(a->mtp_host);
+    free(a->mtp_runs);
     memset(a, 0, sizeof *a);
 }
 

@@ -166,6 +166,10 @@ void ts_mtp_backward(const ts_model *m, const ts_acts *a, void *dx, const ts_scr
 /* The modules' part of ts_model_sum_sequence_grads: each module's block through
  * sum_block, and under sequence parallelism its own replicated tensors. */
 void ts_mtp_sum_sequence_grads(const ts_model *m, void (*sum_block)(const ts_model *, int));
+/* ts_acts_init's part for the modules (a->mtp_ids set): the host scratch of
+ * ts_acts_set_mtp_ids and the rows past the window of each depth (a->mtp_host, mtp_runs),
+ * freed by ts_acts_free. */
+void ts_mtp_acts_init(const ts_model *m, ts_acts *a);
 
 /* Under sequence parallelism full[N,C] = every rank's rows local[NL,C], sub-batch by
  * sub-batch (tensor/tp.h), blocking; returns full, or local without it. */

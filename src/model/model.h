@@ -414,6 +414,13 @@ typedef struct {
                              * [2 D][B*T], depth k's (1..D) input ids t_{i+k} at
                              * 2(k-1) and its targets t_{i+k+1} at 2(k-1)+1, owned
                              * (ts_acts_set_mtp_ids); NULL otherwise */
+    int *mtp_host;          /* with mtp_ids: host scratch of ts_acts_set_mtp_ids, [B *
+                             * T * cp + B * T] (the whole sequences, then this rank's
+                             * rows), owned; mtp_whole_cap the first part's ints */
+    size_t mtp_whole_cap;
+    int *mtp_runs;          /* with mtp_ids: each depth's rows past the window (zeroed
+                             * after its loss), found once: [D + 1] offsets into the
+                             * (first row, rows) pairs after them, owned */
     const void *input;      /* [B*T, C] chunk input when l0 > 0 (not owned) */
     float dloss;            /* the last forward's weight per target (1 / targets in the
                              * global batch): the MoE auxiliary losses' scale */

@@ -36,12 +36,64 @@ static int module_param(const ts_model *m, int k, int which)
     return L->first_param + L->n_params + which;
 }
 
+/* Depth k's rows of a [B, Tl] micro-batch whose target lies past the window (global
+ * position + k + 1 > T): runs at the end of each sequence (or of each context-parallel
+ * chunk of it), as (first row, rows) pairs into runs when given; returns their count. */
+static int past_window_runs(const ts_model *m, int B, int Tl, int k, int *runs)
+{
+    const int T = m->cp.size > 1 ? m->cp.T : Tl;
+    const int N = B * Tl;
+    int r = 0, n = 0;
+    while (r < N) {
+        const int t = r % Tl;
+        const int pos = m->cp.size > 1 ? ts_cp_position(&m->cp, t) : t;
+        if (pos + k + 1 <= T) {
+            r++;
+            continue;
+        }
+        int end = r + 1; /* the run: consecutive rows past the window */
+        while (end < N && end % Tl != 0) {
+            const int te = end % Tl;
+            const int pe = m->cp.size > 1 ? ts_cp_position(&m->cp, te) : te;
+            if (pe + k + 1 <= T || pe != pos + (end - r)) break;
+            end++;
+        }
+        if (runs) {
+            runs[2 * n] = r;
+            runs[2 * n + 1] = end - r;
+        }
+        n++;
+        r = end;
+    }
+    return n;
+}
+
+void ts_mtp_acts_init(const ts_model *m, ts_acts *a)
+{
+    const int D = m->mtp_layers, cps = m->cp.size > 1 ? m->cp.size : 1;
+    const size_t N = (size_t)a->B * a->T;
+    a->mtp_whole_cap = N * (size_t)cps;
+    a->mtp_host = ts_malloc((a->mtp_whole_cap + N) * sizeof(int));
+    /* The runs depend on B, T, the cp rank's positions and the depth alone: found once,
+     * here, not every micro-batch. */
+    int total = 0;
+    for (int k = 1; k <= D; k++) total += past_window_runs(m, a->B, a->T, k, NULL);
+    a->mtp_runs = ts_malloc((size_t)(D + 1 + 2 * total) * sizeof(int));
+    int *pairs = a->mtp_runs + D + 1;
+    a->mtp_runs[0] = 0;
+    for (int k = 1; k <= D; k++)
+        a->mtp_runs[k] = a->mtp_runs[k - 1] +
+                         past_window_runs(m, a->B, a->T, k, pairs + 2 * a->mtp_runs[k - 1]);
+}
+
 void ts_acts_set_mtp_ids(const ts_model *m, ts_acts *a, const int *targets_host, int seq_len)
 {
     if (!a->mtp_ids) return;
     const int B = a->B, T = seq_len;
     const size_t N = (size_t)B * a->T;
-    int *whole = ts_malloc((size_t)B * T * sizeof(int)), *local = ts_malloc(N * sizeof(int));
+    TS_ASSERT((size_t)B * T <= a->mtp_whole_cap);
+    /* The acts' host scratch (ts_mtp_acts_init): whole sequences, then this rank's rows. */
+    int *whole = a->mtp_host, *local = a->mtp_host + a->mtp_whole_cap;
     for (int k = 1; k <= m->mtp_layers; k++)
         for (int which = 0; which < 2; which++) { /* t_{i+k} = targets[i+k-1], then +1 */
             for (int b = 0; b < B; b++)
@@ -57,37 +109,19 @@ void ts_acts_set_mtp_ids(const ts_model *m, ts_acts *a, const int *targets_host,
             m->k->memcpy_h2d(a->mtp_ids + (size_t)(2 * (k - 1) + which) * N, src,
                              N * sizeof(int));
         }
-    free(whole);
-    free(local);
 }
 
 /* Zero depth k's losses and logit gradients [N, Vl] at the rows whose target lies past
- * the window (global position + k + 1 > T), a run at the end of each sequence (or of
- * each context-parallel chunk of it). */
+ * the window: the runs ts_mtp_acts_init found. */
 static void zero_past_window(const ts_model *m, const ts_acts *a, const act_dims *d,
                              const mtp_acts *v, int k)
 {
-    const int T = m->cp.size > 1 ? m->cp.T : a->T;
-    const int N = a->B * a->T;
-    int r = 0;
-    while (r < N) {
-        const int t = r % a->T;
-        const int pos = m->cp.size > 1 ? ts_cp_position(&m->cp, t) : t;
-        if (pos + k + 1 <= T) {
-            r++;
-            continue;
-        }
-        int end = r + 1; /* the run: consecutive rows past the window */
-        while (end < N && end % a->T != 0) {
-            const int te = end % a->T;
-            const int pe = m->cp.size > 1 ? ts_cp_position(&m->cp, te) : te;
-            if (pe + k + 1 <= T || pe != pos + (end - r)) break;
-            end++;
-        }
-        m->k->memset_zero(v->mtp_losses + r, (size_t)(end - r) * sizeof(float));
+    const int *pairs = a->mtp_runs + m->mtp_layers + 1;
+    for (int i = a->mtp_runs[k - 1]; i < a->mtp_runs[k]; i++) {
+        const int r = pairs[2 * i], n = pairs[2 * i + 1];
+        m->k->memset_zero(v->mtp_losses + r, (size_t)n * sizeof(float));
         m->k->memset_zero(act_at(d, v->mtp_logits, (size_t)r * d->Vl),
-                          (size_t)(end - r) * d->Vl * d->ab);
-        r = end;
+                          (size_t)n * d->Vl * d->ab);
     }
 }
 

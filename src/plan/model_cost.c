@@ -138,9 +138,57 @@ static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int
  * six over the computed ones backward. One rule for every cp: without context
  * parallelism the one T x T rectangle; with it each local chunk's c queries against its
  * prefix of (j+1)c keys, the slowest rank's pair of chunks. */
+/* The per-head part of attention_gemms for one (cluster GEMM curve, hs, hv, T, cp,
+ * block): the search prices it for every shape it floors, and with a causal block it is
+ * T / block GEMM pairs per chunk (DeepSeek-V3 at 2048 devices: half the search's time
+ * went to these). Memoised in a small table, keyed by every input (the curve's peak and
+ * points included); the planner runs on one thread. */
+typedef struct {
+    double peak, hs, hv;
+    int T, cp, block, n_eff;
+    double eff_n[TS_CLUSTER_MAX_EFF], eff[TS_CLUSTER_MAX_EFF];
+    double most, area, full;
+} att_memo;
+
+#define TS_ATT_MEMO 64
+static att_memo att_memos[TS_ATT_MEMO];
+static int n_att_memos, next_att_memo;
+
+static void att_memo_key(att_memo *k, const ts_cluster *cl, double hs, double hv, int T, int cp,
+                         int block)
+{
+    memset(k, 0, sizeof *k);
+    k->peak = ts_cluster_peak(cl);
+    k->hs = hs;
+    k->hv = hv;
+    k->T = T;
+    k->cp = cp <= 1 ? 1 : cp;
+    k->block = block;
+    k->n_eff = cl->n_eff;
+    memcpy(k->eff_n, cl->eff_n, sizeof(double) * (size_t)cl->n_eff);
+    memcpy(k->eff, cl->eff, sizeof(double) * (size_t)cl->n_eff);
+}
+
+static bool att_memo_same(const att_memo *a, const att_memo *b)
+{
+    /* (memset keys: the unused points are zero in both) */
+    return a->peak == b->peak && a->hs == b->hs && a->hv == b->hv && a->T == b->T &&
+           a->cp == b->cp && a->block == b->block && a->n_eff == b->n_eff &&
+           !memcmp(a->eff_n, b->eff_n, sizeof a->eff_n) && !memcmp(a->eff, b->eff, sizeof a->eff);
+}
+
 static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, double hv,
                               int T, int cp, int block, double *scores_f, double *scores_b)
 {
+    att_memo key;
+    att_memo_key(&key, cl, hs, hv, T, cp, block);
+    for (int j = 0; j < n_att_memos; j++)
+        if (att_memo_same(&att_memos[j], &key)) {
+            const att_memo *e = &att_memos[j];
+            *scores_f = B * hl * (3.0 * e->area + (e->full - e->area));
+            *scores_b = B * hl * 6.0 * e->area;
+            return B * hl * e->most;
+        }
     double most = -1.0, area = 0.0, full = 0.0;
     if (cp <= 1) {
         most = rect_gemms(cl, hs, hv, T, T, block, &area);
@@ -158,6 +206,12 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
         }
         full = (double)c * c * (2.0 * cp + 1.0); /* every rank's two prefixes alike */
     }
+    key.most = most;
+    key.area = area;
+    key.full = full;
+    att_memos[next_att_memo] = key;
+    next_att_memo = (next_att_memo + 1) % TS_ATT_MEMO;
+    if (n_att_memos < TS_ATT_MEMO) n_att_memos++;
     *scores_f = B * hl * (3.0 * area + (full - area));
     *scores_b = B * hl * 6.0 * area;
     return B * hl * most;
@@ -222,9 +276,129 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
     ts_plan_layers_build_moe(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, NULL);
 }
 
+void ts_plan_param_floats_build(ts_plan_param_floats *pf, const ts_model_config *mc,
+                                const ts_kernels *k, int tp, int ep, int etp)
+{
+    const int n = mc->n_layer + 2;
+    pf->n_layers = n;
+    pf->param_floats = ts_calloc((size_t)n, sizeof(double));
+    pf->expert_floats = ts_calloc((size_t)n, sizeof(double));
+    ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
+                          .ep_size = ep, .etp_size = etp};
+    ts_model m;
+    ts_model_layout(&m, &spec);
+    for (int l = 0; l < n; l++) {
+        const ts_layer *ly = &m.layers[l];
+        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++) {
+            const double fl = (double)((m.params[p].numel + 15) / 16 * 16);
+            pf->param_floats[l] += fl;
+            if (m.params[p].expert) pf->expert_floats[l] += fl;
+        }
+    }
+    ts_model_free(&m);
+}
+
+void ts_plan_param_floats_free(ts_plan_param_floats *pf)
+{
+    free(pf->param_floats);
+    free(pf->expert_floats);
+    memset(pf, 0, sizeof *pf);
+}
+
 void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                               const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                               ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe)
+{
+    ts_plan_layers_build_sized(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe,
+                               NULL);
+}
+
+static void build_layers(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                         const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                         ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe,
+                         const ts_plan_param_floats *sizes, bool with_sizes);
+
+void ts_plan_layers_build_sized(ts_plan_layers *L, const ts_model_config *mc,
+                                const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
+                                int sub, int micro_batch, ts_link tp_link, int cp,
+                                ts_link cp_link, const ts_plan_moe *moe,
+                                const ts_plan_param_floats *sizes)
+{
+    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, sizes, true);
+}
+
+void ts_plan_layers_build_times(ts_plan_layers *L, const ts_model_config *mc,
+                                const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
+                                int sub, int micro_batch, ts_link tp_link, int cp,
+                                ts_link cp_link, const ts_plan_moe *moe)
+{
+    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, NULL, false);
+}
+
+/* The sizes of L (parameters, activations, scratch: the layout's) and the rank's
+ * vocabulary rows, which the head's time needs (model.c's split: ts_shard_range on tp
+ * rank 0). */
+static double layout_sizes(ts_plan_layers *L, const ts_model_config *mc, const ts_kernels *k,
+                           int tp, bool sp, int cp, const ts_plan_moe *xg, int micro_batch,
+                           const ts_plan_param_floats *sizes);
+
+static double layout_sizes(ts_plan_layers *L, const ts_model_config *mc, const ts_kernels *k,
+                           int tp, bool sp, int cp, const ts_plan_moe *xg, int micro_batch,
+                           const ts_plan_param_floats *sizes)
+{
+    const int n = mc->n_layer + 2, Tl = mc->seq_len / cp;
+    /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated;
+     * under sequence parallelism the norms', residuals' and boundaries' rows / tp; under
+     * context parallelism (cp rank 0; every rank holds as much) T / cp rows with the
+     * gathered K/V and the two chunks' attention state. */
+    ts_plan_param_floats own = {0};
+    if (!sizes) {
+        ts_plan_param_floats_build(&own, mc, k, tp, xg->ep, xg->etp);
+        sizes = &own;
+    }
+    TS_ASSERT(sizes->n_layers == n);
+    memcpy(L->param_floats, sizes->param_floats, sizeof(double) * (size_t)n);
+    memcpy(L->expert_floats, sizes->expert_floats, sizeof(double) * (size_t)n);
+    ts_plan_param_floats_free(&own);
+    /* The activations' layout holds no parameter (act_layout.h reads none): laid out
+     * with no layer owned it skips naming every expert's tensors, the costly part. */
+    bool *none = ts_calloc((size_t)n, sizeof(bool));
+    ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
+                          .sequence_parallel = sp, .ep_size = xg->ep, .etp_size = xg->etp,
+                          .owned = none};
+    if (cp > 1) spec.cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len);
+    ts_model m;
+    ts_model_layout(&m, &spec);
+    for (int l = 0; l < n; l++) {
+        L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
+        L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
+    }
+    /* The head's copy of a tied embedding when it sits on another stage (an untied head
+     * has its own lm_head among its parameters), or the MTP modules' copy of the
+     * embedding they read (model.h mtp_wte_param: one copy when both). */
+    const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
+    L->wte_floats =
+        ts_model_tied(mc) || mc->mtp_layers > 0 ? (double)((wte + 15) / 16 * 16) : 0.0;
+    L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
+    /* The same layout under selective recompute: what it drops and adds. */
+    ts_model sel;
+    spec.selective_all = true;
+    ts_model_layout(&sel, &spec);
+    for (int l = 0; l < n; l++)
+        L->att_bytes[l] =
+            L->act_bytes[l] - (double)ts_acts_bytes(&sel, l, l + 1, micro_batch, Tl);
+    L->rebuild_bytes = (double)ts_scratch_bytes(&sel, micro_batch, Tl) - L->scratch_bytes;
+    const double Vl = (double)m.local_vocab;
+    ts_model_free(&sel);
+    ts_model_free(&m);
+    free(none);
+    return Vl;
+}
+
+static void build_layers(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
+                         const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
+                         ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe,
+                         const ts_plan_param_floats *sizes, bool with_sizes)
 {
     memset(L, 0, sizeof *L);
     /* The expert grid: none for a dense model (its layout and costs as they were). */
@@ -254,43 +428,14 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
         *arrays[a] = ts_calloc((size_t)n, sizeof(double));
     L->moe = ts_calloc((size_t)n, sizeof *L->moe);
 
-    /* Sizes: the model's own layout (tp rank 0) by the run's table, nothing allocated;
-     * under sequence parallelism the norms', residuals' and boundaries' rows / tp; under
-     * context parallelism (cp rank 0; every rank holds as much) T / cp rows with the
-     * gathered K/V and the two chunks' attention state. */
-    ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
-                          .sequence_parallel = sp, .ep_size = xg.ep, .etp_size = xg.etp};
-    if (cp > 1) spec.cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len);
-    ts_model m;
-    ts_model_layout(&m, &spec);
-    for (int l = 0; l < n; l++) {
-        const ts_layer *ly = &m.layers[l];
-        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++) {
-            const double fl = (double)((m.params[p].numel + 15) / 16 * 16);
-            L->param_floats[l] += fl;
-            if (m.params[p].expert) L->expert_floats[l] += fl;
-        }
-        L->act_bytes[l] = (double)ts_acts_bytes(&m, l, l + 1, micro_batch, Tl);
-        L->stash_bytes[l] = (double)ts_acts_stash_bytes(&m, l, l + 1, micro_batch, Tl);
+    double Vl;
+    if (with_sizes) {
+        Vl = layout_sizes(L, mc, k, tp, sp, cp, &xg, micro_batch, sizes);
+    } else {
+        int64_t v0, nv;
+        ts_shard_range(mc->vocab_size, tp, 0, &v0, &nv);
+        Vl = (double)nv;
     }
-    /* The head's copy of a tied embedding when it sits on another stage (an untied head
-     * has its own lm_head among its parameters), or the MTP modules' copy of the
-     * embedding they read (model.h mtp_wte_param: one copy when both). */
-    const size_t wte = (size_t)m.local_vocab * (size_t)mc->n_embd;
-    L->wte_floats =
-        ts_model_tied(mc) || mc->mtp_layers > 0 ? (double)((wte + 15) / 16 * 16) : 0.0;
-    L->scratch_bytes = (double)ts_scratch_bytes(&m, micro_batch, Tl);
-    /* The same layout under selective recompute: what it drops and adds. */
-    ts_model sel;
-    spec.selective_all = true;
-    ts_model_layout(&sel, &spec);
-    for (int l = 0; l < n; l++)
-        L->att_bytes[l] =
-            L->act_bytes[l] - (double)ts_acts_bytes(&sel, l, l + 1, micro_batch, Tl);
-    L->rebuild_bytes = (double)ts_scratch_bytes(&sel, micro_batch, Tl) - L->scratch_bytes;
-    const double Vl = (double)m.local_vocab;
-    ts_model_free(&sel);
-    ts_model_free(&m);
 
     /* N: this cp rank's rows of the micro-batch (B * T without context parallelism). */
     const double B = micro_batch, C = mc->n_embd, N = B * Tl, tpd = tp;

@@ -193,6 +193,32 @@ void ts_plan_layers_build(ts_plan_layers *L, const ts_model_config *mc, const ts
 void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                               const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                               ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe);
+/* The parameter floats of each layer [n_layer + 2] of the layout on tp rank 0 under
+ * expert grid (ep, etp) (the whole model's, owned: every tensor rounded up to 16 floats
+ * as the flat buffers lay them out), and of them the routed experts'. They depend on
+ * tp, ep and etp alone, and the layout names every expert's tensors (tens of thousands
+ * for DeepSeek-V3): the search builds them once per triple (predict.c) and passes them
+ * to ts_plan_layers_build_sized. */
+typedef struct {
+    int n_layers;
+    double *param_floats, *expert_floats;
+} ts_plan_param_floats;
+void ts_plan_param_floats_build(ts_plan_param_floats *pf, const ts_model_config *mc,
+                                const ts_kernels *k, int tp, int ep, int etp);
+void ts_plan_param_floats_free(ts_plan_param_floats *pf);
+/* ts_plan_layers_build_moe with the parameter floats of (tp, moe's ep and etp) built
+ * already (NULL: built here). */
+void ts_plan_layers_build_sized(ts_plan_layers *L, const ts_model_config *mc,
+                                const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
+                                int sub, int micro_batch, ts_link tp_link, int cp,
+                                ts_link cp_link, const ts_plan_moe *moe,
+                                const ts_plan_param_floats *sizes);
+/* Its times alone (f, i, w and their parts; the sizes zero, no layout built): what a
+ * floor of the work (predict.h ts_plan_work_floor) reads, the same to the bit. */
+void ts_plan_layers_build_times(ts_plan_layers *L, const ts_model_config *mc,
+                                const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
+                                int sub, int micro_batch, ts_link tp_link, int cp,
+                                ts_link cp_link, const ts_plan_moe *moe);
 /* Context parallelism's collective per block and micro-batch (seconds, one direction):
  * a ring all-gather (forward) or reduce-scatter (backward) of the gathered keys and
  * values, micro_batch * seq_len * 2 * kv_local * head_dim values of act_bytes each,

@@ -42,14 +42,43 @@ typedef struct {
     int pp;
 } res_entry;
 
+/* The parameter floats of a (tp, ep, etp) layout (model_cost.h), shared by every
+ * layers entry of that triple. */
+typedef struct {
+    int tp, ep, etp;
+    ts_plan_param_floats pf;
+} param_entry;
+
+/* A layers key's (layers_entry) sum of the layers' work (ts_plan_work_floor). */
+typedef struct {
+    int key[7];
+    double sum;
+} work_entry;
+
+/* An open-addressed index of a cache's entries by key hash (the search asks the layers
+ * and cuts of hundreds of thousands of shapes: a linear scan per lookup was quadratic).
+ * slot: entry index + 1, 0 empty. */
+typedef struct {
+    size_t *slot;
+    size_t cap; /* a power of two, or 0 */
+} cache_index;
+
 struct ts_plan_ctx {
     ts_config cfg;
     ts_cluster cl;
     const ts_kernels *k; /* the run's layout (ts_plan_kernels) */
     double imbalance;    /* an MoE's load imbalance (ts_plan_ctx_set_moe) */
     bool hide_shared;
+    param_entry *params;
+    size_t n_params, cap_params;
     layers_entry *layers;
     size_t n_layers, cap_layers;
+    cache_index layers_index, parts_index, scheds_index;
+    /* ts_plan_work_floor's layer sums by layers key, for shapes whose layers were never
+     * cached: the search floors a million shapes and estimates few of them. */
+    work_entry *works;
+    size_t n_works, cap_works;
+    cache_index works_index;
     part_entry *parts;
     size_t n_parts, cap_parts;
     sched_entry *scheds;
@@ -79,6 +108,13 @@ void ts_plan_ctx_set_moe(ts_plan_ctx *x, double imbalance, bool hide_shared)
 void ts_plan_ctx_free(ts_plan_ctx *x)
 {
     if (!x) return;
+    for (size_t k = 0; k < x->n_params; k++) ts_plan_param_floats_free(&x->params[k].pf);
+    free(x->params);
+    free(x->layers_index.slot);
+    free(x->parts_index.slot);
+    free(x->scheds_index.slot);
+    free(x->works);
+    free(x->works_index.slot);
     for (size_t k = 0; k < x->n_layers; k++) ts_plan_layers_free(&x->layers[k].L);
     for (size_t k = 0; k < x->n_parts; k++) {
         free(x->parts[k].sizes);
@@ -156,45 +192,170 @@ static int sub_of(const ts_plan_grid *g)
     return g->sub > 1 && g->tp > 1 && g->micro_batch % g->sub == 0 ? g->sub : 1;
 }
 
-static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
+/* A hash of a cache key's ints (FNV-1a over their bytes). */
+static size_t key_hash(const int *key, int n)
 {
-    for (size_t k = 0; k < x->n_layers; k++) {
-        const layers_entry *e = &x->layers[k];
-        if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
-            e->sp == g->sp && e->sub == sub_of(g) && e->ep == ts_plan_grid_ep(g) &&
-            e->etp == ts_plan_grid_etp(g))
-            return &x->layers[k].L;
+    size_t h = 1469598103934665603u;
+    for (int j = 0; j < n; j++) {
+        unsigned v = (unsigned)key[j];
+        for (int b = 0; b < 4; b++, v >>= 8) h = (h ^ (v & 0xffu)) * 1099511628211u;
     }
-    x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
-    layers_entry *e = &x->layers[x->n_layers++];
-    e->tp = g->tp;
-    e->cp = ts_plan_grid_cp(g);
-    e->B = g->micro_batch;
-    e->sp = g->sp;
-    e->sub = sub_of(g);
-    e->ep = ts_plan_grid_ep(g);
-    e->etp = ts_plan_grid_etp(g);
-    const ts_plan_moe moe = {.ep = e->ep, .etp = e->etp,
+    return h;
+}
+
+/* The first slot of hash h's probe sequence that is empty or whose entry `same` accepts
+ * (same(arg, entry index)); the index is grown to hold n_entries + 1 first, rehashed by
+ * rehash(arg, entry index). */
+typedef bool (*cache_same_fn)(const void *arg, size_t entry, const void *key);
+typedef size_t (*cache_hash_fn)(const void *arg, size_t entry);
+
+static size_t *index_find(cache_index *ix, size_t n_entries, size_t h, cache_same_fn same,
+                          cache_hash_fn rehash, const void *arg, const void *key)
+{
+    if (2 * (n_entries + 1) > ix->cap) { /* at most half full */
+        const size_t cap = ix->cap ? 2 * ix->cap : 1024;
+        size_t *slot = ts_calloc(cap, sizeof *slot);
+        for (size_t e = 0; e < n_entries; e++) {
+            size_t j = rehash(arg, e) & (cap - 1);
+            while (slot[j]) j = (j + 1) & (cap - 1);
+            slot[j] = e + 1;
+        }
+        free(ix->slot);
+        ix->slot = slot;
+        ix->cap = cap;
+    }
+    size_t j = h & (ix->cap - 1);
+    while (ix->slot[j] && !same(arg, ix->slot[j] - 1, key)) j = (j + 1) & (ix->cap - 1);
+    return &ix->slot[j];
+}
+
+/* A layers entry's key: tp, cp, B, sp, sub, ep, etp. */
+static void layers_key_of(const layers_entry *e, int *key)
+{
+    const int k[7] = {e->tp, e->cp, e->B, e->sp, e->sub, e->ep, e->etp};
+    memcpy(key, k, sizeof k);
+}
+
+static size_t layers_rehash(const void *arg, size_t entry)
+{
+    int key[7];
+    layers_key_of(&((const ts_plan_ctx *)arg)->layers[entry], key);
+    return key_hash(key, 7);
+}
+
+static bool layers_same(const void *arg, size_t entry, const void *key)
+{
+    int k[7];
+    layers_key_of(&((const ts_plan_ctx *)arg)->layers[entry], k);
+    return !memcmp(k, key, sizeof k);
+}
+
+/* The parameter floats of g's (tp, ep, etp), built on first use. */
+static const ts_plan_param_floats *params_for(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    /* (a dense model's layout has no expert grid, as ts_plan_layers_build_moe says) */
+    const bool moe = x->cfg.model.moe_experts > 0;
+    const int ep = moe ? ts_plan_grid_ep(g) : 1, etp = moe ? ts_plan_grid_etp(g) : 1;
+    for (size_t k = 0; k < x->n_params; k++) /* (a few hundred triples at most) */
+        if (x->params[k].tp == g->tp && x->params[k].ep == ep && x->params[k].etp == etp)
+            return &x->params[k].pf;
+    x->params = ts_grow(x->params, &x->cap_params, x->n_params, sizeof *x->params);
+    param_entry *e = &x->params[x->n_params++];
+    *e = (param_entry){.tp = g->tp, .ep = ep, .etp = etp};
+    ts_plan_param_floats_build(&e->pf, &x->cfg.model, x->k, g->tp, ep, etp);
+    return &e->pf;
+}
+
+/* g's layers key (layers_entry's fields in layers_key_of's order). */
+static void grid_layers_key(const ts_plan_grid *g, int *key)
+{
+    const int k[7] = {g->tp, ts_plan_grid_cp(g), g->micro_batch, g->sp, sub_of(g),
+                      ts_plan_grid_ep(g), ts_plan_grid_etp(g)};
+    memcpy(key, k, sizeof k);
+}
+
+/* Build g's layers into *L (the caller frees them). */
+static void layers_build(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_layers *L)
+{
+    const ts_plan_param_floats *pf = params_for(x, g);
+    const ts_plan_moe moe = {.ep = ts_plan_grid_ep(g), .etp = ts_plan_grid_etp(g),
                              .ep_in_node = ts_plan_ep_node_members(&x->cl, g),
                              .etp_link = ts_plan_etp_link(&x->cl, g),
                              .imbalance = x->imbalance, .hide_shared = x->hide_shared};
-    ts_plan_layers_build_moe(&e->L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, e->sub,
-                             g->micro_batch, ts_plan_tp_link(&x->cl, g), e->cp,
-                             ts_plan_cp_link(&x->cl, g), &moe);
+    ts_plan_layers_build_sized(L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, sub_of(g),
+                               g->micro_batch, ts_plan_tp_link(&x->cl, g), ts_plan_grid_cp(g),
+                               ts_plan_cp_link(&x->cl, g), &moe, pf);
+}
+
+/* g's layers' times alone (ts_plan_layers_build_times; the caller frees them). */
+static void layers_build_times(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_layers *L)
+{
+    const ts_plan_moe moe = {.ep = ts_plan_grid_ep(g), .etp = ts_plan_grid_etp(g),
+                             .ep_in_node = ts_plan_ep_node_members(&x->cl, g),
+                             .etp_link = ts_plan_etp_link(&x->cl, g),
+                             .imbalance = x->imbalance, .hide_shared = x->hide_shared};
+    ts_plan_layers_build_times(L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, sub_of(g),
+                               g->micro_batch, ts_plan_tp_link(&x->cl, g), ts_plan_grid_cp(g),
+                               ts_plan_cp_link(&x->cl, g), &moe);
+}
+
+/* g's cached layers, or NULL. */
+static const ts_plan_layers *layers_cached(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    int key[7];
+    grid_layers_key(g, key);
+    const size_t *slot = index_find(&x->layers_index, x->n_layers, key_hash(key, 7), layers_same,
+                                    layers_rehash, x, key);
+    return *slot ? &x->layers[*slot - 1].L : NULL;
+}
+
+static const ts_plan_layers *layers_for(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    int key[7];
+    grid_layers_key(g, key);
+    size_t *slot = index_find(&x->layers_index, x->n_layers, key_hash(key, 7), layers_same,
+                              layers_rehash, x, key);
+    if (*slot) return &x->layers[*slot - 1].L;
+    ts_plan_layers L;
+    layers_build(x, g, &L); /* (before the slot's entry exists: it indexes no cut) */
+    *slot = x->n_layers + 1;
+    x->layers = ts_grow(x->layers, &x->cap_layers, x->n_layers, sizeof *x->layers);
+    layers_entry *e = &x->layers[x->n_layers++];
+    *e = (layers_entry){.tp = key[0], .cp = key[1], .B = key[2], .sp = key[3], .sub = key[4],
+                        .ep = key[5], .etp = key[6], .L = L};
     return &e->L;
+}
+
+/* A cut's key: tp, cp, B, sp, n_chunks, ep, etp. */
+static void part_key_of(const part_entry *e, int *key)
+{
+    const int k[7] = {e->tp, e->cp, e->B, e->sp, e->n_chunks, e->ep, e->etp};
+    memcpy(key, k, sizeof k);
+}
+
+static size_t part_rehash(const void *arg, size_t entry)
+{
+    int key[7];
+    part_key_of(&((const ts_plan_ctx *)arg)->parts[entry], key);
+    return key_hash(key, 7);
+}
+
+static bool part_same(const void *arg, size_t entry, const void *key)
+{
+    int k[7];
+    part_key_of(&((const ts_plan_ctx *)arg)->parts[entry], k);
+    return !memcmp(k, key, sizeof k);
 }
 
 static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
 {
     const int n = g->pp * g->v;
-    for (size_t k = 0; k < x->n_parts; k++) {
-        const part_entry *e = &x->parts[k];
-        /* (sequence and context parallelism change the layer costs: their own cut) */
-        if (e->tp == g->tp && e->cp == ts_plan_grid_cp(g) && e->B == g->micro_batch &&
-            e->sp == g->sp && e->n_chunks == n && e->ep == ts_plan_grid_ep(g) &&
-            e->etp == ts_plan_grid_etp(g))
-            return e;
-    }
+    /* (sequence and context parallelism change the layer costs: their own cut) */
+    const int key[7] = {g->tp, ts_plan_grid_cp(g), g->micro_batch, g->sp, n, ts_plan_grid_ep(g),
+                        ts_plan_grid_etp(g)};
+    size_t *slot = index_find(&x->parts_index, x->n_parts, key_hash(key, 7), part_same,
+                              part_rehash, x, key);
+    if (*slot) return &x->parts[*slot - 1];
     const ts_plan_layers *L = layers_for(x, g);
     int *sizes = ts_malloc(sizeof(int) * (size_t)n);
     if (x->cfg.parallel.n_partition == n) {
@@ -216,6 +377,8 @@ static const part_entry *part_for(ts_plan_ctx *x, const ts_plan_grid *g)
         first[c] = at;
         at += sizes[c];
     }
+    /* (layers_for above may have grown no index of the cuts: the slot stands) */
+    *slot = x->n_parts + 1;
     x->parts = ts_grow(x->parts, &x->cap_parts, x->n_parts, sizeof *x->parts);
     part_entry *e = &x->parts[x->n_parts++];
     *e = (part_entry){.tp = g->tp, .cp = ts_plan_grid_cp(g), .B = g->micro_batch, .sp = g->sp,
@@ -243,12 +406,27 @@ static bool chunk_splits(const ts_schedule *s, int c)
     return false;
 }
 
+static size_t sched_rehash(const void *arg, size_t entry)
+{
+    const sched_entry *e = &((const ts_plan_ctx *)arg)->scheds[entry];
+    const int key[4] = {e->kind, e->pp, e->v, e->m};
+    return key_hash(key, 4);
+}
+
+static bool sched_same(const void *arg, size_t entry, const void *key)
+{
+    const sched_entry *e = &((const ts_plan_ctx *)arg)->scheds[entry];
+    const int *k = key;
+    return e->kind == k[0] && e->pp == k[1] && e->v == k[2] && e->m == k[3];
+}
+
 static sched_entry *sched_for(ts_plan_ctx *x, const ts_plan_grid *g)
 {
-    for (size_t k = 0; k < x->n_scheds; k++) {
-        sched_entry *e = &x->scheds[k];
-        if (e->kind == g->schedule && e->pp == g->pp && e->v == g->v && e->m == g->m) return e;
-    }
+    const int key[4] = {g->schedule, g->pp, g->v, g->m};
+    size_t *slot = index_find(&x->scheds_index, x->n_scheds, key_hash(key, 4), sched_same,
+                              sched_rehash, x, key);
+    if (*slot) return &x->scheds[*slot - 1];
+    *slot = x->n_scheds + 1;
     x->scheds = ts_grow(x->scheds, &x->cap_scheds, x->n_scheds, sizeof *x->scheds);
     sched_entry *e = &x->scheds[x->n_scheds++];
     memset(e, 0, sizeof *e);
@@ -800,13 +978,55 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
 }
 
-double ts_plan_work_floor(ts_plan_ctx *x, const ts_plan_grid *g)
+/* The layers' work of a floor: their forward, input- and weight-gradient time less
+ * what an overlapped pair may hide (sim.h; nothing in a dense model), in seconds. */
+static double layers_work(const ts_plan_layers *L)
 {
-    const ts_plan_layers *L = layers_for(x, g);
     double w = 0.0;
-    /* less what an overlapped pair may hide (sim.h; nothing in a dense model) */
     for (int l = 0; l < L->n_layers; l++)
         w += L->f[l] + L->i[l] + L->w[l] - L->f_a2a[l] - L->i_a2a[l];
+    return w;
+}
+
+static size_t work_rehash(const void *arg, size_t entry)
+{
+    return key_hash(((const ts_plan_ctx *)arg)->works[entry].key, 7);
+}
+
+static bool work_same(const void *arg, size_t entry, const void *key)
+{
+    return !memcmp(((const ts_plan_ctx *)arg)->works[entry].key, key, 7 * sizeof(int));
+}
+
+double ts_plan_work_floor(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    /* The search floors every shape but estimates few: a shape's layers are built for
+     * its floor and dropped (the sum kept), and cached only when a grid of it is
+     * estimated (the cache would otherwise hold every shape's, gigabytes at 2048
+     * devices of DeepSeek-V3). The same sum either way, to the bit. */
+    double w;
+    const ts_plan_layers *C = layers_cached(x, g);
+    if (C) {
+        w = layers_work(C);
+    } else {
+        int key[7];
+        grid_layers_key(g, key);
+        size_t *slot = index_find(&x->works_index, x->n_works, key_hash(key, 7), work_same,
+                                  work_rehash, x, key);
+        if (*slot) {
+            w = x->works[*slot - 1].sum;
+        } else {
+            ts_plan_layers L;
+            layers_build_times(x, g, &L);
+            w = layers_work(&L);
+            ts_plan_layers_free(&L);
+            *slot = x->n_works + 1;
+            x->works = ts_grow(x->works, &x->cap_works, x->n_works, sizeof *x->works);
+            work_entry *e = &x->works[x->n_works++];
+            memcpy(e->key, key, sizeof e->key);
+            e->sum = w;
+        }
+    }
     return w * 1e3 * g->m / g->pp;
 }
 

@@ -61,14 +61,16 @@ void ts_trainer_optimizer_step(ts_trainer *t, double lr, float grad_scale, int s
     double sums[4] = {0.0, 0.0, 0.0, 0.0}; /* Muon's squares and floats, AdamW's */
     sums[0] = ts_muon_dist_step(&t->muon_dist, &t->model, tc, lr, grad_scale);
     sums[1] = (double)t->muon.count_floats;
-    size_t adamw_floats = 0;
-    /* AdamW's parameters are dense (every expert tensor is a Muon matrix): sharded each
-     * replica updates its pieces, unsharded every replica all of them alike, counted
-     * once (its rank 0's). Each Muon matrix is its owner's alone. */
-    if (t->reducer.sharded || t->groups->replica.rank == 0) {
-        sums[2] = ts_adamw_update_sum_squares(&t->optim, &t->model, tc, lr, step1, &adamw_floats);
+    /* AdamW's group once over the grid, as the norm counts it: every rank its own ZeRO
+     * pieces, or replica rank 0 the replicated state. No edp rule: every expert tensor is
+     * a Muon matrix, summed by its owner alone (data/muon_dist.h). */
+    if (ts_reducer_counts_norm(&t->reducer)) {
+        size_t adamw_floats = 0;
+        sums[2] = ts_adamw_update_sum_squares(&t->optim, &t->model, tc, lr, step1,
+                                              &adamw_floats);
         sums[3] = (double)adamw_floats;
     }
+    /* Each pipeline stage holds its own parameters: the grid's sums. */
     ts_host_allreduce_sum_f64(&t->groups->world, sums, 4);
     out->update_rms_muon = sums[1] > 0 ? sqrt(sums[0] / sums[1]) : 0.0;
     out->update_rms_adamw = sums[3] > 0 ? sqrt(sums[2] / sums[3]) : 0.0;
