@@ -266,6 +266,29 @@ static double reduce_copies(const ts_memory_shape *sh, const ts_memory_holdings 
     return zero == 1 ? bucketed : 0.0;
 }
 
+/* Muon's optimizer state (memory.h): AdamW's two moments on the floats that are not Muon
+ * matrices, sharded by ZeRO level as the dense rule does, and one momentum on the Muon
+ * matrices the rank owns. Returns the optimizer bytes; *state_floats the floats of state
+ * (what checkpoint.async copies besides the weights). */
+static double muon_optimizer(const ts_memory_shape *sh, const ts_memory_holdings *h, int zero,
+                             double edp, double *state_floats)
+{
+    const double f = sizeof(float);
+    const double adam = h->param_floats - h->muon_floats;
+    const double xadam = h->expert_floats - h->muon_expert_floats;
+    const double adam_shard = zero < 1      ? adam
+                              : xadam > 0 ? (adam - xadam) / (double)sh->dp + xadam / edp
+                                          : adam / (double)sh->dp;
+    double owned = h->muon_floats;
+    if (sh->dp > 1) {
+        const double mx = h->muon_expert_floats;
+        owned = (h->muon_floats - mx) / (double)sh->dp + mx / edp;
+        if (owned < h->muon_max_floats) owned = h->muon_max_floats;
+    }
+    *state_floats = 2.0 * adam + h->muon_floats;
+    return 2.0 * f * adam_shard + f * owned;
+}
+
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
                     ts_rank_memory *est)
 {
@@ -291,11 +314,16 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     est->params = zero == 3 ? shard * f : floats * (f + wcb);
     est->grads = (zero >= 2 ? shard : floats) * f;
     est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
+    double state = 2.0 * floats;
+    if (h->muon_floats > 0) est->optimizer = muon_optimizer(sh, h, zero, edp, &state);
     if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
     est->buffers += h->scratch_bytes;
-    /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
-     * of what the pipeline rank holds) while a thread writes them. */
-    if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
+    /* checkpoint.async copies this rank's share of the weights and the optimizer state
+     * (1/dp of what the pipeline rank holds) while a thread writes them. */
+    if (sh->async_checkpoint) {
+        est->buffers += h->muon_floats > 0 ? (floats + state) * f / (double)sh->dp
+                                           : 3.0 * floats * f / (double)sh->dp;
+    }
     /* The replica group's copies are freed before the group sums run (data/reducer.c):
      * the larger of the two is held. */
     est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, h, zero, floats * f),
