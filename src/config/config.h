@@ -212,6 +212,19 @@ typedef struct {
     /* Multi-token prediction's weight lambda: the loss adds lambda / D * the sum of the
      * D depths' losses (model.mtp_layers = D). */
     double mtp_loss;
+    /* The optimizer (optim/muon.h; docs/CONTRACT.md "Optimizer"): "adamw" for every
+     * parameter, or "muon": Muon on every 2-D matrix inside the blocks (and MTP modules),
+     * AdamW (beta1, beta2, eps above) on the rest. Muon's momentum, Nesterov on/off, its
+     * Newton-Schulz steps (0: the coefficient set's own count, 5 or 10), the coefficient
+     * set ("torch" | "quintic" | "deepseek_v4") and the update scale ("match_rms_adamw" |
+     * "original"); allow_optimizer_change lets a resumed run switch optimizer. */
+    char optimizer[8];
+    double muon_momentum;
+    bool muon_nesterov;
+    int muon_ns_steps;
+    char muon_coefficients[16];
+    char muon_scale[16];
+    bool allow_optimizer_change;
 } ts_train_config;
 
 /* data.train: paths or glob patterns, grouped into the datasets of a blend. A plain
@@ -286,6 +299,12 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size);
 
 /* Number of micro-batches per replica per step: global_batch / (dp * micro_batch). */
 int ts_config_num_microbatches(const ts_config *cfg);
+
+/* train.optimizer = "muon" (config_muon.c), and the Newton-Schulz steps it runs:
+ * train.muon_ns_steps, or 0's meaning, the coefficient set's own count (5 for "torch"
+ * and "quintic", 10 for "deepseek_v4"). */
+bool ts_config_muon(const ts_train_config *t);
+int ts_config_muon_ns_steps(const ts_train_config *t);
 
 /* The learning-rate schedule the train keys describe, resolved (config/lr_schedule.c):
  * after `warmup` steps of a linear ramp to lr, `name` ("cosine", "linear", "constant",

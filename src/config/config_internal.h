@@ -84,6 +84,12 @@ ts_status ts_config_validate_moe(const ts_config *cfg);
 ts_status ts_config_validate_mla(const ts_config *cfg);
 /* config_mtp.c: multi-token prediction's rules (model.mtp_layers, train.mtp_loss). */
 ts_status ts_config_validate_mtp(const ts_config *cfg);
+/* Muon's keys (config_muon.c): the optimizer and its choices, then their relations. */
+ts_status ts_config_check_optimizer(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_check_muon_coefficients(const key_spec *k, const ts_config *cfg,
+                                            const char *where);
+ts_status ts_config_check_muon_scale(const key_spec *k, const ts_config *cfg, const char *where);
+ts_status ts_config_validate_muon(const ts_config *cfg);
 ts_status ts_config_check_rope_type(const key_spec *k, const ts_config *cfg, const char *where);
 
 /* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the

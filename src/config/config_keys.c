@@ -104,6 +104,13 @@ void ts_config_defaults(ts_config *cfg)
     copy_str(t->attention, sizeof t->attention, "gemm");
     t->moe_aux_loss = t->moe_z_loss = t->moe_bias_rate = 0.0;
     t->mtp_loss = 0.1; /* Megatron's mtp_loss_scaling_factor */
+    copy_str(t->optimizer, sizeof t->optimizer, "adamw");
+    t->muon_momentum = 0.95;
+    t->muon_nesterov = true;
+    t->muon_ns_steps = 0; /* the coefficient set's own count */
+    copy_str(t->muon_coefficients, sizeof t->muon_coefficients, "torch");
+    copy_str(t->muon_scale, sizeof t->muon_scale, "match_rms_adamw");
+    t->allow_optimizer_change = false;
 
     ts_data_config *d = &cfg->data;
     d->n_train = 1;
@@ -248,6 +255,14 @@ const key_spec ts_config_keys[] = {
     FLOAT_KEY("train", "moe_z_loss", train.moe_z_loss, 0, false, 1e6, false),
     FLOAT_KEY("train", "moe_bias_rate", train.moe_bias_rate, 0, false, 1e6, false),
     FLOAT_KEY("train", "mtp_loss", train.mtp_loss, 0, false, 1e6, false),
+    STR_KEY("train", "optimizer", train.optimizer, ts_config_check_optimizer),
+    FLOAT_KEY("train", "muon_momentum", train.muon_momentum, 0, false, 1, true),
+    BOOL_KEY("train", "muon_nesterov", train.muon_nesterov),
+    INT_KEY("train", "muon_ns_steps", train.muon_ns_steps, 0, 99),
+    STR_KEY("train", "muon_coefficients", train.muon_coefficients,
+            ts_config_check_muon_coefficients),
+    STR_KEY("train", "muon_scale", train.muon_scale, ts_config_check_muon_scale),
+    BOOL_KEY("train", "allow_optimizer_change", train.allow_optimizer_change),
 
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     { "data", "val", K_PATHS, OFF(data), 0, 0, 0, false, false, NULL },

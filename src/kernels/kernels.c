@@ -22,7 +22,8 @@
     X(crossentropy_forward_backward) X(adamw_update) X(adamw_update_spans) X(sum_squares)  \
     X(vocab_embed_forward) X(vocab_embed_backward) X(xent_vp_stats) X(xent_vp_sumexp)      \
     X(xent_vp_finish) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_rmsnorm_forward)    \
-    X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)
+    X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)                  \
+    X(gemm) X(muon_momentum) X(muon_apply) X(adamw_delta_sq_spans)
 
 const char *ts_kernels_missing(const ts_kernels *k)
 {

@@ -502,6 +502,32 @@ typedef struct ts_kernels {
     void (*xent_vp_finish)(float *losses, void *logits, const int *targets, int v0, int nv,
                            const float *rowmax, const float *sumexp, const float *target_logit,
                            int N, float dloss);
+
+    /* ---- Muon (optim/muon.h): Newton-Schulz's GEMMs, the momentum, the update, and the
+     * update RMS the metrics report.
+     * c[M,N] = alpha * op(a) @ op(b) + beta * c, row-major: op(a) [M,K] (a given as [K,M]
+     * when ta), op(b) [K,N] (b given as [N,K] when tb); a and b in act_dtype, c fp32, the
+     * products accumulated in fp32 (bf16 tables: bf16 operands, fp32 accumulation, no
+     * TF32 on CUDA); beta 0 overwrites c without reading it. c aliases neither input. */
+    void (*gemm)(float *c, const void *a, const void *b, int M, int N, int K, bool ta, bool tb,
+                 float alpha, float beta);
+    /* Muon's momentum on n floats (torch.optim.Muon's lerps): g = grad_scale * grad;
+     * buf += (1 - mu) * (g - buf); u = nesterov ? g + mu * (buf - g) : buf. u aliases
+     * neither buf nor grad. */
+    void (*muon_momentum)(float *u, float *buf, const float *grad, float grad_scale, size_t n,
+                          float mu, int nesterov);
+    /* Muon's update on n floats: param = param * decay - lr_scaled * o (decay = 1 - lr*wd,
+     * the unscaled lr's, or 1), then, when acc is not NULL, acc[0] += the sum of the
+     * squared changes (new - old) in double (acc device memory). */
+    void (*muon_apply)(float *param, const float *o, size_t n, float decay, float lr_scaled,
+                       double *acc);
+    /* After adamw_update_spans ran with these arguments (param, m and v its results):
+     * acc[0] += the sum over the spans of the squared change of each parameter, rebuilt in
+     * double from the new moments (the update RMS of the AdamW group, for the metrics; the
+     * parameters are only read). */
+    void (*adamw_delta_sq_spans)(double *acc, const float *param, const float *m, const float *v,
+                                 const ts_adamw_span *spans, int n_spans, float lr, float beta1,
+                                 float beta2, float eps, float weight_decay, int t);
 } ts_kernels;
 
 /* The CPU backend. */

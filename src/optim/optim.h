@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 #include "model/model.h"
@@ -47,6 +48,14 @@ typedef struct {
      * compact, range after range as the moments are (ts_adamw_set_compact); NULL: the
      * model's full-size buffers at the ranges' own offsets. */
     float *grads, *params;
+    /* Parameters left to another optimizer (ts_adamw_exclude: Muon's matrices), or NULL:
+     * [n_params] of the model; their floats get no moments and no update. Owned. */
+    bool *excluded;
+    /* The spans of the counted parameters (ts_tp_param_counts) for the update's sum of
+     * squares (ts_adamw_update_sum_squares), device memory; built with `spans`. */
+    ts_adamw_span *count_spans;
+    int n_count_spans;
+    size_t count_floats;  /* the floats of count_spans */
 } ts_adamw;
 
 /* Moments for the whole model (every float of the flat buffers). */
@@ -60,6 +69,17 @@ void ts_adamw_init_ranges(ts_adamw *o, const ts_model *m, const ts_flat_range *r
  * laid out as the moments), and with `params` non-NULL their master weights too; the
  * step and the norm read them there. Not owned. */
 void ts_adamw_set_compact(ts_adamw *o, const ts_model *m, float *grads, float *params);
+/* Leave the parameters marked in excluded[n_params] (copied) to another optimizer: their
+ * floats lose their moments (the moments are reallocated, zero, for the other floats of
+ * the ranges, range after range, parameter after parameter, without the gaps between
+ * parameters) and the step leaves them alone. The ranges, and so the norm and the
+ * compact ZeRO-2/3 layout, are unchanged. Call before the first step. */
+void ts_adamw_exclude(ts_adamw *o, const ts_model *m, const bool *excluded);
+/* Where the moments of parameter p's part inside range r start in m and v, or SIZE_MAX
+ * when p has no part in r or is excluded (what a checkpoint reads and writes). O(ranges
+ * x parameters) a call: a loop over every part keeps its own count instead (the parts'
+ * moments follow each other in range, then parameter order, when some are excluded). */
+size_t ts_adamw_moment_offset(const ts_adamw *o, const ts_model *m, int r, int p);
 void ts_adamw_free(ts_adamw *o);
 /* Bytes of the two moment buffers (the optimizer state this rank holds). */
 size_t ts_adamw_state_bytes(const ts_adamw *o);
@@ -78,5 +98,12 @@ double ts_adamw_grad_sum_squares_of(const ts_adamw *o, const ts_model *m, bool e
  * One adamw_update_spans call for all of it. */
 void ts_adamw_step(ts_adamw *o, ts_model *m, const ts_train_config *tc, double lr,
                    float grad_scale, int t);
+
+/* After ts_adamw_step(.., lr, .., t): the sum of the squared changes of the counted
+ * parameters' floats in the ranges (every float once per replica: the tied copy and tp
+ * ranks 1.. of a replicated tensor are skipped), rebuilt from the new moments; with
+ * *n_floats their count. For the metrics' update RMS. */
+double ts_adamw_update_sum_squares(const ts_adamw *o, const ts_model *m,
+                                   const ts_train_config *tc, double lr, int t, size_t *n_floats);
 
 #endif

@@ -39,6 +39,16 @@ void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
 void ts_trainer_on_a2a_span(void *ctx, const ts_expert_span *s);
 ts_status ts_trainer_write_trace(ts_trainer *t);
 
+/* ---- optimizer.c: the optimizer state beside the data-parallel one, and the step */
+/* After the data-parallel set-up made AdamW's state: under train.optimizer = "muon",
+ * Muon's state for the Muon matrices and AdamW's moments narrowed to the rest. */
+void ts_trainer_optimizer_init(ts_trainer *t);
+/* The step's update of this rank's parameters (AdamW, and Muon's matrices), lr the
+ * schedule's, grad_scale the clipping coefficient, t the 1-based step; the update RMS of
+ * each group into out under Muon (collective over the world then). */
+void ts_trainer_optimizer_step(ts_trainer *t, double lr, float grad_scale, int step1,
+                               ts_step_stats *out);
+
 /* ---- checkpointing.c: checkpoint.dir's claim, checkpoint.load, saves and their commit */
 ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t);
 ts_status ts_trainer_load_checkpoint(ts_trainer *t);

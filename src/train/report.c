@@ -327,13 +327,19 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
                  k == 0 ? ",\"mtp_loss\":[" : ",", v);
     }
     if (s->mtp_depths > 0) snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "]");
+    /* Muon: the update RMS of its matrices and of AdamW's group. */
+    char upd[96] = "";
+    if (s->muon)
+        snprintf(upd, sizeof upd, ",\"update_rms_muon\":%.6g,\"update_rms_adamw\":%.6g",
+                 s->update_rms_muon, s->update_rms_adamw);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
-        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, mtp, data,
+        s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, upd, mtp,
+        data,
         s->skipped ? ",\"skipped\":true" : "");
     if (st == TS_OK) st = report_moe_tokens(t, step, s);
     if (t->cfg.log.progress) {
@@ -373,10 +379,11 @@ ts_status ts_trainer_report_memory(ts_trainer *t)
      * pre-flight estimate of the peak (setup.c), to set beside the first. */
     double mine[K] = {peak / MiB,
                       (double)ts_engine_activation_bytes(&t->engine) / MiB,
-                      (double)ts_adamw_state_bytes(&t->optim) / MiB,
+                      (double)(ts_adamw_state_bytes(&t->optim) +
+                               ts_muon_state_bytes(&t->muon)) / MiB,
                       steps_peak / MiB,
-                      (ts_zero_state_bytes(&t->zero) +
-                       (double)ts_adamw_state_bytes(&t->optim)) / MiB,
+                      (ts_zero_state_bytes(&t->zero) + (double)ts_adamw_state_bytes(&t->optim) +
+                       (double)ts_muon_state_bytes(&t->muon)) / MiB,
                       t->zero.zbuf_peak / MiB, t->estimate_bytes / MiB};
     const ts_comm *world = &t->groups->world;
     double *all = world->rank == 0 ? ts_calloc((size_t)world->size * K, sizeof(double)) : NULL;

@@ -72,7 +72,10 @@ static ts_status setup_data_parallel(ts_trainer *t, int level)
     free(param_group);
     const bool thread = strcmp(cfg->parallel.grad_sync_progress, "thread") == 0;
     ts_status st = ts_reducer_attach(&t->reducer, &t->engine, &t->model, thread);
-    if (st == TS_OK) ts_zero_attach(&t->zero, &t->reducer, &t->engine, &t->optim);
+    if (st == TS_OK) {
+        ts_zero_attach(&t->zero, &t->reducer, &t->engine, &t->optim);
+        ts_trainer_optimizer_init(t);
+    }
     return st;
 }
 
@@ -216,6 +219,7 @@ void ts_trainer_free(ts_trainer *t)
     ts_reducer_free(&t->reducer);
     ts_group_sums_free(&t->sums);
     ts_adamw_free(&t->optim);
+    ts_muon_free(&t->muon);
     ts_engine_free(&t->engine);
     if (t->has_train) ts_sampler_close(&t->train_data);
     free(t->data_tokens);
@@ -360,9 +364,10 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * selection (DeepSeek-V3 updates it per step, apart from the optimizer). */
     moe_step_end(t, out);
     double lr = ts_lr_schedule_at(&t->lr_schedule, step);
+    out->muon = t->use_muon;
+    out->update_rms_muon = out->update_rms_adamw = 0.0;
     if (!out->skipped) {
-        ts_adamw_step(&t->optim, &t->model, &c->train, lr,
-                      ts_clip_coef(norm, c->train.grad_clip), step + 1);
+        ts_trainer_optimizer_step(t, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1, out);
         if (t->reducer.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
         ts_zero_gather_params(&t->zero);
         ts_model_refresh_compute(&t->model); /* bf16: the next step's compute weights */

@@ -16,6 +16,7 @@
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
 #include "model/model.h"
+#include "optim/muon.h"
 #include "optim/optim.h"
 #include "pipeline/engine.h"
 #include "pipeline/partition.h"
@@ -53,6 +54,11 @@ typedef struct {
      * the sum of these. */
     int mtp_depths;
     double mtp_loss[64];
+    /* train.optimizer = "muon": the RMS of the step's change (W_new - W_old) over the
+     * Muon matrices' floats and over the AdamW group's, each logical float once over the
+     * grid (0 for a skipped step). */
+    bool muon;
+    double update_rms_muon, update_rms_adamw;
     const int *moe_counts; /* [blocks * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
@@ -89,7 +95,10 @@ typedef struct {
     ts_group_sums sums;
     ts_reducer reducer;
     ts_zero_state zero;
-    ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard */
+    ts_adamw optim;     /* AdamW moments: the whole model, or this rank's ZeRO-1 shard
+                           (under Muon: its non-Muon floats only) */
+    bool use_muon;      /* train.optimizer = "muon" */
+    ts_muon muon;       /* Muon's momentum of the matrices this rank owns (optimizer.c) */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
     ts_dataset val_data;

@@ -28,6 +28,9 @@ void ts_cpu_bf16_layernorm_forward(void *out, float *mean, float *rstd, const vo
 void ts_cpu_bf16_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                                     const void *inp, const float *weight, const float *mean,
                                     const float *rstd, int N, int C);
+/* Muon's GEMM: bf16 operands, fp32 c and accumulation (oneDNN; gemm_bf16.c). */
+void ts_cpu_bf16_gemm(float *c, const void *a, const void *b, int M, int N, int K, bool ta,
+                      bool tb, float alpha, float beta);
 void ts_cpu_bf16_matmul_forward(void *out, const void *inp, const void *weight, const float *bias,
                                 int N, int C, int OC);
 void ts_cpu_bf16_matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,

@@ -187,6 +187,16 @@ void ts_cpu_adamw_update_spans(float *param, const float *grad, float grad_scale
                                float *v, const ts_adamw_span *spans, int n_spans, float lr,
                                float beta1, float beta2, float eps, float weight_decay, int t);
 double ts_cpu_sum_squares(const float *x, size_t n);
+/* Muon (kernels/cpu/muon.c; the fp32 GEMM there, the bf16 one in gemm_bf16.c). */
+void ts_cpu_gemm(float *c, const void *a, const void *b, int M, int N, int K, bool ta, bool tb,
+                 float alpha, float beta);
+void ts_cpu_muon_momentum(float *u, float *buf, const float *grad, float grad_scale, size_t n,
+                          float mu, int nesterov);
+void ts_cpu_muon_apply(float *param, const float *o, size_t n, float decay, float lr_scaled,
+                       double *acc);
+void ts_cpu_adamw_delta_sq_spans(double *acc, const float *param, const float *m, const float *v,
+                                 const ts_adamw_span *spans, int n_spans, float lr, float beta1,
+                                 float beta2, float eps, float weight_decay, int t);
 void ts_cpu_vocab_embed_forward(void *out, const int *tokens, const float *wte, const float *wpe,
                                 int v0, int nv, int B, int T, int C);
 void ts_cpu_vocab_embed_backward(float *dwte, float *dwpe, const void *dout, const int *tokens,

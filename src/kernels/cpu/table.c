@@ -52,7 +52,10 @@
     .moe_count = ts_cpu_moe_count, .moe_permute = prefix##moe_permute,                       \
     .moe_combine = prefix##moe_combine, .moe_combine_backward = prefix##moe_combine_backward, \
     .moe_permute_backward = prefix##moe_permute_backward,                                    \
-    .moe_capacity = ts_moe_capacity_keep /* int32 and fp32: both tables' */
+    .moe_capacity = ts_moe_capacity_keep, /* int32 and fp32: both tables' */              \
+    /* Muon: its GEMM per table, the fp32 elementwise steps shared */                        \
+    .gemm = prefix##gemm, .muon_momentum = ts_cpu_muon_momentum,                             \
+    .muon_apply = ts_cpu_muon_apply, .adamw_delta_sq_spans = ts_cpu_adamw_delta_sq_spans
 
 const ts_kernels ts_kernels_cpu = {
     .name = "cpu",

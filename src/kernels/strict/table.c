@@ -122,6 +122,23 @@
             float eps, float weight_decay, int t),                                         \
            (param, grad, grad_scale, m, v, spans, n_spans, lr, beta1, beta2, eps,          \
             weight_decay, t))                                                              \
+    STRICT(P, K, gemm,                                                                     \
+           (float *c, const void *a, const void *b, int M, int N, int K_, bool ta, bool tb,   \
+            float alpha, float beta),                                                      \
+           (c, a, b, M, N, K_, ta, tb, alpha, beta))                                       \
+    STRICT(P, K, muon_momentum,                                                            \
+           (float *u, float *buf, const float *grad, float grad_scale, size_t n, float mu,   \
+            int nesterov),                                                                 \
+           (u, buf, grad, grad_scale, n, mu, nesterov))                                    \
+    STRICT(P, K, muon_apply,                                                               \
+           (float *param, const float *o, size_t n, float decay, float lr_scaled,           \
+            double *acc),                                                                  \
+           (param, o, n, decay, lr_scaled, acc))                                           \
+    STRICT(P, K, adamw_delta_sq_spans,                                                     \
+           (double *acc, const float *param, const float *m, const float *v,                \
+            const ts_adamw_span *spans, int n_spans, float lr, float beta1, float beta2,    \
+            float eps, float weight_decay, int t),                                         \
+           (acc, param, m, v, spans, n_spans, lr, beta1, beta2, eps, weight_decay, t))     \
     STRICT(P, K, vocab_embed_forward,                                                      \
            (void *out, const int *tokens, const float *wte, const float *wpe, int v0, int nv, \
             int B, int T, int C),                                                          \
@@ -243,6 +260,8 @@
         .moe_combine_backward = P##moe_combine_backward,                                   \
         .moe_permute_backward = P##moe_permute_backward,                                   \
         .moe_capacity = P##moe_capacity,                                                   \
+        .gemm = P##gemm, .muon_momentum = P##muon_momentum, .muon_apply = P##muon_apply,   \
+        .adamw_delta_sq_spans = P##adamw_delta_sq_spans,                                   \
     }
 
 STRICT_WRAPPERS(strict_f32_, ts_kernels_cpu)

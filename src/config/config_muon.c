@@ -1,0 +1,103 @@
+/* Muon's keys (train.optimizer and train.muon_*; docs/CONTRACT.md "### train" and
+ * "Optimizer"): the enumerations, the number of Newton-Schulz steps each coefficient set
+ * runs, and the relations to the rest of the config, checked after ts_config_validate's
+ * own checks. The coefficients themselves live with the iteration (optim/muon.c).
+ * Nothing here prints. */
+#include "config/config_internal.h"
+
+#include <string.h>
+
+static ts_status check_one_of(const key_spec *k, const ts_config *cfg, const char *where,
+                              const char *const *values, int n, const char *choices)
+{
+    const char *v = (const char *)cfield_ptr(cfg, k);
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, values[i]) == 0) return TS_OK;
+    return ts_fail("config key '%s.%s' = \"%s\"%s is not a choice; %s", k->section, k->name, v,
+                   where, choices);
+}
+
+static const char *const OPTIMIZERS[] = { "adamw", "muon" };
+
+ts_status ts_config_check_optimizer(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    return check_one_of(k, cfg, where, OPTIMIZERS, 2,
+                        "choose \"adamw\" (every parameter, the default) or \"muon\" (Muon on "
+                        "the blocks' matrices, AdamW on the embedding, head, norms and biases)");
+}
+
+static const char *const COEFFICIENT_SETS[] = { "torch", "quintic", "deepseek_v4" };
+
+ts_status ts_config_check_muon_coefficients(const key_spec *k, const ts_config *cfg,
+                                            const char *where)
+{
+    return check_one_of(k, cfg, where, COEFFICIENT_SETS, 3,
+                        "choose \"torch\" ((3.4445, -4.7750, 2.0315) every step, the "
+                        "default), \"quintic\" (a tuple per step, the last reused) or "
+                        "\"deepseek_v4\" (8 torch steps, then 2 of (2, -1.5, 0.5))");
+}
+
+static const char *const SCALES[] = { "match_rms_adamw", "original" };
+
+ts_status ts_config_check_muon_scale(const key_spec *k, const ts_config *cfg, const char *where)
+{
+    return check_one_of(k, cfg, where, SCALES, 2,
+                        "choose \"match_rms_adamw\" (0.2 * sqrt(max(rows, cols)), Moonlight's, "
+                        "the default) or \"original\" (sqrt(max(1, rows / cols)))");
+}
+
+bool ts_config_muon(const ts_train_config *t)
+{
+    return strcmp(t->optimizer, "muon") == 0;
+}
+
+int ts_config_muon_ns_steps(const ts_train_config *t)
+{
+    if (t->muon_ns_steps > 0) return t->muon_ns_steps;
+    return strcmp(t->muon_coefficients, "deepseek_v4") == 0 ? 10 : 5;
+}
+
+/* The Muon keys belong to Muon (none accepted and ignored under AdamW), DeepSeek-V4's
+ * hybrid is its fixed 8 + 2 steps, and until the distributed Muon and its checkpoints are
+ * merged a Muon run is one rank per pipeline stage without checkpoints. */
+ts_status ts_config_validate_muon(const ts_config *cfg)
+{
+    const ts_train_config *t = &cfg->train, d = {.muon_momentum = 0.95, .muon_nesterov = true};
+    const ts_parallel_config *p = &cfg->parallel;
+    if (t->allow_optimizer_change)
+        return ts_fail("config key 'train.allow_optimizer_change' = true: checkpoints that "
+                       "record their optimizer (and refuse another one without this key) are "
+                       "being built; remove the key for now");
+    if (!ts_config_muon(t)) {
+        const char *set = t->muon_momentum != d.muon_momentum ? "muon_momentum"
+                          : t->muon_nesterov != d.muon_nesterov ? "muon_nesterov"
+                          : t->muon_ns_steps != 0                ? "muon_ns_steps"
+                          : strcmp(t->muon_coefficients, "torch") ? "muon_coefficients"
+                          : strcmp(t->muon_scale, "match_rms_adamw") ? "muon_scale"
+                                                                     : NULL;
+        if (set)
+            return ts_fail("config key 'train.%s' is set, but train.optimizer = \"%s\" runs no "
+                           "Muon; remove it or set train.optimizer = \"muon\"",
+                           set, t->optimizer);
+        return TS_OK;
+    }
+    if (strcmp(t->muon_coefficients, "deepseek_v4") == 0 && t->muon_ns_steps != 0 &&
+        t->muon_ns_steps != 10)
+        return ts_fail("config key 'train.muon_ns_steps' = %d: train.muon_coefficients = "
+                       "\"deepseek_v4\" is DeepSeek-V4's hybrid of 8 steps with (3.4445, "
+                       "-4.7750, 2.0315) then 2 with (2, -1.5, 0.5), 10 in all; remove "
+                       "muon_ns_steps (or set it to 10), or choose \"torch\" or \"quintic\"",
+                       t->muon_ns_steps);
+    if (p->dp * p->cp > 1 || p->tp > 1 || p->ep > 1 || p->etp > 1)
+        return ts_fail("config key 'train.optimizer' = \"muon\" on parallel.dp = %d, cp = %d, "
+                       "tp = %d, ep = %d, etp = %d: distributed Muon (each matrix owned by one "
+                       "rank of its data-parallel group, tp shards gathered) is being built; "
+                       "for now Muon runs with dp = cp = tp = ep = etp = 1 (any pp)",
+                       p->dp, p->cp, p->tp, p->ep, p->etp);
+    if (cfg->checkpoint.dir[0] || cfg->checkpoint.load[0])
+        return ts_fail("config key 'train.optimizer' = \"muon\" with checkpoint.%s set: "
+                       "checkpoints of Muon's momentum are being built; for now a Muon run "
+                       "saves and loads none (remove checkpoint.dir and checkpoint.load)",
+                       cfg->checkpoint.dir[0] ? "dir" : "load");
+    return TS_OK;
+}
