@@ -1180,6 +1180,65 @@ static void test_muon_formulas(void)
     CHECK(est.optimizer == 8.0 * 400 / 2 + 4.0 * (300.0 / 2 + 300));
 }
 
+/* Muon planned on llama-tiny (4 blocks of q, o [128, 128], k, v [64, 128], gate, up
+ * [384, 128], down [128, 384]: 196,608 Muon floats a block, 786,432 in all, of 853,120)
+ * on the CPU test cluster, by hand: the optimizer memory, the busiest owner's
+ * Newton-Schulz FLOPs (one rank, and over dp 2, whose grids the planner prices before
+ * the trainer runs them), ZeRO-0's all-gather of the matrices, tp 2's gathers; and the
+ * planner's memory against the trainer's estimate on every grid the config accepts. */
+static void test_muon_plan(const ts_cluster *cl)
+{
+    const char *sets[] = {"train.optimizer=\"muon\""};
+    ts_config cfg, adam;
+    load_config("configs/llama-tiny.cfg", sets, 1, &cfg);
+    load_config("configs/llama-tiny.cfg", NULL, 0, &adam);
+    const double N = 853120, M = 786432;
+    /* per block: q, o 5 * 6 * 128^3; k, v 5 * (4 * 64^2 * 128 + 2 * 64^3); gate, up, down
+     * 5 * (4 * 128^2 * 384 + 2 * 128^3) */
+    const double block = 2 * 62914560.0 + 2 * 13107200.0 + 3 * 146800640.0;
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, cl), *xa = ts_plan_ctx_new(&adam, cl);
+    ts_plan_grid g;
+    ts_plan_grid_of(&cfg, &g);
+    g.dp = 1;
+    g.m = 1;
+    ts_plan_result r, ra;
+    CHECK(ts_plan_estimate(x, &g, &r) == TS_OK && ts_plan_estimate(xa, &g, &ra) == TS_OK);
+    CHECKF(r.mem.optimizer == 8.0 * (N - M) + 4.0 * M && ra.mem.optimizer == 8.0 * N,
+           "%.0f %.0f", r.mem.optimizer, ra.mem.optimizer);
+    CHECKF(r.terms.muon_ns_flops == 4 * block, "%.0f", r.terms.muon_ns_flops);
+    CHECK(r.terms.muon_ns > 0 && r.terms.muon_gather == 0.0 && ra.terms.muon_ns == 0.0);
+    CHECK(r.terms.optimizer > r.terms.muon_ns);
+    /* dp 2: half of everything on the busiest owner (the largest matrix is smaller) */
+    g.dp = 2;
+    for (int z = 0; z <= 1; z++) {
+        g.zero = z;
+        CHECK(ts_plan_estimate(x, &g, &r) == TS_OK);
+        CHECKF(r.mem.optimizer == 8.0 * (N - M) / (z ? 2 : 1) + 4.0 * M / 2, "zero %d: %.0f", z,
+               r.mem.optimizer);
+        CHECK(r.terms.muon_ns_flops == 2 * block);
+        ts_zero_traffic t, ta;
+        ts_plan_zero_of(x, &g, 0, &t, NULL, NULL);
+        ts_plan_zero_of(xa, &g, 0, &ta, NULL, NULL);
+        CHECKF(t.allgather_bytes - ta.allgather_bytes == (z == 0 ? 0.5 * 4 * M : 0.0),
+               "zero %d: %.0f", z, t.allgather_bytes - ta.allgather_bytes);
+    }
+    /* tp 2 (one node's intra link, 5 GB/s and 20 us): each of the 28 matrices split, a
+     * tp rank receiving the other half, 98,304 floats a block */
+    g.dp = 1;
+    g.zero = 0;
+    g.tp = 2;
+    CHECK(ts_plan_estimate(x, &g, &r) == TS_OK);
+    const double want = (4 * 98304 * 4.0 / 5e9 + 28 * 20e-6) * 1e3;
+    CHECKF(fabs(r.terms.muon_gather - want) < 1e-12, "%.9f %.9f", r.terms.muon_gather, want);
+    CHECK(r.terms.muon_ns_flops == 4 * block); /* duplicated: not divided by tp */
+    ts_plan_ctx_free(x);
+    ts_plan_ctx_free(xa);
+    const int before = g_mem_grids;
+    compare_memory("configs/llama-tiny.cfg", sets, 1, cl);
+    printf("memory compared on %d Muon grids\n", g_mem_grids - before);
+    CHECK(g_mem_grids - before > 20);
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -1209,6 +1268,7 @@ int main(void)
     compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
     if (full) compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
     compare_memory("configs/llama-tiny.cfg", NULL, 0, &cpu);
+    test_muon_plan(&cpu);
     /* A budget that makes recompute = "auto" recompute part of the micro-batches of
      * some grids: the planner's caps are the trainer's own choice. */
     const char *budget[] = {"parallel.memory_budget_mb=16"};

@@ -7,6 +7,7 @@
 
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "optim/muon.h"
 
 void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, int pp_rank,
                          int *peak_acts, int *peak_stash, int *n_recomputed, bool *recomputed)
@@ -407,6 +408,21 @@ static double expert_floats(const ts_model *m)
     return x;
 }
 
+/* Muon's matrices in the layout m (optim/muon.h ts_param_is_muon), each to the next
+ * tensor's start as expert_floats counts: their floats, of those the routed experts'
+ * (with `experts`, an expert grid's own group), and the largest. */
+static void muon_floats(const ts_model *m, bool experts, ts_memory_holdings *h)
+{
+    for (int p = 0; p < m->n_params; p++) {
+        if (!ts_param_is_muon(m, p)) continue;
+        const size_t end = p + 1 < m->n_params ? m->params[p + 1].offset : m->num_floats;
+        const double f = (double)(end - m->params[p].offset);
+        h->muon_floats += f;
+        if (experts && m->params[p].expert) h->muon_expert_floats += f;
+        if (f > h->muon_max_floats) h->muon_max_floats = f;
+    }
+}
+
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                               const ts_schedule *sched, int pp_rank, int threads,
                               rank_layout *out)
@@ -504,6 +520,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                                   .n_recomputed = out->n_rc,
                                   .chunk_floats = out->chunk_floats,
                                   .res = sharded ? &out->res : NULL};
+    if (ts_config_muon(&cfg->train)) muon_floats(&m, split, &out->h);
     ts_model_free(&m);
 }
 
@@ -574,21 +591,49 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
                         mc->n_layer + 2, r);
 }
 
-void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
-                            const ts_schedule *s, int pp_rank, double *out)
+/* The parameters' layout of pipeline rank pp_rank (tp rank 0, ep rank 0), nothing
+ * allocated. */
+static void rank_params_layout(const ts_config *cfg, const ts_partition *part,
+                               const ts_schedule *s, int pp_rank, ts_model *m)
 {
     const ts_model_config *mc = &cfg->model;
     bool *owned = ts_calloc((size_t)mc->n_layer + 2, sizeof(bool));
     ts_partition_owned(part, s->chunk_rank, pp_rank, owned);
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
                                                 cfg->train.attention);
-    ts_model m; /* the layout only */
-    ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
-                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
-                                         .ep_size = layout_ep(cfg),
-                                         .etp_size = layout_etp(cfg)});
+    ts_model_layout(m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
+                                        .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
+                                        .ep_size = layout_ep(cfg),
+                                        .etp_size = layout_etp(cfg)});
     free(owned);
+}
+
+void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
+                            const ts_schedule *s, int pp_rank, double *out)
+{
+    ts_model m; /* the layout only */
+    rank_params_layout(cfg, part, s, pp_rank, &m);
     layout_chunk_floats(&m, part, s, pp_rank, out);
+    ts_model_free(&m);
+}
+
+void ts_memory_chunk_muon_floats(const ts_config *cfg, const ts_partition *part,
+                                 const ts_schedule *s, int pp_rank, double *out)
+{
+    ts_model m;
+    rank_params_layout(cfg, part, s, pp_rank, &m);
+    for (int c = 0; c < s->n_chunks; c++) {
+        if (ts_chunk_rank(s, c) != pp_rank) continue;
+        out[c] = 0.0;
+        const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
+        for (int l = l0; l < l1; l++)
+            for (int p = m.layers[l].first_param; p < m.layers[l].first_param + m.layers[l].n_params;
+                 p++) {
+                if (!ts_param_is_muon(&m, p)) continue;
+                const size_t end = p + 1 < m.n_params ? m.params[p + 1].offset : m.num_floats;
+                out[c] += (double)(end - m.params[p].offset);
+            }
+    }
     ts_model_free(&m);
 }
 

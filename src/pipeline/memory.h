@@ -234,6 +234,11 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
 void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
                             const ts_schedule *s, int pp_rank, double *out);
 
+/* The same for the Muon matrices alone (optim/muon.h ts_param_is_muon; whatever
+ * train.optimizer says): what ZeRO-0 under Muon all-gathers after the update. */
+void ts_memory_chunk_muon_floats(const ts_config *cfg, const ts_partition *part,
+                                 const ts_schedule *s, int pp_rank, double *out);
+
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);
 /* The same as the process will hold it, for the trainer's pre-flight line: resident bytes

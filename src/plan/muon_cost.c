@@ -2,6 +2,12 @@
 #include "plan/muon_cost.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "optim/muon.h"
+#include "tensor/tp.h"
 
 /* s = the smaller dimension (the Gram matrix's side), l = the larger. */
 static void sides(double rows, double cols, double *s, double *l)
@@ -84,4 +90,32 @@ double ts_plan_muon_owner_share(double dense, double experts, double largest, in
 {
     const double share = dense / (ranks > 1 ? ranks : 1) + experts / (edp > 1 ? edp : 1);
     return share > largest ? share : largest;
+}
+
+ts_plan_muon *ts_plan_muon_layers(const ts_model_config *mc, const ts_cluster *cl,
+                                  const ts_kernels *k, int tp, int ep, int etp, int ns_steps,
+                                  ts_link tp_link, ts_link etp_link)
+{
+    const int n = mc->n_layer + 2;
+    ts_plan_muon *out = ts_calloc((size_t)n, sizeof *out);
+    const bool xgrid = mc->moe_experts > 0 && (ep > 1 || etp > 1);
+    ts_model_spec spec = {.arch = mc, .k = k, .tp = ts_tp_make(tp, 0, NULL, k),
+                          .ep_size = xgrid ? ep : 1, .etp_size = xgrid ? etp : 1};
+    ts_model m; /* the layout only (model_cost.c's, whose floats it matches) */
+    ts_model_layout(&m, &spec);
+    for (int l = 0; l < n; l++) {
+        const ts_layer *ly = &m.layers[l];
+        for (int p = ly->first_param; p < ly->first_param + ly->n_params; p++) {
+            if (!ts_param_is_muon(&m, p)) continue;
+            const ts_param *P = &m.params[p];
+            const bool expert = xgrid && P->expert;
+            const int group = P->shard.parts > 1 ? (expert ? etp : tp) : 1;
+            ts_plan_muon_add(&out[l], cl, ns_steps, (double)P->shard.shape[0],
+                             (double)P->shard.shape[1], (double)P->numel,
+                             (double)((P->numel + 15) / 16 * 16), group,
+                             expert ? etp_link : tp_link, expert);
+        }
+    }
+    ts_model_free(&m);
+    return out;
 }

@@ -37,6 +37,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "config/config.h"
+#include "kernels/kernels.h"
 #include "plan/cluster.h"
 
 /* A sum over Muon matrices (a layer's, a chunk's, a rank's). "x" fields are the routed
@@ -70,5 +72,14 @@ void ts_plan_muon_sum(ts_plan_muon *acc, const ts_plan_muon *b);
  * edp, no less than `largest` (one matrix is never split); ranks, edp >= 1. */
 double ts_plan_muon_owner_share(double dense, double experts, double largest, int ranks,
                                 int edp);
+
+/* Every layer's Muon matrices ([mc->n_layer + 2], calloc'ed; free()) as the model lays
+ * them out on tp rank 0 of tp (ep rank 0 of an expert grid ep x etp: its E/ep experts, each
+ * an F/etp slice), ts_param_is_muon's choice, ns_steps iterations each; the tp group on
+ * tp_link, the etp group on etp_link. Sequence and context parallelism change no
+ * parameter. */
+ts_plan_muon *ts_plan_muon_layers(const ts_model_config *mc, const ts_cluster *cl,
+                                  const ts_kernels *k, int tp, int ep, int etp, int ns_steps,
+                                  ts_link tp_link, ts_link etp_link);
 
 #endif
