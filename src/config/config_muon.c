@@ -58,16 +58,13 @@ int ts_config_muon_ns_steps(const ts_train_config *t)
 }
 
 /* The Muon keys belong to Muon (none accepted and ignored under AdamW), DeepSeek-V4's
- * hybrid is its fixed 8 + 2 steps, and until the distributed Muon and its checkpoints are
- * merged a Muon run is one rank per pipeline stage without checkpoints. */
+ * hybrid is its fixed 8 + 2 steps, and until the distributed Muon is merged a Muon run is
+ * one rank per pipeline stage. (train.allow_optimizer_change is the checkpoint load's:
+ * checkpoint/restore.c.) */
 ts_status ts_config_validate_muon(const ts_config *cfg)
 {
     const ts_train_config *t = &cfg->train, d = {.muon_momentum = 0.95, .muon_nesterov = true};
     const ts_parallel_config *p = &cfg->parallel;
-    if (t->allow_optimizer_change)
-        return ts_fail("config key 'train.allow_optimizer_change' = true: checkpoints that "
-                       "record their optimizer (and refuse another one without this key) are "
-                       "being built; remove the key for now");
     if (!ts_config_muon(t)) {
         const char *set = t->muon_momentum != d.muon_momentum ? "muon_momentum"
                           : t->muon_nesterov != d.muon_nesterov ? "muon_nesterov"
@@ -94,10 +91,5 @@ ts_status ts_config_validate_muon(const ts_config *cfg)
                        "rank of its data-parallel group, tp shards gathered) is being built; "
                        "for now Muon runs with dp = cp = tp = ep = etp = 1 (any pp)",
                        p->dp, p->cp, p->tp, p->ep, p->etp);
-    if (cfg->checkpoint.dir[0] || cfg->checkpoint.load[0])
-        return ts_fail("config key 'train.optimizer' = \"muon\" with checkpoint.%s set: "
-                       "checkpoints of Muon's momentum are being built; for now a Muon run "
-                       "saves and loads none (remove checkpoint.dir and checkpoint.load)",
-                       cfg->checkpoint.dir[0] ? "dir" : "load");
     return TS_OK;
 }
