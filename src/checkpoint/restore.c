@@ -301,11 +301,12 @@ static ts_status verify_share(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
 
 /* The moments of the optimizer's ranges: for every parameter part inside a range, its
  * exp_avg and exp_avg_sq runs. Parts left to Muon (o->excluded) have none (their moments
- * are compact then: optim.h); a part whose tensor the checkpoint L kept Muon's momentum
- * for instead (an optimizer change, train.allow_optimizer_change) keeps its zero
- * moments. */
+ * are compact then: optim.h); after an optimizer change (`switched`,
+ * train.allow_optimizer_change) a part whose tensor the checkpoint L kept Muon's momentum
+ * for instead keeps its zero moments. (Without one the run's Muon matrices are the
+ * checkpoint's: no tensor is looked up.) */
 static ts_status read_moments(ts_ckpt_reader *r, const ts_ckpt_layout *L, const ts_model *m,
-                              ts_adamw *o)
+                              ts_adamw *o, bool switched)
 {
     char name[TS_CKPT_NAME_MAX];
     size_t base = 0, packed = 0;
@@ -319,8 +320,10 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
             if (o->excluded && o->excluded[p]) continue;
             const size_t mom = o->excluded ? packed : base + (P->offset + lo - R.begin);
             packed += hi - lo;
-            const int logical = ts_ckpt_layout_find(L, P->shard.name);
-            if (logical >= 0 && L->muon[logical]) continue; /* none saved: zero */
+            if (switched) {
+                const int logical = ts_ckpt_layout_find(L, P->shard.name);
+                if (logical >= 0 && L->muon[logical]) continue; /* none saved: zero */
+            }
             for (int kind = 0; kind < 2; kind++) {
                 snprintf(name, sizeof name, "%s%s", kind ? "exp_avg_sq." : "exp_avg.", P->shard.name);
                 const ts_st_tensor *t;
@@ -335,17 +338,19 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
     return TS_OK;
 }
 
-/* Muon's momentum of the matrices this rank owns, each whole (its local part); a matrix
- * the checkpoint L kept AdamW's moments for instead (an optimizer change) keeps its zero
- * momentum. */
+/* Muon's momentum of the matrices this rank owns, each whole (its local part); after an
+ * optimizer change (`switched`) from an AdamW checkpoint L, which kept none, it stays
+ * zero. */
 static ts_status read_momentum(ts_ckpt_reader *r, const ts_ckpt_layout *L, const ts_model *m,
-                               ts_muon *mu)
+                               ts_muon *mu, bool switched)
 {
     char name[TS_CKPT_NAME_MAX];
     for (int i = 0; mu && i < mu->n; i++) {
         const ts_param *P = &m->params[mu->param[i]];
-        const int logical = ts_ckpt_layout_find(L, P->shard.name);
-        if (logical < 0 || !L->muon[logical]) continue;
+        if (switched) {
+            const int logical = ts_ckpt_layout_find(L, P->shard.name);
+            if (logical < 0 || !L->muon[logical]) continue;
+        }
         snprintf(name, sizeof name, "momentum_buffer.%s", P->shard.name);
         const ts_st_tensor *t;
         int f;
@@ -445,8 +450,8 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
 
     ts_watchdog_context("checkpoint: reading this rank's parameters and moments", 0, 0, 0);
     st = read_weights(&r, a->model);
-    if (st == TS_OK) st = read_moments(&r, &L, a->model, a->optim);
-    if (st == TS_OK) st = read_momentum(&r, &L, a->model, a->muon);
+    if (st == TS_OK) st = read_moments(&r, &L, a->model, a->optim, changed);
+    if (st == TS_OK) st = read_momentum(&r, &L, a->model, a->muon, changed);
     if (st == TS_OK) st = read_moe_bias(&r, a->model);
     if ((st = ts_comm_agree(world, st)) == TS_OK) *step = r.step;
     if (st == TS_OK && changed && world->rank == 0)
