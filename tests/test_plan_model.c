@@ -1208,6 +1208,10 @@ static void test_muon_plan(const ts_cluster *cl)
     CHECKF(r.terms.muon_ns_flops == 4 * block, "%.0f", r.terms.muon_ns_flops);
     CHECK(r.terms.muon_ns > 0 && r.terms.muon_gather == 0.0 && ra.terms.muon_ns == 0.0);
     CHECK(r.terms.optimizer > r.terms.muon_ns);
+    /* Muon's buffers: the update of the largest matrix ([384, 128]: 4 * 49,152 bytes) and
+     * its iteration's scratch (64 + X 4 * 49,152 + three 4 * 128^2) */
+    const double work = 4 * 49152.0 + 64 + 4 * 49152.0 + 3 * 4 * 16384.0;
+    CHECKF(r.mem.buffers - ra.mem.buffers == work, "%.0f", r.mem.buffers - ra.mem.buffers);
     /* dp 2: half of everything on the busiest owner (the largest matrix is smaller) */
     g.dp = 2;
     for (int z = 0; z <= 1; z++) {
@@ -1231,6 +1235,10 @@ static void test_muon_plan(const ts_cluster *cl)
     const double want = (4 * 98304 * 4.0 / 5e9 + 28 * 20e-6) * 1e3;
     CHECKF(fabs(r.terms.muon_gather - want) < 1e-12, "%.9f %.9f", r.terms.muon_gather, want);
     CHECK(r.terms.muon_ns_flops == 4 * block); /* duplicated: not divided by tp */
+    /* and the gathered [384, 128] and a [192, 128] shard */
+    CHECK(ts_plan_estimate(xa, &g, &ra) == TS_OK);
+    CHECKF(r.mem.buffers - ra.mem.buffers == work + 4 * (49152.0 + 24576),
+           "%.0f", r.mem.buffers - ra.mem.buffers);
     ts_plan_ctx_free(x);
     ts_plan_ctx_free(xa);
     const int before = g_mem_grids;

@@ -318,7 +318,7 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     double state = 2.0 * floats;
     if (h->muon_floats > 0) est->optimizer = muon_optimizer(sh, h, zero, edp, &state);
     if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
-    est->buffers += h->scratch_bytes;
+    est->buffers += h->scratch_bytes + h->muon_buffer_bytes;
     /* checkpoint.async copies this rank's share of the weights and the optimizer state
      * (1/dp of what the pipeline rank holds) while a thread writes them. */
     if (sh->async_checkpoint) {
@@ -408,19 +408,36 @@ static double expert_floats(const ts_model *m)
     return x;
 }
 
+double ts_memory_muon_buffer_bytes(double logical, double scratch, double split_logical,
+                                   double split_local)
+{
+    return 4.0 * logical + scratch + 4.0 * (split_logical + split_local);
+}
+
 /* Muon's matrices in the layout m (optim/muon.h ts_param_is_muon), each to the next
  * tensor's start as expert_floats counts: their floats, of those the routed experts'
- * (with `experts`, an expert grid's own group), and the largest. */
+ * (with `experts`, an expert grid's own group), the largest, and the buffers. */
 static void muon_floats(const ts_model *m, bool experts, ts_memory_holdings *h)
 {
+    double logical = 0, scratch = 0, split_logical = 0, split_local = 0;
     for (int p = 0; p < m->n_params; p++) {
         if (!ts_param_is_muon(m, p)) continue;
+        const ts_param *P = &m->params[p];
         const size_t end = p + 1 < m->n_params ? m->params[p + 1].offset : m->num_floats;
-        const double f = (double)(end - m->params[p].offset);
+        const double f = (double)(end - P->offset);
         h->muon_floats += f;
-        if (experts && m->params[p].expert) h->muon_expert_floats += f;
+        if (experts && P->expert) h->muon_expert_floats += f;
         if (f > h->muon_max_floats) h->muon_max_floats = f;
+        const double n = (double)P->shard.shape[0] * (double)P->shard.shape[1];
+        const double sb = (double)ts_muon_scratch_bytes(P->shard.shape[0], P->shard.shape[1]);
+        logical = n > logical ? n : logical;
+        scratch = sb > scratch ? sb : scratch;
+        if (P->shard.parts > 1) {
+            split_logical = n > split_logical ? n : split_logical;
+            split_local = (double)P->numel > split_local ? (double)P->numel : split_local;
+        }
     }
+    h->muon_buffer_bytes = ts_memory_muon_buffer_bytes(logical, scratch, split_logical, split_local);
 }
 
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,

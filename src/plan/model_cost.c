@@ -584,6 +584,11 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
                                 .expert_floats = split ? xfloats : 0.0,
                                 .muon_floats = mu.floats, .muon_expert_floats = mu.xfloats,
                                 .muon_max_floats = mu.max_floats,
+                                .muon_buffer_bytes =
+                                    L->muon ? ts_memory_muon_buffer_bytes(
+                                                  mu.max_logical, mu.max_scratch,
+                                                  mu.max_split_logical, mu.max_split_local)
+                                            : 0.0,
                                 .group_sum_copy = group_sum_copy,
                                 .scratch_bytes = L->scratch_bytes +
                                                  (sh->selective ? L->rebuild_bytes : 0.0),

@@ -61,6 +61,11 @@ void ts_plan_muon_add(ts_plan_muon *acc, const ts_cluster *cl, int ns_steps, dou
         acc->xgather += gather;
         acc->xgather_bytes += bytes;
     }
+    const double n = rows * cols, sb = (double)ts_muon_scratch_bytes((int64_t)rows, (int64_t)cols);
+    if (n > acc->max_logical) acc->max_logical = n;
+    if (sb > acc->max_scratch) acc->max_scratch = sb;
+    if (group > 1 && n > acc->max_split_logical) acc->max_split_logical = n;
+    if (group > 1 && local_numel > acc->max_split_local) acc->max_split_local = local_numel;
     if (local_floats > acc->max_floats) acc->max_floats = local_floats;
     if (flops > acc->max_flops) acc->max_flops = flops;
     if (time > acc->max_time) acc->max_time = time;
@@ -80,6 +85,10 @@ void ts_plan_muon_sum(ts_plan_muon *acc, const ts_plan_muon *b)
     acc->gather_bytes += b->gather_bytes;
     acc->xgather_bytes += b->xgather_bytes;
     if (b->max_floats > acc->max_floats) acc->max_floats = b->max_floats;
+    if (b->max_logical > acc->max_logical) acc->max_logical = b->max_logical;
+    if (b->max_scratch > acc->max_scratch) acc->max_scratch = b->max_scratch;
+    if (b->max_split_logical > acc->max_split_logical) acc->max_split_logical = b->max_split_logical;
+    if (b->max_split_local > acc->max_split_local) acc->max_split_local = b->max_split_local;
     if (b->max_flops > acc->max_flops) acc->max_flops = b->max_flops;
     if (b->max_time > acc->max_time) acc->max_time = b->max_time;
     acc->matrices += b->matrices;

@@ -51,6 +51,10 @@ typedef struct {
     double gather, xgather;     /* the tp (etp) all-gathers of the split ones (seconds) */
     double gather_bytes, xgather_bytes; /* what this tp rank receives in them (fp32) */
     double max_floats, max_flops, max_time; /* the largest matrix's (ownership's floor) */
+    /* Muon's buffers (pipeline/memory.h muon_buffer_bytes): the largest logical matrix
+     * (elements), the largest iteration scratch (bytes), of the split ones the largest
+     * logical matrix and the largest shard (elements) */
+    double max_logical, max_scratch, max_split_logical, max_split_local;
     int matrices;
 } ts_plan_muon;
 
