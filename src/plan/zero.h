@@ -12,7 +12,9 @@
  *     after the optimizer (the next step gathers).
  * With dp = 1 there is none. Under Muon (plan/muon_cost.h) ZeRO-0 adds the all-gather of
  * the Muon matrices the owners updated, (dp-1)/dp 4M for the rank's M floats of them
- * (ts_zero_muon_bytes, counted in allgather_bytes); the other levels move them already. */
+ * (ts_zero_muon_bytes, counted in allgather_bytes); the other levels move them already.
+ * (Routed experts' matrices are counted over dp here too; the optimizer's time prices
+ * their gather as a ring over edp: predict.c muon_s.) */
 #ifndef TS_PLAN_ZERO_H
 #define TS_PLAN_ZERO_H
 
