@@ -4,7 +4,7 @@
  * configurations (a: torch's defaults, Nesterov, match_rms_adamw; b: momentum 0.9 without
  * Nesterov, the quintic coefficients over 6 steps, the "original" scale). Each step's
  * loss and norm, and every parameter after the 5 steps, within relative 1e-5 of torch's
- * (measured: 7.9e-7 at worst, in fp32 against float64). */
+ * (measured: 8.2e-7 at worst, in fp32 against float64). */
 #include "fixture_check.h"
 #include "optim/muon.h"
 #include "test_util.h"

@@ -23,7 +23,7 @@
     X(vocab_embed_forward) X(vocab_embed_backward) X(xent_vp_stats) X(xent_vp_sumexp)      \
     X(xent_vp_finish) X(rmsnorm_forward) X(rmsnorm_backward) X(residual_rmsnorm_forward)    \
     X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)                  \
-    X(gemm) X(muon_momentum) X(muon_apply) X(adamw_delta_sq_spans)
+    X(gemm) X(muon_momentum) X(muon_normalize) X(muon_apply) X(adamw_delta_sq_spans)
 
 const char *ts_kernels_missing(const ts_kernels *k)
 {

@@ -516,6 +516,10 @@ typedef struct ts_kernels {
      * neither buf nor grad. */
     void (*muon_momentum)(float *u, float *buf, const float *grad, float grad_scale, size_t n,
                           float mu, int nesterov);
+    /* x[0..n) *= 1 / max(sqrt(sumsq[0]), eps): the iteration's normalisation by the
+     * Frobenius norm whose square sum_squares_into left in sumsq (device memory), without
+     * a round trip to the host. */
+    void (*muon_normalize)(float *x, size_t n, const double *sumsq, float eps);
     /* Muon's update on n floats: param = param * decay - lr_scaled * o (decay = 1 - lr*wd,
      * the unscaled lr's, or 1), then, when acc is not NULL, acc[0] += the sum of the
      * squared changes (new - old) in double (acc device memory). */

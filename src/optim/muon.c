@@ -79,9 +79,8 @@ size_t ts_muon_scratch_bytes(int64_t rows, int64_t cols)
 
 /* The iteration on the wide form (rows <= cols: X [s, l], A = X X^T, X = a X + B X) or,
  * without transposing anything, on the tall one (X [l, s], A = X^T X, X = a X + X B):
- * the transpose of the wide form's steps (B is symmetric). The first step folds the
- * normalisation into its GEMMs' scalars (X/n: A's alpha 1/n^2, the last GEMM's 1/n),
- * so no pass scales X. */
+ * the transpose of the wide form's steps (B is symmetric). The normalisation reads the
+ * norm on the device (muon_normalize), so a step never waits for the host. */
 void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *x, int64_t rows,
                            int64_t cols, void *scratch)
 {
@@ -98,16 +97,12 @@ void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *
 
     k->memset_zero(acc, sizeof(double));
     k->sum_squares_into(acc, x, n);
-    double sumsq = 0.0;
-    k->memcpy_d2h(&sumsq, acc, sizeof sumsq);
-    const double norm = sqrt(sumsq);
-    float scale = (float)(1.0 / (norm > c->eps ? norm : c->eps));
-
+    k->muon_normalize(x, n, acc, (float)c->eps);
     for (int i = 0; i < c->ns_steps; i++) {
         const float a = c->coef[i][0], b = c->coef[i][1], cc = c->coef[i][2];
         k->convert(xa, k->act_dtype, x, TS_DTYPE_F32, n); /* the GEMMs' copy of X */
         /* A = X X^T (wide) or X^T X (tall), [s, s] */
-        k->gemm(A, xa, xa, s, s, l, tall, !tall, scale * scale, 0.0f);
+        k->gemm(A, xa, xa, s, s, l, tall, !tall, 1.0f, 0.0f);
         const void *Aop = A;
         if (!f32) {
             k->convert(op, k->act_dtype, A, TS_DTYPE_F32, ss);
@@ -123,10 +118,9 @@ void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *
         }
         /* X = a X + B X (wide) or a X + X B (tall) */
         if (tall)
-            k->gemm(x, xa, Bop, l, s, s, false, false, scale, a * scale);
+            k->gemm(x, xa, Bop, l, s, s, false, false, 1.0f, a);
         else
-            k->gemm(x, Bop, xa, s, l, s, false, false, scale, a * scale);
-        scale = 1.0f;
+            k->gemm(x, Bop, xa, s, l, s, false, false, 1.0f, a);
     }
 }
 
@@ -202,10 +196,17 @@ void ts_muon_matrix_step(ts_muon *o, const ts_model *m, int i, float *param, con
     k->muon_momentum(o->work, o->momentum + o->offset[i], grad, grad_scale, P->numel,
                      o->cfg.momentum, o->cfg.nesterov ? 1 : 0);
     ts_muon_orthogonalize(&o->cfg, k, o->work, rows, cols, o->scratch);
-    /* torch: param.mul_(1 - lr * wd) with the unscaled lr, then add_(O, -lr * scale). */
-    const float decay = P->decay ? (float)(1.0 - lr * weight_decay) : 1.0f;
-    const float lr_scaled = (float)(lr * ts_muon_scale(&o->cfg, rows, cols));
+    float decay, lr_scaled;
+    ts_muon_update_factors(&o->cfg, P, lr, weight_decay, &decay, &lr_scaled);
     k->muon_apply(param, o->work, P->numel, decay, lr_scaled, acc);
+}
+
+void ts_muon_update_factors(const ts_muon_config *c, const ts_param *P, double lr,
+                            double weight_decay, float *decay, float *lr_scaled)
+{
+    /* torch: param.mul_(1 - lr * wd) with the unscaled lr, then add_(O, -lr * scale). */
+    *decay = P->decay ? (float)(1.0 - lr * weight_decay) : 1.0f;
+    *lr_scaled = (float)(lr * ts_muon_scale(c, P->shard.shape[0], P->shard.shape[1]));
 }
 
 double ts_muon_step(ts_muon *o, ts_model *m, const ts_train_config *tc, double lr,

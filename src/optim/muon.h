@@ -64,7 +64,7 @@ size_t ts_muon_scratch_bytes(int64_t rows, int64_t cols);
 /* X = NS(X) in place: x is device memory of k, fp32 [rows * cols], the logical matrix
  * row-major; its orthogonalised form comes back. The GEMMs run on k->gemm in the table's
  * act_dtype (bf16 operands with fp32 accumulation under bf16, fp32 otherwise); the
- * iterate itself stays fp32 between steps. Reads the norm back to the host once. */
+ * iterate itself stays fp32 between steps. Nothing is read back to the host. */
 void ts_muon_orthogonalize(const ts_muon_config *c, const ts_kernels *k, float *x, int64_t rows,
                            int64_t cols, void *scratch);
 
@@ -95,10 +95,20 @@ size_t ts_muon_state_bytes(const ts_muon *o);
  * caller frees). */
 bool *ts_muon_mask(const ts_model *m);
 
+/* The update's factors for parameter P (a Muon matrix of logical [rows, cols]): decay =
+ * 1 - lr * weight_decay when P decays (the unscaled lr), else 1; lr_scaled = lr *
+ * ts_muon_scale. What muon_apply takes. */
+void ts_muon_update_factors(const ts_muon_config *c, const ts_param *P, double lr,
+                            double weight_decay, float *decay, float *lr_scaled);
+
 /* One Muon step on matrix i of the state: its momentum from grad (its local floats,
  * times grad_scale), the iteration, the update of param (its floats) with the schedule's
  * lr and train.weight_decay (when the parameter decays). With acc (device) non-NULL the
- * squared changes are added to acc[0]. The matrix must be whole on this rank. */
+ * squared changes are added to acc[0]. The matrix must be whole on this rank. A matrix
+ * split over tp is the same three pieces around a gather: k->muon_momentum on its local
+ * floats (momentum + offset[i]), the logical U gathered into `work`,
+ * ts_muon_orthogonalize there, and k->muon_apply of this rank's slice with
+ * ts_muon_update_factors. */
 void ts_muon_matrix_step(ts_muon *o, const ts_model *m, int i, float *param, const float *grad,
                          float grad_scale, double lr, double weight_decay, double *acc);
 /* Every owned matrix, its parameters and gradients in m's full-size buffers. Returns the

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/log.h"
 #include "train/internal.h"
 
 void ts_trainer_optimizer_init(ts_trainer *t)
@@ -17,6 +18,14 @@ void ts_trainer_optimizer_init(ts_trainer *t)
     ts_adamw_exclude(&t->optim, &t->model, mask);
     free(mask);
     ts_muon_init_all(&t->muon, &t->model, &t->cfg.train);
+    if (t->groups->world.rank != 0) return;
+    const ts_muon_config *c = &t->muon.cfg;
+    ts_log_info("optimizer muon: %d matrices (%.3gM floats%s) on Muon (momentum %g%s, %d "
+                "Newton-Schulz steps of the %s set, scale %s), AdamW on the other %.3gM",
+                t->muon.n, (double)t->muon.n_floats / 1e6,
+                t->part.n_chunks > 1 ? " on this rank" : "", c->momentum,
+                c->nesterov ? ", Nesterov" : "", c->ns_steps, t->cfg.train.muon_coefficients,
+                t->cfg.train.muon_scale, (double)t->optim.n_floats / 1e6);
 }
 
 void ts_trainer_optimizer_step(ts_trainer *t, double lr, float grad_scale, int step1,

@@ -192,6 +192,7 @@ void ts_cpu_gemm(float *c, const void *a, const void *b, int M, int N, int K, bo
                  float alpha, float beta);
 void ts_cpu_muon_momentum(float *u, float *buf, const float *grad, float grad_scale, size_t n,
                           float mu, int nesterov);
+void ts_cpu_muon_normalize(float *x, size_t n, const double *sumsq, float eps);
 void ts_cpu_muon_apply(float *param, const float *o, size_t n, float decay, float lr_scaled,
                        double *acc);
 void ts_cpu_adamw_delta_sq_spans(double *acc, const float *param, const float *m, const float *v,

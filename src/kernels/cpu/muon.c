@@ -37,6 +37,14 @@ void ts_cpu_muon_momentum(float *u, float *buf, const float *grad, float grad_sc
     }
 }
 
+void ts_cpu_muon_normalize(float *x, size_t n, const double *sumsq, float eps)
+{
+    const double norm = sqrt(*sumsq);
+    const float inv = (float)(1.0 / (norm > (double)eps ? norm : (double)eps));
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) x[i] *= inv;
+}
+
 void ts_cpu_muon_apply(float *param, const float *o, size_t n, float decay, float lr_scaled,
                        double *acc)
 {

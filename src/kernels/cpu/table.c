@@ -55,7 +55,8 @@
     .moe_capacity = ts_moe_capacity_keep, /* int32 and fp32: both tables' */              \
     /* Muon: its GEMM per table, the fp32 elementwise steps shared */                        \
     .gemm = prefix##gemm, .muon_momentum = ts_cpu_muon_momentum,                             \
-    .muon_apply = ts_cpu_muon_apply, .adamw_delta_sq_spans = ts_cpu_adamw_delta_sq_spans
+    .muon_normalize = ts_cpu_muon_normalize, .muon_apply = ts_cpu_muon_apply,                \
+    .adamw_delta_sq_spans = ts_cpu_adamw_delta_sq_spans
 
 const ts_kernels ts_kernels_cpu = {
     .name = "cpu",

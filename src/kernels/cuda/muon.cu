@@ -67,6 +67,24 @@ extern "C" void ts_cuda_muon_momentum(float *u, float *buf, const float *grad, f
     TS_CUDA_LAUNCHED();
 }
 
+static __global__ void normalize_kernel(float *x, size_t n, const double *sumsq, float eps)
+{
+    const double norm = sqrt(*sumsq);
+    const float inv = (float)(1.0 / (norm > (double)eps ? norm : (double)eps));
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] = __fmul_rn(x[i], inv);
+}
+
+extern "C" void ts_cuda_muon_normalize(float *x, size_t n, const double *sumsq, float eps)
+{
+    if (n == 0) return;
+    const unsigned blocks = ts_cuda_blocks(n, TS_MUON_THREADS);
+    normalize_kernel<<<blocks < TS_MUON_MAX_BLOCKS ? blocks : TS_MUON_MAX_BLOCKS,
+                       TS_MUON_THREADS, 0, ts_cuda_stream()>>>(x, n, sumsq, eps);
+    TS_CUDA_LAUNCHED();
+}
+
 static __global__ void apply_kernel(float *param, const float *o, size_t n, float decay,
                                     float lr_scaled, double *acc)
 {

@@ -92,6 +92,7 @@ static constexpr ts_kernels fp32_table = {
     .xent_vp_finish = ts_cuda_xent_vp_finish,
     .gemm = ts_cuda_gemm_f32,
     .muon_momentum = ts_cuda_muon_momentum,
+    .muon_normalize = ts_cuda_muon_normalize,
     .muon_apply = ts_cuda_muon_apply,
     .adamw_delta_sq_spans = ts_cuda_adamw_delta_sq_spans,
 };

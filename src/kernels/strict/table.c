@@ -130,6 +130,8 @@
            (float *u, float *buf, const float *grad, float grad_scale, size_t n, float mu,   \
             int nesterov),                                                                 \
            (u, buf, grad, grad_scale, n, mu, nesterov))                                    \
+    STRICT(P, K, muon_normalize, (float *x, size_t n, const double *sumsq, float eps),       \
+           (x, n, sumsq, eps))                                                             \
     STRICT(P, K, muon_apply,                                                               \
            (float *param, const float *o, size_t n, float decay, float lr_scaled,           \
             double *acc),                                                                  \
@@ -260,7 +262,8 @@
         .moe_combine_backward = P##moe_combine_backward,                                   \
         .moe_permute_backward = P##moe_permute_backward,                                   \
         .moe_capacity = P##moe_capacity,                                                   \
-        .gemm = P##gemm, .muon_momentum = P##muon_momentum, .muon_apply = P##muon_apply,   \
+        .gemm = P##gemm, .muon_momentum = P##muon_momentum,                                \
+        .muon_normalize = P##muon_normalize, .muon_apply = P##muon_apply,                  \
         .adamw_delta_sq_spans = P##adamw_delta_sq_spans,                                   \
     }
 
