@@ -7,7 +7,7 @@
 # tp = 2. Also split model
 # files (checkpoint.file_gb) read back into one file, and resuming: 3 + 3 steps equal 6
 # uninterrupted steps bit for bit on the same grid, and within 1e-4 on other grids;
-# asynchronous saves write the same bytes.
+# asynchronous saves write the same bytes. Muon's momentum likewise (its cases below).
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -128,6 +128,58 @@ run_base rollback 1 --set train.steps=5 --set checkpoint.every=1 --set checkpoin
   --set "checkpoint.dir=\"$TMP/a\"" --set "checkpoint.load=\"$A\""
 [ "$(cd "$TMP/a" && ls -d step_* | tr '\n' ' ')" = "step_00000004 step_00000005 step_00000006 " ] && pass ||
   fail "after the rollback: $(ls "$TMP/a" | tr '\n' ' ')"
+
+# Muon (train.optimizer = "muon"): the momentum of the block matrices is saved
+# (momentum_buffer.<name>, no exp_avg_sq for them) and loaded: 3 + 3 steps equal 6
+# uninterrupted ones bit for bit, losses, norms and the step-6 checkpoint's bytes.
+# MUON_GRIDS: "pp dp tp zero" of the runs (one rank here; the distributed Muon adds its
+# grids): the first runs 6 steps saving at 3 and 6, each resumes from its step 3.
+muon=(--set 'train.optimizer="muon"')
+MUON_GRIDS=("1 1 1 0")
+set -- ${MUON_GRIDS[0]}
+MA="$TMP/muon_full/step_00000003"
+run_base muon_full $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" "${muon[@]}" \
+  --set train.steps=6 --set checkpoint.every=3 --set "checkpoint.dir=\"$TMP/muon_full\""
+"$TESSERA" ckpt info "$MA" > "$TMP/muon_info" 2>&1
+grep -q '^optimizer   muon' "$TMP/muon_info" &&
+  grep -q 'momentum_buffer.transformer.h.2.mlp.c_proj.weight' "$TMP/muon_info" &&
+  ! grep -q 'exp_avg_sq.transformer.h.2.mlp.c_proj.weight' "$TMP/muon_info" &&
+  grep -q 'exp_avg_sq.transformer.h.2.mlp.c_proj.bias' "$TMP/muon_info" &&
+  "$TESSERA" ckpt verify "$MA" >/dev/null && pass || fail "the Muon checkpoint's tensors: $(cat "$TMP/muon_info")"
+later() { grep -E '"step":[345],' "$1" | grep '"loss"' > "$1.later"; echo "$1.later"; }
+for g in "${MUON_GRIDS[@]}"; do
+  set -- $g
+  r="muon_r_$1x$2x$3_z$4"
+  run_base "$r" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" "${muon[@]}" \
+    --set train.steps=6 --set "checkpoint.load=\"$MA\"" --set "checkpoint.dir=\"$TMP/$r\"" &&
+    same_ckpt "$TMP/muon_full/step_00000006" "$TMP/$r/step_00000006" "Muon: step 3 -> 6 on $1x$2x$3 (zero $4)"
+  full=$(later "$TMP/muon_full.jsonl") resumed=$(later "$TMP/$r.jsonl")
+  if [ -s "$full" ] && cmp -s <(losses "$full") <(losses "$resumed") &&
+     cmp -s <(norms "$full") <(norms "$resumed"); then pass
+  else fail "Muon: 3 + 3 steps resumed on $1x$2x$3 (zero $4) differ from 6 uninterrupted steps"
+    paste <(losses "$full") <(losses "$resumed") >&2; fi
+done
+# Another optimizer than the checkpoint's is refused naming the key, before anything is
+# written, both ways; with train.allow_optimizer_change it trains on (the missing state
+# at zero) and its checkpoint holds its own optimizer's tensors.
+expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" "${muon[@]}" --set train.steps=4 \
+  --set "checkpoint.load=\"$TMP/unsplit/step_00000003\"" --set "checkpoint.dir=\"$TMP/switch\""
+grep -q 'saved by a train.optimizer = "adamw" run, but this run has "muon"' "$TMP/err" &&
+  [ -z "$(ls "$TMP/switch" 2>/dev/null | grep step_)" ] && pass || fail "the refused switch: $(cat "$TMP/err"; ls -A "$TMP/switch")"
+expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" --set train.steps=4 \
+  --set "checkpoint.load=\"$MA\""
+for to in muon adamw; do
+  from="$TMP/unsplit/step_00000003"
+  [ "$to" = adamw ] && from="$MA"
+  run_base "switch_$to" 1 --set "train.optimizer=\"$to\"" --set train.steps=4 \
+    --set train.allow_optimizer_change=true --set "checkpoint.load=\"$from\"" \
+    --set "checkpoint.dir=\"$TMP/switch_$to\"" &&
+    grep -q 'train.optimizer changes on resuming' "$TMP/err" &&
+    "$TESSERA" ckpt info "$TMP/switch_$to/step_00000004" > "$TMP/switch_info" &&
+    grep -q "^optimizer   $to" "$TMP/switch_info" &&
+    "$TESSERA" ckpt verify "$TMP/switch_$to/step_00000004" >/dev/null && pass ||
+    fail "the allowed switch to $to: $(cat "$TMP/err")"
+done
 
 # A finished run's checkpoint loaded with train.steps below its step is refused.
 expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \

@@ -248,11 +248,87 @@ static void test_lr_schedule(void)
            "%s", ts_error_message());
 }
 
+/* Whether file F's header (not NUL-terminated) names `s`. */
+static bool header_has(const ts_ckpt_fileinfo *F, const char *s)
+{
+    const size_t n = strlen(s);
+    for (size_t i = 8; i + n <= F->header_bytes; i++)
+        if (memcmp(F->header + i, s, n) == 0) return true;
+    return false;
+}
+
+/* The optimizer a checkpoint records ("optimizer": {"name"}; older ones: "adamw") must be
+ * one this tessera runs; and a Muon checkpoint's layout keeps one momentum_buffer for
+ * each Muon matrix in its exp_avg's place and no exp_avg_sq, AdamW's two moments for the
+ * rest, the model files as AdamW's. */
+static void test_optimizer(void)
+{
+    json_t *s = state_with(2, 4, 128, 256, 64);
+    json_object_set_new(s, "optimizer", json_pack("{s:s}", "name", "sgd"));
+    const char *step = write_state(s);
+    ts_ckpt_reader r;
+    ts_error_clear();
+    CHECKF(ts_ckpt_reader_open(&r, step) == TS_ERR &&
+               strstr(ts_error_message(), "is not \"adamw\" or \"muon\""),
+           "%s", ts_error_message());
+    s = state_with(2, 4, 128, 256, 64);
+    json_object_set_new(s, "optimizer", json_pack("{s:s}", "name", "muon"));
+    step = write_state(s);
+    ts_error_clear(); /* past the optimizer to the file list */
+    CHECKF(ts_ckpt_reader_open(&r, step) == TS_ERR && strstr(ts_error_message(), "\"files\""),
+           "%s", ts_error_message());
+
+    ts_config c;
+    ts_config_defaults(&c);
+    c.model.n_layer = 2;
+    c.model.n_embd = 64;
+    c.model.n_head = 4;
+    ts_ckpt_layout a, m;
+    ts_ckpt_layout_build(&a, &c.model, 1e6, false);
+    ts_ckpt_layout_build(&m, &c.model, 1e6, true);
+    CHECK(a.n_entries == m.n_entries && a.n_model_files == 1 && m.n_model_files == 1);
+    int muon = 0;
+    uint64_t muon_bytes = 0;
+    for (int p = 0; p < m.n_logical; p++) {
+        const ts_ckpt_entry *e1 = ts_ckpt_entry_of(&m, TS_CK_EXP_AVG, p);
+        const ts_ckpt_entry *e2 = ts_ckpt_entry_of(&m, TS_CK_EXP_AVG_SQ, p);
+        CHECK(!a.muon[p] && ts_ckpt_entry_stored(ts_ckpt_entry_of(&a, TS_CK_EXP_AVG_SQ, p)));
+        /* gpt2's blocks' 2-D weights: c_attn, attn.c_proj, c_fc, mlp.c_proj */
+        const bool want = strstr(m.logical[p].name, "transformer.h.") &&
+                          m.logical[p].ndim == 2;
+        CHECKF(m.muon[p] == want, "%s", m.logical[p].name);
+        if (!m.muon[p]) {
+            CHECK(strcmp(e1->name, ts_ckpt_entry_of(&a, TS_CK_EXP_AVG, p)->name) == 0);
+            CHECK(ts_ckpt_entry_stored(e2));
+            continue;
+        }
+        muon++;
+        muon_bytes += e1->bytes;
+        char want_name[TS_CKPT_NAME_MAX];
+        snprintf(want_name, sizeof want_name, "momentum_buffer.%s", m.logical[p].name);
+        CHECK(strcmp(e1->name, want_name) == 0 && ts_ckpt_entry_stored(e1));
+        CHECK(!ts_ckpt_entry_stored(e2) && e2->bytes == 0);
+    }
+    CHECK(muon == 4 * 2);
+    /* the model files alike; the optimizer file smaller by the momentum-less moment and
+     * its header's entries */
+    CHECK(a.files[0].size == m.files[0].size);
+    CHECK(header_has(&m.files[1], "momentum_buffer.transformer.h.1.mlp.c_fc.weight") &&
+          !header_has(&m.files[1], "exp_avg_sq.transformer.h.1.mlp.c_fc.weight") &&
+          header_has(&m.files[1], "exp_avg_sq.transformer.h.1.mlp.c_fc.bias"));
+    const uint64_t da = a.files[1].size - a.files[1].header_bytes;
+    const uint64_t dm = m.files[1].size - m.files[1].header_bytes;
+    CHECK(da - dm == muon_bytes);
+    ts_ckpt_layout_free(&a);
+    ts_ckpt_layout_free(&m);
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_ckpt_state");
     test_model_keys();
     test_lr_schedule();
+    test_optimizer();
     test_llama_model_keys();
     test_hf_config_json();
     char step[256];

@@ -225,6 +225,14 @@ if plan "${here[@]}" --set 'train.precision="bf16"'; then
 else
   fail "bf16 plan on this-machine.cfg: $(cat "$TMP/err")"
 fi
+# Muon (train.optimizer = "muon"): the Newton-Schulz FLOPs of llama-tiny's 28 block
+# matrices (2,369,781,760 a step, test_plan_model's hand count) in the report and --json.
+muon=(configs/llama-tiny.cfg --cluster "$SRC/tests/fixtures/plan_cluster_cpu.cfg"
+      --set 'train.optimizer="muon"' --set parallel.dp=1)
+muon[0]="$SRC/${muon[0]}"
+if plan "${muon[@]}" && grep -q "^muon: Newton-Schulz 2.37 GFLOP per step on the busiest owner of 1 " "$TMP/out" &&
+   plan "${muon[@]}" --json && [ "$(json_num muon_ns_flops)" = 2369781760.0 ]; then pass
+else fail "Muon's plan: $(cat "$TMP/out" "$TMP/err")"; fi
 sed 's/ bf16 = [0-9.]*;//' "$SRC/configs/clusters/this-machine.cfg" >"$TMP/no_bf16.cfg"
 if plan "$SRC/configs/gpt2-124m.cfg" --cluster "$TMP/no_bf16.cfg" --set parallel.dp=2 \
      --set 'train.precision="bf16"'; then

@@ -13,6 +13,7 @@
  * parameters (test_llama3); sequence parallelism's collectives, messages and a search
  * that picks it (test_sequence_parallel); context parallelism's exchange, compute, the
  * 405B long-context grid and searches (test_context_parallel). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include "model/model.h"
 #include "plan/cluster.h"
 #include "plan/model_cost.h"
+#include "plan/muon_cost.h"
 #include "plan/predict.h"
 #include "plan/search.h"
 #include "plan/sim_costs.h"
@@ -1095,6 +1097,156 @@ static void test_moe_search(int gpus)
     ts_plan_ctx_free(x);
 }
 
+/* Muon (plan/muon_cost.h, pipeline/memory.h): Newton-Schulz FLOPs and GEMM time of small
+ * shapes by hand, the tp gather, the busiest owner's share, and the memory rule's one
+ * momentum on the owned matrices against AdamW's two moments. */
+static void test_muon_formulas(void)
+{
+    /* [4, 8]: s = 4, l = 8; an iteration is X X^T 2*16*8 = 256, A A 2*64 = 128, B X 256:
+     * 640; five: 3200. Transposed the same; [6, 6]: (4*216 + 2*216) = 1296 an iteration. */
+    CHECK(ts_plan_muon_ns_flops(4, 8, 5) == 3200.0);
+    CHECK(ts_plan_muon_ns_flops(8, 4, 5) == 3200.0);
+    CHECK(ts_plan_muon_ns_flops(6, 6, 1) == 1296.0);
+    CHECK(ts_plan_muon_ns_flops(6, 6, 0) == 0.0);
+    /* The CPU test cluster: 0.1 TFLOP/s, efficiency 0.3 below n = 64 (these GEMMs). */
+    ts_cluster cl;
+    load_cluster("tests/fixtures/plan_cluster_cpu.cfg", &cl);
+    CHECK(fabs(ts_plan_muon_ns_time(&cl, 8, 4, 5) - 3200.0 / (0.1e12 * 0.3)) < 1e-18);
+    /* A [1024, 256] matrix: s = 256, l = 1024; the Gram GEMM (256, 256, 1024) at n =
+     * cbrt(2^26) = 406.4 (between 256 at 0.6 and 1024 at 0.8: log-linear), A A (256^3) at
+     * 0.6, B X like the Gram one. */
+    const double e406 = 0.6 + 0.2 * log(cbrt(256.0 * 256 * 1024) / 256.0) / log(4.0);
+    const double t1 = 2 * (2.0 * 256 * 256 * 1024) / (0.1e12 * e406) +
+                      2.0 * 256 * 256 * 256 / (0.1e12 * 0.6);
+    CHECK(fabs(ts_plan_muon_ns_time(&cl, 1024, 256, 1) - t1) < 1e-12 * t1);
+    /* Sums: a [8, 4] matrix split in two over tp (16 of its 32 floats here) on the intra
+     * link (5 GB/s, 20 us): this rank receives the other 16 fp32, 64 bytes, one latency;
+     * a replicated [4, 4] gathers nothing; an expert [4, 8] counts in the x fields too. */
+    ts_plan_muon mu = {0}, ex = {0};
+    ts_plan_muon_add(&mu, &cl, 5, 8, 4, 16, 16, 2, cl.intra, false);
+    CHECK(mu.gather_bytes == 64.0 && fabs(mu.gather - (64.0 / 5e9 + 20e-6)) < 1e-15);
+    ts_plan_muon_add(&mu, &cl, 5, 4, 4, 16, 16, 1, cl.intra, false);
+    CHECK(mu.gather_bytes == 64.0 && mu.floats == 32.0 && mu.matrices == 2);
+    CHECK(mu.flops == 3200.0 + 5 * (4.0 * 64 + 2.0 * 64) && mu.max_flops == 3200.0);
+    ts_plan_muon_add(&ex, &cl, 5, 4, 8, 32, 32, 1, cl.intra, true);
+    ts_plan_muon_sum(&mu, &ex);
+    CHECK(mu.floats == 64.0 && mu.xfloats == 32.0 && mu.xflops == 3200.0 && mu.matrices == 3);
+    /* The busiest owner: 1200 dense over 4 ranks and 400 experts over 2 (500), no less
+     * than the largest matrix (600 then). */
+    CHECK(ts_plan_muon_owner_share(1200, 400, 100, 4, 2) == 500.0);
+    CHECK(ts_plan_muon_owner_share(1200, 400, 600, 4, 2) == 600.0);
+    CHECK(ts_plan_muon_owner_share(1200, 0, 0, 1, 1) == 1200.0);
+
+    /* The memory rule: 1000 floats, 600 of them Muon matrices (the largest 200). */
+    const int chunk_rank[1] = {0}, zero_i[1] = {0};
+    const double zero_d[1] = {0.0};
+    ts_memory_shape sh = {.micro_batch = 1, .seq_len = 1, .n_embd = 1, .pp = 1,
+                          .n_chunks = 1, .chunk_rank = chunk_rank, .m = 1, .dp = 2,
+                          .zero = 1, .threads = 1};
+    ts_memory_holdings h = {.param_floats = 1000, .muon_floats = 600, .muon_max_floats = 200,
+                            .act_bytes = zero_d, .stash_bytes = zero_d, .peak_acts = zero_i,
+                            .peak_stash = zero_i, .n_recomputed = zero_i};
+    ts_rank_memory est, adam;
+    /* ZeRO-1 over 2: AdamW 8 * 400 / 2 + Muon 4 * 600 / 2 (against AdamW's 8 * 1000 / 2) */
+    ts_memory_rank(&sh, &h, 0, &est);
+    CHECK(est.optimizer == 2800.0);
+    ts_memory_holdings ha = h;
+    ha.muon_floats = ha.muon_max_floats = 0;
+    ts_memory_rank(&sh, &ha, 0, &adam);
+    CHECK(adam.optimizer == 4000.0 && adam.params == est.params && adam.grads == est.grads);
+    /* ZeRO-0: AdamW's on every rank, the momentum on the owner's share */
+    sh.zero = 0;
+    ts_memory_rank(&sh, &h, 0, &est);
+    CHECK(est.optimizer == 8.0 * 400 + 4.0 * 300);
+    /* over 4 the largest matrix (200) exceeds the even share (150) */
+    sh.zero = 1;
+    sh.dp = 4;
+    ts_memory_rank(&sh, &h, 0, &est);
+    CHECK(est.optimizer == 8.0 * 100 + 4.0 * 200);
+    /* one rank holds every momentum; checkpoint.async copies weights, moments, momentum */
+    sh.dp = 1;
+    ts_memory_rank(&sh, &h, 0, &est);
+    CHECK(est.optimizer == 8.0 * 400 + 4.0 * 600);
+    sh.dp = 2;
+    sh.async_checkpoint = true;
+    ts_memory_rank(&sh, &h, 0, &est);
+    ts_memory_rank(&sh, &ha, 0, &adam);
+    CHECK(est.buffers - adam.buffers == (1000.0 + 800 + 600) * 4 / 2 - 3.0 * 1000 * 4 / 2);
+    /* experts: 300 of the Muon floats (and 300 of all) owned over edp 1 under dp 2 */
+    sh.async_checkpoint = false;
+    sh.edp = 1;
+    h.expert_floats = h.muon_expert_floats = 300;
+    ts_memory_rank(&sh, &h, 0, &est);
+    CHECK(est.optimizer == 8.0 * 400 / 2 + 4.0 * (300.0 / 2 + 300));
+}
+
+/* Muon planned on llama-tiny (4 blocks of q, o [128, 128], k, v [64, 128], gate, up
+ * [384, 128], down [128, 384]: 196,608 Muon floats a block, 786,432 in all, of 853,120)
+ * on the CPU test cluster, by hand: the optimizer memory, the busiest owner's
+ * Newton-Schulz FLOPs (one rank, and over dp 2, whose grids the planner prices before
+ * the trainer runs them), ZeRO-0's all-gather of the matrices, tp 2's gathers; and the
+ * planner's memory against the trainer's estimate on every grid the config accepts. */
+static void test_muon_plan(const ts_cluster *cl)
+{
+    const char *sets[] = {"train.optimizer=\"muon\""};
+    ts_config cfg, adam;
+    load_config("configs/llama-tiny.cfg", sets, 1, &cfg);
+    load_config("configs/llama-tiny.cfg", NULL, 0, &adam);
+    const double N = 853120, M = 786432;
+    /* per block: q, o 5 * 6 * 128^3; k, v 5 * (4 * 64^2 * 128 + 2 * 64^3); gate, up, down
+     * 5 * (4 * 128^2 * 384 + 2 * 128^3) */
+    const double block = 2 * 62914560.0 + 2 * 13107200.0 + 3 * 146800640.0;
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, cl), *xa = ts_plan_ctx_new(&adam, cl);
+    ts_plan_grid g;
+    ts_plan_grid_of(&cfg, &g);
+    g.dp = 1;
+    g.m = 1;
+    ts_plan_result r, ra;
+    CHECK(ts_plan_estimate(x, &g, &r) == TS_OK && ts_plan_estimate(xa, &g, &ra) == TS_OK);
+    CHECKF(r.mem.optimizer == 8.0 * (N - M) + 4.0 * M && ra.mem.optimizer == 8.0 * N,
+           "%.0f %.0f", r.mem.optimizer, ra.mem.optimizer);
+    CHECKF(r.terms.muon_ns_flops == 4 * block, "%.0f", r.terms.muon_ns_flops);
+    CHECK(r.terms.muon_ns > 0 && r.terms.muon_gather == 0.0 && ra.terms.muon_ns == 0.0);
+    CHECK(r.terms.optimizer > r.terms.muon_ns);
+    /* Muon's buffers: the update of the largest matrix ([384, 128]: 4 * 49,152 bytes) and
+     * its iteration's scratch (64 + X 4 * 49,152 + three 4 * 128^2) */
+    const double work = 4 * 49152.0 + 64 + 4 * 49152.0 + 3 * 4 * 16384.0;
+    CHECKF(r.mem.buffers - ra.mem.buffers == work, "%.0f", r.mem.buffers - ra.mem.buffers);
+    /* dp 2: half of everything on the busiest owner (the largest matrix is smaller) */
+    g.dp = 2;
+    for (int z = 0; z <= 1; z++) {
+        g.zero = z;
+        CHECK(ts_plan_estimate(x, &g, &r) == TS_OK);
+        CHECKF(r.mem.optimizer == 8.0 * (N - M) / (z ? 2 : 1) + 4.0 * M / 2, "zero %d: %.0f", z,
+               r.mem.optimizer);
+        CHECK(r.terms.muon_ns_flops == 2 * block);
+        ts_zero_traffic t, ta;
+        ts_plan_zero_of(x, &g, 0, &t, NULL, NULL);
+        ts_plan_zero_of(xa, &g, 0, &ta, NULL, NULL);
+        CHECKF(t.allgather_bytes - ta.allgather_bytes == (z == 0 ? 0.5 * 4 * M : 0.0),
+               "zero %d: %.0f", z, t.allgather_bytes - ta.allgather_bytes);
+    }
+    /* tp 2 (one node's intra link, 5 GB/s and 20 us): each of the 28 matrices split, a
+     * tp rank receiving the other half, 98,304 floats a block */
+    g.dp = 1;
+    g.zero = 0;
+    g.tp = 2;
+    CHECK(ts_plan_estimate(x, &g, &r) == TS_OK);
+    const double want = (4 * 98304 * 4.0 / 5e9 + 28 * 20e-6) * 1e3;
+    CHECKF(fabs(r.terms.muon_gather - want) < 1e-12, "%.9f %.9f", r.terms.muon_gather, want);
+    CHECK(r.terms.muon_ns_flops == 4 * block); /* duplicated: not divided by tp */
+    /* and the gathered [384, 128] and a [192, 128] shard */
+    CHECK(ts_plan_estimate(xa, &g, &ra) == TS_OK);
+    CHECKF(r.mem.buffers - ra.mem.buffers == work + 4 * (49152.0 + 24576),
+           "%.0f", r.mem.buffers - ra.mem.buffers);
+    ts_plan_ctx_free(x);
+    ts_plan_ctx_free(xa);
+    const int before = g_mem_grids;
+    compare_memory("configs/llama-tiny.cfg", sets, 1, cl);
+    printf("memory compared on %d Muon grids\n", g_mem_grids - before);
+    CHECK(g_mem_grids - before > 20);
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -1102,6 +1254,7 @@ int main(void)
 
     test_textbook();
     test_dp_buckets();
+    test_muon_formulas();
 
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu.cfg", 4);
     test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 8);
@@ -1123,6 +1276,7 @@ int main(void)
     compare_memory("configs/tiny.cfg", NULL, 0, &cpu);
     if (full) compare_memory("configs/tiny.cfg", twelve, 1, &cpu);
     compare_memory("configs/llama-tiny.cfg", NULL, 0, &cpu);
+    test_muon_plan(&cpu);
     /* A budget that makes recompute = "auto" recompute part of the micro-batches of
      * some grids: the planner's caps are the trainer's own choice. */
     const char *budget[] = {"parallel.memory_budget_mb=16"};

@@ -1,6 +1,8 @@
 /* Distributed checkpoints (docs/CONTRACT.md "Checkpoints"): DIR/step_NNNNNNNN/ holds
  *   model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
  *   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in each parameter's shape
+ *                          (train.optimizer = "muon": momentum_buffer.<name> alone for a
+ *                          Muon matrix, layout.h)
  *   state.json             step, config, data position, grid, checksums
  *   config.json            (llama) Hugging Face's config: LlamaForCausalLM loads the directory
  * and DIR/latest names the newest complete one.
@@ -38,6 +40,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "optim/muon.h"
 #include "optim/optim.h"
 
 #define TS_CKPT_FORMAT_VERSION 1
@@ -58,6 +61,8 @@ typedef struct {
     const ts_config *cfg;     /* the run's resolved config (state.json keeps it) */
     const ts_model *model;    /* this rank's parameters and their shard specs */
     const ts_adamw *optim;    /* this rank's AdamW moments (all, or its ZeRO-1 ranges) */
+    const ts_muon *muon;      /* train.optimizer = "muon": the momentum of the Muon
+                               * matrices this rank owns; NULL under AdamW */
     const ts_comm *world;     /* every rank takes part */
     int replica, replicas;    /* without ZeRO-1 the ranks holding the same weights (dp *
                                * cp of them: the trainer's replica group) split the
@@ -132,13 +137,17 @@ ts_status ts_ckpt_load_weights(ts_model *m, const char *step_dir);
 
 /* Load into a training run of any grid: checks the checkpoint against the config (the
  * model's keys and the global batch must match: they define the tensors and the data
- * position), verifies every checksum (the chunks are spread over the ranks), then each
- * rank reads its own parameters and the moments of its optimizer ranges. *step: the
- * step to run next. Collective over world; agreed. */
+ * position; train.optimizer too, unless train.allow_optimizer_change, when the state the
+ * checkpoint lacks starts at zero), verifies every checksum (the chunks are spread over
+ * the ranks), then each rank reads its own parameters, the moments of its optimizer
+ * ranges and the momentum of the Muon matrices it owns. *step: the step to run next.
+ * Collective over world; agreed. */
 typedef struct {
     const ts_config *cfg;
     ts_model *model;
     ts_adamw *optim;
+    ts_muon *muon;            /* train.optimizer = "muon": the owned matrices' momentum
+                               * (read whole); NULL under AdamW */
     const ts_comm *world;
 } ts_ckpt_load_args;
 ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *step);

@@ -1,6 +1,7 @@
 /* The checkpoint layout (layout.h): tensors from the model's own parameter list (one
  * rank, tp = 1, every layer: the logical tensors in the model's order), files filled in
- * that order, headers as safetensors writes them. */
+ * that order, headers as safetensors writes them; under Muon a Muon matrix's one state
+ * tensor (momentum_buffer) in its exp_avg's place. */
 #include "checkpoint/layout.h"
 
 #include <dirent.h>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "optim/muon.h"
 #include "tensor/tp.h"
 
 static const char *const KIND_PREFIX[TS_CK_KINDS] = {"", "exp_avg.", "exp_avg_sq."};
@@ -78,7 +80,8 @@ static int state_tensors(const ts_model_config *mc, ts_shard_spec *spec, int *bl
     return n;
 }
 
-void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb)
+void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb,
+                          bool muon)
 {
     memset(L, 0, sizeof *L);
     ts_model m;
@@ -86,7 +89,11 @@ void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double f
     L->n_logical = m.n_params;
     L->n_state = state_tensors(mc, NULL, NULL);
     L->logical = ts_calloc((size_t)m.n_params + (size_t)L->n_state, sizeof *L->logical);
-    for (int p = 0; p < m.n_params; p++) L->logical[p] = m.params[p].shard;
+    L->muon = ts_calloc((size_t)m.n_params + 1, sizeof *L->muon);
+    for (int p = 0; p < m.n_params; p++) {
+        L->logical[p] = m.params[p].shard;
+        L->muon[p] = muon && ts_param_is_muon(&m, p);
+    }
     ts_model_free(&m);
     L->state_block = ts_calloc((size_t)L->n_state + 1, sizeof *L->state_block);
     state_tensors(mc, L->logical + L->n_logical, L->state_block);
@@ -103,9 +110,19 @@ void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double f
         if (k == TS_CK_EXP_AVG) used = 0;
         for (int p = 0; p < L->n_logical; p++) {
             ts_ckpt_entry *E = &L->entries[k * L->n_logical + p];
-            snprintf(E->name, sizeof E->name, "%s%s", KIND_PREFIX[k], L->logical[p].name);
             E->logical = p;
             E->kind = (ts_ckpt_kind)k;
+            if (k != TS_CK_WEIGHT && L->muon[p]) {
+                /* A Muon matrix's one state tensor, its momentum; no second moment. */
+                if (k == TS_CK_EXP_AVG_SQ) {
+                    snprintf(E->name, sizeof E->name, "%s%s", KIND_PREFIX[k], L->logical[p].name);
+                    E->file = -1;
+                    continue;
+                }
+                snprintf(E->name, sizeof E->name, "momentum_buffer.%s", L->logical[p].name);
+            } else {
+                snprintf(E->name, sizeof E->name, "%s%s", KIND_PREFIX[k], L->logical[p].name);
+            }
             E->bytes = ts_shard_logical_numel(&L->logical[p]) * sizeof(float);
             if (k == TS_CK_WEIGHT) {
                 if (used > 0 && (double)(used + E->bytes) > limit) {
@@ -151,7 +168,9 @@ void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double f
         build_header(L, f, data_bytes[f]);
     }
     /* Offsets become absolute once each file's header length is known. */
-    for (int e = 0; e < L->n_entries; e++) L->entries[e].offset += L->files[L->entries[e].file].header_bytes;
+    for (int e = 0; e < L->n_entries; e++)
+        if (ts_ckpt_entry_stored(&L->entries[e]))
+            L->entries[e].offset += L->files[L->entries[e].file].header_bytes;
     free(data_bytes);
 }
 
@@ -162,6 +181,7 @@ void ts_ckpt_layout_free(ts_ckpt_layout *L)
     free(L->entries);
     free(L->logical);
     free(L->state_block);
+    free(L->muon);
     memset(L, 0, sizeof *L);
 }
 

@@ -17,12 +17,17 @@ typedef enum { TS_CK_WEIGHT, TS_CK_EXP_AVG, TS_CK_EXP_AVG_SQ, TS_CK_KINDS } ts_c
 
 #define TS_CKPT_NAME_MAX (TS_SHARD_NAME_MAX + 16)
 
-/* One stored tensor: a parameter's weights or one of its AdamW moments. */
+/* One stored tensor: a parameter's weights or its optimizer state. TS_CK_EXP_AVG is a
+ * parameter's first state tensor: AdamW's exp_avg, or, for a Muon matrix of a Muon
+ * checkpoint (train.optimizer = "muon"; optim/muon.h ts_param_is_muon), its momentum
+ * "momentum_buffer.<name>" (torch.optim.Muon's state key); TS_CK_EXP_AVG_SQ its second,
+ * AdamW's exp_avg_sq, which a Muon matrix does not have: that entry is absent (file -1,
+ * bytes 0, in no file, header or checksum list). */
 typedef struct {
     char name[TS_CKPT_NAME_MAX]; /* "transformer.h.0.ln_1.weight", "exp_avg.transformer..." */
     int logical;                 /* index into ts_ckpt_layout.logical */
     ts_ckpt_kind kind;
-    int file;                    /* index into ts_ckpt_layout.files */
+    int file;                    /* index into ts_ckpt_layout.files; -1: absent */
     uint64_t offset;             /* absolute byte offset of its data in the file */
     uint64_t bytes;
 } ts_ckpt_entry;
@@ -46,6 +51,8 @@ typedef struct {
     int *state_block;
     ts_shard_spec *logical;      /* whole tensors (name, shape): the parameters in the
                                   * model's order, then the n_state state tensors */
+    bool *muon;                  /* [n_logical] a Muon matrix whose state is its momentum
+                                  * (all false for an AdamW checkpoint) */
     int n_entries;               /* TS_CK_KINDS * n_logical + n_state: entry
                                   * kind*n_logical + logical, then state tensor i's weight
                                   * at TS_CK_KINDS*n_logical + i */
@@ -54,8 +61,14 @@ typedef struct {
     ts_ckpt_fileinfo *files;
 } ts_ckpt_layout;
 
-void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb);
+/* The layout of a checkpoint of model mc; muon: written by a train.optimizer = "muon" run
+ * (its Muon matrices hold momentum_buffer instead of exp_avg and exp_avg_sq). */
+void ts_ckpt_layout_build(ts_ckpt_layout *L, const ts_model_config *mc, double file_gb,
+                          bool muon);
 void ts_ckpt_layout_free(ts_ckpt_layout *L);
+
+/* Whether entry E is stored (a Muon matrix has no exp_avg_sq). */
+static inline bool ts_ckpt_entry_stored(const ts_ckpt_entry *E) { return E->file >= 0; }
 
 /* The logical index of tensor `name` (a parameter or a state tensor), or -1. */
 int ts_ckpt_layout_find(const ts_ckpt_layout *L, const char *name);

@@ -88,6 +88,20 @@ static ts_status parse_lr_schedule(ts_ckpt_reader *r, json_t *s, const char *pat
     return TS_OK;
 }
 
+/* The optimizer state.json records ("optimizer": {"name", ...}; save.c), else its
+ * config's train.optimizer, else "adamw" (a checkpoint older than Muon). Only the names
+ * this tessera runs: they decide which optimizer tensors the files hold (layout.h). */
+static ts_status parse_optimizer(ts_ckpt_reader *r, json_t *s, const char *path)
+{
+    json_t *o = json_object_get(json_object_get(s, "optimizer"), "name");
+    if (!o) o = json_object_get(json_object_get(json_object_get(s, "config"), "train"), "optimizer");
+    const char *name = o ? json_string_value(o) : "adamw";
+    if (!name || (strcmp(name, "adamw") != 0 && strcmp(name, "muon") != 0))
+        return ts_fail("%s: the optimizer it records is not \"adamw\" or \"muon\"", path);
+    snprintf(r->optimizer, sizeof r->optimizer, "%s", name);
+    return TS_OK;
+}
+
 /* config.model: the keys that define the tensors (n_layer, n_head, n_embd, vocab_size,
  * seq_len) must be there; the architecture's other keys (n_kv_head, ffn_hidden,
  * norm_eps, tie_embeddings, rope_*, qk_norm, moe_*) take their defaults where a checkpoint older than
@@ -266,6 +280,7 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
         return TS_ERR;
     if (parse_tokenizer(s, &r->model, path) != TS_OK) return TS_ERR;
     if (parse_lr_schedule(r, s, path) != TS_OK) return TS_ERR;
+    if (parse_optimizer(r, s, path) != TS_OK) return TS_ERR;
     if (!get_int(json_object_get(s, "data"), "global_batch", 1, 1LL << 40, &B))
         return ts_fail("%s: data.global_batch is missing or invalid", path);
     r->global_batch = B;
@@ -546,9 +561,10 @@ ts_status ts_ckpt_reader_check_hf_config(ts_ckpt_reader *r)
 ts_status ts_ckpt_reader_check_complete(ts_ckpt_reader *r)
 {
     ts_ckpt_layout L;
-    ts_ckpt_layout_build(&L, &r->model, 1e6);
+    ts_ckpt_layout_build(&L, &r->model, 1e6, !strcmp(r->optimizer, "muon"));
     ts_status st = TS_OK;
     for (int e = 0; e < L.n_entries && st == TS_OK; e++) {
+        if (!ts_ckpt_entry_stored(&L.entries[e])) continue;
         const ts_shard_spec *s = &L.logical[L.entries[e].logical];
         const ts_st_tensor *t;
         st = ts_ckpt_reader_expect(r, L.entries[e].name, s->ndim, s->shape, &t, NULL);

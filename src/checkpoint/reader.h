@@ -29,6 +29,8 @@ typedef struct {
     int grid[3];            /* pp, dp, tp it was written from */
     ts_lr_schedule lr_schedule; /* the run's learning-rate schedule (older checkpoints:
                                  * derived from their config's train keys) */
+    char optimizer[8];      /* train.optimizer it ran, "adamw" or "muon" (state.json's
+                             * "optimizer"; a checkpoint older than Muon: "adamw") */
     uint64_t chunk_bytes;
     int n_files;
     ts_ckpt_rfile *files;

@@ -282,7 +282,7 @@ static ts_status verify_share(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
     uint64_t at = 0;
     ts_status st = TS_OK;
     for (int e = 0; e < L->n_entries && st == TS_OK; e++) {
-        const uint64_t bytes = L->entries[e].bytes;
+        const uint64_t bytes = L->entries[e].bytes; /* 0 for an absent one: no chunk */
         const size_t n_chunks = (size_t)((bytes + r->chunk_bytes - 1) / r->chunk_bytes);
         for (size_t c = 0; c < n_chunks && st == TS_OK; c++) {
             const uint64_t len = bytes - c * r->chunk_bytes < r->chunk_bytes ? bytes - c * r->chunk_bytes
@@ -300,11 +300,16 @@ static ts_status verify_share(ts_ckpt_reader *r, const ts_ckpt_layout *L, const 
 }
 
 /* The moments of the optimizer's ranges: for every parameter part inside a range, its
- * exp_avg and exp_avg_sq runs. */
-static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
+ * exp_avg and exp_avg_sq runs. Parts left to Muon (o->excluded) have none (their moments
+ * are compact then: optim.h); after an optimizer change (`switched`,
+ * train.allow_optimizer_change) a part whose tensor the checkpoint L kept Muon's momentum
+ * for instead keeps its zero moments. (Without one the run's Muon matrices are the
+ * checkpoint's: no tensor is looked up.) */
+static ts_status read_moments(ts_ckpt_reader *r, const ts_ckpt_layout *L, const ts_model *m,
+                              ts_adamw *o, bool switched)
 {
     char name[TS_CKPT_NAME_MAX];
-    size_t base = 0;
+    size_t base = 0, packed = 0;
     for (int k = 0; k < o->n_ranges; k++) {
         const ts_flat_range R = o->ranges[k];
         for (int p = 0; p < m->n_params; p++) {
@@ -312,7 +317,13 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             const size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             const size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
-            const size_t mom = base + (P->offset + lo - R.begin);
+            if (o->excluded && o->excluded[p]) continue;
+            const size_t mom = o->excluded ? packed : base + (P->offset + lo - R.begin);
+            packed += hi - lo;
+            if (switched) {
+                const int logical = ts_ckpt_layout_find(L, P->shard.name);
+                if (logical >= 0 && L->muon[logical]) continue; /* none saved: zero */
+            }
             for (int kind = 0; kind < 2; kind++) {
                 snprintf(name, sizeof name, "%s%s", kind ? "exp_avg_sq." : "exp_avg.", P->shard.name);
                 const ts_st_tensor *t;
@@ -325,6 +336,49 @@ static ts_status read_moments(ts_ckpt_reader *r, const ts_model *m, ts_adamw *o)
         base += R.end - R.begin;
     }
     return TS_OK;
+}
+
+/* Muon's momentum of the matrices this rank owns, each whole (its local part); after an
+ * optimizer change (`switched`) from an AdamW checkpoint L, which kept none, it stays
+ * zero. */
+static ts_status read_momentum(ts_ckpt_reader *r, const ts_ckpt_layout *L, const ts_model *m,
+                               ts_muon *mu, bool switched)
+{
+    char name[TS_CKPT_NAME_MAX];
+    for (int i = 0; mu && i < mu->n; i++) {
+        const ts_param *P = &m->params[mu->param[i]];
+        if (switched) {
+            const int logical = ts_ckpt_layout_find(L, P->shard.name);
+            if (logical < 0 || !L->muon[logical]) continue;
+        }
+        snprintf(name, sizeof name, "momentum_buffer.%s", P->shard.name);
+        const ts_st_tensor *t;
+        int f;
+        if (ts_ckpt_reader_expect(r, name, P->shard.ndim, P->shard.shape, &t, &f) != TS_OK ||
+            read_part(&r->files[f].st, t, P, 0, P->numel, mu->momentum + mu->offset[i], m->k) !=
+                TS_OK)
+            return TS_ERR;
+        ts_watchdog_progress();
+    }
+    return TS_OK;
+}
+
+/* A run resumes with the optimizer its checkpoint ran, whose state the files hold; another
+ * only with train.allow_optimizer_change, and then the state the checkpoint lacks starts
+ * at zero (read_moments, read_momentum). */
+static ts_status check_optimizer(const ts_ckpt_reader *r, const ts_config *cfg, bool *changed)
+{
+    const char *now = ts_config_muon(&cfg->train) ? "muon" : "adamw";
+    *changed = strcmp(r->optimizer, now) != 0;
+    if (!*changed || cfg->train.allow_optimizer_change) return TS_OK;
+    return ts_fail("checkpoint %s was saved by a train.optimizer = \"%s\" run, but this run "
+                   "has \"%s\": the checkpoint holds %s state, not %s's; keep "
+                   "train.optimizer = \"%s\", or set train.allow_optimizer_change = true to "
+                   "switch (the state the checkpoint lacks then starts at zero)",
+                   r->dir, r->optimizer, now,
+                   strcmp(r->optimizer, "muon") == 0 ? "Muon's momentum for the block matrices"
+                                                     : "AdamW's moments for every tensor",
+                   now, r->optimizer);
 }
 
 /* The MoE balancing bias state.json keeps (save.c), bit for bit, into the model; none
@@ -366,18 +420,23 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
     ts_status st = ts_ckpt_reader_open(&r, step_dir);
     bool opened = st == TS_OK;
     ts_ckpt_layout L;
+    bool changed = false;
     if (opened) {
         st = check_model(&r, &a->cfg->model);
+        if (st == TS_OK) st = check_optimizer(&r, a->cfg, &changed);
         if (st == TS_OK && r.global_batch != a->cfg->train.global_batch)
             st = ts_fail("checkpoint %s was saved with train.global_batch = %lld, but the config "
                          "says %d; the data position is counted in global batches (the batch "
                          "rule), so resuming needs the same global_batch (parallel.micro_batch "
                          "and the grid may change)",
                          step_dir, r.global_batch, a->cfg->train.global_batch);
-        ts_ckpt_layout_build(&L, &a->cfg->model, a->cfg->checkpoint.file_gb);
+        /* The checkpoint's files: its own optimizer's state tensors. */
+        ts_ckpt_layout_build(&L, &a->cfg->model, a->cfg->checkpoint.file_gb,
+                             !strcmp(r.optimizer, "muon"));
         /* Every tensor present with its shape, then the files' sizes and headers: the
          * same verdict on every rank (each reads the headers itself). */
         for (int e = 0; st == TS_OK && e < L.n_entries; e++) {
+            if (!ts_ckpt_entry_stored(&L.entries[e])) continue; /* Muon: no exp_avg_sq */
             const ts_shard_spec *s = &L.logical[L.entries[e].logical];
             const ts_st_tensor *t;
             st = ts_ckpt_reader_expect(&r, L.entries[e].name, s->ndim, s->shape, &t, NULL);
@@ -391,9 +450,15 @@ ts_status ts_ckpt_load(const ts_ckpt_load_args *a, const char *step_dir, int *st
 
     ts_watchdog_context("checkpoint: reading this rank's parameters and moments", 0, 0, 0);
     st = read_weights(&r, a->model);
-    if (st == TS_OK) st = read_moments(&r, a->model, a->optim);
+    if (st == TS_OK) st = read_moments(&r, &L, a->model, a->optim, changed);
+    if (st == TS_OK) st = read_momentum(&r, &L, a->model, a->muon, changed);
     if (st == TS_OK) st = read_moe_bias(&r, a->model);
     if ((st = ts_comm_agree(world, st)) == TS_OK) *step = r.step;
+    if (st == TS_OK && changed && world->rank == 0)
+        ts_log_warn("checkpoint: train.optimizer changes on resuming (train."
+                    "allow_optimizer_change): was \"%s\", now \"%s\"; the state %s lacks "
+                    "starts at zero",
+                    r.optimizer, ts_config_muon(&a->cfg->train) ? "muon" : "adamw", step_dir);
 done:
     if (st != TS_OK) ts_error_prefix("checkpoint.load: ");
     if (opened) {

@@ -229,23 +229,26 @@ static void item_add(item_list *l, item it)
 
 /* This rank's share of parameter p's local elements [lo, hi): its weights and, from
  * the optimizer's range that holds them, their moments (exp_avg/exp_avg_sq point at the
- * moments of local element lo), run by run. */
+ * moments of local element lo; both NULL for a Muon matrix, whose momentum its owner
+ * writes: collect_momentum), run by run. */
 static void collect_slice(item_list *l, const ts_ckpt_layout *L, const ts_model *m, int p,
                           int logical, size_t lo, size_t hi, const float *exp_avg,
                           const float *exp_avg_sq)
 {
     const ts_param *P = &m->params[p];
     const float *src[TS_CK_KINDS] = {ts_param_data(m, p), exp_avg, exp_avg_sq};
+    const int kinds = exp_avg ? TS_CK_KINDS : TS_CK_WEIGHT + 1;
     ts_shard_run r;
     for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, lo, hi); ts_shard_next(&it, &r);)
-        for (int k = 0; k < TS_CK_KINDS; k++) {
+        for (int k = 0; k < kinds; k++) {
             const size_t at = k == TS_CK_WEIGHT ? r.local : r.local - lo;
             item_add(l, (item){(uint32_t)(k * L->n_logical + logical), r.logical, r.len, src[k] + at});
         }
 }
 
 /* Every slice this rank owns: of the parameters it holds as replica 0 (not a tied copy
- * or a tp-replicated copy), the elements of its optimizer ranges; without ZeRO-1 every
+ * or a tp-replicated copy), the elements of its optimizer ranges (a Muon matrix's weights
+ * alone there; its momentum from its owner, whole); without ZeRO-1 every
  * replica (dp * cp ranks) holds all of them, so replica d writes its d-th of each
  * parameter. Under expert parallelism an expert tensor's replicas are its edp group
  * (the ranks of the replica group in other ep ranks hold other experts, and write
@@ -257,14 +260,20 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
     const ts_model *m = a->model;
     const ts_adamw *o = a->optim;
     size_t base = 0;
+    /* With parameters left to Muon (ts_adamw_exclude) the moments are compact: each
+     * remaining part's follow the previous one's (optim.h), counted in `packed`. */
+    size_t packed = 0;
     for (int r = 0; r < o->n_ranges; r++) {
         const ts_flat_range R = o->ranges[r];
         for (int p = 0; p < m->n_params; p++) {
             const ts_param *P = &m->params[p];
-            if (P->shard.replica != 0 || P->tied_copy) continue;
             if (R.end <= P->offset || R.begin >= P->offset + P->numel) continue;
             size_t lo = R.begin > P->offset ? R.begin - P->offset : 0;
             size_t hi = R.end < P->offset + P->numel ? R.end - P->offset : P->numel;
+            const bool excluded = o->excluded && o->excluded[p];
+            const size_t part_at = packed, part_lo = lo; /* this part's compact moments */
+            if (o->excluded && !excluded) packed += hi - lo;
+            if (P->shard.replica != 0 || P->tied_copy) continue;
             const bool by_edp = (m->moe_ep > 1 || m->moe_etp > 1) && P->expert;
             const int replicas = by_edp ? a->expert_replicas : a->replicas;
             const int replica = by_edp ? a->expert_replica : a->replica;
@@ -282,10 +291,37 @@ static ts_status collect_own(item_list *l, const ts_ckpt_layout *L, const ts_ckp
             if (logical < 0)
                 return ts_fail("internal: parameter '%s' is not in the checkpoint layout",
                                P->shard.name);
-            const size_t mom = base + (P->offset + lo - R.begin);
+            if (excluded != L->muon[logical])
+                return ts_fail("internal: '%s' is %s Muon matrix to the optimizer but %s to the "
+                               "checkpoint layout",
+                               P->shard.name, excluded ? "a" : "not a", excluded ? "not" : "one");
+            if (excluded) {
+                collect_slice(l, L, m, p, logical, lo, hi, NULL, NULL);
+                continue;
+            }
+            const size_t mom = o->excluded ? part_at + (lo - part_lo)
+                                           : base + (P->offset + lo - R.begin);
             collect_slice(l, L, m, p, logical, lo, hi, o->m + mom, o->v + mom);
         }
         base += R.end - R.begin;
+    }
+    /* Muon's momentum: each matrix's by its owner (one rank of its reduction group;
+     * under tp each tp rank its own part, a tp-replicated one tp rank 0), whole. */
+    const ts_muon *mu = a->muon;
+    for (int i = 0; mu && i < mu->n; i++) {
+        const int p = mu->param[i];
+        const ts_param *P = &m->params[p];
+        if (P->shard.replica != 0) continue;
+        const int logical = ts_ckpt_layout_find(L, P->shard.name);
+        if (logical < 0 || !L->muon[logical])
+            return ts_fail("internal: Muon's matrix '%s' has no momentum in the checkpoint "
+                           "layout",
+                           P->shard.name);
+        const float *buf = mu->momentum + mu->offset[i];
+        ts_shard_run r;
+        for (ts_shard_iter it = ts_shard_iter_begin(&P->shard, 0, P->numel); ts_shard_next(&it, &r);)
+            item_add(l, (item){(uint32_t)(TS_CK_EXP_AVG * L->n_logical + logical), r.logical,
+                               r.len, buf + r.local});
     }
     /* The state tensors (the MoE biases, the same on every rank): world rank 0's. */
     for (int i = 0; i < L->n_state && a->world->rank == 0; i++) {
@@ -327,6 +363,7 @@ static ts_status combine_checksums(const ts_ckpt_layout *L, piece *all, size_t n
     size_t i = 0;
     for (int e = 0; e < L->n_entries; e++) {
         const ts_ckpt_entry *E = &L->entries[e];
+        if (!ts_ckpt_entry_stored(E)) continue; /* a Muon matrix's exp_avg_sq: none */
         json_t *list = json_array();
         uint64_t next = 0;
         uLong crc = 0;
@@ -398,6 +435,18 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
         "config", cfg);
     TS_ASSERT(root != NULL);
+    /* The optimizer, whose state the files hold (layout.h) and which a resume keeps
+     * unless train.allow_optimizer_change (restore.c): its name, and Muon's keys. */
+    const ts_train_config *tc = &c->train;
+    json_t *optim = json_pack("{s:s}", "name", ts_config_muon(tc) ? "muon" : "adamw");
+    if (ts_config_muon(tc)) {
+        json_object_set_new(optim, "momentum", json_real(tc->muon_momentum));
+        json_object_set_new(optim, "nesterov", json_boolean(tc->muon_nesterov));
+        json_object_set_new(optim, "ns_steps", json_integer(ts_config_muon_ns_steps(tc)));
+        json_object_set_new(optim, "coefficients", json_string(tc->muon_coefficients));
+        json_object_set_new(optim, "scale", json_string(tc->muon_scale));
+    }
+    json_object_set_new(root, "optimizer", optim);
     /* The data order (the batch rule), which a resume must continue: the shuffle, its
      * seed, and the blend (normalised weights, shards per dataset). */
     const ts_data_config *d = &c->data;
@@ -660,7 +709,8 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     const char *root = a->cfg->checkpoint.dir;
     snprintf(s->name, sizeof s->name, "step_%08d", a->step);
     snprintf(s->tmp, sizeof s->tmp, "%s/.tmp-%s", root, s->name);
-    ts_ckpt_layout_build(&s->L, &a->cfg->model, a->cfg->checkpoint.file_gb);
+    ts_ckpt_layout_build(&s->L, &a->cfg->model, a->cfg->checkpoint.file_gb,
+                         ts_config_muon(&a->cfg->train));
     s->w = (writer){.L = &s->L, .tmp = s->tmp, .fds = ts_malloc((size_t)s->L.n_files * sizeof(int))};
     for (int f = 0; f < s->L.n_files; f++) s->w.fds[f] = -1;
     atomic_init(&s->written, 0);

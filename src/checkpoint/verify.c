@@ -16,10 +16,11 @@ ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose)
     if (st == TS_OK) st = ts_ckpt_reader_check_files(&r);
     if (st == TS_OK) st = ts_ckpt_reader_check_hf_config(&r);
     ts_ckpt_layout L;
-    ts_ckpt_layout_build(&L, &r.model, 1e6);
+    ts_ckpt_layout_build(&L, &r.model, 1e6, !strcmp(r.optimizer, "muon"));
     void *buf = ts_malloc((size_t)r.chunk_bytes);
     uint64_t bytes = 0;
     for (int e = 0; st == TS_OK && e < L.n_entries; e++) {
+        if (!ts_ckpt_entry_stored(&L.entries[e])) continue;
         st = ts_ckpt_reader_verify(&r, L.entries[e].name, 0, SIZE_MAX, buf);
         bytes += L.entries[e].bytes;
     }
@@ -29,9 +30,10 @@ ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose)
         const ts_st_file *F = &r.files[f].st;
         for (int t = 0; st == TS_OK && t < F->n_tensors; t++) {
             const char *name = F->tensors[t].name;
-            const char *base = !strncmp(name, "exp_avg_sq.", 11) ? name + 11
-                               : !strncmp(name, "exp_avg.", 8)   ? name + 8
-                                                                 : name;
+            const char *base = !strncmp(name, "exp_avg_sq.", 11)        ? name + 11
+                               : !strncmp(name, "exp_avg.", 8)            ? name + 8
+                               : !strncmp(name, "momentum_buffer.", 16) ? name + 16
+                                                                          : name;
             if (ts_ckpt_layout_find(&L, base) < 0) {
                 ts_fail("%s holds tensor '%s', which the checkpoint's model does not define",
                         F->path, name);
@@ -40,7 +42,8 @@ ts_ckpt_verdict ts_ckpt_verify(const char *step_dir, bool verbose)
             }
         }
     }
-    const int n_entries = L.n_entries;
+    int n_entries = 0;
+    for (int e = 0; e < L.n_entries; e++) n_entries += ts_ckpt_entry_stored(&L.entries[e]);
     ts_ckpt_layout_free(&L);
     ts_ckpt_verdict v = st == TS_OK ? TS_CKPT_OK : r.verdict;
     if (v == TS_CKPT_OK && verbose) {
@@ -110,6 +113,10 @@ ts_status ts_ckpt_print_info(const char *step_dir)
                      etp = json_integer_value(json_object_get(grid, "etp"));
     if (ep > 1 || etp > 1) printf(", experts over ep %lld x etp %lld", (long long)ep, (long long)etp);
     printf("\n");
+    printf("optimizer   %s%s\n", r.optimizer,
+           strcmp(r.optimizer, "muon") == 0
+               ? " (Muon on the blocks' matrices: momentum_buffer.<name>; AdamW on the rest)"
+               : " (exp_avg.<name>, exp_avg_sq.<name>)");
     printf("data        %lld sequences consumed (global_batch %lld)\n",
            (long long)json_integer_value(
                json_object_get(json_object_get(r.state, "data"), "sequences_consumed")),

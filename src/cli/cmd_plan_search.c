@@ -324,6 +324,13 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                                   t->dp_exposed, "dp_reduction", t->dp_reduction, "pp_message",
                                   t->pp_comm, "dp_gather", t->dp_gather, "gather_exposed",
                                   t->gather_exposed));
+    if (ts_config_muon(&ts_plan_ctx_config(x)->train)) {
+        /* Muon's part of the optimizer term (plan/muon_cost.h) */
+        json_t *terms = json_object_get(o, "terms_ms");
+        json_object_set_new(terms, "muon_ns", json_real(t->muon_ns));
+        json_object_set_new(terms, "muon_gather", json_real(t->muon_gather));
+        json_object_set_new(o, "muon_ns_flops", json_real(t->muon_ns_flops));
+    }
     if (ts_plan_ctx_config(x)->model.moe_experts > 0) {
         const double share = r->step_ms > 0 ? 1.0 / r->step_ms : 0.0;
         json_t *moe = json_object();
@@ -509,6 +516,11 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
     if (g->zero == 3 && ts_plan_grad_ranks(g) > 1)
         printf("zero 3 weight gathers: %.3f ms on the busiest rank's link, %.3f ms exposed\n",
                t->dp_gather, t->gather_exposed);
+    if (ts_config_muon(&cfg->train))
+        printf("muon: Newton-Schulz %.4g GFLOP per step on the busiest owner of %d (%.3f ms), "
+               "tp gathers %.3f ms, of the optimizer's %.3f ms\n",
+               t->muon_ns_flops / 1e9, ts_plan_grad_ranks(g), t->muon_ns, t->muon_gather,
+               t->optimizer);
     print_zero(x, g);
     print_moe(x, r);
     printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,

@@ -57,15 +57,11 @@ int ts_config_muon_ns_steps(const ts_train_config *t)
     return strcmp(t->muon_coefficients, "deepseek_v4") == 0 ? 10 : 5;
 }
 
-/* DeepSeek-V4's hybrid is its fixed 8 + 2 steps, and until Muon's checkpoints are merged a
- * Muon run saves and loads none. Every grid runs it (data/muon_dist.h). */
+/* DeepSeek-V4's hybrid is its fixed 8 + 2 steps. Every grid runs Muon (data/muon_dist.h);
+ * train.allow_optimizer_change is the checkpoint load's (checkpoint/restore.c). */
 ts_status ts_config_validate_muon(const ts_config *cfg)
 {
     const ts_train_config *t = &cfg->train;
-    if (t->allow_optimizer_change)
-        return ts_fail("config key 'train.allow_optimizer_change' = true: checkpoints that "
-                       "record their optimizer (and refuse another one without this key) are "
-                       "being built; remove the key for now");
     /* Under AdamW a given muon_* key is refused by config_inert.c's rules. */
     if (!ts_config_muon(t)) return TS_OK;
     if (strcmp(t->muon_coefficients, "deepseek_v4") == 0 && t->muon_ns_steps != 0 &&
@@ -75,10 +71,5 @@ ts_status ts_config_validate_muon(const ts_config *cfg)
                        "-4.7750, 2.0315) then 2 with (2, -1.5, 0.5), 10 in all; remove "
                        "muon_ns_steps (or set it to 10), or choose \"torch\" or \"quintic\"",
                        t->muon_ns_steps);
-    if (cfg->checkpoint.dir[0] || cfg->checkpoint.load[0])
-        return ts_fail("config key 'train.optimizer' = \"muon\" with checkpoint.%s set: "
-                       "checkpoints of Muon's momentum are being built; for now a Muon run "
-                       "saves and loads none (remove checkpoint.dir and checkpoint.load)",
-                       cfg->checkpoint.dir[0] ? "dir" : "load");
     return TS_OK;
 }

@@ -7,6 +7,7 @@
 
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "optim/muon.h"
 
 void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, int pp_rank,
                          int *peak_acts, int *peak_stash, int *n_recomputed, bool *recomputed)
@@ -266,6 +267,29 @@ static double reduce_copies(const ts_memory_shape *sh, const ts_memory_holdings 
     return zero == 1 ? bucketed : 0.0;
 }
 
+/* Muon's optimizer state (memory.h): AdamW's two moments on the floats that are not Muon
+ * matrices, sharded by ZeRO level as the dense rule does, and one momentum on the Muon
+ * matrices the rank owns. Returns the optimizer bytes; *state_floats the floats of state
+ * (what checkpoint.async copies besides the weights). */
+static double muon_optimizer(const ts_memory_shape *sh, const ts_memory_holdings *h, int zero,
+                             double edp, double *state_floats)
+{
+    const double f = sizeof(float);
+    const double adam = h->param_floats - h->muon_floats;
+    const double xadam = h->expert_floats - h->muon_expert_floats;
+    const double adam_shard = zero < 1      ? adam
+                              : xadam > 0 ? (adam - xadam) / (double)sh->dp + xadam / edp
+                                          : adam / (double)sh->dp;
+    double owned = h->muon_floats;
+    if (sh->dp > 1) {
+        const double mx = h->muon_expert_floats;
+        owned = (h->muon_floats - mx) / (double)sh->dp + mx / edp;
+        if (owned < h->muon_max_floats) owned = h->muon_max_floats;
+    }
+    *state_floats = 2.0 * adam + h->muon_floats;
+    return 2.0 * f * adam_shard + f * owned;
+}
+
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
                     ts_rank_memory *est)
 {
@@ -291,11 +315,16 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     est->params = zero == 3 ? shard * f : floats * (f + wcb);
     est->grads = (zero >= 2 ? shard : floats) * f;
     est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
+    double state = 2.0 * floats;
+    if (h->muon_floats > 0) est->optimizer = muon_optimizer(sh, h, zero, edp, &state);
     if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
-    est->buffers += h->scratch_bytes;
-    /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
-     * of what the pipeline rank holds) while a thread writes them. */
-    if (sh->async_checkpoint) est->buffers += 3.0 * floats * f / (double)sh->dp;
+    est->buffers += h->scratch_bytes + h->muon_buffer_bytes;
+    /* checkpoint.async copies this rank's share of the weights and the optimizer state
+     * (1/dp of what the pipeline rank holds) while a thread writes them. */
+    if (sh->async_checkpoint) {
+        est->buffers += h->muon_floats > 0 ? (floats + state) * f / (double)sh->dp
+                                           : 3.0 * floats * f / (double)sh->dp;
+    }
     /* The replica group's copies are freed before the group sums run (data/reducer.c):
      * the larger of the two is held. */
     est->reduce_copies = sh->host_reductions ? fmax(reduce_copies(sh, h, zero, floats * f),
@@ -377,6 +406,38 @@ static double expert_floats(const ts_model *m)
         x += (double)(end - m->params[p].offset);
     }
     return x;
+}
+
+double ts_memory_muon_buffer_bytes(double logical, double scratch, double split_logical,
+                                   double split_local)
+{
+    return 4.0 * logical + scratch + 4.0 * (split_logical + split_local);
+}
+
+/* Muon's matrices in the layout m (optim/muon.h ts_param_is_muon), each to the next
+ * tensor's start as expert_floats counts: their floats, of those the routed experts'
+ * (with `experts`, an expert grid's own group), the largest, and the buffers. */
+static void muon_floats(const ts_model *m, bool experts, ts_memory_holdings *h)
+{
+    double logical = 0, scratch = 0, split_logical = 0, split_local = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        if (!ts_param_is_muon(m, p)) continue;
+        const ts_param *P = &m->params[p];
+        const size_t end = p + 1 < m->n_params ? m->params[p + 1].offset : m->num_floats;
+        const double f = (double)(end - P->offset);
+        h->muon_floats += f;
+        if (experts && P->expert) h->muon_expert_floats += f;
+        if (f > h->muon_max_floats) h->muon_max_floats = f;
+        const double n = (double)P->shard.shape[0] * (double)P->shard.shape[1];
+        const double sb = (double)ts_muon_scratch_bytes(P->shard.shape[0], P->shard.shape[1]);
+        logical = n > logical ? n : logical;
+        scratch = sb > scratch ? sb : scratch;
+        if (P->shard.parts > 1) {
+            split_logical = n > split_logical ? n : split_logical;
+            split_local = (double)P->numel > split_local ? (double)P->numel : split_local;
+        }
+    }
+    h->muon_buffer_bytes = ts_memory_muon_buffer_bytes(logical, scratch, split_logical, split_local);
 }
 
 static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
@@ -476,6 +537,7 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                                   .n_recomputed = out->n_rc,
                                   .chunk_floats = out->chunk_floats,
                                   .res = sharded ? &out->res : NULL};
+    if (ts_config_muon(&cfg->train)) muon_floats(&m, split, &out->h);
     ts_model_free(&m);
 }
 
@@ -546,21 +608,49 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
                         mc->n_layer + 2, r);
 }
 
-void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
-                            const ts_schedule *s, int pp_rank, double *out)
+/* The parameters' layout of pipeline rank pp_rank (tp rank 0, ep rank 0), nothing
+ * allocated. */
+static void rank_params_layout(const ts_config *cfg, const ts_partition *part,
+                               const ts_schedule *s, int pp_rank, ts_model *m)
 {
     const ts_model_config *mc = &cfg->model;
     bool *owned = ts_calloc((size_t)mc->n_layer + 2, sizeof(bool));
     ts_partition_owned(part, s->chunk_rank, pp_rank, owned);
     const ts_kernels *k = ts_kernels_layout_for(cfg->train.device, cfg->train.precision,
                                                 cfg->train.attention);
-    ts_model m; /* the layout only */
-    ts_model_layout(&m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
-                                         .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
-                                         .ep_size = layout_ep(cfg),
-                                         .etp_size = layout_etp(cfg)});
+    ts_model_layout(m, &(ts_model_spec){.arch = mc, .k = k, .owned = owned,
+                                        .tp = ts_tp_make(cfg->parallel.tp, 0, NULL, k),
+                                        .ep_size = layout_ep(cfg),
+                                        .etp_size = layout_etp(cfg)});
     free(owned);
+}
+
+void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
+                            const ts_schedule *s, int pp_rank, double *out)
+{
+    ts_model m; /* the layout only */
+    rank_params_layout(cfg, part, s, pp_rank, &m);
     layout_chunk_floats(&m, part, s, pp_rank, out);
+    ts_model_free(&m);
+}
+
+void ts_memory_chunk_muon_floats(const ts_config *cfg, const ts_partition *part,
+                                 const ts_schedule *s, int pp_rank, double *out)
+{
+    ts_model m;
+    rank_params_layout(cfg, part, s, pp_rank, &m);
+    for (int c = 0; c < s->n_chunks; c++) {
+        if (ts_chunk_rank(s, c) != pp_rank) continue;
+        out[c] = 0.0;
+        const int l0 = part->first_layer[c], l1 = l0 + part->n_chunk_layers[c];
+        for (int l = l0; l < l1; l++)
+            for (int p = m.layers[l].first_param; p < m.layers[l].first_param + m.layers[l].n_params;
+                 p++) {
+                if (!ts_param_is_muon(&m, p)) continue;
+                const size_t end = p + 1 < m.n_params ? m.params[p + 1].offset : m.num_floats;
+                out[c] += (double)(end - m.params[p].offset);
+            }
+    }
     ts_model_free(&m);
 }
 

@@ -121,6 +121,15 @@ typedef struct {
                                     chunk laid out selective (no attention state) */
     double sel_scratch_bytes;    /* the scratch when some chunk is selective (with the
                                     rebuilt attention state and output) */
+    /* train.optimizer = "muon" (optim/muon.h; all 0 under AdamW): of param_floats, the
+     * Muon matrices' floats as laid out, of those the routed experts' (counted as
+     * expert_floats is: 0 without an expert grid), and the largest matrix's. */
+    double muon_floats, muon_expert_floats, muon_max_floats;
+    /* Muon's device buffers, sized by the rank's largest matrices (optim/muon.h,
+     * data/muon_dist.h): the update of the largest logical matrix, the iteration's
+     * scratch (ts_muon_scratch_bytes), and with tp-split matrices the gathered logical
+     * matrix and one shard, fp32 (ts_memory_muon_buffer_bytes). */
+    double muon_buffer_bytes;
     /* ZeRO-2/3 (zero >= 2 with dp > 1) only; NULL otherwise: */
     const double *chunk_floats; /* floats of each of the rank's chunks in its layout (they
                                    tile the rank's flat buffer: sum = param_floats) */
@@ -139,10 +148,17 @@ typedef struct {
  *   zero 3: params 4S, grads 4S, optimizer 8S, chunk_buffers = max(the step's peak of
  *           (4 + wcb) F_c weight and 4 F_c gradient buffers, (4 + wcb) N: validation and
  *           checkpoint saves gather every chunk at once, outside the step);
+ * under Muon (muon_floats M > 0, MX of them experts, Mmax the largest) the optimizer is
+ * AdamW's 8 bytes on the rest, N - M, sharded as above by level (its expert part over
+ * edp), plus Muon's one fp32 momentum, 4 bytes on the matrices the rank owns: with dp > 1
+ * at every level (each matrix has one owner in its reduction group, MUON_DESIGN) the
+ * busiest owner's max((M - MX) / dp + MX / edp, Mmax), with dp = 1 all of M; and
+ * buffers hold muon_buffer_bytes;
  * each chunk's peak activation sets and
  * stashes, its m pipeline slots and the replay buffers of its recomputed micro-batches
  * (ts_memory_chunk), the scratch, checkpoint.async's
- * copy of the rank's 1/dp share of weights and moments, and the BLAS threads' buffers.
+ * copy of the rank's 1/dp share of weights and moments (Muon: and momentum), and the
+ * BLAS threads' buffers.
  * The one rule both the trainer (ts_memory_estimate) and the planner
  * (plan/model_cost.c) call. */
 void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int pp_rank,
@@ -223,6 +239,17 @@ void ts_memory_residency_of_config(const ts_config *cfg, const ts_partition *par
  * ([n_chunks]; others untouched). */
 void ts_memory_chunk_floats(const ts_config *cfg, const ts_partition *part,
                             const ts_schedule *s, int pp_rank, double *out);
+
+/* Muon's buffers (ts_memory_holdings.muon_buffer_bytes) from the largest logical matrix
+ * (elements), the largest scratch (bytes) and, of the tp-split ones, the largest logical
+ * matrix and the largest shard (elements; 0 without). */
+double ts_memory_muon_buffer_bytes(double logical, double scratch, double split_logical,
+                                   double split_local);
+
+/* The same for the Muon matrices alone (optim/muon.h ts_param_is_muon; whatever
+ * train.optimizer says): what ZeRO-0 under Muon all-gathers after the update. */
+void ts_memory_chunk_muon_floats(const ts_config *cfg, const ts_partition *part,
+                                 const ts_schedule *s, int pp_rank, double *out);
 
 /* "34.2 GiB (parameters 8.6 GiB, gradients 8.6 GiB, ...)" into buf. */
 const char *ts_memory_describe(const ts_rank_memory *e, char *buf, size_t size);

@@ -100,11 +100,18 @@ void ts_local_plan_zero_traffic(const ts_config *cfg, const ts_partition *part,
         ts_kernels_layout_for(cfg->train.device, cfg->train.precision, cfg->train.attention);
     const int eb = (int)ts_dtype_bytes(k->act_dtype);
     ts_zero_traffic_of(zero, dp, s, q, zero == 3 ? &r : NULL, floats, eb, t);
+    /* Muon under ZeRO-0: the all-gather of its updated matrices (zero.h) */
+    double *muon = ts_calloc((size_t)s->n_chunks, sizeof(double));
+    if (ts_config_muon(&cfg->train) && zero == 0 && dp > 1)
+        ts_memory_chunk_muon_floats(cfg, part, s, q, muon);
     for (int c = 0; c < s->n_chunks; c++) {
         if (ts_chunk_rank(s, c) != q) continue;
         gathers[c] = zero == 3 && dp > 1 ? r.gathers[c] : 0;
-        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c], eb);
+        ts_zero_add_muon(t, zero, dp, muon[c]);
+        bytes[c] = ts_zero_chunk_bytes(zero, dp, zero == 3 ? &r : NULL, c, floats[c], eb) +
+                   ts_zero_muon_bytes(zero, dp, muon[c]);
     }
     ts_residency_free(&r);
+    free(muon);
     free(floats);
 }

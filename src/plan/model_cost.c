@@ -670,6 +670,7 @@ void ts_plan_layers_free(ts_plan_layers *L)
                         L->f_att, L->f_cp, L->i_cp, L->f_a2a, L->i_a2a, L->expert_floats};
     for (size_t a = 0; a < sizeof arrays / sizeof *arrays; a++) free(arrays[a]);
     free(L->moe);
+    free(L->muon);
     memset(L, 0, sizeof *L);
 }
 
@@ -696,6 +697,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
 {
     bool *owned = ts_calloc((size_t)L->n_layers, sizeof(bool));
     double floats = 0.0, xfloats = 0.0;
+    ts_plan_muon mu = {0}; /* Muon's matrices (none under AdamW) */
     int head_chunk = -1;
     for (int c = 0; c < sh->n_chunks; c++) {
         if (sh->chunk_rank[c] != q) continue;
@@ -705,6 +707,7 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
             owned[l] = true;
             floats_c[c] += L->param_floats[l];
             xfloats += L->expert_floats[l];
+            if (L->muon) ts_plan_muon_sum(&mu, &L->muon[l]);
             acts[c] += L->act_bytes[l] - (sh->selective ? L->att_bytes[l] : 0.0);
             if (sel_acts) sel_acts[c] += L->act_bytes[l] - L->att_bytes[l];
             stash[c] += L->stash_bytes[l];
@@ -724,6 +727,13 @@ static ts_memory_holdings rank_holdings(const ts_plan_layers *L, const ts_memory
     const bool split = L->ep > 1 || L->etp > 1;
     return (ts_memory_holdings){.param_floats = floats,
                                 .expert_floats = split ? xfloats : 0.0,
+                                .muon_floats = mu.floats, .muon_expert_floats = mu.xfloats,
+                                .muon_max_floats = mu.max_floats,
+                                .muon_buffer_bytes =
+                                    L->muon ? ts_memory_muon_buffer_bytes(
+                                                  mu.max_logical, mu.max_scratch,
+                                                  mu.max_split_logical, mu.max_split_local)
+                                            : 0.0,
                                 .group_sum_copy = group_sum_copy,
                                 .scratch_bytes = L->scratch_bytes +
                                                  (sh->selective ? L->rebuild_bytes : 0.0),

@@ -83,7 +83,9 @@
  * vocabulary rows; the head's rank keeps a copy of a tied embedding when the embedding
  * is elsewhere; an untied head holds its own lm_head), fp32; with bf16 GEMMs (cl->bf16) the
  * parameters add the table's bf16 copy (2 bytes each: fp32 master weights, fp32 gradients
- * and fp32 AdamW moments stay); the two AdamW moments, fp32, 1/dp of them with ZeRO-1;
+ * and fp32 AdamW moments stay); the two AdamW moments, fp32, 1/dp of them with ZeRO-1
+ * (under Muon AdamW's on the other floats and one momentum on the owned matrices:
+ * memory.h);
  * activations = for every chunk, the schedule's peak live micro-batch sets
  * (recompute-aware, as the engine holds them) times the chunk's saved tensors in the
  * table's layout (attention's saved state: the probabilities [B, NH, T, T], or with
@@ -102,6 +104,7 @@
 #include "pipeline/schedule.h"
 #include "plan/cluster.h"
 #include "plan/moe_cost.h"
+#include "plan/muon_cost.h"
 
 /* Per-layer costs and sizes for one (tp, micro_batch). Times in seconds. */
 typedef struct {
@@ -143,6 +146,10 @@ typedef struct {
                                  partner may hide too (sim.h f_comm, i_comm) */
     double *expert_floats;    /* [n_layers] floats of the routed experts' tensors (part of
                                  param_floats), which reduce and shard over edp */
+    /* train.optimizer = "muon" (muon_cost.h; NULL under AdamW): [n_layers] each layer's
+     * Muon matrices, set by the planner after the build (ts_plan_muon_layers) and freed
+     * with the rest */
+    ts_plan_muon *muon;
 } ts_plan_layers;
 
 /* Ring all-reduce of `bytes` over `ranks` ranks on `link` (0 for one rank). */

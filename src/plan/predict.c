@@ -71,6 +71,7 @@ struct ts_plan_ctx {
     bool hide_shared;
     param_entry *params;
     size_t n_params, cap_params;
+    int muon_steps;      /* train.optimizer = "muon": its Newton-Schulz steps; 0: AdamW */
     layers_entry *layers;
     size_t n_layers, cap_layers;
     cache_index layers_index, parts_index, scheds_index;
@@ -95,6 +96,7 @@ ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl)
     x->k = ts_plan_kernels(cfg, cl);
     x->imbalance = 1.0;
     x->hide_shared = true;
+    x->muon_steps = ts_config_muon(&cfg->train) ? ts_config_muon_ns_steps(&cfg->train) : 0;
     return x;
 }
 
@@ -285,6 +287,9 @@ static void layers_build(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_layers *
     ts_plan_layers_build_sized(L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, sub_of(g),
                                g->micro_batch, ts_plan_tp_link(&x->cl, g), ts_plan_grid_cp(g),
                                ts_plan_cp_link(&x->cl, g), &moe, pf);
+    if (x->muon_steps > 0)
+        L->muon = ts_plan_muon_layers(&x->cfg.model, &x->cl, x->k, g->tp, moe.ep, moe.etp,
+                                      x->muon_steps, ts_plan_tp_link(&x->cl, g), moe.etp_link);
 }
 
 /* g's layers' times alone (ts_plan_layers_build_times; the caller frees them). */
@@ -521,6 +526,9 @@ typedef struct {
     double *floats;     /* [n_chunks] as its rank lays them out (memory.h's F_c) */
     double *gather;     /* [n_chunks] ZeRO-3: one all-gather of the chunk's weights (ms) */
     double *opt, *dp_serial;
+    /* [pp] Muon (zero under AdamW): the busiest owner's Newton-Schulz and tp gathers (ms,
+     * part of opt) and its Newton-Schulz FLOPs */
+    double *muon_ns, *muon_gather, *muon_flops;
     const ts_residency *res; /* [pp] ZeRO-2/3, else NULL */
 } chunk_costs;
 
@@ -585,26 +593,64 @@ static double dp_serial_ms(const ts_plan_ctx *x, const ts_plan_grid *g, const pa
     return t;
 }
 
+/* Muon's part of the rank's optimizer (seconds; muon_cost.h) over its matrices mu: the
+ * busiest owner's momentum and update passes, 28 bytes a float it owns (gradient read,
+ * momentum read and written, the iteration's input written and output read, weight read
+ * and written) plus the weight copy, its Newton-Schulz GEMMs and its tp gathers (into
+ * *ns and *gather), and under ZeRO-0 the all-gather of the updated matrices over the
+ * reduction group (experts: edp), which ZeRO-1/2's parameter all-gather otherwise does. */
+static double muon_s(const ts_plan_ctx *x, const ts_plan_grid *g, const ts_plan_muon *mu,
+                     double *ns, double *gather)
+{
+    const int r = ts_plan_grad_ranks(g), e = ts_plan_grid_edp(g);
+    const bool owners = r > 1; /* one rank: every matrix is its own */
+    const double owned = owners ? ts_plan_muon_owner_share(mu->floats - mu->xfloats, mu->xfloats,
+                                                           mu->max_floats, r, e)
+                                : mu->floats;
+    *ns = owners ? ts_plan_muon_owner_share(mu->time - mu->xtime, mu->xtime, mu->max_time, r, e)
+                 : mu->time;
+    *gather = owners ? ts_plan_muon_owner_share(mu->gather - mu->xgather, mu->xgather, 0.0, r, e)
+                     : mu->gather;
+    double t = owned * (28.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth + *ns + *gather;
+    if (g->zero == 0 && owners && mu->floats > 0) {
+        const ts_link l = ts_plan_dp_link(&x->cl, g);
+        t += ((r - 1.0) / r * (mu->floats - mu->xfloats) + (e - 1.0) / e * mu->xfloats) * 4.0 /
+                 l.bandwidth +
+             (r - 1.0) * l.latency;
+    }
+    return t;
+}
+
 /* The rank's optimizer (ms): AdamW over its parameters' shard; ZeRO-1 and 2's all-gather
  * of the updated parameters (ZeRO-3 gathers each chunk when the next step needs it).
- * xfloats of floats are routed experts', sharded and gathered over edp instead. */
-static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double floats,
-                           double xfloats)
+ * xfloats of floats are routed experts', sharded and gathered over edp instead. Under
+ * Muon (mu non-NULL) AdamW covers the floats that are not Muon matrices, and muon_s adds
+ * Muon's part (its Newton-Schulz and gathers into *ns_ms, *gather_ms). */
+static double optimizer_ms(const ts_plan_ctx *x, const ts_plan_grid *g, double all_floats,
+                           double all_xfloats, const ts_plan_muon *mu, double *ns_ms,
+                           double *gather_ms)
 {
     const double r = ts_plan_grad_ranks(g); /* ZeRO shards over dp * cp */
     const double e = ts_plan_grid_edp(g);
+    const double floats = mu ? all_floats - mu->floats : all_floats;
+    const double xfloats = mu ? all_xfloats - mu->xfloats : all_xfloats;
     const double shard = g->zero < 1 ? floats
                          : xfloats > 0 ? (floats - xfloats) / r + xfloats / e
                                        : floats / r;
     double t = shard * (36.0 + x->k->weight_copy_bytes) / x->cl.memory_bandwidth;
+    double ns = 0.0, gather = 0.0;
+    if (mu) t += muon_s(x, g, mu, &ns, &gather);
+    *ns_ms = ns * 1e3;
+    *gather_ms = gather * 1e3;
     if ((g->zero == 1 || g->zero == 2) && r > 1) {
         const ts_link l = ts_plan_dp_link(&x->cl, g);
         const double k = r - 1.0;
-        if (xfloats > 0)
-            t += (k / r * (floats - xfloats) + (e - 1.0) / e * xfloats) * 4.0 / l.bandwidth +
+        if (all_xfloats > 0)
+            t += (k / r * (all_floats - all_xfloats) + (e - 1.0) / e * all_xfloats) * 4.0 /
+                     l.bandwidth +
                  k * l.latency;
         else
-            t += k / r * floats * 4.0 / l.bandwidth + k * l.latency;
+            t += k / r * all_floats * 4.0 / l.bandwidth + k * l.latency;
     }
     return t * 1e3;
 }
@@ -683,14 +729,28 @@ static void chunk_costs_make(const ts_plan_ctx *x, const ts_plan_layers *L, cons
     }
     cc->opt = ts_malloc(sizeof(double) * (size_t)g->pp);
     cc->dp_serial = ts_malloc(sizeof(double) * (size_t)g->pp);
+    cc->muon_ns = ts_calloc((size_t)g->pp, sizeof(double));
+    cc->muon_gather = ts_calloc((size_t)g->pp, sizeof(double));
+    cc->muon_flops = ts_calloc((size_t)g->pp, sizeof(double));
     for (int q = 0; q < g->pp; q++) {
         double floats = 0.0, xfloats = 0.0;
+        ts_plan_muon mu = {0};
         for (int c = 0; c < n; c++)
             if (chunk_rank[c] == q) {
                 floats += cc->dp_floats[c];
                 xfloats += cc->dp_xfloats[c];
+                for (int l = p->first[c]; L->muon && l < p->first[c] + p->sizes[c]; l++)
+                    ts_plan_muon_sum(&mu, &L->muon[l]);
             }
-        cc->opt[q] = optimizer_ms(x, g, floats, xfloats);
+        cc->opt[q] = optimizer_ms(x, g, floats, xfloats, L->muon ? &mu : NULL, &cc->muon_ns[q],
+                                  &cc->muon_gather[q]);
+        if (L->muon) {
+            const int r = ts_plan_grad_ranks(g);
+            cc->muon_flops[q] = r > 1 ? ts_plan_muon_owner_share(mu.flops - mu.xflops, mu.xflops,
+                                                                 mu.max_flops, r,
+                                                                 ts_plan_grid_edp(g))
+                                      : mu.flops;
+        }
         cc->dp_serial[q] = dp_serial_ms(x, g, p, cc, chunk_rank, q);
     }
 }
@@ -712,6 +772,9 @@ static void chunk_costs_free(chunk_costs *cc)
     free(cc->moe);
     free(cc->opt);
     free(cc->dp_serial);
+    free(cc->muon_ns);
+    free(cc->muon_gather);
+    free(cc->muon_flops);
 }
 
 static ts_memory_shape mem_shape(const ts_plan_ctx *x, const ts_plan_grid *g,
@@ -828,11 +891,17 @@ void ts_plan_zero_of(ts_plan_ctx *x, const ts_plan_grid *g, int q, ts_zero_traff
                        eb, t);
     for (int c = 0; c < n; c++) {
         if (ts_chunk_rank(&se->s, c) != q) continue;
+        /* Muon under ZeRO-0: the all-gather of the chunk's matrices after the update */
+        double muon = 0.0;
+        for (int l = p->first[c]; L->muon && l < p->first[c] + p->sizes[c]; l++)
+            muon += L->muon[l].floats;
+        ts_zero_add_muon(t, g->zero, ts_plan_grad_ranks(g), muon);
         if (gathers) gathers[c] = res ? res[q].gathers[c] : 0;
         if (chunk_bytes)
             chunk_bytes[c] =
                 ts_zero_chunk_bytes(g->zero, ts_plan_grad_ranks(g), res ? &res[q] : NULL, c,
-                                    floats[c], eb);
+                                    floats[c], eb) +
+                ts_zero_muon_bytes(g->zero, ts_plan_grad_ranks(g), muon);
     }
     free(floats);
 }
@@ -914,7 +983,9 @@ static void estimate_with(ts_plan_ctx *x, const ts_plan_layers *L, const part_en
             const double a2a_exposed = mt[MOE_A2A] - mt[MOE_HIDDEN];
             r->terms = (ts_plan_terms){.compute = busy - tp - cpx - rc, .recompute = rc,
                                        .tp_comm = tp, .cp_comm = cpx, .optimizer = opt,
-                                       .pp_comm = hop};
+                                       .pp_comm = hop, .muon_ns = cc->muon_ns[q],
+                                       .muon_gather = cc->muon_gather[q],
+                                       .muon_ns_flops = cc->muon_flops[q]};
             if (x->cfg.model.moe_experts > 0) {
                 /* The exposed exchanges and the etp collectives are communication. */
                 r->terms.compute -= a2a_exposed + mt[MOE_ETP];
@@ -974,8 +1045,13 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     const double per_param = zero == 3   ? 16.0 / dp
                              : zero == 2 ? 4.0 + wcb + 12.0 / dp
                                          : 4.0 + wcb + 4.0 + 8.0 / (zero == 1 ? dp : 1.0);
+    /* Muon's matrices hold one momentum, owned 1/dp at least, instead of AdamW's two
+     * moments (8 bytes, 1/dp of them with ZeRO): a floor keeps only that. */
+    double muon = 0.0;
+    for (int l = 0; L->muon && l < L->n_layers; l++) muon += L->muon[l].floats;
+    const double saved = muon * (8.0 / (zero >= 1 ? dp : 1.0) - 4.0 / dp);
     const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
-    return (floats * per_param + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
+    return (floats * per_param - saved + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
 }
 
 /* The layers' work of a floor: their forward, input- and weight-gradient time less

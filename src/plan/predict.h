@@ -104,7 +104,11 @@ typedef struct {
                            and reduce-scatters) */
     double cp_comm;     /* context parallelism's K/V all-gathers and dK/dV reduce-scatters
                            (blocking), recomputed forwards' gathers in recompute */
-    double optimizer;   /* AdamW (and ZeRO-1's parameter all-gather) */
+    double optimizer;   /* AdamW (and ZeRO-1's parameter all-gather); under Muon also
+                           its momentum, Newton-Schulz and gathers (muon_cost.h) */
+    double muon_ns;     /* of optimizer, Muon's Newton-Schulz GEMMs on the busiest owner */
+    double muon_gather; /* of optimizer, its tp (etp) gathers of split matrices */
+    double muon_ns_flops; /* (not ms) the busiest owner's Newton-Schulz FLOPs per step */
     double bubble;      /* idle: step less the busiest rank's work */
     double dp_exposed;  /* the dp reduction the step waits for */
     double dp_reduction;/* the dp lane's busy time (mostly hidden) */

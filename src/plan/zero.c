@@ -42,3 +42,16 @@ void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_
     }
     t->bytes = t->gather_bytes + t->reduce_bytes + t->allgather_bytes;
 }
+
+double ts_zero_muon_bytes(int zero, int dp, double muon_floats)
+{
+    if (zero != 0 || dp <= 1) return 0.0;
+    return (dp - 1.0) / dp * 4.0 * muon_floats;
+}
+
+void ts_zero_add_muon(ts_zero_traffic *t, int zero, int dp, double muon_floats)
+{
+    const double b = ts_zero_muon_bytes(zero, dp, muon_floats);
+    t->allgather_bytes += b;
+    t->bytes += b;
+}

@@ -10,7 +10,11 @@
  *     schedule implies, two per chunk with looped-bfs but the last, one with 1F1B) and
  *     one gradient reduce-scatter, (gathers[c] e + 4) F_c (dp-1)/dp; no all-gather
  *     after the optimizer (the next step gathers).
- * With dp = 1 there is none. */
+ * With dp = 1 there is none. Under Muon (plan/muon_cost.h) ZeRO-0 adds the all-gather of
+ * the Muon matrices the owners updated, (dp-1)/dp 4M for the rank's M floats of them
+ * (ts_zero_muon_bytes, counted in allgather_bytes); the other levels move them already.
+ * (Routed experts' matrices are counted over dp here too; the optimizer's time prices
+ * their gather as a ring over edp: predict.c muon_s.) */
 #ifndef TS_PLAN_ZERO_H
 #define TS_PLAN_ZERO_H
 
@@ -22,7 +26,8 @@ typedef struct {
     int reductions;        /* gradient reductions per step: one per chunk */
     double gather_bytes;   /* what the gathers send */
     double reduce_bytes;   /* what the gradient reductions send */
-    double allgather_bytes;/* zero 1, 2: the parameter all-gather after the optimizer */
+    double allgather_bytes;/* zero 1, 2: the parameter all-gather after the optimizer;
+                              zero 0 under Muon: its matrices' (ts_zero_muon_bytes) */
     double bytes;          /* the sum */
 } ts_zero_traffic;
 
@@ -35,5 +40,11 @@ void ts_zero_traffic_of(int zero, int dp, const ts_schedule *s, int q, const ts_
  * reduction send. */
 double ts_zero_chunk_bytes(int zero, int dp, const ts_residency *res, int c, double floats,
                            int gather_elem_bytes);
+
+/* Muon under ZeRO-0 with dp > 1: the bytes of the all-gather of muon_floats updated
+ * Muon matrices, (dp-1)/dp 4 muon_floats; 0 otherwise. */
+double ts_zero_muon_bytes(int zero, int dp, double muon_floats);
+/* The same added to t's allgather_bytes and bytes (a chunk's to its bytes by the caller). */
+void ts_zero_add_muon(ts_zero_traffic *t, int zero, int dp, double muon_floats);
 
 #endif

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -239,7 +240,8 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     if (!found) return TS_OK;
     ts_host_broadcast(world, t->loaded_from, sizeof t->loaded_from, 0);
     const double t0 = ts_now_ms();
-    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim, .world = world};
+    ts_ckpt_load_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
+                           .muon = t->use_muon ? &t->muon : NULL, .world = world};
     /* ZeRO-3: the files hold whole tensors; read into every chunk's buffer, then keep
      * this rank's pieces (a transient of the rank's full weights). */
     ts_zero_materialize(&t->zero, TS_ZERO_ALLOCATE);
@@ -311,7 +313,16 @@ ts_status ts_trainer_finish_save(ts_trainer *t)
     if (st != TS_OK) return TS_ERR;
     double blocked = t->saving_blocked_ms + ms, total = ts_now_ms() - t->saving_t0_ms;
     ts_host_allreduce_max_f64(&t->groups->world, &blocked, 1);
-    const double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
+    /* The weights and the optimizer state: AdamW's two moments, a Muon matrix's one
+     * momentum (layout.h). */
+    double bytes = 3.0 * (double)ts_model_logical_params(&t->cfg.model) * sizeof(float);
+    if (ts_config_muon(&t->cfg.train)) {
+        ts_ckpt_layout L;
+        ts_ckpt_layout_build(&L, &t->cfg.model, t->cfg.checkpoint.file_gb, true);
+        for (int p = 0; p < L.n_logical; p++)
+            if (L.muon[p]) bytes -= (double)ts_ckpt_entry_of(&L, TS_CK_EXP_AVG, p)->bytes;
+        ts_ckpt_layout_free(&L);
+    }
     if (t->groups->world.rank == 0)
     {
         if (t->saving_async)
@@ -356,9 +367,9 @@ ts_status ts_trainer_claim_checkpoint_dir(ts_trainer *t)
     return ts_comm_agree(&t->groups->world, st);
 }
 
-/* Whether every rank's weights and AdamW moments are finite (collective). Their sums in
- * double: a float input cannot overflow them, so only an inf or a NaN makes one
- * non-finite. */
+/* Whether every rank's weights and optimizer state (AdamW's moments, Muon's momentum)
+ * are finite (collective). Their sums in double: a float input cannot overflow them, so
+ * only an inf or a NaN makes one non-finite. */
 static bool state_finite(ts_trainer *t)
 {
     const ts_kernels *k = t->k;
@@ -372,6 +383,7 @@ static bool state_finite(ts_trainer *t)
         k->sum_into(acc, t->optim.m, t->optim.n_floats);
         k->sum_into(acc, t->optim.v, t->optim.n_floats);
     }
+    if (t->use_muon && t->muon.n_floats > 0) k->sum_into(acc, t->muon.momentum, t->muon.n_floats);
     k->memcpy_d2h(&sum, acc, sizeof sum);
     k->dev_free(acc);
     int bad = !isfinite(sum);
@@ -398,7 +410,7 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_blend cursor = t->train_data.blend;
     ts_blend_seek(&cursor, (uint64_t)step * (uint64_t)t->cfg.train.global_batch);
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
-                           .world = &t->groups->world, .replica = t->groups->replica.rank,
+                           .muon = t->use_muon ? &t->muon : NULL, .world = &t->groups->world, .replica = t->groups->replica.rank,
                            .replicas = t->groups->replica.size,
                            .expert_replica = t->groups->edp.rank,
                            .expert_replicas = t->groups->edp.size,
