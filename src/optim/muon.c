@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
 
 /* Keller Jordan's (torch.optim.Muon's defaults), the per-step quintic set and
  * DeepSeek-V4's closing pair (docs/REFERENCES "Muon"). */

@@ -20,8 +20,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
-#include "kernels/kernels.h"
-#include "model/model.h"
+#include "model/model.h" /* with kernels/kernels.h: the backend table */
 
 /* torch.optim.Muon's limit on the iteration's steps (train.muon_ns_steps <= 99). */
 #define TS_MUON_MAX_NS_STEPS 99

@@ -96,6 +96,20 @@ void ts_cuda_adamw_update(float *param, const float *grad, float grad_scale, flo
                           size_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int t);
 
+/* ---- Muon (muon.cu): its GEMM per precision, the elementwise steps for both */
+void ts_cuda_gemm_f32(float *c, const void *a, const void *b, int M, int N, int K, bool ta,
+                      bool tb, float alpha, float beta);
+void ts_cuda_bf16_gemm(float *c, const void *a, const void *b, int M, int N, int K, bool ta,
+                       bool tb, float alpha, float beta);
+void ts_cuda_muon_momentum(float *u, float *buf, const float *grad, float grad_scale, size_t n,
+                           float mu, int nesterov);
+void ts_cuda_muon_apply(float *param, const float *o, size_t n, float decay, float lr_scaled,
+                        double *acc);
+void ts_cuda_adamw_delta_sq_spans(double *acc, const float *param, const float *m,
+                                  const float *v, const ts_adamw_span *spans, int n_spans,
+                                  float lr, float beta1, float beta2, float eps,
+                                  float weight_decay, int t);
+
 /* ---- the mixture-of-experts router's slots, fp32 and int32 only: one function for both
  * precisions (moe.cu) */
 void ts_cuda_moe_route_forward(const ts_moe_routing *r, float *scores, int *topk_idx,

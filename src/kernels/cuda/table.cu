@@ -90,6 +90,10 @@ static constexpr ts_kernels fp32_table = {
     .xent_vp_stats = ts_cuda_xent_vp_stats,
     .xent_vp_sumexp = ts_cuda_xent_vp_sumexp,
     .xent_vp_finish = ts_cuda_xent_vp_finish,
+    .gemm = ts_cuda_gemm_f32,
+    .muon_momentum = ts_cuda_muon_momentum,
+    .muon_apply = ts_cuda_muon_apply,
+    .adamw_delta_sq_spans = ts_cuda_adamw_delta_sq_spans,
 };
 
 /* The fp32 table with bf16 activations: every slot that takes an activation is its
@@ -139,6 +143,7 @@ static constexpr ts_kernels with_bf16_slots(ts_kernels k)
     k.xent_vp_stats = ts_cuda_bf16_xent_vp_stats;
     k.xent_vp_sumexp = ts_cuda_bf16_xent_vp_sumexp;
     k.xent_vp_finish = ts_cuda_bf16_xent_vp_finish;
+    k.gemm = ts_cuda_bf16_gemm;
     return k;
 }
 
