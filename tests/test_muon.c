@@ -5,8 +5,10 @@
  * cannot touch), and under bf16 (the CPU's oneDNN table, where this CPU runs it: skipped
  * otherwise) within bf16's tolerance; the scales, the cost, the coefficient sets'
  * configs; which parameters are Muon's in a DeepSeek-shaped model with MLA, MoE and MTP
- * and in GPT-2; and the elementwise kernels against their formulas. Measured (fp32): max
- * relative error 3e-6 against double; bf16: 1.5e-2. */
+ * and in GPT-2; and the elementwise kernels against their formulas. The error is
+ * ||X - ref||_F / ||ref||_F: measured 8.3e-7 in fp32 (tolerance 1e-5); bf16 operands
+ * (the iterate fp32) give up to 2.4e-2 in a float emulation of the same rounding
+ * (torch, 36 matrices), tolerance 8e-2: a wrong stride or transpose gives O(1). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +79,7 @@ static ts_muon_config config_of(const char *set, int steps)
     return c;
 }
 
-/* Max |x - ref| / max |ref| of ts_muon_orthogonalize on k for one matrix. */
+/* ||x - ref||_F / ||ref||_F of ts_muon_orthogonalize on k for one matrix. */
 static double orthogonalize_error(const ts_kernels *k, const ts_muon_config *c, int rows, int cols,
                                   unsigned seed)
 {
@@ -97,13 +99,13 @@ static double orthogonalize_error(const ts_kernels *k, const ts_muon_config *c, 
     k->memcpy_d2h(h, x, n * sizeof(float));
     double err = 0, mx = 0;
     for (size_t i = 0; i < n; i++) {
-        err = fmax(err, fabs(h[i] - ref[i]));
-        mx = fmax(mx, fabs(ref[i]));
+        err += (h[i] - ref[i]) * (h[i] - ref[i]);
+        mx += ref[i] * ref[i];
     }
     k->dev_free(scratch);
     k->dev_free(x);
     free(h), free(g), free(ref);
-    return err / mx;
+    return sqrt(err / mx);
 }
 
 static void test_orthogonalize(const ts_kernels *k, double tol)
@@ -291,7 +293,7 @@ static int run_cuda(void)
     test_orthogonalize(&ts_kernels_cuda, 1e-5);
     test_elementwise(&ts_kernels_cuda);
     test_adamw_delta(&ts_kernels_cuda);
-    test_orthogonalize(&ts_kernels_cuda_bf16, 5e-2);
+    test_orthogonalize(&ts_kernels_cuda_bf16, 8e-2);
     return ts_test_report();
 #else
     printf("test_muon cuda: a build without CUDA: skipped\n");
@@ -310,7 +312,7 @@ int main(int argc, char **argv)
     test_elementwise(&ts_kernels_cpu_strict);
     test_adamw_delta(&ts_kernels_cpu_strict);
     if (ts_cpu_bf16_supported())
-        test_orthogonalize(&ts_kernels_cpu_bf16, 5e-2);
+        test_orthogonalize(&ts_kernels_cpu_bf16, 8e-2);
     else
         printf("cpu-bf16: skipped (this CPU lacks AVX512_BF16 and AMX-BF16)\n");
     return ts_test_report();

@@ -41,6 +41,15 @@ void ts_trainer_optimizer_init(ts_trainer *t)
     ts_muon_dist_init(&t->muon_dist, &t->muon, &t->model, &t->cfg.train, &t->reducer, &t->zero,
                       t->model.tp.size > 1 ? &t->groups->tp : NULL,
                       t->model.moe_etp > 1 ? &t->groups->etp : NULL);
+    if (t->groups->world.rank != 0) return;
+    const ts_muon_config *c = &t->muon.cfg;
+    const bool mine = t->part.n_chunks > 1 || t->groups->world.size > 1;
+    ts_log_info("optimizer muon: %d matrices (%.3gM floats%s) on Muon (momentum %g%s, %d "
+                "Newton-Schulz steps of the %s set, scale %s), AdamW on the other %.3gM",
+                t->muon.n, (double)t->muon.n_floats / 1e6, mine ? " owned by this rank" : "",
+                c->momentum, c->nesterov ? ", Nesterov" : "", c->ns_steps,
+                t->cfg.train.muon_coefficients, t->cfg.train.muon_scale,
+                (double)t->optim.n_floats / 1e6);
     log_owners(t);
 }
 
