@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "core/log.h"
+#include "core/timer.h"
 #include "train/internal.h"
 
 /* Rank 0's start-up line: the Newton-Schulz balance the owner-aligned cuts reached over
@@ -59,7 +60,9 @@ void ts_trainer_optimizer_step(ts_trainer *t, double lr, float grad_scale, int s
     ts_adamw_step(&t->optim, &t->model, tc, lr, grad_scale, step1);
     if (!t->use_muon) return;
     double sums[4] = {0.0, 0.0, 0.0, 0.0}; /* Muon's squares and floats, AdamW's */
+    const double t0 = ts_now_ms();
     sums[0] = ts_muon_dist_step(&t->muon_dist, &t->model, tc, lr, grad_scale);
+    out->muon_ms = ts_now_ms() - t0; /* the sum's read-back waited for the device */
     sums[1] = (double)t->muon.count_floats;
     /* AdamW's group once over the grid, as the norm counts it: every rank its own ZeRO
      * pieces, or replica rank 0 the replicated state. No edp rule: every expert tensor is

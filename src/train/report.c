@@ -328,10 +328,13 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     }
     if (s->mtp_depths > 0) snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "]");
     /* Muon: the update RMS of its matrices and of AdamW's group. */
-    char upd[96] = "";
+    char upd[192];
+    snprintf(upd, sizeof upd, ",\"optim_ms\":%.3f,\"optim_gather_ms\":%.3f", s->optim_ms,
+             s->optim_gather_ms);
     if (s->muon)
-        snprintf(upd, sizeof upd, ",\"update_rms_muon\":%.6g,\"update_rms_adamw\":%.6g",
-                 s->update_rms_muon, s->update_rms_adamw);
+        snprintf(upd + strlen(upd), sizeof upd - strlen(upd),
+                 ",\"update_rms_muon\":%.6g,\"update_rms_adamw\":%.6g,\"muon_ms\":%.3f",
+                 s->update_rms_muon, s->update_rms_adamw, s->muon_ms);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"

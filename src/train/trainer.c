@@ -371,10 +371,14 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     double lr = ts_lr_schedule_at(&t->lr_schedule, step);
     out->muon = t->use_muon;
     out->update_rms_muon = out->update_rms_adamw = 0.0;
+    out->muon_ms = 0.0;
+    double gather_ms = 0.0;
     if (!out->skipped) {
         ts_trainer_optimizer_step(t, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1, out);
         if (t->reducer.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
+        const double g0 = ts_now_ms();
         ts_zero_gather_params(&t->zero);
+        gather_ms = ts_now_ms() - g0;
         ts_model_refresh_compute(&t->model); /* bf16: the next step's compute weights */
     }
     double t3 = ts_now_ms();
@@ -395,15 +399,20 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
-    double comm_ms[5] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
-                         t->cp_busy_ms, out->a2a_ms, out->a2a_wait_ms};
-    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 5);
+    /* The optimizer's times too (metrics: optim_ms, optim_gather_ms, muon_ms). */
+    double comm_ms[8] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
+                         t->cp_busy_ms, out->a2a_ms, out->a2a_wait_ms, t3 - t2, gather_ms,
+                         out->muon_ms};
+    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 8);
     out->dp_wait_ms = comm_ms[0];
     out->dp_bytes = t->groups->replica.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     out->tp_comm_ms = comm_ms[1];
     out->cp_comm_ms = comm_ms[2];
     out->a2a_ms = comm_ms[3];
     out->a2a_wait_ms = comm_ms[4];
+    out->optim_ms = comm_ms[5];
+    out->optim_gather_ms = comm_ms[6];
+    out->muon_ms = comm_ms[7];
 }
 
 double ts_trainer_eval(ts_trainer *t, double *mtp_loss)

@@ -60,6 +60,12 @@ typedef struct {
      * grid (0 for a skipped step). */
     bool muon;
     double update_rms_muon, update_rms_adamw;
+    /* The optimizer's time (the longest rank's): from the end of the gradient reduction to
+     * the updated weights (the trace's "optim" span: the norm, AdamW, Muon, the gathers
+     * after the update), of it the parameter gathers after the update, and Muon's
+     * momentum, Newton-Schulz and update of the matrices a rank owns (tp gathers of split
+     * matrices included; 0 without Muon). */
+    double optim_ms, optim_gather_ms, muon_ms;
     const int *moe_counts; /* [blocks * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
