@@ -37,6 +37,8 @@
 #   LRS_MUON="a b ..."   Muon's (default "2e-3 4e-3 8e-3 1.6e-2 3.2e-2 6.4e-2")
 #   SWEEP=N LOSS_STEPS=N   (default 150 and 500)
 #   SVG=PATH        the plot (default bench/muon_loss.svg)
+#   RUNS="..."      the speed part's trainer runs (default all: adamw1 muon1 muon1t1
+#                   adamw2z0 muon2z0 adamw2z1 muon2z1; a rerun of some when others were loud)
 #   KEEP=DIR        keep every run's files there; a loss run whose metrics there are
 #                   complete (the last step's validation line) is reused, not rerun
 set -euo pipefail
@@ -89,6 +91,7 @@ step_once() {
 # step_row NAME LABEL: a row of the step table from a run's metrics (medians over steps 1..)
 step_row() {
   local f="$tmp/$1.jsonl" o m g s
+  [ -f "$f" ] || return 0
   o=$(med optim_ms "$f" 1); g=$(med optim_gather_ms "$f" 1); s=$(med step_ms "$f" 1)
   m=$(med muon_ms "$f" 1); m="${m:--}"
   echo "$o" >"$tmp/$1.optim"; echo "$m" >"$tmp/$1.muon"; echo "$g" >"$tmp/$1.gather"
@@ -115,12 +118,13 @@ speed() {
   echo
   echo "## Newton-Schulz against the sgemm ceiling (bench_muon, ns_steps 5, medians of 5)"
   echo
+  local me=$BASHPID t
   for t in 2 1; do
     wait_quiet "$QUIET_S" >/dev/null
     "$build/bench/bench_sgemm" "$t" --json | grep -o '"sgemm_gflops": *[0-9.]*' | grep -o '[0-9.]*$' >"$tmp/ceil$t"
-    m0=$(cpu_mark $BASHPID)
+    m0=$(cpu_mark "$me")
     "$build/bench/bench_muon" "$t" --json --reps 5 >"$tmp/ns$t.json"
-    m1=$(cpu_mark $BASHPID)
+    m1=$(cpu_mark "$me")
     others_pct "$m0" "$m1" >"$tmp/ns$t.others"
   done
   echo "| threads | matrix | GFLOP | iteration ms | GFLOP/s | of sgemm | its GEMMs alone ms | GFLOP/s | of sgemm |"
@@ -144,13 +148,19 @@ speed() {
              v["model_gemms_ms"], v["gemm_gflops"], o }'
   done
 
-  timed adamw1 step_once adamw1 1 2 0 adamw
-  timed muon1 step_once muon1 1 2 0 muon
-  timed muon1t1 step_once muon1t1 1 1 0 muon
-  timed adamw2z0 step_once adamw2z0 2 1 0 adamw
-  timed muon2z0 step_once muon2z0 2 1 0 muon
-  timed adamw2z1 step_once adamw2z1 2 1 1 adamw
-  timed muon2z1 step_once muon2z1 2 1 1 muon
+  local runs="${RUNS:-adamw1 muon1 muon1t1 adamw2z0 muon2z0 adamw2z1 muon2z1}" r
+  for r in $runs; do
+    case "$r" in
+      adamw1) timed adamw1 step_once adamw1 1 2 0 adamw ;;
+      muon1) timed muon1 step_once muon1 1 2 0 muon ;;
+      muon1t1) timed muon1t1 step_once muon1t1 1 1 0 muon ;;
+      adamw2z0) timed adamw2z0 step_once adamw2z0 2 1 0 adamw ;;
+      muon2z0) timed muon2z0 step_once muon2z0 2 1 0 muon ;;
+      adamw2z1) timed adamw2z1 step_once adamw2z1 2 1 1 adamw ;;
+      muon2z1) timed muon2z1 step_once muon2z1 2 1 1 muon ;;
+      *) echo "muon.sh: no run $r" >&2; exit 2 ;;
+    esac
+  done
   echo
   echo "## The optimizer step (trainer metrics, ms, medians of steps 1-$STEPS; 124M-shaped Llama, 64 tokens a replica)"
   echo
@@ -179,6 +189,7 @@ speed() {
       "$(jget "$tmp/tmuon16.json" median_ms "$x16")" "$(jget "$tmp/tmuon16.json" ns_ms "$x16")" "$(cat "$tmp/tmuon16.others")"
   fi
   echo
+  for r in muon1t1 muon2z0 muon2z1 adamw2z0 adamw2z1; do [ -f "$tmp/$r.optim" ] || return 0; done
   awk -v m1="$(cat "$tmp/muon1t1.muon")" -v m2="$(cat "$tmp/muon2z0.muon")" -v m2b="$(cat "$tmp/muon2z1.muon")" \
       -v o2="$(cat "$tmp/muon2z0.optim")" -v a2="$(cat "$tmp/adamw2z0.optim")" \
       -v g2="$(cat "$tmp/muon2z0.gather")" -v ga2="$(cat "$tmp/adamw2z0.gather")" \
