@@ -127,6 +127,11 @@ bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *
 #define ESTIMATE() \
     auto_estimate(s, sh, &held, pp_rank, room, keep, peak_acts, peak_stash, n_recomputed, est)
     bool fits = ESTIMATE();
+    /* The chunk buffers follow from the chunks' floats and the residency alone, which no
+     * step below changes: counted once (ts_residency_peak_bytes per estimate was half
+     * the time of a large search's "auto" grids). */
+    held.chunk_buffers_known = true;
+    held.chunk_buffer_bytes = est->chunk_buffers;
     /* 1. Chunks go selective, the one saving the most first (the caps are the peaks). */
     if (!fits && may_select) {
         const double none_total = est->total;
@@ -291,7 +296,9 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     est->params = zero == 3 ? shard * f : floats * (f + wcb);
     est->grads = (zero >= 2 ? shard : floats) * f;
     est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
-    if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
+    if (zero >= 2)
+        est->chunk_buffers =
+            h->chunk_buffers_known ? h->chunk_buffer_bytes : chunk_buffers(sh, h, zero, pp_rank);
     est->buffers += h->scratch_bytes;
     /* checkpoint.async copies this rank's share of the weights and both moments (1/dp
      * of what the pipeline rank holds) while a thread writes them. */

@@ -125,6 +125,11 @@ typedef struct {
     const double *chunk_floats; /* floats of each of the rank's chunks in its layout (they
                                    tile the rank's flat buffer: sum = param_floats) */
     const ts_residency *res;    /* the rank's residency (ts_memory_residency) */
+    /* ZeRO-2/3's chunk buffers when already counted for these chunk floats and residency
+     * (they depend on nothing else): ts_memory_auto_keep_selective's later estimates of
+     * the same rank reuse its first's; false: counted afresh. */
+    bool chunk_buffers_known;
+    double chunk_buffer_bytes;
 } ts_memory_holdings;
 
 /* The memory of pipeline rank pp_rank: parameters and gradients (fp32, plus the weight
