@@ -63,6 +63,36 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
     free(rec);
 }
 
+void ts_peak_memo_init(ts_peak_memo *pm, const ts_schedule *s)
+{
+    *pm = (ts_peak_memo){.n_chunks = s->n_chunks, .m = s->m, .pp = s->pp};
+    pm->rows = ts_calloc((size_t)s->pp * (size_t)(s->m + 1), sizeof(int *));
+}
+
+void ts_peak_memo_free(ts_peak_memo *pm)
+{
+    for (size_t k = 0; pm->rows && k < (size_t)pm->pp * (size_t)(pm->m + 1); k++)
+        free(pm->rows[k]);
+    free(pm->rows);
+    memset(pm, 0, sizeof *pm);
+}
+
+/* The row of cap k on rank q: ts_memory_peak_sets with every chunk's cap k. */
+static const int *peak_row(ts_peak_memo *pm, const ts_schedule *s, int q, int k)
+{
+    int **row = &pm->rows[(size_t)q * (size_t)(pm->m + 1) + (size_t)k];
+    if (!*row) {
+        const int n = pm->n_chunks;
+        *row = ts_calloc(3 * (size_t)n, sizeof(int));
+        int *caps = ts_malloc(sizeof(int) * (size_t)n);
+        for (int c = 0; c < n; c++) caps[c] = k;
+        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, caps, q, *row, *row + n, *row + 2 * n,
+                            NULL);
+        free(caps);
+    }
+    return *row;
+}
+
 /* The estimate of rank pp_rank under caps keep: the peaks and counts into the holdings'
  * arrays (held's), then ts_memory_rank. Whether it fits room. */
 static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
@@ -70,8 +100,23 @@ static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
                           const int *keep, int *peak_acts, int *peak_stash, int *n_recomputed,
                           ts_rank_memory *est)
 {
-    ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
-                        n_recomputed, NULL);
+    ts_peak_memo *pm = held->peak_memo;
+    bool memo = pm && pm->n_chunks == s->n_chunks && pm->m == s->m && pm->pp == s->pp;
+    for (int c = 0; memo && c < s->n_chunks; c++)
+        if (ts_chunk_rank(s, c) == pp_rank && (keep[c] < 0 || keep[c] > s->m)) memo = false;
+    if (memo) {
+        const int n = s->n_chunks;
+        for (int c = 0; c < n; c++) {
+            if (ts_chunk_rank(s, c) != pp_rank) continue;
+            const int *row = peak_row(pm, s, pp_rank, keep[c]);
+            peak_acts[c] = row[c];
+            peak_stash[c] = row[n + c];
+            n_recomputed[c] = row[2 * n + c];
+        }
+    } else {
+        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
+                            n_recomputed, NULL);
+    }
     ts_memory_rank(sh, held, pp_rank, est);
     return est->total - est->blas <= room;
 }

@@ -31,6 +31,7 @@ typedef struct {
     bool *split;    /* [n_chunks]: the chunk's backward runs as I + W (chunk_splits) */
     /* Lazily, [n_chunks], per fixed mode (auto depends on the grid's memory: rc_plan). */
     int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES], *n_rc[TS_N_RECOMPUTES];
+    ts_peak_memo *auto_peaks; /* lazily: recompute = "auto"'s peaks per rank and cap */
 } sched_entry;
 
 /* ZeRO-2/3's residencies of a schedule, one per pipeline rank (residency.h), for one
@@ -130,6 +131,8 @@ void ts_plan_ctx_free(ts_plan_ctx *x)
             free(e->peak_stash[r]);
             free(e->n_rc[r]);
         }
+        if (e->auto_peaks) ts_peak_memo_free(e->auto_peaks);
+        free(e->auto_peaks);
     }
     for (size_t k = 0; k < x->n_res; k++) {
         for (int q = 0; q < x->res[k].pp; q++) ts_residency_free(&x->res[k].res[q]);
@@ -767,10 +770,16 @@ static void rc_plan_make(ts_plan_ctx *x, const ts_plan_layers *L, const part_ent
     const double budget = (double)x->cfg.parallel.memory_budget_mb * 1048576.0;
     if (budget > 0 && budget < room) room = budget;
     const ts_residency *res = res_for(x, g, p, se);
+    /* The schedule's peaks per cap, shared by every grid of it (memory.h). */
+    if (!se->auto_peaks) {
+        se->auto_peaks = ts_malloc(sizeof *se->auto_peaks);
+        ts_peak_memo_init(se->auto_peaks, &se->s);
+    }
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, res ? &res[q] : NULL, q, room,
-                          rp->keep, rp->selective, rp->own[0], rp->own[1], rp->own[2], &mem);
+                          rp->keep, rp->selective, rp->own[0], rp->own[1], rp->own[2],
+                          se->auto_peaks, &mem);
     }
 }
 
