@@ -12,7 +12,8 @@
  * Llama 3's parameter counts, FLOPs per token and the planner's per-block GEMM work and
  * parameters (test_llama3); sequence parallelism's collectives, messages and a search
  * that picks it (test_sequence_parallel); context parallelism's exchange, compute, the
- * 405B long-context grid and searches (test_context_parallel). */
+ * 405B long-context grid and searches (test_context_parallel); the search's shape memory
+ * floor at most every candidate's estimate (test_shape_memory_floor). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
