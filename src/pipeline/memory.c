@@ -82,13 +82,24 @@ static const int *peak_row(ts_peak_memo *pm, const ts_schedule *s, int q, int k)
 {
     int **row = &pm->rows[(size_t)q * (size_t)(pm->m + 1) + (size_t)k];
     if (!*row) {
+        /* Kept for the rank's own chunks alone, in chunk order (3 ints each). */
         const int n = pm->n_chunks;
-        *row = ts_calloc(3 * (size_t)n, sizeof(int));
+        int *all = ts_calloc(3 * (size_t)n, sizeof(int));
         int *caps = ts_malloc(sizeof(int) * (size_t)n);
         for (int c = 0; c < n; c++) caps[c] = k;
-        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, caps, q, *row, *row + n, *row + 2 * n,
-                            NULL);
+        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, caps, q, all, all + n, all + 2 * n, NULL);
+        int own = 0;
+        for (int c = 0; c < n; c++) own += ts_chunk_rank(s, c) == q;
+        *row = ts_malloc(3 * sizeof(int) * (size_t)(own > 0 ? own : 1));
+        for (int c = 0, j = 0; c < n; c++) {
+            if (ts_chunk_rank(s, c) != q) continue;
+            (*row)[3 * j] = all[c];
+            (*row)[3 * j + 1] = all[n + c];
+            (*row)[3 * j + 2] = all[2 * n + c];
+            j++;
+        }
         free(caps);
+        free(all);
     }
     return *row;
 }
@@ -105,13 +116,13 @@ static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
     for (int c = 0; memo && c < s->n_chunks; c++)
         if (ts_chunk_rank(s, c) == pp_rank && (keep[c] < 0 || keep[c] > s->m)) memo = false;
     if (memo) {
-        const int n = s->n_chunks;
-        for (int c = 0; c < n; c++) {
+        for (int c = 0, j = 0; c < s->n_chunks; c++) {
             if (ts_chunk_rank(s, c) != pp_rank) continue;
             const int *row = peak_row(pm, s, pp_rank, keep[c]);
-            peak_acts[c] = row[c];
-            peak_stash[c] = row[n + c];
-            n_recomputed[c] = row[2 * n + c];
+            peak_acts[c] = row[3 * j];
+            peak_stash[c] = row[3 * j + 1];
+            n_recomputed[c] = row[3 * j + 2];
+            j++;
         }
     } else {
         ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,

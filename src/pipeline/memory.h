@@ -105,8 +105,8 @@ void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
  * passes it with that schedule alone. */
 typedef struct {
     int n_chunks, m, pp; /* the schedule's (whose actions the rows count) */
-    int **rows; /* [pp * (m + 1)]: NULL until used, else [3 n_chunks]: peak_acts,
-                   peak_stash, n_recomputed of each chunk (the rank's written) */
+    int **rows; /* [pp * (m + 1)]: NULL until used, else peak_acts, peak_stash and
+                   n_recomputed of each of the rank's chunks in chunk order (3 ints each) */
 } ts_peak_memo;
 
 void ts_peak_memo_init(ts_peak_memo *pm, const ts_schedule *s);
