@@ -12,7 +12,9 @@
  * Llama 3's parameter counts, FLOPs per token and the planner's per-block GEMM work and
  * parameters (test_llama3); sequence parallelism's collectives, messages and a search
  * that picks it (test_sequence_parallel); context parallelism's exchange, compute, the
- * 405B long-context grid and searches (test_context_parallel). */
+ * 405B long-context grid and searches (test_context_parallel); the search's shape memory
+ * floor at most every candidate's estimate (test_shape_memory_floor); Muon's pricing
+ * (test_muon_formulas and the Muon grids). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1247,6 +1249,76 @@ static void test_muon_plan(const ts_cluster *cl)
     CHECK(g_mem_grids - before > 20);
 }
 
+/* The shape memory floor (ts_plan_shape_memory_floor, by which the search counts a
+ * shape's candidates out of memory unestimated) is at most every candidate's estimated
+ * memory: each schedule, v, recompute mode ("auto" too) and ZeRO level the search tries,
+ * on shapes with and without an expert grid, context and sequence parallelism. Returns
+ * the candidates compared. */
+static int check_shape_floor(ts_plan_ctx *x, int pp, int dp, int cp, int tp, int ep, int etp,
+                             int mb)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const int layers = cfg->model.n_layer + 2, m = cfg->train.global_batch / dp / mb;
+    const bool sp_ok = tp > 1 && (cfg->model.seq_len / cp) % tp == 0;
+    int n = 0;
+    for (int sp = 0; sp <= (sp_ok ? 1 : 0); sp++) {
+        ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .cp = cp, .v = 1, .micro_batch = mb,
+                          .m = m, .sp = sp, .ep = ep, .etp = etp};
+        const double floor = ts_plan_shape_memory_floor(x, &g);
+        CHECK(floor > 0.0);
+        for (int s = 0; s < TS_N_SCHEDULES; s++) {
+            if (pp == 1 && s != TS_SCHEDULE_1F1B) continue;
+            const int per = ts_schedule_chunks_per_rank((ts_schedule_kind)s);
+            const int v_lo = per == 1 ? 1 : 2, v_hi = per == 0 ? layers / pp : v_lo;
+            for (int v = v_lo; v <= v_hi && pp * v <= layers; v++)
+                for (int rc = 0; rc < TS_N_RECOMPUTES; rc++)
+                    for (int z = 0; z < (dp * cp > 1 ? 4 : 1); z++) {
+                        if (rc == TS_RECOMPUTE_EXCEPT_LAST) continue;
+                        g.schedule = s;
+                        g.v = v;
+                        g.recompute = rc;
+                        g.zero = z;
+                        ts_plan_result e;
+                        if (ts_plan_estimate(x, &g, &e) != TS_OK) continue;
+                        CHECKF(e.mem.total >= floor,
+                               "shape floor %.0f above the estimate %.0f (pp %d dp %d cp %d "
+                               "tp %d ep %d etp %d mb %d sp %d %s v %d %s zero %d)",
+                               floor, e.mem.total, pp, dp, cp, tp, ep, etp, mb, sp,
+                               ts_schedule_names[s], v, ts_recompute_names[rc], z);
+                        n++;
+                    }
+        }
+    }
+    ts_error_clear();
+    return n;
+}
+
+static void test_shape_memory_floor(void)
+{
+    ts_cluster cl;
+    load_cluster("configs/clusters/h800-node.cfg", &cl);
+    ts_config cfg;
+    const char *sets[] = {"train.global_batch=8"};
+    load_config("configs/deepseek-4l.cfg", sets, 1, &cfg);
+    ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
+    int n = check_shape_floor(x, 2, 2, 1, 2, 2, 1, 1);
+    n += check_shape_floor(x, 2, 2, 2, 1, 4, 1, 2);
+    n += check_shape_floor(x, 3, 2, 1, 2, 2, 2, 1);
+    n += check_shape_floor(x, 1, 1, 1, 1, 1, 1, 4);
+    ts_plan_ctx_free(x);
+    /* Muon (one momentum on the matrices instead of two moments) lowers the estimates:
+     * the floor must follow. */
+    const char *muon_sets[] = {"train.global_batch=8", "train.optimizer=\"muon\""};
+    load_config("configs/deepseek-4l.cfg", muon_sets, 2, &cfg);
+    x = ts_plan_ctx_new(&cfg, &cl);
+    n += check_shape_floor(x, 2, 2, 1, 2, 2, 1, 1);
+    n += check_shape_floor(x, 1, 4, 1, 1, 2, 1, 1);
+    n += check_shape_floor(x, 1, 1, 1, 1, 1, 1, 4);
+    ts_plan_ctx_free(x);
+    printf("shape memory floor at most the estimate of %d candidates\n", n);
+    CHECK(n > 200);
+}
+
 int main(void)
 {
     const char *src = getenv("TS_SOURCE_DIR");
@@ -1258,6 +1330,7 @@ int main(void)
 
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu.cfg", 4);
     test_search("configs/gpt2-124m.cfg", "tests/fixtures/plan_cluster_h100.cfg", 8);
+    test_shape_memory_floor();
     /* Under the sanitizers (TS_TEST_PLAN_QUICK, tests/CMakeLists.txt) the 8-device search
      * and three of the four memory sweeps look for memory errors; the release build runs
      * every case. */

@@ -64,6 +64,47 @@ void ts_memory_peak_sets(const ts_schedule *s, int recompute, const int *keep, i
     free(rec);
 }
 
+void ts_peak_memo_init(ts_peak_memo *pm, const ts_schedule *s)
+{
+    *pm = (ts_peak_memo){.n_chunks = s->n_chunks, .m = s->m, .pp = s->pp};
+    pm->rows = ts_calloc((size_t)s->pp * (size_t)(s->m + 1), sizeof(int *));
+}
+
+void ts_peak_memo_free(ts_peak_memo *pm)
+{
+    for (size_t k = 0; pm->rows && k < (size_t)pm->pp * (size_t)(pm->m + 1); k++)
+        free(pm->rows[k]);
+    free(pm->rows);
+    memset(pm, 0, sizeof *pm);
+}
+
+/* The row of cap k on rank q: ts_memory_peak_sets with every chunk's cap k. */
+static const int *peak_row(ts_peak_memo *pm, const ts_schedule *s, int q, int k)
+{
+    int **row = &pm->rows[(size_t)q * (size_t)(pm->m + 1) + (size_t)k];
+    if (!*row) {
+        /* Kept for the rank's own chunks alone, in chunk order (3 ints each). */
+        const int n = pm->n_chunks;
+        int *all = ts_calloc(3 * (size_t)n, sizeof(int));
+        int *caps = ts_malloc(sizeof(int) * (size_t)n);
+        for (int c = 0; c < n; c++) caps[c] = k;
+        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, caps, q, all, all + n, all + 2 * n, NULL);
+        int own = 0;
+        for (int c = 0; c < n; c++) own += ts_chunk_rank(s, c) == q;
+        *row = ts_malloc(3 * sizeof(int) * (size_t)(own > 0 ? own : 1));
+        for (int c = 0, j = 0; c < n; c++) {
+            if (ts_chunk_rank(s, c) != q) continue;
+            (*row)[3 * j] = all[c];
+            (*row)[3 * j + 1] = all[n + c];
+            (*row)[3 * j + 2] = all[2 * n + c];
+            j++;
+        }
+        free(caps);
+        free(all);
+    }
+    return *row;
+}
+
 /* The estimate of rank pp_rank under caps keep: the peaks and counts into the holdings'
  * arrays (held's), then ts_memory_rank. Whether it fits room. */
 static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
@@ -71,8 +112,23 @@ static bool auto_estimate(const ts_schedule *s, const ts_memory_shape *sh,
                           const int *keep, int *peak_acts, int *peak_stash, int *n_recomputed,
                           ts_rank_memory *est)
 {
-    ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
-                        n_recomputed, NULL);
+    ts_peak_memo *pm = held->peak_memo;
+    bool memo = pm && pm->n_chunks == s->n_chunks && pm->m == s->m && pm->pp == s->pp;
+    for (int c = 0; memo && c < s->n_chunks; c++)
+        if (ts_chunk_rank(s, c) == pp_rank && (keep[c] < 0 || keep[c] > s->m)) memo = false;
+    if (memo) {
+        for (int c = 0, j = 0; c < s->n_chunks; c++) {
+            if (ts_chunk_rank(s, c) != pp_rank) continue;
+            const int *row = peak_row(pm, s, pp_rank, keep[c]);
+            peak_acts[c] = row[3 * j];
+            peak_stash[c] = row[3 * j + 1];
+            n_recomputed[c] = row[3 * j + 2];
+            j++;
+        }
+    } else {
+        ts_memory_peak_sets(s, TS_RECOMPUTE_AUTO, keep, pp_rank, peak_acts, peak_stash,
+                            n_recomputed, NULL);
+    }
     ts_memory_rank(sh, held, pp_rank, est);
     return est->total - est->blas <= room;
 }
@@ -128,6 +184,11 @@ bool ts_memory_auto_keep_selective(const ts_schedule *s, const ts_memory_shape *
 #define ESTIMATE() \
     auto_estimate(s, sh, &held, pp_rank, room, keep, peak_acts, peak_stash, n_recomputed, est)
     bool fits = ESTIMATE();
+    /* The chunk buffers follow from the chunks' floats and the residency alone, which no
+     * step below changes: counted once (ts_residency_peak_bytes per estimate was half
+     * the time of a large search's "auto" grids). */
+    held.chunk_buffers_known = true;
+    held.chunk_buffer_bytes = est->chunk_buffers;
     /* 1. Chunks go selective, the one saving the most first (the caps are the peaks). */
     if (!fits && may_select) {
         const double none_total = est->total;
@@ -317,7 +378,9 @@ void ts_memory_rank(const ts_memory_shape *sh, const ts_memory_holdings *h, int 
     est->optimizer = 2.0 * f * (zero >= 1 ? shard : floats);
     double state = 2.0 * floats;
     if (h->muon_floats > 0) est->optimizer = muon_optimizer(sh, h, zero, edp, &state);
-    if (zero >= 2) est->chunk_buffers = chunk_buffers(sh, h, zero, pp_rank);
+    if (zero >= 2)
+        est->chunk_buffers =
+            h->chunk_buffers_known ? h->chunk_buffer_bytes : chunk_buffers(sh, h, zero, pp_rank);
     est->buffers += h->scratch_bytes + h->muon_buffer_bytes;
     /* checkpoint.async copies this rank's share of the weights and the optimizer state
      * (1/dp of what the pipeline rank holds) while a thread writes them. */

@@ -98,6 +98,20 @@ typedef struct {
 void ts_memory_chunk(const ts_memory_shape *sh, int chunk, double act_bytes,
                      double stash_bytes, ts_chunk_memory *out);
 
+/* recompute = "auto"'s peaks (ts_memory_peak_sets) under one cap k on every chunk, per
+ * pipeline rank and cap, memoised for one schedule: a chunk's peaks depend on its own cap
+ * alone (every count there is the chunk's), so a fit's caps read each chunk's from the
+ * row of its cap. The planner keeps one per schedule (its grids share schedules) and
+ * passes it with that schedule alone. */
+typedef struct {
+    int n_chunks, m, pp; /* the schedule's (whose actions the rows count) */
+    int **rows; /* [pp * (m + 1)]: NULL until used, else peak_acts, peak_stash and
+                   n_recomputed of each of the rank's chunks in chunk order (3 ints each) */
+} ts_peak_memo;
+
+void ts_peak_memo_init(ts_peak_memo *pm, const ts_schedule *s);
+void ts_peak_memo_free(ts_peak_memo *pm);
+
 /* What a rank holds, counted where it is known: the trainer from the model's layout of
  * its layers, the planner from per-layer tables. Arrays are [n_chunks]; only the
  * rank's own chunks (sh->chunk_rank[c] == pp_rank) are read. */
@@ -134,6 +148,13 @@ typedef struct {
     const double *chunk_floats; /* floats of each of the rank's chunks in its layout (they
                                    tile the rank's flat buffer: sum = param_floats) */
     const ts_residency *res;    /* the rank's residency (ts_memory_residency) */
+    /* ZeRO-2/3's chunk buffers when already counted for these chunk floats and residency
+     * (they depend on nothing else): ts_memory_auto_keep_selective's later estimates of
+     * the same rank reuse its first's; false: counted afresh. */
+    bool chunk_buffers_known;
+    double chunk_buffer_bytes;
+    /* recompute = "auto": its schedule's memo of the peaks (NULL: counted afresh) */
+    ts_peak_memo *peak_memo;
 } ts_memory_holdings;
 
 /* The memory of pipeline rank pp_rank: parameters and gradients (fp32, plus the weight

@@ -791,13 +791,15 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
                        const ts_residency *res, int q, double room, int *keep, bool *selective,
-                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_rank_memory *out)
+                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_peak_memo *memo,
+                       ts_rank_memory *out)
 {
     const size_t n = (size_t)sh->n_chunks;
     double *acts = ts_calloc(n, sizeof(double)), *stash = ts_calloc(n, sizeof(double));
     double *sel = ts_calloc(n, sizeof(double)), *floats_c = ts_calloc(n, sizeof(double));
-    const ts_memory_holdings h =
+    ts_memory_holdings h =
         rank_holdings(L, sh, first_layer, n_chunk_layers, q, res, acts, stash, sel, floats_c);
+    h.peak_memo = memo;
     const bool fits = ts_memory_auto_keep_selective(s, sh, &h, q, room, keep, selective,
                                                     peak_acts, peak_stash, n_recomputed, out);
     free(acts);

@@ -249,11 +249,13 @@ void ts_plan_rank_memory(const ts_plan_layers *L, const ts_memory_shape *sh,
  * the same sizes (each chunk's also laid out selective: its layers' bytes less their
  * attention state, att_bytes; the scratch plus rebuild_bytes while a chunk is), into
  * keep, selective, peak_acts, peak_stash, n_recomputed ([n_chunks], q's chunks) and
- * *out; false when even full recompute exceeds room (bytes less the workspace). */
+ * *out; false when even full recompute exceeds room (bytes less the workspace). memo:
+ * s's memo of the peaks (memory.h), or NULL. */
 bool ts_plan_rank_auto(const ts_plan_layers *L, const ts_memory_shape *sh,
                        const int *first_layer, const int *n_chunk_layers, const ts_schedule *s,
                        const ts_residency *res, int q, double room, int *keep, bool *selective,
-                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_rank_memory *out);
+                       int *peak_acts, int *peak_stash, int *n_recomputed, ts_peak_memo *memo,
+                       ts_rank_memory *out);
 
 /* Floats of each chunk of pipeline rank q ([n_chunks], q's chunks written) as the rank
  * lays them out: its layers' parameters, the head's chunk with the tied copy when q

@@ -1,6 +1,7 @@
 /* Predicting one grid (predict.h). */
 #include "plan/predict.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ typedef struct {
     bool *split;    /* [n_chunks]: the chunk's backward runs as I + W (chunk_splits) */
     /* Lazily, [n_chunks], per fixed mode (auto depends on the grid's memory: rc_plan). */
     int *peak_acts[TS_N_RECOMPUTES], *peak_stash[TS_N_RECOMPUTES], *n_rc[TS_N_RECOMPUTES];
+    ts_peak_memo *auto_peaks; /* lazily: recompute = "auto"'s peaks per rank and cap */
 } sched_entry;
 
 /* ZeRO-2/3's residencies of a schedule, one per pipeline rank (residency.h), for one
@@ -131,6 +133,8 @@ void ts_plan_ctx_free(ts_plan_ctx *x)
             free(e->peak_stash[r]);
             free(e->n_rc[r]);
         }
+        if (e->auto_peaks) ts_peak_memo_free(e->auto_peaks);
+        free(e->auto_peaks);
     }
     for (size_t k = 0; k < x->n_res; k++) {
         for (int q = 0; q < x->res[k].pp; q++) ts_residency_free(&x->res[k].res[q]);
@@ -829,10 +833,16 @@ static void rc_plan_make(ts_plan_ctx *x, const ts_plan_layers *L, const part_ent
     const double budget = (double)x->cfg.parallel.memory_budget_mb * 1048576.0;
     if (budget > 0 && budget < room) room = budget;
     const ts_residency *res = res_for(x, g, p, se);
+    /* The schedule's peaks per cap, shared by every grid of it (memory.h). */
+    if (!se->auto_peaks) {
+        se->auto_peaks = ts_malloc(sizeof *se->auto_peaks);
+        ts_peak_memo_init(se->auto_peaks, &se->s);
+    }
     for (int q = 0; q < g->pp; q++) {
         ts_rank_memory mem;
         ts_plan_rank_auto(L, &ms, p->first, p->sizes, &se->s, res ? &res[q] : NULL, q, room,
-                          rp->keep, rp->selective, rp->own[0], rp->own[1], rp->own[2], &mem);
+                          rp->keep, rp->selective, rp->own[0], rp->own[1], rp->own[2],
+                          se->auto_peaks, &mem);
     }
 }
 
@@ -1052,6 +1062,74 @@ double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
     const double saved = muon * (8.0 / (zero >= 1 ? dp : 1.0) - 4.0 / dp);
     const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
     return (floats * per_param - saved + acts) / g->pp + threads * TS_BLAS_THREAD_BYTES;
+}
+
+/* Why this is a lower bound of ts_plan_estimate's mem.total for every candidate of the
+ * shape (any schedule, v, cut, recompute mode incl. "auto", ZeRO level): the total is the
+ * fullest rank's ts_memory_rank, a sum of terms none negative, so it is at least the
+ * mean over the pp ranks and at least any one rank's, and each term is at least:
+ * - activations: every chunk runs a forward, and ts_memory_peak_sets counts the set live
+ *   at that forward whatever the mode (a recomputed one too), so each chunk holds >= 1
+ *   set, its layers' act_bytes (less att_bytes when laid out selective; the smaller of
+ *   the two here) plus the token ids; every layer sits in some chunk, so the ranks
+ *   together hold >= the sum over layers, and the rank holding the largest layer >= it;
+ * - buffers: each rank has >= 1 chunk, whose m pipeline slots are >= m rows of C
+ *   (ts_memory_chunk: the gradient buffer; the rows / (tp under sequence parallelism)
+ *   / cp), and the scratch (the smaller of plain and selective's);
+ * - parameters, gradients, moments and ZeRO's chunk buffers per float of the rank (N, its
+ *   shard S >= N / max(dp * cp, edp)): zero 0 16 + wcb, 1 8 + wcb + 8/r, 2 4 + wcb +
+ *   12/r, 3 16/r plus its whole-rank gather (4 + wcb) N; the least of those the search
+ *   tries (zero 0 alone with dp * cp = 1) times the layers' floats over the pp ranks;
+ * - the BLAS buffers as they are.
+ * test_plan_model checks it against every candidate of a few shapes. */
+double ts_plan_shape_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const ts_plan_layers *L = layers_for(x, g);
+    const ts_model_config *mc = &x->cfg.model;
+    const double ids = 2.0 * g->micro_batch * mc->seq_len * (double)sizeof(int);
+    double floats = 0.0, acts = 0.0, widest = 0.0;
+    for (int l = 0; l < L->n_layers; l++) {
+        floats += L->param_floats[l];
+        const double a = fmin(L->act_bytes[l], L->act_bytes[l] - L->att_bytes[l]);
+        acts += a;
+        widest = fmax(widest, a);
+    }
+    const int ranks = ts_plan_grad_ranks(g);
+    double r = ranks;
+    if ((ts_plan_grid_ep(g) > 1 || ts_plan_grid_etp(g) > 1) && ts_plan_grid_edp(g) > r)
+        r = ts_plan_grid_edp(g);
+    const double wcb = x->k->weight_copy_bytes;
+    double per_param = 16.0 + wcb; /* zero 0 */
+    if (ranks > 1) {
+        per_param = fmin(per_param, 8.0 + wcb + 8.0 / r);       /* zero 1 */
+        per_param = fmin(per_param, 4.0 + wcb + 12.0 / r);      /* zero 2 */
+        per_param = fmin(per_param, 16.0 / r + 4.0 + wcb);      /* zero 3 */
+    }
+    /* Muon's matrices hold one momentum, owned (at every level) by one member of a group
+     * of at most r: >= 4/r bytes a float instead of AdamW's moments; the least over the
+     * levels the search tries, as above. */
+    double muon = 0.0;
+    for (int l = 0; L->muon && l < L->n_layers; l++) muon += L->muon[l].floats;
+    double per_muon = 8.0 + wcb + 4.0 / r; /* zero 0 and 1 */
+    if (ranks > 1) {
+        per_muon = fmin(per_muon, 4.0 + wcb + 8.0 / r); /* zero 2 */
+        per_muon = fmin(per_muon, 12.0 / r + 4.0 + wcb); /* zero 3 */
+    }
+    const double split = (double)(g->sp ? g->tp : 1) * ts_plan_grid_cp(g);
+    const double slots = (double)g->m * g->micro_batch * mc->seq_len * mc->n_embd / split *
+                         (double)ts_dtype_bytes(x->k->act_dtype);
+    const double scratch = fmin(L->scratch_bytes, L->scratch_bytes + L->rebuild_bytes);
+    const int threads = x->cfg.train.threads > 0 ? x->cfg.train.threads : 1;
+    const double mean = ((floats - muon) * per_param + muon * per_muon + acts) / g->pp + ids;
+    return fmax(mean, widest + ids) + slots + scratch + threads * TS_BLAS_THREAD_BYTES;
+}
+
+bool ts_plan_grid_runs(ts_plan_ctx *x, const ts_plan_grid *g)
+{
+    const ts_plan_layers *L;
+    const part_entry *p;
+    sched_entry *se;
+    return grid_parts(x, g, &L, &p, &se) == TS_OK;
 }
 
 /* The layers' work of a floor: their forward, input- and weight-gradient time less

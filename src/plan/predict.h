@@ -167,6 +167,15 @@ ts_status ts_plan_estimate(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_result
  * bound does not fit before it partitions them. */
 double ts_plan_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g);
 
+/* A lower bound of the memory (bytes, the fullest rank's mem.total) of every candidate
+ * of grid g's shape (pp, dp, cp, tp, sp, micro_batch, m, ep, etp), whatever its schedule,
+ * v, cut, recompute and ZeRO level (predict.c proves it). The search counts a shape's
+ * candidates out of memory without estimating them when it exceeds the device. */
+double ts_plan_shape_memory_floor(ts_plan_ctx *x, const ts_plan_grid *g);
+
+/* Whether ts_plan_estimate accepts g (the model can be cut so, the schedule runs it). */
+bool ts_plan_grid_runs(ts_plan_ctx *x, const ts_plan_grid *g);
+
 /* A lower bound of any step of grid g's shape (pp, dp, cp, tp, sp, micro_batch, m),
  * whatever its schedule, v, recompute and ZeRO (ms): the layers' forward, input- and
  * weight-gradient time of m micro-batches spread evenly over the pp ranks (the busiest

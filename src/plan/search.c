@@ -138,6 +138,8 @@ ts_loss_reason ts_plan_loss_reason(const ts_plan_result *r, const ts_plan_result
 typedef struct {
     ts_plan_grid g;
     double floor;
+    double shape_floor; /* its shape's memory floor when that let the search count the
+                           shape out of memory (gather_expert_shape), else 0 */
 } floored;
 
 static int cmp_floor(const void *pa, const void *pb)
@@ -380,6 +382,33 @@ static void gathered_free(gathered *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Whether a shape's candidates can all be counted out of memory without estimating
+ * them: its memory floor (ts_plan_shape_memory_floor, the least of its sp choices) when
+ * that exceeds the device and is no less than the closest out of memory and the lightest
+ * found so far, else 0. Then no candidate of it fits, and none can become the closest or
+ * the lightest: those are replaced only by a strictly smaller total, and they only come
+ * down. The counts are what estimating would give (ts_plan_grid_runs), so the search's
+ * output stays the same to the byte. */
+static double shape_out_of_memory(ts_plan_ctx *x, int pp, int dp, int cp, int tp, int ep,
+                                  int etp, int mb, const gathered *a, const ts_search_result *r)
+{
+    const ts_config *cfg = ts_plan_ctx_config(x);
+    const double memory = ts_plan_ctx_cluster(x)->memory;
+    if (!r->oom || !a->have_smallest) return 0.0;
+    ts_plan_grid g = {.pp = pp, .dp = dp, .tp = tp, .cp = cp, .v = 1, .micro_batch = mb,
+                      .m = cfg->train.global_batch / dp / mb, .ep = ep, .etp = etp};
+    double least = ts_plan_shape_memory_floor(x, &g);
+    if (sp_ok(cfg, tp, cp)) {
+        g.sp = 1;
+        least = fmin(least, ts_plan_shape_memory_floor(x, &g));
+    }
+    /* (a part in 10^9 below: the estimate sums the same terms in another order) */
+    least *= 1.0 - 1e-9;
+    const bool out = least > memory && least >= r->oom_closest.mem.total &&
+                     least >= r->smallest.mem.total;
+    return out ? least : 0.0;
+}
+
 /* Every candidate of grid (pp, dp, cp, tp) with expert grid (ep, etp) at micro_batch mb,
  * estimated into a (those that fit), r (counts, the closest out of memory, the
  * lightest). */
@@ -391,6 +420,7 @@ static void gather_expert_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp,
     const ts_cluster *cl = ts_plan_ctx_cluster(x);
     const int layers = cfg->model.n_layer + 2, gb = cfg->train.global_batch;
     const int m = gb / dp / mb;
+    const double over = shape_out_of_memory(x, pp, dp, cp, tp, ep, etp, mb, a, r);
     for (int s = 0; s < TS_N_SCHEDULES; s++) {
         if (pp == 1 && s != TS_SCHEDULE_1F1B) continue; /* the schedules coincide */
         /* v chunks per rank: 1, exactly 2 (the V schedules), or any v >= 2 for the
@@ -424,7 +454,7 @@ static void gather_expert_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp,
                     if (rc == TS_RECOMPUTE_AUTO && !o->exhaustive && none_lower[z][sp] >= 0) {
                         a->pending = ts_grow(a->pending, &a->cap_pending, a->n_pending,
                                              sizeof *a->pending);
-                        a->pending[a->n_pending++] = (floored){g, none_lower[z][sp]};
+                        a->pending[a->n_pending++] = (floored){g, none_lower[z][sp], 0.0};
                         r->candidates++;
                         continue;
                     }
@@ -434,7 +464,16 @@ static void gather_expert_shape(ts_plan_ctx *x, const ts_search_opts *o, int pp,
                          * may be the closest or the lightest. */
                         a->pruned = ts_grow(a->pruned, &a->cap_pruned, a->n_pruned,
                                             sizeof *a->pruned);
-                        a->pruned[a->n_pruned++] = (floored){g, floor};
+                        a->pruned[a->n_pruned++] = (floored){g, floor, over};
+                        continue;
+                    }
+                    if (over > 0.0) {
+                        /* Out of memory (the shape's floor) and neither the closest nor
+                         * the lightest: counted as its estimate would be (when it runs). */
+                        if (ts_plan_grid_runs(x, &g)) {
+                            r->candidates++;
+                            r->oom++;
+                        }
                         continue;
                     }
                     ts_plan_result e;
@@ -483,6 +522,15 @@ static void settle_pruned(ts_plan_ctx *x, gathered *a, ts_search_result *r)
             a->pruned[j].floor >= r->oom_closest.mem.total) {
             r->candidates++;
             r->oom++;
+            continue;
+        }
+        /* Its shape's floor said it cannot be either (shape_out_of_memory: they only come
+         * down): counted when its estimate would run. */
+        if (a->pruned[j].shape_floor > 0.0) {
+            if (ts_plan_grid_runs(x, &a->pruned[j].g)) {
+                r->candidates++;
+                r->oom++;
+            }
             continue;
         }
         ts_plan_result e;

@@ -26,6 +26,12 @@
  * and the rest join the same top list. With
  * `exhaustive` nothing is skipped.
  *
+ * Memory: a shape whose memory floor (ts_plan_shape_memory_floor, the least of its sp
+ * choices) exceeds the device and is no lower than the closest out-of-memory and the
+ * lightest totals found so far has its candidates counted out of memory unestimated
+ * (exact: none fits, none can become either; counted when their estimates would run), so
+ * with `exhaustive` too.
+ *
  * Shortcut: memory first (no simulation for a grid that does not fit); then every grid
  * that fits gets a lower bound of its step (ts_plan_result.lower_ms, exact work plus the
  * first micro-batch's arrival) and grids are simulated in increasing bound order until
