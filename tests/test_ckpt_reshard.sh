@@ -162,24 +162,31 @@ done
 # Another optimizer than the checkpoint's is refused naming the key, before anything is
 # written, both ways; with train.allow_optimizer_change it trains on (the missing state
 # at zero) and its checkpoint holds its own optimizer's tensors.
-expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" "${muon[@]}" --set train.steps=4 \
-  --set "checkpoint.load=\"$TMP/unsplit/step_00000003\"" --set "checkpoint.dir=\"$TMP/switch\""
-grep -q 'saved by a train.optimizer = "adamw" run, but this run has "muon"' "$TMP/err" &&
-  [ -z "$(ls "$TMP/switch" 2>/dev/null | grep step_)" ] && pass || fail "the refused switch: $(cat "$TMP/err"; ls -A "$TMP/switch")"
-expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" --set train.steps=4 \
-  --set "checkpoint.load=\"$MA\""
-for to in muon adamw; do
-  from="$TMP/unsplit/step_00000003"
-  [ "$to" = adamw ] && from="$MA"
-  run_base "switch_$to" 1 --set "train.optimizer=\"$to\"" --set train.steps=4 \
-    --set train.allow_optimizer_change=true --set "checkpoint.load=\"$from\"" \
-    --set "checkpoint.dir=\"$TMP/switch_$to\"" &&
-    grep -q 'train.optimizer changes on resuming' "$TMP/err" &&
-    "$TESSERA" ckpt info "$TMP/switch_$to/step_00000004" > "$TMP/switch_info" &&
-    grep -q "^optimizer   $to" "$TMP/switch_info" &&
-    "$TESSERA" ckpt verify "$TMP/switch_$to/step_00000004" >/dev/null && pass ||
-    fail "the allowed switch to $to: $(cat "$TMP/err")"
-done
+# In the strict copy these are the default copy's: the refusals are decided from
+# state.json before any device memory exists, and a switched resume reads less than
+# muon_r's and a's resumes above, through the same readers (docs/CI.md).
+if [ -n "${TS_TEST_DEVICE:-}" ]; then
+  skip_case "optimizer switches refused and allowed (the default copy runs them; on $TS_TEST_DEVICE no device memory beyond the resumes above)"
+else
+  expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" "${muon[@]}" --set train.steps=4 \
+    --set "checkpoint.load=\"$TMP/unsplit/step_00000003\"" --set "checkpoint.dir=\"$TMP/switch\""
+  grep -q 'saved by a train.optimizer = "adamw" run, but this run has "muon"' "$TMP/err" &&
+    [ -z "$(ls "$TMP/switch" 2>/dev/null | grep step_)" ] && pass || fail "the refused switch: $(cat "$TMP/err"; ls -A "$TMP/switch")"
+  expect_error 1 "train.allow_optimizer_change = true" "${base[@]}" --set train.steps=4 \
+    --set "checkpoint.load=\"$MA\""
+  for to in muon adamw; do
+    from="$TMP/unsplit/step_00000003"
+    [ "$to" = adamw ] && from="$MA"
+    run_base "switch_$to" 1 --set "train.optimizer=\"$to\"" --set train.steps=4 \
+      --set train.allow_optimizer_change=true --set "checkpoint.load=\"$from\"" \
+      --set "checkpoint.dir=\"$TMP/switch_$to\"" &&
+      grep -q 'train.optimizer changes on resuming' "$TMP/err" &&
+      "$TESSERA" ckpt info "$TMP/switch_$to/step_00000004" > "$TMP/switch_info" &&
+      grep -q "^optimizer   $to" "$TMP/switch_info" &&
+      "$TESSERA" ckpt verify "$TMP/switch_$to/step_00000004" >/dev/null && pass ||
+      fail "the allowed switch to $to: $(cat "$TMP/err")"
+  done
+fi
 
 # A finished run's checkpoint loaded with train.steps below its step is refused.
 expect_error 1 "has already run 3 steps, more than train.steps = 2" "${base[@]}" --set train.steps=2 \
