@@ -159,6 +159,26 @@ for g in "${MUON_GRIDS[@]}"; do
   else fail "Muon: 3 + 3 steps resumed on $1x$2x$3 (zero $4) differ from 6 uninterrupted steps"
     paste <(losses "$full") <(losses "$resumed") >&2; fi
 done
+# Across grids: the one-rank Muon checkpoint at step 3 loaded on dp 2 with ZeRO-2 (each
+# matrix's momentum read whole by its owner into its piece) and on tp 2 (the momentum
+# split by the shard runs), saved again without a step: the same bytes; and trained on to
+# step 6 on dp 2, the one-rank losses and norms within 1e-4 (the grid's sums).
+# (In the strict copy: the default copy's; its same-grid resume above hands Muon's device
+# buffers to the same writer and readers.)
+[ -n "${TS_TEST_DEVICE:-}" ] || for g in "1 2 1 2" "1 1 2 1"; do
+  set -- $g
+  d="$TMP/muon_x_$1x$2x$3_z$4"
+  run_base "muon_x_$1x$2x$3" $(($1 * $2 * $3)) $(grid "$1" "$2" "$3") --set parallel.zero="$4" \
+    "${muon[@]}" --set train.steps=3 --set "checkpoint.load=\"$MA\"" --set "checkpoint.dir=\"$d\"" &&
+    same_ckpt "$MA" "$d/step_00000003" "Muon: step 3 -> $1x$2x$3 (zero $4)"
+done
+[ -n "${TS_TEST_DEVICE:-}" ] || {
+grep -v '"step":[345],' "$TMP/muon_full.jsonl" | grep '"loss"' > "$TMP/muon_other.jsonl"
+run_base muon_other 2 $(grid 1 2 1) --set parallel.zero=2 "${muon[@]}" --set train.steps=6 \
+  --set "checkpoint.load=\"$MA\"" --set log.progress=false &&
+  { out=$(same_losses "$TMP/muon_other.jsonl" "$TMP/muon_full.jsonl" 1e-4) && pass ||
+      fail "Muon resumed on 1x2x1 (zero 2): $out"; }
+}
 # Another optimizer than the checkpoint's is refused naming the key, before anything is
 # written, both ways; with train.allow_optimizer_change it trains on (the missing state
 # at zero) and its checkpoint holds its own optimizer's tensors.

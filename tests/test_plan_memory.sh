@@ -42,7 +42,9 @@ each_run() {
     # check, which on 4 layers (2 MiB of them) was inside its 5 MiB floor. The 4-layer
     # grids cost a third of the test; the 4-layer config keeps its schedule, recompute
     # and ZeRO-1 variants below (a stage of one layer, pp2's cut of four).
-    for pp in 1 2 3 4; do for dp in 1 2 3 4; do for tp in 1 2 3 4; do
+    # Three-rank grids left out (CI time, docs/CI.md): pp 3's uneven cut and dp 3's
+    # third replica are the same accounting as pp 2 and 4, dp 2 and 4.
+    for pp in 1 2 4; do for dp in 1 2 4; do for tp in 1 2 4; do
       [ "$layers" = 12 ] || continue
       [ $((pp * dp * tp)) -le 4 ] && [ $((pp * dp * tp)) -gt 1 ] || continue
       $fn "$layers" plan_cluster_cpu.cfg "n_layer $layers pp $pp dp $dp tp $tp" "${L[@]}" \
