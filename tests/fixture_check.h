@@ -20,11 +20,23 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "test_util.h"
 #include "support/optim_oneshot.h"
 #include "test_util.h"
 
 /* The fixtures' batch: B rows of T tokens. */
 enum { FIXTURE_B = 4, FIXTURE_T = 16 };
+
+/* The tiny llama every llama-family fixture is made on (tests/torch_llama.py's defaults:
+ * vocabulary 96, 16 positions, RoPE theta 10000, RMSNorm eps 1e-5, lm_head untied); the
+ * caller adds its own keys, then ts_config_resolve_model. */
+static inline void fixture_llama_config(ts_config *cfg)
+{
+    ts_test_tiny_llama(cfg, 96, 16);
+    cfg->model.rope_theta = 10000.0;
+    cfg->model.norm_eps = 1e-5;
+    cfg->model.tie_embeddings = false;
+}
 
 /* The optimizer and schedule the fixtures trained with (torch_common.py's FIXTURE). */
 static inline void fixture_train_config(ts_train_config *t)

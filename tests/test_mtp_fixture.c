@@ -48,10 +48,7 @@ int main(void)
 {
     ts_test_require_blas_core();
     ts_config cfg;
-    ts_test_tiny_llama(&cfg, 96, 16);
-    cfg.model.rope_theta = 10000.0;
-    cfg.model.norm_eps = 1e-5;
-    cfg.model.tie_embeddings = false;
+    fixture_llama_config(&cfg);
     cfg.model.mtp_layers = DEPTHS;
     cfg.train.mtp_loss = 0.3;
     ts_config_resolve_model(&cfg.model);

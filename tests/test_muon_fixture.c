@@ -84,10 +84,7 @@ static void run(const ts_config *base, ts_st_file *ef, const char *prefix, const
 int main(void)
 {
     ts_config cfg;
-    ts_test_tiny_llama(&cfg, 96, 16);
-    cfg.model.rope_theta = 10000.0;
-    cfg.model.norm_eps = 1e-5;
-    cfg.model.tie_embeddings = false;
+    fixture_llama_config(&cfg);
     ts_config_resolve_model(&cfg.model);
     fixture_train_config(&cfg.train);
     cfg.train.global_batch = FIXTURE_B;
