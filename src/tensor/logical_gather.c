@@ -32,14 +32,22 @@ size_t ts_logical_stage_floats(const ts_shard_spec *s, int size)
     return n;
 }
 
-/* Copy the runs of spec o between its local elements and the logical tensor. */
+/* Copy spec o's elements between its local buffer and the logical tensor: its runs
+ * (tensor/shard.h) are, for each of the split axis' groups, one run per outer index at a
+ * fixed pitch on either side, so each group is one strided 2-D copy (the backend's
+ * memcpy_2d: one cudaMemcpy2DAsync on CUDA, not a copy per row). */
 static void copy_runs(const ts_kernels *k, const ts_shard_spec *o, float *local,
                       float *logical, bool to_logical)
 {
-    ts_shard_run run;
-    for (ts_shard_iter it = ts_shard_iter_begin(o, 0, ts_shard_numel(o)); ts_shard_next(&it, &run);) {
-        float *l = local + run.local, *g = logical + run.logical;
-        k->memcpy_d2d(to_logical ? g : l, to_logical ? l : g, run.len * sizeof(float));
+    const size_t numel = ts_shard_numel(o);
+    if (numel == 0) return;
+    const ts_shard_iter it = ts_shard_iter_begin(o, 0, numel);
+    const size_t rows = numel / (it.run_len * it.groups), w = it.run_len * sizeof(float);
+    const size_t lpitch = it.groups * w, gpitch = it.outer_stride * sizeof(float);
+    for (size_t g = 0; g < it.groups; g++) {
+        float *l = local + g * it.run_len, *x = logical + g * it.group_stride + it.start;
+        if (to_logical) k->memcpy_2d(x, gpitch, l, lpitch, w, rows);
+        else k->memcpy_2d(l, lpitch, x, gpitch, w, rows);
     }
 }
 
