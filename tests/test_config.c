@@ -594,6 +594,20 @@ static void test_config_relations(void)
           !strcmp(g_cfg.train.on_nonfinite, "skip"));
     EXPECT_ERR("train = { on_nonfinite = \"ignore\"; };\n", NULL, "train.on_nonfinite",
                "\"ignore\"", "\"stop\"", "\"skip\"", "t.cfg:1");
+    /* train.skip_spikes (0 = off) and its window (llm.c's 128): the window only with the
+     * guard on, and a threshold no z-score can pass (>= sqrt(W - 1)) refused. */
+    CHECK(load("train = { threads = 1; };\n") == TS_OK && g_cfg.train.skip_spikes == 0.0 &&
+          g_cfg.train.spike_window == 128);
+    CHECK(load("train = { skip_spikes = 5.0; };\n") == TS_OK && g_cfg.train.skip_spikes == 5.0);
+    CHECK(load("train = { skip_spikes = 2.6; spike_window = 8; };\n") == TS_OK);
+    EXPECT_ERR("train = { spike_window = 64; };\n", NULL, "train.spike_window",
+               "train.skip_spikes > 0", "ignored");
+    EXPECT_ERR("train = { skip_spikes = 2.7; spike_window = 8; };\n", NULL, "train.skip_spikes",
+               "never skip", "sqrt(8 - 1) = 2.646");
+    EXPECT_ERR("train = { skip_spikes = 12; };\n", NULL, "train.skip_spikes", "128");
+    EXPECT_ERR("train = { skip_spikes = 3; spike_window = 1; };\n", NULL, "train.spike_window",
+               "out of range");
+    EXPECT_ERR("train = { skip_spikes = -1; };\n", NULL, "train.skip_spikes", "out of range");
     EXPECT_ERR("parallel = { grad_sync_progress = \"thread\"; overlap_grad_sync = false; };\n",
                NULL, "grad_sync_progress", "overlap_grad_sync = false");
     EXPECT_ERR("train = { seed = 99999999999999999999L; };\n", NULL, "t.cfg:1", "64 bits");
@@ -835,6 +849,7 @@ static const struct {
     {"train.muon_ns_steps", {"train.optimizer=\"muon\""}},
     {"train.muon_coefficients", {"train.optimizer=\"muon\""}},
     {"train.muon_scale", {"train.optimizer=\"muon\""}},
+    {"train.spike_window", {"train.skip_spikes=2"}},
 };
 #undef LLAMA_OV
 

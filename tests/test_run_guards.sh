@@ -4,6 +4,8 @@
 # clear message, once, on every rank, quickly, and nothing good lost:
 #   non-finite steps (D1): never applied; "stop" ends the run, "skip" goes on; a float
 #     key past FLT_MAX refused; no save of a non-finite state;
+#   loss spikes (train.skip_spikes): a planted spike skipped on one rank, dp 2 and pp 2,
+#     the state before and after it the same bytes, a resume deciding as the run did;
 #   checkpoint.dir (D2, D6, D8, D9, D11): locked for the run (a second run refused
 #     naming the holder; a killed run leaves no stale lock), checked at start-up, a
 #     fresh run refused where checkpoints are (checkpoint.overwrite allows it), outputs
@@ -46,6 +48,99 @@ assert len(steps) == 4, steps
 assert any(l.get("skipped") for l in steps), steps
 assert all((l["loss"] is None) == bool(l.get("skipped")) for l in steps), steps
 EOF
+# ... and on every rank of dp 2 under the spike guard: every step after the first is not
+# finite (lr 1e30), skipped alike on both ranks (both exit 0), entering no window.
+run_np 2 train "$CFG" "${small[@]}" --set train.lr=1e30 --set train.steps=4 \
+  --set train.on_nonfinite=skip --set train.skip_spikes=1.5 --set train.spike_window=4 \
+  --set "log.metrics=\"$TMP/skip2.jsonl\"" && pass || fail "D1 skip on dp 2: $(cat "$TMP/err")"
+python3 - "$TMP/skip2.jsonl" <<'EOF2' && pass || fail "D1 skip on dp 2: metrics"
+import json, sys
+steps = [l for l in map(json.loads, open(sys.argv[1])) if "loss" in l]
+assert len(steps) == 4 and all(l.get("skipped") for l in steps[1:]), steps
+assert all(l["spike_skipped"] == 0 and l["loss_z"] is None for l in steps), steps
+EOF2
+
+# ---- the spike guard (train.skip_spikes; docs/CONTRACT.md "Training"): one step's batch
+# (step 30, file order) is random bytes, a loss spike the guard (window 16, Z 3) skips.
+# (A window of 8 allows z-scores up to sqrt(7) = 2.65 only, where this tiny model's own
+# gradient-norm bumps reach 2.6.) The state after the skipped step is the state before
+# it, byte for byte (weights and moments), with the batch consumed; a run resumed inside
+# the window, and on dp 2 (ZeRO-1) and pp 2, skips the same step with the same z-scores;
+# every rank exits 0.
+python3 - "$TMP/corpus.txt" "$TMP/spike.txt" <<'EOF2'
+import random, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+T, B, k = 32, 8, 30  # small's seq_len and global_batch: step k's windows, unshuffled
+r = random.Random(5)
+for i in range(k * B * T, (k + 1) * B * T + 1):
+    b[i] = r.randrange(1, 256)  # no NUL: still text
+open(sys.argv[2], "wb").write(bytes(b))
+EOF2
+spike=("${small[@]}" --set "data.train=\"$TMP/spike.txt\"" --set data.shuffle=false
+       --set train.warmup=2 --set train.lr=3e-3 --set train.steps=36 --set train.skip_spikes=3
+       --set train.spike_window=16)
+D="$TMP/spike"
+run_one train "$CFG" "${spike[@]}" --set "checkpoint.dir=\"$D\"" --set checkpoint.every=30 \
+  --set "log.metrics=\"$TMP/spike1.jsonl\"" && pass || fail "spike: the run: $(cat "$TMP/err")"
+[ "$(grep -c 'spike: ' "$TMP/err")" = 1 ] &&
+  grep -q '^tessera: warning: step 30: spike: loss [0-9.]* (z +3\.[0-9]*), gradient norm [0-9.]* (z [-+][0-9.]*) over the last 16 steps, beyond train.skip_spikes = 3: its update was not applied' "$TMP/err" &&
+  pass || fail "spike: the stderr line: $(grep spike "$TMP/err")"
+# spike_metrics FILE FIRST: the guard's keys of steps FIRST..35: the skip at step 30
+# alone, the count, z-scores from step 16 on (the window full), null before.
+spike_metrics() {
+  python3 - "$@" <<'EOF2'
+import json, sys
+steps = {l["step"]: l for l in map(json.loads, open(sys.argv[1])) if "loss" in l}
+first = int(sys.argv[2])
+assert sorted(steps) == list(range(first, 36)), sorted(steps)
+for s, l in steps.items():
+    assert l["spike_skipped"] == (s == 30) and l["spikes_skipped"] == (s >= 30), l
+    assert (l["loss_z"] is None) == (s < 16) and (l["grad_norm_z"] is None) == (s < 16), l
+    assert s < 16 or s == 30 or max(l["loss_z"], l["grad_norm_z"]) < 1.5, l
+assert steps[30]["loss_z"] > 3.5, steps[30]
+EOF2
+}
+spike_metrics "$TMP/spike1.jsonl" 0 && pass || fail "spike: the metrics"
+# spike_lines FILE FIRST: step, loss, grad_norm and the guard's keys of steps FIRST.. .
+spike_lines() {
+  grep '"spike_skipped"' "$1" | awk -v f="$2" -F'[:,]' '$2 >= f' |
+    sed 's/"lr":[^,]*,//; s/"tokens".*"spike_skipped"/"spike_skipped"/'
+}
+# Resumed at step 30, inside the window, just before the spike: the same decision and
+# z-scores bit for bit; its checkpoint after the skipped step holds the weights and
+# moments of the one before it (step 31's data position: the batch consumed).
+run_one train "$CFG" "${spike[@]}" --set "checkpoint.load=\"$D/step_00000030\"" \
+  --set "checkpoint.dir=\"$D.resumed\"" --set checkpoint.every=31 \
+  --set "log.metrics=\"$TMP/spike_resumed.jsonl\"" && spike_metrics "$TMP/spike_resumed.jsonl" 30 &&
+  [ "$(spike_lines "$TMP/spike_resumed.jsonl" 30)" = "$(spike_lines "$TMP/spike1.jsonl" 30)" ] &&
+  pass || fail "spike: resumed at step 30: $(cat "$TMP/err")"
+same_ckpt "$D/step_00000030" "$D.resumed/step_00000031" "spike: the skipped step's state"
+cmp -s "$D.resumed/step_00000031/model.safetensors" "$D.resumed/step_00000036/model.safetensors" &&
+  fail "spike: the steps after the skipped one changed nothing" || pass
+python3 - "$D.resumed/step_00000031/state.json" <<'EOF2' && pass || fail "spike: state.json's spike_guard"
+import json, sys
+s = json.load(open(sys.argv[1]))
+g = s["spike_guard"]
+assert s["step"] == 31 and s["data"]["sequences_consumed"] == 31 * 8, s["data"]
+assert g["window"] == 16 and len(g["loss"]) == 16 and len(g["grad_norm"]) == 16, g
+assert g["skipped"] == 1 and g["loss"][-1] > 6, g  # the skipped step's loss kept (llm.c)
+EOF2
+# dp 2 (ZeRO-1) from step 0, and pp 2 resumed at step 30 from the one-rank checkpoint.
+for g in "--set parallel.dp=2 --set parallel.zero=1 --set parallel.micro_batch=2" \
+         "--set parallel.pp=2 --set parallel.dp=1 --set checkpoint.load=\"$D/step_00000030\""; do
+  read -r -a args <<<"$g"
+  name="spike_$(echo "${args[1]}" | tr -dc 'a-z0-9')"
+  first=0
+  case "$g" in *step_00000030*) first=30 ;; esac
+  if run_np 2 train "$CFG" "${spike[@]}" "${args[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" &&
+     spike_metrics "$TMP/$name.jsonl" "$first" && grep -q 'step 30: spike' "$TMP/err"; then pass; else
+    fail "spike on $g: $(cat "$TMP/err")"
+  fi
+  grep '"step":3[0-5],' "$TMP/spike1.jsonl" >"$TMP/spike1_tail.jsonl"
+  grep '"step":3[0-5],' "$TMP/$name.jsonl" >"$TMP/${name}_tail.jsonl"
+  compare_runs "spike on $g against one rank" "$TMP/spike1_tail.jsonl" "$TMP/${name}_tail.jsonl" 1e-5 1e-4
+done
+
 # A non-finite model.init never starts a run (it would reach the weights unchecked).
 D="$TMP/inf"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" &&

@@ -31,6 +31,7 @@
 #ifndef TS_CHECKPOINT_H
 #define TS_CHECKPOINT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -102,6 +103,10 @@ typedef struct {
      * ("moe_bias") and ts_ckpt_load restores; NULL: none (a dense model). */
     const float *moe_bias;
     size_t moe_bias_n;
+    /* More of the run's state for state.json (which rank 0 writes): an object whose
+     * members join its top level (the trainer's "spike_guard", train/spike_guard.h),
+     * copied when the save starts; NULL: none. Their owner reads them back. */
+    const json_t *extra;
 } ts_ckpt_save_args;
 
 /* Save into cfg->checkpoint.dir/step_NNNNNNNN, move `latest` and keep the newest

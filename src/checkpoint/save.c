@@ -493,6 +493,8 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
                                       "[n_layer * moe_experts] fp32 bit patterns, block-major; "
                                       "dense blocks 0"));
     }
+    /* The trainer's own records (the spike guard's window), after the keys above. */
+    if (a->extra) TS_ASSERT(json_object_update(root, (json_t *)a->extra) == 0);
     return root;
 }
 
@@ -642,6 +644,7 @@ struct ts_ckpt_saver {
     double *set_weights;
     uint64_t *set_counts;
     float *moe_bias;
+    json_t *extra;
 };
 
 /* This rank's runs into the files, checksummed; then fsync and close. */
@@ -678,6 +681,7 @@ static void saver_free(ts_ckpt_saver *s)
     free(s->set_weights);
     free(s->set_counts);
     free(s->moe_bias);
+    json_decref(s->extra);
     ts_ckpt_layout_free(&s->L);
     free(s);
 }
@@ -705,6 +709,8 @@ ts_status ts_ckpt_save_start(const ts_ckpt_save_args *a, bool async, ts_ckpt_sav
     s->a.set_weights = own_copy((void **)&s->set_weights, a->set_weights, sets, sizeof(double));
     s->a.set_counts = own_copy((void **)&s->set_counts, a->set_counts, sets, sizeof(uint64_t));
     s->a.moe_bias = own_copy((void **)&s->moe_bias, a->moe_bias, a->moe_bias_n, sizeof(float));
+    s->extra = a->extra ? json_deep_copy(a->extra) : NULL;
+    s->a.extra = s->extra;
     const ts_comm *world = a->world;
     const char *root = a->cfg->checkpoint.dir;
     snprintf(s->name, sizeof s->name, "step_%08d", a->step);

@@ -205,6 +205,10 @@ typedef struct {
     char on_nonfinite[8];       /* a step whose loss or gradient norm is not finite:
                                  * "stop" the run (default) or "skip" its update; either
                                  * way the update is not applied */
+    double skip_spikes;         /* the spike guard (train/spike_guard.h): a step whose loss
+                                 * or gradient norm is more than this many standard
+                                 * deviations above its window is not applied; 0 = off */
+    int spike_window;           /* that window: the last N steps (llm.c's 128) */
     /* MoE load balancing (model.moe_experts > 0; MOE_DESIGN's normalisations, which any
      * grid and micro-batch split share): the sequence-wise balance loss's coefficient,
      * the router z-loss's, and the aux-loss-free bias's update rate (0: no bias). */

@@ -36,6 +36,11 @@ static void here_mscale(const ts_config *c, char *buf, size_t cap)
     const size_t n = strlen(buf);
     snprintf(buf + n, cap - n, ", model.rope_mscale_all_dim = %g", c->model.rope_mscale_all_dim);
 }
+static bool spikes(const ts_config *c) { return c->train.skip_spikes > 0.0; }
+static void here_spikes(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "train.skip_spikes = %g", c->train.skip_spikes);
+}
 static void here_mtp(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.mtp_layers = %d", c->model.mtp_layers);
@@ -75,6 +80,8 @@ static const inert_rule RULES[] = {
     {"train.muon_ns_steps", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_coefficients", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_scale", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"train.spike_window", "the spike guard's window", spikes, "train.skip_spikes > 0",
+     here_spikes},
 };
 #undef YARN_NEEDS
 

@@ -90,6 +90,8 @@ ts_status ts_config_check_muon_coefficients(const key_spec *k, const ts_config *
                                             const char *where);
 ts_status ts_config_check_muon_scale(const key_spec *k, const ts_config *cfg, const char *where);
 ts_status ts_config_validate_muon(const ts_config *cfg);
+/* config_spike.c: the spike guard's threshold against its window. */
+ts_status ts_config_validate_spikes(const ts_config *cfg);
 ts_status ts_config_check_rope_type(const key_spec *k, const ts_config *cfg, const char *where);
 
 /* ---- config_hf.c: model.init's Hugging Face config.json (beside the weights: in the

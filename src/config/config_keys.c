@@ -99,6 +99,8 @@ void ts_config_defaults(ts_config *cfg)
     t->threads = 0;
     t->timeout_s = 600;
     copy_str(t->on_nonfinite, sizeof t->on_nonfinite, "stop");
+    t->skip_spikes = 0.0;
+    t->spike_window = 128; /* llm.c's OUTLIER_DETECTOR_WINDOW_SIZE */
     copy_str(t->device, sizeof t->device, "cpu");
     copy_str(t->precision, sizeof t->precision, "fp32");
     copy_str(t->attention, sizeof t->attention, "gemm");
@@ -251,6 +253,8 @@ const key_spec ts_config_keys[] = {
     STR_KEY("train", "precision", train.precision, ts_config_check_precision),
     STR_KEY("train", "attention", train.attention, ts_config_check_attention),
     STR_KEY("train", "on_nonfinite", train.on_nonfinite, ts_config_check_on_nonfinite),
+    FLOAT_KEY("train", "skip_spikes", train.skip_spikes, 0, false, 1e6, false),
+    INT_KEY("train", "spike_window", train.spike_window, 2, 1 << 14),
     FLOAT_KEY("train", "moe_aux_loss", train.moe_aux_loss, 0, false, 1e6, false),
     FLOAT_KEY("train", "moe_z_loss", train.moe_z_loss, 0, false, 1e6, false),
     FLOAT_KEY("train", "moe_bias_rate", train.moe_bias_rate, 0, false, 1e6, false),

@@ -670,5 +670,6 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
     if (ts_config_validate_mla(cfg) != TS_OK) return TS_ERR;
     if (ts_config_validate_mtp(cfg) != TS_OK) return TS_ERR;
     if (ts_config_validate_muon(cfg) != TS_OK) return TS_ERR;
+    if (ts_config_validate_spikes(cfg) != TS_OK) return TS_ERR;
     return check_checkpoint(cfg);
 }

@@ -294,6 +294,11 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
                     ts_lr_schedule_describe(&now, b, sizeof b));
     }
     if (st == TS_OK && opened) st = check_data_order(t, r.state);
+    /* train.skip_spikes: its window as the run left it, so the steps after decide as
+     * they would have (spike_guard.h); the same record on every rank. */
+    if (st == TS_OK && opened)
+        st = ts_spike_guard_restore(&t->spike, json_object_get(r.state, "spike_guard"),
+                                    t->loaded_from);
     if (st == TS_OK && t->groups->world.rank == 0) compare_data(t, r.state);
     if (opened) ts_ckpt_reader_close(&r);
     if (ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
@@ -428,6 +433,13 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
         t->model.k->memcpy_d2h(moe_bias, t->model.moe_bias, a.moe_bias_n * sizeof(float));
         a.moe_bias = moe_bias;
     }
+    /* train.skip_spikes: the guard's window after `step` steps, for state.json. */
+    json_t *extra = NULL, *spike = ts_spike_guard_state(&t->spike);
+    if (spike) {
+        extra = json_object();
+        json_object_set_new(extra, "spike_guard", spike);
+    }
+    a.extra = extra;
     const bool async = t->cfg.checkpoint.async && may_defer;
     t->saving_async = async;
     t->saving_t0_ms = ts_now_ms();
@@ -437,7 +449,8 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
     ts_watchdog_context("checkpoint: gathering the ZeRO-3 weights", 0, 0, 0);
     ts_zero_materialize(&t->zero, TS_ZERO_GATHER_EXACT);
     ts_status st = ts_ckpt_save_start(&a, async, &t->saving, &t->saving_blocked_ms);
-    free(moe_bias); /* the saver keeps its own copy */
+    free(moe_bias); /* the saver keeps its own copies */
+    json_decref(extra);
     ts_zero_dematerialize(&t->zero, false);
     if (st != TS_OK) return TS_ERR;
     return async ? TS_OK : ts_trainer_finish_save(t);

@@ -335,15 +335,18 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         snprintf(upd + strlen(upd), sizeof upd - strlen(upd),
                  ",\"update_rms_muon\":%.6g,\"update_rms_adamw\":%.6g,\"muon_ms\":%.3f",
                  s->update_rms_muon, s->update_rms_adamw, s->muon_ms);
+    /* train.skip_spikes: the spike guard's verdict and z-scores. */
+    char spike[160];
+    ts_spike_verdict_json(&s->spike, spike, sizeof spike);
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
         s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, upd, mtp,
         data,
-        s->skipped ? ",\"skipped\":true" : "");
+        s->skipped ? ",\"skipped\":true" : "", spike);
     if (st == TS_OK) st = report_moe_tokens(t, step, s);
     if (t->cfg.log.progress) {
         char eta[32];

@@ -160,6 +160,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
     ts_watchdog_context("setup: partition, schedule, model, data and pipeline", 0, 0, 0);
     t->groups = &topo->groups;
     ts_lr_schedule_of(&cfg->train, &t->lr_schedule);
+    ts_spike_guard_init(&t->spike, cfg->train.skip_spikes, cfg->train.spike_window);
     /* Every failure below is agreed across ranks, so every rank leaves by `fail`. */
     if (ts_comm_agree(&t->groups->world, ts_trainer_select_device(t)) != TS_OK) goto fail;
     /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
@@ -236,6 +237,7 @@ void ts_trainer_free(ts_trainer *t)
     free(t->recompute_keep);
     free(t->recompute_selective);
     free(t->moe_counts);
+    ts_spike_guard_free(&t->spike);
     memset(t, 0, sizeof *t);
 }
 
@@ -284,8 +286,9 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
     }
     for (size_t i = 0; i < n; i++) counts[i] = (int)sums[i];
     const long long tokens = (long long)t->cfg.train.global_batch * t->cfg.model.seq_len;
-    /* A skipped step (non-finite loss or norm) changes nothing, the bias included. */
-    if (!out->skipped)
+    /* A skipped step (non-finite loss or norm, or a spike) changes nothing, the bias
+     * included. */
+    if (!out->skipped && !out->spike.skip)
         ts_model_moe_update_bias(m, counts, tokens, (float)t->cfg.train.moe_bias_rate);
     out->moe_z_loss = sums[n];
     out->moe_aux_loss = sums[n + 1];
@@ -365,6 +368,12 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
      * (ts_trainer_run) or goes on with the next step. Otherwise AdamW on this rank's
      * ranges, and with ZeRO-1 the all-gather of the updated parameters. */
     out->skipped = !isfinite(norm) || !isfinite(out->loss) || !mtp_finite;
+    /* train.skip_spikes: a finite step whose loss or norm spikes above its window is not
+     * applied either, its batch consumed (spike_guard.h); decided from these global
+     * values alone, so alike on every rank. */
+    out->spike = ts_spike_guard_step(&t->spike, &t->groups->world, step, !out->skipped,
+                                     out->loss, norm);
+    const bool apply = !out->skipped && !out->spike.skip;
     /* The bias moves with every step the data saw, as the counts were made by its
      * selection (DeepSeek-V3 updates it per step, apart from the optimizer). */
     moe_step_end(t, out);
@@ -373,7 +382,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->update_rms_muon = out->update_rms_adamw = 0.0;
     out->muon_ms = 0.0;
     double gather_ms = 0.0;
-    if (!out->skipped) {
+    if (apply) {
         ts_trainer_optimizer_step(t, lr, ts_clip_coef(norm, c->train.grad_clip), step + 1, out);
         if (t->reducer.sharded) ts_watchdog_context("ZeRO parameter all-gather", 0, 0, 0);
         const double g0 = ts_now_ms();

@@ -23,6 +23,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "topology/topology.h"
+#include "train/spike_guard.h"
 
 typedef struct {
     double loss;        /* mean cross-entropy over the global batch */
@@ -38,6 +39,8 @@ typedef struct {
     double tp_comm_ms;  /* time in tensor-parallel all-reduces (max over ranks) */
     double cp_comm_ms;  /* time in context parallelism's K/V exchange (max over ranks) */
     bool skipped;       /* the loss or gradient norm was not finite: no update applied */
+    ts_spike_verdict spike; /* train.skip_spikes: the z-scores and whether the step was a
+                               spike, not applied either (spike_guard.h) */
     /* Mixture of Experts (model.moe_experts > 0): the step's auxiliary losses summed over
      * the MoE blocks (the balance loss's and the z-loss's values, coefficients included;
      * `loss` stays the cross-entropy), and the worst block's max/mean expert load. */
@@ -108,6 +111,7 @@ typedef struct {
     ts_muon muon;       /* Muon's momentum of the matrices this rank owns (optimizer.c) */
     ts_muon_dist muon_dist; /* which those are, where their gradients and weights live */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
+    ts_spike_guard spike;   /* train.skip_spikes' window (spike_guard.h), kept in checkpoints */
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
     ts_dataset val_data;
     /* data.train's shards, dataset after dataset, as every rank agreed on them (token
