@@ -121,6 +121,16 @@ ts_status ts_ckpt_print_info(const char *step_dir)
            (long long)json_integer_value(
                json_object_get(json_object_get(r.state, "data"), "sequences_consumed")),
            r.global_batch);
+    /* train.skip_spikes' window (train/spike_guard.h), when the run kept one. */
+    const json_t *spikes = json_object_get(r.state, "spike_guard");
+    if (spikes) {
+        const long long k = (long long)json_integer_value(json_object_get(spikes, "skipped"));
+        printf("spikes      window of %lld steps (%zu values held), %lld step%s skipped as "
+               "spike%s\n",
+               (long long)json_integer_value(json_object_get(spikes, "window")),
+               json_array_size(json_object_get(spikes, "loss")), k, k == 1 ? "" : "s",
+               k == 1 ? "" : "s");
+    }
     uint64_t total = 0;
     printf("files\n");
     for (int f = 0; f < r.n_files; f++) {
