@@ -493,8 +493,10 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
                                       "[n_layer * moe_experts] fp32 bit patterns, block-major; "
                                       "dense blocks 0"));
     }
-    /* The trainer's own records (the spike guard's window), after the keys above. */
-    if (a->extra) TS_ASSERT(json_object_update(root, (json_t *)a->extra) == 0);
+    /* The trainer's own records (the spike guard's window), after the keys above
+     * (jansson's update takes no const object; it only adds references to its members). */
+    const int merged = a->extra ? json_object_update(root, (json_t *)a->extra) : 0;
+    TS_ASSERT(merged == 0);
     return root;
 }
 
