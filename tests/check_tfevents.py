@@ -11,8 +11,8 @@ python3 alone) and check them against the run's metrics file (docs/CONTRACT.md
 - every other record is Event{wall_time, step, summary{value{tag, simple_value}...}},
   one per metrics line, in the lines' order (the files in the order of their first
   wall_time: a resumed run writes a new file), with the line's step (a line without
-  "step" takes the last step line's, or the first step's for the start-up line) and
-  exactly the tags below, each value equal to the line's as float32:
+  "step": the start-up line takes the step its run starts at, any other the last step
+  line's) and exactly the tags below, each value equal to the line's as float32:
     the key itself, or "val/X" for val_X and "hellaswag/X" for hellaswag_X;
     arrays: KEY/rankI for the per-rank lists, KEY/depthK (from 1) for mtp_loss and
     val_mtp_loss, KEY/datasetI for data_shares and data_epochs, KEY/I otherwise;
@@ -213,14 +213,19 @@ def main():
             raise SystemExit("an event after the first is not {wall_time, step, summary}")
     if len(events) > len(lines) or (not partial and len(events) != len(lines)):
         raise SystemExit(f"{len(events)} summary events for {len(lines)} metrics lines")
-    step = lines[0].get("step", 0) if lines else 0
-    for s in lines:  # the start-up line precedes the first step line: that step's
-        if "step" in s:
-            step = s["step"]
-            break
+    # A line without "step": the start-up line (blas_gflops) takes the step its run
+    # starts at, the next step line's; any other the last step line's before it.
+    steps, last = [], None
+    for i, line in enumerate(lines):
+        if "step" in line:
+            last = line["step"]
+        elif "blas_gflops" in line:
+            nxt = next((x["step"] for x in lines[i + 1:] if "step" in x), None)
+            last = nxt if nxt is not None else (last + 1 if last is not None else 0)
+        steps.append(last if last is not None else 0)
     tags = set()
     for i, (e, line) in enumerate(zip(events, lines)):
-        step = line.get("step", step)
+        step = steps[i]
         if e["step"] != step:
             raise SystemExit(f"line {i + 1}: event step {e['step']}, line step {step}")
         want = expected(line)
