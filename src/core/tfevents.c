@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <isa-l/crc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -49,25 +50,35 @@ static void put_le(unsigned char *out, uint64_t v, int bytes)
     for (int i = 0; i < bytes; i++) out[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* One record of `n` bytes, flushed; on failure the file is cut back to the last
- * complete record and closed. */
-static ts_status write_record(ts_tfevents *w, const unsigned char *data, size_t n, const char *what)
+/* One record of `n` bytes (its frame around data), written with write(2) straight to
+ * the file, so nothing lingers in a buffer to be written after a failure; on failure
+ * the file is cut back to its last complete record and closed. */
+static ts_status write_record(ts_tfevents *w, unsigned char *frame, size_t n, const char *what)
 {
-    unsigned char head[12], tail[4];
+    unsigned char *head = frame, *tail = frame + 12 + n;
     put_le(head, (uint64_t)n, 8);
     put_le(head + 8, ts_crc32c_masked(ts_crc32c(head, 8)), 4);
-    put_le(tail, ts_crc32c_masked(ts_crc32c(data, n)), 4);
-    errno = 0;
-    if (fwrite(head, 1, sizeof head, w->f) == sizeof head && fwrite(data, 1, n, w->f) == n &&
-        fwrite(tail, 1, sizeof tail, w->f) == sizeof tail && fflush(w->f) == 0) {
-        w->end += (long)(sizeof head + n + sizeof tail);
+    put_le(tail, ts_crc32c_masked(ts_crc32c(frame + 12, n)), 4);
+    const size_t total = n + 16;
+    size_t done = 0;
+    int err = 0;
+    while (done < total) {
+        const ssize_t k = write(w->fd, frame + done, total - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            err = k < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)k;
+    }
+    if (!err) {
+        w->end += (long)total;
         return TS_OK;
     }
-    const int err = errno ? errno : EIO;
-    if (ftruncate(fileno(w->f), w->end) != 0) { /* best effort: the reader stops at a torn record */
+    if (ftruncate(w->fd, w->end) != 0) { /* best effort: a reader stops at a torn record */
     }
-    fclose(w->f);
-    w->f = NULL;
+    close(w->fd);
+    w->fd = -1;
     return ts_fail("%s: writing %s failed: %s; the run stops here (the file ends at its last "
                    "complete record)",
                    what, w->path, strerror(err));
@@ -76,17 +87,18 @@ static ts_status write_record(ts_tfevents *w, const unsigned char *data, size_t 
 static ts_status write_event(ts_tfevents *w, const Tensorboard__Event *ev, const char *what)
 {
     const size_t n = tensorboard__event__get_packed_size(ev);
-    unsigned char *buf = ts_try_malloc(n ? n : 1);
-    if (!buf) return ts_fail("%s: out of memory for an event of %zu bytes", what, n);
-    tensorboard__event__pack(ev, buf);
-    const ts_status st = write_record(w, buf, n, what);
-    free(buf);
+    unsigned char *frame = ts_try_malloc(n + 16);
+    if (!frame) return ts_fail("%s: out of memory for an event of %zu bytes", what, n);
+    tensorboard__event__pack(ev, frame + 12);
+    const ts_status st = write_record(w, frame, n, what);
+    free(frame);
     return st;
 }
 
 ts_status ts_tfevents_open(ts_tfevents *w, const char *dir, const char *what)
 {
     memset(w, 0, sizeof *w);
+    w->fd = -1;
     if (ts_mkdir_p(dir) != TS_OK) return ts_error_prefix("%s: ", what);
     char host[256] = "localhost";
     if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
@@ -98,10 +110,9 @@ ts_status ts_tfevents_open(ts_tfevents *w, const char *dir, const char *what)
     snprintf(w->path, cap, "%s/events.out.tfevents.%010lld.%s.%ld", dir, (long long)time(NULL),
              host, (long)getpid());
     /* O_EXCL: never another file's records under ours. */
-    const int fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 || !(w->f = fdopen(fd, "w"))) {
+    w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
         const int err = errno;
-        if (fd >= 0) close(fd);
         ts_status st = ts_fail("%s: cannot create %s: %s (log.tensorboard must name a directory "
                                "this rank can write)",
                                what, w->path, strerror(err));
@@ -123,7 +134,7 @@ ts_status ts_tfevents_open(ts_tfevents *w, const char *dir, const char *what)
 ts_status ts_tfevents_scalars(ts_tfevents *w, int64_t step, const ts_tfevents_scalar *v, size_t n,
                               const char *what)
 {
-    if (!w->f) return ts_fail("%s: the event file is closed (an earlier write failed)", what);
+    if (w->fd < 0) return ts_fail("%s: the event file is closed (an earlier write failed)", what);
     if (n == 0) return TS_OK;
     Tensorboard__Summary__Value *values = ts_malloc(n * sizeof *values);
     Tensorboard__Summary__Value **ptrs = ts_malloc(n * sizeof *ptrs);
@@ -150,7 +161,13 @@ ts_status ts_tfevents_scalars(ts_tfevents *w, int64_t step, const ts_tfevents_sc
 
 void ts_tfevents_close(ts_tfevents *w)
 {
-    if (w->f) fclose(w->f);
+    if (w->path && w->fd >= 0) close(w->fd);
     free(w->path);
     memset(w, 0, sizeof *w);
+    w->fd = -1;
+}
+
+bool ts_tfevents_is_open(const ts_tfevents *w)
+{
+    return w->path && w->fd >= 0;
 }

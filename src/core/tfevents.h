@@ -2,20 +2,20 @@
  * DIR/events.out.tfevents.<unix seconds>.<host>.<pid> of TFRecords, each a serialised
  * tensorboard.Event (src/core/tensorboard.proto, through protobuf-c): first
  * {wall_time, file_version = "brain.Event:2"}, then one {wall_time, step, summary} per
- * call of ts_tfevents_scalars. Every record is flushed as it is written, so TensorBoard
+ * call of ts_tfevents_scalars. Every record is written through as it comes, so TensorBoard
  * (or `wandb sync`) sees a live run, and a failed write is reported at once. */
 #ifndef TS_TFEVENTS_H
 #define TS_TFEVENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "core/error.h"
 
 typedef struct {
-    FILE *f;
-    char *path; /* owned */
+    int fd;     /* with path set: -1 once closed (a failed write) */
+    char *path; /* owned; NULL: never opened */
     long end;   /* bytes of complete records: a failed write cuts the file back here */
 } ts_tfevents;
 
@@ -34,6 +34,9 @@ ts_status ts_tfevents_open(ts_tfevents *w, const char *dir, const char *what);
 ts_status ts_tfevents_scalars(ts_tfevents *w, int64_t step, const ts_tfevents_scalar *v, size_t n,
                               const char *what);
 void ts_tfevents_close(ts_tfevents *w);
+/* Whether records may be written (opened, and no write failed). A zeroed ts_tfevents
+ * is not open. */
+bool ts_tfevents_is_open(const ts_tfevents *w);
 
 /* CRC-32C (Castagnoli) of n bytes, and TFRecord's masked form of a CRC:
  * ((crc >> 15) | (crc << 17)) + 0xa282ead8. */

@@ -73,7 +73,7 @@ ts_status ts_trainer_open_outputs(ts_trainer *t)
 
 bool ts_trainer_reporting(const ts_trainer *t)
 {
-    return t->metrics || t->tboard.f;
+    return t->metrics || ts_tfevents_is_open(&t->tboard);
 }
 
 /* The line into the metrics file, flushed. */

@@ -27,7 +27,7 @@ ts_status ts_trainer_open_tensorboard(ts_trainer *t)
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
         return ts_fail(WHAT " = %s is %s, not a directory: it names the directory the event "
                             "files go to",
-                       dir, ts_file_kind(st.st_mode));
+                       dir, S_ISREG(st.st_mode) ? "a file" : ts_file_kind(st.st_mode));
     return ts_tfevents_open(&t->tboard, dir, WHAT);
 }
 
@@ -130,7 +130,7 @@ static void walk_moe_tokens(scalars *s, json_t *line)
 
 ts_status ts_trainer_tensorboard_line(ts_trainer *t, const char *text)
 {
-    if (!t->tboard.f) return TS_OK;
+    if (!ts_tfevents_is_open(&t->tboard)) return TS_OK;
     json_error_t jerr;
     json_t *line = json_loads(text, 0, &jerr);
     if (!json_is_object(line)) { /* the trainer wrote it: a bug, said plainly */

@@ -157,7 +157,7 @@ typedef struct {
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
-    ts_tfevents tboard; /* log.tensorboard's event file: rank 0 only; tboard.f NULL when off */
+    ts_tfevents tboard; /* log.tensorboard's event file: rank 0 only (ts_tfevents_is_open) */
     int report_step;    /* the last step reported: the TensorBoard step of a line without one */
     double *step_max;   /* [8 + 2 * world]: the step's max all-reduce of timings (trainer.c) */
     double *straggler_sum; /* rank 0, log.straggler_every > 0: each rank's compute ms summed
