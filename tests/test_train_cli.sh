@@ -81,13 +81,16 @@ fi
 # A planted straggler: rank 2 of 3 (dp 3) sleeps after each of its sgemm calls
 # (tests/slow_sgemm.c, preloaded into that rank alone): every straggler report names it,
 # and the metrics make it the slowest rank of most steps (not all: a loaded machine may
-# stall another rank once); its events read back too.
+# stall another rank once); its events read back too. A property of timings: the
+# release build's (run 2 above takes the same code under the sanitizers and strict).
 SLOW="$(dirname "$TESSERA")/tests/libts_slow_sgemm.so"
 slow=(train "$SRC/configs/tiny.cfg" --set train.steps=4 --set "data.train=\"$TMP/train.bin\""
       --set 'data.val=""' --set train.threads=1 --set log.progress=false --set train.global_batch=12
       --set "log.metrics=\"$TMP/slow.jsonl\"" --set "log.tensorboard=\"$TMP/tb_slow\""
       --set log.straggler_every=2 "${DEVICE_SETS[@]}")
-if timeout 120 mpirun --oversubscribe -np 2 "$TESSERA" "${slow[@]}" : -np 1 env TS_TEST_SGEMM_SLEEP_US=500 \
+if release_only "the planted straggler"; then
+  :
+elif timeout 120 mpirun --oversubscribe -np 2 "$TESSERA" "${slow[@]}" : -np 1 env TS_TEST_SGEMM_SLEEP_US=500 \
      LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}$SLOW" "$TESSERA" "${slow[@]}" >"$TMP/out" 2>"$TMP/err"; then
   [ "$(grep -c "warning: stragglers, steps [0-9]*-[0-9]*: rank 2 score 0\.[0-6][0-9] " "$TMP/err")" -eq 2 ] \
     && pass || fail "the straggler reports do not name rank 2: $(grep straggler "$TMP/err")"
