@@ -35,6 +35,8 @@ top=(
   libopenblas0-openmp libopenblas-openmp-dev            # BLAS (OpenMP build)
   zlib1g-dev                                            # crc32 (headers; libz is in BASE)
   pkgconf pkgconf-bin libpkgconf3                       # pkg-config for CMake's pkg_check_modules
+  libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler  # TensorBoard's Events (protoc-c runs at build time)
+  libisal2 libisal-dev                                  # CRC-32C of TensorBoard's records
 )
 base=(
   libc6 libc6-dev libc-dev-bin linux-libc-dev libcrypt1 libcrypt-dev libnsl2 libnsl-dev

@@ -14,6 +14,8 @@ packages=(
   zlib1g-dev                           # crc32 checksums of checkpoints
   libpcre2-dev                         # the BPE pre-tokenizer patterns (Unicode properties, JIT)
   libssl-dev                           # sha256 of tokenizer ranks files (libcrypto)
+  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard's Event protobufs (log.tensorboard), generated at build time
+  libisal-dev                          # Intel ISA-L: CRC-32C of TensorBoard's TFRecord framing
   curl ca-certificates                 # scripts/fetch_tokenizers.sh: the pinned ranks files from PyPI
   fortunes fortunes-min                # the demo's English text corpus
   slurmctld slurmd slurm-client munge libpmix-dev  # Slurm test cluster; srun --mpi=pmix dlopens libpmix.so

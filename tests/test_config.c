@@ -850,6 +850,7 @@ static const struct {
     {"train.muon_coefficients", {"train.optimizer=\"muon\""}},
     {"train.muon_scale", {"train.optimizer=\"muon\""}},
     {"train.spike_window", {"train.skip_spikes=2"}},
+    {"log.straggler_threshold", {"log.straggler_every=10"}},
 };
 #undef LLAMA_OV
 
@@ -1055,6 +1056,12 @@ static void test_config_inert_keys(void)
     /* Multi-token prediction's weight without its modules. */
     EXPECT_ERR(SMALL_LLAMA, "train.mtp_loss=0.1", "'train.mtp_loss' = 0.1",
                "model.mtp_layers > 0", "model.mtp_layers = 0");
+    /* The straggler report's threshold without the report. */
+    EXPECT_ERR(SMALL_LLAMA, "log.straggler_threshold=0.5", "'log.straggler_threshold' = 0.5",
+               "log.straggler_every > 0", "log.straggler_every = 0");
+    const char *straggler_ok[] = {"log.straggler_every=10", "log.straggler_threshold=0.5"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, straggler_ok, 2, 0) == TS_OK, "%s", ts_error_message());
 }
 
 int main(void)

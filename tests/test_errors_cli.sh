@@ -108,7 +108,8 @@ expect_error 1 "log.trace: cannot create (directory )?/proc/no-such-dir" "${base
   --set 'log.trace="/proc/no-such-dir/t.json"' --set train.steps=3
 [ ! -s "$TMP/m.jsonl" ] && pass || fail "an unwritable log.trace was found only after training"
 
-# A disk that fills up: the run stops with an error, the metrics file keeps whole lines.
+# A disk that fills up: the run stops with an error, the metrics file keeps whole lines
+# (and the TensorBoard event file whole records).
 mkdir -p "$TMP/small"
 if mount -t tmpfs -o size=8k tmpfs "$TMP/small" 2>/dev/null; then
   at_exit 'umount "$TMP/small" 2>/dev/null'
@@ -123,6 +124,13 @@ if mount -t tmpfs -o size=8k tmpfs "$TMP/small" 2>/dev/null; then
   else
     fail "metrics file on a full disk is not whole JSON lines"
   fi
+  # log.tensorboard's event file on the full disk: the same stop, the file cut back to
+  # its last whole record, which check_tfevents.py reads (a prefix of the metrics lines).
+  rm -f "$TMP/small/m.jsonl"
+  expect_error 1 "log.tensorboard: writing .*No space left on device" "${base[@]}" --set train.steps=60 \
+    --set model.n_layer=1 --set model.n_embd=32 --set "log.tensorboard=\"$TMP/small/tb\""
+  python3 "$SRC/tests/check_tfevents.py" "$TMP/m.jsonl" "$TMP"/small/tb/events.out.tfevents.* --partial \
+    && pass || fail "the event file on a full disk is not whole records"
   umount "$TMP/small"
 else
   skip_case "the full-disk case (mounting a tmpfs is not permitted here)"

@@ -50,7 +50,12 @@ covered() {
   skip_case "$1 (the release build runs it; under the sanitizers $2 covers its code)"
 }
 
-check ref 1
+# The reference writes TensorBoard events too: its MoE metrics (the losses, the load,
+# each block's tokens per expert as moe/block<L>/expert<e>) read back by
+# tests/check_tfevents.py.
+check ref 1 --set "log.tensorboard=\"$TMP/tb_ref\""
+python3 "$SRC/tests/check_tfevents.py" "$TMP/ref.jsonl" "$TMP"/tb_ref/events.out.tfevents.* &&
+  pass || fail "the MoE reference's TensorBoard events"
 # The grid cases train 4 steps against the reference's first 4 (grid4 ... grid8 below; the
 # llama-tiny warm-up is 20 steps, so a step's learning rate does not depend on
 # train.steps): four updates carry every grid's sums, exchanges and moved bias into the

@@ -9,7 +9,9 @@
 #   checkpoint.dir (D2, D6, D8, D9, D11): locked for the run (a second run refused
 #     naming the holder; a killed run leaves no stale lock), checked at start-up, a
 #     fresh run refused where checkpoints are (checkpoint.overwrite allows it), outputs
-#     refused inside checkpoints, the same directory on every rank; log.metrics locked;
+#     refused inside checkpoints (log.tensorboard's too), the same directory on every
+#     rank; log.metrics locked; log.tensorboard unusable at start-up, a resumed run's
+#     events in a file of their own;
 #   inputs that are not regular files (D3, D4): FIFOs, /dev/zero, directories refused
 #     at once, none blocking;
 #   ranks that disagree (D7, D13): different data under one path, TS_FAKE_NODES on one
@@ -164,14 +166,20 @@ expect_error --rc 1 0 "holds \+Inf at element 0" train "$CFG" "${small[@]}" --se
 
 # ---- D2, D6, D8, D9, D11: checkpoint.dir
 D="$TMP/ck"
-run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" && pass ||
+# (With TensorBoard events: each run writes a file of its own, and the resumed run's
+# steps follow the first run's, as its metrics lines do: tests/check_tfevents.py.)
+tbr=(--set "log.metrics=\"$TMP/d9.jsonl\"" --set "log.tensorboard=\"$TMP/tb_d9\"")
+run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" "${tbr[@]}" && pass ||
   fail "D9: the first run"
 # A fresh run where checkpoints are: refused (its saves would prune them) ...
 expect_error 2 "already holds checkpoints \(the newest is step_00000002\)" \
   train "$CFG" "${small[@]}" --set parallel.dp=2 --set train.steps=2 --set "checkpoint.dir=\"$D\""
 # ... unless it resumes, or says overwrite.
 run_one train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$D\"" \
-  --set checkpoint.load=latest && pass || fail "D9: resuming"
+  --set checkpoint.load=latest "${tbr[@]}" && pass || fail "D9: resuming"
+tbf=("$TMP"/tb_d9/events.out.tfevents.*)
+[ "${#tbf[@]}" -eq 2 ] && python3 "$SRC/tests/check_tfevents.py" "$TMP/d9.jsonl" "${tbf[@]}" && pass ||
+  fail "D9: the resumed run's TensorBoard events (${tbf[*]})"
 run_one train "$CFG" "${small[@]}" --set train.steps=1 --set "checkpoint.dir=\"$D\"" \
   --set checkpoint.overwrite=true && pass || fail "D9: checkpoint.overwrite"
 # Starting over replaces the old run's checkpoints, the later ones too, once its own
@@ -204,6 +212,13 @@ expect_error 0 "checkpoint.dir $TMP/afile is not a directory" train "$CFG" "${sm
 expect_error 0 "checkpoint.dir: cannot create directory" train "$CFG" "${small[@]}" \
   --set train.steps=1 --set "checkpoint.dir=\"$TMP/afile/sub\""
 grep -q 'step ' "$TMP/err" && fail "D6: trained before refusing" || pass
+# log.tensorboard likewise: a file where its directory goes, a directory it cannot make
+# (rank 0 alone opens it: every rank exits), before any training.
+expect_error 2 "log.tensorboard = $TMP/afile is a file, not a directory" train "$CFG" "${small[@]}" \
+  --set parallel.dp=2 --set train.steps=1 --set "log.tensorboard=\"$TMP/afile\""
+expect_error 0 "log.tensorboard: cannot create directory .*afile/sub" train "$CFG" "${small[@]}" \
+  --set train.steps=1 --set "log.tensorboard=\"$TMP/afile/sub\""
+grep -q 'step ' "$TMP/err" && fail "D6: trained before refusing log.tensorboard" || pass
 # Outputs inside a checkpoint: refused.
 run_one train "$CFG" "${small[@]}" --set train.steps=2 --set "checkpoint.dir=\"$D\"" \
   --set checkpoint.overwrite=true || fail "D8: the save"
@@ -213,6 +228,9 @@ expect_error 0 "inside the checkpoint being loaded" train "$CFG" "${small[@]}" -
 expect_error 0 "inside checkpoint.dir's checkpoints \(latest\)" train "$CFG" "${small[@]}" \
   --set train.steps=3 --set "checkpoint.dir=\"$D\"" --set checkpoint.load=latest \
   --set "log.trace=\"$D/latest\""
+expect_error 0 "log.tensorboard = $D/step_00000002/tb is inside the checkpoint being loaded" \
+  train "$CFG" "${small[@]}" --set train.steps=3 --set "checkpoint.dir=\"$D\"" \
+  --set checkpoint.load=latest --set "log.tensorboard=\"$D/step_00000002/tb\""
 "$TESSERA" ckpt verify "$D" >/dev/null && pass || fail "D8: the checkpoint was damaged"
 # Not the same directory on every rank (each rank in its own working directory, a
 # relative checkpoint.dir): refused before the first step.

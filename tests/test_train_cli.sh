@@ -1,7 +1,8 @@
 # Training from the command line on the tiny config: the loss at initialisation is
 # ln(vocab) within 5%, 50 steps lower it, and the same run twice is bit-identical; the
 # metrics and progress lines carry MFU, the start-up lines the model, grid and ZeRO
-# level (and a warning when ZeRO has no replicas to shard over). Under the sanitizers
+# level (and a warning when ZeRO has no replicas to shard over); TensorBoard's events
+# read back, and a planted straggler named (rank 2 of 3). Under the sanitizers
 # and in the strict copy (TS_TEST_SWEEP_STEPS set, tests/CMakeLists.txt) the runs train
 # 12 steps with validation every 6, every case but the loss's fall (the default copy's):
 # they look for memory errors and host touches of device memory, which 12 steps meet.
@@ -17,7 +18,9 @@ common=(train "$SRC/configs/tiny.cfg" --set "train.steps=$steps" --set "data.tra
         --set "data.val=\"$TMP/val.bin\"" --set "data.eval_every=$((steps / 2))" --set train.threads=1)
 
 if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/run1.jsonl\""; then pass; else fail "train run 1"; cat "$TMP/err" >&2; fi
-if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/run2.jsonl\""; then pass; else fail "train run 2"; cat "$TMP/err" >&2; fi
+# The rerun writes TensorBoard events and straggler reports too, which change no number.
+if run_np 1 "${common[@]}" --set "log.metrics=\"$TMP/run2.jsonl\"" --set "log.tensorboard=\"$TMP/tb\"" \
+     --set "log.straggler_every=$((steps / 2))"; then pass; else fail "train run 2"; cat "$TMP/err" >&2; fi
 
 n=$(losses "$TMP/run1.jsonl" | wc -l)
 [ "$n" -eq "$steps" ] && pass || fail "expected $steps step lines, got $n"
@@ -37,6 +40,14 @@ for key in step loss lr grad_norm tokens step_ms tokens_per_s bubble dp_overlap;
   grep -m1 '^{"step":' "$TMP/run1.jsonl" | grep_q "\"$key\":" && pass || fail "metrics line lacks $key"
 done
 grep -q "ETA" "$TMP/err" && pass || fail "no progress with ETA on stderr"
+# log.tensorboard: one event file whose records (CRCs, file_version, every number of
+# every metrics line under its tag and step, validation's included) check_tfevents.py
+# reads back; log.straggler_every: a report every steps/2 steps (one rank: none).
+tb=("$TMP"/tb/events.out.tfevents.*)
+[ "${#tb[@]}" -eq 1 ] && [ -f "${tb[0]}" ] && python3 "$SRC/tests/check_tfevents.py" "$TMP/run2.jsonl" "${tb[@]}" \
+  && pass || fail "the TensorBoard events do not match run2.jsonl (${tb[*]})"
+[ "$(grep -c "^stragglers, steps [0-9]*-[0-9]*: no stragglers" "$TMP/err")" -eq 2 ] && pass \
+  || fail "expected 2 straggler reports: $(grep straggler "$TMP/err")"
 # MFU: every step line has one, and the run's median lies in (0, 1.5) (measured against
 # the start-up sgemm rate; a loaded machine moves it, hence the median and the margin).
 # The first line records the ZeRO level that ran and the rates MFU is measured against.
@@ -65,6 +76,30 @@ if run_np 2 train "$SRC/configs/llama-tiny.cfg" --set train.steps=1 --set model.
     && pass || fail "expected one ZeRO-0 warning: $(grep -c warning "$TMP/err") warnings"
 else
   fail "llama tp 2 run"; cat "$TMP/err" >&2
+fi
+
+# A planted straggler: rank 2 of 3 (dp 3) sleeps after each of its sgemm calls
+# (tests/slow_sgemm.c, preloaded into that rank alone): every straggler report names it,
+# and the metrics make it the slowest rank of most steps (not all: a loaded machine may
+# stall another rank once); its events read back too. A property of timings: the
+# release build's (run 2 above takes the same code under the sanitizers and strict).
+SLOW="$(dirname "$TESSERA")/tests/libts_slow_sgemm.so"
+slow=(train "$SRC/configs/tiny.cfg" --set train.steps=4 --set "data.train=\"$TMP/train.bin\""
+      --set 'data.val=""' --set train.threads=1 --set log.progress=false --set train.global_batch=12
+      --set "log.metrics=\"$TMP/slow.jsonl\"" --set "log.tensorboard=\"$TMP/tb_slow\""
+      --set log.straggler_every=2 "${DEVICE_SETS[@]}")
+if release_only "the planted straggler"; then
+  :
+elif timeout 120 mpirun --oversubscribe -np 2 "$TESSERA" "${slow[@]}" : -np 1 env TS_TEST_SGEMM_SLEEP_US=500 \
+     LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}$SLOW" "$TESSERA" "${slow[@]}" >"$TMP/out" 2>"$TMP/err"; then
+  [ "$(grep -c "warning: stragglers, steps [0-9]*-[0-9]*: rank 2 score 0\.[0-6][0-9] " "$TMP/err")" -eq 2 ] \
+    && pass || fail "the straggler reports do not name rank 2: $(grep straggler "$TMP/err")"
+  n=$(grep -c '"rank_slowest":2,"rank_fastest":[01],' "$TMP/slow.jsonl")
+  [ "$n" -ge 3 ] && pass || fail "rank 2 is the slowest of $n of 4 steps: $(grep -o '"rank_slowest[^}]*' "$TMP/slow.jsonl")"
+  python3 "$SRC/tests/check_tfevents.py" "$TMP/slow.jsonl" "$TMP"/tb_slow/events.out.tfevents.* \
+    && pass || fail "the planted straggler's events do not match its metrics"
+else
+  fail "the planted straggler's run"; cat "$TMP/err" >&2
 fi
 
 # model.init: training starts from a safetensors file of nanoGPT-named weights

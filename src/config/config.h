@@ -267,6 +267,11 @@ typedef struct {
     int moe_every;              /* MoE: a metrics line of each MoE block's tokens per expert
                                    every this many steps and after the last; 0 = after
                                    the last step only */
+    char tensorboard[TS_PATH_MAX]; /* TensorBoard event files in this directory (rank 0);
+                                      "" = none */
+    int straggler_every;        /* a straggler report on stderr every this many steps; 0 = none */
+    double straggler_threshold; /* a rank whose compute time relative to the median (median /
+                                   its own) is below this is named a straggler */
 } ts_log_config;
 
 typedef struct {

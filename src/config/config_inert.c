@@ -45,6 +45,11 @@ static void here_mtp(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.mtp_layers = %d", c->model.mtp_layers);
 }
+static bool stragglers(const ts_config *c) { return c->log.straggler_every > 0; }
+static void here_stragglers(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "log.straggler_every = %d", c->log.straggler_every);
+}
 static void here_optimizer(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "train.optimizer = \"%s\"", c->train.optimizer);
@@ -82,6 +87,8 @@ static const inert_rule RULES[] = {
     {"train.muon_scale", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.spike_window", "the spike guard's window", spikes, "train.skip_spikes > 0",
      here_spikes},
+    {"log.straggler_threshold", "the straggler report's", stragglers,
+     "log.straggler_every > 0", here_stragglers},
 };
 #undef YARN_NEEDS
 

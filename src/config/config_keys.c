@@ -130,6 +130,7 @@ void ts_config_defaults(ts_config *cfg)
 
     copy_str(cfg->log.metrics, sizeof cfg->log.metrics, "metrics.jsonl");
     cfg->log.progress = true;
+    cfg->log.straggler_threshold = 0.7; /* NVRx's default relative-performance threshold */
 }
 
 void ts_config_arch_defaults(ts_model_config *m, const char *arch)
@@ -287,6 +288,9 @@ const key_spec ts_config_keys[] = {
     STR_KEY("log", "trace", log.trace, NULL),
     BOOL_KEY("log", "progress", log.progress),
     INT_KEY("log", "moe_every", log.moe_every, 0, BIG),
+    STR_KEY("log", "tensorboard", log.tensorboard, NULL),
+    INT_KEY("log", "straggler_every", log.straggler_every, 0, BIG),
+    FLOAT_KEY("log", "straggler_threshold", log.straggler_threshold, 0, true, 1, false),
 };
 const int ts_config_n_keys = (int)(sizeof ts_config_keys / sizeof ts_config_keys[0]);
 

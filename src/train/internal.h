@@ -21,6 +21,8 @@ ts_status ts_trainer_check_memory(ts_trainer *t, bool log);
 ts_status ts_trainer_open_outputs(ts_trainer *t);
 ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Whether rank 0 writes metrics lines anywhere (log.metrics or log.tensorboard). */
+bool ts_trainer_reporting(const ts_trainer *t);
 ts_status ts_trainer_report_blas(ts_trainer *t);
 /* The step's metrics line and, with log.progress, its progress line (avg_ms: the mean
  * step time so far, for the ETA). */
@@ -38,6 +40,21 @@ void ts_trainer_trace_span(ts_trainer *t, const char *cat, double t0, double t1)
  * track, its blocked part "a2await" on the main track. */
 void ts_trainer_on_a2a_span(void *ctx, const ts_expert_span *s);
 ts_status ts_trainer_write_trace(ts_trainer *t);
+
+/* ---- tensorboard.c: log.tensorboard's event file (rank 0), opened before the first
+ * step (a directory that cannot be written fails the start-up), and one Event of every
+ * number of a metrics line (called by ts_trainer_metrics_line with the line's text; its
+ * step is the line's "step", else the last reported step). */
+ts_status ts_trainer_open_tensorboard(ts_trainer *t);
+ts_status ts_trainer_tensorboard_line(ts_trainer *t, const char *text);
+
+/* ---- straggler.c: each rank's compute and wait time of the step in slots [2 * world]
+ * of the step's max all-reduce (zeroed, then each rank puts its own); from the reduced
+ * slots the step's straggler metrics (out) and, on rank 0, the window's sums; every
+ * log.straggler_every steps (after step `step`) rank 0's one-line report. */
+void ts_straggler_put(double *slots, int rank, double compute_ms, double wait_ms);
+void ts_straggler_step(ts_trainer *t, const double *slots, ts_step_stats *out);
+void ts_straggler_report(ts_trainer *t, int step);
 
 /* ---- optimizer.c: the optimizer state beside the data-parallel one, and the step */
 /* After the data-parallel set-up made AdamW's state: under train.optimizer = "muon",

@@ -71,18 +71,19 @@ ts_status ts_trainer_open_outputs(ts_trainer *t)
     return TS_OK;
 }
 
-/* One JSON line into the metrics file (rank 0), flushed; a failed write (a full disk)
- * is an error naming the file, and the file is closed so nothing more is written. */
-ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
+bool ts_trainer_reporting(const ts_trainer *t)
+{
+    return t->metrics || ts_tfevents_is_open(&t->tboard);
+}
+
+/* The line into the metrics file, flushed. */
+static ts_status write_metrics(ts_trainer *t, const char *text)
 {
     if (!t->metrics) return TS_OK;
     errno = 0;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vfprintf(t->metrics, fmt, ap);
-    va_end(ap);
     int err = 0;
-    if (n < 0 || fputc('\n', t->metrics) == EOF || fflush(t->metrics) != 0) err = errno ? errno : EIO;
+    if (fputs(text, t->metrics) == EOF || fputc('\n', t->metrics) == EOF || fflush(t->metrics) != 0)
+        err = errno ? errno : EIO;
     if (!err) {
         t->metrics_end = ftell(t->metrics);
         return TS_OK;
@@ -95,6 +96,27 @@ ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
     return ts_fail("log.metrics: writing %s failed: %s; the run stops here (the file ends at "
                    "the last complete line)",
                    t->cfg.log.metrics, strerror(err));
+}
+
+/* One JSON line into the metrics file (rank 0) and, with log.tensorboard, its numbers
+ * into the event file; a failed write (a full disk) is an error naming the file, which
+ * is closed so nothing more is written there. */
+ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)
+{
+    if (!ts_trainer_reporting(t)) return TS_OK;
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    const int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *text = n >= 0 ? ts_malloc((size_t)n + 1) : NULL;
+    if (text) vsnprintf(text, (size_t)n + 1, fmt, again);
+    va_end(again);
+    if (!text) return ts_fail("log.metrics: cannot format a metrics line");
+    ts_status st = write_metrics(t, text);
+    if (st == TS_OK) st = ts_trainer_tensorboard_line(t, text);
+    free(text);
+    return st;
 }
 
 /* The GEMM rate MFU is measured against, GFLOP/s on this rank: an fp32 CPU run's is the
@@ -264,7 +286,7 @@ static ts_status report_moe_tokens(ts_trainer *t, int step, const ts_step_stats 
     const ts_model_config *mc = &t->cfg.model;
     const int every = t->cfg.log.moe_every;
     const bool due = (every > 0 && (step + 1) % every == 0) || step == t->cfg.train.steps - 1;
-    if (!s->moe || !s->moe_counts || !due || !t->metrics) return TS_OK;
+    if (!s->moe || !s->moe_counts || !due || !ts_trainer_reporting(t)) return TS_OK;
     json_t *layers = json_array(), *tokens = json_array();
     for (int l = 0; l < mc->n_layer + mc->mtp_layers; l++) { /* MTP's blocks last */
         if (!ts_model_block_is_moe(mc, l)) continue;
@@ -286,6 +308,7 @@ static ts_status report_moe_tokens(ts_trainer *t, int step, const ts_step_stats 
 
 ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s, double avg_ms)
 {
+    t->report_step = step;
     const int steps = t->cfg.train.steps;
     /* JSON has no NaN or infinity: a skipped step's non-finite values are null. */
     char loss[32], norm[32];
@@ -342,10 +365,13 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
-        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s%s%s}",
+        "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s,"
+        "\"rank_slowest\":%d,\"rank_fastest\":%d,\"compute_ms_max\":%.3f,\"compute_ms_min\":%.3f,"
+        "\"wait_ms_max\":%.3f,\"wait_ms_min\":%.3f%s%s}",
         step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
         s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, upd, mtp,
-        data,
+        data, s->rank_slowest, s->rank_fastest, s->compute_ms_max, s->compute_ms_min,
+        s->wait_ms_max, s->wait_ms_min,
         s->skipped ? ",\"skipped\":true" : "", spike);
     if (st == TS_OK) st = report_moe_tokens(t, step, s);
     if (t->cfg.log.progress) {

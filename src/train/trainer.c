@@ -200,6 +200,7 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
         ts_comm_agree(&t->groups->world, init_weights(t)) != TS_OK ||
         ts_trainer_load_checkpoint(t) != TS_OK ||
         ts_comm_agree(&t->groups->world, ts_trainer_open_outputs(t)) != TS_OK ||
+        ts_comm_agree(&t->groups->world, ts_trainer_open_tensorboard(t)) != TS_OK ||
         ts_trainer_report_blas(t) != TS_OK)
         goto fail;
     ts_model_refresh_compute(&t->model); /* the weights the first forward reads */
@@ -219,6 +220,9 @@ void ts_trainer_free(ts_trainer *t)
     ts_ckpt_claim_release(&t->claim);
     free(t->staging.mem);
     if (t->metrics) fclose(t->metrics);
+    ts_tfevents_close(&t->tboard);
+    free(t->step_max);
+    free(t->straggler_sum);
     if (t->tracing) ts_trace_free(&t->trace);
     ts_zero_free(&t->zero); /* before the reducer: it frees the segments' buffers */
     ts_reducer_free(&t->reducer);
@@ -408,11 +412,24 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
     out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
-    /* The optimizer's times too (metrics: optim_ms, optim_gather_ms, muon_ms). */
-    double comm_ms[8] = {t->reducer.wait_ms + t->zero.gather_ms, t->tp_busy_ms,
-                         t->cp_busy_ms, out->a2a_ms, out->a2a_wait_ms, t3 - t2, gather_ms,
-                         out->muon_ms};
-    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 8);
+    /* The optimizer's times too (metrics: optim_ms, optim_gather_ms, muon_ms), and every
+     * rank's compute and wait time in slots of its own (straggler.c): this rank's time
+     * to here less its waits (pipeline idle, tp/cp collectives, ep waits, the dp
+     * reduction's and ZeRO's gathers) is its compute. */
+    const int world = t->groups->world.size;
+    if (!t->step_max) t->step_max = ts_malloc((8 + 2 * (size_t)world) * sizeof(double));
+    double *comm_ms = t->step_max;
+    const double dp_wait = t->reducer.wait_ms + t->zero.gather_ms;
+    const double idle = t->engine.span_ms > t->engine.compute_ms
+                            ? t->engine.span_ms - t->engine.compute_ms : 0.0;
+    const double waits = idle + t->tp_busy_ms + t->cp_busy_ms + out->a2a_wait_ms + dp_wait;
+    const double mine[8] = {dp_wait, t->tp_busy_ms, t->cp_busy_ms, out->a2a_ms,
+                            out->a2a_wait_ms, t3 - t2, gather_ms, out->muon_ms};
+    memcpy(comm_ms, mine, sizeof mine);
+    memset(comm_ms + 8, 0, 2 * (size_t)world * sizeof(double));
+    ts_straggler_put(comm_ms + 8, t->groups->world.rank, (t3 - t0) - waits, waits);
+    ts_host_allreduce_max_f64(&t->groups->world, comm_ms, 8 + 2 * (size_t)world);
+    ts_straggler_step(t, comm_ms + 8, out);
     out->dp_wait_ms = comm_ms[0];
     out->dp_bytes = t->groups->replica.size > 1 ? (double)t->model.num_floats * sizeof(float) : 0.0;
     out->tp_comm_ms = comm_ms[1];
@@ -496,9 +513,12 @@ ts_status ts_trainer_run(ts_trainer *t)
                 st = ts_trainer_metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g%s}", step, vl, mtp);
             ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
         }
-        /* Rank 0 alone writes the metrics: agree each step (one small all-reduce, only
-         * when there is a file), so its failure stops every rank now. */
-        if (c->log.metrics[0] && ts_comm_agree(&t->groups->world, st) != TS_OK) return TS_ERR;
+        /* Rank 0 alone writes the metrics and the events: agree each step (one small
+         * all-reduce, only when there is a file), so its failure stops every rank now. */
+        if ((c->log.metrics[0] || c->log.tensorboard[0]) &&
+            ts_comm_agree(&t->groups->world, st) != TS_OK)
+            return TS_ERR;
+        ts_straggler_report(t, step);
 
         /* A stop signal on any rank stops every rank after this step, with a save; an
          * asynchronous save is committed once every rank has written its part. */

@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/trace.h"
+#include "core/tfevents.h"
 #include "data/zero.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
@@ -69,6 +70,12 @@ typedef struct {
      * momentum, Newton-Schulz and update of the matrices a rank owns (tp gathers of split
      * matrices included; 0 without Muon). */
     double optim_ms, optim_gather_ms, muon_ms;
+    /* Stragglers (straggler.c): the rank with the most and the least compute time this
+     * step, and the extremes over ranks of compute time (the step's time on the rank less
+     * its waits) and wait time (pipeline idle, tp/cp collectives, ep waits, the dp
+     * reduction's and ZeRO's gathers). */
+    int rank_slowest, rank_fastest;
+    double compute_ms_max, compute_ms_min, wait_ms_max, wait_ms_min;
     const int *moe_counts; /* [blocks * E]: the step's tokens routed to each expert of
                               each block over the global batch (the trainer's buffer, until
                               the next step; dense blocks' 0) */
@@ -154,6 +161,12 @@ typedef struct {
 
     FILE *metrics;      /* rank 0 only; NULL when off */
     long metrics_end;   /* bytes of complete lines written */
+    ts_tfevents tboard; /* log.tensorboard's event file: rank 0 only (ts_tfevents_is_open) */
+    int report_step;    /* the last step reported: the TensorBoard step of a line without one */
+    double *step_max;   /* [8 + 2 * world]: the step's max all-reduce of timings (trainer.c) */
+    double *straggler_sum; /* rank 0, log.straggler_every > 0: each rank's compute ms summed
+                              over the steps since the last report */
+    int straggler_steps;   /* those steps */
 } ts_trainer;
 
 /* Everything that can fail for a user reason (schedule, partition, data files,
