@@ -16,9 +16,9 @@
  * slots against a per-document causal attention in plain C (test_documents).
  *
  * Without a GPU (exit 77, skipped) it still checks what needs none: the sizes each
- * variant asks for, the document reference against the CPU table, and that ts_kernels_for(device, precision, attention) gives the
- * table whose slots run that variant (a wrong train.attention is the config's error:
- * test_config). */
+ * variant asks for, the document reference against the CPU table, and that
+ * ts_kernels_for(device, precision, attention) gives the table whose slots run that
+ * variant (a wrong train.attention is the config's error: test_config). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

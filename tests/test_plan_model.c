@@ -508,8 +508,9 @@ static void test_documents(void)
             const int start = w[c].L > 0 ? t - t % w[c].L : 0;
             want += t - start + 1;
         }
-        CHECKF(ts_plan_doc_pairs(w[c].T, w[c].L) == want, "pairs of T %d, documents of %d: %.0f, want %.0f",
-               w[c].T, w[c].L, ts_plan_doc_pairs(w[c].T, w[c].L), want);
+        CHECKF(ts_plan_doc_pairs(w[c].T, w[c].L) == want,
+               "pairs of T %d, documents of %d: %.0f, want %.0f", w[c].T, w[c].L,
+               ts_plan_doc_pairs(w[c].T, w[c].L), want);
     }
     const char *sets[] = {"model.seq_len=4096", "train.global_batch=8", "parallel.micro_batch=1",
                           "train.device=\"cpu\"", "train.attention=\"gemm\""};

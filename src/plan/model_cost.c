@@ -870,8 +870,8 @@ double ts_plan_model_flops_docs(const ts_model_config *mc, int global_batch, int
 {
     if (doc_len <= 0) return ts_plan_model_flops(mc, global_batch);
     const double tokens = (double)global_batch * mc->seq_len;
-    return ts_plan_model_flops_pairs(mc, tokens,
-                                     (double)global_batch * ts_plan_doc_pairs(mc->seq_len, doc_len));
+    const double pairs = (double)global_batch * ts_plan_doc_pairs(mc->seq_len, doc_len);
+    return ts_plan_model_flops_pairs(mc, tokens, pairs);
 }
 
 double ts_plan_mtp_flops_params(const ts_model_config *mc)

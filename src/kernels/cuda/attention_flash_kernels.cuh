@@ -322,8 +322,8 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
 
 /* The probabilities and dS of one (query tile, key tile) pair into sP / sdS (sP may be
  * NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal and from
- * the row's document start (sDs) on, dS = p (dO.v - D); zero where masked or past T. sQ, sK rows are HS wide at stride LD;
- * sdO, sV rows HSV wide at stride LDV. */
+ * the row's document start (sDs) on, dS = p (dO.v - D); zero where masked or past T.
+ * sQ, sK rows are HS wide at stride LD; sdO, sV rows HSV wide at stride LDV. */
 template <int TILE>
 static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const float *sQ,
                                                   const float *sdO, const float *sK,
