@@ -6,7 +6,10 @@
 # (bench/gpu/bench_gpu.sh), and writes into OUTDIR (7 files, each well under 16 MiB):
 #   env.txt        GPU, driver, nvcc, compilers, CPU, OS
 #   build.log      unpack, configure and build
-#   ctest_gpu.log  ctest -L gpu --output-on-failure (less test_nccl where no NCCL is found)
+#   ctest_gpu.log  ctest -L gpu --output-on-failure (less test_nccl where no NCCL is found);
+#                  test_cuda_attention in it checks every CUDA attention variant, packed
+#                  documents (ts_att_heads.doc_start: gemm and flash, fp32 and bf16, the
+#                  cp prefix slots) included, against a plain-C per-document reference
 #   bench_gpu.log  the benchmark's whole output
 #   gemm_curve.txt GEMM efficiency curve and memory bandwidth (the cluster-file line)
 #   results.jsonl  every run's metrics and the table's rows

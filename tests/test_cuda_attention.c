@@ -12,10 +12,13 @@
  * of the relative error is a tenth of the largest |value| of that output. Every
  * variant's backward must repeat bit for bit.
  *
+ * Packed documents (ts_att_heads.doc_start): every variant and the tables' prefix
+ * slots against a per-document causal attention in plain C (test_documents).
+ *
  * Without a GPU (exit 77, skipped) it still checks what needs none: the sizes each
- * variant asks for, and that ts_kernels_for(device, precision, attention) gives the
- * table whose slots run that variant (a wrong train.attention is the config's error:
- * test_config). */
+ * variant asks for, the document reference against the CPU table, and that
+ * ts_kernels_for(device, precision, attention) gives the table whose slots run that
+ * variant (a wrong train.attention is the config's error: test_config). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +117,336 @@ static void test_shape(const variant *vs, int nv, int B, int T, int NH, int NKV,
     test_heads(vs, nv, B, T, ts_att_heads_gqa(NH, NKV, HS));
 }
 
+/* ---- packed documents (kernels.h ts_att_heads.doc_start) ----------------------------
+ *
+ * The reference is per-document causal attention in plain C (double sums): query i of
+ * sequence b, at key position p = i + Tk - Tq, attends keys [ds[b Tq + i], p]. Before
+ * any GPU case, the reference itself is checked against the CPU table (which knows no
+ * documents in this test: it runs each document alone, B = 1 over the document's rows,
+ * and, with every start 0, the whole causal window), so a GPU failure is the kernels'. */
+
+/* One attention's host buffers: q rows of qkv [B, Tq, C3]; k, v rows of qkv (kv NULL,
+ * Tq = Tk) or of kv [B, Tk, KVW]. */
+typedef struct {
+    int B, Tq, Tk;
+    ts_att_heads h;
+    const float *qkv, *kv, *dout;
+    const int *ds; /* [B, Tq] */
+} doc_case;
+
+/* out [B, Tq, NH HSV]; dq into dqkv's q columns (the rest of dqkv: dK, dV when kv is
+ * NULL, else untouched); dkv [B, Tk, KVW] += dK, dV when kv is given. */
+static void doc_reference(const doc_case *c, float *out, float *dqkv, float *dkv, float *probs)
+{
+    const ts_att_heads h = c->h;
+    const int NH = h.NH, NKV = h.NKV, HS = h.HS, HSV = h.HSV, G = NH / NKV;
+    const int C3 = (int)ts_att_qkv_width(h), C = (int)ts_att_out_width(h);
+    const int KVW = (int)ts_att_kv_width(h), Tq = c->Tq, Tk = c->Tk, off = Tk - Tq;
+    const int ldkv = c->kv ? KVW : C3, kcol = c->kv ? 0 : NH * HS;
+    const float *kvb = c->kv ? c->kv : c->qkv;
+    float *dkvb = c->kv ? dkv : dqkv;
+    double *p = malloc(sizeof(double) * (size_t)Tk), *dp = malloc(sizeof(double) * (size_t)Tk);
+    double *dk = calloc((size_t)c->B * Tk * (NKV * (HS + HSV)), sizeof(double));
+    for (int b = 0; b < c->B; b++)
+        for (int hd = 0; hd < NH; hd++) {
+            const int j = hd / G;
+            for (int i = 0; i < Tq; i++) {
+                const float *q = c->qkv + ((size_t)b * Tq + i) * C3 + (size_t)hd * HS;
+                const float *g = c->dout + ((size_t)b * Tq + i) * C + (size_t)hd * HSV;
+                const int lo = c->ds[(size_t)b * Tq + i], hi = i + off;
+                double mx = -INFINITY, sum = 0.0, dot = 0.0;
+#define K_AT(t) (kvb + ((size_t)b * Tk + (t)) * ldkv + kcol + (size_t)j * HS)
+#define V_AT(t) (kvb + ((size_t)b * Tk + (t)) * ldkv + kcol + (size_t)NKV * HS + (size_t)j * HSV)
+                for (int t = lo; t <= hi; t++) {
+                    double s = 0.0;
+                    for (int d = 0; d < HS; d++) s += (double)q[d] * K_AT(t)[d];
+                    p[t] = s * h.scale;
+                    if (p[t] > mx) mx = p[t];
+                }
+                for (int t = lo; t <= hi; t++) sum += (p[t] = exp(p[t] - mx));
+                for (int t = lo; t <= hi; t++) p[t] /= sum;
+                if (probs) {
+                    float *row = probs + (((size_t)b * NH + hd) * Tq + i) * Tk;
+                    for (int t = 0; t < Tk; t++) row[t] = t >= lo && t <= hi ? (float)p[t] : 0.0f;
+                }
+                float *o = out + ((size_t)b * Tq + i) * C + (size_t)hd * HSV;
+                for (int d = 0; d < HSV; d++) {
+                    double a = 0.0;
+                    for (int t = lo; t <= hi; t++) a += p[t] * V_AT(t)[d];
+                    o[d] = (float)a;
+                }
+                /* backward: dP = dO.v, dS = p (dP - sum p dP) */
+                for (int t = lo; t <= hi; t++) {
+                    double a = 0.0;
+                    for (int d = 0; d < HSV; d++) a += (double)g[d] * V_AT(t)[d];
+                    dp[t] = a;
+                    dot += p[t] * a;
+                }
+                float *dq = dqkv + ((size_t)b * Tq + i) * C3 + (size_t)hd * HS;
+                for (int d = 0; d < HS; d++) {
+                    double a = 0.0;
+                    for (int t = lo; t <= hi; t++) a += p[t] * (dp[t] - dot) * K_AT(t)[d];
+                    dq[d] = (float)(a * h.scale);
+                }
+                for (int t = lo; t <= hi; t++) {
+                    double *dkr = dk + ((size_t)b * Tk + t) * (NKV * (HS + HSV));
+                    const double ds = p[t] * (dp[t] - dot);
+                    for (int d = 0; d < HS; d++) dkr[(size_t)j * HS + d] += ds * h.scale * q[d];
+                    for (int d = 0; d < HSV; d++)
+                        dkr[(size_t)NKV * HS + (size_t)j * HSV + d] += p[t] * g[d];
+                }
+#undef K_AT
+#undef V_AT
+            }
+        }
+    /* dK, dV: written (square) or added (prefix) */
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < Tk; t++)
+            for (int e = 0; e < NKV * (HS + HSV); e++) {
+                float *x = dkvb + ((size_t)b * Tk + t) * ldkv + kcol + e;
+                const double v = dk[((size_t)b * Tk + t) * (NKV * (HS + HSV)) + e];
+                *x = c->kv ? (float)(*x + v) : (float)v;
+            }
+    free(p), free(dp), free(dk);
+}
+
+/* Document starts [B, T] for documents of the lengths lens[0..n) repeated from each
+ * sequence's start, the pattern shifted by b (so sequences differ; b = B - 1 of an
+ * odd B holds one document: all zeros). */
+static int *doc_starts(int B, int T, const int *lens, int n)
+{
+    int *ds = malloc(sizeof(int) * (size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        int start = 0, left = lens[b % n], k = b % n;
+        for (int t = 0; t < T; t++) {
+            if (B % 2 && b == B - 1) {
+                ds[(size_t)b * T + t] = 0;
+                continue;
+            }
+            if (left == 0) {
+                start = t;
+                k = (k + 1) % n;
+                left = lens[k];
+            }
+            ds[(size_t)b * T + t] = start;
+            left--;
+        }
+    }
+    return ds;
+}
+
+/* The reference against the CPU table: with every start 0, the causal attention (square
+ * and a prefix); with documents, each document alone (square). */
+static void check_doc_reference(void)
+{
+    const int B = 3, T = 45, Tq = 15;
+    ts_att_heads h = ts_att_heads_gqa(4, 2, 8);
+    h.HSV = 6, h.scale = 0.4f;
+    const size_t C3 = ts_att_qkv_width(h), C = ts_att_out_width(h), KVW = ts_att_kv_width(h);
+    float *qkv = ts_alloc_floats((size_t)B * T * C3), *dout = ts_alloc_floats((size_t)B * T * C);
+    float *kv = ts_alloc_floats((size_t)B * T * KVW);
+    for (size_t i = 0; i < (size_t)B * T * C3; i++) qkv[i] = ts_test_frand();
+    for (size_t i = 0; i < (size_t)B * T * C; i++) dout[i] = ts_test_frand();
+    for (size_t i = 0; i < (size_t)B * T * KVW; i++) kv[i] = ts_test_frand();
+    float *out = ts_alloc_floats((size_t)B * T * C), *dqkv = ts_alloc_floats((size_t)B * T * C3);
+    float *rout = ts_alloc_floats((size_t)B * T * C), *rdqkv = ts_alloc_floats((size_t)B * T * C3);
+    float *att = ts_alloc_floats(H->attention_saved_bytes(B, T, h) / 4 + 1);
+    float *scr = ts_alloc_floats(H->attention_scratch_bytes(B, T, h) / 4 + 1);
+    int *zero = calloc((size_t)B * T, sizeof(int));
+    /* causal, square */
+    H->attention_forward(out, att, qkv, B, T, h);
+    H->attention_backward(dqkv, scr, dout, qkv, att, B, T, h);
+    doc_case c = {B, T, T, h, qkv, NULL, dout, zero};
+    doc_reference(&c, rout, rdqkv, NULL, NULL);
+    ts_test_expect_close("reference, causal", "out", "plain C", rout, out, (size_t)B * T * C,
+                         1e-5, 0.1);
+    ts_test_expect_close("reference, causal", "dqkv", "plain C", rdqkv, dqkv, (size_t)B * T * C3,
+                         1e-5, 0.1);
+    /* causal, a prefix: Tq queries at the last Tq of T keys */
+    float *pout = ts_alloc_floats((size_t)B * Tq * C), *dkv = ts_alloc_floats((size_t)B * T * KVW);
+    float *rdkv = ts_alloc_floats((size_t)B * T * KVW);
+    float *patt = ts_alloc_floats(H->attention_prefix_saved_bytes(B, Tq, T, h) / 4 + 1);
+    float *pscr = ts_alloc_floats(H->attention_prefix_scratch_bytes(B, Tq, T, h) / 4 + 1);
+    for (size_t i = 0; i < (size_t)B * T * KVW; i++) dkv[i] = rdkv[i] = 0.5f * ts_test_frand();
+    H->attention_prefix_forward(pout, patt, qkv, kv, B, Tq, T, h);
+    H->attention_prefix_backward(dqkv, dkv, pscr, dout, qkv, kv, patt, B, Tq, T, h);
+    doc_case cp = {B, Tq, T, h, qkv, kv, dout, zero};
+    doc_reference(&cp, rout, rdqkv, rdkv, NULL);
+    ts_test_expect_close("reference, causal prefix", "out", "plain C", rout, pout,
+                         (size_t)B * Tq * C, 1e-5, 0.1);
+    ts_test_expect_close("reference, causal prefix", "dkv", "plain C", rdkv, dkv,
+                         (size_t)B * T * KVW, 1e-5, 0.1);
+    /* documents, square: each document alone through the CPU table */
+    static const int lens[] = {1, 9, 17, 3};
+    int *ds = doc_starts(B, T, lens, 4);
+    c.ds = ds;
+    doc_reference(&c, rout, rdqkv, NULL, NULL);
+    for (int b = 0; b < B; b++)
+        for (int s = 0, e; s < T; s = e) {
+            for (e = s + 1; e < T && ds[(size_t)b * T + e] == s; e++) continue;
+            const int n = e - s;
+            const float *sq = qkv + ((size_t)b * T + s) * C3, *sg = dout + ((size_t)b * T + s) * C;
+            H->attention_forward(out + ((size_t)b * T + s) * C, att, sq, 1, n, h);
+            H->attention_backward(dqkv + ((size_t)b * T + s) * C3, scr, sg, sq, att, 1, n, h);
+        }
+    ts_test_expect_close("reference, documents", "out", "plain C", rout, out, (size_t)B * T * C,
+                         1e-5, 0.1);
+    ts_test_expect_close("reference, documents", "dqkv", "plain C", rdqkv, dqkv,
+                         (size_t)B * T * C3, 1e-5, 0.1);
+    free(ds), free(zero), free(qkv), free(dout), free(kv), free(out), free(dqkv), free(rout);
+    free(rdqkv), free(att), free(scr), free(pout), free(dkv), free(rdkv), free(patt), free(pscr);
+}
+
+/* doc_start [n] ints in device memory. */
+static int *ds_to_dev(const int *ds, size_t n)
+{
+    int *d = G->dev_alloc(n * sizeof(int));
+    G->memcpy_h2d(d, ds, n * sizeof(int));
+    return d;
+}
+
+/* Every square variant with documents of the lengths lens[0..n) against the reference:
+ * out, dqkv, the batched-GEMM variants' saved probabilities (exact zeros where masked),
+ * and a second backward's bits. */
+static void test_docs_square(const variant *vs, int nv, int B, int T, ts_att_heads h,
+                             const int *lens, int n)
+{
+    const size_t nqkv = (size_t)B * T * ts_att_qkv_width(h);
+    const size_t nout = (size_t)B * T * ts_att_out_width(h), np = (size_t)B * h.NH * T * T;
+    float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout);
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_bf16_round(ts_test_frand());
+    for (size_t i = 0; i < nout; i++) dout[i] = ts_bf16_round(ts_test_frand());
+    int *ds = doc_starts(B, T, lens, n);
+    float *out = ts_alloc_floats(nout), *dqkv = ts_alloc_floats(nqkv), *probs = ts_alloc_floats(np);
+    doc_case c = {B, T, T, h, qkv, NULL, dout, ds};
+    doc_reference(&c, out, dqkv, NULL, probs);
+    int *d_ds = ds_to_dev(ds, (size_t)B * T);
+    ts_att_heads hd = h;
+    hd.doc_start = d_ds;
+    for (int v = 0; v < nv; v++) {
+        if (h.HS > vs[v].max_hs || h.HSV > vs[v].max_hs) continue;
+        const ts_dtype t = vs[v].act;
+        const size_t eb = ts_dtype_bytes(t);
+        char who[160];
+        snprintf(who, sizeof who, "%s documents %d.. B%d T%d NH%d NKV%d HS%d HSV%d", vs[v].name,
+                 lens[0], B, T, h.NH, h.NKV, h.HS, h.HSV);
+        void *d_qkv = to_dev_as(t, qkv, nqkv), *d_dout = to_dev_as(t, dout, nout);
+        size_t ns = vs[v].saved(B, T, hd), nsc = vs[v].scratch(B, T, hd);
+        void *d_out = ts_gpu_dev_poison(G, nout * eb), *d_att = ts_gpu_dev_poison(G, ns);
+        void *d_scr = ts_gpu_dev_poison(G, nsc), *d_dqkv = ts_gpu_dev_poison(G, nqkv * eb);
+        vs[v].forward(d_out, d_att, d_qkv, B, T, hd);
+        expect_close(who, "out", t, d_out, out, nout, vs[v].tol);
+        if (!strncmp(vs[v].name, "gemm", 4)) { /* the probabilities [B, NH, T, T] */
+            float *got = t == TS_DTYPE_BF16 ? ts_bf16_from_dev(G, d_att, np)
+                                            : ts_test_from_dev(G, d_att, np);
+            size_t bad = 0;
+            for (size_t i = 0; i < np; i++)
+                if (probs[i] == 0.0f && (got[i] != 0.0f || signbit(got[i]))) bad++;
+            CHECKF(bad == 0, "%s: %zu masked probabilities are not exactly +0", who, bad);
+            ts_test_expect_close(who, "probabilities", G->name, got, probs, np, vs[v].tol, 0.1);
+            free(got);
+        }
+        vs[v].backward(d_dqkv, d_scr, d_dout, d_qkv, d_att, B, T, hd);
+        expect_close(who, "dqkv", t, d_dqkv, dqkv, nqkv, vs[v].tol);
+        void *d_dqkv2 = ts_gpu_dev_poison(G, nqkv * eb), *d_scr2 = ts_gpu_dev_poison(G, nsc);
+        vs[v].backward(d_dqkv2, d_scr2, d_dout, d_qkv, d_att, B, T, hd);
+        CHECKF(ts_gpu_dev_same_bytes(G, d_dqkv, d_dqkv2, nqkv * eb),
+               "%s: a second backward differs in its bits", who);
+        G->dev_free(d_out), G->dev_free(d_att), G->dev_free(d_scr), G->dev_free(d_dqkv);
+        G->dev_free(d_dqkv2), G->dev_free(d_scr2), G->dev_free(d_qkv), G->dev_free(d_dout);
+    }
+    G->dev_free(d_ds);
+    free(qkv), free(dout), free(ds), free(out), free(dqkv), free(probs);
+}
+
+/* Context parallelism's prefix attention with documents, through a table (fp32 or
+ * bf16): Tq queries at the last Tq of Tk positions of windows in documents of lens (a
+ * chunk cutting through documents); doc_start [B, Tq] in key coordinates. dqkv's q
+ * columns against the reference (its k, v columns must stay as they were: poisoned),
+ * dkv accumulated onto random values. */
+static void test_docs_prefix(const ts_kernels *k, double tol, int B, int Tq, int Tk,
+                             ts_att_heads h, const int *lens, int n)
+{
+    const ts_dtype t = k->act_dtype;
+    const size_t eb = ts_dtype_bytes(t), C3 = ts_att_qkv_width(h), KVW = ts_att_kv_width(h);
+    const size_t nqkv = (size_t)B * Tq * C3, nout = (size_t)B * Tq * ts_att_out_width(h);
+    const size_t nkv = (size_t)B * Tk * KVW, QW = (size_t)h.NH * h.HS;
+    float *qkv = ts_alloc_floats(nqkv), *dout = ts_alloc_floats(nout), *kv = ts_alloc_floats(nkv);
+    float *dkv0 = ts_alloc_floats(nkv), *dkv = ts_alloc_floats(nkv);
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = ts_bf16_round(ts_test_frand());
+    for (size_t i = 0; i < nout; i++) dout[i] = ts_bf16_round(ts_test_frand());
+    for (size_t i = 0; i < nkv; i++) kv[i] = ts_bf16_round(ts_test_frand());
+    for (size_t i = 0; i < nkv; i++) dkv[i] = dkv0[i] = ts_bf16_round(0.5f * ts_test_frand());
+    int *full = doc_starts(B, Tk, lens, n), *ds = malloc(sizeof(int) * (size_t)B * Tq);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tq; i++) ds[(size_t)b * Tq + i] = full[(size_t)b * Tk + i + Tk - Tq];
+    float *out = ts_alloc_floats(nout), *dqkv = ts_alloc_floats(nqkv);
+    doc_case c = {B, Tq, Tk, h, qkv, kv, dout, ds};
+    doc_reference(&c, out, dqkv, dkv, NULL);
+    int *d_ds = ds_to_dev(ds, (size_t)B * Tq);
+    ts_att_heads hd = h;
+    hd.doc_start = d_ds;
+    char who[160];
+    snprintf(who, sizeof who, "%s prefix documents %d.. B%d Tq%d Tk%d NH%d NKV%d HS%d HSV%d",
+             k->name, lens[0], B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV);
+    void *d_qkv = to_dev_as(t, qkv, nqkv), *d_dout = to_dev_as(t, dout, nout);
+    void *d_kv = to_dev_as(t, kv, nkv), *d_dkv = to_dev_as(t, dkv0, nkv);
+    size_t ns = k->attention_prefix_saved_bytes(B, Tq, Tk, hd);
+    size_t nsc = k->attention_prefix_scratch_bytes(B, Tq, Tk, hd);
+    void *d_out = ts_gpu_dev_poison(G, nout * eb), *d_att = ts_gpu_dev_poison(G, ns);
+    void *d_scr = ts_gpu_dev_poison(G, nsc), *d_dqkv = ts_gpu_dev_poison(G, nqkv * eb);
+    k->attention_prefix_forward(d_out, d_att, d_qkv, d_kv, B, Tq, Tk, hd);
+    expect_close(who, "out", t, d_out, out, nout, tol);
+    k->attention_prefix_backward(d_dqkv, d_dkv, d_scr, d_dout, d_qkv, d_kv, d_att, B, Tq, Tk, hd);
+    float *got = t == TS_DTYPE_BF16 ? ts_bf16_from_dev(G, d_dqkv, nqkv)
+                                    : ts_test_from_dev(G, d_dqkv, nqkv);
+    /* the q columns, packed; the k, v columns still the poison (NaN) */
+    const size_t nq = (size_t)B * Tq * QW;
+    float *gq = ts_alloc_floats(nq), *wq = ts_alloc_floats(nq);
+    size_t touched = 0;
+    for (size_t r = 0; r < (size_t)B * Tq; r++) {
+        memcpy(gq + r * QW, got + r * C3, QW * sizeof(float));
+        memcpy(wq + r * QW, dqkv + r * C3, QW * sizeof(float));
+        for (size_t e = QW; e < C3; e++) touched += !isnan(got[r * C3 + e]);
+    }
+    ts_test_expect_close(who, "dq", G->name, gq, wq, nq, tol, 0.1);
+    CHECKF(touched == 0, "%s: %zu of dqkv's k, v elements written", who, touched);
+    expect_close(who, "dkv", t, d_dkv, dkv, nkv, tol);
+    free(got), free(gq), free(wq);
+    G->dev_free(d_out), G->dev_free(d_att), G->dev_free(d_scr), G->dev_free(d_dqkv);
+    G->dev_free(d_qkv), G->dev_free(d_dout), G->dev_free(d_kv), G->dev_free(d_dkv);
+    G->dev_free(d_ds);
+    free(qkv), free(dout), free(kv), free(dkv0), free(dkv), free(full), free(ds), free(out);
+    free(dqkv);
+}
+
+/* The document cases: lengths shorter than a tile (1, 3, 5 tokens), boundaries inside
+ * tiles of 32 and 16 (17, 37, 45), documents over several tiles (70, 100), a sequence
+ * with one document (B odd: the last), every variant and precision; prefixes (cp's
+ * chunks: the last Tq of Tk, and a middle-sized chunk) on the fp32 and bf16 tables. */
+static void test_documents(const variant *vs, int nv)
+{
+    static const int mixed[] = {37, 1, 5, 70, 3, 17}, longd[] = {100, 45}, tiny[] = {1, 2, 3};
+    static const int ones[] = {1}, tile[] = {32};
+    test_docs_square(vs, nv, 3, 129, ts_att_heads_gqa(4, 4, 64), mixed, 6);
+    test_docs_square(vs, nv, 2, 300, ts_att_heads_gqa(8, 2, 64), longd, 2);
+    test_docs_square(vs, nv, 3, 64, ts_att_heads_gqa(3, 1, 8), tiny, 3);
+    test_docs_square(vs, nv, 1, 40, ts_att_heads_gqa(2, 2, 16), ones, 1);
+    test_docs_square(vs, nv, 2, 96, ts_att_heads_gqa(2, 1, 32), tile, 1);
+    test_docs_square(vs, nv, 3, 97, ts_att_heads_gqa(2, 2, 160), mixed, 6); /* 16-wide tiles */
+    ts_att_heads mla = ts_att_heads_gqa(4, 4, 24);
+    mla.HSV = 16, mla.scale = 0.3f;
+    test_docs_square(vs, nv, 2, 70, mla, longd, 2);
+    const ts_kernels *tables[] = {&ts_kernels_cuda, &ts_kernels_cuda_bf16};
+    const double tols[] = {1e-5, 5e-2};
+    for (int k = 0; k < 2; k++) {
+        test_docs_prefix(tables[k], tols[k], 1, 16, 48, ts_att_heads_gqa(4, 2, 16), mixed, 6);
+        test_docs_prefix(tables[k], tols[k], 3, 40, 120, ts_att_heads_gqa(4, 4, 32), longd, 2);
+        test_docs_prefix(tables[k], tols[k], 2, 33, 33, ts_att_heads_gqa(2, 1, 8), tiny, 3);
+        test_docs_prefix(tables[k], tols[k], 2, 10, 40, mla, mixed, 6);
+    }
+}
+
 /* ---- what needs no GPU ------------------------------------------------------------- */
 
 static void test_sizes(void)
@@ -191,10 +524,12 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_sizes();
     test_choice();
+    check_doc_reference();
     int devices = ts_cuda_device_count();
     if (devices == 0) {
         printf("test_cuda_attention: no CUDA device here (ts_cuda_device_count() == 0): "
-               "skipped; sizes and the tables' attention choice checked\n");
+               "skipped; sizes, the tables' attention choice and the document-mask "
+               "reference checked\n");
         return ts_test_failed ? ts_test_report() : 77;
     }
     printf("test_cuda_attention: %d CUDA device(s)\n", devices);
@@ -263,5 +598,6 @@ int main(void)
         h.HSV = gen[i].HSV, h.scale = gen[i].scale;
         test_heads(vs, nv, gen[i].B, gen[i].T, h);
     }
+    test_documents(vs, nv);
     return ts_test_report();
 }

@@ -233,6 +233,31 @@ muon[0]="$SRC/${muon[0]}"
 if plan "${muon[@]}" && grep -q "^muon: Newton-Schulz 2.37 GFLOP per step on the busiest owner of 1 " "$TMP/out" &&
    plan "${muon[@]}" --json && [ "$(json_num muon_ns_flops)" = 2369781760.0 ]; then pass
 else fail "Muon's plan: $(cat "$TMP/out" "$TMP/err")"; fi
+# Packed documents (--doc-len; test_plan_model's test_documents checks the FLOPs and the
+# CPU tables' time exactly): on a CUDA config (batched-GEMM attention, the whole square
+# either way) the step does not move and MFU falls (its attention term counts the two
+# documents' 2 x 512 x 513 / 2 pairs per 1024-token window, not 1024^2); a bad length
+# and the flag without --cluster are usage errors.
+docs=("$SRC/configs/gpt2-124m.cfg" --cluster "$SRC/tests/fixtures/plan_cluster_h100.cfg"
+      --set 'train.device="cuda"' --json)
+if plan "${docs[@]}"; then
+  step0=$(json_num step_ms) mfu0=$(json_num mfu)
+  if plan "${docs[@]}" --doc-len 512; then
+    step1=$(json_num step_ms) mfu1=$(json_num mfu)
+    [ -n "$step0" ] && [ "$step0" = "$step1" ] && pass || fail "--doc-len 512 moved the CUDA step: $step0 -> $step1 ms"
+    awk -v a="${mfu0:-0}" -v b="${mfu1:-0}" 'BEGIN { exit !(b > 0 && b < a) }' && pass ||
+      fail "--doc-len 512: MFU $mfu1, not below $mfu0"
+  else
+    fail "plan --doc-len 512: $(cat "$TMP/err")"
+  fi
+else
+  fail "plan gpt2-124m on the H100 fixture: $(cat "$TMP/err")"
+fi
+if plan "${docs[@]}" --doc-len 0; then fail "--doc-len 0 was accepted"; else
+  grep -q -- "--doc-len" "$TMP/err" && pass || fail "--doc-len 0: $(cat "$TMP/err")"; fi
+if plan "$cfg" --doc-len 512; then fail "--doc-len without --cluster was accepted"; else
+  grep -q -- "--doc-len plans on a cluster" "$TMP/err" && pass || fail "--doc-len alone: $(cat "$TMP/err")"; fi
+
 sed 's/ bf16 = [0-9.]*;//' "$SRC/configs/clusters/this-machine.cfg" >"$TMP/no_bf16.cfg"
 if plan "$SRC/configs/gpt2-124m.cfg" --cluster "$TMP/no_bf16.cfg" --set parallel.dp=2 \
      --set 'train.precision="bf16"'; then

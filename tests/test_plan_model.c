@@ -489,6 +489,107 @@ static void test_llama3(void)
     }
 }
 
+/* 7b. Packed documents (model_cost.h; tessera plan --doc-len): a window of T = 4096 in
+ * documents of 512 tokens attends 8 * 512 * 513 / 2 (query, key) pairs where one
+ * document attends 4096 * 4097 / 2: MFU's attention FLOPs fall by exactly that ratio,
+ * its 6 * parameters * tokens do not move. The CPU tables' attention GEMMs start each
+ * query block at the key block holding its document's start (bf16's blocks of 64 here,
+ * 512 a multiple: per document 8 query blocks of 64 rows against 64 j keys), the CUDA
+ * tables' batched GEMMs compute the whole square either way. Through the predictor:
+ * MFU x step time (the FLOPs over a constant) falls by the FLOPs' ratio. */
+static void test_documents(void)
+{
+    /* the pairs, counted here query by query */
+    static const struct { int T, L; } w[] = {{4096, 512}, {4096, 0}, {4096, 5000}, {100, 30},
+                                               {100, 100}, {7, 1}, {64, 63}};
+    for (size_t c = 0; c < sizeof w / sizeof *w; c++) {
+        double want = 0.0;
+        for (int t = 0; t < w[c].T; t++) {
+            const int start = w[c].L > 0 ? t - t % w[c].L : 0;
+            want += t - start + 1;
+        }
+        CHECKF(ts_plan_doc_pairs(w[c].T, w[c].L) == want,
+               "pairs of T %d, documents of %d: %.0f, want %.0f", w[c].T, w[c].L,
+               ts_plan_doc_pairs(w[c].T, w[c].L), want);
+    }
+    const char *sets[] = {"model.seq_len=4096", "train.global_batch=8", "parallel.micro_batch=1",
+                          "train.device=\"cpu\"", "train.attention=\"gemm\""};
+    ts_config cfg;
+    load_config("configs/gpt2-124m.cfg", sets, 5, &cfg);
+    const ts_model_config *mc = &cfg.model;
+    const double T = 4096, L = 512, gb = 8, tokens = gb * T;
+    const double ratio = (T / L) * L * (L + 1) / (T * (T + 1)); /* 0.12512... */
+    const double dense = 6.0 * (ts_plan_flops_params(mc) + ts_plan_mtp_flops_params(mc)) * tokens;
+    const double att_doc = ts_plan_model_flops_docs(mc, 8, 512) - dense;
+    const double att_one = ts_plan_model_flops_docs(mc, 8, 4096) - dense;
+    CHECKF(ts_rel_err(att_doc / att_one, ratio, 1) < 1e-12,
+           "documents of 512 in 4096: attention FLOPs x %.9f of one document's, want x %.9f",
+           att_doc / att_one, ratio);
+    /* 12 n_layer n_embd per pair (gpt2-124m: 12 x 12 x 768), per sequence */
+    CHECKF(ts_rel_err(att_one, 12.0 * 12 * 768 * gb * T * (T + 1) / 2, 1) < 1e-12,
+           "one document per window: attention FLOPs %.6g", att_one);
+    CHECK(ts_plan_model_flops_docs(mc, 8, 0) == ts_plan_model_flops(mc, 8));
+    CHECKF(ts_rel_err(ts_plan_model_flops(mc, 8) - dense, 12.0 * 12 * 768 * gb * T * T, 1) <
+               1e-12,
+           "no documents: the square, %.6g", ts_plan_model_flops(mc, 8) - dense);
+
+    ts_cluster ideal;
+    load_cluster("tests/fixtures/plan_cluster_h100.cfg", &ideal);
+    ideal.n_eff = 1;
+    ideal.eff_n[0] = 1.0;
+    ideal.eff[0] = 1.0;
+    const double peak = ts_cluster_peak(&ideal), HS = 64, NH = 12;
+    const ts_kernels *k = ts_plan_kernels(&cfg, &ideal);
+    const int blk = k->act_dtype == TS_DTYPE_BF16 ? 64 : 32;
+    ts_plan_layers none, docs;
+    ts_plan_layers_build_sized(&none, mc, &ideal, k, 1, false, 1, 1, ideal.intra, 1, ideal.intra,
+                               NULL, NULL, 0);
+    ts_plan_layers_build_sized(&docs, mc, &ideal, k, 1, false, 1, 1, ideal.intra, 1, ideal.intra,
+                               NULL, NULL, 512);
+    /* the score entries each kernel computes: causal blocks [blk(b-1), blk b) x blk b keys;
+     * with documents, keys from the document's start */
+    double area_none = 0.0, area_docs = 0.0;
+    for (int b = 1; b <= 4096 / blk; b++) {
+        area_none += (double)blk * blk * b;
+        area_docs += (double)blk * (blk * b - (blk * (b - 1)) / 512 * 512);
+    }
+    const double d_att = 4.0 * NH * HS * (area_docs - area_none); /* q.k and p.v, 2 each */
+    CHECKF(ts_rel_err((docs.f_gemm[1] - none.f_gemm[1]) * peak, d_att, 1) < 1e-9,
+           "CPU table, documents of 512: block forward GEMMs change by %.6g FLOP, want %.6g",
+           (docs.f_gemm[1] - none.f_gemm[1]) * peak, d_att);
+    CHECK(docs.f_gemm[0] == none.f_gemm[0] && docs.act_bytes[1] == none.act_bytes[1]);
+    ts_plan_layers_free(&docs);
+    ts_plan_layers_free(&none);
+    /* the CUDA tables: the whole square with documents too */
+    ts_config gpu = cfg;
+    snprintf(gpu.train.device, sizeof gpu.train.device, "cuda");
+    const ts_kernels *kg = ts_plan_kernels(&gpu, &ideal);
+    ts_plan_layers_build_sized(&none, mc, &ideal, kg, 1, false, 1, 1, ideal.intra, 1, ideal.intra,
+                               NULL, NULL, 0);
+    ts_plan_layers_build_sized(&docs, mc, &ideal, kg, 1, false, 1, 1, ideal.intra, 1,
+                               ideal.intra, NULL, NULL, 512);
+    CHECK(docs.f_gemm[1] == none.f_gemm[1] && docs.f[1] == none.f[1]);
+    ts_plan_layers_free(&docs);
+    ts_plan_layers_free(&none);
+
+    /* the predictor: MFU counts the documents' FLOPs, the CPU step is shorter */
+    ts_plan_grid g;
+    ts_plan_grid_of(&cfg, &g);
+    ts_plan_result r0, r1;
+    ts_plan_ctx *x0 = ts_plan_ctx_new(&cfg, &ideal), *x1 = ts_plan_ctx_new(&cfg, &ideal);
+    ts_plan_ctx_set_documents(x1, 512);
+    CHECK(ts_plan_predict(x0, &g, &r0, NULL) == TS_OK);
+    CHECK(ts_plan_predict(x1, &g, &r1, NULL) == TS_OK);
+    const double flops_ratio = ts_plan_model_flops_docs(mc, 8, 512) / ts_plan_model_flops(mc, 8);
+    CHECKF(ts_rel_err(r1.mfu * r1.step_ms / (r0.mfu * r0.step_ms), flops_ratio, 1) < 1e-9,
+           "predicted MFU x step: x %.9f with documents, want the FLOPs' x %.9f",
+           r1.mfu * r1.step_ms / (r0.mfu * r0.step_ms), flops_ratio);
+    CHECKF(r1.step_ms < r0.step_ms, "documents of 512 on the CPU table: step %.3f ms, none %.3f ms",
+           r1.step_ms, r0.step_ms);
+    ts_plan_ctx_free(x0);
+    ts_plan_ctx_free(x1);
+}
+
 /* 7. Sequence parallelism's costs (model_cost.h): a block's forward moves what its two
  * all-reduces did (reduce-scatter + all-gather pairs), its backward 1.5 times (the
  * norms gathered again), a split W 2 more gathers; the embedding's sum a
@@ -1341,6 +1442,7 @@ int main(void)
     test_search("configs/tiny.cfg", "tests/fixtures/plan_cluster_cpu_measured.cfg", 4);
     test_optional_keys();
     test_sequence_parallel();
+    test_documents();
     test_context_parallel();
 
     ts_cluster cpu;

@@ -207,7 +207,8 @@ static bool plan_opt(void *args, int argc, char **argv, int *i, int *missing, in
         *rc = ts_plan_parse_number(v, &k_skip, &a->trace_skip);
         a->trace_skip_set = true;
     } else if (!strcmp(argv[*i], "--gpus") || !strcmp(argv[*i], "--search") ||
-               !strcmp(argv[*i], "--top") || !strcmp(argv[*i], "--exhaustive")) {
+               !strcmp(argv[*i], "--top") || !strcmp(argv[*i], "--exhaustive") ||
+               !strcmp(argv[*i], "--doc-len") || !strncmp(argv[*i], "--doc-len=", 10)) {
         /* The cluster planner's options, given without its cluster. */
         *rc = ts_plan_usage("%s plans on a cluster: give it with --cluster FILE (e.g. "
                             "configs/clusters/dgx-h100.cfg), as in tessera plan CONFIG "

@@ -61,6 +61,14 @@ const char ts_plan_cluster_help[] =
     "  --moe-no-shared-overlap\n"
     "                     the shared experts hide none of the all-to-all (default: their\n"
     "                     compute hides it up to its own time)\n"
+    "  --doc-len N        packed documents (data.document_mask): documents of N tokens, 1 to\n"
+    "                     1000000000, fill every window from its start (the last one cut by\n"
+    "                     the window's end; N >= seq_len: one per window). Attention's time\n"
+    "                     is the kernels' over the documents (the CPU tables skip the earlier\n"
+    "                     documents' key blocks; the CUDA batched GEMMs compute the whole\n"
+    "                     square either way, and train.attention = \"flash\" is priced as they\n"
+    "                     are) and MFU's attention FLOPs count the pairs the documents attend,\n"
+    "                     sum L(L+1)/2 (default: no documents, the T x T square)\n"
     "  --json             one JSON object on stdout. Prediction: {\"cluster\", \"world\",\n"
     "                     \"pp\", \"dp\", \"tp\", \"cp\", \"ep\", \"etp\", \"v\", \"schedule\",\n"
     "                     \"micro_batch\",\n"
@@ -114,7 +122,9 @@ const char ts_plan_cluster_help[] =
     "GEMMs run in bf16, and activations in the compute dtype as the kernel table lays\n"
     "them out (attention's saved state included). Workspace is the BLAS threads' buffers\n"
     "(train.threads, 0 = 1). MFU = (6 * parameters + 12 * n_layer * seq_len * n_embd) *\n"
-    "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is;\n"
+    "tokens / (step * peak * devices), the model's FLOPs counted once whatever cp is\n"
+    "(--doc-len: 12 * n_layer * n_embd * the documents' pairs per sequence in place of\n"
+    "seq_len^2, the FLOPs done);\n"
     "parameters: an MoE's active ones, without the embeddings that are only looked up\n"
     "(an untied input embedding, gpt2's position table). MLA (model.kv_lora_rank > 0):\n"
     "its own parameters, and attention 6 * n_layer * seq_len * n_head * (qk_nope_head_dim\n"
@@ -149,12 +159,14 @@ typedef struct {
     bool json, search, exhaustive;
     bool no_shared_overlap;  /* --moe-no-shared-overlap */
     double imbalance;        /* --moe-imbalance (1: balanced) */
+    long doc_len;            /* --doc-len (0: no packed documents) */
     long gpus, top;
     bool gpus_set, top_set;
 } cluster_args;
 
 static const ts_plan_number_opt k_gpus = {"--gpus", 1, 100000000, "devices", true};
 static const ts_plan_number_opt k_top = {"--top", 1, 1000, "grids", true};
+static const ts_plan_number_opt k_doc_len = {"--doc-len", 1, 1e9, "tokens", true};
 static const ts_plan_number_opt k_imbalance = {"--moe-imbalance", 1, 1000,
                                                "(x the balanced share of routed rows)",
                                                false};
@@ -184,6 +196,8 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
         a->no_shared_overlap = true;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--moe-imbalance", missing))) {
         *rc = ts_plan_parse_number(v, &k_imbalance, &a->imbalance);
+    } else if ((v = ts_cli_opt_value(argc, argv, i, "--doc-len", missing))) {
+        *rc = parse_whole(v, &k_doc_len, &a->doc_len);
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--cluster", missing))) {
         a->cluster = v;
     } else if ((v = ts_cli_opt_value(argc, argv, i, "--gpus", missing))) {
@@ -196,7 +210,7 @@ static bool cluster_opt(void *args, int argc, char **argv, int *i, int *missing,
                strncmp(argv[*i], "--set=", 6)) {
         *rc = ts_plan_usage("%s does not go with --cluster (it takes --set, --json, --gpus, "
                             "--search, --top, --exhaustive, --moe-imbalance, "
-                            "--moe-no-shared-overlap)",
+                            "--moe-no-shared-overlap, --doc-len)",
                             argv[*i]);
     } else {
         return false; /* CONFIG or --set */
@@ -652,6 +666,7 @@ int ts_cmd_plan_cluster(int argc, char **argv)
     }
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
     ts_plan_ctx_set_moe(x, a.imbalance, !a.no_shared_overlap);
+    ts_plan_ctx_set_documents(x, (int)a.doc_len);
     int code = 0;
     if (!a.search) {
         ts_plan_grid g;

@@ -108,10 +108,13 @@ static int attention_block(const ts_kernels *k)
  * q.k over hs channels and the weighted sum of hv value channels (MLA: nope + rope and
  * v_head_dim; else both head_dim), as a kernel with causal block `block` runs them (0:
  * the whole rectangle, the GEMMs Tq x Tk x hs and Tq x hv x Tk; else per block of query
- * rows the GEMMs over the keys up to the block's end, ts_att_block_end's rule); the score
- * entries computed into *area. */
+ * rows the GEMMs over the keys up to the block's end, ts_att_block_end's rule, and with
+ * packed documents of doc_len tokens (> 0) from the key block holding the document start
+ * of the block's first query, as the CPU kernels skip the earlier documents' blocks); the
+ * score entries computed into *area. The CUDA tables' batched GEMMs compute the whole
+ * rectangle with documents too (attention.cu masks in the softmax). */
 static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int Tk, int block,
-                         double *area)
+                         int doc_len, double *area)
 {
     if (block <= 0) {
         *area = (double)Tq * Tk;
@@ -123,7 +126,9 @@ static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int
     for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
         i1 = ((i0 + off) / block + 1) * block - off;
         if (i1 > Tq) i1 = Tq;
-        const double m = i1 - i0, e = i1 + off;
+        const int p0 = i0 + off; /* the block's first query's key position */
+        const int s0 = doc_len > 0 ? (p0 - p0 % doc_len) / block * block : 0;
+        const double m = i1 - i0, e = i1 + off - s0;
         t += gemm(cl, m, e, hs) + gemm(cl, m, hv, e);
         *area += m * e;
     }
@@ -145,7 +150,7 @@ static double rect_gemms(const ts_cluster *cl, double hs, double hv, int Tq, int
  * points included); the planner runs on one thread. */
 typedef struct {
     double peak, hs, hv;
-    int T, cp, block, n_eff;
+    int T, cp, block, doc_len, n_eff;
     double eff_n[TS_CLUSTER_MAX_EFF], eff[TS_CLUSTER_MAX_EFF];
     double most, area, full;
 } att_memo;
@@ -155,7 +160,7 @@ static att_memo att_memos[TS_ATT_MEMO];
 static int n_att_memos, next_att_memo;
 
 static void att_memo_key(att_memo *k, const ts_cluster *cl, double hs, double hv, int T, int cp,
-                         int block)
+                         int block, int doc_len)
 {
     memset(k, 0, sizeof *k);
     k->peak = ts_cluster_peak(cl);
@@ -164,6 +169,7 @@ static void att_memo_key(att_memo *k, const ts_cluster *cl, double hs, double hv
     k->T = T;
     k->cp = cp <= 1 ? 1 : cp;
     k->block = block;
+    k->doc_len = doc_len;
     k->n_eff = cl->n_eff;
     memcpy(k->eff_n, cl->eff_n, sizeof(double) * (size_t)cl->n_eff);
     memcpy(k->eff, cl->eff, sizeof(double) * (size_t)cl->n_eff);
@@ -173,15 +179,17 @@ static bool att_memo_same(const att_memo *a, const att_memo *b)
 {
     /* (memset keys: the unused points are zero in both) */
     return a->peak == b->peak && a->hs == b->hs && a->hv == b->hv && a->T == b->T &&
-           a->cp == b->cp && a->block == b->block && a->n_eff == b->n_eff &&
+           a->cp == b->cp && a->block == b->block && a->doc_len == b->doc_len &&
+           a->n_eff == b->n_eff &&
            !memcmp(a->eff_n, b->eff_n, sizeof a->eff_n) && !memcmp(a->eff, b->eff, sizeof a->eff);
 }
 
 static double attention_gemms(const ts_cluster *cl, double B, double hl, double hs, double hv,
-                              int T, int cp, int block, double *scores_f, double *scores_b)
+                              int T, int cp, int block, int doc_len, double *scores_f,
+                              double *scores_b)
 {
     att_memo key;
-    att_memo_key(&key, cl, hs, hv, T, cp, block);
+    att_memo_key(&key, cl, hs, hv, T, cp, block, doc_len);
     for (int j = 0; j < n_att_memos; j++)
         if (att_memo_same(&att_memos[j], &key)) {
             const att_memo *e = &att_memos[j];
@@ -191,14 +199,14 @@ static double attention_gemms(const ts_cluster *cl, double B, double hl, double 
         }
     double most = -1.0, area = 0.0, full = 0.0;
     if (cp <= 1) {
-        most = rect_gemms(cl, hs, hv, T, T, block, &area);
+        most = rect_gemms(cl, hs, hv, T, T, block, doc_len, &area);
         full = (double)T * T;
     } else {
         const int c = T / (2 * cp);
         for (int i = 0; i < cp; i++) {
             double a0, a1;
-            const double t = rect_gemms(cl, hs, hv, c, (i + 1) * c, block, &a0) +
-                             rect_gemms(cl, hs, hv, c, (2 * cp - i) * c, block, &a1);
+            const double t = rect_gemms(cl, hs, hv, c, (i + 1) * c, block, doc_len, &a0) +
+                             rect_gemms(cl, hs, hv, c, (2 * cp - i) * c, block, doc_len, &a1);
             if (t > most) {
                 most = t;
                 area = a0 + a1;
@@ -310,29 +318,31 @@ void ts_plan_layers_build_moe(ts_plan_layers *L, const ts_model_config *mc, cons
                               ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe)
 {
     ts_plan_layers_build_sized(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe,
-                               NULL);
+                               NULL, 0);
 }
 
 static void build_layers(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                          const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                          ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe,
-                         const ts_plan_param_floats *sizes, bool with_sizes);
+                         const ts_plan_param_floats *sizes, bool with_sizes, int doc_len);
 
 void ts_plan_layers_build_sized(ts_plan_layers *L, const ts_model_config *mc,
                                 const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
                                 int sub, int micro_batch, ts_link tp_link, int cp,
                                 ts_link cp_link, const ts_plan_moe *moe,
-                                const ts_plan_param_floats *sizes)
+                                const ts_plan_param_floats *sizes, int doc_len)
 {
-    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, sizes, true);
+    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, sizes, true,
+                 doc_len);
 }
 
 void ts_plan_layers_build_times(ts_plan_layers *L, const ts_model_config *mc,
                                 const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
                                 int sub, int micro_batch, ts_link tp_link, int cp,
-                                ts_link cp_link, const ts_plan_moe *moe)
+                                ts_link cp_link, const ts_plan_moe *moe, int doc_len)
 {
-    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, NULL, false);
+    build_layers(L, mc, cl, k, tp, sp, sub, micro_batch, tp_link, cp, cp_link, moe, NULL, false,
+                 doc_len);
 }
 
 /* The sizes of L (parameters, activations, scratch: the layout's) and the rank's
@@ -398,7 +408,7 @@ static double layout_sizes(ts_plan_layers *L, const ts_model_config *mc, const t
 static void build_layers(ts_plan_layers *L, const ts_model_config *mc, const ts_cluster *cl,
                          const ts_kernels *k, int tp, bool sp, int sub, int micro_batch,
                          ts_link tp_link, int cp, ts_link cp_link, const ts_plan_moe *moe,
-                         const ts_plan_param_floats *sizes, bool with_sizes)
+                         const ts_plan_param_floats *sizes, bool with_sizes, int doc_len)
 {
     memset(L, 0, sizeof *L);
     /* The expert grid: none for a dense model (its layout and costs as they were). */
@@ -491,7 +501,7 @@ static void build_layers(ts_plan_layers *L, const ts_model_config *mc, const ts_
         mla && cp > 1 ? S * gemm(cl, Nkv / S, hl * (mc->qk_nope_head_dim + hv), RKV) : 0.0;
     double scores_f, scores_b;
     const double att = attention_gemms(cl, B, hl, hs, hv, mc->seq_len, cp, attention_block(k),
-                                       &scores_f, &scores_b);
+                                       doc_len, &scores_f, &scores_b);
     /* Context parallelism's blocking K/V all-gather (forward) and dK/dV reduce-scatter
      * (MLA: the latent and rope key's, ts_plan_cp_exchange_time). */
     const double cp_x = ts_plan_cp_exchange_time(mc, tp, cp, micro_batch, ab, cp_link);
@@ -837,8 +847,31 @@ double ts_plan_model_flops(const ts_model_config *mc, int global_batch)
      * Multi-token prediction's modules count as Megatron counts them
      * (ts_plan_mtp_flops_params and their blocks' attention). */
     const double tokens = (double)global_batch * mc->seq_len;
+    /* the square: global_batch * T^2 pairs (ts_plan_model_flops_pairs's sum, as it was) */
     return 6.0 * (ts_plan_flops_params(mc) + ts_plan_mtp_flops_params(mc)) * tokens +
            ts_plan_attention_flops_per_token(mc) * tokens;
+}
+
+double ts_plan_model_flops_pairs(const ts_model_config *mc, double tokens, double pairs)
+{
+    return 6.0 * (ts_plan_flops_params(mc) + ts_plan_mtp_flops_params(mc)) * tokens +
+           ts_plan_attention_flops_per_pair(mc) * pairs;
+}
+
+double ts_plan_doc_pairs(int T, int doc_len)
+{
+    /* documents of doc_len tokens from the window's start, the last one cut by its end */
+    const double L = doc_len > 0 && doc_len < T ? doc_len : T;
+    const double n = floor(T / L), r = T - n * L;
+    return n * L * (L + 1.0) / 2.0 + r * (r + 1.0) / 2.0;
+}
+
+double ts_plan_model_flops_docs(const ts_model_config *mc, int global_batch, int doc_len)
+{
+    if (doc_len <= 0) return ts_plan_model_flops(mc, global_batch);
+    const double tokens = (double)global_batch * mc->seq_len;
+    const double pairs = (double)global_batch * ts_plan_doc_pairs(mc->seq_len, doc_len);
+    return ts_plan_model_flops_pairs(mc, tokens, pairs);
 }
 
 double ts_plan_mtp_flops_params(const ts_model_config *mc)
@@ -859,15 +892,21 @@ double ts_plan_mtp_flops_params(const ts_model_config *mc)
     return blocks + mc->mtp_layers * (3.0 * C + 2.0 * C * C + (double)mc->vocab_size * C);
 }
 
-double ts_plan_attention_flops_per_token(const ts_model_config *mc)
+double ts_plan_attention_flops_per_pair(const ts_model_config *mc)
 {
-    /* Per query head and token: q.k over the T keys (2 T hs) and the weighted sum of
-     * values (2 T hv) forward, tripled with the backward; the full T x T square. */
+    /* Per query head and (query, key) pair: q.k over hs channels (2 hs) and the weighted
+     * value (2 hv) forward, tripled with the backward. */
     const double blocks = (double)mc->n_layer + (mc->mtp_layers > 0 ? mc->mtp_layers : 0);
     if (ts_model_is_mla(mc))
-        return 6.0 * blocks * (double)mc->seq_len * mc->n_head *
+        return 6.0 * blocks * mc->n_head *
                (double)(mc->qk_nope_head_dim + mc->qk_rope_head_dim + mc->v_head_dim);
-    return 12.0 * blocks * (double)mc->seq_len * mc->n_head * (double)ts_model_head_dim(mc);
+    return 12.0 * blocks * mc->n_head * (double)ts_model_head_dim(mc);
+}
+
+double ts_plan_attention_flops_per_token(const ts_model_config *mc)
+{
+    /* the full T x T square: T pairs per query */
+    return ts_plan_attention_flops_per_pair(mc) * (double)mc->seq_len;
 }
 
 double ts_plan_flops_per_token(const ts_model_config *mc)

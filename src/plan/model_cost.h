@@ -39,6 +39,15 @@
  * tiles, is priced as they are: model_cost.c's attention_block), their softmax 3 and 6
  * passes over all of it. MFU's FLOPs (ts_plan_model_flops) count the whole square.
  *
+ * Packed documents (data.document_mask; `tessera plan --cluster --doc-len N`: documents
+ * of N tokens fill each window from its start): the CPU tables' query blocks start their
+ * keys at the key block holding their first query's document start (the earlier
+ * documents' blocks skipped, as src/kernels/cpu/attention*.c skip them); the CUDA
+ * tables' batched GEMMs still compute each rectangle whole (attention.cu masks in its
+ * softmax), and the flash kernel, which skips the masked tiles, is priced as they are,
+ * as without documents. MFU's FLOPs count the pairs the documents attend
+ * (ts_plan_model_flops_docs: sum over documents of L(L+1)/2, not the square).
+ *
  * Tensor parallelism (Megatron): each rank does 1/tp of the GEMMs (llama's key/value
  * heads split over tp when n_kv_head % tp == 0, else each rank computes its one
  * replicated head); a block does 2 all-reduces of micro_batch*seq_len*n_embd
@@ -219,13 +228,16 @@ void ts_plan_layers_build_sized(ts_plan_layers *L, const ts_model_config *mc,
                                 const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
                                 int sub, int micro_batch, ts_link tp_link, int cp,
                                 ts_link cp_link, const ts_plan_moe *moe,
-                                const ts_plan_param_floats *sizes);
+                                const ts_plan_param_floats *sizes, int doc_len);
 /* Its times alone (f, i, w and their parts; the sizes zero, no layout built): what a
- * floor of the work (predict.h ts_plan_work_floor) reads, the same to the bit. */
+ * floor of the work (predict.h ts_plan_work_floor) reads, the same to the bit. doc_len
+ * (both): packed documents of doc_len tokens filling each window (attention's time as
+ * the table's kernels skip the masked blocks, above); 0: none (ts_plan_layers_build and
+ * _moe pass 0). */
 void ts_plan_layers_build_times(ts_plan_layers *L, const ts_model_config *mc,
                                 const ts_cluster *cl, const ts_kernels *k, int tp, bool sp,
                                 int sub, int micro_batch, ts_link tp_link, int cp,
-                                ts_link cp_link, const ts_plan_moe *moe);
+                                ts_link cp_link, const ts_plan_moe *moe, int doc_len);
 /* Context parallelism's collective per block and micro-batch (seconds, one direction):
  * a ring all-gather (forward) or reduce-scatter (backward) of the gathered keys and
  * values, micro_batch * seq_len * 2 * kv_local * head_dim values of act_bytes each,
@@ -293,6 +305,26 @@ double ts_plan_attention_flops_per_token(const ts_model_config *mc);
  * head the full T x T square; n_head * head_dim = n_embd), tokens = global_batch *
  * seq_len. */
 double ts_plan_model_flops(const ts_model_config *mc, int global_batch);
+/* Attention's FLOPs per (query, key) pair, forward and backward, over every block (the
+ * MTP modules' included): 12 * n_head * head_dim per block, MLA's 6 * n_head *
+ * (qk_nope + qk_rope + v_head_dim); ts_plan_attention_flops_per_token is it x seq_len. */
+double ts_plan_attention_flops_per_pair(const ts_model_config *mc);
+/* Model FLOPs of `tokens` tokens whose attention computes `pairs` (query, key) pairs:
+ * 6 * (ts_plan_flops_params + ts_plan_mtp_flops_params) * tokens +
+ * ts_plan_attention_flops_per_pair * pairs. ts_plan_model_flops is it with the square
+ * (global_batch * seq_len^2 pairs); with packed documents the trainer's MFU passes the
+ * pairs its windows' documents attend (docs/CONTRACT.md "MFU"). */
+double ts_plan_model_flops_pairs(const ts_model_config *mc, double tokens, double pairs);
+/* The (query, key) pairs of one window of T positions cut into documents of doc_len
+ * tokens from its start, the last one cut short by the window's end: sum over the
+ * documents of L(L+1)/2 (each document's causal triangle); doc_len <= 0 or >= T: one
+ * document, T(T+1)/2. */
+double ts_plan_doc_pairs(int T, int doc_len);
+/* MFU's FLOPs of one step with packed documents of doc_len tokens filling every window
+ * (`tessera plan --doc-len`): ts_plan_model_flops_pairs with global_batch *
+ * ts_plan_doc_pairs(seq_len, doc_len) pairs, the attention FLOPs the documents do;
+ * doc_len 0: ts_plan_model_flops (no documents: the square). */
+double ts_plan_model_flops_docs(const ts_model_config *mc, int global_batch, int doc_len);
 /* The same per token (ts_plan_model_flops of one sequence / seq_len). */
 double ts_plan_flops_per_token(const ts_model_config *mc);
 

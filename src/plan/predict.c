@@ -71,6 +71,7 @@ struct ts_plan_ctx {
     const ts_kernels *k; /* the run's layout (ts_plan_kernels) */
     double imbalance;    /* an MoE's load imbalance (ts_plan_ctx_set_moe) */
     bool hide_shared;
+    int doc_len;         /* packed documents' length (ts_plan_ctx_set_documents); 0: none */
     param_entry *params;
     size_t n_params, cap_params;
     int muon_steps;      /* train.optimizer = "muon": its Newton-Schulz steps; 0: AdamW */
@@ -107,6 +108,12 @@ void ts_plan_ctx_set_moe(ts_plan_ctx *x, double imbalance, bool hide_shared)
     TS_ASSERT(x->n_layers == 0 && imbalance >= 1.0);
     x->imbalance = imbalance;
     x->hide_shared = hide_shared;
+}
+
+void ts_plan_ctx_set_documents(ts_plan_ctx *x, int doc_len)
+{
+    TS_ASSERT(x->n_layers == 0 && doc_len >= 0);
+    x->doc_len = doc_len;
 }
 
 void ts_plan_ctx_free(ts_plan_ctx *x)
@@ -290,7 +297,7 @@ static void layers_build(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_layers *
                              .imbalance = x->imbalance, .hide_shared = x->hide_shared};
     ts_plan_layers_build_sized(L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, sub_of(g),
                                g->micro_batch, ts_plan_tp_link(&x->cl, g), ts_plan_grid_cp(g),
-                               ts_plan_cp_link(&x->cl, g), &moe, pf);
+                               ts_plan_cp_link(&x->cl, g), &moe, pf, x->doc_len);
     if (x->muon_steps > 0)
         L->muon = ts_plan_muon_layers(&x->cfg.model, &x->cl, x->k, g->tp, moe.ep, moe.etp,
                                       x->muon_steps, ts_plan_tp_link(&x->cl, g), moe.etp_link);
@@ -305,7 +312,7 @@ static void layers_build_times(ts_plan_ctx *x, const ts_plan_grid *g, ts_plan_la
                              .imbalance = x->imbalance, .hide_shared = x->hide_shared};
     ts_plan_layers_build_times(L, &x->cfg.model, &x->cl, x->k, g->tp, g->sp != 0, sub_of(g),
                                g->micro_batch, ts_plan_tp_link(&x->cl, g), ts_plan_grid_cp(g),
-                               ts_plan_cp_link(&x->cl, g), &moe);
+                               ts_plan_cp_link(&x->cl, g), &moe, x->doc_len);
 }
 
 /* g's cached layers, or NULL. */
@@ -1190,7 +1197,7 @@ static void finish(const ts_plan_ctx *x, ts_plan_result *r)
     const double tokens = (double)x->cfg.train.global_batch * x->cfg.model.seq_len;
     const double world = (double)g->pp * g->dp * ts_plan_grid_cp(g) * g->tp;
     r->tokens_per_s = tokens / (r->step_ms * 1e-3);
-    r->mfu = ts_plan_model_flops(&x->cfg.model, x->cfg.train.global_batch) /
+    r->mfu = ts_plan_model_flops_docs(&x->cfg.model, x->cfg.train.global_batch, x->doc_len) /
              (r->step_ms * 1e-3 * ts_cluster_peak(&x->cl) * world);
 }
 

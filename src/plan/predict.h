@@ -153,6 +153,11 @@ ts_plan_ctx *ts_plan_ctx_new(const ts_config *cfg, const ts_cluster *cl);
  * (>= 1; default 1, balanced) and whether the shared experts' compute hides the
  * exchanges (default true). */
 void ts_plan_ctx_set_moe(ts_plan_ctx *x, double imbalance, bool hide_shared);
+/* Packed documents (data.document_mask; before the first prediction): documents of
+ * doc_len tokens fill every window from its start, so attention's time is the table's
+ * kernels' over the documents (model_cost.h) and MFU counts the pairs they attend
+ * (ts_plan_model_flops_docs); 0 (the default): no documents. */
+void ts_plan_ctx_set_documents(ts_plan_ctx *x, int doc_len);
 void ts_plan_ctx_free(ts_plan_ctx *x);
 const ts_cluster *ts_plan_ctx_cluster(const ts_plan_ctx *x);
 const ts_config *ts_plan_ctx_config(const ts_plan_ctx *x);

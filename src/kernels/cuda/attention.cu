@@ -24,7 +24,14 @@
  *
  * The GEMMs compute the full T x T products (the entries above the diagonal are
  * computed and then masked to exact zeros by the softmax kernels, so they drop out of
- * every later product): twice the causal work, simple, a first version.
+ * every later product): twice the causal work, simple, a first version. Packed documents
+ * (ts_att_heads.doc_start, device int32 [B, Tq]) are masked the same way: the softmax
+ * kernels keep each row's keys [doc_start, diagonal] and write exact zeros before its
+ * document too, so P, dS and every product after them are the per-document ones. These
+ * kernels do NOT skip the masked blocks (the products stay dense: a strided-batched GEMM
+ * has one shape for every (b, head), and the documents differ between sequences; cutting
+ * them per document would need doc_start on the host, a sync per call); the flash
+ * kernels (attention_flash.cu) do skip them, their work falling to sum L_i^2.
  *
  * cuBLAS is column-major: a row-major [r, c] matrix with leading dimension ld is, to
  * cuBLAS, its transpose [c, r] with the same ld, so row-major X = A B is computed as
@@ -55,37 +62,55 @@
 
 #define TS_ATT_WARPS 8 /* rows (warps) per block */
 
+/* The first live key of row r of [B, NH, Tq, Tk] (query i = r % Tq of sequence
+ * b = r / (NH Tq)): doc_start[b Tq + i] with packed documents (kernels.h ts_att_heads:
+ * device int32 [B, Tq], key coordinates), else 0 (causal). */
+static __device__ __forceinline__ int row_first_key(const int *doc_start, size_t r, int NH,
+                                                    int Tq)
+{
+    if (!doc_start) return 0;
+    size_t b = r / ((size_t)NH * Tq);
+    return doc_start[b * Tq + r % Tq];
+}
+
 /* Row r (query i = r % Tq, at key position i + Tk - Tq: the last Tq of Tk positions;
- * Tq = Tk = T for a whole sequence) of the scaled scores [.., Tq, Tk], in place: s[0..i
- * + Tk - Tq] -> probabilities, the rest -> 0. exp(s - max) is computed again in the last
+ * Tq = Tk = T for a whole sequence) of the scaled scores [.., Tq, Tk], in place:
+ * s[lo..i + Tk - Tq] -> probabilities, the rest -> exact 0 (lo = the row's document
+ * start, row_first_key; 0 without documents). exp(s - max) is computed again in the last
  * pass rather than stored in the second, so a bf16 probability is rounded once (and fp32
  * gets the same bits either way). Each lane reads and writes only its own j, so in place
  * is safe. */
 template <typename A>
-static __global__ void causal_softmax_kernel(A *att, size_t rows, int Tq, int Tk)
+static __global__ void causal_softmax_kernel(A *att, size_t rows, int Tq, int Tk, int NH,
+                                             const int *doc_start)
 {
     size_t r = (size_t)blockIdx.x * TS_ATT_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (r >= rows) return; /* whole warps leave together */
     const int T = Tk;
     A *s = att + r * T;
-    int n = (int)(r % Tq) + (Tk - Tq) + 1; /* live entries */
+    int n = (int)(r % Tq) + (Tk - Tq) + 1; /* live entries end here */
+    int lo = row_first_key(doc_start, r, NH, Tq); /* ... and start here */
     float mx = -INFINITY;
-    for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ts_act_load(s, j));
+    for (int j = lo + lane; j < n; j += 32) mx = fmaxf(mx, ts_act_load(s, j));
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int j = lane; j < n; j += 32) sum += expf(ts_act_load(s, j) - mx);
+    for (int j = lo + lane; j < n; j += 32) sum += expf(ts_act_load(s, j) - mx);
     float inv = 1.0f / warp_sum(sum);
-    for (int j = lane; j < n; j += 32) ts_act_store(s, j, expf(ts_act_load(s, j) - mx) * inv);
+    for (int j = lo + lane; j < n; j += 32)
+        ts_act_store(s, j, expf(ts_act_load(s, j) - mx) * inv);
+    for (int j = lane; j < lo; j += 32) ts_act_store(s, j, 0.0f);
     for (int j = n + lane; j < T; j += 32) ts_act_store(s, j, 0.0f);
 }
 
-/* Row r of the softmax backward: dS[j] = p[j] (dP[j] - sum_j p[j] dP[j]) for j <= i, 0
- * above the diagonal, from the fp32 dP into ds (fp32: ds == dp, in place, each lane on
- * its own j after the dot product; bf16: a separate buffer). */
+/* Row r of the softmax backward: dS[j] = p[j] (dP[j] - sum_j p[j] dP[j]) for lo <= j <=
+ * i, 0 elsewhere (above the diagonal, before the row's document), from the fp32 dP into
+ * ds (fp32: ds == dp, in place, each lane on its own j after the dot product; bf16: a
+ * separate buffer). */
 template <typename A>
 static __global__ void causal_softmax_backward_kernel(A *ds, const float *dp, const A *att,
-                                                      size_t rows, int Tq, int Tk)
+                                                      size_t rows, int Tq, int Tk, int NH,
+                                                      const int *doc_start)
 {
     size_t r = (size_t)blockIdx.x * TS_ATT_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -95,10 +120,12 @@ static __global__ void causal_softmax_backward_kernel(A *ds, const float *dp, co
     const A *p = att + r * T;
     A *o = ds + r * T;
     int n = (int)(r % Tq) + (Tk - Tq) + 1;
+    int lo = row_first_key(doc_start, r, NH, Tq);
     float dot = 0.0f;
-    for (int j = lane; j < n; j += 32) dot += ts_act_load(p, j) * d[j];
+    for (int j = lo + lane; j < n; j += 32) dot += ts_act_load(p, j) * d[j];
     dot = warp_sum(dot);
-    for (int j = lane; j < n; j += 32) ts_act_store(o, j, ts_act_load(p, j) * (d[j] - dot));
+    for (int j = lo + lane; j < n; j += 32) ts_act_store(o, j, ts_act_load(p, j) * (d[j] - dot));
+    for (int j = lane; j < lo; j += 32) ts_act_store(o, j, 0.0f);
     for (int j = n + lane; j < T; j += 32) ts_act_store(o, j, 0.0f);
 }
 
@@ -157,6 +184,7 @@ struct att_shape {
     int KVW; /* a k|v row, NKV (HS + HSV): the gathered kv's and the bf16 accumulator's */
     int ldkv; /* the k and v heads' row stride: C3 in qkv, KVW in a gathered kv */
     float scale;
+    const int *doc_start; /* ts_att_heads's: device int32 [B, Tq], or NULL (causal) */
     /* per (b, j): a q head in qkv; a k head and a v head (in qkv, or the gathered kv); a
      * head in out/dout; a q head's [Tq, Tk]; a k and a v head in the bf16 backward's fp32
      * accumulator [B, Tk, KVW] */
@@ -172,6 +200,7 @@ static att_shape general_shape(int B, int Tq, int Tk, ts_att_heads h, int ldkv)
     s.QW = h.NH * h.HS, s.C = (int)ts_att_out_width(h), s.C3 = (int)ts_att_qkv_width(h);
     s.KVW = (int)ts_att_kv_width(h), s.ldkv = ldkv;
     s.scale = h.scale;
+    s.doc_start = h.doc_start;
     s.xq = {(long long)Tq * s.C3, (long long)s.G * s.HS};
     s.xk = {(long long)Tk * ldkv, s.HS};
     s.xv = {(long long)Tk * ldkv, s.HSV};
@@ -220,7 +249,8 @@ static void forward_core(const att_shape &s, A *out, A *att, const A *q, const A
                       s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.Tq;
     causal_softmax_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
-                               ts_cuda_stream()>>>(att, rows, s.Tq, s.Tk);
+                               ts_cuda_stream()>>>(att, rows, s.Tq, s.Tk, s.NH,
+                                                            s.doc_start);
     TS_CUDA_LAUNCHED();
     /* O = P V  (O^T = V^T P^T) */
     for (int g = 0; g < s.G; g++)
@@ -298,7 +328,8 @@ static void backward_dq(const att_shape &s, A *dq, float *dp, A *ds, const A *g_
                           s.NKV);
     size_t rows = (size_t)s.B * s.NH * s.Tq;
     causal_softmax_backward_kernel<A><<<ts_cuda_blocks(rows, TS_ATT_WARPS), TS_ATT_WARPS * 32, 0,
-                                        ts_cuda_stream()>>>(ds, dp, p, rows, s.Tq, s.Tk);
+                                        ts_cuda_stream()>>>(ds, dp, p, rows, s.Tq, s.Tk,
+                                                                     s.NH, s.doc_start);
     TS_CUDA_LAUNCHED();
     /* dQ = scale dS K  (dQ^T = scale K^T dS^T) */
     for (int g = 0; g < s.G; g++)

@@ -16,6 +16,10 @@
  * over the key tiles up to the diagonal. Each pass recomputes the scores (the
  * price of writing every gradient element from one block).
  *
+ * Packed documents (ts_att_heads.doc_start, device int32 [B, T]): every pass skips the
+ * key (or query) tiles wholly outside the tile's documents (attention_flash_kernels.cuh),
+ * so the work falls with the documents' lengths, ~ sum L_i^2.
+ *
  * Tiles: 32 queries x 32 keys for heads up to 128 (GPT-2's 64), 16 x 16 above that, up
  * to 256 (the wider of the q/k and the v head decides: DeepSeek-V3's 192 and 128 take
  * 16, ~64 KB), so the largest backward tile set (~105 KB at HS 128, ~99 KB at HS 256) fits
@@ -122,7 +126,7 @@ static void flash_forward_tiles(A *out, float *lse, const A *qkv, int B, int T, 
     flash_launch(flash_forward_kernel<TILE, false, A>, "flash_forward_kernel",
                  flash_fwd_smem_floats(TILE, h.HS, h.HSV), B * h.NH, (T + TILE - 1) / TILE, out,
                  lse, (const A *)NULL, (float *)NULL, qkv, B, T, h.NH, h.NKV, h.HS, h.HSV,
-                 h.scale);
+                 h.scale, h.doc_start);
 }
 
 /* dK, dV: one block per (key tile, b, kv head), B * NKV pairs; the others per query head. */
@@ -134,13 +138,13 @@ static void flash_backward_tiles(A *dqkv, float *delta, const A *dout, const A *
     /* D = rowsum(dO * O), O recomputed */
     flash_launch(flash_forward_kernel<TILE, true, A>, "flash_forward_kernel (D)",
                  flash_fwd_smem_floats(TILE, HS, HSV), B * NH, ntiles, (A *)NULL, (float *)NULL,
-                 dout, delta, qkv, B, T, NH, NKV, HS, HSV, h.scale);
+                 dout, delta, qkv, B, T, NH, NKV, HS, HSV, h.scale, h.doc_start);
     flash_launch(flash_backward_dkv_kernel<TILE, A>, "flash_backward_dkv_kernel",
                  flash_dkv_smem_floats(TILE, HS, HSV), B * NKV, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale);
+                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale, h.doc_start);
     flash_launch(flash_backward_dq_kernel<TILE, A>, "flash_backward_dq_kernel",
                  flash_dq_smem_floats(TILE, HS, HSV), B * NH, ntiles, dqkv, dout, qkv, lse,
-                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale);
+                 (const float *)delta, B, T, NH, NKV, HS, HSV, h.scale, h.doc_start);
 }
 
 template <typename A>

@@ -4,7 +4,10 @@
  * saved state sized by its *_saved_bytes, the backward's workspace by its
  * *_scratch_bytes; activations in the variant's type). The tables' ts_cuda_attention_*
  * entries run one of them (attention.cu; the table is chosen by train.attention); tests
- * call them directly. C-callable. */
+ * call them directly. C-callable. Every variant honours h.doc_start (packed documents,
+ * device int32 [B, T]; NULL: causal): the flash ones skip the masked tiles, the
+ * batched-GEMM ones mask in their softmax (docs/ARCHITECTURE.md "Packed documents on
+ * CUDA and in the planner"). */
 #ifndef TS_KERNELS_CUDA_ATTENTION_FLASH_H
 #define TS_KERNELS_CUDA_ATTENTION_FLASH_H
 

@@ -17,6 +17,17 @@
  * TILE; HS and HSV are runtime values (any 1..TS_FLASH_MAX_HS: loops over d < HS or
  * HSV, no vector loads, so no alignment assumption).
  *
+ * Packed documents (kernels.h ts_att_heads.doc_start: device int32 [B, T], query t's first
+ * visible key, non-decreasing along t): query t attends keys [doc_start[t], t]. A query
+ * tile [q0, q0 + TILE) needs keys from doc_start[q0] on only, so the forward and the dQ
+ * pass start their key loop at the tile holding it, and the dK, dV pass stops its query
+ * loop at the first query tile whose first row starts after the key tile: the masked
+ * tiles are never loaded nor multiplied (the work is ~ sum L_i^2 over the documents, not
+ * T^2). Inside the tiles that straddle a document start, the scores of keys before a
+ * row's start are masked like those above the diagonal (the rows' starts sit in shared
+ * memory beside the row statistics). doc_start NULL: plain causal, the same bits as
+ * before documents existed (every start 0).
+ *
  * Deterministic: every output element is written by exactly one thread of one block,
  * each sum runs in a fixed order (no atomics), so repeated runs give the same bits. A kv
  * head's dK and dV sum over its query heads inside its one block, head after head.
@@ -43,22 +54,25 @@ static __host__ __device__ __forceinline__ int flash_ld(int HS) { return HS % 2 
 static __host__ __device__ __forceinline__ size_t flash_fwd_smem_floats(int tile, int HS,
                                                                         int HSV)
 {
-    /* Q, K, V tiles; scores [tile, tile+1]; O accumulator [tile, HSV]; m, l, alpha */
+    /* Q, K, V tiles; scores [tile, tile+1]; O accumulator [tile, HSV]; m, l, alpha; the
+     * rows' document starts (int32, one float slot each) */
     return (size_t)2 * tile * flash_ld(HS) + (size_t)tile * flash_ld(HSV) +
-           (size_t)tile * (tile + 1) + (size_t)tile * HSV + 3 * (size_t)tile;
+           (size_t)tile * (tile + 1) + (size_t)tile * HSV + 4 * (size_t)tile;
 }
 static __host__ __device__ __forceinline__ size_t flash_dkv_smem_floats(int tile, int HS,
                                                                         int HSV)
 {
-    /* K, V, Q, dO tiles; dK, dV accumulators; P and dS [tile, tile+1]; lse, D */
+    /* K, V, Q, dO tiles; dK, dV accumulators; P and dS [tile, tile+1]; lse, D, the query
+     * rows' document starts */
     return (size_t)2 * tile * flash_ld(HS) + (size_t)2 * tile * flash_ld(HSV) +
-           (size_t)tile * (HS + HSV) + (size_t)2 * tile * (tile + 1) + 2 * (size_t)tile;
+           (size_t)tile * (HS + HSV) + (size_t)2 * tile * (tile + 1) + 3 * (size_t)tile;
 }
 static __host__ __device__ __forceinline__ size_t flash_dq_smem_floats(int tile, int HS, int HSV)
 {
-    /* Q, dO, K, V tiles; dQ accumulator; dS [tile, tile+1]; lse, D */
+    /* Q, dO, K, V tiles; dQ accumulator; dS [tile, tile+1]; lse, D, the rows' document
+     * starts */
     return (size_t)2 * tile * flash_ld(HS) + (size_t)2 * tile * flash_ld(HSV) +
-           (size_t)tile * HS + (size_t)tile * (tile + 1) + 2 * (size_t)tile;
+           (size_t)tile * HS + (size_t)tile * (tile + 1) + 3 * (size_t)tile;
 }
 
 /* Where block `blk` works: its (b, head) pair and tile index, over BH pairs. The tiles of
@@ -81,9 +95,9 @@ static __device__ __forceinline__ flash_where flash_block(unsigned blk, int BH, 
 /* Query head h of sequence b, with its kv head j = h / (NH / NKV), and where they start
  * in each layout: the q rows (row t at q + t * C3; dq at offq in dqkv), the kv head's k
  * and v rows (dk, dv at offk, offv), the dout rows (g + t * C; out at off1), the head's
- * lse and delta values at offr. r0: the first row of the block's tile. */
+ * lse and delta values at offr. r0: the first row of the block's tile; b its sequence. */
 template <typename A> struct flash_head {
-    int r0;
+    int r0, b;
     int C, LD, LDV; /* NH * HSV; flash_ld(HS); flash_ld(HSV) */
     size_t C3, offq, offk, offv, off1, offr;
     const A *q, *k, *v, *g; /* g: NULL without dout */
@@ -96,6 +110,7 @@ static __device__ __forceinline__ flash_head<A> flash_head_at(const A *qkv, cons
     const int j = h / (NH / NKV);
     flash_head<A> f;
     f.r0 = r0;
+    f.b = b;
     f.C = NH * HSV;
     f.LD = flash_ld(HS);
     f.LDV = flash_ld(HSV);
@@ -135,17 +150,49 @@ static __device__ __forceinline__ void flash_load(float *tile, int LD, const A *
     }
 }
 
-/* The lse and D values of query rows [q0, q0 + TILE) (rl, rd: the head's rows of lse
- * and delta) into shared memory; rows at or past T read as zeros. */
+/* The first visible key of query rows [q0, q0 + TILE) of sequence b (ts_att_heads's
+ * doc_start, device int32 [B, T]; NULL: 0, causal) into sDs; rows at or past T get 0
+ * (they are never stored). */
 template <int TILE>
-static __device__ __forceinline__ void flash_load_row_stats(float *sLse, float *sD,
+static __device__ __forceinline__ void flash_load_doc_starts(int *sDs, const int *doc_start,
+                                                             int b, int q0, int T)
+{
+    for (int i = threadIdx.x; i < TILE; i += TS_FLASH_THREADS)
+        sDs[i] = doc_start && q0 + i < T ? doc_start[(size_t)b * T + q0 + i] : 0;
+}
+
+/* The first key tile a query tile starting at q0 (< T) needs: the tile holding its first
+ * row's document start (the starts do not decrease along t), 0 without documents. */
+template <int TILE>
+static __device__ __forceinline__ int flash_first_key_tile(const int *doc_start, int b, int q0,
+                                                           int T)
+{
+    return doc_start ? doc_start[(size_t)b * T + q0] / TILE * TILE : 0;
+}
+
+/* Whether any query of the tile starting at q0 (< T) sees a key at or before kmax: its
+ * first row's document start is the tile's smallest (non-decreasing along t), and a
+ * later tile's first start is no smaller, so the first tile that fails ends the loop. */
+static __device__ __forceinline__ bool flash_tile_sees(const int *doc_start, int b, int q0,
+                                                       int T, int kmax)
+{
+    return !doc_start || doc_start[(size_t)b * T + q0] <= kmax;
+}
+
+/* The lse and D values of query rows [q0, q0 + TILE) (rl, rd: the head's rows of lse
+ * and delta) and the rows' document starts (flash_load_doc_starts) into shared memory;
+ * rows at or past T read as zeros. */
+template <int TILE>
+static __device__ __forceinline__ void flash_load_row_stats(float *sLse, float *sD, int *sDs,
                                                             const float *rl, const float *rd,
+                                                            const int *doc_start, int b,
                                                             int q0, int T)
 {
     for (int i = threadIdx.x; i < TILE; i += TS_FLASH_THREADS) {
         sLse[i] = q0 + i < T ? rl[q0 + i] : 0.0f;
         sD[i] = q0 + i < T ? rd[q0 + i] : 0.0f;
     }
+    flash_load_doc_starts<TILE>(sDs, doc_start, b, q0, T);
 }
 
 /* Rows [r0, r0 + TILE) of one head's [T, HS] matrix (row t at base + t * ld) from a
@@ -174,14 +221,16 @@ static __device__ __forceinline__ float flash_dot(const float *a, int sa, const 
 }
 
 /* Forward for one query tile: O = softmax(scale Q K^T + causal mask) V, online over the
- * key tiles 0..diagonal, keeping each row's running max m and sum l (the rescaling by
+ * key tiles from the one holding the tile's first document start (0 without documents)
+ * to the diagonal, keeping each row's running max m and sum l (the rescaling by
  * alpha = exp(m_old - m_new) of FlashAttention). Writes out and lse = m + log l, or,
  * with DELTA, only delta[t] = dout[t] . out[t] (the backward's D, recomputed from
  * q, k, v since the backward is not given `out`). */
 template <int TILE, bool DELTA, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_forward_kernel(A *out, float *lse, const A *dout, float *delta, const A *qkv, int B,
-                         int T, int NH, int NKV, int HS, int HSV, float scale)
+                         int T, int NH, int NKV, int HS, int HSV, float scale,
+                         const int *doc_start)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "a score row is one warp's lanes");
     const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS, HSV);
@@ -194,25 +243,30 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     float *sQ = ts_flash_smem, *sK = sQ + TILE * LD, *sV = sK + TILE * LD;
     float *sS = sV + TILE * LDV, *sO = sS + TILE * LS, *sM = sO + TILE * HSV;
     float *sL = sM + TILE, *sA = sL + TILE;
+    int *sDs = (int *)(sA + TILE); /* the rows' document starts */
 
     flash_load<TILE>(sQ, LD, q, C3, q0, T, HS);
+    flash_load_doc_starts<TILE>(sDs, doc_start, f.b, q0, T);
     for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) sO[idx] = 0.0f;
     for (int i = tid; i < TILE; i += TS_FLASH_THREADS) {
         sM[i] = -INFINITY;
         sL[i] = 0.0f;
     }
-    /* Query rows q0..q0+TILE-1 see keys 0..q0+TILE-1 (and < T). */
+    /* Query rows q0..q0+TILE-1 see keys doc_start[q0]..q0+TILE-1 (and < T); the key tiles
+     * before the one holding doc_start[q0] are all masked for every row: skipped. */
     const int kend = min(T, q0 + TILE);
-    for (int k0 = 0; k0 < kend; k0 += TILE) {
-        __syncthreads(); /* the last tile's readers of sK, sV, sS are done */
+    for (int k0 = flash_first_key_tile<TILE>(doc_start, f.b, q0, T); k0 < kend; k0 += TILE) {
+        __syncthreads(); /* the last tile's readers of sK, sV, sS are done (and sDs written) */
         flash_load<TILE>(sK, LD, k, C3, k0, T, HS);
         flash_load<TILE>(sV, LDV, v, C3, k0, T, HSV);
         __syncthreads();
-        /* Scaled scores; -inf where masked (key after the query, or past T). */
+        /* Scaled scores; -inf where masked (key after the query, before its document, or
+         * past T). */
         for (int idx = tid; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
             int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
             float s = -INFINITY;
-            if (tk <= tq && tk < T) s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS) * scale;
+            if (tk <= tq && tk < T && tk >= sDs[i])
+                s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS) * scale;
             sS[i * LS + j] = s;
         }
         __syncthreads();
@@ -221,8 +275,10 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
             float s = lane < TILE ? sS[i * LS + lane] : -INFINITY;
             float m_old = sM[i], l_old = sL[i];
             float m_new = fmaxf(m_old, warp_max(s));
-            /* m_new is finite once a row has seen key 0 (every row does, in tile 0);
-             * the guard keeps an all-masked row at p = 0, alpha = 1 regardless. */
+            /* m_new is finite once a row has seen its first key (key 0, or its document
+             * start: a row whose document starts in a later tile than its tile's first
+             * row's has only masked scores until then); the guard keeps such a row at
+             * p = 0, alpha = 1. */
             bool none = m_new == -INFINITY;
             float p = none ? 0.0f : expf(s - m_new);
             float alpha = none ? 1.0f : expf(m_old - m_new);
@@ -265,21 +321,22 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
 }
 
 /* The probabilities and dS of one (query tile, key tile) pair into sP / sdS (sP may be
- * NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal,
- * dS = p (dO.v - D); zero where masked or past T. sQ, sK rows are HS wide at stride LD;
- * sdO, sV rows HSV wide at stride LDV. */
+ * NULL when not wanted): p = exp(scale q.k - lse) on and below the diagonal and from
+ * the row's document start (sDs) on, dS = p (dO.v - D); zero where masked or past T.
+ * sQ, sK rows are HS wide at stride LD; sdO, sV rows HSV wide at stride LDV. */
 template <int TILE>
 static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const float *sQ,
                                                   const float *sdO, const float *sK,
                                                   const float *sV, const float *sLse,
-                                                  const float *sD, int q0, int k0, int T,
-                                                  int HS, int LD, int HSV, int LDV, float scale)
+                                                  const float *sD, const int *sDs, int q0,
+                                                  int k0, int T, int HS, int LD, int HSV,
+                                                  int LDV, float scale)
 {
     const int LS = TILE + 1;
     for (int idx = threadIdx.x; idx < TILE * TILE; idx += TS_FLASH_THREADS) {
         int i = idx / TILE, j = idx % TILE, tq = q0 + i, tk = k0 + j;
         float p = 0.0f, ds = 0.0f;
-        if (tq < T && tk <= tq) {
+        if (tq < T && tk <= tq && tk >= sDs[i]) {
             float s = flash_dot(sQ + i * LD, 1, sK + j * LD, 1, HS);
             float dp = flash_dot(sdO + i * LDV, 1, sV + j * LDV, 1, HSV);
             p = expf(s * scale - sLse[i]);
@@ -291,14 +348,15 @@ static __device__ __forceinline__ void flash_p_ds(float *sP, float *sdS, const f
 }
 
 /* dK and dV of one key tile of kv head j, over its G = NH / NKV query heads j G + g in
- * g order and, for each, the query tiles from the diagonal to the end:
+ * g order and, for each, the query tiles from the diagonal to the end (with documents, to
+ * the last tile whose first row's document starts at or before the key tile's end):
  * dV = sum P^T dO, dK = scale sum dS^T Q. One block per (key tile, b, j), the tiles of
  * most work (the first) first. */
 template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dkv_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
                               const float *delta, int B, int T, int NH, int NKV, int HS,
-                              int HSV, float scale)
+                              int HSV, float scale, const int *doc_start)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
     const int G = NH / NKV;
@@ -313,6 +371,8 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     float *sdO = sQ + TILE * LD, *sdK = sdO + TILE * LDV, *sdV = sdK + TILE * HS;
     float *sP = sdV + TILE * HSV, *sdS = sP + TILE * LS, *sLse = sdS + TILE * LS;
     float *sD = sLse + TILE;
+    int *sDs = (int *)(sD + TILE); /* the query tile's rows' document starts */
+    const int kmax = min(k0 + TILE, T) - 1; /* the key tile's last key */
 
     flash_load<TILE>(sK, LD, f0.k, f0.C3, k0, T, HS);
     flash_load<TILE>(sV, LDV, f0.v, f0.C3, k0, T, HSV);
@@ -320,14 +380,17 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) sdV[idx] = 0.0f;
     for (int g = 0; g < G; g++) {
         const flash_head<A> f = flash_head_at(qkv, dout, b, j * G + g, k0, T, NH, NKV, HS, HSV);
-        /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on. */
-        for (int q0 = k0; q0 < T; q0 += TILE) {
+        /* Key rows k0.. receive from query rows >= k0 only: query tiles from this one on,
+         * up to the last one with a row whose document starts at or before kmax (every
+         * thread reads the same start: the loop ends for the whole block at once). */
+        for (int q0 = k0; q0 < T && flash_tile_sees(doc_start, b, q0, T, kmax); q0 += TILE) {
             __syncthreads(); /* the last tile's readers of sQ, sdO, sP, sdS are done */
             flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
             flash_load<TILE>(sdO, LDV, f.g, (size_t)C, q0, T, HSV);
-            flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
+            flash_load_row_stats<TILE>(sLse, sD, sDs, lse + f.offr, delta + f.offr, doc_start, b,
+                                       q0, T);
             __syncthreads();
-            flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, HSV, LDV,
+            flash_p_ds<TILE>(sP, sdS, sQ, sdO, sK, sV, sLse, sD, sDs, q0, k0, T, HS, LD, HSV, LDV,
                              scale);
             __syncthreads();
             for (int idx = tid; idx < TILE * HSV; idx += TS_FLASH_THREADS) {
@@ -345,12 +408,13 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_store<TILE>(dqkv + f0.offv, f0.C3, sdV, 1.0f, k0, T, HSV); /* x 1: exact */
 }
 
-/* dQ of one query tile, over the key tiles 0..diagonal: dQ = scale dS K. */
+/* dQ of one query tile, over the key tiles from the one holding its first row's document
+ * start (0 without documents) to the diagonal: dQ = scale dS K. */
 template <int TILE, typename A>
 static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     flash_backward_dq_kernel(A *dqkv, const A *dout, const A *qkv, const float *lse,
                              const float *delta, int B, int T, int NH, int NKV, int HS, int HSV,
-                             float scale)
+                             float scale, const int *doc_start)
 {
     static_assert(TILE <= 32 && TILE % 8 == 0, "tiles of at most a warp's width");
     const flash_head<A> f = flash_head_of<TILE>(qkv, dout, B, T, NH, NKV, HS, HSV);
@@ -360,18 +424,20 @@ static __global__ void __launch_bounds__(TS_FLASH_THREADS)
     float *sQ = ts_flash_smem, *sdO = sQ + TILE * LD, *sK = sdO + TILE * LDV;
     float *sV = sK + TILE * LD, *sdQ = sV + TILE * LDV, *sdS = sdQ + TILE * HS;
     float *sLse = sdS + TILE * LS, *sD = sLse + TILE;
+    int *sDs = (int *)(sD + TILE);
 
     flash_load<TILE>(sQ, LD, f.q, f.C3, q0, T, HS);
     flash_load<TILE>(sdO, LDV, f.g, (size_t)C, q0, T, HSV);
-    flash_load_row_stats<TILE>(sLse, sD, lse + f.offr, delta + f.offr, q0, T);
+    flash_load_row_stats<TILE>(sLse, sD, sDs, lse + f.offr, delta + f.offr, doc_start, f.b, q0,
+                               T);
     for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) sdQ[idx] = 0.0f;
     const int kend = min(T, q0 + TILE);
-    for (int k0 = 0; k0 < kend; k0 += TILE) {
+    for (int k0 = flash_first_key_tile<TILE>(doc_start, f.b, q0, T); k0 < kend; k0 += TILE) {
         __syncthreads(); /* the last tile's readers of sK, sdS are done */
         flash_load<TILE>(sK, LD, f.k, f.C3, k0, T, HS);
         flash_load<TILE>(sV, LDV, f.v, f.C3, k0, T, HSV);
         __syncthreads();
-        flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, q0, k0, T, HS, LD, HSV, LDV,
+        flash_p_ds<TILE>(NULL, sdS, sQ, sdO, sK, sV, sLse, sD, sDs, q0, k0, T, HS, LD, HSV, LDV,
                          scale);
         __syncthreads();
         for (int idx = tid; idx < TILE * HS; idx += TS_FLASH_THREADS) {
