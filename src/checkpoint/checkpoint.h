@@ -78,6 +78,9 @@ typedef struct {
      * moe_ep == moe_etp == 1: an expert is then one more replicated tensor). */
     int expert_replica, expert_replicas;
     int step;                 /* completed optimizer steps: the next step to run */
+    /* The sequences the steps before `step` consumed (the data position): 0 = step x
+     * train.global_batch (the same at step 0); train.batch_rampup's sum otherwise. */
+    int64_t sequences_consumed;
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
     /* The identity of each data.train shard (token count, crc32), recorded in state.json
      * so a resume can tell when it reads other data; n_data 0: none recorded. */
