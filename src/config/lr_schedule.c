@@ -29,7 +29,9 @@ double ts_lr_schedule_at(const ts_lr_schedule *s, int step)
  * double), so a run without a batch ramp-up gets the same bits either way. */
 double ts_lr_schedule_at_pos(const ts_lr_schedule *s, double pos)
 {
-    if (pos < (double)s->warmup) return s->lr * (pos + 1.0) / (double)s->warmup;
+    /* The warm-up's (step + 1) / warmup, held at 1 for a fractional position past
+     * warmup - 1 (a whole one never gets there). */
+    if (pos < (double)s->warmup) return s->lr * fmin(pos + 1.0, (double)s->warmup) / (double)s->warmup;
     if (!strcmp(s->name, "constant")) return s->lr;
     /* r: how far the decay has gone, 0 at its first step, 1 from one step past its end
      * (held there past the schedule's length). */
