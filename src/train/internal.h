@@ -28,9 +28,9 @@ int64_t ts_trainer_rampup_consumed(const ts_trainer *t, int step);
  * when its micro-batch count differs from the schedule's, the schedule, the engine and
  * ZeRO's residency rebuilt for it (between steps, identically on every rank). */
 ts_status ts_trainer_rampup_step(ts_trainer *t, int step);
-/* The learning rate of step `step` from `s`: at the step without a ramp-up; with one at
- * the fractional step consumed(step) / train.global_batch, Megatron's rule (its
- * schedule counts samples, in units of the final global batch). */
+/* The learning rate of step `step` from `s` at the fractional step consumed(step) /
+ * train.global_batch, Megatron's rule (its schedule counts samples, in units of the
+ * final global batch); without a ramp-up that is the step itself, exactly. */
 double ts_trainer_rampup_lr(const ts_trainer *t, const ts_lr_schedule *s, int step);
 /* Resuming (checkpointing.c, with the checkpoint's state.json open): the ramp-up it
  * recorded and the sequences it consumed. A ramp-up that would give another batch on a

@@ -105,9 +105,11 @@ ts_status ts_trainer_rampup_step(ts_trainer *t, int step)
     return st;
 }
 
+/* Always by samples: without a ramp-up consumed(step) = step x global_batch and the
+ * division gives the whole step exactly, the step's own bits; a run resumed without
+ * the ramp-up its checkpoint ran keeps counting from the recorded position. */
 double ts_trainer_rampup_lr(const ts_trainer *t, const ts_lr_schedule *s, int step)
 {
-    if (t->rampup.n == 0) return ts_lr_schedule_at(s, step);
     const double pos = (double)ts_trainer_rampup_consumed(t, step) / t->cfg.train.global_batch;
     return ts_lr_schedule_at_pos(s, pos);
 }
@@ -115,7 +117,6 @@ double ts_trainer_rampup_lr(const ts_trainer *t, const ts_lr_schedule *s, int st
 int ts_trainer_rampup_lr_diverges(const ts_trainer *t, const ts_lr_schedule *a,
                                   const ts_lr_schedule *b, int from, int to)
 {
-    if (t->rampup.n == 0) return ts_lr_schedule_diverges(a, b, from, to);
     for (int s = from; s < to; s++)
         if (ts_trainer_rampup_lr(t, a, s) != ts_trainer_rampup_lr(t, b, s)) return s;
     return -1;
