@@ -3,10 +3,9 @@
 # 8, 8, 16, 16 ("samples 0:4 8:8 24:16", global_batch 16):
 # - each step's metrics line says its global_batch and micro_batches (m changes at the
 #   thresholds), and the token-threshold spelling of the same ramp-up gives the same bits;
-# - the data order: steps 0-1 (batch 4) see the samples a constant-batch-4 run's steps
-#   0-1 see, so their losses and norms are that run's bit for bit (constant lr); with
-#   frozen weights every ramp-up step's loss is the mean of the batch-4 steps over the
-#   same samples (the position is the sequences consumed, not step x batch);
+# - the data order: with frozen weights every ramp-up step's loss is the mean of the
+#   batch-4 steps over the same samples (the position is the sequences consumed, not
+#   step x batch), steps 0-1 bit for bit;
 # - grids: dp 2 (ZeRO-3: its residency rebuilt with the schedule), pp 2 1f1b, pp 2
 #   interleaved-1f1b and pp 2 x dp 2 zb-h1 with ZeRO-2 give the one-rank losses within 1e-4;
 # - resume across a threshold: 3 steps saved (next batch 8, then 16), resumed for 3
@@ -38,30 +37,23 @@ got="$(field "$TMP/ref.jsonl" global_batch)/$(field "$TMP/ref.jsonl" micro_batch
 got="$(field "$TMP/ref.jsonl" tokens)"
 [ "$got" = "128 128 256 256 512 512 " ] && pass || fail "one rank: tokens $got"
 
-# The same ramp-up in tokens (seq_len 32: 256 tokens = 8 samples, 768 = 24): the same bits.
+# Numbers only (the sanitizers find nothing here the runs above and below do not run):
+# the same ramp-up in tokens (seq_len 32: 256 tokens = 8 samples, 768 = 24) gives the
+# same bits; the data position past the first threshold: with the weights frozen (a
+# constant lr of 1e-30: every update rounds away) a step's loss is the mean over its
+# samples at the initial weights, so each ramp-up step's loss is the mean of the batch-4
+# steps that read its samples (step 2: samples 8-15 = batch-4 steps 2-3; step 4: 24-39 =
+# steps 6-9); steps 0-1 are those steps bit for bit.
+release_only "the token spelling and the data position" || {
 check tokens 1 --set 'train.batch_rampup="0:4 256:8 768:16"'
 cmp -s <(losses "$TMP/tokens.jsonl") <(losses "$TMP/ref.jsonl") && pass ||
   fail "the ramp-up in tokens is not the one in samples bit for bit"
-
-# The data order, with a constant rate (the schedule by samples is then moot): steps 0
-# and 1 read sequences 0-3 and 4-7 as a constant global batch of 4 does.
-flat=(--set train.lr_schedule=\"constant\" --set train.warmup=0)
-run flat_ramp 1 "${flat[@]}"
-run flat_b4 1 "${flat[@]}" --set 'train.batch_rampup=""' --set train.global_batch=4
-if [ -f "$TMP/flat_b4.jsonl" ]; then
-  cmp -s <(losses "$TMP/flat_ramp.jsonl" | head -n 2) <(losses "$TMP/flat_b4.jsonl" | head -n 2) &&
-    cmp -s <(norms "$TMP/flat_ramp.jsonl" | head -n 2) <(norms "$TMP/flat_b4.jsonl" | head -n 2) && pass ||
-    fail "steps 0-1 of the ramp-up do not read what a batch-4 run reads"
-fi
-
-# The data position past the first threshold: with the weights frozen (lr 1e-30: every
-# update rounds away) a step's loss is the mean over its samples at the initial weights,
-# so each ramp-up step's loss is the mean of the batch-4 steps that read its samples
-# (step 2: samples 8-15 = batch-4 steps 2-3; step 4: 24-39 = steps 6-9).
-frozen=("${flat[@]}" --set train.lr=1e-30 --set train.min_lr=0)
+frozen=(--set train.lr_schedule=\"constant\" --set train.warmup=0 --set train.lr=1e-30 --set train.min_lr=0)
 run frozen_ramp 1 "${frozen[@]}"
 run frozen_b4 1 "${frozen[@]}" --set 'train.batch_rampup=""' --set train.global_batch=4 --set train.steps=14
 if [ -f "$TMP/frozen_b4.jsonl" ]; then
+  cmp -s <(losses "$TMP/frozen_ramp.jsonl" | head -n 2) <(losses "$TMP/frozen_b4.jsonl" | head -n 2) && pass ||
+    fail "steps 0-1 of the ramp-up do not read what a batch-4 run reads" 
   out=$(awk 'NR == FNR { b4[FNR - 1] = $1; next }
     { n = FNR <= 2 ? 1 : FNR <= 4 ? 2 : 4; first = FNR <= 2 ? FNR - 1 : FNR <= 4 ? 2 + 2 * (FNR - 3) : 6 + 4 * (FNR - 5)
       m = 0; for (k = 0; k < n; k++) m += b4[first + k]; m /= n
@@ -71,6 +63,7 @@ if [ -f "$TMP/frozen_b4.jsonl" ]; then
     fail "a ramp-up step's loss is not the mean of the batch-4 steps over its samples: $out"
   echo "data position: $out"
 fi
+}
 
 # Grids against the one-rank run (each m rebuilt on the way: 1 -> 2 -> 4 or 2 -> 4 -> 8).
 check dp2_zero3 2 --set parallel.dp=2 --set parallel.micro_batch=2 --set parallel.zero=3
@@ -96,10 +89,12 @@ if [ -f "$TMP/resumed.jsonl" ]; then
     cmp -s <(norms "$TMP/resumed.jsonl") <(norms "$TMP/pp2_1f1b.jsonl" | tail -n 3) && pass ||
     fail "the run resumed across the threshold is not the uninterrupted one bit for bit"
 fi
-# A changed ramp-up would change step 4's batch: refused naming both, unless allowed.
+# A changed ramp-up would change step 4's batch: refused naming both, unless allowed
+# (the allowed run: the release build's, its code is the refused one's and the steps').
 expect_error 2 'ran train.batch_rampup = "samples 0:4 8:8 24:16", but this run has "samples 0:4 8:8 40:16"' \
   "${common[@]}" "${pp[@]}" --set "checkpoint.dir=\"$TMP/ck\"" --set checkpoint.load=\"$TMP/ck/step_00000003\" \
   --set 'train.batch_rampup="samples 0:4 8:8 40:16"' --set "checkpoint.overwrite=true"
+release_only "an allowed ramp-up change" ||
 if run_np 2 "${common[@]}" "${pp[@]}" --set "checkpoint.dir=\"$TMP/ck2\"" \
   --set checkpoint.load=\"$TMP/ck/step_00000003\" --set 'train.batch_rampup="samples 0:4 8:8 40:16"' \
   --set train.allow_schedule_change=true --set "log.metrics=\"$TMP/changed.jsonl\""; then
