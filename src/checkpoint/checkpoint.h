@@ -93,7 +93,7 @@ typedef struct {
     const int *set_files;
     /* The blend as the sampler keeps it (n_sets of each; NULL: not recorded): its
      * normalised weights, and its cursor at this step (the sequences of each dataset
-     * among the step x global_batch before it), which a resume restores instead of
+     * among the sequences consumed before it), which a resume restores instead of
      * replaying the blend from sequence 0. */
     const double *set_weights;
     const uint64_t *set_counts;

@@ -168,8 +168,8 @@ static ts_status check_data_order(ts_trainer *t, const json_t *state)
 }
 
 /* Whether the checkpoint's run read the data this one reads (state.json's data.train and
- * the shards' identity, when recorded): the batch rule continues at step x global_batch
- * sequences into whatever data.train now holds, so a changed file is said, not silently
+ * the shards' identity, when recorded): the batch rule continues at the recorded number
+ * of sequences into whatever data.train now holds, so a changed file is said, not silently
  * trained on (probe Q5). Rank 0 warns; nothing is refused (a corpus may be fixed or
  * moved on purpose). */
 static void compare_data(ts_trainer *t, const json_t *state)
