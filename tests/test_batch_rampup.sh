@@ -11,7 +11,8 @@
 # - resume across a threshold: 3 steps saved (next batch 8, then 16), resumed for 3
 #   more, continue the uninterrupted run bit for bit; a changed ramp-up is refused on
 #   resume naming both, and allowed with train.allow_schedule_change;
-# - a CSV schedule is refused (its micro-batch count is fixed).
+# - a CSV schedule is refused (its micro-batch count is fixed); tessera plan plans the
+#   last batch and says so.
 source "$(dirname "$0")/lib.sh"
 
 make_corpus "$TMP/train.bin"
@@ -109,4 +110,10 @@ fi
 printf 'rank,action\n' >"$TMP/s.csv"
 expect_error 0 "train.batch_rampup cannot ramp parallel.schedule" "${common[@]}" \
   --set "parallel.schedule=\"$TMP/s.csv\""
+
+# tessera plan plans the batch the ramp-up ends at, and says so.
+if "$TESSERA" plan "$SRC/configs/tiny.cfg" --set "$ramp" >"$TMP/plan" 2>&1 &&
+   grep_q "batch ramp-up: planned at train.global_batch = 16" "$TMP/plan" &&
+   grep_q "4 micro-batches of 4 x" "$TMP/plan"; then pass
+else fail "tessera plan with a ramp-up: $(cat "$TMP/plan")"; fi
 finish
