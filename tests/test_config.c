@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config/batch_rampup.h"
 #include "config/config.h"
 #include "test_util.h"
 
@@ -1064,6 +1065,84 @@ static void test_config_inert_keys(void)
     CHECKF(load_ov(SMALL_LLAMA, straggler_ok, 2, 0) == TS_OK, "%s", ts_error_message());
 }
 
+/* train.batch_rampup: Megatron's step_batch_size_schedule strings (suffixes, tokens or
+ * samples, sorting, commas), its errors, the config's rules naming the entry, and the
+ * samples each step consumes. */
+static void test_config_batch_rampup(void)
+{
+    ts_batch_rampup r;
+    CHECK(ts_batch_rampup_parse("", 32, &r) == TS_OK && r.n == 0);
+    CHECK(ts_batch_rampup_parse("  ", 32, &r) == TS_OK && r.n == 0);
+    /* Tokens by default (Megatron's trainer passes seq_length): floor(tokens / seq_len). */
+    CHECK(ts_batch_rampup_parse("0:768 250B:1536 500b:3072 750B:6144", 4096, &r) == TS_OK);
+    CHECK(r.n == 4 && r.tokens && r.at[0] == 0 && r.at[1] == 61035156 && r.at[2] == 122070312 &&
+          r.at[3] == 183105468 && r.batch[3] == 6144);
+    /* Samples, commas, decimals with suffixes (int(float(v) * 1e3)), a K batch, and
+     * entries out of order (sorted). */
+    CHECK(ts_batch_rampup_parse("samples 1.5K:16,0:4  2k:1K", 32, &r) == TS_OK);
+    CHECK(r.n == 3 && !r.tokens && r.at[0] == 0 && r.batch[0] == 4 && r.at[1] == 1500 &&
+          r.batch[1] == 16 && r.at[2] == 2000 && r.batch[2] == 1000 && !strcmp(r.text[1], "1.5K:16"));
+    CHECK(ts_batch_rampup_parse("tokens 0:4 100:8", 32, &r) == TS_OK && r.at[1] == 3);
+    /* The batch in force and the samples consumed: 4,4 (0..8), 8,8 (8..24), 16... */
+    CHECK(ts_batch_rampup_parse("samples 0:4 8:8 24:16", 32, &r) == TS_OK);
+    const int64_t want[] = {0, 4, 8, 16, 24, 40, 56};
+    for (int s = 0; s < 7; s++)
+        CHECKF(ts_batch_rampup_consumed(&r, 16, 0, 0, s) == want[s], "step %d: %lld", s,
+               (long long)ts_batch_rampup_consumed(&r, 16, 0, 0, s));
+    CHECK(ts_batch_rampup_batch(&r, 7, 16) == 4 && ts_batch_rampup_batch(&r, 8, 16) == 8 &&
+          ts_batch_rampup_batch(&r, 23, 16) == 8 && ts_batch_rampup_batch(&r, 1000, 16) == 16);
+    /* A threshold crossed inside a step: the batch changes at the next step (Megatron). */
+    CHECK(ts_batch_rampup_parse("samples 0:3 7:8", 32, &r) == TS_OK);
+    CHECK(ts_batch_rampup_consumed(&r, 8, 0, 0, 3) == 9 && ts_batch_rampup_consumed(&r, 8, 0, 0, 4) == 17);
+    /* From a resumed position (step 2 after 6 sequences). */
+    CHECK(ts_batch_rampup_consumed(&r, 8, 2, 6, 4) == 17);
+    ts_batch_rampup off;
+    CHECK(ts_batch_rampup_parse("", 32, &off) == TS_OK);
+    CHECK(ts_batch_rampup_consumed(&off, 16, 0, 0, 5) == 80 && ts_batch_rampup_batch(&off, 3, 16) == 16);
+
+    /* Parse errors, each naming the entry. */
+    const struct { const char *spec, *a, *b; } bad[] = {
+        {"0:4 8", "invalid entry \"8\"", "THRESHOLD:BATCH"},
+        {"0:4 x:8", "\"x:8\"", "not a number"},
+        {"0:4 1Q:8", "\"1Q:8\"", "not a number"},
+        {"0:4 K:8", "\"K:8\"", "not a number"},
+        {"0:4 0x10:8", "\"0x10:8\"", "not a number"},
+        {"0:4 inf:8", "\"inf:8\"", "not a number"},
+        {"0:4 -5:8", "\"-5:8\"", "out of range"},
+        {"0:4 64:0", "\"64:0\"", "positive"},
+        {"0:4 64:", "\"64:\"", "no batch"},
+        {"64:4 128:8", "\"64:4\"", "threshold 0"},
+        {"samples 0:4 8:8 8:16", "\"8:8\" and \"8:16\"", "strictly increasing"},
+        {"0:4 10:8 40:16", "\"0:4\" and \"10:8\"", "converted from tokens"},
+        {"samples", "no \"THRESHOLD:BATCH\"", "samples"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ts_error_clear();
+        CHECKF(ts_batch_rampup_parse(bad[i].spec, 32, &r) == TS_ERR, "accepted \"%s\"", bad[i].spec);
+        CHECKF(msg_has("train.batch_rampup") && msg_has(bad[i].a) && msg_has(bad[i].b),
+               "\"%s\": %s", bad[i].spec, ts_error_message());
+    }
+
+    /* The config's rules (dp 2 x micro_batch 2 = 4 sequences a micro-batch round). */
+    const char *base = "model = { seq_len = 32; }; parallel = { dp = 2; micro_batch = 2; }; "
+                       "train = { global_batch = 16; };\n";
+    const char *ok[] = {"train.batch_rampup=\"samples 0:4 64:8 128:16\"",
+                        "train.batch_rampup=\"0:8 1K:16\""};
+    for (int i = 0; i < 2; i++)
+        CHECKF(load_ov(base, &ok[i], 1, 0) == TS_OK, "%s: %s", ok[i], ts_error_message());
+    CHECK(!strcmp(g_cfg.train.batch_rampup, "0:8 1K:16"));
+    EXPECT_ERR(base, "train.batch_rampup=\"samples 0:4 64:8\"", "last entry \"64:8\"",
+               "train.global_batch = 16");
+    EXPECT_ERR(base, "train.batch_rampup=\"samples 0:4 64:6 128:16\"", "entry \"64:6\"",
+               "2 * 2 = 4", "use 4 or 8");
+    EXPECT_ERR(base, "train.batch_rampup=\"samples 0:4 64:32 128:16\"", "entry \"64:32\"",
+               "above train.global_batch = 16");
+    EXPECT_ERR(base, "train.batch_rampup=\"0:4,\"", "last entry \"0:4\"");
+    EXPECT_ERR("parallel = { schedule = \"my.csv\"; micro_batch = 4; };\n",
+               "train.batch_rampup=\"samples 0:4 64:16\"", "CSV schedule",
+               "fixed number of micro-batches");
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
@@ -1086,6 +1165,7 @@ int main(void)
     test_config_mtp();
     test_config_mla_rules();
     test_config_inert_keys();
+    test_config_batch_rampup();
 
     ts_test_remove_dir(g_dir);
     return ts_test_report();

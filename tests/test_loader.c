@@ -246,7 +246,7 @@ static void check_batch_rule(ts_sampler *ds, int T, int B, int plain, uint64_t S
     int all_good = 1, ref_good = 1;
     const size_t bytes = (size_t)B * T * sizeof(int);
     for (int64_t step = 0; step < 25; step++) {
-        ts_data_microbatch(ds, step, B, 1, 0, B, 0, T, want_in, want_tg);
+        ts_data_microbatch(ds, step * B, B, 1, 0, B, 0, T, want_in, want_tg);
         for (int i = 0; plain && i < B; i++) {
             uint64_t w = ((uint64_t)step * B + (uint64_t)i) % S;
             for (int j = 0; j < T; j++)
@@ -263,7 +263,7 @@ static void check_batch_rule(ts_sampler *ds, int T, int B, int plain, uint64_t S
                 for (int r = dp - 1; r >= 0; r--)
                     for (int mb = per / micro - 1; mb >= 0; mb--) {
                         at = r * per + mb * micro;
-                        ts_data_microbatch(ds, step, B, dp, r, micro, mb, T, got_in + at * T,
+                        ts_data_microbatch(ds, step * B, B, dp, r, micro, mb, T, got_in + at * T,
                                            got_tg + at * T);
                     }
                 int same = memcmp(got_in, want_in, bytes) == 0 && memcmp(got_tg, want_tg, bytes) == 0;
@@ -292,7 +292,7 @@ static void test_loader_batch_rule(void)
     check_batch_rule(&ds, T, B, 1, S);
     /* Wrap-around explicitly: step 10 sequence 4 is g = 124, window 0. */
     int in[T], tg[T];
-    ts_data_microbatch(&ds, 10, B, 2, 0, 1, 4, T, in, tg);
+    ts_data_microbatch(&ds, 10 * B, B, 2, 0, 1, 4, T, in, tg);
     CHECK(in[0] == 0 && tg[0] == 1);
     ts_sampler_close(&ds);
 
@@ -304,7 +304,7 @@ static void test_loader_batch_rule(void)
     memset(seen, 0, sizeof seen);
     int in_order = 0;
     for (uint64_t g = 0; g < S; g++) {
-        ts_data_microbatch(&ds, (int64_t)(g / B), B, B, (int)(g % B), 1, 0, T, in, tg);
+        ts_data_microbatch(&ds, (int64_t)(g / B * B), B, B, (int)(g % B), 1, 0, T, in, tg);
         CHECK(in[0] % T == 0 && in[0] / T < (int)S);
         seen[in[0] / T]++;
         in_order += in[0] / T == (int)g;
@@ -509,10 +509,10 @@ static void test_loader_blend_sampler(void)
            ts_error_message());
     check_batch_rule(&s, T, B, 0, 0);
     int in[B * T], tg[B * T], from_b = 0;
-    ts_data_microbatch(&s, 4, B, 1, 0, B, 0, T, in, tg);
+    ts_data_microbatch(&s, 4 * B, B, 1, 0, B, 0, T, in, tg);
     for (int i = 0; i < B; i++) from_b += in[i * T] >= 500;
     CHECK(from_b == 3);
-    ts_sampler_prepare(&s, 9, B);
+    ts_sampler_prepare(&s, 9 * B, B);
     uint64_t counts[2];
     ts_sampler_counts(&s, counts);
     CHECK(counts[0] == 90 && counts[1] == 30);

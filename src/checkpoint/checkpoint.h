@@ -79,6 +79,9 @@ typedef struct {
      * moe_ep == moe_etp == 1: an expert is then one more replicated tensor). */
     int expert_replica, expert_replicas;
     int step;                 /* completed optimizer steps: the next step to run */
+    /* The sequences the steps before `step` consumed (the data position): 0 = step x
+     * train.global_batch (the same at step 0); train.batch_rampup's sum otherwise. */
+    int64_t sequences_consumed;
     ts_ckpt_staging *staging; /* asynchronous saves: reused (grown when needed); NULL: own */
     /* The identity of each data.train shard (token count, crc32), recorded in state.json
      * so a resume can tell when it reads other data; n_data 0: none recorded. */
@@ -91,7 +94,7 @@ typedef struct {
     const int *set_files;
     /* The blend as the sampler keeps it (n_sets of each; NULL: not recorded): its
      * normalised weights, and its cursor at this step (the sequences of each dataset
-     * among the step x global_batch before it), which a resume restores instead of
+     * among the sequences consumed before it), which a resume restores instead of
      * replaying the blend from sequence 0. */
     const double *set_weights;
     const uint64_t *set_counts;

@@ -285,10 +285,21 @@ static ts_status parse_state(ts_ckpt_reader *r, const char *path)
         return ts_fail("%s: data.global_batch is missing or invalid", path);
     r->global_batch = B;
     long long consumed;
+    /* With a batch ramp-up the steps' batches differ: its sum, at most step x B (no
+     * ramp-up batch exceeds global_batch) and at least step (a batch is >= 1). */
+    const json_t *jr = json_object_get(json_object_get(s, "data"), "batch_rampup");
+    if (jr && (!json_is_string(jr) || strlen(json_string_value(jr)) >= sizeof r->batch_rampup))
+        return ts_fail("%s: data.batch_rampup is not a train.batch_rampup string", path);
+    snprintf(r->batch_rampup, sizeof r->batch_rampup, "%s", jr ? json_string_value(jr) : "");
     if (!get_int(json_object_get(s, "data"), "sequences_consumed", 0, 1LL << 62, &consumed) ||
-        consumed % B != 0 || consumed / B != step)
-        return ts_fail("%s: data.sequences_consumed is not step x global_batch (%lld x %lld)",
+        (!jr && (consumed % B != 0 || consumed / B != step)) ||
+        (jr && (consumed > step * B || consumed < step)))
+        return ts_fail(jr ? "%s: data.sequences_consumed is not between step and step x "
+                            "global_batch (%lld x %lld) under its data.batch_rampup"
+                          : "%s: data.sequences_consumed is not step x global_batch (%lld x "
+                            "%lld)",
                        path, step, B);
+    r->sequences_consumed = consumed;
     json_t *grid = json_object_get(s, "grid");
     const char *gk[3] = {"pp", "dp", "tp"};
     for (int i = 0; i < 3; i++) {

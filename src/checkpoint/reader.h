@@ -26,6 +26,9 @@ typedef struct {
     int step, version;
     ts_model_config model;  /* the config's model keys */
     long long global_batch; /* data.global_batch (the data position's unit) */
+    long long sequences_consumed; /* data.sequences_consumed: the data position */
+    char batch_rampup[512]; /* data.batch_rampup, the run's train.batch_rampup ("": none,
+                             * sequences_consumed = step x global_batch) */
     int grid[3];            /* pp, dp, tp it was written from */
     ts_lr_schedule lr_schedule; /* the run's learning-rate schedule (older checkpoints:
                                  * derived from their config's train keys) */

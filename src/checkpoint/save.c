@@ -411,6 +411,10 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     json_t *train = json_array();
     for (int i = 0; i < c->data.n_train; i++) json_array_append_new(train, json_string(c->data.train[i]));
     const long long B = c->train.global_batch;
+    /* The data position: step x B, or with train.batch_rampup the steps' batches summed;
+     * state.json records the ramp-up with it, so a resume continues both. */
+    const long long consumed = a->sequences_consumed > 0 ? (long long)a->sequences_consumed
+                                                         : B * a->step;
     ts_lr_schedule lrs; /* the schedule a resumed run is held to (checkpointing.c) */
     ts_lr_schedule_of(&c->train, &lrs);
     json_t *identity = json_array();
@@ -425,7 +429,7 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "grid", "pp", c->parallel.pp, "dp", c->parallel.dp, "tp", c->parallel.tp, "virtual_stages",
         c->parallel.virtual_stages, "zero", c->parallel.zero, "ep", c->parallel.ep, "etp",
         c->parallel.etp, "world", a->world->size,
-        "data", "sequences_consumed", (json_int_t)(B * a->step), "global_batch", (json_int_t)B,
+        "data", "sequences_consumed", (json_int_t)consumed, "global_batch", (json_int_t)B,
         "seq_len", c->model.seq_len, "train", train, "identity", identity,
         "rng", "seed", (json_int_t)c->train.seed, "note",
         "initialisation draws element i of tensor t from (seed, t, i); training draws no "
@@ -435,6 +439,9 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
         "chunk_bytes", (json_int_t)TS_CKPT_CHUNK_BYTES, "files", files, "checksums", sums,
         "config", cfg);
     TS_ASSERT(root != NULL);
+    if (c->train.batch_rampup[0]) /* the ramp-up that counted sequences_consumed */
+        json_object_set_new(json_object_get(root, "data"), "batch_rampup",
+                            json_string(c->train.batch_rampup));
     /* The optimizer, whose state the files hold (layout.h) and which a resume keeps
      * unless train.allow_optimizer_change (restore.c): its name, and Muon's keys. */
     const ts_train_config *tc = &c->train;

@@ -461,6 +461,10 @@ static void print_text(const plan_args *a, const ts_config *cfg, const ts_partit
            p->pp * p->dp * p->cp * p->tp, p->pp, p->dp, p->cp, p->tp, p->schedule,
            p->virtual_stages, s->m, p->micro_batch, cfg->model.seq_len,
            p->cp > 1 ? " (each split over the cp ranks)" : "");
+    if (cfg->train.batch_rampup[0]) /* docs/CONTRACT.md "plan" */
+        printf("batch ramp-up: planned at train.global_batch = %d, the batch it ends at and "
+               "its largest (its earlier, smaller steps are not planned)\n",
+               cfg->train.global_batch);
     char *d = ts_partition_describe(part, s->chunk_rank), where[512];
     fputs(d, stdout);
     free(d);

@@ -184,6 +184,7 @@ typedef struct {
 
 typedef struct {
     int global_batch, steps;
+    char batch_rampup[512];     /* "" = off; "THRESHOLD:BATCH ..." (config/batch_rampup.h) */
     int64_t seed;
     double lr, min_lr;
     int warmup;
@@ -329,6 +330,9 @@ typedef struct {
 void ts_lr_schedule_of(const ts_train_config *t, ts_lr_schedule *s);
 /* The learning rate at 0-based step `step`. */
 double ts_lr_schedule_at(const ts_lr_schedule *s, int step);
+/* The same at a fractional step `pos` (train.batch_rampup: the samples consumed before
+ * the step over train.global_batch, Megatron's sample-counted schedule). */
+double ts_lr_schedule_at_pos(const ts_lr_schedule *s, double pos);
 /* The first step in [from, to) at which a and b give different learning rates, or -1:
  * two schedules that agree on every step a run will take are the same to it (a
  * constant rate stretched over another length, say). */

@@ -82,6 +82,7 @@ void ts_config_defaults(ts_config *cfg)
     ts_train_config *t = &cfg->train;
     t->global_batch = 16;
     t->steps = 100;
+    t->batch_rampup[0] = '\0'; /* off */
     t->seed = 1234;
     t->lr = 6e-4;
     t->min_lr = 6e-5;
@@ -233,6 +234,7 @@ const key_spec ts_config_keys[] = {
     BOOL_KEY("parallel", "ep_overlap", parallel.ep_overlap),
 
     INT_KEY("train", "global_batch", train.global_batch, 1, BIG),
+    STR_KEY("train", "batch_rampup", train.batch_rampup, NULL),
     INT_KEY("train", "steps", train.steps, 0, BIG),
     { "train", "seed", K_INT64, OFF(train.seed), 0, 0, 0, false, false, NULL },
     FLOAT_KEY("train", "lr", train.lr, 0, true, INFINITY, false),

@@ -3,6 +3,7 @@
  * built in code is checked too, and the relations between keys (batch rule,
  * divisibility, grid, device and precision). Nothing here prints or exits: every
  * problem is a ts_fail message naming the key and how to fix it. */
+#include "config/batch_rampup.h"
 #include "config/config_internal.h"
 #include "config/pipeline_names.h"
 
@@ -482,6 +483,7 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
 
     long long unit = (long long)p->dp * p->micro_batch;
     if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
+    if (ts_config_check_batch_rampup(cfg) != TS_OK) return TS_ERR;
 
     if (m->head_dim == 0 && m->n_embd % m->n_head != 0)
         return ts_fail("model.n_embd = %d must divide by model.n_head = %d (each head has "

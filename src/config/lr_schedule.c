@@ -22,7 +22,16 @@ void ts_lr_schedule_of(const ts_train_config *t, ts_lr_schedule *s)
 
 double ts_lr_schedule_at(const ts_lr_schedule *s, int step)
 {
-    if (step < s->warmup) return s->lr * (double)(step + 1) / (double)s->warmup;
+    return ts_lr_schedule_at_pos(s, (double)step);
+}
+
+/* A whole pos is exactly the step's arithmetic (integers below 2^53 are exact in a
+ * double), so a run without a batch ramp-up gets the same bits either way. */
+double ts_lr_schedule_at_pos(const ts_lr_schedule *s, double pos)
+{
+    /* The warm-up's (step + 1) / warmup, held at 1 for a fractional position past
+     * warmup - 1 (a whole one never gets there). */
+    if (pos < (double)s->warmup) return s->lr * fmin(pos + 1.0, (double)s->warmup) / (double)s->warmup;
     if (!strcmp(s->name, "constant")) return s->lr;
     /* r: how far the decay has gone, 0 at its first step, 1 from one step past its end
      * (held there past the schedule's length). */
@@ -30,9 +39,9 @@ double ts_lr_schedule_at(const ts_lr_schedule *s, int step)
     if (!strcmp(s->name, "wsd")) {
         start = s->length - s->decay;
         span = s->decay;
-        if (step < start) return s->lr;
+        if (pos < (double)start) return s->lr;
     }
-    double r = span > 0 ? (double)(step - start) / (double)span : 1.0;
+    double r = span > 0 ? (pos - (double)start) / (double)span : 1.0;
     if (r > 1.0) r = 1.0;
     if (!strcmp(s->name, "cosine"))
         return s->min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (s->lr - s->min_lr);

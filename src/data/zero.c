@@ -356,6 +356,13 @@ void ts_zero_attach(ts_zero_state *s, ts_reducer *r, ts_engine *e, ts_adamw *o)
     if (s->level == 3) ts_model_add_between_layers(s->model, poll_gathers, s);
 }
 
+void ts_zero_reschedule(ts_zero_state *s)
+{
+    if (s->level < 2 || !s->reducer) return;
+    ts_residency_free(&s->res);
+    build_residency(s);
+}
+
 /* ------------------------------------------------------------ outside a step -- */
 
 void ts_zero_materialize(ts_zero_state *s, ts_zero_gather how)

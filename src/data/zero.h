@@ -94,6 +94,11 @@ void ts_zero_reducer_args(const ts_zero_state *s, ts_reducer_args *a);
  * and the reducer's hooks. */
 void ts_zero_attach(ts_zero_state *s, ts_reducer *r, ts_engine *e, ts_adamw *o);
 void ts_zero_free(ts_zero_state *s);
+/* The schedule (zl->sched, held by pointer) was rebuilt in place between steps with
+ * another number of micro-batches (train.batch_rampup): ZeRO-2/3's residency plan, when
+ * each chunk's buffers come and go by action index, is made again for it; the chunks and
+ * their placement on the ranks are the same. */
+void ts_zero_reschedule(ts_zero_state *s);
 
 /* Random initialisation (ts_model_init_random) of the weights this state holds: with
  * ZeRO-3 one chunk at a time into its buffer, keeping this rank's pieces, so the full

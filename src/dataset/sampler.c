@@ -13,7 +13,7 @@
 ts_status ts_sampler_open(ts_sampler *s, const ts_sampler_spec *spec)
 {
     memset(s, 0, sizeof *s);
-    s->step = -1;
+    s->seq0 = -1;
     TS_ASSERT(spec->n_sets >= 1 && spec->n_sets <= TS_MAX_DATASETS && spec->seq_len >= 1);
     s->shuffle = spec->shuffle;
     s->seed = spec->seed;
@@ -69,10 +69,10 @@ uint64_t ts_sampler_window(ts_sampler *s, int d, uint64_t j)
     return ts_perm_apply(&s->perm[d], j % S);
 }
 
-void ts_sampler_prepare(ts_sampler *s, int64_t step, int global_batch)
+void ts_sampler_prepare(ts_sampler *s, int64_t seq0, int global_batch)
 {
-    TS_ASSERT(step >= 0 && global_batch >= 1);
-    if (s->step == step && s->global_batch == global_batch) return;
+    TS_ASSERT(seq0 >= 0 && global_batch >= 1);
+    if (s->seq0 == seq0 && s->global_batch == global_batch) return;
     if (s->global_batch != global_batch) {
         free(s->set_of_seq);
         free(s->window_of_seq);
@@ -80,7 +80,7 @@ void ts_sampler_prepare(ts_sampler *s, int64_t step, int global_batch)
         s->window_of_seq = ts_malloc((size_t)global_batch * sizeof *s->window_of_seq);
         s->global_batch = global_batch;
     }
-    const uint64_t g0 = (uint64_t)step * (uint64_t)global_batch;
+    const uint64_t g0 = (uint64_t)seq0;
     ts_blend_seek(&s->blend, g0); /* the next step: already there; a resume: replayed */
     for (int i = 0; i < global_batch; i++) {
         int d;
@@ -89,15 +89,15 @@ void ts_sampler_prepare(ts_sampler *s, int64_t step, int global_batch)
         s->set_of_seq[i] = d;
         s->window_of_seq[i] = ts_sampler_window(s, d, j);
     }
-    s->step = step;
+    s->seq0 = seq0;
 }
 
-void ts_data_microbatch(ts_sampler *s, int64_t step, int global_batch, int dp, int dp_rank,
+void ts_data_microbatch(ts_sampler *s, int64_t seq0, int global_batch, int dp, int dp_rank,
                         int micro_batch, int mb, int T, int *inputs, int *targets)
 {
-    TS_ASSERT(step >= 0 && global_batch >= 1 && dp >= 1 && global_batch % dp == 0);
+    TS_ASSERT(seq0 >= 0 && global_batch >= 1 && dp >= 1 && global_batch % dp == 0);
     TS_ASSERT(dp_rank >= 0 && dp_rank < dp && micro_batch >= 1 && mb >= 0 && T == s->T);
-    ts_sampler_prepare(s, step, global_batch);
+    ts_sampler_prepare(s, seq0, global_batch);
     const int64_t B = global_batch;
     const int64_t first = (int64_t)dp_rank * B / dp + (int64_t)mb * micro_batch;
     TS_ASSERT(first + micro_batch <= ((int64_t)dp_rank + 1) * B / dp);

@@ -4,7 +4,8 @@
  * of its S_d windows with data.shuffle (permutation.h, keyed by (data.seed, d, e)), or
  * window j mod S_d without. Every rank computes the same from the step alone, so the
  * data a step sees depends on neither the grid nor the micro-batch split, and a resumed
- * run continues exactly (the position is step x global batch). */
+ * run continues exactly (the position is the sequences consumed before the step: step x
+ * global batch, or under train.batch_rampup the sum of the steps' batches). */
 #ifndef TS_SAMPLER_H
 #define TS_SAMPLER_H
 
@@ -39,8 +40,8 @@ typedef struct {
     ts_blend blend;                     /* the cursor, at the end of the cached step */
     /* The samples of one step, computed once for all its micro-batches (a pipeline
      * schedule loads them out of order). */
-    int64_t step;                       /* -1: none cached */
-    int global_batch;
+    int64_t seq0;                       /* its first global sequence; -1: none cached */
+    int global_batch;                   /* its batch */
     int *set_of_seq;                    /* [global_batch] */
     uint64_t *window_of_seq;            /* [global_batch] */
     /* The last permutation built for each dataset (its epoch), reused while the epoch
@@ -57,18 +58,20 @@ void ts_sampler_close(ts_sampler *s);
 /* Window of dataset d for its sample j (the epoch permutation applied). */
 uint64_t ts_sampler_window(ts_sampler *s, int d, uint64_t j);
 
-/* Compute (and cache) step `step`'s global sequences step*B .. step*B + B-1. */
-void ts_sampler_prepare(ts_sampler *s, int64_t step, int global_batch);
+/* Compute (and cache) the step's global sequences seq0 .. seq0 + global_batch - 1 (seq0:
+ * the sequences consumed before it, step x global_batch without a ramp-up). */
+void ts_sampler_prepare(ts_sampler *s, int64_t seq0, int global_batch);
 
 /* The batch rule: fill inputs/targets [micro_batch, T] for micro-batch `mb` of
- * data-parallel rank `dp_rank` at optimizer step `step`: sequence i in
- * [dp_rank*B/dp + mb*micro_batch, ... + micro_batch) is global sequence g = step*B + i,
- * read from the dataset and window the blend and the permutation give it. */
-void ts_data_microbatch(ts_sampler *s, int64_t step, int global_batch, int dp, int dp_rank,
+ * data-parallel rank `dp_rank` of the step whose B = global_batch sequences start at
+ * global sequence seq0: sequence i in [dp_rank*B/dp + mb*micro_batch, ... + micro_batch)
+ * is global sequence g = seq0 + i, read from the dataset and window the blend and the
+ * permutation give it. */
+void ts_data_microbatch(ts_sampler *s, int64_t seq0, int global_batch, int dp, int dp_rank,
                         int micro_batch, int mb, int T, int *inputs, int *targets);
 
-/* After ts_sampler_prepare(step): how many sequences of each dataset steps 0 .. step
- * took (counts[n_sets]). */
+/* After ts_sampler_prepare(seq0, B): how many sequences of each dataset the run's first
+ * seq0 + B took (counts[n_sets]). */
 void ts_sampler_counts(const ts_sampler *s, uint64_t *counts);
 
 /* Validation's window i of n over a stream of S windows: floor(i * S / n), spread over

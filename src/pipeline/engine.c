@@ -284,8 +284,8 @@ static void ids_to_device(const ts_engine *e, int *dev, const int *host, int B)
  * reads the same sequences. */
 static void load_batch(ts_engine *e, int step, int mb, ts_acts *a)
 {
-    const ts_config *c = e->cfg;
-    ts_data_microbatch(e->data, step, c->train.global_batch, e->dp, e->dp_rank, e->B, mb,
+    (void)step; /* the data position is the step's first sequence, e->seq0 */
+    ts_data_microbatch(e->data, e->seq0, e->batch, e->dp, e->dp_rank, e->B, mb,
                        e->seq_len, e->tokens_host, e->targets_host);
     ids_to_device(e, a->tokens, e->tokens_host, e->B);
     ids_to_device(e, a->targets, e->targets_host, e->B);
@@ -299,14 +299,15 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
         e->model->k->memcpy_d2d(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
         e->model->k->memcpy_d2d(a->targets, s->targets, (size_t)e->N * sizeof(int));
         if (a->mtp_ids) /* the whole sequences again, for the shifted ids */
-            ts_data_microbatch(e->data, step, e->cfg->train.global_batch, e->dp, e->dp_rank,
+            ts_data_microbatch(e->data, e->seq0, e->batch, e->dp, e->dp_rank,
                                e->B, mb, e->seq_len, e->tokens_host, e->targets_host);
     } else {
         load_batch(e, step, mb, a);
     }
     /* Multi-token prediction's shifted ids, from the whole sequences on the host. */
     ts_acts_set_mtp_ids(e->model, a, e->targets_host, e->seq_len);
-    const float dloss = 1.0f / ((float)e->cfg->train.global_batch * (float)e->seq_len);
+    /* The step's batch (train.batch_rampup's, or train.global_batch). */
+    const float dloss = 1.0f / ((float)e->batch * (float)e->seq_len);
     /* The loss of a replayed forward was counted the first time. */
     ts_model_forward(e->model, a, dloss, replay || c != e->n_chunks - 1 ? NULL : e->loss_acc);
 }
@@ -681,8 +682,11 @@ static ts_status pairs_init(ts_engine *e)
     return TS_OK;
 }
 
-void ts_engine_run(ts_engine *e, int step)
+void ts_engine_run(ts_engine *e, int step, int64_t seq0, int batch)
 {
+    TS_ASSERT(batch == e->m * e->dp * e->B && seq0 >= 0); /* the schedule is the batch's */
+    e->seq0 = seq0;
+    e->batch = batch;
     double t0 = ts_now_ms();
     e->loss_sum = 0.0;
     e->model->k->memset_zero(e->loss_acc, sizeof(double));

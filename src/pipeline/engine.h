@@ -143,6 +143,8 @@ typedef struct {
     double trace_t0_ms;
 
     /* Per step. */
+    int64_t seq0;           /* the step's first global sequence (the data position) */
+    int batch;              /* the step's global batch: m * dp * B (train.batch_rampup) */
     double loss_sum;        /* sum of per-token losses (last chunk's rank), read back from
                              * loss_acc once at the end of the step */
     double *loss_acc;       /* device: the step's losses accumulate here */
@@ -164,10 +166,12 @@ ts_status ts_engine_init(ts_engine *e, const ts_config *cfg, ts_model *model,
                          ts_sampler *data, const ts_comm *pp, int dp_rank, const int *keep);
 void ts_engine_free(ts_engine *e);
 
-/* Run this rank's actions for optimizer step `step`. Parameter gradients accumulate
- * into the model's gradient buffer (zero it before); chunk_done is called as chunks'
- * gradients become final. */
-void ts_engine_run(ts_engine *e, int step);
+/* Run this rank's actions for optimizer step `step`, whose `batch` sequences (the
+ * schedule's m micro-batches on each replica) start at global sequence seq0 (the
+ * sequences consumed before it). Parameter gradients accumulate into the model's
+ * gradient buffer (zero it before); each target weighs 1 / (batch * seq_len); chunk_done
+ * is called as chunks' gradients become final. */
+void ts_engine_run(ts_engine *e, int step, int64_t seq0, int batch);
 
 /* Validation: the sum of per-token losses over this replica's part of the n_windows
  * windows spread over the whole validation stream (window i is ts_data_val_window(i,

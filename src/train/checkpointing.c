@@ -101,7 +101,7 @@ static ts_status restore_cursor(ts_trainer *t, const json_t *data)
     const json_t *jc = json_object_get(data, "blend_counts");
     if (!jc) return TS_OK;
     ts_blend *b = &t->train_data.blend;
-    const uint64_t g = (uint64_t)t->start_step * (uint64_t)t->cfg.train.global_batch;
+    const uint64_t g = (uint64_t)t->rampup_seq0; /* the recorded data position */
     uint64_t counts[TS_MAX_DATASETS];
     bool ok = json_is_array(jc) && (int)json_array_size(jc) == b->n;
     for (int d = 0; ok && d < b->n; d++) {
@@ -168,8 +168,8 @@ static ts_status check_data_order(ts_trainer *t, const json_t *state)
 }
 
 /* Whether the checkpoint's run read the data this one reads (state.json's data.train and
- * the shards' identity, when recorded): the batch rule continues at step x global_batch
- * sequences into whatever data.train now holds, so a changed file is said, not silently
+ * the shards' identity, when recorded): the batch rule continues at the recorded number
+ * of sequences into whatever data.train now holds, so a changed file is said, not silently
  * trained on (probe Q5). Rank 0 warns; nothing is refused (a corpus may be fixed or
  * moved on purpose). */
 static void compare_data(ts_trainer *t, const json_t *state)
@@ -200,7 +200,7 @@ static void compare_data(ts_trainer *t, const json_t *state)
                     "differs in its tokens or crc32): training continues at sequence %lld of "
                     "the new data",
                     t->loaded_from, shard_path(&t->train_data, differ),
-                    (long long)t->start_step * t->cfg.train.global_batch);
+                    (long long)t->rampup_seq0);
     else if (!same_paths)
         ts_log_warn("checkpoint: data.train names other files than the run of %s did%s",
                     t->loaded_from,
@@ -273,19 +273,26 @@ ts_status ts_trainer_load_checkpoint(ts_trainer *t)
     const ts_lr_schedule now = t->lr_schedule;
     memset(&was, 0, sizeof was);
     if (opened) was = r.lr_schedule;
+    /* The data position and train.batch_rampup first (rampup.c): a ramp-up counts the
+     * learning rate's steps in samples. */
+    if (opened) st = ts_trainer_rampup_resume(t, r.batch_rampup, r.sequences_consumed);
     /* Compared on the steps this run takes (a constant rate stretched over another
      * length is the same rate). */
-    const int at =
-        opened ? ts_lr_schedule_diverges(&was, &now, t->start_step, t->cfg.train.steps) : -1;
-    if (at >= 0 && !t->cfg.train.allow_schedule_change) {
+    const int at = opened && st == TS_OK ? ts_trainer_rampup_lr_diverges(
+                                               t, &was, &now, t->start_step, t->cfg.train.steps)
+                                         : -1;
+    if (st != TS_OK) {
+        /* the ramp-up refused the resume */
+    } else if (at >= 0 && !t->cfg.train.allow_schedule_change) {
         char a[160], b[160];
         st = ts_fail("checkpoint.load: %s ran the learning-rate schedule \"%s\", but this run "
                      "has \"%s\": resuming would change the learning rate from step %d on "
                      "(%g instead of %g); keep the schedule (train.lr_decay_steps = %d keeps its "
                      "length when train.steps grows), or set train.allow_schedule_change = true",
                      t->loaded_from, ts_lr_schedule_describe(&was, a, sizeof a),
-                     ts_lr_schedule_describe(&now, b, sizeof b), at, ts_lr_schedule_at(&now, at),
-                     ts_lr_schedule_at(&was, at), was.length);
+                     ts_lr_schedule_describe(&now, b, sizeof b), at,
+                     ts_trainer_rampup_lr(t, &now, at), ts_trainer_rampup_lr(t, &was, at),
+                     was.length);
     } else if (at >= 0 && t->groups->world.rank == 0) {
         char a[160], b[160];
         ts_log_warn("checkpoint: the learning-rate schedule changes on resuming (train."
@@ -413,13 +420,15 @@ ts_status ts_trainer_save_checkpoint(ts_trainer *t, int step, bool may_defer)
      * than replaying every sequence before it. The sampler's is normally there already
      * (at the end of step - 1); a copy moves, so the sampler's cached step stays. */
     ts_blend cursor = t->train_data.blend;
-    ts_blend_seek(&cursor, (uint64_t)step * (uint64_t)t->cfg.train.global_batch);
+    const int64_t consumed = ts_trainer_rampup_consumed(t, step);
+    ts_blend_seek(&cursor, (uint64_t)consumed);
     ts_ckpt_save_args a = {.cfg = &t->cfg, .model = &t->model, .optim = &t->optim,
                            .muon = t->use_muon ? &t->muon : NULL, .world = &t->groups->world, .replica = t->groups->replica.rank,
                            .replicas = t->groups->replica.size,
                            .expert_replica = t->groups->edp.rank,
                            .expert_replicas = t->groups->edp.size,
                            .step = step,
+                           .sequences_consumed = consumed,
                            .staging = &t->staging, .n_data = t->n_data,
                            .data_tokens = t->data_tokens, .data_crc = t->data_crc,
                            .n_sets = t->train_data.n_sets, .set_files = set_files,

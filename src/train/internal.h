@@ -17,6 +17,31 @@ void ts_trainer_log_data(const ts_trainer *t);
 ts_status ts_trainer_build_partition(ts_trainer *t);
 ts_status ts_trainer_check_memory(ts_trainer *t, bool log);
 
+/* ---- rampup.c: train.batch_rampup (config/batch_rampup.h) in the trainer */
+/* Parse the ramp-up and build the schedule of every batch it names, so a batch the
+ * schedule cannot run (too few micro-batches for it) fails at start-up, naming the
+ * entry. Agreed by the caller (every rank computes the same). */
+ts_status ts_trainer_rampup_init(ts_trainer *t);
+/* The samples consumed before step `step` (step x global_batch without a ramp-up). */
+int64_t ts_trainer_rampup_consumed(const ts_trainer *t, int step);
+/* Before step `step`: its batch and first sequence (t->step_batch, t->step_seq0), and
+ * when its micro-batch count differs from the schedule's, the schedule, the engine and
+ * ZeRO's residency rebuilt for it (between steps, identically on every rank). */
+ts_status ts_trainer_rampup_step(ts_trainer *t, int step);
+/* The learning rate of step `step` from `s` at the fractional step consumed(step) /
+ * train.global_batch, Megatron's rule (its schedule counts samples, in units of the
+ * final global batch); without a ramp-up that is the step itself, exactly. */
+double ts_trainer_rampup_lr(const ts_trainer *t, const ts_lr_schedule *s, int step);
+/* Resuming (checkpointing.c, with the checkpoint's state.json open): the ramp-up it
+ * recorded and the sequences it consumed. A ramp-up that would give another batch on a
+ * step this run takes is refused unless train.allow_schedule_change (then warned); the
+ * data position continues from the recorded sequences either way. */
+ts_status ts_trainer_rampup_resume(ts_trainer *t, const char *was_spec, int64_t was_consumed);
+/* The first step in [from, to) whose learning rate differs between two schedules as
+ * this run takes them (ts_trainer_rampup_lr), or -1. */
+int ts_trainer_rampup_lr_diverges(const ts_trainer *t, const ts_lr_schedule *a,
+                                  const ts_lr_schedule *b, int from, int to);
+
 /* ---- report.c: the metrics file, start-up and end-of-run reports, progress, trace */
 ts_status ts_trainer_open_outputs(ts_trainer *t);
 ts_status ts_trainer_metrics_line(ts_trainer *t, const char *fmt, ...)

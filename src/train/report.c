@@ -257,10 +257,11 @@ static void json_number(char *buf, size_t n, double v)
 static void describe_data(ts_trainer *t, int step, char *buf, size_t cap)
 {
     ts_sampler *s = &t->train_data;
-    ts_sampler_prepare(s, step, t->cfg.train.global_batch); /* cached: the step read it */
+    (void)step; /* the step under way: its first sequence and batch */
+    ts_sampler_prepare(s, t->step_seq0, t->step_batch); /* cached: the step read it */
     uint64_t counts[TS_MAX_DATASETS];
     ts_sampler_counts(s, counts);
-    const double total = ((double)step + 1) * t->cfg.train.global_batch;
+    const double total = (double)t->step_seq0 + t->step_batch;
     size_t at = 0;
     buf[0] = '\0';
     if (s->n_sets > 1) {
@@ -317,9 +318,11 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     char data[64 + 48 * TS_MAX_DATASETS];
     describe_data(t, step, data, sizeof data);
     /* MFU: the model's FLOPs per second over the ranks' summed GEMM rate (rank 0 knows
-     * the sum, and only rank 0 writes); absent when either is unknown. */
+     * the sum, and only rank 0 writes); absent when either is unknown. model_flops is
+     * train.global_batch's step: scaled to this step's batch (train.batch_rampup). */
     const bool has_mfu = t->model_flops > 0 && t->mfu_peak_flops > 0 && s->step_ms > 0;
-    const double mfu = has_mfu ? t->model_flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
+    const double flops = t->model_flops * t->step_batch / t->cfg.train.global_batch;
+    const double mfu = has_mfu ? flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
     char mfu_json[32] = "", mfu_text[32] = "";
     if (has_mfu) {
         snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
@@ -364,11 +367,13 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     ts_status st = ts_trainer_metrics_line(
         t,
         "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens\":%lld,"
+        "\"global_batch\":%d,\"micro_batches\":%d,"
         "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s,\"bubble\":%.4f,\"dp_overlap\":%.4f,"
         "\"dp_wait_ms\":%.3f,\"dp_bytes\":%.0f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f%s%s%s%s,"
         "\"rank_slowest\":%d,\"rank_fastest\":%d,\"compute_ms_max\":%.3f,\"compute_ms_min\":%.3f,"
         "\"wait_ms_max\":%.3f,\"wait_ms_min\":%.3f%s%s}",
-        step, loss, s->lr, norm, s->tokens, s->step_ms, s->tokens_per_s, mfu_json, s->bubble,
+        step, loss, s->lr, norm, s->tokens, t->step_batch, t->sched.m, s->step_ms,
+        s->tokens_per_s, mfu_json, s->bubble,
         s->dp_overlap, s->dp_wait_ms, s->dp_bytes, s->tp_comm_ms, s->cp_comm_ms, moe, upd, mtp,
         data, s->rank_slowest, s->rank_fastest, s->compute_ms_max, s->compute_ms_min,
         s->wait_ms_max, s->wait_ms_min,

@@ -135,7 +135,9 @@ void ts_trainer_log_data(const ts_trainer *t)
 {
     const ts_config *c = &t->cfg;
     const ts_sampler *s = &t->train_data;
-    const double seqs = (double)c->train.steps * c->train.global_batch;
+    /* train.batch_rampup: the steps' batches summed (ts_trainer_rampup_init parsed it). */
+    const double seqs =
+        (double)ts_batch_rampup_consumed(&t->rampup, c->train.global_batch, 0, 0, c->train.steps);
     if (s->shuffle)
         ts_log_info("data: data.train read in a seeded order (data.shuffle, data.seed = %lld): "
                     "each epoch of each dataset a permutation of its windows",

@@ -166,6 +166,8 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
     /* checkpoint.dir first: a busy or unusable directory fails the run before the costly
      * set-up below (layer-cost measurement, model init, the data's checksums). */
     if (ts_trainer_claim_checkpoint_dir(t) != TS_OK) goto fail;
+    /* train.batch_rampup: every batch it names must run on the schedule (rampup.c). */
+    if (ts_comm_agree(&t->groups->world, ts_trainer_rampup_init(t)) != TS_OK) goto fail;
 
     /* The schedule, then the memory check on the modelled partition before anything
      * large is allocated (measuring the layer costs allocates a layer of each kind),
@@ -289,7 +291,7 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
         out->a2a_hidden = hidden < 0 ? 0.0 : hidden > 1 ? 1.0 : hidden;
     }
     for (size_t i = 0; i < n; i++) counts[i] = (int)sums[i];
-    const long long tokens = (long long)t->cfg.train.global_batch * t->cfg.model.seq_len;
+    const long long tokens = (long long)t->step_batch * t->cfg.model.seq_len; /* the step's */
     /* A skipped step (non-finite loss or norm, or a spike) changes nothing, the bias
      * included. */
     if (!out->skipped && !out->spike.skip)
@@ -305,7 +307,9 @@ static void moe_step_end(ts_trainer *t, ts_step_stats *out)
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
 {
     const ts_config *c = &t->cfg;
-    const int B = c->train.global_batch, T = c->model.seq_len;
+    /* B: the step's global batch, train.global_batch or train.batch_rampup's (set with
+     * the step's first sequence and schedule by ts_trainer_rampup_step). */
+    const int B = t->step_batch, T = c->model.seq_len;
     double t0 = ts_now_ms();
 
     /* Forward and backward of every micro-batch, as the schedule orders them. Every
@@ -323,7 +327,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
         double a2a_ms, wait_ms;
         ts_expert_dispatch_take_times(t->model.moe_dispatch, &a2a_ms, &wait_ms);
     }
-    ts_engine_run(&t->engine, step);
+    ts_engine_run(&t->engine, step, t->step_seq0, B);
 
     double t1 = ts_now_ms();
     /* The replicas' reduction and the group sums (sharded, the sums first, then their
@@ -381,7 +385,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* The bias moves with every step the data saw, as the counts were made by its
      * selection (DeepSeek-V3 updates it per step, apart from the optimizer). */
     moe_step_end(t, out);
-    double lr = ts_lr_schedule_at(&t->lr_schedule, step);
+    double lr = ts_trainer_rampup_lr(t, &t->lr_schedule, step);
     out->muon = t->use_muon;
     out->update_rms_muon = out->update_rms_adamw = 0.0;
     out->muon_ms = 0.0;
@@ -487,6 +491,7 @@ ts_status ts_trainer_run(ts_trainer *t)
     for (int step = t->start_step; step < steps; step++) {
         ts_step_stats s;
         ts_watchdog_step(step);
+        if (ts_trainer_rampup_step(t, step) != TS_OK) return TS_ERR; /* the step's batch */
         ts_trainer_step(t, step, &s);
         if (s.skipped && strcmp(c->train.on_nonfinite, "skip") != 0)
             return ts_fail("%s became %g at step %d: its update was not applied and nothing "

@@ -10,6 +10,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/claim.h"
 #include "comm/comm.h"
+#include "config/batch_rampup.h"
 #include "config/config.h"
 #include "core/trace.h"
 #include "core/tfevents.h"
@@ -119,6 +120,14 @@ typedef struct {
     ts_muon_dist muon_dist; /* which those are, where their gradients and weights live */
     ts_lr_schedule lr_schedule; /* train's keys resolved once (config.h) */
     ts_spike_guard spike;   /* train.skip_spikes' window (spike_guard.h), kept in checkpoints */
+    /* train.batch_rampup (train/rampup.c): the parsed ramp-up (n = 0: off), the data
+     * position it counts from (the loaded checkpoint's step and sequences consumed, or 0
+     * and 0), and the step under way's global batch and first sequence. */
+    ts_batch_rampup rampup;
+    int rampup_step0;
+    int64_t rampup_seq0;
+    int step_batch;
+    int64_t step_seq0;
     ts_sampler train_data;  /* data.train: its datasets, blend and epoch order */
     ts_dataset val_data;
     /* data.train's shards, dataset after dataset, as every rank agreed on them (token

@@ -92,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Two micro-batches of two sequences on two replicas, at a step picked by the input. */
     for (int dp_rank = 0; dp_rank < 2; dp_rank++)
         for (int mb = 0; mb < 2; mb++) {
-            ts_data_microbatch(&sm, data[1], 8, 2, dp_rank, 2, mb, T, in, tg);
+            ts_data_microbatch(&sm, (int64_t)data[1] * 8, 8, 2, dp_rank, 2, mb, T, in, tg);
             check_window(in, tg, T, vocab);
             check_window(in + T, tg + T, T, vocab);
         }
