@@ -24,6 +24,7 @@ static bool yarn_mscale(const ts_config *c)
 }
 static bool mtp(const ts_config *c) { return c->model.mtp_layers > 0; }
 static bool muon(const ts_config *c) { return ts_config_muon(&c->train); }
+static bool documents(const ts_config *c) { return c->data.document_mask; }
 
 static void here_rope(const ts_config *c, char *buf, size_t cap)
 {
@@ -39,6 +40,10 @@ static void here_mscale(const ts_config *c, char *buf, size_t cap)
 static void here_mtp(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.mtp_layers = %d", c->model.mtp_layers);
+}
+static void here_documents(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data.document_mask = %s", c->data.document_mask ? "true" : "false");
 }
 static void here_optimizer(const ts_config *c, char *buf, size_t cap)
 {
@@ -75,6 +80,8 @@ static const inert_rule RULES[] = {
     {"train.muon_ns_steps", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_coefficients", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_scale", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"data.document_token", "the packed documents' start token", documents,
+     "data.document_mask = true", here_documents},
 };
 #undef YARN_NEEDS
 

@@ -87,6 +87,8 @@ typedef struct {
     int HS;      /* channels of each q and each k head */
     int HSV;     /* channels of each v head, and of each output head */
     float scale; /* the softmax scale: 1/sqrt(HS) unless the model says (MLA's YaRN mscale^2) */
+    const int *doc_start; /* NULL: causal; else [B,Tq] int32 in the backend's memory: query
+                           * t's first visible key (docs/ARCHITECTURE.md "Packed documents") */
 } ts_att_heads;
 
 /* Grouped-query (and multi-head) attention's heads: HSV = HS, scale = 1/sqrt(HS) (the
@@ -99,6 +101,7 @@ static inline ts_att_heads ts_att_heads_gqa(int NH, int NKV, int HS)
     h.HS = HS;
     h.HSV = HS;
     h.scale = 1.0f / sqrtf((float)HS);
+    h.doc_start = NULL;
     return h;
 }
 

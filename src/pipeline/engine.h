@@ -143,6 +143,9 @@ typedef struct {
     double trace_t0_ms;
 
     /* Per step. */
+    double doc_pairs;       /* packed documents: the step's attention query-key pairs of
+                             * the sequences whose first chunk this rank ran (ts_acts
+                             * doc_pairs; 0 without document masks) */
     double loss_sum;        /* sum of per-token losses (last chunk's rank), read back from
                              * loss_acc once at the end of the step */
     double *loss_acc;       /* device: the step's losses accumulate here */

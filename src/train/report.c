@@ -295,8 +295,10 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
     describe_data(t, step, data, sizeof data);
     /* MFU: the model's FLOPs per second over the ranks' summed GEMM rate (rank 0 knows
      * the sum, and only rank 0 writes); absent when either is unknown. */
-    const bool has_mfu = t->model_flops > 0 && t->mfu_peak_flops > 0 && s->step_ms > 0;
-    const double mfu = has_mfu ? t->model_flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
+    /* Packed documents: the step's own count (attention by the pairs computed). */
+    const double flops = s->model_flops > 0 ? s->model_flops : t->model_flops;
+    const bool has_mfu = flops > 0 && t->mfu_peak_flops > 0 && s->step_ms > 0;
+    const double mfu = has_mfu ? flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
     char mfu_json[32] = "", mfu_text[32] = "";
     if (has_mfu) {
         snprintf(mfu_json, sizeof mfu_json, ",\"mfu\":%.4f", mfu);
