@@ -116,10 +116,15 @@ static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16
                 ts_dnnl_matmul(&gs, s + s0, q + (size_t)i0 * ldq, k + (size_t)s0 * ldkv, NULL);
                 for (int i = i0; i < i1; i++) {
                     float *row = s + (size_t)(i - i0) * Tk;
+                    ts_bf16 *arow = a + (size_t)i * Tk;
                     const int lo = ts_att_doc_lo(ds, i);
-                    memset(row, 0, (size_t)lo * sizeof(float)); /* earlier documents' keys */
-                    ts_att_softmax_span(row, lo, i + off + 1, Tk);
-                    ts_f32_to_bf16_array(a + (size_t)i * Tk, row, (size_t)Tk);
+                    /* fp32 work on the block's columns [s0, e) only; the rest of the saved
+                     * row is bf16 zeros (all-zero bits), written without a conversion */
+                    memset(row + s0, 0, (size_t)(lo - s0) * sizeof(float));
+                    ts_att_softmax_span(row, lo, i + off + 1, e);
+                    memset(arow, 0, (size_t)s0 * sizeof(ts_bf16));
+                    ts_f32_to_bf16_array(arow + s0, row + s0, (size_t)(e - s0));
+                    memset(arow + e, 0, (size_t)(Tk - e) * sizeof(ts_bf16));
                 }
                 /* O[i0:i1] = P[i0:i1, s0:e] V[s0:e] */
                 ts_dnnl_gemm go = gemm(m, HSV, e - s0, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
