@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/attention_docmask.sh: forward + backward of attention over one
 sequence of T positions cut into documents of L (fp32, NH heads of HS, T/L documents),
-median milliseconds over REPS, in the forms PyTorch has for it on the CPU:
+median milliseconds over REPS (wall, and process CPU time), in the forms PyTorch has for it on the CPU:
   flex       flex_attention with a document BlockMask (torch.compile'd: the form that
              skips masked blocks), when it compiles here (else "-", with the reason)
   per_doc    scaled_dot_product_attention on each document alone (causal), in a loop:
@@ -18,13 +18,15 @@ import torch.nn.functional as F
 
 
 def timed(fn, reps):
+    """Median wall ms and median process CPU ms (the work, on a shared machine)."""
     fn()  # warm-up (and compilation)
-    ts = []
+    ts, cs = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+        cs.append((time.process_time() - c0) * 1e3)
+    return statistics.median(ts), statistics.median(cs)
 
 
 def main():
@@ -42,7 +44,8 @@ def main():
         flex_why = f"{type(e).__name__}: {e}"
     print(f"torch {torch.__version__}, {threads} threads, B 1 T {T} NH {NH} HS {HS} fp32, "
           f"median of {reps}")
-    print(f"{'doc_len':>8} {'flex_ms':>10} {'per_doc_ms':>11} {'dense_ms':>10}")
+    print(f"{'doc_len':>8} {'flex_ms':>10} {'per_doc_ms':>11} {'per_doc_cpu':>12} "
+          f"{'dense_ms':>10} {'dense_cpu':>10}")
     for L in lens:
         doc = torch.arange(T) // L
 
@@ -69,13 +72,13 @@ def main():
                 def mask_mod(b, h, qi, ki):
                     return (doc[qi] == doc[ki]) & (qi >= ki)
                 bm = cbm(mask_mod, None, None, T, T, device="cpu")
-                f_ms = f"{timed(fwd_bwd(lambda: fa(q, k, v, block_mask=bm)), reps):.2f}"
+                f_ms = f"{timed(fwd_bwd(lambda: fa(q, k, v, block_mask=bm)), reps)[0]:.2f}"
             except Exception as e:  # noqa: BLE001
                 flex_why = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 flex = None
-        p_ms = timed(fwd_bwd(per_doc), reps)
-        d_ms = timed(fwd_bwd(dense), reps)
-        print(f"{L:>8} {f_ms:>10} {p_ms:>11.2f} {d_ms:>10.2f}")
+        p_ms, p_cpu = timed(fwd_bwd(per_doc), reps)
+        d_ms, d_cpu = timed(fwd_bwd(dense), reps)
+        print(f"{L:>8} {f_ms:>10} {p_ms:>11.2f} {p_cpu:>12.2f} {d_ms:>10.2f} {d_cpu:>10.2f}")
     if flex is None:
         print(f"flex_attention not run: {flex_why}")
 
