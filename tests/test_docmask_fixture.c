@@ -8,11 +8,13 @@
  *   - against Tessera itself, for what PyTorch has no fixture of here: multi-head
  *     latent attention (YaRN-scaled RoPE on its rope part) and a DeepSeek-style MoE,
  *     the packed windows against one call per document (sequences of the document's
- *     length). */
+ *     length);
+ *   - MFU's count of the pairs computed (ts_acts.doc_pairs, ts_attention_pairs). */
 #include <math.h>
 #include <string.h>
 
 #include "fixture_check.h"
+#include "kernels/attention_sizes.h"
 #include "test_blas_kernel.h"
 #include "test_util.h"
 
@@ -122,6 +124,35 @@ static double run(ts_model *m, const int *tok, const int *tgt, int rows, int len
     return out;
 }
 
+/* MFU's count: the pairs of a micro-batch's windows are each document's L (L + 1) / 2,
+ * and a window of one document the causal T (T + 1) / 2 (kernels/attention_sizes.h). */
+static void test_pairs(const ts_config *cfg)
+{
+    ts_model m;
+    build(&m, cfg, &ts_kernels_cpu, false);
+    ts_acts a;
+    ts_acts_init(&a, &m, 0, m.n_layers, B, T);
+    ts_acts_set_documents(&m, &a, tokens, T);
+    double want = 0;
+    for (int b = 0; b < B; b++) {
+        int starts[T + 1];
+        const int n = documents(b, starts);
+        for (int i = 0; i < n; i++) {
+            const double L = starts[i + 1] - starts[i];
+            want += L * (L + 1) / 2;
+        }
+    }
+    CHECKF(a.doc_pairs == want, "the micro-batch's pairs %.0f, its documents' %.0f", a.doc_pairs,
+           want);
+    int zeros[T] = {0};
+    CHECK(ts_attention_pairs(zeros, T) == T * (T + 1) / 2.0 &&
+          ts_attention_pairs(NULL, T) == T * (T + 1) / 2.0);
+    printf("pairs of the fixture's 4 windows: %.0f (causal: %d)\n", a.doc_pairs,
+           B * T * (T + 1) / 2);
+    ts_acts_free(&a);
+    ts_model_free(&m);
+}
+
 /* Packed windows with masks against each document alone, on Tessera's own model. */
 static void against_alone(const ts_config *cfg, const char *what, bool selective)
 {
@@ -199,6 +230,8 @@ int main(void)
     } else {
         printf("bf16: this CPU lacks AVX512_BF16/AMX: not run\n");
     }
+
+    test_pairs(&llama);
 
     /* Multi-head latent attention with YaRN (tests/test_mla_grad.c's shape). */
     ts_config mla;
