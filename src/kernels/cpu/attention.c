@@ -16,7 +16,14 @@
  * (ts_att_block_end); a block attends to keys [0, i1 + off) only, so the GEMMs skip the
  * blocks above the diagonal (at T = 256 they do 9/16 of the full work; 32 measured
  * faster than 64 or 128 there). Inside a diagonal block the masked entries are set to
- * exactly 0, so they drop out of every product that reads them. */
+ * exactly 0, so they drop out of every product that reads them.
+ *
+ * Document masks (ts_att_heads.doc_start; docs/ARCHITECTURE.md "Packed documents"): a
+ * block of query rows also starts its GEMMs at the key block holding its first row's
+ * document start (ts_att_doc_cols), and a key block's dK, dV GEMMs stop at the first
+ * query row whose document starts after it (ts_att_doc_rows_end), so the skipped blocks
+ * cost nothing but the saved probabilities' zeros; the entries before a row's start are
+ * exactly 0 like those after its position. */
 #include <cblas.h>
 #include <math.h>
 #include <stdbool.h>

@@ -18,8 +18,8 @@
  * GEMMs accumulate into; for the prefix backward's +=, starting from the buffer's
  * values widened) and are rounded to bf16 once per call, after the group's last head.
  *
- * Causality as attention.c: query rows in blocks of TS_ATT_BLOCK key positions; a block
- * attends to keys [0, i1 + off) only. 64 rows (not attention.c's 32) because a oneDNN
+ * Causality and document masks as attention.c: query rows in blocks of TS_ATT_BLOCK key
+ * positions; a block attends to keys [s0, i1 + off) only (s0 = 0 without masks). 64 rows (not attention.c's 32) because a oneDNN
  * call costs more than an sgemm call: half the calls for the same work. */
 #include <math.h>
 #include <stdbool.h>
