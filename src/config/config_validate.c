@@ -62,33 +62,6 @@ ts_status ts_config_check_tokenizer_name(const char *name)
     return check_tokenizer(name, "");
 }
 
-int ts_config_document_token(const ts_config *cfg)
-{
-    if (cfg->data.document_token >= 0) return cfg->data.document_token;
-    /* tokenizer/tokenizer.h's ts_tokenizer_doc_token, without opening the ranks file
-     * (test_config checks the two agree). */
-    if (strcmp(cfg->model.tokenizer, "gpt2") == 0) return 50256;
-    if (strcmp(cfg->model.tokenizer, "llama3") == 0) return 128000;
-    return -1;
-}
-
-/* data.document_mask needs a document token the vocabulary holds. */
-static ts_status check_documents(const ts_config *cfg)
-{
-    const ts_data_config *d = &cfg->data;
-    if (!d->document_mask) return TS_OK;
-    const int tok = ts_config_document_token(cfg);
-    if (tok < 0)
-        return ts_fail("data.document_mask = true needs the token that starts each document: "
-                       "model.tokenizer = \"\" (bare ids) has none, so give "
-                       "data.document_token = ID (or set model.tokenizer)");
-    if (tok >= cfg->model.vocab_size)
-        return ts_fail("data.document_token = %d is not in the vocabulary (model.vocab_size = "
-                       "%d)",
-                       tok, cfg->model.vocab_size);
-    return TS_OK;
-}
-
 static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -509,7 +482,7 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
 
     long long unit = (long long)p->dp * p->micro_batch;
     if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
-    if (check_documents(cfg) != TS_OK) return TS_ERR;
+    if (ts_config_validate_documents(cfg) != TS_OK) return TS_ERR;
 
     if (m->head_dim == 0 && m->n_embd % m->n_head != 0)
         return ts_fail("model.n_embd = %d must divide by model.n_head = %d (each head has "
