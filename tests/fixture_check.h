@@ -109,6 +109,7 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
     ts_acts_init(&a, m, 0, m->n_layers, mb, T);
     ts_scratch_init(&s, m, mb, T);
     a.mla_work = ts_scratch_mla_work(&s, m, mb, T); /* MLA assembles q|k|v there */
+    a.att_work = ts_scratch_attention_work(&s, m, mb, T); /* selective recompute's */
     float *dx = ts_alloc_floats((size_t)mb * T * m->n_embd);
     memset(m->grad_mem, 0, m->num_floats * sizeof(float));
     ts_model_moe_begin(m); /* an MoE model's counts and loss sums are this batch's */
@@ -118,6 +119,7 @@ static double fixture_loss_and_grads(ts_model *m, const int *tokens, const int *
         memcpy(a.tokens, tokens + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
         memcpy(a.targets, targets + (size_t)b0 * T, (size_t)mb * T * sizeof(int));
         ts_acts_set_mtp_ids(m, &a, targets + (size_t)b0 * T, T);
+        ts_acts_set_documents(m, &a, tokens + (size_t)b0 * T, T); /* data.document_mask */
         double sum = 0.0;
         ts_model_forward(m, &a, 1.0f / (float)(B * T), &sum);
         ts_model_backward(m, &a, dx, &s, NULL, NULL);

@@ -852,6 +852,9 @@ static const struct {
     {"train.muon_scale", {"train.optimizer=\"muon\""}},
     {"train.spike_window", {"train.skip_spikes=2"}},
     {"log.straggler_threshold", {"log.straggler_every=10"}},
+    /* -1 means the tokenizer's document token: bare ids have none. */
+    {"data.document_token",
+     {"data.document_mask=true", "model.tokenizer=\"gpt2\"", "model.vocab_size=50304"}},
 };
 #undef LLAMA_OV
 
@@ -1143,9 +1146,39 @@ static void test_config_batch_rampup(void)
                "fixed number of micro-batches");
 }
 
+/* data.document_mask and data.document_token (packed documents). */
+static void test_config_documents(void)
+{
+    /* Bare ids: the token must be given; in the vocabulary. */
+    EXPECT_ERR(SMALL_LLAMA, "data.document_mask=true", "data.document_mask = true",
+               "data.document_token");
+    const char *ok[] = {"data.document_mask=true", "data.document_token=3"};
+    ts_error_clear();
+    CHECKF(load_ov(SMALL_LLAMA, ok, 2, 0) == TS_OK, "%s", ts_error_message());
+    CHECK(g_cfg.data.document_mask && ts_config_document_token(&g_cfg) == 3);
+    const char *big[] = {"data.document_mask=true", "data.document_token=100000"};
+    ts_error_clear();
+    CHECK(load_ov(SMALL_LLAMA, big, 2, 0) == TS_ERR && msg_has("data.document_token = 100000") &&
+          msg_has("model.vocab_size"));
+    /* Given without document_mask: it would be ignored. */
+    EXPECT_ERR(SMALL_LLAMA, "data.document_token=3", "'data.document_token' = 3",
+               "data.document_mask = true");
+    /* -1: the tokenizer's document token, tokenizer/encoding.c's (what tessera data puts
+     * before each document). */
+    ts_config c;
+    ts_config_defaults(&c);
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "gpt2");
+    CHECK(ts_config_document_token(&c) == 50256);
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "llama3");
+    CHECK(ts_config_document_token(&c) == 128000);
+    c.model.tokenizer[0] = '\0';
+    CHECK(ts_config_document_token(&c) == -1);
+}
+
 int main(void)
 {
     ts_test_make_dir(g_dir, sizeof g_dir, "ts_test_config");
+    test_config_documents();
     test_config_full();
     test_config_defaults();
     test_config_overrides();

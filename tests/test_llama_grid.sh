@@ -126,6 +126,58 @@ release_only "Muon on 4 ranks (dp 4, tp 2 x dp 2, pp 2 x dp 2, tp 4)" || {
   check muon_tp4_kv_replicated 4 "${muon[@]}" --set parallel.tp=4
 }
 
+# Packed documents (data.document_mask; model/documents.c): a document starts at each
+# newline (byte 10) of the fortunes and at each window's start, so a 64-byte window holds
+# one to three, cut by the window, by cp's chunks and by the pipeline's stages. One rank
+# with the masks trains otherwise than without; tp 2 with sequence parallelism and
+# selective recompute, pp 2 x dp 2 (zb-h1's weight pass, full recompute: the stages' own
+# windows; the replicas' pairs summed for MFU), cp 2 (the prefix kernels' starts in the
+# gathered keys' coordinates) and cp 2 x tp 2 with tp_overlap's sub-batches give its
+# losses and norms within 1e-4; gpt2 (the position rows gathered and scattered at
+# the restarted positions) on cp 2 x tp 2 with sequence parallelism (the vocabulary
+# split and the row scatter over the gathered rows); bf16 tracks fp32 within 2% and gives its one-rank
+# losses on cp 2 within 1e-2 (test_bf16_train's bound). The kernels' masks against each
+# document alone: test_docmask_kernels; the model's against PyTorch: test_docmask_fixture.
+mv "$TMP/ref.jsonl" "$TMP/ref_muon.jsonl"
+docs=(--set data.document_mask=true --set data.document_token=10)
+check ref 1 "${docs[@]}"
+if cmp -s <(losses "$TMP/ref.jsonl") <(losses "$TMP/ref_gqa.jsonl"); then
+  fail "data.document_mask = true trained exactly like the unmasked model"
+else pass; fi
+grep_q '"mfu":' "$TMP/ref.jsonl" && pass || fail "no mfu in the masked run's metrics"
+check docs_tp2_sp_selective 2 "${docs[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set parallel.recompute=selective
+check docs_pp2_dp2_zb_full 4 "${docs[@]}" --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.schedule=zb-h1 --set parallel.recompute=full --set parallel.micro_batch=2
+check docs_cp2 2 "${docs[@]}" --set parallel.cp=2
+check docs_cp2_tp2_overlap 4 "${docs[@]}" --set parallel.cp=2 --set parallel.tp=2 \
+  --set parallel.tp_overlap=2
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  mv "$TMP/ref.jsonl" "$TMP/ref_docs.jsonl"
+  bf16=(--set 'train.precision="bf16"')
+  check_bf16() { # NAME NP SETS...: against $2's one-rank bf16 run within 1e-2
+    local name="$1" np="$2"; shift 2
+    if run_np "$np" "${common[@]}" "${docs[@]}" "${bf16[@]}" --set "log.metrics=\"$TMP/$name.jsonl\"" "$@"
+    then pass; else fail "$name: $(tail -n 3 "$TMP/err")"; fi
+  }
+  check_bf16 docs_bf16 1
+  compare_runs "packed documents: bf16 vs fp32" "$TMP/docs_bf16.jsonl" "$TMP/ref_docs.jsonl" 0.02 -
+  check_bf16 docs_bf16_cp2 2 --set parallel.cp=2
+  compare_runs "packed documents: bf16 on cp 2 vs one rank" "$TMP/docs_bf16_cp2.jsonl" \
+    "$TMP/docs_bf16.jsonl" 1e-2 -
+else
+  skip_case "packed documents in bf16 (this CPU has no BF16 instructions)"
+fi
+# gpt2 (configs/tiny.cfg: T 64, 2 heads), documents at each space: several per window.
+common=(train "$SRC/configs/tiny.cfg" --set train.steps=4 --set "data.train=\"$TMP/train.bin\""
+        --set 'data.val=""' --set train.threads=1 --set log.progress=false
+        --set data.document_mask=true --set data.document_token=32)
+check ref 1
+check docs_gpt2_cp2_tp2_sp 4 --set parallel.cp=2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
+common=(train "$SRC/configs/llama-tiny.cfg" --set train.steps=4 --set "data.train=\"$TMP/train.bin\""
+        --set 'data.val=""' --set train.threads=1 --set log.progress=false)
+
 expect_error 2 "n_kv_head = 3" "${common[@]}" --set model.n_kv_head=3 --set parallel.tp=2
 expect_error 1 "grouped-query attention is a llama feature" train "$SRC/configs/tiny.cfg" \
   --set model.n_kv_head=2 --set "data.train=\"$TMP/train.bin\"" --set 'data.val=""'

@@ -248,6 +248,10 @@ typedef struct {
     int eval_every;             /* validation every N steps (0 = never) */
     int val_windows;            /* validation windows averaged per evaluation */
     bool shuffle;               /* each epoch of each dataset in a seeded order */
+    bool document_mask;         /* packed documents: attention within each document, positions
+                                 * restarting at each (docs/ARCHITECTURE.md "Packed documents") */
+    int document_token;         /* the id that starts a document; -1: model.tokenizer's
+                                 * (ts_config_document_token) */
     int64_t seed;               /* the shuffle's seed (default: train.seed) */
 } ts_data_config;
 
@@ -286,6 +290,11 @@ typedef struct {
 
 /* Fill every key with its default (docs/CONTRACT.md "Config"). */
 void ts_config_defaults(ts_config *cfg);
+/* The id that starts a document under data.document_mask: data.document_token, or with
+ * -1 model.tokenizer's document token (tokenizer/tokenizer.h ts_tokenizer_doc_token:
+ * gpt2 50256, llama3 128000); -1 when neither gives one (bare ids; validation refuses
+ * that with document_mask on). */
+int ts_config_document_token(const ts_config *cfg);
 
 /* Read `path` (libconfig), apply `n_overrides` strings "dotted.key=value" (value parsed
  * as libconfig parses one; a bare word is a string), validate every key, and fill

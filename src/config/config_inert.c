@@ -24,6 +24,7 @@ static bool yarn_mscale(const ts_config *c)
 }
 static bool mtp(const ts_config *c) { return c->model.mtp_layers > 0; }
 static bool muon(const ts_config *c) { return ts_config_muon(&c->train); }
+static bool documents(const ts_config *c) { return c->data.document_mask; }
 
 static void here_rope(const ts_config *c, char *buf, size_t cap)
 {
@@ -49,6 +50,10 @@ static bool stragglers(const ts_config *c) { return c->log.straggler_every > 0; 
 static void here_stragglers(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "log.straggler_every = %d", c->log.straggler_every);
+}
+static void here_documents(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data.document_mask = %s", c->data.document_mask ? "true" : "false");
 }
 static void here_optimizer(const ts_config *c, char *buf, size_t cap)
 {
@@ -89,6 +94,8 @@ static const inert_rule RULES[] = {
      here_spikes},
     {"log.straggler_threshold", "the straggler report's", stragglers,
      "log.straggler_every > 0", here_stragglers},
+    {"data.document_token", "the packed documents' start token", documents,
+     "data.document_mask = true", here_documents},
 };
 #undef YARN_NEEDS
 

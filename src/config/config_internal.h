@@ -137,4 +137,8 @@ int ts_config_find_wide_int(const char *text, char *tok, size_t cap, bool *beyon
 /* "WHERE: the integer TOK does not fit in 64 bits ...": the error for a beyond_64 one. */
 ts_status ts_config_huge_int_error(const char *where, const char *tok);
 
+/* data.document_mask's relations (config_documents.c): a document token the vocabulary
+ * holds, given when model.tokenizer has none. */
+ts_status ts_config_validate_documents(const ts_config *cfg);
+
 #endif

@@ -123,6 +123,8 @@ void ts_config_defaults(ts_config *cfg)
     d->eval_every = 0;
     d->val_windows = 16;
     d->shuffle = true;
+    d->document_mask = false;
+    d->document_token = -1;
     d->seed = t->seed; /* ts_config_load sets it to train.seed unless data.seed is given */
 
     cfg->checkpoint.every = 0;
@@ -276,6 +278,8 @@ const key_spec ts_config_keys[] = {
     INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
     INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 20),
     BOOL_KEY("data", "shuffle", data.shuffle),
+    BOOL_KEY("data", "document_mask", data.document_mask),
+    INT_KEY("data", "document_token", data.document_token, -1, BIG),
     { "data", "seed", K_INT64, OFF(data.seed), 0, 0, 0, false, false, NULL },
 
     STR_KEY("checkpoint", "dir", checkpoint.dir, NULL),

@@ -484,6 +484,7 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
     long long unit = (long long)p->dp * p->micro_batch;
     if (t->global_batch % unit != 0 || t->global_batch < unit) return batch_error(cfg);
     if (ts_config_check_batch_rampup(cfg) != TS_OK) return TS_ERR;
+    if (ts_config_validate_documents(cfg) != TS_OK) return TS_ERR;
 
     if (m->head_dim == 0 && m->n_embd % m->n_head != 0)
         return ts_fail("model.n_embd = %d must divide by model.n_head = %d (each head has "

@@ -129,4 +129,17 @@ static inline size_t ts_cuda_prefix_scratch_bytes(int B, int Tq, int Tk, ts_att_
            (size_t)B * Tk * h.NH * (h.HS + h.HSV) * sizeof(float);
 }
 
+/* The query-key pairs attention computes for one sequence of T queries (each query t
+ * against keys [doc_start[t], t]: kernels.h ts_att_heads.doc_start, Tq = Tk = T), the
+ * FLOPs actually done are proportional to: sum over t of t - doc_start[t] + 1;
+ * doc_start NULL: the causal T (T + 1) / 2. MFU (data.document_mask) and the planner
+ * count attention by it. */
+static inline double ts_attention_pairs(const int *doc_start, int T)
+{
+    if (!doc_start) return (double)T * (T + 1) / 2.0;
+    double n = 0.0;
+    for (int t = 0; t < T; t++) n += (double)(t - doc_start[t] + 1);
+    return n;
+}
+
 #endif

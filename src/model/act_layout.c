@@ -297,13 +297,15 @@ void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T)
     }
     a->bytes = total;
     a->mem = m->k->dev_alloc(total);
+    ts_acts_documents_init(m, a);
 }
 
 size_t ts_acts_bytes(const ts_model *m, int l0, int l1, int B, int T)
 {
     size_t total = 0;
     for (int l = l0; l < range_end(m, l1); l++) total += layer_bytes(m, l, B, T);
-    return total;
+    /* Packed documents' per-micro-batch state (model/documents.c). */
+    return total + ts_acts_documents_bytes(m, l0, l1, B, T);
 }
 
 void ts_acts_free(ts_acts *a)
@@ -315,6 +317,7 @@ void ts_acts_free(ts_acts *a)
         a->k->dev_free(a->mtp_ids);
         a->k->dev_free(a->mem);
     }
+    ts_acts_documents_free(a);
     free(a->layer_off);
     free(a->mtp_host);
     free(a->mtp_runs);

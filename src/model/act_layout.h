@@ -258,4 +258,9 @@ void *ts_stash_attention(const ts_model *m, void *block_stash, int N);
 void *ts_stash_block(const ts_model *m, const ts_acts *a, int l);
 void *ts_stash_embed(const ts_model *m, const ts_acts *a);
 
+/* Packed documents' per-micro-batch buffers (model/documents.c; nothing when the
+ * model has no document token): allocated by ts_acts_init, freed by ts_acts_free. */
+void ts_acts_documents_init(const ts_model *m, ts_acts *a);
+void ts_acts_documents_free(ts_acts *a);
+
 #endif

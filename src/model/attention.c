@@ -77,9 +77,8 @@ void ts_attn_forward(const block_sub *b, const void *in, void *out, ts_tp_pendin
     ts_tp_col_forward(&m->tp, v->qkv, in, ts_block_weight(b, b->r.qkv_w),
                       ts_block_param(b, b->r.qkv_b), b->N, C, (int)d->QKV);
     if (m->qk_norm) qk_norm_forward(b);
-    const ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
-    if (m->rope_cos)
-        m->k->rope_forward(v->qkv, m->rope_cos, m->rope_sin, b->B, b->T, hd, HS, false);
+    const ts_att_heads hd = ts_block_heads(b, ts_att_heads_gqa(H, KV, HS));
+    if (m->rope_cos) ts_block_rope(b, v->qkv, hd, HS, false, false);
     ts_cp_attention_forward(&m->cp, v->atty, d->selective ? b->att_work : v->att, v->kvg,
                             b->cp_work, v->qkv, b->B, b->T, hd);
     ts_tp_row_forward(&m->tp, out, v->atty, ts_block_weight(b, b->r.proj_w),
@@ -103,7 +102,7 @@ void ts_attn_backward_core(const block_sub *b, const void *dout, const void *in_
                        ts_block_grad(b, b->r.proj_b),
                        ts_block_output_grad_at(b, keep(b, 0, d->C), dout), v->atty,
                        ts_block_weight(b, b->r.proj_w), b->N, (int)d->Cl, C);
-    const ts_att_heads hd = ts_att_heads_gqa(H, KV, HS);
+    const ts_att_heads hd = ts_block_heads(b, ts_att_heads_gqa(H, KV, HS));
     const void *att = v->att;
     if (d->selective) {
         TS_ASSERT(d->rebuild);
@@ -118,8 +117,7 @@ void ts_attn_backward_core(const block_sub *b, const void *dout, const void *in_
     ts_cp_attention_backward(&m->cp, dqkv(b), ts_scratch_attention(d, b->sc), b->cp_work, datty,
                              v->qkv, v->kvg, att, b->B, b->T, hd);
     /* The gradient of q and k before their rotation (RoPE is linear). */
-    if (m->rope_cos)
-        m->k->rope_backward(dqkv(b), m->rope_cos, m->rope_sin, b->B, b->T, hd, HS, false);
+    if (m->rope_cos) ts_block_rope(b, dqkv(b), hd, HS, false, true);
     /* datty, in `narrow`, is spent: it holds a row of the norms' backward. */
     TS_ASSERT(!m->qk_norm || (size_t)b->N * ts_scratch_narrow_cols(*d) >= d->QKN);
     if (m->qk_norm) qk_norm_backward(b, dqkv(b), b->narrow);

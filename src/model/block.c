@@ -180,6 +180,24 @@ static block_run block_run_of(const ts_model *m, const ts_acts *a, int l, const 
     return r;
 }
 
+void ts_block_rope(const block_sub *b, void *buf, ts_att_heads h, int RD, bool interleaved,
+                   bool backward)
+{
+    const ts_model *m = b->m;
+    const float *cos = m->rope_cos, *sin = m->rope_sin;
+    int B = b->B, T = b->T;
+    if (b->doc_cos) {
+        cos = b->doc_cos;
+        sin = b->doc_sin;
+        T = B * T;
+        B = 1;
+    }
+    if (backward)
+        m->k->rope_backward(buf, cos, sin, B, T, h, RD, interleaved);
+    else
+        m->k->rope_forward(buf, cos, sin, B, T, h, RD, interleaved);
+}
+
 /* Sub-batch i of run r. */
 static block_sub sub_of(const block_run *r, int i)
 {
@@ -192,6 +210,12 @@ static block_sub sub_of(const block_run *r, int i)
                    .cp_work = r->cp_work, .mla_work = r->mla_work, .sc = r->sc,
                    .stash = r->stash};
     b.gath = r->gath ? act_at(d, r->gath, (size_t)i * N * d->C) : NULL;
+    if (r->a->doc_start) {
+        const size_t half = (size_t)r->m->rope_dim / 2;
+        b.doc_start = r->a->doc_start + (size_t)i * N;
+        b.doc_cos = r->a->doc_cos ? r->a->doc_cos + (size_t)i * N * half : NULL;
+        b.doc_sin = r->a->doc_sin ? r->a->doc_sin + (size_t)i * N * half : NULL;
+    }
     if (r->sc) {
         b.wide = act_at(d, ts_scratch_wide(d, r->sc), (size_t)i * N * ts_scratch_wide_cols(*d));
         b.narrow =

@@ -74,7 +74,23 @@ typedef struct {
     void *stash;            /* the zero-bubble input pass: the block's stash, where the
                                matmul output gradients wait for the weight pass (whose
                                gradients are then not computed); NULL otherwise */
+    /* Packed documents (ts_acts' doc_start, doc_cos, doc_sin at this sub-batch's rows;
+     * NULL without): attention's first visible keys and RoPE's restarted rows. */
+    const int *doc_start;
+    const float *doc_cos, *doc_sin;
 } block_sub;
+
+/* The heads h with this sub-batch's document starts (NULL: causal). */
+static inline ts_att_heads ts_block_heads(const block_sub *b, ts_att_heads h)
+{
+    h.doc_start = b->doc_start;
+    return h;
+}
+/* RoPE (forward, or its backward) on the sub-batch's rows of buf (heads h: kernels.h
+ * rope_forward): at positions 0..T-1 of each sequence, or with packed documents at each
+ * row's restarted position (one table row per row: B = 1, T = N). */
+void ts_block_rope(const block_sub *b, void *buf, ts_att_heads h, int RD, bool interleaved,
+                   bool backward);
 
 /* Parameter views of the block (i a role, -1: none): fp32 masters (norms, biases), the
  * matmuls' compute copy, gradients, and matmul weight gradients (NULL under a stash). */

@@ -27,10 +27,26 @@ static void embed_forward(const ts_model *m, const ts_acts *a, int l)
     const float *wpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_data(m, p0 + 1);
     TS_ASSERT(!m->tp.sp || a->sp_work);
     TS_ASSERT(m->cp.size == 1 || a->cp_work);
-    /* Context parallelism: the position embedding's rows at this rank's positions. */
-    if (wpe) wpe = ts_cp_positions_table(&m->cp, a->cp_work, wpe, m->n_embd);
+    int B = a->B, T = a->T;
+    if (wpe && a->doc_wpe) {
+        /* Packed documents: each local row's position row at its restarted position,
+         * gathered run by run; the rows are then one sequence of B*T (the kernels index
+         * the table by row). */
+        const size_t C = (size_t)m->n_embd;
+        for (int i = 0; i < a->n_doc_seg; i++) {
+            const int *g = a->doc_seg + 3 * i;
+            m->k->memcpy_d2d(a->doc_wpe + (size_t)g[0] * C, wpe + (size_t)g[2] * C,
+                             (size_t)g[1] * C * sizeof(float));
+        }
+        wpe = a->doc_wpe;
+        T = B * T;
+        B = 1;
+    } else if (wpe) {
+        /* Context parallelism: the position embedding's rows at this rank's positions. */
+        wpe = ts_cp_positions_table(&m->cp, a->cp_work, wpe, m->n_embd);
+    }
     ts_tp_embed_forward(&m->tp, ts_embed_views(m, a, l).out, a->tokens, ts_param_data(m, p0),
-                        m->vocab_start, m->local_vocab, wpe, a->B, a->T, m->n_embd, a->sp_work);
+                        m->vocab_start, m->local_vocab, wpe, B, T, m->n_embd, a->sp_work);
 }
 
 /* The head's norm parameters (weight; bias for gpt2's LayerNorm, NULL for llama). */
@@ -130,6 +146,18 @@ static void embed_backward(const ts_model *m, const ts_acts *a, int l, const voi
 {
     const int p0 = m->layers[l].first_param;
     float *dwpe = m->arch == TS_ARCH_LLAMA ? NULL : ts_param_grad(m, p0 + 1);
+    if (dwpe && a->doc_wpe) {
+        /* Packed documents: each run of rows adds into the position rows it read. */
+        const int C = m->n_embd;
+        const size_t eb = ts_dtype_bytes(m->k->act_dtype);
+        for (int i = 0; i < a->n_doc_seg; i++) {
+            const int *g = a->doc_seg + 3 * i;
+            ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), dwpe + (size_t)g[2] * C,
+                                 (const unsigned char *)dout + (size_t)g[0] * C * eb,
+                                 a->tokens + g[0], m->vocab_start, m->local_vocab, 1, g[1], C);
+        }
+        return;
+    }
     if (m->cp.size == 1 || !dwpe) {
         ts_tp_embed_backward(&m->tp, ts_param_grad(m, p0), dwpe, dout, a->tokens,
                              m->vocab_start, m->local_vocab, a->B, a->T, m->n_embd);

@@ -71,7 +71,8 @@ static ts_att_heads heads(const block_sub *b)
 {
     const act_dims *d = b->d;
     return (ts_att_heads){.NH = (int)d->H, .NKV = (int)d->H, .HS = (int)d->HS,
-                          .HSV = (int)d->HSV, .scale = b->m->att_scale};
+                          .HSV = (int)d->HSV, .scale = b->m->att_scale,
+                          .doc_start = b->doc_start};
 }
 
 /* q|k|v [N,QKV] from q [N,QK] (before RoPE), kv_b_proj's output [N,KVB] (per head k_nope
@@ -88,8 +89,7 @@ static void assemble(const block_sub *b, void *qkv, const void *q, const void *k
         copy_cols(b, qkv, d->QKV, d->QK + h * HS + nope, kpe, d->RR, 0, d->RR);
         copy_cols(b, qkv, d->QKV, 2 * d->QK + h * HSV, kvb, d->KVB, h * kb + nope, HSV);
     }
-    m->k->rope_forward(qkv, m->rope_cos, m->rope_sin, b->B, b->T, heads(b), m->rope_dim,
-                       m->rope_interleaved);
+    ts_block_rope(b, qkv, heads(b), m->rope_dim, m->rope_interleaved, false);
 }
 
 /* kv_b_proj(c_kv) [N,KVB]: this rank's heads' k_nope|v. */
@@ -198,8 +198,7 @@ void ts_mla_backward_core(const block_sub *b, const void *dout, const void *in_l
     else
         m->k->attention_backward(dqkv, ts_scratch_attention(d, b->sc), datty, qkv, att, b->B,
                                  b->T, heads(b));
-    m->k->rope_backward(dqkv, m->rope_cos, m->rope_sin, b->B, b->T, heads(b), m->rope_dim,
-                        m->rope_interleaved);
+    ts_block_rope(b, dqkv, heads(b), m->rope_dim, m->rope_interleaved, true);
     split_grads(b, &w, dqkv);
     /* kv_b_proj and the k/v latent's norm: the latent's gradient before its norm. */
     if (!cp)

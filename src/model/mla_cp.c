@@ -7,10 +7,12 @@
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
 
 /* This rank's attention heads: one k/v head per q head, q/k of nope + rope, v of HSV. */
-static ts_att_heads heads_of(const ts_model *m, const act_dims *d)
+static ts_att_heads heads_of(const block_sub *b)
 {
+    const act_dims *d = b->d;
     return (ts_att_heads){.NH = (int)d->H, .NKV = (int)d->H, .HS = (int)d->HS,
-                          .HSV = (int)d->HSV, .scale = m->att_scale};
+                          .HSV = (int)d->HSV, .scale = b->m->att_scale,
+                          .doc_start = b->doc_start};
 }
 
 /* The work, in order: over the G = B*T gathered positions the expanded kv rows [G, KVW]
@@ -105,8 +107,7 @@ void ts_mla_cp_assemble(const block_sub *b, void *qkv, const void *q)
     for (size_t h = 0; h < H; h++)
         m->k->memcpy_2d((unsigned char *)qkv + el(d, d->QK + h * HS + nope), el(d, d->QKV),
                         b->v.mla_kpe, el(d, RR), el(d, RR), N);
-    m->k->rope_forward(qkv, m->rope_cos, m->rope_sin, b->B, b->T, heads_of(m, d), m->rope_dim,
-                       m->rope_interleaved);
+    ts_block_rope(b, qkv, heads_of(b), m->rope_dim, m->rope_interleaved, false);
 }
 
 void ts_mla_cp_forward(const block_sub *b, void *qkv, const void *q, void *att)
@@ -125,7 +126,7 @@ void ts_mla_cp_forward(const block_sub *b, void *qkv, const void *q, void *att)
     ts_cp_rows_gather(&m->cp, b->v.kvg, w.p[W_ROWS], local, W, b->B, W);
     expand(b, &w, b->v.kvg);
     ts_cp_attention_recompute(&m->cp, b->v.atty, att, w.p[W_KVX], qkv, b->B, b->T,
-                              heads_of(m, d));
+                              heads_of(b));
 }
 
 void ts_mla_cp_backward(const block_sub *b, void *dqkv, void *dckv, const void *dout,
@@ -134,7 +135,7 @@ void ts_mla_cp_backward(const block_sub *b, void *dqkv, void *dckv, const void *
     const ts_model *m = b->m;
     const act_dims *d = b->d;
     const ts_kernels *k = m->k;
-    const ts_att_heads hd = heads_of(m, d);
+    const ts_att_heads hd = heads_of(b);
     const size_t N = (size_t)b->N, G = (size_t)b->B * m->cp.T, W = d->RKV + d->RR;
     const size_t H = d->H, HS = d->HS, HSV = d->HSV, RR = d->RR, nope = HS - RR;
     const size_t KVW = H * (HS + HSV), KVB = d->KVB, kvb_head = nope + HSV;

@@ -308,6 +308,8 @@ void ts_model_layout(ts_model *m, const ts_model_spec *spec)
     TS_ASSERT(tp->k && ts_kernels_missing(tp->k) == NULL);
     m->tp = *tp;
     m->arch = ts_model_arch(cfg);
+    TS_ASSERT(!spec->document_mask || spec->document_token >= 0);
+    m->doc_token = spec->document_mask ? spec->document_token : -1;
     m->n_kv_head = kv;
     m->head_dim = ts_model_head_dim(cfg);
     m->rope_dim = m->head_dim;
@@ -585,7 +587,8 @@ static void rope_tables_at_positions(ts_model *m)
     for (int i = 0; i < 2; i++) {
         float *rows = m->k->dev_alloc((size_t)Tl * half * sizeof(float));
         ts_cp_positions_table(&cp, rows, tabs[i], half);
-        m->k->dev_free(tabs[i]);
+        /* Packed documents index the whole tables by restarted positions: kept. */
+        if (m->doc_token < 0) m->k->dev_free(tabs[i]);
         tabs[i] = rows;
     }
     m->rope_cos = tabs[0];
@@ -629,7 +632,10 @@ void ts_model_build(ts_model *m, const ts_model_spec *spec)
     ts_model_set_layer_mem(m, 0, m->n_layers, m->param_mem, m->grad_mem, m->compute_mem, 0);
     if (m->arch == TS_ARCH_LLAMA) {
         build_rope_tables(m, spec->arch);
+        m->rope_cos_all = m->rope_cos;
+        m->rope_sin_all = m->rope_sin;
         rope_tables_at_positions(m);
+        if (m->doc_token < 0 || m->cp.size == 1) m->rope_cos_all = m->rope_sin_all = NULL;
     }
     if (m->mla_kv_rank > 0) build_mla_pe_sum(m);
     if (m->mtp_layers > 0) {
@@ -710,6 +716,8 @@ void ts_model_free(ts_model *m)
         m->k->dev_free(m->grad_mem);
         m->k->dev_free(m->rope_cos);
         m->k->dev_free(m->rope_sin);
+        m->k->dev_free(m->rope_cos_all);
+        m->k->dev_free(m->rope_sin_all);
         m->k->dev_free(m->mla_pe_sum);
     }
     memset(m, 0, sizeof *m);

@@ -125,6 +125,13 @@ typedef struct {
      * rope_dim channels of each q and k head (head_dim, or MLA's qk_rope_head_dim), in
      * adjacent pairs when rope_interleaved (DeepSeek's checkpoints), else in halves. */
     float *rope_cos, *rope_sin;
+    /* Packed documents (data.document_mask; docs/ARCHITECTURE.md "Packed documents"):
+     * doc_token, the id that starts a document (-1: off); RoPE's whole tables [max_seq_len,
+     * rope_dim/2] at global positions, which the restarted positions index (rope_cos
+     * itself without context parallelism; under it a copy kept beside the local rows,
+     * owned). */
+    int doc_token;
+    float *rope_cos_all, *rope_sin_all;
     int rope_dim;
     bool rope_interleaved;
     float att_scale;        /* attention's softmax scale: 1/sqrt(head_dim), times YaRN's
@@ -272,6 +279,10 @@ typedef struct {
      * is as large as any other's). */
     const ts_comm *etp;
     int etp_size;
+    /* data.document_mask: the document token (ts_config_document_token); -1 (or 0 in a
+     * spec that does not set it together with document_mask false): plain causal. */
+    bool document_mask;
+    int document_token;
 } ts_model_spec;
 
 /* Blocks of the model, the multi-token prediction modules' included (n_layer + D): the
@@ -442,6 +453,22 @@ typedef struct {
                              * q|k|v (not owned; the scratch's: ts_scratch_mla_work) */
     const ts_kernels *k;    /* the backend whose device memory tokens, targets, mem and
                              * wstash are */
+    /* Packed documents (m->doc_token >= 0; model/documents.c, set per micro-batch by
+     * ts_acts_set_documents; NULL otherwise): doc_start [B*T] int32, each local query's
+     * first visible key in the attention's key coordinates (kernels.h ts_att_heads; under
+     * context parallelism the gathered sequence's positions); doc_cos, doc_sin [B*T,
+     * rope_dim/2] RoPE's rows at each local row's restarted position (llama); doc_wpe
+     * [B*T, C] fp32 where the embedding's forward gathers gpt2's position rows (a range
+     * with the embedding). Device memory, owned. On the host: doc_seg, n_doc_seg runs
+     * (local row, rows, restarted position of the first) of consecutive local rows at
+     * consecutive positions of one document (the embedding's gathers and backward), and
+     * doc_pairs, the query-key pairs attention computes over the micro-batch's whole
+     * sequences (MFU's count). */
+    int *doc_start;
+    float *doc_cos, *doc_sin, *doc_wpe;
+    int *doc_seg, n_doc_seg;
+    int *doc_host;
+    double doc_pairs;
 } ts_acts;
 
 void ts_acts_init(ts_acts *a, const ts_model *m, int l0, int l1, int B, int T);
@@ -457,6 +484,15 @@ void ts_acts_free(ts_acts *a);
  * t_{i+k+1} (0 where it lies past the window: the loss skips those positions), shifted
  * on whole sequences before context parallelism picks this rank's positions. */
 void ts_acts_set_mtp_ids(const ts_model *m, ts_acts *a, const int *targets_host, int seq_len);
+
+/* Packed documents (m->doc_token >= 0; nothing otherwise): from the micro-batch's whole
+ * input windows tokens_host [B, seq_len] on the host, a document starts at each
+ * m->doc_token and at position 0; this rank's doc_start, doc_cos/doc_sin and segments
+ * (ts_acts), uploaded once per micro-batch. Every rank of a pipeline, tensor- or
+ * context-parallel group calls it with the same windows. */
+void ts_acts_set_documents(const ts_model *m, ts_acts *a, const int *tokens_host, int seq_len);
+/* The device bytes ts_acts_init allocates for packed documents (0 without). */
+size_t ts_acts_documents_bytes(const ts_model *m, int l0, int l1, int B, int T);
 
 /* Output [B*T, C] of layer l (valid after forward; not for the head); under sequence
  * parallelism this rank's rows [B*T / tp, C] (tensor/tp.h), as for a->input and dx. */

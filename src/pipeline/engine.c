@@ -298,7 +298,8 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     if (replay) {
         e->model->k->memcpy_d2d(a->tokens, s->tokens, (size_t)e->N * sizeof(int));
         e->model->k->memcpy_d2d(a->targets, s->targets, (size_t)e->N * sizeof(int));
-        if (a->mtp_ids) /* the whole sequences again, for the shifted ids */
+        /* the whole sequences again, for the shifted ids and the document starts */
+        if (a->mtp_ids || a->doc_start)
             ts_data_microbatch(e->data, e->seq0, e->batch, e->dp, e->dp_rank,
                                e->B, mb, e->seq_len, e->tokens_host, e->targets_host);
     } else {
@@ -306,6 +307,10 @@ static void forward(ts_engine *e, int step, int c, int mb, ts_mb_slot *s, bool r
     }
     /* Multi-token prediction's shifted ids, from the whole sequences on the host. */
     ts_acts_set_mtp_ids(e->model, a, e->targets_host, e->seq_len);
+    /* Packed documents' starts, from the whole windows (every stage reads them). */
+    ts_acts_set_documents(e->model, a, e->tokens_host, e->seq_len);
+    /* MFU's attention pairs: each sequence once, at the first chunk's first forward. */
+    if (!replay && c == 0) e->doc_pairs += a->doc_pairs;
     /* The step's batch (train.batch_rampup's, or train.global_batch). */
     const float dloss = 1.0f / ((float)e->batch * (float)e->seq_len);
     /* The loss of a replayed forward was counted the first time. */
@@ -689,6 +694,7 @@ void ts_engine_run(ts_engine *e, int step, int64_t seq0, int batch)
     e->batch = batch;
     double t0 = ts_now_ms();
     e->loss_sum = 0.0;
+    e->doc_pairs = 0.0;
     e->model->k->memset_zero(e->loss_acc, sizeof(double));
     e->compute_ms = 0.0;
     for (int j = 0; j < e->n_local; j++) e->bwd_done[j] = 0;
@@ -791,6 +797,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
             ids_to_device(e, a->tokens, e->tokens_host, mbs);
             ids_to_device(e, a->targets, e->targets_host, mbs);
             ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
+            ts_acts_set_documents(e->model, a, e->tokens_host, T);
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 /* Padding rows repeat window w0; only the real rows count. */

@@ -145,6 +145,9 @@ typedef struct {
     /* Per step. */
     int64_t seq0;           /* the step's first global sequence (the data position) */
     int batch;              /* the step's global batch: m * dp * B (train.batch_rampup) */
+    double doc_pairs;       /* packed documents: the step's attention query-key pairs of
+                             * the sequences whose first chunk this rank ran (ts_acts
+                             * doc_pairs; 0 without document masks) */
     double loss_sum;        /* sum of per-token losses (last chunk's rank), read back from
                              * loss_acc once at the end of the step */
     double *loss_acc;       /* device: the step's losses accumulate here */

@@ -536,7 +536,8 @@ static void rank_layout_build(const ts_config *cfg, const ts_partition *part,
                           .sequence_parallel = cfg->parallel.sequence_parallel,
                           .cp = ts_cp_make(cp, 0, NULL, k, mc->seq_len),
                           .selective_all = selective, .ep_size = ep, .ep_rank = 0,
-                          .etp_size = etp};
+                          .etp_size = etp, .document_mask = cfg->data.document_mask,
+                          .document_token = ts_config_document_token(cfg)};
     ts_model m; /* the layout only: nothing is allocated */
     ts_model_layout(&m, &spec);
 

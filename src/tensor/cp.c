@@ -24,6 +24,14 @@ static int prefix_len(const ts_cp *cp, int h) { return (ts_cp_chunk(cp, h) + 1) 
 
 #define ALIGN64(x) (((x) + 63) / 64 * 64)
 
+/* The heads of sequence b's half h: its c queries' document starts (packed documents:
+ * hd.doc_start is [B, Tl], already in the gathered keys' coordinates). */
+static ts_att_heads chunk_heads(ts_att_heads hd, int b, int Tl, int h, int c)
+{
+    if (hd.doc_start) hd.doc_start += (size_t)b * Tl + (size_t)h * c;
+    return hd;
+}
+
 /* Bytes of one sequence's half h saved state (64-aligned, so each sequence's state
  * starts on a boundary: tp_overlap's sub-batches index it by sequence). */
 static size_t half_saved(const ts_cp *cp, int half, ts_att_heads h) {
@@ -131,7 +139,8 @@ void ts_cp_attention_recompute(const ts_cp *cp, void *out, void *att, const void
             const size_t row0 = (size_t)b * Tl + (size_t)h * c;
             k->attention_prefix_forward(
                 (unsigned char *)out + row0 * orow, a, (const unsigned char *)qkv + row0 * qrow,
-                (const unsigned char *)kvg + (size_t)b * T * kvrow, 1, c, prefix_len(cp, h), hd);
+                (const unsigned char *)kvg + (size_t)b * T * kvrow, 1, c, prefix_len(cp, h),
+                chunk_heads(hd, b, Tl, h, c));
             a += half_saved(cp, h, hd);
         }
 }
@@ -171,7 +180,8 @@ void ts_cp_attention_backward_gathered(const ts_cp *cp, void *dqkv, void *dkvg, 
             k->attention_prefix_backward(
                 (unsigned char *)dqkv + row0 * qrow, (unsigned char *)dkvg + kv0, scratch,
                 (const unsigned char *)dout + row0 * orow, (const unsigned char *)qkv + row0 * qrow,
-                (const unsigned char *)kvg + kv0, a, 1, c, prefix_len(cp, h), hd);
+                (const unsigned char *)kvg + kv0, a, 1, c, prefix_len(cp, h),
+                chunk_heads(hd, b, Tl, h, c));
             a += half_saved(cp, h, hd);
         }
 }

@@ -145,7 +145,9 @@ static void build_model(ts_trainer *t, int level)
         .ep = cfg->model.moe_experts > 0 ? &t->groups->ep : NULL,
         .ep_overlap = cfg->parallel.ep_overlap,
         .etp = cfg->model.moe_experts > 0 ? &t->groups->etp : NULL,
-        .mtp_loss = cfg->train.mtp_loss};
+        .mtp_loss = cfg->train.mtp_loss,
+        .document_mask = cfg->data.document_mask,
+        .document_token = ts_config_document_token(cfg)};
     ts_model_build(&t->model, &spec);
     free(selective);
     free(owned);
@@ -414,6 +416,15 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     out->step_ms = ts_now_ms() - t0;
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
+    out->model_flops = 0.0;
+    if (t->attn_flops_per_pair > 0) {
+        /* Packed documents: attention's FLOPs by the pairs computed (each sequence
+         * counted by the tp and cp rank 0 of the rank that ran its first chunk). */
+        const bool once = t->model.tp.rank == 0 && t->model.cp.rank == 0;
+        const double pairs = grid_sum(t, once ? t->engine.doc_pairs : 0.0);
+        out->model_flops = t->model_flops * B / t->cfg.train.global_batch +
+                           t->attn_flops_per_pair * (pairs - (double)B * (double)T * T);
+    }
     out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
     /* The optimizer's times too (metrics: optim_ms, optim_gather_ms, muon_ms), and every

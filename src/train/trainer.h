@@ -35,6 +35,8 @@ typedef struct {
     double tokens_per_s;
     long long tokens;   /* tokens in the step (global) */
     double bubble;      /* idle fraction of the pipeline ranks, averaged */
+    double model_flops; /* data.document_mask: this step's model FLOPs, attention counted
+                           by the pairs computed (0: the trainer's model_flops) */
     double dp_overlap;  /* fraction of the dp all-reduce hidden behind compute */
     double dp_wait_ms;  /* time blocked finishing the dp all-reduce (max over ranks) */
     double dp_bytes;    /* gradient bytes each replica all-reduces per step */
@@ -164,6 +166,11 @@ typedef struct {
      * ranks measured at start-up summed over the world (rank 0 only). */
     double model_flops;
     double mfu_peak_flops;
+    /* data.document_mask: attention's FLOPs per query-key pair (model_flops counts the
+     * whole T x T square of every sequence; a step's count replaces it by the pairs
+     * the document masks leave: ts_step_stats.model_flops), set by the caller beside
+     * model_flops; 0 otherwise. */
+    double attn_flops_per_pair;
 
     int *moe_counts;    /* MoE: the last step's global counts [blocks * E] (moe_counts
                            of its ts_step_stats) */

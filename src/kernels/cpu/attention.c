@@ -16,10 +16,18 @@
  * (ts_att_block_end); a block attends to keys [0, i1 + off) only, so the GEMMs skip the
  * blocks above the diagonal (at T = 256 they do 9/16 of the full work; 32 measured
  * faster than 64 or 128 there). Inside a diagonal block the masked entries are set to
- * exactly 0, so they drop out of every product that reads them. */
+ * exactly 0, so they drop out of every product that reads them.
+ *
+ * Document masks (ts_att_heads.doc_start; docs/ARCHITECTURE.md "Packed documents"): a
+ * block of query rows also starts its GEMMs at the key block holding its first row's
+ * document start (ts_att_doc_cols), and a key block's dK, dV GEMMs stop at the first
+ * query row whose document starts after it (ts_att_doc_rows_end), so the skipped blocks
+ * cost nothing but the saved probabilities' zeros; the entries before a row's start are
+ * exactly 0 like those after its position. */
 #include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "kernels/cpu/attention_rows.h"
@@ -36,13 +44,14 @@ typedef struct {
     int B, Tq, Tk, NH, NKV, HS, HSV;
     int ldq, ldkv;
     float scale;
+    const int *ds; /* the document starts [B,Tq] (kernels.h ts_att_heads), or NULL */
 } att_dims;
 
 static att_dims dims_of(int B, int Tq, int Tk, ts_att_heads h, int ldq, int ldkv)
 {
     TS_ASSERT(h.NKV > 0 && h.NH % h.NKV == 0 && h.HS > 0 && h.HSV > 0);
     TS_ASSERT(Tq > 0 && Tq <= Tk);
-    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale};
+    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale, h.doc_start};
 }
 
 static void forward(float *out, float *att, const float *q0, const float *k0, att_dims d)
@@ -58,16 +67,25 @@ static void forward(float *out, float *att, const float *q0, const float *k0, at
         const float *v = kb + CKV + (size_t)(h / group) * HSV;
         float *a = att + (size_t)bh * Tq * Tk;
         float *o = out + (size_t)b * Tq * C + (size_t)h * HSV;
+        const int *ds = d.ds ? d.ds + (size_t)b * Tq : NULL;
         for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
             i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
-            const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
-            /* S[i0:i1, 0:e] = scale * Q[i0:i1] K[0:e]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HS, scale,
-                        q + (size_t)i0 * ldq, ldq, k, ldkv, 0.0f, a + (size_t)i0 * Tk, Tk);
-            for (int i = i0; i < i1; i++) ts_att_softmax_row(a + (size_t)i * Tk, i, off, Tk);
-            /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HSV, e, 1.0f,
-                        a + (size_t)i0 * Tk, Tk, v, ldkv, 0.0f, o + (size_t)i0 * C, C);
+            /* the block's keys: [s0, e) (s0 = 0 without document masks) */
+            const int m = i1 - i0, e = i1 + off, s0 = ts_att_doc_cols(ds, i0, TS_ATT_BLOCK);
+            /* S[i0:i1, s0:e] = scale * Q[i0:i1] K[s0:e]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e - s0, HS, scale,
+                        q + (size_t)i0 * ldq, ldq, k + (size_t)s0 * ldkv, ldkv, 0.0f,
+                        a + (size_t)i0 * Tk + s0, Tk);
+            for (int i = i0; i < i1; i++) {
+                float *row = a + (size_t)i * Tk;
+                const int lo = ts_att_doc_lo(ds, i);
+                memset(row, 0, (size_t)lo * sizeof(float)); /* the earlier documents' keys */
+                ts_att_softmax_span(row, lo, i + off + 1, Tk);
+            }
+            /* O[i0:i1] = P[i0:i1, s0:e] V[s0:e] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HSV, e - s0, 1.0f,
+                        a + (size_t)i0 * Tk + s0, Tk, v + (size_t)s0 * ldkv, ldkv, 0.0f,
+                        o + (size_t)i0 * C, C);
         }
     }
 }
@@ -93,6 +111,7 @@ static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
         size_t koff = kvrow + (size_t)g * HS, voff = kvrow + CKV + (size_t)g * HSV;
         const float *k = k0 + koff, *v = k0 + voff;
         float *dk = dk0 + koff, *dv = dk0 + voff;
+        const int *ds = d.ds ? d.ds + (size_t)b * Tq : NULL;
         for (int h = g * group; h < (g + 1) * group; h++) {
             const int bh = b * d.NH + h;
             const float beta = accumulate || h != g * group ? 1.0f : 0.0f;
@@ -100,33 +119,47 @@ static void backward(float *dq0, float *dk0, bool accumulate, float *scratch,
             float *dq = dq0 + qrow + (size_t)h * HS;
             const float *p = att + (size_t)bh * Tq * Tk;
             const float *dO = dout + (size_t)b * Tq * C + (size_t)h * HSV;
-            float *ds = scratch + (size_t)bh * Tq * Tk;
+            float *dsc = scratch + (size_t)bh * Tq * Tk;
             for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                 i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
-                const int m = i1 - i0, e = i1 + off;
-                /* dP[i0:i1, 0:e] = dO[i0:i1] V[0:e]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e, HSV, 1.0f,
-                            dO + (size_t)i0 * C, C, v, ldkv, 0.0f, ds + (size_t)i0 * Tk, Tk);
+                const int m = i1 - i0, e = i1 + off, s0 = ts_att_doc_cols(ds, i0, TS_ATT_BLOCK);
+                /* dP[i0:i1, s0:e] = dO[i0:i1] V[s0:e]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, e - s0, HSV, 1.0f,
+                            dO + (size_t)i0 * C, C, v + (size_t)s0 * ldkv, ldkv, 0.0f,
+                            dsc + (size_t)i0 * Tk + s0, Tk);
                 /* Softmax backward, row by row; zero the rest of the block's columns. */
-                for (int i = i0; i < i1; i++)
-                    ts_att_softmax_backward_row(ds + (size_t)i * Tk, p + (size_t)i * Tk, i, off,
-                                                e);
-                /* dQ[i0:i1] = scale dS[i0:i1, 0:e] K[0:e] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, e, scale,
-                            ds + (size_t)i0 * Tk, Tk, k, ldkv, 0.0f, dq + (size_t)i0 * ldq, ldq);
+                for (int i = i0; i < i1; i++) {
+                    float *dr = dsc + (size_t)i * Tk;
+                    const int lo = ts_att_doc_lo(ds, i);
+                    memset(dr + s0, 0, (size_t)(lo - s0) * sizeof(float));
+                    ts_att_softmax_backward_span(dr, p + (size_t)i * Tk, lo, i + off + 1, e);
+                }
+                /* dQ[i0:i1] = scale dS[i0:i1, s0:e] K[s0:e] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, e - s0, scale,
+                            dsc + (size_t)i0 * Tk + s0, Tk, k + (size_t)s0 * ldkv, ldkv, 0.0f,
+                            dq + (size_t)i0 * ldq, ldq);
             }
             /* Key/value rows [j0, j1) receive from query rows i >= r0 = j0 - off only
-             * (positions i + off >= j0), whose dS rows are written over [j0, j1). */
+             * (positions i + off >= j0), whose dS rows are written over [j0, j1), and
+             * before r1, where the documents that start at or after j1 begin. */
             for (int j0 = 0; j0 < Tk; j0 += TS_ATT_BLOCK) {
                 int j1 = j0 + TS_ATT_BLOCK < Tk ? j0 + TS_ATT_BLOCK : Tk, m = j1 - j0;
-                int r0 = j0 > off ? j0 - off : 0;
+                int r0 = j0 > off ? j0 - off : 0, r1 = ts_att_doc_rows_end(ds, Tq, j1);
+                if (r1 <= r0) { /* no query sees these keys */
+                    if (beta == 0.0f)
+                        for (int j = j0; j < j1; j++) {
+                            memset(dk + (size_t)j * ldkv, 0, (size_t)HS * sizeof(float));
+                            memset(dv + (size_t)j * ldkv, 0, (size_t)HSV * sizeof(float));
+                        }
+                    continue;
+                }
                 size_t corner = (size_t)r0 * Tk + j0;
-                /* dK[j0:j1] (+)= scale dS[r0:Tq, j0:j1]^T Q[r0:Tq] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, Tq - r0, scale,
-                            ds + corner, Tk, q + (size_t)r0 * ldq, ldq, beta,
+                /* dK[j0:j1] (+)= scale dS[r0:r1, j0:j1]^T Q[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HS, r1 - r0, scale,
+                            dsc + corner, Tk, q + (size_t)r0 * ldq, ldq, beta,
                             dk + (size_t)j0 * ldkv, ldkv);
-                /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HSV, Tq - r0, 1.0f,
+                /* dV[j0:j1] (+)= P[r0:r1, j0:j1]^T dO[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, HSV, r1 - r0, 1.0f,
                             p + corner, Tk, dO + (size_t)r0 * C, C, beta, dv + (size_t)j0 * ldkv,
                             ldkv);
             }

@@ -18,8 +18,8 @@
  * GEMMs accumulate into; for the prefix backward's +=, starting from the buffer's
  * values widened) and are rounded to bf16 once per call, after the group's last head.
  *
- * Causality as attention.c: query rows in blocks of TS_ATT_BLOCK key positions; a block
- * attends to keys [0, i1 + off) only. 64 rows (not attention.c's 32) because a oneDNN
+ * Causality and document masks as attention.c: query rows in blocks of TS_ATT_BLOCK key
+ * positions; a block attends to keys [s0, i1 + off) only (s0 = 0 without masks). 64 rows (not attention.c's 32) because a oneDNN
  * call costs more than an sgemm call: half the calls for the same work. */
 #include <math.h>
 #include <stdbool.h>
@@ -65,13 +65,14 @@ typedef struct {
     int B, Tq, Tk, NH, NKV, HS, HSV;
     int ldq, ldkv;
     float scale;
+    const int *ds; /* the document starts [B,Tq] (kernels.h ts_att_heads), or NULL */
 } att_dims;
 
 static att_dims dims_of(int B, int Tq, int Tk, ts_att_heads h, int ldq, int ldkv)
 {
     TS_ASSERT(h.NKV > 0 && h.NH % h.NKV == 0 && h.HS > 0 && h.HSV > 0);
     TS_ASSERT(Tq > 0 && Tq <= Tk);
-    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale};
+    return (att_dims){B, Tq, Tk, h.NH, h.NKV, h.HS, h.HSV, ldq, ldkv, h.scale, h.doc_start};
 }
 
 /* C[m, n] = alpha A B with A [m,k] rows at lda and B [k,n] given by its strides. */
@@ -105,20 +106,30 @@ static void forward(ts_bf16 *out, ts_bf16 *att, const ts_bf16 *q0, const ts_bf16
             const ts_bf16 *v = kb + CKV + (size_t)(h / group) * HSV;
             ts_bf16 *a = att + (size_t)bh * Tq * Tk;
             ts_bf16 *o = out + (size_t)b * Tq * C + (size_t)h * HSV;
+            const int *ds = d.ds ? d.ds + (size_t)b * Tq : NULL;
             for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                 i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
-                const int m = i1 - i0, e = i1 + off; /* the block's keys: [0, e) */
-                /* S[0:m, 0:e] (fp32) = scale Q[i0:i1] K[0:e]^T */
-                ts_dnnl_gemm gs = gemm(m, e, HS, ldq, 1, 1, ldkv, Tk, TS_DTYPE_F32, scale);
-                ts_dnnl_matmul(&gs, s, q + (size_t)i0 * ldq, k, NULL);
+                /* the block's keys: [s0, e) (s0 = 0 without document masks) */
+                const int m = i1 - i0, e = i1 + off, s0 = ts_att_doc_cols(ds, i0, TS_ATT_BLOCK);
+                /* S[0:m, s0:e] (fp32) = scale Q[i0:i1] K[s0:e]^T */
+                ts_dnnl_gemm gs = gemm(m, e - s0, HS, ldq, 1, 1, ldkv, Tk, TS_DTYPE_F32, scale);
+                ts_dnnl_matmul(&gs, s + s0, q + (size_t)i0 * ldq, k + (size_t)s0 * ldkv, NULL);
                 for (int i = i0; i < i1; i++) {
                     float *row = s + (size_t)(i - i0) * Tk;
-                    ts_att_softmax_row(row, i, off, Tk);
-                    ts_f32_to_bf16_array(a + (size_t)i * Tk, row, (size_t)Tk);
+                    ts_bf16 *arow = a + (size_t)i * Tk;
+                    const int lo = ts_att_doc_lo(ds, i);
+                    /* fp32 work on the block's columns [s0, e) only; the rest of the saved
+                     * row is bf16 zeros (all-zero bits), written without a conversion */
+                    memset(row + s0, 0, (size_t)(lo - s0) * sizeof(float));
+                    ts_att_softmax_span(row, lo, i + off + 1, e);
+                    memset(arow, 0, (size_t)s0 * sizeof(ts_bf16));
+                    ts_f32_to_bf16_array(arow + s0, row + s0, (size_t)(e - s0));
+                    memset(arow + e, 0, (size_t)(Tk - e) * sizeof(ts_bf16));
                 }
-                /* O[i0:i1] = P[i0:i1, 0:e] V[0:e] */
-                ts_dnnl_gemm go = gemm(m, HSV, e, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
-                ts_dnnl_matmul(&go, o + (size_t)i0 * C, a + (size_t)i0 * Tk, v, NULL);
+                /* O[i0:i1] = P[i0:i1, s0:e] V[s0:e] */
+                ts_dnnl_gemm go = gemm(m, HSV, e - s0, Tk, 1, ldkv, 1, C, TS_DTYPE_BF16, 1.0f);
+                ts_dnnl_matmul(&go, o + (size_t)i0 * C, a + (size_t)i0 * Tk + s0,
+                               v + (size_t)s0 * ldkv, NULL);
             }
         }
         free(s);
@@ -153,6 +164,7 @@ static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scrat
             size_t koff = kvrow + (size_t)g * HS, voff = kvrow + CKV + (size_t)g * HSV;
             const ts_bf16 *k = k0 + koff, *v = k0 + voff;
             ts_bf16 *dk = dk0 + koff, *dv = dk0 + voff;
+            const int *ds = d.ds ? d.ds + (size_t)b * Tq : NULL;
             if (accumulate) /* the sums start from what dk, dv hold */
                 for (int t = 0; t < Tk; t++) {
                     ts_bf16_to_f32_array(dk32 + (size_t)t * HS, dk + (size_t)t * ldkv,
@@ -167,34 +179,48 @@ static void backward(ts_bf16 *dq0, ts_bf16 *dk0, bool accumulate, ts_bf16 *scrat
                 ts_bf16 *dq = dq0 + qrow + (size_t)h * HS;
                 const ts_bf16 *p = att + (size_t)bh * Tq * Tk;
                 const ts_bf16 *dO = dout + (size_t)b * Tq * C + (size_t)h * HSV;
-                ts_bf16 *ds = scratch + (size_t)bh * Tq * Tk;
+                ts_bf16 *dsc = scratch + (size_t)bh * Tq * Tk;
                 for (int i0 = 0, i1; i0 < Tq; i0 = i1) {
                     i1 = ts_att_block_end(i0, off, Tq, TS_ATT_BLOCK);
                     const int m = i1 - i0, e = i1 + off;
-                    /* dP[0:m, 0:e] (fp32) = dO[i0:i1] V[0:e]^T */
-                    ts_dnnl_gemm gp = gemm(m, e, HSV, C, 1, 1, ldkv, Tk, TS_DTYPE_F32, 1.0f);
-                    ts_dnnl_matmul(&gp, dp, dO + (size_t)i0 * C, v, NULL);
+                    const int s0 = ts_att_doc_cols(ds, i0, TS_ATT_BLOCK);
+                    /* dP[0:m, s0:e] (fp32) = dO[i0:i1] V[s0:e]^T */
+                    ts_dnnl_gemm gp = gemm(m, e - s0, HSV, C, 1, 1, ldkv, Tk, TS_DTYPE_F32, 1.0f);
+                    ts_dnnl_matmul(&gp, dp + s0, dO + (size_t)i0 * C, v + (size_t)s0 * ldkv,
+                                   NULL);
                     for (int i = i0; i < i1; i++) {
                         float *dr = dp + (size_t)(i - i0) * Tk;
-                        ts_bf16_to_f32_array(prow, p + (size_t)i * Tk, (size_t)e);
-                        ts_att_softmax_backward_row(dr, prow, i, off, e);
-                        ts_f32_to_bf16_array(ds + (size_t)i * Tk, dr, (size_t)e);
+                        const int lo = ts_att_doc_lo(ds, i);
+                        ts_bf16_to_f32_array(prow + s0, p + (size_t)i * Tk + s0, (size_t)(e - s0));
+                        memset(dr + s0, 0, (size_t)(lo - s0) * sizeof(float));
+                        ts_att_softmax_backward_span(dr, prow, lo, i + off + 1, e);
+                        ts_f32_to_bf16_array(dsc + (size_t)i * Tk + s0, dr + s0, (size_t)(e - s0));
                     }
-                    /* dQ[i0:i1] = scale dS[i0:i1, 0:e] K[0:e] */
-                    ts_dnnl_gemm gq = gemm(m, HS, e, Tk, 1, ldkv, 1, ldq, TS_DTYPE_BF16, scale);
-                    ts_dnnl_matmul(&gq, dq + (size_t)i0 * ldq, ds + (size_t)i0 * Tk, k, NULL);
+                    /* dQ[i0:i1] = scale dS[i0:i1, s0:e] K[s0:e] */
+                    ts_dnnl_gemm gq = gemm(m, HS, e - s0, Tk, 1, ldkv, 1, ldq, TS_DTYPE_BF16, scale);
+                    ts_dnnl_matmul(&gq, dq + (size_t)i0 * ldq, dsc + (size_t)i0 * Tk + s0,
+                                   k + (size_t)s0 * ldkv, NULL);
                 }
-                /* Key/value rows [j0, j1) receive from query rows i >= r0 = j0 - off only. */
+                /* Key/value rows [j0, j1) receive from query rows r0 <= i < r1 only
+                 * (positions i + off >= j0; documents that start before j1). */
                 for (int j0 = 0; j0 < Tk; j0 += TS_ATT_BLOCK) {
                     int j1 = j0 + TS_ATT_BLOCK < Tk ? j0 + TS_ATT_BLOCK : Tk, m = j1 - j0;
-                    int r0 = j0 > off ? j0 - off : 0, rows = Tq - r0;
+                    int r0 = j0 > off ? j0 - off : 0, r1 = ts_att_doc_rows_end(ds, Tq, j1);
+                    if (r1 <= r0) { /* no query sees these keys: the sums stay (or are) 0 */
+                        if (!acc) {
+                            memset(dk32 + (size_t)j0 * HS, 0, (size_t)m * HS * sizeof(float));
+                            memset(dv32 + (size_t)j0 * HSV, 0, (size_t)m * HSV * sizeof(float));
+                        }
+                        continue;
+                    }
+                    const int rows = r1 - r0;
                     size_t corner = (size_t)r0 * Tk + j0;
-                    /* dK[j0:j1] (+)= scale dS[r0:Tq, j0:j1]^T Q[r0:Tq] (A transposed in place) */
+                    /* dK[j0:j1] (+)= scale dS[r0:r1, j0:j1]^T Q[r0:r1] (A transposed in place) */
                     ts_dnnl_gemm gk = gemm(m, HS, rows, 1, Tk, ldq, 1, HS, TS_DTYPE_F32, scale);
                     gk.accumulate = acc;
-                    ts_dnnl_matmul(&gk, dk32 + (size_t)j0 * HS, ds + corner, q + (size_t)r0 * ldq,
+                    ts_dnnl_matmul(&gk, dk32 + (size_t)j0 * HS, dsc + corner, q + (size_t)r0 * ldq,
                                    NULL);
-                    /* dV[j0:j1] (+)= P[r0:Tq, j0:j1]^T dO[r0:Tq] */
+                    /* dV[j0:j1] (+)= P[r0:r1, j0:j1]^T dO[r0:r1] */
                     ts_dnnl_gemm gv = gemm(m, HSV, rows, 1, Tk, C, 1, HSV, TS_DTYPE_F32, 1.0f);
                     gv.accumulate = acc;
                     ts_dnnl_matmul(&gv, dv32 + (size_t)j0 * HSV, p + corner, dO + (size_t)r0 * C,

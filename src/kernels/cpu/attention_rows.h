@@ -39,51 +39,98 @@ static inline int ts_att_block_end(int i0, int off, int Tq, int block)
     return i1 < Tq ? i1 : Tq;
 }
 
-/* Query row i of the causal softmax in place, with the mask offset off: s[0..i+off] ->
- * probabilities, s[i+off+1..Tk) -> exactly 0. */
-static inline void ts_att_softmax_row(float *s, int i, int off, int Tk)
+/* One softmax row in place over its live keys s[lo..n) (lo: the row's document start,
+ * 0 without document masks; n: one past its last visible key): s[lo..n) ->
+ * probabilities, s[n..end) -> exactly 0; s[0..lo) is not touched (the caller's). The
+ * lanes are padded from lo inside [lo, end). */
+static inline void ts_att_softmax_span(float *s, int lo, int n, int end)
 {
-    int n = i + off + 1, padded = (n + TS_ATT_SM_LANES - 1) / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
-    if (padded > Tk) padded = n; /* the last rows of a Tk that is not a multiple of 16 */
+    int padded = lo + (n - lo + TS_ATT_SM_LANES - 1) / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
+    if (padded > end) padded = n; /* the last rows of an end that is not a multiple of 16 */
     for (int j = n; j < padded; j++) s[j] = -INFINITY;
-    int blocked = padded / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
-    float mx = ts_cpu_max(s, padded), lane[TS_ATT_SM_LANES] = {0};
+    float *r = s + lo;
+    const int live = padded - lo, blocked = live / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
+    float mx = ts_cpu_max(r, live), lane[TS_ATT_SM_LANES] = {0};
     for (int j = 0; j < blocked; j += TS_ATT_SM_LANES)
         for (int l = 0; l < TS_ATT_SM_LANES; l++) {
-            float e = ts_cpu_expf(s[j + l] - mx);
-            s[j + l] = e;
+            float e = ts_cpu_expf(r[j + l] - mx);
+            r[j + l] = e;
             lane[l] += e;
         }
     float sum = 0.0f;
     for (int l = 0; l < TS_ATT_SM_LANES; l++) sum += lane[l];
-    for (int j = blocked; j < padded; j++) {
-        float e = ts_cpu_expf(s[j] - mx);
-        s[j] = e;
+    for (int j = blocked; j < live; j++) {
+        float e = ts_cpu_expf(r[j] - mx);
+        r[j] = e;
         sum += e;
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j < padded; j++) s[j] *= inv;
-    memset(s + padded, 0, (size_t)(Tk - padded) * sizeof(float));
+    for (int j = 0; j < live; j++) r[j] *= inv;
+    memset(s + padded, 0, (size_t)(end - padded) * sizeof(float));
 }
 
-/* Query row i of the softmax backward in place, mask offset off: dr[j] = p[j] (dr[j] -
- * sum_j p[j] dr[j]) for j <= i + off, 0 for i + off < j < end (the end of the row's
- * block of columns). p is 0 where masked and dr holds finite products up to end, so the
- * padded lanes add exact zeros. */
+/* Query row i of the causal softmax in place, with the mask offset off: s[0..i+off] ->
+ * probabilities, s[i+off+1..Tk) -> exactly 0. */
+static inline void ts_att_softmax_row(float *s, int i, int off, int Tk)
+{
+    ts_att_softmax_span(s, 0, i + off + 1, Tk);
+}
+
+/* The backward of ts_att_softmax_span's row in place: dr[j] = p[j] (dr[j] - sum_j p[j]
+ * dr[j]) for lo <= j < n, 0 for n <= j < end (the end of the row's block of columns);
+ * dr[0..lo) is not touched. p is 0 where masked and dr holds finite products over
+ * [lo, end), so the padded lanes add exact zeros. */
+static inline void ts_att_softmax_backward_span(float *dr, const float *p, int lo, int n,
+                                                int end)
+{
+    int padded = lo + (n - lo + TS_ATT_SM_LANES - 1) / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
+    if (padded > end) padded = n;
+    const int live = padded - lo, blocked = live / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
+    float *r = dr + lo;
+    const float *q = p + lo;
+    float lane[TS_ATT_SM_LANES] = {0};
+    for (int j = 0; j < blocked; j += TS_ATT_SM_LANES)
+        for (int l = 0; l < TS_ATT_SM_LANES; l++) lane[l] += q[j + l] * r[j + l];
+    float dot = 0.0f;
+    for (int l = 0; l < TS_ATT_SM_LANES; l++) dot += lane[l];
+    for (int j = blocked; j < live; j++) dot += q[j] * r[j];
+    for (int j = 0; j < live; j++) r[j] = q[j] * (r[j] - dot);
+    memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
+}
+
+/* Query row i of the softmax backward in place, mask offset off: the causal row of
+ * ts_att_softmax_backward_span (lo = 0, n = i + off + 1). */
 static inline void ts_att_softmax_backward_row(float *dr, const float *p, int i, int off,
                                                int end)
 {
-    int n = i + off + 1, padded = (n + TS_ATT_SM_LANES - 1) / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
-    if (padded > end) padded = n;
-    int blocked = padded / TS_ATT_SM_LANES * TS_ATT_SM_LANES;
-    float lane[TS_ATT_SM_LANES] = {0};
-    for (int j = 0; j < blocked; j += TS_ATT_SM_LANES)
-        for (int l = 0; l < TS_ATT_SM_LANES; l++) lane[l] += p[j + l] * dr[j + l];
-    float dot = 0.0f;
-    for (int l = 0; l < TS_ATT_SM_LANES; l++) dot += lane[l];
-    for (int j = blocked; j < padded; j++) dot += p[j] * dr[j];
-    for (int j = 0; j < padded; j++) dr[j] = p[j] * (dr[j] - dot);
-    memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
+    ts_att_softmax_backward_span(dr, p, 0, i + off + 1, end);
+}
+
+/* ---- document masks (kernels.h ts_att_heads.doc_start) ----
+ * Row i (of one batch's Tq queries) attends keys [ds[i], i + off]; ds NULL: from 0. ds
+ * is non-decreasing, so a block of rows [i0, i1) needs keys from ds[i0] on: its scores
+ * are computed from the key-block boundary at or below it (ts_att_doc_cols), so that a
+ * key block [j0, j0 + block) read by the backward lies inside the columns of every row
+ * block that attends it. */
+static inline int ts_att_doc_lo(const int *ds, int i) { return ds ? ds[i] : 0; }
+static inline int ts_att_doc_cols(const int *ds, int i0, int block)
+{
+    return ds ? ds[i0] / block * block : 0;
+}
+/* One past the last query row that attends a key in [.., j1): the rows from there on
+ * start their documents at or after j1 (Tq without masks). */
+static inline int ts_att_doc_rows_end(const int *ds, int Tq, int j1)
+{
+    if (!ds) return Tq;
+    int lo = 0, hi = Tq; /* the first i with ds[i] >= j1 */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (ds[mid] >= j1)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 #endif
