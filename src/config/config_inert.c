@@ -25,6 +25,12 @@ static bool yarn_mscale(const ts_config *c)
 static bool mtp(const ts_config *c) { return c->model.mtp_layers > 0; }
 static bool muon(const ts_config *c) { return ts_config_muon(&c->train); }
 
+static bool hellaswag(const ts_config *c) { return c->data.hellaswag[0] != '\0'; }
+static void here_hellaswag(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data.hellaswag = \"%s\"", c->data.hellaswag);
+}
+
 static void here_rope(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.rope_type = \"%s\", model.rope_scaling = %g", c->model.rope_type,
@@ -75,6 +81,8 @@ static const inert_rule RULES[] = {
     {"train.muon_ns_steps", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_coefficients", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
     {"train.muon_scale", "Muon's", muon, "train.optimizer = \"muon\"", here_optimizer},
+    {"data.hellaswag_items", "HellaSwag's item count", hellaswag, "data.hellaswag set",
+     here_hellaswag},
 };
 #undef YARN_NEEDS
 
