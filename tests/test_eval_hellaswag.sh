@@ -1,0 +1,106 @@
+# Downstream evaluation (HellaSwag, docs/CONTRACT.md "tessera eval"): a tiny gpt2 model
+# with the fixture ranks (tests/fixtures/bpe/small.tiktoken) trained 12 steps, as
+# tests/make_hellaswag_fixture.py trains it, then the fixture's 21 items
+# (tests/fixtures/hellaswag/items.jsonl: "[title]"/"[header]" brackets, capitalisation,
+# an empty ctx_b, accents, a label given as a string, contexts truncated to seq_len)
+# scored by `tessera eval --json` on 1 rank, dp 2 and pp 2: every completion's token and
+# character counts equal the PyTorch reference's (the harness's text handling), its
+# log-likelihood within 1e-4, the three scores' counts identical
+# (tests/fixtures/hellaswag/expected.json); data.hellaswag in the same training writes
+# the same scores into the last step's metrics line. Then the errors: a bad line named
+# FILE:LINE, a missing file, data.hellaswag without eval_every or a tokenizer, an inert
+# data.hellaswag_items, an eval key eval would ignore.
+source "$(dirname "$0")/lib.sh"
+
+RANKS="$SRC/tests/fixtures/bpe/small.tiktoken"
+HS="$SRC/tests/fixtures/hellaswag/items.jsonl"
+EXPECT="$SRC/tests/fixtures/hellaswag/expected.json"
+export TS_TEST_TOKENIZER_ANY_SIZE=1 TS_TOKENIZER_DIR="$TMP/no-tokenizers"
+cp /usr/share/games/fortunes/fortunes "$TMP/small.txt"
+"$TESSERA" data --encoding gpt2 --ranks "$RANKS" --val-tokens 2000 "$TMP/small.txt" \
+  --out "$TMP/bpe" >"$TMP/data.out" 2>&1 && pass || { fail "tessera data"; cat "$TMP/data.out" >&2; }
+# tests/make_hellaswag_fixture.py's TRAIN: keep the two identical.
+train=(train "$SRC/configs/tiny.cfg" --set model.n_layer=2 --set model.n_head=2
+       --set model.n_embd=32 --set model.seq_len=64 --set model.vocab_size=3008
+       --set model.tokenizer=gpt2 --set train.threads=1 --set train.steps=12
+       --set train.lr=1e-2 --set train.warmup=0 --set 'data.val=""'
+       --set "model.tokenizer_file=\"$RANKS\"" --set "data.train=\"$TMP/bpe_train_*.bin\"")
+if run_np 1 "${train[@]}" --set "checkpoint.dir=\"$TMP/ck\"" --set "log.metrics=\"$TMP/m.jsonl\"" \
+     --set "data.hellaswag=\"$HS\"" --set data.eval_every=12; then
+  pass
+else
+  fail "training with data.hellaswag"; sed 's/^/    /' "$TMP/err" >&2
+fi
+grep_q '| hellaswag acc ' "$TMP/err" && pass || fail "no hellaswag in the progress line"
+
+# compare NAME FILE: a --json result (or, with --metrics, the metrics file's last
+# hellaswag line) against the fixture.
+compare() {
+  python3 - "$EXPECT" "$@" <<'PY' && pass || fail "$1 differs from the PyTorch reference"
+import json, sys
+exp = json.load(open(sys.argv[1]))
+name, path = sys.argv[2], sys.argv[3]
+n = exp["items"]
+if len(sys.argv) > 4:  # the metrics line
+    line = [json.loads(l) for l in open(path) if '"hellaswag_acc"' in l][-1]
+    got = {k: line["hellaswag_" + k] for k in ("acc", "acc_norm", "acc_norm_tokens")}
+    ok = line["hellaswag_items"] == n and all(
+        abs(got[k] - exp[k + "_count"] / n) < 1e-9 for k in got)
+    if not ok: print(f"{name}: {line} against {exp['acc_count']}, {exp['acc_norm_count']}, "
+                     f"{exp['acc_norm_tokens_count']} of {n}", file=sys.stderr)
+    sys.exit(0 if ok else 1)
+got = json.load(open(path))
+bad = [k for k in ("items", "acc_count", "acc_norm_count", "acc_norm_tokens_count", "truncated")
+       if got[k] != exp[k]]
+worst = 0.0
+for i, (g, e) in enumerate(zip(got["per_item"], exp["per_item"])):
+    for k in ("label", "tokens", "chars"):
+        if g[k] != e[k]: bad.append(f"item {i} {k} {g[k]} != {e[k]}")
+    worst = max([worst] + [abs(a - b) for a, b in zip(g["loglik"], e["loglik"])])
+if worst > 1e-4: bad.append(f"log-likelihood off by {worst:.3g}")
+for b in bad: print(f"{name}: {b}", file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+}
+compare "data.hellaswag in training" "$TMP/m.jsonl" --metrics
+
+ev=(eval "$TMP/ck" --hellaswag "$HS" --json --set train.threads=1)
+for g in "1" "2" "2 --set parallel.pp=2"; do
+  read -r np sets <<<"$g"
+  # shellcheck disable=SC2086
+  if run_np "$np" "${ev[@]}" $sets; then
+    cp "$TMP/out" "$TMP/eval_$np.json"
+    compare "tessera eval on $np rank(s) $sets" "$TMP/eval_$np.json"
+  else
+    fail "tessera eval on $np rank(s) $sets"; sed 's/^/    /' "$TMP/err" >&2
+  fi
+done
+# The text line.
+if run_one eval "$TMP/ck" --hellaswag "$HS" --set train.threads=1 --items 3; then
+  grep_q "^hellaswag .*: 3 items, acc [0-9.]* ([0-9]), acc_norm [0-9.]* ([0-9]), acc_norm_tokens" \
+    "$TMP/out" && pass || fail "eval's text line: $(cat "$TMP/out")"
+else
+  fail "tessera eval --items 3"; sed 's/^/    /' "$TMP/err" >&2
+fi
+
+# Errors, each named once.
+printf '%s\n' "$(head -1 "$HS")" '{"activity_label": "x", "ctx_a": "y"' >"$TMP/bad1.jsonl"
+expect_error --rc 1 --one-error 0 "bad1.jsonl:2: not a JSON object" "${ev[@]/$HS/$TMP/bad1.jsonl}"
+printf '%s\n' '' "$(head -1 "$HS" | sed 's/"label": 3/"label": 7/')" >"$TMP/bad2.jsonl"
+expect_error --rc 1 --one-error 0 "bad2.jsonl:2: \"label\" is missing or not one of 0, 1, 2, 3" \
+  "${ev[@]/$HS/$TMP/bad2.jsonl}"
+head -1 "$HS" | sed 's/"ctx_b"/"ctx_c"/' >"$TMP/bad3.jsonl"
+expect_error --rc 1 --one-error 0 "bad3.jsonl:1: \"ctx_b\" is missing or not a string" \
+  "${ev[@]/$HS/$TMP/bad3.jsonl}"
+expect_error --rc 1 --one-error 0 "HellaSwag file .*/none.jsonl cannot be read" \
+  "${ev[@]/$HS/$TMP/none.jsonl}"
+expect_error --rc 2 --one-error 0 "--set model.n_layer=3: eval takes parallel" \
+  "${ev[@]}" --set model.n_layer=3
+expect_error --rc 1 --one-error 1 "data.hellaswag = .* data.eval_every = 0: set it > 0" \
+  "${train[@]}" --set "data.hellaswag=\"$HS\"" --set data.eval_every=0
+expect_error --rc 1 --one-error 1 "data.hellaswag = .* needs model.tokenizer" \
+  "${train[@]}" --set "data.hellaswag=\"$HS\"" --set data.eval_every=1 --set 'model.tokenizer=""' \
+  --set 'model.tokenizer_file=""'
+expect_error --rc 1 --one-error 1 "data.hellaswag_items' = 5 is HellaSwag's item count; it matters only with data.hellaswag set" \
+  "${train[@]}" --set data.hellaswag_items=5
+finish
