@@ -835,6 +835,8 @@ static const struct {
     {"train.muon_ns_steps", {"train.optimizer=\"muon\""}},
     {"train.muon_coefficients", {"train.optimizer=\"muon\""}},
     {"train.muon_scale", {"train.optimizer=\"muon\""}},
+    {"data.hellaswag_items",
+     {"data.hellaswag=\"h.jsonl\"", "model.tokenizer=\"gpt2\"", "model.vocab_size=50304"}},
 };
 #undef LLAMA_OV
 

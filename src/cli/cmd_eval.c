@@ -1,5 +1,5 @@
 /* tessera eval: downstream evaluation of a checkpoint (HellaSwag, scored as
- * lm-evaluation-harness does: src/eval/hellaswag.h) on any grid, through the trainer's
+ * lm-evaluation-harness does: src/dataset/hellaswag.h) on any grid, through the trainer's
  * model, partition and forward-only walk (the same code data.hellaswag runs in
  * training), without training data or steps. */
 #include <stdio.h>

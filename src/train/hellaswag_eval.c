@@ -1,6 +1,6 @@
 /* HellaSwag inside the trainer (and `tessera eval`): the items' completions through the
  * engine's forward-only walk (ts_engine_score, as validation), the summed losses brought
- * together over the grid, the scores from them (eval/hellaswag.h). */
+ * together over the grid, the scores from them (dataset/hellaswag.h). */
 #include <stdlib.h>
 #include <string.h>
 

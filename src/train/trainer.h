@@ -15,7 +15,7 @@
 #include "data/zero.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
-#include "eval/hellaswag.h"
+#include "dataset/hellaswag.h"
 #include "model/model.h"
 #include "optim/muon.h"
 #include "data/muon_dist.h"
@@ -118,7 +118,7 @@ typedef struct {
     uint32_t *data_crc;
     bool has_train, has_val;
     /* data.hellaswag (or `tessera eval --hellaswag`): the items, encoded at start-up on
-     * every rank (src/eval/hellaswag.h), scored by ts_trainer_hellaswag. */
+     * every rank (src/dataset/hellaswag.h), scored by ts_trainer_hellaswag. */
     bool has_hellaswag;
     ts_hellaswag hellaswag;
     /* `tessera eval`: the model and the grid only (no data.train, no optimizer steps);

@@ -10,8 +10,8 @@
  * continuation) past encode(context)'s length), the last seq_len + 1 of them kept when
  * longer (left truncation), the input all but the last, the continuation's tokens
  * scored at the row's last positions. */
-#ifndef TS_EVAL_HELLASWAG_H
-#define TS_EVAL_HELLASWAG_H
+#ifndef TS_DATASET_HELLASWAG_H
+#define TS_DATASET_HELLASWAG_H
 
 #include <stddef.h>
 

@@ -1,7 +1,7 @@
 /* HellaSwag's items read, preprocessed and encoded as lm-evaluation-harness does, and
  * scored from the rows' losses (hellaswag.h). The text functions are plain code: the
  * harness's one regular expression, \[.*?\], is a scan for the nearest ']' on the line. */
-#include "eval/hellaswag.h"
+#include "dataset/hellaswag.h"
 
 #include <errno.h>
 #include <jansson.h>
