@@ -259,4 +259,23 @@ static int run(int argc, char **argv, int rank, int world_size)
     return rc;
 }
 
-int ts_cmd_eval(int argc, char **argv) { return ts_cli_mpi_main(argc, argv, k_help, run); }
+/* --help anywhere but as an option's value is a request for help (no MPI started). */
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+        if (!strcmp(argv[i], "--hellaswag") || !strcmp(argv[i], "--items") ||
+            !strcmp(argv[i], "--set"))
+            i++; /* skip its value */
+    }
+    return false;
+}
+
+int ts_cmd_eval(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(k_help, stdout);
+        return 0;
+    }
+    return ts_cli_mpi_main(argc, argv, k_help, run);
+}

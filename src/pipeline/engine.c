@@ -849,8 +849,7 @@ void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
         ts_cp_select(&e->model->cp, lpos, pos, mbs);
     else
         memcpy(lpos, pos, (size_t)mbs * T * sizeof *pos);
-    int from[1024], to[1024];
-    TS_ASSERT(mbs <= 1024);
+    int *from = ts_malloc((size_t)mbs * sizeof *from), *to = ts_malloc((size_t)mbs * sizeof *to);
     float *loss = ts_malloc((size_t)mbs * Tl * sizeof *loss);
     for (int r0 = lo; r0 < end; r0 += mbs) {
         const int n = hi - r0 < mbs ? (hi > r0 ? hi - r0 : 0) : mbs;
@@ -876,8 +875,10 @@ void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
                 }
             }
             a->input = c > 0 ? s->in : NULL;
-            for (int r = 0; r < mbs; r++) /* padding rows repeat the first row: not counted */
-                rows->fill(rows->ctx, n > 0 ? r0 + (r < n ? r : 0) : lo,
+            /* Padding rows repeat a real row (a replica past the last item, under expert
+             * parallelism, repeats row 0): not counted. */
+            for (int r = 0; r < mbs; r++)
+                rows->fill(rows->ctx, n > 0 ? r0 + (r < n ? r : 0) : 0,
                            e->tokens_host + (size_t)r * T, e->targets_host + (size_t)r * T,
                            &from[r], &to[r]);
             ids_to_device(e, a->tokens, e->tokens_host, mbs);
@@ -922,4 +923,6 @@ void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
     free(loss);
     free(pos);
     free(lpos);
+    free(from);
+    free(to);
 }
