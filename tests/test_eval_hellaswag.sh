@@ -8,7 +8,8 @@
 # log-likelihood within 1e-4, the three scores' counts identical
 # (tests/fixtures/hellaswag/expected.json); data.hellaswag in the same training writes
 # the same scores into the last step's metrics line. Then the errors: a bad line named
-# FILE:LINE, a missing file, data.hellaswag without eval_every or a tokenizer, an inert
+# FILE:LINE, a missing file, a checkpoint without a tokenizer, data.hellaswag without
+# eval_every or a tokenizer, an inert
 # data.hellaswag_items, an eval key eval would ignore.
 source "$(dirname "$0")/lib.sh"
 
@@ -96,6 +97,16 @@ expect_error --rc 1 --one-error 0 "HellaSwag file .*/none.jsonl cannot be read" 
   "${ev[@]/$HS/$TMP/none.jsonl}"
 expect_error --rc 2 --one-error 0 "--set model.n_layer=3: eval takes parallel" \
   "${ev[@]}" --set model.n_layer=3
+# A checkpoint without a tokenizer (a byte-level model): nothing to encode the text with.
+if run_one train "$SRC/configs/tiny.cfg" --set model.n_layer=1 --set model.n_embd=16 \
+     --set model.n_head=1 --set model.seq_len=16 --set train.steps=1 --set train.threads=1 \
+     --set 'data.val=""' --set "data.train=\"$TMP/small.txt\"" --set "checkpoint.dir=\"$TMP/bytes\"" \
+     --set 'log.metrics=""' --set log.progress=false; then
+  expect_error --rc 1 --one-error 0 "checkpoint .* was trained without a tokenizer" \
+    eval "$TMP/bytes" --hellaswag "$HS"
+else
+  fail "training the byte-level checkpoint"; sed 's/^/    /' "$TMP/err" >&2
+fi
 expect_error --rc 1 --one-error 1 "data.hellaswag = .* data.eval_every = 0: set it > 0" \
   "${train[@]}" --set "data.hellaswag=\"$HS\"" --set data.eval_every=0
 expect_error --rc 1 --one-error 1 "data.hellaswag = .* needs model.tokenizer" \
