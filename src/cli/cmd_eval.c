@@ -33,8 +33,8 @@ static const char *k_help =
     "  --set KEY=VALUE   the grid and the device: parallel.* keys (pp, dp, cp, tp,\n"
     "                    micro_batch (completions per forward; default 4, one item), ...)\n"
     "                    and train.device, train.precision, train.attention,\n"
-    "                    train.threads, train.timeout_s; parallel.dp defaults to the ranks\n"
-    "                    that pp * cp * tp leave\n"
+    "                    train.threads; parallel.dp defaults to the ranks that\n"
+    "                    pp * cp * tp leave\n"
     "\n"
     "Exit code 0; 2 for a usage error; 1 when the checkpoint, its tokenizer or the file\n"
     "cannot be read (a bad line is named FILE:LINE) or the grid does not fit the model.\n";
@@ -63,8 +63,7 @@ static int usage(int rank, const char *fmt, const char *a)
 static bool settable(const char *set)
 {
     static const char *const k_train[] = {"train.device=", "train.precision=",
-                                          "train.attention=", "train.threads=",
-                                          "train.timeout_s="};
+                                          "train.attention=", "train.threads="};
     if (!strncmp(set, "parallel.", 9)) return true;
     for (size_t i = 0; i < sizeof k_train / sizeof *k_train; i++)
         if (!strncmp(set, k_train[i], strlen(k_train[i]))) return true;
@@ -89,7 +88,7 @@ static int parse_args(int argc, char **argv, int rank, eval_args *a)
             if (!settable(v))
                 return usage(rank,
                              "--set %s: eval takes parallel.* and train.device, precision, "
-                             "attention, threads, timeout_s (the model is the checkpoint's)",
+                             "attention, threads (the model is the checkpoint's)",
                              v);
             if (a->n_sets == (int)(sizeof a->sets / sizeof *a->sets))
                 return usage(rank, "too many --set options%s", "");
