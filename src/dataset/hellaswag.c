@@ -316,7 +316,7 @@ ts_status ts_hellaswag_load(ts_hellaswag *h, const char *path, const ts_tokenize
             k++;
         if (k == (size_t)got) continue; /* a blank line */
         json_error_t jerr;
-        json_t *o = json_loadb(line, (size_t)got, JSON_DISABLE_EOF_CHECK, &jerr);
+        json_t *o = json_loadb(line, (size_t)got, 0, &jerr); /* one object, nothing after it */
         if (!o || !json_is_object(o)) {
             st = ts_fail("%s:%ld: not a JSON object%s%s", path, lineno, o ? "" : ": ",
                          o ? "" : jerr.text);
