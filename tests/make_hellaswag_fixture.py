@@ -11,6 +11,12 @@ _loglikelihood_tokens and api/task.py process_results) and llm.c's acc_norm_toke
 Run with the peer venv (torch, tiktoken: scripts/peer_venv.sh, then pip install tiktoken):
   ~/.cache/tessera/peer-venv/bin/python tests/make_hellaswag_fixture.py build/tessera
 
+The file also keeps every row (its input token ids and its continuation's length), so
+that the test can recompute the log-likelihoods with torch alone on the checkpoint it
+trains (another build's 12 training steps move the weights, and the log-likelihoods by
+~1e-4):
+  python3 tests/make_hellaswag_fixture.py --score MODEL.safetensors   (prints JSON)
+
 It makes the checkpoint with the given tessera exactly as the test does (TRAIN below;
 the test keeps the same command), reads its model.safetensors, and writes the file. The
 tokenizer is tests/fixtures/bpe/small.tiktoken under gpt2's pattern (<|endoftext|> = 3000),
@@ -24,7 +30,6 @@ import sys
 import tempfile
 
 import numpy as np
-import tiktoken
 import torch
 import torch.nn.functional as F
 
@@ -82,6 +87,7 @@ def row(context_enc, continuation_enc, max_length):
 
 # ---- the reference --------------------------------------------------------------------
 def encoding():
+    import tiktoken  # only the generator needs it (the test's --score reads the rows)
     ranks = {}
     for line in open(RANKS, "rb"):
         if line.strip():
@@ -121,18 +127,34 @@ def logliks(model, rows):
     return out
 
 
+def load(weights):
+    sd, _ = tc.read_safetensors(weights)
+    sd = dict(sd)
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model = GPT(L, H, C, V, T)
+    model.load_state_dict(sd, strict=True)
+    return model.double().eval()
+
+
+def score(weights):
+    exp = json.load(open(OUT))
+    model = load(weights)
+    rows = [(r["input"], r["input"][len(r["input"]) - r["cont"] + 1:] + [r["last"]])
+            for it in exp["per_item"] for r in it["rows"]]
+    ll = logliks(model, rows)
+    print(json.dumps({"loglik": [ll[4 * i:4 * i + 4] for i in range(len(exp["per_item"]))]}))
+
+
 def main():
+    if sys.argv[1] == "--score":
+        return score(sys.argv[2])
+    import tiktoken
     tessera = os.path.abspath(sys.argv[1])
     enc = encoding()
     docs = [json.loads(l) for l in open(ITEMS, encoding="utf-8") if l.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         weights = make_checkpoint(tessera, tmp)
-        sd, _ = tc.read_safetensors(weights)
-    sd = dict(sd)
-    sd["lm_head.weight"] = sd["transformer.wte.weight"]
-    model = GPT(L, H, C, V, T)
-    model.load_state_dict(sd, strict=True)
-    model = model.double().eval()
+        model = load(weights)
     items, acc, acc_norm, acc_tok, truncated = [], 0, 0, 0, 0
     margins = []
     for d in docs:
@@ -154,7 +176,8 @@ def main():
             top = np.sort(v)[::-1]
             margins.append(float(top[0] - top[1]))
         items.append({"label": gold, "loglik": [float(x) for x in ll],
-                      "tokens": [len(r[1]) for r in rows], "chars": [len(c) for c in doc["choices"]]})
+                      "tokens": [len(r[1]) for r in rows], "chars": [len(c) for c in doc["choices"]],
+                      "rows": [{"input": r[0], "cont": len(r[1]), "last": r[1][-1]} for r in rows]})
     n = len(items)
     res = {"generator": "tests/make_hellaswag_fixture.py", "torch": torch.__version__,
            "tiktoken": tiktoken.__version__, "items": n, "acc_count": acc, "acc_norm_count": acc_norm,
