@@ -855,6 +855,8 @@ static const struct {
     /* -1 means the tokenizer's document token: bare ids have none. */
     {"data.document_token",
      {"data.document_mask=true", "model.tokenizer=\"gpt2\"", "model.vocab_size=50304"}},
+    {"data.hellaswag_items",
+     {"data.hellaswag=\"h.jsonl\"", "model.tokenizer=\"gpt2\"", "model.vocab_size=50304"}},
 };
 #undef LLAMA_OV
 

@@ -12,6 +12,7 @@ int ts_cmd_topo(int argc, char **argv);
 int ts_cmd_plan(int argc, char **argv);
 int ts_cmd_ckpt(int argc, char **argv);   /* one process, no MPI */
 int ts_cmd_sample(int argc, char **argv); /* one process, no MPI */
+int ts_cmd_eval(int argc, char **argv);
 
 /* The shape every MPI subcommand shares: `--help` without MPI, else ts_comm_init, set
  * the log rank, run(argc, argv, rank, world_size), ts_comm_finalize; returns run's code. */

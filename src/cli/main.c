@@ -20,6 +20,8 @@ static const char *k_usage =
     "                                      (one process; DIR: a step dir or a checkpoint.dir)\n"
     "  sample DIR --prompt TEXT [--ids --tokens N --temperature X --top-k K --seed S]\n"
     "                                      generate text from a checkpoint (one process)\n"
+    "  eval DIR --hellaswag FILE [--json]  score a checkpoint on HellaSwag (any grid, under\n"
+    "                                      mpirun; acc, acc_norm, acc_norm_tokens)\n"
     "  data INPUT... --out PREFIX          tokenize text/JSONL files and directories into llm.c\n"
     "                                      shards (--encoding bytes|gpt2|llama3; one process)\n"
     "  topo [CONFIG] [--set KEY=VALUE ...] print the rank -> (pp,dp[,cp],tp) map, hosts, binding\n"
@@ -52,6 +54,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "plan")) return ts_cmd_plan(argc, argv);
     if (!strcmp(argv[1], "ckpt")) return ts_cmd_ckpt(argc, argv);
     if (!strcmp(argv[1], "sample")) return ts_cmd_sample(argc, argv);
+    if (!strcmp(argv[1], "eval")) return ts_cmd_eval(argc, argv);
     fprintf(stderr, "tessera: error: unknown command '%s'\n\n%s", argv[1], k_usage);
     return 2;
 }

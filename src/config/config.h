@@ -246,6 +246,8 @@ typedef struct {
     int n_val;                            /* 0 = no validation */
     char val[TS_MAX_SHARDS][TS_PATH_MAX]; /* paths or glob patterns, read as one stream */
     int eval_every;             /* validation every N steps (0 = never) */
+    char hellaswag[TS_PATH_MAX]; /* HellaSwag JSONL scored every eval_every steps ("" = off) */
+    int hellaswag_items;        /* its first N items (0 = all) */
     int val_windows;            /* validation windows averaged per evaluation */
     bool shuffle;               /* each epoch of each dataset in a seeded order */
     bool document_mask;         /* packed documents: attention within each document, positions
@@ -303,6 +305,13 @@ int ts_config_document_token(const ts_config *cfg);
  * check (for `tessera plan`). */
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size);
+
+/* ts_config_load without a file for a program that sets keys itself (`tessera eval`: the
+ * checkpoint's model): the defaults, the overrides, then patch(cfg, ctx) before the
+ * config is resolved and validated (the overrides alone count as given). */
+typedef void (*ts_config_patch_fn)(ts_config *cfg, void *ctx);
+ts_status ts_config_load_patched(ts_config *cfg, const char *const *overrides, int n_overrides,
+                                 int world_size, ts_config_patch_fn patch, void *ctx);
 
 /* ts_config_load for `tessera plan` (no ranks launched: world_size 0), which sizes and
  * times a run without starting one: train.device = "cuda" is accepted by a build without

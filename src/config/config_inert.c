@@ -26,6 +26,12 @@ static bool mtp(const ts_config *c) { return c->model.mtp_layers > 0; }
 static bool muon(const ts_config *c) { return ts_config_muon(&c->train); }
 static bool documents(const ts_config *c) { return c->data.document_mask; }
 
+static bool hellaswag(const ts_config *c) { return c->data.hellaswag[0] != '\0'; }
+static void here_hellaswag(const ts_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "data.hellaswag = \"%s\"", c->data.hellaswag);
+}
+
 static void here_rope(const ts_config *c, char *buf, size_t cap)
 {
     snprintf(buf, cap, "model.rope_type = \"%s\", model.rope_scaling = %g", c->model.rope_type,
@@ -96,6 +102,8 @@ static const inert_rule RULES[] = {
      "log.straggler_every > 0", here_stragglers},
     {"data.document_token", "the packed documents' start token", documents,
      "data.document_mask = true", here_documents},
+    {"data.hellaswag_items", "HellaSwag's item count", hellaswag, "data.hellaswag set",
+     here_hellaswag},
 };
 #undef YARN_NEEDS
 

@@ -276,6 +276,8 @@ const key_spec ts_config_keys[] = {
     { "data", "train", K_SHARDS, OFF(data), 0, 0, 0, false, false, NULL },
     { "data", "val", K_PATHS, OFF(data), 0, 0, 0, false, false, NULL },
     INT_KEY("data", "eval_every", data.eval_every, 0, BIG),
+    STR_KEY("data", "hellaswag", data.hellaswag, NULL),
+    INT_KEY("data", "hellaswag_items", data.hellaswag_items, 0, BIG),
     INT_KEY("data", "val_windows", data.val_windows, 1, 1 << 20),
     BOOL_KEY("data", "shuffle", data.shuffle),
     BOOL_KEY("data", "document_mask", data.document_mask),

@@ -546,8 +546,23 @@ ts_status ts_config_load_plan(ts_config *cfg, const char *path, const char *cons
 /* Whether the config file or a --set gave `key` ("model.n_head"). */
 static bool key_given(void *ctx, const char *key) { return config_lookup((config_t *)ctx, key) != NULL; }
 
+static ts_status load(ts_config *cfg, const char *path, const char *const *overrides,
+                     int n_overrides, int world_size, ts_config_patch_fn patch, void *ctx);
+
 ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *overrides,
                          int n_overrides, int world_size)
+{
+    return load(cfg, path, overrides, n_overrides, world_size, NULL, NULL);
+}
+
+ts_status ts_config_load_patched(ts_config *cfg, const char *const *overrides, int n_overrides,
+                                 int world_size, ts_config_patch_fn patch, void *ctx)
+{
+    return load(cfg, NULL, overrides, n_overrides, world_size, patch, ctx);
+}
+
+static ts_status load(ts_config *cfg, const char *path, const char *const *overrides,
+                     int n_overrides, int world_size, ts_config_patch_fn patch, void *ctx)
 {
     ts_config_defaults(cfg);
     config_t lc;
@@ -569,6 +584,7 @@ ts_status ts_config_load(ts_config *cfg, const char *path, const char *const *ov
         if (st == TS_OK && !config_lookup(&lc, "data.seed")) cfg->data.seed = cfg->train.seed;
     }
     g_main_path = NULL;
+    if (st == TS_OK && patch) patch(cfg, ctx);
     if (st == TS_OK && cfg->parallel.dp == 0) st = resolve_auto_dp(cfg, world_size);
     if (st == TS_OK) {
         ts_config_resolve_model(&cfg->model);

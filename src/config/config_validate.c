@@ -555,6 +555,15 @@ ts_status ts_config_validate(const ts_config *cfg, int world_size)
                        "name the encoding of that ranks file (model.tokenizer = \"gpt2\" or "
                        "\"llama3\") or remove tokenizer_file",
                        m->tokenizer_file);
+    /* Downstream evaluation reads text: it needs the tokenizer, and a cadence. */
+    if (cfg->data.hellaswag[0] && !m->tokenizer[0])
+        return ts_fail("data.hellaswag = \"%s\" needs model.tokenizer (\"gpt2\" or \"llama3\"): "
+                       "HellaSwag's text is encoded by the model's tokenizer",
+                       cfg->data.hellaswag);
+    if (cfg->data.hellaswag[0] && cfg->data.eval_every <= 0)
+        return ts_fail("data.hellaswag = \"%s\" is scored every data.eval_every steps, and "
+                       "data.eval_every = %d: set it > 0",
+                       cfg->data.hellaswag, cfg->data.eval_every);
     if (m->tokenizer[0] && m->vocab_size == 256)
         return ts_fail("model.tokenizer = \"%s\" with model.vocab_size = 256: a vocab-256 "
                        "model is byte-level (its ids are bytes); a BPE tokenizer needs "

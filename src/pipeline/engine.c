@@ -835,3 +835,105 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
     for (int k = 0; mtp_sums && k < D; k++) mtp_sums[k] = sums[1 + k];
     return sums[0];
 }
+
+/* Scoring rows (ts_engine_score): the validation's forward walk, the rows coming from the
+ * caller. Replica d takes units [d*u/dp, (d+1)*u/dp) of the u = n_rows / unit units (an
+ * item's completions stay on one replica, in one micro-batch when micro_batch is a
+ * multiple of unit); padding as in ts_engine_eval under expert parallelism. */
+void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
+{
+    const int T = e->seq_len, mbs = e->B, Tl = e->T;
+    const int units = rows->n_rows / rows->unit;
+    const int lo = (int)((int64_t)e->dp_rank * units / e->dp) * rows->unit;
+    const int hi = (int)(((int64_t)e->dp_rank + 1) * units / e->dp) * rows->unit;
+    const bool collective = e->model->moe_dispatch || e->model->moe_expert_tp;
+    const int end = collective ? lo + ((units + e->dp - 1) / e->dp) * rows->unit : hi;
+    const size_t NC = (size_t)e->rows * e->C;
+    const ts_kernels *kern = e->model->k;
+    /* The global position of each of this rank's positions (context parallelism holds
+     * T / cp of them), and the rows' scored ranges. */
+    int *pos = ts_malloc((size_t)mbs * T * sizeof *pos);
+    int *lpos = ts_malloc((size_t)mbs * T * sizeof *lpos);
+    for (int r = 0; r < mbs; r++)
+        for (int t = 0; t < T; t++) pos[(size_t)r * T + t] = t;
+    if (e->model->cp.size > 1)
+        ts_cp_select(&e->model->cp, lpos, pos, mbs);
+    else
+        memcpy(lpos, pos, (size_t)mbs * T * sizeof *pos);
+    int *from = ts_malloc((size_t)mbs * sizeof *from), *to = ts_malloc((size_t)mbs * sizeof *to);
+    float *loss = ts_malloc((size_t)mbs * Tl * sizeof *loss);
+    for (int r0 = lo; r0 < end; r0 += mbs) {
+        const int n = hi - r0 < mbs ? (hi > r0 ? hi - r0 : 0) : mbs;
+        const void *prev_out = NULL;
+        for (int c = 0; c < e->n_chunks; c++) {
+            if (!is_local(e, c)) continue;
+            ts_mb_slot *s = slot(e, c, 0);
+            ts_acts *a = acquire_acts(e, c);
+            ts_watchdog_context("evaluation: forward of chunk %d, rows from %d", c, r0, 0);
+            if (c > 0) {
+                if (is_local(e, c - 1)) {
+                    TS_ASSERT(prev_out == s->in);
+                } else {
+                    ts_request r;
+                    const int src = ts_chunk_rank(e->sched, c - 1);
+                    ts_comm_group_begin(e->pp);
+                    ts_irecv_act(e->pp, s->in, NC, e->act, src, PP_TAG, &r);
+                    ts_comm_group_end(e->pp);
+                    ts_watchdog_context("evaluation: receiving the input of chunk %d, rows "
+                                        "from %d, from world rank %d",
+                                        c, r0, e->pp_world[src]);
+                    ts_request_wait(&r);
+                }
+            }
+            a->input = c > 0 ? s->in : NULL;
+            /* Padding rows repeat a real row (a replica past the last item, under expert
+             * parallelism, repeats row 0): not counted. */
+            for (int r = 0; r < mbs; r++)
+                rows->fill(rows->ctx, n > 0 ? r0 + (r < n ? r : 0) : 0,
+                           e->tokens_host + (size_t)r * T, e->targets_host + (size_t)r * T,
+                           &from[r], &to[r]);
+            ids_to_device(e, a->tokens, e->tokens_host, mbs);
+            ids_to_device(e, a->targets, e->targets_host, mbs);
+            ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
+            ts_model_forward(e->model, a, 0.0f, NULL);
+            if (c == e->n_chunks - 1) {
+                if (n > 0) kern->memcpy_d2h(loss, ts_acts_losses(e->model, a),
+                                            (size_t)n * Tl * sizeof *loss);
+                /* Each row's scored positions, in this rank's position order. */
+                for (int r = 0; r < n; r++) {
+                    double sum = 0.0;
+                    for (int t = 0; t < Tl; t++) {
+                        const int p = lpos[(size_t)r * Tl + t];
+                        if (p >= from[r] && p < to[r]) sum += loss[(size_t)r * Tl + t];
+                    }
+                    row_loss[r0 + r] += sum;
+                }
+            } else {
+                void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
+                if (!is_local(e, c + 1)) {
+                    ts_request r;
+                    const int dst = ts_chunk_rank(e->sched, c + 1);
+                    ts_comm_group_begin(e->pp);
+                    ts_isend_act(e->pp, y, NC, e->act, dst, PP_TAG, &r);
+                    ts_comm_group_end(e->pp);
+                    ts_watchdog_context("evaluation: sending the output of chunk %d, rows "
+                                        "from %d, to world rank %d",
+                                        c, r0, e->pp_world[dst]);
+                    ts_request_wait(&r);
+                }
+                prev_out = y;
+            }
+            ts_mb_slot tmp = {.acts = a};
+            if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
+                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, e->nc_bytes);
+                prev_out = slot(e, c + 1, 0)->in;
+            }
+            release_acts(e, c, &tmp);
+        }
+    }
+    free(loss);
+    free(pos);
+    free(lpos);
+    free(from);
+    free(to);
+}

@@ -184,6 +184,23 @@ void ts_engine_run(ts_engine *e, int step, int64_t seq0, int batch);
  * prediction each depth's sum the same way into mtp_sums [mtp_layers] (when given). */
 double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double *mtp_sums);
 
+/* Rows to score (ts_engine_score): fill(ctx, row, tokens, targets, from, to) writes
+ * row's seq_len input tokens and targets (host memory) and the positions [from, to)
+ * whose losses count; n_rows is a multiple of unit, and a unit's rows (an evaluation
+ * item's completions) go to one replica. */
+typedef struct {
+    int n_rows, unit;
+    void (*fill)(void *ctx, int row, int *tokens, int *targets, int *from, int *to);
+    void *ctx;
+} ts_engine_rows;
+
+/* Downstream evaluation: forward only, as ts_engine_eval, over this replica's share of
+ * the rows (micro_batch rows per forward); row_loss[row] += the sum of the row's
+ * per-token losses at its scored positions, on the last chunk's ranks (every tp rank
+ * alike; each cp rank its own positions' part); the caller sums over the grid (tp rank
+ * 0's) and zeroes row_loss [n_rows] before. */
+void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss);
+
 /* Bytes of activation memory allocated (the peak over the run so far). */
 size_t ts_engine_activation_bytes(const ts_engine *e);
 

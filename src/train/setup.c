@@ -80,8 +80,16 @@ static ts_status open_tokenizer(ts_trainer *t)
     if (ts_model_tokenizer_open(m, NULL, &tok) != TS_OK) return TS_ERR;
     if (!tok) return TS_OK;
     snprintf(m->tokenizer_sha256, sizeof m->tokenizer_sha256, "%s", ts_tokenizer_sha256(tok));
+    /* data.hellaswag: read and encoded now, before any step (every rank alike). */
+    ts_status st = TS_OK;
+    const ts_data_config *d = &t->cfg.data;
+    if (d->hellaswag[0]) {
+        st = ts_hellaswag_load(&t->hellaswag, d->hellaswag, tok, m->seq_len, d->hellaswag_items);
+        if (st == TS_OK) t->has_hellaswag = true;
+        else ts_error_prefix("data.hellaswag: ");
+    }
     ts_tokenizer_free(tok);
-    return TS_OK;
+    return st;
 }
 
 
@@ -92,6 +100,7 @@ _Static_assert(TS_MAX_DATA_SETS == TS_MAX_DATASETS, "config.h and blend.h bound 
 ts_status ts_trainer_open_data(ts_trainer *t)
 {
     if (open_tokenizer(t) != TS_OK) return TS_ERR;
+    if (t->eval_only) return TS_OK; /* tessera eval: no training or validation data */
     const ts_config *c = &t->cfg;
     const ts_data_config *d = &c->data;
     const char *paths[TS_MAX_SHARDS];

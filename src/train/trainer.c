@@ -153,9 +153,11 @@ static void build_model(ts_trainer *t, int level)
     free(owned);
 }
 
-ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
+static ts_status trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo,
+                              bool eval_only)
 {
     memset(t, 0, sizeof *t);
+    t->eval_only = eval_only;
     t->cfg = *cfg;
     t->topo = topo;
     t->t0_ms = ts_now_ms();
@@ -193,9 +195,9 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
         st = ts_engine_init(&t->engine, &t->cfg, &t->model, &t->sched, &t->part, &t->train_data,
                             &t->groups->pp, topo->coords.dp, t->recompute_keep);
     if (ts_comm_agree(&t->groups->world, st) != TS_OK ||
-        ts_comm_agree(&t->groups->world, ts_trainer_agree_data(t)) != TS_OK)
+        (!eval_only && ts_comm_agree(&t->groups->world, ts_trainer_agree_data(t)) != TS_OK))
         goto fail;
-    if (t->groups->world.rank == 0) ts_trainer_log_data(t);
+    if (t->groups->world.rank == 0 && !eval_only) ts_trainer_log_data(t);
 
     /* Data parallelism, the weights, then a checkpoint, which replaces the initial
      * weights and moments; then the outputs (a resumed run appends to its metrics file)
@@ -215,6 +217,16 @@ ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo
 fail:
     ts_trainer_free(t);
     return TS_ERR;
+}
+
+ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
+{
+    return trainer_init(t, cfg, topo, false);
+}
+
+ts_status ts_trainer_init_eval(ts_trainer *t, const ts_config *cfg, ts_topology *topo)
+{
+    return trainer_init(t, cfg, topo, true);
 }
 
 void ts_trainer_free(ts_trainer *t)
@@ -239,6 +251,7 @@ void ts_trainer_free(ts_trainer *t)
     free(t->data_tokens);
     free(t->data_crc);
     if (t->has_val) ts_data_close(&t->val_data);
+    if (t->has_hellaswag) ts_hellaswag_free(&t->hellaswag);
     ts_model_free(&t->model);
     ts_schedule_free(&t->sched);
     ts_partition_free(&t->part);
@@ -516,18 +529,35 @@ ts_status ts_trainer_run(ts_trainer *t)
         }
         ts_status st = ts_trainer_report_step(t, step, &s, timed ? total_ms / timed : s.step_ms);
         bool last = step == steps - 1;
-        if (t->has_val && ((step + 1) % c->data.eval_every == 0 || last)) {
-            double vm[64];
-            double vl = ts_trainer_eval(t, vm); /* collective: every rank, whatever st is */
-            /* Multi-token prediction: each depth's validation loss too. */
-            char mtp[40 * 64 + 24] = "";
-            for (int k = 0; k < t->model.mtp_layers; k++)
-                snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "%s%.9g",
-                         k == 0 ? ",\"val_mtp_loss\":[" : ",", vm[k]);
-            if (t->model.mtp_layers > 0) snprintf(mtp + strlen(mtp), sizeof mtp - strlen(mtp), "]");
-            if (st == TS_OK)
-                st = ts_trainer_metrics_line(t, "{\"step\":%d,\"val_loss\":%.9g%s}", step, vl, mtp);
-            ts_log_info("step %5d/%d | val_loss %.4f", step, steps, vl);
+        if ((t->has_val || t->has_hellaswag) && ((step + 1) % c->data.eval_every == 0 || last)) {
+            /* Collective: every rank, whatever st is. One metrics line holds them. */
+            char line[40 * 64 + 512] = "", prog[160] = "";
+            if (t->has_val) {
+                double vm[64];
+                double vl = ts_trainer_eval(t, vm);
+                snprintf(line, sizeof line, ",\"val_loss\":%.9g", vl);
+                /* Multi-token prediction: each depth's validation loss too. */
+                for (int k = 0; k < t->model.mtp_layers; k++)
+                    snprintf(line + strlen(line), sizeof line - strlen(line), "%s%.9g",
+                             k == 0 ? ",\"val_mtp_loss\":[" : ",", vm[k]);
+                if (t->model.mtp_layers > 0)
+                    snprintf(line + strlen(line), sizeof line - strlen(line), "]");
+                snprintf(prog, sizeof prog, " | val_loss %.4f", vl);
+            }
+            if (t->has_hellaswag) {
+                ts_hellaswag_score hs;
+                ts_trainer_hellaswag(t, &hs, NULL);
+                snprintf(line + strlen(line), sizeof line - strlen(line),
+                         ",\"hellaswag_acc\":%.9g,\"hellaswag_acc_norm\":%.9g,"
+                         "\"hellaswag_acc_norm_tokens\":%.9g,\"hellaswag_items\":%d",
+                         (double)hs.acc / hs.n, (double)hs.acc_norm / hs.n,
+                         (double)hs.acc_norm_tokens / hs.n, hs.n);
+                snprintf(prog + strlen(prog), sizeof prog - strlen(prog),
+                         " | hellaswag acc %.4f acc_norm %.4f (%d items)", (double)hs.acc / hs.n,
+                         (double)hs.acc_norm / hs.n, hs.n);
+            }
+            if (st == TS_OK) st = ts_trainer_metrics_line(t, "{\"step\":%d%s}", step, line);
+            ts_log_info("step %5d/%d%s", step, steps, prog);
         }
         /* Rank 0 alone writes the metrics and the events: agree each step (one small
          * all-reduce, only when there is a file), so its failure stops every rank now. */

@@ -17,6 +17,7 @@
 #include "data/zero.h"
 #include "dataset/loader.h"
 #include "dataset/sampler.h"
+#include "dataset/hellaswag.h"
 #include "model/model.h"
 #include "optim/muon.h"
 #include "data/muon_dist.h"
@@ -138,6 +139,13 @@ typedef struct {
     uint64_t *data_tokens;
     uint32_t *data_crc;
     bool has_train, has_val;
+    /* data.hellaswag (or `tessera eval --hellaswag`): the items, encoded at start-up on
+     * every rank (src/dataset/hellaswag.h), scored by ts_trainer_hellaswag. */
+    bool has_hellaswag;
+    ts_hellaswag hellaswag;
+    /* `tessera eval`: the model and the grid only (no data.train, no optimizer steps);
+     * the weights come from model.init. */
+    bool eval_only;
 
     ts_trace trace;     /* this rank's events when log.trace is set */
     bool tracing;
@@ -192,6 +200,15 @@ typedef struct {
  * topology after it. */
 ts_status ts_trainer_init(ts_trainer *t, const ts_config *cfg, ts_topology *topo);
 void ts_trainer_free(ts_trainer *t);
+/* The same for `tessera eval`: no training data is opened (data.train is not read), the
+ * data's checks are skipped; data.hellaswag (the file to score) is loaded. */
+ts_status ts_trainer_init_eval(ts_trainer *t, const ts_config *cfg, ts_topology *topo);
+
+/* HellaSwag (data.hellaswag) scored on the whole grid (collective): the items split over
+ * the dp replicas, each micro-batch of their completions through the pipeline as
+ * validation runs; the same scores on every rank. row_loss (NULL, or [n_rows]) receives
+ * each completion's summed loss (-log-likelihood). */
+void ts_trainer_hellaswag(ts_trainer *t, ts_hellaswag_score *out, double *row_loss);
 
 /* One optimizer step (0-based `step`). */
 void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out);
