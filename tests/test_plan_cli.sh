@@ -242,7 +242,7 @@ docs=("$SRC/configs/gpt2-124m.cfg" --cluster "$SRC/tests/fixtures/plan_cluster_h
       --set 'train.device="cuda"' --json)
 if plan "${docs[@]}"; then
   step0=$(json_num step_ms) mfu0=$(json_num mfu)
-  if plan "${docs[@]}" --doc-len 512; then
+  if plan "${docs[@]}" --set data.document_mask=true --doc-len 512; then
     step1=$(json_num step_ms) mfu1=$(json_num mfu)
     [ -n "$step0" ] && [ "$step0" = "$step1" ] && pass || fail "--doc-len 512 moved the CUDA step: $step0 -> $step1 ms"
     awk -v a="${mfu0:-0}" -v b="${mfu1:-0}" 'BEGIN { exit !(b > 0 && b < a) }' && pass ||
@@ -253,6 +253,8 @@ if plan "${docs[@]}"; then
 else
   fail "plan gpt2-124m on the H100 fixture: $(cat "$TMP/err")"
 fi
+if plan "${docs[@]}" --doc-len 512; then fail "--doc-len without document masks was accepted"; else
+  grep -q -- "set data.document_mask = true" "$TMP/err" && pass || fail "--doc-len unmasked: $(cat "$TMP/err")"; fi
 if plan "${docs[@]}" --doc-len 0; then fail "--doc-len 0 was accepted"; else
   grep -q -- "--doc-len" "$TMP/err" && pass || fail "--doc-len 0: $(cat "$TMP/err")"; fi
 if plan "$cfg" --doc-len 512; then fail "--doc-len without --cluster was accepted"; else

@@ -664,6 +664,15 @@ int ts_cmd_plan_cluster(int argc, char **argv)
                      a.config);
         return 1;
     }
+    if (a.doc_len > 0 && !cfg.data.document_mask) {
+        ts_log_error("--doc-len plans packed documents: %s trains without them (set "
+                     "data.document_mask = true)",
+                     a.config);
+        return 1;
+    }
+    /* A run with document masks and no --doc-len: one document per window, the pairs a
+     * causal window computes (the trainer's MFU counts the same). */
+    if (cfg.data.document_mask && a.doc_len == 0) a.doc_len = cfg.model.seq_len;
     ts_plan_ctx *x = ts_plan_ctx_new(&cfg, &cl);
     ts_plan_ctx_set_moe(x, a.imbalance, !a.no_shared_overlap);
     ts_plan_ctx_set_documents(x, (int)a.doc_len);

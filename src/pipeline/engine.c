@@ -895,6 +895,9 @@ void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
             ids_to_device(e, a->tokens, e->tokens_host, mbs);
             ids_to_device(e, a->targets, e->targets_host, mbs);
             ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
+            /* Packed documents: each row's starts from its own tokens, as in training
+             * (else the attention would read the last training micro-batch's). */
+            ts_acts_set_documents(e->model, a, e->tokens_host, T);
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
                 if (n > 0) kern->memcpy_d2h(loss, ts_acts_losses(e->model, a),
