@@ -1249,7 +1249,10 @@ static void test_grouped(void)
         loop_forward(K16, yl, xb, wts, bf_rows, L, C, OC);
         K16->grouped_matmul_backward(dg, dwg, dyb, xb, wts, bf_rows, L, C, OC);
         loop_backward(K16, dl, dwl, dyb, xb, wts, bf_rows, L, C, OC);
-        bool same_y = !memcmp(yg, yl, (size_t)R * OC * 2), same_d = !memcmp(dg, dl, (size_t)R * C * 2);
+        /* bf_rows route 43 of the R = 44 rows: row 43 is written by neither side (its
+         * memory is whatever ts_malloc returned), so only the routed rows compare. */
+        const size_t routed = 11 + 0 + 27 + 5;
+        bool same_y = !memcmp(yg, yl, routed * OC * 2), same_d = !memcmp(dg, dl, routed * C * 2);
         double worst = 0.0;
         for (size_t i = 0; i < (size_t)L * OC * C; i++) {
             double err = fabs((double)gw[i] - gl[i]) / (fabs((double)gl[i]) + 1e-3);

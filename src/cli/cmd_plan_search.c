@@ -241,55 +241,6 @@ static const char *link_name(const ts_cluster *cl, ts_link l)
                                                                                  : "inter-node";
 }
 
-/* Rank q's ZeRO traffic per step: {"pp_rank", "gathers", "reductions", "gather_bytes",
- * "reduce_bytes", "allgather_bytes", "dp_bytes", "chunks": [{"chunk", "gathers",
- * "reductions", "dp_bytes"}]}. */
-static json_t *zero_json(ts_plan_ctx *x, const ts_plan_grid *g, int q)
-{
-    const int n = g->pp * g->v;
-    int *gathers = ts_calloc((size_t)n, sizeof(int));
-    double *bytes = ts_calloc((size_t)n, sizeof(double));
-    const int *rank = ts_plan_chunk_rank(x, g);
-    ts_zero_traffic t;
-    ts_plan_zero_of(x, g, q, &t, gathers, bytes);
-    json_t *chunks = json_array();
-    for (int c = 0; c < n; c++)
-        if (rank[c] == q)
-            json_array_append_new(chunks, json_pack("{s:i, s:i, s:i, s:I}", "chunk", c, "gathers",
-                                                    gathers[c], "reductions", 1, "dp_bytes",
-                                                    (json_int_t)llround(bytes[c])));
-    free(gathers);
-    free(bytes);
-    return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:o}", "pp_rank", q, "gathers",
-                     t.gathers, "reductions", t.reductions, "gather_bytes",
-                     (json_int_t)llround(t.gather_bytes), "reduce_bytes",
-                     (json_int_t)llround(t.reduce_bytes), "allgather_bytes",
-                     (json_int_t)llround(t.allgather_bytes), "dp_bytes",
-                     (json_int_t)llround(t.bytes), "chunks", chunks);
-}
-
-static void print_zero(ts_plan_ctx *x, const ts_plan_grid *g)
-{
-    if (g->zero < 2 || ts_plan_grad_ranks(g) == 1) return;
-    const int n = g->pp * g->v;
-    int *gathers = ts_calloc((size_t)n, sizeof(int));
-    double *bytes = ts_calloc((size_t)n, sizeof(double));
-    const int *rank = ts_plan_chunk_rank(x, g);
-    printf("zero %d per step (ring over dp * cp = %d, bytes each rank sends):\n", g->zero,
-           ts_plan_grad_ranks(g));
-    for (int q = 0; q < g->pp; q++) {
-        ts_zero_traffic t;
-        ts_plan_zero_of(x, g, q, &t, gathers, bytes);
-        printf("  pp rank %d: %d weight gathers, %d gradient reductions, %.3f GB:", q, t.gathers,
-               t.reductions, t.bytes / 1e9);
-        for (int c = 0; c < n; c++)
-            if (rank[c] == q) printf(" chunk %d %d+1 (%.3f GB);", c, gathers[c], bytes[c] / 1e9);
-        printf("\n");
-    }
-    free(gathers);
-    free(bytes);
-}
-
 static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
 {
     const ts_plan_grid *g = &r->g;
@@ -369,7 +320,7 @@ static json_t *result_json(ts_plan_ctx *x, const ts_plan_result *r)
                         json_integer((json_int_t)llround(mm->chunk_buffers)));
     if (ts_plan_grad_ranks(g) > 1) {
         json_t *z = json_array();
-        for (int q = 0; q < g->pp; q++) json_array_append_new(z, zero_json(x, g, q));
+        for (int q = 0; q < g->pp; q++) json_array_append_new(z, ts_plan_cli_zero_json(x, g, q));
         json_object_set_new(o, "zero_traffic", z);
     }
     return o;
@@ -535,7 +486,7 @@ static void print_prediction(ts_plan_ctx *x, const cluster_args *a, const ts_pla
                "tp gathers %.3f ms, of the optimizer's %.3f ms\n",
                t->muon_ns_flops / 1e9, ts_plan_grad_ranks(g), t->muon_ns, t->muon_gather,
                t->optimizer);
-    print_zero(x, g);
+    ts_plan_cli_print_zero(x, g);
     print_moe(x, r);
     printf("bubble: %.4f; tokens/s: %.4g; MFU: %.1f%%\n", r->bubble, r->tokens_per_s,
            100.0 * r->mfu);

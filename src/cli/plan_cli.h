@@ -8,6 +8,8 @@
 
 #include <jansson.h>
 
+#include "plan/predict.h"
+
 /* "tessera: error: " fmt (with `what`) " (see tessera plan --help)" on stderr; returns
  * -1, the parsers' usage-error code. */
 int ts_plan_usage(const char *fmt, const char *what);
@@ -43,5 +45,11 @@ int ts_plan_parse_argv(int argc, char **argv, ts_plan_opt_fn opt, void *args,
  * reals to 10 significant digits. NULL (a failed json_pack) or a failed dump is logged;
  * returns the exit code, 0 or 1. */
 int ts_plan_print_json(json_t *o);
+
+/* ZeRO-2/3's traffic of pipeline rank q per step (plan_zero.c): {"pp_rank", "gathers",
+ * "reductions", "gather_bytes", "reduce_bytes", "allgather_bytes", "dp_bytes", "chunks":
+ * [...]}; and its text, a line per pipeline rank (nothing below ZeRO-2 or on one rank). */
+json_t *ts_plan_cli_zero_json(ts_plan_ctx *x, const ts_plan_grid *g, int q);
+void ts_plan_cli_print_zero(ts_plan_ctx *x, const ts_plan_grid *g);
 
 #endif
