@@ -739,35 +739,36 @@ void ts_engine_run(ts_engine *e, int step, int64_t seq0, int batch)
     }
 }
 
-/* Validation: forward only, one micro-batch at a time through the chunks in order
- * (every rank walks the chunks in the same order, so each send meets its receive; the
- * ranks of one replica share its dp rank, so they walk the same windows). Replica d
- * takes windows [d*n/dp, (d+1)*n/dp) of the n spread over the stream. Under expert
- * parallelism an MoE block's forward is a collective over an ep group that may span
- * replicas (and under expert tensor parallelism over etp, which may too): every replica
- * then runs as many batches as the largest share needs, the
- * ones past its own windows padding that counts no row. */
-double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double *mtp_sums)
+/* A forward-only walk (validation, downstream evaluation): one micro-batch at a time
+ * through the chunks in order (every rank walks the chunks in the same order, so each
+ * send meets its receive; the ranks of one replica share its dp rank, so they walk the
+ * same batches). This replica's batches start at lo, lo + B, ... below `end`; the rows
+ * from `hi` on are padding (under expert parallelism an MoE block's forward is a
+ * collective over an ep group that may span replicas, and under expert tensor
+ * parallelism over etp, which may too: every replica then runs as many batches as the
+ * largest share needs). `fill` writes the batch's B rows of tokens and targets into
+ * tokens_host/targets_host (n real rows, then padding); `take` reads the last chunk's
+ * losses of its n real rows. */
+typedef struct {
+    const char *const *where; /* the watchdog's four contexts (forward, receive, send) */
+    void (*fill)(ts_engine *e, void *ctx, int first, int n);
+    void (*take)(ts_engine *e, void *ctx, ts_acts *a, int first, int n);
+    void *ctx;
+} forward_walk;
+
+static void walk_forward(ts_engine *e, const forward_walk *w, int lo, int hi, int end)
 {
-    const int D = e->model->mtp_layers;
     const int T = e->seq_len, mbs = e->B;
-    const uint64_t S = ts_data_num_windows(val, T);
-    const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
-    const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
-    const bool collective = e->model->moe_dispatch || e->model->moe_expert_tp;
-    const int end = collective ? lo + (n_windows + e->dp - 1) / e->dp : hi;
     const size_t NC = (size_t)e->rows * e->C;
     const ts_kernels *kern = e->model->k;
-    double *acc = e->loss_acc + 1; /* the evaluation's sum, then its depths', read at the end */
-    kern->memset_zero(acc, (1 + (size_t)D) * sizeof(double));
-    for (int w0 = lo; w0 < end; w0 += mbs) {
-        const int rows = hi - w0 < mbs ? (hi > w0 ? hi - w0 : 0) : mbs;
+    for (int r0 = lo; r0 < end; r0 += mbs) {
+        const int n = hi - r0 < mbs ? (hi > r0 ? hi - r0 : 0) : mbs;
         const void *prev_out = NULL;
         for (int c = 0; c < e->n_chunks; c++) {
             if (!is_local(e, c)) continue;
             ts_mb_slot *s = slot(e, c, 0);
             ts_acts *a = acquire_acts(e, c);
-            ts_watchdog_context("validation: forward of chunk %d, windows from %d", c, w0, 0);
+            ts_watchdog_context(w->where[0], c, r0, 0);
             if (c > 0) {
                 if (is_local(e, c - 1)) {
                     TS_ASSERT(prev_out == s->in); /* copied when chunk c-1 finished */
@@ -779,32 +780,22 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
                     ts_comm_group_begin(e->pp);
                     ts_irecv_act(e->pp, s->in, NC, e->act, from, PP_TAG, &r);
                     ts_comm_group_end(e->pp);
-                    ts_watchdog_context("validation: receiving the input of chunk %d, windows "
-                                        "from %d, from world rank %d",
-                                        c, w0, e->pp_world[from]);
+                    ts_watchdog_context(w->where[1], c, r0, e->pp_world[from]);
                     ts_request_wait(&r);
-                    ts_watchdog_context("validation: forward of chunk %d, windows from %d", c,
-                                        w0, 0);
+                    ts_watchdog_context(w->where[0], c, r0, 0);
                 }
             }
             a->input = c > 0 ? s->in : NULL;
-            for (int r = 0; r < mbs; r++) {
-                const int i = rows > 0 ? w0 + (r < rows ? r : 0) : lo; /* lo < n_windows */
-                const uint64_t k = ts_data_val_window((uint64_t)i, (uint64_t)n_windows, S);
-                ts_data_window(val, k, T, e->tokens_host + (size_t)r * T,
-                               e->targets_host + (size_t)r * T);
-            }
+            w->fill(e, w->ctx, r0, n);
             ids_to_device(e, a->tokens, e->tokens_host, mbs);
             ids_to_device(e, a->targets, e->targets_host, mbs);
             ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
+            /* Packed documents: each row's starts from its own tokens (else the attention
+             * would read the last training micro-batch's). */
             ts_acts_set_documents(e->model, a, e->tokens_host, T);
             ts_model_forward(e->model, a, 0.0f, NULL);
             if (c == e->n_chunks - 1) {
-                /* Padding rows repeat window w0; only the real rows count. */
-                if (rows > 0) kern->sum_into(acc, ts_acts_losses(e->model, a), (size_t)rows * e->T);
-                for (int k = 1; rows > 0 && k <= D; k++)
-                    kern->sum_into(acc + k, ts_acts_mtp_losses(e->model, a, k),
-                                   (size_t)rows * e->T);
+                w->take(e, w->ctx, a, r0, n);
             } else {
                 void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
                 if (!is_local(e, c + 1)) {
@@ -813,9 +804,7 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
                     ts_comm_group_begin(e->pp);
                     ts_isend_act(e->pp, y, NC, e->act, to, PP_TAG, &r);
                     ts_comm_group_end(e->pp);
-                    ts_watchdog_context("validation: sending the output of chunk %d, windows "
-                                        "from %d, to world rank %d",
-                                        c, w0, e->pp_world[to]);
+                    ts_watchdog_context(w->where[2], c, r0, e->pp_world[to]);
                     ts_request_wait(&r);
                 }
                 prev_out = y; /* valid until released below: copied by the next local chunk */
@@ -829,6 +818,59 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
             release_acts(e, c, &tmp);
         }
     }
+}
+
+/* Validation (ts_engine_eval): replica d takes windows [d*n/dp, (d+1)*n/dp) of the n
+ * spread over the stream; padding rows repeat the batch's first window (or the share's
+ * first, past its end) and count nothing. */
+typedef struct {
+    const ts_dataset *val;
+    int n_windows, lo;
+    uint64_t stream;
+    double *acc;
+} eval_walk;
+
+static void eval_fill(ts_engine *e, void *ctx, int w0, int n)
+{
+    const eval_walk *v = ctx;
+    const int T = e->seq_len;
+    for (int r = 0; r < e->B; r++) {
+        const int i = n > 0 ? w0 + (r < n ? r : 0) : v->lo; /* lo < n_windows */
+        const uint64_t k = ts_data_val_window((uint64_t)i, (uint64_t)v->n_windows, v->stream);
+        ts_data_window(v->val, k, T, e->tokens_host + (size_t)r * T,
+                       e->targets_host + (size_t)r * T);
+    }
+}
+
+static void eval_take(ts_engine *e, void *ctx, ts_acts *a, int w0, int n)
+{
+    (void)w0;
+    const eval_walk *v = ctx;
+    const ts_kernels *kern = e->model->k;
+    if (n == 0) return;
+    kern->sum_into(v->acc, ts_acts_losses(e->model, a), (size_t)n * e->T);
+    for (int k = 1; k <= e->model->mtp_layers; k++)
+        kern->sum_into(v->acc + k, ts_acts_mtp_losses(e->model, a, k), (size_t)n * e->T);
+}
+
+static const char *const k_eval_where[] = {
+    "validation: forward of chunk %d, windows from %d",
+    "validation: receiving the input of chunk %d, windows from %d, from world rank %d",
+    "validation: sending the output of chunk %d, windows from %d, to world rank %d"};
+
+double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double *mtp_sums)
+{
+    const int D = e->model->mtp_layers;
+    const int lo = (int)((int64_t)e->dp_rank * n_windows / e->dp);
+    const int hi = (int)(((int64_t)e->dp_rank + 1) * n_windows / e->dp);
+    const bool collective = e->model->moe_dispatch || e->model->moe_expert_tp;
+    const int end = collective ? lo + (n_windows + e->dp - 1) / e->dp : hi;
+    const ts_kernels *kern = e->model->k;
+    double *acc = e->loss_acc + 1; /* the evaluation's sum, then its depths', read at the end */
+    kern->memset_zero(acc, (1 + (size_t)D) * sizeof(double));
+    eval_walk v = {val, n_windows, lo, ts_data_num_windows(val, e->seq_len), acc};
+    const forward_walk w = {k_eval_where, eval_fill, eval_take, &v};
+    walk_forward(e, &w, lo, hi, end);
     double sums[1 + 64];
     TS_ASSERT(D <= 64);
     kern->memcpy_d2h(sums, acc, (1 + (size_t)D) * sizeof(double));
@@ -836,107 +878,75 @@ double ts_engine_eval(ts_engine *e, const ts_dataset *val, int n_windows, double
     return sums[0];
 }
 
-/* Scoring rows (ts_engine_score): the validation's forward walk, the rows coming from the
- * caller. Replica d takes units [d*u/dp, (d+1)*u/dp) of the u = n_rows / unit units (an
- * item's completions stay on one replica, in one micro-batch when micro_batch is a
- * multiple of unit); padding as in ts_engine_eval under expert parallelism. */
+/* Scoring rows (ts_engine_score): replica d takes units [d*u/dp, (d+1)*u/dp) of the
+ * u = n_rows / unit units (an item's completions stay on one replica, in one
+ * micro-batch when micro_batch is a multiple of unit); padding rows repeat a real row
+ * (a replica past the last item, under expert parallelism, repeats row 0) and count
+ * nothing. */
+typedef struct {
+    const ts_engine_rows *rows;
+    double *row_loss;
+    int *lpos;       /* each of this rank's positions' global position (cp holds T / cp) */
+    int *from, *to;  /* each batch row's scored range */
+    float *loss;
+} score_walk;
+
+static void score_fill(ts_engine *e, void *ctx, int r0, int n)
+{
+    score_walk *v = ctx;
+    const int T = e->seq_len;
+    for (int r = 0; r < e->B; r++)
+        v->rows->fill(v->rows->ctx, n > 0 ? r0 + (r < n ? r : 0) : 0,
+                      e->tokens_host + (size_t)r * T, e->targets_host + (size_t)r * T,
+                      &v->from[r], &v->to[r]);
+}
+
+static void score_take(ts_engine *e, void *ctx, ts_acts *a, int r0, int n)
+{
+    score_walk *v = ctx;
+    const int Tl = e->T;
+    if (n > 0)
+        e->model->k->memcpy_d2h(v->loss, ts_acts_losses(e->model, a),
+                                (size_t)n * Tl * sizeof *v->loss);
+    /* Each row's scored positions, in this rank's position order. */
+    for (int r = 0; r < n; r++) {
+        double sum = 0.0;
+        for (int t = 0; t < Tl; t++) {
+            const int p = v->lpos[(size_t)r * Tl + t];
+            if (p >= v->from[r] && p < v->to[r]) sum += v->loss[(size_t)r * Tl + t];
+        }
+        v->row_loss[r0 + r] += sum;
+    }
+}
+
+static const char *const k_score_where[] = {
+    "evaluation: forward of chunk %d, rows from %d",
+    "evaluation: receiving the input of chunk %d, rows from %d, from world rank %d",
+    "evaluation: sending the output of chunk %d, rows from %d, to world rank %d"};
+
 void ts_engine_score(ts_engine *e, const ts_engine_rows *rows, double *row_loss)
 {
-    const int T = e->seq_len, mbs = e->B, Tl = e->T;
+    const int T = e->seq_len, mbs = e->B;
     const int units = rows->n_rows / rows->unit;
     const int lo = (int)((int64_t)e->dp_rank * units / e->dp) * rows->unit;
     const int hi = (int)(((int64_t)e->dp_rank + 1) * units / e->dp) * rows->unit;
     const bool collective = e->model->moe_dispatch || e->model->moe_expert_tp;
     const int end = collective ? lo + ((units + e->dp - 1) / e->dp) * rows->unit : hi;
-    const size_t NC = (size_t)e->rows * e->C;
-    const ts_kernels *kern = e->model->k;
-    /* The global position of each of this rank's positions (context parallelism holds
-     * T / cp of them), and the rows' scored ranges. */
     int *pos = ts_malloc((size_t)mbs * T * sizeof *pos);
-    int *lpos = ts_malloc((size_t)mbs * T * sizeof *lpos);
+    score_walk v = {rows, row_loss, ts_malloc((size_t)mbs * T * sizeof(int)),
+                    ts_malloc((size_t)mbs * sizeof(int)), ts_malloc((size_t)mbs * sizeof(int)),
+                    ts_malloc((size_t)mbs * e->T * sizeof(float))};
     for (int r = 0; r < mbs; r++)
         for (int t = 0; t < T; t++) pos[(size_t)r * T + t] = t;
     if (e->model->cp.size > 1)
-        ts_cp_select(&e->model->cp, lpos, pos, mbs);
+        ts_cp_select(&e->model->cp, v.lpos, pos, mbs);
     else
-        memcpy(lpos, pos, (size_t)mbs * T * sizeof *pos);
-    int *from = ts_malloc((size_t)mbs * sizeof *from), *to = ts_malloc((size_t)mbs * sizeof *to);
-    float *loss = ts_malloc((size_t)mbs * Tl * sizeof *loss);
-    for (int r0 = lo; r0 < end; r0 += mbs) {
-        const int n = hi - r0 < mbs ? (hi > r0 ? hi - r0 : 0) : mbs;
-        const void *prev_out = NULL;
-        for (int c = 0; c < e->n_chunks; c++) {
-            if (!is_local(e, c)) continue;
-            ts_mb_slot *s = slot(e, c, 0);
-            ts_acts *a = acquire_acts(e, c);
-            ts_watchdog_context("evaluation: forward of chunk %d, rows from %d", c, r0, 0);
-            if (c > 0) {
-                if (is_local(e, c - 1)) {
-                    TS_ASSERT(prev_out == s->in);
-                } else {
-                    ts_request r;
-                    const int src = ts_chunk_rank(e->sched, c - 1);
-                    ts_comm_group_begin(e->pp);
-                    ts_irecv_act(e->pp, s->in, NC, e->act, src, PP_TAG, &r);
-                    ts_comm_group_end(e->pp);
-                    ts_watchdog_context("evaluation: receiving the input of chunk %d, rows "
-                                        "from %d, from world rank %d",
-                                        c, r0, e->pp_world[src]);
-                    ts_request_wait(&r);
-                }
-            }
-            a->input = c > 0 ? s->in : NULL;
-            /* Padding rows repeat a real row (a replica past the last item, under expert
-             * parallelism, repeats row 0): not counted. */
-            for (int r = 0; r < mbs; r++)
-                rows->fill(rows->ctx, n > 0 ? r0 + (r < n ? r : 0) : 0,
-                           e->tokens_host + (size_t)r * T, e->targets_host + (size_t)r * T,
-                           &from[r], &to[r]);
-            ids_to_device(e, a->tokens, e->tokens_host, mbs);
-            ids_to_device(e, a->targets, e->targets_host, mbs);
-            ts_acts_set_mtp_ids(e->model, a, e->targets_host, T);
-            /* Packed documents: each row's starts from its own tokens, as in training
-             * (else the attention would read the last training micro-batch's). */
-            ts_acts_set_documents(e->model, a, e->tokens_host, T);
-            ts_model_forward(e->model, a, 0.0f, NULL);
-            if (c == e->n_chunks - 1) {
-                if (n > 0) kern->memcpy_d2h(loss, ts_acts_losses(e->model, a),
-                                            (size_t)n * Tl * sizeof *loss);
-                /* Each row's scored positions, in this rank's position order. */
-                for (int r = 0; r < n; r++) {
-                    double sum = 0.0;
-                    for (int t = 0; t < Tl; t++) {
-                        const int p = lpos[(size_t)r * Tl + t];
-                        if (p >= from[r] && p < to[r]) sum += loss[(size_t)r * Tl + t];
-                    }
-                    row_loss[r0 + r] += sum;
-                }
-            } else {
-                void *y = ts_acts_output(e->model, a, chunk_end(e, c) - 1);
-                if (!is_local(e, c + 1)) {
-                    ts_request r;
-                    const int dst = ts_chunk_rank(e->sched, c + 1);
-                    ts_comm_group_begin(e->pp);
-                    ts_isend_act(e->pp, y, NC, e->act, dst, PP_TAG, &r);
-                    ts_comm_group_end(e->pp);
-                    ts_watchdog_context("evaluation: sending the output of chunk %d, rows "
-                                        "from %d, to world rank %d",
-                                        c, r0, e->pp_world[dst]);
-                    ts_request_wait(&r);
-                }
-                prev_out = y;
-            }
-            ts_mb_slot tmp = {.acts = a};
-            if (c < e->n_chunks - 1 && is_local(e, c + 1)) {
-                kern->memcpy_d2d(slot(e, c + 1, 0)->in, prev_out, e->nc_bytes);
-                prev_out = slot(e, c + 1, 0)->in;
-            }
-            release_acts(e, c, &tmp);
-        }
-    }
-    free(loss);
+        memcpy(v.lpos, pos, (size_t)mbs * T * sizeof *pos);
     free(pos);
-    free(lpos);
-    free(from);
-    free(to);
+    const forward_walk w = {k_score_where, score_fill, score_take, &v};
+    walk_forward(e, &w, lo, hi, end);
+    free(v.loss);
+    free(v.lpos);
+    free(v.from);
+    free(v.to);
 }
