@@ -413,8 +413,7 @@ static json_t *state_json(const ts_ckpt_save_args *a, const ts_ckpt_layout *L, j
     const long long B = c->train.global_batch;
     /* The data position: step x B, or with train.batch_rampup the steps' batches summed;
      * state.json records the ramp-up with it, so a resume continues both. */
-    const long long consumed = a->sequences_consumed > 0 ? (long long)a->sequences_consumed
-                                                         : B * a->step;
+    const long long consumed = (long long)a->sequences_consumed;
     ts_lr_schedule lrs; /* the schedule a resumed run is held to (checkpointing.c) */
     ts_lr_schedule_of(&c->train, &lrs);
     json_t *identity = json_array();

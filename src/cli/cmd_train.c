@@ -122,7 +122,7 @@ static int run(int argc, char **argv, int rank, int world_size)
     t.model_flops = ts_plan_model_flops(&cfg.model, cfg.train.global_batch);
     /* Packed documents: attention counted by the pairs each step computes. */
     if (cfg.data.document_mask)
-        t.attn_flops_per_pair = ts_plan_attention_flops_per_token(&cfg.model) / cfg.model.seq_len;
+        t.attn_flops_per_pair = ts_plan_attention_flops_per_pair(&cfg.model);
     ts_status st = ts_trainer_run(&t);
     if (st != TS_OK) ts_log_error("%s", ts_error_message());
     const bool preempted = t.preempted;

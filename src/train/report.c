@@ -321,9 +321,7 @@ ts_status ts_trainer_report_step(ts_trainer *t, int step, const ts_step_stats *s
      * the sum, and only rank 0 writes); absent when either is unknown. model_flops is
      * train.global_batch's step: scaled to this step's batch (train.batch_rampup); with
      * packed documents the step's own count (attention by the pairs computed). */
-    const double flops = s->model_flops > 0
-                             ? s->model_flops
-                             : t->model_flops * t->step_batch / t->cfg.train.global_batch;
+    const double flops = s->model_flops;
     const bool has_mfu = flops > 0 && t->mfu_peak_flops > 0 && s->step_ms > 0;
     const double mfu = has_mfu ? flops / (s->step_ms * 1e-3) / t->mfu_peak_flops : 0.0;
     char mfu_json[32] = "", mfu_text[32] = "";

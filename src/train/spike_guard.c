@@ -49,26 +49,12 @@ double ts_spike_push(double *w, int *count, int cap, double x)
     return (x - mean) / sd;
 }
 
-/* Every rank's loss and norm are the same bits (one all-reduce of their maxima and of
- * their negations' maxima: equal iff max == min on every rank). */
-static void check_agreed(const ts_comm *world, double loss, double norm)
-{
-    if (!world || world->size <= 1) return;
-    double v[4] = {loss, -loss, norm, -norm};
-    ts_host_allreduce_max_f64(world, v, 4);
-    if (v[0] != loss || -v[1] != loss || v[2] != norm || -v[3] != norm)
-        ts_panic(__FILE__, __LINE__,
-                 "the ranks' global loss or gradient norm differ in their bits: their spike "
-                 "windows would part ways");
-}
-
-ts_spike_verdict ts_spike_guard_step(ts_spike_guard *g, const ts_comm *world, int step,
+ts_spike_verdict ts_spike_guard_step(ts_spike_guard *g, int step,
                                      bool finite, double loss, double norm)
 {
     ts_spike_verdict v = {.on = g->z > 0.0, .loss_z = NAN, .norm_z = NAN};
     if (!v.on) return v;
     if (finite) {
-        check_agreed(world, loss, norm);
         int n = g->count;
         v.loss_z = ts_spike_push(g->loss, &n, g->window, loss);
         v.norm_z = ts_spike_push(g->norm, &g->count, g->window, norm);

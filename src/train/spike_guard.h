@@ -57,12 +57,10 @@ void ts_spike_guard_free(ts_spike_guard *g);
 double ts_spike_push(double *w, int *count, int cap, double x);
 
 /* The step's verdict from its global loss and gradient norm (the same bits on every
- * rank: both are sums over the whole grid). `finite`: both are finite (else nothing
- * enters the window and the step is not a spike: train.on_nonfinite handles it). With
- * `world` (more than one rank) the ranks' values are checked to be the same bits (one
- * small all-reduce): a difference would part the windows, so it is an internal error.
- * A skipped step is said on stderr (rank 0) with its z-scores, naming `step`. */
-ts_spike_verdict ts_spike_guard_step(ts_spike_guard *g, const ts_comm *world, int step,
+ * rank: both are sums over the whole grid, which the clipping and the non-finite check
+ * read too). `finite`: both are finite (else nothing enters the window and the step is
+ * not a spike: train.on_nonfinite handles it). A skipped step is said on stderr (rank 0) with its z-scores, naming `step`. */
+ts_spike_verdict ts_spike_guard_step(ts_spike_guard *g, int step,
                                      bool finite, double loss, double norm);
 
 /* The verdict's metrics keys, ",\"spike_skipped\":0,\"spikes_skipped\":N,\"loss_z\":x,

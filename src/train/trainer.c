@@ -394,7 +394,7 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     /* train.skip_spikes: a finite step whose loss or norm spikes above its window is not
      * applied either, its batch consumed (spike_guard.h); decided from these global
      * values alone, so alike on every rank. */
-    out->spike = ts_spike_guard_step(&t->spike, &t->groups->world, step, !out->skipped,
+    out->spike = ts_spike_guard_step(&t->spike, step, !out->skipped,
                                      out->loss, norm);
     const bool apply = !out->skipped && !out->spike.skip;
     /* The bias moves with every step the data saw, as the counts were made by its
@@ -423,21 +423,23 @@ void ts_trainer_step(ts_trainer *t, int step, ts_step_stats *out)
     double makespan = t->engine.span_ms;
     ts_host_allreduce_max_f64(&t->groups->pp, &makespan, 1);
     double busy = makespan > 0 ? t->engine.compute_ms / makespan : 1.0;
-    out->bubble = grid_sum(t, 1.0 - busy) / t->groups->world.size;
+    /* The idle fractions' sum and, with packed documents, the step's attention pairs
+     * (each sequence counted by the tp and cp rank 0 of the rank that ran its first
+     * chunk): one all-reduce. */
+    const bool once = t->model.tp.rank == 0 && t->model.cp.rank == 0;
+    double sums[2] = {1.0 - busy, once ? t->engine.doc_pairs : 0.0};
+    ts_host_allreduce_sum_f64(&t->groups->world, sums, 2);
+    out->bubble = sums[0] / t->groups->world.size;
     out->grad_norm = norm;
     out->lr = lr;
     out->step_ms = ts_now_ms() - t0;
     out->tokens = (long long)B * T;
     out->tokens_per_s = (double)out->tokens / (out->step_ms * 1e-3);
-    out->model_flops = 0.0;
-    if (t->attn_flops_per_pair > 0) {
-        /* Packed documents: attention's FLOPs by the pairs computed (each sequence
-         * counted by the tp and cp rank 0 of the rank that ran its first chunk). */
-        const bool once = t->model.tp.rank == 0 && t->model.cp.rank == 0;
-        const double pairs = grid_sum(t, once ? t->engine.doc_pairs : 0.0);
-        out->model_flops = t->model_flops * B / t->cfg.train.global_batch +
-                           t->attn_flops_per_pair * (pairs - (double)B * (double)T * T);
-    }
+    /* The step's model FLOPs: train.global_batch's scaled to this step's batch
+     * (train.batch_rampup); with packed documents attention's by the pairs computed. */
+    out->model_flops = t->model_flops * B / t->cfg.train.global_batch;
+    if (t->attn_flops_per_pair > 0)
+        out->model_flops += t->attn_flops_per_pair * (sums[1] - (double)B * (double)T * T);
     out->dp_overlap = ts_reducer_overlap(&t->reducer);
     /* The longest dp wait (ZeRO-1's all-gather too), tp and cp time: one collective. */
     /* The optimizer's times too (metrics: optim_ms, optim_gather_ms, muon_ms), and every
