@@ -2,6 +2,8 @@
  * lm-evaluation-harness does: src/dataset/hellaswag.h) on any grid, through the trainer's
  * model, partition and forward-only walk (the same code data.hellaswag runs in
  * training), without training data or steps. */
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,30 +143,44 @@ static void patch(ts_config *cfg, void *vctx)
     cfg->train.steps = 1;
 }
 
-static void print_json(const ts_trainer *t, const ts_hellaswag_score *s, const double *loss,
-                       const char *step_dir, int step, double secs)
+/* A real, or null where it is not finite (JSON has no NaN). */
+static json_t *json_number_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* The --json line, built with jansson (the checkpoint's path escaped); 0, or 1 when it
+ * could not be built. */
+static int print_json(const ts_trainer *t, const ts_hellaswag_score *s, const double *loss,
+                      const char *step_dir, int step, double secs)
 {
     const ts_hellaswag *h = &t->hellaswag;
-    printf("{\"checkpoint\":\"%s\",\"step\":%d,\"task\":\"hellaswag\",\"items\":%d,"
-           "\"acc\":%.9g,\"acc_norm\":%.9g,\"acc_norm_tokens\":%.9g,\"acc_count\":%d,"
-           "\"acc_norm_count\":%d,\"acc_norm_tokens_count\":%d,\"truncated\":%d,"
-           "\"seconds\":%.6g,\"items_per_s\":%.6g,\"per_item\":[",
-           step_dir, step, s->n, (double)s->acc / s->n, (double)s->acc_norm / s->n,
-           (double)s->acc_norm_tokens / s->n, s->acc, s->acc_norm, s->acc_norm_tokens,
-           h->truncated, secs, secs > 0 ? s->n / secs : 0.0);
+    json_t *items = json_array();
     for (int i = 0; i < h->n_items; i++) {
-        printf("%s{\"label\":%d,\"loglik\":[", i ? "," : "", h->label[i]);
-        for (int j = 0; j < TS_HS_ENDINGS; j++)
-            printf("%s%.9g", j ? "," : "", -loss[i * TS_HS_ENDINGS + j]);
-        printf("],\"tokens\":[");
-        for (int j = 0; j < TS_HS_ENDINGS; j++)
-            printf("%s%d", j ? "," : "", h->cont_tokens[i * TS_HS_ENDINGS + j]);
-        printf("],\"chars\":[");
-        for (int j = 0; j < TS_HS_ENDINGS; j++)
-            printf("%s%d", j ? "," : "", h->cont_chars[i * TS_HS_ENDINGS + j]);
-        printf("]}");
+        json_t *ll = json_array(), *tokens = json_array(), *chars = json_array();
+        for (int j = 0; j < TS_HS_ENDINGS; j++) {
+            const int k = i * TS_HS_ENDINGS + j;
+            json_array_append_new(ll, json_number_or_null(-loss[k]));
+            json_array_append_new(tokens, json_integer(h->cont_tokens[k]));
+            json_array_append_new(chars, json_integer(h->cont_chars[k]));
+        }
+        json_array_append_new(items, json_pack("{s:i, s:o, s:o, s:o}", "label", h->label[i],
+                                               "loglik", ll, "tokens", tokens, "chars", chars));
     }
-    printf("]}\n");
+    json_t *o = json_pack("{s:s, s:i, s:s, s:i, s:f, s:f, s:f, s:i, s:i, s:i, s:i, s:f, s:f, s:o}",
+                          "checkpoint", step_dir, "step", step, "task", "hellaswag", "items",
+                          s->n, "acc", (double)s->acc / s->n, "acc_norm",
+                          (double)s->acc_norm / s->n, "acc_norm_tokens",
+                          (double)s->acc_norm_tokens / s->n, "acc_count", s->acc,
+                          "acc_norm_count", s->acc_norm, "acc_norm_tokens_count",
+                          s->acc_norm_tokens, "truncated", h->truncated, "seconds", secs,
+                          "items_per_s", secs > 0 ? s->n / secs : 0.0, "per_item", items);
+    char *text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(o);
+    if (!text) {
+        ts_log_error("eval: could not build the JSON output");
+        return 1;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
 }
 
 /* The checkpoint's model config and tokenizer, checked as `tessera sample` checks them;

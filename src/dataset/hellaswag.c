@@ -279,9 +279,9 @@ static ts_status add_item(ts_hellaswag *h, const char *path, long line, json_t *
         h->seq_off[r] = seq->n;
         h->seq_len_of[r] = (int)(total - skip);
         h->cont_tokens[r] = (int)ncont;
-        if (skip < nc) vec_push(seq, ctx_ids->ids + skip, nc - skip);
-        const size_t cskip = skip > nc ? skip - nc : 0;
-        vec_push(seq, whole_ids->ids + nc + cskip, ncont - cskip);
+        /* skip < nc: ncont <= seq_len (refused above) leaves at least one context token. */
+        vec_push(seq, ctx_ids->ids + skip, nc - skip);
+        vec_push(seq, whole_ids->ids + nc, ncont);
     }
     free(ctx);
     return st;

@@ -4,8 +4,8 @@
  *
  *   TS_ATT_SM_LANES          the softmax rows' lane count (rows padded to a multiple)
  *   ts_att_block_end(...)    where a block of query rows ends, aligned to key blocks
- *   ts_att_softmax_row(...)  one row of the causal softmax, in place
- *   ts_att_softmax_backward_row(...)   one row of its backward, in place
+ *   ts_att_softmax_span(...)  one row's softmax over its visible keys, in place
+ *   ts_att_softmax_backward_span(...)   one row of its backward, in place
  *
  * The causal mask is bottom-right aligned: with Tq queries the last Tq positions of Tk
  * keys, query row i sits at key position i + off, off = Tk - Tq, and attends keys
@@ -69,13 +69,6 @@ static inline void ts_att_softmax_span(float *s, int lo, int n, int end)
     memset(s + padded, 0, (size_t)(end - padded) * sizeof(float));
 }
 
-/* Query row i of the causal softmax in place, with the mask offset off: s[0..i+off] ->
- * probabilities, s[i+off+1..Tk) -> exactly 0. */
-static inline void ts_att_softmax_row(float *s, int i, int off, int Tk)
-{
-    ts_att_softmax_span(s, 0, i + off + 1, Tk);
-}
-
 /* The backward of ts_att_softmax_span's row in place: dr[j] = p[j] (dr[j] - sum_j p[j]
  * dr[j]) for lo <= j < n, 0 for n <= j < end (the end of the row's block of columns);
  * dr[0..lo) is not touched. p is 0 where masked and dr holds finite products over
@@ -96,14 +89,6 @@ static inline void ts_att_softmax_backward_span(float *dr, const float *p, int l
     for (int j = blocked; j < live; j++) dot += q[j] * r[j];
     for (int j = 0; j < live; j++) r[j] = q[j] * (r[j] - dot);
     memset(dr + padded, 0, (size_t)(end - padded) * sizeof(float));
-}
-
-/* Query row i of the softmax backward in place, mask offset off: the causal row of
- * ts_att_softmax_backward_span (lo = 0, n = i + off + 1). */
-static inline void ts_att_softmax_backward_row(float *dr, const float *p, int i, int off,
-                                               int end)
-{
-    ts_att_softmax_backward_span(dr, p, 0, i + off + 1, end);
 }
 
 /* ---- document masks (kernels.h ts_att_heads.doc_start) ----
