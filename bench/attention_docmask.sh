@@ -22,7 +22,7 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$root" rev-parse --short H
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 "$build/bench/bench_attention_docmask" "$seq" 2 64 "$reps" fp32 "${lens[@]}"
 # The ceiling: this core's best sgemm (wall clock: on a loaded machine a lower bound).
-"$build/bench/bench_sgemm" 1 | tail -n 1
+"$build/bench/bench_sgemm" "$threads" | tail -n 1
 if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   "$build/bench/bench_attention_docmask" "$seq" 2 64 "$reps" bf16 "${lens[@]}"
 fi

@@ -208,6 +208,8 @@ def main():
         files.append(evs)
     files.sort(key=lambda evs: evs[0]["wall_time"])
     events = [e for evs in files for e in evs[1:]]
+    if not events:
+        raise SystemExit("no summary events after the file_version record")
     for e in events:
         if e["values"] is None or "wall_time" not in e:
             raise SystemExit("an event after the first is not {wall_time, step, summary}")

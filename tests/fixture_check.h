@@ -22,7 +22,6 @@
 #include "optim/optim.h"
 #include "test_util.h"
 #include "support/optim_oneshot.h"
-#include "test_util.h"
 
 /* The fixtures' batch: B rows of T tokens. */
 enum { FIXTURE_B = 4, FIXTURE_T = 16 };

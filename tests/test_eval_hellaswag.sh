@@ -73,6 +73,9 @@ if os.environ.get("HS_REF"):
     ref, tol = [{"loglik": l} for l in json.load(open(os.environ["HS_REF"]))["loglik"]], 1e-4
 bad = [k for k in ("items", "acc_count", "acc_norm_count", "acc_norm_tokens_count", "truncated")
        if got[k] != exp[k]]
+if not (len(got["per_item"]) == len(exp["per_item"]) == len(ref) == exp["items"] and
+        all(len(g["loglik"]) == 4 for g in got["per_item"])):
+    bad.append(f"per_item: {len(got['per_item'])} items, {len(ref)} expected")
 worst = 0.0
 for i, (g, e, r) in enumerate(zip(got["per_item"], exp["per_item"], ref)):
     for k in ("label", "tokens", "chars"):

@@ -97,21 +97,21 @@ static void test_spike_guard_steps(void)
     ts_spike_guard_init(&g, 2.0, 8);
     ts_spike_verdict v;
     for (int s = 0; s < 8; s++) {
-        v = ts_spike_guard_step(&g, NULL, s, true, 4.0 - 0.01 * s, 1.0 + 0.001 * s);
+        v = ts_spike_guard_step(&g, s, true, 4.0 - 0.01 * s, 1.0 + 0.001 * s);
         CHECK(v.on && !v.skip && isnan(v.loss_z) && isnan(v.norm_z));
     }
     /* The window full: an ordinary step scores, and is applied. */
-    v = ts_spike_guard_step(&g, NULL, 8, true, 3.9, 1.0);
+    v = ts_spike_guard_step(&g, 8, true, 3.9, 1.0);
     CHECK(!v.skip && isfinite(v.loss_z) && v.loss_z < 2.0);
-    v = ts_spike_guard_step(&g, NULL, 9, true, 40.0, 1.0);
+    v = ts_spike_guard_step(&g, 9, true, 40.0, 1.0);
     CHECKF(v.skip && v.loss_z > 2.0 && v.norm_z < 2.0 && v.skipped == 1, "loss z %g", v.loss_z);
     CHECK(g.count == 8 && g.loss[7] == 40.0); /* the spike stays in the window */
-    v = ts_spike_guard_step(&g, NULL, 10, true, 3.9, 50.0);
+    v = ts_spike_guard_step(&g, 10, true, 3.9, 50.0);
     CHECKF(v.skip && v.norm_z > 2.0 && v.loss_z < 0.0 && v.skipped == 2, "norm z %g", v.norm_z);
     /* A non-finite step: nothing enters, nothing decided, the count kept. */
     double before[8];
     memcpy(before, g.loss, sizeof before);
-    v = ts_spike_guard_step(&g, NULL, 11, false, NAN, INFINITY);
+    v = ts_spike_guard_step(&g, 11, false, NAN, INFINITY);
     CHECK(!v.skip && isnan(v.loss_z) && isnan(v.norm_z) && v.skipped == 2);
     CHECK(g.count == 8 && memcmp(before, g.loss, sizeof before) == 0);
     char js[200];
@@ -119,21 +119,21 @@ static void test_spike_guard_steps(void)
     CHECKF(!strcmp(js, ",\"spike_skipped\":0,\"spikes_skipped\":2,\"loss_z\":null,"
                        "\"grad_norm_z\":null"),
            "%s", js);
-    v = ts_spike_guard_step(&g, NULL, 12, true, 3.9, 1.0);
+    v = ts_spike_guard_step(&g, 12, true, 3.9, 1.0);
     ts_spike_verdict_json(&v, js, sizeof js);
     CHECKF(strstr(js, "\"loss_z\":-") && strstr(js, "\"spikes_skipped\":2"), "%s", js);
     ts_spike_guard_free(&g);
 
     /* While the window fills nothing is decided, however far a value is (llm.c). */
     ts_spike_guard_init(&g, 1.0, 4);
-    ts_spike_guard_step(&g, NULL, 0, true, 1.0, 1.0);
-    v = ts_spike_guard_step(&g, NULL, 1, true, 1e6, 1e6);
+    ts_spike_guard_step(&g, 0, true, 1.0, 1.0);
+    v = ts_spike_guard_step(&g, 1, true, 1e6, 1e6);
     CHECK(!v.skip && isnan(v.loss_z) && v.skipped == 0);
     ts_spike_guard_free(&g);
 
     /* Off: no verdict, no metrics, no record. */
     ts_spike_guard_init(&g, 0.0, 128);
-    v = ts_spike_guard_step(&g, NULL, 0, true, 1e9, 1e9);
+    v = ts_spike_guard_step(&g, 0, true, 1e9, 1e9);
     ts_spike_verdict_json(&v, js, sizeof js);
     CHECK(!v.on && !v.skip && js[0] == '\0' && ts_spike_guard_state(&g) == NULL);
     CHECK(ts_spike_guard_restore(&g, NULL, "ckpt") == TS_OK);
@@ -153,7 +153,7 @@ static void test_spike_guard_state(void)
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         xs[i] = 3.0 + (double)(rng % 100000) / 7919.0 + (i == 30 ? 40.0 : 0.0);
     }
-    for (int i = 0; i < 40; i++) ts_spike_guard_step(&a, NULL, i, true, xs[i], xs[i] / 3.0);
+    for (int i = 0; i < 40; i++) ts_spike_guard_step(&a, i, true, xs[i], xs[i] / 3.0);
     json_t *st = ts_spike_guard_state(&a);
     char *text = json_dumps(st, JSON_INDENT(1)); /* save.c's flags */
     json_decref(st);
@@ -165,8 +165,8 @@ static void test_spike_guard_state(void)
     CHECK(b.count == 16 && b.skipped == a.skipped && a.skipped == 1);
     bool same = true;
     for (int i = 40; i < 80; i++) {
-        ts_spike_verdict va = ts_spike_guard_step(&a, NULL, i, true, xs[i], xs[i] / 3.0);
-        ts_spike_verdict vb = ts_spike_guard_step(&b, NULL, i, true, xs[i], xs[i] / 3.0);
+        ts_spike_verdict va = ts_spike_guard_step(&a, i, true, xs[i], xs[i] / 3.0);
+        ts_spike_verdict vb = ts_spike_guard_step(&b, i, true, xs[i], xs[i] / 3.0);
         same &= memcmp(&va.loss_z, &vb.loss_z, sizeof(double)) == 0 &&
                 memcmp(&va.norm_z, &vb.norm_z, sizeof(double)) == 0 && va.skip == vb.skip;
     }
